@@ -1,0 +1,52 @@
+/*
+ * auth.h: users, their hashed passwords, and the vhosts they may open.
+ *
+ * The users file has one user per line (blank lines and # comments
+ * ignored):
+ *
+ *     NAME  PASSWORD-HASH  VHOST[,VHOST...]  [loopback]
+ *
+ * PASSWORD-HASH is RabbitMQ's rabbit_password_hashing_sha256 format:
+ * base64(salt[4] || sha256(salt || password)); `quayd --hash-password PW`
+ * prints one. "loopback" restricts the user to loopback peers (RabbitMQ's
+ * loopback_users). Without a file: guest/guest on "/", loopback only.
+ */
+#ifndef QUAY_BROKER_AUTH_H
+#define QUAY_BROKER_AUTH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "amqp/types.h"
+
+struct auth_user {
+    char *name;                   /* owned */
+    char *vhosts;                 /* owned: comma-separated list, "*" = any */
+    unsigned char salt[4];
+    unsigned char hash[32];
+    bool loopback_only;
+};
+
+struct auth {
+    struct auth_user *users;      /* owned array */
+    size_t users_count;
+};
+
+void auth_init_default(struct auth *auth);
+/* Returns 0, or -1 with a message in err. */
+int auth_load_file(struct auth *auth, const char *path, char *err, size_t err_size);
+void auth_free(struct auth *auth);
+/* Writes base64(salt||sha256(salt||password)) into out (>= 48 bytes). */
+void auth_hash_password(const char *password, char *out, size_t out_size);
+
+/* Checks a login; returns the user or NULL. */
+const struct auth_user *auth_check(const struct auth *auth, struct bytes user,
+                                   struct bytes password, bool peer_loopback);
+bool auth_user_may_open(const struct auth_user *user, struct bytes vhost);
+
+/* SASL responses: PLAIN is "\0user\0password"; AMQPLAIN is a field table
+ * with LOGIN and PASSWORD. Return 0 on success. */
+int auth_parse_plain(struct bytes response, struct bytes *user, struct bytes *password);
+int auth_parse_amqplain(struct bytes response, struct bytes *user, struct bytes *password);
+
+#endif

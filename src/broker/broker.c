@@ -1,0 +1,168 @@
+/*
+ * broker.c: see broker.h. Start-up order: users, vhosts, listeners, tick.
+ * Shutdown closes listeners first (no new clients), then every connection
+ * with 320 CONNECTION_FORCED, and lets the loop drain.
+ */
+#include "broker/broker.h"
+
+#include <openssl/rand.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker/connection.h"
+#include "broker/message.h"
+#include "broker/vhost.h"
+#include "lib/assert.h"
+#include "lib/log.h"
+
+#define TICK_MS 250
+
+void broker_config_defaults(struct broker_config *config)
+{
+    memset(config, 0, sizeof *config);
+    config->data_dir = "quay-data";
+    config->limits = (struct broker_limits){
+        .frame_max = 131072,
+        .channel_max = 2047,
+        .heartbeat_s = 60,
+        .handshake_timeout_ms = 10000,
+        .message_size_max = 128u << 20,
+        .connections_max = 0,
+        .consumers_per_channel_max = 0,
+        .queues_max = 0,
+        .unacked_per_channel_max = 0,
+    };
+}
+
+static void on_tick(uv_timer_t *timer)
+{
+    struct broker *broker = timer->data;
+    uint64_t now = uv_now(broker->loop);
+    list_for_each_safe(node, &broker->connections) {
+        connection_tick(CONTAINER_OF(node, struct connection, broker_link), now);
+    }
+}
+
+struct vhost *broker_vhost(struct broker *broker, struct bytes name)
+{
+    return hmap_get(&broker->vhosts, name);
+}
+
+static void add_vhost(struct broker *broker, struct bytes name)
+{
+    if (broker_vhost(broker, name))
+        return;
+    struct vhost *vhost = vhost_new(broker, name);
+    hmap_put(&broker->vhosts, vhost->name, vhost);
+}
+
+/* Every vhost a user may open exists (except the "*" wildcard). */
+static void create_vhosts(struct broker *broker)
+{
+    add_vhost(broker, BYTES_LIT("/"));
+    for (size_t i = 0; i < broker->auth.users_count; i++) {
+        const char *p = broker->auth.users[i].vhosts;
+        while (*p) {
+            const char *end = strchr(p, ',');
+            size_t len = end ? (size_t)(end - p) : strlen(p);
+            if (!(len == 1 && p[0] == '*'))
+                add_vhost(broker, (struct bytes){(const uint8_t *)p, (uint32_t)len});
+            if (!end)
+                break;
+            p = end + 1;
+        }
+    }
+}
+
+int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_config *config)
+{
+    memset(broker, 0, sizeof *broker);
+    broker->loop = loop;
+    broker->config = *config;
+    hmap_init(&broker->vhosts);
+    list_init(&broker->connections);
+    if (config->users_file) {
+        char err[256];
+        if (auth_load_file(&broker->auth, config->users_file, err, sizeof err) != 0) {
+            LOG_ERROR("%s", err);
+            return -1;
+        }
+    } else {
+        auth_init_default(&broker->auth);
+    }
+    create_vhosts(broker);
+    net_init(&broker->net, loop);
+    for (uint32_t i = 0; i < config->listen_count; i++) {
+        struct listener *listener = &broker->listeners[broker->listeners_count];
+        int rc = listener_open(listener, &broker->net, config->listen[i], connection_accept,
+                               broker);
+        if (rc != 0) {
+            LOG_ERROR("cannot listen on %s: %s", config->listen[i], uv_strerror(rc));
+            return -1;
+        }
+        broker->listeners_count++;
+        LOG_INFO("listening for AMQP on %s", config->listen[i]);
+    }
+    uv_timer_init(loop, &broker->tick);
+    broker->tick.data = broker;
+    uv_timer_start(&broker->tick, on_tick, TICK_MS, TICK_MS);
+    return 0;
+}
+
+void broker_stop(struct broker *broker)
+{
+    if (broker->stopping)
+        return;
+    broker->stopping = true;
+    for (uint32_t i = 0; i < broker->listeners_count; i++)
+        listener_close(&broker->listeners[i]);
+    list_for_each_safe(node, &broker->connections) {
+        struct connection *connection = CONTAINER_OF(node, struct connection, broker_link);
+        connection_force_close(connection, "broker shutdown");
+    }
+    /* Close-ok has a moment to arrive; then the tick closes the rest. */
+    uv_timer_stop(&broker->tick);
+    uv_close((uv_handle_t *)&broker->tick, NULL);
+    list_for_each_safe(node, &broker->connections) {
+        struct connection *connection = CONTAINER_OF(node, struct connection, broker_link);
+        conn_close_after_flush(&connection->conn);
+    }
+    net_close(&broker->net);
+}
+
+void broker_free(struct broker *broker)
+{
+    ASSERT(list_empty(&broker->connections));
+    struct hmap_entry *e;
+    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &e);)
+        vhost_free(e->value);
+    hmap_free(&broker->vhosts);
+    auth_free(&broker->auth);
+    ASSERT(message_live_count == 0);
+}
+
+void broker_generate_name(struct broker *broker, const char *prefix, char *out, size_t out_size)
+{
+    /* RabbitMQ: prefix + url-safe base64 of 16 random bytes (22 chars).
+     * 128 random bits do not collide in practice; callers still check. */
+    static const char alphabet[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    unsigned char raw[16];
+    RAND_bytes(raw, sizeof raw);
+    broker->name_counter++;
+    char encoded[23];
+    uint32_t bits = 0, acc = 0, n = 0;
+    for (size_t i = 0; i < sizeof raw && n < 22; i++) {
+        acc = (acc << 8) | raw[i];
+        bits += 8;
+        while (bits >= 6 && n < 22) {
+            encoded[n++] = alphabet[(acc >> (bits - 6)) & 63];
+            bits -= 6;
+        }
+    }
+    while (n < 22)
+        encoded[n++] = alphabet[(acc << (6 - bits)) & 63], bits = 0;
+    encoded[22] = '\0';
+    snprintf(out, out_size, "%s%s", prefix, encoded);
+}

@@ -1,0 +1,72 @@
+/*
+ * broker.h: one broker process's state, owned by the loop thread.
+ *
+ * struct broker is the root of ownership: vhosts (and through them every
+ * exchange and queue), the users table, the listeners and every client
+ * connection. It is passed explicitly; there is no global broker.
+ */
+#ifndef QUAY_BROKER_BROKER_H
+#define QUAY_BROKER_BROKER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "broker/auth.h"
+#include "lib/hash.h"
+#include "lib/list.h"
+#include "net/conn.h"
+#include "net/listener.h"
+
+#define BROKER_LISTENERS_MAX 8
+
+/* Limits. Every one is enforced with the reply code the spec names. */
+struct broker_limits {
+    uint32_t frame_max;             /* bytes, whole frame; offered in connection.tune */
+    uint16_t channel_max;           /* offered in connection.tune */
+    uint16_t heartbeat_s;           /* offered in connection.tune */
+    uint32_t handshake_timeout_ms;  /* header to open-ok */
+    uint64_t message_size_max;      /* body bytes; larger publishes get 406 */
+    uint32_t connections_max;       /* 0 = unlimited */
+    uint32_t consumers_per_channel_max;
+    uint32_t queues_max;
+    uint32_t unacked_per_channel_max; /* safety net when a channel has no prefetch */
+};
+
+struct broker_config {
+    const char *listen[BROKER_LISTENERS_MAX];
+    uint32_t listen_count;
+    const char *data_dir;
+    const char *users_file;
+    struct broker_limits limits;
+};
+
+struct broker {
+    uv_loop_t *loop;               /* borrowed */
+    struct broker_config config;
+    struct net net;
+    struct listener listeners[BROKER_LISTENERS_MAX];
+    uint32_t listeners_count;
+    struct auth auth;
+    struct hmap vhosts;            /* name -> struct vhost (owned) */
+    struct list_node connections;  /* struct connection.broker_link */
+    uint32_t connections_count;
+    uv_timer_t tick;               /* heartbeats and handshake timeouts */
+    uint64_t name_counter;         /* server-generated names */
+    bool stopping;
+};
+
+void broker_config_defaults(struct broker_config *config);
+/* Loads users, creates vhosts, opens listeners. Returns 0 or -1 (logged). */
+int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_config *config);
+/* Closes listeners and connections; the loop then runs until idle. */
+void broker_stop(struct broker *broker);
+/* After the loop has finished: frees the rest and checks the pools. */
+void broker_free(struct broker *broker);
+
+struct vhost *broker_vhost(struct broker *broker, struct bytes name);
+/* Writes a unique name such as "amq.gen-XXXXXXXXXXXXXXXXXXXXXX" (22 chars,
+ * like RabbitMQ's base64 of 16 random bytes). */
+void broker_generate_name(struct broker *broker, const char *prefix, char *out, size_t out_size);
+
+#endif

@@ -1,0 +1,473 @@
+/*
+ * channel.c: channel lifecycle, frame dispatch, content assembly and
+ * routing of publishes, publisher confirms.
+ *
+ * Error discipline (§1.4.2 of the spec, and what clients expect): a soft
+ * error sends channel.close and releases the channel's consumers and
+ * unacked deliveries at once; until close-ok arrives the channel
+ * discards every frame except channel.close / close-ok. Frame-order
+ * violations (content where a method was due, a method inside content)
+ * are hard errors: 505 UNEXPECTED_FRAME closes the connection.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amqp/table.h"
+#include "broker/broker.h"
+#include "broker/channel_int.h"
+#include "broker/connection.h"
+#include "broker/exchange.h"
+#include "broker/message.h"
+#include "broker/vhost.h"
+#include "lib/assert.h"
+#include "lib/errors.h"
+#include "lib/log.h"
+
+#define ROUTE_DESTS_MAX 4096
+
+/* ---- lifecycle ------------------------------------------------------ */
+
+static struct channel *channel_new(struct connection *connection, uint16_t id)
+{
+    if (id >= connection->channels_cap) {
+        uint32_t cap = connection->channels_cap ? connection->channels_cap : 4;
+        while (cap <= id)
+            cap *= 2;
+        struct channel **grown = realloc(connection->channels, sizeof *grown * cap);
+        ASSERT(grown != NULL);
+        memset(grown + connection->channels_cap, 0,
+               sizeof *grown * (cap - connection->channels_cap));
+        connection->channels = grown;
+        connection->channels_cap = cap;
+    }
+    ASSERT(connection->channels[id] == NULL);
+    struct channel *ch = calloc(1, sizeof *ch);
+    ASSERT(ch != NULL);
+    ch->connection = connection;
+    ch->vhost = connection->vhost;
+    ch->id = id;
+    ch->state = CHANNEL_STATE_OPEN;
+    ch->flow_active = true;
+    ch->next_delivery_tag = 1;
+    ch->deliveries.first_tag = 1;
+    list_init(&ch->consumers);
+    hmap_init(&ch->consumers_by_tag);
+    list_init(&ch->tx_ops);
+    list_init(&ch->confirm_link);
+    connection->channels[id] = ch;
+    connection->channels_open++;
+    return ch;
+}
+
+/* Releases everything the channel holds, keeping the struct. */
+static void release(struct channel *ch)
+{
+    if (ch->assembling) {
+        message_unref(ch->assembling);
+        ch->assembling = NULL;
+    }
+    ch->content = CONTENT_STATE_NONE;
+    channel__release_consumers(ch);
+    channel__requeue_all(ch);
+    channel__drop_tx(ch);
+    if (list_linked(&ch->confirm_link))
+        list_remove(&ch->confirm_link);
+}
+
+void channel_destroy(struct channel *ch)
+{
+    release(ch);
+    ASSERT(ch->consumers_count == 0);
+    ASSERT(ch->unacked_count == 0);
+    hmap_free(&ch->consumers_by_tag);
+    free(ch->deliveries.items);
+    free(ch->publish_names);
+    connection__channel_gone(ch->connection, ch->id);
+    free(ch);
+}
+
+void channel__send(struct channel *ch, const struct method *m)
+{
+    connection_send_method(ch->connection, ch->id, m);
+}
+
+static void vfail(struct channel *ch, uint16_t reply_code, uint32_t method_id, const char *fmt,
+                  va_list ap)
+{
+    if (reply_code_is_hard(reply_code)) {
+        connection_failv(ch->connection, reply_code, method_id, fmt, ap);
+        return;
+    }
+    if (ch->state == CHANNEL_STATE_CLOSING)
+        return;
+    char text[256];
+    int n = snprintf(text, sizeof text, "%s - ", reply_code_text(reply_code));
+    vsnprintf(text + n, sizeof text - (size_t)n, fmt, ap);
+    LOG_DEBUG("conn=%llu ch=%u closing: %u %s", (unsigned long long)ch->connection->conn.id,
+              ch->id, reply_code, text);
+    release(ch);
+    struct method m = {.id = METHOD_CHANNEL_CLOSE};
+    m.channel_close.reply_code = reply_code;
+    m.channel_close.reply_text = (struct bytes){(const uint8_t *)text, (uint32_t)strlen(text)};
+    m.channel_close.class_id = METHOD_CLASS_ID(method_id);
+    m.channel_close.method_id = METHOD_METHOD_ID(method_id);
+    channel__send(ch, &m);
+    ch->state = CHANNEL_STATE_CLOSING;
+}
+
+void channel__fail(struct channel *ch, uint16_t reply_code, uint32_t method_id, const char *fmt,
+                   ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(ch, reply_code, method_id, fmt, ap);
+    va_end(ap);
+}
+
+void channel__connection_fail(struct channel *ch, uint16_t reply_code, uint32_t method_id,
+                              const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    connection_failv(ch->connection, reply_code, method_id, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- frames --------------------------------------------------------- */
+
+void channel_handle_unopened(struct connection *connection, const struct frame *frame)
+{
+    if (frame->type != FRAME_METHOD) {
+        connection_fail(connection, REPLY_CHANNEL_ERROR, 0,
+                        "expected 'channel.open' on channel %u", frame->channel);
+        return;
+    }
+    struct method m;
+    int rc = method_decode(&m, frame->payload, frame->size);
+    if (rc == E_UNKNOWN_METHOD) {
+        connection_fail(connection, REPLY_NOT_IMPLEMENTED, 0, "unknown method");
+        return;
+    }
+    if (rc != OK) {
+        connection_fail(connection, REPLY_SYNTAX_ERROR, 0, "malformed method arguments");
+        return;
+    }
+    if (m.id != METHOD_CHANNEL_OPEN) {
+        connection_fail(connection, REPLY_CHANNEL_ERROR, m.id,
+                        "expected 'channel.open' on channel %u", frame->channel);
+        return;
+    }
+    struct channel *ch = channel_new(connection, frame->channel);
+    struct method ok = {.id = METHOD_CHANNEL_OPEN_OK};
+    ok.channel_open_ok.reserved_1 = BYTES_LIT("");
+    channel__send(ch, &ok);
+}
+
+static void handle_channel_class(struct channel *ch, const struct method *m)
+{
+    switch (m->id) {
+    case METHOD_CHANNEL_OPEN:
+        channel__connection_fail(ch, REPLY_CHANNEL_ERROR, m->id,
+                                 "second 'channel.open' seen on channel %u", ch->id);
+        return;
+    case METHOD_CHANNEL_CLOSE: {
+        release(ch);
+        struct method ok = {.id = METHOD_CHANNEL_CLOSE_OK};
+        channel__send(ch, &ok);
+        channel_destroy(ch);
+        return;
+    }
+    case METHOD_CHANNEL_CLOSE_OK:
+        /* Unsolicited: the channel was not closing. */
+        channel__connection_fail(ch, REPLY_CHANNEL_ERROR, m->id,
+                                 "unexpected 'channel.close-ok' on channel %u", ch->id);
+        return;
+    case METHOD_CHANNEL_FLOW: {
+        /* RabbitMQ 3.x refuses to stop delivering on client request. */
+        if (!m->channel_flow.active) {
+            channel__fail(ch, REPLY_NOT_IMPLEMENTED, m->id, "active=false");
+            return;
+        }
+        ch->flow_active = true;
+        struct method ok = {.id = METHOD_CHANNEL_FLOW_OK};
+        ok.channel_flow_ok.active = true;
+        channel__send(ch, &ok);
+        return;
+    }
+    case METHOD_CHANNEL_FLOW_OK:
+        return;
+    default:
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unexpected %s",
+                                 method_name(m->id));
+    }
+}
+
+static void handle_confirm_class(struct channel *ch, const struct method *m)
+{
+    if (m->id != METHOD_CONFIRM_SELECT) {
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unexpected %s",
+                                 method_name(m->id));
+        return;
+    }
+    if (ch->tx_mode) {
+        channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
+                      "cannot switch from tx to confirm mode");
+        return;
+    }
+    ch->confirm_mode = true;
+    if (!m->confirm_select.no_wait) {
+        struct method ok = {.id = METHOD_CONFIRM_SELECT_OK};
+        channel__send(ch, &ok);
+    }
+}
+
+static void handle_method(struct channel *ch, const struct method *m)
+{
+    if (ch->state == CHANNEL_STATE_CLOSING) {
+        if (m->id == METHOD_CHANNEL_CLOSE_OK) {
+            channel_destroy(ch);
+        } else if (m->id == METHOD_CHANNEL_CLOSE) {
+            /* Both sides closed at once: answer, and we are done. */
+            struct method ok = {.id = METHOD_CHANNEL_CLOSE_OK};
+            channel__send(ch, &ok);
+            channel_destroy(ch);
+        }
+        return;
+    }
+    switch (METHOD_CLASS_ID(m->id)) {
+    case CLASS_CHANNEL:
+        return handle_channel_class(ch, m);
+    case CLASS_EXCHANGE:
+        return channel__handle_exchange(ch, m);
+    case CLASS_QUEUE:
+        return channel__handle_queue(ch, m);
+    case CLASS_BASIC:
+        return channel__handle_basic(ch, m);
+    case CLASS_CONFIRM:
+        return handle_confirm_class(ch, m);
+    case CLASS_TX:
+        return channel__handle_tx(ch, m);
+    default:
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id,
+                                 "method %s not allowed on a channel", method_name(m->id));
+    }
+}
+
+static void content_complete(struct channel *ch)
+{
+    struct message *message = ch->assembling;
+    ch->assembling = NULL;
+    ch->content = CONTENT_STATE_NONE;
+    channel__route_publish(ch, message, ch->publish_mandatory);
+    message_unref(message);
+}
+
+static void handle_content_header(struct channel *ch, const struct frame *frame)
+{
+    struct content_header header;
+    if (content_header_decode(&header, frame->payload, frame->size) != OK) {
+        channel__connection_fail(ch, REPLY_FRAME_ERROR, METHOD_BASIC_PUBLISH,
+                                 "malformed content header");
+        return;
+    }
+    if (header.class_id != CLASS_BASIC) {
+        channel__connection_fail(ch, REPLY_FRAME_ERROR, METHOD_BASIC_PUBLISH,
+                                 "content header for class %u, expected %u", header.class_id,
+                                 CLASS_BASIC);
+        return;
+    }
+    uint64_t size_max = ch->connection->broker->config.limits.message_size_max;
+    if (header.body_size > size_max) {
+        /* Discarding the body frames still to come would need a state of
+         * its own; RabbitMQ closes the channel here, and so do we. */
+        ch->content = CONTENT_STATE_NONE;
+        channel__fail(ch, REPLY_PRECONDITION_FAILED, METHOD_BASIC_PUBLISH,
+                      "message size %llu is larger than configured max size %llu",
+                      (unsigned long long)header.body_size, (unsigned long long)size_max);
+        return;
+    }
+    struct bytes exchange = {ch->publish_names, ch->publish_exchange_size};
+    struct bytes routing_key = {ch->publish_names + 256, ch->publish_routing_key_size};
+    ch->assembling = message_new(exchange, routing_key, header.properties,
+                                 header.properties_size, header.body_size);
+    if (!ch->assembling) {
+        channel__connection_fail(ch, REPLY_SYNTAX_ERROR, METHOD_BASIC_PUBLISH,
+                                 "malformed content properties");
+        return;
+    }
+    ch->content = CONTENT_STATE_BODY;
+    if (header.body_size == 0)
+        content_complete(ch);
+}
+
+static void handle_content_body(struct channel *ch, const struct frame *frame)
+{
+    struct message *m = ch->assembling;
+    if (frame->size > m->body_size - m->body_received) {
+        channel__connection_fail(ch, REPLY_FRAME_ERROR, METHOD_BASIC_PUBLISH,
+                                 "body frames exceed the declared body size %llu",
+                                 (unsigned long long)m->body_size);
+        return;
+    }
+    memcpy(m->body + m->body_received, frame->payload, frame->size);
+    m->body_received += frame->size;
+    if (m->body_received == m->body_size)
+        content_complete(ch);
+}
+
+void channel_handle_frame(struct channel *ch, const struct frame *frame)
+{
+    if (ch->state == CHANNEL_STATE_CLOSING && frame->type != FRAME_METHOD)
+        return; /* content of a publish that raced our channel.close */
+    switch (ch->content) {
+    case CONTENT_STATE_HEADER:
+        if (frame->type != FRAME_HEADER) {
+            channel__connection_fail(ch, REPLY_UNEXPECTED_FRAME, METHOD_BASIC_PUBLISH,
+                                     "expected content header for class %u, got frame type %u",
+                                     CLASS_BASIC, frame->type);
+            return;
+        }
+        return handle_content_header(ch, frame);
+    case CONTENT_STATE_BODY:
+        if (frame->type != FRAME_BODY) {
+            channel__connection_fail(ch, REPLY_UNEXPECTED_FRAME, METHOD_BASIC_PUBLISH,
+                                     "expected content body, got frame type %u", frame->type);
+            return;
+        }
+        return handle_content_body(ch, frame);
+    case CONTENT_STATE_NONE:
+        break;
+    }
+    if (frame->type != FRAME_METHOD) {
+        channel__connection_fail(ch, REPLY_UNEXPECTED_FRAME, 0,
+                                 "unexpected content frame type %u on channel %u", frame->type,
+                                 ch->id);
+        return;
+    }
+    struct method m;
+    int rc = method_decode(&m, frame->payload, frame->size);
+    if (rc == E_UNKNOWN_METHOD) {
+        channel__connection_fail(ch, REPLY_NOT_IMPLEMENTED, 0, "unknown method");
+        return;
+    }
+    if (rc != OK) {
+        channel__connection_fail(ch, REPLY_SYNTAX_ERROR, 0, "malformed method arguments");
+        return;
+    }
+    handle_method(ch, &m);
+}
+
+/* ---- publishing ----------------------------------------------------- */
+
+static void owe_confirm(struct channel *ch)
+{
+    if (!list_linked(&ch->confirm_link))
+        list_push_back(&ch->connection->confirms_owed, &ch->confirm_link);
+}
+
+/* basic.publish: remember where the content goes; the message is made
+ * when its header arrives. Exchange checks happen now, as in RabbitMQ, so
+ * a bad exchange fails the channel before any content is read. */
+void channel__begin_publish(struct channel *ch, const struct method *m)
+{
+    const struct method_basic_publish *p = &m->basic_publish;
+    if (p->immediate) {
+        channel__connection_fail(ch, REPLY_NOT_IMPLEMENTED, m->id, "immediate=true");
+        return;
+    }
+    struct exchange *exchange = vhost_exchange(ch->vhost, p->exchange);
+    if (!exchange) {
+        channel__fail(ch, REPLY_NOT_FOUND, m->id, "no exchange '%.*s' in vhost '%.*s'",
+                      (int)p->exchange.len, (const char *)p->exchange.ptr,
+                      (int)ch->vhost->name.len, (const char *)ch->vhost->name.ptr);
+        /* The content frames that follow are discarded by the closing
+         * channel (channel_handle_frame). */
+        return;
+    }
+    if (exchange->internal) {
+        channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
+                      "cannot publish to internal exchange '%.*s' in vhost '%.*s'",
+                      (int)p->exchange.len, (const char *)p->exchange.ptr,
+                      (int)ch->vhost->name.len, (const char *)ch->vhost->name.ptr);
+        return;
+    }
+    if (!ch->publish_names) {
+        ch->publish_names = malloc(512);
+        ASSERT(ch->publish_names != NULL);
+    }
+    memcpy(ch->publish_names, p->exchange.ptr, p->exchange.len);
+    memcpy(ch->publish_names + 256, p->routing_key.ptr, p->routing_key.len);
+    ch->publish_exchange_size = (uint8_t)p->exchange.len;
+    ch->publish_routing_key_size = (uint8_t)p->routing_key.len;
+    ch->publish_mandatory = p->mandatory;
+    ch->content = CONTENT_STATE_HEADER;
+}
+
+static void send_return(struct channel *ch, struct message *message, uint16_t code,
+                        const char *text);
+
+void channel__route_publish(struct channel *ch, struct message *message, bool mandatory)
+{
+    if (ch->tx_mode) {
+        struct tx_op *op = calloc(1, sizeof *op);
+        ASSERT(op != NULL);
+        op->method_id = METHOD_BASIC_PUBLISH;
+        op->message = message;
+        op->mandatory = mandatory;
+        message_ref(message);
+        list_push_back(&ch->tx_ops, &op->link);
+        return;
+    }
+    channel__route_now(ch, message, mandatory);
+}
+
+void channel__route_now(struct channel *ch, struct message *message, bool mandatory)
+{
+    struct bind_dest *dests[ROUTE_DESTS_MAX];
+    struct route_result result = {.dests = dests, .cap = ROUTE_DESTS_MAX};
+    /* The exchange may have been deleted between method and content. */
+    struct exchange *exchange = vhost_exchange(ch->vhost, message_exchange(message));
+    if (exchange)
+        vhost_route(ch->vhost, exchange, message_routing_key(message), message->headers, &result);
+    if (result.count == 0 && mandatory)
+        send_return(ch, message, REPLY_NO_ROUTE, "NO_ROUTE");
+    for (uint32_t i = 0; i < result.count; i++) {
+        struct queue *queue = CONTAINER_OF(result.dests[i], struct queue, as_dest);
+        queue_publish(queue, message);
+    }
+    if (ch->confirm_mode) {
+        ch->publish_seq++;
+        owe_confirm(ch);
+    }
+}
+
+void channels_flush_confirms(struct connection *connection)
+{
+    while (!list_empty(&connection->confirms_owed)) {
+        struct channel *ch =
+            CONTAINER_OF(connection->confirms_owed.next, struct channel, confirm_link);
+        list_remove(&ch->confirm_link);
+        if (ch->publish_seq == ch->confirmed_seq || ch->state != CHANNEL_STATE_OPEN)
+            continue;
+        struct method ack = {.id = METHOD_BASIC_ACK};
+        ack.basic_ack.delivery_tag = ch->publish_seq;
+        ack.basic_ack.multiple = ch->publish_seq - ch->confirmed_seq > 1;
+        channel__send(ch, &ack);
+        ch->confirmed_seq = ch->publish_seq;
+    }
+}
+
+/* ---- returns -------------------------------------------------------- */
+
+static void send_return(struct channel *ch, struct message *message, uint16_t code,
+                        const char *text)
+{
+    struct method m = {.id = METHOD_BASIC_RETURN};
+    m.basic_return.reply_code = code;
+    m.basic_return.reply_text = bytes_of_cstr(text);
+    m.basic_return.exchange = message_exchange(message);
+    m.basic_return.routing_key = message_routing_key(message);
+    channel__send(ch, &m);
+    channel__write_content(ch, message);
+}

@@ -1,0 +1,35 @@
+/*
+ * channel.h: one AMQP channel: publishing, consuming, acks, confirms, tx.
+ *
+ * A channel assembles published content (method, header, body frames)
+ * into a message, routes it and confirms it; it owns its consumers and
+ * the record of every message delivered and not yet settled (its
+ * "unacked" deliveries, indexed by delivery tag). Closing a channel, for
+ * any reason, requeues those messages with redelivered=true.
+ *
+ * Memory: owned by its connection's channel table; channel_destroy frees
+ * it (and tells the connection). Deliveries hold a message reference and
+ * a queue reference each.
+ */
+#ifndef QUAY_BROKER_CHANNEL_H
+#define QUAY_BROKER_CHANNEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "amqp/frame.h"
+
+struct channel;
+struct connection;
+
+/* A frame for a channel id that has no open channel. */
+void channel_handle_unopened(struct connection *connection, const struct frame *frame);
+void channel_handle_frame(struct channel *ch, const struct frame *frame);
+/* Frees the channel without any protocol exchange (connection gone). */
+void channel_destroy(struct channel *ch);
+/* The connection's output drained: consumers may take messages again. */
+void channel_resume_delivery(struct channel *ch);
+/* End of an input batch: send the publisher confirms it produced. */
+void channels_flush_confirms(struct connection *connection);
+
+#endif

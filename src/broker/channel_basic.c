@@ -1,0 +1,615 @@
+/*
+ * channel_basic.c: the basic class on a channel (consume, cancel, get,
+ * ack, nack, reject, recover, qos), delivery to the client, and tx.
+ *
+ * Credit: a channel consumer can take a message while its own prefetch,
+ * the channel's global prefetch and the connection's output buffer all
+ * have room. Settling a delivery (ack, reject, requeue) gives credit back,
+ * and the queues involved are dispatched again.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker/broker.h"
+#include "broker/channel_int.h"
+#include "broker/connection.h"
+#include "broker/message.h"
+#include "broker/vhost.h"
+#include "lib/assert.h"
+
+/* Bodies up to this size are copied into the output buffer; larger ones
+ * are written straight from the message (writev), holding a reference. */
+#define BODY_COPY_MAX 8192
+
+#define VHOST_FMT "in vhost '%.*s'"
+#define VHOST_ARG(ch) (int)(ch)->vhost->name.len, (const char *)(ch)->vhost->name.ptr
+
+/* ---- delivery ring -------------------------------------------------- */
+
+static void ring_grow(struct delivery_ring *r)
+{
+    uint32_t cap = r->cap ? r->cap * 2 : 8;
+    struct delivery *items = malloc(sizeof *items * cap);
+    ASSERT(items != NULL);
+    for (uint32_t i = 0; i < r->count; i++)
+        items[i] = r->items[(r->head + i) & (r->cap - 1)];
+    free(r->items);
+    r->items = items;
+    r->head = 0;
+    r->cap = cap;
+}
+
+static void ring_append(struct delivery_ring *r, uint64_t tag, struct delivery d)
+{
+    if (r->count == 0)
+        r->first_tag = tag;
+    ASSERT(tag >= r->first_tag + r->count);
+    while (r->first_tag + r->count <= tag) {
+        if (r->count == r->cap)
+            ring_grow(r);
+        r->items[(r->head + r->count) & (r->cap - 1)] = (struct delivery){0};
+        r->count++;
+    }
+    r->items[(r->head + r->count - 1) & (r->cap - 1)] = d;
+}
+
+static struct delivery *ring_at(struct delivery_ring *r, uint64_t tag)
+{
+    if (tag < r->first_tag || tag - r->first_tag >= r->count)
+        return NULL;
+    return &r->items[(r->head + (uint32_t)(tag - r->first_tag)) & (r->cap - 1)];
+}
+
+static void ring_trim(struct delivery_ring *r)
+{
+    while (r->count > 0 && !r->items[r->head].live) {
+        r->head = (r->head + 1) & (r->cap - 1);
+        r->count--;
+        r->first_tag++;
+    }
+    if (r->count == 0 && r->cap > 1024) {
+        free(r->items);
+        r->items = NULL;
+        r->cap = 0;
+        r->head = 0;
+    }
+}
+
+/* ---- settling ------------------------------------------------------- */
+
+/* Queues touched by a batch of settlements, dispatched once at its end. */
+struct touched {
+    struct queue *queues[16];
+    uint32_t count;
+};
+
+static void touch(struct touched *t, struct queue *queue)
+{
+    for (uint32_t i = 0; i < t->count; i++) {
+        if (t->queues[i] == queue)
+            return;
+    }
+    if (t->count == ARRAY_SIZE(t->queues)) {
+        /* Full: dispatch the oldest now; order within a batch only
+         * matters for requeues, which are never spread this wide. */
+        queue_dispatch(t->queues[0]);
+        queue_unref(t->queues[0]);
+        memmove(t->queues, t->queues + 1, sizeof t->queues[0] * (t->count - 1));
+        t->count--;
+    }
+    queue_ref(queue);
+    t->queues[t->count++] = queue;
+}
+
+static void dispatch_touched(struct channel *ch, struct touched *t)
+{
+    for (uint32_t i = 0; i < t->count; i++) {
+        queue_dispatch(t->queues[i]);
+        queue_unref(t->queues[i]);
+    }
+    t->count = 0;
+    /* With a channel-wide prefetch, credit freed here may let this
+     * channel's consumers on other queues go on too. */
+    if (ch && ch->prefetch_global)
+        channel_resume_delivery(ch);
+}
+
+enum settle_how { SETTLE_ACK, SETTLE_REQUEUE, SETTLE_DROP };
+
+static void settle(struct channel *ch, struct delivery *d, enum settle_how how,
+                   struct touched *t)
+{
+    ASSERT(d->live);
+    ASSERT(ch->unacked_count > 0);
+    d->live = false;
+    ch->unacked_count--;
+    if (d->consumer) {
+        ASSERT(d->consumer->unacked_count > 0);
+        d->consumer->unacked_count--;
+    }
+    struct queue *queue = d->queue;
+    if (how == SETTLE_REQUEUE) {
+        queue_requeue(queue, d->message); /* takes the message reference */
+    } else {
+        queue_settle(queue);
+        message_unref(d->message);
+    }
+    touch(t, queue);
+    queue_unref(queue);
+    d->message = NULL;
+    d->queue = NULL;
+}
+
+/* Settles tag (and with multiple, every live tag below it). Requeues go
+ * newest first so that each push to the queue's head restores the
+ * original order. Returns false if tag is not an unsettled delivery. */
+static bool settle_tags(struct channel *ch, uint64_t tag, bool multiple, enum settle_how how)
+{
+    struct delivery_ring *r = &ch->deliveries;
+    struct touched t = {.count = 0};
+    if (multiple && tag == 0) {
+        if (r->count == 0)
+            return true;
+        tag = r->first_tag + r->count - 1;
+    } else {
+        struct delivery *d = ring_at(r, tag);
+        if (!d || !d->live)
+            return false;
+    }
+    uint64_t low = multiple ? r->first_tag : tag;
+    for (uint64_t x = tag + 1; x-- > low;) {
+        struct delivery *d = ring_at(r, x);
+        if (d && d->live)
+            settle(ch, d, how, &t);
+    }
+    ring_trim(r);
+    dispatch_touched(ch, &t);
+    return true;
+}
+
+void channel__requeue_all(struct channel *ch)
+{
+    struct delivery_ring *r = &ch->deliveries;
+    if (r->count == 0)
+        return;
+    settle_tags(ch, 0, true, SETTLE_REQUEUE);
+    ASSERT(ch->unacked_count == 0);
+}
+
+/* ---- delivering ----------------------------------------------------- */
+
+void channel__write_content(struct channel *ch, struct message *m)
+{
+    struct conn *conn = &ch->connection->conn;
+    if (conn->closing)
+        return;
+    size_t header_size = FRAME_OVERHEAD + 12 + (size_t)m->properties_size;
+    uint8_t *out = conn_out_reserve(conn, header_size);
+    size_t n = frame_write_content_header(out, header_size, ch->id, CLASS_BASIC, m->body_size,
+                                          message_properties(m), m->properties_size);
+    ASSERT(n == header_size);
+    conn_out_commit(conn, n);
+    uint64_t payload_max = ch->connection->frame_max - FRAME_OVERHEAD;
+    for (uint64_t offset = 0; offset < m->body_size;) {
+        uint64_t left = m->body_size - offset;
+        uint32_t size = (uint32_t)(left < payload_max ? left : payload_max);
+        if (size <= BODY_COPY_MAX) {
+            out = conn_out_reserve(conn, size + FRAME_OVERHEAD);
+            frame_write_body_prefix(out, ch->id, size);
+            memcpy(out + FRAME_HEADER_SIZE, m->body + offset, size);
+            out[FRAME_HEADER_SIZE + size] = FRAME_END;
+            conn_out_commit(conn, size + FRAME_OVERHEAD);
+        } else {
+            out = conn_out_reserve(conn, FRAME_HEADER_SIZE);
+            frame_write_body_prefix(out, ch->id, size);
+            conn_out_commit(conn, FRAME_HEADER_SIZE);
+            message_ref(m);
+            conn_out_ref(conn, m->body + offset, size, message_release_callback, m);
+            static const uint8_t end = FRAME_END;
+            conn_out_bytes(conn, &end, 1);
+        }
+        offset += size;
+    }
+}
+
+static uint64_t record_delivery(struct channel *ch, struct consumer *consumer,
+                                struct queue *queue, struct message *message, bool no_ack)
+{
+    uint64_t tag = ch->next_delivery_tag++;
+    if (no_ack) {
+        queue_settle(queue);
+        return tag;
+    }
+    queue_ref(queue);
+    message_ref(message);
+    ring_append(&ch->deliveries, tag,
+                (struct delivery){.message = message, .queue = queue, .consumer = consumer,
+                                  .live = true});
+    ch->unacked_count++;
+    if (consumer)
+        consumer->unacked_count++;
+    return tag;
+}
+
+static bool consumer_can_take(struct consumer *consumer)
+{
+    struct channel *ch = consumer->owner;
+    if (ch->state != CHANNEL_STATE_OPEN || !ch->flow_active)
+        return false;
+    if (conn_out_full(&ch->connection->conn) || ch->connection->conn.closing)
+        return false;
+    if (consumer->no_ack)
+        return true;
+    if (consumer->prefetch_count && consumer->unacked_count >= consumer->prefetch_count)
+        return false;
+    if (ch->prefetch_global && ch->unacked_count >= ch->prefetch_global)
+        return false;
+    return true;
+}
+
+static void consumer_deliver(struct consumer *consumer, struct queue_entry entry)
+{
+    struct channel *ch = consumer->owner;
+    struct queue *queue = consumer->queue;
+    uint64_t tag = record_delivery(ch, consumer, queue, entry.message, consumer->no_ack);
+    struct method m = {.id = METHOD_BASIC_DELIVER};
+    m.basic_deliver.consumer_tag = consumer->tag;
+    m.basic_deliver.delivery_tag = tag;
+    m.basic_deliver.redelivered = entry.redelivered != 0;
+    m.basic_deliver.exchange = message_exchange(entry.message);
+    m.basic_deliver.routing_key = message_routing_key(entry.message);
+    channel__send(ch, &m);
+    channel__write_content(ch, entry.message);
+    message_unref(entry.message); /* the queue's reference */
+}
+
+static void consumer_free(struct channel *ch, struct consumer *consumer)
+{
+    /* Deliveries outlive their consumer: they stay ackable on the channel. */
+    struct delivery_ring *r = &ch->deliveries;
+    for (uint32_t i = 0; i < r->count; i++) {
+        struct delivery *d = &r->items[(r->head + i) & (r->cap - 1)];
+        if (d->live && d->consumer == consumer)
+            d->consumer = NULL;
+    }
+    list_remove(&consumer->owner_link);
+    hmap_remove(&ch->consumers_by_tag, consumer->tag);
+    ch->consumers_count--;
+    free((void *)consumer->tag.ptr);
+    free(consumer);
+}
+
+static void consumer_cancelled(struct consumer *consumer)
+{
+    struct channel *ch = consumer->owner;
+    if (ch->connection->client_cancel_notify && ch->state == CHANNEL_STATE_OPEN) {
+        struct method m = {.id = METHOD_BASIC_CANCEL};
+        m.basic_cancel.consumer_tag = consumer->tag;
+        m.basic_cancel.no_wait = true;
+        channel__send(ch, &m);
+    }
+    consumer_free(ch, consumer);
+}
+
+static const struct consumer_ops channel_consumer_ops = {
+    .can_take = consumer_can_take,
+    .deliver = consumer_deliver,
+    .cancelled = consumer_cancelled,
+};
+
+void channel_resume_delivery(struct channel *ch)
+{
+    list_for_each_safe(node, &ch->consumers) {
+        struct consumer *consumer = CONTAINER_OF(node, struct consumer, owner_link);
+        if (consumer->queue)
+            queue_dispatch(consumer->queue);
+    }
+}
+
+/* Detaches a consumer from its queue; deletes an auto-delete queue that
+ * lost its last consumer (RabbitMQ semantics). */
+static void detach(struct channel *ch, struct consumer *consumer)
+{
+    struct queue *queue = consumer->queue;
+    if (!queue)
+        return;
+    queue_ref(queue);
+    queue_consumer_remove(queue, consumer);
+    if (queue->auto_delete && queue->consumers_count == 0 && !queue->deleted)
+        vhost_queue_delete(ch->vhost, queue);
+    queue_unref(queue);
+}
+
+void channel__release_consumers(struct channel *ch)
+{
+    while (!list_empty(&ch->consumers)) {
+        struct consumer *consumer =
+            CONTAINER_OF(ch->consumers.next, struct consumer, owner_link);
+        detach(ch, consumer);
+        consumer_free(ch, consumer);
+    }
+}
+
+/* ---- methods -------------------------------------------------------- */
+
+/* Looks up a queue for basic.consume / basic.get, failing the channel
+ * as RabbitMQ does when it is missing or exclusive to someone else. */
+static struct queue *usable_queue(struct channel *ch, struct bytes name, uint32_t method_id)
+{
+    struct queue *queue = vhost_queue(ch->vhost, name);
+    if (!queue) {
+        channel__fail(ch, REPLY_NOT_FOUND, method_id, "no queue '%.*s' " VHOST_FMT,
+                      (int)name.len, (const char *)name.ptr, VHOST_ARG(ch));
+        return NULL;
+    }
+    if (queue->exclusive && queue->exclusive_owner != ch->connection) {
+        channel__fail(ch, REPLY_RESOURCE_LOCKED, method_id,
+                      "cannot obtain exclusive access to locked queue '%.*s' " VHOST_FMT,
+                      (int)name.len, (const char *)name.ptr, VHOST_ARG(ch));
+        return NULL;
+    }
+    return queue;
+}
+
+static void handle_consume(struct channel *ch, const struct method *m)
+{
+    const struct method_basic_consume *c = &m->basic_consume;
+    struct queue *queue = usable_queue(ch, c->queue, m->id);
+    if (!queue)
+        return;
+    char generated[64];
+    struct bytes tag = c->consumer_tag;
+    if (tag.len == 0) {
+        broker_generate_name(ch->connection->broker, "amq.ctag-", generated, sizeof generated);
+        tag = bytes_of_cstr(generated);
+    } else if (hmap_get(&ch->consumers_by_tag, tag)) {
+        channel__connection_fail(ch, REPLY_NOT_ALLOWED, m->id,
+                                 "attempt to reuse consumer tag '%.*s'", (int)tag.len,
+                                 (const char *)tag.ptr);
+        return;
+    }
+    uint32_t limit = ch->connection->broker->config.limits.consumers_per_channel_max;
+    if (limit && ch->consumers_count >= limit) {
+        channel__fail(ch, REPLY_RESOURCE_ERROR, m->id, "consumer limit %u reached", limit);
+        return;
+    }
+    if (queue->exclusive_consumers > 0 || (c->exclusive && queue->consumers_count > 0)) {
+        channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
+                      "queue '%.*s' " VHOST_FMT " in exclusive use", (int)c->queue.len,
+                      (const char *)c->queue.ptr, VHOST_ARG(ch));
+        return;
+    }
+    struct consumer *consumer = calloc(1, sizeof *consumer);
+    ASSERT(consumer != NULL);
+    uint8_t *tag_copy = malloc(tag.len ? tag.len : 1);
+    ASSERT(tag_copy != NULL);
+    memcpy(tag_copy, tag.ptr, tag.len);
+    consumer->ops = &channel_consumer_ops;
+    consumer->owner = ch;
+    consumer->tag = (struct bytes){tag_copy, tag.len};
+    consumer->no_ack = c->no_ack;
+    consumer->exclusive = c->exclusive;
+    consumer->prefetch_count = ch->prefetch_consumer;
+    list_init(&consumer->queue_link);
+    list_push_back(&ch->consumers, &consumer->owner_link);
+    hmap_put(&ch->consumers_by_tag, consumer->tag, consumer);
+    ch->consumers_count++;
+    if (!c->no_wait) {
+        struct method ok = {.id = METHOD_BASIC_CONSUME_OK};
+        ok.basic_consume_ok.consumer_tag = consumer->tag;
+        channel__send(ch, &ok);
+    }
+    queue_consumer_add(queue, consumer);
+    queue_dispatch(queue);
+}
+
+static void handle_cancel(struct channel *ch, const struct method *m)
+{
+    const struct method_basic_cancel *c = &m->basic_cancel;
+    struct consumer *consumer = hmap_get(&ch->consumers_by_tag, c->consumer_tag);
+    if (!c->no_wait) {
+        /* Answer first: the tag in the reply is the request's, and the
+         * consumer (and its tag copy) may be freed below. */
+        struct method ok = {.id = METHOD_BASIC_CANCEL_OK};
+        ok.basic_cancel_ok.consumer_tag = c->consumer_tag;
+        channel__send(ch, &ok);
+    }
+    if (!consumer)
+        return; /* RabbitMQ answers cancel-ok for unknown tags too */
+    detach(ch, consumer);
+    consumer_free(ch, consumer);
+}
+
+static void handle_get(struct channel *ch, const struct method *m)
+{
+    const struct method_basic_get *g = &m->basic_get;
+    struct queue *queue = usable_queue(ch, g->queue, m->id);
+    if (!queue)
+        return;
+    struct queue_entry entry;
+    if (!queue_take(queue, &entry)) {
+        struct method empty = {.id = METHOD_BASIC_GET_EMPTY};
+        empty.basic_get_empty.reserved_1 = BYTES_LIT("");
+        channel__send(ch, &empty);
+        return;
+    }
+    uint64_t tag = record_delivery(ch, NULL, queue, entry.message, g->no_ack);
+    struct method ok = {.id = METHOD_BASIC_GET_OK};
+    ok.basic_get_ok.delivery_tag = tag;
+    ok.basic_get_ok.redelivered = entry.redelivered != 0;
+    ok.basic_get_ok.exchange = message_exchange(entry.message);
+    ok.basic_get_ok.routing_key = message_routing_key(entry.message);
+    ok.basic_get_ok.message_count = queue_ready_count(queue);
+    channel__send(ch, &ok);
+    channel__write_content(ch, entry.message);
+    message_unref(entry.message);
+}
+
+static void settle_or_fail(struct channel *ch, uint32_t method_id, uint64_t tag, bool multiple,
+                           enum settle_how how)
+{
+    if (!settle_tags(ch, tag, multiple, how))
+        channel__fail(ch, REPLY_PRECONDITION_FAILED, method_id, "unknown delivery tag %llu",
+                      (unsigned long long)tag);
+}
+
+static void hold_for_tx(struct channel *ch, const struct method *m, uint64_t tag, bool multiple,
+                        bool requeue)
+{
+    struct tx_op *op = calloc(1, sizeof *op);
+    ASSERT(op != NULL);
+    op->method_id = m->id;
+    op->delivery_tag = tag;
+    op->multiple = multiple;
+    op->requeue = requeue;
+    list_push_back(&ch->tx_ops, &op->link);
+}
+
+static void handle_qos(struct channel *ch, const struct method *m)
+{
+    const struct method_basic_qos *q = &m->basic_qos;
+    if (q->prefetch_size != 0) {
+        channel__connection_fail(ch, REPLY_NOT_IMPLEMENTED, m->id, "prefetch_size!=0 (%u)",
+                                 q->prefetch_size);
+        return;
+    }
+    /* RabbitMQ's reading: global=false limits each consumer created
+     * after this on the channel; global=true limits the channel. */
+    if (q->global)
+        ch->prefetch_global = q->prefetch_count;
+    else
+        ch->prefetch_consumer = q->prefetch_count;
+    struct method ok = {.id = METHOD_BASIC_QOS_OK};
+    channel__send(ch, &ok);
+    channel_resume_delivery(ch);
+}
+
+static void handle_recover(struct channel *ch, const struct method *m, bool requeue)
+{
+    if (!requeue) {
+        channel__connection_fail(ch, REPLY_NOT_IMPLEMENTED, m->id, "requeue=false");
+        return;
+    }
+    channel__requeue_all(ch);
+    if (m->id == METHOD_BASIC_RECOVER) {
+        struct method ok = {.id = METHOD_BASIC_RECOVER_OK};
+        channel__send(ch, &ok);
+    }
+}
+
+void channel__handle_basic(struct channel *ch, const struct method *m)
+{
+    switch (m->id) {
+    case METHOD_BASIC_PUBLISH:
+        return channel__begin_publish(ch, m);
+    case METHOD_BASIC_ACK:
+        if (ch->tx_mode)
+            return hold_for_tx(ch, m, m->basic_ack.delivery_tag, m->basic_ack.multiple, false);
+        return settle_or_fail(ch, m->id, m->basic_ack.delivery_tag, m->basic_ack.multiple,
+                              SETTLE_ACK);
+    case METHOD_BASIC_NACK: {
+        const struct method_basic_nack *n = &m->basic_nack;
+        if (ch->tx_mode)
+            return hold_for_tx(ch, m, n->delivery_tag, n->multiple, n->requeue);
+        return settle_or_fail(ch, m->id, n->delivery_tag, n->multiple,
+                              n->requeue ? SETTLE_REQUEUE : SETTLE_DROP);
+    }
+    case METHOD_BASIC_REJECT: {
+        const struct method_basic_reject *r = &m->basic_reject;
+        if (ch->tx_mode)
+            return hold_for_tx(ch, m, r->delivery_tag, false, r->requeue);
+        return settle_or_fail(ch, m->id, r->delivery_tag, false,
+                              r->requeue ? SETTLE_REQUEUE : SETTLE_DROP);
+    }
+    case METHOD_BASIC_CONSUME:
+        return handle_consume(ch, m);
+    case METHOD_BASIC_CANCEL:
+        return handle_cancel(ch, m);
+    case METHOD_BASIC_GET:
+        return handle_get(ch, m);
+    case METHOD_BASIC_QOS:
+        return handle_qos(ch, m);
+    case METHOD_BASIC_RECOVER:
+        return handle_recover(ch, m, m->basic_recover.requeue);
+    case METHOD_BASIC_RECOVER_ASYNC:
+        return handle_recover(ch, m, m->basic_recover_async.requeue);
+    default:
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unexpected %s",
+                                 method_name(m->id));
+    }
+}
+
+/* ---- tx ------------------------------------------------------------- */
+
+void channel__drop_tx(struct channel *ch)
+{
+    while (!list_empty(&ch->tx_ops)) {
+        struct tx_op *op = CONTAINER_OF(ch->tx_ops.next, struct tx_op, link);
+        list_remove(&op->link);
+        if (op->message)
+            message_unref(op->message);
+        free(op);
+    }
+}
+
+static bool commit(struct channel *ch)
+{
+    while (!list_empty(&ch->tx_ops)) {
+        struct tx_op *op = CONTAINER_OF(ch->tx_ops.next, struct tx_op, link);
+        list_remove(&op->link);
+        bool ok = true;
+        if (op->method_id == METHOD_BASIC_PUBLISH) {
+            channel__route_now(ch, op->message, op->mandatory);
+            message_unref(op->message);
+        } else {
+            enum settle_how how = op->method_id == METHOD_BASIC_ACK ? SETTLE_ACK
+                                  : op->requeue                     ? SETTLE_REQUEUE
+                                                                    : SETTLE_DROP;
+            ok = settle_tags(ch, op->delivery_tag, op->multiple, how);
+            if (!ok)
+                channel__fail(ch, REPLY_PRECONDITION_FAILED, op->method_id,
+                              "unknown delivery tag %llu", (unsigned long long)op->delivery_tag);
+        }
+        free(op);
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+void channel__handle_tx(struct channel *ch, const struct method *m)
+{
+    struct method ok = {0};
+    switch (m->id) {
+    case METHOD_TX_SELECT:
+        if (ch->confirm_mode) {
+            channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
+                          "cannot switch from confirm to tx mode");
+            return;
+        }
+        ch->tx_mode = true;
+        ok.id = METHOD_TX_SELECT_OK;
+        break;
+    case METHOD_TX_COMMIT:
+    case METHOD_TX_ROLLBACK:
+        if (!ch->tx_mode) {
+            channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id, "channel is not transactional");
+            return;
+        }
+        if (m->id == METHOD_TX_COMMIT) {
+            if (!commit(ch))
+                return;
+            ok.id = METHOD_TX_COMMIT_OK;
+        } else {
+            channel__drop_tx(ch);
+            ok.id = METHOD_TX_ROLLBACK_OK;
+        }
+        break;
+    default:
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unexpected %s",
+                                 method_name(m->id));
+        return;
+    }
+    channel__send(ch, &ok);
+}

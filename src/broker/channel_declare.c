@@ -1,0 +1,408 @@
+/*
+ * channel_declare.c: the exchange and queue classes on a channel:
+ * declare (with RabbitMQ's equivalence checks), delete, bind, unbind,
+ * purge. Reply texts follow RabbitMQ's wording, since applications and
+ * client libraries match on them.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker/broker.h"
+#include "broker/channel_int.h"
+#include "broker/connection.h"
+#include "broker/exchange.h"
+#include "broker/vhost.h"
+#include "lib/assert.h"
+
+#define VHOST_FMT "in vhost '%.*s'"
+#define VHOST_ARG(ch) (int)(ch)->vhost->name.len, (const char *)(ch)->vhost->name.ptr
+#define NAME_ARG(b) (int)(b).len, (const char *)(b).ptr
+
+static const char *bool_text(bool b)
+{
+    return b ? "true" : "false";
+}
+
+/* ---- exchanges ------------------------------------------------------ */
+
+static struct exchange *existing_exchange(struct channel *ch, struct bytes name,
+                                          uint32_t method_id)
+{
+    struct exchange *exchange = vhost_exchange(ch->vhost, name);
+    if (!exchange)
+        channel__fail(ch, REPLY_NOT_FOUND, method_id, "no exchange '%.*s' " VHOST_FMT,
+                      NAME_ARG(name), VHOST_ARG(ch));
+    return exchange;
+}
+
+static bool exchange_equivalent(struct channel *ch, const struct exchange *x,
+                                const struct method_exchange_declare *d, enum exchange_type type,
+                                uint32_t method_id)
+{
+    const char *arg = NULL;
+    const char *received = NULL, *current = NULL;
+    if (x->type != type) {
+        arg = "type";
+        received = exchange_type_name(type);
+        current = exchange_type_name(x->type);
+    } else if (x->durable != d->durable) {
+        arg = "durable";
+        received = bool_text(d->durable);
+        current = bool_text(x->durable);
+    } else if (x->auto_delete != d->auto_delete) {
+        arg = "auto_delete";
+        received = bool_text(d->auto_delete);
+        current = bool_text(x->auto_delete);
+    } else if (x->internal != d->internal) {
+        arg = "internal";
+        received = bool_text(d->internal);
+        current = bool_text(x->internal);
+    }
+    if (!arg)
+        return true;
+    channel__fail(ch, REPLY_PRECONDITION_FAILED, method_id,
+                  "inequivalent arg '%s' for exchange '%.*s' " VHOST_FMT
+                  ": received '%s' but current is '%s'",
+                  arg, NAME_ARG(d->exchange), VHOST_ARG(ch), received, current);
+    return false;
+}
+
+static void exchange_declare(struct channel *ch, const struct method *m)
+{
+    const struct method_exchange_declare *d = &m->exchange_declare;
+    enum exchange_type type = EXCHANGE_DIRECT;
+    if (exchange_type_parse(d->type, &type) != 0 && !d->passive) {
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id,
+                                 "unknown exchange type '%.*s'", NAME_ARG(d->type));
+        return;
+    }
+    struct exchange *x = vhost_exchange(ch->vhost, d->exchange);
+    if (d->passive) {
+        if (!x && d->exchange.len > 0) {
+            channel__fail(ch, REPLY_NOT_FOUND, m->id, "no exchange '%.*s' " VHOST_FMT,
+                          NAME_ARG(d->exchange), VHOST_ARG(ch));
+            return;
+        }
+    } else if (d->exchange.len == 0) {
+        channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
+                      "operation not permitted on the default exchange");
+        return;
+    } else if (bytes_has_prefix(d->exchange, "amq.")) {
+        /* Redeclaring a predeclared amq.* exchange equivalently is fine. */
+        if (!x) {
+            channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
+                          "exchange name '%.*s' contains reserved prefix 'amq.*'",
+                          NAME_ARG(d->exchange));
+            return;
+        }
+        if (!exchange_equivalent(ch, x, d, type, m->id))
+            return;
+    } else if (x) {
+        if (!exchange_equivalent(ch, x, d, type, m->id))
+            return;
+    } else {
+        struct bytes args = {d->arguments.ptr, d->arguments.len};
+        vhost_exchange_declare(ch->vhost, d->exchange, type, d->durable, d->auto_delete,
+                               d->internal, args);
+    }
+    if (!d->no_wait) {
+        struct method ok = {.id = METHOD_EXCHANGE_DECLARE_OK};
+        channel__send(ch, &ok);
+    }
+}
+
+static bool exchange_modifiable(struct channel *ch, struct bytes name, uint32_t method_id)
+{
+    if (name.len == 0) {
+        channel__fail(ch, REPLY_ACCESS_REFUSED, method_id,
+                      "operation not permitted on the default exchange");
+        return false;
+    }
+    if (bytes_has_prefix(name, "amq.")) {
+        channel__fail(ch, REPLY_ACCESS_REFUSED, method_id,
+                      "operation not permitted on exchange '%.*s' " VHOST_FMT, NAME_ARG(name),
+                      VHOST_ARG(ch));
+        return false;
+    }
+    return true;
+}
+
+static void exchange_delete(struct channel *ch, const struct method *m)
+{
+    const struct method_exchange_delete *d = &m->exchange_delete;
+    if (!exchange_modifiable(ch, d->exchange, m->id))
+        return;
+    struct exchange *x = vhost_exchange(ch->vhost, d->exchange);
+    if (x) {
+        if (d->if_unused && exchange_has_bindings(x)) {
+            channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
+                          "exchange '%.*s' " VHOST_FMT " in use", NAME_ARG(d->exchange),
+                          VHOST_ARG(ch));
+            return;
+        }
+        vhost_exchange_delete(ch->vhost, x);
+    }
+    /* Deleting a missing exchange succeeds (RabbitMQ 3.x is idempotent). */
+    if (!d->no_wait) {
+        struct method ok = {.id = METHOD_EXCHANGE_DELETE_OK};
+        channel__send(ch, &ok);
+    }
+}
+
+static void exchange_bind_unbind(struct channel *ch, const struct method *m)
+{
+    bool bind = m->id == METHOD_EXCHANGE_BIND;
+    struct bytes dest_name = bind ? m->exchange_bind.destination : m->exchange_unbind.destination;
+    struct bytes source_name = bind ? m->exchange_bind.source : m->exchange_unbind.source;
+    struct bytes key = bind ? m->exchange_bind.routing_key : m->exchange_unbind.routing_key;
+    struct table args = bind ? m->exchange_bind.arguments : m->exchange_unbind.arguments;
+    bool nowait = bind ? m->exchange_bind.no_wait : m->exchange_unbind.no_wait;
+    if (dest_name.len == 0 || source_name.len == 0) {
+        channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
+                      "operation not permitted on the default exchange");
+        return;
+    }
+    struct exchange *dest = existing_exchange(ch, dest_name, m->id);
+    if (!dest)
+        return;
+    struct exchange *source = existing_exchange(ch, source_name, m->id);
+    if (!source)
+        return;
+    struct bytes arg_bytes = {args.ptr, args.len};
+    if (bind) {
+        exchange_bind(source, &dest->as_dest, key, arg_bytes);
+    } else if (exchange_unbind(source, &dest->as_dest, key, arg_bytes)) {
+        vhost_exchange_maybe_auto_delete(ch->vhost, source);
+    }
+    if (!nowait) {
+        struct method ok = {.id = bind ? METHOD_EXCHANGE_BIND_OK : METHOD_EXCHANGE_UNBIND_OK};
+        channel__send(ch, &ok);
+    }
+}
+
+void channel__handle_exchange(struct channel *ch, const struct method *m)
+{
+    switch (m->id) {
+    case METHOD_EXCHANGE_DECLARE:
+        return exchange_declare(ch, m);
+    case METHOD_EXCHANGE_DELETE:
+        return exchange_delete(ch, m);
+    case METHOD_EXCHANGE_BIND:
+    case METHOD_EXCHANGE_UNBIND:
+        return exchange_bind_unbind(ch, m);
+    default:
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unexpected %s",
+                                 method_name(m->id));
+    }
+}
+
+/* ---- queues --------------------------------------------------------- */
+
+static bool queue_locked(struct channel *ch, struct queue *queue, uint32_t method_id)
+{
+    if (queue->exclusive && queue->exclusive_owner != ch->connection) {
+        channel__fail(ch, REPLY_RESOURCE_LOCKED, method_id,
+                      "cannot obtain exclusive access to locked queue '%.*s' " VHOST_FMT,
+                      NAME_ARG(queue->name), VHOST_ARG(ch));
+        return true;
+    }
+    return false;
+}
+
+static struct queue *existing_queue(struct channel *ch, struct bytes name, uint32_t method_id)
+{
+    struct queue *queue = vhost_queue(ch->vhost, name);
+    if (!queue) {
+        channel__fail(ch, REPLY_NOT_FOUND, method_id, "no queue '%.*s' " VHOST_FMT,
+                      NAME_ARG(name), VHOST_ARG(ch));
+        return NULL;
+    }
+    if (queue_locked(ch, queue, method_id))
+        return NULL;
+    return queue;
+}
+
+static bool queue_equivalent(struct channel *ch, const struct queue *q,
+                             const struct method_queue_declare *d, uint32_t method_id)
+{
+    const char *arg = NULL;
+    bool received = false, current = false;
+    if (q->durable != d->durable) {
+        arg = "durable";
+        received = d->durable;
+        current = q->durable;
+    } else if (q->exclusive != d->exclusive) {
+        arg = "exclusive";
+        received = d->exclusive;
+        current = q->exclusive;
+    } else if (q->auto_delete != d->auto_delete) {
+        arg = "auto_delete";
+        received = d->auto_delete;
+        current = q->auto_delete;
+    }
+    if (arg) {
+        channel__fail(ch, REPLY_PRECONDITION_FAILED, method_id,
+                      "inequivalent arg '%s' for queue '%.*s' " VHOST_FMT
+                      ": received '%s' but current is '%s'",
+                      arg, NAME_ARG(d->queue), VHOST_ARG(ch), bool_text(received),
+                      bool_text(current));
+        return false;
+    }
+    struct bytes args = {d->arguments.ptr, d->arguments.len};
+    if (!bytes_equal(args, q->arguments)) {
+        channel__fail(ch, REPLY_PRECONDITION_FAILED, method_id,
+                      "inequivalent arguments for queue '%.*s' " VHOST_FMT,
+                      NAME_ARG(d->queue), VHOST_ARG(ch));
+        return false;
+    }
+    return true;
+}
+
+static void send_declare_ok(struct channel *ch, const struct queue *queue)
+{
+    struct method ok = {.id = METHOD_QUEUE_DECLARE_OK};
+    ok.queue_declare_ok.queue = queue->name;
+    ok.queue_declare_ok.message_count = queue_ready_count(queue);
+    ok.queue_declare_ok.consumer_count = queue->consumers_count;
+    channel__send(ch, &ok);
+}
+
+static void queue_declare(struct channel *ch, const struct method *m)
+{
+    const struct method_queue_declare *d = &m->queue_declare;
+    struct connection *connection = ch->connection;
+    struct broker *broker = connection->broker;
+    char generated[64];
+    struct bytes name = d->queue;
+    struct queue *queue = vhost_queue(ch->vhost, name);
+    if (d->passive) {
+        if (!queue) {
+            channel__fail(ch, REPLY_NOT_FOUND, m->id, "no queue '%.*s' " VHOST_FMT,
+                          NAME_ARG(name), VHOST_ARG(ch));
+            return;
+        }
+        if (queue_locked(ch, queue, m->id))
+            return;
+    } else if (queue) {
+        if (queue_locked(ch, queue, m->id) || !queue_equivalent(ch, queue, d, m->id))
+            return;
+    } else {
+        if (name.len == 0) {
+            broker_generate_name(broker, "amq.gen-", generated, sizeof generated);
+            name = bytes_of_cstr(generated);
+        } else if (bytes_has_prefix(name, "amq.")) {
+            channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
+                          "queue name '%.*s' contains reserved prefix 'amq.*'", NAME_ARG(name));
+            return;
+        }
+        uint32_t limit = broker->config.limits.queues_max;
+        if (limit && ch->vhost->queues.count >= limit) {
+            channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
+                          "cannot declare queue '%.*s': queue limit " VHOST_FMT " (%u) is reached",
+                          NAME_ARG(name), VHOST_ARG(ch), limit);
+            return;
+        }
+        struct bytes args = {d->arguments.ptr, d->arguments.len};
+        queue = vhost_queue_declare(ch->vhost, name, d->durable, d->exclusive, d->auto_delete,
+                                    args);
+        if (d->exclusive) {
+            queue->exclusive_owner = connection;
+            list_push_back(&connection->exclusive_queues, &queue->owner_link);
+        }
+    }
+    if (!d->no_wait)
+        send_declare_ok(ch, queue);
+}
+
+static void queue_bind_unbind(struct channel *ch, const struct method *m)
+{
+    bool bind = m->id == METHOD_QUEUE_BIND;
+    struct bytes queue_name = bind ? m->queue_bind.queue : m->queue_unbind.queue;
+    struct bytes exchange_name = bind ? m->queue_bind.exchange : m->queue_unbind.exchange;
+    struct bytes key = bind ? m->queue_bind.routing_key : m->queue_unbind.routing_key;
+    struct table args = bind ? m->queue_bind.arguments : m->queue_unbind.arguments;
+    if (exchange_name.len == 0) {
+        channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
+                      "operation not permitted on the default exchange");
+        return;
+    }
+    struct queue *queue = existing_queue(ch, queue_name, m->id);
+    if (!queue)
+        return;
+    struct exchange *exchange = existing_exchange(ch, exchange_name, m->id);
+    if (!exchange)
+        return;
+    struct bytes arg_bytes = {args.ptr, args.len};
+    if (bind) {
+        exchange_bind(exchange, &queue->as_dest, key, arg_bytes);
+        if (!m->queue_bind.no_wait) {
+            struct method ok = {.id = METHOD_QUEUE_BIND_OK};
+            channel__send(ch, &ok);
+        }
+        return;
+    }
+    if (exchange_unbind(exchange, &queue->as_dest, key, arg_bytes))
+        vhost_exchange_maybe_auto_delete(ch->vhost, exchange);
+    struct method ok = {.id = METHOD_QUEUE_UNBIND_OK};
+    channel__send(ch, &ok);
+}
+
+static void queue_purge_method(struct channel *ch, const struct method *m)
+{
+    struct queue *queue = existing_queue(ch, m->queue_purge.queue, m->id);
+    if (!queue)
+        return;
+    uint32_t count = queue_purge(queue);
+    if (!m->queue_purge.no_wait) {
+        struct method ok = {.id = METHOD_QUEUE_PURGE_OK};
+        ok.queue_purge_ok.message_count = count;
+        channel__send(ch, &ok);
+    }
+}
+
+static void queue_delete_method(struct channel *ch, const struct method *m)
+{
+    const struct method_queue_delete *d = &m->queue_delete;
+    struct queue *queue = vhost_queue(ch->vhost, d->queue);
+    uint32_t count = 0;
+    if (queue) {
+        if (queue_locked(ch, queue, m->id))
+            return;
+        if (d->if_unused && queue->consumers_count > 0) {
+            channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
+                          "queue '%.*s' " VHOST_FMT " in use", NAME_ARG(d->queue), VHOST_ARG(ch));
+            return;
+        }
+        if (d->if_empty && queue_ready_count(queue) > 0) {
+            channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
+                          "queue '%.*s' " VHOST_FMT " not empty", NAME_ARG(d->queue),
+                          VHOST_ARG(ch));
+            return;
+        }
+        count = vhost_queue_delete(ch->vhost, queue);
+    }
+    if (!d->no_wait) {
+        struct method ok = {.id = METHOD_QUEUE_DELETE_OK};
+        ok.queue_delete_ok.message_count = count;
+        channel__send(ch, &ok);
+    }
+}
+
+void channel__handle_queue(struct channel *ch, const struct method *m)
+{
+    switch (m->id) {
+    case METHOD_QUEUE_DECLARE:
+        return queue_declare(ch, m);
+    case METHOD_QUEUE_BIND:
+    case METHOD_QUEUE_UNBIND:
+        return queue_bind_unbind(ch, m);
+    case METHOD_QUEUE_PURGE:
+        return queue_purge_method(ch, m);
+    case METHOD_QUEUE_DELETE:
+        return queue_delete_method(ch, m);
+    default:
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unexpected %s",
+                                 method_name(m->id));
+    }
+}

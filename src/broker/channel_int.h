@@ -1,0 +1,122 @@
+/*
+ * channel_int.h: what the channel_*.c files share. Not for other modules.
+ */
+#ifndef QUAY_BROKER_CHANNEL_INT_H
+#define QUAY_BROKER_CHANNEL_INT_H
+
+#include <stdarg.h>
+
+#include "amqp/method_gen.h"
+#include "amqp/reply_code_gen.h"
+#include "broker/channel.h"
+#include "broker/queue.h"
+#include "lib/hash.h"
+#include "lib/list.h"
+
+struct message;
+struct vhost;
+
+enum channel_state {
+    CHANNEL_STATE_OPEN,
+    CHANNEL_STATE_CLOSING, /* we sent channel.close; waiting for close-ok */
+};
+
+/* What the channel expects next from a publisher (§4.2.6 content). */
+enum content_state {
+    CONTENT_STATE_NONE,    /* any method */
+    CONTENT_STATE_HEADER,  /* after basic.publish: a content header */
+    CONTENT_STATE_BODY,    /* body frames until body_size bytes arrived */
+};
+
+/* One message handed to this channel's client and not yet settled. */
+struct delivery {
+    struct message *message;   /* one reference */
+    struct queue *queue;       /* one reference */
+    struct consumer *consumer; /* borrowed; NULL for basic.get or once cancelled */
+    bool live;                 /* false once settled (a hole in the ring) */
+};
+
+/* Deliveries indexed by tag: entry i of the ring has tag first_tag + i.
+ * Tags grow by one per delivery, so lookup is O(1); settled entries
+ * leave holes that are skipped when they reach the head. */
+struct delivery_ring {
+    struct delivery *items;    /* owned, cap entries */
+    uint32_t head;
+    uint32_t count;            /* entries from head, live or not */
+    uint32_t cap;              /* a power of two, or 0 */
+    uint64_t first_tag;        /* tag of the entry at head */
+};
+
+/* A publish or ack held back by tx.select until tx.commit. */
+struct tx_op {
+    struct list_node link;
+    struct message *message;   /* publish: one reference; NULL for acks */
+    uint32_t method_id;        /* METHOD_BASIC_PUBLISH / ACK / NACK / REJECT */
+    uint64_t delivery_tag;
+    bool multiple;
+    bool requeue;
+    bool mandatory;
+};
+
+struct channel {
+    struct connection *connection;    /* borrowed: the owner */
+    struct vhost *vhost;              /* borrowed */
+    uint16_t id;
+    enum channel_state state;
+    bool flow_active;                 /* channel.flow from the client */
+    bool confirm_mode;
+    bool tx_mode;
+
+    /* Publishing. */
+    enum content_state content;
+    bool publish_mandatory;
+    uint8_t *publish_names;           /* owned, 512 bytes: exchange then key */
+    uint8_t publish_exchange_size;
+    uint8_t publish_routing_key_size;
+    struct message *assembling;       /* one reference while receiving content */
+
+    /* Publisher confirms: sequence numbers of this channel's publishes. */
+    uint64_t publish_seq;             /* last assigned */
+    uint64_t confirmed_seq;           /* last acked to the client */
+
+    /* Consuming. */
+    struct list_node consumers;       /* struct consumer.owner_link */
+    struct hmap consumers_by_tag;
+    uint32_t consumers_count;
+    uint32_t prefetch_global;         /* basic.qos global=true; 0 = unlimited */
+    uint32_t prefetch_consumer;       /* basic.qos global=false: for new consumers */
+    uint64_t next_delivery_tag;
+    struct delivery_ring deliveries;
+    uint32_t unacked_count;
+
+    struct list_node tx_ops;          /* struct tx_op, in arrival order */
+    struct list_node confirm_link;    /* in the flush list when acks are owed */
+};
+
+/* channel.c */
+void channel__fail(struct channel *ch, uint16_t reply_code, uint32_t method_id,
+                   const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void channel__send(struct channel *ch, const struct method *m);
+/* The connection-level failure for a method on this channel. */
+void channel__connection_fail(struct channel *ch, uint16_t reply_code, uint32_t method_id,
+                              const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Routes a completed publish, or holds it for tx.commit in tx mode. */
+void channel__route_publish(struct channel *ch, struct message *message, bool mandatory);
+/* Routes now (also used by tx.commit). */
+void channel__route_now(struct channel *ch, struct message *message, bool mandatory);
+void channel__begin_publish(struct channel *ch, const struct method *m);
+
+/* channel_basic.c */
+/* Writes content header and body frames for a message (deliver, get-ok, return). */
+void channel__write_content(struct channel *ch, struct message *message);
+void channel__handle_basic(struct channel *ch, const struct method *m);
+void channel__handle_tx(struct channel *ch, const struct method *m);
+void channel__release_consumers(struct channel *ch);
+void channel__requeue_all(struct channel *ch);
+void channel__drop_tx(struct channel *ch);
+
+/* channel_declare.c */
+void channel__handle_exchange(struct channel *ch, const struct method *m);
+void channel__handle_queue(struct channel *ch, const struct method *m);
+
+#endif

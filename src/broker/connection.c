@@ -1,0 +1,539 @@
+/*
+ * connection.c: see connection.h.
+ *
+ * Frame flow: on_input parses as many whole frames as the buffer holds
+ * (a partial frame stays in the transport's buffer for the next read),
+ * dispatches each, and stops early when the connection starts closing.
+ * Decoded methods borrow from the input buffer, so nothing here keeps a
+ * pointer to a frame after dispatch returns.
+ */
+#include "broker/connection.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amqp/reply_code_gen.h"
+#include "amqp/table.h"
+#include "broker/auth.h"
+#include "broker/broker.h"
+#include "broker/channel.h"
+#include "broker/queue.h"
+#include "broker/vhost.h"
+#include "lib/assert.h"
+#include "lib/errors.h"
+#include "lib/log.h"
+
+#define CLOSE_OK_TIMEOUT_MS 3000
+#define QUAY_VERSION_STRING "0.1.0"
+
+static long on_input(struct conn *conn, const uint8_t *data, size_t size);
+static void on_close(struct conn *conn);
+static void on_free(struct conn *conn);
+static void on_drain(struct conn *conn);
+
+static const struct conn_ops connection_conn_ops = {
+    .on_input = on_input,
+    .on_close = on_close,
+    .on_free = on_free,
+    .on_drain = on_drain,
+};
+
+static struct connection *from_conn(struct conn *conn)
+{
+    return CONTAINER_OF(conn, struct connection, conn);
+}
+
+struct conn *connection_accept(struct net *net, void *ctx)
+{
+    struct broker *broker = ctx;
+    struct connection *connection = calloc(1, sizeof *connection);
+    ASSERT(connection != NULL);
+    if (conn_init(&connection->conn, net, &connection_conn_ops) != 0) {
+        free(connection);
+        return NULL;
+    }
+    connection->broker = broker;
+    connection->state = CONNECTION_STATE_HEADER;
+    connection->reader.frame_max = FRAME_MIN_SIZE;
+    connection->frame_max = FRAME_MIN_SIZE;
+    connection->started_ms = uv_now(net->loop);
+    list_init(&connection->exclusive_queues);
+    list_init(&connection->confirms_owed);
+    list_push_back(&broker->connections, &connection->broker_link);
+    broker->connections_count++;
+    uint32_t limit = broker->config.limits.connections_max;
+    if (limit && broker->connections_count > limit) {
+        /* Over the limit: accept and close at once, as RabbitMQ does, so
+         * the client sees a closed socket instead of a hanging connect. */
+        LOG_WARN("conn=%llu refused: connection limit %u reached",
+                 (unsigned long long)connection->conn.id, limit);
+        conn_close(&connection->conn);
+    }
+    return &connection->conn;
+}
+
+/* ---- output --------------------------------------------------------- */
+
+void connection_send_method(struct connection *connection, uint16_t channel,
+                            const struct method *method)
+{
+    if (connection->conn.closing)
+        return;
+    size_t cap = 512;
+    for (;;) {
+        uint8_t *out = conn_out_reserve(&connection->conn, cap);
+        size_t n = frame_write_method(out, cap, channel, method);
+        if (n > 0) {
+            conn_out_commit(&connection->conn, n);
+            return;
+        }
+        ASSERT(cap < (1u << 24));
+        cap *= 8;
+    }
+}
+
+static void send_close(struct connection *connection, uint16_t code, uint32_t method_id,
+                       const char *text)
+{
+    struct method m = {.id = METHOD_CONNECTION_CLOSE};
+    m.connection_close.reply_code = code;
+    m.connection_close.reply_text = (struct bytes){(const uint8_t *)text,
+                                                   (uint32_t)strnlen(text, 255)};
+    m.connection_close.class_id = METHOD_CLASS_ID(method_id);
+    m.connection_close.method_id = METHOD_METHOD_ID(method_id);
+    connection_send_method(connection, 0, &m);
+}
+
+/* ---- teardown ------------------------------------------------------- */
+
+/* Releases every channel and exclusive queue. Idempotent. */
+static void release_everything(struct connection *connection)
+{
+    for (uint32_t i = 0; i < connection->channels_cap; i++) {
+        struct channel *ch = connection->channels[i];
+        if (ch)
+            channel_destroy(ch);
+    }
+    while (!list_empty(&connection->exclusive_queues)) {
+        struct queue *queue =
+            CONTAINER_OF(connection->exclusive_queues.next, struct queue, owner_link);
+        list_remove(&queue->owner_link);
+        vhost_queue_delete(queue->vhost, queue);
+    }
+}
+
+void connection_failv(struct connection *connection, uint16_t reply_code, uint32_t method_id,
+                      const char *fmt, va_list ap)
+{
+    if (connection->state == CONNECTION_STATE_CLOSING ||
+        connection->state == CONNECTION_STATE_CLOSED) {
+        conn_close(&connection->conn);
+        return;
+    }
+    char text[256];
+    int n = snprintf(text, sizeof text, "%s - ", reply_code_text(reply_code));
+    vsnprintf(text + n, sizeof text - (size_t)n, fmt, ap);
+    LOG_INFO("conn=%llu peer=%s closing: %u %s", (unsigned long long)connection->conn.id,
+             connection->conn.peer_name, reply_code, text);
+    bool handshaking = connection->state < CONNECTION_STATE_TUNE_OK;
+    release_everything(connection);
+    if (handshaking && reply_code == REPLY_ACCESS_REFUSED && !connection->client_auth_failure_close) {
+        /* Clients without authentication_failure_close expect the socket
+         * to drop after a failed login (AMQP 0-9-1 §4.10.2). */
+        connection->state = CONNECTION_STATE_CLOSED;
+        conn_close(&connection->conn);
+        return;
+    }
+    send_close(connection, reply_code, method_id, text);
+    connection->state = CONNECTION_STATE_CLOSING;
+    connection->closing_since_ms = uv_now(connection->conn.net->loop);
+}
+
+void connection_fail(struct connection *connection, uint16_t reply_code, uint32_t method_id,
+                     const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    connection_failv(connection, reply_code, method_id, fmt, ap);
+    va_end(ap);
+}
+
+void connection_force_close(struct connection *connection, const char *reason)
+{
+    if (connection->state == CONNECTION_STATE_OPEN)
+        connection_fail(connection, REPLY_CONNECTION_FORCED, 0, "%s", reason);
+    else
+        conn_close(&connection->conn);
+}
+
+static void on_close(struct conn *conn)
+{
+    struct connection *connection = from_conn(conn);
+    connection->state = CONNECTION_STATE_CLOSED;
+    release_everything(connection);
+}
+
+static void on_free(struct conn *conn)
+{
+    struct connection *connection = from_conn(conn);
+    for (uint32_t i = 0; i < connection->channels_cap; i++)
+        ASSERT(connection->channels[i] == NULL);
+    free(connection->channels);
+    list_remove(&connection->broker_link);
+    connection->broker->connections_count--;
+    free(connection);
+}
+
+void connection__channel_gone(struct connection *connection, uint16_t channel_id)
+{
+    ASSERT(channel_id < connection->channels_cap);
+    ASSERT(connection->channels[channel_id] != NULL);
+    connection->channels[channel_id] = NULL;
+    connection->channels_open--;
+}
+
+static void on_drain(struct conn *conn)
+{
+    struct connection *connection = from_conn(conn);
+    for (uint32_t i = 0; i < connection->channels_cap; i++) {
+        if (connection->channels[i])
+            channel_resume_delivery(connection->channels[i]);
+    }
+}
+
+/* ---- handshake ------------------------------------------------------ */
+
+static void send_start(struct connection *connection)
+{
+    uint8_t props[1024];
+    struct table_writer w;
+    table_writer_init(&w, props, sizeof props);
+    size_t caps = table_put_table_begin(&w, "capabilities");
+    table_put_bool(&w, "publisher_confirms", true);
+    table_put_bool(&w, "exchange_exchange_bindings", true);
+    table_put_bool(&w, "basic.nack", true);
+    table_put_bool(&w, "consumer_cancel_notify", true);
+    table_put_bool(&w, "connection.blocked", true);
+    table_put_bool(&w, "consumer_priorities", true);
+    table_put_bool(&w, "authentication_failure_close", true);
+    table_put_bool(&w, "per_consumer_qos", true);
+    table_put_bool(&w, "direct_reply_to", false);
+    table_put_table_end(&w, caps);
+    table_put_longstr(&w, "cluster_name", BYTES_LIT("quay"));
+    table_put_longstr(&w, "copyright", BYTES_LIT("Copyright (c) the quay developers"));
+    table_put_longstr(&w, "information", BYTES_LIT("quay: a clustered AMQP 0-9-1 broker"));
+    table_put_longstr(&w, "platform", BYTES_LIT("C17/libuv"));
+    table_put_longstr(&w, "product", BYTES_LIT("quay"));
+    table_put_longstr(&w, "version", BYTES_LIT(QUAY_VERSION_STRING));
+    ASSERT(!w.overflow);
+    struct method m = {.id = METHOD_CONNECTION_START};
+    m.connection_start.version_major = 0;
+    m.connection_start.version_minor = 9;
+    m.connection_start.server_properties = table_writer_table(&w);
+    m.connection_start.mechanisms = BYTES_LIT("PLAIN AMQPLAIN");
+    m.connection_start.locales = BYTES_LIT("en_US");
+    connection_send_method(connection, 0, &m);
+    connection->state = CONNECTION_STATE_START_OK;
+}
+
+static long handle_protocol_header(struct connection *connection, const uint8_t *data,
+                                   size_t size)
+{
+    if (size < PROTOCOL_HEADER_SIZE) {
+        /* A prefix that cannot become a valid header is answered at once. */
+        if (memcmp(data, PROTOCOL_HEADER, size) == 0)
+            return 0;
+    } else if (memcmp(data, PROTOCOL_HEADER, PROTOCOL_HEADER_SIZE) == 0) {
+        send_start(connection);
+        return PROTOCOL_HEADER_SIZE;
+    }
+    /* Wrong protocol or version: answer with the header we speak, then
+     * close (AMQP 0-9-1 §4.2.2). */
+    conn_out_bytes(&connection->conn, PROTOCOL_HEADER, PROTOCOL_HEADER_SIZE);
+    connection->state = CONNECTION_STATE_CLOSED;
+    conn_close_after_flush(&connection->conn);
+    return -1;
+}
+
+static void read_client_capabilities(struct connection *connection, struct table props)
+{
+    struct field_value caps;
+    if (!table_get(props, "capabilities", &caps) || caps.kind != 'F')
+        return;
+    struct field_value v;
+    if (table_get(caps.table, "consumer_cancel_notify", &v) && v.kind == 't')
+        connection->client_cancel_notify = v.boolean;
+    if (table_get(caps.table, "authentication_failure_close", &v) && v.kind == 't')
+        connection->client_auth_failure_close = v.boolean;
+    if (table_get(caps.table, "connection.blocked", &v) && v.kind == 't')
+        connection->client_blocked = v.boolean;
+}
+
+static void handle_start_ok(struct connection *connection, const struct method *m)
+{
+    const struct method_connection_start_ok *ok = &m->connection_start_ok;
+    read_client_capabilities(connection, ok->client_properties);
+    struct bytes user, password;
+    int parsed;
+    if (bytes_equal_cstr(ok->mechanism, "PLAIN")) {
+        parsed = auth_parse_plain(ok->response, &user, &password);
+    } else if (bytes_equal_cstr(ok->mechanism, "AMQPLAIN")) {
+        parsed = auth_parse_amqplain(ok->response, &user, &password);
+    } else {
+        connection_fail(connection, REPLY_ACCESS_REFUSED, m->id,
+                        "unsupported authentication mechanism '%.*s'",
+                        (int)ok->mechanism.len, (const char *)ok->mechanism.ptr);
+        return;
+    }
+    if (parsed != 0) {
+        connection_fail(connection, REPLY_ACCESS_REFUSED, m->id,
+                        "malformed %.*s response", (int)ok->mechanism.len,
+                        (const char *)ok->mechanism.ptr);
+        return;
+    }
+    connection->user = auth_check(&connection->broker->auth, user, password,
+                                  connection->conn.peer_loopback);
+    if (!connection->user) {
+        connection_fail(connection, REPLY_ACCESS_REFUSED, m->id,
+                        "Login was refused using authentication mechanism %.*s. For details "
+                        "see the broker logfile.",
+                        (int)ok->mechanism.len, (const char *)ok->mechanism.ptr);
+        return;
+    }
+    const struct broker_limits *limits = &connection->broker->config.limits;
+    struct method tune = {.id = METHOD_CONNECTION_TUNE};
+    tune.connection_tune.channel_max = limits->channel_max;
+    tune.connection_tune.frame_max = limits->frame_max;
+    tune.connection_tune.heartbeat = limits->heartbeat_s;
+    connection_send_method(connection, 0, &tune);
+    connection->state = CONNECTION_STATE_TUNE_OK;
+}
+
+/* Negotiation: 0 from the client means "no limit", so the server's value
+ * stands; otherwise the lower of the two (heartbeat: the client's choice,
+ * RabbitMQ takes the client's non-zero value or ours when it says 0). */
+static void handle_tune_ok(struct connection *connection, const struct method *m)
+{
+    const struct method_connection_tune_ok *ok = &m->connection_tune_ok;
+    const struct broker_limits *limits = &connection->broker->config.limits;
+    if (ok->frame_max != 0 && ok->frame_max < FRAME_MIN_SIZE) {
+        connection_fail(connection, REPLY_NOT_ALLOWED, m->id,
+                        "frame_max=%u < %u min size", ok->frame_max, FRAME_MIN_SIZE);
+        return;
+    }
+    if (ok->frame_max > limits->frame_max) {
+        connection_fail(connection, REPLY_NOT_ALLOWED, m->id,
+                        "frame_max=%u > %u max size", ok->frame_max, limits->frame_max);
+        return;
+    }
+    if (ok->channel_max > limits->channel_max) {
+        connection_fail(connection, REPLY_NOT_ALLOWED, m->id,
+                        "channel_max=%u > %u max", ok->channel_max, limits->channel_max);
+        return;
+    }
+    connection->frame_max = ok->frame_max ? ok->frame_max : limits->frame_max;
+    connection->channel_max = ok->channel_max ? ok->channel_max : limits->channel_max;
+    connection->heartbeat_s = ok->heartbeat;
+    connection->reader.frame_max = connection->frame_max;
+    connection->state = CONNECTION_STATE_OPEN_WAIT;
+}
+
+static void handle_open(struct connection *connection, const struct method *m)
+{
+    struct bytes name = m->connection_open.virtual_host;
+    struct vhost *vhost = broker_vhost(connection->broker, name);
+    if (!vhost || !auth_user_may_open(connection->user, name)) {
+        connection_fail(connection, REPLY_NOT_ALLOWED, m->id,
+                        "access to vhost '%.*s' refused for user '%s'", (int)name.len,
+                        (const char *)name.ptr, connection->user->name);
+        return;
+    }
+    connection->vhost = vhost;
+    connection->state = CONNECTION_STATE_OPEN;
+    struct method ok = {.id = METHOD_CONNECTION_OPEN_OK};
+    ok.connection_open_ok.reserved_1 = BYTES_LIT("");
+    connection_send_method(connection, 0, &ok);
+    LOG_DEBUG("conn=%llu peer=%s user=%s vhost=%.*s open", (unsigned long long)connection->conn.id,
+              connection->conn.peer_name, connection->user->name, (int)name.len,
+              (const char *)name.ptr);
+}
+
+/* ---- dispatch ------------------------------------------------------- */
+
+static void handle_connection_method(struct connection *connection, const struct method *m)
+{
+    enum connection_state state = connection->state;
+    if (state == CONNECTION_STATE_CLOSING) {
+        /* After our close only close/close-ok matter (§4.2.6). */
+        if (m->id == METHOD_CONNECTION_CLOSE_OK || m->id == METHOD_CONNECTION_CLOSE) {
+            connection->state = CONNECTION_STATE_CLOSED;
+            conn_close(&connection->conn);
+        }
+        return;
+    }
+    switch (m->id) {
+    case METHOD_CONNECTION_START_OK:
+        if (state == CONNECTION_STATE_START_OK)
+            return handle_start_ok(connection, m);
+        break;
+    case METHOD_CONNECTION_TUNE_OK:
+        if (state == CONNECTION_STATE_TUNE_OK)
+            return handle_tune_ok(connection, m);
+        break;
+    case METHOD_CONNECTION_OPEN:
+        if (state == CONNECTION_STATE_OPEN_WAIT)
+            return handle_open(connection, m);
+        break;
+    case METHOD_CONNECTION_CLOSE: {
+        struct method ok = {.id = METHOD_CONNECTION_CLOSE_OK};
+        release_everything(connection);
+        connection_send_method(connection, 0, &ok);
+        connection->state = CONNECTION_STATE_CLOSED;
+        conn_close_after_flush(&connection->conn);
+        return;
+    }
+    case METHOD_CONNECTION_CLOSE_OK:
+        /* Unsolicited close-ok: nothing was closing. */
+        break;
+    case METHOD_CONNECTION_UPDATE_SECRET:
+        if (state == CONNECTION_STATE_OPEN) {
+            /* PLAIN credentials do not expire; the new secret is accepted
+             * as RabbitMQ does for its internal backend. */
+            struct method ok = {.id = METHOD_CONNECTION_UPDATE_SECRET_OK};
+            connection_send_method(connection, 0, &ok);
+            return;
+        }
+        break;
+    case METHOD_CONNECTION_BLOCKED:
+    case METHOD_CONNECTION_UNBLOCKED:
+        break;
+    default:
+        break;
+    }
+    connection_fail(connection, REPLY_COMMAND_INVALID, m->id, "unexpected method %s on channel 0",
+                    method_name(m->id) ? method_name(m->id) : "?");
+}
+
+static void handle_frame(struct connection *connection, const struct frame *frame)
+{
+    if (frame->type == FRAME_HEARTBEAT)
+        return;
+    if (frame->channel == 0) {
+        if (frame->type != FRAME_METHOD) {
+            connection_fail(connection, REPLY_UNEXPECTED_FRAME, 0,
+                            "expected method frame on channel 0, got frame type %u",
+                            frame->type);
+            return;
+        }
+        struct method m;
+        int rc = method_decode(&m, frame->payload, frame->size);
+        if (rc == E_UNKNOWN_METHOD) {
+            connection_fail(connection, REPLY_NOT_IMPLEMENTED, 0, "unknown method");
+            return;
+        }
+        if (rc != OK) {
+            connection_fail(connection, REPLY_SYNTAX_ERROR, 0, "malformed method arguments");
+            return;
+        }
+        if (METHOD_CLASS_ID(m.id) != CLASS_CONNECTION) {
+            connection_fail(connection, REPLY_COMMAND_INVALID, m.id,
+                            "method %s is not allowed on channel 0", method_name(m.id));
+            return;
+        }
+        handle_connection_method(connection, &m);
+        return;
+    }
+    if (connection->state == CONNECTION_STATE_CLOSING)
+        return; /* discard everything after our connection.close */
+    if (connection->state != CONNECTION_STATE_OPEN) {
+        connection_fail(connection, REPLY_COMMAND_INVALID, 0,
+                        "channel %u used before connection.open", frame->channel);
+        return;
+    }
+    if (frame->channel > connection->channel_max) {
+        connection_fail(connection, REPLY_CHANNEL_ERROR, 0,
+                        "channel %u exceeds channel_max %u", frame->channel,
+                        connection->channel_max);
+        return;
+    }
+    struct channel *ch = frame->channel < connection->channels_cap
+                             ? connection->channels[frame->channel]
+                             : NULL;
+    if (!ch) {
+        channel_handle_unopened(connection, frame);
+        return;
+    }
+    channel_handle_frame(ch, frame);
+}
+
+static long on_input(struct conn *conn, const uint8_t *data, size_t size)
+{
+    struct connection *connection = from_conn(conn);
+    size_t used = 0;
+    if (connection->state == CONNECTION_STATE_HEADER) {
+        long n = handle_protocol_header(connection, data, size);
+        if (n <= 0)
+            return n;
+        used = (size_t)n;
+    }
+    while (used < size && !conn->closing && connection->state != CONNECTION_STATE_CLOSED) {
+        struct frame frame;
+        size_t need = 0;
+        int n = frame_parse(&connection->reader, data + used, size - used, &frame, &need);
+        if (n == 0) {
+            conn->in_need = need;
+            break;
+        }
+        if (n < 0) {
+            connection_fail(connection, REPLY_FRAME_ERROR, 0, "malformed frame");
+            /* Nothing after a bad frame can be trusted: drop the rest. */
+            conn_pause_reading(conn);
+            return (long)size;
+        }
+        used += (size_t)n;
+        handle_frame(connection, &frame);
+    }
+    channels_flush_confirms(connection);
+    return (long)used;
+}
+
+/* ---- timers --------------------------------------------------------- */
+
+void connection_tick(struct connection *connection, uint64_t now_ms)
+{
+    struct conn *conn = &connection->conn;
+    if (conn->closing)
+        return;
+    switch (connection->state) {
+    case CONNECTION_STATE_OPEN:
+        break;
+    case CONNECTION_STATE_CLOSING:
+        if (now_ms - connection->closing_since_ms > CLOSE_OK_TIMEOUT_MS)
+            conn_close(conn);
+        return;
+    case CONNECTION_STATE_CLOSED:
+        return;
+    default:
+        if (now_ms - connection->started_ms > connection->broker->config.limits.handshake_timeout_ms) {
+            LOG_INFO("conn=%llu peer=%s handshake timeout", (unsigned long long)conn->id,
+                     conn->peer_name);
+            conn_close(conn);
+        }
+        return;
+    }
+    if (connection->heartbeat_s == 0)
+        return;
+    uint64_t interval_ms = (uint64_t)connection->heartbeat_s * 1000;
+    /* Two missed heartbeats (plus slack for the tick) mean a dead peer. */
+    if (now_ms - conn->last_read_ms > interval_ms * 2) {
+        LOG_INFO("conn=%llu peer=%s missed heartbeats, closing", (unsigned long long)conn->id,
+                 conn->peer_name);
+        conn_close(conn);
+        return;
+    }
+    if (now_ms - conn->last_write_ms >= interval_ms / 2 && conn->out_bytes == 0) {
+        uint8_t *out = conn_out_reserve(conn, FRAME_OVERHEAD);
+        conn_out_commit(conn, frame_write_heartbeat(out, FRAME_OVERHEAD));
+    }
+}

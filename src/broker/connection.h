@@ -1,0 +1,90 @@
+/*
+ * connection.h: the server side of one AMQP 0-9-1 connection.
+ *
+ * Turns bytes into frames (amqp/frame.h), runs the connection handshake
+ * (protocol header, start/start-ok, tune/tune-ok, open/open-ok), hands
+ * channel frames to their channel, answers heartbeats and detects dead
+ * peers, and closes cleanly on every error with the reply code the spec
+ * names: a soft error closes only its channel (channel.c), a hard error
+ * closes the connection.
+ *
+ * Memory: struct connection embeds its transport (struct conn) and is
+ * freed from the transport's on_free, after on_close released every
+ * channel (requeueing their unacked messages) and deleted the exclusive
+ * queues it declared. Owned by the broker's list of connections.
+ */
+#ifndef QUAY_BROKER_CONNECTION_H
+#define QUAY_BROKER_CONNECTION_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "amqp/frame.h"
+#include "amqp/method_gen.h"
+#include "net/conn.h"
+
+struct broker;
+struct channel;
+struct vhost;
+struct auth_user;
+
+/* Where the handshake stands. */
+enum connection_state {
+    CONNECTION_STATE_HEADER,    /* waiting for "AMQP\0\0\x09\x01" */
+    CONNECTION_STATE_START_OK,  /* sent connection.start, waiting for start-ok */
+    CONNECTION_STATE_TUNE_OK,   /* sent connection.tune, waiting for tune-ok */
+    CONNECTION_STATE_OPEN_WAIT, /* tuned, waiting for connection.open */
+    CONNECTION_STATE_OPEN,      /* serving channels */
+    CONNECTION_STATE_CLOSING,   /* sent connection.close, waiting for close-ok */
+    CONNECTION_STATE_CLOSED,    /* the socket is gone or going */
+};
+
+struct connection {
+    struct conn conn;                 /* first: transport callbacks cast back */
+    struct broker *broker;            /* borrowed */
+    struct list_node broker_link;     /* in broker->connections */
+    enum connection_state state;
+    struct frame_reader reader;
+    uint32_t frame_max;               /* negotiated, whole frame */
+    uint16_t channel_max;             /* negotiated; highest usable channel id */
+    uint16_t heartbeat_s;             /* negotiated; 0 = off */
+    uint64_t started_ms;
+    uint64_t closing_since_ms;
+    const struct auth_user *user;     /* borrowed from broker->auth */
+    struct vhost *vhost;              /* borrowed */
+    bool client_cancel_notify;        /* client capability consumer_cancel_notify */
+    bool client_auth_failure_close;   /* client capability authentication_failure_close */
+    bool client_blocked;              /* client capability connection.blocked */
+    struct channel **channels;        /* owned array, indexed by channel id */
+    uint32_t channels_cap;
+    uint32_t channels_open;
+    struct list_node exclusive_queues; /* struct queue.owner_link */
+    struct list_node confirms_owed;   /* struct channel.confirm_link */
+};
+
+/* The broker's accept callback: allocates a connection for a new socket. */
+struct conn *connection_accept(struct net *net, void *broker);
+
+/* Periodic work (heartbeats, handshake timeout, close-ok timeout). */
+void connection_tick(struct connection *connection, uint64_t now_ms);
+
+/* Hard error: sends connection.close with the code and formatted text,
+ * releases every channel, and closes the socket after close-ok (or a
+ * timeout). class_id/method_id name the method that failed (0 if none). */
+void connection_fail(struct connection *connection, uint16_t reply_code, uint32_t method_id,
+                     const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void connection_failv(struct connection *connection, uint16_t reply_code, uint32_t method_id,
+                      const char *fmt, va_list ap);
+
+/* Server-initiated close with 320 CONNECTION_FORCED (shutdown). */
+void connection_force_close(struct connection *connection, const char *reason);
+
+/* Writes one method frame. */
+void connection_send_method(struct connection *connection, uint16_t channel,
+                            const struct method *method);
+
+/* Called by channels once they are fully closed and freed. */
+void connection__channel_gone(struct connection *connection, uint16_t channel_id);
+
+#endif

@@ -1,0 +1,69 @@
+/*
+ * message.h: a published message, refcounted and shared.
+ *
+ * One allocation holds the routing facts, the encoded content properties
+ * (exactly as the publisher sent them, so deliveries re-send them without
+ * re-encoding) and the body. The body is copied once, from the input
+ * buffer, while the message is assembled; after that every queue that the
+ * message was routed to holds a reference, as does every output chunk
+ * that is writing its body to a socket.
+ *
+ *   +---------+----------+-------------+------------------+-----------+
+ *   | header  | exchange | routing key | properties bytes | body ...  |
+ *   +---------+----------+-------------+------------------+-----------+
+ *
+ * message_unref() asserts refs > 0 and frees at zero.
+ */
+#ifndef QUAY_BROKER_MESSAGE_H
+#define QUAY_BROKER_MESSAGE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "amqp/types.h"
+
+struct message {
+    uint32_t refs;
+    uint32_t properties_size;
+    uint64_t body_size;
+    uint64_t body_received;       /* assembly progress; == body_size when complete */
+    uint8_t exchange_size;
+    uint8_t routing_key_size;
+    uint8_t priority;
+    bool persistent;              /* delivery-mode 2 */
+    struct table headers;         /* points into the properties, may be empty */
+    uint8_t *body;                /* points into data[] */
+    uint8_t data[];
+};
+
+/* Allocates a message with room for body_size bytes of body, refs = 1.
+ * Returns NULL if the properties do not decode (caller answers 502). */
+struct message *message_new(struct bytes exchange, struct bytes routing_key,
+                            const uint8_t *properties, uint32_t properties_size,
+                            uint64_t body_size);
+void message_ref(struct message *message);
+void message_unref(struct message *message);
+
+static inline struct bytes message_exchange(const struct message *m)
+{
+    return (struct bytes){m->data, m->exchange_size};
+}
+
+static inline struct bytes message_routing_key(const struct message *m)
+{
+    return (struct bytes){m->data + m->exchange_size, m->routing_key_size};
+}
+
+static inline const uint8_t *message_properties(const struct message *m)
+{
+    return m->data + m->exchange_size + m->routing_key_size;
+}
+
+/* For conn_out_ref's release callback. */
+void message_release_callback(void *message);
+
+/* Live messages (a gauge for tests and metrics). */
+extern uint64_t message_live_count;
+extern uint64_t message_live_bytes;
+
+#endif

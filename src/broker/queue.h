@@ -1,0 +1,123 @@
+/*
+ * queue.h: a queue: its ready messages, its consumers, and dispatch.
+ *
+ * Ready messages sit in a ring (a deque of 16-byte entries) so push,
+ * pop and requeue-at-head are O(1) without per-message allocation.
+ * Messages handed to a consumer leave the ring; the consumer's owner (a
+ * channel's delivery record) holds them until ack, reject or requeue.
+ *
+ * Consumers are generic: a struct consumer carries ops that say whether
+ * it can take a message now and how to deliver one. A client channel
+ * implements them; the cluster's proxy links will implement them too.
+ * Dispatch is round-robin among the consumers that can take a message.
+ *
+ * Memory: a queue is owned by its vhost's table until deleted; deliveries
+ * that still point at it hold a reference (queue_ref), so a deleted queue
+ * stays allocated, marked deleted, until the last one is settled.
+ */
+#ifndef QUAY_BROKER_QUEUE_H
+#define QUAY_BROKER_QUEUE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "amqp/types.h"
+#include "broker/exchange.h"
+#include "lib/list.h"
+
+struct message;
+struct queue;
+struct consumer;
+struct vhost;
+
+struct queue_entry {
+    struct message *message;      /* holds one reference */
+    uint32_t redelivered;         /* delivered before (and not acked) */
+    uint32_t reserved;
+};
+
+struct queue_ring {
+    struct queue_entry *entries;  /* owned, cap entries */
+    uint32_t head;
+    uint32_t count;
+    uint32_t cap;                 /* a power of two, or 0 */
+};
+
+struct consumer_ops {
+    /* Can this consumer take one more message right now (credit, output
+     * space, flow)? */
+    bool (*can_take)(struct consumer *consumer);
+    /* Takes ownership of the entry's message reference. */
+    void (*deliver)(struct consumer *consumer, struct queue_entry entry);
+    /* The broker cancels the consumer (queue deleted): notify the client.
+     * The consumer is already detached from its queue. */
+    void (*cancelled)(struct consumer *consumer);
+};
+
+struct consumer {
+    const struct consumer_ops *ops;   /* borrowed, static */
+    struct queue *queue;              /* holds a queue reference while attached */
+    struct list_node queue_link;      /* in queue->consumers */
+    struct list_node owner_link;      /* in the owner's list (the channel) */
+    void *owner;                      /* borrowed: the channel */
+    struct bytes tag;                 /* owned copy */
+    bool no_ack;
+    bool exclusive;
+    int32_t priority;
+    uint32_t prefetch_count;          /* 0 = unlimited */
+    uint32_t unacked_count;
+};
+
+struct queue {
+    struct bind_dest as_dest;         /* first: bindings point here */
+    struct vhost *vhost;              /* borrowed: the owner */
+    struct bytes name;                /* owned copy */
+    bool durable;
+    bool exclusive;
+    bool auto_delete;
+    bool deleted;
+    bool had_consumers;               /* auto-delete happens only after one */
+    bool dispatching;                 /* re-entrancy guard */
+    void *exclusive_owner;            /* borrowed: the declaring connection */
+    struct bytes arguments;           /* owned copy of the declare arguments */
+    struct queue_ring ready;
+    uint64_t ready_bytes;
+    uint32_t unacked_count;           /* delivered, not yet settled */
+    struct list_node consumers;
+    uint32_t consumers_count;
+    uint32_t exclusive_consumers;     /* 0 or 1 */
+    uint32_t refs;                    /* the vhost's table + deliveries + consumers */
+    struct list_node owner_link;      /* in the exclusive owner's list */
+};
+
+struct queue *queue_new(struct vhost *vhost, struct bytes name, bool durable, bool exclusive,
+                        bool auto_delete, struct bytes arguments);
+void queue_ref(struct queue *queue);
+void queue_unref(struct queue *queue);
+
+/* Enqueue a routed message (takes a new reference) and dispatch. */
+void queue_publish(struct queue *queue, struct message *message);
+/* Put a delivered, unsettled message back at the head, redelivered. */
+void queue_requeue(struct queue *queue, struct message *message);
+/* A delivered message is settled (acked, or rejected without requeue). */
+void queue_settle(struct queue *queue);
+/* Takes the head for basic.get; returns false if empty. */
+bool queue_take(struct queue *queue, struct queue_entry *out);
+/* Drops every ready message; returns how many. */
+uint32_t queue_purge(struct queue *queue);
+/* Delivers to consumers that can take messages, until none can. */
+void queue_dispatch(struct queue *queue);
+
+void queue_consumer_add(struct queue *queue, struct consumer *consumer);
+void queue_consumer_remove(struct queue *queue, struct consumer *consumer);
+/* Marks the queue deleted: cancels consumers (ops->cancelled), drops ready
+ * messages, unbinds. Returns the number of ready messages dropped. The
+ * vhost removes it from its table and drops its reference. */
+uint32_t queue_delete(struct queue *queue);
+
+static inline uint32_t queue_ready_count(const struct queue *queue)
+{
+    return queue->ready.count;
+}
+
+#endif

@@ -1,0 +1,135 @@
+/*
+ * vhost.c: see vhost.h.
+ */
+#include "broker/vhost.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/assert.h"
+
+static const struct {
+    const char *name;
+    enum exchange_type type;
+    bool internal;
+} predeclared[] = {
+    {"", EXCHANGE_DIRECT, false},
+    {"amq.direct", EXCHANGE_DIRECT, false},
+    {"amq.fanout", EXCHANGE_FANOUT, false},
+    {"amq.topic", EXCHANGE_TOPIC, false},
+    {"amq.headers", EXCHANGE_HEADERS, false},
+    {"amq.match", EXCHANGE_HEADERS, false},
+    {"amq.rabbitmq.trace", EXCHANGE_TOPIC, true},
+};
+
+struct vhost *vhost_new(struct broker *broker, struct bytes name)
+{
+    struct vhost *vhost = calloc(1, sizeof *vhost);
+    ASSERT(vhost != NULL);
+    uint8_t *copy = malloc(name.len ? name.len : 1);
+    ASSERT(copy != NULL);
+    memcpy(copy, name.ptr, name.len);
+    vhost->name = (struct bytes){copy, name.len};
+    vhost->broker = broker;
+    hmap_init(&vhost->exchanges);
+    hmap_init(&vhost->queues);
+    for (size_t i = 0; i < ARRAY_SIZE(predeclared); i++) {
+        vhost_exchange_declare(vhost, bytes_of_cstr(predeclared[i].name), predeclared[i].type,
+                               true, false, predeclared[i].internal, (struct bytes){NULL, 0});
+    }
+    vhost->default_exchange = vhost_exchange(vhost, BYTES_LIT(""));
+    ASSERT(vhost->default_exchange != NULL);
+    return vhost;
+}
+
+void vhost_free(struct vhost *vhost)
+{
+    /* Queues first: deleting them unbinds them from the exchanges. */
+    struct queue **queues = malloc(sizeof *queues * (vhost->queues.count + 1));
+    ASSERT(queues != NULL);
+    uint32_t count = 0;
+    struct hmap_entry *e;
+    for (uint32_t i = 0; hmap_next(&vhost->queues, &i, &e);)
+        queues[count++] = e->value;
+    for (uint32_t i = 0; i < count; i++)
+        vhost_queue_delete(vhost, queues[i]);
+    free(queues);
+    struct exchange **exchanges = malloc(sizeof *exchanges * (vhost->exchanges.count + 1));
+    ASSERT(exchanges != NULL);
+    count = 0;
+    for (uint32_t i = 0; hmap_next(&vhost->exchanges, &i, &e);)
+        exchanges[count++] = e->value;
+    for (uint32_t i = 0; i < count; i++)
+        exchange_free(exchanges[i]);
+    free(exchanges);
+    hmap_free(&vhost->exchanges);
+    hmap_free(&vhost->queues);
+    free((void *)vhost->name.ptr);
+    free(vhost);
+}
+
+struct exchange *vhost_exchange_declare(struct vhost *vhost, struct bytes name,
+                                        enum exchange_type type, bool durable, bool auto_delete,
+                                        bool internal, struct bytes arguments)
+{
+    ASSERT(vhost_exchange(vhost, name) == NULL);
+    struct exchange *exchange = exchange_new(name, type, durable, auto_delete, internal, arguments);
+    exchange->user = vhost;
+    hmap_put(&vhost->exchanges, exchange->name, exchange);
+    return exchange;
+}
+
+void vhost_exchange_delete(struct vhost *vhost, struct exchange *exchange)
+{
+    void *removed = hmap_remove(&vhost->exchanges, exchange->name);
+    ASSERT(removed == exchange);
+    /* Unbinding from this exchange may leave other auto-delete exchanges
+     * (its destinations) unused; RabbitMQ deletes those only when a
+     * binding *from* them is removed, so nothing cascades here. */
+    exchange_free(exchange);
+}
+
+static void on_exchange_unused(struct exchange *exchange, void *ctx)
+{
+    vhost_exchange_maybe_auto_delete(ctx, exchange);
+}
+
+void vhost_exchange_maybe_auto_delete(struct vhost *vhost, struct exchange *exchange)
+{
+    if (exchange->auto_delete && !exchange_has_bindings(exchange))
+        vhost_exchange_delete(vhost, exchange);
+}
+
+struct queue *vhost_queue_declare(struct vhost *vhost, struct bytes name, bool durable,
+                                  bool exclusive, bool auto_delete, struct bytes arguments)
+{
+    ASSERT(vhost_queue(vhost, name) == NULL);
+    struct queue *queue = queue_new(vhost, name, durable, exclusive, auto_delete, arguments);
+    hmap_put(&vhost->queues, queue->name, queue);
+    return queue;
+}
+
+uint32_t vhost_queue_delete(struct vhost *vhost, struct queue *queue)
+{
+    ASSERT(!queue->deleted);
+    void *removed = hmap_remove(&vhost->queues, queue->name);
+    ASSERT(removed == queue);
+    bind_dest_unbind_all(&queue->as_dest, on_exchange_unused, vhost);
+    if (list_linked(&queue->owner_link))
+        list_remove(&queue->owner_link);
+    uint32_t dropped = queue_delete(queue);
+    queue_unref(queue);
+    return dropped;
+}
+
+void vhost_route(struct vhost *vhost, struct exchange *exchange, struct bytes routing_key,
+                 struct table headers, struct route_result *result)
+{
+    if (exchange == vhost->default_exchange) {
+        struct queue *queue = vhost_queue(vhost, routing_key);
+        if (queue && result->count < result->cap)
+            result->dests[result->count++] = &queue->as_dest;
+        return;
+    }
+    exchange_route(exchange, routing_key, headers, result);
+}

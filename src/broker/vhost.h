@@ -1,0 +1,58 @@
+/*
+ * vhost.h: a virtual host: the namespace of exchanges and queues.
+ *
+ * Owns its exchanges and queues (name -> object tables keyed by the
+ * objects' own name copies). A new vhost has the predeclared exchanges
+ * RabbitMQ has: the default exchange "" and amq.direct, amq.fanout,
+ * amq.topic, amq.headers, amq.match, amq.rabbitmq.trace.
+ */
+#ifndef QUAY_BROKER_VHOST_H
+#define QUAY_BROKER_VHOST_H
+
+#include "amqp/types.h"
+#include "broker/exchange.h"
+#include "broker/queue.h"
+#include "lib/hash.h"
+
+struct broker;
+
+struct vhost {
+    struct bytes name;           /* owned copy */
+    struct broker *broker;       /* borrowed */
+    struct hmap exchanges;       /* name -> struct exchange (owned) */
+    struct hmap queues;          /* name -> struct queue (one reference each) */
+    struct exchange *default_exchange; /* borrowed from exchanges */
+};
+
+struct vhost *vhost_new(struct broker *broker, struct bytes name);
+void vhost_free(struct vhost *vhost);
+
+static inline struct exchange *vhost_exchange(struct vhost *vhost, struct bytes name)
+{
+    return hmap_get(&vhost->exchanges, name);
+}
+
+static inline struct queue *vhost_queue(struct vhost *vhost, struct bytes name)
+{
+    return hmap_get(&vhost->queues, name);
+}
+
+struct exchange *vhost_exchange_declare(struct vhost *vhost, struct bytes name,
+                                        enum exchange_type type, bool durable, bool auto_delete,
+                                        bool internal, struct bytes arguments);
+void vhost_exchange_delete(struct vhost *vhost, struct exchange *exchange);
+/* Deletes the exchange if it is auto-delete and has no bindings left. */
+void vhost_exchange_maybe_auto_delete(struct vhost *vhost, struct exchange *exchange);
+
+struct queue *vhost_queue_declare(struct vhost *vhost, struct bytes name, bool durable,
+                                  bool exclusive, bool auto_delete, struct bytes arguments);
+/* Unbinds, cancels consumers, drops the table's reference. Returns the
+ * number of ready messages the queue held. */
+uint32_t vhost_queue_delete(struct vhost *vhost, struct queue *queue);
+
+/* Routes one publish: the default exchange maps the routing key to the
+ * queue of that name; others go through exchange_route. */
+void vhost_route(struct vhost *vhost, struct exchange *exchange, struct bytes routing_key,
+                 struct table headers, struct route_result *result);
+
+#endif

@@ -1,0 +1,435 @@
+/*
+ * conn.c: see conn.h. The write path is the broker's hottest loop after
+ * the frame parser: chunks are appended during callbacks, and the check
+ * phase turns each connection's pending chunks into one uv_try_write
+ * (a writev) and, for what the kernel did not take, one uv_write.
+ */
+#include "net/conn.h"
+
+#include <arpa/inet.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/assert.h"
+#include "lib/log.h"
+
+#define SCRATCH_SIZE (256u << 10)
+#define CHUNK_DATA_SIZE (16u << 10)
+#define IOV_BATCH 64
+
+/* One piece of output. Either a copy (data[] of cap bytes, appended to
+ * while it is the tail) or a reference to memory owned elsewhere. */
+struct out_chunk {
+    struct list_node link;
+    const uint8_t *ref;           /* NULL for a copy chunk */
+    conn_release_fn release;
+    void *owner;
+    size_t size;                  /* bytes queued in this chunk */
+    size_t sent;                  /* bytes already written */
+    size_t cap;                   /* copy chunks: capacity of data[] */
+    uint8_t data[];
+};
+
+static void on_flush_check(uv_check_t *check);
+
+void net_init(struct net *net, uv_loop_t *loop)
+{
+    memset(net, 0, sizeof *net);
+    net->loop = loop;
+    list_init(&net->flush_list);
+    list_init(&net->conns);
+    net->scratch_size = SCRATCH_SIZE;
+    net->scratch = malloc(SCRATCH_SIZE);
+    ASSERT(net->scratch != NULL);
+    net->next_conn_id = 1;
+    uv_check_init(loop, &net->flush_check);
+    net->flush_check.data = net;
+    uv_check_start(&net->flush_check, on_flush_check);
+    uv_unref((uv_handle_t *)&net->flush_check);
+}
+
+void net_close(struct net *net)
+{
+    list_for_each_safe(node, &net->conns) {
+        conn_close(CONTAINER_OF(node, struct conn, all_link));
+    }
+    uv_check_stop(&net->flush_check);
+    uv_close((uv_handle_t *)&net->flush_check, NULL);
+    free(net->scratch);
+    net->scratch = NULL;
+}
+
+int conn_init(struct conn *conn, struct net *net, const struct conn_ops *ops)
+{
+    memset(conn, 0, sizeof *conn);
+    int rc = uv_tcp_init(net->loop, &conn->tcp);
+    if (rc != 0)
+        return rc;
+    conn->tcp.data = conn;
+    conn->net = net;
+    conn->ops = ops;
+    conn->id = net->next_conn_id++;
+    list_init(&conn->out_chunks);
+    list_init(&conn->flush_link);
+    list_push_back(&net->conns, &conn->all_link);
+    net->conns_count++;
+    conn->last_read_ms = conn->last_write_ms = uv_now(net->loop);
+    return 0;
+}
+
+static void set_peer_name(struct conn *conn)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (uv_tcp_getpeername(&conn->tcp, (struct sockaddr *)&ss, &len) == 0) {
+        if (ss.ss_family == AF_INET) {
+            struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
+            uv_ip4_name(sin, host, sizeof host);
+            port = ntohs(sin->sin_port);
+            conn->peer_loopback = (ntohl(sin->sin_addr.s_addr) >> 24) == 127;
+        } else if (ss.ss_family == AF_INET6) {
+            struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
+            uv_ip6_name(sin6, host, sizeof host);
+            port = ntohs(sin6->sin6_port);
+            static const uint8_t v4mapped_loop[13] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127};
+            conn->peer_loopback = IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr) ||
+                                  memcmp(&sin6->sin6_addr, v4mapped_loop, 13) == 0;
+        }
+    }
+    snprintf(conn->peer_name, sizeof conn->peer_name, "%s:%d", host, port);
+}
+
+/* ---- input ---------------------------------------------------------- */
+
+static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
+{
+    struct conn *conn = handle->data;
+    (void)suggested;
+    if (conn->in_size == 0) {
+        /* Nothing pending: read into the shared scratch buffer. */
+        *buf = uv_buf_init((char *)conn->net->scratch, (unsigned)conn->net->scratch_size);
+        return;
+    }
+    size_t want = conn->in_size + 64u * 1024;
+    if (want < conn->in_need)
+        want = conn->in_need;
+    if (conn->in_cap < want) {
+        uint8_t *grown = realloc(conn->in, want);
+        ASSERT(grown != NULL);
+        conn->in = grown;
+        conn->in_cap = want;
+    }
+    *buf = uv_buf_init((char *)conn->in + conn->in_size, (unsigned)(conn->in_cap - conn->in_size));
+}
+
+static void keep_leftover(struct conn *conn, const uint8_t *data, size_t size)
+{
+    if (size == 0) {
+        free(conn->in);
+        conn->in = NULL;
+        conn->in_size = conn->in_cap = 0;
+        return;
+    }
+    if (data != conn->in) {
+        if (conn->in_cap < size) {
+            size_t cap = size < 4096 ? 4096 : size;
+            uint8_t *grown = realloc(conn->in, cap);
+            ASSERT(grown != NULL);
+            conn->in = grown;
+            conn->in_cap = cap;
+        }
+        memmove(conn->in, data, size);
+    }
+    conn->in_size = size;
+}
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+    struct conn *conn = stream->data;
+    if (nread < 0) {
+        if (nread != UV_EOF)
+            LOG_DEBUG("conn=%llu peer=%s read error: %s", (unsigned long long)conn->id,
+                      conn->peer_name, uv_strerror((int)nread));
+        conn_close(conn);
+        return;
+    }
+    if (nread == 0 || conn->closing)
+        return;
+    conn->net->bytes_in += (uint64_t)nread;
+    conn->last_read_ms = uv_now(conn->net->loop);
+    const uint8_t *data;
+    size_t size;
+    if (conn->in_size > 0) {
+        ASSERT((uint8_t *)buf->base == conn->in + conn->in_size);
+        conn->in_size += (size_t)nread;
+        data = conn->in;
+        size = conn->in_size;
+    } else {
+        data = (const uint8_t *)buf->base;
+        size = (size_t)nread;
+    }
+    long used = conn->ops->on_input(conn, data, size);
+    if (used < 0 || conn->closing)
+        return;
+    ASSERT((size_t)used <= size);
+    keep_leftover(conn, data + used, size - (size_t)used);
+}
+
+void conn_start(struct conn *conn)
+{
+    set_peer_name(conn);
+    uv_tcp_nodelay(&conn->tcp, 1);
+    conn->reading = true;
+    uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+}
+
+void conn_pause_reading(struct conn *conn)
+{
+    conn->read_paused = true;
+    if (conn->reading && !conn->closing) {
+        uv_read_stop((uv_stream_t *)&conn->tcp);
+        conn->reading = false;
+    }
+}
+
+void conn_resume_reading(struct conn *conn)
+{
+    conn->read_paused = false;
+    if (!conn->reading && !conn->closing) {
+        conn->reading = true;
+        uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+    }
+}
+
+/* ---- output --------------------------------------------------------- */
+
+static void schedule_flush(struct conn *conn)
+{
+    if (!list_linked(&conn->flush_link))
+        list_push_back(&conn->net->flush_list, &conn->flush_link);
+}
+
+static struct out_chunk *tail_copy_chunk(struct conn *conn, size_t n)
+{
+    if (!list_empty(&conn->out_chunks)) {
+        struct out_chunk *tail = CONTAINER_OF(conn->out_chunks.prev, struct out_chunk, link);
+        if (tail->ref == NULL && tail->cap - tail->size >= n)
+            return tail;
+    }
+    size_t cap = n > CHUNK_DATA_SIZE ? n : CHUNK_DATA_SIZE;
+    struct out_chunk *chunk = malloc(sizeof *chunk + cap);
+    ASSERT(chunk != NULL);
+    chunk->ref = NULL;
+    chunk->release = NULL;
+    chunk->owner = NULL;
+    chunk->size = 0;
+    chunk->sent = 0;
+    chunk->cap = cap;
+    list_push_back(&conn->out_chunks, &chunk->link);
+    return chunk;
+}
+
+uint8_t *conn_out_reserve(struct conn *conn, size_t n)
+{
+    struct out_chunk *chunk = tail_copy_chunk(conn, n);
+    return chunk->data + chunk->size;
+}
+
+void conn_out_commit(struct conn *conn, size_t n)
+{
+    ASSERT(!list_empty(&conn->out_chunks));
+    struct out_chunk *tail = CONTAINER_OF(conn->out_chunks.prev, struct out_chunk, link);
+    ASSERT(tail->ref == NULL);
+    ASSERT(n <= tail->cap - tail->size);
+    tail->size += n;
+    conn->out_bytes += n;
+    if (conn->out_bytes >= CONN_OUT_HIGH_WATER)
+        conn->above_high_water = true;
+    schedule_flush(conn);
+}
+
+void conn_out_bytes(struct conn *conn, const void *data, size_t n)
+{
+    memcpy(conn_out_reserve(conn, n), data, n);
+    conn_out_commit(conn, n);
+}
+
+void conn_out_ref(struct conn *conn, const uint8_t *data, size_t n, conn_release_fn release,
+                  void *owner)
+{
+    struct out_chunk *chunk = malloc(sizeof *chunk);
+    ASSERT(chunk != NULL);
+    chunk->ref = data;
+    chunk->release = release;
+    chunk->owner = owner;
+    chunk->size = n;
+    chunk->sent = 0;
+    chunk->cap = 0;
+    list_push_back(&conn->out_chunks, &chunk->link);
+    conn->out_bytes += n;
+    if (conn->out_bytes >= CONN_OUT_HIGH_WATER)
+        conn->above_high_water = true;
+    schedule_flush(conn);
+}
+
+static void chunk_free(struct out_chunk *chunk)
+{
+    if (chunk->release)
+        chunk->release(chunk->owner);
+    free(chunk);
+}
+
+/* Marks n written bytes as sent, freeing finished chunks. The tail copy
+ * chunk is freed too when fully sent: a new one is cheap, and an idle
+ * connection then holds no output memory. */
+static void advance(struct conn *conn, size_t n)
+{
+    conn->out_bytes -= n;
+    conn->net->bytes_out += n;
+    while (n > 0) {
+        ASSERT(!list_empty(&conn->out_chunks));
+        struct out_chunk *chunk = CONTAINER_OF(conn->out_chunks.next, struct out_chunk, link);
+        size_t left = chunk->size - chunk->sent;
+        size_t take = n < left ? n : left;
+        chunk->sent += take;
+        n -= take;
+        if (chunk->sent == chunk->size) {
+            list_remove(&chunk->link);
+            chunk_free(chunk);
+        }
+    }
+    conn->last_write_ms = uv_now(conn->net->loop);
+    if (conn->close_after_flush && conn->out_bytes == 0) {
+        conn_close(conn);
+        return;
+    }
+    if (conn->above_high_water && conn->out_bytes <= CONN_OUT_LOW_WATER) {
+        conn->above_high_water = false;
+        if (conn->ops->on_drain && !conn->closing)
+            conn->ops->on_drain(conn);
+    }
+}
+
+static size_t gather(struct conn *conn, uv_buf_t *iov, size_t iov_cap, size_t *bytes)
+{
+    size_t count = 0;
+    *bytes = 0;
+    list_for_each(node, &conn->out_chunks) {
+        if (count == iov_cap)
+            break;
+        struct out_chunk *chunk = CONTAINER_OF(node, struct out_chunk, link);
+        const uint8_t *base = chunk->ref ? chunk->ref : chunk->data;
+        size_t left = chunk->size - chunk->sent;
+        if (left == 0)
+            continue;
+        iov[count++] = uv_buf_init((char *)base + chunk->sent, (unsigned)left);
+        *bytes += left;
+    }
+    return count;
+}
+
+static void flush(struct conn *conn);
+
+static void on_write_done(uv_write_t *req, int status)
+{
+    struct conn *conn = req->data;
+    size_t n = conn->out_in_flight;
+    conn->out_in_flight = 0;
+    if (status < 0) {
+        conn_close(conn);
+        return;
+    }
+    advance(conn, n);
+    if (conn->out_bytes > 0 && !conn->closing)
+        schedule_flush(conn);
+}
+
+static void flush(struct conn *conn)
+{
+    if (conn->closing || conn->out_in_flight > 0)
+        return;
+    uv_buf_t iov[IOV_BATCH];
+    for (;;) {
+        size_t bytes;
+        size_t count = gather(conn, iov, IOV_BATCH, &bytes);
+        if (count == 0) {
+            if (conn->close_after_flush)
+                conn_close(conn);
+            return;
+        }
+        int written = uv_try_write((uv_stream_t *)&conn->tcp, iov, (unsigned)count);
+        if (written == UV_EAGAIN)
+            written = 0;
+        if (written < 0) {
+            conn_close(conn);
+            return;
+        }
+        advance(conn, (size_t)written);
+        if (conn->closing)
+            return;
+        if ((size_t)written < bytes)
+            break;
+    }
+    /* The kernel buffer is full: hand the rest to libuv, which writes it
+     * when the socket is writable. The chunks stay queued (and their
+     * memory stable) until on_write_done accounts for them. */
+    size_t bytes;
+    size_t count = gather(conn, iov, IOV_BATCH, &bytes);
+    conn->out_in_flight = bytes;
+    conn->write_req.data = conn;
+    int rc = uv_write(&conn->write_req, (uv_stream_t *)&conn->tcp, iov, (unsigned)count,
+                      on_write_done);
+    if (rc < 0) {
+        conn->out_in_flight = 0;
+        conn_close(conn);
+    }
+}
+
+static void on_flush_check(uv_check_t *check)
+{
+    struct net *net = check->data;
+    while (!list_empty(&net->flush_list)) {
+        struct conn *conn = CONTAINER_OF(net->flush_list.next, struct conn, flush_link);
+        list_remove(&conn->flush_link);
+        flush(conn);
+    }
+}
+
+/* ---- closing -------------------------------------------------------- */
+
+static void on_handle_closed(uv_handle_t *handle)
+{
+    struct conn *conn = handle->data;
+    while (!list_empty(&conn->out_chunks)) {
+        struct out_chunk *chunk = CONTAINER_OF(conn->out_chunks.next, struct out_chunk, link);
+        list_remove(&chunk->link);
+        chunk_free(chunk);
+    }
+    free(conn->in);
+    conn->in = NULL;
+    conn->net->conns_count--;
+    list_remove(&conn->all_link);
+    conn->ops->on_free(conn);
+}
+
+void conn_close(struct conn *conn)
+{
+    if (conn->closing)
+        return;
+    conn->closing = true;
+    if (list_linked(&conn->flush_link))
+        list_remove(&conn->flush_link);
+    conn->ops->on_close(conn);
+    uv_close((uv_handle_t *)&conn->tcp, on_handle_closed);
+}
+
+void conn_close_after_flush(struct conn *conn)
+{
+    if (conn->closing)
+        return;
+    conn_pause_reading(conn);
+    conn->close_after_flush = true;
+    schedule_flush(conn);
+}

@@ -1,0 +1,132 @@
+/*
+ * conn.h: one TCP connection of the broker, as bytes in and bytes out.
+ *
+ * The transport knows nothing about AMQP. It reads into a loop-wide
+ * scratch buffer and hands the bytes to its protocol through conn_ops;
+ * bytes the protocol could not consume yet (a partial frame) are kept in a
+ * per-connection buffer, so an idle connection holds no input memory.
+ * Output is a list of chunks: copied bytes in fixed blocks, or references
+ * to refcounted memory (message bodies) released once written. Everything
+ * queued during one loop iteration is written together, with one writev,
+ * in the loop's check phase ("after callbacks").
+ *
+ * Destruction is deferred: conn_close() marks the connection closing and
+ * the memory is released from libuv's close callback, so no callback ever
+ * sees a freed connection. The protocol's on_close runs exactly once.
+ *
+ * Ownership: struct conn is embedded in its protocol's object (e.g. the
+ * AMQP connection), which conn_ops.on_free releases.
+ */
+#ifndef QUAY_NET_CONN_H
+#define QUAY_NET_CONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "lib/list.h"
+
+struct conn;
+struct net;
+
+struct conn_ops {
+    /* New input. Returns bytes consumed (the rest is offered again with
+     * the next read), or a negative value to stop reading (the protocol
+     * has called conn_close). Called only while not closing. */
+    long (*on_input)(struct conn *conn, const uint8_t *data, size_t size);
+    /* The socket is gone (EOF, error, or conn_close): stop using it. */
+    void (*on_close)(struct conn *conn);
+    /* Memory may be released now: libuv is done with the handle. */
+    void (*on_free)(struct conn *conn);
+    /* Output fell below the low-water mark after having been above it. */
+    void (*on_drain)(struct conn *conn);
+};
+
+/* Called with the output reference when its bytes have been written. */
+typedef void (*conn_release_fn)(void *owner);
+
+struct out_chunk;
+
+struct conn {
+    uv_tcp_t tcp;                 /* first: libuv handles are cast back */
+    struct net *net;              /* borrowed */
+    const struct conn_ops *ops;   /* borrowed, static */
+    uint64_t id;
+
+    uint8_t *in;                  /* owned; NULL when no partial input is kept */
+    size_t in_size;
+    size_t in_cap;
+    size_t in_need;               /* bytes the protocol needs to make progress */
+
+    struct list_node out_chunks;  /* struct out_chunk, oldest first */
+    size_t out_bytes;             /* queued and not yet written */
+    size_t out_in_flight;         /* part of out_bytes handed to uv_write */
+    uv_write_t write_req;
+    struct list_node flush_link;  /* in net.flush_list when output is pending */
+
+    uint64_t last_read_ms;
+    uint64_t last_write_ms;
+    bool closing;
+    bool close_after_flush;
+    bool reading;
+    bool read_paused;             /* the protocol asked to stop reading */
+    bool above_high_water;
+    bool peer_loopback;
+    char peer_name[64];           /* "ip:port" */
+    struct list_node all_link;    /* in net.conns */
+};
+
+/* Output beyond this makes conn_out_full() true: producers of output (queue
+ * delivery) should hold back until on_drain. */
+#define CONN_OUT_HIGH_WATER (1u << 20)
+#define CONN_OUT_LOW_WATER (256u << 10)
+
+/* Starts reading on an accepted stream. */
+void conn_start(struct conn *conn);
+void conn_close(struct conn *conn);
+/* Stops reading, writes what is queued, then closes: for goodbyes such as
+ * connection.close-ok or our protocol header after a bad one. */
+void conn_close_after_flush(struct conn *conn);
+
+/* Reserves n contiguous bytes at the end of the output; write them, then
+ * conn_out_commit(n). Never fails (aborts on OOM). */
+uint8_t *conn_out_reserve(struct conn *conn, size_t n);
+void conn_out_commit(struct conn *conn, size_t n);
+void conn_out_bytes(struct conn *conn, const void *data, size_t n);
+/* Queues data owned by someone else; release(owner) runs once written or
+ * when the connection goes away. Used for message bodies (zero copy). */
+void conn_out_ref(struct conn *conn, const uint8_t *data, size_t n, conn_release_fn release,
+                  void *owner);
+static inline bool conn_out_full(const struct conn *conn)
+{
+    return conn->out_bytes >= CONN_OUT_HIGH_WATER;
+}
+
+/* Stop or resume reading (back-pressure, memory alarm). */
+void conn_pause_reading(struct conn *conn);
+void conn_resume_reading(struct conn *conn);
+
+/* net: the loop-wide part of the transport. */
+typedef struct conn *(*net_accept_fn)(struct net *net, void *ctx);
+
+struct net {
+    uv_loop_t *loop;               /* borrowed */
+    uv_check_t flush_check;        /* flushes output after each loop iteration */
+    struct list_node flush_list;
+    struct list_node conns;
+    uint32_t conns_count;
+    uint64_t next_conn_id;
+    uint8_t *scratch;              /* owned: the shared read buffer */
+    size_t scratch_size;
+    uint64_t bytes_in;
+    uint64_t bytes_out;
+};
+
+void net_init(struct net *net, uv_loop_t *loop);
+void net_close(struct net *net);
+/* Called by the protocol when it allocated a conn for an accepted socket:
+ * initializes the transport part. */
+int conn_init(struct conn *conn, struct net *net, const struct conn_ops *ops);
+
+#endif
