@@ -70,6 +70,7 @@ static void release(struct channel *ch)
     ch->content = CONTENT_STATE_NONE;
     channel__release_consumers(ch);
     channel__requeue_all(ch);
+    ASSERT(ch->unacked_count == 0); /* no consumer is left to take them back */
     channel__drop_tx(ch);
     if (list_linked(&ch->confirm_link))
         list_remove(&ch->confirm_link);
@@ -83,6 +84,7 @@ void channel_destroy(struct channel *ch)
     hmap_free(&ch->consumers_by_tag);
     free(ch->deliveries.items);
     free(ch->publish_names);
+    free(ch->last_queue);
     connection__channel_gone(ch->connection, ch->id);
     free(ch);
 }
@@ -139,23 +141,24 @@ void channel__connection_fail(struct channel *ch, uint16_t reply_code, uint32_t 
 void channel_handle_unopened(struct connection *connection, const struct frame *frame)
 {
     if (frame->type != FRAME_METHOD) {
-        connection_fail(connection, REPLY_CHANNEL_ERROR, 0,
-                        "expected 'channel.open' on channel %u", frame->channel);
+        connection_fail(connection, REPLY_CHANNEL_ERROR, 0, "expected 'channel.open'");
         return;
     }
     struct method m;
     int rc = method_decode(&m, frame->payload, frame->size);
-    if (rc == E_UNKNOWN_METHOD) {
-        connection_fail(connection, REPLY_NOT_IMPLEMENTED, 0, "unknown method");
-        return;
-    }
     if (rc != OK) {
-        connection_fail(connection, REPLY_SYNTAX_ERROR, 0, "malformed method arguments");
+        connection__fail_decode(connection, frame, rc);
         return;
     }
     if (m.id != METHOD_CHANNEL_OPEN) {
-        connection_fail(connection, REPLY_CHANNEL_ERROR, m.id,
-                        "expected 'channel.open' on channel %u", frame->channel);
+        connection_fail(connection, REPLY_CHANNEL_ERROR, m.id, "expected 'channel.open'");
+        return;
+    }
+    /* channel_max bounds how many channels are open, not their numbers. */
+    if (connection->channels_open >= connection->channel_max) {
+        connection_fail(connection, REPLY_NOT_ALLOWED, 0,
+                        "number of channels opened (%u) has reached the negotiated "
+                        "channel_max (%u)", connection->channels_open, connection->channel_max);
         return;
     }
     struct channel *ch = channel_new(connection, frame->channel);
@@ -169,7 +172,7 @@ static void handle_channel_class(struct channel *ch, const struct method *m)
     switch (m->id) {
     case METHOD_CHANNEL_OPEN:
         channel__connection_fail(ch, REPLY_CHANNEL_ERROR, m->id,
-                                 "second 'channel.open' seen on channel %u", ch->id);
+                                 "second 'channel.open' seen");
         return;
     case METHOD_CHANNEL_CLOSE: {
         release(ch);
@@ -180,8 +183,7 @@ static void handle_channel_class(struct channel *ch, const struct method *m)
     }
     case METHOD_CHANNEL_CLOSE_OK:
         /* Unsolicited: the channel was not closing. */
-        channel__connection_fail(ch, REPLY_CHANNEL_ERROR, m->id,
-                                 "unexpected 'channel.close-ok' on channel %u", ch->id);
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unimplemented method");
         return;
     case METHOD_CHANNEL_FLOW: {
         /* RabbitMQ 3.x refuses to stop delivering on client request. */
@@ -195,19 +197,15 @@ static void handle_channel_class(struct channel *ch, const struct method *m)
         channel__send(ch, &ok);
         return;
     }
-    case METHOD_CHANNEL_FLOW_OK:
-        return;
     default:
-        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unexpected %s",
-                                 method_name(m->id));
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unimplemented method");
     }
 }
 
 static void handle_confirm_class(struct channel *ch, const struct method *m)
 {
     if (m->id != METHOD_CONFIRM_SELECT) {
-        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unexpected %s",
-                                 method_name(m->id));
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unimplemented method");
         return;
     }
     if (ch->tx_mode) {
@@ -249,8 +247,7 @@ static void handle_method(struct channel *ch, const struct method *m)
     case CLASS_TX:
         return channel__handle_tx(ch, m);
     default:
-        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id,
-                                 "method %s not allowed on a channel", method_name(m->id));
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unimplemented method");
     }
 }
 
@@ -272,9 +269,9 @@ static void handle_content_header(struct channel *ch, const struct frame *frame)
         return;
     }
     if (header.class_id != CLASS_BASIC) {
-        channel__connection_fail(ch, REPLY_FRAME_ERROR, METHOD_BASIC_PUBLISH,
-                                 "content header for class %u, expected %u", header.class_id,
-                                 CLASS_BASIC);
+        channel__connection_fail(ch, REPLY_UNEXPECTED_FRAME, METHOD_BASIC_PUBLISH,
+                                 "expected content header for class %u, got one for class %u "
+                                 "instead", CLASS_BASIC, header.class_id);
         return;
     }
     uint64_t size_max = ch->connection->broker->config.limits.message_size_max;
@@ -287,13 +284,30 @@ static void handle_content_header(struct channel *ch, const struct frame *frame)
                       (unsigned long long)header.body_size, (unsigned long long)size_max);
         return;
     }
+    struct basic_properties props;
+    if (basic_properties_decode(&props, header.properties, header.properties_size) != OK) {
+        char octets[320];
+        connection__format_binary(octets, sizeof octets, frame->payload, frame->size);
+        channel__connection_fail(ch, REPLY_FRAME_ERROR, METHOD_BASIC_PUBLISH,
+                                 "cannot decode %s", octets);
+        return;
+    }
+    const char *user = ch->connection->user->name;
+    if ((props.flags & BASIC_FLAG_USER_ID) && !bytes_equal_cstr(props.user_id, user)) {
+        ch->content = CONTENT_STATE_NONE;
+        channel__fail(ch, REPLY_PRECONDITION_FAILED, METHOD_BASIC_PUBLISH,
+                      "user_id property set to '%.*s' but authenticated user was '%s'",
+                      (int)props.user_id.len, (const char *)props.user_id.ptr, user);
+        return;
+    }
     struct bytes exchange = {ch->publish_names, ch->publish_exchange_size};
     struct bytes routing_key = {ch->publish_names + 256, ch->publish_routing_key_size};
     ch->assembling = message_new(exchange, routing_key, header.properties,
-                                 header.properties_size, header.body_size);
+                                 header.properties_size, &props, header.body_size);
     if (!ch->assembling) {
-        channel__connection_fail(ch, REPLY_SYNTAX_ERROR, METHOD_BASIC_PUBLISH,
-                                 "malformed content properties");
+        channel__fail(ch, REPLY_RESOURCE_ERROR, METHOD_BASIC_PUBLISH,
+                      "cannot allocate a message of %llu bytes",
+                      (unsigned long long)header.body_size);
         return;
     }
     ch->content = CONTENT_STATE_BODY;
@@ -324,15 +338,16 @@ void channel_handle_frame(struct channel *ch, const struct frame *frame)
     case CONTENT_STATE_HEADER:
         if (frame->type != FRAME_HEADER) {
             channel__connection_fail(ch, REPLY_UNEXPECTED_FRAME, METHOD_BASIC_PUBLISH,
-                                     "expected content header for class %u, got frame type %u",
-                                     CLASS_BASIC, frame->type);
+                                     "expected content header for class %u, got non content "
+                                     "header frame instead", CLASS_BASIC);
             return;
         }
         return handle_content_header(ch, frame);
     case CONTENT_STATE_BODY:
         if (frame->type != FRAME_BODY) {
             channel__connection_fail(ch, REPLY_UNEXPECTED_FRAME, METHOD_BASIC_PUBLISH,
-                                     "expected content body, got frame type %u", frame->type);
+                                     "expected content body, got non content body frame "
+                                     "instead");
             return;
         }
         return handle_content_body(ch, frame);
@@ -341,18 +356,13 @@ void channel_handle_frame(struct channel *ch, const struct frame *frame)
     }
     if (frame->type != FRAME_METHOD) {
         channel__connection_fail(ch, REPLY_UNEXPECTED_FRAME, 0,
-                                 "unexpected content frame type %u on channel %u", frame->type,
-                                 ch->id);
+                                 "expected method frame, got non method frame instead");
         return;
     }
     struct method m;
     int rc = method_decode(&m, frame->payload, frame->size);
-    if (rc == E_UNKNOWN_METHOD) {
-        channel__connection_fail(ch, REPLY_NOT_IMPLEMENTED, 0, "unknown method");
-        return;
-    }
     if (rc != OK) {
-        channel__connection_fail(ch, REPLY_SYNTAX_ERROR, 0, "malformed method arguments");
+        connection__fail_decode(ch->connection, frame, rc);
         return;
     }
     handle_method(ch, &m);

@@ -130,7 +130,7 @@ static void settle(struct channel *ch, struct delivery *d, enum settle_how how,
     }
     struct queue *queue = d->queue;
     if (how == SETTLE_REQUEUE) {
-        queue_requeue(queue, d->message); /* takes the message reference */
+        queue_requeue(queue, d->message, d->seq); /* takes the message reference */
     } else {
         queue_settle(queue);
         message_unref(d->message);
@@ -174,7 +174,6 @@ void channel__requeue_all(struct channel *ch)
     if (r->count == 0)
         return;
     settle_tags(ch, 0, true, SETTLE_REQUEUE);
-    ASSERT(ch->unacked_count == 0);
 }
 
 /* ---- delivering ----------------------------------------------------- */
@@ -214,8 +213,9 @@ void channel__write_content(struct channel *ch, struct message *m)
 }
 
 static uint64_t record_delivery(struct channel *ch, struct consumer *consumer,
-                                struct queue *queue, struct message *message, bool no_ack)
+                                struct queue *queue, struct queue_entry entry, bool no_ack)
 {
+    struct message *message = entry.message;
     uint64_t tag = ch->next_delivery_tag++;
     if (no_ack) {
         queue_settle(queue);
@@ -225,7 +225,7 @@ static uint64_t record_delivery(struct channel *ch, struct consumer *consumer,
     message_ref(message);
     ring_append(&ch->deliveries, tag,
                 (struct delivery){.message = message, .queue = queue, .consumer = consumer,
-                                  .live = true});
+                                  .seq = entry.seq, .live = true});
     ch->unacked_count++;
     if (consumer)
         consumer->unacked_count++;
@@ -252,7 +252,7 @@ static void consumer_deliver(struct consumer *consumer, struct queue_entry entry
 {
     struct channel *ch = consumer->owner;
     struct queue *queue = consumer->queue;
-    uint64_t tag = record_delivery(ch, consumer, queue, entry.message, consumer->no_ack);
+    uint64_t tag = record_delivery(ch, consumer, queue, entry, consumer->no_ack);
     struct method m = {.id = METHOD_BASIC_DELIVER};
     m.basic_deliver.consumer_tag = consumer->tag;
     m.basic_deliver.delivery_tag = tag;
@@ -337,18 +337,16 @@ void channel__release_consumers(struct channel *ch)
  * as RabbitMQ does when it is missing or exclusive to someone else. */
 static struct queue *usable_queue(struct channel *ch, struct bytes name, uint32_t method_id)
 {
+    if (!channel__resolve_queue_name(ch, &name, method_id))
+        return NULL;
     struct queue *queue = vhost_queue(ch->vhost, name);
     if (!queue) {
         channel__fail(ch, REPLY_NOT_FOUND, method_id, "no queue '%.*s' " VHOST_FMT,
                       (int)name.len, (const char *)name.ptr, VHOST_ARG(ch));
         return NULL;
     }
-    if (queue->exclusive && queue->exclusive_owner != ch->connection) {
-        channel__fail(ch, REPLY_RESOURCE_LOCKED, method_id,
-                      "cannot obtain exclusive access to locked queue '%.*s' " VHOST_FMT,
-                      (int)name.len, (const char *)name.ptr, VHOST_ARG(ch));
+    if (channel__queue_locked(ch, queue, method_id))
         return NULL;
-    }
     return queue;
 }
 
@@ -376,8 +374,8 @@ static void handle_consume(struct channel *ch, const struct method *m)
     }
     if (queue->exclusive_consumers > 0 || (c->exclusive && queue->consumers_count > 0)) {
         channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
-                      "queue '%.*s' " VHOST_FMT " in exclusive use", (int)c->queue.len,
-                      (const char *)c->queue.ptr, VHOST_ARG(ch));
+                      "queue '%.*s' " VHOST_FMT " in exclusive use", (int)queue->name.len,
+                      (const char *)queue->name.ptr, VHOST_ARG(ch));
         return;
     }
     struct consumer *consumer = calloc(1, sizeof *consumer);
@@ -434,7 +432,7 @@ static void handle_get(struct channel *ch, const struct method *m)
         channel__send(ch, &empty);
         return;
     }
-    uint64_t tag = record_delivery(ch, NULL, queue, entry.message, g->no_ack);
+    uint64_t tag = record_delivery(ch, NULL, queue, entry, g->no_ack);
     struct method ok = {.id = METHOD_BASIC_GET_OK};
     ok.basic_get_ok.delivery_tag = tag;
     ok.basic_get_ok.redelivered = entry.redelivered != 0;
@@ -535,8 +533,7 @@ void channel__handle_basic(struct channel *ch, const struct method *m)
     case METHOD_BASIC_RECOVER_ASYNC:
         return handle_recover(ch, m, m->basic_recover_async.requeue);
     default:
-        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unexpected %s",
-                                 method_name(m->id));
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unimplemented method");
     }
 }
 
@@ -607,8 +604,7 @@ void channel__handle_tx(struct channel *ch, const struct method *m)
         }
         break;
     default:
-        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unexpected %s",
-                                 method_name(m->id));
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unimplemented method");
         return;
     }
     channel__send(ch, &ok);

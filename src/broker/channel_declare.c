@@ -11,6 +11,7 @@
 #include "broker/broker.h"
 #include "broker/channel_int.h"
 #include "broker/connection.h"
+#include "amqp/table.h"
 #include "broker/exchange.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
@@ -25,6 +26,26 @@ static const char *bool_text(bool b)
 }
 
 /* ---- exchanges ------------------------------------------------------ */
+
+/* A headers exchange's binding must name a known x-match mode. */
+static bool bind_arguments_valid(struct channel *ch, const struct exchange *source,
+                                 struct table args, uint32_t method_id)
+{
+    struct field_value v;
+    if (source->type != EXCHANGE_HEADERS || !table_get(args, "x-match", &v))
+        return true;
+    if ((v.kind == 'S' || v.kind == 'x') &&
+        (bytes_equal_cstr(v.str, "all") || bytes_equal_cstr(v.str, "any") ||
+         bytes_equal_cstr(v.str, "all-with-x") || bytes_equal_cstr(v.str, "any-with-x")))
+        return true;
+    char shown[320] = "<<>>";
+    if (v.kind == 'S' || v.kind == 'x')
+        connection__format_binary(shown, sizeof shown, v.str.ptr, v.str.len);
+    channel__fail(ch, REPLY_PRECONDITION_FAILED, method_id,
+                  "Invalid x-match field value %s; expected all, any, all-with-x, or any-with-x",
+                  shown);
+    return false;
+}
 
 static struct exchange *existing_exchange(struct channel *ch, struct bytes name,
                                           uint32_t method_id)
@@ -78,16 +99,18 @@ static void exchange_declare(struct channel *ch, const struct method *m)
         return;
     }
     struct exchange *x = vhost_exchange(ch->vhost, d->exchange);
+    if (d->exchange.len == 0) {
+        /* Even a passive declare of the default exchange is refused. */
+        channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
+                      "operation not permitted on the default exchange");
+        return;
+    }
     if (d->passive) {
-        if (!x && d->exchange.len > 0) {
+        if (!x) {
             channel__fail(ch, REPLY_NOT_FOUND, m->id, "no exchange '%.*s' " VHOST_FMT,
                           NAME_ARG(d->exchange), VHOST_ARG(ch));
             return;
         }
-    } else if (d->exchange.len == 0) {
-        channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
-                      "operation not permitted on the default exchange");
-        return;
     } else if (bytes_has_prefix(d->exchange, "amq.")) {
         /* Redeclaring a predeclared amq.* exchange equivalently is fine. */
         if (!x) {
@@ -131,6 +154,12 @@ static bool exchange_modifiable(struct channel *ch, struct bytes name, uint32_t 
 static void exchange_delete(struct channel *ch, const struct method *m)
 {
     const struct method_exchange_delete *d = &m->exchange_delete;
+    if (d->exchange.len > 0 && bytes_has_prefix(d->exchange, "amq.")) {
+        channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
+                      "deletion of system exchange '%.*s' " VHOST_FMT " not allowed",
+                      NAME_ARG(d->exchange), VHOST_ARG(ch));
+        return;
+    }
     if (!exchange_modifiable(ch, d->exchange, m->id))
         return;
     struct exchange *x = vhost_exchange(ch->vhost, d->exchange);
@@ -170,6 +199,8 @@ static void exchange_bind_unbind(struct channel *ch, const struct method *m)
     if (!source)
         return;
     struct bytes arg_bytes = {args.ptr, args.len};
+    if (bind && !bind_arguments_valid(ch, source, args, m->id))
+        return;
     if (bind) {
         exchange_bind(source, &dest->as_dest, key, arg_bytes);
     } else if (exchange_unbind(source, &dest->as_dest, key, arg_bytes)) {
@@ -192,33 +223,65 @@ void channel__handle_exchange(struct channel *ch, const struct method *m)
     case METHOD_EXCHANGE_UNBIND:
         return exchange_bind_unbind(ch, m);
     default:
-        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unexpected %s",
-                                 method_name(m->id));
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unimplemented method");
     }
 }
 
 /* ---- queues --------------------------------------------------------- */
 
-static bool queue_locked(struct channel *ch, struct queue *queue, uint32_t method_id)
+static void fail_locked(struct channel *ch, struct bytes name, uint32_t method_id)
+{
+    channel__fail(ch, REPLY_RESOURCE_LOCKED, method_id,
+                  "cannot obtain exclusive access to locked queue '%.*s' " VHOST_FMT
+                  ". It could be originally declared on another connection or the exclusive "
+                  "property value does not match that of the original declaration.",
+                  NAME_ARG(name), VHOST_ARG(ch));
+}
+
+bool channel__queue_locked(struct channel *ch, struct queue *queue, uint32_t method_id)
 {
     if (queue->exclusive && queue->exclusive_owner != ch->connection) {
-        channel__fail(ch, REPLY_RESOURCE_LOCKED, method_id,
-                      "cannot obtain exclusive access to locked queue '%.*s' " VHOST_FMT,
-                      NAME_ARG(queue->name), VHOST_ARG(ch));
+        fail_locked(ch, queue->name, method_id);
         return true;
     }
     return false;
 }
 
+bool channel__resolve_queue_name(struct channel *ch, struct bytes *name, uint32_t method_id)
+{
+    if (name->len > 0)
+        return true;
+    if (!ch->has_last_queue) {
+        channel__fail(ch, REPLY_NOT_FOUND, method_id, "no previously declared queue");
+        return false;
+    }
+    *name = (struct bytes){ch->last_queue, ch->last_queue_size};
+    return true;
+}
+
+static void remember_queue(struct channel *ch, struct bytes name)
+{
+    if (!ch->last_queue) {
+        ch->last_queue = malloc(256);
+        ASSERT(ch->last_queue != NULL);
+    }
+    ASSERT(name.len <= 255);
+    memmove(ch->last_queue, name.ptr, name.len);
+    ch->last_queue_size = (uint8_t)name.len;
+    ch->has_last_queue = true;
+}
+
 static struct queue *existing_queue(struct channel *ch, struct bytes name, uint32_t method_id)
 {
+    if (!channel__resolve_queue_name(ch, &name, method_id))
+        return NULL;
     struct queue *queue = vhost_queue(ch->vhost, name);
     if (!queue) {
         channel__fail(ch, REPLY_NOT_FOUND, method_id, "no queue '%.*s' " VHOST_FMT,
                       NAME_ARG(name), VHOST_ARG(ch));
         return NULL;
     }
-    if (queue_locked(ch, queue, method_id))
+    if (channel__queue_locked(ch, queue, method_id))
         return NULL;
     return queue;
 }
@@ -226,16 +289,17 @@ static struct queue *existing_queue(struct channel *ch, struct bytes name, uint3
 static bool queue_equivalent(struct channel *ch, const struct queue *q,
                              const struct method_queue_declare *d, uint32_t method_id)
 {
+    if (q->exclusive != d->exclusive) {
+        /* RabbitMQ reports an exclusive mismatch as a lock, not as 406. */
+        fail_locked(ch, q->name, method_id);
+        return false;
+    }
     const char *arg = NULL;
     bool received = false, current = false;
     if (q->durable != d->durable) {
         arg = "durable";
         received = d->durable;
         current = q->durable;
-    } else if (q->exclusive != d->exclusive) {
-        arg = "exclusive";
-        received = d->exclusive;
-        current = q->exclusive;
     } else if (q->auto_delete != d->auto_delete) {
         arg = "auto_delete";
         received = d->auto_delete;
@@ -282,19 +346,21 @@ static void queue_declare(struct channel *ch, const struct method *m)
                           NAME_ARG(name), VHOST_ARG(ch));
             return;
         }
-        if (queue_locked(ch, queue, m->id))
+        if (channel__queue_locked(ch, queue, m->id))
             return;
+    } else if (bytes_has_prefix(name, "amq.")) {
+        /* Checked before existence: even a server-named queue cannot be
+         * redeclared actively (RabbitMQ). */
+        channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
+                      "queue name '%.*s' contains reserved prefix 'amq.*'", NAME_ARG(name));
+        return;
     } else if (queue) {
-        if (queue_locked(ch, queue, m->id) || !queue_equivalent(ch, queue, d, m->id))
+        if (channel__queue_locked(ch, queue, m->id) || !queue_equivalent(ch, queue, d, m->id))
             return;
     } else {
         if (name.len == 0) {
             broker_generate_name(broker, "amq.gen-", generated, sizeof generated);
             name = bytes_of_cstr(generated);
-        } else if (bytes_has_prefix(name, "amq.")) {
-            channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
-                          "queue name '%.*s' contains reserved prefix 'amq.*'", NAME_ARG(name));
-            return;
         }
         uint32_t limit = broker->config.limits.queues_max;
         if (limit && ch->vhost->queues.count >= limit) {
@@ -311,6 +377,7 @@ static void queue_declare(struct channel *ch, const struct method *m)
             list_push_back(&connection->exclusive_queues, &queue->owner_link);
         }
     }
+    remember_queue(ch, queue->name);
     if (!d->no_wait)
         send_declare_ok(ch, queue);
 }
@@ -327,13 +394,29 @@ static void queue_bind_unbind(struct channel *ch, const struct method *m)
                       "operation not permitted on the default exchange");
         return;
     }
-    struct queue *queue = existing_queue(ch, queue_name, m->id);
-    if (!queue)
+    if (!channel__resolve_queue_name(ch, &queue_name, m->id))
         return;
+    struct queue *queue = vhost_queue(ch->vhost, queue_name);
+    if (!queue) {
+        channel__fail(ch, REPLY_NOT_FOUND, m->id, "no queue '%.*s' " VHOST_FMT,
+                      NAME_ARG(queue_name), VHOST_ARG(ch));
+        return;
+    }
     struct exchange *exchange = existing_exchange(ch, exchange_name, m->id);
     if (!exchange)
         return;
     struct bytes arg_bytes = {args.ptr, args.len};
+    /* RabbitMQ checks the exclusive lock on unbind only when the binding
+     * exists; unbinding nothing succeeds for anyone. */
+    if (!bind && !exchange_has_binding(exchange, &queue->as_dest, key, arg_bytes)) {
+        struct method ok = {.id = METHOD_QUEUE_UNBIND_OK};
+        channel__send(ch, &ok);
+        return;
+    }
+    if (channel__queue_locked(ch, queue, m->id))
+        return;
+    if (bind && !bind_arguments_valid(ch, exchange, args, m->id))
+        return;
     if (bind) {
         exchange_bind(exchange, &queue->as_dest, key, arg_bytes);
         if (!m->queue_bind.no_wait) {
@@ -364,19 +447,22 @@ static void queue_purge_method(struct channel *ch, const struct method *m)
 static void queue_delete_method(struct channel *ch, const struct method *m)
 {
     const struct method_queue_delete *d = &m->queue_delete;
-    struct queue *queue = vhost_queue(ch->vhost, d->queue);
+    struct bytes name = d->queue;
+    if (!channel__resolve_queue_name(ch, &name, m->id))
+        return;
+    struct queue *queue = vhost_queue(ch->vhost, name);
     uint32_t count = 0;
     if (queue) {
-        if (queue_locked(ch, queue, m->id))
+        if (channel__queue_locked(ch, queue, m->id))
             return;
         if (d->if_unused && queue->consumers_count > 0) {
             channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
-                          "queue '%.*s' " VHOST_FMT " in use", NAME_ARG(d->queue), VHOST_ARG(ch));
+                          "queue '%.*s' " VHOST_FMT " in use", NAME_ARG(name), VHOST_ARG(ch));
             return;
         }
         if (d->if_empty && queue_ready_count(queue) > 0) {
             channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
-                          "queue '%.*s' " VHOST_FMT " not empty", NAME_ARG(d->queue),
+                          "queue '%.*s' " VHOST_FMT " not empty", NAME_ARG(name),
                           VHOST_ARG(ch));
             return;
         }
@@ -402,7 +488,6 @@ void channel__handle_queue(struct channel *ch, const struct method *m)
     case METHOD_QUEUE_DELETE:
         return queue_delete_method(ch, m);
     default:
-        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unexpected %s",
-                                 method_name(m->id));
+        channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unimplemented method");
     }
 }

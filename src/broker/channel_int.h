@@ -33,6 +33,7 @@ struct delivery {
     struct message *message;   /* one reference */
     struct queue *queue;       /* one reference */
     struct consumer *consumer; /* borrowed; NULL for basic.get or once cancelled */
+    uint64_t seq;              /* the queue's publish order, for requeue */
     bool live;                 /* false once settled (a hole in the ring) */
 };
 
@@ -89,6 +90,10 @@ struct channel {
     struct delivery_ring deliveries;
     uint32_t unacked_count;
 
+    uint8_t *last_queue;              /* owned, 256 bytes: the last queue declared here */
+    uint8_t last_queue_size;
+    bool has_last_queue;
+
     struct list_node tx_ops;          /* struct tx_op, in arrival order */
     struct list_node confirm_link;    /* in the flush list when acks are owed */
 };
@@ -116,6 +121,12 @@ void channel__requeue_all(struct channel *ch);
 void channel__drop_tx(struct channel *ch);
 
 /* channel_declare.c */
+/* An empty queue name means the last queue declared on the channel. Fails
+ * the channel with 404 and returns false when there is none. */
+bool channel__resolve_queue_name(struct channel *ch, struct bytes *name, uint32_t method_id);
+/* Fails the channel with 405 if the queue is exclusive to another
+ * connection; returns true if it did. */
+bool channel__queue_locked(struct channel *ch, struct queue *queue, uint32_t method_id);
 void channel__handle_exchange(struct channel *ch, const struct method *m);
 void channel__handle_queue(struct channel *ch, const struct method *m);
 

@@ -107,6 +107,30 @@ static void send_close(struct connection *connection, uint16_t code, uint32_t me
 
 /* ---- teardown ------------------------------------------------------- */
 
+static void silent_close(struct connection *connection)
+{
+    connection->state = CONNECTION_STATE_CLOSED;
+    conn_close(&connection->conn);
+}
+
+/* RabbitMQ's names for the connection states, used in its reply texts. */
+static const char *state_name(enum connection_state state)
+{
+    switch (state) {
+    case CONNECTION_STATE_HEADER:
+    case CONNECTION_STATE_START_OK:
+        return "starting";
+    case CONNECTION_STATE_TUNE_OK:
+        return "tuning";
+    case CONNECTION_STATE_OPEN_WAIT:
+        return "opening";
+    case CONNECTION_STATE_OPEN:
+        return "running";
+    default:
+        return "closing";
+    }
+}
+
 /* Releases every channel and exclusive queue. Idempotent. */
 static void release_everything(struct connection *connection)
 {
@@ -281,13 +305,16 @@ static void handle_start_ok(struct connection *connection, const struct method *
     } else if (bytes_equal_cstr(ok->mechanism, "AMQPLAIN")) {
         parsed = auth_parse_amqplain(ok->response, &user, &password);
     } else {
-        connection_fail(connection, REPLY_ACCESS_REFUSED, m->id,
-                        "unsupported authentication mechanism '%.*s'",
-                        (int)ok->mechanism.len, (const char *)ok->mechanism.ptr);
+        /* RabbitMQ drops the socket without a close for a mechanism it
+         * did not offer. */
+        LOG_INFO("conn=%llu peer=%s unsupported mechanism '%.*s'",
+                 (unsigned long long)connection->conn.id, connection->conn.peer_name,
+                 (int)ok->mechanism.len, (const char *)ok->mechanism.ptr);
+        silent_close(connection);
         return;
     }
     if (parsed != 0) {
-        connection_fail(connection, REPLY_ACCESS_REFUSED, m->id,
+        connection_fail(connection, REPLY_ACCESS_REFUSED, 0,
                         "malformed %.*s response", (int)ok->mechanism.len,
                         (const char *)ok->mechanism.ptr);
         return;
@@ -295,7 +322,7 @@ static void handle_start_ok(struct connection *connection, const struct method *
     connection->user = auth_check(&connection->broker->auth, user, password,
                                   connection->conn.peer_loopback);
     if (!connection->user) {
-        connection_fail(connection, REPLY_ACCESS_REFUSED, m->id,
+        connection_fail(connection, REPLY_ACCESS_REFUSED, 0,
                         "Login was refused using authentication mechanism %.*s. For details "
                         "see the broker logfile.",
                         (int)ok->mechanism.len, (const char *)ok->mechanism.ptr);
@@ -310,30 +337,26 @@ static void handle_start_ok(struct connection *connection, const struct method *
     connection->state = CONNECTION_STATE_TUNE_OK;
 }
 
-/* Negotiation: 0 from the client means "no limit", so the server's value
- * stands; otherwise the lower of the two (heartbeat: the client's choice,
- * RabbitMQ takes the client's non-zero value or ours when it says 0). */
+/* Negotiation: the client's values must lie within what we offered; 0
+ * ("no limit") is above any limit we offer, so RabbitMQ refuses it too.
+ * The heartbeat is the client's choice (0 turns it off). */
 static void handle_tune_ok(struct connection *connection, const struct method *m)
 {
     const struct method_connection_tune_ok *ok = &m->connection_tune_ok;
     const struct broker_limits *limits = &connection->broker->config.limits;
-    if (ok->frame_max != 0 && ok->frame_max < FRAME_MIN_SIZE) {
-        connection_fail(connection, REPLY_NOT_ALLOWED, m->id,
-                        "frame_max=%u < %u min size", ok->frame_max, FRAME_MIN_SIZE);
+    /* Out-of-range values end the connection without a close, as in
+     * RabbitMQ: the client has not finished tuning, so it could not
+     * read a close frame sized by the values it just got wrong. */
+    if (ok->frame_max < FRAME_MIN_SIZE || ok->frame_max > limits->frame_max ||
+        ok->channel_max == 0 || ok->channel_max > limits->channel_max) {
+        LOG_INFO("conn=%llu peer=%s tune-ok out of range: frame_max=%u channel_max=%u",
+                 (unsigned long long)connection->conn.id, connection->conn.peer_name,
+                 ok->frame_max, ok->channel_max);
+        silent_close(connection);
         return;
     }
-    if (ok->frame_max > limits->frame_max) {
-        connection_fail(connection, REPLY_NOT_ALLOWED, m->id,
-                        "frame_max=%u > %u max size", ok->frame_max, limits->frame_max);
-        return;
-    }
-    if (ok->channel_max > limits->channel_max) {
-        connection_fail(connection, REPLY_NOT_ALLOWED, m->id,
-                        "channel_max=%u > %u max", ok->channel_max, limits->channel_max);
-        return;
-    }
-    connection->frame_max = ok->frame_max ? ok->frame_max : limits->frame_max;
-    connection->channel_max = ok->channel_max ? ok->channel_max : limits->channel_max;
+    connection->frame_max = ok->frame_max;
+    connection->channel_max = ok->channel_max;
     connection->heartbeat_s = ok->heartbeat;
     connection->reader.frame_max = connection->frame_max;
     connection->state = CONNECTION_STATE_OPEN_WAIT;
@@ -343,7 +366,12 @@ static void handle_open(struct connection *connection, const struct method *m)
 {
     struct bytes name = m->connection_open.virtual_host;
     struct vhost *vhost = broker_vhost(connection->broker, name);
-    if (!vhost || !auth_user_may_open(connection->user, name)) {
+    if (!vhost) {
+        connection_fail(connection, REPLY_NOT_ALLOWED, m->id, "vhost %.*s not found",
+                        (int)name.len, (const char *)name.ptr);
+        return;
+    }
+    if (!auth_user_may_open(connection->user, name)) {
         connection_fail(connection, REPLY_NOT_ALLOWED, m->id,
                         "access to vhost '%.*s' refused for user '%s'", (int)name.len,
                         (const char *)name.ptr, connection->user->name);
@@ -357,6 +385,92 @@ static void handle_open(struct connection *connection, const struct method *m)
     LOG_DEBUG("conn=%llu peer=%s user=%s vhost=%.*s open", (unsigned long long)connection->conn.id,
               connection->conn.peer_name, connection->user->name, (int)name.len,
               (const char *)name.ptr);
+}
+
+/* ---- frame errors --------------------------------------------------- */
+
+/* Formats bytes as Erlang prints a binary (<<"abc">> when printable, else
+ * <<0,1,2>>), because RabbitMQ's reply texts quote frames that way and
+ * clients' logs are compared with RabbitMQ's. Long inputs are cut. */
+size_t connection__format_binary(char *out, size_t cap, const uint8_t *p, size_t len)
+{
+    ASSERT(cap >= 16);
+    const size_t shown_max = 64;
+    bool printable = len > 0;
+    for (size_t i = 0; i < len && i < shown_max; i++) {
+        if (p[i] < 0x20 || p[i] > 0x7e || p[i] == '"' || p[i] == '\\')
+            printable = false;
+    }
+    size_t n = (size_t)snprintf(out, cap, "<<%s", printable ? "\"" : "");
+    for (size_t i = 0; i < len && i < shown_max && n + 8 < cap; i++) {
+        n += (size_t)(printable ? snprintf(out + n, cap - n, "%c", p[i])
+                                : snprintf(out + n, cap - n, i ? ",%u" : "%u", p[i]));
+    }
+    if (len > shown_max && n + 8 < cap)
+        n += (size_t)snprintf(out + n, cap - n, "...");
+    n += (size_t)snprintf(out + n, cap - n, "%s>>", printable ? "\"" : "");
+    return n < cap ? n : cap - 1;
+}
+
+/* frame_parse said E_FRAME: work out why from the raw bytes, and answer
+ * with RabbitMQ's code and wording (501 for a malformed frame, 505 for a
+ * heartbeat on a channel). */
+static void fail_bad_frame(struct connection *connection, const uint8_t *p, size_t len)
+{
+    char octets[320];
+    if (len < FRAME_HEADER_SIZE) {
+        connection_fail(connection, REPLY_FRAME_ERROR, 0, "malformed frame");
+        return;
+    }
+    uint8_t type = p[0];
+    uint16_t channel = (uint16_t)(p[1] << 8 | p[2]);
+    uint32_t size = (uint32_t)p[3] << 24 | (uint32_t)p[4] << 16 | (uint32_t)p[5] << 8 | p[6];
+    uint32_t payload_max = connection->reader.frame_max - FRAME_OVERHEAD;
+    if (size > payload_max) {
+        connection_fail(connection, REPLY_FRAME_ERROR, 0,
+                        "type %u, all octets = <<>>: {frame_too_large,%u,%u}", type, size,
+                        payload_max);
+        return;
+    }
+    size_t available = len - FRAME_HEADER_SIZE;
+    size_t shown = size < available ? size : available;
+    connection__format_binary(octets, sizeof octets, p + FRAME_HEADER_SIZE, shown);
+    if (type == FRAME_HEARTBEAT && channel != 0) {
+        connection_fail(connection, REPLY_UNEXPECTED_FRAME, 0, "type %u, all octets = %s", type,
+                        octets);
+        return;
+    }
+    if (type != FRAME_METHOD && type != FRAME_HEADER && type != FRAME_BODY &&
+        type != FRAME_HEARTBEAT) {
+        connection_fail(connection, REPLY_FRAME_ERROR, 0, "type %u, all octets = %s: unknown_frame",
+                        type, octets);
+        return;
+    }
+    if (type == FRAME_METHOD && size < 4) {
+        connection_fail(connection, REPLY_FRAME_ERROR, 0, "type %u, all octets = %s: unknown_frame",
+                        type, octets);
+        return;
+    }
+    uint8_t end = available > size ? p[FRAME_HEADER_SIZE + size] : 0;
+    connection_fail(connection, REPLY_FRAME_ERROR, 0,
+                    "type %u, all octets = %s: {invalid_frame_end_marker,%u}", type, octets, end);
+}
+
+/* method_decode failed: 540 for an unknown method, else RabbitMQ's 501
+ * "cannot decode" quoting the arguments. */
+void connection__fail_decode(struct connection *connection, const struct frame *frame, int rc)
+{
+    ASSERT(frame->size >= 4);
+    uint32_t method_id = (uint32_t)frame->payload[0] << 24 | (uint32_t)frame->payload[1] << 16 |
+                         (uint32_t)frame->payload[2] << 8 | frame->payload[3];
+    if (rc == E_UNKNOWN_METHOD) {
+        connection_fail(connection, REPLY_NOT_IMPLEMENTED, method_id, "unknown method %u.%u",
+                        METHOD_CLASS_ID(method_id), METHOD_METHOD_ID(method_id));
+        return;
+    }
+    char octets[320];
+    connection__format_binary(octets, sizeof octets, frame->payload + 4, frame->size - 4);
+    connection_fail(connection, REPLY_FRAME_ERROR, method_id, "cannot decode %s", octets);
 }
 
 /* ---- dispatch ------------------------------------------------------- */
@@ -386,11 +500,13 @@ static void handle_connection_method(struct connection *connection, const struct
             return handle_open(connection, m);
         break;
     case METHOD_CONNECTION_CLOSE: {
+        /* The client closes the socket after close-ok (RabbitMQ waits for
+         * it too); the tick closes it if the client never does. */
         struct method ok = {.id = METHOD_CONNECTION_CLOSE_OK};
         release_everything(connection);
         connection_send_method(connection, 0, &ok);
-        connection->state = CONNECTION_STATE_CLOSED;
-        conn_close_after_flush(&connection->conn);
+        connection->state = CONNECTION_STATE_CLOSING;
+        connection->closing_since_ms = uv_now(connection->conn.net->loop);
         return;
     }
     case METHOD_CONNECTION_CLOSE_OK:
@@ -411,8 +527,8 @@ static void handle_connection_method(struct connection *connection, const struct
     default:
         break;
     }
-    connection_fail(connection, REPLY_COMMAND_INVALID, m->id, "unexpected method %s on channel 0",
-                    method_name(m->id) ? method_name(m->id) : "?");
+    connection_fail(connection, REPLY_CHANNEL_ERROR, m->id,
+                    "unexpected method in connection state %s", state_name(state));
 }
 
 static void handle_frame(struct connection *connection, const struct frame *frame)
@@ -421,24 +537,22 @@ static void handle_frame(struct connection *connection, const struct frame *fram
         return;
     if (frame->channel == 0) {
         if (frame->type != FRAME_METHOD) {
-            connection_fail(connection, REPLY_UNEXPECTED_FRAME, 0,
-                            "expected method frame on channel 0, got frame type %u",
-                            frame->type);
+            char octets[320];
+            connection__format_binary(octets, sizeof octets, frame->payload, frame->size);
+            connection_fail(connection, REPLY_UNEXPECTED_FRAME, 0, "type %u, all octets = %s",
+                            frame->type, octets);
             return;
         }
         struct method m;
         int rc = method_decode(&m, frame->payload, frame->size);
-        if (rc == E_UNKNOWN_METHOD) {
-            connection_fail(connection, REPLY_NOT_IMPLEMENTED, 0, "unknown method");
-            return;
-        }
         if (rc != OK) {
-            connection_fail(connection, REPLY_SYNTAX_ERROR, 0, "malformed method arguments");
+            connection__fail_decode(connection, frame, rc);
             return;
         }
         if (METHOD_CLASS_ID(m.id) != CLASS_CONNECTION) {
-            connection_fail(connection, REPLY_COMMAND_INVALID, m.id,
-                            "method %s is not allowed on channel 0", method_name(m.id));
+            connection_fail(connection, REPLY_CHANNEL_ERROR, m.id,
+                            "unexpected method in connection state %s",
+                            state_name(connection->state));
             return;
         }
         handle_connection_method(connection, &m);
@@ -449,12 +563,6 @@ static void handle_frame(struct connection *connection, const struct frame *fram
     if (connection->state != CONNECTION_STATE_OPEN) {
         connection_fail(connection, REPLY_COMMAND_INVALID, 0,
                         "channel %u used before connection.open", frame->channel);
-        return;
-    }
-    if (frame->channel > connection->channel_max) {
-        connection_fail(connection, REPLY_CHANNEL_ERROR, 0,
-                        "channel %u exceeds channel_max %u", frame->channel,
-                        connection->channel_max);
         return;
     }
     struct channel *ch = frame->channel < connection->channels_cap
@@ -486,7 +594,7 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
             break;
         }
         if (n < 0) {
-            connection_fail(connection, REPLY_FRAME_ERROR, 0, "malformed frame");
+            fail_bad_frame(connection, data + used, size - used);
             /* Nothing after a bad frame can be trusted: drop the rest. */
             conn_pause_reading(conn);
             return (long)size;

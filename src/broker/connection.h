@@ -84,6 +84,11 @@ void connection_force_close(struct connection *connection, const char *reason);
 void connection_send_method(struct connection *connection, uint16_t channel,
                             const struct method *method);
 
+/* Erlang-style rendering of bytes for reply texts (<<"abc">>, <<0,1>>). */
+size_t connection__format_binary(char *out, size_t cap, const uint8_t *p, size_t len);
+/* A method frame did not decode: 540 or 501 as RabbitMQ answers. */
+void connection__fail_decode(struct connection *connection, const struct frame *frame, int rc);
+
 /* Called by channels once they are fully closed and freed. */
 void connection__channel_gone(struct connection *connection, uint16_t channel_id);
 

@@ -566,6 +566,12 @@ bool exchange_unbind(struct exchange *source, struct bind_dest *dest, struct byt
     return true;
 }
 
+bool exchange_has_binding(struct exchange *source, struct bind_dest *dest,
+                          struct bytes routing_key, struct bytes arguments)
+{
+    return binding_find(source, dest, routing_key, arguments) != NULL;
+}
+
 bool exchange_has_bindings(const struct exchange *exchange)
 {
     DEBUG_ASSERT(list_empty(&exchange->bindings) == (exchange->bindings_count == 0));

@@ -10,20 +10,16 @@
 
 #include "amqp/method_gen.h"
 #include "lib/assert.h"
-#include "lib/errors.h"
 
 uint64_t message_live_count;
 uint64_t message_live_bytes;
 
 struct message *message_new(struct bytes exchange, struct bytes routing_key,
                             const uint8_t *properties, uint32_t properties_size,
-                            uint64_t body_size)
+                            const struct basic_properties *props, uint64_t body_size)
 {
     ASSERT(exchange.len <= 255);
     ASSERT(routing_key.len <= 255);
-    struct basic_properties props;
-    if (basic_properties_decode(&props, properties, properties_size) != OK)
-        return NULL;
     size_t head = (size_t)exchange.len + routing_key.len + properties_size;
     struct message *m = malloc(sizeof *m + head + body_size);
     if (!m)
@@ -41,13 +37,13 @@ struct message *message_new(struct bytes exchange, struct bytes routing_key,
     uint8_t *props_copy = m->data + exchange.len + routing_key.len;
     memcpy(props_copy, properties, properties_size);
     m->body = props_copy + properties_size;
-    m->persistent = (props.flags & BASIC_FLAG_DELIVERY_MODE) && props.delivery_mode == 2;
-    m->priority = (props.flags & BASIC_FLAG_PRIORITY) ? props.priority : 0;
+    m->persistent = (props->flags & BASIC_FLAG_DELIVERY_MODE) && props->delivery_mode == 2;
+    m->priority = (props->flags & BASIC_FLAG_PRIORITY) ? props->priority : 0;
     m->headers = (struct table){NULL, 0};
-    if ((props.flags & BASIC_FLAG_HEADERS) && props.headers.len > 0) {
+    if ((props->flags & BASIC_FLAG_HEADERS) && props->headers.len > 0) {
         /* Re-point the headers slice at our own copy of the properties. */
-        m->headers.ptr = props_copy + (props.headers.ptr - properties);
-        m->headers.len = props.headers.len;
+        m->headers.ptr = props_copy + (props->headers.ptr - properties);
+        m->headers.len = props->headers.len;
     }
     message_live_count++;
     message_live_bytes += body_size;

@@ -36,11 +36,14 @@ struct message {
     uint8_t data[];
 };
 
+struct basic_properties;
+
 /* Allocates a message with room for body_size bytes of body, refs = 1.
- * Returns NULL if the properties do not decode (caller answers 502). */
+ * props are the decoded properties (basic_properties_decode of the same
+ * bytes); the message keeps its own copy of the encoded bytes. */
 struct message *message_new(struct bytes exchange, struct bytes routing_key,
                             const uint8_t *properties, uint32_t properties_size,
-                            uint64_t body_size);
+                            const struct basic_properties *props, uint64_t body_size);
 void message_ref(struct message *message);
 void message_unref(struct message *message);
 

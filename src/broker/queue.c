@@ -43,13 +43,25 @@ static void ring_push_back(struct queue_ring *ring, struct queue_entry entry)
     ring->count++;
 }
 
-static void ring_push_front(struct queue_ring *ring, struct queue_entry entry)
+static struct queue_entry *ring_slot(struct queue_ring *ring, uint32_t index)
 {
+    return &ring->entries[(ring->head + index) & (ring->cap - 1)];
+}
+
+/* Inserts by seq. Requeued messages are nearly always older than all
+ * ready ones, so the scan from the head stops after a few entries. */
+static void ring_insert_by_seq(struct queue_ring *ring, struct queue_entry entry)
+{
+    uint32_t index = 0;
+    while (index < ring->count && ring_slot(ring, index)->seq < entry.seq)
+        index++;
     if (ring->count == ring->cap)
         ring_grow(ring);
     ring->head = (ring->head - 1) & (ring->cap - 1);
-    ring->entries[ring->head] = entry;
     ring->count++;
+    for (uint32_t k = 0; k < index; k++)
+        *ring_slot(ring, k) = *ring_slot(ring, k + 1);
+    *ring_slot(ring, index) = entry;
 }
 
 static struct queue_entry ring_pop_front(struct queue_ring *ring)
@@ -114,12 +126,13 @@ void queue_publish(struct queue *queue, struct message *message)
 {
     ASSERT(!queue->deleted);
     message_ref(message);
-    ring_push_back(&queue->ready, (struct queue_entry){message, 0, 0});
+    ring_push_back(&queue->ready,
+                   (struct queue_entry){.message = message, .seq = queue->next_seq++});
     queue->ready_bytes += message->body_size;
     queue_dispatch(queue);
 }
 
-void queue_requeue(struct queue *queue, struct message *message)
+void queue_requeue(struct queue *queue, struct message *message, uint64_t seq)
 {
     ASSERT(queue->unacked_count > 0);
     queue->unacked_count--;
@@ -127,7 +140,8 @@ void queue_requeue(struct queue *queue, struct message *message)
         message_unref(message);
         return;
     }
-    ring_push_front(&queue->ready, (struct queue_entry){message, 1, 0});
+    ring_insert_by_seq(&queue->ready,
+                       (struct queue_entry){.message = message, .seq = seq, .redelivered = 1});
     queue->ready_bytes += message->body_size;
 }
 

@@ -32,9 +32,10 @@ struct vhost;
 
 struct queue_entry {
     struct message *message;      /* holds one reference */
-    uint32_t redelivered;         /* delivered before (and not acked) */
-    uint32_t reserved;
+    uint64_t seq : 63;            /* publish order in this queue */
+    uint64_t redelivered : 1;     /* delivered before (and not acked) */
 };
+_Static_assert(sizeof(struct queue_entry) == 16, "queue entries stay two words");
 
 struct queue_ring {
     struct queue_entry *entries;  /* owned, cap entries */
@@ -87,6 +88,7 @@ struct queue {
     uint32_t consumers_count;
     uint32_t exclusive_consumers;     /* 0 or 1 */
     uint32_t refs;                    /* the vhost's table + deliveries + consumers */
+    uint64_t next_seq;
     struct list_node owner_link;      /* in the exclusive owner's list */
 };
 
@@ -97,8 +99,10 @@ void queue_unref(struct queue *queue);
 
 /* Enqueue a routed message (takes a new reference) and dispatch. */
 void queue_publish(struct queue *queue, struct message *message);
-/* Put a delivered, unsettled message back at the head, redelivered. */
-void queue_requeue(struct queue *queue, struct message *message);
+/* Put a delivered, unsettled message back where it was (by its seq, as
+ * RabbitMQ does), marked redelivered. Takes the message reference. Does
+ * not dispatch: callers requeue a batch, then dispatch once. */
+void queue_requeue(struct queue *queue, struct message *message, uint64_t seq);
 /* A delivered message is settled (acked, or rejected without requeue). */
 void queue_settle(struct queue *queue);
 /* Takes the head for basic.get; returns false if empty. */
