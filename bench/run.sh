@@ -1,0 +1,458 @@
+#!/usr/bin/env bash
+# bench/run.sh -- quay against RabbitMQ, side by side, on this machine.
+#
+# Builds bench/quaybench and bench/quayscale into $BENCH_OUT (default build/bench), starts a
+# private RabbitMQ node by hand (own node name, ports, epmd and directories under a temp dir;
+# never systemd) and quayd, runs every selected row interleaved (RabbitMQ, quay, RabbitMQ,
+# quay, ... REPS times), prints medians and quay/RabbitMQ ratios, and stops what it started.
+# See bench/README.md.
+#
+# Usage: bench/run.sh [--quayd PATH] [--rows LIST] [--reps N] [--duration S] [--no-quay] [--no-rabbitmq]
+# Environment (same meaning as the options, options win):
+#   QUAYD=build/quayd  ROWS=default  REPS=3  DURATION=10
+#   SCALE_QUEUES=50000 SCALE_CONNS=5000 SCALE_REPS=1 IDLE_SETTLE=5
+#   RMQ_PORT=5791 QUAY_PORT=5792 BENCH_EPMD_PORT=25891 (RabbitMQ distribution: +1, rabbitmqctl: +2..+9)
+#   RMQ_HOME=/usr/lib/rabbitmq/lib/rabbitmq_server-*  BENCH_OUT=build/bench  KEEP_TMP=0
+# ROWS: space/comma separated names, or "default", "all", "throughput", "scale":
+#   1k 16b 64k confirm confirm-ack10 4x4 latency   (default throughput rows)
+#   persistent latency-persistent                  (extra rows, in "all")
+#   idle queues conns                              (scale rows)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+QUAYD=${QUAYD:-build/quayd}
+ROWS=${ROWS:-default}
+REPS=${REPS:-3}
+DURATION=${DURATION:-10}
+SCALE_QUEUES=${SCALE_QUEUES:-50000}
+SCALE_CONNS=${SCALE_CONNS:-5000}
+SCALE_REPS=${SCALE_REPS:-1}
+IDLE_SETTLE=${IDLE_SETTLE:-5}
+RMQ_PORT=${RMQ_PORT:-5791}
+QUAY_PORT=${QUAY_PORT:-5792}
+BENCH_EPMD_PORT=${BENCH_EPMD_PORT:-25891}
+BENCH_OUT=${BENCH_OUT:-build/bench}
+KEEP_TMP=${KEEP_TMP:-0}
+USE_QUAY=1
+USE_RMQ=1
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quayd) QUAYD=$2; shift 2 ;;
+    --rows) ROWS=$2; shift 2 ;;
+    --reps) REPS=$2; shift 2 ;;
+    --duration) DURATION=$2; shift 2 ;;
+    --no-quay) USE_QUAY=0; shift ;;
+    --no-rabbitmq) USE_RMQ=0; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+if [ -z "${RMQ_HOME:-}" ]; then
+  RMQ_HOME=$(ls -d /usr/lib/rabbitmq/lib/rabbitmq_server-* 2>/dev/null | sort -V | tail -1 || true)
+fi
+
+DEFAULT_ROWS="1k 16b 64k confirm confirm-ack10 4x4 latency idle queues conns"
+THROUGHPUT_ROWS="1k 16b 64k confirm confirm-ack10 4x4 latency persistent latency-persistent"
+SCALE_ROWS="idle queues conns"
+case "$ROWS" in
+  default) ROWS=$DEFAULT_ROWS ;;
+  all) ROWS="$THROUGHPUT_ROWS $SCALE_ROWS" ;;
+  throughput) ROWS="1k 16b 64k confirm confirm-ack10 4x4 latency" ;;
+  scale) ROWS=$SCALE_ROWS ;;
+esac
+ROWS=${ROWS//,/ }
+
+# ------------------------------------------------------------------------------ rows
+row_args() {
+  case "$1" in
+    1k)                 echo "-s 1024 --auto-ack" ;;
+    16b)                echo "-s 16 --auto-ack" ;;
+    64k)                echo "-s 65536 --auto-ack" ;;
+    confirm)            echo "-s 1024 --confirm -w 1000 --prefetch 100" ;;
+    confirm-ack10)      echo "-s 1024 --confirm -w 1000 --prefetch 100 --multi-ack 10" ;;
+    4x4)                echo "-s 1024 -P 4 -C 4 --queues 4 --auto-ack" ;;
+    latency)            echo "-s 1024 --rate 1000 --confirm -w 1000 --prefetch 100" ;;
+    persistent)         echo "-s 1024 --confirm -w 1000 --prefetch 100 --persistent --durable" ;;
+    latency-persistent) echo "-s 1024 --rate 1000 --confirm -w 1000 --prefetch 100 --persistent --durable" ;;
+    *) return 1 ;;
+  esac
+}
+row_desc() {
+  case "$1" in
+    1k)                 echo "1 KiB, auto-ack, 1 producer / 1 consumer" ;;
+    16b)                echo "16 B, auto-ack" ;;
+    64k)                echo "64 KiB, auto-ack" ;;
+    confirm)            echo "1 KiB, confirms (window 1000), manual single acks, prefetch 100" ;;
+    confirm-ack10)      echo "1 KiB, confirms (window 1000), acks every 10 (multiple), prefetch 100" ;;
+    4x4)                echo "1 KiB, 4 producers / 4 consumers on 4 queues, auto-ack" ;;
+    latency)            echo "latency at a fixed 1000 msg/s, 1 KiB, confirms, manual acks, prefetch 100" ;;
+    persistent)         echo "1 KiB persistent to a durable queue, confirms, manual acks, prefetch 100" ;;
+    latency-persistent) echo "latency at 1000 msg/s, persistent + durable, confirms, manual acks" ;;
+    idle)               echo "idle broker: RSS after start (+${IDLE_SETTLE}s), time until the AMQP port opens" ;;
+    queues)             echo "$SCALE_QUEUES classic queues, one amq.direct binding each: declares/s, RSS per queue" ;;
+    conns)              echo "$SCALE_CONNS idle connections with one channel each: RSS per connection" ;;
+  esac
+}
+for r in $ROWS; do
+  case "$r" in idle|queues|conns) ;; *) row_args "$r" >/dev/null || { echo "run.sh: unknown row '$r'" >&2; exit 2; } ;; esac
+done
+
+# ------------------------------------------------------------------------------ build
+mkdir -p "$BENCH_OUT"
+CC=${CC:-cc}
+BENCH_CFLAGS="-O2 -g -std=c17 -Wall -Wextra"
+RMQC_FLAGS=$(pkg-config --cflags --libs librabbitmq 2>/dev/null || echo "-lrabbitmq")
+for t in quaybench quayscale; do
+  # shellcheck disable=SC2086
+  $CC $BENCH_CFLAGS "bench/$t.c" -o "$BENCH_OUT/$t" $RMQC_FLAGS -lpthread
+done
+QB=$BENCH_OUT/quaybench
+QS=$BENCH_OUT/quayscale
+
+# ------------------------------------------------------------------------------ state, cleanup
+TMP=$(mktemp -d /tmp/quaybench.XXXXXX)
+RESULTS=$BENCH_OUT/results-$(date +%Y%m%d-%H%M%S).txt
+: > "$RESULTS"
+RMQ_NODE=quaybench@localhost
+RMQ_DIR=$TMP/rabbitmq
+EPMD_PID="" RMQ_WRAPPER="" RMQ_PID="" RMQ_UP=0 RMQ_STARTUP_S="" RMQ_IDLE_KIB=""
+QUAY_PID="" QUAY_UP=0 QUAY_STARTUP_S="" QUAY_IDLE_KIB="" QUAY_WHY=""
+declare -A MED  # MED[row.broker.field] = median
+
+log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+
+port_listening() { [ -n "$(ss -ltnH "sport = :$1" 2>/dev/null)" ]; }
+
+rmq_env() {
+  export HOME=$RMQ_DIR/home
+  export RABBITMQ_CONF_ENV_FILE=/nonexistent
+  export RABBITMQ_NODENAME=$RMQ_NODE
+  export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+  export RABBITMQ_NODE_PORT=$RMQ_PORT
+  export RABBITMQ_DIST_PORT=$((BENCH_EPMD_PORT + 1))
+  export RABBITMQ_CTL_DIST_PORT_MIN=$((BENCH_EPMD_PORT + 2))
+  export RABBITMQ_CTL_DIST_PORT_MAX=$((BENCH_EPMD_PORT + 9))
+  export RABBITMQ_MNESIA_BASE=$RMQ_DIR/mnesia
+  export RABBITMQ_LOG_BASE=$RMQ_DIR/log
+  export RABBITMQ_CONFIG_FILE=$RMQ_DIR/rabbitmq
+  export RABBITMQ_ADVANCED_CONFIG_FILE=$RMQ_DIR/advanced.config
+  export RABBITMQ_ENABLED_PLUGINS_FILE=$RMQ_DIR/enabled_plugins
+  export RABBITMQ_PLUGINS_EXPAND_DIR=$RMQ_DIR/plugins-expand
+  export RABBITMQ_FEATURE_FLAGS_FILE=$RMQ_DIR/feature_flags
+  export RABBITMQ_PID_FILE=$RMQ_DIR/beam.pid
+  export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+  export ERL_EPMD_PORT=$BENCH_EPMD_PORT
+  export ERL_EPMD_ADDRESS=127.0.0.1
+}
+rmqctl() { ( rmq_env; "$RMQ_HOME/sbin/rabbitmqctl" -n "$RMQ_NODE" "$@" ); }
+
+rmq_start() {
+  RMQ_UP=0
+  [ "$USE_RMQ" = 1 ] || return 0
+  if [ -z "$RMQ_HOME" ] || [ ! -x "$RMQ_HOME/sbin/rabbitmq-server" ]; then log "RabbitMQ not found (RMQ_HOME)"; return 0; fi
+  for p in "$RMQ_PORT" "$BENCH_EPMD_PORT" "$((BENCH_EPMD_PORT + 1))"; do
+    if port_listening "$p"; then log "port $p is busy: set RMQ_PORT / BENCH_EPMD_PORT"; return 0; fi
+  done
+  mkdir -p "$RMQ_DIR/home" "$RMQ_DIR/mnesia" "$RMQ_DIR/log"
+  rm -rf "$RMQ_DIR/mnesia"/* "$RMQ_DIR/beam.pid"
+  cat > "$RMQ_DIR/rabbitmq.conf" <<EOF
+listeners.tcp.default = 127.0.0.1:$RMQ_PORT
+log.file.level = warning
+log.console = false
+EOF
+  echo '[].' > "$RMQ_DIR/enabled_plugins"
+  echo '[].' > "$RMQ_DIR/advanced.config"
+  # our own epmd, in the foreground of a background job so we know its pid
+  epmd -address 127.0.0.1 -port "$BENCH_EPMD_PORT" >"$RMQ_DIR/log/epmd.log" 2>&1 &
+  EPMD_PID=$!
+  for _ in $(seq 50); do port_listening "$BENCH_EPMD_PORT" && break; sleep 0.1; done
+  local t0; t0=$(date +%s.%N)
+  ( rmq_env; exec setsid "$RMQ_HOME/sbin/rabbitmq-server" >"$RMQ_DIR/log/stdout.log" 2>&1 </dev/null ) &
+  RMQ_WRAPPER=$!
+  for _ in $(seq 1200); do   # up to 120 s
+    if port_listening "$RMQ_PORT"; then break; fi
+    kill -0 "$RMQ_WRAPPER" 2>/dev/null || break
+    sleep 0.1
+  done
+  if ! port_listening "$RMQ_PORT"; then
+    log "RabbitMQ did not start; see $RMQ_DIR/log"; tail -5 "$RMQ_DIR/log/stdout.log" >&2 || true
+    rmq_stop; return 0
+  fi
+  RMQ_STARTUP_S=$(echo "$(date +%s.%N) - $t0" | bc)
+  rmqctl -q await_startup --timeout 60 >/dev/null 2>&1 || rmqctl -q wait --timeout 60 "$RMQ_DIR/beam.pid" >/dev/null 2>&1 || true
+  RMQ_PID=$(cat "$RMQ_DIR/beam.pid" 2>/dev/null || true)
+  if [ -z "$RMQ_PID" ] || ! kill -0 "$RMQ_PID" 2>/dev/null; then
+    RMQ_PID=$(ss -ltnpH "sport = :$RMQ_PORT" | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -1)
+  fi
+  RMQ_UP=1
+  log "RabbitMQ up on 127.0.0.1:$RMQ_PORT (beam pid $RMQ_PID, port open after ${RMQ_STARTUP_S}s)"
+}
+
+rmq_stop() {
+  if [ -n "$RMQ_PID" ] && kill -0 "$RMQ_PID" 2>/dev/null; then
+    ( rmq_env; timeout 60 "$RMQ_HOME/sbin/rabbitmqctl" -n "$RMQ_NODE" -q stop ) >/dev/null 2>&1 || true
+    for _ in $(seq 100); do kill -0 "$RMQ_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$RMQ_PID" 2>/dev/null || true
+  fi
+  if [ -n "$RMQ_WRAPPER" ]; then
+    kill "$RMQ_WRAPPER" 2>/dev/null || true; wait "$RMQ_WRAPPER" 2>/dev/null || true
+  fi
+  if [ -n "$EPMD_PID" ]; then
+    kill "$EPMD_PID" 2>/dev/null || true; wait "$EPMD_PID" 2>/dev/null || true
+  fi
+  RMQ_PID="" RMQ_WRAPPER="" EPMD_PID="" RMQ_UP=0
+}
+
+quay_start() {
+  QUAY_UP=0
+  [ "$USE_QUAY" = 1 ] || { QUAY_WHY="disabled"; return 0; }
+  if [ ! -x "$QUAYD" ]; then QUAY_WHY="$QUAYD not built"; log "quay: n/a ($QUAY_WHY)"; return 0; fi
+  if port_listening "$QUAY_PORT"; then QUAY_WHY="port $QUAY_PORT busy"; log "quay: n/a ($QUAY_WHY)"; return 0; fi
+  rm -rf "$TMP/quay-data"; mkdir -p "$TMP/quay-data"
+  local t0; t0=$(date +%s.%N)
+  "$QUAYD" --listen "127.0.0.1:$QUAY_PORT" --data "$TMP/quay-data" >>"$TMP/quayd.log" 2>&1 &
+  QUAY_PID=$!
+  for _ in $(seq 300); do   # up to 30 s
+    port_listening "$QUAY_PORT" && break
+    kill -0 "$QUAY_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if ! kill -0 "$QUAY_PID" 2>/dev/null || ! port_listening "$QUAY_PORT"; then
+    QUAY_WHY="quayd failed to start (log: $TMP/quayd.log)"
+    log "quay: n/a ($QUAY_WHY)"; tail -5 "$TMP/quayd.log" >&2 || true
+    quay_stop; KEEP_TMP=1; return 0
+  fi
+  QUAY_STARTUP_S=$(echo "$(date +%s.%N) - $t0" | bc)
+  QUAY_UP=1
+  log "quayd up on 127.0.0.1:$QUAY_PORT (pid $QUAY_PID, port open after ${QUAY_STARTUP_S}s)"
+}
+
+quay_stop() {
+  if [ -n "$QUAY_PID" ]; then
+    kill -TERM "$QUAY_PID" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$QUAY_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$QUAY_PID" 2>/dev/null || true
+    wait "$QUAY_PID" 2>/dev/null || true
+  fi
+  QUAY_PID="" QUAY_UP=0
+}
+
+cleanup() {
+  trap - EXIT INT TERM
+  quay_stop
+  rmq_stop
+  if [ "$KEEP_TMP" = 1 ]; then log "kept $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+broker_up() { # $1 = rabbitmq|quay
+  if [ "$1" = rabbitmq ]; then
+    [ "$RMQ_UP" = 1 ] && kill -0 "$RMQ_PID" 2>/dev/null
+  else
+    if [ "$QUAY_UP" = 1 ] && ! kill -0 "$QUAY_PID" 2>/dev/null; then
+      QUAY_UP=0; QUAY_WHY="quayd died (log: $TMP/quayd.log)"; KEEP_TMP=1; log "quay: $QUAY_WHY"
+    fi
+    [ "$QUAY_UP" = 1 ]
+  fi
+}
+broker_port() { if [ "$1" = rabbitmq ]; then echo "$RMQ_PORT"; else echo "$QUAY_PORT"; fi; }
+broker_pid() { if [ "$1" = rabbitmq ]; then echo "$RMQ_PID"; else echo "$QUAY_PID"; fi; }
+
+start_brokers() { rmq_start; quay_start; }
+restart_brokers() { quay_stop; rmq_stop; start_brokers; }
+
+# ------------------------------------------------------------------------------ numbers
+field() { # $1 = RESULT line, $2 = key
+  sed -n "s/.*[ ]$2=\([^ ]*\).*/\1/p" <<<" $1" | head -1
+}
+col() { # values of key $1 from RESULT lines on stdin, skipping failed runs
+  awk -v k="$1" '/status=error/ {next} { for (i = 1; i <= NF; i++) { n = index($i, "="); if (n && substr($i, 1, n - 1) == k) print substr($i, n + 1) } }'
+}
+median() { # values on stdin, one per line -> median ("" if none)
+  sort -g | awk '{v[NR]=$1} END{ if (NR==0) exit; if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2 }'
+}
+fmt() { # $1 value, $2 printf format; "n/a" for empty / negative
+  if [ -z "${1:-}" ] || awk -v v="$1" 'BEGIN{exit !(v<0)}'; then echo "n/a"; else printf "$2" "$1"; fi
+}
+ratio() { # quay / rabbitmq
+  if [ -z "${1:-}" ] || [ -z "${2:-}" ]; then echo "n/a"; return; fi
+  awk -v q="$1" -v r="$2" 'BEGIN{ if (q<0 || r<=0) print "n/a"; else printf "%.2f", q/r }'
+}
+
+# ------------------------------------------------------------------------------ throughput rows
+run_tp_row() {
+  local row=$1 args; args=$(row_args "$row")
+  log "row $row: $(row_desc "$row")"
+  local b rep out rc line
+  declare -A lines=()
+  for rep in $(seq "$REPS"); do
+    for b in rabbitmq quay; do
+      broker_up "$b" || continue
+      out=$TMP/out.$row.$b.$rep
+      rc=0
+      # shellcheck disable=SC2086
+      "$QB" -p "$(broker_port "$b")" --watch-pid "$(broker_pid "$b")" -d "$DURATION" --prefix "qb-$row" $args \
+        >"$out" 2>"$out.err" || rc=$?
+      line=$(grep '^RESULT ' "$out" | tail -1 || true)
+      [ -n "$line" ] || line="RESULT status=error error=no_output"
+      echo "row=$row broker=$b rep=$rep rc=$rc $line" >>"$RESULTS"
+      log "  $b rep $rep: $(field "$line" cons_rate) msg/s p50 $(field "$line" lat_p50_us)us p99 $(field "$line" lat_p99_us)us" \
+          "cpu $(field "$line" srv_cpu_us_per_msg)us/msg (broker $(field "$line" srv_cpu_pct)%, client $(field "$line" client_cpu_pct)%) rc=$rc $( [ "$rc" = 0 ] || head -c 300 "$out.err")"
+      lines[$b]+="$line"$'\n'
+    done
+  done
+  echo
+  echo "== $row: $(row_desc "$row")"
+  echo "   quaybench $args -d $DURATION  (median of $REPS)"
+  printf "   %-14s %10s %9s %9s %11s %9s %9s  %s\n" broker "msg/s" "p50 us" "p99 us" "cpu us/msg" "RSS MiB" "client %" checks
+  for b in rabbitmq quay; do
+    local L=${lines[$b]:-} f
+    if [ -z "$L" ]; then
+      if [ "$b" = quay ]; then printf "   %-14s %10s   (%s)\n" quay n/a "${QUAY_WHY:-not running}"; else printf "   %-14s %10s\n" rabbitmq n/a; fi
+      continue
+    fi
+    for f in cons_rate pub_rate lat_p50_us lat_p99_us srv_cpu_us_per_msg srv_rss_kib client_cpu_pct; do
+      MED[$row.$b.$f]=$(col "$f" <<<"$L" | median)
+    done
+    local nerr nfail checks="ok"
+    nerr=$(grep -c 'status=error' <<<"$L" || true)
+    nfail=$(grep -c 'status=fail' <<<"$L" || true)
+    if [ "$nerr" != 0 ] || [ "$nfail" != 0 ]; then
+      checks="FAIL: $nerr error(s), $nfail check failure(s) (see $RESULTS)"
+    fi
+    MED[$row.$b.checks]=$checks
+    printf "   %-14s %10s %9s %9s %11s %9s %9s  %s\n" "$b" \
+      "$(fmt "${MED[$row.$b.cons_rate]}" %.0f)" "$(fmt "${MED[$row.$b.lat_p50_us]}" %.0f)" \
+      "$(fmt "${MED[$row.$b.lat_p99_us]}" %.0f)" "$(fmt "${MED[$row.$b.srv_cpu_us_per_msg]}" %.1f)" \
+      "$(fmt "$(awk -v k="${MED[$row.$b.srv_rss_kib]}" 'BEGIN{ if (k=="") print ""; else print k/1024 }')" %.0f)" \
+      "$(fmt "${MED[$row.$b.client_cpu_pct]}" %.0f)" "$checks"
+  done
+  printf "   %-14s %10s %9s %9s %11s %9s\n" "quay/rabbitmq" \
+    "$(ratio "${MED[$row.quay.cons_rate]:-}" "${MED[$row.rabbitmq.cons_rate]:-}")" \
+    "$(ratio "${MED[$row.quay.lat_p50_us]:-}" "${MED[$row.rabbitmq.lat_p50_us]:-}")" \
+    "$(ratio "${MED[$row.quay.lat_p99_us]:-}" "${MED[$row.rabbitmq.lat_p99_us]:-}")" \
+    "$(ratio "${MED[$row.quay.srv_cpu_us_per_msg]:-}" "${MED[$row.rabbitmq.srv_cpu_us_per_msg]:-}")" \
+    "$(ratio "${MED[$row.quay.srv_rss_kib]:-}" "${MED[$row.rabbitmq.srv_rss_kib]:-}")"
+}
+
+# ------------------------------------------------------------------------------ scale rows
+idle_measure() { # right after (re)start: RSS after IDLE_SETTLE seconds
+  sleep "$IDLE_SETTLE"
+  if broker_up rabbitmq; then RMQ_IDLE_KIB=$(awk '/^VmRSS/{print $2}' "/proc/$RMQ_PID/status"); fi
+  if broker_up quay; then QUAY_IDLE_KIB=$(awk '/^VmRSS/{print $2}' "/proc/$QUAY_PID/status"); fi
+}
+
+print_idle() {
+  echo
+  echo "== idle: $(row_desc idle)"
+  printf "   %-14s %10s %14s\n" broker "RSS MiB" "port open s"
+  printf "   %-14s %10s %14s\n" rabbitmq "$(fmt "$(awk -v k="${RMQ_IDLE_KIB:-}" 'BEGIN{if(k!="")print k/1024}')" %.1f)" "$(fmt "${RMQ_STARTUP_S:-}" %.2f)"
+  if [ -n "${QUAY_IDLE_KIB:-}" ]; then
+    printf "   %-14s %10s %14s\n" quay "$(fmt "$(awk -v k="$QUAY_IDLE_KIB" 'BEGIN{print k/1024}')" %.1f)" "$(fmt "${QUAY_STARTUP_S:-}" %.2f)"
+  else
+    printf "   %-14s %10s   (%s)\n" quay n/a "${QUAY_WHY:-not running}"
+  fi
+  printf "   %-14s %10s %14s\n" "quay/rabbitmq" "$(ratio "${QUAY_IDLE_KIB:-}" "${RMQ_IDLE_KIB:-}")" "$(ratio "${QUAY_STARTUP_S:-}" "${RMQ_STARTUP_S:-}")"
+  MED[idle.rabbitmq.rss_kib]=${RMQ_IDLE_KIB:-}; MED[idle.quay.rss_kib]=${QUAY_IDLE_KIB:-}
+}
+
+run_scale_row() { # queues | conns
+  local row=$1 b rep out rc line
+  log "row $row: $(row_desc "$row")"
+  declare -A lines=()
+  for rep in $(seq "$SCALE_REPS"); do
+    restart_brokers   # a fresh process each time: earlier rows must not lend it freed memory
+    for b in rabbitmq quay; do
+      broker_up "$b" || continue
+      out=$TMP/out.$row.$b.$rep
+      rc=0
+      if [ "$row" = queues ]; then
+        "$QS" queues -p "$(broker_port "$b")" --watch-pid "$(broker_pid "$b")" -n "$SCALE_QUEUES" --prefix "qs" >"$out" 2>"$out.err" || rc=$?
+      else
+        "$QS" conns -p "$(broker_port "$b")" --watch-pid "$(broker_pid "$b")" -n "$SCALE_CONNS" >"$out" 2>"$out.err" || rc=$?
+      fi
+      line=$(grep '^RESULT ' "$out" | tail -1 || true)
+      [ -n "$line" ] || line="RESULT status=error error=no_output"
+      echo "row=$row broker=$b rep=$rep rc=$rc $line" >>"$RESULTS"
+      log "  $b rep $rep: $line $( [ "$rc" = 0 ] || head -c 300 "$out.err")"
+      lines[$b]+="$line"$'\n'
+    done
+  done
+  local fields
+  if [ "$row" = queues ]; then fields="declares_per_s rss_per_queue_kib rss_after_kib deletes_per_s"; else fields="opens_per_s rss_per_conn_kib rss_after_kib"; fi
+  for b in rabbitmq quay; do
+    local L=${lines[$b]:-} f
+    [ -n "$L" ] || continue
+    for f in $fields; do
+      MED[$row.$b.$f]=$(col "$f" <<<"$L" | median)
+    done
+    MED[$row.$b.checks]=$(grep -q 'status=ok' <<<"$L" && ! grep -qv 'status=ok' <<<"$(grep . <<<"$L")" && echo ok || echo "FAIL (see $RESULTS)")
+  done
+  echo
+  echo "== $row: $(row_desc "$row")  (fresh brokers, median of $SCALE_REPS)"
+  if [ "$row" = queues ]; then
+    printf "   %-14s %12s %14s %13s %12s  %s\n" broker "declares/s" "KiB per queue" "RSS MiB" "deletes/s" checks
+    for b in rabbitmq quay; do
+      if [ -z "${lines[$b]:-}" ]; then printf "   %-14s %12s\n" "$b" n/a; continue; fi
+      printf "   %-14s %12s %14s %13s %12s  %s\n" "$b" "$(fmt "${MED[$row.$b.declares_per_s]}" %.0f)" \
+        "$(fmt "${MED[$row.$b.rss_per_queue_kib]}" %.1f)" "$(fmt "$(awk -v k="${MED[$row.$b.rss_after_kib]}" 'BEGIN{if(k!="")print k/1024}')" %.0f)" \
+        "$(fmt "${MED[$row.$b.deletes_per_s]}" %.0f)" "${MED[$row.$b.checks]}"
+    done
+    printf "   %-14s %12s %14s %13s %12s\n" "quay/rabbitmq" \
+      "$(ratio "${MED[$row.quay.declares_per_s]:-}" "${MED[$row.rabbitmq.declares_per_s]:-}")" \
+      "$(ratio "${MED[$row.quay.rss_per_queue_kib]:-}" "${MED[$row.rabbitmq.rss_per_queue_kib]:-}")" \
+      "$(ratio "${MED[$row.quay.rss_after_kib]:-}" "${MED[$row.rabbitmq.rss_after_kib]:-}")" \
+      "$(ratio "${MED[$row.quay.deletes_per_s]:-}" "${MED[$row.rabbitmq.deletes_per_s]:-}")"
+  else
+    printf "   %-14s %12s %14s %13s  %s\n" broker "opens/s" "KiB per conn" "RSS MiB" checks
+    for b in rabbitmq quay; do
+      if [ -z "${lines[$b]:-}" ]; then printf "   %-14s %12s\n" "$b" n/a; continue; fi
+      printf "   %-14s %12s %14s %13s  %s\n" "$b" "$(fmt "${MED[$row.$b.opens_per_s]}" %.0f)" \
+        "$(fmt "${MED[$row.$b.rss_per_conn_kib]}" %.1f)" "$(fmt "$(awk -v k="${MED[$row.$b.rss_after_kib]}" 'BEGIN{if(k!="")print k/1024}')" %.0f)" \
+        "${MED[$row.$b.checks]}"
+    done
+    printf "   %-14s %12s %14s %13s\n" "quay/rabbitmq" \
+      "$(ratio "${MED[$row.quay.opens_per_s]:-}" "${MED[$row.rabbitmq.opens_per_s]:-}")" \
+      "$(ratio "${MED[$row.quay.rss_per_conn_kib]:-}" "${MED[$row.rabbitmq.rss_per_conn_kib]:-}")" \
+      "$(ratio "${MED[$row.quay.rss_after_kib]:-}" "${MED[$row.rabbitmq.rss_after_kib]:-}")"
+  fi
+}
+
+# ------------------------------------------------------------------------------ main
+echo "quay bench: rows [$ROWS], $REPS x ${DURATION}s, $(nproc) cores, $(uname -r), RabbitMQ ${RMQ_HOME##*-}, quayd $QUAYD"
+echo "raw results: $RESULTS"
+start_brokers
+if [ "$RMQ_UP" = 0 ] && [ "$QUAY_UP" = 0 ]; then log "no broker is running"; exit 1; fi
+for r in $ROWS; do [ "$r" = idle ] && { idle_measure; print_idle; }; done
+for r in $ROWS; do
+  case "$r" in idle|queues|conns) ;; *) run_tp_row "$r" ;; esac
+done
+for r in $ROWS; do
+  case "$r" in queues|conns) run_scale_row "$r" ;; esac
+done
+
+# summary: one line per row
+echo
+echo "== summary (medians; ratio = quay / RabbitMQ; msg/s and declares/s: higher is better, the rest: lower)"
+printf "   %-20s %14s %14s %8s   %s\n" row RabbitMQ quay ratio measure
+for r in $ROWS; do
+  case "$r" in
+    idle)   printf "   %-20s %14s %14s %8s   %s\n" idle "$(fmt "${MED[idle.rabbitmq.rss_kib]:-}" %.0f)" "$(fmt "${MED[idle.quay.rss_kib]:-}" %.0f)" \
+              "$(ratio "${MED[idle.quay.rss_kib]:-}" "${MED[idle.rabbitmq.rss_kib]:-}")" "RSS KiB" ;;
+    queues) for f in declares_per_s rss_per_queue_kib; do
+              printf "   %-20s %14s %14s %8s   %s\n" "queues" "$(fmt "${MED[queues.rabbitmq.$f]:-}" %.1f)" "$(fmt "${MED[queues.quay.$f]:-}" %.1f)" \
+                "$(ratio "${MED[queues.quay.$f]:-}" "${MED[queues.rabbitmq.$f]:-}")" "$f"; done ;;
+    conns)  printf "   %-20s %14s %14s %8s   %s\n" "conns" "$(fmt "${MED[conns.rabbitmq.rss_per_conn_kib]:-}" %.1f)" "$(fmt "${MED[conns.quay.rss_per_conn_kib]:-}" %.1f)" \
+              "$(ratio "${MED[conns.quay.rss_per_conn_kib]:-}" "${MED[conns.rabbitmq.rss_per_conn_kib]:-}")" "rss_per_conn_kib" ;;
+    latency|latency-persistent) fs="lat_p50_us lat_p99_us srv_cpu_us_per_msg" ;;&
+    *)      case "$r" in latency*) ;; *) fs="cons_rate srv_cpu_us_per_msg" ;; esac
+            for f in $fs; do
+              printf "   %-20s %14s %14s %8s   %s\n" "$r" "$(fmt "${MED[$r.rabbitmq.$f]:-}" %.1f)" "$(fmt "${MED[$r.quay.$f]:-}" %.1f)" \
+                "$(ratio "${MED[$r.quay.$f]:-}" "${MED[$r.rabbitmq.$f]:-}")" "$f"; done ;;
+  esac
+done
