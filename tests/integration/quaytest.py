@@ -1,0 +1,1002 @@
+"""quaytest -- tiny harness for quay's integration tests.
+
+Three parts:
+
+1. Broker fixture.  If QUAY_TEST_TARGET=host:port is set, every test talks to
+   that external broker (this is how the suite is validated against a real
+   RabbitMQ 3.10).  Otherwise `$QUAYD --listen 127.0.0.1:PORT --data TMPDIR
+   --log-level warn` is started once per test file on a free port, and at the
+   end it is stopped with SIGTERM; it must exit 0 within 5 s and its stderr
+   must not contain a sanitizer report, or the file fails.
+
+2. An independent AMQP 0-9-1 frame encoder/decoder (no pika code) for the
+   tests that need to send malformed or exactly-controlled frames.
+
+3. A mini test runner: `@test` registers a function, `run()` runs them in
+   order with a per-test alarm, prints `ok NAME` / `FAIL NAME: reason`, then
+   `N passed, M failed`, and exits 1 on any failure.  After every test the
+   runner checks that the broker still accepts a fresh connection.
+
+Only the Python standard library is needed for parts 1-3; `pika_connect()`
+imports pika lazily.
+"""
+
+import atexit
+import itertools
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+# ---------------------------------------------------------------------------
+# Constants
+# ---------------------------------------------------------------------------
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
+FRAME_END = 0xCE
+
+# reply codes
+REPLY_SUCCESS = 200
+CONTENT_TOO_LARGE = 311
+NO_ROUTE = 312
+NO_CONSUMERS = 313
+CONNECTION_FORCED = 320
+INVALID_PATH = 402
+ACCESS_REFUSED = 403
+NOT_FOUND = 404
+RESOURCE_LOCKED = 405
+PRECONDITION_FAILED = 406
+FRAME_ERROR = 501
+SYNTAX_ERROR = 502
+COMMAND_INVALID = 503
+CHANNEL_ERROR = 504
+UNEXPECTED_FRAME = 505
+RESOURCE_ERROR = 506
+NOT_ALLOWED = 530
+NOT_IMPLEMENTED = 540
+INTERNAL_ERROR = 541
+
+# (class_id, method_id)
+CONNECTION_START = (10, 10)
+CONNECTION_START_OK = (10, 11)
+CONNECTION_SECURE = (10, 20)
+CONNECTION_TUNE = (10, 30)
+CONNECTION_TUNE_OK = (10, 31)
+CONNECTION_OPEN = (10, 40)
+CONNECTION_OPEN_OK = (10, 41)
+CONNECTION_CLOSE = (10, 50)
+CONNECTION_CLOSE_OK = (10, 51)
+CHANNEL_OPEN = (20, 10)
+CHANNEL_OPEN_OK = (20, 11)
+CHANNEL_FLOW = (20, 20)
+CHANNEL_FLOW_OK = (20, 21)
+CHANNEL_CLOSE = (20, 40)
+CHANNEL_CLOSE_OK = (20, 41)
+EXCHANGE_DECLARE = (40, 10)
+EXCHANGE_DECLARE_OK = (40, 11)
+QUEUE_DECLARE = (50, 10)
+QUEUE_DECLARE_OK = (50, 11)
+QUEUE_BIND = (50, 20)
+QUEUE_BIND_OK = (50, 21)
+QUEUE_DELETE = (50, 40)
+QUEUE_DELETE_OK = (50, 41)
+BASIC_QOS = (60, 10)
+BASIC_QOS_OK = (60, 11)
+BASIC_CONSUME = (60, 20)
+BASIC_CONSUME_OK = (60, 21)
+BASIC_CANCEL = (60, 30)
+BASIC_CANCEL_OK = (60, 31)
+BASIC_PUBLISH = (60, 40)
+BASIC_RETURN = (60, 50)
+BASIC_DELIVER = (60, 60)
+BASIC_GET = (60, 70)
+BASIC_GET_OK = (60, 71)
+BASIC_GET_EMPTY = (60, 72)
+BASIC_ACK = (60, 80)
+BASIC_REJECT = (60, 90)
+BASIC_NACK = (60, 120)
+CONFIRM_SELECT = (85, 10)
+CONFIRM_SELECT_OK = (85, 11)
+TX_SELECT = (90, 10)
+TX_SELECT_OK = (90, 11)
+TX_COMMIT = (90, 20)
+TX_COMMIT_OK = (90, 21)
+TX_ROLLBACK = (90, 30)
+TX_ROLLBACK_OK = (90, 31)
+
+# ---------------------------------------------------------------------------
+# Broker fixture
+# ---------------------------------------------------------------------------
+
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error:", "LeakSanitizer")
+
+
+class Broker:
+    """The broker under test: external (QUAY_TEST_TARGET) or a private quayd."""
+
+    def __init__(self):
+        self.proc = None
+        self.tmpdir = None
+        self.stderr_path = None
+        target = os.environ.get("QUAY_TEST_TARGET")
+        if target:
+            host, _, port = target.rpartition(":")
+            self.host, self.port = host or "127.0.0.1", int(port)
+            self.external = True
+        else:
+            self.external = False
+            self.host = "127.0.0.1"
+            self._start_quayd()
+
+    def _start_quayd(self):
+        quayd = os.environ.get("QUAYD")
+        if not quayd or not os.access(quayd, os.X_OK):
+            raise RuntimeError("set QUAYD=/path/to/quayd or QUAY_TEST_TARGET=host:port")
+        self.port = free_port()
+        self.tmpdir = tempfile.mkdtemp(prefix="quay-itest-")
+        data = os.path.join(self.tmpdir, "data")
+        os.mkdir(data)
+        self.stderr_path = os.path.join(self.tmpdir, "quayd.stderr")
+        self._stderr = open(self.stderr_path, "wb")
+        self.proc = subprocess.Popen(
+            [quayd, "--listen", "%s:%d" % (self.host, self.port), "--data", data,
+             "--log-level", "warn"],
+            stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr)
+        deadline = time.time() + 10
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError("quayd exited early with %s:\n%s"
+                                   % (self.proc.returncode, self.stderr_text()))
+            try:
+                socket.create_connection((self.host, self.port), timeout=1).close()
+                return
+            except OSError:
+                if time.time() > deadline:
+                    self.proc.kill()
+                    raise RuntimeError("quayd did not accept on port %d within 10 s" % self.port)
+                time.sleep(0.05)
+
+    def stderr_text(self):
+        if not self.stderr_path:
+            return ""
+        with open(self.stderr_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def stop(self):
+        """Stop a private quayd; return a list of problems (empty = fine)."""
+        if self.external or self.proc is None:
+            return []
+        problems = []
+        if self.proc.poll() is not None:
+            problems.append("quayd died during the tests (exit %s)" % self.proc.returncode)
+        else:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                rc = self.proc.wait(5)
+                if rc != 0:
+                    problems.append("quayd exited %d after SIGTERM" % rc)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                problems.append("quayd did not exit within 5 s of SIGTERM")
+        self._stderr.close()
+        text = self.stderr_text()
+        for marker in SANITIZER_MARKERS:
+            if marker in text:
+                problems.append("sanitizer report in quayd stderr (%r)" % marker)
+        if problems:
+            sys.stdout.write("---- quayd stderr (kept in %s) ----\n%s\n----------------------\n"
+                             % (self.tmpdir, text[-20000:]))
+        else:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+        self.proc = None
+        return problems
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+_broker = None
+
+
+def broker():
+    global _broker
+    if _broker is None:
+        _broker = Broker()
+    return _broker
+
+
+def is_rabbitmq():
+    return broker().external
+
+
+# ---------------------------------------------------------------------------
+# Encoding
+# ---------------------------------------------------------------------------
+
+def octet(v):
+    return struct.pack(">B", v)
+
+
+def short(v):
+    return struct.pack(">H", v)
+
+
+def long_(v):
+    return struct.pack(">I", v)
+
+
+def longlong(v):
+    return struct.pack(">Q", v)
+
+
+def shortstr(s):
+    if isinstance(s, str):
+        s = s.encode()
+    assert len(s) < 256
+    return octet(len(s)) + s
+
+
+def longstr(s):
+    if isinstance(s, str):
+        s = s.encode()
+    return long_(len(s)) + s
+
+
+def bits(*flags):
+    v = 0
+    for i, f in enumerate(flags):
+        if f:
+            v |= 1 << i
+    return octet(v)
+
+
+class Decimal(tuple):
+    """(scale, value) for the 'D' field type."""
+
+
+class Timestamp(int):
+    """Encodes as 'T' in a field table."""
+
+
+def field_value(v):
+    if isinstance(v, bool):
+        return b"t" + octet(int(v))
+    if isinstance(v, Timestamp):
+        return b"T" + longlong(v)
+    if isinstance(v, int):
+        if -2 ** 31 <= v < 2 ** 31:
+            return b"I" + struct.pack(">i", v)
+        return b"l" + struct.pack(">q", v)
+    if isinstance(v, float):
+        return b"d" + struct.pack(">d", v)
+    if isinstance(v, Decimal):
+        return b"D" + octet(v[0]) + struct.pack(">i", v[1])
+    if isinstance(v, str):
+        return b"S" + longstr(v)
+    if isinstance(v, (bytes, bytearray)):
+        return b"x" + longstr(bytes(v))
+    if isinstance(v, dict):
+        return b"F" + table(v)
+    if isinstance(v, (list, tuple)):
+        payload = b"".join(field_value(x) for x in v)
+        return b"A" + long_(len(payload)) + payload
+    if v is None:
+        return b"V"
+    raise TypeError("cannot encode %r" % (v,))
+
+
+def table(d):
+    payload = b"".join(shortstr(k) + field_value(v) for k, v in (d or {}).items())
+    return long_(len(payload)) + payload
+
+
+def frame(ftype, channel, payload, end=FRAME_END):
+    return struct.pack(">BHI", ftype, channel, len(payload)) + payload + octet(end)
+
+
+def gen_method(channel, class_id, method_id, args=b""):
+    return frame(FRAME_METHOD, channel, short(class_id) + short(method_id) + args)
+
+
+BASIC_PROPERTIES = [  # (name, kind) in flag-bit order, bit 15 first
+    ("content_type", "s"), ("content_encoding", "s"), ("headers", "F"),
+    ("delivery_mode", "o"), ("priority", "o"), ("correlation_id", "s"),
+    ("reply_to", "s"), ("expiration", "s"), ("message_id", "s"),
+    ("timestamp", "L"), ("type", "s"), ("user_id", "s"), ("app_id", "s"),
+    ("cluster_id", "s"),
+]
+
+
+def encode_properties(props):
+    flags, out = 0, b""
+    for i, (name, kind) in enumerate(BASIC_PROPERTIES):
+        if name not in props:
+            continue
+        flags |= 1 << (15 - i)
+        v = props[name]
+        out += {"s": shortstr, "F": table, "o": octet, "L": longlong}[kind](v)
+    return short(flags) + out
+
+
+def gen_content_header(channel, body_size, props=None, class_id=60):
+    return frame(FRAME_HEADER, channel, short(class_id) + short(0) + longlong(body_size)
+                 + encode_properties(props or {}))
+
+
+def gen_body(channel, body):
+    return frame(FRAME_BODY, channel, body)
+
+
+def gen_content(channel, body, props=None, frame_max=131072):
+    """Content header plus body frames split to fit frame_max."""
+    out = gen_content_header(channel, len(body), props)
+    chunk = frame_max - 8
+    for i in range(0, len(body), chunk):
+        out += gen_body(channel, body[i:i + chunk])
+    return out
+
+
+def gen_connection_start_ok(user="guest", password="guest", mechanism="PLAIN",
+                            capabilities=None, response=None):
+    caps = {"authentication_failure_close": True, "basic.nack": True,
+            "publisher_confirms": True, "consumer_cancel_notify": True,
+            "connection.blocked": True}
+    if capabilities is not None:
+        caps = capabilities
+    if response is None:
+        if mechanism == "PLAIN":
+            response = b"\x00" + user.encode() + b"\x00" + password.encode()
+        elif mechanism == "AMQPLAIN":
+            # AMQPLAIN: a field table *without* its 4-byte length prefix
+            response = table({"LOGIN": user, "PASSWORD": password})[4:]
+        else:
+            response = b""
+    props = {"product": "quaytest", "capabilities": caps}
+    return gen_method(0, 10, 11, table(props) + shortstr(mechanism) + longstr(response)
+                      + shortstr("en_US"))
+
+
+def gen_tune_ok(channel_max=2047, frame_max=131072, heartbeat=0):
+    return gen_method(0, 10, 31, short(channel_max) + long_(frame_max) + short(heartbeat))
+
+
+def gen_open(vhost="/"):
+    return gen_method(0, 10, 40, shortstr(vhost) + shortstr("") + bits(False))
+
+
+def gen_connection_close(code=200, text="bye", class_id=0, method_id=0):
+    return gen_method(0, 10, 50, short(code) + shortstr(text) + short(class_id) + short(method_id))
+
+
+def gen_connection_close_ok():
+    return gen_method(0, 10, 51)
+
+
+def gen_channel_open(channel):
+    return gen_method(channel, 20, 10, shortstr(""))
+
+
+def gen_channel_close(channel, code=200, text="bye", class_id=0, method_id=0):
+    return gen_method(channel, 20, 40, short(code) + shortstr(text) + short(class_id)
+                      + short(method_id))
+
+
+def gen_channel_close_ok(channel):
+    return gen_method(channel, 20, 41)
+
+
+def gen_channel_flow(channel, active):
+    return gen_method(channel, 20, 20, bits(active))
+
+
+def gen_exchange_declare(channel, name, type_="direct", passive=False, durable=False,
+                         auto_delete=False, internal=False, nowait=False, arguments=None):
+    return gen_method(channel, 40, 10, short(0) + shortstr(name) + shortstr(type_)
+                      + bits(passive, durable, auto_delete, internal, nowait)
+                      + table(arguments))
+
+
+def gen_queue_declare(channel, name="", passive=False, durable=False, exclusive=False,
+                      auto_delete=False, nowait=False, arguments=None):
+    return gen_method(channel, 50, 10, short(0) + shortstr(name)
+                      + bits(passive, durable, exclusive, auto_delete, nowait)
+                      + table(arguments))
+
+
+def gen_queue_bind(channel, queue, exchange, routing_key="", nowait=False, arguments=None):
+    return gen_method(channel, 50, 20, short(0) + shortstr(queue) + shortstr(exchange)
+                      + shortstr(routing_key) + bits(nowait) + table(arguments))
+
+
+def gen_queue_delete(channel, queue, if_unused=False, if_empty=False, nowait=False):
+    return gen_method(channel, 50, 40, short(0) + shortstr(queue)
+                      + bits(if_unused, if_empty, nowait))
+
+
+def gen_basic_qos(channel, prefetch_count, prefetch_size=0, global_=False):
+    return gen_method(channel, 60, 10, long_(prefetch_size) + short(prefetch_count)
+                      + bits(global_))
+
+
+def gen_basic_consume(channel, queue, tag="", no_local=False, no_ack=False,
+                      exclusive=False, nowait=False, arguments=None):
+    return gen_method(channel, 60, 20, short(0) + shortstr(queue) + shortstr(tag)
+                      + bits(no_local, no_ack, exclusive, nowait) + table(arguments))
+
+
+def gen_basic_publish(channel, exchange, routing_key, mandatory=False, immediate=False):
+    return gen_method(channel, 60, 40, short(0) + shortstr(exchange) + shortstr(routing_key)
+                      + bits(mandatory, immediate))
+
+
+def gen_publish(channel, exchange, routing_key, body, props=None, mandatory=False,
+                immediate=False, frame_max=131072):
+    """basic.publish method + content header + body frames."""
+    return (gen_basic_publish(channel, exchange, routing_key, mandatory, immediate)
+            + gen_content(channel, body, props, frame_max))
+
+
+def gen_basic_get(channel, queue, no_ack=False):
+    return gen_method(channel, 60, 70, short(0) + shortstr(queue) + bits(no_ack))
+
+
+def gen_basic_ack(channel, delivery_tag, multiple=False):
+    return gen_method(channel, 60, 80, longlong(delivery_tag) + bits(multiple))
+
+
+def gen_basic_reject(channel, delivery_tag, requeue=True):
+    return gen_method(channel, 60, 90, longlong(delivery_tag) + bits(requeue))
+
+
+def gen_basic_nack(channel, delivery_tag, multiple=False, requeue=True):
+    return gen_method(channel, 60, 120, longlong(delivery_tag) + bits(multiple, requeue))
+
+
+def gen_confirm_select(channel, nowait=False):
+    return gen_method(channel, 85, 10, bits(nowait))
+
+
+def gen_tx_select(channel):
+    return gen_method(channel, 90, 10)
+
+
+def gen_tx_commit(channel):
+    return gen_method(channel, 90, 20)
+
+
+def gen_tx_rollback(channel):
+    return gen_method(channel, 90, 30)
+
+
+def gen_heartbeat():
+    return frame(FRAME_HEARTBEAT, 0, b"")
+
+
+# ---------------------------------------------------------------------------
+# Decoding
+# ---------------------------------------------------------------------------
+
+class Reader:
+    """Sequential decoder over a bytes payload."""
+
+    def __init__(self, data, pos=0):
+        self.data, self.pos, self.bitpos, self.bitval = data, pos, 8, 0
+
+    def take(self, n):
+        if self.pos + n > len(self.data):
+            raise ValueError("truncated field")
+        b = self.data[self.pos:self.pos + n]
+        self.pos += n
+        self.bitpos = 8
+        return b
+
+    def unpack(self, fmt):
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def octet(self):
+        return self.unpack(">B")
+
+    def short(self):
+        return self.unpack(">H")
+
+    def long(self):
+        return self.unpack(">I")
+
+    def longlong(self):
+        return self.unpack(">Q")
+
+    def shortstr(self):
+        return self.take(self.octet()).decode("utf-8", "replace")
+
+    def longstr(self):
+        return self.take(self.long())
+
+    def bit(self):
+        if self.bitpos >= 8:
+            self.bitval, self.bitpos = self.octet(), 0
+        v = bool(self.bitval & (1 << self.bitpos))
+        self.bitpos += 1
+        return v
+
+    def table(self):
+        sub = Reader(self.longstr())
+        out = {}
+        while sub.pos < len(sub.data):
+            k = sub.shortstr()
+            out[k] = sub.value()
+        return out
+
+    def value(self):
+        t = self.take(1)
+        simple = {b"b": ">b", b"B": ">B", b"s": ">h", b"u": ">H", b"I": ">i", b"i": ">I",
+                  b"l": ">q", b"L": ">Q", b"f": ">f", b"d": ">d"}
+        if t in simple:
+            return self.unpack(simple[t])
+        if t == b"t":
+            return bool(self.octet())
+        if t == b"T":
+            return Timestamp(self.longlong())
+        if t == b"D":
+            return Decimal((self.octet(), self.unpack(">i")))
+        if t == b"S":
+            return self.longstr().decode("utf-8", "replace")
+        if t == b"x":
+            return self.longstr()
+        if t == b"F":
+            return self.table()
+        if t == b"A":
+            sub = Reader(self.longstr())
+            items = []
+            while sub.pos < len(sub.data):
+                items.append(sub.value())
+            return items
+        if t == b"V":
+            return None
+        raise ValueError("unknown field type %r" % t)
+
+
+def decode_properties(r):
+    flags, words = [], 0
+    while True:
+        w = r.short()
+        words += 1
+        flags.extend(bool(w & (1 << (15 - i))) for i in range(15))
+        if not w & 1:
+            break
+    props = {}
+    for (name, kind), present in zip(BASIC_PROPERTIES, flags):
+        if present:
+            props[name] = {"s": r.shortstr, "F": r.table, "o": r.octet,
+                           "L": r.longlong}[kind]()
+    return props
+
+
+class ProtocolError(AssertionError):
+    pass
+
+
+DEFAULT_TIMEOUT = 5.0
+
+
+def recv_exact(sock, n, timeout=DEFAULT_TIMEOUT):
+    deadline = time.time() + timeout
+    buf = b""
+    while len(buf) < n:
+        left = deadline - time.time()
+        if left <= 0:
+            raise ProtocolError("timed out waiting for %d bytes (got %d)" % (n, len(buf)))
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(n - len(buf))
+        except socket.timeout:
+            continue
+        if not chunk:
+            raise ProtocolError("socket closed by peer (wanted %d bytes, got %d)" % (n, len(buf)))
+        buf += chunk
+    return buf
+
+
+def read_frame(sock, timeout=DEFAULT_TIMEOUT):
+    """Return (type, channel, payload); checks the frame-end octet."""
+    hdr = recv_exact(sock, 7, timeout)
+    ftype, channel, size = struct.unpack(">BHI", hdr)
+    rest = recv_exact(sock, size + 1, timeout)
+    if rest[-1] != FRAME_END:
+        raise ProtocolError("bad frame-end octet 0x%02x" % rest[-1])
+    return ftype, channel, rest[:-1]
+
+
+class Method:
+    """A decoded method frame: .channel, .class_id, .method_id, .args (Reader)."""
+
+    def __init__(self, channel, payload):
+        self.channel = channel
+        r = Reader(payload)
+        self.class_id, self.method_id = r.short(), r.short()
+        self.args = r
+        self.payload = payload
+
+    @property
+    def id(self):
+        return (self.class_id, self.method_id)
+
+    def __repr__(self):
+        extra = ""
+        if self.id in (CONNECTION_CLOSE, CHANNEL_CLOSE):
+            extra = " %r" % (decode_close(self),)
+        return "<method %d.%d ch=%d%s>" % (self.class_id, self.method_id, self.channel, extra)
+
+
+def decode_close(m):
+    r = Reader(m.payload, 4)
+    return (r.short(), r.shortstr(), r.short(), r.short())
+
+
+def read_method(sock, timeout=DEFAULT_TIMEOUT, skip_heartbeats=True):
+    while True:
+        ftype, channel, payload = read_frame(sock, timeout)
+        if ftype == FRAME_HEARTBEAT and skip_heartbeats:
+            continue
+        if ftype != FRAME_METHOD:
+            raise ProtocolError("expected a method frame, got frame type %d" % ftype)
+        return Method(channel, payload)
+
+
+def expect_method(sock, class_id, method_id, channel=None, timeout=DEFAULT_TIMEOUT):
+    """Read the next method (skipping heartbeats) and assert its identity."""
+    m = read_method(sock, timeout)
+    if (m.class_id, m.method_id) != (class_id, method_id) or (
+            channel is not None and m.channel != channel):
+        raise ProtocolError("expected method %d.%d%s, got %r" % (
+            class_id, method_id, "" if channel is None else " on ch %d" % channel, m))
+    return m
+
+
+def read_content(sock, timeout=DEFAULT_TIMEOUT):
+    """Read a content header + body frames; return (props, body, raw_header_payload)."""
+    ftype, channel, payload = read_frame(sock, timeout)
+    if ftype != FRAME_HEADER:
+        raise ProtocolError("expected content header, got frame type %d" % ftype)
+    r = Reader(payload)
+    r.short(), r.short()
+    size = r.longlong()
+    props = decode_properties(r)
+    body = b""
+    while len(body) < size:
+        ftype, channel, chunk = read_frame(sock, timeout)
+        if ftype != FRAME_BODY:
+            raise ProtocolError("expected body frame, got frame type %d" % ftype)
+        body += chunk
+    return props, body, payload
+
+
+def handshake(sock, user="guest", password="guest", mechanism="PLAIN", vhost="/",
+              frame_max=131072, heartbeat=0, channel_max=2047, capabilities=None):
+    """Full connection setup; returns a dict with server properties and tune values."""
+    sock.sendall(PROTOCOL_HEADER)
+    m = expect_method(sock, *CONNECTION_START)
+    info = {"version": (m.args.octet(), m.args.octet())}
+    info["server_properties"] = m.args.table()
+    info["mechanisms"] = m.args.longstr().decode().split()
+    info["locales"] = m.args.longstr().decode().split()
+    sock.sendall(gen_connection_start_ok(user, password, mechanism, capabilities))
+    m = expect_method(sock, *CONNECTION_TUNE)
+    info["tune"] = (m.args.short(), m.args.long(), m.args.short())
+    s_chmax, s_fmax, s_hb = info["tune"]
+    neg = lambda c, s: min(c, s) if c and s else (c or s)  # noqa: E731
+    info["frame_max"] = neg(frame_max, s_fmax)
+    info["channel_max"] = neg(channel_max, s_chmax)
+    sock.sendall(gen_tune_ok(info["channel_max"], info["frame_max"], heartbeat))
+    sock.sendall(gen_open(vhost))
+    expect_method(sock, *CONNECTION_OPEN_OK)
+    return info
+
+
+def expect_close(sock, reply_code=None, connection=None, send_close_ok=True,
+                 timeout=DEFAULT_TIMEOUT):
+    """Read until connection.close or channel.close arrives (other frames are
+    skipped) and return (code, text, class_id, method_id).  `connection`=True
+    requires connection.close, False requires channel.close.  Replies with the
+    matching close-ok unless send_close_ok is False."""
+    deadline = time.time() + timeout
+    while True:
+        ftype, channel, payload = read_frame(sock, max(0.01, deadline - time.time()))
+        if ftype != FRAME_METHOD:
+            continue
+        m = Method(channel, payload)
+        if m.id not in (CONNECTION_CLOSE, CHANNEL_CLOSE):
+            continue
+        is_conn = m.id == CONNECTION_CLOSE
+        if connection is not None and is_conn != connection:
+            raise ProtocolError("expected %s.close, got %r"
+                                % ("connection" if connection else "channel", m))
+        close = decode_close(m)
+        if reply_code is not None and close[0] != reply_code:
+            raise ProtocolError("expected reply code %d, got %r" % (reply_code, close))
+        if send_close_ok:
+            try:
+                sock.sendall(gen_connection_close_ok() if is_conn
+                             else gen_channel_close_ok(channel))
+            except OSError:
+                pass
+        return close
+
+
+def expect_closed_socket(sock, timeout=DEFAULT_TIMEOUT):
+    """Drain the socket until the peer closes it; fail on timeout.
+    Returns everything read."""
+    deadline = time.time() + timeout
+    got = b""
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            raise ProtocolError("socket still open after %.1f s (read %r...)"
+                                % (timeout, got[:64]))
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(65536)
+        except socket.timeout:
+            continue
+        except (ConnectionResetError, BrokenPipeError):
+            return got
+        if not chunk:
+            return got
+        got += chunk
+
+
+def assert_no_frame(sock, wait=0.3):
+    """Assert nothing (other than heartbeats) arrives within `wait` seconds."""
+    deadline = time.time() + wait
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            return
+        try:
+            sock.settimeout(left)
+            data = sock.recv(1, socket.MSG_PEEK)
+        except socket.timeout:
+            return
+        if not data:
+            raise ProtocolError("socket closed unexpectedly")
+        ftype, ch, payload = read_frame(sock)
+        if ftype != FRAME_HEARTBEAT:
+            raise ProtocolError("unexpected frame type %d: %r" % (
+                ftype, Method(ch, payload) if ftype == FRAME_METHOD else payload[:40]))
+
+
+# ---------------------------------------------------------------------------
+# Connection helpers (tracked, closed after each test)
+# ---------------------------------------------------------------------------
+
+_open_things = []
+_uniq = itertools.count(1)
+
+
+def uniq(prefix="t"):
+    """A name unique per run (tests are also run against a long-lived RabbitMQ)."""
+    return "quaytest-%s-%d-%d-%d" % (prefix, os.getpid(), int(time.time()) % 100000,
+                                    next(_uniq))
+
+
+def raw_socket(timeout=DEFAULT_TIMEOUT):
+    b = broker()
+    s = socket.create_connection((b.host, b.port), timeout=timeout)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    _open_things.append(s)
+    return s
+
+
+def raw_connection(channel=1, **kw):
+    """Socket after handshake with `channel` opened (channel=None: none)."""
+    s = raw_socket()
+    handshake(s, **kw)
+    if channel:
+        s.sendall(gen_channel_open(channel))
+        expect_method(s, *CHANNEL_OPEN_OK, channel=channel)
+    return s
+
+
+def declare_queue(sock, channel=1, name="", exclusive=True, **kw):
+    """queue.declare over raw frames; returns (queue, message_count, consumer_count)."""
+    sock.sendall(gen_queue_declare(channel, name, exclusive=exclusive, **kw))
+    m = expect_method(sock, *QUEUE_DECLARE_OK, channel=channel)
+    return m.args.shortstr(), m.args.long(), m.args.long()
+
+
+def basic_get(sock, channel, queue, no_ack=False):
+    """basic.get over raw frames.  Returns None for get-empty, else a dict with
+    delivery_tag, redelivered, exchange, routing_key, message_count, props,
+    body and raw_header (the content header payload as received)."""
+    sock.sendall(gen_basic_get(channel, queue, no_ack))
+    m = read_method(sock)
+    if m.id == BASIC_GET_EMPTY:
+        return None
+    if m.id != BASIC_GET_OK:
+        raise ProtocolError("expected get-ok/get-empty, got %r" % m)
+    a = m.args
+    out = {"delivery_tag": a.longlong(), "redelivered": a.bit(), "exchange": a.shortstr(),
+           "routing_key": a.shortstr(), "message_count": a.long()}
+    out["props"], out["body"], out["raw_header"] = read_content(sock)
+    return out
+
+
+def read_delivery(sock, timeout=DEFAULT_TIMEOUT):
+    """Read basic.deliver + content; returns a dict like basic_get()."""
+    m = expect_method(sock, *BASIC_DELIVER, timeout=timeout)
+    a = m.args
+    out = {"channel": m.channel, "consumer_tag": a.shortstr(), "delivery_tag": a.longlong(),
+           "redelivered": a.bit(), "exchange": a.shortstr(), "routing_key": a.shortstr()}
+    out["props"], out["body"], out["raw_header"] = read_content(sock, timeout)
+    return out
+
+
+def pika_params(**kw):
+    import pika
+    b = broker()
+    kw.setdefault("credentials", pika.PlainCredentials("guest", "guest"))
+    kw.setdefault("connection_attempts", 1)
+    kw.setdefault("socket_timeout", 5)
+    kw.setdefault("blocked_connection_timeout", 30)
+    return pika.ConnectionParameters(host=b.host, port=b.port, **kw)
+
+
+def pika_connect(**kw):
+    import pika
+    c = pika.BlockingConnection(pika_params(**kw))
+    _open_things.append(c)
+    return c
+
+
+def amqp_url(vhost="%2F"):
+    b = broker()
+    return "amqp://guest:guest@%s:%d/%s" % (b.host, b.port, vhost)
+
+
+def track(thing):
+    """Register something with .close() to be closed after the current test."""
+    _open_things.append(thing)
+    return thing
+
+
+def _close_all():
+    while _open_things:
+        t = _open_things.pop()
+        try:
+            if hasattr(t, "is_open") and not t.is_open:
+                continue
+            t.close()
+        except Exception:
+            pass
+
+
+def expect_channel_error(code, fn, *args, **kw):
+    """Call fn (pika), expect ChannelClosedByBroker with `code`; return reply text."""
+    import pika.exceptions as pe
+    try:
+        fn(*args, **kw)
+    except pe.ChannelClosedByBroker as e:
+        if e.reply_code != code:
+            raise AssertionError("expected channel close %d, got %d %r"
+                                 % (code, e.reply_code, e.reply_text))
+        return e.reply_text
+    raise AssertionError("expected channel close %d, call succeeded" % code)
+
+
+def expect_connection_error(code, fn, *args, **kw):
+    """Call fn (pika), expect ConnectionClosedByBroker with `code`; return reply text."""
+    import pika.exceptions as pe
+    try:
+        fn(*args, **kw)
+    except pe.ConnectionClosedByBroker as e:
+        if e.reply_code != code:
+            raise AssertionError("expected connection close %d, got %d %r"
+                                 % (code, e.reply_code, e.reply_text))
+        return e.reply_text
+    raise AssertionError("expected connection close %d, call succeeded" % code)
+
+
+def eq(actual, expected, what=""):
+    if actual != expected:
+        raise AssertionError("%sexpected %r, got %r" % (what + ": " if what else "",
+                                                        expected, actual))
+
+
+def wait_until(pred, timeout=5.0, interval=0.02, what="condition"):
+    deadline = time.time() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.time() > deadline:
+            raise AssertionError("timed out waiting for %s" % what)
+        time.sleep(interval)
+
+
+def broker_alive():
+    """A fresh connection gets through the whole handshake and a clean close."""
+    s = raw_socket()
+    try:
+        handshake(s)
+        s.sendall(gen_connection_close())
+        expect_method(s, *CONNECTION_CLOSE_OK)
+    finally:
+        s.close()
+
+
+# ---------------------------------------------------------------------------
+# Runner
+# ---------------------------------------------------------------------------
+
+_tests = []
+TEST_TIMEOUT = 30
+
+
+def test(fn=None, timeout=None):
+    """Register a test.  Use as @test or @test(timeout=60)."""
+    def reg(f):
+        f.timeout = timeout or TEST_TIMEOUT
+        _tests.append(f)
+        return f
+    return reg(fn) if fn is not None else reg
+
+
+class TestTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame_):
+    raise TestTimeout("test timed out")
+
+
+def run():
+    """Run registered tests (optionally only names given on the command line)."""
+    only = set(sys.argv[1:])
+    signal.signal(signal.SIGALRM, _alarm)
+    passed = failed = 0
+    try:
+        b = broker()
+    except Exception as e:
+        print("FAIL broker-start: %s" % e)
+        print("0 passed, 1 failed")
+        sys.exit(1)
+    atexit.register(lambda: b.proc and b.proc.kill())
+    print("# broker %s:%d (%s)" % (b.host, b.port, "external" if b.external else "quayd"))
+    for t in _tests:
+        if only and t.__name__ not in only:
+            continue
+        signal.alarm(t.timeout)
+        t0 = time.time()
+        try:
+            t()
+            _close_all()
+            broker_alive()
+            signal.alarm(0)
+            passed += 1
+            print("ok %s (%.2fs)" % (t.__name__, time.time() - t0))
+        except BaseException as e:
+            signal.alarm(0)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            failed += 1
+            print("FAIL %s: %s: %s" % (t.__name__, type(e).__name__, e))
+            traceback.print_exc(file=sys.stdout)
+            _close_all()
+        sys.stdout.flush()
+    for problem in b.stop():
+        failed += 1
+        print("FAIL broker-shutdown: %s" % problem)
+    print("%d passed, %d failed" % (passed, failed))
+    sys.exit(1 if failed else 0)
