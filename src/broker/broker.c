@@ -22,6 +22,9 @@ void broker_config_defaults(struct broker_config *config)
 {
     memset(config, 0, sizeof *config);
     config->data_dir = "quay-data";
+    /* RabbitMQ's defaults: 40% of physical memory, 50 MB of free disk. */
+    alarm_parse_size("0.4", true, &config->memory_high_watermark);
+    config->disk_free_limit = 50u * 1000 * 1000;
     config->limits = (struct broker_limits){
         .frame_max = 131072,
         .channel_max = 2047,
@@ -39,6 +42,7 @@ static void on_tick(uv_timer_t *timer)
 {
     struct broker *broker = timer->data;
     uint64_t now = uv_now(broker->loop);
+    alarm_tick(broker, now);
     list_for_each_safe(node, &broker->connections) {
         connection_tick(CONTAINER_OF(node, struct connection, broker_link), now);
     }
@@ -82,6 +86,7 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     broker->config = *config;
     hmap_init(&broker->vhosts);
     list_init(&broker->connections);
+    alarm_init(&broker->alarm, config->memory_high_watermark, config->disk_free_limit);
     if (config->users_file) {
         char err[256];
         if (auth_load_file(&broker->auth, config->users_file, err, sizeof err) != 0) {

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "broker/alarm.h"
 #include "broker/auth.h"
 #include "lib/hash.h"
 #include "lib/list.h"
@@ -34,6 +35,8 @@ struct broker_limits {
 };
 
 struct broker_config {
+    uint64_t memory_high_watermark;  /* bytes; 0 = no memory alarm */
+    uint64_t disk_free_limit;        /* bytes; 0 = no disk alarm */
     const char *listen[BROKER_LISTENERS_MAX];
     uint32_t listen_count;
     const char *data_dir;
@@ -51,7 +54,8 @@ struct broker {
     struct hmap vhosts;            /* name -> struct vhost (owned) */
     struct list_node connections;  /* struct connection.broker_link */
     uint32_t connections_count;
-    uv_timer_t tick;               /* heartbeats and handshake timeouts */
+    uv_timer_t tick;               /* heartbeats, handshake timeouts, alarms */
+    struct alarm alarm;
     uint64_t name_counter;         /* server-generated names */
     bool stopping;
 };

@@ -292,6 +292,16 @@ static void handle_content_header(struct channel *ch, const struct frame *frame)
                                  "cannot decode %s", octets);
         return;
     }
+    int64_t expiration;
+    char reason[64];
+    if ((props.flags & BASIC_FLAG_EXPIRATION) &&
+        message_parse_expiration(props.expiration, &expiration, reason, sizeof reason) != 0) {
+        ch->content = CONTENT_STATE_NONE;
+        channel__fail(ch, REPLY_PRECONDITION_FAILED, METHOD_BASIC_PUBLISH,
+                      "invalid expiration '%.*s': %s", (int)props.expiration.len,
+                      (const char *)props.expiration.ptr, reason);
+        return;
+    }
     const char *user = ch->connection->user->name;
     if ((props.flags & BASIC_FLAG_USER_ID) && !bytes_equal_cstr(props.user_id, user)) {
         ch->content = CONTENT_STATE_NONE;
@@ -311,6 +321,7 @@ static void handle_content_header(struct channel *ch, const struct frame *frame)
         return;
     }
     ch->content = CONTENT_STATE_BODY;
+    alarm_check_publish(ch->connection->broker);
     if (header.body_size == 0)
         content_complete(ch);
 }
@@ -412,6 +423,7 @@ void channel__begin_publish(struct channel *ch, const struct method *m)
     ch->publish_routing_key_size = (uint8_t)p->routing_key.len;
     ch->publish_mandatory = p->mandatory;
     ch->content = CONTENT_STATE_HEADER;
+    alarm_note_publisher(ch->connection->broker, ch->connection);
 }
 
 static void send_return(struct channel *ch, struct message *message, uint16_t code,
@@ -432,6 +444,43 @@ void channel__route_publish(struct channel *ch, struct message *message, bool ma
     channel__route_now(ch, message, mandatory);
 }
 
+/* Sends the acks owed up to and including seq (one multiple ack). */
+static void send_acks_through(struct channel *ch, uint64_t seq)
+{
+    if (seq <= ch->confirmed_seq)
+        return;
+    struct method ack = {.id = METHOD_BASIC_ACK};
+    ack.basic_ack.delivery_tag = seq;
+    ack.basic_ack.multiple = seq - ch->confirmed_seq > 1;
+    channel__send(ch, &ack);
+    ch->confirmed_seq = seq;
+}
+
+/* Routes through the exchange, then through alternate exchanges while
+ * nothing matched (RabbitMQ's alternate-exchange, chained; each exchange
+ * is tried once). */
+static void route_with_alternates(struct channel *ch, struct exchange *exchange,
+                                  struct message *message, struct route_result *result)
+{
+    struct exchange *tried[8];
+    uint32_t tried_count = 0;
+    while (exchange) {
+        vhost_route(ch->vhost, exchange, message_routing_key(message), message->headers, result);
+        if (result->count > 0 || tried_count == ARRAY_SIZE(tried))
+            return;
+        tried[tried_count++] = exchange;
+        struct field_value ae;
+        struct table args = {exchange->arguments.ptr, exchange->arguments.len};
+        if (!table_get(args, "alternate-exchange", &ae) || ae.kind != 'S')
+            return;
+        exchange = vhost_exchange(ch->vhost, ae.str);
+        for (uint32_t i = 0; exchange && i < tried_count; i++) {
+            if (tried[i] == exchange)
+                exchange = NULL;
+        }
+    }
+}
+
 void channel__route_now(struct channel *ch, struct message *message, bool mandatory)
 {
     struct bind_dest *dests[ROUTE_DESTS_MAX];
@@ -439,17 +488,29 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
     /* The exchange may have been deleted between method and content. */
     struct exchange *exchange = vhost_exchange(ch->vhost, message_exchange(message));
     if (exchange)
-        vhost_route(ch->vhost, exchange, message_routing_key(message), message->headers, &result);
+        route_with_alternates(ch, exchange, message, &result);
     if (result.count == 0 && mandatory)
         send_return(ch, message, REPLY_NO_ROUTE, "NO_ROUTE");
+    bool rejected = false;
     for (uint32_t i = 0; i < result.count; i++) {
         struct queue *queue = CONTAINER_OF(result.dests[i], struct queue, as_dest);
-        queue_publish(queue, message);
+        if (queue_publish(queue, message) == QUEUE_PUBLISH_REJECTED)
+            rejected = true;
     }
-    if (ch->confirm_mode) {
-        ch->publish_seq++;
+    if (!ch->confirm_mode)
+        return;
+    ch->publish_seq++;
+    if (!rejected) {
         owe_confirm(ch);
+        return;
     }
+    /* A queue refused it (x-overflow reject-publish): nack this one, in
+     * order after the acks owed before it. */
+    send_acks_through(ch, ch->publish_seq - 1);
+    struct method nack = {.id = METHOD_BASIC_NACK};
+    nack.basic_nack.delivery_tag = ch->publish_seq;
+    channel__send(ch, &nack);
+    ch->confirmed_seq = ch->publish_seq;
 }
 
 void channels_flush_confirms(struct connection *connection)
@@ -458,13 +519,8 @@ void channels_flush_confirms(struct connection *connection)
         struct channel *ch =
             CONTAINER_OF(connection->confirms_owed.next, struct channel, confirm_link);
         list_remove(&ch->confirm_link);
-        if (ch->publish_seq == ch->confirmed_seq || ch->state != CHANNEL_STATE_OPEN)
-            continue;
-        struct method ack = {.id = METHOD_BASIC_ACK};
-        ack.basic_ack.delivery_tag = ch->publish_seq;
-        ack.basic_ack.multiple = ch->publish_seq - ch->confirmed_seq > 1;
-        channel__send(ch, &ack);
-        ch->confirmed_seq = ch->publish_seq;
+        if (ch->state == CHANNEL_STATE_OPEN)
+            send_acks_through(ch, ch->publish_seq);
     }
 }
 

@@ -15,6 +15,7 @@
 #include "broker/channel_int.h"
 #include "broker/connection.h"
 #include "broker/message.h"
+#include "broker/queue_args.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
 
@@ -130,7 +131,11 @@ static void settle(struct channel *ch, struct delivery *d, enum settle_how how,
     }
     struct queue *queue = d->queue;
     if (how == SETTLE_REQUEUE) {
-        queue_requeue(queue, d->message, d->seq); /* takes the message reference */
+        /* queue_requeue takes the message reference. */
+        queue_requeue(queue, (struct queue_entry){.message = d->message, .seq = d->seq,
+                                                  .expires_at_ms = d->expires_at_ms});
+    } else if (how == SETTLE_DROP) {
+        queue_reject(queue, d->message); /* dead-letters it, if configured */
     } else {
         queue_settle(queue);
         message_unref(d->message);
@@ -225,7 +230,8 @@ static uint64_t record_delivery(struct channel *ch, struct consumer *consumer,
     message_ref(message);
     ring_append(&ch->deliveries, tag,
                 (struct delivery){.message = message, .queue = queue, .consumer = consumer,
-                                  .seq = entry.seq, .live = true});
+                                  .seq = entry.seq, .expires_at_ms = entry.expires_at_ms,
+                                  .live = true});
     ch->unacked_count++;
     if (consumer)
         consumer->unacked_count++;
@@ -372,6 +378,14 @@ static void handle_consume(struct channel *ch, const struct method *m)
         channel__fail(ch, REPLY_RESOURCE_ERROR, m->id, "consumer limit %u reached", limit);
         return;
     }
+    int64_t priority = 0;
+    uint16_t code;
+    char text[256];
+    if (!consumer_args_parse(c->arguments, queue->name, ch->vhost->name, &priority, &code, text,
+                             sizeof text)) {
+        channel__fail(ch, code, m->id, "%s", text);
+        return;
+    }
     if (queue->exclusive_consumers > 0 || (c->exclusive && queue->consumers_count > 0)) {
         channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
                       "queue '%.*s' " VHOST_FMT " in exclusive use", (int)queue->name.len,
@@ -389,6 +403,7 @@ static void handle_consume(struct channel *ch, const struct method *m)
     consumer->no_ack = c->no_ack;
     consumer->exclusive = c->exclusive;
     consumer->prefetch_count = ch->prefetch_consumer;
+    consumer->priority = (int32_t)priority; /* consumer_args_parse keeps it in range */
     list_init(&consumer->queue_link);
     list_push_back(&ch->consumers, &consumer->owner_link);
     hmap_put(&ch->consumers_by_tag, consumer->tag, consumer);
@@ -399,6 +414,7 @@ static void handle_consume(struct channel *ch, const struct method *m)
         channel__send(ch, &ok);
     }
     queue_consumer_add(queue, consumer);
+    queue_touch(queue);
     queue_dispatch(queue);
 }
 
@@ -425,6 +441,7 @@ static void handle_get(struct channel *ch, const struct method *m)
     struct queue *queue = usable_queue(ch, g->queue, m->id);
     if (!queue)
         return;
+    queue_touch(queue);
     struct queue_entry entry;
     if (!queue_take(queue, &entry)) {
         struct method empty = {.id = METHOD_BASIC_GET_EMPTY};

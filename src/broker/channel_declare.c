@@ -13,6 +13,7 @@
 #include "broker/connection.h"
 #include "amqp/table.h"
 #include "broker/exchange.h"
+#include "broker/queue_args.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
 
@@ -80,8 +81,17 @@ static bool exchange_equivalent(struct channel *ch, const struct exchange *x,
         received = bool_text(d->internal);
         current = bool_text(x->internal);
     }
-    if (!arg)
+    if (!arg) {
+        char text[512];
+        uint16_t code;
+        struct table existing = {x->arguments.ptr, x->arguments.len};
+        if (!exchange_args_equivalent(existing, d->arguments, d->exchange, ch->vhost->name,
+                                      &code, text, sizeof text)) {
+            channel__fail(ch, code, method_id, "%s", text);
+            return false;
+        }
         return true;
+    }
     channel__fail(ch, REPLY_PRECONDITION_FAILED, method_id,
                   "inequivalent arg '%s' for exchange '%.*s' " VHOST_FMT
                   ": received '%s' but current is '%s'",
@@ -125,6 +135,15 @@ static void exchange_declare(struct channel *ch, const struct method *m)
         if (!exchange_equivalent(ch, x, d, type, m->id))
             return;
     } else {
+        bool has_alternate;
+        struct bytes alternate;
+        uint16_t code;
+        char text[512];
+        if (!exchange_args_parse(d->arguments, d->exchange, ch->vhost->name, &has_alternate,
+                                 &alternate, &code, text, sizeof text)) {
+            channel__fail(ch, code, m->id, "%s", text);
+            return;
+        }
         struct bytes args = {d->arguments.ptr, d->arguments.len};
         vhost_exchange_declare(ch->vhost, d->exchange, type, d->durable, d->auto_delete,
                                d->internal, args);
@@ -313,11 +332,12 @@ static bool queue_equivalent(struct channel *ch, const struct queue *q,
                       bool_text(current));
         return false;
     }
-    struct bytes args = {d->arguments.ptr, d->arguments.len};
-    if (!bytes_equal(args, q->arguments)) {
-        channel__fail(ch, REPLY_PRECONDITION_FAILED, method_id,
-                      "inequivalent arguments for queue '%.*s' " VHOST_FMT,
-                      NAME_ARG(d->queue), VHOST_ARG(ch));
+    char text[512];
+    uint16_t code;
+    struct table existing = {q->arguments.ptr, q->arguments.len};
+    if (!queue_args_equivalent(existing, d->arguments, q->name, ch->vhost->name, &code, text,
+                               sizeof text)) {
+        channel__fail(ch, code, method_id, "%s", text);
         return false;
     }
     return true;
@@ -362,6 +382,14 @@ static void queue_declare(struct channel *ch, const struct method *m)
             broker_generate_name(broker, "amq.gen-", generated, sizeof generated);
             name = bytes_of_cstr(generated);
         }
+        struct queue_args parsed;
+        uint16_t code;
+        char text[512];
+        if (!queue_args_parse(d->arguments, name, ch->vhost->name, &parsed, &code, text,
+                              sizeof text)) {
+            channel__fail(ch, code, m->id, "%s", text);
+            return;
+        }
         uint32_t limit = broker->config.limits.queues_max;
         if (limit && ch->vhost->queues.count >= limit) {
             channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
@@ -377,6 +405,7 @@ static void queue_declare(struct channel *ch, const struct method *m)
             list_push_back(&connection->exclusive_queues, &queue->owner_link);
         }
     }
+    queue_touch(queue);
     remember_queue(ch, queue->name);
     if (!d->no_wait)
         send_declare_ok(ch, queue);

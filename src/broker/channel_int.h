@@ -34,6 +34,7 @@ struct delivery {
     struct queue *queue;       /* one reference */
     struct consumer *consumer; /* borrowed; NULL for basic.get or once cancelled */
     uint64_t seq;              /* the queue's publish order, for requeue */
+    uint64_t expires_at_ms;    /* kept across a requeue, as RabbitMQ does */
     bool live;                 /* false once settled (a hole in the ring) */
 };
 

@@ -596,7 +596,7 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
         if (n < 0) {
             fail_bad_frame(connection, data + used, size - used);
             /* Nothing after a bad frame can be trusted: drop the rest. */
-            conn_pause_reading(conn);
+            conn_pause_reading(conn, CONN_PAUSE_CLOSING);
             return (long)size;
         }
         used += (size_t)n;

@@ -56,6 +56,8 @@ struct connection {
     bool client_cancel_notify;        /* client capability consumer_cancel_notify */
     bool client_auth_failure_close;   /* client capability authentication_failure_close */
     bool client_blocked;              /* client capability connection.blocked */
+    bool publisher;                   /* has published: blocked by alarms */
+    bool blocked;                     /* blocked by an alarm now */
     struct channel **channels;        /* owned array, indexed by channel id */
     uint32_t channels_cap;
     uint32_t channels_open;

@@ -5,6 +5,7 @@
  */
 #include "broker/message.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,6 +40,13 @@ struct message *message_new(struct bytes exchange, struct bytes routing_key,
     m->body = props_copy + properties_size;
     m->persistent = (props->flags & BASIC_FLAG_DELIVERY_MODE) && props->delivery_mode == 2;
     m->priority = (props->flags & BASIC_FLAG_PRIORITY) ? props->priority : 0;
+    m->expiration_ms = -1;
+    if (props->flags & BASIC_FLAG_EXPIRATION) {
+        char reason[8];
+        if (message_parse_expiration(props->expiration, &m->expiration_ms, reason,
+                                     sizeof reason) != 0)
+            m->expiration_ms = -1; /* the channel refuses these before here */
+    }
     m->headers = (struct table){NULL, 0};
     if ((props->flags & BASIC_FLAG_HEADERS) && props->headers.len > 0) {
         /* Re-point the headers slice at our own copy of the properties. */
@@ -48,6 +56,46 @@ struct message *message_new(struct bytes exchange, struct bytes routing_key,
     message_live_count++;
     message_live_bytes += body_size;
     return m;
+}
+
+int message_parse_expiration(struct bytes text, int64_t *out, char *reason, size_t reason_size)
+{
+    /* Erlang's string:to_integer: optional sign, digits, then leftovers. */
+    uint32_t i = 0;
+    bool negative = false;
+    if (i < text.len && (text.ptr[i] == '-' || text.ptr[i] == '+'))
+        negative = text.ptr[i++] == '-';
+    uint32_t digits_start = i;
+    int64_t value = 0;
+    while (i < text.len && text.ptr[i] >= '0' && text.ptr[i] <= '9') {
+        if (value > (INT64_MAX - 9) / 10) {
+            snprintf(reason, reason_size, "{value_too_large,%.*s}", (int)text.len,
+                     (const char *)text.ptr);
+            return -1;
+        }
+        value = value * 10 + (text.ptr[i++] - '0');
+    }
+    if (i == digits_start) {
+        snprintf(reason, reason_size, "no_integer");
+        return -1;
+    }
+    if (i < text.len) {
+        snprintf(reason, reason_size, "{leftover_string,\"%.*s\"}", (int)(text.len - i),
+                 (const char *)text.ptr + i);
+        return -1;
+    }
+    if (negative && value > 0) {
+        snprintf(reason, reason_size, "{value_negative,-%lld}", (long long)value);
+        return -1;
+    }
+    /* RabbitMQ's check_expiry: at most 2^32-1 * 1000 ms... it caps at the
+     * largest timer value Erlang accepts; keep the same bound. */
+    if (value > 4294967295000LL) {
+        snprintf(reason, reason_size, "{value_too_large,%lld}", (long long)value);
+        return -1;
+    }
+    *out = value;
+    return 0;
 }
 
 void message_ref(struct message *message)

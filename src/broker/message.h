@@ -31,6 +31,7 @@ struct message {
     uint8_t routing_key_size;
     uint8_t priority;
     bool persistent;              /* delivery-mode 2 */
+    int64_t expiration_ms;        /* the expiration property; -1 = none */
     struct table headers;         /* points into the properties, may be empty */
     uint8_t *body;                /* points into data[] */
     uint8_t data[];
@@ -61,6 +62,11 @@ static inline const uint8_t *message_properties(const struct message *m)
 {
     return m->data + m->exchange_size + m->routing_key_size;
 }
+
+/* Parses the expiration property as RabbitMQ does (a decimal integer of
+ * milliseconds, 0..2^32-1 years aside). Returns 0, or -1 with the reason
+ * in RabbitMQ's words ("no_integer", "{value_negative,-5}", ...). */
+int message_parse_expiration(struct bytes text, int64_t *out, char *reason, size_t reason_size);
 
 /* For conn_out_ref's release callback. */
 void message_release_callback(void *message);

@@ -1,14 +1,26 @@
 /*
  * queue.c: see queue.h. Dispatch is the hot path: one ring pop and one
- * consumer call per message, with the consumer rotated to the back of the
- * list after each delivery so consumers share a queue round-robin.
+ * consumer call per message. Consumers are kept sorted by priority
+ * (highest first); after a delivery the chosen consumer moves behind the
+ * others of its priority, so equals share a queue round-robin while a
+ * lower priority only gets what higher ones cannot take (RabbitMQ's
+ * consumer priorities).
+ *
+ * Expiry (x-message-ttl, per-message expiration) happens at the head, as
+ * in RabbitMQ: a message behind an unexpired one waits for it. A timer,
+ * allocated only for queues that need it, fires at the earliest head
+ * expiry or x-expires deadline so expired messages leave promptly even
+ * when nobody reads the queue.
  */
 #include "broker/queue.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "broker/broker.h"
+#include "broker/dead_letter.h"
 #include "broker/message.h"
+#include "broker/vhost.h"
 #include "lib/assert.h"
 
 static struct bytes bytes_dup(struct bytes b)
@@ -18,6 +30,11 @@ static struct bytes bytes_dup(struct bytes b)
     if (b.len)
         memcpy(copy, b.ptr, b.len);
     return (struct bytes){copy, b.len};
+}
+
+static uint64_t now_ms(const struct queue *queue)
+{
+    return uv_now(queue->vhost->broker->loop);
 }
 
 /* ---- ring ----------------------------------------------------------- */
@@ -35,17 +52,17 @@ static void ring_grow(struct queue_ring *ring)
     ring->cap = cap;
 }
 
+static struct queue_entry *ring_slot(struct queue_ring *ring, uint32_t index)
+{
+    return &ring->entries[(ring->head + index) & (ring->cap - 1)];
+}
+
 static void ring_push_back(struct queue_ring *ring, struct queue_entry entry)
 {
     if (ring->count == ring->cap)
         ring_grow(ring);
-    ring->entries[(ring->head + ring->count) & (ring->cap - 1)] = entry;
+    *ring_slot(ring, ring->count) = entry;
     ring->count++;
-}
-
-static struct queue_entry *ring_slot(struct queue_ring *ring, uint32_t index)
-{
-    return &ring->entries[(ring->head + index) & (ring->cap - 1)];
 }
 
 /* Inserts by seq. Requeued messages are nearly always older than all
@@ -80,6 +97,36 @@ static struct queue_entry ring_pop_front(struct queue_ring *ring)
     return entry;
 }
 
+/* The ring for a message priority (clamped to the queue's maximum). */
+static struct queue_ring *ring_for(struct queue *queue, uint8_t priority)
+{
+    uint8_t max = queue->args.max_priority;
+    if (max == 0 || priority == 0)
+        return &queue->ready;
+    if (priority > max)
+        priority = max;
+    return &queue->priority_rings[priority - 1];
+}
+
+/* The non-empty ring of highest priority, or NULL. */
+static struct queue_ring *head_ring(struct queue *queue)
+{
+    for (uint32_t level = queue->args.max_priority; level > 0; level--) {
+        if (queue->priority_rings[level - 1].count > 0)
+            return &queue->priority_rings[level - 1];
+    }
+    return queue->ready.count > 0 ? &queue->ready : NULL;
+}
+
+static struct queue_entry pop_entry(struct queue *queue, struct queue_ring *ring)
+{
+    struct queue_entry entry = ring_pop_front(ring);
+    ASSERT(queue->ready_count > 0);
+    queue->ready_count--;
+    queue->ready_bytes -= entry.message->body_size;
+    return entry;
+}
+
 /* ---- lifecycle ------------------------------------------------------ */
 
 struct queue *queue_new(struct vhost *vhost, struct bytes name, bool durable, bool exclusive,
@@ -94,10 +141,26 @@ struct queue *queue_new(struct vhost *vhost, struct bytes name, bool durable, bo
     queue->exclusive = exclusive;
     queue->auto_delete = auto_delete;
     queue->arguments = bytes_dup(arguments);
+    uint16_t code;
+    char text[256];
+    /* Parse the queue's own copy so the parsed slices live as long as it. */
+    bool ok = queue_args_parse((struct table){queue->arguments.ptr, queue->arguments.len},
+                               queue->name, vhost->name, &queue->args, &code, text, sizeof text);
+    ASSERT(ok); /* the channel validated the same bytes before declaring */
+    if (queue->args.max_priority > 0) {
+        queue->priority_rings = calloc(queue->args.max_priority, sizeof *queue->priority_rings);
+        ASSERT(queue->priority_rings != NULL);
+    }
     list_init(&queue->consumers);
     list_init(&queue->owner_link);
     queue->refs = 1;
+    queue->last_used_ms = now_ms(queue);
     return queue;
+}
+
+static void on_timer_closed(uv_handle_t *handle)
+{
+    free(handle);
 }
 
 void queue_ref(struct queue *queue)
@@ -111,38 +174,175 @@ void queue_unref(struct queue *queue)
     ASSERT(queue->refs > 0);
     if (--queue->refs > 0)
         return;
-    ASSERT(queue->ready.count == 0);
+    ASSERT(queue->ready_count == 0);
     ASSERT(list_empty(&queue->consumers));
     ASSERT(queue->as_dest.bindings_in_count == 0);
+    if (queue->timer) {
+        queue->timer->data = NULL;
+        uv_close((uv_handle_t *)queue->timer, on_timer_closed);
+    }
     free(queue->ready.entries);
+    for (uint32_t i = 0; i < queue->args.max_priority; i++)
+        free(queue->priority_rings[i].entries);
+    free(queue->priority_rings);
     free((void *)queue->name.ptr);
     free((void *)queue->arguments.ptr);
     free(queue);
 }
 
-/* ---- messages ------------------------------------------------------- */
+/* ---- expiry and timers ---------------------------------------------- */
 
-void queue_publish(struct queue *queue, struct message *message)
+static void schedule_timer(struct queue *queue);
+
+/* Drops expired messages at the head of each level; returns how many. */
+static uint32_t drop_expired(struct queue *queue, uint64_t now)
 {
-    ASSERT(!queue->deleted);
-    message_ref(message);
-    ring_push_back(&queue->ready,
-                   (struct queue_entry){.message = message, .seq = queue->next_seq++});
-    queue->ready_bytes += message->body_size;
-    queue_dispatch(queue);
+    uint32_t dropped = 0;
+    for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
+        struct queue_ring *ring =
+            level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
+        while (ring->count > 0) {
+            struct queue_entry *head = ring_slot(ring, 0);
+            if (head->expires_at_ms == 0 || head->expires_at_ms > now)
+                break;
+            struct queue_entry entry = pop_entry(queue, ring);
+            dead_letter(queue, entry.message, DEAD_LETTER_EXPIRED);
+            dropped++;
+        }
+    }
+    return dropped;
 }
 
-void queue_requeue(struct queue *queue, struct message *message, uint64_t seq)
+static bool expires_applies(const struct queue *queue)
+{
+    return queue->args.expires_ms > 0 && queue->consumers_count == 0;
+}
+
+static void on_timer(uv_timer_t *timer)
+{
+    struct queue *queue = timer->data;
+    if (!queue || queue->deleted)
+        return;
+    uint64_t now = now_ms(queue);
+    if (expires_applies(queue) &&
+        now >= queue->last_used_ms + (uint64_t)queue->args.expires_ms) {
+        /* Unused for x-expires: delete it, as RabbitMQ does. */
+        vhost_queue_delete(queue->vhost, queue);
+        return;
+    }
+    drop_expired(queue, now);
+    schedule_timer(queue);
+}
+
+static void schedule_timer(struct queue *queue)
+{
+    uint64_t deadline = UINT64_MAX;
+    for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
+        struct queue_ring *ring =
+            level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
+        if (ring->count > 0 && ring_slot(ring, 0)->expires_at_ms != 0 &&
+            ring_slot(ring, 0)->expires_at_ms < deadline)
+            deadline = ring_slot(ring, 0)->expires_at_ms;
+    }
+    if (expires_applies(queue)) {
+        uint64_t unused_deadline = queue->last_used_ms + (uint64_t)queue->args.expires_ms;
+        if (unused_deadline < deadline)
+            deadline = unused_deadline;
+    }
+    if (deadline == UINT64_MAX) {
+        if (queue->timer)
+            uv_timer_stop(queue->timer);
+        return;
+    }
+    if (!queue->timer) {
+        queue->timer = malloc(sizeof *queue->timer);
+        ASSERT(queue->timer != NULL);
+        uv_timer_init(queue->vhost->broker->loop, queue->timer);
+        queue->timer->data = queue;
+    }
+    uint64_t now = now_ms(queue);
+    uv_timer_start(queue->timer, on_timer, deadline > now ? deadline - now : 0, 0);
+}
+
+void queue_touch(struct queue *queue)
+{
+    queue->last_used_ms = now_ms(queue);
+    if (queue->args.expires_ms > 0)
+        schedule_timer(queue);
+}
+
+/* ---- messages ------------------------------------------------------- */
+
+static bool over_limit(const struct queue *queue, uint32_t extra_count, uint64_t extra_bytes)
+{
+    const struct queue_args *a = &queue->args;
+    if (a->max_length >= 0 && (int64_t)(queue->ready_count + extra_count) > a->max_length)
+        return true;
+    if (a->max_length_bytes >= 0 &&
+        (int64_t)(queue->ready_bytes + extra_bytes) > a->max_length_bytes)
+        return true;
+    return false;
+}
+
+/* The loop time at which the message expires in this queue (0: never):
+ * the smaller of the queue's x-message-ttl and the message's expiration. */
+static uint64_t expiry_for(const struct queue *queue, const struct message *message)
+{
+    int64_t ttl = queue->args.message_ttl_ms;
+    if (message->expiration_ms >= 0 && (ttl < 0 || message->expiration_ms < ttl))
+        ttl = message->expiration_ms;
+    if (ttl < 0)
+        return 0;
+    uint64_t at = now_ms(queue) + (uint64_t)ttl;
+    return at == 0 ? 1 : at;
+}
+
+enum queue_publish_result queue_publish(struct queue *queue, struct message *message)
+{
+    ASSERT(!queue->deleted);
+    if (queue->args.overflow != QUEUE_OVERFLOW_DROP_HEAD &&
+        over_limit(queue, 1, message->body_size)) {
+        if (queue->args.overflow == QUEUE_OVERFLOW_REJECT_PUBLISH_DLX) {
+            message_ref(message);
+            dead_letter(queue, message, DEAD_LETTER_MAXLEN);
+        }
+        return QUEUE_PUBLISH_REJECTED;
+    }
+    message_ref(message);
+    struct queue_entry entry = {.message = message, .seq = queue->next_seq++,
+                                .expires_at_ms = expiry_for(queue, message)};
+    ring_push_back(ring_for(queue, message->priority), entry);
+    queue->ready_count++;
+    queue->ready_bytes += message->body_size;
+    /* drop-head: the oldest ready messages make room (and are dead-lettered). */
+    while (queue->ready_count > 0 && over_limit(queue, 0, 0)) {
+        struct queue_entry head = pop_entry(queue, head_ring(queue));
+        dead_letter(queue, head.message, DEAD_LETTER_MAXLEN);
+    }
+    queue_dispatch(queue);
+    if (entry.expires_at_ms != 0) {
+        /* A TTL of 0 means "deliver now or never" (RabbitMQ): dispatch
+         * above could still take it; the sweep at "now" drops it if not. */
+        drop_expired(queue, now_ms(queue));
+        schedule_timer(queue);
+    }
+    return QUEUE_PUBLISH_OK;
+}
+
+void queue_requeue(struct queue *queue, struct queue_entry entry)
 {
     ASSERT(queue->unacked_count > 0);
     queue->unacked_count--;
     if (queue->deleted) {
-        message_unref(message);
+        message_unref(entry.message);
         return;
     }
-    ring_insert_by_seq(&queue->ready,
-                       (struct queue_entry){.message = message, .seq = seq, .redelivered = 1});
-    queue->ready_bytes += message->body_size;
+    entry.redelivered = 1;
+    ring_insert_by_seq(ring_for(queue, entry.message->priority), entry);
+    queue->ready_count++;
+    queue->ready_bytes += entry.message->body_size;
+    if (entry.expires_at_ms != 0)
+        schedule_timer(queue);
 }
 
 void queue_settle(struct queue *queue)
@@ -151,25 +351,79 @@ void queue_settle(struct queue *queue)
     queue->unacked_count--;
 }
 
+void queue_reject(struct queue *queue, struct message *message)
+{
+    queue_settle(queue);
+    if (queue->deleted) {
+        message_unref(message);
+        return;
+    }
+    dead_letter(queue, message, DEAD_LETTER_REJECTED);
+}
+
 bool queue_take(struct queue *queue, struct queue_entry *out)
 {
-    if (queue->ready.count == 0)
+    if (queue->ready_count == 0)
         return false;
-    *out = ring_pop_front(&queue->ready);
-    queue->ready_bytes -= out->message->body_size;
+    uint64_t now = now_ms(queue);
+    for (;;) {
+        struct queue_ring *ring = head_ring(queue);
+        if (!ring)
+            return false;
+        *out = pop_entry(queue, ring);
+        /* Strictly after its stamp: a TTL-0 message may still be taken
+         * in the very millisecond it was published. */
+        if (out->expires_at_ms != 0 && out->expires_at_ms < now) {
+            dead_letter(queue, out->message, DEAD_LETTER_EXPIRED);
+            continue;
+        }
+        break;
+    }
     queue->unacked_count++;
     return true;
 }
 
 uint32_t queue_purge(struct queue *queue)
 {
-    uint32_t count = queue->ready.count;
-    while (queue->ready.count > 0) {
-        struct queue_entry entry = ring_pop_front(&queue->ready);
-        message_unref(entry.message);
+    uint32_t count = queue->ready_count;
+    for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
+        struct queue_ring *ring =
+            level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
+        while (ring->count > 0)
+            message_unref(pop_entry(queue, ring).message);
     }
+    ASSERT(queue->ready_count == 0);
     queue->ready_bytes = 0;
     return count;
+}
+
+/* The consumer to deliver to next, or NULL. With single-active-consumer
+ * only the active one may take messages. */
+static struct consumer *choose_consumer(struct queue *queue)
+{
+    if (queue->args.single_active_consumer) {
+        struct consumer *active = queue->active_consumer;
+        return active && active->ops->can_take(active) ? active : NULL;
+    }
+    list_for_each(node, &queue->consumers) {
+        struct consumer *consumer = CONTAINER_OF(node, struct consumer, queue_link);
+        if (consumer->ops->can_take(consumer))
+            return consumer;
+    }
+    return NULL;
+}
+
+/* Moves a consumer behind the others of its priority (round-robin). */
+static void rotate(struct queue *queue, struct consumer *consumer)
+{
+    struct list_node *pos = consumer->queue_link.next;
+    while (pos != &queue->consumers &&
+           CONTAINER_OF(pos, struct consumer, queue_link)->priority == consumer->priority)
+        pos = pos->next;
+    if (pos == consumer->queue_link.next)
+        return;
+    list_remove(&consumer->queue_link);
+    list_insert_after(pos->prev, &consumer->queue_link);
 }
 
 void queue_dispatch(struct queue *queue)
@@ -177,23 +431,15 @@ void queue_dispatch(struct queue *queue)
     if (queue->dispatching || queue->deleted)
         return;
     queue->dispatching = true;
-    while (queue->ready.count > 0 && queue->consumers_count > 0) {
-        struct consumer *chosen = NULL;
-        list_for_each(node, &queue->consumers) {
-            struct consumer *consumer = CONTAINER_OF(node, struct consumer, queue_link);
-            if (consumer->ops->can_take(consumer)) {
-                chosen = consumer;
-                break;
-            }
-        }
+    while (queue->ready_count > 0 && queue->consumers_count > 0) {
+        struct consumer *chosen = choose_consumer(queue);
         if (!chosen)
             break;
-        /* Round-robin: the chosen consumer goes to the back. */
-        list_remove(&chosen->queue_link);
-        list_push_back(&queue->consumers, &chosen->queue_link);
         struct queue_entry entry;
-        bool taken = queue_take(queue, &entry);
-        ASSERT(taken);
+        if (!queue_take(queue, &entry))
+            break;
+        if (!queue->args.single_active_consumer)
+            rotate(queue, chosen);
         chosen->ops->deliver(chosen, entry);
     }
     queue->dispatching = false;
@@ -207,11 +453,20 @@ void queue_consumer_add(struct queue *queue, struct consumer *consumer)
     ASSERT(consumer->queue == NULL);
     consumer->queue = queue;
     queue_ref(queue);
-    list_push_back(&queue->consumers, &consumer->queue_link);
+    /* Sorted by priority, highest first; a newcomer goes last among equals. */
+    struct list_node *pos = queue->consumers.next;
+    while (pos != &queue->consumers &&
+           CONTAINER_OF(pos, struct consumer, queue_link)->priority >= consumer->priority)
+        pos = pos->next;
+    list_insert_after(pos->prev, &consumer->queue_link);
     queue->consumers_count++;
     if (consumer->exclusive)
         queue->exclusive_consumers++;
+    if (queue->args.single_active_consumer && !queue->active_consumer)
+        queue->active_consumer = consumer;
     queue->had_consumers = true;
+    if (queue->timer)
+        schedule_timer(queue); /* x-expires no longer applies */
 }
 
 void queue_consumer_remove(struct queue *queue, struct consumer *consumer)
@@ -223,6 +478,13 @@ void queue_consumer_remove(struct queue *queue, struct consumer *consumer)
     if (consumer->exclusive)
         queue->exclusive_consumers--;
     consumer->queue = NULL;
+    if (queue->active_consumer == consumer) {
+        /* Hand over to the longest-waiting consumer (SAC). */
+        struct list_node *next = list_first(&queue->consumers);
+        queue->active_consumer = next ? CONTAINER_OF(next, struct consumer, queue_link) : NULL;
+    }
+    if (queue->consumers_count == 0 && !queue->deleted)
+        queue_touch(queue);
     queue_unref(queue);
 }
 
@@ -231,6 +493,8 @@ uint32_t queue_delete(struct queue *queue)
     ASSERT(!queue->deleted);
     uint32_t dropped = queue_purge(queue);
     queue->deleted = true;
+    if (queue->timer)
+        uv_timer_stop(queue->timer);
     queue_ref(queue); /* keep it alive while consumers detach */
     while (!list_empty(&queue->consumers)) {
         struct consumer *consumer =

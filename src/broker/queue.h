@@ -1,8 +1,12 @@
 /*
- * queue.h: a queue: its ready messages, its consumers, and dispatch.
+ * queue.h: a queue: its ready messages, its consumers, and dispatch, with
+ * RabbitMQ's queue arguments: TTLs, length limits and overflow modes,
+ * dead-lettering, priorities, single active consumer, consumer priorities
+ * and x-expires.
  *
- * Ready messages sit in a ring (a deque of 16-byte entries) so push,
- * pop and requeue-at-head are O(1) without per-message allocation.
+ * Ready messages sit in a ring (a deque of 24-byte entries) so push,
+ * pop and requeue-at-head are O(1) without per-message allocation. A
+ * priority queue has one ring per priority level.
  * Messages handed to a consumer leave the ring; the consumer's owner (a
  * channel's delivery record) holds them until ack, reject or requeue.
  *
@@ -21,8 +25,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <uv.h>
+
 #include "amqp/types.h"
 #include "broker/exchange.h"
+#include "broker/queue_args.h"
 #include "lib/list.h"
 
 struct message;
@@ -34,8 +41,9 @@ struct queue_entry {
     struct message *message;      /* holds one reference */
     uint64_t seq : 63;            /* publish order in this queue */
     uint64_t redelivered : 1;     /* delivered before (and not acked) */
+    uint64_t expires_at_ms;       /* loop time; 0 = never */
 };
-_Static_assert(sizeof(struct queue_entry) == 16, "queue entries stay two words");
+_Static_assert(sizeof(struct queue_entry) == 24, "queue entries stay three words");
 
 struct queue_ring {
     struct queue_entry *entries;  /* owned, cap entries */
@@ -81,30 +89,47 @@ struct queue {
     bool dispatching;                 /* re-entrancy guard */
     void *exclusive_owner;            /* borrowed: the declaring connection */
     struct bytes arguments;           /* owned copy of the declare arguments */
-    struct queue_ring ready;
+    struct queue_args args;           /* parsed; slices borrow from arguments */
+    struct queue_ring ready;          /* priority 0 (or the only level) */
+    struct queue_ring *priority_rings; /* owned: levels 1..max_priority, or NULL */
+    uint32_t ready_count;             /* over all levels */
     uint64_t ready_bytes;
     uint32_t unacked_count;           /* delivered, not yet settled */
     struct list_node consumers;
     uint32_t consumers_count;
     uint32_t exclusive_consumers;     /* 0 or 1 */
+    struct consumer *active_consumer; /* single active consumer, or NULL */
+    uv_timer_t *timer;                /* owned, lazily: TTL expiry and x-expires */
+    uint64_t last_used_ms;            /* for x-expires */
     uint32_t refs;                    /* the vhost's table + deliveries + consumers */
     uint64_t next_seq;
     struct list_node owner_link;      /* in the exclusive owner's list */
 };
 
+/* arguments must have been accepted by queue_args_parse. */
 struct queue *queue_new(struct vhost *vhost, struct bytes name, bool durable, bool exclusive,
                         bool auto_delete, struct bytes arguments);
 void queue_ref(struct queue *queue);
 void queue_unref(struct queue *queue);
 
+enum queue_publish_result {
+    QUEUE_PUBLISH_OK,
+    QUEUE_PUBLISH_REJECTED,           /* full, with x-overflow reject-publish(-dlx) */
+};
+
 /* Enqueue a routed message (takes a new reference) and dispatch. */
-void queue_publish(struct queue *queue, struct message *message);
+enum queue_publish_result queue_publish(struct queue *queue, struct message *message);
 /* Put a delivered, unsettled message back where it was (by its seq, as
  * RabbitMQ does), marked redelivered. Takes the message reference. Does
  * not dispatch: callers requeue a batch, then dispatch once. */
-void queue_requeue(struct queue *queue, struct message *message, uint64_t seq);
+void queue_requeue(struct queue *queue, struct queue_entry entry);
 /* A delivered message is settled (acked, or rejected without requeue). */
 void queue_settle(struct queue *queue);
+/* A delivered message was rejected without requeue: dead-letter it if the
+ * queue has a dead-letter exchange. Takes the message reference. */
+void queue_reject(struct queue *queue, struct message *message);
+/* The queue was used (declare, get, consume): postpones x-expires. */
+void queue_touch(struct queue *queue);
 /* Takes the head for basic.get; returns false if empty. */
 bool queue_take(struct queue *queue, struct queue_entry *out);
 /* Drops every ready message; returns how many. */
@@ -121,7 +146,7 @@ uint32_t queue_delete(struct queue *queue);
 
 static inline uint32_t queue_ready_count(const struct queue *queue)
 {
-    return queue->ready.count;
+    return queue->ready_count;
 }
 
 #endif

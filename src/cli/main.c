@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "broker/alarm.h"
 #include "broker/auth.h"
 #include "broker/broker.h"
 #include "lib/log.h"
@@ -41,6 +42,10 @@ static void usage(FILE *out)
             "  --max-queues N          queues per vhost (default unlimited)\n"
             "  --max-consumers N       consumers per channel (default unlimited)\n"
             "  --max-message-size B    largest message body (default 134217728)\n"
+            "  --memory-high-watermark M  block publishers above this much memory: a\n"
+            "                          fraction of RAM (0.4, the default) or a size (512MiB)\n"
+            "  --disk-free-limit SIZE  block publishers when the data directory's disk has\n"
+            "                          less free space (default 50MB; 0 = off)\n"
             "  --hash-password PW      print a password hash for the users file and exit\n"
             "  --help                  this text\n");
 }
@@ -48,7 +53,8 @@ static void usage(FILE *out)
 enum option_id {
     OPT_LISTEN = 256, OPT_DATA, OPT_USERS, OPT_LOG_LEVEL, OPT_FRAME_MAX, OPT_CHANNEL_MAX,
     OPT_HEARTBEAT, OPT_MAX_CONNECTIONS, OPT_MAX_QUEUES, OPT_MAX_CONSUMERS,
-    OPT_MAX_MESSAGE_SIZE, OPT_HASH_PASSWORD, OPT_HELP,
+    OPT_MAX_MESSAGE_SIZE, OPT_HASH_PASSWORD, OPT_HELP, OPT_MEMORY_HIGH_WATERMARK,
+    OPT_DISK_FREE_LIMIT,
 };
 
 static const struct option long_options[] = {
@@ -64,6 +70,8 @@ static const struct option long_options[] = {
     {"max-consumers", required_argument, NULL, OPT_MAX_CONSUMERS},
     {"max-message-size", required_argument, NULL, OPT_MAX_MESSAGE_SIZE},
     {"hash-password", required_argument, NULL, OPT_HASH_PASSWORD},
+    {"memory-high-watermark", required_argument, NULL, OPT_MEMORY_HIGH_WATERMARK},
+    {"disk-free-limit", required_argument, NULL, OPT_DISK_FREE_LIMIT},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -140,6 +148,18 @@ static int parse_options(int argc, char **argv, struct broker_config *config)
             if (parse_u64("max-message-size", optarg, 512u << 20, &v))
                 return -1;
             config->limits.message_size_max = v;
+            break;
+        case OPT_MEMORY_HIGH_WATERMARK:
+            if (alarm_parse_size(optarg, true, &config->memory_high_watermark) != 0) {
+                fprintf(stderr, "quayd: bad value for --memory-high-watermark: '%s'\n", optarg);
+                return -1;
+            }
+            break;
+        case OPT_DISK_FREE_LIMIT:
+            if (alarm_parse_size(optarg, false, &config->disk_free_limit) != 0) {
+                fprintf(stderr, "quayd: bad value for --disk-free-limit: '%s'\n", optarg);
+                return -1;
+            }
             break;
         case OPT_HASH_PASSWORD: {
             char hash[64];

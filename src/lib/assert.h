@@ -19,13 +19,27 @@ _Noreturn void quay_assert_fail(const char *expr, const char *file, int line, co
     ((x) ? (void)0 : quay_assert_fail(#x, __FILE__, __LINE__, __func__))
 
 #ifndef NDEBUG
+static inline bool quay_always(bool x, const char *expr, const char *file, int line,
+                               const char *func)
+{
+    if (!x)
+        quay_assert_fail(expr, file, line, func);
+    return x;
+}
+static inline bool quay_never(bool x, const char *expr, const char *file, int line,
+                              const char *func)
+{
+    if (x)
+        quay_assert_fail(expr, file, line, func);
+    return x;
+}
 #define DEBUG_ASSERT(x) ASSERT(x)
-#define ALWAYS(x) ((x) ? true : (quay_assert_fail(#x, __FILE__, __LINE__, __func__), false))
-#define NEVER(x) ((x) ? (quay_assert_fail("!(" #x ")", __FILE__, __LINE__, __func__), true) : false)
+#define ALWAYS(x) quay_always(!!(x), #x, __FILE__, __LINE__, __func__)
+#define NEVER(x) quay_never(!!(x), "!(" #x ")", __FILE__, __LINE__, __func__)
 #else
 #define DEBUG_ASSERT(x) ((void)0)
-#define ALWAYS(x) (x)
-#define NEVER(x) (x)
+#define ALWAYS(x) (!!(x))
+#define NEVER(x) (!!(x))
 #endif
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))

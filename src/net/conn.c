@@ -175,6 +175,10 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         return;
     ASSERT((size_t)used <= size);
     keep_leftover(conn, data + used, size - (size_t)used);
+    /* A peer that does not read what we send (confirms, returns, replies)
+     * is not read from either, so its output cannot grow without bound. */
+    if (conn->out_bytes >= CONN_OUT_READ_PAUSE)
+        conn_pause_reading(conn, CONN_PAUSE_OUTPUT);
 }
 
 void conn_start(struct conn *conn)
@@ -185,19 +189,19 @@ void conn_start(struct conn *conn)
     uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
 }
 
-void conn_pause_reading(struct conn *conn)
+void conn_pause_reading(struct conn *conn, enum conn_pause reason)
 {
-    conn->read_paused = true;
+    conn->read_pauses |= reason;
     if (conn->reading && !conn->closing) {
         uv_read_stop((uv_stream_t *)&conn->tcp);
         conn->reading = false;
     }
 }
 
-void conn_resume_reading(struct conn *conn)
+void conn_resume_reading(struct conn *conn, enum conn_pause reason)
 {
-    conn->read_paused = false;
-    if (!conn->reading && !conn->closing) {
+    conn->read_pauses &= ~(uint32_t)reason;
+    if (conn->read_pauses == 0 && !conn->reading && !conn->closing) {
         conn->reading = true;
         uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
     }
@@ -305,6 +309,8 @@ static void advance(struct conn *conn, size_t n)
         conn_close(conn);
         return;
     }
+    if ((conn->read_pauses & CONN_PAUSE_OUTPUT) && conn->out_bytes <= CONN_OUT_LOW_WATER)
+        conn_resume_reading(conn, CONN_PAUSE_OUTPUT);
     if (conn->above_high_water && conn->out_bytes <= CONN_OUT_LOW_WATER) {
         conn->above_high_water = false;
         if (conn->ops->on_drain && !conn->closing)
@@ -429,7 +435,7 @@ void conn_close_after_flush(struct conn *conn)
 {
     if (conn->closing)
         return;
-    conn_pause_reading(conn);
+    conn_pause_reading(conn, CONN_PAUSE_CLOSING);
     conn->close_after_flush = true;
     schedule_flush(conn);
 }

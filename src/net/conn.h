@@ -70,7 +70,7 @@ struct conn {
     bool closing;
     bool close_after_flush;
     bool reading;
-    bool read_paused;             /* the protocol asked to stop reading */
+    uint32_t read_pauses;         /* enum conn_pause bits: why we are not reading */
     bool above_high_water;
     bool peer_loopback;
     char peer_name[64];           /* "ip:port" */
@@ -81,6 +81,10 @@ struct conn {
  * delivery) should hold back until on_drain. */
 #define CONN_OUT_HIGH_WATER (1u << 20)
 #define CONN_OUT_LOW_WATER (256u << 10)
+/* Beyond this the peer is not reading (deliveries alone stop at the high
+ * water mark), so its input is paused too until output is back under the
+ * low water mark. */
+#define CONN_OUT_READ_PAUSE (4u << 20)
 
 /* Starts reading on an accepted stream. */
 void conn_start(struct conn *conn);
@@ -103,9 +107,16 @@ static inline bool conn_out_full(const struct conn *conn)
     return conn->out_bytes >= CONN_OUT_HIGH_WATER;
 }
 
-/* Stop or resume reading (back-pressure, memory alarm). */
-void conn_pause_reading(struct conn *conn);
-void conn_resume_reading(struct conn *conn);
+/* Why a connection is not being read from. Reading resumes only when no
+ * reason is left. */
+enum conn_pause {
+    CONN_PAUSE_CLOSING = 1u << 0,  /* a bad frame or a goodbye: read no more */
+    CONN_PAUSE_OUTPUT = 1u << 1,   /* the peer is not reading what we send */
+    CONN_PAUSE_ALARM = 1u << 2,    /* memory or disk alarm (publishers only) */
+};
+
+void conn_pause_reading(struct conn *conn, enum conn_pause reason);
+void conn_resume_reading(struct conn *conn, enum conn_pause reason);
 
 /* net: the loop-wide part of the transport. */
 typedef struct conn *(*net_accept_fn)(struct net *net, void *ctx);

@@ -1,0 +1,157 @@
+/*
+ * alarm.c: see alarm.h.
+ */
+#include "broker/alarm.h"
+
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "broker/broker.h"
+#include "broker/connection.h"
+#include "broker/message.h"
+#include "lib/assert.h"
+#include "lib/log.h"
+
+#define DISK_SAMPLE_MS 1000
+/* Per-message memory beyond its bytes: the struct, the queue entry, malloc. */
+#define MESSAGE_OVERHEAD_BYTES 96
+
+int alarm_parse_size(const char *text, bool fraction_allowed, uint64_t *out)
+{
+    char *end;
+    double value = strtod(text, &end);
+    if (end == text || value < 0)
+        return -1;
+    if (fraction_allowed && strchr(text, '.') && *end == '\0') {
+        if (value > 1.0)
+            return -1;
+        long pages = sysconf(_SC_PHYS_PAGES);
+        long page_size = sysconf(_SC_PAGESIZE);
+        *out = (uint64_t)(value * (double)pages * (double)page_size);
+        return 0;
+    }
+    static const struct {
+        const char *suffix;
+        double factor;
+    } units[] = {{"", 1},      {"B", 1},        {"kB", 1e3},     {"KiB", 1024.0},
+                 {"MB", 1e6},  {"MiB", 1048576.0}, {"GB", 1e9}, {"GiB", 1073741824.0},
+                 {"K", 1024.0}, {"M", 1048576.0}, {"G", 1073741824.0}};
+    for (size_t i = 0; i < ARRAY_SIZE(units); i++) {
+        if (strcasecmp(end, units[i].suffix) == 0) {
+            *out = (uint64_t)(value * units[i].factor);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+void alarm_init(struct alarm *alarm, uint64_t memory_high_watermark, uint64_t disk_free_limit)
+{
+    memset(alarm, 0, sizeof *alarm);
+    alarm->memory_high_watermark = memory_high_watermark;
+    alarm->disk_free_limit = disk_free_limit;
+}
+
+static uint64_t message_bytes(void)
+{
+    return message_live_bytes + message_live_count * MESSAGE_OVERHEAD_BYTES;
+}
+
+uint64_t alarm_memory_estimate(const struct alarm *alarm)
+{
+    int64_t estimate = (int64_t)message_bytes() + alarm->heap_other_bytes;
+    return estimate > 0 ? (uint64_t)estimate : 0;
+}
+
+static void block(struct connection *connection)
+{
+    if (connection->blocked || connection->state != CONNECTION_STATE_OPEN)
+        return;
+    connection->blocked = true;
+    if (connection->client_blocked) {
+        struct method m = {.id = METHOD_CONNECTION_BLOCKED};
+        m.connection_blocked.reason = BYTES_LIT("low on memory or disk space");
+        connection_send_method(connection, 0, &m);
+    }
+    conn_pause_reading(&connection->conn, CONN_PAUSE_ALARM);
+}
+
+static void unblock(struct connection *connection)
+{
+    if (!connection->blocked)
+        return;
+    connection->blocked = false;
+    if (connection->client_blocked && connection->state == CONNECTION_STATE_OPEN) {
+        struct method m = {.id = METHOD_CONNECTION_UNBLOCKED};
+        connection_send_method(connection, 0, &m);
+    }
+    conn_resume_reading(&connection->conn, CONN_PAUSE_ALARM);
+}
+
+static void set_alarm(struct broker *broker, bool *flag, bool on, const char *what)
+{
+    if (*flag == on)
+        return;
+    bool was_active = alarm_active(&broker->alarm);
+    *flag = on;
+    bool active = alarm_active(&broker->alarm);
+    LOG_WARN("%s alarm %s (memory estimate %llu of %llu bytes, disk free %llu, limit %llu)",
+             what, on ? "set: blocking publishers" : "cleared",
+             (unsigned long long)alarm_memory_estimate(&broker->alarm),
+             (unsigned long long)broker->alarm.memory_high_watermark,
+             (unsigned long long)broker->alarm.disk_free_bytes,
+             (unsigned long long)broker->alarm.disk_free_limit);
+    if (active == was_active)
+        return;
+    list_for_each(node, &broker->connections) {
+        struct connection *connection = CONTAINER_OF(node, struct connection, broker_link);
+        if (active && connection->publisher)
+            block(connection);
+        else if (!active)
+            unblock(connection);
+    }
+}
+
+void alarm_check_publish(struct broker *broker)
+{
+    struct alarm *alarm = &broker->alarm;
+    if (alarm->memory_high_watermark && !alarm->memory_on &&
+        alarm_memory_estimate(alarm) > alarm->memory_high_watermark)
+        set_alarm(broker, &alarm->memory_on, true, "memory");
+}
+
+void alarm_note_publisher(struct broker *broker, struct connection *connection)
+{
+    connection->publisher = true;
+    if (alarm_active(&broker->alarm))
+        block(connection);
+}
+
+void alarm_tick(struct broker *broker, uint64_t now_ms)
+{
+    struct alarm *alarm = &broker->alarm;
+    if (alarm->memory_high_watermark) {
+        struct mallinfo2 info = mallinfo2();
+        uint64_t heap = info.uordblks + info.hblkhd;
+        alarm->heap_other_bytes = (int64_t)heap - (int64_t)message_bytes();
+        uint64_t estimate = alarm_memory_estimate(alarm);
+        if (estimate > alarm->memory_high_watermark)
+            set_alarm(broker, &alarm->memory_on, true, "memory");
+        else if (estimate < alarm->memory_high_watermark / 10 * 9)
+            set_alarm(broker, &alarm->memory_on, false, "memory");
+    }
+    if (alarm->disk_free_limit && now_ms - alarm->disk_sampled_ms >= DISK_SAMPLE_MS) {
+        alarm->disk_sampled_ms = now_ms;
+        struct statvfs vfs;
+        if (statvfs(broker->config.data_dir, &vfs) == 0) {
+            alarm->disk_free_bytes = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+            set_alarm(broker, &alarm->disk_on, alarm->disk_free_bytes < alarm->disk_free_limit,
+                      "disk");
+        }
+    }
+}

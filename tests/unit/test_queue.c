@@ -1,0 +1,386 @@
+/*
+ * test_queue.c: queue logic without sockets. Goal: dispatch, credit,
+ * consumer priorities, single active consumer, requeue order, length
+ * limits with each overflow mode, TTL expiry and dead-lettering behave as
+ * RabbitMQ's do. Method: a vhost on a real libuv loop (for timers), fake
+ * consumers through the consumer_ops seam that record what they receive.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "amqp/method_gen.h"
+#include "amqp/table.h"
+#include "broker/broker.h"
+#include "broker/message.h"
+#include "broker/queue.h"
+#include "broker/vhost.h"
+
+struct fake_consumer {
+    struct consumer base;
+    uint32_t credit;               /* messages it may still take */
+    uint32_t received;
+    struct queue_entry got[64];    /* holds message references until settled */
+    bool cancelled;
+};
+
+static bool fake_can_take(struct consumer *c)
+{
+    return ((struct fake_consumer *)c)->credit > 0;
+}
+
+static void fake_deliver(struct consumer *c, struct queue_entry entry)
+{
+    struct fake_consumer *f = (struct fake_consumer *)c;
+    assert_true(f->received < 64);
+    f->credit--;
+    f->got[f->received++] = entry;
+}
+
+static void fake_cancelled(struct consumer *c)
+{
+    ((struct fake_consumer *)c)->cancelled = true;
+}
+
+static const struct consumer_ops fake_ops = {fake_can_take, fake_deliver, fake_cancelled};
+
+static void fake_init(struct fake_consumer *f, uint32_t credit, int32_t priority)
+{
+    memset(f, 0, sizeof *f);
+    f->base.ops = &fake_ops;
+    f->base.priority = priority;
+    f->credit = credit;
+    list_init(&f->base.queue_link);
+}
+
+/* Settles everything a fake consumer holds (ack). */
+static void fake_ack_all(struct fake_consumer *f, struct queue *q)
+{
+    for (uint32_t i = 0; i < f->received; i++) {
+        queue_settle(q);
+        message_unref(f->got[i].message);
+    }
+    f->received = 0;
+}
+
+static struct broker broker;
+static struct vhost *vhost;
+
+static int setup(void **state)
+{
+    (void)state;
+    memset(&broker, 0, sizeof broker);
+    broker.loop = uv_default_loop();
+    vhost = vhost_new(&broker, BYTES_LIT("/"));
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    vhost_free(vhost);
+    uv_run(broker.loop, UV_RUN_NOWAIT); /* let closed timers go */
+    assert_int_equal(message_live_count, 0);
+    return 0;
+}
+
+/* A message whose body is its number, with optional priority/expiration. */
+static struct message *make(uint32_t n, uint8_t priority, const char *expiration)
+{
+    struct basic_properties props = {0};
+    if (priority) {
+        props.flags |= BASIC_FLAG_PRIORITY;
+        props.priority = priority;
+    }
+    if (expiration) {
+        props.flags |= BASIC_FLAG_EXPIRATION;
+        props.expiration = bytes_of_cstr(expiration);
+    }
+    uint8_t buf[64];
+    size_t size = basic_properties_encode(&props, buf, sizeof buf);
+    assert_true(size > 0);
+    struct basic_properties decoded;
+    assert_int_equal(basic_properties_decode(&decoded, buf, (uint32_t)size), 0);
+    struct message *m = message_new(BYTES_LIT(""), BYTES_LIT("k"), buf, (uint32_t)size, &decoded,
+                                    sizeof n);
+    memcpy(m->body, &n, sizeof n);
+    m->body_received = sizeof n;
+    return m;
+}
+
+static uint32_t number_of(const struct message *m)
+{
+    uint32_t n;
+    memcpy(&n, m->body, sizeof n);
+    return n;
+}
+
+static void publish(struct queue *q, uint32_t n, uint8_t priority, const char *expiration,
+                    enum queue_publish_result expected)
+{
+    struct message *m = make(n, priority, expiration);
+    assert_int_equal(queue_publish(q, m), expected);
+    message_unref(m);
+}
+
+/* Builds an arguments table with one integer (or string) argument. */
+static struct queue *declare(const char *name, const char *key, int64_t value, const char *str)
+{
+    static uint8_t buf[256];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    if (key && str)
+        table_put_longstr(&w, key, bytes_of_cstr(str));
+    else if (key)
+        table_put_int(&w, key, value);
+    struct table t = table_writer_table(&w);
+    return vhost_queue_declare(vhost, bytes_of_cstr(name), false, false, false,
+                               (struct bytes){t.ptr, t.len});
+}
+
+static void round_robin_and_credit(void **state)
+{
+    (void)state;
+    struct queue *q = declare("rr", NULL, 0, NULL);
+    struct fake_consumer a, b;
+    fake_init(&a, 2, 0);
+    fake_init(&b, 10, 0);
+    queue_consumer_add(q, &a.base);
+    queue_consumer_add(q, &b.base);
+    for (uint32_t i = 0; i < 6; i++)
+        publish(q, i, 0, NULL, QUEUE_PUBLISH_OK);
+    /* a takes 0 and 2, then its credit is gone and b takes the rest. */
+    assert_int_equal(a.received, 2);
+    assert_int_equal(number_of(a.got[0].message), 0);
+    assert_int_equal(number_of(a.got[1].message), 2);
+    assert_int_equal(b.received, 4);
+    assert_int_equal(number_of(b.got[0].message), 1);
+    assert_int_equal(q->unacked_count, 6);
+    fake_ack_all(&a, q);
+    fake_ack_all(&b, q);
+    queue_consumer_remove(q, &a.base);
+    queue_consumer_remove(q, &b.base);
+    vhost_queue_delete(vhost, q);
+}
+
+static void consumer_priorities(void **state)
+{
+    (void)state;
+    struct queue *q = declare("prio", NULL, 0, NULL);
+    struct fake_consumer low, high1, high2;
+    fake_init(&low, 10, 1);
+    fake_init(&high1, 2, 5);
+    fake_init(&high2, 1, 5);
+    queue_consumer_add(q, &low.base);
+    queue_consumer_add(q, &high1.base);
+    queue_consumer_add(q, &high2.base);
+    for (uint32_t i = 0; i < 5; i++)
+        publish(q, i, 0, NULL, QUEUE_PUBLISH_OK);
+    /* The two priority-5 consumers alternate until full; only then low. */
+    assert_int_equal(high1.received, 2);
+    assert_int_equal(high2.received, 1);
+    assert_int_equal(low.received, 2);
+    assert_int_equal(number_of(high1.got[0].message), 0);
+    assert_int_equal(number_of(high2.got[0].message), 1);
+    assert_int_equal(number_of(high1.got[1].message), 2);
+    fake_ack_all(&low, q);
+    fake_ack_all(&high1, q);
+    fake_ack_all(&high2, q);
+    vhost_queue_delete(vhost, q);
+    assert_true(low.cancelled && high1.cancelled && high2.cancelled);
+}
+
+static void single_active_consumer_hands_over(void **state)
+{
+    (void)state;
+    struct table_writer w;
+    uint8_t buf[64];
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_bool(&w, "x-single-active-consumer", true);
+    struct table t = table_writer_table(&w);
+    struct queue *q = vhost_queue_declare(vhost, BYTES_LIT("sac"), false, false, false,
+                                          (struct bytes){t.ptr, t.len});
+    struct fake_consumer first, second;
+    fake_init(&first, 2, 0);
+    fake_init(&second, 10, 0);
+    queue_consumer_add(q, &first.base);
+    queue_consumer_add(q, &second.base);
+    for (uint32_t i = 0; i < 4; i++)
+        publish(q, i, 0, NULL, QUEUE_PUBLISH_OK);
+    assert_int_equal(first.received, 2);
+    assert_int_equal(second.received, 0); /* waits although it has credit */
+    fake_ack_all(&first, q);
+    queue_consumer_remove(q, &first.base);
+    queue_dispatch(q);
+    assert_int_equal(second.received, 2);
+    assert_int_equal(number_of(second.got[0].message), 2);
+    fake_ack_all(&second, q);
+    vhost_queue_delete(vhost, q);
+}
+
+static void requeue_restores_original_order(void **state)
+{
+    (void)state;
+    struct queue *q = declare("order", NULL, 0, NULL);
+    for (uint32_t i = 0; i < 5; i++)
+        publish(q, i, 0, NULL, QUEUE_PUBLISH_OK);
+    struct queue_entry taken[3];
+    for (int i = 0; i < 3; i++)
+        assert_true(queue_take(q, &taken[i]));
+    /* Requeue out of order: 2, then 0, then 1. */
+    queue_requeue(q, taken[2]);
+    queue_requeue(q, taken[0]);
+    queue_requeue(q, taken[1]);
+    for (uint32_t i = 0; i < 5; i++) {
+        struct queue_entry e;
+        assert_true(queue_take(q, &e));
+        assert_int_equal(number_of(e.message), i);
+        assert_int_equal(e.redelivered, i < 3);
+        queue_settle(q);
+        message_unref(e.message);
+    }
+    vhost_queue_delete(vhost, q);
+}
+
+static void max_length_drop_head_and_reject_publish(void **state)
+{
+    (void)state;
+    struct queue *q = declare("maxlen", "x-max-length", 2, NULL);
+    for (uint32_t i = 0; i < 5; i++)
+        publish(q, i, 0, NULL, QUEUE_PUBLISH_OK);
+    assert_int_equal(queue_ready_count(q), 2);
+    struct queue_entry e;
+    assert_true(queue_take(q, &e));
+    assert_int_equal(number_of(e.message), 3); /* the oldest were dropped */
+    queue_settle(q);
+    message_unref(e.message);
+    vhost_queue_delete(vhost, q);
+
+    static uint8_t buf[128];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_int(&w, "x-max-length", 2);
+    table_put_longstr(&w, "x-overflow", BYTES_LIT("reject-publish"));
+    struct table t = table_writer_table(&w);
+    q = vhost_queue_declare(vhost, BYTES_LIT("reject"), false, false, false,
+                            (struct bytes){t.ptr, t.len});
+    publish(q, 0, 0, NULL, QUEUE_PUBLISH_OK);
+    publish(q, 1, 0, NULL, QUEUE_PUBLISH_OK);
+    publish(q, 2, 0, NULL, QUEUE_PUBLISH_REJECTED);
+    assert_int_equal(queue_ready_count(q), 2);
+    vhost_queue_delete(vhost, q);
+}
+
+static void priority_queue_delivers_highest_first(void **state)
+{
+    (void)state;
+    struct queue *q = declare("pq", "x-max-priority", 5, NULL);
+    publish(q, 0, 0, NULL, QUEUE_PUBLISH_OK);
+    publish(q, 1, 3, NULL, QUEUE_PUBLISH_OK);
+    publish(q, 2, 9, NULL, QUEUE_PUBLISH_OK); /* above the max: counts as 5 */
+    publish(q, 3, 3, NULL, QUEUE_PUBLISH_OK);
+    uint32_t expected[] = {2, 1, 3, 0};
+    for (int i = 0; i < 4; i++) {
+        struct queue_entry e;
+        assert_true(queue_take(q, &e));
+        assert_int_equal(number_of(e.message), expected[i]);
+        queue_settle(q);
+        message_unref(e.message);
+    }
+    vhost_queue_delete(vhost, q);
+}
+
+static void ttl_expires_without_readers_and_dead_letters(void **state)
+{
+    (void)state;
+    static uint8_t buf[128];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_int(&w, "x-message-ttl", 20);
+    table_put_longstr(&w, "x-dead-letter-exchange", BYTES_LIT(""));
+    table_put_longstr(&w, "x-dead-letter-routing-key", BYTES_LIT("dead"));
+    struct table t = table_writer_table(&w);
+    struct queue *q = vhost_queue_declare(vhost, BYTES_LIT("ttl"), false, false, false,
+                                          (struct bytes){t.ptr, t.len});
+    struct queue *dead = declare("dead", NULL, 0, NULL);
+    publish(q, 7, 0, NULL, QUEUE_PUBLISH_OK);
+    publish(q, 8, 0, "5", QUEUE_PUBLISH_OK); /* per-message, behind the head */
+    assert_int_equal(queue_ready_count(q), 2);
+    /* Nobody reads: the queue's timer must expire them. */
+    uint64_t start = uv_now(broker.loop);
+    while (queue_ready_count(q) > 0 && uv_now(broker.loop) - start < 2000) {
+        uv_run(broker.loop, UV_RUN_ONCE);
+        uv_update_time(broker.loop);
+    }
+    assert_int_equal(queue_ready_count(q), 0);
+    assert_int_equal(queue_ready_count(dead), 2);
+    struct queue_entry e;
+    assert_true(queue_take(dead, &e));
+    assert_int_equal(number_of(e.message), 7);
+    struct field_value deaths, first, reason;
+    assert_true(table_get(e.message->headers, "x-death", &deaths));
+    assert_int_equal(deaths.kind, 'A');
+    struct array_iter it;
+    array_iter_init(&it, deaths.array);
+    assert_true(array_iter_next(&it, &first));
+    assert_true(table_get(first.table, "reason", &reason));
+    assert_true(bytes_equal_cstr(reason.str, "expired"));
+    assert_true(bytes_equal_cstr(message_routing_key(e.message), "dead"));
+    queue_settle(dead);
+    message_unref(e.message);
+    vhost_queue_delete(vhost, q);
+    vhost_queue_delete(vhost, dead);
+}
+
+static void zero_ttl_delivers_now_or_never(void **state)
+{
+    (void)state;
+    struct queue *q = declare("ttl0", "x-message-ttl", 0, NULL);
+    publish(q, 1, 0, NULL, QUEUE_PUBLISH_OK);
+    assert_int_equal(queue_ready_count(q), 0); /* nobody could take it */
+    struct fake_consumer c;
+    fake_init(&c, 5, 0);
+    queue_consumer_add(q, &c.base);
+    publish(q, 2, 0, NULL, QUEUE_PUBLISH_OK);
+    assert_int_equal(c.received, 1);
+    assert_int_equal(number_of(c.got[0].message), 2);
+    fake_ack_all(&c, q);
+    vhost_queue_delete(vhost, q);
+}
+
+static void delete_cancels_consumers_and_reports_count(void **state)
+{
+    (void)state;
+    struct queue *q = declare("del", NULL, 0, NULL);
+    struct fake_consumer c;
+    fake_init(&c, 0, 0);
+    queue_consumer_add(q, &c.base);
+    for (uint32_t i = 0; i < 3; i++)
+        publish(q, i, 0, NULL, QUEUE_PUBLISH_OK);
+    assert_int_equal(vhost_queue_delete(vhost, q), 3);
+    assert_true(c.cancelled);
+    assert_int_equal(message_live_count, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(round_robin_and_credit, setup, teardown),
+        cmocka_unit_test_setup_teardown(consumer_priorities, setup, teardown),
+        cmocka_unit_test_setup_teardown(single_active_consumer_hands_over, setup, teardown),
+        cmocka_unit_test_setup_teardown(requeue_restores_original_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(max_length_drop_head_and_reject_publish, setup, teardown),
+        cmocka_unit_test_setup_teardown(priority_queue_delivers_highest_first, setup, teardown),
+        cmocka_unit_test_setup_teardown(ttl_expires_without_readers_and_dead_letters, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(zero_ttl_delivers_now_or_never, setup, teardown),
+        cmocka_unit_test_setup_teardown(delete_cancels_consumers_and_reports_count, setup,
+                                        teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
