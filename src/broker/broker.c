@@ -102,6 +102,12 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
         struct listener *listener = &broker->listeners[broker->listeners_count];
         int rc = listener_open(listener, &broker->net, config->listen[i], connection_accept,
                                broker);
+        if (rc == UV_EAFNOSUPPORT && strncmp(config->listen[i], "[::]:", 5) == 0) {
+            /* No IPv6 on this host: the wildcard falls back to IPv4. */
+            char v4[32];
+            snprintf(v4, sizeof v4, "0.0.0.0:%s", config->listen[i] + 5);
+            rc = listener_open(listener, &broker->net, v4, connection_accept, broker);
+        }
         if (rc != 0) {
             LOG_ERROR("cannot listen on %s: %s", config->listen[i], uv_strerror(rc));
             return -1;
@@ -115,6 +121,17 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     return 0;
 }
 
+#define SHUTDOWN_GRACE_MS 2000
+
+/* Clients that did not read their connection.close in time are cut. */
+static void on_shutdown_deadline(uv_timer_t *timer)
+{
+    struct broker *broker = timer->data;
+    list_for_each_safe(node, &broker->connections) {
+        conn_close(&CONTAINER_OF(node, struct connection, broker_link)->conn);
+    }
+}
+
 void broker_stop(struct broker *broker)
 {
     if (broker->stopping)
@@ -122,23 +139,28 @@ void broker_stop(struct broker *broker)
     broker->stopping = true;
     for (uint32_t i = 0; i < broker->listeners_count; i++)
         listener_close(&broker->listeners[i]);
+    uv_timer_stop(&broker->tick);
+    uv_close((uv_handle_t *)&broker->tick, NULL);
+    /* Every client gets 320 CONNECTION_FORCED, written before its socket
+     * closes; the loop ends once they are all gone, or at the deadline. */
     list_for_each_safe(node, &broker->connections) {
         struct connection *connection = CONTAINER_OF(node, struct connection, broker_link);
         connection_force_close(connection, "broker shutdown");
-    }
-    /* Close-ok has a moment to arrive; then the tick closes the rest. */
-    uv_timer_stop(&broker->tick);
-    uv_close((uv_handle_t *)&broker->tick, NULL);
-    list_for_each_safe(node, &broker->connections) {
-        struct connection *connection = CONTAINER_OF(node, struct connection, broker_link);
         conn_close_after_flush(&connection->conn);
     }
-    net_close(&broker->net);
+    uv_timer_init(broker->loop, &broker->shutdown_timer);
+    broker->shutdown_timer.data = broker;
+    uv_timer_start(&broker->shutdown_timer, on_shutdown_deadline, SHUTDOWN_GRACE_MS, 0);
+    uv_unref((uv_handle_t *)&broker->shutdown_timer);
 }
 
 void broker_free(struct broker *broker)
 {
     ASSERT(list_empty(&broker->connections));
+    if (broker->stopping)
+        uv_close((uv_handle_t *)&broker->shutdown_timer, NULL);
+    net_close(&broker->net);
+    uv_run(broker->loop, UV_RUN_DEFAULT); /* the close callbacks */
     struct hmap_entry *e;
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &e);)
         vhost_free(e->value);

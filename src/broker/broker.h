@@ -55,6 +55,7 @@ struct broker {
     struct list_node connections;  /* struct connection.broker_link */
     uint32_t connections_count;
     uv_timer_t tick;               /* heartbeats, handshake timeouts, alarms */
+    uv_timer_t shutdown_timer;     /* cuts clients that ignore our close */
     struct alarm alarm;
     uint64_t name_counter;         /* server-generated names */
     bool stopping;
@@ -63,9 +64,10 @@ struct broker {
 void broker_config_defaults(struct broker_config *config);
 /* Loads users, creates vhosts, opens listeners. Returns 0 or -1 (logged). */
 int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_config *config);
-/* Closes listeners and connections; the loop then runs until idle. */
+/* Closes listeners, says goodbye to every client (320), and lets the loop
+ * run until they are gone (at most a couple of seconds). */
 void broker_stop(struct broker *broker);
-/* After the loop has finished: frees the rest and checks the pools. */
+/* After the loop has finished: frees the rest and checks for leaks. */
 void broker_free(struct broker *broker);
 
 struct vhost *broker_vhost(struct broker *broker, struct bytes name);

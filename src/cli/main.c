@@ -235,20 +235,10 @@ int main(int argc, char **argv)
     if (lock_fd < 0)
         return 1;
     uv_loop_t *loop = uv_default_loop();
-    bool default_listen = config.listen_count == 0;
-    if (default_listen)
-        config.listen[config.listen_count++] = "[::]:5672";
-    if (broker_start(&broker, loop, &config) != 0) {
-        if (!default_listen)
-            return 1;
-        /* No IPv6 on this host: serve IPv4 alone. */
-        broker_stop(&broker);
-        uv_run(loop, UV_RUN_DEFAULT);
-        broker_free(&broker);
-        config.listen[0] = "0.0.0.0:5672";
-        if (broker_start(&broker, loop, &config) != 0)
-            return 1;
-    }
+    if (config.listen_count == 0)
+        config.listen[config.listen_count++] = "[::]:5672"; /* dual-stack */
+    if (broker_start(&broker, loop, &config) != 0)
+        return 1; /* logged; nothing to clean up in a process that ends */
     uv_signal_init(loop, &sigterm_handle);
     uv_signal_start(&sigterm_handle, on_signal, SIGTERM);
     uv_signal_init(loop, &sigint_handle);

@@ -121,18 +121,19 @@ SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error:", "LeakSanitizer
 class Broker:
     """The broker under test: external (QUAY_TEST_TARGET) or a private quayd."""
 
-    def __init__(self):
+    def __init__(self, extra_args=(), host="127.0.0.1", external_ok=True):
         self.proc = None
         self.tmpdir = None
         self.stderr_path = None
-        target = os.environ.get("QUAY_TEST_TARGET")
+        self.extra_args = list(extra_args)
+        target = os.environ.get("QUAY_TEST_TARGET") if external_ok else None
         if target:
             host, _, port = target.rpartition(":")
             self.host, self.port = host or "127.0.0.1", int(port)
             self.external = True
         else:
             self.external = False
-            self.host = "127.0.0.1"
+            self.host = host
             self._start_quayd()
 
     def _start_quayd(self):
@@ -145,9 +146,11 @@ class Broker:
         os.mkdir(data)
         self.stderr_path = os.path.join(self.tmpdir, "quayd.stderr")
         self._stderr = open(self.stderr_path, "wb")
+        self.data = data
+        listen = ("[%s]:%d" if ":" in self.host else "%s:%d") % (self.host, self.port)
         self.proc = subprocess.Popen(
-            [quayd, "--listen", "%s:%d" % (self.host, self.port), "--data", data,
-             "--log-level", "warn"],
+            [quayd, "--listen", listen, "--data", data, "--log-level", "warn"]
+            + self.extra_args,
             stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr)
         deadline = time.time() + 10
         while True:
@@ -155,7 +158,8 @@ class Broker:
                 raise RuntimeError("quayd exited early with %s:\n%s"
                                    % (self.proc.returncode, self.stderr_text()))
             try:
-                socket.create_connection((self.host, self.port), timeout=1).close()
+                probe_host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+                socket.create_connection((probe_host, self.port), timeout=1).close()
                 return
             except OSError:
                 if time.time() > deadline:
