@@ -145,11 +145,8 @@ void channel_handle_unopened(struct connection *connection, const struct frame *
         return;
     }
     struct method m;
-    int rc = method_decode(&m, frame->payload, frame->size);
-    if (rc != OK) {
-        connection__fail_decode(connection, frame, rc);
+    if (!connection__decode_method(connection, frame, &m))
         return;
-    }
     if (m.id != METHOD_CHANNEL_OPEN) {
         connection_fail(connection, REPLY_CHANNEL_ERROR, m.id, "expected 'channel.open'");
         return;
@@ -371,11 +368,8 @@ void channel_handle_frame(struct channel *ch, const struct frame *frame)
         return;
     }
     struct method m;
-    int rc = method_decode(&m, frame->payload, frame->size);
-    if (rc != OK) {
-        connection__fail_decode(ch->connection, frame, rc);
+    if (!connection__decode_method(ch->connection, frame, &m))
         return;
-    }
     handle_method(ch, &m);
 }
 

@@ -458,7 +458,7 @@ static void fail_bad_frame(struct connection *connection, const uint8_t *p, size
 
 /* method_decode failed: 540 for an unknown method, else RabbitMQ's 501
  * "cannot decode" quoting the arguments. */
-void connection__fail_decode(struct connection *connection, const struct frame *frame, int rc)
+static void fail_decode(struct connection *connection, const struct frame *frame, int rc)
 {
     ASSERT(frame->size >= 4);
     uint32_t method_id = (uint32_t)frame->payload[0] << 24 | (uint32_t)frame->payload[1] << 16 |
@@ -471,6 +471,15 @@ void connection__fail_decode(struct connection *connection, const struct frame *
     char octets[320];
     connection__format_binary(octets, sizeof octets, frame->payload + 4, frame->size - 4);
     connection_fail(connection, REPLY_FRAME_ERROR, method_id, "cannot decode %s", octets);
+}
+
+bool connection__decode_method(struct connection *connection, const struct frame *frame,
+                               struct method *out)
+{
+    int rc = method_decode(out, frame->payload, frame->size);
+    if (rc != OK)
+        fail_decode(connection, frame, rc);
+    return rc == OK;
 }
 
 /* ---- dispatch ------------------------------------------------------- */
@@ -544,11 +553,8 @@ static void handle_frame(struct connection *connection, const struct frame *fram
             return;
         }
         struct method m;
-        int rc = method_decode(&m, frame->payload, frame->size);
-        if (rc != OK) {
-            connection__fail_decode(connection, frame, rc);
+        if (!connection__decode_method(connection, frame, &m))
             return;
-        }
         if (METHOD_CLASS_ID(m.id) != CLASS_CONNECTION) {
             connection_fail(connection, REPLY_CHANNEL_ERROR, m.id,
                             "unexpected method in connection state %s",

@@ -88,8 +88,10 @@ void connection_send_method(struct connection *connection, uint16_t channel,
 
 /* Erlang-style rendering of bytes for reply texts (<<"abc">>, <<0,1>>). */
 size_t connection__format_binary(char *out, size_t cap, const uint8_t *p, size_t len);
-/* A method frame did not decode: 540 or 501 as RabbitMQ answers. */
-void connection__fail_decode(struct connection *connection, const struct frame *frame, int rc);
+/* Decodes a method frame; on failure closes the connection with 540 or
+ * 501 as RabbitMQ answers, and returns false. */
+bool connection__decode_method(struct connection *connection, const struct frame *frame,
+                               struct method *out);
 
 /* Called by channels once they are fully closed and freed. */
 void connection__channel_gone(struct connection *connection, uint16_t channel_id);
