@@ -11,12 +11,16 @@ packages=(
   libuv1-dev libraft-dev libssl-dev
   # tests: unit harness, fuzzers, real clients
   libcmocka-dev clang libclang-rt-dev
-  python3 python3-pika python3-amqp python3-kombu python3-amqplib python3-pytest
+  python3 python3-pika python3-amqp python3-kombu python3-pytest
   librabbitmq-dev amqp-tools
   librabbitmq-client-java libslf4j-java default-jdk-headless
   # cluster fault tests: network namespaces and nftables
   iproute2 nftables procps
 )
+# Node.js for the amqplib interop test (tests/integration/08-amqplib.py).  By
+# command, not by package: a node that came with its own npm is fine as it is.
+command -v node >/dev/null 2>&1 || packages+=(nodejs)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(rabbitmq-server)
 fi
@@ -36,3 +40,15 @@ if ((${#missing[@]})); then
     --no-install-recommends "${missing[@]}"
 fi
 echo "setup: all packages present"
+
+# The locked amqplib for tests/integration/node.  `npm ci` reinstalls from
+# scratch every time, so skip it while node_modules was installed from the
+# current package-lock.json.
+node_dir="$(cd "$(dirname "$0")/.." && pwd)/tests/integration/node"
+stamp="$node_dir/node_modules/.quay-installed-lock.json"
+if ! cmp -s "$node_dir/package-lock.json" "$stamp"; then
+  echo "setup: npm ci in tests/integration/node"
+  npm ci --prefix "$node_dir" --no-audit --no-fund
+  cp "$node_dir/package-lock.json" "$stamp"
+fi
+echo "setup: node modules present"
