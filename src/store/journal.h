@@ -1,0 +1,189 @@
+/*
+ * journal.h: the broker's durable store. Per-queue message logs, a
+ * definitions log, group commit on one journal thread, and recovery.
+ *
+ * Threads. Every function here is called on the loop thread that owns the
+ * broker (the uv_loop_t given to journal_open). The journal owns one more
+ * thread, which does every write and fdatasync; the loop thread hands it
+ * records through a mutex-protected list and learns of completions through
+ * a uv_async_t. The loop thread itself touches the disk only in
+ * journal_open / journal_recover (before serving) and journal_read (a
+ * synchronous pread, for paging: it may block the loop for one disk read).
+ *
+ * Tickets. Every call that changes the disk returns a "sync ticket": a
+ * number that grows by at least one per call. When the synced callback
+ * reports ticket T, everything appended with a ticket <= T is on disk
+ * (fdatasync'ed, directories fsync'ed): confirm a publish only then. One
+ * fdatasync per file covers every record appended before it (group commit).
+ * Ticket 0 means "not written": the journal has failed (see status below).
+ *
+ * Failure. After a write or fsync error the journal stops writing for good
+ * (an fsync error leaves the page cache in an unknown state) and reports the
+ * error through the synced callback's status; later calls return ticket 0.
+ * The broker must then stop confirming persistent publishes and shut down.
+ *
+ * Memory. struct journal owns every journal_queue. Blobs passed in are
+ * copied; blobs passed to callbacks are borrowed for the call only.
+ */
+#ifndef QUAY_STORE_JOURNAL_H
+#define QUAY_STORE_JOURNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "amqp/types.h"
+#include "store/disk.h"
+
+/* Errors beyond lib/errors.h (E_IO for system errors, E_LIMIT, E_NOMEM). */
+enum {
+    E_JOURNAL_CORRUPT = -1000,  /* a bad record that is not a torn tail; see recovery */
+    E_JOURNAL_NOT_FOUND = -1001, /* journal_read of a seq the journal does not hold */
+};
+
+struct journal;
+struct journal_queue; /* one durable queue's log; owned by its journal */
+
+struct journal_options {
+    const struct disk_ops *disk;       /* NULL: disk_posix() */
+    uint64_t segment_size_max;         /* 0: 64 MiB; at most 1 GiB */
+    uint32_t blob_size_max;            /* 0: 128 MiB; bigger publishes are refused */
+    uint32_t compact_live_percent;     /* 0: 25; compact an old segment below this */
+    uint64_t definitions_compact_size; /* 0: 1 MiB; snapshot when bigger and half dead */
+};
+
+/* ---- Lifecycle ----------------------------------------------------------- */
+
+/* Opens (creating if needed) the journal in dir, replays the definitions log
+ * (cutting a torn tail) and starts the journal thread. Returns OK, or E_IO /
+ * E_JOURNAL_CORRUPT with a message naming file and offset in err. */
+int journal_open(struct journal **out, uv_loop_t *loop, const char *dir,
+                 const struct journal_options *opts, char *err, size_t err_size);
+
+/* Writes and syncs everything appended, joins the thread, reports the last
+ * synced ticket, and frees the journal once the loop has run its close
+ * callbacks (run the loop once more after this call). */
+void journal_close(struct journal *j);
+
+/* ticket: every record with a ticket <= ticket is durable. status is OK, or
+ * the error that stopped the journal (then ticket is the last durable one). */
+typedef void (*journal_synced_fn)(void *ctx, uint64_t ticket, int status);
+void journal_set_synced_callback(struct journal *j, journal_synced_fn fn, void *ctx);
+
+/* Bytes appended but not yet written: block publishers above a limit. */
+uint64_t journal_backlog_size(struct journal *j);
+/* OK, or the error that stopped the journal. */
+int journal_status(struct journal *j);
+
+/* ---- Recovery, once, after journal_open and before any queue is opened --- */
+
+struct journal_recovery_stats {
+    uint64_t queue_count;         /* queue directories recovered */
+    uint64_t message_count;       /* live messages handed to the callback */
+    uint64_t segment_count;
+    uint64_t byte_count;          /* bytes read */
+    uint64_t deleted_queue_count; /* deletions found unfinished and finished now */
+    uint64_t truncated_count;     /* torn tails cut */
+    char truncated_path[512];     /* the first one cut, and where */
+    uint64_t truncated_offset;
+    char corrupt_path[512];       /* when E_JOURNAL_CORRUPT: where */
+    uint64_t corrupt_offset;
+};
+
+/* Called once per live (unacked) message, queue by queue, in seq order. */
+typedef void (*journal_recover_fn)(void *ctx, struct journal_queue *q, struct bytes vhost,
+                                   struct bytes queue, uint64_t seq, bool delivered,
+                                   const void *blob, uint32_t size);
+
+/* Reads every queue log sequentially with whole-segment reads. A torn or
+ * corrupt record at the tail of a queue's last segment (and nothing valid
+ * after it) is cut: the file is truncated and the cut reported in stats.
+ * Any other bad record returns E_JOURNAL_CORRUPT with stats->corrupt_path
+ * and corrupt_offset; that queue's files are left untouched and the broker
+ * must not serve (queues recovered before it may already have had their
+ * callbacks and torn tails cut). Recovery also re-appends a DELIVERED or
+ * reclaims segments left behind by a half-done compaction. The operator's
+ * recourse: restore the queue from a backup broker, or move the named
+ * queue directory aside (losing that queue's messages) and restart; the
+ * journal never skips records silently. Returns OK, E_IO or E_JOURNAL_CORRUPT. */
+int journal_recover(struct journal *j, journal_recover_fn fn, void *ctx,
+                    struct journal_recovery_stats *stats);
+
+/* ---- Queues -------------------------------------------------------------- */
+
+/* The log of (vhost, name): the recovered one, or a new empty one (its
+ * directory is created by the journal thread). Never NULL. */
+struct journal_queue *journal_queue_open(struct journal *j, struct bytes vhost,
+                                         struct bytes name);
+/* Deletes the recovered queues that were not opened since recovery: call it
+ * after restoring definitions, so a queue deleted from the definitions but
+ * not from disk before a crash does not linger. */
+void journal_queue_delete_unopened(struct journal *j);
+
+/* The highest seq ever published on this queue (0 for none): the broker
+ * numbers new messages above it. Seqs must be strictly increasing. */
+uint64_t journal_queue_seq_last(const struct journal_queue *q);
+uint64_t journal_queue_live_count(const struct journal_queue *q);
+
+/* Appends one record; the return value is the record's sync ticket. */
+uint64_t journal_publish(struct journal_queue *q, uint64_t seq, const void *blob, uint32_t size);
+uint64_t journal_delivered(struct journal_queue *q, uint64_t seq);
+uint64_t journal_ack(struct journal_queue *q, uint64_t seq);
+uint64_t journal_purge(struct journal_queue *q, uint64_t seq_below);
+/* Appends DELETE, then removes the queue's files; q is freed at once. */
+uint64_t journal_queue_delete(struct journal_queue *q);
+
+/* ---- Paging -------------------------------------------------------------- */
+
+/* Where a live message is now. Compaction moves messages, so keep the seq
+ * (and size) of a paged-out message, not its location: the journal keeps
+ * the index (24 bytes per live message) and journal_read follows moves. */
+struct journal_location {
+    uint64_t segment_number;
+    uint32_t offset;    /* of the PUBLISH record in the segment */
+    uint32_t blob_size;
+};
+int journal_locate(const struct journal_queue *q, uint64_t seq, struct journal_location *out);
+
+/* Reads a live message's blob back (size must be >= its blob_size) with a
+ * synchronous pread on the calling (loop) thread, after waiting for the
+ * journal thread to have written it. Checks the record's crc and seq.
+ * Returns OK, E_JOURNAL_NOT_FOUND, E_IO or E_JOURNAL_CORRUPT. */
+int journal_read(struct journal_queue *q, uint64_t seq, void *buf, uint32_t size);
+
+/* ---- Definitions --------------------------------------------------------- */
+
+/* The definitions log stores (kind, key) -> value. The journal reads only
+ * kind and key; the value is opaque bytes (the broker's encoding of an
+ * exchange, a queue with its argument table, ...). Key conventions, chosen
+ * by the broker, must make keys unique per kind, e.g.:
+ *   VHOST "name"; USER "name"; PERMISSION "user\0vhost";
+ *   EXCHANGE / QUEUE "vhost\0name";
+ *   BINDING "vhost\0source\0destination_kind destination\0routing_key\0args". */
+enum journal_def_kind {
+    JOURNAL_DEF_VHOST = 1,
+    JOURNAL_DEF_USER = 2,
+    JOURNAL_DEF_PERMISSION = 3,
+    JOURNAL_DEF_EXCHANGE = 4,
+    JOURNAL_DEF_QUEUE = 5,
+    JOURNAL_DEF_BINDING = 6,
+};
+#define JOURNAL_DEF_KIND_MAX 6
+
+/* Put replaces the value for (kind, key); delete removes it (a no-op record
+ * when absent). Both return a sync ticket. The log is rewritten as a
+ * snapshot (write, fdatasync, rename) when it grows past
+ * definitions_compact_size and is more than half dead. */
+uint64_t journal_define(struct journal *j, enum journal_def_kind kind, struct bytes key,
+                        struct bytes value);
+uint64_t journal_undefine(struct journal *j, enum journal_def_kind kind, struct bytes key);
+
+/* Calls fn for every live definition: by kind (vhosts first, bindings last),
+ * then in the order they were last put. Read at journal_open. */
+typedef void (*journal_definition_fn)(void *ctx, enum journal_def_kind kind, struct bytes key,
+                                      struct bytes value);
+void journal_recover_definitions(struct journal *j, journal_definition_fn fn, void *ctx);
+uint64_t journal_definitions_count(const struct journal *j);
+
+#endif

@@ -1,0 +1,583 @@
+/*
+ * journal_queue.c: one durable queue's message log, on the loop thread.
+ *
+ * Owns each queue's segment list and its index of live messages (seq ->
+ * segment, offset, size, delivered). Decides where every record goes, when
+ * a segment rolls, when a fully acked segment is deleted (reclamation) and
+ * when the live messages of a mostly acked segment are copied forward
+ * (compaction); the journal thread carries the decisions out in order.
+ * Never touches the disk itself except in journal_read (paging).
+ *
+ * Why a segment cannot always be deleted when its messages are all acked:
+ * its ACK records may name messages of an older segment that still exists,
+ * and deleting those ACKs would bring the messages back at recovery. So each
+ * segment remembers ref_min, the oldest other segment its ACK, DELIVERED and
+ * PURGE records name, and it is deleted or compacted only when no segment
+ * in [ref_min, itself) exists any more. When that blocks two or more dead
+ * segments behind the oldest one, the oldest is compacted whatever its live
+ * ratio: copying at most one segment's live bytes frees at least two.
+ */
+#include "store/journal_int.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/assert.h"
+#include "lib/errors.h"
+#include "lib/log.h"
+
+#define REF_NONE UINT64_MAX
+
+static uint64_t publish_record_size(uint32_t blob_size)
+{
+    return format_record_size(8 + (uint64_t)blob_size);
+}
+
+struct journal_queue *journal__queue_new(struct journal *j, uint64_t id, struct bytes vhost,
+                                         struct bytes name)
+{
+    ASSERT(vhost.len <= 255 && name.len <= 255);
+    struct journal_queue *q = calloc(1, sizeof(*q));
+    ASSERT(q != NULL);
+    q->journal = j;
+    q->id = id;
+    format_put_u64(q->id_key, id);
+    q->key_size = 4 + vhost.len + name.len;
+    q->key = malloc(q->key_size);
+    ASSERT(q->key != NULL);
+    format_put_u32(q->key, vhost.len);
+    if (vhost.len > 0)
+        memcpy(q->key + 4, vhost.ptr, vhost.len);
+    if (name.len > 0)
+        memcpy(q->key + 4 + vhost.len, name.ptr, name.len);
+    q->vhost = (struct bytes){q->key + 4, vhost.len};
+    q->name = (struct bytes){q->key + 4 + vhost.len, name.len};
+    char id_hex[17];
+    snprintf(id_hex, sizeof(id_hex), "%016" PRIx64, id);
+    journal__path(q->dir, j->queues_dir, id_hex);
+    ASSERT(hmap_put(&j->queues, (struct bytes){q->key, q->key_size}, q) == NULL);
+    ASSERT(hmap_put(&j->queue_ids, (struct bytes){q->id_key, 8}, q) == NULL);
+    return q;
+}
+
+void journal__queue_release_files(struct journal_queue *q)
+{
+    struct journal *j = q->journal;
+    for (size_t i = 0; i < q->segments_count; i++) {
+        struct segment *s = &q->segments[i];
+        if (s->read_fd >= 0)
+            j->disk->close(j->disk->ctx, s->read_fd);
+        s->read_fd = -1;
+        if (s->file != NULL) {
+            struct op *op = journal__op_new(OP_RELEASE, 0);
+            op->file = s->file;
+            journal__op_push(j, op);
+            s->file = NULL;
+        }
+    }
+}
+
+void journal__queue_free(struct journal_queue *q)
+{
+    for (size_t i = 0; i < q->segments_count; i++) {
+        ASSERT(q->segments[i].file == NULL); /* released to the journal thread first */
+        ASSERT(q->segments[i].read_fd < 0);
+    }
+    free(q->segments);
+    free(q->entries);
+    free(q->key);
+    free(q);
+}
+
+struct segment *journal__segment_push(struct journal_queue *q, uint64_t number)
+{
+    ASSERT(q->segments_count == 0 || q->segments[q->segments_count - 1].number < number);
+    ASSERT(number < UINT32_MAX); /* the index keeps segment numbers in 32 bits */
+    if (q->segments_count == q->segments_cap) {
+        q->segments_cap = q->segments_cap ? 2 * q->segments_cap : 8;
+        q->segments = realloc(q->segments, q->segments_cap * sizeof(*q->segments));
+        ASSERT(q->segments != NULL);
+    }
+    struct segment *s = &q->segments[q->segments_count++];
+    memset(s, 0, sizeof(*s));
+    s->number = number;
+    s->ref_min = REF_NONE;
+    s->read_fd = -1;
+    char name[32];
+    snprintf(name, sizeof(name), "%016" PRIx64 ".seg", number);
+    char path[JOURNAL_PATH_SIZE];
+    journal__path(path, q->dir, name);
+    s->file = journal__file_new(path);
+    return s;
+}
+
+struct segment *journal__segment_find(struct journal_queue *q, uint64_t number)
+{
+    size_t lo = 0;
+    size_t hi = q->segments_count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (q->segments[mid].number < number)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < q->segments_count && q->segments[lo].number == number)
+        return &q->segments[lo];
+    return NULL;
+}
+
+static struct segment *current(struct journal_queue *q)
+{
+    return q->segments_count > 0 ? &q->segments[q->segments_count - 1] : NULL;
+}
+
+/* Closes the current segment (the journal thread fdatasyncs it first, so a
+ * torn write can only ever be in the last segment) and starts the next. */
+static struct segment *roll(struct journal_queue *q)
+{
+    struct journal *j = q->journal;
+    struct segment *cur = current(q);
+    uint64_t number = 0;
+    if (cur != NULL) {
+        struct op *op = journal__op_new(OP_CLOSE, 0);
+        op->file = cur->file;
+        journal__op_push(j, op);
+        number = cur->number + 1;
+        q->maintain_pending = true; /* cur may be dead already: see maintain_if_pending */
+    }
+    struct segment *s = journal__segment_push(q, number);
+    uint8_t header[FORMAT_FILE_HEADER_SIZE];
+    format_file_header_encode(header, FORMAT_MAGIC_SEGMENT, q->id, number);
+    q->ticket_last = journal__append_bytes(j, s->file, 0, header, sizeof(header));
+    s->size = FORMAT_FILE_HEADER_SIZE;
+    return s;
+}
+
+/* Where the next record of record_size bytes goes: the current segment, or a
+ * new one when it would pass segment_size_max (a record bigger than that
+ * gets a segment of its own). */
+static struct segment *reserve(struct journal_queue *q, uint64_t record_size, uint64_t *offset)
+{
+    struct segment *cur = current(q);
+    if (cur == NULL || (cur->size > FORMAT_FILE_HEADER_SIZE &&
+                        cur->size + record_size > q->journal->opts.segment_size_max))
+        cur = roll(q);
+    *offset = cur->size;
+    cur->size += record_size;
+    ASSERT(*offset <= UINT32_MAX - record_size);
+    return cur;
+}
+
+static uint64_t append_seq_record(struct journal_queue *q, enum record_type type, uint64_t seq,
+                                  uint64_t ref_segment)
+{
+    uint8_t payload[8];
+    format_put_u64(payload, seq);
+    uint64_t offset;
+    struct segment *s = reserve(q, format_record_size(8), &offset);
+    if (ref_segment != REF_NONE && ref_segment < s->number && ref_segment < s->ref_min)
+        s->ref_min = ref_segment;
+    q->ticket_last =
+        journal__append_record(q->journal, s->file, offset, type, payload, 8, NULL, 0);
+    return q->ticket_last;
+}
+
+void journal__queue_remark_delivered(struct journal_queue *q, uint64_t seq,
+                                     uint64_t segment_number)
+{
+    ASSERT(q->segments_count > 0);
+    append_seq_record(q, RECORD_DELIVERED, seq, segment_number);
+}
+
+/* ---- The index ----------------------------------------------------------- */
+
+static struct entry *entry_find(struct journal_queue *q, uint64_t seq)
+{
+    size_t lo = q->entries_head;
+    size_t hi = q->entries_count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (q->entries[mid].seq < seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < q->entries_count && q->entries[lo].seq == seq)
+        return &q->entries[lo];
+    return NULL;
+}
+
+/* Drops acked entries from the array once they are at least half of it. */
+static void entries_pack(struct journal_queue *q)
+{
+    size_t used = q->entries_count - q->entries_head;
+    if (used < 64 || q->live_count * 2 > used)
+        return;
+    size_t kept = 0;
+    for (size_t i = q->entries_head; i < q->entries_count; i++) {
+        if (!(q->entries[i].flags & ENTRY_ACKED))
+            q->entries[kept++] = q->entries[i];
+    }
+    ASSERT(kept == q->live_count);
+    q->entries_head = 0;
+    q->entries_count = kept;
+}
+
+static void entry_push(struct journal_queue *q, struct entry e)
+{
+    ASSERT(q->entries_count == q->entries_head || q->entries[q->entries_count - 1].seq < e.seq);
+    if (q->entries_count == q->entries_cap) {
+        entries_pack(q);
+        if (q->entries_head > 0 && q->entries_count == q->entries_cap) {
+            memmove(q->entries, q->entries + q->entries_head,
+                    (q->entries_count - q->entries_head) * sizeof(*q->entries));
+            q->entries_count -= q->entries_head;
+            q->entries_head = 0;
+        }
+    }
+    if (q->entries_count == q->entries_cap) {
+        q->entries_cap = q->entries_cap ? 2 * q->entries_cap : 64;
+        q->entries = realloc(q->entries, q->entries_cap * sizeof(*q->entries));
+        ASSERT(q->entries != NULL);
+    }
+    q->entries[q->entries_count++] = e;
+    q->live_count++;
+}
+
+static void entry_ack(struct journal_queue *q, struct entry *e)
+{
+    ASSERT(!(e->flags & ENTRY_ACKED));
+    ASSERT(q->live_count > 0);
+    struct segment *s = journal__segment_find(q, e->segment_number);
+    ASSERT(s != NULL && s->live_count > 0);
+    s->live_count--;
+    s->live_size -= publish_record_size(e->blob_size);
+    e->flags |= ENTRY_ACKED;
+    q->live_count--;
+    while (q->entries_head < q->entries_count &&
+           (q->entries[q->entries_head].flags & ENTRY_ACKED))
+        q->entries_head++;
+}
+
+/* ---- Reclamation and compaction ------------------------------------------ */
+
+static void segment_unlink(struct journal_queue *q, size_t index)
+{
+    struct journal *j = q->journal;
+    ASSERT(index + 1 < q->segments_count); /* never the current segment */
+    struct segment *s = &q->segments[index];
+    ASSERT(s->live_count == 0 && s->live_size == 0);
+    if (s->read_fd >= 0)
+        j->disk->close(j->disk->ctx, s->read_fd);
+    struct op *op = journal__op_new(OP_UNLINK, 0);
+    op->file = s->file;
+    q->ticket_last = journal__op_push(j, op);
+    memmove(s, s + 1, (q->segments_count - index - 1) * sizeof(*s));
+    q->segments_count--;
+}
+
+/* Copies every live message of segments[index] to the current segment, byte
+ * for byte, followed by a DELIVERED record when it was delivered. */
+static void segment_compact(struct journal_queue *q, size_t index)
+{
+    struct journal *j = q->journal;
+    uint64_t number = q->segments[index].number;
+    uint64_t moved = 0;
+    for (size_t i = q->entries_head; i < q->entries_count; i++) {
+        struct entry *e = &q->entries[i];
+        if ((e->flags & ENTRY_ACKED) || e->segment_number != number)
+            continue;
+        uint64_t size = publish_record_size(e->blob_size);
+        uint64_t offset;
+        struct segment *dst = reserve(q, size, &offset);
+        struct segment *src = &q->segments[index]; /* reserve may have grown the array */
+        ASSERT(dst != src);
+        struct op *op = journal__op_new(OP_COPY, 0);
+        op->source = src->file;
+        op->source_offset = e->offset;
+        op->seq = e->seq;
+        op->file = dst->file;
+        op->offset = offset;
+        op->size = size;
+        q->ticket_last = journal__op_push(j, op);
+        src->live_count--;
+        src->live_size -= size;
+        dst->live_count++;
+        dst->live_size += size;
+        e->segment_number = (uint32_t)dst->number;
+        e->offset = (uint32_t)offset;
+        if (e->flags & ENTRY_DELIVERED)
+            append_seq_record(q, RECORD_DELIVERED, e->seq, e->segment_number);
+        moved++;
+    }
+    ASSERT(q->segments[index].live_count == 0);
+    LOG_DEBUG("journal: queue %016llx compacted segment %llu, %llu messages moved",
+              (unsigned long long)q->id, (unsigned long long)number, (unsigned long long)moved);
+}
+
+void journal__queue_maintain(struct journal_queue *q)
+{
+    uint32_t percent = q->journal->opts.compact_live_percent;
+    size_t i = 0;
+    while (i + 1 < q->segments_count) {
+        struct segment *s = &q->segments[i];
+        bool refs_clear = i == 0 || q->segments[i - 1].number < s->ref_min;
+        if (!refs_clear) {
+            i++;
+            continue;
+        }
+        if (s->live_count == 0) {
+            segment_unlink(q, i);
+            continue;
+        }
+        bool sparse = s->live_size * 100 < s->size * percent;
+        size_t dead_behind = 0;
+        for (size_t k = i + 1; i == 0 && k + 1 < q->segments_count; k++)
+            dead_behind += q->segments[k].live_count == 0;
+        if (sparse || dead_behind >= 2) {
+            segment_compact(q, i);
+            segment_unlink(q, i);
+            continue;
+        }
+        i++;
+    }
+    ASSERT(q->segments_count > 0);
+    q->maintain_pending = false;
+}
+
+/* Segments whose messages were all acked while they were current are found
+ * only after they roll; the API calls this last, never from inside maintain. */
+static void maintain_if_pending(struct journal_queue *q)
+{
+    if (q->maintain_pending)
+        journal__queue_maintain(q);
+}
+
+static bool needs_maintenance(struct journal_queue *q, const struct segment *s)
+{
+    if (s == current(q))
+        return false;
+    uint32_t percent = q->journal->opts.compact_live_percent;
+    return s->live_count == 0 || s->live_size * 100 < s->size * percent;
+}
+
+/* ---- The API ------------------------------------------------------------- */
+
+struct journal_queue *journal_queue_open(struct journal *j, struct bytes vhost,
+                                         struct bytes name)
+{
+    ASSERT(j->recovered); /* journal_recover first, or an old log would be overwritten */
+    uint8_t key[4 + 255 + 255];
+    ASSERT(vhost.len <= 255 && name.len <= 255); /* AMQP short strings */
+    format_put_u32(key, vhost.len);
+    if (vhost.len > 0)
+        memcpy(key + 4, vhost.ptr, vhost.len);
+    if (name.len > 0)
+        memcpy(key + 4 + vhost.len, name.ptr, name.len);
+    struct journal_queue *q = hmap_get(&j->queues, (struct bytes){key, 4 + vhost.len + name.len});
+    if (q != NULL) {
+        q->opened = true;
+        return q;
+    }
+    uint64_t id = format_queue_id(vhost.ptr, vhost.len, name.ptr, name.len);
+    for (;;) {
+        uint8_t id_key[8];
+        format_put_u64(id_key, id);
+        if (hmap_get(&j->queue_ids, (struct bytes){id_key, 8}) == NULL)
+            break;
+        id++; /* a hash collision: probe (see format.h) */
+    }
+    q = journal__queue_new(j, id, vhost, name);
+    q->opened = true;
+    struct op *op = journal__op_new(OP_MKDIR, 0);
+    memcpy(op->path, q->dir, sizeof(op->path));
+    journal__op_push(j, op);
+    uint64_t size = FORMAT_FILE_HEADER_SIZE + format_record_size(q->key_size);
+    op = journal__op_new(OP_WRITE_ATOMIC, size);
+    journal__path(op->path, q->dir, "queue");
+    format_file_header_encode(op->data, FORMAT_MAGIC_QUEUE, id, 0);
+    format_record_encode(op->data + FORMAT_FILE_HEADER_SIZE, RECORD_QUEUE_NAME, q->key,
+                         q->key_size, NULL, 0);
+    op->size = size;
+    q->ticket_last = journal__op_push(j, op);
+    return q;
+}
+
+uint64_t journal_queue_seq_last(const struct journal_queue *q)
+{
+    return q->seq_last;
+}
+
+uint64_t journal_queue_live_count(const struct journal_queue *q)
+{
+    return q->live_count;
+}
+
+uint64_t journal_publish(struct journal_queue *q, uint64_t seq, const void *blob, uint32_t size)
+{
+    ASSERT(seq > q->seq_last); /* seqs strictly increase per queue */
+    ASSERT(seq >= q->purge_below);
+    ASSERT(size <= q->journal->opts.blob_size_max);
+    uint8_t seq_bytes[8];
+    format_put_u64(seq_bytes, seq);
+    uint64_t record_size = publish_record_size(size);
+    uint64_t offset;
+    struct segment *s = reserve(q, record_size, &offset);
+    q->ticket_last = journal__append_record(q->journal, s->file, offset, RECORD_PUBLISH,
+                                            seq_bytes, 8, blob, size);
+    entry_push(q, (struct entry){.seq = seq, .segment_number = (uint32_t)s->number,
+                                 .offset = (uint32_t)offset, .blob_size = size});
+    s->live_count++;
+    s->live_size += record_size;
+    q->seq_last = seq;
+    uint64_t ticket = q->ticket_last;
+    maintain_if_pending(q);
+    return ticket;
+}
+
+uint64_t journal_delivered(struct journal_queue *q, uint64_t seq)
+{
+    struct entry *e = entry_find(q, seq);
+    if (e == NULL || (e->flags & ENTRY_ACKED))
+        return q->journal->ticket_last; /* nothing to record: durable with what precedes */
+    if (e->flags & ENTRY_DELIVERED)
+        return q->journal->ticket_last;
+    e->flags |= ENTRY_DELIVERED;
+    uint64_t ticket = append_seq_record(q, RECORD_DELIVERED, seq, e->segment_number);
+    maintain_if_pending(q);
+    return ticket;
+}
+
+uint64_t journal_ack(struct journal_queue *q, uint64_t seq)
+{
+    struct entry *e = entry_find(q, seq);
+    if (e == NULL || (e->flags & ENTRY_ACKED))
+        return q->journal->ticket_last;
+    uint64_t number = e->segment_number;
+    entry_ack(q, e);
+    uint64_t ticket = append_seq_record(q, RECORD_ACK, seq, number);
+    struct segment *s = journal__segment_find(q, number);
+    if (s != NULL && needs_maintenance(q, s))
+        journal__queue_maintain(q);
+    maintain_if_pending(q);
+    return ticket;
+}
+
+uint64_t journal_purge(struct journal_queue *q, uint64_t seq_below)
+{
+    uint64_t ref = q->segments_count > 0 ? q->segments[0].number : REF_NONE;
+    for (size_t i = q->entries_head; i < q->entries_count && q->entries[i].seq < seq_below;) {
+        struct entry *e = &q->entries[i];
+        if (!(e->flags & ENTRY_ACKED))
+            entry_ack(q, e);
+        i = i < q->entries_head ? q->entries_head : i + 1;
+    }
+    if (seq_below > q->purge_below)
+        q->purge_below = seq_below;
+    uint64_t ticket = append_seq_record(q, RECORD_PURGE, seq_below, ref);
+    journal__queue_maintain(q);
+    return ticket;
+}
+
+uint64_t journal_queue_delete(struct journal_queue *q)
+{
+    struct journal *j = q->journal;
+    if (q->segments_count > 0) {
+        uint64_t offset;
+        struct segment *s = reserve(q, format_record_size(0), &offset);
+        journal__append_record(j, s->file, offset, RECORD_DELETE, NULL, 0, NULL, 0);
+    }
+    journal__queue_release_files(q);
+    char doomed[JOURNAL_PATH_SIZE];
+    int n = snprintf(doomed, sizeof(doomed), "%s.deleted-%" PRIu64, q->dir, ++j->deleted_counter);
+    ASSERT(n > 0 && (size_t)n < sizeof(doomed));
+    struct op *op = journal__op_new(OP_RENAME, 0);
+    memcpy(op->path, q->dir, sizeof(op->path));
+    memcpy(op->path2, doomed, sizeof(op->path2));
+    uint64_t ticket = journal__op_push(j, op);
+    op = journal__op_new(OP_REMOVE_TREE, 0);
+    memcpy(op->path, doomed, sizeof(op->path));
+    journal__op_push(j, op);
+    ASSERT(hmap_remove(&j->queues, (struct bytes){q->key, q->key_size}) == q);
+    ASSERT(hmap_remove(&j->queue_ids, (struct bytes){q->id_key, 8}) == q);
+    journal__queue_free(q);
+    return ticket;
+}
+
+void journal_queue_delete_unopened(struct journal *j)
+{
+    ASSERT(j->recovered);
+    struct journal_queue **doomed = NULL;
+    size_t count = 0;
+    uint32_t cursor = 0;
+    struct hmap_entry *e;
+    while (hmap_next(&j->queues, &cursor, &e)) {
+        struct journal_queue *q = e->value;
+        if (q->opened)
+            continue;
+        doomed = realloc(doomed, (count + 1) * sizeof(*doomed));
+        ASSERT(doomed != NULL);
+        doomed[count++] = q;
+    }
+    for (size_t i = 0; i < count; i++) {
+        LOG_INFO("journal: deleting queue vhost=%.*s queue=%.*s: not declared",
+                 (int)doomed[i]->vhost.len, doomed[i]->vhost.ptr, (int)doomed[i]->name.len,
+                 doomed[i]->name.ptr);
+        journal_queue_delete(doomed[i]);
+    }
+    free(doomed);
+}
+
+/* ---- Paging -------------------------------------------------------------- */
+
+int journal_locate(const struct journal_queue *q, uint64_t seq, struct journal_location *out)
+{
+    struct entry *e = entry_find((struct journal_queue *)q, seq);
+    if (e == NULL || (e->flags & ENTRY_ACKED))
+        return E_JOURNAL_NOT_FOUND;
+    out->segment_number = e->segment_number;
+    out->offset = e->offset;
+    out->blob_size = e->blob_size;
+    return OK;
+}
+
+int journal_read(struct journal_queue *q, uint64_t seq, void *buf, uint32_t size)
+{
+    struct journal *j = q->journal;
+    struct entry *e = entry_find(q, seq);
+    if (e == NULL || (e->flags & ENTRY_ACKED))
+        return E_JOURNAL_NOT_FOUND;
+    ASSERT(size >= e->blob_size);
+    journal__wait_executed(j, q->ticket_last);
+    struct segment *s = journal__segment_find(q, e->segment_number);
+    ASSERT(s != NULL);
+    if (s->read_fd < 0 && j->disk->open(j->disk->ctx, s->file->path, DISK_OPEN_READ,
+                                        &s->read_fd) < 0) {
+        s->read_fd = -1;
+        return E_IO;
+    }
+    uint64_t record_size = publish_record_size(e->blob_size);
+    uint8_t *record = malloc(record_size);
+    ASSERT(record != NULL);
+    size_t done = 0;
+    int rc = j->disk->pread(j->disk->ctx, s->read_fd, record, record_size, e->offset, &done);
+    struct format_record_header h;
+    uint64_t checked_size = 0;
+    if (rc < 0) {
+        rc = E_IO;
+    } else if (format_record_check(record, done, &h, &checked_size) != FORMAT_CHECK_OK ||
+               h.type != RECORD_PUBLISH || checked_size != record_size ||
+               format_get_u64(record + FORMAT_RECORD_HEADER_SIZE) != seq) {
+        LOG_ERROR("journal: bad record at %s offset %u reading seq %llu", s->file->path,
+                  e->offset, (unsigned long long)seq);
+        rc = E_JOURNAL_CORRUPT;
+    } else {
+        memcpy(buf, record + FORMAT_RECORD_HEADER_SIZE + 8, e->blob_size);
+        rc = OK;
+    }
+    free(record);
+    return rc;
+}

@@ -1,0 +1,601 @@
+/*
+ * test_journal.c: the journal's round trips, on the fault disk (fast and
+ * inspectable) and once on the real disk.
+ *
+ * Goal: crc32c matches the standard vectors on both code paths; records
+ * and file headers survive encode/check and any flipped bit is caught;
+ * publish/delivered/ack/purge/delete come back through recovery as they
+ * were left; segments roll; fully acked segments are deleted; compaction
+ * moves live messages forward and keeps seq order and delivered flags;
+ * paging reads bodies back; definitions put/delete/replay/compact; a torn
+ * tail is cut and reported, a bad record in the middle is an error; a disk
+ * error stops the journal and is reported through the synced callback.
+ * Method: drive the API from a uv loop, close, reopen on the same disk and
+ * compare what recovery hands back with what the test remembers.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <uv.h>
+
+#include "lib/errors.h"
+#include "store/crc32c.h"
+#include "store/disk_fault.h"
+#include "store/format.h"
+#include "store/journal.h"
+
+#define DIR "/j"
+
+struct message {
+    char queue[32];
+    uint64_t seq;
+    bool delivered;
+    uint32_t size;
+    uint8_t *blob;
+};
+
+struct harness {
+    uv_loop_t loop;
+    struct disk_fault *disk;
+    struct journal_options opts;
+    struct journal *j;
+    uint64_t synced;
+    int status;
+    struct message *recovered;
+    size_t recovered_count;
+    struct journal_recovery_stats stats;
+};
+
+static void on_synced(void *ctx, uint64_t ticket, int status)
+{
+    struct harness *h = ctx;
+    assert_true(ticket >= h->synced);
+    h->synced = ticket;
+    if (status != OK)
+        h->status = status;
+}
+
+static void on_recover(void *ctx, struct journal_queue *q, struct bytes vhost,
+                       struct bytes queue, uint64_t seq, bool delivered, const void *blob,
+                       uint32_t size)
+{
+    struct harness *h = ctx;
+    h->recovered = realloc(h->recovered, (h->recovered_count + 1) * sizeof(*h->recovered));
+    struct message *m = &h->recovered[h->recovered_count++];
+    memset(m, 0, sizeof(*m));
+    snprintf(m->queue, sizeof(m->queue), "%.*s", (int)queue.len, queue.ptr);
+    m->seq = seq;
+    m->delivered = delivered;
+    m->size = size;
+    m->blob = malloc(size + 1);
+    memcpy(m->blob, blob, size);
+}
+
+static void recovered_clear(struct harness *h)
+{
+    for (size_t i = 0; i < h->recovered_count; i++)
+        free(h->recovered[i].blob);
+    free(h->recovered);
+    h->recovered = NULL;
+    h->recovered_count = 0;
+}
+
+static int h_open(struct harness *h)
+{
+    char err[256] = "";
+    h->synced = 0;
+    h->status = OK;
+    int rc = journal_open(&h->j, &h->loop, DIR, &h->opts, err, sizeof(err));
+    if (rc != OK)
+        return rc;
+    journal_set_synced_callback(h->j, on_synced, h);
+    recovered_clear(h);
+    return journal_recover(h->j, on_recover, h, &h->stats);
+}
+
+static void h_close(struct harness *h)
+{
+    journal_close(h->j);
+    h->j = NULL;
+    uv_run(&h->loop, UV_RUN_DEFAULT);
+}
+
+static void h_wait(struct harness *h, uint64_t ticket)
+{
+    while (h->synced < ticket && h->status == OK)
+        uv_run(&h->loop, UV_RUN_ONCE);
+}
+
+static struct harness *h_new(uint64_t segment_size)
+{
+    struct harness *h = calloc(1, sizeof(*h));
+    assert_int_equal(uv_loop_init(&h->loop), 0);
+    h->disk = disk_fault_new(1);
+    h->opts.disk = disk_fault_ops(h->disk);
+    h->opts.segment_size_max = segment_size;
+    assert_int_equal(h_open(h), OK);
+    return h;
+}
+
+static void h_free(struct harness *h)
+{
+    if (h->j != NULL)
+        h_close(h);
+    recovered_clear(h);
+    disk_fault_free(h->disk);
+    assert_int_equal(uv_loop_close(&h->loop), 0);
+    free(h);
+}
+
+static void fill_blob(uint8_t *blob, uint32_t size, uint64_t seq)
+{
+    for (uint32_t i = 0; i < size; i++)
+        blob[i] = (uint8_t)(seq * 31 + i);
+}
+
+static uint64_t publish(struct journal_queue *q, uint64_t seq, uint32_t size)
+{
+    uint8_t *blob = malloc(size + 1);
+    fill_blob(blob, size, seq);
+    uint64_t ticket = journal_publish(q, seq, blob, size);
+    free(blob);
+    return ticket;
+}
+
+static void check_blob(const struct message *m)
+{
+    uint8_t *want = malloc(m->size + 1);
+    fill_blob(want, m->size, m->seq);
+    assert_memory_equal(m->blob, want, m->size);
+    free(want);
+}
+
+static size_t count_files(struct harness *h, const char *suffix)
+{
+    size_t count = 0;
+    char **files = disk_fault_list_files(h->disk, suffix, &count);
+    for (size_t i = 0; i < count; i++)
+        free(files[i]);
+    free(files);
+    return count;
+}
+
+/* ---- crc32c and format ----------------------------------------------------- */
+
+static void test_crc32c_vectors(void **state)
+{
+    uint8_t buf[32];
+    assert_int_equal(crc32c(0, "123456789", 9), 0xE3069283u);
+    assert_int_equal(crc32c_portable(0, "123456789", 9), 0xE3069283u);
+    memset(buf, 0, sizeof(buf)); /* RFC 3720 B.4 */
+    assert_int_equal(crc32c(0, buf, 32), 0x8A9136AAu);
+    memset(buf, 0xFF, sizeof(buf));
+    assert_int_equal(crc32c(0, buf, 32), 0x62A8AB43u);
+    for (int i = 0; i < 32; i++)
+        buf[i] = (uint8_t)i;
+    assert_int_equal(crc32c(0, buf, 32), 0x46DD794Eu);
+    assert_int_equal(crc32c_portable(0, buf, 32), 0x46DD794Eu);
+    for (int i = 0; i < 32; i++)
+        buf[i] = (uint8_t)(31 - i);
+    assert_int_equal(crc32c(0, buf, 32), 0x113FDB5Cu);
+    uint8_t big[1000];
+    for (size_t i = 0; i < sizeof(big); i++)
+        big[i] = (uint8_t)(i * 7 + 3);
+    for (size_t split = 0; split < sizeof(big); split += 37) {
+        uint32_t a = crc32c(crc32c(0, big, split), big + split, sizeof(big) - split);
+        assert_int_equal(a, crc32c_portable(0, big, sizeof(big)));
+    }
+}
+
+static void test_format_record(void **state)
+{
+    uint8_t seq[8];
+    format_put_u64(seq, 42);
+    const char *body = "hello, journal";
+    uint64_t size = format_record_size(8 + strlen(body));
+    assert_int_equal(size % 8, 0);
+    uint8_t *rec = calloc(1, size);
+    format_record_encode(rec, RECORD_PUBLISH, seq, 8, body, (uint32_t)strlen(body));
+    struct format_record_header h;
+    uint64_t got;
+    assert_int_equal(format_record_check(rec, size, &h, &got), FORMAT_CHECK_OK);
+    assert_int_equal(got, size);
+    assert_int_equal(h.type, RECORD_PUBLISH);
+    assert_int_equal(format_record_check(rec, size - 1, &h, &got), FORMAT_CHECK_SHORT);
+    for (uint64_t bit = 0; bit < size * 8; bit++) {
+        rec[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+        assert_int_not_equal(format_record_check(rec, size, &h, &got), FORMAT_CHECK_OK);
+        rec[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+    }
+    free(rec);
+    uint8_t fh[FORMAT_FILE_HEADER_SIZE];
+    struct format_file_header out;
+    format_file_header_encode(fh, FORMAT_MAGIC_SEGMENT, 7, 9);
+    assert_true(format_file_header_decode(fh, FORMAT_MAGIC_SEGMENT, &out));
+    assert_int_equal(out.queue_id, 7);
+    assert_int_equal(out.segment_number, 9);
+    assert_false(format_file_header_decode(fh, FORMAT_MAGIC_QUEUE, &out));
+    fh[20] ^= 1;
+    assert_false(format_file_header_decode(fh, FORMAT_MAGIC_SEGMENT, &out));
+}
+
+/* ---- Queue logs ------------------------------------------------------------- */
+
+static void test_round_trip(void **state)
+{
+    struct harness *h = h_new(0);
+    struct journal_queue *q = journal_queue_open(h->j, BYTES_LIT("/"), BYTES_LIT("orders"));
+    struct journal_queue *q2 = journal_queue_open(h->j, BYTES_LIT("/"), BYTES_LIT("other"));
+    uint64_t last = 0;
+    for (uint64_t seq = 1; seq <= 20; seq++) {
+        uint64_t t = publish(q, seq, (uint32_t)(seq * 13));
+        assert_true(t > last);
+        last = t;
+    }
+    publish(q2, 5, 100);
+    journal_delivered(q, 3);
+    journal_delivered(q, 4);
+    journal_ack(q, 4);
+    journal_ack(q, 10);
+    last = journal_purge(q, 3); /* 1 and 2 go */
+    h_wait(h, last);
+    assert_int_equal(h->synced, last);
+    assert_int_equal(journal_queue_live_count(q), 16);
+    h_close(h);
+
+    assert_int_equal(h_open(h), OK);
+    assert_int_equal(h->stats.queue_count, 2);
+    assert_int_equal(h->stats.message_count, 17);
+    assert_int_equal(h->stats.truncated_count, 0);
+    size_t k = 0;
+    for (uint64_t seq = 3; seq <= 20; seq++) {
+        if (seq == 4 || seq == 10)
+            continue;
+        while (strcmp(h->recovered[k].queue, "orders") != 0)
+            k++;
+        struct message *m = &h->recovered[k++];
+        assert_int_equal(m->seq, seq);
+        assert_int_equal(m->delivered, seq == 3);
+        assert_int_equal(m->size, seq * 13);
+        check_blob(m);
+    }
+    q = journal_queue_open(h->j, BYTES_LIT("/"), BYTES_LIT("orders"));
+    assert_int_equal(journal_queue_seq_last(q), 20);
+    assert_int_equal(journal_queue_live_count(q), 16);
+    q2 = journal_queue_open(h->j, BYTES_LIT("/"), BYTES_LIT("other"));
+    uint64_t t = journal_queue_delete(q2);
+    h_wait(h, t);
+    h_close(h);
+
+    assert_int_equal(h_open(h), OK);
+    assert_int_equal(h->stats.queue_count, 1);
+    assert_int_equal(h->stats.message_count, 16);
+    /* A recovered queue the broker does not open again is deleted on request. */
+    journal_queue_delete_unopened(h->j);
+    h_close(h);
+    assert_int_equal(h_open(h), OK);
+    assert_int_equal(h->stats.queue_count, 0);
+    assert_int_equal(count_files(h, ".seg"), 0);
+    h_free(h);
+}
+
+static void test_roll_and_reclaim(void **state)
+{
+    struct harness *h = h_new(4096);
+    struct journal_queue *q = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("roll"));
+    for (uint64_t seq = 1; seq <= 200; seq++)
+        publish(q, seq, 200);
+    h_wait(h, journal_ack(q, 1));
+    size_t segments = count_files(h, ".seg");
+    assert_true(segments >= 10);
+    /* Ack in order: every old segment becomes dead and is deleted. */
+    uint64_t t = 0;
+    for (uint64_t seq = 2; seq <= 190; seq++)
+        t = journal_ack(q, seq);
+    h_wait(h, t);
+    assert_true(count_files(h, ".seg") <= 2);
+    h_close(h);
+    assert_int_equal(h_open(h), OK);
+    assert_int_equal(h->stats.message_count, 10);
+    for (size_t i = 0; i < 10; i++) {
+        assert_int_equal(h->recovered[i].seq, 191 + i);
+        check_blob(&h->recovered[i]);
+    }
+    h_free(h);
+}
+
+static void test_compaction(void **state)
+{
+    struct harness *h = h_new(4096);
+    struct journal_queue *q = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("compact"));
+    for (uint64_t seq = 1; seq <= 300; seq++)
+        publish(q, seq, 100);
+    for (uint64_t seq = 1; seq <= 300; seq += 7)
+        journal_delivered(q, seq);
+    /* Keep one message in ten: every old segment is mostly acked. */
+    uint64_t t = 0;
+    for (uint64_t seq = 1; seq <= 300; seq++) {
+        if (seq % 10 != 0)
+            t = journal_ack(q, seq);
+    }
+    h_wait(h, t);
+    /* 30 live messages of 128 bytes and the ACK records fill a few segments;
+     * the 10 segments the publishes filled are gone. */
+    assert_true(count_files(h, ".seg") <= 4);
+    struct journal_location loc;
+    assert_int_equal(journal_locate(q, 10, &loc), OK);
+    assert_true(loc.segment_number > 0); /* it moved */
+    uint8_t buf[100];
+    assert_int_equal(journal_read(q, 10, buf, sizeof(buf)), OK);
+    uint8_t want[100];
+    fill_blob(want, 100, 10);
+    assert_memory_equal(buf, want, 100);
+    assert_int_equal(journal_read(q, 11, buf, sizeof(buf)), E_JOURNAL_NOT_FOUND);
+    h_close(h);
+    assert_int_equal(h_open(h), OK);
+    assert_int_equal(h->stats.message_count, 30);
+    for (size_t i = 0; i < 30; i++) {
+        uint64_t seq = 10 * (i + 1);
+        assert_int_equal(h->recovered[i].seq, seq);
+        assert_int_equal(h->recovered[i].delivered, seq % 7 == 1);
+        check_blob(&h->recovered[i]);
+    }
+    h_free(h);
+}
+
+/* One message stuck in the oldest segment must not pin the rest of the log. */
+static void test_stuck_message(void **state)
+{
+    struct harness *h = h_new(4096);
+    struct journal_queue *q = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("stuck"));
+    uint64_t t = 0;
+    for (uint64_t seq = 1; seq <= 2000; seq++) {
+        publish(q, seq, 200);
+        if (seq > 1)
+            t = journal_ack(q, seq);
+    }
+    h_wait(h, t);
+    assert_true(count_files(h, ".seg") <= 4);
+    h_close(h);
+    assert_int_equal(h_open(h), OK);
+    assert_int_equal(h->stats.message_count, 1);
+    assert_int_equal(h->recovered[0].seq, 1);
+    check_blob(&h->recovered[0]);
+    h_free(h);
+}
+
+static void test_paging(void **state)
+{
+    struct harness *h = h_new(8192);
+    struct journal_queue *q = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("page"));
+    for (uint64_t seq = 1; seq <= 100; seq++)
+        publish(q, seq, (uint32_t)(50 + seq));
+    /* Readable before its fsync completes: journal_read waits for the write. */
+    uint8_t buf[256];
+    uint8_t want[256];
+    for (uint64_t seq = 1; seq <= 100; seq += 9) {
+        assert_int_equal(journal_read(q, seq, buf, sizeof(buf)), OK);
+        fill_blob(want, (uint32_t)(50 + seq), seq);
+        assert_memory_equal(buf, want, 50 + seq);
+    }
+    h_close(h);
+    assert_int_equal(h_open(h), OK);
+    q = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("page"));
+    assert_int_equal(journal_read(q, 77, buf, sizeof(buf)), OK);
+    fill_blob(want, 127, 77);
+    assert_memory_equal(buf, want, 127);
+    /* A flipped bit under a paged-out message is reported, never returned. */
+    struct journal_location loc;
+    assert_int_equal(journal_locate(q, 78, &loc), OK);
+    char path[128];
+    char **files;
+    size_t count;
+    files = disk_fault_list_files(h->disk, ".seg", &count);
+    snprintf(path, sizeof(path), "%s", files[loc.segment_number]);
+    for (size_t i = 0; i < count; i++)
+        free(files[i]);
+    free(files);
+    assert_int_equal(disk_fault_flip_bit(h->disk, path, loc.offset + 30, 2), 0);
+    assert_int_equal(journal_read(q, 78, buf, sizeof(buf)), E_JOURNAL_CORRUPT);
+    h_free(h);
+}
+
+static void test_torn_tail_and_corruption(void **state)
+{
+    struct harness *h = h_new(0);
+    struct journal_queue *q = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("torn"));
+    uint64_t t = 0;
+    for (uint64_t seq = 1; seq <= 10; seq++)
+        t = publish(q, seq, 64);
+    h_wait(h, t);
+    h_close(h);
+    char **files;
+    size_t count;
+    files = disk_fault_list_files(h->disk, ".seg", &count);
+    assert_int_equal(count, 1);
+    char path[128];
+    snprintf(path, sizeof(path), "%s", files[0]);
+    free(files[0]);
+    free(files);
+    uint64_t record = format_record_size(8 + 64);
+    /* A bit flipped in the last record: a torn tail, cut and reported. */
+    assert_int_equal(disk_fault_flip_bit(h->disk, path, 32 + 9 * record + 40, 0), 0);
+    assert_int_equal(h_open(h), OK);
+    assert_int_equal(h->stats.truncated_count, 1);
+    assert_string_equal(h->stats.truncated_path, path);
+    assert_int_equal(h->stats.truncated_offset, 32 + 9 * record);
+    assert_int_equal(h->stats.message_count, 9);
+    h_close(h);
+    /* A bit flipped in the middle: an error naming file and offset. */
+    assert_int_equal(disk_fault_flip_bit(h->disk, path, 32 + 4 * record + 20, 5), 0);
+    assert_int_equal(h_open(h), E_JOURNAL_CORRUPT);
+    assert_string_equal(h->stats.corrupt_path, path);
+    assert_int_equal(h->stats.corrupt_offset, 32 + 4 * record);
+    h_free(h);
+}
+
+/* ---- Definitions ------------------------------------------------------------ */
+
+struct defs_seen {
+    char text[4096];
+    size_t count;
+};
+
+static void on_definition(void *ctx, enum journal_def_kind kind, struct bytes key,
+                          struct bytes value)
+{
+    struct defs_seen *s = ctx;
+    size_t n = strlen(s->text);
+    snprintf(s->text + n, sizeof(s->text) - n, "%d:%.*s=%.*s;", (int)kind, (int)key.len,
+             key.ptr, (int)value.len, value.ptr);
+    s->count++;
+}
+
+static void test_definitions(void **state)
+{
+    struct harness *h = calloc(1, sizeof(*h));
+    assert_int_equal(uv_loop_init(&h->loop), 0);
+    h->disk = disk_fault_new(1);
+    h->opts.disk = disk_fault_ops(h->disk);
+    h->opts.definitions_compact_size = 2048;
+    assert_int_equal(h_open(h), OK);
+    journal_define(h->j, JOURNAL_DEF_BINDING, BYTES_LIT("/|x|q"), BYTES_LIT("b1"));
+    journal_define(h->j, JOURNAL_DEF_QUEUE, BYTES_LIT("/|q"), BYTES_LIT("args1"));
+    journal_define(h->j, JOURNAL_DEF_EXCHANGE, BYTES_LIT("/|x"), BYTES_LIT("topic"));
+    journal_define(h->j, JOURNAL_DEF_VHOST, BYTES_LIT("/"), BYTES_LIT(""));
+    journal_define(h->j, JOURNAL_DEF_QUEUE, BYTES_LIT("/|gone"), BYTES_LIT("x"));
+    journal_undefine(h->j, JOURNAL_DEF_QUEUE, BYTES_LIT("/|gone"));
+    uint64_t t = journal_define(h->j, JOURNAL_DEF_QUEUE, BYTES_LIT("/|q"), BYTES_LIT("args2"));
+    h_wait(h, t);
+    h_close(h);
+    assert_int_equal(h_open(h), OK);
+    struct defs_seen seen = {0};
+    journal_recover_definitions(h->j, on_definition, &seen);
+    assert_int_equal(seen.count, 4);
+    assert_string_equal(seen.text, "1:/=;4:/|x=topic;5:/|q=args2;6:/|x|q=b1;");
+    /* Churn past the compaction size: the log is rewritten as a snapshot. */
+    for (int i = 0; i < 200; i++) {
+        char value[32];
+        snprintf(value, sizeof(value), "v%d", i);
+        t = journal_define(h->j, JOURNAL_DEF_USER, BYTES_LIT("guest"), bytes_of_cstr(value));
+    }
+    h_wait(h, t);
+    h_close(h);
+    size_t size = 0;
+    uint8_t *file = disk_fault_read_file(h->disk, DIR "/definitions", &size);
+    free(file);
+    assert_true(size < 4096);
+    assert_int_equal(h_open(h), OK);
+    memset(&seen, 0, sizeof(seen));
+    journal_recover_definitions(h->j, on_definition, &seen);
+    assert_int_equal(seen.count, 5);
+    assert_non_null(strstr(seen.text, "2:guest=v199;"));
+    t = journal_define(h->j, JOURNAL_DEF_USER, BYTES_LIT("admin"), BYTES_LIT("pw"));
+    h_wait(h, t);
+    h_close(h);
+    /* A torn last record is cut; the rest stays. */
+    file = disk_fault_read_file(h->disk, DIR "/definitions", &size);
+    free(file);
+    assert_int_equal(disk_fault_flip_bit(h->disk, DIR "/definitions", size - 3, 1), 0);
+    assert_int_equal(h_open(h), OK);
+    assert_int_equal(journal_definitions_count(h->j), 5);
+    h_close(h);
+    /* Corruption before valid records fails the open with a message. */
+    assert_int_equal(disk_fault_flip_bit(h->disk, DIR "/definitions", 40, 1), 0);
+    char err[256] = "";
+    struct journal *j = NULL;
+    assert_int_equal(journal_open(&j, &h->loop, DIR, &h->opts, err, sizeof(err)),
+                     E_JOURNAL_CORRUPT);
+    assert_non_null(strstr(err, "offset 32"));
+    h_free(h);
+}
+
+/* ---- Failure and the real disk ---------------------------------------------- */
+
+static void test_disk_error_stops_journal(void **state)
+{
+    struct harness *h = h_new(0);
+    struct journal_queue *q = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("err"));
+    h_wait(h, publish(q, 1, 10));
+    disk_fault_fail_after(h->disk, 1, -ENOSPC);
+    publish(q, 2, 10);
+    while (h->status == OK)
+        uv_run(&h->loop, UV_RUN_ONCE);
+    assert_int_equal(h->status, E_IO);
+    assert_int_equal(journal_status(h->j), E_IO);
+    assert_int_equal(publish(q, 3, 10), 0); /* ticket 0: never durable */
+    h_free(h);
+}
+
+static int remove_tree(const char *path)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", path);
+    return system(cmd);
+}
+
+static void test_posix_disk(void **state)
+{
+    char dir[] = "/tmp/quay-journal-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char jdir[128];
+    snprintf(jdir, sizeof(jdir), "%s/data", dir);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct harness h = {0};
+    char err[256];
+    struct journal_options opts = {.segment_size_max = 64 * 1024};
+    for (int round = 0; round < 2; round++) {
+        struct journal *j;
+        assert_int_equal(journal_open(&j, &loop, jdir, &opts, err, sizeof(err)), OK);
+        journal_set_synced_callback(j, on_synced, &h);
+        recovered_clear(&h);
+        h.synced = 0;
+        assert_int_equal(journal_recover(j, on_recover, &h, &h.stats), OK);
+        struct journal_queue *q = journal_queue_open(j, BYTES_LIT("/"), BYTES_LIT("q"));
+        if (round == 0) {
+            uint64_t t = 0;
+            for (uint64_t seq = 1; seq <= 1000; seq++)
+                t = publish(q, seq, 500);
+            for (uint64_t seq = 1; seq <= 900; seq++)
+                t = journal_ack(q, seq);
+            while (h.synced < t)
+                uv_run(&loop, UV_RUN_ONCE);
+        } else {
+            assert_int_equal(h.stats.message_count, 100);
+            assert_int_equal(h.recovered[0].seq, 901);
+            check_blob(&h.recovered[99]);
+        }
+        journal_close(j);
+        uv_run(&loop, UV_RUN_DEFAULT);
+    }
+    recovered_clear(&h);
+    uv_loop_close(&loop);
+    assert_int_equal(remove_tree(dir), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_crc32c_vectors),
+        cmocka_unit_test(test_format_record),
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_roll_and_reclaim),
+        cmocka_unit_test(test_compaction),
+        cmocka_unit_test(test_stuck_message),
+        cmocka_unit_test(test_paging),
+        cmocka_unit_test(test_torn_tail_and_corruption),
+        cmocka_unit_test(test_definitions),
+        cmocka_unit_test(test_disk_error_stops_journal),
+        cmocka_unit_test(test_posix_disk),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
