@@ -62,20 +62,34 @@ static uint64_t message_bytes(void)
     return message_live_bytes + message_live_count * MESSAGE_OVERHEAD_BYTES;
 }
 
+static uint64_t resident_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long long size = 0, resident = 0;
+    if (f) {
+        if (fscanf(f, "%llu %llu", &size, &resident) != 2)
+            resident = 0;
+        fclose(f);
+    }
+    return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
 uint64_t alarm_memory_estimate(const struct alarm *alarm)
 {
     int64_t estimate = (int64_t)message_bytes() + alarm->heap_other_bytes;
     return estimate > 0 ? (uint64_t)estimate : 0;
 }
 
-static void block(struct connection *connection)
+static void block(struct broker *broker, struct connection *connection)
 {
     if (connection->blocked || connection->state != CONNECTION_STATE_OPEN)
         return;
     connection->blocked = true;
     if (connection->client_blocked) {
+        /* RabbitMQ's reasons; memory wins when both alarms are on. */
         struct method m = {.id = METHOD_CONNECTION_BLOCKED};
-        m.connection_blocked.reason = BYTES_LIT("low on memory or disk space");
+        m.connection_blocked.reason =
+            broker->alarm.memory_on ? BYTES_LIT("low on memory") : BYTES_LIT("low on disk");
         connection_send_method(connection, 0, &m);
     }
     conn_pause_reading(&connection->conn, CONN_PAUSE_ALARM);
@@ -111,7 +125,7 @@ static void set_alarm(struct broker *broker, bool *flag, bool on, const char *wh
     list_for_each(node, &broker->connections) {
         struct connection *connection = CONTAINER_OF(node, struct connection, broker_link);
         if (active && connection->publisher)
-            block(connection);
+            block(broker, connection);
         else if (!active)
             unblock(connection);
     }
@@ -129,7 +143,7 @@ void alarm_note_publisher(struct broker *broker, struct connection *connection)
 {
     connection->publisher = true;
     if (alarm_active(&broker->alarm))
-        block(connection);
+        block(broker, connection);
 }
 
 void alarm_tick(struct broker *broker, uint64_t now_ms)
@@ -138,6 +152,10 @@ void alarm_tick(struct broker *broker, uint64_t now_ms)
     if (alarm->memory_high_watermark) {
         struct mallinfo2 info = mallinfo2();
         uint64_t heap = info.uordblks + info.hblkhd;
+        /* Under another allocator (a sanitizer's) mallinfo2 sees nothing:
+         * fall back to the resident set, which is at least the heap. */
+        if (heap < message_bytes())
+            heap = resident_bytes();
         alarm->heap_other_bytes = (int64_t)heap - (int64_t)message_bytes();
         uint64_t estimate = alarm_memory_estimate(alarm);
         if (estimate > alarm->memory_high_watermark)

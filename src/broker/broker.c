@@ -98,6 +98,11 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     }
     create_vhosts(broker);
     net_init(&broker->net, loop);
+    char err[1024];
+    if (durable_open(broker, err, sizeof err) != 0) {
+        LOG_ERROR("%s", err);
+        return -1;
+    }
     for (uint32_t i = 0; i < config->listen_count; i++) {
         struct listener *listener = &broker->listeners[broker->listeners_count];
         int rc = listener_open(listener, &broker->net, config->listen[i], connection_accept,
@@ -132,6 +137,14 @@ static void on_shutdown_deadline(uv_timer_t *timer)
     }
 }
 
+void broker__connection_gone(struct broker *broker)
+{
+    /* The journal's handles keep the loop alive: once the last client is
+     * gone during a stop, flush and close it so the loop can end. */
+    if (broker->stopping && broker->connections_count == 0)
+        durable_close(broker);
+}
+
 void broker_stop(struct broker *broker)
 {
     if (broker->stopping)
@@ -152,6 +165,7 @@ void broker_stop(struct broker *broker)
     broker->shutdown_timer.data = broker;
     uv_timer_start(&broker->shutdown_timer, on_shutdown_deadline, SHUTDOWN_GRACE_MS, 0);
     uv_unref((uv_handle_t *)&broker->shutdown_timer);
+    broker__connection_gone(broker);
 }
 
 void broker_free(struct broker *broker)
@@ -159,6 +173,7 @@ void broker_free(struct broker *broker)
     ASSERT(list_empty(&broker->connections));
     if (broker->stopping)
         uv_close((uv_handle_t *)&broker->shutdown_timer, NULL);
+    durable_close(broker);
     net_close(&broker->net);
     uv_run(broker->loop, UV_RUN_DEFAULT); /* the close callbacks */
     struct hmap_entry *e;

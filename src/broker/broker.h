@@ -14,6 +14,7 @@
 
 #include "broker/alarm.h"
 #include "broker/auth.h"
+#include "broker/durable.h"
 #include "lib/hash.h"
 #include "lib/list.h"
 #include "net/conn.h"
@@ -57,6 +58,7 @@ struct broker {
     uv_timer_t tick;               /* heartbeats, handshake timeouts, alarms */
     uv_timer_t shutdown_timer;     /* cuts clients that ignore our close */
     struct alarm alarm;
+    struct durable durable;        /* the journal: definitions and messages */
     uint64_t name_counter;         /* server-generated names */
     bool stopping;
 };
@@ -71,6 +73,8 @@ void broker_stop(struct broker *broker);
 void broker_free(struct broker *broker);
 
 struct vhost *broker_vhost(struct broker *broker, struct bytes name);
+/* A client connection was freed (connection.c). */
+void broker__connection_gone(struct broker *broker);
 /* Writes a unique name such as "amq.gen-XXXXXXXXXXXXXXXXXXXXXX" (22 chars,
  * like RabbitMQ's base64 of 16 random bytes). */
 void broker_generate_name(struct broker *broker, const char *prefix, char *out, size_t out_size);

@@ -17,6 +17,7 @@
 #include "broker/broker.h"
 #include "broker/channel_int.h"
 #include "broker/connection.h"
+#include "broker/durable.h"
 #include "broker/exchange.h"
 #include "broker/message.h"
 #include "broker/vhost.h"
@@ -55,6 +56,7 @@ static struct channel *channel_new(struct connection *connection, uint16_t id)
     hmap_init(&ch->consumers_by_tag);
     list_init(&ch->tx_ops);
     list_init(&ch->confirm_link);
+    list_init(&ch->durable_link);
     connection->channels[id] = ch;
     connection->channels_open++;
     return ch;
@@ -74,6 +76,9 @@ static void release(struct channel *ch)
     channel__drop_tx(ch);
     if (list_linked(&ch->confirm_link))
         list_remove(&ch->confirm_link);
+    if (list_linked(&ch->durable_link))
+        list_remove(&ch->durable_link);
+    ch->confirm_waits.count = 0;
 }
 
 void channel_destroy(struct channel *ch)
@@ -85,6 +90,7 @@ void channel_destroy(struct channel *ch)
     free(ch->deliveries.items);
     free(ch->publish_names);
     free(ch->last_queue);
+    free(ch->confirm_waits.items);
     connection__channel_gone(ch->connection, ch->id);
     free(ch);
 }
@@ -103,9 +109,8 @@ static void vfail(struct channel *ch, uint16_t reply_code, uint32_t method_id, c
     }
     if (ch->state == CHANNEL_STATE_CLOSING)
         return;
-    char text[256];
-    int n = snprintf(text, sizeof text, "%s - ", reply_code_text(reply_code));
-    vsnprintf(text + n, sizeof text - (size_t)n, fmt, ap);
+    char text[1280];
+    connection__reply_text(text, sizeof text, reply_code, fmt, ap);
     LOG_DEBUG("conn=%llu ch=%u closing: %u %s", (unsigned long long)ch->connection->conn.id,
               ch->id, reply_code, text);
     release(ch);
@@ -475,6 +480,59 @@ static void route_with_alternates(struct channel *ch, struct exchange *exchange,
     }
 }
 
+static void fifo_push(struct confirm_fifo *f, struct confirm_wait wait)
+{
+    if (f->count == f->cap) {
+        uint32_t cap = f->cap ? f->cap * 2 : 16;
+        struct confirm_wait *items = malloc(sizeof *items * cap);
+        ASSERT(items != NULL);
+        for (uint32_t i = 0; i < f->count; i++)
+            items[i] = f->items[(f->head + i) & (f->cap - 1)];
+        free(f->items);
+        f->items = items;
+        f->head = 0;
+        f->cap = cap;
+    }
+    f->items[(f->head + f->count) & (f->cap - 1)] = wait;
+    f->count++;
+}
+
+static void send_nack(struct channel *ch, uint64_t seq)
+{
+    send_acks_through(ch, seq - 1);
+    struct method nack = {.id = METHOD_BASIC_NACK};
+    nack.basic_nack.delivery_tag = seq;
+    channel__send(ch, &nack);
+    ch->confirmed_seq = seq;
+}
+
+/* Sends what may be confirmed now: acks through the last publish that
+ * waits for nothing (flush_confirms calls this at the end of a batch). */
+static void release_confirms(struct channel *ch)
+{
+    struct confirm_fifo *f = &ch->confirm_waits;
+    uint64_t limit = f->count ? f->items[f->head].seq - 1 : ch->publish_seq;
+    send_acks_through(ch, limit);
+}
+
+void channel__journal_synced(struct channel *ch, uint64_t ticket, int status)
+{
+    struct confirm_fifo *f = &ch->confirm_waits;
+    while (f->count > 0 && f->items[f->head].ticket <= ticket) {
+        struct confirm_wait wait = f->items[f->head];
+        f->head = (f->head + 1) & (f->cap - 1);
+        f->count--;
+        if (wait.nack || (status < 0 && wait.ticket != 0))
+            send_nack(ch, wait.seq);
+        else
+            send_acks_through(ch, wait.seq);
+    }
+    if (ch->state == CHANNEL_STATE_OPEN)
+        release_confirms(ch);
+    if (f->count == 0 && list_linked(&ch->durable_link))
+        list_remove(&ch->durable_link);
+}
+
 void channel__route_now(struct channel *ch, struct message *message, bool mandatory)
 {
     struct bind_dest *dests[ROUTE_DESTS_MAX];
@@ -486,25 +544,26 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
     if (result.count == 0 && mandatory)
         send_return(ch, message, REPLY_NO_ROUTE, "NO_ROUTE");
     bool rejected = false;
+    uint64_t ticket = 0;
     for (uint32_t i = 0; i < result.count; i++) {
         struct queue *queue = CONTAINER_OF(result.dests[i], struct queue, as_dest);
-        if (queue_publish(queue, message) == QUEUE_PUBLISH_REJECTED)
+        if (queue_publish(queue, message, &ticket) == QUEUE_PUBLISH_REJECTED)
             rejected = true;
     }
     if (!ch->confirm_mode)
         return;
     ch->publish_seq++;
-    if (!rejected) {
-        owe_confirm(ch);
+    struct confirm_fifo *f = &ch->confirm_waits;
+    if (ticket > durable_synced_ticket(ch->connection->broker) || f->count > 0) {
+        /* Wait for the fsync, or behind a publish that does. */
+        fifo_push(f, (struct confirm_wait){ch->publish_seq, ticket, rejected});
+        durable_wait_for_sync(ch->connection->broker, &ch->durable_link);
         return;
     }
-    /* A queue refused it (x-overflow reject-publish): nack this one, in
-     * order after the acks owed before it. */
-    send_acks_through(ch, ch->publish_seq - 1);
-    struct method nack = {.id = METHOD_BASIC_NACK};
-    nack.basic_nack.delivery_tag = ch->publish_seq;
-    channel__send(ch, &nack);
-    ch->confirmed_seq = ch->publish_seq;
+    if (rejected)
+        send_nack(ch, ch->publish_seq); /* a queue refused it (reject-publish) */
+    else
+        owe_confirm(ch);
 }
 
 void channels_flush_confirms(struct connection *connection)
@@ -514,7 +573,7 @@ void channels_flush_confirms(struct connection *connection)
             CONTAINER_OF(connection->confirms_owed.next, struct channel, confirm_link);
         list_remove(&ch->confirm_link);
         if (ch->state == CHANNEL_STATE_OPEN)
-            send_acks_through(ch, ch->publish_seq);
+            release_confirms(ch);
     }
 }
 

@@ -135,9 +135,9 @@ static void settle(struct channel *ch, struct delivery *d, enum settle_how how,
         queue_requeue(queue, (struct queue_entry){.message = d->message, .seq = d->seq,
                                                   .expires_at_ms = d->expires_at_ms});
     } else if (how == SETTLE_DROP) {
-        queue_reject(queue, d->message); /* dead-letters it, if configured */
+        queue_reject(queue, d->seq, d->message); /* dead-letters it, if configured */
     } else {
-        queue_settle(queue);
+        queue_settle(queue, d->seq, d->message);
         message_unref(d->message);
     }
     touch(t, queue);
@@ -147,8 +147,9 @@ static void settle(struct channel *ch, struct delivery *d, enum settle_how how,
 }
 
 /* Settles tag (and with multiple, every live tag below it). Requeues go
- * newest first so that each push to the queue's head restores the
- * original order. Returns false if tag is not an unsettled delivery. */
+ * newest first (each is inserted at its original position, and the scan
+ * from the head stays short); the rest oldest first. Returns false if tag
+ * is not an unsettled delivery. */
 static bool settle_tags(struct channel *ch, uint64_t tag, bool multiple, enum settle_how how)
 {
     struct delivery_ring *r = &ch->deliveries;
@@ -163,10 +164,19 @@ static bool settle_tags(struct channel *ch, uint64_t tag, bool multiple, enum se
             return false;
     }
     uint64_t low = multiple ? r->first_tag : tag;
-    for (uint64_t x = tag + 1; x-- > low;) {
-        struct delivery *d = ring_at(r, x);
-        if (d && d->live)
-            settle(ch, d, how, &t);
+    if (how == SETTLE_REQUEUE) {
+        for (uint64_t x = tag + 1; x-- > low;) {
+            struct delivery *d = ring_at(r, x);
+            if (d && d->live)
+                settle(ch, d, how, &t);
+        }
+    } else {
+        /* Acks and dead-letterings go oldest first, in publish order. */
+        for (uint64_t x = low; x <= tag; x++) {
+            struct delivery *d = ring_at(r, x);
+            if (d && d->live)
+                settle(ch, d, how, &t);
+        }
     }
     ring_trim(r);
     dispatch_touched(ch, &t);
@@ -223,7 +233,7 @@ static uint64_t record_delivery(struct channel *ch, struct consumer *consumer,
     struct message *message = entry.message;
     uint64_t tag = ch->next_delivery_tag++;
     if (no_ack) {
-        queue_settle(queue);
+        queue_settle(queue, entry.seq, message);
         return tag;
     }
     queue_ref(queue);
@@ -403,7 +413,10 @@ static void handle_consume(struct channel *ch, const struct method *m)
     consumer->no_ack = c->no_ack;
     consumer->exclusive = c->exclusive;
     consumer->prefetch_count = ch->prefetch_consumer;
-    consumer->priority = (int32_t)priority; /* consumer_args_parse keeps it in range */
+    /* RabbitMQ takes any integer; clamping keeps the order of priorities. */
+    consumer->priority = priority > INT32_MAX   ? INT32_MAX
+                         : priority < INT32_MIN ? INT32_MIN
+                                                : (int32_t)priority;
     list_init(&consumer->queue_link);
     list_push_back(&ch->consumers, &consumer->owner_link);
     hmap_put(&ch->consumers_by_tag, consumer->tag, consumer);

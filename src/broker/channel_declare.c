@@ -12,6 +12,7 @@
 #include "broker/channel_int.h"
 #include "broker/connection.h"
 #include "amqp/table.h"
+#include "broker/durable.h"
 #include "broker/exchange.h"
 #include "broker/queue_args.h"
 #include "broker/vhost.h"
@@ -221,9 +222,15 @@ static void exchange_bind_unbind(struct channel *ch, const struct method *m)
     if (bind && !bind_arguments_valid(ch, source, args, m->id))
         return;
     if (bind) {
-        exchange_bind(source, &dest->as_dest, key, arg_bytes);
-    } else if (exchange_unbind(source, &dest->as_dest, key, arg_bytes)) {
-        vhost_exchange_maybe_auto_delete(ch->vhost, source);
+        struct binding *binding = exchange_bind(source, &dest->as_dest, key, arg_bytes);
+        durable_binding_added(ch->connection->broker, ch->vhost, binding);
+    } else {
+        struct binding *binding = exchange_find_binding(source, &dest->as_dest, key, arg_bytes);
+        if (binding) {
+            durable_binding_removed(ch->connection->broker, ch->vhost, binding);
+            exchange_unbind(source, &dest->as_dest, key, arg_bytes);
+            vhost_exchange_maybe_auto_delete(ch->vhost, source);
+        }
     }
     if (!nowait) {
         struct method ok = {.id = bind ? METHOD_EXCHANGE_BIND_OK : METHOD_EXCHANGE_UNBIND_OK};
@@ -437,7 +444,8 @@ static void queue_bind_unbind(struct channel *ch, const struct method *m)
     struct bytes arg_bytes = {args.ptr, args.len};
     /* RabbitMQ checks the exclusive lock on unbind only when the binding
      * exists; unbinding nothing succeeds for anyone. */
-    if (!bind && !exchange_has_binding(exchange, &queue->as_dest, key, arg_bytes)) {
+    struct binding *existing = exchange_find_binding(exchange, &queue->as_dest, key, arg_bytes);
+    if (!bind && !existing) {
         struct method ok = {.id = METHOD_QUEUE_UNBIND_OK};
         channel__send(ch, &ok);
         return;
@@ -447,15 +455,18 @@ static void queue_bind_unbind(struct channel *ch, const struct method *m)
     if (bind && !bind_arguments_valid(ch, exchange, args, m->id))
         return;
     if (bind) {
-        exchange_bind(exchange, &queue->as_dest, key, arg_bytes);
+        struct binding *binding = exchange_bind(exchange, &queue->as_dest, key, arg_bytes);
+        if (binding != existing)
+            durable_binding_added(ch->connection->broker, ch->vhost, binding);
         if (!m->queue_bind.no_wait) {
             struct method ok = {.id = METHOD_QUEUE_BIND_OK};
             channel__send(ch, &ok);
         }
         return;
     }
-    if (exchange_unbind(exchange, &queue->as_dest, key, arg_bytes))
-        vhost_exchange_maybe_auto_delete(ch->vhost, exchange);
+    durable_binding_removed(ch->connection->broker, ch->vhost, existing);
+    exchange_unbind(exchange, &queue->as_dest, key, arg_bytes);
+    vhost_exchange_maybe_auto_delete(ch->vhost, exchange);
     struct method ok = {.id = METHOD_QUEUE_UNBIND_OK};
     channel__send(ch, &ok);
 }

@@ -49,6 +49,21 @@ struct delivery_ring {
     uint64_t first_tag;        /* tag of the entry at head */
 };
 
+/* A publisher confirm that waits: for the journal's fsync (ticket), or
+ * behind one that does, since confirms go out in publish order. */
+struct confirm_wait {
+    uint64_t seq;              /* the publish's sequence number on the channel */
+    uint64_t ticket;           /* journal sync ticket; 0 = nothing to wait for */
+    bool nack;                 /* a queue refused it (reject-publish) */
+};
+
+struct confirm_fifo {
+    struct confirm_wait *items; /* owned ring */
+    uint32_t head;
+    uint32_t count;
+    uint32_t cap;              /* a power of two, or 0 */
+};
+
 /* A publish or ack held back by tx.select until tx.commit. */
 struct tx_op {
     struct list_node link;
@@ -80,6 +95,8 @@ struct channel {
     /* Publisher confirms: sequence numbers of this channel's publishes. */
     uint64_t publish_seq;             /* last assigned */
     uint64_t confirmed_seq;           /* last acked to the client */
+    struct confirm_fifo confirm_waits;
+    struct list_node durable_link;    /* in durable.confirm_waiters while waits exist */
 
     /* Consuming. */
     struct list_node consumers;       /* struct consumer.owner_link */
@@ -111,6 +128,10 @@ void channel__route_publish(struct channel *ch, struct message *message, bool ma
 /* Routes now (also used by tx.commit). */
 void channel__route_now(struct channel *ch, struct message *message, bool mandatory);
 void channel__begin_publish(struct channel *ch, const struct method *m);
+
+/* The journal synced everything up to ticket (status < 0: it failed, and
+ * the publishes waiting for it are nacked). */
+void channel__journal_synced(struct channel *ch, uint64_t ticket, int status);
 
 /* channel_basic.c */
 /* Writes content header and body frames for a message (deliver, get-ok, return). */

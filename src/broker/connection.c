@@ -68,7 +68,7 @@ struct conn *connection_accept(struct net *net, void *ctx)
          * the client sees a closed socket instead of a hanging connect. */
         LOG_WARN("conn=%llu refused: connection limit %u reached",
                  (unsigned long long)connection->conn.id, limit);
-        conn_close(&connection->conn);
+        connection->conn.refused = true; /* the listener accepts, then closes */
     }
     return &connection->conn;
 }
@@ -147,6 +147,22 @@ static void release_everything(struct connection *connection)
     }
 }
 
+size_t connection__reply_text(char *out, size_t size, uint16_t reply_code, const char *fmt,
+                              va_list ap)
+{
+    ASSERT(size >= 256);
+    char detail[1024];
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    const char *name = reply_code_text(reply_code);
+    int n = detail[0] ? snprintf(out, size, "%s - %s", name ? name : "ERROR", detail)
+                      : snprintf(out, size, "%s", name ? name : "ERROR");
+    /* A shortstr holds 255 bytes; RabbitMQ cuts longer texts to 252
+     * and marks the cut with "...". */
+    if (n > 255)
+        memcpy(out + 252, "...", 4);
+    return strlen(out);
+}
+
 void connection_failv(struct connection *connection, uint16_t reply_code, uint32_t method_id,
                       const char *fmt, va_list ap)
 {
@@ -155,9 +171,8 @@ void connection_failv(struct connection *connection, uint16_t reply_code, uint32
         conn_close(&connection->conn);
         return;
     }
-    char text[256];
-    int n = snprintf(text, sizeof text, "%s - ", reply_code_text(reply_code));
-    vsnprintf(text + n, sizeof text - (size_t)n, fmt, ap);
+    char text[1280];
+    connection__reply_text(text, sizeof text, reply_code, fmt, ap);
     LOG_INFO("conn=%llu peer=%s closing: %u %s", (unsigned long long)connection->conn.id,
              connection->conn.peer_name, reply_code, text);
     bool handshaking = connection->state < CONNECTION_STATE_TUNE_OK;
@@ -204,9 +219,11 @@ static void on_free(struct conn *conn)
     for (uint32_t i = 0; i < connection->channels_cap; i++)
         ASSERT(connection->channels[i] == NULL);
     free(connection->channels);
+    struct broker *broker = connection->broker;
     list_remove(&connection->broker_link);
-    connection->broker->connections_count--;
+    broker->connections_count--;
     free(connection);
+    broker__connection_gone(broker);
 }
 
 void connection__channel_gone(struct connection *connection, uint16_t channel_id)

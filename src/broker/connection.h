@@ -86,6 +86,9 @@ void connection_force_close(struct connection *connection, const char *reason);
 void connection_send_method(struct connection *connection, uint16_t channel,
                             const struct method *method);
 
+/* "CODE_NAME - detail" as RabbitMQ words it, cut to fit a shortstr. */
+size_t connection__reply_text(char *out, size_t size, uint16_t reply_code, const char *fmt,
+                              va_list ap);
 /* Erlang-style rendering of bytes for reply texts (<<"abc">>, <<0,1>>). */
 size_t connection__format_binary(char *out, size_t cap, const uint8_t *p, size_t len);
 /* Decodes a method frame; on failure closes the connection with 540 or

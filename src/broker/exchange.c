@@ -566,10 +566,10 @@ bool exchange_unbind(struct exchange *source, struct bind_dest *dest, struct byt
     return true;
 }
 
-bool exchange_has_binding(struct exchange *source, struct bind_dest *dest,
-                          struct bytes routing_key, struct bytes arguments)
+struct binding *exchange_find_binding(struct exchange *source, struct bind_dest *dest,
+                                      struct bytes routing_key, struct bytes arguments)
 {
-    return binding_find(source, dest, routing_key, arguments) != NULL;
+    return binding_find(source, dest, routing_key, arguments);
 }
 
 bool exchange_has_bindings(const struct exchange *exchange)

@@ -93,9 +93,9 @@ struct binding *exchange_bind(struct exchange *source, struct bind_dest *dest,
 bool exchange_unbind(struct exchange *source, struct bind_dest *dest,
                      struct bytes routing_key, struct bytes arguments);
 bool exchange_has_bindings(const struct exchange *exchange);
-/* Is there a binding identical to this one (as exchange_unbind matches)? */
-bool exchange_has_binding(struct exchange *source, struct bind_dest *dest,
-                          struct bytes routing_key, struct bytes arguments);
+/* The binding identical to this one (as exchange_unbind matches), or NULL. */
+struct binding *exchange_find_binding(struct exchange *source, struct bind_dest *dest,
+                                      struct bytes routing_key, struct bytes arguments);
 
 /* The queues one publish reaches. Destinations are appended to out (at most
  * out_cap; routing stops collecting past that and sets overflow). */

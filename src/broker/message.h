@@ -8,9 +8,24 @@
  * message was routed to holds a reference, as does every output chunk
  * that is writing its body to a socket.
  *
- *   +---------+----------+-------------+------------------+-----------+
- *   | header  | exchange | routing key | properties bytes | body ...  |
- *   +---------+----------+-------------+------------------+-----------+
+ *   struct message | data[]:
+ *                  +--------+----------+-------------+------------+---------+
+ *                  | blob   | exchange | routing key | properties | body    |
+ *                  | header |          |             | (encoded)  |         |
+ *                  +--------+----------+-------------+------------+---------+
+ *                  <------------------- message_blob() ------------------->
+ *
+ * data[] is also the message's durable form: the journal stores exactly
+ * these bytes (message_blob), and message_from_blob rebuilds a message
+ * from them at recovery. The blob header (16 bytes, little-endian):
+ *
+ *   offset size  field
+ *   0      1     format version (1)
+ *   1      1     exchange size
+ *   2      1     routing key size
+ *   3      1     reserved (0)
+ *   4      4     properties size
+ *   8      8     body size
  *
  * message_unref() asserts refs > 0 and frees at zero.
  */
@@ -45,22 +60,31 @@ struct basic_properties;
 struct message *message_new(struct bytes exchange, struct bytes routing_key,
                             const uint8_t *properties, uint32_t properties_size,
                             const struct basic_properties *props, uint64_t body_size);
+
+#define MESSAGE_BLOB_HEADER_SIZE 16
+
+/* The durable form of a complete message: a slice of its own memory. */
+struct bytes message_blob(const struct message *message);
+/* Rebuilds a message from its durable form; NULL if the blob is malformed
+ * (sizes that do not add up, properties that do not decode). */
+struct message *message_from_blob(const uint8_t *blob, size_t size);
 void message_ref(struct message *message);
 void message_unref(struct message *message);
 
 static inline struct bytes message_exchange(const struct message *m)
 {
-    return (struct bytes){m->data, m->exchange_size};
+    return (struct bytes){m->data + MESSAGE_BLOB_HEADER_SIZE, m->exchange_size};
 }
 
 static inline struct bytes message_routing_key(const struct message *m)
 {
-    return (struct bytes){m->data + m->exchange_size, m->routing_key_size};
+    return (struct bytes){m->data + MESSAGE_BLOB_HEADER_SIZE + m->exchange_size,
+                          m->routing_key_size};
 }
 
 static inline const uint8_t *message_properties(const struct message *m)
 {
-    return m->data + m->exchange_size + m->routing_key_size;
+    return m->data + MESSAGE_BLOB_HEADER_SIZE + m->exchange_size + m->routing_key_size;
 }
 
 /* Parses the expiration property as RabbitMQ does (a decimal integer of

@@ -22,6 +22,7 @@
 #include "broker/message.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
+#include "store/journal.h"
 
 static struct bytes bytes_dup(struct bytes b)
 {
@@ -127,6 +128,21 @@ static struct queue_entry pop_entry(struct queue *queue, struct queue_ring *ring
     return entry;
 }
 
+/* ---- the journal ---------------------------------------------------- */
+
+/* Only persistent messages on durable queues are logged (RabbitMQ). */
+static bool logged(const struct queue *queue, const struct message *message)
+{
+    return queue->journal != NULL && message->persistent;
+}
+
+/* The message leaves the queue for good (ack, reject, expiry, overflow). */
+static void forget(struct queue *queue, uint64_t seq, const struct message *message)
+{
+    if (logged(queue, message))
+        journal_ack(queue->journal, seq);
+}
+
 /* ---- lifecycle ------------------------------------------------------ */
 
 struct queue *queue_new(struct vhost *vhost, struct bytes name, bool durable, bool exclusive,
@@ -154,6 +170,7 @@ struct queue *queue_new(struct vhost *vhost, struct bytes name, bool durable, bo
     list_init(&queue->consumers);
     list_init(&queue->owner_link);
     queue->refs = 1;
+    queue->next_seq = 1; /* 0 is "none" to the journal */
     queue->last_used_ms = now_ms(queue);
     return queue;
 }
@@ -206,6 +223,7 @@ static uint32_t drop_expired(struct queue *queue, uint64_t now)
             if (head->expires_at_ms == 0 || head->expires_at_ms > now)
                 break;
             struct queue_entry entry = pop_entry(queue, ring);
+            forget(queue, entry.seq, entry.message);
             dead_letter(queue, entry.message, DEAD_LETTER_EXPIRED);
             dropped++;
         }
@@ -297,7 +315,8 @@ static uint64_t expiry_for(const struct queue *queue, const struct message *mess
     return at == 0 ? 1 : at;
 }
 
-enum queue_publish_result queue_publish(struct queue *queue, struct message *message)
+enum queue_publish_result queue_publish(struct queue *queue, struct message *message,
+                                        uint64_t *ticket)
 {
     ASSERT(!queue->deleted);
     if (queue->args.overflow != QUEUE_OVERFLOW_DROP_HEAD &&
@@ -311,12 +330,19 @@ enum queue_publish_result queue_publish(struct queue *queue, struct message *mes
     message_ref(message);
     struct queue_entry entry = {.message = message, .seq = queue->next_seq++,
                                 .expires_at_ms = expiry_for(queue, message)};
+    if (logged(queue, message)) {
+        struct bytes blob = message_blob(message);
+        uint64_t t = journal_publish(queue->journal, entry.seq, blob.ptr, blob.len);
+        if (ticket && t > *ticket)
+            *ticket = t;
+    }
     ring_push_back(ring_for(queue, message->priority), entry);
     queue->ready_count++;
     queue->ready_bytes += message->body_size;
     /* drop-head: the oldest ready messages make room (and are dead-lettered). */
     while (queue->ready_count > 0 && over_limit(queue, 0, 0)) {
         struct queue_entry head = pop_entry(queue, head_ring(queue));
+        forget(queue, head.seq, head.message);
         dead_letter(queue, head.message, DEAD_LETTER_MAXLEN);
     }
     queue_dispatch(queue);
@@ -345,15 +371,33 @@ void queue_requeue(struct queue *queue, struct queue_entry entry)
         schedule_timer(queue);
 }
 
-void queue_settle(struct queue *queue)
+void queue_recover_message(struct queue *queue, struct message *message, uint64_t seq,
+                           bool delivered)
+{
+    ASSERT(!queue->deleted);
+    ASSERT(seq >= queue->next_seq); /* the journal hands them over in order */
+    message_ref(message);
+    /* The original publish time is not stored: TTLs count from recovery. */
+    ring_push_back(ring_for(queue, message->priority),
+                   (struct queue_entry){.message = message, .seq = seq, .redelivered = delivered,
+                                        .expires_at_ms = expiry_for(queue, message)});
+    queue->ready_count++;
+    queue->ready_bytes += message->body_size;
+    queue->next_seq = seq + 1;
+    schedule_timer(queue);
+}
+
+void queue_settle(struct queue *queue, uint64_t seq, const struct message *message)
 {
     ASSERT(queue->unacked_count > 0);
     queue->unacked_count--;
+    if (!queue->deleted)
+        forget(queue, seq, message);
 }
 
-void queue_reject(struct queue *queue, struct message *message)
+void queue_reject(struct queue *queue, uint64_t seq, struct message *message)
 {
-    queue_settle(queue);
+    queue_settle(queue, seq, message);
     if (queue->deleted) {
         message_unref(message);
         return;
@@ -374,11 +418,15 @@ bool queue_take(struct queue *queue, struct queue_entry *out)
         /* Strictly after its stamp: a TTL-0 message may still be taken
          * in the very millisecond it was published. */
         if (out->expires_at_ms != 0 && out->expires_at_ms < now) {
+            forget(queue, out->seq, out->message);
             dead_letter(queue, out->message, DEAD_LETTER_EXPIRED);
             continue;
         }
         break;
     }
+    /* Recovery marks it redelivered if it was handed out before a crash. */
+    if (logged(queue, out->message) && !out->redelivered)
+        journal_delivered(queue->journal, out->seq);
     queue->unacked_count++;
     return true;
 }
@@ -386,6 +434,15 @@ bool queue_take(struct queue *queue, struct queue_entry *out)
 uint32_t queue_purge(struct queue *queue)
 {
     uint32_t count = queue->ready_count;
+    if (queue->journal && count > 0) {
+        /* Unacked messages survive a purge (RabbitMQ); ack the ready ones. */
+        for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
+            struct queue_ring *ring =
+                level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
+            for (uint32_t i = 0; i < ring->count; i++)
+                forget(queue, ring_slot(ring, i)->seq, ring_slot(ring, i)->message);
+        }
+    }
     for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
         struct queue_ring *ring =
             level == 0 ? &queue->ready : &queue->priority_rings[level - 1];

@@ -32,6 +32,7 @@
 #include "broker/queue_args.h"
 #include "lib/list.h"
 
+struct journal_queue;
 struct message;
 struct queue;
 struct consumer;
@@ -101,6 +102,7 @@ struct queue {
     struct consumer *active_consumer; /* single active consumer, or NULL */
     uv_timer_t *timer;                /* owned, lazily: TTL expiry and x-expires */
     uint64_t last_used_ms;            /* for x-expires */
+    struct journal_queue *journal;    /* borrowed from the journal: durable queues */
     uint32_t refs;                    /* the vhost's table + deliveries + consumers */
     uint64_t next_seq;
     struct list_node owner_link;      /* in the exclusive owner's list */
@@ -117,17 +119,25 @@ enum queue_publish_result {
     QUEUE_PUBLISH_REJECTED,           /* full, with x-overflow reject-publish(-dlx) */
 };
 
-/* Enqueue a routed message (takes a new reference) and dispatch. */
-enum queue_publish_result queue_publish(struct queue *queue, struct message *message);
+/* Enqueue a routed message (takes a new reference) and dispatch. A
+ * persistent message on a durable queue is appended to the journal; its
+ * sync ticket is written to *ticket (max'ed with what is there), so the
+ * publisher's confirm can wait for the fsync. ticket may be NULL. */
+enum queue_publish_result queue_publish(struct queue *queue, struct message *message,
+                                        uint64_t *ticket);
+/* Recovery: puts a message read back from the journal at the tail. */
+void queue_recover_message(struct queue *queue, struct message *message, uint64_t seq,
+                           bool delivered);
 /* Put a delivered, unsettled message back where it was (by its seq, as
  * RabbitMQ does), marked redelivered. Takes the message reference. Does
  * not dispatch: callers requeue a batch, then dispatch once. */
 void queue_requeue(struct queue *queue, struct queue_entry entry);
-/* A delivered message is settled (acked, or rejected without requeue). */
-void queue_settle(struct queue *queue);
+/* A delivered message is acked: the queue (and its journal) forget it.
+ * The caller keeps its reference. */
+void queue_settle(struct queue *queue, uint64_t seq, const struct message *message);
 /* A delivered message was rejected without requeue: dead-letter it if the
  * queue has a dead-letter exchange. Takes the message reference. */
-void queue_reject(struct queue *queue, struct message *message);
+void queue_reject(struct queue *queue, uint64_t seq, struct message *message);
 /* The queue was used (declare, get, consume): postpones x-expires. */
 void queue_touch(struct queue *queue);
 /* Takes the head for basic.get; returns false if empty. */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "broker/durable.h"
 #include "lib/assert.h"
 
 static const struct {
@@ -76,11 +77,13 @@ struct exchange *vhost_exchange_declare(struct vhost *vhost, struct bytes name,
     struct exchange *exchange = exchange_new(name, type, durable, auto_delete, internal, arguments);
     exchange->user = vhost;
     hmap_put(&vhost->exchanges, exchange->name, exchange);
+    durable_exchange_declared(vhost->broker, vhost, exchange);
     return exchange;
 }
 
 void vhost_exchange_delete(struct vhost *vhost, struct exchange *exchange)
 {
+    durable_exchange_deleted(vhost->broker, vhost, exchange);
     void *removed = hmap_remove(&vhost->exchanges, exchange->name);
     ASSERT(removed == exchange);
     /* Unbinding from this exchange may leave other auto-delete exchanges
@@ -106,6 +109,7 @@ struct queue *vhost_queue_declare(struct vhost *vhost, struct bytes name, bool d
     ASSERT(vhost_queue(vhost, name) == NULL);
     struct queue *queue = queue_new(vhost, name, durable, exclusive, auto_delete, arguments);
     hmap_put(&vhost->queues, queue->name, queue);
+    durable_queue_declared(vhost->broker, vhost, queue);
     return queue;
 }
 
@@ -114,6 +118,7 @@ uint32_t vhost_queue_delete(struct vhost *vhost, struct queue *queue)
     ASSERT(!queue->deleted);
     void *removed = hmap_remove(&vhost->queues, queue->name);
     ASSERT(removed == queue);
+    durable_queue_deleted(vhost->broker, vhost, queue);
     bind_dest_unbind_all(&queue->as_dest, on_exchange_unused, vhost);
     if (list_linked(&queue->owner_link))
         list_remove(&queue->owner_link);

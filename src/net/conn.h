@@ -69,6 +69,7 @@ struct conn {
     uint64_t last_write_ms;
     bool closing;
     bool close_after_flush;
+    bool refused;                 /* over a limit: accept, then close at once */
     bool reading;
     uint32_t read_pauses;         /* enum conn_pause bits: why we are not reading */
     bool above_high_water;

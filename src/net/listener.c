@@ -59,7 +59,9 @@ static void on_connection(uv_stream_t *server, int status)
     struct conn *conn = listener->accept(listener->net, listener->ctx);
     if (!conn)
         return;
-    if (uv_accept(server, (uv_stream_t *)&conn->tcp) != 0) {
+    if (uv_accept(server, (uv_stream_t *)&conn->tcp) != 0 || conn->refused) {
+        /* Accepted and closed at once: the client sees its connection
+         * end instead of hanging in the backlog. */
         conn_close(conn);
         return;
     }

@@ -62,7 +62,7 @@ static void fake_init(struct fake_consumer *f, uint32_t credit, int32_t priority
 static void fake_ack_all(struct fake_consumer *f, struct queue *q)
 {
     for (uint32_t i = 0; i < f->received; i++) {
-        queue_settle(q);
+        queue_settle(q, f->got[i].seq, f->got[i].message);
         message_unref(f->got[i].message);
     }
     f->received = 0;
@@ -124,7 +124,7 @@ static void publish(struct queue *q, uint32_t n, uint8_t priority, const char *e
                     enum queue_publish_result expected)
 {
     struct message *m = make(n, priority, expiration);
-    assert_int_equal(queue_publish(q, m), expected);
+    assert_int_equal(queue_publish(q, m, NULL), expected);
     message_unref(m);
 }
 
@@ -241,7 +241,7 @@ static void requeue_restores_original_order(void **state)
         assert_true(queue_take(q, &e));
         assert_int_equal(number_of(e.message), i);
         assert_int_equal(e.redelivered, i < 3);
-        queue_settle(q);
+        queue_settle(q, e.seq, e.message);
         message_unref(e.message);
     }
     vhost_queue_delete(vhost, q);
@@ -257,7 +257,7 @@ static void max_length_drop_head_and_reject_publish(void **state)
     struct queue_entry e;
     assert_true(queue_take(q, &e));
     assert_int_equal(number_of(e.message), 3); /* the oldest were dropped */
-    queue_settle(q);
+    queue_settle(q, e.seq, e.message);
     message_unref(e.message);
     vhost_queue_delete(vhost, q);
 
@@ -289,7 +289,7 @@ static void priority_queue_delivers_highest_first(void **state)
         struct queue_entry e;
         assert_true(queue_take(q, &e));
         assert_int_equal(number_of(e.message), expected[i]);
-        queue_settle(q);
+        queue_settle(q, e.seq, e.message);
         message_unref(e.message);
     }
     vhost_queue_delete(vhost, q);
@@ -331,7 +331,7 @@ static void ttl_expires_without_readers_and_dead_letters(void **state)
     assert_true(table_get(first.table, "reason", &reason));
     assert_true(bytes_equal_cstr(reason.str, "expired"));
     assert_true(bytes_equal_cstr(message_routing_key(e.message), "dead"));
-    queue_settle(dead);
+    queue_settle(dead, e.seq, e.message);
     message_unref(e.message);
     vhost_queue_delete(vhost, q);
     vhost_queue_delete(vhost, dead);

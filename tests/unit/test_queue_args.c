@@ -225,7 +225,8 @@ static void test_accepted_variants(void **state)
     assert_int_equal(expect_one_ok("x-overflow", str_value('S', "reject-publish")).overflow,
                      QUEUE_OVERFLOW_REJECT_PUBLISH);
     assert_false(expect_one_ok("x-queue-mode", str_value('S', "default")).lazy);
-    assert_true(expect_one_ok("x-dead-letter-exchange", str_value('S', "")).has_dead_letter_exchange);
+    assert_true(
+        expect_one_ok("x-dead-letter-exchange", str_value('S', "")).has_dead_letter_exchange);
     assert_false(expect_one_ok("x-single-active-consumer", (struct field_value){.kind = 't'})
                      .single_active_consumer);
     assert_int_equal(expect_one_ok("x-max-length", int_value('I', 0)).max_length, 0);

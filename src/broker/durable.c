@@ -1,0 +1,452 @@
+/*
+ * durable.c: see durable.h. Definitions are journal key/value records:
+ *
+ *   kind      key                                   value (field table)
+ *   EXCHANGE  vhost "\0" name                        type, auto_delete, internal, arguments
+ *   QUEUE     vhost "\0" name                        auto_delete, arguments
+ *   BINDING   table: vhost, source, dest_kind,        (empty)
+ *             destination, routing_key, arguments
+ *
+ * A binding is durable when both its ends are (RabbitMQ); deleting a queue
+ * or exchange undefines its bindings first, so a later queue of the same
+ * name does not inherit them.
+ */
+#include "broker/durable.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amqp/table.h"
+#include "broker/broker.h"
+#include "broker/channel_int.h"
+#include "broker/exchange.h"
+#include "broker/message.h"
+#include "broker/queue.h"
+#include "broker/vhost.h"
+#include "lib/assert.h"
+#include "lib/errors.h"
+#include "lib/log.h"
+#include "store/journal.h"
+
+#define KEY_MAX (2 * 256 + 2)
+
+/* ---- encoding ------------------------------------------------------- */
+
+static struct bytes name_key(uint8_t *buf, struct bytes vhost, struct bytes name)
+{
+    ASSERT(vhost.len <= 255 && name.len <= 255);
+    memcpy(buf, vhost.ptr, vhost.len);
+    buf[vhost.len] = 0;
+    memcpy(buf + vhost.len + 1, name.ptr, name.len);
+    return (struct bytes){buf, vhost.len + 1 + name.len};
+}
+
+static bool split_key(struct bytes key, struct bytes *vhost, struct bytes *name)
+{
+    const uint8_t *zero = memchr(key.ptr, 0, key.len);
+    if (!zero)
+        return false;
+    *vhost = (struct bytes){key.ptr, (uint32_t)(zero - key.ptr)};
+    *name = (struct bytes){zero + 1, (uint32_t)(key.len - vhost->len - 1)};
+    return true;
+}
+
+static struct bytes binding_key(struct table_writer *w, struct vhost *vhost,
+                                const struct binding *binding)
+{
+    struct exchange *source = binding->source;
+    bool to_queue = binding->dest->kind == BIND_DEST_QUEUE;
+    struct bytes dest = to_queue ? CONTAINER_OF(binding->dest, struct queue, as_dest)->name
+                                 : CONTAINER_OF(binding->dest, struct exchange, as_dest)->name;
+    table_put_longstr(w, "vhost", vhost->name);
+    table_put_longstr(w, "source", source->name);
+    table_put_longstr(w, "dest_kind", to_queue ? BYTES_LIT("queue") : BYTES_LIT("exchange"));
+    table_put_longstr(w, "destination", dest);
+    table_put_longstr(w, "routing_key", binding->routing_key);
+    table_put_longstr(w, "arguments", binding->arguments);
+    ASSERT(!w->overflow);
+    struct table t = table_writer_table(w);
+    return (struct bytes){t.ptr, t.len};
+}
+
+static bool binding_durable(const struct binding *binding)
+{
+    if (!binding->source->durable)
+        return false;
+    if (binding->dest->kind == BIND_DEST_QUEUE) {
+        const struct queue *q = CONTAINER_OF(binding->dest, struct queue, as_dest);
+        return q->durable && !q->exclusive;
+    }
+    return CONTAINER_OF(binding->dest, struct exchange, as_dest)->durable;
+}
+
+/* Attaches a durable queue to its log; new seqs continue after the log's
+ * last one even when every message in it was acked. */
+static void attach_log(struct durable *d, struct vhost *vhost, struct queue *queue)
+{
+    queue->journal = journal_queue_open(d->journal, vhost->name, queue->name);
+    uint64_t last = journal_queue_seq_last(queue->journal);
+    if (queue->next_seq <= last)
+        queue->next_seq = last + 1;
+}
+
+static bool queue_durable(const struct queue *queue)
+{
+    /* An exclusive queue dies with its connection, so it never outlives a
+     * restart even when declared durable. */
+    return queue->durable && !queue->exclusive;
+}
+
+/* ---- hooks ---------------------------------------------------------- */
+
+static struct durable *active(struct broker *broker)
+{
+    struct durable *d = &broker->durable;
+    return d->journal && !d->replaying ? d : NULL;
+}
+
+void durable_exchange_declared(struct broker *broker, struct vhost *vhost,
+                               struct exchange *exchange)
+{
+    struct durable *d = active(broker);
+    if (!d || !exchange->durable || bytes_has_prefix(exchange->name, "amq.") ||
+        exchange->name.len == 0)
+        return;
+    uint8_t key[KEY_MAX];
+    uint8_t value[1024 + 65536];
+    struct table_writer w;
+    table_writer_init(&w, value, sizeof value);
+    table_put_longstr(&w, "type", bytes_of_cstr(exchange_type_name(exchange->type)));
+    table_put_bool(&w, "auto_delete", exchange->auto_delete);
+    table_put_bool(&w, "internal", exchange->internal);
+    table_put_longstr(&w, "arguments", exchange->arguments);
+    if (w.overflow) {
+        LOG_WARN("exchange '%.*s': arguments too large to keep durably",
+                 (int)exchange->name.len, (const char *)exchange->name.ptr);
+        return;
+    }
+    struct table t = table_writer_table(&w);
+    journal_define(d->journal, JOURNAL_DEF_EXCHANGE, name_key(key, vhost->name, exchange->name),
+                   (struct bytes){t.ptr, t.len});
+}
+
+static void undefine_bindings_in(struct durable *d, struct vhost *vhost, struct bind_dest *dest)
+{
+    list_for_each(node, &dest->bindings_in) {
+        struct binding *binding = CONTAINER_OF(node, struct binding, dest_link);
+        durable_binding_removed(vhost->broker, vhost, binding);
+    }
+    (void)d;
+}
+
+void durable_exchange_deleted(struct broker *broker, struct vhost *vhost,
+                              struct exchange *exchange)
+{
+    struct durable *d = active(broker);
+    if (!d || !exchange->durable)
+        return;
+    list_for_each(node, &exchange->bindings) {
+        struct binding *binding = CONTAINER_OF(node, struct binding, source_link);
+        durable_binding_removed(broker, vhost, binding);
+    }
+    undefine_bindings_in(d, vhost, &exchange->as_dest);
+    uint8_t key[KEY_MAX];
+    journal_undefine(d->journal, JOURNAL_DEF_EXCHANGE, name_key(key, vhost->name, exchange->name));
+}
+
+void durable_queue_declared(struct broker *broker, struct vhost *vhost, struct queue *queue)
+{
+    struct durable *d = &broker->durable;
+    if (!d->journal || !queue_durable(queue))
+        return;
+    if (d->replaying)
+        return; /* durable_open attaches the log once messages are recovered */
+    attach_log(d, vhost, queue);
+    uint8_t key[KEY_MAX];
+    uint8_t value[1024 + 65536];
+    struct table_writer w;
+    table_writer_init(&w, value, sizeof value);
+    table_put_bool(&w, "auto_delete", queue->auto_delete);
+    table_put_longstr(&w, "arguments", queue->arguments);
+    ASSERT(!w.overflow); /* arguments come from one frame: < frame_max */
+    struct table t = table_writer_table(&w);
+    journal_define(d->journal, JOURNAL_DEF_QUEUE, name_key(key, vhost->name, queue->name),
+                   (struct bytes){t.ptr, t.len});
+}
+
+void durable_queue_deleted(struct broker *broker, struct vhost *vhost, struct queue *queue)
+{
+    struct durable *d = active(broker);
+    if (!d || !queue_durable(queue))
+        return;
+    undefine_bindings_in(d, vhost, &queue->as_dest);
+    uint8_t key[KEY_MAX];
+    journal_undefine(d->journal, JOURNAL_DEF_QUEUE, name_key(key, vhost->name, queue->name));
+    if (queue->journal) {
+        journal_queue_delete(queue->journal);
+        queue->journal = NULL;
+    }
+}
+
+void durable_binding_added(struct broker *broker, struct vhost *vhost, struct binding *binding)
+{
+    struct durable *d = active(broker);
+    if (!d || !binding_durable(binding))
+        return;
+    uint8_t buf[4 * 512 + 65536];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    struct bytes key = binding_key(&w, vhost, binding);
+    journal_define(d->journal, JOURNAL_DEF_BINDING, key, (struct bytes){NULL, 0});
+}
+
+void durable_binding_removed(struct broker *broker, struct vhost *vhost,
+                             struct binding *binding)
+{
+    struct durable *d = active(broker);
+    if (!d || !binding_durable(binding))
+        return;
+    uint8_t buf[4 * 512 + 65536];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    journal_undefine(d->journal, JOURNAL_DEF_BINDING, binding_key(&w, vhost, binding));
+}
+
+/* ---- confirms ------------------------------------------------------- */
+
+uint64_t durable_synced_ticket(const struct broker *broker)
+{
+    return broker->durable.synced_ticket;
+}
+
+void durable_wait_for_sync(struct broker *broker, struct list_node *channel_link)
+{
+    if (!list_linked(channel_link))
+        list_push_back(&broker->durable.confirm_waiters, channel_link);
+}
+
+static void on_synced(void *ctx, uint64_t ticket, int status)
+{
+    struct broker *broker = ctx;
+    struct durable *d = &broker->durable;
+    if (status < 0 && d->status == 0) {
+        d->status = status;
+        LOG_ERROR("journal failed (%d): publishes waiting for the disk are nacked", status);
+    }
+    if (ticket > d->synced_ticket)
+        d->synced_ticket = ticket;
+    list_for_each_safe(node, &d->confirm_waiters) {
+        struct channel *ch = CONTAINER_OF(node, struct channel, durable_link);
+        channel__journal_synced(ch, ticket, status);
+        channels_flush_confirms(ch->connection);
+    }
+}
+
+/* ---- recovery ------------------------------------------------------- */
+
+struct replay {
+    struct broker *broker;
+    uint64_t exchanges;
+    uint64_t queues;
+    uint64_t bindings;
+    uint64_t messages;
+    uint64_t dropped;
+};
+
+static bool get_str(struct table t, const char *key, struct bytes *out)
+{
+    struct field_value v;
+    if (!table_get(t, key, &v) || v.kind != 'S')
+        return false;
+    *out = v.str;
+    return true;
+}
+
+static bool get_bool(struct table t, const char *key)
+{
+    struct field_value v;
+    return table_get(t, key, &v) && v.kind == 't' && v.boolean;
+}
+
+static void replay_exchange(struct replay *r, struct vhost *vhost, struct bytes name,
+                            struct table value)
+{
+    struct bytes type_name, args;
+    enum exchange_type type;
+    if (!get_str(value, "type", &type_name) || exchange_type_parse(type_name, &type) != 0 ||
+        !get_str(value, "arguments", &args) || vhost_exchange(vhost, name)) {
+        r->dropped++;
+        return;
+    }
+    vhost_exchange_declare(vhost, name, type, true, get_bool(value, "auto_delete"),
+                           get_bool(value, "internal"), args);
+    r->exchanges++;
+}
+
+static void replay_queue(struct replay *r, struct vhost *vhost, struct bytes name,
+                         struct table value)
+{
+    struct bytes args;
+    struct queue_args parsed;
+    uint16_t code;
+    char text[256];
+    if (!get_str(value, "arguments", &args) || vhost_queue(vhost, name) ||
+        !queue_args_parse((struct table){args.ptr, args.len}, name, vhost->name, &parsed, &code,
+                          text, sizeof text)) {
+        r->dropped++;
+        return;
+    }
+    vhost_queue_declare(vhost, name, true, false, get_bool(value, "auto_delete"), args);
+    r->queues++;
+}
+
+static void replay_binding(struct replay *r, struct table key)
+{
+    struct bytes vhost_name, source, kind, destination, routing_key, args;
+    if (!get_str(key, "vhost", &vhost_name) || !get_str(key, "source", &source) ||
+        !get_str(key, "dest_kind", &kind) || !get_str(key, "destination", &destination) ||
+        !get_str(key, "routing_key", &routing_key) || !get_str(key, "arguments", &args)) {
+        r->dropped++;
+        return;
+    }
+    struct vhost *vhost = broker_vhost(r->broker, vhost_name);
+    struct exchange *x = vhost ? vhost_exchange(vhost, source) : NULL;
+    struct bind_dest *dest = NULL;
+    if (vhost && bytes_equal_cstr(kind, "queue")) {
+        struct queue *q = vhost_queue(vhost, destination);
+        dest = q ? &q->as_dest : NULL;
+    } else if (vhost) {
+        struct exchange *dx = vhost_exchange(vhost, destination);
+        dest = dx ? &dx->as_dest : NULL;
+    }
+    if (!x || !dest) {
+        r->dropped++;
+        return;
+    }
+    exchange_bind(x, dest, routing_key, args);
+    r->bindings++;
+}
+
+static void on_definition(void *ctx, enum journal_def_kind kind, struct bytes key,
+                          struct bytes value)
+{
+    struct replay *r = ctx;
+    struct table value_table = {value.ptr, value.len};
+    if (kind == JOURNAL_DEF_BINDING) {
+        if (table_validate(key.ptr, key.len) != OK) {
+            r->dropped++;
+            return;
+        }
+        replay_binding(r, (struct table){key.ptr, key.len});
+        return;
+    }
+    struct bytes vhost_name, name;
+    struct vhost *vhost = NULL;
+    if (split_key(key, &vhost_name, &name))
+        vhost = broker_vhost(r->broker, vhost_name);
+    if (!vhost || table_validate(value.ptr, value.len) != OK) {
+        /* A vhost no longer in the users file: its definitions wait. */
+        r->dropped++;
+        return;
+    }
+    if (kind == JOURNAL_DEF_EXCHANGE)
+        replay_exchange(r, vhost, name, value_table);
+    else if (kind == JOURNAL_DEF_QUEUE)
+        replay_queue(r, vhost, name, value_table);
+}
+
+static void on_message(void *ctx, struct journal_queue *jq, struct bytes vhost_name,
+                       struct bytes queue_name, uint64_t seq, bool delivered, const void *blob,
+                       uint32_t size)
+{
+    struct replay *r = ctx;
+    struct vhost *vhost = broker_vhost(r->broker, vhost_name);
+    struct queue *queue = vhost ? vhost_queue(vhost, queue_name) : NULL;
+    if (!queue || !queue_durable(queue)) {
+        r->dropped++; /* its queue was deleted: delete_unopened removes the log */
+        return;
+    }
+    ASSERT(queue->journal == NULL || queue->journal == jq);
+    queue->journal = jq;
+    struct message *message = message_from_blob(blob, size);
+    if (!message) {
+        /* The record's checksum was good, so this is a format bug. */
+        LOG_ERROR("queue '%.*s': journal record %llu does not decode; skipped",
+                  (int)queue_name.len, (const char *)queue_name.ptr, (unsigned long long)seq);
+        r->dropped++;
+        return;
+    }
+    queue_recover_message(queue, message, seq, delivered);
+    message_unref(message);
+    r->messages++;
+}
+
+int durable_open(struct broker *broker, char *err, size_t err_size)
+{
+    struct durable *d = &broker->durable;
+    memset(d, 0, sizeof *d);
+    list_init(&d->confirm_waiters);
+    uint64_t started = uv_hrtime();
+    if (journal_open(&d->journal, broker->loop, broker->config.data_dir, NULL, err, err_size) !=
+        OK) {
+        d->journal = NULL;
+        return -1;
+    }
+    journal_set_synced_callback(d->journal, on_synced, broker);
+    d->replaying = true;
+    struct replay r = {.broker = broker};
+    journal_recover_definitions(d->journal, on_definition, &r);
+    struct journal_recovery_stats stats;
+    memset(&stats, 0, sizeof stats);
+    int rc = journal_recover(d->journal, on_message, &r, &stats);
+    if (rc != OK) {
+        if (rc == E_JOURNAL_CORRUPT)
+            snprintf(err, err_size, "journal corrupt at %s offset %llu: refusing to start",
+                     stats.corrupt_path, (unsigned long long)stats.corrupt_offset);
+        else
+            snprintf(err, err_size, "journal recovery failed (%d)", rc);
+        return -1;
+    }
+    /* Every durable queue gets its log now (the recovered one, or a new
+     * one); what nobody opened belonged to queues deleted before a crash. */
+    struct hmap_entry *ve;
+    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &ve);) {
+        struct vhost *vhost = ve->value;
+        struct hmap_entry *qe;
+        for (uint32_t k = 0; hmap_next(&vhost->queues, &k, &qe);) {
+            struct queue *queue = qe->value;
+            if (queue_durable(queue))
+                attach_log(d, vhost, queue);
+        }
+    }
+    journal_queue_delete_unopened(d->journal);
+    d->replaying = false;
+    if (stats.truncated_count)
+        LOG_WARN("journal: cut %llu torn tail(s), first in %s at offset %llu",
+                 (unsigned long long)stats.truncated_count, stats.truncated_path,
+                 (unsigned long long)stats.truncated_offset);
+    LOG_INFO("recovered %llu exchanges, %llu queues, %llu bindings, %llu messages in %.3f s"
+             " (%llu records dropped)",
+             (unsigned long long)r.exchanges, (unsigned long long)r.queues,
+             (unsigned long long)r.bindings, (unsigned long long)r.messages,
+             (double)(uv_hrtime() - started) / 1e9, (unsigned long long)r.dropped);
+    return 0;
+}
+
+void durable_close(struct broker *broker)
+{
+    struct durable *d = &broker->durable;
+    if (!d->journal)
+        return;
+    /* Queues freed after this must not touch their (closed) logs: a
+     * shutdown is not a deletion. */
+    struct hmap_entry *ve;
+    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &ve);) {
+        struct hmap_entry *qe;
+        for (uint32_t k = 0; hmap_next(&((struct vhost *)ve->value)->queues, &k, &qe);)
+            ((struct queue *)qe->value)->journal = NULL;
+    }
+    journal_close(d->journal);
+    d->journal = NULL;
+}

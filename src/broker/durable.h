@@ -1,0 +1,62 @@
+/*
+ * durable.h: what the broker keeps on disk, through the journal (store/).
+ *
+ * Durable exchanges and queues, and bindings between durable things, are
+ * journal definitions; persistent messages on durable queues are journal
+ * records (queue.c appends them). At start, durable_open replays both:
+ * definitions first, then every queue's live messages in order, with
+ * redelivered=true for those handed out before the crash.
+ *
+ * Confirms: a publish that the journal must hold waits for the journal's
+ * group-commit fsync; the journal reports "everything up to ticket T is
+ * on disk" once per fsync, and durable fans that out to the channels in
+ * its waiters list.
+ *
+ * Users and vhosts come from the users file, not from here.
+ */
+#ifndef QUAY_BROKER_DURABLE_H
+#define QUAY_BROKER_DURABLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lib/list.h"
+
+struct binding;
+struct broker;
+struct exchange;
+struct journal;
+struct queue;
+struct vhost;
+
+struct durable {
+    struct journal *journal;          /* owned */
+    bool replaying;                   /* recovery: do not log what we replay */
+    uint64_t synced_ticket;           /* everything up to this is on disk */
+    int status;                       /* the journal's first error, 0 if none */
+    struct list_node confirm_waiters; /* struct channel.durable_link */
+};
+
+/* Opens DATA_DIR's journal and replays it into the broker's vhosts.
+ * Returns 0, or -1 with a message (e.g. corruption, and where). */
+int durable_open(struct broker *broker, char *err, size_t err_size);
+/* Flushes and closes the journal (after the loop stopped serving). */
+void durable_close(struct broker *broker);
+
+void durable_exchange_declared(struct broker *broker, struct vhost *vhost,
+                               struct exchange *exchange);
+void durable_exchange_deleted(struct broker *broker, struct vhost *vhost,
+                              struct exchange *exchange);
+/* Opens the queue's message log (queue->journal) and defines it. */
+void durable_queue_declared(struct broker *broker, struct vhost *vhost, struct queue *queue);
+void durable_queue_deleted(struct broker *broker, struct vhost *vhost, struct queue *queue);
+void durable_binding_added(struct broker *broker, struct vhost *vhost, struct binding *binding);
+void durable_binding_removed(struct broker *broker, struct vhost *vhost,
+                             struct binding *binding);
+
+uint64_t durable_synced_ticket(const struct broker *broker);
+/* A channel has confirms waiting for a sync: link it (idempotent). */
+void durable_wait_for_sync(struct broker *broker, struct list_node *channel_link);
+
+#endif
