@@ -9,7 +9,8 @@
  * and are read again.
  *
  * Memory is estimated in O(1) on every publish: the bytes of live messages
- * plus the rest of the heap as last sampled (mallinfo2, every tick). So a
+ * plus the rest of the heap as last sampled (the allocator's count of bytes
+ * in use, every tick). So a
  * flood is stopped within one read batch per connection, not one tick.
  */
 #ifndef QUAY_BROKER_ALARM_H
@@ -46,6 +47,12 @@ static inline bool alarm_active(const struct alarm *alarm)
 }
 /* The estimate of the heap in use, in bytes. */
 uint64_t alarm_memory_estimate(const struct alarm *alarm);
+/* Past half the mark (RabbitMQ's paging ratio): durable queues page out. */
+static inline bool alarm_over_paging_limit(const struct alarm *alarm)
+{
+    return alarm->memory_high_watermark &&
+           alarm_memory_estimate(alarm) > alarm->memory_high_watermark / 2;
+}
 /* A connection published: block it now if an alarm is on. */
 void alarm_note_publisher(struct broker *broker, struct connection *connection);
 

@@ -213,6 +213,24 @@ void durable_binding_removed(struct broker *broker, struct vhost *vhost,
     journal_undefine(d->journal, JOURNAL_DEF_BINDING, binding_key(&w, vhost, binding));
 }
 
+/* ---- paging --------------------------------------------------------- */
+
+uint64_t durable_page_out(struct broker *broker, uint64_t wanted)
+{
+    uint64_t released = 0;
+    struct hmap_entry *ve;
+    for (uint32_t i = 0; released < wanted && hmap_next(&broker->vhosts, &i, &ve);) {
+        struct hmap_entry *qe;
+        struct vhost *vhost = ve->value;
+        for (uint32_t k = 0; released < wanted && hmap_next(&vhost->queues, &k, &qe);) {
+            struct queue *queue = qe->value;
+            if (queue->journal && queue->ready_count > queue->paged_count)
+                released += queue_page_out(queue, wanted - released);
+        }
+    }
+    return released;
+}
+
 /* ---- confirms ------------------------------------------------------- */
 
 uint64_t durable_synced_ticket(const struct broker *broker)
@@ -379,7 +397,14 @@ static void on_message(void *ctx, struct journal_queue *jq, struct bytes vhost_n
     }
     queue_recover_message(queue, message, seq, delivered);
     message_unref(message);
-    r->messages++;
+    /* A journal bigger than memory recovers with its tail left on disk. */
+    if (++r->messages % 4096 == 0 && queue->journal) {
+        struct alarm *alarm = &r->broker->alarm;
+        uint64_t limit = alarm->memory_high_watermark / 2;
+        uint64_t estimate = alarm_memory_estimate(alarm);
+        if (alarm->memory_high_watermark && estimate > limit)
+            durable_page_out(r->broker, estimate - limit);
+    }
 }
 
 int durable_open(struct broker *broker, char *err, size_t err_size)

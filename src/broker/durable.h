@@ -55,6 +55,10 @@ void durable_binding_added(struct broker *broker, struct vhost *vhost, struct bi
 void durable_binding_removed(struct broker *broker, struct vhost *vhost,
                              struct binding *binding);
 
+/* Pages out up to `wanted` bytes of ready persistent messages across the
+ * durable queues (memory pressure). Returns the bytes released. */
+uint64_t durable_page_out(struct broker *broker, uint64_t wanted);
+
 uint64_t durable_synced_ticket(const struct broker *broker);
 /* A channel has confirms waiting for a sync: link it (idempotent). */
 void durable_wait_for_sync(struct broker *broker, struct list_node *channel_link);

@@ -22,6 +22,8 @@
 #include "broker/message.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
+#include "lib/errors.h"
+#include "lib/log.h"
 #include "store/journal.h"
 
 static struct bytes bytes_dup(struct bytes b)
@@ -119,12 +121,17 @@ static struct queue_ring *head_ring(struct queue *queue)
     return queue->ready.count > 0 ? &queue->ready : NULL;
 }
 
+static uint64_t entry_body_size(const struct queue_entry *entry)
+{
+    return entry->paged ? entry->paged_body_size : entry->message->body_size;
+}
+
 static struct queue_entry pop_entry(struct queue *queue, struct queue_ring *ring)
 {
     struct queue_entry entry = ring_pop_front(ring);
     ASSERT(queue->ready_count > 0);
     queue->ready_count--;
-    queue->ready_bytes -= entry.message->body_size;
+    queue->ready_bytes -= entry_body_size(&entry);
     return entry;
 }
 
@@ -141,6 +148,86 @@ static void forget(struct queue *queue, uint64_t seq, const struct message *mess
 {
     if (logged(queue, message))
         journal_ack(queue->journal, seq);
+}
+
+/* Reads a paged-out message back from the journal (a synchronous pread on
+ * the loop: paging trades that for bounded memory). NULL if the journal
+ * cannot produce it, which it reports. */
+static struct message *page_in(struct queue *queue, uint64_t seq)
+{
+    struct journal_location where;
+    if (!queue->journal || journal_locate(queue->journal, seq, &where) != OK)
+        return NULL;
+    uint8_t *blob = malloc(where.blob_size ? where.blob_size : 1);
+    ASSERT(blob != NULL);
+    struct message *message = NULL;
+    if (journal_read(queue->journal, seq, blob, where.blob_size) == OK)
+        message = message_from_blob(blob, where.blob_size);
+    free(blob);
+    if (!message)
+        LOG_ERROR("vhost=%.*s queue=%.*s cannot read message %llu back from the journal",
+                  (int)queue->vhost->name.len, (const char *)queue->vhost->name.ptr,
+                  (int)queue->name.len, (const char *)queue->name.ptr, (unsigned long long)seq);
+    return message;
+}
+
+/* Makes a popped entry's message resident. False if it is lost. */
+static bool resident(struct queue *queue, struct queue_entry *entry)
+{
+    if (!entry->paged)
+        return true;
+    struct message *message = page_in(queue, entry->seq);
+    ASSERT(queue->paged_count > 0);
+    queue->paged_count--;
+    if (!message)
+        return false;
+    entry->paged = 0;
+    entry->message = message;
+    return true;
+}
+
+/* A ready entry leaves without being delivered (expiry, overflow). */
+static void discard(struct queue *queue, struct queue_entry entry, enum dead_letter_reason reason)
+{
+    if (entry.paged) {
+        if (queue->journal)
+            journal_ack(queue->journal, entry.seq);
+        /* Only a dead-letter exchange needs the body back. */
+        if (!queue->args.has_dead_letter_exchange) {
+            ASSERT(queue->paged_count > 0);
+            queue->paged_count--;
+            return;
+        }
+        if (!resident(queue, &entry))
+            return;
+        dead_letter(queue, entry.message, reason);
+        return;
+    }
+    forget(queue, entry.seq, entry.message);
+    dead_letter(queue, entry.message, reason);
+}
+
+uint64_t queue_page_out(struct queue *queue, uint64_t wanted)
+{
+    if (!queue->journal || queue->deleted)
+        return 0;
+    uint64_t released = 0;
+    for (uint32_t level = 0; level <= queue->args.max_priority && released < wanted; level++) {
+        struct queue_ring *ring =
+            level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
+        for (uint32_t i = ring->count; i-- > 0 && released < wanted;) {
+            struct queue_entry *entry = ring_slot(ring, i);
+            if (entry->paged || !logged(queue, entry->message))
+                continue;
+            uint64_t size = entry->message->body_size;
+            message_unref(entry->message);
+            entry->paged_body_size = size;
+            entry->paged = 1;
+            queue->paged_count++;
+            released += size;
+        }
+    }
+    return released;
 }
 
 /* ---- lifecycle ------------------------------------------------------ */
@@ -222,9 +309,7 @@ static uint32_t drop_expired(struct queue *queue, uint64_t now)
             struct queue_entry *head = ring_slot(ring, 0);
             if (head->expires_at_ms == 0 || head->expires_at_ms > now)
                 break;
-            struct queue_entry entry = pop_entry(queue, ring);
-            forget(queue, entry.seq, entry.message);
-            dead_letter(queue, entry.message, DEAD_LETTER_EXPIRED);
+            discard(queue, pop_entry(queue, ring), DEAD_LETTER_EXPIRED);
             dropped++;
         }
     }
@@ -341,11 +426,15 @@ enum queue_publish_result queue_publish(struct queue *queue, struct message *mes
     queue->ready_bytes += message->body_size;
     /* drop-head: the oldest ready messages make room (and are dead-lettered). */
     while (queue->ready_count > 0 && over_limit(queue, 0, 0)) {
-        struct queue_entry head = pop_entry(queue, head_ring(queue));
-        forget(queue, head.seq, head.message);
-        dead_letter(queue, head.message, DEAD_LETTER_MAXLEN);
+        discard(queue, pop_entry(queue, head_ring(queue)), DEAD_LETTER_MAXLEN);
     }
     queue_dispatch(queue);
+    /* A lazy queue keeps its backlog on disk only (x-queue-mode=lazy); any
+     * durable queue does once memory is past the paging limit. Both page
+     * the tail, which is this message: O(1). */
+    if (queue->ready_count > queue->paged_count && queue->journal &&
+        (queue->args.lazy || alarm_over_paging_limit(&queue->vhost->broker->alarm)))
+        queue_page_out(queue, message->body_size);
     if (entry.expires_at_ms != 0) {
         /* A TTL of 0 means "deliver now or never" (RabbitMQ): dispatch
          * above could still take it; the sweep at "now" drops it if not. */
@@ -418,8 +507,13 @@ bool queue_take(struct queue *queue, struct queue_entry *out)
         /* Strictly after its stamp: a TTL-0 message may still be taken
          * in the very millisecond it was published. */
         if (out->expires_at_ms != 0 && out->expires_at_ms < now) {
-            forget(queue, out->seq, out->message);
-            dead_letter(queue, out->message, DEAD_LETTER_EXPIRED);
+            discard(queue, *out, DEAD_LETTER_EXPIRED);
+            continue;
+        }
+        if (!resident(queue, out)) {
+            /* The journal could not give it back (and said why); it is
+             * acked there so recovery does not return it in a loop. */
+            journal_ack(queue->journal, out->seq);
             continue;
         }
         break;
@@ -439,15 +533,25 @@ uint32_t queue_purge(struct queue *queue)
         for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
             struct queue_ring *ring =
                 level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
-            for (uint32_t i = 0; i < ring->count; i++)
-                forget(queue, ring_slot(ring, i)->seq, ring_slot(ring, i)->message);
+            for (uint32_t i = 0; i < ring->count; i++) {
+                struct queue_entry *entry = ring_slot(ring, i);
+                if (entry->paged)
+                    journal_ack(queue->journal, entry->seq);
+                else
+                    forget(queue, entry->seq, entry->message);
+            }
         }
     }
     for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
         struct queue_ring *ring =
             level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
-        while (ring->count > 0)
-            message_unref(pop_entry(queue, ring).message);
+        while (ring->count > 0) {
+            struct queue_entry entry = pop_entry(queue, ring);
+            if (entry.paged)
+                queue->paged_count--;
+            else
+                message_unref(entry.message);
+        }
     }
     ASSERT(queue->ready_count == 0);
     queue->ready_bytes = 0;

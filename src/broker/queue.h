@@ -39,9 +39,13 @@ struct consumer;
 struct vhost;
 
 struct queue_entry {
-    struct message *message;      /* holds one reference */
-    uint64_t seq : 63;            /* publish order in this queue */
+    union {
+        struct message *message;  /* holds one reference (not paged) */
+        uint64_t paged_body_size; /* paged: the body lives only in the journal */
+    };
+    uint64_t seq : 62;            /* publish order in this queue */
     uint64_t redelivered : 1;     /* delivered before (and not acked) */
+    uint64_t paged : 1;           /* see paged_body_size */
     uint64_t expires_at_ms;       /* loop time; 0 = never */
 };
 _Static_assert(sizeof(struct queue_entry) == 24, "queue entries stay three words");
@@ -103,6 +107,7 @@ struct queue {
     uv_timer_t *timer;                /* owned, lazily: TTL expiry and x-expires */
     uint64_t last_used_ms;            /* for x-expires */
     struct journal_queue *journal;    /* borrowed from the journal: durable queues */
+    uint64_t paged_count;             /* ready entries whose body is only on disk */
     uint32_t refs;                    /* the vhost's table + deliveries + consumers */
     uint64_t next_seq;
     struct list_node owner_link;      /* in the exclusive owner's list */
@@ -138,6 +143,11 @@ void queue_settle(struct queue *queue, uint64_t seq, const struct message *messa
 /* A delivered message was rejected without requeue: dead-letter it if the
  * queue has a dead-letter exchange. Takes the message reference. */
 void queue_reject(struct queue *queue, uint64_t seq, struct message *message);
+/* Drops the in-memory copy of up to `wanted` bytes of ready persistent
+ * messages, newest first (they are in the journal; queue_take reads them
+ * back). Returns the bytes released. Only durable queues page. */
+uint64_t queue_page_out(struct queue *queue, uint64_t wanted);
+
 /* The queue was used (declare, get, consume): postpones x-expires. */
 void queue_touch(struct queue *queue);
 /* Takes the head for basic.get; returns false if empty. */
