@@ -1,0 +1,346 @@
+/*
+ * controller.c: liveness, failover, return, rebalancing and draining as
+ * functions from the map to commands. See controller.h for the rules.
+ *
+ * Owns nothing that outlives a call. Must never read a clock, do I/O or
+ * change the map; decisions are batched per call and use a placement view
+ * whose counts follow the batch, so a batch stays balanced before any of it
+ * is committed.
+ */
+#include "cluster/controller.h"
+
+#include <string.h>
+
+#include "lib/assert.h"
+#include "lib/errors.h"
+
+void controller_config_default(struct controller_config *config)
+{
+    config->suspect_after_ms = 1000;
+    config->down_after_ms = 2000;
+    placement_config_default(&config->placement);
+}
+
+static void push(struct map_cmd_list *out, int rc, struct map_cmd *cmd)
+{
+    /* Controller commands are small: only a bug can make one exceed the limit. */
+    ASSERT(rc == OK);
+    map_cmd_list_push(out, cmd);
+}
+
+/* ---- (a) liveness --------------------------------------------------------- */
+
+static enum broker_state next_state(enum broker_state state, uint64_t silence_ms, bool reset,
+                                    const struct controller_config *config)
+{
+    bool down = reset || silence_ms >= config->down_after_ms;
+    bool suspect = silence_ms >= config->suspect_after_ms;
+    switch (state) {
+    case BROKER_STATE_UP: return down ? BROKER_STATE_DOWN : suspect ? BROKER_STATE_SUSPECT : state;
+    case BROKER_STATE_SUSPECT: return down ? BROKER_STATE_DOWN : suspect ? state : BROKER_STATE_UP;
+    case BROKER_STATE_DRAINING: return down ? BROKER_STATE_DOWN : state;
+    case BROKER_STATE_DOWN: return down || suspect ? state : BROKER_STATE_UP;
+    }
+    return state;
+}
+
+int controller_check_liveness(const struct cluster_map *map, const struct controller_config *config,
+                              const struct controller_heard *heard, uint32_t heard_count,
+                              uint64_t now_ms, struct map_cmd_list *out)
+{
+    ASSERT(config->suspect_after_ms <= config->down_after_ms);
+    ASSERT(heard != NULL || heard_count == 0);
+    for (uint32_t i = 0; i < heard_count; i++) {
+        const struct map_broker *b = cluster_map_broker(map, heard[i].broker_id);
+        if (b == NULL)
+            continue;
+        /* A timestamp from the future (clock step) counts as just heard. */
+        uint64_t last = heard[i].last_heard_ms;
+        uint64_t silence = now_ms > last ? now_ms - last : 0;
+        enum broker_state s = next_state(b->state, silence, heard[i].connection_reset, config);
+        if (s == b->state)
+            continue;
+        struct map_cmd cmd;
+        push(out, map_cmd_broker_state(&cmd, b->id, s), &cmd);
+    }
+    return OK;
+}
+
+/* ---- (b) failover --------------------------------------------------------- */
+
+static bool alive(const struct cluster_map *map, uint32_t id)
+{
+    const struct map_broker *b = cluster_map_broker(map, id);
+    return b != NULL && b->state != BROKER_STATE_DOWN;
+}
+
+static int slot_in(const struct placement *p, uint32_t id)
+{
+    for (uint32_t s = 0; s < p->brokers_count; s++) {
+        if (p->broker_ids[s] == id)
+            return (int)s;
+    }
+    return -1;
+}
+
+/* The backups of q that stay: alive and not `promoted`, in order; then
+ * refilled from placement up to what the replication factor asks for.
+ * Returns the count written to ids. */
+static uint8_t refill_backups(struct placement *p, const struct map_queue *q, uint32_t primary,
+                              uint32_t *ids)
+{
+    uint8_t n = 0;
+    for (uint8_t i = 0; i < q->backups_count; i++) {
+        uint32_t id = q->backup_ids[i];
+        if (id != primary && alive(p->map, id))
+            ids[n++] = id;
+    }
+    uint32_t wanted = q->replication_factor - 1u;
+    while (n < wanted) {
+        uint32_t exclude[1 + CLUSTER_BACKUPS_MAX] = {primary};
+        memcpy(&exclude[1], ids, n * sizeof(uint32_t));
+        uint32_t id = placement_pick_backup(p, q->vhost->name, q->name, exclude, 1u + n);
+        if (id == BROKER_ID_NONE)
+            break;
+        ids[n++] = id;
+    }
+    ASSERT(n <= CLUSTER_BACKUPS_MAX);
+    return n;
+}
+
+static bool same_ids(const uint32_t *a, uint8_t an, const uint32_t *b, uint8_t bn)
+{
+    return an == bn && memcmp(a, b, an * sizeof(uint32_t)) == 0;
+}
+
+/* The first in-sync backup to promote: one that is up, else one that is
+ * at least not known to be down. BROKER_ID_NONE if none. */
+static uint32_t promotion_candidate(const struct cluster_map *map, const struct map_queue *q)
+{
+    uint32_t fallback = BROKER_ID_NONE;
+    for (uint8_t i = 0; i < q->backups_count; i++) {
+        if (!(q->in_sync_mask & (1u << i)))
+            continue;
+        const struct map_broker *b = cluster_map_broker(map, q->backup_ids[i]);
+        if (b->state == BROKER_STATE_UP)
+            return b->id;
+        if (b->state != BROKER_STATE_DOWN && fallback == BROKER_ID_NONE)
+            fallback = b->id;
+    }
+    return fallback;
+}
+
+static void fail_over_primary(struct placement *p, const struct map_queue *q,
+                              struct map_cmd_list *out)
+{
+    struct map_cmd cmd;
+    struct bytes vhost = q->vhost->name;
+    if (q->exclusive) {
+        push(out, map_cmd_queue_delete(&cmd, vhost, q->name, q->epoch), &cmd);
+        return;
+    }
+    uint32_t next = promotion_candidate(p->map, q);
+    if (next == BROKER_ID_NONE) {
+        if (q->available)
+            push(out, map_cmd_queue_set_available(&cmd, vhost, q->name, q->epoch, false), &cmd);
+        return;
+    }
+    push(out, map_cmd_queue_set_owner(&cmd, vhost, q->name, q->epoch, next), &cmd);
+    int s = slot_in(p, next);
+    if (s >= 0) {
+        p->owned[s]++;
+        p->held[s] -= p->held[s] > 0;
+    }
+    /* What set_owner leaves: the backups without the promoted one. */
+    uint32_t left[CLUSTER_BACKUPS_MAX];
+    uint8_t left_count = 0;
+    for (uint8_t i = 0; i < q->backups_count; i++) {
+        if (q->backup_ids[i] != next)
+            left[left_count++] = q->backup_ids[i];
+    }
+    uint32_t ids[CLUSTER_BACKUPS_MAX];
+    uint8_t n = refill_backups(p, q, next, ids);
+    if (!same_ids(ids, n, left, left_count))
+        push(out, map_cmd_queue_set_backups(&cmd, vhost, q->name, q->epoch + 1, ids, n), &cmd);
+}
+
+int controller_fail_over(const struct cluster_map *map, const struct controller_config *config,
+                         uint32_t broker_id, struct map_cmd_list *out)
+{
+    ASSERT(map != NULL);
+    ASSERT(out != NULL);
+    const struct map_broker *dead = cluster_map_broker(map, broker_id);
+    if (dead == NULL || dead->state != BROKER_STATE_DOWN)
+        return OK;
+    struct placement p;
+    placement_init(&p, &config->placement);
+    placement_refresh(&p, map);
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        const struct map_queue *q = map->queues[i];
+        if (q->primary_id == broker_id) {
+            fail_over_primary(&p, q, out);
+        } else if (map_queue_has_backup(q, broker_id)) {
+            uint32_t ids[CLUSTER_BACKUPS_MAX];
+            uint8_t n = refill_backups(&p, q, q->primary_id, ids);
+            struct map_cmd cmd;
+            push(out,
+                 map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, q->epoch, ids, n),
+                 &cmd);
+        }
+    }
+    for (uint32_t i = 0; i < map->exchanges_count; i++) {
+        const struct map_exchange *x = map->exchanges[i];
+        uint32_t owner = placement_pick_owner(&p, x->vhost->name, x->name);
+        if (x->owner_id != broker_id || owner == BROKER_ID_NONE)
+            continue;
+        struct map_cmd cmd;
+        push(out, map_cmd_exchange_set_owner(&cmd, x->vhost->name, x->name, owner), &cmd);
+    }
+    placement_free(&p);
+    return OK;
+}
+
+/* ---- (c) a broker returns ------------------------------------------------- */
+
+int controller_broker_returned(const struct cluster_map *map, uint32_t broker_id,
+                               struct map_cmd_list *out)
+{
+    ASSERT(map != NULL);
+    ASSERT(broker_id != BROKER_ID_NONE);
+    const struct map_broker *b = cluster_map_broker(map, broker_id);
+    if (b == NULL || b->state != BROKER_STATE_UP)
+        return OK;
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        const struct map_queue *q = map->queues[i];
+        if (q->primary_id != broker_id || q->available)
+            continue;
+        struct map_cmd cmd;
+        push(out, map_cmd_queue_set_available(&cmd, q->vhost->name, q->name, q->epoch, true),
+             &cmd);
+    }
+    return OK;
+}
+
+/* ---- (d) rebalancing and draining ----------------------------------------- */
+
+/* The next step of a primary move; returns true if it is still pending. */
+static bool primary_move_step(struct placement *p, const struct placement_move *m,
+                              struct map_cmd_list *out)
+{
+    const struct map_queue *q = m->queue;
+    struct bytes vhost = q->vhost->name;
+    struct map_cmd cmd;
+    uint32_t ids[CLUSTER_BACKUPS_MAX];
+    uint8_t n = 0;
+    if (map_queue_backup_in_sync(q, m->to_id)) {
+        push(out, map_cmd_queue_set_owner(&cmd, vhost, q->name, q->epoch, m->to_id), &cmd);
+        for (uint8_t i = 0; i < q->backups_count; i++) {
+            if (q->backup_ids[i] != m->to_id)
+                ids[n++] = q->backup_ids[i];
+        }
+        uint8_t left = n;
+        /* The old primary has every message: if it stays up and the factor
+         * wants another backup, it is the cheapest one there is. Otherwise
+         * (it is draining) placement refills the factor in the same batch. */
+        const struct map_broker *from = cluster_map_broker(p->map, m->from_id);
+        if (from && from->state == BROKER_STATE_UP && n + 1u < q->replication_factor)
+            ids[n++] = m->from_id;
+        while (n + 1u < q->replication_factor) {
+            uint32_t exclude[2 + CLUSTER_BACKUPS_MAX] = {m->to_id, m->from_id};
+            memcpy(&exclude[2], ids, n * sizeof(uint32_t));
+            uint32_t id = placement_pick_backup(p, vhost, q->name, exclude, 2u + n);
+            if (id == BROKER_ID_NONE)
+                break;
+            ids[n++] = id;
+        }
+        if (n != left)
+            push(out, map_cmd_queue_set_backups(&cmd, vhost, q->name, q->epoch + 1, ids, n),
+                 &cmd);
+        return false;
+    }
+    if (map_queue_has_backup(q, m->to_id))
+        return true; /* catching up */
+    memcpy(ids, q->backup_ids, sizeof(ids));
+    n = q->backups_count;
+    if (n < CLUSTER_BACKUPS_MAX)
+        ids[n++] = m->to_id;
+    else
+        ids[n - 1] = m->to_id; /* no room for a fourth: give up the last one */
+    push(out, map_cmd_queue_set_backups(&cmd, vhost, q->name, q->epoch, ids, n), &cmd);
+    return true;
+}
+
+static void backup_move_step(const struct placement_move *m, struct map_cmd_list *out)
+{
+    const struct map_queue *q = m->queue;
+    uint32_t ids[CLUSTER_BACKUPS_MAX];
+    memcpy(ids, q->backup_ids, sizeof(ids));
+    uint8_t n = q->backups_count;
+    int slot = -1;
+    for (uint8_t i = 0; i < n; i++) {
+        if (ids[i] == m->from_id)
+            slot = i;
+    }
+    if (slot >= 0)
+        ids[slot] = m->to_id;
+    else if (n < CLUSTER_BACKUPS_MAX)
+        ids[n++] = m->to_id;
+    else
+        return;
+    struct map_cmd cmd;
+    push(out, map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, q->epoch, ids, n), &cmd);
+}
+
+int controller_rebalance(const struct cluster_map *map, const struct controller_config *config,
+                         uint32_t moves_max, struct map_cmd_list *out, uint32_t *pending_out)
+{
+    ASSERT(map != NULL);
+    ASSERT(out != NULL);
+    struct placement_plan plan;
+    placement_plan_init(&plan);
+    placement_rebalance_plan(map, &config->placement, moves_max, &plan);
+    struct placement p;
+    placement_init(&p, &config->placement);
+    placement_refresh(&p, map);
+    uint32_t pending = 0;
+    for (uint32_t i = 0; i < plan.count; i++) {
+        const struct placement_move *m = &plan.moves[i];
+        if (m->kind == PLACEMENT_MOVE_PRIMARY)
+            pending += primary_move_step(&p, m, out);
+        else
+            backup_move_step(m, out);
+    }
+    placement_plan_free(&plan);
+    for (uint32_t i = 0; i < map->exchanges_count; i++) {
+        const struct map_exchange *x = map->exchanges[i];
+        const struct map_broker *owner = cluster_map_broker(map, x->owner_id);
+        uint32_t next = placement_pick_owner(&p, x->vhost->name, x->name);
+        if (owner->state == BROKER_STATE_UP || next == BROKER_ID_NONE)
+            continue;
+        struct map_cmd cmd;
+        push(out, map_cmd_exchange_set_owner(&cmd, x->vhost->name, x->name, next), &cmd);
+    }
+    placement_free(&p);
+    if (pending_out)
+        *pending_out = pending;
+    return OK;
+}
+
+int controller_drain(const struct cluster_map *map, const struct controller_config *config,
+                     uint32_t broker_id, uint32_t moves_max, struct map_cmd_list *out,
+                     bool *done_out)
+{
+    ASSERT(map != NULL);
+    ASSERT(done_out != NULL);
+    const struct map_broker *b = cluster_map_broker(map, broker_id);
+    *done_out = b == NULL || (b->queues_owned_count == 0 && b->backups_held_count == 0 &&
+                              b->exchanges_owned_count == 0);
+    if (b == NULL || *done_out)
+        return OK;
+    if (b->state != BROKER_STATE_DRAINING) {
+        struct map_cmd cmd;
+        push(out, map_cmd_broker_state(&cmd, broker_id, BROKER_STATE_DRAINING), &cmd);
+        return OK;
+    }
+    return controller_rebalance(map, config, moves_max, out, NULL);
+}

@@ -1,0 +1,91 @@
+/*
+ * controller.h: the decisions of the controller (the Raft leader), as pure
+ * functions from (map, event, now) to a list of commands.
+ *
+ * Owns the rules: when a broker becomes suspect or down, who takes over
+ * each of a failed broker's queues, how replication factors are restored,
+ * what a returning broker gets back, and how draining and rebalancing turn
+ * a placement plan into commands. Every queue command carries the epoch it
+ * was decided at (compare-and-set), so a decision made on a map that has
+ * moved on is refused at apply time and simply decided again next round.
+ *
+ * Must never do I/O, read a clock (now_ms is a parameter), draw random
+ * numbers, or change the map: the caller proposes the commands through
+ * consensus and applies them when they commit, like everyone else.
+ */
+#ifndef QUAY_CLUSTER_CONTROLLER_H
+#define QUAY_CLUSTER_CONTROLLER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cluster/map.h"
+#include "cluster/placement.h"
+
+struct controller_config {
+    uint64_t suspect_after_ms; /* silence before a broker is suspect (1 s) */
+    uint64_t down_after_ms;    /* silence before it is down and failed over (2 s) */
+    struct placement_config placement;
+};
+
+void controller_config_default(struct controller_config *config);
+
+/* What the controller's broker knows about a peer's liveness. */
+struct controller_heard {
+    uint32_t broker_id;
+    uint64_t last_heard_ms;  /* last heartbeat or message, controller's clock */
+    bool connection_reset;   /* the cluster link was reset: down at once */
+};
+
+/*
+ * (a) Liveness. For each broker in heard[] (others are left alone):
+ * up -> suspect after suspect_after_ms of silence; up/suspect/draining ->
+ * down after down_after_ms or on a connection reset; suspect -> up when
+ * heard again; down -> up when heard again (restart). Appends broker.state
+ * commands to out. OK.
+ */
+int controller_check_liveness(const struct cluster_map *map, const struct controller_config *config,
+                              const struct controller_heard *heard, uint32_t heard_count,
+                              uint64_t now_ms, struct map_cmd_list *out);
+
+/*
+ * (b) Failover, once the map says broker_id is down. For each queue it
+ * owned: an exclusive queue is deleted (its connection is gone); otherwise
+ * its first in-sync backup that is alive becomes primary (epoch + 1) and
+ * the backups are refilled to the replication factor; with no in-sync
+ * backup the queue is marked unavailable. For each queue it backed up: it
+ * is replaced by a new backup from placement. Exchanges it owned get a new
+ * owner. Does nothing unless the broker is down. OK.
+ */
+int controller_fail_over(const struct cluster_map *map, const struct controller_config *config,
+                         uint32_t broker_id, struct map_cmd_list *out);
+
+/* (c) A broker is up again: its unavailable queues become available with
+ * epoch + 1. Does nothing unless the broker is up. OK. */
+int controller_broker_returned(const struct cluster_map *map, uint32_t broker_id,
+                               struct map_cmd_list *out);
+
+/*
+ * (d) One rebalancing round: plans at most moves_max moves
+ * (placement_rebalance_plan) and emits the next step of each:
+ *   primary move to an in-sync backup -> queue.set_owner, then the old
+ *     primary becomes a backup again if it is up and the factor needs it;
+ *   primary move to a backup not yet in sync -> nothing (wait for it);
+ *   primary move to another broker -> queue.set_backups adding it (it
+ *     catches up, a later round hands over);
+ *   backup move -> queue.set_backups with the replacement.
+ * Exchanges owned by brokers that are not up get an owner that is.
+ * Call it again after the commands commit (and after in-sync changes);
+ * *pending_out (may be NULL) counts moves still waiting. OK.
+ */
+int controller_rebalance(const struct cluster_map *map, const struct controller_config *config,
+                         uint32_t moves_max, struct map_cmd_list *out, uint32_t *pending_out);
+
+/* (d) Draining: the first call marks the broker draining; later calls are
+ * rebalance rounds that move everything off it. *done_out says it owns and
+ * holds nothing any more (then broker.leave may follow). OK. */
+int controller_drain(const struct cluster_map *map, const struct controller_config *config,
+                     uint32_t broker_id, uint32_t moves_max, struct map_cmd_list *out,
+                     bool *done_out);
+
+#endif

@@ -1,0 +1,391 @@
+/*
+ * map.h: the cluster map, the replicated state machine every broker holds.
+ *
+ * Owns the cluster-wide definitions: brokers (with their liveness state),
+ * vhosts, users, exchanges with their bindings, and for every queue its
+ * owner ("primary"), its ordered backups, the in-sync subset, its
+ * replication factor and its epoch. Every change is a command: an AMQP
+ * field table built by one of the map_cmd_*() functions, committed through
+ * consensus (cluster/consensus.h) and applied in log order by
+ * cluster_map_apply() on every broker. Snapshots are table-encoded too.
+ *
+ * Must never do I/O, read a clock, or use randomness: applying the same
+ * commands in the same order gives the same map, byte for byte in its
+ * snapshot, on every broker. In particular, nothing that changes state may
+ * depend on hash-table iteration order (the hash is seeded per process):
+ * objects are kept in dense arrays whose order only depends on the
+ * commands, and the hash tables are only indexes.
+ *
+ * Commands come off the network: apply validates every one and answers a
+ * malformed command with E_SYNTAX, never a crash. A well-formed command
+ * that cannot be applied (an inequivalent redeclare, a missing vhost, a
+ * stale epoch) is refused with an AMQP reply code, and the map is left
+ * exactly as it was, so that every broker refuses it identically.
+ *
+ * Memory: allocation failure aborts (as hmap does); limits on counts are
+ * refusals with reply code 406.
+ */
+#ifndef QUAY_CLUSTER_MAP_H
+#define QUAY_CLUSTER_MAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "amqp/table.h"
+#include "amqp/types.h"
+#include "lib/hash.h"
+#include "lib/list.h"
+
+/* ---- limits ---------------------------------------------------------------- */
+
+#define CLUSTER_BROKERS_MAX 64      /* members, voting or not */
+#define CLUSTER_VOTERS_MAX 5        /* DESIGN §3: up to 5 brokers vote */
+#define CLUSTER_BACKUPS_MAX 3       /* x-quay-backups 0..3 */
+#define CLUSTER_NAME_SIZE_MAX 255   /* names and addresses are shortstrs */
+#define CLUSTER_ARGUMENTS_SIZE_MAX (64u * 1024)
+#define CLUSTER_CMD_SIZE_MAX (1u << 20)     /* a single command */
+#define CLUSTER_QUEUES_MAX (1u << 20)
+#define CLUSTER_EXCHANGES_MAX (1u << 20)
+#define CLUSTER_BINDINGS_MAX (1u << 22)
+#define CLUSTER_VHOSTS_MAX (1u << 16)
+#define CLUSTER_USERS_MAX (1u << 16)
+#define CLUSTER_USER_LIST_MAX 1024  /* vhosts or tags of one user */
+#define MAP_REPLY_TEXT_SIZE 256
+
+/* Broker id 0 means "none" everywhere (no owner, no backup). */
+#define BROKER_ID_NONE 0u
+
+/* Returned by cluster_map_apply for a well-formed command that was refused;
+ * the reply code and text are in the struct map_change. */
+#define E_MAP_REFUSED (-32)
+
+/* ---- the objects ----------------------------------------------------------- */
+
+/* Liveness, decided by the controller (controller.h). Only UP brokers get
+ * new queues, backups or moves; SUSPECT ones keep what they have. */
+enum broker_state {
+    BROKER_STATE_UP = 0,
+    BROKER_STATE_SUSPECT = 1,  /* missed heartbeats, not yet failed over */
+    BROKER_STATE_DOWN = 2,     /* failed over: owns only unavailable queues */
+    BROKER_STATE_DRAINING = 3, /* alive, giving everything away */
+};
+
+/* Owned by the map. Strings are owned copies. */
+struct map_broker {
+    uint32_t id; /* never BROKER_ID_NONE */
+    enum broker_state state;
+    bool voter;
+    struct bytes name;
+    struct bytes amqp_address;    /* "host:port" clients connect to */
+    struct bytes cluster_address; /* "host:port" brokers connect to */
+    /* Derived counts, maintained by apply (checked by cluster_map_verify). */
+    uint32_t queues_owned_count;    /* queues whose primary it is */
+    uint32_t backups_held_count;    /* queues it is a backup of */
+    uint32_t exchanges_owned_count;
+};
+
+/* Owned by the map. The three indexes borrow keys from the objects. */
+struct map_vhost {
+    struct bytes name;
+    struct hmap queues;    /* name -> struct map_queue */
+    struct hmap exchanges; /* name -> struct map_exchange */
+    struct hmap bindings;  /* binding key -> struct map_binding */
+    uint32_t index;        /* in map->vhosts */
+};
+
+/* Owned by the map. */
+struct map_user {
+    struct bytes name;
+    struct bytes password_hash;
+    struct bytes *vhosts; /* owned array of owned names: where it may log in */
+    uint32_t vhosts_count;
+    struct bytes *tags; /* owned array of owned strings ("administrator", ...) */
+    uint32_t tags_count;
+    uint32_t index; /* in map->users */
+};
+
+/* Owned by the map. */
+struct map_exchange {
+    struct map_vhost *vhost; /* borrowed */
+    struct bytes name;
+    struct bytes type; /* "direct", "topic", ...: checked by the proposer */
+    bool durable;
+    bool auto_delete;
+    bool internal;
+    struct bytes arguments; /* an encoded field table */
+    uint32_t owner_id;      /* the broker that owns the definition */
+    struct list_node bindings_out; /* struct map_binding.source_node, in bind order */
+    struct list_node bindings_in;  /* struct map_binding.destination_node */
+    uint32_t bindings_out_count;
+    uint32_t index; /* in map->exchanges */
+};
+
+enum map_destination_kind {
+    MAP_DESTINATION_QUEUE = 0,
+    MAP_DESTINATION_EXCHANGE = 1,
+};
+
+/* Owned by the map. destination, routing_key and arguments are slices of
+ * key, the binding's own encoding (source, kind, destination, routing key,
+ * arguments), which is also its index key in vhost->bindings. Arguments
+ * are compared byte for byte. */
+struct map_binding {
+    struct map_exchange *source; /* borrowed */
+    enum map_destination_kind destination_kind;
+    struct bytes destination;
+    struct bytes routing_key;
+    struct bytes arguments;
+    struct bytes key;                  /* owned */
+    struct list_node source_node;      /* in source->bindings_out */
+    struct list_node destination_node; /* in the destination's bindings_in */
+};
+
+/* Owned by the map. The backups are ordered (the first in-sync one is
+ * promoted when the primary fails); in_sync_mask bit i says backup_ids[i]
+ * holds every message the primary confirmed. */
+struct map_queue {
+    struct map_vhost *vhost; /* borrowed */
+    struct bytes name;
+    bool durable;
+    bool exclusive;
+    bool auto_delete;
+    bool available; /* false: the primary is down and no backup could take over */
+    struct bytes arguments;   /* an encoded field table */
+    uint64_t exclusive_connection_id; /* opaque to the map, meaningful on primary_id */
+    uint32_t primary_id;
+    uint32_t backup_ids[CLUSTER_BACKUPS_MAX];
+    uint8_t backups_count;
+    uint8_t in_sync_mask;
+    uint8_t replication_factor; /* copies wanted: 1 + backups wanted, 1..4 */
+    uint64_t epoch;             /* grows with every change of ownership */
+    struct list_node bindings_in; /* struct map_binding.destination_node */
+    uint32_t index;               /* in map->queues */
+};
+
+/* The map. Owned by the broker's cluster layer; objects are reached through
+ * the arrays (deterministic order) or the name indexes (O(1)). */
+struct cluster_map {
+    uint64_t version; /* number of commands applied (refusals included: see apply) */
+    uint64_t brokers_version; /* bumped on any broker join/leave/state change */
+    struct map_broker **brokers;
+    uint32_t brokers_count;
+    struct map_vhost **vhosts;
+    uint32_t vhosts_count, vhosts_cap;
+    struct hmap vhost_index; /* name -> struct map_vhost */
+    struct map_user **users;
+    uint32_t users_count, users_cap;
+    struct hmap user_index; /* name -> struct map_user */
+    struct map_exchange **exchanges;
+    uint32_t exchanges_count, exchanges_cap;
+    struct map_queue **queues;
+    uint32_t queues_count, queues_cap;
+    uint32_t bindings_count;
+};
+
+/* ---- lifecycle and queries --------------------------------------------------- */
+
+void cluster_map_init(struct cluster_map *map);
+void cluster_map_free(struct cluster_map *map);
+
+struct map_broker *cluster_map_broker(const struct cluster_map *map, uint32_t id);
+struct map_vhost *cluster_map_vhost(const struct cluster_map *map, struct bytes name);
+struct map_user *cluster_map_user(const struct cluster_map *map, struct bytes name);
+struct map_queue *cluster_map_queue(const struct cluster_map *map, struct bytes vhost,
+                                    struct bytes name);
+struct map_exchange *cluster_map_exchange(const struct cluster_map *map, struct bytes vhost,
+                                          struct bytes name);
+/* The primary of a queue, BROKER_ID_NONE if there is no such queue. */
+uint32_t cluster_map_owner_of(const struct cluster_map *map, struct bytes vhost,
+                              struct bytes name);
+bool map_queue_has_backup(const struct map_queue *queue, uint32_t broker_id);
+bool map_queue_backup_in_sync(const struct map_queue *queue, uint32_t broker_id);
+bool map_user_has_vhost(const struct map_user *user, struct bytes vhost);
+const char *broker_state_name(enum broker_state state);
+
+/* Iteration in the map's deterministic order:
+ *   for (uint32_t i = 0; i < map->queues_count; i++) { map->queues[i] ... }
+ * Same for brokers, vhosts, users, exchanges; bindings through each
+ * exchange's bindings_out list. Do not apply while iterating. */
+
+/* Recomputes every derived count and index and checks every invariant
+ * (O(n)). True if the map is consistent; for tests and debug builds. */
+bool cluster_map_verify(const struct cluster_map *map);
+
+/* Bytes the map holds on the heap (objects, strings, arrays, indexes). */
+size_t cluster_map_memory_size(const struct cluster_map *map);
+
+/* ---- applying commands --------------------------------------------------------- */
+
+enum map_op {
+    MAP_OP_NONE = 0,
+    MAP_OP_BROKER_JOIN,
+    MAP_OP_BROKER_LEAVE,
+    MAP_OP_BROKER_STATE,
+    MAP_OP_VHOST_PUT,
+    MAP_OP_VHOST_DELETE,
+    MAP_OP_USER_PUT,
+    MAP_OP_USER_DELETE,
+    MAP_OP_EXCHANGE_DECLARE,
+    MAP_OP_EXCHANGE_DELETE,
+    MAP_OP_EXCHANGE_SET_OWNER,
+    MAP_OP_BIND,
+    MAP_OP_UNBIND,
+    MAP_OP_QUEUE_DECLARE,
+    MAP_OP_QUEUE_DELETE,
+    MAP_OP_QUEUE_SET_OWNER,
+    MAP_OP_QUEUE_SET_BACKUPS,
+    MAP_OP_QUEUE_SET_IN_SYNC,
+    MAP_OP_QUEUE_SET_AVAILABLE,
+    MAP_OP_COUNT
+};
+
+/* The wire name of an op ("queue.declare"), NULL for an unknown one. */
+const char *map_op_name(enum map_op op);
+
+/*
+ * What one apply did, for the proposer to answer its client and for every
+ * broker to react (start serving a queue it now owns, drop a replica...).
+ * Pointers borrow from the map and stay valid until the next apply.
+ */
+struct map_change {
+    enum map_op op;
+    bool changed;        /* false: already so (equivalent redeclare, delete of nothing) */
+    bool retry;          /* refused because the proposer's view was stale: re-decide */
+    uint16_t reply_code; /* REPLY_SUCCESS (200) when applied, else why not */
+    char reply_text[MAP_REPLY_TEXT_SIZE]; /* NUL-terminated, without "NAME - " */
+    uint64_t version;                     /* map->version after this command */
+    uint32_t broker_id;                   /* broker.*: the broker */
+    struct map_queue *queue;        /* queue.* (not delete): the queue as it now is */
+    struct map_exchange *exchange;  /* exchange.declare/set_owner, bind/unbind: source */
+    /* queue.delete / queue.set_owner: what it was before. */
+    uint32_t previous_primary_id;
+    uint64_t previous_epoch;
+    /* Cascades (vhost.delete, exchange.delete, queue.delete). */
+    uint32_t queues_deleted_count;
+    uint32_t exchanges_deleted_count;
+    uint32_t bindings_deleted_count;
+};
+
+/*
+ * Applies one committed command. Returns OK (change_out->reply_code 200),
+ * E_MAP_REFUSED (a reply code and text; the map is unchanged) or E_SYNTAX
+ * (malformed: reply code 541; the map is unchanged). change_out may be
+ * NULL. map->version grows by one for every command, refused or not, so
+ * that versions stay equal to log positions of state-machine commands.
+ */
+int cluster_map_apply(struct cluster_map *map, const uint8_t *cmd, size_t size,
+                      struct map_change *change_out);
+
+/* ---- building commands ------------------------------------------------------------ */
+
+/* One encoded command: the bytes of a field table. Owned; map_cmd_free. */
+struct map_cmd {
+    uint8_t *bytes;
+    size_t size;
+};
+
+void map_cmd_free(struct map_cmd *cmd);
+
+/* A batch of commands (what the controller proposes). Owned. */
+struct map_cmd_list {
+    struct map_cmd *items;
+    uint32_t count;
+    uint32_t cap;
+};
+
+void map_cmd_list_init(struct map_cmd_list *list);
+void map_cmd_list_free(struct map_cmd_list *list);
+/* Moves cmd into the list (cmd is emptied). */
+void map_cmd_list_push(struct map_cmd_list *list, struct map_cmd *cmd);
+
+/* The arguments of queue.declare (and of a queue in a snapshot). */
+struct map_queue_decl {
+    struct bytes vhost;
+    struct bytes name;
+    bool durable;
+    bool exclusive;
+    bool auto_delete;
+    struct table arguments;
+    uint64_t exclusive_connection_id; /* 0 unless exclusive */
+    uint32_t primary_id;              /* decided by placement */
+    uint32_t backup_ids[CLUSTER_BACKUPS_MAX];
+    uint8_t backups_count;
+    uint8_t replication_factor; /* 1..4 */
+};
+
+struct map_exchange_decl {
+    struct bytes vhost;
+    struct bytes name;
+    struct bytes type;
+    bool durable;
+    bool auto_delete;
+    bool internal;
+    struct table arguments;
+    uint32_t owner_id;
+};
+
+struct map_binding_decl {
+    struct bytes vhost;
+    struct bytes source;
+    enum map_destination_kind destination_kind;
+    struct bytes destination;
+    struct bytes routing_key;
+    struct table arguments;
+};
+
+/* Each builder returns OK, or E_LIMIT if the command would exceed
+ * CLUSTER_CMD_SIZE_MAX (out is then empty). Builders do not validate
+ * beyond asserting their own preconditions: apply decides. */
+int map_cmd_broker_join(struct map_cmd *out, uint32_t id, struct bytes name,
+                        struct bytes amqp_address, struct bytes cluster_address, bool voter);
+int map_cmd_broker_leave(struct map_cmd *out, uint32_t id);
+int map_cmd_broker_state(struct map_cmd *out, uint32_t id, enum broker_state state);
+int map_cmd_vhost_put(struct map_cmd *out, struct bytes name);
+int map_cmd_vhost_delete(struct map_cmd *out, struct bytes name);
+int map_cmd_user_put(struct map_cmd *out, struct bytes name, struct bytes password_hash,
+                     const struct bytes *vhosts, uint32_t vhosts_count,
+                     const struct bytes *tags, uint32_t tags_count);
+int map_cmd_user_delete(struct map_cmd *out, struct bytes name);
+int map_cmd_exchange_declare(struct map_cmd *out, const struct map_exchange_decl *decl);
+int map_cmd_exchange_delete(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                            bool if_unused);
+int map_cmd_exchange_set_owner(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                               uint32_t owner_id);
+int map_cmd_bind(struct map_cmd *out, const struct map_binding_decl *decl);
+int map_cmd_unbind(struct map_cmd *out, const struct map_binding_decl *decl);
+/* origin_id: the broker whose client declared it (an exclusive queue may
+ * only be redeclared from the same broker and connection). */
+int map_cmd_queue_declare(struct map_cmd *out, const struct map_queue_decl *decl,
+                          uint32_t origin_id);
+/* expected_epoch 0: delete whatever incarnation exists; otherwise only
+ * that one (a primary fencing its if-empty/if-unused check). */
+int map_cmd_queue_delete(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                         uint64_t expected_epoch);
+/* The queue.set_* commands are compare-and-set on the queue's epoch: they
+ * are refused (retry) if the queue's epoch is no longer expected_epoch. */
+int map_cmd_queue_set_owner(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                            uint64_t expected_epoch, uint32_t primary_id);
+int map_cmd_queue_set_backups(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                              uint64_t expected_epoch, const uint32_t *backup_ids,
+                              uint8_t backups_count);
+int map_cmd_queue_set_in_sync(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                              uint64_t expected_epoch, const uint32_t *in_sync_ids,
+                              uint8_t in_sync_count);
+int map_cmd_queue_set_available(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                                uint64_t expected_epoch, bool available);
+
+/* ---- snapshots ------------------------------------------------------------------ */
+
+/* Writes the whole map as one field table into buf. OK with *size_out, or
+ * E_NOMEM if cap is too small (*size_out is then 0). */
+int cluster_map_snapshot_write(const struct cluster_map *map, uint8_t *buf, size_t cap,
+                               size_t *size_out);
+/* The same into a malloc'ed buffer the caller frees. */
+int cluster_map_snapshot_alloc(const struct cluster_map *map, uint8_t **buf_out,
+                               size_t *size_out);
+/* Replaces *map with the snapshot's contents. OK, or E_SYNTAX if the
+ * snapshot is malformed or inconsistent (the map is then unchanged). */
+int cluster_map_snapshot_read(struct cluster_map *map, const uint8_t *buf, size_t size);
+
+#endif

@@ -1,0 +1,687 @@
+/*
+ * test_cluster_map.c: the cluster map as a replicated state machine.
+ *
+ * Goal: every command applies as documented and keeps the derived counts
+ * right; refusals carry the AMQP reply code a client would get and leave
+ * the map unchanged; malformed, truncated and bit-flipped commands never
+ * crash (run under ASan/UBSan) and never corrupt the map; a snapshot of a
+ * map with 10,000 queues reads back to a map whose snapshot is the same
+ * bytes. Method: build commands with the map_cmd_* builders, apply them,
+ * check the objects and cluster_map_verify(); cut and flip bytes with a
+ * fixed-seed generator; time apply and snapshot for the report.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "amqp/reply_code_gen.h"
+#include "amqp/table.h"
+#include "cluster/map.h"
+#include "lib/errors.h"
+
+#define B(s) bytes_of_cstr(s)
+
+static struct map_change last;
+
+static int apply(struct cluster_map *map, int build_rc, struct map_cmd *cmd)
+{
+    assert_int_equal(build_rc, OK);
+    int rc = cluster_map_apply(map, cmd->bytes, cmd->size, &last);
+    map_cmd_free(cmd);
+    assert_true(cluster_map_verify(map));
+    return rc;
+}
+
+/* Both expect a `struct map_cmd c_` in scope for the builder to fill. */
+#define APPLY_OK(map, call)                          \
+    do {                                             \
+        int r_ = apply((map), call, &c_);            \
+        if (r_ != OK)                                \
+            fail_msg("refused: %s", last.reply_text); \
+    } while (0)
+
+#define APPLY_RC(map, call) apply((map), call, &c_)
+
+static void join(struct cluster_map *map, uint32_t id, bool voter)
+{
+    char name[32], addr[32];
+    snprintf(name, sizeof name, "b%u", id);
+    snprintf(addr, sizeof addr, "10.0.0.%u:5672", id);
+    struct map_cmd c_;
+    APPLY_OK(map, map_cmd_broker_join(&c_, id, B(name), B(addr), B(addr), voter));
+}
+
+static struct map_queue_decl queue_decl(const char *vhost, const char *name, uint32_t primary,
+                                        uint32_t backup)
+{
+    struct map_queue_decl d = {.vhost = B(vhost), .name = B(name), .durable = true,
+                               .primary_id = primary, .replication_factor = 3};
+    if (backup) {
+        d.backup_ids[0] = backup;
+        d.backups_count = 1;
+    }
+    return d;
+}
+
+/* A map with brokers 1..3, vhost "/", an exchange and a queue. */
+static void setup_small(struct cluster_map *map)
+{
+    struct map_cmd c_;
+    cluster_map_init(map);
+    for (uint32_t id = 1; id <= 3; id++)
+        join(map, id, true);
+    APPLY_OK(map, map_cmd_vhost_put(&c_, B("/")));
+}
+
+static void test_brokers(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    cluster_map_init(&map);
+    for (uint32_t id = 1; id <= 5; id++)
+        join(&map, id, true);
+    assert_int_equal(map.brokers_count, 5);
+    struct map_cmd c_;
+    /* A sixth voter is refused; a non-voter is fine. */
+    assert_int_equal(APPLY_RC(&map, map_cmd_broker_join(&c_, 6, B("b6"), B("a"), B("c"), true)),
+                     E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_PRECONDITION_FAILED);
+    join(&map, 6, false);
+    /* Names are unique. */
+    assert_int_equal(APPLY_RC(&map, map_cmd_broker_join(&c_, 7, B("b1"), B("a"), B("c"), false)),
+                     E_MAP_REFUSED);
+    /* Rejoin updates the address and keeps the state. */
+    APPLY_OK(&map, map_cmd_broker_state(&c_, 2, BROKER_STATE_DOWN));
+    assert_true(last.changed);
+    uint64_t bv = map.brokers_version;
+    APPLY_OK(&map, map_cmd_broker_join(&c_, 2, B("b2"), B("10.9.9.9:5672"), B("x:1"), true));
+    assert_int_equal(cluster_map_broker(&map, 2)->state, BROKER_STATE_DOWN);
+    assert_true(bytes_equal_cstr(cluster_map_broker(&map, 2)->amqp_address, "10.9.9.9:5672"));
+    assert_true(map.brokers_version > bv);
+    APPLY_OK(&map, map_cmd_broker_state(&c_, 2, BROKER_STATE_DOWN));
+    assert_false(last.changed);
+    /* Leave: refused while owning a queue, fine afterwards. */
+    APPLY_OK(&map, map_cmd_vhost_put(&c_, B("/")));
+    struct map_queue_decl d = queue_decl("/", "q", 3, 4);
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 3));
+    assert_int_equal(APPLY_RC(&map, map_cmd_broker_leave(&c_, 4)), E_MAP_REFUSED);
+    assert_int_equal(cluster_map_broker(&map, 4)->backups_held_count, 1);
+    APPLY_OK(&map, map_cmd_queue_delete(&c_, B("/"), B("q"), 0));
+    APPLY_OK(&map, map_cmd_broker_leave(&c_, 4));
+    assert_null(cluster_map_broker(&map, 4));
+    assert_int_equal(map.brokers_count, 5);
+    assert_int_equal(map.brokers[3]->id, 5); /* join order kept */
+    APPLY_OK(&map, map_cmd_broker_leave(&c_, 4)); /* idempotent */
+    assert_false(last.changed);
+    cluster_map_free(&map);
+}
+
+static void test_vhosts_users(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    struct map_cmd c_;
+    APPLY_OK(&map, map_cmd_vhost_put(&c_, B("/")));
+    assert_false(last.changed);
+    APPLY_OK(&map, map_cmd_vhost_put(&c_, B("prod")));
+    struct bytes vhosts[] = {B("/"), B("prod")};
+    struct bytes tags[] = {B("administrator")};
+    APPLY_OK(&map, map_cmd_user_put(&c_, B("guest"), B("hash"), vhosts, 2, tags, 1));
+    struct map_user *u = cluster_map_user(&map, B("guest"));
+    assert_non_null(u);
+    assert_true(map_user_has_vhost(u, B("prod")));
+    assert_int_equal(u->tags_count, 1);
+    /* Permission on a missing vhost: 404. */
+    struct bytes bad[] = {B("nope")};
+    assert_int_equal(APPLY_RC(&map, map_cmd_user_put(&c_, B("x"), B("h"), bad, 1, NULL, 0)),
+                     E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_NOT_FOUND);
+    assert_null(cluster_map_user(&map, B("x")));
+    /* Deleting a vhost takes its objects and permissions. */
+    struct map_queue_decl d = queue_decl("prod", "orders", 1, 2);
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1));
+    APPLY_OK(&map, map_cmd_vhost_delete(&c_, B("prod")));
+    assert_int_equal(last.queues_deleted_count, 1);
+    assert_false(map_user_has_vhost(u, B("prod")));
+    assert_true(map_user_has_vhost(u, B("/")));
+    assert_int_equal(map.queues_count, 0);
+    assert_int_equal(APPLY_RC(&map, map_cmd_vhost_delete(&c_, B("prod"))), E_MAP_REFUSED);
+    APPLY_OK(&map, map_cmd_user_delete(&c_, B("guest")));
+    assert_int_equal(APPLY_RC(&map, map_cmd_user_delete(&c_, B("guest"))), E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_NOT_FOUND);
+    cluster_map_free(&map);
+}
+
+static void test_exchanges_bindings(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    struct map_cmd c_;
+    struct map_exchange_decl x = {.vhost = B("/"), .name = B("logs"), .type = B("topic"),
+                                  .durable = true, .owner_id = 1};
+    APPLY_OK(&map, map_cmd_exchange_declare(&c_, &x));
+    assert_true(last.changed);
+    APPLY_OK(&map, map_cmd_exchange_declare(&c_, &x));
+    assert_false(last.changed);
+    struct map_exchange_decl other = x;
+    other.type = B("fanout");
+    assert_int_equal(APPLY_RC(&map, map_cmd_exchange_declare(&c_, &other)), E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_PRECONDITION_FAILED);
+    assert_string_equal(last.reply_text, "inequivalent arg 'type' for exchange 'logs' in vhost "
+                                         "'/': received 'fanout' but current is 'topic'");
+    struct map_exchange_decl x2 = {.vhost = B("/"), .name = B("audit"), .type = B("fanout"),
+                                   .owner_id = 2};
+    APPLY_OK(&map, map_cmd_exchange_declare(&c_, &x2));
+    struct map_queue_decl q = queue_decl("/", "q1", 1, 2);
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &q, 1));
+    struct map_binding_decl bq = {.vhost = B("/"), .source = B("logs"),
+                                  .destination_kind = MAP_DESTINATION_QUEUE,
+                                  .destination = B("q1"), .routing_key = B("a.*")};
+    APPLY_OK(&map, map_cmd_bind(&c_, &bq));
+    APPLY_OK(&map, map_cmd_bind(&c_, &bq));
+    assert_false(last.changed);
+    struct map_binding_decl be = {.vhost = B("/"), .source = B("logs"),
+                                  .destination_kind = MAP_DESTINATION_EXCHANGE,
+                                  .destination = B("audit"), .routing_key = B("#")};
+    APPLY_OK(&map, map_cmd_bind(&c_, &be));
+    assert_int_equal(map.bindings_count, 2);
+    struct map_binding_decl missing = bq;
+    missing.destination = B("nope");
+    assert_int_equal(APPLY_RC(&map, map_cmd_bind(&c_, &missing)), E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_NOT_FOUND);
+    assert_string_equal(last.reply_text, "no queue 'nope' in vhost '/'");
+    /* if_unused refuses while it routes somewhere. */
+    assert_int_equal(APPLY_RC(&map, map_cmd_exchange_delete(&c_, B("/"), B("logs"), true)),
+                     E_MAP_REFUSED);
+    APPLY_OK(&map, map_cmd_unbind(&c_, &bq));
+    assert_int_equal(last.bindings_deleted_count, 1);
+    APPLY_OK(&map, map_cmd_unbind(&c_, &bq));
+    assert_false(last.changed);
+    /* Ownership moves; deleting the destination exchange drops the e2e binding. */
+    APPLY_OK(&map, map_cmd_exchange_set_owner(&c_, B("/"), B("logs"), 3));
+    assert_int_equal(cluster_map_broker(&map, 3)->exchanges_owned_count, 1);
+    assert_int_equal(cluster_map_broker(&map, 1)->exchanges_owned_count, 0);
+    APPLY_OK(&map, map_cmd_exchange_delete(&c_, B("/"), B("audit"), false));
+    assert_int_equal(last.bindings_deleted_count, 1);
+    assert_int_equal(map.bindings_count, 0);
+    APPLY_OK(&map, map_cmd_exchange_delete(&c_, B("/"), B("audit"), false));
+    assert_false(last.changed);
+    /* Deleting a queue drops the bindings to it. */
+    APPLY_OK(&map, map_cmd_bind(&c_, &bq));
+    APPLY_OK(&map, map_cmd_queue_delete(&c_, B("/"), B("q1"), 0));
+    assert_int_equal(last.bindings_deleted_count, 1);
+    assert_int_equal(cluster_map_exchange(&map, B("/"), B("logs"))->bindings_out_count, 0);
+    cluster_map_free(&map);
+}
+
+static void test_queue_declare_races(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    struct map_cmd c_;
+    /* Arguments: x-message-ttl 1000. */
+    uint8_t args_buf[64];
+    struct table_writer w;
+    table_writer_init(&w, args_buf, sizeof args_buf);
+    table_put_int(&w, "x-message-ttl", 1000);
+    struct map_queue_decl d = queue_decl("/", "orders", 1, 2);
+    d.arguments = table_writer_table(&w);
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1));
+    struct map_queue *q = cluster_map_queue(&map, B("/"), B("orders"));
+    assert_non_null(q);
+    assert_ptr_equal(last.queue, q);
+    assert_int_equal(q->epoch, map.version);
+    assert_int_equal(q->in_sync_mask, 1);
+    assert_true(q->available);
+    assert_int_equal(cluster_map_owner_of(&map, B("/"), B("orders")), 1);
+    /* Broker 3's client declares the same queue equivalently: OK, no change,
+     * and the answer says where it lives. */
+    struct map_queue_decl same = d;
+    same.primary_id = 3;
+    same.backup_ids[0] = 1;
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &same, 3));
+    assert_false(last.changed);
+    assert_int_equal(last.queue->primary_id, 1);
+    /* Inequivalent: the second committed loses with 406. */
+    struct map_queue_decl nd = d;
+    nd.durable = false;
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_declare(&c_, &nd, 2)), E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_PRECONDITION_FAILED);
+    assert_string_equal(last.reply_text, "inequivalent arg 'durable' for queue 'orders' in vhost "
+                                         "'/': received 'false' but current is 'true'");
+    uint8_t args2[64];
+    table_writer_init(&w, args2, sizeof args2);
+    table_put_int(&w, "x-message-ttl", 2000);
+    struct map_queue_decl na = d;
+    na.arguments = table_writer_table(&w);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_declare(&c_, &na, 2)), E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_PRECONDITION_FAILED);
+    assert_non_null(strstr(last.reply_text, "inequivalent arg 'x-message-ttl'"));
+    /* Exclusive queues belong to one connection on one broker. */
+    struct map_queue_decl ex = queue_decl("/", "amq.gen-1", 2, 0);
+    ex.exclusive = true;
+    ex.exclusive_connection_id = 77;
+    ex.replication_factor = 1;
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &ex, 2));
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &ex, 2));
+    ex.exclusive_connection_id = 78;
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_declare(&c_, &ex, 2)), E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_RESOURCE_LOCKED);
+    /* A placement on a broker that went down meanwhile: retry. */
+    APPLY_OK(&map, map_cmd_broker_state(&c_, 3, BROKER_STATE_DOWN));
+    struct map_queue_decl late = queue_decl("/", "late", 3, 1);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_declare(&c_, &late, 3)), E_MAP_REFUSED);
+    assert_true(last.retry);
+    late = queue_decl("/", "late", 1, 3);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_declare(&c_, &late, 1)), E_MAP_REFUSED);
+    assert_true(last.retry);
+    /* Backups never include the primary. */
+    late = queue_decl("/", "late", 1, 1);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_declare(&c_, &late, 1)), E_MAP_REFUSED);
+    assert_false(last.retry);
+    assert_null(cluster_map_queue(&map, B("/"), B("late")));
+    /* No vhost: 404. */
+    late = queue_decl("nope", "late", 1, 2);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_declare(&c_, &late, 1)), E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_NOT_FOUND);
+    cluster_map_free(&map);
+}
+
+static void test_queue_ownership(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    join(&map, 4, true);
+    struct map_cmd c_;
+    struct map_queue_decl d = queue_decl("/", "q", 1, 2);
+    d.backup_ids[1] = 3;
+    d.backup_ids[2] = 4;
+    d.backups_count = 3;
+    d.replication_factor = 4;
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1));
+    struct map_queue *q = cluster_map_queue(&map, B("/"), B("q"));
+    uint64_t e = q->epoch;
+    /* In-sync: only 2 and 4. */
+    uint32_t sync[] = {2, 4};
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), e, sync, 2));
+    assert_int_equal(q->in_sync_mask, 0x5);
+    uint32_t not_backup[] = {1};
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), e,
+                                                              not_backup, 1)),
+                     E_MAP_REFUSED);
+    /* Promote 3... no: promote 2 (first in sync); 3 and 4 stay, 4 in sync. */
+    APPLY_OK(&map, map_cmd_queue_set_owner(&c_, B("/"), B("q"), e, 2));
+    assert_int_equal(q->primary_id, 2);
+    assert_int_equal(q->epoch, e + 1);
+    assert_int_equal(q->backups_count, 2);
+    assert_int_equal(q->backup_ids[0], 3);
+    assert_int_equal(q->backup_ids[1], 4);
+    assert_int_equal(q->in_sync_mask, 0x2);
+    assert_int_equal(last.previous_primary_id, 1);
+    assert_int_equal(cluster_map_broker(&map, 1)->queues_owned_count, 0);
+    assert_int_equal(cluster_map_broker(&map, 2)->queues_owned_count, 1);
+    assert_int_equal(cluster_map_broker(&map, 2)->backups_held_count, 0);
+    /* A stale epoch (a deposed primary, an old controller decision): retry. */
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_set_owner(&c_, B("/"), B("q"), e, 3)),
+                     E_MAP_REFUSED);
+    assert_true(last.retry);
+    assert_int_equal(q->primary_id, 2);
+    /* New backups keep the in-sync status of those that stay. */
+    uint32_t nb[] = {4, 1};
+    APPLY_OK(&map, map_cmd_queue_set_backups(&c_, B("/"), B("q"), e + 1, nb, 2));
+    assert_int_equal(q->in_sync_mask, 0x1);
+    assert_int_equal(cluster_map_broker(&map, 3)->backups_held_count, 0);
+    uint32_t dup[] = {4, 4};
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_set_backups(&c_, B("/"), B("q"), e + 1, dup,
+                                                              2)),
+                     E_MAP_REFUSED);
+    /* Unavailable and back: epoch + 1 on return only. */
+    APPLY_OK(&map, map_cmd_queue_set_available(&c_, B("/"), B("q"), e + 1, false));
+    assert_false(q->available);
+    assert_int_equal(q->epoch, e + 1);
+    APPLY_OK(&map, map_cmd_queue_set_available(&c_, B("/"), B("q"), e + 1, true));
+    assert_true(q->available);
+    assert_int_equal(q->epoch, e + 2);
+    /* A fenced delete with a stale epoch is refused; the right one works. */
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_delete(&c_, B("/"), B("q"), e)),
+                     E_MAP_REFUSED);
+    APPLY_OK(&map, map_cmd_queue_delete(&c_, B("/"), B("q"), e + 2));
+    assert_int_equal(last.queues_deleted_count, 1);
+    APPLY_OK(&map, map_cmd_queue_delete(&c_, B("/"), B("q"), 0));
+    assert_false(last.changed);
+    /* A new incarnation has a higher epoch than the old one ever reached. */
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1));
+    assert_true(last.queue->epoch > e + 2);
+    cluster_map_free(&map);
+}
+
+/* ---- malformed input ------------------------------------------------------------------ */
+
+/* Every kind of command, valid in this order against setup_small's map
+ * (4 commands, so queue.declare is the 9th and the queue's epoch is 9). */
+static uint32_t valid_commands(struct map_cmd *cmds)
+{
+    uint32_t n = 0;
+    static const uint8_t args[] = {13, 'x', '-', 'm', 'a', 'x', '-', 'l', 'e', 'n', 'g',
+                                   't', 'h', 0, 'I', 0, 0, 0, 10};
+    struct map_queue_decl q = queue_decl("/", "q", 1, 2);
+    q.arguments = (struct table){args + 1, sizeof(args) - 1};
+    q.arguments.len = 0;
+    struct map_exchange_decl x = {.vhost = B("/"), .name = B("x"), .type = B("direct"),
+                                  .owner_id = 1};
+    struct map_binding_decl b = {.vhost = B("/"), .source = B("x"),
+                                 .destination_kind = MAP_DESTINATION_QUEUE,
+                                 .destination = B("q"), .routing_key = B("k")};
+    struct bytes vh[] = {B("/")};
+    uint32_t ids[] = {3};
+    assert_int_equal(map_cmd_broker_join(&cmds[n++], 9, B("b9"), B("h:1"), B("h:2"), false), OK);
+    assert_int_equal(map_cmd_vhost_put(&cmds[n++], B("v2")), OK);
+    assert_int_equal(map_cmd_user_put(&cmds[n++], B("u"), B("h"), vh, 1, vh, 1), OK);
+    assert_int_equal(map_cmd_exchange_declare(&cmds[n++], &x), OK);
+    assert_int_equal(map_cmd_queue_declare(&cmds[n++], &q, 1), OK);
+    assert_int_equal(map_cmd_bind(&cmds[n++], &b), OK);
+    assert_int_equal(map_cmd_queue_set_backups(&cmds[n++], B("/"), B("q"), 9, ids, 1), OK);
+    assert_int_equal(map_cmd_queue_set_in_sync(&cmds[n++], B("/"), B("q"), 9, ids, 1), OK);
+    assert_int_equal(map_cmd_queue_set_owner(&cmds[n++], B("/"), B("q"), 9, 3), OK);
+    assert_int_equal(map_cmd_queue_set_available(&cmds[n++], B("/"), B("q"), 10, false), OK);
+    assert_int_equal(map_cmd_broker_state(&cmds[n++], 2, BROKER_STATE_SUSPECT), OK);
+    assert_int_equal(map_cmd_exchange_set_owner(&cmds[n++], B("/"), B("x"), 2), OK);
+    assert_int_equal(map_cmd_unbind(&cmds[n++], &b), OK);
+    assert_int_equal(map_cmd_exchange_delete(&cmds[n++], B("/"), B("x"), true), OK);
+    assert_int_equal(map_cmd_queue_delete(&cmds[n++], B("/"), B("q"), 0), OK);
+    assert_int_equal(map_cmd_user_delete(&cmds[n++], B("u")), OK);
+    assert_int_equal(map_cmd_vhost_delete(&cmds[n++], B("v2")), OK);
+    assert_int_equal(map_cmd_broker_leave(&cmds[n++], 9), OK);
+    return n;
+}
+
+static void test_all_valid_commands_apply(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    struct map_cmd cmds[32];
+    uint32_t n = valid_commands(cmds);
+    for (uint32_t i = 0; i < n; i++) {
+        int rc = cluster_map_apply(&map, cmds[i].bytes, cmds[i].size, &last);
+        if (rc != OK)
+            fail_msg("command %u (%s) refused: %s", i, map_op_name(last.op), last.reply_text);
+        assert_true(cluster_map_verify(&map));
+        map_cmd_free(&cmds[i]);
+    }
+    assert_int_equal(map.queues_count, 0);
+    assert_int_equal(map.brokers_count, 3);
+    cluster_map_free(&map);
+}
+
+static void test_malformed(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    uint64_t v = map.version;
+    /* Not a table, no op, unknown op, wrong types, missing fields. */
+    static const uint8_t junk[] = {0xff, 0x00, 0x13};
+    assert_int_equal(cluster_map_apply(&map, junk, sizeof junk, &last), E_SYNTAX);
+    assert_int_equal(last.reply_code, REPLY_INTERNAL_ERROR);
+    assert_int_equal(cluster_map_apply(&map, NULL, 0, &last), E_SYNTAX);
+    uint8_t buf[256];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_longstr(&w, "op", B("queue.explode"));
+    assert_int_equal(cluster_map_apply(&map, buf, w.len, &last), E_SYNTAX);
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_longstr(&w, "op", B("vhost.put"));
+    table_put_int(&w, "name", 5);
+    assert_int_equal(cluster_map_apply(&map, buf, w.len, &last), E_SYNTAX);
+    assert_non_null(strstr(last.reply_text, "'name'"));
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_longstr(&w, "op", B("broker.state"));
+    table_put_int(&w, "id", 1);
+    table_put_longstr(&w, "state", B("sleepy"));
+    assert_int_equal(cluster_map_apply(&map, buf, w.len, &last), E_SYNTAX);
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_longstr(&w, "op", B("queue.set_owner"));
+    table_put_longstr(&w, "vhost", B("/"));
+    table_put_longstr(&w, "name", B("q"));
+    table_put_int(&w, "primary", -1);
+    table_put_int(&w, "epoch", 1);
+    assert_int_equal(cluster_map_apply(&map, buf, w.len, &last), E_SYNTAX);
+    /* Four backups. */
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_longstr(&w, "op", B("queue.set_backups"));
+    table_put_longstr(&w, "vhost", B("/"));
+    table_put_longstr(&w, "name", B("q"));
+    table_put_int(&w, "epoch", 1);
+    size_t a = table_put_array_begin(&w, "backups");
+    for (int i = 1; i <= 4; i++)
+        table_array_put_int(&w, i);
+    table_put_array_end(&w, a);
+    assert_int_equal(cluster_map_apply(&map, buf, w.len, &last), E_SYNTAX);
+    assert_int_equal(map.version, v + 7); /* every apply counts, refused or not */
+    assert_int_equal(map.vhosts_count, 1);
+    /* Every truncation of every valid command. */
+    struct map_cmd cmds[32];
+    uint32_t n = valid_commands(cmds);
+    uint32_t syntax = 0, total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        for (size_t len = 0; len < cmds[i].size; len++) {
+            uint8_t *copy = malloc(len ? len : 1); /* exact size: ASan sees overreads */
+            memcpy(copy, cmds[i].bytes, len);
+            int rc = cluster_map_apply(&map, copy, len, &last);
+            assert_true(rc == OK || rc == E_SYNTAX || rc == E_MAP_REFUSED);
+            syntax += rc == E_SYNTAX;
+            total++;
+            free(copy);
+            assert_true(cluster_map_verify(&map));
+        }
+        map_cmd_free(&cmds[i]);
+    }
+    /* A cut at a field boundary can leave a valid command when only
+     * optional fields follow; everything else is a syntax error. */
+    assert_true(syntax * 100 >= total * 95);
+    cluster_map_free(&map);
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rng(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static void test_fuzz_flips(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    struct map_cmd cmds[32];
+    uint32_t n = valid_commands(cmds);
+    uint32_t outcomes[3] = {0};
+    for (uint32_t iter = 0; iter < 40000; iter++) {
+        const struct map_cmd *c = &cmds[rng() % n];
+        uint8_t *copy = malloc(c->size);
+        memcpy(copy, c->bytes, c->size);
+        uint32_t flips = 1 + (uint32_t)(rng() % 4);
+        for (uint32_t f = 0; f < flips; f++)
+            copy[rng() % c->size] ^= (uint8_t)(1u << (rng() % 8));
+        int rc = cluster_map_apply(&map, copy, c->size, &last);
+        assert_true(rc == OK || rc == E_SYNTAX || rc == E_MAP_REFUSED);
+        outcomes[rc == OK ? 0 : rc == E_SYNTAX ? 1 : 2]++;
+        free(copy);
+        if (iter % 97 == 0)
+            assert_true(cluster_map_verify(&map));
+    }
+    assert_true(cluster_map_verify(&map));
+    printf("fuzz: 40000 flipped commands: %u applied, %u malformed, %u refused\n", outcomes[0],
+           outcomes[1], outcomes[2]);
+    for (uint32_t i = 0; i < n; i++)
+        map_cmd_free(&cmds[i]);
+    cluster_map_free(&map);
+}
+
+/* ---- snapshots at scale ------------------------------------------------------------------ */
+
+static double seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+#define QUEUES 10000
+
+static void build_big(struct cluster_map *map, double *apply_us)
+{
+    cluster_map_init(map);
+    for (uint32_t id = 1; id <= 5; id++)
+        join(map, id, true);
+    struct map_cmd c_;
+    APPLY_OK(map, map_cmd_vhost_put(&c_, B("/")));
+    APPLY_OK(map, map_cmd_vhost_put(&c_, B("prod")));
+    struct bytes vh[] = {B("/"), B("prod")};
+    APPLY_OK(map, map_cmd_user_put(&c_, B("guest"), B("sha256:abc"), vh, 2, NULL, 0));
+    struct map_exchange_decl x = {.vhost = B("prod"), .name = B("events"), .type = B("topic"),
+                                  .durable = true, .owner_id = 2};
+    APPLY_OK(map, map_cmd_exchange_declare(&c_, &x));
+    struct map_cmd *cmds = calloc(QUEUES, sizeof(*cmds));
+    for (uint32_t i = 0; i < QUEUES; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "queue-%05u", i);
+        struct map_queue_decl d = queue_decl("prod", name, 1 + i % 5, 1 + (i + 1) % 5);
+        d.backup_ids[1] = 1 + (i + 2) % 5;
+        d.backups_count = 2;
+        assert_int_equal(map_cmd_queue_declare(&cmds[i], &d, 1 + i % 5), OK);
+    }
+    double t0 = seconds();
+    for (uint32_t i = 0; i < QUEUES; i++)
+        assert_int_equal(cluster_map_apply(map, cmds[i].bytes, cmds[i].size, NULL), OK);
+    *apply_us = (seconds() - t0) * 1e6 / QUEUES;
+    for (uint32_t i = 0; i < QUEUES; i++)
+        map_cmd_free(&cmds[i]);
+    free(cmds);
+    for (uint32_t i = 0; i < QUEUES; i += 10) {
+        char name[32];
+        snprintf(name, sizeof name, "queue-%05u", i);
+        struct map_binding_decl b = {.vhost = B("prod"), .source = B("events"),
+                                     .destination_kind = MAP_DESTINATION_QUEUE,
+                                     .destination = B(name), .routing_key = B("order.*")};
+        APPLY_OK(map, map_cmd_bind(&c_, &b));
+    }
+}
+
+static void test_snapshot_round_trip(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    double apply_us;
+    build_big(&map, &apply_us);
+    assert_true(cluster_map_verify(&map));
+    /* Make some state that only the snapshot carries. */
+    struct map_cmd c_;
+    struct map_queue *q7 = cluster_map_queue(&map, B("prod"), B("queue-00007"));
+    uint32_t none[1];
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("prod"), B("queue-00007"), q7->epoch, none,
+                                             0));
+    APPLY_OK(&map, map_cmd_broker_state(&c_, 4, BROKER_STATE_DRAINING));
+    uint8_t *snap;
+    size_t size;
+    double t0 = seconds();
+    assert_int_equal(cluster_map_snapshot_alloc(&map, &snap, &size), OK);
+    double write_ms = (seconds() - t0) * 1e3;
+    struct cluster_map copy;
+    cluster_map_init(&copy);
+    t0 = seconds();
+    assert_int_equal(cluster_map_snapshot_read(&copy, snap, size), OK);
+    double read_ms = (seconds() - t0) * 1e3;
+    assert_true(cluster_map_verify(&copy));
+    assert_int_equal(copy.queues_count, QUEUES);
+    assert_int_equal(copy.version, map.version);
+    assert_int_equal(copy.bindings_count, QUEUES / 10);
+    assert_int_equal(cluster_map_broker(&copy, 4)->state, BROKER_STATE_DRAINING);
+    struct map_queue *c7 = cluster_map_queue(&copy, B("prod"), B("queue-00007"));
+    assert_int_equal(c7->epoch, q7->epoch);
+    assert_int_equal(c7->in_sync_mask, 0);
+    for (uint32_t i = 0; i < 5; i++)
+        assert_int_equal(copy.brokers[i]->queues_owned_count, map.brokers[i]->queues_owned_count);
+    uint8_t *again;
+    size_t again_size;
+    assert_int_equal(cluster_map_snapshot_alloc(&copy, &again, &again_size), OK);
+    assert_int_equal(again_size, size);
+    assert_memory_equal(again, snap, size);
+    /* A too-small buffer says so. */
+    size_t small_size = 1;
+    assert_int_equal(cluster_map_snapshot_write(&map, again, 100, &small_size), E_NOMEM);
+    assert_int_equal(small_size, 0);
+    /* A corrupt or inconsistent snapshot is refused and the map is kept. */
+    assert_int_equal(cluster_map_snapshot_read(&copy, snap, size - 3), E_SYNTAX);
+    assert_int_equal(copy.queues_count, QUEUES);
+    for (int i = 0; i < 40; i++) {
+        memcpy(again, snap, size);
+        again[rng() % size] ^= (uint8_t)(1u << (rng() % 8));
+        int rc = cluster_map_snapshot_read(&copy, again, size);
+        assert_true(rc == OK || rc == E_SYNTAX);
+        assert_true(cluster_map_verify(&copy));
+    }
+    printf("map: 10,000 queues: apply %.2f us/queue.declare, snapshot %zu bytes "
+           "(%.1f B/queue), write %.1f ms, read %.1f ms, memory %zu bytes (%.0f B/queue)\n",
+           apply_us, size, (double)size / QUEUES, write_ms, read_ms,
+           cluster_map_memory_size(&map), (double)cluster_map_memory_size(&map) / QUEUES);
+    free(snap);
+    free(again);
+    cluster_map_free(&copy);
+    cluster_map_free(&map);
+}
+
+static void test_lookup_is_constant_time(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    double apply_us;
+    build_big(&map, &apply_us);
+    double t0 = seconds();
+    uint32_t found = 0;
+    for (uint32_t r = 0; r < 10; r++) {
+        for (uint32_t i = 0; i < QUEUES; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "queue-%05u", i);
+            found += cluster_map_queue(&map, B("prod"), B(name)) != NULL;
+        }
+    }
+    double us = (seconds() - t0) * 1e6 / (10.0 * QUEUES);
+    assert_int_equal(found, 10 * QUEUES);
+    assert_null(cluster_map_queue(&map, B("/"), B("queue-00001")));
+    printf("map: lookup %.3f us/queue (10,000 queues)\n", us);
+    cluster_map_free(&map);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_brokers),
+        cmocka_unit_test(test_vhosts_users),
+        cmocka_unit_test(test_exchanges_bindings),
+        cmocka_unit_test(test_queue_declare_races),
+        cmocka_unit_test(test_queue_ownership),
+        cmocka_unit_test(test_all_valid_commands_apply),
+        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_fuzz_flips),
+        cmocka_unit_test(test_snapshot_round_trip),
+        cmocka_unit_test(test_lookup_is_constant_time),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

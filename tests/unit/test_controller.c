@@ -1,0 +1,423 @@
+/*
+ * test_controller.c: the controller's decisions, end to end on a map.
+ *
+ * Goal: liveness thresholds and resets give the right state changes; when a
+ * broker owning ~2,000 queues dies, every one of them gets its first
+ * in-sync backup as primary with epoch + 1 (or becomes unavailable when it
+ * has none), every replication factor is restored, and applying the
+ * returned commands leaves a consistent map (one primary, distinct backups,
+ * none on the dead broker); the broker's return brings its queues back;
+ * stale decisions are refused and decided again; draining and joining
+ * converge over rounds. Method: build a 5-broker map with 10,000 placed
+ * queues, run each decision, apply every command it returns, check.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cluster/controller.h"
+#include "cluster/map.h"
+#include "cluster/placement.h"
+#include "lib/errors.h"
+
+#define B(s) bytes_of_cstr(s)
+#define QUEUES 10000
+
+static void must_apply(struct cluster_map *map, int build_rc, struct map_cmd *cmd)
+{
+    assert_int_equal(build_rc, OK);
+    struct map_change change;
+    int rc = cluster_map_apply(map, cmd->bytes, cmd->size, &change);
+    if (rc != OK)
+        fail_msg("%s refused: %s", map_op_name(change.op), change.reply_text);
+    map_cmd_free(cmd);
+}
+
+/* Applies a batch; returns how many were refused (those must say retry). */
+static uint32_t apply_all(struct cluster_map *map, struct map_cmd_list *list)
+{
+    uint32_t refused = 0;
+    for (uint32_t i = 0; i < list->count; i++) {
+        struct map_change change;
+        int rc = cluster_map_apply(map, list->items[i].bytes, list->items[i].size, &change);
+        if (rc != OK) {
+            assert_int_equal(rc, E_MAP_REFUSED);
+            assert_true(change.retry);
+            refused++;
+        }
+    }
+    map_cmd_list_free(list);
+    assert_true(cluster_map_verify(map));
+    return refused;
+}
+
+static void join(struct cluster_map *map, uint32_t id)
+{
+    char name[16];
+    snprintf(name, sizeof name, "b%u", id);
+    struct map_cmd c;
+    must_apply(map, map_cmd_broker_join(&c, id, B(name), B("h:5672"), B("h:4369"), id <= 5), &c);
+}
+
+static void build(struct cluster_map *map, uint8_t rf)
+{
+    cluster_map_init(map);
+    for (uint32_t id = 1; id <= 5; id++)
+        join(map, id);
+    struct map_cmd c;
+    must_apply(map, map_cmd_vhost_put(&c, B("/")), &c);
+    struct placement_config config;
+    placement_config_default(&config);
+    struct placement p;
+    placement_init(&p, &config);
+    placement_refresh(&p, map);
+    for (uint32_t i = 0; i < QUEUES; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "jobs.%u", i);
+        struct placement_result r;
+        assert_int_equal(placement_place_queue(&p, B("/"), B(name), rf, BROKER_ID_NONE, &r), OK);
+        struct map_queue_decl d = {.vhost = B("/"), .name = B(name), .durable = true,
+                                   .primary_id = r.primary_id, .backups_count = r.backups_count,
+                                   .replication_factor = rf};
+        memcpy(d.backup_ids, r.backup_ids, sizeof(d.backup_ids));
+        must_apply(map, map_cmd_queue_declare(&c, &d, r.primary_id), &c);
+    }
+    placement_free(&p);
+    struct map_exchange_decl x = {.vhost = B("/"), .name = B("jobs"), .type = B("direct"),
+                                  .durable = true, .owner_id = 2};
+    must_apply(map, map_cmd_exchange_declare(&c, &x), &c);
+}
+
+/* The invariants a map must keep whatever the controller did. */
+static void assert_consistent(const struct cluster_map *map)
+{
+    assert_true(cluster_map_verify(map));
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        const struct map_queue *q = map->queues[i];
+        for (uint8_t b = 0; b < q->backups_count; b++) {
+            assert_int_not_equal(q->backup_ids[b], q->primary_id);
+            for (uint8_t c = 0; c < b; c++)
+                assert_int_not_equal(q->backup_ids[b], q->backup_ids[c]);
+        }
+    }
+}
+
+static void test_liveness(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    cluster_map_init(&map);
+    for (uint32_t id = 1; id <= 5; id++)
+        join(&map, id);
+    struct map_cmd c;
+    must_apply(&map, map_cmd_broker_state(&c, 4, BROKER_STATE_SUSPECT), &c);
+    must_apply(&map, map_cmd_broker_state(&c, 5, BROKER_STATE_DOWN), &c);
+    struct controller_config config;
+    controller_config_default(&config);
+    uint64_t now = 100000;
+    struct controller_heard heard[] = {
+        {1, now - 10, false},   /* up, fine */
+        {2, now - 1500, false}, /* up -> suspect */
+        {3, now - 100, true},   /* reset -> down at once */
+        {4, now - 50, false},   /* suspect -> up */
+        {5, now - 20, false},   /* down -> up (restarted) */
+        {9, now - 99999, false} /* unknown broker: ignored */
+    };
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    assert_int_equal(controller_check_liveness(&map, &config, heard, 6, now, &out), OK);
+    assert_int_equal(out.count, 4);
+    assert_int_equal(apply_all(&map, &out), 0);
+    assert_int_equal(cluster_map_broker(&map, 1)->state, BROKER_STATE_UP);
+    assert_int_equal(cluster_map_broker(&map, 2)->state, BROKER_STATE_SUSPECT);
+    assert_int_equal(cluster_map_broker(&map, 3)->state, BROKER_STATE_DOWN);
+    assert_int_equal(cluster_map_broker(&map, 4)->state, BROKER_STATE_UP);
+    assert_int_equal(cluster_map_broker(&map, 5)->state, BROKER_STATE_UP);
+    /* Time passes without news from 2: suspect -> down at 2 s. Draining
+     * brokers stay draining while heard. A clock step back is "just heard". */
+    must_apply(&map, map_cmd_broker_state(&c, 1, BROKER_STATE_DRAINING), &c);
+    struct controller_heard later[] = {{1, now + 1900, false}, {2, now - 1500, false},
+                                       {4, now + 5000, false}};
+    assert_int_equal(controller_check_liveness(&map, &config, later, 3, now + 2000, &out), OK);
+    assert_int_equal(out.count, 1);
+    apply_all(&map, &out);
+    assert_int_equal(cluster_map_broker(&map, 2)->state, BROKER_STATE_DOWN);
+    assert_int_equal(cluster_map_broker(&map, 1)->state, BROKER_STATE_DRAINING);
+    assert_int_equal(cluster_map_broker(&map, 4)->state, BROKER_STATE_UP);
+    cluster_map_free(&map);
+}
+
+static void return_and_rebalance(struct cluster_map *mp, const uint32_t *expect,
+                                 const uint64_t *epochs, uint32_t unavailable);
+
+static void test_failover_2000_queues(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    build(&map, 3);
+    /* Some of broker 2's queues have no in-sync backup (lagging replicas). */
+    uint32_t lagging = 0;
+    for (uint32_t i = 0; i < map.queues_count; i++) {
+        struct map_queue *q = map.queues[i];
+        if (q->primary_id == 2 && i % 10 == 0) {
+            struct map_cmd c;
+            must_apply(&map, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name, q->epoch,
+                                                       NULL, 0),
+                       &c);
+            lagging++;
+        } else if (q->primary_id == 2 && i % 10 == 1) {
+            /* Only the second backup is in sync: it is the one promoted. */
+            struct map_cmd c;
+            must_apply(&map, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name, q->epoch,
+                                                       &q->backup_ids[1], 1),
+                       &c);
+        }
+    }
+    /* Remember what each queue looked like. */
+    uint32_t owned2 = cluster_map_broker(&map, 2)->queues_owned_count;
+    uint32_t held2 = cluster_map_broker(&map, 2)->backups_held_count;
+    uint32_t *expect = calloc(QUEUES, sizeof(uint32_t));
+    uint64_t *epochs = calloc(QUEUES, sizeof(uint64_t));
+    for (uint32_t i = 0; i < QUEUES; i++) {
+        const struct map_queue *q = map.queues[i];
+        epochs[i] = q->epoch;
+        expect[i] = q->primary_id;
+        if (q->primary_id == 2) {
+            expect[i] = BROKER_ID_NONE;
+            for (uint8_t b = 0; b < q->backups_count && expect[i] == BROKER_ID_NONE; b++) {
+                if (q->in_sync_mask & (1u << b))
+                    expect[i] = q->backup_ids[b];
+            }
+        }
+    }
+    struct controller_config config;
+    controller_config_default(&config);
+    struct map_cmd c;
+    must_apply(&map, map_cmd_broker_state(&c, 2, BROKER_STATE_DOWN), &c);
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    assert_int_equal(controller_fail_over(&map, &config, 2, &out), OK);
+    uint32_t commands = out.count;
+    assert_int_equal(apply_all(&map, &out), 0);
+    assert_consistent(&map);
+    uint32_t promoted = 0, unavailable = 0;
+    for (uint32_t i = 0; i < QUEUES; i++) {
+        const struct map_queue *q = map.queues[i];
+        assert_false(map_queue_has_backup(q, 2));
+        if (expect[i] == BROKER_ID_NONE) {
+            assert_int_equal(q->primary_id, 2);
+            assert_false(q->available);
+            assert_int_equal(q->epoch, epochs[i]);
+            unavailable++;
+            continue;
+        }
+        assert_true(q->available);
+        assert_int_equal(q->primary_id, expect[i]);
+        assert_int_equal(q->backups_count, q->replication_factor - 1); /* restored */
+        if (q->epoch != epochs[i]) {
+            assert_int_equal(q->epoch, epochs[i] + 1);
+            promoted++;
+        }
+    }
+    assert_int_equal(unavailable, lagging);
+    assert_int_equal(promoted + unavailable, owned2);
+    assert_int_equal(cluster_map_broker(&map, 2)->queues_owned_count, unavailable);
+    assert_int_equal(cluster_map_broker(&map, 2)->backups_held_count, 0);
+    assert_int_equal(cluster_map_exchange(&map, B("/"), B("jobs"))->vhost != NULL, 1);
+    assert_int_not_equal(cluster_map_exchange(&map, B("/"), B("jobs"))->owner_id, 2);
+    printf("failover of broker 2 (%u primaries, %u backups): %u commands, %u promoted, "
+           "%u unavailable; load now:",
+           owned2, held2, commands, promoted, unavailable);
+    for (uint32_t i = 0; i < map.brokers_count; i++)
+        printf(" %u/%u", map.brokers[i]->queues_owned_count, map.brokers[i]->backups_held_count);
+    printf(" (owned/held)\n");
+
+    return_and_rebalance(&map, expect, epochs, unavailable);
+    free(expect);
+    free(epochs);
+    cluster_map_free(&map);
+}
+
+/* (c) Broker 2 comes back: its queues are available again with epoch + 1,
+ * and rebalance rounds give it its share again. */
+static void return_and_rebalance(struct cluster_map *mp, const uint32_t *expect,
+                                 const uint64_t *epochs, uint32_t unavailable)
+{
+    struct cluster_map map = *mp;
+    struct controller_config config;
+    controller_config_default(&config);
+    struct map_cmd c;
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    must_apply(&map, map_cmd_broker_state(&c, 2, BROKER_STATE_UP), &c);
+    assert_int_equal(controller_broker_returned(&map, 2, &out), OK);
+    assert_int_equal(out.count, unavailable);
+    assert_int_equal(apply_all(&map, &out), 0);
+    for (uint32_t i = 0; i < QUEUES; i++) {
+        const struct map_queue *q = map.queues[i];
+        assert_true(q->available);
+        if (expect[i] == BROKER_ID_NONE)
+            assert_int_equal(q->epoch, epochs[i] + 1);
+    }
+    /* The returning broker is empty of backups: a rebalance gives it work. */
+    uint32_t rounds = 0, pending = 1;
+    while (rounds < 20) {
+        assert_int_equal(controller_rebalance(&map, &config, UINT32_MAX, &out, &pending), OK);
+        if (out.count == 0 && pending == 0)
+            break;
+        apply_all(&map, &out);
+        /* Catch-up: every backup reports in sync. */
+        for (uint32_t i = 0; i < map.queues_count; i++) {
+            struct map_queue *q = map.queues[i];
+            if (q->in_sync_mask != (1u << q->backups_count) - 1)
+                must_apply(&map, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name, q->epoch,
+                                                           q->backup_ids, q->backups_count),
+                           &c);
+        }
+        rounds++;
+    }
+    map_cmd_list_free(&out);
+    assert_consistent(&map);
+    printf("after return and %u rebalance rounds:", rounds);
+    for (uint32_t i = 0; i < map.brokers_count; i++)
+        printf(" %u/%u", map.brokers[i]->queues_owned_count, map.brokers[i]->backups_held_count);
+    printf(" (owned/held)\n");
+    assert_true(cluster_map_broker(&map, 2)->queues_owned_count > 1500);
+    *mp = map;
+}
+
+static void test_exclusive_queue_dies_with_broker(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    cluster_map_init(&map);
+    for (uint32_t id = 1; id <= 3; id++)
+        join(&map, id);
+    struct map_cmd c;
+    must_apply(&map, map_cmd_vhost_put(&c, B("/")), &c);
+    struct map_queue_decl d = {.vhost = B("/"), .name = B("amq.gen-x"), .exclusive = true,
+                               .exclusive_connection_id = 5, .primary_id = 3,
+                               .replication_factor = 1};
+    must_apply(&map, map_cmd_queue_declare(&c, &d, 3), &c);
+    struct map_queue_decl solo = {.vhost = B("/"), .name = B("solo"), .durable = true,
+                                  .primary_id = 3, .replication_factor = 1};
+    must_apply(&map, map_cmd_queue_declare(&c, &solo, 3), &c);
+    must_apply(&map, map_cmd_broker_state(&c, 3, BROKER_STATE_DOWN), &c);
+    struct controller_config config;
+    controller_config_default(&config);
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    controller_fail_over(&map, &config, 3, &out);
+    assert_int_equal(apply_all(&map, &out), 0);
+    assert_null(cluster_map_queue(&map, B("/"), B("amq.gen-x")));
+    assert_false(cluster_map_queue(&map, B("/"), B("solo"))->available);
+    /* A second run decides nothing new. */
+    controller_fail_over(&map, &config, 3, &out);
+    assert_int_equal(out.count, 0);
+    /* Not down: nothing. */
+    controller_fail_over(&map, &config, 1, &out);
+    assert_int_equal(out.count, 0);
+    map_cmd_list_free(&out);
+    cluster_map_free(&map);
+}
+
+static void test_stale_decision_is_refused(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    build(&map, 2);
+    struct controller_config config;
+    controller_config_default(&config);
+    struct map_cmd c;
+    must_apply(&map, map_cmd_broker_state(&c, 4, BROKER_STATE_DOWN), &c);
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    controller_fail_over(&map, &config, 4, &out);
+    /* Before the batch commits, someone moves one of broker 4's queues. */
+    struct map_queue *victim = NULL;
+    for (uint32_t i = 0; i < map.queues_count && !victim; i++) {
+        if (map.queues[i]->primary_id == 4)
+            victim = map.queues[i];
+    }
+    assert_non_null(victim);
+    uint32_t other = victim->backup_ids[0] == 1 ? 3 : 1;
+    must_apply(&map, map_cmd_queue_set_owner(&c, victim->vhost->name, victim->name,
+                                             victim->epoch, other),
+               &c);
+    uint32_t refused = apply_all(&map, &out);
+    assert_true(refused >= 1);
+    assert_int_equal(victim->primary_id, other);
+    assert_consistent(&map);
+    /* Deciding again on the new map finishes the job with no refusals. */
+    controller_fail_over(&map, &config, 4, &out);
+    assert_int_equal(apply_all(&map, &out), 0);
+    assert_int_equal(cluster_map_broker(&map, 4)->backups_held_count, 0);
+    printf("stale batch: %u command(s) refused with retry, redone next round\n", refused);
+    cluster_map_free(&map);
+}
+
+static void test_drain_converges(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    build(&map, 2);
+    struct controller_config config;
+    controller_config_default(&config);
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    bool done = false;
+    uint32_t rounds = 0, owners = 0;
+    uint32_t owned5 = cluster_map_broker(&map, 5)->queues_owned_count;
+    while (!done && rounds < 20) {
+        assert_int_equal(controller_drain(&map, &config, 5, UINT32_MAX, &out, &done), OK);
+        for (uint32_t i = 0; i < out.count; i++) {
+            struct field_value v;
+            struct table t = {out.items[i].bytes, (uint32_t)out.items[i].size};
+            assert_true(table_get(t, "op", &v));
+            owners += bytes_equal_cstr(v.str, "queue.set_owner");
+        }
+        apply_all(&map, &out);
+        struct map_cmd c;
+        for (uint32_t i = 0; i < map.queues_count; i++) {
+            struct map_queue *q = map.queues[i];
+            if (q->in_sync_mask != (1u << q->backups_count) - 1)
+                must_apply(&map, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name, q->epoch,
+                                                           q->backup_ids, q->backups_count),
+                           &c);
+        }
+        rounds++;
+    }
+    assert_true(done);
+    assert_int_equal(cluster_map_broker(&map, 5)->state, BROKER_STATE_DRAINING);
+    assert_consistent(&map);
+    uint32_t histogram[4] = {0};
+    for (uint32_t i = 0; i < map.queues_count; i++)
+        histogram[map.queues[i]->backups_count]++;
+    printf("backups per queue: 0:%u 1:%u 2:%u 3:%u\n", histogram[0], histogram[1], histogram[2],
+           histogram[3]);
+    assert_int_equal(histogram[1], map.queues_count); /* factor restored everywhere */
+    printf("drain broker 5 (%u primaries): done in %u rounds, %u handovers\n", owned5, rounds,
+           owners);
+    struct map_cmd c;
+    must_apply(&map, map_cmd_broker_leave(&c, 5), &c);
+    map_cmd_list_free(&out);
+    cluster_map_free(&map);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_liveness),
+        cmocka_unit_test(test_failover_2000_queues),
+        cmocka_unit_test(test_exclusive_queue_dies_with_broker),
+        cmocka_unit_test(test_stale_decision_is_refused),
+        cmocka_unit_test(test_drain_converges),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
