@@ -125,8 +125,15 @@ static inline amqp_connection_state_t qb_open(const qb_endpoint *ep, const qb_cr
     amqp_set_handshake_timeout(c, &tv);
     struct timeval rpc = {30, 0};
     amqp_set_rpc_timeout(c, &rpc);
-    amqp_rpc_reply_t r = amqp_login(c, cr->vhost, 0, frame_max > 0 ? frame_max : AMQP_DEFAULT_FRAME_SIZE, 0,
-                                    AMQP_SASL_METHOD_PLAIN, cr->user, cr->pass);
+    /* advertise capabilities.connection.blocked so brokers send connection.blocked/unblocked
+     * (librabbitmq merges this with its default capabilities) */
+    amqp_table_entry_t cap_e = {.key = amqp_cstring_bytes("connection.blocked"),
+                                .value = {.kind = AMQP_FIELD_KIND_BOOLEAN, .value = {.boolean = 1}}};
+    amqp_table_entry_t prop_e = {.key = amqp_cstring_bytes("capabilities"),
+                                 .value = {.kind = AMQP_FIELD_KIND_TABLE, .value = {.table = {1, &cap_e}}}};
+    amqp_table_t props = {1, &prop_e};
+    amqp_rpc_reply_t r = amqp_login_with_properties(c, cr->vhost, 0, frame_max > 0 ? frame_max : AMQP_DEFAULT_FRAME_SIZE, 0,
+                                                    &props, AMQP_SASL_METHOD_PLAIN, cr->user, cr->pass);
     if (!qb_reply_ok(r, "login", err, errn)) {
         amqp_destroy_connection(c);
         return NULL;

@@ -18,6 +18,13 @@
  * --watch-pid samples the broker's /proc/PID/stat (utime+stime) at start and end and its
  * VmRSS every 100 ms (plus VmHWM, reset at start through /proc/PID/clear_refs when allowed).
  *
+ * --qarg/--dlx/--consume-queue give the published queues x-arguments and let consumers read
+ * another queue (e.g. the target of a dead-letter exchange). -C 0 publishes only (filling a
+ * queue, flooding a broker into its memory alarm); connection.blocked/unblocked are counted
+ * (the tool advertises the capability) and publish stalls > 100 ms are summed. With --confirm,
+ * conf_p50_us/conf_p99_us are publish -> confirm latencies (from the same clock reading as the
+ * body's send time to the basic.ack being read).
+ *
  * Output: one line starting with "RESULT " of key=value pairs (see print_result()).
  * Exit status: 0 ok, 1 lost/dup/reorder/foreign != 0, 2 error (connection, broker refused...).
  *
@@ -28,6 +35,7 @@
 
 #include <getopt.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -36,6 +44,7 @@
 
 #define HDR_LEN 16
 #define MAX_WATCH 8
+#define MAX_QARGS 16
 
 /* ------------------------------------------------------------------ configuration */
 
@@ -57,6 +66,11 @@ static struct {
     double drain_timeout, max_drain;
     bool keep, verbose;
     int fault; /* FAULT_*: deliberate misbehaviour to test the checker */
+    char qkey[MAX_QARGS][64], qval[MAX_QARGS][256]; /* --qarg: arguments of the published queues */
+    int nqargs;
+    char dlx[128];           /* --dlx: fanout exchange, x-dead-letter-exchange of the published queues */
+    char consume_queue[192]; /* --consume-queue: consumers read this queue instead of <prefix>-i */
+    double confirm_timeout;  /* longest wait for a publisher confirm (s) */
 } cfg;
 
 enum { FAULT_NONE, FAULT_LOSS, FAULT_DUP, FAULT_REORDER };
@@ -177,6 +191,9 @@ typedef struct {
     double t_done;  /* when its last message was sent (and, with confirms, settled) */
     seqset *nacks;  /* sequence numbers the broker nacked (not counted as lost) */
     long unsettled; /* confirms still missing at the end */
+    atomic_long blocked, unblocked;   /* connection.blocked / connection.unblocked received */
+    _Atomic uint64_t stall_ns, stall_max_ns; /* gaps > 100 ms between two publishes: total, longest */
+    uint64_t *conf_hist; /* publish -> confirm (ack or nack) latency, us */
 } producer_t;
 
 typedef struct {
@@ -225,6 +242,52 @@ static long sum_unique(void)
 
 /* ------------------------------------------------------------------ queue setup */
 
+static bool all_digits(const char *s)
+{
+    if (*s == '-')
+        s++;
+    if (!*s)
+        return false;
+    for (; *s; s++)
+        if (*s < '0' || *s > '9')
+            return false;
+    return true;
+}
+
+/* x-arguments of the published queues: --qarg K=V (integer if numeric) and --dlx */
+static amqp_table_t published_queue_args(amqp_table_entry_t *ents)
+{
+    int n = 0;
+    for (int i = 0; i < cfg.nqargs; i++, n++) {
+        ents[n].key = amqp_cstring_bytes(cfg.qkey[i]);
+        if (all_digits(cfg.qval[i])) {
+            ents[n].value.kind = AMQP_FIELD_KIND_I64;
+            ents[n].value.value.i64 = atoll(cfg.qval[i]);
+        } else {
+            ents[n].value.kind = AMQP_FIELD_KIND_UTF8;
+            ents[n].value.value.bytes = amqp_cstring_bytes(cfg.qval[i]);
+        }
+    }
+    if (cfg.dlx[0]) {
+        ents[n].key = amqp_cstring_bytes("x-dead-letter-exchange");
+        ents[n].value.kind = AMQP_FIELD_KIND_UTF8;
+        ents[n].value.value.bytes = amqp_cstring_bytes(cfg.dlx);
+        n++;
+    }
+    return (amqp_table_t){.num_entries = n, .entries = ents};
+}
+
+/* after a channel error (e.g. 404 on deleting an absent queue): reopen channel 1 */
+static bool reopen_channel(amqp_connection_state_t c, amqp_rpc_reply_t r, char *err, size_t n)
+{
+    if (r.reply_type != AMQP_RESPONSE_SERVER_EXCEPTION || r.reply.id != AMQP_CHANNEL_CLOSE_METHOD)
+        return false;
+    amqp_channel_close_ok_t ok = {0};
+    amqp_send_method(c, 1, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+    amqp_channel_open(c, 1);
+    return qb_reply_ok(amqp_get_rpc_reply(c), "channel.open", err, n);
+}
+
 static void setup_queues(bool declare)
 {
     char err[512], q[192];
@@ -234,6 +297,40 @@ static void setup_queues(bool declare)
             return; /* best effort at the end */
         die_now(err);
     }
+    /* the dead-letter target first (queue, exchange, binding), so nothing dead-lettered is dropped */
+    if (cfg.consume_queue[0]) {
+        amqp_bytes_t cq = amqp_cstring_bytes(cfg.consume_queue);
+        amqp_queue_delete(c, 1, cq, 0, 0);
+        amqp_rpc_reply_t r = amqp_get_rpc_reply(c);
+        if (!qb_reply_ok(r, "queue.delete", err, sizeof err) && !reopen_channel(c, r, err, sizeof err) && declare)
+            die_now(err);
+        if (declare) {
+            amqp_queue_declare(c, 1, cq, 0, cfg.durable, 0, 0, amqp_empty_table);
+            if (!qb_reply_ok(amqp_get_rpc_reply(c), "queue.declare (consume queue)", err, sizeof err))
+                die_now(err);
+        }
+    }
+    if (cfg.dlx[0]) {
+        if (declare) {
+            amqp_exchange_declare(c, 1, amqp_cstring_bytes(cfg.dlx), amqp_cstring_bytes("fanout"), 0, cfg.durable, 0,
+                                  0, amqp_empty_table);
+            if (!qb_reply_ok(amqp_get_rpc_reply(c), "exchange.declare (dlx)", err, sizeof err))
+                die_now(err);
+            if (cfg.consume_queue[0]) {
+                amqp_queue_bind(c, 1, amqp_cstring_bytes(cfg.consume_queue), amqp_cstring_bytes(cfg.dlx),
+                                amqp_empty_bytes, amqp_empty_table);
+                if (!qb_reply_ok(amqp_get_rpc_reply(c), "queue.bind (dlx)", err, sizeof err))
+                    die_now(err);
+            }
+        } else {
+            amqp_exchange_delete(c, 1, amqp_cstring_bytes(cfg.dlx), 0);
+            amqp_rpc_reply_t r = amqp_get_rpc_reply(c);
+            if (!qb_reply_ok(r, "exchange.delete", err, sizeof err))
+                reopen_channel(c, r, err, sizeof err);
+        }
+    }
+    amqp_table_entry_t ents[MAX_QARGS + 1];
+    amqp_table_t qargs = published_queue_args(ents);
     for (int i = 0; i < cfg.queues; i++) {
         queue_name(i, q, sizeof q);
         amqp_queue_delete(c, 1, amqp_cstring_bytes(q), 0, 0);
@@ -253,7 +350,7 @@ static void setup_queues(bool declare)
         }
         if (!declare)
             continue;
-        amqp_queue_declare(c, 1, amqp_cstring_bytes(q), 0, cfg.durable, 0, 0, amqp_empty_table);
+        amqp_queue_declare(c, 1, amqp_cstring_bytes(q), 0, cfg.durable, 0, 0, qargs);
         if (!qb_reply_ok(amqp_get_rpc_reply(c), "queue.declare", err, sizeof err))
             die_now(err);
     }
@@ -264,6 +361,7 @@ static void setup_queues(bool declare)
 
 typedef struct {
     uint8_t *settled; /* ring indexed by delivery tag */
+    uint64_t *sent_ns; /* when that tag was published: confirm latency */
     uint64_t mask, low, next; /* low = lowest unsettled tag, next = tag of the next publish */
 } confirm_ring;
 
@@ -272,6 +370,8 @@ static void settle_one(producer_t *p, confirm_ring *cr, uint64_t tag, bool ack)
     if (tag < cr->low || tag >= cr->next || cr->settled[tag & cr->mask])
         return;
     cr->settled[tag & cr->mask] = 1;
+    uint64_t now = qb_now_ns(), sent = cr->sent_ns[tag & cr->mask];
+    p->conf_hist[h_index(now > sent ? (now - sent) / 1000 : 0)]++;
     if (ack)
         atomic_fetch_add_explicit(&p->confirmed, 1, memory_order_relaxed);
     else {
@@ -291,18 +391,18 @@ static void settle(producer_t *p, confirm_ring *cr, uint64_t tag, bool multiple,
         cr->low++;
 }
 
-/* Read and handle incoming frames on a producer connection. wait_ms < 0: only what is already
- * readable (non-blocking); otherwise wait up to wait_ms for the first frame. Returns false on
+/* Read and handle incoming frames on a producer connection. wait_us <= 0: only what is already
+ * readable (non-blocking); otherwise wait up to wait_us for the first frame. Returns false on
  * a fatal condition (already reported through fail()). */
-static bool producer_pump(producer_t *p, amqp_connection_state_t c, confirm_ring *cr, int wait_ms)
+static bool producer_pump(producer_t *p, amqp_connection_state_t c, confirm_ring *cr, long wait_us)
 {
     bool first = true;
     for (;;) {
         amqp_frame_t f;
         struct timeval tv = {0, 0};
-        if (first && wait_ms > 0) {
-            tv.tv_sec = wait_ms / 1000;
-            tv.tv_usec = (wait_ms % 1000) * 1000;
+        if (first && wait_us > 0) {
+            tv.tv_sec = wait_us / 1000000;
+            tv.tv_usec = wait_us % 1000000;
         }
         first = false;
         int rc = amqp_simple_wait_frame_noblock(c, &f, &tv);
@@ -339,8 +439,14 @@ static bool producer_pump(producer_t *p, amqp_connection_state_t c, confirm_ring
                  (const char *)m->reply_text.bytes);
             return false;
         }
+        case AMQP_CONNECTION_BLOCKED_METHOD:
+            atomic_fetch_add(&p->blocked, 1);
+            break;
+        case AMQP_CONNECTION_UNBLOCKED_METHOD:
+            atomic_fetch_add(&p->unblocked, 1);
+            break;
         default:
-            break; /* connection.blocked/unblocked, returns (mandatory is off), ... */
+            break; /* returns (mandatory is off), ... */
         }
     }
     amqp_maybe_release_buffers(c);
@@ -367,6 +473,9 @@ static void *producer_main(void *arg)
         while (n < (uint64_t)cfg.window + 2)
             n <<= 1;
         ring.settled = calloc(n, 1);
+        ring.sent_ns = calloc(n, sizeof(uint64_t));
+        if (!ring.settled || !ring.sent_ns)
+            die_now("out of memory");
         ring.mask = n - 1;
         ring.low = ring.next = 1;
         cr = &ring;
@@ -393,12 +502,25 @@ static void *producer_main(void *arg)
     const uint64_t period_ns = cfg.rate > 0 ? (uint64_t)(1e9 * cfg.producers / cfg.rate) : 0;
     uint64_t next_ns = g_t0_ns + (period_ns ? period_ns * (uint64_t)p->id / (uint64_t)cfg.producers : 0);
     uint32_t seq = 0;
+    uint64_t last_pub_ns = 0;
     bool ok = true;
     while (ok && !atomic_load_explicit(&g_abort, memory_order_relaxed)) {
         uint64_t now = qb_now_ns();
         if (cfg.count ? (long)seq >= cfg.count : now >= stop_ns)
             break;
         if (period_ns) {
+            /* with confirms, read them as they arrive while waiting for the next slot (so the
+             * confirm latency is not rounded up to the period): ppoll has ns resolution */
+            while (cr && ok && now < next_ns) {
+                struct pollfd pfd = {.fd = amqp_get_sockfd(c), .events = POLLIN};
+                uint64_t left = next_ns - now;
+                struct timespec ts = {(time_t)(left / 1000000000ull), (long)(left % 1000000000ull)};
+                if (amqp_frames_enqueued(c) || ppoll(&pfd, 1, &ts, NULL) > 0)
+                    ok = producer_pump(p, c, cr, -1);
+                now = qb_now_ns();
+            }
+            if (!ok)
+                break;
             if (now < next_ns) {
                 struct timespec ts = {(time_t)(next_ns / 1000000000ull), (long)(next_ns % 1000000000ull)};
                 while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
@@ -411,6 +533,13 @@ static void *producer_main(void *arg)
             if (!cfg.count && now >= stop_ns)
                 break;
         }
+        if (last_pub_ns && now - last_pub_ns > 100000000ull) {
+            uint64_t gap = now - last_pub_ns;
+            atomic_fetch_add_explicit(&p->stall_ns, gap, memory_order_relaxed);
+            if (gap > atomic_load_explicit(&p->stall_max_ns, memory_order_relaxed))
+                atomic_store_explicit(&p->stall_max_ns, gap, memory_order_relaxed);
+        }
+        last_pub_ns = now;
         memcpy(body, &now, 8);
         /* --selftest-fault: producer 0 misbehaves around sequence 100 so the checks can be tested */
         uint32_t wire = seq;
@@ -430,6 +559,7 @@ static void *producer_main(void *arg)
             }
             if (cr) {
                 ring.settled[ring.next & ring.mask] = 0;
+                ring.sent_ns[ring.next & ring.mask] = now;
                 ring.next++;
             }
         }
@@ -439,15 +569,26 @@ static void *producer_main(void *arg)
         atomic_store_explicit(&p->published, (long)seq, memory_order_relaxed);
         if (cr) {
             if (ring.next - ring.low >= (uint64_t)cfg.window) {
-                double give_up = qb_now_s() + 60;
+                double give_up = qb_now_s() + cfg.confirm_timeout;
+                bool past_end = false;
                 while (ok && ring.next - ring.low >= (uint64_t)cfg.window) {
-                    ok = producer_pump(p, c, cr, 1000);
+                    ok = producer_pump(p, c, cr, 200000);
+                    /* publish-only (-C 0) timed runs, e.g. a flood against a memory alarm: a
+                     * blocked publisher stops at the deadline instead of failing */
+                    if (cfg.consumers == 0 && !cfg.count && qb_now_ns() >= stop_ns) {
+                        past_end = true;
+                        break;
+                    }
+                    if (cfg.consumers == 0 && !cfg.count)
+                        give_up = qb_now_s() + cfg.confirm_timeout; /* waits until the deadline */
                     if (qb_now_s() > give_up || atomic_load(&g_abort)) {
                         if (ok)
-                            fail("producer %d: no publisher confirm for 60 s", p->id);
+                            fail("producer %d: no publisher confirm for %.0f s", p->id, cfg.confirm_timeout);
                         ok = false;
                     }
                 }
+                if (past_end)
+                    break;
             } else if (period_ns || (seq & 63) == 0) {
                 ok = producer_pump(p, c, cr, -1);
             }
@@ -455,10 +596,20 @@ static void *producer_main(void *arg)
             ok = producer_pump(p, c, NULL, -1); /* notice a channel.close early */
         }
     }
+    if (last_pub_ns) { /* a stall that lasted until the end (a publisher blocked for good) */
+        uint64_t end = qb_now_ns();
+        if (!cfg.count && end > stop_ns)
+            end = stop_ns;
+        if (end > last_pub_ns && end - last_pub_ns > 100000000ull) {
+            atomic_fetch_add(&p->stall_ns, end - last_pub_ns);
+            if (end - last_pub_ns > atomic_load(&p->stall_max_ns))
+                atomic_store(&p->stall_max_ns, end - last_pub_ns);
+        }
+    }
     if (ok && cr) {
-        double give_up = qb_now_s() + 60;
+        double give_up = qb_now_s() + cfg.confirm_timeout;
         while (ok && ring.low < ring.next && qb_now_s() < give_up && !atomic_load(&g_abort))
-            ok = producer_pump(p, c, cr, 200);
+            ok = producer_pump(p, c, cr, 200000);
         p->unsettled = (long)(ring.next - ring.low);
         if (p->unsettled)
             fprintf(stderr, "quaybench: producer %d: %ld publisher confirms missing\n", p->id, p->unsettled);
@@ -468,6 +619,7 @@ static void *producer_main(void *arg)
     qb_close(c);
     free(body);
     free(ring.settled);
+    free(ring.sent_ns);
     return NULL;
 }
 
@@ -498,7 +650,10 @@ static void *consumer_main(void *arg)
         atomic_store(&me->done, true);
         return NULL;
     }
-    queue_name(me->id % cfg.queues, q, sizeof q);
+    if (cfg.consume_queue[0])
+        snprintf(q, sizeof q, "%s", cfg.consume_queue);
+    else
+        queue_name(me->id % cfg.queues, q, sizeof q);
     if (cfg.prefetch > 0) {
         amqp_basic_qos(c, 1, 0, (uint16_t)(cfg.prefetch > 65535 ? 65535 : cfg.prefetch), 0);
         if (!qb_reply_ok(amqp_get_rpc_reply(c), "basic.qos", err, sizeof err))
@@ -696,20 +851,29 @@ static void usage(int code)
             "      --user U --pass P --vhost V   (default guest guest /)\n"
             "  -v, --verbose            progress every second on stderr\n"
             "      --selftest-fault K   loss|dup|reorder: producer 0 drops / doubles / swaps sequence 100\n"
-            "                           (tests the checker: the run must then exit 1)\n");
+            "                           (tests the checker: the run must then exit 1)\n"
+            "      --qarg K=V           argument of the published queues (integer if numeric), repeatable\n"
+            "      --dlx NAME           declare fanout exchange NAME, make it the published queues'\n"
+            "                           x-dead-letter-exchange, bind --consume-queue (if any) to it\n"
+            "      --consume-queue NAME consumers read queue NAME (declared, no arguments) instead of <prefix>-i\n"
+            "      --confirm-timeout S  longest wait for a publisher confirm (default 60)\n"
+            "  -C 0                     publish only: no consumers, no loss checks (lost=dup=reorder=-1);\n"
+            "                           with -d, blocked publishers stop at the deadline (memory-alarm floods)\n"
+            "                           and the run ends at most --confirm-timeout + 5 s later\n");
     exit(code);
 }
 
-static void print_result(double wall, double pub_el, double cons_el, long published, long consumed, long lost,
-                         long dup, long reorder, long foreign, long redelivered, long nacked, long unsettled,
-                         const uint64_t *hist, double cpu_us, long rss_kib, long rss_start_kib)
+/* p50, p90, p99, p99.9, max of a histogram */
+static void hist_pcts(const uint64_t *hist, uint64_t pct[5])
 {
     uint64_t n = 0;
     for (unsigned i = 0; i < H_BUCKETS; i++)
         n += hist[i];
-    uint64_t pct[5] = {0};
     const double qs[5] = {0.50, 0.90, 0.99, 0.999, 1.0};
-    for (int k = 0; k < 5 && n; k++) {
+    for (int k = 0; k < 5; k++) {
+        pct[k] = 0;
+        if (!n)
+            continue;
         uint64_t rank = (uint64_t)(qs[k] * (double)(n - 1)) + 1, acc = 0;
         for (unsigned i = 0; i < H_BUCKETS; i++) {
             acc += hist[i];
@@ -719,7 +883,16 @@ static void print_result(double wall, double pub_el, double cons_el, long publis
             }
         }
     }
+}
+
+static void print_result(double wall, double pub_el, double cons_el, long published, long consumed, long lost,
+                         long dup, long reorder, long foreign, long redelivered, long nacked, long unsettled,
+                         const uint64_t *hist, double cpu_us, long rss_kib, long rss_start_kib, const char *extra)
+{
+    uint64_t pct[5];
+    hist_pcts(hist, pct);
     double cons_rate = cons_el > 0 ? (double)consumed / cons_el : 0;
+    long per = cfg.consumers ? consumed : published; /* CPU per message: per published one when publish-only */
     char ack[32];
     if (cfg.auto_ack)
         snprintf(ack, sizeof ack, "auto");
@@ -732,14 +905,14 @@ static void print_result(double wall, double pub_el, double cons_el, long publis
            " status=%s producers=%d consumers=%d queues=%d size=%zu ack=%s prefetch=%d confirm=%d window=%d"
            " persistent=%d durable=%d rate=%.0f published=%ld consumed=%ld cons_MBps=%.1f"
            " lat_p90_us=%" PRIu64 " lat_p999_us=%" PRIu64 " lat_max_us=%" PRIu64
-           " foreign=%ld redelivered=%ld nacked=%ld unconfirmed=%ld elapsed_s=%.2f srv_cpu_pct=%.1f srv_rss_start_kib=%ld client_cpu_pct=%.1f\n",
+           " foreign=%ld redelivered=%ld nacked=%ld unconfirmed=%ld elapsed_s=%.2f srv_cpu_pct=%.1f srv_rss_start_kib=%ld client_cpu_pct=%.1f%s\n",
            pub_el > 0 ? (double)published / pub_el : 0, cons_rate, pct[0], pct[2], lost, dup, reorder,
-           cfg.nwatch && consumed ? cpu_us / (double)consumed : -1.0, cfg.nwatch ? rss_kib : -1L,
-           (lost || dup || reorder || foreign) ? "fail" : "ok", cfg.producers, cfg.consumers, cfg.queues, cfg.size, ack,
+           cfg.nwatch && per ? cpu_us / (double)per : -1.0, cfg.nwatch ? rss_kib : -1L,
+           (lost > 0 || dup > 0 || reorder > 0 || foreign > 0) ? "fail" : "ok", cfg.producers, cfg.consumers, cfg.queues, cfg.size, ack,
            cfg.prefetch, cfg.confirm, cfg.window, cfg.persistent, cfg.durable, cfg.rate, published, consumed,
            cons_rate * (double)cfg.size / 1e6, pct[1], pct[3], pct[4], foreign, redelivered, nacked, unsettled, wall,
            cfg.nwatch && wall > 0 ? 100.0 * cpu_us / 1e6 / wall : -1.0, cfg.nwatch ? rss_start_kib : -1L,
-           wall > 0 ? 100.0 * g_client_cpu_s / wall : -1.0);
+           wall > 0 ? 100.0 * g_client_cpu_s / wall : -1.0, extra);
     fflush(stdout);
 }
 
@@ -759,10 +932,12 @@ int main(int argc, char **argv)
     cfg.multi_ack = 1;
     cfg.drain_timeout = 5;
     cfg.max_drain = 120;
+    cfg.confirm_timeout = 60;
 
     enum {
         O_CHOST = 256, O_CPORT, O_QUEUES, O_PREFIX, O_AUTOACK, O_PREFETCH, O_MULTIACK, O_CONFIRM, O_PERSIST,
-        O_DURABLE, O_RATE, O_WATCH, O_DRAIN, O_MAXDRAIN, O_KEEP, O_USER, O_PASS, O_VHOST, O_HELP, O_FAULT
+        O_DURABLE, O_RATE, O_WATCH, O_DRAIN, O_MAXDRAIN, O_KEEP, O_USER, O_PASS, O_VHOST, O_HELP, O_FAULT,
+        O_QARG, O_DLX, O_CQUEUE, O_CTIMEOUT
     };
     static const struct option lo[] = {
         {"host", required_argument, 0, 'H'},          {"port", required_argument, 0, 'p'},
@@ -780,6 +955,8 @@ int main(int argc, char **argv)
         {"pass", required_argument, 0, O_PASS},       {"vhost", required_argument, 0, O_VHOST},
         {"verbose", no_argument, 0, 'v'},             {"help", no_argument, 0, O_HELP},
         {"selftest-fault", required_argument, 0, O_FAULT},
+        {"qarg", required_argument, 0, O_QARG},       {"dlx", required_argument, 0, O_DLX},
+        {"consume-queue", required_argument, 0, O_CQUEUE}, {"confirm-timeout", required_argument, 0, O_CTIMEOUT},
         {0, 0, 0, 0}};
     char chost[256] = "";
     int o;
@@ -825,11 +1002,26 @@ int main(int argc, char **argv)
             if (cfg.fault < 0)
                 usage(2);
             break;
+        case O_QARG: {
+            const char *eq = strchr(optarg, '=');
+            if (!eq || eq == optarg || cfg.nqargs >= MAX_QARGS) {
+                fprintf(stderr, "quaybench: --qarg K=V (at most %d)\n", MAX_QARGS);
+                usage(2);
+            }
+            snprintf(cfg.qkey[cfg.nqargs], sizeof cfg.qkey[0], "%.*s", (int)(eq - optarg), optarg);
+            snprintf(cfg.qval[cfg.nqargs], sizeof cfg.qval[0], "%s", eq + 1);
+            cfg.nqargs++;
+            break;
+        }
+        case O_DLX: snprintf(cfg.dlx, sizeof cfg.dlx, "%s", optarg); break;
+        case O_CQUEUE: snprintf(cfg.consume_queue, sizeof cfg.consume_queue, "%s", optarg); break;
+        case O_CTIMEOUT: cfg.confirm_timeout = atof(optarg); break;
         case O_HELP: usage(0); break;
         default: usage(2);
         }
     }
-    if (optind < argc || cfg.producers < 1 || cfg.producers > 1024 || cfg.consumers < 1 || cfg.consumers > 1024 ||
+    if (optind < argc || cfg.producers < 1 || cfg.producers > 1024 || cfg.consumers < 0 || cfg.consumers > 1024 ||
+        cfg.confirm_timeout <= 0 ||
         cfg.queues < 1 || cfg.size < HDR_LEN || cfg.size > 128u * 1024 * 1024 || cfg.window < 1 || cfg.multi_ack < 1 ||
         (cfg.duration <= 0 && cfg.count <= 0) || cfg.count > (long)UINT32_MAX)
         usage(2);
@@ -847,7 +1039,7 @@ int main(int argc, char **argv)
     setup_queues(true);
 
     g_prod = calloc((size_t)cfg.producers, sizeof *g_prod);
-    g_cons = calloc((size_t)cfg.consumers, sizeof *g_cons);
+    g_cons = calloc((size_t)(cfg.consumers ? cfg.consumers : 1), sizeof *g_cons);
     g_seen = calloc((size_t)cfg.producers, sizeof *g_seen);
     if (!g_prod || !g_cons || !g_seen)
         die_now("out of memory");
@@ -855,7 +1047,8 @@ int main(int argc, char **argv)
         g_prod[i].id = i;
         g_seen[i] = calloc(1, sizeof(seqset));
         g_prod[i].nacks = calloc(1, sizeof(seqset));
-        if (!g_seen[i] || !g_prod[i].nacks)
+        g_prod[i].conf_hist = calloc(H_BUCKETS, sizeof(uint64_t));
+        if (!g_seen[i] || !g_prod[i].nacks || !g_prod[i].conf_hist)
             die_now("out of memory");
     }
     for (int i = 0; i < cfg.consumers; i++) {
@@ -898,6 +1091,9 @@ int main(int argc, char **argv)
      * cannot notice g_abort, so after an error give the threads a few seconds, then bail */
     double hard_deadline = qb_now_s() + (cfg.count ? 3600 : cfg.duration) + 60 + cfg.max_drain + 60;
     double abort_seen = 0;
+    const bool publish_only = cfg.consumers == 0;
+    const double stuck_deadline = qb_now_s() + cfg.duration + cfg.confirm_timeout + 5;
+    int stuck = 0;
     for (;;) {
         bool all = producers_done();
         for (int i = 0; all && i < cfg.consumers; i++)
@@ -905,6 +1101,15 @@ int main(int argc, char **argv)
         if (all)
             break;
         double now = qb_now_s();
+        if (publish_only && !cfg.count && now > stuck_deadline && !atomic_load(&g_abort)) {
+            /* a producer blocked in a socket write (the broker stopped reading: memory alarm) */
+            for (int i = 0; i < cfg.producers; i++)
+                if (!atomic_load(&g_prod[i].done)) {
+                    stuck++;
+                    g_prod[i].t_done = now;
+                }
+            break;
+        }
         if (atomic_load(&g_abort) && !abort_seen)
             abort_seen = now;
         if ((abort_seen && now - abort_seen > 5) || now > hard_deadline) {
@@ -914,7 +1119,9 @@ int main(int argc, char **argv)
         }
         qb_sleep_s(0.01);
     }
-    for (int i = 0; i < cfg.producers; i++)
+    /* publish-only: producers may still hang in connection.close on a blocked connection; they
+     * are done (counters final), so do not join them: exit() ends them */
+    for (int i = 0; !publish_only && i < cfg.producers; i++)
         pthread_join(g_prod[i].th, NULL);
     for (int i = 0; i < cfg.consumers; i++)
         pthread_join(g_cons[i].th, NULL);
@@ -973,15 +1180,41 @@ int main(int argc, char **argv)
         for (unsigned k = 0; k < H_BUCKETS; k++)
             hist[k] += c->hist[k];
     }
-    long lost = 0;
-    for (int p = 0; p < cfg.producers; p++) {
+    long lost = 0, blocked = 0, unblocked = 0, confirmed = 0;
+    double stall_s = 0, stall_max_s = 0;
+    for (int i = 0; i < cfg.producers; i++) {
+        blocked += atomic_load(&g_prod[i].blocked);
+        unblocked += atomic_load(&g_prod[i].unblocked);
+        confirmed += atomic_load(&g_prod[i].confirmed);
+        stall_s += (double)atomic_load(&g_prod[i].stall_ns) / 1e9;
+        double m = (double)atomic_load(&g_prod[i].stall_max_ns) / 1e9;
+        if (m > stall_max_s)
+            stall_max_s = m;
+    }
+    static uint64_t conf_hist[H_BUCKETS];
+    for (int i = 0; i < cfg.producers; i++)
+        for (unsigned k = 0; k < H_BUCKETS; k++)
+            conf_hist[k] += g_prod[i].conf_hist[k];
+    uint64_t cpct[5];
+    hist_pcts(conf_hist, cpct);
+    char extra[640];
+    snprintf(extra, sizeof extra,
+             " conf_p50_us=%" PRIu64 " conf_p99_us=%" PRIu64 " conf_max_us=%" PRIu64 " confirmed=%ld blocked=%ld unblocked=%ld stall_s=%.2f stall_max_s=%.2f stuck=%d publish_only=%d qargs=%d%s%s%s%s",
+             cpct[0], cpct[2], cpct[4], confirmed, blocked, unblocked, stall_s, stall_max_s, stuck, publish_only, cfg.nqargs + (cfg.dlx[0] != 0),
+             cfg.dlx[0] ? " dlx=" : "", cfg.dlx, cfg.consume_queue[0] ? " consume_queue=" : "", cfg.consume_queue);
+    for (int p = 0; !publish_only && p < cfg.producers; p++) {
         long n = atomic_load(&g_prod[p].published);
         for (long s = 0; s < n; s++)
             if (!ss_has(g_seen[p], (uint32_t)s) && !ss_has(g_prod[p].nacks, (uint32_t)s))
                 lost++;
     }
     double cons_el = last_ns > g_t0_ns ? (double)(last_ns - g_t0_ns) / 1e9 : 0;
+    if (publish_only) /* nothing consumed: nothing to check */
+        lost = dup = reorder = -1;
     print_result(t_end - t0, pub_end - t0, cons_el, published, consumed, lost, dup, reorder, foreign, redelivered,
-                 nacked, unsettled, hist, cpu_us, rss_kib, rss_start);
+                 nacked, unsettled, hist, cpu_us, rss_kib, rss_start, extra);
+    fflush(stdout);
+    if (publish_only)
+        _exit(0); /* producers may be parked in librabbitmq on a blocked connection */
     return (lost || dup || reorder || foreign) ? 1 : 0;
 }

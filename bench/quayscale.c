@@ -15,6 +15,13 @@
  *       heartbeats), waits --settle seconds, reports the broker's RSS delta per connection, then
  *       closes them. RLIMIT_NOFILE is raised as needed.
  *
+ *   quayscale wait-queue --queue NAME -n N [--timeout S]
+ *       Polls (every 10 ms) until a connection opens and a passive queue.declare of NAME reports
+ *       at least N messages, e.g. while a broker restarts and recovers. Reports ready_s (seconds
+ *       from the tool's start), ready_epoch (CLOCK_REALTIME then, to compare with `date +%s.%N`
+ *       taken when the broker was launched), first_connect_s (first successful AMQP login), messages and the
+ *       number of attempts. Exit 1 (with the last count seen) if not ready after S s (default 300).
+ *
  * Output: one "RESULT mode=... key=value ..." line. Exit 0 ok, 1 incomplete, 2 error.
  * Build: cc -O2 -std=c17 -Wall -Wextra quayscale.c $(pkg-config --cflags --libs librabbitmq) -lpthread
  */
@@ -34,8 +41,8 @@ static struct {
     long n;
     int conns, window, threads;
     int watch;
-    double settle, hold;
-    char prefix[128];
+    double settle, hold, timeout;
+    char prefix[128], queue[192];
     bool durable, keep, verbose;
 } cfg;
 
@@ -281,12 +288,65 @@ static int mode_conns(void)
     return opened == cfg.n ? 0 : 1;
 }
 
+/* ------------------------------------------------------------------ wait-queue */
+
+static int mode_wait_queue(void)
+{
+    const double t0 = qb_now_s();
+    double first_connect = -1;
+    long attempts = 0, last_count = -1;
+    char err[512] = "", last_err[512] = "";
+    amqp_connection_state_t c = NULL;
+    while (qb_now_s() - t0 < cfg.timeout) {
+        attempts++;
+        if (!c) {
+            c = qb_open(&cfg.ep, &cfg.cr, 0, 1000, err, sizeof err);
+            if (!c) {
+                snprintf(last_err, sizeof last_err, "%s", err);
+                qb_sleep_s(0.01);
+                continue;
+            }
+            if (first_connect < 0)
+                first_connect = qb_now_s() - t0;
+        }
+        amqp_queue_declare_ok_t *ok =
+            amqp_queue_declare(c, 1, amqp_cstring_bytes(cfg.queue), 1, 0, 0, 0, amqp_empty_table);
+        if (qb_reply_ok(amqp_get_rpc_reply(c), "queue.declare passive", err, sizeof err) && ok) {
+            last_count = (long)ok->message_count;
+            if (last_count >= cfg.n) {
+                double ready = qb_now_s() - t0;
+                struct timespec rt;
+                clock_gettime(CLOCK_REALTIME, &rt);
+                printf("RESULT mode=wait-queue status=ok ready_s=%.3f ready_epoch=%lld.%09ld first_connect_s=%.3f"
+                       " messages=%ld attempts=%ld\n",
+                       ready, (long long)rt.tv_sec, rt.tv_nsec, first_connect, last_count, attempts);
+                qb_close(c);
+                return 0;
+            }
+        } else {
+            /* 404 (not recovered yet) closes the channel: start over on a new connection */
+            snprintf(last_err, sizeof last_err, "%s", err);
+            amqp_destroy_connection(c);
+            c = NULL;
+        }
+        qb_sleep_s(0.01);
+    }
+    for (char *p = last_err; *p; p++)
+        if (*p == ' ')
+            *p = '_';
+    printf("RESULT mode=wait-queue status=timeout ready_s=-1 first_connect_s=%.3f messages=%ld attempts=%ld last_error=%s\n",
+           first_connect, last_count, attempts, last_err[0] ? last_err : "none");
+    if (c)
+        amqp_destroy_connection(c);
+    return 1;
+}
+
 /* ------------------------------------------------------------------ CLI */
 
 static void usage(int code)
 {
     fprintf(code ? stderr : stdout,
-            "usage: quayscale queues|conns [options]\n"
+            "usage: quayscale queues|conns|wait-queue [options]\n"
             "  -H, --host H          broker host (default 127.0.0.1)\n"
             "  -p, --port P          broker port (default 5672)\n"
             "  -n, --count N         queues or connections (default 1000)\n"
@@ -301,6 +361,9 @@ static void usage(int code)
             "  conns:\n"
             "  -t, --threads T       connections opened concurrently (default 8)\n"
             "      --hold S          keep the connections open S more seconds (default 0)\n"
+            "  wait-queue:\n"
+            "  -q, --queue NAME      queue to declare passively; ready when it holds >= -n messages\n"
+            "      --timeout S       give up after S s (default 300)\n"
             "      --user U --pass P --vhost V   (default guest guest /)\n");
     exit(code);
 }
@@ -323,7 +386,8 @@ int main(int argc, char **argv)
     cfg.window = 128;
     cfg.threads = 8;
     cfg.settle = 2;
-    enum { O_WATCH = 256, O_SETTLE, O_HOLD, O_PREFIX, O_DURABLE, O_KEEP, O_USER, O_PASS, O_VHOST, O_HELP };
+    cfg.timeout = 300;
+    enum { O_TIMEOUT = 255, O_WATCH = 256, O_SETTLE, O_HOLD, O_PREFIX, O_DURABLE, O_KEEP, O_USER, O_PASS, O_VHOST, O_HELP };
     static const struct option lo[] = {
         {"host", required_argument, 0, 'H'},       {"port", required_argument, 0, 'p'},
         {"count", required_argument, 0, 'n'},      {"conns", required_argument, 0, 'k'},
@@ -333,10 +397,11 @@ int main(int argc, char **argv)
         {"durable", no_argument, 0, O_DURABLE},    {"keep", no_argument, 0, O_KEEP},
         {"user", required_argument, 0, O_USER},    {"pass", required_argument, 0, O_PASS},
         {"vhost", required_argument, 0, O_VHOST},  {"help", no_argument, 0, O_HELP},
+        {"queue", required_argument, 0, 'q'},      {"timeout", required_argument, 0, O_TIMEOUT},
         {0, 0, 0, 0}};
     int o;
     optind = 2;
-    while ((o = getopt_long(argc, argv, "H:p:n:k:w:t:", lo, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "H:p:n:k:w:t:q:", lo, NULL)) != -1) {
         switch (o) {
         case 'H': snprintf(cfg.ep.host, sizeof cfg.ep.host, "%s", optarg); break;
         case 'p': cfg.ep.port = atoi(optarg); break;
@@ -353,6 +418,8 @@ int main(int argc, char **argv)
         case O_USER: snprintf(cfg.cr.user, sizeof cfg.cr.user, "%s", optarg); break;
         case O_PASS: snprintf(cfg.cr.pass, sizeof cfg.cr.pass, "%s", optarg); break;
         case O_VHOST: snprintf(cfg.cr.vhost, sizeof cfg.cr.vhost, "%s", optarg); break;
+        case 'q': snprintf(cfg.queue, sizeof cfg.queue, "%s", optarg); break;
+        case O_TIMEOUT: cfg.timeout = atof(optarg); break;
         case O_HELP: usage(0); break;
         default: usage(2);
         }
@@ -365,5 +432,10 @@ int main(int argc, char **argv)
         return mode_queues();
     if (!strcmp(mode, "conns"))
         return mode_conns();
+    if (!strcmp(mode, "wait-queue")) {
+        if (!cfg.queue[0])
+            usage(2);
+        return mode_wait_queue();
+    }
     usage(2);
 }

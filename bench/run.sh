@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # bench/run.sh -- quay against RabbitMQ, side by side, on this machine.
 #
-# Builds bench/quaybench and bench/quayscale into $BENCH_OUT (default build/bench), starts a
-# private RabbitMQ node by hand (own node name, ports, epmd and directories under a temp dir;
-# never systemd) and quayd, runs every selected row interleaved (RabbitMQ, quay, RabbitMQ,
-# quay, ... REPS times), prints medians and quay/RabbitMQ ratios, and stops what it started.
+# Builds bench/quaybench, bench/quayscale and bench/fsync_latency into $BENCH_OUT (default
+# build/bench), starts a private RabbitMQ node by hand (own node name, ports, epmd and
+# directories under a temp dir; never systemd) and quayd, runs every selected row interleaved
+# (RabbitMQ, quay, RabbitMQ, quay, ... REPS times), prints medians and quay/RabbitMQ ratios,
+# and stops what it started.
 # See bench/README.md.
 #
 # Usage: bench/run.sh [--quayd PATH] [--rows LIST] [--reps N] [--duration S] [--no-quay] [--no-rabbitmq]
@@ -13,9 +14,14 @@
 #   SCALE_QUEUES=50000 SCALE_CONNS=5000 SCALE_REPS=1 IDLE_SETTLE=5
 #   RMQ_PORT=5791 QUAY_PORT=5792 BENCH_EPMD_PORT=25891 (RabbitMQ distribution: +1, rabbitmqctl: +2..+9)
 #   RMQ_HOME=/usr/lib/rabbitmq/lib/rabbitmq_server-*  BENCH_OUT=build/bench  KEEP_TMP=0
+#   FSYNC_ROUNDS=1000
+#   RECOVERY_MESSAGES=1000000 RECOVERY_PUBLISHERS=4 RECOVERY_RABBIT=1 RECOVERY_TIMEOUT=900
+#   MEMFLOOD_MARK=200MiB MEMFLOOD_DURATION=20 MEMFLOOD_PUBLISHERS=4 MEMFLOOD_RABBIT=1
 # ROWS: space/comma separated names, or "default", "all", "throughput", "scale":
 #   1k 16b 64k confirm confirm-ack10 4x4 latency   (default throughput rows)
 #   persistent latency-persistent                  (extra rows, in "all")
+#   ttl-dlx (= ttl-dlx-args ttl-dlx-dead)          (extra rows, in "all")
+#   recovery memory-flood                          (restart the brokers; in "all", run last)
 #   idle queues conns                              (scale rows)
 set -euo pipefail
 
@@ -35,6 +41,15 @@ QUAY_PORT=${QUAY_PORT:-5792}
 BENCH_EPMD_PORT=${BENCH_EPMD_PORT:-25891}
 BENCH_OUT=${BENCH_OUT:-build/bench}
 KEEP_TMP=${KEEP_TMP:-0}
+FSYNC_ROUNDS=${FSYNC_ROUNDS:-1000}
+RECOVERY_MESSAGES=${RECOVERY_MESSAGES:-1000000}
+RECOVERY_PUBLISHERS=${RECOVERY_PUBLISHERS:-4}
+RECOVERY_RABBIT=${RECOVERY_RABBIT:-1}
+RECOVERY_TIMEOUT=${RECOVERY_TIMEOUT:-900}
+MEMFLOOD_MARK=${MEMFLOOD_MARK:-200MiB}
+MEMFLOOD_DURATION=${MEMFLOOD_DURATION:-20}
+MEMFLOOD_PUBLISHERS=${MEMFLOOD_PUBLISHERS:-4}
+MEMFLOOD_RABBIT=${MEMFLOOD_RABBIT:-1}
 USE_QUAY=1
 USE_RMQ=1
 
@@ -46,7 +61,7 @@ while [ $# -gt 0 ]; do
     --duration) DURATION=$2; shift 2 ;;
     --no-quay) USE_QUAY=0; shift ;;
     --no-rabbitmq) USE_RMQ=0; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -56,15 +71,21 @@ if [ -z "${RMQ_HOME:-}" ]; then
 fi
 
 DEFAULT_ROWS="1k 16b 64k confirm confirm-ack10 4x4 latency idle queues conns"
-THROUGHPUT_ROWS="1k 16b 64k confirm confirm-ack10 4x4 latency persistent latency-persistent"
+THROUGHPUT_ROWS="1k 16b 64k confirm confirm-ack10 4x4 latency persistent latency-persistent ttl-dlx-args ttl-dlx-dead"
 SCALE_ROWS="idle queues conns"
+RESTART_ROWS="recovery memory-flood"   # rows that start their own brokers (run after all others)
 case "$ROWS" in
   default) ROWS=$DEFAULT_ROWS ;;
-  all) ROWS="$THROUGHPUT_ROWS $SCALE_ROWS" ;;
+  all) ROWS="$THROUGHPUT_ROWS $SCALE_ROWS $RESTART_ROWS" ;;
   throughput) ROWS="1k 16b 64k confirm confirm-ack10 4x4 latency" ;;
   scale) ROWS=$SCALE_ROWS ;;
 esac
 ROWS=${ROWS//,/ }
+_rows=""
+for r in $ROWS; do
+  case "$r" in ttl-dlx) _rows+=" ttl-dlx-args ttl-dlx-dead" ;; *) _rows+=" $r" ;; esac
+done
+ROWS=${_rows# }
 
 # ------------------------------------------------------------------------------ rows
 row_args() {
@@ -78,6 +99,8 @@ row_args() {
     latency)            echo "-s 1024 --rate 1000 --confirm -w 1000 --prefetch 100" ;;
     persistent)         echo "-s 1024 --confirm -w 1000 --prefetch 100 --persistent --durable" ;;
     latency-persistent) echo "-s 1024 --rate 1000 --confirm -w 1000 --prefetch 100 --persistent --durable" ;;
+    ttl-dlx-args)       echo "-s 1024 --confirm -w 1000 --prefetch 100 --qarg x-message-ttl=60000 --dlx qb-ttl-dlx" ;;
+    ttl-dlx-dead)       echo "-s 1024 --confirm -w 1000 --prefetch 100 --qarg x-message-ttl=0 --dlx qb-dlx --consume-queue qb-dlx-target" ;;
     *) return 1 ;;
   esac
 }
@@ -92,14 +115,24 @@ row_desc() {
     latency)            echo "latency at a fixed 1000 msg/s, 1 KiB, confirms, manual acks, prefetch 100" ;;
     persistent)         echo "1 KiB persistent to a durable queue, confirms, manual acks, prefetch 100" ;;
     latency-persistent) echo "latency at 1000 msg/s, persistent + durable, confirms, manual acks" ;;
+    ttl-dlx-args)       echo "as confirm, queue has x-message-ttl=60000 + x-dead-letter-exchange (nothing expires)" ;;
+    ttl-dlx-dead)       echo "as confirm, queue has x-message-ttl=0 + DLX (fanout) -> every message dead-lettered to a consumed queue" ;;
+    recovery)           echo "restart with $RECOVERY_MESSAGES persistent 1 KiB messages in a durable queue: s until a passive declare sees them all" ;;
+    memory-flood)       echo "$MEMFLOOD_PUBLISHERS publishers flood 1 KiB (confirms, no consumer) for ${MEMFLOOD_DURATION}s at a memory mark of $MEMFLOOD_MARK: peak RSS / mark" ;;
     idle)               echo "idle broker: RSS after start (+${IDLE_SETTLE}s), time until the AMQP port opens" ;;
     queues)             echo "$SCALE_QUEUES classic queues, one amq.direct binding each: declares/s, RSS per queue" ;;
     conns)              echo "$SCALE_CONNS idle connections with one channel each: RSS per connection" ;;
   esac
 }
 for r in $ROWS; do
-  case "$r" in idle|queues|conns) ;; *) row_args "$r" >/dev/null || { echo "run.sh: unknown row '$r'" >&2; exit 2; } ;; esac
+  case "$r" in idle|queues|conns|recovery|memory-flood) ;; *) row_args "$r" >/dev/null || { echo "run.sh: unknown row '$r'" >&2; exit 2; } ;; esac
 done
+mark_bytes() { # 200MiB, 1GiB, 500MB, 1048576 -> bytes
+  awk -v s="$1" 'BEGIN{ n = s + 0; u = substr(s, length(n "") + 1);
+    f["" ] = 1; f["B"] = 1; f["kB"] = 1e3; f["KiB"] = 1024; f["MB"] = 1e6; f["MiB"] = 1048576; f["GB"] = 1e9; f["GiB"] = 1073741824;
+    if (!(u in f)) exit 1; printf "%.0f", n * f[u] }'
+}
+MEMFLOOD_MARK_BYTES=$(mark_bytes "$MEMFLOOD_MARK") || { echo "run.sh: MEMFLOOD_MARK=$MEMFLOOD_MARK: use e.g. 200MiB" >&2; exit 2; }
 
 # ------------------------------------------------------------------------------ build
 mkdir -p "$BENCH_OUT"
@@ -110,8 +143,11 @@ for t in quaybench quayscale; do
   # shellcheck disable=SC2086
   $CC $BENCH_CFLAGS "bench/$t.c" -o "$BENCH_OUT/$t" $RMQC_FLAGS -lpthread
 done
+# shellcheck disable=SC2086
+$CC $BENCH_CFLAGS bench/fsync_latency.c -o "$BENCH_OUT/fsync_latency"
 QB=$BENCH_OUT/quaybench
 QS=$BENCH_OUT/quayscale
+FL=$BENCH_OUT/fsync_latency
 
 # ------------------------------------------------------------------------------ state, cleanup
 TMP=$(mktemp -d /tmp/quaybench.XXXXXX)
@@ -121,6 +157,8 @@ RMQ_NODE=quaybench@localhost
 RMQ_DIR=$TMP/rabbitmq
 EPMD_PID="" RMQ_WRAPPER="" RMQ_PID="" RMQ_UP=0 RMQ_STARTUP_S="" RMQ_IDLE_KIB=""
 QUAY_PID="" QUAY_UP=0 QUAY_STARTUP_S="" QUAY_IDLE_KIB="" QUAY_WHY=""
+# set by the restart rows around rmq_start / quay_start:
+RMQ_KEEP_DATA=0 RMQ_EXTRA_CONF="" RMQ_LAUNCH_T="" QUAY_KEEP_DATA=0 QUAY_EXTRA_ARGS="" QUAY_LAUNCH_T=""
 declare -A MED  # MED[row.broker.field] = median
 
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
@@ -158,11 +196,13 @@ rmq_start() {
     if port_listening "$p"; then log "port $p is busy: set RMQ_PORT / BENCH_EPMD_PORT"; return 0; fi
   done
   mkdir -p "$RMQ_DIR/home" "$RMQ_DIR/mnesia" "$RMQ_DIR/log"
-  rm -rf "$RMQ_DIR/mnesia"/* "$RMQ_DIR/beam.pid"
+  [ "$RMQ_KEEP_DATA" = 1 ] || rm -rf "$RMQ_DIR/mnesia"/*
+  rm -f "$RMQ_DIR/beam.pid"
   cat > "$RMQ_DIR/rabbitmq.conf" <<EOF
 listeners.tcp.default = 127.0.0.1:$RMQ_PORT
 log.file.level = warning
 log.console = false
+$RMQ_EXTRA_CONF
 EOF
   echo '[].' > "$RMQ_DIR/enabled_plugins"
   echo '[].' > "$RMQ_DIR/advanced.config"
@@ -171,9 +211,10 @@ EOF
   EPMD_PID=$!
   for _ in $(seq 50); do port_listening "$BENCH_EPMD_PORT" && break; sleep 0.1; done
   local t0; t0=$(date +%s.%N)
+  RMQ_LAUNCH_T=$t0
   ( rmq_env; exec setsid "$RMQ_HOME/sbin/rabbitmq-server" >"$RMQ_DIR/log/stdout.log" 2>&1 </dev/null ) &
   RMQ_WRAPPER=$!
-  for _ in $(seq 1200); do   # up to 120 s
+  for _ in $(seq $((${RMQ_START_TIMEOUT:-120} * 10))); do   # default up to 120 s
     if port_listening "$RMQ_PORT"; then break; fi
     kill -0 "$RMQ_WRAPPER" 2>/dev/null || break
     sleep 0.1
@@ -194,8 +235,8 @@ EOF
 
 rmq_stop() {
   if [ -n "$RMQ_PID" ] && kill -0 "$RMQ_PID" 2>/dev/null; then
-    ( rmq_env; timeout 60 "$RMQ_HOME/sbin/rabbitmqctl" -n "$RMQ_NODE" -q stop ) >/dev/null 2>&1 || true
-    for _ in $(seq 100); do kill -0 "$RMQ_PID" 2>/dev/null || break; sleep 0.1; done
+    ( rmq_env; timeout "${RMQ_STOP_WAIT:-60}" "$RMQ_HOME/sbin/rabbitmqctl" -n "$RMQ_NODE" -q stop ) >/dev/null 2>&1 || true
+    for _ in $(seq $((${RMQ_STOP_WAIT:-10} * 10))); do kill -0 "$RMQ_PID" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$RMQ_PID" 2>/dev/null || true
   fi
   if [ -n "$RMQ_WRAPPER" ]; then
@@ -212,11 +253,14 @@ quay_start() {
   [ "$USE_QUAY" = 1 ] || { QUAY_WHY="disabled"; return 0; }
   if [ ! -x "$QUAYD" ]; then QUAY_WHY="$QUAYD not built"; log "quay: n/a ($QUAY_WHY)"; return 0; fi
   if port_listening "$QUAY_PORT"; then QUAY_WHY="port $QUAY_PORT busy"; log "quay: n/a ($QUAY_WHY)"; return 0; fi
-  rm -rf "$TMP/quay-data"; mkdir -p "$TMP/quay-data"
+  [ "$QUAY_KEEP_DATA" = 1 ] || rm -rf "$TMP/quay-data"
+  mkdir -p "$TMP/quay-data"
   local t0; t0=$(date +%s.%N)
-  "$QUAYD" --listen "127.0.0.1:$QUAY_PORT" --data "$TMP/quay-data" >>"$TMP/quayd.log" 2>&1 &
+  QUAY_LAUNCH_T=$t0
+  # shellcheck disable=SC2086
+  "$QUAYD" --listen "127.0.0.1:$QUAY_PORT" --data "$TMP/quay-data" $QUAY_EXTRA_ARGS >>"$TMP/quayd.log" 2>&1 &
   QUAY_PID=$!
-  for _ in $(seq 300); do   # up to 30 s
+  for _ in $(seq $((${QUAY_START_TIMEOUT:-30} * 10))); do   # default up to 30 s
     port_listening "$QUAY_PORT" && break
     kill -0 "$QUAY_PID" 2>/dev/null || break
     sleep 0.1
@@ -316,7 +360,7 @@ run_tp_row() {
       if [ "$b" = quay ]; then printf "   %-14s %10s   (%s)\n" quay n/a "${QUAY_WHY:-not running}"; else printf "   %-14s %10s\n" rabbitmq n/a; fi
       continue
     fi
-    for f in cons_rate pub_rate lat_p50_us lat_p99_us srv_cpu_us_per_msg srv_rss_kib client_cpu_pct; do
+    for f in cons_rate pub_rate lat_p50_us lat_p99_us srv_cpu_us_per_msg srv_rss_kib client_cpu_pct conf_p50_us conf_p99_us; do
       MED[$row.$b.$f]=$(col "$f" <<<"$L" | median)
     done
     local nerr nfail checks="ok"
@@ -338,6 +382,29 @@ run_tp_row() {
     "$(ratio "${MED[$row.quay.lat_p99_us]:-}" "${MED[$row.rabbitmq.lat_p99_us]:-}")" \
     "$(ratio "${MED[$row.quay.srv_cpu_us_per_msg]:-}" "${MED[$row.rabbitmq.srv_cpu_us_per_msg]:-}")" \
     "$(ratio "${MED[$row.quay.srv_rss_kib]:-}" "${MED[$row.rabbitmq.srv_rss_kib]:-}")"
+  case "$row" in
+    persistent|latency-persistent)
+      fsync_floor
+      for b in rabbitmq quay; do
+        [ -n "${MED[$row.$b.conf_p50_us]:-}" ] || continue
+        printf "   %-14s %10s %9s %9s   %s\n" "$b" "" "$(fmt "${MED[$row.$b.conf_p50_us]}" %.0f)" "$(fmt "${MED[$row.$b.conf_p99_us]}" %.0f)" \
+          "publish -> confirm latency (conf_p50_us, conf_p99_us)"
+      done
+      printf "   %-14s %10s %9s %9s   %s\n" "disk floor" "" "$(fmt "${FSYNC_P50:-}" %.0f)" "$(fmt "${FSYNC_P99:-}" %.0f)" \
+        "fdatasync after a 4 KiB append (fsync_latency, $FSYNC_ROUNDS rounds, on the brokers' data disk)" ;;
+  esac
+}
+
+# this disk's fdatasync latency, measured once, in the temp dir that holds both brokers' data
+FSYNC_P50="" FSYNC_P99="" FSYNC_DONE=0
+fsync_floor() {
+  [ "$FSYNC_DONE" = 1 ] && return 0
+  FSYNC_DONE=1
+  local line
+  line=$("$FL" "$TMP" "$FSYNC_ROUNDS" 4096 2>>"$TMP/fsync.err" | grep '^RESULT ' || true)
+  echo "row=fsync broker=disk rep=1 rc=0 ${line:-RESULT status=error}" >>"$RESULTS"
+  FSYNC_P50=$(field "$line" fsync_p50_us); FSYNC_P99=$(field "$line" fsync_p99_us)
+  log "disk: fdatasync 4 KiB append p50 ${FSYNC_P50:-?}us p99 ${FSYNC_P99:-?}us ($line)"
 }
 
 # ------------------------------------------------------------------------------ scale rows
@@ -423,17 +490,171 @@ run_scale_row() { # queues | conns
   fi
 }
 
+# ------------------------------------------------------------------------------ restart rows
+# recovery and memory-flood start each broker alone (the other one stopped), with their own
+# data or configuration, and leave both stopped.
+declare -A REC=()   # REC[broker.key]
+declare -A MF=()    # MF[broker.key]
+
+stop_all() { quay_stop; rmq_stop; }
+
+wait_gone() { # $1 pid, $2 max seconds -> 0 once gone
+
+  for _ in $(seq $(($2 * 20))); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
+  return 1
+}
+
+secs_between() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a == "" || b == "") exit; printf "%.2f", b - a }'; }
+
+recovery_one() { # $1 = rabbitmq|quay: fill a durable queue, then restart after SIGTERM and after kill -9
+  local b=$1 per total out line rc pid t0 variant probe probe_out launch ready
+  per=$(( (RECOVERY_MESSAGES + RECOVERY_PUBLISHERS - 1) / RECOVERY_PUBLISHERS ))
+  total=$(( per * RECOVERY_PUBLISHERS ))
+  REC[total]=$total
+  stop_all
+  if [ "$b" = rabbitmq ]; then RMQ_KEEP_DATA=0; rmq_start; else QUAY_KEEP_DATA=0; quay_start; fi
+  if ! broker_up "$b"; then REC[$b.why]="did not start"; return 0; fi
+  out=$TMP/out.recovery.$b.fill; rc=0
+  log "  $b: filling qb-recovery-0 with $total persistent 1 KiB messages ($RECOVERY_PUBLISHERS publishers, confirms)"
+  "$QB" -p "$(broker_port "$b")" --watch-pid "$(broker_pid "$b")" -P "$RECOVERY_PUBLISHERS" -C 0 -n "$per" -s 1024 \
+    --confirm -w 1000 --persistent --durable --keep --prefix qb-recovery >"$out" 2>"$out.err" || rc=$?
+  line=$(grep '^RESULT ' "$out" | tail -1 || true)
+  echo "row=recovery-fill broker=$b rep=1 rc=$rc ${line:-RESULT status=error error=no_output}" >>"$RESULTS"
+  REC[$b.fill_rate]=$(field "$line" pub_rate)
+  log "  $b: filled at $(field "$line" pub_rate) msg/s, $(field "$line" confirmed) confirmed, broker RSS $(field "$line" srv_rss_kib) KiB"
+  if [ "$(field "$line" confirmed)" != "$total" ]; then
+    REC[$b.why]="fill failed: $(head -c 200 "$out.err")"; stop_all; return 0
+  fi
+  for variant in term kill9; do
+    pid=$(broker_pid "$b")
+    t0=$(date +%s.%N)
+    if [ "$variant" = term ]; then
+      if [ "$b" = rabbitmq ]; then
+        RMQ_STOP_WAIT=600 rmq_stop   # rabbitmqctl stop: the graceful path (what SIGTERM does)
+      else
+        kill -TERM "$pid"; wait_gone "$pid" 600 || kill -9 "$pid"; wait "$pid" 2>/dev/null || true; QUAY_PID="" QUAY_UP=0
+      fi
+      REC[$b.stop_s]=$(secs_between "$t0" "$(date +%s.%N)")
+    else
+      { kill -9 "$pid"; wait_gone "$pid" 30 || true; } 2>/dev/null   # (no "Killed" job notice)
+      if [ "$b" = rabbitmq ]; then rmq_stop; else { wait "$pid" || true; } 2>/dev/null; QUAY_PID="" QUAY_UP=0; fi
+    fi
+    # the probe polls from before the launch; recovery = its success time - the launch time
+    probe_out=$TMP/out.recovery.$b.$variant
+    "$QS" wait-queue -p "$(broker_port "$b")" -q qb-recovery-0 -n "$total" --timeout "$RECOVERY_TIMEOUT" >"$probe_out" 2>&1 &
+    probe=$!
+    if [ "$b" = rabbitmq ]; then
+      RMQ_KEEP_DATA=1 RMQ_START_TIMEOUT=$RECOVERY_TIMEOUT rmq_start; launch=$RMQ_LAUNCH_T
+    else
+      QUAY_KEEP_DATA=1 QUAY_START_TIMEOUT=$RECOVERY_TIMEOUT quay_start; launch=$QUAY_LAUNCH_T
+    fi
+    RMQ_KEEP_DATA=0 QUAY_KEEP_DATA=0
+    if ! broker_up "$b"; then kill "$probe" 2>/dev/null || true; fi
+    rc=0; wait "$probe" || rc=$?
+    line=$(grep '^RESULT ' "$probe_out" | tail -1 || true)
+    ready=""
+    [ "$(field "$line" status)" = ok ] && ready=$(secs_between "$launch" "$(field "$line" ready_epoch)")
+    REC[$b.$variant]=$ready
+    REC[$b.$variant.rss]=$(broker_up "$b" && awk '/^VmRSS/{print $2}' "/proc/$(broker_pid "$b")/status" || true)
+    echo "row=recovery-$variant broker=$b rep=1 rc=$rc ${line:-RESULT status=error error=no_output} recovery_s=${ready:-n/a}" >>"$RESULTS"
+    log "  $b after $variant: ready after ${ready:-n/a}s (${line:-no probe output})"
+    if [ -z "$ready" ]; then REC[$b.why]="$variant: not recovered (${line:-no probe output})"; break; fi
+  done
+  stop_all
+}
+
+run_recovery_row() {
+  log "row recovery: $(row_desc recovery)"
+  if [ "$USE_RMQ" != 1 ]; then REC[rabbitmq.why]="disabled"; elif [ "$RECOVERY_RABBIT" = 1 ]; then recovery_one rabbitmq; else REC[rabbitmq.why]="skipped (RECOVERY_RABBIT=0)"; fi
+  if [ "$USE_QUAY" = 1 ]; then recovery_one quay; else REC[quay.why]="disabled"; fi
+  echo
+  echo "== recovery: $(row_desc recovery)"
+  echo "   fill: quaybench -P $RECOVERY_PUBLISHERS -C 0 -n $(( (RECOVERY_MESSAGES + RECOVERY_PUBLISHERS - 1) / RECOVERY_PUBLISHERS )) -s 1024 --confirm -w 1000 --persistent --durable --keep;" \
+       "probe: quayscale wait-queue -n ${REC[total]:-$RECOVERY_MESSAGES}"
+  printf "   %-14s %12s %14s %14s %10s %12s  %s\n" broker "fill msg/s" "SIGTERM s" "kill -9 s" "stop s" "RSS MiB" notes
+  local b
+  for b in rabbitmq quay; do
+    printf "   %-14s %12s %14s %14s %10s %12s  %s\n" "$b" "$(fmt "${REC[$b.fill_rate]:-}" %.0f)" \
+      "$(fmt "${REC[$b.term]:-}" %.2f)" "$(fmt "${REC[$b.kill9]:-}" %.2f)" "$(fmt "${REC[$b.stop_s]:-}" %.2f)" \
+      "$(fmt "$(awk -v k="${REC[$b.kill9.rss]:-}" 'BEGIN{if(k!="")print k/1024}')" %.0f)" "${REC[$b.why]:-}"
+  done
+  printf "   %-14s %12s %14s %14s %10s\n" "quay/rabbitmq" "$(ratio "${REC[quay.fill_rate]:-}" "${REC[rabbitmq.fill_rate]:-}")" \
+    "$(ratio "${REC[quay.term]:-}" "${REC[rabbitmq.term]:-}")" "$(ratio "${REC[quay.kill9]:-}" "${REC[rabbitmq.kill9]:-}")" \
+    "$(ratio "${REC[quay.stop_s]:-}" "${REC[rabbitmq.stop_s]:-}")"
+}
+
+memflood_one() { # $1 = rabbitmq|quay
+  local b=$1 out line rc hwm peak
+  stop_all
+  if [ "$b" = rabbitmq ]; then
+    RMQ_EXTRA_CONF="vm_memory_high_watermark.absolute = $MEMFLOOD_MARK_BYTES"; rmq_start; RMQ_EXTRA_CONF=""
+  else
+    QUAY_EXTRA_ARGS="--memory-high-watermark $MEMFLOOD_MARK"; quay_start; QUAY_EXTRA_ARGS=""
+  fi
+  if ! broker_up "$b"; then MF[$b.why]="did not start"; return 0; fi
+  out=$TMP/out.memory-flood.$b; rc=0
+  "$QB" -p "$(broker_port "$b")" --watch-pid "$(broker_pid "$b")" -P "$MEMFLOOD_PUBLISHERS" -C 0 -d "$MEMFLOOD_DURATION" -s 1024 \
+    --confirm -w 1000 --confirm-timeout 5 --prefix qb-flood >"$out" 2>"$out.err" || rc=$?
+  line=$(grep '^RESULT ' "$out" | tail -1 || true)
+  [ -n "$line" ] || line="RESULT status=error error=no_output"
+  hwm=""
+  if broker_up "$b"; then
+    hwm=$(awk '/^VmHWM/{print $2}' "/proc/$(broker_pid "$b")/status")   # fresh process: peak since its start
+  else
+    MF[$b.why]="broker died during the flood"
+  fi
+  peak=$(awk -v a="${hwm:-0}" -v b="$(field "$line" srv_rss_kib)" 'BEGIN{ if (b + 0 > a + 0) a = b; if (a > 0) print a }')
+  echo "row=memory-flood broker=$b rep=1 rc=$rc $line vmhwm_kib=${hwm:-n/a} mark_bytes=$MEMFLOOD_MARK_BYTES" >>"$RESULTS"
+  MF[$b.peak_kib]=$peak
+  MF[$b.ratio]=$(awk -v k="$peak" -v m="$MEMFLOOD_MARK_BYTES" 'BEGIN{ if (k != "" && m > 0) printf "%.2f", k * 1024 / m }')
+  MF[$b.blocked]=$(field "$line" blocked)
+  MF[$b.published]=$(field "$line" published)
+  MF[$b.pub_rate]=$(field "$line" pub_rate)
+  MF[$b.stall_max_s]=$(field "$line" stall_max_s)
+  MF[$b.stuck]=$(field "$line" stuck)
+  [ "$(field "$line" status)" = ok ] || MF[$b.why]="${MF[$b.why]:-}$(field "$line" error) $(head -c 200 "$out.err")"
+  log "  $b: peak RSS ${peak:-?} KiB = ${MF[$b.ratio]:-?} x mark, connection.blocked x${MF[$b.blocked]:-?}, published ${MF[$b.published]:-?}, longest stall ${MF[$b.stall_max_s]:-?}s rc=$rc"
+  stop_all
+}
+
+run_memflood_row() {
+  log "row memory-flood: $(row_desc memory-flood)"
+  if [ "$USE_RMQ" != 1 ]; then MF[rabbitmq.why]="disabled"; elif [ "$MEMFLOOD_RABBIT" = 1 ]; then memflood_one rabbitmq; else MF[rabbitmq.why]="skipped (MEMFLOOD_RABBIT=0)"; fi
+  if [ "$USE_QUAY" = 1 ]; then memflood_one quay; else MF[quay.why]="disabled"; fi
+  echo
+  echo "== memory-flood: $(row_desc memory-flood)"
+  echo "   quaybench -P $MEMFLOOD_PUBLISHERS -C 0 -d $MEMFLOOD_DURATION -s 1024 --confirm -w 1000 --confirm-timeout 5;" \
+       "quayd --memory-high-watermark $MEMFLOOD_MARK / vm_memory_high_watermark.absolute = $MEMFLOOD_MARK_BYTES"
+  printf "   %-14s %12s %12s %9s %12s %10s %10s  %s\n" broker "peak RSS MiB" "peak / mark" "blocked" "published" "pub msg/s" "stall s" notes
+  local b
+  for b in rabbitmq quay; do
+    printf "   %-14s %12s %12s %9s %12s %10s %10s  %s\n" "$b" \
+      "$(fmt "$(awk -v k="${MF[$b.peak_kib]:-}" 'BEGIN{if(k!="")print k/1024}')" %.0f)" "$(fmt "${MF[$b.ratio]:-}" %.2f)" \
+      "$( [ -n "${MF[$b.blocked]:-}" ] && { [ "${MF[$b.blocked]}" -gt 0 ] && echo "yes(${MF[$b.blocked]})" || echo no; } || echo n/a)" \
+      "$(fmt "${MF[$b.published]:-}" %.0f)" "$(fmt "${MF[$b.pub_rate]:-}" %.0f)" "$(fmt "${MF[$b.stall_max_s]:-}" %.1f)" "${MF[$b.why]:-}"
+  done
+  printf "   %-14s %12s %12s\n" "quay/rabbitmq" "$(ratio "${MF[quay.peak_kib]:-}" "${MF[rabbitmq.peak_kib]:-}")" \
+    "$(ratio "${MF[quay.ratio]:-}" "${MF[rabbitmq.ratio]:-}")"
+}
+
 # ------------------------------------------------------------------------------ main
 echo "quay bench: rows [$ROWS], $REPS x ${DURATION}s, $(nproc) cores, $(uname -r), RabbitMQ ${RMQ_HOME##*-}, quayd $QUAYD"
 echo "raw results: $RESULTS"
-start_brokers
-if [ "$RMQ_UP" = 0 ] && [ "$QUAY_UP" = 0 ]; then log "no broker is running"; exit 1; fi
+NEED_BROKERS=0
+for r in $ROWS; do case "$r" in recovery|memory-flood) ;; *) NEED_BROKERS=1 ;; esac; done
+if [ "$NEED_BROKERS" = 1 ]; then
+  start_brokers
+  if [ "$RMQ_UP" = 0 ] && [ "$QUAY_UP" = 0 ]; then log "no broker is running"; exit 1; fi
+fi
 for r in $ROWS; do [ "$r" = idle ] && { idle_measure; print_idle; }; done
 for r in $ROWS; do
-  case "$r" in idle|queues|conns) ;; *) run_tp_row "$r" ;; esac
+  case "$r" in idle|queues|conns|recovery|memory-flood) ;; *) run_tp_row "$r" ;; esac
 done
 for r in $ROWS; do
   case "$r" in queues|conns) run_scale_row "$r" ;; esac
+done
+for r in $ROWS; do
+  case "$r" in recovery) run_recovery_row ;; memory-flood) run_memflood_row ;; esac
 done
 
 # summary: one line per row
@@ -449,10 +670,21 @@ for r in $ROWS; do
                 "$(ratio "${MED[queues.quay.$f]:-}" "${MED[queues.rabbitmq.$f]:-}")" "$f"; done ;;
     conns)  printf "   %-20s %14s %14s %8s   %s\n" "conns" "$(fmt "${MED[conns.rabbitmq.rss_per_conn_kib]:-}" %.1f)" "$(fmt "${MED[conns.quay.rss_per_conn_kib]:-}" %.1f)" \
               "$(ratio "${MED[conns.quay.rss_per_conn_kib]:-}" "${MED[conns.rabbitmq.rss_per_conn_kib]:-}")" "rss_per_conn_kib" ;;
-    latency|latency-persistent) fs="lat_p50_us lat_p99_us srv_cpu_us_per_msg" ;;&
+    recovery)
+            for v in term kill9; do
+              printf "   %-20s %14s %14s %8s   %s\n" "recovery-$v" "$(fmt "${REC[rabbitmq.$v]:-}" %.2f)" "$(fmt "${REC[quay.$v]:-}" %.2f)" \
+                "$(ratio "${REC[quay.$v]:-}" "${REC[rabbitmq.$v]:-}")" "s until ${REC[total]:-$RECOVERY_MESSAGES} msgs declared (target quay < 5)"; done ;;
+    memory-flood)
+            printf "   %-20s %14s %14s %8s   %s\n" "memory-flood" "$(fmt "${MF[rabbitmq.ratio]:-}" %.2f)" "$(fmt "${MF[quay.ratio]:-}" %.2f)" \
+              "$(ratio "${MF[quay.ratio]:-}" "${MF[rabbitmq.ratio]:-}")" "peak RSS / $MEMFLOOD_MARK (goal quay <= 1.2); connection.blocked: rabbitmq ${MF[rabbitmq.blocked]:-n/a}, quay ${MF[quay.blocked]:-n/a}" ;;
+    latency) fs="lat_p50_us lat_p99_us srv_cpu_us_per_msg" ;;&
+    latency-persistent) fs="lat_p50_us lat_p99_us conf_p50_us conf_p99_us srv_cpu_us_per_msg" ;;&
     *)      case "$r" in latency*) ;; *) fs="cons_rate srv_cpu_us_per_msg" ;; esac
             for f in $fs; do
               printf "   %-20s %14s %14s %8s   %s\n" "$r" "$(fmt "${MED[$r.rabbitmq.$f]:-}" %.1f)" "$(fmt "${MED[$r.quay.$f]:-}" %.1f)" \
-                "$(ratio "${MED[$r.quay.$f]:-}" "${MED[$r.rabbitmq.$f]:-}")" "$f"; done ;;
+                "$(ratio "${MED[$r.quay.$f]:-}" "${MED[$r.rabbitmq.$f]:-}")" "$f"; done
+            if [ "$r" = latency-persistent ] && [ -n "$FSYNC_P99" ]; then
+              printf "   %-20s %14s %14s %8s   %s\n" "$r" "" "$(fmt "$FSYNC_P99" %.1f)" "" "disk floor: fdatasync p99 us (p50 $FSYNC_P50)"
+            fi ;;
   esac
 done
