@@ -177,7 +177,8 @@ void connection_failv(struct connection *connection, uint16_t reply_code, uint32
              connection->conn.peer_name, reply_code, text);
     bool handshaking = connection->state < CONNECTION_STATE_TUNE_OK;
     release_everything(connection);
-    if (handshaking && reply_code == REPLY_ACCESS_REFUSED && !connection->client_auth_failure_close) {
+    if (handshaking && reply_code == REPLY_ACCESS_REFUSED &&
+        !connection->client_auth_failure_close) {
         /* Clients without authentication_failure_close expect the socket
          * to drop after a failed login (AMQP 0-9-1 §4.10.2). */
         connection->state = CONNECTION_STATE_CLOSED;
@@ -646,7 +647,8 @@ void connection_tick(struct connection *connection, uint64_t now_ms)
     case CONNECTION_STATE_CLOSED:
         return;
     default:
-        if (now_ms - connection->started_ms > connection->broker->config.limits.handshake_timeout_ms) {
+        uint32_t timeout_ms = connection->broker->config.limits.handshake_timeout_ms;
+        if (now_ms - connection->started_ms > timeout_ms) {
             LOG_INFO("conn=%llu peer=%s handshake timeout", (unsigned long long)conn->id,
                      conn->peer_name);
             conn_close(conn);

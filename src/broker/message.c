@@ -137,8 +137,10 @@ struct message *message_from_blob(const uint8_t *blob, size_t size)
     struct basic_properties props;
     if (basic_properties_decode(&props, p + names, props_size) != OK)
         return NULL;
-    struct message *m = message_new((struct bytes){p, blob[1]}, (struct bytes){p + blob[1], blob[2]},
-                                    p + names, props_size, &props, body_size);
+    struct bytes exchange = {p, blob[1]};
+    struct bytes routing_key = {p + blob[1], blob[2]};
+    struct message *m =
+        message_new(exchange, routing_key, p + names, props_size, &props, body_size);
     if (!m)
         return NULL;
     memcpy(m->body, p + names + props_size, body_size);

@@ -93,7 +93,8 @@ static void set_peer_name(struct conn *conn)
             struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
             uv_ip6_name(sin6, host, sizeof host);
             port = ntohs(sin6->sin6_port);
-            static const uint8_t v4mapped_loop[13] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127};
+            static const uint8_t v4mapped_loop[13] = {0, 0, 0, 0, 0,    0,   0,
+                                                      0, 0, 0, 0xff, 0xff, 127};
             conn->peer_loopback = IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr) ||
                                   memcmp(&sin6->sin6_addr, v4mapped_loop, 13) == 0;
         }
