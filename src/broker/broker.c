@@ -176,6 +176,7 @@ void broker_free(struct broker *broker)
     durable_close(broker);
     net_close(&broker->net);
     uv_run(broker->loop, UV_RUN_DEFAULT); /* the close callbacks */
+    net_free(&broker->net);
     struct hmap_entry *e;
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &e);)
         vhost_free(e->value);

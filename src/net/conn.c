@@ -42,6 +42,8 @@ void net_init(struct net *net, uv_loop_t *loop)
     net->scratch = malloc(SCRATCH_SIZE);
     ASSERT(net->scratch != NULL);
     net->next_conn_id = 1;
+    pool_init(&net->data_chunks, "output chunk", sizeof(struct out_chunk) + CHUNK_DATA_SIZE, 16);
+    pool_init(&net->ref_chunks, "output reference", sizeof(struct out_chunk), 256);
     uv_check_init(loop, &net->flush_check);
     net->flush_check.data = net;
     uv_check_start(&net->flush_check, on_flush_check);
@@ -57,6 +59,13 @@ void net_close(struct net *net)
     uv_close((uv_handle_t *)&net->flush_check, NULL);
     free(net->scratch);
     net->scratch = NULL;
+}
+
+void net_free(struct net *net)
+{
+    /* Every chunk came back: no connection holds output any more. */
+    pool_destroy(&net->data_chunks);
+    pool_destroy(&net->ref_chunks);
 }
 
 int conn_init(struct conn *conn, struct net *net, const struct conn_ops *ops)
@@ -223,8 +232,11 @@ static struct out_chunk *tail_copy_chunk(struct conn *conn, size_t n)
         if (tail->ref == NULL && tail->cap - tail->size >= n)
             return tail;
     }
+    /* The common size comes from the pool; only an outsized reservation
+     * (a huge method frame) is its own allocation. */
     size_t cap = n > CHUNK_DATA_SIZE ? n : CHUNK_DATA_SIZE;
-    struct out_chunk *chunk = malloc(sizeof *chunk + cap);
+    struct out_chunk *chunk =
+        cap == CHUNK_DATA_SIZE ? pool_get(&conn->net->data_chunks) : malloc(sizeof *chunk + cap);
     ASSERT(chunk != NULL);
     chunk->ref = NULL;
     chunk->release = NULL;
@@ -264,8 +276,7 @@ void conn_out_bytes(struct conn *conn, const void *data, size_t n)
 void conn_out_ref(struct conn *conn, const uint8_t *data, size_t n, conn_release_fn release,
                   void *owner)
 {
-    struct out_chunk *chunk = malloc(sizeof *chunk);
-    ASSERT(chunk != NULL);
+    struct out_chunk *chunk = pool_get(&conn->net->ref_chunks);
     chunk->ref = data;
     chunk->release = release;
     chunk->owner = owner;
@@ -279,11 +290,16 @@ void conn_out_ref(struct conn *conn, const uint8_t *data, size_t n, conn_release
     schedule_flush(conn);
 }
 
-static void chunk_free(struct out_chunk *chunk)
+static void chunk_free(struct net *net, struct out_chunk *chunk)
 {
     if (chunk->release)
         chunk->release(chunk->owner);
-    free(chunk);
+    if (chunk->ref)
+        pool_put(&net->ref_chunks, chunk);
+    else if (chunk->cap == CHUNK_DATA_SIZE)
+        pool_put(&net->data_chunks, chunk);
+    else
+        free(chunk);
 }
 
 /* Marks n written bytes as sent, freeing finished chunks. The tail copy
@@ -302,7 +318,7 @@ static void advance(struct conn *conn, size_t n)
         n -= take;
         if (chunk->sent == chunk->size) {
             list_remove(&chunk->link);
-            chunk_free(chunk);
+            chunk_free(conn->net, chunk);
         }
     }
     conn->last_write_ms = uv_now(conn->net->loop);
@@ -412,7 +428,7 @@ static void on_handle_closed(uv_handle_t *handle)
     while (!list_empty(&conn->out_chunks)) {
         struct out_chunk *chunk = CONTAINER_OF(conn->out_chunks.next, struct out_chunk, link);
         list_remove(&chunk->link);
-        chunk_free(chunk);
+        chunk_free(conn->net, chunk);
     }
     free(conn->in);
     conn->in = NULL;

@@ -26,6 +26,7 @@
 #include <uv.h>
 
 #include "lib/list.h"
+#include "lib/pool.h"
 
 struct conn;
 struct net;
@@ -130,13 +131,19 @@ struct net {
     uint32_t conns_count;
     uint64_t next_conn_id;
     uint8_t *scratch;              /* owned: the shared read buffer */
+    struct pool data_chunks;       /* output chunks of CHUNK_DATA_SIZE bytes */
+    struct pool ref_chunks;        /* output chunks that reference a body */
     size_t scratch_size;
     uint64_t bytes_in;
     uint64_t bytes_out;
 };
 
 void net_init(struct net *net, uv_loop_t *loop);
+/* Closes every connection and the flush handle. */
 void net_close(struct net *net);
+/* After the loop has run the close callbacks: frees the pools, asserting
+ * that every output chunk came back. */
+void net_free(struct net *net);
 /* Called by the protocol when it allocated a conn for an accepted socket:
  * initializes the transport part. */
 int conn_init(struct conn *conn, struct net *net, const struct conn_ops *ops);
