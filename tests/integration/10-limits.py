@@ -307,6 +307,34 @@ class Drainer(threading.Thread):
             self.error = e
 
 
+# ------------------------------------------------------------------ disk alarm
+
+@test(timeout=60)
+@skippable
+def disk_alarm_blocks_publishers_but_not_consumers():
+    """--disk-free-limit above any disk's free space: the disk alarm is on from
+    the first sample; a publisher gets connection.blocked "low on disk" and is
+    not read; a connection that only consumes is still served."""
+    with broker_with(["--disk-free-limit", "1000000000GB"], None):
+        time.sleep(1.5)                   # the disk is sampled once a second
+        s, q = shared_queue()
+        f = Flooder(q, 10000, 1024)
+        assert f.pump(10, lambda: f.blocked_at is not None), \
+            "no connection.blocked (%d confirmed)" % f.confirmed()
+        eq(f.events[0][2], "low on disk", "connection.blocked reason")
+        f.pump(0.5)
+        before = f.confirmed()
+        f.pump(1.5)
+        eq(f.confirmed(), before, "confirms while blocked (publishes were read)")
+        # a consumer-only connection is served
+        s.sendall(gen_queue_declare(1, q, passive=True))
+        m = expect_method(s, *QUEUE_DECLARE_OK, timeout=2)
+        m.args.shortstr()
+        eq(m.args.long(), before, "queued messages = confirmed ones")
+        got = basic_get(s, 1, q, no_ack=True)
+        assert got is not None or before == 0
+
+
 # ---------------------------------------------------------------- memory alarm
 
 # The product's bound (bench/ measures it on the release build) is 1.2x the
