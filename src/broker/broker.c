@@ -1,5 +1,6 @@
 /*
- * broker.c: see broker.h. Start-up order: users, vhosts, listeners, tick.
+ * broker.c: see broker.h. Start-up order: users, vhosts, listeners (AMQP,
+ * then the HTTP API if configured), tick.
  * Shutdown closes listeners first (no new clients), then every connection
  * with 320 CONNECTION_FORCED, and lets the loop drain.
  */
@@ -13,8 +14,10 @@
 #include "broker/connection.h"
 #include "broker/message.h"
 #include "broker/vhost.h"
+#include "cluster/node.h"
 #include "lib/assert.h"
 #include "lib/log.h"
+#include "mgmt/api.h"
 
 #define TICK_MS 250
 
@@ -79,6 +82,28 @@ static void create_vhosts(struct broker *broker)
     }
 }
 
+/* Joins or forms the cluster, advertising the first AMQP listener's bound
+ * address. The AMQP data path does not depend on it (yet). */
+static int start_cluster(struct broker *broker)
+{
+    struct cluster_node_config cluster = *broker->config.cluster;
+    struct sockaddr_storage bound;
+    int size = sizeof bound;
+    char amqp[128];
+    ASSERT(broker->listeners_count > 0);
+    if (uv_tcp_getsockname(&broker->listeners[0].tcp, (struct sockaddr *)&bound, &size) != 0)
+        return -1;
+    cluster_node_amqp_address((struct sockaddr *)&bound, cluster.listen, amqp, sizeof amqp);
+    cluster.data_dir = broker->config.data_dir;
+    cluster.amqp_address = amqp;
+    char err[1024];
+    if (cluster_node_start(&broker->cluster, broker->loop, &cluster, err, sizeof err) != 0) {
+        LOG_ERROR("%s", err);
+        return -1;
+    }
+    return 0;
+}
+
 int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_config *config)
 {
     memset(broker, 0, sizeof *broker);
@@ -120,6 +145,12 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
         broker->listeners_count++;
         LOG_INFO("listening for AMQP on %s", config->listen[i]);
     }
+    if (config->cluster && start_cluster(broker) != 0)
+        return -1;
+    if (config->http_listen && mgmt_api_start(broker, config->http_listen) != 0)
+        return -1;
+    if (broker->mgmt && broker->cluster)
+        mgmt_api_route(broker->mgmt, "/api/cluster", cluster_node_write_json, broker->cluster);
     uv_timer_init(loop, &broker->tick);
     broker->tick.data = broker;
     uv_timer_start(&broker->tick, on_tick, TICK_MS, TICK_MS);
@@ -152,6 +183,10 @@ void broker_stop(struct broker *broker)
     broker->stopping = true;
     for (uint32_t i = 0; i < broker->listeners_count; i++)
         listener_close(&broker->listeners[i]);
+    mgmt_api_stop(broker->mgmt);
+    if (broker->cluster != NULL)
+        cluster_node_stop(broker->cluster); /* frees itself once closed */
+    broker->cluster = NULL;
     uv_timer_stop(&broker->tick);
     uv_close((uv_handle_t *)&broker->tick, NULL);
     /* Every client gets 320 CONNECTION_FORCED, written before its socket
@@ -174,8 +209,11 @@ void broker_free(struct broker *broker)
     if (broker->stopping)
         uv_close((uv_handle_t *)&broker->shutdown_timer, NULL);
     durable_close(broker);
+    mgmt_api_stop(broker->mgmt);
     net_close(&broker->net);
     uv_run(broker->loop, UV_RUN_DEFAULT); /* the close callbacks */
+    mgmt_api_free(broker->mgmt);
+    broker->mgmt = NULL;
     net_free(&broker->net);
     struct hmap_entry *e;
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &e);)

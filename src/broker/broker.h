@@ -22,6 +22,10 @@
 
 #define BROKER_LISTENERS_MAX 8
 
+struct mgmt_api;
+struct cluster_node;
+struct cluster_node_config;
+
 /* Limits. Every one is enforced with the reply code the spec names. */
 struct broker_limits {
     uint32_t frame_max;             /* bytes, whole frame; offered in connection.tune */
@@ -42,6 +46,8 @@ struct broker_config {
     uint32_t listen_count;
     const char *data_dir;
     const char *users_file;
+    const char *http_listen;         /* management API "ADDR:PORT"; NULL = off */
+    const struct cluster_node_config *cluster; /* borrowed; NULL = not clustered */
     struct broker_limits limits;
 };
 
@@ -60,6 +66,8 @@ struct broker {
     struct alarm alarm;
     struct durable durable;        /* the journal: definitions and messages */
     uint64_t name_counter;         /* server-generated names */
+    struct mgmt_api *mgmt;         /* owned: the HTTP API (mgmt/api.h), or NULL */
+    struct cluster_node *cluster;  /* owned: cluster membership (cluster/node.h), or NULL */
     bool stopping;
 };
 

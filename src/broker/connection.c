@@ -25,7 +25,6 @@
 #include "lib/log.h"
 
 #define CLOSE_OK_TIMEOUT_MS 3000
-#define QUAY_VERSION_STRING "0.1.0"
 
 static long on_input(struct conn *conn, const uint8_t *data, size_t size);
 static void on_close(struct conn *conn);
@@ -267,7 +266,7 @@ static void send_start(struct connection *connection)
     table_put_longstr(&w, "information", BYTES_LIT("quay: a clustered AMQP 0-9-1 broker"));
     table_put_longstr(&w, "platform", BYTES_LIT("C17/libuv"));
     table_put_longstr(&w, "product", BYTES_LIT("quay"));
-    table_put_longstr(&w, "version", BYTES_LIT(QUAY_VERSION_STRING));
+    table_put_longstr(&w, "version", BYTES_LIT(QUAY_VERSION) /* CMake project() version */);
     ASSERT(!w.overflow);
     struct method m = {.id = METHOD_CONNECTION_START};
     m.connection_start.version_major = 0;

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "broker/alarm.h"
 #include "broker/auth.h"
 #include "broker/broker.h"
+#include "cluster/node.h"
 #include "lib/log.h"
 
 static void usage(FILE *out)
@@ -32,6 +34,8 @@ static void usage(FILE *out)
             "options:\n"
             "  --listen ADDR:PORT      AMQP listener (repeatable; default [::]:5672).\n"
             "                          ADDR may be an IPv4 or [IPv6] address or empty\n"
+            "  --http ADDR:PORT        serve the management HTTP API (quayctl) there;\n"
+            "                          off by default (e.g. 127.0.0.1:15672)\n"
             "  --data DIR              data directory (default ./quay-data)\n"
             "  --users FILE            users file: NAME HASH VHOST[,VHOST] [loopback]\n"
             "  --log-level LEVEL       error, warn, info (default) or debug\n"
@@ -46,6 +50,15 @@ static void usage(FILE *out)
             "                          fraction of RAM (0.4, the default) or a size (512MiB)\n"
             "  --disk-free-limit SIZE  block publishers when the data directory's disk has\n"
             "                          less free space (default 50MB; 0 = off)\n"
+            "  --config FILE           read options from FILE first: 'name = value' lines\n"
+            "                          with the long option names, '#' comments\n"
+            "  --name NAME             this broker's name in the cluster (default: host name)\n"
+            "  --cluster-listen A:P    form or join a cluster: Raft over TCP and member\n"
+            "                          heartbeats over UDP on this IPv4 address and port\n"
+            "  --join A:P[,A:P...]     join the cluster through these members (without\n"
+            "                          --join, a new cluster is formed)\n"
+            "  --cluster-secret-file F the cluster secret: the file's bytes (16..1024), the\n"
+            "                          same on every broker; required with --cluster-listen\n"
             "  --hash-password PW      print a password hash for the users file and exit\n"
             "  --help                  this text\n");
 }
@@ -54,7 +67,8 @@ enum option_id {
     OPT_LISTEN = 256, OPT_DATA, OPT_USERS, OPT_LOG_LEVEL, OPT_FRAME_MAX, OPT_CHANNEL_MAX,
     OPT_HEARTBEAT, OPT_MAX_CONNECTIONS, OPT_MAX_QUEUES, OPT_MAX_CONSUMERS,
     OPT_MAX_MESSAGE_SIZE, OPT_HASH_PASSWORD, OPT_HELP, OPT_MEMORY_HIGH_WATERMARK,
-    OPT_DISK_FREE_LIMIT,
+    OPT_DISK_FREE_LIMIT, OPT_HTTP,
+    OPT_CONFIG, OPT_NAME, OPT_CLUSTER_LISTEN, OPT_JOIN, OPT_CLUSTER_SECRET_FILE,
 };
 
 static const struct option long_options[] = {
@@ -72,6 +86,12 @@ static const struct option long_options[] = {
     {"hash-password", required_argument, NULL, OPT_HASH_PASSWORD},
     {"memory-high-watermark", required_argument, NULL, OPT_MEMORY_HIGH_WATERMARK},
     {"disk-free-limit", required_argument, NULL, OPT_DISK_FREE_LIMIT},
+    {"http", required_argument, NULL, OPT_HTTP},
+    {"config", required_argument, NULL, OPT_CONFIG},
+    {"name", required_argument, NULL, OPT_NAME},
+    {"cluster-listen", required_argument, NULL, OPT_CLUSTER_LISTEN},
+    {"join", required_argument, NULL, OPT_JOIN},
+    {"cluster-secret-file", required_argument, NULL, OPT_CLUSTER_SECRET_FILE},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -89,11 +109,81 @@ static int parse_u64(const char *name, const char *text, uint64_t max, uint64_t 
     return 0;
 }
 
+/* The cluster options; config->cluster points here once they are checked. */
+static struct cluster_node_config cluster_config;
+
+static void set_cluster_option(int opt, const char *value)
+{
+    switch (opt) {
+    case OPT_NAME: cluster_config.name = value; break;
+    case OPT_CLUSTER_LISTEN: cluster_config.listen = value; break;
+    case OPT_JOIN: cluster_config.join = value; break;
+    case OPT_CLUSTER_SECRET_FILE: cluster_config.secret_file = value; break;
+    default: break;
+    }
+}
+
+/* The numeric limits: each option's bounds and where its value goes. */
+static const struct {
+    int opt;
+    const char *name;
+    uint64_t min;
+    uint64_t max;
+    size_t offset; /* in struct broker_limits */
+    size_t size;   /* of that field: 2, 4 or 8 bytes */
+} limit_options[] = {
+#define LIMIT(opt, name, min, max, field) \
+    {opt, name, min, max, offsetof(struct broker_limits, field), \
+     sizeof(((struct broker_limits *)0)->field)}
+    LIMIT(OPT_FRAME_MAX, "frame-max", 4096, 1u << 30, frame_max),
+    LIMIT(OPT_CHANNEL_MAX, "channel-max", 1, 65535, channel_max),
+    LIMIT(OPT_HEARTBEAT, "heartbeat", 0, 65535, heartbeat_s),
+    LIMIT(OPT_MAX_CONNECTIONS, "max-connections", 0, UINT32_MAX, connections_max),
+    LIMIT(OPT_MAX_QUEUES, "max-queues", 0, UINT32_MAX, queues_max),
+    LIMIT(OPT_MAX_CONSUMERS, "max-consumers", 0, UINT32_MAX, consumers_per_channel_max),
+    LIMIT(OPT_MAX_MESSAGE_SIZE, "max-message-size", 0, 512u << 20, message_size_max),
+#undef LIMIT
+};
+
+/* Returns 1 if opt is a numeric limit (and sets it), 0 if it is not one,
+ * -1 for a bad value. */
+static int set_limit(int opt, const char *text, struct broker_limits *limits)
+{
+    for (size_t i = 0; i < sizeof limit_options / sizeof limit_options[0]; i++) {
+        if (limit_options[i].opt != opt)
+            continue;
+        uint64_t v;
+        if (parse_u64(limit_options[i].name, text, limit_options[i].max, &v) != 0)
+            return -1;
+        if (v < limit_options[i].min) {
+            fprintf(stderr, "quayd: --%s must be at least %llu\n", limit_options[i].name,
+                    (unsigned long long)limit_options[i].min);
+            return -1;
+        }
+        char *field = (char *)limits + limit_options[i].offset;
+        if (limit_options[i].size == 2) {
+            uint16_t narrow = (uint16_t)v;
+            memcpy(field, &narrow, sizeof narrow);
+        } else if (limit_options[i].size == 4) {
+            uint32_t narrow = (uint32_t)v;
+            memcpy(field, &narrow, sizeof narrow);
+        } else {
+            memcpy(field, &v, sizeof v);
+        }
+        return 1;
+    }
+    return 0;
+}
+
 static int parse_options(int argc, char **argv, struct broker_config *config)
 {
     int opt;
-    uint64_t v;
     while ((opt = getopt_long(argc, argv, "h", long_options, NULL)) != -1) {
+        int limit = set_limit(opt, optarg, &config->limits);
+        if (limit < 0)
+            return -1;
+        if (limit > 0)
+            continue;
         switch (opt) {
         case OPT_LISTEN:
             if (config->listen_count == BROKER_LISTENERS_MAX) {
@@ -101,6 +191,22 @@ static int parse_options(int argc, char **argv, struct broker_config *config)
                 return -1;
             }
             config->listen[config->listen_count++] = optarg;
+            break;
+        case OPT_HTTP: {
+            struct sockaddr_storage ss;
+            if (listener_parse_address(optarg, &ss) != 0) {
+                fprintf(stderr, "quayd: bad value for --http: '%s'\n", optarg);
+                return -1;
+            }
+            config->http_listen = optarg;
+            break;
+        }
+        case OPT_CONFIG: /* read before the command line: load_config_file */
+        case OPT_NAME:
+        case OPT_CLUSTER_LISTEN:
+        case OPT_JOIN:
+        case OPT_CLUSTER_SECRET_FILE:
+            set_cluster_option(opt, optarg);
             break;
         case OPT_DATA:
             config->data_dir = optarg;
@@ -113,41 +219,6 @@ static int parse_options(int argc, char **argv, struct broker_config *config)
                 fprintf(stderr, "quayd: unknown log level '%s'\n", optarg);
                 return -1;
             }
-            break;
-        case OPT_FRAME_MAX:
-            if (parse_u64("frame-max", optarg, 1u << 30, &v) || v < 4096)
-                return -1;
-            config->limits.frame_max = (uint32_t)v;
-            break;
-        case OPT_CHANNEL_MAX:
-            if (parse_u64("channel-max", optarg, 65535, &v) || v == 0)
-                return -1;
-            config->limits.channel_max = (uint16_t)v;
-            break;
-        case OPT_HEARTBEAT:
-            if (parse_u64("heartbeat", optarg, 65535, &v))
-                return -1;
-            config->limits.heartbeat_s = (uint16_t)v;
-            break;
-        case OPT_MAX_CONNECTIONS:
-            if (parse_u64("max-connections", optarg, UINT32_MAX, &v))
-                return -1;
-            config->limits.connections_max = (uint32_t)v;
-            break;
-        case OPT_MAX_QUEUES:
-            if (parse_u64("max-queues", optarg, UINT32_MAX, &v))
-                return -1;
-            config->limits.queues_max = (uint32_t)v;
-            break;
-        case OPT_MAX_CONSUMERS:
-            if (parse_u64("max-consumers", optarg, UINT32_MAX, &v))
-                return -1;
-            config->limits.consumers_per_channel_max = (uint32_t)v;
-            break;
-        case OPT_MAX_MESSAGE_SIZE:
-            if (parse_u64("max-message-size", optarg, 512u << 20, &v))
-                return -1;
-            config->limits.message_size_max = v;
             break;
         case OPT_MEMORY_HIGH_WATERMARK:
             if (alarm_parse_size(optarg, true, &config->memory_high_watermark) != 0) {
@@ -180,6 +251,111 @@ static int parse_options(int argc, char **argv, struct broker_config *config)
         fprintf(stderr, "quayd: unexpected argument '%s'\n", argv[optind]);
         return -1;
     }
+    return 0;
+}
+
+/* --config FILE: one option per line, "name = value" (or a bare "name"),
+ * with the long option names; '#' starts a comment. The file is parsed
+ * before the command line, so the command line wins for single options and
+ * repeatable ones (--listen) add up. The text stays in static buffers: the
+ * configuration keeps pointers into it. */
+#define CONFIG_FILE_SIZE_MAX 65536
+#define CONFIG_ARGS_MAX 128
+static char config_text[CONFIG_FILE_SIZE_MAX];
+static char config_args_text[CONFIG_FILE_SIZE_MAX + 3 * CONFIG_ARGS_MAX];
+static char *config_argv[CONFIG_ARGS_MAX + 2];
+
+static const char *find_config_option(int argc, char **argv)
+{
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        if (strcmp(argv[i], "--config") == 0)
+            return i + 1 < argc ? argv[i + 1] : NULL;
+        if (strncmp(argv[i], "--config=", 9) == 0)
+            return argv[i] + 9;
+    }
+    return NULL;
+}
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t' || *s == '\r')
+        s++;
+    size_t n = strlen(s);
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\r'))
+        s[--n] = '\0';
+    return s;
+}
+
+/* Turns the file's lines into "--name=value" arguments for parse_options. */
+static int load_config_file(const char *path, struct broker_config *config)
+{
+    FILE *f = fopen(path, "re");
+    if (f == NULL) {
+        fprintf(stderr, "quayd: cannot read config file %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    size_t size = fread(config_text, 1, sizeof config_text - 1, f);
+    bool whole = feof(f) && !ferror(f);
+    fclose(f);
+    if (!whole) {
+        fprintf(stderr, "quayd: config file %s is unreadable or over %d bytes\n", path,
+                CONFIG_FILE_SIZE_MAX - 1);
+        return -1;
+    }
+    config_text[size] = '\0';
+    int argc = 0, line_number = 0;
+    size_t used = 0;
+    config_argv[argc++] = "quayd";
+    for (char *line = config_text, *next; line != NULL; line = next) {
+        next = strchr(line, '\n');
+        if (next != NULL)
+            *next++ = '\0';
+        line_number++;
+        char *comment = strchr(line, '#');
+        if (comment != NULL)
+            *comment = '\0';
+        char *equals = strchr(line, '=');
+        if (equals != NULL)
+            *equals = '\0';
+        char *name = trim(line), *value = equals != NULL ? trim(equals + 1) : NULL;
+        if (*name == '\0' && value == NULL)
+            continue;
+        if (*name == '\0' || strcmp(name, "config") == 0 || argc == CONFIG_ARGS_MAX) {
+            fprintf(stderr, "quayd: %s:%d: expected 'name = value' (no nested config, at "
+                    "most %d lines)\n", path, line_number, CONFIG_ARGS_MAX);
+            return -1;
+        }
+        config_argv[argc++] = config_args_text + used;
+        used += (size_t)snprintf(config_args_text + used, sizeof config_args_text - used,
+                                 value != NULL ? "--%s=%s" : "--%s", name, value) + 1;
+    }
+    config_argv[argc] = NULL;
+    optind = 0; /* GNU getopt: start over, for this vector and then argv */
+    if (parse_options(argc, config_argv, config) != 0) {
+        fprintf(stderr, "quayd: (in config file %s)\n", path);
+        return -1;
+    }
+    optind = 0;
+    return 0;
+}
+
+/* Clustering is on with --cluster-listen. Its options are checked before
+ * anything starts, so a broker without a usable secret refuses to start. */
+static int check_cluster_options(struct broker_config *config)
+{
+    if (cluster_config.listen == NULL) {
+        if (cluster_config.join != NULL || cluster_config.secret_file != NULL) {
+            fprintf(stderr, "quayd: --join and --cluster-secret-file need --cluster-listen\n");
+            return -1;
+        }
+        return 0;
+    }
+    char err[1024];
+    if (cluster_node_config_check(&cluster_config, err, sizeof err) != 0) {
+        fprintf(stderr, "quayd: %s\n", err);
+        return -1;
+    }
+    config->cluster = &cluster_config;
     return 0;
 }
 
@@ -229,7 +405,10 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     struct broker_config config;
     broker_config_defaults(&config);
-    if (parse_options(argc, argv, &config) != 0)
+    const char *config_file = find_config_option(argc, argv);
+    if (config_file != NULL && load_config_file(config_file, &config) != 0)
+        return 2;
+    if (parse_options(argc, argv, &config) != 0 || check_cluster_options(&config) != 0)
         return 2;
     int lock_fd = lock_data_dir(config.data_dir);
     if (lock_fd < 0)

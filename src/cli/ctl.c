@@ -1,0 +1,853 @@
+/*
+ * ctl.c: quayctl, the admin tool. It asks a running quayd's management
+ * API (quayd --http ADDR:PORT) with one blocking HTTP GET over a plain
+ * socket and prints the answer: the JSON as it came with --json, else a
+ * table for people.
+ *
+ * It owns nothing beyond the process; it never changes broker state and
+ * links none of the broker's code (no libuv), so it runs anywhere the
+ * socket reaches. Exit codes follow sysexits.h, as rabbitmqctl's do:
+ * 0 done, 64 usage, 69 the broker is unreachable, 76 a bad or non-200
+ * answer.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXIT_USAGE 64
+#define EXIT_UNAVAILABLE 69
+#define EXIT_PROTOCOL 76
+
+#define DEFAULT_HTTP "127.0.0.1:15672"
+#define DEFAULT_TIMEOUT_MS 10000
+#define RESPONSE_SIZE_MAX (256u << 20)
+#define JSON_DEPTH_MAX 64
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: quayctl [--http HOST:PORT] [--json] [--timeout SECONDS] COMMAND\n"
+            "\n"
+            "Asks a running quayd (started with --http) through its management API.\n"
+            "\n"
+            "commands:\n"
+            "  status        the broker: version, uptime, totals, alarms (GET /api/overview)\n"
+            "  queues        every queue with its message counts (GET /api/queues)\n"
+            "  connections   every client connection (GET /api/connections)\n"
+            "\n"
+            "options:\n"
+            "  --http HOST:PORT   the API's address (default " DEFAULT_HTTP "); [V6]:PORT\n"
+            "  --json             print the API's JSON as it is\n"
+            "  --timeout SECONDS  give up after this long (default 10)\n"
+            "  --help             this text\n"
+            "\n"
+            "exit status: 0 done, 64 usage, 69 broker unreachable, 76 bad answer\n");
+}
+
+/* ---- the HTTP GET ------------------------------------------------------ */
+
+struct endpoint {
+    char host[256];
+    char port[8];
+};
+
+static int parse_endpoint(const char *text, struct endpoint *out)
+{
+    const char *host = text, *host_end, *port;
+    if (text[0] == '[') {
+        host = text + 1;
+        host_end = strchr(host, ']');
+        if (!host_end || host_end[1] != ':')
+            return -1;
+        port = host_end + 2;
+    } else {
+        host_end = strrchr(text, ':');
+        if (!host_end)
+            return -1;
+        port = host_end + 1;
+    }
+    size_t host_size = (size_t)(host_end - host);
+    size_t port_size = strlen(port);
+    if (host_size >= sizeof out->host || port_size == 0 || port_size >= sizeof out->port)
+        return -1;
+    if (strspn(port, "0123456789") != port_size)
+        return -1;
+    memcpy(out->host, host, host_size);
+    out->host[host_size] = '\0';
+    if (host_size == 0)
+        snprintf(out->host, sizeof out->host, "127.0.0.1");
+    memcpy(out->port, port, port_size + 1);
+    return 0;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Waits until fd is ready for `events` or the deadline passes. */
+static int wait_fd(int fd, short events, int64_t deadline_ms)
+{
+    for (;;) {
+        int64_t left = deadline_ms - now_ms();
+        if (left <= 0)
+            return -ETIMEDOUT;
+        struct pollfd p = {.fd = fd, .events = events};
+        int rc = poll(&p, 1, (int)left);
+        if (rc > 0)
+            return 0;
+        if (rc == 0)
+            return -ETIMEDOUT;
+        if (errno != EINTR)
+            return -errno;
+    }
+}
+
+/* A non-blocking connect to one address, bounded by the deadline. */
+static int connect_one(const struct addrinfo *ai, int64_t deadline_ms)
+{
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                    ai->ai_protocol);
+    if (fd < 0)
+        return -errno;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+        int err = errno;
+        if (err == EINPROGRESS)
+            err = -wait_fd(fd, POLLOUT, deadline_ms);
+        if (err == 0) {
+            socklen_t len = sizeof err;
+            if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+                err = errno;
+        }
+        if (err != 0) {
+            close(fd);
+            return -err;
+        }
+    }
+    return fd;
+}
+
+static int connect_endpoint(const struct endpoint *ep, int64_t deadline_ms)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    struct addrinfo *list;
+    int rc = getaddrinfo(ep->host, ep->port, &hints, &list);
+    if (rc != 0) {
+        fprintf(stderr, "quayctl: cannot resolve %s: %s\n", ep->host, gai_strerror(rc));
+        return -1;
+    }
+    int fd = -ECONNREFUSED;
+    for (struct addrinfo *ai = list; ai; ai = ai->ai_next) {
+        fd = connect_one(ai, deadline_ms);
+        if (fd >= 0)
+            break;
+    }
+    freeaddrinfo(list);
+    if (fd < 0) {
+        fprintf(stderr, "quayctl: cannot connect to %s:%s: %s (is quayd running with --http?)\n",
+                ep->host, ep->port, strerror(-fd));
+        return -1;
+    }
+    return fd;
+}
+
+static int send_all(int fd, const char *data, size_t size, int64_t deadline_ms)
+{
+    while (size > 0) {
+        ssize_t n = send(fd, data, size, MSG_NOSIGNAL);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            int rc = wait_fd(fd, POLLOUT, deadline_ms);
+            if (rc != 0)
+                return rc;
+            continue;
+        }
+        if (n < 0)
+            return -errno;
+        data += n;
+        size -= (size_t)n;
+    }
+    return 0;
+}
+
+struct buffer {
+    char *data;    /* owned, NUL-terminated */
+    size_t size;
+    size_t cap;
+};
+
+/* Reads until the server closes (it always answers with Connection: close). */
+static int receive_all(int fd, struct buffer *in, int64_t deadline_ms)
+{
+    for (;;) {
+        if (in->cap - in->size < 4096 + 1) {
+            if (in->cap >= RESPONSE_SIZE_MAX)
+                return -EFBIG;
+            size_t cap = in->cap ? in->cap * 2 : 65536;
+            char *grown = realloc(in->data, cap);
+            if (!grown)
+                return -ENOMEM;
+            in->data = grown;
+            in->cap = cap;
+        }
+        ssize_t n = recv(fd, in->data + in->size, in->cap - in->size - 1, 0);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            int rc = wait_fd(fd, POLLIN, deadline_ms);
+            if (rc != 0)
+                return rc;
+            continue;
+        }
+        if (n < 0)
+            return -errno;
+        in->data[in->size + (size_t)n] = '\0';
+        if (n == 0)
+            return 0;
+        in->size += (size_t)n;
+    }
+}
+
+struct response {
+    int status;
+    const char *body;  /* borrowed from the receive buffer */
+    size_t body_size;
+};
+
+/* Splits "HTTP/1.1 200 OK\r\n...headers...\r\n\r\nbody". */
+static int parse_response(char *data, size_t size, struct response *out)
+{
+    int minor, status;
+    if (sscanf(data, "HTTP/1.%d %3d", &minor, &status) != 2)
+        return -1;
+    char *end = strstr(data, "\r\n\r\n");
+    if (!end)
+        return -1;
+    *end = '\0';
+    out->status = status;
+    out->body = end + 4;
+    out->body_size = size - (size_t)(out->body - data);
+    for (char *line = strstr(data, "\r\n"); line; line = strstr(line + 2, "\r\n")) {
+        if (strncasecmp(line + 2, "Content-Length:", 15) == 0) {
+            unsigned long long n = strtoull(line + 17, NULL, 10);
+            if (n != out->body_size)
+                return -1; /* cut short */
+        } else if (strncasecmp(line + 2, "Transfer-Encoding:", 18) == 0) {
+            return -1; /* quayd never chunks: this is not quayd */
+        }
+    }
+    return 0;
+}
+
+/* GETs path; on success *in holds the response and *res points into it.
+ * Returns 0 or an exit status (the error is printed). */
+static int http_get(const struct endpoint *ep, const char *path, int timeout_ms,
+                    struct buffer *in, struct response *res)
+{
+    int64_t deadline_ms = now_ms() + timeout_ms;
+    int fd = connect_endpoint(ep, deadline_ms);
+    if (fd < 0)
+        return EXIT_UNAVAILABLE;
+    char request[512];
+    bool v6 = strchr(ep->host, ':') != NULL;
+    int n = snprintf(request, sizeof request,
+                     "GET %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nAccept: application/json\r\n"
+                     "User-Agent: quayctl\r\nConnection: close\r\n\r\n",
+                     path, v6 ? "[" : "", ep->host, v6 ? "]" : "", ep->port);
+    int rc = send_all(fd, request, (size_t)n, deadline_ms);
+    if (rc == 0)
+        rc = receive_all(fd, in, deadline_ms);
+    close(fd);
+    if (rc != 0) {
+        fprintf(stderr, "quayctl: GET %s from %s:%s: %s\n", path, ep->host, ep->port,
+                strerror(-rc));
+        return rc == -ETIMEDOUT ? EXIT_UNAVAILABLE : EXIT_PROTOCOL;
+    }
+    if (in->size == 0 || parse_response(in->data, in->size, res) != 0) {
+        fprintf(stderr, "quayctl: GET %s from %s:%s: not an HTTP answer from quayd\n", path,
+                ep->host, ep->port);
+        return EXIT_PROTOCOL;
+    }
+    return 0;
+}
+
+/* ---- a small JSON reader ------------------------------------------------ */
+
+enum jtype { J_NULL, J_BOOL, J_NUMBER, J_STRING, J_ARRAY, J_OBJECT };
+
+/* A parsed value. Children are a linked list; every node and string is
+ * owned by its parent (jfree frees a whole tree). */
+struct jvalue {
+    enum jtype type;
+    bool boolean;
+    char *text;              /* owned: a string's UTF-8, a number's digits */
+    char *key;               /* owned: the member name inside an object */
+    struct jvalue *child;    /* owned: first element or member */
+    struct jvalue *next;     /* owned: next sibling */
+};
+
+struct jparser {
+    const char *p;
+    const char *end;
+    const char *error;
+};
+
+static void jfree(struct jvalue *v)
+{
+    while (v) {
+        struct jvalue *next = v->next;
+        jfree(v->child);
+        free(v->text);
+        free(v->key);
+        free(v);
+        v = next;
+    }
+}
+
+static void skip_space(struct jparser *jp)
+{
+    while (jp->p < jp->end && *jp->p && strchr(" \t\r\n", *jp->p))
+        jp->p++;
+}
+
+static bool jfail(struct jparser *jp, const char *why)
+{
+    if (!jp->error)
+        jp->error = why;
+    return false;
+}
+
+static void put_utf8(char **out, uint32_t cp)
+{
+    unsigned char *o = (unsigned char *)*out;
+    if (cp < 0x80) {
+        *o++ = (unsigned char)cp;
+    } else if (cp < 0x800) {
+        *o++ = (unsigned char)(0xC0 | (cp >> 6));
+        *o++ = (unsigned char)(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        *o++ = (unsigned char)(0xE0 | (cp >> 12));
+        *o++ = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+        *o++ = (unsigned char)(0x80 | (cp & 0x3F));
+    } else {
+        *o++ = (unsigned char)(0xF0 | (cp >> 18));
+        *o++ = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
+        *o++ = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+        *o++ = (unsigned char)(0x80 | (cp & 0x3F));
+    }
+    *out = (char *)o;
+}
+
+static bool read_hex4(struct jparser *jp, uint32_t *out)
+{
+    if (jp->end - jp->p < 4)
+        return jfail(jp, "truncated \\u escape");
+    *out = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = *jp->p++;
+        uint32_t d = c >= '0' && c <= '9'   ? (uint32_t)(c - '0')
+                     : c >= 'a' && c <= 'f' ? (uint32_t)(c - 'a' + 10)
+                     : c >= 'A' && c <= 'F' ? (uint32_t)(c - 'A' + 10)
+                                            : 16;
+        if (d == 16)
+            return jfail(jp, "bad \\u escape");
+        *out = *out << 4 | d;
+    }
+    return true;
+}
+
+static bool read_escape(struct jparser *jp, char **o)
+{
+    char c = *jp->p++;
+    const char *from = "\"\\/bfnrt", *to = "\"\\/\b\f\n\r\t";
+    const char *hit = c ? strchr(from, c) : NULL;
+    if (hit) {
+        *(*o)++ = to[hit - from];
+        return true;
+    }
+    if (c != 'u')
+        return jfail(jp, "bad escape");
+    uint32_t cp;
+    if (!read_hex4(jp, &cp))
+        return false;
+    if (cp >= 0xD800 && cp < 0xDC00 && jp->end - jp->p >= 6 && jp->p[0] == '\\' &&
+        jp->p[1] == 'u') {
+        uint32_t low;
+        jp->p += 2;
+        if (!read_hex4(jp, &low))
+            return false;
+        cp = (low >= 0xDC00 && low < 0xE000) ? 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00)
+                                              : 0xFFFD;
+    } else if (cp >= 0xD800 && cp < 0xE000) {
+        cp = 0xFFFD;
+    }
+    put_utf8(o, cp);
+    return true;
+}
+
+/* A string at jp->p (after its opening quote); returns a new C string. */
+static char *read_string(struct jparser *jp)
+{
+    /* The decoded form is never longer than the escaped one. */
+    const char *close = jp->p;
+    while (close < jp->end && *close != '"')
+        close += (*close == '\\' && close + 1 < jp->end) ? 2 : 1;
+    if (close >= jp->end) {
+        jfail(jp, "unterminated string");
+        return NULL;
+    }
+    char *s = malloc((size_t)(close - jp->p) + 1), *o = s;
+    if (!s) {
+        jfail(jp, "out of memory");
+        return NULL;
+    }
+    while (jp->p < close) {
+        unsigned char c = (unsigned char)*jp->p;
+        if (c < 0x20) {
+            jfail(jp, "control character in a string");
+            break;
+        }
+        if (c == '\\') {
+            jp->p++;
+            if (!read_escape(jp, &o))
+                break;
+            continue;
+        }
+        *o++ = (char)c;
+        jp->p++;
+    }
+    if (jp->error || jp->p != close) {
+        jfail(jp, "bad string");
+        free(s);
+        return NULL;
+    }
+    *o = '\0';
+    jp->p = close + 1;
+    return s;
+}
+
+static struct jvalue *read_value(struct jparser *jp, int depth);
+
+/* Elements of an array or members of an object, after the bracket. */
+static bool read_children(struct jparser *jp, struct jvalue *parent, char close, int depth)
+{
+    struct jvalue **tail = &parent->child;
+    skip_space(jp);
+    if (jp->p < jp->end && *jp->p == close) {
+        jp->p++;
+        return true;
+    }
+    for (;;) {
+        char *key = NULL;
+        skip_space(jp);
+        if (close == '}') {
+            if (jp->p >= jp->end || *jp->p != '"')
+                return jfail(jp, "expected a member name");
+            jp->p++;
+            if (!(key = read_string(jp)))
+                return false;
+            skip_space(jp);
+            if (jp->p >= jp->end || *jp->p != ':') {
+                free(key);
+                return jfail(jp, "expected ':'");
+            }
+            jp->p++;
+        }
+        struct jvalue *child = read_value(jp, depth + 1);
+        if (!child) {
+            free(key);
+            return false;
+        }
+        child->key = key;
+        *tail = child;
+        tail = &child->next;
+        skip_space(jp);
+        if (jp->p < jp->end && *jp->p == ',') {
+            jp->p++;
+            continue;
+        }
+        if (jp->p < jp->end && *jp->p == close) {
+            jp->p++;
+            return true;
+        }
+        return jfail(jp, "expected ',' or a closing bracket");
+    }
+}
+
+static bool read_scalar(struct jparser *jp, struct jvalue *v)
+{
+    static const struct { const char *word; enum jtype type; bool value; } words[] = {
+        {"true", J_BOOL, true}, {"false", J_BOOL, false}, {"null", J_NULL, false}};
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
+        size_t n = strlen(words[i].word);
+        if ((size_t)(jp->end - jp->p) >= n && memcmp(jp->p, words[i].word, n) == 0) {
+            v->type = words[i].type;
+            v->boolean = words[i].value;
+            jp->p += n;
+            return true;
+        }
+    }
+    const char *start = jp->p;
+    while (jp->p < jp->end && *jp->p && strchr("+-0123456789.eE", *jp->p))
+        jp->p++;
+    if (jp->p == start)
+        return jfail(jp, "unexpected character");
+    v->type = J_NUMBER;
+    v->text = strndup(start, (size_t)(jp->p - start));
+    return v->text != NULL || jfail(jp, "out of memory");
+}
+
+static struct jvalue *read_value(struct jparser *jp, int depth)
+{
+    if (depth > JSON_DEPTH_MAX) {
+        jfail(jp, "nested too deeply");
+        return NULL;
+    }
+    skip_space(jp);
+    if (jp->p >= jp->end) {
+        jfail(jp, "unexpected end");
+        return NULL;
+    }
+    struct jvalue *v = calloc(1, sizeof *v);
+    if (!v) {
+        jfail(jp, "out of memory");
+        return NULL;
+    }
+    bool ok;
+    char c = *jp->p;
+    if (c == '{' || c == '[') {
+        jp->p++;
+        v->type = c == '{' ? J_OBJECT : J_ARRAY;
+        ok = read_children(jp, v, c == '{' ? '}' : ']', depth);
+    } else if (c == '"') {
+        jp->p++;
+        v->type = J_STRING;
+        ok = (v->text = read_string(jp)) != NULL;
+    } else {
+        ok = read_scalar(jp, v);
+    }
+    if (!ok) {
+        jfree(v);
+        return NULL;
+    }
+    return v;
+}
+
+static struct jvalue *json_parse(const char *text, size_t size, const char **error)
+{
+    struct jparser jp = {.p = text, .end = text + size};
+    struct jvalue *v = read_value(&jp, 0);
+    skip_space(&jp);
+    if (v && jp.p != jp.end) {
+        jfail(&jp, "trailing bytes");
+        jfree(v);
+        v = NULL;
+    }
+    *error = jp.error;
+    return v;
+}
+
+static const struct jvalue *jget(const struct jvalue *object, const char *key)
+{
+    if (!object || object->type != J_OBJECT)
+        return NULL;
+    for (const struct jvalue *m = object->child; m; m = m->next) {
+        if (strcmp(m->key, key) == 0)
+            return m;
+    }
+    return NULL;
+}
+
+/* ---- printing ---------------------------------------------------------- */
+
+/* A value as one table cell: control characters shown as '?', so a name
+ * cannot break the table or the terminal. Returns a new string. */
+static char *cell_text(const struct jvalue *v)
+{
+    const char *s = "-";
+    char joined[1024];
+    if (v && (v->type == J_STRING || v->type == J_NUMBER)) {
+        s = v->text;
+    } else if (v && v->type == J_BOOL) {
+        s = v->boolean ? "yes" : "no";
+    } else if (v && v->type == J_ARRAY) {
+        size_t n = 0;
+        joined[0] = '\0';
+        for (const struct jvalue *e = v->child; e; e = e->next) {
+            const char *t = e->text ? e->text : "?";
+            n += (size_t)snprintf(joined + n, sizeof joined - n, "%s%s", n ? "," : "", t);
+            if (n >= sizeof joined)
+                break;
+        }
+        s = n ? joined : "-";
+    }
+    char *out = strdup(s);
+    if (!out)
+        abort();
+    for (char *p = out; *p; p++) {
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            *p = '?';
+    }
+    return out;
+}
+
+/* Display width: UTF-8 code points (every one taken as one column). */
+static size_t text_width(const char *s)
+{
+    size_t w = 0;
+    for (; *s; s++)
+        w += ((unsigned char)*s & 0xC0) != 0x80;
+    return w;
+}
+
+struct column {
+    const char *key;
+    const char *title;
+    bool right;          /* numbers are right-aligned */
+};
+
+static void print_cell(const char *text, size_t width, bool right, bool last)
+{
+    size_t w = text_width(text);
+    size_t pad = width > w ? width - w : 0;
+    if (right)
+        printf("%*s%s", (int)pad, "", text);
+    else
+        printf("%s%*s", text, last ? 0 : (int)pad, "");
+    fputs(last ? "\n" : "  ", stdout);
+}
+
+static int compare_rows(const void *a, const void *b)
+{
+    char *const *ra = a, *const *rb = b;
+    int c = strcmp(ra[0], rb[0]);
+    return c ? c : strcmp(ra[1], rb[1]);
+}
+
+/* An array of objects as an aligned table, sorted by its first two
+ * columns (the API lists in table order). */
+static int print_table(const struct jvalue *array, const struct column *cols, size_t ncols)
+{
+    if (!array || array->type != J_ARRAY)
+        return -1;
+    size_t nrows = 0;
+    for (const struct jvalue *e = array->child; e; e = e->next)
+        nrows++;
+    char **cells = calloc((nrows + 1) * ncols, sizeof *cells);
+    size_t *width = calloc(ncols, sizeof *width);
+    if (!cells || !width)
+        abort();
+    size_t r = 0;
+    for (const struct jvalue *e = array->child; e; e = e->next, r++) {
+        for (size_t c = 0; c < ncols; c++)
+            cells[r * ncols + c] = cell_text(jget(e, cols[c].key));
+    }
+    qsort(cells, nrows, ncols * sizeof *cells, compare_rows);
+    for (size_t c = 0; c < ncols; c++) {
+        width[c] = text_width(cols[c].title);
+        for (r = 0; r < nrows; r++) {
+            size_t w = text_width(cells[r * ncols + c]);
+            width[c] = w > width[c] ? w : width[c];
+        }
+    }
+    for (size_t c = 0; c < ncols; c++)
+        print_cell(cols[c].title, width[c], cols[c].right, c + 1 == ncols);
+    for (r = 0; r < nrows; r++) {
+        for (size_t c = 0; c < ncols; c++)
+            print_cell(cells[r * ncols + c], width[c], cols[c].right, c + 1 == ncols);
+    }
+    for (size_t i = 0; i < nrows * ncols; i++)
+        free(cells[i]);
+    free(cells);
+    free(width);
+    return 0;
+}
+
+/* An object as "key  value" lines, nested objects flattened with dots. */
+static void collect_pairs(const struct jvalue *object, const char *prefix, char ***pairs,
+                          size_t *count)
+{
+    for (const struct jvalue *m = object->child; m; m = m->next) {
+        char key[256];
+        snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", m->key);
+        if (m->type == J_OBJECT) {
+            collect_pairs(m, key, pairs, count);
+            continue;
+        }
+        char **grown = realloc(*pairs, (*count + 2) * sizeof **pairs);
+        if (!grown)
+            abort();
+        *pairs = grown;
+        grown[(*count)++] = strdup(key);
+        grown[(*count)++] = cell_text(m);
+    }
+}
+
+static int print_pairs(const struct jvalue *object)
+{
+    if (!object || object->type != J_OBJECT)
+        return -1;
+    char **pairs = NULL;
+    size_t count = 0, width = 0;
+    collect_pairs(object, "", &pairs, &count);
+    for (size_t i = 0; i < count; i += 2) {
+        size_t w = text_width(pairs[i]);
+        width = w > width ? w : width;
+    }
+    for (size_t i = 0; i < count; i += 2) {
+        print_cell(pairs[i], width, false, false);
+        print_cell(pairs[i + 1], 0, false, true);
+        free(pairs[i]);
+        free(pairs[i + 1]);
+    }
+    free(pairs);
+    return 0;
+}
+
+/* ---- commands ---------------------------------------------------------- */
+
+static const struct column queue_columns[] = {
+    {"vhost", "VHOST", false},       {"name", "NAME", false},
+    {"messages", "READY", true},     {"messages_unacknowledged", "UNACKED", true},
+    {"consumers", "CONSUMERS", true}, {"paged", "PAGED", true},
+    {"durable", "DURABLE", false},   {"exclusive", "EXCLUSIVE", false},
+    {"auto_delete", "AUTO_DELETE", false}, {"primary", "PRIMARY", false},
+};
+
+static const struct column connection_columns[] = {
+    {"peer", "PEER", false},         {"user", "USER", false},
+    {"vhost", "VHOST", false},       {"channels", "CHANNELS", true},
+    {"state", "STATE", false},
+};
+
+struct command {
+    const char *name;
+    const char *path;
+    const struct column *columns;    /* NULL: key/value pairs */
+    size_t columns_count;
+};
+
+static const struct command commands[] = {
+    {"status", "/api/overview", NULL, 0},
+    {"queues", "/api/queues", queue_columns, sizeof queue_columns / sizeof queue_columns[0]},
+    {"connections", "/api/connections", connection_columns,
+     sizeof connection_columns / sizeof connection_columns[0]},
+};
+
+/* Prints the answer; returns the exit status. */
+static int show(const struct command *cmd, const struct response *res, bool raw_json)
+{
+    const char *error = NULL;
+    struct jvalue *doc = json_parse(res->body, res->body_size, &error);
+    if (res->status != 200) {
+        const struct jvalue *reason = jget(doc, "reason");
+        fprintf(stderr, "quayctl: GET %s: HTTP %d%s%s\n", cmd->path, res->status,
+                reason && reason->text ? ": " : "", reason && reason->text ? reason->text : "");
+        jfree(doc);
+        return EXIT_PROTOCOL;
+    }
+    if (!doc) {
+        fprintf(stderr, "quayctl: GET %s: bad JSON (%s)\n", cmd->path, error ? error : "?");
+        return EXIT_PROTOCOL;
+    }
+    int rc;
+    if (raw_json) {
+        fwrite(res->body, 1, res->body_size, stdout);
+        if (res->body_size == 0 || res->body[res->body_size - 1] != '\n')
+            putchar('\n');
+        rc = 0;
+    } else if (cmd->columns) {
+        rc = print_table(doc, cmd->columns, cmd->columns_count);
+    } else {
+        rc = print_pairs(doc);
+    }
+    jfree(doc);
+    if (rc != 0) {
+        fprintf(stderr, "quayctl: GET %s: unexpected JSON shape\n", cmd->path);
+        return EXIT_PROTOCOL;
+    }
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
+struct options {
+    struct endpoint endpoint;
+    bool json;
+    int timeout_ms;
+    const struct command *command;
+};
+
+/* Returns -1 to go on, or an exit status. */
+static int parse_options(int argc, char **argv, struct options *opt)
+{
+    const char *http = DEFAULT_HTTP;
+    opt->timeout_ms = DEFAULT_TIMEOUT_MS;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--json") == 0) {
+            opt->json = true;
+        } else if ((strcmp(a, "--http") == 0 || strcmp(a, "--timeout") == 0) && i + 1 < argc) {
+            if (strcmp(a, "--http") == 0) {
+                http = argv[++i];
+                continue;
+            }
+            char *end;
+            long s = strtol(argv[++i], &end, 10);
+            if (*argv[i] == '\0' || *end != '\0' || s <= 0 || s > 3600) {
+                fprintf(stderr, "quayctl: bad value for --timeout: '%s'\n", argv[i]);
+                return EXIT_USAGE;
+            }
+            opt->timeout_ms = (int)s * 1000;
+        } else if (a[0] == '-' || opt->command) {
+            fprintf(stderr, "quayctl: unexpected argument '%s'\n", a);
+            usage(stderr);
+            return EXIT_USAGE;
+        } else {
+            for (size_t c = 0; c < sizeof commands / sizeof commands[0]; c++) {
+                if (strcmp(a, commands[c].name) == 0)
+                    opt->command = &commands[c];
+            }
+            if (!opt->command) {
+                fprintf(stderr, "quayctl: unknown command '%s'\n", a);
+                usage(stderr);
+                return EXIT_USAGE;
+            }
+        }
+    }
+    if (!opt->command) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    if (parse_endpoint(http, &opt->endpoint) != 0) {
+        fprintf(stderr, "quayctl: bad value for --http: '%s' (HOST:PORT)\n", http);
+        return EXIT_USAGE;
+    }
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    struct options opt = {0};
+    int rc = parse_options(argc, argv, &opt);
+    if (rc >= 0)
+        return rc;
+    struct buffer in = {0};
+    struct response res;
+    rc = http_get(&opt.endpoint, opt.command->path, opt.timeout_ms, &in, &res);
+    if (rc == 0)
+        rc = show(opt.command, &res, opt.json);
+    free(in.data);
+    return rc;
+}

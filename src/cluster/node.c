@@ -1,0 +1,1116 @@
+/*
+ * node.c: see node.h. A broker's membership in the cluster: consensus with
+ * the map as its state machine, the member heartbeats, and the controller
+ * loop on the leader.
+ *
+ * Heartbeat datagram (UDP, to every Raft member's cluster address; all
+ * integers big-endian):
+ *
+ *     0   4  magic "QYHB"
+ *     4   1  version (1)
+ *     5   1  flags: bit 0 = stopping (the sender is shutting down cleanly)
+ *     6   1  name_size (1..255)
+ *     7   1  amqp_size (1..255)
+ *     8   1  cluster_size (1..255)
+ *     9   7  zero
+ *    16   8  sender id (its Raft id; map broker ids are 32-bit)
+ *    24   8  sequence: strictly increasing per sender, across restarts too
+ *              (it starts at the wall clock in microseconds)
+ *    32   n  name, AMQP address, cluster address (not NUL-terminated)
+ *  32+n  32  HMAC-SHA256(secret, bytes 0 .. 32+n)
+ *
+ * A datagram that is malformed, fails the MAC or does not advance its
+ * sender's sequence is dropped and counted. The MAC input starts with
+ * "QYHB", so it cannot be confused with the transport's proofs (which are
+ * over "quay-raft ..." labels). Like the transport, this authenticates the
+ * sender; it does not hide anything.
+ *
+ * Log entries: libraft 0.15's TCP transport sends an entry's bytes as they
+ * are but its receiver skips padding to a multiple of 8 after each one, so
+ * an entry whose size is not a multiple of 8 is decoded wrongly by the
+ * followers (ASan: heap-buffer-overflow in libraft). Every entry is
+ * therefore an envelope: the command's size (8 bytes, big-endian), the map
+ * command, zeros up to a multiple of 8.
+ *
+ * Timers: one, every NODE_HEARTBEAT_MS: send heartbeats, then (leader
+ * only) announce members and check liveness.
+ *
+ * Must never: propose from a follower; act as controller before its own
+ * barrier (its broker.join after election) committed; block the loop after
+ * start-up (start-up reads and writes two small files synchronously).
+ */
+#include "cluster/node.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include "cluster/consensus.h"
+#include "cluster/controller.h"
+#include "lib/assert.h"
+#include "lib/errors.h"
+#include "lib/log.h"
+#include "mgmt/json.h"
+
+#define HB_MAGIC "QYHB"
+#define HB_VERSION 1
+#define HB_FLAG_STOPPING 1u
+#define HB_HEADER_SIZE 32
+#define HB_MAC_SIZE 32
+#define HB_SIZE_MAX (HB_HEADER_SIZE + 3 * CLUSTER_NAME_SIZE_MAX + HB_MAC_SIZE)
+#define SECRET_SIZE_MIN 16
+#define SECRET_SIZE_MAX 1024
+#define JOIN_WARN_EVERY_MS 5000
+#define ADDRESS_SIZE (CLUSTER_NAME_SIZE_MAX + 1)
+#define ENVELOPE_HEADER_SIZE 8
+
+static_assert(HB_SIZE_MAX < 1200, "a heartbeat fits one datagram on any link");
+static_assert(CLUSTER_NAME_SIZE_MAX <= CONSENSUS_ADDRESS_SIZE_MAX, "addresses fit the map");
+
+/* What this node knows of one member (itself included, at index 0), from
+ * its heartbeats. Owned by the node. */
+struct peer {
+    uint32_t id;
+    bool stopping;            /* its last heartbeat said it is shutting down */
+    bool join_in_flight;      /* leader: a broker.join for it is proposed */
+    bool join_refused;        /* leader: refused at refused_version; wait for a change */
+    uint64_t refused_version; /* map brokers_version when it was refused */
+    uint64_t sequence;
+    uint64_t last_heard_ms;   /* loop clock; 0 = never */
+    char name[ADDRESS_SIZE];
+    char amqp_address[ADDRESS_SIZE];
+    char cluster_address[ADDRESS_SIZE];
+};
+
+struct cluster_node {
+    uv_loop_t *loop; /* borrowed */
+    struct consensus *consensus;
+    struct cluster_map map;
+    struct controller_config controller;
+    uint32_t id;
+    uint8_t secret[SECRET_SIZE_MAX];
+    size_t secret_size;
+    uv_udp_t udp;
+    uv_timer_t timer;
+    int handles_open;        /* udp, timer */
+    bool consensus_open;
+    bool stopping;
+    bool joining;            /* consensus_join() has not completed */
+    uint64_t join_warned_ms;
+    uint64_t leader_id;
+    bool leader;             /* this node is the Raft leader */
+    bool controller_ready;   /* leader, and its barrier committed */
+    bool barrier_in_flight;
+    uint64_t leader_since_ms;
+    uint32_t liveness_in_flight;
+    uint32_t proposals_in_flight;
+    uint64_t sequence;
+    struct peer peers[CLUSTER_BROKERS_MAX]; /* [0] is this node */
+    uint32_t peers_count;
+    uint64_t heartbeat_dropped_count; /* malformed, bad MAC, replayed: glitches */
+    uint8_t recv_buffer[HB_SIZE_MAX + 64];
+};
+
+enum proposal_kind { PROPOSAL_BARRIER, PROPOSAL_JOIN, PROPOSAL_STATE, PROPOSAL_OTHER };
+
+/* One proposal in flight; owned by consensus until its done callback. */
+struct proposal {
+    struct cluster_node *node;
+    enum proposal_kind kind;
+    uint32_t broker_id;
+};
+
+/* ---- small helpers ---- */
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--, v >>= 8)
+        p[i] = (uint8_t)v;
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static struct peer *peer_find(struct cluster_node *node, uint64_t id)
+{
+    for (uint32_t i = 0; i < node->peers_count; i++) {
+        if (node->peers[i].id == id)
+            return &node->peers[i];
+    }
+    return NULL;
+}
+
+static const char *broker_name_or(const struct cluster_map *map, uint64_t id, const char *dflt)
+{
+    static char name[ADDRESS_SIZE];
+    const struct map_broker *b = id <= UINT32_MAX ? cluster_map_broker(map, (uint32_t)id) : NULL;
+    if (b == NULL)
+        return dflt;
+    snprintf(name, sizeof name, "%.*s", (int)b->name.len, (const char *)b->name.ptr);
+    return name;
+}
+
+/* "host:port" -> host and port; the host may be bracketed IPv6. */
+static int split_address(const char *address, char *host, size_t host_size, int *port)
+{
+    const char *colon = strrchr(address, ':');
+    if (colon == NULL || colon == address || (size_t)(colon - address) >= host_size)
+        return -1;
+    char *end;
+    long p = strtol(colon + 1, &end, 10);
+    if (*end != '\0' || colon[1] == '\0' || p <= 0 || p > 65535)
+        return -1;
+    snprintf(host, host_size, "%.*s", (int)(colon - address), address);
+    *port = (int)p;
+    return 0;
+}
+
+static int parse_ipv4_address(const char *address, struct sockaddr_in *out)
+{
+    char host[64];
+    int port;
+    if (split_address(address, host, sizeof host, &port) != 0)
+        return -1;
+    return uv_ip4_addr(host, port, out) == 0 ? 0 : -1;
+}
+
+static bool name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > CLUSTER_NAME_SIZE_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        if ((unsigned char)s[i] <= ' ' || s[i] == 0x7f)
+            return false; /* one token: it is logged as "name=state" */
+    }
+    return true;
+}
+
+/* ---- configuration, secret and id ---- */
+
+static int check_join_list(const char *join, char *err, size_t err_size)
+{
+    char copy[CLUSTER_NODE_PEERS_MAX * 32 + 64];
+    if (strlen(join) >= sizeof copy) {
+        snprintf(err, err_size, "--join: list too long");
+        return -1;
+    }
+    snprintf(copy, sizeof copy, "%s", join);
+    size_t count = 0;
+    char *save = NULL;
+    for (char *p = strtok_r(copy, ",", &save); p != NULL; p = strtok_r(NULL, ",", &save)) {
+        struct sockaddr_in sa;
+        if (parse_ipv4_address(p, &sa) != 0) {
+            snprintf(err, err_size, "--join: '%s' is not an IPv4 'a.b.c.d:port'", p);
+            return -1;
+        }
+        count++;
+    }
+    if (count == 0 || count > CLUSTER_NODE_PEERS_MAX) {
+        snprintf(err, err_size, "--join: give 1..%d addresses", CLUSTER_NODE_PEERS_MAX);
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads the secret file into out (at least SECRET_SIZE_MIN bytes). */
+static int read_secret(const char *path, uint8_t *out, size_t *size_out, char *err,
+                       size_t err_size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, err_size, "cannot read the cluster secret file %s: %s", path,
+                 strerror(errno));
+        return -1;
+    }
+    uint8_t buf[SECRET_SIZE_MAX + 1];
+    size_t size = 0;
+    ssize_t n;
+    while (size < sizeof buf && (n = read(fd, buf + size, sizeof buf - size)) != 0) {
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            snprintf(err, err_size, "cannot read %s: %s", path, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        size += (size_t)n;
+    }
+    close(fd);
+    if (size < SECRET_SIZE_MIN || size > SECRET_SIZE_MAX) {
+        snprintf(err, err_size, "the cluster secret file %s must hold %d..%d bytes (it has %s%zu)",
+                 path, SECRET_SIZE_MIN, SECRET_SIZE_MAX, size > SECRET_SIZE_MAX ? "over " : "",
+                 size > SECRET_SIZE_MAX ? (size_t)SECRET_SIZE_MAX : size);
+        OPENSSL_cleanse(buf, sizeof buf);
+        return -1;
+    }
+    if (out != NULL) {
+        memcpy(out, buf, size);
+        *size_out = size;
+    }
+    OPENSSL_cleanse(buf, sizeof buf);
+    return 0;
+}
+
+int cluster_node_config_check(const struct cluster_node_config *config, char *err,
+                              size_t err_size)
+{
+    ASSERT(config != NULL);
+    struct sockaddr_in sa;
+    if (config->listen == NULL || parse_ipv4_address(config->listen, &sa) != 0) {
+        snprintf(err, err_size, "--cluster-listen must be an IPv4 'a.b.c.d:port' (port > 0)");
+        return -1;
+    }
+    if (config->name != NULL && config->name[0] != '\0' && !name_ok(config->name)) {
+        snprintf(err, err_size, "--name must be 1..%d printable characters without spaces",
+                 CLUSTER_NAME_SIZE_MAX);
+        return -1;
+    }
+    if (config->join != NULL && config->join[0] != '\0' &&
+        check_join_list(config->join, err, err_size) != 0)
+        return -1;
+    if (config->secret_file == NULL || config->secret_file[0] == '\0') {
+        snprintf(err, err_size,
+                 "clustering needs --cluster-secret-file FILE (the same file on every broker, "
+                 "%d..%d bytes); refusing to start without it", SECRET_SIZE_MIN,
+                 SECRET_SIZE_MAX);
+        return -1;
+    }
+    return read_secret(config->secret_file, NULL, NULL, err, err_size);
+}
+
+/* DATA/cluster-id holds the broker id in decimal; it is created once
+ * (write, fsync, rename) so restarts keep the id. */
+static int load_or_create_id(const char *data_dir, uint32_t *id_out, char *err,
+                             size_t err_size)
+{
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/cluster-id", data_dir);
+    FILE *f = fopen(path, "re");
+    if (f != NULL) {
+        unsigned long long v = 0;
+        int n = fscanf(f, "%llu", &v);
+        fclose(f);
+        if (n != 1 || v == 0 || v > UINT32_MAX) {
+            snprintf(err, err_size, "%s is corrupt (expected a number 1..%u)", path,
+                     UINT32_MAX);
+            return -1;
+        }
+        *id_out = (uint32_t)v;
+        return 0;
+    }
+    if (errno != ENOENT) {
+        snprintf(err, err_size, "cannot read %s: %s", path, strerror(errno));
+        return -1;
+    }
+    uint32_t id = 0;
+    while (id == 0) {
+        if (RAND_bytes((unsigned char *)&id, sizeof id) != 1) {
+            snprintf(err, err_size, "no randomness for a broker id");
+            return -1;
+        }
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char text[16];
+    int len = snprintf(text, sizeof text, "%" PRIu32 "\n", id);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    bool ok = fd >= 0 && write(fd, text, (size_t)len) == len && fsync(fd) == 0;
+    if (fd >= 0)
+        close(fd);
+    if (!ok || rename(tmp, path) != 0) {
+        snprintf(err, err_size, "cannot write %s: %s", path, strerror(errno));
+        return -1;
+    }
+    LOG_INFO("cluster: new broker id %" PRIu32 " stored in %s", id, path);
+    *id_out = id;
+    return 0;
+}
+
+/* ---- the map as the state machine, and its log ---- */
+
+struct prior_states {
+    uint32_t count;
+    uint32_t ids[CLUSTER_BROKERS_MAX];
+    enum broker_state states[CLUSTER_BROKERS_MAX];
+};
+
+static void format_brokers(const struct cluster_map *map, char *out, size_t size)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (uint32_t i = 0; i < map->brokers_count && used < size; i++) {
+        const struct map_broker *b = map->brokers[i];
+        int n = snprintf(out + used, size - used, "%s%.*s=%s", i ? " " : "", (int)b->name.len,
+                         (const char *)b->name.ptr, broker_state_name(b->state));
+        if (n < 0)
+            break;
+        used += (size_t)n;
+    }
+}
+
+static enum broker_state prior_state(const struct prior_states *prior, uint32_t id, bool *found)
+{
+    for (uint32_t i = 0; i < prior->count; i++) {
+        if (prior->ids[i] == id) {
+            *found = true;
+            return prior->states[i];
+        }
+    }
+    *found = false;
+    return BROKER_STATE_UP;
+}
+
+static void log_change(struct cluster_node *node, int rc, const struct map_change *change,
+                       const struct prior_states *prior)
+{
+    char brokers[768];
+    format_brokers(&node->map, brokers, sizeof brokers);
+    unsigned long long epoch = (unsigned long long)node->map.version;
+    const char *op = map_op_name(change->op) ? map_op_name(change->op) : "?";
+    if (rc != OK) {
+        LOG_WARN("cluster map epoch=%llu: %s refused: %u %s; brokers: %s", epoch, op,
+                 change->reply_code, change->reply_text, brokers);
+        return;
+    }
+    const struct map_broker *b = cluster_map_broker(&node->map, change->broker_id);
+    bool known = false;
+    enum broker_state before = prior_state(prior, change->broker_id, &known);
+    if (change->op == MAP_OP_BROKER_JOIN && b != NULL) {
+        LOG_INFO("cluster map epoch=%llu: broker %.*s (id %" PRIu32 ") %s: amqp=%.*s "
+                 "cluster=%.*s voter=%s; brokers: %s", epoch, (int)b->name.len,
+                 (const char *)b->name.ptr, b->id, known ? "rejoined" : "joined",
+                 (int)b->amqp_address.len, (const char *)b->amqp_address.ptr,
+                 (int)b->cluster_address.len, (const char *)b->cluster_address.ptr,
+                 b->voter ? "yes" : "no", brokers);
+    } else if (change->op == MAP_OP_BROKER_STATE && b != NULL) {
+        LOG_INFO("cluster map epoch=%llu: broker %.*s (id %" PRIu32 ") %s -> %s; brokers: %s",
+                 epoch, (int)b->name.len, (const char *)b->name.ptr, b->id,
+                 broker_state_name(before), broker_state_name(b->state), brokers);
+    } else {
+        LOG_INFO("cluster map epoch=%llu: %s%s; brokers: %s", epoch, op,
+                 change->changed ? "" : " (no change)", brokers);
+    }
+}
+
+static int on_apply(void *ctx, uint64_t index, const uint8_t *cmd, size_t size, void **result)
+{
+    struct cluster_node *node = ctx;
+    ASSERT(node != NULL);
+    ASSERT(cmd != NULL || size == 0);
+    struct prior_states prior = {.count = node->map.brokers_count};
+    for (uint32_t i = 0; i < prior.count; i++) {
+        prior.ids[i] = node->map.brokers[i]->id;
+        prior.states[i] = node->map.brokers[i]->state;
+    }
+    /* The envelope: a malformed one is applied as an empty command, which
+     * the map refuses (and counts) like any malformed command. */
+    uint64_t cmd_size = size >= ENVELOPE_HEADER_SIZE ? get_u64(cmd) : 0;
+    if (cmd_size > size - ENVELOPE_HEADER_SIZE || size % 8 != 0)
+        cmd_size = 0;
+    struct map_change change;
+    int rc = cluster_map_apply(&node->map, cmd_size ? cmd + ENVELOPE_HEADER_SIZE : cmd,
+                               (size_t)cmd_size, &change);
+    log_change(node, rc, &change, &prior);
+    /* The reply code is a small value, not memory (consensus.h). */
+    *result = (void *)(uintptr_t)change.reply_code;
+    (void)index;
+    return rc;
+}
+
+static int on_snapshot(void *ctx, uint8_t **data, size_t *size)
+{
+    struct cluster_node *node = ctx;
+    ASSERT(node != NULL);
+    return cluster_map_snapshot_alloc(&node->map, data, size);
+}
+
+static int on_restore(void *ctx, const uint8_t *data, size_t size)
+{
+    struct cluster_node *node = ctx;
+    ASSERT(node != NULL);
+    int rc = cluster_map_snapshot_read(&node->map, data, size);
+    if (rc == OK) {
+        char brokers[768];
+        format_brokers(&node->map, brokers, sizeof brokers);
+        LOG_INFO("cluster map epoch=%llu: restored from a snapshot; brokers: %s",
+                 (unsigned long long)node->map.version, brokers);
+    }
+    return rc;
+}
+
+static void on_leader_changed(void *ctx, uint64_t leader_id, const char *leader_address,
+                              bool is_self)
+{
+    struct cluster_node *node = ctx;
+    ASSERT(node != NULL);
+    node->leader_id = leader_id;
+    if (is_self != node->leader) {
+        node->leader = is_self;
+        node->controller_ready = false; /* a new leader waits for its barrier */
+    }
+    LOG_INFO("cluster: leader is %s (id %llu at %s)%s; map epoch=%llu",
+             broker_name_or(&node->map, leader_id, leader_id ? "?" : "none"),
+             (unsigned long long)leader_id, leader_address ? leader_address : "-",
+             is_self ? " (self)" : "", (unsigned long long)node->map.version);
+}
+
+/* ---- proposals (leader only) ---- */
+
+static void controller_after_state(struct cluster_node *node, uint32_t broker_id);
+
+static void on_proposal_done(void *req_ctx, int status, void *result)
+{
+    struct proposal *p = req_ctx;
+    struct cluster_node *node = p->node;
+    ASSERT(node->proposals_in_flight > 0);
+    node->proposals_in_flight--;
+    bool committed = status == OK || status == CONSENSUS_E_APPLY;
+    struct peer *peer = peer_find(node, p->broker_id);
+    switch (p->kind) {
+    case PROPOSAL_BARRIER:
+        node->barrier_in_flight = false;
+        if (peer != NULL)
+            peer->join_in_flight = false;
+        if (committed && !node->stopping && consensus_is_leader(node->consensus)) {
+            node->controller_ready = true;
+            node->leader_since_ms = uv_now(node->loop);
+            LOG_INFO("cluster: controller active at map epoch=%llu",
+                     (unsigned long long)node->map.version);
+        }
+        break;
+    case PROPOSAL_JOIN:
+        if (peer != NULL) {
+            peer->join_in_flight = false;
+            peer->join_refused = status == CONSENSUS_E_APPLY;
+            peer->refused_version = node->map.brokers_version;
+        }
+        break;
+    case PROPOSAL_STATE:
+        ASSERT(node->liveness_in_flight > 0);
+        node->liveness_in_flight--;
+        if (status == OK && !node->stopping)
+            controller_after_state(node, p->broker_id);
+        break;
+    case PROPOSAL_OTHER:
+        break;
+    }
+    if (status != OK && status != CONSENSUS_E_SHUTDOWN)
+        LOG_DEBUG("cluster: proposal for broker %" PRIu32 ": %s (reply %u)", p->broker_id,
+                  consensus_strerror(status), (unsigned)(uintptr_t)result);
+    free(p);
+}
+
+/* Proposes cmd (consumed) in its log envelope. OK, or a consensus error
+ * (nothing in flight). */
+static int propose(struct cluster_node *node, struct map_cmd *cmd, enum proposal_kind kind,
+                   uint32_t broker_id)
+{
+    ASSERT(!node->stopping);
+    ASSERT(cmd->size > 0 && cmd->size <= CLUSTER_CMD_SIZE_MAX);
+    size_t size = ENVELOPE_HEADER_SIZE + (cmd->size + 7) / 8 * 8;
+    uint8_t *entry = calloc(1, size);
+    struct proposal *p = calloc(1, sizeof *p);
+    ASSERT(entry != NULL && p != NULL);
+    put_u64(entry, cmd->size);
+    memcpy(entry + ENVELOPE_HEADER_SIZE, cmd->bytes, cmd->size);
+    map_cmd_free(cmd);
+    *p = (struct proposal){.node = node, .kind = kind, .broker_id = broker_id};
+    int rc = consensus_propose(node->consensus, entry, size, on_proposal_done, p);
+    free(entry);
+    if (rc != OK) {
+        free(p);
+        return rc;
+    }
+    node->proposals_in_flight++;
+    return OK;
+}
+
+static int propose_join(struct cluster_node *node, struct peer *peer, bool voter,
+                        enum proposal_kind kind)
+{
+    struct map_cmd cmd;
+    int rc = map_cmd_broker_join(&cmd, peer->id, bytes_of_cstr(peer->name),
+                                 bytes_of_cstr(peer->amqp_address),
+                                 bytes_of_cstr(peer->cluster_address), voter);
+    ASSERT(rc == OK); /* three short strings */
+    rc = propose(node, &cmd, kind, peer->id);
+    if (rc == OK)
+        peer->join_in_flight = true;
+    return rc;
+}
+
+static void propose_list(struct cluster_node *node, struct map_cmd_list *list,
+                         enum proposal_kind kind, uint32_t broker_id)
+{
+    for (uint32_t i = 0; i < list->count; i++) {
+        if (propose(node, &list->items[i], kind, broker_id) != OK)
+            continue; /* decided again at the next tick */
+        if (kind == PROPOSAL_STATE)
+            node->liveness_in_flight++;
+    }
+}
+
+/* ---- the controller (leader, after its barrier) ---- */
+
+/* A broker.state committed: fail over a broker that went down, give a
+ * returning one its queues back (both empty until queues are in the map). */
+static void controller_after_state(struct cluster_node *node, uint32_t broker_id)
+{
+    const struct map_broker *b = cluster_map_broker(&node->map, broker_id);
+    if (b == NULL || !consensus_is_leader(node->consensus))
+        return;
+    struct map_cmd_list list;
+    map_cmd_list_init(&list);
+    if (b->state == BROKER_STATE_DOWN)
+        controller_fail_over(&node->map, &node->controller, broker_id, &list);
+    else if (b->state == BROKER_STATE_UP)
+        controller_broker_returned(&node->map, broker_id, &list);
+    propose_list(node, &list, PROPOSAL_OTHER, broker_id);
+    map_cmd_list_free(&list);
+}
+
+static bool map_entry_differs(const struct cluster_map *map, const struct peer *peer, bool voter)
+{
+    const struct map_broker *b = cluster_map_broker(map, peer->id);
+    return b == NULL || !bytes_equal_cstr(b->name, peer->name) ||
+           !bytes_equal_cstr(b->amqp_address, peer->amqp_address) ||
+           !bytes_equal_cstr(b->cluster_address, peer->cluster_address) || b->voter != voter;
+}
+
+/* Every Raft member (voter or standby) we have heard from gets a map entry
+ * matching its heartbeat: the leader proposes broker.join on its behalf. */
+static void controller_announce_members(struct cluster_node *node)
+{
+    struct consensus_member members[CLUSTER_BROKERS_MAX];
+    size_t n = consensus_members(node->consensus, members, CLUSTER_BROKERS_MAX);
+    if (n > CLUSTER_BROKERS_MAX)
+        n = CLUSTER_BROKERS_MAX;
+    for (size_t i = 0; i < n; i++) {
+        const struct consensus_member *m = &members[i];
+        if (m->role == CONSENSUS_ROLE_SPARE)
+            continue; /* transient: its role is being assigned */
+        struct peer *peer = peer_find(node, m->id);
+        if (peer == NULL || peer->name[0] == '\0' || peer->join_in_flight)
+            continue; /* not heard yet */
+        if (strcmp(peer->cluster_address, m->address) != 0)
+            continue; /* a stale announcement: wait for the member's own */
+        if (peer->join_refused && peer->refused_version == node->map.brokers_version)
+            continue;
+        bool voter = m->role == CONSENSUS_ROLE_VOTER;
+        if (map_entry_differs(&node->map, peer, voter))
+            propose_join(node, peer, voter, PROPOSAL_JOIN);
+    }
+}
+
+/* One broker at a time, so each broker.state proposal knows whose it is
+ * (its follow-up is that broker's failover or return). */
+static void controller_liveness(struct cluster_node *node, uint64_t now)
+{
+    if (node->liveness_in_flight > 0)
+        return; /* decide on the map those changes produce */
+    for (uint32_t i = 0; i < node->map.brokers_count; i++) {
+        const struct map_broker *b = node->map.brokers[i];
+        const struct peer *peer = peer_find(node, b->id);
+        /* Never heard by this process: silent since it became leader. */
+        uint64_t last = node->leader_since_ms;
+        if (peer != NULL && peer->last_heard_ms != 0)
+            last = peer->last_heard_ms;
+        struct controller_heard heard = {
+            .broker_id = b->id, .last_heard_ms = last,
+            .connection_reset = peer != NULL && peer->stopping};
+        struct map_cmd_list list;
+        map_cmd_list_init(&list);
+        controller_check_liveness(&node->map, &node->controller, &heard, 1, now, &list);
+        ASSERT(list.count <= 1);
+        propose_list(node, &list, PROPOSAL_STATE, b->id);
+        map_cmd_list_free(&list);
+    }
+}
+
+static void controller_tick(struct cluster_node *node, uint64_t now)
+{
+    if (!node->leader || node->stopping)
+        return;
+    if (!node->controller_ready) {
+        /* The barrier: our own broker.join. Once it commits, every entry
+         * of earlier terms is applied here too. */
+        struct peer *self = &node->peers[0];
+        if (!node->barrier_in_flight &&
+            propose_join(node, self, true, PROPOSAL_BARRIER) == OK)
+            node->barrier_in_flight = true;
+        return;
+    }
+    controller_announce_members(node);
+    controller_liveness(node, now);
+}
+
+/* ---- heartbeats ---- */
+
+static void heartbeat_mac(const struct cluster_node *node, const uint8_t *data, size_t size,
+                          uint8_t *mac)
+{
+    unsigned int mac_size = 0;
+    uint8_t *r = HMAC(EVP_sha256(), node->secret, (int)node->secret_size, data, size, mac,
+                      &mac_size);
+    ASSERT(r != NULL);
+    ASSERT(mac_size == HB_MAC_SIZE);
+}
+
+static size_t heartbeat_encode(struct cluster_node *node, bool stopping, uint8_t *out)
+{
+    const struct peer *self = &node->peers[0];
+    size_t name_size = strlen(self->name);
+    size_t amqp_size = strlen(self->amqp_address);
+    size_t cluster_size = strlen(self->cluster_address);
+    ASSERT(name_size >= 1 && name_size <= CLUSTER_NAME_SIZE_MAX);
+    ASSERT(amqp_size >= 1 && amqp_size <= CLUSTER_NAME_SIZE_MAX);
+    ASSERT(cluster_size >= 1 && cluster_size <= CLUSTER_NAME_SIZE_MAX);
+    memset(out, 0, HB_HEADER_SIZE);
+    memcpy(out, HB_MAGIC, 4);
+    out[4] = HB_VERSION;
+    out[5] = stopping ? HB_FLAG_STOPPING : 0;
+    out[6] = (uint8_t)name_size;
+    out[7] = (uint8_t)amqp_size;
+    out[8] = (uint8_t)cluster_size;
+    put_u64(out + 16, node->id);
+    put_u64(out + 24, ++node->sequence);
+    size_t size = HB_HEADER_SIZE;
+    memcpy(out + size, self->name, name_size);
+    size += name_size;
+    memcpy(out + size, self->amqp_address, amqp_size);
+    size += amqp_size;
+    memcpy(out + size, self->cluster_address, cluster_size);
+    size += cluster_size;
+    heartbeat_mac(node, out, size, out + size);
+    return size + HB_MAC_SIZE;
+}
+
+/* To every Raft member but ourselves. A lost datagram is only a late one. */
+static void heartbeat_send(struct cluster_node *node, bool stopping)
+{
+    struct consensus_member members[CLUSTER_BROKERS_MAX];
+    size_t n = consensus_members(node->consensus, members, CLUSTER_BROKERS_MAX);
+    if (n > CLUSTER_BROKERS_MAX)
+        n = CLUSTER_BROKERS_MAX;
+    if (n == 0)
+        return; /* not a member yet */
+    uint8_t datagram[HB_SIZE_MAX];
+    size_t size = heartbeat_encode(node, stopping, datagram);
+    uv_buf_t buf = uv_buf_init((char *)datagram, (unsigned)size);
+    for (size_t i = 0; i < n; i++) {
+        struct sockaddr_in sa;
+        if (members[i].id == node->id || parse_ipv4_address(members[i].address, &sa) != 0)
+            continue;
+        (void)uv_udp_try_send(&node->udp, &buf, 1, (const struct sockaddr *)&sa);
+    }
+}
+
+static bool copy_field(char *out, const uint8_t **p, size_t size)
+{
+    memcpy(out, *p, size);
+    out[size] = '\0';
+    *p += size;
+    return strlen(out) == size; /* no NUL inside */
+}
+
+/* Validates a datagram; fills hb (a scratch peer) on success. */
+static bool heartbeat_decode(const struct cluster_node *node, const uint8_t *data, size_t size,
+                             struct peer *hb)
+{
+    if (size < HB_HEADER_SIZE + 3 + HB_MAC_SIZE || memcmp(data, HB_MAGIC, 4) != 0 ||
+        data[4] != HB_VERSION || data[6] == 0 || data[7] == 0 || data[8] == 0)
+        return false;
+    size_t fields = (size_t)data[6] + data[7] + data[8];
+    if (fields != size - HB_HEADER_SIZE - HB_MAC_SIZE)
+        return false;
+    uint8_t mac[HB_MAC_SIZE];
+    heartbeat_mac(node, data, size - HB_MAC_SIZE, mac);
+    if (CRYPTO_memcmp(mac, data + size - HB_MAC_SIZE, HB_MAC_SIZE) != 0)
+        return false;
+    uint64_t id = get_u64(data + 16);
+    if (id == 0 || id > UINT32_MAX)
+        return false;
+    memset(hb, 0, sizeof *hb);
+    hb->id = (uint32_t)id;
+    hb->sequence = get_u64(data + 24);
+    hb->stopping = (data[5] & HB_FLAG_STOPPING) != 0;
+    const uint8_t *p = data + HB_HEADER_SIZE;
+    return copy_field(hb->name, &p, data[6]) && copy_field(hb->amqp_address, &p, data[7]) &&
+           copy_field(hb->cluster_address, &p, data[8]);
+}
+
+static void heartbeat_received(struct cluster_node *node, const struct peer *hb)
+{
+    struct peer *peer = peer_find(node, hb->id);
+    if (peer == &node->peers[0]) {
+        LOG_WARN("cluster: a heartbeat from %s claims our id %" PRIu32, hb->cluster_address,
+                 hb->id);
+        return;
+    }
+    if (peer == NULL) {
+        if (node->peers_count == CLUSTER_BROKERS_MAX) {
+            node->heartbeat_dropped_count++;
+            return;
+        }
+        peer = &node->peers[node->peers_count++];
+        *peer = (struct peer){.id = hb->id};
+        LOG_INFO("cluster: hearing from %s (id %" PRIu32 ") at %s", hb->name, hb->id,
+                 hb->cluster_address);
+    }
+    if (hb->sequence <= peer->sequence) {
+        node->heartbeat_dropped_count++; /* replayed or reordered */
+        return;
+    }
+    bool changed = strcmp(peer->name, hb->name) != 0 ||
+                   strcmp(peer->amqp_address, hb->amqp_address) != 0 ||
+                   strcmp(peer->cluster_address, hb->cluster_address) != 0;
+    if (hb->stopping && !peer->stopping)
+        LOG_INFO("cluster: %s (id %" PRIu32 ") is stopping", hb->name, hb->id);
+    peer->sequence = hb->sequence;
+    peer->stopping = hb->stopping;
+    peer->last_heard_ms = uv_now(node->loop);
+    if (changed) {
+        memcpy(peer->name, hb->name, sizeof peer->name);
+        memcpy(peer->amqp_address, hb->amqp_address, sizeof peer->amqp_address);
+        memcpy(peer->cluster_address, hb->cluster_address, sizeof peer->cluster_address);
+        peer->join_refused = false;
+    }
+}
+
+static void on_udp_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
+{
+    struct cluster_node *node = handle->data;
+    (void)suggested;
+    *buf = uv_buf_init((char *)node->recv_buffer, sizeof node->recv_buffer);
+}
+
+static void on_udp_recv(uv_udp_t *udp, ssize_t nread, const uv_buf_t *buf,
+                        const struct sockaddr *addr, unsigned flags)
+{
+    struct cluster_node *node = udp->data;
+    if (nread <= 0 || addr == NULL || node->stopping)
+        return; /* nothing, or a socket error: heartbeats are best effort */
+    struct peer hb;
+    if ((flags & UV_UDP_PARTIAL) ||
+        !heartbeat_decode(node, (const uint8_t *)buf->base, (size_t)nread, &hb)) {
+        if (node->heartbeat_dropped_count++ % 100 == 0)
+            LOG_WARN("cluster: dropped a bad heartbeat datagram (wrong cluster secret?); "
+                     "%llu so far", (unsigned long long)node->heartbeat_dropped_count);
+        return;
+    }
+    heartbeat_received(node, &hb);
+}
+
+/* ---- the tick ---- */
+
+static void warn_if_not_member(struct cluster_node *node, uint64_t now)
+{
+    if (!node->joining || now - node->join_warned_ms < JOIN_WARN_EVERY_MS)
+        return;
+    node->join_warned_ms = now;
+    struct consensus_stats stats;
+    consensus_stats(node->consensus, &stats);
+    LOG_WARN("cluster: not a member yet after %llu join attempts (%llu authentication "
+             "failures: wrong cluster secret?)", (unsigned long long)stats.join_attempt_count,
+             (unsigned long long)stats.auth_failure_count);
+}
+
+static void on_tick(uv_timer_t *timer)
+{
+    struct cluster_node *node = timer->data;
+    ASSERT(!node->stopping);
+    uint64_t now = uv_now(node->loop);
+    node->peers[0].last_heard_ms = now;
+    heartbeat_send(node, false);
+    warn_if_not_member(node, now);
+    controller_tick(node, now);
+}
+
+static void on_joined(void *req_ctx, int status, void *result)
+{
+    struct cluster_node *node = req_ctx;
+    (void)result;
+    node->joining = false;
+    if (status == OK)
+        LOG_INFO("cluster: member of the cluster as %s (id %" PRIu32 ")", node->peers[0].name,
+                 node->id);
+    else if (status != CONSENSUS_E_SHUTDOWN)
+        LOG_ERROR("cluster: cannot join the cluster: %s", consensus_strerror(status));
+}
+
+/* ---- start and stop ---- */
+
+static void node_free_if_closed(struct cluster_node *node)
+{
+    if (node->handles_open > 0 || node->consensus_open)
+        return;
+    ASSERT(node->proposals_in_flight == 0);
+    cluster_map_free(&node->map);
+    OPENSSL_cleanse(node->secret, sizeof node->secret);
+    free(node);
+}
+
+static void on_handle_closed(uv_handle_t *handle)
+{
+    struct cluster_node *node = handle->data;
+    ASSERT(node->handles_open > 0);
+    node->handles_open--;
+    node_free_if_closed(node);
+}
+
+static void on_consensus_closed(void *ctx)
+{
+    struct cluster_node *node = ctx;
+    node->consensus_open = false;
+    node->consensus = NULL;
+    node_free_if_closed(node);
+}
+
+static void close_handles(struct cluster_node *node)
+{
+    uv_timer_stop(&node->timer);
+    uv_udp_recv_stop(&node->udp);
+    uv_close((uv_handle_t *)&node->timer, on_handle_closed);
+    uv_close((uv_handle_t *)&node->udp, on_handle_closed);
+}
+
+void cluster_node_stop(struct cluster_node *node)
+{
+    ASSERT(node != NULL);
+    ASSERT(!node->stopping);
+    LOG_INFO("cluster: leaving (stopping) at map epoch=%llu",
+             (unsigned long long)node->map.version);
+    heartbeat_send(node, true); /* the leader marks us down at once */
+    node->stopping = true;
+    close_handles(node);
+    consensus_stop(node->consensus, on_consensus_closed, node);
+}
+
+static int open_udp(struct cluster_node *node, const char *address, char *err, size_t err_size)
+{
+    struct sockaddr_in sa;
+    ASSERT(parse_ipv4_address(address, &sa) == 0); /* checked by config_check */
+    int rc = uv_udp_bind(&node->udp, (const struct sockaddr *)&sa, 0);
+    if (rc == 0)
+        rc = uv_udp_recv_start(&node->udp, on_udp_alloc, on_udp_recv);
+    if (rc != 0)
+        snprintf(err, err_size, "cannot open the cluster heartbeat port udp/%s: %s", address,
+                 uv_strerror(rc));
+    return rc;
+}
+
+static void init_self(struct cluster_node *node, const struct cluster_node_config *config)
+{
+    struct peer *self = &node->peers[0];
+    self->id = node->id;
+    if (config->name != NULL && config->name[0] != '\0') {
+        snprintf(self->name, sizeof self->name, "%s", config->name);
+    } else if (gethostname(self->name, sizeof self->name) != 0 || !name_ok(self->name)) {
+        snprintf(self->name, sizeof self->name, "quay-%" PRIu32, node->id);
+    }
+    self->name[sizeof self->name - 1] = '\0';
+    snprintf(self->amqp_address, sizeof self->amqp_address, "%s", config->amqp_address);
+    snprintf(self->cluster_address, sizeof self->cluster_address, "%s", config->listen);
+    node->peers_count = 1;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    node->sequence = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* Allocates the node with its secret, id, map and handles (not started). */
+static struct cluster_node *node_new(uv_loop_t *loop, const struct cluster_node_config *config,
+                                     char *err, size_t err_size)
+{
+    struct cluster_node *node = calloc(1, sizeof *node);
+    ASSERT(node != NULL);
+    node->loop = loop;
+    if (read_secret(config->secret_file, node->secret, &node->secret_size, err, err_size) ||
+        load_or_create_id(config->data_dir, &node->id, err, err_size)) {
+        OPENSSL_cleanse(node->secret, sizeof node->secret);
+        free(node);
+        return NULL;
+    }
+    cluster_map_init(&node->map);
+    controller_config_default(&node->controller);
+    node->controller.suspect_after_ms = NODE_SUSPECT_AFTER_MS;
+    node->controller.down_after_ms = NODE_DOWN_AFTER_MS;
+    init_self(node, config);
+    uv_udp_init(loop, &node->udp);
+    uv_timer_init(loop, &node->timer);
+    node->udp.data = node->timer.data = node;
+    node->handles_open = 2;
+    return node;
+}
+
+static int start_consensus(struct cluster_node *node, const struct cluster_node_config *config,
+                           char *err, size_t err_size)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/raft", config->data_dir);
+    if (mkdir(dir, 0750) != 0 && errno != EEXIST) {
+        snprintf(err, err_size, "cannot create %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    bool bootstrap = config->join == NULL || config->join[0] == '\0';
+    struct consensus_config cfg = {
+        .id = node->id, .address = config->listen, .dir = dir, .secret = node->secret,
+        .secret_size = node->secret_size, .bootstrap = bootstrap,
+        .election_timeout_ms = NODE_ELECTION_TIMEOUT_MS};
+    struct consensus_callbacks cb = {
+        .ctx = node, .apply = on_apply, .snapshot = on_snapshot, .restore = on_restore,
+        .leader_changed = on_leader_changed};
+    char why[512] = "";
+    if (consensus_start(&node->consensus, node->loop, &cfg, &cb, why, sizeof why) != OK) {
+        snprintf(err, err_size, "cannot start the cluster member: %s", why);
+        return -1;
+    }
+    node->consensus_open = true;
+    if (bootstrap)
+        return 0;
+    char list[CLUSTER_NODE_PEERS_MAX * 32 + 64];
+    snprintf(list, sizeof list, "%s", config->join);
+    const char *peers[CLUSTER_NODE_PEERS_MAX];
+    size_t count = 0;
+    char *save = NULL;
+    for (char *p = strtok_r(list, ",", &save); p != NULL && count < CLUSTER_NODE_PEERS_MAX;
+         p = strtok_r(NULL, ",", &save))
+        peers[count++] = p;
+    int rc = consensus_join(node->consensus, peers, count, on_joined, node);
+    if (rc != OK) {
+        snprintf(err, err_size, "cannot join through %s: %s", config->join,
+                 consensus_strerror(rc));
+        return -1;
+    }
+    node->joining = true;
+    node->join_warned_ms = uv_now(node->loop);
+    return 0;
+}
+
+int cluster_node_start(struct cluster_node **out, uv_loop_t *loop,
+                       const struct cluster_node_config *config, char *err, size_t err_size)
+{
+    ASSERT(out != NULL && loop != NULL && config != NULL);
+    ASSERT(config->data_dir != NULL && config->amqp_address != NULL);
+    *out = NULL;
+    if (cluster_node_config_check(config, err, err_size) != 0)
+        return -1;
+    struct cluster_node *node = node_new(loop, config, err, err_size);
+    if (node == NULL)
+        return -1;
+    if (open_udp(node, config->listen, err, err_size) != 0 ||
+        start_consensus(node, config, err, err_size) != 0) {
+        node->stopping = true;
+        close_handles(node);
+        if (node->consensus_open)
+            consensus_stop(node->consensus, on_consensus_closed, node);
+        return -1;
+    }
+    uv_timer_start(&node->timer, on_tick, NODE_HEARTBEAT_MS, NODE_HEARTBEAT_MS);
+    LOG_INFO("cluster: broker %s (id %" PRIu32 ") at %s, amqp %s: %s", node->peers[0].name,
+             node->id, config->listen, config->amqp_address,
+             node->joining ? "joining" : "bootstrapping or restarting");
+    *out = node;
+    return 0;
+}
+
+/* ---- queries ---- */
+
+uint32_t cluster_node_id(const struct cluster_node *node)
+{
+    ASSERT(node != NULL);
+    return node->id;
+}
+
+const struct cluster_map *cluster_node_map(const struct cluster_node *node)
+{
+    ASSERT(node != NULL);
+    return &node->map;
+}
+
+static void json_bytes(struct json *body, const char *key, struct bytes b)
+{
+    json_key(body, key);
+    json_string_n(body, b.ptr, b.len);
+}
+
+void cluster_node_write_json(void *ctx, struct json *body)
+{
+    const struct cluster_node *node = ctx;
+    ASSERT(node != NULL);
+    ASSERT(body != NULL);
+    const struct cluster_map *map = &node->map;
+    uint64_t leader_id = node->stopping ? 0 : consensus_leader(node->consensus, NULL);
+    const struct map_broker *leader =
+        leader_id != 0 && leader_id <= UINT32_MAX ? cluster_map_broker(map, (uint32_t)leader_id)
+                                                  : NULL;
+    json_object_begin(body);
+    json_kv_string(body, "self", node->peers[0].name);
+    json_kv_uint(body, "id", node->id);
+    json_key(body, "leader");
+    if (leader != NULL)
+        json_string_n(body, leader->name.ptr, leader->name.len);
+    else
+        json_null(body);
+    json_kv_uint(body, "epoch", map->version);
+    json_key(body, "brokers");
+    json_array_begin(body);
+    for (uint32_t i = 0; i < map->brokers_count; i++) {
+        const struct map_broker *b = map->brokers[i];
+        json_object_begin(body);
+        json_kv_uint(body, "id", b->id);
+        json_bytes(body, "name", b->name);
+        json_bytes(body, "amqp", b->amqp_address);
+        json_bytes(body, "cluster", b->cluster_address);
+        json_kv_string(body, "state", broker_state_name(b->state));
+        json_kv_bool(body, "voter", b->voter);
+        json_object_end(body);
+    }
+    json_array_end(body);
+    json_object_end(body);
+}
+
+void cluster_node_amqp_address(const struct sockaddr *bound, const char *cluster_address,
+                               char *out, size_t out_size)
+{
+    ASSERT(bound != NULL && cluster_address != NULL);
+    char host[INET6_ADDRSTRLEN] = "";
+    int port = 0;
+    bool wildcard = false;
+    if (bound->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)bound;
+        uv_ip6_name(a, host, sizeof host);
+        port = ntohs(a->sin6_port);
+        wildcard = memcmp(&a->sin6_addr, &in6addr_any, sizeof a->sin6_addr) == 0;
+    } else {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)bound;
+        uv_ip4_name(a, host, sizeof host);
+        port = ntohs(a->sin_port);
+        wildcard = a->sin_addr.s_addr == htonl(INADDR_ANY);
+    }
+    char cluster_host[64];
+    int cluster_port;
+    if (wildcard && split_address(cluster_address, cluster_host, sizeof cluster_host,
+                                  &cluster_port) == 0)
+        snprintf(out, out_size, "%s:%d", cluster_host, port);
+    else if (bound->sa_family == AF_INET6)
+        snprintf(out, out_size, "[%s]:%d", host, port);
+    else
+        snprintf(out, out_size, "%s:%d", host, port);
+}

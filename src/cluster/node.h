@@ -1,0 +1,102 @@
+/*
+ * node.h: this broker's membership in the cluster (the glue between the
+ * broker, consensus.h and the cluster map).
+ *
+ * Owns: the consensus instance, the cluster map it drives as its state
+ * machine (map.h; empty at every process start, libraft replays the log or
+ * installs a snapshot), the broker's stable cluster id (DATA/cluster-id),
+ * the Raft data directory (DATA/raft), and the member heartbeats.
+ *
+ * Membership. Without peers to join the broker bootstraps a one-member
+ * cluster (a restart on a populated DATA/raft is just a restart); with
+ * peers it joins through consensus_join(). Followers cannot propose, and
+ * the join RPC only tells the leader a member's id and cluster address, so
+ * every member announces itself in its heartbeat (name, AMQP address,
+ * cluster address); the leader proposes broker.join for each Raft member
+ * whose map entry is missing or differs. The leader proposes its own
+ * broker.join whenever it is elected: once that entry commits, every
+ * earlier entry is applied here, and only then does it act as controller.
+ *
+ * Liveness. libraft keeps its followers' progress private and consensus.h
+ * does not expose it, so members send an authenticated heartbeat datagram
+ * (HMAC-SHA256 with the cluster secret, strictly increasing sequence
+ * against replays) every NODE_HEARTBEAT_MS to every Raft member, on the UDP
+ * port with the same number as the cluster TCP port. Every member records
+ * what it hears, so a newly elected leader already knows who is silent. The
+ * leader (the controller) feeds the last-heard times to
+ * controller_check_liveness() and proposes broker.state up/suspect/down; a
+ * broker that stops cleanly says so in its last heartbeat and is marked
+ * down at once.
+ *
+ * Every map change is logged at info level with the map epoch (the map's
+ * version: commands applied) and the resulting broker list.
+ *
+ * Must never: touch the AMQP data path (this increment only forms the
+ * cluster); block the loop after start-up; propose when not the leader.
+ */
+#ifndef QUAY_CLUSTER_NODE_H
+#define QUAY_CLUSTER_NODE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "cluster/map.h"
+
+#define CLUSTER_NODE_PEERS_MAX 16 /* addresses in --join */
+#define NODE_HEARTBEAT_MS 100
+#define NODE_SUSPECT_AFTER_MS 800
+#define NODE_DOWN_AFTER_MS 1500
+/* libraft randomizes it in [t, 2t): a dead leader is replaced within about
+ * 1.7 s, and by then its silence already exceeds NODE_DOWN_AFTER_MS. */
+#define NODE_ELECTION_TIMEOUT_MS 800
+
+/* Borrowed by cluster_node_start() for the duration of the call. */
+struct cluster_node_config {
+    const char *name;          /* broker name; NULL or "" = the host name */
+    const char *listen;        /* cluster address "a.b.c.d:port" (TCP Raft, UDP heartbeats) */
+    const char *join;          /* "a.b.c.d:port[,...]"; NULL or "": bootstrap */
+    const char *secret_file;   /* required: its bytes are the secret (16..1024) */
+    const char *data_dir;      /* the broker's data dir (holds cluster-id and raft/) */
+    const char *amqp_address;  /* advertised to clients, "host:port" */
+};
+
+/* Owned by its broker; freed by itself once cluster_node_stop() finishes. */
+struct cluster_node;
+
+/* Checks the options without side effects (addresses, name, the secret
+ * file's presence and size). OK, or -1 with a message in err. */
+int cluster_node_config_check(const struct cluster_node_config *config, char *err,
+                              size_t err_size);
+
+/* Reads the secret and the cluster id (creating it on first start), opens
+ * the heartbeat socket and starts consensus (bootstrap or join). OK, or -1
+ * with a message in err (*out is then NULL). */
+int cluster_node_start(struct cluster_node **out, uv_loop_t *loop,
+                       const struct cluster_node_config *config, char *err, size_t err_size);
+
+/* Announces the stop to the other members, stops consensus and closes the
+ * handles; the node frees itself once they are closed. No call on node is
+ * allowed after this one. */
+void cluster_node_stop(struct cluster_node *node);
+
+uint32_t cluster_node_id(const struct cluster_node *node);
+const struct cluster_map *cluster_node_map(const struct cluster_node *node);
+
+/* The node's view as JSON, for GET /api/cluster: writes exactly one value
+ * through the management API's writer, so it is an http_handler_fn (ctx is
+ * the struct cluster_node):
+ *   {"self": NAME, "id": N, "leader": NAME|null, "epoch": N,
+ *    "brokers": [{"id", "name", "amqp", "cluster", "state", "voter"}, ...]}
+ * "epoch" is the map's version (commands applied). */
+struct json;
+void cluster_node_write_json(void *node, struct json *body);
+
+/* The AMQP address to advertise: the bound address of the first listener;
+ * a wildcard host (0.0.0.0, ::) is replaced by the cluster address's host. */
+void cluster_node_amqp_address(const struct sockaddr *bound, const char *cluster_address,
+                               char *out, size_t out_size);
+
+#endif

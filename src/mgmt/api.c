@@ -1,0 +1,276 @@
+/*
+ * api.c: see api.h. The handlers, and the JSON shape of each answer.
+ *
+ * Field names follow RabbitMQ's management API where a field means the
+ * same thing there (durable, auto_delete, consumers, messages_unacknowledged,
+ * peer_host...), so habits and scripts carry over. One difference, on
+ * purpose: a queue's "messages" counts ready messages only (RabbitMQ adds
+ * the unacknowledged ones); the unacknowledged are "messages_unacknowledged".
+ *
+ * Nothing here allocates besides the response buffer: lists are written
+ * in table order, not sorted (quayctl sorts for display).
+ */
+#include "mgmt/api.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker/alarm.h"
+#include "broker/broker.h"
+#include "broker/connection.h"
+#include "broker/durable.h"
+#include "broker/queue.h"
+#include "broker/vhost.h"
+#include "lib/assert.h"
+#include "lib/log.h"
+#include "mgmt/http.h"
+#include "mgmt/json.h"
+
+/* The version the broker reports in connection.start's server properties
+ * (connection.c) and CMake's project(); keep the three in step. */
+/* This broker's name in placement fields until the cluster names nodes. */
+#define MGMT_NODE_NAME "local"
+
+struct mgmt_api {
+    struct broker *broker;         /* borrowed: our owner */
+    struct http_server http;
+    uint64_t started_ms;           /* loop time at start, for uptime */
+};
+
+static void write_bytes(struct json *out, const char *key, struct bytes value)
+{
+    json_key(out, key);
+    json_string_n(out, value.ptr, value.len);
+}
+
+/* ---- GET /api/overview --------------------------------------------------
+ * {"product": "quay", "version": "0.1.0", "node": "local", "uptime_ms": N,
+ *  "connections": N, "channels": N, "queues": N, "consumers": N,
+ *  "messages_ready": N, "messages_unacknowledged": N, "messages_paged": N,
+ *  "memory": {"used_bytes": N, "high_watermark_bytes": N, "alarm": bool},
+ *  "disk": {"free_bytes": N, "free_limit_bytes": N, "alarm": bool},
+ *  "alarms": ["memory", "disk"] (the ones on),
+ *  "journal": {"synced_ticket": N, "status": 0}}
+ */
+struct totals {
+    uint64_t channels;
+    uint64_t queues;
+    uint64_t consumers;
+    uint64_t ready;
+    uint64_t unacked;
+    uint64_t paged;
+};
+
+static void count_totals(struct broker *broker, struct totals *t)
+{
+    memset(t, 0, sizeof *t);
+    list_for_each(node, &broker->connections) {
+        t->channels += CONTAINER_OF(node, struct connection, broker_link)->channels_open;
+    }
+    struct hmap_entry *v;
+    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
+        struct vhost *vhost = v->value;
+        struct hmap_entry *q;
+        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);) {
+            const struct queue *queue = q->value;
+            t->queues++;
+            t->consumers += queue->consumers_count;
+            t->ready += queue_ready_count(queue);
+            t->unacked += queue->unacked_count;
+            t->paged += queue->paged_count;
+        }
+    }
+}
+
+static void handle_overview(void *ctx, struct json *out)
+{
+    struct mgmt_api *api = ctx;
+    struct broker *broker = api->broker;
+    const struct alarm *alarm = &broker->alarm;
+    struct totals t;
+    count_totals(broker, &t);
+    json_object_begin(out);
+    json_kv_string(out, "product", "quay");
+    json_kv_string(out, "version", QUAY_VERSION);
+    json_kv_string(out, "node", MGMT_NODE_NAME);
+    json_kv_uint(out, "uptime_ms", uv_now(broker->loop) - api->started_ms);
+    json_kv_uint(out, "connections", broker->connections_count);
+    json_kv_uint(out, "channels", t.channels);
+    json_kv_uint(out, "queues", t.queues);
+    json_kv_uint(out, "consumers", t.consumers);
+    json_kv_uint(out, "messages_ready", t.ready);
+    json_kv_uint(out, "messages_unacknowledged", t.unacked);
+    json_kv_uint(out, "messages_paged", t.paged);
+
+    json_key(out, "memory");
+    json_object_begin(out);
+    json_kv_uint(out, "used_bytes", alarm_memory_estimate(alarm));
+    json_kv_uint(out, "high_watermark_bytes", alarm->memory_high_watermark);
+    json_kv_bool(out, "alarm", alarm->memory_on);
+    json_object_end(out);
+
+    json_key(out, "disk");
+    json_object_begin(out);
+    json_kv_uint(out, "free_bytes", alarm->disk_free_bytes);
+    json_kv_uint(out, "free_limit_bytes", alarm->disk_free_limit);
+    json_kv_bool(out, "alarm", alarm->disk_on);
+    json_object_end(out);
+
+    json_key(out, "alarms");
+    json_array_begin(out);
+    if (alarm->memory_on)
+        json_string(out, "memory");
+    if (alarm->disk_on)
+        json_string(out, "disk");
+    json_array_end(out);
+
+    json_key(out, "journal");
+    json_object_begin(out);
+    json_kv_uint(out, "synced_ticket", durable_synced_ticket(broker));
+    json_key(out, "status");
+    json_int(out, broker->durable.status);
+    json_object_end(out);
+    json_object_end(out);
+}
+
+/* ---- GET /api/queues ----------------------------------------------------
+ * [{"vhost": "/", "name": "q", "durable": bool, "exclusive": bool,
+ *   "auto_delete": bool, "messages": N (ready), "messages_unacknowledged": N,
+ *   "consumers": N, "paged": N, "primary": "local", "backups": [],
+ *   "in_sync": [], "epoch": 0}, ...]
+ */
+static void write_queue(struct json *out, const struct vhost *vhost, const struct queue *queue)
+{
+    json_object_begin(out);
+    write_bytes(out, "vhost", vhost->name);
+    write_bytes(out, "name", queue->name);
+    json_kv_bool(out, "durable", queue->durable);
+    json_kv_bool(out, "exclusive", queue->exclusive);
+    json_kv_bool(out, "auto_delete", queue->auto_delete);
+    json_kv_uint(out, "messages", queue_ready_count(queue));
+    json_kv_uint(out, "messages_unacknowledged", queue->unacked_count);
+    json_kv_uint(out, "consumers", queue->consumers_count);
+    json_kv_uint(out, "paged", queue->paged_count);
+    /* Placement: a single broker is the primary of everything. */
+    json_kv_string(out, "primary", MGMT_NODE_NAME);
+    json_key(out, "backups");
+    json_array_begin(out);
+    json_array_end(out);
+    json_key(out, "in_sync");
+    json_array_begin(out);
+    json_array_end(out);
+    json_kv_uint(out, "epoch", 0);
+    json_object_end(out);
+}
+
+static void handle_queues(void *ctx, struct json *out)
+{
+    struct mgmt_api *api = ctx;
+    json_array_begin(out);
+    struct hmap_entry *v;
+    for (uint32_t i = 0; hmap_next(&api->broker->vhosts, &i, &v);) {
+        const struct vhost *vhost = v->value;
+        struct hmap_entry *q;
+        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);) {
+            const struct queue *queue = q->value;
+            ASSERT(!queue->deleted);
+            write_queue(out, vhost, queue);
+        }
+    }
+    json_array_end(out);
+}
+
+/* ---- GET /api/connections -----------------------------------------------
+ * [{"id": N, "peer": "127.0.0.1:50312", "user": "guest" or null,
+ *   "vhost": "/" or null, "channels": N, "state": "running", "blocked": bool},
+ *  ...]   (user and vhost are null until the handshake gets there)
+ */
+static const char *connection_state_name(const struct connection *connection)
+{
+    switch (connection->state) {
+    case CONNECTION_STATE_HEADER:
+    case CONNECTION_STATE_START_OK: return "starting";
+    case CONNECTION_STATE_TUNE_OK: return "tuning";
+    case CONNECTION_STATE_OPEN_WAIT: return "opening";
+    case CONNECTION_STATE_OPEN: return connection->blocked ? "blocked" : "running";
+    case CONNECTION_STATE_CLOSING: return "closing";
+    case CONNECTION_STATE_CLOSED: return "closed";
+    }
+    return "unknown";
+}
+
+static void handle_connections(void *ctx, struct json *out)
+{
+    struct mgmt_api *api = ctx;
+    json_array_begin(out);
+    list_for_each(node, &api->broker->connections) {
+        const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
+        json_object_begin(out);
+        json_kv_uint(out, "id", c->conn.id);
+        json_kv_string(out, "peer", c->conn.peer_name);
+        json_key(out, "user");
+        if (c->user)
+            json_string(out, c->user->name);
+        else
+            json_null(out);
+        json_key(out, "vhost");
+        if (c->vhost)
+            json_string_n(out, c->vhost->name.ptr, c->vhost->name.len);
+        else
+            json_null(out);
+        json_kv_uint(out, "channels", c->channels_open);
+        json_kv_string(out, "state", connection_state_name(c));
+        json_kv_bool(out, "blocked", c->blocked);
+        json_object_end(out);
+    }
+    json_array_end(out);
+}
+
+/* ---- life cycle -------------------------------------------------------- */
+
+int mgmt_api_start(struct broker *broker, const char *address)
+{
+    ASSERT(broker != NULL);
+    ASSERT(address != NULL);
+    ASSERT(broker->mgmt == NULL);
+    struct mgmt_api *api = calloc(1, sizeof *api);
+    ASSERT(api != NULL);
+    api->broker = broker;
+    api->started_ms = uv_now(broker->loop);
+    /* Owned by the broker from here on, even if listening fails: a failed
+     * listen may leave a handle closing, so the memory must outlive the
+     * next loop run (broker_free's). */
+    broker->mgmt = api;
+    http_server_route(&api->http, "/api/overview", handle_overview, api);
+    http_server_route(&api->http, "/api/queues", handle_queues, api);
+    http_server_route(&api->http, "/api/connections", handle_connections, api);
+    int rc = http_server_open(&api->http, &broker->net, address);
+    if (rc != 0) {
+        LOG_ERROR("cannot listen for HTTP on %s: %s", address, uv_strerror(rc));
+        return -1;
+    }
+    LOG_INFO("listening for HTTP (management API) on %s", address);
+    return 0;
+}
+
+void mgmt_api_route(struct mgmt_api *api, const char *path, http_handler_fn handler,
+                    void *ctx)
+{
+    ASSERT(api != NULL);
+    http_server_route(&api->http, path, handler, ctx);
+}
+
+void mgmt_api_stop(struct mgmt_api *api)
+{
+    if (api)
+        http_server_close(&api->http);
+}
+
+void mgmt_api_free(struct mgmt_api *api)
+{
+    if (!api)
+        return;
+    mgmt_api_stop(api);
+    http_server_free(&api->http);
+    free(api);
+}

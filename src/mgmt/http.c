@@ -1,0 +1,478 @@
+/*
+ * http.c: see http.h. A client goes through two states:
+ *
+ *   READING ──head complete / malformed / too large / timeout──> ANSWERED
+ *
+ * In READING, input is copied into the client's fixed request buffer (so
+ * the transport never keeps a partial head of its own) and the head is
+ * re-parsed from the start; it is at most 8 KiB, so that costs nothing
+ * worth a resumable parser. Every answer is one buffer holding headers
+ * and body, queued by reference, after which the transport closes the
+ * socket once it is written (conn_close_after_flush). Input that arrives
+ * while answering is discarded.
+ *
+ * This file owns the plumbing only; what the paths answer is api.c's.
+ */
+#include "mgmt/http.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "lib/assert.h"
+#include "lib/errors.h"
+#include "lib/log.h"
+#include "mgmt/json.h"
+
+#define HTTP_TICK_MS 250
+/* Room reserved in front of every response body for the status line and
+ * headers, which are written last (Content-Length is known only then). */
+#define HTTP_HEADROOM 256u
+/* A method longer than this is garbage, not a method we do not know. */
+#define HTTP_METHOD_SIZE_MAX 32u
+
+/* Where a client stands. */
+enum http_conn_state {
+    HTTP_CONN_STATE_READING,   /* collecting the request head */
+    HTTP_CONN_STATE_ANSWERED,  /* answer queued; closing once it is written */
+};
+
+/* One client. Owned by its server's pool; freed from the transport's
+ * on_free (deferred destruction, see conn.h). */
+struct http_conn {
+    struct conn conn;              /* first: transport callbacks cast back */
+    struct http_server *server;    /* borrowed */
+    struct list_node server_link;  /* in server->conns */
+    enum http_conn_state state;
+    bool head_only;                /* a HEAD request: answer without the body */
+    uint64_t state_since_ms;       /* loop time of accept, or of the answer */
+    uint32_t request_size;
+    char request[HTTP_REQUEST_SIZE_MAX];
+};
+
+static long on_input(struct conn *conn, const uint8_t *data, size_t size);
+static void on_close(struct conn *conn);
+static void on_free(struct conn *conn);
+
+static const struct conn_ops http_conn_ops = {
+    .on_input = on_input,
+    .on_close = on_close,
+    .on_free = on_free,
+    .on_drain = NULL,
+};
+
+static struct http_conn *from_conn(struct conn *conn)
+{
+    return CONTAINER_OF(conn, struct http_conn, conn);
+}
+
+/* ---- the request parser ------------------------------------------------ */
+
+/* RFC 9110 §5.6.2 token characters. */
+static bool is_tchar(unsigned char c)
+{
+    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
+        return true;
+    return c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+static int parse_fail(struct http_request *req, int status, const char *reason)
+{
+    req->status = status;
+    req->reason = reason;
+    return E_SYNTAX;
+}
+
+/* The next line at *pos, without its LF or CRLF; false if it has not ended
+ * yet. */
+static bool next_line(const char *data, size_t size, size_t *pos, const char **line,
+                      size_t *line_size)
+{
+    ASSERT(*pos <= size);
+    const char *lf = memchr(data + *pos, '\n', size - *pos);
+    if (!lf)
+        return false;
+    size_t end = (size_t)(lf - data);
+    *line = data + *pos;
+    *line_size = end - *pos;
+    if (*line_size > 0 && (*line)[*line_size - 1] == '\r')
+        (*line_size)--;
+    *pos = end + 1;
+    return true;
+}
+
+/* A request line that has not ended yet can already be garbage: reject it
+ * now rather than after 8 KiB or the timeout. */
+static int check_partial_line(const char *line, size_t size, struct http_request *req)
+{
+    size_t i = 0;
+    while (i < size && is_tchar((unsigned char)line[i]))
+        i++;
+    if (i > HTTP_METHOD_SIZE_MAX)
+        return parse_fail(req, 400, "malformed method");
+    if (i < size && line[i] != ' ' && !(line[i] == '\r' && i + 1 == size))
+        return parse_fail(req, 400, "malformed method");
+    for (; i < size; i++) {
+        unsigned char c = (unsigned char)line[i];
+        if ((c < 0x20 && !(c == '\r' && i + 1 == size)) || c == 0x7f)
+            return parse_fail(req, 400, "control character in the request line");
+    }
+    return AGAIN;
+}
+
+static bool is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+/* method SP request-target SP HTTP-version (RFC 9112 §3). */
+static int parse_request_line(const char *line, size_t size, struct http_request *req)
+{
+    size_t i = 0;
+    while (i < size && is_tchar((unsigned char)line[i]))
+        i++;
+    if (i == 0 || i > HTTP_METHOD_SIZE_MAX || i >= size || line[i] != ' ')
+        return parse_fail(req, 400, "malformed method");
+    req->method = line;
+    req->method_size = i;
+    size_t target = ++i;
+    while (i < size && (unsigned char)line[i] > 0x20 && line[i] != 0x7f)
+        i++;
+    if (i == target || i >= size || line[i] != ' ')
+        return parse_fail(req, 400, "malformed request target");
+    if (line[target] != '/')
+        return parse_fail(req, 400, "the request target is not a path");
+    req->target = line + target;
+    req->target_size = i - target;
+    const char *v = line + i + 1;
+    size_t v_size = size - i - 1;
+    if (v_size != 8 || memcmp(v, "HTTP/", 5) != 0 || !is_digit(v[5]) || v[6] != '.' ||
+        !is_digit(v[7]))
+        return parse_fail(req, 400, "malformed HTTP version");
+    if (v[5] != '1')
+        return parse_fail(req, 505, "only HTTP/1.x is served");
+    req->version_minor = (uint8_t)(v[7] - '0');
+    return OK;
+}
+
+/* field-name ":" OWS field-value OWS (RFC 9112 §5). */
+static int parse_header(const char *line, size_t size, struct http_request *req,
+                        uint32_t *host_count)
+{
+    if (line[0] == ' ' || line[0] == '\t')
+        return parse_fail(req, 400, "obsolete header line folding");
+    size_t i = 0;
+    while (i < size && is_tchar((unsigned char)line[i]))
+        i++;
+    if (i == 0 || i >= size || line[i] != ':')
+        return parse_fail(req, 400, "malformed header field");
+    for (size_t j = i + 1; j < size; j++) {
+        unsigned char c = (unsigned char)line[j];
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            return parse_fail(req, 400, "control character in a header field");
+    }
+    if (i == 4 && strncasecmp(line, "host", 4) == 0)
+        (*host_count)++;
+    return OK;
+}
+
+int http_parse_request(const char *data, size_t size, struct http_request *req)
+{
+    memset(req, 0, sizeof *req);
+    size_t pos = 0;
+    /* RFC 9112 §2.2: empty lines before the request line are ignored. */
+    while (pos < size && (data[pos] == '\r' || data[pos] == '\n'))
+        pos++;
+    const char *line;
+    size_t line_size;
+    size_t start = pos;
+    if (!next_line(data, size, &pos, &line, &line_size))
+        return check_partial_line(data + start, size - start, req);
+    req->line_complete = true;
+    int rc = parse_request_line(line, line_size, req);
+    if (rc != OK)
+        return rc;
+    uint32_t host_count = 0;
+    for (;;) {
+        if (!next_line(data, size, &pos, &line, &line_size))
+            return AGAIN;
+        if (line_size == 0)
+            break;
+        rc = parse_header(line, line_size, req, &host_count);
+        if (rc != OK)
+            return rc;
+    }
+    if (host_count > 1)
+        return parse_fail(req, 400, "more than one Host header");
+    if (req->version_minor >= 1 && host_count == 0)
+        return parse_fail(req, 400, "an HTTP/1.1 request needs a Host header");
+    return OK;
+}
+
+/* ---- answers ----------------------------------------------------------- */
+
+static const char *status_text(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 414: return "URI Too Long";
+    case 431: return "Request Header Fields Too Large";
+    case 505: return "HTTP Version Not Supported";
+    default: break;
+    }
+    ASSERT(!"an HTTP status this server does not answer");
+    return "";
+}
+
+/* A body with its headroom, ready for json writes. */
+static void body_init(struct json *body)
+{
+    static const char headroom[HTTP_HEADROOM];
+    json_init(body);
+    json_raw(body, headroom, sizeof headroom);
+}
+
+/* Writes the head in front of the body and queues the whole response by
+ * reference; the transport frees it once written (or on close). */
+static void answer(struct http_conn *hc, int status, struct json *body,
+                   const char *extra_headers)
+{
+    ASSERT(hc->state == HTTP_CONN_STATE_READING);
+    ASSERT(json_complete(body));
+    size_t body_size = body->size - HTTP_HEADROOM;
+    char head[HTTP_HEADROOM];
+    int n = snprintf(head, sizeof head,
+                     "HTTP/1.1 %d %s\r\n"
+                     "Server: quay\r\n"
+                     "Content-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n"
+                     "Cache-Control: no-cache\r\n"
+                     "%s"
+                     "Connection: close\r\n"
+                     "\r\n",
+                     status, status_text(status), body_size, extra_headers);
+    ASSERT(n > 0 && (size_t)n < sizeof head);
+    size_t size;
+    char *data = json_release(body, &size);
+    char *start = data + HTTP_HEADROOM - n;
+    memcpy(start, head, (size_t)n);
+    size_t out_size = (size_t)n + (hc->head_only ? 0 : body_size);
+    conn_out_ref(&hc->conn, (const uint8_t *)start, out_size, free, data);
+    hc->state = HTTP_CONN_STATE_ANSWERED;
+    hc->state_since_ms = uv_now(hc->server->net->loop);
+    hc->server->requests_count++;
+    conn_close_after_flush(&hc->conn);
+}
+
+/* An error answer: RabbitMQ's management API shape, {"error", "reason"}. */
+static void answer_error(struct http_conn *hc, int status, const char *reason,
+                         const char *extra_headers)
+{
+    struct json body;
+    body_init(&body);
+    json_object_begin(&body);
+    json_kv_string(&body, "error", status_text(status));
+    json_kv_string(&body, "reason", reason);
+    json_object_end(&body);
+    LOG_DEBUG("http conn=%llu peer=%s answered %d: %s", (unsigned long long)hc->conn.id,
+              hc->conn.peer_name, status, reason);
+    answer(hc, status, &body, extra_headers);
+}
+
+static const struct http_route *find_route(const struct http_server *server, const char *path,
+                                           size_t path_size)
+{
+    for (uint32_t i = 0; i < server->routes_count; i++) {
+        const struct http_route *route = &server->routes[i];
+        if (strlen(route->path) == path_size && memcmp(route->path, path, path_size) == 0)
+            return route;
+    }
+    return NULL;
+}
+
+static void dispatch(struct http_conn *hc, const struct http_request *req)
+{
+    bool get = req->method_size == 3 && memcmp(req->method, "GET", 3) == 0;
+    bool head = req->method_size == 4 && memcmp(req->method, "HEAD", 4) == 0;
+    hc->head_only = head;
+    if (!get && !head) {
+        answer_error(hc, 405, "only GET and HEAD are served", "Allow: GET, HEAD\r\n");
+        return;
+    }
+    size_t path_size = 0;
+    while (path_size < req->target_size && req->target[path_size] != '?' &&
+           req->target[path_size] != '#')
+        path_size++;
+    if (path_size > 1 && req->target[path_size - 1] == '/')
+        path_size--;
+    const struct http_route *route = find_route(hc->server, req->target, path_size);
+    if (!route) {
+        answer_error(hc, 404, "no such path", "");
+        return;
+    }
+    struct json body;
+    body_init(&body);
+    route->handler(route->ctx, &body);
+    LOG_DEBUG("http conn=%llu peer=%s %.*s %.*s: 200, %zu bytes",
+              (unsigned long long)hc->conn.id, hc->conn.peer_name, (int)req->method_size,
+              req->method, (int)path_size, req->target, body.size - HTTP_HEADROOM);
+    answer(hc, 200, &body, "");
+}
+
+static long on_input(struct conn *conn, const uint8_t *data, size_t size)
+{
+    struct http_conn *hc = from_conn(conn);
+    if (hc->state != HTTP_CONN_STATE_READING)
+        return (long)size; /* answered: whatever else comes is dropped */
+    size_t room = HTTP_REQUEST_SIZE_MAX - hc->request_size;
+    size_t take = size < room ? size : room;
+    memcpy(hc->request + hc->request_size, data, take);
+    hc->request_size += (uint32_t)take;
+    struct http_request req;
+    int rc = http_parse_request(hc->request, hc->request_size, &req);
+    if (rc == OK) {
+        dispatch(hc, &req);
+    } else if (rc == AGAIN) {
+        if (hc->request_size == HTTP_REQUEST_SIZE_MAX) {
+            hc->server->glitches_count++;
+            if (req.line_complete)
+                answer_error(hc, 431, "the request head is over 8 KiB", "");
+            else
+                answer_error(hc, 414, "the request line is over 8 KiB", "");
+        }
+    } else {
+        hc->server->glitches_count++;
+        answer_error(hc, req.status, req.reason, "");
+    }
+    /* Everything is consumed: a partial head lives in hc->request, so the
+     * transport keeps no buffer of its own. */
+    return (long)size;
+}
+
+static void on_close(struct conn *conn)
+{
+    (void)conn;
+}
+
+static void on_free(struct conn *conn)
+{
+    struct http_conn *hc = from_conn(conn);
+    struct http_server *server = hc->server;
+    list_remove(&hc->server_link);
+    ASSERT(server->conns_count > 0);
+    server->conns_count--;
+    pool_put(&server->conn_pool, hc);
+}
+
+/* ---- the server -------------------------------------------------------- */
+
+static struct conn *http_accept(struct net *net, void *ctx)
+{
+    struct http_server *server = ctx;
+    struct http_conn *hc = pool_get(&server->conn_pool);
+    if (conn_init(&hc->conn, net, &http_conn_ops) != 0) {
+        pool_put(&server->conn_pool, hc);
+        return NULL;
+    }
+    hc->server = server;
+    hc->state = HTTP_CONN_STATE_READING;
+    hc->head_only = false;
+    hc->state_since_ms = uv_now(net->loop);
+    hc->request_size = 0;
+    list_push_back(&server->conns, &hc->server_link);
+    server->conns_count++;
+    if (server->conns_count > HTTP_CONNS_MAX || server->closed) {
+        LOG_WARN("http conn=%llu refused: %u management clients at once",
+                 (unsigned long long)hc->conn.id, HTTP_CONNS_MAX);
+        hc->conn.refused = true; /* the listener accepts, then closes */
+    }
+    return &hc->conn;
+}
+
+/* Clients that take too long to ask, or to read the answer, are cut: a
+ * request gets a 408, a stalled reader just loses its socket. */
+static void on_timer(uv_timer_t *timer)
+{
+    struct http_server *server = timer->data;
+    uint64_t now = uv_now(server->net->loop);
+    list_for_each_safe(node, &server->conns) {
+        struct http_conn *hc = CONTAINER_OF(node, struct http_conn, server_link);
+        if (hc->conn.closing)
+            continue;
+        if (hc->state == HTTP_CONN_STATE_READING) {
+            if (now - hc->state_since_ms >= server->timeout_ms) {
+                server->glitches_count++;
+                answer_error(hc, 408, "no complete request within the timeout", "");
+            }
+            continue;
+        }
+        uint64_t progress_ms = hc->state_since_ms > hc->conn.last_write_ms
+                                   ? hc->state_since_ms
+                                   : hc->conn.last_write_ms;
+        if (now - progress_ms >= server->timeout_ms) {
+            LOG_DEBUG("http conn=%llu peer=%s does not read its answer: closed",
+                      (unsigned long long)hc->conn.id, hc->conn.peer_name);
+            conn_close(&hc->conn);
+        }
+    }
+}
+
+int http_server_open(struct http_server *server, struct net *net, const char *address)
+{
+    ASSERT(net != NULL);
+    ASSERT(address != NULL);
+    ASSERT(server->net == NULL); /* zeroed, with at most routes added */
+    server->net = net;
+    server->timeout_ms = HTTP_TIMEOUT_MS;
+    list_init(&server->conns);
+    pool_init(&server->conn_pool, "http client", sizeof(struct http_conn), 4);
+    int rc = listener_open(&server->listener, net, address, http_accept, server);
+    if (rc != 0) {
+        server->closed = true; /* nothing is open: http_server_free may follow */
+        return rc;
+    }
+    server->listening = true;
+    uv_timer_init(net->loop, &server->timer);
+    server->timer.data = server;
+    uv_timer_start(&server->timer, on_timer, HTTP_TICK_MS, HTTP_TICK_MS);
+    uv_unref((uv_handle_t *)&server->timer); /* clients keep the loop alive, not this */
+    return 0;
+}
+
+void http_server_route(struct http_server *server, const char *path, http_handler_fn handler,
+                       void *ctx)
+{
+    ASSERT(server->routes_count < HTTP_ROUTES_MAX);
+    ASSERT(path[0] == '/');
+    ASSERT(handler != NULL);
+    server->routes[server->routes_count++] =
+        (struct http_route){.path = path, .handler = handler, .ctx = ctx};
+}
+
+void http_server_close(struct http_server *server)
+{
+    if (server->closed)
+        return;
+    server->closed = true;
+    if (server->listening) {
+        listener_close(&server->listener);
+        server->listening = false;
+    }
+    uv_timer_stop(&server->timer);
+    uv_close((uv_handle_t *)&server->timer, NULL);
+    list_for_each_safe(node, &server->conns) {
+        conn_close(&CONTAINER_OF(node, struct http_conn, server_link)->conn);
+    }
+}
+
+void http_server_free(struct http_server *server)
+{
+    ASSERT(server->closed);
+    ASSERT(list_empty(&server->conns));
+    pool_destroy(&server->conn_pool);
+}

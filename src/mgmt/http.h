@@ -1,0 +1,111 @@
+/*
+ * http.h: a small HTTP/1.1 server on the broker's loop, for the
+ * management API. It serves GET (and HEAD) of registered paths with a JSON
+ * body, one request per connection ("Connection: close"), and nothing
+ * else: no bodies, no keep-alive, no chunked encoding, no TLS.
+ *
+ * Transport: each client is a struct conn (net/conn.h) with its own
+ * conn_ops, accepted by a struct listener, exactly like an AMQP client, so
+ * output buffering, deferred destruction and shutdown are shared.
+ *
+ * Limits, each an answer rather than a crash:
+ *   - the request head (request line + headers) is at most
+ *     HTTP_REQUEST_SIZE_MAX bytes: 414 if the request line alone does
+ *     not fit, 431 if the headers do not;
+ *   - a malformed head is 400, an HTTP major version other than 1 is 505,
+ *     a method other than GET/HEAD is 405, an unknown path 404;
+ *   - a client has HTTP_TIMEOUT_MS to send its head (then 408 and close)
+ *     and, once answered, to keep reading the answer (then it is cut);
+ *   - at most HTTP_CONNS_MAX clients at once; more are accepted and
+ *     closed at once.
+ * Memory: a client's struct (its fixed request buffer included) comes from
+ * a counted pool, so a request allocates nothing but its response buffer,
+ * which is handed to the transport by reference (no copy) and freed once
+ * written.
+ *
+ * The request parser (http_parse_request) is pure: bytes in, a verdict
+ * out, so it can be fuzzed apart from the sockets.
+ */
+#ifndef QUAY_MGMT_HTTP_H
+#define QUAY_MGMT_HTTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "lib/list.h"
+#include "lib/pool.h"
+#include "net/conn.h"
+#include "net/listener.h"
+
+struct json;
+
+#define HTTP_REQUEST_SIZE_MAX 8192u
+#define HTTP_TIMEOUT_MS 5000u
+#define HTTP_CONNS_MAX 64u
+#define HTTP_ROUTES_MAX 16u
+
+/* Writes the response body for a GET of the route's path: exactly one
+ * JSON value. */
+typedef void (*http_handler_fn)(void *ctx, struct json *body);
+
+struct http_route {
+    const char *path;              /* borrowed, static: "/api/queues" */
+    http_handler_fn handler;
+    void *ctx;                     /* borrowed */
+};
+
+/* Owned by its user (the management API); lives until http_server_free. */
+struct http_server {
+    struct net *net;               /* borrowed: the broker's transport */
+    struct listener listener;
+    bool listening;
+    bool closed;
+    struct http_route routes[HTTP_ROUTES_MAX];
+    uint32_t routes_count;
+    struct list_node conns;        /* struct http_conn.server_link */
+    uint32_t conns_count;
+    struct pool conn_pool;         /* struct http_conn */
+    uv_timer_t timer;              /* request and write timeouts */
+    uint32_t timeout_ms;
+    uint64_t requests_count;       /* answered, any status */
+    uint64_t glitches_count;       /* malformed, oversized or timed-out requests */
+};
+
+/* Listens on address ("HOST:PORT", see listener.h). The server must be
+ * zeroed, apart from routes already added. Returns 0, or a libuv error
+ * after which the server is closed (its listener's handle may still be
+ * closing: run the loop before http_server_free). */
+int http_server_open(struct http_server *server, struct net *net, const char *address);
+/* Registers a GET handler for an exact path (a trailing '/' and a query
+ * string of the request are ignored when matching). Before or after open. */
+void http_server_route(struct http_server *server, const char *path, http_handler_fn handler,
+                       void *ctx);
+/* Stops listening and closes every client. Idempotent. */
+void http_server_close(struct http_server *server);
+/* After the loop ran the close callbacks: frees the pool (asserting that
+ * every client came back). */
+void http_server_free(struct http_server *server);
+
+/* ---- the request parser (pure) ---------------------------------------- */
+
+struct http_request {
+    const char *method;            /* slices into the parsed bytes */
+    size_t method_size;
+    const char *target;            /* origin-form: starts with '/' */
+    size_t target_size;
+    uint8_t version_minor;         /* HTTP/1.x */
+    bool line_complete;            /* the request line ended (for 414 vs 431) */
+    /* When the verdict is E_SYNTAX: the status to answer and why. */
+    int status;
+    const char *reason;            /* static text */
+};
+
+/* Parses the request head in data[0..size). Returns OK once the blank line
+ * that ends the head is there, AGAIN if more bytes are needed, or E_SYNTAX
+ * with req->status (400 or 505) and req->reason set. Bytes after the head
+ * are ignored. */
+int http_parse_request(const char *data, size_t size, struct http_request *req);
+
+#endif

@@ -1,0 +1,294 @@
+/*
+ * json.c: see json.h. The separator logic keeps two bits per nesting
+ * level (object or array; first member or not) so nothing is allocated
+ * besides the output buffer itself.
+ */
+#include "mgmt/json.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/assert.h"
+
+#define JSON_INITIAL_CAP 512
+
+_Static_assert(JSON_DEPTH_MAX <= 32, "nesting bits live in uint32_t masks");
+
+void json_init(struct json *json)
+{
+    memset(json, 0, sizeof *json);
+}
+
+void json_free(struct json *json)
+{
+    free(json->data);
+    json->data = NULL;
+    json_init(json);
+}
+
+char *json_release(struct json *json, size_t *size)
+{
+    char *data = json->data;
+    *size = json->size;
+    json_init(json);
+    return data;
+}
+
+bool json_complete(const struct json *json)
+{
+    return json->done && json->depth == 0;
+}
+
+static void reserve(struct json *json, size_t n)
+{
+    if (json->cap - json->size >= n)
+        return;
+    size_t cap = json->cap ? json->cap : JSON_INITIAL_CAP;
+    while (cap - json->size < n) {
+        ASSERT(cap <= SIZE_MAX / 2);
+        cap *= 2;
+    }
+    char *grown = realloc(json->data, cap);
+    ASSERT(grown != NULL);
+    json->data = grown;
+    json->cap = cap;
+}
+
+static void put(struct json *json, const void *p, size_t n)
+{
+    reserve(json, n);
+    memcpy(json->data + json->size, p, n);
+    json->size += n;
+}
+
+static void put_char(struct json *json, char c)
+{
+    reserve(json, 1);
+    json->data[json->size++] = c;
+}
+
+void json_raw(struct json *json, const void *data, size_t size)
+{
+    ASSERT(json->depth == 0);
+    ASSERT(!json->done);
+    put(json, data, size);
+}
+
+static bool level_is_object(const struct json *json)
+{
+    return json->depth > 0 && (json->in_object >> (json->depth - 1)) & 1u;
+}
+
+/* Before any value: the separator its position needs, and a check that a
+ * value may stand here at all. */
+static void before_value(struct json *json)
+{
+    if (json->depth == 0) {
+        ASSERT(!json->done);      /* one top-level value per document */
+        return;
+    }
+    if (level_is_object(json)) {
+        ASSERT(json->key_pending); /* an object member needs its key first */
+        json->key_pending = false;
+        return;
+    }
+    uint32_t bit = 1u << (json->depth - 1);
+    if (json->has_items & bit)
+        put_char(json, ',');
+    json->has_items |= bit;
+}
+
+static void after_value(struct json *json)
+{
+    if (json->depth == 0)
+        json->done = true;
+}
+
+static void open_level(struct json *json, char c, bool object)
+{
+    before_value(json);
+    ASSERT(json->depth < JSON_DEPTH_MAX);
+    uint32_t bit = 1u << json->depth;
+    json->depth++;
+    if (object)
+        json->in_object |= bit;
+    else
+        json->in_object &= ~bit;
+    json->has_items &= ~bit;
+    put_char(json, c);
+}
+
+static void close_level(struct json *json, char c, bool object)
+{
+    ASSERT(json->depth > 0);
+    ASSERT(level_is_object(json) == object);
+    ASSERT(!json->key_pending);  /* a key without its value */
+    json->depth--;
+    put_char(json, c);
+    after_value(json);
+}
+
+void json_object_begin(struct json *json)
+{
+    open_level(json, '{', true);
+}
+
+void json_object_end(struct json *json)
+{
+    close_level(json, '}', true);
+}
+
+void json_array_begin(struct json *json)
+{
+    open_level(json, '[', false);
+}
+
+void json_array_end(struct json *json)
+{
+    close_level(json, ']', false);
+}
+
+/* Length of the valid UTF-8 sequence at p (at most `left` bytes), or 0 if
+ * the bytes there are not one (RFC 3629: no overlongs, no surrogates,
+ * nothing above U+10FFFF). */
+static size_t utf8_sequence_size(const uint8_t *p, size_t left)
+{
+    uint8_t c = p[0];
+    size_t n;
+    uint8_t lo = 0x80, hi = 0xBF;  /* allowed range of the second byte */
+    if (c >= 0xC2 && c <= 0xDF) {
+        n = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;
+    } else {
+        return 0;
+    }
+    if (left < n || p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++) {
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;
+    }
+    return n;
+}
+
+void json_string_n(struct json *json, const void *s, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    const uint8_t *p = s;
+    before_value(json);
+    put_char(json, '"');
+    size_t i = 0;
+    while (i < len) {
+        /* Copy the longest run that needs no escaping in one go. */
+        size_t run = i;
+        while (run < len && p[run] >= 0x20 && p[run] < 0x80 && p[run] != '"' && p[run] != '\\')
+            run++;
+        put(json, p + i, run - i);
+        i = run;
+        if (i == len)
+            break;
+        uint8_t c = p[i];
+        if (c >= 0x80) {
+            size_t n = utf8_sequence_size(p + i, len - i);
+            if (n == 0) {
+                put(json, "\xEF\xBF\xBD", 3); /* U+FFFD for one bad byte */
+                i++;
+            } else {
+                put(json, p + i, n);
+                i += n;
+            }
+            continue;
+        }
+        char esc[6] = {'\\', 0, 0, 0, 0, 0};
+        size_t esc_size = 2;
+        switch (c) {
+        case '"': esc[1] = '"'; break;
+        case '\\': esc[1] = '\\'; break;
+        case '\b': esc[1] = 'b'; break;
+        case '\f': esc[1] = 'f'; break;
+        case '\n': esc[1] = 'n'; break;
+        case '\r': esc[1] = 'r'; break;
+        case '\t': esc[1] = 't'; break;
+        default:
+            ASSERT(c < 0x20);
+            memcpy(esc + 1, "u00", 3);
+            esc[4] = hex[c >> 4];
+            esc[5] = hex[c & 15];
+            esc_size = 6;
+            break;
+        }
+        put(json, esc, esc_size);
+        i++;
+    }
+    put_char(json, '"');
+    after_value(json);
+}
+
+void json_string(struct json *json, const char *s)
+{
+    ASSERT(s != NULL);
+    json_string_n(json, s, strlen(s));
+}
+
+void json_key(struct json *json, const char *key)
+{
+    ASSERT(level_is_object(json));
+    ASSERT(!json->key_pending);
+    uint32_t bit = 1u << (json->depth - 1);
+    if (json->has_items & bit)
+        put_char(json, ',');
+    json->has_items |= bit;
+    /* The key is written by the string writer, which consumes key_pending
+     * as a member value would; then the value proper is due. */
+    json->key_pending = true;
+    json_string(json, key);
+    put_char(json, ':');
+    json->key_pending = true;
+}
+
+static void put_number(struct json *json, const char *text, int n)
+{
+    ASSERT(n > 0);
+    before_value(json);
+    put(json, text, (size_t)n);
+    after_value(json);
+}
+
+void json_int(struct json *json, int64_t v)
+{
+    char text[24];
+    put_number(json, text, snprintf(text, sizeof text, "%" PRId64, v));
+}
+
+void json_uint(struct json *json, uint64_t v)
+{
+    char text[24];
+    put_number(json, text, snprintf(text, sizeof text, "%" PRIu64, v));
+}
+
+void json_bool(struct json *json, bool v)
+{
+    before_value(json);
+    put(json, v ? "true" : "false", v ? 4 : 5);
+    after_value(json);
+}
+
+void json_null(struct json *json)
+{
+    before_value(json);
+    put(json, "null", 4);
+    after_value(json);
+}

@@ -1,0 +1,396 @@
+"""clustertest -- a harness for tests that run several quayd processes as one
+cluster on loopback.
+
+Goal: let a test say "start three brokers, kill the leader, wait until the
+others agree it is down" in a few lines, and always leave no process or
+temporary directory behind.
+
+Method:
+  * Cluster owns a temporary directory with a shared secret file; each
+    Member gets its own data directory, log file and free ports (AMQP, the
+    cluster port, free for both TCP and UDP since the heartbeats use UDP on
+    the same number, and an HTTP port when quayd has --http).
+  * A member's view of the cluster is read from its log (the lines node.c
+    writes: "cluster map epoch=N: ...; brokers: a=up b=down" and "cluster:
+    leader is NAME (id N at ADDR)"), so the harness needs nothing but the
+    log. When quayd serves GET /api/cluster, Member.api_cluster() returns
+    it too (None otherwise).
+  * Processes are killed at exit (atexit), whatever happens; the temporary
+    directory is removed unless a test failed or a log holds a sanitizer
+    report (then its path is printed).
+  * A mini runner in the style of tests/integration/quaytest.py: @test
+    registers, run() runs in order with a per-test alarm and prints
+    `ok NAME` / `FAIL NAME: reason`, then `N passed, M failed`.
+
+Only the Python standard library is used.
+"""
+
+import atexit
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.request
+
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error:", "LeakSanitizer")
+SANITIZED = os.environ.get("QUAY_SANITIZED", "").lower() in ("1", "on", "true", "yes")
+
+_all_procs = []
+
+
+def _kill_all():
+    for p in _all_procs:
+        if p.poll() is None:
+            p.kill()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+atexit.register(_kill_all)
+
+
+def quayd_path():
+    q = os.environ.get("QUAYD")
+    if not q or not os.access(q, os.X_OK):
+        raise RuntimeError("set QUAYD=/path/to/quayd")
+    return q
+
+
+def free_port(udp_too=False):
+    """A port free on 127.0.0.1 for TCP (and for UDP when asked)."""
+    for _ in range(100):
+        t = socket.socket()
+        t.bind(("127.0.0.1", 0))
+        port = t.getsockname()[1]
+        ok = True
+        if udp_too:
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                u.bind(("127.0.0.1", port))
+            except OSError:
+                ok = False
+            u.close()
+        t.close()
+        if ok:
+            return port
+    raise RuntimeError("no free port")
+
+
+def wait_until(pred, timeout=10.0, interval=0.02, what="condition"):
+    """Polls pred() until it returns a true value (returned) or times out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %.1f s waiting for %s" % (timeout, what))
+        time.sleep(interval)
+
+
+MAP_LINE = re.compile(r"cluster map epoch=(\d+): .*; brokers: ?(.*)$")
+LEADER_LINE = re.compile(r"cluster: leader is (\S+) \(id (\d+) at (\S+)\)( \(self\))?")
+
+
+class View:
+    """One member's latest view: epoch, {name: state}, leader id, self-leader."""
+
+    def __init__(self, epoch, brokers, leader_id, is_leader):
+        self.epoch = epoch
+        self.brokers = brokers
+        self.leader_id = leader_id
+        self.is_leader = is_leader
+
+    def __repr__(self):
+        return "View(epoch=%s, brokers=%s, leader_id=%s%s)" % (
+            self.epoch, self.brokers, self.leader_id, ", self" if self.is_leader else "")
+
+
+class Member:
+    def __init__(self, cluster, name, join=None, secret_file=None, extra_args=(),
+                 config_file=False):
+        self.cluster = cluster
+        self.name = name
+        self.dir = os.path.join(cluster.dir, name)
+        os.makedirs(self.dir)
+        self.data = os.path.join(self.dir, "data")
+        self.log_path = os.path.join(self.dir, "quayd.log")
+        self.amqp_port = free_port()
+        self.cluster_port = free_port(udp_too=True)
+        self.http_port = free_port() if cluster.has_http else None
+        self.join = join
+        self.secret_file = cluster.secret_file if secret_file is None else secret_file
+        self.extra_args = list(extra_args)
+        self.config_file = config_file
+        self.proc = None
+        self.started_at = None
+        self.log_offset = 0
+
+    @property
+    def cluster_address(self):
+        return "127.0.0.1:%d" % self.cluster_port
+
+    def options(self):
+        """The cluster options as (name, value) pairs."""
+        opts = [("name", self.name), ("cluster-listen", self.cluster_address)]
+        if self.join:
+            opts.append(("join", ",".join(m.cluster_address if isinstance(m, Member) else m
+                                          for m in self.join)))
+        if self.secret_file:
+            opts.append(("cluster-secret-file", self.secret_file))
+        return opts
+
+    def argv(self):
+        args = [quayd_path(), "--listen", "127.0.0.1:%d" % self.amqp_port, "--data", self.data,
+                "--log-level", "info"]
+        if self.http_port:
+            args += ["--http", "127.0.0.1:%d" % self.http_port]
+        if self.config_file:
+            path = os.path.join(self.dir, "quayd.conf")
+            with open(path, "w") as f:
+                f.write("# written by clustertest\n")
+                for k, v in self.options():
+                    f.write("%s = %s\n" % (k, v))
+            args += ["--config", path]
+        else:
+            for k, v in self.options():
+                args += ["--" + k, v]
+        return args + self.extra_args
+
+    def start(self, wait=True):
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        log = open(self.log_path, "ab")
+        self.log_offset = log.tell()  # view() reads the current run only
+        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=log)
+        log.close()
+        _all_procs.append(self.proc)
+        self.started_at = time.monotonic()
+        if wait:
+            self.wait_accepting()
+        return self
+
+    def wait_accepting(self, timeout=20):
+        def up():
+            if self.proc.poll() is not None:
+                raise AssertionError("%s exited at start with %s:\n%s" % (
+                    self.name, self.proc.returncode, self.log_text()[-3000:]))
+            try:
+                socket.create_connection(("127.0.0.1", self.amqp_port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+        wait_until(up, timeout, what="%s to accept AMQP" % self.name)
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self):
+        """kill -9; returns the monotonic time of the kill."""
+        self.proc.send_signal(signal.SIGKILL)
+        t = time.monotonic()
+        self.proc.wait(10)
+        return t
+
+    def stop(self, timeout=10):
+        """SIGTERM; returns the exit status."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("%s did not exit within %d s of SIGTERM" % (self.name, timeout))
+
+    def restart(self, wait=True):
+        if self.alive():
+            self.stop()
+        return self.start(wait)
+
+    def log_text(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_text_bytes(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return b""
+
+    def broker_id(self):
+        """The stable id quayd stored in its data dir (None before the first start)."""
+        try:
+            with open(os.path.join(self.data, "cluster-id")) as f:
+                return int(f.read().strip())
+        except FileNotFoundError:
+            return None
+
+    def view(self):
+        """The latest view in the log of the current run; None before it
+        logged a leader or a map change."""
+        text = self.log_text_bytes()[self.log_offset:].decode("utf-8", "replace")
+        epoch, brokers, leader_id, is_leader = None, None, None, False
+        for line in text.splitlines():
+            m = MAP_LINE.search(line)
+            if m:
+                epoch = int(m.group(1))
+                brokers = dict(item.split("=", 1) for item in m.group(2).split() if "=" in item)
+                continue
+            m = LEADER_LINE.search(line)
+            if m:
+                leader_id = int(m.group(2))
+                is_leader = bool(m.group(4))
+        if epoch is None and leader_id is None:
+            return None
+        return View(epoch, brokers or {}, leader_id, is_leader)
+
+    def api_cluster(self):
+        """GET /api/cluster as a dict, or None if quayd does not serve it."""
+        if not self.http_port or not self.alive():
+            return None
+        try:
+            url = "http://127.0.0.1:%d/api/cluster" % self.http_port
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return json.loads(r.read().decode())
+        except Exception:
+            return None
+
+    def sanitizer_report(self):
+        text = self.log_text()
+        return [m for m in SANITIZER_MARKERS if m in text]
+
+
+class Cluster:
+    """A set of members sharing a secret; use as a context manager or call close()."""
+
+    def __init__(self, secret=None):
+        self.dir = tempfile.mkdtemp(prefix="quay-cluster-")
+        self.secret_file = self.write_secret("secret", secret or os.urandom(32).hex())
+        self.members = []
+        self.failed = False
+        helptext = subprocess.run([quayd_path(), "--help"], capture_output=True,
+                                  text=True).stdout
+        self.has_http = "--http" in helptext
+
+    def write_secret(self, filename, text):
+        path = os.path.join(self.dir, filename)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def add(self, name, start=True, **kw):
+        m = Member(self, name, **kw)
+        self.members.append(m)
+        if start:
+            m.start()
+        return m
+
+    def member(self, name):
+        return next(m for m in self.members if m.name == name)
+
+    def by_id(self, broker_id):
+        return next((m for m in self.members if m.broker_id() == broker_id), None)
+
+    def leaders(self, among=None):
+        """Live members whose own latest view says they lead."""
+        out = []
+        for m in among or self.members:
+            if m.alive():
+                v = m.view()
+                if v and v.is_leader:
+                    out.append(m)
+        return out
+
+    def close(self):
+        problems = []
+        for m in self.members:
+            if m.alive():
+                try:
+                    rc = m.stop()
+                    if rc != 0:
+                        problems.append("%s exited %d after SIGTERM" % (m.name, rc))
+                except AssertionError as e:
+                    problems.append(str(e))
+            for marker in m.sanitizer_report():
+                problems.append("sanitizer report in %s's log (%r)" % (m.name, marker))
+        if problems or self.failed:
+            print("# cluster logs kept in %s" % self.dir)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        return problems
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+# ---------------------------------------------------------------------------
+# Runner (the quaytest style)
+# ---------------------------------------------------------------------------
+
+_tests = []
+
+
+def test(fn=None, timeout=None):
+    """Register a test.  Use as @test or @test(timeout=60)."""
+    def reg(f):
+        f.timeout = timeout or 90
+        _tests.append(f)
+        return f
+    return reg(fn) if fn is not None else reg
+
+
+class TestTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame_):
+    raise TestTimeout("test timed out")
+
+
+def run(cleanup=None):
+    """Run the registered tests in order (or only those named on the command
+    line); cleanup() returns a list of problems, each counted as a failure."""
+    only = set(sys.argv[1:])
+    signal.signal(signal.SIGALRM, _alarm)
+    passed = failed = 0
+    for t in _tests:
+        if only and t.__name__ not in only:
+            continue
+        signal.alarm(t.timeout)
+        t0 = time.time()
+        try:
+            t()
+            signal.alarm(0)
+            passed += 1
+            print("ok %s (%.2fs)" % (t.__name__, time.time() - t0))
+        except BaseException as e:
+            signal.alarm(0)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            failed += 1
+            print("FAIL %s: %s: %s" % (t.__name__, type(e).__name__, e))
+            traceback.print_exc(file=sys.stdout)
+        sys.stdout.flush()
+    if cleanup is not None:
+        for problem in cleanup(failed > 0):
+            failed += 1
+            print("FAIL cleanup: %s" % problem)
+    print("%d passed, %d failed" % (passed, failed))
+    sys.exit(1 if failed else 0)

@@ -1,0 +1,505 @@
+"""Goal: the management HTTP API (quayd --http) and the admin tool (quayctl).
+
+Each endpoint answers JSON whose fields match what pika did to the broker
+(queues with ready, unacked and consumer counts; connections with their
+peer, user, vhost and channels; overview totals); quayctl prints the same
+as an aligned table, or the JSON as it is with --json, and fails with the
+documented exit codes. The HTTP server refuses what it does not serve
+(405, 404, 400, 414/431, 505), cuts clients that stall (408, then close),
+caps concurrent clients, and keeps serving through all of it; quayd still
+stops cleanly (exit 0, no sanitizer report) with a stalled client.
+
+Method: one quayd started with --http 127.0.0.1:PORT (quaytest.Broker with
+extra arguments; the API is off by default, so the shared broker is not
+used for it), driven with pika for AMQP, urllib/http.client for the API,
+raw sockets for malformed and stalled requests, and build/quayctl (next to
+$QUAYD) as a subprocess.
+"""
+import atexit
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quaytest import *  # noqa: E402,F403
+
+import pika  # noqa: E402
+
+QUAYD = os.environ.get("QUAYD", "")
+QUAYCTL = os.path.join(os.path.dirname(QUAYD), "quayctl")
+HTTP_TIMEOUT_S = 5.0          # http.h HTTP_TIMEOUT_MS
+HTTP_CONNS_MAX = 64           # http.h HTTP_CONNS_MAX
+
+_mb = None
+
+
+def mgmt_broker():
+    """The quayd with the API on, started once for this file."""
+    global _mb
+    if _mb is None:
+        port = free_port()
+        b = Broker(["--http", "127.0.0.1:%d" % port], external_ok=False)
+        b.http_port = port
+        atexit.register(lambda: b.proc and b.proc.poll() is None and b.proc.kill())
+        _mb = b
+        wait_until(lambda: _can_connect(port), what="the HTTP listener")
+    return _mb
+
+
+def _can_connect(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def api(path):
+    b = mgmt_broker()
+    url = "http://127.0.0.1:%d%s" % (b.http_port, path)
+    with urllib.request.urlopen(url, timeout=10) as r:
+        eq(r.status, 200, "status of GET " + path)
+        eq(r.headers["Content-Type"], "application/json", "content type")
+        eq(r.headers["Connection"], "close", "connection header")
+        body = r.read()
+        eq(int(r.headers["Content-Length"]), len(body), "content length")
+        return json.loads(body.decode("utf-8"))
+
+
+def request(method, path, headers=None):
+    """(status, headers, parsed body) through http.client, for non-200s."""
+    b = mgmt_broker()
+    c = http.client.HTTPConnection("127.0.0.1", b.http_port, timeout=10)
+    try:
+        c.request(method, path, headers=headers or {})
+        r = c.getresponse()
+        body = r.read()
+        return r.status, r.headers, (json.loads(body) if body else None)
+    finally:
+        c.close()
+
+
+def raw(data, timeout=10.0):
+    """Sends raw bytes, returns (everything the server sent, seconds until
+    it closed)."""
+    b = mgmt_broker()
+    s = socket.create_connection(("127.0.0.1", b.http_port), timeout=timeout)
+    t0 = time.time()
+    try:
+        if data:
+            s.sendall(data)
+        out = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        return out, time.time() - t0
+    finally:
+        s.close()
+
+
+def status_of(response):
+    line = response.split(b"\r\n", 1)[0]
+    assert line.startswith(b"HTTP/1.1 "), response[:200]
+    return int(line.split()[1])
+
+
+def amqp(**kw):
+    b = mgmt_broker()
+    c = pika.BlockingConnection(pika.ConnectionParameters(
+        b.host, b.port, connection_attempts=1, socket_timeout=5, **kw))
+    return c
+
+
+def quayctl(*args, expect_rc=0):
+    b = mgmt_broker()
+    argv = [QUAYCTL, "--http", "127.0.0.1:%d" % b.http_port] + list(args)
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert p.returncode == expect_rc, (argv, p.returncode, p.stdout, p.stderr)
+    return p
+
+
+def parse_table(text):
+    """Rows of an aligned table as dicts, columns found from the header."""
+    lines = text.rstrip("\n").split("\n")
+    header = lines[0]
+    names = header.split()
+    starts = [header.index(n) for n in names]   # titles are unique words
+    rows = []
+    for line in lines[1:]:
+        cells = []
+        for i, start in enumerate(starts):
+            end = starts[i + 1] if i + 1 < len(starts) else len(line)
+            cells.append(line[start:end].strip())
+        rows.append(dict(zip(names, cells)))
+    return names, rows
+
+
+def find_queue(queues, name, vhost="/"):
+    for q in queues:
+        if q["name"] == name and q["vhost"] == vhost:
+            return q
+    raise AssertionError("queue %r not in %r" % (name, [q["name"] for q in queues]))
+
+
+QUEUE_KEYS = {"vhost", "name", "durable", "exclusive", "auto_delete", "messages",
+              "messages_unacknowledged", "consumers", "paged", "primary", "backups",
+              "in_sync", "epoch"}
+ODD_NAME = 'odd "name" \\ tab\there caf\u00e9 \u20ac \U0001d11e'
+
+
+@test
+def queues_endpoint_matches_what_clients_did():
+    c = amqp()
+    ch = c.channel()
+    ch.queue_declare("m-work", durable=True)
+    ch.queue_declare("m-excl", exclusive=True)
+    ch.queue_declare("m-auto", auto_delete=True)
+    ch.queue_declare(ODD_NAME)
+    for i in range(5):
+        ch.basic_publish("", "m-work", b"msg%d" % i,
+                         pika.BasicProperties(delivery_mode=2))
+    ch.basic_publish("", ODD_NAME, b"x")
+    got = [ch.basic_get("m-work", auto_ack=False) for _ in range(2)]
+    assert all(m[0] is not None for m in got)
+    ch2 = c.channel()
+    ch2.basic_consume("m-auto", lambda *a: None)
+
+    queues = api("/api/queues")
+    assert isinstance(queues, list)
+    for q in queues:
+        eq(set(q), QUEUE_KEYS, "queue fields")
+    w = find_queue(queues, "m-work")
+    eq((w["durable"], w["exclusive"], w["auto_delete"]), (True, False, False), "m-work flags")
+    eq(w["messages"], 3, "m-work ready")
+    eq(w["messages_unacknowledged"], 2, "m-work unacked")
+    eq(w["consumers"], 0, "m-work consumers")
+    eq(w["paged"], 0, "m-work paged")
+    eq((w["primary"], w["backups"], w["in_sync"], w["epoch"]), ("local", [], [], 0),
+       "placement")
+    e = find_queue(queues, "m-excl")
+    eq((e["durable"], e["exclusive"], e["auto_delete"]), (False, True, False), "m-excl")
+    a = find_queue(queues, "m-auto")
+    eq((a["auto_delete"], a["consumers"]), (True, 1), "m-auto")
+    o = find_queue(queues, ODD_NAME)   # escaping round-trips exactly
+    eq(o["messages"], 1, "odd name ready")
+    for q in queues:
+        for k in ("messages", "messages_unacknowledged", "consumers", "paged", "epoch"):
+            assert isinstance(q[k], int) and q[k] >= 0, (k, q)
+
+    # The exclusive and auto-delete queues go with their connection.
+    c.close()
+    names = [q["name"] for q in api("/api/queues")]
+    assert "m-excl" not in names and "m-auto" not in names, names
+    assert "m-work" in names
+    w = find_queue(api("/api/queues"), "m-work")
+    eq((w["messages"], w["messages_unacknowledged"]), (5, 0), "requeued on close")
+    c = amqp()
+    ch = c.channel()
+    ch.queue_delete("m-work")
+    ch.queue_delete(ODD_NAME)
+    c.close()
+
+
+@test
+def connections_and_overview_count_clients():
+    base = api("/api/overview")
+    c1 = amqp()
+    c1.channel()
+    c1.channel()
+    c2 = amqp()
+    c2.channel()
+    ch = c2.channel()
+    ch.queue_declare("m-over")
+    for _ in range(4):
+        ch.basic_publish("", "m-over", b"x")
+    ch.basic_get("m-over", auto_ack=False)
+
+    conns = api("/api/connections")
+    mine = {}
+    for c in (c1, c2):
+        local = "%s:%d" % c._impl._transport._sock.getsockname()[:2]
+        match = [x for x in conns if x["peer"] == local]
+        eq(len(match), 1, "connection listed for " + local)
+        mine[local] = match[0]
+    for x in mine.values():
+        eq(x["user"], "guest", "user")
+        eq(x["vhost"], "/", "vhost")
+        eq(x["state"], "running", "state")
+        eq(x["channels"], 2, "channels")
+        assert isinstance(x["id"], int)
+
+    ov = api("/api/overview")
+    eq((ov["product"], ov["node"]), ("quay", "local"), "product")
+    assert ov["version"].count(".") == 2, ov["version"]
+    eq(ov["connections"], base["connections"] + 2, "connections")
+    eq(ov["channels"], base["channels"] + 4, "channels")
+    eq(ov["queues"], base["queues"] + 1, "queues")
+    eq(ov["messages_ready"], base["messages_ready"] + 3, "ready")
+    eq(ov["messages_unacknowledged"], base["messages_unacknowledged"] + 1, "unacked")
+    assert ov["uptime_ms"] >= base["uptime_ms"]
+    assert ov["memory"]["used_bytes"] > 0 and ov["memory"]["alarm"] is False, ov["memory"]
+    assert ov["disk"]["alarm"] is False and ov["alarms"] == [], ov
+    assert isinstance(ov["journal"]["synced_ticket"], int)
+    eq(ov["journal"]["status"], 0, "journal status")
+    ch.queue_delete("m-over")
+    c1.close()
+    c2.close()
+    wait_until(lambda: api("/api/overview")["connections"] == base["connections"],
+               what="connections to go")
+
+
+@test
+def quayctl_tables_and_json():
+    c = amqp()
+    ch = c.channel()
+    ch.queue_declare("m-ctl-b")
+    ch.queue_declare("m-ctl-a", durable=True)
+    ch.basic_publish("", "m-ctl-a", b"x")
+    ch.basic_publish("", "m-ctl-a", b"y")
+
+    out = quayctl("queues").stdout
+    names, rows = parse_table(out)
+    eq(names[:4], ["VHOST", "NAME", "READY", "UNACKED"], "queue columns")
+    for n in ("CONSUMERS", "PAGED", "DURABLE", "PRIMARY"):
+        assert n in names, names
+    mine = [r for r in rows if r["NAME"].startswith("m-ctl-")]
+    eq([r["NAME"] for r in mine], ["m-ctl-a", "m-ctl-b"], "sorted rows")
+    eq((mine[0]["READY"], mine[0]["DURABLE"], mine[0]["PRIMARY"]), ("2", "yes", "local"), "row")
+    eq((mine[1]["READY"], mine[1]["DURABLE"]), ("0", "no"), "row b")
+    # Aligned: every numeric column ends at the same offset on every line.
+    lines = out.rstrip("\n").split("\n")
+    end = lines[0].index("READY") + len("READY")
+    for line in lines[1:]:
+        assert line[end - 1] != " " and (len(line) == end or line[end] == " "), (line, end)
+
+    js = json.loads(quayctl("--json", "queues").stdout)
+    eq(sorted(q["name"] for q in js if q["name"].startswith("m-ctl-")),
+       ["m-ctl-a", "m-ctl-b"], "--json queues")
+    eq(find_queue(js, "m-ctl-a"), find_queue(api("/api/queues"), "m-ctl-a"), "same JSON")
+
+    _, crows = parse_table(quayctl("connections").stdout)
+    local = "%s:%d" % c._impl._transport._sock.getsockname()[:2]
+    row = [r for r in crows if r["PEER"] == local]
+    eq(len(row), 1, "connection row")
+    eq((row[0]["USER"], row[0]["VHOST"], row[0]["CHANNELS"], row[0]["STATE"]),
+       ("guest", "/", "1", "running"), "connection row")
+    eq(json.loads(quayctl("connections", "--json").stdout)[0].keys() >=
+       {"peer", "user", "vhost", "channels"}, True, "--json connections")
+
+    status = quayctl("status").stdout
+    pairs = dict(line.split(None, 1) for line in status.strip().split("\n"))
+    eq(pairs["product"], "quay", "status product")
+    eq(pairs["node"], "local", "status node")
+    assert int(pairs["queues"]) >= 2 and int(pairs["connections"]) >= 1, pairs
+    eq(pairs["memory.alarm"], "no", "status alarm")
+    assert set(json.loads(quayctl("status", "--json").stdout)) >= {"product", "uptime_ms"}
+    ch.queue_delete("m-ctl-a")
+    ch.queue_delete("m-ctl-b")
+    c.close()
+
+
+@test
+def quayctl_errors_and_exit_codes():
+    # Nothing listens on a fresh free port: unreachable is 69, with a reason.
+    p = subprocess.run([QUAYCTL, "--http", "127.0.0.1:%d" % free_port(), "status"],
+                       capture_output=True, text=True, timeout=30)
+    eq(p.returncode, 69, "unreachable exit code")
+    assert "cannot connect" in p.stderr and "refused" in p.stderr, p.stderr
+    eq(p.stdout, "", "no output when unreachable")
+    # The AMQP port answers, but not HTTP: a bad answer is 76.
+    b = mgmt_broker()
+    p = subprocess.run([QUAYCTL, "--http", "127.0.0.1:%d" % b.port, "--timeout", "5",
+                        "queues"], capture_output=True, text=True, timeout=30)
+    eq(p.returncode, 76, "not HTTP: " + p.stderr)
+    for args in ([], ["frobnicate"], ["status", "queues"], ["--bogus", "status"],
+                 ["--http", "nonsense", "status"], ["--timeout", "x", "status"]):
+        p = subprocess.run([QUAYCTL] + args, capture_output=True, text=True, timeout=30)
+        eq(p.returncode, 64, "usage exit code for %r" % args)
+        assert p.stderr, args
+    p = subprocess.run([QUAYCTL, "--help"], capture_output=True, text=True, timeout=30)
+    eq(p.returncode, 0, "--help")
+    assert "status" in p.stdout and "--json" in p.stdout
+
+
+@test
+def methods_paths_and_versions_are_refused():
+    st, hdrs, body = request("POST", "/api/queues")
+    eq(st, 405, "POST")
+    eq(hdrs["Allow"], "GET, HEAD", "Allow header")
+    eq(body["error"], "Method Not Allowed", "error body")
+    eq(request("DELETE", "/api/queues/%2F/x")[0], 405, "DELETE")
+    st, _, body = request("GET", "/api/nope")
+    eq(st, 404, "unknown path")
+    assert body["reason"], body
+    eq(request("GET", "/")[0], 404, "root")
+    eq(request("GET", "/api/queues/")[0], 200, "trailing slash")
+    eq(request("GET", "/api/overview?columns=x")[0], 200, "query string")
+    st, hdrs, body = request("HEAD", "/api/overview")
+    eq((st, body), (200, None), "HEAD has no body")
+    assert int(hdrs["Content-Length"]) > 10, dict(hdrs)
+    out, _ = raw(b"HEAD /nope HTTP/1.1\r\nHost: x\r\n\r\n")
+    eq(status_of(out), 404, "HEAD of an unknown path")
+    assert out.endswith(b"\r\n\r\n"), out   # no body after the head
+
+    for data, want in [
+            (b"GET /api/overview HTTP/1.1\r\n\r\n", 400),            # no Host
+            (b"GET /api/overview HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+            (b"GET api HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", 400),
+            (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),               # h2 preface
+            (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400),   # TLS hello
+            (b"\x00" * 100, 400),
+            (b"AMQP\x00\x00\x09\x01", 400)]:
+        out, _ = raw(data)
+        eq(status_of(out), want, "answer to %r" % data[:30])
+        body = json.loads(out.split(b"\r\n\r\n", 1)[1])
+        assert body["error"] and body["reason"], body
+    api("/api/overview")   # still serving
+
+
+@test
+def oversized_requests_are_refused_and_the_api_keeps_serving():
+    line = b"GET /" + b"a" * 10240 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    out, _ = raw(line)
+    assert status_of(out) in (400, 414, 431), out[:100]
+    headers = b"GET /api/overview HTTP/1.1\r\nHost: x\r\n" + \
+        b"".join(b"X-Pad-%d: %s\r\n" % (i, b"v" * 100) for i in range(100)) + b"\r\n"
+    out, _ = raw(headers)
+    eq(status_of(out), 431, "headers over 8 KiB")
+    # A head of exactly what fits is served.
+    head = b"GET /api/overview HTTP/1.1\r\nHost: x\r\nX-Pad: "
+    head += b"v" * (8192 - len(head) - 4) + b"\r\n\r\n"
+    eq(len(head), 8192, "test's own arithmetic")
+    out, _ = raw(head)
+    eq(status_of(out), 200, "an 8 KiB head")
+    # Byte by byte works too (the head is collected across reads).
+    b = mgmt_broker()
+    s = socket.create_connection(("127.0.0.1", b.http_port), timeout=10)
+    for byte in b"GET /api/queues HTTP/1.1\r\nHost: x\r\n\r\n":
+        s.sendall(bytes([byte]))
+    out = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    s.close()
+    eq(status_of(out), 200, "byte by byte")
+    api("/api/overview")
+
+
+@test(timeout=60)
+def stalled_clients_are_cut_after_the_timeout():
+    t0 = time.time()
+    out, took = raw(b"GET /api/overview HTTP/1.1\r\nHost: x\r\n")   # no blank line
+    eq(status_of(out), 408, "half a request")
+    assert HTTP_TIMEOUT_S - 0.5 <= took <= HTTP_TIMEOUT_S + 3, took
+    out, took = raw(b"")                                             # says nothing
+    eq(status_of(out), 408, "silent client")
+    assert took <= HTTP_TIMEOUT_S + 3, took
+    # While one client stalls, others are served at once.
+    b = mgmt_broker()
+    s = socket.create_connection(("127.0.0.1", b.http_port), timeout=10)
+    s.sendall(b"GET /api/ov")
+    t1 = time.time()
+    api("/api/queues")
+    assert time.time() - t1 < 2, "served behind a stalled client"
+    s.close()
+    assert time.time() - t0 < 30
+
+
+@test(timeout=60)
+def concurrent_clients_are_capped():
+    b = mgmt_broker()
+    held = []
+    try:
+        for _ in range(HTTP_CONNS_MAX):
+            s = socket.create_connection(("127.0.0.1", b.http_port), timeout=10)
+            s.sendall(b"GET /api")
+            held.append(s)
+        # The cap is reached: one more is accepted and closed at once.
+        s = socket.create_connection(("127.0.0.1", b.http_port), timeout=10)
+        try:
+            s.sendall(b"GET /api/overview HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = s.recv(100)
+        except (ConnectionResetError, BrokenPipeError):
+            data = b""
+        s.close()
+        eq(data, b"", "a client over the cap")
+        # AMQP is not affected by the HTTP cap.
+        amqp().close()
+    finally:
+        for s in held:
+            s.close()
+    wait_until(lambda: _served(), timeout=10, what="the API to serve again")
+
+
+def _served():
+    try:
+        api("/api/overview")
+        return True
+    except (urllib.error.URLError, ConnectionError):
+        return False
+
+
+@test
+def quayd_http_option():
+    p = subprocess.run([QUAYD, "--help"], capture_output=True, text=True, timeout=30)
+    assert "--http ADDR:PORT" in p.stdout, p.stdout
+    p = subprocess.run([QUAYD, "--http", "not an address"], capture_output=True, text=True,
+                       timeout=30)
+    eq(p.returncode, 2, "bad --http")
+    assert "--http" in p.stderr, p.stderr
+    # Off by default: without --http nothing listens for HTTP.
+    plain = Broker(["--log-level", "info"], external_ok=False)
+    text = plain.stderr_text()   # start-up is logged before it accepts
+    problems = plain.stop()
+    assert not problems, problems
+    assert "listening for AMQP" in text and "HTTP" not in text, text
+    # A port already taken is a start-up error (exit 1), not a crash.
+    b = mgmt_broker()
+    data = tempfile.mkdtemp(prefix="quay-itest-http-")
+    p = subprocess.run([QUAYD, "--listen", "127.0.0.1:%d" % free_port(), "--data", data,
+                        "--http", "127.0.0.1:%d" % b.http_port],
+                       capture_output=True, text=True, timeout=30)
+    eq(p.returncode, 1, "HTTP port in use")
+    assert "cannot listen for HTTP" in p.stderr, p.stderr
+    for marker in SANITIZER_MARKERS:
+        assert marker not in p.stderr, p.stderr
+
+
+@test(timeout=60)
+def shutdown_with_a_stalled_http_client_is_clean():
+    global _mb
+    b = mgmt_broker()
+    s = socket.create_connection(("127.0.0.1", b.http_port), timeout=10)
+    s.sendall(b"GET /api/overview HTTP/1.1\r\n")
+    c = amqp()
+    c.channel()
+    time.sleep(0.2)
+    t0 = time.time()
+    problems = b.stop()       # SIGTERM: exit 0 within 5 s, no sanitizer report
+    _mb = None
+    assert not problems, problems
+    assert time.time() - t0 < 5
+    s.settimeout(5)
+    try:
+        eq(s.recv(100), b"", "the stalled client is closed")
+    except ConnectionResetError:
+        pass
+    s.close()
+
+
+if __name__ == "__main__":
+    run()
