@@ -79,6 +79,7 @@ static void release(struct channel *ch)
     if (list_linked(&ch->durable_link))
         list_remove(&ch->durable_link);
     ch->confirm_waits.count = 0;
+    ch->commit_pending = false;
 }
 
 void channel_destroy(struct channel *ch)
@@ -529,7 +530,17 @@ void channel__journal_synced(struct channel *ch, uint64_t ticket, int status)
     }
     if (ch->state == CHANNEL_STATE_OPEN)
         release_confirms(ch);
-    if (f->count == 0 && list_linked(&ch->durable_link))
+    if (ch->commit_pending && ticket >= ch->tx_ticket) {
+        ch->commit_pending = false;
+        if (status < 0) {
+            channel__fail(ch, REPLY_INTERNAL_ERROR, METHOD_TX_COMMIT,
+                          "the journal failed: the transaction may not be on disk");
+        } else {
+            struct method ok = {.id = METHOD_TX_COMMIT_OK};
+            channel__send(ch, &ok);
+        }
+    }
+    if (f->count == 0 && !ch->commit_pending && list_linked(&ch->durable_link))
         list_remove(&ch->durable_link);
 }
 
@@ -550,6 +561,8 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
         if (queue_publish(queue, message, &ticket) == QUEUE_PUBLISH_REJECTED)
             rejected = true;
     }
+    if (ch->tx_mode && ticket > ch->tx_ticket)
+        ch->tx_ticket = ticket; /* tx.commit-ok waits for it */
     if (!ch->confirm_mode)
         return;
     ch->publish_seq++;

@@ -14,6 +14,7 @@
 #include "broker/broker.h"
 #include "broker/channel_int.h"
 #include "broker/connection.h"
+#include "broker/durable.h"
 #include "broker/message.h"
 #include "broker/queue_args.h"
 #include "broker/vhost.h"
@@ -627,6 +628,14 @@ void channel__handle_tx(struct channel *ch, const struct method *m)
         if (m->id == METHOD_TX_COMMIT) {
             if (!commit(ch))
                 return;
+            /* Persistent messages to durable queues must be on disk before
+             * commit-ok, as in RabbitMQ: wait for the journal's fsync. */
+            struct broker *broker = ch->connection->broker;
+            if (ch->tx_ticket > durable_synced_ticket(broker)) {
+                ch->commit_pending = true;
+                durable_wait_for_sync(broker, &ch->durable_link);
+                return;
+            }
             ok.id = METHOD_TX_COMMIT_OK;
         } else {
             channel__drop_tx(ch);

@@ -113,6 +113,8 @@ struct channel {
     bool has_last_queue;
 
     struct list_node tx_ops;          /* struct tx_op, in arrival order */
+    uint64_t tx_ticket;               /* journal ticket the current commit needs */
+    bool commit_pending;              /* tx.commit-ok waits for that fsync */
     struct list_node confirm_link;    /* in the flush list when acks are owed */
 };
 

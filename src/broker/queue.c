@@ -361,6 +361,9 @@ static void schedule_timer(struct queue *queue)
         queue->timer = malloc(sizeof *queue->timer);
         ASSERT(queue->timer != NULL);
         uv_timer_init(queue->vhost->broker->loop, queue->timer);
+        /* While serving, the listeners keep the loop alive; a pending TTL
+         * alone must not keep a stopping broker from exiting. */
+        uv_unref((uv_handle_t *)queue->timer);
         queue->timer->data = queue;
     }
     uint64_t now = now_ms(queue);
