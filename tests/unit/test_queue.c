@@ -295,6 +295,11 @@ static void priority_queue_delivers_highest_first(void **state)
     vhost_queue_delete(vhost, q);
 }
 
+static void on_alive(uv_timer_t *timer)
+{
+    (void)timer;
+}
+
 static void ttl_expires_without_readers_and_dead_letters(void **state)
 {
     (void)state;
@@ -311,12 +316,19 @@ static void ttl_expires_without_readers_and_dead_letters(void **state)
     publish(q, 7, 0, NULL, QUEUE_PUBLISH_OK);
     publish(q, 8, 0, "5", QUEUE_PUBLISH_OK); /* per-message, behind the head */
     assert_int_equal(queue_ready_count(q), 2);
-    /* Nobody reads: the queue's timer must expire them. */
+    /* Nobody reads: the queue's timer must expire them. Queue timers do
+     * not keep the loop alive (a broker's listeners do), so a referenced
+     * timer stands in for them here. */
+    uv_timer_t alive;
+    uv_timer_init(broker.loop, &alive);
+    uv_timer_start(&alive, on_alive, 10, 10);
     uint64_t start = uv_now(broker.loop);
     while (queue_ready_count(q) > 0 && uv_now(broker.loop) - start < 2000) {
         uv_run(broker.loop, UV_RUN_ONCE);
         uv_update_time(broker.loop);
     }
+    uv_close((uv_handle_t *)&alive, NULL);
+    uv_run(broker.loop, UV_RUN_NOWAIT); /* finish the close before `alive` goes */
     assert_int_equal(queue_ready_count(q), 0);
     assert_int_equal(queue_ready_count(dead), 2);
     struct queue_entry e;
