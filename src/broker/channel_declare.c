@@ -22,11 +22,6 @@
 #define VHOST_ARG(ch) (int)(ch)->vhost->name.len, (const char *)(ch)->vhost->name.ptr
 #define NAME_ARG(b) (int)(b).len, (const char *)(b).ptr
 
-static const char *bool_text(bool b)
-{
-    return b ? "true" : "false";
-}
-
 /* ---- exchanges ------------------------------------------------------ */
 
 /* A headers exchange's binding must name a known x-match mode. */
@@ -63,40 +58,17 @@ static bool exchange_equivalent(struct channel *ch, const struct exchange *x,
                                 const struct method_exchange_declare *d, enum exchange_type type,
                                 uint32_t method_id)
 {
-    const char *arg = NULL;
-    const char *received = NULL, *current = NULL;
-    if (x->type != type) {
-        arg = "type";
-        received = exchange_type_name(type);
-        current = exchange_type_name(x->type);
-    } else if (x->durable != d->durable) {
-        arg = "durable";
-        received = bool_text(d->durable);
-        current = bool_text(x->durable);
-    } else if (x->auto_delete != d->auto_delete) {
-        arg = "auto_delete";
-        received = bool_text(d->auto_delete);
-        current = bool_text(x->auto_delete);
-    } else if (x->internal != d->internal) {
-        arg = "internal";
-        received = bool_text(d->internal);
-        current = bool_text(x->internal);
-    }
-    if (!arg) {
-        char text[512];
-        uint16_t code;
-        struct table existing = {x->arguments.ptr, x->arguments.len};
-        if (!exchange_args_equivalent(existing, d->arguments, d->exchange, ch->vhost->name,
-                                      &code, text, sizeof text)) {
-            channel__fail(ch, code, method_id, "%s", text);
-            return false;
-        }
+    struct exchange_decl current = {bytes_of_cstr(exchange_type_name(x->type)), x->durable,
+                                    x->auto_delete, x->internal,
+                                    {x->arguments.ptr, x->arguments.len}};
+    struct exchange_decl received = {bytes_of_cstr(exchange_type_name(type)), d->durable,
+                                     d->auto_delete, d->internal, d->arguments};
+    uint16_t code;
+    char text[512];
+    if (exchange_redeclare_equivalent(&current, &received, d->exchange, ch->vhost->name, &code,
+                                      text, sizeof text))
         return true;
-    }
-    channel__fail(ch, REPLY_PRECONDITION_FAILED, method_id,
-                  "inequivalent arg '%s' for exchange '%.*s' " VHOST_FMT
-                  ": received '%s' but current is '%s'",
-                  arg, NAME_ARG(d->exchange), VHOST_ARG(ch), received, current);
+    channel__fail(ch, code, method_id, "%s", text);
     return false;
 }
 
@@ -320,34 +292,16 @@ static bool queue_equivalent(struct channel *ch, const struct queue *q,
         fail_locked(ch, q->name, method_id);
         return false;
     }
-    const char *arg = NULL;
-    bool received = false, current = false;
-    if (q->durable != d->durable) {
-        arg = "durable";
-        received = d->durable;
-        current = q->durable;
-    } else if (q->auto_delete != d->auto_delete) {
-        arg = "auto_delete";
-        received = d->auto_delete;
-        current = q->auto_delete;
-    }
-    if (arg) {
-        channel__fail(ch, REPLY_PRECONDITION_FAILED, method_id,
-                      "inequivalent arg '%s' for queue '%.*s' " VHOST_FMT
-                      ": received '%s' but current is '%s'",
-                      arg, NAME_ARG(d->queue), VHOST_ARG(ch), bool_text(received),
-                      bool_text(current));
-        return false;
-    }
-    char text[512];
+    struct queue_decl current = {q->durable, q->auto_delete,
+                                 {q->arguments.ptr, q->arguments.len}};
+    struct queue_decl received = {d->durable, d->auto_delete, d->arguments};
     uint16_t code;
-    struct table existing = {q->arguments.ptr, q->arguments.len};
-    if (!queue_args_equivalent(existing, d->arguments, q->name, ch->vhost->name, &code, text,
-                               sizeof text)) {
-        channel__fail(ch, code, method_id, "%s", text);
-        return false;
-    }
-    return true;
+    char text[512];
+    if (queue_redeclare_equivalent(&current, &received, q->name, ch->vhost->name, &code, text,
+                                   sizeof text))
+        return true;
+    channel__fail(ch, code, method_id, "%s", text);
+    return false;
 }
 
 static void send_declare_ok(struct channel *ch, const struct queue *queue)

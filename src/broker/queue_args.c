@@ -1005,3 +1005,59 @@ bool exchange_args_equivalent(struct table current, struct table received,
     subject_init(&s, "exchange", exchange_name, vhost, reply_code, text, text_size);
     return key_equivalent(&s, "alternate-exchange", current, received);
 }
+
+/* ---- redeclare ------------------------------------------------------------ */
+
+static const char *bool_text(bool b)
+{
+    return b ? "true" : "false";
+}
+
+/* Writes the "inequivalent arg" text for the first differing flag. */
+static bool flags_differ(const char *arg, struct bytes received, struct bytes current,
+                         const char *kind, struct bytes name, struct bytes vhost,
+                         uint16_t *reply_code, char *text, size_t text_size)
+{
+    *reply_code = REPLY_PRECONDITION_FAILED;
+    snprintf(text, text_size,
+             "inequivalent arg '%s' for %s '%.*s' in vhost '%.*s': received '%.*s' but current "
+             "is '%.*s'",
+             arg, kind, (int)name.len, (const char *)name.ptr, (int)vhost.len,
+             (const char *)vhost.ptr, (int)received.len, (const char *)received.ptr,
+             (int)current.len, (const char *)current.ptr);
+    return false;
+}
+
+#define FLAG_DIFFERS(field, kind, name)                                                      \
+    if (current->field != received->field)                                                   \
+        return flags_differ(#field, bytes_of_cstr(bool_text(received->field)),               \
+                            bytes_of_cstr(bool_text(current->field)), kind, name, vhost,     \
+                            reply_code, text, text_size)
+
+bool queue_redeclare_equivalent(const struct queue_decl *current,
+                                const struct queue_decl *received, struct bytes queue_name,
+                                struct bytes vhost, uint16_t *reply_code, char *text,
+                                size_t text_size)
+{
+    FLAG_DIFFERS(durable, "queue", queue_name);
+    FLAG_DIFFERS(auto_delete, "queue", queue_name);
+    return queue_args_equivalent(current->arguments, received->arguments, queue_name, vhost,
+                                 reply_code, text, text_size);
+}
+
+bool exchange_redeclare_equivalent(const struct exchange_decl *current,
+                                   const struct exchange_decl *received,
+                                   struct bytes exchange_name, struct bytes vhost,
+                                   uint16_t *reply_code, char *text, size_t text_size)
+{
+    if (!bytes_equal(current->type, received->type))
+        return flags_differ("type", received->type, current->type, "exchange", exchange_name,
+                            vhost, reply_code, text, text_size);
+    FLAG_DIFFERS(durable, "exchange", exchange_name);
+    FLAG_DIFFERS(auto_delete, "exchange", exchange_name);
+    FLAG_DIFFERS(internal, "exchange", exchange_name);
+    return exchange_args_equivalent(current->arguments, received->arguments, exchange_name,
+                                    vhost, reply_code, text, text_size);
+}
+
+#undef FLAG_DIFFERS

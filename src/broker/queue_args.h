@@ -107,6 +107,36 @@ bool exchange_args_parse(struct table args, struct bytes exchange_name, struct b
                          bool *has_alternate, struct bytes *alternate, uint16_t *reply_code,
                          char *text, size_t text_size);
 
+/* What a redeclare is compared on, for queues and exchanges. */
+struct queue_decl {
+    bool durable;
+    bool auto_delete;
+    struct table arguments;
+};
+
+struct exchange_decl {
+    struct bytes type;
+    bool durable;
+    bool auto_delete;
+    bool internal;
+    struct table arguments;
+};
+
+/* The whole equivalence check of a redeclare, as RabbitMQ makes it: first
+ * the flags (one "inequivalent arg 'durable' ... received 'true' but
+ * current is 'false'" at a time; for exchanges the type first), then the
+ * compared arguments. Shared by the broker (a local redeclare) and the
+ * cluster map (a redeclare decided at apply time). Exclusivity is not
+ * here: it is a lock (405), judged by whoever knows the owners. */
+bool queue_redeclare_equivalent(const struct queue_decl *current,
+                                const struct queue_decl *received, struct bytes queue_name,
+                                struct bytes vhost, uint16_t *reply_code, char *text,
+                                size_t text_size);
+bool exchange_redeclare_equivalent(const struct exchange_decl *current,
+                                   const struct exchange_decl *received,
+                                   struct bytes exchange_name, struct bytes vhost,
+                                   uint16_t *reply_code, char *text, size_t text_size);
+
 /* Exchange redeclare: RabbitMQ compares only alternate-exchange, with the
  * same rules and wording as queues ("... for exchange 'x' in vhost '/'"). */
 bool exchange_args_equivalent(struct table current, struct table received,

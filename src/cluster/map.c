@@ -24,6 +24,7 @@
 #include "amqp/reply_code_gen.h"
 #include "broker/queue_args.h"
 #include "lib/assert.h"
+#include "lib/bytes.h"
 #include "lib/errors.h"
 
 #define NAME_ARG(b) (int)(b).len, (const char *)(b).ptr
@@ -35,22 +36,6 @@ static void *xcalloc(size_t count, size_t size)
     void *p = calloc(count ? count : 1, size);
     ASSERT(p != NULL);
     return p;
-}
-
-static struct bytes bytes_dup(struct bytes b)
-{
-    uint8_t *p = malloc(b.len ? b.len : 1);
-    ASSERT(p != NULL);
-    if (b.len > 0)
-        memcpy(p, b.ptr, b.len);
-    return (struct bytes){p, b.len};
-}
-
-static void bytes_release(struct bytes *b)
-{
-    free((void *)b->ptr);
-    b->ptr = NULL;
-    b->len = 0;
 }
 
 /* Grows a pointer array to hold one more. */
@@ -232,7 +217,7 @@ static void binding_remove(struct cluster_map *map, struct map_binding *b)
     b->source->bindings_out_count--;
     ASSERT(map->bindings_count > 0);
     map->bindings_count--;
-    bytes_release(&b->key);
+    bytes_free(&b->key);
     free(b);
 }
 
@@ -261,8 +246,8 @@ static uint32_t queue_remove(struct cluster_map *map, struct map_queue *q)
     struct map_queue *last = map->queues[--map->queues_count];
     map->queues[q->index] = last;
     last->index = q->index;
-    bytes_release(&q->name);
-    bytes_release(&q->arguments);
+    bytes_free(&q->name);
+    bytes_free(&q->arguments);
     free(q);
     return bindings;
 }
@@ -279,9 +264,9 @@ static uint32_t exchange_remove(struct cluster_map *map, struct map_exchange *x)
     struct map_exchange *last = map->exchanges[--map->exchanges_count];
     map->exchanges[x->index] = last;
     last->index = x->index;
-    bytes_release(&x->name);
-    bytes_release(&x->type);
-    bytes_release(&x->arguments);
+    bytes_free(&x->name);
+    bytes_free(&x->type);
+    bytes_free(&x->arguments);
     free(x);
     return bindings;
 }
@@ -289,9 +274,9 @@ static uint32_t exchange_remove(struct cluster_map *map, struct map_exchange *x)
 static void user_lists_release(struct map_user *u)
 {
     for (uint32_t i = 0; i < u->vhosts_count; i++)
-        bytes_release(&u->vhosts[i]);
+        bytes_free(&u->vhosts[i]);
     for (uint32_t i = 0; i < u->tags_count; i++)
-        bytes_release(&u->tags[i]);
+        bytes_free(&u->tags[i]);
     free(u->vhosts);
     free(u->tags);
     u->vhosts = NULL;
@@ -309,8 +294,8 @@ static void user_remove(struct cluster_map *map, struct map_user *u)
     map->users[u->index] = last;
     last->index = u->index;
     user_lists_release(u);
-    bytes_release(&u->name);
-    bytes_release(&u->password_hash);
+    bytes_free(&u->name);
+    bytes_free(&u->password_hash);
     free(u);
 }
 
@@ -340,7 +325,7 @@ static void vhost_remove(struct cluster_map *map, struct map_vhost *v, struct ma
         uint32_t kept = 0;
         for (uint32_t j = 0; j < u->vhosts_count; j++) {
             if (bytes_equal(u->vhosts[j], v->name))
-                bytes_release(&u->vhosts[j]);
+                bytes_free(&u->vhosts[j]);
             else
                 u->vhosts[kept++] = u->vhosts[j];
         }
@@ -353,7 +338,7 @@ static void vhost_remove(struct cluster_map *map, struct map_vhost *v, struct ma
     hmap_free(&v->queues);
     hmap_free(&v->exchanges);
     hmap_free(&v->bindings);
-    bytes_release(&v->name);
+    bytes_free(&v->name);
     free(v);
 }
 
@@ -367,9 +352,9 @@ void cluster_map_free(struct cluster_map *map)
         user_remove(map, map->users[map->users_count - 1]);
     for (uint32_t i = 0; i < map->brokers_count; i++) {
         struct map_broker *b = map->brokers[i];
-        bytes_release(&b->name);
-        bytes_release(&b->amqp_address);
-        bytes_release(&b->cluster_address);
+        bytes_free(&b->name);
+        bytes_free(&b->amqp_address);
+        bytes_free(&b->cluster_address);
         free(b);
     }
     free(map->brokers);
@@ -620,9 +605,9 @@ static int op_broker_join(struct apply_ctx *ctx)
                       map->brokers_count);
     if (b) {
         /* A rejoin (restart, new address): the state stays the controller's. */
-        bytes_release(&b->name);
-        bytes_release(&b->amqp_address);
-        bytes_release(&b->cluster_address);
+        bytes_free(&b->name);
+        bytes_free(&b->amqp_address);
+        bytes_free(&b->cluster_address);
     } else {
         b = xcalloc(1, sizeof(*b));
         b->id = id;
@@ -661,9 +646,9 @@ static int op_broker_leave(struct apply_ctx *ctx)
     memmove(&map->brokers[i], &map->brokers[i + 1],
             (size_t)(map->brokers_count - i - 1) * sizeof(map->brokers[0]));
     map->brokers_count--;
-    bytes_release(&b->name);
-    bytes_release(&b->amqp_address);
-    bytes_release(&b->cluster_address);
+    bytes_free(&b->name);
+    bytes_free(&b->amqp_address);
+    bytes_free(&b->cluster_address);
     free(b);
     map->brokers_version++;
     ctx->change->changed = true;
@@ -765,7 +750,7 @@ static int op_user_put(struct apply_ctx *ctx)
     if (rc == OK) {
         if (u) {
             user_lists_release(u);
-            bytes_release(&u->password_hash);
+            bytes_free(&u->password_hash);
         } else {
             u = xcalloc(1, sizeof(*u));
             u->name = bytes_dup(name);
@@ -801,44 +786,17 @@ static int op_user_delete(struct apply_ctx *ctx)
 
 /* ---- exchanges and bindings ----------------------------------------------- */
 
-static const char *bool_text(bool b)
-{
-    return b ? "true" : "false";
-}
-
 static int exchange_equivalent(struct apply_ctx *ctx, const struct map_exchange *x,
                                const struct map_exchange_decl *d)
 {
-    const char *arg = NULL;
-    struct bytes received = {0}, current = {0};
-    if (!bytes_equal(x->type, d->type)) {
-        arg = "type";
-        received = d->type;
-        current = x->type;
-    } else if (x->durable != d->durable) {
-        arg = "durable";
-        received = bytes_of_cstr(bool_text(d->durable));
-        current = bytes_of_cstr(bool_text(x->durable));
-    } else if (x->auto_delete != d->auto_delete) {
-        arg = "auto_delete";
-        received = bytes_of_cstr(bool_text(d->auto_delete));
-        current = bytes_of_cstr(bool_text(x->auto_delete));
-    } else if (x->internal != d->internal) {
-        arg = "internal";
-        received = bytes_of_cstr(bool_text(d->internal));
-        current = bytes_of_cstr(bool_text(x->internal));
-    }
-    if (arg)
-        return refuse(ctx, REPLY_PRECONDITION_FAILED, false,
-                      "inequivalent arg '%s' for exchange '%.*s' in vhost '%.*s': received "
-                      "'%.*s' but current is '%.*s'",
-                      arg, NAME_ARG(d->name), NAME_ARG(d->vhost), NAME_ARG(received),
-                      NAME_ARG(current));
+    struct exchange_decl current = {x->type, x->durable, x->auto_delete, x->internal,
+                                    {x->arguments.ptr, x->arguments.len}};
+    struct exchange_decl received = {d->type, d->durable, d->auto_delete, d->internal,
+                                     d->arguments};
     uint16_t code = 0;
     char text[MAP_REPLY_TEXT_SIZE];
-    struct table existing = {x->arguments.ptr, x->arguments.len};
-    if (!exchange_args_equivalent(existing, d->arguments, d->name, d->vhost, &code, text,
-                                  sizeof(text)))
+    if (!exchange_redeclare_equivalent(&current, &received, d->name, d->vhost, &code, text,
+                                       sizeof(text)))
         return refuse(ctx, code, false, "%s", text);
     return OK;
 }
@@ -1125,28 +1083,13 @@ static int queue_equivalent(struct apply_ctx *ctx, const struct map_queue *q,
                       "It could be originally declared on another connection or the exclusive "
                       "property value does not match that of the original declaration.",
                       NAME_ARG(d->name), NAME_ARG(d->vhost));
-    const char *arg = NULL;
-    bool received = false, current = false;
-    if (q->durable != d->durable) {
-        arg = "durable";
-        received = d->durable;
-        current = q->durable;
-    } else if (q->auto_delete != d->auto_delete) {
-        arg = "auto_delete";
-        received = d->auto_delete;
-        current = q->auto_delete;
-    }
-    if (arg)
-        return refuse(ctx, REPLY_PRECONDITION_FAILED, false,
-                      "inequivalent arg '%s' for queue '%.*s' in vhost '%.*s': received '%s' "
-                      "but current is '%s'",
-                      arg, NAME_ARG(d->name), NAME_ARG(d->vhost), bool_text(received),
-                      bool_text(current));
+    struct queue_decl current = {q->durable, q->auto_delete,
+                                 {q->arguments.ptr, q->arguments.len}};
+    struct queue_decl received = {d->durable, d->auto_delete, d->arguments};
     uint16_t code = 0;
     char text[MAP_REPLY_TEXT_SIZE];
-    struct table existing = {q->arguments.ptr, q->arguments.len};
-    if (!queue_args_equivalent(existing, d->arguments, d->name, d->vhost, &code, text,
-                               sizeof(text)))
+    if (!queue_redeclare_equivalent(&current, &received, d->name, d->vhost, &code, text,
+                                    sizeof(text)))
         return refuse(ctx, code, false, "%s", text);
     return OK;
 }
