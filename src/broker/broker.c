@@ -37,7 +37,6 @@ void broker_config_defaults(struct broker_config *config)
         .connections_max = 0,
         .consumers_per_channel_max = 0,
         .queues_max = 0,
-        .unacked_per_channel_max = 0,
     };
 }
 
@@ -226,12 +225,12 @@ void broker_free(struct broker *broker)
 void broker_generate_name(struct broker *broker, const char *prefix, char *out, size_t out_size)
 {
     /* RabbitMQ: prefix + url-safe base64 of 16 random bytes (22 chars).
-     * 128 random bits do not collide in practice; callers still check. */
+     * 128 random bits do not collide in practice, so declaring under a
+     * generated name asserts (vhost_queue_declare) rather than retries. */
     static const char alphabet[] =
         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     unsigned char raw[16];
     RAND_bytes(raw, sizeof raw);
-    broker->name_counter++;
     char encoded[23];
     uint32_t bits = 0, acc = 0, n = 0;
     for (size_t i = 0; i < sizeof raw && n < 22; i++) {

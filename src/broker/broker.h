@@ -36,7 +36,6 @@ struct broker_limits {
     uint32_t connections_max;       /* 0 = unlimited */
     uint32_t consumers_per_channel_max;
     uint32_t queues_max;
-    uint32_t unacked_per_channel_max; /* safety net when a channel has no prefetch */
 };
 
 struct broker_config {
@@ -65,7 +64,6 @@ struct broker {
     uv_timer_t shutdown_timer;     /* cuts clients that ignore our close */
     struct alarm alarm;
     struct durable durable;        /* the journal: definitions and messages */
-    uint64_t name_counter;         /* server-generated names */
     struct mgmt_api *mgmt;         /* owned: the HTTP API (mgmt/api.h), or NULL */
     struct cluster_node *cluster;  /* owned: cluster membership (cluster/node.h), or NULL */
     bool stopping;

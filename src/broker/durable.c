@@ -131,13 +131,12 @@ void durable_exchange_declared(struct broker *broker, struct vhost *vhost,
                    (struct bytes){t.ptr, t.len});
 }
 
-static void undefine_bindings_in(struct durable *d, struct vhost *vhost, struct bind_dest *dest)
+static void undefine_bindings_in(struct vhost *vhost, struct bind_dest *dest)
 {
     list_for_each(node, &dest->bindings_in) {
         struct binding *binding = CONTAINER_OF(node, struct binding, dest_link);
         durable_binding_removed(vhost->broker, vhost, binding);
     }
-    (void)d;
 }
 
 void durable_exchange_deleted(struct broker *broker, struct vhost *vhost,
@@ -150,7 +149,7 @@ void durable_exchange_deleted(struct broker *broker, struct vhost *vhost,
         struct binding *binding = CONTAINER_OF(node, struct binding, source_link);
         durable_binding_removed(broker, vhost, binding);
     }
-    undefine_bindings_in(d, vhost, &exchange->as_dest);
+    undefine_bindings_in(vhost, &exchange->as_dest);
     uint8_t key[KEY_MAX];
     journal_undefine(d->journal, JOURNAL_DEF_EXCHANGE, name_key(key, vhost->name, exchange->name));
 }
@@ -180,7 +179,7 @@ void durable_queue_deleted(struct broker *broker, struct vhost *vhost, struct qu
     struct durable *d = active(broker);
     if (!d || !queue_durable(queue))
         return;
-    undefine_bindings_in(d, vhost, &queue->as_dest);
+    undefine_bindings_in(vhost, &queue->as_dest);
     uint8_t key[KEY_MAX];
     journal_undefine(d->journal, JOURNAL_DEF_QUEUE, name_key(key, vhost->name, queue->name));
     if (queue->journal) {

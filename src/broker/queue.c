@@ -22,18 +22,10 @@
 #include "broker/message.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
+#include "lib/bytes.h"
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "store/journal.h"
-
-static struct bytes bytes_dup(struct bytes b)
-{
-    uint8_t *copy = malloc(b.len ? b.len : 1);
-    ASSERT(copy != NULL);
-    if (b.len)
-        memcpy(copy, b.ptr, b.len);
-    return (struct bytes){copy, b.len};
-}
 
 static uint64_t now_ms(const struct queue *queue)
 {
@@ -289,8 +281,8 @@ void queue_unref(struct queue *queue)
     for (uint32_t i = 0; i < queue->args.max_priority; i++)
         free(queue->priority_rings[i].entries);
     free(queue->priority_rings);
-    free((void *)queue->name.ptr);
-    free((void *)queue->arguments.ptr);
+    bytes_free(&queue->name);
+    bytes_free(&queue->arguments);
     free(queue);
 }
 

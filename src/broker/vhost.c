@@ -8,6 +8,7 @@
 
 #include "broker/durable.h"
 #include "lib/assert.h"
+#include "lib/bytes.h"
 
 static const struct {
     const char *name;
@@ -27,10 +28,7 @@ struct vhost *vhost_new(struct broker *broker, struct bytes name)
 {
     struct vhost *vhost = calloc(1, sizeof *vhost);
     ASSERT(vhost != NULL);
-    uint8_t *copy = malloc(name.len ? name.len : 1);
-    ASSERT(copy != NULL);
-    memcpy(copy, name.ptr, name.len);
-    vhost->name = (struct bytes){copy, name.len};
+    vhost->name = bytes_dup(name);
     vhost->broker = broker;
     hmap_init(&vhost->exchanges);
     hmap_init(&vhost->queues);
@@ -65,7 +63,7 @@ void vhost_free(struct vhost *vhost)
     free(exchanges);
     hmap_free(&vhost->exchanges);
     hmap_free(&vhost->queues);
-    free((void *)vhost->name.ptr);
+    bytes_free(&vhost->name);
     free(vhost);
 }
 
