@@ -1117,6 +1117,28 @@ static void encode_basic_nack(const struct method *in, struct wire_writer *w)
     wire_write_u8(w, bits);
 }
 
+static int decode_basic_quay_forward(struct method *out, struct wire_reader *r)
+{
+    struct method_basic_quay_forward *m = &out->basic_quay_forward;
+    m->queue = wire_read_shortstr(r);
+    m->exchange = wire_read_shortstr(r);
+    m->routing_key = wire_read_shortstr(r);
+    m->epoch = wire_read_u64(r);
+    return r->failed ? E_SYNTAX : OK;
+}
+
+static void encode_basic_quay_forward(const struct method *in, struct wire_writer *w)
+{
+    const struct method_basic_quay_forward *m = &in->basic_quay_forward;
+    ASSERT(m->queue.len <= 255);
+    wire_write_shortstr(w, m->queue);
+    ASSERT(m->exchange.len <= 255);
+    wire_write_shortstr(w, m->exchange);
+    ASSERT(m->routing_key.len <= 255);
+    wire_write_shortstr(w, m->routing_key);
+    wire_write_u64(w, m->epoch);
+}
+
 static int decode_confirm_select(struct method *out, struct wire_reader *r)
 {
     struct method_confirm_select *m = &out->confirm_select;
@@ -1287,6 +1309,7 @@ static const struct {
     {decode_basic_recover, encode_basic_recover},
     {decode_basic_recover_ok, encode_basic_recover_ok},
     {decode_basic_nack, encode_basic_nack},
+    {decode_basic_quay_forward, encode_basic_quay_forward},
     {decode_confirm_select, encode_confirm_select},
     {decode_confirm_select_ok, encode_confirm_select_ok},
     {decode_tx_select, encode_tx_select},
@@ -1567,6 +1590,12 @@ static const struct method_field FIELDS_BASIC_NACK[] = {
     {"multiple", METHOD_FIELD_BIT, offsetof(struct method, basic_nack.multiple)},
     {"requeue", METHOD_FIELD_BIT, offsetof(struct method, basic_nack.requeue)},
 };
+static const struct method_field FIELDS_BASIC_QUAY_FORWARD[] = {
+    {"queue", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_forward.queue)},
+    {"exchange", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_forward.exchange)},
+    {"routing-key", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_forward.routing_key)},
+    {"epoch", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_forward.epoch)},
+};
 static const struct method_field FIELDS_CONFIRM_SELECT[] = {
     {"no-wait", METHOD_FIELD_BIT, offsetof(struct method, confirm_select.no_wait)},
 };
@@ -1684,6 +1713,8 @@ const struct method_info METHOD_INFOS[METHOD_COUNT] = {
      false, false, 0, NULL},
     {METHOD_BASIC_NACK, "basic.nack",
      false, false, 3, FIELDS_BASIC_NACK},
+    {METHOD_BASIC_QUAY_FORWARD, "basic.quay-forward",
+     false, true, 4, FIELDS_BASIC_QUAY_FORWARD},
     {METHOD_CONFIRM_SELECT, "confirm.select",
      true, false, 1, FIELDS_CONFIRM_SELECT},
     {METHOD_CONFIRM_SELECT_OK, "confirm.select-ok",

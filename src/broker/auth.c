@@ -5,6 +5,7 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <openssl/sha.h>
 #include <stdio.h>
@@ -179,4 +180,76 @@ int auth_parse_amqplain(struct bytes response, struct bytes *user, struct bytes 
     *user = login.str;
     *password = pass.str;
     return 0;
+}
+
+/* ---- cluster peers -------------------------------------------------- */
+
+#define CLUSTER_PROOF_LABEL "quay-link v1"
+
+static char cluster_user_name[] = "quay-cluster";
+static char cluster_user_vhosts[] = "*";
+const struct auth_user auth_cluster_user = {.name = cluster_user_name,
+                                            .vhosts = cluster_user_vhosts};
+
+static void hex_encode(const uint8_t *in, size_t size, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < size; i++) {
+        out[2 * i] = digits[in[i] >> 4];
+        out[2 * i + 1] = digits[in[i] & 15];
+    }
+    out[2 * size] = '\0';
+}
+
+void auth_cluster_nonce(char out[AUTH_CLUSTER_NONCE_SIZE + 1])
+{
+    uint8_t raw[AUTH_CLUSTER_NONCE_SIZE / 2];
+    int ok = RAND_bytes(raw, sizeof raw);
+    ASSERT(ok == 1);
+    hex_encode(raw, sizeof raw, out);
+}
+
+void auth_cluster_proof(struct bytes secret, struct bytes nonce, struct bytes name,
+                        char out[AUTH_CLUSTER_PROOF_SIZE + 1])
+{
+    ASSERT(secret.len > 0);
+    ASSERT(nonce.len <= AUTH_CLUSTER_NONCE_SIZE);
+    ASSERT(name.len <= AUTH_CLUSTER_NAME_SIZE_MAX);
+    uint8_t data[sizeof CLUSTER_PROOF_LABEL - 1 + AUTH_CLUSTER_NONCE_SIZE +
+                 AUTH_CLUSTER_NAME_SIZE_MAX];
+    size_t size = sizeof CLUSTER_PROOF_LABEL - 1;
+    memcpy(data, CLUSTER_PROOF_LABEL, size);
+    if (nonce.len)
+        memcpy(data + size, nonce.ptr, nonce.len);
+    size += nonce.len;
+    if (name.len)
+        memcpy(data + size, name.ptr, name.len);
+    size += name.len;
+    uint8_t mac[AUTH_CLUSTER_PROOF_SIZE / 2];
+    unsigned mac_size = 0;
+    uint8_t *r = HMAC(EVP_sha256(), secret.ptr, (int)secret.len, data, size, mac, &mac_size);
+    ASSERT(r != NULL);
+    ASSERT(mac_size == sizeof mac);
+    hex_encode(mac, sizeof mac, out);
+}
+
+const struct auth_user *auth_cluster_check(struct bytes secret, struct bytes nonce,
+                                           struct bytes response, struct bytes *name)
+{
+    if (secret.len == 0 || nonce.len != AUTH_CLUSTER_NONCE_SIZE)
+        return NULL;
+    const uint8_t *nul = response.len ? memchr(response.ptr, 0, response.len) : NULL;
+    if (!nul)
+        return NULL;
+    uint32_t name_size = (uint32_t)(nul - response.ptr);
+    uint32_t proof_size = response.len - name_size - 1;
+    if (name_size == 0 || name_size > AUTH_CLUSTER_NAME_SIZE_MAX ||
+        proof_size != AUTH_CLUSTER_PROOF_SIZE)
+        return NULL;
+    *name = (struct bytes){response.ptr, name_size};
+    char expected[AUTH_CLUSTER_PROOF_SIZE + 1];
+    auth_cluster_proof(secret, nonce, *name, expected);
+    if (CRYPTO_memcmp(expected, nul + 1, AUTH_CLUSTER_PROOF_SIZE) != 0)
+        return NULL;
+    return &auth_cluster_user;
 }

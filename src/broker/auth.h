@@ -49,4 +49,37 @@ bool auth_user_may_open(const struct auth_user *user, struct bytes vhost);
 int auth_parse_plain(struct bytes response, struct bytes *user, struct bytes *password);
 int auth_parse_amqplain(struct bytes response, struct bytes *user, struct bytes *password);
 
+/*
+ * Cluster peers: brokers of one cluster log in to each other (the cluster
+ * links, cluster/link.h) with the cluster secret, never with a user. The
+ * server offers the mechanism QUAY-CLUSTER only when it has a secret, and
+ * sends a fresh nonce in connection.start's server-properties as the
+ * longstr quay_nonce. The client answers
+ *
+ *     response = NAME || 0x00 || hex(HMAC-SHA256(secret, "quay-link v1" || nonce || NAME))
+ *
+ * where NAME is its broker name and nonce the quay_nonce text exactly as
+ * received (32 hex digits); hex is lower case. One function computes the
+ * proof for both sides.
+ */
+#define AUTH_CLUSTER_MECHANISM "QUAY-CLUSTER"
+#define AUTH_CLUSTER_NONCE_SIZE 32 /* hex digits of 16 random bytes */
+#define AUTH_CLUSTER_PROOF_SIZE 64 /* hex digits of an HMAC-SHA256 */
+#define AUTH_CLUSTER_NAME_SIZE_MAX 255 /* a broker name, as a shortstr */
+
+/* The user of every cluster peer: in no users table (so no password logs
+ * in as it), allowed on every vhost. */
+extern const struct auth_user auth_cluster_user;
+
+/* Writes a fresh nonce: AUTH_CLUSTER_NONCE_SIZE hex digits and a NUL. */
+void auth_cluster_nonce(char out[AUTH_CLUSTER_NONCE_SIZE + 1]);
+/* Writes the proof: AUTH_CLUSTER_PROOF_SIZE hex digits and a NUL. */
+void auth_cluster_proof(struct bytes secret, struct bytes nonce, struct bytes name,
+                        char out[AUTH_CLUSTER_PROOF_SIZE + 1]);
+/* Checks a QUAY-CLUSTER response against our secret and the nonce we sent
+ * (constant-time compare). Returns &auth_cluster_user with *name set to
+ * the peer's claimed broker name (borrowed from response), or NULL. */
+const struct auth_user *auth_cluster_check(struct bytes secret, struct bytes nonce,
+                                           struct bytes response, struct bytes *name);
+
 #endif

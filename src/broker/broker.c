@@ -14,6 +14,7 @@
 #include "broker/connection.h"
 #include "broker/message.h"
 #include "broker/vhost.h"
+#include "cluster/member.h"
 #include "cluster/node.h"
 #include "lib/assert.h"
 #include "lib/log.h"
@@ -55,25 +56,27 @@ struct vhost *broker_vhost(struct broker *broker, struct bytes name)
     return hmap_get(&broker->vhosts, name);
 }
 
-static void add_vhost(struct broker *broker, struct bytes name)
+struct vhost *broker_add_vhost(struct broker *broker, struct bytes name)
 {
-    if (broker_vhost(broker, name))
-        return;
-    struct vhost *vhost = vhost_new(broker, name);
+    struct vhost *vhost = broker_vhost(broker, name);
+    if (vhost)
+        return vhost;
+    vhost = vhost_new(broker, name);
     hmap_put(&broker->vhosts, vhost->name, vhost);
+    return vhost;
 }
 
 /* Every vhost a user may open exists (except the "*" wildcard). */
 static void create_vhosts(struct broker *broker)
 {
-    add_vhost(broker, BYTES_LIT("/"));
+    broker_add_vhost(broker, BYTES_LIT("/"));
     for (size_t i = 0; i < broker->auth.users_count; i++) {
         const char *p = broker->auth.users[i].vhosts;
         while (*p) {
             const char *end = strchr(p, ',');
             size_t len = end ? (size_t)(end - p) : strlen(p);
             if (!(len == 1 && p[0] == '*'))
-                add_vhost(broker, (struct bytes){(const uint8_t *)p, (uint32_t)len});
+                broker_add_vhost(broker, (struct bytes){(const uint8_t *)p, (uint32_t)len});
             if (!end)
                 break;
             p = end + 1;
@@ -82,7 +85,7 @@ static void create_vhosts(struct broker *broker)
 }
 
 /* Joins or forms the cluster, advertising the first AMQP listener's bound
- * address. The AMQP data path does not depend on it (yet). */
+ * address, and puts the data path in the cluster (cluster/member.h). */
 static int start_cluster(struct broker *broker)
 {
     struct cluster_node_config cluster = *broker->config.cluster;
@@ -100,6 +103,8 @@ static int start_cluster(struct broker *broker)
         LOG_ERROR("%s", err);
         return -1;
     }
+    broker->cluster_secret = cluster_node_secret(broker->cluster);
+    broker->member = member_new(broker, broker->cluster);
     return 0;
 }
 
@@ -183,6 +188,8 @@ void broker_stop(struct broker *broker)
     for (uint32_t i = 0; i < broker->listeners_count; i++)
         listener_close(&broker->listeners[i]);
     mgmt_api_stop(broker->mgmt);
+    if (broker->member != NULL)
+        member_stop(broker->member); /* closes the links; freed with the queues */
     if (broker->cluster != NULL)
         cluster_node_stop(broker->cluster); /* frees itself once closed */
     broker->cluster = NULL;
@@ -218,6 +225,8 @@ void broker_free(struct broker *broker)
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &e);)
         vhost_free(e->value);
     hmap_free(&broker->vhosts);
+    member_free(broker->member); /* after the stand-ins it lists */
+    broker->member = NULL;
     auth_free(&broker->auth);
     ASSERT(message_live_count == 0);
 }

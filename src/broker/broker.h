@@ -24,6 +24,7 @@
 
 struct mgmt_api;
 struct cluster_node;
+struct member;
 struct cluster_node_config;
 
 /* Limits. Every one is enforced with the reply code the spec names. */
@@ -66,6 +67,10 @@ struct broker {
     struct durable durable;        /* the journal: definitions and messages */
     struct mgmt_api *mgmt;         /* owned: the HTTP API (mgmt/api.h), or NULL */
     struct cluster_node *cluster;  /* owned: cluster membership (cluster/node.h), or NULL */
+    struct member *member;         /* owned: the data path's cluster side (cluster/member.h) */
+    /* The cluster secret (borrowed from the node; empty when not clustered):
+     * peer brokers log in with it (mechanism QUAY-CLUSTER, cluster/link.h). */
+    struct bytes cluster_secret;
     bool stopping;
 };
 
@@ -79,6 +84,8 @@ void broker_stop(struct broker *broker);
 void broker_free(struct broker *broker);
 
 struct vhost *broker_vhost(struct broker *broker, struct bytes name);
+/* The vhost of that name, created (with its predeclared exchanges) if new. */
+struct vhost *broker_add_vhost(struct broker *broker, struct bytes name);
 /* A client connection was freed (connection.c). */
 void broker__connection_gone(struct broker *broker);
 /* Writes a unique name such as "amq.gen-XXXXXXXXXXXXXXXXXXXXXX" (22 chars,

@@ -16,6 +16,7 @@
 #include "amqp/table.h"
 #include "broker/broker.h"
 #include "broker/channel_int.h"
+#include "cluster/member.h"
 #include "broker/connection.h"
 #include "broker/durable.h"
 #include "broker/exchange.h"
@@ -70,6 +71,8 @@ static void release(struct channel *ch)
         ch->assembling = NULL;
     }
     ch->content = CONTENT_STATE_NONE;
+    channel__cluster_forget(ch);
+    channel__forget_remote_op(ch);
     channel__release_consumers(ch);
     channel__requeue_all(ch);
     ASSERT(ch->unacked_count == 0); /* no consumer is left to take them back */
@@ -90,8 +93,13 @@ void channel_destroy(struct channel *ch)
     hmap_free(&ch->consumers_by_tag);
     free(ch->deliveries.items);
     free(ch->publish_names);
+    free(ch->forward_target);
     free(ch->last_queue);
     free(ch->confirm_waits.items);
+    if (ch->sink) {
+        ch->sink->channel = NULL;
+        confirm_sink_unref(ch->sink);
+    }
     connection__channel_gone(ch->connection, ch->id);
     free(ch);
 }
@@ -144,6 +152,24 @@ void channel__connection_fail(struct channel *ch, uint16_t reply_code, uint32_t 
 
 /* ---- frames --------------------------------------------------------- */
 
+/* A cluster peer's channel.open named a vhost we do not have. 530 is a
+ * connection-level code, but only this channel is refused (channel.close,
+ * then the usual wait for close-ok): the link's other vhosts still work. */
+static void refuse_open(struct channel *ch, struct bytes vhost_name)
+{
+    char text[300];
+    snprintf(text, sizeof text, "%s - vhost %.*s not found", reply_code_text(REPLY_NOT_ALLOWED),
+             (int)vhost_name.len, (const char *)vhost_name.ptr);
+    struct method m = {.id = METHOD_CHANNEL_CLOSE};
+    m.channel_close.reply_code = REPLY_NOT_ALLOWED;
+    m.channel_close.reply_text = (struct bytes){(const uint8_t *)text,
+                                                (uint32_t)strnlen(text, 255)};
+    m.channel_close.class_id = CLASS_CHANNEL;
+    m.channel_close.method_id = METHOD_METHOD_ID(METHOD_CHANNEL_OPEN);
+    channel__send(ch, &m);
+    ch->state = CHANNEL_STATE_CLOSING;
+}
+
 void channel_handle_unopened(struct connection *connection, const struct frame *frame)
 {
     if (frame->type != FRAME_METHOD) {
@@ -165,6 +191,17 @@ void channel_handle_unopened(struct connection *connection, const struct frame *
         return;
     }
     struct channel *ch = channel_new(connection, frame->channel);
+    struct bytes vhost_name = m.channel_open.reserved_1;
+    if (connection->cluster_peer && vhost_name.len > 0) {
+        /* A cluster link serves every vhost over one connection: it names
+         * each channel's vhost in channel.open's reserved shortstr (its
+         * old out-of-band field). Clients' values are ignored as ever. */
+        ch->vhost = broker_vhost(connection->broker, vhost_name);
+        if (!ch->vhost) {
+            refuse_open(ch, vhost_name);
+            return;
+        }
+    }
     struct method ok = {.id = METHOD_CHANNEL_OPEN_OK};
     ok.channel_open_ok.reserved_1 = BYTES_LIT("");
     channel__send(ch, &ok);
@@ -259,7 +296,10 @@ static void content_complete(struct channel *ch)
     struct message *message = ch->assembling;
     ch->assembling = NULL;
     ch->content = CONTENT_STATE_NONE;
-    channel__route_publish(ch, message, ch->publish_mandatory);
+    if (ch->publish_forward)
+        channel__route_forward(ch, message);
+    else
+        channel__route_publish(ch, message, ch->publish_mandatory);
     message_unref(message);
 }
 
@@ -306,7 +346,9 @@ static void handle_content_header(struct channel *ch, const struct frame *frame)
         return;
     }
     const char *user = ch->connection->user->name;
-    if ((props.flags & BASIC_FLAG_USER_ID) && !bytes_equal_cstr(props.user_id, user)) {
+    /* A forwarded message's user-id was checked by the broker it entered. */
+    if ((props.flags & BASIC_FLAG_USER_ID) && !ch->publish_forward &&
+        !bytes_equal_cstr(props.user_id, user)) {
         ch->content = CONTENT_STATE_NONE;
         channel__fail(ch, REPLY_PRECONDITION_FAILED, METHOD_BASIC_PUBLISH,
                       "user_id property set to '%.*s' but authenticated user was '%s'",
@@ -422,8 +464,38 @@ void channel__begin_publish(struct channel *ch, const struct method *m)
     ch->publish_exchange_size = (uint8_t)p->exchange.len;
     ch->publish_routing_key_size = (uint8_t)p->routing_key.len;
     ch->publish_mandatory = p->mandatory;
+    ch->publish_forward = false;
     ch->content = CONTENT_STATE_HEADER;
     alarm_note_publisher(ch->connection->broker, ch->connection);
+}
+
+void channel__begin_forward(struct channel *ch, const struct method *m)
+{
+    const struct method_basic_quay_forward *f = &m->basic_quay_forward;
+    if (!ch->connection->cluster_peer) {
+        /* Clients see it as the unknown method it is to them. */
+        channel__connection_fail(ch, REPLY_NOT_IMPLEMENTED, m->id, "unknown method %u.%u",
+                                 METHOD_CLASS_ID(m->id), METHOD_METHOD_ID(m->id));
+        return;
+    }
+    if (!ch->publish_names) {
+        ch->publish_names = malloc(512);
+        ASSERT(ch->publish_names != NULL);
+    }
+    if (!ch->forward_target) {
+        ch->forward_target = malloc(256);
+        ASSERT(ch->forward_target != NULL);
+    }
+    memcpy(ch->publish_names, f->exchange.ptr, f->exchange.len);
+    memcpy(ch->publish_names + 256, f->routing_key.ptr, f->routing_key.len);
+    memcpy(ch->forward_target, f->queue.ptr, f->queue.len);
+    ch->publish_exchange_size = (uint8_t)f->exchange.len;
+    ch->publish_routing_key_size = (uint8_t)f->routing_key.len;
+    ch->forward_target_size = (uint8_t)f->queue.len;
+    ch->forward_epoch = f->epoch;
+    ch->publish_mandatory = false;
+    ch->publish_forward = true;
+    ch->content = CONTENT_STATE_HEADER;
 }
 
 static void send_return(struct channel *ch, struct message *message, uint16_t code,
@@ -516,10 +588,13 @@ static void release_confirms(struct channel *ch)
     send_acks_through(ch, limit);
 }
 
-void channel__journal_synced(struct channel *ch, uint64_t ticket, int status)
+/* Confirms every waiting publish at the head that waits for nothing more:
+ * its fsync is done (ticket <= synced) and every primary answered. */
+static void drain_waits(struct channel *ch, uint64_t synced, int status)
 {
     struct confirm_fifo *f = &ch->confirm_waits;
-    while (f->count > 0 && f->items[f->head].ticket <= ticket) {
+    while (f->count > 0 && f->items[f->head].ticket <= synced &&
+           f->items[f->head].remote == 0) {
         struct confirm_wait wait = f->items[f->head];
         f->head = (f->head + 1) & (f->cap - 1);
         f->count--;
@@ -530,6 +605,12 @@ void channel__journal_synced(struct channel *ch, uint64_t ticket, int status)
     }
     if (ch->state == CHANNEL_STATE_OPEN)
         release_confirms(ch);
+}
+
+void channel__journal_synced(struct channel *ch, uint64_t ticket, int status)
+{
+    struct confirm_fifo *f = &ch->confirm_waits;
+    drain_waits(ch, ticket, status);
     if (ch->commit_pending && ticket >= ch->tx_ticket) {
         ch->commit_pending = false;
         if (status < 0) {
@@ -544,6 +625,50 @@ void channel__journal_synced(struct channel *ch, uint64_t ticket, int status)
         list_remove(&ch->durable_link);
 }
 
+void confirm_sink_ref(struct confirm_sink *sink)
+{
+    ASSERT(sink->refs > 0);
+    sink->refs++;
+}
+
+void confirm_sink_unref(struct confirm_sink *sink)
+{
+    ASSERT(sink->refs > 0);
+    if (--sink->refs == 0)
+        free(sink);
+}
+
+void confirm_sink_answer(struct confirm_sink *sink, uint64_t seq, bool ack)
+{
+    struct channel *ch = sink->channel;
+    if (ch == NULL || ch->state != CHANNEL_STATE_OPEN)
+        return;
+    struct confirm_fifo *f = &ch->confirm_waits;
+    ASSERT(f->count > 0 && seq >= f->items[f->head].seq);
+    uint64_t index = seq - f->items[f->head].seq;
+    ASSERT(index < f->count);
+    struct confirm_wait *wait = &f->items[(f->head + index) & (f->cap - 1)];
+    ASSERT(wait->seq == seq && wait->remote > 0);
+    wait->remote--;
+    if (!ack)
+        wait->nack = true;
+    drain_waits(ch, durable_synced_ticket(ch->connection->broker), 0);
+}
+
+static void confirm_publish(struct channel *ch, uint64_t ticket, uint32_t remote,
+                            bool rejected);
+
+static struct confirm_sink *channel_sink(struct channel *ch)
+{
+    if (!ch->sink) {
+        ch->sink = calloc(1, sizeof *ch->sink);
+        ASSERT(ch->sink != NULL);
+        ch->sink->refs = 1;
+        ch->sink->channel = ch;
+    }
+    return ch->sink;
+}
+
 void channel__route_now(struct channel *ch, struct message *message, bool mandatory)
 {
     struct bind_dest *dests[ROUTE_DESTS_MAX];
@@ -556,27 +681,69 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
         send_return(ch, message, REPLY_NO_ROUTE, "NO_ROUTE");
     bool rejected = false;
     uint64_t ticket = 0;
+    uint64_t seq = ch->confirm_mode ? ch->publish_seq + 1 : 0;
+    uint32_t remote = 0;
     for (uint32_t i = 0; i < result.count; i++) {
         struct queue *queue = CONTAINER_OF(result.dests[i], struct queue, as_dest);
+        if (queue->remote_ops) {
+            /* Its primary is another broker: the confirm waits for it. */
+            struct confirm_sink *sink = seq ? channel_sink(ch) : NULL;
+            if (!queue->remote_ops->forward(queue, message, sink, seq))
+                rejected = true;
+            else if (sink)
+                remote++;
+            continue;
+        }
         if (queue_publish(queue, message, &ticket) == QUEUE_PUBLISH_REJECTED)
             rejected = true;
     }
     if (ch->tx_mode && ticket > ch->tx_ticket)
         ch->tx_ticket = ticket; /* tx.commit-ok waits for it */
+    confirm_publish(ch, ticket, remote, rejected);
+}
+
+/* The publisher's confirm for the publish just routed: now, or once the
+ * fsync (ticket) and the primaries (remote) are done. */
+static void confirm_publish(struct channel *ch, uint64_t ticket, uint32_t remote, bool rejected)
+{
     if (!ch->confirm_mode)
         return;
     ch->publish_seq++;
     struct confirm_fifo *f = &ch->confirm_waits;
-    if (ticket > durable_synced_ticket(ch->connection->broker) || f->count > 0) {
-        /* Wait for the fsync, or behind a publish that does. */
-        fifo_push(f, (struct confirm_wait){ch->publish_seq, ticket, rejected});
-        durable_wait_for_sync(ch->connection->broker, &ch->durable_link);
+    bool unsynced = ticket > durable_synced_ticket(ch->connection->broker);
+    if (unsynced || remote > 0 || f->count > 0) {
+        /* Wait for the fsync or the primaries, or behind a publish that does. */
+        fifo_push(f, (struct confirm_wait){ch->publish_seq, ticket, remote, rejected});
+        if (unsynced)
+            durable_wait_for_sync(ch->connection->broker, &ch->durable_link);
         return;
     }
     if (rejected)
         send_nack(ch, ch->publish_seq); /* a queue refused it (reject-publish) */
     else
         owe_confirm(ch);
+}
+
+/* A peer's forward: straight into the named queue, which must be ours (a
+ * stale sender, one whose map still names us, or an older epoch, is
+ * nacked and sends it again where the map now says). */
+void channel__route_forward(struct channel *ch, struct message *message)
+{
+    struct broker *broker = ch->connection->broker;
+    struct bytes target = {ch->forward_target, ch->forward_target_size};
+    if (bytes_equal_cstr(target, MEMBER_MAP_TARGET)) {
+        if (broker->member)
+            member_propose_entry(broker->member, message->body, message->body_size);
+        return; /* the sender learns the outcome from the map itself */
+    }
+    struct queue *queue = vhost_queue(ch->vhost, target);
+    bool rejected = queue == NULL || queue_is_remote(queue) ||
+                    (broker->member && !member_forward_fresh(broker->member, ch->vhost->name,
+                                                             target, ch->forward_epoch));
+    uint64_t ticket = 0;
+    if (!rejected && queue_publish(queue, message, &ticket) == QUEUE_PUBLISH_REJECTED)
+        rejected = true;
+    confirm_publish(ch, ticket, 0, rejected);
 }
 
 void channels_flush_confirms(struct connection *connection)

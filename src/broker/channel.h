@@ -29,6 +29,19 @@ void channel_handle_frame(struct channel *ch, const struct frame *frame);
 void channel_destroy(struct channel *ch);
 /* The connection's output drained: consumers may take messages again. */
 void channel_resume_delivery(struct channel *ch);
+/* A publish forwarded to another broker's queue (cluster/proxy.c) reports
+ * back through its channel's sink: the primary confirmed (ack) or refused
+ * or lost (nack) publish number seq. */
+struct confirm_sink;
+void confirm_sink_ref(struct confirm_sink *sink);
+void confirm_sink_unref(struct confirm_sink *sink);
+void confirm_sink_answer(struct confirm_sink *sink, uint64_t seq, bool ack);
+
+/* How many more unacked messages a consumer may have (its prefetch, or
+ * the channel's if smaller); 0: no limit. */
+struct consumer;
+uint32_t channel_consumer_credit(const struct consumer *consumer);
+
 /* End of an input batch: send the publisher confirms it produced. */
 void channels_flush_confirms(struct connection *connection);
 

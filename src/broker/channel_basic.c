@@ -13,16 +13,14 @@
 
 #include "broker/broker.h"
 #include "broker/channel_int.h"
+#include "cluster/proxy.h"
 #include "broker/connection.h"
 #include "broker/durable.h"
+#include "broker/frame_out.h"
 #include "broker/message.h"
 #include "broker/queue_args.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
-
-/* Bodies up to this size are copied into the output buffer; larger ones
- * are written straight from the message (writev), holding a reference. */
-#define BODY_COPY_MAX 8192
 
 #define VHOST_FMT "in vhost '%.*s'"
 #define VHOST_ARG(ch) (int)(ch)->vhost->name.len, (const char *)(ch)->vhost->name.ptr
@@ -196,36 +194,7 @@ void channel__requeue_all(struct channel *ch)
 
 void channel__write_content(struct channel *ch, struct message *m)
 {
-    struct conn *conn = &ch->connection->conn;
-    if (conn->closing)
-        return;
-    size_t header_size = FRAME_OVERHEAD + 12 + (size_t)m->properties_size;
-    uint8_t *out = conn_out_reserve(conn, header_size);
-    size_t n = frame_write_content_header(out, header_size, ch->id, CLASS_BASIC, m->body_size,
-                                          message_properties(m), m->properties_size);
-    ASSERT(n == header_size);
-    conn_out_commit(conn, n);
-    uint64_t payload_max = ch->connection->frame_max - FRAME_OVERHEAD;
-    for (uint64_t offset = 0; offset < m->body_size;) {
-        uint64_t left = m->body_size - offset;
-        uint32_t size = (uint32_t)(left < payload_max ? left : payload_max);
-        if (size <= BODY_COPY_MAX) {
-            out = conn_out_reserve(conn, size + FRAME_OVERHEAD);
-            frame_write_body_prefix(out, ch->id, size);
-            memcpy(out + FRAME_HEADER_SIZE, m->body + offset, size);
-            out[FRAME_HEADER_SIZE + size] = FRAME_END;
-            conn_out_commit(conn, size + FRAME_OVERHEAD);
-        } else {
-            out = conn_out_reserve(conn, FRAME_HEADER_SIZE);
-            frame_write_body_prefix(out, ch->id, size);
-            conn_out_commit(conn, FRAME_HEADER_SIZE);
-            message_ref(m);
-            conn_out_ref(conn, m->body + offset, size, message_release_callback, m);
-            static const uint8_t end = FRAME_END;
-            conn_out_bytes(conn, &end, 1);
-        }
-        offset += size;
-    }
+    frame_out_content(&ch->connection->conn, ch->id, ch->connection->frame_max, m);
 }
 
 static uint64_t record_delivery(struct channel *ch, struct consumer *consumer,
@@ -247,6 +216,17 @@ static uint64_t record_delivery(struct channel *ch, struct consumer *consumer,
     if (consumer)
         consumer->unacked_count++;
     return tag;
+}
+
+uint32_t channel_consumer_credit(const struct consumer *consumer)
+{
+    const struct channel *ch = consumer->owner;
+    if (consumer->no_ack)
+        return 0;
+    uint32_t credit = consumer->prefetch_count;
+    if (ch->prefetch_global && (credit == 0 || ch->prefetch_global < credit))
+        credit = ch->prefetch_global;
+    return credit;
 }
 
 static bool consumer_can_take(struct consumer *consumer)
@@ -333,8 +313,10 @@ static void detach(struct channel *ch, struct consumer *consumer)
         return;
     queue_ref(queue);
     queue_consumer_remove(queue, consumer);
-    if (queue->auto_delete && queue->consumers_count == 0 && !queue->deleted)
-        vhost_queue_delete(ch->vhost, queue);
+    /* A stand-in's primary decides (its upstream consumer went away too). */
+    if (queue->auto_delete && queue->consumers_count == 0 && !queue->deleted &&
+        !queue_is_remote(queue))
+        vhost_queue_discard(ch->vhost, queue);
     queue_unref(queue);
 }
 
@@ -449,30 +431,93 @@ static void handle_cancel(struct channel *ch, const struct method *m)
     consumer_free(ch, consumer);
 }
 
+static void send_get_ok(struct channel *ch, struct queue *queue, struct queue_entry entry,
+                        bool no_ack, uint32_t message_count)
+{
+    uint64_t tag = record_delivery(ch, NULL, queue, entry, no_ack);
+    struct method ok = {.id = METHOD_BASIC_GET_OK};
+    ok.basic_get_ok.delivery_tag = tag;
+    ok.basic_get_ok.redelivered = entry.redelivered != 0;
+    ok.basic_get_ok.exchange = message_exchange(entry.message);
+    ok.basic_get_ok.routing_key = message_routing_key(entry.message);
+    ok.basic_get_ok.message_count = message_count;
+    channel__send(ch, &ok);
+    channel__write_content(ch, entry.message);
+    message_unref(entry.message);
+}
+
+static void send_get_empty(struct channel *ch)
+{
+    struct method empty = {.id = METHOD_BASIC_GET_EMPTY};
+    empty.basic_get_empty.reserved_1 = BYTES_LIT("");
+    channel__send(ch, &empty);
+}
+
+/* The primary answered a basic.get made through a stand-in. */
+static void on_remote_get(void *ctx, struct queue *queue, bool ok, struct queue_entry *entry,
+                          uint32_t message_count)
+{
+    struct channel *ch = ctx;
+    ASSERT(ch->remote_op != NULL && ch->remote_queue == queue);
+    bool no_ack = ch->remote_no_ack;
+    ch->remote_op = NULL;
+    ch->remote_queue = NULL;
+    connection_release(ch->connection);
+    if (entry)
+        send_get_ok(ch, queue, *entry, no_ack, message_count);
+    else if (ok)
+        send_get_empty(ch);
+    else
+        channel__fail(ch, REPLY_NOT_FOUND, METHOD_BASIC_GET,
+                      "queue '%.*s' in vhost '%.*s' is unavailable: its primary broker cannot "
+                      "be reached", (int)queue->name.len, (const char *)queue->name.ptr,
+                      (int)ch->vhost->name.len, (const char *)ch->vhost->name.ptr);
+    queue_unref(queue);
+}
+
 static void handle_get(struct channel *ch, const struct method *m)
 {
     const struct method_basic_get *g = &m->basic_get;
     struct queue *queue = usable_queue(ch, g->queue, m->id);
     if (!queue)
         return;
+    if (queue_is_remote(queue)) {
+        /* The connection waits for the primary's answer, as a client of
+         * the primary would. */
+        ch->remote_op = proxy_get(queue, on_remote_get, ch);
+        if (ch->remote_op == NULL) {
+            channel__fail(ch, REPLY_NOT_FOUND, m->id,
+                          "queue '%.*s' in vhost '%.*s' is unavailable: its primary broker "
+                          "cannot be reached", (int)queue->name.len,
+                          (const char *)queue->name.ptr, (int)ch->vhost->name.len,
+                          (const char *)ch->vhost->name.ptr);
+            return;
+        }
+        ch->remote_no_ack = g->no_ack;
+        ch->remote_method = m->id;
+        ch->remote_queue = queue;
+        queue_ref(queue);
+        connection_hold(ch->connection);
+        return;
+    }
     queue_touch(queue);
     struct queue_entry entry;
     if (!queue_take(queue, &entry)) {
-        struct method empty = {.id = METHOD_BASIC_GET_EMPTY};
-        empty.basic_get_empty.reserved_1 = BYTES_LIT("");
-        channel__send(ch, &empty);
+        send_get_empty(ch);
         return;
     }
-    uint64_t tag = record_delivery(ch, NULL, queue, entry, g->no_ack);
-    struct method ok = {.id = METHOD_BASIC_GET_OK};
-    ok.basic_get_ok.delivery_tag = tag;
-    ok.basic_get_ok.redelivered = entry.redelivered != 0;
-    ok.basic_get_ok.exchange = message_exchange(entry.message);
-    ok.basic_get_ok.routing_key = message_routing_key(entry.message);
-    ok.basic_get_ok.message_count = queue_ready_count(queue);
-    channel__send(ch, &ok);
-    channel__write_content(ch, entry.message);
-    message_unref(entry.message);
+    send_get_ok(ch, queue, entry, g->no_ack, queue_ready_count(queue));
+}
+
+void channel__forget_remote_op(struct channel *ch)
+{
+    if (ch->remote_op == NULL)
+        return;
+    proxy_op_cancel(ch->remote_op);
+    ch->remote_op = NULL;
+    queue_unref(ch->remote_queue);
+    ch->remote_queue = NULL;
+    connection_release(ch->connection);
 }
 
 static void settle_or_fail(struct channel *ch, uint32_t method_id, uint64_t tag, bool multiple,
@@ -532,6 +577,8 @@ void channel__handle_basic(struct channel *ch, const struct method *m)
     switch (m->id) {
     case METHOD_BASIC_PUBLISH:
         return channel__begin_publish(ch, m);
+    case METHOD_BASIC_QUAY_FORWARD:
+        return channel__begin_forward(ch, m);
     case METHOD_BASIC_ACK:
         if (ch->tx_mode)
             return hold_for_tx(ch, m, m->basic_ack.delivery_tag, m->basic_ack.multiple, false);

@@ -16,7 +16,11 @@
 #include "broker/exchange.h"
 #include "broker/queue_args.h"
 #include "broker/vhost.h"
+#include "cluster/map.h"
+#include "cluster/member.h"
+#include "cluster/node.h"
 #include "lib/assert.h"
+#include "lib/errors.h"
 
 #define VHOST_FMT "in vhost '%.*s'"
 #define VHOST_ARG(ch) (int)(ch)->vhost->name.len, (const char *)(ch)->vhost->name.ptr
@@ -118,6 +122,18 @@ static void exchange_declare(struct channel *ch, const struct method *m)
             return;
         }
         struct bytes args = {d->arguments.ptr, d->arguments.len};
+        if (channel__clustered(ch)) {
+            struct map_exchange_decl decl = {
+                .vhost = ch->vhost->name, .name = d->exchange,
+                .type = bytes_of_cstr(exchange_type_name(type)), .durable = d->durable,
+                .auto_delete = d->auto_delete, .internal = d->internal,
+                .arguments = d->arguments,
+                .owner_id = cluster_node_id(ch->connection->broker->cluster)};
+            struct map_cmd cmd;
+            if (map_cmd_exchange_declare(&cmd, &decl) == OK)
+                channel__cluster_submit(ch, m->id, d->no_wait, &cmd, BYTES_LIT(""), 0);
+            return;
+        }
         vhost_exchange_declare(ch->vhost, d->exchange, type, d->durable, d->auto_delete,
                                d->internal, args);
     }
@@ -154,6 +170,12 @@ static void exchange_delete(struct channel *ch, const struct method *m)
     }
     if (!exchange_modifiable(ch, d->exchange, m->id))
         return;
+    if (channel__clustered(ch)) {
+        struct map_cmd cmd;
+        if (map_cmd_exchange_delete(&cmd, ch->vhost->name, d->exchange, d->if_unused) == OK)
+            channel__cluster_submit(ch, m->id, d->no_wait, &cmd, BYTES_LIT(""), 0);
+        return;
+    }
     struct exchange *x = vhost_exchange(ch->vhost, d->exchange);
     if (x) {
         if (d->if_unused && exchange_has_bindings(x)) {
@@ -193,6 +215,17 @@ static void exchange_bind_unbind(struct channel *ch, const struct method *m)
     struct bytes arg_bytes = {args.ptr, args.len};
     if (bind && !bind_arguments_valid(ch, source, args, m->id))
         return;
+    if (channel__clustered(ch)) {
+        struct map_binding_decl decl = {
+            .vhost = ch->vhost->name, .source = source_name,
+            .destination_kind = MAP_DESTINATION_EXCHANGE, .destination = dest_name,
+            .routing_key = key, .arguments = args};
+        struct map_cmd cmd;
+        int rc = bind ? map_cmd_bind(&cmd, &decl) : map_cmd_unbind(&cmd, &decl);
+        if (rc == OK)
+            channel__cluster_submit(ch, m->id, nowait, &cmd, BYTES_LIT(""), 0);
+        return;
+    }
     if (bind) {
         struct binding *binding = exchange_bind(source, &dest->as_dest, key, arg_bytes);
         durable_binding_added(ch->connection->broker, ch->vhost, binding);
@@ -257,7 +290,7 @@ bool channel__resolve_queue_name(struct channel *ch, struct bytes *name, uint32_
     return true;
 }
 
-static void remember_queue(struct channel *ch, struct bytes name)
+void channel__remember_queue(struct channel *ch, struct bytes name)
 {
     if (!ch->last_queue) {
         ch->last_queue = malloc(256);
@@ -313,6 +346,26 @@ static void send_declare_ok(struct channel *ch, const struct queue *queue)
     channel__send(ch, &ok);
 }
 
+/* A new queue in a cluster: placed (pinned here when exclusive,
+ * auto-delete or server-named), then declared through the map. */
+static void declare_in_cluster(struct channel *ch, const struct method *m, struct bytes name,
+                               bool server_named)
+{
+    const struct method_queue_declare *d = &m->queue_declare;
+    struct broker *broker = ch->connection->broker;
+    bool pinned = d->exclusive || d->auto_delete || server_named;
+    uint32_t self = cluster_node_id(broker->cluster);
+    struct map_queue_decl decl = {
+        .vhost = ch->vhost->name, .name = name, .durable = d->durable,
+        .exclusive = d->exclusive, .auto_delete = d->auto_delete, .arguments = d->arguments,
+        .exclusive_connection_id = d->exclusive ? ch->connection->conn.id : 0,
+        .primary_id = member_place_queue(broker->member, ch->vhost->name, name, pinned),
+        .replication_factor = 1};
+    struct map_cmd cmd;
+    if (map_cmd_queue_declare(&cmd, &decl, self) == OK)
+        channel__cluster_submit(ch, m->id, d->no_wait, &cmd, name, 0);
+}
+
 static void queue_declare(struct channel *ch, const struct method *m)
 {
     const struct method_queue_declare *d = &m->queue_declare;
@@ -359,6 +412,10 @@ static void queue_declare(struct channel *ch, const struct method *m)
             return;
         }
         struct bytes args = {d->arguments.ptr, d->arguments.len};
+        if (channel__clustered(ch)) {
+            declare_in_cluster(ch, m, name, d->queue.len == 0);
+            return;
+        }
         queue = vhost_queue_declare(ch->vhost, name, d->durable, d->exclusive, d->auto_delete,
                                     args);
         if (d->exclusive) {
@@ -366,8 +423,12 @@ static void queue_declare(struct channel *ch, const struct method *m)
             list_push_back(&connection->exclusive_queues, &queue->owner_link);
         }
     }
+    if (queue_is_remote(queue)) {
+        channel__remote_query(ch, queue, m); /* the counts are the primary's */
+        return;
+    }
     queue_touch(queue);
-    remember_queue(ch, queue->name);
+    channel__remember_queue(ch, queue->name);
     if (!d->no_wait)
         send_declare_ok(ch, queue);
 }
@@ -408,6 +469,18 @@ static void queue_bind_unbind(struct channel *ch, const struct method *m)
         return;
     if (bind && !bind_arguments_valid(ch, exchange, args, m->id))
         return;
+    if (channel__clustered(ch)) {
+        struct map_binding_decl decl = {
+            .vhost = ch->vhost->name, .source = exchange_name,
+            .destination_kind = MAP_DESTINATION_QUEUE, .destination = queue_name,
+            .routing_key = key, .arguments = args};
+        struct map_cmd cmd;
+        int rc = bind ? map_cmd_bind(&cmd, &decl) : map_cmd_unbind(&cmd, &decl);
+        bool no_wait = bind && m->queue_bind.no_wait;
+        if (rc == OK)
+            channel__cluster_submit(ch, m->id, no_wait, &cmd, BYTES_LIT(""), 0);
+        return;
+    }
     if (bind) {
         struct binding *binding = exchange_bind(exchange, &queue->as_dest, key, arg_bytes);
         if (binding != existing)
@@ -430,6 +503,10 @@ static void queue_purge_method(struct channel *ch, const struct method *m)
     struct queue *queue = existing_queue(ch, m->queue_purge.queue, m->id);
     if (!queue)
         return;
+    if (queue_is_remote(queue)) {
+        channel__remote_query(ch, queue, m);
+        return;
+    }
     uint32_t count = queue_purge(queue);
     if (!m->queue_purge.no_wait) {
         struct method ok = {.id = METHOD_QUEUE_PURGE_OK};
@@ -449,6 +526,10 @@ static void queue_delete_method(struct channel *ch, const struct method *m)
     if (queue) {
         if (channel__queue_locked(ch, queue, m->id))
             return;
+        if (queue_is_remote(queue)) {
+            channel__remote_query(ch, queue, m); /* its checks and count, then the map */
+            return;
+        }
         if (d->if_unused && queue->consumers_count > 0) {
             channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
                           "queue '%.*s' " VHOST_FMT " in use", NAME_ARG(name), VHOST_ARG(ch));
@@ -458,6 +539,13 @@ static void queue_delete_method(struct channel *ch, const struct method *m)
             channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
                           "queue '%.*s' " VHOST_FMT " not empty", NAME_ARG(name),
                           VHOST_ARG(ch));
+            return;
+        }
+        if (channel__clustered(ch)) {
+            struct map_cmd cmd;
+            if (map_cmd_queue_delete(&cmd, ch->vhost->name, name, 0) == OK)
+                channel__cluster_submit(ch, m->id, d->no_wait, &cmd, BYTES_LIT(""),
+                                        queue_ready_count(queue));
             return;
         }
         count = vhost_queue_delete(ch->vhost, queue);

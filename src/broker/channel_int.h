@@ -54,7 +54,15 @@ struct delivery_ring {
 struct confirm_wait {
     uint64_t seq;              /* the publish's sequence number on the channel */
     uint64_t ticket;           /* journal sync ticket; 0 = nothing to wait for */
-    bool nack;                 /* a queue refused it (reject-publish) */
+    uint32_t remote;           /* forwards to primaries not yet answered */
+    bool nack;                 /* a queue refused it (reject-publish, failed forward) */
+};
+
+/* The channel's end of its forwarded publishes (confirm_sink_answer):
+ * refcounted, so an answer arriving after the channel is gone is dropped. */
+struct confirm_sink {
+    uint32_t refs;
+    struct channel *channel;   /* NULL once the channel is gone */
 };
 
 struct confirm_fifo {
@@ -87,6 +95,10 @@ struct channel {
     /* Publishing. */
     enum content_state content;
     bool publish_mandatory;
+    bool publish_forward;             /* basic.quay-forward from a peer broker */
+    uint8_t forward_target_size;
+    uint8_t *forward_target;          /* owned, 256 bytes: the queue it goes to */
+    uint64_t forward_epoch;
     uint8_t *publish_names;           /* owned, 512 bytes: exchange then key */
     uint8_t publish_exchange_size;
     uint8_t publish_routing_key_size;
@@ -96,6 +108,7 @@ struct channel {
     uint64_t publish_seq;             /* last assigned */
     uint64_t confirmed_seq;           /* last acked to the client */
     struct confirm_fifo confirm_waits;
+    struct confirm_sink *sink;        /* owned reference, made at the first forward */
     struct list_node durable_link;    /* in durable.confirm_waiters while waits exist */
 
     /* Consuming. */
@@ -111,6 +124,14 @@ struct channel {
     uint8_t *last_queue;              /* owned, 256 bytes: the last queue declared here */
     uint8_t last_queue_size;
     bool has_last_queue;
+
+    struct cluster_wait *cluster_wait; /* owned: a definition change in the map (held input) */
+    /* A request at a stand-in's primary (held input): basic.get, passive
+     * declare, purge, or delete's checks. */
+    struct proxy_op *remote_op;
+    struct queue *remote_queue;       /* one reference while remote_op waits */
+    uint32_t remote_method;
+    bool remote_no_ack, remote_no_wait, remote_if_unused, remote_if_empty;
 
     struct list_node tx_ops;          /* struct tx_op, in arrival order */
     uint64_t tx_ticket;               /* journal ticket the current commit needs */
@@ -129,7 +150,10 @@ void channel__connection_fail(struct channel *ch, uint16_t reply_code, uint32_t 
 void channel__route_publish(struct channel *ch, struct message *message, bool mandatory);
 /* Routes now (also used by tx.commit). */
 void channel__route_now(struct channel *ch, struct message *message, bool mandatory);
+void channel__route_forward(struct channel *ch, struct message *message);
 void channel__begin_publish(struct channel *ch, const struct method *m);
+/* basic.quay-forward: a peer broker's publish for one of our queues. */
+void channel__begin_forward(struct channel *ch, const struct method *m);
 
 /* The journal synced everything up to ticket (status < 0: it failed, and
  * the publishes waiting for it are nacked). */
@@ -144,7 +168,26 @@ void channel__release_consumers(struct channel *ch);
 void channel__requeue_all(struct channel *ch);
 void channel__drop_tx(struct channel *ch);
 
+/* Ends a request at another broker (the channel is going away). */
+void channel__forget_remote_op(struct channel *ch);
+/* Waits for a stand-in's primary to answer m (queue.declare, purge or
+ * delete), then answers the client as the primary would. */
+void channel__remote_query(struct channel *ch, struct queue *queue, const struct method *m);
+
+/* channel_cluster.c */
+struct map_cmd;
+bool channel__clustered(const struct channel *ch);
+/* Submits cmd (consumed) for the method and holds the connection's input
+ * until it is applied here; then answers the method (queue_name: the
+ * queue declared; message_count: for queue.delete-ok) or fails it with the
+ * map's reply. */
+void channel__cluster_submit(struct channel *ch, uint32_t method_id, bool no_wait,
+                             struct map_cmd *cmd, struct bytes queue_name, uint32_t message_count);
+/* The channel is going away: drop its waiting change, if any. */
+void channel__cluster_forget(struct channel *ch);
+
 /* channel_declare.c */
+void channel__remember_queue(struct channel *ch, struct bytes name);
 /* An empty queue name means the last queue declared on the channel. Fails
  * the channel with 404 and returns false when there is none. */
 bool channel__resolve_queue_name(struct channel *ch, struct bytes *name, uint32_t method_id);

@@ -18,6 +18,7 @@
 #include "broker/auth.h"
 #include "broker/broker.h"
 #include "broker/channel.h"
+#include "broker/frame_out.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
@@ -77,19 +78,7 @@ struct conn *connection_accept(struct net *net, void *ctx)
 void connection_send_method(struct connection *connection, uint16_t channel,
                             const struct method *method)
 {
-    if (connection->conn.closing)
-        return;
-    size_t cap = 512;
-    for (;;) {
-        uint8_t *out = conn_out_reserve(&connection->conn, cap);
-        size_t n = frame_write_method(out, cap, channel, method);
-        if (n > 0) {
-            conn_out_commit(&connection->conn, n);
-            return;
-        }
-        ASSERT(cap < (1u << 24));
-        cap *= 8;
-    }
+    frame_out_method(&connection->conn, channel, method);
 }
 
 static void send_close(struct connection *connection, uint16_t code, uint32_t method_id,
@@ -142,7 +131,7 @@ static void release_everything(struct connection *connection)
         struct queue *queue =
             CONTAINER_OF(connection->exclusive_queues.next, struct queue, owner_link);
         list_remove(&queue->owner_link);
-        vhost_queue_delete(queue->vhost, queue);
+        vhost_queue_discard(queue->vhost, queue);
     }
 }
 
@@ -267,12 +256,21 @@ static void send_start(struct connection *connection)
     table_put_longstr(&w, "platform", BYTES_LIT("C17/libuv"));
     table_put_longstr(&w, "product", BYTES_LIT("quay"));
     table_put_longstr(&w, "version", BYTES_LIT(QUAY_VERSION) /* CMake project() version */);
+    /* A clustered broker also admits its peers' links (auth.h): they
+     * prove the cluster secret over a nonce fresh for this connection. */
+    bool clustered = connection->broker->cluster_secret.len > 0;
+    if (clustered) {
+        auth_cluster_nonce(connection->cluster_nonce);
+        table_put_longstr(&w, "quay_nonce", bytes_of_cstr(connection->cluster_nonce));
+    }
     ASSERT(!w.overflow);
     struct method m = {.id = METHOD_CONNECTION_START};
     m.connection_start.version_major = 0;
     m.connection_start.version_minor = 9;
     m.connection_start.server_properties = table_writer_table(&w);
-    m.connection_start.mechanisms = BYTES_LIT("PLAIN AMQPLAIN");
+    m.connection_start.mechanisms = clustered
+                                        ? BYTES_LIT("PLAIN AMQPLAIN " AUTH_CLUSTER_MECHANISM)
+                                        : BYTES_LIT("PLAIN AMQPLAIN");
     m.connection_start.locales = BYTES_LIT("en_US");
     connection_send_method(connection, 0, &m);
     connection->state = CONNECTION_STATE_START_OK;
@@ -311,6 +309,50 @@ static void read_client_capabilities(struct connection *connection, struct table
         connection->client_blocked = v.boolean;
 }
 
+static void send_tune(struct connection *connection)
+{
+    const struct broker_limits *limits = &connection->broker->config.limits;
+    struct method tune = {.id = METHOD_CONNECTION_TUNE};
+    tune.connection_tune.channel_max = limits->channel_max;
+    tune.connection_tune.frame_max = limits->frame_max;
+    tune.connection_tune.heartbeat = limits->heartbeat_s;
+    connection_send_method(connection, 0, &tune);
+    connection->state = CONNECTION_STATE_TUNE_OK;
+}
+
+static void refuse_login(struct connection *connection, struct bytes mechanism)
+{
+    connection_fail(connection, REPLY_ACCESS_REFUSED, 0,
+                    "Login was refused using authentication mechanism %.*s. For details "
+                    "see the broker logfile.",
+                    (int)mechanism.len, (const char *)mechanism.ptr);
+}
+
+/* Another broker's link: refused exactly like a bad password when the
+ * proof does not match (a wrong or missing cluster secret). */
+static void cluster_login(struct connection *connection,
+                          const struct method_connection_start_ok *ok)
+{
+    struct bytes nonce = bytes_of_cstr(connection->cluster_nonce);
+    struct bytes name;
+    connection->user =
+        auth_cluster_check(connection->broker->cluster_secret, nonce, ok->response, &name);
+    if (!connection->user) {
+        LOG_INFO("conn=%llu peer=%s cluster login refused: wrong cluster secret",
+                 (unsigned long long)connection->conn.id, connection->conn.peer_name);
+        refuse_login(connection, ok->mechanism);
+        return;
+    }
+    connection->cluster_peer = true;
+    /* Peers run consumers on behalf of their clients, which must hear of
+     * a cancelled consumer whatever the link advertised. */
+    connection->client_cancel_notify = true;
+    LOG_INFO("conn=%llu peer=%s cluster peer '%.*s' logged in",
+             (unsigned long long)connection->conn.id, connection->conn.peer_name, (int)name.len,
+             (const char *)name.ptr);
+    send_tune(connection);
+}
+
 static void handle_start_ok(struct connection *connection, const struct method *m)
 {
     const struct method_connection_start_ok *ok = &m->connection_start_ok;
@@ -321,6 +363,10 @@ static void handle_start_ok(struct connection *connection, const struct method *
         parsed = auth_parse_plain(ok->response, &user, &password);
     } else if (bytes_equal_cstr(ok->mechanism, "AMQPLAIN")) {
         parsed = auth_parse_amqplain(ok->response, &user, &password);
+    } else if (connection->broker->cluster_secret.len > 0 &&
+               bytes_equal_cstr(ok->mechanism, AUTH_CLUSTER_MECHANISM)) {
+        cluster_login(connection, ok);
+        return;
     } else {
         /* RabbitMQ drops the socket without a close for a mechanism it
          * did not offer. */
@@ -339,19 +385,10 @@ static void handle_start_ok(struct connection *connection, const struct method *
     connection->user = auth_check(&connection->broker->auth, user, password,
                                   connection->conn.peer_loopback);
     if (!connection->user) {
-        connection_fail(connection, REPLY_ACCESS_REFUSED, 0,
-                        "Login was refused using authentication mechanism %.*s. For details "
-                        "see the broker logfile.",
-                        (int)ok->mechanism.len, (const char *)ok->mechanism.ptr);
+        refuse_login(connection, ok->mechanism);
         return;
     }
-    const struct broker_limits *limits = &connection->broker->config.limits;
-    struct method tune = {.id = METHOD_CONNECTION_TUNE};
-    tune.connection_tune.channel_max = limits->channel_max;
-    tune.connection_tune.frame_max = limits->frame_max;
-    tune.connection_tune.heartbeat = limits->heartbeat_s;
-    connection_send_method(connection, 0, &tune);
-    connection->state = CONNECTION_STATE_TUNE_OK;
+    send_tune(connection);
 }
 
 /* Negotiation: the client's values must lie within what we offered; 0
@@ -608,7 +645,8 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
             return n;
         used = (size_t)n;
     }
-    while (used < size && !conn->closing && connection->state != CONNECTION_STATE_CLOSED) {
+    while (used < size && !conn->closing && connection->state != CONNECTION_STATE_CLOSED &&
+           connection->held == 0) {
         struct frame frame;
         size_t need = 0;
         int n = frame_parse(&connection->reader, data + used, size - used, &frame, &need);
@@ -627,6 +665,19 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
     }
     channels_flush_confirms(connection);
     return (long)used;
+}
+
+void connection_hold(struct connection *connection)
+{
+    if (connection->held++ == 0)
+        conn_hold_input(&connection->conn);
+}
+
+void connection_release(struct connection *connection)
+{
+    ASSERT(connection->held > 0);
+    if (--connection->held == 0)
+        conn_release_input(&connection->conn);
 }
 
 /* ---- timers --------------------------------------------------------- */

@@ -22,6 +22,7 @@
 
 #include "amqp/frame.h"
 #include "amqp/method_gen.h"
+#include "broker/auth.h"
 #include "net/conn.h"
 
 struct broker;
@@ -56,6 +57,11 @@ struct connection {
     bool client_cancel_notify;        /* client capability consumer_cancel_notify */
     bool client_auth_failure_close;   /* client capability authentication_failure_close */
     bool client_blocked;              /* client capability connection.blocked */
+    /* Logged in with the cluster secret (mechanism QUAY-CLUSTER): another
+     * broker's link (cluster/link.h). Its channels may each name a vhost
+     * in channel.open (channel.c). */
+    bool cluster_peer;
+    char cluster_nonce[AUTH_CLUSTER_NONCE_SIZE + 1]; /* sent in connection.start, if clustered */
     bool publisher;                   /* has published: blocked by alarms */
     bool blocked;                     /* blocked by an alarm now */
     struct channel **channels;        /* owned array, indexed by channel id */
@@ -63,6 +69,7 @@ struct connection {
     uint32_t channels_open;
     struct list_node exclusive_queues; /* struct queue.owner_link */
     struct list_node confirms_owed;   /* struct channel.confirm_link */
+    uint32_t held;                    /* methods waiting for the cluster: input on hold */
 };
 
 /* The broker's accept callback: allocates a connection for a new socket. */
@@ -95,6 +102,13 @@ size_t connection__format_binary(char *out, size_t cap, const uint8_t *p, size_t
  * 501 as RabbitMQ answers, and returns false. */
 bool connection__decode_method(struct connection *connection, const struct frame *frame,
                                struct method *out);
+
+/* A method's answer waits for something asynchronous (a cluster map
+ * commit, a primary broker's reply): no further frame of this connection
+ * is looked at until the matching connection_release, so methods are
+ * still answered in order. */
+void connection_hold(struct connection *connection);
+void connection_release(struct connection *connection);
 
 /* Called by channels once they are fully closed and freed. */
 void connection__channel_gone(struct connection *connection, uint16_t channel_id);

@@ -76,7 +76,7 @@ static bool binding_durable(const struct binding *binding)
         return false;
     if (binding->dest->kind == BIND_DEST_QUEUE) {
         const struct queue *q = CONTAINER_OF(binding->dest, struct queue, as_dest);
-        return q->durable && !q->exclusive;
+        return q->durable && !q->exclusive && !queue_is_remote(q);
     }
     return CONTAINER_OF(binding->dest, struct exchange, as_dest)->durable;
 }
@@ -95,7 +95,7 @@ static bool queue_durable(const struct queue *queue)
 {
     /* An exclusive queue dies with its connection, so it never outlives a
      * restart even when declared durable. */
-    return queue->durable && !queue->exclusive;
+    return queue->durable && !queue->exclusive && !queue_is_remote(queue);
 }
 
 /* ---- hooks ---------------------------------------------------------- */

@@ -273,6 +273,8 @@ void queue_unref(struct queue *queue)
     ASSERT(queue->ready_count == 0);
     ASSERT(list_empty(&queue->consumers));
     ASSERT(queue->as_dest.bindings_in_count == 0);
+    if (queue->remote_ops)
+        queue->remote_ops->free(queue);
     if (queue->timer) {
         queue->timer->data = NULL;
         uv_close((uv_handle_t *)queue->timer, on_timer_closed);
@@ -322,7 +324,7 @@ static void on_timer(uv_timer_t *timer)
     if (expires_applies(queue) &&
         now >= queue->last_used_ms + (uint64_t)queue->args.expires_ms) {
         /* Unused for x-expires: delete it, as RabbitMQ does. */
-        vhost_queue_delete(queue->vhost, queue);
+        vhost_queue_discard(queue->vhost, queue);
         return;
     }
     drop_expired(queue, now);
@@ -364,6 +366,8 @@ static void schedule_timer(struct queue *queue)
 
 void queue_touch(struct queue *queue)
 {
+    if (queue->remote_ops)
+        return; /* x-expires is the primary's business */
     queue->last_used_ms = now_ms(queue);
     if (queue->args.expires_ms > 0)
         schedule_timer(queue);
@@ -399,6 +403,7 @@ enum queue_publish_result queue_publish(struct queue *queue, struct message *mes
                                         uint64_t *ticket)
 {
     ASSERT(!queue->deleted);
+    ASSERT(!queue->remote_ops); /* the channel forwards those */
     if (queue->args.overflow != QUEUE_OVERFLOW_DROP_HEAD &&
         over_limit(queue, 1, message->body_size)) {
         if (queue->args.overflow == QUEUE_OVERFLOW_REJECT_PUBLISH_DLX) {
@@ -443,7 +448,9 @@ void queue_requeue(struct queue *queue, struct queue_entry entry)
 {
     ASSERT(queue->unacked_count > 0);
     queue->unacked_count--;
-    if (queue->deleted) {
+    if (queue->remote_ops && !queue->deleted)
+        queue->remote_ops->release(queue, entry.seq);
+    if (queue->deleted || queue->remote_ops) {
         message_unref(entry.message);
         return;
     }
@@ -475,12 +482,24 @@ void queue_settle(struct queue *queue, uint64_t seq, const struct message *messa
 {
     ASSERT(queue->unacked_count > 0);
     queue->unacked_count--;
-    if (!queue->deleted)
+    if (queue->deleted)
+        return;
+    if (queue->remote_ops)
+        queue->remote_ops->ack(queue, seq);
+    else
         forget(queue, seq, message);
 }
 
 void queue_reject(struct queue *queue, uint64_t seq, struct message *message)
 {
+    if (queue->remote_ops) {
+        ASSERT(queue->unacked_count > 0);
+        queue->unacked_count--;
+        if (!queue->deleted)
+            queue->remote_ops->reject(queue, seq);
+        message_unref(message);
+        return;
+    }
     queue_settle(queue, seq, message);
     if (queue->deleted) {
         message_unref(message);
@@ -586,6 +605,10 @@ void queue_dispatch(struct queue *queue)
 {
     if (queue->dispatching || queue->deleted)
         return;
+    if (queue->remote_ops) {
+        queue->remote_ops->dispatch(queue);
+        return;
+    }
     queue->dispatching = true;
     while (queue->ready_count > 0 && queue->consumers_count > 0) {
         struct consumer *chosen = choose_consumer(queue);
@@ -623,12 +646,16 @@ void queue_consumer_add(struct queue *queue, struct consumer *consumer)
     queue->had_consumers = true;
     if (queue->timer)
         schedule_timer(queue); /* x-expires no longer applies */
+    if (queue->remote_ops)
+        queue->remote_ops->consumer_added(queue, consumer);
 }
 
 void queue_consumer_remove(struct queue *queue, struct consumer *consumer)
 {
     ASSERT(consumer->queue == queue);
     ASSERT(queue->consumers_count > 0);
+    if (queue->remote_ops)
+        queue->remote_ops->consumer_removed(queue, consumer);
     list_remove(&consumer->queue_link);
     queue->consumers_count--;
     if (consumer->exclusive)

@@ -68,6 +68,34 @@ struct consumer_ops {
     void (*cancelled)(struct consumer *consumer);
 };
 
+/* A queue whose primary is another broker (cluster/proxy.c) is a local
+ * stand-in: it holds bindings (so routing is local) and local consumers,
+ * but no messages of its own. These ops replace its storage. Deliveries
+ * the proxy hands to local consumers carry a seq the proxy chose (it names
+ * the upstream delivery), which comes back here on settle. */
+struct confirm_sink;
+struct queue_remote_ops {
+    /* A publish routed here: forward it to the primary. sink (NULL: no
+     * confirm wanted) gets confirm_sink_answer(sink, seq, ...) exactly
+     * once if this returns true; false: it cannot be forwarded now (the
+     * publisher is nacked). */
+    bool (*forward)(struct queue *queue, struct message *message, struct confirm_sink *sink,
+                    uint64_t seq);
+    /* A local consumer was added or removed: open or close its upstream
+     * consumer on the primary. */
+    void (*consumer_added)(struct queue *queue, struct consumer *consumer);
+    void (*consumer_removed)(struct queue *queue, struct consumer *consumer);
+    /* Settling a delivery: ack it upstream, reject it there (dead-letter
+     * or drop at the primary), or release it (requeue at the primary). */
+    void (*ack)(struct queue *queue, uint64_t seq);
+    void (*reject)(struct queue *queue, uint64_t seq);
+    void (*release)(struct queue *queue, uint64_t seq);
+    /* Local consumers may take messages again (output drained, acks). */
+    void (*dispatch)(struct queue *queue);
+    /* The stand-in is being freed. */
+    void (*free)(struct queue *queue);
+};
+
 struct consumer {
     const struct consumer_ops *ops;   /* borrowed, static */
     struct queue *queue;              /* holds a queue reference while attached */
@@ -107,6 +135,8 @@ struct queue {
     uv_timer_t *timer;                /* owned, lazily: TTL expiry and x-expires */
     uint64_t last_used_ms;            /* for x-expires */
     struct journal_queue *journal;    /* borrowed from the journal: durable queues */
+    const struct queue_remote_ops *remote_ops; /* non-NULL: a stand-in (see above) */
+    void *remote;                     /* the proxy's state for a stand-in */
     uint64_t paged_count;             /* ready entries whose body is only on disk */
     uint32_t refs;                    /* the vhost's table + deliveries + consumers */
     uint64_t next_seq;
@@ -163,6 +193,11 @@ void queue_consumer_remove(struct queue *queue, struct consumer *consumer);
  * messages, unbinds. Returns the number of ready messages dropped. The
  * vhost removes it from its table and drops its reference. */
 uint32_t queue_delete(struct queue *queue);
+
+static inline bool queue_is_remote(const struct queue *queue)
+{
+    return queue->remote_ops != NULL;
+}
 
 static inline uint32_t queue_ready_count(const struct queue *queue)
 {

@@ -3,6 +3,9 @@
  */
 #include "broker/vhost.h"
 
+#include "broker/broker.h"
+#include "cluster/member.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,6 +114,12 @@ struct queue *vhost_queue_declare(struct vhost *vhost, struct bytes name, bool d
     return queue;
 }
 
+void vhost_queue_insert(struct vhost *vhost, struct queue *queue)
+{
+    ASSERT(vhost_queue(vhost, queue->name) == NULL);
+    hmap_put(&vhost->queues, queue->name, queue);
+}
+
 uint32_t vhost_queue_delete(struct vhost *vhost, struct queue *queue)
 {
     ASSERT(!queue->deleted);
@@ -123,6 +132,14 @@ uint32_t vhost_queue_delete(struct vhost *vhost, struct queue *queue)
     uint32_t dropped = queue_delete(queue);
     queue_unref(queue);
     return dropped;
+}
+
+void vhost_queue_discard(struct vhost *vhost, struct queue *queue)
+{
+    struct broker *broker = vhost->broker;
+    if (broker->member && !queue_is_remote(queue))
+        member_queue_gone(broker->member, vhost->name, queue->name);
+    vhost_queue_delete(vhost, queue);
 }
 
 void vhost_route(struct vhost *vhost, struct exchange *exchange, struct bytes routing_key,

@@ -46,9 +46,17 @@ void vhost_exchange_maybe_auto_delete(struct vhost *vhost, struct exchange *exch
 
 struct queue *vhost_queue_declare(struct vhost *vhost, struct bytes name, bool durable,
                                   bool exclusive, bool auto_delete, struct bytes arguments);
+/* Adds a queue made elsewhere (a cluster stand-in: queue_is_remote) to the
+ * table, which takes the caller's reference. Nothing is journaled. */
+void vhost_queue_insert(struct vhost *vhost, struct queue *queue);
+
 /* Unbinds, cancels consumers, drops the table's reference. Returns the
  * number of ready messages the queue held. */
 uint32_t vhost_queue_delete(struct vhost *vhost, struct queue *queue);
+
+/* A deletion this broker decided (exclusive owner gone, auto-delete,
+ * x-expires): in a cluster the map is told too (cluster/member.h). */
+void vhost_queue_discard(struct vhost *vhost, struct queue *queue);
 
 /* Routes one publish: the default exchange maps the routing key to the
  * queue of that name; others go through exchange_route. */

@@ -92,6 +92,7 @@ static const char *const op_names[MAP_OP_COUNT] = {
     [MAP_OP_QUEUE_SET_BACKUPS] = "queue.set_backups",
     [MAP_OP_QUEUE_SET_IN_SYNC] = "queue.set_in_sync",
     [MAP_OP_QUEUE_SET_AVAILABLE] = "queue.set_available",
+    [MAP_OP_SYNC] = "sync",
 };
 
 const char *map_op_name(enum map_op op)
@@ -982,6 +983,7 @@ static int op_bind(struct apply_ctx *ctx, bool bind)
     read_binding_decl(&ctx->reader, &d);
     if (ctx->reader.bad_key)
         return malformed(ctx);
+    ctx->change->binding = d;
     struct map_exchange *source = NULL;
     struct list_node *dest_list = NULL;
     int rc = binding_ends(ctx, &d, &source, &dest_list);
@@ -1348,6 +1350,7 @@ static int dispatch(struct apply_ctx *ctx)
     case MAP_OP_QUEUE_SET_BACKUPS: return op_queue_set_backups(ctx);
     case MAP_OP_QUEUE_SET_IN_SYNC: return op_queue_set_in_sync(ctx);
     case MAP_OP_QUEUE_SET_AVAILABLE: return op_queue_set_available(ctx);
+    case MAP_OP_SYNC: return OK;
     case MAP_OP_NONE:
     case MAP_OP_COUNT: break;
     }
@@ -1382,6 +1385,11 @@ int cluster_map_apply(struct cluster_map *map, const uint8_t *cmd, size_t size,
         return malformed(&ctx);
     ctx.reader.table = (struct table){cmd, (uint32_t)size};
     c->op = op_parse(ctx.reader.table);
+    struct field_value v;
+    if (table_get(ctx.reader.table, "vhost", &v) && v.kind == 'S')
+        c->vhost = v.str;
+    if (table_get(ctx.reader.table, "name", &v) && v.kind == 'S')
+        c->name = v.str;
     int rc = dispatch(&ctx);
     ASSERT(rc == OK || rc == E_MAP_REFUSED || rc == E_SYNTAX);
     ASSERT((rc == OK) == (c->reply_code == REPLY_SUCCESS));
@@ -1558,6 +1566,12 @@ int map_cmd_broker_state(struct map_cmd *out, uint32_t id, enum broker_state sta
     ASSERT(id != BROKER_ID_NONE);
     struct simple_cmd s = {.op = MAP_OP_BROKER_STATE, .id = id, .str_key = "state",
                            .str_value = bytes_of_cstr(broker_state_name(state))};
+    return build(out, encode_simple, &s);
+}
+
+int map_cmd_sync(struct map_cmd *out)
+{
+    struct simple_cmd s = {.op = MAP_OP_SYNC};
     return build(out, encode_simple, &s);
 }
 

@@ -237,11 +237,21 @@ enum map_op {
     MAP_OP_QUEUE_SET_BACKUPS,
     MAP_OP_QUEUE_SET_IN_SYNC,
     MAP_OP_QUEUE_SET_AVAILABLE,
+    MAP_OP_SYNC, /* changes nothing: a broker's barrier (every earlier command is applied) */
     MAP_OP_COUNT
 };
 
 /* The wire name of an op ("queue.declare"), NULL for an unknown one. */
 const char *map_op_name(enum map_op op);
+
+struct map_binding_decl {
+    struct bytes vhost;
+    struct bytes source;
+    enum map_destination_kind destination_kind;
+    struct bytes destination;
+    struct bytes routing_key;
+    struct table arguments;
+};
 
 /*
  * What one apply did, for the proposer to answer its client and for every
@@ -255,9 +265,13 @@ struct map_change {
     uint16_t reply_code; /* REPLY_SUCCESS (200) when applied, else why not */
     char reply_text[MAP_REPLY_TEXT_SIZE]; /* NUL-terminated, without "NAME - " */
     uint64_t version;                     /* map->version after this command */
+    /* The command's "vhost" and "name" fields when it has them (slices of
+     * the command: valid during the apply only); deletes say what went. */
+    struct bytes vhost, name;
     uint32_t broker_id;                   /* broker.*: the broker */
     struct map_queue *queue;        /* queue.* (not delete): the queue as it now is */
     struct map_exchange *exchange;  /* exchange.declare/set_owner, bind/unbind: source */
+    struct map_binding_decl binding; /* bind/unbind: the binding (slices of the command) */
     /* queue.delete / queue.set_owner: what it was before. */
     uint32_t previous_primary_id;
     uint64_t previous_epoch;
@@ -325,14 +339,6 @@ struct map_exchange_decl {
     uint32_t owner_id;
 };
 
-struct map_binding_decl {
-    struct bytes vhost;
-    struct bytes source;
-    enum map_destination_kind destination_kind;
-    struct bytes destination;
-    struct bytes routing_key;
-    struct table arguments;
-};
 
 /* Each builder returns OK, or E_LIMIT if the command would exceed
  * CLUSTER_CMD_SIZE_MAX (out is then empty). Builders do not validate
@@ -374,6 +380,10 @@ int map_cmd_queue_set_in_sync(struct map_cmd *out, struct bytes vhost, struct by
                               uint8_t in_sync_count);
 int map_cmd_queue_set_available(struct map_cmd *out, struct bytes vhost, struct bytes name,
                                 uint64_t expected_epoch, bool available);
+
+/* A no-op: once a broker sees its own sync applied, it has applied every
+ * command committed before it (node.c uses it after a start). */
+int map_cmd_sync(struct map_cmd *out);
 
 /* ---- snapshots ------------------------------------------------------------------ */
 

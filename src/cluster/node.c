@@ -29,8 +29,19 @@
  * are but its receiver skips padding to a multiple of 8 after each one, so
  * an entry whose size is not a multiple of 8 is decoded wrongly by the
  * followers (ASan: heap-buffer-overflow in libraft). Every entry is
- * therefore an envelope: the command's size (8 bytes, big-endian), the map
+ * therefore an envelope: the command's size (8 bytes, big-endian), the
+ * request id (8 bytes; 0 for the controller's own decisions), the map
  * command, zeros up to a multiple of 8.
+ *
+ * Requests (definition changes from clients, on any broker): the leader
+ * proposes the entry itself; a follower hands it to the leader through
+ * hooks.forward (the AMQP link) and the leader proposes it with
+ * cluster_node_propose_entry. Either way the requester learns the outcome
+ * by applying the entry like everyone else: the request id in the envelope
+ * (this broker's id in the high half) finds it in the pending list. An
+ * entry not applied after REQUEST_RESEND_MS is sent again (commands are
+ * idempotent: a redeclare is equivalent, a second delete deletes nothing);
+ * after CLUSTER_SUBMIT_TIMEOUT_MS the request fails (no quorum, no leader).
  *
  * Timers: one, every NODE_HEARTBEAT_MS: send heartbeats, then (leader
  * only) announce members and check liveness.
@@ -74,7 +85,8 @@
 #define SECRET_SIZE_MAX 1024
 #define JOIN_WARN_EVERY_MS 5000
 #define ADDRESS_SIZE (CLUSTER_NAME_SIZE_MAX + 1)
-#define ENVELOPE_HEADER_SIZE 8
+#define ENVELOPE_HEADER_SIZE 16
+#define REQUEST_RESEND_MS 1000
 
 static_assert(HB_SIZE_MAX < 1200, "a heartbeat fits one datagram on any link");
 static_assert(CLUSTER_NAME_SIZE_MAX <= CONSENSUS_ADDRESS_SIZE_MAX, "addresses fit the map");
@@ -94,8 +106,31 @@ struct peer {
     char cluster_address[ADDRESS_SIZE];
 };
 
+/* A client's definition change waiting for its entry to be applied here.
+ * Owned by the node (node->requests) until done ran or it was cancelled. */
+struct cluster_request {
+    struct list_node link;
+    struct cluster_node *node;
+    uint64_t id;
+    uint8_t *entry; /* owned: the whole log entry (envelope included) */
+    size_t entry_size;
+    uint64_t deadline_ms;
+    uint64_t sent_ms;   /* last proposal or forward; 0 = not yet */
+    bool in_consensus;  /* proposed here, consensus has not answered */
+    cluster_submit_fn done; /* NULL once cancelled */
+    void *ctx;
+};
+
 struct cluster_node {
     uv_loop_t *loop; /* borrowed */
+    struct cluster_node_hooks hooks;
+    struct list_node requests; /* struct cluster_request, oldest first */
+    uint64_t next_request;
+    bool synced;         /* our sync applied since this process started */
+    bool in_apply;       /* inside on_apply: submissions wait for the tick */
+    bool nudge_in_flight; /* leader: a sync proposed to publish the commit index */
+    bool nudge_again;
+    bool sync_pending;
     struct consensus *consensus;
     struct cluster_map map;
     struct controller_config controller;
@@ -123,7 +158,14 @@ struct cluster_node {
     uint8_t recv_buffer[HB_SIZE_MAX + 64];
 };
 
-enum proposal_kind { PROPOSAL_BARRIER, PROPOSAL_JOIN, PROPOSAL_STATE, PROPOSAL_OTHER };
+enum proposal_kind {
+    PROPOSAL_BARRIER,
+    PROPOSAL_JOIN,
+    PROPOSAL_STATE,
+    PROPOSAL_OTHER,
+    PROPOSAL_REQUEST, /* a client's change, ours or forwarded: the apply answers it */
+    PROPOSAL_NUDGE,   /* a sync after a follower's request committed (see nudge) */
+};
 
 /* One proposal in flight; owned by consensus until its done callback. */
 struct proposal {
@@ -409,6 +451,9 @@ static void log_change(struct cluster_node *node, int rc, const struct map_chang
     }
 }
 
+static void request_applied(struct cluster_node *node, uint64_t id, int rc,
+                            const struct map_change *change);
+
 static int on_apply(void *ctx, uint64_t index, const uint8_t *cmd, size_t size, void **result)
 {
     struct cluster_node *node = ctx;
@@ -422,12 +467,20 @@ static int on_apply(void *ctx, uint64_t index, const uint8_t *cmd, size_t size, 
     /* The envelope: a malformed one is applied as an empty command, which
      * the map refuses (and counts) like any malformed command. */
     uint64_t cmd_size = size >= ENVELOPE_HEADER_SIZE ? get_u64(cmd) : 0;
+    uint64_t request_id = size >= ENVELOPE_HEADER_SIZE ? get_u64(cmd + 8) : 0;
     if (cmd_size > size - ENVELOPE_HEADER_SIZE || size % 8 != 0)
         cmd_size = 0;
     struct map_change change;
     int rc = cluster_map_apply(&node->map, cmd_size ? cmd + ENVELOPE_HEADER_SIZE : cmd,
                                (size_t)cmd_size, &change);
-    log_change(node, rc, &change, &prior);
+    if (change.op != MAP_OP_SYNC)
+        log_change(node, rc, &change, &prior);
+    node->in_apply = true;
+    if (node->hooks.applied != NULL)
+        node->hooks.applied(node->hooks.ctx, rc, &change);
+    if (request_id != 0 && (uint32_t)(request_id >> 32) == node->id)
+        request_applied(node, request_id, rc, &change);
+    node->in_apply = false;
     /* The reply code is a small value, not memory (consensus.h). */
     *result = (void *)(uintptr_t)change.reply_code;
     (void)index;
@@ -451,6 +504,10 @@ static int on_restore(void *ctx, const uint8_t *data, size_t size)
         format_brokers(&node->map, brokers, sizeof brokers);
         LOG_INFO("cluster map epoch=%llu: restored from a snapshot; brokers: %s",
                  (unsigned long long)node->map.version, brokers);
+        node->in_apply = true;
+        if (node->hooks.applied != NULL)
+            node->hooks.applied(node->hooks.ctx, OK, NULL);
+        node->in_apply = false;
     }
     return rc;
 }
@@ -474,6 +531,25 @@ static void on_leader_changed(void *ctx, uint64_t leader_id, const char *leader_
 /* ---- proposals (leader only) ---- */
 
 static void controller_after_state(struct cluster_node *node, uint32_t broker_id);
+
+static int propose(struct cluster_node *node, struct map_cmd *cmd, enum proposal_kind kind,
+                   uint32_t broker_id);
+
+/* libraft tells followers the commit index only with the next entries or
+ * heartbeat (up to NODE_HEARTBEAT_MS later), and a follower answers its
+ * client only once it applied the change. An empty entry right after a
+ * follower's request committed carries the new commit index at once. */
+static void nudge(struct cluster_node *node)
+{
+    if (node->nudge_in_flight) {
+        node->nudge_again = true;
+        return;
+    }
+    struct map_cmd cmd;
+    ASSERT(map_cmd_sync(&cmd) == OK);
+    if (propose(node, &cmd, PROPOSAL_NUDGE, node->id) == OK)
+        node->nudge_in_flight = true;
+}
 
 static void on_proposal_done(void *req_ctx, int status, void *result)
 {
@@ -508,6 +584,17 @@ static void on_proposal_done(void *req_ctx, int status, void *result)
         if (status == OK && !node->stopping)
             controller_after_state(node, p->broker_id);
         break;
+    case PROPOSAL_NUDGE:
+        node->nudge_in_flight = false;
+        if (node->nudge_again && status == OK && !node->stopping) {
+            node->nudge_again = false;
+            nudge(node);
+        }
+        break;
+    case PROPOSAL_REQUEST:
+        if (status == OK && p->broker_id != node->id && !node->stopping)
+            nudge(node);
+        break; /* a request not applied is sent again by request_tick */
     case PROPOSAL_OTHER:
         break;
     }
@@ -517,20 +604,31 @@ static void on_proposal_done(void *req_ctx, int status, void *result)
     free(p);
 }
 
+/* The log entry for cmd: envelope, command, padding. Owned by the caller. */
+static uint8_t *entry_new(const struct map_cmd *cmd, uint64_t request_id, size_t *size_out)
+{
+    ASSERT(cmd->size > 0 && cmd->size <= CLUSTER_CMD_SIZE_MAX);
+    size_t size = ENVELOPE_HEADER_SIZE + (cmd->size + 7) / 8 * 8;
+    uint8_t *entry = calloc(1, size);
+    ASSERT(entry != NULL);
+    put_u64(entry, cmd->size);
+    put_u64(entry + 8, request_id);
+    memcpy(entry + ENVELOPE_HEADER_SIZE, cmd->bytes, cmd->size);
+    *size_out = size;
+    return entry;
+}
+
 /* Proposes cmd (consumed) in its log envelope. OK, or a consensus error
  * (nothing in flight). */
 static int propose(struct cluster_node *node, struct map_cmd *cmd, enum proposal_kind kind,
                    uint32_t broker_id)
 {
     ASSERT(!node->stopping);
-    ASSERT(cmd->size > 0 && cmd->size <= CLUSTER_CMD_SIZE_MAX);
-    size_t size = ENVELOPE_HEADER_SIZE + (cmd->size + 7) / 8 * 8;
-    uint8_t *entry = calloc(1, size);
-    struct proposal *p = calloc(1, sizeof *p);
-    ASSERT(entry != NULL && p != NULL);
-    put_u64(entry, cmd->size);
-    memcpy(entry + ENVELOPE_HEADER_SIZE, cmd->bytes, cmd->size);
+    size_t size;
+    uint8_t *entry = entry_new(cmd, 0, &size);
     map_cmd_free(cmd);
+    struct proposal *p = calloc(1, sizeof *p);
+    ASSERT(p != NULL);
     *p = (struct proposal){.node = node, .kind = kind, .broker_id = broker_id};
     int rc = consensus_propose(node->consensus, entry, size, on_proposal_done, p);
     free(entry);
@@ -659,6 +757,164 @@ static void controller_tick(struct cluster_node *node, uint64_t now)
     }
     controller_announce_members(node);
     controller_liveness(node, now);
+}
+
+/* ---- requests (any broker) ---- */
+
+static struct cluster_request *request_find(struct cluster_node *node, uint64_t id)
+{
+    list_for_each(n, &node->requests) {
+        struct cluster_request *r = CONTAINER_OF(n, struct cluster_request, link);
+        if (r->id == id)
+            return r;
+    }
+    return NULL;
+}
+
+static void request_free(struct cluster_request *r)
+{
+    list_remove(&r->link);
+    free(r->entry);
+    free(r);
+}
+
+/* Hands the entry to consensus (leader) or to the leader (follower). A
+ * failure is not reported: request_tick sends it again. */
+static void request_send(struct cluster_node *node, struct cluster_request *r, uint64_t now)
+{
+    r->sent_ms = now;
+    if (node->leader) {
+        struct proposal *p = calloc(1, sizeof *p);
+        ASSERT(p != NULL);
+        *p = (struct proposal){.node = node, .kind = PROPOSAL_REQUEST, .broker_id = node->id};
+        if (consensus_propose(node->consensus, r->entry, r->entry_size, on_proposal_done, p) !=
+            OK) {
+            free(p);
+            return;
+        }
+        node->proposals_in_flight++;
+    } else if (node->leader_id != 0 && node->hooks.forward != NULL) {
+        node->hooks.forward(node->hooks.ctx, (uint32_t)node->leader_id, r->entry,
+                            r->entry_size);
+    }
+}
+
+static void request_applied(struct cluster_node *node, uint64_t id, int rc,
+                            const struct map_change *change)
+{
+    struct cluster_request *r = request_find(node, id);
+    if (r == NULL)
+        return; /* answered by an earlier copy, or cancelled */
+    cluster_submit_fn done = r->done;
+    void *ctx = r->ctx;
+    request_free(r);
+    (void)rc; /* the change carries the reply code */
+    if (done != NULL)
+        done(ctx, OK, change);
+}
+
+static void request_tick(struct cluster_node *node, uint64_t now)
+{
+    list_for_each_safe(n, &node->requests) {
+        struct cluster_request *r = CONTAINER_OF(n, struct cluster_request, link);
+        if (now >= r->deadline_ms) {
+            cluster_submit_fn done = r->done;
+            void *ctx = r->ctx;
+            request_free(r);
+            if (done != NULL)
+                done(ctx, CLUSTER_E_UNAVAILABLE, NULL);
+        } else if (r->sent_ms == 0 || now - r->sent_ms >= REQUEST_RESEND_MS) {
+            request_send(node, r, now);
+        }
+    }
+}
+
+struct cluster_request *cluster_node_submit(struct cluster_node *node, struct map_cmd *cmd,
+                                            cluster_submit_fn done, void *ctx)
+{
+    ASSERT(node != NULL && !node->stopping && done != NULL);
+    struct cluster_request *r = calloc(1, sizeof *r);
+    ASSERT(r != NULL);
+    r->node = node;
+    r->id = (uint64_t)node->id << 32 | (uint32_t)node->next_request++;
+    r->entry = entry_new(cmd, r->id, &r->entry_size);
+    map_cmd_free(cmd);
+    uint64_t now = uv_now(node->loop);
+    r->deadline_ms = now + CLUSTER_SUBMIT_TIMEOUT_MS;
+    r->done = done;
+    r->ctx = ctx;
+    list_push_back(&node->requests, &r->link);
+    if (!node->in_apply) /* consensus is not re-entered from its own callback */
+        request_send(node, r, now);
+    return r;
+}
+
+void cluster_request_cancel(struct cluster_request *r)
+{
+    ASSERT(r != NULL);
+    request_free(r);
+}
+
+int cluster_node_propose_entry(struct cluster_node *node, const uint8_t *entry, size_t size)
+{
+    if (node->stopping || !node->leader)
+        return CONSENSUS_E_NOT_LEADER;
+    if (size < ENVELOPE_HEADER_SIZE || size % 8 != 0 ||
+        size > ENVELOPE_HEADER_SIZE + CLUSTER_CMD_SIZE_MAX + 8)
+        return CONSENSUS_E_INVALID;
+    struct proposal *p = calloc(1, sizeof *p);
+    ASSERT(p != NULL);
+    /* The origin is the request id's high half (checked at apply). */
+    uint32_t origin = (uint32_t)(get_u64(entry + 8) >> 32);
+    *p = (struct proposal){.node = node, .kind = PROPOSAL_REQUEST, .broker_id = origin};
+    int rc = consensus_propose(node->consensus, entry, size, on_proposal_done, p);
+    if (rc != OK) {
+        free(p);
+        return rc;
+    }
+    node->proposals_in_flight++;
+    return OK;
+}
+
+static void on_synced(void *ctx, int status, const struct map_change *change)
+{
+    struct cluster_node *node = ctx;
+    (void)change;
+    node->sync_pending = false;
+    if (status != OK || node->synced)
+        return;
+    node->synced = true;
+    LOG_INFO("cluster: caught up with the map at epoch=%llu",
+             (unsigned long long)node->map.version);
+    if (node->hooks.synced != NULL)
+        node->hooks.synced(node->hooks.ctx);
+}
+
+/* After a start, a sync through the log tells us when every command
+ * committed before it has been applied here. */
+static void sync_tick(struct cluster_node *node)
+{
+    if (node->synced || node->sync_pending || node->leader_id == 0 || node->joining)
+        return;
+    struct map_cmd cmd;
+    ASSERT(map_cmd_sync(&cmd) == OK);
+    node->sync_pending = true;
+    cluster_node_submit(node, &cmd, on_synced, node);
+}
+
+void cluster_node_set_hooks(struct cluster_node *node, const struct cluster_node_hooks *hooks)
+{
+    node->hooks = *hooks;
+}
+
+bool cluster_node_synced(const struct cluster_node *node)
+{
+    return node->synced;
+}
+
+uint32_t cluster_node_leader(const struct cluster_node *node)
+{
+    return (uint32_t)node->leader_id;
 }
 
 /* ---- heartbeats ---- */
@@ -841,6 +1097,8 @@ static void on_tick(uv_timer_t *timer)
     heartbeat_send(node, false);
     warn_if_not_member(node, now);
     controller_tick(node, now);
+    sync_tick(node);
+    request_tick(node, now);
 }
 
 static void on_joined(void *req_ctx, int status, void *result)
@@ -899,6 +1157,15 @@ void cluster_node_stop(struct cluster_node *node)
              (unsigned long long)node->map.version);
     heartbeat_send(node, true); /* the leader marks us down at once */
     node->stopping = true;
+    while (!list_empty(&node->requests)) {
+        struct cluster_request *r =
+            CONTAINER_OF(node->requests.next, struct cluster_request, link);
+        cluster_submit_fn done = r->done;
+        void *ctx = r->ctx;
+        request_free(r);
+        if (done != NULL)
+            done(ctx, CLUSTER_E_UNAVAILABLE, NULL);
+    }
     close_handles(node);
     consensus_stop(node->consensus, on_consensus_closed, node);
 }
@@ -948,6 +1215,10 @@ static struct cluster_node *node_new(uv_loop_t *loop, const struct cluster_node_
         return NULL;
     }
     cluster_map_init(&node->map);
+    list_init(&node->requests);
+    uint32_t start = 0;
+    RAND_bytes((uint8_t *)&start, sizeof start); /* ids of an earlier run may still be in the log */
+    node->next_request = start;
     controller_config_default(&node->controller);
     node->controller.suspect_after_ms = NODE_SUSPECT_AFTER_MS;
     node->controller.down_after_ms = NODE_DOWN_AFTER_MS;
@@ -1036,6 +1307,16 @@ uint32_t cluster_node_id(const struct cluster_node *node)
 {
     ASSERT(node != NULL);
     return node->id;
+}
+
+const char *cluster_node_name(const struct cluster_node *node)
+{
+    return node->peers[0].name;
+}
+
+struct bytes cluster_node_secret(const struct cluster_node *node)
+{
+    return (struct bytes){node->secret, node->secret_size};
 }
 
 const struct cluster_map *cluster_node_map(const struct cluster_node *node)

@@ -31,8 +31,12 @@
  * Every map change is logged at info level with the map epoch (the map's
  * version: commands applied) and the resulting broker list.
  *
- * Must never: touch the AMQP data path (this increment only forms the
- * cluster); block the loop after start-up; propose when not the leader.
+ * Requests: a client's definition change (declare, bind, delete) is
+ * submitted on whichever broker the client is on; see node.c.
+ *
+ * Must never: touch the AMQP data path itself (the broker mirrors the map
+ * through hooks); block the loop after start-up; propose when not the
+ * leader.
  */
 #ifndef QUAY_CLUSTER_NODE_H
 #define QUAY_CLUSTER_NODE_H
@@ -52,6 +56,9 @@
 /* libraft randomizes it in [t, 2t): a dead leader is replaced within about
  * 1.7 s, and by then its silence already exceeds NODE_DOWN_AFTER_MS. */
 #define NODE_ELECTION_TIMEOUT_MS 800
+
+#define CLUSTER_SUBMIT_TIMEOUT_MS 5000
+#define CLUSTER_E_UNAVAILABLE (-40) /* no commit in time: no leader, no quorum */
 
 /* Borrowed by cluster_node_start() for the duration of the call. */
 struct cluster_node_config {
@@ -83,7 +90,53 @@ int cluster_node_start(struct cluster_node **out, uv_loop_t *loop,
 void cluster_node_stop(struct cluster_node *node);
 
 uint32_t cluster_node_id(const struct cluster_node *node);
+const char *cluster_node_name(const struct cluster_node *node); /* this broker's */
+/* The cluster secret (borrowed; valid until the node is freed): brokers
+ * authenticate their AMQP links with it too. */
+struct bytes cluster_node_secret(const struct cluster_node *node);
 const struct cluster_map *cluster_node_map(const struct cluster_node *node);
+
+/* ---- the broker's side ---- */
+
+/* What the broker does with the map. Every callback runs on the loop,
+ * inside the consensus apply callback: none may propose or submit
+ * synchronously. */
+struct cluster_node_hooks {
+    void *ctx;
+    /* After every applied command (refused ones too; change->reply_code
+     * says which), and with change NULL after a snapshot replaced the map:
+     * mirror the map into the broker's own objects. */
+    void (*applied)(void *ctx, int rc, const struct map_change *change);
+    /* This process has applied everything committed before its start. */
+    void (*synced)(void *ctx);
+    /* Hand a log entry (a follower's request) to the leader; the node sends
+     * it again if it is not applied within a second. */
+    void (*forward)(void *ctx, uint32_t leader_id, const uint8_t *entry, size_t size);
+};
+void cluster_node_set_hooks(struct cluster_node *node, const struct cluster_node_hooks *hooks);
+
+/* The outcome of a submitted change: status OK once the command has been
+ * applied *here* (so the broker's mirror already reflects it; change
+ * says whether the map accepted it: reply_code 200, or the refusal's code
+ * and text), CLUSTER_E_UNAVAILABLE when it did not commit within
+ * CLUSTER_SUBMIT_TIMEOUT_MS or the node is stopping (change NULL). */
+typedef void (*cluster_submit_fn)(void *ctx, int status, const struct map_change *change);
+/* Owned by the node until its callback ran or it is cancelled. */
+struct cluster_request;
+
+/* A definition change from a client of this broker (any broker: the
+ * leader proposes it, a follower forwards it). Consumes cmd. done is never
+ * called from inside this call. */
+struct cluster_request *cluster_node_submit(struct cluster_node *node, struct map_cmd *cmd,
+                                            cluster_submit_fn done, void *ctx);
+/* The requester is gone: done will not be called (the change may still
+ * commit). */
+void cluster_request_cancel(struct cluster_request *request);
+/* The leader's side of hooks.forward: propose an entry a peer sent. OK, or
+ * CONSENSUS_E_NOT_LEADER / _INVALID / _BUSY (the sender tries again). */
+int cluster_node_propose_entry(struct cluster_node *node, const uint8_t *entry, size_t size);
+bool cluster_node_synced(const struct cluster_node *node);
+uint32_t cluster_node_leader(const struct cluster_node *node); /* 0: none known */
 
 /* The node's view as JSON, for GET /api/cluster: writes exactly one value
  * through the management API's writer, so it is an http_handler_fn (ctx is

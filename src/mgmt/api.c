@@ -12,6 +12,9 @@
  */
 #include "mgmt/api.h"
 
+#include "cluster/map.h"
+#include "cluster/node.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -136,10 +139,65 @@ static void handle_overview(void *ctx, struct json *out)
 /* ---- GET /api/queues ----------------------------------------------------
  * [{"vhost": "/", "name": "q", "durable": bool, "exclusive": bool,
  *   "auto_delete": bool, "messages": N (ready), "messages_unacknowledged": N,
- *   "consumers": N, "paged": N, "primary": "local", "backups": [],
- *   "in_sync": [], "epoch": 0}, ...]
+ *   "consumers": N, "paged": N, "primary": NAME, "role": "primary"|"proxy",
+ *   "available": bool (clustered only), "backups": [NAME...], "in_sync": [NAME...],
+ *   "epoch": N}, ...]
+ * In a cluster, placement comes from the map; counts are this broker's
+ * (a proxy's are what it holds for its own consumers).
  */
-static void write_queue(struct json *out, const struct vhost *vhost, const struct queue *queue)
+static void write_broker_name(struct json *out, const struct cluster_map *map, uint32_t id)
+{
+    const struct map_broker *b = cluster_map_broker(map, id);
+    if (b)
+        json_string_n(out, (const char *)b->name.ptr, b->name.len);
+    else
+        json_null(out);
+}
+
+/* Placement from the cluster map (every broker answers the same). */
+static void write_placement(struct json *out, const struct mgmt_api *api,
+                            const struct vhost *vhost, const struct queue *queue)
+{
+    const struct map_queue *mq =
+        api->broker->cluster
+            ? cluster_map_queue(cluster_node_map(api->broker->cluster), vhost->name,
+                                queue->name)
+            : NULL;
+    if (mq == NULL) {
+        /* A single broker is the primary of everything. */
+        json_kv_string(out, "primary", MGMT_NODE_NAME);
+        json_kv_string(out, "role", "primary");
+        json_key(out, "backups");
+        json_array_begin(out);
+        json_array_end(out);
+        json_key(out, "in_sync");
+        json_array_begin(out);
+        json_array_end(out);
+        json_kv_uint(out, "epoch", 0);
+        return;
+    }
+    const struct cluster_map *map = cluster_node_map(api->broker->cluster);
+    json_key(out, "primary");
+    write_broker_name(out, map, mq->primary_id);
+    json_kv_string(out, "role", queue_is_remote(queue) ? "proxy" : "primary");
+    json_kv_bool(out, "available", mq->available);
+    json_key(out, "backups");
+    json_array_begin(out);
+    for (uint8_t i = 0; i < mq->backups_count; i++)
+        write_broker_name(out, map, mq->backup_ids[i]);
+    json_array_end(out);
+    json_key(out, "in_sync");
+    json_array_begin(out);
+    for (uint8_t i = 0; i < mq->backups_count; i++) {
+        if (mq->in_sync_mask & (1u << i))
+            write_broker_name(out, map, mq->backup_ids[i]);
+    }
+    json_array_end(out);
+    json_kv_uint(out, "epoch", mq->epoch);
+}
+
+static void write_queue(struct json *out, const struct mgmt_api *api, const struct vhost *vhost,
+                        const struct queue *queue)
 {
     json_object_begin(out);
     write_bytes(out, "vhost", vhost->name);
@@ -147,19 +205,12 @@ static void write_queue(struct json *out, const struct vhost *vhost, const struc
     json_kv_bool(out, "durable", queue->durable);
     json_kv_bool(out, "exclusive", queue->exclusive);
     json_kv_bool(out, "auto_delete", queue->auto_delete);
+    /* A proxy's counts are its own: messages in flight to its consumers. */
     json_kv_uint(out, "messages", queue_ready_count(queue));
     json_kv_uint(out, "messages_unacknowledged", queue->unacked_count);
     json_kv_uint(out, "consumers", queue->consumers_count);
     json_kv_uint(out, "paged", queue->paged_count);
-    /* Placement: a single broker is the primary of everything. */
-    json_kv_string(out, "primary", MGMT_NODE_NAME);
-    json_key(out, "backups");
-    json_array_begin(out);
-    json_array_end(out);
-    json_key(out, "in_sync");
-    json_array_begin(out);
-    json_array_end(out);
-    json_kv_uint(out, "epoch", 0);
+    write_placement(out, api, vhost, queue);
     json_object_end(out);
 }
 
@@ -174,7 +225,7 @@ static void handle_queues(void *ctx, struct json *out)
         for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);) {
             const struct queue *queue = q->value;
             ASSERT(!queue->deleted);
-            write_queue(out, vhost, queue);
+            write_queue(out, api, vhost, queue);
         }
     }
     json_array_end(out);

@@ -31,12 +31,14 @@ struct out_chunk {
 };
 
 static void on_flush_check(uv_check_t *check);
+static void on_resume_idle(uv_idle_t *idle);
 
 void net_init(struct net *net, uv_loop_t *loop)
 {
     memset(net, 0, sizeof *net);
     net->loop = loop;
     list_init(&net->flush_list);
+    list_init(&net->resume_list);
     list_init(&net->conns);
     net->scratch_size = SCRATCH_SIZE;
     net->scratch = malloc(SCRATCH_SIZE);
@@ -48,6 +50,8 @@ void net_init(struct net *net, uv_loop_t *loop)
     net->flush_check.data = net;
     uv_check_start(&net->flush_check, on_flush_check);
     uv_unref((uv_handle_t *)&net->flush_check);
+    uv_idle_init(loop, &net->resume_idle);
+    net->resume_idle.data = net;
 }
 
 void net_close(struct net *net)
@@ -57,6 +61,8 @@ void net_close(struct net *net)
     }
     uv_check_stop(&net->flush_check);
     uv_close((uv_handle_t *)&net->flush_check, NULL);
+    uv_idle_stop(&net->resume_idle);
+    uv_close((uv_handle_t *)&net->resume_idle, NULL);
     free(net->scratch);
     net->scratch = NULL;
 }
@@ -80,6 +86,7 @@ int conn_init(struct conn *conn, struct net *net, const struct conn_ops *ops)
     conn->id = net->next_conn_id++;
     list_init(&conn->out_chunks);
     list_init(&conn->flush_link);
+    list_init(&conn->resume_link);
     list_push_back(&net->conns, &conn->all_link);
     net->conns_count++;
     conn->last_read_ms = conn->last_write_ms = uv_now(net->loop);
@@ -109,6 +116,77 @@ static void set_peer_name(struct conn *conn)
         }
     }
     snprintf(conn->peer_name, sizeof conn->peer_name, "%s:%d", host, port);
+}
+
+/* ---- outbound ------------------------------------------------------- */
+
+/* One conn_connect in flight. Freed by whichever libuv callback ends it:
+ * the connect callback, or the timer that reports a connect that failed
+ * at once (so that connected() never runs inside conn_connect). */
+struct connect_req {
+    uv_connect_t req;
+    uv_timer_t defer;
+    struct conn *conn;            /* NULL once conn_close came first */
+    conn_connected_fn connected;
+    int status;                   /* the error of a connect that failed at once */
+};
+
+static void connect_done(struct connect_req *cr, int status)
+{
+    struct conn *conn = cr->conn;
+    if (conn == NULL)
+        return; /* cancelled by conn_close: the protocol already knows */
+    ASSERT(conn->connect_req == cr);
+    ASSERT(!conn->closing);
+    conn->connect_req = NULL;
+    if (status == 0)
+        conn_start(conn);
+    cr->connected(conn, status);
+    if (status < 0)
+        conn_close(conn);
+}
+
+static void on_connect(uv_connect_t *req, int status)
+{
+    struct connect_req *cr = CONTAINER_OF(req, struct connect_req, req);
+    connect_done(cr, status);
+    free(cr);
+}
+
+static void on_connect_defer_closed(uv_handle_t *handle)
+{
+    free(handle->data);
+}
+
+static void on_connect_failed_at_once(uv_timer_t *timer)
+{
+    struct connect_req *cr = timer->data;
+    connect_done(cr, cr->status);
+    uv_close((uv_handle_t *)timer, on_connect_defer_closed);
+}
+
+int conn_connect(struct conn *conn, struct net *net, const struct conn_ops *ops,
+                 const struct sockaddr *addr, conn_connected_fn connected)
+{
+    ASSERT(addr != NULL);
+    ASSERT(connected != NULL);
+    int rc = conn_init(conn, net, ops);
+    if (rc != 0)
+        return rc;
+    struct connect_req *cr = calloc(1, sizeof *cr);
+    ASSERT(cr != NULL);
+    cr->conn = conn;
+    cr->connected = connected;
+    conn->connect_req = cr;
+    rc = uv_tcp_connect(&cr->req, &conn->tcp, addr, on_connect);
+    if (rc != 0) {
+        /* No socket, no route: reported from the loop like a refusal. */
+        cr->status = rc;
+        uv_timer_init(net->loop, &cr->defer);
+        cr->defer.data = cr;
+        uv_timer_start(&cr->defer, on_connect_failed_at_once, 0, 0);
+    }
+    return 0;
 }
 
 /* ---- input ---------------------------------------------------------- */
@@ -215,6 +293,44 @@ void conn_resume_reading(struct conn *conn, enum conn_pause reason)
         conn->reading = true;
         uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
     }
+}
+
+void conn_hold_input(struct conn *conn)
+{
+    conn_pause_reading(conn, CONN_PAUSE_HOLD);
+}
+
+void conn_release_input(struct conn *conn)
+{
+    if (conn->closing)
+        return;
+    conn_resume_reading(conn, CONN_PAUSE_HOLD);
+    if (conn->in_size == 0 || list_linked(&conn->resume_link))
+        return;
+    if (list_empty(&conn->net->resume_list))
+        uv_idle_start(&conn->net->resume_idle, on_resume_idle);
+    list_push_back(&conn->net->resume_list, &conn->resume_link);
+}
+
+/* Offers held input again. An idle handle keeps the loop from blocking in
+ * poll while input waits, and runs outside whatever callback released it. */
+static void on_resume_idle(uv_idle_t *idle)
+{
+    struct net *net = idle->data;
+    while (!list_empty(&net->resume_list)) {
+        struct conn *conn = CONTAINER_OF(net->resume_list.next, struct conn, resume_link);
+        list_remove(&conn->resume_link);
+        if (conn->closing || (conn->read_pauses & CONN_PAUSE_HOLD) || conn->in_size == 0)
+            continue;
+        long used = conn->ops->on_input(conn, conn->in, conn->in_size);
+        if (used < 0 || conn->closing)
+            continue;
+        ASSERT((size_t)used <= conn->in_size);
+        keep_leftover(conn, conn->in + used, conn->in_size - (size_t)used);
+        if (conn->out_bytes >= CONN_OUT_READ_PAUSE)
+            conn_pause_reading(conn, CONN_PAUSE_OUTPUT);
+    }
+    uv_idle_stop(idle);
 }
 
 /* ---- output --------------------------------------------------------- */
@@ -442,8 +558,16 @@ void conn_close(struct conn *conn)
     if (conn->closing)
         return;
     conn->closing = true;
+    if (conn->connect_req) {
+        /* A connect in flight is cancelled with the handle; its callback
+         * must not report to a protocol that is closing. */
+        conn->connect_req->conn = NULL;
+        conn->connect_req = NULL;
+    }
     if (list_linked(&conn->flush_link))
         list_remove(&conn->flush_link);
+    if (list_linked(&conn->resume_link))
+        list_remove(&conn->resume_link);
     conn->ops->on_close(conn);
     uv_close((uv_handle_t *)&conn->tcp, on_handle_closed);
 }

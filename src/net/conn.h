@@ -48,6 +48,7 @@ struct conn_ops {
 typedef void (*conn_release_fn)(void *owner);
 
 struct out_chunk;
+struct connect_req;
 
 struct conn {
     uv_tcp_t tcp;                 /* first: libuv handles are cast back */
@@ -77,6 +78,8 @@ struct conn {
     bool peer_loopback;
     char peer_name[64];           /* "ip:port" */
     struct list_node all_link;    /* in net.conns */
+    struct list_node resume_link; /* in net.resume_list while held input waits */
+    struct connect_req *connect_req; /* conn_connect in flight, else NULL */
 };
 
 /* Output beyond this makes conn_out_full() true: producers of output (queue
@@ -115,10 +118,20 @@ enum conn_pause {
     CONN_PAUSE_CLOSING = 1u << 0,  /* a bad frame or a goodbye: read no more */
     CONN_PAUSE_OUTPUT = 1u << 1,   /* the peer is not reading what we send */
     CONN_PAUSE_ALARM = 1u << 2,    /* memory or disk alarm (publishers only) */
+    CONN_PAUSE_HOLD = 1u << 3,     /* the protocol waits for an answer (conn_hold_input) */
 };
 
 void conn_pause_reading(struct conn *conn, enum conn_pause reason);
 void conn_resume_reading(struct conn *conn, enum conn_pause reason);
+
+/* The protocol stopped consuming input in the middle of what it was
+ * offered, because it must wait for something asynchronous (a cluster map
+ * commit, a peer broker's answer) before it may look at the next frame.
+ * The unconsumed bytes are kept, reading stops, and conn_release_input
+ * offers them again (from an idle callback, never from inside the
+ * caller's stack) and resumes reading. */
+void conn_hold_input(struct conn *conn);
+void conn_release_input(struct conn *conn);
 
 /* net: the loop-wide part of the transport. */
 typedef struct conn *(*net_accept_fn)(struct net *net, void *ctx);
@@ -127,6 +140,8 @@ struct net {
     uv_loop_t *loop;               /* borrowed */
     uv_check_t flush_check;        /* flushes output after each loop iteration */
     struct list_node flush_list;
+    uv_idle_t resume_idle;         /* re-offers held input (conn_release_input) */
+    struct list_node resume_list;
     struct list_node conns;
     uint32_t conns_count;
     uint64_t next_conn_id;
@@ -147,5 +162,20 @@ void net_free(struct net *net);
 /* Called by the protocol when it allocated a conn for an accepted socket:
  * initializes the transport part. */
 int conn_init(struct conn *conn, struct net *net, const struct conn_ops *ops);
+
+/* An outbound connection's outcome: status 0 = connected and reading (as
+ * after conn_start); < 0 = a libuv error, and the transport closes conn
+ * right after this returns (on_close, then on_free, as for any conn). */
+typedef void (*conn_connected_fn)(struct conn *conn, int status);
+
+/* Outbound: conn_init, then a TCP connect to addr (the broker's cluster
+ * links are ordinary conns). Returns 0, or a negative libuv error when
+ * conn_init failed: then nothing runs and the caller still owns conn's
+ * memory. After 0, connected() runs exactly once, from the loop (never
+ * from inside this call, even when the connect fails at once), unless
+ * the caller closes conn first: a conn_close before the connect
+ * completed cancels it without calling connected(). */
+int conn_connect(struct conn *conn, struct net *net, const struct conn_ops *ops,
+                 const struct sockaddr *addr, conn_connected_fn connected);
 
 #endif

@@ -50,8 +50,11 @@ def handshake_and_server_properties():
     eq(info["version"], (0, 9), "connection.start version")
     for mech in ("PLAIN", "AMQPLAIN"):
         assert mech in info["mechanisms"], info["mechanisms"]
+    # Only a clustered quay offers its peers' login (18-cluster-login).
+    assert "QUAY-CLUSTER" not in info["mechanisms"], info["mechanisms"]
     eq(info["locales"], ["en_US"], "locales")
     props = info["server_properties"]
+    assert "quay_nonce" not in props, props
     for key in ("product", "version", "platform"):
         assert isinstance(props.get(key), str) and props[key], (key, props)
     caps = props["capabilities"]

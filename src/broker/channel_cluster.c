@@ -1,0 +1,209 @@
+/*
+ * channel_cluster.c: definition changes in a cluster. A declare, delete,
+ * bind or unbind that passed the channel's own checks becomes a cluster
+ * map command (cluster/map.h); the channel's connection holds its input
+ * (connection_hold) until the command has been applied on this broker,
+ * whose mirror then already has the object, and answers exactly as a
+ * single broker would, with the map's reply code and text on refusal.
+ * A map that cannot commit (no leader, no quorum) is a hard error, 541,
+ * as RabbitMQ answers a declare that times out: the client reconnects,
+ * ideally to a broker of the majority.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker/broker.h"
+#include "broker/channel_int.h"
+#include "broker/connection.h"
+#include "broker/vhost.h"
+#include "cluster/map.h"
+#include "cluster/member.h"
+#include "cluster/node.h"
+#include "cluster/proxy.h"
+#include "lib/assert.h"
+#include "lib/errors.h"
+
+struct cluster_wait {
+    struct channel *ch;               /* borrowed; the channel owns the wait */
+    struct cluster_request *request;  /* owned by the node until it answers */
+    uint32_t method_id;
+    bool no_wait;
+    uint32_t message_count;           /* queue.delete-ok */
+    uint8_t name_size;
+    uint8_t name[256];                /* queue.declare: the queue's name */
+};
+
+bool channel__clustered(const struct channel *ch)
+{
+    return ch->connection->broker->member != NULL;
+}
+
+static void send_reply(struct channel *ch, const struct cluster_wait *w)
+{
+    struct method ok = {.id = 0};
+    switch (w->method_id) {
+    case METHOD_EXCHANGE_DECLARE: ok.id = METHOD_EXCHANGE_DECLARE_OK; break;
+    case METHOD_EXCHANGE_DELETE: ok.id = METHOD_EXCHANGE_DELETE_OK; break;
+    case METHOD_EXCHANGE_BIND: ok.id = METHOD_EXCHANGE_BIND_OK; break;
+    case METHOD_EXCHANGE_UNBIND: ok.id = METHOD_EXCHANGE_UNBIND_OK; break;
+    case METHOD_QUEUE_BIND: ok.id = METHOD_QUEUE_BIND_OK; break;
+    case METHOD_QUEUE_UNBIND: ok.id = METHOD_QUEUE_UNBIND_OK; break;
+    case METHOD_QUEUE_DELETE:
+        ok.id = METHOD_QUEUE_DELETE_OK;
+        ok.queue_delete_ok.message_count = w->message_count;
+        break;
+    case METHOD_QUEUE_DECLARE: {
+        struct bytes name = {w->name, w->name_size};
+        struct queue *queue = vhost_queue(ch->vhost, name);
+        if (queue == NULL) {
+            /* Deleted again before we could answer (a racing delete). */
+            channel__fail(ch, REPLY_NOT_FOUND, w->method_id, "no queue '%.*s' in vhost '%.*s'",
+                          (int)name.len, (const char *)name.ptr, (int)ch->vhost->name.len,
+                          (const char *)ch->vhost->name.ptr);
+            return;
+        }
+        channel__remember_queue(ch, name);
+        ok.id = METHOD_QUEUE_DECLARE_OK;
+        ok.queue_declare_ok.queue = name;
+        ok.queue_declare_ok.message_count = queue_ready_count(queue);
+        ok.queue_declare_ok.consumer_count = queue->consumers_count;
+        break;
+    }
+    default:
+        ASSERT(false);
+    }
+    if (!w->no_wait)
+        channel__send(ch, &ok);
+}
+
+static void on_committed(void *ctx, int status, const struct map_change *change)
+{
+    struct cluster_wait *w = ctx;
+    struct channel *ch = w->ch;
+    ASSERT(ch != NULL && ch->cluster_wait == w);
+    ch->cluster_wait = NULL;
+    struct connection *connection = ch->connection;
+    connection_release(connection);
+    if (status != OK) {
+        connection_fail(connection, REPLY_INTERNAL_ERROR, w->method_id,
+                        "the cluster map is unavailable (no leader or no quorum): try another "
+                        "broker");
+    } else if (change->reply_code != REPLY_SUCCESS) {
+        channel__fail(ch, change->reply_code, w->method_id, "%s", change->reply_text);
+    } else if (ch->state == CHANNEL_STATE_OPEN) {
+        send_reply(ch, w);
+    }
+    free(w);
+}
+
+void channel__cluster_submit(struct channel *ch, uint32_t method_id, bool no_wait,
+                             struct map_cmd *cmd, struct bytes queue_name, uint32_t message_count)
+{
+    ASSERT(ch->cluster_wait == NULL); /* the connection is held while one waits */
+    struct cluster_wait *w = calloc(1, sizeof *w);
+    ASSERT(w != NULL);
+    w->ch = ch;
+    w->method_id = method_id;
+    w->no_wait = no_wait;
+    w->message_count = message_count;
+    ASSERT(queue_name.len <= 255);
+    memcpy(w->name, queue_name.ptr, queue_name.len);
+    w->name_size = (uint8_t)queue_name.len;
+    struct broker *broker = ch->connection->broker;
+    ch->cluster_wait = w;
+    connection_hold(ch->connection);
+    w->request = cluster_node_submit(broker->cluster, cmd, on_committed, w);
+}
+
+void channel__cluster_forget(struct channel *ch)
+{
+    struct cluster_wait *w = ch->cluster_wait;
+    if (w == NULL)
+        return;
+    ch->cluster_wait = NULL;
+    cluster_request_cancel(w->request);
+    connection_release(ch->connection);
+    free(w);
+}
+
+/* ---- requests at a stand-in's primary ---- */
+
+static void fail_unreachable(struct channel *ch, const struct queue *queue, uint32_t method_id)
+{
+    channel__fail(ch, REPLY_NOT_FOUND, method_id,
+                  "queue '%.*s' in vhost '%.*s' is unavailable: its primary broker cannot be "
+                  "reached", (int)queue->name.len, (const char *)queue->name.ptr,
+                  (int)ch->vhost->name.len, (const char *)ch->vhost->name.ptr);
+}
+
+static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes text,
+                     uint32_t messages, uint32_t consumers)
+{
+    struct channel *ch = ctx;
+    ASSERT(ch->remote_op != NULL && ch->remote_queue == queue);
+    uint32_t method_id = ch->remote_method;
+    ch->remote_op = NULL;
+    ch->remote_queue = NULL;
+    connection_release(ch->connection);
+    if (code == 0) {
+        fail_unreachable(ch, queue, method_id);
+    } else if (code != REPLY_SUCCESS) {
+        /* The primary's text already starts with its "NAME - ". */
+        const uint8_t *dash = text.len > 3 ? memmem(text.ptr, text.len, " - ", 3) : NULL;
+        size_t skip = dash ? (size_t)(dash - text.ptr) + 3 : 0;
+        channel__fail(ch, code, method_id, "%.*s", (int)(text.len - skip),
+                      (const char *)text.ptr + skip);
+    } else if (method_id == METHOD_QUEUE_DECLARE) {
+        channel__remember_queue(ch, queue->name);
+        struct method ok = {.id = METHOD_QUEUE_DECLARE_OK};
+        ok.queue_declare_ok.queue = queue->name;
+        ok.queue_declare_ok.message_count = messages;
+        ok.queue_declare_ok.consumer_count = consumers;
+        if (!ch->remote_no_wait)
+            channel__send(ch, &ok);
+    } else if (method_id == METHOD_QUEUE_PURGE) {
+        struct method ok = {.id = METHOD_QUEUE_PURGE_OK};
+        ok.queue_purge_ok.message_count = messages;
+        if (!ch->remote_no_wait)
+            channel__send(ch, &ok);
+    } else {
+        ASSERT(method_id == METHOD_QUEUE_DELETE);
+        if (ch->remote_if_unused && consumers > 0) {
+            channel__fail(ch, REPLY_PRECONDITION_FAILED, method_id,
+                          "queue '%.*s' in vhost '%.*s' in use", (int)queue->name.len,
+                          (const char *)queue->name.ptr, (int)ch->vhost->name.len,
+                          (const char *)ch->vhost->name.ptr);
+        } else if (ch->remote_if_empty && messages > 0) {
+            channel__fail(ch, REPLY_PRECONDITION_FAILED, method_id,
+                          "queue '%.*s' in vhost '%.*s' not empty", (int)queue->name.len,
+                          (const char *)queue->name.ptr, (int)ch->vhost->name.len,
+                          (const char *)ch->vhost->name.ptr);
+        } else {
+            struct map_cmd cmd;
+            if (map_cmd_queue_delete(&cmd, ch->vhost->name, queue->name, 0) == OK)
+                channel__cluster_submit(ch, method_id, ch->remote_no_wait, &cmd,
+                                        BYTES_LIT(""), messages);
+        }
+    }
+    queue_unref(queue);
+}
+
+void channel__remote_query(struct channel *ch, struct queue *queue, const struct method *m)
+{
+    ASSERT(queue_is_remote(queue) && ch->remote_op == NULL);
+    uint32_t ask = m->id == METHOD_QUEUE_PURGE ? METHOD_QUEUE_PURGE : METHOD_QUEUE_DECLARE;
+    ch->remote_op = proxy_query(queue, ask, on_query, ch);
+    if (ch->remote_op == NULL) {
+        fail_unreachable(ch, queue, m->id);
+        return;
+    }
+    ch->remote_method = m->id;
+    ch->remote_no_wait = m->id == METHOD_QUEUE_DECLARE ? m->queue_declare.no_wait
+                         : m->id == METHOD_QUEUE_PURGE ? m->queue_purge.no_wait
+                                                       : m->queue_delete.no_wait;
+    ch->remote_if_unused = m->id == METHOD_QUEUE_DELETE && m->queue_delete.if_unused;
+    ch->remote_if_empty = m->id == METHOD_QUEUE_DELETE && m->queue_delete.if_empty;
+    ch->remote_queue = queue;
+    queue_ref(queue);
+    connection_hold(ch->connection);
+}

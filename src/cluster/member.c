@@ -1,0 +1,263 @@
+/*
+ * member.c: see member.h. The node's hooks, the links to the peers (one
+ * per other broker in the map, following its AMQP address), placement of
+ * new queues, and the two ends of a forwarded map entry.
+ */
+#include "cluster/member.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amqp/method_gen.h"
+#include "broker/broker.h"
+#include "broker/message.h"
+#include "broker/vhost.h"
+#include "cluster/link.h"
+#include "cluster/mirror.h"
+#include "cluster/node.h"
+#include "cluster/proxy.h"
+#include "lib/assert.h"
+#include "lib/errors.h"
+#include "lib/log.h"
+
+/* ---- peers and their links ---- */
+
+static void on_link_up(void *ctx, struct link *link)
+{
+    struct member_peer *peer = ctx;
+    (void)link;
+    peer->up = true;
+    LOG_INFO("cluster: link to broker %u (%s) is up", peer->id, peer->address);
+    proxy_peer_up(peer);
+}
+
+static void on_link_down(void *ctx, struct link *link)
+{
+    struct member_peer *peer = ctx;
+    (void)link;
+    bool was_up = peer->up;
+    peer->up = false;
+    peer->map_channel = NULL; /* closed with the link */
+    if (was_up)
+        LOG_INFO("cluster: link to broker %u (%s) is down", peer->id, peer->address);
+    proxy_peer_down(peer);
+}
+
+static void peer_free(struct member_peer *peer)
+{
+    proxy_peer_down(peer);
+    if (peer->link)
+        link_free(peer->link);
+    free(peer);
+}
+
+static struct member_peer *peer_new(struct member *member, const struct map_broker *b)
+{
+    struct member_peer *peer = calloc(1, sizeof *peer);
+    ASSERT(peer != NULL);
+    peer->id = b->id;
+    peer->member = member;
+    list_init(&peer->forwarders);
+    snprintf(peer->address, sizeof peer->address, "%.*s", (int)b->amqp_address.len,
+             (const char *)b->amqp_address.ptr);
+    struct cluster_node *node = member->node;
+    struct link_config config = {
+        .address = peer->address,
+        .secret = cluster_node_secret(node),
+    };
+    config.self_name = cluster_node_name(node);
+    struct link_ops ops = {.ctx = peer, .up = on_link_up, .down = on_link_down};
+    if (link_new(&peer->link, &member->broker->net, &config, &ops) != OK) {
+        LOG_ERROR("cluster: cannot link to broker %u at %s", b->id, peer->address);
+        peer->link = NULL;
+    }
+    return peer;
+}
+
+struct member_peer *member_peer(struct member *member, uint32_t broker_id)
+{
+    for (uint32_t i = 0; i < member->peers_count; i++) {
+        if (member->peers[i]->id == broker_id)
+            return member->peers[i];
+    }
+    return NULL;
+}
+
+/* One link per other broker of the map, to its current AMQP address. */
+void member__sync_peers(struct member *member)
+{
+    if (member->stopping)
+        return;
+    const struct cluster_map *map = member_map(member);
+    for (uint32_t i = 0; i < member->peers_count;) {
+        struct member_peer *peer = member->peers[i];
+        const struct map_broker *b = cluster_map_broker(map, peer->id);
+        if (b == NULL || !bytes_equal_cstr(b->amqp_address, peer->address)) {
+            member->peers[i] = member->peers[--member->peers_count];
+            peer_free(peer);
+            continue;
+        }
+        i++;
+    }
+    for (uint32_t i = 0; i < map->brokers_count; i++) {
+        const struct map_broker *b = map->brokers[i];
+        if (b->id == member->self_id || member_peer(member, b->id) != NULL)
+            continue;
+        ASSERT(member->peers_count < CLUSTER_BROKERS_MAX);
+        member->peers[member->peers_count++] = peer_new(member, b);
+    }
+}
+
+/* ---- the node's hooks ---- */
+
+static void on_applied(void *ctx, int rc, const struct map_change *change)
+{
+    struct member *member = ctx;
+    if (member->stopping)
+        return;
+    if (change == NULL) {
+        mirror_all(member, cluster_node_synced(member->node));
+        return;
+    }
+    if (rc == OK)
+        mirror_change(member, change);
+}
+
+static void on_synced(void *ctx)
+{
+    struct member *member = ctx;
+    if (!member->stopping)
+        mirror_all(member, true);
+}
+
+static void on_forward(void *ctx, uint32_t leader_id, const uint8_t *entry, size_t size)
+{
+    struct member *member = ctx;
+    struct member_peer *peer = member_peer(member, leader_id);
+    if (peer == NULL || !peer->up)
+        return; /* the node sends it again */
+    if (peer->map_channel == NULL) {
+        static const struct link_channel_ops ops = {0};
+        peer->map_channel = link_channel_open(peer->link, BYTES_LIT("/"), false, &ops);
+        if (peer->map_channel == NULL)
+            return;
+    }
+    struct basic_properties none = {0};
+    static const uint8_t no_properties[2] = {0, 0}; /* property flags: none */
+    struct message *m = message_new(BYTES_LIT(""), BYTES_LIT(""), no_properties, 2, &none, size);
+    ASSERT(m != NULL);
+    memcpy(m->body, entry, size);
+    m->body_received = size;
+    struct method fwd = {.id = METHOD_BASIC_QUAY_FORWARD};
+    fwd.basic_quay_forward.queue = BYTES_LIT(MEMBER_MAP_TARGET);
+    link_send_content(peer->map_channel, &fwd, m);
+    message_unref(m);
+}
+
+void member_propose_entry(struct member *member, const uint8_t *entry, uint64_t size)
+{
+    int rc = cluster_node_propose_entry(member->node, entry, (size_t)size);
+    if (rc != OK)
+        LOG_DEBUG("cluster: forwarded map entry not proposed: %d", rc);
+}
+
+bool member_forward_fresh(struct member *member, struct bytes vhost, struct bytes queue,
+                          uint64_t epoch)
+{
+    const struct map_queue *q = cluster_map_queue(member_map(member), vhost, queue);
+    return q != NULL && q->primary_id == member->self_id && epoch >= q->epoch;
+}
+
+/* ---- placement and local decisions ---- */
+
+uint32_t member_place_queue(struct member *member, struct bytes vhost, struct bytes name,
+                            bool pinned)
+{
+    placement_refresh(&member->placement, member_map(member));
+    struct placement_result result;
+    if (placement_place_queue(&member->placement, vhost, name, 1,
+                              pinned ? member->self_id : BROKER_ID_NONE, &result) != OK)
+        return member->self_id;
+    return result.primary_id;
+}
+
+static void on_gone_done(void *ctx, int status, const struct map_change *change)
+{
+    (void)ctx;
+    (void)change;
+    if (status != OK)
+        LOG_WARN("cluster: a local queue deletion did not reach the map (it will be retried "
+                 "when the map is reconciled)");
+}
+
+void member_queue_gone(struct member *member, struct bytes vhost, struct bytes name)
+{
+    if (member->stopping)
+        return;
+    struct map_cmd cmd;
+    if (map_cmd_queue_delete(&cmd, vhost, name, 0) != OK)
+        return;
+    cluster_node_submit(member->node, &cmd, on_gone_done, member);
+}
+
+static void on_vhost_done(void *ctx, int status, const struct map_change *change)
+{
+    (void)ctx;
+    (void)change;
+    if (status != OK)
+        LOG_WARN("cluster: a vhost could not be published to the map (retried at the next "
+                 "reconcile)");
+}
+
+void member__publish_vhost(struct member *member, struct bytes vhost)
+{
+    struct map_cmd cmd;
+    if (map_cmd_vhost_put(&cmd, vhost) == OK)
+        cluster_node_submit(member->node, &cmd, on_vhost_done, member);
+}
+
+/* ---- lifecycle ---- */
+
+const struct cluster_map *member_map(const struct member *member)
+{
+    return cluster_node_map(member->node);
+}
+
+struct member *member_new(struct broker *broker, struct cluster_node *node)
+{
+    struct member *member = calloc(1, sizeof *member);
+    ASSERT(member != NULL);
+    member->broker = broker;
+    member->node = node;
+    member->self_id = cluster_node_id(node);
+    list_init(&member->stubs);
+    struct placement_config pc;
+    placement_config_default(&pc);
+    placement_init(&member->placement, &pc);
+    struct cluster_node_hooks hooks = {
+        .ctx = member, .applied = on_applied, .synced = on_synced, .forward = on_forward};
+    cluster_node_set_hooks(node, &hooks);
+    return member;
+}
+
+void member_stop(struct member *member)
+{
+    if (member->stopping)
+        return;
+    member->stopping = true;
+    struct cluster_node_hooks none = {0};
+    cluster_node_set_hooks(member->node, &none);
+    for (uint32_t i = 0; i < member->peers_count; i++)
+        peer_free(member->peers[i]);
+    member->peers_count = 0;
+}
+
+void member_free(struct member *member)
+{
+    if (member == NULL)
+        return;
+    member_stop(member);
+    placement_free(&member->placement);
+    free(member);
+}

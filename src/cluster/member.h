@@ -1,0 +1,98 @@
+/*
+ * member.h: the broker's side of the cluster: what a clustered quayd does
+ * with the map (cluster/node.h) on the AMQP data path.
+ *
+ * Owns the links to the other brokers (one outbound AMQP connection per
+ * peer, cluster/link.h), the placement view used for new queues, and the
+ * proxy state of every queue whose primary is elsewhere (cluster/proxy.h).
+ * It installs the node's hooks:
+ *   applied  -> mirror.c: the broker's exchanges, bindings and queues follow
+ *               the map (a queue is real where this broker is its primary,
+ *               a stand-in everywhere else);
+ *   synced   -> mirror.c: a full reconcile once the log is caught up;
+ *   forward  -> a follower's definition change goes to the leader over the
+ *               link, as basic.quay-forward to the reserved name
+ *               "amq.quay.map" (the leader proposes the body).
+ *
+ * Rule: in a cluster the broker's object graph changes only by applying
+ * the map, except deletions decided locally (an exclusive queue's
+ * connection closed, auto-delete, x-expires), which are applied at once
+ * and submitted (member_queue_gone).
+ *
+ * Memory: owned by the broker (broker->member); freed by member_free after
+ * the loop stopped running callbacks for it (member_stop first).
+ */
+#ifndef QUAY_CLUSTER_MEMBER_H
+#define QUAY_CLUSTER_MEMBER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "amqp/types.h"
+#include "lib/list.h"
+#include "cluster/map.h"
+#include "cluster/placement.h"
+
+struct broker;
+struct cluster_node;
+struct link;
+struct link_channel;
+struct vhost;
+struct queue;
+
+/* The reserved queue name a follower forwards map entries to. */
+#define MEMBER_MAP_TARGET "amq.quay.map"
+
+struct member_peer {
+    uint32_t id;                     /* map broker id */
+    char address[CLUSTER_NAME_SIZE_MAX + 1]; /* its AMQP address */
+    struct member *member;           /* borrowed: the owner */
+    struct link *link;               /* owned */
+    bool up;                         /* the link's handshake is done */
+    struct link_channel *map_channel; /* forwards map entries (no confirms) */
+    struct list_node forwarders;     /* struct proxy_forwarder.peer_link */
+};
+
+struct member {
+    struct broker *broker;           /* borrowed */
+    struct cluster_node *node;       /* borrowed: the broker owns it */
+    uint32_t self_id;
+    struct member_peer *peers[CLUSTER_BROKERS_MAX]; /* owned, unordered */
+    uint32_t peers_count;
+    struct placement placement;
+    struct list_node stubs;          /* struct proxy_stub.member_link: every stand-in */
+    bool stopping;
+};
+
+/* Creates the member and installs the node's hooks. */
+struct member *member_new(struct broker *broker, struct cluster_node *node);
+/* Closes the links (no callback runs after this returns). */
+void member_stop(struct member *member);
+void member_free(struct member *member);
+
+const struct cluster_map *member_map(const struct member *member);
+/* The peer with this map id, or NULL (self, unknown, or no link yet). */
+struct member_peer *member_peer(struct member *member, uint32_t broker_id);
+
+/* A local decision to delete a queue (see the rule above): the queue is
+ * already gone here; tell the map. */
+void member_queue_gone(struct member *member, struct bytes vhost, struct bytes name);
+
+/* The leader's side of a forwarded map entry (ignored elsewhere: the
+ * sender sends it again to whoever leads). */
+void member_propose_entry(struct member *member, const uint8_t *entry, uint64_t size);
+/* Whether a peer's forward for (vhost, queue) at epoch may be enqueued
+ * here: this broker is the queue's primary and the epoch is current. */
+bool member_forward_fresh(struct member *member, struct bytes vhost, struct bytes queue,
+                          uint64_t epoch);
+
+/* Places a new queue: the broker that should be its primary. pinned: an
+ * exclusive, auto-delete or server-named queue stays with its connection. */
+uint32_t member_place_queue(struct member *member, struct bytes vhost, struct bytes name,
+                            bool pinned);
+
+/* mirror.c's helpers (module-internal). */
+void member__sync_peers(struct member *member);
+void member__publish_vhost(struct member *member, struct bytes vhost);
+
+#endif

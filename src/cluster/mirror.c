@@ -1,0 +1,291 @@
+/*
+ * mirror.c: see mirror.h.
+ */
+#include "cluster/mirror.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker/broker.h"
+#include "broker/connection.h"
+#include "broker/durable.h"
+#include "broker/exchange.h"
+#include "broker/queue.h"
+#include "broker/vhost.h"
+#include "cluster/map.h"
+#include "cluster/member.h"
+#include "cluster/node.h"
+#include "cluster/proxy.h"
+#include "lib/assert.h"
+#include "lib/log.h"
+
+/* Predeclared exchanges are every vhost's own; the map never holds them. */
+static bool predeclared(struct bytes name)
+{
+    return name.len == 0 || bytes_has_prefix(name, "amq.");
+}
+
+static struct vhost *vhost_for(struct member *member, struct bytes name)
+{
+    return broker_add_vhost(member->broker, name);
+}
+
+/* ---- exchanges ---- */
+
+static bool exchange_matches(const struct exchange *x, const struct map_exchange *mx)
+{
+    return bytes_equal_cstr(mx->type, exchange_type_name(x->type)) && x->durable == mx->durable &&
+           x->auto_delete == mx->auto_delete && x->internal == mx->internal &&
+           bytes_equal(x->arguments, mx->arguments);
+}
+
+static void ensure_exchange(struct member *member, const struct map_exchange *mx)
+{
+    if (predeclared(mx->name))
+        return;
+    struct vhost *vhost = vhost_for(member, mx->vhost->name);
+    struct exchange *x = vhost_exchange(vhost, mx->name);
+    if (x && exchange_matches(x, mx))
+        return;
+    if (x)
+        vhost_exchange_delete(vhost, x); /* recovered from an older definition */
+    enum exchange_type type;
+    if (exchange_type_parse(mx->type, &type) != 0) {
+        LOG_WARN("cluster: exchange '%.*s' has unknown type '%.*s'; not mirrored",
+                 (int)mx->name.len, (const char *)mx->name.ptr, (int)mx->type.len,
+                 (const char *)mx->type.ptr);
+        return;
+    }
+    vhost_exchange_declare(vhost, mx->name, type, mx->durable, mx->auto_delete, mx->internal,
+                           mx->arguments);
+}
+
+static void drop_exchange(struct member *member, struct bytes vhost_name, struct bytes name)
+{
+    struct vhost *vhost = broker_vhost(member->broker, vhost_name);
+    struct exchange *x = vhost ? vhost_exchange(vhost, name) : NULL;
+    if (x && !predeclared(name))
+        vhost_exchange_delete(vhost, x);
+}
+
+/* ---- queues ---- */
+
+static struct connection *connection_by_id(struct broker *broker, uint64_t id)
+{
+    list_for_each(n, &broker->connections) {
+        struct connection *c = CONTAINER_OF(n, struct connection, broker_link);
+        if (c->conn.id == id)
+            return c;
+    }
+    return NULL;
+}
+
+static void drop_queue(struct member *member, struct bytes vhost_name, struct bytes name)
+{
+    struct vhost *vhost = broker_vhost(member->broker, vhost_name);
+    struct queue *q = vhost ? vhost_queue(vhost, name) : NULL;
+    if (q)
+        vhost_queue_delete(vhost, q);
+}
+
+/* The local object for a map queue: real here if we are its primary, a
+ * stand-in otherwise. A local object of the wrong kind (a restart found a
+ * queue that has moved, a stand-in for a queue that came to us) is
+ * replaced. */
+static void ensure_queue(struct member *member, const struct map_queue *mq)
+{
+    struct vhost *vhost = vhost_for(member, mq->vhost->name);
+    struct queue *q = vhost_queue(vhost, mq->name);
+    bool primary = mq->primary_id == member->self_id;
+    if (q && queue_is_remote(q) == !primary) {
+        if (!primary)
+            proxy_stub_update(q, mq);
+        return;
+    }
+    if (q)
+        vhost_queue_delete(vhost, q);
+    if (!primary) {
+        vhost_queue_insert(vhost, proxy_stub_new(member, vhost, mq));
+        return;
+    }
+    q = vhost_queue_declare(vhost, mq->name, mq->durable, mq->exclusive, mq->auto_delete,
+                            mq->arguments);
+    if (!mq->exclusive)
+        return;
+    struct connection *owner = connection_by_id(member->broker, mq->exclusive_connection_id);
+    if (owner == NULL || owner->conn.closing) {
+        /* Its connection closed before the declare committed. */
+        vhost_queue_delete(vhost, q);
+        member_queue_gone(member, mq->vhost->name, mq->name);
+        return;
+    }
+    q->exclusive_owner = owner;
+    list_push_back(&owner->exclusive_queues, &q->owner_link);
+}
+
+/* ---- bindings ---- */
+
+static struct bind_dest *binding_dest(struct vhost *vhost, enum map_destination_kind kind,
+                                      struct bytes name)
+{
+    if (kind == MAP_DESTINATION_QUEUE) {
+        struct queue *q = vhost_queue(vhost, name);
+        return q ? &q->as_dest : NULL;
+    }
+    struct exchange *x = vhost_exchange(vhost, name);
+    return x ? &x->as_dest : NULL;
+}
+
+static void apply_binding(struct member *member, const struct map_binding_decl *d, bool bind)
+{
+    struct vhost *vhost = broker_vhost(member->broker, d->vhost);
+    struct exchange *source = vhost ? vhost_exchange(vhost, d->source) : NULL;
+    struct bind_dest *dest = vhost ? binding_dest(vhost, d->destination_kind, d->destination)
+                                   : NULL;
+    if (source == NULL || dest == NULL)
+        return;
+    struct bytes args = {d->arguments.ptr, d->arguments.len};
+    if (bind) {
+        struct binding *existing = exchange_find_binding(source, dest, d->routing_key, args);
+        struct binding *b = exchange_bind(source, dest, d->routing_key, args);
+        if (b != existing)
+            durable_binding_added(member->broker, vhost, b);
+        return;
+    }
+    struct binding *b = exchange_find_binding(source, dest, d->routing_key, args);
+    if (b) {
+        durable_binding_removed(member->broker, vhost, b);
+        exchange_unbind(source, dest, d->routing_key, args);
+    }
+}
+
+/* ---- one change ---- */
+
+void mirror_change(struct member *member, const struct map_change *c)
+{
+    switch (c->op) {
+    case MAP_OP_BROKER_JOIN:
+    case MAP_OP_BROKER_LEAVE:
+    case MAP_OP_BROKER_STATE:
+        member__sync_peers(member);
+        return;
+    case MAP_OP_VHOST_PUT:
+        vhost_for(member, c->name);
+        return;
+    case MAP_OP_EXCHANGE_DECLARE:
+    case MAP_OP_EXCHANGE_SET_OWNER:
+        if (c->changed && c->exchange)
+            ensure_exchange(member, c->exchange);
+        return;
+    case MAP_OP_EXCHANGE_DELETE:
+        if (c->changed)
+            drop_exchange(member, c->vhost, c->name);
+        return;
+    case MAP_OP_BIND:
+    case MAP_OP_UNBIND:
+        if (c->changed)
+            apply_binding(member, &c->binding, c->op == MAP_OP_BIND);
+        return;
+    case MAP_OP_QUEUE_DECLARE:
+    case MAP_OP_QUEUE_SET_OWNER:
+    case MAP_OP_QUEUE_SET_BACKUPS:
+    case MAP_OP_QUEUE_SET_IN_SYNC:
+    case MAP_OP_QUEUE_SET_AVAILABLE:
+        if (c->changed && c->queue)
+            ensure_queue(member, c->queue);
+        return;
+    case MAP_OP_QUEUE_DELETE:
+        if (c->changed)
+            drop_queue(member, c->vhost, c->name);
+        return;
+    case MAP_OP_VHOST_DELETE:
+    case MAP_OP_USER_PUT:
+    case MAP_OP_USER_DELETE:
+    case MAP_OP_SYNC:
+    case MAP_OP_NONE:
+    case MAP_OP_COUNT:
+        return; /* vhosts and users come from each broker's users file */
+    }
+}
+
+/* ---- everything ---- */
+
+/* Local exchanges and queues the map does not have (a restart recovered
+ * them from the journal, and they were deleted meanwhile) go. */
+static void drop_strays(struct member *member, struct vhost *vhost)
+{
+    const struct cluster_map *map = member_map(member);
+    struct hmap_entry *e;
+    uint32_t count = 0;
+    void **doomed = malloc(sizeof *doomed * (vhost->queues.count + vhost->exchanges.count + 1));
+    ASSERT(doomed != NULL);
+    for (uint32_t i = 0; hmap_next(&vhost->queues, &i, &e);) {
+        struct queue *q = e->value;
+        if (!cluster_map_queue(map, vhost->name, q->name))
+            doomed[count++] = q;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        LOG_INFO("cluster: queue '%.*s' is not in the map: deleted here",
+                 (int)((struct queue *)doomed[i])->name.len,
+                 (const char *)((struct queue *)doomed[i])->name.ptr);
+        vhost_queue_delete(vhost, doomed[i]);
+    }
+    count = 0;
+    for (uint32_t i = 0; hmap_next(&vhost->exchanges, &i, &e);) {
+        struct exchange *x = e->value;
+        if (!predeclared(x->name) && !cluster_map_exchange(map, vhost->name, x->name))
+            doomed[count++] = x;
+    }
+    for (uint32_t i = 0; i < count; i++)
+        vhost_exchange_delete(vhost, doomed[i]);
+    free(doomed);
+}
+
+/* Rebuilds the local bindings of every exchange from the map. */
+static void rebind_all(struct member *member, struct vhost *vhost)
+{
+    struct hmap_entry *e;
+    for (uint32_t i = 0; hmap_next(&vhost->exchanges, &i, &e);) {
+        struct exchange *x = e->value;
+        while (!list_empty(&x->bindings)) {
+            struct binding *b = CONTAINER_OF(x->bindings.next, struct binding, source_link);
+            exchange_unbind(x, b->dest, b->routing_key, b->arguments);
+        }
+    }
+    const struct cluster_map *map = member_map(member);
+    for (uint32_t i = 0; i < map->exchanges_count; i++) {
+        const struct map_exchange *mx = map->exchanges[i];
+        if (!bytes_equal(mx->vhost->name, vhost->name))
+            continue;
+        list_for_each(n, &mx->bindings_out) {
+            const struct map_binding *b = CONTAINER_OF(n, struct map_binding, source_node);
+            struct map_binding_decl d = {
+                .vhost = vhost->name, .source = mx->name,
+                .destination_kind = b->destination_kind, .destination = b->destination,
+                .routing_key = b->routing_key,
+                .arguments = {b->arguments.ptr, (uint32_t)b->arguments.len}};
+            apply_binding(member, &d, true);
+        }
+    }
+}
+
+void mirror_all(struct member *member, bool drop_strays_too)
+{
+    const struct cluster_map *map = member_map(member);
+    member__sync_peers(member);
+    for (uint32_t i = 0; i < map->vhosts_count; i++)
+        vhost_for(member, map->vhosts[i]->name);
+    for (uint32_t i = 0; i < map->exchanges_count; i++)
+        ensure_exchange(member, map->exchanges[i]);
+    for (uint32_t i = 0; i < map->queues_count; i++)
+        ensure_queue(member, map->queues[i]);
+    struct hmap_entry *e;
+    for (uint32_t i = 0; hmap_next(&member->broker->vhosts, &i, &e);) {
+        struct vhost *vhost = e->value;
+        if (drop_strays_too)
+            drop_strays(member, vhost);
+        rebind_all(member, vhost);
+        if (!cluster_map_vhost(map, vhost->name))
+            member__publish_vhost(member, vhost->name);
+    }
+}

@@ -1,0 +1,28 @@
+/*
+ * mirror.h: the broker's objects follow the cluster map.
+ *
+ * Every broker holds every exchange and binding of the map (routing is
+ * local everywhere, DESIGN §4) and every queue: a real one where it is the
+ * primary, a stand-in (cluster/proxy.h) elsewhere. mirror_change applies
+ * one committed change; mirror_all makes everything match (after a
+ * snapshot, and once the log is caught up after a start, when the local
+ * journal may have brought back objects the map no longer has).
+ *
+ * Runs inside the consensus apply callback: it never submits to the map
+ * synchronously (member_queue_gone and vhost publication are deferred to
+ * the node's next tick by the node itself).
+ */
+#ifndef QUAY_CLUSTER_MIRROR_H
+#define QUAY_CLUSTER_MIRROR_H
+
+#include <stdbool.h>
+
+struct member;
+struct map_change;
+
+void mirror_change(struct member *member, const struct map_change *change);
+/* drop_strays: also delete local objects the map does not have (only
+ * once caught up: before that, the map may not have them *yet*). */
+void mirror_all(struct member *member, bool drop_strays);
+
+#endif

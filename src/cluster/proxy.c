@@ -1,0 +1,811 @@
+/*
+ * proxy.c: see proxy.h.
+ */
+#include "cluster/proxy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amqp/method_gen.h"
+#include "amqp/table.h"
+#include "broker/broker.h"
+#include "broker/channel.h"
+#include "broker/message.h"
+#include "broker/queue.h"
+#include "broker/vhost.h"
+#include "cluster/link.h"
+#include "cluster/map.h"
+#include "cluster/member.h"
+#include "lib/assert.h"
+#include "lib/bytes.h"
+#include "lib/log.h"
+
+#define TAG_BITS 40
+#define TAG_MASK ((UINT64_C(1) << TAG_BITS) - 1)
+#define UPLINK_ID_MAX ((UINT32_C(1) << (62 - TAG_BITS)) - 1)
+
+struct proxy_stub {
+    struct queue *queue;          /* borrowed: the stand-in that owns this */
+    struct member *member;        /* borrowed */
+    struct list_node member_link; /* in member->stubs */
+    uint32_t primary_id;
+    uint64_t epoch;
+    bool available;
+    struct list_node uplinks;     /* struct uplink.stub_link */
+    uint32_t next_uplink_id;
+    struct uplink *getter;        /* basic.get's uplink, or NULL */
+};
+
+/* A message received from upstream that the local consumer could not take
+ * yet. */
+struct held {
+    struct queue_entry entry;
+};
+
+struct uplink {
+    struct list_node stub_link;
+    struct proxy_stub *stub;      /* borrowed: the owner */
+    uint32_t id;
+    struct link_channel *ch;      /* NULL once the upstream channel is gone */
+    struct consumer *consumer;    /* the local consumer; NULL for the getter or once gone */
+    struct held *held;            /* owned ring */
+    uint32_t held_head, held_count, held_cap;
+    uint64_t outstanding;         /* upstream deliveries not yet settled upstream */
+    struct list_node ops;         /* the getter's struct proxy_op, in request order */
+    bool busy;                    /* inside a callback that uses it: not freed */
+};
+
+/* A request to the primary answered on the getter uplink, in order. */
+enum proxy_op_kind { PROXY_OP_GET, PROXY_OP_QUERY };
+
+struct proxy_op {
+    struct list_node link;        /* in uplink->ops */
+    enum proxy_op_kind kind;
+    uint32_t method_id;           /* PROXY_OP_QUERY: queue.declare or queue.purge */
+    proxy_get_fn get_done;        /* NULL once cancelled (with query_done) */
+    proxy_query_fn query_done;
+    void *ctx;
+    bool cancelled;
+};
+
+/* One confirm channel per (peer, vhost): forwarded publishes. */
+struct forward_wait {
+    struct confirm_sink *sink;    /* one reference, or NULL */
+    uint64_t seq;                 /* the publisher channel's number */
+    bool done;
+};
+
+struct proxy_forwarder {
+    struct list_node peer_link;   /* in peer->forwarders */
+    struct member_peer *peer;     /* borrowed */
+    struct bytes vhost;           /* owned */
+    struct link_channel *ch;      /* NULL once closed */
+    struct forward_wait *waits;   /* owned ring, by link sequence number */
+    uint32_t head, count, cap;
+    uint64_t first_seq;           /* link sequence number of waits[head] */
+};
+
+static struct proxy_stub *stub_of(struct queue *queue)
+{
+    ASSERT(queue->remote != NULL);
+    return queue->remote;
+}
+
+/* ---- forwarding publishes ---- */
+
+static void forwarder_answer(struct proxy_forwarder *f, struct forward_wait *w, bool ack)
+{
+    if (w->done)
+        return;
+    w->done = true;
+    if (w->sink) {
+        confirm_sink_answer(w->sink, w->seq, ack);
+        confirm_sink_unref(w->sink);
+        w->sink = NULL;
+    }
+    (void)f;
+}
+
+static void forwarder_trim(struct proxy_forwarder *f)
+{
+    while (f->count > 0 && f->waits[f->head].done) {
+        f->head = (f->head + 1) & (f->cap - 1);
+        f->count--;
+        f->first_seq++;
+    }
+}
+
+static void forwarder_fail_all(struct proxy_forwarder *f)
+{
+    for (uint32_t i = 0; i < f->count; i++)
+        forwarder_answer(f, &f->waits[(f->head + i) & (f->cap - 1)], false);
+    forwarder_trim(f);
+}
+
+static void on_forward_confirm(void *ctx, uint64_t seq, bool multiple, bool ack)
+{
+    struct proxy_forwarder *f = ctx;
+    if (f->count == 0 || seq < f->first_seq || seq - f->first_seq >= f->count)
+        return; /* not ours to answer (a peer bug): ignore */
+    uint64_t from = multiple ? 0 : seq - f->first_seq;
+    for (uint64_t i = from; i <= seq - f->first_seq; i++)
+        forwarder_answer(f, &f->waits[(f->head + i) & (f->cap - 1)], ack);
+    forwarder_trim(f);
+}
+
+static void on_forward_closed(void *ctx, uint16_t code, struct bytes text)
+{
+    struct proxy_forwarder *f = ctx;
+    if (code != 0)
+        LOG_WARN("cluster: forwarding channel to broker %u closed: %u %.*s", f->peer->id, code,
+                 (int)text.len, (const char *)text.ptr);
+    f->ch = NULL;
+    forwarder_fail_all(f);
+}
+
+static const struct link_channel_ops forwarder_ops_template = {
+    .confirm = on_forward_confirm,
+    .closed = on_forward_closed,
+};
+
+static void forwarder_free(struct proxy_forwarder *f)
+{
+    forwarder_fail_all(f);
+    if (f->ch)
+        link_channel_close(f->ch);
+    list_remove(&f->peer_link);
+    bytes_free(&f->vhost);
+    free(f->waits);
+    free(f);
+}
+
+static struct proxy_forwarder *forwarder_for(struct member_peer *peer, struct bytes vhost)
+{
+    list_for_each_safe(n, &peer->forwarders) {
+        struct proxy_forwarder *f = CONTAINER_OF(n, struct proxy_forwarder, peer_link);
+        if (!bytes_equal(f->vhost, vhost))
+            continue;
+        if (f->ch)
+            return f;
+        if (f->count == 0) {
+            forwarder_free(f); /* closed and answered: open a new one */
+            break;
+        }
+    }
+    struct proxy_forwarder *f = calloc(1, sizeof *f);
+    ASSERT(f != NULL);
+    f->peer = peer;
+    f->vhost = bytes_dup(vhost);
+    f->first_seq = 1;
+    struct link_channel_ops ops = forwarder_ops_template;
+    ops.ctx = f;
+    f->ch = link_channel_open(peer->link, vhost, true, &ops);
+    list_push_back(&peer->forwarders, &f->peer_link);
+    if (f->ch == NULL) {
+        forwarder_free(f);
+        return NULL;
+    }
+    return f;
+}
+
+static void forwarder_push(struct proxy_forwarder *f, struct forward_wait w)
+{
+    if (f->count == f->cap) {
+        uint32_t cap = f->cap ? f->cap * 2 : 64;
+        struct forward_wait *waits = malloc(sizeof *waits * cap);
+        ASSERT(waits != NULL);
+        for (uint32_t i = 0; i < f->count; i++)
+            waits[i] = f->waits[(f->head + i) & (f->cap - 1)];
+        free(f->waits);
+        f->waits = waits;
+        f->head = 0;
+        f->cap = cap;
+    }
+    f->waits[(f->head + f->count) & (f->cap - 1)] = w;
+    f->count++;
+}
+
+static bool stub_forward(struct queue *queue, struct message *message, struct confirm_sink *sink,
+                         uint64_t seq)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    struct member_peer *peer = member_peer(stub->member, stub->primary_id);
+    if (!stub->available || peer == NULL || !peer->up)
+        return false;
+    struct proxy_forwarder *f = forwarder_for(peer, queue->vhost->name);
+    if (f == NULL)
+        return false;
+    struct method m = {.id = METHOD_BASIC_QUAY_FORWARD};
+    m.basic_quay_forward.queue = queue->name;
+    m.basic_quay_forward.exchange = message_exchange(message);
+    m.basic_quay_forward.routing_key = message_routing_key(message);
+    m.basic_quay_forward.epoch = stub->epoch;
+    uint64_t link_seq = link_send_content(f->ch, &m, message);
+    ASSERT(link_seq == f->first_seq + f->count);
+    if (sink)
+        confirm_sink_ref(sink);
+    forwarder_push(f, (struct forward_wait){.sink = sink, .seq = seq});
+    return true;
+}
+
+/* ---- uplinks ---- */
+
+static struct uplink *uplink_find(struct proxy_stub *stub, uint32_t id)
+{
+    list_for_each(n, &stub->uplinks) {
+        struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
+        if (u->id == id)
+            return u;
+    }
+    return NULL;
+}
+
+static struct uplink *uplink_of_consumer(struct proxy_stub *stub, struct consumer *consumer)
+{
+    list_for_each(n, &stub->uplinks) {
+        struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
+        if (u->consumer == consumer && u->ch)
+            return u;
+    }
+    return NULL;
+}
+
+static void send_settle(struct uplink *u, uint32_t method_id, uint64_t tag, bool requeue)
+{
+    if (u->ch == NULL)
+        return; /* the upstream channel is gone: the primary requeued it already */
+    struct method m = {.id = method_id};
+    if (method_id == METHOD_BASIC_ACK) {
+        m.basic_ack.delivery_tag = tag;
+    } else if (method_id == METHOD_BASIC_REJECT) {
+        m.basic_reject.delivery_tag = tag;
+        m.basic_reject.requeue = requeue;
+    } else {
+        m.basic_nack.delivery_tag = tag;
+        m.basic_nack.requeue = requeue;
+    }
+    link_send(u->ch, &m);
+}
+
+static void uplink_free(struct uplink *u)
+{
+    ASSERT(u->held_count == 0);
+    if (u->stub->getter == u)
+        u->stub->getter = NULL;
+    if (u->ch)
+        link_channel_close(u->ch);
+    list_remove(&u->stub_link);
+    free(u->held);
+    free(u);
+}
+
+/* Frees the uplink once nothing refers to it: no local consumer, no
+ * pending get, and every upstream delivery settled. */
+static void uplink_maybe_free(struct uplink *u)
+{
+    if (u->busy || u->stub->getter == u)
+        return; /* the getter is kept for the next basic.get */
+    if (u->consumer == NULL && list_empty(&u->ops) && u->outstanding == 0 &&
+        u->held_count == 0)
+        uplink_free(u);
+}
+
+/* Gives back what waits in the uplink (requeued at the primary). */
+static void uplink_release_held(struct uplink *u)
+{
+    while (u->held_count > 0) {
+        struct queue_entry e = u->held[u->held_head].entry;
+        u->held_head = (u->held_head + 1) & (u->held_cap - 1);
+        u->held_count--;
+        send_settle(u, METHOD_BASIC_NACK, e.seq & TAG_MASK, true);
+        ASSERT(u->outstanding > 0);
+        u->outstanding--;
+        message_unref(e.message);
+    }
+}
+
+static void hold(struct uplink *u, struct queue_entry e)
+{
+    if (u->held_count == u->held_cap) {
+        uint32_t cap = u->held_cap ? u->held_cap * 2 : 16;
+        struct held *items = malloc(sizeof *items * cap);
+        ASSERT(items != NULL);
+        for (uint32_t i = 0; i < u->held_count; i++)
+            items[i] = u->held[(u->held_head + i) & (u->held_cap - 1)];
+        free(u->held);
+        u->held = items;
+        u->held_head = 0;
+        u->held_cap = cap;
+    }
+    u->held[(u->held_head + u->held_count) & (u->held_cap - 1)].entry = e;
+    u->held_count++;
+}
+
+static void give(struct uplink *u, struct queue_entry e)
+{
+    struct queue *queue = u->stub->queue;
+    queue->unacked_count++; /* settled through queue_settle & co. like any delivery */
+    u->consumer->ops->deliver(u->consumer, e);
+}
+
+static void uplink_drain(struct uplink *u)
+{
+    while (u->held_count > 0 && u->consumer && u->consumer->ops->can_take(u->consumer)) {
+        struct queue_entry e = u->held[u->held_head].entry;
+        u->held_head = (u->held_head + 1) & (u->held_cap - 1);
+        u->held_count--;
+        give(u, e);
+    }
+}
+
+static void on_uplink_deliver(void *ctx, struct bytes consumer_tag, uint64_t tag,
+                              bool redelivered, struct message *message)
+{
+    struct uplink *u = ctx;
+    (void)consumer_tag;
+    ASSERT(tag <= TAG_MASK);
+    u->outstanding++;
+    struct queue_entry e = {.message = message, .seq = (uint64_t)u->id << TAG_BITS | tag,
+                            .redelivered = redelivered};
+    if (u->consumer == NULL || u->stub->queue->deleted) {
+        send_settle(u, METHOD_BASIC_NACK, tag, true);
+        u->outstanding--;
+        message_unref(message);
+        return;
+    }
+    if (u->held_count == 0 && u->consumer->ops->can_take(u->consumer))
+        give(u, e);
+    else
+        hold(u, e);
+}
+
+/* The local consumer is told its queue went away (queue-deleted cancel). */
+static void cancel_local(struct uplink *u)
+{
+    struct consumer *consumer = u->consumer;
+    if (consumer == NULL)
+        return;
+    uplink_release_held(u);
+    u->consumer = NULL; /* queue_consumer_remove must not cancel upstream again */
+    struct queue *queue = u->stub->queue;
+    queue_ref(queue);
+    queue_consumer_remove(queue, consumer);
+    consumer->ops->cancelled(consumer);
+    queue_unref(queue);
+}
+
+static void on_uplink_cancelled(void *ctx, struct bytes consumer_tag)
+{
+    struct uplink *u = ctx;
+    (void)consumer_tag;
+    cancel_local(u);
+    uplink_maybe_free(u);
+}
+
+static void on_get_reply(void *ctx, uint64_t tag, bool redelivered, uint32_t message_count,
+                         struct message *message);
+static void fail_ops(struct uplink *u, uint16_t code, struct bytes text);
+static void on_query_reply(void *ctx, const struct method *m);
+
+static void on_uplink_closed(void *ctx, uint16_t code, struct bytes text)
+{
+    struct uplink *u = ctx;
+    u->ch = NULL;
+    if (u->stub->getter == u)
+        u->stub->getter = NULL; /* the next basic.get opens another */
+    /* The primary requeued everything this channel held. */
+    while (u->held_count > 0) {
+        message_unref(u->held[u->held_head].entry.message);
+        u->held_head = (u->held_head + 1) & (u->held_cap - 1);
+        u->held_count--;
+    }
+    u->outstanding = 0;
+    u->busy = true;
+    fail_ops(u, code, text);
+    u->busy = false;
+    if (code != 0) {
+        /* Refused (exclusive use, no such queue, ...): the local consumer
+         * cannot go on. A lost link (0) is re-attached when it returns. */
+        LOG_INFO("cluster: upstream consumer of '%.*s' closed by its primary: %u %.*s",
+                 (int)u->stub->queue->name.len, (const char *)u->stub->queue->name.ptr, code,
+                 (int)text.len, (const char *)text.ptr);
+        cancel_local(u);
+    }
+    uplink_maybe_free(u);
+}
+
+static const struct link_channel_ops uplink_ops_template = {
+    .deliver = on_uplink_deliver,
+    .cancelled = on_uplink_cancelled,
+    .closed = on_uplink_closed,
+    .get_reply = on_get_reply,
+    .reply = on_query_reply,
+};
+
+static struct uplink *uplink_open(struct proxy_stub *stub)
+{
+    struct member_peer *peer = member_peer(stub->member, stub->primary_id);
+    if (peer == NULL || !peer->up || !stub->available)
+        return NULL;
+    struct uplink *u = calloc(1, sizeof *u);
+    ASSERT(u != NULL);
+    u->stub = stub;
+    list_init(&u->ops);
+    u->id = ++stub->next_uplink_id;
+    ASSERT(u->id <= UPLINK_ID_MAX);
+    struct link_channel_ops ops = uplink_ops_template;
+    ops.ctx = u;
+    u->ch = link_channel_open(peer->link, stub->queue->vhost->name, false, &ops);
+    if (u->ch == NULL) {
+        free(u);
+        return NULL;
+    }
+    list_init(&u->ops);
+    list_push_back(&stub->uplinks, &u->stub_link);
+    return u;
+}
+
+/* Starts the upstream consumer of a local consumer. */
+static void attach(struct proxy_stub *stub, struct consumer *consumer)
+{
+    struct uplink *u = uplink_open(stub);
+    if (u == NULL)
+        return; /* attached when the primary's link comes up */
+    u->consumer = consumer;
+    uint32_t credit = channel_consumer_credit(consumer);
+    struct method qos = {.id = METHOD_BASIC_QOS};
+    qos.basic_qos.prefetch_count = (uint16_t)(credit == 0 || credit > UINT16_MAX
+                                                  ? PROXY_CREDIT_UNLIMITED
+                                                  : credit);
+    link_send(u->ch, &qos);
+    uint8_t args[64];
+    struct table_writer w;
+    table_writer_init(&w, args, sizeof args);
+    if (consumer->priority != 0)
+        table_put_int(&w, "x-priority", consumer->priority);
+    char tag[32];
+    snprintf(tag, sizeof tag, "quay-proxy-%u", u->id);
+    struct method m = {.id = METHOD_BASIC_CONSUME};
+    m.basic_consume.queue = stub->queue->name;
+    m.basic_consume.consumer_tag = bytes_of_cstr(tag);
+    m.basic_consume.exclusive = consumer->exclusive;
+    m.basic_consume.arguments = table_writer_table(&w);
+    link_send(u->ch, &m);
+}
+
+static void stub_consumer_added(struct queue *queue, struct consumer *consumer)
+{
+    attach(stub_of(queue), consumer);
+}
+
+static void stub_consumer_removed(struct queue *queue, struct consumer *consumer)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    list_for_each_safe(n, &stub->uplinks) {
+        struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
+        if (u->consumer != consumer)
+            continue;
+        uplink_release_held(u);
+        u->consumer = NULL;
+        if (u->ch) {
+            char tag[32];
+            snprintf(tag, sizeof tag, "quay-proxy-%u", u->id);
+            struct method m = {.id = METHOD_BASIC_CANCEL};
+            m.basic_cancel.consumer_tag = bytes_of_cstr(tag);
+            m.basic_cancel.no_wait = true;
+            link_send(u->ch, &m);
+        }
+        uplink_maybe_free(u);
+    }
+}
+
+static void settle_upstream(struct queue *queue, uint64_t seq, uint32_t method_id, bool requeue)
+{
+    struct uplink *u = uplink_find(stub_of(queue), (uint32_t)(seq >> TAG_BITS));
+    if (u == NULL)
+        return; /* its channel went away; the primary requeued the message */
+    send_settle(u, method_id, seq & TAG_MASK, requeue);
+    if (u->outstanding > 0)
+        u->outstanding--;
+    uplink_maybe_free(u);
+}
+
+static void stub_ack(struct queue *queue, uint64_t seq)
+{
+    settle_upstream(queue, seq, METHOD_BASIC_ACK, false);
+}
+
+static void stub_reject(struct queue *queue, uint64_t seq)
+{
+    settle_upstream(queue, seq, METHOD_BASIC_REJECT, false);
+}
+
+static void stub_release(struct queue *queue, uint64_t seq)
+{
+    settle_upstream(queue, seq, METHOD_BASIC_NACK, true);
+}
+
+static void stub_dispatch(struct queue *queue)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    list_for_each_safe(n, &stub->uplinks) {
+        uplink_drain(CONTAINER_OF(n, struct uplink, stub_link));
+    }
+}
+
+static void stub_free(struct queue *queue)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    while (!list_empty(&stub->uplinks)) {
+        struct uplink *u = CONTAINER_OF(stub->uplinks.next, struct uplink, stub_link);
+        uplink_release_held(u);
+        while (!list_empty(&u->ops)) { /* askers hold a reference: only cancelled ones */
+            struct proxy_op *op = CONTAINER_OF(list_first(&u->ops), struct proxy_op, link);
+            ASSERT(op->cancelled);
+            list_remove(&op->link);
+            free(op);
+        }
+        u->consumer = NULL;
+        uplink_free(u);
+    }
+    list_remove(&stub->member_link);
+    free(stub);
+    queue->remote = NULL;
+}
+
+static const struct queue_remote_ops stub_ops = {
+    .forward = stub_forward,
+    .consumer_added = stub_consumer_added,
+    .consumer_removed = stub_consumer_removed,
+    .ack = stub_ack,
+    .reject = stub_reject,
+    .release = stub_release,
+    .dispatch = stub_dispatch,
+    .free = stub_free,
+};
+
+/* ---- basic.get, passive declare, purge ---- */
+
+static struct proxy_op *pop_op(struct uplink *u, enum proxy_op_kind kind)
+{
+    struct list_node *first = list_first(&u->ops);
+    if (first == NULL)
+        return NULL;
+    struct proxy_op *op = CONTAINER_OF(first, struct proxy_op, link);
+    if (op->kind != kind)
+        return NULL; /* an answer out of order: the peer is confused */
+    list_remove(&op->link);
+    return op;
+}
+
+static void on_get_reply(void *ctx, uint64_t tag, bool redelivered, uint32_t message_count,
+                         struct message *message)
+{
+    struct uplink *u = ctx;
+    struct proxy_op *op = pop_op(u, PROXY_OP_GET);
+    if (op == NULL || op->cancelled) {
+        if (message) { /* nobody waits for it (any more) */
+            send_settle(u, METHOD_BASIC_NACK, tag, true);
+            message_unref(message);
+        }
+        free(op);
+        return;
+    }
+    struct queue *queue = u->stub->queue;
+    if (message) {
+        u->outstanding++;
+        queue->unacked_count++;
+    }
+    struct queue_entry e = {.message = message, .seq = (uint64_t)u->id << TAG_BITS | tag,
+                            .redelivered = redelivered};
+    u->busy = true; /* done may settle the message at once (no-ack) */
+    op->get_done(op->ctx, queue, true, message ? &e : NULL, message_count);
+    u->busy = false;
+    free(op);
+    uplink_maybe_free(u);
+}
+
+static void on_query_reply(void *ctx, const struct method *m)
+{
+    struct uplink *u = ctx;
+    if (m->id != METHOD_QUEUE_DECLARE_OK && m->id != METHOD_QUEUE_PURGE_OK)
+        return; /* basic.qos-ok and the like */
+    struct proxy_op *op = pop_op(u, PROXY_OP_QUERY);
+    if (op == NULL)
+        return;
+    if (!op->cancelled) {
+        uint32_t messages = m->id == METHOD_QUEUE_DECLARE_OK
+                                ? m->queue_declare_ok.message_count
+                                : m->queue_purge_ok.message_count;
+        uint32_t consumers =
+            m->id == METHOD_QUEUE_DECLARE_OK ? m->queue_declare_ok.consumer_count : 0;
+        op->query_done(op->ctx, u->stub->queue, 200, BYTES_LIT(""), messages, consumers);
+    }
+    free(op);
+}
+
+/* The getter's channel closed: the first op caused it (code, text); the
+ * others could not be asked (code 0). */
+static void fail_ops(struct uplink *u, uint16_t code, struct bytes text)
+{
+    struct queue *queue = u->stub->queue;
+    while (!list_empty(&u->ops)) {
+        struct proxy_op *op = CONTAINER_OF(list_first(&u->ops), struct proxy_op, link);
+        list_remove(&op->link);
+        if (!op->cancelled && op->kind == PROXY_OP_GET)
+            op->get_done(op->ctx, queue, code == 0 ? false : true, NULL, 0);
+        else if (!op->cancelled)
+            op->query_done(op->ctx, queue, code, text, 0, 0);
+        code = 0;
+        text = BYTES_LIT("");
+        free(op);
+    }
+}
+
+static struct proxy_op *op_start(struct queue *queue, enum proxy_op_kind kind, void *ctx)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    if (stub->getter == NULL || stub->getter->ch == NULL)
+        stub->getter = uplink_open(stub);
+    struct uplink *u = stub->getter;
+    if (u == NULL)
+        return NULL;
+    struct proxy_op *op = calloc(1, sizeof *op);
+    ASSERT(op != NULL);
+    op->kind = kind;
+    op->ctx = ctx;
+    list_push_back(&u->ops, &op->link);
+    return op;
+}
+
+struct proxy_op *proxy_get(struct queue *queue, proxy_get_fn done, void *ctx)
+{
+    struct proxy_op *op = op_start(queue, PROXY_OP_GET, ctx);
+    if (op == NULL)
+        return NULL;
+    op->get_done = done;
+    struct method m = {.id = METHOD_BASIC_GET};
+    m.basic_get.queue = queue->name;
+    link_send(stub_of(queue)->getter->ch, &m);
+    return op;
+}
+
+struct proxy_op *proxy_query(struct queue *queue, uint32_t method_id, proxy_query_fn done,
+                             void *ctx)
+{
+    ASSERT(method_id == METHOD_QUEUE_DECLARE || method_id == METHOD_QUEUE_PURGE);
+    struct proxy_op *op = op_start(queue, PROXY_OP_QUERY, ctx);
+    if (op == NULL)
+        return NULL;
+    op->method_id = method_id;
+    op->query_done = done;
+    struct method m = {.id = method_id};
+    if (method_id == METHOD_QUEUE_DECLARE) {
+        m.queue_declare.queue = queue->name;
+        m.queue_declare.passive = true;
+    } else {
+        m.queue_purge.queue = queue->name;
+    }
+    link_send(stub_of(queue)->getter->ch, &m);
+    return op;
+}
+
+void proxy_op_cancel(struct proxy_op *op)
+{
+    op->cancelled = true; /* freed when its answer (or the channel's end) comes */
+}
+
+/* ---- stand-ins ---- */
+
+struct queue *proxy_stub_new(struct member *member, struct vhost *vhost,
+                             const struct map_queue *mq)
+{
+    struct queue *queue = queue_new(vhost, mq->name, mq->durable, mq->exclusive,
+                                    mq->auto_delete, mq->arguments);
+    struct proxy_stub *stub = calloc(1, sizeof *stub);
+    ASSERT(stub != NULL);
+    stub->queue = queue;
+    stub->member = member;
+    stub->primary_id = mq->primary_id;
+    stub->epoch = mq->epoch;
+    stub->available = mq->available;
+    list_init(&stub->uplinks);
+    list_push_back(&member->stubs, &stub->member_link);
+    queue->remote_ops = &stub_ops;
+    queue->remote = stub;
+    return queue;
+}
+
+/* Every local consumer without a live uplink gets one. */
+static void reattach_all(struct proxy_stub *stub)
+{
+    struct queue *queue = stub->queue;
+    list_for_each_safe(n, &queue->consumers) {
+        struct consumer *c = CONTAINER_OF(n, struct consumer, queue_link);
+        if (uplink_of_consumer(stub, c) == NULL)
+            attach(stub, c);
+    }
+}
+
+/* Drops every uplink's channel: their messages go back to the primary. */
+static void detach_all(struct proxy_stub *stub)
+{
+    list_for_each_safe(n, &stub->uplinks) {
+        struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
+        uplink_release_held(u);
+        if (u->ch) {
+            link_channel_close(u->ch);
+            u->ch = NULL;
+        }
+        u->outstanding = 0;
+        if (stub->getter == u)
+            stub->getter = NULL;
+        u->busy = true;
+        fail_ops(u, 0, BYTES_LIT(""));
+        u->busy = false;
+        uplink_maybe_free(u);
+    }
+}
+
+void proxy_stub_update(struct queue *queue, const struct map_queue *mq)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    bool moved = stub->primary_id != mq->primary_id || stub->epoch != mq->epoch;
+    bool was_available = stub->available;
+    stub->primary_id = mq->primary_id;
+    stub->epoch = mq->epoch;
+    stub->available = mq->available;
+    if (!mq->available && was_available) {
+        /* Its broker is down and nobody could take over: consumers are
+         * told (cancel notifications), publishes are nacked. */
+        detach_all(stub);
+        list_for_each_safe(n, &stub->uplinks) {
+            struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
+            cancel_local(u);
+            uplink_maybe_free(u);
+        }
+        while (!list_empty(&queue->consumers)) {
+            struct consumer *c = CONTAINER_OF(queue->consumers.next, struct consumer, queue_link);
+            queue_consumer_remove(queue, c);
+            c->ops->cancelled(c);
+        }
+        return;
+    }
+    if (moved) {
+        detach_all(stub);
+        reattach_all(stub);
+    }
+}
+
+void proxy_peer_up(struct member_peer *peer)
+{
+    struct member *member = peer->member;
+    list_for_each_safe(n, &member->stubs) {
+        struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);
+        if (stub->primary_id == peer->id)
+            reattach_all(stub);
+    }
+}
+
+void proxy_peer_down(struct member_peer *peer)
+{
+    while (!list_empty(&peer->forwarders)) {
+        struct proxy_forwarder *f =
+            CONTAINER_OF(peer->forwarders.next, struct proxy_forwarder, peer_link);
+        forwarder_fail_all(f);
+        f->ch = NULL; /* gone with the link */
+        forwarder_free(f);
+    }
+    struct member *member = peer->member;
+    list_for_each_safe(n, &member->stubs) {
+        struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);
+        if (stub->primary_id != peer->id)
+            continue;
+        list_for_each_safe(m, &stub->uplinks) {
+            struct uplink *u = CONTAINER_OF(m, struct uplink, stub_link);
+            if (u->ch)
+                on_uplink_closed(u, 0, BYTES_LIT(""));
+        }
+    }
+}

@@ -1,0 +1,80 @@
+/*
+ * proxy.h: queues whose primary is another broker (DESIGN §4).
+ *
+ * A stand-in is a struct queue with remote ops (queue.h): it is bound like
+ * any queue, so routing stays local, and local clients consume from it.
+ *
+ *  - Publishes routed to it are forwarded to the primary as
+ *    basic.quay-forward on a confirm channel per (peer, vhost); the
+ *    publisher's confirm waits for the primary's (confirm_sink), and a
+ *    forward that cannot be sent or is lost with the link is nacked.
+ *  - Each local consumer has its own upstream consumer on the primary, on
+ *    its own link channel (an "uplink"), with the local consumer's credit
+ *    as its prefetch, and its exclusive flag and priority: the primary
+ *    decides exclusivity, priorities and single-active-consumer for
+ *    consumers of every broker alike. Upstream deliveries go straight to
+ *    the local consumer (or wait in the uplink while it cannot take one:
+ *    at most its credit). The delivery's seq names the upstream delivery
+ *    (uplink id << 40 | upstream tag), so the local client's ack, reject
+ *    or requeue goes upstream only once it happened here; requeues and a
+ *    cancelled consumer's waiting messages are released upstream at once.
+ *  - basic.get goes upstream on a getter uplink; the local channel waits.
+ *
+ * Memory: the proxy state of a stand-in (struct proxy_stub) is owned by
+ * the queue (queue->remote) and freed with it; uplinks are owned by their
+ * stub until their upstream deliveries are all settled; forwarders by
+ * their peer.
+ */
+#ifndef QUAY_CLUSTER_PROXY_H
+#define QUAY_CLUSTER_PROXY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "amqp/types.h"
+
+struct map_queue;
+struct member;
+struct member_peer;
+struct queue;
+struct queue_entry;
+struct vhost;
+
+/* Credit of an upstream consumer whose local consumer has no limit. */
+#define PROXY_CREDIT_UNLIMITED 256
+
+/* A stand-in for the map's queue (one reference; the caller inserts it). */
+struct queue *proxy_stub_new(struct member *member, struct vhost *vhost,
+                             const struct map_queue *mq);
+/* The map changed the queue (primary, epoch, availability). */
+void proxy_stub_update(struct queue *queue, const struct map_queue *mq);
+
+void proxy_peer_up(struct member_peer *peer);
+/* The link is down or going away: nack its forwards, drop its uplinks. */
+void proxy_peer_down(struct member_peer *peer);
+
+/* Requests to the primary on behalf of a local channel, answered in order
+ * on the stand-in's getter uplink. The asker holds a reference on the
+ * queue until done ran (or cancels: done then never runs). */
+struct proxy_op;
+
+/* basic.get: entry NULL and ok true is get-empty; ok false: the primary
+ * could not be asked. The entry's message reference passes to done. */
+typedef void (*proxy_get_fn)(void *ctx, struct queue *queue, bool ok, struct queue_entry *entry,
+                             uint32_t message_count);
+struct proxy_op *proxy_get(struct queue *queue, proxy_get_fn done, void *ctx);
+
+/* queue.declare (passive) or queue.purge at the primary: reply_code 200
+ * with its counts, the primary's refusal (code and text, as sent: with its
+ * "NAME - " prefix), or 0 when it could not be asked. */
+typedef void (*proxy_query_fn)(void *ctx, struct queue *queue, uint16_t reply_code,
+                               struct bytes reply_text, uint32_t message_count,
+                               uint32_t consumer_count);
+struct proxy_op *proxy_query(struct queue *queue, uint32_t method_id, proxy_query_fn done,
+                             void *ctx);
+
+/* The asker is gone: done will not run (a message that still arrives is
+ * released upstream). Returns NULL when the primary cannot be reached. */
+void proxy_op_cancel(struct proxy_op *op);
+
+#endif

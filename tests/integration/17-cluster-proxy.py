@@ -1,0 +1,421 @@
+"""Goal: a client on ANY broker of a cluster can declare, publish to, consume
+from, get from and ack on ANY queue, with the guarantees it has on the
+queue's primary: definitions are committed to the map before declare-ok and
+are then visible on every broker; a publish through a proxy is confirmed
+only once the primary has it; a consumer on a proxy gets exactly its
+prefetch, in order, with no loss and no duplicate; a consumer that dies on a
+proxy has its unacked messages redelivered to another consumer at once;
+basic.get works through a proxy; a broker without quorum refuses definition
+changes with 541 while the majority goes on.
+
+Method: three quayd processes on loopback (tests/cluster/clustertest.py),
+driven with pika. Which broker is a queue's primary is read from
+GET /api/queues (the map's placement); each test picks names so that the
+primary, the publisher's broker and the consumer's broker differ. Faults
+are injected with kill -9 and SIGSTOP/SIGCONT.
+"""
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
+sys.path.insert(0, HERE)
+from clustertest import Cluster, run, test, wait_until  # noqa: E402
+
+import pika  # noqa: E402
+
+cluster = None
+A = B = C = None
+
+
+def connect(member, **kw):
+    params = pika.ConnectionParameters("127.0.0.1", member.amqp_port, heartbeat=0,
+                                       blocked_connection_timeout=30, **kw)
+    return pika.BlockingConnection(params)
+
+
+def pump(conn, seconds):
+    """Processes the connection's events for that long (pika returns from
+    process_data_events as soon as it dispatched something)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        conn.process_data_events(time_limit=left)
+
+
+def api_queues(member):
+    with urllib.request.urlopen("http://127.0.0.1:%d/api/queues" % member.http_port,
+                                timeout=5) as r:
+        return json.load(r)
+
+
+def primary_of(member, name):
+    for q in api_queues(member):
+        if q["name"] == name:
+            return q["primary"]
+    return None
+
+
+def queue_on(primary, via, prefix, **declare):
+    """Declares queues named prefix-N through broker via until one is placed
+    on primary; deletes the others. Returns the name."""
+    conn = connect(via)
+    ch = conn.channel()
+    tried = []
+    try:
+        for i in range(64):
+            name = "%s-%d" % (prefix, i)
+            ch.queue_declare(name, **declare)
+            if primary_of(via, name) == primary.name:
+                for other in tried:
+                    ch.queue_delete(other)
+                return name
+            tried.append(name)
+        raise AssertionError("no name placed on %s" % primary.name)
+    finally:
+        conn.close()
+
+
+@test(timeout=120)
+def three_brokers_and_their_links():
+    global cluster, A, B, C
+    cluster = Cluster()
+    A = cluster.add("a")
+    wait_until(lambda: len(cluster.leaders([A])) == 1, 15, what="a to lead")
+    B = cluster.add("b", join=[A])
+    C = cluster.add("c", join=[A, B])
+    members = (A, B, C)
+    expect = {"a": "up", "b": "up", "c": "up"}
+    wait_until(lambda: all(m.view() and m.view().brokers == expect for m in members), 20,
+               what="three brokers up everywhere")
+    # Every broker links to the two others (one login each way per pair).
+    wait_until(lambda: all(m.log_text().count("is up") >= 2 for m in members), 10,
+               what="links up")
+
+
+@test(timeout=60)
+def declare_on_one_broker_is_visible_on_all():
+    conn = connect(B)
+    ch = conn.channel()
+    t0 = time.monotonic()
+    ch.exchange_declare("events", "topic", durable=True)
+    ch.queue_declare("visible", durable=True)
+    ch.queue_bind("visible", "events", "order.*")
+    elapsed = time.monotonic() - t0
+    print("# three definitions committed through follower b in %.1f ms" % (elapsed * 1000))
+    conn.close()
+    for m in (A, B, C):
+        c = connect(m)
+        x = c.channel()
+        x.exchange_declare("events", "topic", durable=True, passive=True)
+        ok = x.queue_declare("visible", passive=True)
+        assert ok.method.queue == "visible"
+        c.close()
+    # An inequivalent redeclare anywhere gets RabbitMQ's 406.
+    c = connect(C)
+    x = c.channel()
+    try:
+        x.queue_declare("visible", durable=False)
+        raise AssertionError("inequivalent redeclare accepted")
+    except pika.exceptions.ChannelClosedByBroker as e:
+        assert e.reply_code == 406, e
+    c.close()
+    # Routing on any broker uses the map's bindings: publish on c, get on a.
+    c = connect(C)
+    x = c.channel()
+    x.confirm_delivery()
+    x.basic_publish("events", "order.created", b"hello", mandatory=True)
+    c.close()
+    c = connect(A)
+    x = c.channel()
+    wait_until(lambda: x.queue_declare("visible", passive=True).method.message_count == 1
+               or primary_of(A, "visible") != "a", 5)
+    m, _, body = x.basic_get("visible", auto_ack=True)
+    assert body == b"hello", body
+    assert m.routing_key == "order.created" and m.exchange == "events", m
+    c.close()
+
+
+@test(timeout=120)
+def publish_on_b_to_a_consume_on_c():
+    name = queue_on(A, B, "pbc", durable=True)
+    total = 5000
+    pub = connect(B)
+    pch = pub.channel()
+    pch.confirm_delivery()
+    t0 = time.monotonic()
+    for i in range(total):
+        pch.basic_publish("", name, b"%d" % i,
+                          pika.BasicProperties(delivery_mode=2 if i % 2 else 1))
+    print("# %d confirmed publishes via proxy b in %.2f s" % (total, time.monotonic() - t0))
+    pub.close()
+    con = connect(C)
+    cch = con.channel()
+    cch.basic_qos(prefetch_count=50)
+    got = []
+
+    def on_message(ch, method, props, body):
+        got.append(int(body))
+        ch.basic_ack(method.delivery_tag)
+        if len(got) == total:
+            ch.stop_consuming()
+
+    cch.basic_consume(name, on_message)
+    deadline = time.monotonic() + 60
+    while len(got) < total and time.monotonic() < deadline:
+        con.process_data_events(time_limit=0.5)
+    con.close()
+    assert got == list(range(total)), "lost, duplicated or out of order: %d got" % len(got)
+    c = connect(A)
+    assert c.channel().queue_declare(name, passive=True).method.message_count == 0
+    c.close()
+
+
+@test(timeout=60)
+def prefetch_holds_end_to_end():
+    name = queue_on(A, C, "pf")
+    pub = connect(A)
+    pch = pub.channel()
+    for i in range(100):
+        pch.basic_publish("", name, b"%d" % i)
+    pub.close()
+    con = connect(B)
+    ch = con.channel()
+    ch.basic_qos(prefetch_count=7)
+    got = []
+    ch.basic_consume(name, lambda c, m, p, b: got.append(m.delivery_tag))
+    pump(con, 1.0)
+    assert len(got) == 7, "prefetch 7 through a proxy delivered %d" % len(got)
+    # The proxy holds nothing nobody asked for: the primary still has 93
+    # ready, and a passive declare through any broker says so.
+    for m in (A, B, C):
+        c = connect(m)
+        ok = c.channel().queue_declare(name, passive=True).method
+        c.close()
+        assert (ok.message_count, ok.consumer_count) == (93, 1), (m.name, ok)
+    ch.basic_ack(got[-1], multiple=True)
+    pump(con, 1.0)
+    assert len(got) == 14, len(got)
+    con.close()
+
+
+@test(timeout=60)
+def a_dead_consumer_on_a_proxy_gives_its_messages_back_at_once():
+    name = queue_on(A, B, "dead")
+    pub = connect(B)
+    pch = pub.channel()
+    pch.confirm_delivery()
+    for i in range(20):
+        pch.basic_publish("", name, b"%d" % i)
+    pub.close()
+    # A consumer on c takes 10 and dies without acking (its socket is cut).
+    victim = connect(C)
+    vch = victim.channel()
+    vch.basic_qos(prefetch_count=10)
+    held = []
+    vch.basic_consume(name, lambda c, m, p, b: held.append(int(b)))
+    pump(victim, 1.0)
+    assert len(held) == 10, held
+    victim._impl._transport._sock.close()  # no close handshake: a dying client
+    t0 = time.monotonic()
+    other = connect(B)
+    och = other.channel()
+    got = []
+
+    def on_message(ch, m, p, b):
+        got.append((int(b), m.redelivered))
+        ch.basic_ack(m.delivery_tag)
+
+    och.basic_consume(name, on_message)
+    deadline = time.monotonic() + 10
+    while len(got) < 20 and time.monotonic() < deadline:
+        other.process_data_events(time_limit=0.2)
+    print("# all 20 delivered to the second consumer %.2f s after the first died"
+          % (time.monotonic() - t0))
+    other.close()
+    assert sorted(b for b, _ in got) == list(range(20)), got
+    assert all(r for b, r in got if b in held), "held ones must come back redelivered"
+
+
+@test(timeout=60)
+def basic_get_through_a_proxy():
+    name = queue_on(A, A, "get")
+    c = connect(A)
+    ch = c.channel()
+    ch.confirm_delivery()
+    for i in range(3):
+        ch.basic_publish("", name, b"g%d" % i)
+    c.close()
+    c = connect(C)
+    ch = c.channel()
+    m, props, body = ch.basic_get(name, auto_ack=False)
+    assert body == b"g0" and m.message_count == 2, (body, m)
+    ch.basic_reject(m.delivery_tag, requeue=True)  # back to the primary at once
+    m, props, body = ch.basic_get(name, auto_ack=False)
+    assert body == b"g0" and m.redelivered, (body, m)
+    ch.basic_ack(m.delivery_tag)
+    m, props, body = ch.basic_get(name, auto_ack=True)
+    assert body == b"g1", body
+    m, props, body = ch.basic_get(name, auto_ack=True)
+    assert body == b"g2", body
+    assert ch.basic_get(name)[0] is None
+    c.close()
+
+
+@test(timeout=60)
+def purge_and_conditional_delete_through_a_proxy():
+    name = queue_on(A, B, "purge")
+    c = connect(A)
+    ch = c.channel()
+    for i in range(5):
+        ch.basic_publish("", name, b"x")
+    c.close()
+    c = connect(C)
+    ch = c.channel()
+    try:
+        ch.queue_delete(name, if_empty=True)
+        raise AssertionError("if_empty delete of a non-empty queue accepted")
+    except pika.exceptions.ChannelClosedByBroker as e:
+        assert e.reply_code == 406 and "not empty" in e.reply_text, e
+    ch = c.channel()
+    assert ch.queue_purge(name).method.message_count == 5
+    assert ch.queue_delete(name, if_empty=True).method.message_count == 0
+    c.close()
+    wait_until(lambda: all(primary_of(m, name) is None for m in (A, B, C)), 5,
+               what="the queue gone everywhere")
+
+
+@test(timeout=60)
+def exclusive_queues_stay_with_their_connection():
+    owner = connect(B)
+    och = owner.channel()
+    name = och.queue_declare("", exclusive=True).method.queue
+    assert primary_of(B, name) == "b"
+    other = connect(C)
+    xch = other.channel()
+    try:
+        xch.queue_declare(name, passive=True)
+        xch.basic_consume(name, lambda *a: None)
+        raise AssertionError("another connection consumed an exclusive queue")
+    except pika.exceptions.ChannelClosedByBroker as e:
+        assert e.reply_code == 405, e
+    other.close()
+    owner.close()
+    # The owner is gone: the queue goes from the map, and from every broker.
+    wait_until(lambda: all(primary_of(m, name) is None for m in (A, B, C)), 10,
+               what="the exclusive queue to be deleted everywhere")
+
+
+@test(timeout=60)
+def deleting_a_queue_cancels_consumers_on_other_brokers():
+    name = queue_on(A, A, "del")
+    con = connect(C)
+    ch = con.channel()
+    cancelled = []
+    ch.basic_consume(name, lambda *a: None)
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame))
+    pump(con, 0.3)
+    d = connect(B)
+    d.channel().queue_delete(name)
+    d.close()
+    deadline = time.monotonic() + 5
+    while not cancelled and time.monotonic() < deadline:
+        con.process_data_events(time_limit=0.2)
+    assert cancelled, "no basic.cancel reached the consumer on c"
+    con.close()
+
+
+@test(timeout=120)
+def a_minority_refuses_definition_changes():
+    # Stop two of three brokers (a minority of one is left), in the order
+    # that keeps the leader among the stopped ones half of the time.
+    survivor = C
+    stopped = [A, B]
+    for m in stopped:
+        m.proc.send_signal(signal.SIGSTOP)
+    try:
+        c = connect(survivor)
+        ch = c.channel()
+        t0 = time.monotonic()
+        try:
+            ch.queue_declare("minority-q")
+            raise AssertionError("a minority committed a declare")
+        except (pika.exceptions.ConnectionClosedByBroker,
+                pika.exceptions.StreamLostError) as e:
+            code = getattr(e, "reply_code", None)
+            assert code == 541, e
+        print("# minority refused a declare after %.1f s" % (time.monotonic() - t0))
+    finally:
+        for m in stopped:
+            m.proc.send_signal(signal.SIGCONT)
+    # The cluster goes on once they are back.
+    wait_until(lambda: len(cluster.leaders([A, B, C])) == 1, 15, what="a leader again")
+    c = connect(survivor)
+    c.channel().queue_declare("after-minority")
+    c.close()
+
+
+@test(timeout=120)
+def a_killed_primary_makes_its_queues_unavailable_until_it_returns():
+    name = queue_on(A, B, "lost", durable=True)
+    c = connect(B)
+    ch = c.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("", name, b"kept", pika.BasicProperties(delivery_mode=2))
+    c.close()
+    con = connect(C)
+    cch = con.channel()
+    cancelled = []
+    cch.add_on_cancel_callback(lambda frame: cancelled.append(frame))
+    cch.basic_qos(prefetch_count=1)
+    cch.basic_consume(name, lambda c_, m, p, b: None)
+    pump(con, 0.5)
+    A.kill()
+    deadline = time.monotonic() + 10
+    while not cancelled and time.monotonic() < deadline:
+        con.process_data_events(time_limit=0.2)
+    assert cancelled, "the consumer on c was not told its queue is unavailable"
+    con.close()
+    # A publish to it through b is nacked, never silently dropped.
+    c = connect(B)
+    ch = c.channel()
+    ch.confirm_delivery()
+    try:
+        ch.basic_publish("", name, b"refused", mandatory=False)
+        raise AssertionError("a publish to an unavailable queue was confirmed")
+    except pika.exceptions.NackError:
+        pass
+    c.close()
+    A.start()
+    wait_until(lambda: all(m.view() and m.view().brokers.get("a") == "up" for m in (A, B, C)),
+               20, what="a back up")
+
+    def got_kept():
+        c = connect(C)
+        try:
+            m, _, body = c.channel().basic_get(name, auto_ack=True)
+            return body == b"kept"
+        except pika.exceptions.ChannelClosedByBroker:
+            return False
+        finally:
+            if c.is_open:
+                c.close()
+    wait_until(got_kept, 15, what="the durable message back through a proxy")
+
+
+def cleanup(failed):
+    if cluster is None:
+        return []
+    cluster.failed = failed
+    return cluster.close()
+
+
+if __name__ == "__main__":
+    run(cleanup)
