@@ -136,6 +136,23 @@ static void fail_unreachable(struct channel *ch, const struct queue *queue, uint
                   (int)ch->vhost->name.len, (const char *)ch->vhost->name.ptr);
 }
 
+static void redeclare(struct channel *ch, const struct queue *stub)
+{
+    struct broker *broker = ch->connection->broker;
+    uint32_t self = cluster_node_id(broker->cluster);
+    struct map_queue_decl decl = {
+        .vhost = ch->vhost->name, .name = stub->name, .durable = stub->durable,
+        .auto_delete = stub->auto_delete,
+        .arguments = {stub->arguments.ptr, (uint32_t)stub->arguments.len},
+        .primary_id = member_place_queue(broker->member, ch->vhost->name, stub->name,
+                                         stub->auto_delete),
+        .replication_factor = 1};
+    struct map_cmd cmd;
+    if (map_cmd_queue_declare(&cmd, &decl, self) == OK)
+        channel__cluster_submit(ch, METHOD_QUEUE_DECLARE, ch->remote_no_wait, &cmd, stub->name,
+                                0);
+}
+
 static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes text,
                      uint32_t messages, uint32_t consumers)
 {
@@ -145,7 +162,11 @@ static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes
     ch->remote_op = NULL;
     ch->remote_queue = NULL;
     connection_release(ch->connection);
-    if (code == 0) {
+    if (code == REPLY_NOT_FOUND && method_id == METHOD_QUEUE_DECLARE && !ch->remote_passive) {
+        /* Deleted at its primary, and our map has not heard yet: declare
+         * it anew (the map decides, as for any declare). */
+        redeclare(ch, queue);
+    } else if (code == 0) {
         fail_unreachable(ch, queue, method_id);
     } else if (code != REPLY_SUCCESS) {
         /* The primary's text already starts with its "NAME - ". */
@@ -201,6 +222,7 @@ void channel__remote_query(struct channel *ch, struct queue *queue, const struct
     ch->remote_no_wait = m->id == METHOD_QUEUE_DECLARE ? m->queue_declare.no_wait
                          : m->id == METHOD_QUEUE_PURGE ? m->queue_purge.no_wait
                                                        : m->queue_delete.no_wait;
+    ch->remote_passive = m->id == METHOD_QUEUE_DECLARE && m->queue_declare.passive;
     ch->remote_if_unused = m->id == METHOD_QUEUE_DELETE && m->queue_delete.if_unused;
     ch->remote_if_empty = m->id == METHOD_QUEUE_DELETE && m->queue_delete.if_empty;
     ch->remote_queue = queue;

@@ -131,7 +131,7 @@ struct channel {
     struct proxy_op *remote_op;
     struct queue *remote_queue;       /* one reference while remote_op waits */
     uint32_t remote_method;
-    bool remote_no_ack, remote_no_wait, remote_if_unused, remote_if_empty;
+    bool remote_no_ack, remote_no_wait, remote_passive, remote_if_unused, remote_if_empty;
 
     struct list_node tx_ops;          /* struct tx_op, in arrival order */
     uint64_t tx_ticket;               /* journal ticket the current commit needs */

@@ -190,8 +190,10 @@ int controller_fail_over(const struct cluster_map *map, const struct controller_
     }
     for (uint32_t i = 0; i < map->exchanges_count; i++) {
         const struct map_exchange *x = map->exchanges[i];
+        if (x->owner_id != broker_id)
+            continue;
         uint32_t owner = placement_pick_owner(&p, x->vhost->name, x->name);
-        if (x->owner_id != broker_id || owner == BROKER_ID_NONE)
+        if (owner == BROKER_ID_NONE)
             continue;
         struct map_cmd cmd;
         push(out, map_cmd_exchange_set_owner(&cmd, x->vhost->name, x->name, owner), &cmd);
@@ -314,6 +316,8 @@ int controller_rebalance(const struct cluster_map *map, const struct controller_
     for (uint32_t i = 0; i < map->exchanges_count; i++) {
         const struct map_exchange *x = map->exchanges[i];
         const struct map_broker *owner = cluster_map_broker(map, x->owner_id);
+        if (owner == NULL)
+            continue; /* predeclared: owned by no broker */
         uint32_t next = placement_pick_owner(&p, x->vhost->name, x->name);
         if (owner->state == BROKER_STATE_UP || next == BROKER_ID_NONE)
             continue;

@@ -199,6 +199,8 @@ static void queue_count(struct cluster_map *map, const struct map_queue *q, int 
 
 static void exchange_count(struct cluster_map *map, const struct map_exchange *x, int delta)
 {
+    if (x->owner_id == BROKER_ID_NONE)
+        return; /* predeclared: every broker's */
     struct map_broker *b = cluster_map_broker(map, x->owner_id);
     ASSERT(b != NULL);
     ASSERT(delta == 1 || b->exchanges_owned_count > 0);
@@ -678,6 +680,32 @@ static int op_broker_state(struct apply_ctx *ctx)
 
 /* ---- vhosts and users ----------------------------------------------------- */
 
+/* Every vhost has RabbitMQ's predeclared exchanges, owned by no broker
+ * (each broker has its own copy), so bindings from them are map bindings
+ * like any other. Snapshots leave them out: the vhost makes them. */
+static const struct {
+    const char *name, *type;
+    bool internal;
+} predeclared_exchanges[] = {
+    {"amq.direct", "direct", false}, {"amq.fanout", "fanout", false},
+    {"amq.topic", "topic", false},   {"amq.headers", "headers", false},
+    {"amq.match", "headers", false}, {"amq.rabbitmq.trace", "topic", true},
+};
+
+static struct map_exchange *exchange_insert(struct cluster_map *map, struct map_vhost *v,
+                                            const struct map_exchange_decl *d);
+
+static void add_predeclared(struct cluster_map *map, struct map_vhost *v)
+{
+    for (size_t i = 0; i < sizeof predeclared_exchanges / sizeof predeclared_exchanges[0]; i++) {
+        struct map_exchange_decl d = {
+            .vhost = v->name, .name = bytes_of_cstr(predeclared_exchanges[i].name),
+            .type = bytes_of_cstr(predeclared_exchanges[i].type), .durable = true,
+            .internal = predeclared_exchanges[i].internal, .owner_id = BROKER_ID_NONE};
+        exchange_insert(map, v, &d);
+    }
+}
+
 static int op_vhost_put(struct apply_ctx *ctx)
 {
     struct bytes name = read_name(&ctx->reader, "name");
@@ -700,6 +728,7 @@ static int op_vhost_put(struct apply_ctx *ctx)
     v->index = map->vhosts_count;
     map->vhosts[map->vhosts_count++] = v;
     hmap_put(&map->vhost_index, v->name, v);
+    add_predeclared(map, v);
     ctx->change->changed = true;
     return OK;
 }
@@ -814,6 +843,28 @@ static void read_exchange_decl(struct cmd_reader *r, struct map_exchange_decl *d
     d->owner_id = read_broker_id(r, "owner");
 }
 
+static struct map_exchange *exchange_insert(struct cluster_map *map, struct map_vhost *v,
+                                            const struct map_exchange_decl *d)
+{
+    struct map_exchange *x = xcalloc(1, sizeof(*x));
+    x->vhost = v;
+    x->name = bytes_dup(d->name);
+    x->type = bytes_dup(d->type);
+    x->durable = d->durable;
+    x->auto_delete = d->auto_delete;
+    x->internal = d->internal;
+    x->arguments = bytes_dup((struct bytes){d->arguments.ptr, d->arguments.len});
+    x->owner_id = d->owner_id;
+    list_init(&x->bindings_out);
+    list_init(&x->bindings_in);
+    ptr_array_reserve((void ***)&map->exchanges, map->exchanges_count, &map->exchanges_cap);
+    x->index = map->exchanges_count;
+    map->exchanges[map->exchanges_count++] = x;
+    hmap_put(&v->exchanges, x->name, x);
+    exchange_count(map, x, +1);
+    return x;
+}
+
 static int op_exchange_declare(struct apply_ctx *ctx)
 {
     struct map_exchange_decl d;
@@ -837,22 +888,7 @@ static int op_exchange_declare(struct apply_ctx *ctx)
         return rc;
     if (map->exchanges_count == CLUSTER_EXCHANGES_MAX)
         return refuse(ctx, REPLY_PRECONDITION_FAILED, false, "exchange limit reached");
-    x = xcalloc(1, sizeof(*x));
-    x->vhost = v;
-    x->name = bytes_dup(d.name);
-    x->type = bytes_dup(d.type);
-    x->durable = d.durable;
-    x->auto_delete = d.auto_delete;
-    x->internal = d.internal;
-    x->arguments = bytes_dup((struct bytes){d.arguments.ptr, d.arguments.len});
-    x->owner_id = d.owner_id;
-    list_init(&x->bindings_out);
-    list_init(&x->bindings_in);
-    ptr_array_reserve((void ***)&map->exchanges, map->exchanges_count, &map->exchanges_cap);
-    x->index = map->exchanges_count;
-    map->exchanges[map->exchanges_count++] = x;
-    hmap_put(&v->exchanges, x->name, x);
-    exchange_count(map, x, +1);
+    x = exchange_insert(map, v, &d);
     ctx->change->exchange = x;
     ctx->change->changed = true;
     return OK;
@@ -1841,6 +1877,8 @@ static void encode_snapshot_exchanges(struct table_writer *w, const struct clust
     size_t a = table_put_array_begin(w, "exchanges");
     for (uint32_t i = 0; i < map->exchanges_count; i++) {
         const struct map_exchange *x = map->exchanges[i];
+        if (x->owner_id == BROKER_ID_NONE)
+            continue; /* predeclared: its vhost makes it again */
         struct map_exchange_decl d = {x->vhost->name, x->name,        x->type,
                                       x->durable,     x->auto_delete, x->internal,
                                       {x->arguments.ptr, x->arguments.len}, x->owner_id};

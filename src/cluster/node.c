@@ -536,9 +536,10 @@ static int propose(struct cluster_node *node, struct map_cmd *cmd, enum proposal
                    uint32_t broker_id);
 
 /* libraft tells followers the commit index only with the next entries or
- * heartbeat (up to NODE_HEARTBEAT_MS later), and a follower answers its
- * client only once it applied the change. An empty entry right after a
- * follower's request committed carries the new commit index at once. */
+ * heartbeat (up to NODE_HEARTBEAT_MS later): a follower would answer its
+ * client late, and its clients would see a definition changed elsewhere
+ * late. An empty entry right after a request committed carries the new
+ * commit index at once. */
 static void nudge(struct cluster_node *node)
 {
     if (node->nudge_in_flight) {
@@ -592,8 +593,8 @@ static void on_proposal_done(void *req_ctx, int status, void *result)
         }
         break;
     case PROPOSAL_REQUEST:
-        if (status == OK && p->broker_id != node->id && !node->stopping)
-            nudge(node);
+        if (status == OK && !node->stopping)
+            nudge(node); /* the followers' clients may depend on it at once */
         break; /* a request not applied is sent again by request_tick */
     case PROPOSAL_OTHER:
         break;
@@ -1350,6 +1351,10 @@ void cluster_node_write_json(void *ctx, struct json *body)
     else
         json_null(body);
     json_kv_uint(body, "epoch", map->version);
+    json_kv_uint(body, "queues", map->queues_count);
+    json_kv_uint(body, "exchanges", map->exchanges_count);
+    json_kv_uint(body, "bindings", map->bindings_count);
+    json_kv_uint(body, "map_bytes", cluster_map_memory_size(map));
     json_key(body, "brokers");
     json_array_begin(body);
     for (uint32_t i = 0; i < map->brokers_count; i++) {

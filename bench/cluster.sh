@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# bench/cluster.sh -- quay clusters on this machine (issue 5's rows).
+#
+#   proxy   3 brokers a, b, c. One queue whose primary is a. 1 KiB messages, confirms,
+#           prefetch 100 (the reference row's settings): first published and consumed on a
+#           ("local"), then published via b and consumed via c ("proxied"). Interleaved REPS
+#           times; prints medians and proxied/local.
+#   scale   5 brokers; quayscale declares SCALE_QUEUES queues (one binding each) through
+#           broker 2; reports declares/s, the map's size, each broker's RSS, then the time a
+#           6th broker takes from start to "caught up with the map" (it has every definition).
+#
+# Usage: bench/cluster.sh [proxy] [scale]      (default: both)
+# Environment: QUAYD=build/quayd REPS=3 DURATION=10 SCALE_QUEUES=10000 BASE_PORT=6100
+#              BENCH_OUT=build/bench KEEP_TMP=0
+# Needs: bench/quaybench and bench/quayscale (built here with cc, like bench/run.sh), curl,
+# /usr/bin/python3 with pika (scripts/setup.sh installs both).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+QUAYD=${QUAYD:-build/quayd}
+REPS=${REPS:-3}
+DURATION=${DURATION:-10}
+SCALE_QUEUES=${SCALE_QUEUES:-10000}
+BASE_PORT=${BASE_PORT:-6100}
+BENCH_OUT=${BENCH_OUT:-build/bench}
+KEEP_TMP=${KEEP_TMP:-0}
+ROWS=${*:-proxy scale}
+
+mkdir -p "$BENCH_OUT"
+LIBS=$(pkg-config --cflags --libs librabbitmq)
+for tool in quaybench quayscale; do
+  if [ ! -x "$BENCH_OUT/$tool" ] || [ "bench/$tool.c" -nt "$BENCH_OUT/$tool" ]; then
+    cc -O2 -std=c17 -Wall -Wextra -o "$BENCH_OUT/$tool" "bench/$tool.c" $LIBS -lpthread -lm
+  fi
+done
+
+TMP=$(mktemp -d /tmp/quay-cluster-bench.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  if [ "$KEEP_TMP" = 1 ]; then echo "# kept $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$TMP/secret"
+
+amqp_port() { echo $((BASE_PORT + $1)); }
+cluster_port() { echo $((BASE_PORT + 20 + $1)); }
+http_port() { echo $((BASE_PORT + 40 + $1)); }
+
+# start N [JOIN_INDEX]: broker N (1-based), joining broker JOIN_INDEX's cluster port.
+start() {
+  local n=$1 join=${2:-}
+  local args=(--name "b$n" --listen "127.0.0.1:$(amqp_port "$n")" --data "$TMP/b$n"
+              --cluster-listen "127.0.0.1:$(cluster_port "$n")" --cluster-secret-file "$TMP/secret"
+              --http "127.0.0.1:$(http_port "$n")" --log-level info)
+  [ -n "$join" ] && args+=(--join "127.0.0.1:$(cluster_port "$join")")
+  "$QUAYD" "${args[@]}" > "$TMP/b$n.log" 2>&1 &
+  PIDS+=($!)
+  eval "PID_$n=$!"
+}
+
+# up_count N: how many brokers broker N's map has up.
+up_count() {
+  curl -s "http://127.0.0.1:$(http_port "$1")/api/cluster" |
+    /usr/bin/python3 -c 'import json,sys; print(sum(b["state"]=="up" for b in json.load(sys.stdin)["brokers"]))' 2>/dev/null || echo 0
+}
+
+wait_up() { # wait_up BROKER COUNT
+  for _ in $(seq 1 300); do
+    [ "$(up_count "$1")" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  echo "broker $1 never saw $2 brokers up" >&2; exit 1
+}
+
+form() { # form N: brokers 1..N, all up in broker 1's map
+  start 1; wait_up 1 1
+  for n in $(seq 2 "$1"); do start "$n" 1; done
+  wait_up 1 "$1"
+  for n in $(seq 2 "$1"); do wait_up "$n" "$1"; done
+}
+
+stop_all() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  PIDS=()
+  rm -rf "$TMP"/b[0-9]*
+}
+
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p"; }
+
+row_proxy() {
+  form 3
+  # A queue prefix whose "<prefix>-0" lands on broker 1 when declared through broker 2.
+  local prefix
+  prefix=$(/usr/bin/python3 - "$(amqp_port 2)" "$(http_port 2)" <<'EOF'
+import json, sys, urllib.request
+import pika
+port, http = int(sys.argv[1]), int(sys.argv[2])
+c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+ch = c.channel()
+for i in range(200):
+    name = "proxybench%d-0" % i
+    ch.queue_declare(name)
+    qs = json.load(urllib.request.urlopen("http://127.0.0.1:%d/api/queues" % http))
+    primary = [q["primary"] for q in qs if q["name"] == name][0]
+    ch.queue_delete(name)
+    if primary == "b1":
+        print("proxybench%d" % i)
+        break
+c.close()
+EOF
+)
+  [ -n "$prefix" ] || { echo "no queue name placed on b1" >&2; exit 1; }
+  local common=(-P 1 -C 1 -s 1024 --confirm --prefetch 100 -d "$DURATION" --prefix "$prefix")
+  local local_rates=() proxy_rates=()
+  for rep in $(seq 1 "$REPS"); do
+    local r
+    r=$("$BENCH_OUT/quaybench" -H 127.0.0.1 -p "$(amqp_port 1)" --consumer-port "$(amqp_port 1)" \
+        "${common[@]}" | grep '^RESULT')
+    local_rates+=("$(echo "$r" | field cons_rate)")
+    r=$("$BENCH_OUT/quaybench" -H 127.0.0.1 -p "$(amqp_port 2)" --consumer-port "$(amqp_port 3)" \
+        "${common[@]}" | grep '^RESULT')
+    proxy_rates+=("$(echo "$r" | field cons_rate)")
+    echo "# rep $rep: local ${local_rates[-1]} msg/s, via b2 -> b1 -> b3 ${proxy_rates[-1]} msg/s"
+    echo "#   $r"
+  done
+  local lm pm
+  lm=$(printf '%s\n' "${local_rates[@]}" | median)
+  pm=$(printf '%s\n' "${proxy_rates[@]}" | median)
+  echo "ROW proxy local=$lm proxied=$pm ratio=$(awk -v a="$pm" -v b="$lm" 'BEGIN{printf "%.2f", a/b}')"
+  stop_all
+}
+
+rss_kib() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
+
+row_scale() {
+  form 5
+  local before=()
+  for n in 1 2 3 4 5; do eval "before+=(\$(rss_kib \$PID_$n))"; done
+  local r
+  r=$("$BENCH_OUT/quayscale" queues -H 127.0.0.1 -p "$(amqp_port 2)" -n "$SCALE_QUEUES" --keep \
+      --prefix scale | grep '^RESULT')
+  echo "# $r"
+  sleep 2
+  local rss=""
+  for n in 1 2 3 4 5; do
+    eval "local p=\$PID_$n"
+    rss="$rss b$n=$(( $(rss_kib "$p") / 1024 ))MiB(+$(( ($(rss_kib "$p") - ${before[$((n-1))]}) / 1024 )))"
+  done
+  local map
+  map=$(curl -s "http://127.0.0.1:$(http_port 1)/api/cluster" |
+        /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print("epoch=%s map_bytes=%s queues=%s" % (d["epoch"], d.get("map_bytes"), d.get("queues")))')
+  local t0 t1
+  t0=$(date +%s.%N)
+  start 6 1
+  for _ in $(seq 1 600); do
+    grep -q "caught up with the map" "$TMP/b6.log" && break
+    sleep 0.05
+  done
+  t1=$(date +%s.%N)
+  grep -q "caught up with the map" "$TMP/b6.log" || { echo "b6 never caught up" >&2; exit 1; }
+  sleep 1
+  echo "ROW scale brokers=5 queues=$SCALE_QUEUES declares_per_s=$(echo "$r" | field declares_per_s) $map" \
+       "join_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}')" \
+       "rss:$rss b6=$(( $(rss_kib "$PID_6") / 1024 ))MiB"
+  stop_all
+}
+
+for row in $ROWS; do
+  case "$row" in
+    proxy) row_proxy ;;
+    scale) row_scale ;;
+    *) echo "unknown row $row" >&2; exit 2 ;;
+  esac
+done
