@@ -9,6 +9,9 @@
  */
 #include "broker/connection.h"
 
+#include "cluster/events.h"
+#include "cluster/node.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -434,7 +437,13 @@ static void handle_open(struct connection *connection, const struct method *m)
     connection->vhost = vhost;
     connection->state = CONNECTION_STATE_OPEN;
     struct method ok = {.id = METHOD_CONNECTION_OPEN_OK};
-    ok.connection_open_ok.reserved_1 = BYTES_LIT("");
+    /* known-hosts: in a cluster, where else a client may reconnect. */
+    char hosts[256];
+    size_t hosts_len = 0;
+    if (connection->broker->cluster)
+        hosts_len = events_known_hosts(cluster_node_map(connection->broker->cluster), hosts,
+                                       sizeof hosts);
+    ok.connection_open_ok.reserved_1 = (struct bytes){(const uint8_t *)hosts, (uint32_t)hosts_len};
     connection_send_method(connection, 0, &ok);
     LOG_DEBUG("conn=%llu peer=%s user=%s vhost=%.*s open", (unsigned long long)connection->conn.id,
               connection->conn.peer_name, connection->user->name, (int)name.len,

@@ -690,6 +690,7 @@ static const struct {
     {"amq.direct", "direct", false}, {"amq.fanout", "fanout", false},
     {"amq.topic", "topic", false},   {"amq.headers", "headers", false},
     {"amq.match", "headers", false}, {"amq.rabbitmq.trace", "topic", true},
+    {"amq.quay.cluster", "topic", true}, /* cluster/events.c */
 };
 
 static struct map_exchange *exchange_insert(struct cluster_map *map, struct map_vhost *v,

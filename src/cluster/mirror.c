@@ -12,6 +12,7 @@
 #include "broker/exchange.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "cluster/events.h"
 #include "cluster/map.h"
 #include "cluster/member.h"
 #include "cluster/node.h"
@@ -27,7 +28,9 @@ static bool predeclared(struct bytes name)
 
 static struct vhost *vhost_for(struct member *member, struct bytes name)
 {
-    return broker_add_vhost(member->broker, name);
+    struct vhost *vhost = broker_add_vhost(member->broker, name);
+    events_ensure_exchange(vhost);
+    return vhost;
 }
 
 /* ---- exchanges ---- */
@@ -161,7 +164,33 @@ static void apply_binding(struct member *member, const struct map_binding_decl *
 
 /* ---- one change ---- */
 
+static void mirror_apply(struct member *member, const struct map_change *c);
+
+static const char *broker_event(const struct member *member, const struct map_change *c)
+{
+    if (c->op == MAP_OP_BROKER_JOIN)
+        return "joined";
+    if (c->op == MAP_OP_BROKER_LEAVE)
+        return "left";
+    const struct map_broker *b = cluster_map_broker(member_map(member), c->broker_id);
+    return b ? broker_state_name(b->state) : "unknown";
+}
+
 void mirror_change(struct member *member, const struct map_change *c)
+{
+    mirror_apply(member, c);
+    switch (c->op) {
+    case MAP_OP_BROKER_JOIN:
+    case MAP_OP_BROKER_LEAVE:
+    case MAP_OP_BROKER_STATE:
+        events_map_changed(member, c, broker_event(member, c));
+        break;
+    default:
+        events_map_changed(member, c, NULL);
+    }
+}
+
+static void mirror_apply(struct member *member, const struct map_change *c)
 {
     switch (c->op) {
     case MAP_OP_BROKER_JOIN:
@@ -282,6 +311,7 @@ void mirror_all(struct member *member, bool drop_strays_too)
     struct hmap_entry *e;
     for (uint32_t i = 0; hmap_next(&member->broker->vhosts, &i, &e);) {
         struct vhost *vhost = e->value;
+        events_ensure_exchange(vhost);
         if (drop_strays_too)
             drop_strays(member, vhost);
         rebind_all(member, vhost);

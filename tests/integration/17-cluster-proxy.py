@@ -17,6 +17,7 @@ are injected with kill -9 and SIGSTOP/SIGCONT.
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -26,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
 from clustertest import Cluster, run, test, wait_until  # noqa: E402
+from quaytest import handshake  # noqa: E402
 
 import pika  # noqa: E402
 
@@ -140,6 +142,44 @@ def declare_on_one_broker_is_visible_on_all():
     m, _, body = x.basic_get("visible", auto_ack=True)
     assert body == b"hello", body
     assert m.routing_key == "order.created" and m.exchange == "events", m
+    c.close()
+
+
+@test(timeout=60)
+def clients_learn_the_cluster():
+    # connection.open-ok's known-hosts lists every broker's AMQP address.
+    sock = socket.create_connection(("127.0.0.1", C.amqp_port), timeout=5)
+    hosts = set(handshake(sock)["known_hosts"].split(","))
+    sock.close()
+    assert hosts == {"127.0.0.1:%d" % m.amqp_port for m in (A, B, C)}, hosts
+    # amq.quay.cluster: bind to it anywhere, never publish to it.
+    c = connect(C)
+    ch = c.channel()
+    events = ch.queue_declare("", exclusive=True).method.queue
+    ch.queue_bind(events, "amq.quay.cluster", "queue.#")
+    d = connect(A)
+    d.channel().queue_declare("evt-q", durable=True)
+    d.close()
+    m = body = None
+    for _ in range(50):
+        m, props, body = ch.basic_get(events, auto_ack=True)
+        if m is not None:
+            break
+        time.sleep(0.05)
+    assert m is not None, "no event for a placed queue"
+    assert m.routing_key == "queue.placed./.evt-q", m.routing_key
+    assert props.content_type == "application/json", props
+    ev = json.loads(body)
+    assert ev["queue"] == "evt-q" and ev["primary"] in ("a", "b", "c"), ev
+    assert sorted(b["name"] for b in ev["brokers"]) == ["a", "b", "c"], ev
+    time.sleep(0.2)
+    assert ch.basic_get(events)[0] is None, "an event delivered twice"
+    try:
+        ch.basic_publish("amq.quay.cluster", "queue.fake", b"{}")
+        ch.queue_declare(events, passive=True)  # the close arrives by now
+        raise AssertionError("a client published to amq.quay.cluster")
+    except pika.exceptions.ChannelClosedByBroker as e:
+        assert e.reply_code == 403, e
     c.close()
 
 
@@ -372,6 +412,8 @@ def a_killed_primary_makes_its_queues_unavailable_until_it_returns():
     c.close()
     con = connect(C)
     cch = con.channel()
+    watch = cch.queue_declare("", exclusive=True).method.queue
+    cch.queue_bind(watch, "amq.quay.cluster", "broker.#")
     cancelled = []
     cch.add_on_cancel_callback(lambda frame: cancelled.append(frame))
     cch.basic_qos(prefetch_count=1)
@@ -382,6 +424,14 @@ def a_killed_primary_makes_its_queues_unavailable_until_it_returns():
     while not cancelled and time.monotonic() < deadline:
         con.process_data_events(time_limit=0.2)
     assert cancelled, "the consumer on c was not told its queue is unavailable"
+    keys = []
+    while True:
+        m, props, body = cch.basic_get(watch, auto_ack=True)
+        if m is None:
+            break
+        keys.append(m.routing_key)
+        states = {b["name"]: b["state"] for b in json.loads(body)["brokers"]}
+    assert "broker.down.a" in keys and states["a"] == "down", (keys, states)
     con.close()
     # A publish to it through b is nacked, never silently dropped.
     c = connect(B)

@@ -705,7 +705,8 @@ def handshake(sock, user="guest", password="guest", mechanism="PLAIN", vhost="/"
     info["channel_max"] = neg(channel_max, s_chmax)
     sock.sendall(gen_tune_ok(info["channel_max"], info["frame_max"], heartbeat))
     sock.sendall(gen_open(vhost))
-    expect_method(sock, *CONNECTION_OPEN_OK)
+    m = expect_method(sock, *CONNECTION_OPEN_OK)
+    info["known_hosts"] = m.args.shortstr()
     return info
 
 

@@ -223,6 +223,50 @@ static void test_exchanges_bindings(void **state)
     cluster_map_free(&map);
 }
 
+/* Every vhost has the predeclared exchanges, owned by no broker: bindings
+ * from them are map bindings, and a snapshot leaves them to the vhost. */
+static void test_predeclared_exchanges(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    struct map_cmd c_;
+    const char *names[] = {"amq.direct", "amq.fanout", "amq.topic", "amq.headers", "amq.match",
+                           "amq.rabbitmq.trace", "amq.quay.cluster"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        struct map_exchange *x = cluster_map_exchange(&map, B("/"), B(names[i]));
+        assert_non_null(x);
+        assert_int_equal(x->owner_id, BROKER_ID_NONE);
+    }
+    assert_true(cluster_map_exchange(&map, B("/"), B("amq.quay.cluster"))->internal);
+    for (uint32_t id = 1; id <= 3; id++)
+        assert_int_equal(cluster_map_broker(&map, id)->exchanges_owned_count, 0);
+    struct map_queue_decl q = queue_decl("/", "q1", 1, 0);
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &q, 1));
+    struct map_binding_decl b = {.vhost = B("/"), .source = B("amq.direct"),
+                                 .destination_kind = MAP_DESTINATION_QUEUE,
+                                 .destination = B("q1"), .routing_key = B("q1")};
+    APPLY_OK(&map, map_cmd_bind(&c_, &b));
+    assert_true(last.changed);
+    /* The binding's parts come back with the change, for the mirror. */
+    assert_true(bytes_equal(last.binding.destination, B("q1")));
+    /* A dead broker owns none of them: failover leaves them alone. */
+    APPLY_OK(&map, map_cmd_broker_state(&c_, 1, BROKER_STATE_DOWN));
+    uint8_t *snap;
+    size_t size;
+    assert_int_equal(cluster_map_snapshot_alloc(&map, &snap, &size), OK);
+    struct cluster_map copy;
+    cluster_map_init(&copy);
+    assert_int_equal(cluster_map_snapshot_read(&copy, snap, size), OK);
+    assert_true(cluster_map_verify(&copy));
+    assert_int_equal(copy.exchanges_count, map.exchanges_count);
+    assert_int_equal(copy.bindings_count, 1);
+    assert_int_equal(cluster_map_exchange(&copy, B("/"), B("amq.direct"))->bindings_out_count, 1);
+    free(snap);
+    cluster_map_free(&copy);
+    cluster_map_free(&map);
+}
+
 static void test_queue_declare_races(void **state)
 {
     (void)state;
@@ -675,6 +719,7 @@ int main(void)
         cmocka_unit_test(test_brokers),
         cmocka_unit_test(test_vhosts_users),
         cmocka_unit_test(test_exchanges_bindings),
+        cmocka_unit_test(test_predeclared_exchanges),
         cmocka_unit_test(test_queue_declare_races),
         cmocka_unit_test(test_queue_ownership),
         cmocka_unit_test(test_all_valid_commands_apply),
