@@ -460,6 +460,32 @@ def a_killed_primary_makes_its_queues_unavailable_until_it_returns():
     wait_until(got_kept, 15, what="the durable message back through a proxy")
 
 
+@test(timeout=120)
+def a_killed_leader_is_replaced_and_definitions_stay():
+    members = [A, B, C]
+    leader = cluster.leaders(members)[0]
+    others = [m for m in members if m is not leader]
+    t0 = leader.kill()
+    wait_until(lambda: len(cluster.leaders(others)) == 1, 10, what="a new leader")
+    elapsed = time.monotonic() - t0
+    print("# new leader %.2f s after kill -9 of the old one" % elapsed)
+    # The map lost nothing: what was declared is there, and changes go on.
+    for m in others:
+        c = connect(m)
+        ch = c.channel()
+        ch.exchange_declare("events", "topic", durable=True, passive=True)
+        ch.queue_declare("visible", passive=True)
+        ch.queue_declare("after-leader-" + m.name, durable=True)
+        c.close()
+    leader.start()
+    wait_until(lambda: all(m.view() and m.view().brokers.get(leader.name) == "up"
+                           for m in members), 20, what="the old leader back")
+    c = connect(leader)
+    for m in others:
+        c.channel().queue_declare("after-leader-" + m.name, passive=True)
+    c.close()
+
+
 def cleanup(failed):
     if cluster is None:
         return []
