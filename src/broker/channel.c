@@ -73,6 +73,7 @@ static void release(struct channel *ch)
     ch->content = CONTENT_STATE_NONE;
     channel__cluster_forget(ch);
     channel__forget_remote_op(ch);
+    channel__forget_attaching(ch);
     channel__release_consumers(ch);
     channel__requeue_all(ch);
     ASSERT(ch->unacked_count == 0); /* no consumer is left to take them back */

@@ -289,10 +289,41 @@ static void consumer_cancelled(struct consumer *consumer)
     consumer_free(ch, consumer);
 }
 
+static void consumer_attached(struct consumer *consumer, uint16_t code, struct bytes text)
+{
+    struct channel *ch = consumer->owner;
+    if (ch->attaching != consumer)
+        return; /* not waited for */
+    ch->attaching = NULL;
+    connection_release(ch->connection);
+    if (code == REPLY_SUCCESS) {
+        if (!ch->attaching_no_wait) {
+            struct method ok = {.id = METHOD_BASIC_CONSUME_OK};
+            ok.basic_consume_ok.consumer_tag = consumer->tag;
+            channel__send(ch, &ok);
+        }
+        return;
+    }
+    /* The primary's text starts with its own "NAME - ". */
+    const uint8_t *dash = text.len > 3 ? memmem(text.ptr, text.len, " - ", 3) : NULL;
+    size_t skip = dash ? (size_t)(dash - text.ptr) + 3 : 0;
+    channel__fail(ch, code, METHOD_BASIC_CONSUME, "%.*s", (int)(text.len - skip),
+                  (const char *)text.ptr + skip);
+}
+
+void channel__forget_attaching(struct channel *ch)
+{
+    if (ch->attaching == NULL)
+        return;
+    ch->attaching = NULL;
+    connection_release(ch->connection);
+}
+
 static const struct consumer_ops channel_consumer_ops = {
     .can_take = consumer_can_take,
     .deliver = consumer_deliver,
     .cancelled = consumer_cancelled,
+    .attached = consumer_attached,
 };
 
 void channel_resume_delivery(struct channel *ch)
@@ -404,6 +435,26 @@ static void handle_consume(struct channel *ch, const struct method *m)
     list_push_back(&ch->consumers, &consumer->owner_link);
     hmap_put(&ch->consumers_by_tag, consumer->tag, consumer);
     ch->consumers_count++;
+    if (queue_is_remote(queue)) {
+        /* The primary decides (exclusive use, ...): consume-ok or its
+         * error once it answered (consumer_attached). */
+        bool available = true;
+        if (proxy_consume_waits(queue, &available)) {
+            ch->attaching = consumer;
+            ch->attaching_no_wait = c->no_wait;
+            connection_hold(ch->connection);
+            queue_consumer_add(queue, consumer);
+            return;
+        }
+        if (!available) {
+            consumer_free(ch, consumer);
+            channel__fail(ch, REPLY_NOT_FOUND, m->id,
+                          "queue '%.*s' " VHOST_FMT " is unavailable: its primary broker is "
+                          "down", (int)queue->name.len, (const char *)queue->name.ptr,
+                          VHOST_ARG(ch));
+            return;
+        }
+    }
     if (!c->no_wait) {
         struct method ok = {.id = METHOD_BASIC_CONSUME_OK};
         ok.basic_consume_ok.consumer_tag = consumer->tag;

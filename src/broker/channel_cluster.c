@@ -21,6 +21,7 @@
 #include "cluster/node.h"
 #include "cluster/proxy.h"
 #include "lib/assert.h"
+#include "lib/bytes.h"
 #include "lib/errors.h"
 
 struct cluster_wait {
@@ -31,7 +32,15 @@ struct cluster_wait {
     uint32_t message_count;           /* queue.delete-ok */
     uint8_t name_size;
     uint8_t name[256];                /* queue.declare: the queue's name */
+    /* queue.declare, to decide the placement again when the map says the
+     * broker we chose is down (a stale view: change->retry). */
+    struct map_queue_decl decl;       /* vhost and name borrow from the channel and above */
+    struct bytes arguments;           /* owned copy */
+    bool pinned;
+    uint8_t retries;
 };
+
+#define PLACEMENT_RETRIES_MAX 3
 
 bool channel__clustered(const struct channel *ch)
 {
@@ -83,6 +92,23 @@ static void on_committed(void *ctx, int status, const struct map_change *change)
     ASSERT(ch != NULL && ch->cluster_wait == w);
     ch->cluster_wait = NULL;
     struct connection *connection = ch->connection;
+    if (status == OK && change->retry && w->method_id == METHOD_QUEUE_DECLARE &&
+        w->decl.name.len > 0 && w->retries < PLACEMENT_RETRIES_MAX) {
+        /* Placed on a broker the map now knows is down: place again on
+         * the map as it is now, still holding the client's input. */
+        struct broker *broker = connection->broker;
+        w->retries++;
+        w->decl.name = (struct bytes){w->name, w->name_size};
+        w->decl.arguments = (struct table){w->arguments.ptr, (uint32_t)w->arguments.len};
+        w->decl.primary_id =
+            member_place_queue(broker->member, w->decl.vhost, w->decl.name, w->pinned);
+        struct map_cmd cmd;
+        if (map_cmd_queue_declare(&cmd, &w->decl, cluster_node_id(broker->cluster)) == OK) {
+            ch->cluster_wait = w;
+            w->request = cluster_node_submit(broker->cluster, &cmd, on_committed, w);
+            return;
+        }
+    }
     connection_release(connection);
     if (status != OK) {
         connection_fail(connection, REPLY_INTERNAL_ERROR, w->method_id,
@@ -93,7 +119,23 @@ static void on_committed(void *ctx, int status, const struct map_change *change)
     } else if (ch->state == CHANNEL_STATE_OPEN) {
         send_reply(ch, w);
     }
+    bytes_free(&w->arguments);
     free(w);
+}
+
+void channel__cluster_declare(struct channel *ch, const struct map_queue_decl *decl, bool pinned,
+                              bool no_wait)
+{
+    struct map_cmd cmd;
+    struct broker *broker = ch->connection->broker;
+    if (map_cmd_queue_declare(&cmd, decl, cluster_node_id(broker->cluster)) != OK)
+        return;
+    channel__cluster_submit(ch, METHOD_QUEUE_DECLARE, no_wait, &cmd, decl->name, 0);
+    struct cluster_wait *w = ch->cluster_wait;
+    w->decl = *decl;
+    w->decl.vhost = ch->vhost->name;
+    w->arguments = bytes_dup((struct bytes){decl->arguments.ptr, decl->arguments.len});
+    w->pinned = pinned;
 }
 
 void channel__cluster_submit(struct channel *ch, uint32_t method_id, bool no_wait,
@@ -123,6 +165,7 @@ void channel__cluster_forget(struct channel *ch)
     ch->cluster_wait = NULL;
     cluster_request_cancel(w->request);
     connection_release(ch->connection);
+    bytes_free(&w->arguments);
     free(w);
 }
 
@@ -139,7 +182,6 @@ static void fail_unreachable(struct channel *ch, const struct queue *queue, uint
 static void redeclare(struct channel *ch, const struct queue *stub)
 {
     struct broker *broker = ch->connection->broker;
-    uint32_t self = cluster_node_id(broker->cluster);
     struct map_queue_decl decl = {
         .vhost = ch->vhost->name, .name = stub->name, .durable = stub->durable,
         .auto_delete = stub->auto_delete,
@@ -147,10 +189,7 @@ static void redeclare(struct channel *ch, const struct queue *stub)
         .primary_id = member_place_queue(broker->member, ch->vhost->name, stub->name,
                                          stub->auto_delete),
         .replication_factor = 1};
-    struct map_cmd cmd;
-    if (map_cmd_queue_declare(&cmd, &decl, self) == OK)
-        channel__cluster_submit(ch, METHOD_QUEUE_DECLARE, ch->remote_no_wait, &cmd, stub->name,
-                                0);
+    channel__cluster_declare(ch, &decl, stub->auto_delete, ch->remote_no_wait);
 }
 
 static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes text,

@@ -354,16 +354,13 @@ static void declare_in_cluster(struct channel *ch, const struct method *m, struc
     const struct method_queue_declare *d = &m->queue_declare;
     struct broker *broker = ch->connection->broker;
     bool pinned = d->exclusive || d->auto_delete || server_named;
-    uint32_t self = cluster_node_id(broker->cluster);
     struct map_queue_decl decl = {
         .vhost = ch->vhost->name, .name = name, .durable = d->durable,
         .exclusive = d->exclusive, .auto_delete = d->auto_delete, .arguments = d->arguments,
         .exclusive_connection_id = d->exclusive ? ch->connection->conn.id : 0,
         .primary_id = member_place_queue(broker->member, ch->vhost->name, name, pinned),
         .replication_factor = 1};
-    struct map_cmd cmd;
-    if (map_cmd_queue_declare(&cmd, &decl, self) == OK)
-        channel__cluster_submit(ch, m->id, d->no_wait, &cmd, name, 0);
+    channel__cluster_declare(ch, &decl, pinned, d->no_wait);
 }
 
 static void queue_declare(struct channel *ch, const struct method *m)

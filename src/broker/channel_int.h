@@ -128,6 +128,8 @@ struct channel {
     struct cluster_wait *cluster_wait; /* owned: a definition change in the map (held input) */
     /* A request at a stand-in's primary (held input): basic.get, passive
      * declare, purge, or delete's checks. */
+    struct consumer *attaching;       /* its upstream consume awaits the primary (held input) */
+    bool attaching_no_wait;
     struct proxy_op *remote_op;
     struct queue *remote_queue;       /* one reference while remote_op waits */
     uint32_t remote_method;
@@ -170,6 +172,7 @@ void channel__drop_tx(struct channel *ch);
 
 /* Ends a request at another broker (the channel is going away). */
 void channel__forget_remote_op(struct channel *ch);
+void channel__forget_attaching(struct channel *ch);
 /* Waits for a stand-in's primary to answer m (queue.declare, purge or
  * delete), then answers the client as the primary would. */
 void channel__remote_query(struct channel *ch, struct queue *queue, const struct method *m);
@@ -183,6 +186,11 @@ bool channel__clustered(const struct channel *ch);
  * map's reply. */
 void channel__cluster_submit(struct channel *ch, uint32_t method_id, bool no_wait,
                              struct map_cmd *cmd, struct bytes queue_name, uint32_t message_count);
+/* queue.declare of a new queue (decl placed already): submitted, and placed
+ * again if the map finds the chosen broker down. */
+struct map_queue_decl;
+void channel__cluster_declare(struct channel *ch, const struct map_queue_decl *decl, bool pinned,
+                              bool no_wait);
 /* The channel is going away: drop its waiting change, if any. */
 void channel__cluster_forget(struct channel *ch);
 

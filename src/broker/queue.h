@@ -66,6 +66,10 @@ struct consumer_ops {
     /* The broker cancels the consumer (queue deleted): notify the client.
      * The consumer is already detached from its queue. */
     void (*cancelled)(struct consumer *consumer);
+    /* A stand-in's primary accepted (200) or refused (its code and text,
+     * e.g. 403 exclusive use) the consumer's upstream consumer; only for
+     * consumers whose owner waits (proxy_consume_waits). */
+    void (*attached)(struct consumer *consumer, uint16_t reply_code, struct bytes reply_text);
 };
 
 /* A queue whose primary is another broker (cluster/proxy.c) is a local

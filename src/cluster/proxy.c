@@ -54,6 +54,7 @@ struct uplink {
     uint64_t outstanding;         /* upstream deliveries not yet settled upstream */
     struct list_node ops;         /* the getter's struct proxy_op, in request order */
     bool busy;                    /* inside a callback that uses it: not freed */
+    bool attaching;               /* its local consumer waits for consume-ok */
 };
 
 /* A request to the primary answered on the getter uplink, in order. */
@@ -404,6 +405,19 @@ static void on_uplink_closed(void *ctx, uint16_t code, struct bytes text)
     u->busy = true;
     fail_ops(u, code, text);
     u->busy = false;
+    if (u->attaching && u->consumer) {
+        /* The primary refused the consume (exclusive use, ...): the local
+         * channel answers its basic.consume with the same error. A lost
+         * link (0) is not a refusal: consume-ok, and re-attach later. */
+        struct consumer *consumer = u->consumer;
+        u->attaching = false;
+        if (code != 0)
+            u->consumer = NULL; /* the channel's failure removes it */
+        if (consumer->ops->attached)
+            consumer->ops->attached(consumer, code ? code : 200, text);
+        uplink_maybe_free(u);
+        return;
+    }
     if (code != 0) {
         /* Refused (exclusive use, no such queue, ...): the local consumer
          * cannot go on. A lost link (0) is re-attached when it returns. */
@@ -446,13 +460,15 @@ static struct uplink *uplink_open(struct proxy_stub *stub)
     return u;
 }
 
-/* Starts the upstream consumer of a local consumer. */
-static void attach(struct proxy_stub *stub, struct consumer *consumer)
+/* Starts the upstream consumer of a local consumer. waits: the local
+ * channel waits for the primary's answer (consumer->ops->attached). */
+static void attach(struct proxy_stub *stub, struct consumer *consumer, bool waits)
 {
     struct uplink *u = uplink_open(stub);
     if (u == NULL)
         return; /* attached when the primary's link comes up */
     u->consumer = consumer;
+    u->attaching = waits;
     uint32_t credit = channel_consumer_credit(consumer);
     struct method qos = {.id = METHOD_BASIC_QOS};
     qos.basic_qos.prefetch_count = (uint16_t)(credit == 0 || credit > UINT16_MAX
@@ -476,7 +492,16 @@ static void attach(struct proxy_stub *stub, struct consumer *consumer)
 
 static void stub_consumer_added(struct queue *queue, struct consumer *consumer)
 {
-    attach(stub_of(queue), consumer);
+    bool available;
+    attach(stub_of(queue), consumer, proxy_consume_waits(queue, &available));
+}
+
+bool proxy_consume_waits(struct queue *queue, bool *available)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    struct member_peer *peer = member_peer(stub->member, stub->primary_id);
+    *available = stub->available;
+    return stub->available && peer != NULL && peer->up;
 }
 
 static void stub_consumer_removed(struct queue *queue, struct consumer *consumer)
@@ -609,6 +634,12 @@ static void on_get_reply(void *ctx, uint64_t tag, bool redelivered, uint32_t mes
 static void on_query_reply(void *ctx, const struct method *m)
 {
     struct uplink *u = ctx;
+    if (m->id == METHOD_BASIC_CONSUME_OK && u->attaching) {
+        u->attaching = false;
+        if (u->consumer && u->consumer->ops->attached)
+            u->consumer->ops->attached(u->consumer, 200, BYTES_LIT(""));
+        return;
+    }
     if (m->id != METHOD_QUEUE_DECLARE_OK && m->id != METHOD_QUEUE_PURGE_OK)
         return; /* basic.qos-ok and the like */
     struct proxy_op *op = pop_op(u, PROXY_OP_QUERY);
@@ -724,7 +755,7 @@ static void reattach_all(struct proxy_stub *stub)
     list_for_each_safe(n, &queue->consumers) {
         struct consumer *c = CONTAINER_OF(n, struct consumer, queue_link);
         if (uplink_of_consumer(stub, c) == NULL)
-            attach(stub, c);
+            attach(stub, c, false);
     }
 }
 

@@ -49,6 +49,12 @@ struct queue *proxy_stub_new(struct member *member, struct vhost *vhost,
 /* The map changed the queue (primary, epoch, availability). */
 void proxy_stub_update(struct queue *queue, const struct map_queue *mq);
 
+/* Whether a consumer added to this stand-in now will have its upstream
+ * consume answered (the primary is reachable): then consumer->ops->attached
+ * reports the answer, and the channel waits for it before consume-ok.
+ * *available false: the queue is unavailable (its primary is down). */
+bool proxy_consume_waits(struct queue *queue, bool *available);
+
 void proxy_peer_up(struct member_peer *peer);
 /* The link is down or going away: nack its forwards, drop its uplinks. */
 void proxy_peer_down(struct member_peer *peer);

@@ -354,6 +354,44 @@ def exclusive_queues_stay_with_their_connection():
 
 
 @test(timeout=60)
+def exclusive_consumers_and_priorities_across_brokers():
+    name = queue_on(A, A, "xc")
+    first = connect(B)
+    fch = first.channel()
+    fch.basic_consume(name, lambda *a: None, exclusive=True)
+    second = connect(C)
+    sch = second.channel()
+    try:
+        sch.basic_consume(name, lambda *a: None)
+        raise AssertionError("a second consumer got into an exclusively consumed queue")
+    except pika.exceptions.ChannelClosedByBroker as e:
+        assert e.reply_code == 403 and "exclusive use" in e.reply_text, e
+    second.close()
+    first.close()
+    # Consumer priorities are the primary's: the high-priority consumer on
+    # c gets everything while it has credit, the low one on b nothing.
+    low, high = connect(B), connect(C)
+    got_low, got_high = [], []
+    lch, hch = low.channel(), high.channel()
+    lch.basic_consume(name, lambda c, m, p, b: got_low.append(b), auto_ack=True,
+                      arguments={"x-priority": 1})
+    hch.basic_consume(name, lambda c, m, p, b: got_high.append(b), auto_ack=True,
+                      arguments={"x-priority": 10})
+    pub = connect(A)
+    pch = pub.channel()
+    pch.confirm_delivery()
+    for i in range(50):
+        pch.basic_publish("", name, b"%d" % i)
+    pub.close()
+    for _ in range(20):
+        pump(low, 0.05)
+        pump(high, 0.05)
+    assert len(got_high) == 50 and not got_low, (len(got_high), len(got_low))
+    low.close()
+    high.close()
+
+
+@test(timeout=60)
 def deleting_a_queue_cancels_consumers_on_other_brokers():
     name = queue_on(A, A, "del")
     con = connect(C)
@@ -469,12 +507,15 @@ def a_killed_leader_is_replaced_and_definitions_stay():
     wait_until(lambda: len(cluster.leaders(others)) == 1, 10, what="a new leader")
     elapsed = time.monotonic() - t0
     print("# new leader %.2f s after kill -9 of the old one" % elapsed)
+    wait_until(lambda: all(m.view() and m.view().brokers.get(leader.name) == "down"
+                           for m in others), 10, what="the old leader marked down")
     # The map lost nothing: what was declared is there, and changes go on.
     for m in others:
         c = connect(m)
         ch = c.channel()
         ch.exchange_declare("events", "topic", durable=True, passive=True)
-        ch.queue_declare("visible", passive=True)
+        # (its primary may be the dead broker: then it is unavailable, not gone)
+        assert primary_of(m, "visible") is not None, m.name
         ch.queue_declare("after-leader-" + m.name, durable=True)
         c.close()
     leader.start()

