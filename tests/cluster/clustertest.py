@@ -117,9 +117,11 @@ class View:
 
 class Member:
     def __init__(self, cluster, name, join=None, secret_file=None, extra_args=(),
-                 config_file=False):
+                 config_file=False, host="127.0.0.1", netns=None):
         self.cluster = cluster
         self.name = name
+        self.host = host      # every address the broker listens on
+        self.netns = netns    # run inside this network namespace (tests/cluster/netlab.py)
         self.dir = os.path.join(cluster.dir, name)
         os.makedirs(self.dir)
         self.data = os.path.join(self.dir, "data")
@@ -137,7 +139,7 @@ class Member:
 
     @property
     def cluster_address(self):
-        return "127.0.0.1:%d" % self.cluster_port
+        return "%s:%d" % (self.host, self.cluster_port)
 
     def options(self):
         """The cluster options as (name, value) pairs."""
@@ -150,10 +152,11 @@ class Member:
         return opts
 
     def argv(self):
-        args = [quayd_path(), "--listen", "127.0.0.1:%d" % self.amqp_port, "--data", self.data,
-                "--log-level", "info"]
+        wrap = ["ip", "netns", "exec", self.netns] if self.netns else []
+        args = wrap + [quayd_path(), "--listen", "%s:%d" % (self.host, self.amqp_port),
+                       "--data", self.data, "--log-level", "info"]
         if self.http_port:
-            args += ["--http", "127.0.0.1:%d" % self.http_port]
+            args += ["--http", "%s:%d" % (self.host, self.http_port)]
         if self.config_file:
             path = os.path.join(self.dir, "quayd.conf")
             with open(path, "w") as f:
@@ -185,7 +188,7 @@ class Member:
                 raise AssertionError("%s exited at start with %s:\n%s" % (
                     self.name, self.proc.returncode, self.log_text()[-3000:]))
             try:
-                socket.create_connection(("127.0.0.1", self.amqp_port), timeout=1).close()
+                socket.create_connection((self.host, self.amqp_port), timeout=1).close()
                 return True
             except OSError:
                 return False
@@ -262,7 +265,7 @@ class Member:
         if not self.http_port or not self.alive():
             return None
         try:
-            url = "http://127.0.0.1:%d/api/cluster" % self.http_port
+            url = "http://%s:%d/api/cluster" % (self.host, self.http_port)
             with urllib.request.urlopen(url, timeout=2) as r:
                 return json.loads(r.read().decode())
         except Exception:

@@ -1,0 +1,173 @@
+"""Goal: a network partition does not split the cluster's decisions. The
+minority side refuses definition changes (541, the client should go to a
+broker of the majority); the majority marks the cut-off broker down and goes
+on declaring, publishing and consuming; after the partition heals, the
+minority broker catches up with everything decided meanwhile and is up
+again.
+
+Method: three quayd processes, each in its own network namespace joined by
+a bridge (tests/cluster/netlab.py); the partition is nftables rules that
+silently drop packets between the hosts (no resets, like a failed switch),
+while the test process still reaches every broker through the bridge. The
+clients log in as a user from a users file (guest is loopback-only).
+"""
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
+sys.path.insert(0, HERE)
+from clustertest import Cluster, quayd_path, run, test, wait_until  # noqa: E402
+from netlab import Lab  # noqa: E402
+
+import pika  # noqa: E402
+
+lab = cluster = None
+A = B = C = None
+USER, PASSWORD = "tester", "lab-pass"
+
+
+def connect(member):
+    params = pika.ConnectionParameters(member.host, member.amqp_port, "/",
+                                       pika.PlainCredentials(USER, PASSWORD), heartbeat=0,
+                                       connection_attempts=1, socket_timeout=5)
+    return pika.BlockingConnection(params)
+
+
+def states(member):
+    v = member.view()
+    return v.brokers if v else {}
+
+
+@test(timeout=120)
+def three_brokers_in_three_hosts():
+    global lab, cluster, A, B, C
+    lab = Lab(3)
+    cluster = Cluster()
+    pw = subprocess.run([quayd_path(), "--hash-password", PASSWORD], capture_output=True,
+                        text=True, check=True).stdout.strip()
+    users = os.path.join(cluster.dir, "users")
+    with open(users, "w") as f:
+        f.write("%s %s /\n" % (USER, pw))
+    common = dict(extra_args=["--users", users])
+    A = cluster.add("a", host=lab.ip(1), netns=lab.ns(1), **common)
+    wait_until(lambda: len(cluster.leaders([A])) == 1, 15, what="a to lead")
+    B = cluster.add("b", host=lab.ip(2), netns=lab.ns(2), join=[A], **common)
+    C = cluster.add("c", host=lab.ip(3), netns=lab.ns(3), join=[A, B], **common)
+    expect = {"a": "up", "b": "up", "c": "up"}
+    wait_until(lambda: all(states(m) == expect for m in (A, B, C)), 30,
+               what="three brokers up everywhere")
+    c = connect(C)
+    c.channel().queue_declare("before", durable=True)
+    c.close()
+
+
+@test(timeout=120)
+def the_minority_refuses_and_the_majority_goes_on():
+    lab.partition([1, 2], [3])
+    t0 = time.monotonic()
+    # The majority marks c down (silence, no reset: the 2 s rule).
+    wait_until(lambda: states(A).get("c") == "down" and states(B).get("c") == "down", 15,
+               what="the majority to mark c down")
+    print("# majority marked the cut-off broker down %.2f s after the cut"
+          % (time.monotonic() - t0))
+    # c, alone, cannot commit: a definition change is refused with 541.
+    c = connect(C)
+    try:
+        c.channel().queue_declare("from-minority")
+        raise AssertionError("the minority committed a declare")
+    except (pika.exceptions.ConnectionClosedByBroker, pika.exceptions.StreamLostError) as e:
+        assert getattr(e, "reply_code", None) == 541, e
+    # The majority declares, publishes and consumes.
+    a = connect(A)
+    ch = a.channel()
+    ch.queue_declare("during", durable=True)
+    ch.confirm_delivery()
+    b = connect(B)
+    bch = b.channel()
+    name = None
+    for i in range(40):  # a queue whose primary is in the majority
+        n = "maj-%d" % i
+        ch.queue_declare(n)
+        ch.basic_publish("", n, b"m")
+        m = bch.basic_get(n, auto_ack=True)
+        ch.queue_delete(n)
+        if m[0] is not None:
+            name = n
+            break
+    assert name is not None, "no queue of the majority served a message"
+    a.close()
+    b.close()
+
+
+@test(timeout=120)
+def after_healing_the_minority_catches_up():
+    lab.heal()
+    expect = {"a": "up", "b": "up", "c": "up"}
+    t0 = time.monotonic()
+    wait_until(lambda: all(states(m) == expect for m in (A, B, C)), 30,
+               what="c up again everywhere")
+    print("# c up again %.2f s after the partition healed" % (time.monotonic() - t0))
+
+    def sees(name):
+        c = connect(C)
+        try:
+            c.channel().queue_declare(name, passive=True)
+            return True
+        except pika.exceptions.ChannelClosedByBroker:
+            return False
+        finally:
+            if c.is_open:
+                c.close()
+    wait_until(lambda: sees("during"), 10, what="c to know the queue declared without it")
+    assert not sees("from-minority")
+    c = connect(C)
+    c.channel().queue_declare("after-heal")
+    c.close()
+
+
+@test(timeout=120)
+def a_leader_cut_off_is_replaced():
+    members = {1: A, 2: B, 3: C}
+    leader = cluster.leaders([A, B, C])[0]
+    host = [h for h, m in members.items() if m is leader][0]
+    rest = [h for h in members if h != host]
+    lab.partition([host], rest)
+    t0 = time.monotonic()
+    others = [members[h] for h in rest]
+    wait_until(lambda: len(cluster.leaders(others)) == 1 and
+               all(states(m).get(leader.name) == "down" for m in others), 20,
+               what="a new leader in the majority, the old one down")
+    print("# new leader and old one marked down %.2f s after the cut"
+          % (time.monotonic() - t0))
+    c = connect(others[0])
+    c.channel().queue_declare("new-leader", durable=True)
+    c.close()
+    old = connect(leader)
+    try:
+        old.channel().queue_declare("old-leader")
+        raise AssertionError("a cut-off leader committed a declare")
+    except (pika.exceptions.ConnectionClosedByBroker, pika.exceptions.StreamLostError) as e:
+        assert getattr(e, "reply_code", None) == 541, e
+    lab.heal()
+    wait_until(lambda: all(states(m).get(leader.name) == "up" for m in (A, B, C)), 30,
+               what="the old leader back")
+    c = connect(leader)
+    c.channel().queue_declare("new-leader", passive=True)
+    c.close()
+
+
+def cleanup(failed):
+    problems = []
+    if cluster is not None:
+        cluster.failed = failed
+        problems = cluster.close()
+    if lab is not None:
+        lab.close()
+    return problems
+
+
+if __name__ == "__main__":
+    run(cleanup)
