@@ -153,8 +153,10 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
         return -1;
     if (config->http_listen && mgmt_api_start(broker, config->http_listen) != 0)
         return -1;
-    if (broker->mgmt && broker->cluster)
+    if (broker->mgmt && broker->cluster) {
         mgmt_api_route(broker->mgmt, "/api/cluster", cluster_node_write_json, broker->cluster);
+        mgmt_api_route_post(broker->mgmt, "/api/cluster/leave", member_leave, broker->member);
+    }
     uv_timer_init(loop, &broker->tick);
     broker->tick.data = broker;
     uv_timer_start(&broker->tick, on_tick, TICK_MS, TICK_MS);

@@ -304,11 +304,7 @@ static void consumer_attached(struct consumer *consumer, uint16_t code, struct b
         }
         return;
     }
-    /* The primary's text starts with its own "NAME - ". */
-    const uint8_t *dash = text.len > 3 ? memmem(text.ptr, text.len, " - ", 3) : NULL;
-    size_t skip = dash ? (size_t)(dash - text.ptr) + 3 : 0;
-    channel__fail(ch, code, METHOD_BASIC_CONSUME, "%.*s", (int)(text.len - skip),
-                  (const char *)text.ptr + skip);
+    channel__fail_relayed(ch, code, METHOD_BASIC_CONSUME, text);
 }
 
 void channel__forget_attaching(struct channel *ch)
@@ -380,6 +376,30 @@ static struct queue *usable_queue(struct channel *ch, struct bytes name, uint32_
     return queue;
 }
 
+/* A consumer of a stand-in: the primary decides (exclusive use, ...), so
+ * consume-ok or its error waits for its answer (consumer_attached). True
+ * if handled here; false: answer now (the primary is not reachable yet,
+ * the consumer attaches when it is). */
+static bool consume_remote(struct channel *ch, struct queue *queue, struct consumer *consumer,
+                           bool no_wait)
+{
+    bool available = true;
+    if (proxy_consume_waits(queue, &available)) {
+        ch->attaching = consumer;
+        ch->attaching_no_wait = no_wait;
+        connection_hold(ch->connection);
+        queue_consumer_add(queue, consumer);
+        return true;
+    }
+    if (available)
+        return false;
+    consumer_free(ch, consumer);
+    channel__fail(ch, REPLY_NOT_FOUND, METHOD_BASIC_CONSUME,
+                  "queue '%.*s' " VHOST_FMT " is unavailable: its primary broker is down",
+                  (int)queue->name.len, (const char *)queue->name.ptr, VHOST_ARG(ch));
+    return true;
+}
+
 static void handle_consume(struct channel *ch, const struct method *m)
 {
     const struct method_basic_consume *c = &m->basic_consume;
@@ -435,26 +455,8 @@ static void handle_consume(struct channel *ch, const struct method *m)
     list_push_back(&ch->consumers, &consumer->owner_link);
     hmap_put(&ch->consumers_by_tag, consumer->tag, consumer);
     ch->consumers_count++;
-    if (queue_is_remote(queue)) {
-        /* The primary decides (exclusive use, ...): consume-ok or its
-         * error once it answered (consumer_attached). */
-        bool available = true;
-        if (proxy_consume_waits(queue, &available)) {
-            ch->attaching = consumer;
-            ch->attaching_no_wait = c->no_wait;
-            connection_hold(ch->connection);
-            queue_consumer_add(queue, consumer);
-            return;
-        }
-        if (!available) {
-            consumer_free(ch, consumer);
-            channel__fail(ch, REPLY_NOT_FOUND, m->id,
-                          "queue '%.*s' " VHOST_FMT " is unavailable: its primary broker is "
-                          "down", (int)queue->name.len, (const char *)queue->name.ptr,
-                          VHOST_ARG(ch));
-            return;
-        }
-    }
+    if (queue_is_remote(queue) && consume_remote(ch, queue, consumer, c->no_wait))
+        return;
     if (!c->no_wait) {
         struct method ok = {.id = METHOD_BASIC_CONSUME_OK};
         ok.basic_consume_ok.consumer_tag = consumer->tag;
@@ -509,20 +511,14 @@ static void on_remote_get(void *ctx, struct queue *queue, bool ok, struct queue_
                           uint32_t message_count)
 {
     struct channel *ch = ctx;
-    ASSERT(ch->remote_op != NULL && ch->remote_queue == queue);
     bool no_ack = ch->remote_no_ack;
-    ch->remote_op = NULL;
-    ch->remote_queue = NULL;
-    connection_release(ch->connection);
+    channel__remote_op_done(ch, queue);
     if (entry)
         send_get_ok(ch, queue, *entry, no_ack, message_count);
     else if (ok)
         send_get_empty(ch);
     else
-        channel__fail(ch, REPLY_NOT_FOUND, METHOD_BASIC_GET,
-                      "queue '%.*s' in vhost '%.*s' is unavailable: its primary broker cannot "
-                      "be reached", (int)queue->name.len, (const char *)queue->name.ptr,
-                      (int)ch->vhost->name.len, (const char *)ch->vhost->name.ptr);
+        channel__fail_unreachable(ch, queue, METHOD_BASIC_GET);
     queue_unref(queue);
 }
 
@@ -537,11 +533,7 @@ static void handle_get(struct channel *ch, const struct method *m)
          * the primary would. */
         ch->remote_op = proxy_get(queue, on_remote_get, ch);
         if (ch->remote_op == NULL) {
-            channel__fail(ch, REPLY_NOT_FOUND, m->id,
-                          "queue '%.*s' in vhost '%.*s' is unavailable: its primary broker "
-                          "cannot be reached", (int)queue->name.len,
-                          (const char *)queue->name.ptr, (int)ch->vhost->name.len,
-                          (const char *)ch->vhost->name.ptr);
+            channel__fail_unreachable(ch, queue, m->id);
             return;
         }
         ch->remote_no_ack = g->no_ack;

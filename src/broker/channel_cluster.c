@@ -171,7 +171,25 @@ void channel__cluster_forget(struct channel *ch)
 
 /* ---- requests at a stand-in's primary ---- */
 
-static void fail_unreachable(struct channel *ch, const struct queue *queue, uint32_t method_id)
+void channel__remote_op_done(struct channel *ch, const struct queue *queue)
+{
+    ASSERT(ch->remote_op != NULL && ch->remote_queue == queue);
+    ch->remote_op = NULL;
+    ch->remote_queue = NULL; /* the caller drops the reference when done with it */
+    connection_release(ch->connection);
+}
+
+void channel__fail_relayed(struct channel *ch, uint16_t code, uint32_t method_id,
+                           struct bytes text)
+{
+    /* The primary's text already starts with its own "NAME - ". */
+    const uint8_t *dash = text.len > 3 ? memmem(text.ptr, text.len, " - ", 3) : NULL;
+    size_t skip = dash ? (size_t)(dash - text.ptr) + 3 : 0;
+    channel__fail(ch, code, method_id, "%.*s", (int)(text.len - skip),
+                  (const char *)text.ptr + skip);
+}
+
+void channel__fail_unreachable(struct channel *ch, const struct queue *queue, uint32_t method_id)
 {
     channel__fail(ch, REPLY_NOT_FOUND, method_id,
                   "queue '%.*s' in vhost '%.*s' is unavailable: its primary broker cannot be "
@@ -196,23 +214,16 @@ static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes
                      uint32_t messages, uint32_t consumers)
 {
     struct channel *ch = ctx;
-    ASSERT(ch->remote_op != NULL && ch->remote_queue == queue);
     uint32_t method_id = ch->remote_method;
-    ch->remote_op = NULL;
-    ch->remote_queue = NULL;
-    connection_release(ch->connection);
+    channel__remote_op_done(ch, queue);
     if (code == REPLY_NOT_FOUND && method_id == METHOD_QUEUE_DECLARE && !ch->remote_passive) {
         /* Deleted at its primary, and our map has not heard yet: declare
          * it anew (the map decides, as for any declare). */
         redeclare(ch, queue);
     } else if (code == 0) {
-        fail_unreachable(ch, queue, method_id);
+        channel__fail_unreachable(ch, queue, method_id);
     } else if (code != REPLY_SUCCESS) {
-        /* The primary's text already starts with its "NAME - ". */
-        const uint8_t *dash = text.len > 3 ? memmem(text.ptr, text.len, " - ", 3) : NULL;
-        size_t skip = dash ? (size_t)(dash - text.ptr) + 3 : 0;
-        channel__fail(ch, code, method_id, "%.*s", (int)(text.len - skip),
-                      (const char *)text.ptr + skip);
+        channel__fail_relayed(ch, code, method_id, text);
     } else if (method_id == METHOD_QUEUE_DECLARE) {
         channel__remember_queue(ch, queue->name);
         struct method ok = {.id = METHOD_QUEUE_DECLARE_OK};
@@ -254,7 +265,7 @@ void channel__remote_query(struct channel *ch, struct queue *queue, const struct
     uint32_t ask = m->id == METHOD_QUEUE_PURGE ? METHOD_QUEUE_PURGE : METHOD_QUEUE_DECLARE;
     ch->remote_op = proxy_query(queue, ask, on_query, ch);
     if (ch->remote_op == NULL) {
-        fail_unreachable(ch, queue, m->id);
+        channel__fail_unreachable(ch, queue, m->id);
         return;
     }
     ch->remote_method = m->id;

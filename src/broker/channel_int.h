@@ -191,6 +191,14 @@ void channel__cluster_submit(struct channel *ch, uint32_t method_id, bool no_wai
 struct map_queue_decl;
 void channel__cluster_declare(struct channel *ch, const struct map_queue_decl *decl, bool pinned,
                               bool no_wait);
+/* The primary answered the channel's request: its input flows again. */
+void channel__remote_op_done(struct channel *ch, const struct queue *queue);
+/* A stand-in's primary refused the method: the same code and text (its
+ * "NAME - " prefix is replaced by ours). */
+void channel__fail_relayed(struct channel *ch, uint16_t code, uint32_t method_id,
+                           struct bytes text);
+/* 404: the stand-in's primary cannot be reached (down, or no link yet). */
+void channel__fail_unreachable(struct channel *ch, const struct queue *queue, uint32_t method_id);
 /* The channel is going away: drop its waiting change, if any. */
 void channel__cluster_forget(struct channel *ch);
 

@@ -45,6 +45,8 @@ static void usage(FILE *out)
             "  status        the broker: version, uptime, totals, alarms (GET /api/overview)\n"
             "  queues        every queue with its message counts (GET /api/queues)\n"
             "  connections   every client connection (GET /api/connections)\n"
+            "  cluster       the cluster: leader, map epoch, brokers (GET /api/cluster)\n"
+            "  leave         this broker leaves the cluster (POST /api/cluster/leave)\n"
             "\n"
             "options:\n"
             "  --http HOST:PORT   the API's address (default " DEFAULT_HTTP "); [V6]:PORT\n"
@@ -251,8 +253,8 @@ static int parse_response(char *data, size_t size, struct response *out)
 
 /* GETs path; on success *in holds the response and *res points into it.
  * Returns 0 or an exit status (the error is printed). */
-static int http_get(const struct endpoint *ep, const char *path, int timeout_ms,
-                    struct buffer *in, struct response *res)
+static int http_request(const struct endpoint *ep, const char *method, const char *path,
+                        int timeout_ms, struct buffer *in, struct response *res)
 {
     int64_t deadline_ms = now_ms() + timeout_ms;
     int fd = connect_endpoint(ep, deadline_ms);
@@ -261,21 +263,21 @@ static int http_get(const struct endpoint *ep, const char *path, int timeout_ms,
     char request[512];
     bool v6 = strchr(ep->host, ':') != NULL;
     int n = snprintf(request, sizeof request,
-                     "GET %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nAccept: application/json\r\n"
+                     "%s %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nAccept: application/json\r\n"
                      "User-Agent: quayctl\r\nConnection: close\r\n\r\n",
-                     path, v6 ? "[" : "", ep->host, v6 ? "]" : "", ep->port);
+                     method, path, v6 ? "[" : "", ep->host, v6 ? "]" : "", ep->port);
     int rc = send_all(fd, request, (size_t)n, deadline_ms);
     if (rc == 0)
         rc = receive_all(fd, in, deadline_ms);
     close(fd);
     if (rc != 0) {
-        fprintf(stderr, "quayctl: GET %s from %s:%s: %s\n", path, ep->host, ep->port,
+        fprintf(stderr, "quayctl: %s %s from %s:%s: %s\n", method, path, ep->host, ep->port,
                 strerror(-rc));
         return rc == -ETIMEDOUT ? EXIT_UNAVAILABLE : EXIT_PROTOCOL;
     }
     if (in->size == 0 || parse_response(in->data, in->size, res) != 0) {
-        fprintf(stderr, "quayctl: GET %s from %s:%s: not an HTTP answer from quayd\n", path,
-                ep->host, ep->port);
+        fprintf(stderr, "quayctl: %s %s from %s:%s: not an HTTP answer from quayd\n", method,
+                path, ep->host, ep->port);
         return EXIT_PROTOCOL;
     }
     return 0;
@@ -732,16 +734,20 @@ static const struct column connection_columns[] = {
 
 struct command {
     const char *name;
+    const char *method;
     const char *path;
     const struct column *columns;    /* NULL: key/value pairs */
     size_t columns_count;
 };
 
 static const struct command commands[] = {
-    {"status", "/api/overview", NULL, 0},
-    {"queues", "/api/queues", queue_columns, sizeof queue_columns / sizeof queue_columns[0]},
-    {"connections", "/api/connections", connection_columns,
+    {"status", "GET", "/api/overview", NULL, 0},
+    {"cluster", "GET", "/api/cluster", NULL, 0},
+    {"queues", "GET", "/api/queues", queue_columns,
+     sizeof queue_columns / sizeof queue_columns[0]},
+    {"connections", "GET", "/api/connections", connection_columns,
      sizeof connection_columns / sizeof connection_columns[0]},
+    {"leave", "POST", "/api/cluster/leave", NULL, 0},
 };
 
 /* Prints the answer; returns the exit status. */
@@ -749,9 +755,11 @@ static int show(const struct command *cmd, const struct response *res, bool raw_
 {
     const char *error = NULL;
     struct jvalue *doc = json_parse(res->body, res->body_size, &error);
-    if (res->status != 200) {
+    if (res->status != 200 && res->status != 202) {
         const struct jvalue *reason = jget(doc, "reason");
-        fprintf(stderr, "quayctl: GET %s: HTTP %d%s%s\n", cmd->path, res->status,
+        if (reason == NULL)
+            reason = jget(doc, "error");
+        fprintf(stderr, "quayctl: %s %s: HTTP %d%s%s\n", cmd->method, cmd->path, res->status,
                 reason && reason->text ? ": " : "", reason && reason->text ? reason->text : "");
         jfree(doc);
         return EXIT_PROTOCOL;
@@ -845,7 +853,8 @@ int main(int argc, char **argv)
         return rc;
     struct buffer in = {0};
     struct response res;
-    rc = http_get(&opt.endpoint, opt.command->path, opt.timeout_ms, &in, &res);
+    rc = http_request(&opt.endpoint, opt.command->method, opt.command->path, opt.timeout_ms,
+                      &in, &res);
     if (rc == 0)
         rc = show(opt.command, &res, opt.json);
     free(in.data);

@@ -20,6 +20,7 @@
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
+#include "mgmt/json.h"
 
 /* ---- peers and their links ---- */
 
@@ -57,6 +58,7 @@ static struct member_peer *peer_new(struct member *member, const struct map_brok
     struct member_peer *peer = calloc(1, sizeof *peer);
     ASSERT(peer != NULL);
     peer->id = b->id;
+    peer->map_state = b->state;
     peer->member = member;
     list_init(&peer->forwarders);
     snprintf(peer->address, sizeof peer->address, "%.*s", (int)b->amqp_address.len,
@@ -93,11 +95,16 @@ void member__sync_peers(struct member *member)
     for (uint32_t i = 0; i < member->peers_count;) {
         struct member_peer *peer = member->peers[i];
         const struct map_broker *b = cluster_map_broker(map, peer->id);
-        if (b == NULL || !bytes_equal_cstr(b->amqp_address, peer->address)) {
+        /* Gone, moved, or back up while our link still waits out its
+         * backoff: a fresh link connects at once. */
+        bool back = b != NULL && b->state == BROKER_STATE_UP &&
+                    peer->map_state != BROKER_STATE_UP && !peer->up;
+        if (b == NULL || !bytes_equal_cstr(b->amqp_address, peer->address) || back) {
             member->peers[i] = member->peers[--member->peers_count];
             peer_free(peer);
             continue;
         }
+        peer->map_state = b->state;
         i++;
     }
     for (uint32_t i = 0; i < map->brokers_count; i++) {
@@ -215,6 +222,69 @@ void member__publish_vhost(struct member *member, struct bytes vhost)
     struct map_cmd cmd;
     if (map_cmd_vhost_put(&cmd, vhost) == OK)
         cluster_node_submit(member->node, &cmd, on_vhost_done, member);
+}
+
+/* ---- leaving the cluster ---- */
+
+static void on_leave_done(void *ctx, int status, const struct map_change *change)
+{
+    (void)ctx;
+    if (status != OK)
+        LOG_WARN("cluster: leaving: the map is unavailable; POST /api/cluster/leave again");
+    else if (change->reply_code != 200)
+        LOG_WARN("cluster: leaving refused: %u %s", change->reply_code, change->reply_text);
+    else
+        LOG_INFO("cluster: this broker has left the cluster map; it can be stopped");
+}
+
+int member_leave(void *ctx, struct json *body)
+{
+    struct member *member = ctx;
+    const struct cluster_map *map = member_map(member);
+    json_object_begin(body);
+    if (member->stopping || !cluster_node_synced(member->node)) {
+        json_kv_string(body, "error", "not serving the cluster yet (or stopping): try again");
+        json_object_end(body);
+        return 503;
+    }
+    uint32_t owned = 0, held = 0;
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        const struct map_queue *q = map->queues[i];
+        owned += q->primary_id == member->self_id;
+        held += map_queue_has_backup(q, member->self_id);
+    }
+    if (owned > 0 || held > 0) {
+        /* Their messages live here: moving them is the replication layer's
+         * (drain), not built yet. Delete them, or move their clients. */
+        char text[160];
+        snprintf(text, sizeof text,
+                 "this broker is the primary of %u queue(s) and a backup of %u: delete or "
+                 "drain them first", owned, held);
+        json_kv_string(body, "error", text);
+        json_kv_uint(body, "queues", owned);
+        json_object_end(body);
+        return 409;
+    }
+    /* Exchange definitions are everyone's: their nominal owner moves. */
+    uint32_t heir = BROKER_ID_NONE;
+    for (uint32_t i = 0; i < map->brokers_count && heir == BROKER_ID_NONE; i++) {
+        if (map->brokers[i]->id != member->self_id && map->brokers[i]->state == BROKER_STATE_UP)
+            heir = map->brokers[i]->id;
+    }
+    for (uint32_t i = 0; i < map->exchanges_count; i++) {
+        const struct map_exchange *x = map->exchanges[i];
+        struct map_cmd cmd;
+        if (x->owner_id == member->self_id && heir != BROKER_ID_NONE &&
+            map_cmd_exchange_set_owner(&cmd, x->vhost->name, x->name, heir) == OK)
+            cluster_node_submit(member->node, &cmd, on_leave_done, member);
+    }
+    struct map_cmd cmd;
+    if (map_cmd_broker_leave(&cmd, member->self_id) == OK)
+        cluster_node_submit(member->node, &cmd, on_leave_done, member);
+    LOG_INFO("cluster: leaving the cluster (asked through the management API)");
+    json_kv_string(body, "leaving", cluster_node_name(member->node));
+    json_object_end(body);
+    return 202;
 }
 
 /* ---- lifecycle ---- */

@@ -49,6 +49,7 @@ struct member_peer {
     struct member *member;           /* borrowed: the owner */
     struct link *link;               /* owned */
     bool up;                         /* the link's handshake is done */
+    enum broker_state map_state;     /* its state in the map when last synced */
     struct link_channel *map_channel; /* forwards map entries (no confirms) */
     struct list_node forwarders;     /* struct proxy_forwarder.peer_link */
 };
@@ -85,6 +86,14 @@ void member_propose_entry(struct member *member, const uint8_t *entry, uint64_t 
  * here: this broker is the queue's primary and the epoch is current. */
 bool member_forward_fresh(struct member *member, struct bytes vhost, struct bytes queue,
                           uint64_t epoch);
+
+/* POST /api/cluster/leave (an http_action_fn; ctx is the member): this
+ * broker leaves the cluster map and its Raft membership. 202 once the
+ * changes are submitted (the broker can be stopped when it is gone from
+ * /api/cluster), 409 while it is the primary or a backup of any queue
+ * (their messages are here), 503 before it has caught up. */
+struct json;
+int member_leave(void *ctx, struct json *body);
 
 /* Places a new queue: the broker that should be its primary. pinned: an
  * exclusive, auto-delete or server-named queue stays with its connection. */

@@ -129,6 +129,10 @@ struct cluster_node {
     bool synced;         /* our sync applied since this process started */
     bool in_apply;       /* inside on_apply: submissions wait for the tick */
     bool nudge_in_flight; /* leader: a sync proposed to publish the commit index */
+    uint32_t leaving[CLUSTER_BROKERS_MAX]; /* left the map: the leader removes them from Raft */
+    uint32_t leaving_count;
+    uint32_t departed[CLUSTER_BROKERS_MAX]; /* leader: removed, maybe still Raft members */
+    uint32_t departed_count;
     bool nudge_again;
     bool sync_pending;
     struct consensus *consensus;
@@ -475,6 +479,9 @@ static int on_apply(void *ctx, uint64_t index, const uint8_t *cmd, size_t size, 
                                (size_t)cmd_size, &change);
     if (change.op != MAP_OP_SYNC)
         log_change(node, rc, &change, &prior);
+    if (rc == OK && change.op == MAP_OP_BROKER_LEAVE && change.changed &&
+        node->leaving_count < CLUSTER_BROKERS_MAX)
+        node->leaving[node->leaving_count++] = change.broker_id;
     node->in_apply = true;
     if (node->hooks.applied != NULL)
         node->hooks.applied(node->hooks.ctx, rc, &change);
@@ -693,6 +700,15 @@ static bool map_entry_differs(const struct cluster_map *map, const struct peer *
            !bytes_equal_cstr(b->cluster_address, peer->cluster_address) || b->voter != voter;
 }
 
+static bool departed(const struct cluster_node *node, uint64_t id)
+{
+    for (uint32_t i = 0; i < node->departed_count; i++) {
+        if (node->departed[i] == id)
+            return true;
+    }
+    return false;
+}
+
 /* Every Raft member (voter or standby) we have heard from gets a map entry
  * matching its heartbeat: the leader proposes broker.join on its behalf. */
 static void controller_announce_members(struct cluster_node *node)
@@ -705,6 +721,8 @@ static void controller_announce_members(struct cluster_node *node)
         const struct consensus_member *m = &members[i];
         if (m->role == CONSENSUS_ROLE_SPARE)
             continue; /* transient: its role is being assigned */
+        if (departed(node, m->id))
+            continue; /* it left: its removal from Raft is under way */
         struct peer *peer = peer_find(node, m->id);
         if (peer == NULL || peer->name[0] == '\0' || peer->join_in_flight)
             continue; /* not heard yet */
@@ -743,10 +761,27 @@ static void controller_liveness(struct cluster_node *node, uint64_t now)
     }
 }
 
+/* Brokers that left the map leave Raft too (queued behind other
+ * membership changes; a follower forgets its list, the leader acts). */
+static void controller_remove_leavers(struct cluster_node *node)
+{
+    for (uint32_t i = 0; i < node->leaving_count; i++) {
+        uint32_t id = node->leaving[i];
+        int rc = consensus_remove_member(node->consensus, id, NULL, NULL);
+        if (node->departed_count < CLUSTER_BROKERS_MAX)
+            node->departed[node->departed_count++] = id;
+        LOG_INFO("cluster: removing broker %" PRIu32 " from the Raft members: %s", id,
+                 rc == OK ? "queued" : consensus_strerror(rc));
+    }
+    node->leaving_count = 0;
+}
+
 static void controller_tick(struct cluster_node *node, uint64_t now)
 {
-    if (!node->leader || node->stopping)
+    if (!node->leader || node->stopping) {
+        node->leaving_count = 0; /* the leader removes them */
         return;
+    }
     if (!node->controller_ready) {
         /* The barrier: our own broker.join. Once it commits, every entry
          * of earlier terms is applied here too. */
@@ -756,6 +791,7 @@ static void controller_tick(struct cluster_node *node, uint64_t now)
             node->barrier_in_flight = true;
         return;
     }
+    controller_remove_leavers(node);
     controller_announce_members(node);
     controller_liveness(node, now);
 }

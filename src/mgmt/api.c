@@ -325,3 +325,10 @@ void mgmt_api_free(struct mgmt_api *api)
     http_server_free(&api->http);
     free(api);
 }
+
+void mgmt_api_route_post(struct mgmt_api *api, const char *path, http_action_fn action,
+                         void *ctx)
+{
+    if (api != NULL)
+        http_server_route_post(&api->http, path, action, ctx);
+}

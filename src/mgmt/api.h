@@ -32,6 +32,9 @@ int mgmt_api_start(struct broker *broker, const char *address);
 /* Adds a GET endpoint served by another module, e.g. the cluster's
  * GET /api/cluster (cluster_node_write_json); ctx is borrowed and must
  * outlive the API. At most HTTP_ROUTES_MAX endpoints in all. */
+/* Adds a POST action (e.g. /api/cluster/leave, registered by the broker). */
+void mgmt_api_route_post(struct mgmt_api *api, const char *path, http_action_fn action,
+                         void *ctx);
 void mgmt_api_route(struct mgmt_api *api, const char *path, http_handler_fn handler,
                     void *ctx);
 /* Stops listening and closes every HTTP client. Idempotent. */

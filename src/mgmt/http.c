@@ -216,12 +216,15 @@ static const char *status_text(int status)
 {
     switch (status) {
     case 200: return "OK";
+    case 202: return "Accepted";
     case 400: return "Bad Request";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
+    case 409: return "Conflict";
     case 414: return "URI Too Long";
     case 431: return "Request Header Fields Too Large";
+    case 503: return "Service Unavailable";
     case 505: return "HTTP Version Not Supported";
     default: break;
     }
@@ -285,11 +288,12 @@ static void answer_error(struct http_conn *hc, int status, const char *reason,
 }
 
 static const struct http_route *find_route(const struct http_server *server, const char *path,
-                                           size_t path_size)
+                                           size_t path_size, bool post)
 {
     for (uint32_t i = 0; i < server->routes_count; i++) {
         const struct http_route *route = &server->routes[i];
-        if (strlen(route->path) == path_size && memcmp(route->path, path, path_size) == 0)
+        if (strlen(route->path) == path_size && memcmp(route->path, path, path_size) == 0 &&
+            (route->action != NULL) == post)
             return route;
     }
     return NULL;
@@ -299,9 +303,10 @@ static void dispatch(struct http_conn *hc, const struct http_request *req)
 {
     bool get = req->method_size == 3 && memcmp(req->method, "GET", 3) == 0;
     bool head = req->method_size == 4 && memcmp(req->method, "HEAD", 4) == 0;
+    bool post = req->method_size == 4 && memcmp(req->method, "POST", 4) == 0;
     hc->head_only = head;
-    if (!get && !head) {
-        answer_error(hc, 405, "only GET and HEAD are served", "Allow: GET, HEAD\r\n");
+    if (!get && !head && !post) {
+        answer_error(hc, 405, "only GET, HEAD and POST are served", "Allow: GET, HEAD\r\n");
         return;
     }
     size_t path_size = 0;
@@ -310,18 +315,26 @@ static void dispatch(struct http_conn *hc, const struct http_request *req)
         path_size++;
     if (path_size > 1 && req->target[path_size - 1] == '/')
         path_size--;
-    const struct http_route *route = find_route(hc->server, req->target, path_size);
+    const struct http_route *route = find_route(hc->server, req->target, path_size, post);
     if (!route) {
-        answer_error(hc, 404, "no such path", "");
+        if (find_route(hc->server, req->target, path_size, !post) != NULL)
+            answer_error(hc, 405, post ? "not an action" : "an action: POST it",
+                         post ? "Allow: GET, HEAD\r\n" : "Allow: POST\r\n");
+        else
+            answer_error(hc, 404, "no such path", "");
         return;
     }
     struct json body;
     body_init(&body);
-    route->handler(route->ctx, &body);
-    LOG_DEBUG("http conn=%llu peer=%s %.*s %.*s: 200, %zu bytes",
+    int status = 200;
+    if (post)
+        status = route->action(route->ctx, &body);
+    else
+        route->handler(route->ctx, &body);
+    LOG_DEBUG("http conn=%llu peer=%s %.*s %.*s: %d, %zu bytes",
               (unsigned long long)hc->conn.id, hc->conn.peer_name, (int)req->method_size,
-              req->method, (int)path_size, req->target, body.size - HTTP_HEADROOM);
-    answer(hc, 200, &body, "");
+              req->method, (int)path_size, req->target, status, body.size - HTTP_HEADROOM);
+    answer(hc, status, &body, "");
 }
 
 static long on_input(struct conn *conn, const uint8_t *data, size_t size)
@@ -452,6 +465,14 @@ void http_server_route(struct http_server *server, const char *path, http_handle
     ASSERT(handler != NULL);
     server->routes[server->routes_count++] =
         (struct http_route){.path = path, .handler = handler, .ctx = ctx};
+}
+
+void http_server_route_post(struct http_server *server, const char *path, http_action_fn action,
+                            void *ctx)
+{
+    ASSERT(server->routes_count < HTTP_ROUTES_MAX);
+    server->routes[server->routes_count++] =
+        (struct http_route){.path = path, .action = action, .ctx = ctx};
 }
 
 void http_server_close(struct http_server *server)

@@ -13,7 +13,8 @@
  *     HTTP_REQUEST_SIZE_MAX bytes: 414 if the request line alone does
  *     not fit, 431 if the headers do not;
  *   - a malformed head is 400, an HTTP major version other than 1 is 505,
- *     a method other than GET/HEAD is 405, an unknown path 404;
+ *     a method other than GET/HEAD (or POST, for an action) is 405, an
+ *     unknown path 404;
  *   - a client has HTTP_TIMEOUT_MS to send its head (then 408 and close)
  *     and, once answered, to keep reading the answer (then it is cut);
  *   - at most HTTP_CONNS_MAX clients at once; more are accepted and
@@ -50,9 +51,14 @@ struct json;
  * JSON value. */
 typedef void (*http_handler_fn)(void *ctx, struct json *body);
 
+/* A POST action: writes a JSON body and returns the HTTP status (200, 202,
+ * 409...). The request has no body. */
+typedef int (*http_action_fn)(void *ctx, struct json *body);
+
 struct http_route {
     const char *path;              /* borrowed, static: "/api/queues" */
-    http_handler_fn handler;
+    http_handler_fn handler;       /* GET (and HEAD), or NULL */
+    http_action_fn action;         /* POST, or NULL */
     void *ctx;                     /* borrowed */
 };
 
@@ -82,6 +88,9 @@ int http_server_open(struct http_server *server, struct net *net, const char *ad
  * string of the request are ignored when matching). Before or after open. */
 void http_server_route(struct http_server *server, const char *path, http_handler_fn handler,
                        void *ctx);
+/* Registers a POST action for an exact path (no request body). */
+void http_server_route_post(struct http_server *server, const char *path, http_action_fn action,
+                            void *ctx);
 /* Stops listening and closes every client. Idempotent. */
 void http_server_close(struct http_server *server);
 /* After the loop ran the close callbacks: frees the pool (asserting that

@@ -17,16 +17,18 @@ are injected with kill -9 and SIGSTOP/SIGCONT.
 import json
 import os
 import signal
+import subprocess
 import socket
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, run, test, wait_until  # noqa: E402
+from clustertest import Cluster, quayd_path, run, test, wait_until  # noqa: E402
 from quaytest import handshake  # noqa: E402
 
 import pika  # noqa: E402
@@ -524,6 +526,48 @@ def a_killed_leader_is_replaced_and_definitions_stay():
     c = connect(leader)
     for m in others:
         c.channel().queue_declare("after-leader-" + m.name, passive=True)
+    c.close()
+
+
+@test(timeout=120)
+def a_broker_joins_and_leaves():
+    members = [A, B, C]
+    D = cluster.add("d", join=[A, B])
+    wait_until(lambda: all(m.view() and m.view().brokers.get("d") == "up"
+                           for m in members + [D]), 20, what="d up everywhere")
+    link_up = "(127.0.0.1:%d) is up" % D.amqp_port
+    wait_until(lambda: all(link_up in m.log_text() for m in members), 10,
+               what="every broker's link to d")
+    name = queue_on(D, A, "dq")
+    leave_url = "http://127.0.0.1:%d/api/cluster/leave" % D.http_port
+
+    def post():
+        req = urllib.request.Request(leave_url, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, json.load(r)
+        except urllib.error.HTTPError as e:
+            return e.code, json.load(e)
+    status, body = post()
+    assert status == 409 and body["queues"] == 1, (status, body)
+    c = connect(B)
+    c.channel().queue_delete(name)
+    c.close()
+    wait_until(lambda: primary_of(D, name) is None, 5)
+    ctl = os.path.join(os.path.dirname(quayd_path()), "quayctl")
+    out = subprocess.run([ctl, "--http", "127.0.0.1:%d" % D.http_port, "leave"],
+                         capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0, out.stderr
+    wait_until(lambda: all(m.view() and "d" not in m.view().brokers for m in members), 15,
+               what="d gone from every map")
+    assert D.stop() == 0
+    # The cluster goes on without it (a queue on its old share of the ring works).
+    c = connect(C)
+    ch = c.channel()
+    ch.queue_declare("after-d", durable=True)
+    ch.confirm_delivery()
+    ch.basic_publish("", "after-d", b"x")
+    assert ch.basic_get("after-d", auto_ack=True)[2] == b"x"
     c.close()
 
 
