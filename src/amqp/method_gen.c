@@ -1139,6 +1139,55 @@ static void encode_basic_quay_forward(const struct method *in, struct wire_write
     wire_write_u64(w, m->epoch);
 }
 
+static int decode_basic_quay_replicate(struct method *out, struct wire_reader *r)
+{
+    struct method_basic_quay_replicate *m = &out->basic_quay_replicate;
+    m->queue = wire_read_shortstr(r);
+    m->exchange = wire_read_shortstr(r);
+    m->routing_key = wire_read_shortstr(r);
+    m->epoch = wire_read_u64(r);
+    m->seq = wire_read_u64(r);
+    return r->failed ? E_SYNTAX : OK;
+}
+
+static void encode_basic_quay_replicate(const struct method *in, struct wire_writer *w)
+{
+    const struct method_basic_quay_replicate *m = &in->basic_quay_replicate;
+    ASSERT(m->queue.len <= 255);
+    wire_write_shortstr(w, m->queue);
+    ASSERT(m->exchange.len <= 255);
+    wire_write_shortstr(w, m->exchange);
+    ASSERT(m->routing_key.len <= 255);
+    wire_write_shortstr(w, m->routing_key);
+    wire_write_u64(w, m->epoch);
+    wire_write_u64(w, m->seq);
+}
+
+static int decode_basic_quay_settle(struct method *out, struct wire_reader *r)
+{
+    struct method_basic_quay_settle *m = &out->basic_quay_settle;
+    uint8_t bits;
+    m->queue = wire_read_shortstr(r);
+    m->epoch = wire_read_u64(r);
+    m->seq = wire_read_u64(r);
+    bits = wire_read_u8(r);
+    m->purge = (bits & 0x01) != 0;
+    return r->failed ? E_SYNTAX : OK;
+}
+
+static void encode_basic_quay_settle(const struct method *in, struct wire_writer *w)
+{
+    const struct method_basic_quay_settle *m = &in->basic_quay_settle;
+    uint8_t bits;
+    ASSERT(m->queue.len <= 255);
+    wire_write_shortstr(w, m->queue);
+    wire_write_u64(w, m->epoch);
+    wire_write_u64(w, m->seq);
+    bits = 0;
+    bits = (uint8_t)(bits | (m->purge ? 0x01 : 0));
+    wire_write_u8(w, bits);
+}
+
 static int decode_confirm_select(struct method *out, struct wire_reader *r)
 {
     struct method_confirm_select *m = &out->confirm_select;
@@ -1310,6 +1359,8 @@ static const struct {
     {decode_basic_recover_ok, encode_basic_recover_ok},
     {decode_basic_nack, encode_basic_nack},
     {decode_basic_quay_forward, encode_basic_quay_forward},
+    {decode_basic_quay_replicate, encode_basic_quay_replicate},
+    {decode_basic_quay_settle, encode_basic_quay_settle},
     {decode_confirm_select, encode_confirm_select},
     {decode_confirm_select_ok, encode_confirm_select_ok},
     {decode_tx_select, encode_tx_select},
@@ -1596,6 +1647,20 @@ static const struct method_field FIELDS_BASIC_QUAY_FORWARD[] = {
     {"routing-key", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_forward.routing_key)},
     {"epoch", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_forward.epoch)},
 };
+static const struct method_field FIELDS_BASIC_QUAY_REPLICATE[] = {
+    {"queue", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_replicate.queue)},
+    {"exchange", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_replicate.exchange)},
+    {"routing-key", METHOD_FIELD_SHORTSTR,
+     offsetof(struct method, basic_quay_replicate.routing_key)},
+    {"epoch", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_replicate.epoch)},
+    {"seq", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_replicate.seq)},
+};
+static const struct method_field FIELDS_BASIC_QUAY_SETTLE[] = {
+    {"queue", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_settle.queue)},
+    {"epoch", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_settle.epoch)},
+    {"seq", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_settle.seq)},
+    {"purge", METHOD_FIELD_BIT, offsetof(struct method, basic_quay_settle.purge)},
+};
 static const struct method_field FIELDS_CONFIRM_SELECT[] = {
     {"no-wait", METHOD_FIELD_BIT, offsetof(struct method, confirm_select.no_wait)},
 };
@@ -1715,6 +1780,10 @@ const struct method_info METHOD_INFOS[METHOD_COUNT] = {
      false, false, 3, FIELDS_BASIC_NACK},
     {METHOD_BASIC_QUAY_FORWARD, "basic.quay-forward",
      false, true, 4, FIELDS_BASIC_QUAY_FORWARD},
+    {METHOD_BASIC_QUAY_REPLICATE, "basic.quay-replicate",
+     false, true, 5, FIELDS_BASIC_QUAY_REPLICATE},
+    {METHOD_BASIC_QUAY_SETTLE, "basic.quay-settle",
+     false, false, 4, FIELDS_BASIC_QUAY_SETTLE},
     {METHOD_CONFIRM_SELECT, "confirm.select",
      true, false, 1, FIELDS_CONFIRM_SELECT},
     {METHOD_CONFIRM_SELECT_OK, "confirm.select-ok",

@@ -29,6 +29,7 @@ void broker_config_defaults(struct broker_config *config)
     /* RabbitMQ's defaults: 40% of physical memory, 50 MB of free disk. */
     alarm_parse_size("0.4", true, &config->memory_high_watermark);
     config->disk_free_limit = 50u * 1000 * 1000;
+    config->default_backups = 1; /* in a cluster: a queue survives its primary */
     config->limits = (struct broker_limits){
         .frame_max = 131072,
         .channel_max = 2047,
@@ -104,7 +105,7 @@ static int start_cluster(struct broker *broker)
         return -1;
     }
     broker->cluster_secret = cluster_node_secret(broker->cluster);
-    broker->member = member_new(broker, broker->cluster);
+    broker->member = member_new(broker, broker->cluster, broker->config.default_backups);
     return 0;
 }
 

@@ -48,6 +48,7 @@ struct broker_config {
     const char *users_file;
     const char *http_listen;         /* management API "ADDR:PORT"; NULL = off */
     const struct cluster_node_config *cluster; /* borrowed; NULL = not clustered */
+    uint8_t default_backups;         /* cluster: backups of a queue without x-quay-backups */
     struct broker_limits limits;
 };
 

@@ -297,7 +297,9 @@ static void content_complete(struct channel *ch)
     struct message *message = ch->assembling;
     ch->assembling = NULL;
     ch->content = CONTENT_STATE_NONE;
-    if (ch->publish_forward)
+    if (ch->publish_forward && ch->publish_replicate)
+        channel__route_replica(ch, message);
+    else if (ch->publish_forward)
         channel__route_forward(ch, message);
     else
         channel__route_publish(ch, message, ch->publish_mandatory);
@@ -470,15 +472,43 @@ void channel__begin_publish(struct channel *ch, const struct method *m)
     alarm_note_publisher(ch->connection->broker, ch->connection);
 }
 
+/* quay's own methods are for peer brokers only: clients see them as the
+ * unknown methods they are to them. */
+static bool peer_only(struct channel *ch, uint32_t method_id)
+{
+    if (ch->connection->cluster_peer)
+        return true;
+    channel__connection_fail(ch, REPLY_NOT_IMPLEMENTED, method_id, "unknown method %u.%u",
+                             METHOD_CLASS_ID(method_id), METHOD_METHOD_ID(method_id));
+    return false;
+}
+
+void channel__handle_settle(struct channel *ch, const struct method *m)
+{
+    const struct method_basic_quay_settle *s = &m->basic_quay_settle;
+    struct broker *broker = ch->connection->broker;
+    if (peer_only(ch, m->id) && broker->member)
+        member_replica_settle(broker->member, ch->vhost, s->queue, s->epoch,
+                              s->purge ? 0 : s->seq);
+}
+
 void channel__begin_forward(struct channel *ch, const struct method *m)
 {
-    const struct method_basic_quay_forward *f = &m->basic_quay_forward;
-    if (!ch->connection->cluster_peer) {
-        /* Clients see it as the unknown method it is to them. */
-        channel__connection_fail(ch, REPLY_NOT_IMPLEMENTED, m->id, "unknown method %u.%u",
-                                 METHOD_CLASS_ID(m->id), METHOD_METHOD_ID(m->id));
+    if (!peer_only(ch, m->id))
         return;
+    struct method_basic_quay_forward fwd;
+    ch->publish_replicate = m->id == METHOD_BASIC_QUAY_REPLICATE;
+    if (ch->publish_replicate) {
+        /* The primary's copy for us, as it was published. */
+        fwd = (struct method_basic_quay_forward){
+            .queue = m->basic_quay_replicate.queue, .exchange = m->basic_quay_replicate.exchange,
+            .routing_key = m->basic_quay_replicate.routing_key,
+            .epoch = m->basic_quay_replicate.epoch};
+        ch->replicate_seq = m->basic_quay_replicate.seq;
+    } else {
+        fwd = m->basic_quay_forward;
     }
+    const struct method_basic_quay_forward *f = &fwd;
     if (!ch->publish_names) {
         ch->publish_names = malloc(512);
         ASSERT(ch->publish_names != NULL);
@@ -681,26 +711,24 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
     if (result.count == 0 && mandatory)
         send_return(ch, message, REPLY_NO_ROUTE, "NO_ROUTE");
     bool rejected = false;
-    uint64_t ticket = 0;
     uint64_t seq = ch->confirm_mode ? ch->publish_seq + 1 : 0;
-    uint32_t remote = 0;
+    struct publish_wait wait = {.sink = seq ? channel_sink(ch) : NULL, .seq = seq};
     for (uint32_t i = 0; i < result.count; i++) {
         struct queue *queue = CONTAINER_OF(result.dests[i], struct queue, as_dest);
         if (queue->remote_ops) {
             /* Its primary is another broker: the confirm waits for it. */
-            struct confirm_sink *sink = seq ? channel_sink(ch) : NULL;
-            if (!queue->remote_ops->forward(queue, message, sink, seq))
+            if (!queue->remote_ops->forward(queue, message, wait.sink, seq))
                 rejected = true;
-            else if (sink)
-                remote++;
+            else if (wait.sink)
+                wait.remote++;
             continue;
         }
-        if (queue_publish(queue, message, &ticket) == QUEUE_PUBLISH_REJECTED)
+        if (queue_publish(queue, message, &wait) == QUEUE_PUBLISH_REJECTED)
             rejected = true;
     }
-    if (ch->tx_mode && ticket > ch->tx_ticket)
-        ch->tx_ticket = ticket; /* tx.commit-ok waits for it */
-    confirm_publish(ch, ticket, remote, rejected);
+    if (ch->tx_mode && wait.ticket > ch->tx_ticket)
+        ch->tx_ticket = wait.ticket; /* tx.commit-ok waits for it */
+    confirm_publish(ch, wait.ticket, wait.remote, rejected);
 }
 
 /* The publisher's confirm for the publish just routed: now, or once the
@@ -741,10 +769,23 @@ void channel__route_forward(struct channel *ch, struct message *message)
     bool rejected = queue == NULL || queue_is_remote(queue) ||
                     (broker->member && !member_forward_fresh(broker->member, ch->vhost->name,
                                                              target, ch->forward_epoch));
-    uint64_t ticket = 0;
-    if (!rejected && queue_publish(queue, message, &ticket) == QUEUE_PUBLISH_REJECTED)
+    uint64_t seq = ch->confirm_mode ? ch->publish_seq + 1 : 0;
+    struct publish_wait wait = {.sink = seq ? channel_sink(ch) : NULL, .seq = seq};
+    if (!rejected && queue_publish(queue, message, &wait) == QUEUE_PUBLISH_REJECTED)
         rejected = true;
-    confirm_publish(ch, ticket, 0, rejected);
+    confirm_publish(ch, wait.ticket, wait.remote, rejected);
+}
+
+/* A primary's replication of a message to us (a backup): kept in the
+ * stand-in's replica, acked so its publisher's confirm can go out. */
+void channel__route_replica(struct channel *ch, struct message *message)
+{
+    struct broker *broker = ch->connection->broker;
+    struct bytes target = {ch->forward_target, ch->forward_target_size};
+    bool ok = broker->member && member_replica_push(broker->member, ch->vhost, target,
+                                                    ch->forward_epoch, ch->replicate_seq,
+                                                    message);
+    confirm_publish(ch, 0, 0, !ok);
 }
 
 void channels_flush_confirms(struct connection *connection)

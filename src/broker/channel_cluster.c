@@ -37,6 +37,7 @@ struct cluster_wait {
     struct map_queue_decl decl;       /* vhost and name borrow from the channel and above */
     struct bytes arguments;           /* owned copy */
     bool pinned;
+    int32_t backups;                  /* x-quay-backups, -1: the default */
     uint8_t retries;
 };
 
@@ -100,8 +101,7 @@ static void on_committed(void *ctx, int status, const struct map_change *change)
         w->retries++;
         w->decl.name = (struct bytes){w->name, w->name_size};
         w->decl.arguments = (struct table){w->arguments.ptr, (uint32_t)w->arguments.len};
-        w->decl.primary_id =
-            member_place_queue(broker->member, w->decl.vhost, w->decl.name, w->pinned);
+        member_place_queue(broker->member, &w->decl, w->pinned, w->backups);
         struct map_cmd cmd;
         if (map_cmd_queue_declare(&cmd, &w->decl, cluster_node_id(broker->cluster)) == OK) {
             ch->cluster_wait = w;
@@ -123,11 +123,12 @@ static void on_committed(void *ctx, int status, const struct map_change *change)
     free(w);
 }
 
-void channel__cluster_declare(struct channel *ch, const struct map_queue_decl *decl, bool pinned,
-                              bool no_wait)
+void channel__cluster_declare(struct channel *ch, struct map_queue_decl *decl, bool pinned,
+                              int32_t backups, bool no_wait)
 {
     struct map_cmd cmd;
     struct broker *broker = ch->connection->broker;
+    member_place_queue(broker->member, decl, pinned, backups);
     if (map_cmd_queue_declare(&cmd, decl, cluster_node_id(broker->cluster)) != OK)
         return;
     channel__cluster_submit(ch, METHOD_QUEUE_DECLARE, no_wait, &cmd, decl->name, 0);
@@ -136,6 +137,7 @@ void channel__cluster_declare(struct channel *ch, const struct map_queue_decl *d
     w->decl.vhost = ch->vhost->name;
     w->arguments = bytes_dup((struct bytes){decl->arguments.ptr, decl->arguments.len});
     w->pinned = pinned;
+    w->backups = backups;
 }
 
 void channel__cluster_submit(struct channel *ch, uint32_t method_id, bool no_wait,
@@ -199,15 +201,12 @@ void channel__fail_unreachable(struct channel *ch, const struct queue *queue, ui
 
 static void redeclare(struct channel *ch, const struct queue *stub)
 {
-    struct broker *broker = ch->connection->broker;
     struct map_queue_decl decl = {
         .vhost = ch->vhost->name, .name = stub->name, .durable = stub->durable,
         .auto_delete = stub->auto_delete,
-        .arguments = {stub->arguments.ptr, (uint32_t)stub->arguments.len},
-        .primary_id = member_place_queue(broker->member, ch->vhost->name, stub->name,
-                                         stub->auto_delete),
-        .replication_factor = 1};
-    channel__cluster_declare(ch, &decl, stub->auto_delete, ch->remote_no_wait);
+        .arguments = {stub->arguments.ptr, (uint32_t)stub->arguments.len}};
+    channel__cluster_declare(ch, &decl, stub->auto_delete, stub->args.quay_backups,
+                             ch->remote_no_wait);
 }
 
 static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes text,

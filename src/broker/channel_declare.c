@@ -349,18 +349,15 @@ static void send_declare_ok(struct channel *ch, const struct queue *queue)
 /* A new queue in a cluster: placed (pinned here when exclusive,
  * auto-delete or server-named), then declared through the map. */
 static void declare_in_cluster(struct channel *ch, const struct method *m, struct bytes name,
-                               bool server_named)
+                               bool server_named, int32_t backups)
 {
     const struct method_queue_declare *d = &m->queue_declare;
-    struct broker *broker = ch->connection->broker;
     bool pinned = d->exclusive || d->auto_delete || server_named;
     struct map_queue_decl decl = {
         .vhost = ch->vhost->name, .name = name, .durable = d->durable,
         .exclusive = d->exclusive, .auto_delete = d->auto_delete, .arguments = d->arguments,
-        .exclusive_connection_id = d->exclusive ? ch->connection->conn.id : 0,
-        .primary_id = member_place_queue(broker->member, ch->vhost->name, name, pinned),
-        .replication_factor = 1};
-    channel__cluster_declare(ch, &decl, pinned, d->no_wait);
+        .exclusive_connection_id = d->exclusive ? ch->connection->conn.id : 0};
+    channel__cluster_declare(ch, &decl, pinned, backups, d->no_wait);
 }
 
 static void queue_declare(struct channel *ch, const struct method *m)
@@ -410,7 +407,7 @@ static void queue_declare(struct channel *ch, const struct method *m)
         }
         struct bytes args = {d->arguments.ptr, d->arguments.len};
         if (channel__clustered(ch)) {
-            declare_in_cluster(ch, m, name, d->queue.len == 0);
+            declare_in_cluster(ch, m, name, d->queue.len == 0, parsed.quay_backups);
             return;
         }
         queue = vhost_queue_declare(ch->vhost, name, d->durable, d->exclusive, d->auto_delete,

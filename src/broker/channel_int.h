@@ -96,6 +96,8 @@ struct channel {
     enum content_state content;
     bool publish_mandatory;
     bool publish_forward;             /* basic.quay-forward from a peer broker */
+    bool publish_replicate;           /* basic.quay-replicate: a primary's stream to us */
+    uint64_t replicate_seq;
     uint8_t forward_target_size;
     uint8_t *forward_target;          /* owned, 256 bytes: the queue it goes to */
     uint64_t forward_epoch;
@@ -153,9 +155,12 @@ void channel__route_publish(struct channel *ch, struct message *message, bool ma
 /* Routes now (also used by tx.commit). */
 void channel__route_now(struct channel *ch, struct message *message, bool mandatory);
 void channel__route_forward(struct channel *ch, struct message *message);
+void channel__route_replica(struct channel *ch, struct message *message);
 void channel__begin_publish(struct channel *ch, const struct method *m);
 /* basic.quay-forward: a peer broker's publish for one of our queues. */
 void channel__begin_forward(struct channel *ch, const struct method *m);
+/* basic.quay-settle: a message left a queue we are a backup of. */
+void channel__handle_settle(struct channel *ch, const struct method *m);
 
 /* The journal synced everything up to ticket (status < 0: it failed, and
  * the publishes waiting for it are nacked). */
@@ -186,11 +191,12 @@ bool channel__clustered(const struct channel *ch);
  * map's reply. */
 void channel__cluster_submit(struct channel *ch, uint32_t method_id, bool no_wait,
                              struct map_cmd *cmd, struct bytes queue_name, uint32_t message_count);
-/* queue.declare of a new queue (decl placed already): submitted, and placed
- * again if the map finds the chosen broker down. */
+/* queue.declare of a new queue: placed (primary, backups: x-quay-backups
+ * or -1 for the default), submitted, and placed again if the map finds the
+ * chosen broker down. */
 struct map_queue_decl;
-void channel__cluster_declare(struct channel *ch, const struct map_queue_decl *decl, bool pinned,
-                              bool no_wait);
+void channel__cluster_declare(struct channel *ch, struct map_queue_decl *decl, bool pinned,
+                              int32_t backups, bool no_wait);
 /* The primary answered the channel's request: its input flows again. */
 void channel__remote_op_done(struct channel *ch, const struct queue *queue);
 /* A stand-in's primary refused the method: the same code and text (its

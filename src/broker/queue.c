@@ -135,11 +135,19 @@ static bool logged(const struct queue *queue, const struct message *message)
     return queue->journal != NULL && message->persistent;
 }
 
+/* A message left the queue for good: its backups are told. */
+static void replicate_removal(struct queue *queue, uint64_t seq)
+{
+    if (queue->replication_ops)
+        queue->replication_ops->removed(queue, seq);
+}
+
 /* The message leaves the queue for good (ack, reject, expiry, overflow). */
 static void forget(struct queue *queue, uint64_t seq, const struct message *message)
 {
     if (logged(queue, message))
         journal_ack(queue->journal, seq);
+    replicate_removal(queue, seq);
 }
 
 /* Reads a paged-out message back from the journal (a synchronous pread on
@@ -184,6 +192,7 @@ static void discard(struct queue *queue, struct queue_entry entry, enum dead_let
     if (entry.paged) {
         if (queue->journal)
             journal_ack(queue->journal, entry.seq);
+        replicate_removal(queue, entry.seq);
         /* Only a dead-letter exchange needs the body back. */
         if (!queue->args.has_dead_letter_exchange) {
             ASSERT(queue->paged_count > 0);
@@ -275,6 +284,7 @@ void queue_unref(struct queue *queue)
     ASSERT(queue->as_dest.bindings_in_count == 0);
     if (queue->remote_ops)
         queue->remote_ops->free(queue);
+    free(queue->replication); /* plain data (cluster/replica.c) */
     if (queue->timer) {
         queue->timer->data = NULL;
         uv_close((uv_handle_t *)queue->timer, on_timer_closed);
@@ -400,7 +410,7 @@ static uint64_t expiry_for(const struct queue *queue, const struct message *mess
 }
 
 enum queue_publish_result queue_publish(struct queue *queue, struct message *message,
-                                        uint64_t *ticket)
+                                        struct publish_wait *wait)
 {
     ASSERT(!queue->deleted);
     ASSERT(!queue->remote_ops); /* the channel forwards those */
@@ -418,9 +428,11 @@ enum queue_publish_result queue_publish(struct queue *queue, struct message *mes
     if (logged(queue, message)) {
         struct bytes blob = message_blob(message);
         uint64_t t = journal_publish(queue->journal, entry.seq, blob.ptr, blob.len);
-        if (ticket && t > *ticket)
-            *ticket = t;
+        if (wait && t > wait->ticket)
+            wait->ticket = t;
     }
+    if (queue->replication_ops)
+        queue->replication_ops->published(queue, entry.seq, message, wait);
     ring_push_back(ring_for(queue, message->priority), entry);
     queue->ready_count++;
     queue->ready_bytes += message->body_size;
@@ -460,6 +472,22 @@ void queue_requeue(struct queue *queue, struct queue_entry entry)
     queue->ready_bytes += entry.message->body_size;
     if (entry.expires_at_ms != 0)
         schedule_timer(queue);
+}
+
+void queue_adopt(struct queue *queue, struct message *message)
+{
+    ASSERT(!queue->deleted && !queue->remote_ops);
+    message_ref(message);
+    struct queue_entry entry = {.message = message, .seq = queue->next_seq++, .redelivered = 1};
+    if (logged(queue, message)) {
+        struct bytes blob = message_blob(message);
+        journal_publish(queue->journal, entry.seq, blob.ptr, blob.len);
+    }
+    if (queue->replication_ops)
+        queue->replication_ops->published(queue, entry.seq, message, NULL);
+    ring_push_back(ring_for(queue, message->priority), entry);
+    queue->ready_count++;
+    queue->ready_bytes += message->body_size;
 }
 
 void queue_recover_message(struct queue *queue, struct message *message, uint64_t seq,
@@ -528,6 +556,7 @@ bool queue_take(struct queue *queue, struct queue_entry *out)
             /* The journal could not give it back (and said why); it is
              * acked there so recovery does not return it in a loop. */
             journal_ack(queue->journal, out->seq);
+            replicate_removal(queue, out->seq);
             continue;
         }
         break;
@@ -542,6 +571,8 @@ bool queue_take(struct queue *queue, struct queue_entry *out)
 uint32_t queue_purge(struct queue *queue)
 {
     uint32_t count = queue->ready_count;
+    if (count > 0)
+        replicate_removal(queue, 0); /* seq 0: every ready message */
     if (queue->journal && count > 0) {
         /* Unacked messages survive a purge (RabbitMQ); ack the ready ones. */
         for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
@@ -549,10 +580,8 @@ uint32_t queue_purge(struct queue *queue)
                 level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
             for (uint32_t i = 0; i < ring->count; i++) {
                 struct queue_entry *entry = ring_slot(ring, i);
-                if (entry->paged)
-                    journal_ack(queue->journal, entry->seq);
-                else
-                    forget(queue, entry->seq, entry->message);
+                if (entry->paged || entry->message->persistent)
+                    journal_ack(queue->journal, entry->seq); /* (the backups were told) */
             }
         }
     }

@@ -100,6 +100,28 @@ struct queue_remote_ops {
     void (*free)(struct queue *queue);
 };
 
+/* What a publisher's confirm waits for, gathered while its publish is
+ * routed (channel.c): the journal's fsync and the answers of other brokers
+ * (primaries of stand-ins, backups of our queues). */
+struct publish_wait {
+    uint64_t ticket;           /* journal sync ticket, max over the queues */
+    struct confirm_sink *sink; /* where other brokers' answers go; NULL: nobody waits */
+    uint64_t seq;              /* the publish's number on its channel */
+    uint32_t remote;           /* answers owed to the sink */
+};
+
+/* A queue whose broker is its primary and that has backups
+ * (cluster/replica.c): every change is streamed to them. */
+struct queue_replication_ops {
+    /* Message seq entered the queue; the publisher's confirm (wait, may be
+     * NULL) also waits for the backups that will answer. */
+    void (*published)(struct queue *queue, uint64_t seq, struct message *message,
+                      struct publish_wait *wait);
+    /* Message seq left the queue for good (ack, reject, expiry, overflow);
+     * seq 0: every ready message did (purge). */
+    void (*removed)(struct queue *queue, uint64_t seq);
+};
+
 struct consumer {
     const struct consumer_ops *ops;   /* borrowed, static */
     struct queue *queue;              /* holds a queue reference while attached */
@@ -141,6 +163,8 @@ struct queue {
     struct journal_queue *journal;    /* borrowed from the journal: durable queues */
     const struct queue_remote_ops *remote_ops; /* non-NULL: a stand-in (see above) */
     void *remote;                     /* the proxy's state for a stand-in */
+    const struct queue_replication_ops *replication_ops; /* non-NULL: it has backups */
+    void *replication;                /* cluster/replica.c's state */
     uint64_t paged_count;             /* ready entries whose body is only on disk */
     uint32_t refs;                    /* the vhost's table + deliveries + consumers */
     uint64_t next_seq;
@@ -160,10 +184,16 @@ enum queue_publish_result {
 
 /* Enqueue a routed message (takes a new reference) and dispatch. A
  * persistent message on a durable queue is appended to the journal; its
- * sync ticket is written to *ticket (max'ed with what is there), so the
- * publisher's confirm can wait for the fsync. ticket may be NULL. */
+ * sync ticket is max'ed into wait->ticket, and backups that will answer
+ * are counted in wait->remote, so the publisher's confirm can wait for
+ * both. wait may be NULL. */
 enum queue_publish_result queue_publish(struct queue *queue, struct message *message,
-                                        uint64_t *ticket);
+                                        struct publish_wait *wait);
+/* A promoted backup's copy of a message (cluster/replica.c): enqueued at
+ * the tail like a publish (journaled, streamed to the new backups) but
+ * without limits or TTL checks, marked redelivered as it may have been
+ * delivered by the old primary. Does not dispatch. */
+void queue_adopt(struct queue *queue, struct message *message);
 /* Recovery: puts a message read back from the journal at the tail. */
 void queue_recover_message(struct queue *queue, struct message *message, uint64_t seq,
                            bool delivered);

@@ -59,6 +59,8 @@ static void usage(FILE *out)
             "                          --join, a new cluster is formed)\n"
             "  --cluster-secret-file F the cluster secret: the file's bytes (16..1024), the\n"
             "                          same on every broker; required with --cluster-listen\n"
+            "  --default-backups N     cluster: backups of a queue declared without\n"
+            "                          x-quay-backups (0..3, default 1)\n"
             "  --hash-password PW      print a password hash for the users file and exit\n"
             "  --help                  this text\n");
 }
@@ -69,6 +71,7 @@ enum option_id {
     OPT_MAX_MESSAGE_SIZE, OPT_HASH_PASSWORD, OPT_HELP, OPT_MEMORY_HIGH_WATERMARK,
     OPT_DISK_FREE_LIMIT, OPT_HTTP,
     OPT_CONFIG, OPT_NAME, OPT_CLUSTER_LISTEN, OPT_JOIN, OPT_CLUSTER_SECRET_FILE,
+    OPT_DEFAULT_BACKUPS,
 };
 
 static const struct option long_options[] = {
@@ -92,6 +95,7 @@ static const struct option long_options[] = {
     {"cluster-listen", required_argument, NULL, OPT_CLUSTER_LISTEN},
     {"join", required_argument, NULL, OPT_JOIN},
     {"cluster-secret-file", required_argument, NULL, OPT_CLUSTER_SECRET_FILE},
+    {"default-backups", required_argument, NULL, OPT_DEFAULT_BACKUPS},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -175,11 +179,39 @@ static int set_limit(int opt, const char *text, struct broker_limits *limits)
     return 0;
 }
 
+/* The sized options (alarms, the cluster's default backups): 1 if opt is
+ * one of them (and it is set), 0 if not, -1 for a bad value. */
+static int set_sized(int opt, const char *text, struct broker_config *config)
+{
+    uint64_t n;
+    switch (opt) {
+    case OPT_MEMORY_HIGH_WATERMARK:
+        if (alarm_parse_size(text, true, &config->memory_high_watermark) == 0)
+            return 1;
+        fprintf(stderr, "quayd: bad value for --memory-high-watermark: '%s'\n", text);
+        return -1;
+    case OPT_DISK_FREE_LIMIT:
+        if (alarm_parse_size(text, false, &config->disk_free_limit) == 0)
+            return 1;
+        fprintf(stderr, "quayd: bad value for --disk-free-limit: '%s'\n", text);
+        return -1;
+    case OPT_DEFAULT_BACKUPS:
+        if (parse_u64("default-backups", text, 3, &n) != 0)
+            return -1;
+        config->default_backups = (uint8_t)n;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 static int parse_options(int argc, char **argv, struct broker_config *config)
 {
     int opt;
     while ((opt = getopt_long(argc, argv, "h", long_options, NULL)) != -1) {
         int limit = set_limit(opt, optarg, &config->limits);
+        if (limit == 0)
+            limit = set_sized(opt, optarg, config);
         if (limit < 0)
             return -1;
         if (limit > 0)
@@ -217,18 +249,6 @@ static int parse_options(int argc, char **argv, struct broker_config *config)
         case OPT_LOG_LEVEL:
             if (log_level_parse(optarg, &log_level_current) != 0) {
                 fprintf(stderr, "quayd: unknown log level '%s'\n", optarg);
-                return -1;
-            }
-            break;
-        case OPT_MEMORY_HIGH_WATERMARK:
-            if (alarm_parse_size(optarg, true, &config->memory_high_watermark) != 0) {
-                fprintf(stderr, "quayd: bad value for --memory-high-watermark: '%s'\n", optarg);
-                return -1;
-            }
-            break;
-        case OPT_DISK_FREE_LIMIT:
-            if (alarm_parse_size(optarg, false, &config->disk_free_limit) != 0) {
-                fprintf(stderr, "quayd: bad value for --disk-free-limit: '%s'\n", optarg);
                 return -1;
             }
             break;

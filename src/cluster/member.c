@@ -12,11 +12,13 @@
 #include "amqp/method_gen.h"
 #include "broker/broker.h"
 #include "broker/message.h"
+#include "broker/queue.h"
 #include "broker/vhost.h"
 #include "cluster/link.h"
 #include "cluster/mirror.h"
 #include "cluster/node.h"
 #include "cluster/proxy.h"
+#include "cluster/replica.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -178,15 +180,84 @@ bool member_forward_fresh(struct member *member, struct bytes vhost, struct byte
 
 /* ---- placement and local decisions ---- */
 
-uint32_t member_place_queue(struct member *member, struct bytes vhost, struct bytes name,
-                            bool pinned)
+void member_place_queue(struct member *member, struct map_queue_decl *decl, bool pinned,
+                        int32_t backups)
 {
+    if (backups < 0)
+        backups = member->default_backups;
+    if (decl->exclusive || backups > CLUSTER_BACKUPS_MAX)
+        backups = 0; /* an exclusive queue dies with its connection anyway */
+    decl->replication_factor = (uint8_t)(1 + backups);
     placement_refresh(&member->placement, member_map(member));
     struct placement_result result;
-    if (placement_place_queue(&member->placement, vhost, name, 1,
-                              pinned ? member->self_id : BROKER_ID_NONE, &result) != OK)
-        return member->self_id;
-    return result.primary_id;
+    if (placement_place_queue(&member->placement, decl->vhost, decl->name,
+                              decl->replication_factor,
+                              pinned ? member->self_id : BROKER_ID_NONE, &result) != OK) {
+        decl->primary_id = member->self_id;
+        decl->backups_count = 0;
+        return;
+    }
+    decl->primary_id = result.primary_id;
+    memcpy(decl->backup_ids, result.backup_ids, sizeof decl->backup_ids);
+    decl->backups_count = result.backups_count;
+}
+
+static void on_lagging_done(void *ctx, int status, const struct map_change *change)
+{
+    (void)ctx;
+    if (status != OK || change->reply_code != 200)
+        LOG_WARN("cluster: a lagging backup could not be marked out of sync (%s)",
+                 status != OK ? "map unavailable" : change->reply_text);
+}
+
+void member_backup_lagging(struct member *member, struct queue *queue, uint32_t backup_id,
+                           uint64_t epoch)
+{
+    if (member->stopping)
+        return;
+    const struct map_queue *q = cluster_map_queue(member_map(member), queue->vhost->name,
+                                                  queue->name);
+    if (q == NULL || q->epoch != epoch || !map_queue_backup_in_sync(q, backup_id))
+        return;
+    uint32_t ids[CLUSTER_BACKUPS_MAX];
+    uint8_t n = 0;
+    for (uint8_t i = 0; i < q->backups_count; i++) {
+        if (q->backup_ids[i] != backup_id && (q->in_sync_mask & (1u << i)))
+            ids[n++] = q->backup_ids[i];
+    }
+    LOG_WARN("vhost=%.*s queue=%.*s: backup %u unreachable: out of sync",
+             (int)queue->vhost->name.len, (const char *)queue->vhost->name.ptr,
+             (int)queue->name.len, (const char *)queue->name.ptr, backup_id);
+    struct map_cmd cmd;
+    if (map_cmd_queue_set_in_sync(&cmd, queue->vhost->name, queue->name, epoch, ids, n) == OK)
+        cluster_node_submit(member->node, &cmd, on_lagging_done, member);
+}
+
+/* The stand-in of a queue we are a backup of, at an epoch we accept. */
+static struct queue *replica_target(struct member *member, struct vhost *vhost,
+                                    struct bytes name, uint64_t epoch)
+{
+    const struct map_queue *q = cluster_map_queue(member_map(member), vhost->name, name);
+    if (q == NULL || !map_queue_has_backup(q, member->self_id) || epoch < q->epoch)
+        return NULL;
+    struct queue *queue = vhost_queue(vhost, name);
+    return queue && queue_is_remote(queue) ? queue : NULL;
+}
+
+bool member_replica_push(struct member *member, struct vhost *vhost, struct bytes name,
+                         uint64_t epoch, uint64_t seq, struct message *message)
+{
+    struct queue *queue = replica_target(member, vhost, name, epoch);
+    return queue != NULL && replica_push(proxy_stub_replica(queue, true), seq, message);
+}
+
+void member_replica_settle(struct member *member, struct vhost *vhost, struct bytes name,
+                           uint64_t epoch, uint64_t seq)
+{
+    struct queue *queue = replica_target(member, vhost, name, epoch);
+    struct replica *r = queue ? proxy_stub_replica(queue, false) : NULL;
+    if (r)
+        replica_remove(r, seq);
 }
 
 static void on_gone_done(void *ctx, int status, const struct map_change *change)
@@ -294,13 +365,15 @@ const struct cluster_map *member_map(const struct member *member)
     return cluster_node_map(member->node);
 }
 
-struct member *member_new(struct broker *broker, struct cluster_node *node)
+struct member *member_new(struct broker *broker, struct cluster_node *node,
+                          uint8_t default_backups)
 {
     struct member *member = calloc(1, sizeof *member);
     ASSERT(member != NULL);
     member->broker = broker;
     member->node = node;
     member->self_id = cluster_node_id(node);
+    member->default_backups = default_backups;
     list_init(&member->stubs);
     struct placement_config pc;
     placement_config_default(&pc);

@@ -62,11 +62,13 @@ struct member {
     uint32_t peers_count;
     struct placement placement;
     struct list_node stubs;          /* struct proxy_stub.member_link: every stand-in */
+    uint8_t default_backups;         /* --default-backups */
     bool stopping;
 };
 
 /* Creates the member and installs the node's hooks. */
-struct member *member_new(struct broker *broker, struct cluster_node *node);
+struct member *member_new(struct broker *broker, struct cluster_node *node,
+                          uint8_t default_backups);
 /* Closes the links (no callback runs after this returns). */
 void member_stop(struct member *member);
 void member_free(struct member *member);
@@ -95,10 +97,25 @@ bool member_forward_fresh(struct member *member, struct bytes vhost, struct byte
 struct json;
 int member_leave(void *ctx, struct json *body);
 
-/* Places a new queue: the broker that should be its primary. pinned: an
- * exclusive, auto-delete or server-named queue stays with its connection. */
-uint32_t member_place_queue(struct member *member, struct bytes vhost, struct bytes name,
-                            bool pinned);
+/* Places a new queue (decl's vhost, name, exclusive set): its primary,
+ * backups and replication factor. pinned: an exclusive, auto-delete or
+ * server-named queue stays with its connection. backups: x-quay-backups,
+ * or -1 for the cluster's default. */
+void member_place_queue(struct member *member, struct map_queue_decl *decl, bool pinned,
+                        int32_t backups);
+
+/* A backup of queue (ours, at epoch) cannot be reached: the map is told it
+ * is no longer in sync. */
+void member_backup_lagging(struct member *member, struct queue *queue, uint32_t backup_id,
+                           uint64_t epoch);
+
+/* A primary's replication stream (replica.h), received here as a backup:
+ * push answers false when we are not a backup of it at that epoch. */
+struct message;
+bool member_replica_push(struct member *member, struct vhost *vhost, struct bytes name,
+                         uint64_t epoch, uint64_t seq, struct message *message);
+void member_replica_settle(struct member *member, struct vhost *vhost, struct bytes name,
+                           uint64_t epoch, uint64_t seq);
 
 /* mirror.c's helpers (module-internal). */
 void member__sync_peers(struct member *member);

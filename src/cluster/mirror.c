@@ -17,6 +17,7 @@
 #include "cluster/member.h"
 #include "cluster/node.h"
 #include "cluster/proxy.h"
+#include "cluster/replica.h"
 #include "lib/assert.h"
 #include "lib/log.h"
 
@@ -101,10 +102,15 @@ static void ensure_queue(struct member *member, const struct map_queue *mq)
     struct queue *q = vhost_queue(vhost, mq->name);
     bool primary = mq->primary_id == member->self_id;
     if (q && queue_is_remote(q) == !primary) {
-        if (!primary)
+        if (primary)
+            replica_attach(member, q, mq); /* its backups may have changed */
+        else
             proxy_stub_update(q, mq);
         return;
     }
+    /* A backup promoted (or a restart's stale kind): the stand-in's
+     * replica, if any, becomes the queue's content. */
+    struct replica *promoted = q && primary ? proxy_stub_take_replica(q) : NULL;
     if (q)
         vhost_queue_delete(vhost, q);
     if (!primary) {
@@ -113,6 +119,8 @@ static void ensure_queue(struct member *member, const struct map_queue *mq)
     }
     q = vhost_queue_declare(vhost, mq->name, mq->durable, mq->exclusive, mq->auto_delete,
                             mq->arguments);
+    replica_attach(member, q, mq);
+    replica_adopt(q, promoted);
     if (!mq->exclusive)
         return;
     struct connection *owner = connection_by_id(member->broker, mq->exclusive_connection_id);

@@ -600,12 +600,13 @@ static void on_proposal_done(void *req_ctx, int status, void *result)
         }
         break;
     case PROPOSAL_REQUEST:
-        if (status == OK && !node->stopping)
-            nudge(node); /* the followers' clients may depend on it at once */
-        break; /* a request not applied is sent again by request_tick */
     case PROPOSAL_OTHER:
-        break;
+        break; /* a request not applied is sent again by request_tick */
     }
+    /* Followers' clients may depend on the change at once (a declare, a
+     * promotion): publish the commit index now. */
+    if (status == OK && p->kind != PROPOSAL_NUDGE && !node->stopping)
+        nudge(node);
     if (status != OK && status != CONSENSUS_E_SHUTDOWN)
         LOG_DEBUG("cluster: proposal for broker %" PRIu32 ": %s (reply %u)", p->broker_id,
                   consensus_strerror(status), (unsigned)(uintptr_t)result);

@@ -17,6 +17,7 @@
 #include "cluster/link.h"
 #include "cluster/map.h"
 #include "cluster/member.h"
+#include "cluster/replica.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/log.h"
@@ -35,6 +36,7 @@ struct proxy_stub {
     struct list_node uplinks;     /* struct uplink.stub_link */
     uint32_t next_uplink_id;
     struct uplink *getter;        /* basic.get's uplink, or NULL */
+    struct replica *replica;      /* owned: our copy, when we are a backup (replica.h) */
 };
 
 /* A message received from upstream that the local consumer could not take
@@ -207,27 +209,39 @@ static void forwarder_push(struct proxy_forwarder *f, struct forward_wait w)
     f->count++;
 }
 
+bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m,
+                     struct message *message, struct confirm_sink *sink, uint64_t seq)
+{
+    if (peer == NULL || !peer->up)
+        return false;
+    struct proxy_forwarder *f = forwarder_for(peer, vhost);
+    if (f == NULL)
+        return false;
+    if (message == NULL) {
+        link_send(f->ch, m);
+        return true;
+    }
+    uint64_t link_seq = link_send_content(f->ch, m, message);
+    ASSERT(link_seq == f->first_seq + f->count);
+    if (sink)
+        confirm_sink_ref(sink);
+    forwarder_push(f, (struct forward_wait){.sink = sink, .seq = seq});
+    return true;
+}
+
 static bool stub_forward(struct queue *queue, struct message *message, struct confirm_sink *sink,
                          uint64_t seq)
 {
     struct proxy_stub *stub = stub_of(queue);
-    struct member_peer *peer = member_peer(stub->member, stub->primary_id);
-    if (!stub->available || peer == NULL || !peer->up)
-        return false;
-    struct proxy_forwarder *f = forwarder_for(peer, queue->vhost->name);
-    if (f == NULL)
+    if (!stub->available)
         return false;
     struct method m = {.id = METHOD_BASIC_QUAY_FORWARD};
     m.basic_quay_forward.queue = queue->name;
     m.basic_quay_forward.exchange = message_exchange(message);
     m.basic_quay_forward.routing_key = message_routing_key(message);
     m.basic_quay_forward.epoch = stub->epoch;
-    uint64_t link_seq = link_send_content(f->ch, &m, message);
-    ASSERT(link_seq == f->first_seq + f->count);
-    if (sink)
-        confirm_sink_ref(sink);
-    forwarder_push(f, (struct forward_wait){.sink = sink, .seq = seq});
-    return true;
+    return proxy_peer_send(member_peer(stub->member, stub->primary_id), queue->vhost->name, &m,
+                           message, sink, seq);
 }
 
 /* ---- uplinks ---- */
@@ -575,6 +589,7 @@ static void stub_free(struct queue *queue)
         uplink_free(u);
     }
     list_remove(&stub->member_link);
+    replica_free(stub->replica);
     free(stub);
     queue->remote = NULL;
 }
@@ -746,6 +761,22 @@ struct queue *proxy_stub_new(struct member *member, struct vhost *vhost,
     queue->remote_ops = &stub_ops;
     queue->remote = stub;
     return queue;
+}
+
+struct replica *proxy_stub_replica(struct queue *queue, bool create)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    if (stub->replica == NULL && create)
+        stub->replica = replica_new();
+    return stub->replica;
+}
+
+struct replica *proxy_stub_take_replica(struct queue *queue)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    struct replica *r = stub->replica;
+    stub->replica = NULL;
+    return r;
 }
 
 /* Every local consumer without a live uplink gets one. */

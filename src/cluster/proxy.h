@@ -55,6 +55,22 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq);
  * *available false: the queue is unavailable (its primary is down). */
 bool proxy_consume_waits(struct queue *queue, bool *available);
 
+/* Sends m to peer on its confirm channel for vhost, in order with the
+ * publishes forwarded to it; with a message, its content follows and the
+ * peer's answer goes to sink (if any) as publish seq, like a forward's.
+ * False: the peer cannot be reached now. */
+struct confirm_sink;
+struct method;
+struct message;
+bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m,
+                     struct message *message, struct confirm_sink *sink, uint64_t seq);
+
+/* A backup's copy of the queue, kept by its stand-in (replica.h); made if
+ * create. take: the caller owns it from now (promotion). */
+struct replica;
+struct replica *proxy_stub_replica(struct queue *queue, bool create);
+struct replica *proxy_stub_take_replica(struct queue *queue);
+
 void proxy_peer_up(struct member_peer *peer);
 /* The link is down or going away: nack its forwards, drop its uplinks. */
 void proxy_peer_down(struct member_peer *peer);

@@ -14,6 +14,8 @@
 
 #include "cluster/map.h"
 #include "cluster/node.h"
+#include "cluster/proxy.h"
+#include "cluster/replica.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -179,7 +181,12 @@ static void write_placement(struct json *out, const struct mgmt_api *api,
     const struct cluster_map *map = cluster_node_map(api->broker->cluster);
     json_key(out, "primary");
     write_broker_name(out, map, mq->primary_id);
-    json_kv_string(out, "role", queue_is_remote(queue) ? "proxy" : "primary");
+    bool backup = map_queue_has_backup(mq, cluster_node_id(api->broker->cluster));
+    json_kv_string(out, "role",
+                   !queue_is_remote(queue) ? "primary" : backup ? "backup" : "proxy");
+    if (queue_is_remote(queue)) /* a backup's copy of the primary's messages */
+        json_kv_uint(out, "replica_messages",
+                     replica_count(proxy_stub_replica((struct queue *)queue, false)));
     json_kv_bool(out, "available", mq->available);
     json_key(out, "backups");
     json_array_begin(out);

@@ -444,7 +444,8 @@ def a_minority_refuses_definition_changes():
 
 @test(timeout=120)
 def a_killed_primary_makes_its_queues_unavailable_until_it_returns():
-    name = queue_on(A, B, "lost", durable=True)
+    # Without a backup (x-quay-backups 0) nobody can take over.
+    name = queue_on(A, B, "lost", durable=True, arguments={"x-quay-backups": 0})
     c = connect(B)
     ch = c.channel()
     ch.confirm_delivery()

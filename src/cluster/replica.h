@@ -1,0 +1,60 @@
+/*
+ * replica.h: backups of a queue (DESIGN §4-5), first increment.
+ *
+ * The primary of a queue with backups streams every change to each
+ * backup, over the link, on the same confirm channel as its forwards (so
+ * in order): basic.quay-replicate {queue, epoch, seq} + the message's
+ * content for an enqueue, basic.quay-settle {queue, epoch, seq} when a
+ * message leaves the queue for good (seq 0 with purge: every ready one).
+ * A backup keeps the messages in its stand-in's replica and acks each
+ * replicate; the publisher's confirm waits for those acks (publish_wait),
+ * so a confirmed message is on every reachable backup.
+ *
+ * When the controller promotes a backup (queue.set_owner, epoch + 1), the
+ * mirror turns its stand-in into the real queue and adopts the replica's
+ * messages in order, marked redelivered (they may have been delivered by
+ * the old primary), journaled if persistent, and streamed to the new
+ * backups.
+ *
+ * Not yet (issue 6, next increments): catching up a new or returning
+ * backup (snapshot + stream) and marking it in sync; removing a lagging
+ * backup from the in-sync set *before* confirming without it (today a
+ * backup that cannot be reached is skipped, and marked out of sync
+ * afterwards); leases and fencing of a deposed primary; de-duplication.
+ *
+ * Memory: a replica is owned by its stand-in (proxy.c); each entry holds
+ * one message reference. The primary side's state (struct replication) is
+ * owned by the real queue (queue->replication) through replica_attach.
+ */
+#ifndef QUAY_CLUSTER_REPLICA_H
+#define QUAY_CLUSTER_REPLICA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "amqp/types.h"
+
+struct map_queue;
+struct member;
+struct message;
+struct queue;
+
+/* ---- the backup's side ---- */
+
+struct replica;
+struct replica *replica_new(void);
+void replica_free(struct replica *replica); /* NULL is fine */
+/* Messages arrive in seq order; a seq at or below the last one is a resend
+ * and ignored (true: stored or already there). */
+bool replica_push(struct replica *replica, uint64_t seq, struct message *message);
+void replica_remove(struct replica *replica, uint64_t seq); /* seq 0: all */
+uint32_t replica_count(const struct replica *replica);
+
+/* ---- the primary's side ---- */
+
+/* The queue is real here: stream it to mq's backups (or stop, with none). */
+void replica_attach(struct member *member, struct queue *queue, const struct map_queue *mq);
+/* Promotion: the stand-in's replica becomes the real queue's content. */
+void replica_adopt(struct queue *queue, struct replica *replica);
+
+#endif

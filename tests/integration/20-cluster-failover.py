@@ -1,0 +1,159 @@
+"""Goal: a queue with a backup survives the death of its primary with every
+confirmed message, transient ones included: the backup holds a copy of each
+message before the publisher's confirm, the controller promotes it when the
+primary dies, and clients of the surviving brokers go on reading and
+publishing through the new primary.
+
+Method: three quayd processes (tests/cluster/clustertest.py). A queue with
+x-quay-backups=1; a confirming publisher and a consumer (manual acks,
+prefetch) on the two brokers that are not its primary; kill -9 of the
+primary in the middle; the consumer (re-subscribed after the cancel
+notification, as clients do) must end with every confirmed message, the
+unacked ones marked redelivered. /api/queues shows where the copies are.
+"""
+import json
+import os
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
+sys.path.insert(0, HERE)
+from clustertest import Cluster, run, test, wait_until  # noqa: E402
+
+import pika  # noqa: E402
+
+cluster = None
+members = {}
+
+
+def connect(member):
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", member.amqp_port, heartbeat=0, blocked_connection_timeout=30))
+
+
+def queue_info(member, name):
+    with urllib.request.urlopen("http://127.0.0.1:%d/api/queues" % member.http_port,
+                                timeout=5) as r:
+        for q in json.load(r):
+            if q["name"] == name:
+                return q
+    return None
+
+
+@test(timeout=120)
+def three_brokers():
+    global cluster
+    cluster = Cluster()
+    a = cluster.add("a")
+    wait_until(lambda: len(cluster.leaders([a])) == 1, 15, what="a to lead")
+    b = cluster.add("b", join=[a])
+    c = cluster.add("c", join=[a, b])
+    for m in (a, b, c):
+        members[m.name] = m
+    expect = {"a": "up", "b": "up", "c": "up"}
+    wait_until(lambda: all(m.view() and m.view().brokers == expect for m in (a, b, c)), 20,
+               what="three brokers up everywhere")
+    wait_until(lambda: all(m.log_text().count("is up") >= 2 for m in (a, b, c)), 10,
+               what="links up")
+
+
+@test(timeout=120)
+def a_backup_holds_every_confirmed_message():
+    c = connect(members["a"])
+    ch = c.channel()
+    ch.queue_declare("mirrored", arguments={"x-quay-backups": 1})
+    c.close()
+    info = queue_info(members["a"], "mirrored")
+    assert len(info["backups"]) == 1 and info["in_sync"] == info["backups"], info
+    assert info["backups"][0] != info["primary"], info
+    backup = members[info["backups"][0]]
+    publisher = [m for m in members.values() if m.name not in (info["primary"], backup.name)]
+    c = connect(publisher[0])
+    ch = c.channel()
+    ch.confirm_delivery()
+    for i in range(500):
+        ch.basic_publish("", "mirrored", b"%d" % i)
+    c.close()
+    # Confirmed means on the backup too (transient messages, in memory).
+    assert queue_info(backup, "mirrored")["replica_messages"] == 500
+    # Acks reach the backup (they may trail the client's ack by a moment).
+    c = connect(publisher[0])
+    ch = c.channel()
+    for _ in range(100):
+        m, _, _ = ch.basic_get("mirrored", auto_ack=False)
+        ch.basic_ack(m.delivery_tag)
+    c.close()
+    wait_until(lambda: queue_info(backup, "mirrored")["replica_messages"] == 400, 5,
+               what="the backup to drop the acked messages")
+
+
+@test(timeout=120)
+def the_backup_takes_over_and_consumers_go_on():
+    info = queue_info(members["a"], "mirrored")
+    primary = members[info["primary"]]
+    backup = members[info["backups"][0]]
+    other = [m for m in members.values() if m not in (primary, backup)][0]
+    # A consumer on the third broker holds 20 unacked messages when the
+    # primary dies. Its proxy re-attaches it to the new primary: the
+    # client sees redeliveries, nothing else.
+    con = connect(other)
+    cch = con.channel()
+    cch.basic_qos(prefetch_count=20)
+    got = []
+    cancelled = []
+    cch.add_on_cancel_callback(lambda frame: cancelled.append(frame))
+    held_tags = []
+    cch.basic_consume("mirrored", lambda c_, m, p, b: (got.append((b, m.redelivered)),
+                                                      held_tags.append(m.delivery_tag)))
+    deadline = time.monotonic() + 5
+    while len(got) < 20 and time.monotonic() < deadline:
+        con.process_data_events(time_limit=0.1)
+    assert len(got) == 20, got
+    held = [int(b) for b, _ in got]
+    got.clear()
+    t0 = primary.kill()
+    wait_until(lambda: queue_info(other, "mirrored")["primary"] == backup.name, 10,
+               what="the backup promoted")
+    print("# promoted %.2f s after kill -9 of the primary" % (time.monotonic() - t0))
+    # Acks of deliveries from the dead primary go nowhere (it requeued
+    # them by dying); the consumer just goes on.
+    cch.basic_ack(held_tags[-1], multiple=True)
+    pub = connect(other)
+    pch = pub.channel()
+    pch.confirm_delivery()
+    pch.basic_publish("", "mirrored", b"after")  # through the new primary
+    pub.close()
+
+    def on_message(ch_, m, p, b):
+        got.append((b, m.redelivered))
+        ch_.basic_ack(m.delivery_tag)
+    cch.basic_cancel(cch.consumer_tags[0])
+    cch.basic_consume("mirrored", on_message)
+    deadline = time.monotonic() + 10
+    while len(got) < 401 and time.monotonic() < deadline:
+        con.process_data_events(time_limit=0.1)
+    con.close()
+    bodies = [b for b, _ in got]
+    # Everything confirmed and not acked before the kill: 100..499, then
+    # the message published after the failover.
+    assert sorted(int(b) for b in bodies if b != b"after") == list(range(100, 500)), \
+        (len(bodies), bodies[:5])
+    assert b"after" in bodies
+    assert all(r for b, r in got if b != b"after" and int(b) in held), "held ones redelivered"
+    assert not cancelled, "the consumer was cancelled instead of re-attached"
+    primary.start()
+    wait_until(lambda: all(m.view() and m.view().brokers.get(primary.name) == "up"
+                           for m in members.values()), 20, what="the old primary back")
+
+
+def cleanup(failed):
+    if cluster is None:
+        return []
+    cluster.failed = failed
+    return cluster.close()
+
+
+if __name__ == "__main__":
+    run(cleanup)
