@@ -669,21 +669,46 @@ void confirm_sink_unref(struct confirm_sink *sink)
         free(sink);
 }
 
-void confirm_sink_answer(struct confirm_sink *sink, uint64_t seq, bool ack)
+static struct confirm_wait *sink_wait(struct channel *ch, uint64_t seq)
 {
-    struct channel *ch = sink->channel;
-    if (ch == NULL || ch->state != CHANNEL_STATE_OPEN)
-        return;
     struct confirm_fifo *f = &ch->confirm_waits;
     ASSERT(f->count > 0 && seq >= f->items[f->head].seq);
     uint64_t index = seq - f->items[f->head].seq;
     ASSERT(index < f->count);
     struct confirm_wait *wait = &f->items[(f->head + index) & (f->cap - 1)];
     ASSERT(wait->seq == seq && wait->remote > 0);
+    return wait;
+}
+
+void confirm_sink_answer(struct confirm_sink *sink, uint64_t seq, bool ack)
+{
+    struct channel *ch = sink->channel;
+    if (ch == NULL || ch->state != CHANNEL_STATE_OPEN)
+        return;
+    struct confirm_wait *wait = sink_wait(ch, seq);
     wait->remote--;
     if (!ack)
         wait->nack = true;
     drain_waits(ch, durable_synced_ticket(ch->connection->broker), 0);
+}
+
+void confirm_sink_routed(struct confirm_sink *sink, uint64_t seq, const struct publish_wait *routed,
+                         bool rejected)
+{
+    struct channel *ch = sink->channel;
+    if (ch == NULL || ch->state != CHANNEL_STATE_OPEN)
+        return;
+    struct confirm_wait *wait = sink_wait(ch, seq);
+    wait->remote += routed->remote;
+    wait->remote--; /* the answer this was */
+    if (rejected)
+        wait->nack = true;
+    struct broker *broker = ch->connection->broker;
+    if (routed->ticket > wait->ticket)
+        wait->ticket = routed->ticket;
+    if (wait->ticket > durable_synced_ticket(broker))
+        durable_wait_for_sync(broker, &ch->durable_link);
+    drain_waits(ch, durable_synced_ticket(broker), 0);
 }
 
 static void confirm_publish(struct channel *ch, uint64_t ticket, uint32_t remote,
@@ -770,6 +795,16 @@ void channel__route_forward(struct channel *ch, struct message *message)
                     (broker->member && !member_forward_fresh(broker->member, ch->vhost->name,
                                                              target, ch->forward_epoch));
     uint64_t seq = ch->confirm_mode ? ch->publish_seq + 1 : 0;
+    if (rejected && broker->member &&
+        member_map_behind(broker->member, ch->forward_epoch)) {
+        /* The sender's map is ahead of ours (a queue just declared or
+         * moved to us): route it once we have applied that far. */
+        struct confirm_sink *sink = seq ? channel_sink(ch) : NULL;
+        confirm_publish(ch, 0, sink ? 1 : 0, false);
+        member_park_forward(broker->member, ch->vhost, target, ch->forward_epoch, message, sink,
+                            seq);
+        return;
+    }
     struct publish_wait wait = {.sink = seq ? channel_sink(ch) : NULL, .seq = seq};
     if (!rejected && queue_publish(queue, message, &wait) == QUEUE_PUBLISH_REJECTED)
         rejected = true;

@@ -36,6 +36,11 @@ struct confirm_sink;
 void confirm_sink_ref(struct confirm_sink *sink);
 void confirm_sink_unref(struct confirm_sink *sink);
 void confirm_sink_answer(struct confirm_sink *sink, uint64_t seq, bool ack);
+/* A parked forward was routed at last: its answer is what routing it
+ * gathered (the fsync ticket, the backups' answers owed). */
+struct publish_wait;
+void confirm_sink_routed(struct confirm_sink *sink, uint64_t seq, const struct publish_wait *routed,
+                         bool rejected);
 
 /* How many more unacked messages a consumer may have (its prefetch, or
  * the channel's if smaller); 0: no limit. */

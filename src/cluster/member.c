@@ -11,6 +11,7 @@
 
 #include "amqp/method_gen.h"
 #include "broker/broker.h"
+#include "broker/channel.h"
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
@@ -21,6 +22,7 @@
 #include "cluster/replica.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
+#include "lib/bytes.h"
 #include "lib/log.h"
 #include "mgmt/json.h"
 
@@ -42,8 +44,11 @@ static void on_link_down(void *ctx, struct link *link)
     bool was_up = peer->up;
     peer->up = false;
     peer->map_channel = NULL; /* closed with the link */
-    if (was_up)
+    if (was_up) {
         LOG_INFO("cluster: link to broker %u (%s) is down", peer->id, peer->address);
+        if (!peer->member->stopping)
+            cluster_node_peer_lost(peer->member->node, peer->id);
+    }
     proxy_peer_down(peer);
 }
 
@@ -131,6 +136,8 @@ static void on_applied(void *ctx, int rc, const struct map_change *change)
     }
     if (rc == OK)
         mirror_change(member, change);
+    if (!list_empty(&member->parked))
+        member__route_parked(member, false);
 }
 
 static void on_synced(void *ctx)
@@ -176,6 +183,73 @@ bool member_forward_fresh(struct member *member, struct bytes vhost, struct byte
 {
     const struct map_queue *q = cluster_map_queue(member_map(member), vhost, queue);
     return q != NULL && q->primary_id == member->self_id && epoch >= q->epoch;
+}
+
+/* ---- forwards that arrived before our map had their queue ---- */
+
+/* Parked until the map reaches the forward's epoch. Owned by the member. */
+struct parked_forward {
+    struct list_node link;
+    struct bytes vhost, queue;   /* owned copies */
+    uint64_t epoch;
+    struct message *message;     /* one reference */
+    struct confirm_sink *sink;   /* one reference, or NULL */
+    uint64_t seq;
+};
+
+bool member_map_behind(const struct member *member, uint64_t epoch)
+{
+    return !member->stopping && epoch > member_map(member)->version;
+}
+
+void member_park_forward(struct member *member, struct vhost *vhost, struct bytes queue,
+                         uint64_t epoch, struct message *message, struct confirm_sink *sink,
+                         uint64_t seq)
+{
+    struct parked_forward *p = calloc(1, sizeof *p);
+    ASSERT(p != NULL);
+    p->vhost = bytes_dup(vhost->name);
+    p->queue = bytes_dup(queue);
+    p->epoch = epoch;
+    p->message = message;
+    message_ref(message);
+    p->sink = sink;
+    if (sink)
+        confirm_sink_ref(sink);
+    p->seq = seq;
+    list_push_back(&member->parked, &p->link);
+}
+
+static void parked_free(struct parked_forward *p)
+{
+    list_remove(&p->link);
+    bytes_free(&p->vhost);
+    bytes_free(&p->queue);
+    message_unref(p->message);
+    if (p->sink)
+        confirm_sink_unref(p->sink);
+    free(p);
+}
+
+/* After each apply: route what the map now allows (or refuse it for good
+ * once the map has passed its epoch without making the queue ours). */
+void member__route_parked(struct member *member, bool give_up)
+{
+    list_for_each_safe(n, &member->parked) {
+        struct parked_forward *p = CONTAINER_OF(n, struct parked_forward, link);
+        if (!give_up && member_map_behind(member, p->epoch))
+            continue;
+        struct vhost *vhost = broker_vhost(member->broker, p->vhost);
+        struct queue *queue = vhost ? vhost_queue(vhost, p->queue) : NULL;
+        bool ok = !give_up && queue != NULL && !queue_is_remote(queue) &&
+                  member_forward_fresh(member, p->vhost, p->queue, p->epoch);
+        struct publish_wait wait = {.sink = p->sink, .seq = p->seq};
+        if (ok && queue_publish(queue, p->message, &wait) == QUEUE_PUBLISH_REJECTED)
+            ok = false;
+        if (p->sink)
+            confirm_sink_routed(p->sink, p->seq, &wait, !ok);
+        parked_free(p);
+    }
 }
 
 /* ---- placement and local decisions ---- */
@@ -375,6 +449,7 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
     member->self_id = cluster_node_id(node);
     member->default_backups = default_backups;
     list_init(&member->stubs);
+    list_init(&member->parked);
     struct placement_config pc;
     placement_config_default(&pc);
     placement_init(&member->placement, &pc);
@@ -394,6 +469,7 @@ void member_stop(struct member *member)
     for (uint32_t i = 0; i < member->peers_count; i++)
         peer_free(member->peers[i]);
     member->peers_count = 0;
+    member__route_parked(member, true); /* nacked: the sender resends */
 }
 
 void member_free(struct member *member)

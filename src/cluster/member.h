@@ -63,6 +63,7 @@ struct member {
     struct placement placement;
     struct list_node stubs;          /* struct proxy_stub.member_link: every stand-in */
     uint8_t default_backups;         /* --default-backups */
+    struct list_node parked;         /* struct parked_forward: forwards ahead of our map */
     bool stopping;
 };
 
@@ -97,6 +98,16 @@ bool member_forward_fresh(struct member *member, struct bytes vhost, struct byte
 struct json;
 int member_leave(void *ctx, struct json *body);
 
+/* A peer's forward names a map epoch ours has not reached (the queue was
+ * just declared, or moved to us): it is parked, its confirm waiting, and
+ * routed once we have applied that far. */
+struct confirm_sink;
+struct message;
+bool member_map_behind(const struct member *member, uint64_t epoch);
+void member_park_forward(struct member *member, struct vhost *vhost, struct bytes queue,
+                         uint64_t epoch, struct message *message, struct confirm_sink *sink,
+                         uint64_t seq);
+
 /* Places a new queue (decl's vhost, name, exclusive set): its primary,
  * backups and replication factor. pinned: an exclusive, auto-delete or
  * server-named queue stays with its connection. backups: x-quay-backups,
@@ -120,5 +131,6 @@ void member_replica_settle(struct member *member, struct vhost *vhost, struct by
 /* mirror.c's helpers (module-internal). */
 void member__sync_peers(struct member *member);
 void member__publish_vhost(struct member *member, struct bytes vhost);
+void member__route_parked(struct member *member, bool give_up);
 
 #endif

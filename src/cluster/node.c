@@ -101,6 +101,7 @@ struct peer {
     uint64_t refused_version; /* map brokers_version when it was refused */
     uint64_t sequence;
     uint64_t last_heard_ms;   /* loop clock; 0 = never */
+    uint64_t reset_at_ms;     /* our AMQP link to it dropped (EOF or reset) at; 0 = never */
     char name[ADDRESS_SIZE];
     char amqp_address[ADDRESS_SIZE];
     char cluster_address[ADDRESS_SIZE];
@@ -750,9 +751,15 @@ static void controller_liveness(struct cluster_node *node, uint64_t now)
         uint64_t last = node->leader_since_ms;
         if (peer != NULL && peer->last_heard_ms != 0)
             last = peer->last_heard_ms;
+        /* A dead process shows at once: its connections drop. Taken as a
+         * reset when its heartbeats stopped too (a link that merely
+         * reconnects leaves the heartbeats going). */
+        bool reset = peer != NULL && peer->reset_at_ms != 0 &&
+                     peer->reset_at_ms + NODE_HEARTBEAT_MS >= last &&
+                     now >= last + NODE_RESET_SILENCE_MS;
         struct controller_heard heard = {
             .broker_id = b->id, .last_heard_ms = last,
-            .connection_reset = peer != NULL && peer->stopping};
+            .connection_reset = (peer != NULL && peer->stopping) || reset};
         struct map_cmd_list list;
         map_cmd_list_init(&list);
         controller_check_liveness(&node->map, &node->controller, &heard, 1, now, &list);
@@ -948,6 +955,13 @@ void cluster_node_set_hooks(struct cluster_node *node, const struct cluster_node
 bool cluster_node_synced(const struct cluster_node *node)
 {
     return node->synced;
+}
+
+void cluster_node_peer_lost(struct cluster_node *node, uint32_t broker_id)
+{
+    struct peer *peer = peer_find(node, broker_id);
+    if (peer != NULL && !node->stopping)
+        peer->reset_at_ms = uv_now(node->loop);
 }
 
 uint32_t cluster_node_leader(const struct cluster_node *node)

@@ -56,6 +56,9 @@
 /* libraft randomizes it in [t, 2t): a dead leader is replaced within about
  * 1.7 s, and by then its silence already exceeds NODE_DOWN_AFTER_MS. */
 #define NODE_ELECTION_TIMEOUT_MS 800
+/* A broker whose connections dropped and that has been silent this long
+ * is down (a dead process), without waiting for NODE_DOWN_AFTER_MS. */
+#define NODE_RESET_SILENCE_MS 250
 
 #define CLUSTER_SUBMIT_TIMEOUT_MS 5000
 #define CLUSTER_E_UNAVAILABLE (-40) /* no commit in time: no leader, no quorum */
@@ -136,6 +139,9 @@ void cluster_request_cancel(struct cluster_request *request);
  * CONSENSUS_E_NOT_LEADER / _INVALID / _BUSY (the sender tries again). */
 int cluster_node_propose_entry(struct cluster_node *node, const uint8_t *entry, size_t size);
 bool cluster_node_synced(const struct cluster_node *node);
+/* Our AMQP link to that broker dropped (EOF or reset): if its heartbeats
+ * stop too, the controller takes it as dead at once. */
+void cluster_node_peer_lost(struct cluster_node *node, uint32_t broker_id);
 uint32_t cluster_node_leader(const struct cluster_node *node); /* 0: none known */
 
 /* The node's view as JSON, for GET /api/cluster: writes exactly one value

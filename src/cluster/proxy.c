@@ -37,6 +37,8 @@ struct proxy_stub {
     uint32_t next_uplink_id;
     struct uplink *getter;        /* basic.get's uplink, or NULL */
     struct replica *replica;      /* owned: our copy, when we are a backup (replica.h) */
+    struct held_forward *held;    /* owned ring: publishes waiting for a primary */
+    uint32_t held_head, held_count, held_cap;
 };
 
 /* A message received from upstream that the local consumer could not take
@@ -76,8 +78,21 @@ struct proxy_op {
 struct forward_wait {
     struct confirm_sink *sink;    /* one reference, or NULL */
     uint64_t seq;                 /* the publisher channel's number */
+    struct queue *stub;           /* a forward: its stand-in (one reference), for a resend */
+    struct message *message;      /* a forward: one reference; NULL for replication */
     bool done;
 };
+
+/* A publish for a stand-in whose primary cannot be reached right now, kept
+ * (with its publisher's confirm waiting) until the map says where the
+ * queue lives: then it is sent there, or nacked if nobody has the queue. */
+struct held_forward {
+    struct message *message;      /* one reference */
+    struct confirm_sink *sink;    /* one reference, or NULL */
+    uint64_t seq;
+};
+
+#define HELD_FORWARDS_MAX 100000  /* per stand-in; beyond it, publishes are nacked */
 
 struct proxy_forwarder {
     struct list_node peer_link;   /* in peer->forwarders */
@@ -97,15 +112,32 @@ static struct proxy_stub *stub_of(struct queue *queue)
 
 /* ---- forwarding publishes ---- */
 
-static void forwarder_answer(struct proxy_forwarder *f, struct forward_wait *w, bool ack)
+static bool hold_forward(struct queue *queue, struct message *message, struct confirm_sink *sink,
+                         uint64_t seq);
+
+/* answer: the primary's ack or nack; lost: the link died before it came,
+ * and a forward is held for a resend (a replication is nacked). */
+static void forwarder_answer(struct proxy_forwarder *f, struct forward_wait *w, bool ack,
+                             bool lost)
 {
     if (w->done)
         return;
     w->done = true;
+    bool resent = lost && w->stub != NULL && queue_is_remote(w->stub) && !w->stub->deleted &&
+                  hold_forward(w->stub, w->message, w->sink, w->seq);
     if (w->sink) {
-        confirm_sink_answer(w->sink, w->seq, ack);
+        if (!resent)
+            confirm_sink_answer(w->sink, w->seq, ack);
         confirm_sink_unref(w->sink);
         w->sink = NULL;
+    }
+    if (w->message) {
+        message_unref(w->message);
+        w->message = NULL;
+    }
+    if (w->stub) {
+        queue_unref(w->stub);
+        w->stub = NULL;
     }
     (void)f;
 }
@@ -122,7 +154,7 @@ static void forwarder_trim(struct proxy_forwarder *f)
 static void forwarder_fail_all(struct proxy_forwarder *f)
 {
     for (uint32_t i = 0; i < f->count; i++)
-        forwarder_answer(f, &f->waits[(f->head + i) & (f->cap - 1)], false);
+        forwarder_answer(f, &f->waits[(f->head + i) & (f->cap - 1)], false, true);
     forwarder_trim(f);
 }
 
@@ -133,7 +165,7 @@ static void on_forward_confirm(void *ctx, uint64_t seq, bool multiple, bool ack)
         return; /* not ours to answer (a peer bug): ignore */
     uint64_t from = multiple ? 0 : seq - f->first_seq;
     for (uint64_t i = from; i <= seq - f->first_seq; i++)
-        forwarder_answer(f, &f->waits[(f->head + i) & (f->cap - 1)], ack);
+        forwarder_answer(f, &f->waits[(f->head + i) & (f->cap - 1)], ack, false);
     forwarder_trim(f);
 }
 
@@ -209,8 +241,9 @@ static void forwarder_push(struct proxy_forwarder *f, struct forward_wait w)
     f->count++;
 }
 
-bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m,
-                     struct message *message, struct confirm_sink *sink, uint64_t seq)
+static bool peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m,
+                      struct message *message, struct confirm_sink *sink, uint64_t seq,
+                      struct queue *stub)
 {
     if (peer == NULL || !peer->up)
         return false;
@@ -225,8 +258,21 @@ bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct 
     ASSERT(link_seq == f->first_seq + f->count);
     if (sink)
         confirm_sink_ref(sink);
-    forwarder_push(f, (struct forward_wait){.sink = sink, .seq = seq});
+    struct forward_wait w = {.sink = sink, .seq = seq};
+    if (stub) {
+        queue_ref(stub);
+        message_ref(message);
+        w.stub = stub;
+        w.message = message;
+    }
+    forwarder_push(f, w);
     return true;
+}
+
+bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m,
+                     struct message *message, struct confirm_sink *sink, uint64_t seq)
+{
+    return peer_send(peer, vhost, m, message, sink, seq, NULL);
 }
 
 static bool stub_forward(struct queue *queue, struct message *message, struct confirm_sink *sink,
@@ -235,13 +281,71 @@ static bool stub_forward(struct queue *queue, struct message *message, struct co
     struct proxy_stub *stub = stub_of(queue);
     if (!stub->available)
         return false;
+    struct member_peer *peer = member_peer(stub->member, stub->primary_id);
+    if (stub->held_count > 0 || peer == NULL || !peer->up)
+        return hold_forward(queue, message, sink, seq); /* in order, behind the held ones */
     struct method m = {.id = METHOD_BASIC_QUAY_FORWARD};
     m.basic_quay_forward.queue = queue->name;
     m.basic_quay_forward.exchange = message_exchange(message);
     m.basic_quay_forward.routing_key = message_routing_key(message);
     m.basic_quay_forward.epoch = stub->epoch;
-    return proxy_peer_send(member_peer(stub->member, stub->primary_id), queue->vhost->name, &m,
-                           message, sink, seq);
+    return peer_send(peer, queue->vhost->name, &m, message, sink, seq, queue);
+}
+
+/* ---- publishes waiting for a primary ---- */
+
+static bool hold_forward(struct queue *queue, struct message *message, struct confirm_sink *sink,
+                         uint64_t seq)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    if (!stub->available || stub->held_count >= HELD_FORWARDS_MAX)
+        return false;
+    if (stub->held_count == stub->held_cap) {
+        uint32_t cap = stub->held_cap ? stub->held_cap * 2 : 64;
+        struct held_forward *items = malloc(sizeof *items * cap);
+        ASSERT(items != NULL);
+        for (uint32_t i = 0; i < stub->held_count; i++)
+            items[i] = stub->held[(stub->held_head + i) & (stub->held_cap - 1)];
+        free(stub->held);
+        stub->held = items;
+        stub->held_head = 0;
+        stub->held_cap = cap;
+    }
+    message_ref(message);
+    if (sink)
+        confirm_sink_ref(sink);
+    stub->held[(stub->held_head + stub->held_count) & (stub->held_cap - 1)] =
+        (struct held_forward){message, sink, seq};
+    stub->held_count++;
+    return true;
+}
+
+/* Sends the held publishes to the primary (ack: false: nack them all). */
+static void release_held_forwards(struct queue *queue, bool send)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    while (stub->held_count > 0) {
+        struct member_peer *peer = member_peer(stub->member, stub->primary_id);
+        if (send && (peer == NULL || !peer->up))
+            return; /* still nowhere to send them */
+        struct held_forward h = stub->held[stub->held_head];
+        stub->held_head = (stub->held_head + 1) & (stub->held_cap - 1);
+        stub->held_count--;
+        bool sent = false;
+        if (send) {
+            struct method m = {.id = METHOD_BASIC_QUAY_FORWARD};
+            m.basic_quay_forward.queue = queue->name;
+            m.basic_quay_forward.exchange = message_exchange(h.message);
+            m.basic_quay_forward.routing_key = message_routing_key(h.message);
+            m.basic_quay_forward.epoch = stub->epoch;
+            sent = peer_send(peer, queue->vhost->name, &m, h.message, h.sink, h.seq, queue);
+        }
+        if (!sent && h.sink)
+            confirm_sink_answer(h.sink, h.seq, false);
+        if (h.sink)
+            confirm_sink_unref(h.sink);
+        message_unref(h.message);
+    }
 }
 
 /* ---- uplinks ---- */
@@ -588,6 +692,8 @@ static void stub_free(struct queue *queue)
         u->consumer = NULL;
         uplink_free(u);
     }
+    release_held_forwards(queue, false);
+    free(stub->held);
     list_remove(&stub->member_link);
     replica_free(stub->replica);
     free(stub);
@@ -821,6 +927,7 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq)
     if (!mq->available && was_available) {
         /* Its broker is down and nobody could take over: consumers are
          * told (cancel notifications), publishes are nacked. */
+        release_held_forwards(queue, false);
         detach_all(stub);
         list_for_each_safe(n, &stub->uplinks) {
             struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
@@ -838,6 +945,7 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq)
         detach_all(stub);
         reattach_all(stub);
     }
+    release_held_forwards(queue, true); /* to the primary the map now names */
 }
 
 void proxy_peer_up(struct member_peer *peer)
@@ -845,8 +953,10 @@ void proxy_peer_up(struct member_peer *peer)
     struct member *member = peer->member;
     list_for_each_safe(n, &member->stubs) {
         struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);
-        if (stub->primary_id == peer->id)
+        if (stub->primary_id == peer->id) {
             reattach_all(stub);
+            release_held_forwards(stub->queue, true);
+        }
     }
 }
 

@@ -122,7 +122,8 @@ def after_healing_the_minority_catches_up():
             if c.is_open:
                 c.close()
     wait_until(lambda: sees("during"), 10, what="c to know the queue declared without it")
-    assert not sees("from-minority")
+    # (Whether "from-minority" exists is open: like any timed-out request,
+    # its forward may still reach the leader once the network heals.)
     c = connect(C)
     c.channel().queue_declare("after-heal")
     c.close()
