@@ -796,7 +796,7 @@ void channel__route_forward(struct channel *ch, struct message *message)
                                                              target, ch->forward_epoch));
     uint64_t seq = ch->confirm_mode ? ch->publish_seq + 1 : 0;
     if (rejected && broker->member &&
-        member_map_behind(broker->member, ch->forward_epoch)) {
+        member_map_behind(broker->member, ch->vhost->name, target, ch->forward_epoch)) {
         /* The sender's map is ahead of ours (a queue just declared or
          * moved to us): route it once we have applied that far. */
         struct confirm_sink *sink = seq ? channel_sink(ch) : NULL;

@@ -474,17 +474,17 @@ void queue_requeue(struct queue *queue, struct queue_entry entry)
         schedule_timer(queue);
 }
 
-void queue_adopt(struct queue *queue, struct message *message)
+void queue_adopt(struct queue *queue, struct message *message, uint64_t seq)
 {
     ASSERT(!queue->deleted && !queue->remote_ops);
+    ASSERT(seq >= queue->next_seq); /* the replica hands them over in order */
     message_ref(message);
-    struct queue_entry entry = {.message = message, .seq = queue->next_seq++, .redelivered = 1};
+    struct queue_entry entry = {.message = message, .seq = seq, .redelivered = 1};
+    queue->next_seq = seq + 1;
     if (logged(queue, message)) {
         struct bytes blob = message_blob(message);
         journal_publish(queue->journal, entry.seq, blob.ptr, blob.len);
     }
-    if (queue->replication_ops)
-        queue->replication_ops->published(queue, entry.seq, message, NULL);
     ring_push_back(ring_for(queue, message->priority), entry);
     queue->ready_count++;
     queue->ready_bytes += message->body_size;

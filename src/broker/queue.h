@@ -189,11 +189,12 @@ enum queue_publish_result {
  * both. wait may be NULL. */
 enum queue_publish_result queue_publish(struct queue *queue, struct message *message,
                                         struct publish_wait *wait);
-/* A promoted backup's copy of a message (cluster/replica.c): enqueued at
- * the tail like a publish (journaled, streamed to the new backups) but
- * without limits or TTL checks, marked redelivered as it may have been
- * delivered by the old primary. Does not dispatch. */
-void queue_adopt(struct queue *queue, struct message *message);
+/* A promoted backup's copy of a message (cluster/replica.c), under the
+ * old primary's seq: the other backups hold it under the same one, so the
+ * stream goes on where it was. Enqueued at the tail (journaled if
+ * persistent) without limits or TTL checks, marked redelivered as the old
+ * primary may have delivered it. Does not dispatch. */
+void queue_adopt(struct queue *queue, struct message *message, uint64_t seq);
 /* Recovery: puts a message read back from the journal at the tail. */
 void queue_recover_message(struct queue *queue, struct message *message, uint64_t seq,
                            bool delivered);

@@ -197,9 +197,17 @@ struct parked_forward {
     uint64_t seq;
 };
 
-bool member_map_behind(const struct member *member, uint64_t epoch)
+bool member_map_behind(const struct member *member, struct bytes vhost, struct bytes queue,
+                       uint64_t epoch)
 {
-    return !member->stopping && epoch > member_map(member)->version;
+    if (member->stopping)
+        return false;
+    /* A queue's epoch starts at the map version of its declare and grows
+     * by one per change of owner: a newer epoch than ours, or a queue we do
+     * not know under an epoch our map has not reached, means we lag. */
+    const struct cluster_map *map = member_map(member);
+    const struct map_queue *q = cluster_map_queue(map, vhost, queue);
+    return q != NULL ? epoch > q->epoch : epoch > map->version;
 }
 
 void member_park_forward(struct member *member, struct vhost *vhost, struct bytes queue,
@@ -237,7 +245,7 @@ void member__route_parked(struct member *member, bool give_up)
 {
     list_for_each_safe(n, &member->parked) {
         struct parked_forward *p = CONTAINER_OF(n, struct parked_forward, link);
-        if (!give_up && member_map_behind(member, p->epoch))
+        if (!give_up && member_map_behind(member, p->vhost, p->queue, p->epoch))
             continue;
         struct vhost *vhost = broker_vhost(member->broker, p->vhost);
         struct queue *queue = vhost ? vhost_queue(vhost, p->queue) : NULL;

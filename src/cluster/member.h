@@ -103,7 +103,8 @@ int member_leave(void *ctx, struct json *body);
  * routed once we have applied that far. */
 struct confirm_sink;
 struct message;
-bool member_map_behind(const struct member *member, uint64_t epoch);
+bool member_map_behind(const struct member *member, struct bytes vhost, struct bytes queue,
+                       uint64_t epoch);
 void member_park_forward(struct member *member, struct vhost *vhost, struct bytes queue,
                          uint64_t epoch, struct message *message, struct confirm_sink *sink,
                          uint64_t seq);

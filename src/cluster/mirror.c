@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "broker/broker.h"
+#include "broker/channel.h"
+#include "broker/message.h"
 #include "broker/connection.h"
 #include "broker/durable.h"
 #include "broker/exchange.h"
@@ -92,6 +94,22 @@ static void drop_queue(struct member *member, struct bytes vhost_name, struct by
         vhost_queue_delete(vhost, q);
 }
 
+/* Publishes our stand-in held for the dead primary: ours now, after the
+ * replica's messages (they are newer). */
+static void route_held(struct queue *queue, struct proxy_held *held, uint32_t count)
+{
+    for (uint32_t i = 0; i < count; i++) {
+        struct publish_wait wait = {.sink = held[i].sink, .seq = held[i].seq};
+        bool rejected = queue_publish(queue, held[i].message, &wait) == QUEUE_PUBLISH_REJECTED;
+        if (held[i].sink) {
+            confirm_sink_routed(held[i].sink, held[i].seq, &wait, rejected);
+            confirm_sink_unref(held[i].sink);
+        }
+        message_unref(held[i].message);
+    }
+    free(held);
+}
+
 /* The local object for a map queue: real here if we are its primary, a
  * stand-in otherwise. A local object of the wrong kind (a restart found a
  * queue that has moved, a stand-in for a queue that came to us) is
@@ -111,6 +129,8 @@ static void ensure_queue(struct member *member, const struct map_queue *mq)
     /* A backup promoted (or a restart's stale kind): the stand-in's
      * replica, if any, becomes the queue's content. */
     struct replica *promoted = q && primary ? proxy_stub_take_replica(q) : NULL;
+    struct proxy_held *held = NULL;
+    uint32_t held_count = q && primary ? proxy_stub_take_held(q, &held) : 0;
     if (q)
         vhost_queue_delete(vhost, q);
     if (!primary) {
@@ -121,6 +141,7 @@ static void ensure_queue(struct member *member, const struct map_queue *mq)
                             mq->arguments);
     replica_attach(member, q, mq);
     replica_adopt(q, promoted);
+    route_held(q, held, held_count);
     if (!mq->exclusive)
         return;
     struct connection *owner = connection_by_id(member->broker, mq->exclusive_connection_id);

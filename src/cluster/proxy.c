@@ -877,6 +877,24 @@ struct replica *proxy_stub_replica(struct queue *queue, bool create)
     return stub->replica;
 }
 
+uint32_t proxy_stub_take_held(struct queue *queue, struct proxy_held **out)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    uint32_t n = stub->held_count;
+    *out = NULL;
+    if (n == 0)
+        return 0;
+    *out = malloc(sizeof **out * n);
+    ASSERT(*out != NULL);
+    for (uint32_t i = 0; i < n; i++) {
+        struct held_forward h = stub->held[(stub->held_head + i) & (stub->held_cap - 1)];
+        (*out)[i] = (struct proxy_held){h.message, h.sink, h.seq};
+    }
+    stub->held_count = 0;
+    stub->held_head = 0;
+    return n;
+}
+
 struct replica *proxy_stub_take_replica(struct queue *queue)
 {
     struct proxy_stub *stub = stub_of(queue);

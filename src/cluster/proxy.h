@@ -71,6 +71,16 @@ struct replica;
 struct replica *proxy_stub_replica(struct queue *queue, bool create);
 struct replica *proxy_stub_take_replica(struct queue *queue);
 
+/* Promotion: the publishes a stand-in holds for its primary, now ours to
+ * route. Returns how many; *out is a malloc'ed array the caller frees, and
+ * each entry's references (message, sink) pass to the caller. */
+struct proxy_held {
+    struct message *message;
+    struct confirm_sink *sink; /* NULL: nobody waits */
+    uint64_t seq;
+};
+uint32_t proxy_stub_take_held(struct queue *queue, struct proxy_held **out);
+
 void proxy_peer_up(struct member_peer *peer);
 /* The link is down or going away: nack its forwards, drop its uplinks. */
 void proxy_peer_down(struct member_peer *peer);

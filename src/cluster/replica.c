@@ -198,7 +198,7 @@ void replica_adopt(struct queue *queue, struct replica *r)
         return;
     for (uint32_t i = 0; i < r->count; i++) {
         if (slot(r, i)->message)
-            queue_adopt(queue, slot(r, i)->message);
+            queue_adopt(queue, slot(r, i)->message, slot(r, i)->seq);
     }
     LOG_INFO("vhost=%.*s queue=%.*s: promoted with %u messages from its replica",
              (int)queue->vhost->name.len, (const char *)queue->vhost->name.ptr,

@@ -12,12 +12,13 @@
  *
  * When the controller promotes a backup (queue.set_owner, epoch + 1), the
  * mirror turns its stand-in into the real queue and adopts the replica's
- * messages in order, marked redelivered (they may have been delivered by
- * the old primary), journaled if persistent, and streamed to the new
- * backups.
+ * messages in order under the old primary's seqs (the other backups hold
+ * them under the same ones, so the stream goes on), marked redelivered
+ * (the old primary may have delivered them), journaled if persistent.
  *
  * Not yet (issue 6, next increments): catching up a new or returning
- * backup (snapshot + stream) and marking it in sync; removing a lagging
+ * backup (snapshot + stream: today it gets the stream from its arrival on
+ * and is not marked in sync); removing a lagging
  * backup from the in-sync set *before* confirming without it (today a
  * backup that cannot be reached is skipped, and marked out of sync
  * afterwards); leases and fencing of a deposed primary; de-duplication.
