@@ -148,6 +148,47 @@ def the_backup_takes_over_and_consumers_go_on():
                            for m in members.values()), 20, what="the old primary back")
 
 
+@test(timeout=120)
+def publishers_elsewhere_see_no_error_across_a_failover():
+    # A fresh queue with two backups; a confirming publisher on a broker
+    # that is not its primary keeps publishing while the primary dies.
+    c = connect(members["a"])
+    c.channel().queue_declare("steady", arguments={"x-quay-backups": 2})
+    c.close()
+    info = queue_info(members["a"], "steady")
+    primary = members[info["primary"]]
+    assert primary.alive()
+    other = [m for m in members.values() if m is not primary][0]
+    pub = connect(other)
+    ch = pub.channel()
+    ch.confirm_delivery()
+    confirmed = 0
+    killed_at = None
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 4:
+        ch.basic_publish("", "steady", b"%d" % confirmed)  # raises on a nack
+        confirmed += 1
+        if killed_at is None and time.monotonic() - t0 > 1:
+            killed_at = primary.kill()
+    pub.close()
+    print("# %d confirmed, none rejected, across kill -9 of the primary" % confirmed)
+    wait_until(lambda: queue_info(other, "steady")["primary"] != primary.name, 10)
+    c = connect(other)
+    ch = c.channel()
+    seen = set()
+    while True:
+        m, _, body = ch.basic_get("steady", auto_ack=True)
+        if m is None:
+            break
+        seen.add(int(body))
+    c.close()
+    missing = set(range(confirmed)) - seen
+    assert not missing, "%d confirmed messages lost" % len(missing)
+    primary.start()
+    wait_until(lambda: all(m.view() and m.view().brokers.get(primary.name) == "up"
+                           for m in members.values()), 20, what="the old primary back")
+
+
 def cleanup(failed):
     if cluster is None:
         return []
