@@ -5,11 +5,14 @@
 #           prefetch 100 (the reference row's settings): first published and consumed on a
 #           ("local"), then published via b and consumed via c ("proxied"). Interleaved REPS
 #           times; prints medians and proxied/local.
+#   failover 3 brokers, FAILOVER_QUEUES queues (one backup each, the default) declared through
+#           broker 1; kill -9 of broker 2 (a follower) and, in a second round, of the leader;
+#           reports how long until no queue has the dead broker as primary (all promoted).
 #   scale   5 brokers; quayscale declares SCALE_QUEUES queues (one binding each) through
 #           broker 2; reports declares/s, the map's size, each broker's RSS, then the time a
 #           6th broker takes from start to "caught up with the map" (it has every definition).
 #
-# Usage: bench/cluster.sh [proxy] [scale]      (default: both)
+# Usage: bench/cluster.sh [proxy] [failover] [scale]      (default: all three)
 # Environment: QUAYD=build/quayd REPS=3 DURATION=10 SCALE_QUEUES=10000 BASE_PORT=6100
 #              BENCH_OUT=build/bench KEEP_TMP=0
 # Needs: bench/quaybench and bench/quayscale (built here with cc, like bench/run.sh), curl,
@@ -22,10 +25,11 @@ QUAYD=${QUAYD:-build/quayd}
 REPS=${REPS:-3}
 DURATION=${DURATION:-10}
 SCALE_QUEUES=${SCALE_QUEUES:-10000}
+FAILOVER_QUEUES=${FAILOVER_QUEUES:-15000}
 BASE_PORT=${BASE_PORT:-6100}
 BENCH_OUT=${BENCH_OUT:-build/bench}
 KEEP_TMP=${KEEP_TMP:-0}
-ROWS=${*:-proxy scale}
+ROWS=${*:-proxy failover scale}
 
 mkdir -p "$BENCH_OUT"
 LIBS=$(pkg-config --cflags --libs librabbitmq)
@@ -170,9 +174,47 @@ row_scale() {
   stop_all
 }
 
+# promoted_after BROKER_INDEX WATCH_INDEX: kill -9 broker I, print seconds until broker W's
+# /api/queues shows none of its queues left on it.
+promoted_after() {
+  local victim=$1 watch=$2
+  /usr/bin/python3 - "b$victim" "$(http_port "$watch")" "$(eval echo \$PID_$victim)" <<'EOF2'
+import json, os, signal, sys, time, urllib.request
+victim, port, pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def queues():
+    return json.load(urllib.request.urlopen("http://127.0.0.1:%d/api/queues" % port, timeout=30))
+owned = sum(1 for q in queues() if q["primary"] == victim)
+t0 = time.monotonic()
+os.kill(pid, signal.SIGKILL)
+while True:
+    qs = queues()
+    waiting = [q for q in qs if q["primary"] == victim and q.get("available", True)]
+    if not waiting:
+        break
+    if time.monotonic() - t0 > 60:
+        sys.exit("not decided after 60 s: %d queues" % len(waiting))
+    time.sleep(0.05)
+unavailable = sum(1 for q in qs if q["primary"] == victim)
+print("queues=%d decided_s=%.2f promoted=%d unavailable=%d (no in-sync backup)"
+      % (owned, time.monotonic() - t0, owned - unavailable, unavailable))
+EOF2
+}
+
+row_failover() {
+  form 3
+  "$BENCH_OUT/quayscale" queues -H 127.0.0.1 -p "$(amqp_port 1)" -n "$FAILOVER_QUEUES" --keep \
+      --prefix mass > /dev/null
+  echo "ROW failover follower $(promoted_after 2 1)"
+  start 2 1
+  wait_up 1 3
+  echo "ROW failover leader $(promoted_after 1 3)"
+  stop_all
+}
+
 for row in $ROWS; do
   case "$row" in
     proxy) row_proxy ;;
+    failover) row_failover ;;
     scale) row_scale ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
   esac
