@@ -736,6 +736,7 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
     if (result.count == 0 && mandatory)
         send_return(ch, message, REPLY_NO_ROUTE, "NO_ROUTE");
     bool rejected = false;
+    uint32_t unavailable = 0; /* stand-ins whose queue has no primary now */
     uint64_t seq = ch->confirm_mode ? ch->publish_seq + 1 : 0;
     struct publish_wait wait = {.sink = seq ? channel_sink(ch) : NULL, .seq = seq};
     for (uint32_t i = 0; i < result.count; i++) {
@@ -743,13 +744,20 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
         if (queue->remote_ops) {
             /* Its primary is another broker: the confirm waits for it. */
             if (!queue->remote_ops->forward(queue, message, wait.sink, seq))
-                rejected = true;
+                unavailable++;
             else if (wait.sink)
                 wait.remote++;
             continue;
         }
         if (queue_publish(queue, message, &wait) == QUEUE_PUBLISH_REJECTED)
             rejected = true;
+    }
+    if (unavailable > 0 && unavailable == result.count && mandatory) {
+        /* Reached no queue at all: a mandatory publish comes back (and is
+         * confirmed, as RabbitMQ confirms a returned message). */
+        send_return(ch, message, REPLY_NO_ROUTE, "NO_ROUTE");
+    } else if (unavailable > 0) {
+        rejected = true; /* the publisher must resend it */
     }
     if (ch->tx_mode && wait.ticket > ch->tx_ticket)
         ch->tx_ticket = wait.ticket; /* tx.commit-ok waits for it */

@@ -55,7 +55,8 @@ static void write_bytes(struct json *out, const char *key, struct bytes value)
  *  "memory": {"used_bytes": N, "high_watermark_bytes": N, "alarm": bool},
  *  "disk": {"free_bytes": N, "free_limit_bytes": N, "alarm": bool},
  *  "alarms": ["memory", "disk"] (the ones on),
- *  "journal": {"synced_ticket": N, "status": 0}}
+ *  "journal": {"synced_ticket": N, "status": 0},
+ *  "cluster": {the same as GET /api/cluster} (clustered only)}
  */
 struct totals {
     uint64_t channels;
@@ -135,13 +136,19 @@ static void handle_overview(void *ctx, struct json *out)
     json_key(out, "status");
     json_int(out, broker->durable.status);
     json_object_end(out);
+    if (broker->cluster) {
+        /* The cluster in brief (GET /api/cluster has it all). */
+        json_key(out, "cluster");
+        cluster_node_write_json(broker->cluster, out);
+    }
     json_object_end(out);
 }
 
 /* ---- GET /api/queues ----------------------------------------------------
  * [{"vhost": "/", "name": "q", "durable": bool, "exclusive": bool,
  *   "auto_delete": bool, "messages": N (ready), "messages_unacknowledged": N,
- *   "consumers": N, "paged": N, "primary": NAME, "role": "primary"|"proxy",
+ *   "consumers": N, "paged": N, "primary": NAME,
+ *   "role": "primary"|"backup"|"proxy", "replica_messages": N (not primary),
  *   "available": bool (clustered only), "backups": [NAME...], "in_sync": [NAME...],
  *   "epoch": N}, ...]
  * In a cluster, placement comes from the map; counts are this broker's

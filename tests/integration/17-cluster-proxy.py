@@ -483,6 +483,12 @@ def a_killed_primary_makes_its_queues_unavailable_until_it_returns():
         raise AssertionError("a publish to an unavailable queue was confirmed")
     except pika.exceptions.NackError:
         pass
+    # A mandatory one comes back instead.
+    try:
+        ch.basic_publish("", name, b"returned", mandatory=True)
+        raise AssertionError("a mandatory publish to an unavailable queue was not returned")
+    except pika.exceptions.UnroutableError:
+        pass
     c.close()
     A.start()
     wait_until(lambda: all(m.view() and m.view().brokers.get("a") == "up" for m in (A, B, C)),

@@ -110,23 +110,22 @@ def after_healing_the_minority_catches_up():
     wait_until(lambda: all(states(m) == expect for m in (A, B, C)), 30,
                what="c up again everywhere")
     print("# c up again %.2f s after the partition healed" % (time.monotonic() - t0))
-
-    def sees(name):
-        c = connect(C)
-        try:
-            c.channel().queue_declare(name, passive=True)
-            return True
-        except pika.exceptions.ChannelClosedByBroker:
-            return False
-        finally:
-            if c.is_open:
-                c.close()
-    wait_until(lambda: sees("during"), 10, what="c to know the queue declared without it")
-    # (Whether "from-minority" exists is open: like any timed-out request,
-    # its forward may still reach the leader once the network heals.)
+    wait_until(lambda: sees_on(C, "during"), 10, what="c to know the queue declared without it")
     c = connect(C)
     c.channel().queue_declare("after-heal")
     c.close()
+
+
+def sees_on(member, name):
+    c = connect(member)
+    try:
+        c.channel().queue_declare(name, passive=True)
+        return True
+    except pika.exceptions.ChannelClosedByBroker:
+        return False
+    finally:
+        if c.is_open:
+            c.close()
 
 
 @test(timeout=120)
@@ -155,9 +154,8 @@ def a_leader_cut_off_is_replaced():
     lab.heal()
     wait_until(lambda: all(states(m).get(leader.name) == "up" for m in (A, B, C)), 30,
                what="the old leader back")
-    c = connect(leader)
-    c.channel().queue_declare("new-leader", passive=True)
-    c.close()
+    # The old leader catches up with what was decided without it.
+    wait_until(lambda: sees_on(leader, "new-leader"), 10, what="the old leader caught up")
 
 
 def cleanup(failed):
