@@ -21,8 +21,8 @@
 #include "cluster/proxy.h"
 #include "cluster/replica.h"
 #include "lib/assert.h"
-#include "lib/errors.h"
 #include "lib/bytes.h"
+#include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/json.h"
 
@@ -73,9 +73,9 @@ static struct member_peer *peer_new(struct member *member, const struct map_brok
     struct cluster_node *node = member->node;
     struct link_config config = {
         .address = peer->address,
+        .self_name = cluster_node_name(node),
         .secret = cluster_node_secret(node),
     };
-    config.self_name = cluster_node_name(node);
     struct link_ops ops = {.ctx = peer, .up = on_link_up, .down = on_link_down};
     if (link_new(&peer->link, &member->broker->net, &config, &ops) != OK) {
         LOG_ERROR("cluster: cannot link to broker %u at %s", b->id, peer->address);
