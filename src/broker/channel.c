@@ -638,20 +638,31 @@ static void drain_waits(struct channel *ch, uint64_t synced, int status)
         release_confirms(ch);
 }
 
+void channel__commit_check(struct channel *ch, uint64_t synced, int status)
+{
+    if (!ch->commit_pending || synced < ch->tx_ticket || ch->tx_remote > 0)
+        return;
+    ch->commit_pending = false;
+    bool failed = ch->tx_failed;
+    ch->tx_failed = false;
+    ch->tx_ticket = 0;
+    if (status < 0) {
+        channel__fail(ch, REPLY_INTERNAL_ERROR, METHOD_TX_COMMIT,
+                      "the journal failed: the transaction may not be on disk");
+    } else if (failed) {
+        channel__fail(ch, REPLY_INTERNAL_ERROR, METHOD_TX_COMMIT,
+                      "a queue's primary broker did not take a publish of the transaction");
+    } else {
+        struct method ok = {.id = METHOD_TX_COMMIT_OK};
+        channel__send(ch, &ok);
+    }
+}
+
 void channel__journal_synced(struct channel *ch, uint64_t ticket, int status)
 {
     struct confirm_fifo *f = &ch->confirm_waits;
     drain_waits(ch, ticket, status);
-    if (ch->commit_pending && ticket >= ch->tx_ticket) {
-        ch->commit_pending = false;
-        if (status < 0) {
-            channel__fail(ch, REPLY_INTERNAL_ERROR, METHOD_TX_COMMIT,
-                          "the journal failed: the transaction may not be on disk");
-        } else {
-            struct method ok = {.id = METHOD_TX_COMMIT_OK};
-            channel__send(ch, &ok);
-        }
-    }
+    channel__commit_check(ch, ticket, status);
     if (f->count == 0 && !ch->commit_pending && list_linked(&ch->durable_link))
         list_remove(&ch->durable_link);
 }
@@ -685,6 +696,14 @@ void confirm_sink_answer(struct confirm_sink *sink, uint64_t seq, bool ack)
     struct channel *ch = sink->channel;
     if (ch == NULL || ch->state != CHANNEL_STATE_OPEN)
         return;
+    if (seq == 0) { /* a transaction's publish */
+        ASSERT(ch->tx_remote > 0);
+        ch->tx_remote--;
+        if (!ack)
+            ch->tx_failed = true;
+        channel__commit_check(ch, durable_synced_ticket(ch->connection->broker), 0);
+        return;
+    }
     struct confirm_wait *wait = sink_wait(ch, seq);
     wait->remote--;
     if (!ack)
@@ -738,7 +757,10 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
     bool rejected = false;
     uint32_t unavailable = 0; /* stand-ins whose queue has no primary now */
     uint64_t seq = ch->confirm_mode ? ch->publish_seq + 1 : 0;
-    struct publish_wait wait = {.sink = seq ? channel_sink(ch) : NULL, .seq = seq};
+    /* A transaction's commit-ok waits for other brokers too: their answers
+     * come as seq 0 (confirm_sink_answer). */
+    bool waits = ch->confirm_mode || ch->tx_mode;
+    struct publish_wait wait = {.sink = waits ? channel_sink(ch) : NULL, .seq = seq};
     for (uint32_t i = 0; i < result.count; i++) {
         struct queue *queue = CONTAINER_OF(result.dests[i], struct queue, as_dest);
         if (queue->remote_ops) {
@@ -759,8 +781,14 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
     } else if (unavailable > 0) {
         rejected = true; /* the publisher must resend it */
     }
-    if (ch->tx_mode && wait.ticket > ch->tx_ticket)
-        ch->tx_ticket = wait.ticket; /* tx.commit-ok waits for it */
+    if (ch->tx_mode) {
+        if (wait.ticket > ch->tx_ticket)
+            ch->tx_ticket = wait.ticket; /* tx.commit-ok waits for it */
+        ch->tx_remote += wait.remote;
+        if (unavailable > 0 && !mandatory)
+            ch->tx_failed = true; /* a queue with no primary now: the commit fails */
+        return;
+    }
     confirm_publish(ch, wait.ticket, wait.remote, rejected);
 }
 

@@ -722,14 +722,15 @@ void channel__handle_tx(struct channel *ch, const struct method *m)
             if (!commit(ch))
                 return;
             /* Persistent messages to durable queues must be on disk before
-             * commit-ok, as in RabbitMQ: wait for the journal's fsync. */
+             * commit-ok, as in RabbitMQ: wait for the journal's fsync; and
+             * every primary (and backup) the publishes went to must have
+             * them. */
             struct broker *broker = ch->connection->broker;
-            if (ch->tx_ticket > durable_synced_ticket(broker)) {
-                ch->commit_pending = true;
+            ch->commit_pending = true;
+            if (ch->tx_ticket > durable_synced_ticket(broker))
                 durable_wait_for_sync(broker, &ch->durable_link);
-                return;
-            }
-            ok.id = METHOD_TX_COMMIT_OK;
+            channel__commit_check(ch, durable_synced_ticket(broker), 0);
+            return;
         } else {
             channel__drop_tx(ch);
             ok.id = METHOD_TX_ROLLBACK_OK;

@@ -139,6 +139,8 @@ struct channel {
 
     struct list_node tx_ops;          /* struct tx_op, in arrival order */
     uint64_t tx_ticket;               /* journal ticket the current commit needs */
+    uint32_t tx_remote;               /* answers other brokers owe the current commit */
+    bool tx_failed;                   /* one of them said no (or a queue refused one) */
     bool commit_pending;              /* tx.commit-ok waits for that fsync */
     struct list_node confirm_link;    /* in the flush list when acks are owed */
 };
@@ -165,6 +167,9 @@ void channel__handle_settle(struct channel *ch, const struct method *m);
 /* The journal synced everything up to ticket (status < 0: it failed, and
  * the publishes waiting for it are nacked). */
 void channel__journal_synced(struct channel *ch, uint64_t ticket, int status);
+/* Sends tx.commit-ok (or the failure) once the commit waits for nothing:
+ * the journal synced through tx_ticket, every other broker answered. */
+void channel__commit_check(struct channel *ch, uint64_t synced, int status);
 
 /* channel_basic.c */
 /* Writes content header and body frames for a message (deliver, get-ok, return). */

@@ -335,6 +335,24 @@ def purge_and_conditional_delete_through_a_proxy():
 
 
 @test(timeout=60)
+def a_transaction_through_a_proxy_commits_once_the_primary_has_it():
+    name = queue_on(A, B, "txq", durable=True)
+    c = connect(C)
+    ch = c.channel()
+    ch.tx_select()
+    for i in range(50):
+        ch.basic_publish("", name, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+    d = connect(A)
+    assert d.channel().queue_declare(name, passive=True).method.message_count == 0
+    ch.tx_commit()  # commit-ok only once the primary (and its backup) took them all
+    assert d.channel().queue_declare(name, passive=True).method.message_count == 50
+    d.close()
+    ch.basic_publish("", name, b"rolled back")
+    ch.tx_rollback()
+    c.close()
+
+
+@test(timeout=60)
 def exclusive_queues_stay_with_their_connection():
     owner = connect(B)
     och = owner.channel()
