@@ -23,6 +23,7 @@
 #include "broker/message.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
+#include "lib/ring.h"
 #include "lib/errors.h"
 #include "lib/log.h"
 
@@ -586,17 +587,8 @@ static void route_with_alternates(struct channel *ch, struct exchange *exchange,
 
 static void fifo_push(struct confirm_fifo *f, struct confirm_wait wait)
 {
-    if (f->count == f->cap) {
-        uint32_t cap = f->cap ? f->cap * 2 : 16;
-        struct confirm_wait *items = malloc(sizeof *items * cap);
-        ASSERT(items != NULL);
-        for (uint32_t i = 0; i < f->count; i++)
-            items[i] = f->items[(f->head + i) & (f->cap - 1)];
-        free(f->items);
-        f->items = items;
-        f->head = 0;
-        f->cap = cap;
-    }
+    if (f->count == f->cap)
+        f->items = ring_grow(f->items, sizeof *f->items, &f->head, f->count, &f->cap, 16);
     f->items[(f->head + f->count) & (f->cap - 1)] = wait;
     f->count++;
 }

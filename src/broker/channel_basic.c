@@ -21,23 +21,16 @@
 #include "broker/queue_args.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
+#include "lib/ring.h"
 
 #define VHOST_FMT "in vhost '%.*s'"
 #define VHOST_ARG(ch) (int)(ch)->vhost->name.len, (const char *)(ch)->vhost->name.ptr
 
 /* ---- delivery ring -------------------------------------------------- */
 
-static void ring_grow(struct delivery_ring *r)
+static void delivery_ring_grow(struct delivery_ring *r)
 {
-    uint32_t cap = r->cap ? r->cap * 2 : 8;
-    struct delivery *items = malloc(sizeof *items * cap);
-    ASSERT(items != NULL);
-    for (uint32_t i = 0; i < r->count; i++)
-        items[i] = r->items[(r->head + i) & (r->cap - 1)];
-    free(r->items);
-    r->items = items;
-    r->head = 0;
-    r->cap = cap;
+    r->items = ring_grow(r->items, sizeof *r->items, &r->head, r->count, &r->cap, 8);
 }
 
 static void ring_append(struct delivery_ring *r, uint64_t tag, struct delivery d)
@@ -47,7 +40,7 @@ static void ring_append(struct delivery_ring *r, uint64_t tag, struct delivery d
     ASSERT(tag >= r->first_tag + r->count);
     while (r->first_tag + r->count <= tag) {
         if (r->count == r->cap)
-            ring_grow(r);
+            delivery_ring_grow(r);
         r->items[(r->head + r->count) & (r->cap - 1)] = (struct delivery){0};
         r->count++;
     }

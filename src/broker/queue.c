@@ -22,6 +22,7 @@
 #include "broker/message.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
+#include "lib/ring.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -34,17 +35,10 @@ static uint64_t now_ms(const struct queue *queue)
 
 /* ---- ring ----------------------------------------------------------- */
 
-static void ring_grow(struct queue_ring *ring)
+static void queue_ring_grow(struct queue_ring *ring)
 {
-    uint32_t cap = ring->cap ? ring->cap * 2 : 16;
-    struct queue_entry *entries = malloc(sizeof *entries * cap);
-    ASSERT(entries != NULL);
-    for (uint32_t i = 0; i < ring->count; i++)
-        entries[i] = ring->entries[(ring->head + i) & (ring->cap - 1)];
-    free(ring->entries);
-    ring->entries = entries;
-    ring->head = 0;
-    ring->cap = cap;
+    ring->entries = ring_grow(ring->entries, sizeof *ring->entries, &ring->head, ring->count,
+              &ring->cap, 16);
 }
 
 static struct queue_entry *ring_slot(struct queue_ring *ring, uint32_t index)
@@ -55,7 +49,7 @@ static struct queue_entry *ring_slot(struct queue_ring *ring, uint32_t index)
 static void ring_push_back(struct queue_ring *ring, struct queue_entry entry)
 {
     if (ring->count == ring->cap)
-        ring_grow(ring);
+        queue_ring_grow(ring);
     *ring_slot(ring, ring->count) = entry;
     ring->count++;
 }
@@ -68,7 +62,7 @@ static void ring_insert_by_seq(struct queue_ring *ring, struct queue_entry entry
     while (index < ring->count && ring_slot(ring, index)->seq < entry.seq)
         index++;
     if (ring->count == ring->cap)
-        ring_grow(ring);
+        queue_ring_grow(ring);
     ring->head = (ring->head - 1) & (ring->cap - 1);
     ring->count++;
     for (uint32_t k = 0; k < index; k++)

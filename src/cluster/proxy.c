@@ -1,7 +1,10 @@
 /*
- * proxy.c: see proxy.h.
+ * proxy.c: see proxy.h. Stand-ins, their uplinks (upstream consumers and
+ * the getter) and their updates; forwarding publishes is forward.c's.
  */
 #include "cluster/proxy.h"
+
+#include "cluster/proxy_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,27 +22,13 @@
 #include "cluster/member.h"
 #include "cluster/replica.h"
 #include "lib/assert.h"
+#include "lib/ring.h"
 #include "lib/bytes.h"
 #include "lib/log.h"
 
 #define TAG_BITS 40
 #define TAG_MASK ((UINT64_C(1) << TAG_BITS) - 1)
 #define UPLINK_ID_MAX ((UINT32_C(1) << (62 - TAG_BITS)) - 1)
-
-struct proxy_stub {
-    struct queue *queue;          /* borrowed: the stand-in that owns this */
-    struct member *member;        /* borrowed */
-    struct list_node member_link; /* in member->stubs */
-    uint32_t primary_id;
-    uint64_t epoch;
-    bool available;
-    struct list_node uplinks;     /* struct uplink.stub_link */
-    uint32_t next_uplink_id;
-    struct uplink *getter;        /* basic.get's uplink, or NULL */
-    struct replica *replica;      /* owned: our copy, when we are a backup (replica.h) */
-    struct held_forward *held;    /* owned ring: publishes waiting for a primary */
-    uint32_t held_head, held_count, held_cap;
-};
 
 /* A message received from upstream that the local consumer could not take
  * yet. */
@@ -74,279 +63,6 @@ struct proxy_op {
     bool cancelled;
 };
 
-/* One confirm channel per (peer, vhost): forwarded publishes. */
-struct forward_wait {
-    struct confirm_sink *sink;    /* one reference, or NULL */
-    uint64_t seq;                 /* the publisher channel's number */
-    struct queue *stub;           /* a forward: its stand-in (one reference), for a resend */
-    struct message *message;      /* a forward: one reference; NULL for replication */
-    bool done;
-};
-
-/* A publish for a stand-in whose primary cannot be reached right now, kept
- * (with its publisher's confirm waiting) until the map says where the
- * queue lives: then it is sent there, or nacked if nobody has the queue. */
-struct held_forward {
-    struct message *message;      /* one reference */
-    struct confirm_sink *sink;    /* one reference, or NULL */
-    uint64_t seq;
-};
-
-#define HELD_FORWARDS_MAX 100000  /* per stand-in; beyond it, publishes are nacked */
-
-struct proxy_forwarder {
-    struct list_node peer_link;   /* in peer->forwarders */
-    struct member_peer *peer;     /* borrowed */
-    struct bytes vhost;           /* owned */
-    struct link_channel *ch;      /* NULL once closed */
-    struct forward_wait *waits;   /* owned ring, by link sequence number */
-    uint32_t head, count, cap;
-    uint64_t first_seq;           /* link sequence number of waits[head] */
-};
-
-static struct proxy_stub *stub_of(struct queue *queue)
-{
-    ASSERT(queue->remote != NULL);
-    return queue->remote;
-}
-
-/* ---- forwarding publishes ---- */
-
-static bool hold_forward(struct queue *queue, struct message *message, struct confirm_sink *sink,
-                         uint64_t seq);
-
-/* answer: the primary's ack or nack; lost: the link died before it came,
- * and a forward is held for a resend (a replication is nacked). */
-static void forwarder_answer(struct proxy_forwarder *f, struct forward_wait *w, bool ack,
-                             bool lost)
-{
-    if (w->done)
-        return;
-    w->done = true;
-    bool resent = lost && w->stub != NULL && queue_is_remote(w->stub) && !w->stub->deleted &&
-                  hold_forward(w->stub, w->message, w->sink, w->seq);
-    if (w->sink) {
-        if (!resent)
-            confirm_sink_answer(w->sink, w->seq, ack);
-        confirm_sink_unref(w->sink);
-        w->sink = NULL;
-    }
-    if (w->message) {
-        message_unref(w->message);
-        w->message = NULL;
-    }
-    if (w->stub) {
-        queue_unref(w->stub);
-        w->stub = NULL;
-    }
-    (void)f;
-}
-
-static void forwarder_trim(struct proxy_forwarder *f)
-{
-    while (f->count > 0 && f->waits[f->head].done) {
-        f->head = (f->head + 1) & (f->cap - 1);
-        f->count--;
-        f->first_seq++;
-    }
-}
-
-static void forwarder_fail_all(struct proxy_forwarder *f)
-{
-    for (uint32_t i = 0; i < f->count; i++)
-        forwarder_answer(f, &f->waits[(f->head + i) & (f->cap - 1)], false, true);
-    forwarder_trim(f);
-}
-
-static void on_forward_confirm(void *ctx, uint64_t seq, bool multiple, bool ack)
-{
-    struct proxy_forwarder *f = ctx;
-    if (f->count == 0 || seq < f->first_seq || seq - f->first_seq >= f->count)
-        return; /* not ours to answer (a peer bug): ignore */
-    uint64_t from = multiple ? 0 : seq - f->first_seq;
-    for (uint64_t i = from; i <= seq - f->first_seq; i++)
-        forwarder_answer(f, &f->waits[(f->head + i) & (f->cap - 1)], ack, false);
-    forwarder_trim(f);
-}
-
-static void on_forward_closed(void *ctx, uint16_t code, struct bytes text)
-{
-    struct proxy_forwarder *f = ctx;
-    if (code != 0)
-        LOG_WARN("cluster: forwarding channel to broker %u closed: %u %.*s", f->peer->id, code,
-                 (int)text.len, (const char *)text.ptr);
-    f->ch = NULL;
-    forwarder_fail_all(f);
-}
-
-static const struct link_channel_ops forwarder_ops_template = {
-    .confirm = on_forward_confirm,
-    .closed = on_forward_closed,
-};
-
-static void forwarder_free(struct proxy_forwarder *f)
-{
-    forwarder_fail_all(f);
-    if (f->ch)
-        link_channel_close(f->ch);
-    list_remove(&f->peer_link);
-    bytes_free(&f->vhost);
-    free(f->waits);
-    free(f);
-}
-
-static struct proxy_forwarder *forwarder_for(struct member_peer *peer, struct bytes vhost)
-{
-    list_for_each_safe(n, &peer->forwarders) {
-        struct proxy_forwarder *f = CONTAINER_OF(n, struct proxy_forwarder, peer_link);
-        if (!bytes_equal(f->vhost, vhost))
-            continue;
-        if (f->ch)
-            return f;
-        if (f->count == 0) {
-            forwarder_free(f); /* closed and answered: open a new one */
-            break;
-        }
-    }
-    struct proxy_forwarder *f = calloc(1, sizeof *f);
-    ASSERT(f != NULL);
-    f->peer = peer;
-    f->vhost = bytes_dup(vhost);
-    f->first_seq = 1;
-    struct link_channel_ops ops = forwarder_ops_template;
-    ops.ctx = f;
-    f->ch = link_channel_open(peer->link, vhost, true, &ops);
-    list_push_back(&peer->forwarders, &f->peer_link);
-    if (f->ch == NULL) {
-        forwarder_free(f);
-        return NULL;
-    }
-    return f;
-}
-
-static void forwarder_push(struct proxy_forwarder *f, struct forward_wait w)
-{
-    if (f->count == f->cap) {
-        uint32_t cap = f->cap ? f->cap * 2 : 64;
-        struct forward_wait *waits = malloc(sizeof *waits * cap);
-        ASSERT(waits != NULL);
-        for (uint32_t i = 0; i < f->count; i++)
-            waits[i] = f->waits[(f->head + i) & (f->cap - 1)];
-        free(f->waits);
-        f->waits = waits;
-        f->head = 0;
-        f->cap = cap;
-    }
-    f->waits[(f->head + f->count) & (f->cap - 1)] = w;
-    f->count++;
-}
-
-static bool peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m,
-                      struct message *message, struct confirm_sink *sink, uint64_t seq,
-                      struct queue *stub)
-{
-    if (peer == NULL || !peer->up)
-        return false;
-    struct proxy_forwarder *f = forwarder_for(peer, vhost);
-    if (f == NULL)
-        return false;
-    if (message == NULL) {
-        link_send(f->ch, m);
-        return true;
-    }
-    uint64_t link_seq = link_send_content(f->ch, m, message);
-    ASSERT(link_seq == f->first_seq + f->count);
-    if (sink)
-        confirm_sink_ref(sink);
-    struct forward_wait w = {.sink = sink, .seq = seq};
-    if (stub) {
-        queue_ref(stub);
-        message_ref(message);
-        w.stub = stub;
-        w.message = message;
-    }
-    forwarder_push(f, w);
-    return true;
-}
-
-bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m,
-                     struct message *message, struct confirm_sink *sink, uint64_t seq)
-{
-    return peer_send(peer, vhost, m, message, sink, seq, NULL);
-}
-
-static bool stub_forward(struct queue *queue, struct message *message, struct confirm_sink *sink,
-                         uint64_t seq)
-{
-    struct proxy_stub *stub = stub_of(queue);
-    if (!stub->available)
-        return false;
-    struct member_peer *peer = member_peer(stub->member, stub->primary_id);
-    if (stub->held_count > 0 || peer == NULL || !peer->up)
-        return hold_forward(queue, message, sink, seq); /* in order, behind the held ones */
-    struct method m = {.id = METHOD_BASIC_QUAY_FORWARD};
-    m.basic_quay_forward.queue = queue->name;
-    m.basic_quay_forward.exchange = message_exchange(message);
-    m.basic_quay_forward.routing_key = message_routing_key(message);
-    m.basic_quay_forward.epoch = stub->epoch;
-    return peer_send(peer, queue->vhost->name, &m, message, sink, seq, queue);
-}
-
-/* ---- publishes waiting for a primary ---- */
-
-static bool hold_forward(struct queue *queue, struct message *message, struct confirm_sink *sink,
-                         uint64_t seq)
-{
-    struct proxy_stub *stub = stub_of(queue);
-    if (!stub->available || stub->held_count >= HELD_FORWARDS_MAX)
-        return false;
-    if (stub->held_count == stub->held_cap) {
-        uint32_t cap = stub->held_cap ? stub->held_cap * 2 : 64;
-        struct held_forward *items = malloc(sizeof *items * cap);
-        ASSERT(items != NULL);
-        for (uint32_t i = 0; i < stub->held_count; i++)
-            items[i] = stub->held[(stub->held_head + i) & (stub->held_cap - 1)];
-        free(stub->held);
-        stub->held = items;
-        stub->held_head = 0;
-        stub->held_cap = cap;
-    }
-    message_ref(message);
-    if (sink)
-        confirm_sink_ref(sink);
-    stub->held[(stub->held_head + stub->held_count) & (stub->held_cap - 1)] =
-        (struct held_forward){message, sink, seq};
-    stub->held_count++;
-    return true;
-}
-
-/* Sends the held publishes to the primary (ack: false: nack them all). */
-static void release_held_forwards(struct queue *queue, bool send)
-{
-    struct proxy_stub *stub = stub_of(queue);
-    while (stub->held_count > 0) {
-        struct member_peer *peer = member_peer(stub->member, stub->primary_id);
-        if (send && (peer == NULL || !peer->up))
-            return; /* still nowhere to send them */
-        struct held_forward h = stub->held[stub->held_head];
-        stub->held_head = (stub->held_head + 1) & (stub->held_cap - 1);
-        stub->held_count--;
-        bool sent = false;
-        if (send) {
-            struct method m = {.id = METHOD_BASIC_QUAY_FORWARD};
-            m.basic_quay_forward.queue = queue->name;
-            m.basic_quay_forward.exchange = message_exchange(h.message);
-            m.basic_quay_forward.routing_key = message_routing_key(h.message);
-            m.basic_quay_forward.epoch = stub->epoch;
-            sent = peer_send(peer, queue->vhost->name, &m, h.message, h.sink, h.seq, queue);
-        }
-        if (!sent && h.sink)
-            confirm_sink_answer(h.sink, h.seq, false);
-        if (h.sink)
-            confirm_sink_unref(h.sink);
-        message_unref(h.message);
-    }
-}
 
 /* ---- uplinks ---- */
 
@@ -426,17 +142,9 @@ static void uplink_release_held(struct uplink *u)
 
 static void hold(struct uplink *u, struct queue_entry e)
 {
-    if (u->held_count == u->held_cap) {
-        uint32_t cap = u->held_cap ? u->held_cap * 2 : 16;
-        struct held *items = malloc(sizeof *items * cap);
-        ASSERT(items != NULL);
-        for (uint32_t i = 0; i < u->held_count; i++)
-            items[i] = u->held[(u->held_head + i) & (u->held_cap - 1)];
-        free(u->held);
-        u->held = items;
-        u->held_head = 0;
-        u->held_cap = cap;
-    }
+    if (u->held_count == u->held_cap)
+        u->held = ring_grow(u->held, sizeof *u->held, &u->held_head, u->held_count,
+                  &u->held_cap, 16);
     u->held[(u->held_head + u->held_count) & (u->held_cap - 1)].entry = e;
     u->held_count++;
 }
@@ -692,7 +400,7 @@ static void stub_free(struct queue *queue)
         u->consumer = NULL;
         uplink_free(u);
     }
-    release_held_forwards(queue, false);
+    forward__release_held(queue, false);
     free(stub->held);
     list_remove(&stub->member_link);
     replica_free(stub->replica);
@@ -701,7 +409,7 @@ static void stub_free(struct queue *queue)
 }
 
 static const struct queue_remote_ops stub_ops = {
-    .forward = stub_forward,
+    .forward = forward__stub,
     .consumer_added = stub_consumer_added,
     .consumer_removed = stub_consumer_removed,
     .ack = stub_ack,
@@ -877,24 +585,6 @@ struct replica *proxy_stub_replica(struct queue *queue, bool create)
     return stub->replica;
 }
 
-uint32_t proxy_stub_take_held(struct queue *queue, struct proxy_held **out)
-{
-    struct proxy_stub *stub = stub_of(queue);
-    uint32_t n = stub->held_count;
-    *out = NULL;
-    if (n == 0)
-        return 0;
-    *out = malloc(sizeof **out * n);
-    ASSERT(*out != NULL);
-    for (uint32_t i = 0; i < n; i++) {
-        struct held_forward h = stub->held[(stub->held_head + i) & (stub->held_cap - 1)];
-        (*out)[i] = (struct proxy_held){h.message, h.sink, h.seq};
-    }
-    stub->held_count = 0;
-    stub->held_head = 0;
-    return n;
-}
-
 struct replica *proxy_stub_take_replica(struct queue *queue)
 {
     struct proxy_stub *stub = stub_of(queue);
@@ -945,7 +635,7 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq)
     if (!mq->available && was_available) {
         /* Its broker is down and nobody could take over: consumers are
          * told (cancel notifications), publishes are nacked. */
-        release_held_forwards(queue, false);
+        forward__release_held(queue, false);
         detach_all(stub);
         list_for_each_safe(n, &stub->uplinks) {
             struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
@@ -963,7 +653,7 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq)
         detach_all(stub);
         reattach_all(stub);
     }
-    release_held_forwards(queue, true); /* to the primary the map now names */
+    forward__release_held(queue, true); /* to the primary the map now names */
 }
 
 void proxy_peer_up(struct member_peer *peer)
@@ -973,20 +663,14 @@ void proxy_peer_up(struct member_peer *peer)
         struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);
         if (stub->primary_id == peer->id) {
             reattach_all(stub);
-            release_held_forwards(stub->queue, true);
+            forward__release_held(stub->queue, true);
         }
     }
 }
 
 void proxy_peer_down(struct member_peer *peer)
 {
-    while (!list_empty(&peer->forwarders)) {
-        struct proxy_forwarder *f =
-            CONTAINER_OF(peer->forwarders.next, struct proxy_forwarder, peer_link);
-        forwarder_fail_all(f);
-        f->ch = NULL; /* gone with the link */
-        forwarder_free(f);
-    }
+    forward__peer_down(peer);
     struct member *member = peer->member;
     list_for_each_safe(n, &member->stubs) {
         struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);

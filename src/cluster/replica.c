@@ -15,6 +15,7 @@
 #include "cluster/node.h"
 #include "cluster/proxy.h"
 #include "lib/assert.h"
+#include "lib/ring.h"
 #include "lib/log.h"
 
 /* ---- the backup's side: a ring sorted by seq, holes for removed ones ---- */
@@ -64,17 +65,8 @@ bool replica_push(struct replica *r, uint64_t seq, struct message *message)
 {
     if (seq <= r->last_seq)
         return true; /* sent again after a reconnect: we have it (or it left) */
-    if (r->count == r->cap) {
-        uint32_t cap = r->cap ? r->cap * 2 : 64;
-        struct replica_entry *items = malloc(sizeof *items * cap);
-        ASSERT(items != NULL);
-        for (uint32_t i = 0; i < r->count; i++)
-            items[i] = *slot(r, i);
-        free(r->items);
-        r->items = items;
-        r->head = 0;
-        r->cap = cap;
-    }
+    if (r->count == r->cap)
+        r->items = ring_grow(r->items, sizeof *r->items, &r->head, r->count, &r->cap, 64);
     message_ref(message);
     *slot(r, r->count) = (struct replica_entry){seq, message};
     r->count++;

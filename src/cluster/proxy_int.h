@@ -1,0 +1,64 @@
+/*
+ * proxy_int.h: what proxy.c and forward.c share. Not for other modules.
+ */
+#ifndef QUAY_CLUSTER_PROXY_INT_H
+#define QUAY_CLUSTER_PROXY_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "broker/queue.h"
+#include "lib/assert.h"
+#include "lib/list.h"
+
+struct confirm_sink;
+struct member;
+struct member_peer;
+struct message;
+struct replica;
+struct uplink;
+
+/* A publish for a stand-in whose primary cannot be reached right now, kept
+ * (with its publisher's confirm waiting) until the map says where the
+ * queue lives: then it is sent there, or nacked if nobody has the queue. */
+struct held_forward {
+    struct message *message;      /* one reference */
+    struct confirm_sink *sink;    /* one reference, or NULL */
+    uint64_t seq;
+};
+
+/* The proxy state of a stand-in; owned by its queue (queue->remote). */
+struct proxy_stub {
+    struct queue *queue;          /* borrowed: the stand-in that owns this */
+    struct member *member;        /* borrowed */
+    struct list_node member_link; /* in member->stubs */
+    uint32_t primary_id;
+    uint64_t epoch;
+    bool available;
+    struct list_node uplinks;     /* struct uplink.stub_link */
+    uint32_t next_uplink_id;
+    struct uplink *getter;        /* basic.get's uplink, or NULL */
+    struct replica *replica;      /* owned: our copy, when we are a backup (replica.h) */
+    struct held_forward *held;    /* owned ring: publishes waiting for a primary */
+    uint32_t held_head, held_count, held_cap;
+};
+
+static inline struct proxy_stub *stub_of(struct queue *queue)
+{
+    ASSERT(queue->remote != NULL);
+    return queue->remote;
+}
+
+/* forward.c */
+/* A publish routed to a stand-in: forwarded to its primary, or held while
+ * none can be reached; false: the queue has no primary (nack it). */
+bool forward__stub(struct queue *queue, struct message *message, struct confirm_sink *sink,
+                   uint64_t seq);
+/* The held publishes: sent to the primary the stand-in now names (send),
+ * or nacked. */
+void forward__release_held(struct queue *queue, bool send);
+/* The link to peer is gone: its forwards in flight are held for a resend
+ * (a replication is nacked) and its channels forgotten. */
+void forward__peer_down(struct member_peer *peer);
+
+#endif
