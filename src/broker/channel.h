@@ -47,6 +47,15 @@ void confirm_sink_routed(struct confirm_sink *sink, uint64_t seq, const struct p
 struct consumer;
 uint32_t channel_consumer_credit(const struct consumer *consumer);
 
+/* Every message of queue delivered to a client (or a peer's upstream
+ * consumer) on this broker and not yet settled: fn(ctx, seq, message). */
+struct broker;
+struct queue;
+struct message;
+void channels_each_unacked(struct broker *broker, const struct queue *queue,
+                           void (*fn)(void *ctx, uint64_t seq, struct message *message),
+                           void *ctx);
+
 /* End of an input batch: send the publisher confirms it produced. */
 void channels_flush_confirms(struct connection *connection);
 

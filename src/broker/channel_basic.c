@@ -175,6 +175,24 @@ static bool settle_tags(struct channel *ch, uint64_t tag, bool multiple, enum se
     return true;
 }
 
+void channels_each_unacked(struct broker *broker, const struct queue *queue,
+                           void (*fn)(void *ctx, uint64_t seq, struct message *message),
+                           void *ctx)
+{
+    list_for_each(n, &broker->connections) {
+        struct connection *c = CONTAINER_OF(n, struct connection, broker_link);
+        for (uint32_t id = 0; id < c->channels_cap; id++) {
+            struct channel *ch = c->channels[id];
+            struct delivery_ring *r = ch ? &ch->deliveries : NULL;
+            for (uint32_t i = 0; r && i < r->count; i++) {
+                struct delivery *d = &r->items[(r->head + i) & (r->cap - 1)];
+                if (d->live && d->queue == queue)
+                    fn(ctx, d->seq, d->message);
+            }
+        }
+    }
+}
+
 void channel__requeue_all(struct channel *ch)
 {
     struct delivery_ring *r = &ch->deliveries;

@@ -565,8 +565,14 @@ bool queue_take(struct queue *queue, struct queue_entry *out)
 uint32_t queue_purge(struct queue *queue)
 {
     uint32_t count = queue->ready_count;
-    if (count > 0)
-        replicate_removal(queue, 0); /* seq 0: every ready message */
+    /* The backups drop exactly the ready ones: the unacked ones survive a
+     * purge (RabbitMQ), and a promoted backup must still have them. */
+    for (uint32_t level = 0; queue->replication_ops && level <= queue->args.max_priority;
+         level++) {
+        struct queue_ring *ring = level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
+        for (uint32_t i = 0; i < ring->count; i++)
+            replicate_removal(queue, ring_slot(ring, i)->seq);
+    }
     if (queue->journal && count > 0) {
         /* Unacked messages survive a purge (RabbitMQ); ack the ready ones. */
         for (uint32_t level = 0; level <= queue->args.max_priority; level++) {

@@ -117,8 +117,8 @@ struct queue_replication_ops {
      * NULL) also waits for the backups that will answer. */
     void (*published)(struct queue *queue, uint64_t seq, struct message *message,
                       struct publish_wait *wait);
-    /* Message seq left the queue for good (ack, reject, expiry, overflow);
-     * seq 0: every ready message did (purge). */
+    /* Message seq left the queue for good (ack, reject, expiry, overflow,
+     * purge). */
     void (*removed)(struct queue *queue, uint64_t seq);
 };
 

@@ -28,6 +28,8 @@ struct forward_wait {
     uint64_t seq;                 /* the publisher channel's number */
     struct queue *stub;           /* a forward: its stand-in (one reference), for a resend */
     struct message *message;      /* a forward: one reference; NULL for replication */
+    void (*notify)(void *ctx, bool ack); /* or a callback (replica.c's catch-up) */
+    void *notify_ctx;
     bool done;
 };
 
@@ -58,6 +60,10 @@ static void forwarder_answer(struct proxy_forwarder *f, struct forward_wait *w, 
     w->done = true;
     bool resent = lost && w->stub != NULL && queue_is_remote(w->stub) && !w->stub->deleted &&
                   hold_forward(w->stub, w->message, w->sink, w->seq);
+    if (w->notify) {
+        w->notify(w->notify_ctx, ack && !lost);
+        w->notify = NULL;
+    }
     if (w->sink) {
         if (!resent)
             confirm_sink_answer(w->sink, w->seq, ack);
@@ -197,6 +203,19 @@ bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct 
                      struct message *message, struct confirm_sink *sink, uint64_t seq)
 {
     return peer_send(peer, vhost, m, message, sink, seq, NULL);
+}
+
+bool proxy_peer_send_notify(struct member_peer *peer, struct bytes vhost, const struct method *m,
+                            struct message *message, void (*notify)(void *ctx, bool ack),
+                            void *ctx)
+{
+    if (!peer_send(peer, vhost, m, message, NULL, 0, NULL))
+        return false;
+    struct proxy_forwarder *f = forwarder_for(peer, vhost);
+    struct forward_wait *w = &f->waits[(f->head + f->count - 1) & (f->cap - 1)];
+    w->notify = notify;
+    w->notify_ctx = ctx;
+    return true;
 }
 
 bool forward__stub(struct queue *queue, struct message *message, struct confirm_sink *sink,

@@ -315,12 +315,45 @@ void member_backup_lagging(struct member *member, struct queue *queue, uint32_t 
         cluster_node_submit(member->node, &cmd, on_lagging_done, member);
 }
 
-/* The stand-in of a queue we are a backup of, at an epoch we accept. */
+static void on_synced_done(void *ctx, int status, const struct map_change *change)
+{
+    (void)ctx;
+    if (status != OK || change->reply_code != 200)
+        LOG_INFO("cluster: a caught-up backup was not marked in sync (%s); retried later",
+                 status != OK ? "map unavailable" : change->reply_text);
+}
+
+void member_backup_synced(struct member *member, struct queue *queue, uint32_t backup_id,
+                          uint64_t epoch)
+{
+    if (member->stopping)
+        return;
+    const struct map_queue *q = cluster_map_queue(member_map(member), queue->vhost->name,
+                                                  queue->name);
+    if (q == NULL || q->epoch != epoch || !map_queue_has_backup(q, backup_id) ||
+        map_queue_backup_in_sync(q, backup_id))
+        return;
+    uint32_t ids[CLUSTER_BACKUPS_MAX];
+    uint8_t n = 0;
+    for (uint8_t i = 0; i < q->backups_count; i++) {
+        if (q->backup_ids[i] == backup_id || (q->in_sync_mask & (1u << i)))
+            ids[n++] = q->backup_ids[i];
+    }
+    struct map_cmd cmd;
+    if (map_cmd_queue_set_in_sync(&cmd, queue->vhost->name, queue->name, epoch, ids, n) == OK)
+        cluster_node_submit(member->node, &cmd, on_synced_done, member);
+}
+
+/* The stand-in of a queue whose primary streams to us, at an epoch we
+ * accept. Our map may not list us as its backup yet: the primary acts on a
+ * change (a promotion, new backups) as soon as it applied it, and ours may
+ * lag. (A broker that stops being a backup keeps its stale replica until
+ * the queue is deleted or it is caught up again: memory, not data.) */
 static struct queue *replica_target(struct member *member, struct vhost *vhost,
                                     struct bytes name, uint64_t epoch)
 {
     const struct map_queue *q = cluster_map_queue(member_map(member), vhost->name, name);
-    if (q == NULL || !map_queue_has_backup(q, member->self_id) || epoch < q->epoch)
+    if (q == NULL || epoch < q->epoch || q->primary_id == member->self_id)
         return NULL;
     struct queue *queue = vhost_queue(vhost, name);
     return queue && queue_is_remote(queue) ? queue : NULL;

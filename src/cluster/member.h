@@ -121,6 +121,11 @@ void member_place_queue(struct member *member, struct map_queue_decl *decl, bool
 void member_backup_lagging(struct member *member, struct queue *queue, uint32_t backup_id,
                            uint64_t epoch);
 
+/* A backup finished catching up (replica.c): the map is told it is in
+ * sync again. */
+void member_backup_synced(struct member *member, struct queue *queue, uint32_t backup_id,
+                          uint64_t epoch);
+
 /* A primary's replication stream (replica.h), received here as a backup:
  * push answers false when we are not a backup of it at that epoch. */
 struct message;

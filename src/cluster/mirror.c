@@ -139,9 +139,12 @@ static void ensure_queue(struct member *member, const struct map_queue *mq)
     }
     q = vhost_queue_declare(vhost, mq->name, mq->durable, mq->exclusive, mq->auto_delete,
                             mq->arguments);
-    replica_attach(member, q, mq);
+    /* Adopted first: catching up the backups that are not in sync (in
+     * replica_attach) copies what the queue now holds. */
     replica_adopt(q, promoted);
+    replica_attach(member, q, mq);
     route_held(q, held, held_count);
+    queue_dispatch(q);
     if (!mq->exclusive)
         return;
     struct connection *owner = connection_by_id(member->broker, mq->exclusive_connection_id);

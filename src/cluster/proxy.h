@@ -65,6 +65,13 @@ struct message;
 bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m,
                      struct message *message, struct confirm_sink *sink, uint64_t seq);
 
+/* The same with a content, whose answer goes to notify(ctx, ack) (ack
+ * false also when the link died first). False: not sent (notify will not
+ * run). */
+bool proxy_peer_send_notify(struct member_peer *peer, struct bytes vhost, const struct method *m,
+                            struct message *message, void (*notify)(void *ctx, bool ack),
+                            void *ctx);
+
 /* A backup's copy of the queue, kept by its stand-in (replica.h); made if
  * create. take: the caller owns it from now (promotion). */
 struct replica;

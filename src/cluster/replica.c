@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "amqp/method_gen.h"
+#include "broker/broker.h"
+#include "broker/channel.h"
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
@@ -83,6 +85,7 @@ void replica_remove(struct replica *r, uint64_t seq)
                 message_unref(slot(r, i)->message);
         }
         r->head = r->count = r->live = 0;
+        r->last_seq = 0; /* a catch-up starts over from the primary's oldest */
         return;
     }
     /* Binary search: entries are in seq order (holes keep their seq). */
@@ -115,7 +118,135 @@ struct replication {
     uint8_t backups_count;
     uint8_t lagging;        /* bit i: backup i missed a message (reported once) */
     uint64_t epoch;
+    uint32_t catching_up[CLUSTER_BACKUPS_MAX]; /* backups whose snapshot is in flight */
 };
+
+/* ---- catching up a backup that is not in sync ---- */
+
+struct catch_up {
+    struct queue *queue;    /* one reference */
+    uint32_t backup_id;
+    uint64_t epoch;
+};
+
+struct snapshot {
+    struct replica_entry *items; /* borrowed messages: sent before the loop runs again */
+    uint32_t count, cap;
+};
+
+static void snapshot_add(void *ctx, uint64_t seq, struct message *message)
+{
+    struct snapshot *snap = ctx;
+    if (snap->count == snap->cap) {
+        snap->cap = snap->cap ? snap->cap * 2 : 256;
+        snap->items = realloc(snap->items, sizeof *snap->items * snap->cap);
+        ASSERT(snap->items != NULL);
+    }
+    snap->items[snap->count++] = (struct replica_entry){seq, message};
+}
+
+static int by_seq(const void *a, const void *b)
+{
+    const struct replica_entry *x = a, *y = b;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+static void catching_up_set(struct replication *rep, uint32_t backup_id, bool on)
+{
+    for (uint8_t i = 0; i < CLUSTER_BACKUPS_MAX; i++) {
+        if (on ? rep->catching_up[i] == BROKER_ID_NONE : rep->catching_up[i] == backup_id) {
+            rep->catching_up[i] = on ? backup_id : BROKER_ID_NONE;
+            return;
+        }
+    }
+}
+
+static bool is_catching_up(const struct replication *rep, uint32_t backup_id)
+{
+    for (uint8_t i = 0; i < CLUSTER_BACKUPS_MAX; i++) {
+        if (rep->catching_up[i] == backup_id)
+            return true;
+    }
+    return false;
+}
+
+/* The backup acked the last message of its snapshot (ack false: it did
+ * not, or its link died: the next map change tries again). */
+static void caught_up(void *ctx, bool ack)
+{
+    struct catch_up *c = ctx;
+    struct replication *rep = c->queue->replication;
+    if (rep != NULL && !c->queue->deleted) {
+        catching_up_set(rep, c->backup_id, false);
+        if (ack && rep->epoch == c->epoch)
+            member_backup_synced(rep->member, c->queue, c->backup_id, c->epoch);
+    }
+    queue_unref(c->queue);
+    free(c);
+}
+
+/* Sends a backup that is not in sync the queue as it is now: a reset, then
+ * every message (ready, and delivered but not acked) in seq order, on the
+ * channel the stream goes on, so nothing falls between the two. Then, once
+ * it acked the last one, it joins the in-sync set. */
+static void catch_up(struct queue *queue, uint32_t backup_id)
+{
+    struct replication *rep = queue->replication;
+    struct member_peer *peer = member_peer(rep->member, backup_id);
+    if (peer == NULL || !peer->up || is_catching_up(rep, backup_id) || queue->paged_count > 0)
+        return; /* (paged messages would need reading back: not yet) */
+    struct snapshot snap = {0};
+    for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
+        const struct queue_ring *ring =
+            level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
+        for (uint32_t i = 0; i < ring->count; i++) {
+            const struct queue_entry *e = &ring->entries[(ring->head + i) & (ring->cap - 1)];
+            snapshot_add(&snap, e->seq, e->message);
+        }
+    }
+    channels_each_unacked(queue->vhost->broker, queue, snapshot_add, &snap);
+    if (snap.count > 1)
+        qsort(snap.items, snap.count, sizeof *snap.items, by_seq);
+    struct method reset = {.id = METHOD_BASIC_QUAY_SETTLE};
+    reset.basic_quay_settle.queue = queue->name;
+    reset.basic_quay_settle.epoch = rep->epoch;
+    reset.basic_quay_settle.purge = true;
+    struct catch_up *c = calloc(1, sizeof *c);
+    ASSERT(c != NULL);
+    *c = (struct catch_up){queue, backup_id, rep->epoch};
+    queue_ref(queue);
+    bool sent = proxy_peer_send(peer, queue->vhost->name, &reset, NULL, NULL, 0);
+    struct method m = {.id = METHOD_BASIC_QUAY_REPLICATE};
+    m.basic_quay_replicate.queue = queue->name;
+    m.basic_quay_replicate.epoch = rep->epoch;
+    for (uint32_t i = 0; sent && i + 1 < snap.count; i++) {
+        m.basic_quay_replicate.seq = snap.items[i].seq;
+        m.basic_quay_replicate.exchange = message_exchange(snap.items[i].message);
+        m.basic_quay_replicate.routing_key = message_routing_key(snap.items[i].message);
+        sent = proxy_peer_send(peer, queue->vhost->name, &m, snap.items[i].message, NULL, 0);
+    }
+    if (sent && snap.count > 0) {
+        struct replica_entry *last = &snap.items[snap.count - 1];
+        m.basic_quay_replicate.seq = last->seq;
+        m.basic_quay_replicate.exchange = message_exchange(last->message);
+        m.basic_quay_replicate.routing_key = message_routing_key(last->message);
+        sent = proxy_peer_send_notify(peer, queue->vhost->name, &m, last->message, caught_up, c);
+        if (sent)
+            catching_up_set(rep, backup_id, true);
+    } else if (sent) {
+        /* Nothing to copy: in sync once the reset is on its way. */
+        member_backup_synced(rep->member, queue, backup_id, rep->epoch);
+    }
+    if (!sent || snap.count == 0) {
+        queue_unref(queue);
+        free(c);
+    }
+    LOG_INFO("vhost=%.*s queue=%.*s: catching up backup %u with %u messages%s",
+             (int)queue->vhost->name.len, (const char *)queue->vhost->name.ptr,
+             (int)queue->name.len, (const char *)queue->name.ptr, backup_id, snap.count,
+             sent ? "" : " (failed: retried at the next change)");
+    free(snap.items);
+}
 
 static void replicated(struct queue *queue, uint64_t seq, struct message *message,
                        struct publish_wait *wait)
@@ -151,7 +282,6 @@ static void removed(struct queue *queue, uint64_t seq)
     m.basic_quay_settle.queue = queue->name;
     m.basic_quay_settle.epoch = rep->epoch;
     m.basic_quay_settle.seq = seq;
-    m.basic_quay_settle.purge = seq == 0;
     for (uint8_t i = 0; i < rep->backups_count; i++)
         proxy_peer_send(member_peer(rep->member, rep->backup_ids[i]), queue->vhost->name, &m,
                         NULL, NULL, 0);
@@ -182,6 +312,10 @@ void replica_attach(struct member *member, struct queue *queue, const struct map
     rep->backups_count = mq->backups_count;
     rep->epoch = mq->epoch;
     rep->lagging = 0;
+    for (uint8_t i = 0; i < mq->backups_count; i++) {
+        if (!(mq->in_sync_mask & (1u << i)))
+            catch_up(queue, mq->backup_ids[i]);
+    }
 }
 
 void replica_adopt(struct queue *queue, struct replica *r)
@@ -196,5 +330,4 @@ void replica_adopt(struct queue *queue, struct replica *r)
              (int)queue->vhost->name.len, (const char *)queue->vhost->name.ptr,
              (int)queue->name.len, (const char *)queue->name.ptr, r->live);
     replica_free(r);
-    queue_dispatch(queue);
 }

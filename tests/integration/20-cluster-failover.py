@@ -189,6 +189,52 @@ def publishers_elsewhere_see_no_error_across_a_failover():
                            for m in members.values()), 20, what="the old primary back")
 
 
+@test(timeout=120)
+def the_factor_is_restored_and_a_second_failover_keeps_everything():
+    # A queue with one backup and messages (some delivered, not acked).
+    c = connect(members["a"])
+    ch = c.channel()
+    ch.queue_declare("twice", arguments={"x-quay-backups": 1})
+    ch.confirm_delivery()
+    for i in range(300):
+        ch.basic_publish("", "twice", b"%d" % i)
+    c.close()
+    first = queue_info(members["a"], "twice")
+    primary = members[first["primary"]]
+    watcher = [m for m in members.values() if m is not primary][0]
+    primary.kill()
+    # Promoted, and a new backup chosen, caught up and back in sync.
+    wait_until(lambda: (lambda q: q["primary"] != primary.name and len(q["in_sync"]) == 1)(
+        queue_info(watcher, "twice")), 15, what="the factor restored")
+    second = queue_info(watcher, "twice")
+    backup = members[second["in_sync"][0]]
+    assert backup.alive(), second
+    wait_until(lambda: queue_info(backup, "twice")["replica_messages"] == 300, 5,
+               what="the new backup to hold all 300")
+    primary.start()
+    wait_until(lambda: all(m.view() and m.view().brokers.get(primary.name) == "up"
+                           for m in members.values()), 20, what="the first primary back")
+    # Now the second primary dies: the caught-up backup has everything.
+    new_primary = members[second["primary"]]
+    new_primary.kill()
+    survivor = [m for m in members.values() if m is not new_primary and m.alive()][0]
+    wait_until(lambda: queue_info(survivor, "twice")["primary"] == backup.name, 10,
+               what="the caught-up backup promoted")
+    c = connect(survivor)
+    ch = c.channel()
+    got = set()
+    while True:
+        m, _, body = ch.basic_get("twice", auto_ack=True)
+        if m is None:
+            break
+        got.add(int(body))
+    c.close()
+    assert got == set(range(300)), "%d of 300 after two failovers" % len(got)
+    new_primary.start()
+    wait_until(lambda: all(m.view() and m.view().brokers.get(new_primary.name) == "up"
+                           for m in members.values()), 20, what="the second primary back")
+
+
 def cleanup(failed):
     if cluster is None:
         return []
