@@ -16,12 +16,15 @@
  * them under the same ones, so the stream goes on), marked redelivered
  * (the old primary may have delivered them), journaled if persistent.
  *
- * Not yet (issue 6, next increments): catching up a new or returning
- * backup (snapshot + stream: today it gets the stream from its arrival on
- * and is not marked in sync); removing a lagging
- * backup from the in-sync set *before* confirming without it (today a
- * backup that cannot be reached is skipped, and marked out of sync
- * afterwards); leases and fencing of a deposed primary; de-duplication.
+ * A backup that is not in sync is caught up by its primary when the map
+ * change arrives: a reset (quay-settle with purge), then every message the
+ * queue holds, ready or delivered and unacked, in seq order, on the
+ * stream's channel; once it acked the last one it joins the in-sync set.
+ *
+ * Not yet (issue 6, next increments): removing a lagging backup from the
+ * in-sync set *before* confirming without it (today a backup that cannot
+ * be reached is skipped, and marked out of sync afterwards); leases and
+ * fencing of a deposed primary; de-duplication; catching up paged queues.
  *
  * Memory: a replica is owned by its stand-in (proxy.c); each entry holds
  * one message reference. The primary side's state (struct replication) is
