@@ -94,6 +94,22 @@ static void drop_queue(struct member *member, struct bytes vhost_name, struct by
         vhost_queue_delete(vhost, q);
 }
 
+/* Promotion: the stand-in's local consumers move to the real queue (their
+ * upstream consumers are cancelled; what they hold unacked comes back
+ * redelivered from the replica). Returns how many; *out is malloc'ed. */
+static uint32_t take_consumers(struct queue *stub, struct consumer ***out)
+{
+    uint32_t n = stub->consumers_count, i = 0;
+    *out = n ? malloc(sizeof **out * n) : NULL;
+    ASSERT(n == 0 || *out != NULL);
+    while (!list_empty(&stub->consumers)) {
+        struct consumer *c = CONTAINER_OF(stub->consumers.next, struct consumer, queue_link);
+        queue_consumer_remove(stub, c);
+        (*out)[i++] = c;
+    }
+    return i;
+}
+
 /* Publishes our stand-in held for the dead primary: ours now, after the
  * replica's messages (they are newer). */
 static void route_held(struct queue *queue, struct proxy_held *held, uint32_t count)
@@ -131,6 +147,8 @@ static void ensure_queue(struct member *member, const struct map_queue *mq)
     struct replica *promoted = q && primary ? proxy_stub_take_replica(q) : NULL;
     struct proxy_held *held = NULL;
     uint32_t held_count = q && primary ? proxy_stub_take_held(q, &held) : 0;
+    struct consumer **moving = NULL;
+    uint32_t moving_count = q && primary ? take_consumers(q, &moving) : 0;
     if (q)
         vhost_queue_delete(vhost, q);
     if (!primary) {
@@ -144,6 +162,9 @@ static void ensure_queue(struct member *member, const struct map_queue *mq)
     replica_adopt(q, promoted);
     replica_attach(member, q, mq);
     route_held(q, held, held_count);
+    for (uint32_t i = 0; i < moving_count; i++)
+        queue_consumer_add(q, moving[i]); /* our clients go on, on the real queue */
+    free(moving);
     queue_dispatch(q);
     if (!mq->exclusive)
         return;
