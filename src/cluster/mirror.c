@@ -126,11 +126,29 @@ static void route_held(struct queue *queue, struct proxy_held *held, uint32_t co
     free(held);
 }
 
+static void apply_binding(struct member *member, const struct map_binding_decl *d, bool bind);
+
+/* A queue object made anew (promotion, demotion, a restart's stale kind)
+ * gets the map's bindings to it back: deleting the old object removed
+ * them. */
+static void rebind_queue(struct member *member, struct map_queue *mq)
+{
+    list_for_each(n, &mq->bindings_in) {
+        const struct map_binding *b = CONTAINER_OF(n, struct map_binding, destination_node);
+        struct map_binding_decl d = {
+            .vhost = mq->vhost->name, .source = b->source->name,
+            .destination_kind = MAP_DESTINATION_QUEUE, .destination = mq->name,
+            .routing_key = b->routing_key,
+            .arguments = {b->arguments.ptr, (uint32_t)b->arguments.len}};
+        apply_binding(member, &d, true);
+    }
+}
+
 /* The local object for a map queue: real here if we are its primary, a
  * stand-in otherwise. A local object of the wrong kind (a restart found a
  * queue that has moved, a stand-in for a queue that came to us) is
  * replaced. */
-static void ensure_queue(struct member *member, const struct map_queue *mq)
+static void ensure_queue(struct member *member, struct map_queue *mq)
 {
     struct vhost *vhost = vhost_for(member, mq->vhost->name);
     struct queue *q = vhost_queue(vhost, mq->name);
@@ -153,10 +171,12 @@ static void ensure_queue(struct member *member, const struct map_queue *mq)
         vhost_queue_delete(vhost, q);
     if (!primary) {
         vhost_queue_insert(vhost, proxy_stub_new(member, vhost, mq));
+        rebind_queue(member, mq);
         return;
     }
     q = vhost_queue_declare(vhost, mq->name, mq->durable, mq->exclusive, mq->auto_delete,
                             mq->arguments);
+    rebind_queue(member, mq);
     /* Adopted first: catching up the backups that are not in sync (in
      * replica_attach) copies what the queue now holds. */
     replica_adopt(q, promoted);

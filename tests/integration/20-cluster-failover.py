@@ -235,6 +235,32 @@ def the_factor_is_restored_and_a_second_failover_keeps_everything():
                            for m in members.values()), 20, what="the second primary back")
 
 
+@test(timeout=120)
+def bindings_survive_a_promotion():
+    c = connect(members["a"])
+    ch = c.channel()
+    ch.queue_declare("bound", arguments={"x-quay-backups": 1})
+    ch.queue_bind("bound", "amq.topic", "k.#")
+    c.close()
+    info = queue_info(members["a"], "bound")
+    primary = members[info["primary"]]
+    backup = members[info["backups"][0]]
+    primary.kill()
+    wait_until(lambda: queue_info(backup, "bound")["primary"] == backup.name, 10,
+               what="the backup promoted")
+    # Published on the new primary itself, through the exchange.
+    c = connect(backup)
+    ch = c.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("amq.topic", "k.x", b"routed", mandatory=True)  # raises if returned
+    m, _, body = ch.basic_get("bound", auto_ack=True)
+    assert body == b"routed", body
+    c.close()
+    primary.start()
+    wait_until(lambda: all(m.view() and m.view().brokers.get(primary.name) == "up"
+                           for m in members.values()), 20, what="the old primary back")
+
+
 def cleanup(failed):
     if cluster is None:
         return []
