@@ -171,9 +171,11 @@ static void forwarder_push(struct proxy_forwarder *f, struct forward_wait w)
     f->count++;
 }
 
+/* Sends m (and message's content) to peer; for a content, w says who
+ * waits for the answer: the sink and seq (referenced here), the stand-in
+ * to resend for (ditto), or a callback. */
 static bool peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m,
-                      struct message *message, struct confirm_sink *sink, uint64_t seq,
-                      struct queue *stub)
+                      struct message *message, struct forward_wait w)
 {
     if (peer == NULL || !peer->up)
         return false;
@@ -186,13 +188,11 @@ static bool peer_send(struct member_peer *peer, struct bytes vhost, const struct
     }
     uint64_t link_seq = link_send_content(f->ch, m, message);
     ASSERT(link_seq == f->first_seq + f->count);
-    if (sink)
-        confirm_sink_ref(sink);
-    struct forward_wait w = {.sink = sink, .seq = seq};
-    if (stub) {
-        queue_ref(stub);
+    if (w.sink)
+        confirm_sink_ref(w.sink);
+    if (w.stub) {
+        queue_ref(w.stub);
         message_ref(message);
-        w.stub = stub;
         w.message = message;
     }
     forwarder_push(f, w);
@@ -202,20 +202,15 @@ static bool peer_send(struct member_peer *peer, struct bytes vhost, const struct
 bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m,
                      struct message *message, struct confirm_sink *sink, uint64_t seq)
 {
-    return peer_send(peer, vhost, m, message, sink, seq, NULL);
+    return peer_send(peer, vhost, m, message, (struct forward_wait){.sink = sink, .seq = seq});
 }
 
 bool proxy_peer_send_notify(struct member_peer *peer, struct bytes vhost, const struct method *m,
                             struct message *message, void (*notify)(void *ctx, bool ack),
                             void *ctx)
 {
-    if (!peer_send(peer, vhost, m, message, NULL, 0, NULL))
-        return false;
-    struct proxy_forwarder *f = forwarder_for(peer, vhost);
-    struct forward_wait *w = &f->waits[(f->head + f->count - 1) & (f->cap - 1)];
-    w->notify = notify;
-    w->notify_ctx = ctx;
-    return true;
+    return peer_send(peer, vhost, m, message,
+                     (struct forward_wait){.notify = notify, .notify_ctx = ctx});
 }
 
 bool forward__stub(struct queue *queue, struct message *message, struct confirm_sink *sink,
@@ -232,7 +227,8 @@ bool forward__stub(struct queue *queue, struct message *message, struct confirm_
     m.basic_quay_forward.exchange = message_exchange(message);
     m.basic_quay_forward.routing_key = message_routing_key(message);
     m.basic_quay_forward.epoch = stub->epoch;
-    return peer_send(peer, queue->vhost->name, &m, message, sink, seq, queue);
+    return peer_send(peer, queue->vhost->name, &m, message,
+                     (struct forward_wait){.sink = sink, .seq = seq, .stub = queue});
 }
 
 /* ---- publishes waiting for a primary ---- */
@@ -273,7 +269,8 @@ void forward__release_held(struct queue *queue, bool send)
             m.basic_quay_forward.exchange = message_exchange(h.message);
             m.basic_quay_forward.routing_key = message_routing_key(h.message);
             m.basic_quay_forward.epoch = stub->epoch;
-            sent = peer_send(peer, queue->vhost->name, &m, h.message, h.sink, h.seq, queue);
+            sent = peer_send(peer, queue->vhost->name, &m, h.message,
+                             (struct forward_wait){.sink = h.sink, .seq = h.seq, .stub = queue});
         }
         if (!sent && h.sink)
             confirm_sink_answer(h.sink, h.seq, false);

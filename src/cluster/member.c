@@ -284,64 +284,38 @@ void member_place_queue(struct member *member, struct map_queue_decl *decl, bool
     decl->backups_count = result.backups_count;
 }
 
-static void on_lagging_done(void *ctx, int status, const struct map_change *change)
+static void on_in_sync_done(void *ctx, int status, const struct map_change *change)
 {
     (void)ctx;
     if (status != OK || change->reply_code != 200)
-        LOG_WARN("cluster: a lagging backup could not be marked out of sync (%s)",
+        LOG_WARN("cluster: a backup's in-sync state did not change (%s)",
                  status != OK ? "map unavailable" : change->reply_text);
 }
 
-void member_backup_lagging(struct member *member, struct queue *queue, uint32_t backup_id,
-                           uint64_t epoch)
-{
-    if (member->stopping)
-        return;
-    const struct map_queue *q = cluster_map_queue(member_map(member), queue->vhost->name,
-                                                  queue->name);
-    if (q == NULL || q->epoch != epoch || !map_queue_backup_in_sync(q, backup_id))
-        return;
-    uint32_t ids[CLUSTER_BACKUPS_MAX];
-    uint8_t n = 0;
-    for (uint8_t i = 0; i < q->backups_count; i++) {
-        if (q->backup_ids[i] != backup_id && (q->in_sync_mask & (1u << i)))
-            ids[n++] = q->backup_ids[i];
-    }
-    LOG_WARN("vhost=%.*s queue=%.*s: backup %u unreachable: out of sync",
-             (int)queue->vhost->name.len, (const char *)queue->vhost->name.ptr,
-             (int)queue->name.len, (const char *)queue->name.ptr, backup_id);
-    struct map_cmd cmd;
-    if (map_cmd_queue_set_in_sync(&cmd, queue->vhost->name, queue->name, epoch, ids, n) == OK)
-        cluster_node_submit(member->node, &cmd, on_lagging_done, member);
-}
-
-static void on_synced_done(void *ctx, int status, const struct map_change *change)
-{
-    (void)ctx;
-    if (status != OK || change->reply_code != 200)
-        LOG_INFO("cluster: a caught-up backup was not marked in sync (%s); retried later",
-                 status != OK ? "map unavailable" : change->reply_text);
-}
-
-void member_backup_synced(struct member *member, struct queue *queue, uint32_t backup_id,
-                          uint64_t epoch)
+void member_backup_in_sync(struct member *member, struct queue *queue, uint32_t backup_id,
+                           uint64_t epoch, bool in_sync)
 {
     if (member->stopping)
         return;
     const struct map_queue *q = cluster_map_queue(member_map(member), queue->vhost->name,
                                                   queue->name);
     if (q == NULL || q->epoch != epoch || !map_queue_has_backup(q, backup_id) ||
-        map_queue_backup_in_sync(q, backup_id))
-        return;
+        map_queue_backup_in_sync(q, backup_id) == in_sync)
+        return; /* moved on, or already so */
     uint32_t ids[CLUSTER_BACKUPS_MAX];
     uint8_t n = 0;
     for (uint8_t i = 0; i < q->backups_count; i++) {
-        if (q->backup_ids[i] == backup_id || (q->in_sync_mask & (1u << i)))
+        bool keep = q->backup_ids[i] == backup_id ? in_sync : (q->in_sync_mask & (1u << i));
+        if (keep)
             ids[n++] = q->backup_ids[i];
     }
+    if (!in_sync)
+        LOG_WARN("vhost=%.*s queue=%.*s: backup %u unreachable: out of sync",
+                 (int)queue->vhost->name.len, (const char *)queue->vhost->name.ptr,
+                 (int)queue->name.len, (const char *)queue->name.ptr, backup_id);
     struct map_cmd cmd;
     if (map_cmd_queue_set_in_sync(&cmd, queue->vhost->name, queue->name, epoch, ids, n) == OK)
-        cluster_node_submit(member->node, &cmd, on_synced_done, member);
+        cluster_node_submit(member->node, &cmd, on_in_sync_done, member);
 }
 
 /* The stand-in of a queue whose primary streams to us, at an epoch we

@@ -116,15 +116,11 @@ void member_park_forward(struct member *member, struct vhost *vhost, struct byte
 void member_place_queue(struct member *member, struct map_queue_decl *decl, bool pinned,
                         int32_t backups);
 
-/* A backup of queue (ours, at epoch) cannot be reached: the map is told it
- * is no longer in sync. */
-void member_backup_lagging(struct member *member, struct queue *queue, uint32_t backup_id,
-                           uint64_t epoch);
-
-/* A backup finished catching up (replica.c): the map is told it is in
- * sync again. */
-void member_backup_synced(struct member *member, struct queue *queue, uint32_t backup_id,
-                          uint64_t epoch);
+/* A backup of queue (ours, at epoch) cannot be reached (in_sync false)
+ * or finished catching up (true): the map is told, compare-and-set on
+ * the epoch; nothing if the queue moved on or it is already so. */
+void member_backup_in_sync(struct member *member, struct queue *queue, uint32_t backup_id,
+                           uint64_t epoch, bool in_sync);
 
 /* A primary's replication stream (replica.h), received here as a backup:
  * push answers false when we are not a backup of it at that epoch. */

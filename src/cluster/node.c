@@ -118,7 +118,7 @@ struct cluster_request {
     uint64_t deadline_ms;
     uint64_t sent_ms;   /* last proposal or forward; 0 = not yet */
     bool in_consensus;  /* proposed here, consensus has not answered */
-    cluster_submit_fn done; /* NULL once cancelled */
+    cluster_submit_fn done; /* never NULL (a cancelled request is freed) */
     void *ctx;
 };
 
@@ -844,33 +844,34 @@ static void request_send(struct cluster_node *node, struct cluster_request *r, u
     }
 }
 
+/* Frees the request, then tells its requester (which may submit again). */
+static void request_finish(struct cluster_request *r, int status,
+                           const struct map_change *change)
+{
+    cluster_submit_fn done = r->done;
+    void *ctx = r->ctx;
+    request_free(r);
+    done(ctx, status, change);
+}
+
 static void request_applied(struct cluster_node *node, uint64_t id, int rc,
                             const struct map_change *change)
 {
     struct cluster_request *r = request_find(node, id);
     if (r == NULL)
         return; /* answered by an earlier copy, or cancelled */
-    cluster_submit_fn done = r->done;
-    void *ctx = r->ctx;
-    request_free(r);
     (void)rc; /* the change carries the reply code */
-    if (done != NULL)
-        done(ctx, OK, change);
+    request_finish(r, OK, change);
 }
 
 static void request_tick(struct cluster_node *node, uint64_t now)
 {
     list_for_each_safe(n, &node->requests) {
         struct cluster_request *r = CONTAINER_OF(n, struct cluster_request, link);
-        if (now >= r->deadline_ms) {
-            cluster_submit_fn done = r->done;
-            void *ctx = r->ctx;
-            request_free(r);
-            if (done != NULL)
-                done(ctx, CLUSTER_E_UNAVAILABLE, NULL);
-        } else if (r->sent_ms == 0 || now - r->sent_ms >= REQUEST_RESEND_MS) {
+        if (now >= r->deadline_ms)
+            request_finish(r, CLUSTER_E_UNAVAILABLE, NULL);
+        else if (r->sent_ms == 0 || now - r->sent_ms >= REQUEST_RESEND_MS)
             request_send(node, r, now);
-        }
     }
 }
 
@@ -1209,15 +1210,9 @@ void cluster_node_stop(struct cluster_node *node)
              (unsigned long long)node->map.version);
     heartbeat_send(node, true); /* the leader marks us down at once */
     node->stopping = true;
-    while (!list_empty(&node->requests)) {
-        struct cluster_request *r =
-            CONTAINER_OF(node->requests.next, struct cluster_request, link);
-        cluster_submit_fn done = r->done;
-        void *ctx = r->ctx;
-        request_free(r);
-        if (done != NULL)
-            done(ctx, CLUSTER_E_UNAVAILABLE, NULL);
-    }
+    while (!list_empty(&node->requests))
+        request_finish(CONTAINER_OF(node->requests.next, struct cluster_request, link),
+                       CLUSTER_E_UNAVAILABLE, NULL);
     close_handles(node);
     consensus_stop(node->consensus, on_consensus_closed, node);
 }

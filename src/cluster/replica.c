@@ -179,7 +179,7 @@ static void caught_up(void *ctx, bool ack)
     if (rep != NULL && !c->queue->deleted) {
         catching_up_set(rep, c->backup_id, false);
         if (ack && rep->epoch == c->epoch)
-            member_backup_synced(rep->member, c->queue, c->backup_id, c->epoch);
+            member_backup_in_sync(rep->member, c->queue, c->backup_id, c->epoch, true);
     }
     queue_unref(c->queue);
     free(c);
@@ -235,7 +235,7 @@ static void catch_up(struct queue *queue, uint32_t backup_id)
             catching_up_set(rep, backup_id, true);
     } else if (sent) {
         /* Nothing to copy: in sync once the reset is on its way. */
-        member_backup_synced(rep->member, queue, backup_id, rep->epoch);
+        member_backup_in_sync(rep->member, queue, backup_id, rep->epoch, true);
     }
     if (!sent || snap.count == 0) {
         queue_unref(queue);
@@ -270,7 +270,7 @@ static void replicated(struct queue *queue, uint64_t seq, struct message *messag
             /* Unreachable: this message is not on it. It must leave the
              * in-sync set (the controller will see it down too). */
             rep->lagging |= (uint8_t)(1u << i);
-            member_backup_lagging(rep->member, queue, rep->backup_ids[i], rep->epoch);
+            member_backup_in_sync(rep->member, queue, rep->backup_ids[i], rep->epoch, false);
         }
     }
 }
