@@ -278,7 +278,8 @@ void queue_unref(struct queue *queue)
     ASSERT(queue->as_dest.bindings_in_count == 0);
     if (queue->remote_ops)
         queue->remote_ops->free(queue);
-    free(queue->replication); /* plain data (cluster/replica.c) */
+    if (queue->replication_ops)
+        queue->replication_ops->detach(queue);
     if (queue->timer) {
         queue->timer->data = NULL;
         uv_close((uv_handle_t *)queue->timer, on_timer_closed);
@@ -703,6 +704,10 @@ void queue_consumer_remove(struct queue *queue, struct consumer *consumer)
 uint32_t queue_delete(struct queue *queue)
 {
     ASSERT(!queue->deleted);
+    /* The backups delete their copies when the map says so; a purge
+     * streamed now could reach a backup promoted meanwhile. */
+    if (queue->replication_ops)
+        queue->replication_ops->detach(queue);
     uint32_t dropped = queue_purge(queue);
     queue->deleted = true;
     if (queue->timer)

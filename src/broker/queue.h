@@ -120,6 +120,9 @@ struct queue_replication_ops {
     /* Message seq left the queue for good (ack, reject, expiry, overflow,
      * purge). */
     void (*removed)(struct queue *queue, uint64_t seq);
+    /* The queue is deleted: answer what waits, stop streaming, free the
+     * state (queue->replication and replication_ops become NULL). */
+    void (*detach)(struct queue *queue);
 };
 
 struct consumer {

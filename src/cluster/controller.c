@@ -223,6 +223,92 @@ int controller_broker_returned(const struct cluster_map *map, uint32_t broker_id
     return OK;
 }
 
+/* ---- (c') repair ----------------------------------------------------------- */
+
+static bool broker_down(const struct cluster_map *map, uint32_t id)
+{
+    const struct map_broker *b = cluster_map_broker(map, id);
+    return b == NULL || b->state == BROKER_STATE_DOWN;
+}
+
+/* Whether the queue's backups need a change: one is down, or there are
+ * fewer than the factor wants and a broker could take one. */
+static bool backups_short(const struct cluster_map *map, const struct map_queue *q,
+                          uint32_t usable)
+{
+    for (uint8_t i = 0; i < q->backups_count; i++) {
+        if (broker_down(map, q->backup_ids[i]))
+            return true;
+    }
+    uint32_t wanted = q->replication_factor - 1u;
+    return q->backups_count < wanted && usable > 1u + q->backups_count;
+}
+
+static uint32_t usable_brokers(const struct cluster_map *map)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < map->brokers_count; i++)
+        n += map->brokers[i]->state == BROKER_STATE_UP;
+    return n;
+}
+
+int controller_repair(const struct cluster_map *map, const struct controller_config *config,
+                      struct map_cmd_list *out)
+{
+    ASSERT(map != NULL);
+    ASSERT(out != NULL);
+    uint32_t usable = usable_brokers(map);
+    struct placement p;
+    bool placed = false;
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        const struct map_queue *q = map->queues[i];
+        bool primary_down = broker_down(map, q->primary_id);
+        bool returned = !primary_down && !q->available &&
+                        cluster_map_broker(map, q->primary_id)->state == BROKER_STATE_UP;
+        bool refill = !primary_down && q->available && backups_short(map, q, usable);
+        if (!(primary_down && q->available) && !returned && !refill)
+            continue;
+        if (!placed) {
+            placement_init(&p, &config->placement);
+            placement_refresh(&p, map);
+            placed = true;
+        }
+        if (primary_down) {
+            fail_over_primary(&p, q, out);
+            continue;
+        }
+        struct map_cmd cmd;
+        uint64_t epoch = q->epoch;
+        if (returned) { /* its new incarnation: epoch + 1 */
+            push(out, map_cmd_queue_set_available(&cmd, q->vhost->name, q->name, epoch, true),
+                 &cmd);
+            epoch++;
+        }
+        uint32_t ids[CLUSTER_BACKUPS_MAX];
+        uint8_t n = refill_backups(&p, q, q->primary_id, ids);
+        if (!same_ids(ids, n, q->backup_ids, q->backups_count))
+            push(out, map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, epoch, ids, n),
+                 &cmd);
+    }
+    for (uint32_t i = 0; i < map->exchanges_count; i++) {
+        const struct map_exchange *x = map->exchanges[i];
+        if (x->owner_id == BROKER_ID_NONE || !broker_down(map, x->owner_id))
+            continue;
+        if (!placed) {
+            placement_init(&p, &config->placement);
+            placement_refresh(&p, map);
+            placed = true;
+        }
+        uint32_t owner = placement_pick_owner(&p, x->vhost->name, x->name);
+        struct map_cmd cmd;
+        if (owner != BROKER_ID_NONE)
+            push(out, map_cmd_exchange_set_owner(&cmd, x->vhost->name, x->name, owner), &cmd);
+    }
+    if (placed)
+        placement_free(&p);
+    return OK;
+}
+
 /* ---- (d) rebalancing and draining ----------------------------------------- */
 
 /* The next step of a primary move; returns true if it is still pending. */

@@ -66,6 +66,19 @@ int controller_broker_returned(const struct cluster_map *map, uint32_t broker_id
                                struct map_cmd_list *out);
 
 /*
+ * (c') Repair: what (b) and (c) would have decided and the map does not
+ * show yet (a decision refused because the map moved meanwhile, a leader
+ * that died halfway through a failover, a broker that came back and makes
+ * a full replication factor possible again): queues whose primary is down,
+ * unavailable queues whose primary is up, backups on brokers that are
+ * down, fewer backups than the factor wants while a broker could take
+ * one. Exchanges owned by a broker that is down get a new owner. Idempotent
+ * on a map that needs nothing (no commands). OK.
+ */
+int controller_repair(const struct cluster_map *map, const struct controller_config *config,
+                      struct map_cmd_list *out);
+
+/*
  * (d) One rebalancing round: plans at most moves_max moves
  * (placement_rebalance_plan) and emits the next step of each:
  *   primary move to an in-sync backup -> queue.set_owner, then the old

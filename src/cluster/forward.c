@@ -28,8 +28,10 @@ struct forward_wait {
     uint64_t seq;                 /* the publisher channel's number */
     struct queue *stub;           /* a forward: its stand-in (one reference), for a resend */
     struct message *message;      /* a forward: one reference; NULL for replication */
-    void (*notify)(void *ctx, bool ack); /* or a callback (replica.c's catch-up) */
+    uint64_t epoch;               /* a forward: the queue's epoch it was sent under */
+    proxy_notify_fn notify;       /* or a callback (replica.c's stream to a backup) */
     void *notify_ctx;
+    uint64_t notify_tag;
     bool done;
 };
 
@@ -50,18 +52,30 @@ struct proxy_forwarder {
 static bool hold_forward(struct queue *queue, struct message *message, struct confirm_sink *sink,
                          uint64_t seq);
 
-/* answer: the primary's ack or nack; lost: the link died before it came,
- * and a forward is held for a resend (a replication is nacked). */
+/* A forward the primary did not take for good is sent again (to whoever is
+ * the primary by then): its link died before the answer came, or it was
+ * nacked by a primary that has since been replaced (a deposed primary
+ * discards what it never confirmed; the publisher should not see that). */
+static bool forward_resend(const struct forward_wait *w, bool ack, bool lost)
+{
+    if (w->stub == NULL || !queue_is_remote(w->stub) || w->stub->deleted)
+        return false;
+    if (!lost && (ack || proxy_stub_epoch(w->stub) == w->epoch))
+        return false;
+    return hold_forward(w->stub, w->message, w->sink, w->seq);
+}
+
+/* answer: the primary's ack or nack; lost: the link died before it came
+ * (a replication's callback hears a nack). */
 static void forwarder_answer(struct proxy_forwarder *f, struct forward_wait *w, bool ack,
                              bool lost)
 {
     if (w->done)
         return;
     w->done = true;
-    bool resent = lost && w->stub != NULL && queue_is_remote(w->stub) && !w->stub->deleted &&
-                  hold_forward(w->stub, w->message, w->sink, w->seq);
+    bool resent = forward_resend(w, ack, lost);
     if (w->notify) {
-        w->notify(w->notify_ctx, ack && !lost);
+        w->notify(w->notify_ctx, w->notify_tag, ack && !lost);
         w->notify = NULL;
     }
     if (w->sink) {
@@ -206,11 +220,11 @@ bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct 
 }
 
 bool proxy_peer_send_notify(struct member_peer *peer, struct bytes vhost, const struct method *m,
-                            struct message *message, void (*notify)(void *ctx, bool ack),
-                            void *ctx)
+                            struct message *message, proxy_notify_fn notify, void *ctx,
+                            uint64_t tag)
 {
     return peer_send(peer, vhost, m, message,
-                     (struct forward_wait){.notify = notify, .notify_ctx = ctx});
+                     (struct forward_wait){.notify = notify, .notify_ctx = ctx, .notify_tag = tag});
 }
 
 bool forward__stub(struct queue *queue, struct message *message, struct confirm_sink *sink,
@@ -228,7 +242,8 @@ bool forward__stub(struct queue *queue, struct message *message, struct confirm_
     m.basic_quay_forward.routing_key = message_routing_key(message);
     m.basic_quay_forward.epoch = stub->epoch;
     return peer_send(peer, queue->vhost->name, &m, message,
-                     (struct forward_wait){.sink = sink, .seq = seq, .stub = queue});
+                     (struct forward_wait){.sink = sink, .seq = seq, .stub = queue,
+                                           .epoch = stub->epoch});
 }
 
 /* ---- publishes waiting for a primary ---- */
@@ -270,7 +285,8 @@ void forward__release_held(struct queue *queue, bool send)
             m.basic_quay_forward.routing_key = message_routing_key(h.message);
             m.basic_quay_forward.epoch = stub->epoch;
             sent = peer_send(peer, queue->vhost->name, &m, h.message,
-                             (struct forward_wait){.sink = h.sink, .seq = h.seq, .stub = queue});
+                             (struct forward_wait){.sink = h.sink, .seq = h.seq, .stub = queue,
+                                                   .epoch = stub->epoch});
         }
         if (!sent && h.sink)
             confirm_sink_answer(h.sink, h.seq, false);
@@ -278,6 +294,11 @@ void forward__release_held(struct queue *queue, bool send)
             confirm_sink_unref(h.sink);
         message_unref(h.message);
     }
+}
+
+uint64_t proxy_stub_epoch(const struct queue *queue)
+{
+    return stub_of((struct queue *)queue)->epoch;
 }
 
 uint32_t proxy_stub_take_held(struct queue *queue, struct proxy_held **out)

@@ -1273,10 +1273,16 @@ static int op_queue_set_owner(struct apply_ctx *ctx)
     rc = check_broker_usable(ctx, primary, "queue", q->name);
     if (rc != OK)
         return rc;
+    /* A backup out of sync may lack confirmed messages: never promoted
+     * (the primary may have dropped it from the set just before). */
+    int slot = backup_slot(q, primary);
+    if (slot >= 0 && !(q->in_sync_mask & (1u << slot)))
+        return refuse(ctx, REPLY_PRECONDITION_FAILED, true,
+                      "broker %u is not an in-sync backup of queue '%.*s'", primary,
+                      NAME_ARG(q->name));
     struct cluster_map *map = ctx->map;
     queue_count(map, q, -1);
     /* The new primary leaves the backups; the others keep order and sync. */
-    int slot = backup_slot(q, primary);
     if (slot >= 0) {
         uint8_t low = (uint8_t)(q->in_sync_mask & ((1u << slot) - 1));
         uint8_t high = (uint8_t)((q->in_sync_mask >> (slot + 1)) << slot);

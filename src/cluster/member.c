@@ -20,6 +20,7 @@
 #include "cluster/node.h"
 #include "cluster/proxy.h"
 #include "cluster/replica.h"
+#include "cluster/replication.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
@@ -449,6 +450,23 @@ int member_leave(void *ctx, struct json *body)
 
 /* ---- lifecycle ---- */
 
+static void on_tick(uv_timer_t *timer)
+{
+    struct member *member = timer->data;
+    if (!member->stopping)
+        replication_tick(member);
+}
+
+static void on_timer_closed(uv_handle_t *handle)
+{
+    free(handle);
+}
+
+bool member_lease_fresh(const struct member *member)
+{
+    return cluster_node_lease_fresh(member->node);
+}
+
 const struct cluster_map *member_map(const struct member *member)
 {
     return cluster_node_map(member->node);
@@ -465,6 +483,12 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
     member->default_backups = default_backups;
     list_init(&member->stubs);
     list_init(&member->parked);
+    list_init(&member->replications);
+    member->timer = calloc(1, sizeof *member->timer);
+    ASSERT(member->timer != NULL);
+    uv_timer_init(broker->loop, member->timer);
+    member->timer->data = member;
+    uv_timer_start(member->timer, on_tick, MEMBER_TICK_MS, MEMBER_TICK_MS);
     struct placement_config pc;
     placement_config_default(&pc);
     placement_init(&member->placement, &pc);
@@ -479,8 +503,11 @@ void member_stop(struct member *member)
     if (member->stopping)
         return;
     member->stopping = true;
+    uv_close((uv_handle_t *)member->timer, on_timer_closed);
+    member->timer = NULL;
     struct cluster_node_hooks none = {0};
     cluster_node_set_hooks(member->node, &none);
+    replication_stop_all(member);
     for (uint32_t i = 0; i < member->peers_count; i++)
         peer_free(member->peers[i]);
     member->peers_count = 0;

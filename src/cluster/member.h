@@ -28,6 +28,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <uv.h>
+
 #include "amqp/types.h"
 #include "lib/list.h"
 #include "cluster/map.h"
@@ -64,8 +66,16 @@ struct member {
     struct list_node stubs;          /* struct proxy_stub.member_link: every stand-in */
     uint8_t default_backups;         /* --default-backups */
     struct list_node parked;         /* struct parked_forward: forwards ahead of our map */
+    struct list_node replications;   /* struct replication: our queues with backups */
+    uv_timer_t *timer;               /* owned: MEMBER_TICK_MS (closed by member_stop) */
     bool stopping;
 };
+
+#define MEMBER_TICK_MS 100
+
+/* Whether this broker may confirm as a primary now: its cluster lease
+ * (cluster_node_lease_fresh). */
+bool member_lease_fresh(const struct member *member);
 
 /* Creates the member and installs the node's hooks. */
 struct member *member_new(struct broker *broker, struct cluster_node *node,

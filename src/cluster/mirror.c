@@ -20,8 +20,13 @@
 #include "cluster/node.h"
 #include "cluster/proxy.h"
 #include "cluster/replica.h"
+#include "cluster/replication.h"
 #include "lib/assert.h"
 #include "lib/log.h"
+
+/* How far a promoted primary's seqs jump (see ensure_queue): more than
+ * any number of messages in flight to a backup. */
+#define PROMOTION_SEQ_GAP (1ull << 32)
 
 /* Predeclared exchanges are every vhost's own; the map never holds them. */
 static bool predeclared(struct bytes name)
@@ -155,7 +160,7 @@ static void ensure_queue(struct member *member, struct map_queue *mq)
     bool primary = mq->primary_id == member->self_id;
     if (q && queue_is_remote(q) == !primary) {
         if (primary)
-            replica_attach(member, q, mq); /* its backups may have changed */
+            replication_attach(member, q, mq); /* its backups may have changed */
         else
             proxy_stub_update(q, mq);
         return;
@@ -163,10 +168,17 @@ static void ensure_queue(struct member *member, struct map_queue *mq)
     /* A backup promoted (or a restart's stale kind): the stand-in's
      * replica, if any, becomes the queue's content. */
     struct replica *promoted = q && primary ? proxy_stub_take_replica(q) : NULL;
+    bool promoted_epoch = q != NULL && primary;
     struct proxy_held *held = NULL;
     uint32_t held_count = q && primary ? proxy_stub_take_held(q, &held) : 0;
     struct consumer **moving = NULL;
     uint32_t moving_count = q && primary ? take_consumers(q, &moving) : 0;
+    if (q && !queue_is_remote(q)) {
+        /* Deposed: what we never confirmed is nacked (its publishers send
+         * it again, to the new primary), and nothing more reaches the
+         * backups, one of which may be the new primary already. */
+        replication_detach(q, false);
+    }
     if (q)
         vhost_queue_delete(vhost, q);
     if (!primary) {
@@ -178,9 +190,13 @@ static void ensure_queue(struct member *member, struct map_queue *mq)
                             mq->arguments);
     rebind_queue(member, mq);
     /* Adopted first: catching up the backups that are not in sync (in
-     * replica_attach) copies what the queue now holds. */
+     * replication_attach) copies what the queue now holds. Our seqs then
+     * jump past any the old primary may have given to messages that never
+     * reached us but did reach another backup: one seq, one message. */
     replica_adopt(q, promoted);
-    replica_attach(member, q, mq);
+    if (promoted_epoch)
+        q->next_seq += PROMOTION_SEQ_GAP;
+    replication_attach(member, q, mq);
     route_held(q, held, held_count);
     for (uint32_t i = 0; i < moving_count; i++)
         queue_consumer_add(q, moving[i]); /* our clients go on, on the real queue */

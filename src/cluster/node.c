@@ -156,7 +156,9 @@ struct cluster_node {
     uint64_t leader_since_ms;
     uint32_t liveness_in_flight;
     uint32_t proposals_in_flight;
+    uint64_t repaired_ms;    /* the controller's last repair sweep */
     uint64_t sequence;
+    uint64_t lease_until_ms; /* loop clock: see NODE_LEASE_MS */
     struct peer peers[CLUSTER_BROKERS_MAX]; /* [0] is this node */
     uint32_t peers_count;
     uint64_t heartbeat_dropped_count; /* malformed, bad MAC, replayed: glitches */
@@ -784,6 +786,22 @@ static void controller_remove_leavers(struct cluster_node *node)
     node->leaving_count = 0;
 }
 
+/* What failovers and returns left undone (controller_repair): once
+ * nothing is in flight, so it sees the map those decisions made. */
+static void controller_repair_tick(struct cluster_node *node, uint64_t now)
+{
+    if (node->proposals_in_flight > 0 || now - node->repaired_ms < NODE_REPAIR_EVERY_MS)
+        return;
+    node->repaired_ms = now;
+    struct map_cmd_list list;
+    map_cmd_list_init(&list);
+    controller_repair(&node->map, &node->controller, &list);
+    if (list.count > 0)
+        LOG_INFO("cluster: controller repairs %u placement(s)", list.count);
+    propose_list(node, &list, PROPOSAL_OTHER, node->id);
+    map_cmd_list_free(&list);
+}
+
 static void controller_tick(struct cluster_node *node, uint64_t now)
 {
     if (!node->leader || node->stopping) {
@@ -802,6 +820,7 @@ static void controller_tick(struct cluster_node *node, uint64_t now)
     controller_remove_leavers(node);
     controller_announce_members(node);
     controller_liveness(node, now);
+    controller_repair_tick(node, now);
 }
 
 /* ---- requests (any broker) ---- */
@@ -970,6 +989,46 @@ uint32_t cluster_node_leader(const struct cluster_node *node)
     return (uint32_t)node->leader_id;
 }
 
+/* ---- the lease ---- */
+
+static int by_newest(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x > y ? -1 : x < y;
+}
+
+/* The lease lasts NODE_LEASE_MS past the moment the majority-th broker
+ * (counting ourselves) was last heard. */
+static void lease_update(struct cluster_node *node)
+{
+    const struct cluster_map *map = &node->map;
+    uint64_t heard[CLUSTER_BROKERS_MAX];
+    uint32_t n = 0;
+    bool member = false;
+    for (uint32_t i = 0; i < map->brokers_count; i++) {
+        uint32_t id = map->brokers[i]->id;
+        if (id == node->id) {
+            member = true;
+            continue;
+        }
+        const struct peer *peer = peer_find(node, id);
+        heard[n++] = peer ? peer->last_heard_ms : 0;
+    }
+    uint32_t others_needed = (n + 1) / 2; /* a majority of n + 1, less ourselves */
+    if (!member || others_needed == 0) {
+        node->lease_until_ms = UINT64_MAX;
+        return;
+    }
+    qsort(heard, n, sizeof heard[0], by_newest);
+    uint64_t last = heard[others_needed - 1];
+    node->lease_until_ms = last == 0 ? 0 : last + NODE_LEASE_MS;
+}
+
+bool cluster_node_lease_fresh(const struct cluster_node *node)
+{
+    return uv_now(node->loop) < node->lease_until_ms;
+}
+
 /* ---- heartbeats ---- */
 
 static void heartbeat_mac(const struct cluster_node *node, const uint8_t *data, size_t size,
@@ -1095,6 +1154,7 @@ static void heartbeat_received(struct cluster_node *node, const struct peer *hb)
     peer->sequence = hb->sequence;
     peer->stopping = hb->stopping;
     peer->last_heard_ms = uv_now(node->loop);
+    lease_update(node);
     if (changed) {
         memcpy(peer->name, hb->name, sizeof peer->name);
         memcpy(peer->amqp_address, hb->amqp_address, sizeof peer->amqp_address);
@@ -1147,6 +1207,7 @@ static void on_tick(uv_timer_t *timer)
     ASSERT(!node->stopping);
     uint64_t now = uv_now(node->loop);
     node->peers[0].last_heard_ms = now;
+    lease_update(node);
     heartbeat_send(node, false);
     warn_if_not_member(node, now);
     controller_tick(node, now);
@@ -1397,6 +1458,7 @@ void cluster_node_write_json(void *ctx, struct json *body)
     else
         json_null(body);
     json_kv_uint(body, "epoch", map->version);
+    json_kv_bool(body, "lease", !node->stopping && cluster_node_lease_fresh(node));
     json_kv_uint(body, "queues", map->queues_count);
     json_kv_uint(body, "exchanges", map->exchanges_count);
     json_kv_uint(body, "bindings", map->bindings_count);

@@ -59,6 +59,13 @@
 /* A broker whose connections dropped and that has been silent this long
  * is down (a dead process), without waiting for NODE_DOWN_AFTER_MS. */
 #define NODE_RESET_SILENCE_MS 250
+/* A broker's lease: it has heard, within this long, the heartbeats of a
+ * majority of the map's brokers (itself included). Shorter than
+ * NODE_DOWN_AFTER_MS, so a broker cut off from the majority stops
+ * confirming as a primary before the majority can mark it down. */
+#define NODE_LEASE_MS 1000
+/* The leader's controller sweeps the map for what is left to repair. */
+#define NODE_REPAIR_EVERY_MS 500
 
 #define CLUSTER_SUBMIT_TIMEOUT_MS 5000
 #define CLUSTER_E_UNAVAILABLE (-40) /* no commit in time: no leader, no quorum */
@@ -143,6 +150,8 @@ bool cluster_node_synced(const struct cluster_node *node);
  * stop too, the controller takes it as dead at once. */
 void cluster_node_peer_lost(struct cluster_node *node, uint32_t broker_id);
 uint32_t cluster_node_leader(const struct cluster_node *node); /* 0: none known */
+/* Whether the lease (NODE_LEASE_MS) is fresh; always, alone in the map. */
+bool cluster_node_lease_fresh(const struct cluster_node *node);
 
 /* The node's view as JSON, for GET /api/cluster: writes exactly one value
  * through the management API's writer, so it is an http_handler_fn (ctx is

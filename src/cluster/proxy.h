@@ -65,12 +65,15 @@ struct message;
 bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m,
                      struct message *message, struct confirm_sink *sink, uint64_t seq);
 
-/* The same with a content, whose answer goes to notify(ctx, ack) (ack
- * false also when the link died first). False: not sent (notify will not
- * run). */
+/* The same with a content, whose answer goes to notify(ctx, tag, ack)
+ * (ack false also when the link died first); answers come in the order
+ * sent. False: not sent (notify will not run). */
+typedef void (*proxy_notify_fn)(void *ctx, uint64_t tag, bool ack);
 bool proxy_peer_send_notify(struct member_peer *peer, struct bytes vhost, const struct method *m,
-                            struct message *message, void (*notify)(void *ctx, bool ack),
-                            void *ctx);
+                            struct message *message, proxy_notify_fn notify, void *ctx,
+                            uint64_t tag);
+/* The epoch a stand-in forwards under (the queue's, in our map). */
+uint64_t proxy_stub_epoch(const struct queue *queue);
 
 /* A backup's copy of the queue, kept by its stand-in (replica.h); made if
  * create. take: the caller owns it from now (promotion). */

@@ -1,34 +1,19 @@
 /*
- * replica.h: backups of a queue (DESIGN §4-5), first increment.
+ * replica.h: a backup's copy of a queue (DESIGN §4-5).
  *
- * The primary of a queue with backups streams every change to each
- * backup, over the link, on the same confirm channel as its forwards (so
- * in order): basic.quay-replicate {queue, epoch, seq} + the message's
- * content for an enqueue, basic.quay-settle {queue, epoch, seq} when a
- * message leaves the queue for good (seq 0 with purge: every ready one).
- * A backup keeps the messages in its stand-in's replica and acks each
- * replicate; the publisher's confirm waits for those acks (publish_wait),
- * so a confirmed message is on every reachable backup.
+ * A backup keeps the messages its primary streams to it
+ * (replication.h) in its stand-in's replica: in seq order, each removed
+ * when the primary says it left the queue; a reset (a catch-up) empties it.
  *
  * When the controller promotes a backup (queue.set_owner, epoch + 1), the
  * mirror turns its stand-in into the real queue and adopts the replica's
- * messages in order under the old primary's seqs (the other backups hold
- * them under the same ones, so the stream goes on), marked redelivered
- * (the old primary may have delivered them), journaled if persistent.
- *
- * A backup that is not in sync is caught up by its primary when the map
- * change arrives: a reset (quay-settle with purge), then every message the
- * queue holds, ready or delivered and unacked, in seq order, on the
- * stream's channel; once it acked the last one it joins the in-sync set.
- *
- * Not yet (issue 6, next increments): removing a lagging backup from the
- * in-sync set *before* confirming without it (today a backup that cannot
- * be reached is skipped, and marked out of sync afterwards); leases and
- * fencing of a deposed primary; de-duplication; catching up paged queues.
+ * messages in order under the old primary's seqs (the other in-sync
+ * backups hold them under the same ones, so the stream goes on), marked
+ * redelivered (the old primary may have delivered them), journaled if
+ * persistent.
  *
  * Memory: a replica is owned by its stand-in (proxy.c); each entry holds
- * one message reference. The primary side's state (struct replication) is
- * owned by the real queue (queue->replication) through replica_attach.
+ * one message reference.
  */
 #ifndef QUAY_CLUSTER_REPLICA_H
 #define QUAY_CLUSTER_REPLICA_H
@@ -38,8 +23,6 @@
 
 #include "amqp/types.h"
 
-struct map_queue;
-struct member;
 struct message;
 struct queue;
 
@@ -54,10 +37,8 @@ bool replica_push(struct replica *replica, uint64_t seq, struct message *message
 void replica_remove(struct replica *replica, uint64_t seq); /* seq 0: all */
 uint32_t replica_count(const struct replica *replica);
 
-/* ---- the primary's side ---- */
+/* ---- promotion ---- */
 
-/* The queue is real here: stream it to mq's backups (or stop, with none). */
-void replica_attach(struct member *member, struct queue *queue, const struct map_queue *mq);
 /* Promotion: the stand-in's replica becomes the real queue's content. */
 void replica_adopt(struct queue *queue, struct replica *replica);
 

@@ -16,6 +16,7 @@
 #include "cluster/node.h"
 #include "cluster/proxy.h"
 #include "cluster/replica.h"
+#include "cluster/replication.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -194,6 +195,8 @@ static void write_placement(struct json *out, const struct mgmt_api *api,
     if (queue_is_remote(queue)) /* a backup's copy of the primary's messages */
         json_kv_uint(out, "replica_messages",
                      replica_count(proxy_stub_replica((struct queue *)queue, false)));
+    else
+        replication_write_json(queue, out); /* serving, confirms (with backups) */
     json_kv_bool(out, "available", mq->available);
     json_key(out, "backups");
     json_array_begin(out);

@@ -362,7 +362,13 @@ static void test_queue_ownership(void **state)
     assert_int_equal(APPLY_RC(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), e,
                                                               not_backup, 1)),
                      E_MAP_REFUSED);
-    /* Promote 3... no: promote 2 (first in sync); 3 and 4 stay, 4 in sync. */
+    /* 3 is out of sync: it may lack confirmed messages, never promoted. */
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_set_owner(&c_, B("/"), B("q"), e, 3)),
+                     E_MAP_REFUSED);
+    assert_true(last.retry);
+    assert_int_equal(q->primary_id, 1);
+    assert_int_equal(q->epoch, e);
+    /* Promote 2 (first in sync); 3 and 4 stay, 4 in sync. */
     APPLY_OK(&map, map_cmd_queue_set_owner(&c_, B("/"), B("q"), e, 2));
     assert_int_equal(q->primary_id, 2);
     assert_int_equal(q->epoch, e + 1);

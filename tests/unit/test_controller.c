@@ -362,6 +362,84 @@ static void test_stale_decision_is_refused(void **state)
     cluster_map_free(&map);
 }
 
+/* A leader died halfway through a failover, and a promotion it decided is
+ * refused (the primary dropped that backup from the in-sync set just
+ * before): the next leader's repair sweep finishes the job, and then has
+ * nothing left to do. Brokers coming back make full factors possible again. */
+static void test_repair_finishes_what_was_left(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    build(&map, 3);
+    struct controller_config config;
+    controller_config_default(&config);
+    struct map_cmd c;
+    must_apply(&map, map_cmd_broker_state(&c, 3, BROKER_STATE_DOWN), &c);
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    controller_fail_over(&map, &config, 3, &out);
+    uint32_t decided = out.count;
+    /* One of broker 3's queues loses its first in-sync backup's sync. */
+    struct map_queue *victim = NULL;
+    for (uint32_t i = 0; i < map.queues_count && !victim; i++) {
+        if (map.queues[i]->primary_id == 3)
+            victim = map.queues[i];
+    }
+    assert_non_null(victim);
+    uint32_t first = victim->backup_ids[0];
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, victim->vhost->name, victim->name,
+                                               victim->epoch, &victim->backup_ids[1], 1),
+               &c);
+    /* Only the first half of the batch commits. */
+    struct map_cmd_list half;
+    map_cmd_list_init(&half);
+    for (uint32_t i = 0; i < out.count; i++) {
+        if (i < out.count / 2)
+            map_cmd_list_push(&half, &out.items[i]);
+        else
+            map_cmd_free(&out.items[i]);
+    }
+    out.count = 0;
+    map_cmd_list_free(&out);
+    apply_all(&map, &half);
+    map_cmd_list_init(&out);
+    assert_int_equal(controller_repair(&map, &config, &out), OK);
+    uint32_t repaired = out.count;
+    assert_true(repaired > 0);
+    assert_int_equal(apply_all(&map, &out), 0);
+    assert_consistent(&map);
+    assert_int_equal(cluster_map_broker(&map, 3)->queues_owned_count, 0);
+    assert_int_equal(cluster_map_broker(&map, 3)->backups_held_count, 0);
+    assert_int_not_equal(victim->primary_id, first); /* never the one out of sync */
+    for (uint32_t i = 0; i < map.queues_count; i++)
+        assert_int_equal(map.queues[i]->backups_count, 2);
+    map_cmd_list_init(&out);
+    controller_repair(&map, &config, &out);
+    assert_int_equal(out.count, 0); /* nothing left */
+    /* Three of five down: only two copies possible; one back: three again. */
+    must_apply(&map, map_cmd_broker_state(&c, 4, BROKER_STATE_DOWN), &c);
+    must_apply(&map, map_cmd_broker_state(&c, 5, BROKER_STATE_DOWN), &c);
+    controller_repair(&map, &config, &out);
+    assert_int_equal(apply_all(&map, &out), 0);
+    for (uint32_t i = 0; i < map.queues_count; i++) {
+        const struct map_queue *q = map.queues[i];
+        assert_true(q->primary_id == 1 || q->primary_id == 2 || !q->available);
+        assert_true(q->backups_count <= 1 || !q->available);
+    }
+    must_apply(&map, map_cmd_broker_state(&c, 5, BROKER_STATE_UP), &c);
+    controller_repair(&map, &config, &out);
+    assert_int_equal(apply_all(&map, &out), 0);
+    for (uint32_t i = 0; i < map.queues_count; i++) {
+        const struct map_queue *q = map.queues[i];
+        if (q->available)
+            assert_int_equal(q->backups_count, 2);
+    }
+    controller_repair(&map, &config, &out);
+    assert_int_equal(out.count, 0);
+    printf("repair: %u decided, half committed, %u repaired\n", decided, repaired);
+    cluster_map_free(&map);
+}
+
 static void test_drain_converges(void **state)
 {
     (void)state;
@@ -417,6 +495,7 @@ int main(void)
         cmocka_unit_test(test_failover_2000_queues),
         cmocka_unit_test(test_exclusive_queue_dies_with_broker),
         cmocka_unit_test(test_stale_decision_is_refused),
+        cmocka_unit_test(test_repair_finishes_what_was_left),
         cmocka_unit_test(test_drain_converges),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

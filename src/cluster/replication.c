@@ -1,0 +1,509 @@
+/*
+ * replication.c: see replication.h.
+ */
+#include "cluster/replication.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "amqp/method_gen.h"
+#include "broker/broker.h"
+#include "broker/channel.h"
+#include "broker/message.h"
+#include "broker/queue.h"
+#include "broker/vhost.h"
+#include "cluster/map.h"
+#include "cluster/member.h"
+#include "cluster/node.h"
+#include "cluster/proxy.h"
+#include "lib/assert.h"
+#include "lib/log.h"
+#include "lib/ring.h"
+#include "mgmt/json.h"
+
+/* How often a backup that must leave the in-sync set is asked for again
+ * while the map has not taken the change (no quorum, a lost request). */
+#define REPLICATION_RETRY_MS 500
+
+enum stream_state {
+    STREAM_IDLE,        /* not in sync and not being caught up (its link is down) */
+    STREAM_CATCHING_UP, /* reset and snapshot sent; the stream follows them */
+    STREAM_LIVE,        /* it has everything sent so far, or will in order */
+    STREAM_FAILED,      /* a message did not reach it: it needs a catch-up */
+};
+
+/* One backup, as its primary streams to it. Allocated apart from struct
+ * replication: each message in flight on the link counts in inflight and
+ * its answer finds the stream, even after the stream was detached. */
+struct replica_stream {
+    struct replication *rep;  /* borrowed back; NULL once detached */
+    uint32_t backup_id;
+    enum stream_state state;
+    bool gating;              /* confirms wait for its acks (in sync, or just caught up) */
+    bool join_asked;          /* caught up: the map was asked to put it in sync */
+    uint32_t inflight;        /* answers the link owes */
+    uint64_t acked_seq;       /* everything up to here is on it */
+    uint64_t catch_up_seq;    /* catching up: done once this is acked */
+    uint64_t asked_ms;        /* failed while gating: the map last asked to drop it */
+};
+
+/* A publish whose confirm waits for the backups (or the lease). */
+struct pending_confirm {
+    uint64_t seq;               /* the queue's */
+    struct confirm_sink *sink;  /* one reference */
+    uint64_t publish_seq;       /* the publisher channel's (0: a transaction's) */
+    uint64_t at_ms;
+};
+
+struct replication {
+    struct member *member;    /* borrowed */
+    struct queue *queue;      /* borrowed: the owner */
+    struct list_node member_link; /* in member->replications */
+    uint64_t epoch;
+    struct replica_stream *streams[CLUSTER_BACKUPS_MAX];
+    uint8_t streams_count;
+    struct pending_confirm *pending; /* owned ring, in seq order */
+    uint32_t head, count, cap;
+    /* Confirms this broker gave as primary in this epoch (split-brain checks). */
+    uint64_t confirms_epoch, confirms_count, first_confirm_ms, last_confirm_ms;
+};
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static uint64_t loop_ms(const struct replication *rep)
+{
+    return uv_now(rep->member->broker->loop);
+}
+
+static void log_queue(const struct queue *queue, const char *what, uint32_t backup_id)
+{
+    LOG_INFO("vhost=%.*s queue=%.*s: backup %u %s", (int)queue->vhost->name.len,
+             (const char *)queue->vhost->name.ptr, (int)queue->name.len,
+             (const char *)queue->name.ptr, backup_id, what);
+}
+
+/* ---- confirms ---- */
+
+static struct pending_confirm *pending_at(const struct replication *rep, uint32_t i)
+{
+    return &rep->pending[(rep->head + i) & (rep->cap - 1)];
+}
+
+static void pending_push(struct replication *rep, uint64_t seq, const struct publish_wait *wait)
+{
+    if (rep->count == rep->cap)
+        rep->pending = ring_grow(rep->pending, sizeof *rep->pending, &rep->head, rep->count,
+                                 &rep->cap, 64);
+    confirm_sink_ref(wait->sink);
+    *pending_at(rep, rep->count) =
+        (struct pending_confirm){seq, wait->sink, wait->seq, loop_ms(rep)};
+    rep->count++;
+}
+
+static void pending_pop(struct replication *rep, bool ack)
+{
+    struct pending_confirm *p = pending_at(rep, 0);
+    confirm_sink_answer(p->sink, p->publish_seq, ack);
+    confirm_sink_unref(p->sink);
+    rep->head = (rep->head + 1) & (rep->cap - 1);
+    rep->count--;
+}
+
+/* Whether every backup that gates confirms has seq. */
+static bool replicated_everywhere(const struct replication *rep, uint64_t seq)
+{
+    for (uint8_t i = 0; i < rep->streams_count; i++) {
+        const struct replica_stream *s = rep->streams[i];
+        if (s->gating && s->acked_seq < seq)
+            return false;
+    }
+    return true;
+}
+
+/* Confirms the waiting publishes the backups and the lease now allow. */
+static void drain(struct replication *rep)
+{
+    if (rep->count == 0 || !member_lease_fresh(rep->member))
+        return;
+    uint64_t confirmed = 0;
+    while (rep->count > 0 && replicated_everywhere(rep, pending_at(rep, 0)->seq)) {
+        pending_pop(rep, true);
+        confirmed++;
+    }
+    if (confirmed == 0)
+        return;
+    uint64_t now = wall_ms();
+    if (rep->confirms_epoch != rep->epoch) {
+        rep->confirms_epoch = rep->epoch;
+        rep->confirms_count = 0;
+        rep->first_confirm_ms = now;
+    }
+    rep->confirms_count += confirmed;
+    rep->last_confirm_ms = now;
+}
+
+/* ---- one backup's stream ---- */
+
+static void stream_fail(struct replication *rep, struct replica_stream *s, const char *why)
+{
+    if (s->state == STREAM_FAILED)
+        return;
+    s->state = STREAM_FAILED;
+    s->join_asked = false;
+    log_queue(rep->queue, why, s->backup_id);
+    if (!s->gating)
+        return; /* not in sync: caught up again when it can be */
+    /* It is in the in-sync set: the confirms wait until the map drops it. */
+    s->asked_ms = loop_ms(rep);
+    member_backup_in_sync(rep->member, rep->queue, s->backup_id, rep->epoch, false);
+}
+
+static void stream_caught_up(struct replication *rep, struct replica_stream *s)
+{
+    s->state = STREAM_LIVE;
+    s->gating = true; /* from now on, before the map says so */
+    s->join_asked = true;
+    log_queue(rep->queue, "caught up: joining the in-sync set", s->backup_id);
+    member_backup_in_sync(rep->member, rep->queue, s->backup_id, rep->epoch, true);
+}
+
+static void on_stream_answer(void *ctx, uint64_t tag, bool ack)
+{
+    struct replica_stream *s = ctx;
+    ASSERT(s->inflight > 0);
+    s->inflight--;
+    struct replication *rep = s->rep;
+    if (rep == NULL) {
+        if (s->inflight == 0)
+            free(s);
+        return;
+    }
+    if (!ack) {
+        stream_fail(rep, s, "lost or refused a message: leaving the in-sync set");
+    } else if (s->state != STREAM_FAILED && tag > s->acked_seq) {
+        s->acked_seq = tag;
+        if (s->state == STREAM_CATCHING_UP && tag >= s->catch_up_seq)
+            stream_caught_up(rep, s);
+    }
+    drain(rep);
+}
+
+/* Sends m (and message, tagged: its ack means everything up to tag is
+ * there). False: the link is down (the stream failed). */
+static bool stream_send(struct replication *rep, struct replica_stream *s, const struct method *m,
+                        struct message *message, uint64_t tag)
+{
+    struct member_peer *peer = member_peer(rep->member, s->backup_id);
+    struct bytes vhost = rep->queue->vhost->name;
+    bool sent = message ? proxy_peer_send_notify(peer, vhost, m, message, on_stream_answer, s, tag)
+                        : proxy_peer_send(peer, vhost, m, NULL, NULL, 0);
+    if (!sent) {
+        stream_fail(rep, s, "cannot be reached");
+        return false;
+    }
+    s->inflight += message != NULL;
+    return true;
+}
+
+static struct method replicate_method(const struct queue *queue, uint64_t epoch, uint64_t seq,
+                                      const struct message *message)
+{
+    struct method m = {.id = METHOD_BASIC_QUAY_REPLICATE};
+    m.basic_quay_replicate.queue = queue->name;
+    m.basic_quay_replicate.exchange = message_exchange(message);
+    m.basic_quay_replicate.routing_key = message_routing_key(message);
+    m.basic_quay_replicate.epoch = epoch;
+    m.basic_quay_replicate.seq = seq;
+    return m;
+}
+
+/* ---- catching a backup up ---- */
+
+struct snapshot_item {
+    uint64_t seq;
+    struct message *message; /* borrowed */
+};
+
+struct snapshot {
+    struct snapshot_item *items; /* owned */
+    uint32_t count, cap;
+};
+
+static void snapshot_add(void *ctx, uint64_t seq, struct message *message)
+{
+    struct snapshot *snap = ctx;
+    if (snap->count == snap->cap) {
+        snap->cap = snap->cap ? snap->cap * 2 : 256;
+        snap->items = realloc(snap->items, sizeof *snap->items * snap->cap);
+        ASSERT(snap->items != NULL);
+    }
+    snap->items[snap->count++] = (struct snapshot_item){seq, message};
+}
+
+static int by_seq(const void *a, const void *b)
+{
+    const struct snapshot_item *x = a, *y = b;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Every message the queue holds, ready or delivered and unacked, in seq
+ * order (the messages borrowed: sent before the loop runs again). */
+static void snapshot_take(struct queue *queue, struct snapshot *snap)
+{
+    for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
+        const struct queue_ring *ring =
+            level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
+        for (uint32_t i = 0; i < ring->count; i++) {
+            const struct queue_entry *e = &ring->entries[(ring->head + i) & (ring->cap - 1)];
+            snapshot_add(snap, e->seq, e->message);
+        }
+    }
+    channels_each_unacked(queue->vhost->broker, queue, snapshot_add, snap);
+    if (snap->count > 1)
+        qsort(snap->items, snap->count, sizeof *snap->items, by_seq);
+}
+
+/* A backup not in sync gets the queue as it is now: a reset, then every
+ * message in seq order, on the stream's channel so nothing falls between.
+ * The last one's tag is the queue's newest seq: once it is acked the
+ * backup has everything up to there (what it lacks has left the queue). */
+static void catch_up(struct replication *rep, struct replica_stream *s)
+{
+    struct queue *queue = rep->queue;
+    struct member_peer *peer = member_peer(rep->member, s->backup_id);
+    if (peer == NULL || !peer->up || queue->paged_count > 0) {
+        s->state = STREAM_IDLE; /* (paged messages would need reading back: not yet) */
+        return;
+    }
+    struct method reset = {.id = METHOD_BASIC_QUAY_SETTLE};
+    reset.basic_quay_settle.queue = queue->name;
+    reset.basic_quay_settle.epoch = rep->epoch;
+    reset.basic_quay_settle.purge = true;
+    s->state = STREAM_CATCHING_UP;
+    if (!stream_send(rep, s, &reset, NULL, 0))
+        return;
+    struct snapshot snap = {0};
+    snapshot_take(queue, &snap);
+    uint64_t newest = queue->next_seq - 1;
+    s->catch_up_seq = newest;
+    log_queue(queue, "catching up", s->backup_id);
+    for (uint32_t i = 0; i < snap.count; i++) {
+        struct method m = replicate_method(queue, rep->epoch, snap.items[i].seq,
+                                           snap.items[i].message);
+        uint64_t tag = i + 1 == snap.count ? newest : snap.items[i].seq;
+        if (!stream_send(rep, s, &m, snap.items[i].message, tag))
+            break;
+    }
+    free(snap.items);
+    if (snap.count == 0 && s->state == STREAM_CATCHING_UP) {
+        s->acked_seq = newest; /* nothing to copy: in sync once the reset is on its way */
+        stream_caught_up(rep, s);
+    }
+}
+
+/* ---- the queue's hooks ---- */
+
+static void published(struct queue *queue, uint64_t seq, struct message *message,
+                      struct publish_wait *wait)
+{
+    struct replication *rep = queue->replication;
+    struct method m = replicate_method(queue, rep->epoch, seq, message);
+    bool gated = false;
+    for (uint8_t i = 0; i < rep->streams_count; i++) {
+        struct replica_stream *s = rep->streams[i];
+        if (s->state == STREAM_LIVE || s->state == STREAM_CATCHING_UP)
+            stream_send(rep, s, &m, message, seq);
+        gated |= s->gating;
+    }
+    if (wait == NULL || wait->sink == NULL)
+        return;
+    if (gated || rep->count > 0 || !member_lease_fresh(rep->member)) {
+        pending_push(rep, seq, wait);
+        wait->remote++;
+    }
+}
+
+static void removed(struct queue *queue, uint64_t seq)
+{
+    struct replication *rep = queue->replication;
+    struct method m = {.id = METHOD_BASIC_QUAY_SETTLE};
+    m.basic_quay_settle.queue = queue->name;
+    m.basic_quay_settle.epoch = rep->epoch;
+    m.basic_quay_settle.seq = seq;
+    for (uint8_t i = 0; i < rep->streams_count; i++) {
+        struct replica_stream *s = rep->streams[i];
+        if (s->state == STREAM_LIVE || s->state == STREAM_CATCHING_UP)
+            stream_send(rep, s, &m, NULL, 0);
+    }
+}
+
+static void detach_hook(struct queue *queue)
+{
+    replication_detach(queue, true);
+}
+
+static const struct queue_replication_ops replication_ops = {
+    .published = published,
+    .removed = removed,
+    .detach = detach_hook,
+};
+
+/* ---- following the map ---- */
+
+static void stream_release(struct replica_stream *s)
+{
+    s->rep = NULL;
+    if (s->inflight == 0)
+        free(s);
+}
+
+static struct replica_stream *stream_take(struct replication *rep, uint32_t id)
+{
+    for (uint8_t i = 0; i < rep->streams_count; i++) {
+        struct replica_stream *s = rep->streams[i];
+        if (s != NULL && s->backup_id == id) {
+            rep->streams[i] = NULL;
+            return s;
+        }
+    }
+    return NULL;
+}
+
+/* The streams for mq's backups: kept ones keep their progress, new ones
+ * start idle; a stream whose broker is no longer a backup goes. */
+static void streams_follow(struct replication *rep, const struct map_queue *mq, bool new_epoch)
+{
+    struct replica_stream *next[CLUSTER_BACKUPS_MAX] = {0};
+    for (uint8_t i = 0; i < mq->backups_count; i++) {
+        struct replica_stream *s = stream_take(rep, mq->backup_ids[i]);
+        if (s == NULL) {
+            s = calloc(1, sizeof *s);
+            ASSERT(s != NULL);
+            *s = (struct replica_stream){.rep = rep, .backup_id = mq->backup_ids[i]};
+        }
+        bool in_sync = (mq->in_sync_mask & (1u << i)) != 0;
+        if (new_epoch) {
+            /* Promoted (or the queue's new incarnation): an in-sync backup
+             * holds what we adopted, under the same seqs. */
+            s->state = in_sync ? STREAM_LIVE : STREAM_IDLE;
+            s->join_asked = false;
+            s->acked_seq = in_sync ? rep->queue->next_seq - 1 : 0;
+        }
+        s->gating = in_sync || (s->join_asked && s->state == STREAM_LIVE);
+        if (in_sync)
+            s->join_asked = false;
+        next[i] = s;
+    }
+    for (uint8_t i = 0; i < rep->streams_count; i++) {
+        if (rep->streams[i] != NULL)
+            stream_release(rep->streams[i]);
+    }
+    memcpy(rep->streams, next, sizeof next);
+    rep->streams_count = mq->backups_count;
+}
+
+void replication_attach(struct member *member, struct queue *queue, const struct map_queue *mq)
+{
+    struct replication *rep = queue->replication;
+    if (mq->backups_count == 0 && (rep == NULL || rep->count == 0)) {
+        replication_detach(queue, true);
+        return;
+    }
+    bool new_epoch = rep == NULL || rep->epoch != mq->epoch;
+    if (rep == NULL) {
+        rep = calloc(1, sizeof *rep);
+        ASSERT(rep != NULL);
+        rep->member = member;
+        rep->queue = queue;
+        list_push_back(&member->replications, &rep->member_link);
+        queue->replication = rep;
+        queue->replication_ops = &replication_ops;
+    }
+    rep->epoch = mq->epoch;
+    streams_follow(rep, mq, new_epoch);
+    for (uint8_t i = 0; i < rep->streams_count; i++) {
+        struct replica_stream *s = rep->streams[i];
+        if (!s->gating && (s->state == STREAM_IDLE || s->state == STREAM_FAILED))
+            catch_up(rep, s);
+    }
+    drain(rep);
+}
+
+void replication_detach(struct queue *queue, bool ack)
+{
+    struct replication *rep = queue->replication;
+    queue->replication = NULL;
+    queue->replication_ops = NULL;
+    if (rep == NULL)
+        return;
+    while (rep->count > 0)
+        pending_pop(rep, ack);
+    for (uint8_t i = 0; i < rep->streams_count; i++)
+        stream_release(rep->streams[i]);
+    list_remove(&rep->member_link);
+    free(rep->pending);
+    free(rep);
+}
+
+void replication_stop_all(struct member *member)
+{
+    while (!list_empty(&member->replications)) {
+        struct replication *rep =
+            CONTAINER_OF(member->replications.next, struct replication, member_link);
+        replication_detach(rep->queue, false);
+    }
+}
+
+/* ---- the tick ---- */
+
+static void tick_one(struct replication *rep, uint64_t now)
+{
+    uint64_t oldest = rep->count > 0 ? pending_at(rep, 0)->at_ms : now;
+    bool lagging = now - oldest >= REPLICATION_LAG_MS && member_lease_fresh(rep->member);
+    for (uint8_t i = 0; i < rep->streams_count; i++) {
+        struct replica_stream *s = rep->streams[i];
+        if (lagging && s->gating && s->state != STREAM_FAILED &&
+            s->acked_seq < pending_at(rep, 0)->seq) {
+            stream_fail(rep, s, "lags: leaving the in-sync set");
+        } else if (s->state == STREAM_FAILED && s->gating &&
+                   now - s->asked_ms >= REPLICATION_RETRY_MS) {
+            s->asked_ms = now;
+            member_backup_in_sync(rep->member, rep->queue, s->backup_id, rep->epoch, false);
+        } else if (!s->gating && (s->state == STREAM_IDLE || s->state == STREAM_FAILED)) {
+            catch_up(rep, s);
+        }
+    }
+    drain(rep);
+}
+
+void replication_tick(struct member *member)
+{
+    uint64_t now = uv_now(member->broker->loop);
+    list_for_each_safe(n, &member->replications) {
+        struct replication *rep = CONTAINER_OF(n, struct replication, member_link);
+        tick_one(rep, now);
+    }
+}
+
+void replication_write_json(const struct queue *queue, struct json *out)
+{
+    const struct replication *rep = queue->replication;
+    if (rep == NULL)
+        return;
+    json_kv_bool(out, "serving", member_lease_fresh(rep->member));
+    json_kv_uint(out, "confirms_waiting", rep->count);
+    json_key(out, "confirms");
+    json_object_begin(out);
+    bool current = rep->confirms_epoch == rep->epoch;
+    json_kv_uint(out, "epoch", rep->epoch);
+    json_kv_uint(out, "count", current ? rep->confirms_count : 0);
+    json_kv_uint(out, "first_ms", current ? rep->first_confirm_ms : 0);
+    json_kv_uint(out, "last_ms", current ? rep->last_confirm_ms : 0);
+    json_object_end(out);
+}

@@ -1,0 +1,73 @@
+/*
+ * replication.h: the primary's side of a queue with backups (DESIGN §4-5).
+ *
+ * The primary streams every change of the queue to each backup, over the
+ * link, on the confirm channel its forwards to that broker use (so in
+ * order): basic.quay-replicate {queue, epoch, seq} with the message's
+ * content for an enqueue (the backup acks it), basic.quay-settle {queue,
+ * epoch, seq} when a message leaves the queue for good (seq 0 with purge:
+ * a reset, before a catch-up).
+ *
+ * The rule that keeps confirmed messages: a publish is confirmed only when
+ * every backup in the queue's in-sync set (as this broker last applied the
+ * map) has acked it, and this broker's lease is fresh. A backup that
+ * cannot be reached, refuses the stream, or lags more than
+ * REPLICATION_LAG_MS leaves the in-sync set *by a map change*
+ * (queue.set_in_sync, compare-and-set on the epoch) before the primary
+ * confirms without it; until that change is applied here, the confirms
+ * wait. So a backup the controller may promote (in sync in its map) holds
+ * every message a publisher saw confirmed, and a primary cut off from the
+ * map cannot drop a backup and go on alone: it stops confirming. When the
+ * map moves the queue away (the primary was deposed), the publishes it
+ * never confirmed are nacked: their publishers, or the proxies that
+ * forwarded them, send them again to the new primary.
+ *
+ * A backup not in sync is caught up: a reset, then every message the
+ * queue holds (ready, and delivered but not acked) in seq order on the
+ * stream's channel, then the stream goes on. Once it acked the snapshot's
+ * last message it gates confirms at once, and the primary asks the map to
+ * add it to the in-sync set.
+ *
+ * Memory: struct replication is owned by the real queue (queue->replication,
+ * freed by replication_detach). Each backup's stream is allocated apart:
+ * the link's pending answers reference it, so it outlives a detach until
+ * the last answer came (or the link died).
+ */
+#ifndef QUAY_CLUSTER_REPLICATION_H
+#define QUAY_CLUSTER_REPLICATION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct json;
+struct map_queue;
+struct member;
+struct queue;
+
+/* A backup that has not acked the oldest waiting publish after this long
+ * leaves the in-sync set (a stalled or silently cut broker). */
+#define REPLICATION_LAG_MS 1000
+
+/* The queue is real here, as mq says (called on every map change of it):
+ * stream it to mq's backups, catch up those not in sync. No backups (and
+ * nothing waiting): the queue's replication state goes. */
+void replication_attach(struct member *member, struct queue *queue, const struct map_queue *mq);
+
+/* The queue stops being replicated from here: it was deleted (ack: its
+ * waiting publishes are confirmed, as a deleted queue's are) or the map
+ * moved it to another broker (ack false: they are nacked). Sends nothing
+ * more to the backups (a demoted primary must not purge its old backups). */
+void replication_detach(struct queue *queue, bool ack);
+
+/* The member stops: every queue's replication is detached (nacked). */
+void replication_stop_all(struct member *member);
+
+/* Every member tick: confirms that waited for the lease; backups that lag;
+ * in-sync changes the map did not take yet (asked again). */
+void replication_tick(struct member *member);
+
+/* /api/queues: whether this primary may confirm now, and the confirms it
+ * gave in its current epoch. Nothing for a queue without backups. */
+void replication_write_json(const struct queue *queue, struct json *out);
+
+#endif
