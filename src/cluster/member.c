@@ -293,30 +293,29 @@ static void on_in_sync_done(void *ctx, int status, const struct map_change *chan
                  status != OK ? "map unavailable" : change->reply_text);
 }
 
-void member_backup_in_sync(struct member *member, struct queue *queue, uint32_t backup_id,
-                           uint64_t epoch, bool in_sync)
+bool member_set_in_sync(struct member *member, struct queue *queue, uint64_t epoch,
+                        const uint32_t *ids, uint8_t n)
 {
     if (member->stopping)
-        return;
+        return false;
     const struct map_queue *q = cluster_map_queue(member_map(member), queue->vhost->name,
                                                   queue->name);
-    if (q == NULL || q->epoch != epoch || !map_queue_has_backup(q, backup_id) ||
-        map_queue_backup_in_sync(q, backup_id) == in_sync)
-        return; /* moved on, or already so */
-    uint32_t ids[CLUSTER_BACKUPS_MAX];
-    uint8_t n = 0;
-    for (uint8_t i = 0; i < q->backups_count; i++) {
-        bool keep = q->backup_ids[i] == backup_id ? in_sync : (q->in_sync_mask & (1u << i));
-        if (keep)
-            ids[n++] = q->backup_ids[i];
+    if (q == NULL || q->epoch != epoch)
+        return false; /* moved on: the map change on its way says what now */
+    uint8_t mask = 0;
+    for (uint8_t i = 0; i < n; i++) {
+        for (uint8_t slot = 0; slot < q->backups_count; slot++) {
+            if (q->backup_ids[slot] == ids[i])
+                mask |= (uint8_t)(1u << slot);
+        }
     }
-    if (!in_sync)
-        LOG_WARN("vhost=%.*s queue=%.*s: backup %u unreachable: out of sync",
-                 (int)queue->vhost->name.len, (const char *)queue->vhost->name.ptr,
-                 (int)queue->name.len, (const char *)queue->name.ptr, backup_id);
+    if (mask == q->in_sync_mask)
+        return false;
     struct map_cmd cmd;
-    if (map_cmd_queue_set_in_sync(&cmd, queue->vhost->name, queue->name, epoch, ids, n) == OK)
-        cluster_node_submit(member->node, &cmd, on_in_sync_done, member);
+    if (map_cmd_queue_set_in_sync(&cmd, queue->vhost->name, queue->name, epoch, ids, n) != OK)
+        return false;
+    cluster_node_submit(member->node, &cmd, on_in_sync_done, member);
+    return true;
 }
 
 /* The stand-in of a queue whose primary streams to us, at an epoch we

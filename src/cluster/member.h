@@ -126,11 +126,11 @@ void member_park_forward(struct member *member, struct vhost *vhost, struct byte
 void member_place_queue(struct member *member, struct map_queue_decl *decl, bool pinned,
                         int32_t backups);
 
-/* A backup of queue (ours, at epoch) cannot be reached (in_sync false)
- * or finished catching up (true): the map is told, compare-and-set on
- * the epoch; nothing if the queue moved on or it is already so. */
-void member_backup_in_sync(struct member *member, struct queue *queue, uint32_t backup_id,
-                           uint64_t epoch, bool in_sync);
+/* The in-sync set the primary of queue (ours, at epoch) wants: the map is
+ * asked for it (compare-and-set on the epoch) unless it already says so.
+ * True: a change was submitted. */
+bool member_set_in_sync(struct member *member, struct queue *queue, uint64_t epoch,
+                        const uint32_t *ids, uint8_t n);
 
 /* A primary's replication stream (replica.h), received here as a backup:
  * push answers false when we are not a backup of it at that epoch. */

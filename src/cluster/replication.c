@@ -22,8 +22,8 @@
 #include "lib/ring.h"
 #include "mgmt/json.h"
 
-/* How often a backup that must leave the in-sync set is asked for again
- * while the map has not taken the change (no quorum, a lost request). */
+/* How often the in-sync set we want is asked for again while the map
+ * does not show it (no quorum, a lost request, a change in flight). */
 #define REPLICATION_RETRY_MS 500
 
 enum stream_state {
@@ -45,7 +45,6 @@ struct replica_stream {
     uint32_t inflight;        /* answers the link owes */
     uint64_t acked_seq;       /* everything up to here is on it */
     uint64_t catch_up_seq;    /* catching up: done once this is acked */
-    uint64_t asked_ms;        /* failed while gating: the map last asked to drop it */
 };
 
 /* A publish whose confirm waits for the backups (or the lease). */
@@ -65,6 +64,7 @@ struct replication {
     uint8_t streams_count;
     struct pending_confirm *pending; /* owned ring, in seq order */
     uint32_t head, count, cap;
+    uint64_t asked_ms;        /* the map was last asked for our in-sync set */
     /* Confirms this broker gave as primary in this epoch (split-brain checks). */
     uint64_t confirms_epoch, confirms_count, first_confirm_ms, last_confirm_ms;
 };
@@ -150,6 +150,23 @@ static void drain(struct replication *rep)
 
 /* ---- one backup's stream ---- */
 
+/* Asks the map for the in-sync set we want: the backups that are live and
+ * gate confirms (one that failed is left out: until the map drops it, the
+ * confirms wait). The whole set each time, so two changes cannot undo one
+ * another; asked again by the tick while the map differs. */
+static void ask_in_sync(struct replication *rep)
+{
+    uint32_t ids[CLUSTER_BACKUPS_MAX];
+    uint8_t n = 0;
+    for (uint8_t i = 0; i < rep->streams_count; i++) {
+        const struct replica_stream *s = rep->streams[i];
+        if (s->gating && s->state == STREAM_LIVE)
+            ids[n++] = s->backup_id;
+    }
+    if (member_set_in_sync(rep->member, rep->queue, rep->epoch, ids, n))
+        rep->asked_ms = loop_ms(rep);
+}
+
 static void stream_fail(struct replication *rep, struct replica_stream *s, const char *why)
 {
     if (s->state == STREAM_FAILED)
@@ -157,11 +174,8 @@ static void stream_fail(struct replication *rep, struct replica_stream *s, const
     s->state = STREAM_FAILED;
     s->join_asked = false;
     log_queue(rep->queue, why, s->backup_id);
-    if (!s->gating)
-        return; /* not in sync: caught up again when it can be */
-    /* It is in the in-sync set: the confirms wait until the map drops it. */
-    s->asked_ms = loop_ms(rep);
-    member_backup_in_sync(rep->member, rep->queue, s->backup_id, rep->epoch, false);
+    if (s->gating)
+        ask_in_sync(rep); /* the confirms wait until the map drops it */
 }
 
 static void stream_caught_up(struct replication *rep, struct replica_stream *s)
@@ -170,7 +184,7 @@ static void stream_caught_up(struct replication *rep, struct replica_stream *s)
     s->gating = true; /* from now on, before the map says so */
     s->join_asked = true;
     log_queue(rep->queue, "caught up: joining the in-sync set", s->backup_id);
-    member_backup_in_sync(rep->member, rep->queue, s->backup_id, rep->epoch, true);
+    ask_in_sync(rep);
 }
 
 static void on_stream_answer(void *ctx, uint64_t tag, bool ack)
@@ -469,16 +483,13 @@ static void tick_one(struct replication *rep, uint64_t now)
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         struct replica_stream *s = rep->streams[i];
         if (lagging && s->gating && s->state != STREAM_FAILED &&
-            s->acked_seq < pending_at(rep, 0)->seq) {
+            s->acked_seq < pending_at(rep, 0)->seq)
             stream_fail(rep, s, "lags: leaving the in-sync set");
-        } else if (s->state == STREAM_FAILED && s->gating &&
-                   now - s->asked_ms >= REPLICATION_RETRY_MS) {
-            s->asked_ms = now;
-            member_backup_in_sync(rep->member, rep->queue, s->backup_id, rep->epoch, false);
-        } else if (!s->gating && (s->state == STREAM_IDLE || s->state == STREAM_FAILED)) {
+        else if (!s->gating && (s->state == STREAM_IDLE || s->state == STREAM_FAILED))
             catch_up(rep, s);
-        }
     }
+    if (now - rep->asked_ms >= REPLICATION_RETRY_MS)
+        ask_in_sync(rep); /* a change the map did not take (no quorum, lost) */
     drain(rep);
 }
 

@@ -1,0 +1,163 @@
+"""Goal: a backup that stops answering leaves the queue's in-sync set by a
+map change before the primary confirms without it, is never promoted while
+it may lack confirmed messages, and is caught up and back in sync once it
+answers again; the queue's replication factor is restored.
+
+Method: five quayd processes (tests/cluster/clustertest.py; five, so that a
+majority survives one broker stopped and another killed). A queue with
+x-quay-backups=2. One backup is frozen with SIGSTOP (alive to the kernel:
+its connections stay open, nothing answers). A confirming publisher on a
+fourth broker must see its confirms resume, and /api/queues must show the
+frozen backup out of sync. Then the primary is killed with kill -9: the
+in-sync backup is promoted, never the frozen one, and every confirmed
+message is read back. SIGCONT: the frozen broker comes back and the queue
+is back at two in-sync backups.
+"""
+import json
+import os
+import signal
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
+sys.path.insert(0, HERE)
+from clustertest import Cluster, run, test, wait_until  # noqa: E402
+
+import pika  # noqa: E402
+
+cluster = None
+members = {}
+QUEUE = "lagging"
+state = {}
+
+
+def connect(member):
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", member.amqp_port, heartbeat=0, blocked_connection_timeout=60))
+
+
+def queue_info(member, name):
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/api/queues" % member.http_port,
+                                    timeout=5) as r:
+            for q in json.load(r):
+                if q["name"] == name:
+                    return q
+    except OSError:
+        return None
+    return None
+
+
+def publish(member, first, count):
+    """Publishes first..first+count-1 with confirms; returns the confirmed
+    numbers (pika's BlockingChannel raises on a nack)."""
+    c = connect(member)
+    ch = c.channel()
+    ch.confirm_delivery()
+    done = []
+    for i in range(first, first + count):
+        ch.basic_publish("", QUEUE, b"%d" % i)
+        done.append(i)
+    c.close()
+    return done
+
+
+@test(timeout=120)
+def five_brokers():
+    global cluster
+    cluster = Cluster()
+    a = cluster.add("a")
+    wait_until(lambda: len(cluster.leaders([a])) == 1, 15, what="a to lead")
+    for name in ("b", "c", "d", "e"):
+        cluster.add(name, join=[a])
+    for m in cluster.members:
+        members[m.name] = m
+    expect = {n: "up" for n in members}
+    wait_until(lambda: all(m.view() and m.view().brokers == expect for m in members.values()),
+               30, what="five brokers up everywhere")
+    c = connect(members["a"])
+    c.channel().queue_declare(QUEUE, arguments={"x-quay-backups": 2})
+    c.close()
+    wait_until(lambda: len((queue_info(members["a"], QUEUE) or {}).get("in_sync", [])) == 2, 10,
+               what="two backups in sync")
+
+
+@test(timeout=120)
+def a_frozen_backup_leaves_the_in_sync_set_first():
+    info = queue_info(members["a"], QUEUE)
+    primary = members[info["primary"]]
+    frozen, kept = members[info["backups"][1]], members[info["backups"][0]]
+    others = [m for m in members.values() if m not in (primary, frozen, kept)]
+    state.update(primary=primary, frozen=frozen, kept=kept, others=others)
+    state["confirmed"] = publish(others[0], 0, 200)
+    os.kill(frozen.proc.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    state["confirmed"] += publish(others[0], 200, 300)
+    print("# 300 publishes confirmed %.2f s after a backup froze" % (time.monotonic() - t0))
+    info = queue_info(primary, QUEUE)
+    # The primary confirmed without it: the map no longer counts it in sync.
+    assert frozen.name not in info["in_sync"], info
+    assert kept.name in info["in_sync"], info
+    assert info["serving"] is True and info["confirms"]["count"] >= 300, info
+
+
+@test(timeout=120)
+def the_in_sync_backup_is_promoted_never_the_frozen_one():
+    primary, frozen, kept = state["primary"], state["frozen"], state["kept"]
+    observer = state["others"][0]
+    primary.kill()
+    wait_until(lambda: (queue_info(observer, QUEUE) or {}).get("primary") == kept.name, 15,
+               what="the in-sync backup to be promoted")
+    c = connect(observer)
+    ch = c.channel()
+    got = set()
+    deadline = time.monotonic() + 20
+    while len(got) < len(state["confirmed"]) and time.monotonic() < deadline:
+        m, _, body = ch.basic_get(QUEUE, auto_ack=True)
+        if m is None:
+            time.sleep(0.05)
+            continue
+        got.add(int(body))
+    c.close()
+    lost = set(state["confirmed"]) - got
+    assert not lost, "lost %d confirmed messages, e.g. %s" % (len(lost), sorted(lost)[:5])
+
+
+@test(timeout=120)
+def thawed_and_restarted_the_factor_is_restored():
+    frozen, kept, primary = state["frozen"], state["kept"], state["primary"]
+    os.kill(frozen.proc.pid, signal.SIGCONT)
+    primary.restart()
+    wait_until(lambda: all(m.view() and m.view().brokers.get(frozen.name) == "up"
+                           and m.view().brokers.get(primary.name) == "up"
+                           for m in members.values()), 30,
+               what="the thawed and the restarted broker up everywhere")
+    publish(state["others"][0], 1000, 100)
+    t0 = time.monotonic()
+
+    def restored():
+        info = queue_info(kept, QUEUE) or {}
+        return len(info.get("backups", [])) == 2 and info.get("in_sync") == info["backups"]
+    wait_until(restored, 30, what="two in-sync backups again")
+    print("# factor restored %.2f s after both were back" % (time.monotonic() - t0))
+    info = queue_info(kept, QUEUE)
+    for name in info["backups"]:
+        wait_until(lambda: (queue_info(members[name], QUEUE) or {}).get("replica_messages")
+                   == info["messages"] + info["messages_unacknowledged"], 10,
+                   what="%s to hold every message" % name)
+
+
+def cleanup(failed):
+    frozen = state.get("frozen")
+    if frozen is not None and frozen.alive():
+        os.kill(frozen.proc.pid, signal.SIGCONT)
+    if cluster is None:
+        return []
+    cluster.failed = failed
+    return cluster.close()
+
+
+if __name__ == "__main__":
+    run(cleanup)

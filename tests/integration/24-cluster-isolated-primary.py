@@ -1,0 +1,196 @@
+"""Goal: no split brain. A primary cut off from the rest of the cluster
+stops confirming before the majority promotes a backup; the majority's new
+primary serves publishers and consumers; when the partition heals, the
+deposed primary discards (nacks) what it never confirmed and rejoins as a
+backup, so the queue has one history and is back at its replication
+factor. Every confirmed message is read back.
+
+Method: three quayd processes, each in its own network namespace
+(tests/cluster/netlab.py); the partition silently drops packets between
+hosts while the test process reaches every broker. A queue with
+x-quay-backups=2; a confirming publisher connected to the primary keeps
+one publish waiting across the partition (in a thread: pika blocks until
+the answer). /api/queues gives each primary's confirms per epoch: the
+deposed one's last confirm precedes the new one's first.
+"""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
+sys.path.insert(0, HERE)
+from clustertest import Cluster, quayd_path, run, test, wait_until  # noqa: E402
+from netlab import Lab  # noqa: E402
+
+import pika  # noqa: E402
+
+lab = cluster = None
+members = {}
+hosts = {}
+USER, PASSWORD = "tester", "lab-pass"
+QUEUE = "fenced"
+state = {"confirmed": set()}
+
+
+def connect(member):
+    params = pika.ConnectionParameters(member.host, member.amqp_port, "/",
+                                       pika.PlainCredentials(USER, PASSWORD), heartbeat=0,
+                                       connection_attempts=1, socket_timeout=5,
+                                       blocked_connection_timeout=60)
+    return pika.BlockingConnection(params)
+
+
+def queue_info(member, name):
+    try:
+        with urllib.request.urlopen("http://%s:%d/api/queues" % (member.host, member.http_port),
+                                    timeout=5) as r:
+            for q in json.load(r):
+                if q["name"] == name:
+                    return q
+    except OSError:
+        return None
+    return None
+
+
+def states(member):
+    v = member.view()
+    return v.brokers if v else {}
+
+
+def publish(member, first, count):
+    c = connect(member)
+    ch = c.channel()
+    ch.confirm_delivery()
+    for i in range(first, first + count):
+        ch.basic_publish("", QUEUE, b"%d" % i)
+        state["confirmed"].add(i)
+    c.close()
+
+
+@test(timeout=120)
+def three_brokers_in_three_hosts():
+    global lab, cluster
+    lab = Lab(3)
+    cluster = Cluster()
+    pw = subprocess.run([quayd_path(), "--hash-password", PASSWORD], capture_output=True,
+                        text=True, check=True).stdout.strip()
+    users = os.path.join(cluster.dir, "users")
+    with open(users, "w") as f:
+        f.write("%s %s /\n" % (USER, pw))
+    common = dict(extra_args=["--users", users])
+    a = cluster.add("a", host=lab.ip(1), netns=lab.ns(1), **common)
+    wait_until(lambda: len(cluster.leaders([a])) == 1, 15, what="a to lead")
+    b = cluster.add("b", host=lab.ip(2), netns=lab.ns(2), join=[a], **common)
+    c = cluster.add("c", host=lab.ip(3), netns=lab.ns(3), join=[a, b], **common)
+    for i, m in enumerate((a, b, c), 1):
+        members[m.name] = m
+        hosts[m.name] = i
+    expect = {"a": "up", "b": "up", "c": "up"}
+    wait_until(lambda: all(states(m) == expect for m in (a, b, c)), 30,
+               what="three brokers up everywhere")
+    conn = connect(a)
+    conn.channel().queue_declare(QUEUE, arguments={"x-quay-backups": 2})
+    conn.close()
+    wait_until(lambda: len((queue_info(a, QUEUE) or {}).get("in_sync", [])) == 2, 10,
+               what="two backups in sync")
+
+
+def publish_one_in_background(member, number, outcome):
+    """One publish whose answer may take long: outcome gets 'ack', 'nack' or
+    the error."""
+    def go():
+        try:
+            c = connect(member)
+            ch = c.channel()
+            ch.confirm_delivery()
+            outcome["sent"] = time.monotonic()
+            try:
+                ch.basic_publish("", QUEUE, b"%d" % number)
+                outcome["result"] = "ack"
+            except pika.exceptions.NackError:
+                outcome["result"] = "nack"
+            c.close()
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            outcome["result"] = repr(e)
+        outcome["at"] = time.monotonic()
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+@test(timeout=180)
+def an_isolated_primary_stops_confirming_and_is_replaced():
+    info = queue_info(members["a"], QUEUE)
+    old = members[info["primary"]]
+    rest = [m for m in members.values() if m is not old]
+    publish(old, 0, 100)
+    lab.partition([hosts[old.name]], [hosts[m.name] for m in rest])
+    t0 = time.monotonic()
+    outcome = {}
+    thread = publish_one_in_background(old, 100000, outcome)
+    # The majority promotes one of the backups (silence: the 1.5 s rule).
+    wait_until(lambda: (queue_info(rest[0], QUEUE) or {}).get("primary") in
+               [m.name for m in rest], 20, what="a backup promoted by the majority")
+    print("# promoted %.2f s after the cut" % (time.monotonic() - t0))
+    new = members[queue_info(rest[0], QUEUE)["primary"]]
+    publish(rest[0], 100, 100)
+    # The deposed primary never confirmed the publish it took after the cut.
+    assert "result" not in outcome, outcome
+    before = queue_info(old, QUEUE)
+    assert before["role"] == "primary" and before["serving"] is False, before
+    after = queue_info(new, QUEUE)
+    assert after["confirms"]["epoch"] > before["confirms"]["epoch"], (before, after)
+    assert before["confirms"]["last_ms"] < after["confirms"]["first_ms"], (before, after)
+    state.update(old=old, new=new, outcome=outcome, thread=thread)
+
+
+@test(timeout=180)
+def healed_the_deposed_primary_discards_and_rejoins_as_a_backup():
+    old, new, outcome = state["old"], state["new"], state["outcome"]
+    lab.heal()
+    state["thread"].join(30)
+    assert outcome.get("result") == "nack", outcome
+    t0 = time.monotonic()
+
+    def restored():
+        info = queue_info(new, QUEUE) or {}
+        return (info.get("primary") == new.name and len(info.get("backups", [])) == 2
+                and info.get("in_sync") == info["backups"] and old.name in info["backups"])
+    wait_until(restored, 30, what="the deposed primary back as an in-sync backup")
+    print("# back at two in-sync backups %.2f s after the heal" % (time.monotonic() - t0))
+    info = queue_info(old, QUEUE)
+    assert info["role"] == "backup", info
+    wait_until(lambda: queue_info(old, QUEUE)["replica_messages"] == 200, 10,
+               what="the new backup to hold the queue")
+    conn = connect(new)
+    ch = conn.channel()
+    got = set()
+    while True:
+        m, _, body = ch.basic_get(QUEUE, auto_ack=True)
+        if m is None:
+            break
+        got.add(int(body))
+    conn.close()
+    lost = state["confirmed"] - got
+    assert not lost, "lost %d confirmed messages, e.g. %s" % (len(lost), sorted(lost)[:5])
+    assert 100000 not in got, "the deposed primary's unconfirmed publish reappeared"
+    assert len(got) == 200, len(got)
+
+
+def cleanup(failed):
+    problems = []
+    if cluster is not None:
+        cluster.failed = failed
+        problems = cluster.close()
+    if lab is not None:
+        lab.close()
+    return problems
+
+
+if __name__ == "__main__":
+    run(cleanup)
