@@ -171,7 +171,7 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
     *result = NULL;
     int rv = c->cb.apply(c->cb.ctx, index, buf->base, buf->len, result);
     if (rv != 0)
-        LOG_ERROR("consensus id=%llu: apply of entry %llu failed (%d)",
+        LOG_DEBUG("consensus id=%llu: apply of entry %llu failed (%d)",
                   (unsigned long long)c->id, (unsigned long long)index, rv);
     c->apply_status_index = index;
     c->apply_status = rv;
@@ -793,6 +793,29 @@ static void watch_tick(uv_timer_t *timer)
         if (lost && !list_empty(&c->ops))
             ops_kick(c); /* fail queued changes, the joiners will be redirected */
     }
+}
+
+bool consensus_hurry_election(struct consensus *c, unsigned timeout_ms)
+{
+    ASSERT(c != NULL);
+    ASSERT(timeout_ms > 0);
+    unsigned short state = c->stopping ? RAFT_UNAVAILABLE : raft_state(&c->raft);
+    if (state != RAFT_FOLLOWER && state != RAFT_CANDIDATE)
+        return false;
+    /* libraft 0.15 has no call for this, and raft_set_election_timeout
+     * only takes effect at the next reset of the timer (a leader's
+     * message, which will not come): the timer is moved back so that it
+     * expires in [t, 2t) from now. struct raft is public; its timer fields
+     * are documented in raft.h. */
+    raft_time now = c->raft.io->time(c->raft.io);
+    unsigned wait = timeout_ms + (unsigned)rand() % timeout_ms;
+    unsigned total = state == RAFT_FOLLOWER ? c->raft.follower_state.randomized_election_timeout
+                                            : c->raft.candidate_state.randomized_election_timeout;
+    raft_time elapsed = now - c->raft.election_timer_start;
+    if (total <= wait || elapsed + wait >= total)
+        return false; /* it expires sooner anyway */
+    c->raft.election_timer_start = now - (total - wait);
+    return true;
 }
 
 /* ---- start and stop ---- */

@@ -147,6 +147,12 @@ bool consensus_is_leader(const struct consensus *c);
 uint64_t consensus_leader(const struct consensus *c, const char **address);
 uint64_t consensus_last_applied(const struct consensus *c);
 uint64_t consensus_term(const struct consensus *c);
+/* The leader seems dead (its connections dropped) or none is known: a
+ * follower stands for election, or a candidate tries again, within
+ * [timeout_ms, 2 timeout_ms) instead of its full election timeout (unless
+ * a leader is heard meanwhile). Pre-vote keeps a false alarm from
+ * disturbing a leader that is alive. True: the timer was moved. */
+bool consensus_hurry_election(struct consensus *c, unsigned timeout_ms);
 
 struct consensus_stats {
     uint64_t proposed_count;

@@ -150,6 +150,7 @@ struct cluster_node {
     bool joining;            /* consensus_join() has not completed */
     uint64_t join_warned_ms;
     uint64_t leader_id;
+    uint64_t hurried_for;    /* the leader we stopped waiting for (see hurry_election) */
     bool leader;             /* this node is the Raft leader */
     bool controller_ready;   /* leader, and its barrier committed */
     bool barrier_in_flight;
@@ -429,10 +430,17 @@ static enum broker_state prior_state(const struct prior_states *prior, uint32_t 
 static void log_change(struct cluster_node *node, int rc, const struct map_change *change,
                        const struct prior_states *prior)
 {
-    char brokers[768];
-    format_brokers(&node->map, brokers, sizeof brokers);
     unsigned long long epoch = (unsigned long long)node->map.version;
     const char *op = map_op_name(change->op) ? map_op_name(change->op) : "?";
+    if (rc == OK && (change->queue != NULL || change->op == MAP_OP_QUEUE_DELETE ||
+                     change->op == MAP_OP_BIND || change->op == MAP_OP_UNBIND)) {
+        /* Thousands at once in a failover: the controller logs a summary. */
+        LOG_DEBUG("cluster map epoch=%llu: %s %.*s%s", epoch, op, (int)change->name.len,
+                  (const char *)change->name.ptr, change->changed ? "" : " (no change)");
+        return;
+    }
+    char brokers[768];
+    format_brokers(&node->map, brokers, sizeof brokers);
     if (rc != OK) {
         LOG_WARN("cluster map epoch=%llu: %s refused: %u %s; brokers: %s", epoch, op,
                  change->reply_code, change->reply_text, brokers);
@@ -528,6 +536,7 @@ static void on_leader_changed(void *ctx, uint64_t leader_id, const char *leader_
     struct cluster_node *node = ctx;
     ASSERT(node != NULL);
     node->leader_id = leader_id;
+    node->hurried_for = 0;
     if (is_self != node->leader) {
         node->leader = is_self;
         node->controller_ready = false; /* a new leader waits for its barrier */
@@ -541,6 +550,7 @@ static void on_leader_changed(void *ctx, uint64_t leader_id, const char *leader_
 /* ---- proposals (leader only) ---- */
 
 static void controller_after_state(struct cluster_node *node, uint32_t broker_id);
+static void controller_liveness(struct cluster_node *node, uint64_t now);
 
 static int propose(struct cluster_node *node, struct map_cmd *cmd, enum proposal_kind kind,
                    uint32_t broker_id);
@@ -580,6 +590,7 @@ static void on_proposal_done(void *req_ctx, int status, void *result)
             node->leader_since_ms = uv_now(node->loop);
             LOG_INFO("cluster: controller active at map epoch=%llu",
                      (unsigned long long)node->map.version);
+            controller_liveness(node, uv_now(node->loop)); /* a dead leader: at once */
         }
         break;
     case PROPOSAL_JOIN:
@@ -692,6 +703,10 @@ static void controller_after_state(struct cluster_node *node, uint32_t broker_id
         controller_fail_over(&node->map, &node->controller, broker_id, &list);
     else if (b->state == BROKER_STATE_UP)
         controller_broker_returned(&node->map, broker_id, &list);
+    if (list.count > 0)
+        LOG_INFO("cluster: controller: broker %.*s is %s: %u change(s) proposed",
+                 (int)b->name.len, (const char *)b->name.ptr, broker_state_name(b->state),
+                 list.count);
     propose_list(node, &list, PROPOSAL_OTHER, broker_id);
     map_cmd_list_free(&list);
 }
@@ -977,11 +992,45 @@ bool cluster_node_synced(const struct cluster_node *node)
     return node->synced;
 }
 
+/* The leader looks dead (its connections dropped, or its heartbeats
+ * stopped): a follower stands for election soon instead of after its full
+ * election timeout (pre-vote spares a leader that is alive). */
+static void hurry_election(struct cluster_node *node)
+{
+    if (node->leader || node->leader_id == 0 || node->hurried_for == node->leader_id)
+        return;
+    node->hurried_for = node->leader_id;
+    if (consensus_hurry_election(node->consensus, NODE_HURRY_ELECTION_MS))
+        LOG_INFO("cluster: the leader (id %llu) looks dead: standing for election soon",
+                 (unsigned long long)node->leader_id);
+}
+
+/* Each tick: a leader not heard for a while; or none known at all, where
+ * candidates retry soon (one that lost a vote to a peer still loyal to a
+ * dead leader would otherwise wait a full election timeout). */
+static void hurry_if_leader_silent(struct cluster_node *node, uint64_t now)
+{
+    if (node->leader || node->stopping)
+        return;
+    if (node->leader_id == 0) {
+        if (node->synced)
+            (void)consensus_hurry_election(node->consensus, NODE_HURRY_ELECTION_MS);
+        return;
+    }
+    const struct peer *peer = peer_find(node, node->leader_id);
+    if (peer != NULL && peer->last_heard_ms != 0 &&
+        now - peer->last_heard_ms >= NODE_HURRY_SILENCE_MS)
+        hurry_election(node);
+}
+
 void cluster_node_peer_lost(struct cluster_node *node, uint32_t broker_id)
 {
     struct peer *peer = peer_find(node, broker_id);
-    if (peer != NULL && !node->stopping)
-        peer->reset_at_ms = uv_now(node->loop);
+    if (peer == NULL || node->stopping)
+        return;
+    peer->reset_at_ms = uv_now(node->loop);
+    if (broker_id == node->leader_id)
+        hurry_election(node);
 }
 
 uint32_t cluster_node_leader(const struct cluster_node *node)
@@ -1208,6 +1257,7 @@ static void on_tick(uv_timer_t *timer)
     uint64_t now = uv_now(node->loop);
     node->peers[0].last_heard_ms = now;
     lease_update(node);
+    hurry_if_leader_silent(node, now);
     heartbeat_send(node, false);
     warn_if_not_member(node, now);
     controller_tick(node, now);

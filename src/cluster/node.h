@@ -56,6 +56,11 @@
 /* libraft randomizes it in [t, 2t): a dead leader is replaced within about
  * 1.7 s, and by then its silence already exceeds NODE_DOWN_AFTER_MS. */
 #define NODE_ELECTION_TIMEOUT_MS 800
+/* ... unless the leader's connections dropped (a dead process): then a
+ * follower stands for election after [t, 2t) of this. */
+#define NODE_HURRY_ELECTION_MS 150
+/* ... or when its heartbeats have not been heard for this long. */
+#define NODE_HURRY_SILENCE_MS 400
 /* A broker whose connections dropped and that has been silent this long
  * is down (a dead process), without waiting for NODE_DOWN_AFTER_MS. */
 #define NODE_RESET_SILENCE_MS 250

@@ -113,7 +113,7 @@ void replica_adopt(struct queue *queue, struct replica *r)
         if (slot(r, i)->message)
             queue_adopt(queue, slot(r, i)->message, slot(r, i)->seq);
     }
-    LOG_INFO("vhost=%.*s queue=%.*s: promoted with %u messages from its replica",
+    LOG_DEBUG("vhost=%.*s queue=%.*s: promoted with %u messages from its replica",
              (int)queue->vhost->name.len, (const char *)queue->vhost->name.ptr,
              (int)queue->name.len, (const char *)queue->name.ptr, r->live);
     replica_free(r);

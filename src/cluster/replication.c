@@ -83,7 +83,7 @@ static uint64_t loop_ms(const struct replication *rep)
 
 static void log_queue(const struct queue *queue, const char *what, uint32_t backup_id)
 {
-    LOG_INFO("vhost=%.*s queue=%.*s: backup %u %s", (int)queue->vhost->name.len,
+    LOG_WARN("vhost=%.*s queue=%.*s: backup %u %s", (int)queue->vhost->name.len,
              (const char *)queue->vhost->name.ptr, (int)queue->name.len,
              (const char *)queue->name.ptr, backup_id, what);
 }
@@ -183,7 +183,8 @@ static void stream_caught_up(struct replication *rep, struct replica_stream *s)
     s->state = STREAM_LIVE;
     s->gating = true; /* from now on, before the map says so */
     s->join_asked = true;
-    log_queue(rep->queue, "caught up: joining the in-sync set", s->backup_id);
+    LOG_DEBUG("queue %.*s: backup %u caught up: joining the in-sync set",
+              (int)rep->queue->name.len, (const char *)rep->queue->name.ptr, s->backup_id);
     ask_in_sync(rep);
 }
 
@@ -306,7 +307,8 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
     snapshot_take(queue, &snap);
     uint64_t newest = queue->next_seq - 1;
     s->catch_up_seq = newest;
-    log_queue(queue, "catching up", s->backup_id);
+    LOG_DEBUG("queue %.*s: catching up backup %u", (int)queue->name.len,
+              (const char *)queue->name.ptr, s->backup_id);
     for (uint32_t i = 0; i < snap.count; i++) {
         struct method m = replicate_method(queue, rep->epoch, snap.items[i].seq,
                                            snap.items[i].message);
