@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <uv.h>
@@ -20,6 +21,7 @@
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "cluster/replica.h"
 
 struct fake_consumer {
     struct consumer base;
@@ -474,6 +476,44 @@ static void dedup_duplicate_of_a_full_queue_is_still_confirmed(void **state)
     vhost_queue_delete(vhost, q);
 }
 
+/* A backup's replica keeps the table from the stream, through a reset,
+ * and a promoted queue starts with it. */
+static void dedup_table_moves_with_a_promotion(void **state)
+{
+    (void)state;
+    struct replica *r = replica_new(60000);
+    uint64_t now = uv_now(broker.loop);
+    for (uint32_t i = 1; i <= 3; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "m%u", i);
+        struct message *m = make_id(i, id);
+        assert_true(replica_push(r, i, m, now));
+        message_unref(m);
+    }
+    struct message *m = make_id(4, NULL);
+    assert_true(replica_push(r, 4, m, now));
+    message_unref(m);
+    assert_int_equal(replica_dedup_count(r), 3);
+    /* Acks and a catch-up's reset clear messages, not ids. */
+    replica_remove(r, 1);
+    replica_remove(r, 0);
+    assert_int_equal(replica_count(r), 0);
+    assert_int_equal(replica_dedup_count(r), 3);
+    m = make_id(3, "m3"); /* the snapshot: what the primary still holds */
+    assert_true(replica_push(r, 3, m, now));
+    message_unref(m);
+    assert_int_equal(replica_dedup_count(r), 3);
+    /* Promotion: the real queue (same arguments) takes messages and ids. */
+    struct queue *q = declare("promoted", "x-quay-dedup-window", 60000, NULL);
+    replica_adopt(q, r);
+    assert_int_equal(queue_ready_count(q), 1);
+    assert_int_equal(publish_id(q, 5, "m1"), QUEUE_PUBLISH_DUPLICATE); /* consumed, still known */
+    assert_int_equal(publish_id(q, 6, "m3"), QUEUE_PUBLISH_DUPLICATE);
+    assert_int_equal(publish_id(q, 7, "m4"), QUEUE_PUBLISH_OK);
+    assert_int_equal(queue_ready_count(q), 2);
+    vhost_queue_delete(vhost, q);
+}
+
 static void delete_cancels_consumers_and_reports_count(void **state)
 {
     (void)state;
@@ -505,6 +545,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(dedup_window_holds_back_resends, setup, teardown),
         cmocka_unit_test_setup_teardown(dedup_duplicate_of_a_full_queue_is_still_confirmed, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(dedup_table_moves_with_a_promotion, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
