@@ -415,28 +415,30 @@ static bool dedups(const struct queue *queue)
     return queue->args.quay_dedup_window_ms > 0;
 }
 
-/* Was the message's id enqueued here within the window? Then the
- * publisher's confirm waits for the original's fsync, as the original's
- * own confirm does (it may still be in flight on another channel). */
-static bool is_duplicate(struct queue *queue, const struct message *message,
-                         struct publish_wait *wait)
+/* The message-id this queue de-duplicates on: empty if it has no window
+ * (other queues never decode the properties for it). */
+static struct bytes dedup_id(const struct queue *queue, const struct message *message)
+{
+    return dedups(queue) ? message_id(message) : (struct bytes){0};
+}
+
+/* Was id enqueued here within the window? Then the publisher's confirm
+ * waits for the original's fsync, as the original's own confirm does (it
+ * may still be in flight on another channel). */
+static bool is_duplicate(struct queue *queue, struct bytes id, struct publish_wait *wait)
 {
     uint64_t ticket = 0;
-    if (!dedups(queue) || queue->dedup == NULL ||
-        !dedup_seen(queue->dedup, message_id(message), now_ms(queue), &ticket))
+    if (queue->dedup == NULL || !dedup_seen(queue->dedup, id, now_ms(queue), &ticket))
         return false;
     if (wait && ticket > wait->ticket)
         wait->ticket = ticket;
     return true;
 }
 
-static void remember_id(struct queue *queue, const struct message *message, uint64_t ticket)
+static void remember_id(struct queue *queue, struct bytes id, uint64_t ticket)
 {
-    if (!dedups(queue))
-        return;
-    struct bytes id = message_id(message);
     if (id.len == 0)
-        return; /* no id, never de-duplicated: do not even allocate a table */
+        return; /* no id (or no window): do not even allocate a table */
     if (queue->dedup == NULL) {
         queue->dedup = malloc(sizeof *queue->dedup);
         ASSERT(queue->dedup != NULL);
@@ -466,7 +468,8 @@ static enum queue_publish_result enqueue(struct queue *queue, struct message *me
     ASSERT(!queue->remote_ops); /* the channel forwards those */
     /* Before the length limit: the original is in (or went through) the
      * queue, so a resend is confirmed even when the queue is full now. */
-    if (holds_back_duplicates && is_duplicate(queue, message, wait))
+    struct bytes id = dedup_id(queue, message); /* borrows from the message */
+    if (holds_back_duplicates && is_duplicate(queue, id, wait))
         return QUEUE_PUBLISH_DUPLICATE;
     if (queue->args.overflow != QUEUE_OVERFLOW_DROP_HEAD &&
         over_limit(queue, 1, message->body_size)) {
@@ -486,7 +489,7 @@ static enum queue_publish_result enqueue(struct queue *queue, struct message *me
         if (wait && t > wait->ticket)
             wait->ticket = t;
     }
-    remember_id(queue, message, t);
+    remember_id(queue, id, t);
     if (queue->replication_ops)
         queue->replication_ops->published(queue, entry.seq, message, wait);
     ring_push_back(ring_for(queue, message->priority), entry);
@@ -567,7 +570,7 @@ void queue_recover_message(struct queue *queue, struct message *message, uint64_
     /* The original publish time is not stored: TTLs count from recovery,
      * and so does the dedup window of the ids still in the queue (those
      * of messages consumed before the restart are forgotten). */
-    remember_id(queue, message, 0);
+    remember_id(queue, dedup_id(queue, message), 0);
     ring_push_back(ring_for(queue, message->priority),
                    (struct queue_entry){.message = message, .seq = seq, .redelivered = delivered,
                                         .expires_at_ms = expiry_for(queue, message)});

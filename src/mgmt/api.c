@@ -150,8 +150,8 @@ static void handle_overview(void *ctx, struct json *out)
  *   "auto_delete": bool, "messages": N (ready), "messages_unacknowledged": N,
  *   "consumers": N, "paged": N, "primary": NAME,
  *   "role": "primary"|"backup"|"proxy", "replica_messages": N (not primary),
- *   "dedup_ids": N (x-quay-dedup-window: ids remembered; a backup's from its
- *   replica; expired ones linger until the next publish),
+ *   "dedup_ids": N (only with x-quay-dedup-window: ids remembered, a backup's
+ *   in its replica; expired ones linger until the next publish),
  *   "available": bool (clustered only), "backups": [NAME...], "in_sync": [NAME...],
  *   "epoch": N}, ...]
  * In a cluster, placement comes from the map; counts are this broker's
@@ -197,7 +197,8 @@ static void write_placement(struct json *out, const struct mgmt_api *api,
     if (queue_is_remote(queue)) { /* a backup's copy of the primary's messages */
         const struct replica *r = proxy_stub_replica((struct queue *)queue, false);
         json_kv_uint(out, "replica_messages", replica_count(r));
-        json_kv_uint(out, "dedup_ids", replica_dedup_count(r));
+        if (queue->args.quay_dedup_window_ms > 0)
+            json_kv_uint(out, "dedup_ids", replica_dedup_count(r));
     }
     json_kv_bool(out, "available", mq->available);
     json_key(out, "backups");
@@ -229,7 +230,7 @@ static void write_queue(struct json *out, const struct mgmt_api *api, const stru
     json_kv_uint(out, "messages_unacknowledged", queue->unacked_count);
     json_kv_uint(out, "consumers", queue->consumers_count);
     json_kv_uint(out, "paged", queue->paged_count);
-    if (!queue_is_remote(queue))
+    if (!queue_is_remote(queue) && queue->args.quay_dedup_window_ms > 0)
         json_kv_uint(out, "dedup_ids", queue->dedup ? dedup_count(queue->dedup) : 0);
     write_placement(out, api, vhost, queue);
     json_object_end(out);
