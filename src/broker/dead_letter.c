@@ -213,7 +213,7 @@ void dead_letter(struct queue *queue, struct message *message, enum dead_letter_
         }
         /* Dead-lettering is at-most-once (RabbitMQ 3.10): a full target
          * with reject-publish drops it. */
-        queue_publish(target, dead, NULL);
+        queue_publish_dead_lettered(target, dead);
     }
     message_unref(dead);
 }

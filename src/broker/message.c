@@ -119,6 +119,18 @@ struct bytes message_blob(const struct message *message)
     return (struct bytes){message->data, (uint32_t)size};
 }
 
+struct bytes message_id(const struct message *m)
+{
+    const uint8_t *p = message_properties(m);
+    /* Most messages have none: the flags word says so without a decode. */
+    if (m->properties_size < 2 || !(((uint16_t)(p[0] << 8 | p[1])) & BASIC_FLAG_MESSAGE_ID))
+        return (struct bytes){0};
+    struct basic_properties props;
+    int rc = basic_properties_decode(&props, p, m->properties_size);
+    ASSERT(rc == OK); /* they were decoded when the message was made */
+    return props.message_id;
+}
+
 struct message *message_from_blob(const uint8_t *blob, size_t size)
 {
     if (size < MESSAGE_BLOB_HEADER_SIZE || blob[0] != 1)

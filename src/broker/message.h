@@ -87,6 +87,10 @@ static inline const uint8_t *message_properties(const struct message *m)
     return m->data + MESSAGE_BLOB_HEADER_SIZE + m->exchange_size + m->routing_key_size;
 }
 
+/* The message-id property (a slice of the message), empty when absent.
+ * Decodes the properties: meant for the queues that de-duplicate. */
+struct bytes message_id(const struct message *m);
+
 /* Parses the expiration property as RabbitMQ does (a decimal integer of
  * milliseconds, 0..2^32-1 years aside). Returns 0, or -1 with the reason
  * in RabbitMQ's words ("no_integer", "{value_negative,-5}", ...). */

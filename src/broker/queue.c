@@ -19,6 +19,7 @@
 
 #include "broker/broker.h"
 #include "broker/dead_letter.h"
+#include "broker/dedup.h"
 #include "broker/message.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
@@ -280,6 +281,10 @@ void queue_unref(struct queue *queue)
         queue->remote_ops->free(queue);
     if (queue->replication_ops)
         queue->replication_ops->detach(queue);
+    if (queue->dedup) {
+        dedup_free(queue->dedup);
+        free(queue->dedup);
+    }
     if (queue->timer) {
         queue->timer->data = NULL;
         uv_close((uv_handle_t *)queue->timer, on_timer_closed);
@@ -404,11 +409,69 @@ static uint64_t expiry_for(const struct queue *queue, const struct message *mess
     return at == 0 ? 1 : at;
 }
 
-enum queue_publish_result queue_publish(struct queue *queue, struct message *message,
-                                        struct publish_wait *wait)
+/* ---- de-duplication (x-quay-dedup-window) --------------------------- */
+
+static bool dedups(const struct queue *queue)
+{
+    return queue->args.quay_dedup_window_ms > 0;
+}
+
+/* The message-id this queue de-duplicates on: empty if it has no window
+ * (other queues never decode the properties for it). */
+static struct bytes dedup_id(const struct queue *queue, const struct message *message)
+{
+    return dedups(queue) ? message_id(message) : (struct bytes){0};
+}
+
+/* Was id enqueued here within the window? Then the publisher's confirm
+ * waits for the original's fsync, as the original's own confirm does (it
+ * may still be in flight on another channel). */
+static bool is_duplicate(struct queue *queue, struct bytes id, struct publish_wait *wait)
+{
+    uint64_t ticket = 0;
+    if (queue->dedup == NULL || !dedup_seen(queue->dedup, id, now_ms(queue), &ticket))
+        return false;
+    if (wait && ticket > wait->ticket)
+        wait->ticket = ticket;
+    return true;
+}
+
+static void remember_id(struct queue *queue, struct bytes id, uint64_t ticket)
+{
+    if (id.len == 0)
+        return; /* no id (or no window): do not even allocate a table */
+    if (queue->dedup == NULL) {
+        queue->dedup = malloc(sizeof *queue->dedup);
+        ASSERT(queue->dedup != NULL);
+        dedup_init(queue->dedup, (uint64_t)queue->args.quay_dedup_window_ms);
+    }
+    dedup_record(queue->dedup, id, now_ms(queue), ticket);
+}
+
+void queue_adopt_dedup(struct queue *queue, struct dedup *table)
+{
+    if (table == NULL)
+        return;
+    ASSERT(dedups(queue) && table->window_ms == (uint64_t)queue->args.quay_dedup_window_ms);
+    if (queue->dedup) {
+        dedup_free(queue->dedup);
+        free(queue->dedup);
+    }
+    queue->dedup = table;
+}
+
+/* ---- publishing ----------------------------------------------------- */
+
+static enum queue_publish_result enqueue(struct queue *queue, struct message *message,
+                                         struct publish_wait *wait, bool holds_back_duplicates)
 {
     ASSERT(!queue->deleted);
     ASSERT(!queue->remote_ops); /* the channel forwards those */
+    /* Before the length limit: the original is in (or went through) the
+     * queue, so a resend is confirmed even when the queue is full now. */
+    struct bytes id = dedup_id(queue, message); /* borrows from the message */
+    if (holds_back_duplicates && is_duplicate(queue, id, wait))
+        return QUEUE_PUBLISH_DUPLICATE;
     if (queue->args.overflow != QUEUE_OVERFLOW_DROP_HEAD &&
         over_limit(queue, 1, message->body_size)) {
         if (queue->args.overflow == QUEUE_OVERFLOW_REJECT_PUBLISH_DLX) {
@@ -420,12 +483,14 @@ enum queue_publish_result queue_publish(struct queue *queue, struct message *mes
     message_ref(message);
     struct queue_entry entry = {.message = message, .seq = queue->next_seq++,
                                 .expires_at_ms = expiry_for(queue, message)};
+    uint64_t t = 0;
     if (logged(queue, message)) {
         struct bytes blob = message_blob(message);
-        uint64_t t = journal_publish(queue->journal, entry.seq, blob.ptr, blob.len);
+        t = journal_publish(queue->journal, entry.seq, blob.ptr, blob.len);
         if (wait && t > wait->ticket)
             wait->ticket = t;
     }
+    remember_id(queue, id, t);
     if (queue->replication_ops)
         queue->replication_ops->published(queue, entry.seq, message, wait);
     ring_push_back(ring_for(queue, message->priority), entry);
@@ -449,6 +514,18 @@ enum queue_publish_result queue_publish(struct queue *queue, struct message *mes
         schedule_timer(queue);
     }
     return QUEUE_PUBLISH_OK;
+}
+
+enum queue_publish_result queue_publish(struct queue *queue, struct message *message,
+                                        struct publish_wait *wait)
+{
+    return enqueue(queue, message, wait, true);
+}
+
+enum queue_publish_result queue_publish_dead_lettered(struct queue *queue,
+                                                      struct message *message)
+{
+    return enqueue(queue, message, NULL, false);
 }
 
 void queue_requeue(struct queue *queue, struct queue_entry entry)
@@ -491,7 +568,10 @@ void queue_recover_message(struct queue *queue, struct message *message, uint64_
     ASSERT(!queue->deleted);
     ASSERT(seq >= queue->next_seq); /* the journal hands them over in order */
     message_ref(message);
-    /* The original publish time is not stored: TTLs count from recovery. */
+    /* The original publish time is not stored: TTLs count from recovery,
+     * and so does the dedup window of the ids still in the queue (those
+     * of messages consumed before the restart are forgotten). */
+    remember_id(queue, dedup_id(queue, message), 0);
     ring_push_back(ring_for(queue, message->priority),
                    (struct queue_entry){.message = message, .seq = seq, .redelivered = delivered,
                                         .expires_at_ms = expiry_for(queue, message)});

@@ -15,6 +15,12 @@
  * implements them; the cluster's proxy links will implement them too.
  * Dispatch is round-robin among the consumers that can take a message.
  *
+ * De-duplication (x-quay-dedup-window, quay's own argument): a queue with
+ * a window remembers the message-id of everything it enqueued in the last
+ * window ms (broker/dedup.h); a publish of an id it remembers is not
+ * enqueued again but is confirmed as if it had been, so a publisher that
+ * resends its unconfirmed messages (after a failover) makes no duplicates.
+ *
  * Memory: a queue is owned by its vhost's table until deleted; deliveries
  * that still point at it hold a reference (queue_ref), so a deleted queue
  * stays allocated, marked deleted, until the last one is settled.
@@ -36,6 +42,7 @@ struct journal_queue;
 struct message;
 struct queue;
 struct consumer;
+struct dedup;
 struct vhost;
 
 struct queue_entry {
@@ -169,6 +176,7 @@ struct queue {
     const struct queue_replication_ops *replication_ops; /* non-NULL: it has backups */
     void *replication;                /* cluster/replica.c's state */
     uint64_t paged_count;             /* ready entries whose body is only on disk */
+    struct dedup *dedup;              /* owned, lazily: x-quay-dedup-window's ids, or NULL */
     uint32_t refs;                    /* the vhost's table + deliveries + consumers */
     uint64_t next_seq;
     struct list_node owner_link;      /* in the exclusive owner's list */
@@ -183,6 +191,9 @@ void queue_unref(struct queue *queue);
 enum queue_publish_result {
     QUEUE_PUBLISH_OK,
     QUEUE_PUBLISH_REJECTED,           /* full, with x-overflow reject-publish(-dlx) */
+    QUEUE_PUBLISH_DUPLICATE,          /* its message-id is in the dedup window: not
+                                       * enqueued, confirmed like an OK (it waits for
+                                       * the original's fsync) */
 };
 
 /* Enqueue a routed message (takes a new reference) and dispatch. A
@@ -192,6 +203,16 @@ enum queue_publish_result {
  * both. wait may be NULL. */
 enum queue_publish_result queue_publish(struct queue *queue, struct message *message,
                                         struct publish_wait *wait);
+/* A dead-lettered message: like queue_publish without a confirm, and never
+ * held back as a duplicate (the broker moving a message is not a publisher
+ * resending it; a DLX retry loop through a de-duplicating queue must not
+ * lose it), though its message-id is remembered like any enqueued one. */
+enum queue_publish_result queue_publish_dead_lettered(struct queue *queue,
+                                                      struct message *message);
+/* A promoted backup's de-duplication table (cluster/replica.c): the queue
+ * takes it over (ownership moves; table may be NULL). Before queue_adopt
+ * of the replica's messages. */
+void queue_adopt_dedup(struct queue *queue, struct dedup *table);
 /* A promoted backup's copy of a message (cluster/replica.c), under the
  * old primary's seq: the other backups hold it under the same one, so the
  * stream goes on where it was. Enqueued at the tail (journaled if

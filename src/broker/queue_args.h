@@ -70,7 +70,8 @@ struct queue_args {
     bool lazy;                            /* x-queue-mode "lazy" ("default" is the other) */
     enum queue_type type;                 /* x-queue-type, default classic */
     int32_t quay_backups;                 /* x-quay-backups 0..3, -1 = not given (quay's own) */
-    int64_t quay_dedup_window_ms;         /* x-quay-dedup-window, -1 = none (quay's own) */
+    int64_t quay_dedup_window_ms;         /* x-quay-dedup-window, -1 = none (quay's own;
+                                           * 0 is accepted and also means none) */
 };
 
 /* Validates and parses queue.declare arguments as RabbitMQ 3.10 does for a

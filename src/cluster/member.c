@@ -337,7 +337,8 @@ bool member_replica_push(struct member *member, struct vhost *vhost, struct byte
                          uint64_t epoch, uint64_t seq, struct message *message)
 {
     struct queue *queue = replica_target(member, vhost, name, epoch);
-    return queue != NULL && replica_push(proxy_stub_replica(queue, true), seq, message);
+    return queue != NULL && replica_push(proxy_stub_replica(queue, true), seq, message,
+                                         uv_now(member->broker->loop));
 }
 
 void member_replica_settle(struct member *member, struct vhost *vhost, struct bytes name,

@@ -581,7 +581,7 @@ struct replica *proxy_stub_replica(struct queue *queue, bool create)
 {
     struct proxy_stub *stub = stub_of(queue);
     if (stub->replica == NULL && create)
-        stub->replica = replica_new();
+        stub->replica = replica_new(queue->args.quay_dedup_window_ms);
     return stub->replica;
 }
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "broker/dedup.h"
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
@@ -25,12 +26,22 @@ struct replica {
     uint32_t head, count, cap;   /* count includes holes */
     uint32_t live;
     uint64_t last_seq;
+    /* Owned, or NULL (no x-quay-dedup-window): the ids of what the primary
+     * enqueued, as the queue's own table would hold them, timed by our
+     * clock. A reset does not clear it (ids are about publishes, not
+     * contents); promotion hands it to the real queue. */
+    struct dedup *dedup;
 };
 
-struct replica *replica_new(void)
+struct replica *replica_new(int64_t dedup_window_ms)
 {
     struct replica *r = calloc(1, sizeof *r);
     ASSERT(r != NULL);
+    if (dedup_window_ms > 0) {
+        r->dedup = malloc(sizeof *r->dedup);
+        ASSERT(r->dedup != NULL);
+        dedup_init(r->dedup, (uint64_t)dedup_window_ms);
+    }
     return r;
 }
 
@@ -53,13 +64,21 @@ void replica_free(struct replica *r)
         return;
     replica_remove(r, 0);
     free(r->items);
+    if (r->dedup) {
+        dedup_free(r->dedup);
+        free(r->dedup);
+    }
     free(r);
 }
 
-bool replica_push(struct replica *r, uint64_t seq, struct message *message)
+bool replica_push(struct replica *r, uint64_t seq, struct message *message, uint64_t now_ms)
 {
     if (seq <= r->last_seq)
         return true; /* sent again after a reconnect: we have it (or it left) */
+    /* After a reset, the snapshot's ids are mostly known already: they keep
+     * their first time (dedup_record does not restart a window). */
+    if (r->dedup)
+        dedup_record(r->dedup, message_id(message), now_ms, 0);
     if (r->count == r->cap)
         r->items = ring_grow(r->items, sizeof *r->items, &r->head, r->count, &r->cap, 64);
     message_ref(message);
@@ -103,12 +122,19 @@ uint32_t replica_count(const struct replica *r)
     return r ? r->live : 0;
 }
 
+uint32_t replica_dedup_count(const struct replica *r)
+{
+    return r && r->dedup ? dedup_count(r->dedup) : 0;
+}
+
 /* ---- promotion ---- */
 
 void replica_adopt(struct queue *queue, struct replica *r)
 {
     if (r == NULL)
         return;
+    queue_adopt_dedup(queue, r->dedup);
+    r->dedup = NULL;
     for (uint32_t i = 0; i < r->count; i++) {
         if (slot(r, i)->message)
             queue_adopt(queue, slot(r, i)->message, slot(r, i)->seq);

@@ -12,6 +12,14 @@
  * redelivered (the old primary may have delivered them), journaled if
  * persistent.
  *
+ * With x-quay-dedup-window the replica also keeps the queue's
+ * de-duplication table (broker/dedup.h) from the stream: every replicated
+ * message's id, timed by the backup's own clock. A reset keeps it (it
+ * clears messages, not ids); promotion hands it to the real queue with the
+ * messages, so a publisher's resend to the new primary is de-duplicated.
+ * A backup caught up by snapshot learns only the ids of the messages still
+ * in the queue, not those of messages already consumed.
+ *
  * Memory: a replica is owned by its stand-in (proxy.c); each entry holds
  * one message reference.
  */
@@ -29,13 +37,17 @@ struct queue;
 /* ---- the backup's side ---- */
 
 struct replica;
-struct replica *replica_new(void);
+/* dedup_window_ms: the queue's x-quay-dedup-window (<= 0: none). */
+struct replica *replica_new(int64_t dedup_window_ms);
 void replica_free(struct replica *replica); /* NULL is fine */
 /* Messages arrive in seq order; a seq at or below the last one is a resend
- * and ignored (true: stored or already there). */
-bool replica_push(struct replica *replica, uint64_t seq, struct message *message);
+ * and ignored (true: stored or already there). With a dedup window the
+ * message-id is remembered as of now_ms (our loop clock) either way. */
+bool replica_push(struct replica *replica, uint64_t seq, struct message *message,
+                  uint64_t now_ms);
 void replica_remove(struct replica *replica, uint64_t seq); /* seq 0: all */
-uint32_t replica_count(const struct replica *replica);
+uint32_t replica_count(const struct replica *replica);   /* NULL: 0 */
+uint32_t replica_dedup_count(const struct replica *replica); /* ids remembered; NULL: 0 */
 
 /* ---- promotion ---- */
 

@@ -24,6 +24,7 @@
 #include "broker/alarm.h"
 #include "broker/broker.h"
 #include "broker/connection.h"
+#include "broker/dedup.h"
 #include "broker/durable.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
@@ -150,6 +151,8 @@ static void handle_overview(void *ctx, struct json *out)
  *   "auto_delete": bool, "messages": N (ready), "messages_unacknowledged": N,
  *   "consumers": N, "paged": N, "primary": NAME,
  *   "role": "primary"|"backup"|"proxy", "replica_messages": N (not primary),
+ *   "dedup_ids": N (only with x-quay-dedup-window: ids remembered, a backup's
+ *   in its replica; expired ones linger until the next publish),
  *   "available": bool (clustered only), "backups": [NAME...], "in_sync": [NAME...],
  *   "epoch": N}, ...]
  * In a cluster, placement comes from the map; counts are this broker's
@@ -192,11 +195,14 @@ static void write_placement(struct json *out, const struct mgmt_api *api,
     bool backup = map_queue_has_backup(mq, cluster_node_id(api->broker->cluster));
     json_kv_string(out, "role",
                    !queue_is_remote(queue) ? "primary" : backup ? "backup" : "proxy");
-    if (queue_is_remote(queue)) /* a backup's copy of the primary's messages */
-        json_kv_uint(out, "replica_messages",
-                     replica_count(proxy_stub_replica((struct queue *)queue, false)));
-    else
+    if (queue_is_remote(queue)) { /* a backup's copy of the primary's messages */
+        const struct replica *r = proxy_stub_replica((struct queue *)queue, false);
+        json_kv_uint(out, "replica_messages", replica_count(r));
+        if (queue->args.quay_dedup_window_ms > 0)
+            json_kv_uint(out, "dedup_ids", replica_dedup_count(r));
+    } else {
         replication_write_json(queue, out); /* serving, confirms (with backups) */
+    }
     json_kv_bool(out, "available", mq->available);
     json_key(out, "backups");
     json_array_begin(out);
@@ -227,6 +233,8 @@ static void write_queue(struct json *out, const struct mgmt_api *api, const stru
     json_kv_uint(out, "messages_unacknowledged", queue->unacked_count);
     json_kv_uint(out, "consumers", queue->consumers_count);
     json_kv_uint(out, "paged", queue->paged_count);
+    if (!queue_is_remote(queue) && queue->args.quay_dedup_window_ms > 0)
+        json_kv_uint(out, "dedup_ids", queue->dedup ? dedup_count(queue->dedup) : 0);
     write_placement(out, api, vhost, queue);
     json_object_end(out);
 }

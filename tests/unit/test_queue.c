@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <uv.h>
@@ -20,6 +21,7 @@
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "cluster/replica.h"
 
 struct fake_consumer {
     struct consumer base;
@@ -366,6 +368,152 @@ static void zero_ttl_delivers_now_or_never(void **state)
     vhost_queue_delete(vhost, q);
 }
 
+/* A message whose body is its number, with a message-id (NULL: none). */
+static struct message *make_id(uint32_t n, const char *id)
+{
+    struct basic_properties props = {0};
+    if (id) {
+        props.flags |= BASIC_FLAG_MESSAGE_ID;
+        props.message_id = bytes_of_cstr(id);
+    }
+    uint8_t buf[64];
+    size_t size = basic_properties_encode(&props, buf, sizeof buf);
+    struct basic_properties decoded;
+    assert_int_equal(basic_properties_decode(&decoded, buf, (uint32_t)size), 0);
+    struct message *m = message_new(BYTES_LIT(""), BYTES_LIT("k"), buf, (uint32_t)size, &decoded,
+                                    sizeof n);
+    memcpy(m->body, &n, sizeof n);
+    m->body_received = sizeof n;
+    return m;
+}
+
+static enum queue_publish_result publish_id(struct queue *q, uint32_t n, const char *id)
+{
+    struct message *m = make_id(n, id);
+    enum queue_publish_result r = queue_publish(q, m, NULL);
+    message_unref(m);
+    return r;
+}
+
+/* Lets the loop clock move on by at least ms. */
+static void wait_ms(uint64_t ms)
+{
+    uint64_t start = uv_now(broker.loop);
+    while (uv_now(broker.loop) - start < ms) {
+        uv_sleep(5);
+        uv_update_time(broker.loop);
+    }
+}
+
+static void dedup_window_holds_back_resends(void **state)
+{
+    (void)state;
+    struct queue *q = declare("dd", "x-quay-dedup-window", 200, NULL);
+    assert_int_equal(publish_id(q, 1, "a"), QUEUE_PUBLISH_OK);
+    assert_int_equal(publish_id(q, 2, "a"), QUEUE_PUBLISH_DUPLICATE);
+    assert_int_equal(publish_id(q, 3, "b"), QUEUE_PUBLISH_OK);
+    assert_int_equal(publish_id(q, 4, NULL), QUEUE_PUBLISH_OK); /* no id: never held */
+    assert_int_equal(publish_id(q, 5, NULL), QUEUE_PUBLISH_OK);
+    assert_int_equal(publish_id(q, 6, ""), QUEUE_PUBLISH_OK);   /* empty: no id */
+    assert_int_equal(publish_id(q, 7, ""), QUEUE_PUBLISH_OK);
+    assert_int_equal(queue_ready_count(q), 6);
+    /* Consuming the original does not let its duplicate in... */
+    struct queue_entry e;
+    assert_true(queue_take(q, &e));
+    assert_int_equal(number_of(e.message), 1);
+    queue_settle(q, e.seq, e.message);
+    message_unref(e.message);
+    assert_int_equal(publish_id(q, 8, "a"), QUEUE_PUBLISH_DUPLICATE);
+    /* ...nor does a purge. */
+    assert_int_equal(queue_purge(q), 5);
+    assert_int_equal(publish_id(q, 9, "b"), QUEUE_PUBLISH_DUPLICATE);
+    assert_int_equal(queue_ready_count(q), 0);
+    /* A dead-lettered message is never held back (a DLX retry loop through
+     * this queue must not lose it), but it is remembered. */
+    struct message *m = make_id(10, "a");
+    assert_int_equal(queue_publish_dead_lettered(q, m), QUEUE_PUBLISH_OK);
+    message_unref(m);
+    m = make_id(11, "c");
+    assert_int_equal(queue_publish_dead_lettered(q, m), QUEUE_PUBLISH_OK);
+    message_unref(m);
+    assert_int_equal(publish_id(q, 12, "c"), QUEUE_PUBLISH_DUPLICATE);
+    assert_int_equal(queue_ready_count(q), 2);
+    /* Once the window has passed, the id is welcome again. */
+    wait_ms(210);
+    assert_int_equal(publish_id(q, 13, "a"), QUEUE_PUBLISH_OK);
+    assert_int_equal(publish_id(q, 14, "a"), QUEUE_PUBLISH_DUPLICATE);
+    vhost_queue_delete(vhost, q);
+    /* Without the argument nothing is held back and no table is made. */
+    q = declare("plain", NULL, 0, NULL);
+    assert_int_equal(publish_id(q, 1, "a"), QUEUE_PUBLISH_OK);
+    assert_int_equal(publish_id(q, 2, "a"), QUEUE_PUBLISH_OK);
+    assert_null(q->dedup);
+    vhost_queue_delete(vhost, q);
+}
+
+static void dedup_duplicate_of_a_full_queue_is_still_confirmed(void **state)
+{
+    (void)state;
+    static uint8_t buf[128];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_int(&w, "x-quay-dedup-window", 60000);
+    table_put_int(&w, "x-max-length", 1);
+    table_put_longstr(&w, "x-overflow", BYTES_LIT("reject-publish"));
+    struct table t = table_writer_table(&w);
+    struct queue *q = vhost_queue_declare(vhost, BYTES_LIT("full"), false, false, false,
+                                          (struct bytes){t.ptr, t.len});
+    assert_int_equal(publish_id(q, 1, "a"), QUEUE_PUBLISH_OK);
+    /* The original is in: its resend is a duplicate, not a rejection. */
+    assert_int_equal(publish_id(q, 2, "a"), QUEUE_PUBLISH_DUPLICATE);
+    /* A refused publish was not enqueued, so its id is not remembered. */
+    assert_int_equal(publish_id(q, 3, "b"), QUEUE_PUBLISH_REJECTED);
+    struct queue_entry e;
+    assert_true(queue_take(q, &e));
+    queue_settle(q, e.seq, e.message);
+    message_unref(e.message);
+    assert_int_equal(publish_id(q, 4, "b"), QUEUE_PUBLISH_OK);
+    vhost_queue_delete(vhost, q);
+}
+
+/* A backup's replica keeps the table from the stream, through a reset,
+ * and a promoted queue starts with it. */
+static void dedup_table_moves_with_a_promotion(void **state)
+{
+    (void)state;
+    struct replica *r = replica_new(60000);
+    uint64_t now = uv_now(broker.loop);
+    for (uint32_t i = 1; i <= 3; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "m%u", i);
+        struct message *m = make_id(i, id);
+        assert_true(replica_push(r, i, m, now));
+        message_unref(m);
+    }
+    struct message *m = make_id(4, NULL);
+    assert_true(replica_push(r, 4, m, now));
+    message_unref(m);
+    assert_int_equal(replica_dedup_count(r), 3);
+    /* Acks and a catch-up's reset clear messages, not ids. */
+    replica_remove(r, 1);
+    replica_remove(r, 0);
+    assert_int_equal(replica_count(r), 0);
+    assert_int_equal(replica_dedup_count(r), 3);
+    m = make_id(3, "m3"); /* the snapshot: what the primary still holds */
+    assert_true(replica_push(r, 3, m, now));
+    message_unref(m);
+    assert_int_equal(replica_dedup_count(r), 3);
+    /* Promotion: the real queue (same arguments) takes messages and ids. */
+    struct queue *q = declare("promoted", "x-quay-dedup-window", 60000, NULL);
+    replica_adopt(q, r);
+    assert_int_equal(queue_ready_count(q), 1);
+    assert_int_equal(publish_id(q, 5, "m1"), QUEUE_PUBLISH_DUPLICATE); /* consumed, still known */
+    assert_int_equal(publish_id(q, 6, "m3"), QUEUE_PUBLISH_DUPLICATE);
+    assert_int_equal(publish_id(q, 7, "m4"), QUEUE_PUBLISH_OK);
+    assert_int_equal(queue_ready_count(q), 2);
+    vhost_queue_delete(vhost, q);
+}
+
 static void delete_cancels_consumers_and_reports_count(void **state)
 {
     (void)state;
@@ -394,6 +542,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(zero_ttl_delivers_now_or_never, setup, teardown),
         cmocka_unit_test_setup_teardown(delete_cancels_consumers_and_reports_count, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(dedup_window_holds_back_resends, setup, teardown),
+        cmocka_unit_test_setup_teardown(dedup_duplicate_of_a_full_queue_is_still_confirmed, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(dedup_table_moves_with_a_promotion, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

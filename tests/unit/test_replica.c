@@ -32,7 +32,7 @@ static void push_range(struct replica *r, uint64_t from, uint64_t to)
 {
     for (uint64_t seq = from; seq <= to; seq++) {
         struct message *m = make((uint32_t)seq);
-        assert_true(replica_push(r, seq, m));
+        assert_true(replica_push(r, seq, m, 0));
         message_unref(m);
     }
 }
@@ -41,7 +41,7 @@ static void test_push_remove_in_any_order(void **state)
 {
     (void)state;
     uint64_t live_before = message_live_count;
-    struct replica *r = replica_new();
+    struct replica *r = replica_new(-1);
     push_range(r, 1, 1000);
     assert_int_equal(replica_count(r), 1000);
     assert_int_equal(message_live_count - live_before, 1000);
@@ -70,7 +70,7 @@ static void test_resends_are_ignored(void **state)
 {
     (void)state;
     uint64_t live_before = message_live_count;
-    struct replica *r = replica_new();
+    struct replica *r = replica_new(-1);
     push_range(r, 1, 10);
     /* After a reconnect the primary may send some again. */
     push_range(r, 5, 12);
@@ -86,7 +86,7 @@ static void test_purge(void **state)
 {
     (void)state;
     uint64_t live_before = message_live_count;
-    struct replica *r = replica_new();
+    struct replica *r = replica_new(-1);
     push_range(r, 1, 100);
     replica_remove(r, 0); /* purge */
     assert_int_equal(replica_count(r), 0);
