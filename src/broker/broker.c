@@ -105,6 +105,7 @@ static int start_cluster(struct broker *broker)
         return -1;
     }
     broker->cluster_secret = cluster_node_secret(broker->cluster);
+    cluster_node_set_default_backups(broker->cluster, broker->config.default_backups);
     broker->member = member_new(broker, broker->cluster, broker->config.default_backups);
     return 0;
 }

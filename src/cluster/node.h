@@ -143,6 +143,9 @@ bool cluster_node_synced(const struct cluster_node *node);
  * stop too, the controller takes it as dead at once. */
 void cluster_node_peer_lost(struct cluster_node *node, uint32_t broker_id);
 uint32_t cluster_node_leader(const struct cluster_node *node); /* 0: none known */
+/* --default-backups, for the controller re-applying replication policies
+ * to existing queues (controller_apply_policies); 1 until set. */
+void cluster_node_set_default_backups(struct cluster_node *node, uint8_t default_backups);
 
 /* The node's view as JSON, for GET /api/cluster: writes exactly one value
  * through the management API's writer, so it is an http_handler_fn (ctx is
