@@ -105,6 +105,7 @@ static int start_cluster(struct broker *broker)
         return -1;
     }
     broker->cluster_secret = cluster_node_secret(broker->cluster);
+    cluster_node_set_default_backups(broker->cluster, broker->config.default_backups);
     broker->member = member_new(broker, broker->cluster, broker->config.default_backups);
     return 0;
 }
@@ -116,6 +117,7 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     broker->config = *config;
     hmap_init(&broker->vhosts);
     list_init(&broker->connections);
+    policy_set_init(&broker->policies);
     alarm_init(&broker->alarm, config->memory_high_watermark, config->disk_free_limit);
     if (config->users_file) {
         char err[256];
@@ -231,6 +233,7 @@ void broker_free(struct broker *broker)
     member_free(broker->member); /* after the stand-ins it lists */
     broker->member = NULL;
     auth_free(&broker->auth);
+    policy_set_free(&broker->policies);
     ASSERT(message_live_count == 0);
 }
 

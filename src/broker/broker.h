@@ -15,6 +15,7 @@
 #include "broker/alarm.h"
 #include "broker/auth.h"
 #include "broker/durable.h"
+#include "broker/policy.h"
 #include "lib/hash.h"
 #include "lib/list.h"
 #include "net/conn.h"
@@ -66,6 +67,9 @@ struct broker {
     uv_timer_t shutdown_timer;     /* cuts clients that ignore our close */
     struct alarm alarm;
     struct durable durable;        /* the journal: definitions and messages */
+    /* Replication policies when not clustered (kept and shown, with no
+     * backups to set; in a cluster the map holds them). */
+    struct policy_set policies;
     struct mgmt_api *mgmt;         /* owned: the HTTP API (mgmt/api.h), or NULL */
     struct cluster_node *cluster;  /* owned: cluster membership (cluster/node.h), or NULL */
     struct member *member;         /* owned: the data path's cluster side (cluster/member.h) */

@@ -214,6 +214,33 @@ void durable_binding_removed(struct broker *broker, struct vhost *vhost,
 
 /* ---- paging --------------------------------------------------------- */
 
+void durable_policy_put(struct broker *broker, const struct policy *policy)
+{
+    struct durable *d = active(broker);
+    if (!d)
+        return;
+    uint8_t key[KEY_MAX];
+    uint8_t value[512];
+    struct table_writer w;
+    table_writer_init(&w, value, sizeof value);
+    table_put_longstr(&w, "pattern", policy->pattern);
+    table_put_int(&w, "priority", policy->priority);
+    table_put_int(&w, "backups", policy->backups);
+    ASSERT(!w.overflow); /* a pattern is at most 255 bytes */
+    struct table t = table_writer_table(&w);
+    journal_define(d->journal, JOURNAL_DEF_POLICY, name_key(key, policy->vhost, policy->name),
+                   (struct bytes){t.ptr, t.len});
+}
+
+void durable_policy_deleted(struct broker *broker, struct bytes vhost, struct bytes name)
+{
+    struct durable *d = active(broker);
+    if (!d)
+        return;
+    uint8_t key[KEY_MAX];
+    journal_undefine(d->journal, JOURNAL_DEF_POLICY, name_key(key, vhost, name));
+}
+
 uint64_t durable_page_out(struct broker *broker, uint64_t wanted)
 {
     uint64_t released = 0;
@@ -345,6 +372,31 @@ static void replay_binding(struct replay *r, struct table key)
     r->bindings++;
 }
 
+static void replay_policy(struct replay *r, struct vhost *vhost, struct bytes name,
+                          struct table value)
+{
+    struct field_value priority, backups;
+    int64_t prio = -1, n = -1;
+    struct policy_decl d = {.vhost = vhost->name, .name = name};
+    if (!get_str(value, "pattern", &d.pattern) || !table_get(value, "priority", &priority) ||
+        !field_value_as_int(&priority, &prio) || !table_get(value, "backups", &backups) ||
+        !field_value_as_int(&backups, &n) || prio < 0 || prio > POLICY_PRIORITY_MAX || n < 0 ||
+        n > POLICY_BACKUPS_MAX) {
+        r->dropped++;
+        return;
+    }
+    d.priority = (uint32_t)prio;
+    d.backups = (uint8_t)n;
+    char err[POLICY_ERROR_SIZE];
+    if (policy_decl_check(&d, err, sizeof err) != OK) {
+        LOG_WARN("journal: policy '%.*s' dropped: %s", (int)name.len, (const char *)name.ptr,
+                 err);
+        r->dropped++;
+        return;
+    }
+    policy_set_put(&r->broker->policies, &d);
+}
+
 static void on_definition(void *ctx, enum journal_def_kind kind, struct bytes key,
                           struct bytes value)
 {
@@ -367,7 +419,9 @@ static void on_definition(void *ctx, enum journal_def_kind kind, struct bytes ke
         r->dropped++;
         return;
     }
-    if (kind == JOURNAL_DEF_EXCHANGE)
+    if (kind == JOURNAL_DEF_POLICY)
+        replay_policy(r, vhost, name, value_table);
+    else if (kind == JOURNAL_DEF_EXCHANGE)
         replay_exchange(r, vhost, name, value_table);
     else if (kind == JOURNAL_DEF_QUEUE)
         replay_queue(r, vhost, name, value_table);

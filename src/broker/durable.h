@@ -21,10 +21,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "amqp/types.h"
 #include "lib/list.h"
 
 struct binding;
 struct broker;
+struct policy;
 struct exchange;
 struct journal;
 struct queue;
@@ -54,6 +56,10 @@ void durable_queue_deleted(struct broker *broker, struct vhost *vhost, struct qu
 void durable_binding_added(struct broker *broker, struct vhost *vhost, struct binding *binding);
 void durable_binding_removed(struct broker *broker, struct vhost *vhost,
                              struct binding *binding);
+
+/* A replication policy of a broker outside a cluster was put or deleted. */
+void durable_policy_put(struct broker *broker, const struct policy *policy);
+void durable_policy_deleted(struct broker *broker, struct bytes vhost, struct bytes name);
 
 /* Pages out up to `wanted` bytes of ready persistent messages across the
  * durable queues (memory pressure). Returns the bytes released. */

@@ -4,9 +4,10 @@
  * socket and prints the answer: the JSON as it came with --json, else a
  * table for people.
  *
- * It owns nothing beyond the process; it never changes broker state and
- * links none of the broker's code (no libuv), so it runs anywhere the
- * socket reaches. Exit codes follow sysexits.h, as rabbitmqctl's do:
+ * It owns nothing beyond the process; it changes broker state only
+ * through the API's own verbs (leave, set-policy, clear-policy) and links
+ * none of the broker's code (no libuv), so it runs anywhere the socket
+ * reaches. Exit codes follow sysexits.h, as rabbitmqctl's do:
  * 0 done, 64 usage, 69 the broker is unreachable, 76 a bad or non-200
  * answer.
  */
@@ -37,7 +38,7 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: quayctl [--http HOST:PORT] [--json] [--timeout SECONDS] COMMAND\n"
+            "usage: quayctl [--http HOST:PORT] [--json] [--timeout SECONDS] COMMAND [ARGS]\n"
             "\n"
             "Asks a running quayd (started with --http) through its management API.\n"
             "\n"
@@ -47,6 +48,13 @@ static void usage(FILE *out)
             "  connections   every client connection (GET /api/connections)\n"
             "  cluster       the cluster: leader, map epoch, brokers (GET /api/cluster)\n"
             "  leave         this broker leaves the cluster (POST /api/cluster/leave)\n"
+            "  policies      every replication policy (GET /api/policies)\n"
+            "  set-policy VHOST NAME PATTERN BACKUPS [PRIORITY]\n"
+            "                queues of VHOST whose name matches the regular expression\n"
+            "                PATTERN get BACKUPS backups (0..3) unless their x-quay-backups\n"
+            "                says otherwise; the highest PRIORITY (default 0) wins\n"
+            "                (PUT /api/policies/VHOST/NAME)\n"
+            "  clear-policy VHOST NAME   (DELETE /api/policies/VHOST/NAME)\n"
             "\n"
             "options:\n"
             "  --http HOST:PORT   the API's address (default " DEFAULT_HTTP "); [V6]:PORT\n"
@@ -254,18 +262,25 @@ static int parse_response(char *data, size_t size, struct response *out)
 /* GETs path; on success *in holds the response and *res points into it.
  * Returns 0 or an exit status (the error is printed). */
 static int http_request(const struct endpoint *ep, const char *method, const char *path,
-                        int timeout_ms, struct buffer *in, struct response *res)
+                        const char *body, int timeout_ms, struct buffer *in, struct response *res)
 {
     int64_t deadline_ms = now_ms() + timeout_ms;
     int fd = connect_endpoint(ep, deadline_ms);
     if (fd < 0)
         return EXIT_UNAVAILABLE;
-    char request[512];
+    char request[4096];
     bool v6 = strchr(ep->host, ':') != NULL;
     int n = snprintf(request, sizeof request,
                      "%s %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nAccept: application/json\r\n"
-                     "User-Agent: quayctl\r\nConnection: close\r\n\r\n",
-                     method, path, v6 ? "[" : "", ep->host, v6 ? "]" : "", ep->port);
+                     "User-Agent: quayctl\r\nConnection: close\r\n"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                     method, path, v6 ? "[" : "", ep->host, v6 ? "]" : "", ep->port,
+                     body ? strlen(body) : 0, body ? body : "");
+    if (n < 0 || (size_t)n >= sizeof request) {
+        close(fd);
+        fprintf(stderr, "quayctl: %s %s: the request is too long\n", method, path);
+        return EXIT_USAGE;
+    }
     int rc = send_all(fd, request, (size_t)n, deadline_ms);
     if (rc == 0)
         rc = receive_all(fd, in, deadline_ms);
@@ -732,30 +747,128 @@ static const struct column connection_columns[] = {
     {"state", "STATE", false},
 };
 
+static const struct column policy_columns[] = {
+    {"vhost", "VHOST", false},       {"name", "NAME", false},
+    {"pattern", "PATTERN", false},   {"priority", "PRIORITY", true},
+    {"backups", "BACKUPS", true},
+};
+
 struct command {
     const char *name;
     const char *method;
-    const char *path;
+    const char *path;                /* for commands with arguments: a prefix */
     const struct column *columns;    /* NULL: key/value pairs */
     size_t columns_count;
+    int args_min, args_max;          /* positional arguments after the command */
 };
 
 static const struct command commands[] = {
-    {"status", "GET", "/api/overview", NULL, 0},
-    {"cluster", "GET", "/api/cluster", NULL, 0},
+    {"status", "GET", "/api/overview", NULL, 0, 0, 0},
+    {"cluster", "GET", "/api/cluster", NULL, 0, 0, 0},
     {"queues", "GET", "/api/queues", queue_columns,
-     sizeof queue_columns / sizeof queue_columns[0]},
+     sizeof queue_columns / sizeof queue_columns[0], 0, 0},
     {"connections", "GET", "/api/connections", connection_columns,
-     sizeof connection_columns / sizeof connection_columns[0]},
-    {"leave", "POST", "/api/cluster/leave", NULL, 0},
+     sizeof connection_columns / sizeof connection_columns[0], 0, 0},
+    {"leave", "POST", "/api/cluster/leave", NULL, 0, 0, 0},
+    {"policies", "GET", "/api/policies", policy_columns,
+     sizeof policy_columns / sizeof policy_columns[0], 0, 0},
+    {"set-policy", "PUT", "/api/policies/", NULL, 0, 4, 5},
+    {"clear-policy", "DELETE", "/api/policies/", NULL, 0, 2, 2},
 };
+
+/* ---- set-policy and clear-policy ------------------------------------------- */
+
+/* Appends s %-encoded as a path segment (RabbitMQ's "/" vhost is %2F). */
+static bool append_segment(char *out, size_t cap, const char *s)
+{
+    size_t n = strlen(out);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        bool plain = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+                     (c >= 'A' && c <= 'Z') || strchr("-._~", c) != NULL;
+        int w = plain ? snprintf(out + n, cap - n, "%c", c)
+                      : snprintf(out + n, cap - n, "%%%02X", c);
+        if (w < 0 || (size_t)w >= cap - n)
+            return false;
+        n += (size_t)w;
+    }
+    return true;
+}
+
+/* Appends s as a JSON string. */
+static bool append_json_string(char *out, size_t cap, const char *s)
+{
+    size_t n = strlen(out);
+    if (n + 1 >= cap)
+        return false;
+    out[n++] = '"';
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        int w = c == '"' || c == '\\' ? snprintf(out + n, cap - n, "\\%c", c)
+                : c < 0x20 ? snprintf(out + n, cap - n, "\\u%04x", c)
+                           : snprintf(out + n, cap - n, "%c", c);
+        if (w < 0 || (size_t)w >= cap - n)
+            return false;
+        n += (size_t)w;
+    }
+    if (n + 1 >= cap)
+        return false;
+    out[n++] = '"';
+    out[n] = '\0';
+    return true;
+}
+
+static bool is_number(const char *s)
+{
+    if (*s == '\0' || strlen(s) > 9)
+        return false;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return false;
+    }
+    return true;
+}
+
+/* The path (and the body, for set-policy) of a command with arguments.
+ * Returns 0 or EXIT_USAGE (printed). */
+static int build_request(const struct command *cmd, char **args, int args_count, char *path,
+                         size_t path_cap, char *body, size_t body_cap)
+{
+    snprintf(path, path_cap, "%s", cmd->path);
+    if (!append_segment(path, path_cap, args[0]) || strlen(path) + 2 >= path_cap)
+        goto too_long;
+    size_t end = strlen(path);
+    path[end] = '/';
+    path[end + 1] = '\0';
+    if (!append_segment(path, path_cap, args[1]))
+        goto too_long;
+    if (cmd->args_max == 2)
+        return 0;
+    const char *priority = args_count > 4 ? args[4] : "0";
+    if (!is_number(args[3]) || !is_number(priority)) {
+        fprintf(stderr, "quayctl: BACKUPS and PRIORITY must be whole numbers\n");
+        return EXIT_USAGE;
+    }
+    snprintf(body, body_cap, "{\"pattern\": ");
+    if (!append_json_string(body, body_cap, args[2]))
+        goto too_long;
+    size_t n = strlen(body);
+    int w = snprintf(body + n, body_cap - n, ", \"priority\": %s, \"backups\": %s}", priority,
+                     args[3]);
+    if (w < 0 || (size_t)w >= body_cap - n)
+        goto too_long;
+    return 0;
+too_long:
+    fprintf(stderr, "quayctl: %s: an argument is too long\n", cmd->name);
+    return EXIT_USAGE;
+}
 
 /* Prints the answer; returns the exit status. */
 static int show(const struct command *cmd, const struct response *res, bool raw_json)
 {
     const char *error = NULL;
     struct jvalue *doc = json_parse(res->body, res->body_size, &error);
-    if (res->status != 200 && res->status != 202) {
+    if (res->status != 200 && res->status != 201 && res->status != 202) {
         const struct jvalue *reason = jget(doc, "reason");
         if (reason == NULL)
             reason = jget(doc, "error");
@@ -792,6 +905,8 @@ struct options {
     bool json;
     int timeout_ms;
     const struct command *command;
+    char *args[5];                   /* the command's positional arguments */
+    int args_count;
 };
 
 /* Returns -1 to go on, or an exit status. */
@@ -818,7 +933,9 @@ static int parse_options(int argc, char **argv, struct options *opt)
                 return EXIT_USAGE;
             }
             opt->timeout_ms = (int)s * 1000;
-        } else if (a[0] == '-' || opt->command) {
+        } else if (opt->command && opt->args_count < opt->command->args_max) {
+            opt->args[opt->args_count++] = argv[i];
+        } else if ((a[0] == '-' && a[1] != '\0') || opt->command) {
             fprintf(stderr, "quayctl: unexpected argument '%s'\n", a);
             usage(stderr);
             return EXIT_USAGE;
@@ -838,6 +955,12 @@ static int parse_options(int argc, char **argv, struct options *opt)
         usage(stderr);
         return EXIT_USAGE;
     }
+    if (opt->args_count < opt->command->args_min) {
+        fprintf(stderr, "quayctl: %s needs %d arguments\n", opt->command->name,
+                opt->command->args_min);
+        usage(stderr);
+        return EXIT_USAGE;
+    }
     if (parse_endpoint(http, &opt->endpoint) != 0) {
         fprintf(stderr, "quayctl: bad value for --http: '%s' (HOST:PORT)\n", http);
         return EXIT_USAGE;
@@ -853,8 +976,17 @@ int main(int argc, char **argv)
         return rc;
     struct buffer in = {0};
     struct response res;
-    rc = http_request(&opt.endpoint, opt.command->method, opt.command->path, opt.timeout_ms,
-                      &in, &res);
+    char path[2048], body[1536] = "";
+    if (opt.command->args_max > 0) {
+        rc = build_request(opt.command, opt.args, opt.args_count, path, sizeof path, body,
+                           sizeof body);
+        if (rc != 0)
+            return rc;
+    } else {
+        snprintf(path, sizeof path, "%s", opt.command->path);
+    }
+    rc = http_request(&opt.endpoint, opt.command->method, path, body[0] ? body : NULL,
+                      opt.timeout_ms, &in, &res);
     if (rc == 0)
         rc = show(opt.command, &res, opt.json);
     free(in.data);

@@ -18,6 +18,7 @@ void controller_config_default(struct controller_config *config)
 {
     config->suspect_after_ms = 1000;
     config->down_after_ms = 2000;
+    config->default_backups = 1;
     placement_config_default(&config->placement);
 }
 
@@ -433,4 +434,71 @@ int controller_drain(const struct cluster_map *map, const struct controller_conf
         return OK;
     }
     return controller_rebalance(map, config, moves_max, out, NULL);
+}
+
+/* ---- (e) replication policies --------------------------------------------- */
+
+/* The factor a queue should have now; 0 if the policies do not decide it
+ * (exclusive, or its own x-quay-backups). */
+static uint8_t policy_factor(const struct cluster_map *map, const struct controller_config *config,
+                             const struct map_queue *q)
+{
+    if (q->exclusive)
+        return 0; /* factor 1 for good: it dies with its connection */
+    int32_t own = policy_queue_own_backups(q->arguments.ptr, q->arguments.len);
+    if (own >= 0)
+        return 0;
+    const struct policy *best = cluster_map_policy_for(map, q->vhost->name, q->name);
+    return (uint8_t)(1 + policy_effective_backups(-1, best, config->default_backups));
+}
+
+/* Backups for a new factor: the alive ones, in-sync first (they already
+ * hold every message), cut to fit; then refilled from placement. */
+static uint8_t backups_for_factor(struct placement *p, const struct map_queue *q, uint8_t factor,
+                                  uint32_t *ids)
+{
+    uint8_t n = 0;
+    uint32_t wanted = factor - 1u;
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint8_t i = 0; i < q->backups_count && n < wanted; i++) {
+            bool in_sync = (q->in_sync_mask & (1u << i)) != 0;
+            if (in_sync == (pass == 0) && alive(p->map, q->backup_ids[i]))
+                ids[n++] = q->backup_ids[i];
+        }
+    }
+    while (n < wanted) {
+        uint32_t exclude[1 + CLUSTER_BACKUPS_MAX] = {q->primary_id};
+        memcpy(&exclude[1], ids, n * sizeof(uint32_t));
+        uint32_t id = placement_pick_backup(p, q->vhost->name, q->name, exclude, 1u + n);
+        if (id == BROKER_ID_NONE)
+            break;
+        ids[n++] = id;
+    }
+    ASSERT(n < factor);
+    return n;
+}
+
+int controller_apply_policies(const struct cluster_map *map,
+                              const struct controller_config *config, struct map_cmd_list *out)
+{
+    ASSERT(map != NULL);
+    ASSERT(out != NULL);
+    ASSERT(config->default_backups <= CLUSTER_BACKUPS_MAX);
+    struct placement p;
+    placement_init(&p, &config->placement);
+    placement_refresh(&p, map);
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        const struct map_queue *q = map->queues[i];
+        uint8_t factor = policy_factor(map, config, q);
+        if (factor == 0 || factor == q->replication_factor)
+            continue;
+        uint32_t ids[CLUSTER_BACKUPS_MAX];
+        uint8_t n = backups_for_factor(&p, q, factor, ids);
+        struct map_cmd cmd;
+        push(out,
+             map_cmd_queue_set_factor(&cmd, q->vhost->name, q->name, q->epoch, factor, ids, n),
+             &cmd);
+    }
+    placement_free(&p);
+    return OK;
 }

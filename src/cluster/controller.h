@@ -25,6 +25,7 @@
 struct controller_config {
     uint64_t suspect_after_ms; /* silence before a broker is suspect (1 s) */
     uint64_t down_after_ms;    /* silence before it is down and failed over (2 s) */
+    uint8_t default_backups;   /* --default-backups: no x-quay-backups, no policy (1) */
     struct placement_config placement;
 };
 
@@ -100,5 +101,16 @@ int controller_rebalance(const struct cluster_map *map, const struct controller_
 int controller_drain(const struct cluster_map *map, const struct controller_config *config,
                      uint32_t broker_id, uint32_t moves_max, struct map_cmd_list *out,
                      bool *done_out);
+
+/*
+ * (e) Replication policies (map policies, broker/policy.h), after they
+ * changed: every queue that is not exclusive and has no x-quay-backups of
+ * its own, whose replication factor is not what its best matching policy
+ * (or default_backups) asks for, gets one queue.set_backups with the new
+ * factor: fewer backups keep the in-sync ones first; more are picked by
+ * placement (the primary then catches them up, replica.c). OK.
+ */
+int controller_apply_policies(const struct cluster_map *map,
+                              const struct controller_config *config, struct map_cmd_list *out);
 
 #endif

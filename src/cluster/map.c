@@ -93,6 +93,8 @@ static const char *const op_names[MAP_OP_COUNT] = {
     [MAP_OP_QUEUE_SET_IN_SYNC] = "queue.set_in_sync",
     [MAP_OP_QUEUE_SET_AVAILABLE] = "queue.set_available",
     [MAP_OP_SYNC] = "sync",
+    [MAP_OP_POLICY_PUT] = "policy.put",
+    [MAP_OP_POLICY_DELETE] = "policy.delete",
 };
 
 const char *map_op_name(enum map_op op)
@@ -108,6 +110,7 @@ void cluster_map_init(struct cluster_map *map)
     map->brokers = xcalloc(CLUSTER_BROKERS_MAX, sizeof(struct map_broker *));
     hmap_init(&map->vhost_index);
     hmap_init(&map->user_index);
+    policy_set_init(&map->policies);
 }
 
 struct map_broker *cluster_map_broker(const struct cluster_map *map, uint32_t id)
@@ -142,6 +145,12 @@ struct map_exchange *cluster_map_exchange(const struct cluster_map *map, struct 
 {
     struct map_vhost *v = cluster_map_vhost(map, vhost);
     return v ? hmap_get(&v->exchanges, name) : NULL;
+}
+
+const struct policy *cluster_map_policy_for(const struct cluster_map *map, struct bytes vhost,
+                                            struct bytes queue_name)
+{
+    return policy_set_match(&map->policies, vhost, queue_name);
 }
 
 uint32_t cluster_map_owner_of(const struct cluster_map *map, struct bytes vhost,
@@ -322,6 +331,9 @@ static void vhost_remove(struct cluster_map *map, struct map_vhost *v, struct ma
     }
     ASSERT(v->queues.count == 0);
     ASSERT(v->bindings.count == 0);
+    uint32_t policies = policy_set_delete_vhost(&map->policies, v->name);
+    c->policies_deleted_count += policies;
+    map->policies_generation += policies > 0;
     /* Permissions on the vhost go with it, as in RabbitMQ. */
     for (uint32_t i = 0; i < map->users_count; i++) {
         struct map_user *u = map->users[i];
@@ -367,6 +379,7 @@ void cluster_map_free(struct cluster_map *map)
     free(map->queues);
     hmap_free(&map->vhost_index);
     hmap_free(&map->user_index);
+    policy_set_free(&map->policies);
     memset(map, 0, sizeof(*map));
 }
 
@@ -1305,6 +1318,11 @@ static int op_queue_set_backups(struct apply_ctx *ctx)
 {
     uint32_t ids[CLUSTER_BACKUPS_MAX];
     uint8_t n = read_ids(&ctx->reader, "backups", ids);
+    /* Optional: a policy changed the factor (0 = unchanged). */
+    uint8_t factor = (uint8_t)read_uint(&ctx->reader, "replication_factor",
+                                        CLUSTER_BACKUPS_MAX + 1, true, 0);
+    if (factor != 0 && n >= factor)
+        reader_fail(&ctx->reader, "replication_factor");
     int rc;
     struct map_queue *q = find_queue_cas(ctx, true, &rc);
     if (q == NULL)
@@ -1312,6 +1330,8 @@ static int op_queue_set_backups(struct apply_ctx *ctx)
     rc = check_placement(ctx, q->name, q->primary_id, false, ids, n);
     if (rc != OK)
         return rc;
+    if (factor != 0)
+        q->replication_factor = factor;
     uint8_t mask = 0;
     for (uint8_t i = 0; i < n; i++) {
         if (map_queue_backup_in_sync(q, ids[i]))
@@ -1370,6 +1390,64 @@ static int op_queue_set_available(struct apply_ctx *ctx)
     return OK;
 }
 
+/* ---- policies ------------------------------------------------------------- */
+
+static void read_policy_decl(struct cmd_reader *r, struct policy_decl *d)
+{
+    d->vhost = read_name(r, "vhost");
+    d->name = read_name(r, "name");
+    d->pattern = read_name(r, "pattern");
+    d->priority = (uint32_t)read_uint(r, "priority", POLICY_PRIORITY_MAX, false, 0);
+    d->backups = (uint8_t)read_uint(r, "backups", CLUSTER_BACKUPS_MAX, false, 0);
+}
+
+static int op_policy_put(struct apply_ctx *ctx)
+{
+    struct policy_decl d;
+    read_policy_decl(&ctx->reader, &d);
+    if (ctx->reader.bad_key)
+        return malformed(ctx);
+    int rc;
+    if (need_vhost(ctx, d.vhost, &rc) == NULL)
+        return rc;
+    /* regcomp is deterministic for a given pattern, so every broker
+     * refuses (or accepts) the same command alike. */
+    char err[POLICY_ERROR_SIZE];
+    if (policy_decl_check(&d, err, sizeof err) != OK)
+        return refuse(ctx, REPLY_PRECONDITION_FAILED, false, "policy '%.*s': %s",
+                      NAME_ARG(d.name), err);
+    struct policy_set *set = &ctx->map->policies;
+    bool exists = policy_set_find(set, d.vhost, d.name) != NULL;
+    if (exists && ctx->restoring)
+        return refuse(ctx, REPLY_PRECONDITION_FAILED, false, "policy twice");
+    if (!exists && set->count == POLICY_COUNT_MAX)
+        return refuse(ctx, REPLY_PRECONDITION_FAILED, false, "policy limit reached");
+    if (policy_set_same(set, &d))
+        return OK;
+    policy_set_put(set, &d);
+    ctx->map->policies_generation++;
+    ctx->change->changed = true;
+    return OK;
+}
+
+static int op_policy_delete(struct apply_ctx *ctx)
+{
+    struct bytes vhost = read_name(&ctx->reader, "vhost");
+    struct bytes name = read_name(&ctx->reader, "name");
+    if (ctx->reader.bad_key)
+        return malformed(ctx);
+    int rc;
+    if (need_vhost(ctx, vhost, &rc) == NULL)
+        return rc;
+    if (!policy_set_delete(&ctx->map->policies, vhost, name))
+        return refuse(ctx, REPLY_NOT_FOUND, false, "no policy '%.*s' in vhost '%.*s'",
+                      NAME_ARG(name), NAME_ARG(vhost));
+    ctx->map->policies_generation++;
+    ctx->change->policies_deleted_count = 1;
+    ctx->change->changed = true;
+    return OK;
+}
+
 /* ---- dispatch ------------------------------------------------------------- */
 
 static int dispatch(struct apply_ctx *ctx)
@@ -1394,6 +1472,8 @@ static int dispatch(struct apply_ctx *ctx)
     case MAP_OP_QUEUE_SET_IN_SYNC: return op_queue_set_in_sync(ctx);
     case MAP_OP_QUEUE_SET_AVAILABLE: return op_queue_set_available(ctx);
     case MAP_OP_SYNC: return OK;
+    case MAP_OP_POLICY_PUT: return op_policy_put(ctx);
+    case MAP_OP_POLICY_DELETE: return op_policy_delete(ctx);
     case MAP_OP_NONE:
     case MAP_OP_COUNT: break;
     }
@@ -1829,6 +1909,49 @@ int map_cmd_queue_set_in_sync(struct map_cmd *out, struct bytes vhost, struct by
     return build(out, encode_simple, &s);
 }
 
+int map_cmd_queue_set_factor(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                             uint64_t expected_epoch, uint8_t replication_factor,
+                             const uint32_t *backup_ids, uint8_t backups_count)
+{
+    ASSERT(expected_epoch != 0);
+    ASSERT(replication_factor >= 1 && replication_factor <= CLUSTER_BACKUPS_MAX + 1);
+    ASSERT(backups_count < replication_factor);
+    struct simple_cmd s = {.op = MAP_OP_QUEUE_SET_BACKUPS, .vhost = vhost, .name = name,
+                           .epoch = expected_epoch, .int_key = "replication_factor",
+                           .int_value = replication_factor, .ids_key = "backups",
+                           .ids = backup_ids, .ids_count = backups_count};
+    return build(out, encode_simple, &s);
+}
+
+struct policy_args {
+    bool with_op;
+    const struct policy_decl *decl;
+};
+
+static void encode_policy(struct table_writer *w, const void *arg)
+{
+    const struct policy_args *a = arg;
+    if (a->with_op)
+        put_op(w, MAP_OP_POLICY_PUT);
+    table_put_longstr(w, "vhost", a->decl->vhost);
+    table_put_longstr(w, "name", a->decl->name);
+    table_put_longstr(w, "pattern", a->decl->pattern);
+    table_put_int(w, "priority", a->decl->priority);
+    table_put_int(w, "backups", a->decl->backups);
+}
+
+int map_cmd_policy_put(struct map_cmd *out, const struct policy_decl *decl)
+{
+    struct policy_args a = {true, decl};
+    return build(out, encode_policy, &a);
+}
+
+int map_cmd_policy_delete(struct map_cmd *out, struct bytes vhost, struct bytes name)
+{
+    struct simple_cmd s = {.op = MAP_OP_POLICY_DELETE, .vhost = vhost, .name = name};
+    return build(out, encode_simple, &s);
+}
+
 int map_cmd_queue_set_available(struct map_cmd *out, struct bytes vhost, struct bytes name,
                                 uint64_t expected_epoch, bool available)
 {
@@ -1843,14 +1966,31 @@ int map_cmd_queue_set_available(struct map_cmd *out, struct bytes vhost, struct 
 
 /*
  * A snapshot is one table: {format, version, brokers_version, brokers: [..],
- * vhosts: [..], users: [..], exchanges: [..], queues: [..], bindings: [..]}.
+ * vhosts: [..], users: [..], policies: [..], exchanges: [..], queues: [..],
+ * bindings: [..]}. Format 1 (before policies) has no "policies" and still
+ * loads, as a map without policies.
  * Each element is the table its creating command would carry (without
  * "op"), plus the state commands changed since: a broker's "state", a
  * queue's "epoch", "available" and "in_sync". Arrays keep the map's order,
  * so reading a snapshot rebuilds the same arrays and writing it again gives
  * the same bytes.
  */
-#define SNAPSHOT_FORMAT 1
+#define SNAPSHOT_FORMAT 2
+#define SNAPSHOT_FORMAT_NO_POLICIES 1
+
+static void encode_snapshot_policies(struct table_writer *w, const struct cluster_map *map)
+{
+    size_t a = table_put_array_begin(w, "policies");
+    for (uint32_t i = 0; i < map->policies.count; i++) {
+        const struct policy *p = map->policies.items[i];
+        struct policy_decl d = {p->vhost, p->name, p->pattern, p->priority, p->backups};
+        struct policy_args pa = {false, &d};
+        size_t t = table_array_put_table_begin(w);
+        encode_policy(w, &pa);
+        table_put_table_end(w, t);
+    }
+    table_put_array_end(w, a);
+}
 
 static void encode_snapshot_objects(struct table_writer *w, const struct cluster_map *map)
 {
@@ -1944,6 +2084,7 @@ int cluster_map_snapshot_write(const struct cluster_map *map, uint8_t *buf, size
     table_put_int(&w, "version", (int64_t)map->version);
     table_put_int(&w, "brokers_version", (int64_t)map->brokers_version);
     encode_snapshot_objects(&w, map);
+    encode_snapshot_policies(&w, map);
     encode_snapshot_exchanges(&w, map);
     encode_snapshot_queues(&w, map);
     *size_out = w.overflow ? 0 : w.len;
@@ -1955,7 +2096,8 @@ int cluster_map_snapshot_alloc(const struct cluster_map *map, uint8_t **buf_out,
 {
     /* Start from a generous estimate so that one pass usually fits. */
     size_t cap = 4096 + (size_t)map->queues_count * 256 + (size_t)map->exchanges_count * 256 +
-                 (size_t)map->bindings_count * 160 + (size_t)map->users_count * 256;
+                 (size_t)map->bindings_count * 160 + (size_t)map->users_count * 256 +
+                 (size_t)map->policies.count * 640;
     for (;;) {
         uint8_t *buf = malloc(cap);
         ASSERT(buf != NULL);
@@ -2017,7 +2159,7 @@ int cluster_map_snapshot_read(struct cluster_map *map, const uint8_t *buf, size_
     uint64_t format = read_uint(&r, "format", INT64_MAX, false, 0);
     uint64_t version = read_uint(&r, "version", INT64_MAX, false, 0);
     uint64_t brokers_version = read_uint(&r, "brokers_version", INT64_MAX, false, 0);
-    if (r.bad_key || format != SNAPSHOT_FORMAT)
+    if (r.bad_key || (format != SNAPSHOT_FORMAT && format != SNAPSHOT_FORMAT_NO_POLICIES))
         return E_SYNTAX;
     struct cluster_map fresh;
     cluster_map_init(&fresh);
@@ -2026,10 +2168,13 @@ int cluster_map_snapshot_read(struct cluster_map *map, const uint8_t *buf, size_
         enum map_op op;
     } parts[] = {
         {"brokers", MAP_OP_BROKER_JOIN},        {"vhosts", MAP_OP_VHOST_PUT},
-        {"users", MAP_OP_USER_PUT},             {"exchanges", MAP_OP_EXCHANGE_DECLARE},
-        {"queues", MAP_OP_QUEUE_DECLARE},       {"bindings", MAP_OP_BIND},
+        {"users", MAP_OP_USER_PUT},             {"policies", MAP_OP_POLICY_PUT},
+        {"exchanges", MAP_OP_EXCHANGE_DECLARE}, {"queues", MAP_OP_QUEUE_DECLARE},
+        {"bindings", MAP_OP_BIND},
     };
     for (size_t i = 0; i < ARRAY_SIZE(parts); i++) {
+        if (parts[i].op == MAP_OP_POLICY_PUT && format == SNAPSHOT_FORMAT_NO_POLICIES)
+            continue;
         if (restore_array(&fresh, top, parts[i].key, parts[i].op) != OK) {
             cluster_map_free(&fresh);
             return E_SYNTAX;
@@ -2037,6 +2182,8 @@ int cluster_map_snapshot_read(struct cluster_map *map, const uint8_t *buf, size_
     }
     fresh.version = version;
     fresh.brokers_version = brokers_version;
+    /* The policies may differ from what the controller last applied. */
+    fresh.policies_generation = map->policies_generation + 1;
     ASSERT(cluster_map_verify(&fresh));
     cluster_map_free(map);
     *map = fresh;
@@ -2107,6 +2254,12 @@ bool cluster_map_verify(const struct cluster_map *map)
         if (map->users[i]->index != i)
             return false;
     }
+    for (uint32_t i = 0; i < map->policies.count; i++) {
+        const struct policy *p = map->policies.items[i];
+        if (cluster_map_vhost(map, p->vhost) == NULL ||
+            policy_set_find(&map->policies, p->vhost, p->name) != p)
+            return false;
+    }
     for (uint32_t b = 0; b < map->brokers_count; b++) {
         const struct map_broker *br = map->brokers[b];
         if (br->queues_owned_count != owned[b] || br->backups_held_count != held[b] ||
@@ -2166,6 +2319,12 @@ size_t cluster_map_memory_size(const struct cluster_map *map)
     for (uint32_t i = 0; i < map->queues_count; i++) {
         const struct map_queue *q = map->queues[i];
         n += heap(sizeof(*q)) + heap(q->name.len) + heap(q->arguments.len);
+    }
+    n += heap((size_t)map->policies.cap * sizeof(void *));
+    for (uint32_t i = 0; i < map->policies.count; i++) {
+        const struct policy *p = map->policies.items[i];
+        /* The compiled regex's own heap is libc's business: not counted. */
+        n += heap(sizeof(*p)) + heap(p->vhost.len) + heap(p->name.len) + heap(p->pattern.len);
     }
     return n;
 }

@@ -34,6 +34,7 @@
 
 #include "amqp/table.h"
 #include "amqp/types.h"
+#include "broker/policy.h"
 #include "lib/hash.h"
 #include "lib/list.h"
 
@@ -181,6 +182,11 @@ struct cluster_map {
     struct map_queue **queues;
     uint32_t queues_count, queues_cap;
     uint32_t bindings_count;
+    struct policy_set policies; /* every vhost's, sorted by (vhost, name) */
+    /* Bumped by every change to the policies (and by a snapshot restore):
+     * the controller re-applies them to existing queues when it moves. Not
+     * part of the map's state (snapshots do not carry it). */
+    uint64_t policies_generation;
 };
 
 /* ---- lifecycle and queries --------------------------------------------------- */
@@ -195,6 +201,10 @@ struct map_queue *cluster_map_queue(const struct cluster_map *map, struct bytes 
                                     struct bytes name);
 struct map_exchange *cluster_map_exchange(const struct cluster_map *map, struct bytes vhost,
                                           struct bytes name);
+/* The replication policy that applies to a queue of that name (it need
+ * not exist yet), or NULL; see broker/policy.h for the precedence. */
+const struct policy *cluster_map_policy_for(const struct cluster_map *map, struct bytes vhost,
+                                            struct bytes queue_name);
 /* The primary of a queue, BROKER_ID_NONE if there is no such queue. */
 uint32_t cluster_map_owner_of(const struct cluster_map *map, struct bytes vhost,
                               struct bytes name);
@@ -238,6 +248,8 @@ enum map_op {
     MAP_OP_QUEUE_SET_IN_SYNC,
     MAP_OP_QUEUE_SET_AVAILABLE,
     MAP_OP_SYNC, /* changes nothing: a broker's barrier (every earlier command is applied) */
+    MAP_OP_POLICY_PUT,
+    MAP_OP_POLICY_DELETE,
     MAP_OP_COUNT
 };
 
@@ -279,6 +291,7 @@ struct map_change {
     uint32_t queues_deleted_count;
     uint32_t exchanges_deleted_count;
     uint32_t bindings_deleted_count;
+    uint32_t policies_deleted_count; /* policy.delete, vhost.delete */
 };
 
 /*
@@ -378,8 +391,19 @@ int map_cmd_queue_set_backups(struct map_cmd *out, struct bytes vhost, struct by
 int map_cmd_queue_set_in_sync(struct map_cmd *out, struct bytes vhost, struct bytes name,
                               uint64_t expected_epoch, const uint32_t *in_sync_ids,
                               uint8_t in_sync_count);
+/* queue.set_backups that also sets the replication factor (1..4): a policy
+ * changed what the queue wants. backups_count < factor. */
+int map_cmd_queue_set_factor(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                             uint64_t expected_epoch, uint8_t replication_factor,
+                             const uint32_t *backup_ids, uint8_t backups_count);
 int map_cmd_queue_set_available(struct map_cmd *out, struct bytes vhost, struct bytes name,
                                 uint64_t expected_epoch, bool available);
+
+/* policy.put adds or replaces a vhost's policy (the pattern is compiled
+ * at apply; a bad one is refused with 406); policy.delete removes one
+ * (a missing one is refused with 404). */
+int map_cmd_policy_put(struct map_cmd *out, const struct policy_decl *decl);
+int map_cmd_policy_delete(struct map_cmd *out, struct bytes vhost, struct bytes name);
 
 /* A no-op: once a broker sees its own sync applied, it has applied every
  * command committed before it (node.c uses it after a start). */

@@ -266,8 +266,13 @@ void member__route_parked(struct member *member, bool give_up)
 void member_place_queue(struct member *member, struct map_queue_decl *decl, bool pinned,
                         int32_t backups)
 {
-    if (backups < 0)
-        backups = member->default_backups;
+    if (backups < 0) {
+        /* No x-quay-backups: the vhost's best matching policy, else the
+         * default (broker/policy.h). */
+        const struct policy *policy =
+            cluster_map_policy_for(member_map(member), decl->vhost, decl->name);
+        backups = policy_effective_backups(-1, policy, member->default_backups);
+    }
     if (decl->exclusive || backups > CLUSTER_BACKUPS_MAX)
         backups = 0; /* an exclusive queue dies with its connection anyway */
     decl->replication_factor = (uint8_t)(1 + backups);

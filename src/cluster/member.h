@@ -122,7 +122,7 @@ void member_park_forward(struct member *member, struct vhost *vhost, struct byte
 /* Places a new queue (decl's vhost, name, exclusive set): its primary,
  * backups and replication factor. pinned: an exclusive, auto-delete or
  * server-named queue stays with its connection. backups: x-quay-backups,
- * or -1 for the cluster's default. */
+ * or -1 for the vhost's matching replication policy, else the default. */
 void member_place_queue(struct member *member, struct map_queue_decl *decl, bool pinned,
                         int32_t backups);
 

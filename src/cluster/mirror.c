@@ -316,6 +316,9 @@ static void mirror_apply(struct member *member, const struct map_change *c)
         if (c->changed)
             drop_queue(member, c->vhost, c->name);
         return;
+    case MAP_OP_POLICY_PUT:
+    case MAP_OP_POLICY_DELETE:
+        return; /* read from the map where used (placement, the controller, the API) */
     case MAP_OP_VHOST_DELETE:
     case MAP_OP_USER_PUT:
     case MAP_OP_USER_DELETE:

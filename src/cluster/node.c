@@ -156,6 +156,9 @@ struct cluster_node {
     bool barrier_in_flight;
     uint64_t leader_since_ms;
     uint32_t liveness_in_flight;
+    uint32_t policy_in_flight;     /* controller_apply_policies' commands */
+    uint64_t policies_applied;     /* the map's policies_generation they followed */
+    bool policies_recheck;         /* look again (new controller, or a batch committed) */
     uint32_t proposals_in_flight;
     uint64_t repaired_ms;    /* the controller's last repair sweep */
     uint64_t sequence;
@@ -171,6 +174,7 @@ enum proposal_kind {
     PROPOSAL_JOIN,
     PROPOSAL_STATE,
     PROPOSAL_OTHER,
+    PROPOSAL_POLICY, /* a queue's factor after a policy change */
     PROPOSAL_REQUEST, /* a client's change, ours or forwarded: the apply answers it */
     PROPOSAL_NUDGE,   /* a sync after a follower's request committed (see nudge) */
 };
@@ -587,6 +591,7 @@ static void on_proposal_done(void *req_ctx, int status, void *result)
             peer->join_in_flight = false;
         if (committed && !node->stopping && consensus_is_leader(node->consensus)) {
             node->controller_ready = true;
+            node->policies_recheck = true; /* the last leader may not have finished */
             node->leader_since_ms = uv_now(node->loop);
             LOG_INFO("cluster: controller active at map epoch=%llu",
                      (unsigned long long)node->map.version);
@@ -612,6 +617,10 @@ static void on_proposal_done(void *req_ctx, int status, void *result)
             node->nudge_again = false;
             nudge(node);
         }
+        break;
+    case PROPOSAL_POLICY:
+        ASSERT(node->policy_in_flight > 0);
+        node->policy_in_flight--;
         break;
     case PROPOSAL_REQUEST:
     case PROPOSAL_OTHER:
@@ -685,6 +694,8 @@ static void propose_list(struct cluster_node *node, struct map_cmd_list *list,
             continue; /* decided again at the next tick */
         if (kind == PROPOSAL_STATE)
             node->liveness_in_flight++;
+        else if (kind == PROPOSAL_POLICY)
+            node->policy_in_flight++;
     }
 }
 
@@ -817,6 +828,28 @@ static void controller_repair_tick(struct cluster_node *node, uint64_t now)
     map_cmd_list_free(&list);
 }
 
+/* Policies changed, or this broker just became the controller: queues
+ * whose factor the policies decide are brought to it, one batch at a
+ * time. After a batch commits the controller looks again, so a command
+ * refused on a stale epoch is decided again on the new map. */
+static void controller_policies(struct cluster_node *node)
+{
+    if (node->policy_in_flight > 0)
+        return;
+    if (node->policies_applied == node->map.policies_generation && !node->policies_recheck)
+        return;
+    node->policies_applied = node->map.policies_generation;
+    struct map_cmd_list list;
+    map_cmd_list_init(&list);
+    controller_apply_policies(&node->map, &node->controller, &list);
+    node->policies_recheck = list.count > 0;
+    if (list.count > 0)
+        LOG_INFO("cluster: replication policies change the factor of %" PRIu32 " queue(s)",
+                 list.count);
+    propose_list(node, &list, PROPOSAL_POLICY, node->id);
+    map_cmd_list_free(&list);
+}
+
 static void controller_tick(struct cluster_node *node, uint64_t now)
 {
     if (!node->leader || node->stopping) {
@@ -836,6 +869,7 @@ static void controller_tick(struct cluster_node *node, uint64_t now)
     controller_announce_members(node);
     controller_liveness(node, now);
     controller_repair_tick(node, now);
+    controller_policies(node);
 }
 
 /* ---- requests (any broker) ---- */
@@ -1031,6 +1065,12 @@ void cluster_node_peer_lost(struct cluster_node *node, uint32_t broker_id)
     peer->reset_at_ms = uv_now(node->loop);
     if (broker_id == node->leader_id)
         hurry_election(node);
+}
+
+void cluster_node_set_default_backups(struct cluster_node *node, uint8_t default_backups)
+{
+    ASSERT(default_backups <= CLUSTER_BACKUPS_MAX);
+    node->controller.default_backups = default_backups;
 }
 
 uint32_t cluster_node_leader(const struct cluster_node *node)

@@ -157,6 +157,9 @@ void cluster_node_peer_lost(struct cluster_node *node, uint32_t broker_id);
 uint32_t cluster_node_leader(const struct cluster_node *node); /* 0: none known */
 /* Whether the lease (NODE_LEASE_MS) is fresh; always, alone in the map. */
 bool cluster_node_lease_fresh(const struct cluster_node *node);
+/* --default-backups, for the controller re-applying replication policies
+ * to existing queues (controller_apply_policies); 1 until set. */
+void cluster_node_set_default_backups(struct cluster_node *node, uint8_t default_backups);
 
 /* The node's view as JSON, for GET /api/cluster: writes exactly one value
  * through the management API's writer, so it is an http_handler_fn (ctx is

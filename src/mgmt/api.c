@@ -30,6 +30,7 @@
 #include "broker/vhost.h"
 #include "lib/assert.h"
 #include "lib/log.h"
+#include "mgmt/api_policies.h"
 #include "mgmt/http.h"
 #include "mgmt/json.h"
 
@@ -154,7 +155,8 @@ static void handle_overview(void *ctx, struct json *out)
  *   "dedup_ids": N (only with x-quay-dedup-window: ids remembered, a backup's
  *   in its replica; expired ones linger until the next publish),
  *   "available": bool (clustered only), "backups": [NAME...], "in_sync": [NAME...],
- *   "epoch": N}, ...]
+ *   "epoch": N, "replication_factor": N (clustered only),
+ *   "policy": NAME|null (the replication policy that sets its backups)}, ...]
  * In a cluster, placement comes from the map; counts are this broker's
  * (a proxy's are what it holds for its own consumers).
  */
@@ -217,6 +219,23 @@ static void write_placement(struct json *out, const struct mgmt_api *api,
     }
     json_array_end(out);
     json_kv_uint(out, "epoch", mq->epoch);
+    json_kv_uint(out, "replication_factor", mq->replication_factor);
+}
+
+/* The replication policy that sets the queue's backups: null when none
+ * matches, or when its own x-quay-backups (or being exclusive) decides. */
+static void write_policy_name(struct json *out, const struct mgmt_api *api,
+                              const struct vhost *vhost, const struct queue *queue)
+{
+    json_key(out, "policy");
+    const struct policy *p = NULL;
+    if (!queue->exclusive &&
+        policy_queue_own_backups(queue->arguments.ptr, queue->arguments.len) < 0)
+        p = policy_set_match(api_policies_of(api->broker), vhost->name, queue->name);
+    if (p != NULL)
+        json_string_n(out, p->name.ptr, p->name.len);
+    else
+        json_null(out);
 }
 
 static void write_queue(struct json *out, const struct mgmt_api *api, const struct vhost *vhost,
@@ -235,6 +254,7 @@ static void write_queue(struct json *out, const struct mgmt_api *api, const stru
     json_kv_uint(out, "paged", queue->paged_count);
     if (!queue_is_remote(queue) && queue->args.quay_dedup_window_ms > 0)
         json_kv_uint(out, "dedup_ids", queue->dedup ? dedup_count(queue->dedup) : 0);
+    write_policy_name(out, api, vhost, queue);
     write_placement(out, api, vhost, queue);
     json_object_end(out);
 }
@@ -320,6 +340,7 @@ int mgmt_api_start(struct broker *broker, const char *address)
     http_server_route(&api->http, "/api/overview", handle_overview, api);
     http_server_route(&api->http, "/api/queues", handle_queues, api);
     http_server_route(&api->http, "/api/connections", handle_connections, api);
+    api_policies_register(&api->http, broker);
     int rc = http_server_open(&api->http, &broker->net, address);
     if (rc != 0) {
         LOG_ERROR("cannot listen for HTTP on %s: %s", address, uv_strerror(rc));

@@ -9,10 +9,13 @@
  *                         in_sync, epoch)
  *   GET /api/connections  every client connection: peer, user, vhost,
  *                         channels
+ *   /api/policies         replication policies: GET, and GET/PUT/DELETE of
+ *                         /api/policies/{vhost}/{name} (api_policies.h)
  *
- * Responses are JSON (see docs in api.c for each shape). The handlers only
- * read broker state through its public headers, on the loop thread, and
- * never change it.
+ * Responses are JSON (see docs in api.c for each shape). The handlers read
+ * broker state through its public headers, on the loop thread; only the
+ * policy endpoints change anything (through the cluster map, or the
+ * broker's own policies outside a cluster).
  *
  * Memory: struct mgmt_api is owned by the broker (broker->mgmt) and owns
  * its HTTP server.

@@ -1,7 +1,9 @@
 /*
  * http.c: see http.h. A client goes through two states:
  *
- *   READING ──head complete / malformed / too large / timeout──> ANSWERED
+ *   READING ──head (and body) complete / malformed / too large / timeout──> ANSWERED
+ *      └──a prefix route answers later──> WAITING ──answer──> ANSWERED
+ *                                            └──client gone: its cancel hook runs
  *
  * In READING, input is copied into the client's fixed request buffer (so
  * the transport never keeps a partial head of its own) and the head is
@@ -34,7 +36,8 @@
 
 /* Where a client stands. */
 enum http_conn_state {
-    HTTP_CONN_STATE_READING,   /* collecting the request head */
+    HTTP_CONN_STATE_READING,   /* collecting the request head and body */
+    HTTP_CONN_STATE_WAITING,   /* a prefix route answers later */
     HTTP_CONN_STATE_ANSWERED,  /* answer queued; closing once it is written */
 };
 
@@ -46,7 +49,9 @@ struct http_conn {
     struct list_node server_link;  /* in server->conns */
     enum http_conn_state state;
     bool head_only;                /* a HEAD request: answer without the body */
-    uint64_t state_since_ms;       /* loop time of accept, or of the answer */
+    uint64_t state_since_ms;       /* loop time of accept, of the dispatch, or of the answer */
+    http_cancel_fn cancel;         /* WAITING: the route's hook, or NULL */
+    void *cancel_arg;
     uint32_t request_size;
     char request[HTTP_REQUEST_SIZE_MAX];
 };
@@ -157,6 +162,32 @@ static int parse_request_line(const char *line, size_t size, struct http_request
 }
 
 /* field-name ":" OWS field-value OWS (RFC 9112 §5). */
+/* Content-Length: digits only; the whole request must fit the buffer. */
+static int parse_content_length(const char *value, size_t size, struct http_request *req)
+{
+    while (size > 0 && (*value == ' ' || *value == '\t'))
+        value++, size--;
+    while (size > 0 && (value[size - 1] == ' ' || value[size - 1] == '\t'))
+        size--;
+    size_t n = 0;
+    for (size_t i = 0; i < size; i++) {
+        if (!is_digit(value[i]))
+            return parse_fail(req, 400, "malformed Content-Length");
+        if (n > HTTP_REQUEST_SIZE_MAX)
+            return parse_fail(req, 413, "the request is over 8 KiB");
+        n = n * 10 + (size_t)(value[i] - '0');
+    }
+    if (size == 0)
+        return parse_fail(req, 400, "malformed Content-Length");
+    if (n > HTTP_REQUEST_SIZE_MAX)
+        return parse_fail(req, 413, "the request is over 8 KiB");
+    if (req->has_length && req->content_length != n)
+        return parse_fail(req, 400, "conflicting Content-Length headers");
+    req->has_length = true;
+    req->content_length = n;
+    return OK;
+}
+
 static int parse_header(const char *line, size_t size, struct http_request *req,
                         uint32_t *host_count)
 {
@@ -174,6 +205,10 @@ static int parse_header(const char *line, size_t size, struct http_request *req,
     }
     if (i == 4 && strncasecmp(line, "host", 4) == 0)
         (*host_count)++;
+    if (i == 14 && strncasecmp(line, "content-length", 14) == 0)
+        return parse_content_length(line + i + 1, size - i - 1, req);
+    if (i == 17 && strncasecmp(line, "transfer-encoding", 17) == 0)
+        return parse_fail(req, 400, "a Transfer-Encoding is not served: send Content-Length");
     return OK;
 }
 
@@ -203,6 +238,7 @@ int http_parse_request(const char *data, size_t size, struct http_request *req)
         if (rc != OK)
             return rc;
     }
+    req->head_size = pos;
     if (host_count > 1)
         return parse_fail(req, 400, "more than one Host header");
     if (req->version_minor >= 1 && host_count == 0)
@@ -216,12 +252,14 @@ static const char *status_text(int status)
 {
     switch (status) {
     case 200: return "OK";
+    case 201: return "Created";
     case 202: return "Accepted";
     case 400: return "Bad Request";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
     case 409: return "Conflict";
+    case 413: return "Content Too Large";
     case 414: return "URI Too Long";
     case 431: return "Request Header Fields Too Large";
     case 503: return "Service Unavailable";
@@ -233,7 +271,7 @@ static const char *status_text(int status)
 }
 
 /* A body with its headroom, ready for json writes. */
-static void body_init(struct json *body)
+void http_body_init(struct json *body)
 {
     static const char headroom[HTTP_HEADROOM];
     json_init(body);
@@ -245,8 +283,9 @@ static void body_init(struct json *body)
 static void answer(struct http_conn *hc, int status, struct json *body,
                    const char *extra_headers)
 {
-    ASSERT(hc->state == HTTP_CONN_STATE_READING);
+    ASSERT(hc->state == HTTP_CONN_STATE_READING || hc->state == HTTP_CONN_STATE_WAITING);
     ASSERT(json_complete(body));
+    hc->cancel = NULL;
     size_t body_size = body->size - HTTP_HEADROOM;
     char head[HTTP_HEADROOM];
     int n = snprintf(head, sizeof head,
@@ -277,7 +316,7 @@ static void answer_error(struct http_conn *hc, int status, const char *reason,
                          const char *extra_headers)
 {
     struct json body;
-    body_init(&body);
+    http_body_init(&body);
     json_object_begin(&body);
     json_kv_string(&body, "error", status_text(status));
     json_kv_string(&body, "reason", reason);
@@ -292,21 +331,74 @@ static const struct http_route *find_route(const struct http_server *server, con
 {
     for (uint32_t i = 0; i < server->routes_count; i++) {
         const struct http_route *route = &server->routes[i];
-        if (strlen(route->path) == path_size && memcmp(route->path, path, path_size) == 0 &&
-            (route->action != NULL) == post)
+        if (route->prefix == NULL && strlen(route->path) == path_size &&
+            memcmp(route->path, path, path_size) == 0 && (route->action != NULL) == post)
             return route;
     }
     return NULL;
 }
 
+/* The prefix route whose prefix path starts with and goes past. */
+static const struct http_route *find_prefix(const struct http_server *server, const char *path,
+                                            size_t path_size)
+{
+    for (uint32_t i = 0; i < server->routes_count; i++) {
+        const struct http_route *route = &server->routes[i];
+        size_t n = route->prefix ? strlen(route->path) : 0;
+        if (n > 0 && path_size > n && memcmp(route->path, path, n) == 0)
+            return route;
+    }
+    return NULL;
+}
+
+static bool method_is(const struct http_request *req, const char *name)
+{
+    return req->method_size == strlen(name) && memcmp(req->method, name, req->method_size) == 0;
+}
+
+static bool parse_method(const struct http_request *req, enum http_method *out)
+{
+    static const struct {
+        const char *name;
+        enum http_method method;
+    } methods[] = {{"GET", HTTP_METHOD_GET},  {"HEAD", HTTP_METHOD_HEAD},
+                   {"POST", HTTP_METHOD_POST}, {"PUT", HTTP_METHOD_PUT},
+                   {"DELETE", HTTP_METHOD_DELETE}};
+    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+        if (method_is(req, methods[i].name)) {
+            *out = methods[i].method;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Hands a request under a prefix to its route, which answers now or later. */
+static void dispatch_prefix(struct http_conn *hc, const struct http_route *route,
+                            const struct http_request *req, enum http_method method,
+                            size_t path_size)
+{
+    size_t n = strlen(route->path);
+    struct http_call_request call = {
+        .method = method, .rest = req->target + n, .rest_size = path_size - n,
+        .body = hc->request + req->head_size, .body_size = req->content_length};
+    LOG_DEBUG("http conn=%llu peer=%s %.*s %.*s", (unsigned long long)hc->conn.id,
+              hc->conn.peer_name, (int)req->method_size, req->method, (int)path_size,
+              req->target);
+    hc->state = HTTP_CONN_STATE_WAITING;
+    hc->state_since_ms = uv_now(hc->server->net->loop);
+    route->prefix(route->ctx, (struct http_call *)hc, &call);
+}
+
 static void dispatch(struct http_conn *hc, const struct http_request *req)
 {
-    bool get = req->method_size == 3 && memcmp(req->method, "GET", 3) == 0;
-    bool head = req->method_size == 4 && memcmp(req->method, "HEAD", 4) == 0;
-    bool post = req->method_size == 4 && memcmp(req->method, "POST", 4) == 0;
-    hc->head_only = head;
-    if (!get && !head && !post) {
-        answer_error(hc, 405, "only GET, HEAD and POST are served", "Allow: GET, HEAD\r\n");
+    enum http_method method;
+    bool known = parse_method(req, &method);
+    bool post = known && method == HTTP_METHOD_POST;
+    hc->head_only = known && method == HTTP_METHOD_HEAD;
+    if (!known) {
+        answer_error(hc, 405, "only GET, HEAD, POST, PUT and DELETE are served",
+                     "Allow: GET, HEAD\r\n");
         return;
     }
     size_t path_size = 0;
@@ -315,17 +407,29 @@ static void dispatch(struct http_conn *hc, const struct http_request *req)
         path_size++;
     if (path_size > 1 && req->target[path_size - 1] == '/')
         path_size--;
-    const struct http_route *route = find_route(hc->server, req->target, path_size, post);
+    const struct http_route *prefix = find_prefix(hc->server, req->target, path_size);
+    if (prefix != NULL && method != HTTP_METHOD_POST) {
+        dispatch_prefix(hc, prefix, req, method, path_size);
+        return;
+    }
+    const struct http_route *route = NULL;
+    if (method != HTTP_METHOD_PUT && method != HTTP_METHOD_DELETE)
+        route = find_route(hc->server, req->target, path_size, post);
     if (!route) {
-        if (find_route(hc->server, req->target, path_size, !post) != NULL)
-            answer_error(hc, 405, post ? "not an action" : "an action: POST it",
-                         post ? "Allow: GET, HEAD\r\n" : "Allow: POST\r\n");
+        bool get_exists = find_route(hc->server, req->target, path_size, false) != NULL;
+        bool post_exists = find_route(hc->server, req->target, path_size, true) != NULL;
+        if (post && get_exists)
+            answer_error(hc, 405, "not an action", "Allow: GET, HEAD\r\n");
+        else if (!post && post_exists)
+            answer_error(hc, 405, "an action: POST it", "Allow: POST\r\n");
+        else if (!post && method != HTTP_METHOD_GET && method != HTTP_METHOD_HEAD)
+            answer_error(hc, 405, "only GET and HEAD here", "Allow: GET, HEAD\r\n");
         else
             answer_error(hc, 404, "no such path", "");
         return;
     }
     struct json body;
-    body_init(&body);
+    http_body_init(&body);
     int status = 200;
     if (post)
         status = route->action(route->ctx, &body);
@@ -335,6 +439,41 @@ static void dispatch(struct http_conn *hc, const struct http_request *req)
               (unsigned long long)hc->conn.id, hc->conn.peer_name, (int)req->method_size,
               req->method, (int)path_size, req->target, status, body.size - HTTP_HEADROOM);
     answer(hc, status, &body, "");
+}
+
+/* ---- calls (prefix routes) ------------------------------------------------ */
+
+void http_call_answer(struct http_call *call, int status, struct json *body)
+{
+    struct http_conn *hc = (struct http_conn *)call;
+    ASSERT(hc->state == HTTP_CONN_STATE_WAITING);
+    LOG_DEBUG("http conn=%llu peer=%s answered %d", (unsigned long long)hc->conn.id,
+              hc->conn.peer_name, status);
+    answer(hc, status, body, "");
+}
+
+void http_call_answer_error(struct http_call *call, int status, const char *reason)
+{
+    struct http_conn *hc = (struct http_conn *)call;
+    ASSERT(hc->state == HTTP_CONN_STATE_WAITING);
+    answer_error(hc, status, reason, "");
+}
+
+void http_call_on_cancel(struct http_call *call, http_cancel_fn fn, void *arg)
+{
+    struct http_conn *hc = (struct http_conn *)call;
+    ASSERT(hc->state == HTTP_CONN_STATE_WAITING);
+    hc->cancel = fn;
+    hc->cancel_arg = arg;
+}
+
+/* A waiting call that can no longer be answered: its route forgets it. */
+static void cancel_call(struct http_conn *hc)
+{
+    http_cancel_fn fn = hc->cancel;
+    hc->cancel = NULL;
+    if (fn != NULL)
+        fn(hc->cancel_arg);
 }
 
 static long on_input(struct conn *conn, const uint8_t *data, size_t size)
@@ -348,8 +487,13 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
     hc->request_size += (uint32_t)take;
     struct http_request req;
     int rc = http_parse_request(hc->request, hc->request_size, &req);
-    if (rc == OK) {
+    if (rc == OK && req.head_size + req.content_length > HTTP_REQUEST_SIZE_MAX) {
+        hc->server->glitches_count++;
+        answer_error(hc, 413, "the request is over 8 KiB", "");
+    } else if (rc == OK && req.head_size + req.content_length <= hc->request_size) {
         dispatch(hc, &req);
+    } else if (rc == OK) {
+        /* the body is still coming */
     } else if (rc == AGAIN) {
         if (hc->request_size == HTTP_REQUEST_SIZE_MAX) {
             hc->server->glitches_count++;
@@ -369,7 +513,9 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
 
 static void on_close(struct conn *conn)
 {
-    (void)conn;
+    struct http_conn *hc = from_conn(conn);
+    if (hc->state == HTTP_CONN_STATE_WAITING)
+        cancel_call(hc);
 }
 
 static void on_free(struct conn *conn)
@@ -395,6 +541,7 @@ static struct conn *http_accept(struct net *net, void *ctx)
     hc->server = server;
     hc->state = HTTP_CONN_STATE_READING;
     hc->head_only = false;
+    hc->cancel = NULL;
     hc->state_since_ms = uv_now(net->loop);
     hc->request_size = 0;
     list_push_back(&server->conns, &hc->server_link);
@@ -421,6 +568,15 @@ static void on_timer(uv_timer_t *timer)
             if (now - hc->state_since_ms >= server->timeout_ms) {
                 server->glitches_count++;
                 answer_error(hc, 408, "no complete request within the timeout", "");
+            }
+            continue;
+        }
+        if (hc->state == HTTP_CONN_STATE_WAITING) {
+            /* Routes answer within their own deadline (a cluster change
+             * within 5 s); this is the backstop. */
+            if (now - hc->state_since_ms >= 2u * server->timeout_ms) {
+                cancel_call(hc);
+                answer_error(hc, 503, "no answer in time", "");
             }
             continue;
         }
@@ -473,6 +629,16 @@ void http_server_route_post(struct http_server *server, const char *path, http_a
     ASSERT(server->routes_count < HTTP_ROUTES_MAX);
     server->routes[server->routes_count++] =
         (struct http_route){.path = path, .action = action, .ctx = ctx};
+}
+
+void http_server_route_prefix(struct http_server *server, const char *prefix,
+                              http_prefix_fn handler, void *ctx)
+{
+    ASSERT(server->routes_count < HTTP_ROUTES_MAX);
+    ASSERT(prefix[0] == '/' && prefix[strlen(prefix) - 1] == '/');
+    ASSERT(handler != NULL);
+    server->routes[server->routes_count++] =
+        (struct http_route){.path = prefix, .prefix = handler, .ctx = ctx};
 }
 
 void http_server_close(struct http_server *server)

@@ -1,8 +1,11 @@
 /*
  * http.h: a small HTTP/1.1 server on the broker's loop, for the
  * management API. It serves GET (and HEAD) of registered paths with a JSON
- * body, one request per connection ("Connection: close"), and nothing
- * else: no bodies, no keep-alive, no chunked encoding, no TLS.
+ * body, POST actions, and GET/PUT/DELETE under registered prefixes (a
+ * resource such as /api/policies/VHOST/NAME, answered now or later), one
+ * request per connection ("Connection: close"), and nothing else: request
+ * bodies only with Content-Length, no keep-alive, no chunked encoding, no
+ * TLS.
  *
  * Transport: each client is a struct conn (net/conn.h) with its own
  * conn_ops, accepted by a struct listener, exactly like an AMQP client, so
@@ -11,7 +14,8 @@
  * Limits, each an answer rather than a crash:
  *   - the request head (request line + headers) is at most
  *     HTTP_REQUEST_SIZE_MAX bytes: 414 if the request line alone does
- *     not fit, 431 if the headers do not;
+ *     not fit, 431 if the headers do not; head and body together too
+ *     (413); a Transfer-Encoding is 400;
  *   - a malformed head is 400, an HTTP major version other than 1 is 505,
  *     a method other than GET/HEAD (or POST, for an action) is 405, an
  *     unknown path 404;
@@ -45,7 +49,7 @@ struct json;
 #define HTTP_REQUEST_SIZE_MAX 8192u
 #define HTTP_TIMEOUT_MS 5000u
 #define HTTP_CONNS_MAX 64u
-#define HTTP_ROUTES_MAX 16u
+#define HTTP_ROUTES_MAX 24u
 
 /* Writes the response body for a GET of the route's path: exactly one
  * JSON value. */
@@ -55,10 +59,40 @@ typedef void (*http_handler_fn)(void *ctx, struct json *body);
  * 409...). The request has no body. */
 typedef int (*http_action_fn)(void *ctx, struct json *body);
 
+enum http_method {
+    HTTP_METHOD_GET,
+    HTTP_METHOD_HEAD,
+    HTTP_METHOD_POST,
+    HTTP_METHOD_PUT,
+    HTTP_METHOD_DELETE,
+};
+
+/* One request to a prefix route, from dispatch until it is answered (or
+ * its client is gone). Owned by the server. */
+struct http_call;
+
+/* What a prefix route gets. The slices live until the call is answered. */
+struct http_call_request {
+    enum http_method method;
+    const char *rest;              /* the path after the prefix, still %-encoded */
+    size_t rest_size;
+    const char *body;              /* Content-Length bytes (none: size 0) */
+    size_t body_size;
+};
+
+/* Handles a request under a prefix: answers it, now or later, exactly once
+ * with http_call_answer*() (not at all once its cancel hook ran). */
+typedef void (*http_prefix_fn)(void *ctx, struct http_call *call,
+                               const struct http_call_request *req);
+/* The client of a pending call went away (or the server closes): the call
+ * must not be answered any more. */
+typedef void (*http_cancel_fn)(void *arg);
+
 struct http_route {
-    const char *path;              /* borrowed, static: "/api/queues" */
+    const char *path;              /* borrowed, static: "/api/queues" or a prefix "/api/x/" */
     http_handler_fn handler;       /* GET (and HEAD), or NULL */
     http_action_fn action;         /* POST, or NULL */
+    http_prefix_fn prefix;         /* anything under path, or NULL */
     void *ctx;                     /* borrowed */
 };
 
@@ -91,6 +125,19 @@ void http_server_route(struct http_server *server, const char *path, http_handle
 /* Registers a POST action for an exact path (no request body). */
 void http_server_route_post(struct http_server *server, const char *path, http_action_fn action,
                             void *ctx);
+/* Registers a handler for every path that starts with prefix (which ends
+ * with '/') and goes on past it, for GET, HEAD, PUT and DELETE. */
+void http_server_route_prefix(struct http_server *server, const char *prefix,
+                              http_prefix_fn handler, void *ctx);
+/* A response body for http_call_answer (space for the head reserved). */
+void http_body_init(struct json *body);
+/* Answers a call (status 200..503, body one complete JSON value, which
+ * the server takes). The call is gone afterwards. */
+void http_call_answer(struct http_call *call, int status, struct json *body);
+/* RabbitMQ's error shape: {"error": status text, "reason": reason}. */
+void http_call_answer_error(struct http_call *call, int status, const char *reason);
+/* For a call answered later: fn(arg) runs if it cannot be answered. */
+void http_call_on_cancel(struct http_call *call, http_cancel_fn fn, void *arg);
 /* Stops listening and closes every client. Idempotent. */
 void http_server_close(struct http_server *server);
 /* After the loop ran the close callbacks: frees the pool (asserting that
@@ -105,6 +152,9 @@ struct http_request {
     const char *target;            /* origin-form: starts with '/' */
     size_t target_size;
     uint8_t version_minor;         /* HTTP/1.x */
+    size_t head_size;              /* bytes up to and including the blank line */
+    size_t content_length;         /* 0 without a Content-Length */
+    bool has_length;               /* a Content-Length header was seen */
     bool line_complete;            /* the request line ended (for 414 vs 431) */
     /* When the verdict is E_SYNTAX: the status to answer and why. */
     int status;
@@ -113,8 +163,8 @@ struct http_request {
 
 /* Parses the request head in data[0..size). Returns OK once the blank line
  * that ends the head is there, AGAIN if more bytes are needed, or E_SYNTAX
- * with req->status (400 or 505) and req->reason set. Bytes after the head
- * are ignored. */
+ * with req->status (400, 413 or 505) and req->reason set. Bytes after the
+ * head (the body, content_length of them) are not looked at. */
 int http_parse_request(const char *data, size_t size, struct http_request *req);
 
 #endif

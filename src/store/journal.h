@@ -160,7 +160,9 @@ int journal_read(struct journal_queue *q, uint64_t seq, void *buf, uint32_t size
  * by the broker, must make keys unique per kind, e.g.:
  *   VHOST "name"; USER "name"; PERMISSION "user\0vhost";
  *   EXCHANGE / QUEUE "vhost\0name";
- *   BINDING "vhost\0source\0destination_kind destination\0routing_key\0args". */
+ *   BINDING "vhost\0source\0destination_kind destination\0routing_key\0args";
+ *   POLICY "vhost\0name" (a broker outside a cluster; a log with one is
+ *   refused by binaries from before policies). */
 enum journal_def_kind {
     JOURNAL_DEF_VHOST = 1,
     JOURNAL_DEF_USER = 2,
@@ -168,8 +170,9 @@ enum journal_def_kind {
     JOURNAL_DEF_EXCHANGE = 4,
     JOURNAL_DEF_QUEUE = 5,
     JOURNAL_DEF_BINDING = 6,
+    JOURNAL_DEF_POLICY = 7,
 };
-#define JOURNAL_DEF_KIND_MAX 6
+#define JOURNAL_DEF_KIND_MAX 7
 
 /* Put replaces the value for (kind, key); delete removes it (a no-op record
  * when absent). Both return a sync ticket. The log is rewritten as a

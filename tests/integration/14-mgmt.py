@@ -154,7 +154,7 @@ def find_queue(queues, name, vhost="/"):
 
 QUEUE_KEYS = {"vhost", "name", "durable", "exclusive", "auto_delete", "messages",
               "messages_unacknowledged", "consumers", "paged", "primary", "backups",
-              "in_sync", "epoch", "role"}
+              "in_sync", "epoch", "role", "policy"}
 ODD_NAME = 'odd "name" \\ tab\there caf\u00e9 \u20ac \U0001d11e'
 
 

@@ -445,6 +445,11 @@ static uint32_t valid_commands(struct map_cmd *cmds)
     assert_int_equal(map_cmd_queue_set_available(&cmds[n++], B("/"), B("q"), 10, false), OK);
     assert_int_equal(map_cmd_broker_state(&cmds[n++], 2, BROKER_STATE_SUSPECT), OK);
     assert_int_equal(map_cmd_exchange_set_owner(&cmds[n++], B("/"), B("x"), 2), OK);
+    struct policy_decl p = {B("/"), B("p"), B("^q\\.|^q$"), 5, 2};
+    uint32_t two[] = {2};
+    assert_int_equal(map_cmd_policy_put(&cmds[n++], &p), OK);
+    assert_int_equal(map_cmd_queue_set_factor(&cmds[n++], B("/"), B("q"), 10, 2, two, 1), OK);
+    assert_int_equal(map_cmd_policy_delete(&cmds[n++], B("/"), B("p")), OK);
     assert_int_equal(map_cmd_unbind(&cmds[n++], &b), OK);
     assert_int_equal(map_cmd_exchange_delete(&cmds[n++], B("/"), B("x"), true), OK);
     assert_int_equal(map_cmd_queue_delete(&cmds[n++], B("/"), B("q"), 0), OK);
@@ -452,6 +457,180 @@ static uint32_t valid_commands(struct map_cmd *cmds)
     assert_int_equal(map_cmd_vhost_delete(&cmds[n++], B("v2")), OK);
     assert_int_equal(map_cmd_broker_leave(&cmds[n++], 9), OK);
     return n;
+}
+
+/* ---- replication policies ------------------------------------------------------------ */
+
+static void test_policies(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    struct map_cmd c_;
+    APPLY_OK(&map, map_cmd_vhost_put(&c_, B("prod")));
+    /* Refusals leave the map alone: no vhost, a bad regex. */
+    struct policy_decl d = {B("nowhere"), B("ha"), B("^ha\\."), 0, 2};
+    assert_int_equal(APPLY_RC(&map, map_cmd_policy_put(&c_, &d)), E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_NOT_FOUND);
+    d.vhost = B("/");
+    d.pattern = B("^(ha");
+    assert_int_equal(APPLY_RC(&map, map_cmd_policy_put(&c_, &d)), E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_PRECONDITION_FAILED);
+    assert_non_null(strstr(last.reply_text, "invalid regular expression"));
+    assert_int_equal(map.policies.count, 0);
+    assert_int_equal(map.policies_generation, 0);
+    /* Out of range is malformed: no builder-made command carries it. */
+    d.pattern = B("^ha\\.");
+    d.backups = 4;
+    assert_int_equal(APPLY_RC(&map, map_cmd_policy_put(&c_, &d)), E_SYNTAX);
+    d.backups = 2;
+    APPLY_OK(&map, map_cmd_policy_put(&c_, &d));
+    assert_true(last.changed);
+    assert_int_equal(map.policies_generation, 1);
+    APPLY_OK(&map, map_cmd_policy_put(&c_, &d));
+    assert_false(last.changed); /* the same again */
+    assert_int_equal(map.policies_generation, 1);
+    /* Matching: per vhost, by the highest priority, ties by name. */
+    const struct policy *p = cluster_map_policy_for(&map, B("/"), B("ha.x"));
+    assert_non_null(p);
+    assert_true(bytes_equal_cstr(p->name, "ha"));
+    assert_null(cluster_map_policy_for(&map, B("/"), B("plain")));
+    assert_null(cluster_map_policy_for(&map, B("prod"), B("ha.x")));
+    struct policy_decl all = {B("/"), B("all"), B("."), 0, 3};
+    APPLY_OK(&map, map_cmd_policy_put(&c_, &all));
+    p = cluster_map_policy_for(&map, B("/"), B("ha.x"));
+    assert_true(bytes_equal_cstr(p->name, "all")); /* 0 = 0: "all" < "ha" */
+    d.priority = 1;
+    APPLY_OK(&map, map_cmd_policy_put(&c_, &d));
+    assert_int_equal(map.policies.count, 2);
+    p = cluster_map_policy_for(&map, B("/"), B("ha.x"));
+    assert_true(bytes_equal_cstr(p->name, "ha"));
+    assert_int_equal(p->backups, 2);
+    assert_true(bytes_equal_cstr(cluster_map_policy_for(&map, B("/"), B("plain"))->name, "all"));
+    /* Delete: a missing one is 404. */
+    assert_int_equal(APPLY_RC(&map, map_cmd_policy_delete(&c_, B("/"), B("nope"))),
+                     E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_NOT_FOUND);
+    APPLY_OK(&map, map_cmd_policy_delete(&c_, B("/"), B("all")));
+    assert_int_equal(last.policies_deleted_count, 1);
+    assert_null(cluster_map_policy_for(&map, B("/"), B("plain")));
+    /* Deleting a vhost deletes its policies, and only its. */
+    struct policy_decl p1 = {B("prod"), B("a"), B("x"), 0, 1};
+    struct policy_decl p2 = {B("prod"), B("b"), B("y"), 0, 0};
+    APPLY_OK(&map, map_cmd_policy_put(&c_, &p1));
+    APPLY_OK(&map, map_cmd_policy_put(&c_, &p2));
+    uint64_t gen = map.policies_generation;
+    APPLY_OK(&map, map_cmd_vhost_delete(&c_, B("prod")));
+    assert_int_equal(last.policies_deleted_count, 2);
+    assert_int_equal(map.policies.count, 1);
+    assert_true(map.policies_generation > gen);
+    APPLY_OK(&map, map_cmd_vhost_put(&c_, B("prod")));
+    assert_null(cluster_map_policy_for(&map, B("prod"), B("x")));
+    cluster_map_free(&map);
+}
+
+static void test_queue_set_factor(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    struct map_cmd c_;
+    struct map_queue_decl d = queue_decl("/", "q", 1, 2);
+    d.replication_factor = 2;
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1));
+    struct map_queue *q = last.queue;
+    uint64_t e = q->epoch;
+    /* Up to 3 backups: factor 4, a new backup (not in sync yet). */
+    uint32_t ids[] = {2, 3};
+    APPLY_OK(&map, map_cmd_queue_set_factor(&c_, B("/"), B("q"), e, 4, ids, 2));
+    assert_int_equal(q->replication_factor, 4);
+    assert_int_equal(q->backups_count, 2);
+    assert_int_equal(q->in_sync_mask, 0x1);
+    assert_int_equal(q->epoch, e); /* ownership did not change */
+    /* Down to none. */
+    APPLY_OK(&map, map_cmd_queue_set_factor(&c_, B("/"), B("q"), e, 1, ids, 0));
+    assert_int_equal(q->replication_factor, 1);
+    assert_int_equal(q->backups_count, 0);
+    assert_int_equal(cluster_map_broker(&map, 2)->backups_held_count, 0);
+    /* More backups than the factor allows is malformed; a stale epoch is retried. */
+    uint8_t buf[256];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_longstr(&w, "op", B("queue.set_backups"));
+    table_put_longstr(&w, "vhost", B("/"));
+    table_put_longstr(&w, "name", B("q"));
+    table_put_int(&w, "epoch", (int64_t)e);
+    table_put_int(&w, "replication_factor", 1);
+    size_t a = table_put_array_begin(&w, "backups");
+    table_array_put_int(&w, 2);
+    table_put_array_end(&w, a);
+    assert_int_equal(cluster_map_apply(&map, buf, w.len, &last), E_SYNTAX);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_set_factor(&c_, B("/"), B("q"), e + 1, 2,
+                                                             ids, 1)),
+                     E_MAP_REFUSED);
+    assert_true(last.retry);
+    assert_int_equal(q->replication_factor, 1);
+    cluster_map_free(&map);
+}
+
+static void test_policy_snapshots(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    struct map_cmd c_;
+    APPLY_OK(&map, map_cmd_vhost_put(&c_, B("prod")));
+    struct policy_decl ds[] = {{B("prod"), B("z"), B("^z"), 7, 3},
+                               {B("/"), B("ha"), B("^ha\\."), 1, 2},
+                               {B("prod"), B("a"), B("a|b"), 0, 0}};
+    for (size_t i = 0; i < 3; i++)
+        APPLY_OK(&map, map_cmd_policy_put(&c_, &ds[i]));
+    uint8_t *snap;
+    size_t size;
+    assert_int_equal(cluster_map_snapshot_alloc(&map, &snap, &size), OK);
+    struct cluster_map copy;
+    cluster_map_init(&copy);
+    uint64_t gen = copy.policies_generation;
+    assert_int_equal(cluster_map_snapshot_read(&copy, snap, size), OK);
+    assert_true(copy.policies_generation > gen); /* the controller looks again */
+    assert_int_equal(copy.policies.count, 3);
+    const struct policy *p = cluster_map_policy_for(&copy, B("prod"), B("zebra"));
+    assert_non_null(p);
+    assert_int_equal(p->priority, 7);
+    assert_int_equal(p->backups, 3);
+    assert_true(bytes_equal_cstr(cluster_map_policy_for(&copy, B("/"), B("ha.1"))->pattern,
+                                 "^ha\\."));
+    uint8_t *again;
+    size_t again_size;
+    assert_int_equal(cluster_map_snapshot_alloc(&copy, &again, &again_size), OK);
+    assert_int_equal(again_size, size);
+    assert_memory_equal(again, snap, size);
+    free(again);
+    free(snap);
+    cluster_map_free(&copy);
+    /* A format 1 snapshot (before policies) still loads. */
+    uint8_t buf[512];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_int(&w, "format", 1);
+    table_put_int(&w, "version", 42);
+    table_put_int(&w, "brokers_version", 3);
+    const char *parts[] = {"brokers", "users", "exchanges", "queues", "bindings"};
+    for (size_t i = 0; i < 5; i++)
+        table_put_array_end(&w, table_put_array_begin(&w, parts[i]));
+    size_t a = table_put_array_begin(&w, "vhosts");
+    table_array_put_longstr(&w, B("/"));
+    table_put_array_end(&w, a);
+    assert_false(w.overflow);
+    assert_int_equal(cluster_map_snapshot_read(&map, buf, w.len), OK);
+    assert_int_equal(map.version, 42);
+    assert_int_equal(map.policies.count, 0);
+    assert_non_null(cluster_map_vhost(&map, B("/")));
+    /* A format it does not know is refused. */
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_int(&w, "format", 3);
+    assert_int_equal(cluster_map_snapshot_read(&map, buf, w.len), E_SYNTAX);
+    cluster_map_free(&map);
 }
 
 static void test_all_valid_commands_apply(void **state)
@@ -726,6 +905,9 @@ int main(void)
         cmocka_unit_test(test_predeclared_exchanges),
         cmocka_unit_test(test_queue_declare_races),
         cmocka_unit_test(test_queue_ownership),
+        cmocka_unit_test(test_policies),
+        cmocka_unit_test(test_queue_set_factor),
+        cmocka_unit_test(test_policy_snapshots),
         cmocka_unit_test(test_all_valid_commands_apply),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_fuzz_flips),

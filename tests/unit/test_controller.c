@@ -488,6 +488,105 @@ static void test_drain_converges(void **state)
     cluster_map_free(&map);
 }
 
+/* ---- (e) replication policies ---- */
+
+static void declare(struct cluster_map *map, const char *name, uint8_t rf, bool exclusive,
+                    struct table arguments)
+{
+    struct map_queue_decl d = {.vhost = B("/"), .name = B(name), .durable = !exclusive,
+                               .exclusive = exclusive, .arguments = arguments,
+                               .exclusive_connection_id = exclusive ? 7 : 0, .primary_id = 1,
+                               .replication_factor = rf};
+    for (uint8_t i = 0; i + 1 < rf; i++)
+        d.backup_ids[d.backups_count++] = 2u + i;
+    struct map_cmd c;
+    must_apply(map, map_cmd_queue_declare(&c, &d, 1), &c);
+}
+
+/* Runs the policy rule and applies what it says; returns the command count. */
+static uint32_t policies_round(struct cluster_map *map, const struct controller_config *config)
+{
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    assert_int_equal(controller_apply_policies(map, config, &out), OK);
+    uint32_t n = out.count;
+    assert_int_equal(apply_all(map, &out), 0);
+    assert_consistent(map);
+    return n;
+}
+
+static void test_policies_change_factors(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    cluster_map_init(&map);
+    for (uint32_t id = 1; id <= 5; id++)
+        join(&map, id);
+    struct map_cmd c;
+    must_apply(&map, map_cmd_vhost_put(&c, B("/")), &c);
+    uint8_t args[64];
+    struct table_writer w;
+    table_writer_init(&w, args, sizeof args);
+    table_put_int(&w, "x-quay-backups", 0);
+    struct table none = {(const uint8_t *)"", 0};
+    declare(&map, "ha.a", 2, false, none);
+    declare(&map, "ha.own", 1, false, table_writer_table(&w));
+    declare(&map, "ha.excl", 1, true, none);
+    declare(&map, "plain", 2, false, none);
+    struct controller_config config;
+    controller_config_default(&config);
+    assert_int_equal(config.default_backups, 1);
+    /* Nothing to do while every factor is the default's. */
+    assert_int_equal(policies_round(&map, &config), 0);
+    struct policy_decl ha = {B("/"), B("ha"), B("^ha\\."), 0, 2};
+    must_apply(&map, map_cmd_policy_put(&c, &ha), &c);
+    assert_int_equal(policies_round(&map, &config), 1);
+    const struct map_queue *a = cluster_map_queue(&map, B("/"), B("ha.a"));
+    assert_int_equal(a->replication_factor, 3);
+    assert_int_equal(a->backups_count, 2);
+    assert_int_equal(a->backup_ids[0], 2); /* the existing backup stays */
+    assert_int_equal(cluster_map_queue(&map, B("/"), B("ha.own"))->replication_factor, 1);
+    assert_int_equal(cluster_map_queue(&map, B("/"), B("ha.excl"))->replication_factor, 1);
+    assert_int_equal(cluster_map_queue(&map, B("/"), B("plain"))->replication_factor, 2);
+    assert_int_equal(policies_round(&map, &config), 0); /* converged */
+    /* Fewer backups keep the in-sync ones: mark only the second in sync. */
+    uint32_t second[] = {a->backup_ids[1]};
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("ha.a"), a->epoch, second, 1), &c);
+    ha.backups = 1;
+    must_apply(&map, map_cmd_policy_put(&c, &ha), &c);
+    assert_int_equal(policies_round(&map, &config), 1);
+    assert_int_equal(a->replication_factor, 2);
+    assert_int_equal(a->backups_count, 1);
+    assert_int_equal(a->backup_ids[0], second[0]);
+    assert_int_equal(a->in_sync_mask, 0x1);
+    ha.backups = 0;
+    must_apply(&map, map_cmd_policy_put(&c, &ha), &c);
+    assert_int_equal(policies_round(&map, &config), 1);
+    assert_int_equal(a->replication_factor, 1);
+    assert_int_equal(a->backups_count, 0);
+    /* Deleting the policy brings the default back. */
+    must_apply(&map, map_cmd_policy_delete(&c, B("/"), B("ha")), &c);
+    assert_int_equal(policies_round(&map, &config), 1);
+    assert_int_equal(a->replication_factor, 2);
+    assert_int_equal(a->backups_count, 1);
+    /* A decision made on an older epoch is refused and made again. */
+    must_apply(&map, map_cmd_policy_put(&c, &ha), &c);
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    controller_apply_policies(&map, &config, &out);
+    assert_int_equal(out.count, 1);
+    must_apply(&map, map_cmd_queue_set_owner(&c, B("/"), B("ha.a"), a->epoch, a->backup_ids[0]),
+               &c);
+    struct map_change change;
+    assert_int_equal(cluster_map_apply(&map, out.items[0].bytes, out.items[0].size, &change),
+                     E_MAP_REFUSED);
+    assert_true(change.retry);
+    map_cmd_list_free(&out);
+    assert_int_equal(policies_round(&map, &config), 1);
+    assert_int_equal(a->replication_factor, 1);
+    cluster_map_free(&map);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -497,6 +596,7 @@ int main(void)
         cmocka_unit_test(test_stale_decision_is_refused),
         cmocka_unit_test(test_repair_finishes_what_was_left),
         cmocka_unit_test(test_drain_converges),
+        cmocka_unit_test(test_policies_change_factors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

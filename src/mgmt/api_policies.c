@@ -1,0 +1,352 @@
+/*
+ * api_policies.c: see api_policies.h. A PUT or DELETE in a cluster is
+ * submitted to the map and answered from the submit's callback; the
+ * pending request is cancelled if its HTTP client goes away first.
+ */
+#include "mgmt/api_policies.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amqp/reply_code_gen.h"
+#include "broker/broker.h"
+#include "broker/durable.h"
+#include "broker/policy.h"
+#include "cluster/map.h"
+#include "cluster/node.h"
+#include "lib/assert.h"
+#include "lib/errors.h"
+#include "lib/log.h"
+#include "mgmt/json.h"
+#include "mgmt/json_read.h"
+
+#define ERROR_SIZE 256
+
+const struct policy_set *api_policies_of(const struct broker *broker)
+{
+    if (broker->cluster != NULL)
+        return &cluster_node_map(broker->cluster)->policies;
+    return &broker->policies;
+}
+
+static void write_policy(struct json *out, const struct policy *p)
+{
+    json_object_begin(out);
+    json_key(out, "vhost");
+    json_string_n(out, p->vhost.ptr, p->vhost.len);
+    json_key(out, "name");
+    json_string_n(out, p->name.ptr, p->name.len);
+    json_key(out, "pattern");
+    json_string_n(out, p->pattern.ptr, p->pattern.len);
+    json_kv_string(out, "apply-to", "queues");
+    json_kv_uint(out, "priority", p->priority);
+    json_kv_uint(out, "backups", p->backups);
+    json_object_end(out);
+}
+
+/* GET /api/policies: in (vhost, name) order. */
+static void handle_list(void *ctx, struct json *out)
+{
+    const struct policy_set *set = api_policies_of(ctx);
+    json_array_begin(out);
+    for (uint32_t i = 0; i < set->count; i++)
+        write_policy(out, set->items[i]);
+    json_array_end(out);
+}
+
+/* ---- the path and the body ---------------------------------------------- */
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* %-decodes a path segment into out (at most POLICY_NAME_SIZE_MAX bytes). */
+static bool decode_segment(const char *s, size_t size, uint8_t *out, uint32_t *out_size)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < size; i++) {
+        uint8_t c = (uint8_t)s[i];
+        if (c == '%') {
+            int hi = i + 2 < size ? hex_digit(s[i + 1]) : -1;
+            int lo = i + 2 < size ? hex_digit(s[i + 2]) : -1;
+            if (hi < 0 || lo < 0)
+                return false;
+            c = (uint8_t)(hi << 4 | lo);
+            i += 2;
+        }
+        if (n == POLICY_NAME_SIZE_MAX)
+            return false;
+        out[n++] = c;
+    }
+    *out_size = n;
+    return n > 0;
+}
+
+struct policy_path {
+    uint8_t vhost[POLICY_NAME_SIZE_MAX];
+    uint8_t name[POLICY_NAME_SIZE_MAX];
+    struct bytes vhost_b, name_b;
+};
+
+/* "{vhost}/{name}", each %-encoded and not empty. */
+static bool parse_path(const char *rest, size_t size, struct policy_path *out)
+{
+    const char *slash = memchr(rest, '/', size);
+    if (slash == NULL)
+        return false;
+    size_t first = (size_t)(slash - rest);
+    if (memchr(slash + 1, '/', size - first - 1) != NULL)
+        return false;
+    uint32_t vn, nn;
+    if (!decode_segment(rest, first, out->vhost, &vn) ||
+        !decode_segment(slash + 1, size - first - 1, out->name, &nn))
+        return false;
+    out->vhost_b = (struct bytes){out->vhost, vn};
+    out->name_b = (struct bytes){out->name, nn};
+    return true;
+}
+
+struct body {
+    char pattern[JSON_READ_STRING_SIZE];
+    size_t pattern_size;
+    bool has_pattern, has_backups;
+    int64_t priority, backups;
+};
+
+static bool on_member(void *ctx, const struct json_read_member *m, char *err, size_t err_size)
+{
+    struct body *b = ctx;
+    if (strcmp(m->key, "pattern") == 0 && m->kind == JSON_READ_STRING) {
+        memcpy(b->pattern, m->string, m->string_size);
+        b->pattern_size = m->string_size;
+        b->has_pattern = true;
+    } else if (strcmp(m->key, "priority") == 0 && m->kind == JSON_READ_INT) {
+        b->priority = m->integer;
+    } else if (strcmp(m->key, "backups") == 0 && m->kind == JSON_READ_INT) {
+        b->backups = m->integer;
+        b->has_backups = true;
+    } else if (strcmp(m->key, "apply-to") == 0 && m->kind == JSON_READ_STRING &&
+               strcmp(m->string, "queues") == 0) {
+        /* RabbitMQ's field: replication policies only ever apply to queues. */
+    } else {
+        snprintf(err, err_size,
+                 "unexpected member '%s' (expected \"pattern\": string, \"priority\": "
+                 "integer, \"backups\": integer)",
+                 m->key);
+        return false;
+    }
+    return true;
+}
+
+/* The body of a PUT as a declaration: OK, or E_SYNTAX with why in err. */
+static int parse_body(const struct http_call_request *req, const struct policy_path *path,
+                      struct body *b, struct policy_decl *d, char *err, size_t err_size)
+{
+    memset(b, 0, sizeof *b);
+    if (json_read_object(req->body, req->body_size, on_member, b, err, err_size) != OK)
+        return E_SYNTAX;
+    if (!b->has_pattern || !b->has_backups) {
+        snprintf(err, err_size, "\"pattern\" and \"backups\" are required");
+        return E_SYNTAX;
+    }
+    if (b->priority < 0 || b->priority > POLICY_PRIORITY_MAX || b->backups < 0 ||
+        b->backups > POLICY_BACKUPS_MAX) {
+        snprintf(err, err_size, "priority must be 0..%d and backups 0..%d", POLICY_PRIORITY_MAX,
+                 POLICY_BACKUPS_MAX);
+        return E_SYNTAX;
+    }
+    *d = (struct policy_decl){path->vhost_b, path->name_b,
+                              {(const uint8_t *)b->pattern, (uint32_t)b->pattern_size},
+                              (uint32_t)b->priority, (uint8_t)b->backups};
+    return policy_decl_check(d, err, err_size);
+}
+
+/* ---- answers ---------------------------------------------------------------- */
+
+static void answer_policy(struct http_call *call, int status, const struct policy *p)
+{
+    struct json body;
+    http_body_init(&body);
+    write_policy(&body, p);
+    http_call_answer(call, status, &body);
+}
+
+static void answer_deleted(struct http_call *call, const struct policy_path *path)
+{
+    struct json body;
+    http_body_init(&body);
+    json_object_begin(&body);
+    json_key(&body, "vhost");
+    json_string_n(&body, path->vhost_b.ptr, path->vhost_b.len);
+    json_key(&body, "name");
+    json_string_n(&body, path->name_b.ptr, path->name_b.len);
+    json_kv_bool(&body, "deleted", true);
+    json_object_end(&body);
+    http_call_answer(call, 200, &body);
+}
+
+/* ---- in a cluster: through the map ------------------------------------------- */
+
+/* One PUT or DELETE waiting for its map command. */
+struct pending {
+    struct broker *broker;
+    struct http_call *call;
+    struct cluster_request *request;
+    bool created;
+    struct policy_path path;
+};
+
+static void on_cancel(void *arg)
+{
+    struct pending *p = arg;
+    cluster_request_cancel(p->request);
+    free(p);
+}
+
+static void on_applied(void *ctx, int status, const struct map_change *change)
+{
+    struct pending *p = ctx;
+    if (status != OK) {
+        http_call_answer_error(p->call, 503,
+                               "the cluster map is unavailable (no leader or no quorum)");
+    } else if (change->reply_code == REPLY_NOT_FOUND) {
+        http_call_answer_error(p->call, 404, change->reply_text);
+    } else if (change->reply_code != REPLY_SUCCESS) {
+        http_call_answer_error(p->call, 400, change->reply_text);
+    } else if (change->op == MAP_OP_POLICY_DELETE) {
+        answer_deleted(p->call, &p->path);
+    } else {
+        const struct policy *policy = policy_set_find(api_policies_of(p->broker),
+                                                      p->path.vhost_b, p->path.name_b);
+        if (policy != NULL)
+            answer_policy(p->call, p->created ? 201 : 200, policy);
+        else /* deleted again right after: what we put did commit */
+            answer_deleted(p->call, &p->path);
+    }
+    free(p);
+}
+
+static void submit(struct broker *broker, struct http_call *call, struct map_cmd *cmd,
+                   const struct policy_path *path, bool created)
+{
+    if (!cluster_node_synced(broker->cluster)) {
+        map_cmd_free(cmd);
+        http_call_answer_error(call, 503, "this broker has not caught up with the cluster yet");
+        return;
+    }
+    struct pending *p = calloc(1, sizeof *p);
+    ASSERT(p != NULL);
+    *p = (struct pending){.broker = broker, .call = call, .created = created, .path = *path};
+    /* The slices must point into the pending copy, not the caller's. */
+    p->path.vhost_b.ptr = p->path.vhost;
+    p->path.name_b.ptr = p->path.name;
+    http_call_on_cancel(call, on_cancel, p);
+    p->request = cluster_node_submit(broker->cluster, cmd, on_applied, p);
+}
+
+/* ---- the resource ------------------------------------------------------------- */
+
+static bool vhost_exists(struct broker *broker, struct bytes vhost)
+{
+    if (broker->cluster != NULL)
+        return cluster_map_vhost(cluster_node_map(broker->cluster), vhost) != NULL;
+    return broker_vhost(broker, vhost) != NULL;
+}
+
+static void put_policy(struct broker *broker, struct http_call *call,
+                       const struct http_call_request *req, const struct policy_path *path)
+{
+    struct body b;
+    struct policy_decl d;
+    char err[ERROR_SIZE];
+    if (parse_body(req, path, &b, &d, err, sizeof err) != OK) {
+        http_call_answer_error(call, 400, err);
+        return;
+    }
+    if (!vhost_exists(broker, d.vhost)) {
+        http_call_answer_error(call, 404, "no such vhost");
+        return;
+    }
+    const struct policy_set *set = api_policies_of(broker);
+    bool created = policy_set_find(set, d.vhost, d.name) == NULL;
+    if (broker->cluster != NULL) {
+        struct map_cmd cmd;
+        ASSERT(map_cmd_policy_put(&cmd, &d) == OK); /* a few short strings */
+        submit(broker, call, &cmd, path, created);
+        return;
+    }
+    if (created && set->count == POLICY_COUNT_MAX) {
+        http_call_answer_error(call, 400, "too many policies");
+        return;
+    }
+    policy_set_put(&broker->policies, &d);
+    const struct policy *p = policy_set_find(&broker->policies, d.vhost, d.name);
+    durable_policy_put(broker, p);
+    LOG_INFO("policy '%.*s' in vhost '%.*s': pattern '%.*s', priority %u, backups %u",
+             (int)d.name.len, (const char *)d.name.ptr, (int)d.vhost.len,
+             (const char *)d.vhost.ptr, (int)d.pattern.len, (const char *)d.pattern.ptr,
+             d.priority, d.backups);
+    answer_policy(call, created ? 201 : 200, p);
+}
+
+static void delete_policy(struct broker *broker, struct http_call *call,
+                          const struct policy_path *path)
+{
+    if (!vhost_exists(broker, path->vhost_b)) {
+        http_call_answer_error(call, 404, "no such vhost");
+        return;
+    }
+    if (broker->cluster != NULL) {
+        struct map_cmd cmd;
+        ASSERT(map_cmd_policy_delete(&cmd, path->vhost_b, path->name_b) == OK);
+        submit(broker, call, &cmd, path, false);
+        return;
+    }
+    if (!policy_set_delete(&broker->policies, path->vhost_b, path->name_b)) {
+        http_call_answer_error(call, 404, "no such policy");
+        return;
+    }
+    durable_policy_deleted(broker, path->vhost_b, path->name_b);
+    answer_deleted(call, path);
+}
+
+/* /api/policies/{vhost}/{name} */
+static void handle_policy(void *ctx, struct http_call *call, const struct http_call_request *req)
+{
+    struct broker *broker = ctx;
+    struct policy_path path;
+    if (!parse_path(req->rest, req->rest_size, &path)) {
+        http_call_answer_error(call, 404, "expected /api/policies/{vhost}/{name}");
+        return;
+    }
+    switch (req->method) {
+    case HTTP_METHOD_GET:
+    case HTTP_METHOD_HEAD: {
+        const struct policy *p =
+            policy_set_find(api_policies_of(broker), path.vhost_b, path.name_b);
+        if (p != NULL)
+            answer_policy(call, 200, p);
+        else
+            http_call_answer_error(call, 404, "no such policy");
+        return;
+    }
+    case HTTP_METHOD_PUT: put_policy(broker, call, req, &path); return;
+    case HTTP_METHOD_DELETE: delete_policy(broker, call, &path); return;
+    case HTTP_METHOD_POST: break;
+    }
+    http_call_answer_error(call, 405, "GET, PUT or DELETE a policy");
+}
+
+void api_policies_register(struct http_server *http, struct broker *broker)
+{
+    http_server_route(http, "/api/policies", handle_list, broker);
+    http_server_route_prefix(http, "/api/policies/", handle_policy, broker);
+}

@@ -1,0 +1,34 @@
+/*
+ * api_policies.h: the replication policy endpoints of the management API
+ * (RabbitMQ's /api/policies, with quay's one setting: backups).
+ *
+ *   GET    /api/policies                   every policy, every vhost
+ *   GET    /api/policies/{vhost}/{name}    one (404 if none)
+ *   PUT    /api/policies/{vhost}/{name}    {"pattern": "^ha\\.", "priority": 0, "backups": 2}
+ *                                          201 created, 200 replaced
+ *   DELETE /api/policies/{vhost}/{name}    200, 404 if none
+ * vhost and name are %-encoded ("/" is %2F). Errors: 400 bad body or
+ * pattern, 404 unknown vhost or policy, 503 when the cluster map cannot
+ * commit (no leader, no quorum, or this broker has not caught up).
+ *
+ * In a cluster a change is a map command (cluster/map.h): the answer waits
+ * for it to be applied here, and the leader's controller then brings the
+ * existing queues to their new replication factor. Outside a cluster the
+ * broker keeps the policies itself, durably (broker/durable.h); they have
+ * nothing to replicate there, so they are only kept and shown.
+ */
+#ifndef QUAY_MGMT_API_POLICIES_H
+#define QUAY_MGMT_API_POLICIES_H
+
+#include "mgmt/http.h"
+
+struct broker;
+struct policy_set;
+
+/* Adds the routes; broker is borrowed and outlives the server. */
+void api_policies_register(struct http_server *http, struct broker *broker);
+
+/* The policies in force: the map's in a cluster, else the broker's. */
+const struct policy_set *api_policies_of(const struct broker *broker);
+
+#endif

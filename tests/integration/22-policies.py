@@ -1,0 +1,246 @@
+"""Goal: replication policies decide a queue's backups cluster-wide, by queue
+name, without touching the queue: a policy put through one broker's HTTP API
+places queues declared through another with its backups; a queue's own
+x-quay-backups still wins; changing or deleting the policy changes the
+backups of existing queues (the leader's controller decides, the primary
+catches new backups up); bad input is refused with the right status.
+
+Method: three quayd processes (tests/cluster/clustertest.py) with the
+default --default-backups 1; HTTP PUT/DELETE on broker a, AMQP declares on
+broker b, /api/queues read on every broker; quayctl on broker c.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
+sys.path.insert(0, HERE)
+from clustertest import Cluster, free_port, quayd_path, run, test, wait_until  # noqa: E402
+
+import pika  # noqa: E402
+
+cluster = None
+members = {}
+
+
+def connect(member):
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", member.amqp_port, heartbeat=0, blocked_connection_timeout=30))
+
+
+def http(member, method, path, body=None):
+    """(status, parsed JSON body) of one request."""
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    req = urllib.request.Request("http://127.0.0.1:%d%s" % (member.http_port, path),
+                                 data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=15) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+def queue_info(member, name):
+    status, queues = http(member, "GET", "/api/queues")
+    assert status == 200, status
+    for q in queues:
+        if q["name"] == name:
+            return q
+    return None
+
+
+def everywhere(name, pred):
+    """pred holds for the queue's entry on every broker."""
+    infos = [queue_info(m, name) for m in members.values()]
+    return all(i is not None and pred(i) for i in infos)
+
+
+def backups_are(name, n):
+    return lambda: everywhere(name, lambda i: len(i["backups"]) == n and
+                              i["replication_factor"] == n + 1)
+
+
+@test(timeout=120)
+def three_brokers():
+    global cluster
+    cluster = Cluster()
+    a = cluster.add("a")
+    wait_until(lambda: len(cluster.leaders([a])) == 1, 15, what="a to lead")
+    b = cluster.add("b", join=[a])
+    c = cluster.add("c", join=[a, b])
+    for m in (a, b, c):
+        members[m.name] = m
+    expect = {"a": "up", "b": "up", "c": "up"}
+    wait_until(lambda: all(m.view() and m.view().brokers == expect for m in (a, b, c)), 20,
+               what="three brokers up everywhere")
+    wait_until(lambda: all(m.log_text().count("is up") >= 2 for m in (a, b, c)), 10,
+               what="links up")
+
+
+@test(timeout=60)
+def a_policy_put_on_one_broker_places_queues_declared_on_another():
+    a, b = members["a"], members["b"]
+    status, body = http(a, "PUT", "/api/policies/%2F/ha",
+                        {"pattern": "^ha\\.", "priority": 0, "backups": 2})
+    assert status == 201, (status, body)
+    assert body["backups"] == 2 and body["pattern"] == "^ha\\.", body
+    # Every broker has it (the map is the same everywhere).
+    wait_until(lambda: all(http(m, "GET", "/api/policies")[1] == [body]
+                           for m in members.values()), 10, what="the policy everywhere")
+    c = connect(b)
+    ch = c.channel()
+    ch.queue_declare("ha.x", durable=True)
+    ch.queue_declare("plain", durable=True)
+    ch.queue_declare("ha.own", durable=True, arguments={"x-quay-backups": 0})
+    c.close()
+    info = queue_info(b, "ha.x")
+    assert len(info["backups"]) == 2 and info["policy"] == "ha", info
+    assert info["replication_factor"] == 3, info
+    assert info["primary"] not in info["backups"], info
+    info = queue_info(b, "plain")
+    assert len(info["backups"]) == 1 and info["policy"] is None, info  # the default
+    info = queue_info(b, "ha.own")
+    assert info["backups"] == [] and info["policy"] is None, info  # its own argument wins
+    wait_until(backups_are("ha.x", 2), 10, what="ha.x with 2 backups everywhere")
+
+
+@test(timeout=90)
+def changing_the_policy_changes_existing_queues():
+    a, b = members["a"], members["b"]
+    c = connect(b)
+    ch = c.channel()
+    ch.confirm_delivery()
+    for i in range(50):
+        ch.basic_publish("", "ha.x", b"m%d" % i,
+                         pika.BasicProperties(delivery_mode=2))
+    c.close()
+    status, body = http(a, "PUT", "/api/policies/%2F/ha",
+                        {"pattern": "^ha\\.", "priority": 0, "backups": 0})
+    assert status == 200, (status, body)  # replaced
+    wait_until(backups_are("ha.x", 0), 15, what="ha.x down to 0 backups")
+    assert queue_info(b, "plain")["backups"].__len__() == 1
+    assert queue_info(b, "ha.own")["backups"] == []
+    # Up again: the new backups are caught up with the 50 messages.
+    status, body = http(a, "PUT", "/api/policies/%2F/ha",
+                        {"pattern": "^ha\\.", "priority": 5, "backups": 2})
+    assert status == 200, (status, body)
+    wait_until(backups_are("ha.x", 2), 15, what="ha.x back to 2 backups")
+    wait_until(lambda: everywhere("ha.x", lambda i: sorted(i["in_sync"]) ==
+                                  sorted(i["backups"])), 20, what="the new backups in sync")
+    info = queue_info(a, "ha.x")
+    for name in info["backups"]:
+        wait_until(lambda: queue_info(members[name], "ha.x")["replica_messages"] == 50, 10,
+                   what="50 messages on backup %s" % name)
+    assert queue_info(members[info["primary"]], "ha.x")["messages"] == 50
+
+
+@test(timeout=60)
+def deleting_the_policy_brings_the_default_back():
+    a = members["a"]
+    status, body = http(a, "DELETE", "/api/policies/%2F/ha")
+    assert status == 200 and body["deleted"] is True, (status, body)
+    wait_until(backups_are("ha.x", 1), 15, what="ha.x back to the default 1 backup")
+    assert queue_info(a, "ha.x")["policy"] is None
+    assert queue_info(a, "ha.own")["backups"] == []
+    wait_until(lambda: all(http(m, "GET", "/api/policies")[1] == [] for m in members.values()),
+               10, what="no policy anywhere")
+
+
+@test(timeout=60)
+def bad_requests_are_refused():
+    a = members["a"]
+    status, body = http(a, "PUT", "/api/policies/%2F/bad",
+                        {"pattern": "^(ha", "priority": 0, "backups": 1})
+    assert status == 400 and "regular expression" in body["reason"], (status, body)
+    status, body = http(a, "PUT", "/api/policies/%2F/bad",
+                        {"pattern": "x", "priority": 0, "backups": 4})
+    assert status == 400, (status, body)
+    status, body = http(a, "PUT", "/api/policies/%2F/bad", b'{"pattern": ')
+    assert status == 400, (status, body)
+    status, body = http(a, "PUT", "/api/policies/nowhere/p",
+                        {"pattern": "x", "priority": 0, "backups": 1})
+    assert status == 404, (status, body)
+    status, body = http(a, "DELETE", "/api/policies/%2F/missing")
+    assert status == 404, (status, body)
+    assert http(a, "GET", "/api/policies")[1] == []
+
+
+@test(timeout=60)
+def quayctl_sets_lists_and_clears():
+    c = members["c"]
+    ctl = [os.path.join(os.path.dirname(quayd_path()), "quayctl"),
+           "--http", "127.0.0.1:%d" % c.http_port]
+    p = subprocess.run(ctl + ["set-policy", "/", "all", ".", "3", "1"], capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run(ctl + ["policies"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and "all" in p.stdout, (p.stdout, p.stderr)
+    # Every queue without its own argument now wants 3 backups: only 2 other brokers exist.
+    wait_until(lambda: everywhere("plain", lambda i: i["replication_factor"] == 4 and
+                                  len(i["backups"]) == 2), 15, what="plain at factor 4")
+    p = subprocess.run(ctl + ["set-policy", "/", "x", "(", "1"], capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 76 and "400" in p.stderr, (p.returncode, p.stderr)
+    p = subprocess.run(ctl + ["clear-policy", "/", "all"], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 0, p.stderr
+    wait_until(backups_are("plain", 1), 15, what="plain back to 1 backup")
+
+
+@test(timeout=60)
+def a_single_broker_keeps_its_policies_across_a_restart():
+    """Outside a cluster there is nothing to replicate: policies are kept
+    (journal definitions) and shown, queues get no backups."""
+    class Single:
+        http_port = free_port()
+    data = tempfile.mkdtemp(prefix="quay-policies-")
+    argv = [quayd_path(), "--listen", "127.0.0.1:%d" % free_port(), "--data", data,
+            "--http", "127.0.0.1:%d" % Single.http_port]
+
+    def start():
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        wait_until(lambda: _answers(Single), 10, what="the single broker")
+        return proc
+    proc = start()
+    try:
+        status, body = http(Single, "PUT", "/api/policies/%2F/ha",
+                            {"pattern": "^ha\\.", "priority": 1, "backups": 2})
+        assert status == 201, (status, body)
+        assert http(Single, "PUT", "/api/policies/%2F/x", {"pattern": "(", "backups": 1})[0] == 400
+        proc.terminate()
+        assert proc.wait(timeout=15) == 0
+        proc = start()
+        assert http(Single, "GET", "/api/policies")[1] == [body]
+        assert http(Single, "DELETE", "/api/policies/%2F/ha")[0] == 200
+        assert http(Single, "DELETE", "/api/policies/%2F/ha")[0] == 404
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _answers(member):
+    try:
+        return http(member, "GET", "/api/policies")[0] == 200
+    except OSError:
+        return False
+
+
+def cleanup(failed):
+    if cluster is None:
+        return []
+    cluster.failed = failed
+    return cluster.close()
+
+
+if __name__ == "__main__":
+    run(cleanup)
