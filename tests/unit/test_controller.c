@@ -575,6 +575,9 @@ static void test_policies_change_factors(void **state)
     map_cmd_list_init(&out);
     controller_apply_policies(&map, &config, &out);
     assert_int_equal(out.count, 1);
+    uint32_t caught_up[] = {a->backup_ids[0]}; /* only an in-sync backup can be promoted */
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("ha.a"), a->epoch, caught_up, 1),
+               &c);
     must_apply(&map, map_cmd_queue_set_owner(&c, B("/"), B("ha.a"), a->epoch, a->backup_ids[0]),
                &c);
     struct map_change change;
