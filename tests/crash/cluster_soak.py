@@ -428,8 +428,13 @@ class Soak:
                         next_at = next_at + period if period else now
                         if period and next_at < now - 1.0:
                             next_at = now        # do not burst after a stall
-                    conn.process_data_events(time_limit=0.01 if period == 0 else
-                                             min(0.05, max(0.0, next_at - time.monotonic())))
+                    # Wait for confirms, or until the next publish is due (never
+                    # a busy loop: confirms do not end the wait early).
+                    if done or len(outstanding) >= a.window or period == 0:
+                        wait = 0.005
+                    else:
+                        wait = min(0.05, max(0.002, next_at - time.monotonic()))
+                    conn.process_data_events(time_limit=wait)
                 conn.close()
                 if self.stop_publish.is_set() and not resend and not outstanding:
                     return
