@@ -151,17 +151,28 @@ def main():
         else:
             b1_primary = "%.2f" % (seen["b1_primary_last"] - fault_at[0])
         print("# %s" % m.group(0))
+        # amqpbench's max_confirm_gap_ms only counts gaps that a positive ack
+        # closed (or that are still open, unsettled, at the end). A window
+        # that is nacked after a stall is not counted: window_nacked_after_s
+        # is then the time from the fault to that nack (a lower bound of the
+        # real gap when no ack came in between).
+        nack_first = float(res.get("nack_first_s", -1))
+        stalled = "%.2f" % (nack_first - a.at) if nack_first >= a.at else "-"
         print("ROW %s max_confirm_gap_ms=%s nacked=%s lost=%s dup=%s published=%s confirmed=%s "
-              "unconfirmed=%s promoted_s=%s b1_%s_s=%s gap_started_at_s=%s fault_at_s=%.1f" % (
+              "unconfirmed=%s window_nacked_after_s=%s promoted_s=%s b1_%s_s=%s gap_started_at_s=%s "
+              "fault_at_s=%.1f" % (
                   a.mode, res.get("max_confirm_gap_ms"), res.get("nacked"), res.get("lost"),
                   res.get("dup"), res.get("published"), res.get("confirmed"),
-                  res.get("unconfirmed"), "%.2f" % promoted if promoted is not None else "never",
+                  res.get("unconfirmed"), stalled, "%.2f" % promoted if promoted is not None else "never",
                   "serving" if seen["b1_serving_field"] else "primary", b1_primary,
                   res.get("gap_started_at_s"), a.at), flush=True)
         ok = probe.returncode == 0
+        if os.environ.get("KEEP_TMP") == "1":
+            cluster.failed = True     # keep the logs
+            sys.stderr.write(err)
     finally:
         lab.heal()
-        cluster.failed = not ok
+        cluster.failed = cluster.failed or not ok
         cluster.close()
         lab.close()
     return 0 if ok else 1
