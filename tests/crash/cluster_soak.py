@@ -98,6 +98,10 @@ def parse_args(argv):
     p.add_argument("--restore-timeout", type=float, default=float(env("RESTORE_TIMEOUT", "15")))
     p.add_argument("--pub-rate", type=float, default=float(env("PUB_RATE", "200")),
                    help="msg/s per publisher (0 = unlimited)")
+    p.add_argument("--publishers", type=int, default=int(env("PUBLISHERS", "2")),
+                   help="publishers per queue, started on different brokers")
+    p.add_argument("--client-split", default=env("CLIENT_SPLIT", "fail"), choices=["fail", "warn"],
+                   help="what a split brain seen by the clients does")
     p.add_argument("--window", type=int, default=int(env("WINDOW", "50")))
     p.add_argument("--confirm-timeout", type=float, default=float(env("CONFIRM_TIMEOUT", "5")))
     p.add_argument("--consumer-idle", type=float, default=float(env("CONSUMER_IDLE", "10")))
@@ -166,6 +170,39 @@ def check_split_brain(records):
                         "worst": where}
 
 
+GRACE = 0.25   # confirms within this long after a cut may be in flight from before it
+
+
+def check_client_split(faults, acks):
+    """Split brain as the publishers saw it: during a cut or partition
+    (from GRACE s after it began until the heal), confirms for one queue came
+    from brokers on both sides, and the minority side confirmed after the
+    majority side had started (two primaries confirming at once). faults:
+    [{"start", "end", "minority", "majority"}]; acks: {queue: [(t, broker)]}.
+    Returns (violations, stats); margin = majority's first - minority's last."""
+    violations, worst, where, both, minority_acks = [], None, None, 0, 0
+    for i, f in enumerate(faults):
+        s, e = f["start"] + GRACE, f["end"] if f["end"] is not None else float("inf")
+        for qn, lst in sorted(acks.items()):
+            a = [t for t, b in lst if s < t <= e and b in f["minority"]]
+            b_ = [t for t, b in lst if s < t <= e and b in f["majority"]]
+            minority_acks += len(a)
+            if not a or not b_:
+                continue
+            both += 1
+            margin = (min(b_) - max(a)) * 1000
+            what = "%s #%d (%s | %s), queue %s: minority confirmed until +%.2f s, majority from " \
+                "+%.2f s" % (f["kind"], i + 1, "".join(sorted(f["majority"])),
+                             "".join(sorted(f["minority"])), qn, max(a) - f["start"],
+                             min(b_) - f["start"])
+            if worst is None or margin < worst:
+                worst, where = margin, what
+            if margin <= 0:
+                violations.append(what + " (%d confirms on the minority side)" % len(a))
+    return violations, {"both": both, "worst_margin_ms": None if worst is None else int(worst),
+                        "worst": where, "minority_acks": minority_acks}
+
+
 def selftest():
     ok = {("a", 1, "q", 5): {"first_ms": 1000, "last_ms": 2000, "count": 10},
           ("b", 1, "q", 7): {"first_ms": 2600, "last_ms": 4000, "count": 10},
@@ -186,6 +223,11 @@ def selftest():
     later[("c", 1, "q", 9)] = {"first_ms": 3500, "last_ms": 3600, "count": 1}
     v, s = check_split_brain(later)
     assert len(v) == 1 and "overlap 500 ms" in v[0] and s["worst_margin_ms"] == -500, (v, s)
+    f = [{"kind": "cut", "start": 10.0, "end": 20.0, "minority": {"a"}, "majority": {"b", "c"}}]
+    v, st = check_client_split(f, {"q": [(10.1, "a"), (12.0, "a"), (13.0, "b"), (21.0, "a")]})
+    assert v == [] and st["worst_margin_ms"] == 1000, (v, st)
+    v, st = check_client_split(f, {"q": [(12.0, "a"), (13.0, "b"), (14.0, "a")]})
+    assert len(v) == 1 and st["worst_margin_ms"] == -1000, (v, st)
     print("selftest ok")
 
 
@@ -204,6 +246,7 @@ class QueueState:
         self.confirmed = set()
         self.received = {}          # id -> set of attempts seen
         self.dup = collections.Counter()
+        self.acks = []              # (monotonic time, broker) of each positive confirm
         self.nacked = 0
         self.last_delivery = time.monotonic()
 
@@ -226,6 +269,7 @@ class Soak:
         self.killed = set()
         self.net = None             # None | ("cut", [victim], rest) | ("partition", major, minor)
         self.fault_since = {}
+        self.net_faults = []        # {"kind", "start", "end", "minority", "majority"}
         self.kinds_done = collections.Counter()
         self.incarnation = {}
         self.publisher_on = {}      # queue name -> broker its publisher is connected to
@@ -381,9 +425,11 @@ class Soak:
                             resend.append(ent[0])
                         else:
                             q.confirmed.add(ent[0])
+                    if not nack and tags:
+                        q.acks.append((time.monotonic(), member.name))
             try:
                 conn = self.connect(member)
-                self.publisher_on[q.name] = member.name
+                self.publisher_on[(q.name, start)] = member.name
                 ch = conn.channel()
                 ch._impl.confirm_delivery(ack_nack_callback=on_confirm,
                                           callback=lambda _f: state.update(selected=True))
@@ -439,7 +485,7 @@ class Soak:
                 if self.stop_publish.is_set() and not resend and not outstanding:
                     return
             except Exception as e:
-                self.publisher_on.pop(q.name, None)
+                self.publisher_on.pop((q.name, start), None)
                 with self.lock:
                     self.stats["publish_reconnects"] += 1
                     # everything not confirmed is sent again (at-least-once)
@@ -552,12 +598,15 @@ class Soak:
             qs = list(self.queues)
             self.rng.shuffle(qs)
             prim = self.primaries()
+            on = collections.defaultdict(set)
+            for (qn, _), b in list(self.publisher_on.items()):
+                on[qn].add(b)
             if local_publisher:
-                qs.sort(key=lambda q: self.publisher_on.get(q.name) != prim.get(q.name))
+                qs.sort(key=lambda q: prim.get(q.name) not in on[q.name])
             for q in qs:
                 m = next((c for c in candidates if c.name == prim.get(q.name)), None)
                 if m is not None:
-                    local = self.publisher_on.get(q.name) == m.name
+                    local = m.name in on[q.name]
                     return m, "primary of %s%s" % (q.name, ", its publisher on it" if local else "")
         return self.rng.choice(candidates), "random"
 
@@ -619,6 +668,8 @@ class Soak:
         self.lab.partition([victim.index], [m.index for m in rest])
         self.net = ("cut", [victim.name], [m.name for m in rest])
         self.fault_since[("net",)] = time.monotonic()
+        self.net_faults.append({"kind": "cut", "start": time.monotonic(), "end": None,
+                                "minority": {victim.name}, "majority": set(self.net[2])})
         self.stats["cuts"] += 1
         self.log("cut %s from the others (%s); %s" % (victim.name, why, self.counts()))
 
@@ -638,6 +689,8 @@ class Soak:
         self.lab.partition([m.index for m in majority], [m.index for m in minority])
         self.net = ("partition", [m.name for m in majority], [m.name for m in minority])
         self.fault_since[("net",)] = time.monotonic()
+        self.net_faults.append({"kind": "partition", "start": time.monotonic(), "end": None,
+                                "minority": set(self.net[2]), "majority": set(self.net[1])})
         self.stats["partitions"] += 1
         self.log("partition %s | %s%s; %s" % (
             "".join(self.net[1]), "".join(self.net[2]),
@@ -647,6 +700,7 @@ class Soak:
     def do_heal(self):
         kind = self.net[0]
         self.lab.heal()
+        self.net_faults[-1]["end"] = time.monotonic()
         self.net = None
         self.stats["heals"] += 1
         self.log("healed the %s; %s" % (kind, self.counts()))
@@ -705,11 +759,15 @@ class Soak:
                    for m in self.members]
         n = len(self.members)
         clients = []
+        pubs = []
+        step = max(1, n // max(1, a.publishers))
         for q in self.queues:
-            clients.append(threading.Thread(target=self.publisher, args=(q, q.index % n),
-                                            daemon=True))
+            for j in range(a.publishers):
+                pubs.append(threading.Thread(target=self.publisher,
+                                             args=(q, (q.index + j * step) % n), daemon=True))
             clients.append(threading.Thread(target=self.consumer, args=(q, (q.index + 1) % n),
                                             daemon=True))
+        clients += pubs
         for t in pollers + clients:
             t.start()
         self.t0 = time.monotonic()
@@ -728,7 +786,6 @@ class Soak:
             self.do_restart()
         self.wait_restored("the end of the faults")
         self.stop_publish.set()
-        pubs = clients[0::2]
         for t in pubs:
             t.join(60)
         if any(t.is_alive() for t in pubs):
@@ -788,6 +845,16 @@ class Soak:
                   "violations=%d serving_overlap_samples=%d" % (
                       st["epochs"], st["pairs"], st["worst_margin_ms"], st["worst"] or "-",
                       len(violations), self.serving_overlaps))
+        cv, cst = check_client_split(self.net_faults, {q.name: q.acks for q in self.queues})
+        for v in cv:
+            if self.a.client_split == "fail":
+                self.fail("split brain seen by the clients: " + v)
+            else:
+                print("# WARNING split brain seen by the clients: " + v)
+        print("CLIENT-SPLIT net_faults=%d both_sides_confirmed=%d worst_margin_ms=%s (%s) "
+              "violations=%d minority_confirms_after_%dms=%d" % (
+                  len(self.net_faults), cst["both"], cst["worst_margin_ms"], cst["worst"] or "-",
+                  len(cv), int(GRACE * 1000), cst["minority_acks"]))
         times = [t for _, t in self.restores if t is not None]
         print("RESTORE checks=%d restored=%d max_s=%s mean_s=%s failed=%d" % (
             len(self.restores), len(times), "%.2f" % max(times) if times else "-",
