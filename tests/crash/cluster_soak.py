@@ -267,6 +267,7 @@ class Soak:
         self.serving_overlaps = 0
         self.serving_now = {}       # (broker, queue) -> bool
         self.killed = set()
+        self.died = set()           # exited without our kill
         self.net = None             # None | ("cut", [victim], rest) | ("partition", major, minor)
         self.fault_since = {}
         self.net_faults = []        # {"kind", "start", "end", "minority", "majority"}
@@ -503,7 +504,6 @@ class Soak:
                 time.sleep(0.2)
 
     def consumer(self, q, start):
-        import pika
         k = start
         while not self.stop_all.is_set():
             member = self.members[k % len(self.members)]
@@ -575,7 +575,7 @@ class Soak:
         return (len(self.members) - 1) // 2
 
     def impaired(self):
-        s = set(self.killed)
+        s = set(self.killed) | self.died
         if self.net:
             s |= set(self.net[2] if self.net[0] == "partition" else self.net[1])
         return s
@@ -628,7 +628,17 @@ class Soak:
             acts.append("heal")
         return acts
 
+    def check_deaths(self):
+        """A broker that exited without our kill -9 is a failure (a crash, a
+        sanitizer report); it is not restarted."""
+        for m in self.members:
+            if not m.alive() and m.name not in self.killed and m.name not in self.died:
+                self.died.add(m.name)
+                self.fail("%s exited on its own (status %s): see %s" % (
+                    m.name, m.proc.returncode, m.log_path))
+
     def fault_tick(self):
+        self.check_deaths()
         acts = self.allowed_actions()
         if not acts:
             return
@@ -810,6 +820,7 @@ class Soak:
 
     def report(self):
         a = self.a
+        self.check_deaths()
         with self.lock:
             confirmed = sum(len(q.confirmed) for q in self.queues)
             received = sum(len(q.received) for q in self.queues)
