@@ -11,12 +11,22 @@
 #   scale   5 brokers; quayscale declares SCALE_QUEUES queues (one binding each) through
 #           broker 2; reports declares/s, the map's size, each broker's RSS, then the time a
 #           6th broker takes from start to "caught up with the map" (it has every definition).
+#   cut     3 brokers, each a host in a network namespace (tests/cluster/netlab.py; needs
+#           root); a queue with x-quay-backups=2 whose primary is b1; amqpbench
+#           --failover-probe publishing via b2 (then b3); 4 s in, b1 is silently cut from b2
+#           and b3 (nftables drops between the hosts; no resets). Prints the longest confirm
+#           gap, nacked, lost, dup, and when b2's map promoted another primary. Target: gap
+#           <= 2 s. (bench/cluster_probe.py does the work.)
+#   kill9   the same with kill -9 of b1 instead of the cut, for comparison.
 #
-# Usage: bench/cluster.sh [proxy] [failover] [scale]      (default: all three)
+# Usage: bench/cluster.sh [proxy] [failover] [scale] [cut] [kill9]
+#        (default: proxy failover scale; cut and kill9 need root)
 # Environment: QUAYD=build/quayd REPS=3 DURATION=10 SCALE_QUEUES=10000 BASE_PORT=6100
-#              BENCH_OUT=build/bench KEEP_TMP=0
+#              BENCH_OUT=build/bench KEEP_TMP=0 PROBE_REPS=1 PROBE_DURATION=10 PROBE_AT=4
+#              AMQPBENCH=$BENCH_OUT/amqpbench SHARED_BENCH=../shared/bench
 # Needs: bench/quaybench and bench/quayscale (built here with cc, like bench/run.sh), curl,
-# /usr/bin/python3 with pika (scripts/setup.sh installs both).
+# /usr/bin/python3 with pika (scripts/setup.sh installs both); for cut/kill9 amqpbench
+# (built here from SHARED_BENCH if missing), iproute2 and nft.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -30,6 +40,9 @@ BASE_PORT=${BASE_PORT:-6100}
 BENCH_OUT=${BENCH_OUT:-build/bench}
 KEEP_TMP=${KEEP_TMP:-0}
 ROWS=${*:-proxy failover scale}
+PROBE_REPS=${PROBE_REPS:-1}
+SHARED_BENCH=${SHARED_BENCH:-$ROOT/../shared/bench}
+AMQPBENCH=${AMQPBENCH:-$BENCH_OUT/amqpbench}
 
 mkdir -p "$BENCH_OUT"
 LIBS=$(pkg-config --cflags --libs librabbitmq)
@@ -211,11 +224,25 @@ row_failover() {
   stop_all
 }
 
+# row_probe cut|kill9: the failover probe across a silent cut (or kill -9) of the primary.
+row_probe() {
+  if [ ! -x "$AMQPBENCH" ]; then
+    make -s -f "$SHARED_BENCH/Makefile" OUT="$(dirname "$AMQPBENCH")" "$AMQPBENCH"
+  fi
+  local quayd
+  quayd=$(realpath "$QUAYD")
+  for rep in $(seq 1 "$PROBE_REPS"); do
+    QUAYD=$quayd /usr/bin/python3 "$ROOT/bench/cluster_probe.py" "$1" --amqpbench "$AMQPBENCH" |
+      sed "s/^ROW $1 /ROW $1 rep=$rep /" || echo "ROW $1 rep=$rep status=fail (lost messages, or the probe failed)"
+  done
+}
+
 for row in $ROWS; do
   case "$row" in
     proxy) row_proxy ;;
     failover) row_failover ;;
     scale) row_scale ;;
+    cut|kill9) row_probe "$row" ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
   esac
 done
