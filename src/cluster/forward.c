@@ -319,6 +319,25 @@ uint32_t proxy_stub_take_held(struct queue *queue, struct proxy_held **out)
     return n;
 }
 
+void forward__redirect(struct queue *queue, uint32_t old_primary_id)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    struct member_peer *peer = member_peer(stub->member, old_primary_id);
+    if (peer == NULL)
+        return;
+    list_for_each_safe(n, &peer->forwarders) {
+        struct proxy_forwarder *f = CONTAINER_OF(n, struct proxy_forwarder, peer_link);
+        if (!bytes_equal(f->vhost, queue->vhost->name))
+            continue;
+        for (uint32_t i = 0; i < f->count; i++) {
+            struct forward_wait *w = &f->waits[(f->head + i) & (f->cap - 1)];
+            if (!w->done && w->stub == queue)
+                forwarder_answer(f, w, false, true); /* held, for the new primary */
+        }
+        forwarder_trim(f);
+    }
+}
+
 void forward__peer_down(struct member_peer *peer)
 {
     while (!list_empty(&peer->forwarders)) {

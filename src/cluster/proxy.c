@@ -197,8 +197,13 @@ static void cancel_local(struct uplink *u)
     u->consumer = NULL; /* queue_consumer_remove must not cancel upstream again */
     struct queue *queue = u->stub->queue;
     queue_ref(queue);
+    /* The client's channel requeues what it held, which settles through u:
+     * u must outlive that (the caller frees it if it can). */
+    bool busy = u->busy;
+    u->busy = true;
     queue_consumer_remove(queue, consumer);
     consumer->ops->cancelled(consumer);
+    u->busy = busy;
     queue_unref(queue);
 }
 
@@ -629,6 +634,7 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq)
     struct proxy_stub *stub = stub_of(queue);
     bool moved = stub->primary_id != mq->primary_id || stub->epoch != mq->epoch;
     bool was_available = stub->available;
+    uint32_t old_primary_id = stub->primary_id;
     stub->primary_id = mq->primary_id;
     stub->epoch = mq->epoch;
     stub->available = mq->available;
@@ -650,6 +656,8 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq)
         return;
     }
     if (moved) {
+        if (old_primary_id != mq->primary_id)
+            forward__redirect(queue, old_primary_id);
         detach_all(stub);
         reattach_all(stub);
     }

@@ -60,5 +60,9 @@ void forward__release_held(struct queue *queue, bool send);
 /* The link to peer is gone: its forwards in flight are held for a resend
  * (a replication is nacked) and its channels forgotten. */
 void forward__peer_down(struct member_peer *peer);
+/* The queue's primary changed: forwards still unanswered by the old one
+ * are held for the new one (a primary cut off silently would keep them
+ * until its link timed out; if it did take one, the copy is a duplicate). */
+void forward__redirect(struct queue *queue, uint32_t old_primary_id);
 
 #endif

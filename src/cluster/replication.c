@@ -45,6 +45,7 @@ struct replica_stream {
     uint32_t inflight;        /* answers the link owes */
     uint64_t acked_seq;       /* everything up to here is on it */
     uint64_t catch_up_seq;    /* catching up: done once this is acked */
+    uint64_t progress_ms;     /* its last ack, or when it started gating */
 };
 
 /* A publish whose confirm waits for the backups (or the lease). */
@@ -183,6 +184,7 @@ static void stream_caught_up(struct replication *rep, struct replica_stream *s)
     s->state = STREAM_LIVE;
     s->gating = true; /* from now on, before the map says so */
     s->join_asked = true;
+    s->progress_ms = loop_ms(rep);
     LOG_DEBUG("queue %.*s: backup %u caught up: joining the in-sync set",
               (int)rep->queue->name.len, (const char *)rep->queue->name.ptr, s->backup_id);
     ask_in_sync(rep);
@@ -203,6 +205,7 @@ static void on_stream_answer(void *ctx, uint64_t tag, bool ack)
         stream_fail(rep, s, "lost or refused a message: leaving the in-sync set");
     } else if (s->state != STREAM_FAILED && tag > s->acked_seq) {
         s->acked_seq = tag;
+        s->progress_ms = loop_ms(rep);
         if (s->state == STREAM_CATCHING_UP && tag >= s->catch_up_seq)
             stream_caught_up(rep, s);
     }
@@ -317,9 +320,18 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
             break;
     }
     free(snap.items);
-    if (snap.count == 0 && s->state == STREAM_CATCHING_UP) {
-        s->acked_seq = newest; /* nothing to copy: in sync once the reset is on its way */
-        stream_caught_up(rep, s);
+    if (snap.count == 0) {
+        /* Nothing to copy, but the backup must be heard to have taken the
+         * reset (its link may be dead and not know it yet): an empty
+         * message under seq 0, which a replica takes as one it has. */
+        static const uint8_t no_properties[2] = {0, 0};
+        struct basic_properties none = {0};
+        struct message *probe = message_new(BYTES_LIT(""), BYTES_LIT(""), no_properties, 2,
+                                            &none, 0);
+        ASSERT(probe != NULL);
+        struct method m = replicate_method(queue, rep->epoch, 0, probe);
+        stream_send(rep, s, &m, probe, newest);
+        message_unref(probe);
     }
 }
 
@@ -411,7 +423,10 @@ static void streams_follow(struct replication *rep, const struct map_queue *mq, 
             s->join_asked = false;
             s->acked_seq = in_sync ? rep->queue->next_seq - 1 : 0;
         }
-        s->gating = in_sync || (s->join_asked && s->state == STREAM_LIVE);
+        bool gating = in_sync || (s->join_asked && s->state == STREAM_LIVE);
+        if (gating && !s->gating)
+            s->progress_ms = loop_ms(rep);
+        s->gating = gating;
         if (in_sync)
             s->join_asked = false;
         next[i] = s;
@@ -484,8 +499,12 @@ static void tick_one(struct replication *rep, uint64_t now)
     bool lagging = now - oldest >= REPLICATION_LAG_MS && member_lease_fresh(rep->member);
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         struct replica_stream *s = rep->streams[i];
+        /* Lagging: something has waited for it, and it acked nothing, for
+         * REPLICATION_LAG_MS (a backup still working through a long
+         * catch-up or a burst is not lagging). */
         if (lagging && s->gating && s->state != STREAM_FAILED &&
-            s->acked_seq < pending_at(rep, 0)->seq)
+            s->acked_seq < pending_at(rep, 0)->seq &&
+            now - s->progress_ms >= REPLICATION_LAG_MS)
             stream_fail(rep, s, "lags: leaving the in-sync set");
         else if (!s->gating && (s->state == STREAM_IDLE || s->state == STREAM_FAILED))
             catch_up(rep, s);
