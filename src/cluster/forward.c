@@ -191,7 +191,8 @@ static void forwarder_push(struct proxy_forwarder *f, struct forward_wait w)
 static bool peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m,
                       struct message *message, struct forward_wait w)
 {
-    if (peer == NULL || !peer->up)
+    /* (Also from a closed callback while the link goes down.) */
+    if (peer == NULL || !peer->up || !link_is_up(peer->link))
         return false;
     struct proxy_forwarder *f = forwarder_for(peer, vhost);
     if (f == NULL)

@@ -152,7 +152,9 @@ static void on_forward(void *ctx, uint32_t leader_id, const uint8_t *entry, size
 {
     struct member *member = ctx;
     struct member_peer *peer = member_peer(member, leader_id);
-    if (peer == NULL || !peer->up)
+    /* (The link may be going down right now, its channels being freed:
+     * this can run from their closed callbacks.) */
+    if (peer == NULL || !peer->up || !link_is_up(peer->link))
         return; /* the node sends it again */
     if (peer->map_channel == NULL) {
         static const struct link_channel_ops ops = {0};

@@ -25,6 +25,9 @@
 /* How often the in-sync set we want is asked for again while the map
  * does not show it (no quorum, a lost request, a change in flight). */
 #define REPLICATION_RETRY_MS 500
+/* A catch-up whose backup acked nothing for this long starts over (its
+ * answers were lost somewhere; nothing else would notice). */
+#define REPLICATION_STALL_MS 5000
 
 enum stream_state {
     STREAM_IDLE,        /* not in sync and not being caught up (its link is down) */
@@ -304,6 +307,7 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
     reset.basic_quay_settle.epoch = rep->epoch;
     reset.basic_quay_settle.purge = true;
     s->state = STREAM_CATCHING_UP;
+    s->progress_ms = loop_ms(rep);
     if (!stream_send(rep, s, &reset, NULL, 0))
         return;
     struct snapshot snap = {0};
@@ -508,6 +512,8 @@ static void tick_one(struct replication *rep, uint64_t now)
             stream_fail(rep, s, "lags: leaving the in-sync set");
         else if (!s->gating && (s->state == STREAM_IDLE || s->state == STREAM_FAILED))
             catch_up(rep, s);
+        else if (s->state == STREAM_CATCHING_UP && now - s->progress_ms >= REPLICATION_STALL_MS)
+            stream_fail(rep, s, "stalled while catching up: starting over");
     }
     if (now - rep->asked_ms >= REPLICATION_RETRY_MS)
         ask_in_sync(rep); /* a change the map did not take (no quorum, lost) */

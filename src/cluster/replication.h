@@ -11,8 +11,9 @@
  * The rule that keeps confirmed messages: a publish is confirmed only when
  * every backup in the queue's in-sync set (as this broker last applied the
  * map) has acked it, and this broker's lease is fresh. A backup that
- * cannot be reached, refuses the stream, or lags more than
- * REPLICATION_LAG_MS leaves the in-sync set *by a map change*
+ * cannot be reached, refuses the stream, or acks nothing for
+ * REPLICATION_LAG_MS while a publish waits for it leaves the in-sync set
+ * *by a map change*
  * (queue.set_in_sync, compare-and-set on the epoch) before the primary
  * confirms without it; until that change is applied here, the confirms
  * wait. So a backup the controller may promote (in sync in its map) holds
@@ -44,7 +45,7 @@ struct map_queue;
 struct member;
 struct queue;
 
-/* A backup that has not acked the oldest waiting publish after this long
+/* A backup that acked nothing for this long while a publish waited for it
  * leaves the in-sync set (a stalled or silently cut broker). */
 #define REPLICATION_LAG_MS 1000
 
