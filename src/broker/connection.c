@@ -347,6 +347,7 @@ static void cluster_login(struct connection *connection,
         return;
     }
     connection->cluster_peer = true;
+    connection->conn.peer_reads_always = true; /* see conn.h */
     /* Peers run consumers on behalf of their clients, which must hear of
      * a cancelled consumer whatever the link advertised. */
     connection->client_cancel_notify = true;

@@ -375,6 +375,7 @@ static void connect_to(struct link *link, const struct sockaddr *addr)
     ASSERT(lc != NULL);
     lc->link = link;
     int rc = conn_connect(&lc->conn, link->net, &link_conn_ops, addr, on_connected);
+    lc->conn.peer_reads_always = true; /* the other end is a broker: see conn.h */
     if (rc != 0) {
         free(lc);
         attempt_failed(link, "socket", rc);

@@ -265,7 +265,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     keep_leftover(conn, data + used, size - (size_t)used);
     /* A peer that does not read what we send (confirms, returns, replies)
      * is not read from either, so its output cannot grow without bound. */
-    if (conn->out_bytes >= CONN_OUT_READ_PAUSE)
+    if (conn->out_bytes >= CONN_OUT_READ_PAUSE && !conn->peer_reads_always)
         conn_pause_reading(conn, CONN_PAUSE_OUTPUT);
 }
 
@@ -327,7 +327,7 @@ static void on_resume_idle(uv_idle_t *idle)
             continue;
         ASSERT((size_t)used <= conn->in_size);
         keep_leftover(conn, conn->in + used, conn->in_size - (size_t)used);
-        if (conn->out_bytes >= CONN_OUT_READ_PAUSE)
+        if (conn->out_bytes >= CONN_OUT_READ_PAUSE && !conn->peer_reads_always)
             conn_pause_reading(conn, CONN_PAUSE_OUTPUT);
     }
     uv_idle_stop(idle);

@@ -76,6 +76,11 @@ struct conn {
     uint32_t read_pauses;         /* enum conn_pause bits: why we are not reading */
     bool above_high_water;
     bool peer_loopback;
+    /* Another broker (a cluster link, either end): always read, whatever
+     * our output to it. Two brokers that each stop reading while their
+     * output to the other is large (a catch-up one way, its acks the
+     * other) would wait on each other for ever. */
+    bool peer_reads_always;
     char peer_name[64];           /* "ip:port" */
     struct list_node all_link;    /* in net.conns */
     struct list_node resume_link; /* in net.resume_list while held input waits */
