@@ -69,6 +69,9 @@ struct replication {
     struct pending_confirm *pending; /* owned ring, in seq order */
     uint32_t head, count, cap;
     uint64_t asked_ms;        /* the map was last asked for our in-sync set */
+    uint32_t asked[CLUSTER_BACKUPS_MAX]; /* ... which was this */
+    uint8_t asked_count;
+    uint64_t checked_ms;      /* the tick last compared the map with what we want */
     /* Confirms this broker gave as primary in this epoch (split-brain checks). */
     uint64_t confirms_epoch, confirms_count, first_confirm_ms, last_confirm_ms;
 };
@@ -167,8 +170,16 @@ static void ask_in_sync(struct replication *rep)
         if (s->gating && s->state == STREAM_LIVE)
             ids[n++] = s->backup_id;
     }
-    if (member_set_in_sync(rep->member, rep->queue, rep->epoch, ids, n))
-        rep->asked_ms = loop_ms(rep);
+    /* The same set while that request may still be on its way: wait. */
+    uint64_t now = loop_ms(rep);
+    if (n == rep->asked_count && memcmp(ids, rep->asked, n * sizeof ids[0]) == 0 &&
+        now - rep->asked_ms < REPLICATION_RETRY_MS)
+        return;
+    if (member_set_in_sync(rep->member, rep->queue, rep->epoch, ids, n)) {
+        rep->asked_ms = now;
+        memcpy(rep->asked, ids, n * sizeof ids[0]);
+        rep->asked_count = n;
+    }
 }
 
 static void stream_fail(struct replication *rep, struct replica_stream *s, const char *why)
@@ -515,8 +526,10 @@ static void tick_one(struct replication *rep, uint64_t now)
         else if (s->state == STREAM_CATCHING_UP && now - s->progress_ms >= REPLICATION_STALL_MS)
             stream_fail(rep, s, "stalled while catching up: starting over");
     }
-    if (now - rep->asked_ms >= REPLICATION_RETRY_MS)
-        ask_in_sync(rep); /* a change the map did not take (no quorum, lost) */
+    if (now - rep->checked_ms >= REPLICATION_RETRY_MS) {
+        rep->checked_ms = now;
+        ask_in_sync(rep); /* a change the map did not take (no quorum, lost): again */
+    }
     drain(rep);
 }
 
