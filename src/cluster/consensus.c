@@ -7,7 +7,7 @@
  * redirects, backoff), the proposals in flight, and three loop timers:
  *
  *   watch  polls libraft for a change of leader (0.15 has no callback for
- *          it) every max(10, heartbeat/2) ms, and notices lost leadership;
+ *          it) every 10 ms, and notices lost leadership;
  *   ops    runs the next membership step outside libraft's callbacks;
  *   join   paces join attempts.
  *
@@ -1004,8 +1004,9 @@ int consensus_start(struct consensus **out, uv_loop_t *loop, const struct consen
         }
         return error_from_raft(rv);
     }
-    unsigned tick_ms = c->heartbeat_ms / 2 > 10 ? c->heartbeat_ms / 2 : 10;
-    uv_timer_start(&c->watch_timer, watch_tick, tick_ms, tick_ms);
+    /* libraft 0.15 has no callback for a change of leader: polled, often
+     * enough that a new leader starts its controller at once. */
+    uv_timer_start(&c->watch_timer, watch_tick, 10, 10);
     LOG_INFO("consensus id=%llu: started at %s (dir %s)", (unsigned long long)c->id, c->address,
              cfg->dir);
     *out = c;

@@ -534,6 +534,8 @@ static int on_restore(void *ctx, const uint8_t *data, size_t size)
     return rc;
 }
 
+static void controller_tick(struct cluster_node *node, uint64_t now);
+
 static void on_leader_changed(void *ctx, uint64_t leader_id, const char *leader_address,
                               bool is_self)
 {
@@ -541,6 +543,7 @@ static void on_leader_changed(void *ctx, uint64_t leader_id, const char *leader_
     ASSERT(node != NULL);
     node->leader_id = leader_id;
     node->hurried_for = 0;
+    bool became = is_self && !node->leader;
     if (is_self != node->leader) {
         node->leader = is_self;
         node->controller_ready = false; /* a new leader waits for its barrier */
@@ -549,6 +552,8 @@ static void on_leader_changed(void *ctx, uint64_t leader_id, const char *leader_
              broker_name_or(&node->map, leader_id, leader_id ? "?" : "none"),
              (unsigned long long)leader_id, leader_address ? leader_address : "-",
              is_self ? " (self)" : "", (unsigned long long)node->map.version);
+    if (became && !node->stopping)
+        controller_tick(node, uv_now(node->loop)); /* the barrier now, not at the next tick */
 }
 
 /* ---- proposals (leader only) ---- */

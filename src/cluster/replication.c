@@ -47,7 +47,7 @@ struct replica_stream {
     bool join_asked;          /* caught up: the map was asked to put it in sync */
     uint32_t inflight;        /* answers the link owes */
     uint64_t acked_seq;       /* everything up to here is on it */
-    uint64_t catch_up_seq;    /* catching up: done once this is acked */
+    uint32_t catch_up_left;   /* catching up: answers owed up to the snapshot's last */
     uint64_t progress_ms;     /* its last ack, or when it started gating */
 };
 
@@ -217,11 +217,18 @@ static void on_stream_answer(void *ctx, uint64_t tag, bool ack)
     }
     if (!ack) {
         stream_fail(rep, s, "lost or refused a message: leaving the in-sync set");
-    } else if (s->state != STREAM_FAILED && tag > s->acked_seq) {
-        s->acked_seq = tag;
-        s->progress_ms = loop_ms(rep);
-        if (s->state == STREAM_CATCHING_UP && tag >= s->catch_up_seq)
+    } else if (s->state != STREAM_FAILED) {
+        if (tag > s->acked_seq) {
+            s->acked_seq = tag;
+            s->progress_ms = loop_ms(rep);
+        }
+        /* Answers come in order: the snapshot's last is the one that
+         * leaves nothing owed from before it. */
+        ASSERT(s->state != STREAM_CATCHING_UP || s->catch_up_left > 0);
+        if (s->state == STREAM_CATCHING_UP && --s->catch_up_left == 0) {
+            s->progress_ms = loop_ms(rep);
             stream_caught_up(rep, s);
+        }
     }
     drain(rep);
 }
@@ -324,7 +331,6 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
     struct snapshot snap = {0};
     snapshot_take(queue, &snap);
     uint64_t newest = queue->next_seq - 1;
-    s->catch_up_seq = newest;
     LOG_DEBUG("queue %.*s: catching up backup %u", (int)queue->name.len,
               (const char *)queue->name.ptr, s->backup_id);
     for (uint32_t i = 0; i < snap.count; i++) {
@@ -348,6 +354,7 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
         stream_send(rep, s, &m, probe, newest);
         message_unref(probe);
     }
+    s->catch_up_left = s->inflight; /* (what was sent before the reset included) */
 }
 
 /* ---- the queue's hooks ---- */
