@@ -30,6 +30,7 @@ import pika  # noqa: E402
 cluster = None
 members = {}
 QUEUE = "lagging"
+IDLE = "idle"
 state = {}
 
 
@@ -79,6 +80,8 @@ def five_brokers():
                30, what="five brokers up everywhere")
     c = connect(members["a"])
     c.channel().queue_declare(QUEUE, arguments={"x-quay-backups": 2})
+    # Never published to: its new backups are caught up by an empty probe.
+    c.channel().queue_declare(IDLE, arguments={"x-quay-backups": 2})
     c.close()
     wait_until(lambda: len((queue_info(members["a"], QUEUE) or {}).get("in_sync", [])) == 2, 10,
                what="two backups in sync")
@@ -141,6 +144,11 @@ def thawed_and_restarted_the_factor_is_restored():
         info = queue_info(kept, QUEUE) or {}
         return len(info.get("backups", [])) == 2 and info.get("in_sync") == info["backups"]
     wait_until(restored, 30, what="two in-sync backups again")
+
+    def idle_restored():
+        info = queue_info(kept, IDLE) or {}
+        return len(info.get("backups", [])) == 2 and info.get("in_sync") == info["backups"]
+    wait_until(idle_restored, 30, what="the idle queue's two backups in sync again")
     print("# factor restored %.2f s after both were back" % (time.monotonic() - t0))
     info = queue_info(kept, QUEUE)
     for name in info["backups"]:
