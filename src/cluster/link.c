@@ -34,7 +34,11 @@
 
 #define RECONNECT_MIN_MS_DEFAULT 100
 #define RECONNECT_MAX_MS_DEFAULT 2000
-#define HEARTBEAT_S_DEFAULT 10
+/* Short: a link cut off silently is dropped after two missed beats and
+ * opened afresh once the path is back (a TCP connection that outlived a
+ * long cut waits out its retransmission backoff: tens of seconds). */
+#define HEARTBEAT_S_DEFAULT 2
+#define LINK_USER_TIMEOUT_MS 3000 /* see net_tcp_user_timeout */
 #define HANDSHAKE_TIMEOUT_MS_DEFAULT 5000
 /* A goodbye (connection.close) is written only when the peer has been
  * reading: behind more than this, the socket is closed at once. */
@@ -363,6 +367,7 @@ static void on_connected(struct conn *conn, int status)
         attempt_failed(link, "connect", status); /* the transport closes the conn next */
         return;
     }
+    net_tcp_user_timeout(&conn->tcp, LINK_USER_TIMEOUT_MS);
     LOG_DEBUG("link=%s conn=%llu connected", link->address, (unsigned long long)conn->id);
     link->reader.frame_max = FRAME_MIN_SIZE;
     conn_out_bytes(conn, PROTOCOL_HEADER, PROTOCOL_HEADER_SIZE);

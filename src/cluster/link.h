@@ -54,7 +54,7 @@ struct link_config {
     const char *self_name;    /* our broker name, sent in the login (<= 255 bytes); copied */
     struct bytes secret;      /* the cluster secret (not empty); copied */
     uint32_t reconnect_min_ms, reconnect_max_ms; /* 0 = 100 / 2000 */
-    uint16_t heartbeat_s;     /* 0 = 10: what we ask for in tune-ok (the peer's lower value wins) */
+    uint16_t heartbeat_s;     /* 0 = 2: what we ask for in tune-ok (the peer's lower value wins) */
     uint32_t handshake_timeout_ms; /* 0 = 5000: connect to open-ok, else drop and retry */
 };
 

@@ -31,12 +31,16 @@
 #include "lib/assert.h"
 #include "lib/list.h"
 #include "lib/log.h"
+#include "net/conn.h"
 
 #define MAGIC "QYRA"
 #define VERSION 1
 #define NONCE_SIZE 32
 #define MAC_SIZE 32
 #define HELLO_SIZE 56
+/* A silently cut connection breaks after this (see net_tcp_user_timeout);
+ * the leader's heartbeats always leave data in flight. */
+#define TRANSPORT_USER_TIMEOUT_MS 3000
 #define CHALLENGE_SIZE 80
 #define PROOF_SIZE MAC_SIZE
 #define ACCEPT_SIZE 8
@@ -456,6 +460,7 @@ static void client_on_connected(uv_connect_t *req, int status)
         return;
     }
     uv_tcp_nodelay(hs->tcp, 1);
+    net_tcp_user_timeout(hs->tcp, TRANSPORT_USER_TIMEOUT_MS);
     client_send_hello(hs);
 }
 
@@ -777,6 +782,7 @@ static void transport_on_connection(uv_stream_t *server, int status)
         return;
     }
     uv_tcp_nodelay(hs->tcp, 1);
+    net_tcp_user_timeout(hs->tcp, TRANSPORT_USER_TIMEOUT_MS);
     struct sockaddr_storage ss;
     int len = sizeof ss;
     if (uv_tcp_getpeername(hs->tcp, (struct sockaddr *)&ss, &len) == 0 &&

@@ -9,6 +9,9 @@
 #include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
 #include "lib/assert.h"
 #include "lib/log.h"
@@ -267,6 +270,13 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
      * is not read from either, so its output cannot grow without bound. */
     if (conn->out_bytes >= CONN_OUT_READ_PAUSE && !conn->peer_reads_always)
         conn_pause_reading(conn, CONN_PAUSE_OUTPUT);
+}
+
+void net_tcp_user_timeout(uv_tcp_t *tcp, unsigned ms)
+{
+    uv_os_fd_t fd;
+    if (uv_fileno((const uv_handle_t *)tcp, &fd) == 0)
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
 }
 
 void conn_start(struct conn *conn)

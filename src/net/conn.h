@@ -183,4 +183,10 @@ typedef void (*conn_connected_fn)(struct conn *conn, int status);
 int conn_connect(struct conn *conn, struct net *net, const struct conn_ops *ops,
                  const struct sockaddr *addr, conn_connected_fn connected);
 
+/* A TCP connection with data unacknowledged for ms is aborted by the
+ * kernel (TCP_USER_TIMEOUT) instead of waiting out its retransmission
+ * backoff (minutes): for connections between brokers, which a silent cut
+ * must break soon enough to be opened afresh once the path is back. */
+void net_tcp_user_timeout(uv_tcp_t *tcp, unsigned ms);
+
 #endif
