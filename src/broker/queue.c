@@ -433,6 +433,9 @@ static bool is_duplicate(struct queue *queue, struct bytes id, struct publish_wa
         return false;
     if (wait && ticket > wait->ticket)
         wait->ticket = ticket;
+    /* ... and for the original's backups: what this queue holds so far. */
+    if (queue->replication_ops && queue->next_seq > 1)
+        queue->replication_ops->wait_for(queue, queue->next_seq - 1, wait);
     return true;
 }
 

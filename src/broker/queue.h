@@ -130,6 +130,9 @@ struct queue_replication_ops {
     /* The queue is deleted: answer what waits, stop streaming, free the
      * state (queue->replication and replication_ops become NULL). */
     void (*detach)(struct queue *queue);
+    /* A held-back duplicate's confirm (wait) waits until every message up
+     * to seq is on the backups, as the original's did. */
+    void (*wait_for)(struct queue *queue, uint64_t seq, struct publish_wait *wait);
 };
 
 struct consumer {

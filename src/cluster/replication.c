@@ -379,6 +379,17 @@ static void published(struct queue *queue, uint64_t seq, struct message *message
     }
 }
 
+static void wait_for(struct queue *queue, uint64_t seq, struct publish_wait *wait)
+{
+    struct replication *rep = queue->replication;
+    if (wait == NULL || wait->sink == NULL)
+        return;
+    if (rep->count > 0 || !replicated_everywhere(rep, seq) || !member_lease_fresh(rep->member)) {
+        pending_push(rep, seq, wait);
+        wait->remote++;
+    }
+}
+
 static void removed(struct queue *queue, uint64_t seq)
 {
     struct replication *rep = queue->replication;
@@ -402,6 +413,7 @@ static const struct queue_replication_ops replication_ops = {
     .published = published,
     .removed = removed,
     .detach = detach_hook,
+    .wait_for = wait_for,
 };
 
 /* ---- following the map ---- */
