@@ -276,6 +276,17 @@ class Member:
         return [m for m in SANITIZER_MARKERS if m in text]
 
 
+def queue_info(member, name):
+    """The queue's entry in member's /api/queues; None if it has none or the
+    broker cannot be reached (dead, cut off)."""
+    try:
+        with urllib.request.urlopen("http://%s:%d/api/queues" % (member.host, member.http_port),
+                                    timeout=5) as r:
+            return next((q for q in json.load(r) if q["name"] == name), None)
+    except OSError:
+        return None
+
+
 class Cluster:
     """A set of members sharing a secret; use as a context manager or call close()."""
 
@@ -306,6 +317,23 @@ class Cluster:
 
     def by_id(self, broker_id):
         return next((m for m in self.members if m.broker_id() == broker_id), None)
+
+    def form(self, names, per=None, **kw):
+        """Starts names[0] (it leads), then the others joining it, each with
+        kw plus per(name) if given (Member options); waits until every
+        broker's map shows them all up and their links are up. Returns the
+        members in order."""
+        def options(name):
+            return dict(kw, **(per(name) if per else {}))
+        first = self.add(names[0], **options(names[0]))
+        wait_until(lambda: len(self.leaders([first])) == 1, 15, what="%s to lead" % names[0])
+        members = [first] + [self.add(n, join=[first], **options(n)) for n in names[1:]]
+        expect = {m.name: "up" for m in members}
+        wait_until(lambda: all(m.view() and m.view().brokers == expect for m in members), 30,
+                   what="%d brokers up everywhere" % len(members))
+        wait_until(lambda: all(m.log_text().count("is up") >= len(members) - 1 for m in members),
+                   10, what="links up")
+        return members
 
     def leaders(self, among=None):
         """Live members whose own latest view says they lead."""

@@ -11,16 +11,14 @@ primary in the middle; the consumer (re-subscribed after the cancel
 notification, as clients do) must end with every confirmed message, the
 unacked ones marked redelivered. /api/queues shows where the copies are.
 """
-import json
 import os
 import sys
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, run, test, wait_until  # noqa: E402
+from clustertest import Cluster, queue_info, run, test, wait_until  # noqa: E402
 
 import pika  # noqa: E402
 
@@ -33,31 +31,12 @@ def connect(member):
         "127.0.0.1", member.amqp_port, heartbeat=0, blocked_connection_timeout=30))
 
 
-def queue_info(member, name):
-    with urllib.request.urlopen("http://127.0.0.1:%d/api/queues" % member.http_port,
-                                timeout=5) as r:
-        for q in json.load(r):
-            if q["name"] == name:
-                return q
-    return None
-
-
 @test(timeout=120)
 def three_brokers():
     global cluster
     cluster = Cluster()
-    a = cluster.add("a")
-    wait_until(lambda: len(cluster.leaders([a])) == 1, 15, what="a to lead")
-    b = cluster.add("b", join=[a])
-    c = cluster.add("c", join=[a, b])
-    for m in (a, b, c):
+    for m in cluster.form(["a", "b", "c"]):
         members[m.name] = m
-    expect = {"a": "up", "b": "up", "c": "up"}
-    wait_until(lambda: all(m.view() and m.view().brokers == expect for m in (a, b, c)), 20,
-               what="three brokers up everywhere")
-    wait_until(lambda: all(m.log_text().count("is up") >= 2 for m in (a, b, c)), 10,
-               what="links up")
-
 
 @test(timeout=120)
 def a_backup_holds_every_confirmed_message():

@@ -14,16 +14,14 @@ the promotion ids 1..N again (half through the third broker, half on the
 new primary itself) plus N+1..M; consuming everything must give exactly M
 distinct messages.
 """
-import json
 import os
 import sys
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, run, test, wait_until  # noqa: E402
+from clustertest import Cluster, queue_info, run, test, wait_until  # noqa: E402
 from quaytest import Broker  # noqa: E402
 
 import pika  # noqa: E402
@@ -162,31 +160,12 @@ def durable_full_and_zero_window_queues():
 # ---- (b) a cluster, across a failover ---------------------------------------
 
 
-def queue_info(member, name):
-    with urllib.request.urlopen("http://127.0.0.1:%d/api/queues" % member.http_port,
-                                timeout=5) as r:
-        for q in json.load(r):
-            if q["name"] == name:
-                return q
-    return None
-
-
 @test(timeout=120)
 def three_brokers():
     global cluster
     cluster = Cluster()
-    a = cluster.add("a")
-    wait_until(lambda: len(cluster.leaders([a])) == 1, 15, what="a to lead")
-    b = cluster.add("b", join=[a])
-    c = cluster.add("c", join=[a, b])
-    for m in (a, b, c):
+    for m in cluster.form(["a", "b", "c"]):
         members[m.name] = m
-    expect = {"a": "up", "b": "up", "c": "up"}
-    wait_until(lambda: all(m.view() and m.view().brokers == expect for m in (a, b, c)), 20,
-               what="three brokers up everywhere")
-    wait_until(lambda: all(m.log_text().count("is up") >= 2 for m in (a, b, c)), 10,
-               what="links up")
-
 
 @test(timeout=120)
 def resends_after_a_failover_make_no_duplicates():

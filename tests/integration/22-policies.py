@@ -21,7 +21,8 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, free_port, quayd_path, run, test, wait_until  # noqa: E402
+from clustertest import (Cluster, free_port, queue_info, quayd_path, run, test,  # noqa: E402
+                         wait_until)
 
 import pika  # noqa: E402
 
@@ -48,15 +49,6 @@ def http(member, method, path, body=None):
         return e.code, json.load(e)
 
 
-def queue_info(member, name):
-    status, queues = http(member, "GET", "/api/queues")
-    assert status == 200, status
-    for q in queues:
-        if q["name"] == name:
-            return q
-    return None
-
-
 def everywhere(name, pred):
     """pred holds for the queue's entry on every broker."""
     infos = [queue_info(m, name) for m in members.values()]
@@ -72,18 +64,8 @@ def backups_are(name, n):
 def three_brokers():
     global cluster
     cluster = Cluster()
-    a = cluster.add("a")
-    wait_until(lambda: len(cluster.leaders([a])) == 1, 15, what="a to lead")
-    b = cluster.add("b", join=[a])
-    c = cluster.add("c", join=[a, b])
-    for m in (a, b, c):
+    for m in cluster.form(["a", "b", "c"]):
         members[m.name] = m
-    expect = {"a": "up", "b": "up", "c": "up"}
-    wait_until(lambda: all(m.view() and m.view().brokers == expect for m in (a, b, c)), 20,
-               what="three brokers up everywhere")
-    wait_until(lambda: all(m.log_text().count("is up") >= 2 for m in (a, b, c)), 10,
-               what="links up")
-
 
 @test(timeout=60)
 def a_policy_put_on_one_broker_places_queues_declared_on_another():

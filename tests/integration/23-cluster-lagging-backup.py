@@ -13,17 +13,15 @@ in-sync backup is promoted, never the frozen one, and every confirmed
 message is read back. SIGCONT: the frozen broker comes back and the queue
 is back at two in-sync backups.
 """
-import json
 import os
 import signal
 import sys
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, run, test, wait_until  # noqa: E402
+from clustertest import Cluster, queue_info, run, test, wait_until  # noqa: E402
 
 import pika  # noqa: E402
 
@@ -37,18 +35,6 @@ state = {}
 def connect(member):
     return pika.BlockingConnection(pika.ConnectionParameters(
         "127.0.0.1", member.amqp_port, heartbeat=0, blocked_connection_timeout=60))
-
-
-def queue_info(member, name):
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/api/queues" % member.http_port,
-                                    timeout=5) as r:
-            for q in json.load(r):
-                if q["name"] == name:
-                    return q
-    except OSError:
-        return None
-    return None
 
 
 def publish(member, first, count):
@@ -69,15 +55,8 @@ def publish(member, first, count):
 def five_brokers():
     global cluster
     cluster = Cluster()
-    a = cluster.add("a")
-    wait_until(lambda: len(cluster.leaders([a])) == 1, 15, what="a to lead")
-    for name in ("b", "c", "d", "e"):
-        cluster.add(name, join=[a])
-    for m in cluster.members:
+    for m in cluster.form(["a", "b", "c", "d", "e"]):
         members[m.name] = m
-    expect = {n: "up" for n in members}
-    wait_until(lambda: all(m.view() and m.view().brokers == expect for m in members.values()),
-               30, what="five brokers up everywhere")
     c = connect(members["a"])
     c.channel().queue_declare(QUEUE, arguments={"x-quay-backups": 2})
     # Never published to: its new backups are caught up by an empty probe.
@@ -113,6 +92,7 @@ def the_in_sync_backup_is_promoted_never_the_frozen_one():
     primary.kill()
     wait_until(lambda: (queue_info(observer, QUEUE) or {}).get("primary") == kept.name, 15,
                what="the in-sync backup to be promoted")
+    assert frozen.alive() and queue_info(observer, QUEUE)["primary"] != frozen.name
     c = connect(observer)
     ch = c.channel()
     got = set()

@@ -13,18 +13,16 @@ one publish waiting across the partition (in a thread: pika blocks until
 the answer). /api/queues gives each primary's confirms per epoch: the
 deposed one's last confirm precedes the new one's first.
 """
-import json
 import os
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, quayd_path, run, test, wait_until  # noqa: E402
+from clustertest import Cluster, queue_info, quayd_path, run, test, wait_until  # noqa: E402
 from netlab import Lab  # noqa: E402
 
 import pika  # noqa: E402
@@ -43,23 +41,6 @@ def connect(member):
                                        connection_attempts=1, socket_timeout=5,
                                        blocked_connection_timeout=60)
     return pika.BlockingConnection(params)
-
-
-def queue_info(member, name):
-    try:
-        with urllib.request.urlopen("http://%s:%d/api/queues" % (member.host, member.http_port),
-                                    timeout=5) as r:
-            for q in json.load(r):
-                if q["name"] == name:
-                    return q
-    except OSError:
-        return None
-    return None
-
-
-def states(member):
-    v = member.view()
-    return v.brokers if v else {}
 
 
 def publish(member, first, count):
@@ -82,21 +63,16 @@ def three_brokers_in_three_hosts():
     users = os.path.join(cluster.dir, "users")
     with open(users, "w") as f:
         f.write("%s %s /\n" % (USER, pw))
-    common = dict(extra_args=["--users", users])
-    a = cluster.add("a", host=lab.ip(1), netns=lab.ns(1), **common)
-    wait_until(lambda: len(cluster.leaders([a])) == 1, 15, what="a to lead")
-    b = cluster.add("b", host=lab.ip(2), netns=lab.ns(2), join=[a], **common)
-    c = cluster.add("c", host=lab.ip(3), netns=lab.ns(3), join=[a, b], **common)
-    for i, m in enumerate((a, b, c), 1):
+    host = {"a": 1, "b": 2, "c": 3}
+    formed = cluster.form(["a", "b", "c"], extra_args=["--users", users],
+                          per=lambda n: dict(host=lab.ip(host[n]), netns=lab.ns(host[n])))
+    for m in formed:
         members[m.name] = m
-        hosts[m.name] = i
-    expect = {"a": "up", "b": "up", "c": "up"}
-    wait_until(lambda: all(states(m) == expect for m in (a, b, c)), 30,
-               what="three brokers up everywhere")
-    conn = connect(a)
+        hosts[m.name] = host[m.name]
+    conn = connect(formed[0])
     conn.channel().queue_declare(QUEUE, arguments={"x-quay-backups": 2})
     conn.close()
-    wait_until(lambda: len((queue_info(a, QUEUE) or {}).get("in_sync", [])) == 2, 10,
+    wait_until(lambda: len((queue_info(formed[0], QUEUE) or {}).get("in_sync", [])) == 2, 10,
                what="two backups in sync")
 
 
