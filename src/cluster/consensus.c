@@ -327,8 +327,16 @@ static void proposal_done(struct raft_apply *req, int status, void *result)
 int consensus_propose(struct consensus *c, const uint8_t *cmd, size_t size, consensus_done_fn done,
                       void *req_ctx)
 {
-    ASSERT(c != NULL);
     ASSERT(cmd != NULL || size == 0);
+    struct consensus_cmd one = {cmd, size};
+    return consensus_propose_many(c, &one, 1, done, req_ctx);
+}
+
+int consensus_propose_many(struct consensus *c, const struct consensus_cmd *cmds, uint32_t n,
+                           consensus_done_fn done, void *req_ctx)
+{
+    ASSERT(c != NULL);
+    ASSERT(cmds != NULL && n > 0);
     if (c->stopping)
         return CONSENSUS_E_SHUTDOWN;
     if (raft_state(&c->raft) != RAFT_LEADER)
@@ -336,26 +344,34 @@ int consensus_propose(struct consensus *c, const uint8_t *cmd, size_t size, cons
     if (c->proposals_count >= PROPOSALS_MAX)
         return CONSENSUS_E_BUSY;
     struct proposal *p = calloc(1, sizeof *p);
-    struct raft_buffer buf = {.base = raft_malloc(size > 0 ? size : 1), .len = size};
-    if (p == NULL || buf.base == NULL) {
-        free(p);
-        raft_free(buf.base);
-        return E_NOMEM;
+    struct raft_buffer *bufs = calloc(n, sizeof *bufs);
+    bool ok = p != NULL && bufs != NULL;
+    for (uint32_t i = 0; ok && i < n; i++) {
+        bufs[i].len = cmds[i].size;
+        bufs[i].base = raft_malloc(cmds[i].size > 0 ? cmds[i].size : 1);
+        ok = bufs[i].base != NULL;
+        if (ok && cmds[i].size > 0)
+            memcpy(bufs[i].base, cmds[i].bytes, cmds[i].size);
     }
-    if (size > 0)
-        memcpy(buf.base, cmd, size);
-    p->c = c;
-    p->done = done;
-    p->req_ctx = req_ctx;
-    p->req.data = p;
-    int rv = raft_apply(&c->raft, &p->req, &buf, 1, proposal_done);
-    if (rv != 0) {
-        raft_free(buf.base);
-        free(p);
-        return error_from_raft(rv);
+    int rv = 0;
+    if (ok) {
+        p->c = c;
+        p->done = done;
+        p->req_ctx = req_ctx;
+        p->req.data = p;
+        /* libraft keeps the buffers (the data), not the array. */
+        rv = raft_apply(&c->raft, &p->req, bufs, n, proposal_done);
     }
+    if (!ok || rv != 0) {
+        for (uint32_t i = 0; bufs != NULL && i < n; i++)
+            raft_free(bufs[i].base);
+        free(bufs);
+        free(p);
+        return ok ? error_from_raft(rv) : E_NOMEM;
+    }
+    free(bufs);
     c->proposals_count++;
-    c->stats.proposed_count++;
+    c->stats.proposed_count += n;
     return OK;
 }
 

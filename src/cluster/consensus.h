@@ -116,6 +116,15 @@ int consensus_join(struct consensus *c, const char *const *peers, size_t peers_c
  * once: 0 when committed and applied here, else an error. */
 int consensus_propose(struct consensus *c, const uint8_t *cmd, size_t size, consensus_done_fn done,
                       void *req_ctx);
+/* The same for n commands in one go: n log entries, appended and sent to
+ * the followers together (a failover's thousands of changes); done once,
+ * when the last is applied here (its result), or with the error. */
+struct consensus_cmd {
+    const uint8_t *bytes;
+    size_t size;
+};
+int consensus_propose_many(struct consensus *c, const struct consensus_cmd *cmds, uint32_t n,
+                           consensus_done_fn done, void *req_ctx);
 
 /* Leader only: add a member (voter if fewer than CONSENSUS_VOTERS_MAX voters,
  * else standby) or remove one. Queued behind other membership changes. done

@@ -87,6 +87,7 @@
 #define ADDRESS_SIZE (CLUSTER_NAME_SIZE_MAX + 1)
 #define ENVELOPE_HEADER_SIZE 16
 #define REQUEST_RESEND_MS 1000
+#define PROPOSE_BATCH 256
 
 static_assert(HB_SIZE_MAX < 1200, "a heartbeat fits one datagram on any link");
 static_assert(CLUSTER_NAME_SIZE_MAX <= CONSENSUS_ADDRESS_SIZE_MAX, "addresses fit the map");
@@ -691,9 +692,42 @@ static int propose_join(struct cluster_node *node, struct peer *peer, bool voter
     return rc;
 }
 
+/* Up to PROPOSE_BATCH of the controller's commands in one proposal:
+ * appended and sent to the followers together (a failover's thousands). */
+static uint32_t propose_batch(struct cluster_node *node, struct map_cmd *cmds, uint32_t n,
+                              uint32_t broker_id)
+{
+    if (n > PROPOSE_BATCH)
+        n = PROPOSE_BATCH;
+    struct consensus_cmd entries[PROPOSE_BATCH];
+    for (uint32_t i = 0; i < n; i++) {
+        size_t size;
+        entries[i].bytes = entry_new(&cmds[i], 0, &size);
+        entries[i].size = size;
+        map_cmd_free(&cmds[i]);
+    }
+    struct proposal *p = calloc(1, sizeof *p);
+    ASSERT(p != NULL);
+    *p = (struct proposal){.node = node, .kind = PROPOSAL_OTHER, .broker_id = broker_id};
+    int rc = consensus_propose_many(node->consensus, entries, n, on_proposal_done, p);
+    for (uint32_t i = 0; i < n; i++)
+        free((void *)entries[i].bytes);
+    if (rc != OK)
+        free(p); /* decided again by the repair sweep */
+    else
+        node->proposals_in_flight++;
+    return n;
+}
+
 static void propose_list(struct cluster_node *node, struct map_cmd_list *list,
                          enum proposal_kind kind, uint32_t broker_id)
 {
+    if (kind == PROPOSAL_OTHER) {
+        for (uint32_t i = 0; i < list->count;)
+            i += propose_batch(node, &list->items[i], list->count - i, broker_id);
+        list->count = 0; /* consumed */
+        return;
+    }
     for (uint32_t i = 0; i < list->count; i++) {
         if (propose(node, &list->items[i], kind, broker_id) != OK)
             continue; /* decided again at the next tick */
