@@ -73,6 +73,12 @@ void replica_free(struct replica *r)
 
 bool replica_push(struct replica *r, uint64_t seq, struct message *message, uint64_t now_ms)
 {
+    if (seq == 0) {
+        /* Not a message: a catch-up's dedup id (or its empty probe). */
+        if (r->dedup)
+            dedup_record(r->dedup, message_id(message), now_ms, 0);
+        return true;
+    }
     if (seq <= r->last_seq)
         return true; /* sent again after a reconnect: we have it (or it left) */
     /* After a reset, the snapshot's ids are mostly known already: they keep

@@ -17,8 +17,8 @@
  * message's id, timed by the backup's own clock. A reset keeps it (it
  * clears messages, not ids); promotion hands it to the real queue with the
  * messages, so a publisher's resend to the new primary is de-duplicated.
- * A backup caught up by snapshot learns only the ids of the messages still
- * in the queue, not those of messages already consumed.
+ * A catch-up sends the primary's table first: ids as empty messages under
+ * seq 0, which replica_push records and does not keep.
  *
  * Memory: a replica is owned by its stand-in (proxy.c); each entry holds
  * one message reference.

@@ -10,6 +10,7 @@
 #include "amqp/method_gen.h"
 #include "broker/broker.h"
 #include "broker/channel.h"
+#include "broker/dedup.h"
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
@@ -18,6 +19,7 @@
 #include "cluster/node.h"
 #include "cluster/proxy.h"
 #include "lib/assert.h"
+#include "lib/errors.h"
 #include "lib/log.h"
 #include "lib/ring.h"
 #include "mgmt/json.h"
@@ -308,6 +310,33 @@ static void snapshot_take(struct queue *queue, struct snapshot *snap)
         qsort(snap->items, snap->count, sizeof *snap->items, by_seq);
 }
 
+/* With x-quay-dedup-window, the ids the queue remembers go first, each as
+ * an empty message carrying it under seq 0 (which a replica records and
+ * does not keep): a backup caught up now holds them back after a failover
+ * too. Their windows restart on the backup's clock (they last longer
+ * there, never shorter). */
+static bool send_dedup_ids(struct replication *rep, struct replica_stream *s)
+{
+    const struct dedup *d = rep->queue->dedup;
+    for (uint32_t i = 0; d != NULL && i < d->count; i++) {
+        const struct dedup_id *id = d->items[(d->head + i) & (d->cap - 1)].id;
+        uint8_t raw[3 + 255] = {BASIC_FLAG_MESSAGE_ID >> 8, BASIC_FLAG_MESSAGE_ID & 0xff, id->len};
+        memcpy(raw + 3, id->bytes, id->len);
+        struct basic_properties props;
+        int rc = basic_properties_decode(&props, raw, 3u + id->len);
+        ASSERT(rc == OK);
+        struct message *m = message_new(BYTES_LIT(""), BYTES_LIT(""), raw, 3u + id->len, &props,
+                                        0);
+        ASSERT(m != NULL);
+        struct method method = replicate_method(rep->queue, rep->epoch, 0, m);
+        bool sent = stream_send(rep, s, &method, m, 0);
+        message_unref(m);
+        if (!sent)
+            return false;
+    }
+    return true;
+}
+
 /* A backup not in sync gets the queue as it is now: a reset, then every
  * message in seq order, on the stream's channel so nothing falls between.
  * The last one's tag is the queue's newest seq: once it is acked the
@@ -327,6 +356,8 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
     s->state = STREAM_CATCHING_UP;
     s->progress_ms = loop_ms(rep);
     if (!stream_send(rep, s, &reset, NULL, 0))
+        return;
+    if (!send_dedup_ids(rep, s))
         return;
     struct snapshot snap = {0};
     snapshot_take(queue, &snap);

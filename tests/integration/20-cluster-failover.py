@@ -38,6 +38,7 @@ def three_brokers():
     for m in cluster.form(["a", "b", "c"]):
         members[m.name] = m
 
+
 @test(timeout=120)
 def a_backup_holds_every_confirmed_message():
     c = connect(members["a"])

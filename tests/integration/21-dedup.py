@@ -167,6 +167,7 @@ def three_brokers():
     for m in cluster.form(["a", "b", "c"]):
         members[m.name] = m
 
+
 @test(timeout=120)
 def resends_after_a_failover_make_no_duplicates():
     n, m_total = 200, 300
@@ -217,6 +218,34 @@ def resends_after_a_failover_make_no_duplicates():
     primary.start()
     wait_until(lambda: all(m.view() and m.view().brokers.get(primary.name) == "up"
                            for m in members.values()), 20, what="the old primary back")
+
+
+@test(timeout=120)
+def a_backup_caught_up_later_learns_the_ids():
+    c = connect_port(members["a"].amqp_port)
+    c.channel().queue_declare("dd-late", arguments={"x-quay-backups": 1,
+                                                    "x-quay-dedup-window": 120000})
+    c.close()
+    wait_until(lambda: len((queue_info(members["a"], "dd-late") or {}).get("in_sync", [])) == 1,
+               10, what="the backup in sync")
+    info = queue_info(members["a"], "dd-late")
+    primary, backup = members[info["primary"]], members[info["backups"][0]]
+    third = [m for m in members.values() if m not in (primary, backup)][0]
+    c = connect_port(primary.amqp_port)
+    ch = confirming(c)
+    for i in range(1, 101):
+        publish(ch, b"%d" % i, "late-%d" % i, queue="dd-late")
+    assert len(drain(ch, "dd-late")) == 100  # consumed: the ids stay, the messages go
+    c.close()
+    backup.kill()
+    # The controller gives the queue a new backup; the primary catches it
+    # up from an empty queue: only the ids to send.
+    wait_until(lambda: (queue_info(primary, "dd-late") or {}).get("in_sync") == [third.name], 15,
+               what="the third broker caught up as the new backup")
+    got = queue_info(third, "dd-late")
+    assert got["role"] == "backup" and got["replica_messages"] == 0, got
+    assert got["dedup_ids"] == 100, got
+    backup.start()
 
 
 def cleanup(failed):

@@ -67,6 +67,7 @@ def three_brokers():
     for m in cluster.form(["a", "b", "c"]):
         members[m.name] = m
 
+
 @test(timeout=60)
 def a_policy_put_on_one_broker_places_queues_declared_on_another():
     a, b = members["a"], members["b"]
