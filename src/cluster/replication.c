@@ -220,10 +220,9 @@ static void on_stream_answer(void *ctx, uint64_t tag, bool ack)
     if (!ack) {
         stream_fail(rep, s, "lost or refused a message: leaving the in-sync set");
     } else if (s->state != STREAM_FAILED) {
-        if (tag > s->acked_seq) {
+        s->progress_ms = loop_ms(rep); /* any answer: it is working through its input */
+        if (tag > s->acked_seq)
             s->acked_seq = tag;
-            s->progress_ms = loop_ms(rep);
-        }
         /* Answers come in order: the snapshot's last is the one that
          * leaves nothing owed from before it. */
         ASSERT(s->state != STREAM_CATCHING_UP || s->catch_up_left > 0);
@@ -470,7 +469,7 @@ static struct replica_stream *stream_take(struct replication *rep, uint32_t id)
 
 /* The streams for mq's backups: kept ones keep their progress, new ones
  * start idle; a stream whose broker is no longer a backup goes. */
-static void streams_follow(struct replication *rep, const struct map_queue *mq, bool new_epoch)
+static void streams_follow(struct replication *rep, const struct map_queue *mq, bool fresh)
 {
     struct replica_stream *next[CLUSTER_BACKUPS_MAX] = {0};
     for (uint8_t i = 0; i < mq->backups_count; i++) {
@@ -481,9 +480,11 @@ static void streams_follow(struct replication *rep, const struct map_queue *mq, 
             *s = (struct replica_stream){.rep = rep, .backup_id = mq->backup_ids[i]};
         }
         bool in_sync = (mq->in_sync_mask & (1u << i)) != 0;
-        if (new_epoch) {
-            /* Promoted (or the queue's new incarnation): an in-sync backup
-             * holds what we adopted, under the same seqs. */
+        if (fresh) {
+            /* Promoted (or just declared): an in-sync backup holds what we
+             * adopted, under the same seqs. (A stream we already had keeps
+             * what it knows: one that failed is not in step, whatever an
+             * epoch change says.) */
             s->state = in_sync ? STREAM_LIVE : STREAM_IDLE;
             s->join_asked = false;
             s->acked_seq = in_sync ? rep->queue->next_seq - 1 : 0;
@@ -511,7 +512,7 @@ void replication_attach(struct member *member, struct queue *queue, const struct
         replication_detach(queue, true);
         return;
     }
-    bool new_epoch = rep == NULL || rep->epoch != mq->epoch;
+    bool fresh = rep == NULL;
     if (rep == NULL) {
         rep = calloc(1, sizeof *rep);
         ASSERT(rep != NULL);
@@ -522,7 +523,7 @@ void replication_attach(struct member *member, struct queue *queue, const struct
         queue->replication_ops = &replication_ops;
     }
     rep->epoch = mq->epoch;
-    streams_follow(rep, mq, new_epoch);
+    streams_follow(rep, mq, fresh);
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         struct replica_stream *s = rep->streams[i];
         if (!s->gating && (s->state == STREAM_IDLE || s->state == STREAM_FAILED))

@@ -45,9 +45,9 @@ struct map_queue;
 struct member;
 struct queue;
 
-/* A backup that acked nothing for this long while a publish waited for it
+/* A backup that answered nothing for this long while a publish waited for it
  * leaves the in-sync set (a stalled or silently cut broker). */
-#define REPLICATION_LAG_MS 1000
+#define REPLICATION_LAG_MS 2000
 
 /* The queue is real here, as mq says (called on every map change of it):
  * stream it to mq's backups, catch up those not in sync. No backups (and

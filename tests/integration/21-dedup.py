@@ -246,6 +246,8 @@ def a_backup_caught_up_later_learns_the_ids():
     assert got["role"] == "backup" and got["replica_messages"] == 0, got
     assert got["dedup_ids"] == 100, got
     backup.start()
+    wait_until(lambda: all(m.view() and m.view().brokers.get(backup.name) == "up"
+                           for m in members.values()), 20, what="the old backup back")
 
 
 def cleanup(failed):
