@@ -489,6 +489,11 @@ static void streams_follow(struct replication *rep, const struct map_queue *mq, 
             s->join_asked = false;
             s->acked_seq = in_sync ? rep->queue->next_seq - 1 : 0;
         }
+        /* Live (everything sent so far is on its way to it, nothing lost)
+         * but not in sync in the map: a stale request of ours landed after
+         * a newer one. It is in step: ask again (the tick does). */
+        if (!in_sync && s->state == STREAM_LIVE)
+            s->join_asked = true;
         bool gating = in_sync || (s->join_asked && s->state == STREAM_LIVE);
         if (gating && !s->gating)
             s->progress_ms = loop_ms(rep);
