@@ -18,6 +18,7 @@
 #           gap, nacked, lost, dup, and when b2's map promoted another primary. Target: gap
 #           <= 2 s. (bench/cluster_probe.py does the work.)
 #   kill9   the same with kill -9 of b1 instead of the cut, for comparison.
+#           PROBE_VICTIM=b3: the primary is a follower, not the Raft leader b1.
 #
 # Usage: bench/cluster.sh [proxy] [failover] [scale] [cut] [kill9]
 #        (default: proxy failover scale; cut and kill9 need root)

@@ -6,16 +6,18 @@ bench/cluster.sh (rows `cut` and `kill9`); runnable alone:
 
 Method: three brokers b1, b2, b3, each a host in its own network namespace
 (tests/cluster/netlab.py). A durable queue with x-quay-backups=2 whose primary
-is b1 (names are tried until placement puts one there). `amqpbench
---failover-probe` publishes 1 KiB messages with confirms via b2 (then b3)
+is the victim, b1 (the Raft leader) or with --victim b3 a follower (names
+are tried until placement puts one there). `amqpbench --failover-probe`
+publishes 1 KiB messages with confirms via the other two brokers
 for DURATION s; AT s after it starts:
-  cut    b1 is cut from b2 and b3 (nftables drops inside the hosts: silence,
-         no resets); the bench process still reaches every broker
-  kill9  b1 gets kill -9
+  cut    the victim is cut from the other two (nftables drops inside the
+         hosts: silence, no resets); the bench process still reaches every
+         broker
+  kill9  the victim gets kill -9
 amqpbench reports the longest gap without a confirm, nacked, and after
 reading the queue back lost and dup. Meanwhile /api/queues is polled every
 50 ms: promoted_s = the fault until b2's map shows another primary;
-b1_primary_s = the fault until b1 stopped calling itself the primary
+b1_primary_s = the fault until the victim stopped calling itself the primary
 (role, or "serving" when the broker reports it); ">X" if it still did when
 the probe ended. The cut is healed after the probe.
 
@@ -52,6 +54,8 @@ def main():
     p.add_argument("--duration", type=float, default=float(os.environ.get("PROBE_DURATION", "10")))
     p.add_argument("--at", type=float, default=float(os.environ.get("PROBE_AT", "4")))
     p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--victim", choices=["b1", "b3"], default=os.environ.get("PROBE_VICTIM", "b1"),
+                   help="the primary to cut or kill: b1 leads the Raft group, b3 does not")
     a = p.parse_args()
     import pika
     lab = Lab(3)
@@ -70,7 +74,9 @@ def main():
             ms.append(m)
             if i == 1:
                 wait_until(lambda: cluster.leaders([m]), 15, what="b1 to lead")
-        b1, b2, b3 = ms
+        victim = ms[int(a.victim[1]) - 1]
+        b2 = ms[1]
+        survivors = [m for m in ms if m is not victim]
         expect = {"b1": "up", "b2": "up", "b3": "up"}
         wait_until(lambda: all(m.view() and m.view().brokers == expect for m in ms), 30,
                    what="three brokers up")
@@ -81,20 +87,20 @@ def main():
         for i in range(200):
             n = "%sprobe%d" % (a.mode, i)
             ch.queue_declare(n, durable=True, arguments={"x-quay-backups": 2})
-            if api_queues(b2)[n]["primary"] == "b1":
+            if api_queues(b2)[n]["primary"] == victim.name:
                 name = n
                 break
             ch.queue_delete(n)
         conn.close()
         if name is None:
-            raise SystemExit("no queue name placed on b1")
+            raise SystemExit("no queue name placed on %s" % victim.name)
 
         def whole():
             q = api_queues(b2)[name]
             return len(q["backups"]) == 2 and sorted(q["in_sync"]) == sorted(q["backups"])
         wait_until(whole, 15, what="both backups in sync")
 
-        eps = ",".join("%s:%d" % (m.host, m.amqp_port) for m in (b2, b3))
+        eps = ",".join("%s:%d" % (m.host, m.amqp_port) for m in survivors)
         cmd = [a.amqpbench, "--failover-probe", "--endpoints", eps, "-q", name, "--no-setup",
                "-s", str(a.size), "-d", str(a.duration), "--user", USER, "--pass", PASSWORD]
         probe = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -109,13 +115,13 @@ def main():
                 try:
                     q = api_queues(b2, timeout=0.5)[name]
                     if fault_at[0] is not None and seen["promoted"] is None \
-                            and q["primary"] != "b1":
+                            and q["primary"] != victim.name:
                         seen["promoted"] = now - fault_at[0]
                 except Exception:
                     pass
-                if b1.alive():
+                if victim.alive():
                     try:
-                        q = api_queues(b1, timeout=0.5)[name]
+                        q = api_queues(victim, timeout=0.5)[name]
                         if "serving" in q:
                             seen["b1_serving_field"] = True
                             serving = q["serving"]
@@ -131,9 +137,10 @@ def main():
         time.sleep(max(0.0, t_start + a.at - time.monotonic()))
         fault_at[0] = time.monotonic()
         if a.mode == "cut":
-            lab.partition([1], [2, 3])
+            v = int(a.victim[1])
+            lab.partition([v], [i for i in (1, 2, 3) if i != v])
         else:
-            b1.kill()
+            victim.kill()
         out, err = probe.communicate(timeout=a.duration + 120)
         end = time.monotonic()
         stop.set()
@@ -146,7 +153,7 @@ def main():
         promoted = seen["promoted"]
         if seen["b1_primary_last"] is None or seen["b1_primary_last"] < fault_at[0]:
             b1_primary = "0"
-        elif end - seen["b1_primary_last"] < 0.5 and b1.alive():
+        elif end - seen["b1_primary_last"] < 0.5 and victim.alive():
             b1_primary = ">%.1f" % (end - fault_at[0])
         else:
             b1_primary = "%.2f" % (seen["b1_primary_last"] - fault_at[0])
@@ -158,10 +165,10 @@ def main():
         # real gap when no ack came in between).
         nack_first = float(res.get("nack_first_s", -1))
         stalled = "%.2f" % (nack_first - a.at) if nack_first >= a.at else "-"
-        print("ROW %s max_confirm_gap_ms=%s nacked=%s lost=%s dup=%s published=%s confirmed=%s "
+        print("ROW %s victim=%s max_confirm_gap_ms=%s nacked=%s lost=%s dup=%s published=%s confirmed=%s "
               "unconfirmed=%s window_nacked_after_s=%s promoted_s=%s b1_%s_s=%s gap_started_at_s=%s "
               "fault_at_s=%.1f" % (
-                  a.mode, res.get("max_confirm_gap_ms"), res.get("nacked"), res.get("lost"),
+                  a.mode, a.victim, res.get("max_confirm_gap_ms"), res.get("nacked"), res.get("lost"),
                   res.get("dup"), res.get("published"), res.get("confirmed"),
                   res.get("unconfirmed"), stalled, "%.2f" % promoted if promoted is not None else "never",
                   "serving" if seen["b1_serving_field"] else "primary", b1_primary,
