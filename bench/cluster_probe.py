@@ -103,6 +103,8 @@ def main():
         eps = ",".join("%s:%d" % (m.host, m.amqp_port) for m in survivors)
         cmd = [a.amqpbench, "--failover-probe", "--endpoints", eps, "-q", name, "--no-setup",
                "-s", str(a.size), "-d", str(a.duration), "--user", USER, "--pass", PASSWORD]
+        if os.environ.get("PROBE_RATE"):
+            cmd += ["-r", os.environ["PROBE_RATE"]]
         probe = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         t_start = time.monotonic()
         fault_at = [None]

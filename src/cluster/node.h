@@ -50,7 +50,7 @@
 #include "cluster/map.h"
 
 #define CLUSTER_NODE_PEERS_MAX 16 /* addresses in --join */
-#define NODE_HEARTBEAT_MS 100
+#define NODE_HEARTBEAT_MS 50
 #define NODE_SUSPECT_AFTER_MS 800
 #define NODE_DOWN_AFTER_MS 1500
 /* libraft randomizes it in [t, 2t): a dead leader is replaced within about
@@ -64,7 +64,7 @@
 #define NODE_HURRY_SILENCE_MS 400
 /* A broker whose connections dropped and that has been silent this long
  * is down (a dead process), without waiting for NODE_DOWN_AFTER_MS. */
-#define NODE_RESET_SILENCE_MS 250
+#define NODE_RESET_SILENCE_MS 150
 /* A broker's lease: it has heard, within this long, the heartbeats of a
  * majority of the map's brokers (itself included). Shorter than
  * NODE_DOWN_AFTER_MS, so a broker cut off from the majority stops
