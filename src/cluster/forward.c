@@ -302,6 +302,11 @@ uint64_t proxy_stub_epoch(const struct queue *queue)
     return stub_of((struct queue *)queue)->epoch;
 }
 
+void proxy_stub_recall_forwards(struct queue *queue)
+{
+    forward__redirect(queue, stub_of(queue)->primary_id);
+}
+
 uint32_t proxy_stub_take_held(struct queue *queue, struct proxy_held **out)
 {
     struct proxy_stub *stub = stub_of(queue);

@@ -170,6 +170,8 @@ static void ensure_queue(struct member *member, struct map_queue *mq)
     struct replica *promoted = q && primary ? proxy_stub_take_replica(q) : NULL;
     bool promoted_epoch = q != NULL && primary;
     struct proxy_held *held = NULL;
+    if (q && primary)
+        proxy_stub_recall_forwards(q); /* in flight to the old primary: ours now */
     uint32_t held_count = q && primary ? proxy_stub_take_held(q, &held) : 0;
     struct consumer **moving = NULL;
     uint32_t moving_count = q && primary ? take_consumers(q, &moving) : 0;

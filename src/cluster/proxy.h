@@ -90,6 +90,10 @@ struct proxy_held {
     uint64_t seq;
 };
 uint32_t proxy_stub_take_held(struct queue *queue, struct proxy_held **out);
+/* Before that, at a promotion: the forwards the stand-in sent to the old
+ * primary and that are still unanswered join the held ones (the old
+ * primary is dead or deposed; the stand-in is about to go). */
+void proxy_stub_recall_forwards(struct queue *queue);
 
 void proxy_peer_up(struct member_peer *peer);
 /* The link is down or going away: nack its forwards, drop its uplinks. */
