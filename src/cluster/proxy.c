@@ -643,10 +643,22 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq)
          * told (cancel notifications), publishes are nacked. */
         forward__release_held(queue, false);
         detach_all(stub);
+        /* A cancel reaches the client's channel, which may settle (and
+         * so free) any uplink: start over after each one. */
+        for (bool again = true; again;) {
+            again = false;
+            list_for_each(n, &stub->uplinks) {
+                struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
+                if (u->consumer == NULL)
+                    continue;
+                cancel_local(u);
+                uplink_maybe_free(u);
+                again = true;
+                break;
+            }
+        }
         list_for_each_safe(n, &stub->uplinks) {
-            struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
-            cancel_local(u);
-            uplink_maybe_free(u);
+            uplink_maybe_free(CONTAINER_OF(n, struct uplink, stub_link));
         }
         while (!list_empty(&queue->consumers)) {
             struct consumer *c = CONTAINER_OF(queue->consumers.next, struct consumer, queue_link);
