@@ -157,6 +157,20 @@ static void drain(struct replication *rep)
     rep->last_confirm_ms = now;
 }
 
+/* The publisher's confirm (wait) owes one more answer, given once seq is on
+ * every backup that gates confirms, unless it can be given now: already
+ * there, nothing waiting ahead of it, and the lease fresh. */
+static void confirm_when_replicated(struct replication *rep, uint64_t seq,
+                                    struct publish_wait *wait, bool replicated)
+{
+    if (wait == NULL || wait->sink == NULL)
+        return;
+    if (!replicated || rep->count > 0 || !member_lease_fresh(rep->member)) {
+        pending_push(rep, seq, wait);
+        wait->remote++;
+    }
+}
+
 /* ---- one backup's stream ---- */
 
 /* Asks the map for the in-sync set we want: the backups that are live and
@@ -401,23 +415,13 @@ static void published(struct queue *queue, uint64_t seq, struct message *message
             stream_send(rep, s, &m, message, seq);
         gated |= s->gating;
     }
-    if (wait == NULL || wait->sink == NULL)
-        return;
-    if (gated || rep->count > 0 || !member_lease_fresh(rep->member)) {
-        pending_push(rep, seq, wait);
-        wait->remote++;
-    }
+    confirm_when_replicated(rep, seq, wait, !gated);
 }
 
 static void wait_for(struct queue *queue, uint64_t seq, struct publish_wait *wait)
 {
     struct replication *rep = queue->replication;
-    if (wait == NULL || wait->sink == NULL)
-        return;
-    if (rep->count > 0 || !replicated_everywhere(rep, seq) || !member_lease_fresh(rep->member)) {
-        pending_push(rep, seq, wait);
-        wait->remote++;
-    }
+    confirm_when_replicated(rep, seq, wait, replicated_everywhere(rep, seq));
 }
 
 static void removed(struct queue *queue, uint64_t seq)
