@@ -31,7 +31,11 @@ def check(path):
             problems.append("%s:%d: banned call: %s" % (path, number, BANNED.search(code).group(1)))
         m = FUNCTION_START.match(line)
         if m and not line.startswith(("static inline", "#")) and name is None:
-            name, start = m.group(1), number
+            name, start, body = m.group(1), number, False
+        elif name is not None and not body and code.rstrip().endswith(";"):
+            name = None  # a prototype over several lines, not a definition
+        if name is not None and "{" in code:
+            body = True
         if line == "}" and name is not None:
             length = number - start + 1
             if length > FUNCTION_LINES_MAX:

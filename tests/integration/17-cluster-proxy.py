@@ -573,7 +573,13 @@ def a_broker_joins_and_leaves():
                 return r.status, json.load(r)
         except urllib.error.HTTPError as e:
             return e.code, json.load(e)
+    # 503 until d has applied the map as of its start ("try again"): a
+    # broker that just joined may not have yet.
+    deadline = time.monotonic() + 10
     status, body = post()
+    while status == 503 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        status, body = post()
     assert status == 409 and body["queues"] == 1, (status, body)
     c = connect(B)
     c.channel().queue_delete(name)
