@@ -91,11 +91,23 @@ static struct connection *connection_by_id(struct broker *broker, uint64_t id)
     return NULL;
 }
 
+/* A restart applies the map's log from its start (or a snapshot) before it
+ * is synced: changes from before we stopped, history rather than the
+ * present. A real queue then may hold what our journal recovered, which
+ * history must not destroy: it was deposed or deleted in the past, and
+ * may be ours again (promoted since, or declared anew) at present. Such a
+ * queue stays until the sync, when mirror_all decides with the present
+ * map (drop_strays included). */
+static bool keep_for_now(const struct member *member, const struct queue *q)
+{
+    return q != NULL && !queue_is_remote(q) && !cluster_node_synced(member->node);
+}
+
 static void drop_queue(struct member *member, struct bytes vhost_name, struct bytes name)
 {
     struct vhost *vhost = broker_vhost(member->broker, vhost_name);
     struct queue *q = vhost ? vhost_queue(vhost, name) : NULL;
-    if (q)
+    if (q && !keep_for_now(member, q))
         vhost_queue_delete(vhost, q);
 }
 
@@ -158,6 +170,8 @@ static void ensure_queue(struct member *member, struct map_queue *mq)
     struct vhost *vhost = vhost_for(member, mq->vhost->name);
     struct queue *q = vhost_queue(vhost, mq->name);
     bool primary = mq->primary_id == member->self_id;
+    if (!primary && keep_for_now(member, q))
+        return;
     if (q && queue_is_remote(q) == !primary) {
         if (primary)
             replication_attach(member, q, mq); /* its backups may have changed */

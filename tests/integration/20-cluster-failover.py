@@ -241,6 +241,66 @@ def bindings_survive_a_promotion():
                            for m in members.values()), 20, what="the old primary back")
 
 
+@test(timeout=180)
+def a_promoted_durable_queue_keeps_its_persistent_messages_on_disk():
+    # The backup logs the persistent messages (and their acks) as the
+    # primary does, and a promotion hands that log to the new primary:
+    # after a crash of the whole cluster, the new primary's disk has
+    # exactly the persistent messages nobody acked, those published after
+    # the promotion included. (Transient ones live in memory only.)
+    c = connect(members["a"])
+    ch = c.channel()
+    ch.queue_declare("logged", durable=True, arguments={"x-quay-backups": 1})
+    c.close()
+    info = queue_info(members["a"], "logged")
+    primary, backup = members[info["primary"]], members[info["backups"][0]]
+    other = [m for m in members.values() if m not in (primary, backup)][0]
+    c = connect(other)
+    ch = c.channel()
+    ch.confirm_delivery()
+    persistent = pika.BasicProperties(delivery_mode=2)
+    for i in range(300):
+        ch.basic_publish("", "logged", b"%d" % i, properties=persistent)
+    for i in range(300, 350):
+        ch.basic_publish("", "logged", b"%d" % i)
+    for _ in range(100):
+        m, _, body = ch.basic_get("logged", auto_ack=False)
+        ch.basic_ack(m.delivery_tag)
+    c.close()
+    wait_until(lambda: queue_info(backup, "logged")["replica_messages"] == 250, 5,
+               what="the backup to drop the acked messages")
+    primary.kill()
+    wait_until(lambda: (queue_info(other, "logged") or {}).get("primary") == backup.name, 10,
+               what="the backup promoted")
+    c = connect(other)
+    ch = c.channel()
+    ch.confirm_delivery()
+    for i in range(1000, 1020):
+        ch.basic_publish("", "logged", b"%d" % i, properties=persistent)
+    c.close()
+    for m in (backup, other):
+        m.kill()
+    for m in (primary, backup, other):
+        m.start(wait=False)
+    for m in (primary, backup, other):
+        m.wait_accepting()
+    wait_until(lambda: all(m.view() and set(m.view().brokers.values()) == {"up"}
+                           for m in members.values()), 30, what="the whole cluster back")
+    wait_until(lambda: (queue_info(other, "logged") or {}).get("available"), 15,
+               what="the queue available again")
+    assert queue_info(other, "logged")["primary"] == backup.name
+    c = connect(other)
+    ch = c.channel()
+    got = []
+    while True:
+        m, _, body = ch.basic_get("logged", auto_ack=True)
+        if m is None:
+            break
+        got.append(int(body))
+    c.close()
+    assert got == list(range(100, 300)) + list(range(1000, 1020)), got
+
+
 def cleanup(failed):
     if cluster is None:
         return []
