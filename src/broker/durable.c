@@ -522,8 +522,12 @@ void durable_close(struct broker *broker)
     struct hmap_entry *ve;
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &ve);) {
         struct hmap_entry *qe;
-        for (uint32_t k = 0; hmap_next(&((struct vhost *)ve->value)->queues, &k, &qe);)
-            ((struct queue *)qe->value)->journal = NULL;
+        for (uint32_t k = 0; hmap_next(&((struct vhost *)ve->value)->queues, &k, &qe);) {
+            struct queue *queue = qe->value;
+            queue->journal = NULL;
+            if (queue->remote_ops && queue->remote_ops->journal_closing)
+                queue->remote_ops->journal_closing(queue); /* a backup's log */
+        }
     }
     journal_close(d->journal);
     d->journal = NULL;

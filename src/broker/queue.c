@@ -549,20 +549,41 @@ void queue_requeue(struct queue *queue, struct queue_entry entry)
         schedule_timer(queue);
 }
 
-void queue_adopt(struct queue *queue, struct message *message, uint64_t seq)
+void queue_adopt(struct queue *queue, struct queue_adoption *adoption)
 {
     ASSERT(!queue->deleted && !queue->remote_ops);
-    ASSERT(seq >= queue->next_seq); /* the replica hands them over in order */
-    message_ref(message);
-    struct queue_entry entry = {.message = message, .seq = seq, .redelivered = 1};
-    queue->next_seq = seq + 1;
-    if (logged(queue, message)) {
-        struct bytes blob = message_blob(message);
-        journal_publish(queue->journal, entry.seq, blob.ptr, blob.len);
+    struct queue_adoption a = *adoption;
+    *adoption = (struct queue_adoption){0};
+    if (a.ring.count == 0) {
+        free(a.ring.entries);
+        return;
     }
-    ring_push_back(ring_for(queue, message->priority), entry);
-    queue->ready_count++;
-    queue->ready_bytes += message->body_size;
+    /* Into a fresh queue (its seqs may already be past them: the log it
+     * opened is the replica's, with these very messages in it). */
+    ASSERT(queue->ready_count == 0 && queue->unacked_count == 0);
+    uint64_t last = ring_slot(&a.ring, a.ring.count - 1)->seq;
+    if (queue->next_seq <= last)
+        queue->next_seq = last + 1;
+    for (uint32_t i = 0; queue->journal && a.persistent > 0 && i < a.ring.count; i++) {
+        struct message *message = ring_slot(&a.ring, i)->message;
+        if (message->persistent) {
+            struct bytes blob = message_blob(message);
+            journal_publish(queue->journal, ring_slot(&a.ring, i)->seq, blob.ptr, blob.len);
+            a.persistent--;
+        }
+    }
+    queue->ready_count += a.ring.count;
+    queue->ready_bytes += a.bytes;
+    if (queue->args.max_priority == 0 && queue->ready.count == 0) {
+        free(queue->ready.entries);
+        queue->ready = a.ring; /* O(1): the usual case, a fresh queue */
+        return;
+    }
+    for (uint32_t i = 0; i < a.ring.count; i++) {
+        struct queue_entry entry = *ring_slot(&a.ring, i);
+        ring_push_back(ring_for(queue, entry.message->priority), entry);
+    }
+    free(a.ring.entries);
 }
 
 void queue_recover_message(struct queue *queue, struct message *message, uint64_t seq,

@@ -105,6 +105,9 @@ struct queue_remote_ops {
     void (*dispatch)(struct queue *queue);
     /* The stand-in is being freed. */
     void (*free)(struct queue *queue);
+    /* The broker's journal closes (a shutdown): any log kept for the
+     * stand-in is gone and must not be touched again. */
+    void (*journal_closing)(struct queue *queue);
 };
 
 /* What a publisher's confirm waits for, gathered while its publish is
@@ -216,12 +219,21 @@ enum queue_publish_result queue_publish_dead_lettered(struct queue *queue,
  * takes it over (ownership moves; table may be NULL). Before queue_adopt
  * of the replica's messages. */
 void queue_adopt_dedup(struct queue *queue, struct dedup *table);
-/* A promoted backup's copy of a message (cluster/replica.c), under the
- * old primary's seq: the other backups hold it under the same one, so the
- * stream goes on where it was. Enqueued at the tail (journaled if
- * persistent) without limits or TTL checks, marked redelivered as the old
- * primary may have delivered it. Does not dispatch. */
-void queue_adopt(struct queue *queue, struct message *message, uint64_t seq);
+/* A promoted backup's copy of the queue (cluster/replica.c): its
+ * messages under the old primary's seqs (the other backups hold them
+ * under the same ones, so the stream goes on where it was), marked
+ * redelivered as the old primary may have delivered them. */
+struct queue_adoption {
+    struct queue_ring ring;  /* owned: seq order from slot head, after every seq the
+                              * queue holds, no holes; each entry holds a reference */
+    uint64_t bytes;          /* their body bytes */
+    uint32_t persistent;     /* how many are persistent (journaled again here) */
+};
+/* Takes the adoption's ring (and leaves it empty): enqueued at the tail
+ * without limits or TTL checks, persistent ones journaled. A fresh queue
+ * without priorities takes the ring itself, O(1) however long it is.
+ * Does not dispatch. */
+void queue_adopt(struct queue *queue, struct queue_adoption *adoption);
 /* Recovery: puts a message read back from the journal at the tail. */
 void queue_recover_message(struct queue *queue, struct message *message, uint64_t seq,
                            bool delivered);

@@ -25,6 +25,7 @@
 #include "lib/ring.h"
 #include "lib/bytes.h"
 #include "lib/log.h"
+#include "store/journal.h"
 
 #define TAG_BITS 40
 #define TAG_MASK ((UINT64_C(1) << TAG_BITS) - 1)
@@ -413,6 +414,11 @@ static void stub_free(struct queue *queue)
     queue->remote = NULL;
 }
 
+static void stub_journal_closing(struct queue *queue)
+{
+    replica_forget_log(stub_of(queue)->replica);
+}
+
 static const struct queue_remote_ops stub_ops = {
     .forward = forward__stub,
     .consumer_added = stub_consumer_added,
@@ -422,6 +428,7 @@ static const struct queue_remote_ops stub_ops = {
     .release = stub_release,
     .dispatch = stub_dispatch,
     .free = stub_free,
+    .journal_closing = stub_journal_closing,
 };
 
 /* ---- basic.get, passive declare, purge ---- */
@@ -582,11 +589,21 @@ struct queue *proxy_stub_new(struct member *member, struct vhost *vhost,
     return queue;
 }
 
+/* A durable queue's replica logs its persistent messages, as the primary
+ * does (replica.h): in the log the real queue opens when we are promoted. */
+static struct journal_queue *replica_log(struct queue *queue)
+{
+    struct journal *journal = queue->vhost->broker->durable.journal;
+    if (journal == NULL || !queue->durable || queue->exclusive)
+        return NULL;
+    return journal_queue_open(journal, queue->vhost->name, queue->name);
+}
+
 struct replica *proxy_stub_replica(struct queue *queue, bool create)
 {
     struct proxy_stub *stub = stub_of(queue);
     if (stub->replica == NULL && create)
-        stub->replica = replica_new(queue->args.quay_dedup_window_ms);
+        stub->replica = replica_new(queue->args.quay_dedup_window_ms, replica_log(queue));
     return stub->replica;
 }
 

@@ -13,19 +13,25 @@
 #include "lib/assert.h"
 #include "lib/ring.h"
 #include "lib/log.h"
+#include "store/journal.h"
 
-/* ---- the backup's side: a ring sorted by seq, holes for removed ones ---- */
-
-struct replica_entry {
-    uint64_t seq;
-    struct message *message; /* one reference; NULL once removed */
-};
+/* ---- the backup's side: a ring sorted by seq, holes for removed ones ----
+ *
+ * The entries are the queue's own (struct queue_entry, already marked
+ * redelivered), so a promotion hands the whole ring to the queue instead
+ * of copying a message at a time: O(holes), never touching a message. */
 
 struct replica {
-    struct replica_entry *items; /* owned ring */
-    uint32_t head, count, cap;   /* count includes holes */
+    struct queue_ring ring;      /* owned; count includes holes (message NULL) */
     uint32_t live;
+    uint32_t persistent;         /* live ones with delivery mode 2 */
+    uint64_t live_bytes;         /* their body bytes */
     uint64_t last_seq;
+    /* Owned, or NULL (a transient queue, or no journal): the log of the
+     * persistent messages, the records the primary's journal has, so a
+     * promotion need not write them again. Not fsync'ed before our ack:
+     * the primary's disk and our memory already hold a confirmed one. */
+    struct journal_queue *log;
     /* Owned, or NULL (no x-quay-dedup-window): the ids of what the primary
      * enqueued, as the queue's own table would hold them, timed by our
      * clock. A reset does not clear it (ids are about publishes, not
@@ -33,10 +39,12 @@ struct replica {
     struct dedup *dedup;
 };
 
-struct replica *replica_new(int64_t dedup_window_ms)
+struct replica *replica_new(int64_t dedup_window_ms, struct journal_queue *log)
 {
     struct replica *r = calloc(1, sizeof *r);
     ASSERT(r != NULL);
+    /* Nothing of another life of this name belongs in it. */
+    r->log = log && journal_queue_seq_last(log) > 0 ? journal_queue_recreate(log) : log;
     if (dedup_window_ms > 0) {
         r->dedup = malloc(sizeof *r->dedup);
         ASSERT(r->dedup != NULL);
@@ -45,16 +53,16 @@ struct replica *replica_new(int64_t dedup_window_ms)
     return r;
 }
 
-static struct replica_entry *slot(const struct replica *r, uint32_t i)
+static struct queue_entry *slot(const struct replica *r, uint32_t i)
 {
-    return &r->items[(r->head + i) & (r->cap - 1)];
+    return &r->ring.entries[(r->ring.head + i) & (r->ring.cap - 1)];
 }
 
 static void trim(struct replica *r)
 {
-    while (r->count > 0 && slot(r, 0)->message == NULL) {
-        r->head = (r->head + 1) & (r->cap - 1);
-        r->count--;
+    while (r->ring.count > 0 && slot(r, 0)->message == NULL) {
+        r->ring.head = (r->ring.head + 1) & (r->ring.cap - 1);
+        r->ring.count--;
     }
 }
 
@@ -63,7 +71,9 @@ void replica_free(struct replica *r)
     if (r == NULL)
         return;
     replica_remove(r, 0);
-    free(r->items);
+    free(r->ring.entries);
+    if (r->log)
+        journal_queue_delete(r->log);
     if (r->dedup) {
         dedup_free(r->dedup);
         free(r->dedup);
@@ -85,29 +95,43 @@ bool replica_push(struct replica *r, uint64_t seq, struct message *message, uint
      * their first time (dedup_record does not restart a window). */
     if (r->dedup)
         dedup_record(r->dedup, message_id(message), now_ms, 0);
-    if (r->count == r->cap)
-        r->items = ring_grow(r->items, sizeof *r->items, &r->head, r->count, &r->cap, 64);
+    if (r->ring.count == r->ring.cap)
+        r->ring.entries = ring_grow(r->ring.entries, sizeof *r->ring.entries, &r->ring.head,
+                                    r->ring.count, &r->ring.cap, 64);
     message_ref(message);
-    *slot(r, r->count) = (struct replica_entry){seq, message};
-    r->count++;
+    /* Redelivered: the old primary may have delivered it by the time we
+     * are promoted, and nothing tells us which ones it did. */
+    *slot(r, r->ring.count) = (struct queue_entry){.message = message, .seq = seq,
+                                                   .redelivered = 1};
+    r->ring.count++;
     r->live++;
+    r->live_bytes += message->body_size;
+    r->persistent += message->persistent;
     r->last_seq = seq;
+    if (r->log && message->persistent) {
+        struct bytes blob = message_blob(message);
+        journal_publish(r->log, seq, blob.ptr, blob.len);
+    }
     return true;
 }
 
 void replica_remove(struct replica *r, uint64_t seq)
 {
     if (seq == 0) {
-        for (uint32_t i = 0; i < r->count; i++) {
+        for (uint32_t i = 0; i < r->ring.count; i++) {
             if (slot(r, i)->message)
                 message_unref(slot(r, i)->message);
         }
-        r->head = r->count = r->live = 0;
+        r->ring.head = r->ring.count = r->live = r->persistent = 0;
+        r->live_bytes = 0;
         r->last_seq = 0; /* a catch-up starts over from the primary's oldest */
+        /* ... so the log's seqs must be able to as well. */
+        if (r->log && journal_queue_seq_last(r->log) > 0)
+            r->log = journal_queue_recreate(r->log);
         return;
     }
     /* Binary search: entries are in seq order (holes keep their seq). */
-    uint32_t lo = 0, hi = r->count;
+    uint32_t lo = 0, hi = r->ring.count;
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
         if (slot(r, mid)->seq < seq)
@@ -115,12 +139,23 @@ void replica_remove(struct replica *r, uint64_t seq)
         else
             hi = mid;
     }
-    if (lo == r->count || slot(r, lo)->seq != seq || slot(r, lo)->message == NULL)
+    if (lo == r->ring.count || slot(r, lo)->seq != seq || slot(r, lo)->message == NULL)
         return;
-    message_unref(slot(r, lo)->message);
-    slot(r, lo)->message = NULL;
+    struct message *message = slot(r, lo)->message;
     r->live--;
+    r->live_bytes -= message->body_size;
+    r->persistent -= message->persistent;
+    if (r->log && message->persistent)
+        journal_ack(r->log, seq);
+    message_unref(message);
+    slot(r, lo)->message = NULL;
     trim(r);
+}
+
+void replica_forget_log(struct replica *r)
+{
+    if (r)
+        r->log = NULL;
 }
 
 uint32_t replica_count(const struct replica *r)
@@ -135,18 +170,55 @@ uint32_t replica_dedup_count(const struct replica *r)
 
 /* ---- promotion ---- */
 
+/* Closes the holes: the live entries move, in order, to slots 0..live-1
+ * (a wrapped ring into a fresh array: in place, its tail would be
+ * overwritten before it is read). Touches entries, never messages. */
+static void compact(struct replica *r)
+{
+    struct queue_ring *ring = &r->ring;
+    bool wrapped = ring->head + ring->count > ring->cap;
+    struct queue_entry *to = wrapped ? malloc(sizeof *to * ring->cap) : ring->entries;
+    ASSERT(to != NULL);
+    uint32_t out = 0;
+    if (!wrapped && r->live == ring->count) {
+        memmove(to, slot(r, 0), sizeof *to * ring->count);
+        out = ring->count;
+    } else {
+        for (uint32_t i = 0; i < ring->count; i++) {
+            if (slot(r, i)->message != NULL)
+                to[out++] = *slot(r, i);
+        }
+    }
+    if (wrapped) {
+        free(ring->entries);
+        ring->entries = to;
+    }
+    ASSERT(out == r->live);
+    ring->head = 0;
+    ring->count = out;
+}
+
 void replica_adopt(struct queue *queue, struct replica *r)
 {
     if (r == NULL)
         return;
     queue_adopt_dedup(queue, r->dedup);
     r->dedup = NULL;
-    for (uint32_t i = 0; i < r->count; i++) {
-        if (slot(r, i)->message)
-            queue_adopt(queue, slot(r, i)->message, slot(r, i)->seq);
-    }
+    uint32_t live = r->live;
+    if (r->ring.cap > 0)
+        compact(r);
+    /* The queue opened its log by name: ours, which is handed over. */
+    bool journaled = r->log != NULL && r->log == queue->journal;
+    if (journaled)
+        r->log = NULL;
+    struct queue_adoption adoption = {.ring = r->ring, .bytes = r->live_bytes,
+                                      .persistent = journaled ? 0 : r->persistent};
+    r->ring = (struct queue_ring){0};
+    r->live = r->persistent = 0;
+    r->live_bytes = 0;
+    queue_adopt(queue, &adoption);
     LOG_DEBUG("vhost=%.*s queue=%.*s: promoted with %u messages from its replica",
              (int)queue->vhost->name.len, (const char *)queue->vhost->name.ptr,
-             (int)queue->name.len, (const char *)queue->name.ptr, r->live);
+             (int)queue->name.len, (const char *)queue->name.ptr, live);
     replica_free(r);
 }

@@ -9,8 +9,14 @@
  * mirror turns its stand-in into the real queue and adopts the replica's
  * messages in order under the old primary's seqs (the other in-sync
  * backups hold them under the same ones, so the stream goes on), marked
- * redelivered (the old primary may have delivered them), journaled if
- * persistent.
+ * redelivered (the old primary may have delivered them).
+ *
+ * Of a durable queue the replica also logs the persistent messages (and
+ * their removals) in the broker's journal under the queue's name, as the
+ * primary does, without waiting for the fsync: a promotion then hands the
+ * log to the real queue, which opens it by name, instead of writing every
+ * message again (hundreds of MB for a deep queue: the new primary's first
+ * confirms would wait behind them). A reset starts the log over.
  *
  * With x-quay-dedup-window the replica also keeps the queue's
  * de-duplication table (broker/dedup.h) from the stream: every replicated
@@ -21,7 +27,8 @@
  * seq 0, which replica_push records and does not keep.
  *
  * Memory: a replica is owned by its stand-in (proxy.c); each entry holds
- * one message reference.
+ * one message reference; it owns its log (deleted with it) until handed
+ * over.
  */
 #ifndef QUAY_CLUSTER_REPLICA_H
 #define QUAY_CLUSTER_REPLICA_H
@@ -31,14 +38,17 @@
 
 #include "amqp/types.h"
 
+struct journal_queue;
 struct message;
 struct queue;
 
 /* ---- the backup's side ---- */
 
 struct replica;
-/* dedup_window_ms: the queue's x-quay-dedup-window (<= 0: none). */
-struct replica *replica_new(int64_t dedup_window_ms);
+/* dedup_window_ms: the queue's x-quay-dedup-window (<= 0: none). log: the
+ * journal's log of the queue's name (a durable queue), or NULL; the
+ * replica owns it (one with records from before is started over). */
+struct replica *replica_new(int64_t dedup_window_ms, struct journal_queue *log);
 void replica_free(struct replica *replica); /* NULL is fine */
 /* Messages arrive in seq order; a seq at or below the last one is a resend
  * and ignored (true: stored or already there). With a dedup window the
@@ -47,11 +57,16 @@ bool replica_push(struct replica *replica, uint64_t seq, struct message *message
                   uint64_t now_ms);
 void replica_remove(struct replica *replica, uint64_t seq); /* seq 0: all */
 uint32_t replica_count(const struct replica *replica);   /* NULL: 0 */
+/* The journal closes (a shutdown): the log is left as it is on disk (the
+ * next start deletes it, as no definition names it). NULL is fine. */
+void replica_forget_log(struct replica *replica);
 uint32_t replica_dedup_count(const struct replica *replica); /* ids remembered; NULL: 0 */
 
 /* ---- promotion ---- */
 
-/* Promotion: the stand-in's replica becomes the real queue's content. */
+/* Promotion: the stand-in's replica becomes the real queue's content, its
+ * log the queue's (the queue must have opened it: same name). Frees the
+ * replica. */
 void replica_adopt(struct queue *queue, struct replica *replica);
 
 #endif

@@ -133,6 +133,10 @@ uint64_t journal_ack(struct journal_queue *q, uint64_t seq);
 uint64_t journal_purge(struct journal_queue *q, uint64_t seq_below);
 /* Appends DELETE, then removes the queue's files; q is freed at once. */
 uint64_t journal_queue_delete(struct journal_queue *q);
+/* journal_queue_delete, then journal_queue_open of the same name: an empty
+ * log whose seqs may start over (a backup's copy after a catch-up's
+ * reset). q is freed; the new log is returned. */
+struct journal_queue *journal_queue_recreate(struct journal_queue *q);
 
 /* ---- Paging -------------------------------------------------------------- */
 

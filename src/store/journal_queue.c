@@ -507,6 +507,18 @@ uint64_t journal_queue_delete(struct journal_queue *q)
     return ticket;
 }
 
+struct journal_queue *journal_queue_recreate(struct journal_queue *q)
+{
+    struct journal *j = q->journal;
+    uint8_t key[4 + 255 + 255];
+    ASSERT(q->key_size <= sizeof key);
+    memcpy(key, q->key, q->key_size);
+    struct bytes vhost = {key + 4, q->vhost.len};
+    struct bytes name = {key + 4 + q->vhost.len, q->name.len};
+    journal_queue_delete(q);
+    return journal_queue_open(j, vhost, name);
+}
+
 void journal_queue_delete_unopened(struct journal *j)
 {
     ASSERT(j->recovered);

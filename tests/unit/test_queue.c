@@ -481,7 +481,7 @@ static void dedup_duplicate_of_a_full_queue_is_still_confirmed(void **state)
 static void dedup_table_moves_with_a_promotion(void **state)
 {
     (void)state;
-    struct replica *r = replica_new(60000);
+    struct replica *r = replica_new(60000, NULL);
     uint64_t now = uv_now(broker.loop);
     for (uint32_t i = 1; i <= 3; i++) {
         char id[8];
@@ -512,6 +512,61 @@ static void dedup_table_moves_with_a_promotion(void **state)
     assert_int_equal(publish_id(q, 7, "m4"), QUEUE_PUBLISH_OK);
     assert_int_equal(queue_ready_count(q), 2);
     vhost_queue_delete(vhost, q);
+}
+
+/* A promoted replica's messages: in seq order whatever holes acks left
+ * and wherever its ring wrapped, redelivered, counted with their bytes,
+ * and the queue's own seqs go on after them. With priorities each goes to
+ * its level. */
+static void adopt_replica(const char *name, const char *key, int64_t value)
+{
+    uint64_t live_before = message_live_count;
+    struct replica *r = replica_new(-1, NULL);
+    uint64_t now = uv_now(broker.loop);
+    for (uint32_t seq = 1; seq <= 100; seq++) {
+        struct message *m = make(seq, (uint8_t)(seq % 3), NULL);
+        assert_true(replica_push(r, seq, m, now));
+        message_unref(m);
+    }
+    for (uint32_t seq = 1; seq <= 60; seq++)
+        replica_remove(r, seq); /* the head moves on: the next pushes wrap */
+    for (uint32_t seq = 101; seq <= 120; seq++) {
+        struct message *m = make(seq, (uint8_t)(seq % 3), NULL);
+        assert_true(replica_push(r, seq, m, now));
+        message_unref(m);
+    }
+    for (uint32_t seq = 70; seq <= 110; seq += 10)
+        replica_remove(r, seq); /* holes */
+    assert_int_equal(replica_count(r), 55);
+    struct queue *q = declare(name, key, value, NULL);
+    replica_adopt(q, r);
+    assert_int_equal(queue_ready_count(q), 55);
+    assert_int_equal(q->ready_bytes, 55 * sizeof(uint32_t));
+    struct queue_entry e;
+    uint32_t last[3] = {0, 0, 0}, taken = 0;
+    while (queue_take(q, &e)) {
+        uint32_t n = number_of(e.message);
+        assert_int_equal(e.seq, n);
+        assert_true(e.redelivered);
+        assert_true(n > 60 && (n % 10 != 0 || n == 120)); /* 70..110 were acked */
+        uint32_t level = key ? n % 3 : 0; /* FIFO within each level */
+        assert_true(n > last[level]);
+        last[level] = n;
+        queue_settle(q, e.seq, e.message);
+        message_unref(e.message);
+        taken++;
+    }
+    assert_int_equal(taken, 55);
+    assert_int_equal(q->next_seq, 121);
+    vhost_queue_delete(vhost, q);
+    assert_int_equal(message_live_count, live_before);
+}
+
+static void promotion_adopts_the_replica_in_order(void **state)
+{
+    (void)state;
+    adopt_replica("adopted", NULL, 0);
+    adopt_replica("adopted-prio", "x-max-priority", 2);
 }
 
 static void delete_cancels_consumers_and_reports_count(void **state)
@@ -546,6 +601,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(dedup_duplicate_of_a_full_queue_is_still_confirmed, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(dedup_table_moves_with_a_promotion, setup, teardown),
+        cmocka_unit_test_setup_teardown(promotion_adopts_the_replica_in_order, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

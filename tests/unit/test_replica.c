@@ -2,28 +2,46 @@
  * test_replica.c: a backup's copy of a queue (cluster/replica.h) keeps the
  * primary's messages in seq order, forgets removed ones in any order,
  * ignores resends, clears on purge, and holds exactly one reference per
- * message it keeps (message_live_count tells).
+ * message it keeps (message_live_count tells). Of a durable queue it logs
+ * the persistent messages it keeps, and nothing else, in a real journal
+ * (a temporary directory): what a restart would read back is exactly them.
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <uv.h>
 
 #include "amqp/method_gen.h"
 #include "broker/message.h"
 #include "cluster/replica.h"
+#include "lib/errors.h"
+#include "store/journal.h"
 
-static struct message *make(uint32_t n)
+static struct message *make_mode(uint32_t n, bool persistent)
 {
-    static const uint8_t no_properties[2] = {0, 0};
     struct basic_properties props = {0};
-    struct message *m = message_new(BYTES_LIT("x"), BYTES_LIT("k"), no_properties, 2, &props,
-                                    sizeof n);
+    if (persistent) {
+        props.flags = BASIC_FLAG_DELIVERY_MODE;
+        props.delivery_mode = 2;
+    }
+    uint8_t encoded[16];
+    size_t size = basic_properties_encode(&props, encoded, sizeof encoded);
+    assert_true(size > 0);
+    struct message *m = message_new(BYTES_LIT("x"), BYTES_LIT("k"), encoded, (uint32_t)size,
+                                    &props, sizeof n);
     memcpy(m->body, &n, sizeof n);
     m->body_received = sizeof n;
     return m;
+}
+
+static struct message *make(uint32_t n)
+{
+    return make_mode(n, false);
 }
 
 /* Pushes seqs from..to (one message each; the replica keeps the only
@@ -41,7 +59,7 @@ static void test_push_remove_in_any_order(void **state)
 {
     (void)state;
     uint64_t live_before = message_live_count;
-    struct replica *r = replica_new(-1);
+    struct replica *r = replica_new(-1, NULL);
     push_range(r, 1, 1000);
     assert_int_equal(replica_count(r), 1000);
     assert_int_equal(message_live_count - live_before, 1000);
@@ -70,7 +88,7 @@ static void test_resends_are_ignored(void **state)
 {
     (void)state;
     uint64_t live_before = message_live_count;
-    struct replica *r = replica_new(-1);
+    struct replica *r = replica_new(-1, NULL);
     push_range(r, 1, 10);
     /* After a reconnect the primary may send some again. */
     push_range(r, 5, 12);
@@ -86,7 +104,7 @@ static void test_purge(void **state)
 {
     (void)state;
     uint64_t live_before = message_live_count;
-    struct replica *r = replica_new(-1);
+    struct replica *r = replica_new(-1, NULL);
     push_range(r, 1, 100);
     replica_remove(r, 0); /* purge */
     assert_int_equal(replica_count(r), 0);
@@ -98,12 +116,103 @@ static void test_purge(void **state)
     assert_int_equal(message_live_count, live_before);
 }
 
+/* ---- the log of a durable queue's replica ---- */
+
+struct recovered {
+    uint64_t seqs[64];
+    uint32_t count;
+};
+
+static void on_recover(void *ctx, struct journal_queue *q, struct bytes vhost,
+                       struct bytes queue, uint64_t seq, bool delivered, const void *blob,
+                       uint32_t size)
+{
+    (void)q, (void)vhost, (void)queue, (void)delivered, (void)blob, (void)size;
+    struct recovered *r = ctx;
+    assert_true(r->count < 64);
+    r->seqs[r->count++] = seq;
+}
+
+static struct journal *journal_at(uv_loop_t *loop, const char *dir, struct recovered *out)
+{
+    struct journal *j = NULL;
+    char err[256];
+    assert_int_equal(journal_open(&j, loop, dir, NULL, err, sizeof err), OK);
+    struct journal_recovery_stats stats;
+    struct recovered none = {0};
+    assert_int_equal(journal_recover(j, on_recover, out ? out : &none, &stats), OK);
+    return j;
+}
+
+static void journal_done(uv_loop_t *loop, struct journal *j)
+{
+    journal_close(j);
+    uv_run(loop, UV_RUN_DEFAULT);
+}
+
+static void push_mode(struct replica *r, uint64_t seq, bool persistent)
+{
+    struct message *m = make_mode((uint32_t)seq, persistent);
+    assert_true(replica_push(r, seq, m, 0));
+    message_unref(m);
+}
+
+static void test_a_durable_replica_logs_its_persistent_messages(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/quay-test-replica-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct journal *j = journal_at(&loop, dir, NULL);
+    /* A log left from another life of the name is started over. */
+    struct journal_queue *old = journal_queue_open(j, BYTES_LIT("/"), BYTES_LIT("q"));
+    journal_publish(old, 100, "old", 3);
+    struct replica *r = replica_new(-1, old);
+    push_mode(r, 1, true);
+    push_mode(r, 2, false); /* transient: memory only */
+    push_mode(r, 3, true);
+    /* A reset (a catch-up) starts the log over: seqs may go back. */
+    replica_remove(r, 0);
+    for (uint64_t seq = 2; seq <= 9; seq++)
+        push_mode(r, seq, seq % 2 == 0);
+    replica_remove(r, 4);
+    replica_remove(r, 5);
+    struct journal_queue *log = journal_queue_open(j, BYTES_LIT("/"), BYTES_LIT("q"));
+    assert_int_equal(journal_queue_live_count(log), 3); /* 2, 6, 8 */
+    assert_int_equal(replica_count(r), 6);
+    /* A shutdown: the log stays on disk as it is. */
+    replica_forget_log(r);
+    journal_done(&loop, j);
+    replica_free(r);
+    struct recovered got = {0};
+    j = journal_at(&loop, dir, &got);
+    assert_int_equal(got.count, 3);
+    assert_int_equal(got.seqs[0], 2);
+    assert_int_equal(got.seqs[1], 6);
+    assert_int_equal(got.seqs[2], 8);
+    /* Freed (the queue deleted, or no longer ours to back up): gone. */
+    r = replica_new(-1, journal_queue_open(j, BYTES_LIT("/"), BYTES_LIT("q")));
+    push_mode(r, 1, true);
+    replica_free(r);
+    journal_done(&loop, j);
+    got.count = 0;
+    j = journal_at(&loop, dir, &got);
+    assert_int_equal(got.count, 0);
+    journal_done(&loop, j);
+    uv_loop_close(&loop);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_push_remove_in_any_order),
         cmocka_unit_test(test_resends_are_ignored),
         cmocka_unit_test(test_purge),
+        cmocka_unit_test(test_a_durable_replica_logs_its_persistent_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
