@@ -66,32 +66,28 @@ static bool forward_resend(const struct forward_wait *w, bool ack, bool lost)
 }
 
 /* answer: the primary's ack or nack; lost: the link died before it came
- * (a replication's callback hears a nack). */
-static void forwarder_answer(struct proxy_forwarder *f, struct forward_wait *w, bool ack,
+ * (a replication's callback hears a nack). The wait is taken out of its
+ * slot first: a callback may send on this forwarder again (a catch-up
+ * sends more as answers come), which can grow, and so move, the ring. */
+static void forwarder_answer(struct proxy_forwarder *f, struct forward_wait *slot, bool ack,
                              bool lost)
 {
-    if (w->done)
+    if (slot->done)
         return;
-    w->done = true;
-    bool resent = forward_resend(w, ack, lost);
-    if (w->notify) {
-        w->notify(w->notify_ctx, w->notify_tag, ack && !lost);
-        w->notify = NULL;
-    }
-    if (w->sink) {
+    struct forward_wait w = *slot;
+    *slot = (struct forward_wait){.done = true};
+    bool resent = forward_resend(&w, ack, lost);
+    if (w.notify)
+        w.notify(w.notify_ctx, w.notify_tag, ack && !lost);
+    if (w.sink) {
         if (!resent)
-            confirm_sink_answer(w->sink, w->seq, ack);
-        confirm_sink_unref(w->sink);
-        w->sink = NULL;
+            confirm_sink_answer(w.sink, w.seq, ack);
+        confirm_sink_unref(w.sink);
     }
-    if (w->message) {
-        message_unref(w->message);
-        w->message = NULL;
-    }
-    if (w->stub) {
-        queue_unref(w->stub);
-        w->stub = NULL;
-    }
+    if (w.message)
+        message_unref(w.message);
+    if (w.stub)
+        queue_unref(w.stub);
     (void)f;
 }
 
