@@ -166,6 +166,11 @@ static struct message *page_in(struct queue *queue, uint64_t seq)
     return message;
 }
 
+struct message *queue_read_paged(struct queue *queue, uint64_t seq)
+{
+    return page_in(queue, seq);
+}
+
 /* Makes a popped entry's message resident. False if it is lost. */
 static bool resident(struct queue *queue, struct queue_entry *entry)
 {
@@ -574,6 +579,8 @@ void queue_adopt(struct queue *queue, struct queue_adoption *adoption)
     }
     queue->ready_count += a.ring.count;
     queue->ready_bytes += a.bytes;
+    queue->paged_count += a.paged;
+    ASSERT(a.paged == 0 || (queue->journal && queue->args.max_priority == 0));
     if (queue->args.max_priority == 0 && queue->ready.count == 0) {
         free(queue->ready.entries);
         queue->ready = a.ring; /* O(1): the usual case, a fresh queue */

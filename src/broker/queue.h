@@ -228,6 +228,7 @@ struct queue_adoption {
                               * queue holds, no holes; each entry holds a reference */
     uint64_t bytes;          /* their body bytes */
     uint32_t persistent;     /* how many are persistent (journaled again here) */
+    uint32_t paged;          /* how many are paged: their body in the queue's log only */
 };
 /* Takes the adoption's ring (and leaves it empty): enqueued at the tail
  * without limits or TTL checks, persistent ones journaled. A fresh queue
@@ -251,6 +252,11 @@ void queue_reject(struct queue *queue, uint64_t seq, struct message *message);
  * messages, newest first (they are in the journal; queue_take reads them
  * back). Returns the bytes released. Only durable queues page. */
 uint64_t queue_page_out(struct queue *queue, uint64_t wanted);
+
+/* A paged-out ready message read back from the journal, for a backup's
+ * catch-up: a new reference (the entry stays paged), or NULL if the
+ * journal cannot produce it (logged). */
+struct message *queue_read_paged(struct queue *queue, uint64_t seq);
 
 /* The queue was used (declare, get, consume): postpones x-expires. */
 void queue_touch(struct queue *queue);

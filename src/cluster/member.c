@@ -344,8 +344,13 @@ bool member_replica_push(struct member *member, struct vhost *vhost, struct byte
                          uint64_t epoch, uint64_t seq, struct message *message)
 {
     struct queue *queue = replica_target(member, vhost, name, epoch);
-    return queue != NULL && replica_push(proxy_stub_replica(queue, true), seq, message,
-                                         uv_now(member->broker->loop));
+    if (queue == NULL)
+        return false;
+    /* Paged where the primary would page it (queue.c's enqueue). */
+    bool page = queue->args.max_priority == 0 &&
+                (queue->args.lazy || alarm_over_paging_limit(&member->broker->alarm));
+    return replica_push(proxy_stub_replica(queue, true), seq, message,
+                        uv_now(member->broker->loop), page);
 }
 
 void member_replica_settle(struct member *member, struct vhost *vhost, struct bytes name,

@@ -22,9 +22,10 @@
  * of copying a message at a time: O(holes), never touching a message. */
 
 struct replica {
-    struct queue_ring ring;      /* owned; count includes holes (message NULL) */
+    struct queue_ring ring;      /* owned; count includes holes (see hole()) */
     uint32_t live;
     uint32_t persistent;         /* live ones with delivery mode 2 */
+    uint32_t paged;              /* live ones kept in the log only (their message NULL) */
     uint64_t live_bytes;         /* their body bytes */
     uint64_t last_seq;
     /* Owned, or NULL (a transient queue, or no journal): the log of the
@@ -58,9 +59,20 @@ static struct queue_entry *slot(const struct replica *r, uint32_t i)
     return &r->ring.entries[(r->ring.head + i) & (r->ring.cap - 1)];
 }
 
+/* A removed entry (a paged one's message field holds its size). */
+static bool hole(const struct queue_entry *e)
+{
+    return !e->paged && e->message == NULL;
+}
+
+static uint64_t body_size(const struct queue_entry *e)
+{
+    return e->paged ? e->paged_body_size : e->message->body_size;
+}
+
 static void trim(struct replica *r)
 {
-    while (r->ring.count > 0 && slot(r, 0)->message == NULL) {
+    while (r->ring.count > 0 && hole(slot(r, 0))) {
         r->ring.head = (r->ring.head + 1) & (r->ring.cap - 1);
         r->ring.count--;
     }
@@ -81,7 +93,8 @@ void replica_free(struct replica *r)
     free(r);
 }
 
-bool replica_push(struct replica *r, uint64_t seq, struct message *message, uint64_t now_ms)
+bool replica_push(struct replica *r, uint64_t seq, struct message *message, uint64_t now_ms,
+                  bool page)
 {
     if (seq == 0) {
         /* Not a message: a catch-up's dedup id (or its empty probe). */
@@ -98,20 +111,26 @@ bool replica_push(struct replica *r, uint64_t seq, struct message *message, uint
     if (r->ring.count == r->ring.cap)
         r->ring.entries = ring_grow(r->ring.entries, sizeof *r->ring.entries, &r->ring.head,
                                     r->ring.count, &r->ring.cap, 64);
-    message_ref(message);
     /* Redelivered: the old primary may have delivered it by the time we
      * are promoted, and nothing tells us which ones it did. */
-    *slot(r, r->ring.count) = (struct queue_entry){.message = message, .seq = seq,
-                                                   .redelivered = 1};
+    struct queue_entry entry = {.message = message, .seq = seq, .redelivered = 1};
+    if (r->log && message->persistent) {
+        struct bytes blob = message_blob(message);
+        journal_publish(r->log, seq, blob.ptr, blob.len);
+        if (page) { /* as the primary keeps it: on disk only */
+            entry.paged = 1;
+            entry.paged_body_size = message->body_size;
+            r->paged++;
+        }
+    }
+    if (!entry.paged)
+        message_ref(message);
+    *slot(r, r->ring.count) = entry;
     r->ring.count++;
     r->live++;
     r->live_bytes += message->body_size;
     r->persistent += message->persistent;
     r->last_seq = seq;
-    if (r->log && message->persistent) {
-        struct bytes blob = message_blob(message);
-        journal_publish(r->log, seq, blob.ptr, blob.len);
-    }
     return true;
 }
 
@@ -119,10 +138,10 @@ void replica_remove(struct replica *r, uint64_t seq)
 {
     if (seq == 0) {
         for (uint32_t i = 0; i < r->ring.count; i++) {
-            if (slot(r, i)->message)
+            if (!slot(r, i)->paged && slot(r, i)->message)
                 message_unref(slot(r, i)->message);
         }
-        r->ring.head = r->ring.count = r->live = r->persistent = 0;
+        r->ring.head = r->ring.count = r->live = r->persistent = r->paged = 0;
         r->live_bytes = 0;
         r->last_seq = 0; /* a catch-up starts over from the primary's oldest */
         /* ... so the log's seqs must be able to as well. */
@@ -139,16 +158,19 @@ void replica_remove(struct replica *r, uint64_t seq)
         else
             hi = mid;
     }
-    if (lo == r->ring.count || slot(r, lo)->seq != seq || slot(r, lo)->message == NULL)
+    struct queue_entry *e = lo < r->ring.count ? slot(r, lo) : NULL;
+    if (e == NULL || e->seq != seq || hole(e))
         return;
-    struct message *message = slot(r, lo)->message;
+    bool persistent = e->paged || e->message->persistent; /* only persistent ones page */
     r->live--;
-    r->live_bytes -= message->body_size;
-    r->persistent -= message->persistent;
-    if (r->log && message->persistent)
+    r->live_bytes -= body_size(e);
+    r->persistent -= persistent;
+    r->paged -= e->paged;
+    if (r->log && persistent)
         journal_ack(r->log, seq);
-    message_unref(message);
-    slot(r, lo)->message = NULL;
+    if (!e->paged)
+        message_unref(e->message);
+    *e = (struct queue_entry){.seq = e->seq}; /* a hole */
     trim(r);
 }
 
@@ -185,7 +207,7 @@ static void compact(struct replica *r)
         out = ring->count;
     } else {
         for (uint32_t i = 0; i < ring->count; i++) {
-            if (slot(r, i)->message != NULL)
+            if (!hole(slot(r, i)))
                 to[out++] = *slot(r, i);
         }
     }
@@ -211,10 +233,12 @@ void replica_adopt(struct queue *queue, struct replica *r)
     bool journaled = r->log != NULL && r->log == queue->journal;
     if (journaled)
         r->log = NULL;
+    ASSERT(journaled || r->paged == 0); /* paged ones are in the log only */
     struct queue_adoption adoption = {.ring = r->ring, .bytes = r->live_bytes,
-                                      .persistent = journaled ? 0 : r->persistent};
+                                      .persistent = journaled ? 0 : r->persistent,
+                                      .paged = r->paged};
     r->ring = (struct queue_ring){0};
-    r->live = r->persistent = 0;
+    r->live = r->persistent = r->paged = 0;
     r->live_bytes = 0;
     queue_adopt(queue, &adoption);
     LOG_DEBUG("vhost=%.*s queue=%.*s: promoted with %u messages from its replica",

@@ -16,7 +16,10 @@
  * primary does, without waiting for the fsync: a promotion then hands the
  * log to the real queue, which opens it by name, instead of writing every
  * message again (hundreds of MB for a deep queue: the new primary's first
- * confirms would wait behind them). A reset starts the log over.
+ * confirms would wait behind them). A reset starts the log over. Where
+ * the primary pages (a lazy queue, memory past the paging mark) the
+ * replica keeps those messages in the log only, and the promoted queue
+ * starts with them paged.
  *
  * With x-quay-dedup-window the replica also keeps the queue's
  * de-duplication table (broker/dedup.h) from the stream: every replicated
@@ -52,9 +55,11 @@ struct replica *replica_new(int64_t dedup_window_ms, struct journal_queue *log);
 void replica_free(struct replica *replica); /* NULL is fine */
 /* Messages arrive in seq order; a seq at or below the last one is a resend
  * and ignored (true: stored or already there). With a dedup window the
- * message-id is remembered as of now_ms (our loop clock) either way. */
+ * message-id is remembered as of now_ms (our loop clock) either way. page:
+ * keep a persistent message in the log only, as a paging primary does (a
+ * lazy queue, memory past the paging mark); never for a priority queue. */
 bool replica_push(struct replica *replica, uint64_t seq, struct message *message,
-                  uint64_t now_ms);
+                  uint64_t now_ms, bool page);
 void replica_remove(struct replica *replica, uint64_t seq); /* seq 0: all */
 uint32_t replica_count(const struct replica *replica);   /* NULL: 0 */
 /* The journal closes (a shutdown): the log is left as it is on disk (the

@@ -30,10 +30,14 @@
 /* A catch-up whose backup acked nothing for this long starts over (its
  * answers were lost somewhere; nothing else would notice). */
 #define REPLICATION_STALL_MS 5000
+/* A catch-up keeps at most this many messages unanswered on the link, so
+ * a deep queue is sent while it serves, at the pace the backup takes it,
+ * not all at once on the loop (and in the link's output buffer). */
+#define CATCH_UP_WINDOW 512
 
 enum stream_state {
     STREAM_IDLE,        /* not in sync and not being caught up (its link is down) */
-    STREAM_CATCHING_UP, /* reset and snapshot sent; the stream follows them */
+    STREAM_CATCHING_UP, /* reset sent, its backlog being sent; then the stream follows */
     STREAM_LIVE,        /* it has everything sent so far, or will in order */
     STREAM_FAILED,      /* a message did not reach it: it needs a catch-up */
 };
@@ -49,8 +53,9 @@ struct replica_stream {
     bool join_asked;          /* caught up: the map was asked to put it in sync */
     uint32_t inflight;        /* answers the link owes */
     uint64_t acked_seq;       /* everything up to here is on it */
-    uint32_t catch_up_left;   /* catching up: answers owed up to the snapshot's last */
+    uint32_t catch_up_left;   /* catching up, backlog sent: answers owed up to its end */
     uint64_t progress_ms;     /* its last ack, or when it started gating */
+    struct backlog *backlog;  /* owned while a catch-up has some left to send, else NULL */
 };
 
 /* A publish whose confirm waits for the backups (or the lease). */
@@ -198,10 +203,14 @@ static void ask_in_sync(struct replication *rep)
     }
 }
 
+static void backlog_free(struct backlog *b);
+
 static void stream_fail(struct replication *rep, struct replica_stream *s, const char *why)
 {
     if (s->state == STREAM_FAILED)
         return;
+    backlog_free(s->backlog); /* the next catch-up takes the queue as it is then */
+    s->backlog = NULL;
     s->state = STREAM_FAILED;
     s->join_asked = false;
     log_queue(rep->queue, why, s->backup_id);
@@ -220,6 +229,8 @@ static void stream_caught_up(struct replication *rep, struct replica_stream *s)
     ask_in_sync(rep);
 }
 
+static void catch_up_answered(struct replication *rep, struct replica_stream *s);
+
 static void on_stream_answer(void *ctx, uint64_t tag, bool ack)
 {
     struct replica_stream *s = ctx;
@@ -237,13 +248,8 @@ static void on_stream_answer(void *ctx, uint64_t tag, bool ack)
         s->progress_ms = loop_ms(rep); /* any answer: it is working through its input */
         if (tag > s->acked_seq)
             s->acked_seq = tag;
-        /* Answers come in order: the snapshot's last is the one that
-         * leaves nothing owed from before it. */
-        ASSERT(s->state != STREAM_CATCHING_UP || s->catch_up_left > 0);
-        if (s->state == STREAM_CATCHING_UP && --s->catch_up_left == 0) {
-            s->progress_ms = loop_ms(rep);
-            stream_caught_up(rep, s);
-        }
+        if (s->state == STREAM_CATCHING_UP)
+            catch_up_answered(rep, s);
     }
     drain(rep);
 }
@@ -277,50 +283,101 @@ static struct method replicate_method(const struct queue *queue, uint64_t epoch,
     return m;
 }
 
-/* ---- catching a backup up ---- */
+/* ---- catching a backup up ----
+ *
+ * A backup not in sync gets the queue as it is now: a reset, the dedup
+ * ids, then every message in seq order, on the stream's channel so nothing
+ * falls between. What is to be sent waits in the stream's backlog (the
+ * queue's messages when the catch-up began, then what is published while
+ * it goes on, so the backup receives seqs in order) and leaves it
+ * CATCH_UP_WINDOW unanswered messages at a time. A message removed from
+ * the queue before it was sent leaves the backlog unsent; one already sent
+ * is settled as usual. Paged-out messages are read back as they are sent.
+ * Once the backlog is empty, an empty probe tagged with the queue's newest
+ * seq follows: when that is acked, the backup has everything up to there
+ * (what it lacks has left the queue). */
 
-struct snapshot_item {
+struct backlog_item {
     uint64_t seq;
-    struct message *message; /* borrowed */
+    struct message *message; /* one reference; NULL: paged (read back when sent) */
+    bool removed;            /* left the queue before it was sent */
 };
 
-struct snapshot {
-    struct snapshot_item *items; /* owned */
-    uint32_t count, cap;
+struct backlog {
+    struct backlog_item *items; /* owned */
+    uint32_t next, count, cap;  /* items[next..count) are still to send */
 };
 
-static void snapshot_add(void *ctx, uint64_t seq, struct message *message)
+static void backlog_add(void *ctx, uint64_t seq, struct message *message)
 {
-    struct snapshot *snap = ctx;
-    if (snap->count == snap->cap) {
-        snap->cap = snap->cap ? snap->cap * 2 : 256;
-        snap->items = realloc(snap->items, sizeof *snap->items * snap->cap);
-        ASSERT(snap->items != NULL);
+    struct backlog *b = ctx;
+    if (b->count == b->cap) {
+        b->cap = b->cap ? b->cap * 2 : 256;
+        b->items = realloc(b->items, sizeof *b->items * b->cap);
+        ASSERT(b->items != NULL);
     }
-    snap->items[snap->count++] = (struct snapshot_item){seq, message};
+    if (message)
+        message_ref(message);
+    b->items[b->count++] = (struct backlog_item){seq, message, false};
+}
+
+static void backlog_free(struct backlog *b)
+{
+    if (b == NULL)
+        return;
+    for (uint32_t i = b->next; i < b->count; i++) {
+        if (b->items[i].message)
+            message_unref(b->items[i].message);
+    }
+    free(b->items);
+    free(b);
+}
+
+/* Seq left the queue: true if it was still to send (it will not be). */
+static bool backlog_remove(struct backlog *b, uint64_t seq)
+{
+    uint32_t lo = b->next, hi = b->count;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (b->items[mid].seq < seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == b->count || b->items[lo].seq != seq)
+        return false;
+    struct backlog_item *it = &b->items[lo];
+    if (it->message)
+        message_unref(it->message);
+    it->message = NULL;
+    it->removed = true;
+    return true;
 }
 
 static int by_seq(const void *a, const void *b)
 {
-    const struct snapshot_item *x = a, *y = b;
+    const struct backlog_item *x = a, *y = b;
     return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
-/* Every message the queue holds, ready or delivered and unacked, in seq
- * order (the messages borrowed: sent before the loop runs again). */
-static void snapshot_take(struct queue *queue, struct snapshot *snap)
+/* Every message the queue holds, ready (resident or paged) or delivered
+ * and unacked, in seq order, each with a reference. */
+static struct backlog *backlog_take(struct queue *queue)
 {
+    struct backlog *b = calloc(1, sizeof *b);
+    ASSERT(b != NULL);
     for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
         const struct queue_ring *ring =
             level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
         for (uint32_t i = 0; i < ring->count; i++) {
             const struct queue_entry *e = &ring->entries[(ring->head + i) & (ring->cap - 1)];
-            snapshot_add(snap, e->seq, e->message);
+            backlog_add(b, e->seq, e->paged ? NULL : e->message);
         }
     }
-    channels_each_unacked(queue->vhost->broker, queue, snapshot_add, snap);
-    if (snap->count > 1)
-        qsort(snap->items, snap->count, sizeof *snap->items, by_seq);
+    channels_each_unacked(queue->vhost->broker, queue, backlog_add, b);
+    if (b->count > 1)
+        qsort(b->items, b->count, sizeof *b->items, by_seq);
+    return b;
 }
 
 /* With x-quay-dedup-window, the ids the queue remembers go first, each as
@@ -350,16 +407,69 @@ static bool send_dedup_ids(struct replication *rep, struct replica_stream *s)
     return true;
 }
 
-/* A backup not in sync gets the queue as it is now: a reset, then every
- * message in seq order, on the stream's channel so nothing falls between.
- * The last one's tag is the queue's newest seq: once it is acked the
- * backup has everything up to there (what it lacks has left the queue). */
+/* The end of the backlog: an empty message under seq 0 (a replica takes it
+ * as one it has), tagged with the queue's newest seq. It is also how an
+ * empty queue's backup is heard to have taken the reset (its link may be
+ * dead and not know it yet). */
+static void send_end_probe(struct replication *rep, struct replica_stream *s)
+{
+    static const uint8_t no_properties[2] = {0, 0};
+    struct basic_properties none = {0};
+    struct message *probe = message_new(BYTES_LIT(""), BYTES_LIT(""), no_properties, 2, &none, 0);
+    ASSERT(probe != NULL);
+    struct method m = replicate_method(rep->queue, rep->epoch, 0, probe);
+    bool sent = stream_send(rep, s, &m, probe, rep->queue->next_seq - 1);
+    message_unref(probe);
+    if (sent)
+        s->catch_up_left = s->inflight; /* (what was sent before the reset included) */
+}
+
+/* Sends from the backlog while the window allows; at its end, the probe. */
+static void catch_up_pump(struct replication *rep, struct replica_stream *s)
+{
+    struct backlog *b = s->backlog;
+    while (b->next < b->count && s->inflight < CATCH_UP_WINDOW) {
+        struct backlog_item *it = &b->items[b->next++];
+        if (it->removed)
+            continue;
+        struct message *message = it->message ? it->message
+                                              : queue_read_paged(rep->queue, it->seq);
+        it->message = NULL;
+        if (message == NULL)
+            continue; /* lost from the journal: the queue cannot deliver it either */
+        struct method m = replicate_method(rep->queue, rep->epoch, it->seq, message);
+        bool sent = stream_send(rep, s, &m, message, it->seq);
+        message_unref(message);
+        if (!sent)
+            return; /* failed: the backlog is gone */
+    }
+    if (b->next < b->count)
+        return;
+    backlog_free(b);
+    s->backlog = NULL;
+    send_end_probe(rep, s);
+}
+
+/* An answer while catching up: more from the backlog, or, once its probe
+ * went, count down to it (answers come in order). */
+static void catch_up_answered(struct replication *rep, struct replica_stream *s)
+{
+    if (s->backlog != NULL) {
+        if (s->inflight <= CATCH_UP_WINDOW / 2)
+            catch_up_pump(rep, s);
+        return;
+    }
+    ASSERT(s->catch_up_left > 0);
+    if (--s->catch_up_left == 0)
+        stream_caught_up(rep, s);
+}
+
 static void catch_up(struct replication *rep, struct replica_stream *s)
 {
     struct queue *queue = rep->queue;
     struct member_peer *peer = member_peer(rep->member, s->backup_id);
-    if (peer == NULL || !peer->up || queue->paged_count > 0) {
-        s->state = STREAM_IDLE; /* (paged messages would need reading back: not yet) */
+    if (peer == NULL || !peer->up) {
+        s->state = STREAM_IDLE;
         return;
     }
     struct method reset = {.id = METHOD_BASIC_QUAY_SETTLE};
@@ -368,37 +478,14 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
     reset.basic_quay_settle.purge = true;
     s->state = STREAM_CATCHING_UP;
     s->progress_ms = loop_ms(rep);
-    if (!stream_send(rep, s, &reset, NULL, 0))
+    s->catch_up_left = 0;
+    ASSERT(s->backlog == NULL);
+    if (!stream_send(rep, s, &reset, NULL, 0) || !send_dedup_ids(rep, s))
         return;
-    if (!send_dedup_ids(rep, s))
-        return;
-    struct snapshot snap = {0};
-    snapshot_take(queue, &snap);
-    uint64_t newest = queue->next_seq - 1;
     LOG_DEBUG("queue %.*s: catching up backup %u", (int)queue->name.len,
               (const char *)queue->name.ptr, s->backup_id);
-    for (uint32_t i = 0; i < snap.count; i++) {
-        struct method m = replicate_method(queue, rep->epoch, snap.items[i].seq,
-                                           snap.items[i].message);
-        uint64_t tag = i + 1 == snap.count ? newest : snap.items[i].seq;
-        if (!stream_send(rep, s, &m, snap.items[i].message, tag))
-            break;
-    }
-    free(snap.items);
-    if (snap.count == 0) {
-        /* Nothing to copy, but the backup must be heard to have taken the
-         * reset (its link may be dead and not know it yet): an empty
-         * message under seq 0, which a replica takes as one it has. */
-        static const uint8_t no_properties[2] = {0, 0};
-        struct basic_properties none = {0};
-        struct message *probe = message_new(BYTES_LIT(""), BYTES_LIT(""), no_properties, 2,
-                                            &none, 0);
-        ASSERT(probe != NULL);
-        struct method m = replicate_method(queue, rep->epoch, 0, probe);
-        stream_send(rep, s, &m, probe, newest);
-        message_unref(probe);
-    }
-    s->catch_up_left = s->inflight; /* (what was sent before the reset included) */
+    s->backlog = backlog_take(queue);
+    catch_up_pump(rep, s);
 }
 
 /* ---- the queue's hooks ---- */
@@ -411,7 +498,9 @@ static void published(struct queue *queue, uint64_t seq, struct message *message
     bool gated = false;
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         struct replica_stream *s = rep->streams[i];
-        if (s->state == STREAM_LIVE || s->state == STREAM_CATCHING_UP)
+        if (s->backlog)
+            backlog_add(s->backlog, seq, message); /* after what the catch-up still sends */
+        else if (s->state == STREAM_LIVE || s->state == STREAM_CATCHING_UP)
             stream_send(rep, s, &m, message, seq);
         gated |= s->gating;
     }
@@ -433,6 +522,8 @@ static void removed(struct queue *queue, uint64_t seq)
     m.basic_quay_settle.seq = seq;
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         struct replica_stream *s = rep->streams[i];
+        if (s->backlog && backlog_remove(s->backlog, seq))
+            continue; /* never sent: the backup never hears of it */
         if (s->state == STREAM_LIVE || s->state == STREAM_CATCHING_UP)
             stream_send(rep, s, &m, NULL, 0);
     }
@@ -454,6 +545,8 @@ static const struct queue_replication_ops replication_ops = {
 
 static void stream_release(struct replica_stream *s)
 {
+    backlog_free(s->backlog);
+    s->backlog = NULL;
     s->rep = NULL;
     if (s->inflight == 0)
         free(s);

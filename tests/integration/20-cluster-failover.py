@@ -301,6 +301,62 @@ def a_promoted_durable_queue_keeps_its_persistent_messages_on_disk():
     assert got == list(range(100, 300)) + list(range(1000, 1020)), got
 
 
+@test(timeout=180)
+def a_paged_queue_gets_a_new_backup_caught_up_while_it_serves():
+    # A lazy queue keeps its messages on disk only; a new backup is caught
+    # up from the journal, a window at a time, while the queue goes on
+    # taking publishes and acks; once in sync it holds exactly what the
+    # queue does, and takes over with all of it.
+    c = connect(members["a"])
+    ch = c.channel()
+    ch.queue_declare("lazy", durable=True,
+                     arguments={"x-quay-backups": 1, "x-queue-mode": "lazy"})
+    c.close()
+    info = queue_info(members["a"], "lazy")
+    primary, backup = members[info["primary"]], members[info["backups"][0]]
+    other = [m for m in members.values() if m not in (primary, backup)][0]
+    persistent = pika.BasicProperties(delivery_mode=2)
+    pad = b"." * 1000
+    c = connect(primary)
+    ch = c.channel()
+    ch.confirm_delivery()
+    for i in range(3000):
+        ch.basic_publish("", "lazy", b"%d " % i + pad, properties=persistent)
+    assert queue_info(primary, "lazy")["paged"] == 3000
+    backup.kill()
+    # Meanwhile: more publishes, and the oldest 100 consumed.
+    for i in range(3000, 3500):
+        ch.basic_publish("", "lazy", b"%d " % i + pad, properties=persistent)
+    for _ in range(100):
+        m, _, body = ch.basic_get("lazy", auto_ack=False)
+        ch.basic_ack(m.delivery_tag)
+    c.close()
+    wait_until(lambda: (lambda q: q["in_sync"] == [other.name])(queue_info(primary, "lazy")),
+               20, what="the third broker caught up and in sync")
+    assert queue_info(other, "lazy")["replica_messages"] == 3400
+    backup.start()  # (two of three up: a majority to promote with)
+    wait_until(lambda: all(m.view() and m.view().brokers.get(backup.name) == "up"
+                           for m in (primary, other)), 20, what="the old backup back")
+    primary.kill()
+    wait_until(lambda: (queue_info(other, "lazy") or {}).get("primary") == other.name, 10,
+               what="the caught-up backup promoted")
+    # The backup kept them as its primary did: on disk only, paged.
+    assert queue_info(other, "lazy")["paged"] == 3400, queue_info(other, "lazy")
+    c = connect(other)
+    ch = c.channel()
+    got = []
+    while True:
+        m, _, body = ch.basic_get("lazy", auto_ack=True)
+        if m is None:
+            break
+        got.append(int(body.split()[0]))
+    c.close()
+    assert got == list(range(100, 3500)), (len(got), got[:5], got[-5:])
+    primary.start()
+    wait_until(lambda: all(m.view() and set(m.view().brokers.values()) == {"up"}
+                           for m in members.values()), 30, what="all three back")
+
+
 def cleanup(failed):
     if cluster is None:
         return []

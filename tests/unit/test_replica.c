@@ -50,7 +50,7 @@ static void push_range(struct replica *r, uint64_t from, uint64_t to)
 {
     for (uint64_t seq = from; seq <= to; seq++) {
         struct message *m = make((uint32_t)seq);
-        assert_true(replica_push(r, seq, m, 0));
+        assert_true(replica_push(r, seq, m, 0, false));
         message_unref(m);
     }
 }
@@ -153,8 +153,18 @@ static void journal_done(uv_loop_t *loop, struct journal *j)
 static void push_mode(struct replica *r, uint64_t seq, bool persistent)
 {
     struct message *m = make_mode((uint32_t)seq, persistent);
-    assert_true(replica_push(r, seq, m, 0));
+    assert_true(replica_push(r, seq, m, 0, false));
     message_unref(m);
+}
+
+/* Paged (a lazy queue's): in the log only, no message kept in memory. */
+static void push_paged(struct replica *r, uint64_t seq)
+{
+    uint64_t live_before = message_live_count;
+    struct message *m = make_mode((uint32_t)seq, true);
+    assert_true(replica_push(r, seq, m, 0, true));
+    message_unref(m);
+    assert_int_equal(message_live_count, live_before);
 }
 
 static void test_a_durable_replica_logs_its_persistent_messages(void **state)
@@ -178,19 +188,23 @@ static void test_a_durable_replica_logs_its_persistent_messages(void **state)
         push_mode(r, seq, seq % 2 == 0);
     replica_remove(r, 4);
     replica_remove(r, 5);
+    push_paged(r, 10);
+    push_paged(r, 11);
+    replica_remove(r, 10);
     struct journal_queue *log = journal_queue_open(j, BYTES_LIT("/"), BYTES_LIT("q"));
-    assert_int_equal(journal_queue_live_count(log), 3); /* 2, 6, 8 */
-    assert_int_equal(replica_count(r), 6);
+    assert_int_equal(journal_queue_live_count(log), 4); /* 2, 6, 8, 11 */
+    assert_int_equal(replica_count(r), 7);
     /* A shutdown: the log stays on disk as it is. */
     replica_forget_log(r);
     journal_done(&loop, j);
     replica_free(r);
     struct recovered got = {0};
     j = journal_at(&loop, dir, &got);
-    assert_int_equal(got.count, 3);
+    assert_int_equal(got.count, 4);
     assert_int_equal(got.seqs[0], 2);
     assert_int_equal(got.seqs[1], 6);
     assert_int_equal(got.seqs[2], 8);
+    assert_int_equal(got.seqs[3], 11);
     /* Freed (the queue deleted, or no longer ours to back up): gone. */
     r = replica_new(-1, journal_queue_open(j, BYTES_LIT("/"), BYTES_LIT("q")));
     push_mode(r, 1, true);
