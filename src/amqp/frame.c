@@ -109,6 +109,38 @@ size_t frame_write_method(uint8_t *out, size_t cap, uint16_t channel, const stru
     return size + FRAME_OVERHEAD;
 }
 
+static uint8_t *put_shortstr(uint8_t *p, struct bytes s)
+{
+    ASSERT(s.len <= 255);
+    *p++ = (uint8_t)s.len;
+    if (s.len > 0) /* an empty slice may have no pointer (the default exchange) */
+        memcpy(p, s.ptr, s.len);
+    return p + s.len;
+}
+
+size_t frame_write_basic_deliver(uint8_t *out, size_t cap, uint16_t channel,
+                                 struct bytes consumer_tag, uint64_t delivery_tag,
+                                 bool redelivered, struct bytes exchange,
+                                 struct bytes routing_key)
+{
+    ASSERT(out != NULL || cap == 0);
+    size_t n = frame_basic_deliver_size(consumer_tag, exchange, routing_key);
+    if (cap < n)
+        return 0;
+    put_frame_header(out, FRAME_METHOD, channel, (uint32_t)(n - FRAME_OVERHEAD));
+    uint8_t *p = out + FRAME_HEADER_SIZE;
+    wire_put_u16(p, METHOD_CLASS_ID(METHOD_BASIC_DELIVER));
+    wire_put_u16(p + 2, METHOD_METHOD_ID(METHOD_BASIC_DELIVER));
+    p = put_shortstr(p + 4, consumer_tag);
+    wire_put_u64(p, delivery_tag);
+    p[8] = redelivered ? 0x01 : 0; /* the only bit of the method */
+    p = put_shortstr(p + 9, exchange);
+    p = put_shortstr(p, routing_key);
+    *p++ = FRAME_END;
+    ASSERT((size_t)(p - out) == n);
+    return n;
+}
+
 size_t frame_write_content_header(uint8_t *out, size_t cap, uint16_t channel, uint16_t class_id,
                                   uint64_t body_size, const uint8_t *properties,
                                   uint32_t properties_size)

@@ -11,6 +11,7 @@
 #ifndef QUAY_AMQP_FRAME_H
 #define QUAY_AMQP_FRAME_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -77,6 +78,20 @@ size_t frame_write_content_header(uint8_t *out, size_t cap, uint16_t channel, ui
                                   uint64_t body_size, const uint8_t *properties,
                                   uint32_t properties_size);
 size_t frame_write_heartbeat(uint8_t *out, size_t cap);
+/* The bytes frame_write_method writes for this basic.deliver, without
+ * building a struct method (zeroing its union) and dispatching through
+ * method_encode: the broker writes one per message delivered. */
+size_t frame_write_basic_deliver(uint8_t *out, size_t cap, uint16_t channel,
+                                 struct bytes consumer_tag, uint64_t delivery_tag,
+                                 bool redelivered, struct bytes exchange,
+                                 struct bytes routing_key);
+/* What frame_write_basic_deliver writes: at most 790 bytes. */
+static inline size_t frame_basic_deliver_size(struct bytes consumer_tag, struct bytes exchange,
+                                              struct bytes routing_key)
+{
+    return FRAME_OVERHEAD + 4 + 1 + (size_t)consumer_tag.len + 8 + 1 + 1 + exchange.len + 1 +
+           routing_key.len;
+}
 /* Writes a body frame's 7-byte header; the caller then writes `size` body
  * bytes (scatter-gather) and one FRAME_END octet. */
 void frame_write_body_prefix(uint8_t out[FRAME_HEADER_SIZE], uint16_t channel, uint32_t size);

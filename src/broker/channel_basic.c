@@ -261,13 +261,9 @@ static void consumer_deliver(struct consumer *consumer, struct queue_entry entry
     struct channel *ch = consumer->owner;
     struct queue *queue = consumer->queue;
     uint64_t tag = record_delivery(ch, consumer, queue, entry, consumer->no_ack);
-    struct method m = {.id = METHOD_BASIC_DELIVER};
-    m.basic_deliver.consumer_tag = consumer->tag;
-    m.basic_deliver.delivery_tag = tag;
-    m.basic_deliver.redelivered = entry.redelivered != 0;
-    m.basic_deliver.exchange = message_exchange(entry.message);
-    m.basic_deliver.routing_key = message_routing_key(entry.message);
-    channel__send(ch, &m);
+    frame_out_basic_deliver(&ch->connection->conn, ch->id, consumer->tag, tag,
+                            entry.redelivered != 0, message_exchange(entry.message),
+                            message_routing_key(entry.message));
     channel__write_content(ch, entry.message);
     message_unref(entry.message); /* the queue's reference */
 }

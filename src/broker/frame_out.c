@@ -28,6 +28,21 @@ size_t frame_out_method(struct conn *conn, uint16_t channel, const struct method
     }
 }
 
+size_t frame_out_basic_deliver(struct conn *conn, uint16_t channel, struct bytes consumer_tag,
+                               uint64_t delivery_tag, bool redelivered, struct bytes exchange,
+                               struct bytes routing_key)
+{
+    if (conn->closing)
+        return 0;
+    size_t n = frame_basic_deliver_size(consumer_tag, exchange, routing_key);
+    uint8_t *out = conn_out_reserve(conn, n);
+    size_t written = frame_write_basic_deliver(out, n, channel, consumer_tag, delivery_tag,
+                                               redelivered, exchange, routing_key);
+    ASSERT(written == n);
+    conn_out_commit(conn, n);
+    return n;
+}
+
 size_t frame_out_content(struct conn *conn, uint16_t channel, uint32_t frame_max,
                          struct message *m)
 {

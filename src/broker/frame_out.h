@@ -14,8 +14,11 @@
 #ifndef QUAY_BROKER_FRAME_OUT_H
 #define QUAY_BROKER_FRAME_OUT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "amqp/types.h"
 
 struct conn;
 struct message;
@@ -27,6 +30,12 @@ struct method;
 
 /* Writes one method frame. Returns the bytes queued (0 if closing). */
 size_t frame_out_method(struct conn *conn, uint16_t channel, const struct method *m);
+/* Writes a basic.deliver method frame (the bytes frame_out_method would
+ * write for it, built without a struct method: one per message delivered).
+ * Returns the bytes queued (0 if closing). */
+size_t frame_out_basic_deliver(struct conn *conn, uint16_t channel, struct bytes consumer_tag,
+                               uint64_t delivery_tag, bool redelivered, struct bytes exchange,
+                               struct bytes routing_key);
 /* Writes the message's content header (its properties as encoded) and
  * body frames. frame_max is the negotiated whole-frame size. Returns the
  * number of frames queued (0 if closing). */

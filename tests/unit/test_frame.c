@@ -259,6 +259,40 @@ static void test_writers_cap(void **state)
     assert_memory_equal(PROTOCOL_HEADER, "AMQP\0\0\x09\x01", PROTOCOL_HEADER_SIZE);
 }
 
+/* The basic.deliver fast path writes exactly what the generated encoder
+ * writes, for empty (pointer-less) and 255-byte shortstrs, both values of
+ * the redelivered bit and tags that use all 8 bytes; it refuses a short
+ * buffer as the other writers do. */
+static void test_basic_deliver_writer(void **state)
+{
+    (void)state;
+    static uint8_t long_name[255];
+    memset(long_name, 'x', sizeof long_name);
+    const struct bytes names[] = {{NULL, 0}, BYTES_LIT("ctag-1"), {long_name, 255}};
+    for (size_t i = 0; i < 27; i++) {
+        struct method m = {.id = METHOD_BASIC_DELIVER};
+        m.basic_deliver.consumer_tag = names[i % 3];
+        m.basic_deliver.exchange = names[(i / 3) % 3];
+        m.basic_deliver.routing_key = names[i / 9];
+        m.basic_deliver.delivery_tag = i % 2 ? UINT64_C(0x0102030405060708) : i;
+        m.basic_deliver.redelivered = i % 2 == 0;
+        uint8_t want[1024], got[1024];
+        size_t want_n = frame_write_method(want, sizeof want, 7, &m);
+        const struct method_basic_deliver *d = &m.basic_deliver;
+        size_t n = frame_basic_deliver_size(d->consumer_tag, d->exchange, d->routing_key);
+        assert_int_equal(n, want_n);
+        assert_int_equal(frame_write_basic_deliver(got, sizeof got, 7, d->consumer_tag,
+                                                   d->delivery_tag, d->redelivered,
+                                                   d->exchange, d->routing_key),
+                         want_n);
+        assert_memory_equal(got, want, want_n);
+        assert_int_equal(frame_write_basic_deliver(got, n - 1, 7, d->consumer_tag,
+                                                   d->delivery_tag, d->redelivered,
+                                                   d->exchange, d->routing_key),
+                         0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -269,6 +303,7 @@ int main(void)
         cmocka_unit_test(test_bad_frames),
         cmocka_unit_test(test_content_header),
         cmocka_unit_test(test_writers_cap),
+        cmocka_unit_test(test_basic_deliver_writer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
