@@ -420,6 +420,8 @@ static void handle_tune_ok(struct connection *connection, const struct method *m
     connection->state = CONNECTION_STATE_OPEN_WAIT;
 }
 
+static void finish_open(struct connection *connection);
+
 static void handle_open(struct connection *connection, const struct method *m)
 {
     struct bytes name = m->connection_open.virtual_host;
@@ -436,6 +438,37 @@ static void handle_open(struct connection *connection, const struct method *m)
         return;
     }
     connection->vhost = vhost;
+    /* A clustered broker that has not applied the map up to the present
+     * (a restart replays it from its start) would serve history: its
+     * clients wait for open-ok until it has (connection_cluster_synced),
+     * or until the handshake timeout. Brokers' links do not wait: the
+     * sync itself may travel on them. */
+    if (connection->broker->cluster && !connection->cluster_peer &&
+        !cluster_node_synced(connection->broker->cluster)) {
+        connection->open_waits_for_sync = true;
+        connection_hold(connection);
+        return;
+    }
+    finish_open(connection);
+}
+
+void connection_cluster_synced(struct broker *broker)
+{
+    list_for_each_safe(node, &broker->connections) {
+        struct connection *connection = CONTAINER_OF(node, struct connection, broker_link);
+        if (!connection->open_waits_for_sync)
+            continue;
+        connection->open_waits_for_sync = false;
+        if (connection->conn.closing)
+            continue;
+        finish_open(connection);
+        connection_release(connection);
+    }
+}
+
+static void finish_open(struct connection *connection)
+{
+    struct bytes name = connection->vhost->name;
     connection->state = CONNECTION_STATE_OPEN;
     struct method ok = {.id = METHOD_CONNECTION_OPEN_OK};
     /* known-hosts: in a cluster, where else a client may reconnect. */
@@ -708,11 +741,18 @@ void connection_tick(struct connection *connection, uint64_t now_ms)
         return;
     default:
         uint32_t timeout_ms = connection->broker->config.limits.handshake_timeout_ms;
-        if (now_ms - connection->started_ms > timeout_ms) {
-            LOG_INFO("conn=%llu peer=%s handshake timeout", (unsigned long long)conn->id,
-                     conn->peer_name);
-            conn_close(conn);
+        if (now_ms - connection->started_ms <= timeout_ms)
+            return;
+        if (connection->open_waits_for_sync) {
+            connection->open_waits_for_sync = false;
+            connection_release(connection);
+            connection_fail(connection, REPLY_INTERNAL_ERROR, METHOD_CONNECTION_OPEN,
+                            "this broker has not caught up with the cluster map: try another");
+            return;
         }
+        LOG_INFO("conn=%llu peer=%s handshake timeout", (unsigned long long)conn->id,
+                 conn->peer_name);
+        conn_close(conn);
         return;
     }
     if (connection->heartbeat_s == 0)

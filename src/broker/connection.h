@@ -70,6 +70,7 @@ struct connection {
     struct list_node exclusive_queues; /* struct queue.owner_link */
     struct list_node confirms_owed;   /* struct channel.confirm_link */
     uint32_t held;                    /* methods waiting for the cluster: input on hold */
+    bool open_waits_for_sync;         /* connection.open held until the map is synced */
 };
 
 /* The broker's accept callback: allocates a connection for a new socket. */
@@ -109,6 +110,10 @@ bool connection__decode_method(struct connection *connection, const struct frame
  * still answered in order. */
 void connection_hold(struct connection *connection);
 void connection_release(struct connection *connection);
+
+/* The cluster map is applied up to the present: connections whose
+ * connection.open waited for it are opened. */
+void connection_cluster_synced(struct broker *broker);
 
 /* Called by channels once they are fully closed and freed. */
 void connection__channel_gone(struct connection *connection, uint16_t channel_id);

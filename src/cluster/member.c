@@ -12,6 +12,7 @@
 #include "amqp/method_gen.h"
 #include "broker/broker.h"
 #include "broker/channel.h"
+#include "broker/connection.h"
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
@@ -144,8 +145,10 @@ static void on_applied(void *ctx, int rc, const struct map_change *change)
 static void on_synced(void *ctx)
 {
     struct member *member = ctx;
-    if (!member->stopping)
-        mirror_all(member, true);
+    if (member->stopping)
+        return;
+    mirror_all(member, true);
+    connection_cluster_synced(member->broker); /* clients held back may open now */
 }
 
 static void on_forward(void *ctx, uint32_t leader_id, const uint8_t *entry, size_t size)
