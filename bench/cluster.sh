@@ -7,7 +7,10 @@
 #           times; prints medians and proxied/local.
 #   failover 3 brokers, FAILOVER_QUEUES queues (one backup each, the default) declared through
 #           broker 1; kill -9 of broker 2 (a follower) and, in a second round, of the leader;
-#           reports how long until no queue has the dead broker as primary (all promoted).
+#           reports how long until no queue has the dead broker as primary (all promoted),
+#           and what a channel opened before the kill on the watching broker saw while it
+#           published with confirms to one of the dead broker's queues (nacks, errors, the
+#           longest wait for a confirm).
 #   scale   5 brokers; quayscale declares SCALE_QUEUES queues (one binding each) through
 #           broker 2; reports declares/s, the map's size, each broker's RSS, then the time a
 #           6th broker takes from start to "caught up with the map" (it has every definition).
@@ -192,12 +195,49 @@ row_scale() {
 # /api/queues shows none of its queues left on it.
 promoted_after() {
   local victim=$1 watch=$2
-  /usr/bin/python3 - "b$victim" "$(http_port "$watch")" "$(eval echo \$PID_$victim)" <<'EOF2'
-import json, os, signal, sys, time, urllib.request
-victim, port, pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+  /usr/bin/python3 - "b$victim" "$(http_port "$watch")" "$(eval echo \$PID_$victim)" \
+      "$(amqp_port "$watch")" "b$watch" <<'EOF2'
+import json, os, signal, sys, threading, time, urllib.request
+import pika
+victim, port, pid, amqp, watcher = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+                                    int(sys.argv[4]), sys.argv[5])
 def queues():
     return json.load(urllib.request.urlopen("http://127.0.0.1:%d/api/queues" % port, timeout=30))
-owned = sum(1 for q in queues() if q["primary"] == victim)
+qs = queues()
+owned = sum(1 for q in qs if q["primary"] == victim)
+# A channel opened before the kill, on the broker we watch, publishing with
+# confirms to one of the victim's queues (through its proxy) all along:
+# it must see no nack and no error, only a pause.
+target = next(q["name"] for q in qs if q["primary"] == victim)
+chan = {"confirmed": 0, "nacked": 0, "error": "-", "gap": 0.0}
+stop = threading.Event()
+ready = threading.Event()
+def publish():
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp, heartbeat=0))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ready.set()
+    last = time.monotonic()
+    while not stop.is_set():
+        try:
+            ch.basic_publish("", target, b"x" * 1024)
+            chan["confirmed"] += 1
+        except pika.exceptions.NackError:
+            chan["nacked"] += 1
+        except Exception as e:  # the channel or connection noticed
+            chan["error"] = type(e).__name__
+            break
+        now = time.monotonic()
+        chan["gap"] = max(chan["gap"], now - last)
+        last = now
+    try:
+        conn.close()
+    except Exception:
+        pass
+publisher = threading.Thread(target=publish, daemon=True)
+publisher.start()
+ready.wait(10)
+time.sleep(1)
 t0 = time.monotonic()
 os.kill(pid, signal.SIGKILL)
 while True:
@@ -208,9 +248,15 @@ while True:
     if time.monotonic() - t0 > 60:
         sys.exit("not decided after 60 s: %d queues" % len(waiting))
     time.sleep(0.05)
+decided = time.monotonic() - t0
 unavailable = sum(1 for q in qs if q["primary"] == victim)
-print("queues=%d decided_s=%.2f promoted=%d unavailable=%d (no in-sync backup)"
-      % (owned, time.monotonic() - t0, owned - unavailable, unavailable))
+time.sleep(1)
+stop.set()
+publisher.join(10)
+print("queues=%d decided_s=%.2f promoted=%d unavailable=%d (no in-sync backup); a channel on "
+      "%s: confirmed=%d nacked=%d error=%s max_confirm_gap_ms=%.0f"
+      % (owned, decided, owned - unavailable, unavailable, watcher, chan["confirmed"],
+         chan["nacked"], chan["error"], chan["gap"] * 1000))
 EOF2
 }
 
