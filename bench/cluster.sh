@@ -107,7 +107,7 @@ stop_all() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   PIDS=()
-  rm -rf "$TMP"/b[0-9]*
+  [ "$KEEP_TMP" = 1 ] || rm -rf "$TMP"/b[0-9]*  # KEEP_TMP=1 keeps the logs
 }
 
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }

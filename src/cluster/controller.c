@@ -131,8 +131,9 @@ static uint32_t promotion_candidate(const struct cluster_map *map, const struct 
     return fallback;
 }
 
+/* out gets the promotion; later the backups that restore the factor. */
 static void fail_over_primary(struct placement *p, const struct map_queue *q,
-                              struct map_cmd_list *out)
+                              struct map_cmd_list *out, struct map_cmd_list *later)
 {
     struct map_cmd cmd;
     struct bytes vhost = q->vhost->name;
@@ -162,7 +163,7 @@ static void fail_over_primary(struct placement *p, const struct map_queue *q,
     uint32_t ids[CLUSTER_BACKUPS_MAX];
     uint8_t n = refill_backups(p, q, next, ids);
     if (!same_ids(ids, n, left, left_count))
-        push(out, map_cmd_queue_set_backups(&cmd, vhost, q->name, q->epoch + 1, ids, n), &cmd);
+        push(later, map_cmd_queue_set_backups(&cmd, vhost, q->name, q->epoch + 1, ids, n), &cmd);
 }
 
 int controller_fail_over(const struct cluster_map *map, const struct controller_config *config,
@@ -176,15 +177,21 @@ int controller_fail_over(const struct cluster_map *map, const struct controller_
     struct placement p;
     placement_init(&p, &config->placement);
     placement_refresh(&p, map);
+    /* Every promotion first, the backups that restore factors after them:
+     * the queues serve again as soon as the first third of a failover's
+     * commands (of thousands of queues: tens of proposals) has committed.
+     * Each queue's own commands keep their order (and epochs). */
+    struct map_cmd_list later;
+    map_cmd_list_init(&later);
     for (uint32_t i = 0; i < map->queues_count; i++) {
         const struct map_queue *q = map->queues[i];
         if (q->primary_id == broker_id) {
-            fail_over_primary(&p, q, out);
+            fail_over_primary(&p, q, out, &later);
         } else if (map_queue_has_backup(q, broker_id)) {
             uint32_t ids[CLUSTER_BACKUPS_MAX];
             uint8_t n = refill_backups(&p, q, q->primary_id, ids);
             struct map_cmd cmd;
-            push(out,
+            push(&later,
                  map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, q->epoch, ids, n),
                  &cmd);
         }
@@ -199,6 +206,9 @@ int controller_fail_over(const struct cluster_map *map, const struct controller_
         struct map_cmd cmd;
         push(out, map_cmd_exchange_set_owner(&cmd, x->vhost->name, x->name, owner), &cmd);
     }
+    for (uint32_t i = 0; i < later.count; i++)
+        map_cmd_list_push(out, &later.items[i]);
+    map_cmd_list_free(&later); /* (emptied commands) */
     placement_free(&p);
     return OK;
 }
@@ -275,7 +285,7 @@ int controller_repair(const struct cluster_map *map, const struct controller_con
             placed = true;
         }
         if (primary_down) {
-            fail_over_primary(&p, q, out);
+            fail_over_primary(&p, q, out, out); /* (a sweep: in order) */
             continue;
         }
         struct map_cmd cmd;
