@@ -252,6 +252,10 @@ def a_promoted_durable_queue_keeps_its_persistent_messages_on_disk():
     ch = c.channel()
     ch.queue_declare("logged", durable=True, arguments={"x-quay-backups": 1})
     c.close()
+    # (The previous test restarted a broker: let the new queue's backup be
+    # in sync before publishing, so every confirm means it has the message.)
+    wait_until(lambda: (lambda q: q["in_sync"] == q["backups"] != [])(
+        queue_info(members["a"], "logged")), 15, what="the backup in sync")
     info = queue_info(members["a"], "logged")
     primary, backup = members[info["primary"]], members[info["backups"][0]]
     other = [m for m in members.values() if m not in (primary, backup)][0]
@@ -267,8 +271,10 @@ def a_promoted_durable_queue_keeps_its_persistent_messages_on_disk():
         m, _, body = ch.basic_get("logged", auto_ack=False)
         ch.basic_ack(m.delivery_tag)
     c.close()
-    wait_until(lambda: queue_info(backup, "logged")["replica_messages"] == 250, 5,
-               what="the backup to drop the acked messages")
+    deadline = time.monotonic() + 15
+    while queue_info(backup, "logged")["replica_messages"] != 250:
+        assert time.monotonic() < deadline, ("the backup still holds", queue_info(backup, "logged"))
+        time.sleep(0.05)
     primary.kill()
     wait_until(lambda: (queue_info(other, "logged") or {}).get("primary") == backup.name, 10,
                what="the backup promoted")
