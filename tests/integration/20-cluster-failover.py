@@ -31,6 +31,20 @@ def connect(member):
         "127.0.0.1", member.amqp_port, heartbeat=0, blocked_connection_timeout=30))
 
 
+def read_all(member, queue):
+    """Every message left in queue, in order (basic.get with auto-ack via member)."""
+    c = connect(member)
+    ch = c.channel()
+    bodies = []
+    while True:
+        m, _, body = ch.basic_get(queue, auto_ack=True)
+        if m is None:
+            break
+        bodies.append(body)
+    c.close()
+    return bodies
+
+
 @test(timeout=120)
 def three_brokers():
     global cluster
@@ -153,15 +167,7 @@ def publishers_elsewhere_see_no_error_across_a_failover():
     pub.close()
     print("# %d confirmed, none rejected, across kill -9 of the primary" % confirmed)
     wait_until(lambda: queue_info(other, "steady")["primary"] != primary.name, 10)
-    c = connect(other)
-    ch = c.channel()
-    seen = set()
-    while True:
-        m, _, body = ch.basic_get("steady", auto_ack=True)
-        if m is None:
-            break
-        seen.add(int(body))
-    c.close()
+    seen = set(int(body) for body in read_all(other, "steady"))
     missing = set(range(confirmed)) - seen
     assert not missing, "%d confirmed messages lost" % len(missing)
     primary.start()
@@ -200,15 +206,7 @@ def the_factor_is_restored_and_a_second_failover_keeps_everything():
     survivor = [m for m in members.values() if m is not new_primary and m.alive()][0]
     wait_until(lambda: queue_info(survivor, "twice")["primary"] == backup.name, 10,
                what="the caught-up backup promoted")
-    c = connect(survivor)
-    ch = c.channel()
-    got = set()
-    while True:
-        m, _, body = ch.basic_get("twice", auto_ack=True)
-        if m is None:
-            break
-        got.add(int(body))
-    c.close()
+    got = set(int(body) for body in read_all(survivor, "twice"))
     assert got == set(range(300)), "%d of 300 after two failovers" % len(got)
     new_primary.start()
     wait_until(lambda: all(m.view() and m.view().brokers.get(new_primary.name) == "up"
@@ -295,15 +293,7 @@ def a_promoted_durable_queue_keeps_its_persistent_messages_on_disk():
     wait_until(lambda: (queue_info(other, "logged") or {}).get("available"), 15,
                what="the queue available again")
     assert queue_info(other, "logged")["primary"] == backup.name
-    c = connect(other)
-    ch = c.channel()
-    got = []
-    while True:
-        m, _, body = ch.basic_get("logged", auto_ack=True)
-        if m is None:
-            break
-        got.append(int(body))
-    c.close()
+    got = [int(body) for body in read_all(other, "logged")]
     assert got == list(range(100, 300)) + list(range(1000, 1020)), got
 
 
@@ -348,15 +338,7 @@ def a_paged_queue_gets_a_new_backup_caught_up_while_it_serves():
                what="the caught-up backup promoted")
     # The backup kept them as its primary did: on disk only, paged.
     assert queue_info(other, "lazy")["paged"] == 3400, queue_info(other, "lazy")
-    c = connect(other)
-    ch = c.channel()
-    got = []
-    while True:
-        m, _, body = ch.basic_get("lazy", auto_ack=True)
-        if m is None:
-            break
-        got.append(int(body.split()[0]))
-    c.close()
+    got = [int(body.split()[0]) for body in read_all(other, "lazy")]
     assert got == list(range(100, 3500)), (len(got), got[:5], got[-5:])
     primary.start()
     wait_until(lambda: all(m.view() and set(m.view().brokers.values()) == {"up"}
