@@ -166,6 +166,11 @@ static struct message *page_in(struct queue *queue, uint64_t seq)
     return message;
 }
 
+bool queue_pages(const struct queue *queue)
+{
+    return queue->args.lazy || alarm_over_paging_limit(&queue->vhost->broker->alarm);
+}
+
 struct message *queue_read_paged(struct queue *queue, uint64_t seq)
 {
     return page_in(queue, seq);
@@ -513,7 +518,7 @@ static enum queue_publish_result enqueue(struct queue *queue, struct message *me
      * durable queue does once memory is past the paging limit. Both page
      * the tail, which is this message: O(1). */
     if (queue->ready_count > queue->paged_count && queue->journal &&
-        (queue->args.lazy || alarm_over_paging_limit(&queue->vhost->broker->alarm)))
+        queue_pages(queue))
         queue_page_out(queue, message->body_size);
     if (entry.expires_at_ms != 0) {
         /* A TTL of 0 means "deliver now or never" (RabbitMQ): dispatch

@@ -253,6 +253,10 @@ void queue_reject(struct queue *queue, uint64_t seq, struct message *message);
  * back). Returns the bytes released. Only durable queues page. */
 uint64_t queue_page_out(struct queue *queue, uint64_t wanted);
 
+/* Whether a persistent message entering the queue now is kept on disk
+ * only (x-queue-mode=lazy, or memory past the paging mark): the primary's
+ * rule (with a journal), and its backups' (cluster/replica.h). */
+bool queue_pages(const struct queue *queue);
 /* A paged-out ready message read back from the journal, for a backup's
  * catch-up: a new reference (the entry stays paged), or NULL if the
  * journal cannot produce it (logged). */

@@ -349,9 +349,9 @@ bool member_replica_push(struct member *member, struct vhost *vhost, struct byte
     struct queue *queue = replica_target(member, vhost, name, epoch);
     if (queue == NULL)
         return false;
-    /* Paged where the primary would page it (queue.c's enqueue). */
-    bool page = queue->args.max_priority == 0 &&
-                (queue->args.lazy || alarm_over_paging_limit(&member->broker->alarm));
+    /* Paged where the primary pages it (not a priority queue: an adopted
+     * paged entry must find its level without its message). */
+    bool page = queue->args.max_priority == 0 && queue_pages(queue);
     return replica_push(proxy_stub_replica(queue, true), seq, message,
                         uv_now(member->broker->loop), page);
 }
