@@ -1592,6 +1592,22 @@ void cluster_node_write_json(void *ctx, struct json *body)
     json_kv_uint(body, "exchanges", map->exchanges_count);
     json_kv_uint(body, "bindings", map->bindings_count);
     json_kv_uint(body, "map_bytes", cluster_map_memory_size(map));
+    /* Each broker's share of the queues, in one pass: what an operator
+     * watches while a failover or a rebalance moves them. */
+    uint32_t primaries[CLUSTER_BROKERS_MAX] = {0}, unavailable[CLUSTER_BROKERS_MAX] = {0};
+    uint32_t backups[CLUSTER_BROKERS_MAX] = {0};
+    for (uint32_t q = 0; q < map->queues_count; q++) {
+        const struct map_queue *mq = map->queues[q];
+        for (uint32_t i = 0; i < map->brokers_count; i++) {
+            uint32_t id = map->brokers[i]->id;
+            if (mq->primary_id == id) {
+                primaries[i]++;
+                unavailable[i] += !mq->available;
+            } else if (map_queue_has_backup(mq, id)) {
+                backups[i]++;
+            }
+        }
+    }
     json_key(body, "brokers");
     json_array_begin(body);
     for (uint32_t i = 0; i < map->brokers_count; i++) {
@@ -1603,6 +1619,9 @@ void cluster_node_write_json(void *ctx, struct json *body)
         json_bytes(body, "cluster", b->cluster_address);
         json_kv_string(body, "state", broker_state_name(b->state));
         json_kv_bool(body, "voter", b->voter);
+        json_kv_uint(body, "primaries", primaries[i]);
+        json_kv_uint(body, "unavailable", unavailable[i]);
+        json_kv_uint(body, "backups", backups[i]);
         json_object_end(body);
     }
     json_array_end(body);

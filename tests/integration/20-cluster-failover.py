@@ -111,6 +111,11 @@ def the_backup_takes_over_and_consumers_go_on():
     wait_until(lambda: queue_info(other, "mirrored")["primary"] == backup.name, 10,
                what="the backup promoted")
     print("# promoted %.2f s after kill -9 of the primary" % (time.monotonic() - t0))
+    # /api/cluster counts each broker's share: the dead broker serves none,
+    # the promoted backup is a primary (the only queue so far is this one).
+    shares = {b["name"]: b for b in other.api_cluster()["brokers"]}
+    assert shares[primary.name]["primaries"] == shares[primary.name]["unavailable"], shares
+    assert shares[backup.name]["primaries"] == 1, shares
     # Acks of deliveries from the dead primary go nowhere (it requeued
     # them by dying); the consumer just goes on.
     cch.basic_ack(held_tags[-1], multiple=True)
