@@ -255,10 +255,11 @@ while True:
         sys.exit("not decided after 60 s: %d queues" % left)
     time.sleep(0.01)
 decided = time.monotonic() - t0
-unavailable = sum(1 for q in queues() if q["primary"] == victim)
 time.sleep(1)
 stop.set()
 publisher.join(10)
+# (After the publisher: parsing thousands of queues holds the GIL it needs.)
+unavailable = sum(1 for q in queues() if q["primary"] == victim)
 print("queues=%d decided_s=%.2f promoted=%d unavailable=%d (no in-sync backup); a channel on "
       "%s: confirmed=%d nacked=%d error=%s max_confirm_gap_ms=%.0f"
       % (owned, decided, owned - unavailable, unavailable, watcher, chan["confirmed"],
