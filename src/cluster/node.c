@@ -70,6 +70,7 @@
 
 #include "cluster/consensus.h"
 #include "cluster/controller.h"
+#include "cluster/outbox.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -145,7 +146,8 @@ struct cluster_node {
     size_t secret_size;
     uv_udp_t udp;
     uv_timer_t timer;
-    int handles_open;        /* udp, timer */
+    struct outbox outbox;    /* leader: requests of this loop iteration (outbox.h) */
+    int handles_open;        /* udp, timer, outbox */
     bool consensus_open;
     bool stopping;
     bool joining;            /* consensus_join() has not completed */
@@ -936,15 +938,7 @@ static void request_send(struct cluster_node *node, struct cluster_request *r, u
 {
     r->sent_ms = now;
     if (node->leader) {
-        struct proposal *p = calloc(1, sizeof *p);
-        ASSERT(p != NULL);
-        *p = (struct proposal){.node = node, .kind = PROPOSAL_REQUEST, .broker_id = node->id};
-        if (consensus_propose(node->consensus, r->entry, r->entry_size, on_proposal_done, p) !=
-            OK) {
-            free(p);
-            return;
-        }
-        node->proposals_in_flight++;
+        outbox_add(&node->outbox, r->entry, r->entry_size);
     } else if (node->leader_id != 0 && node->hooks.forward != NULL) {
         node->hooks.forward(node->hooks.ctx, (uint32_t)node->leader_id, r->entry,
                             r->entry_size);
@@ -1015,12 +1009,22 @@ int cluster_node_propose_entry(struct cluster_node *node, const uint8_t *entry, 
     if (size < ENVELOPE_HEADER_SIZE || size % 8 != 0 ||
         size > ENVELOPE_HEADER_SIZE + CLUSTER_CMD_SIZE_MAX + 8)
         return CONSENSUS_E_INVALID;
+    /* Proposed with the others of this loop iteration; the origin (the
+     * request id's high half) is checked at apply. */
+    outbox_add(&node->outbox, entry, size);
+    return OK;
+}
+
+/* The outbox's batch of requests, ours and forwarded ones (see outbox.h). */
+static int propose_requests(void *ctx, const struct consensus_cmd *cmds, uint32_t n)
+{
+    struct cluster_node *node = ctx;
+    if (node->stopping || !node->leader)
+        return CONSENSUS_E_NOT_LEADER;
     struct proposal *p = calloc(1, sizeof *p);
     ASSERT(p != NULL);
-    /* The origin is the request id's high half (checked at apply). */
-    uint32_t origin = (uint32_t)(get_u64(entry + 8) >> 32);
-    *p = (struct proposal){.node = node, .kind = PROPOSAL_REQUEST, .broker_id = origin};
-    int rc = consensus_propose(node->consensus, entry, size, on_proposal_done, p);
+    *p = (struct proposal){.node = node, .kind = PROPOSAL_REQUEST, .broker_id = node->id};
+    int rc = consensus_propose_many(node->consensus, cmds, n, on_proposal_done, p);
     if (rc != OK) {
         free(p);
         return rc;
@@ -1390,6 +1394,7 @@ static void close_handles(struct cluster_node *node)
     uv_udp_recv_stop(&node->udp);
     uv_close((uv_handle_t *)&node->timer, on_handle_closed);
     uv_close((uv_handle_t *)&node->udp, on_handle_closed);
+    outbox_close(&node->outbox, on_handle_closed);
 }
 
 void cluster_node_stop(struct cluster_node *node)
@@ -1462,8 +1467,9 @@ static struct cluster_node *node_new(uv_loop_t *loop, const struct cluster_node_
     init_self(node, config);
     uv_udp_init(loop, &node->udp);
     uv_timer_init(loop, &node->timer);
-    node->udp.data = node->timer.data = node;
-    node->handles_open = 2;
+    outbox_init(&node->outbox, loop, propose_requests, node);
+    node->udp.data = node->timer.data = node->outbox.idle.data = node;
+    node->handles_open = 3;
     return node;
 }
 

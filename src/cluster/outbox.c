@@ -1,0 +1,70 @@
+/*
+ * outbox.c: single-entry proposals gathered per loop iteration. See
+ * outbox.h for why.
+ */
+#include "cluster/outbox.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/assert.h"
+#include "lib/errors.h"
+#include "lib/list.h" /* CONTAINER_OF */
+
+static void outbox_flush(uv_idle_t *idle)
+{
+    struct outbox *box = CONTAINER_OF(idle, struct outbox, idle);
+    uv_idle_stop(idle);
+    for (uint32_t i = 0; i < box->count; i += OUTBOX_BATCH) {
+        uint32_t n = box->count - i < OUTBOX_BATCH ? box->count - i : OUTBOX_BATCH;
+        (void)box->propose(box->ctx, &box->items[i], n); /* a failure: see outbox.h */
+    }
+    outbox_clear(box);
+}
+
+void outbox_init(struct outbox *box, uv_loop_t *loop, outbox_propose_fn propose, void *ctx)
+{
+    ASSERT(box != NULL && loop != NULL && propose != NULL);
+    *box = (struct outbox){.propose = propose, .ctx = ctx};
+    uv_idle_init(loop, &box->idle);
+}
+
+void outbox_add(struct outbox *box, const uint8_t *entry, size_t size)
+{
+    ASSERT(entry != NULL && size > 0);
+    if (box->count == box->capacity) {
+        uint32_t capacity = box->capacity ? box->capacity * 2 : 64;
+        struct consensus_cmd *items = realloc(box->items, capacity * sizeof *items);
+        ASSERT(items != NULL);
+        box->items = items;
+        box->capacity = capacity;
+    }
+    uint8_t *copy = malloc(size);
+    ASSERT(copy != NULL);
+    memcpy(copy, entry, size);
+    box->items[box->count++] = (struct consensus_cmd){copy, size};
+    if (box->count == 1)
+        uv_idle_start(&box->idle, outbox_flush);
+}
+
+void outbox_clear(struct outbox *box)
+{
+    for (uint32_t i = 0; i < box->count; i++)
+        free((void *)box->items[i].bytes);
+    box->count = 0;
+    if (box->capacity > 4096) { /* a failover's burst: give it back */
+        free(box->items);
+        box->items = NULL;
+        box->capacity = 0;
+    }
+}
+
+void outbox_close(struct outbox *box, uv_close_cb close_cb)
+{
+    outbox_clear(box);
+    free(box->items);
+    box->items = NULL;
+    box->capacity = 0;
+    uv_idle_stop(&box->idle);
+    uv_close((uv_handle_t *)&box->idle, close_cb);
+}
