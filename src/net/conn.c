@@ -34,6 +34,7 @@ struct out_chunk {
 };
 
 static void on_flush_check(uv_check_t *check);
+static void on_flush_idle(uv_idle_t *idle);
 static void on_resume_idle(uv_idle_t *idle);
 
 void net_init(struct net *net, uv_loop_t *loop)
@@ -53,6 +54,8 @@ void net_init(struct net *net, uv_loop_t *loop)
     net->flush_check.data = net;
     uv_check_start(&net->flush_check, on_flush_check);
     uv_unref((uv_handle_t *)&net->flush_check);
+    uv_idle_init(loop, &net->flush_idle);
+    net->flush_idle.data = net;
     uv_idle_init(loop, &net->resume_idle);
     net->resume_idle.data = net;
 }
@@ -64,6 +67,8 @@ void net_close(struct net *net)
     }
     uv_check_stop(&net->flush_check);
     uv_close((uv_handle_t *)&net->flush_check, NULL);
+    uv_idle_stop(&net->flush_idle);
+    uv_close((uv_handle_t *)&net->flush_idle, NULL);
     uv_idle_stop(&net->resume_idle);
     uv_close((uv_handle_t *)&net->resume_idle, NULL);
     free(net->scratch);
@@ -345,10 +350,22 @@ static void on_resume_idle(uv_idle_t *idle)
 
 /* ---- output --------------------------------------------------------- */
 
+/* Output is written by the check handle, right after the loop polled.
+ * Output queued before the poll (by a timer, an idle callback) would wait
+ * for the poll to return, up to the next timer: an active idle handle
+ * keeps that poll from blocking. */
 static void schedule_flush(struct conn *conn)
 {
-    if (!list_linked(&conn->flush_link))
-        list_push_back(&conn->net->flush_list, &conn->flush_link);
+    if (list_linked(&conn->flush_link))
+        return;
+    if (list_empty(&conn->net->flush_list))
+        uv_idle_start(&conn->net->flush_idle, on_flush_idle);
+    list_push_back(&conn->net->flush_list, &conn->flush_link);
+}
+
+static void on_flush_idle(uv_idle_t *idle)
+{
+    (void)idle; /* it only keeps the poll from blocking */
 }
 
 static struct out_chunk *tail_copy_chunk(struct conn *conn, size_t n)
@@ -544,6 +561,7 @@ static void on_flush_check(uv_check_t *check)
         list_remove(&conn->flush_link);
         flush(conn);
     }
+    uv_idle_stop(&net->flush_idle);
 }
 
 /* ---- closing -------------------------------------------------------- */

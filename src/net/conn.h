@@ -144,6 +144,7 @@ typedef struct conn *(*net_accept_fn)(struct net *net, void *ctx);
 struct net {
     uv_loop_t *loop;               /* borrowed */
     uv_check_t flush_check;        /* flushes output after each loop iteration */
+    uv_idle_t flush_idle;          /* active while output waits: the poll does not block */
     struct list_node flush_list;
     uv_idle_t resume_idle;         /* re-offers held input (conn_release_input) */
     struct list_node resume_list;
