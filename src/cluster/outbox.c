@@ -15,11 +15,20 @@ static void outbox_flush(uv_idle_t *idle)
 {
     struct outbox *box = CONTAINER_OF(idle, struct outbox, idle);
     uv_idle_stop(idle);
-    for (uint32_t i = 0; i < box->count; i += OUTBOX_BATCH) {
-        uint32_t n = box->count - i < OUTBOX_BATCH ? box->count - i : OUTBOX_BATCH;
-        (void)box->propose(box->ctx, &box->items[i], n); /* a failure: see outbox.h */
+    /* Taken out first: what a proposal adds (libraft does not call back
+     * from inside it, but nothing here relies on that) waits for the next
+     * flush instead of being dropped with these. */
+    struct consensus_cmd *items = box->items;
+    uint32_t count = box->count;
+    box->items = NULL;
+    box->count = box->capacity = 0;
+    for (uint32_t i = 0; i < count; i += OUTBOX_BATCH) {
+        uint32_t n = count - i < OUTBOX_BATCH ? count - i : OUTBOX_BATCH;
+        (void)box->propose(box->ctx, &items[i], n); /* a failure: see outbox.h */
     }
-    outbox_clear(box);
+    for (uint32_t i = 0; i < count; i++)
+        free((void *)items[i].bytes);
+    free(items);
 }
 
 void outbox_init(struct outbox *box, uv_loop_t *loop, outbox_propose_fn propose, void *ctx)
@@ -47,16 +56,11 @@ void outbox_add(struct outbox *box, const uint8_t *entry, size_t size)
         uv_idle_start(&box->idle, outbox_flush);
 }
 
-void outbox_clear(struct outbox *box)
+static void outbox_clear(struct outbox *box)
 {
     for (uint32_t i = 0; i < box->count; i++)
         free((void *)box->items[i].bytes);
     box->count = 0;
-    if (box->capacity > 4096) { /* a failover's burst: give it back */
-        free(box->items);
-        box->items = NULL;
-        box->capacity = 0;
-    }
 }
 
 void outbox_close(struct outbox *box, uv_close_cb close_cb)

@@ -44,9 +44,8 @@ struct outbox {
 void outbox_init(struct outbox *box, uv_loop_t *loop, outbox_propose_fn propose, void *ctx);
 /* Copies entry; proposed within this loop iteration or the next. */
 void outbox_add(struct outbox *box, const uint8_t *entry, size_t size);
-/* Drops what is waiting (the node stops, or is no longer leader). */
-void outbox_clear(struct outbox *box);
-/* Clears, then closes the idle handle; close_cb gets it (data untouched). */
+/* Drops what is waiting, then closes the idle handle; close_cb gets it
+ * (its data untouched). */
 void outbox_close(struct outbox *box, uv_close_cb close_cb);
 
 #endif
