@@ -555,6 +555,13 @@ static void on_leader_changed(void *ctx, uint64_t leader_id, const char *leader_
              broker_name_or(&node->map, leader_id, leader_id ? "?" : "none"),
              (unsigned long long)leader_id, leader_address ? leader_address : "-",
              is_self ? " (self)" : "", (unsigned long long)node->map.version);
+    /* Requests sent to the old leader may have died with it: the next tick
+     * sends them to the new one, not REQUEST_RESEND_MS after the first try
+     * (a restarted broker's sync, and with it its clients, waited). */
+    if (leader_id != 0) {
+        list_for_each(n, &node->requests)
+            CONTAINER_OF(n, struct cluster_request, link)->sent_ms = 0;
+    }
     if (became && !node->stopping)
         controller_tick(node, uv_now(node->loop)); /* the barrier now, not at the next tick */
 }
