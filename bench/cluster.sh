@@ -23,7 +23,10 @@
 #   kill9   the same with kill -9 of b1 instead of the cut, for comparison.
 #           PROBE_VICTIM=b3: the primary is a follower, not the Raft leader b1.
 #
-# Usage: bench/cluster.sh [proxy] [failover] [scale] [cut] [kill9]
+#   replicated 3 brokers; a queue with x-quay-backups=2 (transient, then durable with
+#           persistent messages); amqpbench with confirms on its primary (see row_replicated).
+#
+# Usage: bench/cluster.sh [proxy] [failover] [scale] [replicated] [cut] [kill9]
 #        (default: proxy failover scale; cut and kill9 need root)
 # Environment: QUAYD=build/quayd REPS=3 DURATION=10 SCALE_QUEUES=10000 BASE_PORT=6100
 #              BENCH_OUT=build/bench KEEP_TMP=0 PROBE_REPS=1 PROBE_DURATION=10 PROBE_AT=4
@@ -278,6 +281,52 @@ row_failover() {
   stop_all
 }
 
+# row_replicated: throughput of a queue with 2 backups (issue 6's row). 3 brokers; the queue
+# declared through broker 1 with x-quay-backups=2 (durable for the persistent row), then,
+# once both backups are in sync, amqpbench on its primary: -s 1024 --confirm -w 1000
+# --prefetch 100 --check, REPS runs of DURATION s per row. Prints consumed msg/s (medians).
+row_replicated() {
+  if [ ! -x "$AMQPBENCH" ]; then
+    make -s -f "$SHARED_BENCH/Makefile" OUT="$(dirname "$AMQPBENCH")" "$AMQPBENCH"
+  fi
+  form 3
+  local out="" kind
+  for kind in transient persistent; do
+    local q="repl-$kind" extra=() primary
+    [ "$kind" = persistent ] && extra=(--persistent --durable)
+    primary=$(/usr/bin/python3 - "$(amqp_port 1)" "$(http_port 1)" "$q" "$kind" <<'EOF2'
+import json, sys, time, urllib.request
+import pika
+port, http, name, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+c.channel().queue_declare(name, durable=kind == "persistent", arguments={"x-quay-backups": 2})
+c.close()
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    qs = json.load(urllib.request.urlopen("http://127.0.0.1:%d/api/queues" % http))
+    q = next(q for q in qs if q["name"] == name)
+    if len(q["in_sync"]) == 2:
+        print(q["primary"][1:])  # "b2" -> 2
+        sys.exit(0)
+    time.sleep(0.1)
+sys.exit("%s: backups never in sync: %s" % (name, q))
+EOF2
+)
+    local rates=()
+    for rep in $(seq 1 "$REPS"); do
+      local r
+      r=$("$AMQPBENCH" -p "$(amqp_port "$primary")" -q "$q" --no-setup -s 1024 -d "$DURATION" \
+          --confirm -w 1000 --prefetch 100 --check "${extra[@]}" | grep '^RESULT')
+      echo "# $kind rep $rep: $r"
+      case "$r" in *" lost=0 "*) ;; *) echo "ROW replicated status=fail ($kind: lost messages)"; exit 1 ;; esac
+      rates+=("$(echo "$r" | field cons_rate)")
+    done
+    out="$out $kind=$(printf '%s\n' "${rates[@]}" | median)"
+  done
+  echo "ROW replicated backups=2 size=1024 confirm window=1000 prefetch=100$out (consumed msg/s)"
+  stop_all
+}
+
 # row_probe cut|kill9: the failover probe across a silent cut (or kill -9) of the primary.
 row_probe() {
   if [ ! -x "$AMQPBENCH" ]; then
@@ -296,6 +345,7 @@ for row in $ROWS; do
     proxy) row_proxy ;;
     failover) row_failover ;;
     scale) row_scale ;;
+    replicated) row_replicated ;;
     cut|kill9) row_probe "$row" ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
   esac
