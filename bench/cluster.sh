@@ -316,7 +316,7 @@ EOF2
     for rep in $(seq 1 "$REPS"); do
       local r
       r=$("$AMQPBENCH" -p "$(amqp_port "$primary")" -q "$q" --no-setup -s 1024 -d "$DURATION" \
-          --confirm -w 1000 --prefetch 100 --check "${extra[@]}" | grep '^RESULT')
+          --confirm -w 1000 --prefetch 100 --check --keep "${extra[@]}" | grep '^RESULT')
       echo "# $kind rep $rep: $r"
       case "$r" in *" lost=0 "*) ;; *) echo "ROW replicated status=fail ($kind: lost messages)"; exit 1 ;; esac
       rates+=("$(echo "$r" | field cons_rate)")
