@@ -58,6 +58,17 @@ static void on_closed(uv_handle_t *handle)
     (*(int *)handle->data)++;
 }
 
+/* Closes the outbox (its close callback runs once) and the loop. */
+static void close_all(struct outbox *box, uv_loop_t *loop)
+{
+    int closed = 0;
+    box->idle.data = &closed;
+    outbox_close(box, on_closed);
+    uv_run(loop, UV_RUN_DEFAULT);
+    assert_int_equal(closed, 1);
+    assert_int_equal(uv_loop_close(loop), 0);
+}
+
 static void test_one_iteration_one_batch(void **state)
 {
     (void)state;
@@ -88,12 +99,7 @@ static void test_one_iteration_one_batch(void **state)
     assert_int_equal(seen.batches, 4);
     assert_int_equal(seen.sizes[3], 2);
 
-    int closed = 0;
-    box.idle.data = &closed;
-    outbox_close(&box, on_closed);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    assert_int_equal(closed, 1);
-    assert_int_equal(uv_loop_close(&loop), 0);
+    close_all(&box, &loop);
 }
 
 static void test_added_while_proposing_waits(void **state)
@@ -126,13 +132,8 @@ static void test_added_while_proposing_waits(void **state)
 
     /* Close drops what waits: no proposal after it. */
     add(&box, 4);
-    int closed = 0;
-    box.idle.data = &closed;
-    outbox_close(&box, on_closed);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    assert_int_equal(closed, 1);
+    close_all(&box, &loop);
     assert_int_equal(seen.batches, 3);
-    assert_int_equal(uv_loop_close(&loop), 0);
 }
 
 int main(void)
