@@ -58,6 +58,22 @@ static void on_closed(uv_handle_t *handle)
     (*(int *)handle->data)++;
 }
 
+struct fixture {
+    uv_loop_t loop;
+    struct seen seen;
+    struct outbox box;
+};
+
+static int setup(void **state)
+{
+    static struct fixture f;
+    memset(&f, 0, sizeof f);
+    uv_loop_init(&f.loop);
+    outbox_init(&f.box, &f.loop, propose, &f.seen);
+    *state = &f;
+    return 0;
+}
+
 /* Closes the outbox (its close callback runs once) and the loop. */
 static void close_all(struct outbox *box, uv_loop_t *loop)
 {
@@ -71,76 +87,66 @@ static void close_all(struct outbox *box, uv_loop_t *loop)
 
 static void test_one_iteration_one_batch(void **state)
 {
-    (void)state;
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    struct seen seen = {0};
-    struct outbox box;
-    outbox_init(&box, &loop, propose, &seen);
+    struct fixture *f = *state;
     for (uint32_t i = 0; i < 600; i++)
-        add(&box, i);
-    assert_int_equal(seen.batches, 0); /* nothing inside the adding call */
-    uv_run(&loop, UV_RUN_NOWAIT);
+        add(&f->box, i);
+    assert_int_equal(f->seen.batches, 0); /* nothing inside the adding call */
+    uv_run(&f->loop, UV_RUN_NOWAIT);
     /* 600 entries: 256 + 256 + 88, in the order added. */
-    assert_int_equal(seen.batches, 3);
-    assert_int_equal(seen.sizes[0], OUTBOX_BATCH);
-    assert_int_equal(seen.sizes[1], OUTBOX_BATCH);
-    assert_int_equal(seen.sizes[2], 600 - 2 * OUTBOX_BATCH);
+    assert_int_equal(f->seen.batches, 3);
+    assert_int_equal(f->seen.sizes[0], OUTBOX_BATCH);
+    assert_int_equal(f->seen.sizes[1], OUTBOX_BATCH);
+    assert_int_equal(f->seen.sizes[2], 600 - 2 * OUTBOX_BATCH);
     for (uint32_t i = 0; i < 600; i++)
-        assert_int_equal(seen.values[i], i);
+        assert_int_equal(f->seen.values[i], i);
     /* Nothing more: the idle handle stopped, the loop has nothing to do. */
-    assert_int_equal(uv_run(&loop, UV_RUN_NOWAIT), 0);
-    assert_int_equal(seen.batches, 3);
+    assert_int_equal(uv_run(&f->loop, UV_RUN_NOWAIT), 0);
+    assert_int_equal(f->seen.batches, 3);
 
     /* A later iteration is a new batch. */
-    add(&box, 1000);
-    add(&box, 1001);
-    uv_run(&loop, UV_RUN_NOWAIT);
-    assert_int_equal(seen.batches, 4);
-    assert_int_equal(seen.sizes[3], 2);
+    add(&f->box, 1000);
+    add(&f->box, 1001);
+    uv_run(&f->loop, UV_RUN_NOWAIT);
+    assert_int_equal(f->seen.batches, 4);
+    assert_int_equal(f->seen.sizes[3], 2);
 
-    close_all(&box, &loop);
+    close_all(&f->box, &f->loop);
 }
 
 static void test_added_while_proposing_waits(void **state)
 {
-    (void)state;
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    struct seen seen = {0};
-    struct outbox box;
-    outbox_init(&box, &loop, propose, &seen);
-    seen.box = &box;
-    seen.add_inside = true;
-    add(&box, 1);
-    add(&box, 2);
-    uv_run(&loop, UV_RUN_NOWAIT);
-    assert_int_equal(seen.batches, 1);
-    assert_int_equal(seen.values_count, 2);
-    uv_run(&loop, UV_RUN_NOWAIT); /* the entry added inside: not lost */
-    assert_int_equal(seen.batches, 2);
-    assert_int_equal(seen.values[2], 9999);
+    struct fixture *f = *state;
+    f->seen.box = &f->box;
+    f->seen.add_inside = true;
+    add(&f->box, 1);
+    add(&f->box, 2);
+    uv_run(&f->loop, UV_RUN_NOWAIT);
+    assert_int_equal(f->seen.batches, 1);
+    assert_int_equal(f->seen.values_count, 2);
+    uv_run(&f->loop, UV_RUN_NOWAIT); /* the entry added inside: not lost */
+    assert_int_equal(f->seen.batches, 2);
+    assert_int_equal(f->seen.values[2], 9999);
 
     /* A failed proposal is dropped (its requester sends it again). */
-    seen.fail = E_NOMEM;
-    add(&box, 3);
-    uv_run(&loop, UV_RUN_NOWAIT);
-    assert_int_equal(seen.batches, 3);
-    seen.fail = OK;
-    assert_int_equal(uv_run(&loop, UV_RUN_NOWAIT), 0);
-    assert_int_equal(seen.batches, 3);
+    f->seen.fail = E_NOMEM;
+    add(&f->box, 3);
+    uv_run(&f->loop, UV_RUN_NOWAIT);
+    assert_int_equal(f->seen.batches, 3);
+    f->seen.fail = OK;
+    assert_int_equal(uv_run(&f->loop, UV_RUN_NOWAIT), 0);
+    assert_int_equal(f->seen.batches, 3);
 
     /* Close drops what waits: no proposal after it. */
-    add(&box, 4);
-    close_all(&box, &loop);
-    assert_int_equal(seen.batches, 3);
+    add(&f->box, 4);
+    close_all(&f->box, &f->loop);
+    assert_int_equal(f->seen.batches, 3);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_one_iteration_one_batch),
-        cmocka_unit_test(test_added_while_proposing_waits),
+        cmocka_unit_test_setup(test_one_iteration_one_batch, setup),
+        cmocka_unit_test_setup(test_added_while_proposing_waits, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
