@@ -165,9 +165,13 @@ void cluster_node_set_default_backups(struct cluster_node *node, uint8_t default
 /* The node's view as JSON, for GET /api/cluster: writes exactly one value
  * through the management API's writer, so it is an http_handler_fn (ctx is
  * the struct cluster_node):
- *   {"self": NAME, "id": N, "leader": NAME|null, "epoch": N,
- *    "brokers": [{"id", "name", "amqp", "cluster", "state", "voter"}, ...]}
- * "epoch" is the map's version (commands applied). */
+ *   {"self": NAME, "id": N, "leader": NAME|null, "epoch": N, "lease": bool,
+ *    "queues": N, "exchanges": N, "bindings": N, "map_bytes": N,
+ *    "brokers": [{"id", "name", "amqp", "cluster", "state", "voter",
+ *                 "primaries", "unavailable", "backups"}, ...]}
+ * "epoch" is the map's version (commands applied); a broker's "primaries"
+ * counts the queues it is primary of ("unavailable": of those, the ones
+ * waiting for it with no backup to promote), "backups" those it backs up. */
 struct json;
 void cluster_node_write_json(void *node, struct json *body);
 
