@@ -36,6 +36,9 @@
 #include <uv.h>
 
 #define CONSENSUS_VOTERS_MAX 5
+/* A snapshot not acknowledged within this is sent again (libraft: 30 s).
+ * Far above a LAN transfer of the map (15,000 queues: ~5 MB). */
+#define CONSENSUS_INSTALL_SNAPSHOT_TIMEOUT_MS 3000
 #define CONSENSUS_ADDRESS_SIZE_MAX 255
 
 enum {
