@@ -195,7 +195,7 @@ row_scale() {
 }
 
 # promoted_after BROKER_INDEX WATCH_INDEX: kill -9 broker I, print seconds until broker W's
-# /api/queues shows none of its queues left on it.
+# /api/cluster shows none of I's queues served by it any more (promoted, or unavailable).
 promoted_after() {
   local victim=$1 watch=$2
   /usr/bin/python3 - "b$victim" "$(http_port "$watch")" "$(eval echo \$PID_$victim)" \
@@ -243,26 +243,25 @@ ready.wait(10)
 time.sleep(1)
 t0 = time.monotonic()
 os.kill(pid, signal.SIGKILL)
-def waiting():
+def share():
     # /api/cluster counts each broker's queues in one small answer: polled
     # every 10 ms it times the promotion, where /api/queues (thousands of
     # entries to write and parse) would time itself.
     c = json.load(urllib.request.urlopen("http://127.0.0.1:%d/api/cluster" % port, timeout=30))
-    b = next(b for b in c["brokers"] if b["name"] == victim)
-    return b["primaries"] - b["unavailable"]
+    return next(b for b in c["brokers"] if b["name"] == victim)
 while True:
-    left = waiting()
+    b = share()
+    left = b["primaries"] - b["unavailable"]
     if not left:
         break
     if time.monotonic() - t0 > 60:
         sys.exit("not decided after 60 s: %d queues" % left)
     time.sleep(0.01)
 decided = time.monotonic() - t0
+unavailable = b["unavailable"]  # still the victim's: no in-sync backup to promote
 time.sleep(1)
 stop.set()
 publisher.join(10)
-# (After the publisher: parsing thousands of queues holds the GIL it needs.)
-unavailable = sum(1 for q in queues() if q["primary"] == victim)
 print("queues=%d decided_s=%.2f promoted=%d unavailable=%d (no in-sync backup); a channel on "
       "%s: confirmed=%d nacked=%d error=%s max_confirm_gap_ms=%.0f"
       % (owned, decided, owned - unavailable, unavailable, watcher, chan["confirmed"],
@@ -281,14 +280,19 @@ row_failover() {
   stop_all
 }
 
+# The shared instrument, built from SHARED_BENCH if missing.
+need_amqpbench() {
+  if [ ! -x "$AMQPBENCH" ]; then
+    make -s -f "$SHARED_BENCH/Makefile" OUT="$(dirname "$AMQPBENCH")" "$AMQPBENCH"
+  fi
+}
+
 # row_replicated: throughput of a queue with 2 backups (issue 6's row). 3 brokers; the queue
 # declared through broker 1 with x-quay-backups=2 (durable for the persistent row), then,
 # once both backups are in sync, amqpbench on its primary: -s 1024 --confirm -w 1000
 # --prefetch 100 --check, REPS runs of DURATION s per row. Prints consumed msg/s (medians).
 row_replicated() {
-  if [ ! -x "$AMQPBENCH" ]; then
-    make -s -f "$SHARED_BENCH/Makefile" OUT="$(dirname "$AMQPBENCH")" "$AMQPBENCH"
-  fi
+  need_amqpbench
   form 3
   local out="" kind
   for kind in transient persistent; do
@@ -329,9 +333,7 @@ EOF2
 
 # row_probe cut|kill9: the failover probe across a silent cut (or kill -9) of the primary.
 row_probe() {
-  if [ ! -x "$AMQPBENCH" ]; then
-    make -s -f "$SHARED_BENCH/Makefile" OUT="$(dirname "$AMQPBENCH")" "$AMQPBENCH"
-  fi
+  need_amqpbench
   local quayd
   quayd=$(realpath "$QUAYD")
   for rep in $(seq 1 "$PROBE_REPS"); do

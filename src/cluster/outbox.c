@@ -11,6 +11,14 @@
 #include "lib/errors.h"
 #include "lib/list.h" /* CONTAINER_OF */
 
+/* The entries' copies and their array. */
+static void items_free(struct consensus_cmd *items, uint32_t count)
+{
+    for (uint32_t i = 0; i < count; i++)
+        free((void *)items[i].bytes);
+    free(items);
+}
+
 static void outbox_flush(uv_idle_t *idle)
 {
     struct outbox *box = CONTAINER_OF(idle, struct outbox, idle);
@@ -26,9 +34,7 @@ static void outbox_flush(uv_idle_t *idle)
         uint32_t n = count - i < OUTBOX_BATCH ? count - i : OUTBOX_BATCH;
         (void)box->propose(box->ctx, &items[i], n); /* a failure: see outbox.h */
     }
-    for (uint32_t i = 0; i < count; i++)
-        free((void *)items[i].bytes);
-    free(items);
+    items_free(items, count);
 }
 
 void outbox_init(struct outbox *box, uv_loop_t *loop, outbox_propose_fn propose, void *ctx)
@@ -56,19 +62,11 @@ void outbox_add(struct outbox *box, const uint8_t *entry, size_t size)
         uv_idle_start(&box->idle, outbox_flush);
 }
 
-static void outbox_clear(struct outbox *box)
-{
-    for (uint32_t i = 0; i < box->count; i++)
-        free((void *)box->items[i].bytes);
-    box->count = 0;
-}
-
 void outbox_close(struct outbox *box, uv_close_cb close_cb)
 {
-    outbox_clear(box);
-    free(box->items);
+    items_free(box->items, box->count);
     box->items = NULL;
-    box->capacity = 0;
+    box->count = box->capacity = 0;
     uv_idle_stop(&box->idle);
     uv_close((uv_handle_t *)&box->idle, close_cb);
 }
