@@ -4,12 +4,15 @@
  *
  * Owns: the struct raft and its raft_io/transport, the queue of membership
  * changes (run one at a time on the leader), the join client (retries,
- * redirects, backoff), the proposals in flight, and three loop timers:
+ * redirects, backoff), the proposals in flight, three loop timers and a
+ * prepare handle:
  *
  *   watch  polls libraft for a change of leader (0.15 has no callback for
  *          it) every 10 ms, and notices lost leadership;
  *   ops    runs the next membership step outside libraft's callbacks;
- *   join   paces join attempts.
+ *   join   paces join attempts;
+ *   probe  before each poll, corrects how the leader probes its
+ *          followers (see probe_tune).
  *
  * Apply results: libraft stops applying (and retries the same entry
  * forever) if fsm->apply returns non-zero, so our apply always returns 0
@@ -98,10 +101,13 @@ struct consensus {
     uv_timer_t watch_timer;
     uv_timer_t ops_timer;
     uv_timer_t join_timer;
-    int timers_open;
+    uv_prepare_t probe_prepare;
+    int handles_open;
     bool stopping;
     uint64_t leader_id_seen;
     bool leader_self_seen;
+    uint64_t snapshot_busy_since; /* loop ms; 0: no snapshot being stored */
+    bool snapshot_busy_warned;
     struct list_node ops;
     size_t ops_count;
     struct member_op *op_running;
@@ -305,6 +311,111 @@ void consensus_stats(const struct consensus *c, struct consensus_stats *out)
     out->handshake_timeout_count = ts.timeout_count;
     out->malformed_count = ts.malformed_count;
     out->refused_count = ts.refused_count;
+}
+
+void consensus_log_state(const struct consensus *c, struct consensus_log *out)
+{
+    ASSERT(c != NULL);
+    ASSERT(out != NULL);
+    struct raft *r = (struct raft *)&c->raft;
+    *out = (struct consensus_log){.term = r->current_term, .last_index = raft_last_index(r),
+                                  .commit_index = r->commit_index,
+                                  .applied_index = raft_last_applied(r)};
+    if (c->snapshot_busy_since != 0)
+        out->snapshot_busy_ms = uv_now(c->loop) - c->snapshot_busy_since + 1;
+}
+
+/* libraft's progress states (src/progress.h, not installed). */
+#define PROGRESS_PROBE 0
+#define PROGRESS_PIPELINE 1
+#define PROGRESS_SNAPSHOT 2
+
+size_t consensus_followers(const struct consensus *c, struct consensus_follower *out, size_t max)
+{
+    ASSERT(c != NULL);
+    ASSERT(out != NULL || max == 0);
+    if (!consensus_is_leader(c))
+        return 0;
+    const struct raft_configuration *conf = &c->raft.configuration;
+    size_t n = 0;
+    for (unsigned i = 0; i < conf->n; i++) {
+        if (conf->servers[i].id == c->id)
+            continue;
+        const struct raft_progress *p = &c->raft.leader_state.progress[i];
+        ASSERT(p->state <= PROGRESS_SNAPSHOT);
+        if (n < max) {
+            out[n] = (struct consensus_follower){
+                .id = conf->servers[i].id,
+                .state = p->state == PROGRESS_PROBE      ? CONSENSUS_REPLICATION_PROBE
+                         : p->state == PROGRESS_PIPELINE ? CONSENSUS_REPLICATION_PIPELINE
+                                                         : CONSENSUS_REPLICATION_SNAPSHOT,
+                .next_index = p->next_index, .match_index = p->match_index,
+                .heard = p->recent_recv};
+        }
+        n++;
+    }
+    return n;
+}
+
+const char *consensus_replication_name(enum consensus_replication state)
+{
+    switch (state) {
+    case CONSENSUS_REPLICATION_PROBE: return "probe";
+    case CONSENSUS_REPLICATION_PIPELINE: return "pipeline";
+    case CONSENSUS_REPLICATION_SNAPSHOT: return "snapshot";
+    }
+    return "?";
+}
+
+/* ---- probing followers ---- */
+
+/* Two corrections to libraft 0.15's probing of followers, made on the
+ * leader before each poll. struct raft_progress is public in raft.h.
+ *
+ * Rewind. A send that fails (the follower unreachable: a partition, a
+ * restart) puts the follower back to probing from match_index + 1, which
+ * is 1 for a follower not heard from in this term; and from 1 libraft goes
+ * straight to InstallSnapshot once the log is compacted. So after every
+ * partition longer than a connect attempt the follower was sent the whole
+ * map instead of the entries it missed, and a snapshot is the fragile
+ * path: 0.15 ignores one that arrives while the follower stores a snapshot
+ * of its own, and sends it again only after the install timeout (in the
+ * cluster soak, seed 1202, a broker behind a healed partition got its map
+ * 22 s late that way). A follower not heard from is probed from the end of
+ * the log instead, as libraft does for a new leader: its answer carries its
+ * last index and the probe jumps there, and only a follower behind the
+ * compacted part of the log gets the snapshot.
+ *
+ * Hurry. A probing follower is sent at most one AppendEntries per
+ * heartbeat, and a rejection moves the probe back one entry only when the
+ * follower's log ends in entries of a term the leader never had. The
+ * leader clears last_send of every probing follower it heard from within
+ * the election timeout, so the rejection read in this poll is answered by
+ * the next probe at once: the walk back runs at the round trip, not at 10
+ * entries a second. A follower not heard from keeps libraft's pace, so a
+ * dead one is not sent the log's tail on every new entry. */
+static void probe_tune(uv_prepare_t *prepare)
+{
+    struct consensus *c = prepare->data;
+    ASSERT(prepare == &c->probe_prepare);
+    if (c->stopping || raft_state(&c->raft) != RAFT_LEADER)
+        return;
+    const struct raft_configuration *conf = &c->raft.configuration;
+    raft_index last = raft_last_index(&c->raft);
+    for (unsigned i = 0; i < conf->n; i++) {
+        struct raft_progress *p = &c->raft.leader_state.progress[i];
+        if (conf->servers[i].id == c->id || p->state != PROGRESS_PROBE)
+            continue;
+        if (!p->recent_recv) {
+            if (p->match_index == 0 && p->next_index == 1 && last > 1) {
+                p->next_index = last + 1;
+                c->stats.probe_rewind_count++;
+            }
+        } else if (p->last_send != 0) {
+            p->last_send = 0;
+            c->stats.probe_hurry_count++;
+        }
+    }
 }
 
 /* ---- proposals ---- */
@@ -788,11 +899,41 @@ int consensus_join(struct consensus *c, const char *const *peers, size_t peers_c
 
 /* ---- watching the leader ---- */
 
+/* libraft keeps the request of the snapshot being stored (taken here or
+ * installed from the leader) in struct raft, which raft.h makes public;
+ * while it is set a leader's InstallSnapshot is ignored. Watched so that a
+ * store that does not finish is seen (and shown in /api/cluster). */
+static void watch_snapshot(struct consensus *c)
+{
+    bool busy = c->raft.snapshot.put.data != NULL || c->raft.snapshot.pending.term != 0;
+    uint64_t now = uv_now(c->loop);
+    if (!busy) {
+        if (c->snapshot_busy_warned)
+            LOG_INFO("consensus id=%llu: snapshot stored after %llu ms",
+                     (unsigned long long)c->id,
+                     (unsigned long long)(now - c->snapshot_busy_since));
+        c->snapshot_busy_since = 0;
+        c->snapshot_busy_warned = false;
+        return;
+    }
+    if (c->snapshot_busy_since == 0)
+        c->snapshot_busy_since = now;
+    if (!c->snapshot_busy_warned && now - c->snapshot_busy_since >= CONSENSUS_SNAPSHOT_SLOW_MS) {
+        c->snapshot_busy_warned = true;
+        LOG_WARN("consensus id=%llu: storing a snapshot has taken %llu ms so far (last index "
+                 "%llu, applied %llu); the leader's snapshots are ignored meanwhile",
+                 (unsigned long long)c->id, (unsigned long long)(now - c->snapshot_busy_since),
+                 (unsigned long long)raft_last_index(&c->raft),
+                 (unsigned long long)raft_last_applied(&c->raft));
+    }
+}
+
 static void watch_tick(uv_timer_t *timer)
 {
     struct consensus *c = timer->data;
     ASSERT(timer == &c->watch_timer);
     ASSERT(!c->stopping);
+    watch_snapshot(c);
     const char *address = NULL;
     uint64_t leader_id = consensus_leader(c, &address);
     bool self = raft_state(&c->raft) == RAFT_LEADER;
@@ -838,7 +979,7 @@ bool consensus_hurry_election(struct consensus *c, unsigned timeout_ms)
 
 static void consensus_free(struct consensus *c)
 {
-    ASSERT(c->timers_open == 0);
+    ASSERT(c->handles_open == 0);
     ASSERT(c->proposals_count == 0);
     ASSERT(list_empty(&c->ops));
     void (*closed)(void *ctx) = c->closed;
@@ -848,19 +989,20 @@ static void consensus_free(struct consensus *c)
         closed(closed_ctx);
 }
 
-static void on_timer_closed(uv_handle_t *handle)
+static void on_handle_closed(uv_handle_t *handle)
 {
     struct consensus *c = handle->data;
-    ASSERT(c->timers_open > 0);
-    if (--c->timers_open == 0)
+    ASSERT(c->handles_open > 0);
+    if (--c->handles_open == 0)
         consensus_free(c);
 }
 
-static void close_timers(struct consensus *c)
+static void close_handles(struct consensus *c)
 {
-    uv_close((uv_handle_t *)&c->watch_timer, on_timer_closed);
-    uv_close((uv_handle_t *)&c->ops_timer, on_timer_closed);
-    uv_close((uv_handle_t *)&c->join_timer, on_timer_closed);
+    uv_close((uv_handle_t *)&c->watch_timer, on_handle_closed);
+    uv_close((uv_handle_t *)&c->ops_timer, on_handle_closed);
+    uv_close((uv_handle_t *)&c->join_timer, on_handle_closed);
+    uv_close((uv_handle_t *)&c->probe_prepare, on_handle_closed);
 }
 
 static void on_raft_closed(struct raft *r)
@@ -870,7 +1012,7 @@ static void on_raft_closed(struct raft *r)
     ASSERT(!c->join.in_flight);
     raft_uv_close(&c->io);
     raft_transport_release(&c->transport);
-    close_timers(c);
+    close_handles(c);
 }
 
 void consensus_stop(struct consensus *c, void (*closed)(void *ctx), void *ctx)
@@ -884,6 +1026,7 @@ void consensus_stop(struct consensus *c, void (*closed)(void *ctx), void *ctx)
     uv_timer_stop(&c->watch_timer);
     uv_timer_stop(&c->ops_timer);
     uv_timer_stop(&c->join_timer);
+    uv_prepare_stop(&c->probe_prepare);
     list_for_each_safe(pos, &c->ops) {
         struct member_op *op = CONTAINER_OF(pos, struct member_op, link);
         if (!op->waiting)
@@ -926,7 +1069,8 @@ static int start_raft(struct consensus *c, const struct consensus_config *cfg,
     raft_set_heartbeat_timeout(&c->raft, c->heartbeat_ms);
     raft_set_pre_vote(&c->raft, true);
     raft_set_snapshot_threshold(&c->raft, cfg->snapshot_threshold ? cfg->snapshot_threshold : 1024);
-    raft_set_snapshot_trailing(&c->raft, cfg->snapshot_trailing ? cfg->snapshot_trailing : 128);
+    raft_set_snapshot_trailing(&c->raft, cfg->snapshot_trailing ? cfg->snapshot_trailing
+                                                                : CONSENSUS_SNAPSHOT_TRAILING);
     /* A snapshot sent to a follower that never answers (the link was cut
      * while it travelled) is sent again only after this; libraft's 30 s
      * left a follower behind a healed partition with its old map for 22 s
@@ -966,7 +1110,7 @@ static void on_start_failed_closed(struct raft *r)
     struct consensus *c = r->data;
     raft_uv_close(&c->io);
     raft_transport_release(&c->transport);
-    close_timers(c);
+    close_handles(c);
 }
 
 int consensus_start(struct consensus **out, uv_loop_t *loop, const struct consensus_config *cfg,
@@ -1006,11 +1150,12 @@ int consensus_start(struct consensus **out, uv_loop_t *loop, const struct consen
         return error_from_raft(rv);
     }
     raft_uv_set_connect_retry_delay(&c->io, CONNECT_RETRY_DELAY_MS);
-    c->timers_open = 3;
+    c->handles_open = 4;
     uv_timer_init(loop, &c->watch_timer);
     uv_timer_init(loop, &c->ops_timer);
     uv_timer_init(loop, &c->join_timer);
-    c->watch_timer.data = c->ops_timer.data = c->join_timer.data = c;
+    uv_prepare_init(loop, &c->probe_prepare);
+    c->watch_timer.data = c->ops_timer.data = c->join_timer.data = c->probe_prepare.data = c;
     bool raft_initialized = false;
     rv = start_raft(c, cfg, &raft_initialized, err, err_size);
     if (rv != 0) {
@@ -1021,13 +1166,14 @@ int consensus_start(struct consensus **out, uv_loop_t *loop, const struct consen
         } else {
             raft_uv_close(&c->io);
             raft_transport_release(&c->transport);
-            close_timers(c);
+            close_handles(c);
         }
         return error_from_raft(rv);
     }
     /* libraft 0.15 has no callback for a change of leader: polled, often
      * enough that a new leader starts its controller at once. */
     uv_timer_start(&c->watch_timer, watch_tick, 10, 10);
+    uv_prepare_start(&c->probe_prepare, probe_tune);
     LOG_INFO("consensus id=%llu: started at %s (dir %s)", (unsigned long long)c->id, c->address,
              cfg->dir);
     *out = c;

@@ -39,6 +39,14 @@
 /* A snapshot not acknowledged within this is sent again (libraft: 30 s).
  * Far above a LAN transfer of the map (15,000 queues: ~5 MB). */
 #define CONSENSUS_INSTALL_SNAPSHOT_TIMEOUT_MS 3000
+/* Entries kept behind a snapshot: a broker cut off for a while (a
+ * partition, a restart) catches up from these instead of being sent the
+ * whole map (~5 MB with 15,000 queues). Map commands are a few hundred
+ * bytes: ~2 MB of log in memory and on disk. */
+#define CONSENSUS_SNAPSHOT_TRAILING 8192
+/* A snapshot store (taken or installed) still running after this is
+ * logged: it blocks installing the leader's snapshot. */
+#define CONSENSUS_SNAPSHOT_SLOW_MS 2000
 #define CONSENSUS_ADDRESS_SIZE_MAX 255
 
 enum {
@@ -66,7 +74,7 @@ struct consensus_config {
     unsigned election_timeout_ms;   /* 0 = 1000; randomized in [t, 2t) by libraft */
     unsigned heartbeat_ms;          /* 0 = 100 */
     unsigned snapshot_threshold;    /* entries between snapshots; 0 = 1024 */
-    unsigned snapshot_trailing;     /* entries kept after a snapshot; 0 = 128 */
+    unsigned snapshot_trailing;     /* entries kept after a snapshot; 0 = the default below */
     unsigned handshake_timeout_ms;  /* per transport handshake step; 0 = 2000 */
     unsigned join_timeout_ms;       /* one join attempt end to end; 0 = 30000 */
 };
@@ -177,8 +185,40 @@ struct consensus_stats {
     uint64_t handshake_timeout_count;
     uint64_t malformed_count;
     uint64_t refused_count;
+    uint64_t probe_hurry_count;     /* probes let go before the heartbeat (probe_tune) */
+    uint64_t probe_rewind_count;    /* unheard followers probed from the log's end */
 };
 void consensus_stats(const struct consensus *c, struct consensus_stats *out);
+
+/* Where this server's log is. */
+struct consensus_log {
+    uint64_t term;
+    uint64_t last_index;   /* the last entry, committed or not */
+    uint64_t commit_index; /* the highest entry known committed */
+    uint64_t applied_index;
+    /* A snapshot is being taken or installed here: 0, or for how long (ms).
+     * libraft ignores a leader's snapshot meanwhile. */
+    uint64_t snapshot_busy_ms;
+};
+void consensus_log_state(const struct consensus *c, struct consensus_log *out);
+
+/* How a leader replicates to one follower (libraft's progress). */
+enum consensus_replication {
+    CONSENSUS_REPLICATION_PROBE,    /* finding where the logs agree */
+    CONSENSUS_REPLICATION_PIPELINE, /* streaming new entries */
+    CONSENSUS_REPLICATION_SNAPSHOT, /* a snapshot is on its way */
+};
+struct consensus_follower {
+    uint64_t id;
+    enum consensus_replication state;
+    uint64_t next_index;  /* the next entry to send it */
+    uint64_t match_index; /* the highest entry it confirmed holding */
+    bool heard;           /* it answered within the election timeout */
+};
+/* On the leader: copy up to max followers' progress, return the total
+ * count. 0 elsewhere. */
+size_t consensus_followers(const struct consensus *c, struct consensus_follower *out, size_t max);
+const char *consensus_replication_name(enum consensus_replication state);
 
 /* Stop: fail what is pending (CONSENSUS_E_SHUTDOWN), close Raft, the
  * transport and the disk, then call closed(ctx) and free c. Callbacks may

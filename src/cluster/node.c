@@ -1581,6 +1581,51 @@ static void json_bytes(struct json *body, const char *key, struct bytes b)
     json_string_n(body, b.ptr, b.len);
 }
 
+/* The "raft" member of /api/cluster: this broker's log and, on the leader,
+ * how far each follower is (a follower stuck in "probe" is one that has
+ * not caught up with the map). */
+static void write_raft_json(const struct cluster_node *node, struct json *body)
+{
+    struct consensus_log log;
+    consensus_log_state(node->consensus, &log);
+    struct consensus_follower followers[CLUSTER_BROKERS_MAX];
+    size_t n = consensus_followers(node->consensus, followers, CLUSTER_BROKERS_MAX);
+    json_key(body, "raft");
+    json_object_begin(body);
+    json_kv_uint(body, "term", log.term);
+    json_kv_uint(body, "last_index", log.last_index);
+    json_kv_uint(body, "commit_index", log.commit_index);
+    json_kv_uint(body, "applied_index", log.applied_index);
+    json_kv_uint(body, "snapshot_busy_ms", log.snapshot_busy_ms);
+    struct consensus_stats stats;
+    consensus_stats(node->consensus, &stats);
+    json_kv_uint(body, "snapshots_taken", stats.snapshot_count);
+    json_kv_uint(body, "snapshots_restored", stats.restore_count);
+    json_kv_uint(body, "probe_rewinds", stats.probe_rewind_count);
+    json_kv_uint(body, "probe_hurries", stats.probe_hurry_count);
+    json_key(body, "followers");
+    json_array_begin(body);
+    for (size_t i = 0; i < n && i < CLUSTER_BROKERS_MAX; i++) {
+        const struct consensus_follower *f = &followers[i];
+        const struct map_broker *b =
+            f->id <= UINT32_MAX ? cluster_map_broker(&node->map, (uint32_t)f->id) : NULL;
+        json_object_begin(body);
+        json_kv_uint(body, "id", f->id);
+        json_key(body, "name");
+        if (b != NULL)
+            json_string_n(body, b->name.ptr, b->name.len);
+        else
+            json_null(body);
+        json_kv_string(body, "state", consensus_replication_name(f->state));
+        json_kv_uint(body, "next_index", f->next_index);
+        json_kv_uint(body, "match_index", f->match_index);
+        json_kv_bool(body, "heard", f->heard);
+        json_object_end(body);
+    }
+    json_array_end(body);
+    json_object_end(body);
+}
+
 void cluster_node_write_json(void *ctx, struct json *body)
 {
     const struct cluster_node *node = ctx;
@@ -1638,6 +1683,8 @@ void cluster_node_write_json(void *ctx, struct json *body)
         json_object_end(body);
     }
     json_array_end(body);
+    if (!node->stopping)
+        write_raft_json(node, body);
     json_object_end(body);
 }
 

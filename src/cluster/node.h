@@ -168,10 +168,18 @@ void cluster_node_set_default_backups(struct cluster_node *node, uint8_t default
  *   {"self": NAME, "id": N, "leader": NAME|null, "epoch": N, "lease": bool,
  *    "queues": N, "exchanges": N, "bindings": N, "map_bytes": N,
  *    "brokers": [{"id", "name", "amqp", "cluster", "state", "voter",
- *                 "primaries", "unavailable", "backups"}, ...]}
+ *                 "primaries", "unavailable", "backups"}, ...],
+ *    "raft": {"term", "last_index", "commit_index", "applied_index",
+ *             "snapshot_busy_ms", "snapshots_taken", "snapshots_restored",
+ *             "probe_rewinds", "probe_hurries",
+ *             "followers": [{"id", "name", "state", "next_index",
+ *                            "match_index", "heard"}, ...]}}
  * "epoch" is the map's version (commands applied); a broker's "primaries"
  * counts the queues it is primary of ("unavailable": of those, the ones
- * waiting for it with no backup to promote), "backups" those it backs up. */
+ * waiting for it with no backup to promote), "backups" those it backs up.
+ * "raft" is this broker's log (consensus_log_state); "followers" is empty
+ * except on the leader, where a follower's "state" is probe, pipeline or
+ * snapshot (consensus_followers). */
 struct json;
 void cluster_node_write_json(void *node, struct json *body);
 

@@ -525,6 +525,10 @@ static void client_on_accept(struct handshake *hs)
     hs->connect_cb = NULL;
     tcp->data = NULL;
     t->stats.connected_count++;
+    /* Rare (a start, or after a fault) and the first thing to look for
+     * when a follower does not catch up. */
+    LOG_INFO("cluster transport: connected to %s (id %llu)", handshake_peer(hs),
+             (unsigned long long)hs->peer_id);
     handshake_close(hs);
     cb(req, (uv_stream_t *)tcp, 0);
 }
@@ -655,6 +659,8 @@ static void server_after_accept(struct handshake *hs)
         hs->handles_open--;
         tcp->data = NULL;
         t->stats.accepted_count++;
+        LOG_INFO("cluster transport: accepted %s (id %llu)", handshake_peer(hs),
+                 (unsigned long long)hs->peer_id);
         handshake_close(hs);
         ASSERT(t->accept_cb != NULL);
         t->accept_cb(t->raft, hs->peer_id, hs->peer_address, (uv_stream_t *)tcp);

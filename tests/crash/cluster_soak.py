@@ -759,7 +759,27 @@ class Soak:
             time.sleep(0.1)
         self.restores.append((after, None))
         self.fail("factor not restored %.0f s after %s: %s" % (self.a.restore_timeout, after, why))
+        self.log_raft_state()
         return False
+
+    def log_raft_state(self):
+        """What each broker's consensus says (/api/cluster "raft"): where its
+        log is and, on the leader, each follower's replication state; the
+        first thing to read when a broker keeps an old map."""
+        for m in self.members:
+            v = m.api_cluster() or {}
+            r = v.get("raft")
+            if not r:
+                self.log("  %s: no /api/cluster" % m.name)
+                continue
+            followers = " ".join("%s:%s next=%d match=%d%s" % (
+                f.get("name") or f["id"], f["state"], f["next_index"], f["match_index"],
+                "" if f["heard"] else " unheard") for f in r.get("followers", []))
+            self.log("  %s: leader %s epoch %s term %d last %d commit %d applied %d "
+                     "snapshot_busy_ms %d%s" % (
+                         m.name, v.get("leader"), v.get("epoch"), r["term"], r["last_index"],
+                         r["commit_index"], r["applied_index"], r["snapshot_busy_ms"],
+                         "; " + followers if followers else ""))
 
     # -- the run -------------------------------------------------------------
     def run(self):

@@ -98,8 +98,42 @@ def the_minority_refuses_and_the_majority_goes_on():
             name = n
             break
     assert name is not None, "no queue of the majority served a message"
-    a.close()
     b.close()
+    a.close()
+    global c_restored
+    c_restored = compact_the_log([A, B], C, "bulk")
+
+
+def raft(member):
+    return member.api_cluster()["raft"]
+
+
+def compact_the_log(majority, cut_off, prefix):
+    """Enough decisions that the leader compacts its log (a snapshot every
+    1024 entries) past where the cut-off broker stopped, while that broker
+    stays within the entries kept behind the snapshot: after the heal it
+    must catch up from the log, not be sent the whole map (consensus.h,
+    CONSENSUS_SNAPSHOT_TRAILING). Returns its count of restored snapshots."""
+    leader = cluster.leaders(majority)[0]
+    taken = raft(leader)["snapshots_taken"]
+    restored = raft(cut_off)["snapshots_restored"]
+    c = connect(leader)
+    ch = c.channel()
+    for i in range(1100):
+        ch.queue_declare("%s-%d" % (prefix, i))
+    c.close()
+    wait_until(lambda: raft(leader)["snapshots_taken"] > taken, 10,
+               what="the leader to take a snapshot during the partition")
+    return restored
+
+
+def caught_up_from_the_log(member, restored):
+    leader = cluster.leaders([A, B, C])[0]
+    wait_until(lambda: [f["state"] for f in raft(leader)["followers"]] == ["pipeline"] * 2, 10,
+               what="the leader to stream to both followers")
+    assert raft(member)["snapshots_restored"] == restored, \
+        "%s was sent a snapshot although the leader still held the entries it missed" % member.name
+    return leader
 
 
 @test(timeout=120)
@@ -111,6 +145,7 @@ def after_healing_the_minority_catches_up():
                what="c up again everywhere")
     print("# c up again %.2f s after the partition healed" % (time.monotonic() - t0))
     wait_until(lambda: sees_on(C, "during"), 10, what="c to know the queue declared without it")
+    caught_up_from_the_log(C, c_restored)
     c = connect(C)
     c.channel().queue_declare("after-heal")
     c.close()
@@ -145,6 +180,9 @@ def a_leader_cut_off_is_replaced():
     c = connect(others[0])
     c.channel().queue_declare("new-leader", durable=True)
     c.close()
+    # The new leader never heard from the old one: libraft would probe it
+    # from the first entry, i.e. send it a snapshot (consensus.c, probe_tune).
+    restored = compact_the_log(others, leader, "bulk2")
     old = connect(leader)
     try:
         old.channel().queue_declare("old-leader")
@@ -156,6 +194,8 @@ def a_leader_cut_off_is_replaced():
                what="the old leader back")
     # The old leader catches up with what was decided without it.
     wait_until(lambda: sees_on(leader, "new-leader"), 10, what="the old leader caught up")
+    new_leader = caught_up_from_the_log(leader, restored)
+    assert raft(new_leader)["probe_rewinds"] > 0, raft(new_leader)
 
 
 def cleanup(failed):
