@@ -177,9 +177,10 @@ void cluster_node_set_default_backups(struct cluster_node *node, uint8_t default
  * "epoch" is the map's version (commands applied); a broker's "primaries"
  * counts the queues it is primary of ("unavailable": of those, the ones
  * waiting for it with no backup to promote), "backups" those it backs up.
- * "raft" is this broker's log (consensus_log_state); "followers" is empty
- * except on the leader, where a follower's "state" is probe, pipeline or
- * snapshot (consensus_followers). */
+ * "raft" is this broker's log (consensus_log_state); "snapshots_restored"
+ * counts the snapshot loaded at start as well as those the leader sent;
+ * "followers" is empty except on the leader, where a follower's "state" is
+ * probe, pipeline or snapshot (consensus_followers). */
 struct json;
 void cluster_node_write_json(void *node, struct json *body);
 
