@@ -25,12 +25,17 @@
 #
 #   replicated 3 brokers; a queue with x-quay-backups=2 (transient, then durable with
 #           persistent messages); amqpbench with confirms on its primary (see row_replicated).
+#   heal    5 brokers in network namespaces (needs root); HEAL_REPS times: the Raft leader and
+#           one other broker are cut off, the majority declares HEAL_DECLARES queues, the
+#           partition heals; reports how long until every broker has the same map, and whether
+#           the cut-off brokers needed a snapshot (bench/cluster_heal.py does the work).
 #
-# Usage: bench/cluster.sh [proxy] [failover] [scale] [replicated] [cut] [kill9]
-#        (default: proxy failover scale; cut and kill9 need root)
+# Usage: bench/cluster.sh [proxy] [failover] [scale] [replicated] [cut] [kill9] [heal]
+#        (default: proxy failover scale; cut, kill9 and heal need root)
 # Environment: QUAYD=build/quayd REPS=3 DURATION=10 SCALE_QUEUES=10000 BASE_PORT=6100
 #              BENCH_OUT=build/bench KEEP_TMP=0 PROBE_REPS=1 PROBE_DURATION=10 PROBE_AT=4
 #              AMQPBENCH=$BENCH_OUT/amqpbench SHARED_BENCH=../shared/bench
+#              HEAL_REPS=5 HEAL_DECLARES=1100 HEAL_TAIL=100
 # Needs: bench/quaybench and bench/quayscale (built here with cc, like bench/run.sh), curl,
 # /usr/bin/python3 with pika (scripts/setup.sh installs both); for cut/kill9 amqpbench
 # (built here from SHARED_BENCH if missing), iproute2 and nft.
@@ -342,6 +347,13 @@ row_probe() {
   done
 }
 
+row_heal() {
+  local quayd
+  quayd=$(realpath "$QUAYD")
+  QUAYD=$quayd /usr/bin/python3 "$ROOT/bench/cluster_heal.py" ||
+    echo "ROW heal status=fail (the map did not agree, or the script failed)"
+}
+
 for row in $ROWS; do
   case "$row" in
     proxy) row_proxy ;;
@@ -349,6 +361,7 @@ for row in $ROWS; do
     scale) row_scale ;;
     replicated) row_replicated ;;
     cut|kill9) row_probe "$row" ;;
+    heal) row_heal ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
   esac
 done
