@@ -25,15 +25,13 @@ Prints one line per rep:
 """
 import argparse
 import os
-import socket
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
-from clustertest import Cluster, quayd_path, wait_until  # noqa: E402
+from clustertest import Cluster, wait_until  # noqa: E402
 from netlab import Lab  # noqa: E402
 import quaytest as qt  # noqa: E402  (raw frames)
 
@@ -51,17 +49,6 @@ def leader_of(members):
         if v and v.get("leader") == m.name:
             return m
     return None
-
-
-def raw_sessions(m, n):
-    socks = []
-    for _ in range(n):
-        s = socket.create_connection((m.host, m.amqp_port), timeout=5)
-        qt.handshake(s, USER, PASSWORD)
-        s.sendall(qt.gen_channel_open(1))
-        qt.expect_method(s, *qt.CHANNEL_OPEN_OK, channel=1)
-        socks.append(s)
-    return socks
 
 
 def agreed(members):
@@ -82,11 +69,7 @@ def main():
     cluster = Cluster()
     ok = False
     try:
-        pw = subprocess.run([quayd_path(), "--hash-password", PASSWORD], capture_output=True,
-                            text=True, check=True).stdout.strip()
-        users = os.path.join(cluster.dir, "users")
-        with open(users, "w") as f:
-            f.write("%s %s /\n" % (USER, pw))
+        users = cluster.users_file(USER, PASSWORD)
         members = []
         for i, name in enumerate(NAMES):
             kw = dict(extra_args=["--users", users], host=lab.ip(i + 1), netns=lab.ns(i + 1))
@@ -110,7 +93,7 @@ def main():
                             % len(members)]
             minority = [old, other]
             majority = [m for m in members if m not in minority]
-            socks = raw_sessions(old, a.tail)
+            socks = qt.raw_sessions(old.host, old.amqp_port, a.tail, USER, PASSWORD)
             restored = sum(view(m)["raft"]["snapshots_restored"] for m in minority)
             lab.partition([m.index for m in majority], [m.index for m in minority])
             for i, s in enumerate(socks):

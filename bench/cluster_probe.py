@@ -35,7 +35,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
-from clustertest import Cluster, quayd_path, wait_until  # noqa: E402
+from clustertest import Cluster, wait_until  # noqa: E402
 from netlab import Lab  # noqa: E402
 
 USER, PASSWORD = "bench", "bench-pass"
@@ -62,11 +62,7 @@ def main():
     cluster = Cluster()
     ok = False
     try:
-        pw = subprocess.run([quayd_path(), "--hash-password", PASSWORD], capture_output=True,
-                            text=True, check=True).stdout.strip()
-        users = os.path.join(cluster.dir, "users")
-        with open(users, "w") as f:
-            f.write("%s %s /\n" % (USER, pw))
+        users = cluster.users_file(USER, PASSWORD)
         ms = []
         for i in (1, 2, 3):
             m = cluster.add("b%d" % i, host=lab.ip(i), netns=lab.ns(i), join=ms[:] or None,

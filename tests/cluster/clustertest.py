@@ -305,6 +305,14 @@ class Cluster:
             f.write(text)
         return path
 
+    def users_file(self, user, password):
+        """A --users file granting user (password hashed by quayd) the vhost
+        "/"; returns its path. For clients that do not log in from loopback
+        (guest is loopback-only)."""
+        pw = subprocess.run([quayd_path(), "--hash-password", password], capture_output=True,
+                            text=True, check=True).stdout.strip()
+        return self.write_secret("users", "%s %s /\n" % (user, pw))
+
     def add(self, name, start=True, **kw):
         m = Member(self, name, **kw)
         self.members.append(m)

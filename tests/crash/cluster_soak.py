@@ -75,7 +75,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
-from clustertest import Cluster, quayd_path, wait_until  # noqa: E402
+from clustertest import Cluster, wait_until  # noqa: E402
 
 USER, PASSWORD = "soak", "soak-pass"
 
@@ -301,12 +301,7 @@ class Soak:
     def setup(self):
         a = self.a
         self.cluster = Cluster()
-        import subprocess
-        pw = subprocess.run([quayd_path(), "--hash-password", PASSWORD], capture_output=True,
-                            text=True, check=True).stdout.strip()
-        users = os.path.join(self.cluster.dir, "users")
-        with open(users, "w") as f:
-            f.write("%s %s /\n" % (USER, pw))
+        users = self.cluster.users_file(USER, PASSWORD)
         common = dict(extra_args=["--users", users])
         if a.netns:
             from netlab import Lab

@@ -12,15 +12,13 @@ while the test process still reaches every broker through the bridge. The
 clients log in as a user from a users file (guest is loopback-only).
 """
 import os
-import socket
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, quayd_path, run, test, wait_until  # noqa: E402
+from clustertest import Cluster, run, test, wait_until  # noqa: E402
 from netlab import Lab  # noqa: E402
 
 import pika  # noqa: E402
@@ -48,11 +46,7 @@ def three_brokers_in_three_hosts():
     global lab, cluster, A, B, C
     lab = Lab(3)
     cluster = Cluster()
-    pw = subprocess.run([quayd_path(), "--hash-password", PASSWORD], capture_output=True,
-                        text=True, check=True).stdout.strip()
-    users = os.path.join(cluster.dir, "users")
-    with open(users, "w") as f:
-        f.write("%s %s /\n" % (USER, pw))
+    users = cluster.users_file(USER, PASSWORD)
     common = dict(extra_args=["--users", users])
     A = cluster.add("a", host=lab.ip(1), netns=lab.ns(1), **common)
     wait_until(lambda: len(cluster.leaders([A])) == 1, 15, what="a to lead")
@@ -129,19 +123,6 @@ def compact_the_log(majority, cut_off, prefix):
     return restored
 
 
-def raw_sessions(member, n):
-    """n AMQP connections to member, channel 1 open on each: to send n
-    definition changes at once (a connection waits for each one's answer)."""
-    socks = []
-    for _ in range(n):
-        s = socket.create_connection((member.host, member.amqp_port), timeout=5)
-        qt.handshake(s, USER, PASSWORD)
-        s.sendall(qt.gen_channel_open(1))
-        qt.expect_method(s, *qt.CHANNEL_OPEN_OK, channel=1)
-        socks.append(s)
-    return socks
-
-
 def caught_up_from_the_log(member, restored):
     leader = cluster.leaders([A, B, C])[0]
     wait_until(lambda: [f["state"] for f in raft(leader)["followers"]] == ["pipeline"] * 2, 10,
@@ -184,7 +165,7 @@ def a_leader_cut_off_is_replaced():
     leader = cluster.leaders([A, B, C])[0]
     host = [h for h, m in members.items() if m is leader][0]
     rest = [h for h in members if h != host]
-    socks = raw_sessions(leader, 100)
+    socks = qt.raw_sessions(leader.host, leader.amqp_port, 100, USER, PASSWORD)
     lab.partition([host], rest)
     t0 = time.monotonic()
     # The cut-off leader still leads for a moment: it appends what it is

@@ -14,7 +14,6 @@ the answer). /api/queues gives each primary's confirms per epoch: the
 deposed one's last confirm precedes the new one's first.
 """
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -22,7 +21,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, queue_info, quayd_path, run, test, wait_until  # noqa: E402
+from clustertest import Cluster, queue_info, run, test, wait_until  # noqa: E402
 from netlab import Lab  # noqa: E402
 
 import pika  # noqa: E402
@@ -58,11 +57,7 @@ def three_brokers_in_three_hosts():
     global lab, cluster
     lab = Lab(3)
     cluster = Cluster()
-    pw = subprocess.run([quayd_path(), "--hash-password", PASSWORD], capture_output=True,
-                        text=True, check=True).stdout.strip()
-    users = os.path.join(cluster.dir, "users")
-    with open(users, "w") as f:
-        f.write("%s %s /\n" % (USER, pw))
+    users = cluster.users_file(USER, PASSWORD)
     host = {"a": 1, "b": 2, "c": 3}
     formed = cluster.form(["a", "b", "c"], extra_args=["--users", users],
                           per=lambda n: dict(host=lab.ip(host[n]), netns=lab.ns(host[n])))

@@ -814,6 +814,20 @@ def raw_connection(channel=1, **kw):
     return s
 
 
+def raw_sessions(host, port, n, user, password):
+    """n connections to host:port after the handshake, channel 1 open on
+    each: to send n definition changes at once (a connection waits for each
+    one's answer before reading the next). The caller closes them."""
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection((host, port), timeout=DEFAULT_TIMEOUT)
+        handshake(s, user, password)
+        s.sendall(gen_channel_open(1))
+        expect_method(s, *CHANNEL_OPEN_OK, channel=1)
+        socks.append(s)
+    return socks
+
+
 def declare_queue(sock, channel=1, name="", exclusive=True, **kw):
     """queue.declare over raw frames; returns (queue, message_count, consumer_count)."""
     sock.sendall(gen_queue_declare(channel, name, exclusive=exclusive, **kw))
