@@ -39,6 +39,7 @@ void broker_config_defaults(struct broker_config *config)
         .connections_max = 0,
         .consumers_per_channel_max = 0,
         .queues_max = 0,
+        .read_batch_us = READ_BATCH_WAIT_US_DEFAULT,
     };
 }
 
@@ -130,6 +131,7 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     }
     create_vhosts(broker);
     net_init(&broker->net, loop);
+    read_batch_enable(&broker->net.read_batch, config->limits.read_batch_us);
     char err[1024];
     if (durable_open(broker, err, sizeof err) != 0) {
         LOG_ERROR("%s", err);

@@ -40,6 +40,7 @@ static const struct conn_ops connection_conn_ops = {
     .on_close = on_close,
     .on_free = on_free,
     .on_drain = on_drain,
+    .batch_input = true,
 };
 
 static struct connection *from_conn(struct conn *conn)

@@ -46,6 +46,9 @@ static void usage(FILE *out)
             "  --max-queues N          queues per vhost (default unlimited)\n"
             "  --max-consumers N       consumers per channel (default unlimited)\n"
             "  --max-message-size B    largest message body (default 134217728)\n"
+            "  --read-batch-us US      a publisher streaming faster than we read is read in\n"
+            "                          batches that wait at most US microseconds\n"
+            "                          (default 500, 0 = read whatever arrived at once)\n"
             "  --memory-high-watermark M  block publishers above this much memory: a\n"
             "                          fraction of RAM (0.4, the default) or a size (512MiB)\n"
             "  --disk-free-limit SIZE  block publishers when the data directory's disk has\n"
@@ -71,7 +74,7 @@ enum option_id {
     OPT_MAX_MESSAGE_SIZE, OPT_HASH_PASSWORD, OPT_HELP, OPT_MEMORY_HIGH_WATERMARK,
     OPT_DISK_FREE_LIMIT, OPT_HTTP,
     OPT_CONFIG, OPT_NAME, OPT_CLUSTER_LISTEN, OPT_JOIN, OPT_CLUSTER_SECRET_FILE,
-    OPT_DEFAULT_BACKUPS,
+    OPT_DEFAULT_BACKUPS, OPT_READ_BATCH_US,
 };
 
 static const struct option long_options[] = {
@@ -96,6 +99,7 @@ static const struct option long_options[] = {
     {"join", required_argument, NULL, OPT_JOIN},
     {"cluster-secret-file", required_argument, NULL, OPT_CLUSTER_SECRET_FILE},
     {"default-backups", required_argument, NULL, OPT_DEFAULT_BACKUPS},
+    {"read-batch-us", required_argument, NULL, OPT_READ_BATCH_US},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -146,6 +150,7 @@ static const struct {
     LIMIT(OPT_MAX_QUEUES, "max-queues", 0, UINT32_MAX, queues_max),
     LIMIT(OPT_MAX_CONSUMERS, "max-consumers", 0, UINT32_MAX, consumers_per_channel_max),
     LIMIT(OPT_MAX_MESSAGE_SIZE, "max-message-size", 0, 512u << 20, message_size_max),
+    LIMIT(OPT_READ_BATCH_US, "read-batch-us", 0, 100000, read_batch_us),
 #undef LIMIT
 };
 

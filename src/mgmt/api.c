@@ -59,6 +59,10 @@ static void write_bytes(struct json *out, const char *key, struct bytes value)
  *  "disk": {"free_bytes": N, "free_limit_bytes": N, "alarm": bool},
  *  "alarms": ["memory", "disk"] (the ones on),
  *  "journal": {"synced_ticket": N, "status": 0},
+ *  "network": {"bytes_in": N, "bytes_out": N, "reads": N (of client and link
+ *   sockets), "read_batch_us": N (0 = off), "read_batches_started": N (times a
+ *   streaming publisher's socket got a batch mark), "read_batches_timed_out": N
+ *   (marks dropped because the stream paused: see net/read_batch.h)},
  *  "cluster": {the same as GET /api/cluster} (clustered only)}
  */
 struct totals {
@@ -138,6 +142,17 @@ static void handle_overview(void *ctx, struct json *out)
     json_kv_uint(out, "synced_ticket", durable_synced_ticket(broker));
     json_key(out, "status");
     json_int(out, broker->durable.status);
+    json_object_end(out);
+
+    const struct net *net = &broker->net;
+    json_key(out, "network");
+    json_object_begin(out);
+    json_kv_uint(out, "bytes_in", net->bytes_in);
+    json_kv_uint(out, "bytes_out", net->bytes_out);
+    json_kv_uint(out, "reads", net->reads);
+    json_kv_uint(out, "read_batch_us", net->read_batch.wait_ns / 1000u);
+    json_kv_uint(out, "read_batches_started", net->read_batch.raised_count);
+    json_kv_uint(out, "read_batches_timed_out", net->read_batch.timeout_count);
     json_object_end(out);
     if (broker->cluster) {
         /* The cluster in brief (GET /api/cluster has it all). */

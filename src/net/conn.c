@@ -58,6 +58,7 @@ void net_init(struct net *net, uv_loop_t *loop)
     net->flush_idle.data = net;
     uv_idle_init(loop, &net->resume_idle);
     net->resume_idle.data = net;
+    read_batch_init(&net->read_batch, loop);
 }
 
 void net_close(struct net *net)
@@ -71,6 +72,7 @@ void net_close(struct net *net)
     uv_close((uv_handle_t *)&net->flush_idle, NULL);
     uv_idle_stop(&net->resume_idle);
     uv_close((uv_handle_t *)&net->resume_idle, NULL);
+    read_batch_close(&net->read_batch);
     free(net->scratch);
     net->scratch = NULL;
 }
@@ -95,6 +97,7 @@ int conn_init(struct conn *conn, struct net *net, const struct conn_ops *ops)
     list_init(&conn->out_chunks);
     list_init(&conn->flush_link);
     list_init(&conn->resume_link);
+    list_init(&conn->batch_link);
     list_push_back(&net->conns, &conn->all_link);
     net->conns_count++;
     conn->last_read_ms = conn->last_write_ms = uv_now(net->loop);
@@ -254,6 +257,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     if (nread == 0 || conn->closing)
         return;
     conn->net->bytes_in += (uint64_t)nread;
+    conn->net->reads++;
     conn->last_read_ms = uv_now(conn->net->loop);
     const uint8_t *data;
     size_t size;
@@ -275,6 +279,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
      * is not read from either, so its output cannot grow without bound. */
     if (conn->out_bytes >= CONN_OUT_READ_PAUSE && !conn->peer_reads_always)
         conn_pause_reading(conn, CONN_PAUSE_OUTPUT);
+    read_batch_after_read(&conn->net->read_batch, conn, (size_t)nread);
 }
 
 void net_tcp_user_timeout(uv_tcp_t *tcp, unsigned ms)
@@ -295,6 +300,7 @@ void conn_start(struct conn *conn)
 void conn_pause_reading(struct conn *conn, enum conn_pause reason)
 {
     conn->read_pauses |= reason;
+    read_batch_drop(&conn->net->read_batch, conn);
     if (conn->reading && !conn->closing) {
         uv_read_stop((uv_stream_t *)&conn->tcp);
         conn->reading = false;
@@ -368,6 +374,15 @@ static void on_flush_idle(uv_idle_t *idle)
     (void)idle; /* it only keeps the poll from blocking */
 }
 
+/* The peer may wait for what we queue: its next bytes, however few, must
+ * not wait for a batch. */
+static inline void note_output(struct conn *conn)
+{
+    conn->out_seq++;
+    if (conn->batch_mark > 0)
+        read_batch_drop(&conn->net->read_batch, conn);
+}
+
 static struct out_chunk *tail_copy_chunk(struct conn *conn, size_t n)
 {
     if (!list_empty(&conn->out_chunks)) {
@@ -405,6 +420,7 @@ void conn_out_commit(struct conn *conn, size_t n)
     ASSERT(n <= tail->cap - tail->size);
     tail->size += n;
     conn->out_bytes += n;
+    note_output(conn);
     if (conn->out_bytes >= CONN_OUT_HIGH_WATER)
         conn->above_high_water = true;
     schedule_flush(conn);
@@ -428,6 +444,7 @@ void conn_out_ref(struct conn *conn, const uint8_t *data, size_t n, conn_release
     chunk->cap = 0;
     list_push_back(&conn->out_chunks, &chunk->link);
     conn->out_bytes += n;
+    note_output(conn);
     if (conn->out_bytes >= CONN_OUT_HIGH_WATER)
         conn->above_high_water = true;
     schedule_flush(conn);
@@ -594,6 +611,7 @@ void conn_close(struct conn *conn)
     }
     if (list_linked(&conn->flush_link))
         list_remove(&conn->flush_link);
+    read_batch_drop(&conn->net->read_batch, conn);
     if (list_linked(&conn->resume_link))
         list_remove(&conn->resume_link);
     conn->ops->on_close(conn);

@@ -27,6 +27,7 @@
 
 #include "lib/list.h"
 #include "lib/pool.h"
+#include "net/read_batch.h"
 
 struct conn;
 struct net;
@@ -42,6 +43,9 @@ struct conn_ops {
     void (*on_free)(struct conn *conn);
     /* Output fell below the low-water mark after having been above it. */
     void (*on_drain)(struct conn *conn);
+    /* Read a streaming peer in batches (read_batch.h): for clients, not
+     * for links whose timing the cluster's protocols depend on. */
+    bool batch_input;
 };
 
 /* Called with the output reference when its bytes have been written. */
@@ -85,6 +89,14 @@ struct conn {
     struct list_node all_link;    /* in net.conns */
     struct list_node resume_link; /* in net.resume_list while held input waits */
     struct connect_req *connect_req; /* conn_connect in flight, else NULL */
+
+    /* read_batch.c's: the receive low-water mark (0 = the kernel's), when
+     * the connection was last read, and whether output was queued since. */
+    uint32_t batch_mark;
+    uint64_t batch_read_ns;
+    uint64_t out_seq;             /* bumped by every piece of output queued */
+    uint64_t batch_out_seen;      /* out_seq at the last read */
+    struct list_node batch_link;  /* in read_batch.marked while batch_mark > 0 */
 };
 
 /* Output beyond this makes conn_out_full() true: producers of output (queue
@@ -157,6 +169,8 @@ struct net {
     size_t scratch_size;
     uint64_t bytes_in;
     uint64_t bytes_out;
+    uint64_t reads;
+    struct read_batch read_batch;
 };
 
 void net_init(struct net *net, uv_loop_t *loop);

@@ -1,0 +1,177 @@
+"""Goal: read batching (net/read_batch.h) saves reads without holding
+anyone's bytes.
+
+A publisher that streams faster than the broker reads gets a receive
+low-water mark, so its socket is read in batches; the mark must never keep
+a peer waiting: the end of a stream, a synchronous request right after one
+(tx.commit, a passive queue.declare) and whatever follows a pause are read
+at once or after the wait (500 us), never held until more bytes come. A
+publisher that waits for our answers (confirms) is never batched, and
+--read-batch-us 0 turns batching off.
+
+Method: each test starts its own quayd with --http (quaytest.Broker) and
+publishes over a raw socket (one sendall of the whole stream, so the
+broker is the slower side and batching starts); the broker's counters come
+from GET /api/overview ("network"). The assertions are about bytes
+answered, never about speed: the figures live in bench/RESULTS.md.
+"""
+import json
+import os
+import socket
+import sys
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quaytest import *  # noqa: E402,F403
+
+STREAM = 20000          # 1 KiB messages in a stream: ~21 MB, far beyond any socket buffer
+BODY = b"x" * 1024
+
+
+def start(extra=()):
+    port = free_port()
+    b = Broker(["--http", "127.0.0.1:%d" % port] + list(extra), external_ok=False)
+    b.http_port = port
+    wait_until(lambda: _network(b) is not None, what="the HTTP API")
+    return b
+
+
+def _network(b):
+    try:
+        url = "http://127.0.0.1:%d/api/overview" % b.http_port
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return json.loads(r.read().decode())["network"]
+    except OSError:
+        return None
+
+
+def session(b, timeout=30):
+    s = socket.create_connection((b.host, b.port), timeout=timeout)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    handshake(s, heartbeat=0)  # no heartbeats: nothing but our answers is output
+    s.sendall(gen_channel_open(1))
+    expect_method(s, *CHANNEL_OPEN_OK, channel=1)
+    return s
+
+
+def stream(queue, n=STREAM):
+    one = gen_publish(1, "", queue, BODY)
+    return one * n
+
+
+def passive_count(s, queue, timeout=10):
+    s.sendall(gen_queue_declare(1, queue, passive=True))
+    m = expect_method(s, *QUEUE_DECLARE_OK, channel=1, timeout=timeout)
+    m.args.shortstr()
+    return m.args.long()
+
+
+def stop(b):
+    problems = b.stop()
+    assert not problems, problems
+
+
+@test
+def a_stream_is_batched_and_the_request_after_it_is_answered():
+    b = start()
+    try:
+        s = session(b)
+        q = uniq("rb")
+        declare_queue(s, 1, q, exclusive=False)
+        # The stream and a synchronous request in one write: the request is
+        # the last bytes, below any mark, and must be read all the same.
+        s.sendall(stream(q) + gen_queue_declare(1, q, passive=True))
+        m = expect_method(s, *QUEUE_DECLARE_OK, channel=1, timeout=30)
+        m.args.shortstr()
+        eq(m.args.long(), STREAM, "messages in the queue when the request was answered")
+        net = _network(b)
+        assert net["read_batch_us"] == 500, net
+        assert net["read_batches_started"] >= 1, net
+
+        # A stream, a pause, then one small request on its own: whatever mark
+        # the stream left is dropped by the timer, not by more bytes.
+        before = _network(b)
+        s.sendall(stream(q))
+        time.sleep(0.3)
+        eq(passive_count(s, q), 2 * STREAM, "messages after the second stream")
+        after = _network(b)
+        assert after["read_batches_started"] > before["read_batches_started"], (before, after)
+        assert after["read_batches_timed_out"] > before["read_batches_timed_out"], (before, after)
+        s.close()
+    finally:
+        stop(b)
+
+
+@test
+def a_transaction_commits_right_after_its_stream():
+    b = start()
+    try:
+        s = session(b)
+        q = uniq("rb-tx")
+        declare_queue(s, 1, q, exclusive=False)
+        s.sendall(gen_tx_select(1))
+        expect_method(s, *TX_SELECT_OK, channel=1)
+        for round_ in range(1, 4):
+            s.sendall(stream(q, 5000) + gen_tx_commit(1))
+            expect_method(s, *TX_COMMIT_OK, channel=1, timeout=30)
+            eq(passive_count(s, q), 5000 * round_, "committed messages after round %d" % round_)
+        s.close()
+    finally:
+        stop(b)
+
+
+@test
+def a_confirming_publisher_is_never_batched():
+    b = start()
+    try:
+        s = session(b)
+        q = uniq("rb-confirm")
+        declare_queue(s, 1, q, exclusive=False)
+        s.sendall(gen_confirm_select(1))
+        expect_method(s, *CONFIRM_SELECT_OK, channel=1)
+        before = _network(b)
+        # The confirms wait in the socket buffers (20000 acks of 21 bytes at
+        # most) until the whole stream is sent.
+        s.sendall(stream(q) + gen_queue_declare(1, q, passive=True))
+        acked, count = 0, None
+        while count is None or acked < STREAM:
+            m = read_method(s, timeout=30)
+            if m.id == QUEUE_DECLARE_OK:
+                m.args.shortstr()
+                count = m.args.long()
+                continue
+            eq(m.id, BASIC_ACK, "what a confirming publisher gets")
+            tag, multiple = m.args.longlong(), m.args.bit()
+            assert tag > acked and (multiple or tag == acked + 1), (acked, tag, multiple)
+            acked = tag
+        eq(count, STREAM, "messages after the confirmed stream")
+        after = _network(b)
+        eq(after["read_batches_started"], before["read_batches_started"],
+           "marks raised on a connection we answer")
+        s.close()
+    finally:
+        stop(b)
+
+
+@test
+def read_batch_us_0_turns_it_off():
+    b = start(["--read-batch-us", "0"])
+    try:
+        s = session(b)
+        q = uniq("rb-off")
+        declare_queue(s, 1, q, exclusive=False)
+        s.sendall(stream(q) + gen_queue_declare(1, q, passive=True))
+        m = expect_method(s, *QUEUE_DECLARE_OK, channel=1, timeout=30)
+        m.args.shortstr()
+        eq(m.args.long(), STREAM, "messages in the queue")
+        net = _network(b)
+        eq(net["read_batch_us"], 0, "wait reported")
+        eq(net["read_batches_started"], 0, "marks raised with batching off")
+        s.close()
+    finally:
+        stop(b)
+
+
+if __name__ == "__main__":
+    run()
