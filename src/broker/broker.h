@@ -38,7 +38,7 @@ struct broker_limits {
     uint32_t connections_max;       /* 0 = unlimited */
     uint32_t consumers_per_channel_max;
     uint32_t queues_max;
-    uint32_t read_batch_us;         /* longest a streaming publisher's bytes wait for a batch; 0 = off */
+    uint32_t read_batch_us;         /* longest a streaming client waits for a batch; 0 = off */
 };
 
 struct broker_config {
