@@ -150,8 +150,9 @@ void read_batch_after_read(struct read_batch *rb, struct conn *conn, size_t nrea
         list_remove(&conn->batch_link);
         /* Resized only when it moved by a quarter: one system call per
          * read at most, usually none. */
-        uint32_t delta = mark > conn->batch_mark ? mark - conn->batch_mark : conn->batch_mark - mark;
-        if (delta > conn->batch_mark / 4)
+        uint32_t old = conn->batch_mark;
+        uint32_t delta = mark > old ? mark - old : old - mark;
+        if (delta > old / 4)
             set_mark(conn, mark);
     }
     list_push_back(&rb->marked, &conn->batch_link);
