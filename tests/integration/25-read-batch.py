@@ -15,6 +15,7 @@ broker is the slower side and batching starts); the broker's counters come
 from GET /api/overview ("network"). The assertions are about bytes
 answered, never about speed: the figures live in bench/RESULTS.md.
 """
+import contextlib
 import json
 import os
 import socket
@@ -67,18 +68,24 @@ def passive_count(s, queue, timeout=10):
     return m.args.long()
 
 
-def stop(b):
-    problems = b.stop()
-    assert not problems, problems
+@contextlib.contextmanager
+def publisher(prefix, extra=()):
+    """A private quayd with the API on, a raw session to it and a queue."""
+    b = start(extra)
+    try:
+        s = session(b)
+        q = uniq(prefix)
+        declare_queue(s, 1, q, exclusive=False)
+        yield b, s, q
+        s.close()
+    finally:
+        problems = b.stop()
+        assert not problems, problems
 
 
 @test
 def a_stream_is_batched_and_the_request_after_it_is_answered():
-    b = start()
-    try:
-        s = session(b)
-        q = uniq("rb")
-        declare_queue(s, 1, q, exclusive=False)
+    with publisher("rb") as (b, s, q):
         # The stream and a synchronous request in one write: the request is
         # the last bytes, below any mark, and must be read all the same.
         s.sendall(stream(q) + gen_queue_declare(1, q, passive=True))
@@ -98,36 +105,22 @@ def a_stream_is_batched_and_the_request_after_it_is_answered():
         after = _network(b)
         assert after["read_batches_started"] > before["read_batches_started"], (before, after)
         assert after["read_batches_timed_out"] > before["read_batches_timed_out"], (before, after)
-        s.close()
-    finally:
-        stop(b)
 
 
 @test
 def a_transaction_commits_right_after_its_stream():
-    b = start()
-    try:
-        s = session(b)
-        q = uniq("rb-tx")
-        declare_queue(s, 1, q, exclusive=False)
+    with publisher("rb-tx") as (b, s, q):
         s.sendall(gen_tx_select(1))
         expect_method(s, *TX_SELECT_OK, channel=1)
         for round_ in range(1, 4):
             s.sendall(stream(q, 5000) + gen_tx_commit(1))
             expect_method(s, *TX_COMMIT_OK, channel=1, timeout=30)
             eq(passive_count(s, q), 5000 * round_, "committed messages after round %d" % round_)
-        s.close()
-    finally:
-        stop(b)
 
 
 @test
 def a_confirming_publisher_is_never_batched():
-    b = start()
-    try:
-        s = session(b)
-        q = uniq("rb-confirm")
-        declare_queue(s, 1, q, exclusive=False)
+    with publisher("rb-confirm") as (b, s, q):
         s.sendall(gen_confirm_select(1))
         expect_method(s, *CONFIRM_SELECT_OK, channel=1)
         before = _network(b)
@@ -149,18 +142,11 @@ def a_confirming_publisher_is_never_batched():
         after = _network(b)
         eq(after["read_batches_started"], before["read_batches_started"],
            "marks raised on a connection we answer")
-        s.close()
-    finally:
-        stop(b)
 
 
 @test
 def read_batch_us_0_turns_it_off():
-    b = start(["--read-batch-us", "0"])
-    try:
-        s = session(b)
-        q = uniq("rb-off")
-        declare_queue(s, 1, q, exclusive=False)
+    with publisher("rb-off", ["--read-batch-us", "0"]) as (b, s, q):
         s.sendall(stream(q) + gen_queue_declare(1, q, passive=True))
         m = expect_method(s, *QUEUE_DECLARE_OK, channel=1, timeout=30)
         m.args.shortstr()
@@ -168,9 +154,6 @@ def read_batch_us_0_turns_it_off():
         net = _network(b)
         eq(net["read_batch_us"], 0, "wait reported")
         eq(net["read_batches_started"], 0, "marks raised with batching off")
-        s.close()
-    finally:
-        stop(b)
 
 
 if __name__ == "__main__":
