@@ -10,7 +10,7 @@
 #
 # Usage: bench/run.sh [--quayd PATH] [--rows LIST] [--reps N] [--duration S] [--no-quay] [--no-rabbitmq]
 # Environment (same meaning as the options, options win):
-#   QUAYD=build/quayd  ROWS=default  REPS=3  DURATION=10
+#   QUAYD=build/quayd  QUAYD_ARGS=  ROWS=default  REPS=3  DURATION=10
 #   SCALE_QUEUES=50000 SCALE_CONNS=5000 SCALE_REPS=1 IDLE_SETTLE=5
 #   RMQ_PORT=5791 QUAY_PORT=5792 BENCH_EPMD_PORT=25891 (RabbitMQ distribution: +1, rabbitmqctl: +2..+9)
 #   RMQ_HOME=/usr/lib/rabbitmq/lib/rabbitmq_server-*  BENCH_OUT=build/bench  KEEP_TMP=0
@@ -29,6 +29,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
 QUAYD=${QUAYD:-build/quayd}
+QUAYD_ARGS=${QUAYD_ARGS:-}
 ROWS=${ROWS:-default}
 REPS=${REPS:-3}
 DURATION=${DURATION:-10}
@@ -258,7 +259,7 @@ quay_start() {
   local t0; t0=$(date +%s.%N)
   QUAY_LAUNCH_T=$t0
   # shellcheck disable=SC2086
-  "$QUAYD" --listen "127.0.0.1:$QUAY_PORT" --data "$TMP/quay-data" $QUAY_EXTRA_ARGS >>"$TMP/quayd.log" 2>&1 &
+  "$QUAYD" --listen "127.0.0.1:$QUAY_PORT" --data "$TMP/quay-data" $QUAYD_ARGS $QUAY_EXTRA_ARGS >>"$TMP/quayd.log" 2>&1 &
   QUAY_PID=$!
   for _ in $(seq $((${QUAY_START_TIMEOUT:-30} * 10))); do   # default up to 30 s
     port_listening "$QUAY_PORT" && break
