@@ -705,6 +705,7 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
             return (long)size;
         }
         used += (size_t)n;
+        conn->in_units++;
         handle_frame(connection, &frame);
     }
     channels_flush_confirms(connection);

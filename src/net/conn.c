@@ -378,7 +378,7 @@ static void on_flush_idle(uv_idle_t *idle)
  * not wait for a batch. */
 static inline void note_output(struct conn *conn)
 {
-    conn->out_seq++;
+    conn->last_out_ms = uv_now(conn->net->loop);
     if (conn->batch_mark > 0)
         read_batch_drop(&conn->net->read_batch, conn);
 }

@@ -91,11 +91,12 @@ struct conn {
     struct connect_req *connect_req; /* conn_connect in flight, else NULL */
 
     /* read_batch.c's: the receive low-water mark (0 = the kernel's), when
-     * the connection was last read, and whether output was queued since. */
+     * the connection was last read and last given output. */
     uint32_t batch_mark;
     uint64_t batch_read_ns;
-    uint64_t out_seq;             /* bumped by every piece of output queued */
-    uint64_t batch_out_seen;      /* out_seq at the last read */
+    uint64_t last_out_ms;         /* loop time output was last queued to it */
+    uint64_t in_units;            /* frames the protocol took (it counts them) */
+    uint64_t batch_units_seen;    /* in_units at the last read */
     struct list_node batch_link;  /* in read_batch.marked while batch_mark > 0 */
 };
 

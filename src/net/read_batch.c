@@ -129,14 +129,22 @@ void read_batch_after_read(struct read_batch *rb, struct conn *conn, size_t nrea
     uint64_t now = uv_hrtime();
     uint64_t since = now - conn->batch_read_ns;
     conn->batch_read_ns = now;
-    bool quiet = conn->out_seq == conn->batch_out_seen;
-    conn->batch_out_seen = conn->out_seq;
+    /* Not the peer of a conversation: we have sent it nothing for a
+     * while (a confirming publisher gets a confirm with every read, a
+     * consumer its deliveries). Not merely since the previous read: a read
+     * that ends inside a message confirms nothing, and that message's
+     * publisher may wait for its confirm. */
+    bool quiet = uv_now(rb->loop) - conn->last_out_ms >= READ_BATCH_QUIET_MS;
+    uint64_t units = conn->in_units - conn->batch_units_seen;
+    conn->batch_units_seen = conn->in_units;
     if (rb->wait_ns == 0 || !conn->ops->batch_input || !conn->reading)
         return;
-    /* What arrives in half the wait at the rate this read's bytes came
-     * in (since the previous read: a first read looks slow, on purpose). */
+    /* Rates since the previous read (a first read looks slow, on
+     * purpose): dense enough in frames for reads to be worth saving, and
+     * what the bytes' rate brings in half the wait. */
+    bool dense = units * 1000000000u >= (uint64_t)READ_BATCH_DENSE_PER_S * since;
     uint64_t want = since > 0 ? (uint64_t)nread * (rb->wait_ns / 2) / since : 0;
-    if (!quiet || want < READ_BATCH_MIN) {
+    if (!quiet || !dense || want < READ_BATCH_MIN) {
         if (conn->batch_mark > 0)
             unmark(rb, conn);
         arm(rb);

@@ -13,12 +13,14 @@
  *
  * A low-water mark must never hold back bytes a peer waits on us to act
  * upon, nor hold the end of a stream for long:
- * - it is raised only on a connection we queued nothing to since its
- *   previous read, nor while handling this one: a peer that waits for an
- *   answer (a -ok, a confirm, a delivery to ack) is never batched, and
- *   any output to the connection drops the mark at once;
- * - it is sized to fill within half the wait at the rate the connection's
- *   bytes have been arriving, and is not raised below READ_BATCH_MIN;
+ * - it is raised only on a connection we queued nothing to for
+ *   READ_BATCH_QUIET_MS, this read included: a peer that waits for
+ *   answers (a -ok, confirms, deliveries to ack) is never batched, and any
+ *   output to the connection drops the mark at once;
+ * - it is raised only for a dense stream (READ_BATCH_DENSE_PER_S frames a
+ *   second, counted by the protocol in conn.in_units), sized to fill
+ *   within half the wait at the rate the connection's bytes have been
+ *   arriving, and never below READ_BATCH_MIN;
  * - a timer drops it `wait` after the connection's last read, so the last
  *   bytes of a stream, or a synchronous request right after one (a
  *   tx.commit), wait at most that long.
@@ -46,6 +48,12 @@ struct conn;
 /* Nor above this: the read buffer is 256 KiB, and a batch this size
  * already costs one read per ~60 KiB of 1 KiB messages. */
 #define READ_BATCH_MAX (64u << 10)
+/* Nor for a connection sending fewer frames a second than this (about
+ * 30k messages): below it reads cost little, and a batch would only add
+ * its wait to every message's latency (measured: 4 KiB at 10k msg/s). */
+#define READ_BATCH_DENSE_PER_S 100000u
+/* Nor for one we queued output to within this long. */
+#define READ_BATCH_QUIET_MS 20u
 /* Default of --read-batch-us. */
 #define READ_BATCH_WAIT_US_DEFAULT 500u
 

@@ -7,7 +7,8 @@ a peer waiting: the end of a stream, a synchronous request right after one
 (tx.commit, a passive queue.declare) and whatever follows a pause are read
 at once or after the wait (500 us), never held until more bytes come. A
 publisher that waits for our answers (confirms) is never batched, and
---read-batch-us 0 turns batching off.
+--read-batch-us 0 turns batching off, and a stream of few frames a second
+(large messages at a moderate rate) is not batched.
 
 Method: each test starts its own quayd with --http (quaytest.Broker) and
 publishes over a raw socket (one sendall of the whole stream, so the
@@ -116,6 +117,22 @@ def a_transaction_commits_right_after_its_stream():
             s.sendall(stream(q, 5000) + gen_tx_commit(1))
             expect_method(s, *TX_COMMIT_OK, channel=1, timeout=30)
             eq(passive_count(s, q), 5000 * round_, "committed messages after round %d" % round_)
+
+
+@test
+def a_publisher_well_below_the_dense_rate_is_not_batched():
+    # 64 KiB every 2 ms: 32 MB/s, enough bytes for a mark, but 1,500 frames
+    # a second, whose reads cost little: a mark would only delay them.
+    with publisher("rb-sparse") as (b, s, q):
+        before = _network(b)
+        one = gen_publish(1, "", q, b"y" * 65536)
+        for _ in range(300):
+            s.sendall(one)
+            time.sleep(0.002)
+        eq(passive_count(s, q), 300, "messages after the paced stream")
+        after = _network(b)
+        eq(after["read_batches_started"], before["read_batches_started"],
+           "marks raised on a sparse stream")
 
 
 @test
