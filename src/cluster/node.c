@@ -130,7 +130,6 @@ struct cluster_node {
     struct list_node requests; /* struct cluster_request, oldest first */
     uint64_t next_request;
     bool synced;         /* our sync applied since this process started */
-    bool in_apply;       /* inside on_apply: submissions wait for the tick */
     bool nudge_in_flight; /* leader: a sync proposed to publish the commit index */
     uint32_t leaving[CLUSTER_BROKERS_MAX]; /* left the map: the leader removes them from Raft */
     uint32_t leaving_count;
@@ -500,12 +499,10 @@ static int on_apply(void *ctx, uint64_t index, const uint8_t *cmd, size_t size, 
     if (rc == OK && change.op == MAP_OP_BROKER_LEAVE && change.changed &&
         node->leaving_count < CLUSTER_BROKERS_MAX)
         node->leaving[node->leaving_count++] = change.broker_id;
-    node->in_apply = true;
     if (node->hooks.applied != NULL)
         node->hooks.applied(node->hooks.ctx, rc, &change);
     if (request_id != 0 && (uint32_t)(request_id >> 32) == node->id)
         request_applied(node, request_id, rc, &change);
-    node->in_apply = false;
     /* The reply code is a small value, not memory (consensus.h). */
     *result = (void *)(uintptr_t)change.reply_code;
     (void)index;
@@ -529,10 +526,8 @@ static int on_restore(void *ctx, const uint8_t *data, size_t size)
         format_brokers(&node->map, brokers, sizeof brokers);
         LOG_INFO("cluster map epoch=%llu: restored from a snapshot; brokers: %s",
                  (unsigned long long)node->map.version, brokers);
-        node->in_apply = true;
         if (node->hooks.applied != NULL)
             node->hooks.applied(node->hooks.ctx, OK, NULL);
-        node->in_apply = false;
     }
     return rc;
 }
@@ -998,8 +993,9 @@ struct cluster_request *cluster_node_submit(struct cluster_node *node, struct ma
     r->done = done;
     r->ctx = ctx;
     list_push_back(&node->requests, &r->link);
-    if (!node->in_apply) /* consensus is not re-entered from its own callback */
-        request_send(node, r, now);
+    /* Sent at once, from inside an apply callback too: neither the outbox
+     * (a leader's) nor a forward (a follower's) enters consensus here. */
+    request_send(node, r, now);
     return r;
 }
 
