@@ -153,6 +153,8 @@ struct cluster_node {
     uint64_t join_warned_ms;
     uint64_t leader_id;
     uint64_t hurried_for;    /* the leader we stopped waiting for (see hurry_election) */
+    uint64_t leaderless_term;   /* the term when no leader was known at the last tick */
+    uint8_t leaderless_rounds;  /* terms since then that elected none (backoff) */
     bool leader;             /* this node is the Raft leader */
     bool controller_ready;   /* leader, and its barrier committed */
     bool barrier_in_flight;
@@ -541,6 +543,10 @@ static void on_leader_changed(void *ctx, uint64_t leader_id, const char *leader_
     ASSERT(node != NULL);
     node->leader_id = leader_id;
     node->hurried_for = 0;
+    if (leader_id != 0) {
+        node->leaderless_term = 0;
+        node->leaderless_rounds = 0;
+    }
     bool became = is_self && !node->leader;
     if (is_self != node->leader) {
         node->leader = is_self;
@@ -1093,8 +1099,21 @@ static void hurry_if_leader_silent(struct cluster_node *node, uint64_t now)
     if (node->leader || node->stopping)
         return;
     if (node->leader_id == 0) {
-        if (node->synced)
-            (void)consensus_hurry_election(node->consensus, NODE_HURRY_ELECTION_MS);
+        if (!node->synced)
+            return;
+        /* Each term that passes without a leader is an election that came
+         * to nothing, most often a split vote: candidates that all hurry
+         * with the same window collide again, so the window doubles for
+         * every such term, up to the normal election timeout. */
+        struct consensus_log log;
+        consensus_log_state(node->consensus, &log);
+        if (log.term != node->leaderless_term) {
+            if (node->leaderless_term != 0 && node->leaderless_rounds < NODE_HURRY_BACKOFF_MAX)
+                node->leaderless_rounds++;
+            node->leaderless_term = log.term;
+        }
+        (void)consensus_hurry_election(node->consensus,
+                                       NODE_HURRY_ELECTION_MS << node->leaderless_rounds);
         return;
     }
     const struct peer *peer = peer_find(node, node->leader_id);

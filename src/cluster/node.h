@@ -60,6 +60,9 @@
  * follower stands for election after [t, 2t) of this (a vote takes a
  * round trip on a LAN; pre-vote keeps a false alarm harmless). */
 #define NODE_HURRY_ELECTION_MS 50
+/* With no leader known, the window doubles for every term that elected
+ * none, this many times at most (50 ms -> 800 ms, the election timeout). */
+#define NODE_HURRY_BACKOFF_MAX 4
 /* ... or when its heartbeats have not been heard for this long. */
 #define NODE_HURRY_SILENCE_MS 400
 /* A broker whose connections dropped and that has been silent this long
