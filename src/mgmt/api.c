@@ -59,8 +59,8 @@ static void write_bytes(struct json *out, const char *key, struct bytes value)
  *  "disk": {"free_bytes": N, "free_limit_bytes": N, "alarm": bool},
  *  "alarms": ["memory", "disk"] (the ones on),
  *  "journal": {"synced_ticket": N, "status": 0},
- *  "network": {"bytes_in": N, "bytes_out": N, "reads": N (of client and link
- *   sockets), "read_batch_us": N (0 = off), "read_batches_started": N (times a
+ *  "network": {"bytes_in": N, "bytes_out": N, "reads": N (every socket: AMQP,
+ *   links, HTTP), "read_batch_us": N (0 = off), "read_batches_started": N (times a
  *   streaming publisher's socket got a batch mark), "read_batches_timed_out": N
  *   (marks dropped because the stream paused: see net/read_batch.h)},
  *  "cluster": {the same as GET /api/cluster} (clustered only)}
