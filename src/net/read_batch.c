@@ -56,11 +56,10 @@ static void arm(struct read_batch *rb)
         rb->armed_at_ns = at;
 }
 
-static void unmark(struct read_batch *rb, struct conn *conn)
+static void unmark(struct conn *conn)
 {
     set_mark(conn, 0);
     list_remove(&conn->batch_link);
-    (void)rb;
 }
 
 /* The oldest marked connections have not been read for the whole wait:
@@ -80,7 +79,7 @@ static void on_timer(uv_poll_t *poll, int status, int events)
         struct conn *oldest = CONTAINER_OF(list_first(&rb->marked), struct conn, batch_link);
         if (oldest->batch_read_ns + rb->wait_ns > now)
             break;
-        unmark(rb, oldest);
+        unmark(oldest);
         rb->timeout_count++;
     }
     arm(rb);
@@ -115,7 +114,7 @@ static void on_timer_closed(uv_handle_t *handle)
 void read_batch_close(struct read_batch *rb)
 {
     while (!list_empty(&rb->marked))
-        unmark(rb, CONTAINER_OF(list_first(&rb->marked), struct conn, batch_link));
+        unmark(CONTAINER_OF(list_first(&rb->marked), struct conn, batch_link));
     rb->wait_ns = 0;
     if (rb->timer_open) {
         rb->timer_open = false;
@@ -126,6 +125,8 @@ void read_batch_close(struct read_batch *rb)
 
 void read_batch_after_read(struct read_batch *rb, struct conn *conn, size_t nread)
 {
+    if (rb->wait_ns == 0 || !conn->ops->batch_input)
+        return; /* links, HTTP, or batching off: not even the clock */
     uint64_t now = uv_hrtime();
     uint64_t since = now - conn->batch_read_ns;
     conn->batch_read_ns = now;
@@ -137,17 +138,15 @@ void read_batch_after_read(struct read_batch *rb, struct conn *conn, size_t nrea
     bool quiet = uv_now(rb->loop) - conn->last_out_ms >= READ_BATCH_QUIET_MS;
     uint64_t units = conn->in_units - conn->batch_units_seen;
     conn->batch_units_seen = conn->in_units;
-    if (rb->wait_ns == 0 || !conn->ops->batch_input || !conn->reading)
-        return;
+    if (!conn->reading)
+        return; /* paused: the pause dropped the mark */
     /* Rates since the previous read (a first read looks slow, on
      * purpose): dense enough in frames for reads to be worth saving, and
      * what the bytes' rate brings in half the wait. */
     bool dense = units * 1000000000u >= (uint64_t)READ_BATCH_DENSE_PER_S * since;
     uint64_t want = since > 0 ? (uint64_t)nread * (rb->wait_ns / 2) / since : 0;
     if (!quiet || !dense || want < READ_BATCH_MIN) {
-        if (conn->batch_mark > 0)
-            unmark(rb, conn);
-        arm(rb);
+        read_batch_drop(rb, conn);
         return;
     }
     uint32_t mark = want > READ_BATCH_MAX ? READ_BATCH_MAX : (uint32_t)want;
@@ -171,7 +170,7 @@ void read_batch_drop(struct read_batch *rb, struct conn *conn)
 {
     if (conn->batch_mark == 0)
         return;
-    unmark(rb, conn);
+    unmark(conn);
     arm(rb);
 }
 
