@@ -41,6 +41,16 @@ struct broker_limits {
     uint32_t read_batch_us;         /* longest a streaming client waits for a batch; 0 = off */
 };
 
+/* Where a queue declared through this broker gets its primary, in a
+ * cluster (--queue-locator). */
+enum queue_locator {
+    QUEUE_LOCATOR_RING,   /* the placement ring; a queue that lives with its
+                           * connection (exclusive, auto-delete, server-named) here */
+    QUEUE_LOCATOR_OTHERS, /* on another broker whenever one is up: a front that
+                           * only proxies (and how the tests reach every queue
+                           * through a proxy) */
+};
+
 struct broker_config {
     uint64_t memory_high_watermark;  /* bytes; 0 = no memory alarm */
     uint64_t disk_free_limit;        /* bytes; 0 = no disk alarm */
@@ -51,6 +61,7 @@ struct broker_config {
     const char *http_listen;         /* management API "ADDR:PORT"; NULL = off */
     const struct cluster_node_config *cluster; /* borrowed; NULL = not clustered */
     uint8_t default_backups;         /* cluster: backups of a queue without x-quay-backups */
+    enum queue_locator queue_locator; /* cluster: where declared queues live */
     struct broker_limits limits;
 };
 

@@ -271,7 +271,10 @@ static void fail_locked(struct channel *ch, struct bytes name, uint32_t method_i
 
 bool channel__queue_locked(struct channel *ch, struct queue *queue, uint32_t method_id)
 {
-    if (queue->exclusive && queue->exclusive_owner != ch->connection) {
+    /* A peer broker acts for the queue's owner: the exclusive lock was
+     * checked where the owning connection is (its broker's stand-in). */
+    if (queue->exclusive && queue->exclusive_owner != ch->connection &&
+        !ch->connection->cluster_peer) {
         fail_locked(ch, queue->name, method_id);
         return true;
     }

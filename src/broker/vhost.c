@@ -137,7 +137,7 @@ uint32_t vhost_queue_delete(struct vhost *vhost, struct queue *queue)
 void vhost_queue_discard(struct vhost *vhost, struct queue *queue)
 {
     struct broker *broker = vhost->broker;
-    if (broker->member && !queue_is_remote(queue))
+    if (broker->member)
         member_queue_gone(broker->member, vhost->name, queue->name);
     vhost_queue_delete(vhost, queue);
 }

@@ -64,6 +64,10 @@ static void usage(FILE *out)
             "                          same on every broker; required with --cluster-listen\n"
             "  --default-backups N     cluster: backups of a queue declared without\n"
             "                          x-quay-backups (0..3, default 1)\n"
+            "  --queue-locator L       cluster: where queues declared here live: 'ring'\n"
+            "                          (default: placed by the ring; exclusive, auto-delete\n"
+            "                          and server-named ones here) or 'others' (always on\n"
+            "                          another broker while one is up: a proxy-only front)\n"
             "  --hash-password PW      print a password hash for the users file and exit\n"
             "  --help                  this text\n");
 }
@@ -74,7 +78,7 @@ enum option_id {
     OPT_MAX_MESSAGE_SIZE, OPT_HASH_PASSWORD, OPT_HELP, OPT_MEMORY_HIGH_WATERMARK,
     OPT_DISK_FREE_LIMIT, OPT_HTTP,
     OPT_CONFIG, OPT_NAME, OPT_CLUSTER_LISTEN, OPT_JOIN, OPT_CLUSTER_SECRET_FILE,
-    OPT_DEFAULT_BACKUPS, OPT_READ_BATCH_US,
+    OPT_DEFAULT_BACKUPS, OPT_READ_BATCH_US, OPT_QUEUE_LOCATOR,
 };
 
 static const struct option long_options[] = {
@@ -100,6 +104,7 @@ static const struct option long_options[] = {
     {"cluster-secret-file", required_argument, NULL, OPT_CLUSTER_SECRET_FILE},
     {"default-backups", required_argument, NULL, OPT_DEFAULT_BACKUPS},
     {"read-batch-us", required_argument, NULL, OPT_READ_BATCH_US},
+    {"queue-locator", required_argument, NULL, OPT_QUEUE_LOCATOR},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -205,6 +210,13 @@ static int set_sized(int opt, const char *text, struct broker_config *config)
             return -1;
         config->default_backups = (uint8_t)n;
         return 1;
+    case OPT_QUEUE_LOCATOR:
+        if (strcmp(text, "ring") == 0 || strcmp(text, "others") == 0) {
+            config->queue_locator = text[0] == 'r' ? QUEUE_LOCATOR_RING : QUEUE_LOCATOR_OTHERS;
+            return 1;
+        }
+        fprintf(stderr, "quayd: bad value for --queue-locator: '%s' (ring or others)\n", text);
+        return -1;
     default:
         return 0;
     }

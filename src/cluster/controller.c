@@ -137,7 +137,8 @@ static void fail_over_primary(struct placement *p, const struct map_queue *q,
 {
     struct map_cmd cmd;
     struct bytes vhost = q->vhost->name;
-    if (q->exclusive) {
+    if (q->exclusive && q->exclusive_owner_id == q->primary_id) {
+        /* Its connection died with the primary. */
         push(out, map_cmd_queue_delete(&cmd, vhost, q->name, q->epoch), &cmd);
         return;
     }
@@ -185,7 +186,11 @@ int controller_fail_over(const struct cluster_map *map, const struct controller_
     map_cmd_list_init(&later);
     for (uint32_t i = 0; i < map->queues_count; i++) {
         const struct map_queue *q = map->queues[i];
-        if (q->primary_id == broker_id) {
+        if (q->exclusive && q->exclusive_owner_id == broker_id) {
+            /* Its connection died with the broker, wherever the queue lives. */
+            struct map_cmd cmd;
+            push(out, map_cmd_queue_delete(&cmd, q->vhost->name, q->name, q->epoch), &cmd);
+        } else if (q->primary_id == broker_id) {
             fail_over_primary(&p, q, out, &later);
         } else if (map_queue_has_backup(q, broker_id)) {
             uint32_t ids[CLUSTER_BACKUPS_MAX];
@@ -273,6 +278,13 @@ int controller_repair(const struct cluster_map *map, const struct controller_con
     bool placed = false;
     for (uint32_t i = 0; i < map->queues_count; i++) {
         const struct map_queue *q = map->queues[i];
+        if (q->exclusive && broker_down(map, q->exclusive_owner_id)) {
+            /* Its connection is gone with its broker (a failover that did
+             * not finish, or a broker that left). */
+            struct map_cmd cmd;
+            push(out, map_cmd_queue_delete(&cmd, q->vhost->name, q->name, q->epoch), &cmd);
+            continue;
+        }
         bool primary_down = broker_down(map, q->primary_id);
         bool returned = !primary_down && !q->available &&
                         cluster_map_broker(map, q->primary_id)->state == BROKER_STATE_UP;

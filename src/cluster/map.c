@@ -1093,7 +1093,11 @@ static void read_queue_decl(struct cmd_reader *r, struct map_queue_decl *d)
     d->auto_delete = read_bool(r, "auto_delete", false);
     d->arguments = read_table(r, "arguments");
     d->exclusive_connection_id = read_uint(r, "connection", INT64_MAX, true, 0);
+    d->exclusive_owner_id = (uint32_t)read_uint(r, "owner", UINT32_MAX, true, 0);
     d->primary_id = read_broker_id(r, "primary");
+    if (d->exclusive_owner_id == BROKER_ID_NONE)
+        d->exclusive_owner_id = d->primary_id; /* written before queues could live
+                                                * apart from their connection */
     d->backups_count = read_ids(r, "backups", d->backup_ids);
     d->replication_factor =
         (uint8_t)read_uint(r, "replication_factor", CLUSTER_BACKUPS_MAX + 1, false, 1);
@@ -1127,7 +1131,7 @@ static int check_placement(struct apply_ctx *ctx, struct bytes name, uint32_t pr
 static int queue_equivalent(struct apply_ctx *ctx, const struct map_queue *q,
                             const struct map_queue_decl *d, uint32_t origin_id)
 {
-    bool other_owner = q->exclusive && (q->primary_id != origin_id ||
+    bool other_owner = q->exclusive && (q->exclusive_owner_id != origin_id ||
                                         q->exclusive_connection_id != d->exclusive_connection_id);
     if (other_owner || q->exclusive != d->exclusive)
         return refuse(ctx, REPLY_RESOURCE_LOCKED, false,
@@ -1198,6 +1202,7 @@ static int op_queue_declare(struct apply_ctx *ctx)
     q->exclusive = d.exclusive;
     q->auto_delete = d.auto_delete;
     q->exclusive_connection_id = d.exclusive ? d.exclusive_connection_id : 0;
+    q->exclusive_owner_id = d.exclusive ? d.exclusive_owner_id : BROKER_ID_NONE;
     q->primary_id = d.primary_id;
     memcpy(q->backup_ids, d.backup_ids, sizeof(q->backup_ids));
     q->backups_count = d.backups_count;
@@ -1836,8 +1841,10 @@ static void encode_queue(struct table_writer *w, const void *arg)
     table_put_bool(w, "exclusive", d->exclusive);
     table_put_bool(w, "auto_delete", d->auto_delete);
     put_table(w, "arguments", d->arguments);
-    if (d->exclusive)
+    if (d->exclusive) {
         table_put_int(w, "connection", (int64_t)d->exclusive_connection_id);
+        table_put_int(w, "owner", d->exclusive_owner_id);
+    }
     table_put_int(w, "primary", d->primary_id);
     put_ids(w, "backups", d->backup_ids, d->backups_count);
     table_put_int(w, "replication_factor", d->replication_factor);
@@ -2047,6 +2054,7 @@ static void encode_snapshot_queues(struct table_writer *w, const struct cluster_
             .exclusive = q->exclusive, .auto_delete = q->auto_delete,
             .arguments = {q->arguments.ptr, q->arguments.len},
             .exclusive_connection_id = q->exclusive_connection_id,
+            .exclusive_owner_id = q->exclusive_owner_id,
             .primary_id = q->primary_id, .backups_count = q->backups_count,
             .replication_factor = q->replication_factor};
         memcpy(d.backup_ids, q->backup_ids, sizeof(d.backup_ids));

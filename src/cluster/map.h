@@ -153,7 +153,10 @@ struct map_queue {
     bool auto_delete;
     bool available; /* false: the primary is down and no backup could take over */
     struct bytes arguments;   /* an encoded field table */
-    uint64_t exclusive_connection_id; /* opaque to the map, meaningful on primary_id */
+    /* An exclusive queue's connection: opaque to the map, meaningful on the
+     * broker it is on (exclusive_owner_id, which need not be the primary). */
+    uint64_t exclusive_connection_id;
+    uint32_t exclusive_owner_id;      /* BROKER_ID_NONE unless exclusive */
     uint32_t primary_id;
     uint32_t backup_ids[CLUSTER_BACKUPS_MAX];
     uint8_t backups_count;
@@ -335,6 +338,8 @@ struct map_queue_decl {
     bool auto_delete;
     struct table arguments;
     uint64_t exclusive_connection_id; /* 0 unless exclusive */
+    uint32_t exclusive_owner_id;      /* the connection's broker (absent in an older
+                                       * entry: the primary) */
     uint32_t primary_id;              /* decided by placement */
     uint32_t backup_ids[CLUSTER_BACKUPS_MAX];
     uint8_t backups_count;

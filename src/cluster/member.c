@@ -278,14 +278,26 @@ void member_place_queue(struct member *member, struct map_queue_decl *decl, bool
             cluster_map_policy_for(member_map(member), decl->vhost, decl->name);
         backups = policy_effective_backups(-1, policy, member->default_backups);
     }
-    if (decl->exclusive || backups > CLUSTER_BACKUPS_MAX)
-        backups = 0; /* an exclusive queue dies with its connection anyway */
+    /* Where its primary goes: a queue that lives with its connection
+     * (exclusive, auto-delete, server-named) stays here, unless this
+     * broker places every queue on the others (--queue-locator others). */
+    enum placement_primary how = PLACEMENT_PRIMARY_RING;
+    if (member->broker->config.queue_locator == QUEUE_LOCATOR_OTHERS)
+        how = PLACEMENT_PRIMARY_AVOID;
+    else if (pinned)
+        how = PLACEMENT_PRIMARY_AT;
+    if (decl->exclusive) { /* its connection is ours, wherever the queue lives */
+        decl->exclusive_owner_id = member->self_id;
+        decl->exclusive_connection_id =
+            member_connection_key(member, decl->exclusive_connection_id);
+    }
+    if ((decl->exclusive && how == PLACEMENT_PRIMARY_AT) || backups > CLUSTER_BACKUPS_MAX)
+        backups = 0; /* it dies with its connection (this broker) anyway */
     decl->replication_factor = (uint8_t)(1 + backups);
     placement_refresh(&member->placement, member_map(member));
     struct placement_result result;
     if (placement_place_queue(&member->placement, decl->vhost, decl->name,
-                              decl->replication_factor,
-                              pinned ? member->self_id : BROKER_ID_NONE, &result) != OK) {
+                              decl->replication_factor, how, member->self_id, &result) != OK) {
         decl->primary_id = member->self_id;
         decl->backups_count = 0;
         return;
@@ -293,6 +305,17 @@ void member_place_queue(struct member *member, struct map_queue_decl *decl, bool
     decl->primary_id = result.primary_id;
     memcpy(decl->backup_ids, result.backup_ids, sizeof decl->backup_ids);
     decl->backups_count = result.backups_count;
+}
+
+#define CONNECTION_KEY_ID_BITS 40
+
+uint64_t member_connection_key(const struct member *member, uint64_t connection_id)
+{
+    uint64_t id_mask = (UINT64_C(1) << CONNECTION_KEY_ID_BITS) - 1;
+    ASSERT((connection_id & id_mask) != 0);
+    /* 23 bits of incarnation: the map reads the key as a non-negative int64. */
+    uint64_t incarnation = member->incarnation & ((UINT64_C(1) << 23) - 1);
+    return incarnation << CONNECTION_KEY_ID_BITS | (connection_id & id_mask);
 }
 
 static void on_in_sync_done(void *ctx, int status, const struct map_change *change)
@@ -496,6 +519,8 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
     member->node = node;
     member->self_id = cluster_node_id(node);
     member->default_backups = default_backups;
+    if (uv_random(NULL, NULL, &member->incarnation, sizeof member->incarnation, 0, NULL) != 0)
+        member->incarnation = (uint32_t)uv_hrtime();
     list_init(&member->stubs);
     list_init(&member->parked);
     list_init(&member->replications);

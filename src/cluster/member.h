@@ -65,6 +65,7 @@ struct member {
     struct placement placement;
     struct list_node stubs;          /* struct proxy_stub.member_link: every stand-in */
     uint8_t default_backups;         /* --default-backups */
+    uint32_t incarnation;            /* random per process: see member_connection_key */
     struct list_node parked;         /* struct parked_forward: forwards ahead of our map */
     struct list_node replications;   /* struct replication: our queues with backups */
     uv_timer_t *timer;               /* owned: MEMBER_TICK_MS (closed by member_stop) */
@@ -125,6 +126,11 @@ void member_park_forward(struct member *member, struct vhost *vhost, struct byte
  * or -1 for the vhost's matching replication policy, else the default. */
 void member_place_queue(struct member *member, struct map_queue_decl *decl, bool pinned,
                         int32_t backups);
+
+/* The map's name for one of our connections (an exclusive queue's owner):
+ * its id with this process's incarnation, so that a restarted broker never
+ * takes an earlier process's exclusive queue for its own. Idempotent. */
+uint64_t member_connection_key(const struct member *member, uint64_t connection_id);
 
 /* The in-sync set the primary of queue (ours, at epoch) wants: the map is
  * asked for it (compare-and-set on the epoch) unless it already says so.

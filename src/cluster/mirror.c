@@ -81,14 +81,35 @@ static void drop_exchange(struct member *member, struct bytes vhost_name, struct
 
 /* ---- queues ---- */
 
-static struct connection *connection_by_id(struct broker *broker, uint64_t id)
+static struct connection *connection_by_key(struct member *member, uint64_t key)
 {
-    list_for_each(n, &broker->connections) {
+    list_for_each(n, &member->broker->connections) {
         struct connection *c = CONTAINER_OF(n, struct connection, broker_link);
-        if (c->conn.id == id)
+        if (member_connection_key(member, c->conn.id) == key)
             return c;
     }
     return NULL;
+}
+
+/* A new local object (stand-in or real) for an exclusive queue: the owning
+ * connection, if it is ours, holds it (it goes when the connection does);
+ * on other brokers nobody does, so their clients are locked out (405).
+ * False: its connection closed before the declare committed, and the
+ * queue is gone. */
+static bool claim_exclusive(struct member *member, struct vhost *vhost, struct queue *q,
+                            const struct map_queue *mq)
+{
+    if (!mq->exclusive || mq->exclusive_owner_id != member->self_id)
+        return true;
+    struct connection *owner = connection_by_key(member, mq->exclusive_connection_id);
+    if (owner == NULL || owner->conn.closing) {
+        vhost_queue_delete(vhost, q);
+        member_queue_gone(member, mq->vhost->name, mq->name);
+        return false;
+    }
+    q->exclusive_owner = owner;
+    list_push_back(&owner->exclusive_queues, &q->owner_link);
+    return true;
 }
 
 /* A restart applies the map's log from its start (or a snapshot) before it
@@ -198,8 +219,10 @@ static void ensure_queue(struct member *member, struct map_queue *mq)
     if (q)
         vhost_queue_delete(vhost, q);
     if (!primary) {
-        vhost_queue_insert(vhost, proxy_stub_new(member, vhost, mq));
-        rebind_queue(member, mq);
+        q = proxy_stub_new(member, vhost, mq);
+        vhost_queue_insert(vhost, q);
+        if (claim_exclusive(member, vhost, q, mq))
+            rebind_queue(member, mq);
         return;
     }
     q = vhost_queue_declare(vhost, mq->name, mq->durable, mq->exclusive, mq->auto_delete,
@@ -217,18 +240,8 @@ static void ensure_queue(struct member *member, struct map_queue *mq)
     for (uint32_t i = 0; i < moving_count; i++)
         queue_consumer_add(q, moving[i]); /* our clients go on, on the real queue */
     free(moving);
-    queue_dispatch(q);
-    if (!mq->exclusive)
-        return;
-    struct connection *owner = connection_by_id(member->broker, mq->exclusive_connection_id);
-    if (owner == NULL || owner->conn.closing) {
-        /* Its connection closed before the declare committed. */
-        vhost_queue_delete(vhost, q);
-        member_queue_gone(member, mq->vhost->name, mq->name);
-        return;
-    }
-    q->exclusive_owner = owner;
-    list_push_back(&owner->exclusive_queues, &q->owner_link);
+    if (claim_exclusive(member, vhost, q, mq))
+        queue_dispatch(q);
 }
 
 /* ---- bindings ---- */

@@ -230,23 +230,27 @@ uint32_t placement_pick_backup(struct placement *p, struct bytes vhost, struct b
 }
 
 int placement_place_queue(struct placement *p, struct bytes vhost, struct bytes name,
-                          uint8_t replication_factor, uint32_t local_broker_id,
-                          struct placement_result *out)
+                          uint8_t replication_factor, enum placement_primary how,
+                          uint32_t broker_id, struct placement_result *out)
 {
     ASSERT(p->map != NULL);
     ASSERT(replication_factor >= 1 && replication_factor <= CLUSTER_BACKUPS_MAX + 1);
+    ASSERT(how == PLACEMENT_PRIMARY_RING || broker_id != BROKER_ID_NONE);
     memset(out, 0, sizeof(*out));
-    if (p->brokers_count == 0 && local_broker_id == BROKER_ID_NONE)
+    if (p->brokers_count == 0 && how != PLACEMENT_PRIMARY_AT)
         return E_LIMIT;
     uint8_t pref[CLUSTER_BROKERS_MAX];
     placement_preference(p, placement_queue_hash(vhost, name), pref);
-    if (local_broker_id != BROKER_ID_NONE) {
-        out->primary_id = local_broker_id;
+    if (how == PLACEMENT_PRIMARY_AT) {
+        out->primary_id = broker_id;
     } else {
         uint32_t lo, hi;
         placement_bounds(&p->config, sum(p->owned, p->brokers_count) + 1, p->brokers_count,
                          &lo, &hi);
-        int s = pick(p, pref, p->owned, hi, NULL, 0);
+        bool avoid = how == PLACEMENT_PRIMARY_AVOID;
+        int s = pick(p, pref, p->owned, hi, avoid ? &broker_id : NULL, avoid ? 1 : 0);
+        if (s < 0) /* broker_id is the only broker up */
+            s = pick(p, pref, p->owned, hi, NULL, 0);
         ASSERT(s >= 0);
         out->primary_id = p->broker_ids[s];
     }

@@ -74,17 +74,23 @@ struct placement_result {
     uint8_t backups_count; /* min(replication_factor - 1, brokers up - 1) */
 };
 
+/* Where a new queue's primary goes. */
+enum placement_primary {
+    PLACEMENT_PRIMARY_RING,  /* the ring's choice, within the load bound */
+    PLACEMENT_PRIMARY_AT,    /* broker_id (a queue that stays with its connection) */
+    PLACEMENT_PRIMARY_AVOID, /* the ring's choice among the brokers up other than
+                              * broker_id; broker_id itself when it is the only one */
+};
+
 /*
  * Places a new queue: the first broker of its preference list that is not
- * over the bound becomes primary, the next ones backups (each skipping
- * brokers over their own backup bound). local_broker_id != BROKER_ID_NONE
- * pins the primary there (exclusive, auto-delete and server-named queues
- * live with the connection that declared them). Counts the result in the
- * view. OK, or E_LIMIT when no broker is up.
+ * over the bound becomes primary (as `how` and broker_id say), the next
+ * ones backups (each skipping brokers over their own backup bound).
+ * Counts the result in the view. OK, or E_LIMIT when no broker is up.
  */
 int placement_place_queue(struct placement *p, struct bytes vhost, struct bytes name,
-                          uint8_t replication_factor, uint32_t local_broker_id,
-                          struct placement_result *out);
+                          uint8_t replication_factor, enum placement_primary how,
+                          uint32_t broker_id, struct placement_result *out);
 
 /* One more backup for a queue, never one of exclude[] (pass its primary and
  * current backups). Counts it in the view. BROKER_ID_NONE if none fits. */

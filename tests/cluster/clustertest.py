@@ -117,10 +117,12 @@ class View:
 
 class Member:
     def __init__(self, cluster, name, join=None, secret_file=None, extra_args=(),
-                 config_file=False, host="127.0.0.1", netns=None):
+                 config_file=False, host="127.0.0.1", netns=None, amqp_host=None, env=None):
         self.cluster = cluster
         self.name = name
-        self.host = host      # every address the broker listens on
+        self.host = host      # every address the broker listens on, but:
+        self.amqp_host = amqp_host or host  # its AMQP listener's (IPv6 allowed)
+        self.env = env        # the process environment (None: ours)
         self.netns = netns    # run inside this network namespace (tests/cluster/netlab.py)
         self.dir = os.path.join(cluster.dir, name)
         os.makedirs(self.dir)
@@ -153,7 +155,9 @@ class Member:
 
     def argv(self):
         wrap = ["ip", "netns", "exec", self.netns] if self.netns else []
-        args = wrap + [quayd_path(), "--listen", "%s:%d" % (self.host, self.amqp_port),
+        listen = ("[%s]:%d" if ":" in self.amqp_host else "%s:%d") % (self.amqp_host,
+                                                                     self.amqp_port)
+        args = wrap + [quayd_path(), "--listen", listen,
                        "--data", self.data, "--log-level", "info"]
         if self.http_port:
             args += ["--http", "%s:%d" % (self.host, self.http_port)]
@@ -174,7 +178,7 @@ class Member:
         log = open(self.log_path, "ab")
         self.log_offset = log.tell()  # view() reads the current run only
         self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=log)
+                                     stderr=log, env=self.env)
         log.close()
         _all_procs.append(self.proc)
         self.started_at = time.monotonic()
@@ -188,7 +192,7 @@ class Member:
                 raise AssertionError("%s exited at start with %s:\n%s" % (
                     self.name, self.proc.returncode, self.log_text()[-3000:]))
             try:
-                socket.create_connection((self.host, self.amqp_port), timeout=1).close()
+                socket.create_connection((self.amqp_host, self.amqp_port), timeout=1).close()
                 return True
             except OSError:
                 return False
@@ -329,8 +333,8 @@ class Cluster:
     def form(self, names, per=None, **kw):
         """Starts names[0] (it leads), then the others joining it, each with
         kw plus per(name) if given (Member options); waits until every
-        broker's map shows them all up and their links are up. Returns the
-        members in order."""
+        broker's map shows them all up, their links are up and each has
+        caught up with the map. Returns the members in order."""
         def options(name):
             return dict(kw, **(per(name) if per else {}))
         first = self.add(names[0], **options(names[0]))
@@ -341,6 +345,10 @@ class Cluster:
                    what="%d brokers up everywhere" % len(members))
         wait_until(lambda: all(m.log_text().count("is up") >= len(members) - 1 for m in members),
                    10, what="links up")
+        # Caught up with the map: until then the HTTP API answers 503 and
+        # connection.open waits.
+        wait_until(lambda: all("caught up with the map" in m.log_text() for m in members), 10,
+                   what="every broker caught up with the map")
         return members
 
     def leaders(self, among=None):

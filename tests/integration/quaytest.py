@@ -2,12 +2,22 @@
 
 Three parts:
 
-1. Broker fixture.  If QUAY_TEST_TARGET=host:port is set, every test talks to
-   that external broker (this is how the suite is validated against a real
-   RabbitMQ 3.10).  Otherwise `$QUAYD --listen 127.0.0.1:PORT --data TMPDIR
-   --log-level warn` is started once per test file on a free port, and at the
-   end it is stopped with SIGTERM; it must exit 0 within 5 s and its stderr
-   must not contain a sanitizer report, or the file fails.
+1. Broker fixture, in one of two modes (QUAY_TEST_MODE):
+   - "single" (the default): `$QUAYD --listen 127.0.0.1:PORT --data TMPDIR
+     --log-level warn` is started once per test file on a free port, and at
+     the end it is stopped with SIGTERM; it must exit 0 within 5 s and its
+     stderr must not contain a sanitizer report, or the file fails.
+   - "cluster": three quayd processes form a cluster (tests/cluster/
+     clustertest.py) with --default-backups 1, and the tests talk to broker
+     "b", a follower started with --queue-locator others: every queue the
+     tests declare (exclusive, auto-delete and server-named ones too) has its
+     primary on another broker, so each test exercises the proxy. Every
+     broker must stay up, exit 0 on SIGTERM and log no sanitizer report.
+   The same test file runs in both modes (CTest registers each twice, as
+   integration.NAME and cluster.NAME): a cluster must not be told apart
+   from one broker. If QUAY_TEST_TARGET=host:port is set, every test talks
+   to that external broker instead (how the suite is validated against a
+   real RabbitMQ 3.10).
 
 2. An independent AMQP 0-9-1 frame encoder/decoder (no pika code) for the
    tests that need to send malformed or exactly-controlled frames.
@@ -118,14 +128,30 @@ TX_ROLLBACK_OK = (90, 31)
 SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error:", "LeakSanitizer")
 
 
-class Broker:
-    """The broker under test: external (QUAY_TEST_TARGET) or a private quayd."""
+MODE = os.environ.get("QUAY_TEST_MODE", "single")
+if MODE not in ("single", "cluster"):
+    raise SystemExit("QUAY_TEST_MODE must be 'single' or 'cluster', not %r" % MODE)
+CLUSTERED = MODE == "cluster"
+CLUSTER_NAMES = ("a", "b", "c")
+CLUSTER_CLIENT = "b"   # the broker the tests talk to: a follower that places queues elsewhere
 
-    def __init__(self, extra_args=(), host="127.0.0.1", external_ok=True):
+
+class Broker:
+    """The broker under test: external (QUAY_TEST_TARGET), a private quayd,
+    or (QUAY_TEST_MODE=cluster) a private 3-broker cluster reached through
+    one of its brokers. extra_args go to every quayd; http=True serves the
+    management API (self.http_port); env is the quayd processes'
+    environment. self.proc and self.data are the client's broker's."""
+
+    def __init__(self, extra_args=(), host="127.0.0.1", external_ok=True, env=None, http=False):
         self.proc = None
         self.tmpdir = None
         self.stderr_path = None
+        self.cluster = None
+        self.members = []
+        self.http_port = None
         self.extra_args = list(extra_args)
+        self.env = env
         target = os.environ.get("QUAY_TEST_TARGET") if external_ok else None
         if target:
             host, _, port = target.rpartition(":")
@@ -134,7 +160,48 @@ class Broker:
         else:
             self.external = False
             self.host = host
-            self._start_quayd()
+            if CLUSTERED:
+                self._start_cluster()
+            else:
+                if http:
+                    self.http_port = free_port()
+                    self.extra_args += ["--http", "127.0.0.1:%d" % self.http_port]
+                self._start_quayd()
+
+    def _start_cluster(self):
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                        "cluster"))
+        import clustertest
+        self.cluster = clustertest.Cluster()
+        common = ["--default-backups", "1"] + self.extra_args
+
+        def per(name):
+            client = name == CLUSTER_CLIENT
+            return {"extra_args": common + (["--queue-locator", "others"] if client else []),
+                    "amqp_host": self.host if client else "127.0.0.1", "env": self.env}
+        try:
+            self.members = self.cluster.form(list(CLUSTER_NAMES), per=per)
+        except BaseException:
+            self.cluster.failed = True
+            self.cluster.close()
+            raise
+        client = self.cluster.member(CLUSTER_CLIENT)
+        self.client = client
+        self.port, self.proc, self.data = client.amqp_port, client.proc, client.data
+        self.http_port = client.http_port
+        self.tmpdir = self.cluster.dir
+
+    def member(self, name):
+        """Cluster mode: the member (clustertest.Member) named name."""
+        return self.cluster.member(name)
+
+    def primary_of(self, queue, vhost="/"):
+        """Cluster mode: the member that is the queue's primary, or None."""
+        for m in self.members:
+            info = _queue_info(m, queue, vhost)
+            if info is not None:
+                return next((x for x in self.members if x.name == info["primary"]), None)
+        return None
 
     def _start_quayd(self):
         quayd = os.environ.get("QUAYD")
@@ -151,7 +218,7 @@ class Broker:
         self.proc = subprocess.Popen(
             [quayd, "--listen", listen, "--data", data, "--log-level", "warn"]
             + self.extra_args,
-            stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr)
+            stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr, env=self.env)
         deadline = time.time() + 10
         while True:
             if self.proc.poll() is not None:
@@ -168,13 +235,18 @@ class Broker:
                 time.sleep(0.05)
 
     def stderr_text(self):
+        if self.cluster is not None:
+            return self.client.log_text()
         if not self.stderr_path:
             return ""
         with open(self.stderr_path, "rb") as f:
             return f.read().decode("utf-8", "replace")
 
     def stop(self):
-        """Stop a private quayd; return a list of problems (empty = fine)."""
+        """Stop a private quayd (or cluster); return a list of problems
+        (empty = fine)."""
+        if self.cluster is not None:
+            return self._stop_cluster()
         if self.external or self.proc is None:
             return []
         problems = []
@@ -202,6 +274,37 @@ class Broker:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
         self.proc = None
         return problems
+
+    def _stop_cluster(self):
+        problems = []
+        for m in self.members:
+            if m is self.client and self.proc is None:
+                continue  # the test stopped it on purpose
+            if not m.alive():
+                problems.append("broker %s died during the tests (exit %s)"
+                                % (m.name, m.proc.returncode))
+        self.cluster.failed = bool(problems)
+        problems += self.cluster.close()
+        if problems:
+            for m in self.members:
+                sys.stdout.write("---- %s's log (tail) ----\n%s\n" % (m.name, m.log_text()[-6000:]))
+        self.cluster = None
+        self.members = []
+        self.proc = None
+        return problems
+
+
+def _queue_info(member, queue, vhost):
+    """The queue's entry in a member's /api/queues, or None."""
+    import json
+    import urllib.request
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/api/queues" % member.http_port,
+                                    timeout=5) as r:
+            return next((q for q in json.load(r)
+                         if q["name"] == queue and q.get("vhost", "/") == vhost), None)
+    except OSError:
+        return None
 
 
 def free_port():

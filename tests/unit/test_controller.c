@@ -81,7 +81,7 @@ static void build(struct cluster_map *map, uint8_t rf)
         char name[32];
         snprintf(name, sizeof name, "jobs.%u", i);
         struct placement_result r;
-        assert_int_equal(placement_place_queue(&p, B("/"), B(name), rf, BROKER_ID_NONE, &r), OK);
+        assert_int_equal(placement_place_queue(&p, B("/"), B(name), rf, PLACEMENT_PRIMARY_RING, BROKER_ID_NONE, &r), OK);
         struct map_queue_decl d = {.vhost = B("/"), .name = B(name), .durable = true,
                                    .primary_id = r.primary_id, .backups_count = r.backups_count,
                                    .replication_factor = rf};
@@ -323,6 +323,91 @@ static void test_exclusive_queue_dies_with_broker(void **state)
     /* Not down: nothing. */
     controller_fail_over(&map, &config, 1, &out);
     assert_int_equal(out.count, 0);
+    map_cmd_list_free(&out);
+    cluster_map_free(&map);
+}
+
+/* An exclusive queue whose connection is on another broker than its
+ * primary (--queue-locator others): it dies with its connection's broker,
+ * and fails over like any queue when only its primary dies. */
+static void test_exclusive_queue_lives_apart_from_its_connection(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    cluster_map_init(&map);
+    for (uint32_t id = 1; id <= 4; id++)
+        join(&map, id);
+    struct map_cmd c;
+    must_apply(&map, map_cmd_vhost_put(&c, B("/")), &c);
+    struct map_queue_decl d = {.vhost = B("/"), .name = B("excl-a"), .exclusive = true,
+                               .exclusive_connection_id = 5, .exclusive_owner_id = 2,
+                               .primary_id = 3, .backup_ids = {4}, .backups_count = 1,
+                               .replication_factor = 2};
+    must_apply(&map, map_cmd_queue_declare(&c, &d, 2), &c);
+    d.name = B("excl-b");
+    must_apply(&map, map_cmd_queue_declare(&c, &d, 2), &c);
+    /* The owner's redeclare is equivalent; another broker's, or another
+     * connection's, is locked out. */
+    must_apply(&map, map_cmd_queue_declare(&c, &d, 2), &c);
+    struct map_change change;
+    assert_int_equal(map_cmd_queue_declare(&c, &d, 3), OK);
+    assert_int_equal(cluster_map_apply(&map, c.bytes, c.size, &change), E_MAP_REFUSED);
+    assert_int_equal(change.reply_code, 405);
+    map_cmd_free(&c);
+    d.exclusive_connection_id = 6;
+    assert_int_equal(map_cmd_queue_declare(&c, &d, 2), OK);
+    assert_int_equal(cluster_map_apply(&map, c.bytes, c.size, &change), E_MAP_REFUSED);
+    assert_int_equal(change.reply_code, 405);
+    map_cmd_free(&c);
+    assert_int_equal(cluster_map_queue(&map, B("/"), B("excl-a"))->exclusive_owner_id, 2);
+
+    /* The primary dies: its in-sync backup takes over, the owner keeps it. */
+    struct controller_config config;
+    controller_config_default(&config);
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    must_apply(&map, map_cmd_broker_state(&c, 3, BROKER_STATE_DOWN), &c);
+    controller_fail_over(&map, &config, 3, &out);
+    assert_int_equal(apply_all(&map, &out), 0);
+    const struct map_queue *q = cluster_map_queue(&map, B("/"), B("excl-a"));
+    assert_non_null(q);
+    assert_int_equal(q->primary_id, 4);
+    assert_int_equal(q->exclusive_owner_id, 2);
+    /* The owner dies: both go, wherever they live. */
+    must_apply(&map, map_cmd_broker_state(&c, 2, BROKER_STATE_DOWN), &c);
+    controller_fail_over(&map, &config, 2, &out);
+    assert_int_equal(apply_all(&map, &out), 0);
+    assert_null(cluster_map_queue(&map, B("/"), B("excl-a")));
+    assert_null(cluster_map_queue(&map, B("/"), B("excl-b")));
+    map_cmd_list_free(&out);
+    cluster_map_free(&map);
+}
+
+/* The repair sweep removes an exclusive queue whose connection's broker is
+ * down (a leader that died before its failover finished). */
+static void test_repair_drops_exclusive_queue_of_dead_owner(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    cluster_map_init(&map);
+    for (uint32_t id = 1; id <= 3; id++)
+        join(&map, id);
+    struct map_cmd c;
+    must_apply(&map, map_cmd_vhost_put(&c, B("/")), &c);
+    struct map_queue_decl d = {.vhost = B("/"), .name = B("excl"), .exclusive = true,
+                               .exclusive_connection_id = 9, .exclusive_owner_id = 2,
+                               .primary_id = 1, .replication_factor = 1};
+    must_apply(&map, map_cmd_queue_declare(&c, &d, 2), &c);
+    struct controller_config config;
+    controller_config_default(&config);
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    controller_repair(&map, &config, &out);
+    assert_int_equal(out.count, 0);
+    must_apply(&map, map_cmd_broker_state(&c, 2, BROKER_STATE_DOWN), &c);
+    controller_repair(&map, &config, &out);
+    assert_int_equal(apply_all(&map, &out), 0);
+    assert_null(cluster_map_queue(&map, B("/"), B("excl")));
     map_cmd_list_free(&out);
     cluster_map_free(&map);
 }
@@ -596,6 +681,8 @@ int main(void)
         cmocka_unit_test(test_liveness),
         cmocka_unit_test(test_failover_2000_queues),
         cmocka_unit_test(test_exclusive_queue_dies_with_broker),
+        cmocka_unit_test(test_exclusive_queue_lives_apart_from_its_connection),
+        cmocka_unit_test(test_repair_drops_exclusive_queue_of_dead_owner),
         cmocka_unit_test(test_stale_decision_is_refused),
         cmocka_unit_test(test_repair_finishes_what_was_left),
         cmocka_unit_test(test_drain_converges),

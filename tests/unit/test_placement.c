@@ -67,7 +67,7 @@ static void build(struct cluster_map *map, uint32_t n, uint8_t rf)
         char name[32];
         queue_name(name, sizeof name, i);
         struct placement_result r;
-        assert_int_equal(placement_place_queue(&p, B("/"), B(name), rf, BROKER_ID_NONE, &r), OK);
+        assert_int_equal(placement_place_queue(&p, B("/"), B(name), rf, PLACEMENT_PRIMARY_RING, BROKER_ID_NONE, &r), OK);
         struct map_queue_decl d = {.vhost = B("/"), .name = B(name), .durable = true,
                                    .primary_id = r.primary_id, .backups_count = r.backups_count,
                                    .replication_factor = rf};
@@ -168,20 +168,20 @@ static void test_pinned_and_small(void **state)
     placement_refresh(&p, &map);
     struct placement_result r;
     /* One broker: no backups however many are asked for. */
-    assert_int_equal(placement_place_queue(&p, B("/"), B("q"), 4, BROKER_ID_NONE, &r), OK);
+    assert_int_equal(placement_place_queue(&p, B("/"), B("q"), 4, PLACEMENT_PRIMARY_RING, BROKER_ID_NONE, &r), OK);
     assert_int_equal(r.primary_id, 7);
     assert_int_equal(r.backups_count, 0);
     join(&map, 8);
     join(&map, 9);
     placement_refresh(&p, &map);
     assert_int_equal(p.brokers_count, 3);
-    assert_int_equal(placement_place_queue(&p, B("/"), B("q"), 4, BROKER_ID_NONE, &r), OK);
+    assert_int_equal(placement_place_queue(&p, B("/"), B("q"), 4, PLACEMENT_PRIMARY_RING, BROKER_ID_NONE, &r), OK);
     assert_int_equal(r.backups_count, 2);
     /* Pinned to the declaring connection's broker. */
     for (int i = 0; i < 50; i++) {
         char name[32];
         snprintf(name, sizeof name, "amq.gen-%d", i);
-        assert_int_equal(placement_place_queue(&p, B("/"), B(name), 2, 9, &r), OK);
+        assert_int_equal(placement_place_queue(&p, B("/"), B(name), 2, PLACEMENT_PRIMARY_AT, 9, &r), OK);
         assert_int_equal(r.primary_id, 9);
         assert_int_equal(r.backups_count, 1);
         assert_int_not_equal(r.backup_ids[0], 9);
@@ -192,12 +192,12 @@ static void test_pinned_and_small(void **state)
     must_apply(&map, map_cmd_broker_state(&c, 9, BROKER_STATE_DOWN), &c);
     placement_refresh(&p, &map);
     assert_int_equal(p.brokers_count, 1);
-    assert_int_equal(placement_place_queue(&p, B("/"), B("z"), 3, BROKER_ID_NONE, &r), OK);
+    assert_int_equal(placement_place_queue(&p, B("/"), B("z"), 3, PLACEMENT_PRIMARY_RING, BROKER_ID_NONE, &r), OK);
     assert_int_equal(r.primary_id, 7);
     assert_int_equal(r.backups_count, 0);
     must_apply(&map, map_cmd_broker_state(&c, 7, BROKER_STATE_SUSPECT), &c);
     placement_refresh(&p, &map);
-    assert_int_equal(placement_place_queue(&p, B("/"), B("z"), 3, BROKER_ID_NONE, &r), E_LIMIT);
+    assert_int_equal(placement_place_queue(&p, B("/"), B("z"), 3, PLACEMENT_PRIMARY_RING, BROKER_ID_NONE, &r), E_LIMIT);
     placement_free(&p);
     cluster_map_free(&map);
 }
