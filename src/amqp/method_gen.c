@@ -1120,23 +1120,28 @@ static void encode_basic_nack(const struct method *in, struct wire_writer *w)
 static int decode_basic_quay_forward(struct method *out, struct wire_reader *r)
 {
     struct method_basic_quay_forward *m = &out->basic_quay_forward;
-    m->queue = wire_read_shortstr(r);
+    uint8_t bits;
     m->exchange = wire_read_shortstr(r);
     m->routing_key = wire_read_shortstr(r);
-    m->epoch = wire_read_u64(r);
+    bits = wire_read_u8(r);
+    m->dead_lettered = (bits & 0x01) != 0;
+    if (!decode_table(r, &m->targets))
+        return E_SYNTAX;
     return r->failed ? E_SYNTAX : OK;
 }
 
 static void encode_basic_quay_forward(const struct method *in, struct wire_writer *w)
 {
     const struct method_basic_quay_forward *m = &in->basic_quay_forward;
-    ASSERT(m->queue.len <= 255);
-    wire_write_shortstr(w, m->queue);
+    uint8_t bits;
     ASSERT(m->exchange.len <= 255);
     wire_write_shortstr(w, m->exchange);
     ASSERT(m->routing_key.len <= 255);
     wire_write_shortstr(w, m->routing_key);
-    wire_write_u64(w, m->epoch);
+    bits = 0;
+    bits = (uint8_t)(bits | (m->dead_lettered ? 0x01 : 0));
+    wire_write_u8(w, bits);
+    wire_write_longstr(w, (struct bytes){m->targets.ptr, m->targets.len});
 }
 
 static int decode_basic_quay_replicate(struct method *out, struct wire_reader *r)
@@ -1642,10 +1647,10 @@ static const struct method_field FIELDS_BASIC_NACK[] = {
     {"requeue", METHOD_FIELD_BIT, offsetof(struct method, basic_nack.requeue)},
 };
 static const struct method_field FIELDS_BASIC_QUAY_FORWARD[] = {
-    {"queue", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_forward.queue)},
     {"exchange", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_forward.exchange)},
     {"routing-key", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_forward.routing_key)},
-    {"epoch", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_forward.epoch)},
+    {"dead-lettered", METHOD_FIELD_BIT, offsetof(struct method, basic_quay_forward.dead_lettered)},
+    {"targets", METHOD_FIELD_TABLE, offsetof(struct method, basic_quay_forward.targets)},
 };
 static const struct method_field FIELDS_BASIC_QUAY_REPLICATE[] = {
     {"queue", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_replicate.queue)},

@@ -426,10 +426,10 @@ struct method_basic_nack {
 };
 
 struct method_basic_quay_forward {
-    struct bytes queue;
     struct bytes exchange;
     struct bytes routing_key;
-    uint64_t epoch;
+    bool dead_lettered;
+    struct table targets;
 };
 
 struct method_basic_quay_replicate {

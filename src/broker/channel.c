@@ -96,6 +96,7 @@ void channel_destroy(struct channel *ch)
     free(ch->deliveries.items);
     free(ch->publish_names);
     free(ch->forward_target);
+    free(ch->forward_targets);
     free(ch->last_queue);
     free(ch->confirm_waits.items);
     if (ch->sink) {
@@ -493,38 +494,52 @@ void channel__handle_settle(struct channel *ch, const struct method *m)
                               s->purge ? 0 : s->seq);
 }
 
-void channel__begin_forward(struct channel *ch, const struct method *m)
+static void keep_names(struct channel *ch, struct bytes exchange, struct bytes routing_key)
 {
-    if (!peer_only(ch, m->id))
-        return;
-    struct method_basic_quay_forward fwd;
-    ch->publish_replicate = m->id == METHOD_BASIC_QUAY_REPLICATE;
-    if (ch->publish_replicate) {
-        /* The primary's copy for us, as it was published. */
-        fwd = (struct method_basic_quay_forward){
-            .queue = m->basic_quay_replicate.queue, .exchange = m->basic_quay_replicate.exchange,
-            .routing_key = m->basic_quay_replicate.routing_key,
-            .epoch = m->basic_quay_replicate.epoch};
-        ch->replicate_seq = m->basic_quay_replicate.seq;
-    } else {
-        fwd = m->basic_quay_forward;
-    }
-    const struct method_basic_quay_forward *f = &fwd;
     if (!ch->publish_names) {
         ch->publish_names = malloc(512);
         ASSERT(ch->publish_names != NULL);
     }
-    if (!ch->forward_target) {
-        ch->forward_target = malloc(256);
-        ASSERT(ch->forward_target != NULL);
+    memcpy(ch->publish_names, exchange.ptr, exchange.len);
+    memcpy(ch->publish_names + 256, routing_key.ptr, routing_key.len);
+    ch->publish_exchange_size = (uint8_t)exchange.len;
+    ch->publish_routing_key_size = (uint8_t)routing_key.len;
+}
+
+/* basic.quay-forward (a peer's publish for queues of ours: its targets
+ * table names each with the epoch it was sent under) or
+ * basic.quay-replicate (a primary's copy for us, a backup, as it was
+ * published); the content follows. */
+void channel__begin_forward(struct channel *ch, const struct method *m)
+{
+    if (!peer_only(ch, m->id))
+        return;
+    ch->publish_replicate = m->id == METHOD_BASIC_QUAY_REPLICATE;
+    if (ch->publish_replicate) {
+        const struct method_basic_quay_replicate *r = &m->basic_quay_replicate;
+        keep_names(ch, r->exchange, r->routing_key);
+        if (!ch->forward_target) {
+            ch->forward_target = malloc(256);
+            ASSERT(ch->forward_target != NULL);
+        }
+        memcpy(ch->forward_target, r->queue.ptr, r->queue.len);
+        ch->forward_target_size = (uint8_t)r->queue.len;
+        ch->forward_epoch = r->epoch;
+        ch->replicate_seq = r->seq;
+    } else {
+        const struct method_basic_quay_forward *f = &m->basic_quay_forward;
+        keep_names(ch, f->exchange, f->routing_key);
+        if (f->targets.len > ch->forward_targets_cap) {
+            free(ch->forward_targets);
+            ch->forward_targets = malloc(f->targets.len);
+            ASSERT(ch->forward_targets != NULL);
+            ch->forward_targets_cap = f->targets.len;
+        }
+        if (f->targets.len > 0)
+            memcpy(ch->forward_targets, f->targets.ptr, f->targets.len);
+        ch->forward_targets_size = f->targets.len;
+        ch->forward_dead_lettered = f->dead_lettered;
     }
-    memcpy(ch->publish_names, f->exchange.ptr, f->exchange.len);
-    memcpy(ch->publish_names + 256, f->routing_key.ptr, f->routing_key.len);
-    memcpy(ch->forward_target, f->queue.ptr, f->queue.len);
-    ch->publish_exchange_size = (uint8_t)f->exchange.len;
-    ch->publish_routing_key_size = (uint8_t)f->routing_key.len;
-    ch->forward_target_size = (uint8_t)f->queue.len;
-    ch->forward_epoch = f->epoch;
     ch->publish_mandatory = false;
     ch->publish_forward = true;
     ch->content = CONTENT_STATE_HEADER;
@@ -703,6 +718,19 @@ void confirm_sink_answer(struct confirm_sink *sink, uint64_t seq, bool ack)
     drain_waits(ch, durable_synced_ticket(ch->connection->broker), 0);
 }
 
+void confirm_sink_expect(struct confirm_sink *sink, uint64_t seq, uint32_t more)
+{
+    struct channel *ch = sink->channel;
+    if (ch == NULL || ch->state != CHANNEL_STATE_OPEN)
+        return;
+    if (seq == 0) { /* a transaction's publish */
+        ASSERT(ch->tx_remote > 0);
+        ch->tx_remote += more;
+        return;
+    }
+    sink_wait(ch, seq)->remote += more;
+}
+
 void confirm_sink_routed(struct confirm_sink *sink, uint64_t seq, const struct publish_wait *routed,
                          bool rejected)
 {
@@ -746,26 +774,18 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
         route_with_alternates(ch, exchange, message, &result);
     if (result.count == 0 && mandatory)
         send_return(ch, message, REPLY_NO_ROUTE, "NO_ROUTE");
-    bool rejected = false;
-    uint32_t unavailable = 0; /* stand-ins whose queue has no primary now */
     uint64_t seq = ch->confirm_mode ? ch->publish_seq + 1 : 0;
     /* A transaction's commit-ok waits for other brokers too: their answers
      * come as seq 0 (confirm_sink_answer). */
     bool waits = ch->confirm_mode || ch->tx_mode;
     struct publish_wait wait = {.sink = waits ? channel_sink(ch) : NULL, .seq = seq};
-    for (uint32_t i = 0; i < result.count; i++) {
-        struct queue *queue = CONTAINER_OF(result.dests[i], struct queue, as_dest);
-        if (queue->remote_ops) {
-            /* Its primary is another broker: the confirm waits for it. */
-            if (!queue->remote_ops->forward(queue, message, wait.sink, seq))
-                unavailable++;
-            else if (wait.sink)
-                wait.remote++;
-            continue;
-        }
-        if (queue_publish(queue, message, &wait) == QUEUE_PUBLISH_REJECTED)
-            rejected = true;
-    }
+    struct queue *queues[ROUTE_DESTS_MAX];
+    for (uint32_t i = 0; i < result.count; i++)
+        queues[i] = CONTAINER_OF(result.dests[i], struct queue, as_dest);
+    struct queue_publish_summary summary;
+    queue_publish_routed(queues, result.count, message, &wait, false, &summary);
+    bool rejected = summary.rejected > 0;
+    uint32_t unavailable = summary.unavailable; /* stand-ins whose queue has no primary now */
     if (unavailable > 0 && unavailable == result.count && mandatory) {
         /* Reached no queue at all: a mandatory publish comes back (and is
          * confirmed, as RabbitMQ confirms a returned message). */
@@ -806,36 +826,58 @@ static void confirm_publish(struct channel *ch, uint64_t ticket, uint32_t remote
         owe_confirm(ch);
 }
 
-/* A peer's forward: straight into the named queue, which must be ours (a
- * stale sender, one whose map still names us, or an older epoch, is
- * nacked and sends it again where the map now says). */
+/* A peer's forward: straight into each target queue, which must be ours
+ * at the epoch the sender named (a stale sender, one whose map still
+ * names us, or an older epoch, is nacked and sends it again where the map
+ * now says); a target our map has not reached yet is parked until it has.
+ * The answer (one ack, or a nack if any target refused it) waits for
+ * every target's journal and backups, as a client's publish would. */
 void channel__route_forward(struct channel *ch, struct message *message)
 {
     struct broker *broker = ch->connection->broker;
-    struct bytes target = {ch->forward_target, ch->forward_target_size};
-    if (bytes_equal_cstr(target, MEMBER_MAP_TARGET)) {
+    struct table targets = {ch->forward_targets, ch->forward_targets_size};
+    struct field_value epoch_value;
+    if (table_get(targets, MEMBER_MAP_TARGET, &epoch_value)) {
         if (broker->member)
             member_propose_entry(broker->member, message->body, message->body_size);
         return; /* the sender learns the outcome from the map itself */
     }
-    struct queue *queue = vhost_queue(ch->vhost, target);
-    bool rejected = queue == NULL || queue_is_remote(queue) ||
-                    (broker->member && !member_forward_fresh(broker->member, ch->vhost->name,
-                                                             target, ch->forward_epoch));
     uint64_t seq = ch->confirm_mode ? ch->publish_seq + 1 : 0;
-    if (rejected && broker->member &&
-        member_map_behind(broker->member, ch->vhost->name, target, ch->forward_epoch)) {
-        /* The sender's map is ahead of ours (a queue just declared or
-         * moved to us): route it once we have applied that far. */
-        struct confirm_sink *sink = seq ? channel_sink(ch) : NULL;
-        confirm_publish(ch, 0, sink ? 1 : 0, false);
-        member_park_forward(broker->member, ch->vhost, target, ch->forward_epoch, message, sink,
-                            seq);
-        return;
-    }
     struct publish_wait wait = {.sink = seq ? channel_sink(ch) : NULL, .seq = seq};
-    if (!rejected && queue_publish(queue, message, &wait) == QUEUE_PUBLISH_REJECTED)
-        rejected = true;
+    bool rejected = targets.len == 0;
+    struct table_iter it;
+    struct bytes name;
+    table_iter_init(&it, targets);
+    while (table_iter_next(&it, &name, &epoch_value)) {
+        int64_t epoch;
+        if (!field_value_as_int(&epoch_value, &epoch) || epoch < 0) {
+            rejected = true; /* a confused peer: no queue of ours */
+            continue;
+        }
+        struct queue *queue = vhost_queue(ch->vhost, name);
+        bool stale = queue == NULL || queue_is_remote(queue) ||
+                     (broker->member && !member_forward_fresh(broker->member, ch->vhost->name,
+                                                              name, (uint64_t)epoch));
+        if (stale && broker->member &&
+            member_map_behind(broker->member, ch->vhost->name, name, (uint64_t)epoch)) {
+            /* The sender's map is ahead of ours (a queue just declared or
+             * moved to us): route it once we have applied that far. */
+            if (wait.sink)
+                wait.remote++;
+            member_park_forward(broker->member, ch->vhost, name, (uint64_t)epoch, message,
+                                wait.sink, seq, ch->forward_dead_lettered);
+            continue;
+        }
+        if (stale) {
+            rejected = true;
+            continue;
+        }
+        enum queue_publish_result r =
+            ch->forward_dead_lettered ? queue_publish_dead_lettered(queue, message, &wait)
+                                      : queue_publish(queue, message, &wait);
+        if (r == QUEUE_PUBLISH_REJECTED)
+            rejected = true;
+    }
     confirm_publish(ch, wait.ticket, wait.remote, rejected);
 }
 

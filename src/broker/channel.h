@@ -36,6 +36,9 @@ struct confirm_sink;
 void confirm_sink_ref(struct confirm_sink *sink);
 void confirm_sink_unref(struct confirm_sink *sink);
 void confirm_sink_answer(struct confirm_sink *sink, uint64_t seq, bool ack);
+/* Publish seq's forward became `more` forwards more (a forward naming
+ * several queues was split up for a resend): as many more answers come. */
+void confirm_sink_expect(struct confirm_sink *sink, uint64_t seq, uint32_t more);
 /* A parked forward was routed at last: its answer is what routing it
  * gathered (the fsync ticket, the backups' answers owed). */
 struct publish_wait;

@@ -97,10 +97,13 @@ struct channel {
     bool publish_mandatory;
     bool publish_forward;             /* basic.quay-forward from a peer broker */
     bool publish_replicate;           /* basic.quay-replicate: a primary's stream to us */
+    bool forward_dead_lettered;       /* a forward of a message a queue dead-lettered */
     uint64_t replicate_seq;
     uint8_t forward_target_size;
-    uint8_t *forward_target;          /* owned, 256 bytes: the queue it goes to */
+    uint8_t *forward_target;          /* owned, 256 bytes: the queue a replicate is for */
     uint64_t forward_epoch;
+    uint8_t *forward_targets;         /* owned: a forward's targets table {queue: epoch} */
+    uint32_t forward_targets_size, forward_targets_cap;
     uint8_t *publish_names;           /* owned, 512 bytes: exchange then key */
     uint8_t publish_exchange_size;
     uint8_t publish_routing_key_size;

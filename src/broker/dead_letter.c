@@ -203,6 +203,8 @@ void dead_letter(struct queue *queue, struct message *message, enum dead_letter_
     struct bind_dest *dests[ROUTE_DESTS_MAX];
     struct route_result result = {.dests = dests, .cap = ROUTE_DESTS_MAX};
     vhost_route(vhost, exchange, routing_key, dead->headers, &result);
+    struct queue *targets[ROUTE_DESTS_MAX];
+    uint32_t targets_count = 0;
     for (uint32_t i = 0; i < result.count; i++) {
         struct queue *target = CONTAINER_OF(result.dests[i], struct queue, as_dest);
         if (is_cycle(target, queue, dead->headers, reason, rejected_before)) {
@@ -211,9 +213,14 @@ void dead_letter(struct queue *queue, struct message *message, enum dead_letter_
                       (int)target->name.len, (const char *)target->name.ptr);
             continue;
         }
-        /* Dead-lettering is at-most-once (RabbitMQ 3.10): a full target
-         * with reject-publish drops it. */
-        queue_publish_dead_lettered(target, dead);
+        targets[targets_count++] = target;
     }
+    /* Dead-lettering is at-most-once (RabbitMQ 3.10's classic queues): a
+     * full target with reject-publish drops it, and nobody waits for a
+     * target on another broker (its forward is resent if the link drops,
+     * but lost with this broker). The targets' own backups get it as they
+     * get any publish. */
+    struct queue_publish_summary summary;
+    queue_publish_routed(targets, targets_count, dead, NULL, true, &summary);
     message_unref(dead);
 }

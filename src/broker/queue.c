@@ -479,7 +479,7 @@ static enum queue_publish_result enqueue(struct queue *queue, struct message *me
                                          struct publish_wait *wait, bool holds_back_duplicates)
 {
     ASSERT(!queue->deleted);
-    ASSERT(!queue->remote_ops); /* the channel forwards those */
+    ASSERT(!queue->remote_ops); /* a stand-in forwards (queue_publish) */
     /* Before the length limit: the original is in (or went through) the
      * queue, so a resend is confirmed even when the queue is full now. */
     struct bytes id = dedup_id(queue, message); /* borrows from the message */
@@ -529,16 +529,71 @@ static enum queue_publish_result enqueue(struct queue *queue, struct message *me
     return QUEUE_PUBLISH_OK;
 }
 
+/* Stand-ins forward (their primary enqueues); each forward's answer is
+ * one more the publisher's confirm waits for. */
+static void forward(struct queue *const *stubs, uint32_t count, struct message *message,
+                    struct publish_wait *wait, bool dead_lettered,
+                    struct queue_publish_summary *out)
+{
+    ASSERT(count > 0 && stubs[0]->remote_ops != NULL);
+    struct queue_forward fwd = {.message = message, .sink = wait ? wait->sink : NULL,
+                                .seq = wait ? wait->seq : 0, .dead_lettered = dead_lettered};
+    stubs[0]->remote_ops->forward(stubs, count, &fwd);
+    ASSERT(fwd.unavailable <= count);
+    if (fwd.sink)
+        wait->remote += fwd.answers;
+    out->unavailable += fwd.unavailable;
+}
+
+static enum queue_publish_result publish_one(struct queue *queue, struct message *message,
+                                             struct publish_wait *wait, bool dead_lettered)
+{
+    if (queue->remote_ops == NULL)
+        return enqueue(queue, message, wait, !dead_lettered);
+    struct queue_publish_summary summary = {0};
+    forward(&queue, 1, message, wait, dead_lettered, &summary);
+    return summary.unavailable ? QUEUE_PUBLISH_UNAVAILABLE : QUEUE_PUBLISH_OK;
+}
+
 enum queue_publish_result queue_publish(struct queue *queue, struct message *message,
                                         struct publish_wait *wait)
 {
-    return enqueue(queue, message, wait, true);
+    return publish_one(queue, message, wait, false);
 }
 
 enum queue_publish_result queue_publish_dead_lettered(struct queue *queue,
-                                                      struct message *message)
+                                                      struct message *message,
+                                                      struct publish_wait *wait)
 {
-    return enqueue(queue, message, NULL, false);
+    return publish_one(queue, message, wait, true);
+}
+
+#define ROUTED_STUBS_BATCH 256
+
+void queue_publish_routed(struct queue *const *queues, uint32_t count, struct message *message,
+                          struct publish_wait *wait, bool dead_lettered,
+                          struct queue_publish_summary *out)
+{
+    *out = (struct queue_publish_summary){0};
+    struct queue *stubs[ROUTED_STUBS_BATCH];
+    uint32_t stubs_count = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        struct queue *queue = queues[i];
+        if (queue->remote_ops != NULL) {
+            /* Gathered: every stand-in has the proxy's ops. */
+            ASSERT(stubs_count == 0 || stubs[0]->remote_ops == queue->remote_ops);
+            stubs[stubs_count++] = queue;
+            if (stubs_count == ROUTED_STUBS_BATCH) {
+                forward(stubs, stubs_count, message, wait, dead_lettered, out);
+                stubs_count = 0;
+            }
+            continue;
+        }
+        if (enqueue(queue, message, wait, !dead_lettered) == QUEUE_PUBLISH_REJECTED)
+            out->rejected++;
+    }
+    if (stubs_count > 0)
+        forward(stubs, stubs_count, message, wait, dead_lettered, out);
 }
 
 void queue_requeue(struct queue *queue, struct queue_entry entry)

@@ -85,13 +85,26 @@ struct consumer_ops {
  * the proxy hands to local consumers carry a seq the proxy chose (it names
  * the upstream delivery), which comes back here on settle. */
 struct confirm_sink;
+
+/* One message forwarded to the primaries of stand-ins (remote_ops->forward). */
+struct queue_forward {
+    struct message *message;   /* borrowed: the forward takes its own references */
+    struct confirm_sink *sink; /* NULL: nobody waits for the primaries' answers */
+    uint64_t seq;              /* the publish's number on the sink's channel */
+    bool dead_lettered;        /* a queue dead-lettered it: the target must not hold
+                                * it back as a duplicate (queue_publish_dead_lettered) */
+    uint32_t answers;          /* out: confirm_sink_answer calls sink will get for seq */
+    uint32_t unavailable;      /* out: stand-ins whose queue has no primary now */
+};
+
 struct queue_remote_ops {
-    /* A publish routed here: forward it to the primary. sink (NULL: no
-     * confirm wanted) gets confirm_sink_answer(sink, seq, ...) exactly
-     * once if this returns true; false: it cannot be forwarded now (the
-     * publisher is nacked). */
-    bool (*forward)(struct queue *queue, struct message *message, struct confirm_sink *sink,
-                    uint64_t seq);
+    /* Publishes routed to queues[0..count), stand-ins that all share these
+     * ops: forwarded to their primaries, one copy of the message per
+     * primary broker. Adds to fwd->answers what the sink will be told
+     * (confirm_sink_answer, once per forward sent or held) and to
+     * fwd->unavailable the queues it could not forward (no primary now:
+     * the publisher is nacked). */
+    void (*forward)(struct queue *const *queues, uint32_t count, struct queue_forward *fwd);
     /* A local consumer was added or removed: open or close its upstream
      * consumer on the primary. */
     void (*consumer_added)(struct queue *queue, struct consumer *consumer);
@@ -195,26 +208,42 @@ void queue_ref(struct queue *queue);
 void queue_unref(struct queue *queue);
 
 enum queue_publish_result {
-    QUEUE_PUBLISH_OK,
+    QUEUE_PUBLISH_OK,                 /* enqueued, or forwarded to the primary */
     QUEUE_PUBLISH_REJECTED,           /* full, with x-overflow reject-publish(-dlx) */
     QUEUE_PUBLISH_DUPLICATE,          /* its message-id is in the dedup window: not
                                        * enqueued, confirmed like an OK (it waits for
                                        * the original's fsync) */
+    QUEUE_PUBLISH_UNAVAILABLE,        /* a stand-in whose queue has no primary now */
 };
 
 /* Enqueue a routed message (takes a new reference) and dispatch. A
  * persistent message on a durable queue is appended to the journal; its
  * sync ticket is max'ed into wait->ticket, and backups that will answer
  * are counted in wait->remote, so the publisher's confirm can wait for
- * both. wait may be NULL. */
+ * both. wait may be NULL. A stand-in forwards it to its primary (whose
+ * answer wait->remote counts). */
 enum queue_publish_result queue_publish(struct queue *queue, struct message *message,
                                         struct publish_wait *wait);
-/* A dead-lettered message: like queue_publish without a confirm, and never
- * held back as a duplicate (the broker moving a message is not a publisher
- * resending it; a DLX retry loop through a de-duplicating queue must not
- * lose it), though its message-id is remembered like any enqueued one. */
+/* A dead-lettered message: like queue_publish, but never held back as a
+ * duplicate (the broker moving a message is not a publisher resending it;
+ * a DLX retry loop through a de-duplicating queue must not lose it),
+ * though its message-id is remembered like any enqueued one. */
 enum queue_publish_result queue_publish_dead_lettered(struct queue *queue,
-                                                      struct message *message);
+                                                      struct message *message,
+                                                      struct publish_wait *wait);
+
+/* A message routed to several queues at once (a publish, a dead-lettering):
+ * each local queue enqueues it (queue_publish, or queue_publish_dead_lettered),
+ * and the stand-ins among them forward it together, one copy per primary
+ * broker. Counts the queues that refused it (reject-publish) and those
+ * with no primary now. */
+struct queue_publish_summary {
+    uint32_t rejected;
+    uint32_t unavailable;
+};
+void queue_publish_routed(struct queue *const *queues, uint32_t count, struct message *message,
+                          struct publish_wait *wait, bool dead_lettered,
+                          struct queue_publish_summary *out);
 /* A promoted backup's de-duplication table (cluster/replica.c): the queue
  * takes it over (ownership moves; table may be NULL). Before queue_adopt
  * of the replica's messages. */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "amqp/method_gen.h"
+#include "amqp/table.h"
 #include "broker/channel.h"
 #include "broker/message.h"
 #include "broker/queue.h"
@@ -22,13 +23,25 @@
 #include "lib/bytes.h"
 #include "lib/log.h"
 
-/* One confirm channel per (peer, vhost): forwarded publishes. */
+/* One target of a forward: a stand-in and the queue epoch the forward
+ * named for it. */
+struct forward_target {
+    struct queue *stub;           /* one reference */
+    uint64_t epoch;
+};
+
+/* What one message sent on a forwarder waits for. A forward (message set)
+ * may name several queues on its primary broker (targets): one copy of the
+ * message, one answer. A replication (notify set) is one backup's. */
 struct forward_wait {
     struct confirm_sink *sink;    /* one reference, or NULL */
     uint64_t seq;                 /* the publisher channel's number */
-    struct queue *stub;           /* a forward: its stand-in (one reference), for a resend */
     struct message *message;      /* a forward: one reference; NULL for replication */
-    uint64_t epoch;               /* a forward: the queue's epoch it was sent under */
+    struct forward_target one;    /* the targets when there is one (the common case) */
+    struct forward_target *many;  /* owned, when there are more */
+    uint32_t targets_count;
+    bool dead_lettered;
+    bool nack;                    /* a target taken out of it could not be resent */
     proxy_notify_fn notify;       /* or a callback (replica.c's stream to a backup) */
     void *notify_ctx;
     uint64_t notify_tag;
@@ -36,6 +49,9 @@ struct forward_wait {
 };
 
 #define HELD_FORWARDS_MAX 100000  /* per stand-in; beyond it, publishes are nacked */
+/* Targets named by one forward: its method frame (a name and an epoch per
+ * target, at most 266 bytes each) stays far under any frame_max. */
+#define FORWARD_TARGETS_MAX 64
 
 struct proxy_forwarder {
     struct list_node peer_link;   /* in peer->forwarders */
@@ -47,22 +63,59 @@ struct proxy_forwarder {
     uint64_t first_seq;           /* link sequence number of waits[head] */
 };
 
+static struct forward_target *wait_targets(struct forward_wait *w)
+{
+    return w->targets_count > 1 ? w->many : &w->one;
+}
+
 /* ---- forwarding publishes ---- */
 
 static bool hold_forward(struct queue *queue, struct message *message, struct confirm_sink *sink,
-                         uint64_t seq);
+                         uint64_t seq, bool dead_lettered);
 
-/* A forward the primary did not take for good is sent again (to whoever is
- * the primary by then): its link died before the answer came, or it was
- * nacked by a primary that has since been replaced (a deposed primary
- * discards what it never confirmed; the publisher should not see that). */
-static bool forward_resend(const struct forward_wait *w, bool ack, bool lost)
+/* Whether a target the primary did not take for good is sent again (to
+ * whoever is the primary by then): its link died before the answer came
+ * (lost), or it was nacked by a primary that has since been replaced (a
+ * deposed primary discards what it never confirmed; the publisher should
+ * not see that). False: the answer stands (or there is nowhere to send it). */
+static bool target_resent(const struct forward_wait *w, const struct forward_target *t, bool ack,
+                          bool lost)
 {
-    if (w->stub == NULL || !queue_is_remote(w->stub) || w->stub->deleted)
+    if (!queue_is_remote(t->stub) || t->stub->deleted)
         return false;
-    if (!lost && (ack || proxy_stub_epoch(w->stub) == w->epoch))
+    if (!lost && (ack || proxy_stub_epoch(t->stub) == t->epoch))
         return false;
-    return hold_forward(w->stub, w->message, w->sink, w->seq);
+    return hold_forward(t->stub, w->message, w->sink, w->seq, w->dead_lettered);
+}
+
+/* A forward's answer (ack or nack from its primary; lost: the link died
+ * before it came). The sink hears one answer per resent target, plus the
+ * primary's for the targets that stand (the channel expects one answer
+ * per forward: confirm_sink_expect adds the difference). */
+static void forward_answered(struct forward_wait *w, bool ack, bool lost)
+{
+    struct forward_target *targets = wait_targets(w);
+    uint32_t resent = 0;
+    bool stands = false;
+    for (uint32_t i = 0; i < w->targets_count; i++) {
+        if (target_resent(w, &targets[i], ack, lost))
+            resent++;
+        else
+            stands = true;
+    }
+    bool answer_ack = ack && !lost && !w->nack;
+    if (w->nack)
+        stands = true;
+    if (w->sink) {
+        uint32_t answers = resent + (stands ? 1 : 0);
+        if (answers > 1)
+            confirm_sink_expect(w->sink, w->seq, answers - 1);
+        if (stands)
+            confirm_sink_answer(w->sink, w->seq, answer_ack);
+    }
+    for (uint32_t i = 0; i < w->targets_count; i++)
+        queue_unref(targets[i].stub);
+    free(w->many);
 }
 
 /* answer: the primary's ack or nack; lost: the link died before it came
@@ -76,18 +129,16 @@ static void forwarder_answer(struct proxy_forwarder *f, struct forward_wait *slo
         return;
     struct forward_wait w = *slot;
     *slot = (struct forward_wait){.done = true};
-    bool resent = forward_resend(&w, ack, lost);
     if (w.notify)
         w.notify(w.notify_ctx, w.notify_tag, ack && !lost);
-    if (w.sink) {
-        if (!resent)
-            confirm_sink_answer(w.sink, w.seq, ack);
+    if (w.targets_count > 0)
+        forward_answered(&w, ack, lost);
+    else if (w.sink)
+        confirm_sink_answer(w.sink, w.seq, ack && !lost);
+    if (w.sink)
         confirm_sink_unref(w.sink);
-    }
     if (w.message)
         message_unref(w.message);
-    if (w.stub)
-        queue_unref(w.stub);
     (void)f;
 }
 
@@ -181,72 +232,146 @@ static void forwarder_push(struct proxy_forwarder *f, struct forward_wait w)
     f->count++;
 }
 
-/* Sends m (and message's content) to peer; for a content, w says who
- * waits for the answer: the sink and seq (referenced here), the stand-in
- * to resend for (ditto), or a callback. */
-static bool peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m,
-                      struct message *message, struct forward_wait w)
+/* The forwarder to peer for vhost, if the peer can be reached now. */
+static struct proxy_forwarder *reachable(struct member_peer *peer, struct bytes vhost)
 {
     /* (Also from a closed callback while the link goes down.) */
     if (peer == NULL || !peer->up || !link_is_up(peer->link))
-        return false;
-    struct proxy_forwarder *f = forwarder_for(peer, vhost);
-    if (f == NULL)
-        return false;
-    if (message == NULL) {
-        link_send(f->ch, m);
-        return true;
-    }
-    uint64_t link_seq = link_send_content(f->ch, m, message);
-    ASSERT(link_seq == f->first_seq + f->count);
-    if (w.sink)
-        confirm_sink_ref(w.sink);
-    if (w.stub) {
-        queue_ref(w.stub);
-        message_ref(message);
-        w.message = message;
-    }
-    forwarder_push(f, w);
-    return true;
+        return NULL;
+    return forwarder_for(peer, vhost);
 }
 
-bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m,
-                     struct message *message, struct confirm_sink *sink, uint64_t seq)
+bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m)
 {
-    return peer_send(peer, vhost, m, message, (struct forward_wait){.sink = sink, .seq = seq});
+    struct proxy_forwarder *f = reachable(peer, vhost);
+    if (f == NULL)
+        return false;
+    link_send(f->ch, m);
+    return true;
 }
 
 bool proxy_peer_send_notify(struct member_peer *peer, struct bytes vhost, const struct method *m,
                             struct message *message, proxy_notify_fn notify, void *ctx,
                             uint64_t tag)
 {
-    return peer_send(peer, vhost, m, message,
-                     (struct forward_wait){.notify = notify, .notify_ctx = ctx, .notify_tag = tag});
+    struct proxy_forwarder *f = reachable(peer, vhost);
+    if (f == NULL)
+        return false;
+    uint64_t link_seq = link_send_content(f->ch, m, message);
+    ASSERT(link_seq == f->first_seq + f->count);
+    forwarder_push(f, (struct forward_wait){.notify = notify, .notify_ctx = ctx,
+                                            .notify_tag = tag});
+    return true;
 }
 
-bool forward__stub(struct queue *queue, struct message *message, struct confirm_sink *sink,
-                         uint64_t seq)
+/* One basic.quay-forward of message to peer, naming stubs[0..count) (all
+ * its stand-ins, each under its epoch): one answer for all of them. */
+static bool send_forward(struct member_peer *peer, struct queue *const *stubs, uint32_t count,
+                         struct message *message, struct confirm_sink *sink, uint64_t seq,
+                         bool dead_lettered)
 {
-    struct proxy_stub *stub = stub_of(queue);
-    if (!stub->available)
+    ASSERT(count > 0 && count <= FORWARD_TARGETS_MAX);
+    struct bytes vhost = stubs[0]->vhost->name;
+    struct proxy_forwarder *f = reachable(peer, vhost);
+    if (f == NULL)
         return false;
-    struct member_peer *peer = member_peer(stub->member, stub->primary_id);
-    if (stub->held_count > 0 || peer == NULL || !peer->up)
-        return hold_forward(queue, message, sink, seq); /* in order, behind the held ones */
+    uint8_t buf[FORWARD_TARGETS_MAX * (1 + 255 + 1 + 8)];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    struct forward_wait wait = {.sink = sink, .seq = seq, .message = message,
+                                .targets_count = count, .dead_lettered = dead_lettered};
+    if (count > 1) {
+        wait.many = malloc(sizeof *wait.many * count);
+        ASSERT(wait.many != NULL);
+    }
+    struct forward_target *targets = wait_targets(&wait);
+    for (uint32_t i = 0; i < count; i++) {
+        ASSERT(stubs[i]->vhost == stubs[0]->vhost);
+        struct field_value epoch = {.kind = 'l', .i64 = (int64_t)proxy_stub_epoch(stubs[i])};
+        table_put_field(&w, stubs[i]->name, &epoch);
+        targets[i] = (struct forward_target){stubs[i], (uint64_t)epoch.i64};
+        queue_ref(stubs[i]);
+    }
+    ASSERT(!w.overflow);
     struct method m = {.id = METHOD_BASIC_QUAY_FORWARD};
-    m.basic_quay_forward.queue = queue->name;
     m.basic_quay_forward.exchange = message_exchange(message);
     m.basic_quay_forward.routing_key = message_routing_key(message);
-    m.basic_quay_forward.epoch = stub->epoch;
-    return peer_send(peer, queue->vhost->name, &m, message,
-                     (struct forward_wait){.sink = sink, .seq = seq, .stub = queue,
-                                           .epoch = stub->epoch});
+    m.basic_quay_forward.dead_lettered = dead_lettered;
+    m.basic_quay_forward.targets = table_writer_table(&w);
+    uint64_t link_seq = link_send_content(f->ch, &m, message);
+    ASSERT(link_seq == f->first_seq + f->count);
+    message_ref(message);
+    if (sink)
+        confirm_sink_ref(sink);
+    forwarder_push(f, wait);
+    return true;
+}
+
+/* Sends one forward per FORWARD_TARGETS_MAX stand-ins of group (all with
+ * the same primary); those that cannot be sent are held. Counts answers. */
+static void send_group(struct member_peer *peer, struct queue *const *group, uint32_t count,
+                       struct queue_forward *fwd)
+{
+    for (uint32_t i = 0; i < count; i += FORWARD_TARGETS_MAX) {
+        uint32_t n = count - i < FORWARD_TARGETS_MAX ? count - i : FORWARD_TARGETS_MAX;
+        if (send_forward(peer, group + i, n, fwd->message, fwd->sink, fwd->seq,
+                         fwd->dead_lettered)) {
+            fwd->answers++;
+            continue;
+        }
+        for (uint32_t j = i; j < i + n; j++) {
+            if (hold_forward(group[j], fwd->message, fwd->sink, fwd->seq, fwd->dead_lettered))
+                fwd->answers++;
+            else
+                fwd->unavailable++;
+        }
+    }
+}
+
+void forward__stubs(struct queue *const *queues, uint32_t count, struct queue_forward *fwd)
+{
+    ASSERT(count <= 256);
+    struct queue *group[256];
+    uint32_t peers[256];
+    uint32_t peers_count = 0;
+    /* First what cannot go now; then one forward per primary broker. */
+    for (uint32_t i = 0; i < count; i++) {
+        struct proxy_stub *stub = stub_of(queues[i]);
+        struct member_peer *peer = member_peer(stub->member, stub->primary_id);
+        if (!stub->available) {
+            fwd->unavailable++;
+        } else if (stub->held_count > 0 || peer == NULL || !peer->up) {
+            /* In order, behind the held ones, until it can be reached. */
+            if (hold_forward(queues[i], fwd->message, fwd->sink, fwd->seq, fwd->dead_lettered))
+                fwd->answers++;
+            else
+                fwd->unavailable++;
+        } else {
+            bool seen = false;
+            for (uint32_t p = 0; p < peers_count && !seen; p++)
+                seen = peers[p] == stub->primary_id;
+            if (!seen)
+                peers[peers_count++] = stub->primary_id;
+        }
+    }
+    for (uint32_t p = 0; p < peers_count; p++) {
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < count; i++) {
+            struct proxy_stub *stub = stub_of(queues[i]);
+            struct member_peer *peer = member_peer(stub->member, stub->primary_id);
+            if (stub->primary_id == peers[p] && stub->available && stub->held_count == 0 &&
+                peer != NULL && peer->up)
+                group[n++] = queues[i];
+        }
+        ASSERT(n > 0);
+        send_group(member_peer(stub_of(group[0])->member, peers[p]), group, n, fwd);
+    }
 }
 
 /* ---- publishes waiting for a primary ---- */
 
 static bool hold_forward(struct queue *queue, struct message *message, struct confirm_sink *sink,
-                         uint64_t seq)
+                         uint64_t seq, bool dead_lettered)
 {
     struct proxy_stub *stub = stub_of(queue);
     if (!stub->available || stub->held_count >= HELD_FORWARDS_MAX)
@@ -258,12 +383,12 @@ static bool hold_forward(struct queue *queue, struct message *message, struct co
     if (sink)
         confirm_sink_ref(sink);
     stub->held[(stub->held_head + stub->held_count) & (stub->held_cap - 1)] =
-        (struct held_forward){message, sink, seq};
+        (struct held_forward){message, sink, seq, dead_lettered};
     stub->held_count++;
     return true;
 }
 
-/* Sends the held publishes to the primary (ack: false: nack them all). */
+/* Sends the held publishes to the primary (send false: nack them all). */
 void forward__release_held(struct queue *queue, bool send)
 {
     struct proxy_stub *stub = stub_of(queue);
@@ -274,17 +399,8 @@ void forward__release_held(struct queue *queue, bool send)
         struct held_forward h = stub->held[stub->held_head];
         stub->held_head = (stub->held_head + 1) & (stub->held_cap - 1);
         stub->held_count--;
-        bool sent = false;
-        if (send) {
-            struct method m = {.id = METHOD_BASIC_QUAY_FORWARD};
-            m.basic_quay_forward.queue = queue->name;
-            m.basic_quay_forward.exchange = message_exchange(h.message);
-            m.basic_quay_forward.routing_key = message_routing_key(h.message);
-            m.basic_quay_forward.epoch = stub->epoch;
-            sent = peer_send(peer, queue->vhost->name, &m, h.message,
-                             (struct forward_wait){.sink = h.sink, .seq = h.seq, .stub = queue,
-                                                   .epoch = stub->epoch});
-        }
+        bool sent = send && send_forward(peer, &queue, 1, h.message, h.sink, h.seq,
+                                         h.dead_lettered);
         if (!sent && h.sink)
             confirm_sink_answer(h.sink, h.seq, false);
         if (h.sink)
@@ -314,11 +430,37 @@ uint32_t proxy_stub_take_held(struct queue *queue, struct proxy_held **out)
     ASSERT(*out != NULL);
     for (uint32_t i = 0; i < n; i++) {
         struct held_forward h = stub->held[(stub->held_head + i) & (stub->held_cap - 1)];
-        (*out)[i] = (struct proxy_held){h.message, h.sink, h.seq};
+        (*out)[i] = (struct proxy_held){h.message, h.sink, h.seq, h.dead_lettered};
     }
     stub->held_count = 0;
     stub->held_head = 0;
     return n;
+}
+
+/* Takes queue's target out of a forward that names others too: it is
+ * held for the queue's new primary (one more answer for the sink), and
+ * the forward's own answer goes on covering the rest. */
+static void wait_drop_target(struct forward_wait *w, struct queue *queue)
+{
+    ASSERT(w->targets_count > 1);
+    struct forward_target *targets = w->many;
+    uint32_t i = 0;
+    while (targets[i].stub != queue)
+        i++;
+    ASSERT(i < w->targets_count);
+    if (hold_forward(queue, w->message, w->sink, w->seq, w->dead_lettered)) {
+        if (w->sink)
+            confirm_sink_expect(w->sink, w->seq, 1);
+    } else {
+        w->nack = true; /* nowhere to send it: the publisher hears a nack */
+    }
+    queue_unref(queue);
+    targets[i] = targets[--w->targets_count];
+    if (w->targets_count == 1) {
+        w->one = targets[0];
+        free(w->many);
+        w->many = NULL;
+    }
 }
 
 void forward__redirect(struct queue *queue, uint32_t old_primary_id)
@@ -333,8 +475,18 @@ void forward__redirect(struct queue *queue, uint32_t old_primary_id)
             continue;
         for (uint32_t i = 0; i < f->count; i++) {
             struct forward_wait *w = &f->waits[(f->head + i) & (f->cap - 1)];
-            if (!w->done && w->stub == queue)
+            if (w->done || w->targets_count == 0)
+                continue;
+            struct forward_target *targets = wait_targets(w);
+            bool names_it = false;
+            for (uint32_t t = 0; t < w->targets_count && !names_it; t++)
+                names_it = targets[t].stub == queue;
+            if (!names_it)
+                continue;
+            if (w->targets_count == 1)
                 forwarder_answer(f, w, false, true); /* held, for the new primary */
+            else
+                wait_drop_target(w, queue);
         }
         forwarder_trim(f);
     }

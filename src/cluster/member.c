@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "amqp/method_gen.h"
+#include "amqp/table.h"
 #include "broker/broker.h"
 #include "broker/channel.h"
 #include "broker/connection.h"
@@ -171,8 +172,13 @@ static void on_forward(void *ctx, uint32_t leader_id, const uint8_t *entry, size
     ASSERT(m != NULL);
     memcpy(m->body, entry, size);
     m->body_received = size;
+    uint8_t targets[64];
+    struct table_writer w;
+    table_writer_init(&w, targets, sizeof targets);
+    table_put_int(&w, MEMBER_MAP_TARGET, 0);
+    ASSERT(!w.overflow);
     struct method fwd = {.id = METHOD_BASIC_QUAY_FORWARD};
-    fwd.basic_quay_forward.queue = BYTES_LIT(MEMBER_MAP_TARGET);
+    fwd.basic_quay_forward.targets = table_writer_table(&w);
     link_send_content(peer->map_channel, &fwd, m);
     message_unref(m);
 }
@@ -201,6 +207,7 @@ struct parked_forward {
     struct message *message;     /* one reference */
     struct confirm_sink *sink;   /* one reference, or NULL */
     uint64_t seq;
+    bool dead_lettered;          /* queue_publish_dead_lettered, not queue_publish */
 };
 
 bool member_map_behind(const struct member *member, struct bytes vhost, struct bytes queue,
@@ -218,7 +225,7 @@ bool member_map_behind(const struct member *member, struct bytes vhost, struct b
 
 void member_park_forward(struct member *member, struct vhost *vhost, struct bytes queue,
                          uint64_t epoch, struct message *message, struct confirm_sink *sink,
-                         uint64_t seq)
+                         uint64_t seq, bool dead_lettered)
 {
     struct parked_forward *p = calloc(1, sizeof *p);
     ASSERT(p != NULL);
@@ -231,6 +238,7 @@ void member_park_forward(struct member *member, struct vhost *vhost, struct byte
     if (sink)
         confirm_sink_ref(sink);
     p->seq = seq;
+    p->dead_lettered = dead_lettered;
     list_push_back(&member->parked, &p->link);
 }
 
@@ -258,8 +266,12 @@ void member__route_parked(struct member *member, bool give_up)
         bool ok = !give_up && queue != NULL && !queue_is_remote(queue) &&
                   member_forward_fresh(member, p->vhost, p->queue, p->epoch);
         struct publish_wait wait = {.sink = p->sink, .seq = p->seq};
-        if (ok && queue_publish(queue, p->message, &wait) == QUEUE_PUBLISH_REJECTED)
-            ok = false;
+        if (ok) {
+            enum queue_publish_result r =
+                p->dead_lettered ? queue_publish_dead_lettered(queue, p->message, &wait)
+                                 : queue_publish(queue, p->message, &wait);
+            ok = r != QUEUE_PUBLISH_REJECTED;
+        }
         if (p->sink)
             confirm_sink_routed(p->sink, p->seq, &wait, !ok);
         parked_free(p);

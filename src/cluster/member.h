@@ -118,7 +118,7 @@ bool member_map_behind(const struct member *member, struct bytes vhost, struct b
                        uint64_t epoch);
 void member_park_forward(struct member *member, struct vhost *vhost, struct bytes queue,
                          uint64_t epoch, struct message *message, struct confirm_sink *sink,
-                         uint64_t seq);
+                         uint64_t seq, bool dead_lettered);
 
 /* Places a new queue (decl's vhost, name, exclusive set): its primary,
  * backups and replication factor. pinned: an exclusive, auto-delete or

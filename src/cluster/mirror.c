@@ -154,7 +154,10 @@ static void route_held(struct queue *queue, struct proxy_held *held, uint32_t co
 {
     for (uint32_t i = 0; i < count; i++) {
         struct publish_wait wait = {.sink = held[i].sink, .seq = held[i].seq};
-        bool rejected = queue_publish(queue, held[i].message, &wait) == QUEUE_PUBLISH_REJECTED;
+        enum queue_publish_result r =
+            held[i].dead_lettered ? queue_publish_dead_lettered(queue, held[i].message, &wait)
+                                  : queue_publish(queue, held[i].message, &wait);
+        bool rejected = r == QUEUE_PUBLISH_REJECTED;
         if (held[i].sink) {
             confirm_sink_routed(held[i].sink, held[i].seq, &wait, rejected);
             confirm_sink_unref(held[i].sink);

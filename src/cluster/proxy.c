@@ -420,7 +420,7 @@ static void stub_journal_closing(struct queue *queue)
 }
 
 static const struct queue_remote_ops stub_ops = {
-    .forward = forward__stub,
+    .forward = forward__stubs,
     .consumer_added = stub_consumer_added,
     .consumer_removed = stub_consumer_removed,
     .ack = stub_ack,

@@ -55,15 +55,12 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq);
  * *available false: the queue is unavailable (its primary is down). */
 bool proxy_consume_waits(struct queue *queue, bool *available);
 
-/* Sends m to peer on its confirm channel for vhost, in order with the
- * publishes forwarded to it; with a message, its content follows and the
- * peer's answer goes to sink (if any) as publish seq, like a forward's.
- * False: the peer cannot be reached now. */
-struct confirm_sink;
+/* Sends m (no content) to peer on its confirm channel for vhost, in order
+ * with the publishes forwarded to it. False: the peer cannot be reached
+ * now. */
 struct method;
 struct message;
-bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m,
-                     struct message *message, struct confirm_sink *sink, uint64_t seq);
+bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m);
 
 /* The same with a content, whose answer goes to notify(ctx, tag, ack)
  * (ack false also when the link died first); answers come in the order
@@ -84,10 +81,12 @@ struct replica *proxy_stub_take_replica(struct queue *queue);
 /* Promotion: the publishes a stand-in holds for its primary, now ours to
  * route. Returns how many; *out is a malloc'ed array the caller frees, and
  * each entry's references (message, sink) pass to the caller. */
+struct confirm_sink;
 struct proxy_held {
     struct message *message;
     struct confirm_sink *sink; /* NULL: nobody waits */
     uint64_t seq;
+    bool dead_lettered;
 };
 uint32_t proxy_stub_take_held(struct queue *queue, struct proxy_held **out);
 /* Before that, at a promotion: the forwards the stand-in sent to the old

@@ -25,6 +25,7 @@ struct held_forward {
     struct message *message;      /* one reference */
     struct confirm_sink *sink;    /* one reference, or NULL */
     uint64_t seq;
+    bool dead_lettered;
 };
 
 /* The proxy state of a stand-in; owned by its queue (queue->remote). */
@@ -50,10 +51,11 @@ static inline struct proxy_stub *stub_of(struct queue *queue)
 }
 
 /* forward.c */
-/* A publish routed to a stand-in: forwarded to its primary, or held while
- * none can be reached; false: the queue has no primary (nack it). */
-bool forward__stub(struct queue *queue, struct message *message, struct confirm_sink *sink,
-                   uint64_t seq);
+/* remote_ops->forward (queue.h): publishes routed to stand-ins, forwarded
+ * to their primaries (one copy per primary broker), or held while none
+ * can be reached. */
+struct queue_forward;
+void forward__stubs(struct queue *const *queues, uint32_t count, struct queue_forward *fwd);
 /* The held publishes: sent to the primary the stand-in now names (send),
  * or nacked. */
 void forward__release_held(struct queue *queue, bool send);

@@ -262,7 +262,7 @@ static bool stream_send(struct replication *rep, struct replica_stream *s, const
     struct member_peer *peer = member_peer(rep->member, s->backup_id);
     struct bytes vhost = rep->queue->vhost->name;
     bool sent = message ? proxy_peer_send_notify(peer, vhost, m, message, on_stream_answer, s, tag)
-                        : proxy_peer_send(peer, vhost, m, NULL, NULL, 0);
+                        : proxy_peer_send(peer, vhost, m);
     if (!sent) {
         stream_fail(rep, s, "cannot be reached");
         return false;

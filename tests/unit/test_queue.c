@@ -431,10 +431,10 @@ static void dedup_window_holds_back_resends(void **state)
     /* A dead-lettered message is never held back (a DLX retry loop through
      * this queue must not lose it), but it is remembered. */
     struct message *m = make_id(10, "a");
-    assert_int_equal(queue_publish_dead_lettered(q, m), QUEUE_PUBLISH_OK);
+    assert_int_equal(queue_publish_dead_lettered(q, m, NULL), QUEUE_PUBLISH_OK);
     message_unref(m);
     m = make_id(11, "c");
-    assert_int_equal(queue_publish_dead_lettered(q, m), QUEUE_PUBLISH_OK);
+    assert_int_equal(queue_publish_dead_lettered(q, m, NULL), QUEUE_PUBLISH_OK);
     message_unref(m);
     assert_int_equal(publish_id(q, 12, "c"), QUEUE_PUBLISH_DUPLICATE);
     assert_int_equal(queue_ready_count(q), 2);
