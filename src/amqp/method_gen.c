@@ -1193,6 +1193,19 @@ static void encode_basic_quay_settle(const struct method *in, struct wire_writer
     wire_write_u8(w, bits);
 }
 
+static int decode_basic_quay_sync(struct method *out, struct wire_reader *r)
+{
+    struct method_basic_quay_sync *m = &out->basic_quay_sync;
+    m->version = wire_read_u64(r);
+    return r->failed ? E_SYNTAX : OK;
+}
+
+static void encode_basic_quay_sync(const struct method *in, struct wire_writer *w)
+{
+    const struct method_basic_quay_sync *m = &in->basic_quay_sync;
+    wire_write_u64(w, m->version);
+}
+
 static int decode_confirm_select(struct method *out, struct wire_reader *r)
 {
     struct method_confirm_select *m = &out->confirm_select;
@@ -1366,6 +1379,7 @@ static const struct {
     {decode_basic_quay_forward, encode_basic_quay_forward},
     {decode_basic_quay_replicate, encode_basic_quay_replicate},
     {decode_basic_quay_settle, encode_basic_quay_settle},
+    {decode_basic_quay_sync, encode_basic_quay_sync},
     {decode_confirm_select, encode_confirm_select},
     {decode_confirm_select_ok, encode_confirm_select_ok},
     {decode_tx_select, encode_tx_select},
@@ -1666,6 +1680,9 @@ static const struct method_field FIELDS_BASIC_QUAY_SETTLE[] = {
     {"seq", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_settle.seq)},
     {"purge", METHOD_FIELD_BIT, offsetof(struct method, basic_quay_settle.purge)},
 };
+static const struct method_field FIELDS_BASIC_QUAY_SYNC[] = {
+    {"version", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_sync.version)},
+};
 static const struct method_field FIELDS_CONFIRM_SELECT[] = {
     {"no-wait", METHOD_FIELD_BIT, offsetof(struct method, confirm_select.no_wait)},
 };
@@ -1789,6 +1806,8 @@ const struct method_info METHOD_INFOS[METHOD_COUNT] = {
      false, true, 5, FIELDS_BASIC_QUAY_REPLICATE},
     {METHOD_BASIC_QUAY_SETTLE, "basic.quay-settle",
      false, false, 4, FIELDS_BASIC_QUAY_SETTLE},
+    {METHOD_BASIC_QUAY_SYNC, "basic.quay-sync",
+     false, false, 1, FIELDS_BASIC_QUAY_SYNC},
     {METHOD_CONFIRM_SELECT, "confirm.select",
      true, false, 1, FIELDS_CONFIRM_SELECT},
     {METHOD_CONFIRM_SELECT_OK, "confirm.select-ok",

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "broker/channel.h"
 #include "broker/connection.h"
 #include "broker/message.h"
 #include "broker/vhost.h"
@@ -131,6 +132,8 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     }
     create_vhosts(broker);
     net_init(&broker->net, loop);
+    list_init(&broker->confirms_owed);
+    net_flush_hook_add(&broker->net, &broker->confirms_hook, channels_flush_confirms);
     read_batch_enable(&broker->net.read_batch, config->limits.read_batch_us);
     char err[1024];
     if (durable_open(broker, err, sizeof err) != 0) {

@@ -88,6 +88,10 @@ struct broker {
     /* The cluster secret (borrowed from the node; empty when not clustered):
      * peer brokers log in with it (mechanism QUAY-CLUSTER, cluster/link.h). */
     struct bytes cluster_secret;
+    /* Channels that owe their publishers confirms: sent together at the
+     * end of the loop iteration (confirms_hook), one multiple ack each. */
+    struct list_node confirms_owed; /* struct channel.confirm_link */
+    struct net_flush_hook confirms_hook;
     bool stopping;
 };
 

@@ -428,10 +428,15 @@ void channel_handle_frame(struct channel *ch, const struct frame *frame)
 
 /* ---- publishing ----------------------------------------------------- */
 
+/* The channel's publisher is owed acks: they go out at the end of the
+ * loop iteration, with whatever else it is owed by then. */
 static void owe_confirm(struct channel *ch)
 {
+    struct broker *broker = ch->connection->broker;
     if (!list_linked(&ch->confirm_link))
-        list_push_back(&ch->connection->confirms_owed, &ch->confirm_link);
+        list_push_back(&broker->confirms_owed, &ch->confirm_link);
+    conn_out_owed(&ch->connection->conn);
+    net_flush_hook_arm(&broker->net, &broker->confirms_hook);
 }
 
 /* basic.publish: remember where the content goes; the message is made
@@ -510,6 +515,12 @@ static void keep_names(struct channel *ch, struct bytes exchange, struct bytes r
  * table names each with the epoch it was sent under) or
  * basic.quay-replicate (a primary's copy for us, a backup, as it was
  * published); the content follows. */
+void channel__handle_sync(struct channel *ch, const struct method *m)
+{
+    if (peer_only(ch, m->id) && channel__clustered(ch))
+        channel__cluster_sync(ch, m->basic_quay_sync.version);
+}
+
 void channel__begin_forward(struct channel *ch, const struct method *m)
 {
     if (!peer_only(ch, m->id))
@@ -631,18 +642,19 @@ static void release_confirms(struct channel *ch)
 static void drain_waits(struct channel *ch, uint64_t synced, int status)
 {
     struct confirm_fifo *f = &ch->confirm_waits;
+    bool owed = false;
     while (f->count > 0 && f->items[f->head].ticket <= synced &&
            f->items[f->head].remote == 0) {
         struct confirm_wait wait = f->items[f->head];
         f->head = (f->head + 1) & (f->cap - 1);
         f->count--;
         if (wait.nack || (status < 0 && wait.ticket != 0))
-            send_nack(ch, wait.seq);
+            send_nack(ch, wait.seq); /* after the acks owed before it */
         else
-            send_acks_through(ch, wait.seq);
+            owed = true; /* acked by the next multiple ack (release_confirms) */
     }
-    if (ch->state == CHANNEL_STATE_OPEN)
-        release_confirms(ch);
+    if (owed && ch->state == CHANNEL_STATE_OPEN)
+        owe_confirm(ch);
 }
 
 void channel__commit_check(struct channel *ch, uint64_t synced, int status)
@@ -893,11 +905,12 @@ void channel__route_replica(struct channel *ch, struct message *message)
     confirm_publish(ch, 0, 0, !ok);
 }
 
-void channels_flush_confirms(struct connection *connection)
+void channels_flush_confirms(struct net_flush_hook *hook)
 {
-    while (!list_empty(&connection->confirms_owed)) {
+    struct broker *broker = CONTAINER_OF(hook, struct broker, confirms_hook);
+    while (!list_empty(&broker->confirms_owed)) {
         struct channel *ch =
-            CONTAINER_OF(connection->confirms_owed.next, struct channel, confirm_link);
+            CONTAINER_OF(broker->confirms_owed.next, struct channel, confirm_link);
         list_remove(&ch->confirm_link);
         if (ch->state == CHANNEL_STATE_OPEN)
             release_confirms(ch);

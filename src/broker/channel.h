@@ -59,7 +59,10 @@ void channels_each_unacked(struct broker *broker, const struct queue *queue,
                            void (*fn)(void *ctx, uint64_t seq, struct message *message),
                            void *ctx);
 
-/* End of an input batch: send the publisher confirms it produced. */
-void channels_flush_confirms(struct connection *connection);
+/* The end of a loop iteration (broker->confirms_hook): every channel that
+ * owes its publisher confirms sends them, one multiple ack through the
+ * last publish that waits for nothing more. */
+struct net_flush_hook;
+void channels_flush_confirms(struct net_flush_hook *hook);
 
 #endif

@@ -27,6 +27,7 @@
 struct cluster_wait {
     struct channel *ch;               /* borrowed; the channel owns the wait */
     struct cluster_request *request;  /* owned by the node until it answers */
+    struct member_sync_wait sync;     /* basic.quay-sync: waits for our map instead */
     uint32_t method_id;
     bool no_wait;
     uint32_t message_count;           /* queue.delete-ok */
@@ -165,10 +166,39 @@ void channel__cluster_forget(struct channel *ch)
     if (w == NULL)
         return;
     ch->cluster_wait = NULL;
-    cluster_request_cancel(w->request);
+    if (w->method_id == METHOD_BASIC_QUAY_SYNC)
+        member_sync_cancel(&w->sync);
+    else
+        cluster_request_cancel(w->request);
     connection_release(ch->connection);
     bytes_free(&w->arguments);
     free(w);
+}
+
+static void on_synced_through(struct member_sync_wait *sync)
+{
+    struct cluster_wait *w = CONTAINER_OF(sync, struct cluster_wait, sync);
+    struct channel *ch = w->ch;
+    ASSERT(ch->cluster_wait == w);
+    ch->cluster_wait = NULL;
+    connection_release(ch->connection);
+    free(w);
+}
+
+void channel__cluster_sync(struct channel *ch, uint64_t version)
+{
+    ASSERT(ch->cluster_wait == NULL); /* the connection is held while one waits */
+    struct cluster_wait *w = calloc(1, sizeof *w);
+    ASSERT(w != NULL);
+    w->ch = ch;
+    w->method_id = METHOD_BASIC_QUAY_SYNC;
+    w->sync.done = on_synced_through;
+    if (!member_sync_wait(ch->connection->broker->member, &w->sync, version)) {
+        free(w);
+        return; /* our map is there already */
+    }
+    ch->cluster_wait = w;
+    connection_hold(ch->connection);
 }
 
 /* ---- requests at a stand-in's primary ---- */

@@ -166,6 +166,8 @@ void channel__begin_publish(struct channel *ch, const struct method *m);
 void channel__begin_forward(struct channel *ch, const struct method *m);
 /* basic.quay-settle: a message left a queue we are a backup of. */
 void channel__handle_settle(struct channel *ch, const struct method *m);
+/* basic.quay-sync: a peer's next requests need our map at that version. */
+void channel__handle_sync(struct channel *ch, const struct method *m);
 
 /* The journal synced everything up to ticket (status < 0: it failed, and
  * the publishes waiting for it are nacked). */
@@ -215,6 +217,9 @@ void channel__fail_relayed(struct channel *ch, uint16_t code, uint32_t method_id
 void channel__fail_unreachable(struct channel *ch, const struct queue *queue, uint32_t method_id);
 /* The channel is going away: drop its waiting change, if any. */
 void channel__cluster_forget(struct channel *ch);
+/* A peer's basic.quay-sync: hold the connection's input until our map has
+ * applied through version (member_sync_wait). */
+void channel__cluster_sync(struct channel *ch, uint64_t version);
 
 /* channel_declare.c */
 void channel__remember_queue(struct channel *ch, struct bytes name);

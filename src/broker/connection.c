@@ -63,7 +63,6 @@ struct conn *connection_accept(struct net *net, void *ctx)
     connection->frame_max = FRAME_MIN_SIZE;
     connection->started_ms = uv_now(net->loop);
     list_init(&connection->exclusive_queues);
-    list_init(&connection->confirms_owed);
     list_push_back(&broker->connections, &connection->broker_link);
     broker->connections_count++;
     uint32_t limit = broker->config.limits.connections_max;
@@ -708,7 +707,6 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
         conn->in_units++;
         handle_frame(connection, &frame);
     }
-    channels_flush_confirms(connection);
     return (long)used;
 }
 

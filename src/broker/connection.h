@@ -68,7 +68,6 @@ struct connection {
     uint32_t channels_cap;
     uint32_t channels_open;
     struct list_node exclusive_queues; /* struct queue.owner_link */
-    struct list_node confirms_owed;   /* struct channel.confirm_link */
     uint32_t held;                    /* methods waiting for the cluster: input on hold */
     bool open_waits_for_sync;         /* connection.open held until the map is synced */
 };

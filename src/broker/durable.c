@@ -283,7 +283,6 @@ static void on_synced(void *ctx, uint64_t ticket, int status)
     list_for_each_safe(node, &d->confirm_waiters) {
         struct channel *ch = CONTAINER_OF(node, struct channel, durable_link);
         channel__journal_synced(ch, ticket, status);
-        channels_flush_confirms(ch->connection);
     }
 }
 

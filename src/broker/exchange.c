@@ -677,12 +677,17 @@ static bool exchange_consistent(const struct exchange *exchange)
 }
 #endif
 
+void exchange_unbind_all(struct exchange *exchange)
+{
+    while (!list_empty(&exchange->bindings))
+        binding_remove(CONTAINER_OF(list_first(&exchange->bindings), struct binding, source_link));
+}
+
 void exchange_free(struct exchange *exchange)
 {
     ASSERT(exchange != NULL);
     DEBUG_ASSERT(exchange_consistent(exchange));
-    while (!list_empty(&exchange->bindings))
-        binding_remove(CONTAINER_OF(list_first(&exchange->bindings), struct binding, source_link));
+    exchange_unbind_all(exchange);
     /* Sources that lose their last binding here are not reported: a caller
      * that wants them auto-deleted calls bind_dest_unbind_all first. */
     bind_dest_unbind_all(&exchange->as_dest, NULL, NULL);

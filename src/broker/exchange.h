@@ -77,6 +77,8 @@ struct exchange *exchange_new(struct bytes name, enum exchange_type type, bool d
                               bool auto_delete, bool internal, struct bytes arguments);
 /* Removes every binding from and to this exchange, then frees it. */
 void exchange_free(struct exchange *exchange);
+/* Removes every binding from this exchange (it is their source). */
+void exchange_unbind_all(struct exchange *exchange);
 
 void bind_dest_init(struct bind_dest *dest, enum bind_dest_kind kind);
 /* Removes every binding that points at dest (call before freeing a queue).

@@ -82,20 +82,32 @@ struct exchange *vhost_exchange_declare(struct vhost *vhost, struct bytes name,
     return exchange;
 }
 
-void vhost_exchange_delete(struct vhost *vhost, struct exchange *exchange)
+void vhost_exchange_remove(struct vhost *vhost, struct exchange *exchange)
 {
     durable_exchange_deleted(vhost->broker, vhost, exchange);
     void *removed = hmap_remove(&vhost->exchanges, exchange->name);
     ASSERT(removed == exchange);
-    /* Unbinding from this exchange may leave other auto-delete exchanges
-     * (its destinations) unused; RabbitMQ deletes those only when a
-     * binding *from* them is removed, so nothing cascades here. */
     exchange_free(exchange);
 }
 
 static void on_exchange_unused(struct exchange *exchange, void *ctx)
 {
     vhost_exchange_maybe_auto_delete(ctx, exchange);
+}
+
+void vhost_exchange_delete(struct vhost *vhost, struct exchange *exchange)
+{
+    durable_exchange_deleted(vhost->broker, vhost, exchange);
+    void *removed = hmap_remove(&vhost->exchanges, exchange->name);
+    ASSERT(removed == exchange);
+    /* Its bindings out first, so that no cascade comes back to it; then
+     * those into it, whose sources go if they are auto-delete and that was
+     * their last binding (RabbitMQ's remove_for_destination). An exchange
+     * reported unused has no binding left, so no cascade reaches it before
+     * its turn. */
+    exchange_unbind_all(exchange);
+    bind_dest_unbind_all(&exchange->as_dest, on_exchange_unused, vhost);
+    exchange_free(exchange);
 }
 
 void vhost_exchange_maybe_auto_delete(struct vhost *vhost, struct exchange *exchange)

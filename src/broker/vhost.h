@@ -40,7 +40,13 @@ static inline struct queue *vhost_queue(struct vhost *vhost, struct bytes name)
 struct exchange *vhost_exchange_declare(struct vhost *vhost, struct bytes name,
                                         enum exchange_type type, bool durable, bool auto_delete,
                                         bool internal, struct bytes arguments);
+/* Deletes an exchange as RabbitMQ does: with every binding from and to it,
+ * and the auto-delete exchanges that lose their last binding by that
+ * (recursively; a queue's deletion cascades the same way). */
 void vhost_exchange_delete(struct vhost *vhost, struct exchange *exchange);
+/* Removes just this exchange and its bindings (a cluster broker following
+ * the map, which decided any cascade itself). */
+void vhost_exchange_remove(struct vhost *vhost, struct exchange *exchange);
 /* Deletes the exchange if it is auto-delete and has no bindings left. */
 void vhost_exchange_maybe_auto_delete(struct vhost *vhost, struct exchange *exchange);
 

@@ -247,11 +247,76 @@ static uint32_t bindings_remove_all(struct cluster_map *map, struct list_node *h
     return n;
 }
 
-static uint32_t queue_remove(struct cluster_map *map, struct map_queue *q)
+/* What a removal took with it. */
+struct removed {
+    uint32_t bindings;
+    uint32_t exchanges;
+};
+
+static void exchange_remove(struct cluster_map *map, struct map_exchange *x,
+                            struct removed *out);
+
+/* RabbitMQ's auto-delete: an exchange that lost its last binding (as a
+ * source) goes too. */
+static void exchange_maybe_auto_delete(struct cluster_map *map, struct map_exchange *x,
+                                       struct removed *out)
+{
+    if (!x->auto_delete || x->bindings_out_count > 0)
+        return;
+    exchange_remove(map, x, out);
+    out->exchanges++;
+}
+
+/* Removes every binding into a queue or an exchange (its bindings_in), then
+ * the auto-delete sources they leave without a binding, and so on (as
+ * RabbitMQ's remove_for_destination does): unbinding, deleting a queue or
+ * deleting an exchange all cascade alike. Each source is checked once, after
+ * all the bindings are gone. */
+static void remove_bindings_in(struct cluster_map *map, struct list_node *head,
+                               struct removed *out)
+{
+    struct map_exchange *few[16];
+    struct map_exchange **sources = few;
+    uint32_t sources_count = 0, sources_cap = ARRAY_SIZE(few);
+    while (!list_empty(head)) {
+        struct map_binding *b = CONTAINER_OF(head->next, struct map_binding, destination_node);
+        struct map_exchange *source = b->source;
+        binding_remove(map, b);
+        out->bindings++;
+        bool seen = !source->auto_delete;
+        for (uint32_t i = 0; i < sources_count && !seen; i++)
+            seen = sources[i] == source;
+        if (seen)
+            continue;
+        if (sources_count == sources_cap) {
+            sources_cap *= 2;
+            struct map_exchange **grown = xcalloc(sources_cap, sizeof(*grown));
+            memcpy(grown, sources, sizeof(*grown) * sources_count);
+            if (sources != few)
+                free(sources);
+            sources = grown;
+        }
+        sources[sources_count++] = source;
+    }
+    /* A source an earlier one's cascade removed is in the graveyard until
+     * the command is done (map->removed_exchanges): still readable. */
+    for (uint32_t i = 0; i < sources_count; i++) {
+        if (!sources[i]->removed)
+            exchange_maybe_auto_delete(map, sources[i], out);
+    }
+    if (sources != few)
+        free(sources);
+}
+
+static uint32_t queue_remove(struct cluster_map *map, struct map_queue *q,
+                             uint32_t *exchanges_removed)
 {
     ASSERT(q->index < map->queues_count);
     ASSERT(map->queues[q->index] == q);
-    uint32_t bindings = bindings_remove_all(map, &q->bindings_in, false);
+    struct removed removed_too = {0};
+    remove_bindings_in(map, &q->bindings_in, &removed_too);
+    uint32_t bindings = removed_too.bindings;
+    *exchanges_removed += removed_too.exchanges;
     queue_count(map, q, -1);
     void *removed = hmap_remove(&q->vhost->queues, q->name);
     ASSERT(removed == q);
@@ -264,23 +329,38 @@ static uint32_t queue_remove(struct cluster_map *map, struct map_queue *q)
     return bindings;
 }
 
-static uint32_t exchange_remove(struct cluster_map *map, struct map_exchange *x)
+/* Its bindings out first (so that no cascade comes back to it), then
+ * those into it with their cascade. Freed with the command (graveyard). */
+static void exchange_remove(struct cluster_map *map, struct map_exchange *x,
+                            struct removed *out)
 {
+    ASSERT(!x->removed);
     ASSERT(x->index < map->exchanges_count);
     ASSERT(map->exchanges[x->index] == x);
-    uint32_t bindings = bindings_remove_all(map, &x->bindings_out, true);
-    bindings += bindings_remove_all(map, &x->bindings_in, false);
+    out->bindings += bindings_remove_all(map, &x->bindings_out, true);
+    remove_bindings_in(map, &x->bindings_in, out);
+    ASSERT(x->bindings_out_count == 0);
     exchange_count(map, x, -1);
     void *removed = hmap_remove(&x->vhost->exchanges, x->name);
     ASSERT(removed == x);
     struct map_exchange *last = map->exchanges[--map->exchanges_count];
     map->exchanges[x->index] = last;
     last->index = x->index;
-    bytes_free(&x->name);
-    bytes_free(&x->type);
-    bytes_free(&x->arguments);
-    free(x);
-    return bindings;
+    x->removed = true;
+    x->next_removed = map->removed_exchanges;
+    map->removed_exchanges = x;
+}
+
+static void free_removed_exchanges(struct cluster_map *map)
+{
+    while (map->removed_exchanges != NULL) {
+        struct map_exchange *x = map->removed_exchanges;
+        map->removed_exchanges = x->next_removed;
+        bytes_free(&x->name);
+        bytes_free(&x->type);
+        bytes_free(&x->arguments);
+        free(x);
+    }
 }
 
 static void user_lists_release(struct map_user *u)
@@ -319,14 +399,17 @@ static void vhost_remove(struct cluster_map *map, struct map_vhost *v, struct ma
 {
     for (uint32_t i = map->queues_count; i-- > 0;) {
         if (i < map->queues_count && map->queues[i]->vhost == v) {
-            c->bindings_deleted_count += queue_remove(map, map->queues[i]);
+            c->bindings_deleted_count += queue_remove(map, map->queues[i],
+                                                      &c->exchanges_deleted_count);
             c->queues_deleted_count++;
         }
     }
     for (uint32_t i = map->exchanges_count; i-- > 0;) {
         if (i < map->exchanges_count && map->exchanges[i]->vhost == v) {
-            c->bindings_deleted_count += exchange_remove(map, map->exchanges[i]);
-            c->exchanges_deleted_count++;
+            struct removed removed = {0};
+            exchange_remove(map, map->exchanges[i], &removed);
+            c->bindings_deleted_count += removed.bindings;
+            c->exchanges_deleted_count += 1 + removed.exchanges;
         }
     }
     ASSERT(v->queues.count == 0);
@@ -365,6 +448,7 @@ void cluster_map_free(struct cluster_map *map)
         vhost_remove(map, map->vhosts[map->vhosts_count - 1], &scratch);
     while (map->users_count > 0)
         user_remove(map, map->users[map->users_count - 1]);
+    free_removed_exchanges(map);
     for (uint32_t i = 0; i < map->brokers_count; i++) {
         struct map_broker *b = map->brokers[i];
         bytes_free(&b->name);
@@ -923,8 +1007,10 @@ static int op_exchange_delete(struct apply_ctx *ctx)
         return refuse(ctx, REPLY_PRECONDITION_FAILED, false,
                       "exchange '%.*s' in vhost '%.*s' in use", NAME_ARG(name),
                       NAME_ARG(vhost));
-    ctx->change->bindings_deleted_count = exchange_remove(ctx->map, x);
-    ctx->change->exchanges_deleted_count = 1;
+    struct removed removed = {0};
+    exchange_remove(ctx->map, x, &removed);
+    ctx->change->bindings_deleted_count = removed.bindings;
+    ctx->change->exchanges_deleted_count = 1 + removed.exchanges;
     ctx->change->changed = true;
     return OK;
 }
@@ -1054,6 +1140,12 @@ static int op_bind(struct apply_ctx *ctx, bool bind)
             binding_remove(map, b);
             ctx->change->bindings_deleted_count = 1;
             ctx->change->changed = true;
+            struct removed removed = {0};
+            exchange_maybe_auto_delete(map, source, &removed);
+            ctx->change->bindings_deleted_count += removed.bindings;
+            ctx->change->exchanges_deleted_count = removed.exchanges;
+            if (removed.exchanges > 0)
+                ctx->change->exchange = NULL; /* gone: the mirror drops it too */
         }
         return OK;
     }
@@ -1275,7 +1367,8 @@ static int op_queue_delete(struct apply_ctx *ctx)
     if (q == NULL)
         return rc;
     ctx->change->queue = NULL;
-    ctx->change->bindings_deleted_count = queue_remove(ctx->map, q);
+    ctx->change->bindings_deleted_count =
+        queue_remove(ctx->map, q, &ctx->change->exchanges_deleted_count);
     ctx->change->queues_deleted_count = 1;
     ctx->change->changed = true;
     return OK;
@@ -1519,6 +1612,7 @@ int cluster_map_apply(struct cluster_map *map, const uint8_t *cmd, size_t size,
     if (table_get(ctx.reader.table, "name", &v) && v.kind == 'S')
         c->name = v.str;
     int rc = dispatch(&ctx);
+    free_removed_exchanges(map);
     ASSERT(rc == OK || rc == E_MAP_REFUSED || rc == E_SYNTAX);
     ASSERT((rc == OK) == (c->reply_code == REPLY_SUCCESS));
     /* O(n): only while the map is small enough for it to stay cheap. */

@@ -120,6 +120,10 @@ struct map_exchange {
     struct list_node bindings_in;  /* struct map_binding.destination_node */
     uint32_t bindings_out_count;
     uint32_t index; /* in map->exchanges */
+    /* Removed by the command being applied (a cascade may still look at
+     * it): freed once the command is done. */
+    bool removed;
+    struct map_exchange *next_removed;
 };
 
 enum map_destination_kind {
@@ -185,6 +189,7 @@ struct cluster_map {
     struct map_queue **queues;
     uint32_t queues_count, queues_cap;
     uint32_t bindings_count;
+    struct map_exchange *removed_exchanges; /* within one apply (map_exchange.removed) */
     struct policy_set policies; /* every vhost's, sorted by (vhost, name) */
     /* Bumped by every change to the policies (and by a snapshot restore):
      * the controller re-applies them to existing queues when it moves. Not

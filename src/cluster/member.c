@@ -36,6 +36,7 @@ static void on_link_up(void *ctx, struct link *link)
     struct member_peer *peer = ctx;
     (void)link;
     peer->up = true;
+    peer->synced_version = 0; /* a new connection: a restarted peer may lag */
     LOG_INFO("cluster: link to broker %u (%s) is up", peer->id, peer->address);
     proxy_peer_up(peer);
 }
@@ -128,6 +129,43 @@ void member__sync_peers(struct member *member)
 
 /* ---- the node's hooks ---- */
 
+/* ---- peers waiting for our map (basic.quay-sync) ---- */
+
+/* Ends the waits whose version the map has reached (every one, if all). */
+static void end_sync_waits(struct member *member, bool all)
+{
+    uint64_t version = member_map(member)->version;
+    uint64_t now = uv_now(member->broker->loop);
+    list_for_each_safe(n, &member->sync_waits) {
+        struct member_sync_wait *w = CONTAINER_OF(n, struct member_sync_wait, link);
+        bool late = now >= w->deadline_ms;
+        if (!all && w->version > version && !late)
+            continue;
+        if (late && w->version > version)
+            LOG_WARN("cluster: a peer's requests waited %u ms for map version %llu (we are at "
+                     "%llu): served as we are", MEMBER_SYNC_WAIT_MS,
+                     (unsigned long long)w->version, (unsigned long long)version);
+        list_remove(&w->link);
+        w->done(w);
+    }
+}
+
+bool member_sync_wait(struct member *member, struct member_sync_wait *w, uint64_t version)
+{
+    if (member->stopping || member_map(member)->version >= version)
+        return false;
+    w->version = version;
+    w->deadline_ms = uv_now(member->broker->loop) + MEMBER_SYNC_WAIT_MS;
+    list_push_back(&member->sync_waits, &w->link);
+    return true;
+}
+
+void member_sync_cancel(struct member_sync_wait *w)
+{
+    if (w->link.next != NULL && list_linked(&w->link))
+        list_remove(&w->link);
+}
+
 static void on_applied(void *ctx, int rc, const struct map_change *change)
 {
     struct member *member = ctx;
@@ -141,6 +179,8 @@ static void on_applied(void *ctx, int rc, const struct map_change *change)
         mirror_change(member, change);
     if (!list_empty(&member->parked))
         member__route_parked(member, false);
+    if (!list_empty(&member->sync_waits))
+        end_sync_waits(member, false);
 }
 
 static void on_synced(void *ctx)
@@ -503,8 +543,11 @@ int member_leave(void *ctx, struct json *body)
 static void on_tick(uv_timer_t *timer)
 {
     struct member *member = timer->data;
-    if (!member->stopping)
-        replication_tick(member);
+    if (member->stopping)
+        return;
+    replication_tick(member);
+    if (!list_empty(&member->sync_waits))
+        end_sync_waits(member, false); /* the late ones */
 }
 
 static void on_timer_closed(uv_handle_t *handle)
@@ -536,6 +579,9 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
     list_init(&member->stubs);
     list_init(&member->parked);
     list_init(&member->replications);
+    list_init(&member->releasing);
+    list_init(&member->sync_waits);
+    net_flush_hook_add(&broker->net, &member->release_hook, proxy_send_releases);
     member->timer = calloc(1, sizeof *member->timer);
     ASSERT(member->timer != NULL);
     uv_timer_init(broker->loop, member->timer);
@@ -555,6 +601,8 @@ void member_stop(struct member *member)
     if (member->stopping)
         return;
     member->stopping = true;
+    net_flush_hook_remove(&member->release_hook);
+    end_sync_waits(member, true);
     uv_close((uv_handle_t *)member->timer, on_timer_closed);
     member->timer = NULL;
     struct cluster_node_hooks none = {0};

@@ -34,6 +34,7 @@
 #include "lib/list.h"
 #include "cluster/map.h"
 #include "cluster/placement.h"
+#include "net/conn.h"
 
 struct broker;
 struct cluster_node;
@@ -54,6 +55,9 @@ struct member_peer {
     enum broker_state map_state;     /* its state in the map when last synced */
     struct link_channel *map_channel; /* forwards map entries (no confirms) */
     struct list_node forwarders;     /* struct proxy_forwarder.peer_link */
+    /* The highest map version we asked the peer to apply before our next
+     * requests on this link (basic.quay-sync; proxy.c). */
+    uint64_t synced_version;
 };
 
 struct member {
@@ -68,6 +72,9 @@ struct member {
     uint32_t incarnation;            /* random per process: see member_connection_key */
     struct list_node parked;         /* struct parked_forward: forwards ahead of our map */
     struct list_node replications;   /* struct replication: our queues with backups */
+    struct list_node releasing;      /* uplinks with upstream requeues to send (proxy.c) */
+    struct list_node sync_waits;     /* struct member_sync_wait: peers waiting for our map */
+    struct net_flush_hook release_hook; /* sends them at the end of the loop iteration */
     uv_timer_t *timer;               /* owned: MEMBER_TICK_MS (closed by member_stop) */
     bool stopping;
 };
@@ -126,6 +133,23 @@ void member_park_forward(struct member *member, struct vhost *vhost, struct byte
  * or -1 for the vhost's matching replication policy, else the default. */
 void member_place_queue(struct member *member, struct map_queue_decl *decl, bool pinned,
                         int32_t backups);
+
+/* A peer's basic.quay-sync: its next requests name map objects as of map
+ * version `version` (a queue it just declared, or that moved to us), so
+ * its link's input waits until our map has applied that far (at most
+ * MEMBER_SYNC_WAIT_MS: then the requests are answered with the map we
+ * have). member_sync_wait returns false when the map is there already;
+ * else done(w) runs once it is (or the wait timed out), unless
+ * member_sync_cancel came first. w is the caller's. */
+#define MEMBER_SYNC_WAIT_MS 2000
+struct member_sync_wait {
+    struct list_node link;           /* in member->sync_waits */
+    uint64_t version;
+    uint64_t deadline_ms;
+    void (*done)(struct member_sync_wait *w);
+};
+bool member_sync_wait(struct member *member, struct member_sync_wait *w, uint64_t version);
+void member_sync_cancel(struct member_sync_wait *w);
 
 /* The map's name for one of our connections (an exclusive queue's owner):
  * its id with this process's incarnation, so that a restarted broker never

@@ -59,7 +59,7 @@ static void ensure_exchange(struct member *member, const struct map_exchange *mx
     if (x && exchange_matches(x, mx))
         return;
     if (x)
-        vhost_exchange_delete(vhost, x); /* recovered from an older definition */
+        vhost_exchange_remove(vhost, x); /* recovered from an older definition */
     enum exchange_type type;
     if (exchange_type_parse(mx->type, &type) != 0) {
         LOG_WARN("cluster: exchange '%.*s' has unknown type '%.*s'; not mirrored",
@@ -71,6 +71,8 @@ static void ensure_exchange(struct member *member, const struct map_exchange *mx
                            mx->arguments);
 }
 
+/* The map deleted it: so do we, with the cascade the map applied too (it
+ * decides the same from the same bindings). */
 static void drop_exchange(struct member *member, struct bytes vhost_name, struct bytes name)
 {
     struct vhost *vhost = broker_vhost(member->broker, vhost_name);
@@ -335,6 +337,8 @@ static void mirror_apply(struct member *member, const struct map_change *c)
     case MAP_OP_UNBIND:
         if (c->changed)
             apply_binding(member, &c->binding, c->op == MAP_OP_BIND);
+        if (c->op == MAP_OP_UNBIND && c->exchanges_deleted_count > 0)
+            drop_exchange(member, c->binding.vhost, c->binding.source); /* auto-delete */
         return;
     case MAP_OP_QUEUE_DECLARE:
     case MAP_OP_QUEUE_SET_OWNER:
@@ -390,7 +394,7 @@ static void drop_strays(struct member *member, struct vhost *vhost)
             doomed[count++] = x;
     }
     for (uint32_t i = 0; i < count; i++)
-        vhost_exchange_delete(vhost, doomed[i]);
+        vhost_exchange_remove(vhost, doomed[i]);
     free(doomed);
 }
 

@@ -47,6 +47,17 @@ struct uplink {
     uint32_t held_head, held_count, held_cap;
     uint64_t outstanding;         /* upstream deliveries not yet settled upstream */
     struct list_node ops;         /* the getter's struct proxy_op, in request order */
+    /* Upstream deliveries to give back (basic.nack requeue), sent together
+     * once the local batch of settles is done (the stand-in's dispatch, or
+     * the end of the loop iteration): as one basic.nack(multiple) when they
+     * are all the uplink holds, which the primary requeues at once, each at
+     * its place, before it dispatches again; else one by one in upstream tag
+     * order (the primary redelivers each as it comes: a batch released
+     * newest first, as a channel requeues, would come back reversed).
+     * Counted in outstanding until sent. */
+    uint64_t *releasing;          /* owned */
+    uint32_t releasing_count, releasing_cap;
+    struct list_node release_link; /* in member->releasing while releasing_count > 0 */
     bool busy;                    /* inside a callback that uses it: not freed */
     bool attaching;               /* its local consumer waits for consume-ok */
 };
@@ -104,20 +115,32 @@ static void send_settle(struct uplink *u, uint32_t method_id, uint64_t tag, bool
     link_send(u->ch, &m);
 }
 
+/* The upstream channel is gone (the primary requeued everything it
+ * held): nothing is left to give back. */
+static void uplink_forget_releases(struct uplink *u)
+{
+    u->releasing_count = 0;
+    if (list_linked(&u->release_link))
+        list_remove(&u->release_link);
+}
+
 static void uplink_free(struct uplink *u)
 {
     ASSERT(u->held_count == 0);
+    ASSERT(u->releasing_count == 0 || u->ch == NULL);
+    uplink_forget_releases(u);
     if (u->stub->getter == u)
         u->stub->getter = NULL;
     if (u->ch)
         link_channel_close(u->ch);
     list_remove(&u->stub_link);
     free(u->held);
+    free(u->releasing);
     free(u);
 }
 
 /* Frees the uplink once nothing refers to it: no local consumer, no
- * pending get, and every upstream delivery settled. */
+ * pending get, and every upstream delivery settled (given back too). */
 static void uplink_maybe_free(struct uplink *u)
 {
     if (u->busy || u->stub->getter == u)
@@ -127,6 +150,65 @@ static void uplink_maybe_free(struct uplink *u)
         uplink_free(u);
 }
 
+/* Gives upstream delivery tag back to the primary (requeue) with the
+ * uplink's other releases of this batch (uplink_send_releases). */
+static void release_later(struct uplink *u, uint64_t tag)
+{
+    if (u->ch == NULL)
+        return; /* the upstream channel is gone: the primary requeued it already */
+    if (u->releasing_count == u->releasing_cap) {
+        u->releasing_cap = u->releasing_cap ? u->releasing_cap * 2 : 16;
+        u->releasing = realloc(u->releasing, sizeof *u->releasing * u->releasing_cap);
+        ASSERT(u->releasing != NULL);
+    }
+    u->releasing[u->releasing_count++] = tag;
+    u->outstanding++; /* until sent: the uplink must outlive it */
+    struct member *member = u->stub->member;
+    if (!list_linked(&u->release_link)) {
+        list_push_back(&member->releasing, &u->release_link);
+        net_flush_hook_arm(&member->broker->net, &member->release_hook);
+    }
+}
+
+static int tag_order(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Sends the batch's releases. May free u. */
+static void uplink_send_releases(struct uplink *u)
+{
+    if (u->releasing_count == 0)
+        return;
+    list_remove(&u->release_link);
+    qsort(u->releasing, u->releasing_count, sizeof *u->releasing, tag_order);
+    ASSERT(u->outstanding >= u->releasing_count);
+    if (u->releasing_count == u->outstanding && u->releasing_count > 1 && u->ch) {
+        /* Everything the primary delivered here and not yet settled. */
+        struct method m = {.id = METHOD_BASIC_NACK};
+        m.basic_nack.delivery_tag = u->releasing[u->releasing_count - 1];
+        m.basic_nack.multiple = true;
+        m.basic_nack.requeue = true;
+        link_send(u->ch, &m);
+    } else {
+        for (uint32_t i = 0; i < u->releasing_count; i++)
+            send_settle(u, METHOD_BASIC_NACK, u->releasing[i], true);
+    }
+    u->outstanding -= u->releasing_count;
+    u->releasing_count = 0;
+    uplink_maybe_free(u);
+}
+
+void proxy_send_releases(struct net_flush_hook *hook)
+{
+    struct member *member = CONTAINER_OF(hook, struct member, release_hook);
+    while (!list_empty(&member->releasing)) {
+        struct uplink *u = CONTAINER_OF(member->releasing.next, struct uplink, release_link);
+        uplink_send_releases(u);
+    }
+}
+
 /* Gives back what waits in the uplink (requeued at the primary). */
 static void uplink_release_held(struct uplink *u)
 {
@@ -134,9 +216,9 @@ static void uplink_release_held(struct uplink *u)
         struct queue_entry e = u->held[u->held_head].entry;
         u->held_head = (u->held_head + 1) & (u->held_cap - 1);
         u->held_count--;
-        send_settle(u, METHOD_BASIC_NACK, e.seq & TAG_MASK, true);
         ASSERT(u->outstanding > 0);
         u->outstanding--;
+        release_later(u, e.seq & TAG_MASK);
         message_unref(e.message);
     }
 }
@@ -234,6 +316,7 @@ static void on_uplink_closed(void *ctx, uint16_t code, struct bytes text)
         u->held_count--;
     }
     u->outstanding = 0;
+    uplink_forget_releases(u);
     u->busy = true;
     fail_ops(u, code, text);
     u->busy = false;
@@ -280,6 +363,7 @@ static struct uplink *uplink_open(struct proxy_stub *stub)
     list_init(&u->ops);
     u->id = ++stub->next_uplink_id;
     ASSERT(u->id <= UPLINK_ID_MAX);
+    list_init(&u->release_link);
     struct link_channel_ops ops = uplink_ops_template;
     ops.ctx = u;
     u->ch = link_channel_open(peer->link, stub->queue->vhost->name, false, &ops);
@@ -292,6 +376,22 @@ static struct uplink *uplink_open(struct proxy_stub *stub)
     return u;
 }
 
+/* Our next requests on u name the stand-in's queue as our map has it: a
+ * primary whose map lags behind that (the queue was just declared, or
+ * moved to it) applies that far before it looks at them, as basic.quay-sync
+ * holds the link's input there. Sent once per map version and link. */
+static void sync_primary(struct uplink *u)
+{
+    struct proxy_stub *stub = u->stub;
+    struct member_peer *peer = member_peer(stub->member, stub->primary_id);
+    if (peer == NULL || u->ch == NULL || stub->map_version <= peer->synced_version)
+        return;
+    struct method m = {.id = METHOD_BASIC_QUAY_SYNC};
+    m.basic_quay_sync.version = stub->map_version;
+    link_send(u->ch, &m);
+    peer->synced_version = stub->map_version;
+}
+
 /* Starts the upstream consumer of a local consumer. waits: the local
  * channel waits for the primary's answer (consumer->ops->attached). */
 static void attach(struct proxy_stub *stub, struct consumer *consumer, bool waits)
@@ -299,6 +399,7 @@ static void attach(struct proxy_stub *stub, struct consumer *consumer, bool wait
     struct uplink *u = uplink_open(stub);
     if (u == NULL)
         return; /* attached when the primary's link comes up */
+    sync_primary(u);
     u->consumer = consumer;
     u->attaching = waits;
     uint32_t credit = channel_consumer_credit(consumer);
@@ -343,7 +444,7 @@ static void stub_consumer_removed(struct queue *queue, struct consumer *consumer
         struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
         if (u->consumer != consumer)
             continue;
-        uplink_release_held(u);
+        uplink_release_held(u); /* sent with the channel's requeues, if it closes */
         u->consumer = NULL;
         if (u->ch) {
             char tag[32];
@@ -362,9 +463,12 @@ static void settle_upstream(struct queue *queue, uint64_t seq, uint32_t method_i
     struct uplink *u = uplink_find(stub_of(queue), (uint32_t)(seq >> TAG_BITS));
     if (u == NULL)
         return; /* its channel went away; the primary requeued the message */
-    send_settle(u, method_id, seq & TAG_MASK, requeue);
     if (u->outstanding > 0)
         u->outstanding--;
+    if (requeue)
+        release_later(u, seq & TAG_MASK);
+    else
+        send_settle(u, method_id, seq & TAG_MASK, false);
     uplink_maybe_free(u);
 }
 
@@ -383,9 +487,15 @@ static void stub_release(struct queue *queue, uint64_t seq)
     settle_upstream(queue, seq, METHOD_BASIC_NACK, true);
 }
 
+/* The end of a batch of settles (and any time local consumers may take
+ * more): what was given back goes upstream, in order, then what waits in
+ * the uplinks goes to the local consumers. */
 static void stub_dispatch(struct queue *queue)
 {
     struct proxy_stub *stub = stub_of(queue);
+    list_for_each_safe(n, &stub->uplinks) {
+        uplink_send_releases(CONTAINER_OF(n, struct uplink, stub_link));
+    }
     list_for_each_safe(n, &stub->uplinks) {
         uplink_drain(CONTAINER_OF(n, struct uplink, stub_link));
     }
@@ -397,6 +507,7 @@ static void stub_free(struct queue *queue)
     while (!list_empty(&stub->uplinks)) {
         struct uplink *u = CONTAINER_OF(stub->uplinks.next, struct uplink, stub_link);
         uplink_release_held(u);
+        uplink_forget_releases(u); /* its channel closes: the primary requeues them */
         while (!list_empty(&u->ops)) { /* askers hold a reference: only cancelled ones */
             struct proxy_op *op = CONTAINER_OF(list_first(&u->ops), struct proxy_op, link);
             ASSERT(op->cancelled);
@@ -537,6 +648,7 @@ struct proxy_op *proxy_get(struct queue *queue, proxy_get_fn done, void *ctx)
     if (op == NULL)
         return NULL;
     op->get_done = done;
+    sync_primary(stub_of(queue)->getter);
     struct method m = {.id = METHOD_BASIC_GET};
     m.basic_get.queue = queue->name;
     link_send(stub_of(queue)->getter->ch, &m);
@@ -552,6 +664,7 @@ struct proxy_op *proxy_query(struct queue *queue, uint32_t method_id, proxy_quer
         return NULL;
     op->method_id = method_id;
     op->query_done = done;
+    sync_primary(stub_of(queue)->getter);
     struct method m = {.id = method_id};
     if (method_id == METHOD_QUEUE_DECLARE) {
         m.queue_declare.queue = queue->name;
@@ -581,6 +694,7 @@ struct queue *proxy_stub_new(struct member *member, struct vhost *vhost,
     stub->member = member;
     stub->primary_id = mq->primary_id;
     stub->epoch = mq->epoch;
+    stub->map_version = member_map(member)->version;
     stub->available = mq->available;
     list_init(&stub->uplinks);
     list_push_back(&member->stubs, &stub->member_link);
@@ -632,6 +746,7 @@ static void detach_all(struct proxy_stub *stub)
     list_for_each_safe(n, &stub->uplinks) {
         struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
         uplink_release_held(u);
+        uplink_forget_releases(u);
         if (u->ch) {
             link_channel_close(u->ch);
             u->ch = NULL;
@@ -651,6 +766,8 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq)
     struct proxy_stub *stub = stub_of(queue);
     bool moved = stub->primary_id != mq->primary_id || stub->epoch != mq->epoch;
     bool was_available = stub->available;
+    if (moved || mq->available != was_available)
+        stub->map_version = member_map(stub->member)->version;
     uint32_t old_primary_id = stub->primary_id;
     stub->primary_id = mq->primary_id;
     stub->epoch = mq->epoch;

@@ -94,6 +94,12 @@ uint32_t proxy_stub_take_held(struct queue *queue, struct proxy_held **out);
  * primary is dead or deposed; the stand-in is about to go). */
 void proxy_stub_recall_forwards(struct queue *queue);
 
+/* The end of a loop iteration (member->release_hook): upstream deliveries
+ * local clients gave back and no settle batch sent yet go to their
+ * primaries. */
+struct net_flush_hook;
+void proxy_send_releases(struct net_flush_hook *hook);
+
 void proxy_peer_up(struct member_peer *peer);
 /* The link is down or going away: nack its forwards, drop its uplinks. */
 void proxy_peer_down(struct member_peer *peer);

@@ -35,6 +35,7 @@ struct proxy_stub {
     struct list_node member_link; /* in member->stubs */
     uint32_t primary_id;
     uint64_t epoch;
+    uint64_t map_version;         /* of our map when the queue was made or last moved */
     bool available;
     struct list_node uplinks;     /* struct uplink.stub_link */
     uint32_t next_uplink_id;

@@ -42,6 +42,7 @@ void net_init(struct net *net, uv_loop_t *loop)
     memset(net, 0, sizeof *net);
     net->loop = loop;
     list_init(&net->flush_list);
+    list_init(&net->flush_hooks);
     list_init(&net->resume_list);
     list_init(&net->conns);
     net->scratch_size = SCRATCH_SIZE;
@@ -383,6 +384,11 @@ static inline void note_output(struct conn *conn)
         read_batch_drop(&conn->net->read_batch, conn);
 }
 
+void conn_out_owed(struct conn *conn)
+{
+    note_output(conn);
+}
+
 static struct out_chunk *tail_copy_chunk(struct conn *conn, size_t n)
 {
     if (!list_empty(&conn->out_chunks)) {
@@ -570,9 +576,50 @@ static void flush(struct conn *conn)
     }
 }
 
+void net_flush_hook_add(struct net *net, struct net_flush_hook *hook,
+                        void (*fn)(struct net_flush_hook *hook))
+{
+    hook->fn = fn;
+    hook->armed = false;
+    list_push_back(&net->flush_hooks, &hook->link);
+}
+
+void net_flush_hook_remove(struct net_flush_hook *hook)
+{
+    if (hook->link.next != NULL && list_linked(&hook->link))
+        list_remove(&hook->link);
+    hook->armed = false;
+}
+
+void net_flush_hook_arm(struct net *net, struct net_flush_hook *hook)
+{
+    ASSERT(list_linked(&hook->link));
+    if (hook->armed)
+        return;
+    hook->armed = true;
+    uv_idle_start(&net->flush_idle, on_flush_idle); /* the poll must not block first */
+}
+
+/* Runs the armed hooks until none is (a hook may arm another). */
+static void run_flush_hooks(struct net *net)
+{
+    for (bool again = true; again;) {
+        again = false;
+        list_for_each_safe(n, &net->flush_hooks) {
+            struct net_flush_hook *hook = CONTAINER_OF(n, struct net_flush_hook, link);
+            if (!hook->armed)
+                continue;
+            hook->armed = false;
+            hook->fn(hook);
+            again = true;
+        }
+    }
+}
+
 static void on_flush_check(uv_check_t *check)
 {
     struct net *net = check->data;
+    run_flush_hooks(net);
     while (!list_empty(&net->flush_list)) {
         struct conn *conn = CONTAINER_OF(net->flush_list.next, struct conn, flush_link);
         list_remove(&conn->flush_link);

@@ -120,6 +120,10 @@ void conn_close_after_flush(struct conn *conn);
  * conn_out_commit(n). Never fails (aborts on OOM). */
 uint8_t *conn_out_reserve(struct conn *conn, size_t n);
 void conn_out_commit(struct conn *conn, size_t n);
+/* Output for the peer is decided but written later in this loop iteration
+ * (a publisher's confirms, net_flush_hook): counts as output now, so the
+ * peer, who may wait for it, is not read in batches (read_batch.h). */
+void conn_out_owed(struct conn *conn);
 void conn_out_bytes(struct conn *conn, const void *data, size_t n);
 /* Queues data owned by someone else; release(owner) runs once written or
  * when the connection goes away. Used for message bodies (zero copy). */
@@ -154,11 +158,25 @@ void conn_release_input(struct conn *conn);
 /* net: the loop-wide part of the transport. */
 typedef struct conn *(*net_accept_fn)(struct net *net, void *ctx);
 
+/* Work a layer above leaves for the end of the loop iteration, done in the
+ * check phase right before output is written: what one iteration produced
+ * goes out together (a publisher's confirms as one multiple ack, a proxy's
+ * upstream settles in order). Owned by the registrant; net_flush_hook_arm
+ * makes fn run once at the end of this iteration (the poll does not block
+ * before it). fn may arm hooks, itself included (they run in the same
+ * check phase). */
+struct net_flush_hook {
+    struct list_node link;         /* in net->flush_hooks */
+    void (*fn)(struct net_flush_hook *hook);
+    bool armed;
+};
+
 struct net {
     uv_loop_t *loop;               /* borrowed */
     uv_check_t flush_check;        /* flushes output after each loop iteration */
     uv_idle_t flush_idle;          /* active while output waits: the poll does not block */
     struct list_node flush_list;
+    struct list_node flush_hooks;  /* struct net_flush_hook.link */
     uv_idle_t resume_idle;         /* re-offers held input (conn_release_input) */
     struct list_node resume_list;
     struct list_node conns;
@@ -175,6 +193,10 @@ struct net {
 };
 
 void net_init(struct net *net, uv_loop_t *loop);
+void net_flush_hook_add(struct net *net, struct net_flush_hook *hook,
+                        void (*fn)(struct net_flush_hook *hook));
+void net_flush_hook_remove(struct net_flush_hook *hook);
+void net_flush_hook_arm(struct net *net, struct net_flush_hook *hook);
 /* Closes every connection and the flush handle. */
 void net_close(struct net *net);
 /* After the loop has run the close callbacks: frees the pools, asserting

@@ -223,6 +223,102 @@ static void test_exchanges_bindings(void **state)
     cluster_map_free(&map);
 }
 
+/* RabbitMQ's auto-delete exchanges, decided by the map so that every
+ * broker agrees: one goes with its last binding as a source, whether an
+ * unbind or its destination's deletion (a queue or an exchange) removed
+ * it, in the same command, and so on down a chain; a new one without
+ * bindings stays. */
+static void test_auto_delete_exchanges(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    struct map_cmd c_;
+    struct map_exchange_decl ad = {.vhost = B("/"), .name = B("ad"), .type = B("direct"),
+                                   .auto_delete = true, .owner_id = 1};
+    APPLY_OK(&map, map_cmd_exchange_declare(&c_, &ad));
+    struct map_queue_decl q1 = queue_decl("/", "q1", 1, 2);
+    struct map_queue_decl q2 = queue_decl("/", "q2", 2, 3);
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &q1, 1));
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &q2, 2));
+    assert_non_null(cluster_map_exchange(&map, B("/"), B("ad"))); /* no binding yet: stays */
+    struct map_binding_decl b1 = {.vhost = B("/"), .source = B("ad"),
+                                  .destination_kind = MAP_DESTINATION_QUEUE,
+                                  .destination = B("q1"), .routing_key = B("k")};
+    struct map_binding_decl b1b = b1;
+    b1b.routing_key = B("k2");
+    struct map_binding_decl b2 = b1;
+    b2.destination = B("q2");
+    APPLY_OK(&map, map_cmd_bind(&c_, &b1));
+    APPLY_OK(&map, map_cmd_bind(&c_, &b1b));
+    APPLY_OK(&map, map_cmd_bind(&c_, &b2));
+    /* The queue with two of its bindings goes: one is left, so it stays. */
+    APPLY_OK(&map, map_cmd_queue_delete(&c_, B("/"), B("q1"), 0));
+    assert_int_equal(last.bindings_deleted_count, 2);
+    assert_int_equal(last.exchanges_deleted_count, 0);
+    assert_non_null(cluster_map_exchange(&map, B("/"), B("ad")));
+    /* Its last binding unbound: gone in the same command. */
+    APPLY_OK(&map, map_cmd_unbind(&c_, &b2));
+    assert_int_equal(last.exchanges_deleted_count, 1);
+    assert_null(cluster_map_exchange(&map, B("/"), B("ad")));
+    /* Through an exchange's deletion: ad is bound to dest and to q2;
+     * deleting dest leaves it the binding to q2 (it stays); deleting q2
+     * then takes it. */
+    APPLY_OK(&map, map_cmd_exchange_declare(&c_, &ad));
+    struct map_exchange_decl dest = {.vhost = B("/"), .name = B("dest"), .type = B("fanout"),
+                                     .owner_id = 2};
+    APPLY_OK(&map, map_cmd_exchange_declare(&c_, &dest));
+    struct map_binding_decl be = {.vhost = B("/"), .source = B("ad"),
+                                  .destination_kind = MAP_DESTINATION_EXCHANGE,
+                                  .destination = B("dest"), .routing_key = B("e")};
+    APPLY_OK(&map, map_cmd_bind(&c_, &be));
+    APPLY_OK(&map, map_cmd_bind(&c_, &b2));
+    APPLY_OK(&map, map_cmd_exchange_delete(&c_, B("/"), B("dest"), false));
+    assert_int_equal(last.exchanges_deleted_count, 1);
+    assert_non_null(cluster_map_exchange(&map, B("/"), B("ad")));
+    APPLY_OK(&map, map_cmd_queue_delete(&c_, B("/"), B("q2"), 0));
+    assert_int_equal(last.exchanges_deleted_count, 1);
+    assert_null(cluster_map_exchange(&map, B("/"), B("ad")));
+    assert_int_equal(map.bindings_count, 0);
+    /* A chain, as RabbitMQ 3.10 cascades it: ad -> ad2 -> q3 and
+     * ad -> plain; deleting q3 takes ad2, whose deletion takes ad's
+     * binding to it, but ad keeps its binding to plain; deleting plain
+     * then takes ad. A cycle of auto-delete exchanges ends too. */
+    APPLY_OK(&map, map_cmd_exchange_declare(&c_, &ad));
+    struct map_exchange_decl ad2 = ad;
+    ad2.name = B("ad2");
+    APPLY_OK(&map, map_cmd_exchange_declare(&c_, &ad2));
+    dest.name = B("plain");
+    APPLY_OK(&map, map_cmd_exchange_declare(&c_, &dest));
+    struct map_queue_decl q3 = queue_decl("/", "q3", 3, 1);
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &q3, 3));
+    struct map_binding_decl chain[] = {
+        {.vhost = B("/"), .source = B("ad"), .destination_kind = MAP_DESTINATION_EXCHANGE,
+         .destination = B("ad2"), .routing_key = B("x")},
+        {.vhost = B("/"), .source = B("ad2"), .destination_kind = MAP_DESTINATION_QUEUE,
+         .destination = B("q3"), .routing_key = B("x")},
+        {.vhost = B("/"), .source = B("ad"), .destination_kind = MAP_DESTINATION_EXCHANGE,
+         .destination = B("plain"), .routing_key = B("y")},
+        {.vhost = B("/"), .source = B("ad2"), .destination_kind = MAP_DESTINATION_EXCHANGE,
+         .destination = B("ad"), .routing_key = B("z")}, /* a cycle */
+    };
+    for (size_t i = 0; i < sizeof chain / sizeof chain[0]; i++)
+        APPLY_OK(&map, map_cmd_bind(&c_, &chain[i]));
+    APPLY_OK(&map, map_cmd_queue_delete(&c_, B("/"), B("q3"), 0));
+    assert_non_null(cluster_map_exchange(&map, B("/"), B("ad2"))); /* still bound to ad */
+    APPLY_OK(&map, map_cmd_exchange_delete(&c_, B("/"), B("plain"), false));
+    /* ad's last binding out is now to ad2, ad2's to ad: both stay (as in
+     * RabbitMQ, a cycle keeps itself). */
+    assert_non_null(cluster_map_exchange(&map, B("/"), B("ad")));
+    APPLY_OK(&map, map_cmd_exchange_delete(&c_, B("/"), B("ad2"), false));
+    /* ad2 went with its binding into ad (ad -> ad2 removed as its
+     * destination's): ad has none left. */
+    assert_null(cluster_map_exchange(&map, B("/"), B("ad")));
+    assert_int_equal(last.exchanges_deleted_count, 2);
+    assert_int_equal(map.bindings_count, 0);
+    cluster_map_free(&map);
+}
+
 /* Every vhost has the predeclared exchanges, owned by no broker: bindings
  * from them are map bindings, and a snapshot leaves them to the vhost. */
 static void test_predeclared_exchanges(void **state)
@@ -902,6 +998,7 @@ int main(void)
         cmocka_unit_test(test_brokers),
         cmocka_unit_test(test_vhosts_users),
         cmocka_unit_test(test_exchanges_bindings),
+        cmocka_unit_test(test_auto_delete_exchanges),
         cmocka_unit_test(test_predeclared_exchanges),
         cmocka_unit_test(test_queue_declare_races),
         cmocka_unit_test(test_queue_ownership),
