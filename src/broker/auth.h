@@ -51,16 +51,19 @@ int auth_parse_amqplain(struct bytes response, struct bytes *user, struct bytes 
 
 /*
  * Cluster peers: brokers of one cluster log in to each other (the cluster
- * links, cluster/link.h) with the cluster secret, never with a user. The
- * server offers the mechanism QUAY-CLUSTER only when it has a secret, and
- * sends a fresh nonce in connection.start's server-properties as the
- * longstr quay_nonce. The client answers
+ * links, cluster/link.h) with the cluster secret, never with a user, in
+ * two SASL steps. The server accepts the mechanism QUAY-CLUSTER only when
+ * it has a secret, and does not list it in connection.start's mechanisms
+ * (clients of a cluster see exactly what one broker offers). The client's
+ * start-ok names the mechanism (its response is ignored); the server's
+ * connection.secure challenge is a nonce fresh for the connection (32 hex
+ * digits); the client's secure-ok answers
  *
  *     response = NAME || 0x00 || hex(HMAC-SHA256(secret, "quay-link v1" || nonce || NAME))
  *
- * where NAME is its broker name and nonce the quay_nonce text exactly as
- * received (32 hex digits); hex is lower case. One function computes the
- * proof for both sides.
+ * where NAME is its broker name and nonce the challenge exactly as
+ * received; hex is lower case. One function computes the proof for both
+ * sides.
  */
 #define AUTH_CLUSTER_MECHANISM "QUAY-CLUSTER"
 #define AUTH_CLUSTER_NONCE_SIZE 32 /* hex digits of 16 random bytes */

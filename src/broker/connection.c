@@ -111,6 +111,8 @@ static const char *state_name(enum connection_state state)
     case CONNECTION_STATE_HEADER:
     case CONNECTION_STATE_START_OK:
         return "starting";
+    case CONNECTION_STATE_SECURE_OK:
+        return "securing";
     case CONNECTION_STATE_TUNE_OK:
         return "tuning";
     case CONNECTION_STATE_OPEN_WAIT:
@@ -259,21 +261,14 @@ static void send_start(struct connection *connection)
     table_put_longstr(&w, "platform", BYTES_LIT("C17/libuv"));
     table_put_longstr(&w, "product", BYTES_LIT("quay"));
     table_put_longstr(&w, "version", BYTES_LIT(QUAY_VERSION) /* CMake project() version */);
-    /* A clustered broker also admits its peers' links (auth.h): they
-     * prove the cluster secret over a nonce fresh for this connection. */
-    bool clustered = connection->broker->cluster_secret.len > 0;
-    if (clustered) {
-        auth_cluster_nonce(connection->cluster_nonce);
-        table_put_longstr(&w, "quay_nonce", bytes_of_cstr(connection->cluster_nonce));
-    }
     ASSERT(!w.overflow);
     struct method m = {.id = METHOD_CONNECTION_START};
     m.connection_start.version_major = 0;
     m.connection_start.version_minor = 9;
     m.connection_start.server_properties = table_writer_table(&w);
-    m.connection_start.mechanisms = clustered
-                                        ? BYTES_LIT("PLAIN AMQPLAIN " AUTH_CLUSTER_MECHANISM)
-                                        : BYTES_LIT("PLAIN AMQPLAIN");
+    /* QUAY-CLUSTER is accepted, not offered: a client of a cluster sees
+     * what one broker (and RabbitMQ) offers; a peer knows to use it. */
+    m.connection_start.mechanisms = BYTES_LIT("PLAIN AMQPLAIN");
     m.connection_start.locales = BYTES_LIT("en_US");
     connection_send_method(connection, 0, &m);
     connection->state = CONNECTION_STATE_START_OK;
@@ -331,19 +326,29 @@ static void refuse_login(struct connection *connection, struct bytes mechanism)
                     (int)mechanism.len, (const char *)mechanism.ptr);
 }
 
-/* Another broker's link: refused exactly like a bad password when the
- * proof does not match (a wrong or missing cluster secret). */
-static void cluster_login(struct connection *connection,
-                          const struct method_connection_start_ok *ok)
+/* Another broker's link (auth.h): its start-ok named QUAY-CLUSTER; it
+ * gets a nonce fresh for this connection as the challenge. */
+static void challenge_peer(struct connection *connection)
+{
+    auth_cluster_nonce(connection->cluster_nonce);
+    struct method m = {.id = METHOD_CONNECTION_SECURE};
+    m.connection_secure.challenge = bytes_of_cstr(connection->cluster_nonce);
+    connection_send_method(connection, 0, &m);
+    connection->state = CONNECTION_STATE_SECURE_OK;
+}
+
+/* Its proof over the nonce: refused exactly like a bad password when it
+ * does not match (a wrong or missing cluster secret). */
+static void cluster_login(struct connection *connection, const struct method *m)
 {
     struct bytes nonce = bytes_of_cstr(connection->cluster_nonce);
     struct bytes name;
-    connection->user =
-        auth_cluster_check(connection->broker->cluster_secret, nonce, ok->response, &name);
+    connection->user = auth_cluster_check(connection->broker->cluster_secret, nonce,
+                                          m->connection_secure_ok.response, &name);
     if (!connection->user) {
         LOG_INFO("conn=%llu peer=%s cluster login refused: wrong cluster secret",
                  (unsigned long long)connection->conn.id, connection->conn.peer_name);
-        refuse_login(connection, ok->mechanism);
+        refuse_login(connection, BYTES_LIT(AUTH_CLUSTER_MECHANISM));
         return;
     }
     connection->cluster_peer = true;
@@ -369,7 +374,7 @@ static void handle_start_ok(struct connection *connection, const struct method *
         parsed = auth_parse_amqplain(ok->response, &user, &password);
     } else if (connection->broker->cluster_secret.len > 0 &&
                bytes_equal_cstr(ok->mechanism, AUTH_CLUSTER_MECHANISM)) {
-        cluster_login(connection, ok);
+        challenge_peer(connection);
         return;
     } else {
         /* RabbitMQ drops the socket without a close for a mechanism it
@@ -596,6 +601,10 @@ static void handle_connection_method(struct connection *connection, const struct
     case METHOD_CONNECTION_START_OK:
         if (state == CONNECTION_STATE_START_OK)
             return handle_start_ok(connection, m);
+        break;
+    case METHOD_CONNECTION_SECURE_OK:
+        if (state == CONNECTION_STATE_SECURE_OK)
+            return cluster_login(connection, m);
         break;
     case METHOD_CONNECTION_TUNE_OK:
         if (state == CONNECTION_STATE_TUNE_OK)

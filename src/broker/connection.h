@@ -34,6 +34,8 @@ struct auth_user;
 enum connection_state {
     CONNECTION_STATE_HEADER,    /* waiting for "AMQP\0\0\x09\x01" */
     CONNECTION_STATE_START_OK,  /* sent connection.start, waiting for start-ok */
+    CONNECTION_STATE_SECURE_OK, /* sent connection.secure (a peer's login), waiting for
+                                 * secure-ok */
     CONNECTION_STATE_TUNE_OK,   /* sent connection.tune, waiting for tune-ok */
     CONNECTION_STATE_OPEN_WAIT, /* tuned, waiting for connection.open */
     CONNECTION_STATE_OPEN,      /* serving channels */
@@ -61,7 +63,7 @@ struct connection {
      * broker's link (cluster/link.h). Its channels may each name a vhost
      * in channel.open (channel.c). */
     bool cluster_peer;
-    char cluster_nonce[AUTH_CLUSTER_NONCE_SIZE + 1]; /* sent in connection.start, if clustered */
+    char cluster_nonce[AUTH_CLUSTER_NONCE_SIZE + 1]; /* a peer's challenge (connection.secure) */
     bool publisher;                   /* has published: blocked by alarms */
     bool blocked;                     /* blocked by an alarm now */
     struct channel **channels;        /* owned array, indexed by channel id */

@@ -293,8 +293,8 @@ static void attempt_failed(struct link *link, const char *step, int status)
 
 static const char *state_name(enum link_state state)
 {
-    static const char *const names[] = {"idle", "resolving", "connecting", "start",
-                                        "tune", "open", "up"};
+    static const char *const names[] = {"idle",   "resolving", "connecting", "start",
+                                        "secure", "tune",      "open",       "up"};
     static_assert(ARRAY_SIZE(names) == LINK_STATE_UP + 1, "a name per state");
     return (size_t)state < ARRAY_SIZE(names) ? names[state] : "?";
 }
@@ -523,6 +523,8 @@ static void on_close(struct conn *conn)
         return; /* we ended it ourselves and have said so */
     LINK_LOG(link, "link=%s conn=%llu connection lost", link->address,
              (unsigned long long)conn->id);
+    if (link->state == LINK_STATE_SECURE)
+        link->stats.auth_failures++; /* a broker that does not take QUAY-CLUSTER drops us */
     link->lc = NULL;
     lc->link = NULL;
     went_down(link);
@@ -544,22 +546,7 @@ static void on_drain(struct conn *conn)
 
 /* ---- handshake ------------------------------------------------------ */
 
-static bool mechanism_offered(struct bytes list, const char *name)
-{
-    size_t name_size = strlen(name);
-    uint32_t i = 0;
-    while (i < list.len) {
-        uint32_t start = i;
-        while (i < list.len && list.ptr[i] != ' ')
-            i++;
-        if (i - start == name_size && memcmp(list.ptr + start, name, name_size) == 0)
-            return true;
-        i++;
-    }
-    return false;
-}
-
-static void send_start_ok(struct link *link, struct bytes nonce)
+static void send_start_ok(struct link *link)
 {
     uint8_t props[512];
     struct table_writer w;
@@ -576,20 +563,13 @@ static void send_start_ok(struct link *link, struct bytes nonce)
     table_put_longstr(&w, "platform", BYTES_LIT("C17/libuv"));
     table_put_longstr(&w, "connection_name", bytes_of_cstr(link->self_name));
     ASSERT(!w.overflow);
-    /* NAME \0 PROOF (auth.h). */
-    struct bytes name = bytes_of_cstr(link->self_name);
-    uint8_t response[AUTH_CLUSTER_NAME_SIZE_MAX + 1 + AUTH_CLUSTER_PROOF_SIZE + 1];
-    memcpy(response, name.ptr, name.len);
-    response[name.len] = '\0';
-    auth_cluster_proof(link->secret, nonce, name, (char *)response + name.len + 1);
     struct method m = {.id = METHOD_CONNECTION_START_OK};
     m.connection_start_ok.client_properties = table_writer_table(&w);
     m.connection_start_ok.mechanism = BYTES_LIT(AUTH_CLUSTER_MECHANISM);
-    m.connection_start_ok.response =
-        (struct bytes){response, name.len + 1 + AUTH_CLUSTER_PROOF_SIZE};
+    m.connection_start_ok.response = bytes_of_cstr(link->self_name);
     m.connection_start_ok.locale = BYTES_LIT("en_US");
     link__send_method(link, 0, &m);
-    link->state = LINK_STATE_TUNE;
+    link->state = LINK_STATE_SECURE;
 }
 
 static void handle_start(struct link *link, const struct method_connection_start *start)
@@ -599,18 +579,28 @@ static void handle_start(struct link *link, const struct method_connection_start
                    start->version_minor);
         return;
     }
-    struct field_value nonce;
-    if (!mechanism_offered(start->mechanisms, AUTH_CLUSTER_MECHANISM) ||
-        !table_get(start->server_properties, "quay_nonce", &nonce) || nonce.kind != 'S' ||
-        nonce.str.len != AUTH_CLUSTER_NONCE_SIZE) {
-        /* Not a clustered quay (or no secret): our login cannot work. */
+    send_start_ok(link);
+}
+
+/* The peer's challenge: NAME \0 PROOF over its nonce (auth.h). */
+static void handle_secure(struct link *link, const struct method_connection_secure *secure)
+{
+    struct bytes nonce = secure->challenge;
+    if (nonce.len != AUTH_CLUSTER_NONCE_SIZE) {
         link->stats.auth_failures++;
-        LINK_LOG(link, "link=%s the peer does not offer %s: not a cluster member?",
-                 link->address, AUTH_CLUSTER_MECHANISM);
-        drop(link);
+        link__fail(link, REPLY_SYNTAX_ERROR, "a cluster challenge of %u bytes", nonce.len);
         return;
     }
-    send_start_ok(link, nonce.str);
+    struct bytes name = bytes_of_cstr(link->self_name);
+    uint8_t response[AUTH_CLUSTER_NAME_SIZE_MAX + 1 + AUTH_CLUSTER_PROOF_SIZE + 1];
+    memcpy(response, name.ptr, name.len);
+    response[name.len] = '\0';
+    auth_cluster_proof(link->secret, nonce, name, (char *)response + name.len + 1);
+    struct method m = {.id = METHOD_CONNECTION_SECURE_OK};
+    m.connection_secure_ok.response =
+        (struct bytes){response, name.len + 1 + AUTH_CLUSTER_PROOF_SIZE};
+    link__send_method(link, 0, &m);
+    link->state = LINK_STATE_TUNE;
 }
 
 static void handle_tune(struct link *link, const struct method_connection_tune *tune)
@@ -677,6 +667,10 @@ static void handle_connection_method(struct link *link, const struct method *m)
     case METHOD_CONNECTION_START:
         if (link->state == LINK_STATE_START)
             return handle_start(link, &m->connection_start);
+        break;
+    case METHOD_CONNECTION_SECURE:
+        if (link->state == LINK_STATE_SECURE)
+            return handle_secure(link, &m->connection_secure);
         break;
     case METHOD_CONNECTION_TUNE:
         if (link->state == LINK_STATE_TUNE)

@@ -27,7 +27,8 @@ enum link_state {
     LINK_STATE_RESOLVING,  /* uv_getaddrinfo in flight */
     LINK_STATE_CONNECTING, /* TCP connect in flight */
     LINK_STATE_START,      /* protocol header sent; waiting for connection.start */
-    LINK_STATE_TUNE,       /* start-ok sent; waiting for connection.tune */
+    LINK_STATE_SECURE,     /* start-ok sent; waiting for connection.secure (the nonce) */
+    LINK_STATE_TUNE,       /* secure-ok sent; waiting for connection.tune */
     LINK_STATE_OPEN_OK,    /* tune-ok and open sent; waiting for open-ok */
     LINK_STATE_UP,         /* channels may be opened */
 };

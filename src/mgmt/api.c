@@ -301,6 +301,7 @@ static const char *connection_state_name(const struct connection *connection)
     switch (connection->state) {
     case CONNECTION_STATE_HEADER:
     case CONNECTION_STATE_START_OK: return "starting";
+    case CONNECTION_STATE_SECURE_OK: return "securing";
     case CONNECTION_STATE_TUNE_OK: return "tuning";
     case CONNECTION_STATE_OPEN_WAIT: return "opening";
     case CONNECTION_STATE_OPEN: return connection->blocked ? "blocked" : "running";

@@ -1,4 +1,4 @@
-"""Goal: a clustered broker admits its peers' links (mechanism QUAY-CLUSTER,
+"""Goal: a clustered broker admits its peers' links (mechanism QUAY-CLUSTER, a SASL challenge,
 src/broker/auth.h) exactly as specified, refuses a wrong proof like a bad
 password, and lets a peer name each channel's vhost in channel.open; a
 broker without a cluster secret offers nothing new.
@@ -22,7 +22,9 @@ from quaytest import (CHANNEL_OPEN_OK, CONNECTION_OPEN_OK, CONNECTION_START,  # 
                       CONNECTION_TUNE, PROTOCOL_HEADER, eq, expect_close,
                       expect_closed_socket, expect_method, gen_channel_open,
                       gen_connection_start_ok, gen_method, gen_open, gen_tune_ok, handshake,
-                      shortstr)
+                      longstr, shortstr)
+
+CONNECTION_SECURE = (10, 20)
 
 SECRET = "integration-cluster-secret-0123456789"
 cluster = None
@@ -53,21 +55,31 @@ def proof(secret, nonce, name):
     return mac.hexdigest().encode()
 
 
+def challenge(s, name):
+    """start-ok with QUAY-CLUSTER; returns the server's nonce (connection.secure)."""
+    s.sendall(gen_connection_start_ok(mechanism="QUAY-CLUSTER", response=name.encode()))
+    m = expect_method(s, *CONNECTION_SECURE)
+    return m.args.longstr().decode()
+
+
 def login(s, name, nonce, secret=SECRET):
     response = name.encode() + b"\x00" + proof(secret, nonce, name)
-    s.sendall(gen_connection_start_ok(mechanism="QUAY-CLUSTER", response=response))
+    s.sendall(gen_method(0, 10, 21, longstr(response)))  # connection.secure-ok
 
 
 @test(timeout=60)
-def clustered_broker_offers_quay_cluster_with_a_fresh_nonce():
+def clustered_broker_accepts_quay_cluster_with_a_fresh_nonce():
     port = member().amqp_port
     s1, mechanisms, props1 = start(port)
     s2, _, props2 = start(port)
-    eq(mechanisms, ["PLAIN", "AMQPLAIN", "QUAY-CLUSTER"], "mechanisms")
-    for props in (props1, props2):
-        nonce = props["quay_nonce"]
+    # Offered as by one broker: QUAY-CLUSTER is accepted, not listed, and
+    # the nonce is a challenge for a peer only, not a server property.
+    eq(mechanisms, ["PLAIN", "AMQPLAIN"], "mechanisms")
+    assert "quay_nonce" not in props1, props1
+    nonces = [challenge(s, "peer-0") for s in (s1, s2)]
+    for nonce in nonces:
         assert len(nonce) == 32 and all(c in "0123456789abcdef" for c in nonce), nonce
-    assert props1["quay_nonce"] != props2["quay_nonce"], "a nonce per connection"
+    assert nonces[0] != nonces[1], "a nonce per connection"
     s1.close()
     s2.close()
 
@@ -75,7 +87,7 @@ def clustered_broker_offers_quay_cluster_with_a_fresh_nonce():
 @test(timeout=60)
 def peer_logs_in_and_names_vhosts_per_channel():
     s, _, props = start(member().amqp_port)
-    login(s, "peer-1", props["quay_nonce"])
+    login(s, "peer-1", challenge(s, "peer-1"))
     expect_method(s, *CONNECTION_TUNE)
     s.sendall(gen_tune_ok(heartbeat=0))
     s.sendall(gen_open("/"))
@@ -94,10 +106,10 @@ def peer_logs_in_and_names_vhosts_per_channel():
 
 @test(timeout=60)
 def wrong_proof_is_refused_like_a_bad_password():
-    for secret, nonce_of in (("not-the-secret", lambda p: p["quay_nonce"]),
-                             (SECRET, lambda p: "0" * 32)):  # a stale nonce
+    for secret, nonce_of in (("not-the-secret", lambda n: n),
+                             (SECRET, lambda n: "0" * 32)):  # a stale nonce
         s, _, props = start(member().amqp_port)
-        login(s, "peer-2", nonce_of(props), secret=secret)
+        login(s, "peer-2", nonce_of(challenge(s, "peer-2")), secret=secret)
         close = expect_close(s, connection=True)
         eq(close, (403, "ACCESS_REFUSED - Login was refused using authentication mechanism "
                    "QUAY-CLUSTER. For details see the broker logfile.", 0, 0), "refusal")
@@ -109,7 +121,7 @@ def wrong_proof_is_refused_like_a_bad_password():
 def plain_logins_are_unchanged_on_a_clustered_broker():
     s = socket.create_connection(("127.0.0.1", member().amqp_port), timeout=5)
     info = handshake(s)
-    eq(info["mechanisms"], ["PLAIN", "AMQPLAIN", "QUAY-CLUSTER"], "mechanisms")
+    eq(info["mechanisms"], ["PLAIN", "AMQPLAIN"], "mechanisms")
     # A client's channel.open reserved field stays ignored.
     s.sendall(gen_method(1, 20, 10, shortstr("nope")))
     expect_method(s, *CHANNEL_OPEN_OK, channel=1)
