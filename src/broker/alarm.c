@@ -95,8 +95,9 @@ static void block(struct broker *broker, struct connection *connection)
     if (connection->client_blocked) {
         /* RabbitMQ's reasons; memory wins when both alarms are on. */
         struct method m = {.id = METHOD_CONNECTION_BLOCKED};
+        bool memory = broker->alarm.memory_on || broker->alarm.cluster_memory_on;
         m.connection_blocked.reason =
-            broker->alarm.memory_on ? BYTES_LIT("low on memory") : BYTES_LIT("low on disk");
+            memory ? BYTES_LIT("low on memory") : BYTES_LIT("low on disk");
         connection_send_method(connection, 0, &m);
     }
     conn_pause_reading(&connection->conn, CONN_PAUSE_ALARM);
@@ -136,6 +137,12 @@ static void set_alarm(struct broker *broker, bool *flag, bool on, const char *wh
         else if (!active)
             unblock(connection);
     }
+}
+
+void alarm_set_cluster(struct broker *broker, bool memory, bool disk)
+{
+    set_alarm(broker, &broker->alarm.cluster_memory_on, memory, "another broker's memory");
+    set_alarm(broker, &broker->alarm.cluster_disk_on, disk, "another broker's disk");
 }
 
 void alarm_check_publish(struct broker *broker)

@@ -30,6 +30,10 @@ struct alarm {
     uint64_t disk_sampled_ms;
     bool memory_on;
     bool disk_on;
+    /* Another broker of the cluster has its alarm on: the alarms are
+     * cluster-wide (alarm_set_cluster). */
+    bool cluster_memory_on;
+    bool cluster_disk_on;
 };
 
 /* Parses "0.4" (a fraction of physical memory) or "512MiB"/"2GB"/"1048576". */
@@ -43,8 +47,12 @@ void alarm_tick(struct broker *broker, uint64_t now_ms);
 void alarm_check_publish(struct broker *broker);
 static inline bool alarm_active(const struct alarm *alarm)
 {
-    return alarm->memory_on || alarm->disk_on;
+    return alarm->memory_on || alarm->disk_on || alarm->cluster_memory_on ||
+           alarm->cluster_disk_on;
 }
+/* The other brokers' alarms (a clustered broker's member, every tick):
+ * publishers here are blocked while one is on, as for our own. */
+void alarm_set_cluster(struct broker *broker, bool memory, bool disk);
 /* The estimate of the heap in use, in bytes. */
 uint64_t alarm_memory_estimate(const struct alarm *alarm);
 /* Past half the mark (RabbitMQ's paging ratio): durable queues page out. */

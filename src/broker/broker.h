@@ -75,6 +75,7 @@ struct broker {
     struct hmap vhosts;            /* name -> struct vhost (owned) */
     struct list_node connections;  /* struct connection.broker_link */
     uint32_t connections_count;
+    uint32_t peer_connections_count; /* of them, other brokers' links (not clients) */
     uv_timer_t tick;               /* heartbeats, handshake timeouts, alarms */
     uv_timer_t shutdown_timer;     /* cuts clients that ignore our close */
     struct alarm alarm;

@@ -514,7 +514,8 @@ static void send_get_empty(struct channel *ch)
 }
 
 /* The primary answered a basic.get made through a stand-in. */
-static void on_remote_get(void *ctx, struct queue *queue, bool ok, struct queue_entry *entry,
+static void on_remote_get(void *ctx, struct queue *queue, uint16_t reply_code,
+                          struct bytes reply_text, struct queue_entry *entry,
                           uint32_t message_count)
 {
     struct channel *ch = ctx;
@@ -522,10 +523,12 @@ static void on_remote_get(void *ctx, struct queue *queue, bool ok, struct queue_
     channel__remote_op_done(ch, queue);
     if (entry)
         send_get_ok(ch, queue, *entry, no_ack, message_count);
-    else if (ok)
+    else if (reply_code == REPLY_SUCCESS)
         send_get_empty(ch);
-    else
+    else if (reply_code == 0)
         channel__fail_unreachable(ch, queue, METHOD_BASIC_GET);
+    else /* gone at its primary (our map has not heard yet), or locked */
+        channel__fail_relayed(ch, reply_code, METHOD_BASIC_GET, reply_text);
     queue_unref(queue);
 }
 

@@ -40,6 +40,7 @@ struct cluster_wait {
     bool pinned;
     int32_t backups;                  /* x-quay-backups, -1: the default */
     uint8_t retries;
+    bool gone_ok;                     /* a refused queue.delete is done too (delete_gone) */
 };
 
 #define PLACEMENT_RETRIES_MAX 3
@@ -115,7 +116,7 @@ static void on_committed(void *ctx, int status, const struct map_change *change)
         connection_fail(connection, REPLY_INTERNAL_ERROR, w->method_id,
                         "the cluster map is unavailable (no leader or no quorum): try another "
                         "broker");
-    } else if (change->reply_code != REPLY_SUCCESS) {
+    } else if (change->reply_code != REPLY_SUCCESS && !w->gone_ok) {
         channel__fail(ch, change->reply_code, w->method_id, "%s", change->reply_text);
     } else if (ch->state == CHANNEL_STATE_OPEN) {
         send_reply(ch, w);
@@ -229,14 +230,31 @@ void channel__fail_unreachable(struct channel *ch, const struct queue *queue, ui
                   (int)ch->vhost->name.len, (const char *)ch->vhost->name.ptr);
 }
 
-static void redeclare(struct channel *ch, const struct queue *stub)
+/* The stand-in's queue is gone at its primary (auto-delete, x-expires, its
+ * exclusive owner left) and our map has not heard yet: the client's
+ * declare makes a new one, replacing that incarnation in the map. */
+static void redeclare(struct channel *ch, struct queue *stub)
 {
     struct map_queue_decl decl = {
         .vhost = ch->vhost->name, .name = stub->name, .durable = stub->durable,
         .auto_delete = stub->auto_delete,
-        .arguments = {stub->arguments.ptr, (uint32_t)stub->arguments.len}};
+        .arguments = {stub->arguments.ptr, (uint32_t)stub->arguments.len},
+        .replaces_epoch = proxy_stub_epoch(stub)};
     channel__cluster_declare(ch, &decl, stub->auto_delete, stub->args.quay_backups,
                              ch->remote_no_wait);
+}
+
+/* Likewise for a delete: deleting a queue that is not there succeeds
+ * (with no messages), and the map forgets that incarnation now (a refusal
+ * means something replaced it already: the delete is done too). */
+static void delete_gone(struct channel *ch, struct queue *stub)
+{
+    struct map_cmd cmd;
+    if (map_cmd_queue_delete(&cmd, ch->vhost->name, stub->name, proxy_stub_epoch(stub)) != OK)
+        return;
+    channel__cluster_submit(ch, METHOD_QUEUE_DELETE, ch->remote_no_wait, &cmd, BYTES_LIT(""),
+                            0);
+    ch->cluster_wait->gone_ok = true;
 }
 
 static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes text,
@@ -246,9 +264,9 @@ static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes
     uint32_t method_id = ch->remote_method;
     channel__remote_op_done(ch, queue);
     if (code == REPLY_NOT_FOUND && method_id == METHOD_QUEUE_DECLARE && !ch->remote_passive) {
-        /* Deleted at its primary, and our map has not heard yet: declare
-         * it anew (the map decides, as for any declare). */
         redeclare(ch, queue);
+    } else if (code == REPLY_NOT_FOUND && method_id == METHOD_QUEUE_DELETE) {
+        delete_gone(ch, queue);
     } else if (code == 0) {
         channel__fail_unreachable(ch, queue, method_id);
     } else if (code != REPLY_SUCCESS) {

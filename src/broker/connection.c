@@ -10,6 +10,7 @@
 #include "broker/connection.h"
 
 #include "cluster/events.h"
+#include "cluster/member.h"
 #include "cluster/node.h"
 
 #include <stdio.h>
@@ -48,6 +49,23 @@ static struct connection *from_conn(struct conn *conn)
     return CONTAINER_OF(conn, struct connection, conn);
 }
 
+/* --max-connections counts clients, not the other brokers' links: a
+ * connection is not known to be one before it logs in, so as many slots
+ * as there are peers whose link has not come in yet are kept for them,
+ * and a client that got one is refused when it logs in (extra: 1). */
+static bool over_connection_limit(const struct broker *broker, uint32_t extra)
+{
+    uint32_t limit = broker->config.limits.connections_max;
+    if (limit == 0)
+        return false;
+    uint32_t others = broker->connections_count - broker->peer_connections_count;
+    uint32_t expected = broker->member ? member_peers_expected(broker->member) : 0;
+    uint32_t reserved = expected > broker->peer_connections_count
+                            ? expected - broker->peer_connections_count
+                            : 0;
+    return others > limit + (extra ? 0 : reserved);
+}
+
 struct conn *connection_accept(struct net *net, void *ctx)
 {
     struct broker *broker = ctx;
@@ -65,12 +83,11 @@ struct conn *connection_accept(struct net *net, void *ctx)
     list_init(&connection->exclusive_queues);
     list_push_back(&broker->connections, &connection->broker_link);
     broker->connections_count++;
-    uint32_t limit = broker->config.limits.connections_max;
-    if (limit && broker->connections_count > limit) {
+    if (over_connection_limit(broker, 0)) {
         /* Over the limit: accept and close at once, as RabbitMQ does, so
          * the client sees a closed socket instead of a hanging connect. */
         LOG_WARN("conn=%llu refused: connection limit %u reached",
-                 (unsigned long long)connection->conn.id, limit);
+                 (unsigned long long)connection->conn.id, broker->config.limits.connections_max);
         connection->conn.refused = true; /* the listener accepts, then closes */
     }
     return &connection->conn;
@@ -216,6 +233,8 @@ static void on_free(struct conn *conn)
     struct broker *broker = connection->broker;
     list_remove(&connection->broker_link);
     broker->connections_count--;
+    if (connection->cluster_peer)
+        broker->peer_connections_count--;
     free(connection);
     broker__connection_gone(broker);
 }
@@ -352,6 +371,7 @@ static void cluster_login(struct connection *connection, const struct method *m)
         return;
     }
     connection->cluster_peer = true;
+    connection->broker->peer_connections_count++;
     connection->conn.peer_reads_always = true; /* see conn.h */
     /* Peers run consumers on behalf of their clients, which must hear of
      * a cancelled consumer whatever the link advertised. */
@@ -395,6 +415,14 @@ static void handle_start_ok(struct connection *connection, const struct method *
                                   connection->conn.peer_loopback);
     if (!connection->user) {
         refuse_login(connection, ok->mechanism);
+        return;
+    }
+    if (over_connection_limit(connection->broker, 1)) {
+        /* A client in a slot kept for a peer's link: refused as at accept. */
+        LOG_WARN("conn=%llu refused: connection limit %u reached",
+                 (unsigned long long)connection->conn.id,
+                 connection->broker->config.limits.connections_max);
+        silent_close(connection);
         return;
     }
     send_tune(connection);
@@ -717,6 +745,25 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
         handle_frame(connection, &frame);
     }
     return (long)used;
+}
+
+void connection_flow(struct connection *connection)
+{
+    if (connection->flow)
+        return;
+    connection->flow = true;
+    conn_pause_reading(&connection->conn, CONN_PAUSE_FLOW);
+}
+
+void connections_flow_resume(struct broker *broker)
+{
+    list_for_each(n, &broker->connections) {
+        struct connection *c = CONTAINER_OF(n, struct connection, broker_link);
+        if (!c->flow)
+            continue;
+        c->flow = false;
+        conn_resume_reading(&c->conn, CONN_PAUSE_FLOW);
+    }
 }
 
 void connection_hold(struct connection *connection)

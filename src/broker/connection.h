@@ -66,6 +66,7 @@ struct connection {
     char cluster_nonce[AUTH_CLUSTER_NONCE_SIZE + 1]; /* a peer's challenge (connection.secure) */
     bool publisher;                   /* has published: blocked by alarms */
     bool blocked;                     /* blocked by an alarm now */
+    bool flow;                        /* not read until the brokers it forwards to catch up */
     struct channel **channels;        /* owned array, indexed by channel id */
     uint32_t channels_cap;
     uint32_t channels_open;
@@ -109,6 +110,13 @@ bool connection__decode_method(struct connection *connection, const struct frame
  * commit, a primary broker's reply): no further frame of this connection
  * is looked at until the matching connection_release, so methods are
  * still answered in order. */
+/* Flow control (RabbitMQ's "flow" state): the connection published more
+ * than the queues' primaries on other brokers have answered for (the
+ * proxy's bound, cluster/proxy.h): it is not read until
+ * connections_flow_resume, when they have caught up. */
+void connection_flow(struct connection *connection);
+void connections_flow_resume(struct broker *broker);
+
 void connection_hold(struct connection *connection);
 void connection_release(struct connection *connection);
 

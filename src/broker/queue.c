@@ -543,6 +543,7 @@ static void forward(struct queue *const *stubs, uint32_t count, struct message *
     if (fwd.sink)
         wait->remote += fwd.answers;
     out->unavailable += fwd.unavailable;
+    out->flow |= fwd.flow;
 }
 
 static enum queue_publish_result publish_one(struct queue *queue, struct message *message,

@@ -95,6 +95,8 @@ struct queue_forward {
                                 * it back as a duplicate (queue_publish_dead_lettered) */
     uint32_t answers;          /* out: confirm_sink_answer calls sink will get for seq */
     uint32_t unavailable;      /* out: stand-ins whose queue has no primary now */
+    bool flow;                 /* out: forwards in flight are over the bound: the
+                                * publisher should wait (connection_flow) */
 };
 
 struct queue_remote_ops {
@@ -240,6 +242,7 @@ enum queue_publish_result queue_publish_dead_lettered(struct queue *queue,
 struct queue_publish_summary {
     uint32_t rejected;
     uint32_t unavailable;
+    bool flow;                 /* the publisher should wait (queue_forward.flow) */
 };
 void queue_publish_routed(struct queue *const *queues, uint32_t count, struct message *message,
                           struct publish_wait *wait, bool dead_lettered,

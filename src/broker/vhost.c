@@ -123,6 +123,9 @@ struct queue *vhost_queue_declare(struct vhost *vhost, struct bytes name, bool d
     struct queue *queue = queue_new(vhost, name, durable, exclusive, auto_delete, arguments);
     hmap_put(&vhost->queues, queue->name, queue);
     durable_queue_declared(vhost->broker, vhost, queue);
+    /* Unused from now on: x-expires counts from here, however the queue
+     * came to be (a client's declare, the cluster map, recovery). */
+    queue_touch(queue);
     return queue;
 }
 

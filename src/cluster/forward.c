@@ -12,6 +12,7 @@
 #include "amqp/method_gen.h"
 #include "amqp/table.h"
 #include "broker/channel.h"
+#include "broker/connection.h"
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
@@ -88,6 +89,24 @@ static bool target_resent(const struct forward_wait *w, const struct forward_tar
     return hold_forward(t->stub, w->message, w->sink, w->seq, w->dead_lettered);
 }
 
+/* Flow: the bytes of forwards in flight, member-wide. */
+static void inflight_add(struct member *member, uint64_t bytes)
+{
+    member->forward_bytes += bytes;
+    if (member->forward_bytes > MEMBER_FORWARD_HIGH_BYTES)
+        member->forward_flow = true;
+}
+
+static void inflight_sub(struct member *member, uint64_t bytes)
+{
+    ASSERT(member->forward_bytes >= bytes);
+    member->forward_bytes -= bytes;
+    if (member->forward_flow && member->forward_bytes < MEMBER_FORWARD_LOW_BYTES) {
+        member->forward_flow = false;
+        connections_flow_resume(member->broker);
+    }
+}
+
 /* A forward's answer (ack or nack from its primary; lost: the link died
  * before it came). The sink hears one answer per resent target, plus the
  * primary's for the targets that stand (the channel expects one answer
@@ -131,15 +150,16 @@ static void forwarder_answer(struct proxy_forwarder *f, struct forward_wait *slo
     *slot = (struct forward_wait){.done = true};
     if (w.notify)
         w.notify(w.notify_ctx, w.notify_tag, ack && !lost);
-    if (w.targets_count > 0)
+    if (w.targets_count > 0) {
+        inflight_sub(f->peer->member, w.message->body_size);
         forward_answered(&w, ack, lost);
+    }
     else if (w.sink)
         confirm_sink_answer(w.sink, w.seq, ack && !lost);
     if (w.sink)
         confirm_sink_unref(w.sink);
     if (w.message)
         message_unref(w.message);
-    (void)f;
 }
 
 static void forwarder_trim(struct proxy_forwarder *f)
@@ -304,6 +324,7 @@ static bool send_forward(struct member_peer *peer, struct queue *const *stubs, u
     if (sink)
         confirm_sink_ref(sink);
     forwarder_push(f, wait);
+    inflight_add(peer->member, message->body_size);
     return true;
 }
 
@@ -330,6 +351,7 @@ static void send_group(struct member_peer *peer, struct queue *const *group, uin
 
 void forward__stubs(struct queue *const *queues, uint32_t count, struct queue_forward *fwd)
 {
+    ASSERT(count > 0);
     ASSERT(count <= 256);
     struct queue *group[256];
     uint32_t peers[256];
@@ -366,6 +388,7 @@ void forward__stubs(struct queue *const *queues, uint32_t count, struct queue_fo
         ASSERT(n > 0);
         send_group(member_peer(stub_of(group[0])->member, peers[p]), group, n, fwd);
     }
+    fwd->flow = stub_of(queues[0])->member->forward_flow;
 }
 
 /* ---- publishes waiting for a primary ---- */

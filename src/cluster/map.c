@@ -1193,6 +1193,7 @@ static void read_queue_decl(struct cmd_reader *r, struct map_queue_decl *d)
     d->backups_count = read_ids(r, "backups", d->backup_ids);
     d->replication_factor =
         (uint8_t)read_uint(r, "replication_factor", CLUSTER_BACKUPS_MAX + 1, false, 1);
+    d->replaces_epoch = read_uint(r, "replaces", INT64_MAX, true, 0);
     if (d->replication_factor == 0)
         reader_fail(r, "replication_factor");
 }
@@ -1279,6 +1280,13 @@ static int op_queue_declare(struct apply_ctx *ctx)
     struct map_queue *q = hmap_get(&v->queues, d.name);
     if (q && ctx->restoring)
         return refuse(ctx, REPLY_PRECONDITION_FAILED, false, "queue twice");
+    if (q && d.replaces_epoch != 0 && q->epoch == d.replaces_epoch) {
+        /* Gone at its primary already: this declare is a new queue. */
+        ctx->change->bindings_deleted_count =
+            queue_remove(map, q, &ctx->change->exchanges_deleted_count);
+        ctx->change->queues_deleted_count = 1;
+        q = NULL;
+    }
     if (q) {
         ctx->change->queue = q;
         return queue_equivalent(ctx, q, &d, origin);
@@ -1944,6 +1952,8 @@ static void encode_queue(struct table_writer *w, const void *arg)
     table_put_int(w, "replication_factor", d->replication_factor);
     if (a->queue == NULL) {
         table_put_int(w, "origin", a->origin_id);
+        if (d->replaces_epoch != 0)
+            table_put_int(w, "replaces", (int64_t)d->replaces_epoch);
         return;
     }
     const struct map_queue *q = a->queue;

@@ -349,6 +349,10 @@ struct map_queue_decl {
     uint32_t backup_ids[CLUSTER_BACKUPS_MAX];
     uint8_t backups_count;
     uint8_t replication_factor; /* 1..4 */
+    /* Non-zero: the incarnation (epoch) of a queue of that name that its
+     * primary deleted and the map has not forgotten yet: the declare
+     * removes it first, and declares anew. */
+    uint64_t replaces_epoch;
 };
 
 struct map_exchange_decl {

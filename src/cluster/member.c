@@ -359,6 +359,15 @@ void member_place_queue(struct member *member, struct map_queue_decl *decl, bool
     decl->backups_count = result.backups_count;
 }
 
+uint32_t member_peers_expected(const struct member *member)
+{
+    const struct cluster_map *map = member_map(member);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < map->brokers_count; i++)
+        n += map->brokers[i]->id != member->self_id && map->brokers[i]->state != BROKER_STATE_DOWN;
+    return n;
+}
+
 #define CONNECTION_KEY_ID_BITS 40
 
 uint64_t member_connection_key(const struct member *member, uint64_t connection_id)
@@ -444,6 +453,8 @@ static void on_gone_done(void *ctx, int status, const struct map_change *change)
 {
     (void)ctx;
     (void)change;
+    /* A refusal (another broker's declare replaced that incarnation, or a
+     * deletion of it came first) leaves nothing to do. */
     if (status != OK)
         LOG_WARN("cluster: a local queue deletion did not reach the map (it will be retried "
                  "when the map is reconciled)");
@@ -453,8 +464,13 @@ void member_queue_gone(struct member *member, struct bytes vhost, struct bytes n
 {
     if (member->stopping)
         return;
+    /* The incarnation we had is the map's present one: only it goes (a
+     * declare that replaced it since, through another broker, stays). */
+    const struct map_queue *q = cluster_map_queue(member_map(member), vhost, name);
+    if (q == NULL)
+        return; /* the map never had it, or forgot it already */
     struct map_cmd cmd;
-    if (map_cmd_queue_delete(&cmd, vhost, name, 0) != OK)
+    if (map_cmd_queue_delete(&cmd, vhost, name, q->epoch) != OK)
         return;
     cluster_node_submit(member->node, &cmd, on_gone_done, member);
 }
@@ -546,6 +562,12 @@ static void on_tick(uv_timer_t *timer)
     if (member->stopping)
         return;
     replication_tick(member);
+    /* Alarms are cluster-wide: ours to the others (heartbeats), theirs here. */
+    const struct alarm *alarm = &member->broker->alarm;
+    cluster_node_set_alarms(member->node, alarm->memory_on, alarm->disk_on);
+    bool memory, disk;
+    cluster_node_peer_alarms(member->node, &memory, &disk);
+    alarm_set_cluster(member->broker, memory, disk);
     if (!list_empty(&member->sync_waits))
         end_sync_waits(member, false); /* the late ones */
 }

@@ -74,12 +74,23 @@ struct member {
     struct list_node replications;   /* struct replication: our queues with backups */
     struct list_node releasing;      /* uplinks with upstream requeues to send (proxy.c) */
     struct list_node sync_waits;     /* struct member_sync_wait: peers waiting for our map */
+    /* Flow control of our publishers: the bytes of forwards sent and not
+     * yet answered by their primaries (proxy.h MEMBER_FORWARD_*). */
+    uint64_t forward_bytes;
+    bool forward_flow;               /* over the high mark: publishers wait */
     struct net_flush_hook release_hook; /* sends them at the end of the loop iteration */
     uv_timer_t *timer;               /* owned: MEMBER_TICK_MS (closed by member_stop) */
     bool stopping;
 };
 
 #define MEMBER_TICK_MS 100
+
+/* Forwards in flight (sent, not yet answered): a publisher that routes to
+ * a stand-in while they hold more than the high mark is not read until
+ * they are below the low mark (connection_flow): a proxy holds what its
+ * primaries have not confirmed, and must not hold without bound. */
+#define MEMBER_FORWARD_HIGH_BYTES (16u << 20)
+#define MEMBER_FORWARD_LOW_BYTES (8u << 20)
 
 /* Whether this broker may confirm as a primary now: its cluster lease
  * (cluster_node_lease_fresh). */
@@ -150,6 +161,10 @@ struct member_sync_wait {
 };
 bool member_sync_wait(struct member *member, struct member_sync_wait *w, uint64_t version);
 void member_sync_cancel(struct member_sync_wait *w);
+
+/* How many links from other brokers we should have (the map's brokers
+ * but us): --max-connections keeps slots for those not in yet. */
+uint32_t member_peers_expected(const struct member *member);
 
 /* The map's name for one of our connections (an exclusive queue's owner):
  * its id with this process's incarnation, so that a restarted broker never

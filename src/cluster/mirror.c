@@ -341,6 +341,11 @@ static void mirror_apply(struct member *member, const struct map_change *c)
             drop_exchange(member, c->binding.vhost, c->binding.source); /* auto-delete */
         return;
     case MAP_OP_QUEUE_DECLARE:
+        if (c->changed && c->queues_deleted_count > 0)
+            drop_queue(member, c->vhost, c->name); /* it replaced a deleted incarnation */
+        if (c->changed && c->queue)
+            ensure_queue(member, c->queue);
+        return;
     case MAP_OP_QUEUE_SET_OWNER:
     case MAP_OP_QUEUE_SET_BACKUPS:
     case MAP_OP_QUEUE_SET_IN_SYNC:

@@ -79,6 +79,8 @@
 #define HB_MAGIC "QYHB"
 #define HB_VERSION 1
 #define HB_FLAG_STOPPING 1u
+#define HB_FLAG_MEMORY_ALARM 2u /* its memory alarm is on: every broker blocks publishers */
+#define HB_FLAG_DISK_ALARM 4u
 #define HB_HEADER_SIZE 32
 #define HB_MAC_SIZE 32
 #define HB_SIZE_MAX (HB_HEADER_SIZE + 3 * CLUSTER_NAME_SIZE_MAX + HB_MAC_SIZE)
@@ -98,6 +100,7 @@ static_assert(CLUSTER_NAME_SIZE_MAX <= CONSENSUS_ADDRESS_SIZE_MAX, "addresses fi
 struct peer {
     uint32_t id;
     bool stopping;            /* its last heartbeat said it is shutting down */
+    uint8_t alarms;           /* HB_FLAG_*_ALARM of its last heartbeat (ours: what we send) */
     bool join_in_flight;      /* leader: a broker.join for it is proposed */
     bool join_refused;        /* leader: refused at refused_version; wait for a change */
     uint64_t refused_version; /* map brokers_version when it was refused */
@@ -1073,6 +1076,27 @@ void cluster_node_set_hooks(struct cluster_node *node, const struct cluster_node
     node->hooks = *hooks;
 }
 
+void cluster_node_set_alarms(struct cluster_node *node, bool memory, bool disk)
+{
+    node->peers[0].alarms =
+        (uint8_t)((memory ? HB_FLAG_MEMORY_ALARM : 0) | (disk ? HB_FLAG_DISK_ALARM : 0));
+}
+
+void cluster_node_peer_alarms(const struct cluster_node *node, bool *memory, bool *disk)
+{
+    uint64_t now = uv_now(node->loop);
+    uint8_t alarms = 0;
+    for (uint32_t i = 1; i < node->peers_count; i++) {
+        const struct peer *peer = &node->peers[i];
+        /* A broker we have not heard from lately is down or cut off: its
+         * alarm no longer blocks anyone (RabbitMQ forgets a down node's). */
+        if (peer->last_heard_ms != 0 && now - peer->last_heard_ms <= NODE_DOWN_AFTER_MS)
+            alarms |= peer->alarms;
+    }
+    *memory = (alarms & HB_FLAG_MEMORY_ALARM) != 0;
+    *disk = (alarms & HB_FLAG_DISK_ALARM) != 0;
+}
+
 bool cluster_node_synced(const struct cluster_node *node)
 {
     return node->synced;
@@ -1207,7 +1231,7 @@ static size_t heartbeat_encode(struct cluster_node *node, bool stopping, uint8_t
     memset(out, 0, HB_HEADER_SIZE);
     memcpy(out, HB_MAGIC, 4);
     out[4] = HB_VERSION;
-    out[5] = stopping ? HB_FLAG_STOPPING : 0;
+    out[5] = (uint8_t)((stopping ? HB_FLAG_STOPPING : 0) | self->alarms);
     out[6] = (uint8_t)name_size;
     out[7] = (uint8_t)amqp_size;
     out[8] = (uint8_t)cluster_size;
@@ -1273,6 +1297,7 @@ static bool heartbeat_decode(const struct cluster_node *node, const uint8_t *dat
     hb->id = (uint32_t)id;
     hb->sequence = get_u64(data + 24);
     hb->stopping = (data[5] & HB_FLAG_STOPPING) != 0;
+    hb->alarms = data[5] & (HB_FLAG_MEMORY_ALARM | HB_FLAG_DISK_ALARM);
     const uint8_t *p = data + HB_HEADER_SIZE;
     return copy_field(hb->name, &p, data[6]) && copy_field(hb->amqp_address, &p, data[7]) &&
            copy_field(hb->cluster_address, &p, data[8]);
@@ -1305,8 +1330,13 @@ static void heartbeat_received(struct cluster_node *node, const struct peer *hb)
                    strcmp(peer->cluster_address, hb->cluster_address) != 0;
     if (hb->stopping && !peer->stopping)
         LOG_INFO("cluster: %s (id %" PRIu32 ") is stopping", hb->name, hb->id);
+    if (hb->alarms != peer->alarms)
+        LOG_INFO("cluster: %s (id %" PRIu32 ") alarms: memory %s, disk %s", hb->name, hb->id,
+                 hb->alarms & HB_FLAG_MEMORY_ALARM ? "on" : "off",
+                 hb->alarms & HB_FLAG_DISK_ALARM ? "on" : "off");
     peer->sequence = hb->sequence;
     peer->stopping = hb->stopping;
+    peer->alarms = hb->alarms;
     peer->last_heard_ms = uv_now(node->loop);
     lease_update(node);
     if (changed) {

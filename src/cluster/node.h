@@ -155,6 +155,11 @@ void cluster_request_cancel(struct cluster_request *request);
  * CONSENSUS_E_NOT_LEADER / _INVALID / _BUSY (the sender tries again). */
 int cluster_node_propose_entry(struct cluster_node *node, const uint8_t *entry, size_t size);
 bool cluster_node_synced(const struct cluster_node *node);
+/* The memory and disk alarms are cluster-wide, as in RabbitMQ: ours go out
+ * in our heartbeats; a broker blocks its publishers while any broker it
+ * hears from (within NODE_DOWN_AFTER_MS) has one on. */
+void cluster_node_set_alarms(struct cluster_node *node, bool memory, bool disk);
+void cluster_node_peer_alarms(const struct cluster_node *node, bool *memory, bool *disk);
 /* Our AMQP link to that broker dropped (EOF or reset): if its heartbeats
  * stop too, the controller takes it as dead at once. */
 void cluster_node_peer_lost(struct cluster_node *node, uint32_t broker_id);

@@ -577,7 +577,7 @@ static void on_get_reply(void *ctx, uint64_t tag, bool redelivered, uint32_t mes
     struct queue_entry e = {.message = message, .seq = (uint64_t)u->id << TAG_BITS | tag,
                             .redelivered = redelivered};
     u->busy = true; /* done may settle the message at once (no-ack) */
-    op->get_done(op->ctx, queue, true, message ? &e : NULL, message_count);
+    op->get_done(op->ctx, queue, 200, BYTES_LIT(""), message ? &e : NULL, message_count);
     u->busy = false;
     free(op);
     uplink_maybe_free(u);
@@ -617,7 +617,7 @@ static void fail_ops(struct uplink *u, uint16_t code, struct bytes text)
         struct proxy_op *op = CONTAINER_OF(list_first(&u->ops), struct proxy_op, link);
         list_remove(&op->link);
         if (!op->cancelled && op->kind == PROXY_OP_GET)
-            op->get_done(op->ctx, queue, code == 0 ? false : true, NULL, 0);
+            op->get_done(op->ctx, queue, code, text, NULL, 0);
         else if (!op->cancelled)
             op->query_done(op->ctx, queue, code, text, 0, 0);
         code = 0;

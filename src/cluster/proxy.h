@@ -109,9 +109,12 @@ void proxy_peer_down(struct member_peer *peer);
  * queue until done ran (or cancels: done then never runs). */
 struct proxy_op;
 
-/* basic.get: entry NULL and ok true is get-empty; ok false: the primary
- * could not be asked. The entry's message reference passes to done. */
-typedef void (*proxy_get_fn)(void *ctx, struct queue *queue, bool ok, struct queue_entry *entry,
+/* basic.get: reply_code 200 with the entry (NULL: get-empty), the
+ * primary's refusal (code and text, as sent: with its "NAME - " prefix),
+ * or 0 when it could not be asked. The entry's message reference passes
+ * to done. */
+typedef void (*proxy_get_fn)(void *ctx, struct queue *queue, uint16_t reply_code,
+                             struct bytes reply_text, struct queue_entry *entry,
                              uint32_t message_count);
 struct proxy_op *proxy_get(struct queue *queue, proxy_get_fn done, void *ctx);
 

@@ -304,7 +304,8 @@ static const char *connection_state_name(const struct connection *connection)
     case CONNECTION_STATE_SECURE_OK: return "securing";
     case CONNECTION_STATE_TUNE_OK: return "tuning";
     case CONNECTION_STATE_OPEN_WAIT: return "opening";
-    case CONNECTION_STATE_OPEN: return connection->blocked ? "blocked" : "running";
+    case CONNECTION_STATE_OPEN:
+        return connection->blocked ? "blocked" : connection->flow ? "flow" : "running";
     case CONNECTION_STATE_CLOSING: return "closing";
     case CONNECTION_STATE_CLOSED: return "closed";
     }
