@@ -173,6 +173,32 @@ static void refuse_open(struct channel *ch, struct bytes vhost_name)
     ch->state = CHANNEL_STATE_CLOSING;
 }
 
+/* Both sides sent channel.close: the client may still answer ours. */
+static void remember_crossed(struct connection *connection, uint16_t id)
+{
+    if (connection->crossed_closes_count == connection->crossed_closes_cap) {
+        uint32_t cap = connection->crossed_closes_cap ? connection->crossed_closes_cap * 2 : 4;
+        uint16_t *grown = realloc(connection->crossed_closes, sizeof *grown * cap);
+        ASSERT(grown != NULL);
+        connection->crossed_closes = grown;
+        connection->crossed_closes_cap = cap;
+    }
+    connection->crossed_closes[connection->crossed_closes_count++] = id;
+}
+
+/* Forgets a crossed close of channel id; true if there was one. */
+static bool forget_crossed(struct connection *connection, uint16_t id)
+{
+    for (uint32_t i = 0; i < connection->crossed_closes_count; i++) {
+        if (connection->crossed_closes[i] == id) {
+            connection->crossed_closes[i] =
+                connection->crossed_closes[--connection->crossed_closes_count];
+            return true;
+        }
+    }
+    return false;
+}
+
 void channel_handle_unopened(struct connection *connection, const struct frame *frame)
 {
     if (frame->type != FRAME_METHOD) {
@@ -182,6 +208,10 @@ void channel_handle_unopened(struct connection *connection, const struct frame *
     struct method m;
     if (!connection__decode_method(connection, frame, &m))
         return;
+    bool crossed = connection->crossed_closes_count > 0 && forget_crossed(connection,
+                                                                         frame->channel);
+    if (crossed && m.id == METHOD_CHANNEL_CLOSE_OK)
+        return; /* the client's answer to our close, which crossed its own */
     if (m.id != METHOD_CHANNEL_OPEN) {
         connection_fail(connection, REPLY_CHANNEL_ERROR, m.id, "expected 'channel.open'");
         return;
@@ -269,10 +299,15 @@ static void handle_method(struct channel *ch, const struct method *m)
         if (m->id == METHOD_CHANNEL_CLOSE_OK) {
             channel_destroy(ch);
         } else if (m->id == METHOD_CHANNEL_CLOSE) {
-            /* Both sides closed at once: answer, and we are done. */
+            /* Both sides closed at once: each close is the other's close-ok
+             * (§1.5.2.5). We answer, and are done; a client that answers
+             * ours too is not faulted for it. */
             struct method ok = {.id = METHOD_CHANNEL_CLOSE_OK};
+            struct connection *connection = ch->connection;
+            uint16_t id = ch->id;
             channel__send(ch, &ok);
             channel_destroy(ch);
+            remember_crossed(connection, id);
         }
         return;
     }
@@ -828,8 +863,10 @@ static void confirm_publish(struct channel *ch, uint64_t ticket, uint32_t remote
     struct confirm_fifo *f = &ch->confirm_waits;
     bool unsynced = ticket > durable_synced_ticket(ch->connection->broker);
     if (unsynced || remote > 0 || f->count > 0) {
-        /* Wait for the fsync or the primaries, or behind a publish that does. */
+        /* Wait for the fsync or the primaries, or behind a publish that does;
+         * the publisher waits for us meanwhile (read_batch.h). */
         fifo_push(f, (struct confirm_wait){ch->publish_seq, ticket, remote, rejected});
+        conn_out_owed(&ch->connection->conn);
         if (unsynced)
             durable_wait_for_sync(ch->connection->broker, &ch->durable_link);
         return;

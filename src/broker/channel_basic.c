@@ -609,7 +609,12 @@ static void handle_qos(struct channel *ch, const struct method *m)
         ch->prefetch_consumer = q->prefetch_count;
     struct method ok = {.id = METHOD_BASIC_QOS_OK};
     channel__send(ch, &ok);
-    channel_resume_delivery(ch);
+    /* A channel-wide limit changes what every consumer here may take now. */
+    list_for_each_safe(node, &ch->consumers) {
+        struct consumer *consumer = CONTAINER_OF(node, struct consumer, owner_link);
+        if (consumer->queue)
+            queue_consumer_credit_changed(consumer->queue, consumer);
+    }
 }
 
 static void handle_recover(struct channel *ch, const struct method *m, bool requeue)

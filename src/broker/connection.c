@@ -230,6 +230,7 @@ static void on_free(struct conn *conn)
     for (uint32_t i = 0; i < connection->channels_cap; i++)
         ASSERT(connection->channels[i] == NULL);
     free(connection->channels);
+    free(connection->crossed_closes);
     struct broker *broker = connection->broker;
     list_remove(&connection->broker_link);
     broker->connections_count--;

@@ -67,6 +67,11 @@ struct connection {
     bool publisher;                   /* has published: blocked by alarms */
     bool blocked;                     /* blocked by an alarm now */
     bool flow;                        /* not read until the brokers it forwards to catch up */
+    /* Channels whose close crossed ours (both sides sent channel.close):
+     * the client may still send the close-ok for ours, which is then
+     * ignored once, as RabbitMQ does. Owned; rarely more than one. */
+    uint16_t *crossed_closes;
+    uint32_t crossed_closes_count, crossed_closes_cap;
     struct channel **channels;        /* owned array, indexed by channel id */
     uint32_t channels_cap;
     uint32_t channels_open;

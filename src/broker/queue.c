@@ -852,6 +852,14 @@ void queue_consumer_add(struct queue *queue, struct consumer *consumer)
         queue->remote_ops->consumer_added(queue, consumer);
 }
 
+void queue_consumer_credit_changed(struct queue *queue, struct consumer *consumer)
+{
+    ASSERT(consumer->queue == queue);
+    if (queue->remote_ops)
+        queue->remote_ops->consumer_credit(queue, consumer);
+    queue_dispatch(queue);
+}
+
 void queue_consumer_remove(struct queue *queue, struct consumer *consumer)
 {
     ASSERT(consumer->queue == queue);

@@ -111,6 +111,9 @@ struct queue_remote_ops {
      * consumer on the primary. */
     void (*consumer_added)(struct queue *queue, struct consumer *consumer);
     void (*consumer_removed)(struct queue *queue, struct consumer *consumer);
+    /* A local consumer's credit changed (basic.qos): its upstream consumer
+     * gets the new one. */
+    void (*consumer_credit)(struct queue *queue, struct consumer *consumer);
     /* Settling a delivery: ack it upstream, reject it there (dead-letter
      * or drop at the primary), or release it (requeue at the primary). */
     void (*ack)(struct queue *queue, uint64_t seq);
@@ -305,6 +308,9 @@ void queue_dispatch(struct queue *queue);
 
 void queue_consumer_add(struct queue *queue, struct consumer *consumer);
 void queue_consumer_remove(struct queue *queue, struct consumer *consumer);
+/* The consumer may take more (or fewer) messages than before (a new
+ * basic.qos on its channel): dispatches, and tells a stand-in's primary. */
+void queue_consumer_credit_changed(struct queue *queue, struct consumer *consumer);
 /* Marks the queue deleted: cancels consumers (ops->cancelled), drops ready
  * messages, unbinds. Returns the number of ready messages dropped. The
  * vhost removes it from its table and drops its reference. */

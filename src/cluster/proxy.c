@@ -58,6 +58,7 @@ struct uplink {
     uint64_t *releasing;          /* owned */
     uint32_t releasing_count, releasing_cap;
     struct list_node release_link; /* in member->releasing while releasing_count > 0 */
+    uint32_t credit;              /* the prefetch its upstream consumer has */
     bool busy;                    /* inside a callback that uses it: not freed */
     bool attaching;               /* its local consumer waits for consume-ok */
 };
@@ -376,6 +377,26 @@ static struct uplink *uplink_open(struct proxy_stub *stub)
     return u;
 }
 
+/* The upstream consumer's prefetch: the local consumer's credit (its
+ * prefetch, or its channel's if smaller), PROXY_CREDIT_UNLIMITED if none. */
+static uint32_t upstream_credit(const struct consumer *consumer)
+{
+    uint32_t credit = channel_consumer_credit(consumer);
+    return credit == 0 || credit > UINT16_MAX ? PROXY_CREDIT_UNLIMITED : credit;
+}
+
+/* Channel-wide (global) on the uplink's channel, which has this one
+ * consumer: unlike a per-consumer prefetch, it applies to the consumer
+ * already there when it changes. */
+static void send_credit(struct uplink *u)
+{
+    u->credit = upstream_credit(u->consumer);
+    struct method qos = {.id = METHOD_BASIC_QOS};
+    qos.basic_qos.prefetch_count = (uint16_t)u->credit;
+    qos.basic_qos.global = true;
+    link_send(u->ch, &qos);
+}
+
 /* Our next requests on u name the stand-in's queue as our map has it: a
  * primary whose map lags behind that (the queue was just declared, or
  * moved to it) applies that far before it looks at them, as basic.quay-sync
@@ -402,12 +423,7 @@ static void attach(struct proxy_stub *stub, struct consumer *consumer, bool wait
     sync_primary(u);
     u->consumer = consumer;
     u->attaching = waits;
-    uint32_t credit = channel_consumer_credit(consumer);
-    struct method qos = {.id = METHOD_BASIC_QOS};
-    qos.basic_qos.prefetch_count = (uint16_t)(credit == 0 || credit > UINT16_MAX
-                                                  ? PROXY_CREDIT_UNLIMITED
-                                                  : credit);
-    link_send(u->ch, &qos);
+    send_credit(u);
     uint8_t args[64];
     struct table_writer w;
     table_writer_init(&w, args, sizeof args);
@@ -435,6 +451,13 @@ bool proxy_consume_waits(struct queue *queue, bool *available)
     struct member_peer *peer = member_peer(stub->member, stub->primary_id);
     *available = stub->available;
     return stub->available && peer != NULL && peer->up;
+}
+
+static void stub_consumer_credit(struct queue *queue, struct consumer *consumer)
+{
+    struct uplink *u = uplink_of_consumer(stub_of(queue), consumer);
+    if (u != NULL && u->credit != upstream_credit(consumer))
+        send_credit(u); /* basic.qos applies to the consumer at once, upstream too */
 }
 
 static void stub_consumer_removed(struct queue *queue, struct consumer *consumer)
@@ -534,6 +557,7 @@ static const struct queue_remote_ops stub_ops = {
     .forward = forward__stubs,
     .consumer_added = stub_consumer_added,
     .consumer_removed = stub_consumer_removed,
+    .consumer_credit = stub_consumer_credit,
     .ack = stub_ack,
     .reject = stub_reject,
     .release = stub_release,

@@ -294,14 +294,14 @@ def queue_info(member, name):
 class Cluster:
     """A set of members sharing a secret; use as a context manager or call close()."""
 
-    def __init__(self, secret=None):
+    def __init__(self, secret=None, http=True):
         self.dir = tempfile.mkdtemp(prefix="quay-cluster-")
         self.secret_file = self.write_secret("secret", secret or os.urandom(32).hex())
         self.members = []
         self.failed = False
         helptext = subprocess.run([quayd_path(), "--help"], capture_output=True,
                                   text=True).stdout
-        self.has_http = "--http" in helptext
+        self.has_http = http and "--http" in helptext
 
     def write_secret(self, filename, text):
         path = os.path.join(self.dir, filename)

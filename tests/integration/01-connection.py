@@ -511,5 +511,32 @@ def heartbeat_on_nonzero_channel_and_body_on_channel_zero_are_505():
        (UNEXPECTED_FRAME, 'UNEXPECTED_FRAME - type 3, all octets = <<"x">>', 0, 0))
 
 
+@test
+def crossing_channel_closes_keep_the_connection():
+    """The client closes a channel while the broker closes it for an error:
+    each close is the other's close-ok (spec 1.5.2.5); a close-ok the client
+    sends for ours anyway is ignored, as RabbitMQ does (amqp091-go tests
+    this), and the connection's other channels go on. A close-ok for a
+    channel that was never closing is still a connection error."""
+    s = raw_connection()
+    s.sendall(gen_channel_open(2))
+    expect_method(s, *CHANNEL_OPEN_OK, channel=2)
+    s.sendall(gen_basic_get(1, uniq("nowhere")) + gen_channel_close(1))
+    close = expect_method(s, *CHANNEL_CLOSE, channel=1)
+    eq(close.args.short(), NOT_FOUND, "the broker's close")
+    expect_method(s, *CHANNEL_CLOSE_OK, channel=1)   # the answer to ours
+    s.sendall(gen_channel_close_ok(1))              # and ours to its: ignored
+    assert_no_frame(s, 0.3)
+    eq(declare_queue(s, 2)[1:], (0, 0), "channel 2 still works")
+    s.sendall(gen_channel_open(1))                  # the id is free again
+    expect_method(s, *CHANNEL_OPEN_OK, channel=1)
+    # Once only: a second close-ok is a stray frame.
+    s.sendall(gen_channel_close(1))
+    expect_method(s, *CHANNEL_CLOSE_OK, channel=1)
+    s.sendall(gen_channel_close_ok(1))
+    eq(expect_close(s, connection=True)[:2], (CHANNEL_ERROR, "CHANNEL_ERROR - expected "
+                                              "'channel.open'"), "stray close-ok")
+
+
 if __name__ == "__main__":
     run()

@@ -381,5 +381,59 @@ def auto_delete_exchange_goes_with_last_binding():
     ch.exchange_delete(dst)
 
 
+@test
+def auto_delete_cascades_as_rabbitmq_does():
+    """An auto-delete exchange goes with its last binding as a source,
+    whether an unbind, its destination queue's deletion or its destination
+    exchange's deletion removed it, and so on down a chain (RabbitMQ 3.10's
+    remove_for_destination); a cycle keeps itself until broken. In a
+    cluster every broker agrees at once (the map decides)."""
+    c = pika_connect()
+    ch = c.channel()
+    src, dst, a, b, q = (uniq(x) for x in ("src", "dst", "a", "b", "q"))
+
+    def exists(name):
+        probe = c.channel()
+        try:
+            probe.exchange_declare(name, passive=True)
+            probe.close()
+            return True
+        except pika.exceptions.ChannelClosedByBroker as e:
+            eq(e.reply_code, NOT_FOUND)
+            return False
+
+    ch.exchange_declare(src, "direct", auto_delete=True)
+    ch.exchange_declare(dst, "fanout")
+    ch.exchange_bind(destination=dst, source=src, routing_key="k")
+    ch.exchange_delete(dst)
+    eq(exists(src), False, "source of a deleted destination exchange")
+    # A chain: a -> b -> q, a -> plain, b -> a (a cycle).
+    plain = uniq("plain")
+    ch.exchange_declare(a, "direct", auto_delete=True)
+    ch.exchange_declare(b, "direct", auto_delete=True)
+    ch.exchange_declare(plain, "fanout")
+    ch.queue_declare(q)
+    ch.exchange_bind(destination=b, source=a, routing_key="x")
+    ch.queue_bind(q, b, "x")
+    ch.exchange_bind(destination=plain, source=a, routing_key="y")
+    ch.exchange_bind(destination=a, source=b, routing_key="z")
+    ch.queue_delete(q)
+    eq((exists(b), exists(a)), (True, True), "b still bound to a, a to b and plain")
+    ch.exchange_delete(plain)
+    eq((exists(a), exists(b)), (True, True), "a cycle keeps itself")
+    ch.exchange_delete(b)
+    eq(exists(a), False, "a, once its last binding (to b) went with b")
+    # Declared again at once, it is a new exchange that routes (kombu's
+    # SimpleBuffer declares an auto-delete exchange and queue anew like this).
+    ch.exchange_declare(a, "direct", auto_delete=True)
+    ch.queue_declare(q, auto_delete=True)
+    ch.queue_bind(q, a, "k")
+    ch.basic_publish(a, "k", b"again")
+    eq(ch.basic_get(q, auto_ack=True)[2], b"again", "routed through the new exchange")
+    ch.queue_delete(q)
+    eq(exists(a), False, "gone with its queue")
+    c.close()
+
+
 if __name__ == "__main__":
     run()

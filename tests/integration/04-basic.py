@@ -631,5 +631,30 @@ def zero_length_body():
     eq(b, b"")
 
 
+@test
+def raising_the_prefetch_releases_more_at_once():
+    """A new basic.qos global=true applies to the channel's consumers at
+    once: raising it delivers more right away (through a proxy the primary
+    is told); global=false applies to consumers made after it only
+    (RabbitMQ 3.10), so raising it releases nothing."""
+    for glob in (True, False):
+        s = raw_connection()
+        q = raw_q(s)
+        for i in range(5):
+            s.sendall(gen_publish(1, "", q, b"m%d" % i))
+        s.sendall(gen_basic_qos(1, 1, global_=glob))
+        expect_method(s, *BASIC_QOS_OK)
+        s.sendall(gen_basic_consume(1, q, "c"))
+        expect_method(s, *BASIC_CONSUME_OK)
+        eq(read_delivery(s)["body"], b"m0", "first")
+        assert_no_frame(s, 0.3)
+        s.sendall(gen_basic_qos(1, 3, global_=glob))
+        expect_method(s, *BASIC_QOS_OK)
+        if glob:
+            eq([read_delivery(s)["body"] for _ in range(2)], [b"m1", b"m2"], "released")
+        assert_no_frame(s, 0.5)
+        s.close()
+
+
 if __name__ == "__main__":
     run()

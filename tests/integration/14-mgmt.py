@@ -43,12 +43,10 @@ def mgmt_broker():
     """The quayd with the API on, started once for this file."""
     global _mb
     if _mb is None:
-        port = free_port()
-        b = Broker(["--http", "127.0.0.1:%d" % port], external_ok=False)
-        b.http_port = port
+        b = Broker(external_ok=False, http=True)
         atexit.register(lambda: b.proc and b.proc.poll() is None and b.proc.kill())
         _mb = b
-        wait_until(lambda: _can_connect(port), what="the HTTP listener")
+        wait_until(lambda: _can_connect(b.http_port), what="the HTTP listener")
     return _mb
 
 
@@ -60,9 +58,9 @@ def _can_connect(port):
         return False
 
 
-def api(path):
+def api(path, port=None):
     b = mgmt_broker()
-    url = "http://127.0.0.1:%d%s" % (b.http_port, path)
+    url = "http://127.0.0.1:%d%s" % (port or b.http_port, path)
     with urllib.request.urlopen(url, timeout=10) as r:
         eq(r.status, 200, "status of GET " + path)
         eq(r.headers["Content-Type"], "application/json", "content type")
@@ -155,6 +153,33 @@ def find_queue(queues, name, vhost="/"):
 QUEUE_KEYS = {"vhost", "name", "durable", "exclusive", "auto_delete", "messages",
               "messages_unacknowledged", "consumers", "paged", "primary", "backups",
               "in_sync", "epoch", "role", "policy"}
+# A clustered broker adds the queue's replication state.
+CLUSTER_QUEUE_KEYS = QUEUE_KEYS | {"replication_factor", "available"}
+
+
+def counted(name):
+    """The queue as its counts are kept: from this broker's API, or in cluster
+    mode from its primary's (a proxy's counts are its own: messages in
+    flight to its consumers; cluster-wide counts on every broker are the
+    management API's issue, not this one's)."""
+    b = mgmt_broker()
+    if b.cluster is None:
+        return find_queue(api("/api/queues"), name)
+    primary = b.primary_of(name)
+    assert primary is not None, name
+    return find_queue(api("/api/queues", primary.http_port), name)
+
+
+def overview_total(key):
+    """An /api/overview count of messages: this broker's, or in cluster mode
+    the sum over every queue at its primary (proxies count what is in
+    flight to their own consumers)."""
+    b = mgmt_broker()
+    if b.cluster is None:
+        return api("/api/overview")[key]
+    field = {"messages_ready": "messages"}.get(key, key)
+    return sum(q[field] for m in b.members for q in api("/api/queues", m.http_port)
+               if q["role"] == "primary")
 ODD_NAME = 'odd "name" \\ tab\there caf\u00e9 \u20ac \U0001d11e'
 
 
@@ -175,23 +200,34 @@ def queues_endpoint_matches_what_clients_did():
     ch2 = c.channel()
     ch2.basic_consume("m-auto", lambda *a: None)
 
+    b = mgmt_broker()
     queues = api("/api/queues")
     assert isinstance(queues, list)
     for q in queues:
-        eq(set(q), QUEUE_KEYS, "queue fields")
+        if b.cluster is None:
+            eq(set(q), QUEUE_KEYS, "queue fields")
+        else:
+            assert set(q) >= CLUSTER_QUEUE_KEYS, ("queue fields", q)
     w = find_queue(queues, "m-work")
     eq((w["durable"], w["exclusive"], w["auto_delete"]), (True, False, False), "m-work flags")
+    if b.cluster is None:
+        eq((w["primary"], w["backups"], w["in_sync"], w["epoch"]), ("local", [], [], 0),
+           "placement")
+    else:
+        # Placed on another broker (the client's is a proxy), one backup.
+        assert w["primary"] != b.client.name and w["role"] in ("proxy", "backup"), w
+        eq((len(w["backups"]), w["in_sync"] == w["backups"]), (1, True), "backups")
+        assert w["epoch"] > 0, w
+    w = counted("m-work")
     eq(w["messages"], 3, "m-work ready")
     eq(w["messages_unacknowledged"], 2, "m-work unacked")
     eq(w["consumers"], 0, "m-work consumers")
     eq(w["paged"], 0, "m-work paged")
-    eq((w["primary"], w["backups"], w["in_sync"], w["epoch"]), ("local", [], [], 0),
-       "placement")
     e = find_queue(queues, "m-excl")
     eq((e["durable"], e["exclusive"], e["auto_delete"]), (False, True, False), "m-excl")
-    a = find_queue(queues, "m-auto")
+    a = counted("m-auto")
     eq((a["auto_delete"], a["consumers"]), (True, 1), "m-auto")
-    o = find_queue(queues, ODD_NAME)   # escaping round-trips exactly
+    o = counted(ODD_NAME)   # escaping round-trips exactly
     eq(o["messages"], 1, "odd name ready")
     for q in queues:
         for k in ("messages", "messages_unacknowledged", "consumers", "paged", "epoch"):
@@ -199,10 +235,12 @@ def queues_endpoint_matches_what_clients_did():
 
     # The exclusive and auto-delete queues go with their connection.
     c.close()
+    wait_until(lambda: not ({"m-excl", "m-auto"} & {q["name"] for q in api("/api/queues")}),
+               what="the exclusive and auto-delete queues to go")
     names = [q["name"] for q in api("/api/queues")]
-    assert "m-excl" not in names and "m-auto" not in names, names
     assert "m-work" in names
-    w = find_queue(api("/api/queues"), "m-work")
+    wait_until(lambda: counted("m-work")["messages"] == 5, what="the requeues")
+    w = counted("m-work")
     eq((w["messages"], w["messages_unacknowledged"]), (5, 0), "requeued on close")
     c = amqp()
     ch = c.channel()
@@ -214,6 +252,8 @@ def queues_endpoint_matches_what_clients_did():
 @test
 def connections_and_overview_count_clients():
     base = api("/api/overview")
+    base_ready = overview_total("messages_ready")
+    base_unacked = overview_total("messages_unacknowledged")
     c1 = amqp()
     c1.channel()
     c1.channel()
@@ -245,8 +285,8 @@ def connections_and_overview_count_clients():
     eq(ov["connections"], base["connections"] + 2, "connections")
     eq(ov["channels"], base["channels"] + 4, "channels")
     eq(ov["queues"], base["queues"] + 1, "queues")
-    eq(ov["messages_ready"], base["messages_ready"] + 3, "ready")
-    eq(ov["messages_unacknowledged"], base["messages_unacknowledged"] + 1, "unacked")
+    eq(overview_total("messages_ready"), base_ready + 3, "ready")
+    eq(overview_total("messages_unacknowledged"), base_unacked + 1, "unacked")
     assert ov["uptime_ms"] >= base["uptime_ms"]
     assert ov["memory"]["used_bytes"] > 0 and ov["memory"]["alarm"] is False, ov["memory"]
     assert ov["disk"]["alarm"] is False and ov["alarms"] == [], ov
@@ -275,7 +315,14 @@ def quayctl_tables_and_json():
         assert n in names, names
     mine = [r for r in rows if r["NAME"].startswith("m-ctl-")]
     eq([r["NAME"] for r in mine], ["m-ctl-a", "m-ctl-b"], "sorted rows")
-    eq((mine[0]["READY"], mine[0]["DURABLE"], mine[0]["PRIMARY"]), ("2", "yes", "local"), "row")
+    b = mgmt_broker()
+    if b.cluster is None:
+        eq((mine[0]["READY"], mine[0]["DURABLE"], mine[0]["PRIMARY"]), ("2", "yes", "local"),
+           "row")
+    else:  # counts as this broker keeps them (a proxy's: none ready here)
+        eq((mine[0]["DURABLE"], mine[0]["PRIMARY"]),
+           ("yes", b.primary_of("m-ctl-a").name), "row")
+        eq(counted("m-ctl-a")["messages"], 2, "ready at the primary")
     eq((mine[1]["READY"], mine[1]["DURABLE"]), ("0", "no"), "row b")
     # Aligned: every numeric column ends at the same offset on every line.
     lines = out.rstrip("\n").split("\n")
@@ -462,7 +509,7 @@ def quayd_http_option():
     eq(p.returncode, 2, "bad --http")
     assert "--http" in p.stderr, p.stderr
     # Off by default: without --http nothing listens for HTTP.
-    plain = Broker(["--log-level", "info"], external_ok=False)
+    plain = Broker(["--log-level", "info"], external_ok=False, http=False)
     text = plain.stderr_text()   # start-up is logged before it accepts
     problems = plain.stop()
     assert not problems, problems

@@ -32,9 +32,7 @@ BODY = b"x" * 1024
 
 
 def start(extra=()):
-    port = free_port()
-    b = Broker(["--http", "127.0.0.1:%d" % port] + list(extra), external_ok=False)
-    b.http_port = port
+    b = Broker(list(extra), external_ok=False, http=True)
     wait_until(lambda: _network(b) is not None, what="the HTTP API")
     return b
 

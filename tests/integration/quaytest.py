@@ -140,10 +140,11 @@ class Broker:
     """The broker under test: external (QUAY_TEST_TARGET), a private quayd,
     or (QUAY_TEST_MODE=cluster) a private 3-broker cluster reached through
     one of its brokers. extra_args go to every quayd; http=True serves the
-    management API (self.http_port); env is the quayd processes'
+    management API (self.http_port; None: only in cluster mode, where the
+    harness uses it to find primaries); env is the quayd processes'
     environment. self.proc and self.data are the client's broker's."""
 
-    def __init__(self, extra_args=(), host="127.0.0.1", external_ok=True, env=None, http=False):
+    def __init__(self, extra_args=(), host="127.0.0.1", external_ok=True, env=None, http=None):
         self.proc = None
         self.tmpdir = None
         self.stderr_path = None
@@ -161,18 +162,18 @@ class Broker:
             self.external = False
             self.host = host
             if CLUSTERED:
-                self._start_cluster()
+                self._start_cluster(http is not False)
             else:
                 if http:
                     self.http_port = free_port()
                     self.extra_args += ["--http", "127.0.0.1:%d" % self.http_port]
                 self._start_quayd()
 
-    def _start_cluster(self):
+    def _start_cluster(self, http):
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                         "cluster"))
         import clustertest
-        self.cluster = clustertest.Cluster()
+        self.cluster = clustertest.Cluster(http=http)
         common = ["--default-backups", "1"] + self.extra_args
 
         def per(name):
