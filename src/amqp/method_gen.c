@@ -1125,6 +1125,7 @@ static int decode_basic_quay_forward(struct method *out, struct wire_reader *r)
     m->routing_key = wire_read_shortstr(r);
     bits = wire_read_u8(r);
     m->dead_lettered = (bits & 0x01) != 0;
+    m->same_targets = (bits & 0x02) != 0;
     if (!decode_table(r, &m->targets))
         return E_SYNTAX;
     return r->failed ? E_SYNTAX : OK;
@@ -1140,6 +1141,7 @@ static void encode_basic_quay_forward(const struct method *in, struct wire_write
     wire_write_shortstr(w, m->routing_key);
     bits = 0;
     bits = (uint8_t)(bits | (m->dead_lettered ? 0x01 : 0));
+    bits = (uint8_t)(bits | (m->same_targets ? 0x02 : 0));
     wire_write_u8(w, bits);
     wire_write_longstr(w, (struct bytes){m->targets.ptr, m->targets.len});
 }
@@ -1664,6 +1666,7 @@ static const struct method_field FIELDS_BASIC_QUAY_FORWARD[] = {
     {"exchange", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_forward.exchange)},
     {"routing-key", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_forward.routing_key)},
     {"dead-lettered", METHOD_FIELD_BIT, offsetof(struct method, basic_quay_forward.dead_lettered)},
+    {"same-targets", METHOD_FIELD_BIT, offsetof(struct method, basic_quay_forward.same_targets)},
     {"targets", METHOD_FIELD_TABLE, offsetof(struct method, basic_quay_forward.targets)},
 };
 static const struct method_field FIELDS_BASIC_QUAY_REPLICATE[] = {
@@ -1801,7 +1804,7 @@ const struct method_info METHOD_INFOS[METHOD_COUNT] = {
     {METHOD_BASIC_NACK, "basic.nack",
      false, false, 3, FIELDS_BASIC_NACK},
     {METHOD_BASIC_QUAY_FORWARD, "basic.quay-forward",
-     false, true, 4, FIELDS_BASIC_QUAY_FORWARD},
+     false, true, 5, FIELDS_BASIC_QUAY_FORWARD},
     {METHOD_BASIC_QUAY_REPLICATE, "basic.quay-replicate",
      false, true, 5, FIELDS_BASIC_QUAY_REPLICATE},
     {METHOD_BASIC_QUAY_SETTLE, "basic.quay-settle",

@@ -430,6 +430,7 @@ struct method_basic_quay_forward {
     struct bytes exchange;
     struct bytes routing_key;
     bool dead_lettered;
+    bool same_targets;
     struct table targets;
 };
 

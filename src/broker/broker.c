@@ -163,6 +163,8 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
         return -1;
     if (broker->mgmt && broker->cluster) {
         mgmt_api_route(broker->mgmt, "/api/cluster", cluster_node_write_json, broker->cluster);
+        mgmt_api_route(broker->mgmt, "/api/cluster/links", member_write_links_json,
+                       broker->member);
         mgmt_api_route_post(broker->mgmt, "/api/cluster/leave", member_leave, broker->member);
     }
     uv_timer_init(loop, &broker->tick);

@@ -575,16 +575,19 @@ void channel__begin_forward(struct channel *ch, const struct method *m)
     } else {
         const struct method_basic_quay_forward *f = &m->basic_quay_forward;
         keep_names(ch, f->exchange, f->routing_key);
-        if (f->targets.len > ch->forward_targets_cap) {
-            free(ch->forward_targets);
-            ch->forward_targets = malloc(f->targets.len);
-            ASSERT(ch->forward_targets != NULL);
-            ch->forward_targets_cap = f->targets.len;
-        }
-        if (f->targets.len > 0)
-            memcpy(ch->forward_targets, f->targets.ptr, f->targets.len);
-        ch->forward_targets_size = f->targets.len;
         ch->forward_dead_lettered = f->dead_lettered;
+        /* same-targets: those of this channel's previous forward, kept. */
+        if (!f->same_targets) {
+            if (f->targets.len > ch->forward_targets_cap) {
+                free(ch->forward_targets);
+                ch->forward_targets = malloc(f->targets.len);
+                ASSERT(ch->forward_targets != NULL);
+                ch->forward_targets_cap = f->targets.len;
+            }
+            if (f->targets.len > 0)
+                memcpy(ch->forward_targets, f->targets.ptr, f->targets.len);
+            ch->forward_targets_size = f->targets.len;
+        }
     }
     ch->publish_mandatory = false;
     ch->publish_forward = true;

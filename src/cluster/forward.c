@@ -62,6 +62,11 @@ struct proxy_forwarder {
     struct forward_wait *waits;   /* owned ring, by link sequence number */
     uint32_t head, count, cap;
     uint64_t first_seq;           /* link sequence number of waits[head] */
+    /* The targets table of the last forward sent on the channel: the next
+     * one with the same targets (a stream fanned out to the same queues)
+     * says "same-targets" instead of naming them all again. */
+    uint8_t *last_targets;        /* owned */
+    uint32_t last_targets_size, last_targets_cap;
 };
 
 static struct forward_target *wait_targets(struct forward_wait *w)
@@ -212,6 +217,7 @@ static void forwarder_free(struct proxy_forwarder *f)
     list_remove(&f->peer_link);
     bytes_free(&f->vhost);
     free(f->waits);
+    free(f->last_targets);
     free(f);
 }
 
@@ -317,7 +323,19 @@ static bool send_forward(struct member_peer *peer, struct queue *const *stubs, u
     m.basic_quay_forward.exchange = message_exchange(message);
     m.basic_quay_forward.routing_key = message_routing_key(message);
     m.basic_quay_forward.dead_lettered = dead_lettered;
-    m.basic_quay_forward.targets = table_writer_table(&w);
+    if (w.len == f->last_targets_size && memcmp(buf, f->last_targets, w.len) == 0) {
+        m.basic_quay_forward.same_targets = true; /* the receiving channel kept them */
+    } else {
+        if (w.len > f->last_targets_cap) {
+            free(f->last_targets);
+            f->last_targets = malloc(w.len);
+            ASSERT(f->last_targets != NULL);
+            f->last_targets_cap = (uint32_t)w.len;
+        }
+        memcpy(f->last_targets, buf, w.len);
+        f->last_targets_size = (uint32_t)w.len;
+        m.basic_quay_forward.targets = table_writer_table(&w);
+    }
     uint64_t link_seq = link_send_content(f->ch, &m, message);
     ASSERT(link_seq == f->first_seq + f->count);
     message_ref(message);

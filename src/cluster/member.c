@@ -504,6 +504,40 @@ static void on_leave_done(void *ctx, int status, const struct map_change *change
         LOG_INFO("cluster: this broker has left the cluster map; it can be stopped");
 }
 
+void member_write_links_json(void *ctx, struct json *out)
+{
+    struct member *member = ctx;
+    const struct cluster_map *map = member_map(member);
+    json_object_begin(out);
+    json_key(out, "links");
+    json_array_begin(out);
+    for (uint32_t i = 0; i < member->peers_count; i++) {
+        const struct member_peer *peer = member->peers[i];
+        struct link_stats stats;
+        link_get_stats(peer->link, &stats);
+        const struct map_broker *b = cluster_map_broker(map, peer->id);
+        json_object_begin(out);
+        json_kv_uint(out, "id", peer->id);
+        json_key(out, "name");
+        if (b)
+            json_string_n(out, (const char *)b->name.ptr, b->name.len);
+        else
+            json_null(out);
+        json_kv_string(out, "address", peer->address);
+        json_kv_bool(out, "up", peer->up);
+        json_kv_uint(out, "bytes_out", stats.bytes_out);
+        json_kv_uint(out, "frames_out", stats.frames_out);
+        json_kv_uint(out, "bytes_in", stats.bytes_in);
+        json_kv_uint(out, "frames_in", stats.frames_in);
+        json_kv_uint(out, "connects", stats.connects);
+        json_object_end(out);
+    }
+    json_array_end(out);
+    json_kv_uint(out, "forward_bytes", member->forward_bytes);
+    json_kv_bool(out, "flow", member->forward_flow);
+    json_object_end(out);
+}
+
 int member_leave(void *ctx, struct json *body)
 {
     struct member *member = ctx;

@@ -127,6 +127,12 @@ bool member_forward_fresh(struct member *member, struct bytes vhost, struct byte
 struct json;
 int member_leave(void *ctx, struct json *body);
 
+/* GET /api/cluster/links (an http_handler_fn; ctx is the member): our link
+ * to each peer, [{"id", "name", "address", "up", "bytes_out", "frames_out",
+ * "bytes_in", "frames_in", "connects"}], and the forwards in flight
+ * ({"links": [...], "forward_bytes": N, "flow": bool}). */
+void member_write_links_json(void *ctx, struct json *out);
+
 /* A peer's forward names a map epoch ours has not reached (the queue was
  * just declared, or moved to us): it is parked, its confirm waiting, and
  * routed once we have applied that far. */

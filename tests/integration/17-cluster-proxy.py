@@ -311,6 +311,99 @@ def basic_get_through_a_proxy():
     c.close()
 
 
+def links_of(member):
+    with urllib.request.urlopen("http://127.0.0.1:%d/api/cluster/links" % member.http_port,
+                                timeout=5) as r:
+        return {link["name"]: link for link in json.load(r)["links"]}
+
+
+def death(props):
+    """(reason, queue) of the newest x-death entry."""
+    d = (props.headers or {}).get("x-death")
+    assert d, props.headers
+    return d[0]["reason"], d[0]["queue"]
+
+
+@test(timeout=90)
+def dead_letters_cross_to_a_queue_on_another_broker():
+    """A queue on a dead-letters into a queue on c, for each reason (a reject
+    through a proxy, a per-message TTL, x-overflow=reject-publish-dlx), with
+    the client on b: the message arrives with its x-death as on one broker,
+    and a broker never asserts (it once did: 'assertion failed:
+    !queue->remote_ops')."""
+    dlx = "dlx-cross"
+    c = connect(B)
+    ch = c.channel()
+    ch.exchange_declare(dlx, "fanout")
+    c.close()
+    target = queue_on(C, B, "dl-target")
+    c = connect(B)
+    ch = c.channel()
+    ch.queue_bind(target, dlx)
+    c.close()
+    args = {"x-dead-letter-exchange": dlx}
+    rejecting = queue_on(A, B, "dl-reject", arguments=args)
+    expiring = queue_on(A, B, "dl-expire", arguments=args)
+    full = queue_on(A, B, "dl-full", arguments=dict(args, **{
+        "x-max-length": 1, "x-overflow": "reject-publish-dlx"}))
+    c = connect(B)
+    ch = c.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("", rejecting, b"rejected")
+    m, _, _ = ch.basic_get(rejecting, auto_ack=False)
+    ch.basic_reject(m.delivery_tag, requeue=False)
+    ch.basic_publish("", expiring, b"expired", pika.BasicProperties(expiration="50"))
+    ch.basic_publish("", full, b"kept")
+    try:
+        ch.basic_publish("", full, b"over")
+        raise AssertionError("a publish over x-max-length was confirmed")
+    except pika.exceptions.NackError:
+        pass
+    got = {}
+    deadline = time.monotonic() + 10
+    while len(got) < 3 and time.monotonic() < deadline:
+        m, props, body = ch.basic_get(target, auto_ack=True)
+        if m is None:
+            time.sleep(0.05)
+            continue
+        got[body] = death(props)
+    assert got == {b"rejected": ("rejected", rejecting), b"expired": ("expired", expiring),
+                   b"over": ("maxlen", full)}, got
+    for q in (rejecting, expiring, full, target):
+        ch.queue_delete(q)
+    ch.exchange_delete(dlx)
+    c.close()
+    for m in (A, B, C):
+        assert m.alive(), "%s died" % m.name
+
+
+@test(timeout=90)
+def fanout_to_queues_of_one_broker_crosses_the_link_once():
+    """A message routed to ten queues whose primary is one other broker
+    crosses the link to it once, not ten times (link bytes per 1 KiB
+    message under 1.2 KiB), and every queue gets it."""
+    names = [queue_on(A, B, "fan-%d" % i) for i in range(10)]
+    c = connect(B)
+    ch = c.channel()
+    ch.exchange_declare("fan", "fanout")
+    for q in names:
+        ch.queue_bind(q, "fan")
+    ch.confirm_delivery()
+    n, body = 200, b"f" * 1024
+    before = links_of(B)["a"]["bytes_out"]
+    for _ in range(n):
+        ch.basic_publish("fan", "", body)
+    per = (links_of(B)["a"]["bytes_out"] - before) / n
+    print("# link bytes per 1 KiB message fanned out to 10 queues on one broker: %.0f" % per)
+    assert per <= 1.2 * 1024, per
+    for q in names:
+        eq_count = ch.queue_declare(q, passive=True).method.message_count
+        assert eq_count == n, (q, eq_count)
+        ch.queue_delete(q)
+    ch.exchange_delete("fan")
+    c.close()
+
+
 @test(timeout=60)
 def purge_and_conditional_delete_through_a_proxy():
     name = queue_on(A, B, "purge")
