@@ -183,13 +183,66 @@ static void on_applied(void *ctx, int rc, const struct map_change *change)
         end_sync_waits(member, false);
 }
 
+/* Clients held back until we caught up with the map may open once the
+ * transient queues and exchanges this restart lost are gone from it too. */
+static void on_transient_gone(void *ctx, int status, const struct map_change *change)
+{
+    struct member *member = ctx;
+    (void)status;
+    (void)change;
+    ASSERT(member->transients_pending > 0);
+    if (--member->transients_pending == 0 && !member->stopping)
+        connection_cluster_synced(member->broker);
+}
+
+static void submit_transient_delete(struct member *member, struct map_cmd *cmd, int rc)
+{
+    if (rc != OK)
+        return;
+    member->transients_pending++;
+    cluster_node_submit(member->node, cmd, on_transient_gone, member);
+}
+
+/* A restarted broker that is still the primary of a non-durable queue, or
+ * the owner of a non-durable exchange, was not replaced while it was away
+ * (the controller fails a dead broker's queues over and moves its
+ * exchanges in well under a second): it alone, or the whole cluster,
+ * restarted, and what was not durable is gone, as in RabbitMQ (a transient
+ * queue goes with its node, transient exchanges with the whole cluster).
+ * So the map forgets them too; a queue only at the incarnation we had. */
+static void drop_transients(struct member *member)
+{
+    const struct cluster_map *map = member_map(member);
+    struct map_cmd cmd;
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        const struct map_queue *q = map->queues[i];
+        if (q->durable || q->primary_id != member->self_id)
+            continue;
+        LOG_INFO("cluster: transient queue '%.*s' did not survive our restart: deleted",
+                 (int)q->name.len, (const char *)q->name.ptr);
+        submit_transient_delete(member, &cmd,
+                                map_cmd_queue_delete(&cmd, q->vhost->name, q->name, q->epoch));
+    }
+    for (uint32_t i = 0; i < map->exchanges_count; i++) {
+        const struct map_exchange *x = map->exchanges[i];
+        if (x->durable || x->owner_id != member->self_id)
+            continue;
+        LOG_INFO("cluster: transient exchange '%.*s' did not survive our restart: deleted",
+                 (int)x->name.len, (const char *)x->name.ptr);
+        submit_transient_delete(member, &cmd,
+                                map_cmd_exchange_delete(&cmd, x->vhost->name, x->name, false));
+    }
+}
+
 static void on_synced(void *ctx)
 {
     struct member *member = ctx;
     if (member->stopping)
         return;
     mirror_all(member, true);
-    connection_cluster_synced(member->broker); /* clients held back may open now */
+    drop_transients(member);
+    if (member->transients_pending == 0)
+        connection_cluster_synced(member->broker); /* clients held back may open now */
 }
 
 static void on_forward(void *ctx, uint32_t leader_id, const uint8_t *entry, size_t size)
@@ -596,6 +649,7 @@ static void on_tick(uv_timer_t *timer)
     if (member->stopping)
         return;
     replication_tick(member);
+    proxy_tick(member);
     /* Alarms are cluster-wide: ours to the others (heartbeats), theirs here. */
     const struct alarm *alarm = &member->broker->alarm;
     cluster_node_set_alarms(member->node, alarm->memory_on, alarm->disk_on);

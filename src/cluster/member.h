@@ -78,6 +78,9 @@ struct member {
      * yet answered by their primaries (proxy.h MEMBER_FORWARD_*). */
     uint64_t forward_bytes;
     bool forward_flow;               /* over the high mark: publishers wait */
+    /* Deletions of what a restart lost (transient queues and exchanges)
+     * that clients wait for before they may open (member.c). */
+    uint32_t transients_pending;
     struct net_flush_hook release_hook; /* sends them at the end of the loop iteration */
     uv_timer_t *timer;               /* owned: MEMBER_TICK_MS (closed by member_stop) */
     bool stopping;

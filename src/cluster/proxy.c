@@ -67,14 +67,20 @@ struct uplink {
 enum proxy_op_kind { PROXY_OP_GET, PROXY_OP_QUERY };
 
 struct proxy_op {
-    struct list_node link;        /* in uplink->ops */
+    struct list_node link;        /* in uplink->ops, or the stub's waiting_ops */
     enum proxy_op_kind kind;
     uint32_t method_id;           /* PROXY_OP_QUERY: queue.declare or queue.purge */
     proxy_get_fn get_done;        /* NULL once cancelled (with query_done) */
     proxy_query_fn query_done;
     void *ctx;
+    uint64_t deadline_ms;         /* waiting for the primary's link: until then */
     bool cancelled;
 };
+
+/* How long a request waits for its primary's link to come up (after a
+ * restart, links reconnect after the brokers caught up): then it is
+ * answered as unreachable. */
+#define PROXY_OP_WAIT_MS 5000
 
 
 /* ---- uplinks ---- */
@@ -540,6 +546,13 @@ static void stub_free(struct queue *queue)
         u->consumer = NULL;
         uplink_free(u);
     }
+    while (!list_empty(&stub->waiting_ops)) { /* askers hold a reference: cancelled ones */
+        struct proxy_op *op =
+            CONTAINER_OF(list_first(&stub->waiting_ops), struct proxy_op, link);
+        ASSERT(op->cancelled);
+        list_remove(&op->link);
+        free(op);
+    }
     forward__release_held(queue, false);
     free(stub->held);
     list_remove(&stub->member_link);
@@ -650,32 +663,96 @@ static void fail_ops(struct uplink *u, uint16_t code, struct bytes text)
     }
 }
 
-static struct proxy_op *op_start(struct queue *queue, enum proxy_op_kind kind, void *ctx)
+static void send_op(struct uplink *u, struct proxy_op *op)
+{
+    struct queue *queue = u->stub->queue;
+    list_push_back(&u->ops, &op->link);
+    sync_primary(u);
+    struct method m = {.id = op->kind == PROXY_OP_GET ? METHOD_BASIC_GET : op->method_id};
+    if (op->kind == PROXY_OP_GET) {
+        m.basic_get.queue = queue->name;
+    } else if (op->method_id == METHOD_QUEUE_DECLARE) {
+        m.queue_declare.queue = queue->name;
+        m.queue_declare.passive = true;
+    } else {
+        m.queue_purge.queue = queue->name;
+    }
+    link_send(u->ch, &m);
+}
+
+/* The primary's link is not up (it reconnects, after a restart say): the
+ * request waits for it, at most PROXY_OP_WAIT_MS. */
+static bool may_wait(const struct proxy_stub *stub)
+{
+    struct member_peer *peer = member_peer(stub->member, stub->primary_id);
+    return stub->available && peer != NULL && !peer->up;
+}
+
+static struct proxy_op *op_start(struct queue *queue, enum proxy_op_kind kind,
+                                 uint32_t method_id, void *ctx)
 {
     struct proxy_stub *stub = stub_of(queue);
     if (stub->getter == NULL || stub->getter->ch == NULL)
         stub->getter = uplink_open(stub);
     struct uplink *u = stub->getter;
-    if (u == NULL)
+    if (u == NULL && !may_wait(stub))
         return NULL;
     struct proxy_op *op = calloc(1, sizeof *op);
     ASSERT(op != NULL);
     op->kind = kind;
+    op->method_id = method_id;
     op->ctx = ctx;
-    list_push_back(&u->ops, &op->link);
+    if (u != NULL) {
+        send_op(u, op);
+    } else {
+        op->deadline_ms = uv_now(stub->member->broker->loop) + PROXY_OP_WAIT_MS;
+        list_push_back(&stub->waiting_ops, &op->link);
+    }
     return op;
+}
+
+static void fail_op(struct queue *queue, struct proxy_op *op)
+{
+    if (op->cancelled)
+        return;
+    if (op->kind == PROXY_OP_GET)
+        op->get_done(op->ctx, queue, 0, BYTES_LIT(""), NULL, 0);
+    else
+        op->query_done(op->ctx, queue, 0, BYTES_LIT(""), 0, 0);
+}
+
+/* The waiting requests: sent once the primary can be reached (then), or
+ * answered as unreachable past their deadline, or when the queue has no
+ * primary any more (all). */
+static void resume_waiting_ops(struct proxy_stub *stub, bool fail_all)
+{
+    uint64_t now = uv_now(stub->member->broker->loop);
+    while (!list_empty(&stub->waiting_ops)) {
+        if (!fail_all && (stub->getter == NULL || stub->getter->ch == NULL))
+            stub->getter = uplink_open(stub);
+        struct proxy_op *op =
+            CONTAINER_OF(list_first(&stub->waiting_ops), struct proxy_op, link);
+        if (!fail_all && stub->getter != NULL) {
+            list_remove(&op->link);
+            if (op->cancelled)
+                free(op);
+            else
+                send_op(stub->getter, op);
+            continue;
+        }
+        if (!fail_all && now < op->deadline_ms && may_wait(stub))
+            return; /* in order: the first still waits, so do the others */
+        list_remove(&op->link);
+        fail_op(stub->queue, op);
+        free(op);
+    }
 }
 
 struct proxy_op *proxy_get(struct queue *queue, proxy_get_fn done, void *ctx)
 {
-    struct proxy_op *op = op_start(queue, PROXY_OP_GET, ctx);
-    if (op == NULL)
-        return NULL;
-    op->get_done = done;
-    sync_primary(stub_of(queue)->getter);
-    struct method m = {.id = METHOD_BASIC_GET};
-    m.basic_get.queue = queue->name;
-    link_send(stub_of(queue)->getter->ch, &m);
+    struct proxy_op *op = op_start(queue, PROXY_OP_GET, 0, ctx);
+    if (op != NULL)
+        op->get_done = done;
     return op;
 }
 
@@ -683,21 +760,19 @@ struct proxy_op *proxy_query(struct queue *queue, uint32_t method_id, proxy_quer
                              void *ctx)
 {
     ASSERT(method_id == METHOD_QUEUE_DECLARE || method_id == METHOD_QUEUE_PURGE);
-    struct proxy_op *op = op_start(queue, PROXY_OP_QUERY, ctx);
-    if (op == NULL)
-        return NULL;
-    op->method_id = method_id;
-    op->query_done = done;
-    sync_primary(stub_of(queue)->getter);
-    struct method m = {.id = method_id};
-    if (method_id == METHOD_QUEUE_DECLARE) {
-        m.queue_declare.queue = queue->name;
-        m.queue_declare.passive = true;
-    } else {
-        m.queue_purge.queue = queue->name;
-    }
-    link_send(stub_of(queue)->getter->ch, &m);
+    struct proxy_op *op = op_start(queue, PROXY_OP_QUERY, method_id, ctx);
+    if (op != NULL)
+        op->query_done = done;
     return op;
+}
+
+void proxy_tick(struct member *member)
+{
+    list_for_each_safe(n, &member->stubs) {
+        struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);
+        if (!list_empty(&stub->waiting_ops))
+            resume_waiting_ops(stub, false);
+    }
 }
 
 void proxy_op_cancel(struct proxy_op *op)
@@ -721,6 +796,7 @@ struct queue *proxy_stub_new(struct member *member, struct vhost *vhost,
     stub->map_version = member_map(member)->version;
     stub->available = mq->available;
     list_init(&stub->uplinks);
+    list_init(&stub->waiting_ops);
     list_push_back(&member->stubs, &stub->member_link);
     queue->remote_ops = &stub_ops;
     queue->remote = stub;
@@ -800,6 +876,7 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq)
         /* Its broker is down and nobody could take over: consumers are
          * told (cancel notifications), publishes are nacked. */
         forward__release_held(queue, false);
+        resume_waiting_ops(stub, true);
         detach_all(stub);
         /* A cancel reaches the client's channel, which may settle (and
          * so free) any uplink: start over after each one. */
@@ -832,6 +909,7 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq)
         reattach_all(stub);
     }
     forward__release_held(queue, true); /* to the primary the map now names */
+    resume_waiting_ops(stub, false);
 }
 
 void proxy_peer_up(struct member_peer *peer)
@@ -842,6 +920,7 @@ void proxy_peer_up(struct member_peer *peer)
         if (stub->primary_id == peer->id) {
             reattach_all(stub);
             forward__release_held(stub->queue, true);
+            resume_waiting_ops(stub, false);
         }
     }
 }

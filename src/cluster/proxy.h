@@ -100,6 +100,9 @@ void proxy_stub_recall_forwards(struct queue *queue);
 struct net_flush_hook;
 void proxy_send_releases(struct net_flush_hook *hook);
 
+/* Every MEMBER_TICK_MS: requests waiting for a primary's link time out. */
+void proxy_tick(struct member *member);
+
 void proxy_peer_up(struct member_peer *peer);
 /* The link is down or going away: nack its forwards, drop its uplinks. */
 void proxy_peer_down(struct member_peer *peer);

@@ -1,7 +1,8 @@
 """Goal: what is durable survives a restart, and only that.
 
-Method: quayd on a data directory of its own is stopped (SIGTERM, and
-kill -9) and started again on it, with pika clients before and after.
+Method: quayd on a data directory of its own (in cluster mode, all three
+brokers of a cluster together) is stopped (SIGTERM, and kill -9) and
+started again on it, with pika clients before and after.
 Checks: durable exchanges, durable queues with their arguments and the
 bindings between durable things come back, transient ones do not;
 persistent messages on durable queues come back in order, those handed
@@ -13,49 +14,21 @@ crash test (tests/unit/test_journal_crash.c) and the ticket plumbing check.
 """
 import os
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from quaytest import test, run, eq, free_port  # noqa: E402
+from quaytest import Restartable, eq, run, test  # noqa: E402
 
 import pika  # noqa: E402
 
-QUAYD = os.environ.get("QUAYD", "")
-
-
-class Server:
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="quay-durable-")
-        self.port = free_port()
-        self.proc = None
-
-    def start(self):
-        log = open(os.path.join(self.dir, "quayd.log"), "ab")
-        self.proc = subprocess.Popen([QUAYD, "--listen", "127.0.0.1:%d" % self.port, "--data",
-                                      os.path.join(self.dir, "data"), "--log-level", "info"],
-                                     stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                assert self.proc.poll() is None, "quayd exited; log in %s" % self.dir
-                time.sleep(0.02)
-        raise AssertionError("quayd did not start")
-
-    def stop(self, sig=signal.SIGTERM):
-        self.proc.send_signal(sig)
-        rc = self.proc.wait(10)
-        if sig == signal.SIGTERM:
-            eq(rc, 0, "exit status after SIGTERM")
+class Server(Restartable):
+    """quaytest.Restartable (one quayd, or in cluster mode a whole cluster
+    stopped and started together) with a pika channel on it."""
 
     def channel(self):
-        c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", self.port))
+        c = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", self.port, connection_attempts=3, retry_delay=1,
+            blocked_connection_timeout=30))
         return c, c.channel()
 
 
@@ -122,6 +95,7 @@ def definitions_and_messages_survive_sigterm_and_kill9():
     eq(ch.basic_get("dq", auto_ack=True)[2], b"after")
     c.close()
     server.stop()
+    assert not server.close()
 
 
 @test(timeout=120)
@@ -140,6 +114,7 @@ def tx_commit_ok_means_on_disk():
     eq(ch.queue_declare("txq", durable=True).method.message_count, 500)
     c.close()
     server.stop()
+    assert not server.close()
 
 
 if __name__ == "__main__":

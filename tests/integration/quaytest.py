@@ -295,6 +295,97 @@ class Broker:
         return problems
 
 
+class Restartable:
+    """A broker the test stops, kills and starts again on the same data (the
+    durability and crash tests): one quayd, or in cluster mode a 3-broker
+    cluster (every broker stopped, killed and started together; the client
+    talks to b, which places queues elsewhere). start() waits until clients
+    can connect; host and port are the client's."""
+
+    def __init__(self, extra_args=()):
+        self.extra_args = list(extra_args)
+        self.dir = tempfile.mkdtemp(prefix="quay-restartable-")
+        self.host = "127.0.0.1"
+        self.cluster = None
+        self.members = []
+        self.proc = None
+        self.port = free_port()
+        self.data = os.path.join(self.dir, "data")
+
+    def start(self):
+        if CLUSTERED:
+            self._start_cluster()
+        else:
+            self._start_one()
+
+    def _start_one(self):
+        quayd = os.environ.get("QUAYD")
+        log = open(os.path.join(self.dir, "quayd.log"), "ab")
+        self.proc = subprocess.Popen([quayd, "--listen", "127.0.0.1:%d" % self.port, "--data",
+                                      self.data, "--log-level", "info"] + self.extra_args,
+                                     stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        log.close()
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError("quayd exited at start (%s); log in %s"
+                                     % (self.proc.returncode, self.dir))
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.02)
+        raise AssertionError("quayd did not start; log in %s" % self.dir)
+
+    def _start_cluster(self):
+        if self.cluster is None:
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                            "cluster"))
+            import clustertest
+            self.cluster = clustertest.Cluster(http=False)
+            common = ["--default-backups", "1"] + self.extra_args
+
+            def per(name):
+                client = name == CLUSTER_CLIENT
+                return {"extra_args": common + (["--queue-locator", "others"]
+                                                if client else [])}
+            self.members = self.cluster.form(list(CLUSTER_NAMES), per=per)
+        else:
+            for m in self.members:
+                m.start(wait=False)
+            for m in self.members:
+                m.wait_accepting()
+        client = self.cluster.member(CLUSTER_CLIENT)
+        self.port, self.proc, self.data = client.amqp_port, client.proc, client.data
+        # A restarted cluster elects a leader and catches up first:
+        # connection.open waits for that (up to the handshake timeout).
+
+    def _signal_all(self, sig):
+        procs = [m.proc for m in self.members] if self.cluster else [self.proc]
+        for p in procs:
+            p.send_signal(sig)
+        return [p.wait(20) for p in procs]
+
+    def kill(self):
+        self._signal_all(signal.SIGKILL)
+
+    def stop(self, sig=signal.SIGTERM):
+        """SIGTERM (every broker must exit 0) or another signal."""
+        rcs = self._signal_all(sig)
+        if sig == signal.SIGTERM and any(rc != 0 for rc in rcs):
+            raise AssertionError("exit status %r after SIGTERM; logs in %s" % (
+                rcs, self.cluster.dir if self.cluster else self.dir))
+
+    def logs_dir(self):
+        return self.cluster.dir if self.cluster else self.dir
+
+    def close(self):
+        """After the test: problems (sanitizer reports), [] if none."""
+        if self.cluster is None:
+            return []
+        return self.cluster.close()
+
+
 def _queue_info(member, queue, vhost):
     """The queue's entry in a member's /api/queues, or None."""
     import json
