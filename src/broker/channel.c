@@ -67,6 +67,7 @@ static struct channel *channel_new(struct connection *connection, uint16_t id)
 /* Releases everything the channel holds, keeping the struct. */
 static void release(struct channel *ch)
 {
+    ch->releasing = true;
     if (ch->assembling) {
         message_unref(ch->assembling);
         ch->assembling = NULL;
@@ -85,6 +86,7 @@ static void release(struct channel *ch)
         list_remove(&ch->durable_link);
     ch->confirm_waits.count = 0;
     ch->commit_pending = false;
+    ch->releasing = false;
 }
 
 void channel_destroy(struct channel *ch)

@@ -347,10 +347,12 @@ static void detach(struct channel *ch, struct consumer *consumer)
         return;
     queue_ref(queue);
     queue_consumer_remove(queue, consumer);
-    /* A stand-in's primary decides (its upstream consumer went away too). */
-    if (queue->auto_delete && queue->consumers_count == 0 && !queue->deleted &&
-        !queue_is_remote(queue))
-        vhost_queue_discard(ch->vhost, queue);
+    if (queue->auto_delete && queue->consumers_count == 0 && !queue->deleted) {
+        if (!queue_is_remote(queue))
+            vhost_queue_discard(ch->vhost, queue);
+        else if (!ch->releasing && ch->remote_op == NULL && ch->cluster_wait == NULL)
+            channel__await_auto_delete(ch, queue); /* its primary decides */
+    }
     queue_unref(queue);
 }
 

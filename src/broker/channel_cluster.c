@@ -267,6 +267,12 @@ static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes
         redeclare(ch, queue);
     } else if (code == REPLY_NOT_FOUND && method_id == METHOD_QUEUE_DELETE) {
         delete_gone(ch, queue);
+    } else if (method_id == METHOD_BASIC_CANCEL) {
+        /* Deleted with its last consumer: the map forgets it before the
+         * client's next method (nothing to answer: cancel-ok went out).
+         * Still there (consumers elsewhere), or unreachable: go on. */
+        if (code == REPLY_NOT_FOUND)
+            delete_gone(ch, queue);
     } else if (code == 0) {
         channel__fail_unreachable(ch, queue, method_id);
     } else if (code != REPLY_SUCCESS) {
@@ -304,6 +310,23 @@ static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes
         }
     }
     queue_unref(queue);
+}
+
+void channel__await_auto_delete(struct channel *ch, struct queue *queue)
+{
+    ASSERT(queue_is_remote(queue) && ch->remote_op == NULL);
+    /* Asked on the same link as the upstream cancel, after it: the answer
+     * says whether that cancel deleted the queue. */
+    ch->remote_op = proxy_query(queue, METHOD_QUEUE_DECLARE, on_query, ch);
+    if (ch->remote_op == NULL)
+        return; /* unreachable: nothing to wait for */
+    ch->remote_method = METHOD_BASIC_CANCEL;
+    ch->remote_no_wait = true;
+    ch->remote_passive = true;
+    ch->remote_if_unused = ch->remote_if_empty = false;
+    ch->remote_queue = queue;
+    queue_ref(queue);
+    connection_hold(ch->connection);
 }
 
 void channel__remote_query(struct channel *ch, struct queue *queue, const struct method *m)

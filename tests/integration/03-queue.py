@@ -13,6 +13,7 @@ and texts observed on RabbitMQ 3.10.8; see RABBITMQ-NOTES.md.
 import os
 import re
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from quaytest import *  # noqa: E402,F401,F403
@@ -248,6 +249,30 @@ def auto_delete_queue_deleted_when_last_consumer_cancels():
     ch.queue_declare(name, passive=True)           # one consumer left
     ch.basic_cancel(t2)
     wait_until(lambda: _missing(name), what="auto-delete queue deleted")
+
+
+@test
+def auto_delete_queue_goes_before_the_next_method():
+    """A cancel that deletes an auto-delete queue (and with it its
+    auto-delete exchange) has done so before the client's next method: the
+    same names declared again at once are new, and a delete of the queue
+    succeeds with 0 (py-amqp's and amqplib's clients do this)."""
+    ch = chan(confirm=False)
+    x, q = uniq("adx"), uniq("adq")
+    for i in range(10):
+        ch.exchange_declare(x, "direct", auto_delete=True)
+        ch.queue_declare(q, auto_delete=True)
+        ch.queue_bind(q, x, "k")
+        ch.basic_publish(x, "k", b"m%d" % i)
+        got = []
+        tag = ch.basic_consume(q, lambda c, m, p, body: got.append(body), auto_ack=True)
+        deadline = time.time() + 5
+        while not got and time.time() < deadline:
+            ch.connection.process_data_events(time_limit=0.05)
+        eq(got, [b"m%d" % i], "round %d" % i)
+        ch.basic_cancel(tag)        # the last consumer: queue and exchange go
+    eq(ch.queue_delete(q).method.message_count, 0, "deleting what went is fine")
+    eq(_missing(q), True, "gone")
 
 
 @test

@@ -109,6 +109,25 @@ def kombu_simple_queue():
             ch.close()
 
 
+@test(timeout=60)
+def kombu_simple_buffer_again_and_again():
+    """kombu's SimpleBuffer (an auto-delete exchange and queue) made anew
+    right after the previous one went with its consumer, on one connection:
+    each round's declares must see the last round's deletions, as on one
+    broker (through a proxy it once got 404 NOT_FOUND - no exchange on its
+    bind)."""
+    import kombu
+    name = uniq("kombu-buffer")
+    with kombu.Connection(amqp_url("/"), connect_timeout=5) as conn:
+        for i in range(15):
+            buf = conn.SimpleBuffer(name)
+            buf.put({"i": i})
+            msg = buf.get(block=True, timeout=5)
+            eq(msg.payload, {"i": i}, "round %d" % i)
+            msg.ack()
+            buf.close()
+
+
 def _tool(name):
     path = shutil.which(name)
     if not path:
