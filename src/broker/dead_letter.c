@@ -73,16 +73,14 @@ static void put_death(struct table_writer *w, const struct field_value *previous
     table_put_table_end(w, mark);
 }
 
-/* Builds the dead message's headers into w. Returns whether any earlier
- * death was a rejection (which breaks cycle detection, as in RabbitMQ). */
-static bool build_headers(struct table_writer *w, struct queue *queue, struct message *message,
+/* Builds the dead message's headers into w. */
+static void build_headers(struct table_writer *w, struct queue *queue, struct message *message,
                           const char *reason, const struct basic_properties *props)
 {
     struct table old = (props->flags & BASIC_FLAG_HEADERS) ? props->headers
                                                           : (struct table){NULL, 0};
     struct field_value deaths = {.kind = 0};
     bool have_deaths = table_get(old, "x-death", &deaths) && deaths.kind == 'A';
-    bool rejected_before = false;
     /* The matching earlier death, if any, moves to the front. */
     struct field_value previous;
     bool found = false;
@@ -91,10 +89,6 @@ static bool build_headers(struct table_writer *w, struct queue *queue, struct me
         struct field_value entry;
         array_iter_init(&it, deaths.array);
         while (array_iter_next(&it, &entry)) {
-            struct field_value r;
-            if (entry.kind == 'F' && table_get(entry.table, "reason", &r) && r.kind == 'S' &&
-                bytes_equal_cstr(r.str, "rejected"))
-                rejected_before = true;
             if (!found && is_death_of(&entry, queue->name, reason)) {
                 previous = entry;
                 found = true;
@@ -127,18 +121,17 @@ static bool build_headers(struct table_writer *w, struct queue *queue, struct me
         if (!bytes_equal_cstr(key, "x-death"))
             table_put_field(w, key, &v);
     }
-    return rejected_before;
 }
 
 /* Would delivering to target close a dead-letter cycle with no rejection
- * in it? RabbitMQ drops such messages instead of looping forever. */
-static bool is_cycle(struct queue *target, struct queue *source, struct table headers,
-                     enum dead_letter_reason reason, bool rejected_before)
+ * in it? RabbitMQ (rabbit_dead_letter:is_cycle) walks the dead message's
+ * x-death, newest first (this death included), to the target's own
+ * earlier death: if every death on the way (that one too) was automatic
+ * (expired, maxlen) the message would loop with no client involved, and
+ * it is dropped. A rejection anywhere on the way lets it go round (a
+ * client decides each time); so does an entry we do not understand. */
+static bool is_cycle(const struct queue *target, struct table headers)
 {
-    if (reason == DEAD_LETTER_REJECTED || rejected_before)
-        return false;
-    if (target == source)
-        return true;
     struct field_value deaths;
     if (!table_get(headers, "x-death", &deaths) || deaths.kind != 'A')
         return false;
@@ -146,9 +139,12 @@ static bool is_cycle(struct queue *target, struct queue *source, struct table he
     struct field_value entry;
     array_iter_init(&it, deaths.array);
     while (array_iter_next(&it, &entry)) {
-        struct field_value q;
-        if (entry.kind == 'F' && table_get(entry.table, "queue", &q) && q.kind == 'S' &&
-            bytes_equal(q.str, target->name))
+        struct field_value reason, queue;
+        if (entry.kind != 'F' || !table_get(entry.table, "reason", &reason) ||
+            reason.kind != 'S' || bytes_equal_cstr(reason.str, "rejected"))
+            return false;
+        if (table_get(entry.table, "queue", &queue) && queue.kind == 'S' &&
+            bytes_equal(queue.str, target->name))
             return true;
     }
     return false;
@@ -175,7 +171,7 @@ void dead_letter(struct queue *queue, struct message *message, enum dead_letter_
     ASSERT(headers_buf != NULL);
     struct table_writer w;
     table_writer_init(&w, headers_buf, headers_cap);
-    bool rejected_before = build_headers(&w, queue, message, reason_name, &props);
+    build_headers(&w, queue, message, reason_name, &props);
     ASSERT(!w.overflow);
     props.headers = table_writer_table(&w);
     props.flags |= BASIC_FLAG_HEADERS;
@@ -202,12 +198,13 @@ void dead_letter(struct queue *queue, struct message *message, enum dead_letter_
 
     struct bind_dest *dests[ROUTE_DESTS_MAX];
     struct route_result result = {.dests = dests, .cap = ROUTE_DESTS_MAX};
-    vhost_route(vhost, exchange, routing_key, dead->headers, &result);
+    /* (routing_key may be the dead message's own: routed by the copy.) */
+    vhost_route(vhost, exchange, message_routing_key(dead), dead->headers, &result);
     struct queue *targets[ROUTE_DESTS_MAX];
     uint32_t targets_count = 0;
     for (uint32_t i = 0; i < result.count; i++) {
         struct queue *target = CONTAINER_OF(result.dests[i], struct queue, as_dest);
-        if (is_cycle(target, queue, dead->headers, reason, rejected_before)) {
+        if (is_cycle(target, dead->headers)) {
             LOG_DEBUG("vhost=%.*s queue=%.*s dead-letter cycle, message dropped",
                       (int)vhost->name.len, (const char *)vhost->name.ptr,
                       (int)target->name.len, (const char *)target->name.ptr);

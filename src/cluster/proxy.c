@@ -308,11 +308,22 @@ static void on_uplink_cancelled(void *ctx, struct bytes consumer_tag)
 static void on_get_reply(void *ctx, uint64_t tag, bool redelivered, uint32_t message_count,
                          struct message *message);
 static void fail_ops(struct uplink *u, uint16_t code, struct bytes text);
+static void uplink_closed(struct uplink *u, uint16_t code, struct bytes text);
 static void on_query_reply(void *ctx, const struct method *m);
 
 static void on_uplink_closed(void *ctx, uint16_t code, struct bytes text)
 {
     struct uplink *u = ctx;
+    /* The askers' answers may drop the last references on a stand-in
+     * deleted meanwhile: ours keeps it, and so u, alive until we are done. */
+    struct queue *queue = u->stub->queue;
+    queue_ref(queue);
+    uplink_closed(u, code, text);
+    queue_unref(queue);
+}
+
+static void uplink_closed(struct uplink *u, uint16_t code, struct bytes text)
+{
     u->ch = NULL;
     if (u->stub->getter == u)
         u->stub->getter = NULL; /* the next basic.get opens another */
@@ -613,11 +624,15 @@ static void on_get_reply(void *ctx, uint64_t tag, bool redelivered, uint32_t mes
     }
     struct queue_entry e = {.message = message, .seq = (uint64_t)u->id << TAG_BITS | tag,
                             .redelivered = redelivered};
-    u->busy = true; /* done may settle the message at once (no-ack) */
+    /* done may settle the message at once (no-ack), and drop the asker's
+     * reference on a stand-in deleted meanwhile: ours keeps u alive. */
+    queue_ref(queue);
+    u->busy = true;
     op->get_done(op->ctx, queue, 200, BYTES_LIT(""), message ? &e : NULL, message_count);
     u->busy = false;
     free(op);
     uplink_maybe_free(u);
+    queue_unref(queue);
 }
 
 static void on_query_reply(void *ctx, const struct method *m)

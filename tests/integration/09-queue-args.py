@@ -855,5 +855,59 @@ def valid_edge_arguments_are_accepted():
         c.queue(args)
 
 
+@test
+def dead_letter_loop_through_a_full_queue_stops_as_rabbitmq_does():
+    """A message with a rejection in its past, rejected into an exchange that
+    leads back to its own full reject-publish-dlx queue: the automatic
+    maxlen death that would follow closes a cycle with no client in it, and
+    the message is dropped there (rabbit_dead_letter:is_cycle looks at the
+    deaths since the target's own, not at the whole history). It once looped
+    in the broker until its stack overflowed."""
+    import pika
+    c = pika_connect()
+    ch = c.channel()
+    x, q, sink = uniq("loopx"), uniq("loopq"), uniq("sink")
+    ch.exchange_declare(x, "fanout")
+    ch.queue_declare(q, arguments={"x-max-length": 1, "x-overflow": "reject-publish-dlx",
+                                   "x-dead-letter-exchange": x})
+    ch.queue_declare(sink)
+    ch.queue_bind(q, x)
+    ch.queue_bind(sink, x)
+    ch.basic_publish("", q, b"m1")
+    m, _, _ = ch.basic_get(q)
+    ch.basic_reject(m.delivery_tag, requeue=False)    # m1: to q again, and to sink
+
+    def get_when_there(queue):
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            got = ch.basic_get(queue, auto_ack=False)
+            if got[0] is not None:
+                return got
+            time.sleep(0.02)
+        raise AssertionError("nothing in " + queue)
+    m, _, _ = get_when_there(q)
+    ch.basic_publish("", q, b"m2")                    # q is full again
+    ch.basic_reject(m.delivery_tag, requeue=False)    # m1 again: q full -> maxlen -> cycle
+    deaths = []
+    deadline = time.time() + 5
+    while len(deaths) < 3 and time.time() < deadline:
+        g = ch.basic_get(sink, auto_ack=True)
+        if g[0] is None:
+            time.sleep(0.02)
+            continue
+        eq(g[2], b"m1", "body")
+        deaths.append(tuple((e["queue"] == q, e["reason"], e["count"])
+                            for e in g[1].headers["x-death"]))
+    assert_no_more = ch.basic_get(sink, auto_ack=True)[0] is None
+    eq(sorted(deaths), sorted([((True, "rejected", 1),), ((True, "rejected", 2),),
+                               ((True, "maxlen", 1), (True, "rejected", 2))]), "deaths")
+    assert assert_no_more, "more copies than RabbitMQ makes"
+    eq(ch.queue_declare(q, passive=True).method.message_count, 1, "m2 in q")
+    ch.queue_delete(q)
+    ch.queue_delete(sink)
+    ch.exchange_delete(x)
+    c.close()
+
+
 if __name__ == "__main__":
     run()

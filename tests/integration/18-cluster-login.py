@@ -22,7 +22,8 @@ from quaytest import (CHANNEL_OPEN_OK, CONNECTION_OPEN_OK, CONNECTION_START,  # 
                       CONNECTION_TUNE, PROTOCOL_HEADER, eq, expect_close,
                       expect_closed_socket, expect_method, gen_channel_open,
                       gen_connection_start_ok, gen_method, gen_open, gen_tune_ok, handshake,
-                      longstr, shortstr)
+                      longstr, shortstr, bits, gen_content, long_, longlong, read_method,
+                      table)
 
 CONNECTION_SECURE = (10, 20)
 
@@ -101,6 +102,66 @@ def peer_logs_in_and_names_vhosts_per_channel():
     expect_method(s, *CHANNEL_OPEN_OK, channel=2)
     s.sendall(gen_channel_open(3))
     expect_method(s, *CHANNEL_OPEN_OK, channel=3)
+    s.close()
+
+
+def peer_session(name):
+    """A logged-in peer link to the member, channel 1 open in vhost "/"."""
+    s, _, _ = start(member().amqp_port)
+    login(s, name, challenge(s, name))
+    expect_method(s, *CONNECTION_TUNE)
+    s.sendall(gen_tune_ok(heartbeat=0))
+    s.sendall(gen_open("/"))
+    expect_method(s, *CONNECTION_OPEN_OK)
+    s.sendall(gen_method(1, 20, 10, shortstr("/")))
+    expect_method(s, *CHANNEL_OPEN_OK, channel=1)
+    s.sendall(gen_method(1, 85, 10, bits(False)))   # confirm.select
+    expect_method(s, 85, 11, channel=1)
+    return s
+
+
+def gen_forward(channel, targets_table, body=b"x", dead=False, same=False):
+    """basic.quay-forward (60, 200): exchange, routing key, bits, targets."""
+    args = shortstr("") + shortstr("rk") + bits(dead, same) + targets_table
+    return gen_method(channel, 60, 200, args) + gen_content(channel, body)
+
+
+@test(timeout=60)
+def a_peers_bad_or_stale_frames_are_refused_not_fatal():
+    """A peer that lies or lags (forwards to queues that are not ours or
+    under a wrong epoch, a targets table of the wrong types, 'same targets'
+    with none before, a settle or a replicate for nothing, a sync far
+    ahead) is answered with nacks or ignored: the link and the broker stay
+    up, and a client is served throughout."""
+    s = peer_session("peer-3")
+    frames = [
+        gen_forward(1, table({"no-such-queue": 7})),            # not ours: nack
+        gen_forward(1, table({"q": "not an epoch"})),           # wrong type: nack
+        gen_forward(1, table({})),                              # no target: nack
+        gen_forward(1, long_(0), same=True),                    # nothing before: nack
+        gen_forward(1, table({"amq.quay.map": 0}), body=b"\xff" * 40),  # a junk entry
+        gen_method(1, 60, 202, shortstr("q") + longlong(3) + longlong(9) + bits(False)),
+        gen_method(1, 60, 201, shortstr("q") + shortstr("") + shortstr("") + longlong(1) +
+                   longlong(1)) + gen_content(1, b"r"),          # replicate: not a backup
+    ]
+    s.sendall(b"".join(frames))
+    answers = []
+    while len(answers) < 5:                  # forwards and the replicate are answered
+        m = read_method(s, timeout=5)
+        if m.id in ((60, 80), (60, 120)):
+            tag, multiple = m.args.longlong(), m.args.bit()
+            answers.append((m.id, tag, multiple))
+    assert all(a[0] == (60, 120) for a in answers), answers   # all nacks
+    # A sync far ahead holds this link a while (MEMBER_SYNC_WAIT_MS), then
+    # it is served with the map it has: the channel still answers.
+    s.sendall(gen_method(1, 60, 203, longlong(1 << 40)))
+    s.sendall(gen_forward(1, table({"no-such-queue": 1})))
+    m = read_method(s, timeout=10)
+    eq(m.id, (60, 120), "answered after the sync timed out")
+    c = socket.create_connection(("127.0.0.1", member().amqp_port), timeout=5)
+    handshake(c)
+    c.close()
+    assert member().alive()
     s.close()
 
 
