@@ -30,7 +30,11 @@
 #           partition heals; reports how long until every broker has the same map, and whether
 #           the cut-off brokers needed a snapshot (bench/cluster_heal.py does the work).
 #
-# Usage: bench/cluster.sh [proxy] [failover] [scale] [replicated] [cut] [kill9] [heal]
+#   fanout  3 brokers; 1 KiB messages published via b to a fanout exchange bound to 10
+#           queues whose primary is a: the bytes b's link to a carries per message
+#           (target: at most 1.2 KiB; bench/cluster_fanout.py does the work).
+#
+# Usage: bench/cluster.sh [proxy] [failover] [scale] [replicated] [cut] [kill9] [heal] [fanout]
 #        (default: proxy failover scale; cut, kill9 and heal need root)
 # Environment: QUAYD=build/quayd REPS=3 DURATION=10 SCALE_QUEUES=10000 BASE_PORT=6100
 #              BENCH_OUT=build/bench KEEP_TMP=0 PROBE_REPS=1 PROBE_DURATION=10 PROBE_AT=4
@@ -347,6 +351,13 @@ row_probe() {
   done
 }
 
+row_fanout() {
+  local quayd
+  quayd=$(realpath "$QUAYD")
+  QUAYD=$quayd /usr/bin/python3 "$ROOT/bench/cluster_fanout.py" ||
+    echo "ROW fanout status=fail (a queue missed messages, or the script failed)"
+}
+
 row_heal() {
   local quayd
   quayd=$(realpath "$QUAYD")
@@ -362,6 +373,7 @@ for row in $ROWS; do
     replicated) row_replicated ;;
     cut|kill9) row_probe "$row" ;;
     heal) row_heal ;;
+    fanout) row_fanout ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
   esac
 done

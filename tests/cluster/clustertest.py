@@ -387,6 +387,18 @@ class Cluster:
         return False
 
 
+def closer(get_cluster):
+    """A run() cleanup that closes the cluster get_cluster() returns (None: none
+    was made), keeping its logs if a test failed."""
+    def cleanup(failed):
+        cluster = get_cluster()
+        if cluster is None:
+            return []
+        cluster.failed = failed
+        return cluster.close()
+    return cleanup
+
+
 # ---------------------------------------------------------------------------
 # Runner (the quaytest style)
 # ---------------------------------------------------------------------------

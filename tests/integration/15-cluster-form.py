@@ -20,7 +20,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, quayd_path, run, test, wait_until  # noqa: E402
+from clustertest import Cluster, closer, quayd_path, run, test, wait_until  # noqa: E402
 from quaytest import handshake, free_port  # noqa: E402
 
 FAILOVER_MAX_S = 5.0  # under ASan; the requirement for the leader election
@@ -220,12 +220,5 @@ def single_broker_without_cluster_options_is_unchanged():
     assert not os.path.exists(os.path.join(d, "cluster-id"))
 
 
-def cleanup(failed):
-    if cluster is None:
-        return []
-    cluster.failed = failed
-    return cluster.close()
-
-
 if __name__ == "__main__":
-    run(cleanup)
+    run(closer(lambda: cluster))

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import socket
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,7 +27,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, quayd_path, run, test, wait_until  # noqa: E402
+from clustertest import Cluster, closer, quayd_path, run, test, wait_until  # noqa: E402
 from quaytest import handshake  # noqa: E402
 
 import pika  # noqa: E402
@@ -695,12 +694,5 @@ def a_broker_joins_and_leaves():
     c.close()
 
 
-def cleanup(failed):
-    if cluster is None:
-        return []
-    cluster.failed = failed
-    return cluster.close()
-
-
 if __name__ == "__main__":
-    run(cleanup)
+    run(closer(lambda: cluster))

@@ -18,7 +18,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, queue_info, run, test, wait_until  # noqa: E402
+from clustertest import Cluster, closer, queue_info, run, test, wait_until  # noqa: E402
 
 import pika  # noqa: E402
 
@@ -350,12 +350,5 @@ def a_paged_queue_gets_a_new_backup_caught_up_while_it_serves():
                            for m in members.values()), 30, what="all three back")
 
 
-def cleanup(failed):
-    if cluster is None:
-        return []
-    cluster.failed = failed
-    return cluster.close()
-
-
 if __name__ == "__main__":
-    run(cleanup)
+    run(closer(lambda: cluster))

@@ -21,7 +21,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import (Cluster, free_port, queue_info, quayd_path, run, test,  # noqa: E402
+from clustertest import (Cluster, closer, free_port, queue_info, quayd_path, run, test,  # noqa: E402
                          wait_until)
 
 import pika  # noqa: E402
@@ -218,12 +218,5 @@ def _answers(member):
         return False
 
 
-def cleanup(failed):
-    if cluster is None:
-        return []
-    cluster.failed = failed
-    return cluster.close()
-
-
 if __name__ == "__main__":
-    run(cleanup)
+    run(closer(lambda: cluster))

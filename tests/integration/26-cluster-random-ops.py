@@ -26,7 +26,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, run, test, wait_until  # noqa: E402
+from clustertest import Cluster, closer, run, test, wait_until  # noqa: E402
 
 import pika  # noqa: E402
 import pika.exceptions as pe  # noqa: E402
@@ -194,12 +194,5 @@ def random_operations_leave_every_broker_up_and_agreeing():
         assert "assertion failed" not in m.log_text(), m.name
 
 
-def cleanup(failed):
-    if cluster is None:
-        return []
-    cluster.failed = failed
-    return cluster.close()
-
-
 if __name__ == "__main__":
-    run(cleanup)
+    run(closer(lambda: cluster))

@@ -170,22 +170,8 @@ class Broker:
                 self._start_quayd()
 
     def _start_cluster(self, http):
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                        "cluster"))
-        import clustertest
-        self.cluster = clustertest.Cluster(http=http)
-        common = ["--default-backups", "1"] + self.extra_args
-
-        def per(name):
-            client = name == CLUSTER_CLIENT
-            return {"extra_args": common + (["--queue-locator", "others"] if client else []),
-                    "amqp_host": self.host if client else "127.0.0.1", "env": self.env}
-        try:
-            self.members = self.cluster.form(list(CLUSTER_NAMES), per=per)
-        except BaseException:
-            self.cluster.failed = True
-            self.cluster.close()
-            raise
+        self.cluster, self.members = form_test_cluster(self.extra_args, http, self.host,
+                                                       self.env)
         client = self.cluster.member(CLUSTER_CLIENT)
         self.client = client
         self.port, self.proc, self.data = client.amqp_port, client.proc, client.data
@@ -220,20 +206,8 @@ class Broker:
             [quayd, "--listen", listen, "--data", data, "--log-level", "warn"]
             + self.extra_args,
             stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr, env=self.env)
-        deadline = time.time() + 10
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError("quayd exited early with %s:\n%s"
-                                   % (self.proc.returncode, self.stderr_text()))
-            try:
-                probe_host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-                socket.create_connection((probe_host, self.port), timeout=1).close()
-                return
-            except OSError:
-                if time.time() > deadline:
-                    self.proc.kill()
-                    raise RuntimeError("quayd did not accept on port %d within 10 s" % self.port)
-                time.sleep(0.05)
+        probe_host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        wait_accepting(self.proc, probe_host, self.port, 10, self.stderr_text)
 
     def stderr_text(self):
         if self.cluster is not None:
@@ -325,31 +299,13 @@ class Restartable:
                                       self.data, "--log-level", "info"] + self.extra_args,
                                      stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError("quayd exited at start (%s); log in %s"
-                                     % (self.proc.returncode, self.dir))
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.02)
-        raise AssertionError("quayd did not start; log in %s" % self.dir)
+        wait_accepting(self.proc, "127.0.0.1", self.port, 20,
+                       lambda: open(os.path.join(self.dir, "quayd.log"),
+                                    errors="replace").read())
 
     def _start_cluster(self):
         if self.cluster is None:
-            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                            "cluster"))
-            import clustertest
-            self.cluster = clustertest.Cluster(http=False)
-            common = ["--default-backups", "1"] + self.extra_args
-
-            def per(name):
-                client = name == CLUSTER_CLIENT
-                return {"extra_args": common + (["--queue-locator", "others"]
-                                                if client else [])}
-            self.members = self.cluster.form(list(CLUSTER_NAMES), per=per)
+            self.cluster, self.members = form_test_cluster(self.extra_args, http=False)
         else:
             for m in self.members:
                 m.start(wait=False)
@@ -384,6 +340,46 @@ class Restartable:
         if self.cluster is None:
             return []
         return self.cluster.close()
+
+
+def form_test_cluster(extra_args, http=True, host="127.0.0.1", env=None):
+    """The cluster mode's cluster: brokers CLUSTER_NAMES with one backup per
+    queue, the client's broker (a follower, AMQP on host) placing every
+    queue elsewhere. Returns (clustertest.Cluster, members)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                    "cluster"))
+    import clustertest
+    cluster = clustertest.Cluster(http=http)
+    common = ["--default-backups", "1"] + list(extra_args)
+
+    def per(name):
+        client = name == CLUSTER_CLIENT
+        return {"extra_args": common + (["--queue-locator", "others"] if client else []),
+                "amqp_host": host if client else "127.0.0.1", "env": env}
+    try:
+        return cluster, cluster.form(list(CLUSTER_NAMES), per=per)
+    except BaseException:
+        cluster.failed = True
+        cluster.close()
+        raise
+
+
+def wait_accepting(proc, host, port, timeout, log_text):
+    """Until a quayd process accepts connections (it must not exit first)."""
+    deadline = time.time() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError("quayd exited early with %s:\n%s" % (proc.returncode,
+                                                                   log_text()[-3000:]))
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            if time.time() > deadline:
+                proc.kill()
+                raise RuntimeError("quayd did not accept on port %d within %d s"
+                                   % (port, timeout))
+            time.sleep(0.05)
 
 
 def _queue_info(member, queue, vhost):
