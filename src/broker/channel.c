@@ -836,7 +836,7 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
         queues[i] = CONTAINER_OF(result.dests[i], struct queue, as_dest);
     struct queue_publish_summary summary;
     queue_publish_routed(queues, result.count, message, &wait, false, &summary);
-    if (summary.flow)
+    if (wait.flow)
         connection_flow(ch->connection);
     bool rejected = summary.rejected > 0;
     uint32_t unavailable = summary.unavailable; /* stand-ins whose queue has no primary now */

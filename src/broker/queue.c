@@ -542,8 +542,9 @@ static void forward(struct queue *const *stubs, uint32_t count, struct message *
     ASSERT(fwd.unavailable <= count);
     if (fwd.sink)
         wait->remote += fwd.answers;
+    if (wait)
+        wait->flow |= fwd.flow;
     out->unavailable += fwd.unavailable;
-    out->flow |= fwd.flow;
 }
 
 static enum queue_publish_result publish_one(struct queue *queue, struct message *message,

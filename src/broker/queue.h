@@ -95,8 +95,7 @@ struct queue_forward {
                                 * it back as a duplicate (queue_publish_dead_lettered) */
     uint32_t answers;          /* out: confirm_sink_answer calls sink will get for seq */
     uint32_t unavailable;      /* out: stand-ins whose queue has no primary now */
-    bool flow;                 /* out: forwards in flight are over the bound: the
-                                * publisher should wait (connection_flow) */
+    bool flow;                 /* out: see publish_wait.flow */
 };
 
 struct queue_remote_ops {
@@ -136,13 +135,18 @@ struct publish_wait {
     struct confirm_sink *sink; /* where other brokers' answers go; NULL: nobody waits */
     uint64_t seq;              /* the publish's number on its channel */
     uint32_t remote;           /* answers owed to the sink */
+    bool flow;                 /* out: what this broker sent other brokers and they have
+                                * not answered is over its bound (forwards to primaries,
+                                * replication to backups): the publisher waits
+                                * (connection_flow) */
 };
 
 /* A queue whose broker is its primary and that has backups
  * (cluster/replica.c): every change is streamed to them. */
 struct queue_replication_ops {
     /* Message seq entered the queue; the publisher's confirm (wait, may be
-     * NULL) also waits for the backups that will answer. */
+     * NULL) also waits for the backups that will answer (and wait->flow
+     * says whether the publisher should wait before more). */
     void (*published)(struct queue *queue, uint64_t seq, struct message *message,
                       struct publish_wait *wait);
     /* Message seq left the queue for good (ack, reject, expiry, overflow,
@@ -245,7 +249,6 @@ enum queue_publish_result queue_publish_dead_lettered(struct queue *queue,
 struct queue_publish_summary {
     uint32_t rejected;
     uint32_t unavailable;
-    bool flow;                 /* the publisher should wait (queue_forward.flow) */
 };
 void queue_publish_routed(struct queue *const *queues, uint32_t count, struct message *message,
                           struct publish_wait *wait, bool dead_lettered,

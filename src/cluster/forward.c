@@ -43,6 +43,7 @@ struct forward_wait {
     uint32_t targets_count;
     bool dead_lettered;
     bool nack;                    /* a target taken out of it could not be resent */
+    uint64_t bytes;               /* counted in member->forward_bytes until answered */
     proxy_notify_fn notify;       /* or a callback (replica.c's stream to a backup) */
     void *notify_ctx;
     uint64_t notify_tag;
@@ -153,12 +154,11 @@ static void forwarder_answer(struct proxy_forwarder *f, struct forward_wait *slo
         return;
     struct forward_wait w = *slot;
     *slot = (struct forward_wait){.done = true};
+    inflight_sub(f->peer->member, w.bytes);
     if (w.notify)
         w.notify(w.notify_ctx, w.notify_tag, ack && !lost);
-    if (w.targets_count > 0) {
-        inflight_sub(f->peer->member, w.message->body_size);
+    if (w.targets_count > 0)
         forward_answered(&w, ack, lost);
-    }
     else if (w.sink)
         confirm_sink_answer(w.sink, w.seq, ack && !lost);
     if (w.sink)
@@ -286,7 +286,9 @@ bool proxy_peer_send_notify(struct member_peer *peer, struct bytes vhost, const 
     uint64_t link_seq = link_send_content(f->ch, m, message);
     ASSERT(link_seq == f->first_seq + f->count);
     forwarder_push(f, (struct forward_wait){.notify = notify, .notify_ctx = ctx,
-                                            .notify_tag = tag});
+                                            .notify_tag = tag,
+                                            .bytes = message->body_size});
+    inflight_add(peer->member, message->body_size);
     return true;
 }
 
@@ -305,7 +307,8 @@ static bool send_forward(struct member_peer *peer, struct queue *const *stubs, u
     struct table_writer w;
     table_writer_init(&w, buf, sizeof buf);
     struct forward_wait wait = {.sink = sink, .seq = seq, .message = message,
-                                .targets_count = count, .dead_lettered = dead_lettered};
+                                .targets_count = count, .dead_lettered = dead_lettered,
+                                .bytes = message->body_size};
     if (count > 1) {
         wait.many = malloc(sizeof *wait.many * count);
         ASSERT(wait.many != NULL);

@@ -586,7 +586,7 @@ void member_write_links_json(void *ctx, struct json *out)
         json_object_end(out);
     }
     json_array_end(out);
-    json_kv_uint(out, "forward_bytes", member->forward_bytes);
+    json_kv_uint(out, "inflight_bytes", member->forward_bytes);
     json_kv_bool(out, "flow", member->forward_flow);
     json_object_end(out);
 }

@@ -74,8 +74,9 @@ struct member {
     struct list_node replications;   /* struct replication: our queues with backups */
     struct list_node releasing;      /* uplinks with upstream requeues to send (proxy.c) */
     struct list_node sync_waits;     /* struct member_sync_wait: peers waiting for our map */
-    /* Flow control of our publishers: the bytes of forwards sent and not
-     * yet answered by their primaries (proxy.h MEMBER_FORWARD_*). */
+    /* Flow control of our publishers: the bytes of messages sent to other
+     * brokers (forwards to primaries, replication to backups) and not yet
+     * answered (MEMBER_FORWARD_*). */
     uint64_t forward_bytes;
     bool forward_flow;               /* over the high mark: publishers wait */
     /* Deletions of what a restart lost (transient queues and exchanges)
@@ -88,12 +89,14 @@ struct member {
 
 #define MEMBER_TICK_MS 100
 
-/* Forwards in flight (sent, not yet answered): a publisher that routes to
- * a stand-in while they hold more than the high mark is not read until
- * they are below the low mark (connection_flow): a proxy holds what its
- * primaries have not confirmed, and must not hold without bound. */
-#define MEMBER_FORWARD_HIGH_BYTES (16u << 20)
-#define MEMBER_FORWARD_LOW_BYTES (8u << 20)
+/* Messages in flight to other brokers (forwards to primaries, replication
+ * to backups: sent, not yet answered): a publisher whose publish adds to
+ * them while they are over the high mark is not read until they are below
+ * the low mark (connection_flow). A proxy holds what its primaries have not
+ * confirmed, a primary what its backups have not, and neither may hold it
+ * without bound (a memory alarm would flap as the backlog drains). */
+#define MEMBER_FORWARD_HIGH_BYTES (4u << 20)
+#define MEMBER_FORWARD_LOW_BYTES (2u << 20)
 
 /* Whether this broker may confirm as a primary now: its cluster lease
  * (cluster_node_lease_fresh). */
@@ -132,8 +135,8 @@ int member_leave(void *ctx, struct json *body);
 
 /* GET /api/cluster/links (an http_handler_fn; ctx is the member): our link
  * to each peer, [{"id", "name", "address", "up", "bytes_out", "frames_out",
- * "bytes_in", "frames_in", "connects"}], and the forwards in flight
- * ({"links": [...], "forward_bytes": N, "flow": bool}). */
+ * "bytes_in", "frames_in", "connects"}], and the messages in flight to
+ * other brokers ({"links": [...], "inflight_bytes": N, "flow": bool}). */
 void member_write_links_json(void *ctx, struct json *out);
 
 /* A peer's forward names a map epoch ours has not reached (the queue was

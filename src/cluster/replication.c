@@ -504,6 +504,8 @@ static void published(struct queue *queue, uint64_t seq, struct message *message
             stream_send(rep, s, &m, message, seq);
         gated |= s->gating;
     }
+    if (wait)
+        wait->flow |= rep->member->forward_flow;
     confirm_when_replicated(rep, seq, wait, !gated);
 }
 

@@ -656,6 +656,9 @@ def a_broker_joins_and_leaves():
     wait_until(lambda: all(link_up in m.log_text() for m in members), 10,
                what="every broker's link to d")
     name = queue_on(D, A, "dq")
+    # d's own map must have the queue for d to refuse (the map would refuse
+    # the leave anyway when applied; the 409 is d's early answer).
+    wait_until(lambda: primary_of(D, name) == "d", 10, what="d's map to place the queue on d")
     leave_url = "http://127.0.0.1:%d/api/cluster/leave" % D.http_port
 
     def post():
