@@ -89,9 +89,21 @@ static void release(struct channel *ch)
     ch->releasing = false;
 }
 
+void channel__finish_close(struct channel *ch)
+{
+    ch->close_pending = false;
+    struct method ok = {.id = METHOD_CHANNEL_CLOSE_OK};
+    channel__send(ch, &ok);
+    channel_destroy(ch);
+}
+
 void channel_destroy(struct channel *ch)
 {
     release(ch);
+    if (ch->auto_delete_check) {
+        queue_unref(ch->auto_delete_check);
+        ch->auto_delete_check = NULL;
+    }
     ASSERT(ch->consumers_count == 0);
     ASSERT(ch->unacked_count == 0);
     hmap_free(&ch->consumers_by_tag);
@@ -250,10 +262,20 @@ static void handle_channel_class(struct channel *ch, const struct method *m)
                                  "second 'channel.open' seen");
         return;
     case METHOD_CHANNEL_CLOSE: {
+        ch->client_closing = true;
         release(ch);
-        struct method ok = {.id = METHOD_CHANNEL_CLOSE_OK};
-        channel__send(ch, &ok);
-        channel_destroy(ch);
+        ch->client_closing = false;
+        struct queue *check = ch->auto_delete_check;
+        ch->auto_delete_check = NULL;
+        if (check != NULL) {
+            channel__await_auto_delete(ch, check, METHOD_CHANNEL_CLOSE);
+            queue_unref(check);
+            if (ch->remote_op != NULL) {
+                ch->close_pending = true; /* channel__finish_close, when known */
+                return;
+            }
+        }
+        channel__finish_close(ch);
         return;
     }
     case METHOD_CHANNEL_CLOSE_OK:

@@ -348,10 +348,14 @@ static void detach(struct channel *ch, struct consumer *consumer)
     queue_ref(queue);
     queue_consumer_remove(queue, consumer);
     if (queue->auto_delete && queue->consumers_count == 0 && !queue->deleted) {
-        if (!queue_is_remote(queue))
+        if (!queue_is_remote(queue)) {
             vhost_queue_discard(ch->vhost, queue);
-        else if (!ch->releasing && ch->remote_op == NULL && ch->cluster_wait == NULL)
-            channel__await_auto_delete(ch, queue); /* its primary decides */
+        } else if (!ch->releasing && ch->remote_op == NULL && ch->cluster_wait == NULL) {
+            channel__await_auto_delete(ch, queue, METHOD_BASIC_CANCEL); /* its primary decides */
+        } else if (ch->client_closing && ch->auto_delete_check == NULL) {
+            ch->auto_delete_check = queue; /* checked before close-ok */
+            queue_ref(queue);
+        }
     }
     queue_unref(queue);
 }

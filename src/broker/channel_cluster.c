@@ -112,7 +112,9 @@ static void on_committed(void *ctx, int status, const struct map_change *change)
         }
     }
     connection_release(connection);
+    bool close_after = ch->close_pending; /* the client's channel.close waited for this */
     if (status != OK) {
+        close_after = false; /* the connection goes, with the channel */
         connection_fail(connection, REPLY_INTERNAL_ERROR, w->method_id,
                         "the cluster map is unavailable (no leader or no quorum): try another "
                         "broker");
@@ -123,6 +125,8 @@ static void on_committed(void *ctx, int status, const struct map_change *change)
     }
     bytes_free(&w->arguments);
     free(w);
+    if (close_after && ch->state == CHANNEL_STATE_OPEN)
+        channel__finish_close(ch);
 }
 
 void channel__cluster_declare(struct channel *ch, struct map_queue_decl *decl, bool pinned,
@@ -267,12 +271,15 @@ static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes
         redeclare(ch, queue);
     } else if (code == REPLY_NOT_FOUND && method_id == METHOD_QUEUE_DELETE) {
         delete_gone(ch, queue);
-    } else if (method_id == METHOD_BASIC_CANCEL) {
+    } else if (method_id == METHOD_BASIC_CANCEL || method_id == METHOD_CHANNEL_CLOSE) {
         /* Deleted with its last consumer: the map forgets it before the
-         * client's next method (nothing to answer: cancel-ok went out).
-         * Still there (consumers elsewhere), or unreachable: go on. */
+         * client's next method (cancel-ok went out; close-ok goes once that
+         * is applied). Still there (consumers elsewhere), or unreachable:
+         * go on. */
         if (code == REPLY_NOT_FOUND)
             delete_gone(ch, queue);
+        if (ch->close_pending && ch->cluster_wait == NULL)
+            channel__finish_close(ch);
     } else if (code == 0) {
         channel__fail_unreachable(ch, queue, method_id);
     } else if (code != REPLY_SUCCESS) {
@@ -312,7 +319,7 @@ static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes
     queue_unref(queue);
 }
 
-void channel__await_auto_delete(struct channel *ch, struct queue *queue)
+void channel__await_auto_delete(struct channel *ch, struct queue *queue, uint32_t method_id)
 {
     ASSERT(queue_is_remote(queue) && ch->remote_op == NULL);
     /* Asked on the same link as the upstream cancel, after it: the answer
@@ -320,7 +327,7 @@ void channel__await_auto_delete(struct channel *ch, struct queue *queue)
     ch->remote_op = proxy_query(queue, METHOD_QUEUE_DECLARE, on_query, ch);
     if (ch->remote_op == NULL)
         return; /* unreachable: nothing to wait for */
-    ch->remote_method = METHOD_BASIC_CANCEL;
+    ch->remote_method = method_id;
     ch->remote_no_wait = true;
     ch->remote_passive = true;
     ch->remote_if_unused = ch->remote_if_empty = false;

@@ -141,6 +141,12 @@ struct channel {
     bool remote_no_ack, remote_no_wait, remote_passive, remote_if_unused, remote_if_empty;
 
     bool releasing;                   /* release() runs: nothing new may wait */
+    bool client_closing;              /* the release is for the client's channel.close */
+    /* The client's channel.close removed the last local consumer of this
+     * auto-delete stand-in (one reference): close-ok waits until we know
+     * whether its primary deleted it (channel__await_auto_delete). */
+    struct queue *auto_delete_check;
+    bool close_pending;               /* close-ok waits for that */
     struct list_node tx_ops;          /* struct tx_op, in arrival order */
     uint64_t tx_ticket;               /* journal ticket the current commit needs */
     uint32_t tx_remote;               /* answers other brokers owe the current commit */
@@ -192,12 +198,15 @@ void channel__forget_attaching(struct channel *ch);
 /* Waits for a stand-in's primary to answer m (queue.declare, purge or
  * delete), then answers the client as the primary would. */
 void channel__remote_query(struct channel *ch, struct queue *queue, const struct method *m);
-/* The last consumer here of an auto-delete stand-in went (basic.cancel):
- * the primary deletes the queue if it had no other consumer anywhere, and
- * the client's next methods must see that as on one broker. Holds the
- * input until the primary has said whether it did and, if so, until the
- * map has forgotten the queue here. */
-void channel__await_auto_delete(struct channel *ch, struct queue *queue);
+/* The last consumer here of an auto-delete stand-in went (basic.cancel, or
+ * the client's channel.close: method_id): the primary deletes the queue if
+ * it had no other consumer anywhere, and the client's next methods must
+ * see that as on one broker. Holds the input until the primary has said
+ * whether it did and, if so, until the map has forgotten the queue here;
+ * then a channel.close is answered (channel__finish_close). */
+void channel__await_auto_delete(struct channel *ch, struct queue *queue, uint32_t method_id);
+/* close-ok for the client's channel.close, and the channel is gone. */
+void channel__finish_close(struct channel *ch);
 
 /* channel_cluster.c */
 struct map_cmd;
