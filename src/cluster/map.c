@@ -986,7 +986,14 @@ static int op_exchange_declare(struct apply_ctx *ctx)
         return rc;
     if (map->exchanges_count == CLUSTER_EXCHANGES_MAX)
         return refuse(ctx, REPLY_PRECONDITION_FAILED, false, "exchange limit reached");
+    uint64_t since = map->version;
+    if (ctx->restoring) {
+        since = read_uint(&ctx->reader, "since", INT64_MAX, true, 0);
+        if (ctx->reader.bad_key)
+            return malformed(ctx);
+    }
     x = exchange_insert(map, v, &d);
+    x->owned_since = since;
     ctx->change->exchange = x;
     ctx->change->changed = true;
     return OK;
@@ -1035,6 +1042,7 @@ static int op_exchange_set_owner(struct apply_ctx *ctx)
         return OK;
     exchange_count(ctx->map, x, -1);
     x->owner_id = owner;
+    x->owned_since = ctx->map->version;
     exchange_count(ctx->map, x, +1);
     ctx->change->changed = true;
     return OK;
@@ -1247,6 +1255,7 @@ static int queue_equivalent(struct apply_ctx *ctx, const struct map_queue *q,
 static void read_queue_state(struct cmd_reader *r, struct map_queue *q)
 {
     q->epoch = read_uint(r, "epoch", INT64_MAX, false, 0);
+    q->owned_since = read_uint(r, "since", INT64_MAX, true, 0);
     q->available = read_bool(r, "available", false);
     uint32_t ids[CLUSTER_BACKUPS_MAX];
     uint8_t n = read_ids(r, "in_sync", ids);
@@ -1312,6 +1321,7 @@ static int op_queue_declare(struct apply_ctx *ctx)
      * same name reached (epochs grow by one per command at most). */
     q->in_sync_mask = (uint8_t)((1u << d.backups_count) - 1);
     q->epoch = map->version;
+    q->owned_since = map->version;
     q->available = true;
     if (ctx->restoring) {
         read_queue_state(r, q);
@@ -1413,6 +1423,7 @@ static int op_queue_set_owner(struct apply_ctx *ctx)
     }
     q->primary_id = primary;
     q->epoch++;
+    q->owned_since = map->version;
     q->available = true;
     queue_count(map, q, +1);
     ASSERT(!map_queue_has_backup(q, primary));
@@ -1490,6 +1501,7 @@ static int op_queue_set_available(struct apply_ctx *ctx)
             return rc;
         /* The returning primary starts a new incarnation of the queue. */
         q->epoch++;
+        q->owned_since = ctx->map->version;
     }
     q->available = available;
     ctx->change->changed = true;
@@ -1965,6 +1977,7 @@ static void encode_queue(struct table_writer *w, const void *arg)
     }
     put_ids(w, "in_sync", in_sync, n);
     table_put_int(w, "epoch", (int64_t)q->epoch);
+    table_put_int(w, "since", (int64_t)q->owned_since);
     table_put_bool(w, "available", q->available);
 }
 
@@ -2143,6 +2156,7 @@ static void encode_snapshot_exchanges(struct table_writer *w, const struct clust
         struct exchange_args ea = {false, &d};
         size_t t = table_array_put_table_begin(w);
         encode_exchange(w, &ea);
+        table_put_int(w, "since", (int64_t)x->owned_since);
         table_put_table_end(w, t);
     }
     table_put_array_end(w, a);

@@ -116,6 +116,10 @@ struct map_exchange {
     bool internal;
     struct bytes arguments; /* an encoded field table */
     uint32_t owner_id;      /* the broker that owns the definition */
+    /* The map version at which owner_id got it (declare or set_owner); 0
+     * in a snapshot written before this was kept. A restarted broker tells
+     * by it what it owned before its restart (member.c's drop_transients). */
+    uint64_t owned_since;
     struct list_node bindings_out; /* struct map_binding.source_node, in bind order */
     struct list_node bindings_in;  /* struct map_binding.destination_node */
     uint32_t bindings_out_count;
@@ -167,6 +171,10 @@ struct map_queue {
     uint8_t in_sync_mask;
     uint8_t replication_factor; /* copies wanted: 1 + backups wanted, 1..4 */
     uint64_t epoch;             /* grows with every change of ownership */
+    /* The map version at which primary_id got this incarnation (declare,
+     * set_owner, set_available); 0 in a snapshot written before this was
+     * kept. See map_exchange.owned_since. */
+    uint64_t owned_since;
     struct list_node bindings_in; /* struct map_binding.destination_node */
     uint32_t index;               /* in map->queues */
 };

@@ -204,19 +204,22 @@ static void submit_transient_delete(struct member *member, struct map_cmd *cmd, 
 }
 
 /* A restarted broker that is still the primary of a non-durable queue, or
- * the owner of a non-durable exchange, was not replaced while it was away
- * (the controller fails a dead broker's queues over and moves its
- * exchanges in well under a second): it alone, or the whole cluster,
- * restarted, and what was not durable is gone, as in RabbitMQ (a transient
- * queue goes with its node, transient exchanges with the whole cluster).
- * So the map forgets them too; a queue only at the incarnation we had. */
+ * the owner of a non-durable exchange, it got before its restart was not
+ * replaced while it was away (the controller fails a dead broker's queues
+ * over and moves its exchanges in well under a second): it alone, or the
+ * whole cluster, restarted, and what was not durable is gone, as in
+ * RabbitMQ (a transient queue goes with its node, transient exchanges with
+ * the whole cluster). So the map forgets them too; a queue only at the
+ * incarnation we had. What the cluster gave us since we are back (a queue
+ * declared elsewhere once we were up again) is ours to keep. */
 static void drop_transients(struct member *member)
 {
     const struct cluster_map *map = member_map(member);
+    uint64_t restart = cluster_node_restart_version(member->node);
     struct map_cmd cmd;
     for (uint32_t i = 0; i < map->queues_count; i++) {
         const struct map_queue *q = map->queues[i];
-        if (q->durable || q->primary_id != member->self_id)
+        if (q->durable || q->primary_id != member->self_id || q->owned_since > restart)
             continue;
         LOG_INFO("cluster: transient queue '%.*s' did not survive our restart: deleted",
                  (int)q->name.len, (const char *)q->name.ptr);
@@ -225,7 +228,7 @@ static void drop_transients(struct member *member)
     }
     for (uint32_t i = 0; i < map->exchanges_count; i++) {
         const struct map_exchange *x = map->exchanges[i];
-        if (x->durable || x->owner_id != member->self_id)
+        if (x->durable || x->owner_id != member->self_id || x->owned_since > restart)
             continue;
         LOG_INFO("cluster: transient exchange '%.*s' did not survive our restart: deleted",
                  (int)x->name.len, (const char *)x->name.ptr);

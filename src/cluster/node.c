@@ -133,6 +133,12 @@ struct cluster_node {
     struct list_node requests; /* struct cluster_request, oldest first */
     uint64_t next_request;
     bool synced;         /* our sync applied since this process started */
+    /* What this process found in its log when it started: the last entry
+     * (restart_index), and the map version once the entries up to it are
+     * applied here (restart_version). Whatever a map object's owner got
+     * after restart_version, it got from this incarnation. */
+    bool starting;
+    uint64_t restart_index, restart_version;
     bool nudge_in_flight; /* leader: a sync proposed to publish the commit index */
     uint32_t leaving[CLUSTER_BROKERS_MAX]; /* left the map: the leader removes them from Raft */
     uint32_t leaving_count;
@@ -499,6 +505,8 @@ static int on_apply(void *ctx, uint64_t index, const uint8_t *cmd, size_t size, 
     struct map_change change;
     int rc = cluster_map_apply(&node->map, cmd_size ? cmd + ENVELOPE_HEADER_SIZE : cmd,
                                (size_t)cmd_size, &change);
+    if (index <= node->restart_index)
+        node->restart_version = node->map.version;
     if (change.op != MAP_OP_SYNC)
         log_change(node, rc, &change, &prior);
     if (rc == OK && change.op == MAP_OP_BROKER_LEAVE && change.changed &&
@@ -510,7 +518,6 @@ static int on_apply(void *ctx, uint64_t index, const uint8_t *cmd, size_t size, 
         request_applied(node, request_id, rc, &change);
     /* The reply code is a small value, not memory (consensus.h). */
     *result = (void *)(uintptr_t)change.reply_code;
-    (void)index;
     return rc;
 }
 
@@ -527,6 +534,8 @@ static int on_restore(void *ctx, const uint8_t *data, size_t size)
     ASSERT(node != NULL);
     int rc = cluster_map_snapshot_read(&node->map, data, size);
     if (rc == OK) {
+        if (node->starting)
+            node->restart_version = node->map.version; /* our own, from disk */
         char brokers[768];
         format_brokers(&node->map, brokers, sizeof brokers);
         LOG_INFO("cluster map epoch=%llu: restored from a snapshot; brokers: %s",
@@ -1097,6 +1106,11 @@ void cluster_node_peer_alarms(const struct cluster_node *node, bool *memory, boo
     *disk = (alarms & HB_FLAG_DISK_ALARM) != 0;
 }
 
+uint64_t cluster_node_restart_version(const struct cluster_node *node)
+{
+    return node->restart_version;
+}
+
 bool cluster_node_synced(const struct cluster_node *node)
 {
     return node->synced;
@@ -1543,11 +1557,17 @@ static int start_consensus(struct cluster_node *node, const struct cluster_node_
         .ctx = node, .apply = on_apply, .snapshot = on_snapshot, .restore = on_restore,
         .leader_changed = on_leader_changed};
     char why[512] = "";
-    if (consensus_start(&node->consensus, node->loop, &cfg, &cb, why, sizeof why) != OK) {
+    node->starting = true; /* a snapshot on disk is restored in consensus_start */
+    bool started = consensus_start(&node->consensus, node->loop, &cfg, &cb, why, sizeof why) == OK;
+    node->starting = false;
+    if (!started) {
         snprintf(err, err_size, "cannot start the cluster member: %s", why);
         return -1;
     }
     node->consensus_open = true;
+    struct consensus_log log;
+    consensus_log_state(node->consensus, &log);
+    node->restart_index = log.last_index;
     if (bootstrap)
         return 0;
     char list[CLUSTER_NODE_PEERS_MAX * 32 + 64];

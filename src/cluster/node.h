@@ -155,6 +155,12 @@ void cluster_request_cancel(struct cluster_request *request);
  * CONSENSUS_E_NOT_LEADER / _INVALID / _BUSY (the sender tries again). */
 int cluster_node_propose_entry(struct cluster_node *node, const uint8_t *entry, size_t size);
 bool cluster_node_synced(const struct cluster_node *node);
+/* The map version this process's own log reached before it started (0 on
+ * a first start): a queue or exchange this broker owns since a later
+ * version was given to this incarnation. Exact once synced, but for one
+ * rare case: entries a new leader writes over an uncommitted tail of our
+ * log count as before. */
+uint64_t cluster_node_restart_version(const struct cluster_node *node);
 /* The memory and disk alarms are cluster-wide, as in RabbitMQ: ours go out
  * in our heartbeats; a broker blocks its publishers while any broker it
  * hears from (within NODE_DOWN_AFTER_MS) has one on. */

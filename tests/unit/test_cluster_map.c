@@ -450,6 +450,7 @@ static void test_queue_ownership(void **state)
     APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1));
     struct map_queue *q = cluster_map_queue(&map, B("/"), B("q"));
     uint64_t e = q->epoch;
+    assert_int_equal(q->owned_since, map.version); /* a restarted primary's yardstick */
     /* In-sync: only 2 and 4. */
     uint32_t sync[] = {2, 4};
     APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), e, sync, 2));
@@ -465,9 +466,12 @@ static void test_queue_ownership(void **state)
     assert_int_equal(q->primary_id, 1);
     assert_int_equal(q->epoch, e);
     /* Promote 2 (first in sync); 3 and 4 stay, 4 in sync. */
+    uint64_t declared = q->owned_since;
     APPLY_OK(&map, map_cmd_queue_set_owner(&c_, B("/"), B("q"), e, 2));
     assert_int_equal(q->primary_id, 2);
     assert_int_equal(q->epoch, e + 1);
+    assert_int_equal(q->owned_since, map.version); /* 2 has it since now */
+    assert_true(q->owned_since > declared);
     assert_int_equal(q->backups_count, 2);
     assert_int_equal(q->backup_ids[0], 3);
     assert_int_equal(q->backup_ids[1], 4);
@@ -481,9 +485,12 @@ static void test_queue_ownership(void **state)
                      E_MAP_REFUSED);
     assert_true(last.retry);
     assert_int_equal(q->primary_id, 2);
-    /* New backups keep the in-sync status of those that stay. */
+    /* New backups keep the in-sync status of those that stay (and the
+     * primary its queue since when it got it). */
+    uint64_t promoted = q->owned_since;
     uint32_t nb[] = {4, 1};
     APPLY_OK(&map, map_cmd_queue_set_backups(&c_, B("/"), B("q"), e + 1, nb, 2));
+    assert_int_equal(q->owned_since, promoted);
     assert_int_equal(q->in_sync_mask, 0x1);
     assert_int_equal(cluster_map_broker(&map, 3)->backups_held_count, 0);
     uint32_t dup[] = {4, 4};
@@ -497,6 +504,7 @@ static void test_queue_ownership(void **state)
     APPLY_OK(&map, map_cmd_queue_set_available(&c_, B("/"), B("q"), e + 1, true));
     assert_true(q->available);
     assert_int_equal(q->epoch, e + 2);
+    assert_int_equal(q->owned_since, map.version);
     /* A fenced delete with a stale epoch is refused; the right one works. */
     assert_int_equal(APPLY_RC(&map, map_cmd_queue_delete(&c_, B("/"), B("q"), e)),
                      E_MAP_REFUSED);
@@ -921,6 +929,12 @@ static void test_snapshot_round_trip(void **state)
     APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("prod"), B("queue-00007"), q7->epoch, none,
                                              0));
     APPLY_OK(&map, map_cmd_broker_state(&c_, 4, BROKER_STATE_DRAINING));
+    struct map_exchange_decl xd = {.vhost = B("prod"), .name = B("moved"), .type = B("topic"),
+                                   .owner_id = 1};
+    APPLY_OK(&map, map_cmd_exchange_declare(&c_, &xd));
+    APPLY_OK(&map, map_cmd_exchange_set_owner(&c_, B("prod"), B("moved"), 2));
+    uint64_t moved_at = map.version;
+    assert_int_equal(cluster_map_exchange(&map, B("prod"), B("moved"))->owned_since, moved_at);
     uint8_t *snap;
     size_t size;
     double t0 = seconds();
@@ -938,7 +952,9 @@ static void test_snapshot_round_trip(void **state)
     assert_int_equal(cluster_map_broker(&copy, 4)->state, BROKER_STATE_DRAINING);
     struct map_queue *c7 = cluster_map_queue(&copy, B("prod"), B("queue-00007"));
     assert_int_equal(c7->epoch, q7->epoch);
+    assert_int_equal(c7->owned_since, q7->owned_since);
     assert_int_equal(c7->in_sync_mask, 0);
+    assert_int_equal(cluster_map_exchange(&copy, B("prod"), B("moved"))->owned_since, moved_at);
     for (uint32_t i = 0; i < 5; i++)
         assert_int_equal(copy.brokers[i]->queues_owned_count, map.brokers[i]->queues_owned_count);
     uint8_t *again;
