@@ -1198,13 +1198,33 @@ static void encode_basic_quay_settle(const struct method *in, struct wire_writer
 static int decode_basic_quay_sync(struct method *out, struct wire_reader *r)
 {
     struct method_basic_quay_sync *m = &out->basic_quay_sync;
+    uint8_t bits;
     m->version = wire_read_u64(r);
+    bits = wire_read_u8(r);
+    m->answer = (bits & 0x01) != 0;
     return r->failed ? E_SYNTAX : OK;
 }
 
 static void encode_basic_quay_sync(const struct method *in, struct wire_writer *w)
 {
     const struct method_basic_quay_sync *m = &in->basic_quay_sync;
+    uint8_t bits;
+    wire_write_u64(w, m->version);
+    bits = 0;
+    bits = (uint8_t)(bits | (m->answer ? 0x01 : 0));
+    wire_write_u8(w, bits);
+}
+
+static int decode_basic_quay_synced(struct method *out, struct wire_reader *r)
+{
+    struct method_basic_quay_synced *m = &out->basic_quay_synced;
+    m->version = wire_read_u64(r);
+    return r->failed ? E_SYNTAX : OK;
+}
+
+static void encode_basic_quay_synced(const struct method *in, struct wire_writer *w)
+{
+    const struct method_basic_quay_synced *m = &in->basic_quay_synced;
     wire_write_u64(w, m->version);
 }
 
@@ -1382,6 +1402,7 @@ static const struct {
     {decode_basic_quay_replicate, encode_basic_quay_replicate},
     {decode_basic_quay_settle, encode_basic_quay_settle},
     {decode_basic_quay_sync, encode_basic_quay_sync},
+    {decode_basic_quay_synced, encode_basic_quay_synced},
     {decode_confirm_select, encode_confirm_select},
     {decode_confirm_select_ok, encode_confirm_select_ok},
     {decode_tx_select, encode_tx_select},
@@ -1685,6 +1706,10 @@ static const struct method_field FIELDS_BASIC_QUAY_SETTLE[] = {
 };
 static const struct method_field FIELDS_BASIC_QUAY_SYNC[] = {
     {"version", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_sync.version)},
+    {"answer", METHOD_FIELD_BIT, offsetof(struct method, basic_quay_sync.answer)},
+};
+static const struct method_field FIELDS_BASIC_QUAY_SYNCED[] = {
+    {"version", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_synced.version)},
 };
 static const struct method_field FIELDS_CONFIRM_SELECT[] = {
     {"no-wait", METHOD_FIELD_BIT, offsetof(struct method, confirm_select.no_wait)},
@@ -1810,7 +1835,9 @@ const struct method_info METHOD_INFOS[METHOD_COUNT] = {
     {METHOD_BASIC_QUAY_SETTLE, "basic.quay-settle",
      false, false, 4, FIELDS_BASIC_QUAY_SETTLE},
     {METHOD_BASIC_QUAY_SYNC, "basic.quay-sync",
-     false, false, 1, FIELDS_BASIC_QUAY_SYNC},
+     false, false, 2, FIELDS_BASIC_QUAY_SYNC},
+    {METHOD_BASIC_QUAY_SYNCED, "basic.quay-synced",
+     false, false, 1, FIELDS_BASIC_QUAY_SYNCED},
     {METHOD_CONFIRM_SELECT, "confirm.select",
      true, false, 1, FIELDS_CONFIRM_SELECT},
     {METHOD_CONFIRM_SELECT_OK, "confirm.select-ok",

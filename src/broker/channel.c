@@ -577,7 +577,7 @@ static void keep_names(struct channel *ch, struct bytes exchange, struct bytes r
 void channel__handle_sync(struct channel *ch, const struct method *m)
 {
     if (peer_only(ch, m->id) && channel__clustered(ch))
-        channel__cluster_sync(ch, m->basic_quay_sync.version);
+        channel__cluster_sync(ch, m->basic_quay_sync.version, m->basic_quay_sync.answer);
 }
 
 void channel__begin_forward(struct channel *ch, const struct method *m)

@@ -7,7 +7,9 @@
  * single broker would, with the map's reply code and text on refusal.
  * A map that cannot commit (no leader, no quorum) is a hard error, 541,
  * as RabbitMQ answers a declare that times out: the client reconnects,
- * ideally to a broker of the majority.
+ * ideally to a broker of the majority. A change that succeeded is answered
+ * once the other brokers have applied it too (cluster/visible.h): what a
+ * client was told exists, or is gone, is so through every broker.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +22,7 @@
 #include "cluster/member.h"
 #include "cluster/node.h"
 #include "cluster/proxy.h"
+#include "cluster/visible.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
@@ -28,6 +31,9 @@ struct cluster_wait {
     struct channel *ch;               /* borrowed; the channel owns the wait */
     struct cluster_request *request;  /* owned by the node until it answers */
     struct member_sync_wait sync;     /* basic.quay-sync: waits for our map instead */
+    struct visible_wait visible;      /* committed: waits for the other brokers' maps */
+    bool visible_pending;
+    bool answer;                      /* basic.quay-sync: basic.quay-synced when there */
     uint32_t method_id;
     bool no_wait;
     uint32_t message_count;           /* queue.delete-ok */
@@ -88,6 +94,9 @@ static void send_reply(struct channel *ch, const struct cluster_wait *w)
         channel__send(ch, &ok);
 }
 
+static void finish(struct channel *ch, struct cluster_wait *w, bool close_after);
+static void on_visible(struct visible_wait *visible);
+
 static void on_committed(void *ctx, int status, const struct map_change *change)
 {
     struct cluster_wait *w = ctx;
@@ -111,6 +120,16 @@ static void on_committed(void *ctx, int status, const struct map_change *change)
             return;
         }
     }
+    if (status == OK && change->changed && ch->state == CHANNEL_STATE_OPEN &&
+        (change->reply_code == REPLY_SUCCESS || w->gone_ok)) {
+        /* Answered once every broker has it (visible.h), input still held. */
+        w->visible.done = on_visible;
+        if (visible_wait(connection->broker->member, &w->visible, change->version)) {
+            ch->cluster_wait = w;
+            w->visible_pending = true;
+            return;
+        }
+    }
     connection_release(connection);
     bool close_after = ch->close_pending; /* the client's channel.close waited for this */
     if (status != OK) {
@@ -123,10 +142,27 @@ static void on_committed(void *ctx, int status, const struct map_change *change)
     } else if (ch->state == CHANNEL_STATE_OPEN) {
         send_reply(ch, w);
     }
+    finish(ch, w, close_after);
+}
+
+static void finish(struct channel *ch, struct cluster_wait *w, bool close_after)
+{
     bytes_free(&w->arguments);
     free(w);
     if (close_after && ch->state == CHANNEL_STATE_OPEN)
         channel__finish_close(ch);
+}
+
+static void on_visible(struct visible_wait *visible)
+{
+    struct cluster_wait *w = CONTAINER_OF(visible, struct cluster_wait, visible);
+    struct channel *ch = w->ch;
+    ASSERT(ch->cluster_wait == w && w->visible_pending);
+    ch->cluster_wait = NULL;
+    connection_release(ch->connection);
+    if (ch->state == CHANNEL_STATE_OPEN)
+        send_reply(ch, w);
+    finish(ch, w, ch->close_pending);
 }
 
 void channel__cluster_declare(struct channel *ch, struct map_queue_decl *decl, bool pinned,
@@ -173,11 +209,21 @@ void channel__cluster_forget(struct channel *ch)
     ch->cluster_wait = NULL;
     if (w->method_id == METHOD_BASIC_QUAY_SYNC)
         member_sync_cancel(&w->sync);
+    else if (w->visible_pending)
+        visible_cancel(&w->visible);
     else
         cluster_request_cancel(w->request);
     connection_release(ch->connection);
     bytes_free(&w->arguments);
     free(w);
+}
+
+static void answer_synced(struct channel *ch)
+{
+    struct method m = {.id = METHOD_BASIC_QUAY_SYNCED};
+    m.basic_quay_synced.version = member_map(ch->connection->broker->member)->version;
+    if (ch->state == CHANNEL_STATE_OPEN)
+        channel__send(ch, &m);
 }
 
 static void on_synced_through(struct member_sync_wait *sync)
@@ -187,20 +233,25 @@ static void on_synced_through(struct member_sync_wait *sync)
     ASSERT(ch->cluster_wait == w);
     ch->cluster_wait = NULL;
     connection_release(ch->connection);
+    if (w->answer)
+        answer_synced(ch);
     free(w);
 }
 
-void channel__cluster_sync(struct channel *ch, uint64_t version)
+void channel__cluster_sync(struct channel *ch, uint64_t version, bool answer)
 {
     ASSERT(ch->cluster_wait == NULL); /* the connection is held while one waits */
     struct cluster_wait *w = calloc(1, sizeof *w);
     ASSERT(w != NULL);
     w->ch = ch;
     w->method_id = METHOD_BASIC_QUAY_SYNC;
+    w->answer = answer;
     w->sync.done = on_synced_through;
     if (!member_sync_wait(ch->connection->broker->member, &w->sync, version)) {
         free(w);
-        return; /* our map is there already */
+        if (answer)
+            answer_synced(ch); /* our map is there already */
+        return;
     }
     ch->cluster_wait = w;
     connection_hold(ch->connection);

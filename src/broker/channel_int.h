@@ -234,8 +234,9 @@ void channel__fail_unreachable(struct channel *ch, const struct queue *queue, ui
 /* The channel is going away: drop its waiting change, if any. */
 void channel__cluster_forget(struct channel *ch);
 /* A peer's basic.quay-sync: hold the connection's input until our map has
- * applied through version (member_sync_wait). */
-void channel__cluster_sync(struct channel *ch, uint64_t version);
+ * applied through version (member_sync_wait); answer: then tell the peer
+ * (basic.quay-synced with our map's version: cluster/visible.h). */
+void channel__cluster_sync(struct channel *ch, uint64_t version, bool answer);
 
 /* channel_declare.c */
 void channel__remember_queue(struct channel *ch, struct bytes name);

@@ -69,7 +69,9 @@ static int compile(struct bytes pattern, regex_t *out, char *err, size_t err_siz
     if (rc != 0) {
         char why[POLICY_ERROR_SIZE];
         regerror(rc, out, why, sizeof why);
-        snprintf(err, err_size, "invalid regular expression '%s': %s", text, why);
+        /* At most the first 64 bytes of the pattern: the reason must fit
+         * in POLICY_ERROR_SIZE too. */
+        snprintf(err, err_size, "invalid regular expression '%.64s': %.60s", text, why);
         regfree(out);
         return E_SYNTAX;
     }

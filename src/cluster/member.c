@@ -23,6 +23,7 @@
 #include "cluster/proxy.h"
 #include "cluster/replica.h"
 #include "cluster/replication.h"
+#include "cluster/visible.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
@@ -48,6 +49,7 @@ static void on_link_down(void *ctx, struct link *link)
     bool was_up = peer->up;
     peer->up = false;
     peer->map_channel = NULL; /* closed with the link */
+    visible_peer_lost(peer);
     if (was_up) {
         LOG_INFO("cluster: link to broker %u (%s) is down", peer->id, peer->address);
         if (!peer->member->stopping)
@@ -86,6 +88,35 @@ static struct member_peer *peer_new(struct member *member, const struct map_brok
         peer->link = NULL;
     }
     return peer;
+}
+
+static void on_map_reply(void *ctx, const struct method *m)
+{
+    struct member_peer *peer = ctx;
+    if (m->id == METHOD_BASIC_QUAY_SYNCED)
+        visible_peer_answered(peer, m->basic_quay_synced.version);
+}
+
+static void on_map_closed(void *ctx, uint16_t reply_code, struct bytes reply_text)
+{
+    struct member_peer *peer = ctx;
+    if (reply_code != 0)
+        LOG_WARN("cluster: broker %u closed our map channel: %u %.*s", peer->id, reply_code,
+                 (int)reply_text.len, (const char *)reply_text.ptr);
+    peer->map_channel = NULL;
+    visible_peer_lost(peer);
+}
+
+struct link_channel *member_map_channel(struct member_peer *peer)
+{
+    if (peer->map_channel == NULL && peer->up && link_is_up(peer->link)) {
+        static const struct link_channel_ops ops_template = {
+            .reply = on_map_reply, .closed = on_map_closed};
+        struct link_channel_ops ops = ops_template;
+        ops.ctx = peer;
+        peer->map_channel = link_channel_open(peer->link, BYTES_LIT("/"), false, &ops);
+    }
+    return peer->map_channel;
 }
 
 struct member_peer *member_peer(struct member *member, uint32_t broker_id)
@@ -254,14 +285,8 @@ static void on_forward(void *ctx, uint32_t leader_id, const uint8_t *entry, size
     struct member_peer *peer = member_peer(member, leader_id);
     /* (The link may be going down right now, its channels being freed:
      * this can run from their closed callbacks.) */
-    if (peer == NULL || !peer->up || !link_is_up(peer->link))
+    if (peer == NULL || member_map_channel(peer) == NULL)
         return; /* the node sends it again */
-    if (peer->map_channel == NULL) {
-        static const struct link_channel_ops ops = {0};
-        peer->map_channel = link_channel_open(peer->link, BYTES_LIT("/"), false, &ops);
-        if (peer->map_channel == NULL)
-            return;
-    }
     struct basic_properties none = {0};
     static const uint8_t no_properties[2] = {0, 0}; /* property flags: none */
     struct message *m = message_new(BYTES_LIT(""), BYTES_LIT(""), no_properties, 2, &none, size);
@@ -661,6 +686,7 @@ static void on_tick(uv_timer_t *timer)
     alarm_set_cluster(member->broker, memory, disk);
     if (!list_empty(&member->sync_waits))
         end_sync_waits(member, false); /* the late ones */
+    visible_tick(member);
 }
 
 static void on_timer_closed(uv_handle_t *handle)
@@ -691,6 +717,7 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
         member->incarnation = (uint32_t)uv_hrtime();
     list_init(&member->stubs);
     list_init(&member->parked);
+    list_init(&member->visible_waits);
     list_init(&member->replications);
     list_init(&member->releasing);
     list_init(&member->sync_waits);
@@ -716,6 +743,7 @@ void member_stop(struct member *member)
     member->stopping = true;
     net_flush_hook_remove(&member->release_hook);
     end_sync_waits(member, true);
+    visible_stop(member);
     uv_close((uv_handle_t *)member->timer, on_timer_closed);
     member->timer = NULL;
     struct cluster_node_hooks none = {0};

@@ -58,6 +58,9 @@ struct member_peer {
     /* The highest map version we asked the peer to apply before our next
      * requests on this link (basic.quay-sync; proxy.c). */
     uint64_t synced_version;
+    /* On the map channel (visible.c): the highest version the peer said
+     * it applied, and the highest we asked it about. */
+    uint64_t applied_version, asked_version;
 };
 
 struct member {
@@ -74,6 +77,7 @@ struct member {
     struct list_node replications;   /* struct replication: our queues with backups */
     struct list_node releasing;      /* uplinks with upstream requeues to send (proxy.c) */
     struct list_node sync_waits;     /* struct member_sync_wait: peers waiting for our map */
+    struct list_node visible_waits;  /* struct visible_wait: our changes, for the peers' maps */
     /* Flow control of our publishers: the bytes of messages sent to other
      * brokers (forwards to primaries, replication to backups) and not yet
      * answered (MEMBER_FORWARD_*). */
@@ -112,6 +116,9 @@ void member_free(struct member *member);
 const struct cluster_map *member_map(const struct member *member);
 /* The peer with this map id, or NULL (self, unknown, or no link yet). */
 struct member_peer *member_peer(struct member *member, uint32_t broker_id);
+/* The peer's map channel (forwarded map entries, basic.quay-sync with an
+ * answer), opened on first use; NULL while its link is down. */
+struct link_channel *member_map_channel(struct member_peer *peer);
 
 /* A local decision to delete a queue (see the rule above): the queue is
  * already gone here; tell the map. */

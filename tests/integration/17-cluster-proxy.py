@@ -146,6 +146,43 @@ def declare_on_one_broker_is_visible_on_all():
     c.close()
 
 
+@test(timeout=120)
+def what_a_client_was_told_exists_every_broker_has_at_once():
+    """A declare-ok through one broker means the queue is there through
+    every broker, with no pause (RabbitMQ commits its metadata on every node
+    first); likewise a delete-ok means it is gone everywhere. Checked
+    back to back, as a client that passes a queue's name to another client
+    on another broker would."""
+    rounds = 150
+    conns = {m.name: connect(m) for m in (A, B, C)}
+    try:
+        declarer = conns["b"].channel()
+        publisher = conns["c"].channel()
+        publisher.confirm_delivery()
+        checker = conns["a"].channel()
+        missing = 0
+        for i in range(rounds):
+            name = "told-%d" % i
+            declarer.queue_declare(name)
+            try:
+                publisher.basic_publish("", name, b"x", mandatory=True)
+            except pika.exceptions.UnroutableError:
+                missing += 1
+            checker.queue_declare(name, passive=True)  # 404 closes the test
+            declarer.queue_delete(name)
+            try:
+                checker.queue_declare(name, passive=True)
+                raise AssertionError("round %d: '%s' deleted through b, still on a" % (i, name))
+            except pika.exceptions.ChannelClosedByBroker as e:
+                assert e.reply_code == 404, e
+                checker = conns["a"].channel()
+        assert missing == 0, "%d of %d publishes right after declare-ok were unroutable" % (
+            missing, rounds)
+    finally:
+        for c in conns.values():
+            c.close()
+
+
 @test(timeout=60)
 def clients_learn_the_cluster():
     # connection.open-ok's known-hosts lists every broker's AMQP address.
@@ -656,9 +693,8 @@ def a_broker_joins_and_leaves():
     wait_until(lambda: all(link_up in m.log_text() for m in members), 10,
                what="every broker's link to d")
     name = queue_on(D, A, "dq")
-    # d's own map must have the queue for d to refuse (the map would refuse
-    # the leave anyway when applied; the 409 is d's early answer).
-    wait_until(lambda: primary_of(D, name) == "d", 10, what="d's map to place the queue on d")
+    # d's own map has the queue already (a declare-ok waits for every
+    # broker): d refuses at once.
     leave_url = "http://127.0.0.1:%d/api/cluster/leave" % D.http_port
 
     def post():
