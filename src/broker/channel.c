@@ -92,9 +92,46 @@ static void release(struct channel *ch)
 void channel__finish_close(struct channel *ch)
 {
     ch->close_pending = false;
+    if (ch->closing_with_connection) {
+        struct connection *connection = ch->connection;
+        channel_destroy(ch);
+        connection_channel_closed(connection);
+        return;
+    }
     struct method ok = {.id = METHOD_CHANNEL_CLOSE_OK};
     channel__send(ch, &ok);
     channel_destroy(ch);
+}
+
+/* The client closes the channel: its consumers go first. The last local
+ * consumer of an auto-delete stand-in is checked with the queue's primary
+ * (channel__await_auto_delete) before the close is done: true while that
+ * waits (close_pending; channel__finish_close ends it). */
+static bool close_for_client(struct channel *ch)
+{
+    ch->client_closing = true;
+    release(ch);
+    ch->client_closing = false;
+    struct queue *check = ch->auto_delete_check;
+    ch->auto_delete_check = NULL;
+    if (check == NULL)
+        return false;
+    channel__await_auto_delete(ch, check, METHOD_CHANNEL_CLOSE);
+    queue_unref(check);
+    if (ch->remote_op == NULL)
+        return false;
+    ch->close_pending = true;
+    return true;
+}
+
+bool channel_close_with_connection(struct channel *ch)
+{
+    if (close_for_client(ch)) {
+        ch->closing_with_connection = true;
+        return true;
+    }
+    channel_destroy(ch);
+    return false;
 }
 
 void channel_destroy(struct channel *ch)
@@ -261,23 +298,10 @@ static void handle_channel_class(struct channel *ch, const struct method *m)
         channel__connection_fail(ch, REPLY_CHANNEL_ERROR, m->id,
                                  "second 'channel.open' seen");
         return;
-    case METHOD_CHANNEL_CLOSE: {
-        ch->client_closing = true;
-        release(ch);
-        ch->client_closing = false;
-        struct queue *check = ch->auto_delete_check;
-        ch->auto_delete_check = NULL;
-        if (check != NULL) {
-            channel__await_auto_delete(ch, check, METHOD_CHANNEL_CLOSE);
-            queue_unref(check);
-            if (ch->remote_op != NULL) {
-                ch->close_pending = true; /* channel__finish_close, when known */
-                return;
-            }
-        }
-        channel__finish_close(ch);
+    case METHOD_CHANNEL_CLOSE:
+        if (!close_for_client(ch))
+            channel__finish_close(ch);
         return;
-    }
     case METHOD_CHANNEL_CLOSE_OK:
         /* Unsolicited: the channel was not closing. */
         channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unimplemented method");

@@ -27,6 +27,11 @@ void channel_handle_unopened(struct connection *connection, const struct frame *
 void channel_handle_frame(struct channel *ch, const struct frame *frame);
 /* Frees the channel without any protocol exchange (connection gone). */
 void channel_destroy(struct channel *ch);
+/* The client's connection.close: the channel goes as on its own
+ * channel.close, without a close-ok. True: it waits for a primary (the
+ * last consumer of an auto-delete stand-in went), and calls
+ * connection_channel_closed once gone; false: it is gone. */
+bool channel_close_with_connection(struct channel *ch);
 /* The connection's output drained: consumers may take messages again. */
 void channel_resume_delivery(struct channel *ch);
 /* A publish forwarded to another broker's queue (cluster/proxy.c) reports

@@ -218,10 +218,10 @@ void channel__cluster_forget(struct channel *ch)
     free(w);
 }
 
-static void answer_synced(struct channel *ch)
+static void answer_synced(struct channel *ch, uint64_t version)
 {
     struct method m = {.id = METHOD_BASIC_QUAY_SYNCED};
-    m.basic_quay_synced.version = member_map(ch->connection->broker->member)->version;
+    m.basic_quay_synced.version = version;
     if (ch->state == CHANNEL_STATE_OPEN)
         channel__send(ch, &m);
 }
@@ -234,23 +234,24 @@ static void on_synced_through(struct member_sync_wait *sync)
     ch->cluster_wait = NULL;
     connection_release(ch->connection);
     if (w->answer)
-        answer_synced(ch);
+        answer_synced(ch, member_map(ch->connection->broker->member)->version);
     free(w);
 }
 
 void channel__cluster_sync(struct channel *ch, uint64_t version, bool answer)
 {
     ASSERT(ch->cluster_wait == NULL); /* the connection is held while one waits */
+    struct broker *broker = ch->connection->broker;
     struct cluster_wait *w = calloc(1, sizeof *w);
     ASSERT(w != NULL);
     w->ch = ch;
     w->method_id = METHOD_BASIC_QUAY_SYNC;
     w->answer = answer;
     w->sync.done = on_synced_through;
-    if (!member_sync_wait(ch->connection->broker->member, &w->sync, version)) {
+    if (!member_sync_wait(broker->member, &w->sync, version)) {
         free(w);
         if (answer)
-            answer_synced(ch); /* our map is there already */
+            answer_synced(ch, member_map(broker->member)->version); /* there already */
         return;
     }
     ch->cluster_wait = w;

@@ -147,6 +147,7 @@ struct channel {
      * whether its primary deleted it (channel__await_auto_delete). */
     struct queue *auto_delete_check;
     bool close_pending;               /* close-ok waits for that */
+    bool closing_with_connection;     /* ... and then the connection's close-ok */
     struct list_node tx_ops;          /* struct tx_op, in arrival order */
     uint64_t tx_ticket;               /* journal ticket the current commit needs */
     uint32_t tx_remote;               /* answers other brokers owe the current commit */

@@ -157,6 +157,25 @@ static void release_everything(struct connection *connection)
     }
 }
 
+/* The client closes the socket after close-ok (RabbitMQ waits for it
+ * too); the tick closes it if the client never does. */
+static void send_close_ok(struct connection *connection)
+{
+    struct method ok = {.id = METHOD_CONNECTION_CLOSE_OK};
+    release_everything(connection);
+    connection_send_method(connection, 0, &ok);
+    connection->state = CONNECTION_STATE_CLOSING;
+    connection->closing_since_ms = uv_now(connection->conn.net->loop);
+}
+
+void connection_channel_closed(struct connection *connection)
+{
+    ASSERT(connection->close_ok_owed > 0);
+    if (--connection->close_ok_owed == 0 && connection->state == CONNECTION_STATE_OPEN &&
+        !connection->conn.closing)
+        send_close_ok(connection);
+}
+
 size_t connection__reply_text(char *out, size_t size, uint16_t reply_code, const char *fmt,
                               va_list ap)
 {
@@ -643,16 +662,21 @@ static void handle_connection_method(struct connection *connection, const struct
         if (state == CONNECTION_STATE_OPEN_WAIT)
             return handle_open(connection, m);
         break;
-    case METHOD_CONNECTION_CLOSE: {
-        /* The client closes the socket after close-ok (RabbitMQ waits for
-         * it too); the tick closes it if the client never does. */
-        struct method ok = {.id = METHOD_CONNECTION_CLOSE_OK};
-        release_everything(connection);
-        connection_send_method(connection, 0, &ok);
-        connection->state = CONNECTION_STATE_CLOSING;
-        connection->closing_since_ms = uv_now(connection->conn.net->loop);
+    case METHOD_CONNECTION_CLOSE:
+        if (connection->close_ok_owed > 0)
+            return; /* a second one: the first is being answered */
+        /* Each channel goes as on its own channel.close: one holding the
+         * last consumer of an auto-delete stand-in waits until the queue's
+         * primary said whether it went (one broker has deleted it by its
+         * close-ok). Input stays held meanwhile. */
+        for (uint32_t i = 0; i < connection->channels_cap; i++) {
+            struct channel *ch = connection->channels[i];
+            if (ch && channel_close_with_connection(ch))
+                connection->close_ok_owed++;
+        }
+        if (connection->close_ok_owed == 0)
+            send_close_ok(connection);
         return;
-    }
     case METHOD_CONNECTION_CLOSE_OK:
         /* Unsolicited close-ok: nothing was closing. */
         break;
@@ -699,8 +723,8 @@ static void handle_frame(struct connection *connection, const struct frame *fram
         handle_connection_method(connection, &m);
         return;
     }
-    if (connection->state == CONNECTION_STATE_CLOSING)
-        return; /* discard everything after our connection.close */
+    if (connection->state == CONNECTION_STATE_CLOSING || connection->close_ok_owed > 0)
+        return; /* discard everything after our connection.close, or theirs */
     if (connection->state != CONNECTION_STATE_OPEN) {
         connection_fail(connection, REPLY_COMMAND_INVALID, 0,
                         "channel %u used before connection.open", frame->channel);

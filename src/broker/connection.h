@@ -78,6 +78,9 @@ struct connection {
     struct list_node exclusive_queues; /* struct queue.owner_link */
     uint32_t held;                    /* methods waiting for the cluster: input on hold */
     bool open_waits_for_sync;         /* connection.open held until the map is synced */
+    /* The client's connection.close waits for channels that wait for a
+     * primary (channel_close_with_connection): close-ok once none do. */
+    uint32_t close_ok_owed;
 };
 
 /* The broker's accept callback: allocates a connection for a new socket. */
@@ -121,6 +124,9 @@ bool connection__decode_method(struct connection *connection, const struct frame
  * connections_flow_resume, when they have caught up. */
 void connection_flow(struct connection *connection);
 void connections_flow_resume(struct broker *broker);
+
+/* A channel that connection.close left waiting is gone (channel.c). */
+void connection_channel_closed(struct connection *connection);
 
 void connection_hold(struct connection *connection);
 void connection_release(struct connection *connection);

@@ -313,6 +313,36 @@ def auto_delete_queue_goes_before_the_next_method():
 
 
 @test
+def auto_delete_queue_goes_with_its_connection():
+    """A connection that closes holding the last consumer of an auto-delete
+    queue (bound to an auto-delete exchange) has deleted both by its
+    close-ok: another connection declaring the names right after makes new
+    ones (of another kind: inequivalent to the old ones, had they stayed)."""
+    x, q = uniq("acx"), uniq("acq")
+    other = raw_connection()
+    for i in range(6):
+        s = raw_connection(channel=2)
+        s.sendall(gen_exchange_declare(2, x, auto_delete=True) +
+                  gen_queue_declare(2, q, auto_delete=True) + gen_queue_bind(2, q, x, "k") +
+                  gen_basic_consume(2, q, "c", no_ack=True))
+        for reply in (EXCHANGE_DECLARE_OK, QUEUE_DECLARE_OK, QUEUE_BIND_OK, BASIC_CONSUME_OK):
+            expect_method(s, *reply, channel=2)
+        s.sendall(gen_connection_close())
+        expect_method(s, *CONNECTION_CLOSE_OK, channel=0)
+        s.close()
+        if is_rabbitmq():
+            time.sleep(0.3)  # its queue process stops after the close (3.10.8 races here)
+        other.sendall(gen_exchange_declare(1, x, "fanout") + gen_queue_declare(1, q) +
+                      gen_queue_delete(1, q) + gen_method(1, 40, 20, short(0) + shortstr(x) +
+                                                         bits(False, False)))
+        for reply in (EXCHANGE_DECLARE_OK, QUEUE_DECLARE_OK, QUEUE_DELETE_OK,
+                      (40, 21)):  # exchange.delete-ok
+            m = read_method(other)
+            assert m.channel == 1 and m.id == reply, (i, m)
+    other.close()
+
+
+@test
 def auto_delete_queue_deleted_when_consumer_channel_closes():
     c = pika_connect()
     ch = c.channel()
