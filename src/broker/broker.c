@@ -166,6 +166,7 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
         mgmt_api_route(broker->mgmt, "/api/cluster/links", member_write_links_json,
                        broker->member);
         mgmt_api_route_post(broker->mgmt, "/api/cluster/leave", member_leave, broker->member);
+        mgmt_api_route_post(broker->mgmt, "/api/cluster/forget", member_forget, broker->member);
     }
     uv_timer_init(loop, &broker->tick);
     broker->tick.data = broker;

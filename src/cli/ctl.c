@@ -5,7 +5,7 @@
  * table for people.
  *
  * It owns nothing beyond the process; it changes broker state only
- * through the API's own verbs (leave, set-policy, clear-policy) and links
+ * through the API's own verbs (leave, forget, set-policy, clear-policy) and links
  * none of the broker's code (no libuv), so it runs anywhere the socket
  * reaches. Exit codes follow sysexits.h, as rabbitmqctl's do:
  * 0 done, 64 usage, 69 the broker is unreachable, 76 a bad or non-200
@@ -48,6 +48,10 @@ static void usage(FILE *out)
             "  connections   every client connection (GET /api/connections)\n"
             "  cluster       the cluster: leader, map epoch, brokers (GET /api/cluster)\n"
             "  leave         this broker leaves the cluster (POST /api/cluster/leave)\n"
+            "  forget BROKER a broker that is down for good leaves the map: its queues\n"
+            "                go to their backups (or start again empty where it had\n"
+            "                the only copy), its backups and exchanges elsewhere\n"
+            "                (POST /api/cluster/forget)\n"
             "  policies      every replication policy (GET /api/policies)\n"
             "  set-policy VHOST NAME PATTERN BACKUPS [PRIORITY]\n"
             "                queues of VHOST whose name matches the regular expression\n"
@@ -770,6 +774,7 @@ static const struct command commands[] = {
     {"connections", "GET", "/api/connections", connection_columns,
      sizeof connection_columns / sizeof connection_columns[0], 0, 0},
     {"leave", "POST", "/api/cluster/leave", NULL, 0, 0, 0},
+    {"forget", "POST", "/api/cluster/forget", NULL, 0, 1, 1},
     {"policies", "GET", "/api/policies", policy_columns,
      sizeof policy_columns / sizeof policy_columns[0], 0, 0},
     {"set-policy", "PUT", "/api/policies/", NULL, 0, 4, 5},
@@ -829,12 +834,20 @@ static bool is_number(const char *s)
     return true;
 }
 
-/* The path (and the body, for set-policy) of a command with arguments.
+/* The path (and the body, for set-policy and forget) of a command with
+ * arguments.
  * Returns 0 or EXIT_USAGE (printed). */
 static int build_request(const struct command *cmd, char **args, int args_count, char *path,
                          size_t path_cap, char *body, size_t body_cap)
 {
     snprintf(path, path_cap, "%s", cmd->path);
+    if (strcmp(cmd->method, "POST") == 0) { /* forget BROKER: the name in a JSON body */
+        snprintf(body, body_cap, "{\"broker\": ");
+        if (!append_json_string(body, body_cap, args[0]) || strlen(body) + 2 >= body_cap)
+            goto too_long;
+        strcat(body, "}");
+        return 0;
+    }
     if (!append_segment(path, path_cap, args[0]) || strlen(path) + 2 >= path_cap)
         goto too_long;
     size_t end = strlen(path);

@@ -332,6 +332,90 @@ int controller_repair(const struct cluster_map *map, const struct controller_con
     return OK;
 }
 
+/* ---- (f) forgetting a dead broker ------------------------------------------ */
+
+/* A queue whose only copies were on the forgotten broker: a new, empty
+ * incarnation on the broker the ring picks (set_owner to a broker that is
+ * not its backup makes it available, epoch + 1). Backups first (the
+ * pick may be one of the backups out of sync, which set_owner refuses to
+ * promote): the refill without it, then the owner. */
+static bool start_again_empty(struct placement *p, const struct map_queue *q, uint32_t dead,
+                              struct map_cmd_list *out)
+{
+    struct bytes vhost = q->vhost->name;
+    struct placement_result r; /* the ring's primary among the brokers up (counted) */
+    if (placement_place_queue(p, vhost, q->name, 1, PLACEMENT_PRIMARY_RING, BROKER_ID_NONE,
+                              &r) != OK)
+        return false;
+    uint32_t next = r.primary_id;
+    ASSERT(next != dead);
+    struct map_cmd cmd;
+    uint32_t ids[CLUSTER_BACKUPS_MAX];
+    uint8_t n = refill_backups(p, q, next, ids);
+    if (!same_ids(ids, n, q->backup_ids, q->backups_count))
+        push(out, map_cmd_queue_set_backups(&cmd, vhost, q->name, q->epoch, ids, n), &cmd);
+    push(out, map_cmd_queue_set_owner(&cmd, vhost, q->name, q->epoch, next), &cmd);
+    return true;
+}
+
+int controller_forget(const struct cluster_map *map, const struct controller_config *config,
+                      uint32_t broker_id, struct map_cmd_list *out,
+                      struct controller_forget_report *report)
+{
+    ASSERT(map != NULL && out != NULL && report != NULL);
+    memset(report, 0, sizeof *report);
+    const struct map_broker *dead = cluster_map_broker(map, broker_id);
+    if (dead == NULL) {
+        report->refusal = CONTROLLER_FORGET_UNKNOWN;
+        return OK;
+    }
+    if (dead->state != BROKER_STATE_DOWN) {
+        report->refusal = CONTROLLER_FORGET_NOT_DOWN;
+        return OK;
+    }
+    if (usable_brokers(map) == 0) {
+        report->refusal = CONTROLLER_FORGET_NO_ROOM;
+        return OK;
+    }
+    struct placement p;
+    placement_init(&p, &config->placement);
+    placement_refresh(&p, map);
+    struct map_cmd cmd;
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        const struct map_queue *q = map->queues[i];
+        struct bytes vhost = q->vhost->name;
+        if (q->exclusive && q->exclusive_owner_id == broker_id) {
+            push(out, map_cmd_queue_delete(&cmd, vhost, q->name, q->epoch), &cmd);
+            report->deleted++;
+        } else if (q->primary_id == broker_id) {
+            if (promotion_candidate(map, q) != BROKER_ID_NONE) {
+                fail_over_primary(&p, q, out, out);
+                report->promoted++;
+            } else if (start_again_empty(&p, q, broker_id, out)) {
+                report->emptied++;
+            }
+        } else if (map_queue_has_backup(q, broker_id)) {
+            uint32_t ids[CLUSTER_BACKUPS_MAX];
+            uint8_t n = refill_backups(&p, q, q->primary_id, ids);
+            push(out, map_cmd_queue_set_backups(&cmd, vhost, q->name, q->epoch, ids, n), &cmd);
+            report->backups_replaced++;
+        }
+    }
+    for (uint32_t i = 0; i < map->exchanges_count; i++) {
+        const struct map_exchange *x = map->exchanges[i];
+        if (x->owner_id != broker_id)
+            continue;
+        uint32_t owner = placement_pick_owner(&p, x->vhost->name, x->name);
+        if (owner != BROKER_ID_NONE) {
+            push(out, map_cmd_exchange_set_owner(&cmd, x->vhost->name, x->name, owner), &cmd);
+            report->exchanges_moved++;
+        }
+    }
+    push(out, map_cmd_broker_leave(&cmd, broker_id), &cmd);
+    placement_free(&p);
+    return OK;
+}
+
 /* ---- (d) rebalancing and draining ----------------------------------------- */
 
 /* The next step of a primary move; returns true if it is still pending. */

@@ -103,6 +103,34 @@ int controller_drain(const struct cluster_map *map, const struct controller_conf
                      bool *done_out);
 
 /*
+ * (f) Forgetting a broker that is dead for good (down in the map; a broker
+ * that is up, suspect or draining, or unknown, is refused: report->refusal).
+ * Everything it still has goes elsewhere: each queue it was primary of
+ * fails over as in (b) to an in-sync backup (promoted), or, with none,
+ * starts again empty on a broker placement picks (emptied: its messages
+ * were only on the forgotten broker), with its definition and bindings;
+ * an exclusive queue of one of its connections is deleted; each queue it
+ * backed up gets a replacement backup; each exchange it owned an owner
+ * that is up. Then broker.leave, which the leader follows by removing it
+ * from the Raft members (and so from every majority). Commands carry
+ * epochs as in (b): one refused because the map moved makes broker.leave
+ * refused too ("still owns"), and forgetting again decides afresh. OK.
+ */
+enum controller_forget_refusal {
+    CONTROLLER_FORGET_OK = 0,
+    CONTROLLER_FORGET_UNKNOWN,  /* no such broker in the map */
+    CONTROLLER_FORGET_NOT_DOWN, /* up, suspect or draining: stop it or drain it */
+    CONTROLLER_FORGET_NO_ROOM,  /* no broker that is up to take its queues */
+};
+struct controller_forget_report {
+    enum controller_forget_refusal refusal;
+    uint32_t promoted, emptied, deleted, backups_replaced, exchanges_moved;
+};
+int controller_forget(const struct cluster_map *map, const struct controller_config *config,
+                      uint32_t broker_id, struct map_cmd_list *out,
+                      struct controller_forget_report *report);
+
+/*
  * (e) Replication policies (map policies, broker/policy.h), after they
  * changed: every queue that is not exclusive and has no x-quay-backups of
  * its own, whose replication factor is not what its best matching policy

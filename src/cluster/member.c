@@ -17,6 +17,7 @@
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "cluster/controller.h"
 #include "cluster/link.h"
 #include "cluster/mirror.h"
 #include "cluster/node.h"
@@ -29,6 +30,7 @@
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/json.h"
+#include "mgmt/json_read.h"
 
 /* ---- peers and their links ---- */
 
@@ -619,9 +621,11 @@ void member_write_links_json(void *ctx, struct json *out)
     json_object_end(out);
 }
 
-int member_leave(void *ctx, struct json *body)
+int member_leave(void *ctx, const char *request, size_t request_size, struct json *body)
 {
     struct member *member = ctx;
+    (void)request; /* no parameters */
+    (void)request_size;
     const struct cluster_map *map = member_map(member);
     json_object_begin(body);
     if (member->stopping || !cluster_node_synced(member->node)) {
@@ -665,6 +669,121 @@ int member_leave(void *ctx, struct json *body)
         cluster_node_submit(member->node, &cmd, on_leave_done, member);
     LOG_INFO("cluster: leaving the cluster (asked through the management API)");
     json_kv_string(body, "leaving", cluster_node_name(member->node));
+    json_object_end(body);
+    return 202;
+}
+
+/* ---- forgetting a dead broker ---- */
+
+/* The steps before broker.leave: a refusal shows in broker.leave's. */
+static void on_forget_step(void *ctx, int status, const struct map_change *change)
+{
+    (void)ctx;
+    (void)status;
+    (void)change;
+}
+
+static void on_forgotten(void *ctx, int status, const struct map_change *change)
+{
+    (void)ctx;
+    if (status != OK)
+        LOG_WARN("cluster: forgetting a broker: the map is unavailable; POST "
+                 "/api/cluster/forget again");
+    else if (change->reply_code != 200)
+        LOG_WARN("cluster: forgetting broker %u refused: %u %s (the map moved meanwhile: POST "
+                 "/api/cluster/forget again)", change->broker_id, change->reply_code,
+                 change->reply_text);
+    else if (change->changed)
+        LOG_INFO("cluster: broker %u is forgotten: out of the map, out of Raft next",
+                 change->broker_id);
+}
+
+struct forget_request {
+    char broker[CLUSTER_NAME_SIZE_MAX + 1];
+    bool named;
+};
+
+static bool read_forget_member(void *ctx, const struct json_read_member *m, char *err,
+                               size_t err_size)
+{
+    struct forget_request *r = ctx;
+    if (strcmp(m->key, "broker") != 0) {
+        snprintf(err, err_size, "unknown member '%s' (expected: broker)", m->key);
+        return false;
+    }
+    if (m->kind != JSON_READ_STRING || m->string_size == 0 ||
+        m->string_size > CLUSTER_NAME_SIZE_MAX) {
+        snprintf(err, err_size, "broker: a broker's name, 1..%d bytes", CLUSTER_NAME_SIZE_MAX);
+        return false;
+    }
+    memcpy(r->broker, m->string, m->string_size + 1);
+    r->named = true;
+    return true;
+}
+
+static int forget_error(struct json *body, int status, const char *text)
+{
+    json_kv_string(body, "error", text);
+    json_object_end(body);
+    return status;
+}
+
+int member_forget(void *ctx, const char *request, size_t request_size, struct json *body)
+{
+    struct member *member = ctx;
+    const struct cluster_map *map = member_map(member);
+    json_object_begin(body);
+    if (member->stopping || !cluster_node_synced(member->node))
+        return forget_error(body, 503, "not serving the cluster yet (or stopping): try again");
+    struct forget_request r = {0};
+    char err[256];
+    if (json_read_object(request, request_size, read_forget_member, &r, err, sizeof err) != OK)
+        return forget_error(body, 400, err);
+    if (!r.named)
+        return forget_error(body, 400, "expected {\"broker\": NAME}");
+    const struct map_broker *b = NULL;
+    for (uint32_t i = 0; i < map->brokers_count && b == NULL; i++) {
+        if (bytes_equal_cstr(map->brokers[i]->name, r.broker))
+            b = map->brokers[i];
+    }
+    char text[512];
+    if (b == NULL) {
+        snprintf(text, sizeof text, "no broker '%s' in the cluster", r.broker);
+        return forget_error(body, 404, text);
+    }
+    struct map_cmd_list list;
+    map_cmd_list_init(&list);
+    struct controller_forget_report report;
+    controller_forget(map, cluster_node_controller_config(member->node), b->id, &list, &report);
+    switch (report.refusal) {
+    case CONTROLLER_FORGET_OK:
+        break;
+    case CONTROLLER_FORGET_NOT_DOWN:
+        snprintf(text, sizeof text, "broker '%s' is %s, not down: stop it first (forget is for "
+                 "a broker dead for good; drain one that runs)", r.broker,
+                 broker_state_name(b->state));
+        return forget_error(body, 409, text);
+    case CONTROLLER_FORGET_NO_ROOM:
+        return forget_error(body, 409, "no broker is up to take its queues");
+    case CONTROLLER_FORGET_UNKNOWN:
+        return forget_error(body, 404, "no such broker");
+    }
+    ASSERT(list.count > 0); /* broker.leave comes last */
+    for (uint32_t i = 0; i < list.count; i++)
+        cluster_node_submit(member->node, &list.items[i],
+                            i + 1 == list.count ? on_forgotten : on_forget_step, member);
+    map_cmd_list_free(&list);
+    LOG_INFO("cluster: forgetting broker '%s' (asked through the management API): %u queue(s) "
+             "promoted, %u started again empty (their messages were only there), %u deleted "
+             "(exclusive), %u backup(s) replaced, %u exchange(s) moved", r.broker,
+             report.promoted, report.emptied, report.deleted, report.backups_replaced,
+             report.exchanges_moved);
+    json_kv_string(body, "forgetting", r.broker);
+    json_kv_uint(body, "promoted", report.promoted);
+    json_kv_uint(body, "emptied", report.emptied);
+    json_kv_uint(body, "deleted", report.deleted);
+    json_kv_uint(body, "backups_replaced", report.backups_replaced);
+    json_kv_uint(body, "exchanges_moved", report.exchanges_moved);
     json_object_end(body);
     return 202;
 }

@@ -138,7 +138,14 @@ bool member_forward_fresh(struct member *member, struct bytes vhost, struct byte
  * /api/cluster), 409 while it is the primary or a backup of any queue
  * (their messages are here), 503 before it has caught up. */
 struct json;
-int member_leave(void *ctx, struct json *body);
+int member_leave(void *ctx, const char *request, size_t request_size, struct json *body);
+/* POST /api/cluster/forget {"broker": NAME} (an http_action_fn; ctx is the
+ * member): a broker that is down for good leaves the map, everything it
+ * had going elsewhere first (controller_forget). 202 with what was
+ * decided; 400 for a bad body, 404 for an unknown broker, 409 for one that
+ * is not down (or no broker up to take its queues), 503 before this broker
+ * serves the cluster. Completion shows in the map (GET /api/cluster). */
+int member_forget(void *ctx, const char *request, size_t request_size, struct json *body);
 
 /* GET /api/cluster/links (an http_handler_fn; ctx is the member): our link
  * to each peer, [{"id", "name", "address", "up", "bytes_out", "frames_out",

@@ -1106,6 +1106,11 @@ void cluster_node_peer_alarms(const struct cluster_node *node, bool *memory, boo
     *disk = (alarms & HB_FLAG_DISK_ALARM) != 0;
 }
 
+const struct controller_config *cluster_node_controller_config(const struct cluster_node *node)
+{
+    return &node->controller;
+}
+
 uint64_t cluster_node_restart_version(const struct cluster_node *node)
 {
     return node->restart_version;

@@ -161,6 +161,10 @@ bool cluster_node_synced(const struct cluster_node *node);
  * rare case: entries a new leader writes over an uncommitted tail of our
  * log count as before. */
 uint64_t cluster_node_restart_version(const struct cluster_node *node);
+/* The controller's settings (timeouts, default backups, placement), for
+ * decisions taken outside the leader's rounds (member_forget). */
+struct controller_config;
+const struct controller_config *cluster_node_controller_config(const struct cluster_node *node);
 /* The memory and disk alarms are cluster-wide, as in RabbitMQ: ours go out
  * in our heartbeats; a broker blocks its publishers while any broker it
  * hears from (within NODE_DOWN_AFTER_MS) has one on. */

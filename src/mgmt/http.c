@@ -432,7 +432,8 @@ static void dispatch(struct http_conn *hc, const struct http_request *req)
     http_body_init(&body);
     int status = 200;
     if (post)
-        status = route->action(route->ctx, &body);
+        status = route->action(route->ctx, hc->request + req->head_size, req->content_length,
+                               &body);
     else
         route->handler(route->ctx, &body);
     LOG_DEBUG("http conn=%llu peer=%s %.*s %.*s: %d, %zu bytes",

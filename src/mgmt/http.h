@@ -55,9 +55,11 @@ struct json;
  * JSON value. */
 typedef void (*http_handler_fn)(void *ctx, struct json *body);
 
-/* A POST action: writes a JSON body and returns the HTTP status (200, 202,
- * 409...). The request has no body. */
-typedef int (*http_action_fn)(void *ctx, struct json *body);
+/* A POST action: reads the request's body (Content-Length bytes, maybe
+ * none; untrusted), writes a JSON body and returns the HTTP status (200,
+ * 202, 409...). */
+typedef int (*http_action_fn)(void *ctx, const char *request, size_t request_size,
+                              struct json *body);
 
 enum http_method {
     HTTP_METHOD_GET,
@@ -122,7 +124,7 @@ int http_server_open(struct http_server *server, struct net *net, const char *ad
  * string of the request are ignored when matching). Before or after open. */
 void http_server_route(struct http_server *server, const char *path, http_handler_fn handler,
                        void *ctx);
-/* Registers a POST action for an exact path (no request body). */
+/* Registers a POST action for an exact path. */
 void http_server_route_post(struct http_server *server, const char *path, http_action_fn action,
                             void *ctx);
 /* Registers a handler for every path that starts with prefix (which ends

@@ -154,10 +154,16 @@ def a_peers_bad_or_stale_frames_are_refused_not_fatal():
     assert all(a[0] == (60, 120) for a in answers), answers   # all nacks
     # A sync far ahead holds this link a while (MEMBER_SYNC_WAIT_MS), then
     # it is served with the map it has: the channel still answers.
-    s.sendall(gen_method(1, 60, 203, longlong(1 << 40)))
+    s.sendall(gen_method(1, 60, 203, longlong(1 << 40) + bits(False)))  # no answer asked
     s.sendall(gen_forward(1, table({"no-such-queue": 1})))
     m = read_method(s, timeout=10)
     eq(m.id, (60, 120), "answered after the sync timed out")
+    # Asked for an answer (visible.c): basic.quay-synced with the map's
+    # version, once there.
+    s.sendall(gen_method(1, 60, 203, longlong(1) + bits(True)))
+    m = read_method(s, timeout=10)
+    eq(m.id, (60, 204), "basic.quay-synced")
+    assert m.args.longlong() >= 1
     c = socket.create_connection(("127.0.0.1", member().amqp_port), timeout=5)
     handshake(c)
     c.close()

@@ -103,7 +103,12 @@ def a_stream_is_batched_and_the_request_after_it_is_answered():
         eq(passive_count(s, q), 2 * STREAM, "messages after the second stream")
         after = _network(b)
         assert after["read_batches_started"] > before["read_batches_started"], (before, after)
-        assert after["read_batches_timed_out"] > before["read_batches_timed_out"], (before, after)
+        if MODE != "cluster":
+            # Through a proxy the stream also meets flow control (4 MiB in
+            # flight to the primary): a pause of reading drops the mark as
+            # well, so only the answer above is certain there.
+            assert after["read_batches_timed_out"] > before["read_batches_timed_out"], \
+                (before, after)
 
 
 @test

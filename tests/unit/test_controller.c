@@ -48,7 +48,8 @@ static uint32_t apply_all(struct cluster_map *map, struct map_cmd_list *list)
         int rc = cluster_map_apply(map, list->items[i].bytes, list->items[i].size, &change);
         if (rc != OK) {
             assert_int_equal(rc, E_MAP_REFUSED);
-            assert_true(change.retry);
+            if (!change.retry)
+                fail_msg("%s refused: %s", map_op_name(change.op), change.reply_text);
             refused++;
         }
     }
@@ -525,6 +526,148 @@ static void test_repair_finishes_what_was_left(void **state)
     cluster_map_free(&map);
 }
 
+/* A broker dead for good is forgotten: everything it had goes elsewhere
+ * (promoted, or started again empty with its definition), then it leaves
+ * the map. Up, suspect or unknown brokers are refused. */
+static void test_forget_a_dead_broker(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    cluster_map_init(&map);
+    for (uint32_t id = 1; id <= 3; id++)
+        join(&map, id);
+    struct map_cmd c;
+    must_apply(&map, map_cmd_vhost_put(&c, B("/")), &c);
+    struct map_queue_decl ha = {.vhost = B("/"), .name = B("ha"), .durable = true,
+                                .primary_id = 3, .backup_ids = {1}, .backups_count = 1,
+                                .replication_factor = 2};
+    struct map_queue_decl solo = {.vhost = B("/"), .name = B("solo"), .durable = true,
+                                  .primary_id = 3, .replication_factor = 1};
+    struct map_queue_decl backed = {.vhost = B("/"), .name = B("backed"), .primary_id = 1,
+                                    .backup_ids = {3}, .backups_count = 1,
+                                    .replication_factor = 2};
+    struct map_queue_decl excl = {.vhost = B("/"), .name = B("amq.gen-1"), .exclusive = true,
+                                  .exclusive_connection_id = 7, .exclusive_owner_id = 3,
+                                  .primary_id = 1, .replication_factor = 1};
+    must_apply(&map, map_cmd_queue_declare(&c, &ha, 3), &c);
+    must_apply(&map, map_cmd_queue_declare(&c, &solo, 3), &c);
+    must_apply(&map, map_cmd_queue_declare(&c, &backed, 1), &c);
+    must_apply(&map, map_cmd_queue_declare(&c, &excl, 3), &c);
+    struct map_exchange_decl x = {.vhost = B("/"), .name = B("x3"), .type = B("fanout"),
+                                  .durable = true, .owner_id = 3};
+    must_apply(&map, map_cmd_exchange_declare(&c, &x), &c);
+    struct map_binding_decl bind = {.vhost = B("/"), .source = B("x3"),
+                                    .destination_kind = MAP_DESTINATION_QUEUE,
+                                    .destination = B("solo"), .routing_key = B("")};
+    must_apply(&map, map_cmd_bind(&c, &bind), &c);
+    struct controller_config config;
+    controller_config_default(&config);
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    struct controller_forget_report r;
+    /* Refused: unknown, up, suspect. Nothing decided. */
+    controller_forget(&map, &config, 9, &out, &r);
+    assert_int_equal(r.refusal, CONTROLLER_FORGET_UNKNOWN);
+    controller_forget(&map, &config, 3, &out, &r);
+    assert_int_equal(r.refusal, CONTROLLER_FORGET_NOT_DOWN);
+    must_apply(&map, map_cmd_broker_state(&c, 3, BROKER_STATE_SUSPECT), &c);
+    controller_forget(&map, &config, 3, &out, &r);
+    assert_int_equal(r.refusal, CONTROLLER_FORGET_NOT_DOWN);
+    assert_int_equal(out.count, 0);
+    must_apply(&map, map_cmd_broker_state(&c, 3, BROKER_STATE_DOWN), &c);
+    uint64_t solo_epoch = cluster_map_queue(&map, B("/"), B("solo"))->epoch;
+    uint64_t ha_epoch = cluster_map_queue(&map, B("/"), B("ha"))->epoch;
+    controller_forget(&map, &config, 3, &out, &r);
+    assert_int_equal(r.refusal, CONTROLLER_FORGET_OK);
+    assert_int_equal(r.promoted, 1);
+    assert_int_equal(r.emptied, 1);
+    assert_int_equal(r.deleted, 1);
+    assert_int_equal(r.backups_replaced, 1);
+    assert_int_equal(r.exchanges_moved, 1);
+    assert_int_equal(apply_all(&map, &out), 0);
+    assert_null(cluster_map_broker(&map, 3)); /* left the map */
+    assert_consistent(&map);
+    const struct map_queue *q = cluster_map_queue(&map, B("/"), B("ha"));
+    assert_int_equal(q->primary_id, 1);
+    assert_int_equal(q->epoch, ha_epoch + 1);
+    assert_int_equal(q->backups_count, 1);
+    assert_int_equal(q->backup_ids[0], 2);
+    q = cluster_map_queue(&map, B("/"), B("solo"));
+    assert_true(q->primary_id == 1 || q->primary_id == 2);
+    assert_true(q->available);
+    assert_int_equal(q->epoch, solo_epoch + 1); /* a new incarnation */
+    const struct map_exchange *mx = cluster_map_exchange(&map, B("/"), B("x3"));
+    assert_true(mx->owner_id == 1 || mx->owner_id == 2);
+    assert_int_equal(mx->bindings_out_count, 1); /* its binding to solo stays */
+    q = cluster_map_queue(&map, B("/"), B("backed"));
+    assert_int_equal(q->backups_count, 1);
+    assert_int_equal(q->backup_ids[0], 2);
+    assert_null(cluster_map_queue(&map, B("/"), B("amq.gen-1")));
+    /* Gone: forgetting it again is refused as unknown. */
+    controller_forget(&map, &config, 3, &out, &r);
+    assert_int_equal(r.refusal, CONTROLLER_FORGET_UNKNOWN);
+    /* The last broker up cannot be left with nowhere to put queues. */
+    must_apply(&map, map_cmd_broker_state(&c, 1, BROKER_STATE_DOWN), &c);
+    must_apply(&map, map_cmd_broker_state(&c, 2, BROKER_STATE_DOWN), &c);
+    controller_forget(&map, &config, 1, &out, &r);
+    assert_int_equal(r.refusal, CONTROLLER_FORGET_NO_ROOM);
+    assert_int_equal(out.count, 0);
+    map_cmd_list_free(&out);
+    cluster_map_free(&map);
+}
+
+/* After a failover of 2,000 queues, forgetting the dead broker finds what
+ * is left (its unavailable queues) and leaves a consistent map without it;
+ * before any failover, it does the failover's work itself. */
+static void test_forget_after_and_without_failover(void **state)
+{
+    (void)state;
+    for (int failed_over = 0; failed_over < 2; failed_over++) {
+        struct cluster_map map;
+        build(&map, 2);
+        struct controller_config config;
+        controller_config_default(&config);
+        struct map_cmd c;
+        uint32_t owned = cluster_map_broker(&map, 3)->queues_owned_count;
+        /* Some of its queues have no in-sync backup: they start again empty. */
+        uint32_t unsynced = 0;
+        for (uint32_t i = 0; i < map.queues_count && unsynced < 100; i++) {
+            struct map_queue *q = map.queues[i];
+            if (q->primary_id != 3)
+                continue;
+            must_apply(&map, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name, q->epoch,
+                                                       NULL, 0), &c);
+            unsynced++;
+        }
+        must_apply(&map, map_cmd_broker_state(&c, 3, BROKER_STATE_DOWN), &c);
+        struct map_cmd_list out;
+        map_cmd_list_init(&out);
+        if (failed_over) {
+            controller_fail_over(&map, &config, 3, &out);
+            assert_int_equal(apply_all(&map, &out), 0);
+            map_cmd_list_init(&out);
+        }
+        struct controller_forget_report r;
+        controller_forget(&map, &config, 3, &out, &r);
+        assert_int_equal(r.refusal, CONTROLLER_FORGET_OK);
+        assert_int_equal(r.emptied, unsynced);
+        assert_int_equal(r.promoted, failed_over ? 0 : owned - unsynced);
+        assert_int_equal(apply_all(&map, &out), 0);
+        assert_null(cluster_map_broker(&map, 3));
+        assert_consistent(&map);
+        assert_int_equal(map.queues_count, QUEUES);
+        for (uint32_t i = 0; i < map.queues_count; i++) {
+            assert_true(map.queues[i]->available);
+            assert_int_equal(map.queues[i]->backups_count, 1);
+        }
+        map_cmd_list_init(&out);
+        controller_repair(&map, &config, &out);
+        assert_int_equal(out.count, 0); /* nothing left to repair */
+        map_cmd_list_free(&out);
+        cluster_map_free(&map);
+    }
+}
+
 static void test_drain_converges(void **state)
 {
     (void)state;
@@ -685,6 +828,8 @@ int main(void)
         cmocka_unit_test(test_repair_drops_exclusive_queue_of_dead_owner),
         cmocka_unit_test(test_stale_decision_is_refused),
         cmocka_unit_test(test_repair_finishes_what_was_left),
+        cmocka_unit_test(test_forget_a_dead_broker),
+        cmocka_unit_test(test_forget_after_and_without_failover),
         cmocka_unit_test(test_drain_converges),
         cmocka_unit_test(test_policies_change_factors),
     };
