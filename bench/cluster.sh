@@ -30,11 +30,17 @@
 #           partition heals; reports how long until every broker has the same map, and whether
 #           the cut-off brokers needed a snapshot (bench/cluster_heal.py does the work).
 #
+#   forget  5 brokers, FORGET_QUEUES queues (one backup each) declared through broker 2, a
+#           tenth as many more with x-quay-backups=0; kill -9 of broker 5, then (once failed
+#           over) POST /api/cluster/forget {"broker": "b5"} on broker 1: reports what was
+#           decided and how long until b5 is out of every map, every queue is available with
+#           its backups again, and b1's Raft has 3 followers.
 #   fanout  3 brokers; 1 KiB messages published via b to a fanout exchange bound to 10
 #           queues whose primary is a: the bytes b's link to a carries per message
 #           (target: at most 1.2 KiB; bench/cluster_fanout.py does the work).
 #
 # Usage: bench/cluster.sh [proxy] [failover] [scale] [replicated] [cut] [kill9] [heal] [fanout]
+#        [forget]
 #        (default: proxy failover scale; cut, kill9 and heal need root)
 # Environment: QUAYD=build/quayd REPS=3 DURATION=10 SCALE_QUEUES=10000 BASE_PORT=6100
 #              BENCH_OUT=build/bench KEEP_TMP=0 PROBE_REPS=1 PROBE_DURATION=10 PROBE_AT=4
@@ -52,6 +58,7 @@ REPS=${REPS:-3}
 DURATION=${DURATION:-10}
 SCALE_QUEUES=${SCALE_QUEUES:-10000}
 FAILOVER_QUEUES=${FAILOVER_QUEUES:-15000}
+FORGET_QUEUES=${FORGET_QUEUES:-5000}
 BASE_PORT=${BASE_PORT:-6100}
 BENCH_OUT=${BENCH_OUT:-build/bench}
 KEEP_TMP=${KEEP_TMP:-0}
@@ -365,6 +372,58 @@ row_heal() {
     echo "ROW heal status=fail (the map did not agree, or the script failed)"
 }
 
+row_forget() {
+  form 5
+  "$BENCH_OUT/quayscale" queues -H 127.0.0.1 -p "$(amqp_port 2)" -n "$FORGET_QUEUES" --keep \
+      --prefix fq > /dev/null
+  /usr/bin/python3 - "$(amqp_port 2)" "$((FORGET_QUEUES / 10))" <<'EOF'
+import sys
+import pika
+c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", int(sys.argv[1])))
+ch = c.channel()
+for i in range(int(sys.argv[2])):
+    ch.queue_declare("fq-lone-%d" % i, arguments={"x-quay-backups": 0})
+c.close()
+EOF
+  kill -9 "$PID_5"
+  /usr/bin/python3 - "$(http_port 1)" "$(http_port 2)" "$(http_port 3)" "$(http_port 4)" <<'EOF'
+import json, sys, time, urllib.request
+ports = [int(p) for p in sys.argv[1:]]
+def get(port, path):
+    with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=30) as r:
+        return json.load(r)
+def b5_state():
+    return {b["name"]: b["state"] for b in get(ports[0], "/api/cluster")["brokers"]}.get("b5")
+deadline = time.time() + 60
+while b5_state() != "down" and time.time() < deadline:
+    time.sleep(0.1)
+# The failover first: every queue with a backup promoted.
+while time.time() < deadline and any(q["primary"] == "b5" and q["backups"]
+                                     for q in get(ports[0], "/api/queues")):
+    time.sleep(0.2)
+t0 = time.time()
+req = urllib.request.Request("http://127.0.0.1:%d/api/cluster/forget" % ports[0],
+                             data=b'{"broker": "b5"}', method="POST")
+with urllib.request.urlopen(req, timeout=30) as r:
+    report = json.load(r)
+def done():
+    if any(any(b["name"] == "b5" for b in get(p, "/api/cluster")["brokers"]) for p in ports):
+        return False
+    qs = get(ports[0], "/api/queues")
+    if any(q["primary"] == "b5" or "b5" in q["backups"] or not q["available"] or
+           (q["replication_factor"] > 1 and not q["backups"]) for q in qs):
+        return False
+    raft = get(ports[0], "/api/cluster").get("raft", {})
+    return len(raft.get("followers", [])) == 3
+while not done() and time.time() < deadline + 60:
+    time.sleep(0.1)
+print("ROW forget queues=%d emptied=%d promoted=%d backups_replaced=%d done_s=%.2f status=%s" % (
+    len(get(ports[0], "/api/queues")), report["emptied"], report["promoted"],
+    report["backups_replaced"], time.time() - t0, "ok" if done() else "fail"))
+EOF
+  stop_all
+}
+
 for row in $ROWS; do
   case "$row" in
     proxy) row_proxy ;;
@@ -374,6 +433,7 @@ for row in $ROWS; do
     cut|kill9) row_probe "$row" ;;
     heal) row_heal ;;
     fanout) row_fanout ;;
+    forget) row_forget ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
   esac
 done
