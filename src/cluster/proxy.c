@@ -940,18 +940,57 @@ void proxy_peer_up(struct member_peer *peer)
     }
 }
 
+/* The first uplink of stub whose channel is still open, or NULL. */
+static struct uplink *open_uplink(struct proxy_stub *stub)
+{
+    list_for_each(n, &stub->uplinks) {
+        struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
+        if (u->ch)
+            return u;
+    }
+    return NULL;
+}
+
 void proxy_peer_down(struct member_peer *peer)
 {
     forward__peer_down(peer);
     struct member *member = peer->member;
-    list_for_each_safe(n, &member->stubs) {
+    /* Closing an uplink answers its askers, whose callbacks may delete
+     * queues and so free other stand-ins and uplinks than the one closed:
+     * each stand-in of that primary is held by a reference (its proxy
+     * state lives as long as its queue) and its uplinks are looked up
+     * afresh after every close. */
+    uint32_t count = 0;
+    list_for_each(n, &member->stubs) {
+        count += CONTAINER_OF(n, struct proxy_stub, member_link)->primary_id == peer->id;
+    }
+    if (count == 0)
+        return;
+    struct queue **queues = malloc(count * sizeof *queues);
+    ASSERT(queues != NULL);
+    uint32_t i = 0;
+    list_for_each(n, &member->stubs) {
         struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);
-        if (stub->primary_id != peer->id)
-            continue;
-        list_for_each_safe(m, &stub->uplinks) {
-            struct uplink *u = CONTAINER_OF(m, struct uplink, stub_link);
-            if (u->ch)
-                on_uplink_closed(u, 0, BYTES_LIT(""));
+        if (stub->primary_id == peer->id) {
+            queues[i++] = stub->queue;
+            queue_ref(stub->queue);
         }
     }
+    ASSERT(i == count);
+    for (i = 0; i < count; i++) {
+        /* At most as many closes as it has uplinks now: one that a callback
+         * opened meanwhile (from peer_free, the link may still be up) is
+         * left alone, as it was when the loop walked the list once. */
+        uint32_t left = 0;
+        list_for_each(n, &stub_of(queues[i])->uplinks) {
+            left++;
+        }
+        struct uplink *u;
+        while (left-- > 0 && queues[i]->remote != NULL &&
+               (u = open_uplink(stub_of(queues[i]))) != NULL)
+            on_uplink_closed(u, 0, BYTES_LIT("")); /* u->ch is NULL after */
+    }
+    for (i = 0; i < count; i++)
+        queue_unref(queues[i]);
+    free(queues);
 }
