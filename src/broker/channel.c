@@ -89,8 +89,26 @@ static void release(struct channel *ch)
     ch->releasing = false;
 }
 
+/* Awaits the next auto-delete stand-in the client's close left without a
+ * consumer here: true while one is awaited (close_pending). */
+static bool await_next_check(struct channel *ch)
+{
+    while (ch->auto_delete_checks_count > 0) {
+        struct queue *check = ch->auto_delete_checks[--ch->auto_delete_checks_count];
+        channel__await_auto_delete(ch, check, METHOD_CHANNEL_CLOSE);
+        queue_unref(check);
+        if (ch->remote_op != NULL) {
+            ch->close_pending = true;
+            return true;
+        }
+    }
+    return false;
+}
+
 void channel__finish_close(struct channel *ch)
 {
+    if (await_next_check(ch))
+        return;
     ch->close_pending = false;
     if (ch->closing_with_connection) {
         struct connection *connection = ch->connection;
@@ -103,25 +121,33 @@ void channel__finish_close(struct channel *ch)
     channel_destroy(ch);
 }
 
-/* The client closes the channel: its consumers go first. The last local
- * consumer of an auto-delete stand-in is checked with the queue's primary
+/* The client closes the channel: its consumers go first. Each auto-delete
+ * stand-in that lost its last local consumer is checked with its primary
  * (channel__await_auto_delete) before the close is done: true while that
- * waits (close_pending; channel__finish_close ends it). */
+ * waits (close_pending; channel__finish_close goes on). */
 static bool close_for_client(struct channel *ch)
 {
     ch->client_closing = true;
     release(ch);
     ch->client_closing = false;
-    struct queue *check = ch->auto_delete_check;
-    ch->auto_delete_check = NULL;
-    if (check == NULL)
-        return false;
-    channel__await_auto_delete(ch, check, METHOD_CHANNEL_CLOSE);
-    queue_unref(check);
-    if (ch->remote_op == NULL)
-        return false;
-    ch->close_pending = true;
-    return true;
+    return await_next_check(ch);
+}
+
+void channel__check_auto_delete_on_close(struct channel *ch, struct queue *queue)
+{
+    for (uint32_t i = 0; i < ch->auto_delete_checks_count; i++) {
+        if (ch->auto_delete_checks[i] == queue)
+            return;
+    }
+    if (ch->auto_delete_checks_count == ch->auto_delete_checks_cap) {
+        ch->auto_delete_checks_cap = ch->auto_delete_checks_cap ? 2 * ch->auto_delete_checks_cap
+                                                                : 4;
+        ch->auto_delete_checks = realloc(ch->auto_delete_checks,
+                                         ch->auto_delete_checks_cap * sizeof(struct queue *));
+        ASSERT(ch->auto_delete_checks != NULL);
+    }
+    queue_ref(queue);
+    ch->auto_delete_checks[ch->auto_delete_checks_count++] = queue;
 }
 
 bool channel_close_with_connection(struct channel *ch)
@@ -137,10 +163,10 @@ bool channel_close_with_connection(struct channel *ch)
 void channel_destroy(struct channel *ch)
 {
     release(ch);
-    if (ch->auto_delete_check) {
-        queue_unref(ch->auto_delete_check);
-        ch->auto_delete_check = NULL;
-    }
+    while (ch->auto_delete_checks_count > 0)
+        queue_unref(ch->auto_delete_checks[--ch->auto_delete_checks_count]);
+    free(ch->auto_delete_checks);
+    ch->auto_delete_checks = NULL;
     ASSERT(ch->consumers_count == 0);
     ASSERT(ch->unacked_count == 0);
     hmap_free(&ch->consumers_by_tag);

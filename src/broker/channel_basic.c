@@ -352,9 +352,8 @@ static void detach(struct channel *ch, struct consumer *consumer)
             vhost_queue_discard(ch->vhost, queue);
         } else if (!ch->releasing && ch->remote_op == NULL && ch->cluster_wait == NULL) {
             channel__await_auto_delete(ch, queue, METHOD_BASIC_CANCEL); /* its primary decides */
-        } else if (ch->client_closing && ch->auto_delete_check == NULL) {
-            ch->auto_delete_check = queue; /* checked before close-ok */
-            queue_ref(queue);
+        } else if (ch->client_closing) {
+            channel__check_auto_delete_on_close(ch, queue); /* before close-ok */
         }
     }
     queue_unref(queue);

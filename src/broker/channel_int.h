@@ -142,10 +142,12 @@ struct channel {
 
     bool releasing;                   /* release() runs: nothing new may wait */
     bool client_closing;              /* the release is for the client's channel.close */
-    /* The client's channel.close removed the last local consumer of this
-     * auto-delete stand-in (one reference): close-ok waits until we know
-     * whether its primary deleted it (channel__await_auto_delete). */
-    struct queue *auto_delete_check;
+    /* The client's channel.close removed the last local consumer of these
+     * auto-delete stand-ins (one reference each): close-ok waits until we
+     * know, one after the other, whether their primaries deleted them
+     * (channel__await_auto_delete). */
+    struct queue **auto_delete_checks;
+    uint32_t auto_delete_checks_count, auto_delete_checks_cap;
     bool close_pending;               /* close-ok waits for that */
     bool closing_with_connection;     /* ... and then the connection's close-ok */
     struct list_node tx_ops;          /* struct tx_op, in arrival order */
@@ -206,7 +208,12 @@ void channel__remote_query(struct channel *ch, struct queue *queue, const struct
  * whether it did and, if so, until the map has forgotten the queue here;
  * then a channel.close is answered (channel__finish_close). */
 void channel__await_auto_delete(struct channel *ch, struct queue *queue, uint32_t method_id);
-/* close-ok for the client's channel.close, and the channel is gone. */
+/* During the client's channel.close: queue (an auto-delete stand-in) lost
+ * its last consumer here; checked before close-ok (channel.c). */
+void channel__check_auto_delete_on_close(struct channel *ch, struct queue *queue);
+/* The client's channel.close goes on: the next auto-delete stand-in to
+ * check is awaited, or, with none left, close-ok is sent and the channel
+ * is gone. */
 void channel__finish_close(struct channel *ch);
 
 /* channel_cluster.c */

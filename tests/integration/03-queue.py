@@ -313,6 +313,47 @@ def auto_delete_queue_goes_before_the_next_method():
 
 
 @test
+def auto_delete_queues_of_one_channel_all_go_before_its_close_ok():
+    """A channel.close that removes the last consumers of several
+    auto-delete queues (each bound to its own auto-delete exchange) answers
+    close-ok once all of them are gone: declares pipelined behind it make
+    new ones (of another kind, which the old ones would refuse)."""
+    names = [(uniq("amx%d" % k), uniq("amq%d" % k)) for k in range(3)]
+    s = raw_connection()
+    for i in range(4):
+        s.sendall(gen_channel_open(2))
+        expect_method(s, *CHANNEL_OPEN_OK, channel=2)
+        setup = b""
+        for k, (x, q) in enumerate(names):
+            setup += (gen_exchange_declare(2, x, auto_delete=True) +
+                      gen_queue_declare(2, q, auto_delete=True) + gen_queue_bind(2, q, x, "k") +
+                      gen_basic_consume(2, q, "c%d" % k, no_ack=True))
+        s.sendall(setup)
+        # (RabbitMQ may answer a consume after the next declares.)
+        got = sorted(read_method(s).id for _ in range(4 * len(names)))
+        assert got == sorted([EXCHANGE_DECLARE_OK, QUEUE_DECLARE_OK, QUEUE_BIND_OK,
+                              BASIC_CONSUME_OK] * len(names)), (i, got)
+        again = b""
+        for x, q in names:
+            again += (gen_exchange_declare(1, x, "fanout") + gen_queue_declare(1, q) +
+                      gen_queue_delete(1, q) + gen_method(1, 40, 20, short(0) + shortstr(x) +
+                                                          bits(False, False)))
+        if is_rabbitmq():
+            s.sendall(gen_channel_close(2))
+            time.sleep(0.3)  # RabbitMQ's queue processes stop after its close-ok
+            s.sendall(again)
+        else:
+            s.sendall(gen_channel_close(2) + again)
+        want = {2: [CHANNEL_CLOSE_OK],
+                1: [EXCHANGE_DECLARE_OK, QUEUE_DECLARE_OK, QUEUE_DELETE_OK, (40, 21)] * 3}
+        while want[1] or want[2]:
+            m = read_method(s)
+            assert want.get(m.channel) and m.id == want[m.channel][0], (i, m)
+            want[m.channel].pop(0)
+    s.close()
+
+
+@test
 def auto_delete_queue_goes_with_its_connection():
     """A connection that closes holding the last consumer of an auto-delete
     queue (bound to an auto-delete exchange) has deleted both by its
