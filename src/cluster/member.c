@@ -712,7 +712,8 @@ static bool read_forget_member(void *ctx, const struct json_read_member *m, char
         return false;
     }
     if (m->kind != JSON_READ_STRING || m->string_size == 0 ||
-        m->string_size > CLUSTER_NAME_SIZE_MAX) {
+        m->string_size > CLUSTER_NAME_SIZE_MAX ||
+        memchr(m->string, '\0', m->string_size) != NULL) {
         snprintf(err, err_size, "broker: a broker's name, 1..%d bytes", CLUSTER_NAME_SIZE_MAX);
         return false;
     }

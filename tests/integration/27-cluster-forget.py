@@ -123,7 +123,8 @@ def refused_while_up_unknown_or_malformed():
     assert status == 409 and "not down" in body["error"], (status, body)
     status, body = forget(A, b'{"broker": "zz"}')
     assert status == 404, (status, body)
-    for bad in (b"", b"{", b'{"broker": 3}', b'{"brokers": "c"}', b"[1]", b'{"broker": ""}'):
+    for bad in (b"", b"{", b'{"broker": 3}', b'{"brokers": "c"}', b"[1]", b'{"broker": ""}',
+                b'{"broker": "c\\u0000x"}', b'{"broker": "%s"}' % (b"c" * 300)):
         status, body = forget(A, bad)
         assert status == 400 and body.get("error"), (bad, status, body)
     ctl = os.path.join(os.path.dirname(quayd_path()), "quayctl")
