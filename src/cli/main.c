@@ -20,6 +20,8 @@
 #include "broker/auth.h"
 #include "broker/broker.h"
 #include "cluster/node.h"
+#include "lib/errors.h"
+#include "lib/hash.h"
 #include "lib/log.h"
 
 static void usage(FILE *out)
@@ -440,6 +442,11 @@ static void on_signal(uv_signal_t *handle, int signum)
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
+    /* Before any table exists: every name clients choose is hashed under it. */
+    if (hash_seed_random() != OK) {
+        fprintf(stderr, "quayd: no randomness for the hash key (getrandom failed)\n");
+        return 1;
+    }
     struct broker_config config;
     broker_config_defaults(&config);
     const char *config_file = find_config_option(argc, argv);

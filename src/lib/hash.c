@@ -1,25 +1,101 @@
 /*
- * hash.c: see hash.h. FNV-1a is enough for names chosen by clients because
- * each broker seeds it at start, so a client cannot precompute collisions.
+ * hash.c: see hash.h. Names in these tables come from clients, so the hash
+ * is keyed (SipHash-1-3, a random key per process: hash_seed_random): a
+ * client cannot compute names that pile into one probe run. SipHash as
+ * specified in "SipHash: a fast short-input PRF" (Aumasson, Bernstein,
+ * 2012); tests/unit/test_hash.c checks it against the paper's vectors.
  */
 #include "lib/hash.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "lib/assert.h"
+#include "lib/errors.h"
 
-static uint64_t hash_seed = 0xcbf29ce484222325ull;
+static uint64_t hash_k0, hash_k1;
+
+static inline uint64_t rotl(uint64_t x, unsigned b)
+{
+    return (x << b) | (x >> (64 - b));
+}
+
+static inline uint64_t load_le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+#define SIPROUND(v0, v1, v2, v3)                                                                   \
+    do {                                                                                           \
+        v0 += v1;                                                                                  \
+        v1 = rotl(v1, 13);                                                                         \
+        v1 ^= v0;                                                                                  \
+        v0 = rotl(v0, 32);                                                                         \
+        v2 += v3;                                                                                  \
+        v3 = rotl(v3, 16);                                                                         \
+        v3 ^= v2;                                                                                  \
+        v0 += v3;                                                                                  \
+        v3 = rotl(v3, 21);                                                                         \
+        v3 ^= v0;                                                                                  \
+        v2 += v1;                                                                                  \
+        v1 = rotl(v1, 17);                                                                         \
+        v1 ^= v2;                                                                                  \
+        v2 = rotl(v2, 32);                                                                         \
+    } while (0)
+
+uint64_t siphash(uint64_t k0, uint64_t k1, unsigned c_rounds, unsigned d_rounds,
+                 const uint8_t *p, size_t len)
+{
+    ASSERT(p != NULL || len == 0);
+    uint64_t v0 = k0 ^ 0x736f6d6570736575ull;
+    uint64_t v1 = k1 ^ 0x646f72616e646f6dull;
+    uint64_t v2 = k0 ^ 0x6c7967656e657261ull;
+    uint64_t v3 = k1 ^ 0x7465646279746573ull;
+    size_t whole = len - len % 8;
+    for (size_t i = 0; i < whole; i += 8) {
+        uint64_t m = load_le64(p + i);
+        v3 ^= m;
+        for (unsigned r = 0; r < c_rounds; r++)
+            SIPROUND(v0, v1, v2, v3);
+        v0 ^= m;
+    }
+    /* The last word: the remaining bytes, and the length's low byte on top. */
+    uint64_t b = (uint64_t)(len & 0xff) << 56;
+    for (size_t i = whole; i < len; i++)
+        b |= (uint64_t)p[i] << (8 * (i - whole));
+    v3 ^= b;
+    for (unsigned r = 0; r < c_rounds; r++)
+        SIPROUND(v0, v1, v2, v3);
+    v0 ^= b;
+    v2 ^= 0xff;
+    for (unsigned r = 0; r < d_rounds; r++)
+        SIPROUND(v0, v1, v2, v3);
+    return v0 ^ v1 ^ v2 ^ v3;
+}
 
 uint64_t hash_bytes(const uint8_t *p, size_t len)
 {
-    uint64_t h = hash_seed;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
+    uint64_t h = siphash(hash_k0, hash_k1, 1, 3, p, len);
+    return h == 0 ? 1 : h; /* 0 marks an empty slot */
+}
+
+int hash_seed_random(void)
+{
+    uint8_t key[16];
+    size_t got = 0;
+    while (got < sizeof key) {
+        ssize_t n = getrandom(key + got, sizeof key - got, 0);
+        if (n <= 0)
+            return E_IO;
+        got += (size_t)n;
     }
-    h ^= h >> 29;
-    return h == 0 ? 1 : h;
+    hash_k0 = load_le64(key);
+    hash_k1 = load_le64(key + 8);
+    return OK;
 }
 
 void hmap_init(struct hmap *map)

@@ -26,7 +26,19 @@ struct hmap {
     uint32_t count;
 };
 
+/* SipHash (Aumasson and Bernstein) with key (k0, k1), c_rounds compression
+ * and d_rounds finalization rounds per the paper: 2, 4 is SipHash-2-4. */
+uint64_t siphash(uint64_t k0, uint64_t k1, unsigned c_rounds, unsigned d_rounds,
+                 const uint8_t *p, size_t len);
+
+/* The tables' hash: SipHash-1-3 under this process's key, so that names a
+ * client chooses (queues, exchanges, consumer tags, message ids) cannot be
+ * picked to collide. The key is fixed (zero) until hash_seed_random. */
 uint64_t hash_bytes(const uint8_t *p, size_t len);
+/* A random key for this process (quayd calls it first thing, before any
+ * table exists: the hashes in a table must not change under it). OK, or
+ * E_IO if the system has no randomness to give (the key stays). */
+int hash_seed_random(void);
 
 void hmap_init(struct hmap *map);
 void hmap_free(struct hmap *map); /* frees the slots only */
