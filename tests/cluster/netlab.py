@@ -28,12 +28,23 @@ def _run(*args, input_text=None):
     return r.stdout
 
 
+def _free_subnet():
+    """A 10.79.T subnet no interface of the root namespace has: a lab left
+    behind by a killed run (its bridge stays, down) must not take the
+    routes of this one."""
+    taken = _run("ip", "-o", "-4", "addr", "show")
+    free = [t for t in range(1, 250) if " 10.79.%d." % t not in taken]
+    if not free:
+        raise AssertionError("every 10.79.T/24 is in use: remove stale qlb* bridges")
+    return "10.79.%d" % random.choice(free)
+
+
 class Lab:
     def __init__(self, n):
         if os.geteuid() != 0:
             raise AssertionError("network namespaces need root (CI runs as root)")
         self.tag = "%03d%02d" % (os.getpid() % 1000, random.randrange(100))
-        self.subnet = "10.79.%d" % random.randrange(1, 250)
+        self.subnet = _free_subnet()
         self.bridge = "qlb" + self.tag
         self.n = n
         self.hosts = []
