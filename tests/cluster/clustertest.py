@@ -387,6 +387,27 @@ class Cluster:
         return False
 
 
+def connect(member):
+    """A pika BlockingConnection to member's AMQP port (no heartbeats)."""
+    import pika
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        member.amqp_host, member.amqp_port, heartbeat=0, blocked_connection_timeout=30))
+
+
+def read_all(member, queue):
+    """Every message left in queue, in order (basic.get with auto-ack via member)."""
+    c = connect(member)
+    ch = c.channel()
+    bodies = []
+    while True:
+        m, _, body = ch.basic_get(queue, auto_ack=True)
+        if m is None:
+            break
+        bodies.append(body)
+    c.close()
+    return bodies
+
+
 def closer(get_cluster):
     """A run() cleanup that closes the cluster get_cluster() returns (None: none
     was made), keeping its logs if a test failed."""

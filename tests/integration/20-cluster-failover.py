@@ -18,31 +18,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, closer, queue_info, run, test, wait_until  # noqa: E402
+from clustertest import (Cluster, closer, connect, queue_info, read_all, run, test,  # noqa: E402
+                         wait_until)
 
 import pika  # noqa: E402
 
 cluster = None
 members = {}
-
-
-def connect(member):
-    return pika.BlockingConnection(pika.ConnectionParameters(
-        "127.0.0.1", member.amqp_port, heartbeat=0, blocked_connection_timeout=30))
-
-
-def read_all(member, queue):
-    """Every message left in queue, in order (basic.get with auto-ack via member)."""
-    c = connect(member)
-    ch = c.channel()
-    bodies = []
-    while True:
-        m, _, body = ch.basic_get(queue, auto_ack=True)
-        if m is None:
-            break
-        bodies.append(body)
-    c.close()
-    return bodies
 
 
 @test(timeout=120)

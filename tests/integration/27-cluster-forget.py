@@ -20,17 +20,13 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, closer, queue_info, quayd_path, run, test, wait_until  # noqa: E402
+from clustertest import (Cluster, closer, connect, queue_info, quayd_path, read_all,  # noqa: E402
+                         run, test, wait_until)
 
 import pika  # noqa: E402
 
 cluster = None
 A = B = C = None
-
-
-def connect(member):
-    return pika.BlockingConnection(pika.ConnectionParameters(
-        "127.0.0.1", member.amqp_port, heartbeat=0, blocked_connection_timeout=30))
 
 
 def forget(member, body):
@@ -71,19 +67,6 @@ def publish(member, queue, n, exchange=""):
                          b"%s-%d" % (queue.encode(), i),
                          pika.BasicProperties(delivery_mode=2))
     conn.close()
-
-
-def drain(member, queue):
-    conn = connect(member)
-    ch = conn.channel()
-    bodies = []
-    while True:
-        m, _, body = ch.basic_get(queue, auto_ack=True)
-        if m is None:
-            break
-        bodies.append(body)
-    conn.close()
-    return bodies
 
 
 @test(timeout=120)
@@ -166,16 +149,16 @@ def its_queues_go_on_elsewhere():
     ha, solo, backed = state["ha"], state["solo"], state["backed"]
     q = queue_info(A, ha)
     assert q["primary"] in ("a", "b") and "c" not in q["backups"], q
-    assert sorted(drain(B, ha)) == sorted(b"%s-%d" % (ha.encode(), i) for i in range(200))
+    assert sorted(read_all(B, ha)) == sorted(b"%s-%d" % (ha.encode(), i) for i in range(200))
     q = queue_info(A, solo)
     assert q["primary"] in ("a", "b") and q.get("available", True), q
     # Its messages were only on c: it starts again empty, still bound.
-    assert drain(A, solo) == []
+    assert read_all(A, solo) == []
     publish(A, solo, 1, exchange="fg-x")
-    assert drain(B, solo) == [b"%s-0" % solo.encode()]
+    assert read_all(B, solo) == [b"%s-0" % solo.encode()]
     wait_until(lambda: queue_info(A, backed)["backups"] not in ([], ["c"]), 10,
                what="a new backup for the queue c backed up")
-    assert len(drain(A, backed)) == 30
+    assert len(read_all(A, backed)) == 30
     conn = connect(A)
     conn.channel().exchange_declare("fg-x", "fanout", durable=True, passive=True)
     conn.close()
@@ -188,7 +171,7 @@ def the_cluster_goes_on_and_grows():
     ch.queue_declare("fg-after", durable=True, arguments={"x-quay-backups": 1})
     conn.close()
     publish(A, "fg-after", 10)
-    assert len(drain(B, "fg-after")) == 10
+    assert len(read_all(B, "fg-after")) == 10
     D = cluster.add("d", join=[A, B])
     wait_until(lambda: all(m.view() and m.view().brokers == {"a": "up", "b": "up", "d": "up"}
                            for m in (A, B, D)), 30, what="d joined")

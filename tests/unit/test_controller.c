@@ -66,6 +66,16 @@ static void join(struct cluster_map *map, uint32_t id)
     must_apply(map, map_cmd_broker_join(&c, id, B(name), B("h:5672"), B("h:4369"), id <= 5), &c);
 }
 
+/* Brokers 1..brokers, all up, and the vhost "/": no queues yet. */
+static void small_map(struct cluster_map *map, uint32_t brokers)
+{
+    cluster_map_init(map);
+    for (uint32_t id = 1; id <= brokers; id++)
+        join(map, id);
+    struct map_cmd c;
+    must_apply(map, map_cmd_vhost_put(&c, B("/")), &c);
+}
+
 static void build(struct cluster_map *map, uint8_t rf)
 {
     cluster_map_init(map);
@@ -297,11 +307,8 @@ static void test_exclusive_queue_dies_with_broker(void **state)
 {
     (void)state;
     struct cluster_map map;
-    cluster_map_init(&map);
-    for (uint32_t id = 1; id <= 3; id++)
-        join(&map, id);
+    small_map(&map, 3);
     struct map_cmd c;
-    must_apply(&map, map_cmd_vhost_put(&c, B("/")), &c);
     struct map_queue_decl d = {.vhost = B("/"), .name = B("amq.gen-x"), .exclusive = true,
                                .exclusive_connection_id = 5, .primary_id = 3,
                                .replication_factor = 1};
@@ -335,11 +342,8 @@ static void test_exclusive_queue_lives_apart_from_its_connection(void **state)
 {
     (void)state;
     struct cluster_map map;
-    cluster_map_init(&map);
-    for (uint32_t id = 1; id <= 4; id++)
-        join(&map, id);
+    small_map(&map, 4);
     struct map_cmd c;
-    must_apply(&map, map_cmd_vhost_put(&c, B("/")), &c);
     struct map_queue_decl d = {.vhost = B("/"), .name = B("excl-a"), .exclusive = true,
                                .exclusive_connection_id = 5, .exclusive_owner_id = 2,
                                .primary_id = 3, .backup_ids = {4}, .backups_count = 1,
@@ -390,11 +394,8 @@ static void test_repair_drops_exclusive_queue_of_dead_owner(void **state)
 {
     (void)state;
     struct cluster_map map;
-    cluster_map_init(&map);
-    for (uint32_t id = 1; id <= 3; id++)
-        join(&map, id);
+    small_map(&map, 3);
     struct map_cmd c;
-    must_apply(&map, map_cmd_vhost_put(&c, B("/")), &c);
     struct map_queue_decl d = {.vhost = B("/"), .name = B("excl"), .exclusive = true,
                                .exclusive_connection_id = 9, .exclusive_owner_id = 2,
                                .primary_id = 1, .replication_factor = 1};
@@ -533,11 +534,8 @@ static void test_forget_a_dead_broker(void **state)
 {
     (void)state;
     struct cluster_map map;
-    cluster_map_init(&map);
-    for (uint32_t id = 1; id <= 3; id++)
-        join(&map, id);
+    small_map(&map, 3);
     struct map_cmd c;
-    must_apply(&map, map_cmd_vhost_put(&c, B("/")), &c);
     struct map_queue_decl ha = {.vhost = B("/"), .name = B("ha"), .durable = true,
                                 .primary_id = 3, .backup_ids = {1}, .backups_count = 1,
                                 .replication_factor = 2};
@@ -747,11 +745,8 @@ static void test_policies_change_factors(void **state)
 {
     (void)state;
     struct cluster_map map;
-    cluster_map_init(&map);
-    for (uint32_t id = 1; id <= 5; id++)
-        join(&map, id);
+    small_map(&map, 5);
     struct map_cmd c;
-    must_apply(&map, map_cmd_vhost_put(&c, B("/")), &c);
     uint8_t args[64];
     struct table_writer w;
     table_writer_init(&w, args, sizeof args);
