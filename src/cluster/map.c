@@ -95,6 +95,7 @@ static const char *const op_names[MAP_OP_COUNT] = {
     [MAP_OP_SYNC] = "sync",
     [MAP_OP_POLICY_PUT] = "policy.put",
     [MAP_OP_POLICY_DELETE] = "policy.delete",
+    [MAP_OP_QUEUE_MOVE] = "queue.move",
 };
 
 const char *map_op_name(enum map_op op)
@@ -1257,6 +1258,9 @@ static void read_queue_state(struct cmd_reader *r, struct map_queue *q)
     q->epoch = read_uint(r, "epoch", INT64_MAX, false, 0);
     q->owned_since = read_uint(r, "since", INT64_MAX, true, 0);
     q->available = read_bool(r, "available", false);
+    q->move_to = (uint32_t)read_uint(r, "move_to", UINT32_MAX, true, BROKER_ID_NONE);
+    if (q->move_to != BROKER_ID_NONE && backup_slot(q, q->move_to) < 0)
+        reader_fail(r, "move_to");
     uint32_t ids[CLUSTER_BACKUPS_MAX];
     uint8_t n = read_ids(r, "in_sync", ids);
     q->in_sync_mask = 0;
@@ -1392,9 +1396,24 @@ static int op_queue_delete(struct apply_ctx *ctx)
     return OK;
 }
 
+/* Takes the backup in slot out; the others keep their order and sync.
+ * The caller keeps the counts (queue_count) right. */
+static void drop_backup_slot(struct map_queue *q, int slot)
+{
+    ASSERT(slot >= 0 && slot < q->backups_count);
+    uint8_t low = (uint8_t)(q->in_sync_mask & ((1u << slot) - 1));
+    uint8_t high = (uint8_t)((q->in_sync_mask >> (slot + 1)) << slot);
+    memmove(&q->backup_ids[slot], &q->backup_ids[slot + 1],
+            (size_t)(q->backups_count - slot - 1) * sizeof(uint32_t));
+    q->backups_count--;
+    q->backup_ids[q->backups_count] = BROKER_ID_NONE;
+    q->in_sync_mask = low | high;
+}
+
 static int op_queue_set_owner(struct apply_ctx *ctx)
 {
     uint32_t primary = read_broker_id(&ctx->reader, "primary");
+    bool planned = read_bool(&ctx->reader, "planned", true);
     int rc;
     struct map_queue *q = find_queue_cas(ctx, true, &rc);
     if (q == NULL)
@@ -1403,30 +1422,27 @@ static int op_queue_set_owner(struct apply_ctx *ctx)
     if (rc != OK)
         return rc;
     /* A backup out of sync may lack confirmed messages: never promoted
-     * (the primary may have dropped it from the set just before). */
+     * (the primary may have dropped it from the set just before). A
+     * planned handover goes only to an in-sync backup (it keeps the
+     * messages where they are). */
     int slot = backup_slot(q, primary);
-    if (slot >= 0 && !(q->in_sync_mask & (1u << slot)))
+    if ((slot >= 0 && !(q->in_sync_mask & (1u << slot))) || (planned && slot < 0))
         return refuse(ctx, REPLY_PRECONDITION_FAILED, true,
                       "broker %u is not an in-sync backup of queue '%.*s'", primary,
                       NAME_ARG(q->name));
     struct cluster_map *map = ctx->map;
     queue_count(map, q, -1);
     /* The new primary leaves the backups; the others keep order and sync. */
-    if (slot >= 0) {
-        uint8_t low = (uint8_t)(q->in_sync_mask & ((1u << slot) - 1));
-        uint8_t high = (uint8_t)((q->in_sync_mask >> (slot + 1)) << slot);
-        memmove(&q->backup_ids[slot], &q->backup_ids[slot + 1],
-                (size_t)(q->backups_count - slot - 1) * sizeof(uint32_t));
-        q->backups_count--;
-        q->backup_ids[q->backups_count] = BROKER_ID_NONE;
-        q->in_sync_mask = low | high;
-    }
+    if (slot >= 0)
+        drop_backup_slot(q, slot);
     q->primary_id = primary;
     q->epoch++;
     q->owned_since = map->version;
     q->available = true;
+    q->move_to = BROKER_ID_NONE; /* done, or overtaken by a failover */
     queue_count(map, q, +1);
     ASSERT(!map_queue_has_backup(q, primary));
+    ctx->change->planned = planned;
     ctx->change->changed = true;
     return OK;
 }
@@ -1459,8 +1475,53 @@ static int op_queue_set_backups(struct apply_ctx *ctx)
     memcpy(q->backup_ids, ids, n * sizeof(uint32_t));
     q->backups_count = n;
     q->in_sync_mask = mask;
+    if (!map_queue_has_backup(q, q->move_to))
+        q->move_to = BROKER_ID_NONE; /* its target is no longer a backup: the move ends */
     queue_count(ctx->map, q, +1);
     ctx->change->changed = true;
+    return OK;
+}
+
+/* queue.move: see map_queue.move_to. A target that is not a backup yet
+ * becomes one (not in sync: its primary catches it up), beyond the factor
+ * for the time of the move; ending a move takes such an extra backup away
+ * again. */
+static int op_queue_move(struct apply_ctx *ctx)
+{
+    uint32_t to = (uint32_t)read_uint(&ctx->reader, "to", UINT32_MAX, false, 0);
+    int rc;
+    struct map_queue *q = find_queue_cas(ctx, true, &rc);
+    if (q == NULL)
+        return rc;
+    if (to == BROKER_ID_NONE) {
+        int slot = backup_slot(q, q->move_to);
+        ctx->change->changed = q->move_to != BROKER_ID_NONE;
+        q->move_to = BROKER_ID_NONE;
+        if (slot >= 0 && q->backups_count >= q->replication_factor) {
+            queue_count(ctx->map, q, -1);
+            drop_backup_slot(q, slot);
+            queue_count(ctx->map, q, +1);
+        }
+        return OK;
+    }
+    if (to == q->primary_id)
+        return refuse(ctx, REPLY_PRECONDITION_FAILED, false,
+                      "broker %u is already the primary of queue '%.*s'", to, NAME_ARG(q->name));
+    rc = check_broker_usable(ctx, to, "queue", q->name);
+    if (rc != OK)
+        return rc;
+    if (!map_queue_has_backup(q, to)) {
+        if (q->backups_count == CLUSTER_BACKUPS_MAX)
+            return refuse(ctx, REPLY_PRECONDITION_FAILED, false,
+                          "queue '%.*s' has %u backups already: move it to one of them",
+                          NAME_ARG(q->name), CLUSTER_BACKUPS_MAX);
+        queue_count(ctx->map, q, -1);
+        q->backup_ids[q->backups_count++] = to;
+        queue_count(ctx->map, q, +1);
+        ctx->change->changed = true;
+    }
+    ctx->change->changed |= q->move_to != to;
+    q->move_to = to;
     return OK;
 }
 
@@ -1592,6 +1653,7 @@ static int dispatch(struct apply_ctx *ctx)
     case MAP_OP_SYNC: return OK;
     case MAP_OP_POLICY_PUT: return op_policy_put(ctx);
     case MAP_OP_POLICY_DELETE: return op_policy_delete(ctx);
+    case MAP_OP_QUEUE_MOVE: return op_queue_move(ctx);
     case MAP_OP_NONE:
     case MAP_OP_COUNT: break;
     }
@@ -1979,6 +2041,8 @@ static void encode_queue(struct table_writer *w, const void *arg)
     table_put_int(w, "epoch", (int64_t)q->epoch);
     table_put_int(w, "since", (int64_t)q->owned_since);
     table_put_bool(w, "available", q->available);
+    if (q->move_to != BROKER_ID_NONE)
+        table_put_int(w, "move_to", q->move_to);
 }
 
 int map_cmd_queue_declare(struct map_cmd *out, const struct map_queue_decl *decl,
@@ -2006,6 +2070,26 @@ int map_cmd_queue_set_owner(struct map_cmd *out, struct bytes vhost, struct byte
     struct simple_cmd s = {.op = MAP_OP_QUEUE_SET_OWNER, .vhost = vhost, .name = name,
                            .epoch = expected_epoch, .int_key = "primary",
                            .int_value = primary_id};
+    return build(out, encode_simple, &s);
+}
+
+int map_cmd_queue_hand_over(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                            uint64_t expected_epoch, uint32_t primary_id)
+{
+    ASSERT(expected_epoch != 0);
+    ASSERT(primary_id != BROKER_ID_NONE);
+    struct simple_cmd s = {.op = MAP_OP_QUEUE_SET_OWNER, .vhost = vhost, .name = name,
+                           .epoch = expected_epoch, .int_key = "primary",
+                           .int_value = primary_id, .bool_key = "planned", .bool_value = true};
+    return build(out, encode_simple, &s);
+}
+
+int map_cmd_queue_move(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                       uint64_t expected_epoch, uint32_t to)
+{
+    ASSERT(expected_epoch != 0);
+    struct simple_cmd s = {.op = MAP_OP_QUEUE_MOVE, .vhost = vhost, .name = name,
+                           .epoch = expected_epoch, .int_key = "to", .int_value = to};
     return build(out, encode_simple, &s);
 }
 
@@ -2327,6 +2411,8 @@ static bool verify_queue(const struct cluster_map *map, const struct map_queue *
     if (q->backups_count > CLUSTER_BACKUPS_MAX || q->replication_factor == 0)
         return false;
     if ((q->in_sync_mask >> q->backups_count) != 0 || q->epoch == 0)
+        return false;
+    if (q->move_to != BROKER_ID_NONE && backup_slot(q, q->move_to) < 0)
         return false;
     int p = -1;
     for (uint32_t b = 0; b < map->brokers_count; b++) {

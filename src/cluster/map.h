@@ -175,6 +175,10 @@ struct map_queue {
      * set_owner, set_available); 0 in a snapshot written before this was
      * kept. See map_exchange.owned_since. */
     uint64_t owned_since;
+    /* A planned move in progress (queue.move): the broker the primary hands
+     * the queue to once it is an in-sync backup, or BROKER_ID_NONE. Always
+     * one of backup_ids; set_owner and a set_backups without it end it. */
+    uint32_t move_to;
     struct list_node bindings_in; /* struct map_binding.destination_node */
     uint32_t index;               /* in map->queues */
 };
@@ -266,6 +270,7 @@ enum map_op {
     MAP_OP_SYNC, /* changes nothing: a broker's barrier (every earlier command is applied) */
     MAP_OP_POLICY_PUT,
     MAP_OP_POLICY_DELETE,
+    MAP_OP_QUEUE_MOVE,
     MAP_OP_COUNT
 };
 
@@ -303,6 +308,8 @@ struct map_change {
     /* queue.delete / queue.set_owner: what it was before. */
     uint32_t previous_primary_id;
     uint64_t previous_epoch;
+    bool planned; /* queue.set_owner: a planned handover (the old primary handed it
+                   * over, nothing pending), not a failover */
     /* Cascades (vhost.delete, exchange.delete, queue.delete). */
     uint32_t queues_deleted_count;
     uint32_t exchanges_deleted_count;
@@ -407,6 +414,16 @@ int map_cmd_queue_delete(struct map_cmd *out, struct bytes vhost, struct bytes n
  * are refused (retry) if the queue's epoch is no longer expected_epoch. */
 int map_cmd_queue_set_owner(struct map_cmd *out, struct bytes vhost, struct bytes name,
                             uint64_t expected_epoch, uint32_t primary_id);
+/* A planned handover to an in-sync backup, proposed by the primary once it
+ * holds nothing the new one lacks (cluster/handover.c): like set_owner, but
+ * refused (retry) unless primary_id is an in-sync backup. */
+int map_cmd_queue_hand_over(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                            uint64_t expected_epoch, uint32_t primary_id);
+/* Starts a planned move of the queue to broker `to` (which becomes a backup
+ * first if it is not one), or ends one (to = BROKER_ID_NONE): see
+ * map_queue.move_to. */
+int map_cmd_queue_move(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                       uint64_t expected_epoch, uint32_t to);
 int map_cmd_queue_set_backups(struct map_cmd *out, struct bytes vhost, struct bytes name,
                               uint64_t expected_epoch, const uint32_t *backup_ids,
                               uint8_t backups_count);

@@ -350,6 +350,7 @@ static void mirror_apply(struct member *member, const struct map_change *c)
     case MAP_OP_QUEUE_SET_BACKUPS:
     case MAP_OP_QUEUE_SET_IN_SYNC:
     case MAP_OP_QUEUE_SET_AVAILABLE:
+    case MAP_OP_QUEUE_MOVE:
         if (c->changed && c->queue)
             ensure_queue(member, c->queue);
         return;

@@ -522,6 +522,91 @@ static void test_queue_ownership(void **state)
 
 /* Every kind of command, valid in this order against setup_small's map
  * (4 commands, so queue.declare is the 9th and the queue's epoch is 9). */
+/* A planned move: queue.move makes its target a backup (beyond the factor
+ * for the time of the move), the primary hands over to it once in sync
+ * (queue.set_owner planned), and the move ends with the handover, with a
+ * set_backups that drops the target, or when cancelled (the extra backup
+ * goes). A planned handover goes only to an in-sync backup. */
+static void test_queue_move(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    join(&map, 4, true);
+    struct map_cmd c_;
+    struct map_queue_decl d = queue_decl("/", "q", 1, 2);
+    d.replication_factor = 2;
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1));
+    struct map_queue *q = cluster_map_queue(&map, B("/"), B("q"));
+    uint64_t e = q->epoch;
+    /* Refused: its primary, an unknown broker, a stale epoch. */
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_move(&c_, B("/"), B("q"), e, 1)),
+                     E_MAP_REFUSED);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_move(&c_, B("/"), B("q"), e, 9)),
+                     E_MAP_REFUSED);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_move(&c_, B("/"), B("q"), e + 1, 3)),
+                     E_MAP_REFUSED);
+    assert_true(last.retry);
+    assert_int_equal(q->move_to, 0);
+    /* To 3: a backup not in sync, beyond the factor; the epoch stays. */
+    APPLY_OK(&map, map_cmd_queue_move(&c_, B("/"), B("q"), e, 3));
+    assert_true(last.changed);
+    assert_int_equal(q->move_to, 3);
+    assert_int_equal(q->backups_count, 2);
+    assert_int_equal(q->backup_ids[1], 3);
+    assert_int_equal(q->in_sync_mask, 0x1);
+    assert_int_equal(q->epoch, e);
+    assert_int_equal(cluster_map_broker(&map, 3)->backups_held_count, 1);
+    /* The same again changes nothing; a planned handover to it waits for
+     * it to be in sync (retry), and never goes to a non-backup. */
+    APPLY_OK(&map, map_cmd_queue_move(&c_, B("/"), B("q"), e, 3));
+    assert_false(last.changed);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_hand_over(&c_, B("/"), B("q"), e, 3)),
+                     E_MAP_REFUSED);
+    assert_true(last.retry);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_hand_over(&c_, B("/"), B("q"), e, 4)),
+                     E_MAP_REFUSED);
+    /* Cancelled: the extra backup goes too. */
+    APPLY_OK(&map, map_cmd_queue_move(&c_, B("/"), B("q"), e, 0));
+    assert_int_equal(q->move_to, 0);
+    assert_int_equal(q->backups_count, 1);
+    assert_int_equal(q->backup_ids[0], 2);
+    /* Again, to 3; in sync; the handover ends the move. */
+    APPLY_OK(&map, map_cmd_queue_move(&c_, B("/"), B("q"), e, 3));
+    uint32_t both[] = {2, 3};
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), e, both, 2));
+    APPLY_OK(&map, map_cmd_queue_hand_over(&c_, B("/"), B("q"), e, 3));
+    assert_true(last.planned);
+    assert_int_equal(last.previous_primary_id, 1);
+    assert_int_equal(q->primary_id, 3);
+    assert_int_equal(q->epoch, e + 1);
+    assert_int_equal(q->move_to, 0);
+    assert_int_equal(q->backups_count, 1);
+    assert_int_equal(q->backup_ids[0], 2);
+    assert_int_equal(q->in_sync_mask, 0x1);
+    /* A failover's set_owner is not planned. */
+    APPLY_OK(&map, map_cmd_queue_set_owner(&c_, B("/"), B("q"), e + 1, 2));
+    assert_false(last.planned);
+    /* A move to an existing backup keeps the backups; a set_backups
+     * without the target ends it. */
+    uint32_t four[] = {4};
+    APPLY_OK(&map, map_cmd_queue_set_backups(&c_, B("/"), B("q"), e + 2, four, 1));
+    APPLY_OK(&map, map_cmd_queue_move(&c_, B("/"), B("q"), e + 2, 4));
+    assert_int_equal(q->backups_count, 1);
+    assert_int_equal(q->move_to, 4);
+    uint32_t one[] = {1};
+    APPLY_OK(&map, map_cmd_queue_set_backups(&c_, B("/"), B("q"), e + 2, one, 1));
+    assert_int_equal(q->move_to, 0);
+    /* Three backups already and a target among none of them: refused. */
+    uint32_t three[] = {1, 3, 4};
+    APPLY_OK(&map, map_cmd_queue_set_backups(&c_, B("/"), B("q"), e + 2, three, 3));
+    join(&map, 5, false);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_move(&c_, B("/"), B("q"), e + 2, 5)),
+                     E_MAP_REFUSED);
+    assert_false(last.retry);
+    cluster_map_free(&map);
+}
+
 static uint32_t valid_commands(struct map_cmd *cmds)
 {
     uint32_t n = 0;
@@ -545,7 +630,8 @@ static uint32_t valid_commands(struct map_cmd *cmds)
     assert_int_equal(map_cmd_bind(&cmds[n++], &b), OK);
     assert_int_equal(map_cmd_queue_set_backups(&cmds[n++], B("/"), B("q"), 9, ids, 1), OK);
     assert_int_equal(map_cmd_queue_set_in_sync(&cmds[n++], B("/"), B("q"), 9, ids, 1), OK);
-    assert_int_equal(map_cmd_queue_set_owner(&cmds[n++], B("/"), B("q"), 9, 3), OK);
+    assert_int_equal(map_cmd_queue_move(&cmds[n++], B("/"), B("q"), 9, 3), OK);
+    assert_int_equal(map_cmd_queue_hand_over(&cmds[n++], B("/"), B("q"), 9, 3), OK);
     assert_int_equal(map_cmd_queue_set_available(&cmds[n++], B("/"), B("q"), 10, false), OK);
     assert_int_equal(map_cmd_broker_state(&cmds[n++], 2, BROKER_STATE_SUSPECT), OK);
     assert_int_equal(map_cmd_exchange_set_owner(&cmds[n++], B("/"), B("x"), 2), OK);
@@ -928,6 +1014,12 @@ static void test_snapshot_round_trip(void **state)
     uint32_t none[1];
     APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("prod"), B("queue-00007"), q7->epoch, none,
                                              0));
+    uint32_t target = q7->primary_id == 5 ? 1 : q7->primary_id + 1;
+    if (map_queue_has_backup(q7, target))
+        target = target == 5 ? 1 : target + 1;
+    if (target == q7->primary_id)
+        target = target == 5 ? 1 : target + 1;
+    APPLY_OK(&map, map_cmd_queue_move(&c_, B("prod"), B("queue-00007"), q7->epoch, target));
     APPLY_OK(&map, map_cmd_broker_state(&c_, 4, BROKER_STATE_DRAINING));
     struct map_exchange_decl xd = {.vhost = B("prod"), .name = B("moved"), .type = B("topic"),
                                    .owner_id = 1};
@@ -954,6 +1046,8 @@ static void test_snapshot_round_trip(void **state)
     assert_int_equal(c7->epoch, q7->epoch);
     assert_int_equal(c7->owned_since, q7->owned_since);
     assert_int_equal(c7->in_sync_mask, 0);
+    assert_int_equal(c7->move_to, target);
+    assert_int_equal(c7->backups_count, q7->backups_count);
     assert_int_equal(cluster_map_exchange(&copy, B("prod"), B("moved"))->owned_since, moved_at);
     for (uint32_t i = 0; i < 5; i++)
         assert_int_equal(copy.brokers[i]->queues_owned_count, map.brokers[i]->queues_owned_count);
@@ -1018,6 +1112,7 @@ int main(void)
         cmocka_unit_test(test_predeclared_exchanges),
         cmocka_unit_test(test_queue_declare_races),
         cmocka_unit_test(test_queue_ownership),
+        cmocka_unit_test(test_queue_move),
         cmocka_unit_test(test_policies),
         cmocka_unit_test(test_queue_set_factor),
         cmocka_unit_test(test_policy_snapshots),
