@@ -16,6 +16,7 @@
 #include "broker/message.h"
 #include "broker/vhost.h"
 #include "cluster/member.h"
+#include "cluster/moves.h"
 #include "cluster/node.h"
 #include "lib/assert.h"
 #include "lib/log.h"
@@ -167,6 +168,7 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
                        broker->member);
         mgmt_api_route_post(broker->mgmt, "/api/cluster/leave", member_leave, broker->member);
         mgmt_api_route_post(broker->mgmt, "/api/cluster/forget", member_forget, broker->member);
+        mgmt_api_route_post(broker->mgmt, "/api/cluster/move", moves_post, broker->member);
     }
     uv_timer_init(loop, &broker->tick);
     broker->tick.data = broker;

@@ -957,7 +957,9 @@ static void confirm_publish(struct channel *ch, uint64_t ticket, uint32_t remote
 /* A peer's forward: straight into each target queue, which must be ours
  * at the epoch the sender named (a stale sender, one whose map still
  * names us, or an older epoch, is nacked and sends it again where the map
- * now says); a target our map has not reached yet is parked until it has.
+ * now says), unless the queue was handed over to another broker since
+ * (relayed through our stand-in); a target our map has not reached yet is
+ * parked until it has.
  * The answer (one ack, or a nack if any target refused it) waits for
  * every target's journal and backups, as a client's publish would. */
 void channel__route_forward(struct channel *ch, struct message *message)
@@ -996,7 +998,13 @@ void channel__route_forward(struct channel *ch, struct message *message)
                                 wait.sink, seq, ch->forward_dead_lettered);
             continue;
         }
-        if (stale) {
+        /* The sender's map is behind ours and the queue moved on (a
+         * handover to another broker): our stand-in sends it there, and
+         * the sender gets that answer, in order with what we held. */
+        bool relay = stale && queue != NULL && queue_is_remote(queue) &&
+                     member_forward_relays(broker->member, ch->vhost->name, name,
+                                           (uint64_t)epoch);
+        if (stale && !relay) {
             rejected = true;
             continue;
         }

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "broker/broker.h"
+#include "broker/channel.h"
 #include "broker/dead_letter.h"
 #include "broker/dedup.h"
 #include "broker/message.h"
@@ -287,6 +288,7 @@ void queue_unref(struct queue *queue)
     ASSERT(queue->ready_count == 0);
     ASSERT(list_empty(&queue->consumers));
     ASSERT(queue->as_dest.bindings_in_count == 0);
+    ASSERT(queue->pause == NULL);
     if (queue->remote_ops)
         queue->remote_ops->free(queue);
     if (queue->replication_ops)
@@ -547,9 +549,34 @@ static void forward(struct queue *const *stubs, uint32_t count, struct message *
     out->unavailable += fwd.unavailable;
 }
 
+/* A paused queue holds the publish; its publisher's confirm owes one more
+ * answer, given when it is enqueued here or sent on (queue_pause). */
+static void hold_publish(struct queue *queue, struct message *message, struct publish_wait *wait,
+                         bool dead_lettered)
+{
+    struct queue_pause *p = queue->pause;
+    if (p->count == p->cap) {
+        p->cap = p->cap ? p->cap * 2 : 64;
+        p->held = realloc(p->held, sizeof *p->held * p->cap);
+        ASSERT(p->held != NULL);
+    }
+    struct confirm_sink *sink = wait ? wait->sink : NULL;
+    message_ref(message);
+    if (sink) {
+        confirm_sink_ref(sink);
+        wait->remote++;
+    }
+    p->held[p->count++] = (struct queue_held_publish){message, sink, wait ? wait->seq : 0,
+                                                      dead_lettered};
+}
+
 static enum queue_publish_result publish_one(struct queue *queue, struct message *message,
                                              struct publish_wait *wait, bool dead_lettered)
 {
+    if (queue->pause != NULL) {
+        hold_publish(queue, message, wait, dead_lettered);
+        return QUEUE_PUBLISH_OK;
+    }
     if (queue->remote_ops == NULL)
         return enqueue(queue, message, wait, !dead_lettered);
     struct queue_publish_summary summary = {0};
@@ -591,7 +618,9 @@ void queue_publish_routed(struct queue *const *queues, uint32_t count, struct me
             }
             continue;
         }
-        if (enqueue(queue, message, wait, !dead_lettered) == QUEUE_PUBLISH_REJECTED)
+        if (queue->pause != NULL)
+            hold_publish(queue, message, wait, dead_lettered);
+        else if (enqueue(queue, message, wait, !dead_lettered) == QUEUE_PUBLISH_REJECTED)
             out->rejected++;
     }
     if (stubs_count > 0)
@@ -804,9 +833,52 @@ static void rotate(struct queue *queue, struct consumer *consumer)
     list_insert_after(pos->prev, &consumer->queue_link);
 }
 
+void queue_pause(struct queue *queue)
+{
+    ASSERT(queue->remote_ops == NULL && !queue->deleted);
+    if (queue->pause == NULL) {
+        queue->pause = calloc(1, sizeof *queue->pause);
+        ASSERT(queue->pause != NULL);
+    }
+}
+
+uint32_t queue_take_held(struct queue *queue, struct queue_held_publish **out)
+{
+    struct queue_pause *p = queue->pause;
+    queue->pause = NULL;
+    *out = NULL;
+    if (p == NULL)
+        return 0;
+    uint32_t n = p->count;
+    *out = p->held;
+    free(p);
+    return n;
+}
+
+void queue_resume(struct queue *queue)
+{
+    struct queue_held_publish *held;
+    uint32_t n = queue_take_held(queue, &held);
+    for (uint32_t i = 0; i < n; i++) {
+        /* (Deleted meanwhile: routed to a queue that then went, as on
+         * RabbitMQ: confirmed, and gone.) */
+        struct publish_wait wait = {.sink = held[i].sink, .seq = held[i].seq};
+        bool rejected = !queue->deleted &&
+                        enqueue(queue, held[i].message, &wait, !held[i].dead_lettered) ==
+                            QUEUE_PUBLISH_REJECTED;
+        if (held[i].sink) {
+            confirm_sink_routed(held[i].sink, held[i].seq, &wait, rejected);
+            confirm_sink_unref(held[i].sink);
+        }
+        message_unref(held[i].message);
+    }
+    free(held);
+    queue_dispatch(queue);
+}
+
 void queue_dispatch(struct queue *queue)
 {
-    if (queue->dispatching || queue->deleted)
+    if (queue->dispatching || queue->deleted || queue->pause != NULL)
         return;
     if (queue->remote_ops) {
         queue->remote_ops->dispatch(queue);
@@ -891,6 +963,8 @@ uint32_t queue_delete(struct queue *queue)
         queue->replication_ops->detach(queue);
     uint32_t dropped = queue_purge(queue);
     queue->deleted = true;
+    if (queue->pause != NULL)
+        queue_resume(queue); /* what it held is answered, not enqueued */
     if (queue->timer)
         uv_timer_stop(queue->timer);
     queue_ref(queue); /* keep it alive while consumers detach */

@@ -174,6 +174,20 @@ struct consumer {
     uint32_t unacked_count;
 };
 
+/* A publish a paused queue holds (queue_pause): its publisher's confirm
+ * owes one answer (to sink, for seq) until it is enqueued or sent on. */
+struct queue_held_publish {
+    struct message *message;      /* one reference */
+    struct confirm_sink *sink;    /* one reference, or NULL: nobody waits */
+    uint64_t seq;
+    bool dead_lettered;
+};
+
+struct queue_pause {
+    struct queue_held_publish *held; /* owned, in arrival order */
+    uint32_t count, cap;
+};
+
 struct queue {
     struct bind_dest as_dest;         /* first: bindings point here */
     struct vhost *vhost;              /* borrowed: the owner */
@@ -205,6 +219,7 @@ struct queue {
     void *replication;                /* cluster/replica.c's state */
     uint64_t paged_count;             /* ready entries whose body is only on disk */
     struct dedup *dedup;              /* owned, lazily: x-quay-dedup-window's ids, or NULL */
+    struct queue_pause *pause;        /* owned while paused (queue_pause), else NULL */
     uint32_t refs;                    /* the vhost's table + deliveries + consumers */
     uint64_t next_seq;
     struct list_node owner_link;      /* in the exclusive owner's list */
@@ -299,6 +314,23 @@ bool queue_pages(const struct queue *queue);
  * catch-up: a new reference (the entry stays paged), or NULL if the
  * journal cannot produce it (logged). */
 struct message *queue_read_paged(struct queue *queue, uint64_t seq);
+
+/* A queue handed over to another broker (cluster/handover.c) stops for
+ * the moment of the switch: publishes are held in arrival order, not
+ * enqueued (their confirms wait), and nothing is dispatched; acks,
+ * requeues and expiry go on. A real queue only. */
+void queue_pause(struct queue *queue);
+/* The switch did not happen: the held publishes are enqueued (and their
+ * publishers answered) in order, and dispatch resumes. */
+void queue_resume(struct queue *queue);
+/* The switch happened: the held publishes, for their new queue (the
+ * caller publishes each and answers its sink: confirm_sink_routed). The
+ * queue is no longer paused. Returns how many; *out is malloc'ed. */
+uint32_t queue_take_held(struct queue *queue, struct queue_held_publish **out);
+static inline bool queue_paused(const struct queue *queue)
+{
+    return queue->pause != NULL;
+}
 
 /* The queue was used (declare, get, consume): postpones x-expires. */
 void queue_touch(struct queue *queue);

@@ -52,6 +52,10 @@ static void usage(FILE *out)
             "                go to their backups (or start again empty where it had\n"
             "                the only copy), its backups and exchanges elsewhere\n"
             "                (POST /api/cluster/forget)\n"
+            "  move QUEUE --to BROKER [--vhost VHOST]\n"
+            "                hand QUEUE (of VHOST, default /) over to BROKER while it\n"
+            "                serves: BROKER catches up as a backup, then takes over;\n"
+            "                'cluster' shows the moves in progress (POST /api/cluster/move)\n"
             "  policies      every replication policy (GET /api/policies)\n"
             "  set-policy VHOST NAME PATTERN BACKUPS [PRIORITY]\n"
             "                queues of VHOST whose name matches the regular expression\n"
@@ -775,6 +779,7 @@ static const struct command commands[] = {
      sizeof connection_columns / sizeof connection_columns[0], 0, 0},
     {"leave", "POST", "/api/cluster/leave", NULL, 0, 0, 0},
     {"forget", "POST", "/api/cluster/forget", NULL, 0, 1, 1},
+    {"move", "POST", "/api/cluster/move", NULL, 0, 1, 1},
     {"policies", "GET", "/api/policies", policy_columns,
      sizeof policy_columns / sizeof policy_columns[0], 0, 0},
     {"set-policy", "PUT", "/api/policies/", NULL, 0, 4, 5},
@@ -832,6 +837,31 @@ static bool is_number(const char *s)
             return false;
     }
     return true;
+}
+
+/* move QUEUE --to BROKER [--vhost VHOST]: the names in a JSON body. */
+static int build_move(const char *queue, const char *to, const char *vhost, char *body,
+                      size_t body_cap)
+{
+    if (to == NULL) {
+        fprintf(stderr, "quayctl: move needs --to BROKER\n");
+        return EXIT_USAGE;
+    }
+    snprintf(body, body_cap, "{\"vhost\": ");
+    if (!append_json_string(body, body_cap, vhost ? vhost : "/") ||
+        strlen(body) + 12 >= body_cap)
+        goto too_long;
+    strcat(body, ", \"queue\": ");
+    if (!append_json_string(body, body_cap, queue) || strlen(body) + 9 >= body_cap)
+        goto too_long;
+    strcat(body, ", \"to\": ");
+    if (!append_json_string(body, body_cap, to) || strlen(body) + 2 >= body_cap)
+        goto too_long;
+    strcat(body, "}");
+    return 0;
+too_long:
+    fprintf(stderr, "quayctl: move: an argument is too long\n");
+    return EXIT_USAGE;
 }
 
 /* The path (and the body, for set-policy and forget) of a command with
@@ -920,6 +950,7 @@ struct options {
     const struct command *command;
     char *args[5];                   /* the command's positional arguments */
     int args_count;
+    const char *to, *vhost;          /* move's --to and --vhost */
 };
 
 /* Returns -1 to go on, or an exit status. */
@@ -934,6 +965,8 @@ static int parse_options(int argc, char **argv, struct options *opt)
             return 0;
         } else if (strcmp(a, "--json") == 0) {
             opt->json = true;
+        } else if ((strcmp(a, "--to") == 0 || strcmp(a, "--vhost") == 0) && i + 1 < argc) {
+            *(strcmp(a, "--to") == 0 ? &opt->to : &opt->vhost) = argv[++i];
         } else if ((strcmp(a, "--http") == 0 || strcmp(a, "--timeout") == 0) && i + 1 < argc) {
             if (strcmp(a, "--http") == 0) {
                 http = argv[++i];
@@ -990,7 +1023,12 @@ int main(int argc, char **argv)
     struct buffer in = {0};
     struct response res;
     char path[2048], body[1536] = "";
-    if (opt.command->args_max > 0) {
+    if (strcmp(opt.command->name, "move") == 0) {
+        snprintf(path, sizeof path, "%s", opt.command->path);
+        rc = build_move(opt.args[0], opt.to, opt.vhost, body, sizeof body);
+        if (rc != 0)
+            return rc;
+    } else if (opt.command->args_max > 0) {
         rc = build_request(opt.command, opt.args, opt.args_count, path, sizeof path, body,
                            sizeof body);
         if (rc != 0)

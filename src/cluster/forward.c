@@ -463,7 +463,7 @@ void proxy_stub_recall_forwards(struct queue *queue)
     forward__redirect(queue, stub_of(queue)->primary_id);
 }
 
-uint32_t proxy_stub_take_held(struct queue *queue, struct proxy_held **out)
+uint32_t proxy_stub_take_held(struct queue *queue, struct queue_held_publish **out)
 {
     struct proxy_stub *stub = stub_of(queue);
     uint32_t n = stub->held_count;
@@ -474,7 +474,7 @@ uint32_t proxy_stub_take_held(struct queue *queue, struct proxy_held **out)
     ASSERT(*out != NULL);
     for (uint32_t i = 0; i < n; i++) {
         struct held_forward h = stub->held[(stub->held_head + i) & (stub->held_cap - 1)];
-        (*out)[i] = (struct proxy_held){h.message, h.sink, h.seq, h.dead_lettered};
+        (*out)[i] = (struct queue_held_publish){h.message, h.sink, h.seq, h.dead_lettered};
     }
     stub->held_count = 0;
     stub->held_head = 0;

@@ -1423,10 +1423,12 @@ static int op_queue_set_owner(struct apply_ctx *ctx)
         return rc;
     /* A backup out of sync may lack confirmed messages: never promoted
      * (the primary may have dropped it from the set just before). A
-     * planned handover goes only to an in-sync backup (it keeps the
-     * messages where they are). */
+     * planned handover goes only to the in-sync backup the move names: a
+     * primary that gave up waiting cancels the move first (queue.move to
+     * none), so a handover still on its way can no longer apply. */
     int slot = backup_slot(q, primary);
-    if ((slot >= 0 && !(q->in_sync_mask & (1u << slot))) || (planned && slot < 0))
+    if ((slot >= 0 && !(q->in_sync_mask & (1u << slot))) ||
+        (planned && (slot < 0 || q->move_to != primary)))
         return refuse(ctx, REPLY_PRECONDITION_FAILED, true,
                       "broker %u is not an in-sync backup of queue '%.*s'", primary,
                       NAME_ARG(q->name));

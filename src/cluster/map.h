@@ -416,7 +416,8 @@ int map_cmd_queue_set_owner(struct map_cmd *out, struct bytes vhost, struct byte
                             uint64_t expected_epoch, uint32_t primary_id);
 /* A planned handover to an in-sync backup, proposed by the primary once it
  * holds nothing the new one lacks (cluster/handover.c): like set_owner, but
- * refused (retry) unless primary_id is an in-sync backup. */
+ * refused (retry) unless primary_id is an in-sync backup and the queue's
+ * move_to. */
 int map_cmd_queue_hand_over(struct map_cmd *out, struct bytes vhost, struct bytes name,
                             uint64_t expected_epoch, uint32_t primary_id);
 /* Starts a planned move of the queue to broker `to` (which becomes a backup

@@ -18,6 +18,7 @@
 #include "broker/queue.h"
 #include "broker/vhost.h"
 #include "cluster/controller.h"
+#include "cluster/handover.h"
 #include "cluster/link.h"
 #include "cluster/mirror.h"
 #include "cluster/node.h"
@@ -318,6 +319,14 @@ bool member_forward_fresh(struct member *member, struct bytes vhost, struct byte
 {
     const struct map_queue *q = cluster_map_queue(member_map(member), vhost, queue);
     return q != NULL && q->primary_id == member->self_id && epoch >= q->epoch;
+}
+
+bool member_forward_relays(const struct member *member, struct bytes vhost, struct bytes queue,
+                           uint64_t epoch)
+{
+    const struct map_queue *q = cluster_map_queue(member_map(member), vhost, queue);
+    return q != NULL && q->primary_id != member->self_id && epoch < q->epoch && q->available &&
+           !member->stopping;
 }
 
 /* ---- forwards that arrived before our map had their queue ---- */
@@ -797,6 +806,7 @@ static void on_tick(uv_timer_t *timer)
     if (member->stopping)
         return;
     replication_tick(member);
+    handover_tick(member);
     proxy_tick(member);
     /* Alarms are cluster-wide: ours to the others (heartbeats), theirs here. */
     const struct alarm *alarm = &member->broker->alarm;
@@ -838,6 +848,7 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
     list_init(&member->stubs);
     list_init(&member->parked);
     list_init(&member->visible_waits);
+    list_init(&member->handovers);
     list_init(&member->replications);
     list_init(&member->releasing);
     list_init(&member->sync_waits);
@@ -868,6 +879,7 @@ void member_stop(struct member *member)
     member->timer = NULL;
     struct cluster_node_hooks none = {0};
     cluster_node_set_hooks(member->node, &none);
+    handover_stop_all(member);
     replication_stop_all(member);
     for (uint32_t i = 0; i < member->peers_count; i++)
         peer_free(member->peers[i]);

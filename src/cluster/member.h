@@ -78,6 +78,7 @@ struct member {
     struct list_node releasing;      /* uplinks with upstream requeues to send (proxy.c) */
     struct list_node sync_waits;     /* struct member_sync_wait: peers waiting for our map */
     struct list_node visible_waits;  /* struct visible_wait: our changes, for the peers' maps */
+    struct list_node handovers;      /* struct handover: our queues being handed over */
     /* Flow control of our publishers: the bytes of messages sent to other
      * brokers (forwards to primaries, replication to backups) and not yet
      * answered (MEMBER_FORWARD_*). */
@@ -127,6 +128,11 @@ void member_queue_gone(struct member *member, struct bytes vhost, struct bytes n
 /* The leader's side of a forwarded map entry (ignored elsewhere: the
  * sender sends it again to whoever leads). */
 void member_propose_entry(struct member *member, const uint8_t *entry, uint64_t size);
+/* A forward naming an older epoch of a queue whose primary is now another
+ * broker (the sender's map lags ours: the queue was handed over, or failed
+ * over): relayed through our stand-in rather than refused. */
+bool member_forward_relays(const struct member *member, struct bytes vhost, struct bytes queue,
+                           uint64_t epoch);
 /* Whether a peer's forward for (vhost, queue) at epoch may be enqueued
  * here: this broker is the queue's primary and the epoch is current. */
 bool member_forward_fresh(struct member *member, struct bytes vhost, struct bytes queue,

@@ -15,6 +15,7 @@
 #include "broker/queue.h"
 #include "broker/vhost.h"
 #include "cluster/events.h"
+#include "cluster/handover.h"
 #include "cluster/map.h"
 #include "cluster/member.h"
 #include "cluster/node.h"
@@ -150,9 +151,11 @@ static uint32_t take_consumers(struct queue *stub, struct consumer ***out)
     return i;
 }
 
-/* Publishes our stand-in held for the dead primary: ours now, after the
- * replica's messages (they are newer). */
-static void route_held(struct queue *queue, struct proxy_held *held, uint32_t count)
+/* Publishes held for the queue's primary: by our stand-in for a dead
+ * primary when we are promoted (ours now, after the replica's messages:
+ * they are newer), or by our queue while we handed it over (for the new
+ * primary, through our stand-in). */
+static void route_held(struct queue *queue, struct queue_held_publish *held, uint32_t count)
 {
     for (uint32_t i = 0; i < count; i++) {
         struct publish_wait wait = {.sink = held[i].sink, .seq = held[i].seq};
@@ -187,11 +190,39 @@ static void rebind_queue(struct member *member, struct map_queue *mq)
     }
 }
 
+/* Demoted: the map gave our queue to another broker. Its held publishes
+ * (a handover's, or a promotion's on the way) go to the new primary
+ * through the stand-in that replaces it. After a planned handover
+ * (nothing is pending: the backups have all of it) the queue's consumers,
+ * ours and the peers' upstream ones, go on on the stand-in, without a
+ * cancel. After a failover (we were cut off) what we never confirmed is
+ * nacked (its publishers send it again, to the new primary), nothing more
+ * reaches the backups (one of which may be the new primary already), and
+ * the consumers are cancelled. */
+static void demote(struct member *member, struct vhost *vhost, struct queue *q,
+                   struct map_queue *mq)
+{
+    bool planned = handover_done(member, q, mq->primary_id);
+    struct queue_held_publish *held;
+    uint32_t held_count = queue_take_held(q, &held);
+    struct consumer **moving = NULL;
+    uint32_t moving_count = planned ? take_consumers(q, &moving) : 0;
+    replication_detach(q, planned);
+    vhost_queue_delete(vhost, q);
+    q = proxy_stub_new(member, vhost, mq);
+    vhost_queue_insert(vhost, q);
+    if (claim_exclusive(member, vhost, q, mq))
+        rebind_queue(member, mq);
+    proxy_stub_adopt_consumers(q, moving, moving_count);
+    free(moving);
+    route_held(q, held, held_count);
+}
+
 /* The local object for a map queue: real here if we are its primary, a
  * stand-in otherwise. A local object of the wrong kind (a restart found a
  * queue that has moved, a stand-in for a queue that came to us) is
- * replaced. */
-static void ensure_queue(struct member *member, struct map_queue *mq)
+ * replaced. planned: the change was a planned handover. */
+static void ensure_queue(struct member *member, struct map_queue *mq, bool planned)
 {
     struct vhost *vhost = vhost_for(member, mq->vhost->name);
     struct queue *q = vhost_queue(vhost, mq->name);
@@ -199,28 +230,28 @@ static void ensure_queue(struct member *member, struct map_queue *mq)
     if (!primary && keep_for_now(member, q))
         return;
     if (q && queue_is_remote(q) == !primary) {
-        if (primary)
+        if (primary) {
             replication_attach(member, q, mq); /* its backups may have changed */
-        else
-            proxy_stub_update(q, mq);
+            handover_follow(member, q, mq);
+        } else {
+            proxy_stub_update(q, mq, planned);
+        }
+        return;
+    }
+    if (q && !primary) {
+        demote(member, vhost, q, mq);
         return;
     }
     /* A backup promoted (or a restart's stale kind): the stand-in's
      * replica, if any, becomes the queue's content. */
-    struct replica *promoted = q && primary ? proxy_stub_take_replica(q) : NULL;
-    bool promoted_epoch = q != NULL && primary;
-    struct proxy_held *held = NULL;
-    if (q && primary)
+    struct replica *promoted = q ? proxy_stub_take_replica(q) : NULL;
+    bool promoted_epoch = q != NULL;
+    struct queue_held_publish *held = NULL;
+    if (q)
         proxy_stub_recall_forwards(q); /* in flight to the old primary: ours now */
-    uint32_t held_count = q && primary ? proxy_stub_take_held(q, &held) : 0;
+    uint32_t held_count = q ? proxy_stub_take_held(q, &held) : 0;
     struct consumer **moving = NULL;
-    uint32_t moving_count = q && primary ? take_consumers(q, &moving) : 0;
-    if (q && !queue_is_remote(q)) {
-        /* Deposed: what we never confirmed is nacked (its publishers send
-         * it again, to the new primary), and nothing more reaches the
-         * backups, one of which may be the new primary already. */
-        replication_detach(q, false);
-    }
+    uint32_t moving_count = q ? take_consumers(q, &moving) : 0;
     if (q)
         vhost_queue_delete(vhost, q);
     if (!primary) {
@@ -247,6 +278,7 @@ static void ensure_queue(struct member *member, struct map_queue *mq)
     free(moving);
     if (claim_exclusive(member, vhost, q, mq))
         queue_dispatch(q);
+    handover_follow(member, q, mq);
 }
 
 /* ---- bindings ---- */
@@ -344,7 +376,7 @@ static void mirror_apply(struct member *member, const struct map_change *c)
         if (c->changed && c->queues_deleted_count > 0)
             drop_queue(member, c->vhost, c->name); /* it replaced a deleted incarnation */
         if (c->changed && c->queue)
-            ensure_queue(member, c->queue);
+            ensure_queue(member, c->queue, false);
         return;
     case MAP_OP_QUEUE_SET_OWNER:
     case MAP_OP_QUEUE_SET_BACKUPS:
@@ -352,7 +384,7 @@ static void mirror_apply(struct member *member, const struct map_change *c)
     case MAP_OP_QUEUE_SET_AVAILABLE:
     case MAP_OP_QUEUE_MOVE:
         if (c->changed && c->queue)
-            ensure_queue(member, c->queue);
+            ensure_queue(member, c->queue, c->op == MAP_OP_QUEUE_SET_OWNER && c->planned);
         return;
     case MAP_OP_QUEUE_DELETE:
         if (c->changed)
@@ -441,7 +473,7 @@ void mirror_all(struct member *member, bool drop_strays_too)
     for (uint32_t i = 0; i < map->exchanges_count; i++)
         ensure_exchange(member, map->exchanges[i]);
     for (uint32_t i = 0; i < map->queues_count; i++)
-        ensure_queue(member, map->queues[i]);
+        ensure_queue(member, map->queues[i], false);
     struct hmap_entry *e;
     for (uint32_t i = 0; hmap_next(&member->broker->vhosts, &i, &e);) {
         struct vhost *vhost = e->value;

@@ -70,6 +70,7 @@
 
 #include "cluster/consensus.h"
 #include "cluster/controller.h"
+#include "cluster/moves.h"
 #include "cluster/outbox.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
@@ -1753,6 +1754,7 @@ void cluster_node_write_json(void *ctx, struct json *body)
         json_object_end(body);
     }
     json_array_end(body);
+    moves_write_json(map, body);
     if (!node->stopping)
         write_raft_json(node, body);
     json_object_end(body);

@@ -459,7 +459,17 @@ static void attach(struct proxy_stub *stub, struct consumer *consumer, bool wait
 static void stub_consumer_added(struct queue *queue, struct consumer *consumer)
 {
     bool available;
-    attach(stub_of(queue), consumer, proxy_consume_waits(queue, &available));
+    struct proxy_stub *stub = stub_of(queue);
+    attach(stub, consumer, !stub->adopting && proxy_consume_waits(queue, &available));
+}
+
+void proxy_stub_adopt_consumers(struct queue *queue, struct consumer **consumers, uint32_t count)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    stub->adopting = true;
+    for (uint32_t i = 0; i < count; i++)
+        queue_consumer_add(queue, consumers[i]);
+    stub->adopting = false;
 }
 
 bool proxy_consume_waits(struct queue *queue, bool *available)
@@ -876,7 +886,7 @@ static void detach_all(struct proxy_stub *stub)
     }
 }
 
-void proxy_stub_update(struct queue *queue, const struct map_queue *mq)
+void proxy_stub_update(struct queue *queue, const struct map_queue *mq, bool planned)
 {
     struct proxy_stub *stub = stub_of(queue);
     bool moved = stub->primary_id != mq->primary_id || stub->epoch != mq->epoch;
@@ -918,7 +928,9 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq)
         return;
     }
     if (moved) {
-        if (old_primary_id != mq->primary_id)
+        /* A planned handover's old primary answers every forward it got
+         * (what it held it sends on): only a failed one's are sent again. */
+        if (old_primary_id != mq->primary_id && !planned)
             forward__redirect(queue, old_primary_id);
         detach_all(stub);
         reattach_all(stub);

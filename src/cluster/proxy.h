@@ -47,7 +47,12 @@ struct vhost;
 struct queue *proxy_stub_new(struct member *member, struct vhost *vhost,
                              const struct map_queue *mq);
 /* The map changed the queue (primary, epoch, availability). */
-void proxy_stub_update(struct queue *queue, const struct map_queue *mq);
+void proxy_stub_update(struct queue *queue, const struct map_queue *mq, bool planned);
+/* A planned handover made our queue this stand-in: its consumers go on,
+ * attached upstream to the new primary (no consume-ok is owed: they were
+ * consuming already). */
+struct consumer;
+void proxy_stub_adopt_consumers(struct queue *queue, struct consumer **consumers, uint32_t count);
 
 /* Whether a consumer added to this stand-in now will have its upstream
  * consume answered (the primary is reachable): then consumer->ops->attached
@@ -81,14 +86,8 @@ struct replica *proxy_stub_take_replica(struct queue *queue);
 /* Promotion: the publishes a stand-in holds for its primary, now ours to
  * route. Returns how many; *out is a malloc'ed array the caller frees, and
  * each entry's references (message, sink) pass to the caller. */
-struct confirm_sink;
-struct proxy_held {
-    struct message *message;
-    struct confirm_sink *sink; /* NULL: nobody waits */
-    uint64_t seq;
-    bool dead_lettered;
-};
-uint32_t proxy_stub_take_held(struct queue *queue, struct proxy_held **out);
+struct queue_held_publish;
+uint32_t proxy_stub_take_held(struct queue *queue, struct queue_held_publish **out);
 /* Before that, at a promotion: the forwards the stand-in sent to the old
  * primary and that are still unanswered join the held ones (the old
  * primary is dead or deposed; the stand-in is about to go). */

@@ -37,6 +37,7 @@ struct proxy_stub {
     uint64_t epoch;
     uint64_t map_version;         /* of our map when the queue was made or last moved */
     bool available;
+    bool adopting;                /* proxy_stub_adopt_consumers: no consume-ok owed */
     struct list_node uplinks;     /* struct uplink.stub_link */
     uint32_t next_uplink_id;
     struct uplink *getter;        /* basic.get's uplink, or NULL */

@@ -14,6 +14,7 @@
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "cluster/handover.h"
 #include "cluster/map.h"
 #include "cluster/member.h"
 #include "cluster/node.h"
@@ -34,6 +35,8 @@
  * a deep queue is sent while it serves, at the pace the backup takes it,
  * not all at once on the loop (and in the link's output buffer). */
 #define CATCH_UP_WINDOW 512
+/* A probe's answer is told from a message's by this bit in its tag. */
+#define PROBE_TAG (UINT64_C(1) << 63)
 
 enum stream_state {
     STREAM_IDLE,        /* not in sync and not being caught up (its link is down) */
@@ -56,6 +59,10 @@ struct replica_stream {
     uint32_t catch_up_left;   /* catching up, backlog sent: answers owed up to its end */
     uint64_t progress_ms;     /* its last ack, or when it started gating */
     struct backlog *backlog;  /* owned while a catch-up has some left to send, else NULL */
+    /* A handover's probes (replication_quiesce): frames sent to it so far,
+     * and how many had been sent when the last answered probe went. */
+    uint64_t sent, clean_at;
+    bool probe_out;
 };
 
 /* A publish whose confirm waits for the backups (or the lease). */
@@ -79,6 +86,7 @@ struct replication {
     uint32_t asked[CLUSTER_BACKUPS_MAX]; /* ... which was this */
     uint8_t asked_count;
     uint64_t checked_ms;      /* the tick last compared the map with what we want */
+    bool quiescing; /* a handover waits for the backups (replication_quiesce) */
     /* Confirms this broker gave as primary in this epoch (split-brain checks). */
     uint64_t confirms_epoch, confirms_count, first_confirm_ms, last_confirm_ms;
 };
@@ -231,6 +239,14 @@ static void stream_caught_up(struct replication *rep, struct replica_stream *s)
 
 static void catch_up_answered(struct replication *rep, struct replica_stream *s);
 
+/* A handover waits for this queue's backups: tell it when nothing is owed
+ * any more (it decides with replication_quiesce). */
+static void quiet_maybe(struct replication *rep)
+{
+    if (rep->quiescing && rep->count == 0)
+        handover_quiet(rep->member, rep->queue);
+}
+
 static void on_stream_answer(void *ctx, uint64_t tag, bool ack)
 {
     struct replica_stream *s = ctx;
@@ -240,6 +256,17 @@ static void on_stream_answer(void *ctx, uint64_t tag, bool ack)
     if (rep == NULL) {
         if (s->inflight == 0)
             free(s);
+        return;
+    }
+    bool probe = (tag & PROBE_TAG) != 0;
+    if (probe) {
+        if (s->probe_out) {
+            s->probe_out = false;
+            if (ack)
+                s->clean_at = tag & ~PROBE_TAG; /* what it had been sent: see send_probe */
+        }
+        drain(rep);
+        quiet_maybe(rep);
         return;
     }
     if (!ack) {
@@ -252,6 +279,7 @@ static void on_stream_answer(void *ctx, uint64_t tag, bool ack)
             catch_up_answered(rep, s);
     }
     drain(rep);
+    quiet_maybe(rep);
 }
 
 /* Sends m (and message, tagged: its ack means everything up to tag is
@@ -267,6 +295,7 @@ static bool stream_send(struct replication *rep, struct replica_stream *s, const
         stream_fail(rep, s, "cannot be reached");
         return false;
     }
+    s->sent++;
     s->inflight += message != NULL;
     return true;
 }
@@ -543,6 +572,53 @@ static const struct queue_replication_ops replication_ops = {
     .wait_for = wait_for,
 };
 
+/* ---- a handover's wait ---- */
+
+/* An empty message under seq 0 (which a replica takes as one it has),
+ * tagged with the stream's frame count including itself: once answered,
+ * the backup has processed everything sent before it, settles included
+ * (they travel on the same channel, in order). */
+static void send_probe(struct replication *rep, struct replica_stream *s)
+{
+    static const uint8_t no_properties[2] = {0, 0};
+    struct basic_properties none = {0};
+    struct message *probe = message_new(BYTES_LIT(""), BYTES_LIT(""), no_properties, 2, &none, 0);
+    ASSERT(probe != NULL);
+    struct method m = replicate_method(rep->queue, rep->epoch, 0, probe);
+    s->probe_out = stream_send(rep, s, &m, probe, PROBE_TAG | (s->sent + 1));
+    message_unref(probe);
+}
+
+bool replication_quiesce(struct queue *queue)
+{
+    struct replication *rep = queue->replication;
+    if (rep == NULL)
+        return true;
+    rep->quiescing = true;
+    if (rep->count > 0)
+        return false; /* confirms still wait for some backup */
+    bool quiet = true;
+    for (uint8_t i = 0; i < rep->streams_count; i++) {
+        struct replica_stream *s = rep->streams[i];
+        if (!s->gating)
+            continue; /* (the new primary catches it up) */
+        if (s->state != STREAM_LIVE || s->probe_out) {
+            quiet = false; /* failed (the map drops it first), or answering */
+        } else if (s->clean_at != s->sent) {
+            send_probe(rep, s);
+            quiet = false;
+        }
+    }
+    return quiet;
+}
+
+void replication_quiesce_end(struct queue *queue)
+{
+    struct replication *rep = queue->replication;
+    if (rep != NULL)
+        rep->quiescing = false;
+}
+
 /* ---- following the map ---- */
 
 static void stream_release(struct replica_stream *s)
@@ -686,6 +762,7 @@ static void tick_one(struct replication *rep, uint64_t now)
         ask_in_sync(rep); /* a change the map did not take (no quorum, lost): again */
     }
     drain(rep);
+    quiet_maybe(rep);
 }
 
 void replication_tick(struct member *member)

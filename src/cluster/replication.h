@@ -60,6 +60,15 @@ void replication_attach(struct member *member, struct queue *queue, const struct
  * more to the backups (a demoted primary must not purge its old backups). */
 void replication_detach(struct queue *queue, bool ack);
 
+/* A planned handover (handover.c) waits until the backups hold exactly
+ * what the queue does (its publishes are held meanwhile): no confirm
+ * waits, and every in-sync backup answered a probe sent after the last
+ * message and settle it was sent. True once so; else probes them (again,
+ * if settles went since) and calls handover_quiet(queue) when the answers
+ * are in. replication_quiesce_end: the handover is over. */
+bool replication_quiesce(struct queue *queue);
+void replication_quiesce_end(struct queue *queue);
+
 /* The member stops: every queue's replication is detached (nacked). */
 void replication_stop_all(struct member *member);
 

@@ -1,0 +1,167 @@
+/*
+ * moves.c: see moves.h.
+ */
+#include "cluster/moves.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "cluster/map.h"
+#include "cluster/member.h"
+#include "cluster/node.h"
+#include "lib/errors.h"
+#include "lib/log.h"
+#include "mgmt/json.h"
+#include "mgmt/json_read.h"
+
+struct move_request {
+    char vhost[CLUSTER_NAME_SIZE_MAX + 1];
+    char queue[CLUSTER_NAME_SIZE_MAX + 1];
+    char to[CLUSTER_NAME_SIZE_MAX + 1];
+    bool has_vhost, has_queue, has_to;
+};
+
+static bool read_move_member(void *ctx, const struct json_read_member *m, char *err,
+                             size_t err_size)
+{
+    struct move_request *r = ctx;
+    char *out;
+    bool *seen;
+    if (strcmp(m->key, "vhost") == 0) {
+        out = r->vhost;
+        seen = &r->has_vhost;
+    } else if (strcmp(m->key, "queue") == 0) {
+        out = r->queue;
+        seen = &r->has_queue;
+    } else if (strcmp(m->key, "to") == 0) {
+        out = r->to;
+        seen = &r->has_to;
+    } else {
+        snprintf(err, err_size, "unknown member '%s' (expected: vhost, queue, to)", m->key);
+        return false;
+    }
+    /* A queue's name may be empty on the wire, but never a queue's in the
+     * map (server-named ones have names); a vhost is never empty. */
+    if (m->kind != JSON_READ_STRING || m->string_size == 0 ||
+        m->string_size > CLUSTER_NAME_SIZE_MAX ||
+        memchr(m->string, '\0', m->string_size) != NULL) {
+        snprintf(err, err_size, "%s: a name, 1..%d bytes", m->key, CLUSTER_NAME_SIZE_MAX);
+        return false;
+    }
+    memcpy(out, m->string, m->string_size + 1);
+    *seen = true;
+    return true;
+}
+
+static int move_error(struct json *body, int status, const char *text)
+{
+    json_kv_string(body, "error", text);
+    json_object_end(body);
+    return status;
+}
+
+static const struct map_broker *broker_named(const struct cluster_map *map, const char *name)
+{
+    for (uint32_t i = 0; i < map->brokers_count; i++) {
+        if (bytes_equal_cstr(map->brokers[i]->name, name))
+            return map->brokers[i];
+    }
+    return NULL;
+}
+
+static void on_moved(void *ctx, int status, const struct map_change *change)
+{
+    (void)ctx;
+    if (status != OK)
+        LOG_WARN("cluster: a move did not commit (the map is unavailable): POST "
+                 "/api/cluster/move again");
+    else if (change->reply_code != 200)
+        LOG_WARN("cluster: a move was refused: %u %s", change->reply_code, change->reply_text);
+}
+
+/* Why the map would refuse moving q to b now, or NULL. */
+static const char *refusal(const struct map_queue *q, const struct map_broker *b)
+{
+    if (b->state != BROKER_STATE_UP)
+        return "is not up";
+    if (q->primary_id == b->id)
+        return "is the queue's primary already";
+    if (!q->available)
+        return "cannot take it: the queue is unavailable (its primary is down)";
+    if (!map_queue_has_backup(q, b->id) && q->backups_count == CLUSTER_BACKUPS_MAX)
+        return "is not among the queue's 3 backups (move it to one of them)";
+    return NULL;
+}
+
+int moves_post(void *ctx, const char *request, size_t request_size, struct json *body)
+{
+    struct member *member = ctx;
+    const struct cluster_map *map = member_map(member);
+    json_object_begin(body);
+    if (member->stopping || !cluster_node_synced(member->node))
+        return move_error(body, 503, "not serving the cluster yet (or stopping): try again");
+    struct move_request r = {.vhost = "/"};
+    char err[256];
+    if (json_read_object(request, request_size, read_move_member, &r, err, sizeof err) != OK)
+        return move_error(body, 400, err);
+    if (!r.has_queue || !r.has_to)
+        return move_error(body, 400, "expected {\"vhost\": V, \"queue\": Q, \"to\": BROKER}");
+    char text[900];
+    const struct map_queue *q =
+        cluster_map_queue(map, bytes_of_cstr(r.vhost), bytes_of_cstr(r.queue));
+    if (q == NULL) {
+        snprintf(text, sizeof text, "no queue '%s' in vhost '%s'", r.queue, r.vhost);
+        return move_error(body, 404, text);
+    }
+    const struct map_broker *to = broker_named(map, r.to);
+    if (to == NULL) {
+        snprintf(text, sizeof text, "no broker '%s' in the cluster", r.to);
+        return move_error(body, 404, text);
+    }
+    const char *why = refusal(q, to);
+    if (why != NULL) {
+        snprintf(text, sizeof text, "broker '%s' %s", r.to, why);
+        return move_error(body, 409, text);
+    }
+    struct map_cmd cmd;
+    if (map_cmd_queue_move(&cmd, q->vhost->name, q->name, q->epoch, to->id) != OK)
+        return move_error(body, 400, "the names do not fit a map command");
+    const struct map_broker *from = cluster_map_broker(map, q->primary_id);
+    json_kv_string(body, "vhost", r.vhost);
+    json_kv_string(body, "queue", r.queue);
+    json_key(body, "from");
+    json_string_n(body, from ? from->name.ptr : NULL, from ? from->name.len : 0);
+    json_kv_string(body, "to", r.to);
+    json_kv_bool(body, "catch_up", !map_queue_backup_in_sync(q, to->id));
+    json_object_end(body);
+    LOG_INFO("cluster: moving queue '%s' in vhost '%s' to broker '%s' (asked through the "
+             "management API)", r.queue, r.vhost, r.to);
+    cluster_node_submit(member->node, &cmd, on_moved, member);
+    return 202;
+}
+
+void moves_write_json(const struct cluster_map *map, struct json *body)
+{
+    json_key(body, "moves");
+    json_array_begin(body);
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        const struct map_queue *q = map->queues[i];
+        if (q->move_to == BROKER_ID_NONE)
+            continue;
+        const struct map_broker *from = cluster_map_broker(map, q->primary_id);
+        const struct map_broker *to = cluster_map_broker(map, q->move_to);
+        json_object_begin(body);
+        json_key(body, "vhost");
+        json_string_n(body, q->vhost->name.ptr, q->vhost->name.len);
+        json_key(body, "queue");
+        json_string_n(body, q->name.ptr, q->name.len);
+        json_key(body, "from");
+        json_string_n(body, from ? from->name.ptr : NULL, from ? from->name.len : 0);
+        json_key(body, "to");
+        json_string_n(body, to ? to->name.ptr : NULL, to ? to->name.len : 0);
+        json_kv_string(body, "phase", map_queue_backup_in_sync(q, q->move_to) ? "handing-over"
+                                                                               : "catching-up");
+        json_object_end(body);
+    }
+    json_array_end(body);
+}

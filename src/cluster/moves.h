@@ -1,0 +1,26 @@
+/*
+ * moves.h: planned moves of queues, as the management API asks for them
+ * and shows them. The map holds each move (map_queue.move_to); the primary
+ * carries it out (handover.h).
+ */
+#ifndef QUAY_CLUSTER_MOVES_H
+#define QUAY_CLUSTER_MOVES_H
+
+#include <stddef.h>
+
+struct cluster_map;
+struct json;
+
+/* POST /api/cluster/move {"vhost": V, "queue": Q, "to": BROKER}: starts a
+ * planned move (queue.move) and answers 202 with what it started, or
+ * refuses (400 malformed, 404 no such queue or broker, 409 the broker
+ * cannot take it now, 503 the cluster is not served yet) and changes
+ * nothing. ctx: the member. */
+int moves_post(void *ctx, const char *request, size_t request_size, struct json *body);
+
+/* /api/cluster's "moves": every move in progress, with its phase
+ * ("catching-up" while the target is a backup not in sync yet, then
+ * "handing-over"). */
+void moves_write_json(const struct cluster_map *map, struct json *body);
+
+#endif
