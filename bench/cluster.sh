@@ -35,12 +35,19 @@
 #           over) POST /api/cluster/forget {"broker": "b5"} on broker 1: reports what was
 #           decided and how long until b5 is out of every map, every queue is available with
 #           its backups again, and b1's Raft has 3 followers.
+#   move    3 brokers; a durable queue (one backup, b2) whose primary is b1, filled with
+#           MOVE_MESSAGES persistent 1 KiB messages; quaybench publishes MOVE_RATE msg/s with
+#           confirms via b2 and consumes (prefetch 100) via b3 for DURATION s; MOVE_AT s in,
+#           POST /api/cluster/move hands the queue to b3 (not its backup: it catches up
+#           first). Reports how long the move took (catching up, then the switch), the
+#           longest publish-to-confirm wait, lost, dup, reordered, nacked (target: 0, 0, 0,
+#           0 and a confirm wait <= 50 ms). The prefilled messages count as foreign.
 #   fanout  3 brokers; 1 KiB messages published via b to a fanout exchange bound to 10
 #           queues whose primary is a: the bytes b's link to a carries per message
 #           (target: at most 1.2 KiB; bench/cluster_fanout.py does the work).
 #
 # Usage: bench/cluster.sh [proxy] [failover] [scale] [replicated] [cut] [kill9] [heal] [fanout]
-#        [forget]
+#        [forget] [move]
 #        (default: proxy failover scale; cut, kill9 and heal need root)
 # Environment: QUAYD=build/quayd REPS=3 DURATION=10 SCALE_QUEUES=10000 BASE_PORT=6100
 #              BENCH_OUT=build/bench KEEP_TMP=0 PROBE_REPS=1 PROBE_DURATION=10 PROBE_AT=4
@@ -59,6 +66,9 @@ DURATION=${DURATION:-10}
 SCALE_QUEUES=${SCALE_QUEUES:-10000}
 FAILOVER_QUEUES=${FAILOVER_QUEUES:-15000}
 FORGET_QUEUES=${FORGET_QUEUES:-5000}
+MOVE_MESSAGES=${MOVE_MESSAGES:-100000}
+MOVE_RATE=${MOVE_RATE:-5000}
+MOVE_AT=${MOVE_AT:-5}
 BASE_PORT=${BASE_PORT:-6100}
 BENCH_OUT=${BENCH_OUT:-build/bench}
 KEEP_TMP=${KEEP_TMP:-0}
@@ -372,6 +382,70 @@ row_heal() {
     echo "ROW heal status=fail (the map did not agree, or the script failed)"
 }
 
+row_move() {
+  form 3
+  # A queue whose primary is b1 and whose backup is b2 (names are tried in turn).
+  local prefix
+  prefix=$(/usr/bin/python3 - "$(amqp_port 2)" "$(http_port 1)" <<'EOF'
+import json, sys, urllib.request
+import pika
+c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", int(sys.argv[1])))
+ch = c.channel()
+for i in range(200):
+    name = "mvb%d" % i
+    ch.queue_declare(name + "-0", durable=True, arguments={"x-quay-backups": 1})
+    with urllib.request.urlopen("http://127.0.0.1:%s/api/queues" % sys.argv[2]) as r:
+        q = next(q for q in json.load(r) if q["name"] == name + "-0")
+    if q["primary"] == "b1" and q["backups"] == ["b2"]:
+        print(name)
+        break
+    ch.queue_delete(name + "-0")
+c.close()
+EOF
+)
+  local qb=(--prefix "$prefix" --durable --persistent --confirm --no-setup --keep
+            --qarg x-quay-backups=1)
+  "$BENCH_OUT/quaybench" -H 127.0.0.1 -p "$(amqp_port 2)" -C 0 -n "$MOVE_MESSAGES" "${qb[@]}" \
+      > /dev/null
+  "$BENCH_OUT/quaybench" -H 127.0.0.1 -p "$(amqp_port 2)" --consumer-port "$(amqp_port 3)" \
+      -P 1 -C 1 --prefetch 100 --rate "$MOVE_RATE" -d "$DURATION" --drain-timeout 10 "${qb[@]}" \
+      > "$TMP/move.out" &
+  local bench=$!
+  sleep "$MOVE_AT"
+  /usr/bin/python3 - "$(http_port 1)" "$prefix-0" <<'EOF'
+import json, sys, time, urllib.request
+port, queue = int(sys.argv[1]), sys.argv[2]
+def get(path):
+    with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=30) as r:
+        return json.load(r)
+t0 = time.time()
+req = urllib.request.Request("http://127.0.0.1:%d/api/cluster/move" % port, method="POST",
+                             data=json.dumps({"queue": queue, "to": "b3"}).encode())
+urllib.request.urlopen(req, timeout=30).close()
+synced = None
+while time.time() < t0 + 60:
+    moves = get("/api/cluster")["moves"]
+    if synced is None and moves and moves[0]["phase"] == "handing-over":
+        synced = time.time() - t0
+    if not moves:
+        break
+    time.sleep(0.01)
+q = next(q for q in get("/api/queues") if q["name"] == queue)
+print("MOVE caught_up_s=%.2f done_s=%.2f primary=%s" % (synced or 0, time.time() - t0,
+                                                        q["primary"]), flush=True)
+EOF
+  wait "$bench" || true
+  local r
+  r=$(grep RESULT "$TMP/move.out")
+  echo "ROW move messages=$MOVE_MESSAGES rate=$MOVE_RATE" \
+       "conf_max_ms=$(echo "$r" | field conf_max_us | awk '{print $1/1000}')" \
+       "conf_p99_ms=$(echo "$r" | field conf_p99_us | awk '{print $1/1000}')" \
+       "lost=$(echo "$r" | field lost) dup=$(echo "$r" | field dup)" \
+       "reordered=$(echo "$r" | field reorder) nacked=$(echo "$r" | field nacked)" \
+       "foreign=$(echo "$r" | field foreign) redelivered=$(echo "$r" | field redelivered)"
+  stop_all
+}
+
 row_forget() {
   form 5
   "$BENCH_OUT/quayscale" queues -H 127.0.0.1 -p "$(amqp_port 2)" -n "$FORGET_QUEUES" --keep \
@@ -434,6 +508,7 @@ for row in $ROWS; do
     heal) row_heal ;;
     fanout) row_fanout ;;
     forget) row_forget ;;
+    move) row_move ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
   esac
 done

@@ -64,7 +64,7 @@ static struct {
     int watch[MAX_WATCH], nwatch;
     char prefix[128];
     double drain_timeout, max_drain;
-    bool keep, verbose;
+    bool keep, verbose, no_setup;
     int fault; /* FAULT_*: deliberate misbehaviour to test the checker */
     char qkey[MAX_QARGS][64], qval[MAX_QARGS][256]; /* --qarg: arguments of the published queues */
     int nqargs;
@@ -848,6 +848,7 @@ static void usage(int code)
             "      --drain-timeout S    after producers stop, give up when nothing arrived for S s (default 5)\n"
             "      --max-drain S        ... or after S s of draining in total (default 120)\n"
             "      --keep               keep the queues at the end\n"
+            "      --no-setup           use the queues as they are (no delete and declare first)\n"
             "      --user U --pass P --vhost V   (default guest guest /)\n"
             "  -v, --verbose            progress every second on stderr\n"
             "      --selftest-fault K   loss|dup|reorder: producer 0 drops / doubles / swaps sequence 100\n"
@@ -936,7 +937,7 @@ int main(int argc, char **argv)
 
     enum {
         O_CHOST = 256, O_CPORT, O_QUEUES, O_PREFIX, O_AUTOACK, O_PREFETCH, O_MULTIACK, O_CONFIRM, O_PERSIST,
-        O_DURABLE, O_RATE, O_WATCH, O_DRAIN, O_MAXDRAIN, O_KEEP, O_USER, O_PASS, O_VHOST, O_HELP, O_FAULT,
+        O_DURABLE, O_RATE, O_WATCH, O_DRAIN, O_MAXDRAIN, O_KEEP, O_NO_SETUP, O_USER, O_PASS, O_VHOST, O_HELP, O_FAULT,
         O_QARG, O_DLX, O_CQUEUE, O_CTIMEOUT
     };
     static const struct option lo[] = {
@@ -951,7 +952,7 @@ int main(int argc, char **argv)
         {"persistent", no_argument, 0, O_PERSIST},    {"durable", no_argument, 0, O_DURABLE},
         {"rate", required_argument, 0, O_RATE},       {"watch-pid", required_argument, 0, O_WATCH},
         {"drain-timeout", required_argument, 0, O_DRAIN}, {"max-drain", required_argument, 0, O_MAXDRAIN},
-        {"keep", no_argument, 0, O_KEEP},             {"user", required_argument, 0, O_USER},
+        {"keep", no_argument, 0, O_KEEP},             {"no-setup", no_argument, 0, O_NO_SETUP},             {"user", required_argument, 0, O_USER},
         {"pass", required_argument, 0, O_PASS},       {"vhost", required_argument, 0, O_VHOST},
         {"verbose", no_argument, 0, 'v'},             {"help", no_argument, 0, O_HELP},
         {"selftest-fault", required_argument, 0, O_FAULT},
@@ -992,6 +993,7 @@ int main(int argc, char **argv)
         case O_DRAIN: cfg.drain_timeout = atof(optarg); break;
         case O_MAXDRAIN: cfg.max_drain = atof(optarg); break;
         case O_KEEP: cfg.keep = true; break;
+        case O_NO_SETUP: cfg.no_setup = true; break;
         case O_USER: snprintf(cfg.cr.user, sizeof cfg.cr.user, "%s", optarg); break;
         case O_PASS: snprintf(cfg.cr.pass, sizeof cfg.cr.pass, "%s", optarg); break;
         case O_VHOST: snprintf(cfg.cr.vhost, sizeof cfg.cr.vhost, "%s", optarg); break;
@@ -1036,7 +1038,8 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);
 
-    setup_queues(true);
+    if (!cfg.no_setup)
+        setup_queues(true);
 
     g_prod = calloc((size_t)cfg.producers, sizeof *g_prod);
     g_cons = calloc((size_t)(cfg.consumers ? cfg.consumers : 1), sizeof *g_cons);

@@ -1228,6 +1228,26 @@ static void encode_basic_quay_synced(const struct method *in, struct wire_writer
     wire_write_u64(w, m->version);
 }
 
+static int decode_basic_quay_handover(struct method *out, struct wire_reader *r)
+{
+    struct method_basic_quay_handover *m = &out->basic_quay_handover;
+    m->queue = wire_read_shortstr(r);
+    m->epoch = wire_read_u64(r);
+    m->delivered = wire_read_longstr(r);
+    m->redelivered = wire_read_longstr(r);
+    return r->failed ? E_SYNTAX : OK;
+}
+
+static void encode_basic_quay_handover(const struct method *in, struct wire_writer *w)
+{
+    const struct method_basic_quay_handover *m = &in->basic_quay_handover;
+    ASSERT(m->queue.len <= 255);
+    wire_write_shortstr(w, m->queue);
+    wire_write_u64(w, m->epoch);
+    wire_write_longstr(w, m->delivered);
+    wire_write_longstr(w, m->redelivered);
+}
+
 static int decode_confirm_select(struct method *out, struct wire_reader *r)
 {
     struct method_confirm_select *m = &out->confirm_select;
@@ -1403,6 +1423,7 @@ static const struct {
     {decode_basic_quay_settle, encode_basic_quay_settle},
     {decode_basic_quay_sync, encode_basic_quay_sync},
     {decode_basic_quay_synced, encode_basic_quay_synced},
+    {decode_basic_quay_handover, encode_basic_quay_handover},
     {decode_confirm_select, encode_confirm_select},
     {decode_confirm_select_ok, encode_confirm_select_ok},
     {decode_tx_select, encode_tx_select},
@@ -1711,6 +1732,12 @@ static const struct method_field FIELDS_BASIC_QUAY_SYNC[] = {
 static const struct method_field FIELDS_BASIC_QUAY_SYNCED[] = {
     {"version", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_synced.version)},
 };
+static const struct method_field FIELDS_BASIC_QUAY_HANDOVER[] = {
+    {"queue", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_handover.queue)},
+    {"epoch", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_handover.epoch)},
+    {"delivered", METHOD_FIELD_LONGSTR, offsetof(struct method, basic_quay_handover.delivered)},
+    {"redelivered", METHOD_FIELD_LONGSTR, offsetof(struct method, basic_quay_handover.redelivered)},
+};
 static const struct method_field FIELDS_CONFIRM_SELECT[] = {
     {"no-wait", METHOD_FIELD_BIT, offsetof(struct method, confirm_select.no_wait)},
 };
@@ -1838,6 +1865,8 @@ const struct method_info METHOD_INFOS[METHOD_COUNT] = {
      false, false, 2, FIELDS_BASIC_QUAY_SYNC},
     {METHOD_BASIC_QUAY_SYNCED, "basic.quay-synced",
      false, false, 1, FIELDS_BASIC_QUAY_SYNCED},
+    {METHOD_BASIC_QUAY_HANDOVER, "basic.quay-handover",
+     false, false, 4, FIELDS_BASIC_QUAY_HANDOVER},
     {METHOD_CONFIRM_SELECT, "confirm.select",
      true, false, 1, FIELDS_CONFIRM_SELECT},
     {METHOD_CONFIRM_SELECT_OK, "confirm.select-ok",

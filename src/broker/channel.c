@@ -608,6 +608,15 @@ void channel__handle_settle(struct channel *ch, const struct method *m)
                               s->purge ? 0 : s->seq);
 }
 
+void channel__handle_handover(struct channel *ch, const struct method *m)
+{
+    const struct method_basic_quay_handover *h = &m->basic_quay_handover;
+    struct broker *broker = ch->connection->broker;
+    if (peer_only(ch, m->id) && broker->member)
+        member_handover_notice(broker->member, ch->vhost, ch->connection->conn.id, ch->id,
+                               h->queue, h->epoch, h->delivered, h->redelivered);
+}
+
 static void keep_names(struct channel *ch, struct bytes exchange, struct bytes routing_key)
 {
     if (!ch->publish_names) {
@@ -973,7 +982,8 @@ void channel__route_forward(struct channel *ch, struct message *message)
         return; /* the sender learns the outcome from the map itself */
     }
     uint64_t seq = ch->confirm_mode ? ch->publish_seq + 1 : 0;
-    struct publish_wait wait = {.sink = seq ? channel_sink(ch) : NULL, .seq = seq};
+    struct publish_wait wait = {.sink = seq ? channel_sink(ch) : NULL, .seq = seq,
+                                .from_peer = true};
     bool rejected = targets.len == 0;
     struct table_iter it;
     struct bytes name;

@@ -64,6 +64,25 @@ void channels_each_unacked(struct broker *broker, const struct queue *queue,
                            void (*fn)(void *ctx, uint64_t seq, struct message *message),
                            void *ctx);
 
+/* A planned handover (cluster/handover.c) keeps the old primary's
+ * deliveries delivered. On the new primary: the open channel of that
+ * connection (NULL: gone); entry (taken from the queue,
+ * counted unacked there) becomes a delivery on ch, the old primary's
+ * channel for them, at its next tag, and nothing is sent: the old primary
+ * settles it by that tag. NULL: the message was settled meanwhile; the tag
+ * is skipped all the same (the old primary counts tags as it listed the
+ * messages). */
+struct queue_entry;
+struct channel *channel_find(struct broker *broker, uint64_t connection_id, uint16_t channel_id);
+void channel_adopt_delivery(struct channel *ch, struct queue *queue,
+                            const struct queue_entry *entry);
+/* On the old primary: every unsettled delivery of `from` for which
+ * new_seq(ctx, seq) is not 0 now belongs to `to` under that seq (a
+ * stand-in's: settling it settles it at the new primary). Returns how
+ * many moved. */
+uint32_t channels_move_unacked(struct broker *broker, struct queue *from, struct queue *to,
+                               uint64_t (*new_seq)(void *ctx, uint64_t seq), void *ctx);
+
 /* The end of a loop iteration (broker->confirms_hook): every channel that
  * owes its publisher confirms sends them, one multiple ack through the
  * last publish that waits for nothing more. */

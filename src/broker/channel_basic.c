@@ -229,6 +229,59 @@ static uint64_t record_delivery(struct channel *ch, struct consumer *consumer,
     return tag;
 }
 
+void channel_adopt_delivery(struct channel *ch, struct queue *queue,
+                            const struct queue_entry *entry)
+{
+    uint64_t tag = ch->next_delivery_tag++;
+    if (entry == NULL)
+        return; /* settled meanwhile: its tag is a hole (ring_append) */
+    queue_ref(queue);
+    ring_append(&ch->deliveries, tag,
+                (struct delivery){.message = entry->message, .queue = queue, .seq = entry->seq,
+                                  .expires_at_ms = entry->expires_at_ms, .live = true});
+    ch->unacked_count++;
+}
+
+struct channel *channel_find(struct broker *broker, uint64_t connection_id, uint16_t channel_id)
+{
+    list_for_each(n, &broker->connections) {
+        struct connection *c = CONTAINER_OF(n, struct connection, broker_link);
+        if (c->conn.id != connection_id)
+            continue;
+        struct channel *ch = channel_id < c->channels_cap ? c->channels[channel_id] : NULL;
+        return ch && ch->state == CHANNEL_STATE_OPEN && !c->conn.closing ? ch : NULL;
+    }
+    return NULL;
+}
+
+uint32_t channels_move_unacked(struct broker *broker, struct queue *from, struct queue *to,
+                               uint64_t (*new_seq)(void *ctx, uint64_t seq), void *ctx)
+{
+    uint32_t moved = 0;
+    list_for_each(n, &broker->connections) {
+        struct connection *c = CONTAINER_OF(n, struct connection, broker_link);
+        for (uint32_t id = 0; id < c->channels_cap; id++) {
+            struct channel *ch = c->channels[id];
+            struct delivery_ring *r = ch ? &ch->deliveries : NULL;
+            for (uint32_t i = 0; r && i < r->count; i++) {
+                struct delivery *d = &r->items[(r->head + i) & (r->cap - 1)];
+                uint64_t seq = d->live && d->queue == from ? new_seq(ctx, d->seq) : 0;
+                if (seq == 0)
+                    continue;
+                d->seq = seq;
+                d->queue = to;
+                queue_ref(to);
+                queue_unref(from);
+                ASSERT(from->unacked_count > 0);
+                from->unacked_count--;
+                to->unacked_count++;
+                moved++;
+            }
+        }
+    }
+    return moved;
+}
+
 uint32_t channel_consumer_credit(const struct consumer *consumer)
 {
     const struct channel *ch = consumer->owner;
@@ -645,6 +698,8 @@ void channel__handle_basic(struct channel *ch, const struct method *m)
         return channel__begin_forward(ch, m);
     case METHOD_BASIC_QUAY_SETTLE:
         return channel__handle_settle(ch, m);
+    case METHOD_BASIC_QUAY_HANDOVER:
+        return channel__handle_handover(ch, m);
     case METHOD_BASIC_QUAY_SYNC:
         return channel__handle_sync(ch, m);
     case METHOD_BASIC_ACK:

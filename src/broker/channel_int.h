@@ -176,6 +176,7 @@ void channel__begin_publish(struct channel *ch, const struct method *m);
 void channel__begin_forward(struct channel *ch, const struct method *m);
 /* basic.quay-settle: a message left a queue we are a backup of. */
 void channel__handle_settle(struct channel *ch, const struct method *m);
+void channel__handle_handover(struct channel *ch, const struct method *m);
 /* basic.quay-sync: a peer's next requests need our map at that version. */
 void channel__handle_sync(struct channel *ch, const struct method *m);
 

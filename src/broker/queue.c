@@ -573,7 +573,8 @@ static void hold_publish(struct queue *queue, struct message *message, struct pu
 static enum queue_publish_result publish_one(struct queue *queue, struct message *message,
                                              struct publish_wait *wait, bool dead_lettered)
 {
-    if (queue->pause != NULL) {
+    bool from_peer = wait != NULL && wait->from_peer;
+    if (queue->pause != NULL && (queue->pause->standing || !from_peer)) {
         hold_publish(queue, message, wait, dead_lettered);
         return QUEUE_PUBLISH_OK;
     }
@@ -627,11 +628,32 @@ void queue_publish_routed(struct queue *const *queues, uint32_t count, struct me
         forward(stubs, stubs_count, message, wait, dead_lettered, out);
 }
 
+/* A paused queue's delivery is settled: held, in order (its message
+ * reference with it). True if held. */
+static bool hold_settle(struct queue *queue, enum queue_settle_kind kind,
+                        struct queue_entry entry)
+{
+    struct queue_pause *p = queue->pause;
+    if (p == NULL || !p->standing || queue->remote_ops != NULL || queue->deleted)
+        return false;
+    if (p->settles_count == p->settles_cap) {
+        p->settles_cap = p->settles_cap ? p->settles_cap * 2 : 64;
+        p->settles = realloc(p->settles, sizeof *p->settles * p->settles_cap);
+        ASSERT(p->settles != NULL);
+    }
+    p->settles[p->settles_count++] = (struct queue_held_settle){kind, entry};
+    return true;
+}
+
 void queue_requeue(struct queue *queue, struct queue_entry entry)
 {
     ASSERT(queue->unacked_count > 0);
+    if (hold_settle(queue, QUEUE_SETTLE_REQUEUE, entry))
+        return;
     queue->unacked_count--;
-    if (queue->remote_ops && !queue->deleted)
+    /* A stand-in replaced meanwhile (a promotion here, a handover) still
+     * gives it back where it came from: its primary, or its relay. */
+    if (queue->remote_ops)
         queue->remote_ops->release(queue, entry.seq);
     if (queue->deleted || queue->remote_ops) {
         message_unref(entry.message);
@@ -706,12 +728,16 @@ void queue_recover_message(struct queue *queue, struct message *message, uint64_
 void queue_settle(struct queue *queue, uint64_t seq, const struct message *message)
 {
     ASSERT(queue->unacked_count > 0);
-    queue->unacked_count--;
-    if (queue->deleted)
+    if (queue_paused(queue) && !queue->deleted) {
+        message_ref((struct message *)message); /* the caller keeps its own */
+        hold_settle(queue, QUEUE_SETTLE_ACK,
+                    (struct queue_entry){.message = (struct message *)message, .seq = seq});
         return;
+    }
+    queue->unacked_count--;
     if (queue->remote_ops)
-        queue->remote_ops->ack(queue, seq);
-    else
+        queue->remote_ops->ack(queue, seq); /* (a replaced stand-in's too: see requeue) */
+    else if (!queue->deleted)
         forget(queue, seq, message);
 }
 
@@ -720,11 +746,13 @@ void queue_reject(struct queue *queue, uint64_t seq, struct message *message)
     if (queue->remote_ops) {
         ASSERT(queue->unacked_count > 0);
         queue->unacked_count--;
-        if (!queue->deleted)
-            queue->remote_ops->reject(queue, seq);
+        queue->remote_ops->reject(queue, seq);
         message_unref(message);
         return;
     }
+    if (hold_settle(queue, QUEUE_SETTLE_REJECT,
+                    (struct queue_entry){.message = message, .seq = seq}))
+        return;
     queue_settle(queue, seq, message);
     if (queue->deleted) {
         message_unref(message);
@@ -735,8 +763,8 @@ void queue_reject(struct queue *queue, uint64_t seq, struct message *message)
 
 bool queue_take(struct queue *queue, struct queue_entry *out)
 {
-    if (queue->ready_count == 0)
-        return false;
+    if (queue->ready_count == 0 || queue_paused(queue))
+        return false; /* (paused: standing still for a handover) */
     uint64_t now = now_ms(queue);
     for (;;) {
         struct queue_ring *ring = head_ring(queue);
@@ -763,6 +791,114 @@ bool queue_take(struct queue *queue, struct queue_entry *out)
         journal_delivered(queue->journal, out->seq);
     queue->unacked_count++;
     return true;
+}
+
+/* Whether seq is in seqs[0..n) (ascending); *at: where. */
+static bool find_seq(const uint64_t *seqs, uint32_t n, uint64_t seq, uint32_t *at)
+{
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (seqs[mid] < seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *at = lo;
+    return lo < n && seqs[lo] == seq;
+}
+
+static struct queue_ring *level_ring(struct queue *queue, uint32_t level)
+{
+    return level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
+}
+
+void queue_take_delivered(struct queue *queue, const uint64_t *seqs, uint32_t n,
+                          struct queue_entry *out, bool *found)
+{
+    memset(found, 0, sizeof *found * n);
+    for (uint32_t level = 0; n > 0 && level <= queue->args.max_priority; level++) {
+        struct queue_ring *ring = level_ring(queue, level);
+        uint32_t kept = 0;
+        for (uint32_t i = 0; i < ring->count; i++) {
+            struct queue_entry e = *ring_slot(ring, i);
+            uint32_t k;
+            if (!find_seq(seqs, n, e.seq, &k)) {
+                *ring_slot(ring, kept++) = e;
+                continue;
+            }
+            queue->ready_count--;
+            queue->ready_bytes -= entry_body_size(&e);
+            if (!resident(queue, &e)) {
+                journal_ack(queue->journal, e.seq); /* lost from the journal (logged) */
+                replicate_removal(queue, e.seq);
+                continue;
+            }
+            if (logged(queue, e.message) && !e.redelivered)
+                journal_delivered(queue->journal, e.seq);
+            queue->unacked_count++;
+            out[k] = e;
+            found[k] = true;
+        }
+        ring->count = kept;
+    }
+}
+
+void queue_set_redelivered(struct queue *queue, const uint64_t *seqs, uint32_t n)
+{
+    for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
+        struct queue_ring *ring = level_ring(queue, level);
+        for (uint32_t i = 0; i < ring->count; i++) {
+            uint32_t k;
+            ring_slot(ring, i)->redelivered = find_seq(seqs, n, ring_slot(ring, i)->seq, &k);
+        }
+    }
+}
+
+static int seq_order(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+uint32_t queue_redelivered_seqs(struct queue *queue, uint64_t **out)
+{
+    uint32_t n = 0, cap = 0;
+    *out = NULL;
+    for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
+        struct queue_ring *ring = level_ring(queue, level);
+        for (uint32_t i = 0; i < ring->count; i++) {
+            if (!ring_slot(ring, i)->redelivered)
+                continue;
+            if (n == cap) {
+                cap = cap ? cap * 2 : 64;
+                *out = realloc(*out, sizeof **out * cap);
+                ASSERT(*out != NULL);
+            }
+            (*out)[n++] = ring_slot(ring, i)->seq;
+        }
+    }
+    if (n > 1)
+        qsort(*out, n, sizeof **out, seq_order); /* (one ring per priority) */
+    return n;
+}
+
+bool queue_holds_ready(struct queue *queue, uint64_t seq)
+{
+    for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
+        struct queue_ring *ring = level_ring(queue, level);
+        uint32_t lo = 0, hi = ring->count; /* a ring is in seq order */
+        while (lo < hi) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            if (ring_slot(ring, mid)->seq < seq)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo < ring->count && ring_slot(ring, lo)->seq == seq)
+            return true;
+    }
+    return false;
 }
 
 uint32_t queue_purge(struct queue *queue)
@@ -833,7 +969,7 @@ static void rotate(struct queue *queue, struct consumer *consumer)
     list_insert_after(pos->prev, &consumer->queue_link);
 }
 
-void queue_pause(struct queue *queue)
+void queue_hold_publishes(struct queue *queue)
 {
     ASSERT(queue->remote_ops == NULL && !queue->deleted);
     if (queue->pause == NULL) {
@@ -842,23 +978,74 @@ void queue_pause(struct queue *queue)
     }
 }
 
+void queue_pause(struct queue *queue)
+{
+    queue_hold_publishes(queue);
+    queue->pause->standing = true;
+}
+
 uint32_t queue_take_held(struct queue *queue, struct queue_held_publish **out)
+{
+    struct queue_pause *p = queue->pause;
+    *out = NULL;
+    if (p == NULL)
+        return 0;
+    uint32_t n = p->count;
+    *out = p->held;
+    p->held = NULL;
+    p->count = p->cap = 0;
+    return n;
+}
+
+uint32_t queue_take_held_settles(struct queue *queue, struct queue_held_settle **out)
 {
     struct queue_pause *p = queue->pause;
     queue->pause = NULL;
     *out = NULL;
     if (p == NULL)
         return 0;
-    uint32_t n = p->count;
-    *out = p->held;
+    ASSERT(p->held == NULL); /* queue_take_held first */
+    uint32_t n = p->settles_count;
+    *out = p->settles;
+    ASSERT(queue->unacked_count >= n);
+    queue->unacked_count -= n;
     free(p);
     return n;
+}
+
+void queue_held_settles_free(struct queue_held_settle *settles, uint32_t count)
+{
+    for (uint32_t i = 0; i < count; i++)
+        message_unref(settles[i].entry.message);
+    free(settles);
+}
+
+/* The held settles, applied as they would have been. */
+static void apply_held_settles(struct queue *queue, struct queue_held_settle *settles,
+                               uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        struct queue_entry e = settles[i].entry;
+        if (settles[i].kind == QUEUE_SETTLE_REQUEUE) {
+            queue_requeue(queue, e);
+        } else if (settles[i].kind == QUEUE_SETTLE_REJECT) {
+            queue_reject(queue, e.seq, e.message);
+        } else {
+            queue_settle(queue, e.seq, e.message);
+            message_unref(e.message);
+        }
+    }
+    free(settles);
 }
 
 void queue_resume(struct queue *queue)
 {
     struct queue_held_publish *held;
     uint32_t n = queue_take_held(queue, &held);
+    struct queue_held_settle *settles;
+    uint32_t settles_count = queue_take_held_settles(queue, &settles);
+    queue->unacked_count += settles_count; /* (taken back: applied below) */
+    apply_held_settles(queue, settles, settles_count);
     for (uint32_t i = 0; i < n; i++) {
         /* (Deleted meanwhile: routed to a queue that then went, as on
          * RabbitMQ: confirmed, and gone.) */
@@ -878,7 +1065,7 @@ void queue_resume(struct queue *queue)
 
 void queue_dispatch(struct queue *queue)
 {
-    if (queue->dispatching || queue->deleted || queue->pause != NULL)
+    if (queue->dispatching || queue->deleted || queue_paused(queue))
         return;
     if (queue->remote_ops) {
         queue->remote_ops->dispatch(queue);

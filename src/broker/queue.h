@@ -135,6 +135,7 @@ struct publish_wait {
     struct confirm_sink *sink; /* where other brokers' answers go; NULL: nobody waits */
     uint64_t seq;              /* the publish's number on its channel */
     uint32_t remote;           /* answers owed to the sink */
+    bool from_peer;            /* a peer's forward (queue_hold_publishes lets it in) */
     bool flow;                 /* out: what this broker sent other brokers and they have
                                 * not answered is over its bound (forwards to primaries,
                                 * replication to backups): the publisher waits
@@ -183,9 +184,19 @@ struct queue_held_publish {
     bool dead_lettered;
 };
 
+/* A settle of one of a paused queue's deliveries, held (queue_pause). */
+enum queue_settle_kind { QUEUE_SETTLE_ACK, QUEUE_SETTLE_REJECT, QUEUE_SETTLE_REQUEUE };
+struct queue_held_settle {
+    enum queue_settle_kind kind;
+    struct queue_entry entry;     /* seq; message: one reference (expiry for a requeue) */
+};
+
 struct queue_pause {
+    bool standing;                   /* queue_pause; else queue_hold_publishes */
     struct queue_held_publish *held; /* owned, in arrival order */
     uint32_t count, cap;
+    struct queue_held_settle *settles; /* owned, in order */
+    uint32_t settles_count, settles_cap;
 };
 
 struct queue {
@@ -315,22 +326,52 @@ bool queue_pages(const struct queue *queue);
  * journal cannot produce it (logged). */
 struct message *queue_read_paged(struct queue *queue, uint64_t seq);
 
-/* A queue handed over to another broker (cluster/handover.c) stops for
- * the moment of the switch: publishes are held in arrival order, not
- * enqueued (their confirms wait), and nothing is dispatched; acks,
- * requeues and expiry go on. A real queue only. */
+/* A queue handed over to another broker (cluster/handover.c) stands
+ * still for the moment of the switch, so that the new primary can take it
+ * as it is: publishes are held in arrival order, not enqueued (their
+ * confirms wait); settles of its deliveries (ack, reject, requeue) are
+ * held in order, not applied; nothing is dispatched and basic.get finds
+ * it empty. Expiry goes on. A real queue only. */
 void queue_pause(struct queue *queue);
-/* The switch did not happen: the held publishes are enqueued (and their
- * publishers answered) in order, and dispatch resumes. */
+/* A queue just handed over to us (cluster/mirror.c) while our own
+ * forwards to its old primary are not all answered yet: our clients'
+ * publishes (and the publishes held for the old primary) wait behind
+ * them, held, so that each publisher's messages stay in order; peers'
+ * forwards come in (they wait for their own). queue_resume ends it. */
+void queue_hold_publishes(struct queue *queue);
+/* The switch did not happen: the held settles are applied and the held
+ * publishes enqueued (their publishers answered), in order; dispatch
+ * resumes. */
 void queue_resume(struct queue *queue);
 /* The switch happened: the held publishes, for their new queue (the
- * caller publishes each and answers its sink: confirm_sink_routed). The
- * queue is no longer paused. Returns how many; *out is malloc'ed. */
+ * caller publishes each and answers its sink: confirm_sink_routed), and
+ * the held settles, for the new primary (the caller passes them on and
+ * frees their messages). The queue is no longer paused. Each returns how
+ * many; *out is malloc'ed. Publishes first. */
 uint32_t queue_take_held(struct queue *queue, struct queue_held_publish **out);
+uint32_t queue_take_held_settles(struct queue *queue, struct queue_held_settle **out);
+/* Held settles nobody passes on (a failover overtook the handover): their
+ * messages released, the array freed. */
+void queue_held_settles_free(struct queue_held_settle *settles, uint32_t count);
 static inline bool queue_paused(const struct queue *queue)
 {
-    return queue->pause != NULL;
+    return queue->pause != NULL && queue->pause->standing;
 }
+
+/* A planned handover (cluster/handover.c), on the new primary: the
+ * messages the old primary had delivered and that are not settled yet
+ * (seqs ascending) leave the ready rings, resident and counted unacked, as
+ * out[k] for seqs[k] (found[k] false: not there, settled meanwhile); a
+ * delivery of the caller's now holds each. Then the ready ones keep the
+ * old primary's flags: redelivered exactly for seqs[0..n) (ascending). */
+void queue_take_delivered(struct queue *queue, const uint64_t *seqs, uint32_t n,
+                          struct queue_entry *out, bool *found);
+void queue_set_redelivered(struct queue *queue, const uint64_t *seqs, uint32_t n);
+/* On the old primary: the seqs of its ready messages marked redelivered,
+ * ascending (*out malloc'ed, NULL if none); and whether seq is ready
+ * (requeued, say, after the new primary was told it was delivered). */
+uint32_t queue_redelivered_seqs(struct queue *queue, uint64_t **out);
+bool queue_holds_ready(struct queue *queue, uint64_t seq);
 
 /* The queue was used (declare, get, consume): postpones x-expires. */
 void queue_touch(struct queue *queue);

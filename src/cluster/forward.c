@@ -16,6 +16,7 @@
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "cluster/handover.h"
 #include "cluster/link.h"
 #include "cluster/member.h"
 #include "cluster/proxy_int.h"
@@ -80,6 +81,22 @@ static struct forward_target *wait_targets(struct forward_wait *w)
 static bool hold_forward(struct queue *queue, struct message *message, struct confirm_sink *sink,
                          uint64_t seq, bool dead_lettered);
 
+/* A forward naming the stand-in was answered (or taken out of one). The
+ * last of them ends a drain: what was held goes (to the new primary, or,
+ * if we are it now, into the real queue that replaced the stand-in). */
+static void target_done(struct queue *queue)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    ASSERT(stub->forwards_out > 0);
+    if (--stub->forwards_out > 0 || !stub->draining)
+        return;
+    stub->draining = false;
+    if (!queue->deleted)
+        forward__release_held(queue, true);
+    else
+        handover_forwards_drained(stub->member, queue->vhost, queue->name);
+}
+
 /* Whether a target the primary did not take for good is sent again (to
  * whoever is the primary by then): its link died before the answer came
  * (lost), or it was nacked by a primary that has since been replaced (a
@@ -138,8 +155,10 @@ static void forward_answered(struct forward_wait *w, bool ack, bool lost)
         if (stands)
             confirm_sink_answer(w->sink, w->seq, answer_ack);
     }
-    for (uint32_t i = 0; i < w->targets_count; i++)
+    for (uint32_t i = 0; i < w->targets_count; i++) {
+        target_done(targets[i].stub);
         queue_unref(targets[i].stub);
+    }
     free(w->many);
 }
 
@@ -320,6 +339,7 @@ static bool send_forward(struct member_peer *peer, struct queue *const *stubs, u
         table_put_field(&w, stubs[i]->name, &epoch);
         targets[i] = (struct forward_target){stubs[i], (uint64_t)epoch.i64};
         queue_ref(stubs[i]);
+        stub_of(stubs[i])->forwards_out++;
     }
     ASSERT(!w.overflow);
     struct method m = {.id = METHOD_BASIC_QUAY_FORWARD};
@@ -383,7 +403,7 @@ void forward__stubs(struct queue *const *queues, uint32_t count, struct queue_fo
         struct member_peer *peer = member_peer(stub->member, stub->primary_id);
         if (!stub->available) {
             fwd->unavailable++;
-        } else if (stub->held_count > 0 || peer == NULL || !peer->up) {
+        } else if (stub->held_count > 0 || stub->draining || peer == NULL || !peer->up) {
             /* In order, behind the held ones, until it can be reached. */
             if (hold_forward(queues[i], fwd->message, fwd->sink, fwd->seq, fwd->dead_lettered))
                 fwd->answers++;
@@ -403,7 +423,7 @@ void forward__stubs(struct queue *const *queues, uint32_t count, struct queue_fo
             struct proxy_stub *stub = stub_of(queues[i]);
             struct member_peer *peer = member_peer(stub->member, stub->primary_id);
             if (stub->primary_id == peers[p] && stub->available && stub->held_count == 0 &&
-                peer != NULL && peer->up)
+                !stub->draining && peer != NULL && peer->up)
                 group[n++] = queues[i];
         }
         ASSERT(n > 0);
@@ -436,6 +456,8 @@ static bool hold_forward(struct queue *queue, struct message *message, struct co
 void forward__release_held(struct queue *queue, bool send)
 {
     struct proxy_stub *stub = stub_of(queue);
+    if (send && stub->draining)
+        return; /* behind the forwards still out (target_done) */
     while (stub->held_count > 0) {
         struct member_peer *peer = member_peer(stub->member, stub->primary_id);
         if (send && (peer == NULL || !peer->up))
@@ -456,6 +478,18 @@ void forward__release_held(struct queue *queue, bool send)
 uint64_t proxy_stub_epoch(const struct queue *queue)
 {
     return stub_of((struct queue *)queue)->epoch;
+}
+
+bool forward__drain(struct queue *queue)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    stub->draining = stub->forwards_out > 0;
+    return stub->draining;
+}
+
+bool proxy_stub_drain(struct queue *queue)
+{
+    return forward__drain(queue);
 }
 
 void proxy_stub_recall_forwards(struct queue *queue)
@@ -498,6 +532,7 @@ static void wait_drop_target(struct forward_wait *w, struct queue *queue)
     } else {
         w->nack = true; /* nowhere to send it: the publisher hears a nack */
     }
+    target_done(queue);
     queue_unref(queue);
     targets[i] = targets[--w->targets_count];
     if (w->targets_count == 1) {

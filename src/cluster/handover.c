@@ -6,11 +6,15 @@
 #include <stdlib.h>
 
 #include "broker/broker.h"
+#include "broker/channel.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "amqp/method_gen.h"
+#include "cluster/link.h"
 #include "cluster/map.h"
 #include "cluster/member.h"
 #include "cluster/node.h"
+#include "cluster/replica.h"
 #include "cluster/replication.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
@@ -19,9 +23,14 @@
 
 enum handover_phase {
     HANDOVER_QUIESCING,  /* paused, waiting for the backups to have everything */
+    HANDOVER_NOTIFYING,  /* the target told what is delivered: waiting for it to have read it */
     HANDOVER_PROPOSED,   /* queue.set_owner planned on its way: its outcome decides */
     HANDOVER_CANCELLING, /* no outcome came: queue.move to none first, then resume */
 };
+
+/* Seqs per basic.quay-handover frame (8 bytes each, two lists: 64 KiB at
+ * most, within any frame_max a link offers). */
+#define NOTICE_CHUNK 4096
 
 struct handover {
     struct list_node link;          /* in member->handovers */
@@ -32,9 +41,14 @@ struct handover {
     uint64_t started_ms;
     enum handover_phase phase;
     struct cluster_request *request; /* the proposal or the cancel in flight, or NULL */
+    /* From the notice on: the channel to the target its deliveries will
+     * be on, and the seqs it was told are delivered (ascending). */
+    struct link_channel *relay;
+    uint64_t *delivered;            /* owned */
+    uint32_t delivered_count;
 };
 
-static const char *const phase_names[] = {"quiescing", "proposed", "cancelling"};
+static const char *const phase_names[] = {"quiescing", "notifying", "proposed", "cancelling"};
 
 static uint64_t now_ms(const struct member *member)
 {
@@ -65,7 +79,10 @@ static void end(struct handover *h, bool resume)
     list_remove(&h->link);
     if (h->request != NULL)
         cluster_request_cancel(h->request);
+    if (h->relay != NULL)
+        link_channel_close(h->relay); /* the target requeues anything on it */
     struct queue *queue = h->queue;
+    free(h->delivered);
     free(h);
     replication_quiesce_end(queue);
     if (resume && queue_paused(queue))
@@ -136,10 +153,126 @@ static void propose(struct handover *h)
               (unsigned long long)(now_ms(h->member) - h->started_ms), h->to);
 }
 
+/* Gives up before anything was proposed: the queue goes on here, and the
+ * move is cancelled (whatever becomes of that, the map says). */
+static void give_up(struct handover *h, const char *why)
+{
+    log_queue(h, why);
+    struct map_cmd cmd;
+    if (map_cmd_queue_move(&cmd, h->queue->vhost->name, h->queue->name, h->epoch,
+                           BROKER_ID_NONE) == OK)
+        cluster_node_submit(h->member->node, &cmd, on_cancel_sent, NULL);
+    end(h, true);
+}
+
+static void on_relay_closed(void *ctx, uint16_t code, struct bytes text)
+{
+    struct handover *h = ctx;
+    (void)code;
+    (void)text;
+    h->relay = NULL;
+    if (h->phase == HANDOVER_QUIESCING || h->phase == HANDOVER_NOTIFYING)
+        give_up(h, "gave up: its channel to the target closed");
+    /* Proposed: the outcome decides; the deliveries then come back to the
+     * new primary redelivered (its end of the channel requeued them). */
+}
+
+struct seqs {
+    uint64_t *items;
+    uint32_t count, cap;
+};
+
+static void add_seq(void *ctx, uint64_t seq, struct message *message)
+{
+    struct seqs *v = ctx;
+    (void)message;
+    if (v->count == v->cap) {
+        v->cap = v->cap ? v->cap * 2 : 256;
+        v->items = realloc(v->items, sizeof *v->items * v->cap);
+        ASSERT(v->items != NULL);
+    }
+    v->items[v->count++] = seq;
+}
+
+static int seq_order(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void pack(uint8_t *out, const uint64_t *seqs, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        for (int b = 0; b < 8; b++)
+            out[i * 8 + (uint32_t)b] = (uint8_t)(seqs[i] >> (56 - 8 * b));
+    }
+}
+
+/* Tells the target what it will need to serve the queue as it stands: the
+ * seqs delivered and not settled here (live deliveries, and the settles
+ * the paused queue holds) and the ready ones delivered before, on a
+ * channel of its own, where the target will keep those deliveries. */
+static bool notify(struct handover *h)
+{
+    struct member_peer *peer = member_peer(h->member, h->to);
+    if (peer == NULL || !peer->up)
+        return false;
+    struct queue *queue = h->queue;
+    struct seqs delivered = {0};
+    channels_each_unacked(h->member->broker, queue, add_seq, &delivered);
+    struct queue_held_settle *settles = queue->pause ? queue->pause->settles : NULL;
+    for (uint32_t i = 0; settles && i < queue->pause->settles_count; i++)
+        add_seq(&delivered, settles[i].entry.seq, NULL);
+    if (delivered.count > 1)
+        qsort(delivered.items, delivered.count, sizeof *delivered.items, seq_order);
+    uint64_t *redelivered;
+    uint32_t redelivered_count = queue_redelivered_seqs(queue, &redelivered);
+    struct link_channel_ops ops = {.ctx = h, .closed = on_relay_closed};
+    h->relay = link_channel_open(peer->link, queue->vhost->name, false, &ops);
+    if (h->relay != NULL) {
+        uint8_t *buf = malloc(2 * 8 * NOTICE_CHUNK);
+        ASSERT(buf != NULL);
+        uint32_t d = 0, r = 0;
+        do { /* at least one frame, empty lists and all */
+            uint32_t dn = delivered.count - d < NOTICE_CHUNK ? delivered.count - d : NOTICE_CHUNK;
+            uint32_t rn = redelivered_count - r < NOTICE_CHUNK ? redelivered_count - r
+                                                                : NOTICE_CHUNK;
+            pack(buf, delivered.items + d, dn);
+            pack(buf + 8 * NOTICE_CHUNK, redelivered + r, rn);
+            struct method m = {.id = METHOD_BASIC_QUAY_HANDOVER};
+            m.basic_quay_handover.queue = queue->name;
+            m.basic_quay_handover.epoch = h->epoch;
+            m.basic_quay_handover.delivered = (struct bytes){buf, 8 * dn};
+            m.basic_quay_handover.redelivered = (struct bytes){buf + 8 * NOTICE_CHUNK, 8 * rn};
+            link_send(h->relay, &m);
+            d += dn;
+            r += rn;
+        } while (d < delivered.count || r < redelivered_count);
+        free(buf);
+    }
+    free(redelivered);
+    h->delivered = delivered.items;
+    h->delivered_count = delivered.count;
+    return h->relay != NULL;
+}
+
 void handover_quiet(struct member *member, struct queue *queue)
 {
     struct handover *h = find(member, queue);
-    if (h != NULL && h->phase == HANDOVER_QUIESCING && replication_quiesce(queue))
+    if (h == NULL || !replication_quiesce(queue))
+        return;
+    if (h->phase == HANDOVER_QUIESCING) {
+        if (!notify(h)) {
+            give_up(h, "gave up: the target cannot be reached");
+            return;
+        }
+        /* Proposed once the target answered a probe sent after it. */
+        h->phase = HANDOVER_NOTIFYING;
+        replication_probe_again(queue);
+        if (!replication_quiesce(queue))
+            return;
+    }
+    if (h->phase == HANDOVER_NOTIFYING)
         propose(h);
 }
 
@@ -166,7 +299,8 @@ void handover_follow(struct member *member, struct queue *queue, const struct ma
     struct handover *h = find(member, queue);
     if (h != NULL) {
         bool same = wanted && h->to == mq->move_to && h->epoch == mq->epoch;
-        if ((h->phase == HANDOVER_QUIESCING && same) || h->phase == HANDOVER_PROPOSED)
+        bool waiting = h->phase == HANDOVER_QUIESCING || h->phase == HANDOVER_NOTIFYING;
+        if ((waiting && same) || h->phase == HANDOVER_PROPOSED)
             return; /* going on, or its outcome decides */
         if (h->phase == HANDOVER_CANCELLING && mq->move_to != BROKER_ID_NONE &&
             mq->epoch == h->epoch)
@@ -177,14 +311,56 @@ void handover_follow(struct member *member, struct queue *queue, const struct ma
         start(member, queue, mq);
 }
 
-bool handover_done(struct member *member, struct queue *queue, uint32_t new_primary)
+bool handover_done(struct member *member, struct queue *queue, uint32_t new_primary,
+                   struct handover_relay *relay)
 {
+    *relay = (struct handover_relay){0};
     struct handover *h = find(member, queue);
     if (h == NULL)
         return false;
     bool planned = h->phase == HANDOVER_PROPOSED && h->to == new_primary;
+    if (planned && h->relay != NULL) {
+        relay->channel = h->relay;
+        relay->delivered = h->delivered;
+        relay->delivered_count = h->delivered_count;
+        h->relay = NULL;
+        h->delivered = NULL;
+        static const struct link_channel_ops none = {0};
+        link_channel_set_ops(relay->channel, &none); /* the caller's from now on */
+    }
     end(h, false);
     return planned;
+}
+
+void handover_adopt(struct member *member, struct queue *queue, struct replica_handover *note,
+                    uint64_t previous_epoch)
+{
+    struct channel *ch = note && note->epoch == previous_epoch
+                             ? channel_find(member->broker, note->connection_id, note->channel_id)
+                             : NULL;
+    if (ch != NULL) {
+        uint32_t n = note->delivered_count;
+        struct queue_entry *entries = malloc(sizeof *entries * (n ? n : 1));
+        bool *found = malloc(sizeof *found * (n ? n : 1));
+        ASSERT(entries != NULL && found != NULL);
+        queue_take_delivered(queue, note->delivered, n, entries, found);
+        for (uint32_t k = 0; k < n; k++)
+            channel_adopt_delivery(ch, queue, found[k] ? &entries[k] : NULL);
+        queue_set_redelivered(queue, note->redelivered, note->redelivered_count);
+        free(entries);
+        free(found);
+    }
+    replica_handover_free(note);
+}
+
+void handover_forwards_drained(struct member *member, struct vhost *vhost, struct bytes name)
+{
+    (void)member;
+    struct queue *queue = vhost_queue(vhost, name);
+    /* (Standing still for a handover of its own: that one resumes it.) */
+    if (queue != NULL && !queue_is_remote(queue) && queue->pause != NULL &&
+        !queue->pause->standing)
+        queue_resume(queue);
 }
 
 void handover_tick(struct member *member)
@@ -192,15 +368,11 @@ void handover_tick(struct member *member)
     uint64_t now = now_ms(member);
     list_for_each_safe(n, &member->handovers) {
         struct handover *h = CONTAINER_OF(n, struct handover, link);
-        if (h->phase == HANDOVER_QUIESCING && now - h->started_ms >= HANDOVER_QUIESCE_MS) {
-            /* Its backups do not settle (a stalled link, a stream of
-             * settles): nothing was proposed, so the queue goes on here. */
-            log_queue(h, "gave up: the backups did not settle");
-            struct map_cmd cmd;
-            if (map_cmd_queue_move(&cmd, h->queue->vhost->name, h->queue->name, h->epoch,
-                                   BROKER_ID_NONE) == OK)
-                cluster_node_submit(member->node, &cmd, on_cancel_sent, NULL);
-            end(h, true);
+        bool waiting = h->phase == HANDOVER_QUIESCING || h->phase == HANDOVER_NOTIFYING;
+        if (waiting && now - h->started_ms >= HANDOVER_QUIESCE_MS) {
+            /* Its backups do not answer (a stalled link): nothing was
+             * proposed, so the queue goes on here. */
+            give_up(h, "gave up: the backups did not answer in time");
         } else if (h->phase == HANDOVER_CANCELLING && h->request == NULL) {
             cancel_move(h);
         }

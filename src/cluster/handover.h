@@ -29,6 +29,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "amqp/types.h"
+
 struct json;
 struct map_queue;
 struct member;
@@ -44,8 +46,30 @@ void handover_follow(struct member *member, struct queue *queue, const struct ma
 void handover_quiet(struct member *member, struct queue *queue);
 /* The map gave the queue to another broker (mirror.c, before the queue
  * object goes): its handover, if any, is over. True if it was ours: a
- * planned handover to new_primary. */
-bool handover_done(struct member *member, struct queue *queue, uint32_t new_primary);
+ * planned handover to new_primary; then *relay (if its channel is still
+ * open) passes to the caller: the channel on which the new primary keeps
+ * the deliveries it was told of, in the order of delivered (tag k + 1 is
+ * delivered[k]): settling them there settles them at the new primary. */
+struct link_channel;
+struct handover_relay {
+    struct link_channel *channel;   /* NULL: none (its callbacks: the caller sets them) */
+    uint64_t *delivered;            /* malloc'ed, ascending */
+    uint32_t delivered_count;
+};
+bool handover_done(struct member *member, struct queue *queue, uint32_t new_primary,
+                   struct handover_relay *relay);
+/* The new primary's side, as it adopts its replica (mirror.c): the
+ * messages the old primary had delivered stay delivered, to its channel
+ * of the notice (settled from there by tag), the others keep its
+ * redelivered flags. Frees note (NULL: nothing was said; a notice for
+ * another epoch, or whose channel closed, is ignored). */
+struct replica_handover;
+void handover_adopt(struct member *member, struct queue *queue, struct replica_handover *note,
+                    uint64_t previous_epoch);
+/* forward.c: the forwards we sent the old primary of a queue handed over
+ * to us are all answered: our held publishes go in (queue_hold_publishes). */
+struct vhost;
+void handover_forwards_drained(struct member *member, struct vhost *vhost, struct bytes name);
 /* Every member tick: handovers that take too long give up. */
 void handover_tick(struct member *member);
 /* The member stops: every paused queue resumes (nothing was handed over). */

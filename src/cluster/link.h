@@ -129,6 +129,9 @@ struct link_channel_ops {
  * after channel.open; AMQP allows pipelining). */
 struct link_channel *link_channel_open(struct link *link, struct bytes vhost, bool confirm,
                                        const struct link_channel_ops *ops);
+/* The channel changes hands: its callbacks go to ops (and ops->ctx) from
+ * now on. */
+void link_channel_set_ops(struct link_channel *ch, const struct link_channel_ops *ops);
 /* Sends channel.close; no callbacks for this channel after this returns
  * (the id is reused only after close-ok). */
 void link_channel_close(struct link_channel *ch);

@@ -93,6 +93,12 @@ void link__channel_free(struct link_channel *ch)
     free(ch);
 }
 
+void link_channel_set_ops(struct link_channel *ch, const struct link_channel_ops *ops)
+{
+    ASSERT(ch->state != LINK_CHANNEL_STATE_CLOSING && ch->state != LINK_CHANNEL_STATE_GONE);
+    ch->ops = *ops;
+}
+
 void link_channel_close(struct link_channel *ch)
 {
     if (ch->state == LINK_CHANNEL_STATE_GONE)

@@ -397,7 +397,7 @@ void member__route_parked(struct member *member, bool give_up)
         struct queue *queue = vhost ? vhost_queue(vhost, p->queue) : NULL;
         bool ok = !give_up && queue != NULL && !queue_is_remote(queue) &&
                   member_forward_fresh(member, p->vhost, p->queue, p->epoch);
-        struct publish_wait wait = {.sink = p->sink, .seq = p->seq};
+        struct publish_wait wait = {.sink = p->sink, .seq = p->seq, .from_peer = true};
         if (ok) {
             enum queue_publish_result r =
                 p->dead_lettered ? queue_publish_dead_lettered(queue, p->message, &wait)
@@ -539,6 +539,18 @@ void member_replica_settle(struct member *member, struct vhost *vhost, struct by
     struct replica *r = queue ? proxy_stub_replica(queue, false) : NULL;
     if (r)
         replica_remove(r, seq);
+}
+
+void member_handover_notice(struct member *member, struct vhost *vhost, uint64_t connection_id,
+                            uint16_t channel_id, struct bytes name, uint64_t epoch,
+                            struct bytes delivered, struct bytes redelivered)
+{
+    struct queue *queue = replica_target(member, vhost, name, epoch);
+    struct replica *r = queue ? proxy_stub_replica(queue, false) : NULL;
+    if (r && !replica_note_handover(r, connection_id, channel_id, epoch, delivered, redelivered))
+        LOG_WARN("vhost=%.*s queue=%.*s: a malformed handover notice from its primary: ignored",
+                 (int)vhost->name.len, (const char *)vhost->name.ptr, (int)name.len,
+                 (const char *)name.ptr);
 }
 
 static void on_gone_done(void *ctx, int status, const struct map_change *change)

@@ -128,6 +128,12 @@ void member_queue_gone(struct member *member, struct bytes vhost, struct bytes n
 /* The leader's side of a forwarded map entry (ignored elsewhere: the
  * sender sends it again to whoever leads). */
 void member_propose_entry(struct member *member, const uint8_t *entry, uint64_t size);
+/* basic.quay-handover from a queue's primary, on our link channel
+ * (connection_id, channel_id): one chunk of what it had delivered, kept in
+ * our replica for the promotion to come (replica_note_handover). */
+void member_handover_notice(struct member *member, struct vhost *vhost, uint64_t connection_id,
+                            uint16_t channel_id, struct bytes name, uint64_t epoch,
+                            struct bytes delivered, struct bytes redelivered);
 /* A forward naming an older epoch of a queue whose primary is now another
  * broker (the sender's map lags ours: the queue was handed over, or failed
  * over): relayed through our stand-in rather than refused. */

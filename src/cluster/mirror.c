@@ -202,20 +202,29 @@ static void rebind_queue(struct member *member, struct map_queue *mq)
 static void demote(struct member *member, struct vhost *vhost, struct queue *q,
                    struct map_queue *mq)
 {
-    bool planned = handover_done(member, q, mq->primary_id);
+    struct handover_relay relay;
+    bool planned = handover_done(member, q, mq->primary_id, &relay);
     struct queue_held_publish *held;
     uint32_t held_count = queue_take_held(q, &held);
+    struct queue_held_settle *settles;
+    uint32_t settles_count = queue_take_held_settles(q, &settles);
     struct consumer **moving = NULL;
     uint32_t moving_count = planned ? take_consumers(q, &moving) : 0;
     replication_detach(q, planned);
+    struct queue *stub = proxy_stub_new(member, vhost, mq);
+    /* What was delivered from here stays delivered; settling it settles
+     * it at the new primary (failed over: it redelivers them). */
+    if (relay.channel != NULL)
+        proxy_stub_relay(stub, q, &relay, settles, settles_count);
+    else
+        queue_held_settles_free(settles, settles_count);
     vhost_queue_delete(vhost, q);
-    q = proxy_stub_new(member, vhost, mq);
-    vhost_queue_insert(vhost, q);
-    if (claim_exclusive(member, vhost, q, mq))
+    vhost_queue_insert(vhost, stub);
+    if (claim_exclusive(member, vhost, stub, mq))
         rebind_queue(member, mq);
-    proxy_stub_adopt_consumers(q, moving, moving_count);
+    proxy_stub_adopt_consumers(stub, moving, moving_count);
     free(moving);
-    route_held(q, held, held_count);
+    route_held(stub, held, held_count);
 }
 
 /* The local object for a map queue: real here if we are its primary, a
@@ -247,8 +256,11 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     struct replica *promoted = q ? proxy_stub_take_replica(q) : NULL;
     bool promoted_epoch = q != NULL;
     struct queue_held_publish *held = NULL;
-    if (q)
-        proxy_stub_recall_forwards(q); /* in flight to the old primary: ours now */
+    /* In flight to the old primary: ours now; after a planned handover it
+     * answers them itself, and newer publishes wait for that. */
+    bool draining = q && planned && proxy_stub_drain(q);
+    if (q && !planned)
+        proxy_stub_recall_forwards(q);
     uint32_t held_count = q ? proxy_stub_take_held(q, &held) : 0;
     struct consumer **moving = NULL;
     uint32_t moving_count = q ? take_consumers(q, &moving) : 0;
@@ -268,10 +280,14 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
      * replication_attach) copies what the queue now holds. Our seqs then
      * jump past any the old primary may have given to messages that never
      * reached us but did reach another backup: one seq, one message. */
+    struct replica_handover *note = planned ? replica_take_handover(promoted) : NULL;
     replica_adopt(q, promoted);
+    handover_adopt(member, q, note, mq->epoch - 1); /* its deliveries stay delivered */
     if (promoted_epoch)
         q->next_seq += PROMOTION_SEQ_GAP;
     replication_attach(member, q, mq);
+    if (draining)
+        queue_hold_publishes(q);
     route_held(q, held, held_count);
     for (uint32_t i = 0; i < moving_count; i++)
         queue_consumer_add(q, moving[i]); /* our clients go on, on the real queue */

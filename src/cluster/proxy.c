@@ -17,6 +17,7 @@
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "cluster/handover.h"
 #include "cluster/link.h"
 #include "cluster/map.h"
 #include "cluster/member.h"
@@ -463,6 +464,76 @@ static void stub_consumer_added(struct queue *queue, struct consumer *consumer)
     attach(stub, consumer, !stub->adopting && proxy_consume_waits(queue, &available));
 }
 
+/* The relay's seqs as the stand-in's: the relay uplink's id and the tag
+ * the new primary gave each (its index in the notice, from 1). */
+struct relay_seqs {
+    const uint64_t *seqs;
+    uint32_t count;
+    uint32_t uplink_id;
+};
+
+static bool relay_tag(const struct relay_seqs *r, uint64_t seq, uint64_t *tag)
+{
+    uint32_t lo = 0, hi = r->count;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (r->seqs[mid] < seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == r->count || r->seqs[lo] != seq)
+        return false;
+    *tag = (uint64_t)lo + 1;
+    return true;
+}
+
+static uint64_t relay_seq(void *ctx, uint64_t seq)
+{
+    const struct relay_seqs *r = ctx;
+    uint64_t tag;
+    return relay_tag(r, seq, &tag) ? (uint64_t)r->uplink_id << TAG_BITS | tag : 0;
+}
+
+void proxy_stub_relay(struct queue *queue, struct queue *old, struct handover_relay *relay,
+                      struct queue_held_settle *settles, uint32_t settles_count)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    struct uplink *u = calloc(1, sizeof *u);
+    ASSERT(u != NULL);
+    u->stub = stub;
+    u->id = ++stub->next_uplink_id;
+    list_init(&u->ops);
+    list_init(&u->release_link);
+    u->ch = relay->channel;
+    struct link_channel_ops ops = uplink_ops_template;
+    ops.ctx = u;
+    link_channel_set_ops(u->ch, &ops);
+    list_push_back(&stub->uplinks, &u->stub_link);
+    /* The new primary may not have applied the handover yet: it reads
+     * what follows once it has (its deliveries are made then). */
+    struct method sync = {.id = METHOD_BASIC_QUAY_SYNC};
+    sync.basic_quay_sync.version = member_map(stub->member)->version;
+    link_send(u->ch, &sync);
+    struct relay_seqs r = {relay->delivered, relay->delivered_count, u->id};
+    u->outstanding = channels_move_unacked(stub->member->broker, old, queue, relay_seq, &r);
+    for (uint32_t i = 0; i < settles_count; i++) {
+        uint64_t tag;
+        if (relay_tag(&r, settles[i].entry.seq, &tag)) {
+            enum queue_settle_kind kind = settles[i].kind;
+            send_settle(u, kind == QUEUE_SETTLE_ACK      ? METHOD_BASIC_ACK
+                           : kind == QUEUE_SETTLE_REJECT ? METHOD_BASIC_REJECT
+                                                         : METHOD_BASIC_NACK,
+                        tag, kind == QUEUE_SETTLE_REQUEUE);
+        }
+        message_unref(settles[i].entry.message);
+    }
+    free(settles);
+    free(relay->delivered);
+    relay->delivered = NULL;
+    uplink_maybe_free(u); /* nothing left to settle: the channel closes */
+}
+
 void proxy_stub_adopt_consumers(struct queue *queue, struct consumer **consumers, uint32_t count)
 {
     struct proxy_stub *stub = stub_of(queue);
@@ -886,6 +957,48 @@ static void detach_all(struct proxy_stub *stub)
     }
 }
 
+/* A planned handover: each upstream consumer on the old primary is
+ * cancelled there, and its uplink stays while what it delivered is not
+ * settled (the old primary passes the settles on); its local consumer gets
+ * an uplink to the new primary (reattach_all). */
+static void retire_all(struct proxy_stub *stub)
+{
+    stub->getter = NULL; /* the next basic.get asks the new primary */
+    struct uplink *last = list_empty(&stub->uplinks)
+                              ? NULL
+                              : CONTAINER_OF(stub->uplinks.prev, struct uplink, stub_link);
+    list_for_each_safe(n, &stub->uplinks) {
+        struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
+        bool done = u == last; /* (uplinks attached below come after it) */
+        struct consumer *consumer = u->consumer;
+        bool waits = u->attaching;
+        if (consumer != NULL && u->ch != NULL) {
+            char tag[32];
+            snprintf(tag, sizeof tag, "quay-proxy-%u", u->id);
+            struct method m = {.id = METHOD_BASIC_CANCEL};
+            m.basic_cancel.consumer_tag = bytes_of_cstr(tag);
+            m.basic_cancel.no_wait = true;
+            link_send(u->ch, &m);
+        }
+        uplink_release_held(u); /* not delivered here yet: back, through the old primary */
+        u->consumer = NULL;
+        u->attaching = false;
+        uplink_maybe_free(u);
+        if (consumer != NULL) {
+            /* A consume-ok still owed comes from the new primary, or now
+             * if it cannot be reached yet (attached when it can). */
+            bool reachable;
+            if (waits && !proxy_consume_waits(stub->queue, &reachable)) {
+                waits = false;
+                consumer->ops->attached(consumer, 200, BYTES_LIT(""));
+            }
+            attach(stub, consumer, waits);
+        }
+        if (done)
+            break;
+    }
+}
+
 void proxy_stub_update(struct queue *queue, const struct map_queue *mq, bool planned)
 {
     struct proxy_stub *stub = stub_of(queue);
@@ -929,11 +1042,19 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq, bool pla
     }
     if (moved) {
         /* A planned handover's old primary answers every forward it got
-         * (what it held it sends on): only a failed one's are sent again. */
+         * (what it held it sends on) and settles what it delivered at the
+         * new primary: nothing is sent again, the uplinks to it are kept
+         * until what they delivered is settled. */
         if (old_primary_id != mq->primary_id && !planned)
             forward__redirect(queue, old_primary_id);
-        detach_all(stub);
-        reattach_all(stub);
+        if (old_primary_id != mq->primary_id && planned)
+            forward__drain(queue); /* newer publishes wait for those answers */
+        if (planned) {
+            retire_all(stub);
+        } else {
+            detach_all(stub);
+            reattach_all(stub);
+        }
     }
     forward__release_held(queue, true); /* to the primary the map now names */
     resume_waiting_ops(stub, false);

@@ -52,6 +52,15 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq, bool pla
  * attached upstream to the new primary (no consume-ok is owed: they were
  * consuming already). */
 struct consumer;
+/* ... and what it had delivered: every delivery of old (the real queue it
+ * replaces) now settles through the stand-in to the new primary, on the
+ * relay channel by the tag the notice gave it (handover.h), and so do the
+ * settles the paused queue held. Takes relay's channel and seqs and the
+ * settles' messages. */
+struct handover_relay;
+struct queue_held_settle;
+void proxy_stub_relay(struct queue *queue, struct queue *old, struct handover_relay *relay,
+                      struct queue_held_settle *settles, uint32_t settles_count);
 void proxy_stub_adopt_consumers(struct queue *queue, struct consumer **consumers, uint32_t count);
 
 /* Whether a consumer added to this stand-in now will have its upstream
@@ -92,6 +101,10 @@ uint32_t proxy_stub_take_held(struct queue *queue, struct queue_held_publish **o
  * primary and that are still unanswered join the held ones (the old
  * primary is dead or deposed; the stand-in is about to go). */
 void proxy_stub_recall_forwards(struct queue *queue);
+/* A planned promotion, instead: nothing is recalled (the old primary
+ * answers every forward it got); true if some are still out, then the
+ * stand-in calls handover_forwards_drained once they are answered. */
+bool proxy_stub_drain(struct queue *queue);
 
 /* The end of a loop iteration (member->release_hook): upstream deliveries
  * local clients gave back and no settle batch sent yet go to their

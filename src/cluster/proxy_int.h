@@ -45,6 +45,12 @@ struct proxy_stub {
     struct replica *replica;      /* owned: our copy, when we are a backup (replica.h) */
     struct held_forward *held;    /* owned ring: publishes waiting for a primary */
     uint32_t held_head, held_count, held_cap;
+    /* Forwards naming this stand-in not answered yet, and whether new
+     * publishes wait for them all (held) before they go: after a planned
+     * handover, those the old primary answers (it passes them on) would
+     * otherwise arrive after newer ones sent to the new primary. */
+    uint32_t forwards_out;
+    bool draining;
 };
 
 static inline struct proxy_stub *stub_of(struct queue *queue)
@@ -69,5 +75,8 @@ void forward__peer_down(struct member_peer *peer);
  * are held for the new one (a primary cut off silently would keep them
  * until its link timed out; if it did take one, the copy is a duplicate). */
 void forward__redirect(struct queue *queue, uint32_t old_primary_id);
+/* A planned handover: publishes wait until the forwards to the old
+ * primary are answered (true: there are some). */
+bool forward__drain(struct queue *queue);
 
 #endif

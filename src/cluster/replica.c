@@ -38,6 +38,7 @@ struct replica {
      * clock. A reset does not clear it (ids are about publishes, not
      * contents); promotion hands it to the real queue. */
     struct dedup *dedup;
+    struct replica_handover *handover; /* owned, or NULL: see replica_note_handover */
 };
 
 struct replica *replica_new(int64_t dedup_window_ms, struct journal_queue *log)
@@ -83,6 +84,7 @@ void replica_free(struct replica *r)
     if (r == NULL)
         return;
     replica_remove(r, 0);
+    replica_handover_free(r->handover);
     free(r->ring.entries);
     if (r->log)
         journal_queue_delete(r->log);
@@ -245,4 +247,71 @@ void replica_adopt(struct queue *queue, struct replica *r)
              (int)queue->vhost->name.len, (const char *)queue->vhost->name.ptr,
              (int)queue->name.len, (const char *)queue->name.ptr, live);
     replica_free(r);
+}
+
+/* ---- a planned handover ---- */
+
+void replica_handover_free(struct replica_handover *h)
+{
+    if (h == NULL)
+        return;
+    free(h->delivered);
+    free(h->redelivered);
+    free(h);
+}
+
+/* Appends packed seqs (big-endian u64, ascending, after those there). */
+static bool append_seqs(uint64_t **seqs, uint32_t *count, uint32_t *cap, struct bytes packed)
+{
+    if (packed.len % 8 != 0 || packed.len / 8 > UINT32_MAX - *count)
+        return false;
+    uint32_t n = (uint32_t)(packed.len / 8);
+    if (*count + n > *cap) {
+        uint32_t want = *cap ? *cap : 256;
+        while (want < *count + n)
+            want *= 2;
+        *seqs = realloc(*seqs, sizeof **seqs * want);
+        ASSERT(*seqs != NULL);
+        *cap = want;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t v = 0;
+        for (int b = 0; b < 8; b++)
+            v = v << 8 | packed.ptr[i * 8 + (uint32_t)b];
+        if (v == 0 || (*count > 0 && v <= (*seqs)[*count - 1]))
+            return false;
+        (*seqs)[(*count)++] = v;
+    }
+    return true;
+}
+
+bool replica_note_handover(struct replica *r, uint64_t connection_id, uint16_t channel_id,
+                           uint64_t epoch, struct bytes delivered, struct bytes redelivered)
+{
+    struct replica_handover *h = r->handover;
+    if (h == NULL || h->connection_id != connection_id || h->channel_id != channel_id ||
+        h->epoch != epoch) {
+        replica_handover_free(h);
+        h = r->handover = calloc(1, sizeof *h);
+        ASSERT(h != NULL);
+        h->connection_id = connection_id;
+        h->channel_id = channel_id;
+        h->epoch = epoch;
+    }
+    if (!append_seqs(&h->delivered, &h->delivered_count, &h->delivered_cap, delivered) ||
+        !append_seqs(&h->redelivered, &h->redelivered_count, &h->redelivered_cap,
+                     redelivered)) {
+        replica_handover_free(h);
+        r->handover = NULL;
+        return false;
+    }
+    return true;
+}
+
+struct replica_handover *replica_take_handover(struct replica *r)
+{
+    struct replica_handover *h = r ? r->handover : NULL;
+    if (r)
+        r->handover = NULL;
+    return h;
 }

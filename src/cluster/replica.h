@@ -67,6 +67,30 @@ uint32_t replica_count(const struct replica *replica);   /* NULL: 0 */
 void replica_forget_log(struct replica *replica);
 uint32_t replica_dedup_count(const struct replica *replica); /* ids remembered; NULL: 0 */
 
+/* ---- a planned handover ---- */
+
+/* What the old primary said before it handed the queue over to us
+ * (basic.quay-handover, in chunks on one channel of its link): the seqs it
+ * had delivered and not yet settled, and those of its ready messages that
+ * were delivered before (redelivered). Both ascending. */
+struct replica_handover {
+    uint64_t connection_id;  /* the old primary's link connection (conn.id) here */
+    uint16_t channel_id;     /* its channel: the deliveries go on there */
+    uint64_t epoch;          /* the queue's, before the handover */
+    uint64_t *delivered;     /* owned */
+    uint32_t delivered_count, delivered_cap;
+    uint64_t *redelivered;   /* owned */
+    uint32_t redelivered_count, redelivered_cap;
+};
+/* One chunk (seqs packed as big-endian 64-bit, ascending, after those of
+ * earlier chunks): false if malformed (nothing kept). A chunk from another
+ * channel or epoch starts over. */
+bool replica_note_handover(struct replica *replica, uint64_t connection_id, uint16_t channel_id,
+                           uint64_t epoch, struct bytes delivered, struct bytes redelivered);
+/* The note, if any (the caller owns it: replica_handover_free). */
+struct replica_handover *replica_take_handover(struct replica *replica);
+void replica_handover_free(struct replica_handover *handover); /* NULL is fine */
+
 /* ---- promotion ---- */
 
 /* Promotion: the stand-in's replica becomes the real queue's content, its

@@ -612,6 +612,13 @@ bool replication_quiesce(struct queue *queue)
     return quiet;
 }
 
+void replication_probe_again(struct queue *queue)
+{
+    struct replication *rep = queue->replication;
+    for (uint8_t i = 0; rep != NULL && i < rep->streams_count; i++)
+        rep->streams[i]->clean_at = UINT64_MAX;
+}
+
 void replication_quiesce_end(struct queue *queue)
 {
     struct replication *rep = queue->replication;

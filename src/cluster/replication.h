@@ -67,6 +67,9 @@ void replication_detach(struct queue *queue, bool ack);
  * if settles went since) and calls handover_quiet(queue) when the answers
  * are in. replication_quiesce_end: the handover is over. */
 bool replication_quiesce(struct queue *queue);
+/* Every backup is probed again (something went to one on another channel
+ * of its link: a probe answered after it says it was read). */
+void replication_probe_again(struct queue *queue);
 void replication_quiesce_end(struct queue *queue);
 
 /* The member stops: every queue's replication is detached (nacked). */

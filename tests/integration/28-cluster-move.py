@@ -1,0 +1,331 @@
+"""Goal: a queue moves to another broker while it serves (POST
+/api/cluster/move, quayctl move), and its clients cannot tell: a
+confirming publisher and an acking consumer on two other brokers go on
+through the move with every message confirmed once, none nacked, none lost,
+none delivered twice, in order, and the consumer is never cancelled. A move
+to a broker that is not a backup catches it up first. A request that cannot
+be carried out (unknown queue or broker, the primary itself, a broker that
+is down, a malformed body) is refused and changes nothing.
+
+Method: three quayd processes (tests/cluster/clustertest.py); pika clients
+in threads; the map read from GET /api/queues and /api/cluster.
+"""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
+sys.path.insert(0, HERE)
+from clustertest import (Cluster, closer, connect, queue_info, quayd_path, read_all,  # noqa: E402
+                         run, test, wait_until)
+
+import pika  # noqa: E402
+
+cluster = None
+members = {}
+
+
+def post_move(member, body):
+    """POSTs body (bytes) to member's /api/cluster/move: (status, JSON)."""
+    req = urllib.request.Request("http://127.0.0.1:%d/api/cluster/move" % member.http_port,
+                                 data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+def move(member, queue, to):
+    status, body = post_move(member, json.dumps({"vhost": "/", "queue": queue,
+                                                 "to": to}).encode())
+    assert status == 202, (status, body)
+    return body
+
+
+def quayctl(member, *args):
+    ctl = os.path.join(os.path.dirname(quayd_path()), "quayctl")
+    return subprocess.run([ctl, "--http", "127.0.0.1:%d" % member.http_port] + list(args),
+                          capture_output=True, text=True, timeout=10)
+
+
+def placed(prefix, via, want, **args):
+    """Declares prefix-N through via until want(queue_info) holds. Returns
+    the name."""
+    conn = connect(via)
+    ch = conn.channel()
+    try:
+        for i in range(64):
+            name = "%s-%d" % (prefix, i)
+            ch.queue_declare(name, durable=True, arguments=args)
+            if want(queue_info(via, name)):
+                return name
+        raise AssertionError("no %s placed as wanted" % prefix)
+    finally:
+        conn.close()
+
+
+def others(*names):
+    return [m for n, m in members.items() if n not in names]
+
+
+class Publisher(threading.Thread):
+    """Publishes persistent messages "NAME-i" with confirms through one
+    broker until stopped; records what was confirmed and any nack, and the
+    longest wait for one confirm."""
+
+    def __init__(self, name, member, queue, rate):
+        super().__init__(daemon=True)
+        self.name_, self.member, self.queue, self.period = name, member, queue, 1.0 / rate
+        self.confirmed, self.nacked, self.errors = [], [], []
+        self.longest = 0.0
+        self.stopping = threading.Event()
+
+    def run(self):
+        try:
+            conn = connect(self.member)
+            ch = conn.channel()
+            ch.confirm_delivery()
+            i = 0
+            while not self.stopping.is_set():
+                body = b"%s-%d" % (self.name_.encode(), i)
+                t0 = time.monotonic()
+                try:
+                    ch.basic_publish("", self.queue, body,
+                                     pika.BasicProperties(delivery_mode=2), mandatory=True)
+                    self.confirmed.append(body)
+                except (pika.exceptions.NackError, pika.exceptions.UnroutableError):
+                    self.nacked.append(body)
+                self.longest = max(self.longest, time.monotonic() - t0)
+                i += 1
+                time.sleep(self.period)
+            conn.close()
+        except Exception as e:  # noqa: BLE001 (reported by the test)
+            self.errors.append(repr(e))
+
+
+class Consumer(threading.Thread):
+    """Consumes with manual acks (prefetch 20) through one broker, each ack
+    ack_delay seconds after its delivery (so that deliveries are
+    outstanding when the queue moves); records every delivery and whether
+    it was ever cancelled."""
+
+    def __init__(self, member, queue, ack_delay=0.1):
+        super().__init__(daemon=True)
+        self.member, self.queue, self.ack_delay = member, queue, ack_delay
+        self.got, self.redelivered, self.errors = [], 0, []
+        self.cancelled = False
+        self.stopping = threading.Event()
+
+    def run(self):
+        try:
+            conn = connect(self.member)
+            ch = conn.channel()
+            ch.basic_qos(prefetch_count=20)
+            unacked = []
+
+            def on_message(ch, method, props, body):
+                self.got.append(body)
+                self.redelivered += method.redelivered
+                unacked.append((time.monotonic() + self.ack_delay, method.delivery_tag))
+
+            def on_cancel(frame):
+                self.cancelled = True
+
+            ch.add_on_cancel_callback(on_cancel)
+            ch.basic_consume(self.queue, on_message)
+            while not self.stopping.is_set() or unacked:
+                conn.process_data_events(time_limit=0.01)
+                now = time.monotonic()
+                while unacked and unacked[0][0] <= now:
+                    ch.basic_ack(unacked.pop(0)[1])
+            conn.close()
+        except Exception as e:  # noqa: BLE001
+            self.errors.append(repr(e))
+
+
+def in_order(got):
+    """Whether each publisher's messages come in publish order."""
+    last = {}
+    for body in got:
+        name, i = body.rsplit(b"-", 1)
+        if int(i) <= last.get(name, -1):
+            return False
+        last[name] = int(i)
+    return True
+
+
+@test(timeout=120)
+def three_brokers():
+    global cluster
+    cluster = Cluster()
+    for m in cluster.form(["a", "b", "c"]):
+        members[m.name] = m
+
+
+@test(timeout=60)
+def refused_requests_change_nothing():
+    a = members["a"]
+    q = placed("mv-r", a, lambda i: i is not None, **{"x-quay-backups": 1})
+    info = queue_info(a, q)
+    cases = [
+        (b'{"queue": "nope", "to": "b"}', 404),
+        (json.dumps({"queue": q, "to": "zz"}).encode(), 404),
+        (json.dumps({"queue": q, "to": info["primary"]}).encode(), 409),
+        (json.dumps({"vhost": "nope", "queue": q, "to": "b"}).encode(), 404),
+        (b"", 400), (b"{", 400), (b"[]", 400), (b'{"queue": "x"}', 400),
+        (json.dumps({"queue": q, "to": 3}).encode(), 400),
+        (json.dumps({"queue": q, "to": "b", "extra": 1}).encode(), 400),
+    ]
+    for body, want in cases:
+        status, answer = post_move(a, body)
+        assert status == want and answer.get("error"), (body, status, answer)
+    out = quayctl(a, "move", q)
+    assert out.returncode == 64 and "--to" in out.stderr, (out.returncode, out.stderr)
+    out = quayctl(a, "move", q, "--to", info["primary"])
+    assert out.returncode == 76 and "409" in out.stderr, (out.returncode, out.stderr)
+    assert queue_info(a, q) == info
+    assert a.api_cluster()["moves"] == []
+
+
+def move_under_load(to_backup):
+    """A queue on one broker, a publisher and a consumer on each broker;
+    moved while they run to another broker (a backup already, or not), and
+    back: every confirmed message is delivered once, in each publisher's
+    order, nothing is nacked, nobody is cancelled."""
+    q = placed("mv-%s" % ("b" if to_backup else "n"), members["a"],
+               lambda i: i is not None and i["in_sync"] == i["backups"] and len(i["backups"]) == 1,
+               **{"x-quay-backups": 1})
+    first = queue_info(members["a"], q)
+    primary = first["primary"]
+    target = next(m.name for m in others(primary) if (m.name in first["backups"]) == to_backup)
+    pubs = [Publisher(m.name, m, q, rate=150) for m in members.values()]
+    cons = [Consumer(m, q) for m in members.values()]
+    for t in cons + pubs:
+        t.start()
+    time.sleep(1.0)
+    answer = move(members[primary], q, target)
+    assert answer["from"] == primary and answer["catch_up"] == (not to_backup), answer
+    wait_until(lambda: queue_info(members["a"], q)["primary"] == target, 20,
+               what="the move to %s" % target)
+    time.sleep(1.0)
+    # And back, with quayctl.
+    out = quayctl(members[target], "move", q, "--to", primary)
+    assert out.returncode == 0, (out.returncode, out.stdout, out.stderr)
+    wait_until(lambda: queue_info(members["a"], q)["primary"] == primary, 20,
+               what="the move back")
+    time.sleep(1.0)
+    for p in pubs:
+        p.stopping.set()
+    for p in pubs:
+        p.join(30)
+    confirmed = set(b for p in pubs for b in p.confirmed)
+    wait_until(lambda: len(set(b for c in cons for b in c.got)) >= len(confirmed), 20,
+               what="every confirmed message delivered")
+    time.sleep(0.5)
+    for c in cons:
+        c.stopping.set()
+    for c in cons:
+        c.join(30)
+    got = [b for c in cons for b in c.got]
+    dups = len(got) - len(set(got))
+    print("# %s: %d confirmed, %d nacked, %d delivered (%d twice, %d redelivered), longest "
+          "confirm wait %.0f ms" % (q, len(confirmed), sum(len(p.nacked) for p in pubs),
+                                    len(got), dups, sum(c.redelivered for c in cons),
+                                    max(p.longest for p in pubs) * 1000))
+    if dups or not all(in_order(c.got) for c in cons):
+        for c in cons:
+            seen = set()
+            print("# through %s: %s" % (c.member.name, [b for b in c.got if got.count(b) > 1]))
+            print("#   order breaks: %s" % [(a, b) for a, b in zip(c.got, c.got[1:])
+                                           if a.rsplit(b"-", 1)[0] == b.rsplit(b"-", 1)[0]
+                                           and int(a.rsplit(b"-", 1)[1]) >
+                                           int(b.rsplit(b"-", 1)[1])][:5])
+    for t in pubs + cons:
+        assert not t.errors, t.errors
+    for p in pubs:
+        assert not p.nacked, p.nacked[:10]
+    for c in cons:
+        assert not c.cancelled
+        assert in_order(c.got), "out of order through %s" % c.member.name
+    assert set(got) >= confirmed
+    assert dups == 0, dups
+    wait_until(lambda: queue_info(members["a"], q)["in_sync"] == queue_info(members["a"], q)[
+        "backups"] and len(queue_info(members["a"], q)["backups"]) == 1, 20,
+        what="the factor back")
+    assert read_all(members[target], q) == []
+    assert members["a"].api_cluster()["moves"] == []
+
+
+@test(timeout=180)
+def a_move_to_a_backup_under_load_is_invisible():
+    move_under_load(True)
+
+
+@test(timeout=180)
+def a_move_to_another_broker_catches_it_up_first():
+    move_under_load(False)
+
+
+def fill(via, queue, n, size=1024):
+    """n persistent messages, confirmed, through via."""
+    conn = connect(via)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    pad = b"x" * size
+    for i in range(n):
+        ch.basic_publish("", queue, b"%d-" % i + pad, pika.BasicProperties(delivery_mode=2))
+    conn.close()
+
+
+def move_with_a_death(victim_is_target):
+    """A deep queue moved to a broker that is not its backup; the target
+    (or the source) is killed while it catches up. The map ends consistent
+    (no move left, the factor back) and nothing confirmed is lost."""
+    q = placed("mv-k%s" % ("t" if victim_is_target else "s"), members["a"],
+               lambda i: i is not None and len(i["backups"]) == 1 and i["in_sync"] ==
+               i["backups"], **{"x-quay-backups": 1})
+    first = queue_info(members["a"], q)
+    primary = first["primary"]
+    target = next(m.name for m in others(primary) if m.name not in first["backups"])
+    backup = first["backups"][0]
+    fill(members[backup], q, 20000)
+    move(members[backup], q, target)
+    time.sleep(0.05)
+    victim = members[target if victim_is_target else primary]
+    victim.kill()
+    survivor = members[backup]
+    wait_until(lambda: survivor.view().brokers.get(victim.name) == "down", 15,
+               what="%s down" % victim.name)
+    wait_until(lambda: survivor.api_cluster()["moves"] == [], 15, what="the move ended")
+    info = queue_info(survivor, q)
+    assert info["primary"] != victim.name, info
+    bodies = read_all(survivor, q)
+    got = set(int(b.split(b"-", 1)[0]) for b in bodies)
+    assert got == set(range(20000)), (len(got), len(bodies))
+    victim.start()
+    wait_until(lambda: all(m.view() and m.view().brokers.get(victim.name) == "up"
+                           for m in members.values()), 30, what="%s back" % victim.name)
+    wait_until(lambda: queue_info(survivor, q)["in_sync"] == queue_info(survivor, q)[
+        "backups"] and len(queue_info(survivor, q)["backups"]) == 1, 30, what="the factor back")
+
+
+@test(timeout=180)
+def a_target_that_dies_ends_the_move():
+    move_with_a_death(True)
+
+
+@test(timeout=180)
+def a_source_that_dies_fails_over_as_usual():
+    move_with_a_death(False)
+
+
+if __name__ == "__main__":
+    run(closer(lambda: cluster))
