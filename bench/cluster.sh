@@ -113,7 +113,7 @@ start() {
 
 # up_count N: how many brokers broker N's map has up.
 up_count() {
-  curl -s "http://127.0.0.1:$(http_port "$1")/api/cluster" |
+  curl -s -u guest:guest "http://127.0.0.1:$(http_port "$1")/api/cluster" |
     /usr/bin/python3 -c 'import json,sys; print(sum(b["state"]=="up" for b in json.load(sys.stdin)["brokers"]))' 2>/dev/null || echo 0
 }
 
@@ -148,6 +148,10 @@ row_proxy() {
   local prefix
   prefix=$(/usr/bin/python3 - "$(amqp_port 2)" "$(http_port 2)" <<'EOF'
 import json, sys, urllib.request
+# The management API needs a login: quayd's default guest (an administrator, from loopback).
+_login = urllib.request.build_opener()
+_login.addheaders = [("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")]  # guest:guest
+urllib.request.install_opener(_login)
 import pika
 port, http = int(sys.argv[1]), int(sys.argv[2])
 c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
@@ -202,7 +206,7 @@ row_scale() {
     rss="$rss b$n=$(( $(rss_kib "$p") / 1024 ))MiB(+$(( ($(rss_kib "$p") - ${before[$((n-1))]}) / 1024 )))"
   done
   local map
-  map=$(curl -s "http://127.0.0.1:$(http_port 1)/api/cluster" |
+  map=$(curl -s -u guest:guest "http://127.0.0.1:$(http_port 1)/api/cluster" |
         /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print("epoch=%s map_bytes=%s queues=%s" % (d["epoch"], d.get("map_bytes"), d.get("queues")))')
   local t0 t1
   t0=$(date +%s.%N)
@@ -227,6 +231,10 @@ promoted_after() {
   /usr/bin/python3 - "b$victim" "$(http_port "$watch")" "$(eval echo \$PID_$victim)" \
       "$(amqp_port "$watch")" "b$watch" <<'EOF2'
 import json, os, signal, sys, threading, time, urllib.request
+# The management API needs a login: quayd's default guest (an administrator, from loopback).
+_login = urllib.request.build_opener()
+_login.addheaders = [("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")]  # guest:guest
+urllib.request.install_opener(_login)
 import pika
 victim, port, pid, amqp, watcher = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
                                     int(sys.argv[4]), sys.argv[5])
@@ -326,6 +334,10 @@ row_replicated() {
     [ "$kind" = persistent ] && extra=(--persistent --durable)
     primary=$(/usr/bin/python3 - "$(amqp_port 1)" "$(http_port 1)" "$q" "$kind" <<'EOF2'
 import json, sys, time, urllib.request
+# The management API needs a login: quayd's default guest (an administrator, from loopback).
+_login = urllib.request.build_opener()
+_login.addheaders = [("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")]  # guest:guest
+urllib.request.install_opener(_login)
 import pika
 port, http, name, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
@@ -462,6 +474,10 @@ EOF
   kill -9 "$PID_5"
   /usr/bin/python3 - "$(http_port 1)" "$(http_port 2)" "$(http_port 3)" "$(http_port 4)" <<'EOF'
 import json, sys, time, urllib.request
+# The management API needs a login: quayd's default guest (an administrator, from loopback).
+_login = urllib.request.build_opener()
+_login.addheaders = [("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")]  # guest:guest
+urllib.request.install_opener(_login)
 ports = [int(p) for p in sys.argv[1:]]
 def get(port, path):
     with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=30) as r:
@@ -477,7 +493,8 @@ while time.time() < deadline and any(q["primary"] == "b5" and q["backups"]
     time.sleep(0.2)
 t0 = time.time()
 req = urllib.request.Request("http://127.0.0.1:%d/api/cluster/forget" % ports[0],
-                             data=b'{"broker": "b5"}', method="POST")
+                             data=b'{"broker": "b5"}', method="POST",
+                             headers={"Content-Type": "application/json"})
 with urllib.request.urlopen(req, timeout=30) as r:
     report = json.load(r)
 def done():

@@ -16,11 +16,9 @@ messages to 10 queues, where one copy per queue took 10.
 Prints: ROW fanout queues= size= messages= link_bytes_per_msg= ratio_to_body= msg_s=
 """
 import argparse
-import json
 import os
 import sys
 import time
-import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
@@ -30,9 +28,7 @@ import pika  # noqa: E402
 
 
 def api(member, path):
-    with urllib.request.urlopen("http://127.0.0.1:%d%s" % (member.http_port, path),
-                                timeout=10) as r:
-        return json.load(r)
+    return member.api_get(path, timeout=10)  # logged in as the cluster's API user
 
 
 def bytes_out(src, dst):

@@ -24,14 +24,12 @@ the probe ended. The cut is healed after the probe.
 Prints one line: ROW <mode> max_confirm_gap_ms= nacked= lost= dup= ...
 """
 import argparse
-import json
 import os
 import re
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
@@ -42,9 +40,8 @@ USER, PASSWORD = "bench", "bench-pass"
 
 
 def api_queues(m, timeout=1.0):
-    with urllib.request.urlopen("http://%s:%d/api/queues" % (m.host, m.http_port),
-                                timeout=timeout) as r:
-        return {q["name"]: q for q in json.load(r)}
+    # As USER, whom Cluster.users_file made an administrator.
+    return {q["name"]: q for q in m.api_get("/api/queues", timeout=timeout)}
 
 
 def main():

@@ -1,5 +1,6 @@
 /*
- * auth.c: see auth.h. Password checks compare hashes in constant time.
+ * auth.c: see auth.h. Password checks compare hashes in constant time, and
+ * hash once per login whether or not the user exists.
  */
 #include "broker/auth.h"
 
@@ -37,8 +38,19 @@ static void hash_with_salt(const unsigned char salt[4], const uint8_t *password,
     free(buf);
 }
 
+/* Fresh random dummy credentials: no password hashes to them in practice,
+ * and nobody can log in with them (they belong to no user). */
+static void init_dummy(struct auth *auth)
+{
+    int ok = RAND_bytes(auth->dummy_salt, sizeof auth->dummy_salt);
+    ASSERT(ok == 1);
+    ok = RAND_bytes(auth->dummy_hash, sizeof auth->dummy_hash);
+    ASSERT(ok == 1);
+}
+
 static void add_user(struct auth *auth, const char *name, const unsigned char salt[4],
-                     const unsigned char hash[32], const char *vhosts, bool loopback_only)
+                     const unsigned char hash[32], const char *vhosts, bool loopback_only,
+                     unsigned tags)
 {
     struct auth_user *users = realloc(auth->users, sizeof *users * (auth->users_count + 1));
     ASSERT(users != NULL);
@@ -49,16 +61,18 @@ static void add_user(struct auth *auth, const char *name, const unsigned char sa
     memcpy(u->salt, salt, 4);
     memcpy(u->hash, hash, 32);
     u->loopback_only = loopback_only;
+    u->tags = tags;
 }
 
 void auth_init_default(struct auth *auth)
 {
     auth->users = NULL;
     auth->users_count = 0;
+    init_dummy(auth);
     unsigned char salt[4], hash[32];
     RAND_bytes(salt, sizeof salt);
     hash_with_salt(salt, (const uint8_t *)"guest", 5, hash);
-    add_user(auth, "guest", salt, hash, "/", true);
+    add_user(auth, "guest", salt, hash, "/", true, AUTH_TAG_ADMINISTRATOR);
 }
 
 void auth_hash_password(const char *password, char *out, size_t out_size)
@@ -70,10 +84,68 @@ void auth_hash_password(const char *password, char *out, size_t out_size)
     EVP_EncodeBlock((unsigned char *)out, raw, sizeof raw);
 }
 
+int auth_parse_tags(const char *text, unsigned *tags, char *bad, size_t bad_size)
+{
+    static const struct {
+        const char *name;
+        enum auth_tag tag;
+    } known[] = {{"management", AUTH_TAG_MANAGEMENT},
+                 {"policymaker", AUTH_TAG_POLICYMAKER},
+                 {"monitoring", AUTH_TAG_MONITORING},
+                 {"administrator", AUTH_TAG_ADMINISTRATOR}};
+    *tags = 0;
+    for (const char *p = text; *p != '\0';) {
+        size_t n = strcspn(p, ",");
+        size_t i = 0;
+        while (i < sizeof known / sizeof known[0] &&
+               !(strlen(known[i].name) == n && memcmp(known[i].name, p, n) == 0))
+            i++;
+        if (i == sizeof known / sizeof known[0]) {
+            snprintf(bad, bad_size, "%.*s", (int)n, p);
+            return -1;
+        }
+        *tags |= (unsigned)known[i].tag;
+        p += n;
+        if (*p == ',' && *++p == '\0') { /* "a," names an empty tag */
+            snprintf(bad, bad_size, "%s", "");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The optional words after VHOSTS: "loopback" and "tags=...", each at most
+ * once. Returns 0, or -1 with why in err. */
+static int parse_options(char *save, bool *loopback, unsigned *tags, char *err, size_t err_size)
+{
+    bool seen_tags = false;
+    *loopback = false;
+    *tags = 0;
+    for (char *word; (word = strtok_r(NULL, " \t\r\n", &save)) != NULL;) {
+        if (strcmp(word, "loopback") == 0 && !*loopback) {
+            *loopback = true;
+        } else if (strncmp(word, "tags=", 5) == 0 && !seen_tags) {
+            seen_tags = true;
+            char bad[64];
+            if (auth_parse_tags(word + 5, tags, bad, sizeof bad) != 0) {
+                snprintf(err, err_size, "unknown tag '%s' (administrator, monitoring, "
+                         "policymaker, management)", bad);
+                return -1;
+            }
+        } else {
+            snprintf(err, err_size, "unexpected '%.64s' (each of loopback, tags=... once)",
+                     word);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int auth_load_file(struct auth *auth, const char *path, char *err, size_t err_size)
 {
     auth->users = NULL;
     auth->users_count = 0;
+    init_dummy(auth);
     FILE *f = fopen(path, "r");
     if (!f) {
         snprintf(err, err_size, "cannot open users file %s", path);
@@ -89,18 +161,21 @@ int auth_load_file(struct auth *auth, const char *path, char *err, size_t err_si
             continue;
         char *hash64 = strtok_r(NULL, " \t\r\n", &save);
         char *vhosts = strtok_r(NULL, " \t\r\n", &save);
-        char *flag = strtok_r(NULL, " \t\r\n", &save);
         unsigned char raw[48];
         int n = hash64 ? EVP_DecodeBlock(raw, (const unsigned char *)hash64, (int)strlen(hash64))
                        : -1;
+        bool loopback;
+        unsigned tags;
+        char why[160] = "";
         /* EVP_DecodeBlock counts base64 padding as data: 36 bytes -> 36. */
-        if (!vhosts || n < 36 || (flag && strcmp(flag, "loopback") != 0)) {
-            snprintf(err, err_size, "%s:%d: expected NAME HASH VHOSTS [loopback]", path, lineno);
+        if (!vhosts || n < 36 || parse_options(save, &loopback, &tags, why, sizeof why) != 0) {
+            snprintf(err, err_size, "%s:%d: expected NAME HASH VHOSTS [loopback] "
+                     "[tags=TAG[,TAG...]]%s%s", path, lineno, why[0] ? ": " : "", why);
             fclose(f);
             auth_free(auth);
             return -1;
         }
-        add_user(auth, name, raw, raw + 4, vhosts, flag != NULL);
+        add_user(auth, name, raw, raw + 4, vhosts, loopback, tags);
     }
     fclose(f);
     return 0;
@@ -117,22 +192,44 @@ void auth_free(struct auth *auth)
     auth->users_count = 0;
 }
 
+enum auth_verdict auth_login(const struct auth *auth, struct bytes user, struct bytes password,
+                             bool peer_loopback, const struct auth_user **out)
+{
+    *out = NULL;
+    const struct auth_user *found = NULL;
+    for (size_t i = 0; i < auth->users_count && found == NULL; i++) {
+        if (bytes_equal_cstr(user, auth->users[i].name))
+            found = &auth->users[i];
+    }
+    /* An unknown user's password is hashed too, against the dummy: the
+     * refusal costs one hash either way, so timing tells no names. */
+    unsigned char hash[32];
+    hash_with_salt(found ? found->salt : auth->dummy_salt, password.ptr, password.len, hash);
+    bool match = CRYPTO_memcmp(hash, found ? found->hash : auth->dummy_hash, sizeof hash) == 0;
+    OPENSSL_cleanse(hash, sizeof hash);
+    if (found == NULL || !match)
+        return AUTH_VERDICT_REFUSED;
+    if (found->loopback_only && !peer_loopback)
+        return AUTH_VERDICT_LOOPBACK_ONLY;
+    *out = found;
+    return AUTH_VERDICT_OK;
+}
+
 const struct auth_user *auth_check(const struct auth *auth, struct bytes user,
                                    struct bytes password, bool peer_loopback)
 {
-    for (size_t i = 0; i < auth->users_count; i++) {
-        const struct auth_user *u = &auth->users[i];
-        if (!bytes_equal_cstr(user, u->name))
-            continue;
-        unsigned char hash[32];
-        hash_with_salt(u->salt, password.ptr, password.len, hash);
-        if (CRYPTO_memcmp(hash, u->hash, sizeof hash) != 0)
-            return NULL;
-        if (u->loopback_only && !peer_loopback)
-            return NULL;
-        return u;
-    }
-    return NULL;
+    const struct auth_user *u;
+    return auth_login(auth, user, password, peer_loopback, &u) == AUTH_VERDICT_OK ? u : NULL;
+}
+
+bool auth_user_has_tag(const struct auth_user *user, enum auth_tag tag)
+{
+    unsigned have = user->tags;
+    if (have & AUTH_TAG_ADMINISTRATOR)
+        return true;
+    if (have & (AUTH_TAG_MONITORING | AUTH_TAG_POLICYMAKER))
+        have |= AUTH_TAG_MANAGEMENT;
+    return (have & (unsigned)tag) != 0;
 }
 
 bool auth_user_may_open(const struct auth_user *user, struct bytes vhost)

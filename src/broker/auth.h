@@ -4,12 +4,19 @@
  * The users file has one user per line (blank lines and # comments
  * ignored):
  *
- *     NAME  PASSWORD-HASH  VHOST[,VHOST...]  [loopback]
+ *     NAME  PASSWORD-HASH  VHOST[,VHOST...]  [loopback]  [tags=TAG[,TAG...]]
  *
  * PASSWORD-HASH is RabbitMQ's rabbit_password_hashing_sha256 format:
  * base64(salt[4] || sha256(salt || password)); `quayd --hash-password PW`
  * prints one. "loopback" restricts the user to loopback peers (RabbitMQ's
- * loopback_users). Without a file: guest/guest on "/", loopback only.
+ * loopback_users), over AMQP and HTTP alike. The tags are RabbitMQ's
+ * management tags: what the user may do with the management API
+ * (mgmt/api.h); none (the default, as in files written before tags) means
+ * no API access at all. The two optional words may come in either order,
+ * each at most once; "tags=" cannot be mistaken for "loopback", and an
+ * unknown tag is an error rather than a user with fewer rights than meant.
+ * Without a file: guest/guest on "/", loopback only, administrator (as
+ * RabbitMQ's default user).
  */
 #ifndef QUAY_BROKER_AUTH_H
 #define QUAY_BROKER_AUTH_H
@@ -19,17 +26,39 @@
 
 #include "amqp/types.h"
 
+/* RabbitMQ's management tags, as bits. Each includes the rights of the
+ * ones it names (auth_user_has_tag): administrator all of them,
+ * monitoring and policymaker management. */
+enum auth_tag {
+    AUTH_TAG_MANAGEMENT = 1u << 0,    /* read its own vhosts' objects */
+    AUTH_TAG_POLICYMAKER = 1u << 1,   /* and change policies of those vhosts */
+    AUTH_TAG_MONITORING = 1u << 2,    /* and read every connection, the node, the cluster */
+    AUTH_TAG_ADMINISTRATOR = 1u << 3, /* everything, every vhost, cluster actions */
+};
+
 struct auth_user {
     char *name;                   /* owned */
     char *vhosts;                 /* owned: comma-separated list, "*" = any */
     unsigned char salt[4];
     unsigned char hash[32];
     bool loopback_only;
+    unsigned tags;                /* enum auth_tag bits, as the file names them */
 };
 
 struct auth {
     struct auth_user *users;      /* owned array */
     size_t users_count;
+    /* What an unknown user's password is checked against, so that a
+     * failed login costs the same whether or not the user exists. */
+    unsigned char dummy_salt[4];
+    unsigned char dummy_hash[32];
+};
+
+/* The result of a login. */
+enum auth_verdict {
+    AUTH_VERDICT_OK,
+    AUTH_VERDICT_REFUSED,         /* no such user, or the wrong password: one answer */
+    AUTH_VERDICT_LOOPBACK_ONLY,   /* the right password, but not from a loopback peer */
 };
 
 void auth_init_default(struct auth *auth);
@@ -39,10 +68,20 @@ void auth_free(struct auth *auth);
 /* Writes base64(salt||sha256(salt||password)) into out (>= 48 bytes). */
 void auth_hash_password(const char *password, char *out, size_t out_size);
 
-/* Checks a login; returns the user or NULL. */
+/* Checks a login: the password is hashed once whether or not the user
+ * exists. Sets *out to the user on AUTH_VERDICT_OK, else to NULL. */
+enum auth_verdict auth_login(const struct auth *auth, struct bytes user, struct bytes password,
+                             bool peer_loopback, const struct auth_user **out);
+/* auth_login for AMQP, where every refusal looks the same: the user or NULL. */
 const struct auth_user *auth_check(const struct auth *auth, struct bytes user,
                                    struct bytes password, bool peer_loopback);
 bool auth_user_may_open(const struct auth_user *user, struct bytes vhost);
+/* Whether the user holds tag, directly or through a tag that includes it. */
+bool auth_user_has_tag(const struct auth_user *user, enum auth_tag tag);
+/* Parses a comma-separated tag list ("" = none) into enum auth_tag bits.
+ * Returns 0, or -1 with the first unknown tag's name in bad (NUL-ended,
+ * cut to bad_size). */
+int auth_parse_tags(const char *text, unsigned *tags, char *bad, size_t bad_size);
 
 /* SASL responses: PLAIN is "\0user\0password"; AMQPLAIN is a field table
  * with LOGIN and PASSWORD. Return 0 on success. */

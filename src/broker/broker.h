@@ -59,6 +59,7 @@ struct broker_config {
     const char *data_dir;
     const char *users_file;
     const char *http_listen;         /* management API "ADDR:PORT"; NULL = off */
+    const char *http_allowed_hosts;  /* names its Host header may give (mgmt/http_guard.h) */
     const struct cluster_node_config *cluster; /* borrowed; NULL = not clustered */
     uint8_t default_backups;         /* cluster: backups of a queue without x-quay-backups */
     enum queue_locator queue_locator; /* cluster: where declared queues live */

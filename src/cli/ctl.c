@@ -7,9 +7,11 @@
  * It owns nothing beyond the process; it changes broker state only
  * through the API's own verbs (leave, forget, set-policy, clear-policy) and links
  * none of the broker's code (no libuv), so it runs anywhere the socket
- * reaches. Exit codes follow sysexits.h, as rabbitmqctl's do:
- * 0 done, 64 usage, 69 the broker is unreachable, 76 a bad or non-200
- * answer.
+ * reaches. It logs in with HTTP Basic: --user/--password, else the
+ * environment's QUAY_USER/QUAY_PASSWORD, else guest/guest (the default
+ * broker's administrator, from loopback). Exit codes follow sysexits.h,
+ * as rabbitmqctl's do: 0 done, 64 usage, 69 the broker is unreachable,
+ * 76 a bad or non-200 answer, 77 the login or its rights were refused.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -26,11 +28,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "lib/base64.h"
+
 #define EXIT_USAGE 64
 #define EXIT_UNAVAILABLE 69
 #define EXIT_PROTOCOL 76
+#define EXIT_NOPERM 77
 
 #define DEFAULT_HTTP "127.0.0.1:15672"
+#define DEFAULT_USER "guest" /* and its password: quayd's default user */
+#define CREDENTIALS_SIZE_MAX 1024 /* user:password, as quayd takes them */
 #define DEFAULT_TIMEOUT_MS 10000
 #define RESPONSE_SIZE_MAX (256u << 20)
 #define JSON_DEPTH_MAX 64
@@ -38,7 +45,8 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: quayctl [--http HOST:PORT] [--json] [--timeout SECONDS] COMMAND [ARGS]\n"
+            "usage: quayctl [--http HOST:PORT] [--user NAME] [--password PW] [--json]\n"
+            "               [--timeout SECONDS] COMMAND [ARGS]\n"
             "\n"
             "Asks a running quayd (started with --http) through its management API.\n"
             "\n"
@@ -66,11 +74,19 @@ static void usage(FILE *out)
             "\n"
             "options:\n"
             "  --http HOST:PORT   the API's address (default " DEFAULT_HTTP "); [V6]:PORT\n"
+            "  --user NAME        log in as NAME (default: $QUAY_USER, else " DEFAULT_USER ")\n"
+            "  --password PW      its password (default: $QUAY_PASSWORD; " DEFAULT_USER "'s\n"
+            "                     when no user is given either);\n"
+            "                     prefer the variable: other users can see a command line\n"
             "  --json             print the API's JSON as it is\n"
             "  --timeout SECONDS  give up after this long (default 10)\n"
             "  --help             this text\n"
             "\n"
-            "exit status: 0 done, 64 usage, 69 broker unreachable, 76 bad answer\n");
+            "The user needs a management tag on the broker (administrator for leave and\n"
+            "forget, policymaker for set-policy and clear-policy, monitoring for cluster).\n"
+            "\n"
+            "exit status: 0 done, 64 usage, 69 broker unreachable, 76 bad answer,\n"
+            "77 login or right refused\n");
 }
 
 /* ---- the HTTP GET ------------------------------------------------------ */
@@ -267,29 +283,35 @@ static int parse_response(char *data, size_t size, struct response *out)
     return 0;
 }
 
-/* GETs path; on success *in holds the response and *res points into it.
- * Returns 0 or an exit status (the error is printed). */
+/* Sends method path (with body, or none) and reads the answer: on
+ * success *in holds the response and *res points into it. authorization
+ * is the Basic credentials' base64. Returns 0 or an exit status (the
+ * error is printed). */
 static int http_request(const struct endpoint *ep, const char *method, const char *path,
-                        const char *body, int timeout_ms, struct buffer *in, struct response *res)
+                        const char *body, const char *authorization, int timeout_ms,
+                        struct buffer *in, struct response *res)
 {
     int64_t deadline_ms = now_ms() + timeout_ms;
     int fd = connect_endpoint(ep, deadline_ms);
     if (fd < 0)
         return EXIT_UNAVAILABLE;
-    char request[4096];
+    char request[8192];
     bool v6 = strchr(ep->host, ':') != NULL;
     int n = snprintf(request, sizeof request,
                      "%s %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nAccept: application/json\r\n"
                      "User-Agent: quayctl\r\nConnection: close\r\n"
+                     "Authorization: Basic %s\r\n"
                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
                      method, path, v6 ? "[" : "", ep->host, v6 ? "]" : "", ep->port,
-                     body ? strlen(body) : 0, body ? body : "");
+                     authorization, body ? strlen(body) : 0, body ? body : "");
     if (n < 0 || (size_t)n >= sizeof request) {
+        explicit_bzero(request, sizeof request);
         close(fd);
         fprintf(stderr, "quayctl: %s %s: the request is too long\n", method, path);
         return EXIT_USAGE;
     }
     int rc = send_all(fd, request, (size_t)n, deadline_ms);
+    explicit_bzero(request, sizeof request); /* the credentials */
     if (rc == 0)
         rc = receive_all(fd, in, deadline_ms);
     close(fd);
@@ -918,6 +940,11 @@ static int show(const struct command *cmd, const struct response *res, bool raw_
         fprintf(stderr, "quayctl: %s %s: HTTP %d%s%s\n", cmd->method, cmd->path, res->status,
                 reason && reason->text ? ": " : "", reason && reason->text ? reason->text : "");
         jfree(doc);
+        if (res->status == 401 || res->status == 403) {
+            fprintf(stderr, "quayctl: log in with --user and QUAY_PASSWORD (or --password) as "
+                    "a user with the right tag\n");
+            return EXIT_NOPERM;
+        }
         return EXIT_PROTOCOL;
     }
     if (!doc) {
@@ -945,6 +972,8 @@ static int show(const struct command *cmd, const struct response *res, bool raw_
 
 struct options {
     struct endpoint endpoint;
+    const char *user;
+    const char *password;
     bool json;
     int timeout_ms;
     const struct command *command;
@@ -967,6 +996,10 @@ static int parse_options(int argc, char **argv, struct options *opt)
             opt->json = true;
         } else if ((strcmp(a, "--to") == 0 || strcmp(a, "--vhost") == 0) && i + 1 < argc) {
             *(strcmp(a, "--to") == 0 ? &opt->to : &opt->vhost) = argv[++i];
+        } else if (strcmp(a, "--user") == 0 && i + 1 < argc) {
+            opt->user = argv[++i];
+        } else if (strcmp(a, "--password") == 0 && i + 1 < argc) {
+            opt->password = argv[++i];
         } else if ((strcmp(a, "--http") == 0 || strcmp(a, "--timeout") == 0) && i + 1 < argc) {
             if (strcmp(a, "--http") == 0) {
                 http = argv[++i];
@@ -1014,11 +1047,43 @@ static int parse_options(int argc, char **argv, struct options *opt)
     return -1;
 }
 
+/* The Basic credentials: the options, else the environment, else guest's.
+ * Returns 0, or EXIT_USAGE (printed). */
+static int credentials(const struct options *opt, char *out, size_t out_cap)
+{
+    const char *user = opt->user ? opt->user : getenv("QUAY_USER");
+    const char *password = opt->password ? opt->password : getenv("QUAY_PASSWORD");
+    if (user != NULL && password == NULL) {
+        fprintf(stderr, "quayctl: %s needs a password: QUAY_PASSWORD or --password\n", user);
+        return EXIT_USAGE;
+    }
+    if (user == NULL)
+        user = DEFAULT_USER;
+    if (password == NULL)
+        password = DEFAULT_USER;
+    char plain[CREDENTIALS_SIZE_MAX + 1];
+    int n = snprintf(plain, sizeof plain, "%s:%s", user, password);
+    if (strchr(user, ':') != NULL || n < 0 || (size_t)n >= sizeof plain ||
+        base64_encoded_size((size_t)n) >= out_cap) {
+        explicit_bzero(plain, sizeof plain);
+        fprintf(stderr, "quayctl: the user name has a ':' or the credentials are over %d "
+                "bytes\n", CREDENTIALS_SIZE_MAX);
+        return EXIT_USAGE;
+    }
+    base64_encode((const uint8_t *)plain, (size_t)n, out);
+    explicit_bzero(plain, sizeof plain);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct options opt = {0};
     int rc = parse_options(argc, argv, &opt);
     if (rc >= 0)
+        return rc;
+    char authorization[2 * CREDENTIALS_SIZE_MAX];
+    rc = credentials(&opt, authorization, sizeof authorization);
+    if (rc != 0)
         return rc;
     struct buffer in = {0};
     struct response res;
@@ -1037,7 +1102,8 @@ int main(int argc, char **argv)
         snprintf(path, sizeof path, "%s", opt.command->path);
     }
     rc = http_request(&opt.endpoint, opt.command->method, path, body[0] ? body : NULL,
-                      opt.timeout_ms, &in, &res);
+                      authorization, opt.timeout_ms, &in, &res);
+    explicit_bzero(authorization, sizeof authorization);
     if (rc == 0)
         rc = show(opt.command, &res, opt.json);
     free(in.data);

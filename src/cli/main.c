@@ -3,10 +3,13 @@
  * directory's lock, starts the broker on a libuv loop, and shuts down
  * cleanly on SIGTERM/SIGINT (exit status 0).
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,9 +40,21 @@ static void usage(FILE *out)
             "  --listen ADDR:PORT      AMQP listener (repeatable; default [::]:5672).\n"
             "                          ADDR may be an IPv4 or [IPv6] address or empty\n"
             "  --http ADDR:PORT        serve the management HTTP API (quayctl) there;\n"
-            "                          off by default (e.g. 127.0.0.1:15672)\n"
+            "                          off by default (e.g. 127.0.0.1:15672). It takes\n"
+            "                          HTTP Basic logins of users with a management tag\n"
+            "                          (guest/guest without --users); a non-loopback\n"
+            "                          ADDR needs --http-allow-plaintext\n"
+            "  --http-allow-plaintext  let --http listen on a non-loopback address: quay\n"
+            "                          has no TLS, so passwords cross the network in clear\n"
+            "  --http-allowed-hosts NAME[,NAME...]  names the API answers to in the Host\n"
+            "                          header besides its addresses (and localhost on\n"
+            "                          loopback): a DNS rebinding defence\n"
             "  --data DIR              data directory (default ./quay-data)\n"
-            "  --users FILE            users file: NAME HASH VHOST[,VHOST] [loopback]\n"
+            "  --users FILE            users file, one user a line:\n"
+            "                          NAME HASH VHOST[,VHOST...] [loopback] [tags=TAG,...]\n"
+            "                          TAG: administrator, monitoring, policymaker,\n"
+            "                          management (the management API's rights; none:\n"
+            "                          no API access)\n"
             "  --log-level LEVEL       error, warn, info (default) or debug\n"
             "  --frame-max BYTES       largest frame offered in tune (default 131072)\n"
             "  --channel-max N         channels per connection (default 2047)\n"
@@ -80,7 +95,8 @@ enum option_id {
     OPT_MAX_MESSAGE_SIZE, OPT_HASH_PASSWORD, OPT_HELP, OPT_MEMORY_HIGH_WATERMARK,
     OPT_DISK_FREE_LIMIT, OPT_HTTP,
     OPT_CONFIG, OPT_NAME, OPT_CLUSTER_LISTEN, OPT_JOIN, OPT_CLUSTER_SECRET_FILE,
-    OPT_DEFAULT_BACKUPS, OPT_READ_BATCH_US, OPT_QUEUE_LOCATOR,
+    OPT_DEFAULT_BACKUPS, OPT_READ_BATCH_US, OPT_QUEUE_LOCATOR, OPT_HTTP_ALLOW_PLAINTEXT,
+    OPT_HTTP_ALLOWED_HOSTS,
 };
 
 static const struct option long_options[] = {
@@ -99,6 +115,8 @@ static const struct option long_options[] = {
     {"memory-high-watermark", required_argument, NULL, OPT_MEMORY_HIGH_WATERMARK},
     {"disk-free-limit", required_argument, NULL, OPT_DISK_FREE_LIMIT},
     {"http", required_argument, NULL, OPT_HTTP},
+    {"http-allow-plaintext", no_argument, NULL, OPT_HTTP_ALLOW_PLAINTEXT},
+    {"http-allowed-hosts", required_argument, NULL, OPT_HTTP_ALLOWED_HOSTS},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"name", required_argument, NULL, OPT_NAME},
     {"cluster-listen", required_argument, NULL, OPT_CLUSTER_LISTEN},
@@ -224,6 +242,85 @@ static int set_sized(int opt, const char *text, struct broker_config *config)
     }
 }
 
+/* --http-allow-plaintext was given (check_http_options reads it). */
+static bool http_allow_plaintext;
+
+/* A comma-separated list of host names: none empty, no spaces. */
+static bool host_list_ok(const char *list)
+{
+    for (const char *p = list;; p++) {
+        size_t n = strcspn(p, ",");
+        if (n == 0 || n > 255 || strcspn(p, " \t") < n)
+            return false;
+        p += n;
+        if (*p == '\0')
+            return true;
+    }
+}
+
+/* The management API's options: 1 if opt is one of them (and it is set),
+ * 0 if not, -1 for a bad value. */
+static int set_http_option(int opt, const char *text, struct broker_config *config)
+{
+    struct sockaddr_storage ss;
+    switch (opt) {
+    case OPT_HTTP:
+        if (listener_parse_address(text, &ss) != 0) {
+            fprintf(stderr, "quayd: bad value for --http: '%s'\n", text);
+            return -1;
+        }
+        config->http_listen = text;
+        return 1;
+    case OPT_HTTP_ALLOW_PLAINTEXT:
+        http_allow_plaintext = true;
+        return 1;
+    case OPT_HTTP_ALLOWED_HOSTS:
+        if (!host_list_ok(text)) {
+            fprintf(stderr, "quayd: bad value for --http-allowed-hosts: '%s' (NAME[,NAME...])\n",
+                    text);
+            return -1;
+        }
+        config->http_allowed_hosts = text;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* quay has no TLS yet: the API's Basic credentials travel in clear, so it
+ * listens beyond loopback only when the operator says that is fine (a
+ * private network, or a TLS proxy in front). */
+static int check_http_options(const struct broker_config *config)
+{
+    if (config->http_listen == NULL)
+        return 0;
+    struct sockaddr_storage ss;
+    int rc = listener_parse_address(config->http_listen, &ss);
+    if (rc != 0)
+        return -1; /* checked when parsed */
+    bool loopback = false;
+    if (ss.ss_family == AF_INET) {
+        loopback = ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24 == 127;
+    } else if (ss.ss_family == AF_INET6) {
+        const struct in6_addr *a = &((struct sockaddr_in6 *)&ss)->sin6_addr;
+        loopback = IN6_IS_ADDR_LOOPBACK(a) ||
+                   (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    if (loopback)
+        return 0;
+    if (http_allow_plaintext) {
+        LOG_WARN("the management API listens on %s without TLS (--http-allow-plaintext): "
+                 "its passwords cross the network in clear", config->http_listen);
+        return 0;
+    }
+    fprintf(stderr,
+            "quayd: --http %s is not a loopback address, and quay has no TLS: the API's\n"
+            "passwords would cross the network in clear. Listen on 127.0.0.1 (and reach it\n"
+            "through an SSH tunnel or a TLS proxy), or add --http-allow-plaintext.\n",
+            config->http_listen);
+    return -1;
+}
+
 static int parse_options(int argc, char **argv, struct broker_config *config)
 {
     int opt;
@@ -231,6 +328,8 @@ static int parse_options(int argc, char **argv, struct broker_config *config)
         int limit = set_limit(opt, optarg, &config->limits);
         if (limit == 0)
             limit = set_sized(opt, optarg, config);
+        if (limit == 0)
+            limit = set_http_option(opt, optarg, config);
         if (limit < 0)
             return -1;
         if (limit > 0)
@@ -243,15 +342,6 @@ static int parse_options(int argc, char **argv, struct broker_config *config)
             }
             config->listen[config->listen_count++] = optarg;
             break;
-        case OPT_HTTP: {
-            struct sockaddr_storage ss;
-            if (listener_parse_address(optarg, &ss) != 0) {
-                fprintf(stderr, "quayd: bad value for --http: '%s'\n", optarg);
-                return -1;
-            }
-            config->http_listen = optarg;
-            break;
-        }
         case OPT_CONFIG: /* read before the command line: load_config_file */
         case OPT_NAME:
         case OPT_CLUSTER_LISTEN:
@@ -452,7 +542,8 @@ int main(int argc, char **argv)
     const char *config_file = find_config_option(argc, argv);
     if (config_file != NULL && load_config_file(config_file, &config) != 0)
         return 2;
-    if (parse_options(argc, argv, &config) != 0 || check_cluster_options(&config) != 0)
+    if (parse_options(argc, argv, &config) != 0 || check_cluster_options(&config) != 0 ||
+        check_http_options(&config) != 0)
         return 2;
     int lock_fd = lock_data_dir(config.data_dir);
     if (lock_fd < 0)

@@ -18,10 +18,12 @@
 #include "cluster/replica.h"
 #include "cluster/replication.h"
 
+#include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "broker/alarm.h"
+#include "broker/auth.h"
 #include "broker/broker.h"
 #include "broker/connection.h"
 #include "broker/dedup.h"
@@ -29,9 +31,11 @@
 #include "broker/queue.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
+#include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/api_policies.h"
 #include "mgmt/http.h"
+#include "mgmt/http_guard.h"
 #include "mgmt/json.h"
 
 /* The version the broker reports in connection.start's server properties
@@ -44,6 +48,108 @@ struct mgmt_api {
     struct http_server http;
     uint64_t started_ms;           /* loop time at start, for uptime */
 };
+
+/* ---- who may do what ---------------------------------------------------- */
+
+bool mgmt_user_sees_vhost(const struct auth_user *user, struct bytes vhost)
+{
+    return user == NULL || auth_user_has_tag(user, AUTH_TAG_ADMINISTRATOR) ||
+           auth_user_may_open(user, vhost);
+}
+
+/* Whether the API shows user every connection and the node's own data. */
+static bool sees_node(const struct auth_user *user)
+{
+    return user == NULL || auth_user_has_tag(user, AUTH_TAG_MONITORING);
+}
+
+/* Whether the connection is one the user may see. */
+static bool sees_connection(const struct auth_user *user, const struct connection *c)
+{
+    return sees_node(user) || c->user == user;
+}
+
+static int refuse(struct http_refusal *refusal, const char *error, const char *reason)
+{
+    *refusal = (struct http_refusal){.status = 401, .error = error, .reason = reason};
+    return E_LIMIT;
+}
+
+/* A login that failed: RabbitMQ's answer (its spelling, "not_authorized"
+ * here and "not_authorised" for a missing right), with the challenge. */
+static int refuse_login(struct http_refusal *refusal, const char *reason)
+{
+    refuse(refusal, "not_authorized", reason);
+    refusal->challenge = true;
+    return E_LIMIT;
+}
+
+/* The right a route needs, once the user is known. */
+static int check_right(const struct auth_user *u, const struct http_admission *a,
+                       struct http_refusal *refusal)
+{
+    if (!auth_user_has_tag(u, AUTH_TAG_MANAGEMENT))
+        return refuse(refusal, "not_authorised", "Not management user");
+    switch ((enum mgmt_access)a->access) {
+    case MGMT_ACCESS_MANAGEMENT:
+        return OK;
+    case MGMT_ACCESS_MONITORING:
+        if (!auth_user_has_tag(u, AUTH_TAG_MONITORING))
+            return refuse(refusal, "not_authorised", "Not monitor user");
+        return OK;
+    case MGMT_ACCESS_POLICIES:
+        /* Which vhost is the route's to check (api_policies.c). */
+        if ((a->method == HTTP_METHOD_PUT || a->method == HTTP_METHOD_DELETE) &&
+            !auth_user_has_tag(u, AUTH_TAG_POLICYMAKER))
+            return refuse(refusal, "not_authorised", "User not authorised to access object");
+        return OK;
+    case MGMT_ACCESS_ADMINISTRATOR:
+        if (!auth_user_has_tag(u, AUTH_TAG_ADMINISTRATOR))
+            return refuse(refusal, "not_authorised", "Not administrator user");
+        return OK;
+    }
+    ASSERT(!"a route without a known access");
+    return E_LIMIT;
+}
+
+/* The admission hook (http.h): HTTP Basic against the broker's users, then
+ * the route's right. A bad password, an unknown user and no credentials
+ * get one answer; only a right password from the wrong peer is told so,
+ * as RabbitMQ does. */
+static int admit(void *ctx, const struct http_admission *a, const struct auth_user **user,
+                 struct http_refusal *refusal)
+{
+    struct mgmt_api *api = ctx;
+    const struct http_request *req = a->request;
+    if (req->authorization == NULL)
+        return refuse_login(refusal, "Login failed: send HTTP Basic credentials");
+    struct http_credentials credentials;
+    switch (http_basic_parse(req->authorization, req->authorization_size, &credentials)) {
+    case HTTP_BASIC_OK:
+        break;
+    case HTTP_BASIC_OTHER:
+        return refuse_login(refusal, "Login failed");
+    case HTTP_BASIC_MALFORMED:
+        *refusal = (struct http_refusal){
+            .status = 400, .reason = "malformed Basic credentials (base64 of user:password)"};
+        return E_SYNTAX;
+    }
+    struct bytes name = {credentials.user, (uint32_t)credentials.user_size};
+    struct bytes password = {credentials.password, (uint32_t)credentials.password_size};
+    const struct auth_user *u = NULL;
+    enum auth_verdict verdict =
+        auth_login(&api->broker->auth, name, password, a->peer_loopback, &u);
+    OPENSSL_cleanse(credentials.decoded, sizeof credentials.decoded);
+    if (verdict == AUTH_VERDICT_LOOPBACK_ONLY)
+        return refuse(refusal, "not_authorised", "User can only log in via localhost");
+    if (verdict != AUTH_VERDICT_OK)
+        return refuse_login(refusal, "Login failed");
+    ASSERT(u != NULL);
+    if (check_right(u, a, refusal) != OK)
+        return E_LIMIT;
+    *user = u;
+    return OK;
+}
 
 static void write_bytes(struct json *out, const char *key, struct bytes value)
 {
@@ -64,8 +170,12 @@ static void write_bytes(struct json *out, const char *key, struct bytes value)
  *   streaming publisher's socket got a batch mark), "read_batches_timed_out": N
  *   (marks dropped because the stream paused: see net/read_batch.h)},
  *  "cluster": {the same as GET /api/cluster} (clustered only)}
+ * For a user without the monitoring tag the totals count its own
+ * connections and its vhosts' queues only, and journal, network and
+ * cluster (the node's own data) are left out.
  */
 struct totals {
+    uint64_t connections;
     uint64_t channels;
     uint64_t queues;
     uint64_t consumers;
@@ -74,15 +184,23 @@ struct totals {
     uint64_t paged;
 };
 
-static void count_totals(struct broker *broker, struct totals *t)
+/* Totals over what user sees: its vhosts' queues and its connections,
+ * unless it is a monitoring user (RabbitMQ counts the same way). */
+static void count_totals(struct broker *broker, const struct auth_user *user, struct totals *t)
 {
     memset(t, 0, sizeof *t);
     list_for_each(node, &broker->connections) {
-        t->channels += CONTAINER_OF(node, struct connection, broker_link)->channels_open;
+        const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
+        if (sees_connection(user, c)) {
+            t->connections++;
+            t->channels += c->channels_open;
+        }
     }
     struct hmap_entry *v;
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
         struct vhost *vhost = v->value;
+        if (!sees_node(user) && !mgmt_user_sees_vhost(user, vhost->name))
+            continue;
         struct hmap_entry *q;
         for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);) {
             const struct queue *queue = q->value;
@@ -95,19 +213,46 @@ static void count_totals(struct broker *broker, struct totals *t)
     }
 }
 
-static void handle_overview(void *ctx, struct json *out)
+/* The node's own data: for monitoring users only. */
+static void write_node(struct json *out, struct broker *broker)
+{
+    json_key(out, "journal");
+    json_object_begin(out);
+    json_kv_uint(out, "synced_ticket", durable_synced_ticket(broker));
+    json_key(out, "status");
+    json_int(out, broker->durable.status);
+    json_object_end(out);
+
+    const struct net *net = &broker->net;
+    json_key(out, "network");
+    json_object_begin(out);
+    json_kv_uint(out, "bytes_in", net->bytes_in);
+    json_kv_uint(out, "bytes_out", net->bytes_out);
+    json_kv_uint(out, "reads", net->reads);
+    json_kv_uint(out, "read_batch_us", net->read_batch.wait_ns / 1000u);
+    json_kv_uint(out, "read_batches_started", net->read_batch.raised_count);
+    json_kv_uint(out, "read_batches_timed_out", net->read_batch.timeout_count);
+    json_object_end(out);
+    if (broker->cluster) {
+        /* The cluster in brief (GET /api/cluster has it all). */
+        json_key(out, "cluster");
+        cluster_node_write_json(broker->cluster, out);
+    }
+}
+
+static void handle_overview(void *ctx, const struct auth_user *user, struct json *out)
 {
     struct mgmt_api *api = ctx;
     struct broker *broker = api->broker;
     const struct alarm *alarm = &broker->alarm;
     struct totals t;
-    count_totals(broker, &t);
+    count_totals(broker, user, &t);
     json_object_begin(out);
     json_kv_string(out, "product", "quay");
     json_kv_string(out, "version", QUAY_VERSION);
     json_kv_string(out, "node", MGMT_NODE_NAME);
     json_kv_uint(out, "uptime_ms", uv_now(broker->loop) - api->started_ms);
-    json_kv_uint(out, "connections", broker->connections_count);
+    json_kv_uint(out, "connections", t.connections);
     json_kv_uint(out, "channels", t.channels);
     json_kv_uint(out, "queues", t.queues);
     json_kv_uint(out, "consumers", t.consumers);
@@ -136,29 +281,8 @@ static void handle_overview(void *ctx, struct json *out)
     if (alarm->disk_on)
         json_string(out, "disk");
     json_array_end(out);
-
-    json_key(out, "journal");
-    json_object_begin(out);
-    json_kv_uint(out, "synced_ticket", durable_synced_ticket(broker));
-    json_key(out, "status");
-    json_int(out, broker->durable.status);
-    json_object_end(out);
-
-    const struct net *net = &broker->net;
-    json_key(out, "network");
-    json_object_begin(out);
-    json_kv_uint(out, "bytes_in", net->bytes_in);
-    json_kv_uint(out, "bytes_out", net->bytes_out);
-    json_kv_uint(out, "reads", net->reads);
-    json_kv_uint(out, "read_batch_us", net->read_batch.wait_ns / 1000u);
-    json_kv_uint(out, "read_batches_started", net->read_batch.raised_count);
-    json_kv_uint(out, "read_batches_timed_out", net->read_batch.timeout_count);
-    json_object_end(out);
-    if (broker->cluster) {
-        /* The cluster in brief (GET /api/cluster has it all). */
-        json_key(out, "cluster");
-        cluster_node_write_json(broker->cluster, out);
-    }
+    if (sees_node(user))
+        write_node(out, broker);
     json_object_end(out);
 }
 
@@ -274,13 +398,15 @@ static void write_queue(struct json *out, const struct mgmt_api *api, const stru
     json_object_end(out);
 }
 
-static void handle_queues(void *ctx, struct json *out)
+static void handle_queues(void *ctx, const struct auth_user *user, struct json *out)
 {
     struct mgmt_api *api = ctx;
     json_array_begin(out);
     struct hmap_entry *v;
     for (uint32_t i = 0; hmap_next(&api->broker->vhosts, &i, &v);) {
         const struct vhost *vhost = v->value;
+        if (!mgmt_user_sees_vhost(user, vhost->name))
+            continue;
         struct hmap_entry *q;
         for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);) {
             const struct queue *queue = q->value;
@@ -312,12 +438,14 @@ static const char *connection_state_name(const struct connection *connection)
     return "unknown";
 }
 
-static void handle_connections(void *ctx, struct json *out)
+static void handle_connections(void *ctx, const struct auth_user *user, struct json *out)
 {
     struct mgmt_api *api = ctx;
     json_array_begin(out);
     list_for_each(node, &api->broker->connections) {
         const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
+        if (!sees_connection(user, c))
+            continue;
         json_object_begin(out);
         json_kv_uint(out, "id", c->conn.id);
         json_kv_string(out, "peer", c->conn.peer_name);
@@ -354,9 +482,13 @@ int mgmt_api_start(struct broker *broker, const char *address)
      * listen may leave a handle closing, so the memory must outlive the
      * next loop run (broker_free's). */
     broker->mgmt = api;
-    http_server_route(&api->http, "/api/overview", handle_overview, api);
-    http_server_route(&api->http, "/api/queues", handle_queues, api);
-    http_server_route(&api->http, "/api/connections", handle_connections, api);
+    http_server_guard(&api->http, admit, api, broker->config.http_allowed_hosts);
+    http_server_route_view(&api->http, "/api/overview", handle_overview, api,
+                           MGMT_ACCESS_MANAGEMENT);
+    http_server_route_view(&api->http, "/api/queues", handle_queues, api,
+                           MGMT_ACCESS_MANAGEMENT);
+    http_server_route_view(&api->http, "/api/connections", handle_connections, api,
+                           MGMT_ACCESS_MANAGEMENT);
     api_policies_register(&api->http, broker);
     int rc = http_server_open(&api->http, &broker->net, address);
     if (rc != 0) {
@@ -371,7 +503,7 @@ void mgmt_api_route(struct mgmt_api *api, const char *path, http_handler_fn hand
                     void *ctx)
 {
     ASSERT(api != NULL);
-    http_server_route(&api->http, path, handler, ctx);
+    http_server_route(&api->http, path, handler, ctx, MGMT_ACCESS_MONITORING);
 }
 
 void mgmt_api_stop(struct mgmt_api *api)
@@ -393,5 +525,5 @@ void mgmt_api_route_post(struct mgmt_api *api, const char *path, http_action_fn 
                          void *ctx)
 {
     if (api != NULL)
-        http_server_route_post(&api->http, path, action, ctx);
+        http_server_route_post(&api->http, path, action, ctx, MGMT_ACCESS_ADMINISTRATOR);
 }

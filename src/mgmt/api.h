@@ -17,16 +17,60 @@
  * policy endpoints change anything (through the cluster map, or the
  * broker's own policies outside a cluster).
  *
+ * Access, as RabbitMQ's management plugin grants it. Every request but an
+ * unknown path's needs HTTP Basic credentials of a user of the broker's
+ * users file (broker/auth.h; the loopback restriction holds here too)
+ * with a management tag; what it may then do:
+ *
+ *   endpoint                          needs (a tag includes the ones below it:
+ *                                     administrator > monitoring, policymaker
+ *                                     > management)
+ *   GET /api/overview                 management: totals of what it may see;
+ *                                     journal, network and cluster need monitoring
+ *   GET /api/queues                   management: queues of the vhosts it may
+ *                                     open (administrator: all)
+ *   GET /api/connections              management: its own; monitoring: all
+ *   GET /api/policies[/{vhost}/{n}]   management, of the vhosts it may open
+ *   PUT/DELETE /api/policies/{v}/{n}  policymaker, of a vhost it may open
+ *                                     (administrator: any)
+ *   GET /api/cluster, /cluster/links  monitoring (node-level, like RabbitMQ's /api/nodes)
+ *   POST /api/cluster/leave, /forget  administrator
+ *
+ * Refusals are RabbitMQ's: 401 with WWW-Authenticate and {"error":
+ * "not_authorized", "reason": "Login failed"} for missing, unknown or
+ * wrong credentials, 401 {"error": "not_authorised", "reason": "Not
+ * management user"} (or "Not monitor user", "Not administrator user",
+ * "User not authorised to access object", "... virtual host", "User can
+ * only log in via localhost") for a login without the right. Requests
+ * from another origin or naming a foreign Host are 403 before any of this
+ * (http_guard.h).
+ *
  * Memory: struct mgmt_api is owned by the broker (broker->mgmt) and owns
  * its HTTP server.
  */
 #ifndef QUAY_MGMT_API_H
 #define QUAY_MGMT_API_H
 
+#include <stdbool.h>
+
+#include "amqp/types.h"
 #include "mgmt/http.h"
 
 struct broker;
 struct mgmt_api;
+
+/* What a route needs: its http_route.access, which the admission hook
+ * (api.c) reads. */
+enum mgmt_access {
+    MGMT_ACCESS_MANAGEMENT,    /* any management user (the view filters by user) */
+    MGMT_ACCESS_MONITORING,    /* node-level data */
+    MGMT_ACCESS_POLICIES,      /* read: management; PUT, DELETE: policymaker */
+    MGMT_ACCESS_ADMINISTRATOR, /* cluster actions */
+};
+
+/* Whether the API shows user a vhost's objects: administrators see every
+ * vhost, other users the ones they may open (NULL: no admission, all). */
+bool mgmt_user_sees_vhost(const struct auth_user *user, struct bytes vhost);
 
 /* Serves the API on address ("HOST:PORT") and sets broker->mgmt, which
  * the broker then owns (even when this fails: free it with mgmt_api_free
@@ -34,12 +78,14 @@ struct mgmt_api;
 int mgmt_api_start(struct broker *broker, const char *address);
 /* Adds a GET endpoint served by another module, e.g. the cluster's
  * GET /api/cluster (cluster_node_write_json); ctx is borrowed and must
- * outlive the API. At most HTTP_ROUTES_MAX endpoints in all. */
-/* Adds a POST action (e.g. /api/cluster/leave, registered by the broker). */
-void mgmt_api_route_post(struct mgmt_api *api, const char *path, http_action_fn action,
-                         void *ctx);
+ * outlive the API. At most HTTP_ROUTES_MAX endpoints in all. Such
+ * endpoints are node-level: reading one needs the monitoring tag. */
 void mgmt_api_route(struct mgmt_api *api, const char *path, http_handler_fn handler,
                     void *ctx);
+/* Adds a POST action (e.g. /api/cluster/leave, registered by the broker):
+ * it needs the administrator tag. */
+void mgmt_api_route_post(struct mgmt_api *api, const char *path, http_action_fn action,
+                         void *ctx);
 /* Stops listening and closes every HTTP client. Idempotent. */
 void mgmt_api_stop(struct mgmt_api *api);
 /* After the loop ran the close callbacks (stops first if needed). */

@@ -13,26 +13,25 @@
  * socket once it is written (conn_close_after_flush). Input that arrives
  * while answering is discarded.
  *
- * This file owns the plumbing only; what the paths answer is api.c's.
+ * This file owns the plumbing only; what the paths answer is api.c's. The
+ * request parser is http_parse.c's (pure, linked into the fuzzer alone).
  */
 #include "mgmt/http.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
+#include "mgmt/http_guard.h"
 #include "mgmt/json.h"
 
 #define HTTP_TICK_MS 250
 /* Room reserved in front of every response body for the status line and
  * headers, which are written last (Content-Length is known only then). */
 #define HTTP_HEADROOM 256u
-/* A method longer than this is garbage, not a method we do not know. */
-#define HTTP_METHOD_SIZE_MAX 32u
 
 /* Where a client stands. */
 enum http_conn_state {
@@ -72,180 +71,6 @@ static struct http_conn *from_conn(struct conn *conn)
     return CONTAINER_OF(conn, struct http_conn, conn);
 }
 
-/* ---- the request parser ------------------------------------------------ */
-
-/* RFC 9110 §5.6.2 token characters. */
-static bool is_tchar(unsigned char c)
-{
-    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
-        return true;
-    return c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL;
-}
-
-static int parse_fail(struct http_request *req, int status, const char *reason)
-{
-    req->status = status;
-    req->reason = reason;
-    return E_SYNTAX;
-}
-
-/* The next line at *pos, without its LF or CRLF; false if it has not ended
- * yet. */
-static bool next_line(const char *data, size_t size, size_t *pos, const char **line,
-                      size_t *line_size)
-{
-    ASSERT(*pos <= size);
-    const char *lf = memchr(data + *pos, '\n', size - *pos);
-    if (!lf)
-        return false;
-    size_t end = (size_t)(lf - data);
-    *line = data + *pos;
-    *line_size = end - *pos;
-    if (*line_size > 0 && (*line)[*line_size - 1] == '\r')
-        (*line_size)--;
-    *pos = end + 1;
-    return true;
-}
-
-/* A request line that has not ended yet can already be garbage: reject it
- * now rather than after 8 KiB or the timeout. */
-static int check_partial_line(const char *line, size_t size, struct http_request *req)
-{
-    size_t i = 0;
-    while (i < size && is_tchar((unsigned char)line[i]))
-        i++;
-    if (i > HTTP_METHOD_SIZE_MAX)
-        return parse_fail(req, 400, "malformed method");
-    if (i < size && line[i] != ' ' && !(line[i] == '\r' && i + 1 == size))
-        return parse_fail(req, 400, "malformed method");
-    for (; i < size; i++) {
-        unsigned char c = (unsigned char)line[i];
-        if ((c < 0x20 && !(c == '\r' && i + 1 == size)) || c == 0x7f)
-            return parse_fail(req, 400, "control character in the request line");
-    }
-    return AGAIN;
-}
-
-static bool is_digit(char c)
-{
-    return c >= '0' && c <= '9';
-}
-
-/* method SP request-target SP HTTP-version (RFC 9112 §3). */
-static int parse_request_line(const char *line, size_t size, struct http_request *req)
-{
-    size_t i = 0;
-    while (i < size && is_tchar((unsigned char)line[i]))
-        i++;
-    if (i == 0 || i > HTTP_METHOD_SIZE_MAX || i >= size || line[i] != ' ')
-        return parse_fail(req, 400, "malformed method");
-    req->method = line;
-    req->method_size = i;
-    size_t target = ++i;
-    while (i < size && (unsigned char)line[i] > 0x20 && line[i] != 0x7f)
-        i++;
-    if (i == target || i >= size || line[i] != ' ')
-        return parse_fail(req, 400, "malformed request target");
-    if (line[target] != '/')
-        return parse_fail(req, 400, "the request target is not a path");
-    req->target = line + target;
-    req->target_size = i - target;
-    const char *v = line + i + 1;
-    size_t v_size = size - i - 1;
-    if (v_size != 8 || memcmp(v, "HTTP/", 5) != 0 || !is_digit(v[5]) || v[6] != '.' ||
-        !is_digit(v[7]))
-        return parse_fail(req, 400, "malformed HTTP version");
-    if (v[5] != '1')
-        return parse_fail(req, 505, "only HTTP/1.x is served");
-    req->version_minor = (uint8_t)(v[7] - '0');
-    return OK;
-}
-
-/* field-name ":" OWS field-value OWS (RFC 9112 §5). */
-/* Content-Length: digits only; the whole request must fit the buffer. */
-static int parse_content_length(const char *value, size_t size, struct http_request *req)
-{
-    while (size > 0 && (*value == ' ' || *value == '\t'))
-        value++, size--;
-    while (size > 0 && (value[size - 1] == ' ' || value[size - 1] == '\t'))
-        size--;
-    size_t n = 0;
-    for (size_t i = 0; i < size; i++) {
-        if (!is_digit(value[i]))
-            return parse_fail(req, 400, "malformed Content-Length");
-        if (n > HTTP_REQUEST_SIZE_MAX)
-            return parse_fail(req, 413, "the request is over 8 KiB");
-        n = n * 10 + (size_t)(value[i] - '0');
-    }
-    if (size == 0)
-        return parse_fail(req, 400, "malformed Content-Length");
-    if (n > HTTP_REQUEST_SIZE_MAX)
-        return parse_fail(req, 413, "the request is over 8 KiB");
-    if (req->has_length && req->content_length != n)
-        return parse_fail(req, 400, "conflicting Content-Length headers");
-    req->has_length = true;
-    req->content_length = n;
-    return OK;
-}
-
-static int parse_header(const char *line, size_t size, struct http_request *req,
-                        uint32_t *host_count)
-{
-    if (line[0] == ' ' || line[0] == '\t')
-        return parse_fail(req, 400, "obsolete header line folding");
-    size_t i = 0;
-    while (i < size && is_tchar((unsigned char)line[i]))
-        i++;
-    if (i == 0 || i >= size || line[i] != ':')
-        return parse_fail(req, 400, "malformed header field");
-    for (size_t j = i + 1; j < size; j++) {
-        unsigned char c = (unsigned char)line[j];
-        if ((c < 0x20 && c != '\t') || c == 0x7f)
-            return parse_fail(req, 400, "control character in a header field");
-    }
-    if (i == 4 && strncasecmp(line, "host", 4) == 0)
-        (*host_count)++;
-    if (i == 14 && strncasecmp(line, "content-length", 14) == 0)
-        return parse_content_length(line + i + 1, size - i - 1, req);
-    if (i == 17 && strncasecmp(line, "transfer-encoding", 17) == 0)
-        return parse_fail(req, 400, "a Transfer-Encoding is not served: send Content-Length");
-    return OK;
-}
-
-int http_parse_request(const char *data, size_t size, struct http_request *req)
-{
-    memset(req, 0, sizeof *req);
-    size_t pos = 0;
-    /* RFC 9112 §2.2: empty lines before the request line are ignored. */
-    while (pos < size && (data[pos] == '\r' || data[pos] == '\n'))
-        pos++;
-    const char *line;
-    size_t line_size;
-    size_t start = pos;
-    if (!next_line(data, size, &pos, &line, &line_size))
-        return check_partial_line(data + start, size - start, req);
-    req->line_complete = true;
-    int rc = parse_request_line(line, line_size, req);
-    if (rc != OK)
-        return rc;
-    uint32_t host_count = 0;
-    for (;;) {
-        if (!next_line(data, size, &pos, &line, &line_size))
-            return AGAIN;
-        if (line_size == 0)
-            break;
-        rc = parse_header(line, line_size, req, &host_count);
-        if (rc != OK)
-            return rc;
-    }
-    req->head_size = pos;
-    if (host_count > 1)
-        return parse_fail(req, 400, "more than one Host header");
-    if (req->version_minor >= 1 && host_count == 0)
-        return parse_fail(req, 400, "an HTTP/1.1 request needs a Host header");
-    return OK;
-}
-
 /* ---- answers ----------------------------------------------------------- */
 
 static const char *status_text(int status)
@@ -255,12 +80,15 @@ static const char *status_text(int status)
     case 201: return "Created";
     case 202: return "Accepted";
     case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
     case 409: return "Conflict";
     case 413: return "Content Too Large";
     case 414: return "URI Too Long";
+    case 415: return "Unsupported Media Type";
     case 431: return "Request Header Fields Too Large";
     case 503: return "Service Unavailable";
     case 505: return "HTTP Version Not Supported";
@@ -311,19 +139,41 @@ static void answer(struct http_conn *hc, int status, struct json *body,
     conn_close_after_flush(&hc->conn);
 }
 
-/* An error answer: RabbitMQ's management API shape, {"error", "reason"}. */
-static void answer_error(struct http_conn *hc, int status, const char *reason,
-                         const char *extra_headers)
+/* An error answer: RabbitMQ's management API shape, {"error", "reason"},
+ * where error is the status text unless given. */
+static void answer_error_as(struct http_conn *hc, int status, const char *error,
+                            const char *reason, const char *extra_headers)
 {
     struct json body;
     http_body_init(&body);
     json_object_begin(&body);
-    json_kv_string(&body, "error", status_text(status));
+    json_kv_string(&body, "error", error != NULL ? error : status_text(status));
     json_kv_string(&body, "reason", reason);
     json_object_end(&body);
     LOG_DEBUG("http conn=%llu peer=%s answered %d: %s", (unsigned long long)hc->conn.id,
               hc->conn.peer_name, status, reason);
     answer(hc, status, &body, extra_headers);
+}
+
+static void answer_error(struct http_conn *hc, int status, const char *reason,
+                         const char *extra_headers)
+{
+    answer_error_as(hc, status, NULL, reason, extra_headers);
+}
+
+/* The realm RabbitMQ's management plugin names, so that tools written for
+ * it recognise the challenge. */
+#define HTTP_CHALLENGE "WWW-Authenticate: Basic realm=\"RabbitMQ Management\"\r\n"
+
+static void answer_refusal(struct http_conn *hc, const struct http_refusal *refusal)
+{
+    ASSERT(refusal->status >= 400 && refusal->status < 500);
+    ASSERT(refusal->reason != NULL);
+    hc->server->refused_count++;
+    LOG_INFO("http conn=%llu peer=%s refused (%d): %s", (unsigned long long)hc->conn.id,
+             hc->conn.peer_name, refusal->status, refusal->reason);
+    answer_error_as(hc, refusal->status, refusal->error, refusal->reason,
+                    refusal->challenge ? HTTP_CHALLENGE : "");
 }
 
 static const struct http_route *find_route(const struct http_server *server, const char *path,
@@ -373,15 +223,70 @@ static bool parse_method(const struct http_request *req, enum http_method *out)
     return false;
 }
 
+/* The Host and Origin checks (http_guard.h says why): false once refused. */
+static bool guard_passes(struct http_conn *hc, const struct http_request *req)
+{
+    struct http_refusal refusal = {.status = 403};
+    if (req->host != NULL) { /* only HTTP/1.0 may leave it out, and no browser does */
+        struct sockaddr_storage local;
+        int size = sizeof local;
+        if (uv_tcp_getsockname(&hc->conn.tcp, (struct sockaddr *)&local, &size) != 0 ||
+            !http_host_allowed(req->host, req->host_size, (const struct sockaddr *)&local,
+                               hc->server->allowed_hosts))
+            refusal.reason = "the Host header names none of this server's addresses or "
+                             "allowed names (quayd --http-allowed-hosts)";
+    }
+    if (refusal.reason == NULL && req->origin != NULL &&
+        (req->host == NULL ||
+         !http_origin_is_own(req->origin, req->origin_size, req->host, req->host_size)))
+        refusal.reason = "a request from another origin (a web page of another site) is "
+                         "refused";
+    if (refusal.reason == NULL)
+        return true;
+    answer_refusal(hc, &refusal);
+    return false;
+}
+
+/* Asks the owner whether the request may reach its route: false once
+ * refused (and answered). */
+static bool admitted(struct http_conn *hc, const struct http_request *req,
+                     enum http_method method, const struct http_route *route,
+                     const struct auth_user **user)
+{
+    *user = NULL;
+    struct http_server *server = hc->server;
+    if (server->admit != NULL) {
+        struct http_admission admission = {.method = method, .access = route->access,
+                                           .request = req,
+                                           .peer_loopback = hc->conn.peer_loopback};
+        struct http_refusal refusal = {0};
+        if (server->admit(server->admit_ctx, &admission, user, &refusal) != OK) {
+            answer_refusal(hc, &refusal);
+            return false;
+        }
+    }
+    /* A browser form cannot send this type, and a script that sets it
+     * makes the browser ask first (CORS), which nothing here grants. */
+    if ((method == HTTP_METHOD_PUT || method == HTTP_METHOD_POST) &&
+        (req->content_type == NULL ||
+         !http_content_type_is_json(req->content_type, req->content_type_size))) {
+        struct http_refusal refusal = {
+            .status = 415, .reason = "PUT and POST take Content-Type: application/json"};
+        answer_refusal(hc, &refusal);
+        return false;
+    }
+    return true;
+}
+
 /* Hands a request under a prefix to its route, which answers now or later. */
 static void dispatch_prefix(struct http_conn *hc, const struct http_route *route,
                             const struct http_request *req, enum http_method method,
-                            size_t path_size)
+                            size_t path_size, const struct auth_user *user)
 {
     size_t n = strlen(route->path);
     struct http_call_request call = {
         .method = method, .rest = req->target + n, .rest_size = path_size - n,
-        .body = hc->request + req->head_size, .body_size = req->content_length};
+        .body = hc->request + req->head_size, .body_size = req->content_length, .user = user};
     LOG_DEBUG("http conn=%llu peer=%s %.*s %.*s", (unsigned long long)hc->conn.id,
               hc->conn.peer_name, (int)req->method_size, req->method, (int)path_size,
               req->target);
@@ -390,11 +295,39 @@ static void dispatch_prefix(struct http_conn *hc, const struct http_route *route
     route->prefix(route->ctx, (struct http_call *)hc, &call);
 }
 
+/* The route for the request's method and path, or NULL once answered with
+ * 404 or 405. */
+static const struct http_route *find_target(struct http_conn *hc, const struct http_request *req,
+                                            enum http_method method, size_t path_size)
+{
+    bool post = method == HTTP_METHOD_POST;
+    const struct http_route *prefix = find_prefix(hc->server, req->target, path_size);
+    if (prefix != NULL && !post)
+        return prefix;
+    const struct http_route *route = NULL;
+    if (method != HTTP_METHOD_PUT && method != HTTP_METHOD_DELETE)
+        route = find_route(hc->server, req->target, path_size, post);
+    if (route != NULL)
+        return route;
+    bool get_exists = find_route(hc->server, req->target, path_size, false) != NULL;
+    bool post_exists = find_route(hc->server, req->target, path_size, true) != NULL;
+    if (post && get_exists)
+        answer_error(hc, 405, "not an action", "Allow: GET, HEAD\r\n");
+    else if (!post && post_exists)
+        answer_error(hc, 405, "an action: POST it", "Allow: POST\r\n");
+    else if (!post && method != HTTP_METHOD_GET && method != HTTP_METHOD_HEAD)
+        answer_error(hc, 405, "only GET and HEAD here", "Allow: GET, HEAD\r\n");
+    else
+        answer_error(hc, 404, "no such path", "");
+    return NULL;
+}
+
 static void dispatch(struct http_conn *hc, const struct http_request *req)
 {
+    if (!guard_passes(hc, req))
+        return;
     enum http_method method;
     bool known = parse_method(req, &method);
-    bool post = known && method == HTTP_METHOD_POST;
     hc->head_only = known && method == HTTP_METHOD_HEAD;
     if (!known) {
         answer_error(hc, 405, "only GET, HEAD, POST, PUT and DELETE are served",
@@ -407,33 +340,22 @@ static void dispatch(struct http_conn *hc, const struct http_request *req)
         path_size++;
     if (path_size > 1 && req->target[path_size - 1] == '/')
         path_size--;
-    const struct http_route *prefix = find_prefix(hc->server, req->target, path_size);
-    if (prefix != NULL && method != HTTP_METHOD_POST) {
-        dispatch_prefix(hc, prefix, req, method, path_size);
+    const struct http_route *route = find_target(hc, req, method, path_size);
+    const struct auth_user *user;
+    if (route == NULL || !admitted(hc, req, method, route, &user))
         return;
-    }
-    const struct http_route *route = NULL;
-    if (method != HTTP_METHOD_PUT && method != HTTP_METHOD_DELETE)
-        route = find_route(hc->server, req->target, path_size, post);
-    if (!route) {
-        bool get_exists = find_route(hc->server, req->target, path_size, false) != NULL;
-        bool post_exists = find_route(hc->server, req->target, path_size, true) != NULL;
-        if (post && get_exists)
-            answer_error(hc, 405, "not an action", "Allow: GET, HEAD\r\n");
-        else if (!post && post_exists)
-            answer_error(hc, 405, "an action: POST it", "Allow: POST\r\n");
-        else if (!post && method != HTTP_METHOD_GET && method != HTTP_METHOD_HEAD)
-            answer_error(hc, 405, "only GET and HEAD here", "Allow: GET, HEAD\r\n");
-        else
-            answer_error(hc, 404, "no such path", "");
+    if (route->prefix != NULL) {
+        dispatch_prefix(hc, route, req, method, path_size, user);
         return;
     }
     struct json body;
     http_body_init(&body);
     int status = 200;
-    if (post)
+    if (method == HTTP_METHOD_POST)
         status = route->action(route->ctx, hc->request + req->head_size, req->content_length,
                                &body);
+    else if (route->view != NULL)
+        route->view(route->ctx, user, &body);
     else
         route->handler(route->ctx, &body);
     LOG_DEBUG("http conn=%llu peer=%s %.*s %.*s: %d, %zu bytes",
@@ -458,6 +380,13 @@ void http_call_answer_error(struct http_call *call, int status, const char *reas
     struct http_conn *hc = (struct http_conn *)call;
     ASSERT(hc->state == HTTP_CONN_STATE_WAITING);
     answer_error(hc, status, reason, "");
+}
+
+void http_call_answer_refusal(struct http_call *call, const struct http_refusal *refusal)
+{
+    struct http_conn *hc = (struct http_conn *)call;
+    ASSERT(hc->state == HTTP_CONN_STATE_WAITING);
+    answer_refusal(hc, refusal);
 }
 
 void http_call_on_cancel(struct http_call *call, http_cancel_fn fn, void *arg)
@@ -614,32 +543,53 @@ int http_server_open(struct http_server *server, struct net *net, const char *ad
     return 0;
 }
 
-void http_server_route(struct http_server *server, const char *path, http_handler_fn handler,
-                       void *ctx)
+void http_server_guard(struct http_server *server, http_admit_fn admit, void *ctx,
+                       const char *allowed_hosts)
+{
+    ASSERT(server->net == NULL); /* before open */
+    server->admit = admit;
+    server->admit_ctx = ctx;
+    server->allowed_hosts = allowed_hosts;
+}
+
+static void add_route(struct http_server *server, struct http_route route)
 {
     ASSERT(server->routes_count < HTTP_ROUTES_MAX);
-    ASSERT(path[0] == '/');
+    ASSERT(route.path[0] == '/');
+    server->routes[server->routes_count++] = route;
+}
+
+void http_server_route(struct http_server *server, const char *path, http_handler_fn handler,
+                       void *ctx, uint32_t access)
+{
     ASSERT(handler != NULL);
-    server->routes[server->routes_count++] =
-        (struct http_route){.path = path, .handler = handler, .ctx = ctx};
+    add_route(server,
+              (struct http_route){.path = path, .handler = handler, .ctx = ctx, .access = access});
+}
+
+void http_server_route_view(struct http_server *server, const char *path, http_view_fn view,
+                            void *ctx, uint32_t access)
+{
+    ASSERT(view != NULL);
+    add_route(server,
+              (struct http_route){.path = path, .view = view, .ctx = ctx, .access = access});
 }
 
 void http_server_route_post(struct http_server *server, const char *path, http_action_fn action,
-                            void *ctx)
+                            void *ctx, uint32_t access)
 {
-    ASSERT(server->routes_count < HTTP_ROUTES_MAX);
-    server->routes[server->routes_count++] =
-        (struct http_route){.path = path, .action = action, .ctx = ctx};
+    ASSERT(action != NULL);
+    add_route(server,
+              (struct http_route){.path = path, .action = action, .ctx = ctx, .access = access});
 }
 
 void http_server_route_prefix(struct http_server *server, const char *prefix,
-                              http_prefix_fn handler, void *ctx)
+                              http_prefix_fn handler, void *ctx, uint32_t access)
 {
-    ASSERT(server->routes_count < HTTP_ROUTES_MAX);
-    ASSERT(prefix[0] == '/' && prefix[strlen(prefix) - 1] == '/');
+    ASSERT(prefix[strlen(prefix) - 1] == '/');
     ASSERT(handler != NULL);
-    server->routes[server->routes_count++] =
-        (struct http_route){.path = prefix, .prefix = handler, .ctx = ctx};
+    add_route(server, (struct http_route){.path = prefix, .prefix = handler, .ctx = ctx,
+                                          .access = access});
 }
 
 void http_server_close(struct http_server *server)

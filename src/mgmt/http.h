@@ -28,6 +28,13 @@
  * which is handed to the transport by reference (no copy) and freed once
  * written.
  *
+ * Who may ask: before a request reaches its route, its Host and Origin
+ * headers must show it does not come from another site through a browser
+ * (403 otherwise, http_guard.h says why), and once the route is known the
+ * server's owner admits it or not (http_admit_fn: authentication and
+ * rights, 401); a PUT or POST must be Content-Type: application/json
+ * (415). A route's handler learns who asked (the admitted user).
+ *
  * The request parser (http_parse_request) is pure: bytes in, a verdict
  * out, so it can be fuzzed apart from the sockets.
  */
@@ -45,6 +52,8 @@
 #include "net/listener.h"
 
 struct json;
+struct auth_user;
+struct http_request;
 
 #define HTTP_REQUEST_SIZE_MAX 8192u
 #define HTTP_TIMEOUT_MS 5000u
@@ -54,6 +63,10 @@ struct json;
 /* Writes the response body for a GET of the route's path: exactly one
  * JSON value. */
 typedef void (*http_handler_fn)(void *ctx, struct json *body);
+
+/* Writes the response body for a GET of the route's path, for the user
+ * who asked (what it shows may depend on who that is). */
+typedef void (*http_view_fn)(void *ctx, const struct auth_user *user, struct json *body);
 
 /* A POST action: reads the request's body (Content-Length bytes, maybe
  * none; untrusted), writes a JSON body and returns the HTTP status (200,
@@ -80,7 +93,29 @@ struct http_call_request {
     size_t rest_size;
     const char *body;              /* Content-Length bytes (none: size 0) */
     size_t body_size;
+    const struct auth_user *user;  /* borrowed: who asked (NULL: no admission hook) */
 };
+
+/* Why a request is not served, for http_admit_fn and routes' own checks. */
+struct http_refusal {
+    int status;                    /* 400, 401 or 403 */
+    const char *error;             /* static: the body's "error"; NULL = the status text */
+    const char *reason;            /* static: the body's "reason" */
+    bool challenge;                /* a login is missing: add WWW-Authenticate */
+};
+
+/* What the admission hook is asked about. */
+struct http_admission {
+    enum http_method method;
+    uint32_t access;               /* the route's, as registered (the owner's meaning) */
+    const struct http_request *request; /* its headers */
+    bool peer_loopback;            /* the client's address is a loopback one */
+};
+
+/* Decides whether a request may reach its route: OK with *user set (who
+ * asked, handed to the route), or an error with *refusal filled in. */
+typedef int (*http_admit_fn)(void *ctx, const struct http_admission *admission,
+                             const struct auth_user **user, struct http_refusal *refusal);
 
 /* Handles a request under a prefix: answers it, now or later, exactly once
  * with http_call_answer*() (not at all once its cancel hook ran). */
@@ -93,9 +128,11 @@ typedef void (*http_cancel_fn)(void *arg);
 struct http_route {
     const char *path;              /* borrowed, static: "/api/queues" or a prefix "/api/x/" */
     http_handler_fn handler;       /* GET (and HEAD), or NULL */
+    http_view_fn view;             /* GET (and HEAD) that depends on the user, or NULL */
     http_action_fn action;         /* POST, or NULL */
     http_prefix_fn prefix;         /* anything under path, or NULL */
     void *ctx;                     /* borrowed */
+    uint32_t access;               /* for the admission hook */
 };
 
 /* Owned by its user (the management API); lives until http_server_free. */
@@ -113,6 +150,10 @@ struct http_server {
     uint32_t timeout_ms;
     uint64_t requests_count;       /* answered, any status */
     uint64_t glitches_count;       /* malformed, oversized or timed-out requests */
+    uint64_t refused_count;        /* refused by the Host/Origin checks or the admission */
+    http_admit_fn admit;           /* NULL: every request is admitted (no user) */
+    void *admit_ctx;               /* borrowed */
+    const char *allowed_hosts;     /* borrowed: names Host may give (http_guard.h), or NULL */
 };
 
 /* Listens on address ("HOST:PORT", see listener.h). The server must be
@@ -120,17 +161,26 @@ struct http_server {
  * after which the server is closed (its listener's handle may still be
  * closing: run the loop before http_server_free). */
 int http_server_open(struct http_server *server, struct net *net, const char *address);
+/* Sets who decides admission, and the names Host may give besides this
+ * server's own address (comma-separated; borrowed, outlives the server).
+ * Before open. */
+void http_server_guard(struct http_server *server, http_admit_fn admit, void *ctx,
+                       const char *allowed_hosts);
 /* Registers a GET handler for an exact path (a trailing '/' and a query
- * string of the request are ignored when matching). Before or after open. */
+ * string of the request are ignored when matching). Before or after open.
+ * access is handed to the admission hook with each request to the route. */
 void http_server_route(struct http_server *server, const char *path, http_handler_fn handler,
-                       void *ctx);
+                       void *ctx, uint32_t access);
+/* The same for a handler whose answer depends on who asks. */
+void http_server_route_view(struct http_server *server, const char *path, http_view_fn view,
+                            void *ctx, uint32_t access);
 /* Registers a POST action for an exact path. */
 void http_server_route_post(struct http_server *server, const char *path, http_action_fn action,
-                            void *ctx);
+                            void *ctx, uint32_t access);
 /* Registers a handler for every path that starts with prefix (which ends
  * with '/') and goes on past it, for GET, HEAD, PUT and DELETE. */
 void http_server_route_prefix(struct http_server *server, const char *prefix,
-                              http_prefix_fn handler, void *ctx);
+                              http_prefix_fn handler, void *ctx, uint32_t access);
 /* A response body for http_call_answer (space for the head reserved). */
 void http_body_init(struct json *body);
 /* Answers a call (status 200..503, body one complete JSON value, which
@@ -138,6 +188,8 @@ void http_body_init(struct json *body);
 void http_call_answer(struct http_call *call, int status, struct json *body);
 /* RabbitMQ's error shape: {"error": status text, "reason": reason}. */
 void http_call_answer_error(struct http_call *call, int status, const char *reason);
+/* Refuses a call the route's own checks do not let through. */
+void http_call_answer_refusal(struct http_call *call, const struct http_refusal *refusal);
 /* For a call answered later: fn(arg) runs if it cannot be answered. */
 void http_call_on_cancel(struct http_call *call, http_cancel_fn fn, void *arg);
 /* Stops listening and closes every client. Idempotent. */
@@ -157,6 +209,17 @@ struct http_request {
     size_t head_size;              /* bytes up to and including the blank line */
     size_t content_length;         /* 0 without a Content-Length */
     bool has_length;               /* a Content-Length header was seen */
+    /* The values of the headers the guard reads (http_guard.h), without
+     * the whitespace around them; NULL when absent. Each may appear once
+     * (a second one is 400: two answers to one question are a trick). */
+    const char *host;
+    size_t host_size;
+    const char *origin;
+    size_t origin_size;
+    const char *authorization;
+    size_t authorization_size;
+    const char *content_type;
+    size_t content_type_size;
     bool line_complete;            /* the request line ended (for 414 vs 431) */
     /* When the verdict is E_SYNTAX: the status to answer and why. */
     int status;

@@ -15,6 +15,11 @@ Method:
     leader is NAME (id N at ADDR)"), so the harness needs nothing but the
     log. When quayd serves GET /api/cluster, Member.api_cluster() returns
     it too (None otherwise).
+  * The management API needs a login (HTTP Basic): api_call()/api_get()
+    send one, by default the cluster's (Cluster.api_user: guest/guest, the
+    default broker's administrator, or the user Cluster.users_file() wrote
+    with the administrator tag), so a new test gets it without asking.
+    Member.api_get()/api_call() reach that member's API that way.
   * Processes are killed at exit (atexit), whatever happens; the temporary
     directory is removed unless a test failed or a log holds a sanitizer
     report (then its path is printed).
@@ -26,6 +31,8 @@ Only the Python standard library is used.
 """
 
 import atexit
+import base64
+import http.client
 import json
 import os
 import re
@@ -37,7 +44,6 @@ import sys
 import tempfile
 import time
 import traceback
-import urllib.request
 
 SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error:", "LeakSanitizer")
 SANITIZED = os.environ.get("QUAY_SANITIZED", "").lower() in ("1", "on", "true", "yes")
@@ -95,6 +101,64 @@ def wait_until(pred, timeout=10.0, interval=0.02, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError("timed out after %.1f s waiting for %s" % (timeout, what))
         time.sleep(interval)
+
+
+# The management API's login when nobody says otherwise: quayd's default
+# user (an administrator, from loopback).
+API_USER, API_PASSWORD = "guest", "guest"
+
+
+class APIError(OSError):
+    """A management API answer other than 2xx: .status, .body (parsed, or None)."""
+
+    def __init__(self, method, url, status, body):
+        super().__init__("%s %s: HTTP %d %s" % (method, url, status, body))
+        self.status = status
+        self.body = body
+
+
+def api_authorization(user=API_USER, password=API_PASSWORD):
+    """The Authorization header value for HTTP Basic."""
+    raw = ("%s:%s" % (user, password)).encode("utf-8")
+    return "Basic " + base64.b64encode(raw).decode("ascii")
+
+
+def api_call(host, port, method, path, body=None, user=API_USER, password=API_PASSWORD,
+             headers=None, timeout=10):
+    """One request to quayd's management API logged in as user (user=None:
+    no Authorization header). body: a dict/list (sent as JSON), bytes, or
+    None; a PUT or POST says Content-Type: application/json, as the API
+    demands. headers override or add. Returns (status, parsed JSON or None)."""
+    h = {"Accept": "application/json"}
+    if user is not None:
+        h["Authorization"] = api_authorization(user, password)
+    if body is not None and not isinstance(body, bytes):
+        body = json.dumps(body).encode()
+    if method in ("PUT", "POST"):
+        h["Content-Type"] = "application/json"
+    h.update(headers or {})
+    c = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        c.request(method, path, body=body, headers=h)
+        r = c.getresponse()
+        data = r.read()
+    finally:
+        c.close()
+    try:
+        parsed = json.loads(data) if data else None
+    except ValueError:
+        parsed = data
+    return r.status, parsed
+
+
+def api_get(host, port, path, timeout=10, **kw):
+    """GET path as parsed JSON; raises APIError unless the answer is 200.
+    (An APIError is an OSError, like the refused connection of a broker
+    that is down, so pollers catch both with one except.)"""
+    status, body = api_call(host, port, "GET", path, timeout=timeout, **kw)
+    if status != 200:
+        raise APIError("GET", "%s:%d%s" % (host, port, path), status, body)
+    return body
 
 
 MAP_LINE = re.compile(r"cluster map epoch=(\d+): .*; brokers: ?(.*)$")
@@ -161,6 +225,10 @@ class Member:
                        "--data", self.data, "--log-level", "info"]
         if self.http_port:
             args += ["--http", "%s:%d" % (self.host, self.http_port)]
+            if not self.host.startswith("127."):
+                # A netns host (tests/cluster/netlab.py): a lab-private
+                # network, where a plaintext API is fine.
+                args += ["--http-allow-plaintext"]
         if self.config_file:
             path = os.path.join(self.dir, "quayd.conf")
             with open(path, "w") as f:
@@ -264,14 +332,26 @@ class Member:
             return None
         return View(epoch, brokers or {}, leader_id, is_leader)
 
+    def api_call(self, method, path, body=None, **kw):
+        """A request to this member's management API as the cluster's API
+        user: (status, parsed JSON)."""
+        kw.setdefault("user", self.cluster.api_user[0])
+        kw.setdefault("password", self.cluster.api_user[1])
+        return api_call(self.host, self.http_port, method, path, body, **kw)
+
+    def api_get(self, path, timeout=10, **kw):
+        """GET path on this member's API as the cluster's API user: parsed
+        JSON, or APIError."""
+        kw.setdefault("user", self.cluster.api_user[0])
+        kw.setdefault("password", self.cluster.api_user[1])
+        return api_get(self.host, self.http_port, path, timeout=timeout, **kw)
+
     def api_cluster(self):
         """GET /api/cluster as a dict, or None if quayd does not serve it."""
         if not self.http_port or not self.alive():
             return None
         try:
-            url = "http://%s:%d/api/cluster" % (self.host, self.http_port)
-            with urllib.request.urlopen(url, timeout=2) as r:
-                return json.loads(r.read().decode())
+            return self.api_get("/api/cluster", timeout=2)
         except Exception:
             return None
 
@@ -284,9 +364,8 @@ def queue_info(member, name):
     """The queue's entry in member's /api/queues; None if it has none or the
     broker cannot be reached (dead, cut off)."""
     try:
-        with urllib.request.urlopen("http://%s:%d/api/queues" % (member.host, member.http_port),
-                                    timeout=5) as r:
-            return next((q for q in json.load(r) if q["name"] == name), None)
+        return next((q for q in member.api_get("/api/queues", timeout=5) if q["name"] == name),
+                    None)
     except OSError:
         return None
 
@@ -302,6 +381,7 @@ class Cluster:
         helptext = subprocess.run([quayd_path(), "--help"], capture_output=True,
                                   text=True).stdout
         self.has_http = http and "--http" in helptext
+        self.api_user = (API_USER, API_PASSWORD)  # the management API's login
 
     def write_secret(self, filename, text):
         path = os.path.join(self.dir, filename)
@@ -309,13 +389,17 @@ class Cluster:
             f.write(text)
         return path
 
-    def users_file(self, user, password):
+    def users_file(self, user, password, tags="administrator"):
         """A --users file granting user (password hashed by quayd) the vhost
-        "/"; returns its path. For clients that do not log in from loopback
-        (guest is loopback-only)."""
+        "/" and the management tags (None: no tags word); returns its path.
+        For clients that do not log in from loopback (guest is
+        loopback-only). The harness's API calls log in as this user from
+        then on (self.api_user): guest is not in the file."""
         pw = subprocess.run([quayd_path(), "--hash-password", password], capture_output=True,
                             text=True, check=True).stdout.strip()
-        return self.write_secret("users", "%s %s /\n" % (user, pw))
+        self.api_user = (user, password)
+        return self.write_secret("users", "%s %s /%s\n" % (
+            user, pw, " tags=" + tags if tags else ""))
 
     def add(self, name, start=True, **kw):
         m = Member(self, name, **kw)

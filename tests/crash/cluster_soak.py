@@ -71,7 +71,6 @@ import random
 import sys
 import threading
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
@@ -345,9 +344,8 @@ class Soak:
             connection_attempts=1))
 
     def api_queues(self, member, timeout=2.0):
-        url = "http://%s:%d/api/queues" % (member.host, member.http_port)
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return json.load(r)
+        # As the soak's user (Cluster.users_file made it an administrator).
+        return member.api_get("/api/queues", timeout=timeout)
 
     def reachable(self, member):
         return member.alive()

@@ -5,6 +5,7 @@ Each harness gets a few valid inputs under tests/fuzz/corpus/<name>/, built
 here with an encoder independent of the C codec (struct.pack). The files are
 committed; rerun this script after changing it. Deterministic output.
 """
+import base64
 import os
 import struct
 
@@ -121,6 +122,20 @@ def main():
         "handshake": b"\x01" + frame(1, 0, METHODS["connection_start"])
         + frame(1, 0, METHODS["connection_tune"]) + frame(1, 0, METHODS["connection_open"]),
         "heartbeats_small_max": b"\x00" + frame(8, 0, b"") * 3,
+    })
+    # fuzz_http: request heads with the headers the guard reads.
+    basic = "Basic " + base64.b64encode(b"guest:guest").decode()
+    write("fuzz_http", {
+        "get_login": ("GET /api/overview HTTP/1.1\r\nHost: 127.0.0.1:15672\r\n"
+                      "Authorization: %s\r\nAccept: application/json\r\n\r\n" % basic).encode(),
+        "put_policy": ("PUT /api/policies/%%2F/ha HTTP/1.1\r\nHost: [::1]:15672\r\n"
+                       "Origin: http://[::1]:15672\r\nAuthorization: %s\r\n"
+                       "Content-Type: application/json; charset=utf-8\r\nContent-Length: 2\r\n"
+                       "\r\n{}" % basic).encode(),
+        "cross_site_form": b"POST /api/cluster/leave HTTP/1.1\r\nHost: evil.example\r\n"
+                           b"Origin: null\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                           b"Content-Length: 0\r\n\r\n",
+        "basic_value": basic.encode(),
     })
 
 

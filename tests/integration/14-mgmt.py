@@ -9,22 +9,36 @@ documented exit codes. The HTTP server refuses what it does not serve
 caps concurrent clients, and keeps serving through all of it; quayd still
 stops cleanly (exit 0, no sanitizer report) with a stalled client.
 
+Who may ask: every request to a known path needs an HTTP Basic login
+(RabbitMQ's 401 answers, with its challenge, alike for a wrong password and
+an unknown user); the users file's tags decide the rest as RabbitMQ's do (no
+tag: nothing; management: its vhosts' objects and its connections;
+policymaker: policies of its vhosts; monitoring: read everything, change
+nothing; administrator: everything, cluster actions included), loopback
+users are refused from other peers, a foreign Origin or Host is 403 and a
+PUT that a browser form could send is 415; quayctl logs in with --user and
+QUAY_USER/QUAY_PASSWORD and exits 77 when refused; quayd refuses --http
+beyond loopback without --http-allow-plaintext.
+
 Method: one quayd started with --http 127.0.0.1:PORT (quaytest.Broker with
 extra arguments; the API is off by default, so the shared broker is not
-used for it), driven with pika for AMQP, urllib/http.client for the API,
+used for it), driven with pika for AMQP, http.client for the API,
 raw sockets for malformed and stalled requests, and build/quayctl (next to
-$QUAYD) as a subprocess.
+$QUAYD) as a subprocess. The rights are checked on a second broker with a
+users file of every kind of user (in cluster mode a second cluster, so the
+cluster endpoints are covered); the loopback rule through this host's own
+non-loopback address, from which a request is not a loopback peer.
 """
 import atexit
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from quaytest import *  # noqa: E402,F403
@@ -59,28 +73,39 @@ def _can_connect(port):
 
 
 def api(path, port=None):
-    b = mgmt_broker()
-    url = "http://127.0.0.1:%d%s" % (port or b.http_port, path)
-    with urllib.request.urlopen(url, timeout=10) as r:
-        eq(r.status, 200, "status of GET " + path)
-        eq(r.headers["Content-Type"], "application/json", "content type")
-        eq(r.headers["Connection"], "close", "connection header")
-        body = r.read()
-        eq(int(r.headers["Content-Length"]), len(body), "content length")
-        return json.loads(body.decode("utf-8"))
+    status, headers, body = request("GET", path, port=port, raw_body=True)
+    eq(status, 200, "status of GET " + path)
+    eq(headers["Content-Type"], "application/json", "content type")
+    eq(headers["Connection"], "close", "connection header")
+    eq(int(headers["Content-Length"]), len(body), "content length")
+    return json.loads(body.decode("utf-8"))
 
 
-def request(method, path, headers=None):
-    """(status, headers, parsed body) through http.client, for non-200s."""
+def request(method, path, headers=None, port=None, login=(API_USER, API_PASSWORD), body=None,
+            host="127.0.0.1", raw_body=False):
+    """(status, headers, parsed body) through http.client, logged in as
+    login (user, password) unless it is None or headers carry their own
+    Authorization. body: bytes, sent as they are (no Content-Type unless
+    headers say)."""
     b = mgmt_broker()
-    c = http.client.HTTPConnection("127.0.0.1", b.http_port, timeout=10)
+    h = {}
+    if login is not None:
+        h["Authorization"] = api_authorization(*login)
+    h.update(headers or {})
+    c = http.client.HTTPConnection(host, port or b.http_port, timeout=10)
     try:
-        c.request(method, path, headers=headers or {})
+        c.request(method, path, body=body, headers=h)
         r = c.getresponse()
-        body = r.read()
-        return r.status, r.headers, (json.loads(body) if body else None)
+        data = r.read()
+        if raw_body:
+            return r.status, r.headers, data
+        return r.status, r.headers, (json.loads(data) if data else None)
     finally:
         c.close()
+
+
+# What raw requests send for a Host that passes the guard, and guest's login.
+HOST_AUTH = b"Host: 127.0.0.1\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n"
 
 
 def raw(data, timeout=10.0):
@@ -395,7 +420,7 @@ def methods_paths_and_versions_are_refused():
     st, hdrs, body = request("HEAD", "/api/overview")
     eq((st, body), (200, None), "HEAD has no body")
     assert int(hdrs["Content-Length"]) > 10, dict(hdrs)
-    out, _ = raw(b"HEAD /nope HTTP/1.1\r\nHost: x\r\n\r\n")
+    out, _ = raw(b"HEAD /nope HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     eq(status_of(out), 404, "HEAD of an unknown path")
     assert out.endswith(b"\r\n\r\n"), out   # no body after the head
 
@@ -420,12 +445,12 @@ def oversized_requests_are_refused_and_the_api_keeps_serving():
     line = b"GET /" + b"a" * 10240 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
     out, _ = raw(line)
     assert status_of(out) in (400, 414, 431), out[:100]
-    headers = b"GET /api/overview HTTP/1.1\r\nHost: x\r\n" + \
+    headers = b"GET /api/overview HTTP/1.1\r\n" + HOST_AUTH + \
         b"".join(b"X-Pad-%d: %s\r\n" % (i, b"v" * 100) for i in range(100)) + b"\r\n"
     out, _ = raw(headers)
     eq(status_of(out), 431, "headers over 8 KiB")
     # A head of exactly what fits is served.
-    head = b"GET /api/overview HTTP/1.1\r\nHost: x\r\nX-Pad: "
+    head = b"GET /api/overview HTTP/1.1\r\n" + HOST_AUTH + b"X-Pad: "
     head += b"v" * (8192 - len(head) - 4) + b"\r\n\r\n"
     eq(len(head), 8192, "test's own arithmetic")
     out, _ = raw(head)
@@ -433,7 +458,7 @@ def oversized_requests_are_refused_and_the_api_keeps_serving():
     # Byte by byte works too (the head is collected across reads).
     b = mgmt_broker()
     s = socket.create_connection(("127.0.0.1", b.http_port), timeout=10)
-    for byte in b"GET /api/queues HTTP/1.1\r\nHost: x\r\n\r\n":
+    for byte in b"GET /api/queues HTTP/1.1\r\n" + HOST_AUTH + b"\r\n":
         s.sendall(bytes([byte]))
     out = b""
     while True:
@@ -496,7 +521,7 @@ def _served():
     try:
         api("/api/overview")
         return True
-    except (urllib.error.URLError, ConnectionError):
+    except ConnectionError:
         return False
 
 
@@ -524,6 +549,363 @@ def quayd_http_option():
     assert "cannot listen for HTTP" in p.stderr, p.stderr
     for marker in SANITIZER_MARKERS:
         assert marker not in p.stderr, p.stderr
+
+
+# ---- logins, rights, and the browser guards -----------------------------------
+
+def hash_password(pw):
+    return subprocess.run([QUAYD, "--hash-password", pw], capture_output=True, text=True,
+                          check=True, timeout=30).stdout.strip()
+
+
+# Users of the second broker (auth_broker): name -> (password, vhosts, words).
+USERS = {
+    "adm": ("adm-pw", "/,other", "tags=administrator"),
+    "mon": ("mon-pw", "/", "tags=monitoring"),
+    "pm": ("pm-pw", "/", "loopback tags=policymaker"),
+    "mgmt": ("mgmt-pw", "other", "tags=management"),
+    "plain": ("plain-pw", "/,other", ""),
+    "old": ("old-pw", "/", "loopback"),
+}
+
+
+def users_file():
+    d = tempfile.mkdtemp(prefix="quay-itest-users-")
+    path = os.path.join(d, "users")
+    with open(path, "w") as f:
+        f.write("# no guest: guest/guest must not log in here\n")
+        for name, (pw, vhosts, words) in USERS.items():
+            f.write("%s %s %s %s\n" % (name, hash_password(pw), vhosts, words))
+    return path
+
+
+_ab = None
+
+
+def auth_broker():
+    """A second quayd (cluster) with a users file of every kind of user, the
+    API on and mq.example allowed as a Host name, started once."""
+    global _ab
+    if _ab is None:
+        b = Broker(["--users", users_file(), "--http-allowed-hosts", "mq.example"],
+                   external_ok=False, http=True)
+        atexit.register(lambda: b.proc and b.proc.poll() is None and b.proc.kill())
+        _ab = b
+        wait_until(lambda: _can_connect(b.http_port), what="the HTTP listener")
+    return _ab
+
+
+def as_user(name, method, path, body=None, headers=None, port=None):
+    """(status, headers, parsed body) of a request to auth_broker as name."""
+    h = dict(headers or {})
+    if body is not None:
+        h.setdefault("Content-Type", "application/json")
+        body = json.dumps(body).encode()
+    login = (name, USERS[name][0]) if name in USERS else None
+    return request(method, path, headers=h, port=port or auth_broker().http_port,
+                   login=login, body=body)
+
+
+def refused(answer, reason, what):
+    """A refusal of a login that lacks the right: RabbitMQ's 401 without the
+    challenge (logging in again would not help)."""
+    status, headers, body = answer
+    eq(status, 401, what)
+    eq(body, {"error": "not_authorised", "reason": reason}, what)
+    eq(headers["WWW-Authenticate"], None, what + ": no challenge")
+
+
+def login_failed(answer, what, reason="Login failed"):
+    status, headers, body = answer
+    eq(status, 401, what)
+    eq(headers["WWW-Authenticate"], 'Basic realm="RabbitMQ Management"', what)
+    eq(body, {"error": "not_authorized", "reason": reason}, what)
+
+
+@test
+def the_api_needs_a_login():
+    # No credentials, a wrong password, an unknown user: RabbitMQ's 401 with
+    # its challenge, the same answer for the last two (no user enumeration).
+    login_failed(request("GET", "/api/overview", login=None), "no credentials",
+                 "Login failed: send HTTP Basic credentials")
+    login_failed(request("GET", "/api/queues", login=("guest", "wrong")), "wrong password")
+    login_failed(request("GET", "/api/queues", login=("nobody", "guest")), "unknown user")
+    login_failed(request("GET", "/api/overview", headers={"Authorization": "Bearer x"}),
+                 "another scheme")
+    for value in ("Basic", "Basic !!!!", "Basic Z3Vlc3Q6Z3Vlc3Q", "Basic Z3Vlc3Q="):
+        eq(request("GET", "/api/overview", headers={"Authorization": value})[0], 400, value)
+    # HEAD and a write are refused alike, and the write does nothing.
+    eq(request("HEAD", "/api/overview", login=None)[0], 401, "HEAD")
+    st, _, _ = request("PUT", "/api/policies/%2F/nologin", login=None,
+                       headers={"Content-Type": "application/json"},
+                       body=b'{"pattern": "^x", "backups": 1}')
+    eq(st, 401, "PUT without a login")
+    eq([p["name"] for p in api("/api/policies")], [], "no policy was made")
+    # Unknown paths are 404 without a login, as in RabbitMQ.
+    eq(request("GET", "/api/nope", login=None)[0], 404, "unknown path")
+    # The scheme is case-insensitive and the default guest is an administrator.
+    st, _, _ = request("GET", "/api/overview",
+                       headers={"Authorization": "basic Z3Vlc3Q6Z3Vlc3Q="}, login=None)
+    eq(st, 200, "basic in lower case")
+
+
+@test
+def a_user_without_a_management_tag_has_no_access():
+    for name in ("plain", "old"):   # no tags word; a file from before tags
+        for path in ("/api/overview", "/api/queues", "/api/connections", "/api/policies"):
+            refused(as_user(name, "GET", path), "Not management user", name + " " + path)
+    refused(as_user("plain", "PUT", "/api/policies/%2F/p", {"pattern": "x", "backups": 1}),
+            "Not management user", "plain PUT")
+    login_failed(request("GET", "/api/overview", port=auth_broker().http_port,
+                         login=("nobody", "plain-pw")), "a user not in this file")
+    login_failed(request("GET", "/api/overview", port=auth_broker().http_port),
+                 "guest is not in this users file")
+
+
+@test
+def monitoring_reads_everything_but_changes_nothing():
+    ab = auth_broker()
+    for path in ("/api/overview", "/api/queues", "/api/connections", "/api/policies"):
+        eq(as_user("mon", "GET", path)[0], 200, "mon GET " + path)
+    ov = as_user("mon", "GET", "/api/overview")[2]
+    assert "journal" in ov and "network" in ov, ov
+    refused(as_user("mon", "PUT", "/api/policies/%2F/m", {"pattern": "^m", "backups": 1}),
+            "User not authorised to access object", "mon PUT")
+    refused(as_user("mon", "DELETE", "/api/policies/%2F/m"),
+            "User not authorised to access object", "mon DELETE")
+    eq(as_user("mon", "GET", "/api/policies/%2F/m")[0], 404, "nothing was made")
+    if ab.cluster is not None:
+        eq(as_user("mon", "GET", "/api/cluster")[0], 200, "mon GET /api/cluster")
+        eq(as_user("mon", "GET", "/api/cluster/links")[0], 200, "mon GET links")
+        refused(as_user("mon", "POST", "/api/cluster/leave", {}), "Not administrator user",
+                "mon leave")
+        refused(as_user("mon", "POST", "/api/cluster/forget", {"broker": "nobody"}),
+                "Not administrator user", "mon forget")
+        assert all(m.alive() for m in ab.members), "every broker still up"
+        eq(len(as_user("mon", "GET", "/api/cluster")[2]["brokers"]), 3, "nobody left")
+
+
+@test
+def policymakers_change_policies_of_their_vhosts_and_administrators_any():
+    ab = auth_broker()
+    st, _, body = as_user("pm", "PUT", "/api/policies/%2F/pm-p", {"pattern": "^pm", "backups": 1})
+    eq((st, body["name"]), (201, "pm-p"), "pm PUT in /")
+    refused(as_user("pm", "PUT", "/api/policies/other/pm-p", {"pattern": "^pm", "backups": 1}),
+            "User not authorised to access object", "pm PUT in a vhost it may not open")
+    refused(as_user("pm", "GET", "/api/policies/other/pm-p"),
+            "User not authorised to access virtual host", "pm GET in another vhost")
+    eq(as_user("pm", "DELETE", "/api/policies/%2F/pm-p")[0], 200, "pm DELETE")
+    if ab.cluster is not None:
+        refused(as_user("pm", "GET", "/api/cluster"), "Not monitor user", "pm cluster")
+        refused(as_user("pm", "POST", "/api/cluster/leave", {}), "Not administrator user",
+                "pm leave")
+    st, _, body = as_user("adm", "PUT", "/api/policies/other/adm-p",
+                          {"pattern": "^a", "backups": 1})
+    eq((st, body["vhost"]), (201, "other"), "adm PUT in other")
+    eq(as_user("adm", "DELETE", "/api/policies/other/adm-p")[0], 200, "adm DELETE")
+    if ab.cluster is not None:
+        # An administrator may act on the cluster (a broker nobody knows:
+        # 404 from the action itself, past the rights check; 503 while the
+        # broker catches up).
+        def forget():
+            return as_user("adm", "POST", "/api/cluster/forget", {"broker": "nobody"})[0]
+        wait_until(lambda: forget() != 503, timeout=10, what="forget to be served")
+        eq(forget(), 404, "adm forget of an unknown broker")
+
+
+@test
+def management_users_see_their_vhosts_and_connections_only():
+    ab = auth_broker()
+    c = pika.BlockingConnection(pika.ConnectionParameters(
+        ab.host, ab.port, "/", pika.PlainCredentials("adm", "adm-pw"),
+        connection_attempts=1, socket_timeout=5))
+    c.channel().queue_declare("auth-root-q")
+    o = pika.BlockingConnection(pika.ConnectionParameters(
+        ab.host, ab.port, "other", pika.PlainCredentials("mgmt", "mgmt-pw"),
+        connection_attempts=1, socket_timeout=5))
+    o.channel().queue_declare("auth-other-q")
+    as_user("adm", "PUT", "/api/policies/%2F/root-p", {"pattern": "^r", "backups": 1})
+    as_user("adm", "PUT", "/api/policies/other/other-p", {"pattern": "^o", "backups": 1})
+    try:
+        def names(user, path):
+            st, _, body = as_user(user, "GET", path)
+            eq(st, 200, user + " " + path)
+            return sorted((x["vhost"], x["name"]) for x in body)
+        eq(names("mgmt", "/api/queues"), [("other", "auth-other-q")], "mgmt queues")
+        eq(names("mgmt", "/api/policies"), [("other", "other-p")], "mgmt policies")
+        assert ("/", "auth-root-q") in names("adm", "/api/queues")
+        eq(names("adm", "/api/policies"), [("/", "root-p"), ("other", "other-p")], "adm")
+        eq(names("mon", "/api/policies"), [("/", "root-p")], "mon: its vhosts, as RabbitMQ")
+        users = [x["user"] for x in as_user("mgmt", "GET", "/api/connections")[2]]
+        eq(users, ["mgmt"], "mgmt sees its own connection only")
+        users = sorted(x["user"] for x in as_user("mon", "GET", "/api/connections")[2]
+                       if x["user"] in ("adm", "mgmt"))
+        eq(users, ["adm", "mgmt"], "monitoring sees every connection")
+        ov = as_user("mgmt", "GET", "/api/overview")[2]
+        eq((ov["connections"], ov["queues"]), (1, 1), "mgmt's totals are its own")
+        for key in ("journal", "network", "cluster"):
+            assert key not in ov, (key, ov)
+        if ab.cluster is not None:
+            refused(as_user("mgmt", "GET", "/api/cluster"), "Not monitor user", "mgmt cluster")
+    finally:
+        as_user("adm", "DELETE", "/api/policies/%2F/root-p")
+        as_user("adm", "DELETE", "/api/policies/other/other-p")
+        c.channel().queue_delete("auth-root-q")
+        o.channel().queue_delete("auth-other-q")
+        c.close()
+        o.close()
+
+
+@test
+def other_origins_and_foreign_hosts_are_refused():
+    b = mgmt_broker()
+    own_host = "127.0.0.1:%d" % b.http_port
+
+    def forbidden(answer, what):
+        eq(answer[0], 403, what)
+        eq(answer[2]["error"], "Forbidden", what)
+    # A page of another site (fetch or a form), credentials or not.
+    for origin in ("http://evil.example", "null", "http://127.0.0.1:1", "https://" + own_host):
+        forbidden(request("GET", "/api/overview", headers={"Origin": origin}), origin)
+        forbidden(request("GET", "/api/overview", headers={"Origin": origin}, login=None),
+                  origin + " without a login")
+    eq(request("GET", "/api/overview", headers={"Origin": "http://" + own_host})[0], 200,
+       "our own origin")
+    # A browser form POST: another origin (403), and without Origin its type (415).
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    forbidden(request("PUT", "/api/policies/%2F/csrf", body=b"pattern=x&backups=1",
+                      headers=dict(form, Origin="http://evil.example")), "form from elsewhere")
+    for ctype in ("application/x-www-form-urlencoded", "text/plain",
+                  "multipart/form-data; boundary=x", None):
+        h = {"Content-Type": ctype} if ctype else {}
+        st, _, body = request("PUT", "/api/policies/%2F/csrf", headers=h,
+                              body=b'{"pattern": "^x", "backups": 1}')
+        eq((st, body["error"]), (415, "Unsupported Media Type"), "PUT as %s" % ctype)
+    eq(request("GET", "/api/policies/%2F/csrf")[0], 404, "no policy was made")
+    # DNS rebinding: a name that is not ours, with our address behind it.
+    for host in ("evil.example", "evil.example:%d" % b.http_port, "localhost.evil.example",
+                 "192.0.2.1:%d" % b.http_port, "127.0.0.1:x"):
+        forbidden(request("GET", "/api/overview", headers={"Host": host}), "Host " + host)
+    # On loopback: localhost and any loopback address (none can be rebound).
+    for host in ("localhost:%d" % b.http_port, "127.0.0.1", "[::1]:%d" % b.http_port,
+                 "127.0.0.2:%d" % b.http_port):
+        eq(request("GET", "/api/overview", headers={"Host": host})[0], 200, "Host " + host)
+    # --http-allowed-hosts names another.
+    ab = auth_broker()
+    eq(as_user("adm", "GET", "/api/overview", headers={"Host": "MQ.example:80"})[0], 200,
+       "an allowed name")
+    eq(as_user("adm", "GET", "/api/overview", headers={"Host": "mq2.example"})[0], 403,
+       "a name not allowed")
+    eq(ab.http_port > 0, True, "the second broker serves its API")
+
+
+@test
+def quayctl_logs_in():
+    ab = auth_broker()
+    argv = [QUAYCTL, "--http", "127.0.0.1:%d" % ab.http_port]
+
+    def ctl(*args, env=None):
+        e = dict(os.environ)
+        e.pop("QUAY_USER", None)
+        e.pop("QUAY_PASSWORD", None)
+        e.update(env or {})
+        return subprocess.run(argv + list(args), capture_output=True, text=True, timeout=30,
+                              env=e)
+    p = ctl("status")   # guest/guest by default: not a user here
+    eq(p.returncode, 77, "refused login: " + p.stderr)
+    assert "HTTP 401: Login failed" in p.stderr, p.stderr
+    p = ctl("--user", "mon", "--password", "mon-pw", "status")
+    eq(p.returncode, 0, p.stderr)
+    assert "product" in p.stdout, p.stdout
+    p = ctl("status", env={"QUAY_USER": "mon", "QUAY_PASSWORD": "mon-pw"})
+    eq(p.returncode, 0, "from the environment: " + p.stderr)
+    p = ctl("--user", "mon", "status", env={"QUAY_PASSWORD": "mon-pw"})
+    eq(p.returncode, 0, "user option, password variable: " + p.stderr)
+    p = ctl("--user", "mon", "status")
+    eq(p.returncode, 64, "a user without a password")
+    p = ctl("--user", "mon", "--password", "wrong", "status")
+    eq(p.returncode, 77, "wrong password")
+    p = ctl("--user", "mon", "--password", "mon-pw", "set-policy", "/", "q", "^q", "1")
+    eq(p.returncode, 77, "mon may not set policies")
+    assert "User not authorised to access object" in p.stderr, p.stderr
+    p = ctl("--user", "pm", "--password", "pm-pw", "set-policy", "/", "q", "^q", "1")
+    eq(p.returncode, 0, "pm may: " + p.stderr)
+    p = ctl("--user", "pm", "--password", "pm-pw", "clear-policy", "/", "q")
+    eq(p.returncode, 0, "pm clears: " + p.stderr)
+    p = ctl("--user", "a:b", "--password", "x", "status")
+    eq(p.returncode, 64, "a colon in the user name")
+    if ab.cluster is not None:
+        p = ctl("--user", "mon", "--password", "mon-pw", "leave")
+        eq(p.returncode, 77, "mon may not leave")
+        assert "Not administrator user" in p.stderr, p.stderr
+
+
+def local_address():
+    """A non-loopback IPv4 address of this host (a peer from it is not loopback)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
+                         capture_output=True, text=True, timeout=10).stdout
+    for line in out.splitlines():
+        return line.split()[3].split("/")[0]
+    raise AssertionError("this test needs a non-loopback IPv4 address: %r" % out)
+
+
+@test(timeout=60)
+def loopback_users_are_refused_from_other_peers_and_plaintext_needs_consent():
+    users = users_file()
+    addr = local_address()
+    port = free_port()
+    data = tempfile.mkdtemp(prefix="quay-itest-remote-")
+    base = [QUAYD, "--listen", "127.0.0.1:%d" % free_port(), "--data",
+            os.path.join(data, "d"), "--users", users, "--http", "%s:%d" % (addr, port)]
+    # Without consent quayd refuses to serve the API beyond loopback.
+    p = subprocess.run(base, capture_output=True, text=True, timeout=30)
+    eq(p.returncode, 2, "non-loopback --http without --http-allow-plaintext")
+    assert "not a loopback address" in p.stderr and "--http-allow-plaintext" in p.stderr, \
+        p.stderr
+    for bad in ("0.0.0.0:%d" % port, ":%d" % port):
+        p = subprocess.run(base[:-1] + [bad], capture_output=True, text=True, timeout=30)
+        eq(p.returncode, 2, "--http " + bad)
+    log_path = os.path.join(data, "log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(base + ["--http-allow-plaintext"], stdout=log, stderr=log)
+    try:
+        wait_until(lambda: _can_connect_to(addr, port), what="the HTTP listener")
+
+        def remote(name, password):
+            return request("GET", "/api/overview", port=port, host=addr, login=(name, password))
+        eq(remote("adm", "adm-pw")[0], 200, "an administrator from afar")
+        refused(remote("pm", "pm-pw"), "User can only log in via localhost", "pm is loopback")
+        login_failed(remote("pm", "wrong"), "a wrong password says nothing of loopback")
+        refused(remote("old", "old-pw"), "User can only log in via localhost", "old")
+        # The Host check: this address is ours, localhost is not how we were reached.
+        eq(request("GET", "/api/overview", port=port, host=addr, login=("adm", "adm-pw"),
+                   headers={"Host": "localhost:%d" % port})[0], 403, "Host localhost")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(10)
+    with open(log_path, "rb") as f:
+        text = f.read().decode("utf-8", "replace")
+    eq(rc, 0, "exit status")
+    assert "without TLS" in text, text   # the warning
+    for marker in SANITIZER_MARKERS:
+        assert marker not in text, text
+
+
+def _can_connect_to(host, port):
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+@test(timeout=60)
+def auth_broker_stops_cleanly():
+    global _ab
+    b = auth_broker()
+    problems = b.stop()
+    _ab = None
+    assert not problems, problems
 
 
 @test(timeout=60)

@@ -21,8 +21,6 @@ import subprocess
 import socket
 import sys
 import time
-import urllib.error
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
@@ -54,9 +52,7 @@ def pump(conn, seconds):
 
 
 def api_queues(member):
-    with urllib.request.urlopen("http://127.0.0.1:%d/api/queues" % member.http_port,
-                                timeout=5) as r:
-        return json.load(r)
+    return member.api_get("/api/queues", timeout=5)
 
 
 def primary_of(member, name):
@@ -348,9 +344,8 @@ def basic_get_through_a_proxy():
 
 
 def links_of(member):
-    with urllib.request.urlopen("http://127.0.0.1:%d/api/cluster/links" % member.http_port,
-                                timeout=5) as r:
-        return {link["name"]: link for link in json.load(r)["links"]}
+    return {link["name"]: link
+            for link in member.api_get("/api/cluster/links", timeout=5)["links"]}
 
 
 def death(props):
@@ -695,15 +690,8 @@ def a_broker_joins_and_leaves():
     name = queue_on(D, A, "dq")
     # d's own map has the queue already (a declare-ok waits for every
     # broker): d refuses at once.
-    leave_url = "http://127.0.0.1:%d/api/cluster/leave" % D.http_port
-
     def post():
-        req = urllib.request.Request(leave_url, method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=5) as r:
-                return r.status, json.load(r)
-        except urllib.error.HTTPError as e:
-            return e.code, json.load(e)
+        return D.api_call("POST", "/api/cluster/leave", timeout=5)
     # 503 until d has applied the map as of its start ("try again"): a
     # broker that just joined may not have yet.
     deadline = time.monotonic() + 10

@@ -9,20 +9,17 @@ Method: three quayd processes (tests/cluster/clustertest.py) with the
 default --default-backups 1; HTTP PUT/DELETE on broker a, AMQP declares on
 broker b, /api/queues read on every broker; quayctl on broker c.
 """
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.error
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import (Cluster, closer, free_port, queue_info, quayd_path, run, test,  # noqa: E402
-                         wait_until)
+from clustertest import (Cluster, api_call, closer, free_port, queue_info, quayd_path,  # noqa: E402
+                         run, test, wait_until)
 
 import pika  # noqa: E402
 
@@ -36,17 +33,9 @@ def connect(member):
 
 
 def http(member, method, path, body=None):
-    """(status, parsed JSON body) of one request."""
-    data = json.dumps(body).encode() if isinstance(body, dict) else body
-    req = urllib.request.Request("http://127.0.0.1:%d%s" % (member.http_port, path),
-                                 data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=15) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as e:
-        return e.code, json.load(e)
+    """(status, parsed JSON body) of one request, logged in as the harness's
+    API user (clustertest.api_call)."""
+    return api_call("127.0.0.1", member.http_port, method, path, body, timeout=15)
 
 
 def everywhere(name, pred):

@@ -17,12 +17,10 @@ from GET /api/overview ("network"). The assertions are about bytes
 answered, never about speed: the figures live in bench/RESULTS.md.
 """
 import contextlib
-import json
 import os
 import socket
 import sys
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from quaytest import *  # noqa: E402,F403
@@ -39,9 +37,7 @@ def start(extra=()):
 
 def _network(b):
     try:
-        url = "http://127.0.0.1:%d/api/overview" % b.http_port
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return json.loads(r.read().decode())["network"]
+        return b.api_get("/api/overview", timeout=5)["network"]
     except OSError:
         return None
 

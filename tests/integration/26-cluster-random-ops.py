@@ -15,13 +15,11 @@ is alive and serves a fresh connection, every broker's view of the queues
 agrees, and no log holds a sanitizer report or an assertion.
 Usage: 26-cluster-random-ops.py [DURATION] (default 20 s).
 """
-import json
 import os
 import random
 import sys
 import threading
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
@@ -154,9 +152,7 @@ class Worker:
 
 
 def queue_names(member):
-    with urllib.request.urlopen("http://127.0.0.1:%d/api/queues" % member.http_port,
-                                timeout=5) as r:
-        return sorted(q["name"] for q in json.load(r))
+    return sorted(q["name"] for q in member.api_get("/api/queues", timeout=5))
 
 
 @test(timeout=120)

@@ -14,8 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
@@ -31,14 +29,7 @@ A = B = C = None
 
 def forget(member, body):
     """POSTs body (bytes) to member's /api/cluster/forget: (status, JSON)."""
-    req = urllib.request.Request("http://127.0.0.1:%d/api/cluster/forget" % member.http_port,
-                                 data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as e:
-        return e.code, json.load(e)
+    return member.api_call("POST", "/api/cluster/forget", body, timeout=5)
 
 
 def named(prefix, via, want, **args):

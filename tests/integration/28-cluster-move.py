@@ -16,8 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
@@ -33,14 +31,7 @@ members = {}
 
 def post_move(member, body):
     """POSTs body (bytes) to member's /api/cluster/move: (status, JSON)."""
-    req = urllib.request.Request("http://127.0.0.1:%d/api/cluster/move" % member.http_port,
-                                 data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as e:
-        return e.code, json.load(e)
+    return member.api_call("POST", "/api/cluster/move", body, timeout=5)
 
 
 def move(member, queue, to):

@@ -29,6 +29,11 @@ Three parts:
 
 Only the Python standard library is needed for parts 1-3; `pika_connect()`
 imports pika lazily.
+
+The management API (Broker(http=True)) needs a login: Broker.api_get() and
+Broker.api_call() (tests/cluster/clustertest.py's api_get/api_call, also
+exported here) send guest/guest, the default broker's administrator, unless
+told otherwise.
 """
 
 import atexit
@@ -43,6 +48,10 @@ import sys
 import tempfile
 import time
 import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cluster"))
+from clustertest import (API_PASSWORD, API_USER, APIError, api_authorization,  # noqa: E402,F401
+                         api_call, api_get)
 
 # ---------------------------------------------------------------------------
 # Constants
@@ -177,6 +186,15 @@ class Broker:
         self.port, self.proc, self.data = client.amqp_port, client.proc, client.data
         self.http_port = client.http_port
         self.tmpdir = self.cluster.dir
+
+    def api_call(self, method, path, body=None, **kw):
+        """A request to the client's broker's management API (logged in as
+        guest unless user=/password= say otherwise): (status, parsed JSON)."""
+        return api_call("127.0.0.1", self.http_port, method, path, body, **kw)
+
+    def api_get(self, path, **kw):
+        """GET path on the client's broker's API: parsed JSON, or APIError."""
+        return api_get("127.0.0.1", self.http_port, path, **kw)
 
     def member(self, name):
         """Cluster mode: the member (clustertest.Member) named name."""
@@ -384,13 +402,9 @@ def wait_accepting(proc, host, port, timeout, log_text):
 
 def _queue_info(member, queue, vhost):
     """The queue's entry in a member's /api/queues, or None."""
-    import json
-    import urllib.request
     try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/api/queues" % member.http_port,
-                                    timeout=5) as r:
-            return next((q for q in json.load(r)
-                         if q["name"] == queue and q.get("vhost", "/") == vhost), None)
+        return next((q for q in member.api_get("/api/queues", timeout=5)
+                     if q["name"] == queue and q.get("vhost", "/") == vhost), None)
     except OSError:
         return None
 

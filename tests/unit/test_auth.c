@@ -1,0 +1,194 @@
+/*
+ * test_auth.c: the users table (broker/auth.h): the users file with its
+ * optional loopback and tags= words, logins and their verdicts, and what
+ * each management tag includes.
+ *
+ * Goal: old files (no tags) still load, with no tags; tags and loopback
+ * come in either order, once each; an unknown tag, a repeated word or any
+ * other word refuses the whole file; a login is OK only with the right
+ * password, REFUSED alike for an unknown user and a wrong password, and
+ * LOOPBACK_ONLY only with the right password from a remote peer; the
+ * default guest is a loopback-only administrator; administrator includes
+ * every tag, monitoring and policymaker include management and nothing
+ * else.
+ *
+ * Method: write users files to a temporary directory with hashes from
+ * auth_hash_password, load them and log in.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "broker/auth.h"
+
+static char path[64];
+
+/* Writes text (with %s for a hash of "pw") to a fresh file; loads it. */
+static int load(struct auth *auth, const char *format, char *err, size_t err_size)
+{
+    char hash[64];
+    auth_hash_password("pw", hash, sizeof hash);
+    char text[2048];
+    snprintf(text, sizeof text, format, hash, hash, hash, hash, hash, hash);
+    snprintf(path, sizeof path, "/tmp/quay-test-auth-%d", (int)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    int rc = auth_load_file(auth, path, err, err_size);
+    unlink(path);
+    return rc;
+}
+
+static const struct auth_user *user_named(const struct auth *auth, const char *name)
+{
+    for (size_t i = 0; i < auth->users_count; i++) {
+        if (strcmp(auth->users[i].name, name) == 0)
+            return &auth->users[i];
+    }
+    fail_msg("no user %s", name);
+    return NULL;
+}
+
+static void test_users_file_tags(void **state)
+{
+    (void)state;
+    struct auth auth;
+    char err[256] = "";
+    assert_int_equal(load(&auth,
+                          "# old lines load as they did\n"
+                          "old %s /\n"
+                          "local %s / loopback\n"
+                          "adm %s * tags=administrator\n"
+                          "both %s /,x tags=monitoring,policymaker loopback\n"
+                          "mgmt %s / loopback tags=management\n"
+                          "none %s / tags=\n",
+                          err, sizeof err),
+                     0);
+    assert_int_equal(auth.users_count, 6);
+    assert_int_equal(user_named(&auth, "old")->tags, 0);
+    assert_false(user_named(&auth, "old")->loopback_only);
+    assert_true(user_named(&auth, "local")->loopback_only);
+    assert_int_equal(user_named(&auth, "adm")->tags, AUTH_TAG_ADMINISTRATOR);
+    const struct auth_user *both = user_named(&auth, "both");
+    assert_int_equal(both->tags, AUTH_TAG_MONITORING | AUTH_TAG_POLICYMAKER);
+    assert_true(both->loopback_only);
+    assert_string_equal(both->vhosts, "/,x");
+    assert_int_equal(user_named(&auth, "mgmt")->tags, AUTH_TAG_MANAGEMENT);
+    assert_true(user_named(&auth, "mgmt")->loopback_only);
+    assert_int_equal(user_named(&auth, "none")->tags, 0);
+    auth_free(&auth);
+}
+
+static void test_users_file_refused(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "a %s / tags=admin\n",                      /* unknown tag */
+        "a %s / tags=administrator,\n",             /* empty tag */
+        "a %s / tags=,administrator\n",
+        "a %s / tags=management tags=monitoring\n", /* twice */
+        "a %s / loopback loopback\n",
+        "a %s / Loopback\n",
+        "a %s / administrator\n",                   /* a tag without tags= */
+        "a %s / tags administrator\n",
+        "a %s\n",                                   /* no vhosts */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct auth auth;
+        char err[256] = "";
+        assert_int_equal(load(&auth, bad[i], err, sizeof err), -1);
+        assert_non_null(strstr(err, ":1: expected NAME HASH VHOSTS"));
+        assert_int_equal(auth.users_count, 0);
+    }
+    struct auth auth;
+    char err[256];
+    assert_int_equal(load(&auth, "a %s / tags=root\n", err, sizeof err), -1);
+    assert_non_null(strstr(err, "unknown tag 'root'"));
+}
+
+static enum auth_verdict login(const struct auth *auth, const char *user, const char *password,
+                               bool loopback, const struct auth_user **out)
+{
+    return auth_login(auth, bytes_of_cstr(user), bytes_of_cstr(password), loopback, out);
+}
+
+static void test_login_verdicts(void **state)
+{
+    (void)state;
+    struct auth auth;
+    char err[256];
+    assert_int_equal(load(&auth, "remote %s /\nlocal %s / loopback\n", err, sizeof err), 0);
+    const struct auth_user *u = (const struct auth_user *)&auth; /* not NULL */
+    assert_int_equal(login(&auth, "remote", "pw", false, &u), AUTH_VERDICT_OK);
+    assert_ptr_equal(u, user_named(&auth, "remote"));
+    assert_int_equal(login(&auth, "remote", "wrong", true, &u), AUTH_VERDICT_REFUSED);
+    assert_null(u);
+    assert_int_equal(login(&auth, "nobody", "pw", true, &u), AUTH_VERDICT_REFUSED);
+    assert_null(u);
+    assert_int_equal(login(&auth, "", "", true, &u), AUTH_VERDICT_REFUSED);
+    assert_int_equal(login(&auth, "local", "pw", true, &u), AUTH_VERDICT_OK);
+    assert_int_equal(login(&auth, "local", "pw", false, &u), AUTH_VERDICT_LOOPBACK_ONLY);
+    assert_null(u);
+    /* A wrong password from afar says nothing about the loopback rule. */
+    assert_int_equal(login(&auth, "local", "wrong", false, &u), AUTH_VERDICT_REFUSED);
+    /* auth_check (AMQP) folds the refusals together. */
+    assert_null(auth_check(&auth, bytes_of_cstr("local"), bytes_of_cstr("pw"), false));
+    assert_non_null(auth_check(&auth, bytes_of_cstr("local"), bytes_of_cstr("pw"), true));
+    auth_free(&auth);
+}
+
+static void test_default_guest(void **state)
+{
+    (void)state;
+    struct auth auth;
+    auth_init_default(&auth);
+    const struct auth_user *u;
+    assert_int_equal(login(&auth, "guest", "guest", true, &u), AUTH_VERDICT_OK);
+    assert_true(auth_user_has_tag(u, AUTH_TAG_ADMINISTRATOR));
+    assert_int_equal(login(&auth, "guest", "guest", false, &u), AUTH_VERDICT_LOOPBACK_ONLY);
+    assert_int_equal(login(&auth, "guest", "Guest", true, &u), AUTH_VERDICT_REFUSED);
+    auth_free(&auth);
+}
+
+static void test_tag_inclusion(void **state)
+{
+    (void)state;
+    static const enum auth_tag all[] = {AUTH_TAG_MANAGEMENT, AUTH_TAG_POLICYMAKER,
+                                        AUTH_TAG_MONITORING, AUTH_TAG_ADMINISTRATOR};
+    /* Rows: the user's one tag (0: none); columns: has_tag of each of all[]. */
+    static const struct {
+        unsigned tags;
+        bool has[4];
+    } rows[] = {
+        {0, {false, false, false, false}},
+        {AUTH_TAG_MANAGEMENT, {true, false, false, false}},
+        {AUTH_TAG_POLICYMAKER, {true, true, false, false}},
+        {AUTH_TAG_MONITORING, {true, false, true, false}},
+        {AUTH_TAG_ADMINISTRATOR, {true, true, true, true}},
+        {AUTH_TAG_POLICYMAKER | AUTH_TAG_MONITORING, {true, true, true, false}},
+    };
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        struct auth_user u = {.tags = rows[r].tags};
+        for (size_t t = 0; t < 4; t++)
+            assert_int_equal(auth_user_has_tag(&u, all[t]), rows[r].has[t]);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_users_file_tags),
+        cmocka_unit_test(test_users_file_refused),
+        cmocka_unit_test(test_login_verdicts),
+        cmocka_unit_test(test_default_guest),
+        cmocka_unit_test(test_tag_inclusion),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
