@@ -169,6 +169,7 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
         mgmt_api_route_post(broker->mgmt, "/api/cluster/leave", member_leave, broker->member);
         mgmt_api_route_post(broker->mgmt, "/api/cluster/forget", member_forget, broker->member);
         mgmt_api_route_post(broker->mgmt, "/api/cluster/move", moves_post, broker->member);
+        mgmt_api_route_post(broker->mgmt, "/api/cluster/drain", moves_drain_post, broker->member);
     }
     uv_timer_init(loop, &broker->tick);
     broker->tick.data = broker;

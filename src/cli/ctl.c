@@ -60,6 +60,9 @@ static void usage(FILE *out)
             "                go to their backups (or start again empty where it had\n"
             "                the only copy), its backups and exchanges elsewhere\n"
             "                (POST /api/cluster/forget)\n"
+            "  drain BROKER  every queue BROKER is primary or backup of moves to other\n"
+            "                brokers while they serve; then it may leave\n"
+            "                (POST /api/cluster/drain)\n"
             "  move QUEUE --to BROKER [--vhost VHOST]\n"
             "                hand QUEUE (of VHOST, default /) over to BROKER while it\n"
             "                serves: BROKER catches up as a backup, then takes over;\n"
@@ -802,6 +805,7 @@ static const struct command commands[] = {
     {"leave", "POST", "/api/cluster/leave", NULL, 0, 0, 0},
     {"forget", "POST", "/api/cluster/forget", NULL, 0, 1, 1},
     {"move", "POST", "/api/cluster/move", NULL, 0, 1, 1},
+    {"drain", "POST", "/api/cluster/drain", NULL, 0, 1, 1},
     {"policies", "GET", "/api/policies", policy_columns,
      sizeof policy_columns / sizeof policy_columns[0], 0, 0},
     {"set-policy", "PUT", "/api/policies/", NULL, 0, 4, 5},
@@ -893,7 +897,7 @@ static int build_request(const struct command *cmd, char **args, int args_count,
                          size_t path_cap, char *body, size_t body_cap)
 {
     snprintf(path, path_cap, "%s", cmd->path);
-    if (strcmp(cmd->method, "POST") == 0) { /* forget BROKER: the name in a JSON body */
+    if (strcmp(cmd->method, "POST") == 0) { /* forget/drain BROKER: the name in JSON */
         snprintf(body, body_cap, "{\"broker\": ");
         if (!append_json_string(body, body_cap, args[0]) || strlen(body) + 2 >= body_cap)
             goto too_long;

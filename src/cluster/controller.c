@@ -418,79 +418,112 @@ int controller_forget(const struct cluster_map *map, const struct controller_con
 
 /* ---- (d) rebalancing and draining ----------------------------------------- */
 
-/* The next step of a primary move; returns true if it is still pending. */
-static bool primary_move_step(struct placement *p, const struct placement_move *m,
-                              struct map_cmd_list *out)
+/* In-sync backups of q on brokers that are up, but `except`. */
+static uint8_t in_sync_elsewhere(const struct cluster_map *map, const struct map_queue *q,
+                                 uint32_t except)
+{
+    uint8_t n = 0;
+    for (uint8_t i = 0; i < q->backups_count; i++) {
+        const struct map_broker *b = cluster_map_broker(map, q->backup_ids[i]);
+        n += q->backup_ids[i] != except && (q->in_sync_mask & (1u << i)) && b != NULL &&
+             b->state == BROKER_STATE_UP;
+    }
+    return n;
+}
+
+/* The next step of a primary move; returns true if it is still pending.
+ * The primary carries a move out (handover.c): the map only names the
+ * target (queue.move), which catches up as a backup first. A queue with a
+ * move in progress keeps it. The old primary lets go of its copy, so when
+ * the target is one of the in-sync backups and the others would not make
+ * the factor without it, one more backup joins (and catches up) first:
+ * the queue never has fewer copies in sync than its factor because of a
+ * move. */
+static bool primary_move_step(const struct cluster_map *map, struct placement *p,
+                              const struct placement_move *m, struct map_cmd_list *out)
 {
     const struct map_queue *q = m->queue;
-    struct bytes vhost = q->vhost->name;
+    if (q->move_to != BROKER_ID_NONE)
+        return true;
     struct map_cmd cmd;
-    uint32_t ids[CLUSTER_BACKUPS_MAX];
-    uint8_t n = 0;
-    if (map_queue_backup_in_sync(q, m->to_id)) {
-        push(out, map_cmd_queue_set_owner(&cmd, vhost, q->name, q->epoch, m->to_id), &cmd);
-        for (uint8_t i = 0; i < q->backups_count; i++) {
-            if (q->backup_ids[i] != m->to_id)
-                ids[n++] = q->backup_ids[i];
-        }
-        uint8_t left = n;
-        /* The old primary has every message: if it stays up and the factor
-         * wants another backup, it is the cheapest one there is. Otherwise
-         * (it is draining) placement refills the factor in the same batch. */
-        const struct map_broker *from = cluster_map_broker(p->map, m->from_id);
-        if (from && from->state == BROKER_STATE_UP && n + 1u < q->replication_factor)
-            ids[n++] = m->from_id;
-        while (n + 1u < q->replication_factor) {
-            uint32_t exclude[2 + CLUSTER_BACKUPS_MAX] = {m->to_id, m->from_id};
-            memcpy(&exclude[2], ids, n * sizeof(uint32_t));
-            uint32_t id = placement_pick_backup(p, vhost, q->name, exclude, 2u + n);
-            if (id == BROKER_ID_NONE)
-                break;
+    bool target_in_sync = map_queue_backup_in_sync(q, m->to_id);
+    if (target_in_sync && 1u + in_sync_elsewhere(map, q, m->to_id) < q->replication_factor &&
+        q->backups_count < CLUSTER_BACKUPS_MAX) {
+        if (q->backups_count >= q->replication_factor)
+            return true; /* the one more is catching up */
+        uint32_t exclude[2 + CLUSTER_BACKUPS_MAX] = {q->primary_id, m->to_id};
+        memcpy(&exclude[2], q->backup_ids, q->backups_count * sizeof(uint32_t));
+        uint32_t id = placement_pick_backup(p, q->vhost->name, q->name, exclude,
+                                            2u + q->backups_count);
+        if (id != BROKER_ID_NONE) {
+            uint32_t ids[CLUSTER_BACKUPS_MAX];
+            memcpy(ids, q->backup_ids, sizeof(ids));
+            uint8_t n = q->backups_count;
             ids[n++] = id;
-        }
-        if (n != left)
-            push(out, map_cmd_queue_set_backups(&cmd, vhost, q->name, q->epoch + 1, ids, n),
+            push(out, map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, q->epoch, ids, n),
                  &cmd);
-        return false;
+            return true;
+        }
     }
-    if (map_queue_has_backup(q, m->to_id))
-        return true; /* catching up */
-    memcpy(ids, q->backup_ids, sizeof(ids));
-    n = q->backups_count;
-    if (n < CLUSTER_BACKUPS_MAX)
-        ids[n++] = m->to_id;
-    else
-        ids[n - 1] = m->to_id; /* no room for a fourth: give up the last one */
-    push(out, map_cmd_queue_set_backups(&cmd, vhost, q->name, q->epoch, ids, n), &cmd);
+    push(out, map_cmd_queue_move(&cmd, q->vhost->name, q->name, q->epoch, m->to_id), &cmd);
     return true;
 }
 
-static void backup_move_step(const struct placement_move *m, struct map_cmd_list *out)
+/* The next step of a backup move; returns true if it is still pending. A
+ * replacement joins first, beyond the factor, and catches up; the backup
+ * it replaces leaves once the replacement is in sync (a copy is not given
+ * up before another has everything), or at once if it is on a broker that
+ * is down or was not in sync itself. Without room for both, they swap. */
+static bool backup_move_step(const struct cluster_map *map, const struct placement_move *m,
+                             struct map_cmd_list *out)
 {
     const struct map_queue *q = m->queue;
-    uint32_t ids[CLUSTER_BACKUPS_MAX];
-    memcpy(ids, q->backup_ids, sizeof(ids));
-    uint8_t n = q->backups_count;
-    int slot = -1;
-    for (uint8_t i = 0; i < n; i++) {
-        if (ids[i] == m->from_id)
-            slot = i;
-    }
-    if (slot >= 0)
-        ids[slot] = m->to_id;
-    else if (n < CLUSTER_BACKUPS_MAX)
-        ids[n++] = m->to_id;
-    else
-        return;
     struct map_cmd cmd;
+    uint32_t ids[CLUSTER_BACKUPS_MAX];
+    uint8_t n = 0;
+    if (!map_queue_has_backup(q, m->from_id)) { /* restoring the factor: add one */
+        if (m->to_id == BROKER_ID_NONE || map_queue_has_backup(q, m->to_id) ||
+            q->backups_count == CLUSTER_BACKUPS_MAX)
+            return false;
+        memcpy(ids, q->backup_ids, sizeof(ids));
+        n = q->backups_count;
+        ids[n++] = m->to_id;
+        push(out, map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, q->epoch, ids, n),
+             &cmd);
+        return false;
+    }
+    uint32_t last = q->backup_ids[q->backups_count - 1];
+    bool has_replacement = q->backups_count >= q->replication_factor && last != m->from_id;
+    const struct map_broker *from = cluster_map_broker(map, m->from_id);
+    bool from_dead = from == NULL || from->state == BROKER_STATE_DOWN;
+    bool room = q->backups_count < CLUSTER_BACKUPS_MAX && m->to_id != BROKER_ID_NONE &&
+                !map_queue_has_backup(q, m->to_id);
+    if (!has_replacement && room && !from_dead) {
+        memcpy(ids, q->backup_ids, sizeof(ids));
+        n = q->backups_count;
+        ids[n++] = m->to_id; /* caught up by the primary, then from leaves */
+        push(out, map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, q->epoch, ids, n),
+             &cmd);
+        return true;
+    }
+    if (has_replacement && !from_dead && map_queue_backup_in_sync(q, m->from_id) &&
+        !map_queue_backup_in_sync(q, last))
+        return true; /* still catching up */
+    for (uint8_t i = 0; i < q->backups_count; i++) {
+        if (q->backup_ids[i] != m->from_id)
+            ids[n++] = q->backup_ids[i];
+    }
+    if (!has_replacement && m->to_id != BROKER_ID_NONE && !map_queue_has_backup(q, m->to_id))
+        ids[n++] = m->to_id; /* no room for both, or from holds nothing: swapped */
     push(out, map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, q->epoch, ids, n), &cmd);
+    return false;
 }
 
-int controller_rebalance(const struct cluster_map *map, const struct controller_config *config,
-                         uint32_t moves_max, struct map_cmd_list *out, uint32_t *pending_out)
+/* One round of moves: every planned move's next step (mandatory ones only:
+ * off draining or down brokers, restoring factors). */
+static uint32_t move_steps(const struct cluster_map *map, const struct controller_config *config,
+                           uint32_t moves_max, bool mandatory_only, struct map_cmd_list *out)
 {
-    ASSERT(map != NULL);
-    ASSERT(out != NULL);
     struct placement_plan plan;
     placement_plan_init(&plan);
     placement_rebalance_plan(map, &config->placement, moves_max, &plan);
@@ -500,12 +533,25 @@ int controller_rebalance(const struct cluster_map *map, const struct controller_
     uint32_t pending = 0;
     for (uint32_t i = 0; i < plan.count; i++) {
         const struct placement_move *m = &plan.moves[i];
+        if (mandatory_only && !m->mandatory)
+            continue;
         if (m->kind == PLACEMENT_MOVE_PRIMARY)
-            pending += primary_move_step(&p, m, out);
+            pending += primary_move_step(map, &p, m, out);
         else
-            backup_move_step(m, out);
+            pending += backup_move_step(map, m, out);
     }
+    placement_free(&p);
     placement_plan_free(&plan);
+    return pending;
+}
+
+/* Exchanges owned by brokers that are not up get an owner that is. */
+static void exchange_owners(const struct cluster_map *map, const struct controller_config *config,
+                            struct map_cmd_list *out)
+{
+    struct placement p;
+    placement_init(&p, &config->placement);
+    placement_refresh(&p, map);
     for (uint32_t i = 0; i < map->exchanges_count; i++) {
         const struct map_exchange *x = map->exchanges[i];
         const struct map_broker *owner = cluster_map_broker(map, x->owner_id);
@@ -518,6 +564,15 @@ int controller_rebalance(const struct cluster_map *map, const struct controller_
         push(out, map_cmd_exchange_set_owner(&cmd, x->vhost->name, x->name, next), &cmd);
     }
     placement_free(&p);
+}
+
+int controller_rebalance(const struct cluster_map *map, const struct controller_config *config,
+                         uint32_t moves_max, struct map_cmd_list *out, uint32_t *pending_out)
+{
+    ASSERT(map != NULL);
+    ASSERT(out != NULL);
+    uint32_t pending = move_steps(map, config, moves_max, false, out);
+    exchange_owners(map, config, out);
     if (pending_out)
         *pending_out = pending;
     return OK;
@@ -539,7 +594,27 @@ int controller_drain(const struct cluster_map *map, const struct controller_conf
         push(out, map_cmd_broker_state(&cmd, broker_id, BROKER_STATE_DRAINING), &cmd);
         return OK;
     }
-    return controller_rebalance(map, config, moves_max, out, NULL);
+    move_steps(map, config, moves_max, true, out);
+    exchange_owners(map, config, out);
+    return OK;
+}
+
+int controller_drain_step(const struct cluster_map *map, const struct controller_config *config,
+                          uint32_t moves_max, struct map_cmd_list *out)
+{
+    ASSERT(map != NULL);
+    bool draining = false;
+    for (uint32_t i = 0; i < map->brokers_count && !draining; i++) {
+        const struct map_broker *b = map->brokers[i];
+        draining = b->state == BROKER_STATE_DRAINING &&
+                   (b->queues_owned_count > 0 || b->backups_held_count > 0 ||
+                    b->exchanges_owned_count > 0);
+    }
+    if (!draining)
+        return OK;
+    move_steps(map, config, moves_max, true, out);
+    exchange_owners(map, config, out);
+    return OK;
 }
 
 /* ---- (e) replication policies --------------------------------------------- */

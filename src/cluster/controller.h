@@ -81,13 +81,15 @@ int controller_repair(const struct cluster_map *map, const struct controller_con
 
 /*
  * (d) One rebalancing round: plans at most moves_max moves
- * (placement_rebalance_plan) and emits the next step of each:
- *   primary move to an in-sync backup -> queue.set_owner, then the old
- *     primary becomes a backup again if it is up and the factor needs it;
- *   primary move to a backup not yet in sync -> nothing (wait for it);
- *   primary move to another broker -> queue.set_backups adding it (it
- *     catches up, a later round hands over);
- *   backup move -> queue.set_backups with the replacement.
+ * (placement_rebalance_plan; moves in progress are planned again and
+ * count) and emits the next step of each:
+ *   primary move -> queue.move to the target (the primary hands over once
+ *     it is an in-sync backup: handover.h); a queue already moving keeps
+ *     its move;
+ *   backup move -> queue.set_backups adding the replacement beyond the
+ *     factor; once it is in sync, queue.set_backups without the backup it
+ *     replaces (at once if that one is on a broker that is down, or not
+ *     in sync; swapped if there is no room for both).
  * Exchanges owned by brokers that are not up get an owner that is.
  * Call it again after the commands commit (and after in-sync changes);
  * *pending_out (may be NULL) counts moves still waiting. OK.
@@ -96,11 +98,16 @@ int controller_rebalance(const struct cluster_map *map, const struct controller_
                          uint32_t moves_max, struct map_cmd_list *out, uint32_t *pending_out);
 
 /* (d) Draining: the first call marks the broker draining; later calls are
- * rebalance rounds that move everything off it. *done_out says it owns and
- * holds nothing any more (then broker.leave may follow). OK. */
+ * rounds of the moves that take everything off it (only those: no
+ * balancing among the others). *done_out says it owns and holds nothing
+ * any more (then broker.leave may follow). OK. */
 int controller_drain(const struct cluster_map *map, const struct controller_config *config,
                      uint32_t broker_id, uint32_t moves_max, struct map_cmd_list *out,
                      bool *done_out);
+/* The leader's round for every draining broker that still holds
+ * something (its mandatory moves, at most moves_max in progress). OK. */
+int controller_drain_step(const struct cluster_map *map, const struct controller_config *config,
+                          uint32_t moves_max, struct map_cmd_list *out);
 
 /*
  * (f) Forgetting a broker that is dead for good (down in the map; a broker

@@ -140,6 +140,106 @@ int moves_post(void *ctx, const char *request, size_t request_size, struct json 
     return 202;
 }
 
+/* ---- draining ---- */
+
+struct drain_request {
+    char broker[CLUSTER_NAME_SIZE_MAX + 1];
+    bool named;
+};
+
+static bool read_drain_member(void *ctx, const struct json_read_member *m, char *err,
+                              size_t err_size)
+{
+    struct drain_request *r = ctx;
+    if (strcmp(m->key, "broker") != 0) {
+        snprintf(err, err_size, "unknown member '%s' (expected: broker)", m->key);
+        return false;
+    }
+    if (m->kind != JSON_READ_STRING || m->string_size == 0 ||
+        m->string_size > CLUSTER_NAME_SIZE_MAX ||
+        memchr(m->string, '\0', m->string_size) != NULL) {
+        snprintf(err, err_size, "broker: a broker's name, 1..%d bytes", CLUSTER_NAME_SIZE_MAX);
+        return false;
+    }
+    memcpy(r->broker, m->string, m->string_size + 1);
+    r->named = true;
+    return true;
+}
+
+static void on_draining(void *ctx, int status, const struct map_change *change)
+{
+    (void)ctx;
+    if (status != OK)
+        LOG_WARN("cluster: a drain did not commit (the map is unavailable): POST "
+                 "/api/cluster/drain again");
+    else if (change->reply_code != 200)
+        LOG_WARN("cluster: a drain was refused: %u %s", change->reply_code, change->reply_text);
+}
+
+/* Queues whose factor the brokers left (up, not draining, not b) cannot
+ * give. */
+static uint32_t short_of_brokers(const struct cluster_map *map, const struct map_broker *b)
+{
+    uint32_t left = 0;
+    for (uint32_t i = 0; i < map->brokers_count; i++) {
+        const struct map_broker *o = map->brokers[i];
+        left += o != b && o->state == BROKER_STATE_UP;
+    }
+    uint32_t count = 0;
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        const struct map_queue *q = map->queues[i];
+        bool involved = q->primary_id == b->id || map_queue_has_backup(q, b->id);
+        count += involved && q->replication_factor > left;
+    }
+    return count + (left == 0 && b->exchanges_owned_count > 0);
+}
+
+int moves_drain_post(void *ctx, const char *request, size_t request_size, struct json *body)
+{
+    struct member *member = ctx;
+    const struct cluster_map *map = member_map(member);
+    json_object_begin(body);
+    if (member->stopping || !cluster_node_synced(member->node))
+        return move_error(body, 503, "not serving the cluster yet (or stopping): try again");
+    struct drain_request r = {0};
+    char err[256];
+    if (json_read_object(request, request_size, read_drain_member, &r, err, sizeof err) != OK)
+        return move_error(body, 400, err);
+    if (!r.named)
+        return move_error(body, 400, "expected {\"broker\": NAME}");
+    char text[600];
+    const struct map_broker *b = broker_named(map, r.broker);
+    if (b == NULL) {
+        snprintf(text, sizeof text, "no broker '%s' in the cluster", r.broker);
+        return move_error(body, 404, text);
+    }
+    if (b->state == BROKER_STATE_DOWN || b->state == BROKER_STATE_SUSPECT) {
+        snprintf(text, sizeof text, "broker '%s' is %s: a drain moves what a running broker "
+                 "holds (forget one that is dead for good)", r.broker,
+                 broker_state_name(b->state));
+        return move_error(body, 409, text);
+    }
+    uint32_t short_count = short_of_brokers(map, b);
+    if (short_count > 0) {
+        snprintf(text, sizeof text, "draining broker '%s' would leave %u queue(s) below their "
+                 "replication factor: too few other brokers are up", r.broker, short_count);
+        return move_error(body, 409, text);
+    }
+    json_kv_string(body, "draining", r.broker);
+    json_kv_uint(body, "primaries", b->queues_owned_count);
+    json_kv_uint(body, "backups", b->backups_held_count);
+    json_kv_uint(body, "exchanges", b->exchanges_owned_count);
+    json_object_end(body);
+    if (b->state == BROKER_STATE_DRAINING)
+        return 202; /* going on already */
+    struct map_cmd cmd;
+    if (map_cmd_broker_state(&cmd, b->id, BROKER_STATE_DRAINING) == OK)
+        cluster_node_submit(member->node, &cmd, on_draining, member);
+    LOG_INFO("cluster: draining broker '%s' (asked through the management API): %u primaries, "
+             "%u backups", r.broker, b->queues_owned_count, b->backups_held_count);
+    return 202;
+}
+
 void moves_write_json(const struct cluster_map *map, struct json *body)
 {
     json_key(body, "moves");

@@ -18,6 +18,14 @@ struct json;
  * nothing. ctx: the member. */
 int moves_post(void *ctx, const char *request, size_t request_size, struct json *body);
 
+/* POST /api/cluster/drain {"broker": NAME}: marks the broker draining
+ * (broker.state); the controller then moves every primary and backup off
+ * it (controller_drain_step: handovers, replacements caught up first) and
+ * it may leave once it holds nothing. 202 with what it holds; 404 unknown,
+ * 409 down or suspect (forget it), or too few other brokers up for the
+ * factors of its queues; 400 malformed; 503 not serving yet. */
+int moves_drain_post(void *ctx, const char *request, size_t request_size, struct json *body);
+
 /* /api/cluster's "moves": every move in progress, with its phase
  * ("catching-up" while the target is a backup not in sync yet, then
  * "handing-over"). */

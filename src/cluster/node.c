@@ -175,6 +175,7 @@ struct cluster_node {
     bool policies_recheck;         /* look again (new controller, or a batch committed) */
     uint32_t proposals_in_flight;
     uint64_t repaired_ms;    /* the controller's last repair sweep */
+    uint64_t drained_ms;     /* ... and its last round of draining moves */
     uint64_t sequence;
     uint64_t lease_until_ms; /* loop clock: see NODE_LEASE_MS */
     struct peer peers[CLUSTER_BROKERS_MAX]; /* [0] is this node */
@@ -912,6 +913,23 @@ static void controller_policies(struct cluster_node *node)
     map_cmd_list_free(&list);
 }
 
+/* Draining brokers: the next steps of the moves that empty them
+ * (controller_drain_step), at most NODE_DRAIN_MOVES in progress, once
+ * nothing is in flight. */
+static void controller_drain_tick(struct cluster_node *node, uint64_t now)
+{
+    if (node->proposals_in_flight > 0 || now - node->drained_ms < NODE_DRAIN_EVERY_MS)
+        return;
+    node->drained_ms = now;
+    struct map_cmd_list list;
+    map_cmd_list_init(&list);
+    controller_drain_step(&node->map, &node->controller, NODE_DRAIN_MOVES, &list);
+    if (list.count > 0)
+        LOG_INFO("cluster: draining: %u step(s)", list.count);
+    propose_list(node, &list, PROPOSAL_OTHER, node->id);
+    map_cmd_list_free(&list);
+}
+
 static void controller_tick(struct cluster_node *node, uint64_t now)
 {
     if (!node->leader || node->stopping) {
@@ -931,6 +949,7 @@ static void controller_tick(struct cluster_node *node, uint64_t now)
     controller_announce_members(node);
     controller_liveness(node, now);
     controller_repair_tick(node, now);
+    controller_drain_tick(node, now);
     controller_policies(node);
 }
 

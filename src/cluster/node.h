@@ -75,6 +75,11 @@
 #define NODE_LEASE_MS 1000
 /* The leader's controller sweeps the map for what is left to repair. */
 #define NODE_REPAIR_EVERY_MS 500
+/* Draining: a round of moves every 100 ms (once the last one committed),
+ * each round keeping at most NODE_DRAIN_MOVES moves in progress (a move is
+ * a catch-up, then a handover of a few ms). */
+#define NODE_DRAIN_EVERY_MS 100
+#define NODE_DRAIN_MOVES 128
 
 #define CLUSTER_SUBMIT_TIMEOUT_MS 5000
 #define CLUSTER_E_UNAVAILABLE (-40) /* no commit in time: no leader, no quorum */

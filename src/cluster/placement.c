@@ -294,7 +294,7 @@ void placement_plan_free(struct placement_plan *plan)
 static void plan_add(struct placement_plan *plan, enum placement_move_kind kind,
                      struct map_queue *q, uint32_t from, uint32_t to, bool mandatory)
 {
-    ASSERT(to != BROKER_ID_NONE);
+    ASSERT(to != BROKER_ID_NONE || (kind == PLACEMENT_MOVE_BACKUP && from != BROKER_ID_NONE));
     ASSERT(from != to);
     if (plan->count == plan->cap) {
         plan->cap = plan->cap ? plan->cap * 2 : 64;
@@ -436,13 +436,26 @@ static void plan_backups_mandatory(struct planner *pl, uint32_t hi)
         uint32_t exclude[1 + CLUSTER_BACKUPS_MAX] = {q->primary_id};
         memcpy(&exclude[1], q->backup_ids, q->backups_count * sizeof(uint32_t));
         uint32_t from = BROKER_ID_NONE;
-        for (uint8_t b = 0; b < q->backups_count && from == BROKER_ID_NONE; b++) {
+        uint8_t good = 0;
+        for (uint8_t b = 0; b < q->backups_count; b++) {
             enum broker_state s = state_of(map, q->backup_ids[b]);
-            if (s == BROKER_STATE_DRAINING || s == BROKER_STATE_DOWN)
+            if (s != BROKER_STATE_DRAINING && s != BROKER_STATE_DOWN)
+                good++;
+            else if (from == BROKER_ID_NONE)
                 from = q->backup_ids[b];
         }
         if (from == BROKER_ID_NONE && q->backups_count >= backups_wanted(q, pl->n))
             continue;
+        if (from != BROKER_ID_NONE && good >= backups_wanted(q, pl->n)) {
+            /* The others are enough (a replacement joined already): it
+             * only leaves. */
+            plan_add(pl->plan, PLACEMENT_MOVE_BACKUP, q, from, BROKER_ID_NONE, true);
+            int f = slot_of(&pl->p, from);
+            if (f >= 0)
+                pl->p.held[f]--;
+            pl->touched[i] = true;
+            continue;
+        }
         int r = pick(&pl->p, &pl->pref[(size_t)i * pl->n], pl->p.held, hi, exclude,
                      1u + q->backups_count);
         if (r < 0)

@@ -108,7 +108,8 @@ void placement_bounds(const struct placement_config *config, uint64_t total, uin
 
 enum placement_move_kind {
     PLACEMENT_MOVE_PRIMARY, /* the queue's primary becomes to_id */
-    PLACEMENT_MOVE_BACKUP,  /* backup from_id (NONE: a missing one) is replaced by to_id */
+    PLACEMENT_MOVE_BACKUP,  /* backup from_id (NONE: a missing one) is replaced by to_id
+                             * (NONE: from_id only leaves, the others are enough) */
 };
 
 struct placement_move {

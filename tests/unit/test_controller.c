@@ -58,6 +58,33 @@ static uint32_t apply_all(struct cluster_map *map, struct map_cmd_list *list)
     return refused;
 }
 
+/* What the brokers do between controller rounds, simulated: every backup
+ * catches up (in sync), then every primary with a move whose target is in
+ * sync hands over (queue.set_owner planned, handover.c). Returns how many
+ * handed over. */
+static uint32_t brokers_catch_up_and_hand_over(struct cluster_map *map)
+{
+    struct map_cmd c;
+    uint32_t handed = 0;
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        struct map_queue *q = map->queues[i];
+        if (q->in_sync_mask != (1u << q->backups_count) - 1)
+            must_apply(map, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name, q->epoch,
+                                                      q->backup_ids, q->backups_count),
+                       &c);
+    }
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        struct map_queue *q = map->queues[i];
+        if (q->move_to == BROKER_ID_NONE || !map_queue_backup_in_sync(q, q->move_to))
+            continue;
+        must_apply(map, map_cmd_queue_hand_over(&c, q->vhost->name, q->name, q->epoch,
+                                                q->move_to),
+                   &c);
+        handed++;
+    }
+    return handed;
+}
+
 static void join(struct cluster_map *map, uint32_t id)
 {
     char name[16];
@@ -283,14 +310,7 @@ static void return_and_rebalance(struct cluster_map *mp, const uint32_t *expect,
         if (out.count == 0 && pending == 0)
             break;
         apply_all(&map, &out);
-        /* Catch-up: every backup reports in sync. */
-        for (uint32_t i = 0; i < map.queues_count; i++) {
-            struct map_queue *q = map.queues[i];
-            if (q->in_sync_mask != (1u << q->backups_count) - 1)
-                must_apply(&map, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name, q->epoch,
-                                                           q->backup_ids, q->backups_count),
-                           &c);
-        }
+        brokers_catch_up_and_hand_over(&map);
         rounds++;
     }
     map_cmd_list_free(&out);
@@ -680,21 +700,8 @@ static void test_drain_converges(void **state)
     uint32_t owned5 = cluster_map_broker(&map, 5)->queues_owned_count;
     while (!done && rounds < 20) {
         assert_int_equal(controller_drain(&map, &config, 5, UINT32_MAX, &out, &done), OK);
-        for (uint32_t i = 0; i < out.count; i++) {
-            struct field_value v;
-            struct table t = {out.items[i].bytes, (uint32_t)out.items[i].size};
-            assert_true(table_get(t, "op", &v));
-            owners += bytes_equal_cstr(v.str, "queue.set_owner");
-        }
         apply_all(&map, &out);
-        struct map_cmd c;
-        for (uint32_t i = 0; i < map.queues_count; i++) {
-            struct map_queue *q = map.queues[i];
-            if (q->in_sync_mask != (1u << q->backups_count) - 1)
-                must_apply(&map, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name, q->epoch,
-                                                           q->backup_ids, q->backups_count),
-                           &c);
-        }
+        owners += brokers_catch_up_and_hand_over(&map);
         rounds++;
     }
     assert_true(done);
@@ -710,6 +717,54 @@ static void test_drain_converges(void **state)
            owners);
     struct map_cmd c;
     must_apply(&map, map_cmd_broker_leave(&c, 5), &c);
+    map_cmd_list_free(&out);
+    cluster_map_free(&map);
+}
+
+/* Draining one of three brokers: every queue it is primary or backup of
+ * ends on the two others with its one backup, the replacement of a backup
+ * joining (and catching up) before the drained one leaves, never fewer
+ * copies in sync than before. */
+static void test_drain_one_of_three(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    small_map(&map, 3);
+    struct map_cmd c;
+    for (uint32_t i = 0; i < 30; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "q%u", i);
+        struct map_queue_decl d = {.vhost = B("/"), .name = B(name), .durable = true,
+                                   .primary_id = 1 + i % 3, .backup_ids = {1 + (i + 1) % 3},
+                                   .backups_count = 1, .replication_factor = 2};
+        must_apply(&map, map_cmd_queue_declare(&c, &d, 1), &c);
+    }
+    struct controller_config config;
+    controller_config_default(&config);
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    bool done = false;
+    uint32_t rounds = 0;
+    while (!done && rounds < 10) {
+        assert_int_equal(controller_drain(&map, &config, 3, UINT32_MAX, &out, &done), OK);
+        apply_all(&map, &out);
+        for (uint32_t i = 0; i < map.queues_count; i++) {
+            const struct map_queue *q = map.queues[i];
+            uint32_t copies = 1 + (uint32_t)__builtin_popcount(q->in_sync_mask);
+            assert_true(copies >= 2 || q->backups_count > 1); /* a copy left only in sync */
+        }
+        brokers_catch_up_and_hand_over(&map);
+        rounds++;
+    }
+    assert_true(done);
+    for (uint32_t i = 0; i < map.queues_count; i++) {
+        const struct map_queue *q = map.queues[i];
+        assert_int_not_equal(q->primary_id, 3);
+        assert_int_equal(q->backups_count, 1);
+        assert_int_not_equal(q->backup_ids[0], 3);
+        assert_int_equal(q->move_to, BROKER_ID_NONE);
+    }
+    printf("drain 1 of 3 brokers (30 queues, factor 2): %u rounds\n", rounds);
     map_cmd_list_free(&out);
     cluster_map_free(&map);
 }
@@ -826,6 +881,7 @@ int main(void)
         cmocka_unit_test(test_forget_a_dead_broker),
         cmocka_unit_test(test_forget_after_and_without_failover),
         cmocka_unit_test(test_drain_converges),
+        cmocka_unit_test(test_drain_one_of_three),
         cmocka_unit_test(test_policies_change_factors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
