@@ -37,17 +37,23 @@
 #           its backups again, and b1's Raft has 3 followers.
 #   move    3 brokers; a durable queue (one backup, b2) whose primary is b1, filled with
 #           MOVE_MESSAGES persistent 1 KiB messages; quaybench publishes MOVE_RATE msg/s with
-#           confirms via b2 and consumes (prefetch 100) via b3 for DURATION s; MOVE_AT s in,
+#           confirms via b2 and consumes (prefetch 100) via b3 for DURATION s; MOVE_AT (1) s in,
 #           POST /api/cluster/move hands the queue to b3 (not its backup: it catches up
 #           first). Reports how long the move took (catching up, then the switch), the
 #           longest publish-to-confirm wait, lost, dup, reordered, nacked (target: 0, 0, 0,
-#           0 and a confirm wait <= 50 ms). The prefilled messages count as foreign.
+#           0 and a confirm wait <= 50 ms). The prefilled messages count as foreign. MOVE=0:
+#           the same without the move (the confirm waits the load alone causes).
+#   drain   3 brokers, DRAIN_QUEUES queues (one backup each) declared through b1 (b3 is
+#           primary of a third); quaybench publishes DRAIN_RATE msg/s with confirms to 4 more
+#           queues via b1 and consumes them via b2; 2 s in, POST /api/cluster/drain b3.
+#           Reports how long until b3 is primary and backup of nothing, how many queues lack
+#           an in-sync backup after, and lost, dup, reordered, nacked.
 #   fanout  3 brokers; 1 KiB messages published via b to a fanout exchange bound to 10
 #           queues whose primary is a: the bytes b's link to a carries per message
 #           (target: at most 1.2 KiB; bench/cluster_fanout.py does the work).
 #
 # Usage: bench/cluster.sh [proxy] [failover] [scale] [replicated] [cut] [kill9] [heal] [fanout]
-#        [forget] [move]
+#        [forget] [move] [drain]
 #        (default: proxy failover scale; cut, kill9 and heal need root)
 # Environment: QUAYD=build/quayd REPS=3 DURATION=10 SCALE_QUEUES=10000 BASE_PORT=6100
 #              BENCH_OUT=build/bench KEEP_TMP=0 PROBE_REPS=1 PROBE_DURATION=10 PROBE_AT=4
@@ -68,7 +74,9 @@ FAILOVER_QUEUES=${FAILOVER_QUEUES:-15000}
 FORGET_QUEUES=${FORGET_QUEUES:-5000}
 MOVE_MESSAGES=${MOVE_MESSAGES:-100000}
 MOVE_RATE=${MOVE_RATE:-5000}
-MOVE_AT=${MOVE_AT:-5}
+MOVE_AT=${MOVE_AT:-1}
+DRAIN_QUEUES=${DRAIN_QUEUES:-6000}
+DRAIN_RATE=${DRAIN_RATE:-2000}
 BASE_PORT=${BASE_PORT:-6100}
 BENCH_OUT=${BENCH_OUT:-build/bench}
 KEEP_TMP=${KEEP_TMP:-0}
@@ -400,6 +408,10 @@ row_move() {
   local prefix
   prefix=$(/usr/bin/python3 - "$(amqp_port 2)" "$(http_port 1)" <<'EOF'
 import json, sys, urllib.request
+# The management API needs a login: quayd's default guest (an administrator, from loopback).
+_login = urllib.request.build_opener()
+_login.addheaders = [("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")]  # guest:guest
+urllib.request.install_opener(_login)
 import pika
 c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", int(sys.argv[1])))
 ch = c.channel()
@@ -417,34 +429,48 @@ EOF
 )
   local qb=(--prefix "$prefix" --durable --persistent --confirm --no-setup --keep
             --qarg x-quay-backups=1)
-  "$BENCH_OUT/quaybench" -H 127.0.0.1 -p "$(amqp_port 2)" -C 0 -n "$MOVE_MESSAGES" "${qb[@]}" \
-      > /dev/null
+  # The backlog: 1 KiB bodies quaybench counts as foreign (no header of its own).
+  /usr/bin/python3 - "$(amqp_port 2)" "$prefix-0" "$MOVE_MESSAGES" <<'EOF'
+import sys
+import pika
+c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", int(sys.argv[1])))
+ch = c.channel()
+body, props = b"backlog!" * 128, pika.BasicProperties(delivery_mode=2)
+for i in range(int(sys.argv[3]) - 1):
+    ch.basic_publish("", sys.argv[2], body, props)
+ch.confirm_delivery()
+ch.basic_publish("", sys.argv[2], body, props)  # confirmed: so is everything before it
+c.close()
+EOF
   "$BENCH_OUT/quaybench" -H 127.0.0.1 -p "$(amqp_port 2)" --consumer-port "$(amqp_port 3)" \
       -P 1 -C 1 --prefetch 100 --rate "$MOVE_RATE" -d "$DURATION" --drain-timeout 10 "${qb[@]}" \
       > "$TMP/move.out" &
   local bench=$!
   sleep "$MOVE_AT"
-  /usr/bin/python3 - "$(http_port 1)" "$prefix-0" <<'EOF'
+  [ "${MOVE:-1}" = 0 ] || /usr/bin/python3 - "$(http_port 1)" "$prefix-0" <<'EOF'
 import json, sys, time, urllib.request
+# The management API needs a login: quayd's default guest (an administrator, from loopback).
+_login = urllib.request.build_opener()
+_login.addheaders = [("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")]  # guest:guest
+urllib.request.install_opener(_login)
 port, queue = int(sys.argv[1]), sys.argv[2]
 def get(path):
     with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=30) as r:
         return json.load(r)
 t0 = time.time()
 req = urllib.request.Request("http://127.0.0.1:%d/api/cluster/move" % port, method="POST",
-                             data=json.dumps({"queue": queue, "to": "b3"}).encode())
+                             data=json.dumps({"queue": queue, "to": "b3"}).encode(),
+                             headers={"Content-Type": "application/json"})
 urllib.request.urlopen(req, timeout=30).close()
 synced = None
 while time.time() < t0 + 60:
     moves = get("/api/cluster")["moves"]
     if synced is None and moves and moves[0]["phase"] == "handing-over":
         synced = time.time() - t0
-    if not moves:
+    if next(q for q in get("/api/queues") if q["name"] == queue)["primary"] == "b3":
         break
-    time.sleep(0.01)
-q = next(q for q in get("/api/queues") if q["name"] == queue)
-print("MOVE caught_up_s=%.2f done_s=%.2f primary=%s" % (synced or 0, time.time() - t0,
-                                                        q["primary"]), flush=True)
+    time.sleep(0.005)
+print("MOVE caught_up_s=%.2f done_s=%.2f" % (synced or 0, time.time() - t0), flush=True)
 EOF
   wait "$bench" || true
   local r
@@ -455,6 +481,54 @@ EOF
        "lost=$(echo "$r" | field lost) dup=$(echo "$r" | field dup)" \
        "reordered=$(echo "$r" | field reorder) nacked=$(echo "$r" | field nacked)" \
        "foreign=$(echo "$r" | field foreign) redelivered=$(echo "$r" | field redelivered)"
+  grep -h "handed over" "$TMP"/b[0-9].log | sed 's/.*queue=/MOVE queue=/' || true
+  stop_all
+}
+
+row_drain() {
+  form 3
+  "$BENCH_OUT/quayscale" queues -H 127.0.0.1 -p "$(amqp_port 1)" -n "$DRAIN_QUEUES" --keep \
+      --prefix dq > /dev/null
+  # Load: 4 queues, published via b1 and consumed via b2, with confirms, during the drain.
+  "$BENCH_OUT/quaybench" -H 127.0.0.1 -p "$(amqp_port 1)" --consumer-port "$(amqp_port 2)" \
+      -P 4 -C 4 --queues 4 --prefix dl --prefetch 100 --rate "$DRAIN_RATE" -d "$DURATION" \
+      --confirm --persistent --durable --qarg x-quay-backups=1 > "$TMP/drain.out" &
+  local bench=$!
+  sleep 2
+  /usr/bin/python3 - "$(http_port 1)" <<'EOF'
+import json, sys, time, urllib.request
+# The management API needs a login: quayd's default guest (an administrator, from loopback).
+_login = urllib.request.build_opener()
+_login.addheaders = [("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")]  # guest:guest
+urllib.request.install_opener(_login)
+port = int(sys.argv[1])
+def get(path):
+    with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=30) as r:
+        return json.load(r)
+b3 = next(b for b in get("/api/cluster")["brokers"] if b["name"] == "b3")
+t0 = time.time()
+req = urllib.request.Request("http://127.0.0.1:%d/api/cluster/drain" % port, method="POST",
+                             data=b'{"broker": "b3"}',
+                             headers={"Content-Type": "application/json"})
+urllib.request.urlopen(req, timeout=30).close()
+while time.time() < t0 + 120:
+    b = next(b for b in get("/api/cluster")["brokers"] if b["name"] == "b3")
+    if b["primaries"] == 0 and b["backups"] == 0:
+        break
+    time.sleep(0.1)
+short = sum(1 for q in get("/api/queues") if q["replication_factor"] > 1 and
+            len(q["in_sync"]) < q["replication_factor"] - 1)
+print("DRAIN b3 primaries=%d backups=%d empty_s=%.2f left=%d/%d queues_short_after=%d" % (
+    b3["primaries"], b3["backups"], time.time() - t0, b["primaries"], b["backups"], short),
+    flush=True)
+EOF
+  wait "$bench" || true
+  local r
+  r=$(grep RESULT "$TMP/drain.out")
+  echo "ROW drain queues=$DRAIN_QUEUES rate=$DRAIN_RATE" \
+       "conf_max_ms=$(echo "$r" | field conf_max_us | awk '{print $1/1000}')" \
+       "lost=$(echo "$r" | field lost) dup=$(echo "$r" | field dup)" \
+       "reordered=$(echo "$r" | field reorder) nacked=$(echo "$r" | field nacked)"
   stop_all
 }
 
@@ -526,6 +600,7 @@ for row in $ROWS; do
     fanout) row_fanout ;;
     forget) row_forget ;;
     move) row_move ;;
+    drain) row_drain ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
   esac
 done

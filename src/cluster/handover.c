@@ -319,6 +319,12 @@ bool handover_done(struct member *member, struct queue *queue, uint32_t new_prim
     if (h == NULL)
         return false;
     bool planned = h->phase == HANDOVER_PROPOSED && h->to == new_primary;
+    if (planned)
+        LOG_INFO("vhost=%.*s queue=%.*s: handed over to broker %u after standing still %llu ms "
+                 "(%u deliveries kept)", (int)queue->vhost->name.len,
+                 (const char *)queue->vhost->name.ptr, (int)queue->name.len,
+                 (const char *)queue->name.ptr, new_primary,
+                 (unsigned long long)(now_ms(member) - h->started_ms), h->delivered_count);
     if (planned && h->relay != NULL) {
         relay->channel = h->relay;
         relay->delivered = h->delivered;
