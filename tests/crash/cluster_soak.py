@@ -23,6 +23,9 @@ Faults: every FAULT_EVERY seconds one random action among those allowed:
   partition  the brokers split into a majority and a minority (the minority
              holds the Raft leader when it can)
   heal       the cut or the partition removed
+  move       a random queue moved (POST /api/cluster/move, through a random
+             broker) to a random broker that is up and reachable: a planned
+             handover while the faults go on; not an impairment
 
 At most (BROKERS-1)/2 brokers are impaired (killed, cut off, or in the
 minority) at once, so a majority always works. A kind not seen yet is
@@ -57,7 +60,7 @@ Usage: /usr/bin/python3 tests/crash/cluster_soak.py [SECONDS] [options]  (defaul
        /usr/bin/python3 tests/crash/cluster_soak.py --selftest   (the checker on made-up data)
 Environment (each also an option, --brokers etc.; see --help):
   QUAYD=build/quayd BROKERS=3 QUEUES=4 BACKUPS=2 SEED=random FAULT_EVERY=20
-  FAULT_DOWN=0 FAULTS=kill,cut,partition RESTORE_TIMEOUT=15 PUB_RATE=200
+  FAULT_DOWN=0 FAULTS=kill,cut,partition,move RESTORE_TIMEOUT=15 PUB_RATE=200
   WINDOW=50 CONFIRM_TIMEOUT=5 CONSUMER_IDLE=10 POLL_MS=200 NETNS=1
 NETNS=0 runs the brokers on loopback (no root needed) with kill/restart only.
 Needs root for the namespaces (exit 77, "skipped", without it when
@@ -93,7 +96,7 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=int(env("SEED", "0")) or None)
     p.add_argument("--fault-every", type=float, default=float(env("FAULT_EVERY", "20")))
     p.add_argument("--fault-down", type=float, default=float(env("FAULT_DOWN", "0")))
-    p.add_argument("--faults", default=env("FAULTS", "kill,cut,partition"))
+    p.add_argument("--faults", default=env("FAULTS", "kill,cut,partition,move"))
     p.add_argument("--restore-timeout", type=float, default=float(env("RESTORE_TIMEOUT", "15")))
     p.add_argument("--pub-rate", type=float, default=float(env("PUB_RATE", "200")),
                    help="msg/s per publisher (0 = unlimited)")
@@ -113,7 +116,7 @@ def parse_args(argv):
     a.backups = [int(x) for x in a.backups.split(",")]
     a.faults = set(x for x in a.faults.split(",") if x)
     if not a.netns:
-        a.faults &= {"kill"}
+        a.faults &= {"kill", "move"}
     return a
 
 
@@ -619,6 +622,8 @@ class Soak:
                 acts.append("partition")
         if self.net is not None and old(("net",)):
             acts.append("heal")
+        if "move" in self.a.faults and len(self.live_unimpaired()) >= 2:
+            acts.append("move")
         return acts
 
     def check_deaths(self):
@@ -699,6 +704,24 @@ class Soak:
             "".join(self.net[1]), "".join(self.net[2]),
             " (the minority holds the leader)" if leaders and leaders[0] in minority else "",
             self.counts()))
+
+    def do_move(self):
+        live = self.live_unimpaired()
+        via = self.rng.choice(live)
+        q = self.rng.choice(self.queues)
+        try:
+            primary = next((x["primary"] for x in self.api_queues(via) if x["name"] == q.name),
+                           None)
+            to = self.rng.choice([m for m in live if m.name != primary])
+            status, body = via.api_call("POST", "/api/cluster/move",
+                                        {"queue": q.name, "to": to.name}, timeout=5)
+        except Exception as e:  # noqa: BLE001 (a broker busy with a fault: not a failure)
+            self.log("move of %s not asked: %s" % (q.name, e))
+            return
+        self.stats["moves"] += 1
+        self.log("move %s from %s to %s (through %s): %s %s; %s" % (
+            q.name, primary, to.name, via.name, status,
+            body.get("error", "started") if isinstance(body, dict) else body, self.counts()))
 
     def do_heal(self):
         kind = self.net[0]
@@ -885,13 +908,13 @@ class Soak:
             "%.2f" % (sum(times) / len(times)) if times else "-",
             sum(1 for _, t in self.restores if t is None)))
         print("RESULT seconds=%.0f seed=%d brokers=%d queues=%d kills=%d restarts=%d cuts=%d "
-              "partitions=%d heals=%d confirmed=%d received=%d duplicates=%d dup_resent=%d "
+              "partitions=%d heals=%d moves=%d confirmed=%d received=%d duplicates=%d dup_resent=%d "
               "dup_redelivered=%d dup_unflagged=%d nacked=%d lost=%d split_brain=%s "
               "restore_failed=%d publish_reconnects=%d consume_reconnects=%d "
               "confirm_timeouts=%d consumer_idle_reconnects=%d consumer_cancelled=%d" % (
                   self.now(), a.seed, len(self.members), len(self.queues), self.stats["kills"],
                   self.stats["restarts"], self.stats["cuts"], self.stats["partitions"],
-                  self.stats["heals"], confirmed, received, sum(dup.values()), dup["resent"],
+                  self.stats["heals"], self.stats["moves"], confirmed, received, sum(dup.values()), dup["resent"],
                   dup["redelivered"], dup["unflagged"], nacked, n_lost, split,
                   sum(1 for _, t in self.restores if t is None),
                   self.stats["publish_reconnects"], self.stats["consume_reconnects"],
