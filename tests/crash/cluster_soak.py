@@ -921,7 +921,8 @@ class Soak:
                   self.stats["confirm_timeouts"], self.stats["consumer_idle_reconnects"],
                   self.stats["consumer_cancelled"]), flush=True)
         for kind in sorted(self.a.faults):
-            if not self.stats[{"kill": "kills", "cut": "cuts", "partition": "partitions"}[kind]]:
+            if not self.stats[{"kill": "kills", "cut": "cuts", "partition": "partitions",
+                                "move": "moves"}[kind]]:
                 print("# note: no %s fault in this run (too short for FAULT_EVERY=%g?)" % (
                     kind, a.fault_every))
         if confirmed == 0:
