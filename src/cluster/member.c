@@ -719,15 +719,15 @@ static void on_forgotten(void *ctx, int status, const struct map_change *change)
                  change->broker_id);
 }
 
-struct forget_request {
+struct broker_request {
     char broker[CLUSTER_NAME_SIZE_MAX + 1];
     bool named;
 };
 
-static bool read_forget_member(void *ctx, const struct json_read_member *m, char *err,
+static bool read_broker_member(void *ctx, const struct json_read_member *m, char *err,
                                size_t err_size)
 {
-    struct forget_request *r = ctx;
+    struct broker_request *r = ctx;
     if (strcmp(m->key, "broker") != 0) {
         snprintf(err, err_size, "unknown member '%s' (expected: broker)", m->key);
         return false;
@@ -743,11 +743,36 @@ static bool read_forget_member(void *ctx, const struct json_read_member *m, char
     return true;
 }
 
-static int forget_error(struct json *body, int status, const char *text)
+int member_api_error(struct json *body, int status, const char *text)
 {
     json_kv_string(body, "error", text);
     json_object_end(body);
     return status;
+}
+
+const struct map_broker *member_api_broker(const struct member *member, const char *request,
+                                           size_t request_size, struct json *body,
+                                           int *status)
+{
+    const struct cluster_map *map = member_map(member);
+    struct broker_request r = {0};
+    char err[256];
+    if (json_read_object(request, request_size, read_broker_member, &r, err, sizeof err) != OK) {
+        *status = member_api_error(body, 400, err);
+        return NULL;
+    }
+    if (!r.named) {
+        *status = member_api_error(body, 400, "expected {\"broker\": NAME}");
+        return NULL;
+    }
+    for (uint32_t i = 0; i < map->brokers_count; i++) {
+        if (bytes_equal_cstr(map->brokers[i]->name, r.broker))
+            return map->brokers[i];
+    }
+    char text[512];
+    snprintf(text, sizeof text, "no broker '%s' in the cluster", r.broker);
+    *status = member_api_error(body, 404, text);
+    return NULL;
 }
 
 int member_forget(void *ctx, const char *request, size_t request_size, struct json *body)
@@ -756,23 +781,15 @@ int member_forget(void *ctx, const char *request, size_t request_size, struct js
     const struct cluster_map *map = member_map(member);
     json_object_begin(body);
     if (member->stopping || !cluster_node_synced(member->node))
-        return forget_error(body, 503, "not serving the cluster yet (or stopping): try again");
-    struct forget_request r = {0};
-    char err[256];
-    if (json_read_object(request, request_size, read_forget_member, &r, err, sizeof err) != OK)
-        return forget_error(body, 400, err);
-    if (!r.named)
-        return forget_error(body, 400, "expected {\"broker\": NAME}");
-    const struct map_broker *b = NULL;
-    for (uint32_t i = 0; i < map->brokers_count && b == NULL; i++) {
-        if (bytes_equal_cstr(map->brokers[i]->name, r.broker))
-            b = map->brokers[i];
-    }
+        return member_api_error(body, 503,
+                                "not serving the cluster yet (or stopping): try again");
+    int status;
+    const struct map_broker *b = member_api_broker(member, request, request_size, body, &status);
+    if (b == NULL)
+        return status;
+    int name_len = (int)b->name.len;
+    const char *name = (const char *)b->name.ptr;
     char text[512];
-    if (b == NULL) {
-        snprintf(text, sizeof text, "no broker '%s' in the cluster", r.broker);
-        return forget_error(body, 404, text);
-    }
     struct map_cmd_list list;
     map_cmd_list_init(&list);
     struct controller_forget_report report;
@@ -781,26 +798,27 @@ int member_forget(void *ctx, const char *request, size_t request_size, struct js
     case CONTROLLER_FORGET_OK:
         break;
     case CONTROLLER_FORGET_NOT_DOWN:
-        snprintf(text, sizeof text, "broker '%s' is %s, not down: stop it first (forget is for "
-                 "a broker dead for good; drain one that runs)", r.broker,
+        snprintf(text, sizeof text, "broker '%.*s' is %s, not down: stop it first (forget is for "
+                 "a broker dead for good; drain one that runs)", name_len, name,
                  broker_state_name(b->state));
-        return forget_error(body, 409, text);
+        return member_api_error(body, 409, text);
     case CONTROLLER_FORGET_NO_ROOM:
-        return forget_error(body, 409, "no broker is up to take its queues");
+        return member_api_error(body, 409, "no broker is up to take its queues");
     case CONTROLLER_FORGET_UNKNOWN:
-        return forget_error(body, 404, "no such broker");
+        return member_api_error(body, 404, "no such broker");
     }
     ASSERT(list.count > 0); /* broker.leave comes last */
     for (uint32_t i = 0; i < list.count; i++)
         cluster_node_submit(member->node, &list.items[i],
                             i + 1 == list.count ? on_forgotten : on_forget_step, member);
     map_cmd_list_free(&list);
-    LOG_INFO("cluster: forgetting broker '%s' (asked through the management API): %u queue(s) "
+    LOG_INFO("cluster: forgetting broker '%.*s' (asked through the management API): %u queue(s) "
              "promoted, %u started again empty (their messages were only there), %u deleted "
-             "(exclusive), %u backup(s) replaced, %u exchange(s) moved", r.broker,
+             "(exclusive), %u backup(s) replaced, %u exchange(s) moved", name_len, name,
              report.promoted, report.emptied, report.deleted, report.backups_replaced,
              report.exchanges_moved);
-    json_kv_string(body, "forgetting", r.broker);
+    json_key(body, "forgetting");
+    json_string_n(body, b->name.ptr, b->name.len);
     json_kv_uint(body, "promoted", report.promoted);
     json_kv_uint(body, "emptied", report.emptied);
     json_kv_uint(body, "deleted", report.deleted);

@@ -53,13 +53,6 @@ static bool read_move_member(void *ctx, const struct json_read_member *m, char *
     return true;
 }
 
-static int move_error(struct json *body, int status, const char *text)
-{
-    json_kv_string(body, "error", text);
-    json_object_end(body);
-    return status;
-}
-
 static const struct map_broker *broker_named(const struct cluster_map *map, const char *name)
 {
     for (uint32_t i = 0; i < map->brokers_count; i++) {
@@ -99,33 +92,33 @@ int moves_post(void *ctx, const char *request, size_t request_size, struct json 
     const struct cluster_map *map = member_map(member);
     json_object_begin(body);
     if (member->stopping || !cluster_node_synced(member->node))
-        return move_error(body, 503, "not serving the cluster yet (or stopping): try again");
+        return member_api_error(body, 503, "not serving the cluster yet (or stopping): try again");
     struct move_request r = {.vhost = "/"};
     char err[256];
     if (json_read_object(request, request_size, read_move_member, &r, err, sizeof err) != OK)
-        return move_error(body, 400, err);
+        return member_api_error(body, 400, err);
     if (!r.has_queue || !r.has_to)
-        return move_error(body, 400, "expected {\"vhost\": V, \"queue\": Q, \"to\": BROKER}");
+        return member_api_error(body, 400, "expected {\"vhost\": V, \"queue\": Q, \"to\": BROKER}");
     char text[900];
     const struct map_queue *q =
         cluster_map_queue(map, bytes_of_cstr(r.vhost), bytes_of_cstr(r.queue));
     if (q == NULL) {
         snprintf(text, sizeof text, "no queue '%s' in vhost '%s'", r.queue, r.vhost);
-        return move_error(body, 404, text);
+        return member_api_error(body, 404, text);
     }
     const struct map_broker *to = broker_named(map, r.to);
     if (to == NULL) {
         snprintf(text, sizeof text, "no broker '%s' in the cluster", r.to);
-        return move_error(body, 404, text);
+        return member_api_error(body, 404, text);
     }
     const char *why = refusal(q, to);
     if (why != NULL) {
         snprintf(text, sizeof text, "broker '%s' %s", r.to, why);
-        return move_error(body, 409, text);
+        return member_api_error(body, 409, text);
     }
     struct map_cmd cmd;
     if (map_cmd_queue_move(&cmd, q->vhost->name, q->name, q->epoch, to->id) != OK)
-        return move_error(body, 400, "the names do not fit a map command");
+        return member_api_error(body, 400, "the names do not fit a map command");
     const struct map_broker *from = cluster_map_broker(map, q->primary_id);
     json_kv_string(body, "vhost", r.vhost);
     json_kv_string(body, "queue", r.queue);
@@ -141,30 +134,6 @@ int moves_post(void *ctx, const char *request, size_t request_size, struct json 
 }
 
 /* ---- draining ---- */
-
-struct drain_request {
-    char broker[CLUSTER_NAME_SIZE_MAX + 1];
-    bool named;
-};
-
-static bool read_drain_member(void *ctx, const struct json_read_member *m, char *err,
-                              size_t err_size)
-{
-    struct drain_request *r = ctx;
-    if (strcmp(m->key, "broker") != 0) {
-        snprintf(err, err_size, "unknown member '%s' (expected: broker)", m->key);
-        return false;
-    }
-    if (m->kind != JSON_READ_STRING || m->string_size == 0 ||
-        m->string_size > CLUSTER_NAME_SIZE_MAX ||
-        memchr(m->string, '\0', m->string_size) != NULL) {
-        snprintf(err, err_size, "broker: a broker's name, 1..%d bytes", CLUSTER_NAME_SIZE_MAX);
-        return false;
-    }
-    memcpy(r->broker, m->string, m->string_size + 1);
-    r->named = true;
-    return true;
-}
 
 static void on_draining(void *ctx, int status, const struct map_change *change)
 {
@@ -200,32 +169,29 @@ int moves_drain_post(void *ctx, const char *request, size_t request_size, struct
     const struct cluster_map *map = member_map(member);
     json_object_begin(body);
     if (member->stopping || !cluster_node_synced(member->node))
-        return move_error(body, 503, "not serving the cluster yet (or stopping): try again");
-    struct drain_request r = {0};
-    char err[256];
-    if (json_read_object(request, request_size, read_drain_member, &r, err, sizeof err) != OK)
-        return move_error(body, 400, err);
-    if (!r.named)
-        return move_error(body, 400, "expected {\"broker\": NAME}");
+        return member_api_error(body, 503, "not serving the cluster yet (or stopping): try again");
+    int status;
+    const struct map_broker *b = member_api_broker(member, request, request_size, body, &status);
+    if (b == NULL)
+        return status;
+    int name_len = (int)b->name.len;
+    const char *name = (const char *)b->name.ptr;
     char text[600];
-    const struct map_broker *b = broker_named(map, r.broker);
-    if (b == NULL) {
-        snprintf(text, sizeof text, "no broker '%s' in the cluster", r.broker);
-        return move_error(body, 404, text);
-    }
     if (b->state == BROKER_STATE_DOWN || b->state == BROKER_STATE_SUSPECT) {
-        snprintf(text, sizeof text, "broker '%s' is %s: a drain moves what a running broker "
-                 "holds (forget one that is dead for good)", r.broker,
+        snprintf(text, sizeof text, "broker '%.*s' is %s: a drain moves what a running broker "
+                 "holds (forget one that is dead for good)", name_len, name,
                  broker_state_name(b->state));
-        return move_error(body, 409, text);
+        return member_api_error(body, 409, text);
     }
     uint32_t short_count = short_of_brokers(map, b);
     if (short_count > 0) {
-        snprintf(text, sizeof text, "draining broker '%s' would leave %u queue(s) below their "
-                 "replication factor: too few other brokers are up", r.broker, short_count);
-        return move_error(body, 409, text);
+        snprintf(text, sizeof text, "draining broker '%.*s' would leave %u queue(s) below their "
+                 "replication factor: too few other brokers are up", name_len, name,
+                 short_count);
+        return member_api_error(body, 409, text);
     }
-    json_kv_string(body, "draining", r.broker);
+    json_key(body, "draining");
+    json_string_n(body, name, (size_t)name_len);
     json_kv_uint(body, "primaries", b->queues_owned_count);
     json_kv_uint(body, "backups", b->backups_held_count);
     json_kv_uint(body, "exchanges", b->exchanges_owned_count);
@@ -235,8 +201,8 @@ int moves_drain_post(void *ctx, const char *request, size_t request_size, struct
     struct map_cmd cmd;
     if (map_cmd_broker_state(&cmd, b->id, BROKER_STATE_DRAINING) == OK)
         cluster_node_submit(member->node, &cmd, on_draining, member);
-    LOG_INFO("cluster: draining broker '%s' (asked through the management API): %u primaries, "
-             "%u backups", r.broker, b->queues_owned_count, b->backups_held_count);
+    LOG_INFO("cluster: draining broker '%.*s' (asked through the management API): %u primaries, "
+             "%u backups", name_len, name, b->queues_owned_count, b->backups_held_count);
     return 202;
 }
 
