@@ -337,9 +337,16 @@ static void consumer_free(struct channel *ch, struct consumer *consumer)
     free(consumer);
 }
 
+static void consumer_attached(struct consumer *consumer, uint16_t code, struct bytes text);
+
 static void consumer_cancelled(struct consumer *consumer)
 {
     struct channel *ch = consumer->owner;
+    /* A stand-in's consumer cancelled before its primary answered the
+     * consume (the queue was deleted or replaced meanwhile): as on one
+     * broker where the consume came first, consume-ok, then the cancel. */
+    if (ch->attaching == consumer)
+        consumer_attached(consumer, REPLY_SUCCESS, BYTES_LIT(""));
     if (ch->connection->client_cancel_notify && ch->state == CHANNEL_STATE_OPEN) {
         struct method m = {.id = METHOD_BASIC_CANCEL};
         m.basic_cancel.consumer_tag = consumer->tag;

@@ -222,7 +222,7 @@ class Member:
         listen = ("[%s]:%d" if ":" in self.amqp_host else "%s:%d") % (self.amqp_host,
                                                                      self.amqp_port)
         args = wrap + [quayd_path(), "--listen", listen,
-                       "--data", self.data, "--log-level", "info"]
+                       "--data", self.data, "--log-level", os.environ.get("QUAY_LOG_LEVEL", "info")]
         if self.http_port:
             args += ["--http", "%s:%d" % (self.host, self.http_port)]
             if not self.host.startswith("127."):

@@ -74,6 +74,7 @@ class Worker:
         self.conn = None
         self.ch = None
         self.tags = []
+        self.doing = "nothing yet"
 
     def connect(self):
         self.conn = pika.BlockingConnection(pika.ConnectionParameters(
@@ -92,6 +93,7 @@ class Worker:
         rng, ch = self.rng, self.channel()
         x, q, key = rng.choice(EXCHANGES), rng.choice(QUEUES), rng.choice(KEYS)
         kind = rng.randrange(14)
+        self.doing = "op %d kind %d (exchange %s, queue %s, key %r)" % (self.ops, kind, x, q, key)
         if kind == 0:
             ch.exchange_declare(x, rng.choice(EXCHANGE_TYPES), auto_delete=rng.random() < 0.3)
         elif kind == 1:
@@ -170,11 +172,16 @@ def random_operations_leave_every_broker_up_and_agreeing():
     rng = random.Random(SEED)
     workers = [Worker(i, rng.choice(members), rng.randrange(1 << 30)) for i in range(4)]
     until = time.monotonic() + DURATION
-    threads = [threading.Thread(target=w.run, args=(until,)) for w in workers]
+    threads = [threading.Thread(target=w.run, args=(until,), daemon=True) for w in workers]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(DURATION + 60)
+        t.join(max(until + 30 - time.monotonic(), 0.1))
+    # pika's blocking calls never time out: a worker still running is one
+    # whose request the broker never answered.
+    hung = ["%s stuck in %s" % (w.name, w.doing)
+            for w, t in zip(workers, threads) if t.is_alive()]
+    assert not hung, hung
     for w in workers:
         print("# %s: %d operations, %d channel errors" % (w.name, w.ops, w.channel_errors))
     failures = [w.failure for w in workers if w.failure]
