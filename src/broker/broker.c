@@ -32,6 +32,7 @@ void broker_config_defaults(struct broker_config *config)
     alarm_parse_size("0.4", true, &config->memory_high_watermark);
     config->disk_free_limit = 50u * 1000 * 1000;
     config->default_backups = 1; /* in a cluster: a queue survives its primary */
+    config->auto_rebalance = true;
     config->limits = (struct broker_limits){
         .frame_max = 131072,
         .channel_max = 2047,
@@ -109,6 +110,7 @@ static int start_cluster(struct broker *broker)
     }
     broker->cluster_secret = cluster_node_secret(broker->cluster);
     cluster_node_set_default_backups(broker->cluster, broker->config.default_backups);
+    cluster_node_set_auto_rebalance(broker->cluster, broker->config.auto_rebalance);
     broker->member = member_new(broker, broker->cluster, broker->config.default_backups);
     return 0;
 }
@@ -170,6 +172,8 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
         mgmt_api_route_post(broker->mgmt, "/api/cluster/forget", member_forget, broker->member);
         mgmt_api_route_post(broker->mgmt, "/api/cluster/move", moves_post, broker->member);
         mgmt_api_route_post(broker->mgmt, "/api/cluster/drain", moves_drain_post, broker->member);
+        mgmt_api_route_post(broker->mgmt, "/api/cluster/rebalance", moves_rebalance_post,
+                            broker->member);
     }
     uv_timer_init(loop, &broker->tick);
     broker->tick.data = broker;

@@ -63,6 +63,7 @@ struct broker_config {
     const struct cluster_node_config *cluster; /* borrowed; NULL = not clustered */
     uint8_t default_backups;         /* cluster: backups of a queue without x-quay-backups */
     enum queue_locator queue_locator; /* cluster: where declared queues live */
+    bool auto_rebalance;              /* cluster: the map's rebalance mode if unset */
     struct broker_limits limits;
 };
 

@@ -63,6 +63,10 @@ static void usage(FILE *out)
             "  drain BROKER  every queue BROKER is primary or backup of moves to other\n"
             "                brokers while they serve; then it may leave\n"
             "                (POST /api/cluster/drain)\n"
+            "  rebalance [on|off]\n"
+            "                without an argument: move queues until every broker holds\n"
+            "                its share; on/off: keep doing so automatically, or stop\n"
+            "                (POST /api/cluster/rebalance)\n"
             "  move QUEUE --to BROKER [--vhost VHOST]\n"
             "                hand QUEUE (of VHOST, default /) over to BROKER while it\n"
             "                serves: BROKER catches up as a backup, then takes over;\n"
@@ -806,6 +810,7 @@ static const struct command commands[] = {
     {"forget", "POST", "/api/cluster/forget", NULL, 0, 1, 1},
     {"move", "POST", "/api/cluster/move", NULL, 0, 1, 1},
     {"drain", "POST", "/api/cluster/drain", NULL, 0, 1, 1},
+    {"rebalance", "POST", "/api/cluster/rebalance", NULL, 0, 0, 1},
     {"policies", "GET", "/api/policies", policy_columns,
      sizeof policy_columns / sizeof policy_columns[0], 0, 0},
     {"set-policy", "PUT", "/api/policies/", NULL, 0, 4, 5},
@@ -888,6 +893,19 @@ static int build_move(const char *queue, const char *to, const char *vhost, char
 too_long:
     fprintf(stderr, "quayctl: move: an argument is too long\n");
     return EXIT_USAGE;
+}
+
+/* rebalance [on|off]: {} or {"auto": true|false}. */
+static int build_rebalance(char **args, int args_count, char *body, size_t body_cap)
+{
+    bool on = args_count > 0 && strcmp(args[0], "on") == 0;
+    if (args_count > 0 && !on && strcmp(args[0], "off") != 0) {
+        fprintf(stderr, "quayctl: rebalance takes on, off or nothing\n");
+        return EXIT_USAGE;
+    }
+    snprintf(body, body_cap, "%s", args_count == 0 ? "{}" : on ? "{\"auto\": true}"
+                                                               : "{\"auto\": false}");
+    return 0;
 }
 
 /* The path (and the body, for set-policy and forget) of a command with
@@ -1095,6 +1113,11 @@ int main(int argc, char **argv)
     if (strcmp(opt.command->name, "move") == 0) {
         snprintf(path, sizeof path, "%s", opt.command->path);
         rc = build_move(opt.args[0], opt.to, opt.vhost, body, sizeof body);
+        if (rc != 0)
+            return rc;
+    } else if (strcmp(opt.command->name, "rebalance") == 0) {
+        snprintf(path, sizeof path, "%s", opt.command->path);
+        rc = build_rebalance(opt.args, opt.args_count, body, sizeof body);
         if (rc != 0)
             return rc;
     } else if (opt.command->args_max > 0) {

@@ -81,6 +81,10 @@ static void usage(FILE *out)
             "                          same on every broker; required with --cluster-listen\n"
             "  --default-backups N     cluster: backups of a queue declared without\n"
             "                          x-quay-backups (0..3, default 1)\n"
+            "  --auto-rebalance on|off cluster: keep queues spread over the brokers, moving\n"
+            "                          them after joins, returns and failovers (default on;\n"
+            "                          the cluster's first leader sets it for the cluster,\n"
+            "                          POST /api/cluster/rebalance changes it at run time)\n"
             "  --queue-locator L       cluster: where queues declared here live: 'ring'\n"
             "                          (default: placed by the ring; exclusive, auto-delete\n"
             "                          and server-named ones here) or 'others' (always on\n"
@@ -95,7 +99,8 @@ enum option_id {
     OPT_MAX_MESSAGE_SIZE, OPT_HASH_PASSWORD, OPT_HELP, OPT_MEMORY_HIGH_WATERMARK,
     OPT_DISK_FREE_LIMIT, OPT_HTTP,
     OPT_CONFIG, OPT_NAME, OPT_CLUSTER_LISTEN, OPT_JOIN, OPT_CLUSTER_SECRET_FILE,
-    OPT_DEFAULT_BACKUPS, OPT_READ_BATCH_US, OPT_QUEUE_LOCATOR, OPT_HTTP_ALLOW_PLAINTEXT,
+    OPT_DEFAULT_BACKUPS, OPT_READ_BATCH_US, OPT_QUEUE_LOCATOR, OPT_AUTO_REBALANCE,
+    OPT_HTTP_ALLOW_PLAINTEXT,
     OPT_HTTP_ALLOWED_HOSTS,
 };
 
@@ -125,6 +130,7 @@ static const struct option long_options[] = {
     {"default-backups", required_argument, NULL, OPT_DEFAULT_BACKUPS},
     {"read-batch-us", required_argument, NULL, OPT_READ_BATCH_US},
     {"queue-locator", required_argument, NULL, OPT_QUEUE_LOCATOR},
+    {"auto-rebalance", required_argument, NULL, OPT_AUTO_REBALANCE},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -230,6 +236,13 @@ static int set_sized(int opt, const char *text, struct broker_config *config)
             return -1;
         config->default_backups = (uint8_t)n;
         return 1;
+    case OPT_AUTO_REBALANCE:
+        if (strcmp(text, "on") == 0 || strcmp(text, "off") == 0) {
+            config->auto_rebalance = text[1] == 'n';
+            return 1;
+        }
+        fprintf(stderr, "quayd: bad value for --auto-rebalance: '%s' (on or off)\n", text);
+        return -1;
     case OPT_QUEUE_LOCATOR:
         if (strcmp(text, "ring") == 0 || strcmp(text, "others") == 0) {
             config->queue_locator = text[0] == 'r' ? QUEUE_LOCATOR_RING : QUEUE_LOCATOR_OTHERS;

@@ -96,7 +96,30 @@ static const char *const op_names[MAP_OP_COUNT] = {
     [MAP_OP_POLICY_PUT] = "policy.put",
     [MAP_OP_POLICY_DELETE] = "policy.delete",
     [MAP_OP_QUEUE_MOVE] = "queue.move",
+    [MAP_OP_CLUSTER_REBALANCE] = "cluster.rebalance",
 };
+
+const char *map_rebalance_name(enum map_rebalance mode)
+{
+    switch (mode) {
+    case MAP_REBALANCE_UNSET: return "unset";
+    case MAP_REBALANCE_AUTO: return "auto";
+    case MAP_REBALANCE_OFF: return "off";
+    case MAP_REBALANCE_ONCE: return "once";
+    }
+    return "?";
+}
+
+static bool rebalance_parse(struct bytes name, enum map_rebalance *out)
+{
+    for (int m = MAP_REBALANCE_AUTO; m <= MAP_REBALANCE_ONCE; m++) {
+        if (bytes_equal_cstr(name, map_rebalance_name((enum map_rebalance)m))) {
+            *out = (enum map_rebalance)m;
+            return true;
+        }
+    }
+    return false;
+}
 
 const char *map_op_name(enum map_op op)
 {
@@ -1629,6 +1652,27 @@ static int op_policy_delete(struct apply_ctx *ctx)
     return OK;
 }
 
+/* ---- cluster-wide settings ------------------------------------------------ */
+
+/* cluster.rebalance {mode}: "auto", "off", "once", or "done" (the leader's
+ * end of a "once"). */
+static int op_cluster_rebalance(struct apply_ctx *ctx)
+{
+    struct bytes name = read_name(&ctx->reader, "mode");
+    enum map_rebalance mode = ctx->map->rebalance;
+    if (bytes_equal_cstr(name, "done")) {
+        if (mode == MAP_REBALANCE_ONCE)
+            mode = MAP_REBALANCE_OFF;
+    } else if (!rebalance_parse(name, &mode)) {
+        reader_fail(&ctx->reader, "mode");
+    }
+    if (ctx->reader.bad_key)
+        return malformed(ctx);
+    ctx->change->changed = mode != ctx->map->rebalance;
+    ctx->map->rebalance = mode;
+    return OK;
+}
+
 /* ---- dispatch ------------------------------------------------------------- */
 
 static int dispatch(struct apply_ctx *ctx)
@@ -1656,6 +1700,7 @@ static int dispatch(struct apply_ctx *ctx)
     case MAP_OP_POLICY_PUT: return op_policy_put(ctx);
     case MAP_OP_POLICY_DELETE: return op_policy_delete(ctx);
     case MAP_OP_QUEUE_MOVE: return op_queue_move(ctx);
+    case MAP_OP_CLUSTER_REBALANCE: return op_cluster_rebalance(ctx);
     case MAP_OP_NONE:
     case MAP_OP_COUNT: break;
     }
@@ -2095,6 +2140,21 @@ int map_cmd_queue_move(struct map_cmd *out, struct bytes vhost, struct bytes nam
     return build(out, encode_simple, &s);
 }
 
+int map_cmd_rebalance(struct map_cmd *out, enum map_rebalance mode)
+{
+    ASSERT(mode != MAP_REBALANCE_UNSET);
+    struct simple_cmd s = {.op = MAP_OP_CLUSTER_REBALANCE, .str_key = "mode",
+                           .str_value = bytes_of_cstr(map_rebalance_name(mode))};
+    return build(out, encode_simple, &s);
+}
+
+int map_cmd_rebalance_done(struct map_cmd *out)
+{
+    struct simple_cmd s = {.op = MAP_OP_CLUSTER_REBALANCE, .str_key = "mode",
+                           .str_value = BYTES_LIT("done")};
+    return build(out, encode_simple, &s);
+}
+
 int map_cmd_queue_set_backups(struct map_cmd *out, struct bytes vhost, struct bytes name,
                               uint64_t expected_epoch, const uint32_t *backup_ids,
                               uint8_t backups_count)
@@ -2175,7 +2235,7 @@ int map_cmd_queue_set_available(struct map_cmd *out, struct bytes vhost, struct 
 /* ---- snapshots ------------------------------------------------------------ */
 
 /*
- * A snapshot is one table: {format, version, brokers_version, brokers: [..],
+ * A snapshot is one table: {format, version, brokers_version, [rebalance,] brokers: [..],
  * vhosts: [..], users: [..], policies: [..], exchanges: [..], queues: [..],
  * bindings: [..]}. Format 1 (before policies) has no "policies" and still
  * loads, as a map without policies.
@@ -2295,6 +2355,8 @@ int cluster_map_snapshot_write(const struct cluster_map *map, uint8_t *buf, size
     table_put_int(&w, "format", SNAPSHOT_FORMAT);
     table_put_int(&w, "version", (int64_t)map->version);
     table_put_int(&w, "brokers_version", (int64_t)map->brokers_version);
+    if (map->rebalance != MAP_REBALANCE_UNSET)
+        table_put_longstr(&w, "rebalance", bytes_of_cstr(map_rebalance_name(map->rebalance)));
     encode_snapshot_objects(&w, map);
     encode_snapshot_policies(&w, map);
     encode_snapshot_exchanges(&w, map);
@@ -2371,6 +2433,11 @@ int cluster_map_snapshot_read(struct cluster_map *map, const uint8_t *buf, size_
     uint64_t format = read_uint(&r, "format", INT64_MAX, false, 0);
     uint64_t version = read_uint(&r, "version", INT64_MAX, false, 0);
     uint64_t brokers_version = read_uint(&r, "brokers_version", INT64_MAX, false, 0);
+    enum map_rebalance rebalance = MAP_REBALANCE_UNSET;
+    struct field_value rv;
+    if (table_get(top, "rebalance", &rv) &&
+        (rv.kind != 'S' || !rebalance_parse(rv.str, &rebalance)))
+        return E_SYNTAX;
     if (r.bad_key || (format != SNAPSHOT_FORMAT && format != SNAPSHOT_FORMAT_NO_POLICIES))
         return E_SYNTAX;
     struct cluster_map fresh;
@@ -2394,6 +2461,7 @@ int cluster_map_snapshot_read(struct cluster_map *map, const uint8_t *buf, size_
     }
     fresh.version = version;
     fresh.brokers_version = brokers_version;
+    fresh.rebalance = rebalance;
     /* The policies may differ from what the controller last applied. */
     fresh.policies_generation = map->policies_generation + 1;
     ASSERT(cluster_map_verify(&fresh));

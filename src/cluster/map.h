@@ -183,6 +183,17 @@ struct map_queue {
     uint32_t index;               /* in map->queues */
 };
 
+/* Whether the leader keeps primaries and backups spread over the brokers
+ * (controller_rebalance); a cluster-wide setting, so that a new leader
+ * goes on as the old one did. */
+enum map_rebalance {
+    MAP_REBALANCE_UNSET = 0, /* never set: the leader sets its --auto-rebalance */
+    MAP_REBALANCE_AUTO,      /* always: after joins, returns and failovers */
+    MAP_REBALANCE_OFF,
+    MAP_REBALANCE_ONCE,      /* off, but one rebalance runs until nothing is left to move */
+};
+const char *map_rebalance_name(enum map_rebalance mode);
+
 /* The map. Owned by the broker's cluster layer; objects are reached through
  * the arrays (deterministic order) or the name indexes (O(1)). */
 struct cluster_map {
@@ -203,6 +214,7 @@ struct cluster_map {
     uint32_t bindings_count;
     struct map_exchange *removed_exchanges; /* within one apply (map_exchange.removed) */
     struct policy_set policies; /* every vhost's, sorted by (vhost, name) */
+    enum map_rebalance rebalance;
     /* Bumped by every change to the policies (and by a snapshot restore):
      * the controller re-applies them to existing queues when it moves. Not
      * part of the map's state (snapshots do not carry it). */
@@ -271,6 +283,7 @@ enum map_op {
     MAP_OP_POLICY_PUT,
     MAP_OP_POLICY_DELETE,
     MAP_OP_QUEUE_MOVE,
+    MAP_OP_CLUSTER_REBALANCE,
     MAP_OP_COUNT
 };
 
@@ -425,6 +438,11 @@ int map_cmd_queue_hand_over(struct map_cmd *out, struct bytes vhost, struct byte
  * map_queue.move_to. */
 int map_cmd_queue_move(struct map_cmd *out, struct bytes vhost, struct bytes name,
                        uint64_t expected_epoch, uint32_t to);
+/* cluster.rebalance: sets map->rebalance (not UNSET). */
+int map_cmd_rebalance(struct map_cmd *out, enum map_rebalance mode);
+/* The leader found nothing left to move: ONCE becomes OFF (any other mode
+ * stays, so an operator's change meanwhile is not undone). */
+int map_cmd_rebalance_done(struct map_cmd *out);
 int map_cmd_queue_set_backups(struct map_cmd *out, struct bytes vhost, struct bytes name,
                               uint64_t expected_epoch, const uint32_t *backup_ids,
                               uint8_t backups_count);

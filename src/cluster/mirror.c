@@ -369,6 +369,8 @@ static void mirror_apply(struct member *member, const struct map_change *c)
     case MAP_OP_BROKER_STATE:
         member__sync_peers(member);
         return;
+    case MAP_OP_CLUSTER_REBALANCE:
+        return; /* the leader's controller reads it */
     case MAP_OP_VHOST_PUT:
         vhost_for(member, c->name);
         return;

@@ -6,9 +6,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cluster/controller.h"
 #include "cluster/map.h"
 #include "cluster/member.h"
 #include "cluster/node.h"
+#include "cluster/placement.h"
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/json.h"
@@ -206,8 +208,84 @@ int moves_drain_post(void *ctx, const char *request, size_t request_size, struct
     return 202;
 }
 
+/* ---- rebalancing ---- */
+
+struct rebalance_request {
+    bool has_auto, auto_on;
+};
+
+static bool read_rebalance_member(void *ctx, const struct json_read_member *m, char *err,
+                                  size_t err_size)
+{
+    struct rebalance_request *r = ctx;
+    if (strcmp(m->key, "auto") != 0 || m->kind != JSON_READ_BOOL) {
+        snprintf(err, err_size, "expected {} or {\"auto\": true|false}");
+        return false;
+    }
+    r->has_auto = true;
+    r->auto_on = m->boolean;
+    return true;
+}
+
+static void on_rebalance_set(void *ctx, int status, const struct map_change *change)
+{
+    (void)ctx;
+    if (status != OK)
+        LOG_WARN("cluster: a rebalance setting did not commit (the map is unavailable): POST "
+                 "/api/cluster/rebalance again");
+    else if (change->reply_code != 200)
+        LOG_WARN("cluster: a rebalance setting was refused: %u %s", change->reply_code,
+                 change->reply_text);
+}
+
+/* An empty body is {}. */
+static bool blank(const char *text, size_t size)
+{
+    for (size_t i = 0; i < size; i++) {
+        if (text[i] != ' ' && text[i] != '\t' && text[i] != '\r' && text[i] != '\n')
+            return false;
+    }
+    return true;
+}
+
+int moves_rebalance_post(void *ctx, const char *request, size_t request_size, struct json *body)
+{
+    struct member *member = ctx;
+    const struct cluster_map *map = member_map(member);
+    json_object_begin(body);
+    if (member->stopping || !cluster_node_synced(member->node))
+        return member_api_error(body, 503, "not serving the cluster yet (or stopping): try again");
+    struct rebalance_request r = {0};
+    char err[256];
+    if (!blank(request, request_size) &&
+        json_read_object(request, request_size, read_rebalance_member, &r, err, sizeof err) != OK)
+        return member_api_error(body, 400, err);
+    enum map_rebalance mode = map->rebalance == MAP_REBALANCE_AUTO ? MAP_REBALANCE_AUTO
+                                                                   : MAP_REBALANCE_ONCE;
+    if (r.has_auto)
+        mode = r.auto_on ? MAP_REBALANCE_AUTO : MAP_REBALANCE_OFF;
+    /* What a round would plan now, for the answer (the leader plans anew). */
+    struct placement_plan plan;
+    placement_plan_init(&plan);
+    if (mode != MAP_REBALANCE_OFF)
+        placement_rebalance_plan(map, &cluster_node_controller_config(member->node)->placement,
+                                 UINT32_MAX, &plan);
+    json_kv_string(body, "rebalance", map_rebalance_name(mode));
+    json_kv_uint(body, "primary_moves", plan.primary_moves_count);
+    json_kv_uint(body, "backup_moves", plan.backup_moves_count);
+    json_object_end(body);
+    placement_plan_free(&plan);
+    struct map_cmd cmd;
+    if (mode != map->rebalance && map_cmd_rebalance(&cmd, mode) == OK)
+        cluster_node_submit(member->node, &cmd, on_rebalance_set, member);
+    LOG_INFO("cluster: rebalance %s (asked through the management API)",
+             map_rebalance_name(mode));
+    return 202;
+}
+
 void moves_write_json(const struct cluster_map *map, struct json *body)
 {
+    json_kv_string(body, "rebalance", map_rebalance_name(map->rebalance));
     json_key(body, "moves");
     json_array_begin(body);
     for (uint32_t i = 0; i < map->queues_count; i++) {

@@ -26,7 +26,14 @@ int moves_post(void *ctx, const char *request, size_t request_size, struct json 
  * factors of its queues; 400 malformed; 503 not serving yet. */
 int moves_drain_post(void *ctx, const char *request, size_t request_size, struct json *body);
 
-/* /api/cluster's "moves": every move in progress, with its phase
+/* POST /api/cluster/rebalance: {} (or no body) starts one rebalance, which
+ * runs until nothing is left to move (the map's mode becomes "once", then
+ * "off"; nothing changes while it is "auto"); {"auto": true|false} turns
+ * automatic rebalancing on or off for the cluster. 202 with the mode and
+ * the moves a round would plan now; 400 malformed; 503 not serving yet. */
+int moves_rebalance_post(void *ctx, const char *request, size_t request_size, struct json *body);
+
+/* /api/cluster's "rebalance" (the map's mode) and "moves": every move in progress, with its phase
  * ("catching-up" while the target is a backup not in sync yet, then
  * "handing-over"). */
 void moves_write_json(const struct cluster_map *map, struct json *body);

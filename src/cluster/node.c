@@ -176,6 +176,11 @@ struct cluster_node {
     uint32_t proposals_in_flight;
     uint64_t repaired_ms;    /* the controller's last repair sweep */
     uint64_t drained_ms;     /* ... and its last round of draining moves */
+    uint64_t rebalanced_ms;  /* ... and of rebalancing */
+    uint64_t balanced_version; /* the map's version when a round found nothing to move */
+    uint64_t brokers_seen;   /* the map's brokers_version at the last round ... */
+    uint64_t brokers_still_since_ms; /* ... and since when it has been so */
+    bool auto_rebalance;     /* --auto-rebalance */
     uint64_t sequence;
     uint64_t lease_until_ms; /* loop clock: see NODE_LEASE_MS */
     struct peer peers[CLUSTER_BROKERS_MAX]; /* [0] is this node */
@@ -930,6 +935,58 @@ static void controller_drain_tick(struct cluster_node *node, uint64_t now)
     map_cmd_list_free(&list);
 }
 
+/* Whether an automatic rebalance may run: the brokers' states have been
+ * still for NODE_REBALANCE_SETTLE_MS (counted from this leader's start). */
+static bool brokers_settled(struct cluster_node *node, uint64_t now)
+{
+    if (node->brokers_seen != node->map.brokers_version || node->brokers_still_since_ms == 0 ||
+        node->brokers_still_since_ms < node->leader_since_ms) {
+        node->brokers_seen = node->map.brokers_version;
+        node->brokers_still_since_ms = now;
+    }
+    return now - node->brokers_still_since_ms >= NODE_REBALANCE_SETTLE_MS;
+}
+
+/* Rebalancing, as the map's rebalance mode says (see NODE_REBALANCE_*):
+ * the next steps of the planned moves (controller_rebalance); a "once"
+ * ends when nothing is left to move. A cluster that never set the mode
+ * gets this broker's --auto-rebalance. */
+static void controller_rebalance_tick(struct cluster_node *node, uint64_t now)
+{
+    enum map_rebalance mode = node->map.rebalance;
+    bool settled = brokers_settled(node, now);
+    if (node->proposals_in_flight > 0 || now - node->rebalanced_ms < NODE_REBALANCE_EVERY_MS)
+        return;
+    if (mode == MAP_REBALANCE_OFF || (mode == MAP_REBALANCE_AUTO && !settled) ||
+        node->balanced_version == node->map.version)
+        return;
+    node->rebalanced_ms = now;
+    struct map_cmd_list list;
+    map_cmd_list_init(&list);
+    struct map_cmd cmd;
+    if (mode == MAP_REBALANCE_UNSET) {
+        ASSERT(map_cmd_rebalance(&cmd, node->auto_rebalance ? MAP_REBALANCE_AUTO
+                                                            : MAP_REBALANCE_OFF) == OK);
+        map_cmd_list_push(&list, &cmd);
+    } else {
+        uint32_t pending = 0;
+        controller_rebalance(&node->map, &node->controller, NODE_REBALANCE_MOVES, &list,
+                             &pending);
+        if (list.count > 0)
+            LOG_INFO("cluster: rebalancing: %u step(s), %u move(s) in progress", list.count,
+                     pending);
+        if (list.count == 0 && pending == 0)
+            node->balanced_version = node->map.version;
+        if (list.count == 0 && pending == 0 && mode == MAP_REBALANCE_ONCE) {
+            LOG_INFO("cluster: rebalanced");
+            ASSERT(map_cmd_rebalance_done(&cmd) == OK);
+            map_cmd_list_push(&list, &cmd);
+        }
+    }
+    propose_list(node, &list, PROPOSAL_OTHER, node->id);
+    map_cmd_list_free(&list);
+}
+
 static void controller_tick(struct cluster_node *node, uint64_t now)
 {
     if (!node->leader || node->stopping) {
@@ -950,6 +1007,7 @@ static void controller_tick(struct cluster_node *node, uint64_t now)
     controller_liveness(node, now);
     controller_repair_tick(node, now);
     controller_drain_tick(node, now);
+    controller_rebalance_tick(node, now);
     controller_policies(node);
 }
 
@@ -1199,6 +1257,11 @@ void cluster_node_set_default_backups(struct cluster_node *node, uint8_t default
 {
     ASSERT(default_backups <= CLUSTER_BACKUPS_MAX);
     node->controller.default_backups = default_backups;
+}
+
+void cluster_node_set_auto_rebalance(struct cluster_node *node, bool on)
+{
+    node->auto_rebalance = on;
 }
 
 uint32_t cluster_node_leader(const struct cluster_node *node)
@@ -1553,6 +1616,7 @@ static struct cluster_node *node_new(uv_loop_t *loop, const struct cluster_node_
     RAND_bytes((uint8_t *)&start, sizeof start); /* ids of an earlier run may still be in the log */
     node->next_request = start;
     controller_config_default(&node->controller);
+    node->auto_rebalance = true;
     node->controller.suspect_after_ms = NODE_SUSPECT_AFTER_MS;
     node->controller.down_after_ms = NODE_DOWN_AFTER_MS;
     init_self(node, config);

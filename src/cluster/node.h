@@ -80,6 +80,16 @@
  * a catch-up, then a handover of a few ms). */
 #define NODE_DRAIN_EVERY_MS 100
 #define NODE_DRAIN_MOVES 128
+/* Rebalancing (the map's rebalance mode) goes as draining does, a round
+ * every 100 ms (once the last one committed) keeping at most
+ * NODE_REBALANCE_MOVES moves in progress; a round that found nothing to do
+ * is not run again until the map changes. When automatic, it waits until
+ * the brokers' states have been still for NODE_REBALANCE_SETTLE_MS: a
+ * failover in progress or a flapping broker is no reason to move queues
+ * about. */
+#define NODE_REBALANCE_EVERY_MS 100
+#define NODE_REBALANCE_MOVES 128
+#define NODE_REBALANCE_SETTLE_MS 3000
 
 #define CLUSTER_SUBMIT_TIMEOUT_MS 5000
 #define CLUSTER_E_UNAVAILABLE (-40) /* no commit in time: no leader, no quorum */
@@ -184,6 +194,9 @@ bool cluster_node_lease_fresh(const struct cluster_node *node);
 /* --default-backups, for the controller re-applying replication policies
  * to existing queues (controller_apply_policies); 1 until set. */
 void cluster_node_set_default_backups(struct cluster_node *node, uint8_t default_backups);
+/* --auto-rebalance: what this broker, as the leader, sets the map's
+ * rebalance mode to while the cluster never set it (on until set). */
+void cluster_node_set_auto_rebalance(struct cluster_node *node, bool on);
 
 /* The node's view as JSON, for GET /api/cluster: writes exactly one value
  * through the management API's writer, so it is an http_handler_fn (ctx is

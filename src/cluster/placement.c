@@ -424,8 +424,31 @@ static uint8_t backups_wanted(const struct map_queue *q, uint32_t n)
     return (uint8_t)(want < possible ? want : possible);
 }
 
+/* A queue with more backups than it wants (none down or draining): a
+ * replacement that caught up after the plan that added it changed its
+ * mind, or a backup added for a move that ended. Once every backup is in
+ * sync (not while one catches up: that is a move going on), the one on the
+ * busiest broker leaves, the oldest of equals (the replacement stays). */
+static void plan_backup_trim(struct planner *pl, uint32_t i)
+{
+    struct map_queue *q = pl->map->queues[i];
+    if (q->move_to != BROKER_ID_NONE || q->in_sync_mask != (1u << q->backups_count) - 1)
+        return;
+    int from = -1;
+    for (uint8_t b = 0; b < q->backups_count; b++) {
+        int s = slot_of(&pl->p, q->backup_ids[b]);
+        if (s >= 0 && (from < 0 || pl->p.held[s] > pl->p.held[from]))
+            from = s;
+    }
+    if (from < 0)
+        return;
+    plan_add(pl->plan, PLACEMENT_MOVE_BACKUP, q, pl->p.broker_ids[from], BROKER_ID_NONE, true);
+    pl->p.held[from]--;
+    pl->touched[i] = true;
+}
+
 /* Mandatory backup moves: off brokers that are draining or down, then the
- * missing ones. One per queue per plan. */
+ * missing ones, and the ones too many. One per queue per plan. */
 static void plan_backups_mandatory(struct planner *pl, uint32_t hi)
 {
     const struct cluster_map *map = pl->map;
@@ -444,7 +467,11 @@ static void plan_backups_mandatory(struct planner *pl, uint32_t hi)
             else if (from == BROKER_ID_NONE)
                 from = q->backup_ids[b];
         }
-        if (from == BROKER_ID_NONE && q->backups_count >= backups_wanted(q, pl->n))
+        if (from == BROKER_ID_NONE && q->backups_count > backups_wanted(q, pl->n)) {
+            plan_backup_trim(pl, i);
+            continue;
+        }
+        if (from == BROKER_ID_NONE && q->backups_count == backups_wanted(q, pl->n))
             continue;
         if (from != BROKER_ID_NONE && good >= backups_wanted(q, pl->n)) {
             /* The others are enough (a replacement joined already): it

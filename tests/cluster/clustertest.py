@@ -91,15 +91,17 @@ def free_port(udp_too=False):
     raise RuntimeError("no free port")
 
 
-def wait_until(pred, timeout=10.0, interval=0.02, what="condition"):
-    """Polls pred() until it returns a true value (returned) or times out."""
+def wait_until(pred, timeout=10.0, interval=0.02, what="condition", detail=None):
+    """Polls pred() until it returns a true value (returned) or times out
+    (detail(), if given, says what was seen last)."""
     deadline = time.monotonic() + timeout
     while True:
         v = pred()
         if v:
             return v
         if time.monotonic() > deadline:
-            raise AssertionError("timed out after %.1f s waiting for %s" % (timeout, what))
+            seen = ": last seen %r" % (detail(),) if detail else ""
+            raise AssertionError("timed out after %.1f s waiting for %s%s" % (timeout, what, seen))
         time.sleep(interval)
 
 
@@ -239,6 +241,11 @@ class Member:
         else:
             for k, v in self.options():
                 args += ["--" + k, v]
+        if not any(a.startswith("--auto-rebalance") for a in self.extra_args):
+            # Tests place queues where they need them (a client on a broker
+            # that is not the primary, above all): the controller must not
+            # move them about unasked. Tests of rebalancing turn it on.
+            args += ["--auto-rebalance", "off"]
         return args + self.extra_args
 
     def start(self, wait=True):

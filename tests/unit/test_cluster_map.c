@@ -1001,6 +1001,39 @@ static void build_big(struct cluster_map *map, double *apply_us)
     }
 }
 
+/* cluster.rebalance: the modes, and "done" ending only a "once". */
+static void test_rebalance_mode(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    struct map_cmd c_;
+    assert_int_equal(map.rebalance, MAP_REBALANCE_UNSET);
+    APPLY_OK(&map, map_cmd_rebalance_done(&c_));
+    assert_false(last.changed);
+    assert_int_equal(map.rebalance, MAP_REBALANCE_UNSET);
+    APPLY_OK(&map, map_cmd_rebalance(&c_, MAP_REBALANCE_AUTO));
+    assert_true(last.changed);
+    APPLY_OK(&map, map_cmd_rebalance_done(&c_));
+    assert_int_equal(map.rebalance, MAP_REBALANCE_AUTO); /* an operator's change stays */
+    APPLY_OK(&map, map_cmd_rebalance(&c_, MAP_REBALANCE_ONCE));
+    assert_int_equal(map.rebalance, MAP_REBALANCE_ONCE);
+    APPLY_OK(&map, map_cmd_rebalance_done(&c_));
+    assert_true(last.changed);
+    assert_int_equal(map.rebalance, MAP_REBALANCE_OFF);
+    /* A mode nobody knows is malformed, and changes nothing. */
+    uint8_t buf[128];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_longstr(&w, "op", B("cluster.rebalance"));
+    table_put_longstr(&w, "mode", B("sometimes"));
+    struct table t = table_writer_table(&w);
+    struct map_change change;
+    assert_int_not_equal(cluster_map_apply(&map, t.ptr, t.len, &change), OK);
+    assert_int_equal(map.rebalance, MAP_REBALANCE_OFF);
+    cluster_map_free(&map);
+}
+
 static void test_snapshot_round_trip(void **state)
 {
     (void)state;
@@ -1021,6 +1054,7 @@ static void test_snapshot_round_trip(void **state)
         target = target == 5 ? 1 : target + 1;
     APPLY_OK(&map, map_cmd_queue_move(&c_, B("prod"), B("queue-00007"), q7->epoch, target));
     APPLY_OK(&map, map_cmd_broker_state(&c_, 4, BROKER_STATE_DRAINING));
+    APPLY_OK(&map, map_cmd_rebalance(&c_, MAP_REBALANCE_ONCE));
     struct map_exchange_decl xd = {.vhost = B("prod"), .name = B("moved"), .type = B("topic"),
                                    .owner_id = 1};
     APPLY_OK(&map, map_cmd_exchange_declare(&c_, &xd));
@@ -1042,6 +1076,7 @@ static void test_snapshot_round_trip(void **state)
     assert_int_equal(copy.version, map.version);
     assert_int_equal(copy.bindings_count, QUEUES / 10);
     assert_int_equal(cluster_map_broker(&copy, 4)->state, BROKER_STATE_DRAINING);
+    assert_int_equal(copy.rebalance, MAP_REBALANCE_ONCE);
     struct map_queue *c7 = cluster_map_queue(&copy, B("prod"), B("queue-00007"));
     assert_int_equal(c7->epoch, q7->epoch);
     assert_int_equal(c7->owned_since, q7->owned_since);
@@ -1119,6 +1154,7 @@ int main(void)
         cmocka_unit_test(test_all_valid_commands_apply),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_fuzz_flips),
+        cmocka_unit_test(test_rebalance_mode),
         cmocka_unit_test(test_snapshot_round_trip),
         cmocka_unit_test(test_lookup_is_constant_time),
     };

@@ -323,6 +323,81 @@ static void return_and_rebalance(struct cluster_map *mp, const uint32_t *expect,
     *mp = map;
 }
 
+/* Between rounds only some of the brokers' work is done, as when a round
+ * runs every 500 ms: backups of every other queue catch up (alternating),
+ * and only then may their moves hand over. */
+static void brokers_make_some_progress(struct cluster_map *map, uint32_t round)
+{
+    struct map_cmd c;
+    for (uint32_t i = round & 1; i < map->queues_count; i += 2) {
+        struct map_queue *q = map->queues[i];
+        if (q->in_sync_mask != (1u << q->backups_count) - 1)
+            must_apply(map, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name, q->epoch,
+                                                      q->backup_ids, q->backups_count),
+                       &c);
+        if (q->move_to != BROKER_ID_NONE && map_queue_backup_in_sync(q, q->move_to))
+            must_apply(map, map_cmd_queue_hand_over(&c, q->vhost->name, q->name, q->epoch,
+                                                    q->move_to),
+                       &c);
+    }
+}
+
+/* A sixth broker joins five holding 10,000 queues with one backup each;
+ * rebalance rounds of at most NODE_REBALANCE_MOVES (128) moves each, with
+ * the brokers' catch-ups and handovers only partly done between rounds, so
+ * that later rounds plan afresh while earlier moves go on. It ends with
+ * every broker within its share, primaries and backups, every queue with
+ * exactly its one backup (nothing left over from a move the planner
+ * changed its mind about), and no more primaries moved than the new
+ * broker's share (+1%). */
+static void test_join_rebalance_with_moves_in_flight(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    build(&map, 2);
+    uint32_t *before = malloc(QUEUES * sizeof(uint32_t));
+    assert_non_null(before);
+    for (uint32_t i = 0; i < QUEUES; i++)
+        before[i] = map.queues[i]->primary_id;
+    join(&map, 6);
+    struct controller_config config;
+    controller_config_default(&config);
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    uint32_t rounds = 0, pending = 1, steps = 0;
+    for (; rounds < 2000; rounds++) {
+        assert_int_equal(controller_rebalance(&map, &config, 128, &out, &pending), OK);
+        if (out.count == 0 && pending == 0)
+            break;
+        steps += out.count;
+        apply_all(&map, &out);
+        brokers_make_some_progress(&map, rounds);
+    }
+    assert_true(rounds < 2000);
+    assert_consistent(&map);
+    uint32_t moved = 0;
+    for (uint32_t i = 0; i < QUEUES; i++) {
+        moved += map.queues[i]->primary_id != before[i];
+        assert_int_equal(map.queues[i]->backups_count, 1);
+        assert_int_equal(map.queues[i]->move_to, BROKER_ID_NONE);
+    }
+    printf("6th broker: %u rounds of <= 128 moves, %u steps, %u primaries moved (share %u):",
+           rounds, steps, moved, QUEUES / 6);
+    for (uint32_t i = 0; i < map.brokers_count; i++)
+        printf(" %u/%u", map.brokers[i]->queues_owned_count, map.brokers[i]->backups_held_count);
+    printf(" (owned/held)\n");
+    assert_true(moved <= QUEUES / 6 + QUEUES / 100);
+    uint32_t lo, hi;
+    placement_bounds(&config.placement, QUEUES, 6, &lo, &hi);
+    for (uint32_t i = 0; i < map.brokers_count; i++) {
+        assert_in_range(map.brokers[i]->queues_owned_count, lo, hi);
+        assert_in_range(map.brokers[i]->backups_held_count, lo, hi);
+    }
+    map_cmd_list_free(&out);
+    free(before);
+    cluster_map_free(&map);
+}
+
 static void test_exclusive_queue_dies_with_broker(void **state)
 {
     (void)state;
@@ -881,6 +956,7 @@ int main(void)
         cmocka_unit_test(test_forget_a_dead_broker),
         cmocka_unit_test(test_forget_after_and_without_failover),
         cmocka_unit_test(test_drain_converges),
+        cmocka_unit_test(test_join_rebalance_with_moves_in_flight),
         cmocka_unit_test(test_drain_one_of_three),
         cmocka_unit_test(test_policies_change_factors),
     };

@@ -1,0 +1,173 @@
+"""Goal: the cluster keeps its queues spread. A broker that joins a loaded
+cluster takes its share of primaries and backups (and no more than that
+moves), while clients on the other brokers publish and consume without
+noticing: every confirmed message delivered once, in order, none nacked,
+no consumer cancelled, every queue's messages kept. With automatic
+rebalancing off (POST /api/cluster/rebalance {"auto": false}), a broker
+that comes back after a failover gets nothing back until an operator asks
+for one rebalance (quayctl rebalance), which runs until the brokers hold
+their shares and then stops. A malformed request is refused.
+
+Method: three quayd processes, then a fourth (tests/cluster/clustertest.py,
+--auto-rebalance on, one backup per queue); pika clients in threads
+(tests/cluster/loadclients.py); the map read from GET /api/cluster and
+/api/queues.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
+sys.path.insert(0, HERE)
+from clustertest import (Cluster, closer, connect, quayd_path, read_all, run, test,  # noqa: E402
+                         wait_until)
+from loadclients import Consumer, Publisher, in_order  # noqa: E402
+
+import pika  # noqa: E402
+
+QUEUES = ["rb-%d" % i for i in range(48)]
+FILL = 40
+ARGS = ["--auto-rebalance", "on", "--default-backups", "1"]
+
+cluster = None
+members = {}
+
+
+def quayctl(member, *args):
+    ctl = os.path.join(os.path.dirname(quayd_path()), "quayctl")
+    return subprocess.run([ctl, "--http", "127.0.0.1:%d" % member.http_port] + list(args),
+                          capture_output=True, text=True, timeout=10)
+
+
+def cluster_info(member):
+    return member.api_call("GET", "/api/cluster", timeout=5)[1]
+
+
+def holdings(member):
+    """{broker: (primaries, backups)} and the moves in progress, as member's
+    map has them."""
+    info = cluster_info(member)
+    return {b["name"]: (b["primaries"], b["backups"]) for b in info["brokers"]}, info["moves"]
+
+
+def placement(member):
+    """{queue: primary} of the test's queues."""
+    return {q["name"]: q["primary"] for q in member.api_get("/api/queues", timeout=5)
+            if q["name"] in QUEUES}
+
+
+def share(total, brokers):
+    """The planner's bounds: within 10% of the average."""
+    avg = total / brokers
+    return math.floor(avg * 0.9), math.ceil(avg * 1.1)
+
+
+last_seen = {}
+
+
+def balanced(member, names):
+    held, moves = holdings(member)
+    last_seen.update(held=held, moves=moves)
+    lo, hi = share(len(QUEUES), len(names))
+    return not moves and all(lo <= held[n][0] <= hi and lo <= held[n][1] <= hi for n in names)
+
+
+@test(timeout=120)
+def three_brokers_with_queues():
+    global cluster
+    cluster = Cluster()
+    for m in cluster.form(["a", "b", "c"], extra_args=ARGS):
+        members[m.name] = m
+    a = members["a"]
+    wait_until(lambda: cluster_info(a)["rebalance"] == "auto", 10, what="rebalance auto")
+    conn = connect(a)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for name in QUEUES:
+        ch.queue_declare(name, durable=True)
+        for i in range(FILL):
+            ch.basic_publish("", name, b"%s-%d" % (name.encode(), i),
+                             pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    wait_until(lambda: balanced(a, ["a", "b", "c"]), 30, what="the queues spread over a, b, c")
+
+
+@test(timeout=60)
+def malformed_requests_are_refused():
+    a = members["a"]
+    for bad in (b"{", b"[]", b'{"auto": 1}', b'{"auto": "on"}', b'{"mode": true}'):
+        status, body = a.api_call("POST", "/api/cluster/rebalance", bad, timeout=5)
+        assert status == 400 and body.get("error"), (bad, status, body)
+    out = quayctl(a, "rebalance", "sometimes")
+    assert out.returncode == 64, (out.returncode, out.stderr)
+    assert cluster_info(a)["rebalance"] == "auto"
+
+
+@test(timeout=180)
+def a_joining_broker_takes_its_share_under_load():
+    a, b, c = members["a"], members["b"], members["c"]
+    before = placement(a)
+    busy = QUEUES[:3]
+    pubs = [Publisher(m.name, m, q, rate=100) for m, q in zip((a, b, c), busy)]
+    cons = [Consumer(m, q, ack_delay=0.05) for m, q in zip((b, c, a), busy)]
+    for t in cons + pubs:
+        t.start()
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    members["d"] = cluster.add("d", join=[a], extra_args=ARGS)
+    wait_until(lambda: balanced(a, ["a", "b", "c", "d"]), 60,
+               what="d holding its share", detail=lambda: last_seen)
+    took = time.monotonic() - t0
+    time.sleep(0.5)
+    for p in pubs:
+        p.stopping.set()
+        p.join(30)
+    for p, con in zip(pubs, cons):
+        wait_until(lambda: set(con.got) >= set(p.confirmed), 20, what="everything delivered")
+        con.stopping.set()
+        con.join(30)
+        assert not p.errors and not con.errors, (p.errors, con.errors)
+        assert p.confirmed and not p.nacked and not con.cancelled, (len(p.confirmed), p.nacked)
+        assert len(con.got) == len(set(con.got)) and in_order(con.got)
+    after = placement(a)
+    moved = sum(1 for q in QUEUES if after[q] != before[q])
+    _, hi = share(len(QUEUES), 4)
+    print("# d took %d primaries in %.1f s (moved %d)" % (holdings(a)[0]["d"][0], took, moved))
+    assert moved <= hi, (moved, hi, before, after)
+    for name in QUEUES[3:]:
+        assert read_all(b, name) == [b"%s-%d" % (name.encode(), i) for i in range(FILL)], name
+    # (read_all emptied them: the next test fills them again.)
+
+
+@test(timeout=240)
+def with_auto_off_a_returning_broker_waits_for_an_asked_rebalance():
+    a, d = members["a"], members["d"]
+    status, body = a.api_call("POST", "/api/cluster/rebalance", {"auto": False}, timeout=5)
+    assert status == 202 and body["rebalance"] == "off", (status, body)
+    wait_until(lambda: all(cluster_info(m)["rebalance"] == "off" for m in members.values()),
+               10, what="rebalance off everywhere")
+    d.kill()
+    wait_until(lambda: holdings(a)[0]["d"][0] == 0, 20, what="d's queues failed over")
+    d.start()
+    names = ["a", "b", "c", "d"]
+    wait_until(lambda: all(m.view() and m.view().brokers.get("d") == "up"
+                           for m in members.values()), 30, what="d back")
+    time.sleep(4.0)  # beyond NODE_REBALANCE_SETTLE_MS: an automatic one would have begun
+    assert holdings(a)[0]["d"][0] == 0, holdings(a)
+    out = quayctl(a, "--json", "rebalance")
+    assert out.returncode == 0, (out.returncode, out.stderr)
+    answer = json.loads(out.stdout)
+    assert answer["rebalance"] == "once" and answer["primary_moves"] > 0, answer
+    wait_until(lambda: balanced(a, names), 60, what="balanced again", detail=lambda: last_seen)
+    wait_until(lambda: cluster_info(a)["rebalance"] == "off", 10, what="the rebalance ended")
+    out = quayctl(a, "--json", "rebalance", "on")
+    assert out.returncode == 0 and json.loads(out.stdout)["rebalance"] == "auto", out.stdout
+    wait_until(lambda: cluster_info(d)["rebalance"] == "auto", 10, what="rebalance auto again")
+
+
+if __name__ == "__main__":
+    run(closer(lambda: cluster))
