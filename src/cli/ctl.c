@@ -63,6 +63,8 @@ static void usage(FILE *out)
             "  drain BROKER  every queue BROKER is primary or backup of moves to other\n"
             "                brokers while they serve; then it may leave\n"
             "                (POST /api/cluster/drain)\n"
+            "  revive BROKER a draining broker takes queues again (POST\n"
+            "                /api/cluster/revive)\n"
             "  rebalance [on|off]\n"
             "                without an argument: move queues until every broker holds\n"
             "                its share; on/off: keep doing so automatically, or stop\n"
@@ -810,6 +812,7 @@ static const struct command commands[] = {
     {"forget", "POST", "/api/cluster/forget", NULL, 0, 1, 1},
     {"move", "POST", "/api/cluster/move", NULL, 0, 1, 1},
     {"drain", "POST", "/api/cluster/drain", NULL, 0, 1, 1},
+    {"revive", "POST", "/api/cluster/revive", NULL, 0, 1, 1},
     {"rebalance", "POST", "/api/cluster/rebalance", NULL, 0, 0, 1},
     {"policies", "GET", "/api/policies", policy_columns,
      sizeof policy_columns / sizeof policy_columns[0], 0, 0},
@@ -915,7 +918,7 @@ static int build_request(const struct command *cmd, char **args, int args_count,
                          size_t path_cap, char *body, size_t body_cap)
 {
     snprintf(path, path_cap, "%s", cmd->path);
-    if (strcmp(cmd->method, "POST") == 0) { /* forget/drain BROKER: the name in JSON */
+    if (strcmp(cmd->method, "POST") == 0) { /* forget/drain/revive BROKER: the name, JSON */
         snprintf(body, body_cap, "{\"broker\": ");
         if (!append_json_string(body, body_cap, args[0]) || strlen(body) + 2 >= body_cap)
             goto too_long;

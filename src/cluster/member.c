@@ -32,6 +32,7 @@
 #include "lib/log.h"
 #include "mgmt/json.h"
 #include "mgmt/json_read.h"
+#include "mgmt/http.h"
 
 /* ---- peers and their links ---- */
 
@@ -649,11 +650,8 @@ int member_leave(void *ctx, const char *request, size_t request_size, struct jso
     (void)request_size;
     const struct cluster_map *map = member_map(member);
     json_object_begin(body);
-    if (member->stopping || !cluster_node_synced(member->node)) {
-        json_kv_string(body, "error", "not serving the cluster yet (or stopping): try again");
-        json_object_end(body);
-        return 503;
-    }
+    if (member->stopping || !cluster_node_synced(member->node))
+        return member_api_error(body, 503, "not serving the cluster yet (or stopping): try again");
     uint32_t owned = 0, held = 0;
     for (uint32_t i = 0; i < map->queues_count; i++) {
         const struct map_queue *q = map->queues[i];
@@ -661,16 +659,13 @@ int member_leave(void *ctx, const char *request, size_t request_size, struct jso
         held += map_queue_has_backup(q, member->self_id);
     }
     if (owned > 0 || held > 0) {
-        /* Their messages live here: moving them is the replication layer's
-         * (drain), not built yet. Delete them, or move their clients. */
+        /* Their messages live here: they move first (drain). */
         char text[160];
         snprintf(text, sizeof text,
                  "this broker is the primary of %u queue(s) and a backup of %u: delete or "
                  "drain them first", owned, held);
-        json_kv_string(body, "error", text);
         json_kv_uint(body, "queues", owned);
-        json_object_end(body);
-        return 409;
+        return member_api_error(body, 409, text);
     }
     /* Exchange definitions are everyone's: their nominal owner moves. */
     uint32_t heir = BROKER_ID_NONE;
@@ -745,7 +740,8 @@ static bool read_broker_member(void *ctx, const struct json_read_member *m, char
 
 int member_api_error(struct json *body, int status, const char *text)
 {
-    json_kv_string(body, "error", text);
+    json_kv_string(body, "error", http_status_text(status));
+    json_kv_string(body, "reason", text);
     json_object_end(body);
     return status;
 }

@@ -157,7 +157,8 @@ int member_leave(void *ctx, const char *request, size_t request_size, struct jso
  * decided; 400 for a bad body, 404 for an unknown broker, 409 for one that
  * is not down (or no broker up to take its queues), 503 before this broker
  * serves the cluster. Completion shows in the map (GET /api/cluster). */
-/* The management API's answers: {"error": text} with status (returned);
+/* The management API's refusals, as RabbitMQ's: {"error": the status text,
+ * "reason": text} with status (returned);
  * the body's object was begun by the caller. */
 int member_api_error(struct json *body, int status, const char *text);
 /* A {"broker": NAME} request body (forget, drain): the broker it names, or

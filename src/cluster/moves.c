@@ -208,6 +208,38 @@ int moves_drain_post(void *ctx, const char *request, size_t request_size, struct
     return 202;
 }
 
+/* POST /api/cluster/revive: a drain undone. */
+int moves_revive_post(void *ctx, const char *request, size_t request_size, struct json *body)
+{
+    struct member *member = ctx;
+    json_object_begin(body);
+    if (member->stopping || !cluster_node_synced(member->node))
+        return member_api_error(body, 503, "not serving the cluster yet (or stopping): try again");
+    int status;
+    const struct map_broker *b = member_api_broker(member, request, request_size, body, &status);
+    if (b == NULL)
+        return status;
+    int name_len = (int)b->name.len;
+    const char *name = (const char *)b->name.ptr;
+    if (b->state != BROKER_STATE_DRAINING) {
+        char text[600];
+        snprintf(text, sizeof text, "broker '%.*s' is %s, not draining", name_len, name,
+                 broker_state_name(b->state));
+        return member_api_error(body, 409, text);
+    }
+    json_key(body, "revived");
+    json_string_n(body, name, (size_t)name_len);
+    json_kv_uint(body, "primaries", b->queues_owned_count);
+    json_kv_uint(body, "backups", b->backups_held_count);
+    json_object_end(body);
+    struct map_cmd cmd;
+    if (map_cmd_broker_state(&cmd, b->id, BROKER_STATE_UP) == OK)
+        cluster_node_submit(member->node, &cmd, on_draining, member);
+    LOG_INFO("cluster: broker '%.*s' revived: it no longer drains (asked through the management "
+             "API)", name_len, name);
+    return 202;
+}
+
 /* ---- rebalancing ---- */
 
 struct rebalance_request {

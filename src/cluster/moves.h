@@ -26,6 +26,12 @@ int moves_post(void *ctx, const char *request, size_t request_size, struct json 
  * factors of its queues; 400 malformed; 503 not serving yet. */
 int moves_drain_post(void *ctx, const char *request, size_t request_size, struct json *body);
 
+/* POST /api/cluster/revive {"broker": NAME}: a draining broker is up again
+ * (broker.state): the moves off it stop where they are, and a rebalance may
+ * give it queues again. 202 with what it holds; 404 unknown, 409 not
+ * draining, 400 malformed, 503 not serving yet. */
+int moves_revive_post(void *ctx, const char *request, size_t request_size, struct json *body);
+
 /* POST /api/cluster/rebalance: {} (or no body) starts one rebalance, which
  * runs until nothing is left to move (the map's mode becomes "once", then
  * "off"; nothing changes while it is "auto"); {"auto": true|false} turns

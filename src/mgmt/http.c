@@ -73,7 +73,7 @@ static struct http_conn *from_conn(struct conn *conn)
 
 /* ---- answers ----------------------------------------------------------- */
 
-static const char *status_text(int status)
+const char *http_status_text(int status)
 {
     switch (status) {
     case 200: return "OK";
@@ -125,7 +125,7 @@ static void answer(struct http_conn *hc, int status, struct json *body,
                      "%s"
                      "Connection: close\r\n"
                      "\r\n",
-                     status, status_text(status), body_size, extra_headers);
+                     status, http_status_text(status), body_size, extra_headers);
     ASSERT(n > 0 && (size_t)n < sizeof head);
     size_t size;
     char *data = json_release(body, &size);
@@ -147,7 +147,7 @@ static void answer_error_as(struct http_conn *hc, int status, const char *error,
     struct json body;
     http_body_init(&body);
     json_object_begin(&body);
-    json_kv_string(&body, "error", error != NULL ? error : status_text(status));
+    json_kv_string(&body, "error", error != NULL ? error : http_status_text(status));
     json_kv_string(&body, "reason", reason);
     json_object_end(&body);
     LOG_DEBUG("http conn=%llu peer=%s answered %d: %s", (unsigned long long)hc->conn.id,

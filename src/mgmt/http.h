@@ -232,4 +232,8 @@ struct http_request {
  * head (the body, content_length of them) are not looked at. */
 int http_parse_request(const char *data, size_t size, struct http_request *req);
 
+/* The reason phrase of an HTTP status ("Not Found"), which is also the
+ * "error" of RabbitMQ's error bodies {"error", "reason"}. */
+const char *http_status_text(int status);
+
 #endif

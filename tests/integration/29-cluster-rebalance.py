@@ -169,5 +169,28 @@ def with_auto_off_a_returning_broker_waits_for_an_asked_rebalance():
     wait_until(lambda: cluster_info(d)["rebalance"] == "auto", 10, what="rebalance auto again")
 
 
+
+@test(timeout=180)
+def a_revived_drain_gets_its_share_back():
+    """Drain d, then revive it (quayctl revive): automatic rebalancing gives
+    it its share again; reviving a broker that is not draining is refused."""
+    a, d = members["a"], members["d"]
+    status, body = a.api_call("POST", "/api/cluster/revive", {"broker": "d"}, timeout=5)
+    assert status == 409 and "not draining" in body["reason"], (status, body)
+    for bad in (b"", b"{", b'{"broker": 4}'):
+        status, body = a.api_call("POST", "/api/cluster/revive", bad, timeout=5)
+        assert status == 400, (bad, status, body)
+    status, body = a.api_call("POST", "/api/cluster/revive", {"broker": "zz"}, timeout=5)
+    assert status == 404, (status, body)
+    out = quayctl(a, "drain", "d")
+    assert out.returncode == 0, (out.returncode, out.stderr)
+    wait_until(lambda: holdings(a)[0]["d"] == (0, 0), 60, what="d drained",
+               detail=lambda: holdings(a))
+    out = quayctl(a, "--json", "revive", "d")
+    assert out.returncode == 0 and json.loads(out.stdout)["revived"] == "d", out
+    wait_until(lambda: balanced(a, ["a", "b", "c", "d"]), 60, what="d's share back",
+               detail=lambda: last_seen)
+
+
 if __name__ == "__main__":
     run(closer(lambda: cluster))
