@@ -26,6 +26,15 @@ Faults: every FAULT_EVERY seconds one random action among those allowed:
   move       a random queue moved (POST /api/cluster/move, through a random
              broker) to a random broker that is up and reachable: a planned
              handover while the faults go on; not an impairment
+  drain      a random broker that is up drained (POST /api/cluster/drain):
+             its queues move off it while the faults go on; not an
+             impairment
+  revive     the draining broker revived (POST /api/cluster/revive) no
+             sooner than FAULT_DOWN s later: the rebalance gives it queues
+             again
+
+The brokers run with --auto-rebalance on: after a restart or a heal the
+controller moves queues back to spread them (handovers again).
 
 At most (BROKERS-1)/2 brokers are impaired (killed, cut off, or in the
 minority) at once, so a majority always works. A kind not seen yet is
@@ -60,7 +69,7 @@ Usage: /usr/bin/python3 tests/crash/cluster_soak.py [SECONDS] [options]  (defaul
        /usr/bin/python3 tests/crash/cluster_soak.py --selftest   (the checker on made-up data)
 Environment (each also an option, --brokers etc.; see --help):
   QUAYD=build/quayd BROKERS=3 QUEUES=4 BACKUPS=2 SEED=random FAULT_EVERY=20
-  FAULT_DOWN=0 FAULTS=kill,cut,partition,move RESTORE_TIMEOUT=15 PUB_RATE=200
+  FAULT_DOWN=0 FAULTS=kill,cut,partition,move,drain RESTORE_TIMEOUT=15 PUB_RATE=200
   WINDOW=50 CONFIRM_TIMEOUT=5 CONSUMER_IDLE=10 POLL_MS=200 NETNS=1
 NETNS=0 runs the brokers on loopback (no root needed) with kill/restart only.
 Needs root for the namespaces (exit 77, "skipped", without it when
@@ -96,7 +105,7 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=int(env("SEED", "0")) or None)
     p.add_argument("--fault-every", type=float, default=float(env("FAULT_EVERY", "20")))
     p.add_argument("--fault-down", type=float, default=float(env("FAULT_DOWN", "0")))
-    p.add_argument("--faults", default=env("FAULTS", "kill,cut,partition,move"))
+    p.add_argument("--faults", default=env("FAULTS", "kill,cut,partition,move,drain"))
     p.add_argument("--restore-timeout", type=float, default=float(env("RESTORE_TIMEOUT", "15")))
     p.add_argument("--pub-rate", type=float, default=float(env("PUB_RATE", "200")),
                    help="msg/s per publisher (0 = unlimited)")
@@ -116,7 +125,7 @@ def parse_args(argv):
     a.backups = [int(x) for x in a.backups.split(",")]
     a.faults = set(x for x in a.faults.split(",") if x)
     if not a.netns:
-        a.faults &= {"kill", "move"}
+        a.faults &= {"kill", "move", "drain"}
     return a
 
 
@@ -274,6 +283,7 @@ class Soak:
         self.fault_since = {}
         self.net_faults = []        # {"kind", "start", "end", "minority", "majority"}
         self.kinds_done = collections.Counter()
+        self.draining = None        # the broker a drain was asked of, until revived
         self.incarnation = {}
         self.publisher_on = {}      # queue name -> broker its publisher is connected to
         self.lab = None
@@ -304,7 +314,7 @@ class Soak:
         a = self.a
         self.cluster = Cluster()
         users = self.cluster.users_file(USER, PASSWORD)
-        common = dict(extra_args=["--users", users])
+        common = dict(extra_args=["--users", users, "--auto-rebalance", "on"])
         if a.netns:
             from netlab import Lab
             self.lab = Lab(a.brokers)
@@ -624,6 +634,10 @@ class Soak:
             acts.append("heal")
         if "move" in self.a.faults and len(self.live_unimpaired()) >= 2:
             acts.append("move")
+        if "drain" in self.a.faults and self.draining is None and len(self.live_unimpaired()) >= 3:
+            acts.append("drain")
+        if self.draining is not None and old(("drain",)):
+            acts.append("revive")
         return acts
 
     def check_deaths(self):
@@ -722,6 +736,39 @@ class Soak:
         self.log("move %s from %s to %s (through %s): %s %s; %s" % (
             q.name, primary, to.name, via.name, status,
             body.get("error", "started") if isinstance(body, dict) else body, self.counts()))
+
+    def do_drain(self):
+        live = self.live_unimpaired()
+        victim, via = self.rng.choice(live), self.rng.choice(live)
+        try:
+            status, body = via.api_call("POST", "/api/cluster/drain", {"broker": victim.name},
+                                        timeout=5)
+        except Exception as e:  # noqa: BLE001 (a broker busy with a fault: not a failure)
+            self.log("drain of %s not asked: %s" % (victim.name, e))
+            return
+        if status == 202:
+            self.draining = victim.name
+            self.fault_since[("drain",)] = time.monotonic()
+        self.stats["drains"] += 1
+        self.log("drain %s (through %s): %s %s; %s" % (
+            victim.name, via.name, status,
+            body.get("reason", "started") if isinstance(body, dict) else body, self.counts()))
+
+    def do_revive(self):
+        live = self.live_unimpaired()
+        via = self.rng.choice(live)
+        try:
+            status, body = via.api_call("POST", "/api/cluster/revive", {"broker": self.draining},
+                                        timeout=5)
+        except Exception as e:  # noqa: BLE001
+            self.log("revive of %s not asked: %s" % (self.draining, e))
+            return
+        # 409: it died and came back up meanwhile (a restart ends a drain).
+        self.log("revive %s (through %s): %s %s; %s" % (
+            self.draining, via.name, status,
+            body.get("reason", "revived") if isinstance(body, dict) else body, self.counts()))
+        self.draining = None
+        self.stats["revives"] += 1
 
     def do_heal(self):
         kind = self.net[0]
@@ -908,13 +955,14 @@ class Soak:
             "%.2f" % (sum(times) / len(times)) if times else "-",
             sum(1 for _, t in self.restores if t is None)))
         print("RESULT seconds=%.0f seed=%d brokers=%d queues=%d kills=%d restarts=%d cuts=%d "
-              "partitions=%d heals=%d moves=%d confirmed=%d received=%d duplicates=%d dup_resent=%d "
+              "partitions=%d heals=%d moves=%d drains=%d revives=%d confirmed=%d received=%d duplicates=%d dup_resent=%d "
               "dup_redelivered=%d dup_unflagged=%d nacked=%d lost=%d split_brain=%s "
               "restore_failed=%d publish_reconnects=%d consume_reconnects=%d "
               "confirm_timeouts=%d consumer_idle_reconnects=%d consumer_cancelled=%d" % (
                   self.now(), a.seed, len(self.members), len(self.queues), self.stats["kills"],
                   self.stats["restarts"], self.stats["cuts"], self.stats["partitions"],
-                  self.stats["heals"], self.stats["moves"], confirmed, received, sum(dup.values()), dup["resent"],
+                  self.stats["heals"], self.stats["moves"], self.stats["drains"],
+                  self.stats["revives"], confirmed, received, sum(dup.values()), dup["resent"],
                   dup["redelivered"], dup["unflagged"], nacked, n_lost, split,
                   sum(1 for _, t in self.restores if t is None),
                   self.stats["publish_reconnects"], self.stats["consume_reconnects"],
@@ -922,7 +970,7 @@ class Soak:
                   self.stats["consumer_cancelled"]), flush=True)
         for kind in sorted(self.a.faults):
             if not self.stats[{"kill": "kills", "cut": "cuts", "partition": "partitions",
-                                "move": "moves"}[kind]]:
+                                "move": "moves", "drain": "drains"}[kind]]:
                 print("# note: no %s fault in this run (too short for FAULT_EVERY=%g?)" % (
                     kind, a.fault_every))
         if confirmed == 0:
