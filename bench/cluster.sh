@@ -48,12 +48,19 @@
 #           queues via b1 and consumes them via b2; 2 s in, POST /api/cluster/drain b3.
 #           Reports how long until b3 is primary and backup of nothing, how many queues lack
 #           an in-sync backup after, and lost, dup, reordered, nacked.
+#   join    5 brokers (automatic rebalancing, the default), JOIN_QUEUES queues (one backup
+#           each) declared through b1, each holding one persistent message; quaybench
+#           publishes JOIN_RATE msg/s with confirms to 4 more queues via b1 and consumes them
+#           via b2; 2 s in, a 6th broker joins. Reports how long until it holds its share
+#           (within 10%) of primaries and backups with no move in progress, how many
+#           primaries and backups moved (ideal: its share, 1/6), whether every queue still
+#           holds its message, and lost, dup, reordered, nacked.
 #   fanout  3 brokers; 1 KiB messages published via b to a fanout exchange bound to 10
 #           queues whose primary is a: the bytes b's link to a carries per message
 #           (target: at most 1.2 KiB; bench/cluster_fanout.py does the work).
 #
 # Usage: bench/cluster.sh [proxy] [failover] [scale] [replicated] [cut] [kill9] [heal] [fanout]
-#        [forget] [move] [drain]
+#        [forget] [move] [drain] [join]
 #        (default: proxy failover scale; cut, kill9 and heal need root)
 # Environment: QUAYD=build/quayd REPS=3 DURATION=10 SCALE_QUEUES=10000 BASE_PORT=6100
 #              BENCH_OUT=build/bench KEEP_TMP=0 PROBE_REPS=1 PROBE_DURATION=10 PROBE_AT=4
@@ -77,6 +84,8 @@ MOVE_RATE=${MOVE_RATE:-5000}
 MOVE_AT=${MOVE_AT:-1}
 DRAIN_QUEUES=${DRAIN_QUEUES:-6000}
 DRAIN_RATE=${DRAIN_RATE:-2000}
+JOIN_QUEUES=${JOIN_QUEUES:-10000}
+JOIN_RATE=${JOIN_RATE:-2000}
 BASE_PORT=${BASE_PORT:-6100}
 BENCH_OUT=${BENCH_OUT:-build/bench}
 KEEP_TMP=${KEEP_TMP:-0}
@@ -532,6 +541,77 @@ EOF
   stop_all
 }
 
+row_join() {
+  form 5
+  "$BENCH_OUT/quayscale" queues -H 127.0.0.1 -p "$(amqp_port 1)" -n "$JOIN_QUEUES" --keep \
+      --prefix jq > /dev/null
+  /usr/bin/python3 - "$(amqp_port 1)" "$JOIN_QUEUES" <<'EOF'
+import sys
+import pika
+c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", int(sys.argv[1])))
+ch = c.channel()
+ch.confirm_delivery()
+for i in range(int(sys.argv[2])):
+    ch.basic_publish("", "jq-%d" % i, b"m", pika.BasicProperties(delivery_mode=2))
+c.close()
+EOF
+  "$BENCH_OUT/quaybench" -H 127.0.0.1 -p "$(amqp_port 1)" --consumer-port "$(amqp_port 2)" \
+      -P 4 -C 4 --queues 4 --prefix jl --prefetch 100 --rate "$JOIN_RATE" -d "$DURATION" \
+      --confirm --persistent --durable --qarg x-quay-backups=1 > "$TMP/join.out" &
+  local bench=$!
+  sleep 2
+  local before="$TMP/join.before"
+  curl -s -u guest:guest "http://127.0.0.1:$(http_port 1)/api/queues" > "$before"
+  local t0
+  t0=$(date +%s.%N)
+  start 6 1
+  /usr/bin/python3 - "$(http_port 1)" "$before" "$t0" "$(http_port 2)" "$(http_port 3)" \
+      "$(http_port 4)" "$(http_port 5)" "$(http_port 6)" <<'EOF'
+import json, math, sys, time, urllib.request
+# The management API needs a login: quayd's default guest (an administrator, from loopback).
+_login = urllib.request.build_opener()
+_login.addheaders = [("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")]  # guest:guest
+urllib.request.install_opener(_login)
+port, t0 = int(sys.argv[1]), float(sys.argv[3])
+before = {q["name"]: (q["primary"], tuple(sorted(q["backups"])))
+          for q in json.load(open(sys.argv[2])) if q["name"].startswith("jq-")}
+def get(path, at=port):
+    with urllib.request.urlopen("http://127.0.0.1:%d%s" % (at, path), timeout=30) as r:
+        return json.load(r)
+n = len(before)
+lo, hi = math.floor(n / 6 * 0.9), math.ceil(n / 6 * 1.1)
+ok = False
+b6 = None
+while time.time() < t0 + 180:
+    info = get("/api/cluster")
+    b6 = next((b for b in info["brokers"] if b["name"] == "b6"), None)
+    if b6 and not info["moves"] and lo <= b6["primaries"] <= hi and lo <= b6["backups"] <= hi:
+        ok = True
+        break
+    time.sleep(0.2)
+took = time.time() - t0
+qs = {q["name"]: q for q in get("/api/queues") if q["name"].startswith("jq-")}
+pm = sum(1 for k, v in before.items() if qs[k]["primary"] != v[0])
+bm = sum(len(set(qs[k]["backups"]) - set(v[1])) for k, v in before.items())
+# A queue's messages as its primary counts them.
+held = {q["name"]: q["messages"] for p in [port] + [int(x) for x in sys.argv[4:]]
+        for q in get("/api/queues", p) if q["role"] == "primary" and q["name"] in qs}
+empty = sum(1 for k in qs if held.get(k) != 1)
+print("JOIN b6 primaries=%d backups=%d share=[%d,%d] took_s=%.1f primary_moves=%d "
+      "backup_moves=%d queues_missing_their_message=%d status=%s" % (
+          b6["primaries"] if b6 else -1, b6["backups"] if b6 else -1, lo, hi, took, pm, bm,
+          empty, "ok" if ok else "fail"), flush=True)
+EOF
+  wait "$bench" || true
+  local r
+  r=$(grep RESULT "$TMP/join.out")
+  echo "ROW join queues=$JOIN_QUEUES rate=$JOIN_RATE" \
+       "conf_max_ms=$(echo "$r" | field conf_max_us | awk '{print $1/1000}')" \
+       "lost=$(echo "$r" | field lost) dup=$(echo "$r" | field dup)" \
+       "reordered=$(echo "$r" | field reorder) nacked=$(echo "$r" | field nacked)"
+  stop_all
+}
+
 row_forget() {
   form 5
   "$BENCH_OUT/quayscale" queues -H 127.0.0.1 -p "$(amqp_port 2)" -n "$FORGET_QUEUES" --keep \
@@ -601,6 +681,7 @@ for row in $ROWS; do
     forget) row_forget ;;
     move) row_move ;;
     drain) row_drain ;;
+    join) row_join ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
   esac
 done

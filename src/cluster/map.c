@@ -26,6 +26,7 @@
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
+#include "lib/log.h"
 
 #define NAME_ARG(b) (int)(b).len, (const char *)(b).ptr
 
@@ -1304,7 +1305,9 @@ static int op_queue_declare(struct apply_ctx *ctx)
     struct cmd_reader *r = &ctx->reader;
     read_queue_decl(r, &d);
     uint32_t origin = ctx->restoring ? d.primary_id : read_broker_id(r, "origin");
-    if (!r->bad_key && d.backups_count >= d.replication_factor)
+    /* A snapshot may hold one backup beyond the factor: a move's target, or a
+     * replacement catching up (queue.move, queue.set_backups). */
+    if (!r->bad_key && d.backups_count >= d.replication_factor && !ctx->restoring)
         reader_fail(r, "backups");
     if (r->bad_key)
         return malformed(ctx);
@@ -2416,8 +2419,10 @@ static int restore_array(struct cluster_map *map, struct table top, const char *
                 return E_SYNTAX;
             ctx.reader.table = e.table;
         }
-        if (dispatch(&ctx) != OK)
+        if (dispatch(&ctx) != OK) {
+            LOG_ERROR("cluster map: a snapshot's %s does not apply: %s", key, change.reply_text);
             return E_SYNTAX;
+        }
     }
     return OK;
 }

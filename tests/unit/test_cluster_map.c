@@ -1055,6 +1055,14 @@ static void test_snapshot_round_trip(void **state)
     APPLY_OK(&map, map_cmd_queue_move(&c_, B("prod"), B("queue-00007"), q7->epoch, target));
     APPLY_OK(&map, map_cmd_broker_state(&c_, 4, BROKER_STATE_DRAINING));
     APPLY_OK(&map, map_cmd_rebalance(&c_, MAP_REBALANCE_ONCE));
+    /* A replacement backup catching up beyond the factor (a backup move). */
+    struct map_queue *q8 = cluster_map_queue(&map, B("prod"), B("queue-00008"));
+    uint32_t ids8[2] = {q8->backup_ids[0], q8->backup_ids[1]};
+    APPLY_OK(&map, map_cmd_queue_set_factor(&c_, B("prod"), B("queue-00008"), q8->epoch, 2,
+                                            ids8, 1));
+    APPLY_OK(&map, map_cmd_queue_set_backups(&c_, B("prod"), B("queue-00008"), q8->epoch, ids8,
+                                             2));
+    assert_int_equal(q8->backups_count, 2);
     struct map_exchange_decl xd = {.vhost = B("prod"), .name = B("moved"), .type = B("topic"),
                                    .owner_id = 1};
     APPLY_OK(&map, map_cmd_exchange_declare(&c_, &xd));
@@ -1077,6 +1085,9 @@ static void test_snapshot_round_trip(void **state)
     assert_int_equal(copy.bindings_count, QUEUES / 10);
     assert_int_equal(cluster_map_broker(&copy, 4)->state, BROKER_STATE_DRAINING);
     assert_int_equal(copy.rebalance, MAP_REBALANCE_ONCE);
+    struct map_queue *c8 = cluster_map_queue(&copy, B("prod"), B("queue-00008"));
+    assert_int_equal(c8->backups_count, 2);
+    assert_int_equal(c8->replication_factor, 2);
     struct map_queue *c7 = cluster_map_queue(&copy, B("prod"), B("queue-00007"));
     assert_int_equal(c7->epoch, q7->epoch);
     assert_int_equal(c7->owned_since, q7->owned_since);
