@@ -173,6 +173,8 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
         mgmt_api_route_post(broker->mgmt, "/api/cluster/move", moves_post, broker->member);
         mgmt_api_route_post(broker->mgmt, "/api/cluster/drain", moves_drain_post, broker->member);
         mgmt_api_route_post(broker->mgmt, "/api/cluster/revive", moves_revive_post, broker->member);
+        mgmt_api_route_post(broker->mgmt, "/api/cluster/offload", moves_offload_post,
+                            broker->member);
         mgmt_api_route_post(broker->mgmt, "/api/cluster/rebalance", moves_rebalance_post,
                             broker->member);
     }

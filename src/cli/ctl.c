@@ -69,6 +69,10 @@ static void usage(FILE *out)
             "                without an argument: move queues until every broker holds\n"
             "                its share; on/off: keep doing so automatically, or stop\n"
             "                (POST /api/cluster/rebalance)\n"
+            "  offload BROKER --to BROKER (--fraction F | --queues REGEX [--vhost V])\n"
+            "                move a fraction F (0..1] of the queues BROKER is primary\n"
+            "                of, or those whose names match REGEX, to the --to broker\n"
+            "                while they serve (POST /api/cluster/offload)\n"
             "  move QUEUE --to BROKER [--vhost VHOST]\n"
             "                hand QUEUE (of VHOST, default /) over to BROKER while it\n"
             "                serves: BROKER catches up as a backup, then takes over;\n"
@@ -813,11 +817,25 @@ static const struct command commands[] = {
     {"move", "POST", "/api/cluster/move", NULL, 0, 1, 1},
     {"drain", "POST", "/api/cluster/drain", NULL, 0, 1, 1},
     {"revive", "POST", "/api/cluster/revive", NULL, 0, 1, 1},
+    {"offload", "POST", "/api/cluster/offload", NULL, 0, 1, 1},
     {"rebalance", "POST", "/api/cluster/rebalance", NULL, 0, 0, 1},
     {"policies", "GET", "/api/policies", policy_columns,
      sizeof policy_columns / sizeof policy_columns[0], 0, 0},
     {"set-policy", "PUT", "/api/policies/", NULL, 0, 4, 5},
     {"clear-policy", "DELETE", "/api/policies/", NULL, 0, 2, 2},
+};
+
+struct options {
+    struct endpoint endpoint;
+    const char *user;
+    const char *password;
+    bool json;
+    int timeout_ms;
+    const struct command *command;
+    char *args[5];                   /* the command's positional arguments */
+    int args_count;
+    const char *to, *vhost;          /* move's and offload's --to and --vhost */
+    const char *fraction, *queues;   /* offload's --fraction or --queues */
 };
 
 /* ---- set-policy and clear-policy ------------------------------------------- */
@@ -895,6 +913,47 @@ static int build_move(const char *queue, const char *to, const char *vhost, char
     return 0;
 too_long:
     fprintf(stderr, "quayctl: move: an argument is too long\n");
+    return EXIT_USAGE;
+}
+
+/* offload BROKER --to T (--fraction F | --queues REGEX [--vhost V]): the
+ * names in JSON, F as a whole percent (the API takes integers only). */
+static int build_offload(const struct options *opt, char *body, size_t body_cap)
+{
+    if (opt->to == NULL || (opt->fraction == NULL) == (opt->queues == NULL)) {
+        fprintf(stderr, "quayctl: offload needs --to BROKER and --fraction F or --queues REGEX\n");
+        return EXIT_USAGE;
+    }
+    snprintf(body, body_cap, "{\"broker\": ");
+    if (!append_json_string(body, body_cap, opt->args[0]) || strlen(body) + 10 >= body_cap)
+        goto too_long;
+    strcat(body, ", \"to\": ");
+    if (!append_json_string(body, body_cap, opt->to) || strlen(body) + 24 >= body_cap)
+        goto too_long;
+    if (opt->fraction != NULL) {
+        char *end;
+        double f = strtod(opt->fraction, &end);
+        if (*opt->fraction == '\0' || *end != '\0' || !(f > 0.0 && f <= 1.0)) {
+            fprintf(stderr, "quayctl: --fraction takes a number in (0, 1]\n");
+            return EXIT_USAGE;
+        }
+        long percent = (long)(f * 100.0 + 0.5);
+        size_t n = strlen(body);
+        snprintf(body + n, body_cap - n, ", \"percent\": %ld}", percent < 1 ? 1 : percent);
+        return 0;
+    }
+    strcat(body, ", \"queues\": ");
+    if (!append_json_string(body, body_cap, opt->queues) || strlen(body) + 12 >= body_cap)
+        goto too_long;
+    if (opt->vhost != NULL) {
+        strcat(body, ", \"vhost\": ");
+        if (!append_json_string(body, body_cap, opt->vhost) || strlen(body) + 2 >= body_cap)
+            goto too_long;
+    }
+    strcat(body, "}");
+    return 0;
+too_long:
+    fprintf(stderr, "quayctl: offload: an argument is too long\n");
     return EXIT_USAGE;
 }
 
@@ -995,18 +1054,6 @@ static int show(const struct command *cmd, const struct response *res, bool raw_
     return fflush(stdout) == 0 ? 0 : 1;
 }
 
-struct options {
-    struct endpoint endpoint;
-    const char *user;
-    const char *password;
-    bool json;
-    int timeout_ms;
-    const struct command *command;
-    char *args[5];                   /* the command's positional arguments */
-    int args_count;
-    const char *to, *vhost;          /* move's --to and --vhost */
-};
-
 /* Returns -1 to go on, or an exit status. */
 static int parse_options(int argc, char **argv, struct options *opt)
 {
@@ -1021,6 +1068,8 @@ static int parse_options(int argc, char **argv, struct options *opt)
             opt->json = true;
         } else if ((strcmp(a, "--to") == 0 || strcmp(a, "--vhost") == 0) && i + 1 < argc) {
             *(strcmp(a, "--to") == 0 ? &opt->to : &opt->vhost) = argv[++i];
+        } else if ((strcmp(a, "--fraction") == 0 || strcmp(a, "--queues") == 0) && i + 1 < argc) {
+            *(strcmp(a, "--fraction") == 0 ? &opt->fraction : &opt->queues) = argv[++i];
         } else if (strcmp(a, "--user") == 0 && i + 1 < argc) {
             opt->user = argv[++i];
         } else if (strcmp(a, "--password") == 0 && i + 1 < argc) {
@@ -1116,6 +1165,11 @@ int main(int argc, char **argv)
     if (strcmp(opt.command->name, "move") == 0) {
         snprintf(path, sizeof path, "%s", opt.command->path);
         rc = build_move(opt.args[0], opt.to, opt.vhost, body, sizeof body);
+        if (rc != 0)
+            return rc;
+    } else if (strcmp(opt.command->name, "offload") == 0) {
+        snprintf(path, sizeof path, "%s", opt.command->path);
+        rc = build_offload(&opt, body, sizeof body);
         if (rc != 0)
             return rc;
     } else if (strcmp(opt.command->name, "rebalance") == 0) {

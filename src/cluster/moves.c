@@ -3,7 +3,9 @@
  */
 #include "cluster/moves.h"
 
+#include <regex.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cluster/controller.h"
@@ -11,6 +13,7 @@
 #include "cluster/member.h"
 #include "cluster/node.h"
 #include "cluster/placement.h"
+#include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/json.h"
@@ -237,6 +240,149 @@ int moves_revive_post(void *ctx, const char *request, size_t request_size, struc
         cluster_node_submit(member->node, &cmd, on_draining, member);
     LOG_INFO("cluster: broker '%.*s' revived: it no longer drains (asked through the management "
              "API)", name_len, name);
+    return 202;
+}
+
+/* ---- offloading ---- */
+
+struct offload_request {
+    char broker[CLUSTER_NAME_SIZE_MAX + 1];
+    char to[CLUSTER_NAME_SIZE_MAX + 1];
+    char vhost[CLUSTER_NAME_SIZE_MAX + 1];
+    char pattern[CLUSTER_NAME_SIZE_MAX + 1];
+    int64_t percent;
+    bool has_broker, has_to, has_vhost, has_pattern, has_percent;
+};
+
+static bool read_offload_member(void *ctx, const struct json_read_member *m, char *err,
+                                size_t err_size)
+{
+    struct offload_request *r = ctx;
+    if (strcmp(m->key, "percent") == 0) {
+        if (m->kind != JSON_READ_INT || m->integer < 1 || m->integer > 100) {
+            snprintf(err, err_size, "percent: a whole number 1..100");
+            return false;
+        }
+        r->percent = m->integer;
+        r->has_percent = true;
+        return true;
+    }
+    struct {
+        const char *key;
+        char *out;
+        bool *seen;
+    } names[] = {{"broker", r->broker, &r->has_broker}, {"to", r->to, &r->has_to},
+                 {"vhost", r->vhost, &r->has_vhost}, {"queues", r->pattern, &r->has_pattern}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (strcmp(m->key, names[i].key) != 0)
+            continue;
+        if (m->kind != JSON_READ_STRING || m->string_size == 0 ||
+            m->string_size > CLUSTER_NAME_SIZE_MAX ||
+            memchr(m->string, '\0', m->string_size) != NULL) {
+            snprintf(err, err_size, "%s: a string, 1..%d bytes", m->key, CLUSTER_NAME_SIZE_MAX);
+            return false;
+        }
+        memcpy(names[i].out, m->string, m->string_size + 1);
+        *names[i].seen = true;
+        return true;
+    }
+    snprintf(err, err_size, "unknown member '%s' (expected: broker, to, percent or queues, "
+             "vhost)", m->key);
+    return false;
+}
+
+/* Whether q (whose primary is the offloading broker) can move to `to` now. */
+static bool offloadable(const struct map_queue *q, const struct map_broker *to)
+{
+    return q->available && !q->exclusive && q->move_to == BROKER_ID_NONE &&
+           (map_queue_has_backup(q, to->id) || q->backups_count < CLUSTER_BACKUPS_MAX);
+}
+
+/* The queues an offload moves: those the pattern matches (and the vhost,
+ * if given), or percent of the broker's primaries, those whose target is
+ * an in-sync backup first (nothing to catch up). Marked in picked. */
+static uint32_t offload_pick(const struct cluster_map *map, const struct offload_request *r,
+                             const regex_t *re, const struct map_broker *from,
+                             const struct map_broker *to, bool *picked, uint32_t *skipped)
+{
+    uint32_t count = 0;
+    uint32_t want = (uint32_t)((from->queues_owned_count * (uint64_t)r->percent + 99) / 100);
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint32_t i = 0; i < map->queues_count; i++) {
+            const struct map_queue *q = map->queues[i];
+            if (q->primary_id != from->id || picked[i])
+                continue;
+            if (r->has_pattern) {
+                char name[CLUSTER_NAME_SIZE_MAX + 1];
+                memcpy(name, q->name.ptr, q->name.len);
+                name[q->name.len] = '\0';
+                if (pass == 1 || (r->has_vhost && !bytes_equal_cstr(q->vhost->name, r->vhost)) ||
+                    regexec(re, name, 0, NULL, 0) != 0)
+                    continue;
+            } else if (count == want || (pass == 0) != map_queue_backup_in_sync(q, to->id)) {
+                continue;
+            }
+            if (!offloadable(q, to)) {
+                (*skipped)++; /* (each queue is looked at in one pass only) */
+                continue;
+            }
+            picked[i] = true;
+            count++;
+        }
+    }
+    return count;
+}
+
+int moves_offload_post(void *ctx, const char *request, size_t request_size, struct json *body)
+{
+    struct member *member = ctx;
+    const struct cluster_map *map = member_map(member);
+    json_object_begin(body);
+    if (member->stopping || !cluster_node_synced(member->node))
+        return member_api_error(body, 503, "not serving the cluster yet (or stopping): try again");
+    struct offload_request r = {0};
+    char err[256];
+    if (json_read_object(request, request_size, read_offload_member, &r, err, sizeof err) != OK)
+        return member_api_error(body, 400, err);
+    if (!r.has_broker || !r.has_to || r.has_pattern == r.has_percent)
+        return member_api_error(body, 400, "expected {\"broker\": B, \"to\": B, and "
+                                "\"percent\": 1..100 or \"queues\": REGEX [, \"vhost\": V]}");
+    char text[900];
+    const struct map_broker *from = broker_named(map, r.broker);
+    const struct map_broker *to = broker_named(map, r.to);
+    if (from == NULL || to == NULL) {
+        snprintf(text, sizeof text, "no broker '%s' in the cluster", from ? r.to : r.broker);
+        return member_api_error(body, 404, text);
+    }
+    if (from == to || to->state != BROKER_STATE_UP) {
+        snprintf(text, sizeof text, "broker '%s' %s", r.to,
+                 from == to ? "is the one offloading" : "is not up");
+        return member_api_error(body, 409, text);
+    }
+    regex_t re;
+    memset(&re, 0, sizeof re);
+    if (r.has_pattern && regcomp(&re, r.pattern, REG_EXTENDED | REG_NOSUB) != 0)
+        return member_api_error(body, 400, "queues: not a valid regular expression");
+    bool *picked = calloc(map->queues_count + 1u, sizeof(bool));
+    ASSERT(picked != NULL);
+    uint32_t skipped = 0;
+    uint32_t count = offload_pick(map, &r, &re, from, to, picked, &skipped);
+    if (r.has_pattern)
+        regfree(&re);
+    json_kv_string(body, "broker", r.broker);
+    json_kv_string(body, "to", r.to);
+    json_kv_uint(body, "moves", count);
+    json_kv_uint(body, "skipped", skipped);
+    json_object_end(body);
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        const struct map_queue *q = map->queues[i];
+        struct map_cmd cmd;
+        if (picked[i] && map_cmd_queue_move(&cmd, q->vhost->name, q->name, q->epoch, to->id) == OK)
+            cluster_node_submit(member->node, &cmd, on_moved, member);
+    }
+    free(picked);
+    LOG_INFO("cluster: offloading %u queue(s) from broker '%s' to '%s' (asked through the "
+             "management API; %u skipped)", count, r.broker, r.to, skipped);
     return 202;
 }
 

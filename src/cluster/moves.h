@@ -32,6 +32,17 @@ int moves_drain_post(void *ctx, const char *request, size_t request_size, struct
  * draining, 400 malformed, 503 not serving yet. */
 int moves_revive_post(void *ctx, const char *request, size_t request_size, struct json *body);
 
+/* POST /api/cluster/offload {"broker": B, "to": T, "percent": 1..100 | "queues":
+ * REGEX [, "vhost": V]}: moves (queue.move, each a planned handover) the
+ * queues B is primary of whose names match REGEX (in V, if given), or
+ * percent of them (rounded up; those T holds in sync first), to T. Queues
+ * that cannot move now (unavailable, exclusive, moving already, T not a
+ * backup and no room for one more) are skipped. 202 with the counts; 400
+ * malformed, 404 unknown broker, 409 T not up or B itself; 503 not serving
+ * yet. With automatic rebalancing on, a rebalance may move back what an
+ * offload leaves beyond the brokers' shares. */
+int moves_offload_post(void *ctx, const char *request, size_t request_size, struct json *body);
+
 /* POST /api/cluster/rebalance: {} (or no body) starts one rebalance, which
  * runs until nothing is left to move (the map's mode becomes "once", then
  * "off"; nothing changes while it is "auto"); {"auto": true|false} turns

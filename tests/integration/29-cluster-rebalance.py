@@ -192,5 +192,60 @@ def a_revived_drain_gets_its_share_back():
                detail=lambda: last_seen)
 
 
+
+@test(timeout=180)
+def an_offload_moves_a_fraction_or_the_named_queues():
+    """With automatic rebalancing off (else it could move them back): half
+    of a's primaries go to b (quayctl offload a --to b --fraction 0.5), then
+    the queues named by a pattern that c is primary of go to d; each keeps
+    its messages. Malformed or impossible requests are refused."""
+    a = members["a"]
+    assert a.api_call("POST", "/api/cluster/rebalance", {"auto": False}, timeout=5)[0] == 202
+    wait_until(lambda: cluster_info(a)["rebalance"] == "off", 10, what="rebalance off")
+    conn = connect(a)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for name in QUEUES:
+        ch.queue_purge(name)
+        ch.basic_publish("", name, name.encode(), pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    cases = [({"broker": "a", "to": "a", "percent": 50}, 409),
+             ({"broker": "zz", "to": "b", "percent": 50}, 404),
+             ({"broker": "a", "to": "zz", "percent": 50}, 404),
+             ({"broker": "a", "to": "b"}, 400),
+             ({"broker": "a", "to": "b", "percent": 50, "queues": "x"}, 400),
+             ({"broker": "a", "to": "b", "percent": 0}, 400),
+             ({"broker": "a", "to": "b", "percent": 101}, 400),
+             ({"broker": "a", "to": "b", "queues": "("}, 400),
+             ({"broker": "a", "to": "b", "percent": 50, "x": 1}, 400)]
+    for body, want in cases:
+        status, answer = a.api_call("POST", "/api/cluster/offload", body, timeout=5)
+        assert status == want and answer.get("reason"), (body, status, answer)
+    out = quayctl(a, "offload", "a", "--to", "b")
+    assert out.returncode == 64, (out.returncode, out.stderr)
+    before = placement(a)
+    on_a = sorted(q for q in QUEUES if before[q] == "a")
+    out = quayctl(a, "--json", "offload", "a", "--to", "b", "--fraction", "0.5")
+    assert out.returncode == 0, (out.returncode, out.stderr)
+    answer = json.loads(out.stdout)
+    assert answer["moves"] == (len(on_a) + 1) // 2 and answer["skipped"] == 0, (answer, on_a)
+    wait_until(lambda: not holdings(a)[1] and
+               sum(1 for q in on_a if placement(a)[q] == "b") == answer["moves"], 30,
+               what="half of a's queues on b", detail=lambda: holdings(a))
+    after = placement(a)
+    assert all(after[q] == before[q] for q in QUEUES if q not in on_a), (before, after)
+    on_c = [q for q in QUEUES if after[q] == "c" and q.startswith("rb-1")]
+    out = quayctl(a, "--json", "offload", "c", "--to", "d", "--queues", "^rb-1[0-9]*$",
+                  "--vhost", "/")
+    assert out.returncode == 0 and json.loads(out.stdout)["moves"] == len(on_c), out
+    wait_until(lambda: not holdings(a)[1] and all(placement(a)[q] == "d" for q in on_c), 30,
+               what="c's rb-1* queues on d", detail=lambda: holdings(a))
+    print("# offloaded %d of a's %d queues to b, %d of c's rb-1* to d" % (
+        answer["moves"], len(on_a), len(on_c)))
+    assert on_c, after
+    for name in QUEUES:
+        assert read_all(members["b"], name) == [name.encode()], name
+
+
 if __name__ == "__main__":
     run(closer(lambda: cluster))
