@@ -73,10 +73,12 @@ static void usage(FILE *out)
             "                move a fraction F (0..1] of the queues BROKER is primary\n"
             "                of, or those whose names match REGEX, to the --to broker\n"
             "                while they serve (POST /api/cluster/offload)\n"
-            "  move QUEUE --to BROKER [--vhost VHOST]\n"
+            "  move QUEUE --to BROKER [--vhost VHOST] [--backup-of B]\n"
             "                hand QUEUE (of VHOST, default /) over to BROKER while it\n"
             "                serves: BROKER catches up as a backup, then takes over;\n"
-            "                'cluster' shows the moves in progress (POST /api/cluster/move)\n"
+            "                with --backup-of, BROKER replaces the queue's backup B once\n"
+            "                caught up; 'cluster' shows the moves in progress\n"
+            "                (POST /api/cluster/move)\n"
             "  policies      every replication policy (GET /api/policies)\n"
             "  set-policy VHOST NAME PATTERN BACKUPS [PRIORITY]\n"
             "                queues of VHOST whose name matches the regular expression\n"
@@ -836,6 +838,7 @@ struct options {
     int args_count;
     const char *to, *vhost;          /* move's and offload's --to and --vhost */
     const char *fraction, *queues;   /* offload's --fraction or --queues */
+    const char *backup_of;           /* move's --backup-of */
 };
 
 /* ---- set-policy and clear-policy ------------------------------------------- */
@@ -891,9 +894,10 @@ static bool is_number(const char *s)
     return true;
 }
 
-/* move QUEUE --to BROKER [--vhost VHOST]: the names in a JSON body. */
-static int build_move(const char *queue, const char *to, const char *vhost, char *body,
-                      size_t body_cap)
+/* move QUEUE --to BROKER [--vhost VHOST] [--backup-of B]: the names in a
+ * JSON body. */
+static int build_move(const char *queue, const char *to, const char *vhost,
+                      const char *backup_of, char *body, size_t body_cap)
 {
     if (to == NULL) {
         fprintf(stderr, "quayctl: move needs --to BROKER\n");
@@ -907,8 +911,13 @@ static int build_move(const char *queue, const char *to, const char *vhost, char
     if (!append_json_string(body, body_cap, queue) || strlen(body) + 9 >= body_cap)
         goto too_long;
     strcat(body, ", \"to\": ");
-    if (!append_json_string(body, body_cap, to) || strlen(body) + 2 >= body_cap)
+    if (!append_json_string(body, body_cap, to) || strlen(body) + 16 >= body_cap)
         goto too_long;
+    if (backup_of != NULL) {
+        strcat(body, ", \"backup_of\": ");
+        if (!append_json_string(body, body_cap, backup_of) || strlen(body) + 2 >= body_cap)
+            goto too_long;
+    }
     strcat(body, "}");
     return 0;
 too_long:
@@ -1068,6 +1077,8 @@ static int parse_options(int argc, char **argv, struct options *opt)
             opt->json = true;
         } else if ((strcmp(a, "--to") == 0 || strcmp(a, "--vhost") == 0) && i + 1 < argc) {
             *(strcmp(a, "--to") == 0 ? &opt->to : &opt->vhost) = argv[++i];
+        } else if (strcmp(a, "--backup-of") == 0 && i + 1 < argc) {
+            opt->backup_of = argv[++i];
         } else if ((strcmp(a, "--fraction") == 0 || strcmp(a, "--queues") == 0) && i + 1 < argc) {
             *(strcmp(a, "--fraction") == 0 ? &opt->fraction : &opt->queues) = argv[++i];
         } else if (strcmp(a, "--user") == 0 && i + 1 < argc) {
@@ -1164,7 +1175,7 @@ int main(int argc, char **argv)
     char path[2048], body[1536] = "";
     if (strcmp(opt.command->name, "move") == 0) {
         snprintf(path, sizeof path, "%s", opt.command->path);
-        rc = build_move(opt.args[0], opt.to, opt.vhost, body, sizeof body);
+        rc = build_move(opt.args[0], opt.to, opt.vhost, opt.backup_of, body, sizeof body);
         if (rc != 0)
             return rc;
     } else if (strcmp(opt.command->name, "offload") == 0) {

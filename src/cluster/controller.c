@@ -268,6 +268,20 @@ static uint32_t usable_brokers(const struct cluster_map *map)
     return n;
 }
 
+/* A backup move whose new backup caught up: the one it replaces leaves
+ * (map_queue.move_from; that set_backups ends the move). */
+static void finish_backup_move(const struct map_queue *q, struct map_cmd_list *out)
+{
+    uint32_t ids[CLUSTER_BACKUPS_MAX];
+    uint8_t n = 0;
+    for (uint8_t b = 0; b < q->backups_count; b++) {
+        if (q->backup_ids[b] != q->move_from)
+            ids[n++] = q->backup_ids[b];
+    }
+    struct map_cmd cmd;
+    push(out, map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, q->epoch, ids, n), &cmd);
+}
+
 int controller_repair(const struct cluster_map *map, const struct controller_config *config,
                       struct map_cmd_list *out)
 {
@@ -278,6 +292,11 @@ int controller_repair(const struct cluster_map *map, const struct controller_con
     bool placed = false;
     for (uint32_t i = 0; i < map->queues_count; i++) {
         const struct map_queue *q = map->queues[i];
+        if (q->move_from != BROKER_ID_NONE && map_queue_backup_in_sync(q, q->move_to) &&
+            !broker_down(map, q->primary_id)) {
+            finish_backup_move(q, out);
+            continue;
+        }
         if (q->exclusive && broker_down(map, q->exclusive_owner_id)) {
             /* Its connection is gone with its broker (a failover that did
              * not finish, or a broker that left). */

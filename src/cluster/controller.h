@@ -73,8 +73,10 @@ int controller_broker_returned(const struct cluster_map *map, uint32_t broker_id
  * a full replication factor possible again): queues whose primary is down,
  * unavailable queues whose primary is up, backups on brokers that are
  * down, fewer backups than the factor wants while a broker could take
- * one. Exchanges owned by a broker that is down get a new owner. Idempotent
- * on a map that needs nothing (no commands). OK.
+ * one. Exchanges owned by a broker that is down get a new owner. A backup
+ * move whose new backup is in sync ends: the backup it replaces leaves
+ * (map_queue.move_from). Idempotent on a map that needs nothing (no
+ * commands). OK.
  */
 int controller_repair(const struct cluster_map *map, const struct controller_config *config,
                       struct map_cmd_list *out);

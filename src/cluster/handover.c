@@ -295,7 +295,7 @@ static void start(struct member *member, struct queue *queue, const struct map_q
 void handover_follow(struct member *member, struct queue *queue, const struct map_queue *mq)
 {
     bool wanted = !member->stopping && mq->available && mq->move_to != BROKER_ID_NONE &&
-                  map_queue_backup_in_sync(mq, mq->move_to);
+                  mq->move_from == BROKER_ID_NONE && map_queue_backup_in_sync(mq, mq->move_to);
     struct handover *h = find(member, queue);
     if (h != NULL) {
         bool same = wanted && h->to == mq->move_to && h->epoch == mq->epoch;

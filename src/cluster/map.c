@@ -1285,6 +1285,10 @@ static void read_queue_state(struct cmd_reader *r, struct map_queue *q)
     q->move_to = (uint32_t)read_uint(r, "move_to", UINT32_MAX, true, BROKER_ID_NONE);
     if (q->move_to != BROKER_ID_NONE && backup_slot(q, q->move_to) < 0)
         reader_fail(r, "move_to");
+    q->move_from = (uint32_t)read_uint(r, "move_from", UINT32_MAX, true, BROKER_ID_NONE);
+    if (q->move_from != BROKER_ID_NONE &&
+        (backup_slot(q, q->move_from) < 0 || q->move_to == BROKER_ID_NONE))
+        reader_fail(r, "move_from");
     uint32_t ids[CLUSTER_BACKUPS_MAX];
     uint8_t n = read_ids(r, "in_sync", ids);
     q->in_sync_mask = 0;
@@ -1468,6 +1472,7 @@ static int op_queue_set_owner(struct apply_ctx *ctx)
     q->owned_since = map->version;
     q->available = true;
     q->move_to = BROKER_ID_NONE; /* done, or overtaken by a failover */
+    q->move_from = BROKER_ID_NONE;
     queue_count(map, q, +1);
     ASSERT(!map_queue_has_backup(q, primary));
     ctx->change->planned = planned;
@@ -1503,8 +1508,13 @@ static int op_queue_set_backups(struct apply_ctx *ctx)
     memcpy(q->backup_ids, ids, n * sizeof(uint32_t));
     q->backups_count = n;
     q->in_sync_mask = mask;
-    if (!map_queue_has_backup(q, q->move_to))
-        q->move_to = BROKER_ID_NONE; /* its target is no longer a backup: the move ends */
+    /* The move ends when its target is no longer a backup, and a backup
+     * move when the backup it replaces left (done). */
+    if (!map_queue_has_backup(q, q->move_to) ||
+        (q->move_from != BROKER_ID_NONE && !map_queue_has_backup(q, q->move_from))) {
+        q->move_to = BROKER_ID_NONE;
+        q->move_from = BROKER_ID_NONE;
+    }
     queue_count(ctx->map, q, +1);
     ctx->change->changed = true;
     return OK;
@@ -1517,6 +1527,7 @@ static int op_queue_set_backups(struct apply_ctx *ctx)
 static int op_queue_move(struct apply_ctx *ctx)
 {
     uint32_t to = (uint32_t)read_uint(&ctx->reader, "to", UINT32_MAX, false, 0);
+    uint32_t from = (uint32_t)read_uint(&ctx->reader, "from", UINT32_MAX, true, BROKER_ID_NONE);
     int rc;
     struct map_queue *q = find_queue_cas(ctx, true, &rc);
     if (q == NULL)
@@ -1525,6 +1536,7 @@ static int op_queue_move(struct apply_ctx *ctx)
         int slot = backup_slot(q, q->move_to);
         ctx->change->changed = q->move_to != BROKER_ID_NONE;
         q->move_to = BROKER_ID_NONE;
+        q->move_from = BROKER_ID_NONE;
         if (slot >= 0 && q->backups_count >= q->replication_factor) {
             queue_count(ctx->map, q, -1);
             drop_backup_slot(q, slot);
@@ -1538,6 +1550,10 @@ static int op_queue_move(struct apply_ctx *ctx)
     rc = check_broker_usable(ctx, to, "queue", q->name);
     if (rc != OK)
         return rc;
+    if (from != BROKER_ID_NONE && (!map_queue_has_backup(q, from) || map_queue_has_backup(q, to)))
+        return refuse(ctx, REPLY_PRECONDITION_FAILED, false,
+                      "a backup move of queue '%.*s' goes from one of its backups (%u) to a "
+                      "broker that is not one (%u)", NAME_ARG(q->name), from, to);
     if (!map_queue_has_backup(q, to)) {
         if (q->backups_count == CLUSTER_BACKUPS_MAX)
             return refuse(ctx, REPLY_PRECONDITION_FAILED, false,
@@ -1548,8 +1564,9 @@ static int op_queue_move(struct apply_ctx *ctx)
         queue_count(ctx->map, q, +1);
         ctx->change->changed = true;
     }
-    ctx->change->changed |= q->move_to != to;
+    ctx->change->changed |= q->move_to != to || q->move_from != from;
     q->move_to = to;
+    q->move_from = from;
     return OK;
 }
 
@@ -1848,6 +1865,8 @@ struct simple_cmd {
     uint32_t id;    /* "id" for broker.*, 0: not written */
     const char *int_key; /* an extra integer */
     uint64_t int_value;
+    const char *int2_key; /* and another */
+    uint64_t int2_value;
     const char *str_key; /* an extra string */
     struct bytes str_value;
     const char *bool_key; /* an extra bool */
@@ -1871,6 +1890,8 @@ static void encode_simple(struct table_writer *w, const void *arg)
         table_put_int(w, "epoch", (int64_t)s->epoch);
     if (s->int_key)
         table_put_int(w, s->int_key, (int64_t)s->int_value);
+    if (s->int2_key)
+        table_put_int(w, s->int2_key, (int64_t)s->int2_value);
     if (s->str_key)
         table_put_longstr(w, s->str_key, s->str_value);
     if (s->bool_key)
@@ -2093,6 +2114,8 @@ static void encode_queue(struct table_writer *w, const void *arg)
     table_put_bool(w, "available", q->available);
     if (q->move_to != BROKER_ID_NONE)
         table_put_int(w, "move_to", q->move_to);
+    if (q->move_from != BROKER_ID_NONE)
+        table_put_int(w, "move_from", q->move_from);
 }
 
 int map_cmd_queue_declare(struct map_cmd *out, const struct map_queue_decl *decl,
@@ -2155,6 +2178,17 @@ int map_cmd_rebalance_done(struct map_cmd *out)
 {
     struct simple_cmd s = {.op = MAP_OP_CLUSTER_REBALANCE, .str_key = "mode",
                            .str_value = BYTES_LIT("done")};
+    return build(out, encode_simple, &s);
+}
+
+int map_cmd_queue_move_backup(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                              uint64_t expected_epoch, uint32_t from, uint32_t to)
+{
+    ASSERT(expected_epoch != 0);
+    ASSERT(from != BROKER_ID_NONE && to != BROKER_ID_NONE && from != to);
+    struct simple_cmd s = {.op = MAP_OP_QUEUE_MOVE, .vhost = vhost, .name = name,
+                           .epoch = expected_epoch, .int_key = "to", .int_value = to,
+                           .int2_key = "from", .int2_value = from};
     return build(out, encode_simple, &s);
 }
 
@@ -2488,6 +2522,9 @@ static bool verify_queue(const struct cluster_map *map, const struct map_queue *
     if ((q->in_sync_mask >> q->backups_count) != 0 || q->epoch == 0)
         return false;
     if (q->move_to != BROKER_ID_NONE && backup_slot(q, q->move_to) < 0)
+        return false;
+    if (q->move_from != BROKER_ID_NONE &&
+        (q->move_to == BROKER_ID_NONE || backup_slot(q, q->move_from) < 0))
         return false;
     int p = -1;
     for (uint32_t b = 0; b < map->brokers_count; b++) {

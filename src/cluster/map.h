@@ -179,6 +179,11 @@ struct map_queue {
      * the queue to once it is an in-sync backup, or BROKER_ID_NONE. Always
      * one of backup_ids; set_owner and a set_backups without it end it. */
     uint32_t move_to;
+    /* A backup move instead (queue.move with "from"): the backup that
+     * leaves once move_to, its replacement, is in sync (the controller then
+     * drops it: controller_repair); the primary stays. BROKER_ID_NONE for a
+     * primary move or none; else one of backup_ids, and move_to is set. */
+    uint32_t move_from;
     struct list_node bindings_in; /* struct map_binding.destination_node */
     uint32_t index;               /* in map->queues */
 };
@@ -438,6 +443,10 @@ int map_cmd_queue_hand_over(struct map_cmd *out, struct bytes vhost, struct byte
  * map_queue.move_to. */
 int map_cmd_queue_move(struct map_cmd *out, struct bytes vhost, struct bytes name,
                        uint64_t expected_epoch, uint32_t to);
+/* Starts a backup move: `to` (not a backup yet) replaces backup `from`
+ * once caught up (map_queue.move_from). */
+int map_cmd_queue_move_backup(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                              uint64_t expected_epoch, uint32_t from, uint32_t to);
 /* cluster.rebalance: sets map->rebalance (not UNSET). */
 int map_cmd_rebalance(struct map_cmd *out, enum map_rebalance mode);
 /* The leader found nothing left to move: ONCE becomes OFF (any other mode

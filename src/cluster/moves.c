@@ -23,7 +23,8 @@ struct move_request {
     char vhost[CLUSTER_NAME_SIZE_MAX + 1];
     char queue[CLUSTER_NAME_SIZE_MAX + 1];
     char to[CLUSTER_NAME_SIZE_MAX + 1];
-    bool has_vhost, has_queue, has_to;
+    char backup_of[CLUSTER_NAME_SIZE_MAX + 1];
+    bool has_vhost, has_queue, has_to, has_backup_of;
 };
 
 static bool read_move_member(void *ctx, const struct json_read_member *m, char *err,
@@ -41,8 +42,12 @@ static bool read_move_member(void *ctx, const struct json_read_member *m, char *
     } else if (strcmp(m->key, "to") == 0) {
         out = r->to;
         seen = &r->has_to;
+    } else if (strcmp(m->key, "backup_of") == 0) {
+        out = r->backup_of;
+        seen = &r->has_backup_of;
     } else {
-        snprintf(err, err_size, "unknown member '%s' (expected: vhost, queue, to)", m->key);
+        snprintf(err, err_size, "unknown member '%s' (expected: vhost, queue, to, backup_of)",
+                 m->key);
         return false;
     }
     /* A queue's name may be empty on the wire, but never a queue's in the
@@ -77,11 +82,17 @@ static void on_moved(void *ctx, int status, const struct map_change *change)
         LOG_WARN("cluster: a move was refused: %u %s", change->reply_code, change->reply_text);
 }
 
-/* Why the map would refuse moving q to b now, or NULL. */
-static const char *refusal(const struct map_queue *q, const struct map_broker *b)
+/* Why the map would refuse moving q to b now (its backup `from`, if not
+ * NULL: a backup move), or NULL. */
+static const char *refusal(const struct map_queue *q, const struct map_broker *b,
+                           const struct map_broker *from)
 {
     if (b->state != BROKER_STATE_UP)
         return "is not up";
+    if (from != NULL && !map_queue_has_backup(q, from->id))
+        return "cannot replace a broker that is not a backup of the queue (backup_of)";
+    if (from != NULL && (map_queue_has_backup(q, b->id) || q->primary_id == b->id))
+        return "holds the queue already";
     if (q->primary_id == b->id)
         return "is the queue's primary already";
     if (!q->available)
@@ -103,7 +114,8 @@ int moves_post(void *ctx, const char *request, size_t request_size, struct json 
     if (json_read_object(request, request_size, read_move_member, &r, err, sizeof err) != OK)
         return member_api_error(body, 400, err);
     if (!r.has_queue || !r.has_to)
-        return member_api_error(body, 400, "expected {\"vhost\": V, \"queue\": Q, \"to\": BROKER}");
+        return member_api_error(body, 400, "expected {\"vhost\": V, \"queue\": Q, \"to\": BROKER"
+                                "[, \"backup_of\": BROKER]}");
     char text[900];
     const struct map_queue *q =
         cluster_map_queue(map, bytes_of_cstr(r.vhost), bytes_of_cstr(r.queue));
@@ -116,15 +128,24 @@ int moves_post(void *ctx, const char *request, size_t request_size, struct json 
         snprintf(text, sizeof text, "no broker '%s' in the cluster", r.to);
         return member_api_error(body, 404, text);
     }
-    const char *why = refusal(q, to);
+    const struct map_broker *replaced = r.has_backup_of ? broker_named(map, r.backup_of) : NULL;
+    if (r.has_backup_of && replaced == NULL) {
+        snprintf(text, sizeof text, "no broker '%s' in the cluster", r.backup_of);
+        return member_api_error(body, 404, text);
+    }
+    const char *why = refusal(q, to, replaced);
     if (why != NULL) {
         snprintf(text, sizeof text, "broker '%s' %s", r.to, why);
         return member_api_error(body, 409, text);
     }
     struct map_cmd cmd;
-    if (map_cmd_queue_move(&cmd, q->vhost->name, q->name, q->epoch, to->id) != OK)
+    int rc = replaced ? map_cmd_queue_move_backup(&cmd, q->vhost->name, q->name, q->epoch,
+                                                  replaced->id, to->id)
+                      : map_cmd_queue_move(&cmd, q->vhost->name, q->name, q->epoch, to->id);
+    if (rc != OK)
         return member_api_error(body, 400, "the names do not fit a map command");
-    const struct map_broker *from = cluster_map_broker(map, q->primary_id);
+    const struct map_broker *from = replaced ? replaced : cluster_map_broker(map, q->primary_id);
+    json_kv_string(body, "kind", replaced ? "backup" : "primary");
     json_kv_string(body, "vhost", r.vhost);
     json_kv_string(body, "queue", r.queue);
     json_key(body, "from");
@@ -470,9 +491,12 @@ void moves_write_json(const struct cluster_map *map, struct json *body)
         const struct map_queue *q = map->queues[i];
         if (q->move_to == BROKER_ID_NONE)
             continue;
-        const struct map_broker *from = cluster_map_broker(map, q->primary_id);
+        bool backup = q->move_from != BROKER_ID_NONE;
+        const struct map_broker *from =
+            cluster_map_broker(map, backup ? q->move_from : q->primary_id);
         const struct map_broker *to = cluster_map_broker(map, q->move_to);
         json_object_begin(body);
+        json_kv_string(body, "kind", backup ? "backup" : "primary");
         json_key(body, "vhost");
         json_string_n(body, q->vhost->name.ptr, q->vhost->name.len);
         json_key(body, "queue");
@@ -481,8 +505,10 @@ void moves_write_json(const struct cluster_map *map, struct json *body)
         json_string_n(body, from ? from->name.ptr : NULL, from ? from->name.len : 0);
         json_key(body, "to");
         json_string_n(body, to ? to->name.ptr : NULL, to ? to->name.len : 0);
-        json_kv_string(body, "phase", map_queue_backup_in_sync(q, q->move_to) ? "handing-over"
-                                                                               : "catching-up");
+        bool caught_up = map_queue_backup_in_sync(q, q->move_to);
+        json_kv_string(body, "phase", !caught_up ? "catching-up"
+                                      : backup   ? "releasing"
+                                                 : "handing-over");
         json_object_end(body);
     }
     json_array_end(body);

@@ -181,6 +181,54 @@ def a_move_to_another_broker_catches_it_up_first():
     move_under_load(False)
 
 
+@test(timeout=120)
+def a_backup_moves_under_load_and_the_primary_stays():
+    """quayctl move Q --to T --backup-of B: T (not holding Q) catches up
+    while a publisher and a consumer go on, then B lets go; the primary
+    never changes and the queue keeps one backup, in sync."""
+    q = placed("mv-bk", members["a"],
+               lambda i: i is not None and i["in_sync"] == i["backups"] and len(i["backups"]) == 1,
+               **{"x-quay-backups": 1})
+    first = queue_info(members["a"], q)
+    primary, backup = first["primary"], first["backups"][0]
+    target = next(m.name for m in others(primary, backup))
+    a = members[primary]
+    for body, want in (({"queue": q, "to": target, "backup_of": target}, 409),
+                       ({"queue": q, "to": backup, "backup_of": backup}, 409),
+                       ({"queue": q, "to": target, "backup_of": "zz"}, 404),
+                       ({"queue": q, "to": target, "backup_of": 3}, 400)):
+        status, answer = post_move(a, json.dumps(body).encode())
+        assert status == want and answer.get("reason"), (body, status, answer)
+    fill(members[backup], q, 500)
+    pubs = [Publisher(m.name, m, q, rate=150) for m in members.values()]
+    con = Consumer(members[target], q)
+    con.start()
+    for p in pubs:
+        p.start()
+    time.sleep(1.0)
+    out = quayctl(a, "--json", "move", q, "--to", target, "--backup-of", backup)
+    assert out.returncode == 0, (out.returncode, out.stderr)
+    assert json.loads(out.stdout)["kind"] == "backup", out.stdout
+    wait_until(lambda: queue_info(a, q)["backups"] == [target] and
+               queue_info(a, q)["in_sync"] == [target] and a.api_cluster()["moves"] == [], 20,
+               what="the backup moved", detail=lambda: (queue_info(a, q), a.api_cluster()["moves"]))
+    time.sleep(0.5)
+    for p in pubs:
+        p.stopping.set()
+        p.join(30)
+    confirmed = [b for p in pubs for b in p.confirmed]
+    wait_until(lambda: set(con.got) >= set(confirmed), 20, what="everything delivered")
+    con.stopping.set()
+    con.join(30)
+    assert all(not p.errors and not p.nacked for p in pubs), [(p.errors, p.nacked) for p in pubs]
+    assert not con.errors and not con.cancelled, con.errors
+    mine = [b for b in con.got if not b[:1].isdigit()]
+    assert len(mine) == len(set(mine)) and in_order(mine)
+    assert queue_info(a, q)["primary"] == primary
+    got = sorted(int(b.split(b"-", 1)[0]) for b in con.got if b[:1].isdigit())
+    assert got == list(range(500)), len(got)
+
+
 def fill(via, queue, n, size=1024):
     """n persistent messages, confirmed, through via."""
     conn = connect(via)

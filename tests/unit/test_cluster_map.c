@@ -607,6 +607,60 @@ static void test_queue_move(void **state)
     cluster_map_free(&map);
 }
 
+/* A backup move: the new backup joins beyond the factor and the primary
+ * stays; the set_backups without the replaced one ends it. */
+static void test_queue_move_backup(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    join(&map, 4, true);
+    struct map_cmd c_;
+    struct map_queue_decl d = queue_decl("/", "q", 1, 2);
+    d.replication_factor = 2;
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1));
+    struct map_queue *q = cluster_map_queue(&map, B("/"), B("q"));
+    uint64_t e = q->epoch;
+    /* From a broker that is not a backup, or to one that is: refused. */
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_move_backup(&c_, B("/"), B("q"), e, 3, 4)),
+                     E_MAP_REFUSED);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_move_backup(&c_, B("/"), B("q"), e, 2, 1)),
+                     E_MAP_REFUSED);
+    APPLY_OK(&map, map_cmd_queue_move_backup(&c_, B("/"), B("q"), e, 2, 4));
+    assert_int_equal(q->move_to, 4);
+    assert_int_equal(q->move_from, 2);
+    assert_int_equal(q->backups_count, 2);
+    assert_true(cluster_map_verify(&map));
+    /* A snapshot keeps it. */
+    uint8_t *snap;
+    size_t size;
+    assert_int_equal(cluster_map_snapshot_alloc(&map, &snap, &size), OK);
+    struct cluster_map copy;
+    cluster_map_init(&copy);
+    assert_int_equal(cluster_map_snapshot_read(&copy, snap, size), OK);
+    struct map_queue *cq = cluster_map_queue(&copy, B("/"), B("q"));
+    assert_int_equal(cq->move_from, 2);
+    assert_int_equal(cq->move_to, 4);
+    free(snap);
+    cluster_map_free(&copy);
+    /* Caught up; the replaced backup leaves: done, the primary unchanged. */
+    uint32_t both[] = {2, 4};
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), e, both, 2));
+    uint32_t four[] = {4};
+    APPLY_OK(&map, map_cmd_queue_set_backups(&c_, B("/"), B("q"), e, four, 1));
+    assert_int_equal(q->move_to, 0);
+    assert_int_equal(q->move_from, 0);
+    assert_int_equal(q->primary_id, 1);
+    assert_int_equal(q->in_sync_mask, 0x1);
+    /* Cancelled (queue.move to none): the new backup goes again. */
+    APPLY_OK(&map, map_cmd_queue_move_backup(&c_, B("/"), B("q"), e, 4, 3));
+    APPLY_OK(&map, map_cmd_queue_move(&c_, B("/"), B("q"), e, 0));
+    assert_int_equal(q->move_from, 0);
+    assert_int_equal(q->backups_count, 1);
+    assert_int_equal(q->backup_ids[0], 4);
+    cluster_map_free(&map);
+}
+
 static uint32_t valid_commands(struct map_cmd *cmds)
 {
     uint32_t n = 0;
@@ -1166,6 +1220,7 @@ int main(void)
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_fuzz_flips),
         cmocka_unit_test(test_rebalance_mode),
+        cmocka_unit_test(test_queue_move_backup),
         cmocka_unit_test(test_snapshot_round_trip),
         cmocka_unit_test(test_lookup_is_constant_time),
     };

@@ -859,6 +859,39 @@ static void declare(struct cluster_map *map, const char *name, uint8_t rf, bool 
     must_apply(map, map_cmd_queue_declare(&c, &d, 1), &c);
 }
 
+/* A backup move (queue.move with from): repair leaves it alone while the
+ * new backup catches up, then drops the backup it replaces; the primary
+ * stays. */
+static void test_repair_finishes_a_backup_move(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    small_map(&map, 3);
+    declare(&map, "bq", 2, false, (struct table){NULL, 0});
+    struct map_queue *q = cluster_map_queue(&map, B("/"), B("bq"));
+    struct map_cmd c;
+    must_apply(&map, map_cmd_queue_move_backup(&c, B("/"), B("bq"), q->epoch, 2, 3), &c);
+    struct controller_config config;
+    controller_config_default(&config);
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    assert_int_equal(controller_repair(&map, &config, &out), OK);
+    assert_int_equal(out.count, 0); /* still catching up */
+    uint32_t both[] = {2, 3};
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("bq"), q->epoch, both, 2), &c);
+    assert_int_equal(controller_repair(&map, &config, &out), OK);
+    assert_int_equal(out.count, 1);
+    assert_int_equal(apply_all(&map, &out), 0);
+    assert_int_equal(q->primary_id, 1);
+    assert_int_equal(q->backups_count, 1);
+    assert_int_equal(q->backup_ids[0], 3);
+    assert_int_equal(q->move_to, BROKER_ID_NONE);
+    assert_int_equal(q->move_from, BROKER_ID_NONE);
+    assert_int_equal(controller_repair(&map, &config, &out), OK);
+    assert_int_equal(out.count, 0);
+    cluster_map_free(&map);
+}
+
 /* Runs the policy rule and applies what it says; returns the command count. */
 static uint32_t policies_round(struct cluster_map *map, const struct controller_config *config)
 {
@@ -959,6 +992,7 @@ int main(void)
         cmocka_unit_test(test_join_rebalance_with_moves_in_flight),
         cmocka_unit_test(test_drain_one_of_three),
         cmocka_unit_test(test_policies_change_factors),
+        cmocka_unit_test(test_repair_finishes_a_backup_move),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
