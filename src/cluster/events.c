@@ -16,6 +16,8 @@
  * Body (content-type application/json):
  *   {"event": "broker.down", "epoch": N, "broker": NAME | "vhost": V, "queue": Q,
  *    "primary": NAME, "brokers": [{"name", "amqp", "state"}, ...]}
+ * A queue.moved event says "planned": true for a handover (a move, a drain,
+ * a rebalance, an offload), false for a failover.
  */
 #include "cluster/events.h"
 
@@ -167,6 +169,8 @@ void events_map_changed(struct member *member, const struct map_change *c,
     const struct map_broker *primary = q ? cluster_map_broker(map, q->primary_id) : NULL;
     if (primary)
         json_name(&j, "primary", primary->name);
+    if (c->op == MAP_OP_QUEUE_SET_OWNER)
+        json_kv_bool(&j, "planned", c->planned);
     write_brokers(&j, map);
     emit(member, c->vhost, key, &j);
     json_free(&j);

@@ -60,6 +60,16 @@ def placement(member):
             if q["name"] in QUEUES}
 
 
+def read_events(ch, queue):
+    """The JSON events waiting in queue (basic.get until empty)."""
+    out = []
+    while True:
+        m, _, body = ch.basic_get(queue, auto_ack=True)
+        if m is None:
+            return out
+        out.append(json.loads(body))
+
+
 def share(total, brokers):
     """The planner's bounds: within 10% of the average."""
     avg = total / brokers
@@ -225,6 +235,10 @@ def an_offload_moves_a_fraction_or_the_named_queues():
     assert out.returncode == 64, (out.returncode, out.stderr)
     before = placement(a)
     on_a = sorted(q for q in QUEUES if before[q] == "a")
+    watch = connect(members["c"])  # (a queue on a would count among its primaries)
+    wch = watch.channel()
+    events = wch.queue_declare("", exclusive=True).method.queue
+    wch.queue_bind(events, "amq.quay.cluster", "queue.moved.#")
     out = quayctl(a, "--json", "offload", "a", "--to", "b", "--fraction", "0.5")
     assert out.returncode == 0, (out.returncode, out.stderr)
     answer = json.loads(out.stdout)
@@ -234,6 +248,13 @@ def an_offload_moves_a_fraction_or_the_named_queues():
                what="half of a's queues on b", detail=lambda: holdings(a))
     after = placement(a)
     assert all(after[q] == before[q] for q in QUEUES if q not in on_a), (before, after)
+    # Each handover is published on amq.quay.cluster, as planned.
+    moved = []
+    wait_until(lambda: moved.extend(read_events(wch, events)) or len(moved) >= answer["moves"],
+               10, what="the moves published", detail=lambda: moved)
+    assert sorted(e["queue"] for e in moved) == sorted(q for q in on_a if after[q] == "b"), moved
+    assert all(e["planned"] and e["primary"] == "b" for e in moved), moved
+    watch.close()
     on_c = [q for q in QUEUES if after[q] == "c" and q.startswith("rb-1")]
     out = quayctl(a, "--json", "offload", "c", "--to", "d", "--queues", "^rb-1[0-9]*$",
                   "--vhost", "/")
