@@ -43,6 +43,8 @@
 #           longest publish-to-confirm wait, lost, dup, reordered, nacked (target: 0, 0, 0,
 #           0 and a confirm wait <= 50 ms). The prefilled messages count as foreign. MOVE=0:
 #           the same without the move (the confirm waits the load alone causes).
+#           MOVE_CONSUMERS=0: no consumer, so the confirm waits show what the catch-up
+#           alone costs the publisher (lost then counts the messages nobody consumed).
 #   drain   3 brokers, DRAIN_QUEUES queues (one backup each) declared through b1 (b3 is
 #           primary of a third); quaybench publishes DRAIN_RATE msg/s with confirms to 4 more
 #           queues via b1 and consumes them via b2; 2 s in, POST /api/cluster/drain b3.
@@ -66,6 +68,7 @@
 #              BENCH_OUT=build/bench KEEP_TMP=0 PROBE_REPS=1 PROBE_DURATION=10 PROBE_AT=4
 #              AMQPBENCH=$BENCH_OUT/amqpbench SHARED_BENCH=../shared/bench
 #              HEAL_REPS=5 HEAL_DECLARES=1100 HEAL_TAIL=100
+#              QUAYD_ARGS= (more quayd options for every broker, e.g. --catch-up-rate 50MB)
 # Needs: bench/quaybench and bench/quayscale (built here with cc, like bench/run.sh), curl,
 # /usr/bin/python3 with pika (scripts/setup.sh installs both); for cut/kill9 amqpbench
 # (built here from SHARED_BENCH if missing), iproute2 and nft.
@@ -123,6 +126,8 @@ start() {
               --cluster-listen "127.0.0.1:$(cluster_port "$n")" --cluster-secret-file "$TMP/secret"
               --http "127.0.0.1:$(http_port "$n")" --log-level info)
   [ -n "$join" ] && args+=(--join "127.0.0.1:$(cluster_port "$join")")
+  # shellcheck disable=SC2206 # QUAYD_ARGS: extra options, split on spaces
+  args+=(${QUAYD_ARGS:-})
   "$QUAYD" "${args[@]}" > "$TMP/b$n.log" 2>&1 &
   PIDS+=($!)
   eval "PID_$n=$!"
@@ -452,8 +457,8 @@ ch.basic_publish("", sys.argv[2], body, props)  # confirmed: so is everything be
 c.close()
 EOF
   "$BENCH_OUT/quaybench" -H 127.0.0.1 -p "$(amqp_port 2)" --consumer-port "$(amqp_port 3)" \
-      -P 1 -C 1 --prefetch 100 --rate "$MOVE_RATE" -d "$DURATION" --drain-timeout 10 "${qb[@]}" \
-      > "$TMP/move.out" &
+      -P 1 -C "${MOVE_CONSUMERS:-1}" --prefetch 100 --rate "$MOVE_RATE" -d "$DURATION" \
+      --drain-timeout 10 "${qb[@]}" > "$TMP/move.out" &
   local bench=$!
   sleep "$MOVE_AT"
   [ "${MOVE:-1}" = 0 ] || /usr/bin/python3 - "$(http_port 1)" "$prefix-0" <<'EOF'

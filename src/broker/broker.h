@@ -64,6 +64,7 @@ struct broker_config {
     uint8_t default_backups;         /* cluster: backups of a queue without x-quay-backups */
     enum queue_locator queue_locator; /* cluster: where declared queues live */
     bool auto_rebalance;              /* cluster: the map's rebalance mode if unset */
+    uint64_t catch_up_rate;           /* cluster: catch-up bytes/s (0: unbounded) */
     struct broker_limits limits;
 };
 

@@ -85,6 +85,9 @@ static void usage(FILE *out)
             "                          them after joins, returns and failovers (default on;\n"
             "                          the cluster's first leader sets it for the cluster,\n"
             "                          POST /api/cluster/rebalance changes it at run time)\n"
+            "  --catch-up-rate SIZE    cluster: bytes a second this broker sends to catch\n"
+            "                          up new backups, all queues together (e.g. 100MB;\n"
+            "                          default 0: as fast as they take it)\n"
             "  --queue-locator L       cluster: where queues declared here live: 'ring'\n"
             "                          (default: placed by the ring; exclusive, auto-delete\n"
             "                          and server-named ones here) or 'others' (always on\n"
@@ -100,7 +103,7 @@ enum option_id {
     OPT_DISK_FREE_LIMIT, OPT_HTTP,
     OPT_CONFIG, OPT_NAME, OPT_CLUSTER_LISTEN, OPT_JOIN, OPT_CLUSTER_SECRET_FILE,
     OPT_DEFAULT_BACKUPS, OPT_READ_BATCH_US, OPT_QUEUE_LOCATOR, OPT_AUTO_REBALANCE,
-    OPT_HTTP_ALLOW_PLAINTEXT,
+    OPT_CATCH_UP_RATE, OPT_HTTP_ALLOW_PLAINTEXT,
     OPT_HTTP_ALLOWED_HOSTS,
 };
 
@@ -131,6 +134,7 @@ static const struct option long_options[] = {
     {"read-batch-us", required_argument, NULL, OPT_READ_BATCH_US},
     {"queue-locator", required_argument, NULL, OPT_QUEUE_LOCATOR},
     {"auto-rebalance", required_argument, NULL, OPT_AUTO_REBALANCE},
+    {"catch-up-rate", required_argument, NULL, OPT_CATCH_UP_RATE},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -236,6 +240,12 @@ static int set_sized(int opt, const char *text, struct broker_config *config)
             return -1;
         config->default_backups = (uint8_t)n;
         return 1;
+    case OPT_CATCH_UP_RATE:
+        if (alarm_parse_size(text, false, &config->catch_up_rate) == 0)
+            return 1;
+        fprintf(stderr, "quayd: bad value for --catch-up-rate: '%s' (bytes a second, e.g. "
+                "100MB)\n", text);
+        return -1;
     case OPT_AUTO_REBALANCE:
         if (strcmp(text, "on") == 0 || strcmp(text, "off") == 0) {
             config->auto_rebalance = text[1] == 'n';

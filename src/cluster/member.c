@@ -831,6 +831,11 @@ static void on_tick(uv_timer_t *timer)
     struct member *member = timer->data;
     if (member->stopping)
         return;
+    if (member->catch_up_rate > 0) { /* a tick's worth, less what was overspent */
+        int64_t refill = (int64_t)(member->catch_up_rate * MEMBER_TICK_MS / 1000);
+        member->catch_up_budget = (member->catch_up_budget < 0 ? member->catch_up_budget : 0) +
+                                  refill;
+    }
     replication_tick(member);
     handover_tick(member);
     proxy_tick(member);

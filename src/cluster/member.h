@@ -75,6 +75,10 @@ struct member {
     uint32_t incarnation;            /* random per process: see member_connection_key */
     struct list_node parked;         /* struct parked_forward: forwards ahead of our map */
     struct list_node replications;   /* struct replication: our queues with backups */
+    /* The catch-ups' byte budget (--catch-up-rate, bytes/s; 0: none): what
+     * they may still send until the next tick refills it (replication.c). */
+    uint64_t catch_up_rate;
+    int64_t catch_up_budget;
     struct list_node releasing;      /* uplinks with upstream requeues to send (proxy.c) */
     struct list_node sync_waits;     /* struct member_sync_wait: peers waiting for our map */
     struct list_node visible_waits;  /* struct visible_wait: our changes, for the peers' maps */

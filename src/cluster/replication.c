@@ -57,6 +57,7 @@ struct replica_stream {
     uint32_t inflight;        /* answers the link owes */
     uint64_t acked_seq;       /* everything up to here is on it */
     uint32_t catch_up_left;   /* catching up, backlog sent: answers owed up to its end */
+    bool throttled;           /* its catch-up waits for the byte budget (member.h) */
     uint64_t progress_ms;     /* its last ack, or when it started gating */
     struct backlog *backlog;  /* owned while a catch-up has some left to send, else NULL */
     /* A handover's probes (replication_quiesce): frames sent to it so far,
@@ -453,11 +454,17 @@ static void send_end_probe(struct replication *rep, struct replica_stream *s)
         s->catch_up_left = s->inflight; /* (what was sent before the reset included) */
 }
 
-/* Sends from the backlog while the window allows; at its end, the probe. */
+/* Sends from the backlog while the window and the byte budget allow (the
+ * tick resumes a throttled one); at its end, the probe. */
 static void catch_up_pump(struct replication *rep, struct replica_stream *s)
 {
     struct backlog *b = s->backlog;
+    struct member *member = rep->member;
     while (b->next < b->count && s->inflight < CATCH_UP_WINDOW) {
+        if (member->catch_up_rate > 0 && member->catch_up_budget <= 0) {
+            s->throttled = true;
+            return;
+        }
         struct backlog_item *it = &b->items[b->next++];
         if (it->removed)
             continue;
@@ -467,6 +474,7 @@ static void catch_up_pump(struct replication *rep, struct replica_stream *s)
         if (message == NULL)
             continue; /* lost from the journal: the queue cannot deliver it either */
         struct method m = replicate_method(rep->queue, rep->epoch, it->seq, message);
+        member->catch_up_budget -= (int64_t)(message->body_size + message->properties_size);
         bool sent = stream_send(rep, s, &m, message, it->seq);
         message_unref(message);
         if (!sent)
@@ -746,6 +754,17 @@ void replication_stop_all(struct member *member)
 
 /* ---- the tick ---- */
 
+/* A catch-up that waited for the byte budget goes on; with nothing left
+ * in flight it was waiting, not stalled. */
+static void catch_up_resume(struct replication *rep, struct replica_stream *s, uint64_t now)
+{
+    s->throttled = false;
+    if (s->inflight == 0)
+        s->progress_ms = now;
+    if (s->backlog != NULL)
+        catch_up_pump(rep, s);
+}
+
 static void tick_one(struct replication *rep, uint64_t now)
 {
     uint64_t oldest = rep->count > 0 ? pending_at(rep, 0)->at_ms : now;
@@ -761,6 +780,8 @@ static void tick_one(struct replication *rep, uint64_t now)
             stream_fail(rep, s, "lags: leaving the in-sync set");
         else if (!s->gating && (s->state == STREAM_IDLE || s->state == STREAM_FAILED))
             catch_up(rep, s);
+        else if (s->state == STREAM_CATCHING_UP && s->throttled)
+            catch_up_resume(rep, s, now);
         else if (s->state == STREAM_CATCHING_UP && now - s->progress_ms >= REPLICATION_STALL_MS)
             stream_fail(rep, s, "stalled while catching up: starting over");
     }
