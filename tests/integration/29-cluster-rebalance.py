@@ -31,7 +31,11 @@ import pika  # noqa: E402
 
 QUEUES = ["rb-%d" % i for i in range(48)]
 FILL = 40
-ARGS = ["--auto-rebalance", "on", "--default-backups", "1"]
+# The catch-up budget is far above what the tests' small queues need,
+# except the one test that fills a queue to see it (a_catch_up_keeps_...).
+CATCH_UP_RATE = 4 << 20
+ARGS = ["--auto-rebalance", "on", "--default-backups", "1", "--catch-up-rate",
+        str(CATCH_UP_RATE)]
 
 cluster = None
 members = {}
@@ -266,6 +270,42 @@ def an_offload_moves_a_fraction_or_the_named_queues():
     assert on_c, after
     for name in QUEUES:
         assert read_all(members["b"], name) == [name.encode()], name
+
+
+
+@test(timeout=120)
+def a_catch_up_keeps_to_its_byte_budget():
+    """--catch-up-rate 4 MiB/s: moving a queue of 12 MiB to a broker that
+    does not hold it takes about 3 s of catching up, not a fraction of one
+    (what it takes unbounded), and loses nothing."""
+    a = members["a"]
+    name = "rb-budget"
+    conn = connect(a)
+    ch = conn.channel()
+    ch.queue_declare(name, durable=True)
+    ch.confirm_delivery()
+    body = b"x" * 4096
+    for i in range(3072):
+        ch.basic_publish("", name, b"%05d" % i + body, pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    info = next(q for q in a.api_get("/api/queues", timeout=5) if q["name"] == name)
+    wait_until(lambda: next(q for q in a.api_get("/api/queues", timeout=5)
+                            if q["name"] == name)["in_sync"] == info["backups"], 20,
+               what="its backup in sync")
+    target = next(n for n in members if n != info["primary"] and n not in info["backups"])
+    t0 = time.monotonic()
+    status, body = a.api_call("POST", "/api/cluster/move", {"queue": name, "to": target},
+                              timeout=5)
+    assert status == 202, (status, body)
+    wait_until(lambda: next(q for q in a.api_get("/api/queues", timeout=5)
+                            if q["name"] == name)["primary"] == target, 60,
+               what="the move done")
+    took = time.monotonic() - t0
+    size = 3072 * (4096 + 5)
+    print("# %d bytes caught up in %.1f s (budget %d bytes/s)" % (size, took, CATCH_UP_RATE))
+    assert size / CATCH_UP_RATE * 0.7 <= took <= size / CATCH_UP_RATE * 3, took
+    got = read_all(members[target], name)
+    assert got == [b"%05d" % i + b"x" * 4096 for i in range(3072)], len(got)
 
 
 if __name__ == "__main__":
