@@ -148,6 +148,15 @@ struct map_broker *cluster_map_broker(const struct cluster_map *map, uint32_t id
     return NULL;
 }
 
+struct map_broker *cluster_map_broker_named(const struct cluster_map *map, const char *name)
+{
+    for (uint32_t i = 0; i < map->brokers_count; i++) {
+        if (bytes_equal_cstr(map->brokers[i]->name, name))
+            return map->brokers[i];
+    }
+    return NULL;
+}
+
 struct map_vhost *cluster_map_vhost(const struct cluster_map *map, struct bytes name)
 {
     return hmap_get(&map->vhost_index, name);

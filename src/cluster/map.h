@@ -232,6 +232,8 @@ void cluster_map_init(struct cluster_map *map);
 void cluster_map_free(struct cluster_map *map);
 
 struct map_broker *cluster_map_broker(const struct cluster_map *map, uint32_t id);
+/* The broker named name (a C string), or NULL. */
+struct map_broker *cluster_map_broker_named(const struct cluster_map *map, const char *name);
 struct map_vhost *cluster_map_vhost(const struct cluster_map *map, struct bytes name);
 struct map_user *cluster_map_user(const struct cluster_map *map, struct bytes name);
 struct map_queue *cluster_map_queue(const struct cluster_map *map, struct bytes vhost,

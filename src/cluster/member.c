@@ -761,10 +761,9 @@ const struct map_broker *member_api_broker(const struct member *member, const ch
         *status = member_api_error(body, 400, "expected {\"broker\": NAME}");
         return NULL;
     }
-    for (uint32_t i = 0; i < map->brokers_count; i++) {
-        if (bytes_equal_cstr(map->brokers[i]->name, r.broker))
-            return map->brokers[i];
-    }
+    const struct map_broker *b = cluster_map_broker_named(map, r.broker);
+    if (b != NULL)
+        return b;
     char text[512];
     snprintf(text, sizeof text, "no broker '%s' in the cluster", r.broker);
     *status = member_api_error(body, 404, text);

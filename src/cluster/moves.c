@@ -27,49 +27,45 @@ struct move_request {
     bool has_vhost, has_queue, has_to, has_backup_of;
 };
 
+/* A request's string member, when names lists it: copied, NUL-terminated,
+ * into its buffer. Names in the map are never empty (a queue's may be on
+ * the wire, but server-named ones have names), nor hold a NUL. */
+struct name_member {
+    const char *key;
+    char *out; /* CLUSTER_NAME_SIZE_MAX + 1 bytes */
+    bool *seen;
+};
+
+static bool read_name_member(const struct json_read_member *m, const struct name_member *names,
+                             size_t count, const char *expected, char *err, size_t err_size)
+{
+    for (size_t i = 0; i < count; i++) {
+        if (strcmp(m->key, names[i].key) != 0)
+            continue;
+        if (m->kind != JSON_READ_STRING || m->string_size == 0 ||
+            m->string_size > CLUSTER_NAME_SIZE_MAX ||
+            memchr(m->string, '\0', m->string_size) != NULL) {
+            snprintf(err, err_size, "%s: a name, 1..%d bytes", m->key, CLUSTER_NAME_SIZE_MAX);
+            return false;
+        }
+        memcpy(names[i].out, m->string, m->string_size + 1);
+        *names[i].seen = true;
+        return true;
+    }
+    snprintf(err, err_size, "unknown member '%s' (expected: %s)", m->key, expected);
+    return false;
+}
+
 static bool read_move_member(void *ctx, const struct json_read_member *m, char *err,
                              size_t err_size)
 {
     struct move_request *r = ctx;
-    char *out;
-    bool *seen;
-    if (strcmp(m->key, "vhost") == 0) {
-        out = r->vhost;
-        seen = &r->has_vhost;
-    } else if (strcmp(m->key, "queue") == 0) {
-        out = r->queue;
-        seen = &r->has_queue;
-    } else if (strcmp(m->key, "to") == 0) {
-        out = r->to;
-        seen = &r->has_to;
-    } else if (strcmp(m->key, "backup_of") == 0) {
-        out = r->backup_of;
-        seen = &r->has_backup_of;
-    } else {
-        snprintf(err, err_size, "unknown member '%s' (expected: vhost, queue, to, backup_of)",
-                 m->key);
-        return false;
-    }
-    /* A queue's name may be empty on the wire, but never a queue's in the
-     * map (server-named ones have names); a vhost is never empty. */
-    if (m->kind != JSON_READ_STRING || m->string_size == 0 ||
-        m->string_size > CLUSTER_NAME_SIZE_MAX ||
-        memchr(m->string, '\0', m->string_size) != NULL) {
-        snprintf(err, err_size, "%s: a name, 1..%d bytes", m->key, CLUSTER_NAME_SIZE_MAX);
-        return false;
-    }
-    memcpy(out, m->string, m->string_size + 1);
-    *seen = true;
-    return true;
-}
-
-static const struct map_broker *broker_named(const struct cluster_map *map, const char *name)
-{
-    for (uint32_t i = 0; i < map->brokers_count; i++) {
-        if (bytes_equal_cstr(map->brokers[i]->name, name))
-            return map->brokers[i];
-    }
-    return NULL;
+    const struct name_member names[] = {{"vhost", r->vhost, &r->has_vhost},
+                                        {"queue", r->queue, &r->has_queue},
+                                        {"to", r->to, &r->has_to},
+                                        {"backup_of", r->backup_of, &r->has_backup_of}};
+    return read_name_member(m, names, sizeof names / sizeof names[0],
+                            "vhost, queue, to, backup_of", err, err_size);
 }
 
 static void on_moved(void *ctx, int status, const struct map_change *change)
@@ -123,12 +119,13 @@ int moves_post(void *ctx, const char *request, size_t request_size, struct json 
         snprintf(text, sizeof text, "no queue '%s' in vhost '%s'", r.queue, r.vhost);
         return member_api_error(body, 404, text);
     }
-    const struct map_broker *to = broker_named(map, r.to);
+    const struct map_broker *to = cluster_map_broker_named(map, r.to);
     if (to == NULL) {
         snprintf(text, sizeof text, "no broker '%s' in the cluster", r.to);
         return member_api_error(body, 404, text);
     }
-    const struct map_broker *replaced = r.has_backup_of ? broker_named(map, r.backup_of) : NULL;
+    const struct map_broker *replaced =
+        r.has_backup_of ? cluster_map_broker_named(map, r.backup_of) : NULL;
     if (r.has_backup_of && replaced == NULL) {
         snprintf(text, sizeof text, "no broker '%s' in the cluster", r.backup_of);
         return member_api_error(body, 404, text);
@@ -288,28 +285,12 @@ static bool read_offload_member(void *ctx, const struct json_read_member *m, cha
         r->has_percent = true;
         return true;
     }
-    struct {
-        const char *key;
-        char *out;
-        bool *seen;
-    } names[] = {{"broker", r->broker, &r->has_broker}, {"to", r->to, &r->has_to},
-                 {"vhost", r->vhost, &r->has_vhost}, {"queues", r->pattern, &r->has_pattern}};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        if (strcmp(m->key, names[i].key) != 0)
-            continue;
-        if (m->kind != JSON_READ_STRING || m->string_size == 0 ||
-            m->string_size > CLUSTER_NAME_SIZE_MAX ||
-            memchr(m->string, '\0', m->string_size) != NULL) {
-            snprintf(err, err_size, "%s: a string, 1..%d bytes", m->key, CLUSTER_NAME_SIZE_MAX);
-            return false;
-        }
-        memcpy(names[i].out, m->string, m->string_size + 1);
-        *names[i].seen = true;
-        return true;
-    }
-    snprintf(err, err_size, "unknown member '%s' (expected: broker, to, percent or queues, "
-             "vhost)", m->key);
-    return false;
+    const struct name_member names[] = {{"broker", r->broker, &r->has_broker},
+                                        {"to", r->to, &r->has_to},
+                                        {"vhost", r->vhost, &r->has_vhost},
+                                        {"queues", r->pattern, &r->has_pattern}};
+    return read_name_member(m, names, sizeof names / sizeof names[0],
+                            "broker, to, percent or queues, vhost", err, err_size);
 }
 
 /* Whether q (whose primary is the offloading broker) can move to `to` now. */
@@ -369,8 +350,8 @@ int moves_offload_post(void *ctx, const char *request, size_t request_size, stru
         return member_api_error(body, 400, "expected {\"broker\": B, \"to\": B, and "
                                 "\"percent\": 1..100 or \"queues\": REGEX [, \"vhost\": V]}");
     char text[900];
-    const struct map_broker *from = broker_named(map, r.broker);
-    const struct map_broker *to = broker_named(map, r.to);
+    const struct map_broker *from = cluster_map_broker_named(map, r.broker);
+    const struct map_broker *to = cluster_map_broker_named(map, r.to);
     if (from == NULL || to == NULL) {
         snprintf(text, sizeof text, "no broker '%s' in the cluster", from ? r.to : r.broker);
         return member_api_error(body, 404, text);

@@ -735,7 +735,7 @@ class Soak:
         self.stats["moves"] += 1
         self.log("move %s from %s to %s (through %s): %s %s; %s" % (
             q.name, primary, to.name, via.name, status,
-            body.get("error", "started") if isinstance(body, dict) else body, self.counts()))
+            body.get("reason", "started") if isinstance(body, dict) else body, self.counts()))
 
     def do_drain(self):
         live = self.live_unimpaired()

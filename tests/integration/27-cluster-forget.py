@@ -94,7 +94,7 @@ def what_c_holds():
 @test(timeout=60)
 def refused_while_up_unknown_or_malformed():
     status, body = forget(A, b'{"broker": "c"}')
-    assert status == 409 and "not down" in body["error"], (status, body)
+    assert status == 409 and "not down" in body["reason"], (status, body)
     status, body = forget(A, b'{"broker": "zz"}')
     assert status == 404, (status, body)
     for bad in (b"", b"{", b'{"broker": 3}', b'{"brokers": "c"}', b"[1]", b'{"broker": ""}',
