@@ -58,6 +58,7 @@ static struct channel *channel_new(struct connection *connection, uint16_t id)
     hmap_init(&ch->consumers_by_tag);
     list_init(&ch->tx_ops);
     list_init(&ch->confirm_link);
+    list_init(&ch->get_wait.link);
     list_init(&ch->durable_link);
     connection->channels[id] = ch;
     connection->channels_open++;
@@ -76,6 +77,7 @@ static void release(struct channel *ch)
     channel__cluster_forget(ch);
     channel__forget_remote_op(ch);
     channel__forget_attaching(ch);
+    channel__forget_held_get(ch);
     channel__release_consumers(ch);
     channel__requeue_all(ch);
     ASSERT(ch->unacked_count == 0); /* no consumer is left to take them back */

@@ -597,6 +597,30 @@ static void on_remote_get(void *ctx, struct queue *queue, uint16_t reply_code,
     queue_unref(queue);
 }
 
+static void handle_get(struct channel *ch, const struct method *m);
+
+/* The queue stood still for a handover: the get is asked again, by name,
+ * where the queue is now (here, resumed; or at its new primary through
+ * the stand-in that replaced it), before the channel reads on. */
+static void retry_get(struct queue_get_wait *wait)
+{
+    struct channel *ch = CONTAINER_OF(wait, struct channel, get_wait);
+    struct method m = {.id = METHOD_BASIC_GET};
+    m.basic_get.queue = (struct bytes){ch->get_name, ch->get_name_size};
+    m.basic_get.no_ack = ch->get_no_ack;
+    if (ch->state == CHANNEL_STATE_OPEN)
+        handle_get(ch, &m);
+    connection_release(ch->connection);
+}
+
+void channel__forget_held_get(struct channel *ch)
+{
+    if (!list_linked(&ch->get_wait.link))
+        return;
+    list_remove(&ch->get_wait.link);
+    connection_release(ch->connection);
+}
+
 static void handle_get(struct channel *ch, const struct method *m)
 {
     const struct method_basic_get *g = &m->basic_get;
@@ -619,6 +643,16 @@ static void handle_get(struct channel *ch, const struct method *m)
         return;
     }
     queue_touch(queue);
+    if (queue_paused(queue)) {
+        ASSERT(queue->name.len <= sizeof ch->get_name);
+        memcpy(ch->get_name, queue->name.ptr, queue->name.len);
+        ch->get_name_size = (uint8_t)queue->name.len;
+        ch->get_no_ack = g->no_ack;
+        ch->get_wait.retry = retry_get;
+        queue_hold_get(queue, &ch->get_wait);
+        connection_hold(ch->connection);
+        return;
+    }
     struct queue_entry entry;
     if (!queue_take(queue, &entry)) {
         send_get_empty(ch);

@@ -139,6 +139,12 @@ struct channel {
     struct queue *remote_queue;       /* one reference while remote_op waits */
     uint32_t remote_method;
     bool remote_no_ack, remote_no_wait, remote_passive, remote_if_unused, remote_if_empty;
+    /* A basic.get waiting while its queue stands still for a handover
+     * (queue_hold_get; held input): asked again by name when it ends. */
+    struct queue_get_wait get_wait;
+    uint8_t get_name[256];
+    uint8_t get_name_size;
+    bool get_no_ack;
 
     bool releasing;                   /* release() runs: nothing new may wait */
     bool client_closing;              /* the release is for the client's channel.close */
@@ -199,6 +205,7 @@ void channel__drop_tx(struct channel *ch);
 /* Ends a request at another broker (the channel is going away). */
 void channel__forget_remote_op(struct channel *ch);
 void channel__forget_attaching(struct channel *ch);
+void channel__forget_held_get(struct channel *ch);
 /* Waits for a stand-in's primary to answer m (queue.declare, purge or
  * delete), then answers the client as the primary would. */
 void channel__remote_query(struct channel *ch, struct queue *queue, const struct method *m);

@@ -975,6 +975,7 @@ void queue_hold_publishes(struct queue *queue)
     if (queue->pause == NULL) {
         queue->pause = calloc(1, sizeof *queue->pause);
         ASSERT(queue->pause != NULL);
+        list_init(&queue->pause->gets);
     }
 }
 
@@ -982,6 +983,38 @@ void queue_pause(struct queue *queue)
 {
     queue_hold_publishes(queue);
     queue->pause->standing = true;
+}
+
+void queue_hold_get(struct queue *queue, struct queue_get_wait *wait)
+{
+    ASSERT(queue_paused(queue) && !list_linked(&wait->link));
+    list_push_back(&queue->pause->gets, &wait->link);
+}
+
+void queue_take_held_gets(struct queue *queue, struct list_node *out)
+{
+    ASSERT(list_empty(out));
+    struct queue_pause *p = queue->pause;
+    if (p == NULL || list_empty(&p->gets))
+        return;
+    /* The whole list moves: out takes the head's place. */
+    out->next = p->gets.next;
+    out->prev = p->gets.prev;
+    out->next->prev = out;
+    out->prev->next = out;
+    list_init(&p->gets);
+}
+
+void queue_retry_gets(struct list_node *gets)
+{
+    /* One at a time from the head: a retry may take others off the list
+     * (its channel's connection failing closes their channels). */
+    struct list_node *n;
+    while ((n = list_first(gets)) != NULL) {
+        list_remove(n);
+        struct queue_get_wait *wait = CONTAINER_OF(n, struct queue_get_wait, link);
+        wait->retry(wait);
+    }
 }
 
 uint32_t queue_take_held(struct queue *queue, struct queue_held_publish **out)
@@ -1005,6 +1038,7 @@ uint32_t queue_take_held_settles(struct queue *queue, struct queue_held_settle *
     if (p == NULL)
         return 0;
     ASSERT(p->held == NULL); /* queue_take_held first */
+    ASSERT(list_empty(&p->gets)); /* and queue_take_held_gets */
     uint32_t n = p->settles_count;
     *out = p->settles;
     ASSERT(queue->unacked_count >= n);
@@ -1040,6 +1074,9 @@ static void apply_held_settles(struct queue *queue, struct queue_held_settle *se
 
 void queue_resume(struct queue *queue)
 {
+    struct list_node gets;
+    list_init(&gets);
+    queue_take_held_gets(queue, &gets);
     struct queue_held_publish *held;
     uint32_t n = queue_take_held(queue, &held);
     struct queue_held_settle *settles;
@@ -1061,6 +1098,7 @@ void queue_resume(struct queue *queue)
     }
     free(held);
     queue_dispatch(queue);
+    queue_retry_gets(&gets); /* after what was published meanwhile */
 }
 
 void queue_dispatch(struct queue *queue)

@@ -191,8 +191,17 @@ struct queue_held_settle {
     struct queue_entry entry;     /* seq; message: one reference (expiry for a requeue) */
 };
 
+/* A basic.get that waits while its queue stands still (queue_pause), the
+ * asking channel's: retry is called once the pause ends, the queue resumed
+ * or handed over, and the channel asks again where the queue then is. */
+struct queue_get_wait {
+    struct list_node link; /* in queue_pause.gets, or a list being retried */
+    void (*retry)(struct queue_get_wait *wait);
+};
+
 struct queue_pause {
     bool standing;                   /* queue_pause; else queue_hold_publishes */
+    struct list_node gets;           /* struct queue_get_wait.link, in arrival order */
     struct queue_held_publish *held; /* owned, in arrival order */
     uint32_t count, cap;
     struct queue_held_settle *settles; /* owned, in order */
@@ -330,9 +339,17 @@ struct message *queue_read_paged(struct queue *queue, uint64_t seq);
  * still for the moment of the switch, so that the new primary can take it
  * as it is: publishes are held in arrival order, not enqueued (their
  * confirms wait); settles of its deliveries (ack, reject, requeue) are
- * held in order, not applied; nothing is dispatched and basic.get finds
- * it empty. Expiry goes on. A real queue only. */
+ * held in order, not applied; nothing is dispatched and basic.get waits
+ * (queue_hold_get). Expiry goes on. A real queue only. */
 void queue_pause(struct queue *queue);
+/* A basic.get on a paused queue waits (the caller holds its channel's
+ * input); its retry runs when the pause ends. */
+void queue_hold_get(struct queue *queue, struct queue_get_wait *wait);
+/* The switch happened (cluster/mirror.c): the waiting gets move to *out
+ * (an initialised list), to be retried with queue_retry_gets once the
+ * queue's stand-in is in place. Before queue_take_held_settles. */
+void queue_take_held_gets(struct queue *queue, struct list_node *out);
+void queue_retry_gets(struct list_node *gets);
 /* A queue just handed over to us (cluster/mirror.c) while our own
  * forwards to its old primary are not all answered yet: our clients'
  * publishes (and the publishes held for the old primary) wait behind

@@ -204,6 +204,9 @@ static void demote(struct member *member, struct vhost *vhost, struct queue *q,
 {
     struct handover_relay relay;
     bool planned = handover_done(member, q, mq->primary_id, &relay);
+    struct list_node gets;
+    list_init(&gets);
+    queue_take_held_gets(q, &gets);
     struct queue_held_publish *held;
     uint32_t held_count = queue_take_held(q, &held);
     struct queue_held_settle *settles;
@@ -225,6 +228,7 @@ static void demote(struct member *member, struct vhost *vhost, struct queue *q,
     proxy_stub_adopt_consumers(stub, moving, moving_count);
     free(moving);
     route_held(stub, held, held_count);
+    queue_retry_gets(&gets); /* asked of the new primary, after the held publishes */
 }
 
 /* The local object for a map queue: real here if we are its primary, a

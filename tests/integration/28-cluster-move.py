@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -227,6 +228,58 @@ def a_backup_moves_under_load_and_the_primary_stays():
     assert queue_info(a, q)["primary"] == primary
     got = sorted(int(b.split(b"-", 1)[0]) for b in con.got if b[:1].isdigit())
     assert got == list(range(500)), len(got)
+
+
+@test(timeout=120)
+def gets_during_a_move_wait_and_find_every_message():
+    """basic.get on the old primary and through a proxy while the queue
+    moves: a get that comes while the queue stands still waits, and is
+    answered where the queue then is; no get finds the queue empty while it
+    holds messages, and every message is got exactly once."""
+    q = placed("mv-get", members["a"],
+               lambda i: i is not None and i["in_sync"] == i["backups"] and len(i["backups"]) == 1,
+               **{"x-quay-backups": 1})
+    first = queue_info(members["a"], q)
+    primary, backup = first["primary"], first["backups"][0]
+    n = 4000
+    fill(members[backup], q, n, size=16)
+    got, empties, errors = [], [], []
+    start = threading.Event()
+
+    def getter(member):
+        try:
+            conn = connect(member)
+            ch = conn.channel()
+            start.wait()
+            while len(got) < n:
+                m, _, body = ch.basic_get(q, auto_ack=True)
+                if m is None:
+                    empties.append((member.name, len(got)))
+                    if len(empties) > 100:
+                        return
+                    time.sleep(0.01)
+                else:
+                    got.append(body)
+            conn.close()
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=getter, args=(m,), daemon=True)
+               for m in (members[primary], members[others(primary, backup)[0].name])]
+    for t in threads:
+        t.start()
+    start.set()
+    time.sleep(0.2)
+    move(members[primary], q, backup)
+    for t in threads:
+        t.join(60)
+    print("# %d got, %d empty answers" % (len(got), len(empties)))
+    assert not errors, errors
+    assert queue_info(members[primary], q)["primary"] == backup
+    # (At the very end the other getter may have taken the last ones.)
+    early = [e for e in empties if e[1] < n - 2]
+    assert not early, early[:10]
+    assert sorted(int(b.split(b"-", 1)[0]) for b in got) == list(range(n)), len(got)
 
 
 def fill(via, queue, n, size=1024):
