@@ -767,9 +767,33 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
         }
         used += (size_t)n;
         conn->in_units++;
+        connection->input_rest = data + used;
+        connection->input_rest_size = size - used;
         handle_frame(connection, &frame);
     }
+    connection->input_rest = NULL;
+    connection->input_rest_size = 0;
     return (long)used;
+}
+
+uint64_t connection__body_ahead(const struct connection *connection, uint16_t channel)
+{
+    const uint8_t *p = connection->input_rest;
+    size_t left = connection->input_rest_size;
+    uint32_t payload_max = connection->reader.frame_max - FRAME_OVERHEAD;
+    uint64_t ahead = 0;
+    while (left >= FRAME_HEADER_SIZE && p[0] == FRAME_BODY &&
+           (uint16_t)(p[1] << 8 | p[2]) == channel) {
+        uint32_t size = (uint32_t)p[3] << 24 | (uint32_t)p[4] << 16 | (uint32_t)p[5] << 8 | p[6];
+        if (size > payload_max)
+            break; /* a bad frame: the reader will say so */
+        if (size >= left - FRAME_HEADER_SIZE)
+            return ahead + (left - FRAME_HEADER_SIZE); /* cut: what is here of it */
+        ahead += size;
+        p += FRAME_OVERHEAD + (size_t)size; /* size < left - 7: its end octet is here */
+        left -= FRAME_OVERHEAD + (size_t)size;
+    }
+    return ahead;
 }
 
 void connection_flow(struct connection *connection)
