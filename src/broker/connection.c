@@ -30,6 +30,8 @@
 #include "lib/log.h"
 
 #define CLOSE_OK_TIMEOUT_MS 3000
+/* How often the kernel is asked about a peer we do not read. */
+#define PEER_CHECK_MS 1000
 
 static long on_input(struct conn *conn, const uint8_t *data, size_t size);
 static void on_close(struct conn *conn);
@@ -830,6 +832,31 @@ void connection_release(struct connection *connection)
 
 /* ---- timers --------------------------------------------------------- */
 
+/* An open connection we do not read (blocked by an alarm, in flow, or
+ * its output unread) would never see its peer's close, which waits
+ * behind its unread input: it would hold its channels, queues and
+ * half-received messages for ever, and with them maybe the alarm that
+ * blocked it. The kernel is asked instead, once a second. True if the
+ * peer is gone (the connection is closed: its memory is released). */
+static bool unread_peer_gone(struct connection *connection, uint64_t now_ms)
+{
+    struct conn *conn = &connection->conn;
+    if (now_ms - connection->peer_checked_ms < PEER_CHECK_MS)
+        return false;
+    connection->peer_checked_ms = now_ms;
+    uint64_t quiet_ms;
+    if (!conn_peer_gone(conn, &quiet_ms)) {
+        connection->peer_heard_ms = now_ms > quiet_ms ? now_ms - quiet_ms : 0;
+        return false;
+    }
+    LOG_INFO("conn=%llu peer=%s gone while not read (%s): closing",
+             (unsigned long long)conn->id, conn->peer_name,
+             connection->blocked ? "blocked" : connection->flow ? "flow" : "paused");
+    connection->state = CONNECTION_STATE_CLOSED;
+    conn_close(conn);
+    return true;
+}
+
 void connection_tick(struct connection *connection, uint64_t now_ms)
 {
     struct conn *conn = &connection->conn;
@@ -860,11 +887,17 @@ void connection_tick(struct connection *connection, uint64_t now_ms)
         conn_close(conn);
         return;
     }
+    if (!conn->reading && unread_peer_gone(connection, now_ms))
+        return;
     if (connection->heartbeat_s == 0)
         return;
     uint64_t interval_ms = (uint64_t)connection->heartbeat_s * 1000;
+    /* Unread, its heartbeats wait in the kernel, which vouches for it. */
+    uint64_t heard_ms = conn->last_read_ms;
+    if (!conn->reading && connection->peer_heard_ms > heard_ms)
+        heard_ms = connection->peer_heard_ms;
     /* Two missed heartbeats (plus slack for the tick) mean a dead peer. */
-    if (now_ms - conn->last_read_ms > interval_ms * 2) {
+    if (now_ms - heard_ms > interval_ms * 2) {
         LOG_INFO("conn=%llu peer=%s missed heartbeats, closing", (unsigned long long)conn->id,
                  conn->peer_name);
         conn_close(conn);

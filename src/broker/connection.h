@@ -85,6 +85,10 @@ struct connection {
      * valid during dispatch only), for connection__body_ahead. */
     const uint8_t *input_rest;
     size_t input_rest_size;
+    /* While it is not read (blocked, flow, ...): when the kernel was last
+     * asked about the peer, and when it last heard from it then. */
+    uint64_t peer_checked_ms;
+    uint64_t peer_heard_ms;
 };
 
 /* The broker's accept callback: allocates a connection for a new socket. */

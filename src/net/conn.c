@@ -7,6 +7,7 @@
 #include "net/conn.h"
 
 #include <arpa/inet.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <netinet/in.h>
@@ -288,6 +289,43 @@ void net_tcp_user_timeout(uv_tcp_t *tcp, unsigned ms)
     uv_os_fd_t fd;
     if (uv_fileno((const uv_handle_t *)tcp, &fd) == 0)
         (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+}
+
+bool conn_peer_gone(struct conn *conn, uint64_t *quiet_ms)
+{
+    *quiet_ms = 0;
+    uv_os_fd_t fd;
+    if (conn->closing || uv_fileno((const uv_handle_t *)&conn->tcp, &fd) != 0)
+        return false; /* nothing to ask about: the caller's close is under way */
+    struct tcp_info info;
+    socklen_t size = sizeof info;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &size) != 0 ||
+        size < offsetof(struct tcp_info, tcpi_last_ack_recv) + sizeof info.tcpi_last_ack_recv)
+        return false; /* no word from the kernel: assume the best */
+    if (info.tcpi_state != TCP_ESTABLISHED)
+        return true; /* CLOSE_WAIT: its FIN came; CLOSE: reset, or keepalive gave up */
+    uint32_t quiet = info.tcpi_last_data_recv < info.tcpi_last_ack_recv
+                         ? info.tcpi_last_data_recv
+                         : info.tcpi_last_ack_recv;
+    *quiet_ms = quiet;
+    return false;
+}
+
+void conn_keepalive(struct conn *conn, unsigned idle_s)
+{
+    if (conn->keepalive || conn->closing)
+        return;
+    conn->keepalive = true;
+    uv_os_fd_t fd;
+    if (uv_fileno((const uv_handle_t *)&conn->tcp, &fd) != 0)
+        return;
+    /* Three probes ten seconds apart: a vanished host is let go about
+     * idle_s + 30 s after it fell silent. */
+    int on = 1, idle = (int)idle_s, interval = 10, count = 3;
+    (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
 }
 
 void conn_start(struct conn *conn)

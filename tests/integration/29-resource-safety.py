@@ -25,6 +25,8 @@ no queue's primary: there the proxy assembles the messages); memory from
 
 import contextlib
 import os
+import socket
+import struct
 import sys
 import time
 
@@ -160,14 +162,14 @@ def header_probe_reserves_no_memory():
         p = confirmed_publisher(q)
         confirm_time(p, q)
         time.sleep(0.6)                   # a tick samples the heap
-        base_rss, (base_used, _) = rss(b), memory(b)
+        base_rss, (base_used, _), base_ids = rss(b), memory(b), connection_ids(b)
         probes = [raw_connection() for _ in range(4)]
         start_publishes(probes, 20)
         time.sleep(1.0)                   # ticks: the alarm would be on by now
         check_probe_harmless(b, base_rss, base_used, p, q, "80 x 128 MiB headers")
         for x in probes:
             x.close()
-        wait_until(lambda: len(connection_ids(b)) == 2, 5, what="the probes to be gone")
+        wait_until(lambda: connection_ids(b) == base_ids, 5, what="the probes to be gone")
         eq(memory(b)[1], False, "alarm after the probe")
 
 
@@ -184,7 +186,7 @@ def trickled_header_probe_holds_only_what_arrived():
         p = confirmed_publisher(q)
         confirm_time(p, q)
         time.sleep(0.6)
-        base_rss, (base_used, _) = rss(b), memory(b)
+        base_rss, (base_used, _), base_ids = rss(b), memory(b), connection_ids(b)
         probes = [raw_connection() for _ in range(4)]
         start_publishes(probes, 20)
         chunk = b"t" * 1024
@@ -196,7 +198,7 @@ def trickled_header_probe_holds_only_what_arrived():
         check_probe_harmless(b, base_rss, base_used, p, q, "80 x 128 MiB trickled")
         for x in probes:
             x.close()
-        wait_until(lambda: len(connection_ids(b)) == 2, 5, what="the probes to be gone")
+        wait_until(lambda: connection_ids(b) == base_ids, 5, what="the probes to be gone")
 
 
 def split_frames(ch, body, sizes):
@@ -236,6 +238,133 @@ def bodies_arriving_in_pieces_are_delivered_whole():
             assert got is not None, "message %d (%d bytes) not delivered" % (n, size)
             eq(len(got["body"]), size, "size of message %d" % n)
             assert got["body"] == body, "message %d (%d bytes) corrupted" % (n, size)
+
+
+# ------------------------------------------------------- blocked and vanished
+
+@test(timeout=180)
+def partial_body_of_a_vanished_blocked_client_is_released():
+    """A publisher sends the body of a 126 MiB message until the memory alarm
+    (a 96 MiB mark) is on and it is blocked mid-message, then vanishes: the
+    broker notices although it no longer reads it, frees the partial body,
+    the alarm clears, and a second publisher that the alarm blocked is
+    unblocked and confirmed."""
+    with own_broker(["--memory-high-watermark", "96MiB"]) as b:
+        if b is None:
+            return
+        time.sleep(0.6)
+        used, alarm = memory(b)
+        assert not alarm and used < 48 * MiB, "broker starts at %.1f MiB" % (used / MiB)
+        s = raw_connection()
+        q = declare_queue(s)[0]
+        a = blocking_connection()
+        size = 126 * MiB
+        a.sendall(gen_basic_publish(1, "", q) + gen_content_header(1, size))
+        a.setblocking(False)
+        piece = 131064
+        chunk, sent, pending = gen_body(1, b"m" * piece), 0, b""
+        deadline = time.time() + 60
+        while not memory(b)[1]:
+            assert time.time() < deadline, "no alarm after %.1f MiB of body" % (sent / MiB)
+            for _ in range(32):
+                if not pending:
+                    if sent + 2 * len(chunk) > size:
+                        break             # never complete the message
+                    pending = chunk
+                try:
+                    n = a.send(pending)
+                except BlockingIOError:
+                    break
+                pending, sent = pending[n:], sent + n
+            time.sleep(0.01)
+        print("# alarm on after %.1f MiB of body" % (sent / MiB))
+        # a second publisher: blocked while the alarm is on
+        p = blocking_connection()
+        p.sendall(gen_confirm_select(1))
+        expect_method(p, *CONFIRM_SELECT_OK)
+        p.sendall(gen_publish(1, "", q, b"blocks"))
+        wait_for_methods(p, [CONNECTION_BLOCKED], 5)
+        p.sendall(gen_publish(1, "", q, b"waits"))   # not read while blocked
+        time.sleep(1.0)
+        assert memory(b)[1], "the alarm cleared while the half-sent body was held"
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        a.close()                         # vanishes: RST, nothing read after it
+        wait_for_methods(p, [CONNECTION_UNBLOCKED, BASIC_ACK], 10,
+                         lambda m: m.id != BASIC_ACK or m.args.longlong() == 2)
+        eq(memory(b)[1], False, "alarm after the client vanished")
+
+
+TINY_MARK = ["--memory-high-watermark", "64KiB"]   # below any broker's heap: always on
+
+
+def queue_names(b):
+    return {x["name"] for x in b.api_get("/api/queues")}
+
+
+def blocked_publisher(b, q, **kw):
+    """A publisher that the (always on) alarm blocked, holding an exclusive
+    queue: (socket, its connection id, its queue)."""
+    before = connection_ids(b)
+    a = blocking_connection(**kw)
+    (cid,) = connection_ids(b) - before
+    xq = declare_queue(a, 1, uniq("held"), exclusive=True)[0]
+    a.sendall(gen_publish(1, "", q, b"x"))
+    expect_method(a, *CONNECTION_BLOCKED, timeout=5)
+    wait_until(lambda: any(c["id"] == cid and c["blocked"]
+                           for c in b.api_get("/api/connections")), 5, what="blocked")
+    return a, cid, xq
+
+
+@test(timeout=120)
+def blocked_client_that_closes_is_released():
+    """With the alarm on, a blocked publisher (its channels, its exclusive
+    queue) is released within a couple of seconds of closing its socket,
+    whether it says goodbye with FIN or with RST; an idle connection that
+    never published stays."""
+    with own_broker(TINY_MARK) as b:
+        if b is None:
+            return
+        time.sleep(0.6)
+        assert memory(b)[1], "the alarm is not on"
+        idle = raw_connection()
+        base_ids = connection_ids(b)      # in a cluster, the other brokers' links too
+        for rst in (False, True):
+            s = raw_connection()
+            q = declare_queue(s, exclusive=False)[0]
+            a, cid, xq = blocked_publisher(b, q)
+            assert xq in queue_names(b)
+            if rst:
+                a.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            a.close()
+            wait_until(lambda: cid not in connection_ids(b), 5,
+                       what="the blocked connection to be released (%s)" %
+                       ("RST" if rst else "FIN"))
+            wait_until(lambda: xq not in queue_names(b), 5, what="its exclusive queue to go")
+            s.close()
+        eq(connection_ids(b), base_ids, "connections left (the idle one and links)")
+        idle.sendall(gen_queue_declare(1, "", exclusive=True))
+        expect_method(idle, *QUEUE_DECLARE_OK)
+
+
+@test(timeout=120)
+def blocked_client_with_heartbeats_is_kept():
+    """heartbeat 1 s: a blocked publisher whose own heartbeats cannot be read
+    (nothing of it is) is not timed out while its socket is alive, and is
+    released once it closes."""
+    with own_broker(TINY_MARK) as b:
+        if b is None:
+            return
+        time.sleep(0.6)
+        s = raw_connection()
+        q = declare_queue(s, exclusive=False)[0]
+        a, cid, _ = blocked_publisher(b, q, heartbeat=1)
+        t_end = time.time() + 4
+        while time.time() < t_end:        # our heartbeats go into the unread input
+            a.sendall(gen_heartbeat())
+            time.sleep(0.4)
+        assert cid in connection_ids(b), "a live blocked client was timed out"
+        a.close()
+        wait_until(lambda: cid not in connection_ids(b), 5, what="release after close")
 
 
 if __name__ == "__main__":
