@@ -68,6 +68,25 @@ static bool over_connection_limit(const struct broker *broker, uint32_t extra)
     return others > limit + (extra ? 0 : reserved);
 }
 
+/* --max-handshaking: sockets that have not logged in cost a stranger
+ * nothing to open and hold until the handshake timeout; past the limit
+ * new ones are closed at once, with one warning a second at most (a
+ * flood must not flood the log too). */
+static bool over_handshaking_limit(struct broker *broker, uint64_t now_ms)
+{
+    uint32_t limit = broker->config.limits.handshaking_max;
+    if (limit == 0 || broker->handshaking_count < limit)
+        return false;
+    broker->handshaking_refused++;
+    if (broker->handshaking_logged_ms == 0 || now_ms - broker->handshaking_logged_ms >= 1000) {
+        broker->handshaking_logged_ms = now_ms;
+        LOG_WARN("refusing connections: %u have not logged in yet (--max-handshaking); "
+                 "%llu refused so far", broker->handshaking_count,
+                 (unsigned long long)broker->handshaking_refused);
+    }
+    return true;
+}
+
 struct conn *connection_accept(struct net *net, void *ctx)
 {
     struct broker *broker = ctx;
@@ -91,8 +110,23 @@ struct conn *connection_accept(struct net *net, void *ctx)
         LOG_WARN("conn=%llu refused: connection limit %u reached",
                  (unsigned long long)connection->conn.id, broker->config.limits.connections_max);
         connection->conn.refused = true; /* the listener accepts, then closes */
+    } else if (over_handshaking_limit(broker, connection->started_ms)) {
+        connection->conn.refused = true;
+    } else {
+        connection->handshaking = true;
+        broker->handshaking_count++;
     }
     return &connection->conn;
+}
+
+/* Logged in (or gone): no longer counted against --max-handshaking. */
+static void end_handshaking(struct connection *connection)
+{
+    if (!connection->handshaking)
+        return;
+    ASSERT(connection->broker->handshaking_count > 0);
+    connection->handshaking = false;
+    connection->broker->handshaking_count--;
 }
 
 /* ---- output --------------------------------------------------------- */
@@ -250,6 +284,7 @@ static void on_free(struct conn *conn)
     struct connection *connection = from_conn(conn);
     for (uint32_t i = 0; i < connection->channels_cap; i++)
         ASSERT(connection->channels[i] == NULL);
+    end_handshaking(connection);
     free(connection->channels);
     free(connection->crossed_closes);
     struct broker *broker = connection->broker;
@@ -392,6 +427,7 @@ static void cluster_login(struct connection *connection, const struct method *m)
         refuse_login(connection, BYTES_LIT(AUTH_CLUSTER_MECHANISM));
         return;
     }
+    end_handshaking(connection);
     connection->cluster_peer = true;
     connection->broker->peer_connections_count++;
     connection->conn.peer_reads_always = true; /* see conn.h */
@@ -447,6 +483,7 @@ static void handle_start_ok(struct connection *connection, const struct method *
         silent_close(connection);
         return;
     }
+    end_handshaking(connection);
     send_tune(connection);
 }
 
@@ -730,6 +767,15 @@ static void handle_frame(struct connection *connection, const struct frame *fram
     if (connection->state != CONNECTION_STATE_OPEN) {
         connection_fail(connection, REPLY_COMMAND_INVALID, 0,
                         "channel %u used before connection.open", frame->channel);
+        return;
+    }
+    if (frame->channel > connection->channel_max) {
+        /* The spec's rule (usable numbers are 1..channel-max), which
+         * RabbitMQ does not apply: a high number would also make the
+         * channel table as large as the number. */
+        connection_fail(connection, REPLY_CHANNEL_ERROR, 0,
+                        "channel %u is above the negotiated channel_max (%u)", frame->channel,
+                        connection->channel_max);
         return;
     }
     struct channel *ch = frame->channel < connection->channels_cap

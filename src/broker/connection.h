@@ -89,6 +89,9 @@ struct connection {
      * asked about the peer, and when it last heard from it then. */
     uint64_t peer_checked_ms;
     uint64_t peer_heard_ms;
+    /* Not logged in yet: counted in broker->handshaking_count until it
+     * logs in or goes (--max-handshaking). */
+    bool handshaking;
 };
 
 /* The broker's accept callback: allocates a connection for a new socket. */

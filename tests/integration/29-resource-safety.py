@@ -367,5 +367,44 @@ def blocked_client_with_heartbeats_is_kept():
         wait_until(lambda: cid not in connection_ids(b), 5, what="release after close")
 
 
+# ------------------------------------------------------------ handshakes
+
+@test(timeout=60)
+def connections_not_logged_in_are_capped_and_timed_out():
+    """--max-handshaking 4: four sockets that only said hello hold the four
+    slots, so a fifth is closed at once; one that logs in frees its slot
+    (logged-in connections are not counted); the others are closed by
+    --handshake-timeout 1500, after which new ones are served again."""
+    with own_broker(["--max-handshaking", "4", "--handshake-timeout", "1500"]) as b:
+        if b is None:
+            return
+        hello = []
+        for _ in range(4):
+            x = raw_socket()
+            x.sendall(PROTOCOL_HEADER)
+            expect_method(x, *CONNECTION_START)
+            hello.append(x)
+        t0 = time.time()
+        extra = raw_socket()
+        eq(expect_closed_socket(extra, timeout=2), b"", "the fifth, over the limit")
+        # the first logs in: its slot is free again, and it is served
+        x = hello.pop(0)
+        x.sendall(gen_connection_start_ok())
+        expect_method(x, *CONNECTION_TUNE)
+        x.sendall(gen_tune_ok() + gen_open())
+        expect_method(x, *CONNECTION_OPEN_OK)
+        y = raw_socket()
+        y.sendall(PROTOCOL_HEADER)
+        expect_method(y, *CONNECTION_START)
+        for z in hello + [y]:
+            expect_closed_socket(z, timeout=5)
+        waited = time.time() - t0
+        assert waited >= 1.0, "closed after %.2f s, before the handshake timeout" % waited
+        x.sendall(gen_channel_open(1))
+        expect_method(x, *CHANNEL_OPEN_OK)
+        for _ in range(4):
+            raw_connection()
+
+
 if __name__ == "__main__":
     run()
