@@ -4,7 +4,8 @@
  *
  * While an alarm is on, every connection that publishes is sent
  * connection.blocked (if its client announced the capability) and is no
- * longer read from; consumers keep draining. When memory falls back under
+ * longer read from (but still watched: connection_tick asks the kernel
+ * whether its peer is gone); consumers keep draining. When memory falls back under
  * the mark (and disk space over the limit) they get connection.unblocked
  * and are read again.
  *
