@@ -938,9 +938,10 @@ void connection_tick(struct connection *connection, uint64_t now_ms)
     if (connection->heartbeat_s == 0)
         return;
     uint64_t interval_ms = (uint64_t)connection->heartbeat_s * 1000;
-    /* Unread, its heartbeats wait in the kernel, which vouches for it. */
+    /* Unread, its heartbeats wait in the kernel, which vouches for it
+     * (also in the moment after it is read again, before a read). */
     uint64_t heard_ms = conn->last_read_ms;
-    if (!conn->reading && connection->peer_heard_ms > heard_ms)
+    if (connection->peer_heard_ms > heard_ms)
         heard_ms = connection->peer_heard_ms;
     /* Two missed heartbeats (plus slack for the tick) mean a dead peer. */
     if (now_ms - heard_ms > interval_ms * 2) {
