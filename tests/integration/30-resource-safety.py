@@ -1,4 +1,4 @@
-"""29-resource-safety: a client cannot make the broker hold memory it did not send,
+"""30-resource-safety: a client cannot make the broker hold memory it did not send,
 nor keep what it held once it is gone (issue 17, "Resource safety").
 
 Goal:
