@@ -318,7 +318,13 @@ def disk_alarm_blocks_publishers_but_not_consumers():
 # mark. Under AddressSanitizer every allocation carries redzones, shadow
 # memory and a quarantine, which the broker's own accounting cannot see, so
 # a sanitized quayd is held to a looser (still fixed) bound.
-RSS_BOUND = 2.0 if os.environ.get("QUAY_SANITIZED") in ("1", "ON", "true") else 1.2
+SANITIZED = os.environ.get("QUAY_SANITIZED") in ("1", "ON", "true")
+RSS_BOUND = 2.0 if SANITIZED else 1.2
+# What AddressSanitizer keeps of freed memory (limited_quayd caps its
+# quarantine at 16 MiB): a message whose body arrives across two reads is
+# moved once as it grows, and the block it leaves sits in the quarantine,
+# which a release build gives back at once.
+QUARANTINE = 16 * MiB if SANITIZED else 0
 
 
 @test(timeout=240)
@@ -492,8 +498,8 @@ def slow_consumer_leaves_undelivered_messages_in_the_queue():
             hwm = proc_status(b, "VmHWM", p) - base[p.pid]
             print("# %d messages in queue, RSS +%.1f MiB, HWM +%.1f MiB for %.1f MiB (pid %d)" % (
                 in_queue, rss / MiB, hwm / MiB, total * size / MiB, p.pid))
-            assert hwm < 1.5 * total * size, "VmHWM grew %.1f MiB for %.1f MiB of messages" % (
-                hwm / MiB, total * size / MiB)
+            assert hwm < 1.5 * total * size + QUARANTINE, (
+                "VmHWM grew %.1f MiB for %.1f MiB of messages" % (hwm / MiB, total * size / MiB))
         # now read: every message arrives, in order
         slow.settimeout(10)
         got = 0
