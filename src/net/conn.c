@@ -7,6 +7,7 @@
 #include "net/conn.h"
 
 #include <arpa/inet.h>
+#include <assert.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,9 @@
 #include "lib/log.h"
 
 #define SCRATCH_SIZE (256u << 10)
+#define IN_SCRATCH_MAX_SIZE (16u << 10) /* a partial frame this small is read in scratch */
+#define IN_READ_MORE_SIZE (64u << 10)   /* a larger one's read: this much room beyond it */
+static_assert(IN_SCRATCH_MAX_SIZE <= SCRATCH_SIZE / 2, "a read behind a partial frame is large");
 #define CHUNK_DATA_SIZE (16u << 10)
 #define IOV_BATCH 64
 
@@ -213,9 +217,26 @@ static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
         *buf = uv_buf_init((char *)conn->net->scratch, (unsigned)conn->net->scratch_size);
         return;
     }
-    size_t want = conn->in_size + 64u * 1024;
-    if (want < conn->in_need)
-        want = conn->in_need;
+    if (conn->in_size <= IN_SCRATCH_MAX_SIZE) {
+        /* A small partial frame goes back in front of the scratch buffer:
+         * the read that completes it is as large as any, and the
+         * connection keeps no room for it beyond its bytes (7 bytes that
+         * announce a 128 KiB frame do not hold 128 KiB). on_read knows
+         * the read by where it landed. */
+        memcpy(conn->net->scratch, conn->in, conn->in_size);
+        *buf = uv_buf_init((char *)conn->net->scratch + conn->in_size,
+                           (unsigned)(conn->net->scratch_size - conn->in_size));
+        return;
+    }
+    /* A large one: 64 KiB more, or toward the whole frame by doubling
+     * what arrived (at most twice what a peer sent is held for it). */
+    size_t want = conn->in_size + IN_READ_MORE_SIZE;
+    if (want < conn->in_need) {
+        if (want < conn->in_size * 2)
+            want = conn->in_size * 2;
+        if (want > conn->in_need)
+            want = conn->in_need;
+    }
     if (conn->in_cap < want) {
         uint8_t *grown = realloc(conn->in, want);
         ASSERT(grown != NULL);
@@ -263,7 +284,12 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     conn->last_read_ms = uv_now(conn->net->loop);
     const uint8_t *data;
     size_t size;
-    if (conn->in_size > 0) {
+    if (conn->in_size > 0 && (uint8_t *)buf->base == conn->net->scratch + conn->in_size) {
+        /* Behind a copy of the partial frame (on_alloc): conn->in keeps
+         * the original until keep_leftover replaces it. */
+        data = conn->net->scratch;
+        size = conn->in_size + (size_t)nread;
+    } else if (conn->in_size > 0) {
         ASSERT((uint8_t *)buf->base == conn->in + conn->in_size);
         conn->in_size += (size_t)nread;
         data = conn->in;
