@@ -24,6 +24,8 @@ size_t __sanitizer_get_current_allocated_bytes(void);
 #include "lib/log.h"
 
 #define DISK_SAMPLE_MS 1000
+/* A blocked publisher's socket silent this long gets keepalive probes. */
+#define BLOCKED_KEEPALIVE_IDLE_S 30
 /* Per-message memory beyond its bytes: the struct, the queue entry, malloc. */
 #define MESSAGE_OVERHEAD_BYTES 96
 
@@ -101,6 +103,9 @@ static void block(struct broker *broker, struct connection *connection)
         connection_send_method(connection, 0, &m);
     }
     conn_pause_reading(&connection->conn, CONN_PAUSE_ALARM);
+    /* Not read, it is watched through the kernel (connection_tick); with
+     * heartbeats off only keepalive tells of a host that vanished. */
+    conn_keepalive(&connection->conn, BLOCKED_KEEPALIVE_IDLE_S);
 }
 
 static void unblock(struct connection *connection)

@@ -4,9 +4,10 @@
  *
  * While an alarm is on, every connection that publishes is sent
  * connection.blocked (if its client announced the capability) and is no
- * longer read from; consumers keep draining. When memory falls back under
- * the mark (and disk space over the limit) they get connection.unblocked
- * and are read again.
+ * longer read from (but still watched: connection_tick asks the kernel
+ * whether its peer is gone); consumers keep draining. When memory falls
+ * back under the mark (and disk space over the limit) they get
+ * connection.unblocked and are read again.
  *
  * Memory is estimated in O(1) on every publish: the bytes of live messages
  * plus the rest of the heap as last sampled (the allocator's count of bytes

@@ -40,6 +40,7 @@ void broker_config_defaults(struct broker_config *config)
         .handshake_timeout_ms = 10000,
         .message_size_max = 128u << 20,
         .connections_max = 0,
+        .handshaking_max = 1000,
         .consumers_per_channel_max = 0,
         .queues_max = 0,
         .read_batch_us = READ_BATCH_WAIT_US_DEFAULT,

@@ -36,6 +36,7 @@ struct broker_limits {
     uint32_t handshake_timeout_ms;  /* header to open-ok */
     uint64_t message_size_max;      /* body bytes; larger publishes get 406 */
     uint32_t connections_max;       /* 0 = unlimited */
+    uint32_t handshaking_max;       /* connections not logged in yet; 0 = unlimited */
     uint32_t consumers_per_channel_max;
     uint32_t queues_max;
     uint32_t read_batch_us;         /* longest a streaming client waits for a batch; 0 = off */
@@ -79,6 +80,9 @@ struct broker {
     struct list_node connections;  /* struct connection.broker_link */
     uint32_t connections_count;
     uint32_t peer_connections_count; /* of them, other brokers' links (not clients) */
+    uint32_t handshaking_count;    /* of them, not logged in yet (connection.handshaking) */
+    uint64_t handshaking_refused;  /* refused over limits.handshaking_max, ever */
+    uint64_t handshaking_logged_ms; /* the last warning about them (one a second) */
     uv_timer_t tick;               /* heartbeats, handshake timeouts, alarms */
     uv_timer_t shutdown_timer;     /* cuts clients that ignore our close */
     struct alarm alarm;

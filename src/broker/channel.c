@@ -408,6 +408,7 @@ static void handle_method(struct channel *ch, const struct method *m)
 static void content_complete(struct channel *ch)
 {
     struct message *message = ch->assembling;
+    ASSERT(message->body_capacity == message->body_size);
     ch->assembling = NULL;
     ch->content = CONTENT_STATE_NONE;
     if (ch->publish_forward && ch->publish_replicate)
@@ -473,8 +474,12 @@ static void handle_content_header(struct channel *ch, const struct frame *frame)
     }
     struct bytes exchange = {ch->publish_names, ch->publish_exchange_size};
     struct bytes routing_key = {ch->publish_names + 256, ch->publish_routing_key_size};
-    ch->assembling = message_new(exchange, routing_key, header.properties,
-                                 header.properties_size, &props, header.body_size);
+    /* Room for the body bytes that came with the header (all of a small
+     * message, usually: one allocation); the rest as they arrive. */
+    uint64_t arrived = connection__body_ahead(ch->connection, ch->id);
+    ch->assembling = message_new_partial(
+        exchange, routing_key, header.properties, header.properties_size, &props,
+        header.body_size, arrived < header.body_size ? arrived : header.body_size);
     if (!ch->assembling) {
         channel__fail(ch, REPLY_RESOURCE_ERROR, METHOD_BASIC_PUBLISH,
                       "cannot allocate a message of %llu bytes",
@@ -496,8 +501,17 @@ static void handle_content_body(struct channel *ch, const struct frame *frame)
                                  (unsigned long long)m->body_size);
         return;
     }
-    memcpy(m->body + m->body_received, frame->payload, frame->size);
-    m->body_received += frame->size;
+    uint64_t capacity = m->body_capacity;
+    if (message_append_body(&ch->assembling, frame->payload, frame->size,
+                            connection__body_ahead(ch->connection, ch->id)) != OK) {
+        channel__fail(ch, REPLY_RESOURCE_ERROR, METHOD_BASIC_PUBLISH,
+                      "cannot allocate a message of %llu bytes",
+                      (unsigned long long)m->body_size);
+        return;
+    }
+    m = ch->assembling;
+    if (m->body_capacity != capacity)
+        alarm_check_publish(ch->connection->broker); /* it holds more memory now */
     if (m->body_received == m->body_size)
         content_complete(ch);
 }

@@ -30,6 +30,8 @@
 #include "lib/log.h"
 
 #define CLOSE_OK_TIMEOUT_MS 3000
+/* How often the kernel is asked about a peer we do not read. */
+#define PEER_CHECK_MS 1000
 
 static long on_input(struct conn *conn, const uint8_t *data, size_t size);
 static void on_close(struct conn *conn);
@@ -66,6 +68,25 @@ static bool over_connection_limit(const struct broker *broker, uint32_t extra)
     return others > limit + (extra ? 0 : reserved);
 }
 
+/* --max-handshaking: sockets that have not logged in cost a stranger
+ * nothing to open and hold until the handshake timeout; past the limit
+ * new ones are closed at once, with one warning a second at most (a
+ * flood must not flood the log too). */
+static bool over_handshaking_limit(struct broker *broker, uint64_t now_ms)
+{
+    uint32_t limit = broker->config.limits.handshaking_max;
+    if (limit == 0 || broker->handshaking_count < limit)
+        return false;
+    broker->handshaking_refused++;
+    if (broker->handshaking_logged_ms == 0 || now_ms - broker->handshaking_logged_ms >= 1000) {
+        broker->handshaking_logged_ms = now_ms;
+        LOG_WARN("refusing connections: %u have not logged in yet (--max-handshaking); "
+                 "%llu refused so far", broker->handshaking_count,
+                 (unsigned long long)broker->handshaking_refused);
+    }
+    return true;
+}
+
 struct conn *connection_accept(struct net *net, void *ctx)
 {
     struct broker *broker = ctx;
@@ -89,8 +110,23 @@ struct conn *connection_accept(struct net *net, void *ctx)
         LOG_WARN("conn=%llu refused: connection limit %u reached",
                  (unsigned long long)connection->conn.id, broker->config.limits.connections_max);
         connection->conn.refused = true; /* the listener accepts, then closes */
+    } else if (over_handshaking_limit(broker, connection->started_ms)) {
+        connection->conn.refused = true;
+    } else {
+        connection->handshaking = true;
+        broker->handshaking_count++;
     }
     return &connection->conn;
+}
+
+/* Logged in (or gone): no longer counted against --max-handshaking. */
+static void end_handshaking(struct connection *connection)
+{
+    if (!connection->handshaking)
+        return;
+    ASSERT(connection->broker->handshaking_count > 0);
+    connection->handshaking = false;
+    connection->broker->handshaking_count--;
 }
 
 /* ---- output --------------------------------------------------------- */
@@ -248,6 +284,7 @@ static void on_free(struct conn *conn)
     struct connection *connection = from_conn(conn);
     for (uint32_t i = 0; i < connection->channels_cap; i++)
         ASSERT(connection->channels[i] == NULL);
+    end_handshaking(connection);
     free(connection->channels);
     free(connection->crossed_closes);
     struct broker *broker = connection->broker;
@@ -390,6 +427,7 @@ static void cluster_login(struct connection *connection, const struct method *m)
         refuse_login(connection, BYTES_LIT(AUTH_CLUSTER_MECHANISM));
         return;
     }
+    end_handshaking(connection);
     connection->cluster_peer = true;
     connection->broker->peer_connections_count++;
     connection->conn.peer_reads_always = true; /* see conn.h */
@@ -445,6 +483,7 @@ static void handle_start_ok(struct connection *connection, const struct method *
         silent_close(connection);
         return;
     }
+    end_handshaking(connection);
     send_tune(connection);
 }
 
@@ -730,6 +769,15 @@ static void handle_frame(struct connection *connection, const struct frame *fram
                         "channel %u used before connection.open", frame->channel);
         return;
     }
+    if (frame->channel > connection->channel_max) {
+        /* The spec's rule (usable numbers are 1..channel-max), which
+         * RabbitMQ does not apply: a high number would also make the
+         * channel table as large as the number. */
+        connection_fail(connection, REPLY_CHANNEL_ERROR, 0,
+                        "channel %u is above the negotiated channel_max (%u)", frame->channel,
+                        connection->channel_max);
+        return;
+    }
     struct channel *ch = frame->channel < connection->channels_cap
                              ? connection->channels[frame->channel]
                              : NULL;
@@ -767,9 +815,33 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
         }
         used += (size_t)n;
         conn->in_units++;
+        connection->input_rest = data + used;
+        connection->input_rest_size = size - used;
         handle_frame(connection, &frame);
     }
+    connection->input_rest = NULL;
+    connection->input_rest_size = 0;
     return (long)used;
+}
+
+uint64_t connection__body_ahead(const struct connection *connection, uint16_t channel)
+{
+    const uint8_t *p = connection->input_rest;
+    size_t left = connection->input_rest_size;
+    uint32_t payload_max = connection->reader.frame_max - FRAME_OVERHEAD;
+    uint64_t ahead = 0;
+    while (left >= FRAME_HEADER_SIZE && p[0] == FRAME_BODY &&
+           (uint16_t)(p[1] << 8 | p[2]) == channel) {
+        uint32_t size = (uint32_t)p[3] << 24 | (uint32_t)p[4] << 16 | (uint32_t)p[5] << 8 | p[6];
+        if (size > payload_max)
+            break; /* a bad frame: the reader will say so */
+        if (size >= left - FRAME_HEADER_SIZE)
+            return ahead + (left - FRAME_HEADER_SIZE); /* cut: what is here of it */
+        ahead += size;
+        p += FRAME_OVERHEAD + (size_t)size; /* size < left - 7: its end octet is here */
+        left -= FRAME_OVERHEAD + (size_t)size;
+    }
+    return ahead;
 }
 
 void connection_flow(struct connection *connection)
@@ -806,6 +878,31 @@ void connection_release(struct connection *connection)
 
 /* ---- timers --------------------------------------------------------- */
 
+/* An open connection we do not read (blocked by an alarm, in flow, or
+ * its output unread) would never see its peer's close, which waits
+ * behind its unread input: it would hold its channels, queues and
+ * half-received messages for ever, and with them maybe the alarm that
+ * blocked it. The kernel is asked instead, once a second. True if the
+ * peer is gone (the connection is closed: its memory is released). */
+static bool unread_peer_gone(struct connection *connection, uint64_t now_ms)
+{
+    struct conn *conn = &connection->conn;
+    if (now_ms - connection->peer_checked_ms < PEER_CHECK_MS)
+        return false;
+    connection->peer_checked_ms = now_ms;
+    uint64_t quiet_ms;
+    if (!conn_peer_gone(conn, &quiet_ms)) {
+        connection->peer_heard_ms = now_ms > quiet_ms ? now_ms - quiet_ms : 0;
+        return false;
+    }
+    LOG_INFO("conn=%llu peer=%s gone while not read (%s): closing",
+             (unsigned long long)conn->id, conn->peer_name,
+             connection->blocked ? "blocked" : connection->flow ? "flow" : "paused");
+    connection->state = CONNECTION_STATE_CLOSED;
+    conn_close(conn);
+    return true;
+}
+
 void connection_tick(struct connection *connection, uint64_t now_ms)
 {
     struct conn *conn = &connection->conn;
@@ -836,11 +933,18 @@ void connection_tick(struct connection *connection, uint64_t now_ms)
         conn_close(conn);
         return;
     }
+    if (!conn->reading && unread_peer_gone(connection, now_ms))
+        return;
     if (connection->heartbeat_s == 0)
         return;
     uint64_t interval_ms = (uint64_t)connection->heartbeat_s * 1000;
+    /* Unread, its heartbeats wait in the kernel, which vouches for it
+     * (also in the moment after it is read again, before a read). */
+    uint64_t heard_ms = conn->last_read_ms;
+    if (connection->peer_heard_ms > heard_ms)
+        heard_ms = connection->peer_heard_ms;
     /* Two missed heartbeats (plus slack for the tick) mean a dead peer. */
-    if (now_ms - conn->last_read_ms > interval_ms * 2) {
+    if (now_ms - heard_ms > interval_ms * 2) {
         LOG_INFO("conn=%llu peer=%s missed heartbeats, closing", (unsigned long long)conn->id,
                  conn->peer_name);
         conn_close(conn);

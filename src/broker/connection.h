@@ -81,6 +81,17 @@ struct connection {
     /* The client's connection.close waits for channels that wait for a
      * primary (channel_close_with_connection): close-ok once none do. */
     uint32_t close_ok_owed;
+    /* The input after the frame being dispatched (borrowed from the read:
+     * valid during dispatch only), for connection__body_ahead. */
+    const uint8_t *input_rest;
+    size_t input_rest_size;
+    /* While it is not read (blocked, flow, ...): when the kernel was last
+     * asked about the peer, and when it last heard from it then. */
+    uint64_t peer_checked_ms;
+    uint64_t peer_heard_ms;
+    /* Not logged in yet: counted in broker->handshaking_count until it
+     * logs in or goes (--max-handshaking). */
+    bool handshaking;
 };
 
 /* The broker's accept callback: allocates a connection for a new socket. */
@@ -134,6 +145,11 @@ void connection_release(struct connection *connection);
 /* The cluster map is applied up to the present: connections whose
  * connection.open waited for it are opened. */
 void connection_cluster_synced(struct broker *broker);
+
+/* Body bytes for channel that this read already holds right after the
+ * frame being dispatched (its body frames, the last one possibly cut):
+ * a message's room may be reserved up to this, as they have arrived. */
+uint64_t connection__body_ahead(const struct connection *connection, uint16_t channel);
 
 /* Called by channels once they are fully closed and freed. */
 void connection__channel_gone(struct connection *connection, uint16_t channel_id);

@@ -13,6 +13,10 @@
 #include "lib/errors.h"
 #include "lib/assert.h"
 
+/* A body that outgrows its room gets at least this much more: bodies
+ * trickled in tiny frames are not copied on every frame. */
+#define BODY_GROWTH_MIN_SIZE 4096
+
 uint64_t message_live_count;
 uint64_t message_live_bytes;
 
@@ -20,11 +24,21 @@ struct message *message_new(struct bytes exchange, struct bytes routing_key,
                             const uint8_t *properties, uint32_t properties_size,
                             const struct basic_properties *props, uint64_t body_size)
 {
+    return message_new_partial(exchange, routing_key, properties, properties_size, props,
+                               body_size, body_size);
+}
+
+struct message *message_new_partial(struct bytes exchange, struct bytes routing_key,
+                                    const uint8_t *properties, uint32_t properties_size,
+                                    const struct basic_properties *props, uint64_t body_size,
+                                    uint64_t body_capacity)
+{
     ASSERT(exchange.len <= 255);
     ASSERT(routing_key.len <= 255);
+    ASSERT(body_capacity <= body_size);
     size_t head = MESSAGE_BLOB_HEADER_SIZE + (size_t)exchange.len + routing_key.len +
                   properties_size;
-    struct message *m = malloc(sizeof *m + head + body_size);
+    struct message *m = malloc(sizeof *m + head + body_capacity);
     if (!m)
         return NULL;
     uint8_t *h = m->data;
@@ -40,6 +54,7 @@ struct message *message_new(struct bytes exchange, struct bytes routing_key,
     m->properties_size = properties_size;
     m->body_size = body_size;
     m->body_received = 0;
+    m->body_capacity = body_capacity;
     m->exchange_size = (uint8_t)exchange.len;
     m->routing_key_size = (uint8_t)routing_key.len;
     uint8_t *names = m->data + MESSAGE_BLOB_HEADER_SIZE;
@@ -66,8 +81,62 @@ struct message *message_new(struct bytes exchange, struct bytes routing_key,
         m->headers.len = props->headers.len;
     }
     message_live_count++;
-    message_live_bytes += body_size;
+    message_live_bytes += body_capacity;
     return m;
+}
+
+/* The room to grow to for need bytes of body: double, at least the
+ * minimum step, never more than the body. */
+static uint64_t grown_capacity(const struct message *m, uint64_t need)
+{
+    uint64_t capacity = m->body_capacity * 2;
+    if (capacity < BODY_GROWTH_MIN_SIZE)
+        capacity = BODY_GROWTH_MIN_SIZE;
+    if (capacity < need)
+        capacity = need;
+    return capacity < m->body_size ? capacity : m->body_size;
+}
+
+static int grow(struct message **message, uint64_t need)
+{
+    struct message *m = *message;
+    uint64_t capacity = grown_capacity(m, need);
+    ASSERT(capacity >= need);
+    /* Offsets, not pointers: the block may move. */
+    size_t body_offset = (size_t)(m->body - m->data);
+    size_t headers_offset = m->headers.ptr ? (size_t)(m->headers.ptr - m->data) : 0;
+    uint64_t old_capacity = m->body_capacity;
+    struct message *grown = realloc(m, sizeof *m + body_offset + capacity);
+    if (!grown)
+        return E_NOMEM;
+    grown->body = grown->data + body_offset;
+    if (grown->headers.ptr)
+        grown->headers.ptr = grown->data + headers_offset;
+    grown->body_capacity = capacity;
+    message_live_bytes += capacity - old_capacity;
+    *message = grown;
+    return OK;
+}
+
+int message_append_body(struct message **message, const uint8_t *data, size_t size,
+                        uint64_t more_size)
+{
+    struct message *m = *message;
+    ASSERT(m->refs == 1); /* nobody else may see it move */
+    ASSERT(size <= m->body_size - m->body_received);
+    uint64_t need = m->body_received + size;
+    if (need > m->body_capacity) {
+        uint64_t missing = m->body_size - need;
+        int rc = grow(message, need + (more_size < missing ? more_size : missing));
+        if (rc != OK)
+            return rc;
+        m = *message;
+    }
+    if (size > 0)
+        memcpy(m->body + m->body_received, data, size);
+    m->body_received = need;
+    ASSERT(m->body_received <= m->body_capacity);
+    return OK;
 }
 
 int message_parse_expiration(struct bytes text, int64_t *out, char *reason, size_t reason_size)
@@ -113,6 +182,7 @@ int message_parse_expiration(struct bytes text, int64_t *out, char *reason, size
 struct bytes message_blob(const struct message *message)
 {
     ASSERT(message->body_received == message->body_size);
+    ASSERT(message->body_capacity == message->body_size);
     size_t size = MESSAGE_BLOB_HEADER_SIZE + (size_t)message->exchange_size +
                   message->routing_key_size + message->properties_size + message->body_size;
     ASSERT(size <= UINT32_MAX);
@@ -174,7 +244,7 @@ void message_unref(struct message *message)
     ASSERT(message->refs > 0);
     if (--message->refs == 0) {
         message_live_count--;
-        message_live_bytes -= message->body_size;
+        message_live_bytes -= message->body_capacity;
         free(message);
     }
 }

@@ -15,6 +15,13 @@
  *                  +--------+----------+-------------+------------+---------+
  *                  <------------------- message_blob() ------------------->
  *
+ * The body's room grows as its frames arrive (message_append_body), never
+ * ahead of them: a content header that declares 128 MiB costs the broker
+ * nothing until the bytes come, so what a client declares cannot raise
+ * the memory alarm; only what it sent can. While it grows the message has
+ * one owner (the channel assembling it) and may move (realloc); complete,
+ * its room is exactly body_size bytes.
+ *
  * data[] is also the message's durable form: the journal stores exactly
  * these bytes (message_blob), and message_from_blob rebuilds a message
  * from them at recovery. The blob header (16 bytes, little-endian):
@@ -42,6 +49,7 @@ struct message {
     uint32_t properties_size;
     uint64_t body_size;
     uint64_t body_received;       /* assembly progress; == body_size when complete */
+    uint64_t body_capacity;       /* room for body bytes; == body_size when complete */
     uint8_t exchange_size;
     uint8_t routing_key_size;
     uint8_t priority;
@@ -60,6 +68,20 @@ struct basic_properties;
 struct message *message_new(struct bytes exchange, struct bytes routing_key,
                             const uint8_t *properties, uint32_t properties_size,
                             const struct basic_properties *props, uint64_t body_size);
+/* The same for a body that is still to arrive: room for body_capacity
+ * (<= body_size) bytes now, the rest reserved by message_append_body. */
+struct message *message_new_partial(struct bytes exchange, struct bytes routing_key,
+                                    const uint8_t *properties, uint32_t properties_size,
+                                    const struct basic_properties *props, uint64_t body_size,
+                                    uint64_t body_capacity);
+/* Appends size bytes of body (at most what is still missing). When the
+ * room is short it grows, geometrically so a large body is copied O(1)
+ * times on average, but never past body_size, and at least by more_size:
+ * body bytes the caller already holds beyond these (the rest of a read).
+ * The message may move: *message is updated. Its only reference must be
+ * the caller's. OK, or E_NOMEM (the message is unchanged). */
+int message_append_body(struct message **message, const uint8_t *data, size_t size,
+                        uint64_t more_size);
 
 #define MESSAGE_BLOB_HEADER_SIZE 16
 
@@ -99,7 +121,8 @@ int message_parse_expiration(struct bytes text, int64_t *out, char *reason, size
 /* For conn_out_ref's release callback. */
 void message_release_callback(void *message);
 
-/* Live messages (a gauge for tests and metrics). */
+/* Live messages (a gauge for tests and metrics, and the memory alarm's
+ * estimate): their count, and the room their bodies hold. */
 extern uint64_t message_live_count;
 extern uint64_t message_live_bytes;
 

@@ -60,6 +60,9 @@ static void usage(FILE *out)
             "  --channel-max N         channels per connection (default 2047)\n"
             "  --heartbeat SECONDS     heartbeat offered in tune (default 60, 0 = off)\n"
             "  --max-connections N     refuse connections beyond N (default unlimited)\n"
+            "  --max-handshaking N     close new connections at once while N have not\n"
+            "                          logged in yet (default 1000, 0 = unlimited)\n"
+            "  --handshake-timeout MS  close a connection not open after MS (default 10000)\n"
             "  --max-queues N          queues per vhost (default unlimited)\n"
             "  --max-consumers N       consumers per channel (default unlimited)\n"
             "  --max-message-size B    largest message body (default 134217728)\n"
@@ -104,7 +107,7 @@ enum option_id {
     OPT_CONFIG, OPT_NAME, OPT_CLUSTER_LISTEN, OPT_JOIN, OPT_CLUSTER_SECRET_FILE,
     OPT_DEFAULT_BACKUPS, OPT_READ_BATCH_US, OPT_QUEUE_LOCATOR, OPT_AUTO_REBALANCE,
     OPT_CATCH_UP_RATE, OPT_HTTP_ALLOW_PLAINTEXT,
-    OPT_HTTP_ALLOWED_HOSTS,
+    OPT_HTTP_ALLOWED_HOSTS, OPT_MAX_HANDSHAKING, OPT_HANDSHAKE_TIMEOUT,
 };
 
 static const struct option long_options[] = {
@@ -116,6 +119,8 @@ static const struct option long_options[] = {
     {"channel-max", required_argument, NULL, OPT_CHANNEL_MAX},
     {"heartbeat", required_argument, NULL, OPT_HEARTBEAT},
     {"max-connections", required_argument, NULL, OPT_MAX_CONNECTIONS},
+    {"max-handshaking", required_argument, NULL, OPT_MAX_HANDSHAKING},
+    {"handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT},
     {"max-queues", required_argument, NULL, OPT_MAX_QUEUES},
     {"max-consumers", required_argument, NULL, OPT_MAX_CONSUMERS},
     {"max-message-size", required_argument, NULL, OPT_MAX_MESSAGE_SIZE},
@@ -182,6 +187,8 @@ static const struct {
     LIMIT(OPT_CHANNEL_MAX, "channel-max", 1, 65535, channel_max),
     LIMIT(OPT_HEARTBEAT, "heartbeat", 0, 65535, heartbeat_s),
     LIMIT(OPT_MAX_CONNECTIONS, "max-connections", 0, UINT32_MAX, connections_max),
+    LIMIT(OPT_MAX_HANDSHAKING, "max-handshaking", 0, UINT32_MAX, handshaking_max),
+    LIMIT(OPT_HANDSHAKE_TIMEOUT, "handshake-timeout", 100, 3600000, handshake_timeout_ms),
     LIMIT(OPT_MAX_QUEUES, "max-queues", 0, UINT32_MAX, queues_max),
     LIMIT(OPT_MAX_CONSUMERS, "max-consumers", 0, UINT32_MAX, consumers_per_channel_max),
     LIMIT(OPT_MAX_MESSAGE_SIZE, "max-message-size", 0, 512u << 20, message_size_max),

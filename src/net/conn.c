@@ -7,6 +7,8 @@
 #include "net/conn.h"
 
 #include <arpa/inet.h>
+#include <assert.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <netinet/in.h>
@@ -17,6 +19,9 @@
 #include "lib/log.h"
 
 #define SCRATCH_SIZE (256u << 10)
+#define IN_SCRATCH_MAX_SIZE (16u << 10) /* a partial frame this small is read in scratch */
+#define IN_READ_MORE_SIZE (64u << 10)   /* a larger one's read: this much room beyond it */
+static_assert(IN_SCRATCH_MAX_SIZE <= SCRATCH_SIZE / 2, "a read behind a partial frame is large");
 #define CHUNK_DATA_SIZE (16u << 10)
 #define IOV_BATCH 64
 
@@ -212,9 +217,26 @@ static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
         *buf = uv_buf_init((char *)conn->net->scratch, (unsigned)conn->net->scratch_size);
         return;
     }
-    size_t want = conn->in_size + 64u * 1024;
-    if (want < conn->in_need)
-        want = conn->in_need;
+    if (conn->in_size <= IN_SCRATCH_MAX_SIZE) {
+        /* A small partial frame goes back in front of the scratch buffer:
+         * the read that completes it is as large as any, and the
+         * connection keeps no room for it beyond its bytes (7 bytes that
+         * announce a 128 KiB frame do not hold 128 KiB). on_read knows
+         * the read by where it landed. */
+        memcpy(conn->net->scratch, conn->in, conn->in_size);
+        *buf = uv_buf_init((char *)conn->net->scratch + conn->in_size,
+                           (unsigned)(conn->net->scratch_size - conn->in_size));
+        return;
+    }
+    /* A large one: 64 KiB more, or toward the whole frame by doubling
+     * what arrived (at most twice what a peer sent is held for it). */
+    size_t want = conn->in_size + IN_READ_MORE_SIZE;
+    if (want < conn->in_need) {
+        if (want < conn->in_size * 2)
+            want = conn->in_size * 2;
+        if (want > conn->in_need)
+            want = conn->in_need;
+    }
     if (conn->in_cap < want) {
         uint8_t *grown = realloc(conn->in, want);
         ASSERT(grown != NULL);
@@ -262,7 +284,12 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     conn->last_read_ms = uv_now(conn->net->loop);
     const uint8_t *data;
     size_t size;
-    if (conn->in_size > 0) {
+    if (conn->in_size > 0 && (uint8_t *)buf->base == conn->net->scratch + conn->in_size) {
+        /* Behind a copy of the partial frame (on_alloc): conn->in keeps
+         * the original until keep_leftover replaces it. */
+        data = conn->net->scratch;
+        size = conn->in_size + (size_t)nread;
+    } else if (conn->in_size > 0) {
         ASSERT((uint8_t *)buf->base == conn->in + conn->in_size);
         conn->in_size += (size_t)nread;
         data = conn->in;
@@ -288,6 +315,43 @@ void net_tcp_user_timeout(uv_tcp_t *tcp, unsigned ms)
     uv_os_fd_t fd;
     if (uv_fileno((const uv_handle_t *)tcp, &fd) == 0)
         (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+}
+
+bool conn_peer_gone(struct conn *conn, uint64_t *quiet_ms)
+{
+    *quiet_ms = 0;
+    uv_os_fd_t fd;
+    if (conn->closing || uv_fileno((const uv_handle_t *)&conn->tcp, &fd) != 0)
+        return false; /* nothing to ask about: the caller's close is under way */
+    struct tcp_info info;
+    socklen_t size = sizeof info;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &size) != 0 ||
+        size < offsetof(struct tcp_info, tcpi_last_ack_recv) + sizeof info.tcpi_last_ack_recv)
+        return false; /* no word from the kernel: assume the best */
+    if (info.tcpi_state != TCP_ESTABLISHED)
+        return true; /* CLOSE_WAIT: its FIN came; CLOSE: reset, or keepalive gave up */
+    uint32_t quiet = info.tcpi_last_data_recv < info.tcpi_last_ack_recv
+                         ? info.tcpi_last_data_recv
+                         : info.tcpi_last_ack_recv;
+    *quiet_ms = quiet;
+    return false;
+}
+
+void conn_keepalive(struct conn *conn, unsigned idle_s)
+{
+    if (conn->keepalive || conn->closing)
+        return;
+    conn->keepalive = true;
+    uv_os_fd_t fd;
+    if (uv_fileno((const uv_handle_t *)&conn->tcp, &fd) != 0)
+        return;
+    /* Three probes ten seconds apart: a vanished host is let go about
+     * idle_s + 30 s after it fell silent. */
+    int on = 1, idle = (int)idle_s, interval = 10, count = 3;
+    (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
 }
 
 void conn_start(struct conn *conn)

@@ -85,6 +85,7 @@ struct conn {
      * output to the other is large (a catch-up one way, its acks the
      * other) would wait on each other for ever. */
     bool peer_reads_always;
+    bool keepalive;               /* conn_keepalive was called */
     char peer_name[64];           /* "ip:port" */
     struct list_node all_link;    /* in net.conns */
     struct list_node resume_link; /* in net.resume_list while held input waits */
@@ -146,6 +147,20 @@ enum conn_pause {
 
 void conn_pause_reading(struct conn *conn, enum conn_pause reason);
 void conn_resume_reading(struct conn *conn, enum conn_pause reason);
+
+/* A peer we are not reading (paused for any reason) may have gone: its
+ * FIN or RST waits in the kernel behind the input we left there, and so
+ * do its heartbeats. So the kernel is asked (TCP_INFO): true if the
+ * connection is over (the peer closed or reset it, or keepalive gave up
+ * on it); else *quiet_ms is how long the kernel has heard nothing from it
+ * (neither data nor an ACK of ours): a live peer's kernel acknowledges
+ * what we send even while we read nothing of what it sends. */
+bool conn_peer_gone(struct conn *conn, uint64_t *quiet_ms);
+/* TCP keepalive probes once the socket has been silent for idle_s: with
+ * heartbeats off and the peer's host vanished (no FIN ever comes), the
+ * kernel gives up after a few unanswered probes and conn_peer_gone says
+ * so. Idempotent. */
+void conn_keepalive(struct conn *conn, unsigned idle_s);
 
 /* The protocol stopped consuming input in the middle of what it was
  * offered, because it must wait for something asynchronous (a cluster map

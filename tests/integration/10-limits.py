@@ -318,7 +318,13 @@ def disk_alarm_blocks_publishers_but_not_consumers():
 # mark. Under AddressSanitizer every allocation carries redzones, shadow
 # memory and a quarantine, which the broker's own accounting cannot see, so
 # a sanitized quayd is held to a looser (still fixed) bound.
-RSS_BOUND = 2.0 if os.environ.get("QUAY_SANITIZED") in ("1", "ON", "true") else 1.2
+SANITIZED = os.environ.get("QUAY_SANITIZED") in ("1", "ON", "true")
+RSS_BOUND = 2.0 if SANITIZED else 1.2
+# What AddressSanitizer keeps of freed memory (limited_quayd caps its
+# quarantine at 16 MiB): a message whose body arrives across two reads is
+# moved once as it grows, and the block it leaves sits in the quarantine,
+# which a release build gives back at once.
+QUARANTINE = 16 * MiB if SANITIZED else 0
 
 
 @test(timeout=240)
@@ -492,8 +498,8 @@ def slow_consumer_leaves_undelivered_messages_in_the_queue():
             hwm = proc_status(b, "VmHWM", p) - base[p.pid]
             print("# %d messages in queue, RSS +%.1f MiB, HWM +%.1f MiB for %.1f MiB (pid %d)" % (
                 in_queue, rss / MiB, hwm / MiB, total * size / MiB, p.pid))
-            assert hwm < 1.5 * total * size, "VmHWM grew %.1f MiB for %.1f MiB of messages" % (
-                hwm / MiB, total * size / MiB)
+            assert hwm < 1.5 * total * size + QUARANTINE, (
+                "VmHWM grew %.1f MiB for %.1f MiB of messages" % (hwm / MiB, total * size / MiB))
         # now read: every message arrives, in order
         slow.settimeout(10)
         got = 0
@@ -535,18 +541,23 @@ def max_connections_refuses_the_sixth_by_closing_it():
 @skippable
 def channel_max_is_offered_and_enforced():
     """--channel-max 4 / channel_max = 4: tune offers 4; a 5th open channel
-    -> connection.close 530; tune-ok above 4 -> silent close."""
+    -> connection.close 530 (RabbitMQ, whose channel numbers are free) or,
+    on quay, which keeps numbers within 1..channel_max, channel 5 -> 504;
+    tune-ok above 4 -> silent close."""
     with broker_with(["--channel-max", "4"], "limits"):
         s = raw_socket()
         info = handshake(s, channel_max=0)
         eq(info["tune"][0], 4, "tune channel_max")
-        for ch in (1, 2, 3, 65535):
+        rabbit = is_rabbitmq()
+        for ch in (1, 2, 3, 65535 if rabbit else 4):
             s.sendall(gen_channel_open(ch))
             expect_method(s, *CHANNEL_OPEN_OK, channel=ch)
-        s.sendall(gen_channel_open(7))
+        s.sendall(gen_channel_open(7 if rabbit else 5))
         eq(expect_close(s, connection=True),
            (NOT_ALLOWED, "NOT_ALLOWED - number of channels opened (4) has reached the "
-            "negotiated channel_max (4)", 0, 0))
+            "negotiated channel_max (4)", 0, 0) if rabbit else
+           (CHANNEL_ERROR, "CHANNEL_ERROR - channel 5 is above the negotiated channel_max (4)",
+            0, 0))
         # client asks for more than offered
         s = raw_socket()
         s.sendall(PROTOCOL_HEADER)
