@@ -153,7 +153,7 @@ void json_array_end(struct json *json)
 /* Length of the valid UTF-8 sequence at p (at most `left` bytes), or 0 if
  * the bytes there are not one (RFC 3629: no overlongs, no surrogates,
  * nothing above U+10FFFF). */
-static size_t utf8_sequence_size(const uint8_t *p, size_t left)
+size_t json_utf8_sequence_size(const uint8_t *p, size_t left)
 {
     uint8_t c = p[0];
     size_t n;
@@ -202,7 +202,7 @@ void json_string_n(struct json *json, const void *s, size_t len)
             break;
         uint8_t c = p[i];
         if (c >= 0x80) {
-            size_t n = utf8_sequence_size(p + i, len - i);
+            size_t n = json_utf8_sequence_size(p + i, len - i);
             if (n == 0) {
                 put(json, "\xEF\xBF\xBD", 3); /* U+FFFD for one bad byte */
                 i++;
