@@ -76,6 +76,20 @@ void json_raw(struct json *json, const void *data, size_t size)
     put(json, data, size);
 }
 
+char *json_raw_space(struct json *json, size_t size)
+{
+    ASSERT(json->depth == 0);
+    ASSERT(!json->done);
+    reserve(json, size);
+    return json->data + json->size;
+}
+
+void json_raw_advance(struct json *json, size_t n)
+{
+    ASSERT(n <= json->cap - json->size);
+    json->size += n;
+}
+
 static bool level_is_object(const struct json *json)
 {
     return json->depth > 0 && (json->in_object >> (json->depth - 1)) & 1u;

@@ -49,6 +49,12 @@ bool json_complete(const struct json *json);
  * (an HTTP header) will fill in later. Only before the first value. */
 void json_raw(struct json *json, const void *data, size_t size);
 
+/* Room for size more raw bytes, under json_raw's rules: returns where to
+ * write them; json_raw_advance(json, n) then counts the n <= size written.
+ * For writers of other text formats that write piece by piece (prom.c). */
+char *json_raw_space(struct json *json, size_t size);
+void json_raw_advance(struct json *json, size_t n);
+
 void json_object_begin(struct json *json);
 void json_object_end(struct json *json);
 void json_array_begin(struct json *json);

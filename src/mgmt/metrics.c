@@ -204,24 +204,39 @@ static const struct {
     {"rabbitmq_queue_consumers", "Consumers on a queue", queue_consumers},
 };
 
+#define QUEUE_FAMILIES_COUNT (sizeof queue_families / sizeof queue_families[0])
+
+/* One walk over the queues, each family into its own section (prom.h
+ * says why), then the sections in order. */
 static void write_queues(struct prom *prom, struct broker *broker)
 {
-    for (size_t f = 0; f < sizeof queue_families / sizeof queue_families[0]; f++) {
-        prom_family(prom, queue_families[f].name, PROM_TYPE_GAUGE, queue_families[f].help);
-        struct hmap_entry *v;
-        for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
-            const struct vhost *vhost = v->value;
-            struct hmap_entry *e;
-            for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &e);) {
-                const struct queue *queue = e->value;
-                if (queue_is_remote(queue))
-                    continue;
-                prom_sample_begin(prom);
-                prom_label(prom, "vhost", vhost->name);
-                prom_label(prom, "queue", queue->name);
-                prom_sample_end(prom, queue_families[f].value(queue));
+    struct json texts[QUEUE_FAMILIES_COUNT];
+    struct prom sections[QUEUE_FAMILIES_COUNT];
+    for (size_t f = 0; f < QUEUE_FAMILIES_COUNT; f++) {
+        json_init(&texts[f]);
+        prom_init(&sections[f], &texts[f]);
+        prom_family(&sections[f], queue_families[f].name, PROM_TYPE_GAUGE,
+                    queue_families[f].help);
+    }
+    struct hmap_entry *v;
+    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
+        const struct vhost *vhost = v->value;
+        struct hmap_entry *e;
+        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &e);) {
+            const struct queue *queue = e->value;
+            if (queue_is_remote(queue))
+                continue;
+            for (size_t f = 0; f < QUEUE_FAMILIES_COUNT; f++) {
+                prom_sample_begin(&sections[f]);
+                prom_label(&sections[f], "vhost", vhost->name);
+                prom_label(&sections[f], "queue", queue->name);
+                prom_sample_end(&sections[f], queue_families[f].value(queue));
             }
         }
+    }
+    for (size_t f = 0; f < QUEUE_FAMILIES_COUNT; f++) {
+        prom_append(prom, &sections[f]);
+        json_free(&texts[f]);
     }
 }
 

@@ -21,6 +21,7 @@
 #include "cluster/member.h"
 #include "cluster/node.h"
 #include "lib/assert.h"
+#include "mgmt/json.h"
 #include "mgmt/metrics.h"
 #include "mgmt/prom.h"
 
@@ -99,22 +100,49 @@ static void queue_labels(struct prom *prom, const struct map_queue *mq)
     prom_label(prom, "queue", mq->name);
 }
 
-/* Every queue's role here, and the map's totals, in one walk. */
-static void write_roles(struct prom *prom, const struct cluster_map *map, uint32_t self)
+/* The per-queue families, in sections (prom.h says why). */
+enum { SECTION_ROLE, SECTION_BACKUPS, SECTION_IN_SYNC, SECTIONS_COUNT };
+
+/* Every queue's role here, the backups of those this broker is the
+ * primary of, and the map's totals: one walk over the map's queues. */
+static void write_queues(struct prom *prom, const struct cluster_map *map, uint32_t self)
 {
-    uint64_t unavailable = 0, moving = 0;
-    prom_family(prom, "quay_queue_role", PROM_TYPE_GAUGE,
+    struct json texts[SECTIONS_COUNT];
+    struct prom sections[SECTIONS_COUNT];
+    for (int i = 0; i < SECTIONS_COUNT; i++) {
+        json_init(&texts[i]);
+        prom_init(&sections[i], &texts[i]);
+    }
+    prom_family(&sections[SECTION_ROLE], "quay_queue_role", PROM_TYPE_GAUGE,
                 "is 1 with this broker's role for each queue of the map: primary (it holds "
                 "the queue), backup (a copy) or proxy (it forwards to the primary)");
+    prom_family(&sections[SECTION_BACKUPS], "quay_queue_backups", PROM_TYPE_GAUGE,
+                "Backups of each queue this broker is the primary of");
+    prom_family(&sections[SECTION_IN_SYNC], "quay_queue_backups_in_sync", PROM_TYPE_GAUGE,
+                "In-sync backups (confirms wait for them) of each queue this broker is the "
+                "primary of");
+    uint64_t unavailable = 0, moving = 0;
     for (uint32_t i = 0; i < map->queues_count; i++) {
         const struct map_queue *mq = map->queues[i];
         unavailable += !mq->available;
         moving += mq->move_to != BROKER_ID_NONE;
-        queue_labels(prom, mq);
-        prom_label_str(prom, "role", mq->primary_id == self      ? "primary"
-                                     : map_queue_has_backup(mq, self) ? "backup"
-                                                                      : "proxy");
-        prom_sample_end(prom, 1);
+        bool primary = mq->primary_id == self;
+        queue_labels(&sections[SECTION_ROLE], mq);
+        prom_label_str(&sections[SECTION_ROLE], "role",
+                       primary                          ? "primary"
+                       : map_queue_has_backup(mq, self) ? "backup"
+                                                        : "proxy");
+        prom_sample_end(&sections[SECTION_ROLE], 1);
+        if (!primary)
+            continue;
+        queue_labels(&sections[SECTION_BACKUPS], mq);
+        prom_sample_end(&sections[SECTION_BACKUPS], mq->backups_count);
+        queue_labels(&sections[SECTION_IN_SYNC], mq);
+        prom_sample_end(&sections[SECTION_IN_SYNC], in_sync_count(mq));
+    }
+    for (int i = 0; i < SECTIONS_COUNT; i++) {
+        prom_append(prom, &sections[i]);
+        json_free(&texts[i]);
     }
     prom_gauge(prom, "quay_cluster_queues", "Queues in the cluster map", map->queues_count);
     prom_gauge(prom, "quay_cluster_queues_unavailable",
@@ -122,30 +150,6 @@ static void write_roles(struct prom *prom, const struct cluster_map *map, uint32
                unavailable);
     prom_gauge(prom, "quay_cluster_moves_in_progress",
                "Queues of the map being moved (a handover or a backup replaced)", moving);
-}
-
-/* The backups of the queues this broker is the primary of. */
-static void write_backups(struct prom *prom, const struct cluster_map *map, uint32_t self)
-{
-    prom_family(prom, "quay_queue_backups", PROM_TYPE_GAUGE,
-                "Backups of each queue this broker is the primary of");
-    for (uint32_t i = 0; i < map->queues_count; i++) {
-        const struct map_queue *mq = map->queues[i];
-        if (mq->primary_id != self)
-            continue;
-        queue_labels(prom, mq);
-        prom_sample_end(prom, mq->backups_count);
-    }
-    prom_family(prom, "quay_queue_backups_in_sync", PROM_TYPE_GAUGE,
-                "In-sync backups (confirms wait for them) of each queue this broker is the "
-                "primary of");
-    for (uint32_t i = 0; i < map->queues_count; i++) {
-        const struct map_queue *mq = map->queues[i];
-        if (mq->primary_id != self)
-            continue;
-        queue_labels(prom, mq);
-        prom_sample_end(prom, in_sync_count(mq));
-    }
 }
 
 /* One family of the links' figures, a sample per peer. */
@@ -206,8 +210,7 @@ void metrics__write_cluster(struct prom *prom, struct broker *broker)
                map->version);
     write_raft(prom, node);
     write_brokers(prom, map);
-    write_roles(prom, map, self);
-    write_backups(prom, map, self);
+    write_queues(prom, map, self);
     prom_counter(prom, "quay_cluster_queue_moves_total",
                  "Queues handed over to another primary on purpose (moves, drains, "
                  "rebalancing), in the map changes this broker applied since it started",

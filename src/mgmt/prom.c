@@ -57,6 +57,7 @@ void prom_family(struct prom *prom, const char *name, enum prom_type type, const
     /* HELP text would need escaping for these; ours is static and has none. */
     ASSERT(strchr(help, '\n') == NULL && strchr(help, '\\') == NULL);
     prom->family = name;
+    prom->family_size = strlen(name);
     put_str(prom, "# HELP ");
     put_str(prom, name);
     put(prom, " ", 1);
@@ -72,49 +73,65 @@ void prom_sample_begin(struct prom *prom)
     ASSERT(!prom->in_sample);
     prom->in_sample = true;
     prom->has_labels = false;
-    put_str(prom, prom->family);
+    put(prom, prom->family, prom->family_size);
 }
 
-/* The label value's bytes, escaped, as valid UTF-8. Runs that need no
- * escaping (nearly every name) are copied in one go. */
-static void put_label_value(struct prom *prom, struct bytes value)
+/* The label value's bytes, escaped, as valid UTF-8, written at out (room
+ * for 3 bytes per input byte: U+FFFD replaces one). Returns the bytes
+ * written. Runs that need no escaping (nearly every name) are copied in
+ * one go. */
+static size_t escape_label_value(char *out, struct bytes value)
 {
     const uint8_t *p = value.ptr;
-    size_t len = value.len, i = 0;
+    size_t len = value.len, i = 0, at = 0;
     while (i < len) {
         size_t run = i;
         while (run < len && p[run] < 0x80 && p[run] != '"' && p[run] != '\\' && p[run] != '\n')
             run++;
-        put(prom, p + i, run - i);
+        memcpy(out + at, p + i, run - i);
+        at += run - i;
         i = run;
         if (i == len)
             break;
         if (p[i] >= 0x80) {
             size_t n = json_utf8_sequence_size(p + i, len - i);
             if (n == 0) {
-                put(prom, "\xEF\xBF\xBD", 3); /* U+FFFD for one bad byte */
+                memcpy(out + at, "\xEF\xBF\xBD", 3); /* U+FFFD for one bad byte */
+                at += 3;
                 n = 1;
             } else {
-                put(prom, p + i, n);
+                memcpy(out + at, p + i, n);
+                at += n;
             }
             i += n;
             continue;
         }
-        put(prom, p[i] == '\n' ? "\\n" : p[i] == '"' ? "\\\"" : "\\\\", 2);
+        out[at++] = '\\';
+        out[at++] = p[i] == '\n' ? 'n' : (char)p[i];
         i++;
     }
+    return at;
 }
 
 void prom_label(struct prom *prom, const char *name, struct bytes value)
 {
     ASSERT(prom->in_sample);
     ASSERT(valid_name(name, false));
-    put(prom, prom->has_labels ? "," : "{", 1);
+    size_t name_size = strlen(name);
+    /* ,name="value" with every byte of value escaped at its longest. */
+    size_t room = 1 + name_size + 2 + 3 * (size_t)value.len + 1;
+    char *out = json_raw_space(prom->out, room);
+    size_t at = 0;
+    out[at++] = prom->has_labels ? ',' : '{';
+    memcpy(out + at, name, name_size);
+    at += name_size;
+    out[at++] = '=';
+    out[at++] = '"';
+    at += escape_label_value(out + at, value);
+    out[at++] = '"';
+    ASSERT(at <= room);
+    json_raw_advance(prom->out, at);
     prom->has_labels = true;
-    put_str(prom, name);
-    put(prom, "=\"", 2);
-    put_label_value(prom, value);
-    put(prom, "\"", 1);
 }
 
 void prom_label_str(struct prom *prom, const char *name, const char *value)
@@ -138,6 +155,18 @@ void prom_sample_end(struct prom *prom, uint64_t value)
     put(prom, text + at, sizeof text - at);
     prom->in_sample = false;
     prom->samples_count++;
+}
+
+void prom_append(struct prom *prom, const struct prom *section)
+{
+    ASSERT(!prom->in_sample);
+    ASSERT(!section->in_sample);
+    ASSERT(section->out != prom->out);
+    if (section->out->size > 0)
+        put(prom, section->out->data, section->out->size);
+    prom->family = section->family;
+    prom->family_size = section->family_size;
+    prom->samples_count += section->samples_count;
 }
 
 void prom_gauge(struct prom *prom, const char *name, const char *help, uint64_t value)
