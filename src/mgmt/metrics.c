@@ -3,8 +3,9 @@
  * global message counters, memory and disk, and the queues this broker is
  * the primary of. The cluster's are metrics_cluster.c's.
  *
- * Measured (release build, 2 cores, 50,000 queues of one broker): see
- * the README's "Metrics" section for the figures and the command.
+ * Measured (release build, the 2-core development machine, one broker
+ * with 50,000 queues): 300,028 samples, 20 MB, written in 55-70 ms (its
+ * debug log line says so), 0.09 s median for curl to have it all.
  */
 #include "mgmt/metrics.h"
 
