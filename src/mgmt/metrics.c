@@ -56,7 +56,11 @@ static void write_objects(struct prom *prom, struct broker *broker)
                consumers);
     prom_gauge(prom, "rabbitmq_queues", "Queues available (this broker is their primary)",
                queues);
-    prom_gauge(prom, "rabbitmq_global_consumers", "Current number of consumers", consumers);
+    prom_family(prom, "rabbitmq_global_consumers", PROM_TYPE_GAUGE,
+                "Current number of consumers");
+    prom_sample_begin(prom);
+    prom_label_str(prom, "protocol", METRICS_PROTOCOL);
+    prom_sample_end(prom, consumers);
 }
 
 /* ---- global counters ---------------------------------------------------- */
@@ -134,9 +138,9 @@ static void write_resources(struct prom *prom, struct broker *broker)
 {
     const struct alarm *alarm = &broker->alarm;
     prom_gauge(prom, "rabbitmq_alarms_memory_used_watermark",
-               "is 1 if VM memory watermark alarm is in effect", alarm->memory_on);
+               "is 1 if the memory high watermark alarm is in effect", alarm->memory_on);
     prom_gauge(prom, "rabbitmq_alarms_free_disk_space_watermark",
-               "is 1 if free disk space watermark alarm is in effect", alarm->disk_on);
+               "is 1 if the free disk space alarm is in effect", alarm->disk_on);
     prom_gauge(prom, "rabbitmq_process_resident_memory_bytes",
                "Memory used in bytes (resident set)", resident_bytes());
     prom_gauge(prom, "rabbitmq_resident_memory_limit_bytes",
