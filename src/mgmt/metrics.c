@@ -19,6 +19,7 @@
 #include "broker/queue.h"
 #include "broker/vhost.h"
 #include "cluster/node.h"
+#include "cluster/replication.h"
 #include "lib/assert.h"
 #include "lib/log.h"
 #include "mgmt/api.h"
@@ -190,6 +191,11 @@ static uint64_t queue_consumers(const struct queue *q)
     return q->consumers_count;
 }
 
+static uint64_t queue_confirms_waiting(const struct queue *q)
+{
+    return replication_confirms_waiting(q);
+}
+
 /* RabbitMQ's per-object queue families, each one walk over the queues
  * this broker is the primary of (a stand-in's counts are its proxy's). */
 static const struct {
@@ -207,6 +213,9 @@ static const struct {
      queue_ready_bytes},
     {"rabbitmq_queue_messages_paged_out", "Messages paged out to disk", queue_paged},
     {"rabbitmq_queue_consumers", "Consumers on a queue", queue_consumers},
+    {"quay_queue_replication_lag_messages",
+     "Publishes whose confirms wait for the queue's in-sync backups (0 without backups)",
+     queue_confirms_waiting},
 };
 
 #define QUEUE_FAMILIES_COUNT (sizeof queue_families / sizeof queue_families[0])

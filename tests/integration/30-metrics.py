@@ -259,6 +259,8 @@ def values_match_what_amqp_did():
     # Each queue is shown by its primary only.
     for q in QUEUES:
         eq(queue_sum(s, "rabbitmq_queue_messages_ready", q)[1], 1, q + " shown once")
+        # Every confirm came back: nothing waits for a backup any more.
+        eq(queue_sum(s, "quay_queue_replication_lag_messages", q), (0, 1), q + " lag")
     after = counters(scrape(client_port))
     delta = {k: after[k] - before[k] for k in after}
     eq(delta, {"received": 3 * N + 1, "received_confirm": 3 * N + 1, "routed": 3 * N,
