@@ -16,7 +16,7 @@ packages=(
   librabbitmq-client-java libslf4j-java default-jdk-headless
   # cluster fault tests: network namespaces and nftables
   iproute2 nftables procps
-  # promtool, which checks GET /metrics (tests/integration/30-metrics.py); the
+  # promtool, which checks GET /metrics (tests/integration/31-metrics.py); the
   # package's Prometheus server is not needed (where systemd runs, it starts)
   prometheus
 )

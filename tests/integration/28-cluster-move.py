@@ -67,7 +67,7 @@ def placed(prefix, via, want, **args):
 
 
 def metric(member, name):
-    """A sample without labels from member's GET /metrics (30-metrics checks
+    """A sample without labels from member's GET /metrics (31-metrics checks
     the format), e.g. quay_cluster_queue_moves_total."""
     c = http.client.HTTPConnection("127.0.0.1", member.http_port, timeout=10)
     try:
