@@ -16,6 +16,9 @@ packages=(
   librabbitmq-client-java libslf4j-java default-jdk-headless
   # cluster fault tests: network namespaces and nftables
   iproute2 nftables procps
+  # promtool, which checks GET /metrics (tests/integration/31-metrics.py); the
+  # package's Prometheus server is not needed (where systemd runs, it starts)
+  prometheus
 )
 # Node.js for the amqplib interop test (tests/integration/08-amqplib.py).  By
 # command, not by package: a node that came with its own npm is fine as it is.

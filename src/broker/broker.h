@@ -69,6 +69,28 @@ struct broker_config {
     struct broker_limits limits;
 };
 
+/* What this broker's clients did with messages since it started, counted
+ * where it happens (one increment, nothing per queue): GET /metrics
+ * exports them as RabbitMQ's rabbitmq_global_messages_*_total. Other
+ * brokers' links (connection.cluster_peer) are not counted, so that the
+ * brokers of a cluster add up without counting a proxied message twice:
+ * a publish counts at the broker its publisher is connected to, a
+ * delivery and its ack at the consumer's. */
+struct broker_counters {
+    uint64_t received;                 /* publishes whose content arrived */
+    uint64_t received_confirm;         /* of them, on a channel in confirm mode */
+    uint64_t routed;                   /* publishes that reached at least one queue */
+    uint64_t unroutable_returned;      /* mandatory publishes that reached no queue */
+    uint64_t unroutable_dropped;       /* the others that reached no queue */
+    uint64_t confirmed;                /* publishes acked to their publisher */
+    uint64_t delivered_consume_ack;    /* basic.deliver to a consumer that acks */
+    uint64_t delivered_consume_no_ack; /* basic.deliver with no-ack */
+    uint64_t delivered_get_ack;        /* basic.get-ok, to be acked */
+    uint64_t delivered_get_no_ack;     /* basic.get-ok with no-ack */
+    uint64_t redelivered;              /* of all those, ones flagged redelivered */
+    uint64_t acknowledged;             /* deliveries the client acked */
+};
+
 struct broker {
     uv_loop_t *loop;               /* borrowed */
     struct broker_config config;
@@ -100,6 +122,7 @@ struct broker {
      * end of the loop iteration (confirms_hook), one multiple ack each. */
     struct list_node confirms_owed; /* struct channel.confirm_link */
     struct net_flush_hook confirms_hook;
+    struct broker_counters counters;
     bool stopping;
 };
 

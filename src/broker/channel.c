@@ -405,6 +405,11 @@ static void handle_method(struct channel *ch, const struct method *m)
     }
 }
 
+struct broker_counters *channel__counters(const struct channel *ch)
+{
+    return ch->connection->cluster_peer ? NULL : &ch->connection->broker->counters;
+}
+
 static void content_complete(struct channel *ch)
 {
     struct message *message = ch->assembling;
@@ -417,6 +422,11 @@ static void content_complete(struct channel *ch)
         channel__route_forward(ch, message);
     else
         channel__route_publish(ch, message, ch->publish_mandatory);
+    struct broker_counters *counters = channel__counters(ch);
+    if (counters != NULL && !ch->publish_forward) {
+        counters->received++;
+        counters->received_confirm += ch->confirm_mode;
+    }
     message_unref(message);
 }
 
@@ -720,6 +730,9 @@ static void send_acks_through(struct channel *ch, uint64_t seq)
     ack.basic_ack.delivery_tag = seq;
     ack.basic_ack.multiple = seq - ch->confirmed_seq > 1;
     channel__send(ch, &ack);
+    struct broker_counters *counters = channel__counters(ch);
+    if (counters != NULL)
+        counters->confirmed += seq - ch->confirmed_seq;
     ch->confirmed_seq = seq;
 }
 
@@ -923,6 +936,12 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
         route_with_alternates(ch, exchange, message, &result);
     if (result.count == 0 && mandatory)
         send_return(ch, message, REPLY_NO_ROUTE, "NO_ROUTE");
+    struct broker_counters *counters = channel__counters(ch);
+    if (counters != NULL) {
+        counters->routed += result.count > 0;
+        counters->unroutable_returned += result.count == 0 && mandatory;
+        counters->unroutable_dropped += result.count == 0 && !mandatory;
+    }
     uint64_t seq = ch->confirm_mode ? ch->publish_seq + 1 : 0;
     /* A transaction's commit-ok waits for other brokers too: their answers
      * come as seq 0 (confirm_sink_answer). */

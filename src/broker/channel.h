@@ -60,6 +60,9 @@ uint32_t channel_consumer_credit(const struct consumer *consumer);
 struct broker;
 struct queue;
 struct message;
+struct connection;
+/* The consumers of the connection's channels (GET /metrics: O(channels)). */
+uint32_t channels_consumers_count(const struct connection *connection);
 void channels_each_unacked(struct broker *broker, const struct queue *queue,
                            void (*fn)(void *ctx, uint64_t seq, struct message *message),
                            void *ctx);

@@ -156,6 +156,8 @@ static bool settle_tags(struct channel *ch, uint64_t tag, bool multiple, enum se
             return false;
     }
     uint64_t low = multiple ? r->first_tag : tag;
+    struct broker_counters *counters = channel__counters(ch);
+    uint32_t unacked_before = ch->unacked_count;
     if (how == SETTLE_REQUEUE) {
         for (uint64_t x = tag + 1; x-- > low;) {
             struct delivery *d = ring_at(r, x);
@@ -170,9 +172,22 @@ static bool settle_tags(struct channel *ch, uint64_t tag, bool multiple, enum se
                 settle(ch, d, how, &t);
         }
     }
+    if (counters != NULL && how == SETTLE_ACK)
+        counters->acknowledged += unacked_before - ch->unacked_count;
     ring_trim(r);
     dispatch_touched(ch, &t);
     return true;
+}
+
+uint32_t channels_consumers_count(const struct connection *connection)
+{
+    uint32_t n = 0;
+    for (uint32_t id = 0; id < connection->channels_cap; id++) {
+        const struct channel *ch = connection->channels[id];
+        if (ch != NULL)
+            n += ch->consumers_count;
+    }
+    return n;
 }
 
 void channels_each_unacked(struct broker *broker, const struct queue *queue,
@@ -213,6 +228,18 @@ static uint64_t record_delivery(struct channel *ch, struct consumer *consumer,
 {
     struct message *message = entry.message;
     uint64_t tag = ch->next_delivery_tag++;
+    struct broker_counters *counters = channel__counters(ch);
+    if (counters != NULL) {
+        if (consumer != NULL && no_ack)
+            counters->delivered_consume_no_ack++;
+        else if (consumer != NULL)
+            counters->delivered_consume_ack++;
+        else if (no_ack)
+            counters->delivered_get_no_ack++;
+        else
+            counters->delivered_get_ack++;
+        counters->redelivered += entry.redelivered != 0;
+    }
     if (no_ack) {
         queue_settle(queue, entry.seq, message);
         return tag;

@@ -265,4 +265,9 @@ bool channel__queue_locked(struct channel *ch, struct queue *queue, uint32_t met
 void channel__handle_exchange(struct channel *ch, const struct method *m);
 void channel__handle_queue(struct channel *ch, const struct method *m);
 
+/* The broker's message counters (broker.h) when ch is a client's channel;
+ * NULL on another broker's link, whose messages are counted where their
+ * clients are. */
+struct broker_counters *channel__counters(const struct channel *ch);
+
 #endif

@@ -91,6 +91,12 @@ struct member {
     /* Deletions of what a restart lost (transient queues and exchanges)
      * that clients wait for before they may open (member.c). */
     uint32_t transients_pending;
+    /* Queues that changed primary in the map changes this broker applied
+     * since it started (a restart counts again what it replays): handed
+     * over on purpose (a move, a drain, a rebalance) or failed over.
+     * GET /metrics exports them. */
+    uint64_t queue_moves_count;
+    uint64_t queue_failovers_count;
     struct net_flush_hook release_hook; /* sends them at the end of the loop iteration */
     uv_timer_t *timer;               /* owned: MEMBER_TICK_MS (closed by member_stop) */
     bool stopping;

@@ -354,6 +354,10 @@ static const char *broker_event(const struct member *member, const struct map_ch
 void mirror_change(struct member *member, const struct map_change *c)
 {
     mirror_apply(member, c);
+    if (c->op == MAP_OP_QUEUE_SET_OWNER && c->changed) {
+        member->queue_moves_count += c->planned;
+        member->queue_failovers_count += !c->planned;
+    }
     switch (c->op) {
     case MAP_OP_BROKER_JOIN:
     case MAP_OP_BROKER_LEAVE:

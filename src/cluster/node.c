@@ -1269,6 +1269,13 @@ uint32_t cluster_node_leader(const struct cluster_node *node)
     return (uint32_t)node->leader_id;
 }
 
+void cluster_node_raft_log(const struct cluster_node *node, struct consensus_log *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!node->stopping)
+        consensus_log_state(node->consensus, out);
+}
+
 /* ---- the lease ---- */
 
 static int by_newest(const void *a, const void *b)

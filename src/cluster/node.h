@@ -189,6 +189,9 @@ void cluster_node_peer_alarms(const struct cluster_node *node, bool *memory, boo
  * stop too, the controller takes it as dead at once. */
 void cluster_node_peer_lost(struct cluster_node *node, uint32_t broker_id);
 uint32_t cluster_node_leader(const struct cluster_node *node); /* 0: none known */
+struct consensus_log;
+/* The Raft log's term and indexes here (all 0 once stopping): GET /metrics. */
+void cluster_node_raft_log(const struct cluster_node *node, struct consensus_log *out);
 /* Whether the lease (NODE_LEASE_MS) is fresh; always, alone in the map. */
 bool cluster_node_lease_fresh(const struct cluster_node *node);
 /* --default-backups, for the controller re-applying replication policies

@@ -802,6 +802,12 @@ void replication_tick(struct member *member)
     }
 }
 
+uint32_t replication_confirms_waiting(const struct queue *queue)
+{
+    const struct replication *rep = queue->replication;
+    return rep != NULL ? rep->count : 0;
+}
+
 void replication_write_json(const struct queue *queue, struct json *out)
 {
     const struct replication *rep = queue->replication;

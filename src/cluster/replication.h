@@ -82,5 +82,8 @@ void replication_tick(struct member *member);
 /* /api/queues: whether this primary may confirm now, and the confirms it
  * gave in its current epoch. Nothing for a queue without backups. */
 void replication_write_json(const struct queue *queue, struct json *out);
+/* The queue's replication lag: publishes whose confirms wait for its
+ * in-sync backups (0 without backups). GET /metrics, per queue. */
+uint32_t replication_confirms_waiting(const struct queue *queue);
 
 #endif

@@ -37,6 +37,7 @@
 #include "mgmt/http.h"
 #include "mgmt/http_guard.h"
 #include "mgmt/json.h"
+#include "mgmt/metrics.h"
 
 /* The version the broker reports in connection.start's server properties
  * (connection.c) and CMake's project(); keep the three in step. */
@@ -490,6 +491,7 @@ int mgmt_api_start(struct broker *broker, const char *address)
     http_server_route_view(&api->http, "/api/connections", handle_connections, api,
                            MGMT_ACCESS_MANAGEMENT);
     api_policies_register(&api->http, broker);
+    metrics_register(&api->http, broker);
     int rc = http_server_open(&api->http, &broker->net, address);
     if (rc != 0) {
         LOG_ERROR("cannot listen for HTTP on %s: %s", address, uv_strerror(rc));

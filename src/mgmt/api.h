@@ -34,6 +34,7 @@
  *   PUT/DELETE /api/policies/{v}/{n}  policymaker, of a vhost it may open
  *                                     (administrator: any)
  *   GET /api/cluster, /cluster/links  monitoring (node-level, like RabbitMQ's /api/nodes)
+ *   GET /metrics                      monitoring (Prometheus text: metrics.h)
  *   POST /api/cluster/leave, /forget  administrator
  *
  * Refusals are RabbitMQ's: 401 with WWW-Authenticate and {"error":

@@ -107,25 +107,27 @@ void http_body_init(struct json *body)
 }
 
 /* Writes the head in front of the body and queues the whole response by
- * reference; the transport frees it once written (or on close). */
-static void answer(struct http_conn *hc, int status, struct json *body,
-                   const char *extra_headers)
+ * reference; the transport frees it once written (or on close). body is
+ * one JSON value, or the raw text of a text route (content_type). */
+static void answer_as(struct http_conn *hc, int status, struct json *body,
+                      const char *extra_headers, const char *content_type)
 {
     ASSERT(hc->state == HTTP_CONN_STATE_READING || hc->state == HTTP_CONN_STATE_WAITING);
-    ASSERT(json_complete(body));
+    ASSERT(body->depth == 0);
+    ASSERT(body->size >= HTTP_HEADROOM);
     hc->cancel = NULL;
     size_t body_size = body->size - HTTP_HEADROOM;
     char head[HTTP_HEADROOM];
     int n = snprintf(head, sizeof head,
                      "HTTP/1.1 %d %s\r\n"
                      "Server: quay\r\n"
-                     "Content-Type: application/json\r\n"
+                     "Content-Type: %s\r\n"
                      "Content-Length: %zu\r\n"
                      "Cache-Control: no-cache\r\n"
                      "%s"
                      "Connection: close\r\n"
                      "\r\n",
-                     status, http_status_text(status), body_size, extra_headers);
+                     status, http_status_text(status), content_type, body_size, extra_headers);
     ASSERT(n > 0 && (size_t)n < sizeof head);
     size_t size;
     char *data = json_release(body, &size);
@@ -137,6 +139,13 @@ static void answer(struct http_conn *hc, int status, struct json *body,
     hc->state_since_ms = uv_now(hc->server->net->loop);
     hc->server->requests_count++;
     conn_close_after_flush(&hc->conn);
+}
+
+static void answer(struct http_conn *hc, int status, struct json *body,
+                   const char *extra_headers)
+{
+    ASSERT(json_complete(body));
+    answer_as(hc, status, body, extra_headers, "application/json");
 }
 
 /* An error answer: RabbitMQ's management API shape, {"error", "reason"},
@@ -361,7 +370,10 @@ static void dispatch(struct http_conn *hc, const struct http_request *req)
     LOG_DEBUG("http conn=%llu peer=%s %.*s %.*s: %d, %zu bytes",
               (unsigned long long)hc->conn.id, hc->conn.peer_name, (int)req->method_size,
               req->method, (int)path_size, req->target, status, body.size - HTTP_HEADROOM);
-    answer(hc, status, &body, "");
+    if (route->content_type != NULL)
+        answer_as(hc, status, &body, "", route->content_type);
+    else
+        answer(hc, status, &body, "");
 }
 
 /* ---- calls (prefix routes) ------------------------------------------------ */
@@ -573,6 +585,15 @@ void http_server_route_view(struct http_server *server, const char *path, http_v
     ASSERT(view != NULL);
     add_route(server,
               (struct http_route){.path = path, .view = view, .ctx = ctx, .access = access});
+}
+
+void http_server_route_text(struct http_server *server, const char *path, http_view_fn view,
+                            void *ctx, uint32_t access, const char *content_type)
+{
+    ASSERT(view != NULL);
+    ASSERT(content_type != NULL);
+    add_route(server, (struct http_route){.path = path, .view = view, .ctx = ctx,
+                                          .access = access, .content_type = content_type});
 }
 
 void http_server_route_post(struct http_server *server, const char *path, http_action_fn action,

@@ -58,7 +58,7 @@ struct http_request;
 #define HTTP_REQUEST_SIZE_MAX 8192u
 #define HTTP_TIMEOUT_MS 5000u
 #define HTTP_CONNS_MAX 64u
-#define HTTP_ROUTES_MAX 24u
+#define HTTP_ROUTES_MAX 32u
 
 /* Writes the response body for a GET of the route's path: exactly one
  * JSON value. */
@@ -131,6 +131,9 @@ struct http_route {
     http_view_fn view;             /* GET (and HEAD) that depends on the user, or NULL */
     http_action_fn action;         /* POST, or NULL */
     http_prefix_fn prefix;         /* anything under path, or NULL */
+    /* A view whose body is not JSON but text of this type (static), which
+     * it writes with json_raw only; NULL: a JSON route. */
+    const char *content_type;
     void *ctx;                     /* borrowed */
     uint32_t access;               /* for the admission hook */
 };
@@ -174,6 +177,11 @@ void http_server_route(struct http_server *server, const char *path, http_handle
 /* The same for a handler whose answer depends on who asks. */
 void http_server_route_view(struct http_server *server, const char *path, http_view_fn view,
                             void *ctx, uint32_t access);
+/* The same for a view that writes text of content_type (borrowed,
+ * static; e.g. Prometheus's "text/plain; version=0.0.4; charset=utf-8")
+ * with json_raw, not a JSON value: GET /metrics. */
+void http_server_route_text(struct http_server *server, const char *path, http_view_fn view,
+                            void *ctx, uint32_t access, const char *content_type);
 /* Registers a POST action for an exact path. */
 void http_server_route_post(struct http_server *server, const char *path, http_action_fn action,
                             void *ctx, uint32_t access);

@@ -76,6 +76,20 @@ void json_raw(struct json *json, const void *data, size_t size)
     put(json, data, size);
 }
 
+char *json_raw_space(struct json *json, size_t size)
+{
+    ASSERT(json->depth == 0);
+    ASSERT(!json->done);
+    reserve(json, size);
+    return json->data + json->size;
+}
+
+void json_raw_advance(struct json *json, size_t n)
+{
+    ASSERT(n <= json->cap - json->size);
+    json->size += n;
+}
+
 static bool level_is_object(const struct json *json)
 {
     return json->depth > 0 && (json->in_object >> (json->depth - 1)) & 1u;
@@ -153,7 +167,7 @@ void json_array_end(struct json *json)
 /* Length of the valid UTF-8 sequence at p (at most `left` bytes), or 0 if
  * the bytes there are not one (RFC 3629: no overlongs, no surrogates,
  * nothing above U+10FFFF). */
-static size_t utf8_sequence_size(const uint8_t *p, size_t left)
+size_t json_utf8_sequence_size(const uint8_t *p, size_t left)
 {
     uint8_t c = p[0];
     size_t n;
@@ -202,7 +216,7 @@ void json_string_n(struct json *json, const void *s, size_t len)
             break;
         uint8_t c = p[i];
         if (c >= 0x80) {
-            size_t n = utf8_sequence_size(p + i, len - i);
+            size_t n = json_utf8_sequence_size(p + i, len - i);
             if (n == 0) {
                 put(json, "\xEF\xBF\xBD", 3); /* U+FFFD for one bad byte */
                 i++;

@@ -49,6 +49,12 @@ bool json_complete(const struct json *json);
  * (an HTTP header) will fill in later. Only before the first value. */
 void json_raw(struct json *json, const void *data, size_t size);
 
+/* Room for size more raw bytes, under json_raw's rules: returns where to
+ * write them; json_raw_advance(json, n) then counts the n <= size written.
+ * For writers of other text formats that write piece by piece (prom.c). */
+char *json_raw_space(struct json *json, size_t size);
+void json_raw_advance(struct json *json, size_t n);
+
 void json_object_begin(struct json *json);
 void json_object_end(struct json *json);
 void json_array_begin(struct json *json);
@@ -62,6 +68,11 @@ void json_int(struct json *json, int64_t v);
 void json_uint(struct json *json, uint64_t v);
 void json_bool(struct json *json, bool v);
 void json_null(struct json *json);
+
+/* Length of the valid UTF-8 sequence at p (at most left > 0 bytes), or 0
+ * if the bytes there are not one (RFC 3629). For other text writers that
+ * must emit valid UTF-8 too (mgmt/prom.c). */
+size_t json_utf8_sequence_size(const uint8_t *p, size_t left);
 
 /* Shorthands for one object member. */
 static inline void json_kv_string(struct json *json, const char *key, const char *s)

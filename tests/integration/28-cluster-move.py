@@ -10,8 +10,10 @@ is down, a malformed body) is refused and changes nothing.
 Method: three quayd processes (tests/cluster/clustertest.py); pika clients
 in threads; the map read from GET /api/queues and /api/cluster.
 """
+import http.client
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -20,8 +22,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import (Cluster, closer, connect, queue_info, quayd_path, read_all,  # noqa: E402
-                         run, test, wait_until)
+from clustertest import (Cluster, api_authorization, closer, connect, queue_info,  # noqa: E402
+                         quayd_path, read_all, run, test, wait_until)
 from loadclients import Consumer, Publisher, in_order  # noqa: E402
 
 import pika  # noqa: E402
@@ -62,6 +64,22 @@ def placed(prefix, via, want, **args):
         raise AssertionError("no %s placed as wanted" % prefix)
     finally:
         conn.close()
+
+
+def metric(member, name):
+    """A sample without labels from member's GET /metrics (31-metrics checks
+    the format), e.g. quay_cluster_queue_moves_total."""
+    c = http.client.HTTPConnection("127.0.0.1", member.http_port, timeout=10)
+    try:
+        c.request("GET", "/metrics", headers={"Authorization": api_authorization()})
+        r = c.getresponse()
+        text = r.read().decode()
+        assert r.status == 200, (r.status, text[:200])
+    finally:
+        c.close()
+    m = re.search(r"^%s (\d+)$" % re.escape(name), text, re.M)
+    assert m, name
+    return int(m.group(1))
 
 
 def others(*names):
@@ -117,6 +135,7 @@ def move_under_load(to_backup):
     for t in cons + pubs:
         t.start()
     time.sleep(1.0)
+    moves_before = {m.name: metric(m, "quay_cluster_queue_moves_total") for m in members.values()}
     answer = move(members[primary], q, target)
     assert answer["from"] == primary and answer["catch_up"] == (not to_backup), answer
     wait_until(lambda: queue_info(members["a"], q)["primary"] == target, 20,
@@ -127,6 +146,10 @@ def move_under_load(to_backup):
     assert out.returncode == 0, (out.returncode, out.stdout, out.stderr)
     wait_until(lambda: queue_info(members["a"], q)["primary"] == primary, 20,
                what="the move back")
+    # Every broker counted both handovers (and any rebalancing), no failover.
+    for m in members.values():
+        moved = metric(m, "quay_cluster_queue_moves_total") - moves_before[m.name]
+        assert moved >= 2, (m.name, moved)
     time.sleep(1.0)
     for p in pubs:
         p.stopping.set()
@@ -308,13 +331,16 @@ def move_with_a_death(victim_is_target):
     move(members[backup], q, target)
     time.sleep(0.05)
     victim = members[target if victim_is_target else primary]
-    victim.kill()
     survivor = members[backup]
+    failovers_before = metric(survivor, "quay_cluster_queue_failovers_total")
+    victim.kill()
     wait_until(lambda: survivor.view().brokers.get(victim.name) == "down", 15,
                what="%s down" % victim.name)
     wait_until(lambda: survivor.api_cluster()["moves"] == [], 15, what="the move ended")
     info = queue_info(survivor, q)
     assert info["primary"] != victim.name, info
+    if not victim_is_target:  # q failed over (and whatever else the victim held)
+        assert metric(survivor, "quay_cluster_queue_failovers_total") > failovers_before
     bodies = read_all(survivor, q)
     got = set(int(b.split(b"-", 1)[0]) for b in bodies)
     assert got == set(range(20000)), (len(got), len(bodies))

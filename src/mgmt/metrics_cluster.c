@@ -1,0 +1,223 @@
+/*
+ * metrics_cluster.c: the cluster's families of GET /metrics (metrics.h),
+ * all named quay_: the map (epoch, brokers and their states, moves),
+ * Raft (term, indexes, whether this broker leads), every queue's role
+ * here and, for the queues this broker is the primary of, their backups
+ * and how many are in sync; the links to the other brokers. Read from the
+ * map and the member as they are, on the loop thread; nothing is kept
+ * between scrapes.
+ *
+ * Every broker of a cluster answers the map's families alike (it is one
+ * map); the per-queue ones differ (a queue's role is per broker), and so
+ * do Raft's indexes and the links.
+ */
+#include <stddef.h>
+#include <string.h>
+
+#include "broker/broker.h"
+#include "cluster/consensus.h"
+#include "cluster/link.h"
+#include "cluster/map.h"
+#include "cluster/member.h"
+#include "cluster/node.h"
+#include "lib/assert.h"
+#include "mgmt/json.h"
+#include "mgmt/metrics.h"
+#include "mgmt/prom.h"
+
+static const enum broker_state broker_states[] = {
+    BROKER_STATE_UP,
+    BROKER_STATE_SUSPECT,
+    BROKER_STATE_DOWN,
+    BROKER_STATE_DRAINING,
+};
+
+static void write_raft(struct prom *prom, const struct cluster_node *node)
+{
+    struct consensus_log log;
+    cluster_node_raft_log(node, &log);
+    uint32_t self = cluster_node_id(node);
+    prom_gauge(prom, "quay_raft_term", "The Raft term this broker is in", log.term);
+    prom_gauge(prom, "quay_raft_commit_index", "The highest Raft log index known committed",
+               log.commit_index);
+    prom_gauge(prom, "quay_raft_applied_index",
+               "The highest Raft log index applied to this broker's map", log.applied_index);
+    prom_gauge(prom, "quay_raft_last_index", "The last Raft log index here, committed or not",
+               log.last_index);
+    prom_gauge(prom, "quay_cluster_leader",
+               "is 1 if this broker is the Raft leader (the cluster's controller)",
+               self != 0 && cluster_node_leader(node) == self);
+    prom_gauge(prom, "quay_cluster_lease_fresh",
+               "is 1 if this broker's lease is fresh (it may confirm as a primary)",
+               cluster_node_lease_fresh(node));
+}
+
+static void broker_label(struct prom *prom, const struct map_broker *b)
+{
+    prom_sample_begin(prom);
+    prom_label(prom, "broker", b->name);
+}
+
+static void write_brokers(struct prom *prom, const struct cluster_map *map)
+{
+    prom_family(prom, "quay_cluster_broker_state", PROM_TYPE_GAUGE,
+                "is 1 for each broker of the map in the state it is in (up, suspect, down, "
+                "draining)");
+    for (uint32_t i = 0; i < map->brokers_count; i++) {
+        const struct map_broker *b = map->brokers[i];
+        for (size_t s = 0; s < sizeof broker_states / sizeof broker_states[0]; s++) {
+            broker_label(prom, b);
+            prom_label_str(prom, "state", broker_state_name(broker_states[s]));
+            prom_sample_end(prom, b->state == broker_states[s]);
+        }
+    }
+    prom_family(prom, "quay_cluster_broker_primaries", PROM_TYPE_GAUGE,
+                "Queues each broker of the map is the primary of");
+    for (uint32_t i = 0; i < map->brokers_count; i++) {
+        broker_label(prom, map->brokers[i]);
+        prom_sample_end(prom, map->brokers[i]->queues_owned_count);
+    }
+    prom_family(prom, "quay_cluster_broker_backups", PROM_TYPE_GAUGE,
+                "Queues each broker of the map is a backup of");
+    for (uint32_t i = 0; i < map->brokers_count; i++) {
+        broker_label(prom, map->brokers[i]);
+        prom_sample_end(prom, map->brokers[i]->backups_held_count);
+    }
+}
+
+static uint32_t in_sync_count(const struct map_queue *mq)
+{
+    uint32_t n = 0;
+    for (uint8_t i = 0; i < mq->backups_count; i++)
+        n += (mq->in_sync_mask >> i) & 1u;
+    return n;
+}
+
+static void queue_labels(struct prom *prom, const struct map_queue *mq)
+{
+    prom_sample_begin(prom);
+    prom_label(prom, "vhost", mq->vhost->name);
+    prom_label(prom, "queue", mq->name);
+}
+
+/* The per-queue families, in sections (prom.h says why). */
+enum { SECTION_ROLE, SECTION_BACKUPS, SECTION_IN_SYNC, SECTIONS_COUNT };
+
+/* Every queue's role here, the backups of those this broker is the
+ * primary of, and the map's totals: one walk over the map's queues. */
+static void write_queues(struct prom *prom, const struct cluster_map *map, uint32_t self)
+{
+    struct json texts[SECTIONS_COUNT];
+    struct prom sections[SECTIONS_COUNT];
+    for (int i = 0; i < SECTIONS_COUNT; i++) {
+        json_init(&texts[i]);
+        prom_init(&sections[i], &texts[i]);
+    }
+    prom_family(&sections[SECTION_ROLE], "quay_queue_role", PROM_TYPE_GAUGE,
+                "is 1 with this broker's role for each queue of the map: primary (it holds "
+                "the queue), backup (a copy) or proxy (it forwards to the primary)");
+    prom_family(&sections[SECTION_BACKUPS], "quay_queue_backups", PROM_TYPE_GAUGE,
+                "Backups of each queue this broker is the primary of");
+    prom_family(&sections[SECTION_IN_SYNC], "quay_queue_backups_in_sync", PROM_TYPE_GAUGE,
+                "In-sync backups (confirms wait for them) of each queue this broker is the "
+                "primary of");
+    uint64_t unavailable = 0, moving = 0;
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        const struct map_queue *mq = map->queues[i];
+        unavailable += !mq->available;
+        moving += mq->move_to != BROKER_ID_NONE;
+        bool primary = mq->primary_id == self;
+        queue_labels(&sections[SECTION_ROLE], mq);
+        prom_label_str(&sections[SECTION_ROLE], "role",
+                       primary                          ? "primary"
+                       : map_queue_has_backup(mq, self) ? "backup"
+                                                        : "proxy");
+        prom_sample_end(&sections[SECTION_ROLE], 1);
+        if (!primary)
+            continue;
+        queue_labels(&sections[SECTION_BACKUPS], mq);
+        prom_sample_end(&sections[SECTION_BACKUPS], mq->backups_count);
+        queue_labels(&sections[SECTION_IN_SYNC], mq);
+        prom_sample_end(&sections[SECTION_IN_SYNC], in_sync_count(mq));
+    }
+    for (int i = 0; i < SECTIONS_COUNT; i++) {
+        prom_append(prom, &sections[i]);
+        json_free(&texts[i]);
+    }
+    prom_gauge(prom, "quay_cluster_queues", "Queues in the cluster map", map->queues_count);
+    prom_gauge(prom, "quay_cluster_queues_unavailable",
+               "Queues of the map with no primary serving (down, no backup could take over)",
+               unavailable);
+    prom_gauge(prom, "quay_cluster_moves_in_progress",
+               "Queues of the map being moved (a handover or a backup replaced)", moving);
+}
+
+/* One family of the links' figures, a sample per peer. */
+static void write_link_family(struct prom *prom, const struct member *member, const char *name,
+                              enum prom_type type, const char *help, size_t offset)
+{
+    const struct cluster_map *map = cluster_node_map(member->node);
+    prom_family(prom, name, type, help);
+    for (uint32_t i = 0; i < member->peers_count; i++) {
+        const struct member_peer *peer = member->peers[i];
+        const struct map_broker *b = cluster_map_broker(map, peer->id);
+        struct link_stats stats;
+        link_get_stats(peer->link, &stats);
+        uint64_t value;
+        memcpy(&value, (const char *)&stats + offset, sizeof value);
+        prom_sample_begin(prom);
+        prom_label(prom, "peer", b != NULL ? b->name : bytes_of_cstr("?"));
+        prom_sample_end(prom, value);
+    }
+}
+
+static void write_links(struct prom *prom, const struct member *member)
+{
+    prom_family(prom, "quay_cluster_link_up", PROM_TYPE_GAUGE,
+                "is 1 if this broker's link to the peer is up");
+    const struct cluster_map *map = cluster_node_map(member->node);
+    for (uint32_t i = 0; i < member->peers_count; i++) {
+        const struct member_peer *peer = member->peers[i];
+        const struct map_broker *b = cluster_map_broker(map, peer->id);
+        prom_sample_begin(prom);
+        prom_label(prom, "peer", b != NULL ? b->name : bytes_of_cstr("?"));
+        prom_sample_end(prom, peer->up);
+    }
+    write_link_family(prom, member, "quay_cluster_link_sent_bytes_total", PROM_TYPE_COUNTER,
+                      "Bytes this broker queued on its link to the peer",
+                      offsetof(struct link_stats, bytes_out));
+    write_link_family(prom, member, "quay_cluster_link_received_bytes_total",
+                      PROM_TYPE_COUNTER, "Bytes of whole frames received from the peer",
+                      offsetof(struct link_stats, bytes_in));
+    write_link_family(prom, member, "quay_cluster_link_connects_total", PROM_TYPE_COUNTER,
+                      "Times the link to the peer came up", offsetof(struct link_stats, connects));
+    prom_gauge(prom, "quay_cluster_forward_inflight_bytes",
+               "Bytes sent to other brokers (forwards, replication) not yet answered",
+               member->forward_bytes);
+}
+
+void metrics__write_cluster(struct prom *prom, struct broker *broker)
+{
+    if (broker->cluster == NULL || broker->member == NULL)
+        return;
+    const struct cluster_node *node = broker->cluster;
+    const struct cluster_map *map = cluster_node_map(node);
+    uint32_t self = cluster_node_id(node);
+    ASSERT(self != BROKER_ID_NONE);
+    prom_gauge(prom, "quay_cluster_map_epoch",
+               "The cluster map's version (commands applied): the same on every broker once "
+               "in step",
+               map->version);
+    write_raft(prom, node);
+    write_brokers(prom, map);
+    write_queues(prom, map, self);
+    prom_counter(prom, "quay_cluster_queue_moves_total",
+                 "Queues handed over to another primary on purpose (moves, drains, "
+                 "rebalancing), in the map changes this broker applied since it started",
+                 broker->member->queue_moves_count);
+    prom_counter(prom, "quay_cluster_queue_failovers_total",
+                 "Queues that failed over to a backup, in the map changes this broker "
+                 "applied since it started",
+                 broker->member->queue_failovers_count);
+    write_links(prom, broker->member);
+}

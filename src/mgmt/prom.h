@@ -1,0 +1,73 @@
+/*
+ * prom.h: a writer of Prometheus's text exposition format (version 0.0.4),
+ * for GET /metrics.
+ *
+ *   # HELP rabbitmq_queue_messages_ready Messages ready to be delivered to consumers
+ *   # TYPE rabbitmq_queue_messages_ready gauge
+ *   rabbitmq_queue_messages_ready{vhost="/",queue="orders"} 12
+ *
+ * The format wants every sample of a metric family right after its HELP
+ * and TYPE lines, so a caller writes one family at a time:
+ * prom_family, then prom_sample_begin / prom_label... / prom_sample_end
+ * for each sample. Label values are escaped as the format requires
+ * (backslash, double quote, line feed) and made valid UTF-8 (each byte of
+ * an invalid sequence becomes U+FFFD), so arbitrary AMQP names are safe.
+ * Metric and label names are the caller's static strings and are asserted
+ * to be valid names: the caller decides them, not its input.
+ *
+ * The text goes into a struct json used as a plain buffer (json_raw: the
+ * HTTP server's body, with its headroom), written front to back once:
+ * nothing else is allocated.
+ */
+#ifndef QUAY_MGMT_PROM_H
+#define QUAY_MGMT_PROM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "amqp/types.h"
+
+struct json;
+
+enum prom_type {
+    PROM_TYPE_GAUGE,
+    PROM_TYPE_COUNTER,
+};
+
+/* Owned by its caller, for one response; out is borrowed. */
+struct prom {
+    struct json *out;
+    const char *family;            /* borrowed, static: the family being written */
+    size_t family_size;            /* strlen(family) */
+    bool in_sample;                /* a sample's name is written, its value is due */
+    bool has_labels;               /* the sample's '{' is written */
+    uint64_t samples_count;        /* written, for the log */
+};
+
+void prom_init(struct prom *prom, struct json *out);
+/* Starts a family: its HELP and TYPE lines. A counter's name must end in
+ * "_total" (the format's convention, which promtool checks). */
+void prom_family(struct prom *prom, const char *name, enum prom_type type, const char *help);
+/* Starts a sample of the current family: name is the family's. */
+void prom_sample_begin(struct prom *prom);
+/* Adds a label; value is any bytes (escaped). */
+void prom_label(struct prom *prom, const char *name, struct bytes value);
+void prom_label_str(struct prom *prom, const char *name, const char *value);
+/* Ends the sample with its value. */
+void prom_sample_end(struct prom *prom, uint64_t value);
+
+/* Sections: families written side by side in one walk over many objects
+ * (each family's samples into its own prom and buffer), then appended in
+ * order. One walk touches each object once; a walk per family would
+ * touch each once per family, and with 50,000 queues the cache misses of
+ * those walks were most of a scrape's time. Appends section's text (its
+ * family complete: no sample half written) to prom's; the caller frees
+ * section's buffer. */
+void prom_append(struct prom *prom, const struct prom *section);
+
+/* A sample without labels: a whole family of one sample. */
+void prom_gauge(struct prom *prom, const char *name, const char *help, uint64_t value);
+void prom_counter(struct prom *prom, const char *name, const char *help, uint64_t value);
+
+#endif
