@@ -17,7 +17,7 @@ packages=(
   # cluster fault tests: network namespaces and nftables
   iproute2 nftables procps
   # promtool, which checks GET /metrics (tests/integration/31-metrics.py); the
-  # package's Prometheus server is not needed (where systemd runs, it starts)
+  # package's Prometheus server is not wanted (not started: see policy-rc.d)
   prometheus
 )
 # Node.js for the amqplib interop test (tests/integration/08-amqplib.py).  By
@@ -37,10 +37,25 @@ if ((${#missing[@]})); then
   [[ $(id -u) -eq 0 ]] || SUDO="sudo"
   echo "setup: installing ${missing[*]}"
   $SUDO apt-get update -qq
-  # policy-rc.d keeps packaged services (rabbitmq-server) from being
-  # started by the installer: bench/ starts RabbitMQ by hand.
+  # A policy-rc.d that says no (101) keeps packaged services (rabbitmq-server,
+  # prometheus) from being started by the installer, with or without
+  # systemd: bench/ starts RabbitMQ by hand, and only promtool is used.
+  policy=/usr/sbin/policy-rc.d
+  made_policy=0
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+    $SUDO chmod 755 "$policy"
+    made_policy=1
+  fi
+  status=0
   DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $SUDO apt-get install -y -qq \
-    --no-install-recommends "${missing[@]}"
+    --no-install-recommends "${missing[@]}" || status=$?
+  if ((made_policy)); then
+    $SUDO rm -f "$policy"
+  fi
+  if ((status)); then
+    exit "$status"
+  fi
 fi
 echo "setup: all packages present"
 
