@@ -167,7 +167,7 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     if (config->http_listen && mgmt_api_start(broker, config->http_listen) != 0)
         return -1;
     if (broker->mgmt && broker->cluster) {
-        mgmt_api_route(broker->mgmt, "/api/cluster", cluster_node_write_json, broker->cluster);
+        mgmt_api_route(broker->mgmt, "/api/cluster", member_cluster_json, broker->member);
         mgmt_api_route(broker->mgmt, "/api/cluster/links", member_write_links_json,
                        broker->member);
         mgmt_api_route_post(broker->mgmt, "/api/cluster/leave", member_leave, broker->member);

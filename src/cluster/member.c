@@ -21,6 +21,7 @@
 #include "cluster/handover.h"
 #include "cluster/link.h"
 #include "cluster/mirror.h"
+#include "cluster/moves.h"
 #include "cluster/node.h"
 #include "cluster/proxy.h"
 #include "cluster/replica.h"
@@ -736,6 +737,15 @@ static bool read_broker_member(void *ctx, const struct json_read_member *m, char
     memcpy(r->broker, m->string, m->string_size + 1);
     r->named = true;
     return true;
+}
+
+void member_cluster_json(void *ctx, struct json *body)
+{
+    struct member *member = ctx;
+    json_object_begin(body);
+    cluster_node_write_fields(member->node, body);
+    moves_write_json(member, body);
+    json_object_end(body);
 }
 
 int member_api_error(struct json *body, int status, const char *text)

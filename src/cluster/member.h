@@ -167,6 +167,9 @@ int member_leave(void *ctx, const char *request, size_t request_size, struct jso
  * decided; 400 for a bad body, 404 for an unknown broker, 409 for one that
  * is not down (or no broker up to take its queues), 503 before this broker
  * serves the cluster. Completion shows in the map (GET /api/cluster). */
+/* GET /api/cluster (an http_handler_fn; ctx: the member): the node's view
+ * (cluster_node_write_fields) and the moves (moves_write_json). */
+void member_cluster_json(void *ctx, struct json *body);
 /* The management API's refusals, as RabbitMQ's: {"error": the status text,
  * "reason": text} with status (returned);
  * the body's object was begun by the caller. */

@@ -8,11 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "broker/broker.h"
+#include "broker/queue.h"
+#include "broker/vhost.h"
 #include "cluster/controller.h"
 #include "cluster/map.h"
 #include "cluster/member.h"
 #include "cluster/node.h"
 #include "cluster/placement.h"
+#include "cluster/replication.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -463,8 +467,26 @@ int moves_rebalance_post(void *ctx, const char *request, size_t request_size, st
     return 202;
 }
 
-void moves_write_json(const struct cluster_map *map, struct json *body)
+/* A move's catch-up, as its primary sees it: only the primary's broker
+ * knows (the others show the phase). */
+static void write_progress(struct member *member, const struct map_queue *q, struct json *body)
 {
+    if (q->primary_id != member->self_id)
+        return;
+    struct vhost *vhost = broker_vhost(member->broker, q->vhost->name);
+    struct queue *queue = vhost ? vhost_queue(vhost, q->name) : NULL;
+    struct replication_progress p;
+    if (queue == NULL || queue_is_remote(queue) ||
+        !replication_catch_up_progress(queue, q->move_to, &p))
+        return;
+    json_kv_uint(body, "caught_up_bytes", p.bytes);
+    json_kv_uint(body, "caught_up_messages", p.sent);
+    json_kv_uint(body, "catch_up_messages", p.total);
+}
+
+void moves_write_json(struct member *member, struct json *body)
+{
+    const struct cluster_map *map = member_map(member);
     json_kv_string(body, "rebalance", map_rebalance_name(map->rebalance));
     json_key(body, "moves");
     json_array_begin(body);
@@ -490,6 +512,8 @@ void moves_write_json(const struct cluster_map *map, struct json *body)
         json_kv_string(body, "phase", !caught_up ? "catching-up"
                                       : backup   ? "releasing"
                                                  : "handing-over");
+        if (!caught_up)
+            write_progress(member, q, body);
         json_object_end(body);
     }
     json_array_end(body);

@@ -8,8 +8,8 @@
 
 #include <stddef.h>
 
-struct cluster_map;
 struct json;
+struct member;
 
 /* POST /api/cluster/move {"vhost": V, "queue": Q, "to": BROKER}: starts a
  * planned move (queue.move) and answers 202 with what it started, or
@@ -50,9 +50,11 @@ int moves_offload_post(void *ctx, const char *request, size_t request_size, stru
  * the moves a round would plan now; 400 malformed; 503 not serving yet. */
 int moves_rebalance_post(void *ctx, const char *request, size_t request_size, struct json *body);
 
-/* /api/cluster's "rebalance" (the map's mode) and "moves": every move in progress, with its phase
- * ("catching-up" while the target is a backup not in sync yet, then
- * "handing-over"). */
-void moves_write_json(const struct cluster_map *map, struct json *body);
+/* /api/cluster's "rebalance" (the map's mode) and "moves": every move in
+ * progress, its kind (primary, backup) and phase ("catching-up" while the
+ * target is a backup not in sync yet, then "handing-over", or "releasing"
+ * for a backup move), and on the primary's broker the catch-up's progress
+ * (caught_up_bytes, caught_up_messages of catch_up_messages). */
+void moves_write_json(struct member *member, struct json *body);
 
 #endif

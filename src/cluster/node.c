@@ -70,7 +70,6 @@
 
 #include "cluster/consensus.h"
 #include "cluster/controller.h"
-#include "cluster/moves.h"
 #include "cluster/outbox.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
@@ -1787,9 +1786,8 @@ static void write_raft_json(const struct cluster_node *node, struct json *body)
     json_object_end(body);
 }
 
-void cluster_node_write_json(void *ctx, struct json *body)
+void cluster_node_write_fields(const struct cluster_node *node, struct json *body)
 {
-    const struct cluster_node *node = ctx;
     ASSERT(node != NULL);
     ASSERT(body != NULL);
     const struct cluster_map *map = &node->map;
@@ -1797,7 +1795,6 @@ void cluster_node_write_json(void *ctx, struct json *body)
     const struct map_broker *leader =
         leader_id != 0 && leader_id <= UINT32_MAX ? cluster_map_broker(map, (uint32_t)leader_id)
                                                   : NULL;
-    json_object_begin(body);
     json_kv_string(body, "self", node->peers[0].name);
     json_kv_uint(body, "id", node->id);
     json_key(body, "leader");
@@ -1844,10 +1841,8 @@ void cluster_node_write_json(void *ctx, struct json *body)
         json_object_end(body);
     }
     json_array_end(body);
-    moves_write_json(map, body);
     if (!node->stopping)
         write_raft_json(node, body);
-    json_object_end(body);
 }
 
 void cluster_node_amqp_address(const struct sockaddr *bound, const char *cluster_address,

@@ -201,9 +201,8 @@ void cluster_node_set_default_backups(struct cluster_node *node, uint8_t default
  * rebalance mode to while the cluster never set it (on until set). */
 void cluster_node_set_auto_rebalance(struct cluster_node *node, bool on);
 
-/* The node's view as JSON, for GET /api/cluster: writes exactly one value
- * through the management API's writer, so it is an http_handler_fn (ctx is
- * the struct cluster_node):
+/* The node's view, for GET /api/cluster (member_cluster_json writes the
+ * object around it, and the moves): these members of it
  *   {"self": NAME, "id": N, "leader": NAME|null, "epoch": N, "lease": bool,
  *    "queues": N, "exchanges": N, "bindings": N, "map_bytes": N,
  *    "brokers": [{"id", "name", "amqp", "cluster", "state", "voter",
@@ -221,7 +220,7 @@ void cluster_node_set_auto_rebalance(struct cluster_node *node, bool on);
  * "followers" is empty except on the leader, where a follower's "state" is
  * probe, pipeline or snapshot (consensus_followers). */
 struct json;
-void cluster_node_write_json(void *node, struct json *body);
+void cluster_node_write_fields(const struct cluster_node *node, struct json *body);
 
 /* The AMQP address to advertise: the bound address of the first listener;
  * a wildcard host (0.0.0.0, ::) is replaced by the cluster address's host. */

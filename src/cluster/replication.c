@@ -58,6 +58,7 @@ struct replica_stream {
     uint64_t acked_seq;       /* everything up to here is on it */
     uint32_t catch_up_left;   /* catching up, backlog sent: answers owed up to its end */
     bool throttled;           /* its catch-up waits for the byte budget (member.h) */
+    uint64_t catch_up_bytes;  /* sent by the catch-up going on */
     uint64_t progress_ms;     /* its last ack, or when it started gating */
     struct backlog *backlog;  /* owned while a catch-up has some left to send, else NULL */
     /* A handover's probes (replication_quiesce): frames sent to it so far,
@@ -474,7 +475,9 @@ static void catch_up_pump(struct replication *rep, struct replica_stream *s)
         if (message == NULL)
             continue; /* lost from the journal: the queue cannot deliver it either */
         struct method m = replicate_method(rep->queue, rep->epoch, it->seq, message);
-        member->catch_up_budget -= (int64_t)(message->body_size + message->properties_size);
+        uint64_t size = message->body_size + message->properties_size;
+        member->catch_up_budget -= (int64_t)size;
+        s->catch_up_bytes += size;
         bool sent = stream_send(rep, s, &m, message, it->seq);
         message_unref(message);
         if (!sent)
@@ -516,6 +519,7 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
     s->state = STREAM_CATCHING_UP;
     s->progress_ms = loop_ms(rep);
     s->catch_up_left = 0;
+    s->catch_up_bytes = 0;
     ASSERT(s->backlog == NULL);
     if (!stream_send(rep, s, &reset, NULL, 0) || !send_dedup_ids(rep, s))
         return;
@@ -806,6 +810,22 @@ uint32_t replication_confirms_waiting(const struct queue *queue)
 {
     const struct replication *rep = queue->replication;
     return rep != NULL ? rep->count : 0;
+}
+
+bool replication_catch_up_progress(const struct queue *queue, uint32_t backup_id,
+                                   struct replication_progress *out)
+{
+    const struct replication *rep = queue->replication;
+    for (uint8_t i = 0; rep != NULL && i < rep->streams_count; i++) {
+        const struct replica_stream *s = rep->streams[i];
+        if (s->backup_id != backup_id || s->state != STREAM_CATCHING_UP)
+            continue;
+        const struct backlog *b = s->backlog;
+        *out = (struct replication_progress){b ? b->next : 0, b ? b->count : 0,
+                                             s->catch_up_bytes};
+        return true;
+    }
+    return false;
 }
 
 void replication_write_json(const struct queue *queue, struct json *out)

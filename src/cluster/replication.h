@@ -72,6 +72,16 @@ bool replication_quiesce(struct queue *queue);
 void replication_probe_again(struct queue *queue);
 void replication_quiesce_end(struct queue *queue);
 
+/* A catch-up of backup_id going on for queue (a real queue here): the
+ * messages of its backlog sent and in all, and the bytes sent. False if
+ * none is (caught up, or not started). */
+struct replication_progress {
+    uint32_t sent, total;
+    uint64_t bytes;
+};
+bool replication_catch_up_progress(const struct queue *queue, uint32_t backup_id,
+                                   struct replication_progress *out);
+
 /* The member stops: every queue's replication is detached (nacked). */
 void replication_stop_all(struct member *member);
 

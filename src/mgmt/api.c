@@ -13,6 +13,7 @@
 #include "mgmt/api.h"
 
 #include "cluster/map.h"
+#include "cluster/member.h"
 #include "cluster/node.h"
 #include "cluster/proxy.h"
 #include "cluster/replica.h"
@@ -237,7 +238,7 @@ static void write_node(struct json *out, struct broker *broker)
     if (broker->cluster) {
         /* The cluster in brief (GET /api/cluster has it all). */
         json_key(out, "cluster");
-        cluster_node_write_json(broker->cluster, out);
+        member_cluster_json(broker->member, out);
     }
 }
 

@@ -78,7 +78,7 @@ bool mgmt_user_sees_vhost(const struct auth_user *user, struct bytes vhost);
  * after the loop ran). Returns 0, or -1 if it cannot listen (logged). */
 int mgmt_api_start(struct broker *broker, const char *address);
 /* Adds a GET endpoint served by another module, e.g. the cluster's
- * GET /api/cluster (cluster_node_write_json); ctx is borrowed and must
+ * GET /api/cluster (member_cluster_json); ctx is borrowed and must
  * outlive the API. At most HTTP_ROUTES_MAX endpoints in all. Such
  * endpoints are node-level: reading one needs the monitoring tag. */
 void mgmt_api_route(struct mgmt_api *api, const char *path, http_handler_fn handler,

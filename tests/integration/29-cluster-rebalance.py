@@ -297,6 +297,14 @@ def a_catch_up_keeps_to_its_byte_budget():
     status, body = a.api_call("POST", "/api/cluster/move", {"queue": name, "to": target},
                               timeout=5)
     assert status == 202, (status, body)
+    # Its primary's broker shows the catch-up going on.
+    seen = []
+
+    def progress():
+        moves = members[info["primary"]].api_cluster()["moves"]
+        seen.extend(m["caught_up_bytes"] for m in moves if "caught_up_bytes" in m)
+        return seen and seen[-1] > 0
+    wait_until(progress, 10, what="the catch-up's progress shown")
     wait_until(lambda: next(q for q in a.api_get("/api/queues", timeout=5)
                             if q["name"] == name)["primary"] == target, 60,
                what="the move done")
@@ -304,6 +312,7 @@ def a_catch_up_keeps_to_its_byte_budget():
     size = 3072 * (4096 + 5)
     print("# %d bytes caught up in %.1f s (budget %d bytes/s)" % (size, took, CATCH_UP_RATE))
     assert size / CATCH_UP_RATE * 0.7 <= took <= size / CATCH_UP_RATE * 3, took
+    assert seen == sorted(seen) and seen[-1] <= size + 3072 * 64, seen
     got = read_all(members[target], name)
     assert got == [b"%05d" % i + b"x" * 4096 for i in range(3072)], len(got)
 
