@@ -275,6 +275,12 @@ void connection_force_close(struct connection *connection, const char *reason)
 static void on_close(struct conn *conn)
 {
     struct connection *connection = from_conn(conn);
+    if (connection->state == CONNECTION_STATE_OPEN || connection->state == CONNECTION_STATE_CLOSING)
+        LOG_INFO("conn=%llu peer=%s user=%s vhost=%.*s closed",
+                 (unsigned long long)conn->id, conn->peer_name,
+                 connection->user ? connection->user->name : "?",
+                 connection->vhost ? (int)connection->vhost->name.len : 1,
+                 connection->vhost ? (const char *)connection->vhost->name.ptr : "?");
     connection->state = CONNECTION_STATE_CLOSED;
     release_everything(connection);
 }
@@ -571,9 +577,10 @@ static void finish_open(struct connection *connection)
                                        sizeof hosts);
     ok.connection_open_ok.reserved_1 = (struct bytes){(const uint8_t *)hosts, (uint32_t)hosts_len};
     connection_send_method(connection, 0, &ok);
-    LOG_DEBUG("conn=%llu peer=%s user=%s vhost=%.*s open", (unsigned long long)connection->conn.id,
-              connection->conn.peer_name, connection->user->name, (int)name.len,
-              (const char *)name.ptr);
+    if (!connection->cluster_peer) /* (a peer's link says "logged in") */
+        LOG_INFO("conn=%llu peer=%s user=%s vhost=%.*s opened",
+                 (unsigned long long)connection->conn.id, connection->conn.peer_name,
+                 connection->user->name, (int)name.len, (const char *)name.ptr);
 }
 
 /* ---- frame errors --------------------------------------------------- */

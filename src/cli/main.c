@@ -56,6 +56,8 @@ static void usage(FILE *out)
             "                          management (the management API's rights; none:\n"
             "                          no API access)\n"
             "  --log-level LEVEL       error, warn, info (default) or debug\n"
+            "  --log-format FORMAT     text (default) or json: one object per line, the\n"
+            "                          message's leading key=value words as members\n"
             "  --frame-max BYTES       largest frame offered in tune (default 131072)\n"
             "  --channel-max N         channels per connection (default 2047)\n"
             "  --heartbeat SECONDS     heartbeat offered in tune (default 60, 0 = off)\n"
@@ -100,7 +102,8 @@ static void usage(FILE *out)
 }
 
 enum option_id {
-    OPT_LISTEN = 256, OPT_DATA, OPT_USERS, OPT_LOG_LEVEL, OPT_FRAME_MAX, OPT_CHANNEL_MAX,
+    OPT_LISTEN = 256, OPT_DATA, OPT_USERS, OPT_LOG_LEVEL, OPT_LOG_FORMAT, OPT_FRAME_MAX,
+    OPT_CHANNEL_MAX,
     OPT_HEARTBEAT, OPT_MAX_CONNECTIONS, OPT_MAX_QUEUES, OPT_MAX_CONSUMERS,
     OPT_MAX_MESSAGE_SIZE, OPT_HASH_PASSWORD, OPT_HELP, OPT_MEMORY_HIGH_WATERMARK,
     OPT_DISK_FREE_LIMIT, OPT_HTTP,
@@ -115,6 +118,7 @@ static const struct option long_options[] = {
     {"data", required_argument, NULL, OPT_DATA},
     {"users", required_argument, NULL, OPT_USERS},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
     {"frame-max", required_argument, NULL, OPT_FRAME_MAX},
     {"channel-max", required_argument, NULL, OPT_CHANNEL_MAX},
     {"heartbeat", required_argument, NULL, OPT_HEARTBEAT},
@@ -391,6 +395,16 @@ static int parse_options(int argc, char **argv, struct broker_config *config)
                 return -1;
             }
             break;
+        case OPT_LOG_FORMAT: {
+            enum log_format format;
+            if (log_format_parse(optarg, &format) != 0) {
+                fprintf(stderr, "quayd: bad value for --log-format: '%s' (text or json)\n",
+                        optarg);
+                return -1;
+            }
+            log_set_format(format);
+            break;
+        }
         case OPT_HASH_PASSWORD: {
             char hash[64];
             auth_hash_password(optarg, hash, sizeof hash);

@@ -10,6 +10,7 @@ non-loopback peer is a network namespace this test creates, joined to the
 host by a veth pair with addresses from 10.78.0.0/16 that exist only
 between the two ends (needs root, as CI has).
 """
+import json
 import os
 import random
 import subprocess
@@ -216,6 +217,43 @@ def help_and_bad_options():
     out = subprocess.run([QUAYD, "--frame-max", "12"], capture_output=True, text=True,
                          timeout=10)
     eq(out.returncode, 2)
+
+
+@test
+def json_log_lines_say_who_opened_and_closed():
+    """--log-format json: every line of quayd's log is one JSON object with
+    time, level and message; a client's connection is logged when it opens
+    and closes, with its conn, peer, user and vhost as members. (One broker
+    only: the cluster harness reads its brokers' logs as text.)"""
+    if CLUSTERED:
+        print("# one broker only")
+        return
+
+    def run(b):
+        c = connect(b, "guest", "guest")
+        c.channel().queue_declare("", exclusive=True)
+        c.close()
+
+        def lines():
+            return [json.loads(line) for line in b.stderr_text().splitlines() if line.strip()]
+
+        def closed_pairs():
+            entries = lines()
+            opened = {e["conn"]: e for e in entries if e["message"] == "opened"}
+            return [(opened[e["conn"]], e) for e in entries
+                    if e["message"] == "closed" and e.get("conn") in opened]
+        wait_until(closed_pairs, 5, what="a connection's open and close logged")
+        for e in lines():
+            assert {"time", "level", "message"} <= set(e), e
+        for opened, closed in closed_pairs():
+            for e in (opened, closed):
+                eq((e["level"], e["user"], e["vhost"]), ("info", "guest", "/"), e["message"])
+                assert e["conn"].isdigit() and ":" in e["peer"], e
+    with_broker(["--log-format", "json", "--log-level", "info"], run)
+    out = subprocess.run([QUAYD, "--log-format", "xml"], capture_output=True, text=True,
+                         timeout=10)
+    eq(out.returncode, 2)
+    assert "--log-format" in out.stderr, out.stderr
 
 
 @test
