@@ -92,8 +92,14 @@ static struct ssl_ctx_st *build(const struct tls_config *config, char *err, size
      * compression (CRIME); the server's cipher order wins. */
     SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION |
                                  SSL_OP_CIPHER_SERVER_PREFERENCE);
-    /* A connection's buffers are freed while it is idle. */
-    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+    /* Measured per message (bench/RESULTS.md, "TLS"): neither read-ahead
+     * nor SSL_MODE_RELEASE_BUFFERS (a malloc and free of the record
+     * buffers per record) paid; AES-128 before AES-256 did. */
+    if (SSL_CTX_set_ciphersuites(ctx, TLS_CIPHERS_TLS13) != 1) {
+        fail("cannot set the TLS 1.3 cipher suites", NULL, err, err_size);
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
     if (SSL_CTX_set_cipher_list(ctx, TLS_CIPHERS_TLS12) != 1 ||
         load_files(ctx, config, err, err_size) != 0) {
         if (err[0] == '\0')
