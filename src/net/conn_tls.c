@@ -287,6 +287,12 @@ void conn__tls_flush(struct conn *conn)
     struct tls_session *session = conn->tls;
     if (conn->closing || session->writing != NULL)
         return;
+    if (conn->close_after_flush && !SSL_is_init_finished(session->ssl)) {
+        /* A goodbye before the handshake ended (a shutdown): nothing we
+         * queued could be encrypted for this peer. */
+        conn_close(conn);
+        return;
+    }
     for (;;) {
         int more = encrypt(conn);
         if (more < 0) {

@@ -22,6 +22,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import time
 import urllib.request
 import warnings
 
@@ -112,6 +113,27 @@ def pika_publishes_consumes_and_confirms_over_tls():
     ch.cancel()
     eq(len(got), len(bodies), "deliveries")
     assert got == bodies, "a body changed on its way through TLS"
+    c.close()
+
+
+@test(timeout=60)
+def a_consumer_that_stops_reading_gets_everything_later():
+    # Deliveries pile up beyond what the sockets hold: the broker's TLS
+    # output waits for the socket (uv_write) and its output limits hold
+    # the rest as plaintext, then everything arrives in order.
+    c = tls_connect()
+    ch = c.channel()
+    q = uniq("slow")
+    ch.queue_declare(q, exclusive=True)
+    bodies = [(b"%06d" % i) * 700 for i in range(3000)]   # ~12.6 MB
+    for body in bodies:
+        ch.basic_publish("", q, body)
+    got = []
+    ch.basic_consume(q, lambda ch_, m, p, body: got.append(body), auto_ack=True)
+    time.sleep(2)   # not reading: the broker fills the socket and waits
+    wait_until(lambda: c.process_data_events(0.2) or len(got) == len(bodies), timeout=40,
+               what="every delivery")
+    assert got == bodies, "deliveries lost or reordered (%d of %d)" % (len(got), len(bodies))
     c.close()
 
 
