@@ -91,7 +91,9 @@ static void create_vhosts(struct broker *broker)
 }
 
 /* Joins or forms the cluster, advertising the first AMQP listener's bound
- * address, and puts the data path in the cluster (cluster/member.h). */
+ * address (with --cluster-tls the first AMQPS one's: the other brokers'
+ * links connect there), and puts the data path in the cluster
+ * (cluster/member.h). */
 static int start_cluster(struct broker *broker)
 {
     struct cluster_node_config cluster = *broker->config.cluster;
@@ -99,7 +101,12 @@ static int start_cluster(struct broker *broker)
     int size = sizeof bound;
     char amqp[128];
     ASSERT(broker->listeners_count > 0);
-    if (uv_tcp_getsockname(&broker->listeners[0].tcp, (struct sockaddr *)&bound, &size) != 0)
+    struct listener *advertised = &broker->listeners[0];
+    if (broker->config.cluster_tls) {
+        ASSERT(broker->tls_listeners_count > 0); /* main checks --tls-listen */
+        advertised = &broker->tls_listeners[0];
+    }
+    if (uv_tcp_getsockname(&advertised->tcp, (struct sockaddr *)&bound, &size) != 0)
         return -1;
     cluster_node_amqp_address((struct sockaddr *)&bound, cluster.listen, amqp, sizeof amqp);
     cluster.data_dir = broker->config.data_dir;
@@ -154,6 +161,15 @@ static int open_listeners(struct broker *broker)
             return -1;
         }
     }
+    if (config->cluster_tls) {
+        struct tls_config links = config->tls;
+        links.verify = TLS_VERIFY_PEER;
+        links.client = true;
+        if (tls_context_init(&broker->cluster_tls, &links, err, sizeof err) != 0) {
+            LOG_ERROR("%s", err);
+            return -1;
+        }
+    }
     for (uint32_t i = 0; i < config->listen_count; i++) {
         if (open_listener(broker, &broker->listeners[i], config->listen[i], NULL) != 0)
             return -1;
@@ -171,7 +187,8 @@ static int open_listeners(struct broker *broker)
 
 int broker_reload_tls(struct broker *broker)
 {
-    struct tls_context *contexts[] = {&broker->amqps_tls, &broker->https_tls};
+    struct tls_context *contexts[] = {&broker->amqps_tls, &broker->https_tls,
+                                      &broker->cluster_tls};
     int rc = 0;
     for (size_t i = 0; i < sizeof contexts / sizeof contexts[0]; i++) {
         if (contexts[i]->ctx == NULL)
@@ -313,6 +330,7 @@ void broker_free(struct broker *broker)
     policy_set_free(&broker->policies);
     tls_context_free(&broker->amqps_tls); /* after every session that used it */
     tls_context_free(&broker->https_tls);
+    tls_context_free(&broker->cluster_tls);
     ASSERT(message_live_count == 0);
 }
 

@@ -68,6 +68,9 @@ struct broker_config {
     /* --tls-cert/--tls-key/--tls-ca/--tls-verify, for AMQPS and HTTPS;
      * cert_file NULL = no TLS configured. */
     struct tls_config tls;
+    /* --cluster-tls: links between brokers go over AMQPS with mutual
+     * certificate authentication, in addition to the cluster secret. */
+    bool cluster_tls;
     const struct cluster_node_config *cluster; /* borrowed; NULL = not clustered */
     uint8_t default_backups;         /* cluster: backups of a queue without x-quay-backups */
     enum queue_locator queue_locator; /* cluster: where declared queues live */
@@ -111,6 +114,9 @@ struct broker {
      * ctx is NULL when not in use. Replaced on SIGHUP (broker_reload_tls). */
     struct tls_context amqps_tls;
     struct tls_context https_tls;
+    /* --cluster-tls: our links' client side (our certificate, the CAs
+     * peers' certificates must verify against). */
+    struct tls_context cluster_tls;
     struct auth auth;
     struct hmap vhosts;            /* name -> struct vhost (owned) */
     struct list_node connections;  /* struct connection.broker_link */

@@ -425,6 +425,17 @@ static void cluster_login(struct connection *connection, const struct method *m)
 {
     struct bytes nonce = bytes_of_cstr(connection->cluster_nonce);
     struct bytes name;
+    struct tls_session *tls = conn_tls(&connection->conn);
+    bool certified = tls != NULL && tls_session_peer_verified(tls);
+    if (connection->broker->config.cluster_tls && !certified) {
+        /* --cluster-tls: a peer proves itself with a certificate of the
+         * cluster's CAs as well as with the secret. */
+        LOG_INFO("conn=%llu peer=%s cluster login refused: no verified TLS client certificate "
+                 "(--cluster-tls)", (unsigned long long)connection->conn.id,
+                 connection->conn.peer_name);
+        refuse_login(connection, BYTES_LIT(AUTH_CLUSTER_MECHANISM));
+        return;
+    }
     connection->user = auth_cluster_check(connection->broker->cluster_secret, nonce,
                                           m->connection_secure_ok.response, &name);
     if (!connection->user) {

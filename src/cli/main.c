@@ -61,6 +61,10 @@ static void usage(FILE *out)
             "                          handshake fails without one); a verified one logs\n"
             "                          in with the mechanism EXTERNAL as its subject CN.\n"
             "                          SIGHUP reloads the certificate, key and CAs\n"
+            "  --cluster-tls           the AMQP links between brokers go over AMQPS (the\n"
+            "                          first --tls-listen), each end presenting --tls-cert\n"
+            "                          and verifying the other's against --tls-ca, as well\n"
+            "                          as the cluster secret (Raft is not encrypted)\n"
             "  --data DIR              data directory (default ./quay-data)\n"
             "  --users FILE            users file, one user a line:\n"
             "                          NAME HASH VHOST[,VHOST...] [loopback] [tags=TAG,...]\n"
@@ -121,6 +125,7 @@ enum option_id {
     OPT_CATCH_UP_RATE, OPT_HTTP_ALLOW_PLAINTEXT,
     OPT_HTTP_ALLOWED_HOSTS, OPT_MAX_HANDSHAKING, OPT_HANDSHAKE_TIMEOUT,
     OPT_HTTPS, OPT_TLS_LISTEN, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_TLS_VERIFY,
+    OPT_CLUSTER_TLS,
 };
 
 static const struct option long_options[] = {
@@ -149,6 +154,7 @@ static const struct option long_options[] = {
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
     {"tls-ca", required_argument, NULL, OPT_TLS_CA},
     {"tls-verify", required_argument, NULL, OPT_TLS_VERIFY},
+    {"cluster-tls", no_argument, NULL, OPT_CLUSTER_TLS},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"name", required_argument, NULL, OPT_NAME},
     {"cluster-listen", required_argument, NULL, OPT_CLUSTER_LISTEN},
@@ -359,6 +365,7 @@ static int set_tls_option(int opt, const char *text, struct broker_config *confi
     case OPT_TLS_CERT: config->tls.cert_file = text; return 1;
     case OPT_TLS_KEY: config->tls.key_file = text; return 1;
     case OPT_TLS_CA: config->tls.ca_file = text; return 1;
+    case OPT_CLUSTER_TLS: config->cluster_tls = true; return 1;
     case OPT_TLS_VERIFY:
         if (tls_verify_parse(text, &config->tls.verify) == 0)
             return 1;
@@ -388,6 +395,12 @@ static int check_tls_options(const struct broker_config *config)
     }
     if (config->tls.verify != TLS_VERIFY_NONE && config->tls.ca_file == NULL) {
         fprintf(stderr, "quayd: --tls-verify peer or require needs --tls-ca\n");
+        return -1;
+    }
+    if (config->cluster_tls && (config->tls_listen_count == 0 || config->cluster == NULL ||
+                                config->tls.verify == TLS_VERIFY_NONE)) {
+        fprintf(stderr, "quayd: --cluster-tls needs --cluster-listen, --tls-listen (the links\n"
+                        "connect there) and --tls-verify peer or require (with --tls-ca)\n");
         return -1;
     }
     return 0;

@@ -380,6 +380,14 @@ int conn_tls_accept(struct conn *conn, struct tls_context *tls)
     return conn->tls != NULL ? 0 : -1;
 }
 
+int conn_tls_connect(struct conn *conn, struct tls_context *tls)
+{
+    ASSERT(conn->tls == NULL);
+    ASSERT(!conn->reading); /* before the connect completed */
+    conn->tls = tls_session_new(tls, true, NULL);
+    return conn->tls != NULL ? 0 : -1;
+}
+
 void conn_pause_reading(struct conn *conn, enum conn_pause reason)
 {
     conn->read_pauses |= reason;

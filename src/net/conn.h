@@ -121,6 +121,10 @@ void conn_start(struct conn *conn);
  * decrypted before the protocol sees them, output is encrypted. Returns 0,
  * or -1 (out of memory: close it). */
 int conn_tls_accept(struct conn *conn, struct tls_context *tls);
+/* Makes a conn_connect()ed conn a TLS client (right after conn_connect
+ * returned 0): its handshake starts with the first output, which waits
+ * for it. Returns 0, or -1 (out of memory). */
+int conn_tls_connect(struct conn *conn, struct tls_context *tls);
 /* conn's TLS session, or NULL for plain TCP. */
 static inline struct tls_session *conn_tls(const struct conn *conn)
 {

@@ -417,7 +417,8 @@ def _queue_info(member, queue, vhost):
 def make_tls_files(directory, clients=(), days=2):
     """A test PKI made with the openssl command in directory: a CA (ca.pem),
     a server certificate for localhost and 127.0.0.1 (server.pem,
-    server.key), and one client certificate per name in clients, whose
+    server.key; good as a client's too, as a broker's for --cluster-tls),
+    and one client certificate per name in clients, whose
     subject CN is that name (NAME.pem, NAME.key). Returns {name: path}."""
     def run_openssl(*args):
         subprocess.run(["openssl"] + list(args), check=True, cwd=directory,
@@ -436,7 +437,7 @@ def make_tls_files(directory, clients=(), days=2):
                 "-out", "ca.pem", "-days", str(days), "-subj", "/CN=quay test CA")
     issue("server", "/CN=localhost",
           "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
-          "extendedKeyUsage=serverAuth\n")
+          "extendedKeyUsage=serverAuth,clientAuth\n")
     for name in clients:
         issue(name, "/O=quay tests/CN=%s" % name,
               "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")
