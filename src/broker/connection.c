@@ -457,11 +457,11 @@ static void cluster_login(struct connection *connection, const struct method *m)
     send_tune(connection);
 }
 
+static void admit_client(struct connection *connection);
+
 /* EXTERNAL (rabbitmq_auth_mechanism_ssl): the user is the verified client
  * certificate's subject CN, and must exist. The client is told only "Login
  * was refused" (refuse_login); the log gets RabbitMQ's reason. */
-static void admit_client(struct connection *connection);
-
 static const struct auth_user *external_login(struct connection *connection)
 {
     struct conn *conn = &connection->conn;

@@ -449,11 +449,6 @@ static void on_resume_idle(uv_idle_t *idle)
  * Output queued before the poll (by a timer, an idle callback) would wait
  * for the poll to return, up to the next timer: an active idle handle
  * keeps that poll from blocking. */
-void conn__schedule_flush(struct conn *conn)
-{
-    schedule_flush(conn);
-}
-
 static void schedule_flush(struct conn *conn)
 {
     if (list_linked(&conn->flush_link))
@@ -461,6 +456,11 @@ static void schedule_flush(struct conn *conn)
     if (list_empty(&conn->net->flush_list))
         uv_idle_start(&conn->net->flush_idle, on_flush_idle);
     list_push_back(&conn->net->flush_list, &conn->flush_link);
+}
+
+void conn__schedule_flush(struct conn *conn)
+{
+    schedule_flush(conn);
 }
 
 static void on_flush_idle(uv_idle_t *idle)
