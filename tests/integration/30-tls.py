@@ -248,6 +248,23 @@ def strangers_on_the_tls_port_are_closed():
             pass
         s.sendall(outgoing.read())   # the ClientHello, then gone
         s.close()
+    # Garbage after a finished handshake (a record that does not decrypt),
+    # in the middle of an AMQP session.
+    for garbage in (os.urandom(2000), b"\x17\x03\x03\x40\x00" + os.urandom(16384 + 200)):
+        s = socket.create_connection(("127.0.0.1", TLS_PORT), timeout=5)
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        obj = client_context().wrap_bio(incoming, outgoing, server_hostname="localhost")
+        while True:
+            try:
+                obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                s.sendall(outgoing.read())
+                incoming.write(s.recv(65536))
+        obj.write(quaytest.PROTOCOL_HEADER)
+        s.sendall(outgoing.read() + garbage)
+        expect_closed_socket(s, timeout=5)
+        s.close()
     # A TLS 1.1 client is refused in the handshake (TLS 1.2 at least).
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.load_verify_locations(PKI["ca.pem"])
@@ -350,6 +367,11 @@ def https_serves_the_management_api():
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
         s.sendall(b"GET /api/overview HTTP/1.0\r\nHost: localhost\r\n\r\n")
         eq(expect_closed_socket(s), b"", "plain HTTP's answer")
+        s.close()
+        # A client that never finishes its handshake is cut (the API's 5 s).
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(b"\x16\x03\x01\x02\x00\x01")
+        expect_closed_socket(s, timeout=15)
         s.close()
         # quayctl over HTTPS.
         ctl = os.path.join(os.path.dirname(QUAYD), "quayctl")
