@@ -33,6 +33,9 @@
 #define CLOSE_OK_TIMEOUT_MS 3000
 /* How often the kernel is asked about a peer we do not read. */
 #define PEER_CHECK_MS 1000
+/* A connection quiet this long gives back what its last burst left in
+ * the transport (conn_trim_idle: TLS buffers). */
+#define IDLE_TRIM_MS 1000
 
 static long on_input(struct conn *conn, const uint8_t *data, size_t size);
 static void on_close(struct conn *conn);
@@ -998,6 +1001,8 @@ void connection_tick(struct connection *connection, uint64_t now_ms)
     }
     if (!conn->reading && unread_peer_gone(connection, now_ms))
         return;
+    if (now_ms - conn->last_read_ms >= IDLE_TRIM_MS && now_ms - conn->last_write_ms >= IDLE_TRIM_MS)
+        conn_trim_idle(conn);
     if (connection->heartbeat_s == 0)
         return;
     uint64_t interval_ms = (uint64_t)connection->heartbeat_s * 1000;

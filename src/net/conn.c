@@ -380,6 +380,12 @@ int conn_tls_accept(struct conn *conn, struct tls_context *tls)
     return conn->tls != NULL ? 0 : -1;
 }
 
+void conn_trim_idle(struct conn *conn)
+{
+    if (conn->tls != NULL && !conn->closing)
+        tls_session_trim(conn->tls);
+}
+
 int conn_tls_connect(struct conn *conn, struct tls_context *tls)
 {
     ASSERT(conn->tls == NULL);

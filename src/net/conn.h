@@ -125,6 +125,10 @@ int conn_tls_accept(struct conn *conn, struct tls_context *tls);
  * returned 0): its handshake starts with the first output, which waits
  * for it. Returns 0, or -1 (out of memory). */
 int conn_tls_connect(struct conn *conn, struct tls_context *tls);
+/* For the protocol's timer, on a conn that has been quiet for a while:
+ * a TLS conn releases the buffers its last burst left (tls_session_trim).
+ * Nothing for plain conns, which hold none. */
+void conn_trim_idle(struct conn *conn);
 /* conn's TLS session, or NULL for plain TCP. */
 static inline struct tls_session *conn_tls(const struct conn *conn)
 {

@@ -154,6 +154,44 @@ void tls_context_free(struct tls_context *tls)
     tls->ctx = NULL;
 }
 
+static BIO *new_memory_bio(void)
+{
+    BIO *bio = BIO_new(BIO_s_mem());
+    /* An empty memory BIO reads as "retry later", not end of file. */
+    if (bio != NULL)
+        BIO_set_mem_eof_return(bio, -1);
+    return bio;
+}
+
+/* Whether bio is empty but holds a buffer. */
+static bool holds_memory(BIO *bio)
+{
+    BUF_MEM *mem = NULL;
+    BIO_get_mem_ptr(bio, &mem);
+    return mem != NULL && mem->max > 0 && BIO_ctrl_pending(bio) == 0;
+}
+
+void tls_session_trim(struct tls_session *session)
+{
+    if (session->writing != NULL)
+        return; /* not idle */
+    (void)SSL_free_buffers(session->ssl); /* refused while they hold data */
+    if (holds_memory(session->in)) {
+        BIO *fresh = new_memory_bio();
+        if (fresh != NULL) {
+            SSL_set0_rbio(session->ssl, fresh); /* frees the old one */
+            session->in = fresh;
+        }
+    }
+    if (holds_memory(session->out)) {
+        BIO *fresh = new_memory_bio();
+        if (fresh != NULL) {
+            SSL_set0_wbio(session->ssl, fresh);
+            session->out = fresh;
+        }
+    }
+}
+
 struct tls_session *tls_session_new(struct tls_context *tls, bool client, const char *servername)
 {
     ASSERT(tls->ctx != NULL);
@@ -161,8 +199,8 @@ struct tls_session *tls_session_new(struct tls_context *tls, bool client, const 
     if (session == NULL)
         return NULL;
     session->ssl = SSL_new(tls->ctx);
-    session->in = BIO_new(BIO_s_mem());
-    session->out = BIO_new(BIO_s_mem());
+    session->in = new_memory_bio();
+    session->out = new_memory_bio();
     if (session->ssl == NULL || session->in == NULL || session->out == NULL) {
         BIO_free(session->in);
         BIO_free(session->out);
@@ -170,9 +208,6 @@ struct tls_session *tls_session_new(struct tls_context *tls, bool client, const 
         free(session);
         return NULL;
     }
-    /* An empty memory BIO reads as "retry later", not end of file. */
-    BIO_set_mem_eof_return(session->in, -1);
-    BIO_set_mem_eof_return(session->out, -1);
     SSL_set_bio(session->ssl, session->in, session->out);
     if (client) {
         if (servername != NULL)

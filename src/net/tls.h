@@ -88,6 +88,12 @@ struct tls_session {
  * the handshake as a client (servername for SNI, may be NULL). */
 struct tls_session *tls_session_new(struct tls_context *tls, bool client, const char *servername);
 void tls_session_free(struct tls_session *session);
+/* For a session that has been idle a while: frees OpenSSL's record
+ * buffers (allocated again with the next record) and replaces its empty
+ * memory BIOs, which keep the largest buffer they ever held (a 256 KiB
+ * read, a batch of ciphertext). Not done on the data path: a streaming
+ * connection would allocate them again at once. */
+void tls_session_trim(struct tls_session *session);
 /* Whether the peer presented a certificate that verified against our CAs. */
 bool tls_session_peer_verified(const struct tls_session *session);
 /* The verified peer certificate's subject common name, as UTF-8 without

@@ -7,7 +7,8 @@
  * one that is given; require fails the handshake without one); the peer's
  * CN is read only from a verified certificate; a reload that fails keeps
  * the previous SSL_CTX, one that succeeds replaces it while a session made
- * before keeps working; TLS 1.1 is refused.
+ * before keeps working; a trimmed idle session gives its buffers back and
+ * works on; TLS 1.1 is refused.
  *
  * Method: a CA, a server and two client certificates (one from a CA the
  * server does not trust) are made with the openssl command in a temporary
@@ -25,6 +26,7 @@
 #include <unistd.h>
 
 #include <openssl/bio.h>
+#include <openssl/buffer.h>
 #include <openssl/ssl.h>
 
 #include "net/tls.h"
@@ -252,6 +254,43 @@ static void test_reload(void **state)
     tls_context_free(&tls);
 }
 
+/* An idle session gives its buffers back and goes on working after. */
+static void test_trim(void **state)
+{
+    (void)state;
+    struct tls_context server_tls, client_tls;
+    server_init(&server_tls, TLS_VERIFY_NONE);
+    client_init(&client_tls, NULL);
+    struct tls_session *server = tls_session_new(&server_tls, false, NULL);
+    struct tls_session *client = tls_session_new(&client_tls, true, "localhost");
+    assert_true(handshake(client, server));
+    static char big[200000], got[200000];
+    memset(big, 'b', sizeof big);
+    for (int round = 0; round < 3; round++) {
+        size_t sent = 0, received = 0;
+        while (sent < sizeof big) {
+            int n = SSL_write(server->ssl, big + sent, (int)(sizeof big - sent));
+            assert_true(n > 0);
+            sent += (size_t)n;
+        }
+        carry(server, client);
+        int n;
+        while ((n = SSL_read(client->ssl, got + received, (int)(sizeof got - received))) > 0)
+            received += (size_t)n;
+        assert_int_equal(received, sizeof big);
+        assert_memory_equal(got, big, sizeof big);
+        tls_session_trim(server);
+        tls_session_trim(client);
+        BUF_MEM *mem = NULL;
+        BIO_get_mem_ptr(server->out, &mem);
+        assert_int_equal(mem->max, 0);
+    }
+    tls_session_free(client);
+    tls_session_free(server);
+    tls_context_free(&client_tls);
+    tls_context_free(&server_tls);
+}
+
 static void test_old_protocols_refused(void **state)
 {
     (void)state;
@@ -277,6 +316,7 @@ int main(void)
         cmocka_unit_test(test_verify_modes),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_reload),
+        cmocka_unit_test(test_trim),
         cmocka_unit_test(test_old_protocols_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
