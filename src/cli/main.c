@@ -27,6 +27,22 @@
 #include "lib/hash.h"
 #include "lib/log.h"
 
+/* The TLS options, in the middle of usage()'s text. */
+static const char usage_tls[] =
+    "  --tls-listen ADDR:PORT  AMQPS (AMQP over TLS) listener (repeatable;\n"
+    "                          conventionally port 5671); needs --tls-cert, --tls-key\n"
+    "  --tls-cert F --tls-key F  PEM certificate chain and key (AMQPS, HTTPS)\n"
+    "  --tls-ca FILE           PEM CAs that sign client certificates\n"
+    "  --tls-verify MODE       client certificates on AMQPS: none (default), peer\n"
+    "                          (asked for, verified if given) or require (the\n"
+    "                          handshake fails without one); a verified one logs\n"
+    "                          in with the mechanism EXTERNAL as its subject CN.\n"
+    "                          SIGHUP reloads the certificate, key and CAs\n"
+    "  --cluster-tls           the AMQP links between brokers go over AMQPS (the\n"
+    "                          first --tls-listen), each end presenting --tls-cert\n"
+    "                          and verifying the other's against --tls-ca, as well\n"
+    "                          as the cluster secret (Raft is not encrypted)\n";
+
 static void usage(FILE *out)
 {
     fprintf(out,
@@ -50,20 +66,9 @@ static void usage(FILE *out)
             "                          passwords crossing the network in clear\n"
             "  --http-allowed-hosts NAME[,NAME...]  names the API answers to in the Host\n"
             "                          header besides its addresses (and localhost on\n"
-            "                          loopback): a DNS rebinding defence\n"
-            "  --tls-listen ADDR:PORT  AMQPS (AMQP over TLS) listener (repeatable;\n"
-            "                          conventionally port 5671); needs --tls-cert, --tls-key\n"
-            "  --tls-cert F --tls-key F  PEM certificate chain and key (AMQPS, HTTPS)\n"
-            "  --tls-ca FILE           PEM CAs that sign client certificates\n"
-            "  --tls-verify MODE       client certificates on AMQPS: none (default), peer\n"
-            "                          (asked for, verified if given) or require (the\n"
-            "                          handshake fails without one); a verified one logs\n"
-            "                          in with the mechanism EXTERNAL as its subject CN.\n"
-            "                          SIGHUP reloads the certificate, key and CAs\n"
-            "  --cluster-tls           the AMQP links between brokers go over AMQPS (the\n"
-            "                          first --tls-listen), each end presenting --tls-cert\n"
-            "                          and verifying the other's against --tls-ca, as well\n"
-            "                          as the cluster secret (Raft is not encrypted)\n"
+            "                          loopback): a DNS rebinding defence\n");
+    fputs(usage_tls, out);
+    fprintf(out,
             "  --data DIR              data directory (default ./quay-data)\n"
             "  --users FILE            users file, one user a line:\n"
             "                          NAME HASH VHOST[,VHOST...] [loopback] [tags=TAG,...]\n"
