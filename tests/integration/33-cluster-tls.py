@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""32-cluster-tls: the links between brokers over AMQPS with mutual certificates.
+"""33-cluster-tls: the links between brokers over AMQPS with mutual certificates.
 
 Goal: with --cluster-tls a cluster works as without it (a message
 published through one broker and consumed through another crosses two

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""31-tls: AMQPS, EXTERNAL logins, HTTPS and certificate reloads, with real clients.
+"""32-tls: AMQPS, EXTERNAL logins, HTTPS and certificate reloads, with real clients.
 
 Goal: a client reaches quay over TLS exactly as it would RabbitMQ on 5671
 (pika.SSLOptions, amqp-tools' --ssl), logs in with a client certificate
