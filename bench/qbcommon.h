@@ -10,6 +10,7 @@
 
 #include <amqp.h>
 #include <amqp_framing.h>
+#include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
 #include <errno.h>
 #include <stdint.h>
@@ -24,6 +25,7 @@
 typedef struct {
     char host[256];
     int port;
+    char tls_ca[256]; /* AMQPS: the CA file the broker's certificate must verify against; "" = plain */
 } qb_endpoint;
 
 typedef struct {
@@ -109,9 +111,9 @@ static inline amqp_connection_state_t qb_open(const qb_endpoint *ep, const qb_cr
         snprintf(err, errn, "amqp_new_connection failed");
         return NULL;
     }
-    amqp_socket_t *s = amqp_tcp_socket_new(c);
-    if (!s) {
-        snprintf(err, errn, "amqp_tcp_socket_new failed");
+    amqp_socket_t *s = ep->tls_ca[0] ? amqp_ssl_socket_new(c) : amqp_tcp_socket_new(c);
+    if (!s || (ep->tls_ca[0] && amqp_ssl_socket_set_cacert(s, ep->tls_ca) != AMQP_STATUS_OK)) {
+        snprintf(err, errn, "%s failed", ep->tls_ca[0] ? "amqp_ssl_socket_new/set_cacert" : "amqp_tcp_socket_new");
         amqp_destroy_connection(c);
         return NULL;
     }

@@ -829,6 +829,8 @@ static void usage(int code)
             "  -p, --port P             producers' broker port (default 5672)\n"
             "      --consumer-host H    consumers' broker host (default: --host)\n"
             "      --consumer-port P    consumers' broker port (default: --port)\n"
+            "      --tls-ca FILE        AMQPS: connect with TLS, the broker's certificate verified\n"
+            "                           against the CAs in FILE (and for the host name)\n"
             "  -P, --producers N        producer threads, one connection each (default 1)\n"
             "  -C, --consumers N        consumer threads, one connection each (default 1)\n"
             "      --queues N           queues <prefix>-0..N-1; producer/consumer i uses queue i%%N (default 1)\n"
@@ -938,7 +940,7 @@ int main(int argc, char **argv)
     enum {
         O_CHOST = 256, O_CPORT, O_QUEUES, O_PREFIX, O_AUTOACK, O_PREFETCH, O_MULTIACK, O_CONFIRM, O_PERSIST,
         O_DURABLE, O_RATE, O_WATCH, O_DRAIN, O_MAXDRAIN, O_KEEP, O_NO_SETUP, O_USER, O_PASS, O_VHOST, O_HELP, O_FAULT,
-        O_QARG, O_DLX, O_CQUEUE, O_CTIMEOUT
+        O_QARG, O_DLX, O_CQUEUE, O_CTIMEOUT, O_TLS_CA
     };
     static const struct option lo[] = {
         {"host", required_argument, 0, 'H'},          {"port", required_argument, 0, 'p'},
@@ -958,6 +960,7 @@ int main(int argc, char **argv)
         {"selftest-fault", required_argument, 0, O_FAULT},
         {"qarg", required_argument, 0, O_QARG},       {"dlx", required_argument, 0, O_DLX},
         {"consume-queue", required_argument, 0, O_CQUEUE}, {"confirm-timeout", required_argument, 0, O_CTIMEOUT},
+        {"tls-ca", required_argument, 0, O_TLS_CA},
         {0, 0, 0, 0}};
     char chost[256] = "";
     int o;
@@ -1018,6 +1021,10 @@ int main(int argc, char **argv)
         case O_DLX: snprintf(cfg.dlx, sizeof cfg.dlx, "%s", optarg); break;
         case O_CQUEUE: snprintf(cfg.consume_queue, sizeof cfg.consume_queue, "%s", optarg); break;
         case O_CTIMEOUT: cfg.confirm_timeout = atof(optarg); break;
+        case O_TLS_CA:
+            snprintf(cfg.pub.tls_ca, sizeof cfg.pub.tls_ca, "%s", optarg);
+            snprintf(cfg.cons.tls_ca, sizeof cfg.cons.tls_ca, "%s", optarg);
+            break;
         case O_HELP: usage(0); break;
         default: usage(2);
         }

@@ -192,6 +192,15 @@ void auth_free(struct auth *auth)
     auth->users_count = 0;
 }
 
+const struct auth_user *auth_find_user(const struct auth *auth, struct bytes user)
+{
+    for (size_t i = 0; i < auth->users_count; i++) {
+        if (bytes_equal_cstr(user, auth->users[i].name))
+            return &auth->users[i];
+    }
+    return NULL;
+}
+
 enum auth_verdict auth_login(const struct auth *auth, struct bytes user, struct bytes password,
                              bool peer_loopback, const struct auth_user **out)
 {

@@ -72,6 +72,9 @@ void auth_hash_password(const char *password, char *out, size_t out_size);
  * exists. Sets *out to the user on AUTH_VERDICT_OK, else to NULL. */
 enum auth_verdict auth_login(const struct auth *auth, struct bytes user, struct bytes password,
                              bool peer_loopback, const struct auth_user **out);
+/* The user of that name, or NULL: for logins the transport vouched for
+ * (EXTERNAL: a verified TLS client certificate names the user). */
+const struct auth_user *auth_find_user(const struct auth *auth, struct bytes user);
 /* auth_login for AMQP, where every refusal looks the same: the user or NULL. */
 const struct auth_user *auth_check(const struct auth *auth, struct bytes user,
                                    struct bytes password, bool peer_loopback);

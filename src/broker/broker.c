@@ -91,7 +91,9 @@ static void create_vhosts(struct broker *broker)
 }
 
 /* Joins or forms the cluster, advertising the first AMQP listener's bound
- * address, and puts the data path in the cluster (cluster/member.h). */
+ * address (with --cluster-tls the first AMQPS one's: the other brokers'
+ * links connect there), and puts the data path in the cluster
+ * (cluster/member.h). */
 static int start_cluster(struct broker *broker)
 {
     struct cluster_node_config cluster = *broker->config.cluster;
@@ -99,7 +101,12 @@ static int start_cluster(struct broker *broker)
     int size = sizeof bound;
     char amqp[128];
     ASSERT(broker->listeners_count > 0);
-    if (uv_tcp_getsockname(&broker->listeners[0].tcp, (struct sockaddr *)&bound, &size) != 0)
+    struct listener *advertised = &broker->listeners[0];
+    if (broker->config.cluster_tls) {
+        ASSERT(broker->tls_listeners_count > 0); /* main checks --tls-listen */
+        advertised = &broker->tls_listeners[0];
+    }
+    if (uv_tcp_getsockname(&advertised->tcp, (struct sockaddr *)&bound, &size) != 0)
         return -1;
     cluster_node_amqp_address((struct sockaddr *)&bound, cluster.listen, amqp, sizeof amqp);
     cluster.data_dir = broker->config.data_dir;
@@ -115,6 +122,86 @@ static int start_cluster(struct broker *broker)
     broker->member = member_new(broker, broker->cluster, broker->config.default_backups);
     broker->member->catch_up_rate = broker->config.catch_up_rate;
     return 0;
+}
+
+/* Opens one AMQP(S) listener; the IPv6 wildcard falls back to IPv4 on a
+ * host without IPv6. */
+static int open_listener(struct broker *broker, struct listener *listener, const char *address,
+                         struct tls_context *tls)
+{
+    int rc = listener_open(listener, &broker->net, address, connection_accept, broker);
+    if (rc == UV_EAFNOSUPPORT && strncmp(address, "[::]:", 5) == 0) {
+        char v4[32];
+        snprintf(v4, sizeof v4, "0.0.0.0:%s", address + 5);
+        rc = listener_open(listener, &broker->net, v4, connection_accept, broker);
+    }
+    if (rc != 0) {
+        LOG_ERROR("cannot listen on %s: %s", address, uv_strerror(rc));
+        return -1;
+    }
+    listener->tls = tls;
+    LOG_INFO("listening for %s on %s", tls ? "AMQPS" : "AMQP", address);
+    return 0;
+}
+
+/* The TLS settings (when given), then the AMQP and AMQPS listeners. */
+static int open_listeners(struct broker *broker)
+{
+    const struct broker_config *config = &broker->config;
+    char err[512];
+    if (config->tls.cert_file != NULL) {
+        if (tls_context_init(&broker->amqps_tls, &config->tls, err, sizeof err) != 0) {
+            LOG_ERROR("%s", err);
+            return -1;
+        }
+        struct tls_config https = config->tls;
+        https.verify = TLS_VERIFY_NONE;
+        if (tls_context_init(&broker->https_tls, &https, err, sizeof err) != 0) {
+            LOG_ERROR("%s", err);
+            return -1;
+        }
+    }
+    if (config->cluster_tls) {
+        struct tls_config links = config->tls;
+        links.verify = TLS_VERIFY_PEER;
+        links.client = true;
+        if (tls_context_init(&broker->cluster_tls, &links, err, sizeof err) != 0) {
+            LOG_ERROR("%s", err);
+            return -1;
+        }
+    }
+    for (uint32_t i = 0; i < config->listen_count; i++) {
+        if (open_listener(broker, &broker->listeners[i], config->listen[i], NULL) != 0)
+            return -1;
+        broker->listeners_count++;
+    }
+    for (uint32_t i = 0; i < config->tls_listen_count; i++) {
+        ASSERT(broker->amqps_tls.ctx != NULL); /* main checks --tls-cert */
+        if (open_listener(broker, &broker->tls_listeners[i], config->tls_listen[i],
+                          &broker->amqps_tls) != 0)
+            return -1;
+        broker->tls_listeners_count++;
+    }
+    return 0;
+}
+
+int broker_reload_tls(struct broker *broker)
+{
+    struct tls_context *contexts[] = {&broker->amqps_tls, &broker->https_tls,
+                                      &broker->cluster_tls};
+    int rc = 0;
+    for (size_t i = 0; i < sizeof contexts / sizeof contexts[0]; i++) {
+        if (contexts[i]->ctx == NULL)
+            continue;
+        char err[512];
+        if (tls_context_reload(contexts[i], err, sizeof err) != 0) {
+            LOG_ERROR("%s (the previous certificates stay in use)", err);
+            rc = -1;
+        }
+    }
+    if (rc == 0 && broker->amqps_tls.ctx != NULL)
+        LOG_INFO("TLS certificates reloaded (load %u)", broker->amqps_tls.loads_count);
+    return rc;
 }
 
 int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_config *config)
@@ -145,23 +232,8 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
         LOG_ERROR("%s", err);
         return -1;
     }
-    for (uint32_t i = 0; i < config->listen_count; i++) {
-        struct listener *listener = &broker->listeners[broker->listeners_count];
-        int rc = listener_open(listener, &broker->net, config->listen[i], connection_accept,
-                               broker);
-        if (rc == UV_EAFNOSUPPORT && strncmp(config->listen[i], "[::]:", 5) == 0) {
-            /* No IPv6 on this host: the wildcard falls back to IPv4. */
-            char v4[32];
-            snprintf(v4, sizeof v4, "0.0.0.0:%s", config->listen[i] + 5);
-            rc = listener_open(listener, &broker->net, v4, connection_accept, broker);
-        }
-        if (rc != 0) {
-            LOG_ERROR("cannot listen on %s: %s", config->listen[i], uv_strerror(rc));
-            return -1;
-        }
-        broker->listeners_count++;
-        LOG_INFO("listening for AMQP on %s", config->listen[i]);
-    }
+    if (open_listeners(broker) != 0)
+        return -1;
     if (config->cluster && start_cluster(broker) != 0)
         return -1;
     if (config->http_listen && mgmt_api_start(broker, config->http_listen) != 0)
@@ -212,6 +284,8 @@ void broker_stop(struct broker *broker)
     broker->stopping = true;
     for (uint32_t i = 0; i < broker->listeners_count; i++)
         listener_close(&broker->listeners[i]);
+    for (uint32_t i = 0; i < broker->tls_listeners_count; i++)
+        listener_close(&broker->tls_listeners[i]);
     mgmt_api_stop(broker->mgmt);
     if (broker->member != NULL)
         member_stop(broker->member); /* closes the links; freed with the queues */
@@ -254,6 +328,9 @@ void broker_free(struct broker *broker)
     broker->member = NULL;
     auth_free(&broker->auth);
     policy_set_free(&broker->policies);
+    tls_context_free(&broker->amqps_tls); /* after every session that used it */
+    tls_context_free(&broker->https_tls);
+    tls_context_free(&broker->cluster_tls);
     ASSERT(message_live_count == 0);
 }
 

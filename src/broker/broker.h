@@ -20,6 +20,7 @@
 #include "lib/list.h"
 #include "net/conn.h"
 #include "net/listener.h"
+#include "net/tls.h"
 
 #define BROKER_LISTENERS_MAX 8
 
@@ -61,6 +62,15 @@ struct broker_config {
     const char *users_file;
     const char *http_listen;         /* management API "ADDR:PORT"; NULL = off */
     const char *http_allowed_hosts;  /* names its Host header may give (mgmt/http_guard.h) */
+    bool http_tls;                   /* --https: the API is served over TLS */
+    const char *tls_listen[BROKER_LISTENERS_MAX]; /* AMQPS listeners (--tls-listen) */
+    uint32_t tls_listen_count;
+    /* --tls-cert/--tls-key/--tls-ca/--tls-verify, for AMQPS and HTTPS;
+     * cert_file NULL = no TLS configured. */
+    struct tls_config tls;
+    /* --cluster-tls: links between brokers go over AMQPS with mutual
+     * certificate authentication, in addition to the cluster secret. */
+    bool cluster_tls;
     const struct cluster_node_config *cluster; /* borrowed; NULL = not clustered */
     uint8_t default_backups;         /* cluster: backups of a queue without x-quay-backups */
     enum queue_locator queue_locator; /* cluster: where declared queues live */
@@ -97,6 +107,16 @@ struct broker {
     struct net net;
     struct listener listeners[BROKER_LISTENERS_MAX];
     uint32_t listeners_count;
+    struct listener tls_listeners[BROKER_LISTENERS_MAX]; /* AMQPS */
+    uint32_t tls_listeners_count;
+    /* AMQPS's settings (--tls-verify), and HTTPS's: the same files, with
+     * no client certificate asked for (the API logs in with passwords).
+     * ctx is NULL when not in use. Replaced on SIGHUP (broker_reload_tls). */
+    struct tls_context amqps_tls;
+    struct tls_context https_tls;
+    /* --cluster-tls: our links' client side (our certificate, the CAs
+     * peers' certificates must verify against). */
+    struct tls_context cluster_tls;
     struct auth auth;
     struct hmap vhosts;            /* name -> struct vhost (owned) */
     struct list_node connections;  /* struct connection.broker_link */
@@ -132,6 +152,10 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
 /* Closes listeners, says goodbye to every client (320), and lets the loop
  * run until they are gone (at most a couple of seconds). */
 void broker_stop(struct broker *broker);
+/* SIGHUP: loads the TLS certificates, keys and CAs again; connections
+ * accepted from now on use them. A file that fails to load is logged and
+ * the previous settings stay. Returns 0, or -1 if any failed. */
+int broker_reload_tls(struct broker *broker);
 /* After the loop has finished: frees the rest and checks for leaks. */
 void broker_free(struct broker *broker);
 

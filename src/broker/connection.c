@@ -28,10 +28,14 @@
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
+#include "net/tls.h"
 
 #define CLOSE_OK_TIMEOUT_MS 3000
 /* How often the kernel is asked about a peer we do not read. */
 #define PEER_CHECK_MS 1000
+/* A connection quiet this long gives back what its last burst left in
+ * the transport (conn_trim_idle: TLS buffers). */
+#define IDLE_TRIM_MS 1000
 
 static long on_input(struct conn *conn, const uint8_t *data, size_t size);
 static void on_close(struct conn *conn);
@@ -350,7 +354,12 @@ static void send_start(struct connection *connection)
     m.connection_start.server_properties = table_writer_table(&w);
     /* QUAY-CLUSTER is accepted, not offered: a client of a cluster sees
      * what one broker (and RabbitMQ) offers; a peer knows to use it. */
-    m.connection_start.mechanisms = BYTES_LIT("PLAIN AMQPLAIN");
+    /* EXTERNAL on every TLS connection, as RabbitMQ's
+     * rabbitmq_auth_mechanism_ssl does: one without a certificate gets a
+     * refusal that says so, rather than "no acceptable mechanism". */
+    m.connection_start.mechanisms = conn_tls(&connection->conn)
+                                        ? BYTES_LIT("PLAIN AMQPLAIN EXTERNAL")
+                                        : BYTES_LIT("PLAIN AMQPLAIN");
     m.connection_start.locales = BYTES_LIT("en_US");
     connection_send_method(connection, 0, &m);
     connection->state = CONNECTION_STATE_START_OK;
@@ -425,6 +434,17 @@ static void cluster_login(struct connection *connection, const struct method *m)
 {
     struct bytes nonce = bytes_of_cstr(connection->cluster_nonce);
     struct bytes name;
+    struct tls_session *tls = conn_tls(&connection->conn);
+    bool certified = tls != NULL && tls_session_peer_verified(tls);
+    if (connection->broker->config.cluster_tls && !certified) {
+        /* --cluster-tls: a peer proves itself with a certificate of the
+         * cluster's CAs as well as with the secret. */
+        LOG_INFO("conn=%llu peer=%s cluster login refused: no verified TLS client certificate "
+                 "(--cluster-tls)", (unsigned long long)connection->conn.id,
+                 connection->conn.peer_name);
+        refuse_login(connection, BYTES_LIT(AUTH_CLUSTER_MECHANISM));
+        return;
+    }
     connection->user = auth_cluster_check(connection->broker->cluster_secret, nonce,
                                           m->connection_secure_ok.response, &name);
     if (!connection->user) {
@@ -446,6 +466,39 @@ static void cluster_login(struct connection *connection, const struct method *m)
     send_tune(connection);
 }
 
+static void admit_client(struct connection *connection);
+
+/* EXTERNAL (rabbitmq_auth_mechanism_ssl): the user is the verified client
+ * certificate's subject CN, and must exist. The client is told only "Login
+ * was refused" (refuse_login); the log gets RabbitMQ's reason. */
+static const struct auth_user *external_login(struct connection *connection)
+{
+    struct conn *conn = &connection->conn;
+    struct tls_session *tls = conn_tls(conn);
+    char name[256];
+    if (!tls_session_peer_verified(tls) || tls_session_peer_cn(tls, name, sizeof name) < 0) {
+        LOG_INFO("conn=%llu peer=%s EXTERNAL login refused: %s", (unsigned long long)conn->id,
+                 conn->peer_name,
+                 tls_session_peer_verified(tls)
+                     ? "no name found"
+                     : "connection peer presented no TLS (x.509) certificate");
+        return NULL;
+    }
+    const struct auth_user *user = auth_find_user(&connection->broker->auth, bytes_of_cstr(name));
+    const char *reason = user == NULL ? "invalid credentials"
+                         : user->loopback_only && !conn->peer_loopback
+                             ? "user can only log in via localhost"
+                             : NULL;
+    if (reason != NULL) {
+        LOG_INFO("conn=%llu peer=%s EXTERNAL login refused: user '%s' - %s",
+                 (unsigned long long)conn->id, conn->peer_name, name, reason);
+        return NULL;
+    }
+    LOG_INFO("conn=%llu peer=%s user '%s' logged in with EXTERNAL (TLS client certificate)",
+             (unsigned long long)conn->id, conn->peer_name, name);
+    return user;
+}
+
 static void handle_start_ok(struct connection *connection, const struct method *m)
 {
     const struct method_connection_start_ok *ok = &m->connection_start_ok;
@@ -459,6 +512,13 @@ static void handle_start_ok(struct connection *connection, const struct method *
     } else if (connection->broker->cluster_secret.len > 0 &&
                bytes_equal_cstr(ok->mechanism, AUTH_CLUSTER_MECHANISM)) {
         challenge_peer(connection);
+        return;
+    } else if (conn_tls(&connection->conn) != NULL && bytes_equal_cstr(ok->mechanism, "EXTERNAL")) {
+        connection->user = external_login(connection);
+        if (connection->user == NULL)
+            refuse_login(connection, ok->mechanism);
+        else
+            admit_client(connection);
         return;
     } else {
         /* RabbitMQ drops the socket without a close for a mechanism it
@@ -481,6 +541,12 @@ static void handle_start_ok(struct connection *connection, const struct method *
         refuse_login(connection, ok->mechanism);
         return;
     }
+    admit_client(connection);
+}
+
+/* A client that logged in: tuning follows, unless it is over the limit. */
+static void admit_client(struct connection *connection)
+{
     if (over_connection_limit(connection->broker, 1)) {
         /* A client in a slot kept for a peer's link: refused as at accept. */
         LOG_WARN("conn=%llu refused: connection limit %u reached",
@@ -942,6 +1008,8 @@ void connection_tick(struct connection *connection, uint64_t now_ms)
     }
     if (!conn->reading && unread_peer_gone(connection, now_ms))
         return;
+    if (now_ms - conn->last_read_ms >= IDLE_TRIM_MS && now_ms - conn->last_write_ms >= IDLE_TRIM_MS)
+        conn_trim_idle(conn);
     if (connection->heartbeat_s == 0)
         return;
     uint64_t interval_ms = (uint64_t)connection->heartbeat_s * 1000;

@@ -1,8 +1,8 @@
 /*
  * ctl.c: quayctl, the admin tool. It asks a running quayd's management
- * API (quayd --http ADDR:PORT) with one blocking HTTP GET over a plain
- * socket and prints the answer: the JSON as it came with --json, else a
- * table for people.
+ * API (quayd --http ADDR:PORT, or --https) with one blocking HTTP request
+ * over a plain socket, or over TLS with OpenSSL, and prints the answer:
+ * the JSON as it came with --json, else a table for people.
  *
  * It owns nothing beyond the process; it changes broker state only
  * through the API's own verbs (leave, forget, set-policy, clear-policy) and links
@@ -13,10 +13,13 @@
  * as rabbitmqctl's do: 0 done, 64 usage, 69 the broker is unreachable,
  * 76 a bad or non-200 answer, 77 the login or its rights were refused.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,6 +30,10 @@
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 
 #include "lib/base64.h"
 
@@ -45,8 +52,9 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: quayctl [--http HOST:PORT] [--user NAME] [--password PW] [--json]\n"
-            "               [--timeout SECONDS] COMMAND [ARGS]\n"
+            "usage: quayctl [--http HOST:PORT | --https HOST:PORT [--cacert FILE]]\n"
+            "               [--user NAME] [--password PW] [--json] [--timeout SECONDS]\n"
+            "               COMMAND [ARGS]\n"
             "\n"
             "Asks a running quayd (started with --http) through its management API.\n"
             "\n"
@@ -89,6 +97,9 @@ static void usage(FILE *out)
             "\n"
             "options:\n"
             "  --http HOST:PORT   the API's address (default " DEFAULT_HTTP "); [V6]:PORT\n"
+            "  --https HOST:PORT  the API over TLS (quayd --https); its certificate must\n"
+            "                     verify and name HOST\n"
+            "  --cacert FILE      PEM CAs to verify it with (default: the system's)\n"
             "  --user NAME        log in as NAME (default: $QUAY_USER, else " DEFAULT_USER ")\n"
             "  --password PW      its password (default: $QUAY_PASSWORD; " DEFAULT_USER "'s\n"
             "                     when no user is given either);\n"
@@ -109,6 +120,15 @@ static void usage(FILE *out)
 struct endpoint {
     char host[256];
     char port[8];
+    bool tls;                /* --https */
+    const char *cacert;      /* --cacert, or NULL: the system's CAs */
+};
+
+/* The connection to the API: a socket, and its TLS session with --https. */
+struct stream {
+    int fd;
+    SSL_CTX *ctx;            /* owned, or NULL */
+    SSL *ssl;                /* owned, or NULL */
 };
 
 static int parse_endpoint(const char *text, struct endpoint *out)
@@ -213,18 +233,50 @@ static int connect_endpoint(const struct endpoint *ep, int64_t deadline_ms)
     return fd;
 }
 
-static int send_all(int fd, const char *data, size_t size, int64_t deadline_ms)
+/* One send or receive: bytes moved, 0 at the end of the stream (a
+ * receive), -EAGAIN with *events set to what to wait for, or -errno. */
+static ssize_t io_once(struct stream *s, bool sending, char *data, size_t size, short *events)
+{
+    if (s->ssl == NULL) {
+        ssize_t n = sending ? send(s->fd, data, size, MSG_NOSIGNAL) : recv(s->fd, data, size, 0);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            *events = sending ? POLLOUT : POLLIN;
+            return -EAGAIN;
+        }
+        return n < 0 ? -errno : n;
+    }
+    int cap = size > INT_MAX ? INT_MAX : (int)size;
+    ERR_clear_error();
+    int n = sending ? SSL_write(s->ssl, data, cap) : SSL_read(s->ssl, data, cap);
+    if (n > 0)
+        return n;
+    switch (SSL_get_error(s->ssl, n)) {
+    case SSL_ERROR_WANT_READ:
+        *events = POLLIN;
+        return -EAGAIN;
+    case SSL_ERROR_WANT_WRITE:
+        *events = POLLOUT;
+        return -EAGAIN;
+    case SSL_ERROR_ZERO_RETURN:
+        return 0;
+    default:
+        return -EPROTO;
+    }
+}
+
+static int send_all(struct stream *s, const char *data, size_t size, int64_t deadline_ms)
 {
     while (size > 0) {
-        ssize_t n = send(fd, data, size, MSG_NOSIGNAL);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-            int rc = wait_fd(fd, POLLOUT, deadline_ms);
+        short events;
+        ssize_t n = io_once(s, true, (char *)data, size, &events);
+        if (n == -EAGAIN) {
+            int rc = wait_fd(s->fd, events, deadline_ms);
             if (rc != 0)
                 return rc;
             continue;
         }
         if (n < 0)
-            return -errno;
+            return (int)n;
         data += n;
         size -= (size_t)n;
     }
@@ -238,7 +290,7 @@ struct buffer {
 };
 
 /* Reads until the server closes (it always answers with Connection: close). */
-static int receive_all(int fd, struct buffer *in, int64_t deadline_ms)
+static int receive_all(struct stream *s, struct buffer *in, int64_t deadline_ms)
 {
     for (;;) {
         if (in->cap - in->size < 4096 + 1) {
@@ -251,15 +303,16 @@ static int receive_all(int fd, struct buffer *in, int64_t deadline_ms)
             in->data = grown;
             in->cap = cap;
         }
-        ssize_t n = recv(fd, in->data + in->size, in->cap - in->size - 1, 0);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-            int rc = wait_fd(fd, POLLIN, deadline_ms);
+        short events;
+        ssize_t n = io_once(s, false, in->data + in->size, in->cap - in->size - 1, &events);
+        if (n == -EAGAIN) {
+            int rc = wait_fd(s->fd, events, deadline_ms);
             if (rc != 0)
                 return rc;
             continue;
         }
         if (n < 0)
-            return -errno;
+            return (int)n;
         in->data[in->size + (size_t)n] = '\0';
         if (n == 0)
             return 0;
@@ -298,6 +351,65 @@ static int parse_response(char *data, size_t size, struct response *out)
     return 0;
 }
 
+/* --https: a TLS handshake on s->fd, the server's certificate verified
+ * against --cacert (else the system's CAs) and for the host (name or
+ * address) we were told. Returns 0, or -1 (printed). */
+static int tls_start(struct stream *s, const struct endpoint *ep, int64_t deadline_ms)
+{
+    s->ctx = SSL_CTX_new(TLS_client_method());
+    s->ssl = s->ctx ? SSL_new(s->ctx) : NULL;
+    if (s->ssl == NULL) {
+        fprintf(stderr, "quayctl: no memory for TLS\n");
+        return -1;
+    }
+    SSL_set_min_proto_version(s->ssl, TLS1_2_VERSION);
+    SSL_set_verify(s->ssl, SSL_VERIFY_PEER, NULL);
+    int loaded = ep->cacert ? SSL_CTX_load_verify_locations(s->ctx, ep->cacert, NULL)
+                            : SSL_CTX_set_default_verify_paths(s->ctx);
+    if (loaded != 1) {
+        fprintf(stderr, "quayctl: cannot load the CAs of %s\n",
+                ep->cacert ? ep->cacert : "the system");
+        return -1;
+    }
+    /* An address is checked against the certificate's IP names, a name
+     * against its DNS names (and sent as SNI). */
+    struct in6_addr address;
+    if (inet_pton(AF_INET, ep->host, &address) == 1 ||
+        inet_pton(AF_INET6, ep->host, &address) == 1) {
+        X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(s->ssl), ep->host);
+    } else if (SSL_set_tlsext_host_name(s->ssl, ep->host) != 1 ||
+               SSL_set1_host(s->ssl, ep->host) != 1) {
+        fprintf(stderr, "quayctl: bad host name '%s'\n", ep->host);
+        return -1;
+    }
+    SSL_set_fd(s->ssl, s->fd);
+    for (;;) {
+        ERR_clear_error();
+        int rc = SSL_connect(s->ssl);
+        if (rc == 1)
+            return 0;
+        int err = SSL_get_error(s->ssl, rc);
+        if ((err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) &&
+            wait_fd(s->fd, err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline_ms) == 0)
+            continue;
+        long verify = SSL_get_verify_result(s->ssl);
+        char reason[256];
+        ERR_error_string_n(ERR_get_error(), reason, sizeof reason);
+        fprintf(stderr, "quayctl: TLS handshake with %s:%s failed: %s\n", ep->host, ep->port,
+                verify != X509_V_OK ? X509_verify_cert_error_string(verify) : reason);
+        return -1;
+    }
+}
+
+static void stream_close(struct stream *s)
+{
+    if (s->ssl != NULL)
+        SSL_shutdown(s->ssl); /* our close_notify; the server's is not awaited */
+    SSL_free(s->ssl);
+    SSL_CTX_free(s->ctx);
+    close(s->fd);
+}
+
 /* Sends method path (with body, or none) and reads the answer: on
  * success *in holds the response and *res points into it. authorization
  * is the Basic credentials' base64. Returns 0 or an exit status (the
@@ -307,9 +419,13 @@ static int http_request(const struct endpoint *ep, const char *method, const cha
                         struct buffer *in, struct response *res)
 {
     int64_t deadline_ms = now_ms() + timeout_ms;
-    int fd = connect_endpoint(ep, deadline_ms);
-    if (fd < 0)
+    struct stream s = {.fd = connect_endpoint(ep, deadline_ms)};
+    if (s.fd < 0)
         return EXIT_UNAVAILABLE;
+    if (ep->tls && tls_start(&s, ep, deadline_ms) != 0) {
+        stream_close(&s);
+        return EXIT_UNAVAILABLE;
+    }
     char request[8192];
     bool v6 = strchr(ep->host, ':') != NULL;
     int n = snprintf(request, sizeof request,
@@ -321,15 +437,15 @@ static int http_request(const struct endpoint *ep, const char *method, const cha
                      authorization, body ? strlen(body) : 0, body ? body : "");
     if (n < 0 || (size_t)n >= sizeof request) {
         explicit_bzero(request, sizeof request);
-        close(fd);
+        stream_close(&s);
         fprintf(stderr, "quayctl: %s %s: the request is too long\n", method, path);
         return EXIT_USAGE;
     }
-    int rc = send_all(fd, request, (size_t)n, deadline_ms);
+    int rc = send_all(&s, request, (size_t)n, deadline_ms);
     explicit_bzero(request, sizeof request); /* the credentials */
     if (rc == 0)
-        rc = receive_all(fd, in, deadline_ms);
-    close(fd);
+        rc = receive_all(&s, in, deadline_ms);
+    stream_close(&s);
     if (rc != 0) {
         fprintf(stderr, "quayctl: %s %s from %s:%s: %s\n", method, path, ep->host, ep->port,
                 strerror(-rc));
@@ -1066,7 +1182,8 @@ static int show(const struct command *cmd, const struct response *res, bool raw_
 /* Returns -1 to go on, or an exit status. */
 static int parse_options(int argc, char **argv, struct options *opt)
 {
-    const char *http = DEFAULT_HTTP;
+    const char *http = DEFAULT_HTTP, *cacert = NULL;
+    bool https = false;
     opt->timeout_ms = DEFAULT_TIMEOUT_MS;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1085,8 +1202,12 @@ static int parse_options(int argc, char **argv, struct options *opt)
             opt->user = argv[++i];
         } else if (strcmp(a, "--password") == 0 && i + 1 < argc) {
             opt->password = argv[++i];
-        } else if ((strcmp(a, "--http") == 0 || strcmp(a, "--timeout") == 0) && i + 1 < argc) {
-            if (strcmp(a, "--http") == 0) {
+        } else if (strcmp(a, "--cacert") == 0 && i + 1 < argc) {
+            cacert = argv[++i];
+        } else if ((strcmp(a, "--http") == 0 || strcmp(a, "--https") == 0 ||
+                    strcmp(a, "--timeout") == 0) && i + 1 < argc) {
+            if (strcmp(a, "--timeout") != 0) {
+                https = strcmp(a, "--https") == 0;
                 http = argv[++i];
                 continue;
             }
@@ -1126,9 +1247,16 @@ static int parse_options(int argc, char **argv, struct options *opt)
         return EXIT_USAGE;
     }
     if (parse_endpoint(http, &opt->endpoint) != 0) {
-        fprintf(stderr, "quayctl: bad value for --http: '%s' (HOST:PORT)\n", http);
+        fprintf(stderr, "quayctl: bad value for --http%s: '%s' (HOST:PORT)\n", https ? "s" : "",
+                http);
         return EXIT_USAGE;
     }
+    if (cacert != NULL && !https) {
+        fprintf(stderr, "quayctl: --cacert is for --https\n");
+        return EXIT_USAGE;
+    }
+    opt->endpoint.tls = https;
+    opt->endpoint.cacert = cacert;
     return -1;
 }
 
@@ -1162,6 +1290,7 @@ static int credentials(const struct options *opt, char *out, size_t out_cap)
 
 int main(int argc, char **argv)
 {
+    signal(SIGPIPE, SIG_IGN); /* OpenSSL writes to the socket with write() */
     struct options opt = {0};
     int rc = parse_options(argc, argv, &opt);
     if (rc >= 0)

@@ -27,6 +27,22 @@
 #include "lib/hash.h"
 #include "lib/log.h"
 
+/* The TLS options, in the middle of usage()'s text. */
+static const char usage_tls[] =
+    "  --tls-listen ADDR:PORT  AMQPS (AMQP over TLS) listener (repeatable;\n"
+    "                          conventionally port 5671); needs --tls-cert, --tls-key\n"
+    "  --tls-cert F --tls-key F  PEM certificate chain and key (AMQPS, HTTPS)\n"
+    "  --tls-ca FILE           PEM CAs that sign client certificates\n"
+    "  --tls-verify MODE       client certificates on AMQPS: none (default), peer\n"
+    "                          (asked for, verified if given) or require (the\n"
+    "                          handshake fails without one); a verified one logs\n"
+    "                          in with the mechanism EXTERNAL as its subject CN.\n"
+    "                          SIGHUP reloads the certificate, key and CAs\n"
+    "  --cluster-tls           the AMQP links between brokers go over AMQPS (the\n"
+    "                          first --tls-listen), each end presenting --tls-cert\n"
+    "                          and verifying the other's against --tls-ca, as well\n"
+    "                          as the cluster secret (Raft is not encrypted)\n";
+
 static void usage(FILE *out)
 {
     fprintf(out,
@@ -44,11 +60,15 @@ static void usage(FILE *out)
             "                          HTTP Basic logins of users with a management tag\n"
             "                          (guest/guest without --users); a non-loopback\n"
             "                          ADDR needs --http-allow-plaintext\n"
-            "  --http-allow-plaintext  let --http listen on a non-loopback address: quay\n"
-            "                          has no TLS, so passwords cross the network in clear\n"
+            "  --https ADDR:PORT       the management API over TLS (--tls-cert, --tls-key):\n"
+            "                          may listen on any address\n"
+            "  --http-allow-plaintext  let --http listen on a non-loopback address, its\n"
+            "                          passwords crossing the network in clear\n"
             "  --http-allowed-hosts NAME[,NAME...]  names the API answers to in the Host\n"
             "                          header besides its addresses (and localhost on\n"
-            "                          loopback): a DNS rebinding defence\n"
+            "                          loopback): a DNS rebinding defence\n");
+    fputs(usage_tls, out);
+    fprintf(out,
             "  --data DIR              data directory (default ./quay-data)\n"
             "  --users FILE            users file, one user a line:\n"
             "                          NAME HASH VHOST[,VHOST...] [loopback] [tags=TAG,...]\n"
@@ -111,6 +131,8 @@ enum option_id {
     OPT_DEFAULT_BACKUPS, OPT_READ_BATCH_US, OPT_QUEUE_LOCATOR, OPT_AUTO_REBALANCE,
     OPT_CATCH_UP_RATE, OPT_HTTP_ALLOW_PLAINTEXT,
     OPT_HTTP_ALLOWED_HOSTS, OPT_MAX_HANDSHAKING, OPT_HANDSHAKE_TIMEOUT,
+    OPT_HTTPS, OPT_TLS_LISTEN, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_TLS_VERIFY,
+    OPT_CLUSTER_TLS,
 };
 
 static const struct option long_options[] = {
@@ -134,6 +156,13 @@ static const struct option long_options[] = {
     {"http", required_argument, NULL, OPT_HTTP},
     {"http-allow-plaintext", no_argument, NULL, OPT_HTTP_ALLOW_PLAINTEXT},
     {"http-allowed-hosts", required_argument, NULL, OPT_HTTP_ALLOWED_HOSTS},
+    {"https", required_argument, NULL, OPT_HTTPS},
+    {"tls-listen", required_argument, NULL, OPT_TLS_LISTEN},
+    {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
+    {"tls-key", required_argument, NULL, OPT_TLS_KEY},
+    {"tls-ca", required_argument, NULL, OPT_TLS_CA},
+    {"tls-verify", required_argument, NULL, OPT_TLS_VERIFY},
+    {"cluster-tls", no_argument, NULL, OPT_CLUSTER_TLS},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"name", required_argument, NULL, OPT_NAME},
     {"cluster-listen", required_argument, NULL, OPT_CLUSTER_LISTEN},
@@ -299,11 +328,14 @@ static int set_http_option(int opt, const char *text, struct broker_config *conf
     struct sockaddr_storage ss;
     switch (opt) {
     case OPT_HTTP:
+    case OPT_HTTPS:
         if (listener_parse_address(text, &ss) != 0) {
-            fprintf(stderr, "quayd: bad value for --http: '%s'\n", text);
+            fprintf(stderr, "quayd: bad value for --%s: '%s'\n", opt == OPT_HTTP ? "http" : "https",
+                    text);
             return -1;
         }
         config->http_listen = text;
+        config->http_tls = opt == OPT_HTTPS;
         return 1;
     case OPT_HTTP_ALLOW_PLAINTEXT:
         http_allow_plaintext = true;
@@ -321,12 +353,73 @@ static int set_http_option(int opt, const char *text, struct broker_config *conf
     }
 }
 
-/* quay has no TLS yet: the API's Basic credentials travel in clear, so it
- * listens beyond loopback only when the operator says that is fine (a
- * private network, or a TLS proxy in front). */
+/* The TLS options: 1 if opt is one of them (and it is set), 0 if not, -1
+ * for a bad value. */
+static int set_tls_option(int opt, const char *text, struct broker_config *config)
+{
+    struct sockaddr_storage ss;
+    switch (opt) {
+    case OPT_TLS_LISTEN:
+        if (listener_parse_address(text, &ss) != 0) {
+            fprintf(stderr, "quayd: bad value for --tls-listen: '%s'\n", text);
+            return -1;
+        }
+        if (config->tls_listen_count == BROKER_LISTENERS_MAX) {
+            fprintf(stderr, "quayd: at most %d --tls-listen\n", BROKER_LISTENERS_MAX);
+            return -1;
+        }
+        config->tls_listen[config->tls_listen_count++] = text;
+        return 1;
+    case OPT_TLS_CERT: config->tls.cert_file = text; return 1;
+    case OPT_TLS_KEY: config->tls.key_file = text; return 1;
+    case OPT_TLS_CA: config->tls.ca_file = text; return 1;
+    case OPT_CLUSTER_TLS: config->cluster_tls = true; return 1;
+    case OPT_TLS_VERIFY:
+        if (tls_verify_parse(text, &config->tls.verify) == 0)
+            return 1;
+        fprintf(stderr, "quayd: bad value for --tls-verify: '%s' (none, peer or require)\n",
+                text);
+        return -1;
+    default:
+        return 0;
+    }
+}
+
+/* A TLS listener needs a certificate and key; the files themselves are
+ * loaded (and their errors reported) by broker_start. */
+static int check_tls_options(const struct broker_config *config)
+{
+    bool wanted = config->tls_listen_count > 0 || config->http_tls;
+    bool given = config->tls.cert_file != NULL || config->tls.key_file != NULL ||
+                 config->tls.ca_file != NULL;
+    if (wanted && (config->tls.cert_file == NULL || config->tls.key_file == NULL)) {
+        fprintf(stderr, "quayd: --tls-listen and --https need --tls-cert and --tls-key\n");
+        return -1;
+    }
+    if (!wanted && given) {
+        fprintf(stderr, "quayd: --tls-cert, --tls-key and --tls-ca need --tls-listen or "
+                        "--https\n");
+        return -1;
+    }
+    if (config->tls.verify != TLS_VERIFY_NONE && config->tls.ca_file == NULL) {
+        fprintf(stderr, "quayd: --tls-verify peer or require needs --tls-ca\n");
+        return -1;
+    }
+    if (config->cluster_tls && (config->tls_listen_count == 0 || config->cluster == NULL ||
+                                config->tls.verify == TLS_VERIFY_NONE)) {
+        fprintf(stderr, "quayd: --cluster-tls needs --cluster-listen, --tls-listen (the links\n"
+                        "connect there) and --tls-verify peer or require (with --tls-ca)\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* Over plain HTTP the API's Basic credentials travel in clear, so it
+ * listens beyond loopback only over TLS (--https), or when the operator
+ * says that is fine (a private network, or a TLS proxy in front). */
 static int check_http_options(const struct broker_config *config)
 {
-    if (config->http_listen == NULL)
+    if (config->http_listen == NULL || config->http_tls)
         return 0;
     struct sockaddr_storage ss;
     int rc = listener_parse_address(config->http_listen, &ss);
@@ -348,9 +441,10 @@ static int check_http_options(const struct broker_config *config)
         return 0;
     }
     fprintf(stderr,
-            "quayd: --http %s is not a loopback address, and quay has no TLS: the API's\n"
-            "passwords would cross the network in clear. Listen on 127.0.0.1 (and reach it\n"
-            "through an SSH tunnel or a TLS proxy), or add --http-allow-plaintext.\n",
+            "quayd: --http %s is not a loopback address: the API's passwords would cross\n"
+            "the network in clear. Serve it over TLS (--https with --tls-cert, --tls-key),\n"
+            "listen on 127.0.0.1 (and reach it through an SSH tunnel or a TLS proxy), or\n"
+            "add --http-allow-plaintext.\n",
             config->http_listen);
     return -1;
 }
@@ -364,6 +458,8 @@ static int parse_options(int argc, char **argv, struct broker_config *config)
             limit = set_sized(opt, optarg, config);
         if (limit == 0)
             limit = set_http_option(opt, optarg, config);
+        if (limit == 0)
+            limit = set_tls_option(opt, optarg, config);
         if (limit < 0)
             return -1;
         if (limit > 0)
@@ -562,15 +658,23 @@ static int lock_data_dir(const char *dir)
 }
 
 static struct broker broker;
-static uv_signal_t sigterm_handle, sigint_handle;
+static uv_signal_t sigterm_handle, sigint_handle, sighup_handle;
 
 static void on_signal(uv_signal_t *handle, int signum)
 {
     LOG_INFO("signal %d: shutting down", signum);
     uv_close((uv_handle_t *)&sigterm_handle, NULL);
     uv_close((uv_handle_t *)&sigint_handle, NULL);
+    uv_close((uv_handle_t *)&sighup_handle, NULL);
     (void)handle;
     broker_stop(&broker);
+}
+
+static void on_sighup(uv_signal_t *handle, int signum)
+{
+    (void)handle;
+    LOG_INFO("signal %d: reloading the TLS certificates", signum);
+    broker_reload_tls(&broker);
 }
 
 int main(int argc, char **argv)
@@ -587,7 +691,7 @@ int main(int argc, char **argv)
     if (config_file != NULL && load_config_file(config_file, &config) != 0)
         return 2;
     if (parse_options(argc, argv, &config) != 0 || check_cluster_options(&config) != 0 ||
-        check_http_options(&config) != 0)
+        check_http_options(&config) != 0 || check_tls_options(&config) != 0)
         return 2;
     int lock_fd = lock_data_dir(config.data_dir);
     if (lock_fd < 0)
@@ -601,6 +705,10 @@ int main(int argc, char **argv)
     uv_signal_start(&sigterm_handle, on_signal, SIGTERM);
     uv_signal_init(loop, &sigint_handle);
     uv_signal_start(&sigint_handle, on_signal, SIGINT);
+    /* SIGHUP reloads the TLS files (and is otherwise ignored: a closed
+     * terminal does not stop the broker). */
+    uv_signal_init(loop, &sighup_handle);
+    uv_signal_start(&sighup_handle, on_sighup, SIGHUP);
     LOG_INFO("quayd ready (data %s)", config.data_dir);
     uv_run(loop, UV_RUN_DEFAULT);
     broker_free(&broker);

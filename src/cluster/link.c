@@ -129,6 +129,7 @@ int link_new(struct link **out, struct net *net, const struct link_config *confi
     if (link->reconnect_max_ms < link->reconnect_min_ms)
         link->reconnect_max_ms = link->reconnect_min_ms;
     link->heartbeat_s = config->heartbeat_s ? config->heartbeat_s : HEARTBEAT_S_DEFAULT;
+    link->tls = config->tls;
     link->handshake_timeout_ms = config->handshake_timeout_ms ? config->handshake_timeout_ms
                                                               : HANDSHAKE_TIMEOUT_MS_DEFAULT;
     link->ops = *ops;
@@ -385,6 +386,12 @@ static void connect_to(struct link *link, const struct sockaddr *addr)
         free(lc);
         attempt_failed(link, "socket", rc);
         return;
+    }
+    /* TLS: the protocol header waits in the output for the handshake,
+     * which the first flush starts (conn_tls.c). */
+    if (link->tls != NULL) {
+        int tls_rc = conn_tls_connect(&lc->conn, link->tls);
+        ASSERT(tls_rc == 0); /* fails only without memory, as every allocation here */
     }
     link->lc = lc;
     link->state = LINK_STATE_CONNECTING;

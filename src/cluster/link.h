@@ -45,6 +45,7 @@ struct link_channel;  /* opaque; one channel on it */
 struct message;       /* broker/message.h */
 struct method;        /* amqp/method_gen.h */
 struct net;           /* net/conn.h */
+struct tls_context;   /* net/tls.h */
 
 struct link_config {
     /* The peer's AMQP "host:port": an IPv4 literal, "[v6]:port", or a host
@@ -56,6 +57,9 @@ struct link_config {
     uint32_t reconnect_min_ms, reconnect_max_ms; /* 0 = 100 / 2000 */
     uint16_t heartbeat_s;     /* 0 = 2: what we ask for in tune-ok (the peer's lower value wins) */
     uint32_t handshake_timeout_ms; /* 0 = 5000: connect to open-ok, else drop and retry */
+    /* TLS with this client context (our certificate, the cluster's CAs), or
+     * NULL for plain TCP (--cluster-tls). Borrowed: outlives the link. */
+    struct tls_context *tls;
 };
 
 struct link_ops {

@@ -101,6 +101,7 @@ struct link {
     uint32_t reconnect_max_ms;
     uint32_t handshake_timeout_ms;
     uint16_t heartbeat_s;         /* what we ask for */
+    struct tls_context *tls;      /* borrowed; NULL = plain TCP */
     struct link_ops ops;
 
     enum link_state state;

@@ -86,6 +86,7 @@ static struct member_peer *peer_new(struct member *member, const struct map_brok
         .address = peer->address,
         .self_name = cluster_node_name(node),
         .secret = cluster_node_secret(node),
+        .tls = member->broker->cluster_tls.ctx != NULL ? &member->broker->cluster_tls : NULL,
     };
     struct link_ops ops = {.ctx = peer, .up = on_link_up, .down = on_link_down};
     if (link_new(&peer->link, &member->broker->net, &config, &ops) != OK) {

@@ -498,7 +498,12 @@ int mgmt_api_start(struct broker *broker, const char *address)
         LOG_ERROR("cannot listen for HTTP on %s: %s", address, uv_strerror(rc));
         return -1;
     }
-    LOG_INFO("listening for HTTP (management API) on %s", address);
+    if (broker->config.http_tls) {
+        ASSERT(broker->https_tls.ctx != NULL); /* main checks --tls-cert */
+        http_server_use_tls(&api->http, &broker->https_tls);
+    }
+    LOG_INFO("listening for %s (management API) on %s", broker->config.http_tls ? "HTTPS" : "HTTP",
+             address);
     return 0;
 }
 

@@ -247,7 +247,8 @@ static bool guard_passes(struct http_conn *hc, const struct http_request *req)
     }
     if (refusal.reason == NULL && req->origin != NULL &&
         (req->host == NULL ||
-         !http_origin_is_own(req->origin, req->origin_size, req->host, req->host_size)))
+         !http_origin_is_own(req->origin, req->origin_size, req->host, req->host_size,
+                             conn_tls(&hc->conn) != NULL)))
         refusal.reason = "a request from another origin (a web page of another site) is "
                          "refused";
     if (refusal.reason == NULL)
@@ -553,6 +554,12 @@ int http_server_open(struct http_server *server, struct net *net, const char *ad
     uv_timer_start(&server->timer, on_timer, HTTP_TICK_MS, HTTP_TICK_MS);
     uv_unref((uv_handle_t *)&server->timer); /* clients keep the loop alive, not this */
     return 0;
+}
+
+void http_server_use_tls(struct http_server *server, struct tls_context *tls)
+{
+    ASSERT(server->listening);
+    server->listener.tls = tls;
 }
 
 void http_server_guard(struct http_server *server, http_admit_fn admit, void *ctx,

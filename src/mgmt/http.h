@@ -4,8 +4,8 @@
  * body, POST actions, and GET/PUT/DELETE under registered prefixes (a
  * resource such as /api/policies/VHOST/NAME, answered now or later), one
  * request per connection ("Connection: close"), and nothing else: request
- * bodies only with Content-Length, no keep-alive, no chunked encoding, no
- * TLS.
+ * bodies only with Content-Length, no keep-alive, no chunked encoding;
+ * over TLS when http_server_use_tls says so (net/conn_tls.c does it).
  *
  * Transport: each client is a struct conn (net/conn.h) with its own
  * conn_ops, accepted by a struct listener, exactly like an AMQP client, so
@@ -53,6 +53,7 @@
 
 struct json;
 struct auth_user;
+struct tls_context;
 struct http_request;
 
 #define HTTP_REQUEST_SIZE_MAX 8192u
@@ -164,6 +165,9 @@ struct http_server {
  * after which the server is closed (its listener's handle may still be
  * closing: run the loop before http_server_free). */
 int http_server_open(struct http_server *server, struct net *net, const char *address);
+/* Serves HTTPS from now on: every client accepted is a TLS server with
+ * tls's current settings (borrowed; outlives the server). After open. */
+void http_server_use_tls(struct http_server *server, struct tls_context *tls);
 /* Sets who decides admission, and the names Host may give besides this
  * server's own address (comma-separated; borrowed, outlives the server).
  * Before open. */

@@ -205,12 +205,15 @@ bool http_host_allowed(const char *host, size_t host_size, const struct sockaddr
 /* ---- Origin, Content-Type --------------------------------------------------- */
 
 bool http_origin_is_own(const char *origin, size_t origin_size, const char *host,
-                        size_t host_size)
+                        size_t host_size, bool tls)
 {
+    const char *scheme = tls ? "https://" : "http://";
+    size_t scheme_size = strlen(scheme);
     trim(&origin, &origin_size);
     trim(&host, &host_size);
-    return host_size > 0 && origin_size == 7 + host_size &&
-           same_nocase(origin, "http://", 7) && same_nocase(origin + 7, host, host_size);
+    return host_size > 0 && origin_size == scheme_size + host_size &&
+           same_nocase(origin, scheme, scheme_size) &&
+           same_nocase(origin + scheme_size, host, host_size);
 }
 
 bool http_content_type_is_json(const char *value, size_t size)

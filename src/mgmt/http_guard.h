@@ -66,11 +66,11 @@ enum http_basic http_basic_parse(const char *value, size_t size, struct http_cre
 bool http_host_allowed(const char *host, size_t host_size, const struct sockaddr *local,
                        const char *allowed);
 
-/* Whether an Origin value is the API's own origin: "http://" followed by
- * the Host value exactly (without case). "null" and every other origin is
- * foreign. */
+/* Whether an Origin value is the API's own origin: "http://" (tls:
+ * "https://") followed by the Host value exactly (without case). "null"
+ * and every other origin is foreign. */
 bool http_origin_is_own(const char *origin, size_t origin_size, const char *host,
-                        size_t host_size);
+                        size_t host_size, bool tls);
 
 /* Whether a Content-Type value is application/json (parameters allowed). */
 bool http_content_type_is_json(const char *value, size_t size);

@@ -5,6 +5,8 @@
  * (a writev) and, for what the kernel did not take, one uv_write.
  */
 #include "net/conn.h"
+#include "net/conn_int.h"
+#include "net/tls.h"
 
 #include <arpa/inet.h>
 #include <assert.h>
@@ -25,22 +27,10 @@ static_assert(IN_SCRATCH_MAX_SIZE <= SCRATCH_SIZE / 2, "a read behind a partial 
 #define CHUNK_DATA_SIZE (16u << 10)
 #define IOV_BATCH 64
 
-/* One piece of output. Either a copy (data[] of cap bytes, appended to
- * while it is the tail) or a reference to memory owned elsewhere. */
-struct out_chunk {
-    struct list_node link;
-    const uint8_t *ref;           /* NULL for a copy chunk */
-    conn_release_fn release;
-    void *owner;
-    size_t size;                  /* bytes queued in this chunk */
-    size_t sent;                  /* bytes already written */
-    size_t cap;                   /* copy chunks: capacity of data[] */
-    uint8_t data[];
-};
-
 static void on_flush_check(uv_check_t *check);
 static void on_flush_idle(uv_idle_t *idle);
 static void on_resume_idle(uv_idle_t *idle);
+static void schedule_flush(struct conn *conn);
 
 void net_init(struct net *net, uv_loop_t *loop)
 {
@@ -267,6 +257,18 @@ static void keep_leftover(struct conn *conn, const uint8_t *data, size_t size)
     conn->in_size = size;
 }
 
+void conn__keep_leftover(struct conn *conn, const uint8_t *data, size_t size)
+{
+    keep_leftover(conn, data, size);
+}
+
+void conn__after_input(struct conn *conn, size_t nread)
+{
+    if (conn->out_bytes >= CONN_OUT_READ_PAUSE && !conn->peer_reads_always)
+        conn_pause_reading(conn, CONN_PAUSE_OUTPUT);
+    read_batch_after_read(&conn->net->read_batch, conn, nread);
+}
+
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 {
     struct conn *conn = stream->data;
@@ -354,12 +356,42 @@ void conn_keepalive(struct conn *conn, unsigned idle_s)
     (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
 }
 
+/* TLS connections read through conn_tls.c, which decrypts first. */
+static void start_reading(struct conn *conn)
+{
+    conn->reading = true;
+    if (conn->tls == NULL)
+        uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+    else
+        uv_read_start((uv_stream_t *)&conn->tcp, conn__tls_alloc, conn__tls_read);
+}
+
 void conn_start(struct conn *conn)
 {
     set_peer_name(conn);
     uv_tcp_nodelay(&conn->tcp, 1);
-    conn->reading = true;
-    uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+    start_reading(conn);
+}
+
+int conn_tls_accept(struct conn *conn, struct tls_context *tls)
+{
+    ASSERT(conn->tls == NULL);
+    conn->tls = tls_session_new(tls, false, NULL);
+    return conn->tls != NULL ? 0 : -1;
+}
+
+void conn_trim_idle(struct conn *conn)
+{
+    if (conn->tls != NULL && !conn->closing)
+        tls_session_trim(conn->tls);
+}
+
+int conn_tls_connect(struct conn *conn, struct tls_context *tls)
+{
+    ASSERT(conn->tls == NULL);
+    ASSERT(!conn->reading); /* before the connect completed */
+    conn->tls = tls_session_new(tls, true, NULL);
+    return conn->tls != NULL ? 0 : -1;
 }
 
 void conn_pause_reading(struct conn *conn, enum conn_pause reason)
@@ -375,10 +407,8 @@ void conn_pause_reading(struct conn *conn, enum conn_pause reason)
 void conn_resume_reading(struct conn *conn, enum conn_pause reason)
 {
     conn->read_pauses &= ~(uint32_t)reason;
-    if (conn->read_pauses == 0 && !conn->reading && !conn->closing) {
-        conn->reading = true;
-        uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
-    }
+    if (conn->read_pauses == 0 && !conn->reading && !conn->closing)
+        start_reading(conn);
 }
 
 void conn_hold_input(struct conn *conn)
@@ -432,6 +462,11 @@ static void schedule_flush(struct conn *conn)
     if (list_empty(&conn->net->flush_list))
         uv_idle_start(&conn->net->flush_idle, on_flush_idle);
     list_push_back(&conn->net->flush_list, &conn->flush_link);
+}
+
+void conn__schedule_flush(struct conn *conn)
+{
+    schedule_flush(conn);
 }
 
 static void on_flush_idle(uv_idle_t *idle)
@@ -552,7 +587,9 @@ static void advance(struct conn *conn, size_t n)
         }
     }
     conn->last_write_ms = uv_now(conn->net->loop);
-    if (conn->close_after_flush && conn->out_bytes == 0) {
+    /* A TLS conn still has its ciphertext and close_notify to write:
+     * conn__tls_flush closes it. */
+    if (conn->close_after_flush && conn->out_bytes == 0 && conn->tls == NULL) {
         conn_close(conn);
         return;
     }
@@ -563,6 +600,11 @@ static void advance(struct conn *conn, size_t n)
         if (conn->ops->on_drain && !conn->closing)
             conn->ops->on_drain(conn);
     }
+}
+
+void conn__advance(struct conn *conn, size_t n)
+{
+    advance(conn, n);
 }
 
 static size_t gather(struct conn *conn, uv_buf_t *iov, size_t iov_cap, size_t *bytes)
@@ -601,6 +643,10 @@ static void on_write_done(uv_write_t *req, int status)
 
 static void flush(struct conn *conn)
 {
+    if (conn->tls != NULL) {
+        conn__tls_flush(conn);
+        return;
+    }
     if (conn->closing || conn->out_in_flight > 0)
         return;
     uv_buf_t iov[IOV_BATCH];
@@ -704,6 +750,8 @@ static void on_handle_closed(uv_handle_t *handle)
     }
     free(conn->in);
     conn->in = NULL;
+    tls_session_free(conn->tls);
+    conn->tls = NULL;
     conn->net->conns_count--;
     list_remove(&conn->all_link);
     conn->ops->on_free(conn);

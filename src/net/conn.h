@@ -53,6 +53,8 @@ typedef void (*conn_release_fn)(void *owner);
 
 struct out_chunk;
 struct connect_req;
+struct tls_session;
+struct tls_context;
 
 struct conn {
     uv_tcp_t tcp;                 /* first: libuv handles are cast back */
@@ -90,6 +92,9 @@ struct conn {
     struct list_node all_link;    /* in net.conns */
     struct list_node resume_link; /* in net.resume_list while held input waits */
     struct connect_req *connect_req; /* conn_connect in flight, else NULL */
+    /* TLS (conn_tls.c), or NULL for plain TCP: the only test the plain
+     * path makes for it is one branch per flush and per read start. */
+    struct tls_session *tls;      /* owned */
 
     /* read_batch.c's: the receive low-water mark (0 = the kernel's), when
      * the connection was last read and last given output. */
@@ -112,6 +117,23 @@ struct conn {
 
 /* Starts reading on an accepted stream. */
 void conn_start(struct conn *conn);
+/* Makes an accepted conn a TLS server (before conn_start): bytes read are
+ * decrypted before the protocol sees them, output is encrypted. Returns 0,
+ * or -1 (out of memory: close it). */
+int conn_tls_accept(struct conn *conn, struct tls_context *tls);
+/* Makes a conn_connect()ed conn a TLS client (right after conn_connect
+ * returned 0): its handshake starts with the first output, which waits
+ * for it. Returns 0, or -1 (out of memory). */
+int conn_tls_connect(struct conn *conn, struct tls_context *tls);
+/* For the protocol's timer, on a conn that has been quiet for a while:
+ * a TLS conn releases the buffers its last burst left (tls_session_trim).
+ * Nothing for plain conns, which hold none. */
+void conn_trim_idle(struct conn *conn);
+/* conn's TLS session, or NULL for plain TCP. */
+static inline struct tls_session *conn_tls(const struct conn *conn)
+{
+    return conn->tls;
+}
 void conn_close(struct conn *conn);
 /* Stops reading, writes what is queued, then closes: for goodbyes such as
  * connection.close-ok or our protocol header after a bad one. */

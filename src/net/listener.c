@@ -65,6 +65,11 @@ static void on_connection(uv_stream_t *server, int status)
         conn_close(conn);
         return;
     }
+    if (listener->tls != NULL && conn_tls_accept(conn, listener->tls) != 0) {
+        LOG_WARN("listener=%s: no memory for a TLS session", listener->address);
+        conn_close(conn);
+        return;
+    }
     conn_start(conn);
 }
 

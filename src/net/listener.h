@@ -10,9 +10,14 @@
 
 #include "net/conn.h"
 
+struct tls_context;
+
 struct listener {
     uv_tcp_t tcp;
     struct net *net;          /* borrowed */
+    /* Set after listener_open for a TLS listener (AMQPS, HTTPS): every
+     * accepted conn is a TLS server with its current settings. */
+    struct tls_context *tls;  /* borrowed; NULL = plain TCP */
     net_accept_fn accept;
     void *ctx;
     char address[80];

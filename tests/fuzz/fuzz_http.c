@@ -98,7 +98,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (req.host != NULL) {
         check_host(req.host, req.host_size);
         if (req.origin != NULL)
-            (void)http_origin_is_own(req.origin, req.origin_size, req.host, req.host_size);
+            (void)http_origin_is_own(req.origin, req.origin_size, req.host, req.host_size,
+                                     size % 2 == 0);
     }
     if (req.content_type != NULL)
         (void)http_content_type_is_json(req.content_type, req.content_type_size);

@@ -153,7 +153,8 @@ class Broker:
     harness uses it to find primaries); env is the quayd processes'
     environment. self.proc and self.data are the client's broker's."""
 
-    def __init__(self, extra_args=(), host="127.0.0.1", external_ok=True, env=None, http=None):
+    def __init__(self, extra_args=(), host="127.0.0.1", external_ok=True, env=None, http=None,
+                 client_args=()):
         self.proc = None
         self.tmpdir = None
         self.stderr_path = None
@@ -161,6 +162,7 @@ class Broker:
         self.members = []
         self.http_port = None
         self.extra_args = list(extra_args)
+        self.client_args = list(client_args)  # the client's broker's only (its --tls-listen)
         self.env = env
         target = os.environ.get("QUAY_TEST_TARGET") if external_ok else None
         if target:
@@ -176,11 +178,12 @@ class Broker:
                 if http:
                     self.http_port = free_port()
                     self.extra_args += ["--http", "127.0.0.1:%d" % self.http_port]
+                self.extra_args += self.client_args
                 self._start_quayd()
 
     def _start_cluster(self, http):
         self.cluster, self.members = form_test_cluster(self.extra_args, http, self.host,
-                                                       self.env)
+                                                       self.env, self.client_args)
         client = self.cluster.member(CLUSTER_CLIENT)
         self.client = client
         self.port, self.proc, self.data = client.amqp_port, client.proc, client.data
@@ -360,10 +363,11 @@ class Restartable:
         return self.cluster.close()
 
 
-def form_test_cluster(extra_args, http=True, host="127.0.0.1", env=None):
+def form_test_cluster(extra_args, http=True, host="127.0.0.1", env=None, client_args=()):
     """The cluster mode's cluster: brokers CLUSTER_NAMES with one backup per
-    queue, the client's broker (a follower, AMQP on host) placing every
-    queue elsewhere. Returns (clustertest.Cluster, members)."""
+    queue, the client's broker (a follower, AMQP on host; client_args are
+    its own) placing every queue elsewhere. Returns (clustertest.Cluster,
+    members)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                     "cluster"))
     import clustertest
@@ -372,7 +376,8 @@ def form_test_cluster(extra_args, http=True, host="127.0.0.1", env=None):
 
     def per(name):
         client = name == CLUSTER_CLIENT
-        return {"extra_args": common + (["--queue-locator", "others"] if client else []),
+        mine = ["--queue-locator", "others"] + list(client_args) if client else []
+        return {"extra_args": common + mine,
                 "amqp_host": host if client else "127.0.0.1", "env": env}
     try:
         return cluster, cluster.form(list(CLUSTER_NAMES), per=per)
@@ -407,6 +412,40 @@ def _queue_info(member, queue, vhost):
                      if q["name"] == queue and q.get("vhost", "/") == vhost), None)
     except OSError:
         return None
+
+
+def make_tls_files(directory, clients=(), days=2):
+    """A test PKI made with the openssl command in directory: a CA (ca.pem),
+    a server certificate for localhost and 127.0.0.1 (server.pem,
+    server.key; good as a client's too, as a broker's for --cluster-tls),
+    and one client certificate per name in clients, whose
+    subject CN is that name (NAME.pem, NAME.key). Returns {name: path}."""
+    def run_openssl(*args):
+        subprocess.run(["openssl"] + list(args), check=True, cwd=directory,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+
+    def issue(name, subject, ext):
+        with open(os.path.join(directory, name + ".ext"), "w") as f:
+            f.write(ext)
+        run_openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", name + ".key",
+                    "-out", name + ".csr", "-subj", subject)
+        run_openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                    "-CAcreateserial", "-out", name + ".pem", "-days", str(days),
+                    "-extfile", name + ".ext")
+    os.makedirs(directory, exist_ok=True)
+    run_openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
+                "-out", "ca.pem", "-days", str(days), "-subj", "/CN=quay test CA")
+    issue("server", "/CN=localhost",
+          "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+          "extendedKeyUsage=serverAuth,clientAuth\n")
+    for name in clients:
+        issue(name, "/O=quay tests/CN=%s" % name,
+              "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")
+    files = {n: os.path.join(directory, n) for n in ("ca.pem", "server.pem", "server.key")}
+    for name in clients:
+        for ext in (".pem", ".key"):
+            files[name + ext] = os.path.join(directory, name + ext)
+    return files
 
 
 def free_port():

@@ -225,7 +225,7 @@ static void test_host_beyond_loopback(void **state)
 
 static bool own(const char *origin, const char *host)
 {
-    return http_origin_is_own(origin, strlen(origin), host, strlen(host));
+    return http_origin_is_own(origin, strlen(origin), host, strlen(host), false);
 }
 
 static void test_origin(void **state)
@@ -240,6 +240,9 @@ static void test_origin(void **state)
     assert_false(own("http://127.0.0.1", "127.0.0.1:15672"));
     assert_false(own("null", "127.0.0.1:15672"));
     assert_false(own("http://", ""));
+    /* Over HTTPS the own origin has the https scheme, and only that one. */
+    assert_true(http_origin_is_own("https://mq.example:15671", 24, "mq.example:15671", 16, true));
+    assert_false(http_origin_is_own("http://mq.example:15671", 23, "mq.example:15671", 16, true));
 }
 
 static bool json_type(const char *value)
