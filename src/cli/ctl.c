@@ -14,6 +14,7 @@
  * 76 a bad or non-200 answer, 77 the login or its rights were refused.
  */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -862,12 +863,47 @@ static void collect_pairs(const struct jvalue *object, const char *prefix, char 
             collect_pairs(m, key, pairs, count);
             continue;
         }
+        if (m->type == J_ARRAY && m->child && m->child->type == J_OBJECT)
+            continue; /* a table of its own (print_object_arrays) */
         char **grown = realloc(*pairs, (*count + 2) * sizeof **pairs);
         if (!grown)
             abort();
         *pairs = grown;
         grown[(*count)++] = strdup(key);
         grown[(*count)++] = cell_text(m);
+    }
+}
+
+/* Arrays of objects (a cluster's brokers, its moves) as tables after the
+ * pairs, titled by their keys, with the first element's scalar members as
+ * columns. */
+static void print_object_arrays(const struct jvalue *object, const char *prefix)
+{
+    for (const struct jvalue *m = object->child; m; m = m->next) {
+        char key[256];
+        snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", m->key);
+        if (m->type == J_OBJECT) {
+            print_object_arrays(m, key);
+            continue;
+        }
+        if (m->type != J_ARRAY || !m->child || m->child->type != J_OBJECT)
+            continue;
+        struct column cols[32];
+        char titles[32][64];
+        size_t ncols = 0;
+        for (const struct jvalue *f = m->child->child; f && ncols < 32; f = f->next) {
+            if (f->type == J_OBJECT || (f->type == J_ARRAY && f->child &&
+                                        f->child->type == J_OBJECT))
+                continue;
+            size_t i = 0;
+            for (; f->key[i] && i + 1 < sizeof titles[0]; i++)
+                titles[ncols][i] = (char)toupper((unsigned char)f->key[i]);
+            titles[ncols][i] = '\0';
+            cols[ncols] = (struct column){f->key, titles[ncols], f->type == J_NUMBER};
+            ncols++;
+        }
+        printf("\n%s:\n", key);
+        print_table(m, cols, ncols);
     }
 }
 
@@ -889,6 +925,7 @@ static int print_pairs(const struct jvalue *object)
         free(pairs[i + 1]);
     }
     free(pairs);
+    print_object_arrays(object, "");
     return 0;
 }
 

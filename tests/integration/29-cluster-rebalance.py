@@ -119,6 +119,14 @@ def malformed_requests_are_refused():
     out = quayctl(a, "rebalance", "sometimes")
     assert out.returncode == 64, (out.returncode, out.stderr)
     assert cluster_info(a)["rebalance"] == "auto"
+    # quayctl cluster: the pairs, then the brokers as a table.
+    out = quayctl(a, "cluster")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout.split("\nbrokers:\n", 1)
+    assert len(text) == 2 and "rebalance                auto" in text[0], out.stdout
+    rows = text[1].split("\n\n", 1)[0].splitlines()
+    assert rows[0].split()[:2] == ["ID", "NAME"], rows
+    assert sorted(r.split()[1] for r in rows[1:]) == ["a", "b", "c"], rows
 
 
 @test(timeout=180)
