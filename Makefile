@@ -24,7 +24,8 @@ test: asan
 
 fuzz:
 	cmake --preset fuzz >/dev/null
-	cmake --build build-fuzz -j $(JOBS) --target fuzz_frame fuzz_method fuzz_table fuzz_properties fuzz_http
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_frame fuzz_method fuzz_table fuzz_properties fuzz_http \
+		fuzz_heartbeat
 	tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
 
 codegen:

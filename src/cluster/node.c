@@ -63,27 +63,17 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <openssl/rand.h>
 
 #include "cluster/consensus.h"
 #include "cluster/controller.h"
+#include "cluster/heartbeat.h"
 #include "cluster/outbox.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/json.h"
 
-#define HB_MAGIC "QYHB"
-#define HB_VERSION 1
-#define HB_FLAG_STOPPING 1u
-#define HB_FLAG_MEMORY_ALARM 2u /* its memory alarm is on: every broker blocks publishers */
-#define HB_FLAG_DISK_ALARM 4u
-#define HB_HEADER_SIZE 32
-#define HB_MAC_SIZE 32
-#define HB_SIZE_MAX (HB_HEADER_SIZE + 3 * CLUSTER_NAME_SIZE_MAX + HB_MAC_SIZE)
 #define SECRET_SIZE_MIN 16
 #define SECRET_SIZE_MAX 1024
 #define JOIN_WARN_EVERY_MS 5000
@@ -92,7 +82,7 @@
 #define REQUEST_RESEND_MS 1000
 #define PROPOSE_BATCH 256
 
-static_assert(HB_SIZE_MAX < 1200, "a heartbeat fits one datagram on any link");
+static_assert(HEARTBEAT_SIZE_MAX < 1200, "a heartbeat fits one datagram on any link");
 static_assert(CLUSTER_NAME_SIZE_MAX <= CONSENSUS_ADDRESS_SIZE_MAX, "addresses fit the map");
 
 /* What this node knows of one member (itself included, at index 0), from
@@ -100,7 +90,7 @@ static_assert(CLUSTER_NAME_SIZE_MAX <= CONSENSUS_ADDRESS_SIZE_MAX, "addresses fi
 struct peer {
     uint32_t id;
     bool stopping;            /* its last heartbeat said it is shutting down */
-    uint8_t alarms;           /* HB_FLAG_*_ALARM of its last heartbeat (ours: what we send) */
+    uint8_t alarms;           /* HEARTBEAT_FLAG_*_ALARM of its last heartbeat (ours: we send) */
     bool join_in_flight;      /* leader: a broker.join for it is proposed */
     bool join_refused;        /* leader: refused at refused_version; wait for a change */
     uint64_t refused_version; /* map brokers_version when it was refused */
@@ -185,7 +175,7 @@ struct cluster_node {
     struct peer peers[CLUSTER_BROKERS_MAX]; /* [0] is this node */
     uint32_t peers_count;
     uint64_t heartbeat_dropped_count; /* malformed, bad MAC, replayed: glitches */
-    uint8_t recv_buffer[HB_SIZE_MAX + 64];
+    uint8_t recv_buffer[HEARTBEAT_SIZE_MAX + 64];
 };
 
 enum proposal_kind {
@@ -1164,8 +1154,8 @@ void cluster_node_set_hooks(struct cluster_node *node, const struct cluster_node
 
 void cluster_node_set_alarms(struct cluster_node *node, bool memory, bool disk)
 {
-    node->peers[0].alarms =
-        (uint8_t)((memory ? HB_FLAG_MEMORY_ALARM : 0) | (disk ? HB_FLAG_DISK_ALARM : 0));
+    node->peers[0].alarms = (uint8_t)((memory ? HEARTBEAT_FLAG_MEMORY_ALARM : 0) |
+                                      (disk ? HEARTBEAT_FLAG_DISK_ALARM : 0));
 }
 
 void cluster_node_peer_alarms(const struct cluster_node *node, bool *memory, bool *disk)
@@ -1179,8 +1169,8 @@ void cluster_node_peer_alarms(const struct cluster_node *node, bool *memory, boo
         if (peer->last_heard_ms != 0 && now - peer->last_heard_ms <= NODE_DOWN_AFTER_MS)
             alarms |= peer->alarms;
     }
-    *memory = (alarms & HB_FLAG_MEMORY_ALARM) != 0;
-    *disk = (alarms & HB_FLAG_DISK_ALARM) != 0;
+    *memory = (alarms & HEARTBEAT_FLAG_MEMORY_ALARM) != 0;
+    *disk = (alarms & HEARTBEAT_FLAG_DISK_ALARM) != 0;
 }
 
 const struct controller_config *cluster_node_controller_config(const struct cluster_node *node)
@@ -1317,43 +1307,15 @@ bool cluster_node_lease_fresh(const struct cluster_node *node)
 
 /* ---- heartbeats ---- */
 
-static void heartbeat_mac(const struct cluster_node *node, const uint8_t *data, size_t size,
-                          uint8_t *mac)
-{
-    unsigned int mac_size = 0;
-    uint8_t *r = HMAC(EVP_sha256(), node->secret, (int)node->secret_size, data, size, mac,
-                      &mac_size);
-    ASSERT(r != NULL);
-    ASSERT(mac_size == HB_MAC_SIZE);
-}
-
-static size_t heartbeat_encode(struct cluster_node *node, bool stopping, uint8_t *out)
+static size_t heartbeat_of_self(struct cluster_node *node, bool stopping, uint8_t *out)
 {
     const struct peer *self = &node->peers[0];
-    size_t name_size = strlen(self->name);
-    size_t amqp_size = strlen(self->amqp_address);
-    size_t cluster_size = strlen(self->cluster_address);
-    ASSERT(name_size >= 1 && name_size <= CLUSTER_NAME_SIZE_MAX);
-    ASSERT(amqp_size >= 1 && amqp_size <= CLUSTER_NAME_SIZE_MAX);
-    ASSERT(cluster_size >= 1 && cluster_size <= CLUSTER_NAME_SIZE_MAX);
-    memset(out, 0, HB_HEADER_SIZE);
-    memcpy(out, HB_MAGIC, 4);
-    out[4] = HB_VERSION;
-    out[5] = (uint8_t)((stopping ? HB_FLAG_STOPPING : 0) | self->alarms);
-    out[6] = (uint8_t)name_size;
-    out[7] = (uint8_t)amqp_size;
-    out[8] = (uint8_t)cluster_size;
-    put_u64(out + 16, node->id);
-    put_u64(out + 24, ++node->sequence);
-    size_t size = HB_HEADER_SIZE;
-    memcpy(out + size, self->name, name_size);
-    size += name_size;
-    memcpy(out + size, self->amqp_address, amqp_size);
-    size += amqp_size;
-    memcpy(out + size, self->cluster_address, cluster_size);
-    size += cluster_size;
-    heartbeat_mac(node, out, size, out + size);
-    return size + HB_MAC_SIZE;
+    struct heartbeat hb = {.id = node->id, .sequence = ++node->sequence, .stopping = stopping,
+                           .alarms = self->alarms};
+    memcpy(hb.name, self->name, sizeof hb.name);
+    memcpy(hb.amqp_address, self->amqp_address, sizeof hb.amqp_address);
+    memcpy(hb.cluster_address, self->cluster_address, sizeof hb.cluster_address);
+    return heartbeat_encode(&hb, node->secret, node->secret_size, out);
 }
 
 /* To every Raft member but ourselves. A lost datagram is only a late one. */
@@ -1365,8 +1327,8 @@ static void heartbeat_send(struct cluster_node *node, bool stopping)
         n = CLUSTER_BROKERS_MAX;
     if (n == 0)
         return; /* not a member yet */
-    uint8_t datagram[HB_SIZE_MAX];
-    size_t size = heartbeat_encode(node, stopping, datagram);
+    uint8_t datagram[HEARTBEAT_SIZE_MAX];
+    size_t size = heartbeat_of_self(node, stopping, datagram);
     uv_buf_t buf = uv_buf_init((char *)datagram, (unsigned)size);
     for (size_t i = 0; i < n; i++) {
         struct sockaddr_in sa;
@@ -1376,42 +1338,7 @@ static void heartbeat_send(struct cluster_node *node, bool stopping)
     }
 }
 
-static bool copy_field(char *out, const uint8_t **p, size_t size)
-{
-    memcpy(out, *p, size);
-    out[size] = '\0';
-    *p += size;
-    return strlen(out) == size; /* no NUL inside */
-}
-
-/* Validates a datagram; fills hb (a scratch peer) on success. */
-static bool heartbeat_decode(const struct cluster_node *node, const uint8_t *data, size_t size,
-                             struct peer *hb)
-{
-    if (size < HB_HEADER_SIZE + 3 + HB_MAC_SIZE || memcmp(data, HB_MAGIC, 4) != 0 ||
-        data[4] != HB_VERSION || data[6] == 0 || data[7] == 0 || data[8] == 0)
-        return false;
-    size_t fields = (size_t)data[6] + data[7] + data[8];
-    if (fields != size - HB_HEADER_SIZE - HB_MAC_SIZE)
-        return false;
-    uint8_t mac[HB_MAC_SIZE];
-    heartbeat_mac(node, data, size - HB_MAC_SIZE, mac);
-    if (CRYPTO_memcmp(mac, data + size - HB_MAC_SIZE, HB_MAC_SIZE) != 0)
-        return false;
-    uint64_t id = get_u64(data + 16);
-    if (id == 0 || id > UINT32_MAX)
-        return false;
-    memset(hb, 0, sizeof *hb);
-    hb->id = (uint32_t)id;
-    hb->sequence = get_u64(data + 24);
-    hb->stopping = (data[5] & HB_FLAG_STOPPING) != 0;
-    hb->alarms = data[5] & (HB_FLAG_MEMORY_ALARM | HB_FLAG_DISK_ALARM);
-    const uint8_t *p = data + HB_HEADER_SIZE;
-    return copy_field(hb->name, &p, data[6]) && copy_field(hb->amqp_address, &p, data[7]) &&
-           copy_field(hb->cluster_address, &p, data[8]);
-}
-
-static void heartbeat_received(struct cluster_node *node, const struct peer *hb)
+static void heartbeat_received(struct cluster_node *node, const struct heartbeat *hb)
 {
     struct peer *peer = peer_find(node, hb->id);
     if (peer == &node->peers[0]) {
@@ -1440,8 +1367,8 @@ static void heartbeat_received(struct cluster_node *node, const struct peer *hb)
         LOG_INFO("cluster: %s (id %" PRIu32 ") is stopping", hb->name, hb->id);
     if (hb->alarms != peer->alarms)
         LOG_INFO("cluster: %s (id %" PRIu32 ") alarms: memory %s, disk %s", hb->name, hb->id,
-                 hb->alarms & HB_FLAG_MEMORY_ALARM ? "on" : "off",
-                 hb->alarms & HB_FLAG_DISK_ALARM ? "on" : "off");
+                 hb->alarms & HEARTBEAT_FLAG_MEMORY_ALARM ? "on" : "off",
+                 hb->alarms & HEARTBEAT_FLAG_DISK_ALARM ? "on" : "off");
     peer->sequence = hb->sequence;
     peer->stopping = hb->stopping;
     peer->alarms = hb->alarms;
@@ -1468,9 +1395,10 @@ static void on_udp_recv(uv_udp_t *udp, ssize_t nread, const uv_buf_t *buf,
     struct cluster_node *node = udp->data;
     if (nread <= 0 || addr == NULL || node->stopping)
         return; /* nothing, or a socket error: heartbeats are best effort */
-    struct peer hb;
+    struct heartbeat hb;
     if ((flags & UV_UDP_PARTIAL) ||
-        !heartbeat_decode(node, (const uint8_t *)buf->base, (size_t)nread, &hb)) {
+        !heartbeat_decode(node->secret, node->secret_size, (const uint8_t *)buf->base,
+                          (size_t)nread, &hb)) {
         if (node->heartbeat_dropped_count++ % 100 == 0)
             LOG_WARN("cluster: dropped a bad heartbeat datagram (wrong cluster secret?); "
                      "%llu so far", (unsigned long long)node->heartbeat_dropped_count);

@@ -137,6 +137,16 @@ def main():
                            b"Content-Length: 0\r\n\r\n",
         "basic_value": basic.encode(),
     })
+    # fuzz_heartbeat: heartbeat bodies without their MAC (the harness signs
+    # them): magic, version, flags, three sizes, reserved, id, sequence.
+    def heartbeat(flags, name, amqp, cluster, id_, seq):
+        return (b"QYHB" + struct.pack(">BBBBB", 1, flags, len(name), len(amqp), len(cluster))
+                + b"\0" * 7 + struct.pack(">QQ", id_, seq) + name + amqp + cluster)
+    write("fuzz_heartbeat", {
+        "up": heartbeat(0, b"b1", b"10.0.0.1:5672", b"10.0.0.1:7001", 7, 1),
+        "stopping_alarms": heartbeat(7, b"broker-two", b"[::1]:5672", b"127.0.0.1:7002",
+                                     0xFFFFFFFF, 2 ** 63),
+    })
 
 
 if __name__ == "__main__":
