@@ -12,6 +12,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "lib/utf8.h"
+
 enum log_level log_level_current = LOG_LEVEL_INFO;
 static enum log_format format_current = LOG_FORMAT_TEXT;
 
@@ -41,23 +43,6 @@ void log_set_format(enum log_format format)
     format_current = format;
 }
 
-/* The length of the valid UTF-8 sequence at p (at most len bytes), or 0. */
-static size_t utf8_sequence(const unsigned char *p, size_t len)
-{
-    size_t n = p[0] >= 0xf0 && p[0] <= 0xf4 ? 4 : p[0] >= 0xe0 ? 3 : p[0] >= 0xc2 ? 2 : 0;
-    if (n == 0 || n > len)
-        return 0;
-    for (size_t i = 1; i < n; i++) {
-        if ((p[i] & 0xc0) != 0x80)
-            return 0;
-    }
-    /* Overlong three-byte forms, surrogates, and beyond U+10FFFF. */
-    if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] > 0x9f) ||
-        (p[0] == 0xf0 && p[1] < 0x90) || (p[0] == 0xf4 && p[1] > 0x8f))
-        return 0;
-    return n;
-}
-
 /* Appends text[0..len) as the inside of a JSON string: quotes, backslashes
  * and control characters escaped, a byte that is not UTF-8 as U+FFFD (a
  * queue's name may hold any bytes). */
@@ -72,7 +57,7 @@ static size_t put_escaped(char *out, size_t n, size_t cap, const char *text, siz
         } else if (c < 0x20 || c == 0x7f) {
             n += (size_t)snprintf(out + n, cap - n, "\\u%04x", c);
         } else if (c >= 0x80) {
-            size_t k = utf8_sequence(p + i, len - i);
+            size_t k = utf8_sequence_size(p + i, len - i);
             if (k == 0) {
                 n += (size_t)snprintf(out + n, cap - n, "\\ufffd");
                 i++;

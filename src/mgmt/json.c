@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "lib/assert.h"
+#include "lib/utf8.h"
 
 #define JSON_INITIAL_CAP 512
 
@@ -164,40 +165,6 @@ void json_array_end(struct json *json)
     close_level(json, ']', false);
 }
 
-/* Length of the valid UTF-8 sequence at p (at most `left` bytes), or 0 if
- * the bytes there are not one (RFC 3629: no overlongs, no surrogates,
- * nothing above U+10FFFF). */
-size_t json_utf8_sequence_size(const uint8_t *p, size_t left)
-{
-    uint8_t c = p[0];
-    size_t n;
-    uint8_t lo = 0x80, hi = 0xBF;  /* allowed range of the second byte */
-    if (c >= 0xC2 && c <= 0xDF) {
-        n = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-    } else {
-        return 0;
-    }
-    if (left < n || p[1] < lo || p[1] > hi)
-        return 0;
-    for (size_t i = 2; i < n; i++) {
-        if ((p[i] & 0xC0) != 0x80)
-            return 0;
-    }
-    return n;
-}
-
 void json_string_n(struct json *json, const void *s, size_t len)
 {
     static const char hex[] = "0123456789abcdef";
@@ -216,7 +183,7 @@ void json_string_n(struct json *json, const void *s, size_t len)
             break;
         uint8_t c = p[i];
         if (c >= 0x80) {
-            size_t n = json_utf8_sequence_size(p + i, len - i);
+            size_t n = utf8_sequence_size(p + i, len - i);
             if (n == 0) {
                 put(json, "\xEF\xBF\xBD", 3); /* U+FFFD for one bad byte */
                 i++;

@@ -69,10 +69,6 @@ void json_uint(struct json *json, uint64_t v);
 void json_bool(struct json *json, bool v);
 void json_null(struct json *json);
 
-/* Length of the valid UTF-8 sequence at p (at most left > 0 bytes), or 0
- * if the bytes there are not one (RFC 3629). For other text writers that
- * must emit valid UTF-8 too (mgmt/prom.c). */
-size_t json_utf8_sequence_size(const uint8_t *p, size_t left);
 
 /* Shorthands for one object member. */
 static inline void json_kv_string(struct json *json, const char *key, const char *s)

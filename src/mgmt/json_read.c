@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "lib/errors.h"
+#include "lib/utf8.h"
 
 struct reader {
     const char *p, *end;
@@ -120,9 +121,16 @@ static bool read_string(struct reader *r, char *out, size_t cap, size_t *size_ou
                 return false;
             continue;
         }
-        if (n + 1 >= cap)
+        size_t k = c < 0x80 ? 1
+                            : utf8_sequence_size((const uint8_t *)r->p - 1,
+                                                 (size_t)(r->end - r->p) + 1);
+        if (k == 0)
+            return fail(r, "a string that is not UTF-8");
+        if (n + k >= cap)
             return fail(r, "string too long");
-        out[n++] = (char)c;
+        memcpy(out + n, r->p - 1, k);
+        n += k;
+        r->p += k - 1;
     }
     out[n] = '\0';
     *size_out = n;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "lib/assert.h"
+#include "lib/utf8.h"
 #include "mgmt/json.h"
 
 void prom_init(struct prom *prom, struct json *out)
@@ -94,7 +95,7 @@ static size_t escape_label_value(char *out, struct bytes value)
         if (i == len)
             break;
         if (p[i] >= 0x80) {
-            size_t n = json_utf8_sequence_size(p + i, len - i);
+            size_t n = utf8_sequence_size(p + i, len - i);
             if (n == 0) {
                 memcpy(out + at, "\xEF\xBF\xBD", 3); /* U+FFFD for one bad byte */
                 at += 3;

@@ -137,6 +137,13 @@ def main():
                            b"Content-Length: 0\r\n\r\n",
         "basic_value": basic.encode(),
     })
+    # fuzz_json: request bodies of the API.
+    write("fuzz_json", {
+        "move": b'{"vhost": "/", "queue": "q\\u00e9\\n", "to": "b3", "backup_of": "b2"}',
+        "policy": b'{"pattern": "^ha\\\\.", "priority": -3, "backups": 2, "apply": null}',
+        "rebalance": b'{"auto": true}',
+        "surrogates": b'{"queue": "\\ud83d\\ude00 \\" x", "percent": 25}',
+    })
     # fuzz_heartbeat: heartbeat bodies without their MAC (the harness signs
     # them): magic, version, flags, three sizes, reserved, id, sequence.
     def heartbeat(flags, name, amqp, cluster, id_, seq):

@@ -25,6 +25,7 @@
 #include "lib/errors.h"
 #include "mgmt/http.h"
 #include "mgmt/json.h"
+#include "mgmt/json_read.h"
 
 /* Compares the writer's buffer with `expected`, then frees it. */
 static void expect_json(struct json *j, const char *expected)
@@ -234,6 +235,36 @@ static void test_invalid_utf8_replaced(void **state)
 }
 
 /* Growth: many reallocations keep every byte. */
+static bool keep_string(void *ctx, const struct json_read_member *m, char *err, size_t err_size)
+{
+    (void)err;
+    (void)err_size;
+    memcpy(ctx, m->string, m->string_size + 1);
+    return true;
+}
+
+/* The reader takes strings as UTF-8 only (RFC 8259): raw bytes that are
+ * not (a lone continuation byte, an overlong form, a surrogate, a cut
+ * sequence) are refused; escapes and valid sequences are kept. */
+static void test_reader_takes_utf8_only(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "{\"a\": \"\x9f\"}", "{\"a\": \"\xc0\xaf\"}", "{\"a\": \"\xed\xa0\x80\"}",
+        "{\"a\": \"\xe2\x82\"}", "{\"a\": \"x\xff\"}",
+    };
+    char out[JSON_READ_STRING_SIZE], err[128];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(json_read_object(bad[i], strlen(bad[i]), keep_string, out, err,
+                                          sizeof err),
+                         E_SYNTAX);
+        assert_non_null(strstr(err, "UTF-8"));
+    }
+    const char *good = "{\"a\": \"caf\xc3\xa9 \xe2\x82\xac \\u00e9 \xf0\x9f\x98\x80\"}";
+    assert_int_equal(json_read_object(good, strlen(good), keep_string, out, err, sizeof err), OK);
+    assert_string_equal(out, "caf\xc3\xa9 \xe2\x82\xac \xc3\xa9 \xf0\x9f\x98\x80");
+}
+
 static void test_growth(void **state)
 {
     (void)state;
@@ -375,6 +406,7 @@ int main(void)
         cmocka_unit_test(test_string_escapes),
         cmocka_unit_test(test_every_byte_below_0x80),
         cmocka_unit_test(test_utf8_pass_through),
+        cmocka_unit_test(test_reader_takes_utf8_only),
         cmocka_unit_test(test_invalid_utf8_replaced),
         cmocka_unit_test(test_growth),
         cmocka_unit_test(test_raw_headroom),
