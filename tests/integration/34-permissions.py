@@ -209,12 +209,16 @@ def free_user_has_full_access(b):
 @test
 def permissions_refuse_with_rabbitmq_wording_and_change_nothing():
     path = users_file(lines())
-    b = Broker(["--users", path], external_ok=False)
+    b = Broker(["--users", path, "--log-level", "info"], external_ok=False)
     try:
         declare_and_delete(b)
         publish_consume_get(b)
         binds(b)
         free_user_has_full_access(b)
+        # each refusal is logged with the user and the peer
+        log = b.stderr_text()
+        assert "user=limited vhost=/ refused configure access to queue 'other-q'" in log, log
+        assert "peer=127.0.0.1:" in log, log
     finally:
         problems = b.stop()
     assert not problems, problems
