@@ -62,6 +62,75 @@ static void add_user(struct auth *auth, const char *name, const unsigned char sa
     memcpy(u->hash, hash, 32);
     u->loopback_only = loopback_only;
     u->tags = tags;
+    u->permissions = NULL;
+    u->permissions_count = 0;
+}
+
+static struct auth_user *find_user_cstr(struct auth *auth, const char *name)
+{
+    for (size_t i = 0; i < auth->users_count; i++) {
+        if (strcmp(auth->users[i].name, name) == 0)
+            return &auth->users[i];
+    }
+    return NULL;
+}
+
+static void permission_free(struct auth_permission *p)
+{
+    for (int kind = 0; kind < AUTH_PERMISSION_KIND_COUNT; kind++) {
+        if (!p->nothing[kind])
+            regfree(&p->regexes[kind]);
+    }
+    free(p->vhost);
+    p->vhost = NULL;
+}
+
+/* "permission USER VHOST CONFIGURE WRITE READ" after the word "permission"
+ * (save: the rest of the line). Returns 0, or -1 with why in err. */
+static int parse_permission(struct auth *auth, char *save, char *err, size_t err_size)
+{
+    char *words[6];
+    int count = 0;
+    for (char *word; count < 6 && (word = strtok_r(NULL, " \t\r\n", &save)) != NULL;)
+        words[count++] = word;
+    if (count != 5) {
+        snprintf(err, err_size, "expected permission USER VHOST CONFIGURE WRITE READ");
+        return -1;
+    }
+    struct auth_user *user = find_user_cstr(auth, words[0]);
+    if (!user) {
+        snprintf(err, err_size, "permission for unknown user '%.64s' (users come first)",
+                 words[0]);
+        return -1;
+    }
+    if (auth_user_permission(user, bytes_of_cstr(words[1])) != NULL) {
+        snprintf(err, err_size, "a second permission for user '%.64s' in vhost '%.64s'",
+                 words[0], words[1]);
+        return -1;
+    }
+    struct auth_permission p = {.vhost = str_dup(words[1])};
+    for (int kind = 0; kind < AUTH_PERMISSION_KIND_COUNT; kind++) {
+        const char *text = words[2 + kind];
+        p.nothing[kind] = strcmp(text, "\"\"") == 0;
+        int rc = p.nothing[kind] ? 0 : regcomp(&p.regexes[kind], text, REG_EXTENDED | REG_NOSUB);
+        if (rc != 0) {
+            char why[128];
+            regerror(rc, &p.regexes[kind], why, sizeof why);
+            snprintf(err, err_size, "bad %s regex '%.64s': %s",
+                     auth_permission_kind_name((enum auth_permission_kind)kind), text, why);
+            p.nothing[kind] = true; /* nothing compiled to free */
+            for (int k = kind + 1; k < AUTH_PERMISSION_KIND_COUNT; k++)
+                p.nothing[k] = true;
+            permission_free(&p);
+            return -1;
+        }
+    }
+    struct auth_permission *grown =
+        realloc(user->permissions, sizeof *grown * (user->permissions_count + 1));
+    ASSERT(grown != NULL);
+    user->permissions = grown;
+    grown[user->permissions_count++] = p;
+    return 0;
 }
 
 void auth_init_default(struct auth *auth)
@@ -159,6 +228,16 @@ int auth_load_file(struct auth *auth, const char *path, char *err, size_t err_si
         char *name = strtok_r(line, " \t\r\n", &save);
         if (!name || name[0] == '#')
             continue;
+        if (strcmp(name, "permission") == 0) {
+            char why[256];
+            if (parse_permission(auth, save, why, sizeof why) != 0) {
+                snprintf(err, err_size, "%s:%d: %s", path, lineno, why);
+                fclose(f);
+                auth_free(auth);
+                return -1;
+            }
+            continue;
+        }
         char *hash64 = strtok_r(NULL, " \t\r\n", &save);
         char *vhosts = strtok_r(NULL, " \t\r\n", &save);
         unsigned char raw[48];
@@ -186,6 +265,9 @@ void auth_free(struct auth *auth)
     for (size_t i = 0; i < auth->users_count; i++) {
         free(auth->users[i].name);
         free(auth->users[i].vhosts);
+        for (size_t j = 0; j < auth->users[i].permissions_count; j++)
+            permission_free(&auth->users[i].permissions[j]);
+        free(auth->users[i].permissions);
     }
     free(auth->users);
     auth->users = NULL;
@@ -254,6 +336,41 @@ bool auth_user_may_open(const struct auth_user *user, struct bytes vhost)
         p = end + 1;
     }
     return false;
+}
+
+const struct auth_permission *auth_user_permission(const struct auth_user *user,
+                                                   struct bytes vhost)
+{
+    for (size_t i = 0; i < user->permissions_count; i++) {
+        if (bytes_equal_cstr(vhost, user->permissions[i].vhost))
+            return &user->permissions[i];
+    }
+    return NULL;
+}
+
+bool auth_permission_allows(const struct auth_permission *permission,
+                            enum auth_permission_kind kind, struct bytes name)
+{
+    if (permission == NULL)
+        return true;
+    if (permission->nothing[kind])
+        return false;
+    /* A shortstr: at most 255 bytes. One with a NUL inside cannot be
+     * searched as a C string, so it is refused. */
+    char text[256];
+    if (name.len >= sizeof text || (name.len && memchr(name.ptr, 0, name.len) != NULL))
+        return false;
+    if (name.len)
+        memcpy(text, name.ptr, name.len);
+    text[name.len] = '\0';
+    return regexec(&permission->regexes[kind], text, 0, NULL, 0) == 0;
+}
+
+const char *auth_permission_kind_name(enum auth_permission_kind kind)
+{
+    static const char *const names[] = {"configure", "write", "read"};
+    ASSERT((unsigned)kind < AUTH_PERMISSION_KIND_COUNT);
+    return names[kind];
 }
 
 int auth_parse_plain(struct bytes response, struct bytes *user, struct bytes *password)

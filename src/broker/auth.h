@@ -17,10 +17,26 @@
  * unknown tag is an error rather than a user with fewer rights than meant.
  * Without a file: guest/guest on "/", loopback only, administrator (as
  * RabbitMQ's default user).
+ *
+ * RabbitMQ's permissions: a line
+ *
+ *     permission  USER  VHOST  CONFIGURE  WRITE  READ
+ *
+ * gives USER (defined on an earlier line; so no user may be named
+ * "permission") three POSIX extended regular expressions for VHOST, at
+ * most one line per user and vhost. They are searched for in a resource's
+ * name (unanchored, as RabbitMQ's re:run: write "^mine-" to mean a
+ * prefix); "" matches nothing (RabbitMQ's "^$" idiom). configure governs
+ * declare and delete, write publish and the destination of a bind, read
+ * consume, get, purge and the source of a bind; the default exchange is
+ * named "amq.default" for the check. A user and vhost without a line have
+ * full access (".*" three times), as before permissions existed. The
+ * regexes are compiled once, here; a bad one refuses the file.
  */
 #ifndef QUAY_BROKER_AUTH_H
 #define QUAY_BROKER_AUTH_H
 
+#include <regex.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -36,6 +52,20 @@ enum auth_tag {
     AUTH_TAG_ADMINISTRATOR = 1u << 3, /* everything, every vhost, cluster actions */
 };
 
+enum auth_permission_kind {
+    AUTH_PERMISSION_CONFIGURE,
+    AUTH_PERMISSION_WRITE,
+    AUTH_PERMISSION_READ,
+};
+#define AUTH_PERMISSION_KIND_COUNT 3
+
+/* One "permission" line. Owned by its user. */
+struct auth_permission {
+    char *vhost;                  /* owned */
+    regex_t regexes[AUTH_PERMISSION_KIND_COUNT]; /* compiled unless nothing[kind] */
+    bool nothing[AUTH_PERMISSION_KIND_COUNT];    /* the regex was "": nothing matches */
+};
+
 struct auth_user {
     char *name;                   /* owned */
     char *vhosts;                 /* owned: comma-separated list, "*" = any */
@@ -43,6 +73,8 @@ struct auth_user {
     unsigned char hash[32];
     bool loopback_only;
     unsigned tags;                /* enum auth_tag bits, as the file names them */
+    struct auth_permission *permissions; /* owned array; none = full access everywhere */
+    size_t permissions_count;
 };
 
 struct auth {
@@ -79,6 +111,15 @@ const struct auth_user *auth_find_user(const struct auth *auth, struct bytes use
 const struct auth_user *auth_check(const struct auth *auth, struct bytes user,
                                    struct bytes password, bool peer_loopback);
 bool auth_user_may_open(const struct auth_user *user, struct bytes vhost);
+/* The user's permission line for vhost, or NULL: full access. */
+const struct auth_permission *auth_user_permission(const struct auth_user *user,
+                                                   struct bytes vhost);
+/* Whether permission (NULL = full access) lets kind at the resource name.
+ * No allocation: the name is copied to the stack for regexec. */
+bool auth_permission_allows(const struct auth_permission *permission,
+                            enum auth_permission_kind kind, struct bytes name);
+/* "configure", "write", "read": RabbitMQ's words in refusals. */
+const char *auth_permission_kind_name(enum auth_permission_kind kind);
 /* Whether the user holds tag, directly or through a tag that includes it. */
 bool auth_user_has_tag(const struct auth_user *user, enum auth_tag tag);
 /* Parses a comma-separated tag list ("" = none) into enum auth_tag bits.

@@ -214,7 +214,7 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     policy_set_init(&broker->policies);
     alarm_init(&broker->alarm, config->memory_high_watermark, config->disk_free_limit);
     if (config->users_file) {
-        char err[256];
+        char err[512];
         if (auth_load_file(&broker->auth, config->users_file, err, sizeof err) != 0) {
             LOG_ERROR("%s", err);
             return -1;

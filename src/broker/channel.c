@@ -223,6 +223,44 @@ void channel__fail(struct channel *ch, uint16_t reply_code, uint32_t method_id, 
     va_end(ap);
 }
 
+bool channel__permitted(struct channel *ch, enum auth_permission_kind kind,
+                        const char *resource, struct bytes name, uint32_t method_id)
+{
+    const struct auth_user *user = ch->connection->user;
+    if (user == NULL || user->permissions_count == 0)
+        return true;
+    const struct auth_permission *permission = auth_user_permission(user, ch->vhost->name);
+    if (name.len == 0 && strcmp(resource, "exchange") == 0)
+        name = BYTES_LIT("amq.default");
+    if (auth_permission_allows(permission, kind, name))
+        return true;
+    LOG_INFO("conn=%llu peer=%s user=%s vhost=%.*s refused %s access to %s '%.*s'",
+             (unsigned long long)ch->connection->conn.id, ch->connection->conn.peer_name,
+             user->name, (int)ch->vhost->name.len, (const char *)ch->vhost->name.ptr,
+             auth_permission_kind_name(kind), resource, (int)name.len, (const char *)name.ptr);
+    channel__fail(ch, REPLY_ACCESS_REFUSED, method_id,
+                  "%s access to %s '%.*s' in vhost '%.*s' refused for user '%s'",
+                  auth_permission_kind_name(kind), resource, (int)name.len,
+                  (const char *)name.ptr, (int)ch->vhost->name.len,
+                  (const char *)ch->vhost->name.ptr, user->name);
+    return false;
+}
+
+/* basic.publish's write check, once per exchange while it stays the same. */
+static bool publish_permitted(struct channel *ch, struct bytes exchange, uint32_t method_id)
+{
+    if (ch->has_permitted_exchange && ch->permitted_exchange_size == exchange.len &&
+        (exchange.len == 0 || memcmp(ch->permitted_exchange, exchange.ptr, exchange.len) == 0))
+        return true;
+    if (!channel__permitted(ch, AUTH_PERMISSION_WRITE, "exchange", exchange, method_id))
+        return false;
+    if (exchange.len)
+        memcpy(ch->permitted_exchange, exchange.ptr, exchange.len);
+    ch->permitted_exchange_size = (uint8_t)exchange.len;
+    ch->has_permitted_exchange = true;
+    return true;
+}
+
 void channel__connection_fail(struct channel *ch, uint16_t reply_code, uint32_t method_id,
                               const char *fmt, ...)
 {
@@ -584,6 +622,8 @@ void channel__begin_publish(struct channel *ch, const struct method *m)
         channel__connection_fail(ch, REPLY_NOT_IMPLEMENTED, m->id, "immediate=true");
         return;
     }
+    if (!publish_permitted(ch, p->exchange, m->id))
+        return; /* the content frames that follow are discarded, as below */
     struct exchange *exchange = vhost_exchange(ch->vhost, p->exchange);
     if (!exchange) {
         channel__fail(ch, REPLY_NOT_FOUND, m->id, "no exchange '%.*s' in vhost '%.*s'",

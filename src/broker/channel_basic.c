@@ -462,7 +462,9 @@ void channel__release_consumers(struct channel *ch)
  * as RabbitMQ does when it is missing or exclusive to someone else. */
 static struct queue *usable_queue(struct channel *ch, struct bytes name, uint32_t method_id)
 {
-    if (!channel__resolve_queue_name(ch, &name, method_id))
+    /* basic.consume and basic.get: both read the queue. */
+    if (!channel__resolve_queue_name(ch, &name, method_id) ||
+        !channel__permitted(ch, AUTH_PERMISSION_READ, "queue", name, method_id))
         return NULL;
     struct queue *queue = vhost_queue(ch->vhost, name);
     if (!queue) {

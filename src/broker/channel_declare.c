@@ -92,6 +92,9 @@ static void exchange_declare(struct channel *ch, const struct method *m)
                       "operation not permitted on the default exchange");
         return;
     }
+    if (!d->passive &&
+        !channel__permitted(ch, AUTH_PERMISSION_CONFIGURE, "exchange", d->exchange, m->id))
+        return;
     if (d->passive) {
         if (!x) {
             channel__fail(ch, REPLY_NOT_FOUND, m->id, "no exchange '%.*s' " VHOST_FMT,
@@ -168,7 +171,8 @@ static void exchange_delete(struct channel *ch, const struct method *m)
                       NAME_ARG(d->exchange), VHOST_ARG(ch));
         return;
     }
-    if (!exchange_modifiable(ch, d->exchange, m->id))
+    if (!exchange_modifiable(ch, d->exchange, m->id) ||
+        !channel__permitted(ch, AUTH_PERMISSION_CONFIGURE, "exchange", d->exchange, m->id))
         return;
     if (channel__clustered(ch)) {
         struct map_cmd cmd;
@@ -206,6 +210,10 @@ static void exchange_bind_unbind(struct channel *ch, const struct method *m)
                       "operation not permitted on the default exchange");
         return;
     }
+    /* RabbitMQ: write on the destination, read on the source. */
+    if (!channel__permitted(ch, AUTH_PERMISSION_WRITE, "exchange", dest_name, m->id) ||
+        !channel__permitted(ch, AUTH_PERMISSION_READ, "exchange", source_name, m->id))
+        return;
     struct exchange *dest = existing_exchange(ch, dest_name, m->id);
     if (!dest)
         return;
@@ -386,13 +394,16 @@ static void queue_declare(struct channel *ch, const struct method *m)
                       "queue name '%.*s' contains reserved prefix 'amq.*'", NAME_ARG(name));
         return;
     } else if (queue) {
-        if (channel__queue_locked(ch, queue, m->id) || !queue_equivalent(ch, queue, d, m->id))
+        if (!channel__permitted(ch, AUTH_PERMISSION_CONFIGURE, "queue", name, m->id) ||
+            channel__queue_locked(ch, queue, m->id) || !queue_equivalent(ch, queue, d, m->id))
             return;
     } else {
         if (name.len == 0) {
             broker_generate_name(broker, "amq.gen-", generated, sizeof generated);
             name = bytes_of_cstr(generated);
         }
+        if (!channel__permitted(ch, AUTH_PERMISSION_CONFIGURE, "queue", name, m->id))
+            return;
         struct queue_args parsed;
         uint16_t code;
         char text[512];
@@ -443,6 +454,10 @@ static void queue_bind_unbind(struct channel *ch, const struct method *m)
         return;
     }
     if (!channel__resolve_queue_name(ch, &queue_name, m->id))
+        return;
+    /* RabbitMQ: write on the queue, read on the exchange. */
+    if (!channel__permitted(ch, AUTH_PERMISSION_WRITE, "queue", queue_name, m->id) ||
+        !channel__permitted(ch, AUTH_PERMISSION_READ, "exchange", exchange_name, m->id))
         return;
     struct queue *queue = vhost_queue(ch->vhost, queue_name);
     if (!queue) {
@@ -497,7 +512,12 @@ static void queue_bind_unbind(struct channel *ch, const struct method *m)
 
 static void queue_purge_method(struct channel *ch, const struct method *m)
 {
-    struct queue *queue = existing_queue(ch, m->queue_purge.queue, m->id);
+    struct bytes name = m->queue_purge.queue;
+    /* RabbitMQ: purging takes read permission on the queue. */
+    if (!channel__resolve_queue_name(ch, &name, m->id) ||
+        !channel__permitted(ch, AUTH_PERMISSION_READ, "queue", name, m->id))
+        return;
+    struct queue *queue = existing_queue(ch, name, m->id);
     if (!queue)
         return;
     if (queue_is_remote(queue)) {
@@ -516,7 +536,8 @@ static void queue_delete_method(struct channel *ch, const struct method *m)
 {
     const struct method_queue_delete *d = &m->queue_delete;
     struct bytes name = d->queue;
-    if (!channel__resolve_queue_name(ch, &name, m->id))
+    if (!channel__resolve_queue_name(ch, &name, m->id) ||
+        !channel__permitted(ch, AUTH_PERMISSION_CONFIGURE, "queue", name, m->id))
         return;
     struct queue *queue = vhost_queue(ch->vhost, name);
     uint32_t count = 0;

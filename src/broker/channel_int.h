@@ -8,6 +8,7 @@
 
 #include "amqp/method_gen.h"
 #include "amqp/reply_code_gen.h"
+#include "broker/auth.h"
 #include "broker/channel.h"
 #include "broker/queue.h"
 #include "lib/hash.h"
@@ -107,6 +108,11 @@ struct channel {
     uint8_t *publish_names;           /* owned, 512 bytes: exchange then key */
     uint8_t publish_exchange_size;
     uint8_t publish_routing_key_size;
+    /* The last exchange a restricted user's publish was permitted to
+     * (channel__publish_permitted): later publishes to it skip the regex. */
+    uint8_t permitted_exchange[256];
+    uint8_t permitted_exchange_size;
+    bool has_permitted_exchange;
     struct message *assembling;       /* one reference while receiving content */
 
     /* Publisher confirms: sequence numbers of this channel's publishes. */
@@ -168,6 +174,13 @@ struct channel {
 void channel__fail(struct channel *ch, uint16_t reply_code, uint32_t method_id,
                    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 void channel__send(struct channel *ch, const struct method *m);
+/* RabbitMQ's permission check (broker/auth.h) of the connection's user in
+ * the channel's vhost: kind access to the resource ("queue"/"exchange")
+ * name. On refusal, logs it and fails the channel with 403 and RabbitMQ's
+ * text; returns false. The default exchange "" is checked as
+ * "amq.default". */
+bool channel__permitted(struct channel *ch, enum auth_permission_kind kind,
+                        const char *resource, struct bytes name, uint32_t method_id);
 /* The connection-level failure for a method on this channel. */
 void channel__connection_fail(struct channel *ch, uint16_t reply_code, uint32_t method_id,
                               const char *fmt, ...) __attribute__((format(printf, 4, 5)));

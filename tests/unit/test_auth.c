@@ -10,7 +10,11 @@
  * LOOPBACK_ONLY only with the right password from a remote peer; the
  * default guest is a loopback-only administrator; administrator includes
  * every tag, monitoring and policymaker include management and nothing
- * else.
+ * else. Permission lines compile their three regexes once; a user and
+ * vhost without one has full access; the regexes are searched unanchored
+ * (RabbitMQ's re:run), "" matches nothing, a bad regex, an unknown or
+ * later-defined user, a repeated line or a wrong word count refuses the
+ * file.
  *
  * Method: write users files to a temporary directory with hashes from
  * auth_hash_password, load them and log in.
@@ -181,6 +185,76 @@ static void test_tag_inclusion(void **state)
     }
 }
 
+static bool allows(const struct auth_user *u, const char *vhost, enum auth_permission_kind kind,
+                   const char *name)
+{
+    return auth_permission_allows(auth_user_permission(u, bytes_of_cstr(vhost)), kind,
+                                  bytes_of_cstr(name));
+}
+
+static void test_permissions(void **state)
+{
+    (void)state;
+    struct auth auth;
+    char err[256] = "";
+    assert_int_equal(load(&auth,
+                          "u %s /,v\n"
+                          "free %s /\n"
+                          "# configure, write, read\n"
+                          "permission u / ^mine- ^amq\\.default$|^mine- \"\"\n"
+                          "permission u v .* mine .*\n",
+                          err, sizeof err),
+                     0);
+    const struct auth_user *u = user_named(&auth, "u");
+    assert_int_equal(u->permissions_count, 2);
+    assert_true(allows(u, "/", AUTH_PERMISSION_CONFIGURE, "mine-x"));
+    assert_false(allows(u, "/", AUTH_PERMISSION_CONFIGURE, "other"));
+    assert_false(allows(u, "/", AUTH_PERMISSION_CONFIGURE, "x-mine-"));
+    assert_true(allows(u, "/", AUTH_PERMISSION_WRITE, "amq.default"));
+    assert_false(allows(u, "/", AUTH_PERMISSION_WRITE, "amq.defaults"));
+    assert_true(allows(u, "/", AUTH_PERMISSION_WRITE, "mine-q"));
+    assert_false(allows(u, "/", AUTH_PERMISSION_READ, "mine-q")); /* "" */
+    assert_false(allows(u, "/", AUTH_PERMISSION_READ, ""));
+    /* Unanchored, as RabbitMQ's re:run. */
+    assert_true(allows(u, "v", AUTH_PERMISSION_WRITE, "not-mine-either"));
+    assert_false(allows(u, "v", AUTH_PERMISSION_WRITE, "other"));
+    /* No line for the vhost, or none at all: full access. */
+    assert_null(auth_user_permission(u, bytes_of_cstr("w")));
+    assert_true(allows(u, "w", AUTH_PERMISSION_READ, "anything"));
+    assert_true(allows(user_named(&auth, "free"), "/", AUTH_PERMISSION_CONFIGURE, "x"));
+    /* A name with a NUL inside is refused by a regex. */
+    struct bytes nul = {(const uint8_t *)"mine-\0x", 7};
+    assert_false(auth_permission_allows(auth_user_permission(u, bytes_of_cstr("/")),
+                                        AUTH_PERMISSION_CONFIGURE, nul));
+    assert_string_equal(auth_permission_kind_name(AUTH_PERMISSION_READ), "read");
+    auth_free(&auth);
+}
+
+static void test_permissions_refused(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        const char *why;
+    } bad[] = {
+        {"u %s /\npermission u / ( .* .*\n", "bad configure regex '('"},
+        {"u %s /\npermission u / .* .* [a\n", "bad read regex '[a'"},
+        {"u %s /\npermission nobody / .* .* .*\n", "unknown user 'nobody'"},
+        {"permission u / .* .* .*\nu %s /\n", "unknown user 'u'"},
+        {"u %s /\npermission u / .* .*\n", "expected permission USER VHOST"},
+        {"u %s /\npermission u / .* .* .* .*\n", "expected permission USER VHOST"},
+        {"u %s /\npermission u / .* .* .*\npermission u / a b c\n", "a second permission"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct auth auth;
+        char err[256] = "";
+        assert_int_equal(load(&auth, bad[i].text, err, sizeof err), -1);
+        if (strstr(err, bad[i].why) == NULL)
+            fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].why);
+        assert_int_equal(auth.users_count, 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -189,6 +263,8 @@ int main(void)
         cmocka_unit_test(test_login_verdicts),
         cmocka_unit_test(test_default_guest),
         cmocka_unit_test(test_tag_inclusion),
+        cmocka_unit_test(test_permissions),
+        cmocka_unit_test(test_permissions_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
