@@ -370,7 +370,11 @@ def quayctl_tables_and_json():
        {"peer", "user", "vhost", "channels"}, True, "--json connections")
 
     status = quayctl("status").stdout
-    pairs = dict(line.split(None, 1) for line in status.strip().split("\n"))
+    # Key/value lines, then (clustered) a blank line and the brokers' table.
+    head, _, tables = status.strip().partition("\n\n")
+    pairs = dict(line.split(None, 1) for line in head.split("\n"))
+    if CLUSTERED:
+        assert tables.startswith("cluster.brokers:\n"), status
     eq(pairs["product"], "quay", "status product")
     eq(pairs["node"], "local", "status node")
     assert int(pairs["queues"]) >= 2 and int(pairs["connections"]) >= 1, pairs
