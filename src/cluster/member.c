@@ -651,9 +651,9 @@ int member_leave(void *ctx, const char *request, size_t request_size, struct jso
     (void)request; /* no parameters */
     (void)request_size;
     const struct cluster_map *map = member_map(member);
-    json_object_begin(body);
-    if (member->stopping || !cluster_node_synced(member->node))
-        return member_api_error(body, 503, "not serving the cluster yet (or stopping): try again");
+    int refused = member_api_begin(member, body);
+    if (refused != 0)
+        return refused;
     uint32_t owned = 0, held = 0;
     for (uint32_t i = 0; i < map->queues_count; i++) {
         const struct map_queue *q = map->queues[i];
@@ -749,6 +749,14 @@ void member_cluster_json(void *ctx, struct json *body)
     json_object_end(body);
 }
 
+int member_api_begin(struct member *member, struct json *body)
+{
+    json_object_begin(body);
+    if (member->stopping || !cluster_node_synced(member->node))
+        return member_api_error(body, 503, "not serving the cluster yet (or stopping): try again");
+    return 0;
+}
+
 int member_api_error(struct json *body, int status, const char *text)
 {
     json_kv_string(body, "error", http_status_text(status));
@@ -785,10 +793,9 @@ int member_forget(void *ctx, const char *request, size_t request_size, struct js
 {
     struct member *member = ctx;
     const struct cluster_map *map = member_map(member);
-    json_object_begin(body);
-    if (member->stopping || !cluster_node_synced(member->node))
-        return member_api_error(body, 503,
-                                "not serving the cluster yet (or stopping): try again");
+    int refused = member_api_begin(member, body);
+    if (refused != 0)
+        return refused;
     int status;
     const struct map_broker *b = member_api_broker(member, request, request_size, body, &status);
     if (b == NULL)

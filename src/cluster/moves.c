@@ -106,9 +106,9 @@ int moves_post(void *ctx, const char *request, size_t request_size, struct json 
 {
     struct member *member = ctx;
     const struct cluster_map *map = member_map(member);
-    json_object_begin(body);
-    if (member->stopping || !cluster_node_synced(member->node))
-        return member_api_error(body, 503, "not serving the cluster yet (or stopping): try again");
+    int refused = member_api_begin(member, body);
+    if (refused != 0)
+        return refused;
     struct move_request r = {.vhost = "/"};
     char err[256];
     if (json_read_object(request, request_size, read_move_member, &r, err, sizeof err) != OK)
@@ -194,9 +194,9 @@ int moves_drain_post(void *ctx, const char *request, size_t request_size, struct
 {
     struct member *member = ctx;
     const struct cluster_map *map = member_map(member);
-    json_object_begin(body);
-    if (member->stopping || !cluster_node_synced(member->node))
-        return member_api_error(body, 503, "not serving the cluster yet (or stopping): try again");
+    int refused = member_api_begin(member, body);
+    if (refused != 0)
+        return refused;
     int status;
     const struct map_broker *b = member_api_broker(member, request, request_size, body, &status);
     if (b == NULL)
@@ -237,9 +237,9 @@ int moves_drain_post(void *ctx, const char *request, size_t request_size, struct
 int moves_revive_post(void *ctx, const char *request, size_t request_size, struct json *body)
 {
     struct member *member = ctx;
-    json_object_begin(body);
-    if (member->stopping || !cluster_node_synced(member->node))
-        return member_api_error(body, 503, "not serving the cluster yet (or stopping): try again");
+    int refused = member_api_begin(member, body);
+    if (refused != 0)
+        return refused;
     int status;
     const struct map_broker *b = member_api_broker(member, request, request_size, body, &status);
     if (b == NULL)
@@ -343,9 +343,9 @@ int moves_offload_post(void *ctx, const char *request, size_t request_size, stru
 {
     struct member *member = ctx;
     const struct cluster_map *map = member_map(member);
-    json_object_begin(body);
-    if (member->stopping || !cluster_node_synced(member->node))
-        return member_api_error(body, 503, "not serving the cluster yet (or stopping): try again");
+    int refused = member_api_begin(member, body);
+    if (refused != 0)
+        return refused;
     struct offload_request r = {0};
     char err[256];
     if (json_read_object(request, request_size, read_offload_member, &r, err, sizeof err) != OK)
@@ -436,9 +436,9 @@ int moves_rebalance_post(void *ctx, const char *request, size_t request_size, st
 {
     struct member *member = ctx;
     const struct cluster_map *map = member_map(member);
-    json_object_begin(body);
-    if (member->stopping || !cluster_node_synced(member->node))
-        return member_api_error(body, 503, "not serving the cluster yet (or stopping): try again");
+    int refused = member_api_begin(member, body);
+    if (refused != 0)
+        return refused;
     struct rebalance_request r = {0};
     char err[256];
     if (!blank(request, request_size) &&
