@@ -9,24 +9,11 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "amqp/wire.h"
 #include "lib/assert.h"
 
 #define MAGIC "QYHB"
 #define VERSION 1
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 7; i >= 0; i--, v >>= 8)
-        p[i] = (uint8_t)v;
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = v << 8 | p[i];
-    return v;
-}
 
 static void mac_of(const uint8_t *secret, size_t secret_size, const uint8_t *data, size_t size,
                    uint8_t *mac)
@@ -54,8 +41,8 @@ size_t heartbeat_encode(const struct heartbeat *hb, const uint8_t *secret, size_
     out[4] = VERSION;
     out[5] = (uint8_t)((hb->stopping ? HEARTBEAT_FLAG_STOPPING : 0) |
                        (hb->alarms & (HEARTBEAT_FLAG_MEMORY_ALARM | HEARTBEAT_FLAG_DISK_ALARM)));
-    put_u64(out + 16, hb->id);
-    put_u64(out + 24, hb->sequence);
+    wire_put_u64(out + 16, hb->id);
+    wire_put_u64(out + 24, hb->sequence);
     size_t size = HEARTBEAT_HEADER_SIZE;
     size_t n = put_field(out + size, hb->name);
     out[6] = (uint8_t)n;
@@ -93,12 +80,12 @@ bool heartbeat_decode(const uint8_t *secret, size_t secret_size, const uint8_t *
     mac_of(secret, secret_size, data, size - HEARTBEAT_MAC_SIZE, mac);
     if (CRYPTO_memcmp(mac, data + size - HEARTBEAT_MAC_SIZE, HEARTBEAT_MAC_SIZE) != 0)
         return false;
-    uint64_t id = get_u64(data + 16);
+    uint64_t id = wire_get_u64(data + 16);
     if (id == 0 || id > UINT32_MAX)
         return false;
     memset(out, 0, sizeof *out);
     out->id = (uint32_t)id;
-    out->sequence = get_u64(data + 24);
+    out->sequence = wire_get_u64(data + 24);
     out->stopping = (data[5] & HEARTBEAT_FLAG_STOPPING) != 0;
     out->alarms = data[5] & (HEARTBEAT_FLAG_MEMORY_ALARM | HEARTBEAT_FLAG_DISK_ALARM);
     const uint8_t *p = data + HEARTBEAT_HEADER_SIZE;

@@ -65,6 +65,7 @@
 
 #include <openssl/rand.h>
 
+#include "amqp/wire.h"
 #include "cluster/consensus.h"
 #include "cluster/controller.h"
 #include "cluster/heartbeat.h"
@@ -196,20 +197,6 @@ struct proposal {
 };
 
 /* ---- small helpers ---- */
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 7; i >= 0; i--, v >>= 8)
-        p[i] = (uint8_t)v;
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = v << 8 | p[i];
-    return v;
-}
 
 static struct peer *peer_find(struct cluster_node *node, uint64_t id)
 {
@@ -494,8 +481,8 @@ static int on_apply(void *ctx, uint64_t index, const uint8_t *cmd, size_t size, 
     }
     /* The envelope: a malformed one is applied as an empty command, which
      * the map refuses (and counts) like any malformed command. */
-    uint64_t cmd_size = size >= ENVELOPE_HEADER_SIZE ? get_u64(cmd) : 0;
-    uint64_t request_id = size >= ENVELOPE_HEADER_SIZE ? get_u64(cmd + 8) : 0;
+    uint64_t cmd_size = size >= ENVELOPE_HEADER_SIZE ? wire_get_u64(cmd) : 0;
+    uint64_t request_id = size >= ENVELOPE_HEADER_SIZE ? wire_get_u64(cmd + 8) : 0;
     if (cmd_size > size - ENVELOPE_HEADER_SIZE || size % 8 != 0)
         cmd_size = 0;
     struct map_change change;
@@ -667,8 +654,8 @@ static uint8_t *entry_new(const struct map_cmd *cmd, uint64_t request_id, size_t
     size_t size = ENVELOPE_HEADER_SIZE + (cmd->size + 7) / 8 * 8;
     uint8_t *entry = calloc(1, size);
     ASSERT(entry != NULL);
-    put_u64(entry, cmd->size);
-    put_u64(entry + 8, request_id);
+    wire_put_u64(entry, cmd->size);
+    wire_put_u64(entry + 8, request_id);
     memcpy(entry + ENVELOPE_HEADER_SIZE, cmd->bytes, cmd->size);
     *size_out = size;
     return entry;
