@@ -269,21 +269,28 @@ void conn__after_input(struct conn *conn, size_t nread)
     read_batch_after_read(&conn->net->read_batch, conn, nread);
 }
 
-static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+bool conn__read_arrived(struct conn *conn, ssize_t nread)
 {
-    struct conn *conn = stream->data;
     if (nread < 0) {
         if (nread != UV_EOF)
             LOG_DEBUG("conn=%llu peer=%s read error: %s", (unsigned long long)conn->id,
                       conn->peer_name, uv_strerror((int)nread));
         conn_close(conn);
-        return;
+        return false;
     }
     if (nread == 0 || conn->closing)
-        return;
+        return false;
     conn->net->bytes_in += (uint64_t)nread;
     conn->net->reads++;
     conn->last_read_ms = uv_now(conn->net->loop);
+    return true;
+}
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+    struct conn *conn = stream->data;
+    if (!conn__read_arrived(conn, nread))
+        return;
     const uint8_t *data;
     size_t size;
     if (conn->in_size > 0 && (uint8_t *)buf->base == conn->net->scratch + conn->in_size) {

@@ -29,6 +29,9 @@ void conn__advance(struct conn *conn, size_t n);
 void conn__keep_leftover(struct conn *conn, const uint8_t *data, size_t size);
 /* Puts conn on the list written at the end of this loop iteration. */
 void conn__schedule_flush(struct conn *conn);
+/* A read callback's start, plain or TLS: an error or EOF closes conn, and
+ * bytes are counted. True if there are bytes to handle. */
+bool conn__read_arrived(struct conn *conn, ssize_t nread);
 /* After the protocol handled a read: the output pause and read batching. */
 void conn__after_input(struct conn *conn, size_t nread);
 

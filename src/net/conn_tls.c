@@ -113,18 +113,8 @@ static int decrypt(struct conn *conn, uint8_t **data, size_t *size)
 void conn__tls_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 {
     struct conn *conn = stream->data;
-    if (nread < 0) {
-        if (nread != UV_EOF)
-            LOG_DEBUG("conn=%llu peer=%s read error: %s", (unsigned long long)conn->id,
-                      conn->peer_name, uv_strerror((int)nread));
-        conn_close(conn);
+    if (!conn__read_arrived(conn, nread))
         return;
-    }
-    if (nread == 0 || conn->closing)
-        return;
-    conn->net->bytes_in += (uint64_t)nread;
-    conn->net->reads++;
-    conn->last_read_ms = uv_now(conn->net->loop);
     ASSERT((size_t)nread <= conn->net->scratch_size);
     if (BIO_write(conn->tls->in, buf->base, (int)nread) != (int)nread) {
         fail(conn, "input");
