@@ -13,6 +13,7 @@
 
 #include "broker/channel.h"
 #include "broker/connection.h"
+#include "broker/flow.h"
 #include "broker/message.h"
 #include "broker/vhost.h"
 #include "cluster/member.h"
@@ -52,6 +53,7 @@ static void on_tick(uv_timer_t *timer)
     struct broker *broker = timer->data;
     uint64_t now = uv_now(broker->loop);
     alarm_tick(broker, now);
+    flow_tick(broker, now);
     list_for_each_safe(node, &broker->connections) {
         connection_tick(CONTAINER_OF(node, struct connection, broker_link), now);
     }
@@ -225,6 +227,7 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     create_vhosts(broker);
     net_init(&broker->net, loop);
     list_init(&broker->confirms_owed);
+    list_init(&broker->flow_congested);
     net_flush_hook_add(&broker->net, &broker->confirms_hook, channels_flush_confirms);
     read_batch_enable(&broker->net.read_batch, config->limits.read_batch_us);
     char err[1024];

@@ -99,6 +99,7 @@ struct broker_counters {
     uint64_t delivered_get_no_ack;     /* basic.get-ok with no-ack */
     uint64_t redelivered;              /* of all those, ones flagged redelivered */
     uint64_t acknowledged;             /* deliveries the client acked */
+    uint64_t flow_stops;               /* connections stopped by a congested queue (flow.h) */
 };
 
 struct broker {
@@ -141,6 +142,7 @@ struct broker {
     /* Channels that owe their publishers confirms: sent together at the
      * end of the loop iteration (confirms_hook), one multiple ack each. */
     struct list_node confirms_owed; /* struct channel.confirm_link */
+    struct list_node flow_congested; /* struct queue.flow.congested_link (flow.h) */
     struct net_flush_hook confirms_hook;
     struct broker_counters counters;
     bool stopping;

@@ -63,6 +63,9 @@ struct message;
 struct connection;
 /* The consumers of the connection's channels (GET /metrics: O(channels)). */
 uint32_t channels_consumers_count(const struct connection *connection);
+/* Whether one of the connection's channels consumes from queue
+ * (O(the queue's consumers)). */
+bool channels_consume_from(const struct connection *connection, const struct queue *queue);
 void channels_each_unacked(struct broker *broker, const struct queue *queue,
                            void (*fn)(void *ctx, uint64_t seq, struct message *message),
                            void *ctx);

@@ -190,6 +190,17 @@ uint32_t channels_consumers_count(const struct connection *connection)
     return n;
 }
 
+bool channels_consume_from(const struct connection *connection, const struct queue *queue)
+{
+    list_for_each(n, &queue->consumers) {
+        const struct consumer *c = CONTAINER_OF(n, struct consumer, queue_link);
+        const struct channel *ch = c->owner;
+        if (ch->connection == connection)
+            return true;
+    }
+    return false;
+}
+
 void channels_each_unacked(struct broker *broker, const struct queue *queue,
                            void (*fn)(void *ctx, uint64_t seq, struct message *message),
                            void *ctx)

@@ -11,8 +11,10 @@
 
 #include "amqp/method_gen.h"
 #include "amqp/table.h"
+#include "broker/broker.h"
 #include "broker/channel.h"
 #include "broker/connection.h"
+#include "broker/flow.h"
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
@@ -213,6 +215,19 @@ static void on_forward_confirm(void *ctx, uint64_t seq, bool multiple, bool ack)
     forwarder_trim(f);
 }
 
+/* Our stand-ins of f's vhost whose primary is f's peer: what the peer
+ * said of their flow no longer holds once the channel it said it on is
+ * gone (broker/flow.h). */
+static void forget_flow(struct proxy_forwarder *f)
+{
+    list_for_each(n, &f->peer->member->stubs) {
+        struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);
+        if (stub->primary_id == f->peer->id && stub->queue->flow.congested &&
+            bytes_equal(stub->queue->vhost->name, f->vhost))
+            flow_queue_set_remote(stub->queue, false);
+    }
+}
+
 static void on_forward_closed(void *ctx, uint16_t code, struct bytes text)
 {
     struct proxy_forwarder *f = ctx;
@@ -221,11 +236,28 @@ static void on_forward_closed(void *ctx, uint16_t code, struct bytes text)
                  (int)text.len, (const char *)text.ptr);
     f->ch = NULL;
     forwarder_fail_all(f);
+    forget_flow(f);
+}
+
+/* basic.quay-flow: the primary says one of its queues we forward to is
+ * congested, or drained; our stand-in of it holds our publishers to it,
+ * or lets them go (broker/flow.h). Only the queue's primary is heard. */
+static void on_forward_reply(void *ctx, const struct method *m)
+{
+    struct proxy_forwarder *f = ctx;
+    if (m->id != METHOD_BASIC_QUAY_FLOW)
+        return;
+    struct vhost *vhost = broker_vhost(f->peer->member->broker, f->vhost);
+    struct queue *queue = vhost ? vhost_queue(vhost, m->basic_quay_flow.queue) : NULL;
+    if (queue == NULL || !queue_is_remote(queue) || stub_of(queue)->primary_id != f->peer->id)
+        return; /* not our stand-in of its queue (any more) */
+    flow_queue_set_remote(queue, !m->basic_quay_flow.active);
 }
 
 static const struct link_channel_ops forwarder_ops_template = {
     .confirm = on_forward_confirm,
     .closed = on_forward_closed,
+    .reply = on_forward_reply,
 };
 
 static void forwarder_free(struct proxy_forwarder *f)

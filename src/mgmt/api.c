@@ -29,6 +29,7 @@
 #include "broker/connection.h"
 #include "broker/dedup.h"
 #include "broker/durable.h"
+#include "broker/flow.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
@@ -433,7 +434,9 @@ static const char *connection_state_name(const struct connection *connection)
     case CONNECTION_STATE_TUNE_OK: return "tuning";
     case CONNECTION_STATE_OPEN_WAIT: return "opening";
     case CONNECTION_STATE_OPEN:
-        return connection->blocked ? "blocked" : connection->flow ? "flow" : "running";
+        if (connection->blocked)
+            return "blocked";
+        return connection->flow || flow_connection_waits(connection) ? "flow" : "running";
     case CONNECTION_STATE_CLOSING: return "closing";
     case CONNECTION_STATE_CLOSED: return "closed";
     }

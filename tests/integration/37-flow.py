@@ -1,0 +1,243 @@
+"""Goal: flow control per publishing connection (broker/flow.h). A
+publisher that outruns the consumers of its queue is slowed to what they
+take, so the queue's backlog stays bounded; other connections go on; a
+queue without consumers, or whose consumers are stuck, still takes
+everything (a queue's job is to buffer); nothing is lost or reordered.
+
+Method: one quayd (or, with QUAY_TEST_MODE=cluster, a 3-broker cluster
+reached through a broker that is not the queues' primary: the primary
+tells the client's broker, basic.quay-flow, and that broker stops reading
+its publisher). Real pika clients, each on its own connection and thread:
+a flooding publisher (no confirms), a consumer slowed to about 1000
+messages a second, a watcher that samples the queue's depth (queue.declare
+passive, which a proxy asks the primary for) and /api/connections. Without
+flow control the flooder (pika: well over 5000 msg/s) would put tens of
+thousands of messages in the queue within the flood.
+"""
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quaytest import *  # noqa: E402,F403
+
+import pika  # noqa: E402
+
+FLOOD_S = 3.0
+BODY = b"x" * 1024
+DEPTH_BOUND = 10000   # FLOW_MIN_MESSAGES is 2000; what was read before the stop adds some
+b = None
+
+
+def connect():
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        b.host, b.port, heartbeat=0, socket_timeout=10, blocked_connection_timeout=60))
+
+
+class Flooder(threading.Thread):
+    """Publishes numbered messages to queue as fast as pika can for
+    seconds (no confirms); self.sent is how many it got out."""
+
+    def __init__(self, queue, seconds=FLOOD_S):
+        super().__init__(daemon=True)
+        self.queue, self.seconds, self.sent, self.error = queue, seconds, 0, None
+
+    def run(self):
+        try:
+            c = connect()
+            ch = c.channel()
+            end = time.monotonic() + self.seconds
+            while time.monotonic() < end:
+                for _ in range(100):
+                    ch.basic_publish("", self.queue, b"%d " % self.sent + BODY)
+                    self.sent += 1
+            c.close()  # (its close waits behind what the broker has not read yet)
+        except Exception as e:  # noqa: BLE001
+            self.error = e
+
+
+class Consumer(threading.Thread):
+    """Consumes queue with manual acks, sleeping delay per message until
+    told to hurry; records the sequence numbers it saw."""
+
+    def __init__(self, queue, delay=0.001, prefetch=50, ack=True):
+        super().__init__(daemon=True)
+        self.queue, self.delay, self.prefetch, self.ack = queue, delay, prefetch, ack
+        self.seen, self.stop, self.ready, self.error = [], False, threading.Event(), None
+
+    def run(self):
+        try:
+            c = connect()
+            ch = c.channel()
+            ch.basic_qos(prefetch_count=self.prefetch)
+
+            def on_message(ch, method, props, body):
+                self.seen.append(int(body.split(b" ", 1)[0]))
+                if self.delay:
+                    time.sleep(self.delay)
+                if self.ack:
+                    ch.basic_ack(method.delivery_tag)
+
+            ch.basic_consume(self.queue, on_message)
+            self.ready.set()
+            while not self.stop:
+                c.process_data_events(time_limit=0.05)
+            c.close()
+        except Exception as e:  # noqa: BLE001
+            self.error = e
+            self.ready.set()
+
+
+def depth(ch, queue):
+    return ch.queue_declare(queue, passive=True).method.message_count
+
+
+def connection_states():
+    return [c.get("state") for c in b.api_get("/api/connections")]
+
+
+def flow_stops():
+    """quay_flow_stops_total on the client's broker."""
+    status, text = api_call_raw("GET", "/metrics")
+    assert status == 200, (status, text[:200])
+    for line in text.splitlines():
+        if line.startswith("quay_flow_stops_total "):
+            return int(line.split()[1])
+    raise AssertionError("no quay_flow_stops_total in /metrics")
+
+
+def api_call_raw(method, path):
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", b.http_port, timeout=10)
+    c.request(method, path, headers={"Authorization": api_authorization()})
+    r = c.getresponse()
+    return r.status, r.read().decode()
+
+
+@test(timeout=120)
+def start():
+    global b
+    b = Broker(http=True)
+
+
+@test(timeout=120)
+def a_publisher_faster_than_its_consumer_is_slowed_and_its_neighbour_is_not():
+    watch = connect().channel()
+    watch.queue_declare("flow.slow")
+    watch.queue_declare("flow.neighbour")
+    consumer = Consumer("flow.slow", delay=0.001)
+    consumer.start()
+    assert consumer.ready.wait(10) and consumer.error is None, consumer.error
+    stops_before = flow_stops()
+    flooder = Flooder("flow.slow")
+    flooder.start()
+    max_depth, states = 0, set()
+    neighbour_done = None
+    t0 = time.monotonic()
+    while flooder.is_alive() and time.monotonic() - t0 < 60:
+        max_depth = max(max_depth, depth(watch, "flow.slow"))
+        states.update(connection_states())
+        if neighbour_done is None and time.monotonic() - t0 > 1.0 and "flow" in states:
+            # Another connection publishes (with confirms) while the flooder
+            # is stopped: it must not wait for the slow queue.
+            n = connect()
+            nch = n.channel()
+            nch.confirm_delivery()
+            n0 = time.monotonic()
+            for i in range(500):
+                nch.basic_publish("", "flow.neighbour", b"n%d" % i)
+            neighbour_done = time.monotonic() - n0
+            n.close()
+        time.sleep(0.05)
+    flooder.join(30)
+    assert flooder.error is None, flooder.error
+    assert "flow" in states, "the flooder was never in flow: %s" % states
+    assert flow_stops() > stops_before
+    assert max_depth < DEPTH_BOUND, "queue depth reached %d (bound %d), %d sent" % (
+        max_depth, DEPTH_BOUND, flooder.sent)
+    assert neighbour_done is not None and neighbour_done < 5.0, neighbour_done
+    eq(depth(watch, "flow.neighbour"), 500, "the neighbour's messages")
+    # Everything arrives, once, in order, once the consumer hurries.
+    consumer.delay = 0
+    wait_until(lambda: len(consumer.seen) >= flooder.sent, timeout=60,
+               what="all %d messages consumed" % flooder.sent)
+    consumer.stop = True
+    consumer.join(10)
+    eq(consumer.seen, list(range(flooder.sent)), "consumed sequence")
+    watch.queue_delete("flow.slow")
+    watch.queue_delete("flow.neighbour")
+
+
+@test(timeout=120)
+def a_queue_without_consumers_takes_everything():
+    watch = connect().channel()
+    watch.queue_declare("flow.buffer")
+    stops_before = flow_stops()
+    flooder = Flooder("flow.buffer")
+    flooder.start()
+    flooder.join(60)
+    assert flooder.error is None, flooder.error
+    wait_until(lambda: depth(watch, "flow.buffer") == flooder.sent, timeout=30,
+               what="%d messages in the queue" % flooder.sent)
+    # The point of the first test: pika outruns a 1000 msg/s consumer by far.
+    assert flooder.sent > 3 * DEPTH_BOUND, "pika published only %d" % flooder.sent
+    eq(flow_stops(), stops_before, "flow stops for a queue without consumers")
+    watch.queue_delete("flow.buffer")
+
+
+@test(timeout=120)
+def stuck_consumers_make_the_queue_a_buffer_again():
+    watch = connect().channel()
+    watch.queue_declare("flow.stuck")
+    # Takes 20 messages quickly, then never acks: after FLOW_STALL_MS its
+    # queue stops slowing the publisher.
+    consumer = Consumer("flow.stuck", delay=0, prefetch=20, ack=False)
+    consumer.start()
+    assert consumer.ready.wait(10) and consumer.error is None, consumer.error
+    flooder = Flooder("flow.stuck", seconds=4.0)
+    flooder.start()
+    flooder.join(60)
+    assert flooder.error is None, flooder.error
+    wait_until(lambda: depth(watch, "flow.stuck") + len(consumer.seen) == flooder.sent,
+               timeout=30, what="%d messages held" % flooder.sent)
+    assert flooder.sent > 2 * DEPTH_BOUND, "the stuck queue slowed its publisher: %d sent" % (
+        flooder.sent)
+    consumer.stop = True
+    consumer.join(10)
+    watch.queue_delete("flow.stuck")
+
+
+@test(timeout=120)
+def a_connection_that_consumes_the_queue_it_floods_is_not_stopped():
+    # Stopping it would stop its own acks too, and with them the queue's
+    # only way to drain.
+    c = connect()
+    ch = c.channel()
+    ch.queue_declare("flow.self")
+    ch.basic_qos(prefetch_count=50)
+    got = []
+
+    def on_message(ch, method, props, body):
+        got.append(body)
+        ch.basic_ack(method.delivery_tag)
+
+    ch.basic_consume("flow.self", on_message)
+    stops_before = flow_stops()
+    sent = 0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < FLOOD_S:
+        for _ in range(200):
+            ch.basic_publish("", "flow.self", BODY)
+            sent += 1
+        c.process_data_events(time_limit=0)
+    eq(flow_stops(), stops_before, "flow stops of a connection consuming its own queue")
+    while len(got) < sent and time.monotonic() - t0 < 60:
+        c.process_data_events(time_limit=0.1)
+    eq(len(got), sent, "messages consumed")
+    ch.queue_delete("flow.self")
+    c.close()
+
+
+if __name__ == "__main__":
+    run()
