@@ -94,18 +94,19 @@ static void release_ties(struct queue *queue)
         untie(CONTAINER_OF(queue->flow.ties.next, struct flow_tie, queue_link), true);
 }
 
-static void set_congested(struct queue *queue, bool congested)
+static void set_reason(struct queue *queue, enum flow_reason reason, bool on)
 {
     struct queue_flow *f = &queue->flow;
-    if (f->congested == congested)
+    if (((f->reasons & reason) != 0) == on)
         return;
-    f->congested = congested;
-    if (!queue_is_remote(queue)) {
+    f->reasons ^= reason;
+    if (reason == FLOW_CONSUMERS) {
         list_remove(&f->congested_link);
-        if (congested)
+        if (on)
             list_push_back(&queue->vhost->broker->flow_congested, &f->congested_link);
     }
-    if (!congested)
+    f->congested = f->reasons != 0;
+    if (!f->congested)
         release_ties(queue);
 }
 
@@ -162,7 +163,7 @@ void flow_queue_published(struct queue *queue, uint64_t bytes)
     if (!f->congested && (f->excess > high_mark(f) || f->excess_bytes > high_mark_bytes(f))) {
         if (f->last_take_ms == 0)
             f->last_take_ms = loop_now(queue); /* the stall clock starts here */
-        set_congested(queue, true);
+        set_reason(queue, FLOW_CONSUMERS, true);
     }
 }
 
@@ -193,9 +194,9 @@ void flow_queue_taken(struct queue *queue, uint64_t bytes)
     measure(f, bytes, now);
     f->excess = f->excess > 0 ? f->excess - 1 : 0;
     f->excess_bytes = f->excess_bytes > bytes ? f->excess_bytes - bytes : 0;
-    if (f->congested && f->excess <= high_mark(f) / 2 &&
+    if ((f->reasons & FLOW_CONSUMERS) && f->excess <= high_mark(f) / 2 &&
         f->excess_bytes <= high_mark_bytes(f) / 2)
-        set_congested(queue, false);
+        set_reason(queue, FLOW_CONSUMERS, false);
 }
 
 void flow_queue_unconsumed(struct queue *queue)
@@ -204,8 +205,7 @@ void flow_queue_unconsumed(struct queue *queue)
     f->excess = 0;
     f->excess_bytes = 0;
     f->stalled = false;
-    if (!queue_is_remote(queue))
-        set_congested(queue, false);
+    set_reason(queue, FLOW_CONSUMERS, false);
 }
 
 void flow_queue_release(struct queue *queue)
@@ -213,14 +213,17 @@ void flow_queue_release(struct queue *queue)
     struct queue_flow *f = &queue->flow;
     f->excess = 0;
     f->excess_bytes = 0;
-    set_congested(queue, false);
-    release_ties(queue); /* (a stand-in may have ties while not congested: none) */
+    set_reason(queue, FLOW_CONSUMERS, false);
+    set_reason(queue, FLOW_BACKUPS, false);
+    set_reason(queue, FLOW_PRIMARY, false);
+    ASSERT(list_empty(&f->ties) && list_empty(&f->congested_link));
 }
 
-void flow_queue_set_remote(struct queue *queue, bool congested)
+void flow_queue_hold(struct queue *queue, enum flow_reason reason, bool on)
 {
-    ASSERT(queue_is_remote(queue));
-    set_congested(queue, congested);
+    ASSERT(reason == FLOW_BACKUPS || reason == FLOW_PRIMARY);
+    ASSERT(reason != FLOW_PRIMARY || queue_is_remote(queue));
+    set_reason(queue, reason, on);
 }
 
 void flow_tick(struct broker *broker, uint64_t now_ms)
@@ -236,6 +239,6 @@ void flow_tick(struct broker *broker, uint64_t now_ms)
         f->stalled = true;
         f->excess = 0;
         f->excess_bytes = 0;
-        set_congested(queue, false);
+        set_reason(queue, FLOW_CONSUMERS, false);
     }
 }

@@ -17,7 +17,16 @@
  *
  * Consumers that took nothing for FLOW_STALL_MS (stuck, or waiting for
  * their own connection, which is not read) make the queue a buffer
- * again: its publishers go on, and the excess counts from 0.
+ * again: its publishers go on, and the excess counts from 0. A connection
+ * that consumes from the queue it publishes to is never stopped for it:
+ * its acks would wait with its publishes, and the queue could not drain.
+ *
+ * A queue with backups is congested too while a backup owes answers for
+ * more than FLOW_BACKUP_MESSAGES of its replication stream (a slow
+ * backup slows the publishers, not the broker's memory). That bound is
+ * below what a proxy forwards unanswered before it stops all its
+ * publishers (MEMBER_FORWARD_HIGH_BYTES, for 1 KiB messages), so only
+ * this queue's publishers wait.
  *
  * Through a cluster: a publish that reaches a congested queue from
  * another broker (a forward over its link) cannot stop that link, which
@@ -27,7 +36,7 @@
  * queue is then congested, so that broker's publishers to it wait; the
  * primary says active=true when the queue drains (or goes). A stand-in
  * whose primary changed, or whose link went down, forgets what it was
- * told (flow_queue_set_remote).
+ * told (flow_queue_hold).
  *
  * Ownership: a tie (connection waits for queue) belongs to both and goes
  * with whichever goes first: the queue (flow_queue_release, on delete or
@@ -51,6 +60,14 @@ struct queue;
 #define FLOW_MIN_BYTES (8u << 20)  /* ... or bytes */
 #define FLOW_STALL_MS 1000         /* consumers that took nothing this long: a buffer */
 #define FLOW_RATE_WINDOW_MS 100    /* the consumers' rate is measured over windows */
+#define FLOW_BACKUP_MESSAGES 1024  /* replicated, unanswered by a backup (replication.c) */
+
+/* Why a queue is congested (any of them). */
+enum flow_reason {
+    FLOW_CONSUMERS = 1u << 0,      /* its publishers outrun its consumers */
+    FLOW_BACKUPS = 1u << 1,        /* its backups have not answered FLOW_BACKUP_MESSAGES */
+    FLOW_PRIMARY = 1u << 2,        /* a stand-in: its primary said so (basic.quay-flow) */
+};
 
 /* A queue's side (struct queue.flow). */
 struct queue_flow {
@@ -61,10 +78,11 @@ struct queue_flow {
     uint64_t window_start_ms;
     uint64_t window_taken, window_bytes;
     uint64_t last_take_ms;
-    bool congested;                /* ours (a local queue), or the primary's word (a stand-in) */
+    bool congested;                /* reasons != 0 */
+    uint8_t reasons;               /* enum flow_reason bits */
     bool stalled;                  /* its consumers took nothing for FLOW_STALL_MS: a buffer */
     struct list_node ties;         /* struct flow_tie.queue_link: who waits */
-    struct list_node congested_link; /* in broker->flow_congested while congested (local) */
+    struct list_node congested_link; /* in broker->flow_congested while FLOW_CONSUMERS */
 };
 
 /* A connection's side (struct connection.flow_ties and flow_waits). */
@@ -79,9 +97,11 @@ void flow_queue_taken(struct queue *queue, uint64_t bytes);
 void flow_queue_unconsumed(struct queue *queue);
 /* Whoever waits for the queue goes on (the queue is deleted or freed). */
 void flow_queue_release(struct queue *queue);
-/* A stand-in: its primary said the queue is congested (or no longer), or
- * what it said no longer holds (false: another primary, a lost link). */
-void flow_queue_set_remote(struct queue *queue, bool congested);
+/* A reason other than FLOW_CONSUMERS (which is the queue's own) starts or
+ * ends: FLOW_BACKUPS from the queue's replication, FLOW_PRIMARY for a
+ * stand-in whose primary said so (or whose word no longer holds: another
+ * primary, a lost link). */
+void flow_queue_hold(struct queue *queue, enum flow_reason reason, bool on);
 
 /* connection published to queue on channel and the queue is congested:
  * a client's connection is not read until every queue it waits for is

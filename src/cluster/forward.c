@@ -224,7 +224,7 @@ static void forget_flow(struct proxy_forwarder *f)
         struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);
         if (stub->primary_id == f->peer->id && stub->queue->flow.congested &&
             bytes_equal(stub->queue->vhost->name, f->vhost))
-            flow_queue_set_remote(stub->queue, false);
+            flow_queue_hold(stub->queue, FLOW_PRIMARY, false);
     }
 }
 
@@ -251,7 +251,7 @@ static void on_forward_reply(void *ctx, const struct method *m)
     struct queue *queue = vhost ? vhost_queue(vhost, m->basic_quay_flow.queue) : NULL;
     if (queue == NULL || !queue_is_remote(queue) || stub_of(queue)->primary_id != f->peer->id)
         return; /* not our stand-in of its queue (any more) */
-    flow_queue_set_remote(queue, !m->basic_quay_flow.active);
+    flow_queue_hold(queue, FLOW_PRIMARY, !m->basic_quay_flow.active);
 }
 
 static const struct link_channel_ops forwarder_ops_template = {

@@ -1009,7 +1009,7 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq, bool pla
         stub->map_version = member_map(stub->member)->version;
     uint32_t old_primary_id = stub->primary_id;
     if (moved && queue->flow.congested)
-        flow_queue_set_remote(queue, false); /* the old primary's word */
+        flow_queue_hold(queue, FLOW_PRIMARY, false); /* the old primary's word */
     stub->primary_id = mq->primary_id;
     stub->epoch = mq->epoch;
     stub->available = mq->available;

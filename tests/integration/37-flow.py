@@ -15,6 +15,7 @@ flow control the flooder (pika: well over 5000 msg/s) would put tens of
 thousands of messages in the queue within the flood.
 """
 import os
+import signal
 import sys
 import threading
 import time
@@ -237,6 +238,62 @@ def a_connection_that_consumes_the_queue_it_floods_is_not_stopped():
     eq(len(got), sent, "messages consumed")
     ch.queue_delete("flow.self")
     c.close()
+
+
+@test(timeout=180)
+def a_stalled_backup_slows_the_publishers_of_its_queue():
+    """Cluster mode only (one broker has no backups): the backup of a queue
+    is stopped (SIGSTOP); the primary's replication stream to it stops
+    being answered, the queue is congested past 1024 unanswered messages,
+    and the publisher (on the client's broker, a proxy) is stopped, with
+    no consumer anywhere, while a neighbour on the same broker publishing
+    to another queue goes on (the proxy's own bound on what it forwarded
+    unanswered, 4 MiB, would stop every publisher of the broker). The
+    last test: a stopped broker upsets others."""
+    if not CLUSTERED:
+        print("# one broker: no backups to stall")
+        return
+    watch = connect().channel()
+    chosen = None
+    for i in range(8):
+        name = "flow.replicated-%d" % i
+        watch.queue_declare(name, arguments={"x-quay-backups": 1})
+        info = wait_until(lambda: (lambda q: q if q and q.get("in_sync") else None)(
+            next((q for q in b.api_get("/api/queues") if q["name"] == name), None)),
+            timeout=20, what="%s in sync" % name)
+        if info["in_sync"][0] != CLUSTER_CLIENT:
+            chosen = (name, b.member(info["in_sync"][0]))
+            break
+    assert chosen, "every backup was the client's broker"
+    name, backup = chosen
+    free = None
+    for i in range(8):
+        free = "flow.free-%d" % i
+        watch.queue_declare(free)
+        if b.primary_of(free).name != backup.name:
+            break
+    stops_before = flow_stops()
+    backup.proc.send_signal(signal.SIGSTOP)
+    try:
+        flooder = Flooder(name, seconds=3.0)
+        flooder.start()
+        wait_until(lambda: flow_stops() > stops_before or not flooder.is_alive(), timeout=10,
+                   what="the flooder stopped")
+        assert flow_stops() > stops_before, "the publisher was never stopped (%d sent)" % (
+            flooder.sent)
+        n = connect()
+        nch = n.channel()
+        nch.confirm_delivery()
+        for i in range(300):
+            nch.basic_publish("", free, b"n%d" % i)
+        n.close()
+        assert flooder.is_alive(), "the neighbour took longer than the flood"
+        flooder.join(60)
+        assert flooder.error is None, flooder.error
+    finally:
+        backup.proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: depth(watch, name) == flooder.sent, timeout=60,
+               what="%d messages in %s" % (flooder.sent, name))
 
 
 if __name__ == "__main__":
