@@ -118,6 +118,9 @@ struct broker {
     /* --cluster-tls: our links' client side (our certificate, the CAs
      * peers' certificates must verify against). */
     struct tls_context cluster_tls;
+    /* --cluster-tls: the Raft listener's side (a client certificate of the
+     * cluster's CAs required; cluster/raft_tls.h). */
+    struct tls_context raft_tls;
     struct auth auth;
     struct hmap vhosts;            /* name -> struct vhost (owned) */
     struct list_node connections;  /* struct connection.broker_link */

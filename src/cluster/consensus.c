@@ -1136,7 +1136,7 @@ int consensus_start(struct consensus **out, uv_loop_t *loop, const struct consen
     struct raft_transport_config tcfg = {
         .secret = cfg->secret, .secret_size = cfg->secret_size,
         .handshake_timeout_ms = cfg->handshake_timeout_ms, .join_timeout_ms = cfg->join_timeout_ms,
-        .join = on_join_request, .peer_check = on_peer_check, .ctx = c};
+        .join = on_join_request, .peer_check = on_peer_check, .ctx = c, .tls = cfg->tls};
     rv = raft_transport_init(&c->transport, loop, &tcfg);
     if (rv == 0 && (rv = raft_uv_init(&c->io, loop, cfg->dir, &c->transport)) != 0) {
         snprintf(err, err_size, "raft io: %s", c->io.errmsg);
