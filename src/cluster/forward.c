@@ -114,20 +114,28 @@ static bool target_resent(const struct forward_wait *w, const struct forward_tar
     return hold_forward(t->stub, w->message, w->sink, w->seq, w->dead_lettered);
 }
 
-/* Flow: the bytes of forwards in flight, member-wide. */
-static void inflight_add(struct member *member, uint64_t bytes)
+/* Flow: the bytes in flight to each peer (and to all of them). */
+static void inflight_add(struct member_peer *peer, uint64_t bytes)
 {
-    member->forward_bytes += bytes;
-    if (member->forward_bytes > MEMBER_FORWARD_HIGH_BYTES)
-        member->forward_flow = true;
+    peer->member->forward_bytes += bytes;
+    peer->forward_bytes += bytes;
+    if (!peer->forward_flow && peer->forward_bytes > MEMBER_FORWARD_HIGH_BYTES) {
+        peer->forward_flow = true;
+        peer->member->forward_flow_peers++;
+    }
 }
 
-static void inflight_sub(struct member *member, uint64_t bytes)
+static void inflight_sub(struct member_peer *peer, uint64_t bytes)
 {
-    ASSERT(member->forward_bytes >= bytes);
+    struct member *member = peer->member;
+    ASSERT(member->forward_bytes >= bytes && peer->forward_bytes >= bytes);
     member->forward_bytes -= bytes;
-    if (member->forward_flow && member->forward_bytes < MEMBER_FORWARD_LOW_BYTES) {
-        member->forward_flow = false;
+    peer->forward_bytes -= bytes;
+    if (peer->forward_flow && peer->forward_bytes < MEMBER_FORWARD_LOW_BYTES) {
+        peer->forward_flow = false;
+        ASSERT(member->forward_flow_peers > 0);
+        member->forward_flow_peers--;
+        /* (Those waiting for another peer publish again and wait again.) */
         connections_flow_resume(member->broker);
     }
 }
@@ -175,7 +183,7 @@ static void forwarder_answer(struct proxy_forwarder *f, struct forward_wait *slo
         return;
     struct forward_wait w = *slot;
     *slot = (struct forward_wait){.done = true};
-    inflight_sub(f->peer->member, w.bytes);
+    inflight_sub(f->peer, w.bytes);
     if (w.notify)
         w.notify(w.notify_ctx, w.notify_tag, ack && !lost);
     if (w.targets_count > 0)
@@ -339,7 +347,7 @@ bool proxy_peer_send_notify(struct member_peer *peer, struct bytes vhost, const 
     forwarder_push(f, (struct forward_wait){.notify = notify, .notify_ctx = ctx,
                                             .notify_tag = tag,
                                             .bytes = message->body_size});
-    inflight_add(peer->member, message->body_size);
+    inflight_add(peer, message->body_size);
     return true;
 }
 
@@ -397,7 +405,7 @@ static bool send_forward(struct member_peer *peer, struct queue *const *stubs, u
     if (sink)
         confirm_sink_ref(sink);
     forwarder_push(f, wait);
-    inflight_add(peer->member, message->body_size);
+    inflight_add(peer, message->body_size);
     return true;
 }
 
@@ -459,9 +467,10 @@ void forward__stubs(struct queue *const *queues, uint32_t count, struct queue_fo
                 group[n++] = queues[i];
         }
         ASSERT(n > 0);
-        send_group(member_peer(stub_of(group[0])->member, peers[p]), group, n, fwd);
+        struct member_peer *peer = member_peer(stub_of(group[0])->member, peers[p]);
+        send_group(peer, group, n, fwd);
+        fwd->flow |= peer->forward_flow;
     }
-    fwd->flow = stub_of(queues[0])->member->forward_flow;
 }
 
 /* ---- publishes waiting for a primary ---- */

@@ -567,8 +567,12 @@ static void published(struct queue *queue, uint64_t seq, struct message *message
         gated |= s->gating;
     }
     backups_flow(rep);
-    if (wait)
-        wait->flow |= rep->member->forward_flow;
+    if (wait && rep->member->forward_flow_peers > 0) {
+        for (uint8_t i = 0; i < rep->streams_count; i++) {
+            const struct member_peer *peer = member_peer(rep->member, rep->streams[i]->backup_id);
+            wait->flow |= peer != NULL && peer->forward_flow;
+        }
+    }
     confirm_when_replicated(rep, seq, wait, !gated);
 }
 

@@ -296,5 +296,53 @@ def a_stalled_backup_slows_the_publishers_of_its_queue():
                what="%d messages in %s" % (flooder.sent, name))
 
 
+@test(timeout=180)
+def a_stopped_primary_slows_only_the_publishers_to_its_queues():
+    """Cluster mode only: the primary of one queue is stopped (SIGSTOP);
+    the client's broker forwards to it unanswered until 4 MiB are in
+    flight to that broker, then stops the publisher to that queue, while
+    a neighbour publishing (with confirms) to a queue of another broker
+    goes on. (The stop is short, but the cluster may declare the broker
+    down meanwhile: the flooder's unconfirmed messages are not counted.)"""
+    if not CLUSTERED:
+        print("# one broker: nothing to forward to")
+        return
+    watch = connect().channel()
+    stopped_queue = free = None
+    for i in range(16):
+        name = "flow.fwd-%d" % i
+        watch.queue_declare(name, arguments={"x-quay-backups": 0})
+        primary = b.primary_of(name).name
+        if stopped_queue is None:
+            stopped_queue = (name, primary)
+        elif primary != stopped_queue[1]:
+            free = name
+            break
+    assert free, "every queue landed on %s" % stopped_queue[1]
+    name, primary = stopped_queue
+    member = b.member(primary)
+    watch.connection.close()
+    member.proc.send_signal(signal.SIGSTOP)
+    try:
+        flooder = Flooder(name, seconds=1.5)
+        flooder.start()
+        wait_until(lambda: "flow" in connection_states() or not flooder.is_alive(),
+                   timeout=10, what="the flooder in flow")
+        assert "flow" in connection_states(), "the publisher to the stopped primary went on"
+        n = connect()
+        nch = n.channel()
+        nch.confirm_delivery()
+        for i in range(300):
+            nch.basic_publish("", free, b"n%d" % i)
+        n.close()
+        assert flooder.is_alive(), "the neighbour took longer than the flood"
+        flooder.join(60)
+        assert flooder.error is None, flooder.error
+    finally:
+        member.proc.send_signal(signal.SIGCONT)
+    watch = connect().channel()
+    eq(depth(watch, free), 300, "the neighbour's messages")
+
+
 if __name__ == "__main__":
     run()
