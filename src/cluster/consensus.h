@@ -83,6 +83,11 @@ struct consensus_config {
 };
 
 /* The state machine. Every callback runs on the loop. ctx is borrowed. */
+/* libraft's settings as quay runs it (timeouts, pre-vote, snapshots),
+ * for a consensus and for the simulator's servers (tests/sim). */
+struct raft;
+void consensus_tune(struct raft *r, const struct consensus_config *cfg);
+
 struct consensus_callbacks {
     void *ctx;
     /* Apply a committed command, in log order, on every member. Must be
