@@ -24,14 +24,15 @@
  * reachable backups in sync (and drops unreachable ones, as its
  * replication does when one stops answering) and hands a moving queue
  * over once the target is in sync. Faults drawn from the seed: kill and
- * revive a broker, isolate one and heal. Everything, the fixture's
+ * revive a broker, isolate one, cut one direction between two, heal; and
+ * an operator's drain of a broker and its revive. Everything, the fixture's
  * elections included, follows from the seed: a failing seed prints
  * itself, and `sim_control --seed N -v` replays it step by step.
  *
  * What it does not model yet: the data path itself (links, forwards,
  * replication streams: their checkers are the soak's), a restart that
  * loses what was not on disk (a killed server here keeps its memory),
- * Raft snapshots (see sim_init), joins and leaves, drains, policies, and
+ * Raft snapshots (see sim_init), joins and leaves, policies, and
  * the leader's loop is this file's copy of node.c's controller_tick, not
  * node.c's own (the next step: one pure round both call).
  *
@@ -115,7 +116,8 @@ struct sim {
     bool verbose;
     struct raft_fixture f;
     struct sim_broker brokers[SIM_BROKERS];
-    bool isolated[SIM_BROKERS];
+    bool cut[SIM_BROKERS][SIM_BROKERS]; /* [i][j]: what i sends j is lost */
+    int drain_asked;                    /* a broker index an operator drains, or -1 */
     struct controller_config config;
     /* Proposals of the current leader not answered yet; a new leader
      * starts a new generation (a killed leader's never answer). */
@@ -353,11 +355,16 @@ static void propose_one(struct sim *s, struct sim_broker *leader, int build_rc,
 
 /* ---- the network as the controller sees it ------------------------------ */
 
+/* Whether what i sends reaches j. */
+static bool reaches(const struct sim *s, unsigned i, unsigned j)
+{
+    return s->f.servers[i].alive && s->f.servers[j].alive && (i == j || !s->cut[i][j]);
+}
+
+/* Both ways (a replication stream and its acks). */
 static bool reachable(const struct sim *s, unsigned i, unsigned j)
 {
-    if (!s->f.servers[i].alive || !s->f.servers[j].alive)
-        return false;
-    return i == j || (!s->isolated[i] && !s->isolated[j]);
+    return reaches(s, i, j) && reaches(s, j, i);
 }
 
 /* ---- the leader's controller tick (node.c's controller_tick, reduced) ---- */
@@ -413,7 +420,7 @@ static void liveness(struct sim *s, struct sim_broker *leader, uint64_t now)
         uint32_t id = i + 1;
         if (cluster_map_broker(&leader->map, id) == NULL)
             continue;
-        if (reachable(s, leader->index, i))
+        if (reaches(s, i, leader->index)) /* its heartbeats */
             leader->last_heard_ms[id] = now;
         uint64_t last = leader->last_heard_ms[id];
         if (last < leader->leader_since_ms)
@@ -455,7 +462,7 @@ static void data_path(struct sim *s, struct sim_broker *leader)
     for (uint32_t i = 0; i < map->queues_count; i++) {
         const struct map_queue *q = map->queues[i];
         unsigned p = q->primary_id - 1;
-        if (!q->available || q->primary_id > SIM_BROKERS || !reachable(s, leader->index, p))
+        if (!q->available || q->primary_id > SIM_BROKERS || !reachable(s, p, leader->index))
             continue;
         const struct map_broker *pb = cluster_map_broker(map, q->primary_id);
         if (pb == NULL || pb->state == BROKER_STATE_DOWN)
@@ -527,7 +534,17 @@ static void controller_tick(struct sim *s, uint64_t now)
         return;
     struct map_cmd_list list;
     map_cmd_list_init(&list);
-    controller_repair(&leader->map, &s->config, &list);
+    if (s->drain_asked >= 0) {
+        /* An operator's drain (POST /api/cluster/drain): marks it draining. */
+        bool done;
+        controller_drain(&leader->map, &s->config, (uint32_t)s->drain_asked + 1,
+                         SIM_REBALANCE_MOVES, &list, &done);
+        s->drain_asked = -1;
+    }
+    if (list.count == 0)
+        controller_repair(&leader->map, &s->config, &list);
+    if (list.count == 0)
+        controller_drain_step(&leader->map, &s->config, SIM_REBALANCE_MOVES, &list);
     if (list.count == 0) {
         uint32_t pending = 0;
         controller_rebalance(&leader->map, &s->config, SIM_REBALANCE_MOVES, &list, &pending);
@@ -547,26 +564,49 @@ static unsigned count_alive(const struct sim *s)
     return n;
 }
 
-static void set_isolated(struct sim *s, unsigned i, bool on)
+static void set_cut(struct sim *s, unsigned i, unsigned j, bool on)
 {
-    s->isolated[i] = on;
-    for (unsigned j = 0; j < SIM_BROKERS; j++) {
-        if (j == i)
-            continue;
-        if (on) {
-            raft_fixture_disconnect(&s->f, i, j);
-            raft_fixture_disconnect(&s->f, j, i);
-        } else if (!s->isolated[j]) {
-            raft_fixture_reconnect(&s->f, i, j);
-            raft_fixture_reconnect(&s->f, j, i);
-        }
-    }
+    if (i == j || s->cut[i][j] == on)
+        return;
+    s->cut[i][j] = on;
+    if (on)
+        raft_fixture_disconnect(&s->f, i, j);
+    else
+        raft_fixture_reconnect(&s->f, i, j);
 }
 
+static unsigned count_cuts(const struct sim *s)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < SIM_BROKERS; i++) {
+        for (unsigned j = 0; j < SIM_BROKERS; j++)
+            n += s->cut[i][j];
+    }
+    return n;
+}
+
+/* An operator's revive (POST /api/cluster/revive) of a draining broker. */
+static bool undrain(struct sim *s, unsigned i)
+{
+    unsigned li = raft_fixture_leader_index(&s->f);
+    if (li >= SIM_BROKERS || s->proposals_in_flight > 0)
+        return false;
+    struct sim_broker *leader = &s->brokers[li];
+    const struct map_broker *b = cluster_map_broker(&leader->map, i + 1);
+    if (b == NULL || b->state != BROKER_STATE_DRAINING)
+        return false;
+    struct map_cmd c;
+    propose_one(s, leader, map_cmd_broker_state(&c, i + 1, BROKER_STATE_UP), &c);
+    return true;
+}
+
+/* One fault or operator action, drawn from the seed (most draws do
+ * nothing: the cluster keeps a majority most of the time). */
 static void inject_fault(struct sim *s)
 {
     unsigned i = (unsigned)random_below(s, SIM_BROKERS);
-    unsigned kind = (unsigned)random_below(s, 4);
+    unsigned j = (unsigned)random_below(s, SIM_BROKERS);
+    unsigned kind = (unsigned)random_below(s, 7);
     const char *what = NULL;
     if (kind == 0 && s->f.servers[i].alive && count_alive(s) > 3) {
         raft_fixture_kill(&s->f, i);
@@ -574,34 +614,53 @@ static void inject_fault(struct sim *s)
     } else if (kind == 1 && !s->f.servers[i].alive) {
         raft_fixture_revive(&s->f, i);
         what = "revive";
-    } else if (kind == 2 && !s->isolated[i]) {
-        unsigned isolated = 0;
-        for (unsigned j = 0; j < SIM_BROKERS; j++)
-            isolated += s->isolated[j];
-        if (isolated == 0) {
-            set_isolated(s, i, true);
-            what = "isolate";
+    } else if (kind == 2 && count_cuts(s) == 0) {
+        for (unsigned k = 0; k < SIM_BROKERS; k++) {
+            set_cut(s, i, k, true);
+            set_cut(s, k, i, true);
         }
-    } else if (kind == 3 && s->isolated[i]) {
-        set_isolated(s, i, false);
+        what = "isolate";
+    } else if (kind == 3 && count_cuts(s) > 0) {
+        for (unsigned k = 0; k < SIM_BROKERS; k++) {
+            set_cut(s, i, k, false);
+            set_cut(s, k, i, false);
+        }
         what = "heal";
+    } else if (kind == 4 && i != j && count_cuts(s) < 2) {
+        set_cut(s, i, j, true);
+        what = "one-way cut from";
+    } else if (kind == 5 && count_alive(s) > 3) {
+        s->drain_asked = (int)i;
+        what = "drain";
+    } else if (kind == 6 && undrain(s, i)) {
+        what = "revive the drained";
     }
     if (what == NULL)
         return;
     s->faults++;
-    trace(s, kind * 17 + i);
-    if (s->verbose)
+    trace(s, kind * 17 + i * 5 + j);
+    if (s->verbose && kind == 4)
+        printf("  t=%" PRIu64 " %s b%u to b%u\n", (uint64_t)raft_fixture_time(&s->f), what,
+               i + 1, j + 1);
+    else if (s->verbose)
         printf("  t=%" PRIu64 " %s b%u\n", (uint64_t)raft_fixture_time(&s->f), what, i + 1);
 }
 
 static void heal_all(struct sim *s)
 {
     for (unsigned i = 0; i < SIM_BROKERS; i++) {
-        if (s->isolated[i])
-            set_isolated(s, i, false);
+        for (unsigned k = 0; k < SIM_BROKERS; k++)
+            set_cut(s, i, k, false);
         if (!s->f.servers[i].alive)
             raft_fixture_revive(&s->f, i);
     }
+}
+
+/* After the faults: drained brokers are revived (an operator's step). */
+static void undrain_all(struct sim *s)
+{
+    for (unsigned i = 0; i < SIM_BROKERS; i++)
+        undrain(s, i);
 }
 
 /* ---- the end state -------------------------------------------------------- */
@@ -664,6 +723,7 @@ static void sim_init(struct sim *s, uint64_t seed, bool verbose)
     s->verbose = verbose;
     s->trace = 1469598103934665603ull;
     s->epochs = calloc(SIM_EPOCHS_MAX, sizeof *s->epochs);
+    s->drain_asked = -1;
     controller_config_default(&s->config);
     raft_fixture_initialize(&s->f);
     for (unsigned i = 0; i < SIM_BROKERS; i++) {
@@ -737,6 +797,7 @@ static int run_seed(uint64_t seed, uint64_t seconds, bool verbose, uint64_t *tra
                  SIM_HEAL_BOUND_MS / 1000, why);
             break;
         }
+        undrain_all(s);
         run_until(s, raft_fixture_time(&s->f) + SIM_TICK_MS);
     }
     int rc = failed(s) ? 1 : 0;
