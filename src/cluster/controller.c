@@ -734,3 +734,79 @@ int controller_apply_policies(const struct cluster_map *map,
     placement_free(&p);
     return OK;
 }
+
+/* ---- the leader's round ---- */
+
+/* Whether an automatic rebalance may run: the brokers' states have been
+ * still for CONTROLLER_REBALANCE_SETTLE_MS (counted from this leader's
+ * start). */
+static bool brokers_settled(const struct cluster_map *map, struct controller_round *r,
+                            uint64_t now)
+{
+    if (r->brokers_seen != map->brokers_version || r->brokers_still_since_ms == 0 ||
+        r->brokers_still_since_ms < r->leader_since_ms) {
+        r->brokers_seen = map->brokers_version;
+        r->brokers_still_since_ms = now;
+    }
+    return now - r->brokers_still_since_ms >= CONTROLLER_REBALANCE_SETTLE_MS;
+}
+
+static void round_rebalance(const struct cluster_map *map, const struct controller_config *config,
+                            struct controller_round *r, struct map_cmd_list *out,
+                            enum controller_round_kind *kind, uint32_t *pending)
+{
+    struct map_cmd cmd;
+    if (map->rebalance == MAP_REBALANCE_UNSET) {
+        push(out, map_cmd_rebalance(&cmd, r->auto_rebalance ? MAP_REBALANCE_AUTO
+                                                            : MAP_REBALANCE_OFF), &cmd);
+        *kind = CONTROLLER_ROUND_REBALANCE_MODE;
+        return;
+    }
+    controller_rebalance(map, config, CONTROLLER_REBALANCE_MOVES, out, pending);
+    *kind = out->count > 0 ? CONTROLLER_ROUND_REBALANCE : CONTROLLER_ROUND_NOTHING;
+    if (out->count == 0 && *pending == 0)
+        r->balanced_version = map->version;
+    if (out->count == 0 && *pending == 0 && map->rebalance == MAP_REBALANCE_ONCE) {
+        push(out, map_cmd_rebalance_done(&cmd), &cmd);
+        *kind = CONTROLLER_ROUND_REBALANCED;
+    }
+}
+
+int controller_round(const struct cluster_map *map, const struct controller_config *config,
+                     struct controller_round *round, uint64_t now_ms, bool busy,
+                     struct map_cmd_list *out, enum controller_round_kind *kind,
+                     uint32_t *pending)
+{
+    uint32_t pending_local = 0;
+    if (pending == NULL)
+        pending = &pending_local;
+    *pending = 0;
+    *kind = CONTROLLER_ROUND_NOTHING;
+    bool settled = brokers_settled(map, round, now_ms);
+    if (busy)
+        return OK;
+    if (now_ms - round->repaired_ms >= CONTROLLER_REPAIR_EVERY_MS) {
+        round->repaired_ms = now_ms;
+        controller_repair(map, config, out);
+        if (out->count > 0) {
+            *kind = CONTROLLER_ROUND_REPAIR;
+            return OK;
+        }
+    }
+    if (now_ms - round->drained_ms >= CONTROLLER_DRAIN_EVERY_MS) {
+        round->drained_ms = now_ms;
+        controller_drain_step(map, config, CONTROLLER_DRAIN_MOVES, out);
+        if (out->count > 0) {
+            *kind = CONTROLLER_ROUND_DRAIN;
+            return OK;
+        }
+    }
+    enum map_rebalance mode = map->rebalance;
+    if (now_ms - round->rebalanced_ms < CONTROLLER_REBALANCE_EVERY_MS ||
+        mode == MAP_REBALANCE_OFF || (mode == MAP_REBALANCE_AUTO && !settled) ||
+        round->balanced_version == map->version)
+        return OK;
+    round->rebalanced_ms = now_ms;
+    round_rebalance(map, config, round, out, kind, pending);
+    return OK;
+}

@@ -150,4 +150,55 @@ int controller_forget(const struct cluster_map *map, const struct controller_con
 int controller_apply_policies(const struct cluster_map *map,
                               const struct controller_config *config, struct map_cmd_list *out);
 
+/* The leader's periodic round (below). */
+#define CONTROLLER_REPAIR_EVERY_MS 500
+/* Draining: a round of moves every 100 ms, each keeping at most
+ * CONTROLLER_DRAIN_MOVES moves in progress (a move is a catch-up, then a
+ * handover of a few ms). */
+#define CONTROLLER_DRAIN_EVERY_MS 100
+#define CONTROLLER_DRAIN_MOVES 128
+/* Rebalancing (the map's rebalance mode) goes as draining does; a round
+ * that found nothing to do is not run again until the map changes. When
+ * automatic, it waits until the brokers' states have been still for
+ * CONTROLLER_REBALANCE_SETTLE_MS: a failover in progress or a flapping
+ * broker is no reason to move queues about. */
+#define CONTROLLER_REBALANCE_EVERY_MS 100
+#define CONTROLLER_REBALANCE_MOVES 128
+#define CONTROLLER_REBALANCE_SETTLE_MS 3000
+
+/* What the leader remembers between rounds. Zeroed once; leader_since_ms
+ * set whenever it becomes the leader. */
+struct controller_round {
+    uint64_t leader_since_ms;
+    uint64_t repaired_ms, drained_ms, rebalanced_ms; /* the last round of each */
+    uint64_t balanced_version;       /* the map's version when nothing was left to move */
+    uint64_t brokers_seen;           /* the map's brokers_version at the last round ... */
+    uint64_t brokers_still_since_ms; /* ... and since when it has been so */
+    bool auto_rebalance;             /* --auto-rebalance: a map that never set the mode */
+};
+
+enum controller_round_kind {
+    CONTROLLER_ROUND_NOTHING,
+    CONTROLLER_ROUND_REPAIR,
+    CONTROLLER_ROUND_DRAIN,
+    CONTROLLER_ROUND_REBALANCE,
+    CONTROLLER_ROUND_REBALANCED,     /* a "once" rebalance found nothing left: done */
+    CONTROLLER_ROUND_REBALANCE_MODE, /* a map that never set the mode gets the default */
+};
+
+/*
+ * (f) The leader's periodic round, every tick after liveness and the
+ * failovers: the first, in this order, that is due and has something to
+ * do of repair (every CONTROLLER_REPAIR_EVERY_MS), the draining brokers'
+ * next moves and rebalancing as the map's mode says. busy: the leader's
+ * own proposals are still in flight (then only the brokers' stillness is
+ * followed: decide on the map they make). node.c and the simulator
+ * (tests/sim) both run it. *kind and *pending (may be NULL: moves still
+ * in progress) say what it did, for the caller's log. OK.
+ */
+int controller_round(const struct cluster_map *map, const struct controller_config *config,
+                     struct controller_round *round, uint64_t now_ms, bool busy,
+                     struct map_cmd_list *out, enum controller_round_kind *kind,
+                     uint32_t *pending);
+
 #endif

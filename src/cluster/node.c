@@ -164,12 +164,7 @@ struct cluster_node {
     uint64_t policies_applied;     /* the map's policies_generation they followed */
     bool policies_recheck;         /* look again (new controller, or a batch committed) */
     uint32_t proposals_in_flight;
-    uint64_t repaired_ms;    /* the controller's last repair sweep */
-    uint64_t drained_ms;     /* ... and its last round of draining moves */
-    uint64_t rebalanced_ms;  /* ... and of rebalancing */
-    uint64_t balanced_version; /* the map's version when a round found nothing to move */
-    uint64_t brokers_seen;   /* the map's brokers_version at the last round ... */
-    uint64_t brokers_still_since_ms; /* ... and since when it has been so */
+    struct controller_round round; /* repair, draining, rebalancing (controller.h) */
     bool auto_rebalance;     /* --auto-rebalance */
     uint64_t sequence;
     uint64_t lease_until_ms; /* loop clock: see NODE_LEASE_MS */
@@ -604,6 +599,7 @@ static void on_proposal_done(void *req_ctx, int status, void *result)
             node->controller_ready = true;
             node->policies_recheck = true; /* the last leader may not have finished */
             node->leader_since_ms = uv_now(node->loop);
+            node->round.leader_since_ms = node->leader_since_ms;
             LOG_INFO("cluster: controller active at map epoch=%llu",
                      (unsigned long long)node->map.version);
             controller_liveness(node, uv_now(node->loop)); /* a dead leader: at once */
@@ -856,22 +852,6 @@ static void controller_remove_leavers(struct cluster_node *node)
     node->leaving_count = 0;
 }
 
-/* What failovers and returns left undone (controller_repair): once
- * nothing is in flight, so it sees the map those decisions made. */
-static void controller_repair_tick(struct cluster_node *node, uint64_t now)
-{
-    if (node->proposals_in_flight > 0 || now - node->repaired_ms < NODE_REPAIR_EVERY_MS)
-        return;
-    node->repaired_ms = now;
-    struct map_cmd_list list;
-    map_cmd_list_init(&list);
-    controller_repair(&node->map, &node->controller, &list);
-    if (list.count > 0)
-        LOG_INFO("cluster: controller repairs %u placement(s)", list.count);
-    propose_list(node, &list, PROPOSAL_OTHER, node->id);
-    map_cmd_list_free(&list);
-}
-
 /* Policies changed, or this broker just became the controller: queues
  * whose factor the policies decide are brought to it, one batch at a
  * time. After a batch commits the controller looks again, so a command
@@ -894,70 +874,34 @@ static void controller_policies(struct cluster_node *node)
     map_cmd_list_free(&list);
 }
 
-/* Draining brokers: the next steps of the moves that empty them
- * (controller_drain_step), at most NODE_DRAIN_MOVES in progress, once
- * nothing is in flight. */
-static void controller_drain_tick(struct cluster_node *node, uint64_t now)
+/* Repair, draining and rebalancing (controller_round: the first that is
+ * due and has something to do, once nothing of ours is in flight). */
+static void controller_periodic(struct cluster_node *node, uint64_t now)
 {
-    if (node->proposals_in_flight > 0 || now - node->drained_ms < NODE_DRAIN_EVERY_MS)
-        return;
-    node->drained_ms = now;
     struct map_cmd_list list;
     map_cmd_list_init(&list);
-    controller_drain_step(&node->map, &node->controller, NODE_DRAIN_MOVES, &list);
-    if (list.count > 0)
+    enum controller_round_kind kind;
+    uint32_t pending = 0;
+    node->round.auto_rebalance = node->auto_rebalance;
+    controller_round(&node->map, &node->controller, &node->round, now,
+                     node->proposals_in_flight > 0, &list, &kind, &pending);
+    switch (kind) {
+    case CONTROLLER_ROUND_REPAIR:
+        LOG_INFO("cluster: controller repairs %u placement(s)", list.count);
+        break;
+    case CONTROLLER_ROUND_DRAIN:
         LOG_INFO("cluster: draining: %u step(s)", list.count);
-    propose_list(node, &list, PROPOSAL_OTHER, node->id);
-    map_cmd_list_free(&list);
-}
-
-/* Whether an automatic rebalance may run: the brokers' states have been
- * still for NODE_REBALANCE_SETTLE_MS (counted from this leader's start). */
-static bool brokers_settled(struct cluster_node *node, uint64_t now)
-{
-    if (node->brokers_seen != node->map.brokers_version || node->brokers_still_since_ms == 0 ||
-        node->brokers_still_since_ms < node->leader_since_ms) {
-        node->brokers_seen = node->map.brokers_version;
-        node->brokers_still_since_ms = now;
-    }
-    return now - node->brokers_still_since_ms >= NODE_REBALANCE_SETTLE_MS;
-}
-
-/* Rebalancing, as the map's rebalance mode says (see NODE_REBALANCE_*):
- * the next steps of the planned moves (controller_rebalance); a "once"
- * ends when nothing is left to move. A cluster that never set the mode
- * gets this broker's --auto-rebalance. */
-static void controller_rebalance_tick(struct cluster_node *node, uint64_t now)
-{
-    enum map_rebalance mode = node->map.rebalance;
-    bool settled = brokers_settled(node, now);
-    if (node->proposals_in_flight > 0 || now - node->rebalanced_ms < NODE_REBALANCE_EVERY_MS)
-        return;
-    if (mode == MAP_REBALANCE_OFF || (mode == MAP_REBALANCE_AUTO && !settled) ||
-        node->balanced_version == node->map.version)
-        return;
-    node->rebalanced_ms = now;
-    struct map_cmd_list list;
-    map_cmd_list_init(&list);
-    struct map_cmd cmd;
-    if (mode == MAP_REBALANCE_UNSET) {
-        ASSERT(map_cmd_rebalance(&cmd, node->auto_rebalance ? MAP_REBALANCE_AUTO
-                                                            : MAP_REBALANCE_OFF) == OK);
-        map_cmd_list_push(&list, &cmd);
-    } else {
-        uint32_t pending = 0;
-        controller_rebalance(&node->map, &node->controller, NODE_REBALANCE_MOVES, &list,
-                             &pending);
-        if (list.count > 0)
-            LOG_INFO("cluster: rebalancing: %u step(s), %u move(s) in progress", list.count,
-                     pending);
-        if (list.count == 0 && pending == 0)
-            node->balanced_version = node->map.version;
-        if (list.count == 0 && pending == 0 && mode == MAP_REBALANCE_ONCE) {
-            LOG_INFO("cluster: rebalanced");
-            ASSERT(map_cmd_rebalance_done(&cmd) == OK);
-            map_cmd_list_push(&list, &cmd);
-        }
+        break;
+    case CONTROLLER_ROUND_REBALANCE:
+        LOG_INFO("cluster: rebalancing: %u step(s), %u move(s) in progress", list.count,
+                 pending);
+        break;
+    case CONTROLLER_ROUND_REBALANCED:
+        LOG_INFO("cluster: rebalanced");
+        break;
+    case CONTROLLER_ROUND_REBALANCE_MODE:
+    case CONTROLLER_ROUND_NOTHING:
+        break;
     }
     propose_list(node, &list, PROPOSAL_OTHER, node->id);
     map_cmd_list_free(&list);
@@ -981,9 +925,7 @@ static void controller_tick(struct cluster_node *node, uint64_t now)
     controller_remove_leavers(node);
     controller_announce_members(node);
     controller_liveness(node, now);
-    controller_repair_tick(node, now);
-    controller_drain_tick(node, now);
-    controller_rebalance_tick(node, now);
+    controller_periodic(node, now);
     controller_policies(node);
 }
 

@@ -73,23 +73,8 @@
  * NODE_DOWN_AFTER_MS, so a broker cut off from the majority stops
  * confirming as a primary before the majority can mark it down. */
 #define NODE_LEASE_MS 1000
-/* The leader's controller sweeps the map for what is left to repair. */
-#define NODE_REPAIR_EVERY_MS 500
-/* Draining: a round of moves every 100 ms (once the last one committed),
- * each round keeping at most NODE_DRAIN_MOVES moves in progress (a move is
- * a catch-up, then a handover of a few ms). */
-#define NODE_DRAIN_EVERY_MS 100
-#define NODE_DRAIN_MOVES 128
-/* Rebalancing (the map's rebalance mode) goes as draining does, a round
- * every 100 ms (once the last one committed) keeping at most
- * NODE_REBALANCE_MOVES moves in progress; a round that found nothing to do
- * is not run again until the map changes. When automatic, it waits until
- * the brokers' states have been still for NODE_REBALANCE_SETTLE_MS: a
- * failover in progress or a flapping broker is no reason to move queues
- * about. */
-#define NODE_REBALANCE_EVERY_MS 100
-#define NODE_REBALANCE_MOVES 128
-#define NODE_REBALANCE_SETTLE_MS 3000
+/* The leader's periodic round (repair, draining, rebalancing) is paced by
+ * controller.h's CONTROLLER_*_EVERY_MS. */
 
 #define CLUSTER_SUBMIT_TIMEOUT_MS 5000
 #define CLUSTER_E_UNAVAILABLE (-40) /* no commit in time: no leader, no quorum */

@@ -178,7 +178,7 @@ def with_auto_off_a_returning_broker_waits_for_an_asked_rebalance():
     names = ["a", "b", "c", "d"]
     wait_until(lambda: all(m.view() and m.view().brokers.get("d") == "up"
                            for m in members.values()), 30, what="d back")
-    time.sleep(4.0)  # beyond NODE_REBALANCE_SETTLE_MS: an automatic one would have begun
+    time.sleep(4.0)  # beyond CONTROLLER_REBALANCE_SETTLE_MS: an automatic one would have begun
     assert holdings(a)[0]["d"][0] == 0, holdings(a)
     out = quayctl(a, "--json", "rebalance")
     assert out.returncode == 0, (out.returncode, out.stderr)

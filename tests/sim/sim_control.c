@@ -32,9 +32,10 @@
  * What it does not model yet: the data path itself (links, forwards,
  * replication streams: their checkers are the soak's), a restart that
  * loses what was not on disk (a killed server here keeps its memory),
- * Raft snapshots (see sim_init), joins and leaves, policies, and
- * the leader's loop is this file's copy of node.c's controller_tick, not
- * node.c's own (the next step: one pure round both call).
+ * Raft snapshots (see sim_init), joins and leaves, policies. The leader's
+ * round of repair, draining and rebalancing is node.c's (controller_round);
+ * liveness and the failovers are called in node.c's order, not yet
+ * through one shared function.
  *
  * Found so far: a rebalance move to a broker that is not a backup of a
  * queue already at CLUSTER_BACKUPS_MAX backups, refused by the map and
@@ -72,7 +73,7 @@
 #define SIM_FAULT_MIN_MS 1500
 #define SIM_FAULT_MAX_MS 5000
 #define SIM_HEAL_BOUND_MS 30000     /* after the last fault: converged by then */
-#define SIM_REBALANCE_MOVES 8
+#define SIM_DRAIN_MOVES 8        /* an operator's first drain call */
 #define SIM_EPOCHS_MAX 65536        /* (queue, epoch) pairs remembered */
 
 #define B(s) bytes_of_cstr(s)
@@ -99,6 +100,7 @@ struct sim_broker {
     /* The controller's state while it leads (node.c's, reduced). */
     bool leading;
     uint64_t leader_since_ms;
+    struct controller_round round; /* repair, draining, rebalancing: as node.c keeps it */
     uint64_t last_heard_ms[SIM_BROKERS + 1];
     enum broker_state acted_on[SIM_BROKERS + 1]; /* states whose follow-up was proposed */
 };
@@ -496,6 +498,8 @@ static void controller_tick(struct sim *s, uint64_t now)
         bool leads = i == li;
         if (leads && !b->leading) {
             b->leader_since_ms = now;
+            b->round.leader_since_ms = now;
+            b->round.auto_rebalance = true;
             for (uint32_t id = 0; id <= SIM_BROKERS; id++)
                 b->acted_on[id] = BROKER_STATE_UP; /* a new controller acts on what changes */
         }
@@ -538,16 +542,14 @@ static void controller_tick(struct sim *s, uint64_t now)
         /* An operator's drain (POST /api/cluster/drain): marks it draining. */
         bool done;
         controller_drain(&leader->map, &s->config, (uint32_t)s->drain_asked + 1,
-                         SIM_REBALANCE_MOVES, &list, &done);
+                         SIM_DRAIN_MOVES, &list, &done);
         s->drain_asked = -1;
     }
-    if (list.count == 0)
-        controller_repair(&leader->map, &s->config, &list);
-    if (list.count == 0)
-        controller_drain_step(&leader->map, &s->config, SIM_REBALANCE_MOVES, &list);
     if (list.count == 0) {
-        uint32_t pending = 0;
-        controller_rebalance(&leader->map, &s->config, SIM_REBALANCE_MOVES, &list, &pending);
+        /* node.c's own round: repair, draining, rebalancing, paced. */
+        enum controller_round_kind kind;
+        controller_round(&leader->map, &s->config, &leader->round, now, false, &list, &kind,
+                         NULL);
     }
     propose_list(s, leader, &list);
     if (s->proposals_in_flight == 0)

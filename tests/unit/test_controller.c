@@ -343,7 +343,7 @@ static void brokers_make_some_progress(struct cluster_map *map, uint32_t round)
 }
 
 /* A sixth broker joins five holding 10,000 queues with one backup each;
- * rebalance rounds of at most NODE_REBALANCE_MOVES (128) moves each, with
+ * rebalance rounds of at most CONTROLLER_REBALANCE_MOVES (128) moves each, with
  * the brokers' catch-ups and handovers only partly done between rounds, so
  * that later rounds plan afresh while earlier moves go on. It ends with
  * every broker within its share, primaries and backups, every queue with
