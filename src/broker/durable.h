@@ -32,8 +32,11 @@ struct journal;
 struct queue;
 struct vhost;
 
+struct durable_adopted; /* durable_adopt.c */
+
 struct durable {
     struct journal *journal;          /* owned */
+    struct durable_adopted *adopted;  /* owned: staged logs to remove once copied */
     bool replaying;                   /* recovery: do not log what we replay */
     uint64_t synced_ticket;           /* everything up to this is on disk */
     int status;                       /* the journal's first error, 0 if none */
@@ -64,6 +67,20 @@ void durable_policy_deleted(struct broker *broker, struct bytes vhost, struct by
 /* Pages out up to `wanted` bytes of ready persistent messages across the
  * durable queues (memory pressure). Returns the bytes released. */
 uint64_t durable_page_out(struct broker *broker, uint64_t wanted);
+
+/* Shared storage (durable_adopt.c): the queue, just made real here by a
+ * queue.take_over from broker `owner_name`, adopts that broker's log of it
+ * (journal_adopt): every live persistent message goes into the queue and
+ * into our own log, redelivered if it had been delivered; the staged copy
+ * goes once our copy is synced. A stale log of ours under the same name is
+ * replaced. Returns the messages adopted, or -1 (logged; the staged copy
+ * stays where journal_adopt left it for the operator). */
+int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
+                      const char *owner_name);
+/* The journal synced up to ticket: staged copies it covers go. */
+void durable__adopted_synced(struct broker *broker, uint64_t ticket);
+/* Frees the list at close (staged copies not yet covered stay on disk). */
+void durable__adopted_free(struct broker *broker);
 
 uint64_t durable_synced_ticket(const struct broker *broker);
 /* A channel has confirms waiting for a sync: link it (idempotent). */

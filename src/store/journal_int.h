@@ -38,6 +38,7 @@ struct jfile {
     int fd;             /* journal thread only; -1 when closed */
     bool dirty;         /* journal thread only: written since its last fdatasync */
     bool created;       /* journal thread only: opened with O_CREAT once */
+    uint64_t dir_identity[2]; /* journal thread only, fenced journals: its directory's */
 };
 
 enum op_kind {
