@@ -259,6 +259,12 @@ uint64_t durable_page_out(struct broker *broker, uint64_t wanted)
 
 /* ---- confirms ------------------------------------------------------- */
 
+bool durable_failed(const struct broker *broker)
+{
+    const struct durable *d = &broker->durable;
+    return d->status < 0 || (d->journal != NULL && journal_status(d->journal) != OK);
+}
+
 uint64_t durable_synced_ticket(const struct broker *broker)
 {
     return broker->durable.synced_ticket;

@@ -83,6 +83,10 @@ void durable__adopted_synced(struct broker *broker, uint64_t ticket);
 void durable__adopted_free(struct broker *broker);
 
 uint64_t durable_synced_ticket(const struct broker *broker);
+/* The journal stopped for good (an I/O error, or fenced on shared
+ * storage): it gives ticket 0, so a persistent publish must be nacked,
+ * not confirmed. */
+bool durable_failed(const struct broker *broker);
 /* A channel has confirms waiting for a sync: link it (idempotent). */
 void durable_wait_for_sync(struct broker *broker, struct list_node *channel_link);
 

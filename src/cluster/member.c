@@ -284,7 +284,7 @@ static void on_storage_done(void *ctx, int status, const struct map_change *chan
 
 /* The map says which storage we share (broker.storage), so that the
  * controller gives our queues to brokers that can read our logs. */
-static void announce_storage(struct member *member)
+void member__announce_storage(struct member *member)
 {
     const char *id = member->broker->config.storage_id;
     struct bytes want = id != NULL ? bytes_of_cstr(id) : (struct bytes){NULL, 0};
@@ -301,7 +301,7 @@ static void on_synced(void *ctx)
     struct member *member = ctx;
     if (member->stopping)
         return;
-    announce_storage(member);
+    member__announce_storage(member);
     mirror_all(member, true);
     drop_transients(member);
     if (member->transients_pending == 0)

@@ -392,6 +392,8 @@ static void mirror_apply(struct member *member, const struct map_change *c)
     case MAP_OP_BROKER_LEAVE:
     case MAP_OP_BROKER_STATE:
         member__sync_peers(member);
+        if (c->op == MAP_OP_BROKER_JOIN && c->broker_id == member->self_id)
+            member__announce_storage(member);
         return;
     case MAP_OP_CLUSTER_REBALANCE:
     case MAP_OP_BROKER_STORAGE:

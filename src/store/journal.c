@@ -213,6 +213,13 @@ static void dirty_file_remove(struct journal *j, struct jfile *f)
     ASSERT(!f->dirty);
 }
 
+/* On shared storage, a path of ours that is gone was taken over (its
+ * directory renamed away by journal_adopt): say so. */
+static int fenced_error(const struct journal *j, int rc)
+{
+    return j->opts.fenced && rc == -ENOENT ? E_JOURNAL_FENCED : rc;
+}
+
 /* Opens f on first use; a file created here dirties its directory. */
 static int file_fd(struct journal *j, struct jfile *f)
 {
@@ -221,7 +228,7 @@ static int file_fd(struct journal *j, struct jfile *f)
     int flags = f->created ? DISK_OPEN_WRITE : DISK_OPEN_CREATE;
     int rc = j->disk->open(j->disk->ctx, f->path, flags, &f->fd);
     if (rc < 0) {
-        fail(j, rc, "open", f->path);
+        fail(j, fenced_error(j, rc), "open", f->path);
         f->fd = -1;
         return -1;
     }
@@ -430,7 +437,7 @@ static void exec_disk_op(struct journal *j, struct op *op)
         if (rc == 0)
             rc = j->disk->fsync_dir(j->disk->ctx, parent);
         if (rc < 0)
-            fail(j, rc, "rename", op->path);
+            fail(j, fenced_error(j, rc), "rename", op->path);
         return;
     case OP_REMOVE_TREE: exec_remove_tree(j, op); return;
     default: ASSERT(!"not a disk op"); return;
