@@ -77,6 +77,12 @@ uint64_t durable_page_out(struct broker *broker, uint64_t wanted);
  * stays where journal_adopt left it for the operator). */
 int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
                       const char *owner_name);
+/* The queue, ours until now, was taken over from our log (queue.take_over
+ * names us): its log is closed without a write, neither the DELETE nor
+ * the removal its deletion would make, so a taker that has not read it
+ * yet finds it whole. A log with nothing ever written (one our restart
+ * just opened) is left to the queue's deletion. */
+void durable_abandon_log(struct broker *broker, struct queue *queue);
 /* The journal synced up to ticket: staged copies it covers go. */
 void durable__adopted_synced(struct broker *broker, uint64_t ticket);
 /* Frees the list at close (staged copies not yet covered stay on disk). */

@@ -113,6 +113,17 @@ int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *
     return a.count;
 }
 
+void durable_abandon_log(struct broker *broker, struct queue *queue)
+{
+    (void)broker;
+    if (queue->journal == NULL || journal_queue_seq_last(queue->journal) == 0)
+        return;
+    LOG_WARN("queue '%.*s' was taken over from our log on the shared storage: we leave "
+             "that log to its new owner", (int)queue->name.len, (const char *)queue->name.ptr);
+    journal_queue_abandon(queue->journal);
+    queue->journal = NULL;
+}
+
 void durable__adopted_synced(struct broker *broker, uint64_t ticket)
 {
     struct durable *d = &broker->durable;

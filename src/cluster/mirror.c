@@ -203,6 +203,8 @@ static void rebind_queue(struct member *member, struct map_queue *mq)
 static void demote(struct member *member, struct vhost *vhost, struct queue *q,
                    struct map_queue *mq)
 {
+    if (mq->taken_from == member->self_id)
+        durable_abandon_log(member->broker, q); /* the taker's now: not a write more */
     struct handover_relay relay;
     bool planned = handover_done(member, q, mq->primary_id, &relay);
     struct list_node gets;

@@ -141,6 +141,10 @@ uint64_t journal_ack(struct journal_queue *q, uint64_t seq);
 uint64_t journal_purge(struct journal_queue *q, uint64_t seq_below);
 /* Appends DELETE, then removes the queue's files; q is freed at once. */
 uint64_t journal_queue_delete(struct journal_queue *q);
+/* Forgets a log another broker took over (or will: journal_adopt): closes
+ * its files and writes nothing, so the taker finds it as it was. q is
+ * freed at once. */
+void journal_queue_abandon(struct journal_queue *q);
 /* journal_queue_delete, then journal_queue_open of the same name: an empty
  * log whose seqs may start over (a backup's copy after a catch-up's
  * reset). q is freed; the new log is returned. */

@@ -19,7 +19,10 @@
  * so the taker reads it; a write after the rename is never confirmed. Its
  * bytes may land in the staged copy (an unconfirmed publish the taker may
  * or may not deliver, or an ack of a message its consumer did get): never
- * a lost confirmed message. The copy is why the taker does not append to
+ * a lost confirmed message; a DELETE record, which the old owner writes
+ * when it deletes the queue it lost, is ignored in an adopted log, and an
+ * old owner that learns from the map that its queue was taken
+ * (durable_abandon_log) writes nothing more to it. The copy is why the taker does not append to
  * the old files: a stray write there cannot reach the taker's own log.
  * New paths (a new segment, a compaction) fail at once: the old directory
  * is gone from the namespace.
@@ -165,6 +168,7 @@ int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost
         LOG_ERROR("journal: cannot open the adopted log %s: %s", out->staged, err);
         return E_IO;
     }
+    tmp->adopting = true;
     rc = journal_recover(tmp, fn, ctx, &out->stats);
     uint32_t cursor = 0;
     struct hmap_entry *e;

@@ -169,6 +169,10 @@ struct journal {
     void *synced_ctx;
     bool recovered;
     bool thread_started;
+    /* A temporary journal reading an adopted log (journal_adopt): a DELETE
+     * record in it was written by the old owner after the queue was no
+     * longer its own (the map still has the queue), so it is ignored. */
+    bool adopting;
     uint64_t deleted_counter;
     struct hmap queues;      /* key -> struct journal_queue */
     struct hmap queue_ids;   /* id_key -> struct journal_queue */
