@@ -588,9 +588,33 @@ static void wait_status(uv_loop_t *loop, struct harness *h, uint64_t ticket)
         uv_run(loop, UV_RUN_ONCE);
 }
 
+/* Appends a DELETE record to the highest segment under dir/queues/: what
+ * an old owner deleting the queue it lost writes through its descriptor. */
+static void append_stray_delete(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "ls %s/queues/*/*.seg | awk -F/ '{print $NF, $0}' | sort | "
+             "tail -1 | cut -d' ' -f2", dir);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char path[256] = "";
+    assert_non_null(fgets(path, sizeof path, p));
+    pclose(p);
+    path[strcspn(path, "\n")] = '\0';
+    uint8_t record[64];
+    uint64_t size = format_record_size(0);
+    assert_true(size <= sizeof record);
+    format_record_encode(record, RECORD_DELETE, NULL, 0, NULL, 0);
+    FILE *f = fopen(path, "ab");
+    assert_non_null(f);
+    assert_int_equal(fwrite(record, 1, size, f), size);
+    fclose(f);
+}
+
 /* Shared storage: broker B takes over broker A's log of one queue
  * (journal_adopt): it gets every live message as A left it (acked ones
- * gone, delivered ones marked), A's other queue stays A's, and A, cut off
+ * gone, delivered ones marked; a DELETE that A wrote after losing the
+ * queue is ignored), A's other queue stays A's, and A, cut off
  * but still running, can no longer confirm anything: its next sync fails
  * the fence (E_JOURNAL_FENCED) although its descriptors still write. */
 static void test_shared_storage_fence_and_adopt(void **state)
@@ -625,7 +649,8 @@ static void test_shared_storage_fence_and_adopt(void **state)
     t = publish(other, 1, 100);
     wait_status(&loop, &ha, t);
     assert_int_equal(ha.status, OK);
-    /* B takes q over. */
+    /* B takes q over, a stray DELETE of A's at its tail (ignored there). */
+    append_stray_delete(adir);
     struct journal_adoption out;
     assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"), BYTES_LIT("q"), on_recover, &hb,
                                    &out), OK);
