@@ -211,6 +211,10 @@ void journal__queue_remark_delivered(struct journal_queue *q, uint64_t seq,
 struct segment *journal__segment_push(struct journal_queue *q, uint64_t number);
 struct segment *journal__segment_find(struct journal_queue *q, uint64_t number);
 
+/* journal_adopt.c: logs a warning for each staged copy left by a takeover
+ * that a crash interrupted (its messages are on disk but not served). */
+void journal__adopted_report(struct journal *j);
+
 /* journal_defs.c */
 int journal__definitions_open(struct journal *j, char *err, size_t err_size);
 void journal__definitions_free(struct journal *j);

@@ -645,5 +645,7 @@ int journal_recover(struct journal *j, journal_recover_fn fn, void *ctx,
         rc = E_IO;
     }
     j->recovered = rc == OK;
+    if (rc == OK)
+        journal__adopted_report(j);
     return rc;
 }
