@@ -611,6 +611,7 @@ int journal_open(struct journal **out, uv_loop_t *loop, const char *dir,
     memcpy(j->dir, dir, strlen(dir) + 1);
     journal__path(j->queues_dir, dir, "queues");
     hmap_init(&j->queues);
+    journal__adopt_init(j);
     hmap_init(&j->queue_ids);
     hmap_init(&j->definitions);
     pthread_mutex_init(&j->mutex, NULL);
@@ -632,6 +633,7 @@ int journal_open(struct journal **out, uv_loop_t *loop, const char *dir,
         hmap_free(&j->queues);
         hmap_free(&j->queue_ids);
         hmap_free(&j->definitions);
+        journal__adopt_free(j);
         free(j);
         return rc;
     }
@@ -670,6 +672,7 @@ void journal_close(struct journal *j)
         journal__queue_free(e->value);
     hmap_free(&j->queues);
     hmap_free(&j->queue_ids);
+    journal__adopt_free(j);
     journal__definitions_free(j);
     hmap_free(&j->definitions);
     free(j->dirty_files);

@@ -39,24 +39,23 @@
 #include "lib/errors.h"
 #include "lib/log.h"
 
-struct found {
-    const struct disk_ops *disk;
-    const char *queues_dir;
-    const uint8_t *key; /* u32 vhost size, vhost, name: RECORD_QUEUE_NAME */
+/* One queue log of the scanned foreign directory. Owned by j->adopt_index. */
+struct adopt_entry {
+    char name[17];   /* its directory: 16 hex digits */
     uint32_t key_size;
-    char name[32];      /* the matching queue directory's name */
+    uint8_t key[];   /* u32 vhost size, vhost, name: RECORD_QUEUE_NAME */
 };
 
-/* Whether DIR/queue names the queue we look for (read by hand: recovery's
- * reader wants a journal of its own). */
-static bool header_matches(const struct disk_ops *d, const char *dir, const uint8_t *key,
-                           uint32_t key_size)
+/* Reads DIR/queue's RECORD_QUEUE_NAME payload into key (by hand: recovery's
+ * reader wants a journal of its own). Returns its size, 0 if unreadable. */
+static uint32_t read_header(const struct disk_ops *d, const char *dir, uint8_t *key,
+                            uint32_t key_cap)
 {
     char path[JOURNAL_PATH_SIZE];
     journal__path(path, dir, "queue");
     int fd;
     if (d->open(d->ctx, path, DISK_OPEN_READ, &fd) < 0)
-        return false;
+        return 0;
     uint8_t buf[FORMAT_FILE_HEADER_SIZE + FORMAT_RECORD_HEADER_SIZE + 4 + 2 * 255 + 64];
     size_t done = 0;
     int rc = d->pread(d->ctx, fd, buf, sizeof buf, 0, &done);
@@ -68,23 +67,96 @@ static bool header_matches(const struct disk_ops *d, const char *dir, const uint
         !format_file_header_decode(buf, FORMAT_MAGIC_QUEUE, &fh) ||
         format_record_check(buf + FORMAT_FILE_HEADER_SIZE, done - FORMAT_FILE_HEADER_SIZE, &h,
                             &record_size) != FORMAT_CHECK_OK ||
-        h.type != RECORD_QUEUE_NAME)
-        return false;
-    return h.payload_size == key_size &&
-           memcmp(buf + FORMAT_FILE_HEADER_SIZE + FORMAT_RECORD_HEADER_SIZE, key, key_size) == 0;
+        h.type != RECORD_QUEUE_NAME || h.payload_size == 0 || h.payload_size > key_cap)
+        return 0;
+    memcpy(key, buf + FORMAT_FILE_HEADER_SIZE + FORMAT_RECORD_HEADER_SIZE, h.payload_size);
+    return h.payload_size;
 }
 
-static int find_entry(void *ctx, const char *name)
+static void index_clear(struct journal *j)
 {
-    struct found *f = ctx;
+    uint32_t cursor = 0;
+    struct hmap_entry *e;
+    while (hmap_next(&j->adopt_index, &cursor, &e))
+        free(e->value);
+    hmap_free(&j->adopt_index);
+    hmap_init(&j->adopt_index);
+    j->adopt_scanned[0] = '\0';
+}
+
+struct scan {
+    struct journal *j;
+    const char *queues_dir;
+};
+
+static int index_entry(void *ctx, const char *name)
+{
+    struct scan *sc = ctx;
     if (strlen(name) != 16 || strchr(name, '.') != NULL)
         return 0; /* not a queue log (a deletion in progress, a temp file) */
     char dir[JOURNAL_PATH_SIZE];
-    journal__path(dir, f->queues_dir, name);
-    if (!header_matches(f->disk, dir, f->key, f->key_size))
+    journal__path(dir, sc->queues_dir, name);
+    uint8_t key[4 + 2 * 255];
+    uint32_t key_size = read_header(sc->j->disk, dir, key, sizeof key);
+    if (key_size == 0)
         return 0;
-    memcpy(f->name, name, 17);
-    return 1;
+    struct adopt_entry *e = malloc(sizeof *e + key_size);
+    ASSERT(e != NULL);
+    memcpy(e->name, name, 17);
+    e->key_size = key_size;
+    memcpy(e->key, key, key_size);
+    free(hmap_put(&sc->j->adopt_index, (struct bytes){e->key, key_size}, e)); /* a twin: last */
+    return 0;
+}
+
+/* Reads every queue header of foreign_queues once: a dead broker's
+ * thousands of queues are then found in O(1) each, not O(queues). */
+static int index_build(struct journal *j, const char *foreign_queues)
+{
+    index_clear(j);
+    struct scan sc = {j, foreign_queues};
+    int rc = j->disk->readdir(j->disk->ctx, foreign_queues, index_entry, &sc);
+    if (rc < 0 && rc != -ENOENT)
+        return rc;
+    snprintf(j->adopt_scanned, sizeof j->adopt_scanned, "%s", foreign_queues);
+    return 0;
+}
+
+/* The directory of key's log under foreign_queues, taken out of the index
+ * (its log is about to move). A stale index (built before) is rebuilt on
+ * a miss. 1: found, 0: none, or a negative errno. */
+static int index_take(struct journal *j, const char *foreign_queues, const uint8_t *key,
+                      uint32_t key_size, bool *fresh, char name[17])
+{
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 || strcmp(j->adopt_scanned, foreign_queues) != 0) {
+            if (pass == 1 && *fresh)
+                return 0;
+            int rc = index_build(j, foreign_queues);
+            if (rc < 0)
+                return rc;
+            *fresh = true;
+        }
+        struct adopt_entry *e = hmap_remove(&j->adopt_index, (struct bytes){key, key_size});
+        if (e != NULL) {
+            memcpy(name, e->name, 17);
+            free(e);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+void journal__adopt_init(struct journal *j)
+{
+    hmap_init(&j->adopt_index);
+    j->adopt_scanned[0] = '\0';
+}
+
+void journal__adopt_free(struct journal *j)
+{
+    index_clear(j);
+    hmap_free(&j->adopt_index);
 }
 
 static void make_key(uint8_t *key, uint32_t *key_size, struct bytes vhost, struct bytes name)
@@ -137,9 +209,9 @@ static int stage(struct journal *j, const char *foreign_dir, const char *foreign
         rc = d->fsync_dir(d->ctx, queues);
     if (rc == 0)
         rc = d->fsync_dir(d->ctx, adopted);
-    if (rc < 0)
+    if (rc < 0 && rc != -ENOENT)
         LOG_ERROR("journal: cannot take over %s into %s: %s", from, to, strerror(-rc));
-    return rc < 0 ? E_IO : OK;
+    return rc;
 }
 
 int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost,
@@ -153,15 +225,23 @@ int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost
     make_key(key, &key_size, vhost, name);
     char foreign_queues[JOURNAL_PATH_SIZE];
     journal__path(foreign_queues, foreign_dir, "queues");
-    struct found f = {j->disk, foreign_queues, key, key_size, {0}};
-    int rc = j->disk->readdir(j->disk->ctx, foreign_queues, find_entry, &f);
-    if (rc < 0 && rc != -ENOENT)
+    bool fresh = false;
+    char dir_name[17];
+    int rc;
+    do { /* a log the index names may have gone since: index again, once */
+        rc = index_take(j, foreign_queues, key, key_size, &fresh, dir_name);
+        if (rc <= 0) {
+            out->staged[0] = '\0';
+            return rc == 0 ? OK : E_IO; /* 0: no log, never written or adopted already */
+        }
+        rc = stage(j, foreign_dir, foreign_queues, dir_name, out->staged);
+        if (rc == -ENOENT && !fresh)
+            j->adopt_scanned[0] = '\0';
+    } while (rc == -ENOENT && !fresh);
+    if (rc < 0) {
+        out->staged[0] = '\0';
         return E_IO;
-    if (f.name[0] == '\0')
-        return OK; /* no log: never written, or adopted already */
-    rc = stage(j, foreign_dir, foreign_queues, f.name, out->staged);
-    if (rc != OK)
-        return rc;
+    }
     struct journal *tmp;
     char err[256];
     if (journal_open(&tmp, j->loop, out->staged, NULL, err, sizeof err) != OK) {
@@ -176,7 +256,7 @@ int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost
         out->seq_last = journal_queue_seq_last(e->value);
     journal_close(tmp); /* freed once the loop runs its close callbacks */
     if (rc == OK)
-        LOG_INFO("journal: took over %s (%" PRIu64 " live messages) into %s", f.name,
+        LOG_INFO("journal: took over %s (%" PRIu64 " live messages) into %s", dir_name,
                  out->stats.message_count, out->staged);
     return rc;
 }

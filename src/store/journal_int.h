@@ -173,6 +173,10 @@ struct journal {
      * record in it was written by the old owner after the queue was no
      * longer its own (the map still has the queue), so it is ignored. */
     bool adopting;
+    /* journal_adopt.c: the foreign queues directory last scanned, and its
+     * queue key -> struct adopt_entry index (loop thread). */
+    char adopt_scanned[JOURNAL_PATH_SIZE];
+    struct hmap adopt_index;
     uint64_t deleted_counter;
     struct hmap queues;      /* key -> struct journal_queue */
     struct hmap queue_ids;   /* id_key -> struct journal_queue */
@@ -214,6 +218,8 @@ struct segment *journal__segment_find(struct journal_queue *q, uint64_t number);
 /* journal_adopt.c: logs a warning for each staged copy left by a takeover
  * that a crash interrupted (its messages are on disk but not served). */
 void journal__adopted_report(struct journal *j);
+void journal__adopt_init(struct journal *j);
+void journal__adopt_free(struct journal *j);
 
 /* journal_defs.c */
 int journal__definitions_open(struct journal *j, char *err, size_t err_size);

@@ -639,6 +639,7 @@ static void test_shared_storage_fence_and_adopt(void **state)
     assert_int_equal(journal_recover(b, on_recover, &hb, &hb.stats), OK);
     struct journal_queue *q = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("q"));
     struct journal_queue *other = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("other"));
+    struct journal_queue *third = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("third"));
     uint64_t t = 0;
     for (uint64_t seq = 1; seq <= 100; seq++) /* several segments */
         t = publish(q, seq, 300);
@@ -647,6 +648,7 @@ static void test_shared_storage_fence_and_adopt(void **state)
     for (uint64_t seq = 1; seq <= 5; seq++)
         t = journal_ack(q, seq);
     t = publish(other, 1, 100);
+    t = publish(third, 1, 100);
     wait_status(&loop, &ha, t);
     assert_int_equal(ha.status, OK);
     /* B takes q over, a stray DELETE of A's at its tail (ignored there). */
@@ -671,6 +673,14 @@ static void test_shared_storage_fence_and_adopt(void **state)
     assert_int_equal(again.staged[0], '\0');
     assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"), BYTES_LIT("none"), on_recover, &hb,
                                    &again), OK);
+    assert_int_equal(hb.recovered_count, 0);
+    /* A log B's index of A's directory names but that went since (A deleted
+     * the queue): B looks again and finds none. */
+    t = journal_queue_delete(third);
+    wait_status(&loop, &ha, t);
+    assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"), BYTES_LIT("third"), on_recover, &hb,
+                                   &again), OK);
+    assert_int_equal(again.staged[0], '\0');
     assert_int_equal(hb.recovered_count, 0);
     /* A, cut off, appends through its old descriptors: never confirmed. */
     uint64_t stray = publish(q, 101, 300);
