@@ -14,6 +14,7 @@ broker. Then SIGSTOP of the owner of another queue while a publisher waits
 on its confirms, takeover, SIGCONT: the old owner's log says it was fenced,
 and every message it confirmed is readable exactly once from the new owner.
 """
+import json
 import os
 import signal
 import sys
@@ -205,6 +206,16 @@ def the_old_broker_restarted_leaves_the_taken_over_logs_alone():
     wait_until(lambda: not (queue_dirs("c") & set(names)), 10, what="c's stale logs gone",
                detail=lambda: queue_dirs("c"))
     assert "fenced" not in c.log_text() and "taken over by another" not in c.log_text()
+    # Giving one back to c is an ordinary move (POST /api/cluster/move: c
+    # catches up as a backup, then the taker hands over), not automatic.
+    name = names[0]
+    publish(a, name, [b"back-%d" % i for i in range(100)])
+    status, body = a.api_call("POST", "/api/cluster/move", json.dumps(
+        {"vhost": "/", "queue": name, "to": "c"}).encode(), timeout=5)
+    assert status == 202, (status, body)
+    wait_until(lambda: (queue_info(a, name) or {}).get("primary") == "c", 30,
+               what="the queue moved back to c")
+    assert read_all(b, name) == [b"back-%d" % i for i in range(100)]
 
 
 @test(timeout=120)
