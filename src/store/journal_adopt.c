@@ -18,12 +18,13 @@
  * only after it: a write whose check passed was synced before the rename,
  * so the taker reads it; a write after the rename is never confirmed. Its
  * bytes may land in the staged copy (an unconfirmed publish the taker may
- * or may not deliver, or an ack of a message its consumer did get): never
- * a lost confirmed message; a DELETE record, which the old owner writes
- * when it deletes the queue it lost, is ignored in an adopted log, and an
- * old owner that learns from the map that its queue was taken
- * (durable_abandon_log) writes nothing more to it. The copy is why the taker does not append to
- * the old files: a stray write there cannot reach the taker's own log.
+ * or may not deliver, an ack of a message its consumer did get, a purge a
+ * client of it asked for): never a lost confirmed message. A DELETE
+ * record, which the old owner writes when it deletes the queue it lost,
+ * is ignored in an adopted log, and an old owner that learns from the map
+ * that its queue was taken (durable_abandon_log) writes nothing more to
+ * it. The copy is why the taker does not append to the old files: a stray
+ * write there cannot reach the taker's own log.
  * New paths (a new segment, a compaction) fail at once: the old directory
  * is gone from the namespace.
  */
