@@ -59,6 +59,12 @@ struct broker_config {
     const char *listen[BROKER_LISTENERS_MAX];
     uint32_t listen_count;
     const char *data_dir;
+    /* --shared-storage DIR: the journal is journal_dir, DIR/<name>/, and
+     * storage_id DIR's id (store/shared_storage.h); NULL without, and the
+     * journal is data_dir. */
+    const char *shared_storage_dir;
+    const char *journal_dir;
+    const char *storage_id;
     const char *users_file;
     const char *http_listen;         /* management API "ADDR:PORT"; NULL = off */
     const char *http_allowed_hosts;  /* names its Host header may give (mgmt/http_guard.h) */

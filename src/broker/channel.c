@@ -834,12 +834,15 @@ static void drain_waits(struct channel *ch, uint64_t synced, int status)
 {
     struct confirm_fifo *f = &ch->confirm_waits;
     bool owed = false;
-    while (f->count > 0 && f->items[f->head].ticket <= synced &&
+    /* A journal that stopped syncs nothing more: what waits for it is
+     * nacked now (it reports its failure once), whenever it comes. */
+    bool failed = status < 0 || durable_failed(ch->connection->broker);
+    while (f->count > 0 && (f->items[f->head].ticket <= synced || failed) &&
            f->items[f->head].remote == 0) {
         struct confirm_wait wait = f->items[f->head];
         f->head = (f->head + 1) & (f->cap - 1);
         f->count--;
-        if (wait.nack || (status < 0 && wait.ticket != 0))
+        if (wait.nack || (failed && wait.ticket != 0))
             send_nack(ch, wait.seq); /* after the acks owed before it */
         else
             owed = true; /* acked by the next multiple ack (release_confirms) */
@@ -1008,6 +1011,8 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
     } else if (unavailable > 0) {
         rejected = true; /* the publisher must resend it */
     }
+    if (message->persistent && durable_failed(ch->connection->broker))
+        rejected = true; /* not on disk, and never will be: the journal stopped */
     if (ch->tx_mode) {
         if (wait.ticket > ch->tx_ticket)
             ch->tx_ticket = wait.ticket; /* tx.commit-ok waits for it */
@@ -1106,6 +1111,8 @@ void channel__route_forward(struct channel *ch, struct message *message)
         if (queue->flow.congested)
             flow_wait(ch->connection, ch->id, queue); /* the sender is told */
     }
+    if (message->persistent && durable_failed(broker))
+        rejected = true; /* the journal stopped: see channel__route_now */
     confirm_publish(ch, wait.ticket, wait.remote, rejected);
 }
 

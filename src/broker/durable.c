@@ -259,6 +259,12 @@ uint64_t durable_page_out(struct broker *broker, uint64_t wanted)
 
 /* ---- confirms ------------------------------------------------------- */
 
+bool durable_failed(const struct broker *broker)
+{
+    const struct durable *d = &broker->durable;
+    return d->status < 0 || (d->journal != NULL && journal_status(d->journal) != OK);
+}
+
 uint64_t durable_synced_ticket(const struct broker *broker)
 {
     return broker->durable.synced_ticket;
@@ -280,6 +286,10 @@ static void on_synced(void *ctx, uint64_t ticket, int status)
     }
     if (ticket > d->synced_ticket)
         d->synced_ticket = ticket;
+    /* Before any confirm: while a staged copy exists, nothing published
+     * to the queue after its adoption has been confirmed. */
+    if (status == 0)
+        durable__adopted_synced(broker, ticket);
     list_for_each_safe(node, &d->confirm_waiters) {
         struct channel *ch = CONTAINER_OF(node, struct channel, durable_link);
         channel__journal_synced(ch, ticket, status);
@@ -465,8 +475,12 @@ int durable_open(struct broker *broker, char *err, size_t err_size)
     memset(d, 0, sizeof *d);
     list_init(&d->confirm_waiters);
     uint64_t started = uv_hrtime();
-    if (journal_open(&d->journal, broker->loop, broker->config.data_dir, NULL, err, err_size) !=
-        OK) {
+    const char *dir = broker->config.journal_dir ? broker->config.journal_dir
+                                                 : broker->config.data_dir;
+    /* On shared storage a taker renames our queue logs away (journal_adopt):
+     * the journal checks at every sync that its directories are its own. */
+    struct journal_options opts = {.fenced = broker->config.shared_storage_dir != NULL};
+    if (journal_open(&d->journal, broker->loop, dir, &opts, err, err_size) != OK) {
         d->journal = NULL;
         return -1;
     }
@@ -530,4 +544,5 @@ void durable_close(struct broker *broker)
     }
     journal_close(d->journal);
     d->journal = NULL;
+    durable__adopted_free(broker);
 }

@@ -32,8 +32,11 @@ struct journal;
 struct queue;
 struct vhost;
 
+struct durable_adopted; /* durable_adopt.c */
+
 struct durable {
     struct journal *journal;          /* owned */
+    struct durable_adopted *adopted;  /* owned: staged logs to remove once copied */
     bool replaying;                   /* recovery: do not log what we replay */
     uint64_t synced_ticket;           /* everything up to this is on disk */
     int status;                       /* the journal's first error, 0 if none */
@@ -65,7 +68,31 @@ void durable_policy_deleted(struct broker *broker, struct bytes vhost, struct by
  * durable queues (memory pressure). Returns the bytes released. */
 uint64_t durable_page_out(struct broker *broker, uint64_t wanted);
 
+/* Shared storage (durable_adopt.c): the queue, just made real here by a
+ * queue.take_over from broker `owner_name`, adopts that broker's log of it
+ * (journal_adopt): every live persistent message goes into the queue and
+ * into our own log, redelivered if it had been delivered; the staged copy
+ * goes once our copy is synced. A stale log of ours under the same name is
+ * replaced. Returns the messages adopted, or -1 (logged; the staged copy
+ * stays where journal_adopt left it for the operator). */
+int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
+                      const char *owner_name);
+/* The queue, ours until now, was taken over from our log (queue.take_over
+ * names us): its log is closed without a write, neither the DELETE nor
+ * the removal its deletion would make, so a taker that has not read it
+ * yet finds it whole. A log with nothing ever written (one our restart
+ * just opened) is left to the queue's deletion. */
+void durable_abandon_log(struct broker *broker, struct queue *queue);
+/* The journal synced up to ticket: staged copies it covers go. */
+void durable__adopted_synced(struct broker *broker, uint64_t ticket);
+/* Frees the list at close (staged copies not yet covered stay on disk). */
+void durable__adopted_free(struct broker *broker);
+
 uint64_t durable_synced_ticket(const struct broker *broker);
+/* The journal stopped for good (an I/O error, or fenced on shared
+ * storage): it gives ticket 0, so a persistent publish must be nacked,
+ * not confirmed. */
+bool durable_failed(const struct broker *broker);
 /* A channel has confirms waiting for a sync: link it (idempotent). */
 void durable_wait_for_sync(struct broker *broker, struct list_node *channel_link);
 

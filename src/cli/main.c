@@ -26,6 +26,7 @@
 #include "lib/errors.h"
 #include "lib/hash.h"
 #include "lib/log.h"
+#include "store/shared_storage.h"
 
 /* The TLS options, in the middle of usage()'s text. */
 static const char usage_tls[] =
@@ -70,6 +71,9 @@ static void usage(FILE *out)
     fputs(usage_tls, out);
     fprintf(out,
             "  --data DIR              data directory (default ./quay-data)\n"
+            "  --shared-storage DIR    keep the journal in DIR/NAME/ on a filesystem every\n"
+            "                          broker mounts: a dead broker's durable queues without\n"
+            "                          an in-sync backup are taken over from their logs\n"
             "  --users FILE            users file, one user a line:\n"
             "                          NAME HASH VHOST[,VHOST...] [loopback] [tags=TAG,...]\n"
             "                          TAG: administrator, monitoring, policymaker,\n"
@@ -132,12 +136,13 @@ enum option_id {
     OPT_CATCH_UP_RATE, OPT_HTTP_ALLOW_PLAINTEXT,
     OPT_HTTP_ALLOWED_HOSTS, OPT_MAX_HANDSHAKING, OPT_HANDSHAKE_TIMEOUT,
     OPT_HTTPS, OPT_TLS_LISTEN, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_TLS_VERIFY,
-    OPT_CLUSTER_TLS,
+    OPT_CLUSTER_TLS, OPT_SHARED_STORAGE,
 };
 
 static const struct option long_options[] = {
     {"listen", required_argument, NULL, OPT_LISTEN},
     {"data", required_argument, NULL, OPT_DATA},
+    {"shared-storage", required_argument, NULL, OPT_SHARED_STORAGE},
     {"users", required_argument, NULL, OPT_USERS},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
     {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
@@ -482,6 +487,9 @@ static int parse_options(int argc, char **argv, struct broker_config *config)
         case OPT_DATA:
             config->data_dir = optarg;
             break;
+        case OPT_SHARED_STORAGE:
+            config->shared_storage_dir = optarg;
+            break;
         case OPT_USERS:
             config->users_file = optarg;
             break;
@@ -657,6 +665,30 @@ static int lock_data_dir(const char *dir)
     return fd; /* kept open: the lock lives as long as the process */
 }
 
+/* --shared-storage: the journal goes to DIR/<name>/, locked like the data
+ * directory (flock: honoured across NFS v4 clients and GFS2 nodes; the
+ * fencing that does not rely on it is journal_adopt's rename). */
+static int open_shared_storage(struct broker_config *config)
+{
+    static char journal_dir[4096];
+    static char storage_id[SHARED_STORAGE_ID_SIZE + 1];
+    if (config->shared_storage_dir == NULL)
+        return 0;
+    if (config->cluster == NULL || cluster_config.name == NULL) {
+        fprintf(stderr, "quayd: --shared-storage needs --cluster-listen and --name\n");
+        return -1;
+    }
+    char err[512];
+    if (shared_storage_open(config->shared_storage_dir, cluster_config.name, journal_dir,
+                            sizeof journal_dir, storage_id, err, sizeof err) != 0) {
+        fprintf(stderr, "quayd: --shared-storage: %s\n", err);
+        return -1;
+    }
+    config->journal_dir = journal_dir;
+    config->storage_id = storage_id;
+    return lock_data_dir(journal_dir) < 0 ? -1 : 0; /* the lock lives with the process */
+}
+
 static struct broker broker;
 static uv_signal_t sigterm_handle, sigint_handle, sighup_handle;
 
@@ -694,7 +726,7 @@ int main(int argc, char **argv)
         check_http_options(&config) != 0 || check_tls_options(&config) != 0)
         return 2;
     int lock_fd = lock_data_dir(config.data_dir);
-    if (lock_fd < 0)
+    if (lock_fd < 0 || open_shared_storage(&config) != 0)
         return 1;
     uv_loop_t *loop = uv_default_loop();
     if (config.listen_count == 0)

@@ -131,6 +131,70 @@ static uint32_t promotion_candidate(const struct cluster_map *map, const struct 
     return fallback;
 }
 
+/* The sum of the queues owned over the view's brokers. */
+static uint64_t owned_total(const struct placement *p)
+{
+    uint64_t n = 0;
+    for (uint32_t s = 0; s < p->brokers_count; s++)
+        n += p->owned[s];
+    return n;
+}
+
+uint32_t controller_takeover_target(struct placement *p, const struct map_queue *q)
+{
+    const struct map_broker *dead = cluster_map_broker(p->map, q->primary_id);
+    if (!q->durable || q->exclusive || dead == NULL || dead->state != BROKER_STATE_DOWN ||
+        dead->storage_id.len == 0 || p->brokers_count == 0)
+        return BROKER_ID_NONE;
+    uint8_t pref[CLUSTER_BROKERS_MAX];
+    placement_preference(p, placement_queue_hash(q->vhost->name, q->name), pref);
+    uint32_t lo, hi;
+    placement_bounds(&p->config, owned_total(p) + 1, p->brokers_count, &lo, &hi);
+    /* The ring's order among those that share the storage, under the
+     * bound if one is; a queue back in service beats a perfect balance. */
+    int chosen = -1;
+    for (uint32_t k = 0; k < p->brokers_count; k++) {
+        uint8_t s = pref[k];
+        uint32_t id = p->broker_ids[s];
+        if (map_queue_has_backup(q, id) ||
+            !map_brokers_share_storage(dead, cluster_map_broker(p->map, id)))
+            continue;
+        if (p->owned[s] < hi) {
+            chosen = s;
+            break;
+        }
+        if (chosen < 0)
+            chosen = s;
+    }
+    if (chosen < 0)
+        return BROKER_ID_NONE;
+    p->owned[chosen]++;
+    return p->broker_ids[chosen];
+}
+
+/* A queue taken over from shared storage has no backups left: later gets
+ * the ones its factor wants (epoch + 1: after the take-over). */
+static void take_over(struct placement *p, const struct map_queue *q, uint32_t taker,
+                      struct map_cmd_list *out, struct map_cmd_list *later)
+{
+    struct map_cmd cmd;
+    push(out, map_cmd_queue_take_over(&cmd, q->vhost->name, q->name, q->epoch, taker,
+                                      q->primary_id), &cmd);
+    uint32_t ids[CLUSTER_BACKUPS_MAX];
+    uint8_t n = 0;
+    while (n + 1u < q->replication_factor) {
+        uint32_t exclude[1 + CLUSTER_BACKUPS_MAX] = {taker};
+        memcpy(&exclude[1], ids, n * sizeof(uint32_t));
+        uint32_t id = placement_pick_backup(p, q->vhost->name, q->name, exclude, 1u + n);
+        if (id == BROKER_ID_NONE)
+            break;
+        ids[n++] = id;
+    }
+    if (n > 0)
+        push(later, map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, q->epoch + 1, ids,
+                                              n), &cmd);
+}
+
 /* out gets the promotion; later the backups that restore the factor. */
 static void fail_over_primary(struct placement *p, const struct map_queue *q,
                               struct map_cmd_list *out, struct map_cmd_list *later)
@@ -143,6 +207,11 @@ static void fail_over_primary(struct placement *p, const struct map_queue *q,
         return;
     }
     uint32_t next = promotion_candidate(p->map, q);
+    uint32_t taker = next == BROKER_ID_NONE ? controller_takeover_target(p, q) : BROKER_ID_NONE;
+    if (taker != BROKER_ID_NONE) {
+        take_over(p, q, taker, out, later);
+        return;
+    }
     if (next == BROKER_ID_NONE) {
         if (q->available)
             push(out, map_cmd_queue_set_available(&cmd, vhost, q->name, q->epoch, false), &cmd);
@@ -308,7 +377,11 @@ int controller_repair(const struct cluster_map *map, const struct controller_con
         bool returned = !primary_down && !q->available &&
                         cluster_map_broker(map, q->primary_id)->state == BROKER_STATE_UP;
         bool refill = !primary_down && q->available && backups_short(map, q, usable);
-        if (!(primary_down && q->available) && !returned && !refill)
+        /* Unavailable for want of a broker sharing its storage, until now. */
+        bool take = primary_down && !q->available && q->durable &&
+                    cluster_map_broker(map, q->primary_id) != NULL &&
+                    cluster_map_broker(map, q->primary_id)->storage_id.len > 0;
+        if (!(primary_down && q->available) && !returned && !refill && !take)
             continue;
         if (!placed) {
             placement_init(&p, &config->placement);

@@ -61,6 +61,19 @@ int controller_check_liveness(const struct cluster_map *map, const struct contro
 int controller_fail_over(const struct cluster_map *map, const struct controller_config *config,
                          uint32_t broker_id, struct map_cmd_list *out);
 
+/*
+ * (b') Takeover from shared storage, part of (b): a durable queue whose
+ * primary is down with no in-sync backup to promote goes, when the dead
+ * broker announced a shared storage (broker.storage), to a broker that is
+ * up and shares it and is not one of the queue's backups: the first in the
+ * queue's ring order that is under the placement bound (else the first).
+ * That broker adopts the dead one's log of the queue (queue.take_over);
+ * backups for the factor follow. Counts the choice in p. BROKER_ID_NONE
+ * when no broker qualifies (the queue is then marked unavailable, as
+ * without shared storage, and repair tries again when one comes up).
+ */
+uint32_t controller_takeover_target(struct placement *p, const struct map_queue *q);
+
 /* (c) A broker is up again: its unavailable queues become available with
  * epoch + 1. Does nothing unless the broker is up. OK. */
 int controller_broker_returned(const struct cluster_map *map, uint32_t broker_id,

@@ -98,6 +98,8 @@ static const char *const op_names[MAP_OP_COUNT] = {
     [MAP_OP_POLICY_DELETE] = "policy.delete",
     [MAP_OP_QUEUE_MOVE] = "queue.move",
     [MAP_OP_CLUSTER_REBALANCE] = "cluster.rebalance",
+    [MAP_OP_BROKER_STORAGE] = "broker.storage",
+    [MAP_OP_QUEUE_TAKE_OVER] = "queue.take_over",
 };
 
 const char *map_rebalance_name(enum map_rebalance mode)
@@ -212,6 +214,12 @@ bool map_queue_backup_in_sync(const struct map_queue *queue, uint32_t broker_id)
 {
     int i = backup_slot(queue, broker_id);
     return i >= 0 && (queue->in_sync_mask & (1u << i)) != 0;
+}
+
+bool map_brokers_share_storage(const struct map_broker *a, const struct map_broker *b)
+{
+    return a != NULL && b != NULL && a->storage_id.len > 0 &&
+           bytes_equal(a->storage_id, b->storage_id);
 }
 
 bool map_user_has_vhost(const struct map_user *user, struct bytes vhost)
@@ -488,6 +496,7 @@ void cluster_map_free(struct cluster_map *map)
         bytes_free(&b->name);
         bytes_free(&b->amqp_address);
         bytes_free(&b->cluster_address);
+        bytes_free(&b->storage_id);
         free(b);
     }
     free(map->brokers);
@@ -717,6 +726,9 @@ static int op_broker_join(struct apply_ctx *ctx)
     enum broker_state state = BROKER_STATE_UP;
     if (ctx->restoring && !broker_state_parse(read_name(r, "state"), &state))
         reader_fail(r, "state");
+    struct bytes storage_id = {(const uint8_t *)"", 0};
+    if (ctx->restoring && table_get(r->table, "storage", &(struct field_value){0}))
+        storage_id = read_str(r, "storage", 1, MAP_STORAGE_ID_SIZE_MAX);
     if (r->bad_key)
         return malformed(ctx);
     struct cluster_map *map = ctx->map;
@@ -747,6 +759,8 @@ static int op_broker_join(struct apply_ctx *ctx)
         b->id = id;
         b->state = state;
         map->brokers[map->brokers_count++] = b;
+        if (storage_id.len > 0)
+            b->storage_id = bytes_dup(storage_id);
     }
     b->name = bytes_dup(name);
     b->amqp_address = bytes_dup(amqp_address);
@@ -783,6 +797,7 @@ static int op_broker_leave(struct apply_ctx *ctx)
     bytes_free(&b->name);
     bytes_free(&b->amqp_address);
     bytes_free(&b->cluster_address);
+    bytes_free(&b->storage_id);
     free(b);
     map->brokers_version++;
     ctx->change->changed = true;
@@ -806,6 +821,29 @@ static int op_broker_state(struct apply_ctx *ctx)
         ctx->map->brokers_version++;
         ctx->change->changed = true;
     }
+    return OK;
+}
+
+/* A broker announces the shared storage it keeps its journal on (or none):
+ * the controller gives a dead broker's queues only to brokers that share
+ * its storage (queue.take_over). */
+static int op_broker_storage(struct apply_ctx *ctx)
+{
+    uint32_t id = read_broker_id(&ctx->reader, "id");
+    struct bytes storage_id = read_str(&ctx->reader, "storage", 0, MAP_STORAGE_ID_SIZE_MAX);
+    if (ctx->reader.bad_key)
+        return malformed(ctx);
+    ctx->change->broker_id = id;
+    struct map_broker *b = cluster_map_broker(ctx->map, id);
+    if (b == NULL)
+        return refuse(ctx, REPLY_NOT_FOUND, false, "no broker %u", id);
+    if (bytes_equal(b->storage_id, storage_id))
+        return OK;
+    bytes_free(&b->storage_id);
+    if (storage_id.len > 0)
+        b->storage_id = bytes_dup(storage_id);
+    ctx->map->brokers_version++;
+    ctx->change->changed = true;
     return OK;
 }
 
@@ -1295,6 +1333,7 @@ static void read_queue_state(struct cmd_reader *r, struct map_queue *q)
     if (q->move_to != BROKER_ID_NONE && backup_slot(q, q->move_to) < 0)
         reader_fail(r, "move_to");
     q->move_from = (uint32_t)read_uint(r, "move_from", UINT32_MAX, true, BROKER_ID_NONE);
+    q->taken_from = (uint32_t)read_uint(r, "taken_from", UINT32_MAX, true, BROKER_ID_NONE);
     if (q->move_from != BROKER_ID_NONE &&
         (backup_slot(q, q->move_from) < 0 || q->move_to == BROKER_ID_NONE))
         reader_fail(r, "move_from");
@@ -1482,6 +1521,7 @@ static int op_queue_set_owner(struct apply_ctx *ctx)
     q->available = true;
     q->move_to = BROKER_ID_NONE; /* done, or overtaken by a failover */
     q->move_from = BROKER_ID_NONE;
+    q->taken_from = BROKER_ID_NONE;
     queue_count(map, q, +1);
     ASSERT(!map_queue_has_backup(q, primary));
     ctx->change->planned = planned;
@@ -1623,6 +1663,47 @@ static int op_queue_set_available(struct apply_ctx *ctx)
     return OK;
 }
 
+/* The dead primary's log is adopted from shared storage by the new one
+ * (queue.take_over): only a durable queue, from a broker that is down, to
+ * one that is up, shares its storage and is not a backup (its replica
+ * would hold a second copy of what the log gives back). */
+static int op_queue_take_over(struct apply_ctx *ctx)
+{
+    uint32_t primary = read_broker_id(&ctx->reader, "primary");
+    uint32_t from = read_broker_id(&ctx->reader, "from");
+    int rc;
+    struct map_queue *q = find_queue_cas(ctx, true, &rc);
+    if (q == NULL)
+        return rc;
+    rc = check_broker_usable(ctx, primary, "queue", q->name);
+    if (rc != OK)
+        return rc;
+    const struct map_broker *dead = cluster_map_broker(ctx->map, from);
+    if (q->primary_id != from || dead->state != BROKER_STATE_DOWN)
+        return refuse(ctx, REPLY_PRECONDITION_FAILED, true,
+                      "queue '%.*s' is not owned by broker %u, down", NAME_ARG(q->name), from);
+    if (!q->durable || q->exclusive || map_queue_has_backup(q, primary) ||
+        !map_brokers_share_storage(dead, cluster_map_broker(ctx->map, primary)))
+        return refuse(ctx, REPLY_PRECONDITION_FAILED, false,
+                      "broker %u cannot take queue '%.*s' over from broker %u", primary,
+                      NAME_ARG(q->name), from);
+    struct cluster_map *map = ctx->map;
+    queue_count(map, q, -1);
+    memset(q->backup_ids, 0, sizeof(q->backup_ids)); /* none in sync: see controller.h */
+    q->backups_count = 0;
+    q->in_sync_mask = 0;
+    q->primary_id = primary;
+    q->epoch++;
+    q->owned_since = map->version;
+    q->available = true;
+    q->move_to = BROKER_ID_NONE;
+    q->move_from = BROKER_ID_NONE;
+    q->taken_from = from;
+    queue_count(map, q, +1);
+    ctx->change->changed = true;
+    return OK;
+}
+
 /* ---- policies ------------------------------------------------------------- */
 
 static void read_policy_decl(struct cmd_reader *r, struct policy_decl *d)
@@ -1730,6 +1811,8 @@ static int dispatch(struct apply_ctx *ctx)
     case MAP_OP_POLICY_DELETE: return op_policy_delete(ctx);
     case MAP_OP_QUEUE_MOVE: return op_queue_move(ctx);
     case MAP_OP_CLUSTER_REBALANCE: return op_cluster_rebalance(ctx);
+    case MAP_OP_BROKER_STORAGE: return op_broker_storage(ctx);
+    case MAP_OP_QUEUE_TAKE_OVER: return op_queue_take_over(ctx);
     case MAP_OP_NONE:
     case MAP_OP_COUNT: break;
     }
@@ -1928,6 +2011,8 @@ static void encode_join(struct table_writer *w, const void *arg)
     table_put_bool(w, "voter", a->voter);
     if (a->broker)
         table_put_longstr(w, "state", bytes_of_cstr(broker_state_name(a->broker->state)));
+    if (a->broker && a->broker->storage_id.len > 0)
+        table_put_longstr(w, "storage", a->broker->storage_id);
 }
 
 int map_cmd_broker_join(struct map_cmd *out, uint32_t id, struct bytes name,
@@ -1950,6 +2035,14 @@ int map_cmd_broker_state(struct map_cmd *out, uint32_t id, enum broker_state sta
     ASSERT(id != BROKER_ID_NONE);
     struct simple_cmd s = {.op = MAP_OP_BROKER_STATE, .id = id, .str_key = "state",
                            .str_value = bytes_of_cstr(broker_state_name(state))};
+    return build(out, encode_simple, &s);
+}
+
+int map_cmd_broker_storage(struct map_cmd *out, uint32_t id, struct bytes storage_id)
+{
+    ASSERT(storage_id.len <= MAP_STORAGE_ID_SIZE_MAX);
+    struct simple_cmd s = {.op = MAP_OP_BROKER_STORAGE, .id = id, .str_key = "storage",
+                           .str_value = storage_id};
     return build(out, encode_simple, &s);
 }
 
@@ -2125,6 +2218,8 @@ static void encode_queue(struct table_writer *w, const void *arg)
         table_put_int(w, "move_to", q->move_to);
     if (q->move_from != BROKER_ID_NONE)
         table_put_int(w, "move_from", q->move_from);
+    if (q->taken_from != BROKER_ID_NONE)
+        table_put_int(w, "taken_from", q->taken_from);
 }
 
 int map_cmd_queue_declare(struct map_cmd *out, const struct map_queue_decl *decl,
@@ -2275,6 +2370,17 @@ int map_cmd_queue_set_available(struct map_cmd *out, struct bytes vhost, struct 
     struct simple_cmd s = {.op = MAP_OP_QUEUE_SET_AVAILABLE, .vhost = vhost, .name = name,
                            .epoch = expected_epoch, .bool_key = "available",
                            .bool_value = available};
+    return build(out, encode_simple, &s);
+}
+
+int map_cmd_queue_take_over(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                            uint64_t expected_epoch, uint32_t primary_id, uint32_t from)
+{
+    ASSERT(expected_epoch != 0);
+    ASSERT(primary_id != BROKER_ID_NONE && from != BROKER_ID_NONE);
+    struct simple_cmd s = {.op = MAP_OP_QUEUE_TAKE_OVER, .vhost = vhost, .name = name,
+                           .epoch = expected_epoch, .int_key = "primary",
+                           .int_value = primary_id, .int2_key = "from", .int2_value = from};
     return build(out, encode_simple, &s);
 }
 
@@ -2622,7 +2728,7 @@ size_t cluster_map_memory_size(const struct cluster_map *map)
     for (uint32_t i = 0; i < map->brokers_count; i++) {
         const struct map_broker *b = map->brokers[i];
         n += heap(sizeof(*b)) + heap(b->name.len) + heap(b->amqp_address.len) +
-             heap(b->cluster_address.len);
+             heap(b->cluster_address.len) + heap(b->storage_id.len);
     }
     for (uint32_t i = 0; i < map->vhosts_count; i++) {
         const struct map_vhost *v = map->vhosts[i];

@@ -53,6 +53,7 @@
 #define CLUSTER_USERS_MAX (1u << 16)
 #define CLUSTER_USER_LIST_MAX 1024  /* vhosts or tags of one user */
 #define MAP_REPLY_TEXT_SIZE 256
+#define MAP_STORAGE_ID_SIZE_MAX 64  /* broker.storage */
 
 /* Broker id 0 means "none" everywhere (no owner, no backup). */
 #define BROKER_ID_NONE 0u
@@ -80,6 +81,10 @@ struct map_broker {
     struct bytes name;
     struct bytes amqp_address;    /* "host:port" clients connect to */
     struct bytes cluster_address; /* "host:port" brokers connect to */
+    /* --shared-storage's id (broker.storage): brokers with the same
+     * non-empty id mount the same directory and can take over each other's
+     * queue logs (docs/ARCHITECTURE.md, shared storage). Empty: none. */
+    struct bytes storage_id;
     /* Derived counts, maintained by apply (checked by cluster_map_verify). */
     uint32_t queues_owned_count;    /* queues whose primary it is */
     uint32_t backups_held_count;    /* queues it is a backup of */
@@ -184,6 +189,10 @@ struct map_queue {
      * drops it: controller_repair); the primary stays. BROKER_ID_NONE for a
      * primary move or none; else one of backup_ids, and move_to is set. */
     uint32_t move_from;
+    /* queue.take_over: the dead broker whose log on shared storage the
+     * primary adopted when it got the queue, or BROKER_ID_NONE. Any later
+     * change of primary clears it. */
+    uint32_t taken_from;
     struct list_node bindings_in; /* struct map_binding.destination_node */
     uint32_t index;               /* in map->queues */
 };
@@ -249,6 +258,8 @@ uint32_t cluster_map_owner_of(const struct cluster_map *map, struct bytes vhost,
                               struct bytes name);
 bool map_queue_has_backup(const struct map_queue *queue, uint32_t broker_id);
 bool map_queue_backup_in_sync(const struct map_queue *queue, uint32_t broker_id);
+/* Both brokers announced the same shared storage (broker.storage). */
+bool map_brokers_share_storage(const struct map_broker *a, const struct map_broker *b);
 bool map_user_has_vhost(const struct map_user *user, struct bytes vhost);
 const char *broker_state_name(enum broker_state state);
 
@@ -291,6 +302,8 @@ enum map_op {
     MAP_OP_POLICY_DELETE,
     MAP_OP_QUEUE_MOVE,
     MAP_OP_CLUSTER_REBALANCE,
+    MAP_OP_BROKER_STORAGE,
+    MAP_OP_QUEUE_TAKE_OVER,
     MAP_OP_COUNT
 };
 
@@ -409,6 +422,8 @@ int map_cmd_broker_join(struct map_cmd *out, uint32_t id, struct bytes name,
                         struct bytes amqp_address, struct bytes cluster_address, bool voter);
 int map_cmd_broker_leave(struct map_cmd *out, uint32_t id);
 int map_cmd_broker_state(struct map_cmd *out, uint32_t id, enum broker_state state);
+/* broker.storage: the broker's shared-storage id (1..64 bytes; empty: none). */
+int map_cmd_broker_storage(struct map_cmd *out, uint32_t id, struct bytes storage_id);
 int map_cmd_vhost_put(struct map_cmd *out, struct bytes name);
 int map_cmd_vhost_delete(struct map_cmd *out, struct bytes name);
 int map_cmd_user_put(struct map_cmd *out, struct bytes name, struct bytes password_hash,
@@ -467,6 +482,13 @@ int map_cmd_queue_set_factor(struct map_cmd *out, struct bytes vhost, struct byt
                              const uint32_t *backup_ids, uint8_t backups_count);
 int map_cmd_queue_set_available(struct map_cmd *out, struct bytes vhost, struct bytes name,
                                 uint64_t expected_epoch, bool available);
+/* queue.take_over: a durable queue whose primary `from` is down gets
+ * primary_id, a broker that is up, is not one of its backups and shares
+ * from's storage; it adopts from's log of the queue (durable.h). The
+ * backups (none in sync, else the controller would promote one) are
+ * dropped; epoch + 1, available. */
+int map_cmd_queue_take_over(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                            uint64_t expected_epoch, uint32_t primary_id, uint32_t from);
 
 /* policy.put adds or replaces a vhost's policy (the pattern is compiled
  * at apply; a bad one is refused with 406); policy.delete removes one

@@ -274,11 +274,34 @@ static void drop_transients(struct member *member)
     }
 }
 
+static void on_storage_done(void *ctx, int status, const struct map_change *change)
+{
+    (void)ctx;
+    if (status != OK || change->reply_code != 200)
+        LOG_WARN("cluster: our shared storage was not recorded in the map (%s)",
+                 status != OK ? "map unavailable" : change->reply_text);
+}
+
+/* The map says which storage we share (broker.storage), so that the
+ * controller gives our queues to brokers that can read our logs. */
+void member__announce_storage(struct member *member)
+{
+    const char *id = member->broker->config.storage_id;
+    struct bytes want = id != NULL ? bytes_of_cstr(id) : (struct bytes){NULL, 0};
+    const struct map_broker *self = cluster_map_broker(member_map(member), member->self_id);
+    if (self == NULL || bytes_equal(self->storage_id, want))
+        return;
+    struct map_cmd cmd;
+    if (map_cmd_broker_storage(&cmd, member->self_id, want) == OK)
+        cluster_node_submit(member->node, &cmd, on_storage_done, member);
+}
+
 static void on_synced(void *ctx)
 {
     struct member *member = ctx;
     if (member->stopping)
         return;
+    member__announce_storage(member);
     mirror_all(member, true);
     drop_transients(member);
     if (member->transients_pending == 0)

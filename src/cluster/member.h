@@ -260,6 +260,9 @@ void member_replica_settle(struct member *member, struct vhost *vhost, struct by
 
 /* mirror.c's helpers (module-internal). */
 void member__sync_peers(struct member *member);
+/* Proposes broker.storage when the map's record of our shared storage
+ * differs from ours (after a sync, and when our broker entry changes). */
+void member__announce_storage(struct member *member);
 void member__publish_vhost(struct member *member, struct bytes vhost);
 void member__route_parked(struct member *member, bool give_up);
 

@@ -3,6 +3,7 @@
  */
 #include "cluster/mirror.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -202,6 +203,8 @@ static void rebind_queue(struct member *member, struct map_queue *mq)
 static void demote(struct member *member, struct vhost *vhost, struct queue *q,
                    struct map_queue *mq)
 {
+    if (mq->taken_from == member->self_id)
+        durable_abandon_log(member->broker, q); /* the taker's now: not a write more */
     struct handover_relay relay;
     bool planned = handover_done(member, q, mq->primary_id, &relay);
     struct list_node gets;
@@ -229,6 +232,19 @@ static void demote(struct member *member, struct vhost *vhost, struct queue *q,
     free(moving);
     route_held(stub, held, held_count);
     queue_retry_gets(&gets); /* asked of the new primary, after the held publishes */
+}
+
+/* A queue just given to us by queue.take_over: its log is on the shared
+ * storage, in the dead primary's directory (broker/durable_adopt.c). */
+static void adopt_log(struct member *member, struct vhost *vhost, struct queue *q,
+                      const struct map_queue *mq)
+{
+    const struct map_broker *from = cluster_map_broker(member_map(member), mq->taken_from);
+    if (from == NULL)
+        return;
+    char name[CLUSTER_NAME_SIZE_MAX + 1];
+    snprintf(name, sizeof name, "%.*s", (int)from->name.len, (const char *)from->name.ptr);
+    durable_adopt(member->broker, vhost, q, name);
 }
 
 /* The local object for a map queue: real here if we are its primary, a
@@ -285,6 +301,8 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
      * jump past any the old primary may have given to messages that never
      * reached us but did reach another backup: one seq, one message. */
     struct replica_handover *note = planned ? replica_take_handover(promoted) : NULL;
+    if (mq->taken_from != BROKER_ID_NONE && promoted == NULL)
+        adopt_log(member, vhost, q, mq);
     replica_adopt(q, promoted);
     handover_adopt(member, q, note, mq->epoch - 1); /* its deliveries stay delivered */
     if (promoted_epoch)
@@ -376,9 +394,12 @@ static void mirror_apply(struct member *member, const struct map_change *c)
     case MAP_OP_BROKER_LEAVE:
     case MAP_OP_BROKER_STATE:
         member__sync_peers(member);
+        if (c->op == MAP_OP_BROKER_JOIN && c->broker_id == member->self_id)
+            member__announce_storage(member);
         return;
     case MAP_OP_CLUSTER_REBALANCE:
-        return; /* the leader's controller reads it */
+    case MAP_OP_BROKER_STORAGE:
+        return; /* the leader's controller reads them */
     case MAP_OP_VHOST_PUT:
         vhost_for(member, c->name);
         return;
@@ -409,6 +430,7 @@ static void mirror_apply(struct member *member, const struct map_change *c)
     case MAP_OP_QUEUE_SET_IN_SYNC:
     case MAP_OP_QUEUE_SET_AVAILABLE:
     case MAP_OP_QUEUE_MOVE:
+    case MAP_OP_QUEUE_TAKE_OVER:
         if (c->changed && c->queue)
             ensure_queue(member, c->queue, c->op == MAP_OP_QUEUE_SET_OWNER && c->planned);
         return;

@@ -1692,6 +1692,8 @@ void cluster_node_write_fields(const struct cluster_node *node, struct json *bod
         json_bytes(body, "cluster", b->cluster_address);
         json_kv_string(body, "state", broker_state_name(b->state));
         json_kv_bool(body, "voter", b->voter);
+        if (b->storage_id.len > 0)
+            json_bytes(body, "storage", b->storage_id); /* --shared-storage's id */
         json_kv_uint(body, "primaries", primaries[i]);
         json_kv_uint(body, "unavailable", unavailable[i]);
         json_kv_uint(body, "backups", backups[i]);

@@ -42,6 +42,10 @@ struct disk_ops {
     int (*rmdir)(void *ctx, const char *path);
     int (*readdir)(void *ctx, const char *path, disk_readdir_fn fn, void *fn_ctx);
     int (*fsync_dir)(void *ctx, const char *path);
+    /* Which directory path names now (device and inode): the journal's
+     * fence on shared storage (journal_options.fenced). May be NULL on a
+     * disk without fencing (the fault disk). */
+    int (*dir_identity)(void *ctx, const char *path, uint64_t identity[2]);
 };
 
 /* The POSIX implementation (static, shared, stateless). */

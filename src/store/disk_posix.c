@@ -150,6 +150,17 @@ static int posix_fsync_dir(void *ctx, const char *path)
     return rc;
 }
 
+static int posix_dir_identity(void *ctx, const char *path, uint64_t identity[2])
+{
+    (void)ctx;
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return -errno;
+    identity[0] = (uint64_t)st.st_dev;
+    identity[1] = (uint64_t)st.st_ino;
+    return 0;
+}
+
 static const struct disk_ops posix_ops = {
     .ctx = NULL,
     .open = posix_open,
@@ -165,6 +176,7 @@ static const struct disk_ops posix_ops = {
     .rmdir = posix_rmdir,
     .readdir = posix_readdir,
     .fsync_dir = posix_fsync_dir,
+    .dir_identity = posix_dir_identity,
 };
 
 const struct disk_ops *disk_posix(void)

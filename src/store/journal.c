@@ -161,9 +161,12 @@ static void fail(struct journal *j, int err, const char *what, const char *path)
 {
     ASSERT(err < 0);
     LOG_ERROR("journal: %s %s failed: %s; the journal stops writing", what, path,
-              err == E_JOURNAL_CORRUPT ? "corrupt record" : strerror(-err));
+              err == E_JOURNAL_CORRUPT  ? "corrupt record"
+              : err == E_JOURNAL_FENCED ? "the directory was taken over by another broker"
+                                        : strerror(-err));
     int expected = OK;
-    atomic_compare_exchange_strong(&j->failed, &expected, err == E_JOURNAL_CORRUPT ? err : E_IO);
+    bool kept = err == E_JOURNAL_CORRUPT || err == E_JOURNAL_FENCED;
+    atomic_compare_exchange_strong(&j->failed, &expected, kept ? err : E_IO);
 }
 
 static bool failed(struct journal *j)
@@ -210,6 +213,13 @@ static void dirty_file_remove(struct journal *j, struct jfile *f)
     ASSERT(!f->dirty);
 }
 
+/* On shared storage, a path of ours that is gone was taken over (its
+ * directory renamed away by journal_adopt): say so. */
+static int fenced_error(const struct journal *j, int rc)
+{
+    return j->opts.fenced && rc == -ENOENT ? E_JOURNAL_FENCED : rc;
+}
+
 /* Opens f on first use; a file created here dirties its directory. */
 static int file_fd(struct journal *j, struct jfile *f)
 {
@@ -218,17 +228,42 @@ static int file_fd(struct journal *j, struct jfile *f)
     int flags = f->created ? DISK_OPEN_WRITE : DISK_OPEN_CREATE;
     int rc = j->disk->open(j->disk->ctx, f->path, flags, &f->fd);
     if (rc < 0) {
-        fail(j, rc, "open", f->path);
+        fail(j, fenced_error(j, rc), "open", f->path);
         f->fd = -1;
         return -1;
     }
+    char parent[JOURNAL_PATH_SIZE];
+    parent_path(parent, f->path);
     if (!f->created) {
-        char parent[JOURNAL_PATH_SIZE];
-        parent_path(parent, f->path);
         dirty_dir_add(j, parent);
         f->created = true;
     }
+    if (j->opts.fenced) {
+        /* Opened by its path: the directory that path names now is ours. */
+        rc = j->disk->dir_identity(j->disk->ctx, parent, f->dir_identity);
+        if (rc < 0) {
+            fail(j, rc, "stat", parent);
+            j->disk->close(j->disk->ctx, f->fd);
+            f->fd = -1;
+            return -1;
+        }
+    }
     return f->fd;
+}
+
+/* The fence: after f's fdatasync, is its directory still where we put it?
+ * A taker renames it before reading (journal_adopt), so if it is, what we
+ * synced is in what any taker will read. */
+static int check_fence(struct journal *j, struct jfile *f)
+{
+    char parent[JOURNAL_PATH_SIZE];
+    parent_path(parent, f->path);
+    uint64_t now[2];
+    int rc = j->disk->dir_identity(j->disk->ctx, parent, now);
+    if (rc == 0 && now[0] == f->dir_identity[0] && now[1] == f->dir_identity[1])
+        return OK;
+    fail(j, E_JOURNAL_FENCED, "fdatasync", f->path);
+    return E_JOURNAL_FENCED;
 }
 
 static int file_sync(struct journal *j, struct jfile *f)
@@ -240,6 +275,8 @@ static int file_sync(struct journal *j, struct jfile *f)
     dirty_file_remove(j, f);
     if (rc < 0)
         fail(j, rc, "fdatasync", f->path);
+    else if (j->opts.fenced)
+        rc = check_fence(j, f);
     return rc;
 }
 
@@ -400,7 +437,7 @@ static void exec_disk_op(struct journal *j, struct op *op)
         if (rc == 0)
             rc = j->disk->fsync_dir(j->disk->ctx, parent);
         if (rc < 0)
-            fail(j, rc, "rename", op->path);
+            fail(j, fenced_error(j, rc), "rename", op->path);
         return;
     case OP_REMOVE_TREE: exec_remove_tree(j, op); return;
     default: ASSERT(!"not a disk op"); return;
@@ -568,11 +605,13 @@ int journal_open(struct journal **out, uv_loop_t *loop, const char *dir,
     ASSERT(j->opts.segment_size_max <= 1024ull * 1024 * 1024);
     ASSERT(j->opts.blob_size_max <= FORMAT_RECORD_PAYLOAD_SIZE_MAX - 8);
     ASSERT(j->opts.compact_live_percent <= 100);
+    ASSERT(!j->opts.fenced || j->opts.disk->dir_identity != NULL);
     j->loop = loop;
     j->disk = j->opts.disk;
     memcpy(j->dir, dir, strlen(dir) + 1);
     journal__path(j->queues_dir, dir, "queues");
     hmap_init(&j->queues);
+    journal__adopt_init(j);
     hmap_init(&j->queue_ids);
     hmap_init(&j->definitions);
     pthread_mutex_init(&j->mutex, NULL);
@@ -594,6 +633,7 @@ int journal_open(struct journal **out, uv_loop_t *loop, const char *dir,
         hmap_free(&j->queues);
         hmap_free(&j->queue_ids);
         hmap_free(&j->definitions);
+        journal__adopt_free(j);
         free(j);
         return rc;
     }
@@ -632,6 +672,7 @@ void journal_close(struct journal *j)
         journal__queue_free(e->value);
     hmap_free(&j->queues);
     hmap_free(&j->queue_ids);
+    journal__adopt_free(j);
     journal__definitions_free(j);
     hmap_free(&j->definitions);
     free(j->dirty_files);

@@ -40,6 +40,7 @@
 enum {
     E_JOURNAL_CORRUPT = -1000,  /* a bad record that is not a torn tail; see recovery */
     E_JOURNAL_NOT_FOUND = -1001, /* journal_read of a seq the journal does not hold */
+    E_JOURNAL_FENCED = -1002,    /* another broker took over a log we write (fenced) */
 };
 
 struct journal;
@@ -51,6 +52,13 @@ struct journal_options {
     uint32_t blob_size_max;            /* 0: 128 MiB; bigger publishes are refused */
     uint32_t compact_live_percent;     /* 0: 25; compact an old segment below this */
     uint64_t definitions_compact_size; /* 0: 1 MiB; snapshot when bigger and half dead */
+    /* Shared storage: after every fdatasync, before the ticket counts as
+     * synced, check that each synced file's directory is still the one
+     * the journal opened it in. A taker renames a log away before reading
+     * it (journal_adopt), so a write that passed the check is in what the
+     * taker reads, and one that did not fails the journal for good
+     * (E_JOURNAL_FENCED): nothing after it is confirmed. */
+    bool fenced;
 };
 
 /* ---- Lifecycle ----------------------------------------------------------- */
@@ -133,10 +141,39 @@ uint64_t journal_ack(struct journal_queue *q, uint64_t seq);
 uint64_t journal_purge(struct journal_queue *q, uint64_t seq_below);
 /* Appends DELETE, then removes the queue's files; q is freed at once. */
 uint64_t journal_queue_delete(struct journal_queue *q);
+/* Forgets a log another broker took over (or will: journal_adopt): closes
+ * its files and writes nothing, so the taker finds it as it was. q is
+ * freed at once. */
+void journal_queue_abandon(struct journal_queue *q);
 /* journal_queue_delete, then journal_queue_open of the same name: an empty
  * log whose seqs may start over (a backup's copy after a catch-up's
  * reset). q is freed; the new log is returned. */
 struct journal_queue *journal_queue_recreate(struct journal_queue *q);
+
+/* ---- Takeover from shared storage (journal_adopt.c) ----------------------- */
+
+struct journal_adoption {
+    char staged[512];  /* where the adopted log now is; "" when there was none */
+    uint64_t seq_last; /* the highest seq it ever gave (number new messages above) */
+    struct journal_recovery_stats stats;
+};
+
+/* Takes over (vhost, name)'s log from foreign_dir, the journal directory of
+ * a dead broker on the same shared storage: renames it into this journal's
+ * adopted/ directory (the fence: see journal_options.fenced), recovers it
+ * there with the journal's recovery and calls fn for every live message
+ * in seq order (its journal_queue argument is a temporary one: do not keep
+ * it). The caller appends them to its own log and, once that is synced,
+ * calls journal_adopt_finish(out->staged). OK with out->staged "" when
+ * foreign_dir holds no log of that queue; E_IO or E_JOURNAL_CORRUPT
+ * (recovery's; the staged copy is left as it is). Synchronous disk reads
+ * on the loop thread; the loop must run afterwards to free the temporary
+ * journal. */
+int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost,
+                  struct bytes name, journal_recover_fn fn, void *ctx,
+                  struct journal_adoption *out);
+/* Removes an adopted log's staged copy (its messages are in our log now). */
+void journal_adopt_finish(struct journal *j, const char *staged);
 
 /* ---- Paging -------------------------------------------------------------- */
 

@@ -38,6 +38,7 @@ struct jfile {
     int fd;             /* journal thread only; -1 when closed */
     bool dirty;         /* journal thread only: written since its last fdatasync */
     bool created;       /* journal thread only: opened with O_CREAT once */
+    uint64_t dir_identity[2]; /* journal thread only, fenced journals: its directory's */
 };
 
 enum op_kind {
@@ -168,6 +169,14 @@ struct journal {
     void *synced_ctx;
     bool recovered;
     bool thread_started;
+    /* A temporary journal reading an adopted log (journal_adopt): a DELETE
+     * record in it was written by the old owner after the queue was no
+     * longer its own (the map still has the queue), so it is ignored. */
+    bool adopting;
+    /* journal_adopt.c: the foreign queues directory last scanned, and its
+     * queue key -> struct adopt_entry index (loop thread). */
+    char adopt_scanned[JOURNAL_PATH_SIZE];
+    struct hmap adopt_index;
     uint64_t deleted_counter;
     struct hmap queues;      /* key -> struct journal_queue */
     struct hmap queue_ids;   /* id_key -> struct journal_queue */
@@ -205,6 +214,12 @@ void journal__queue_remark_delivered(struct journal_queue *q, uint64_t seq,
                                      uint64_t segment_number);
 struct segment *journal__segment_push(struct journal_queue *q, uint64_t number);
 struct segment *journal__segment_find(struct journal_queue *q, uint64_t number);
+
+/* journal_adopt.c: logs a warning for each staged copy left by a takeover
+ * that a crash interrupted (its messages are on disk but not served). */
+void journal__adopted_report(struct journal *j);
+void journal__adopt_init(struct journal *j);
+void journal__adopt_free(struct journal *j);
 
 /* journal_defs.c */
 int journal__definitions_open(struct journal *j, char *err, size_t err_size);

@@ -507,6 +507,15 @@ uint64_t journal_queue_delete(struct journal_queue *q)
     return ticket;
 }
 
+void journal_queue_abandon(struct journal_queue *q)
+{
+    struct journal *j = q->journal;
+    journal__queue_release_files(q);
+    ASSERT(hmap_remove(&j->queues, (struct bytes){q->key, q->key_size}) == q);
+    ASSERT(hmap_remove(&j->queue_ids, (struct bytes){q->id_key, 8}) == q);
+    journal__queue_free(q);
+}
+
 struct journal_queue *journal_queue_recreate(struct journal_queue *q)
 {
     struct journal *j = q->journal;

@@ -220,7 +220,7 @@ static int apply_queue_record(struct recovery *r, const struct format_record_hea
     struct journal_queue *q = r->q;
     struct segment *s = &q->segments[q->segments_count - 1];
     if (h->type == RECORD_DELETE) {
-        r->deleted = true;
+        r->deleted = !r->j->adopting;
         return OK;
     }
     if (h->payload_size < 8 || (h->type != RECORD_PUBLISH && h->payload_size != 8))
@@ -645,5 +645,7 @@ int journal_recover(struct journal *j, journal_recover_fn fn, void *ctx,
         rc = E_IO;
     }
     j->recovered = rc == OK;
+    if (rc == OK)
+        journal__adopted_report(j);
     return rc;
 }

@@ -699,6 +699,7 @@ static uint32_t valid_commands(struct map_cmd *cmds)
     assert_int_equal(map_cmd_queue_delete(&cmds[n++], B("/"), B("q"), 0), OK);
     assert_int_equal(map_cmd_user_delete(&cmds[n++], B("u")), OK);
     assert_int_equal(map_cmd_vhost_delete(&cmds[n++], B("v2")), OK);
+    assert_int_equal(map_cmd_broker_storage(&cmds[n++], 9, B("0123abcd")), OK);
     assert_int_equal(map_cmd_broker_leave(&cmds[n++], 9), OK);
     return n;
 }
@@ -1180,6 +1181,94 @@ static void test_snapshot_round_trip(void **state)
     cluster_map_free(&map);
 }
 
+/* Shared storage: brokers announce it (broker.storage) and a dead
+ * broker's durable queue goes only to a live broker sharing it, which is
+ * not a backup (queue.take_over); both survive a snapshot. */
+static void test_shared_storage_take_over(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    join(&map, 4, true);
+    struct map_cmd c_;
+    APPLY_OK(&map, map_cmd_broker_storage(&c_, 1, B("s1")));
+    APPLY_OK(&map, map_cmd_broker_storage(&c_, 2, B("s1")));
+    APPLY_OK(&map, map_cmd_broker_storage(&c_, 3, B("s2")));
+    APPLY_OK(&map, map_cmd_broker_storage(&c_, 4, B("s1")));
+    assert_true(last.changed);
+    APPLY_OK(&map, map_cmd_broker_storage(&c_, 4, B("s1")));
+    assert_false(last.changed);
+    assert_true(map_brokers_share_storage(cluster_map_broker(&map, 1),
+                                          cluster_map_broker(&map, 2)));
+    assert_false(map_brokers_share_storage(cluster_map_broker(&map, 1),
+                                           cluster_map_broker(&map, 3)));
+    struct map_queue_decl d = queue_decl("/", "q", 1, 4); /* 4: a backup out of sync */
+    d.replication_factor = 2;
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1));
+    struct map_queue_decl t = queue_decl("/", "t", 1, 0);
+    t.durable = false;
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &t, 1));
+    struct map_queue *q = cluster_map_queue(&map, B("/"), B("q"));
+    uint64_t e = q->epoch;
+    /* Not while its primary is up. */
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_take_over(&c_, B("/"), B("q"), e, 2, 1)),
+                     E_MAP_REFUSED);
+    APPLY_OK(&map, map_cmd_broker_state(&c_, 1, BROKER_STATE_DOWN));
+    /* Not to another storage, not to a backup, not a transient queue. */
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_take_over(&c_, B("/"), B("q"), e, 3, 1)),
+                     E_MAP_REFUSED);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_take_over(&c_, B("/"), B("q"), e, 4, 1)),
+                     E_MAP_REFUSED);
+    struct map_queue *tq = cluster_map_queue(&map, B("/"), B("t"));
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_take_over(&c_, B("/"), B("t"), tq->epoch, 2,
+                                                            1)),
+                     E_MAP_REFUSED);
+    /* Not from a broker that is not the primary, not at a stale epoch. */
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_take_over(&c_, B("/"), B("q"), e, 2, 3)),
+                     E_MAP_REFUSED);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_take_over(&c_, B("/"), B("q"), e + 1, 2, 1)),
+                     E_MAP_REFUSED);
+    assert_int_equal(q->primary_id, 1);
+    APPLY_OK(&map, map_cmd_queue_take_over(&c_, B("/"), B("q"), e, 2, 1));
+    assert_true(last.changed);
+    assert_int_equal(q->primary_id, 2);
+    assert_int_equal(q->taken_from, 1);
+    assert_int_equal(q->backups_count, 0);
+    assert_int_equal(q->epoch, e + 1);
+    assert_true(q->available);
+    assert_int_equal(cluster_map_broker(&map, 4)->backups_held_count, 0);
+    /* The snapshot carries the storage ids and taken_from. */
+    uint8_t *snap;
+    size_t size;
+    assert_int_equal(cluster_map_snapshot_alloc(&map, &snap, &size), OK);
+    struct cluster_map copy;
+    cluster_map_init(&copy);
+    assert_int_equal(cluster_map_snapshot_read(&copy, snap, size), OK);
+    assert_true(cluster_map_verify(&copy));
+    assert_true(bytes_equal(cluster_map_broker(&copy, 2)->storage_id, B("s1")));
+    assert_true(bytes_equal(cluster_map_broker(&copy, 3)->storage_id, B("s2")));
+    struct map_queue *cq = cluster_map_queue(&copy, B("/"), B("q"));
+    assert_int_equal(cq->taken_from, 1);
+    assert_int_equal(cq->primary_id, 2);
+    uint8_t *again;
+    size_t again_size;
+    assert_int_equal(cluster_map_snapshot_alloc(&copy, &again, &again_size), OK);
+    assert_int_equal(again_size, size);
+    assert_memory_equal(again, snap, size);
+    free(snap);
+    free(again);
+    /* A later change of primary forgets where it came from; a broker
+     * restarted without shared storage says so. */
+    APPLY_OK(&map, map_cmd_queue_set_owner(&c_, B("/"), B("q"), q->epoch, 3));
+    assert_int_equal(q->taken_from, BROKER_ID_NONE);
+    APPLY_OK(&map, map_cmd_broker_storage(&c_, 3, (struct bytes){NULL, 0}));
+    assert_int_equal(cluster_map_broker(&map, 3)->storage_id.len, 0);
+    assert_false(map_brokers_share_storage(cluster_map_broker(&map, 3),
+                                           cluster_map_broker(&map, 3)));
+    cluster_map_free(&copy);
+    cluster_map_free(&map);
+}
+
 static void test_lookup_is_constant_time(void **state)
 {
     (void)state;
@@ -1222,6 +1311,7 @@ int main(void)
         cmocka_unit_test(test_rebalance_mode),
         cmocka_unit_test(test_queue_move_backup),
         cmocka_unit_test(test_snapshot_round_trip),
+        cmocka_unit_test(test_shared_storage_take_over),
         cmocka_unit_test(test_lookup_is_constant_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -976,6 +976,114 @@ static void test_policies_change_factors(void **state)
     cluster_map_free(&map);
 }
 
+static void storage(struct cluster_map *map, uint32_t id, const char *storage_id)
+{
+    struct map_cmd c;
+    must_apply(map, map_cmd_broker_storage(&c, id, B(storage_id)), &c);
+}
+
+static void declare_at(struct cluster_map *map, const char *name, bool durable, uint32_t primary,
+                       uint32_t backup, uint8_t rf)
+{
+    struct map_queue_decl d = {.vhost = B("/"), .name = B(name), .durable = durable,
+                               .primary_id = primary, .replication_factor = rf};
+    if (backup != BROKER_ID_NONE)
+        d.backup_ids[d.backups_count++] = backup;
+    struct map_cmd c;
+    must_apply(map, map_cmd_queue_declare(&c, &d, primary), &c);
+}
+
+/* Takeover from shared storage (controller_takeover_target): a dead
+ * broker's durable queues without an in-sync backup go to live brokers
+ * sharing its storage, spread by the ring, never to one of their backups;
+ * in-sync backups are still promoted; transient queues, and queues whose
+ * storage nobody alive shares, stay unavailable until repair finds a
+ * broker that shares it. */
+static void test_takeover_from_shared_storage(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    small_map(&map, 5);
+    storage(&map, 1, "s");
+    storage(&map, 2, "s");
+    storage(&map, 3, "s");
+    storage(&map, 4, "t"); /* 5: none */
+    struct map_cmd c;
+    char name[32];
+    for (int i = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "log.%d", i);
+        declare_at(&map, name, true, 1, BROKER_ID_NONE, 1);
+    }
+    for (int i = 0; i < 10; i++) {
+        snprintf(name, sizeof name, "mirrored.%d", i);
+        declare_at(&map, name, true, 1, 2, 2);
+        const struct map_queue *q = cluster_map_queue(&map, B("/"), B(name));
+        must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B(name), q->epoch,
+                                                   q->backup_ids, 1), &c);
+    }
+    declare_at(&map, "behind", true, 1, 3, 2);
+    uint64_t behind_epoch = cluster_map_queue(&map, B("/"), B("behind"))->epoch;
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("behind"), behind_epoch, NULL, 0),
+               &c); /* 3 out of sync */
+    declare_at(&map, "transient", false, 1, BROKER_ID_NONE, 1);
+    declare_at(&map, "lonely", true, 4, BROKER_ID_NONE, 1);
+    struct controller_config config;
+    controller_config_default(&config);
+    struct placement p;
+    placement_init(&p, &config.placement);
+    placement_refresh(&p, &map);
+    assert_int_equal(controller_takeover_target(&p, cluster_map_queue(&map, B("/"), B("log.0"))),
+                     BROKER_ID_NONE); /* its primary is up */
+    placement_free(&p);
+    must_apply(&map, map_cmd_broker_state(&c, 1, BROKER_STATE_DOWN), &c);
+    must_apply(&map, map_cmd_broker_state(&c, 4, BROKER_STATE_DOWN), &c);
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    controller_fail_over(&map, &config, 1, &out);
+    controller_fail_over(&map, &config, 4, &out);
+    assert_int_equal(apply_all(&map, &out), 0);
+    assert_consistent(&map);
+    uint32_t on[6] = {0};
+    for (int i = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "log.%d", i);
+        const struct map_queue *q = cluster_map_queue(&map, B("/"), B(name));
+        assert_true(q->primary_id == 2 || q->primary_id == 3);
+        assert_int_equal(q->taken_from, 1);
+        assert_true(q->available);
+        on[q->primary_id]++;
+    }
+    /* Spread by the ring, within the placement bound. */
+    assert_true(on[2] >= 100 && on[3] >= 100);
+    for (int i = 0; i < 10; i++) {
+        snprintf(name, sizeof name, "mirrored.%d", i);
+        const struct map_queue *q = cluster_map_queue(&map, B("/"), B(name));
+        assert_int_equal(q->primary_id, 2); /* promoted, as without shared storage */
+        assert_int_equal(q->taken_from, BROKER_ID_NONE);
+    }
+    const struct map_queue *behind = cluster_map_queue(&map, B("/"), B("behind"));
+    assert_int_equal(behind->primary_id, 2); /* not 3: its replica would double the log */
+    assert_int_equal(behind->taken_from, 1);
+    assert_int_equal(behind->backups_count, 1); /* the factor, refilled */
+    assert_int_not_equal(behind->backup_ids[0], 2);
+    const struct map_queue *transient = cluster_map_queue(&map, B("/"), B("transient"));
+    assert_false(transient->available);
+    assert_int_equal(transient->primary_id, 1);
+    const struct map_queue *lonely = cluster_map_queue(&map, B("/"), B("lonely"));
+    assert_false(lonely->available);
+    map_cmd_list_init(&out);
+    controller_repair(&map, &config, &out);
+    assert_int_equal(out.count, 0); /* decided once */
+    /* A broker sharing broker 4's storage joins: repair takes "lonely" over. */
+    join(&map, 6);
+    storage(&map, 6, "t");
+    controller_repair(&map, &config, &out);
+    assert_int_equal(apply_all(&map, &out), 0);
+    assert_int_equal(lonely->primary_id, 6);
+    assert_int_equal(lonely->taken_from, 4);
+    assert_true(lonely->available);
+    cluster_map_free(&map);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -993,6 +1101,7 @@ int main(void)
         cmocka_unit_test(test_drain_one_of_three),
         cmocka_unit_test(test_policies_change_factors),
         cmocka_unit_test(test_repair_finishes_a_backup_move),
+        cmocka_unit_test(test_takeover_from_shared_storage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -582,6 +582,142 @@ static void test_posix_disk(void **state)
     assert_int_equal(remove_tree(dir), 0);
 }
 
+static void wait_status(uv_loop_t *loop, struct harness *h, uint64_t ticket)
+{
+    while (h->synced < ticket && h->status == OK)
+        uv_run(loop, UV_RUN_ONCE);
+}
+
+/* Appends a DELETE record to the highest segment under dir/queues/: what
+ * an old owner deleting the queue it lost writes through its descriptor. */
+static void append_stray_delete(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "ls %s/queues/*/*.seg | awk -F/ '{print $NF, $0}' | sort | "
+             "tail -1 | cut -d' ' -f2", dir);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char path[256] = "";
+    assert_non_null(fgets(path, sizeof path, p));
+    pclose(p);
+    path[strcspn(path, "\n")] = '\0';
+    uint8_t record[64];
+    uint64_t size = format_record_size(0);
+    assert_true(size <= sizeof record);
+    format_record_encode(record, RECORD_DELETE, NULL, 0, NULL, 0);
+    FILE *f = fopen(path, "ab");
+    assert_non_null(f);
+    assert_int_equal(fwrite(record, 1, size, f), size);
+    fclose(f);
+}
+
+/* Shared storage: broker B takes over broker A's log of one queue
+ * (journal_adopt): it gets every live message as A left it (acked ones
+ * gone, delivered ones marked; a DELETE that A wrote after losing the
+ * queue is ignored), A's other queue stays A's, and A, cut off
+ * but still running, can no longer confirm anything: its next sync fails
+ * the fence (E_JOURNAL_FENCED) although its descriptors still write. */
+static void test_shared_storage_fence_and_adopt(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/quay-shared-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char adir[128], bdir[128];
+    snprintf(adir, sizeof adir, "%s/a", dir);
+    snprintf(bdir, sizeof bdir, "%s/b", dir);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct harness ha = {0}, hb = {0};
+    char err[256];
+    struct journal_options opts = {.segment_size_max = 16 * 1024, .fenced = true};
+    struct journal *a, *b;
+    assert_int_equal(journal_open(&a, &loop, adir, &opts, err, sizeof err), OK);
+    assert_int_equal(journal_open(&b, &loop, bdir, &opts, err, sizeof err), OK);
+    journal_set_synced_callback(a, on_synced, &ha);
+    journal_set_synced_callback(b, on_synced, &hb);
+    assert_int_equal(journal_recover(a, on_recover, &ha, &ha.stats), OK);
+    assert_int_equal(journal_recover(b, on_recover, &hb, &hb.stats), OK);
+    struct journal_queue *q = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("q"));
+    struct journal_queue *other = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("other"));
+    struct journal_queue *third = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("third"));
+    uint64_t t = 0;
+    for (uint64_t seq = 1; seq <= 100; seq++) /* several segments */
+        t = publish(q, seq, 300);
+    for (uint64_t seq = 1; seq <= 10; seq++)
+        t = journal_delivered(q, seq);
+    for (uint64_t seq = 1; seq <= 5; seq++)
+        t = journal_ack(q, seq);
+    t = publish(other, 1, 100);
+    t = publish(third, 1, 100);
+    wait_status(&loop, &ha, t);
+    assert_int_equal(ha.status, OK);
+    /* B takes q over, a stray DELETE of A's at its tail (ignored there). */
+    append_stray_delete(adir);
+    struct journal_adoption out;
+    assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"), BYTES_LIT("q"), on_recover, &hb,
+                                   &out), OK);
+    assert_true(out.staged[0] != '\0');
+    assert_int_equal(out.seq_last, 100);
+    assert_int_equal(hb.recovered_count, 95);
+    for (size_t i = 0; i < hb.recovered_count; i++) {
+        assert_string_equal(hb.recovered[i].queue, "q");
+        assert_int_equal(hb.recovered[i].seq, 6 + i);
+        assert_int_equal(hb.recovered[i].delivered, 6 + i <= 10);
+        check_blob(&hb.recovered[i]);
+    }
+    /* Nothing left to take over there; a queue A never had: nothing. */
+    struct journal_adoption again;
+    recovered_clear(&hb);
+    assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"), BYTES_LIT("q"), on_recover, &hb,
+                                   &again), OK);
+    assert_int_equal(again.staged[0], '\0');
+    assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"), BYTES_LIT("none"), on_recover, &hb,
+                                   &again), OK);
+    assert_int_equal(hb.recovered_count, 0);
+    /* A log B's index of A's directory names but that went since (A deleted
+     * the queue): B looks again and finds none. */
+    t = journal_queue_delete(third);
+    wait_status(&loop, &ha, t);
+    assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"), BYTES_LIT("third"), on_recover, &hb,
+                                   &again), OK);
+    assert_int_equal(again.staged[0], '\0');
+    assert_int_equal(hb.recovered_count, 0);
+    /* A, cut off, appends through its old descriptors: never confirmed. */
+    uint64_t stray = publish(q, 101, 300);
+    wait_status(&loop, &ha, stray);
+    assert_int_equal(ha.status, E_JOURNAL_FENCED);
+    assert_true(ha.synced < stray);
+    assert_int_equal(journal_status(a), E_JOURNAL_FENCED);
+    assert_int_equal(journal_publish(other, 2, "x", 1), 0); /* stopped for good */
+    /* B's own journal goes on; the staged copy goes when B says so. */
+    struct journal_queue *mine = journal_queue_open(b, BYTES_LIT("/"), BYTES_LIT("q"));
+    t = publish(mine, 6, 300);
+    wait_status(&loop, &hb, t);
+    assert_int_equal(hb.status, OK);
+    journal_adopt_finish(b, out.staged);
+    assert_int_equal(access(out.staged, F_OK), -1);
+    char other_dir[256];
+    snprintf(other_dir, sizeof other_dir, "%s/queues", adir);
+    assert_int_equal(access(other_dir, F_OK), 0);
+    journal_close(a);
+    journal_close(b);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    /* A restarted recovers its other queue only: q's log is not its own. */
+    struct harness hr = {0};
+    opts.fenced = true;
+    assert_int_equal(journal_open(&a, &loop, adir, &opts, err, sizeof err), OK);
+    assert_int_equal(journal_recover(a, on_recover, &hr, &hr.stats), OK);
+    assert_int_equal(hr.recovered_count, 1);
+    assert_string_equal(hr.recovered[0].queue, "other");
+    journal_close(a);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    recovered_clear(&ha);
+    recovered_clear(&hb);
+    recovered_clear(&hr);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    assert_int_equal(remove_tree(dir), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -596,6 +732,7 @@ int main(void)
         cmocka_unit_test(test_definitions),
         cmocka_unit_test(test_disk_error_stops_journal),
         cmocka_unit_test(test_posix_disk),
+        cmocka_unit_test(test_shared_storage_fence_and_adopt),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

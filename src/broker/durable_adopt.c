@@ -1,0 +1,151 @@
+/*
+ * durable_adopt.c: a durable queue taken over from a dead broker's log on
+ * shared storage (queue.take_over; store/journal_adopt.c for the disk
+ * side and the fence).
+ *
+ * Every live message of the adopted log is put in the queue, as recovery
+ * does, and appended to the queue's own log under the same seq (so the
+ * order and the seqs stay, and new publishes are numbered above the dead
+ * broker's last). Messages it had delivered and not seen acked come back
+ * with redelivered set. Transient messages were only in the dead broker's
+ * memory: they are gone. The staged copy is removed once our own log is
+ * synced past the last copied record.
+ */
+#include "broker/durable.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker/broker.h"
+#include "broker/message.h"
+#include "broker/queue.h"
+#include "broker/vhost.h"
+#include "lib/assert.h"
+#include "lib/errors.h"
+#include "lib/log.h"
+#include "store/journal.h"
+
+/* A staged copy waiting for our copy of it to be synced. Owned by the
+ * durable's list. */
+struct durable_adopted {
+    struct durable_adopted *next;
+    uint64_t ticket; /* our copy's last record */
+    char staged[512];
+};
+
+struct adoption {
+    struct queue *queue; /* borrowed */
+    uint64_t ticket;
+    int64_t count;
+    uint64_t dropped;
+};
+
+static void on_adopted(void *ctx, struct journal_queue *jq, struct bytes vhost_name,
+                       struct bytes queue_name, uint64_t seq, bool delivered, const void *blob,
+                       uint32_t size)
+{
+    (void)jq;
+    (void)vhost_name;
+    struct adoption *a = ctx;
+    struct queue *queue = a->queue;
+    struct message *message = message_from_blob(blob, size);
+    if (message == NULL) {
+        LOG_ERROR("queue '%.*s': adopted record %llu does not decode; skipped",
+                  (int)queue_name.len, (const char *)queue_name.ptr, (unsigned long long)seq);
+        a->dropped++;
+        return;
+    }
+    queue_recover_message(queue, message, seq, delivered);
+    message_unref(message);
+    uint64_t t = journal_publish(queue->journal, seq, blob, size);
+    if (delivered)
+        t = journal_delivered(queue->journal, seq);
+    if (t > a->ticket)
+        a->ticket = t;
+    a->count++;
+}
+
+int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
+                      const char *owner_name)
+{
+    struct durable *d = &broker->durable;
+    if (d->journal == NULL || broker->config.shared_storage_dir == NULL ||
+        queue->journal == NULL)
+        return 0;
+    ASSERT(queue->ready_count == 0 && queue->unacked_count == 0); /* just made real */
+    if (journal_queue_seq_last(queue->journal) > 0) {
+        /* A stale log of ours under that name (we owned the queue once):
+         * the adopted one is the queue's content now. */
+        queue->journal = journal_queue_recreate(queue->journal);
+        queue->next_seq = 1;
+    }
+    char foreign[1024];
+    snprintf(foreign, sizeof foreign, "%s/%s", broker->config.shared_storage_dir, owner_name);
+    struct adoption a = {.queue = queue};
+    struct journal_adoption *out = malloc(sizeof *out);
+    ASSERT(out != NULL);
+    int rc = journal_adopt(d->journal, foreign, vhost->name, queue->name, on_adopted, &a, out);
+    if (rc != OK) {
+        LOG_ERROR("queue '%.*s': cannot take over %s's log (%d)%s%s: it serves without "
+                  "those messages", (int)queue->name.len, (const char *)queue->name.ptr,
+                  owner_name, rc, out->staged[0] ? "; kept in " : "", out->staged);
+        free(out);
+        return -1;
+    }
+    if (queue->next_seq <= out->seq_last)
+        queue->next_seq = out->seq_last + 1;
+    if (out->staged[0] != '\0' && a.ticket == 0) {
+        journal_adopt_finish(d->journal, out->staged); /* nothing to copy */
+    } else if (out->staged[0] != '\0') {
+        struct durable_adopted *p = calloc(1, sizeof *p);
+        ASSERT(p != NULL);
+        p->ticket = a.ticket;
+        snprintf(p->staged, sizeof p->staged, "%s", out->staged);
+        p->next = d->adopted;
+        d->adopted = p;
+    }
+    LOG_INFO("queue '%.*s': took over %lld messages from %s's log (%llu dropped)",
+             (int)queue->name.len, (const char *)queue->name.ptr, (long long)a.count,
+             owner_name, (unsigned long long)a.dropped);
+    free(out);
+    queue_dispatch(queue);
+    return a.count;
+}
+
+void durable_abandon_log(struct broker *broker, struct queue *queue)
+{
+    (void)broker;
+    if (queue->journal == NULL || journal_queue_seq_last(queue->journal) == 0)
+        return;
+    LOG_WARN("queue '%.*s' was taken over from our log on the shared storage: we leave "
+             "that log to its new owner", (int)queue->name.len, (const char *)queue->name.ptr);
+    journal_queue_abandon(queue->journal);
+    queue->journal = NULL;
+}
+
+void durable__adopted_synced(struct broker *broker, uint64_t ticket)
+{
+    struct durable *d = &broker->durable;
+    struct durable_adopted **at = &d->adopted;
+    while (*at != NULL) {
+        struct durable_adopted *p = *at;
+        if (p->ticket > ticket) {
+            at = &p->next;
+            continue;
+        }
+        journal_adopt_finish(d->journal, p->staged);
+        *at = p->next;
+        free(p);
+    }
+}
+
+void durable__adopted_free(struct broker *broker)
+{
+    struct durable *d = &broker->durable;
+    while (d->adopted != NULL) {
+        struct durable_adopted *p = d->adopted;
+        d->adopted = p->next;
+        free(p);
+    }
+}
