@@ -81,6 +81,10 @@ static void permission_free(struct auth_permission *p)
         if (!p->nothing[kind])
             regfree(&p->regexes[kind]);
     }
+    for (int kind = 0; kind < AUTH_PERMISSION_KIND_COUNT; kind++) {
+        free(p->patterns[kind]);
+        p->patterns[kind] = NULL;
+    }
     free(p->vhost);
     p->vhost = NULL;
 }
@@ -112,6 +116,7 @@ static int parse_permission(struct auth *auth, char *save, char *err, size_t err
     for (int kind = 0; kind < AUTH_PERMISSION_KIND_COUNT; kind++) {
         const char *text = words[2 + kind];
         p.nothing[kind] = strcmp(text, "\"\"") == 0;
+        p.patterns[kind] = str_dup(p.nothing[kind] ? "" : text);
         int rc = p.nothing[kind] ? 0 : regcomp(&p.regexes[kind], text, REG_EXTENDED | REG_NOSUB);
         if (rc != 0) {
             char why[128];

@@ -64,6 +64,8 @@ struct auth_permission {
     char *vhost;                  /* owned */
     regex_t regexes[AUTH_PERMISSION_KIND_COUNT]; /* compiled unless nothing[kind] */
     bool nothing[AUTH_PERMISSION_KIND_COUNT];    /* the regex was "": nothing matches */
+    char *patterns[AUTH_PERMISSION_KIND_COUNT];  /* owned: each as written ("" for "\"\""),
+                                                  * for the definitions export */
 };
 
 struct auth_user {

@@ -933,7 +933,7 @@ static int print_pairs(const struct jvalue *object)
 
 static const struct column queue_columns[] = {
     {"vhost", "VHOST", false},       {"name", "NAME", false},
-    {"messages", "READY", true},     {"messages_unacknowledged", "UNACKED", true},
+    {"messages_ready", "READY", true}, {"messages_unacknowledged", "UNACKED", true},
     {"consumers", "CONSUMERS", true}, {"paged", "PAGED", true},
     {"durable", "DURABLE", false},   {"exclusive", "EXCLUSIVE", false},
     {"auto_delete", "AUTO_DELETE", false}, {"primary", "PRIMARY", false},

@@ -87,6 +87,8 @@ void mgmt_api_route(struct mgmt_api *api, const char *path, http_handler_fn hand
  * it needs the administrator tag. */
 void mgmt_api_route_post(struct mgmt_api *api, const char *path, http_action_fn action,
                          void *ctx);
+/* How long the API has been serving (the broker's uptime). */
+uint64_t mgmt_api_uptime_ms(const struct mgmt_api *api);
 /* Stops listening and closes every HTTP client. Idempotent. */
 void mgmt_api_stop(struct mgmt_api *api);
 /* After the loop ran the close callbacks (stops first if needed). */
