@@ -309,7 +309,8 @@ def connections_and_overview_count_clients():
         assert isinstance(x["id"], int)
 
     ov = api("/api/overview")
-    eq((ov["product"], ov["node"]), ("quay", "local"), "product")
+    node = "local" if mgmt_broker().cluster is None else mgmt_broker().client.name
+    eq((ov["product"], ov["node"]), ("quay", node), "product (node: this broker's name)")
     assert ov["version"].count(".") == 2, ov["version"]
     eq(ov["connections"], base["connections"] + 2, "connections")
     eq(ov["channels"], base["channels"] + 4, "channels")
@@ -380,7 +381,7 @@ def quayctl_tables_and_json():
     if CLUSTERED:
         assert tables.startswith("cluster.brokers:\n"), status
     eq(pairs["product"], "quay", "status product")
-    eq(pairs["node"], "local", "status node")
+    eq(pairs["node"], "local" if not CLUSTERED else mgmt_broker().client.name, "status node")
     assert int(pairs["queues"]) >= 2 and int(pairs["connections"]) >= 1, pairs
     eq(pairs["memory.alarm"], "no", "status alarm")
     assert set(json.loads(quayctl("status", "--json").stdout)) >= {"product", "uptime_ms"}
