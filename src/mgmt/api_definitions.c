@@ -333,8 +333,10 @@ static bool end_exists(const struct import *im, const struct vhost *vhost, bool 
     uint32_t id = queue ? METHOD_QUEUE_DECLARE : METHOD_EXCHANGE_DECLARE;
     for (uint32_t i = 0; i < im->count; i++) {
         const struct step *s = &im->steps[i];
-        struct bytes n = queue ? s->method.queue_declare.queue : s->method.exchange_declare.exchange;
-        if (s->method.id == id && bytes_equal(s->vhost, vhost->name) && bytes_equal(n, name))
+        if (s->method.id != id || !bytes_equal(s->vhost, vhost->name))
+            continue;
+        if (bytes_equal(queue ? s->method.queue_declare.queue : s->method.exchange_declare.exchange,
+                        name))
             return true;
     }
     return false;
