@@ -329,6 +329,66 @@ def export_and_import_with_rabbitmqadmin():
         admin("delete", "exchange", "name=adm-ex", check=False)
 
 
+# ---- quayctl's rabbitmqctl verbs ----------------------------------------------------
+
+QUAYCTL = os.path.join(os.path.dirname(os.environ.get("QUAYD", "")), "quayctl")
+
+
+def quayctl(*args, port=None):
+    p = subprocess.run([QUAYCTL, "--http", "127.0.0.1:%d" % (port or qbroker().http_port)] +
+                       list(args), capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout, p.stderr
+
+
+@test(timeout=120)
+def quayctl_lists_definitions_and_probes():
+    admin("declare", "queue", "name=ctl-q")
+    for _ in range(2):
+        admin("publish", "routing_key=ctl-q", "payload=x")
+    rc, out, err = quayctl("list-queues")
+    eq(rc, 0, err)
+    head = out.split("\n")[0].split()
+    eq(head, ["name", "messages_ready", "messages_unacknowledged", "consumers"], "columns")
+    row = [line.split() for line in out.split("\n") if line.startswith("ctl-q ")]
+    eq(row, [["ctl-q", "2", "0", "0"]], "the queue's row agrees with AMQP %r" %
+       (amqp_counts("ctl-q"),))
+    rc, out, err = quayctl("--json", "list-queues", "name", "durable")
+    eq(rc, 0, err)
+    mine = [q for q in json.loads(out) if q["name"] == "ctl-q"]
+    eq(mine, [{"name": "ctl-q", "durable": True}], "--json with columns")
+    rc, out, _ = quayctl("list-bindings")
+    assert any(line.split()[:3] == ["queue", "ctl-q", "ctl-q"] for line in out.split("\n")), out
+    rc, out, _ = quayctl("cluster-status")
+    eq(len(out.strip().split("\n")) - 1, 1 if qbroker().cluster is None else 3, out)
+    d = tempfile.mkdtemp(prefix="quay-ctl-")
+    try:
+        path = os.path.join(d, "defs.json")
+        eq(quayctl("export-definitions", path)[0], 0, "export")
+        assert any(q["name"] == "ctl-q" for q in json.load(open(path))["queues"])
+        admin("delete", "queue", "name=ctl-q")
+        rc, _, err = quayctl("import-definitions", path)
+        eq(rc, 0, err)
+        assert amqp_exists("ctl-q")
+        open(path, "w").write('{"queues": [\n  {"name": }]}')
+        rc, _, err = quayctl("import-definitions", path)
+        eq(rc, 76, "a refused file")
+        assert "line 2, column 12" in err, err
+        eq(quayctl("import-definitions", os.path.join(d, "none"))[0], 65, "no such file")
+        eq(quayctl("export-definitions", os.path.join(d, "no", "dir"))[0], 65, "unwritable")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    eq(quayctl("ping")[:2], (0, "Ping succeeded\n"), "ping")
+    eq(quayctl("await-startup")[0], 0, "await-startup")
+    closed = free_port()
+    eq(quayctl("ping", port=closed)[0], 69, "ping of nothing")
+    t0 = time.time()
+    p = subprocess.run([QUAYCTL, "--http", "127.0.0.1:%d" % closed, "--timeout", "2",
+                        "await-startup"], capture_output=True, text=True, timeout=30)
+    eq(p.returncode, 69, "await-startup of nothing")
+    assert 1.5 < time.time() - t0 < 10, time.time() - t0
+    admin("delete", "queue", "name=ctl-q")
+
+
 # ---- RabbitMQ 3.10, by hand -------------------------------------------------------
 
 class Rabbit:
