@@ -27,7 +27,10 @@
 #include "mgmt/json.h"
 
 struct api_op {
-    struct http_call *call;        /* NULL once answered or cancelled */
+    bool over;                     /* answered, cancelled or ended: no more answers */
+    struct http_call *call;        /* the HTTP call to answer, or NULL: done instead */
+    api_op_done_fn done;           /* without a call: how it ended */
+    void *done_ctx;
     struct link *link;             /* owned */
     struct link_channel *ch;       /* the link's, while open */
     const struct api_op_type *type;
@@ -64,41 +67,52 @@ static void op_free(struct api_op *op)
 static void on_cancel(void *arg)
 {
     struct api_op *op = arg;
-    op->call = NULL;
+    op->over = true;
+    op_free(op);
+}
+
+/* Ends the operation with its outcome: the HTTP answer, or done(). */
+static void finish(struct api_op *op, int status, struct json *body, const char *reason)
+{
+    ASSERT(!op->over);
+    op->over = true;
+    if (op->call != NULL && body != NULL)
+        http_call_answer(op->call, status, body);
+    else if (op->call != NULL && reason != NULL)
+        http_call_answer_error(op->call, status, reason);
+    else if (op->call != NULL)
+        http_call_answer_empty(op->call, status);
+    if (op->call == NULL) {
+        if (body != NULL)
+            json_free(body);
+        op->done(op->done_ctx, status, reason);
+    }
     op_free(op);
 }
 
 void api_op_answer(struct api_op *op, int status, struct json *body)
 {
-    ASSERT(op->call != NULL);
-    http_call_answer(op->call, status, body);
-    op->call = NULL;
-    op_free(op);
+    finish(op, status, body, NULL);
 }
 
 void api_op_answer_empty(struct api_op *op, int status)
 {
-    ASSERT(op->call != NULL);
-    http_call_answer_empty(op->call, status);
-    op->call = NULL;
-    op_free(op);
+    finish(op, status, NULL, NULL);
 }
 
 void api_op_end(struct api_op *op)
 {
-    ASSERT(op->call != NULL);
-    http_call_on_cancel(op->call, NULL, NULL);
-    op->call = NULL;
+    ASSERT(!op->over);
+    op->over = true;
+    if (op->call != NULL)
+        http_call_on_cancel(op->call, NULL, NULL);
     op->data = NULL; /* the caller's still */
     op_free(op);
 }
 
 void api_op_fail(struct api_op *op, int status, const char *reason)
 {
-    ASSERT(op->call != NULL);
-    http_call_answer_error(op->call, status, reason);
-    op->call = NULL;
-    op_free(op);
+    finish(op, status, NULL, reason);
 }
 
 /* RabbitMQ's reply names, as its management plugin writes them in reasons. */
@@ -120,7 +134,7 @@ static const char *reply_name(uint16_t code)
 
 void api_op_fail_amqp(struct api_op *op, uint16_t reply_code, struct bytes reply_text)
 {
-    ASSERT(op->call != NULL);
+    ASSERT(!op->over);
     /* The broker's texts start "NAME - " (channel__fail). RabbitMQ's
      * management plugin keeps it for NOT_FOUND and drops it otherwise. */
     char reason[600];
@@ -148,9 +162,12 @@ void api_op_fail_amqp(struct api_op *op, uint16_t reply_code, struct bytes reply
     json_kv_string(&body, "error", error);
     json_kv_string(&body, "reason", reason);
     json_object_end(&body);
-    http_call_answer(op->call, status, &body);
-    op->call = NULL;
-    op_free(op);
+    if (op->call != NULL) {
+        finish(op, status, &body, NULL);
+    } else {
+        json_free(&body);
+        finish(op, status, NULL, reason);
+    }
 }
 
 /* ---- the channel's callbacks --------------------------------------------- */
@@ -165,7 +182,7 @@ static void ch_closed(void *ctx, uint16_t reply_code, struct bytes reply_text)
 {
     struct api_op *op = ctx;
     op->ch = NULL; /* the link frees it after this returns */
-    if (op->call == NULL)
+    if (op->over)
         return;
     if (reply_code == 0)
         api_op_fail(op, 503, "the broker closed the management API's AMQP connection");
@@ -236,7 +253,7 @@ static void link_up(void *ctx, struct link *link)
 static void link_down(void *ctx, struct link *link)
 {
     struct api_op *op = ctx;
-    if (op->call == NULL)
+    if (op->over)
         return;
     const char *text;
     uint16_t code = link_last_close(link, &text);
@@ -249,11 +266,13 @@ static void link_down(void *ctx, struct link *link)
                                        .reason = "User not authorised to access virtual host"};
         if (strstr(reason, "not found") != NULL) {
             api_op_fail(op, 404, "no such vhost");
-            return;
+        } else if (op->call != NULL) {
+            op->over = true;
+            http_call_answer_refusal(op->call, &refusal);
+            op_free(op);
+        } else {
+            api_op_fail(op, 401, refusal.reason);
         }
-        http_call_answer_refusal(op->call, &refusal);
-        op->call = NULL;
-        op_free(op);
         return;
     }
     api_op_fail(op, 503, code ? text : "cannot reach this broker's AMQP listener");
@@ -278,49 +297,71 @@ static bool loopback_address(const struct broker *broker, char *out, size_t size
     return n > 0 && (size_t)n < size;
 }
 
-void api_op_start(struct broker *broker, struct http_call *call,
-                  const struct http_call_request *req, struct bytes vhost, bool confirm,
-                  const struct api_op_type *type, void *data)
+/* Starts op (its call or done set) logging in as user/password. */
+static void start(struct broker *broker, struct api_op *op, const char *user,
+                  struct bytes password)
+{
+    char address[128];
+    if (!loopback_address(broker, address, sizeof address)) {
+        api_op_fail(op, 503, "the broker has no plain AMQP listener to act on");
+        return;
+    }
+    struct link_config config = {
+        .address = address, .self_name = "quay-management", .user = user,
+        .password = password, .vhost = op->vhost, .reconnect_min_ms = 60000,
+        .reconnect_max_ms = 60000};
+    static const struct link_ops link_ops = {.up = link_up, .down = link_down};
+    struct link_ops ops = link_ops;
+    ops.ctx = op;
+    if (link_new(&op->link, &broker->net, &config, &ops) != 0) {
+        op->link = NULL;
+        api_op_fail(op, 400, "a user name or vhost name too long for AMQP");
+        return;
+    }
+    if (op->call != NULL)
+        http_call_on_cancel(op->call, on_cancel, op);
+}
+
+static struct api_op *op_new(struct http_call *call, struct bytes vhost, bool confirm,
+                             const struct api_op_type *type, void *data)
 {
     ASSERT(type != NULL && type->started != NULL);
-    char address[128];
-    struct http_credentials credentials;
-    if (!loopback_address(broker, address, sizeof address)) {
-        if (type->free_data != NULL && data != NULL)
-            type->free_data(data);
-        http_call_answer_error(call, 503, "the broker has no plain AMQP listener to act on");
-        return;
-    }
-    if (req->authorization == NULL ||
-        http_basic_parse(req->authorization, req->authorization_size, &credentials) !=
-            HTTP_BASIC_OK) {
-        if (type->free_data != NULL && data != NULL)
-            type->free_data(data);
-        http_call_answer_error(call, 401, "Login failed");
-        return;
-    }
     struct api_op *op = calloc(1, sizeof *op);
     ASSERT(op != NULL);
     *op = (struct api_op){.call = call, .type = type, .data = data, .confirm = confirm,
                           .vhost = bytes_dup(vhost)};
+    return op;
+}
+
+void api_op_start(struct broker *broker, struct http_call *call,
+                  const struct http_call_request *req, struct bytes vhost, bool confirm,
+                  const struct api_op_type *type, void *data)
+{
+    struct api_op *op = op_new(call, vhost, confirm, type, data);
+    struct http_credentials credentials;
+    if (req->authorization == NULL ||
+        http_basic_parse(req->authorization, req->authorization_size, &credentials) !=
+            HTTP_BASIC_OK) {
+        api_op_fail(op, 401, "Login failed");
+        return;
+    }
     char user[256];
     size_t user_size = credentials.user_size < sizeof user - 1 ? credentials.user_size
                                                                : sizeof user - 1;
     memcpy(user, credentials.user, user_size);
     user[user_size] = '\0';
-    struct link_config config = {
-        .address = address, .self_name = "quay-management", .user = user,
-        .password = {credentials.password, (uint32_t)credentials.password_size},
-        .vhost = vhost, .reconnect_min_ms = 60000, .reconnect_max_ms = 60000};
-    static const struct link_ops link_ops = {.up = link_up, .down = link_down};
-    struct link_ops ops = link_ops;
-    ops.ctx = op;
-    int rc = link_new(&op->link, &broker->net, &config, &ops);
+    start(broker, op, user, (struct bytes){credentials.password,
+                                           (uint32_t)credentials.password_size});
     OPENSSL_cleanse(credentials.decoded, sizeof credentials.decoded);
-    if (rc != 0) {
-        op->link = NULL;
-        api_op_fail(op, 400, "a user name or vhost name too long for AMQP");
-        return;
-    }
-    http_call_on_cancel(call, on_cancel, op);
+}
+
+void api_op_start_as(struct broker *broker, const char *user, const char *password,
+                     struct bytes vhost, const struct api_op_type *type, void *data,
+                     api_op_done_fn done, void *done_ctx)
+{
+    ASSERT(done != NULL);
+    struct api_op *op = op_new(NULL, vhost, false, type, data);
+    op->done = done;
+    op->done_ctx = done_ctx;
+    start(broker, op, user, bytes_of_cstr(password));
 }

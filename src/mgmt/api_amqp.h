@@ -61,6 +61,15 @@ struct api_op_type {
 void api_op_start(struct broker *broker, struct http_call *call,
                   const struct http_call_request *req, struct bytes vhost, bool confirm,
                   const struct api_op_type *type, void *data);
+/* How an operation without an HTTP call ended: status as the HTTP answer
+ * would have been (2xx: done), reason for a failure (else NULL). */
+typedef void (*api_op_done_fn)(void *ctx, int status, const char *reason);
+/* The same without an HTTP call, for the broker's own work (quayd
+ * --definitions): logs in as user/password (auth_add_internal's) and
+ * reports through done. */
+void api_op_start_as(struct broker *broker, const char *user, const char *password,
+                     struct bytes vhost, const struct api_op_type *type, void *data,
+                     api_op_done_fn done, void *done_ctx);
 void *api_op_data(struct api_op *op);
 struct link_channel *api_op_channel(struct api_op *op);
 /* Answers with body (taken) and ends the operation. */

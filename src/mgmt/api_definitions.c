@@ -7,11 +7,13 @@
  */
 #include "mgmt/api_definitions.h"
 
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "amqp/method_gen.h"
+#include "broker/auth.h"
 #include "broker/broker.h"
 #include "broker/exchange.h"
 #include "broker/policy.h"
@@ -20,6 +22,7 @@
 #include "cluster/link.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
+#include "lib/log.h"
 #include "mgmt/api.h"
 #include "mgmt/api_amqp.h"
 #include "mgmt/api_bindings.h"
@@ -33,6 +36,8 @@
 #include "mgmt/json_tree.h"
 
 #define ERR_SIZE 400
+/* The broker's own login for quayd --definitions (auth_add_internal). */
+#define INTERNAL_USER "quay-internal"
 #define STEP_ARGUMENTS_SIZE_MAX 65536
 
 /* ---- export ------------------------------------------------------------------ */
@@ -185,7 +190,9 @@ struct step {
 
 struct import {
     struct broker *broker;
-    struct http_call *call;
+    struct http_call *call;        /* NULL: quayd --definitions, logged instead */
+    char password[64];             /* without a call: the internal user's */
+    const char *source;            /* without a call: the file's name, for logs */
     struct http_call_request req;
     struct json_tree tree;
     struct bytes only;             /* the path's vhost (POST /api/definitions/{vhost}), or none */
@@ -199,6 +206,7 @@ struct import {
 
 static void import_free(struct import *im)
 {
+    OPENSSL_cleanse(im->password, sizeof im->password);
     for (uint32_t i = 0; i < im->count; i++)
         free(im->steps[i].arguments);
     free(im->steps);
@@ -460,6 +468,14 @@ static bool check_all(struct import *im, char *err)
 
 static void run_batch(struct import *im);
 
+/* quayd --definitions: a batch failed (the import is freed after this). */
+static void load_failed(void *ctx, int status, const char *reason)
+{
+    struct import *im = ctx;
+    LOG_ERROR("definitions from %s: applying stopped after %u of %u steps (%d): %s",
+              im->source, im->next, im->count, status, reason ? reason : "?");
+}
+
 static void batch_started(struct api_op *op, struct link_channel *ch)
 {
     struct import *im = api_op_data(op);
@@ -492,7 +508,11 @@ static const struct api_op_type batch_type = {
 static void run_batch(struct import *im)
 {
     if (im->next == im->count) {
-        http_call_answer_empty(im->call, 204);
+        if (im->call != NULL)
+            http_call_answer_empty(im->call, 204);
+        else
+            LOG_INFO("definitions from %s applied: %u declarations and bindings", im->source,
+                     im->count);
         import_free(im);
         return;
     }
@@ -508,7 +528,11 @@ static void run_batch(struct import *im)
     }
     im->batch_end = end;
     im->due = end - im->next;
-    api_op_start(im->broker, im->call, &im->req, vhost, false, &batch_type, im);
+    if (im->call != NULL)
+        api_op_start(im->broker, im->call, &im->req, vhost, false, &batch_type, im);
+    else
+        api_op_start_as(im->broker, INTERNAL_USER, im->password, vhost, &batch_type, im,
+                        load_failed, im);
 }
 
 static void import_definitions(struct broker *broker, struct http_call *call,
@@ -557,6 +581,30 @@ static void handle_definitions(void *ctx, struct http_call *call,
         import_definitions(broker, call, req, path.count == 1 ? &vhost->name : NULL);
     else
         http_call_answer_error(call, 405, "Method Not Allowed");
+}
+
+int api_definitions_load(struct broker *broker, const char *source, const char *text,
+                         size_t size, char *err, size_t err_size)
+{
+    ASSERT(err_size >= ERR_SIZE);
+    struct import *im = calloc(1, sizeof *im);
+    ASSERT(im != NULL);
+    *im = (struct import){.broker = broker, .source = source};
+    if (json_tree_parse(&im->tree, text, size, err, err_size) != OK) {
+        free(im);
+        return -1;
+    }
+    if (json_tree_root(&im->tree)->kind != JSON_KIND_OBJECT) {
+        snprintf(err, err_size, "definitions must be a JSON object");
+    } else if (check_all(im, err)) {
+        auth_add_internal(&broker->auth, INTERNAL_USER, im->password, sizeof im->password);
+        LOG_INFO("definitions from %s: checked, %u declarations and bindings to apply", source,
+                 im->count);
+        run_batch(im);
+        return 0;
+    }
+    import_free(im);
+    return -1;
 }
 
 void api_definitions_register(struct http_server *http, struct broker *broker)

@@ -42,4 +42,14 @@ struct broker;
 
 void api_definitions_register(struct http_server *http, struct broker *broker);
 
+/* quayd --definitions FILE, as RabbitMQ's load_definitions: text (the
+ * file's bytes; source names it in logs) is checked now, as an import
+ * is; then it is applied over AMQP as the broker's internal user
+ * (auth_add_internal), from the loop, once the broker serves, and the
+ * outcome is logged. Call once, after broker_start and before the loop
+ * runs. Returns 0, or -1 with why in err (at least 400 bytes): the
+ * broker should not start. */
+int api_definitions_load(struct broker *broker, const char *source, const char *text,
+                         size_t size, char *err, size_t err_size);
+
 #endif

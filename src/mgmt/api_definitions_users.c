@@ -53,6 +53,8 @@ void api_definitions_write_users(struct json *out, struct broker *broker)
     json_array_begin(out);
     for (size_t i = 0; i < auth->users_count; i++) {
         const struct auth_user *u = &auth->users[i];
+        if (u->internal)
+            continue;
         char hash[64];
         password_hash(u, hash);
         json_object_begin(out);
@@ -87,7 +89,7 @@ void api_definitions_write_users(struct json *out, struct broker *broker)
     json_array_begin(out);
     for (size_t i = 0; i < auth->users_count; i++) {
         const struct auth_user *u = &auth->users[i];
-        for (uint32_t j = 0; hmap_next(&broker->vhosts, &j, &v);) {
+        for (uint32_t j = 0; !u->internal && hmap_next(&broker->vhosts, &j, &v);) {
             const struct vhost *vhost = v->value;
             if (auth_user_may_open(u, vhost->name))
                 write_permission(out, u, vhost->name, auth_user_permission(u, vhost->name));

@@ -389,6 +389,68 @@ def quayctl_lists_definitions_and_probes():
     admin("delete", "queue", "name=ctl-q")
 
 
+# ---- quayd --definitions ---------------------------------------------------------
+
+@test(timeout=120)
+def quayd_loads_definitions_at_start():
+    """A fresh quayd (one, in either mode: this is about its start) applies a
+    definitions file as RabbitMQ's load_definitions, and refuses to start
+    on a file it would refuse over HTTP."""
+    d = tempfile.mkdtemp(prefix="quay-defs-")
+    procs = []
+    try:
+        good = {"exchanges": [{"name": "boot-x", "vhost": "/", "type": "topic", "durable": True,
+                               "auto_delete": False, "internal": False, "arguments": {}}],
+                "queues": [{"name": "boot-q", "vhost": "/", "durable": True,
+                            "auto_delete": False, "arguments": {"x-max-length": 5}}],
+                "bindings": [{"source": "boot-x", "vhost": "/", "destination": "boot-q",
+                              "destination_type": "queue", "routing_key": "k.*",
+                              "arguments": {}}]}
+        path = os.path.join(d, "good.json")
+        json.dump(good, open(path, "w"))
+        port = free_port()
+        log = open(os.path.join(d, "quayd.log"), "w")
+        p = subprocess.Popen([os.environ["QUAYD"], "--listen", "127.0.0.1:%d" % port,
+                              "--data", os.path.join(d, "data"), "--definitions", path],
+                             stdout=log, stderr=log)
+        procs.append(p)
+
+        def declared():
+            try:
+                c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+            except Exception:
+                return False
+            try:
+                ch = c.channel()
+                ch.queue_declare("boot-q", passive=True)
+                ch.basic_publish("boot-x", "k.a", b"routed")
+                return ch.queue_declare("boot-q", passive=True).method.message_count == 1
+            except pika.exceptions.ChannelClosedByBroker:
+                return False
+            finally:
+                if c.is_open:
+                    c.close()
+        wait_until(declared, 20, 0.2, what="the definitions applied at start")
+        p.send_signal(signal.SIGTERM)
+        eq(p.wait(10), 0, "clean stop")
+        log.close()
+        text = open(os.path.join(d, "quayd.log")).read()
+        assert "definitions from %s applied: 3" % path in text, text
+        assert "quay-internal" not in json.dumps(good)
+        bad = os.path.join(d, "bad.json")
+        open(bad, "w").write('{"queues": [{"name": "x", "vhost": "/nope"}]}')
+        p = subprocess.run([os.environ["QUAYD"], "--listen", "127.0.0.1:%d" % free_port(),
+                            "--data", os.path.join(d, "data2"), "--definitions", bad],
+                           capture_output=True, text=True, timeout=30)
+        eq(p.returncode, 1, "a refused file stops the start")
+        assert "vhost '/nope' does not exist" in p.stderr, p.stderr
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 # ---- RabbitMQ 3.10, by hand -------------------------------------------------------
 
 class Rabbit:
