@@ -352,27 +352,41 @@ static const struct http_route *find_target(struct http_conn *hc, const struct h
     return NULL;
 }
 
-static void dispatch(struct http_conn *hc, const struct http_request *req)
+/* Everything a request goes through before its route runs: the guard,
+ * the method, the route, the admission. NULL once answered. */
+static const struct http_route *admit_request(struct http_conn *hc,
+                                              const struct http_request *req,
+                                              enum http_method *method, size_t *path_size,
+                                              const struct auth_user **user)
 {
     if (!guard_passes(hc, req))
-        return;
-    enum http_method method;
-    bool known = parse_method(req, &method);
-    hc->head_only = known && method == HTTP_METHOD_HEAD;
+        return NULL;
+    bool known = parse_method(req, method);
+    hc->head_only = known && *method == HTTP_METHOD_HEAD;
     if (!known) {
         answer_error(hc, 405, "only GET, HEAD, POST, PUT and DELETE are served",
                      "Allow: GET, HEAD\r\n");
-        return;
+        return NULL;
     }
-    size_t path_size = 0;
-    while (path_size < req->target_size && req->target[path_size] != '?' &&
-           req->target[path_size] != '#')
-        path_size++;
-    if (path_size > 1 && req->target[path_size - 1] == '/')
-        path_size--;
-    const struct http_route *route = find_target(hc, req, method, path_size);
+    size_t n = 0;
+    while (n < req->target_size && req->target[n] != '?' && req->target[n] != '#')
+        n++;
+    if (n > 1 && req->target[n - 1] == '/')
+        n--;
+    *path_size = n;
+    const struct http_route *route = find_target(hc, req, *method, n);
+    if (route == NULL || !admitted(hc, req, *method, route, user))
+        return NULL;
+    return route;
+}
+
+static void dispatch(struct http_conn *hc, const struct http_request *req)
+{
+    enum http_method method;
+    size_t path_size;
     const struct auth_user *user;
-    if (route == NULL || !admitted(hc, req, method, route, &user))
+    const struct http_route *route = admit_request(hc, req, &method, &path_size, &user);
+    if (route == NULL)
         return;
     if (route->prefix != NULL) {
         dispatch_prefix(hc, route, req, method, path_size, user);
@@ -471,6 +485,17 @@ static void collect_big(struct http_conn *hc, const uint8_t *data, size_t size)
     hc->big_size += size;
 }
 
+/* Whether a request whose body needs the heap may send it: it must pass
+ * everything its dispatch will check (so a stranger cannot make the
+ * server hold megabytes). The checks run again at dispatch. */
+static bool admitted_for_big(struct http_conn *hc, const struct http_request *req)
+{
+    enum http_method method;
+    size_t path_size;
+    const struct auth_user *user;
+    return admit_request(hc, req, &method, &path_size, &user) != NULL;
+}
+
 /* Input once the head is known to need the heap: the request is whole
  * once head and body are there. */
 static long on_big_input(struct http_conn *hc, const uint8_t *data, size_t size)
@@ -500,6 +525,9 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
     if (rc == OK && req.content_length > HTTP_BODY_SIZE_MAX) {
         hc->server->glitches_count++;
         answer_error(hc, 413, "the request body is over 16 MiB", "");
+    } else if (rc == OK && req.head_size + req.content_length > HTTP_REQUEST_SIZE_MAX &&
+               hc->big == NULL && !admitted_for_big(hc, &req)) {
+        /* answered: a body past 8 KiB is taken from admitted users only */
     } else if (rc == OK && req.head_size + req.content_length > HTTP_REQUEST_SIZE_MAX) {
         collect_big(hc, data + take, size - take);
         if (req.head_size + req.content_length <= hc->big_size) {
