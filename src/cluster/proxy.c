@@ -871,6 +871,21 @@ void proxy_tick(struct member *member)
     }
 }
 
+bool proxy_stub_has_getter(const struct queue *queue)
+{
+    return stub_of((struct queue *)queue)->getter != NULL;
+}
+
+void proxy_stub_release_getter(struct queue *queue)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    struct uplink *u = stub->getter;
+    if (u == NULL || u->busy || !list_empty(&u->ops))
+        return; /* in use: it is kept */
+    stub->getter = NULL;
+    uplink_maybe_free(u); /* now, or once its outstanding gets are settled */
+}
+
 void proxy_op_cancel(struct proxy_op *op)
 {
     op->cancelled = true; /* freed when its answer (or the channel's end) comes */

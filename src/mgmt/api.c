@@ -2,13 +2,9 @@
  * api.c: see api.h. The handlers, and the JSON shape of each answer.
  *
  * Field names follow RabbitMQ's management API where a field means the
- * same thing there (durable, auto_delete, consumers, messages_unacknowledged,
- * peer_host...), so habits and scripts carry over. One difference, on
- * purpose: a queue's "messages" counts ready messages only (RabbitMQ adds
- * the unacknowledged ones); the unacknowledged are "messages_unacknowledged".
- *
- * Nothing here allocates besides the response buffer: lists are written
- * in table order, not sorted (quayctl sorts for display).
+ * same thing there, so habits, scripts and rabbitmqadmin carry over. The
+ * resources RabbitMQ's tools use are in api_rabbit.h's files; this one
+ * keeps the login, the rights and the overview.
  */
 #include "mgmt/api.h"
 

@@ -39,7 +39,8 @@
 #include "mgmt/json_tree.h"
 
 #define API_ARGUMENTS_SIZE_MAX 65536
-#define API_GET_COUNT_MAX 1000
+/* Counts asked of primaries at once (ask_more). */
+#define GATHER_WINDOW 64
 
 const char *api_node_name(const struct broker *broker)
 {
@@ -200,6 +201,7 @@ struct gather_item {
     struct gather *gather;
     struct queue *queue;         /* one reference */
     struct proxy_op *op;         /* asking the primary, or NULL */
+    bool opened_getter;          /* the query opened the stand-in's getter: release it */
     struct counts counts;
     bool gone;                   /* the primary says it is no more */
 };
@@ -209,7 +211,8 @@ struct gather {
     struct http_call *call;
     struct http_call_request req; /* slices valid until the call is answered */
     bool single;                  /* one object, not a list */
-    uint32_t pending;
+    uint32_t pending;             /* queries in flight, plus one while starting */
+    uint32_t next;                /* the next item to ask about */
     uint32_t count, cap;
     struct gather_item *items;    /* owned */
 };
@@ -256,10 +259,12 @@ static void gather_answer(struct gather *g)
     gather_free(g);
 }
 
+static void ask_more(struct gather *g);
+
 static void on_counts(void *ctx, struct queue *queue, uint16_t reply_code,
                       struct bytes reply_text, uint32_t message_count, uint32_t consumer_count)
 {
-    (void)queue, (void)reply_text;
+    (void)reply_text;
     struct gather_item *it = ctx;
     struct gather *g = it->gather;
     it->op = NULL;
@@ -267,8 +272,12 @@ static void on_counts(void *ctx, struct queue *queue, uint16_t reply_code,
         it->counts = (struct counts){message_count, consumer_count, true};
     else if (reply_code == REPLY_NOT_FOUND)
         it->gone = true;
+    if (it->opened_getter)
+        proxy_stub_release_getter(queue);
     ASSERT(g->pending > 0);
-    if (--g->pending == 0)
+    g->pending--;
+    ask_more(g);
+    if (g->pending == 0)
         gather_answer(g);
 }
 
@@ -286,23 +295,35 @@ static void gather_add(struct gather *g, struct queue *queue)
         .counts = {queue_ready_count(queue), queue->consumers_count, !queue_is_remote(queue)}};
 }
 
-/* Asks the primaries of the stand-ins for their counts; answers when all
- * came back (at once when none is remote). The items array is complete:
- * the callbacks hold pointers into it. */
+/* Asks the next stand-ins' primaries for their counts, at most
+ * GATHER_WINDOW at once: each query holds a channel to the primary for
+ * its while (the stand-in's getter, released after unless it was open
+ * already), and a link has a bounded number of channels. */
+static void ask_more(struct gather *g)
+{
+    while (g->next < g->count && g->pending < GATHER_WINDOW) {
+        struct gather_item *it = &g->items[g->next++];
+        it->gather = g;
+        if (!queue_is_remote(it->queue) || it->queue->deleted)
+            continue;
+        it->opened_getter = !proxy_stub_has_getter(it->queue);
+        g->pending++;
+        it->op = proxy_query(it->queue, METHOD_QUEUE_DECLARE, on_counts, it);
+        if (it->op == NULL) {
+            g->pending--; /* unreachable: the local counts stand */
+            if (it->opened_getter)
+                proxy_stub_release_getter(it->queue);
+        }
+    }
+}
+
+/* Answers once every count came back (at once when no queue is remote).
+ * The items array is complete: the callbacks hold pointers into it. */
 static void gather_start(struct gather *g)
 {
     g->pending = 1; /* held while asking, so no answer comes before the loop ends */
-    for (uint32_t i = 0; i < g->count; i++) {
-        struct gather_item *it = &g->items[i];
-        it->gather = g;
-        if (!queue_is_remote(it->queue))
-            continue;
-        g->pending++;
-        it->op = proxy_query(it->queue, METHOD_QUEUE_DECLARE, on_counts, it);
-        if (it->op == NULL)
-            g->pending--; /* unreachable: the local counts stand */
-    }
-    if (--g->pending == 0) {
+    ask_more(g);
+    if (--g->pending == 0 && g->next == g->count) {
         gather_answer(g);
         return;
     }

@@ -574,6 +574,23 @@ def definitions_round_trip_with_rabbitmq():
         ours = http_call("GET", "/api/queues/%2F/rt-q")[1]
         for k in RABBIT_FIELDS:
             eq(ours[k], theirs[k], "field %s, quay vs RabbitMQ" % k)
+        # The exchange and the binding, field by field too (a binding with
+        # arguments has another properties_key: each broker hashes its own).
+        theirs = rmq.call("GET", "/api/exchanges/%2F/rt-x")[1]
+        ours = http_call("GET", "/api/exchanges/%2F/rt-x")[1]
+        for k in ("name", "vhost", "type", "durable", "auto_delete", "internal", "arguments"):
+            eq(ours[k], theirs[k], "exchange field %s, quay vs RabbitMQ" % k)
+        theirs = rmq.call("GET", "/api/bindings/%2F/e/rt-x/q/rt-q")[1]
+        ours = http_call("GET", "/api/bindings/%2F/e/rt-x/q/rt-q")[1]
+        eq([{k: v for k, v in b.items() if k != "properties_key"} for b in ours],
+           [{k: v for k, v in b.items() if k != "properties_key"} for b in theirs],
+           "bindings, quay vs RabbitMQ")
+        ours = http_call("GET", "/api/queues/%2F/rt-q/bindings")[1]
+        theirs_q = rmq.call("GET", "/api/queues/%2F/rt-q/bindings")[1]
+        eq([(b["source"], b["routing_key"], b["properties_key"]) for b in ours
+            if not b["arguments"]],
+           [(b["source"], b["routing_key"], b["properties_key"]) for b in theirs_q
+            if not b["arguments"]], "a queue's default binding, quay vs RabbitMQ")
         # RabbitMQ -> quay: its export, with its own fields, imports here.
         rmq.call("PUT", "/api/queues/%2F/rt-from-rabbit", json.dumps(
             {"durable": True, "arguments": {"x-queue-mode": "lazy"}}))
