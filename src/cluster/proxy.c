@@ -876,6 +876,13 @@ bool proxy_stub_has_getter(const struct queue *queue)
     return stub_of((struct queue *)queue)->getter != NULL;
 }
 
+bool proxy_stub_reachable(const struct queue *queue)
+{
+    const struct proxy_stub *stub = stub_of((struct queue *)queue);
+    const struct member_peer *peer = member_peer(stub->member, stub->primary_id);
+    return stub->available && peer != NULL && peer->up;
+}
+
 void proxy_stub_release_getter(struct queue *queue)
 {
     struct proxy_stub *stub = stub_of(queue);

@@ -147,6 +147,9 @@ struct proxy_op *proxy_query(struct queue *queue, uint32_t method_id, proxy_quer
  * asks many stand-ins once (the management API's counts) gives back what
  * it opened, so a listing does not hold a channel per queue. */
 bool proxy_stub_has_getter(const struct queue *queue);
+/* Whether a request would be sent to the primary now: the queue has one
+ * and its link is up (else proxy_query waits up to 5 s for it). */
+bool proxy_stub_reachable(const struct queue *queue);
 void proxy_stub_release_getter(struct queue *queue);
 
 /* The asker is gone: done will not run (a message that still arrives is

@@ -39,8 +39,10 @@
 #include "mgmt/json_tree.h"
 
 #define API_ARGUMENTS_SIZE_MAX 65536
-/* Counts asked of primaries at once (ask_more). */
+/* Counts asked of primaries at once (ask_more), and how long a listing
+ * waits for them (on_deadline). */
 #define GATHER_WINDOW 64
+#define GATHER_DEADLINE_MS 3000
 
 const char *api_node_name(const struct broker *broker)
 {
@@ -215,7 +217,14 @@ struct gather {
     uint32_t next;                /* the next item to ask about */
     uint32_t count, cap;
     struct gather_item *items;    /* owned */
+    uv_timer_t deadline;          /* started when a primary is asked */
+    bool deadline_started;
 };
+
+static void on_deadline_closed(uv_handle_t *handle)
+{
+    free(handle->data);
+}
 
 static void gather_free(struct gather *g)
 {
@@ -225,7 +234,14 @@ static void gather_free(struct gather *g)
         queue_unref(g->items[i].queue);
     }
     free(g->items);
-    free(g);
+    g->items = NULL;
+    g->count = 0;
+    if (!g->deadline_started) {
+        free(g);
+        return;
+    }
+    uv_timer_stop(&g->deadline);
+    uv_close((uv_handle_t *)&g->deadline, on_deadline_closed); /* frees g */
 }
 
 static void gather_cancel(void *arg)
@@ -304,7 +320,11 @@ static void ask_more(struct gather *g)
     while (g->next < g->count && g->pending < GATHER_WINDOW) {
         struct gather_item *it = &g->items[g->next++];
         it->gather = g;
-        if (!queue_is_remote(it->queue) || it->queue->deleted)
+        /* A primary that cannot be asked now (down, its link not up) is
+         * not waited for: a listing during a failover answers at once,
+         * with the local counts ("counts_from": "local"). */
+        if (!queue_is_remote(it->queue) || it->queue->deleted ||
+            !proxy_stub_reachable(it->queue))
             continue;
         it->opened_getter = !proxy_stub_has_getter(it->queue);
         g->pending++;
@@ -317,6 +337,23 @@ static void ask_more(struct gather *g)
     }
 }
 
+/* A primary that is reachable but slow (stopped, overloaded) does not
+ * hold the answer past GATHER_DEADLINE_MS: the counts not back by then
+ * are the local ones. */
+static void on_deadline(uv_timer_t *timer)
+{
+    struct gather *g = timer->data;
+    for (uint32_t i = 0; i < g->count; i++) {
+        if (g->items[i].op != NULL)
+            proxy_op_cancel(g->items[i].op);
+        g->items[i].op = NULL;
+    }
+    g->next = g->count;
+    g->pending = 0;
+    http_call_on_cancel(g->call, NULL, NULL);
+    gather_answer(g);
+}
+
 /* Answers once every count came back (at once when no queue is remote).
  * The items array is complete: the callbacks hold pointers into it. */
 static void gather_start(struct gather *g)
@@ -327,6 +364,10 @@ static void gather_start(struct gather *g)
         gather_answer(g);
         return;
     }
+    uv_timer_init(g->broker->loop, &g->deadline);
+    g->deadline.data = g;
+    g->deadline_started = true;
+    uv_timer_start(&g->deadline, on_deadline, GATHER_DEADLINE_MS, 0);
     http_call_on_cancel(g->call, gather_cancel, g);
 }
 

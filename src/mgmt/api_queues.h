@@ -25,7 +25,8 @@
  * messages_ready and consumers are then the primary's ("counts_from":
  * "primary"); messages_unacknowledged stays this broker's own (the
  * primary's queue.declare-ok does not carry it). If the primary cannot be
- * asked, the local counts are shown ("counts_from": "local").
+ * asked now (proxy_stub_reachable), or has not answered within 3 s, the
+ * local counts are shown ("counts_from": "local").
  *
  * Changes go over AMQP as the user (api_amqp.h).
  */
