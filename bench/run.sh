@@ -50,6 +50,7 @@ RECOVERY_TIMEOUT=${RECOVERY_TIMEOUT:-900}
 MEMFLOOD_MARK=${MEMFLOOD_MARK:-200MiB}
 MEMFLOOD_DURATION=${MEMFLOOD_DURATION:-20}
 MEMFLOOD_PUBLISHERS=${MEMFLOOD_PUBLISHERS:-4}
+NEIGHBOUR_FLOOD_RATE=${NEIGHBOUR_FLOOD_RATE:-0}   # the flooder's msg/s in the neighbour row (0: unlimited)
 MEMFLOOD_RABBIT=${MEMFLOOD_RABBIT:-1}
 USE_QUAY=1
 USE_RMQ=1
@@ -119,6 +120,7 @@ row_desc() {
     ttl-dlx-args)       echo "as confirm, queue has x-message-ttl=60000 + x-dead-letter-exchange (nothing expires)" ;;
     ttl-dlx-dead)       echo "as confirm, queue has x-message-ttl=0 + DLX (fanout) -> every message dead-lettered to a consumed queue" ;;
     recovery)           echo "restart with $RECOVERY_MESSAGES persistent 1 KiB messages in a durable queue: s until a passive declare sees them all" ;;
+    neighbour)          echo "the confirm row's pair, alone and beside a publisher flooding a queue without consumers (rate ${NEIGHBOUR_FLOOD_RATE:-0}, 0 = unlimited)" ;;
     memory-flood)       echo "$MEMFLOOD_PUBLISHERS publishers flood 1 KiB (confirms, no consumer) for ${MEMFLOOD_DURATION}s at a memory mark of $MEMFLOOD_MARK: peak RSS / mark" ;;
     idle)               echo "idle broker: RSS after start (+${IDLE_SETTLE}s), time until the AMQP port opens" ;;
     queues)             echo "$SCALE_QUEUES classic queues, one amq.direct binding each: declares/s, RSS per queue" ;;
@@ -126,7 +128,7 @@ row_desc() {
   esac
 }
 for r in $ROWS; do
-  case "$r" in idle|queues|conns|recovery|memory-flood) ;; *) row_args "$r" >/dev/null || { echo "run.sh: unknown row '$r'" >&2; exit 2; } ;; esac
+  case "$r" in idle|queues|conns|recovery|memory-flood|neighbour) ;; *) row_args "$r" >/dev/null || { echo "run.sh: unknown row '$r'" >&2; exit 2; } ;; esac
 done
 mark_bytes() { # 200MiB, 1GiB, 500MB, 1048576 -> bytes
   awk -v s="$1" 'BEGIN{ n = s + 0; u = substr(s, length(n "") + 1);
@@ -618,6 +620,55 @@ memflood_one() { # $1 = rabbitmq|quay
   stop_all
 }
 
+# The confirm row's publisher/consumer pair alone, then beside a publisher
+# flooding a queue nobody consumes (issue 18: the pair keeps >= 90% of its
+# rate until the alarm). Interleaved per rep: alone, beside, for each broker.
+run_neighbour_row() {
+  local args; args=$(row_args confirm)
+  log "row neighbour: $(row_desc neighbour)"
+  local b rep mode out rc line fpid
+  declare -A rates=()
+  for rep in $(seq "$REPS"); do
+    for b in rabbitmq quay; do
+      broker_up "$b" || continue
+      for mode in alone beside; do
+        out=$TMP/out.neighbour.$b.$mode.$rep
+        fpid=""
+        if [ "$mode" = beside ]; then
+          local flood_args="-P 1 -C 0 -s 1024 --prefix qb-flood -d $((DURATION + 2)) --confirm-timeout 5"
+          [ "$NEIGHBOUR_FLOOD_RATE" = 0 ] || flood_args+=" --rate $NEIGHBOUR_FLOOD_RATE"
+          # shellcheck disable=SC2086
+          "$QB" -p "$(broker_port "$b")" $flood_args >"$out.flood" 2>&1 &
+          fpid=$!
+          sleep 1
+        fi
+        rc=0
+        # shellcheck disable=SC2086
+        "$QB" -p "$(broker_port "$b")" --watch-pid "$(broker_pid "$b")" -d "$DURATION" --prefix qb-neighbour $args \
+          >"$out" 2>"$out.err" || rc=$?
+        [ -z "$fpid" ] || wait "$fpid" || true
+        line=$(grep '^RESULT ' "$out" | tail -1 || true)
+        [ -n "$line" ] || line="RESULT status=error error=no_output"
+        echo "row=neighbour-$mode broker=$b rep=$rep rc=$rc $line" >>"$RESULTS"
+        [ -z "$fpid" ] || echo "row=neighbour-flooder broker=$b rep=$rep $(grep '^RESULT ' "$out.flood" | tail -1)" >>"$RESULTS"
+        log "  $b rep $rep $mode: $(field "$line" cons_rate) msg/s p99 $(field "$line" lat_p99_us)us rc=$rc"
+        rates[$b.$mode]+="$(field "$line" cons_rate)"$'\n'
+      done
+    done
+  done
+  echo
+  echo "== neighbour: $(row_desc neighbour)"
+  echo "   quaybench $args -d $DURATION, beside quaybench -P 1 -C 0 -s 1024 (median of $REPS)"
+  printf "   %-14s %12s %12s %10s\n" broker "alone msg/s" "beside msg/s" "kept"
+  for b in rabbitmq quay; do
+    MED[neighbour.$b.alone]=$(printf %s "${rates[$b.alone]:-}" | median)
+    MED[neighbour.$b.beside]=$(printf %s "${rates[$b.beside]:-}" | median)
+    MED[neighbour.$b.kept]=$(ratio "${MED[neighbour.$b.beside]:-}" "${MED[neighbour.$b.alone]:-}")
+    printf "   %-14s %12s %12s %10s\n" "$b" "$(fmt "${MED[neighbour.$b.alone]:-}" %.0f)" \
+      "$(fmt "${MED[neighbour.$b.beside]:-}" %.0f)" "${MED[neighbour.$b.kept]:-n/a}"
+  done
+}
+
 run_memflood_row() {
   log "row memory-flood: $(row_desc memory-flood)"
   if [ "$USE_RMQ" != 1 ]; then MF[rabbitmq.why]="disabled"; elif [ "$MEMFLOOD_RABBIT" = 1 ]; then memflood_one rabbitmq; else MF[rabbitmq.why]="skipped (MEMFLOOD_RABBIT=0)"; fi
@@ -649,7 +700,7 @@ if [ "$NEED_BROKERS" = 1 ]; then
 fi
 for r in $ROWS; do [ "$r" = idle ] && { idle_measure; print_idle; }; done
 for r in $ROWS; do
-  case "$r" in idle|queues|conns|recovery|memory-flood) ;; *) run_tp_row "$r" ;; esac
+  case "$r" in idle|queues|conns|recovery|memory-flood) ;; neighbour) run_neighbour_row ;; *) run_tp_row "$r" ;; esac
 done
 for r in $ROWS; do
   case "$r" in queues|conns) run_scale_row "$r" ;; esac
@@ -675,6 +726,9 @@ for r in $ROWS; do
             for v in term kill9; do
               printf "   %-20s %14s %14s %8s   %s\n" "recovery-$v" "$(fmt "${REC[rabbitmq.$v]:-}" %.2f)" "$(fmt "${REC[quay.$v]:-}" %.2f)" \
                 "$(ratio "${REC[quay.$v]:-}" "${REC[rabbitmq.$v]:-}")" "s until ${REC[total]:-$RECOVERY_MESSAGES} msgs declared (target quay < 5)"; done ;;
+    neighbour)
+            printf "   %-20s %14s %14s %8s   %s\n" neighbour "${MED[neighbour.rabbitmq.kept]:-n/a}" "${MED[neighbour.quay.kept]:-n/a}" "" \
+              "the pair's rate beside a flooder / alone (goal quay >= 0.90)" ;;
     memory-flood)
             printf "   %-20s %14s %14s %8s   %s\n" "memory-flood" "$(fmt "${MF[rabbitmq.ratio]:-}" %.2f)" "$(fmt "${MF[quay.ratio]:-}" %.2f)" \
               "$(ratio "${MF[quay.ratio]:-}" "${MF[rabbitmq.ratio]:-}")" "peak RSS / $MEMFLOOD_MARK (goal quay <= 1.2); connection.blocked: rabbitmq ${MF[rabbitmq.blocked]:-n/a}, quay ${MF[quay.blocked]:-n/a}" ;;

@@ -1248,6 +1248,27 @@ static void encode_basic_quay_handover(const struct method *in, struct wire_writ
     wire_write_longstr(w, m->redelivered);
 }
 
+static int decode_basic_quay_flow(struct method *out, struct wire_reader *r)
+{
+    struct method_basic_quay_flow *m = &out->basic_quay_flow;
+    uint8_t bits;
+    m->queue = wire_read_shortstr(r);
+    bits = wire_read_u8(r);
+    m->active = (bits & 0x01) != 0;
+    return r->failed ? E_SYNTAX : OK;
+}
+
+static void encode_basic_quay_flow(const struct method *in, struct wire_writer *w)
+{
+    const struct method_basic_quay_flow *m = &in->basic_quay_flow;
+    uint8_t bits;
+    ASSERT(m->queue.len <= 255);
+    wire_write_shortstr(w, m->queue);
+    bits = 0;
+    bits = (uint8_t)(bits | (m->active ? 0x01 : 0));
+    wire_write_u8(w, bits);
+}
+
 static int decode_confirm_select(struct method *out, struct wire_reader *r)
 {
     struct method_confirm_select *m = &out->confirm_select;
@@ -1424,6 +1445,7 @@ static const struct {
     {decode_basic_quay_sync, encode_basic_quay_sync},
     {decode_basic_quay_synced, encode_basic_quay_synced},
     {decode_basic_quay_handover, encode_basic_quay_handover},
+    {decode_basic_quay_flow, encode_basic_quay_flow},
     {decode_confirm_select, encode_confirm_select},
     {decode_confirm_select_ok, encode_confirm_select_ok},
     {decode_tx_select, encode_tx_select},
@@ -1738,6 +1760,10 @@ static const struct method_field FIELDS_BASIC_QUAY_HANDOVER[] = {
     {"delivered", METHOD_FIELD_LONGSTR, offsetof(struct method, basic_quay_handover.delivered)},
     {"redelivered", METHOD_FIELD_LONGSTR, offsetof(struct method, basic_quay_handover.redelivered)},
 };
+static const struct method_field FIELDS_BASIC_QUAY_FLOW[] = {
+    {"queue", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_flow.queue)},
+    {"active", METHOD_FIELD_BIT, offsetof(struct method, basic_quay_flow.active)},
+};
 static const struct method_field FIELDS_CONFIRM_SELECT[] = {
     {"no-wait", METHOD_FIELD_BIT, offsetof(struct method, confirm_select.no_wait)},
 };
@@ -1867,6 +1893,8 @@ const struct method_info METHOD_INFOS[METHOD_COUNT] = {
      false, false, 1, FIELDS_BASIC_QUAY_SYNCED},
     {METHOD_BASIC_QUAY_HANDOVER, "basic.quay-handover",
      false, false, 4, FIELDS_BASIC_QUAY_HANDOVER},
+    {METHOD_BASIC_QUAY_FLOW, "basic.quay-flow",
+     false, false, 2, FIELDS_BASIC_QUAY_FLOW},
     {METHOD_CONFIRM_SELECT, "confirm.select",
      true, false, 1, FIELDS_CONFIRM_SELECT},
     {METHOD_CONFIRM_SELECT_OK, "confirm.select-ok",

@@ -90,6 +90,7 @@ enum method_id {
     METHOD_BASIC_QUAY_SYNC = 0x003C00CB, /* basic.quay-sync */
     METHOD_BASIC_QUAY_SYNCED = 0x003C00CC, /* basic.quay-synced */
     METHOD_BASIC_QUAY_HANDOVER = 0x003C00CD, /* basic.quay-handover */
+    METHOD_BASIC_QUAY_FLOW = 0x003C00CE, /* basic.quay-flow */
     METHOD_CONFIRM_SELECT = 0x0055000A, /* confirm.select */
     METHOD_CONFIRM_SELECT_OK = 0x0055000B, /* confirm.select-ok */
     METHOD_TX_SELECT = 0x005A000A, /* tx.select */
@@ -104,7 +105,7 @@ enum method_id {
 #define METHOD_METHOD_ID(id) ((uint16_t)((id) & 0xFFFF))
 #define METHOD_MAKE_ID(class_id, method_id) \
     (((uint32_t)(class_id) << 16) | (uint32_t)(method_id))
-#define METHOD_COUNT 70
+#define METHOD_COUNT 71
 
 /* One struct per method; reserved fields are kept so that encode/decode
  * round-trip. Bits decode from shared octets as the spec packs them. */
@@ -467,6 +468,11 @@ struct method_basic_quay_handover {
     struct bytes redelivered;
 };
 
+struct method_basic_quay_flow {
+    struct bytes queue;
+    bool active;
+};
+
 struct method_confirm_select {
     bool no_wait;
 };
@@ -565,6 +571,7 @@ struct method {
         struct method_basic_quay_sync basic_quay_sync;
         struct method_basic_quay_synced basic_quay_synced;
         struct method_basic_quay_handover basic_quay_handover;
+        struct method_basic_quay_flow basic_quay_flow;
         struct method_confirm_select confirm_select;
         struct method_confirm_select_ok confirm_select_ok;
         struct method_tx_select tx_select;

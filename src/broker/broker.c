@@ -13,11 +13,13 @@
 
 #include "broker/channel.h"
 #include "broker/connection.h"
+#include "broker/flow.h"
 #include "broker/message.h"
 #include "broker/vhost.h"
 #include "cluster/member.h"
 #include "cluster/moves.h"
 #include "cluster/node.h"
+#include "cluster/raft_tls.h"
 #include "lib/assert.h"
 #include "lib/log.h"
 #include "mgmt/api.h"
@@ -52,6 +54,7 @@ static void on_tick(uv_timer_t *timer)
     struct broker *broker = timer->data;
     uint64_t now = uv_now(broker->loop);
     alarm_tick(broker, now);
+    flow_tick(broker, now);
     list_for_each_safe(node, &broker->connections) {
         connection_tick(CONTAINER_OF(node, struct connection, broker_link), now);
     }
@@ -111,6 +114,9 @@ static int start_cluster(struct broker *broker)
     cluster_node_amqp_address((struct sockaddr *)&bound, cluster.listen, amqp, sizeof amqp);
     cluster.data_dir = broker->config.data_dir;
     cluster.amqp_address = amqp;
+    struct raft_tls raft_tls = {&broker->net, &broker->raft_tls, &broker->cluster_tls};
+    if (broker->config.cluster_tls)
+        cluster.tls = &raft_tls; /* (copied by the transport) */
     char err[1024];
     if (cluster_node_start(&broker->cluster, broker->loop, &cluster, err, sizeof err) != 0) {
         LOG_ERROR("%s", err);
@@ -169,6 +175,14 @@ static int open_listeners(struct broker *broker)
             LOG_ERROR("%s", err);
             return -1;
         }
+        /* Raft's listener: a peer proves itself with a certificate of the
+         * cluster's CAs before the transport's handshake (raft_tls.h). */
+        struct tls_config raft = config->tls;
+        raft.verify = TLS_VERIFY_REQUIRE;
+        if (tls_context_init(&broker->raft_tls, &raft, err, sizeof err) != 0) {
+            LOG_ERROR("%s", err);
+            return -1;
+        }
     }
     for (uint32_t i = 0; i < config->listen_count; i++) {
         if (open_listener(broker, &broker->listeners[i], config->listen[i], NULL) != 0)
@@ -188,7 +202,7 @@ static int open_listeners(struct broker *broker)
 int broker_reload_tls(struct broker *broker)
 {
     struct tls_context *contexts[] = {&broker->amqps_tls, &broker->https_tls,
-                                      &broker->cluster_tls};
+                                      &broker->cluster_tls, &broker->raft_tls};
     int rc = 0;
     for (size_t i = 0; i < sizeof contexts / sizeof contexts[0]; i++) {
         if (contexts[i]->ctx == NULL)
@@ -225,6 +239,7 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     create_vhosts(broker);
     net_init(&broker->net, loop);
     list_init(&broker->confirms_owed);
+    list_init(&broker->flow_congested);
     net_flush_hook_add(&broker->net, &broker->confirms_hook, channels_flush_confirms);
     read_batch_enable(&broker->net.read_batch, config->limits.read_batch_us);
     char err[1024];
@@ -331,6 +346,7 @@ void broker_free(struct broker *broker)
     tls_context_free(&broker->amqps_tls); /* after every session that used it */
     tls_context_free(&broker->https_tls);
     tls_context_free(&broker->cluster_tls);
+    tls_context_free(&broker->raft_tls);
     ASSERT(message_live_count == 0);
 }
 

@@ -99,6 +99,7 @@ struct broker_counters {
     uint64_t delivered_get_no_ack;     /* basic.get-ok with no-ack */
     uint64_t redelivered;              /* of all those, ones flagged redelivered */
     uint64_t acknowledged;             /* deliveries the client acked */
+    uint64_t flow_stops;               /* connections stopped by a congested queue (flow.h) */
 };
 
 struct broker {
@@ -117,6 +118,9 @@ struct broker {
     /* --cluster-tls: our links' client side (our certificate, the CAs
      * peers' certificates must verify against). */
     struct tls_context cluster_tls;
+    /* --cluster-tls: the Raft listener's side (a client certificate of the
+     * cluster's CAs required; cluster/raft_tls.h). */
+    struct tls_context raft_tls;
     struct auth auth;
     struct hmap vhosts;            /* name -> struct vhost (owned) */
     struct list_node connections;  /* struct connection.broker_link */
@@ -141,6 +145,7 @@ struct broker {
     /* Channels that owe their publishers confirms: sent together at the
      * end of the loop iteration (confirms_hook), one multiple ack each. */
     struct list_node confirms_owed; /* struct channel.confirm_link */
+    struct list_node flow_congested; /* struct queue.flow.congested_link (flow.h) */
     struct net_flush_hook confirms_hook;
     struct broker_counters counters;
     bool stopping;

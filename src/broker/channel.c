@@ -20,6 +20,7 @@
 #include "broker/connection.h"
 #include "broker/durable.h"
 #include "broker/exchange.h"
+#include "broker/flow.h"
 #include "broker/message.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
@@ -994,6 +995,10 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
     queue_publish_routed(queues, result.count, message, &wait, false, &summary);
     if (wait.flow)
         connection_flow(ch->connection);
+    for (uint32_t i = 0; i < result.count; i++) {
+        if (queues[i]->flow.congested)
+            flow_wait(ch->connection, ch->id, queues[i]);
+    }
     bool rejected = summary.rejected > 0;
     uint32_t unavailable = summary.unavailable; /* stand-ins whose queue has no primary now */
     if (unavailable > 0 && unavailable == result.count && mandatory) {
@@ -1098,6 +1103,8 @@ void channel__route_forward(struct channel *ch, struct message *message)
                                       : queue_publish(queue, message, &wait);
         if (r == QUEUE_PUBLISH_REJECTED)
             rejected = true;
+        if (queue->flow.congested)
+            flow_wait(ch->connection, ch->id, queue); /* the sender is told */
     }
     confirm_publish(ch, wait.ticket, wait.remote, rejected);
 }

@@ -81,6 +81,9 @@ uint32_t channels_info(const struct connection *connection, struct channel_info 
 bool channel_consumer_info(const struct consumer *consumer, struct channel_info *out);
 /* The consumers of the connection's channels (GET /metrics: O(channels)). */
 uint32_t channels_consumers_count(const struct connection *connection);
+/* Whether one of the connection's channels consumes from queue
+ * (O(the queue's consumers)). */
+bool channels_consume_from(const struct connection *connection, const struct queue *queue);
 void channels_each_unacked(struct broker *broker, const struct queue *queue,
                            void (*fn)(void *ctx, uint64_t seq, struct message *message),
                            void *ctx);

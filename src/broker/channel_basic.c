@@ -220,6 +220,15 @@ bool channel_consumer_info(const struct consumer *consumer, struct channel_info 
         return false;
     info_of(consumer->owner, out);
     return true;
+bool channels_consume_from(const struct connection *connection, const struct queue *queue)
+{
+    list_for_each(n, &queue->consumers) {
+        const struct consumer *c = CONTAINER_OF(n, struct consumer, queue_link);
+        const struct channel *ch = c->owner;
+        if (ch->connection == connection)
+            return true;
+    }
+    return false;
 }
 
 void channels_each_unacked(struct broker *broker, const struct queue *queue,

@@ -22,6 +22,7 @@
 #include "broker/auth.h"
 #include "broker/broker.h"
 #include "broker/channel.h"
+#include "broker/flow.h"
 #include "broker/frame_out.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
@@ -106,6 +107,7 @@ struct conn *connection_accept(struct net *net, void *ctx)
     connection->frame_max = FRAME_MIN_SIZE;
     connection->started_ms = uv_now(net->loop);
     list_init(&connection->exclusive_queues);
+    flow_connection_init(connection);
     list_push_back(&broker->connections, &connection->broker_link);
     broker->connections_count++;
     if (over_connection_limit(broker, 0)) {
@@ -184,6 +186,7 @@ static const char *state_name(enum connection_state state)
 /* Releases every channel and exclusive queue. Idempotent. */
 static void release_everything(struct connection *connection)
 {
+    flow_connection_release(connection);
     for (uint32_t i = 0; i < connection->channels_cap; i++) {
         struct channel *ch = connection->channels[i];
         if (ch)
@@ -294,6 +297,7 @@ static void on_free(struct conn *conn)
     struct connection *connection = from_conn(conn);
     for (uint32_t i = 0; i < connection->channels_cap; i++)
         ASSERT(connection->channels[i] == NULL);
+    ASSERT(list_empty(&connection->flow_ties));
     end_handshaking(connection);
     free(connection->channels);
     free(connection->crossed_closes);

@@ -67,6 +67,8 @@ struct connection {
     bool publisher;                   /* has published: blocked by alarms */
     bool blocked;                     /* blocked by an alarm now */
     bool flow;                        /* not read until the brokers it forwards to catch up */
+    struct list_node flow_ties;       /* the congested queues it waits for (flow.h) */
+    uint32_t flow_waits;              /* how many: not read while > 0 (a client's) */
     /* Channels whose close crossed ours (both sides sent channel.close):
      * the client may still send the close-ok for ours, which is then
      * ignored once, as RabbitMQ does. Owned; rarely more than one. */

@@ -262,6 +262,7 @@ struct queue *queue_new(struct vhost *vhost, struct bytes name, bool durable, bo
         ASSERT(queue->priority_rings != NULL);
     }
     list_init(&queue->consumers);
+    flow_queue_init(queue);
     list_init(&queue->owner_link);
     queue->refs = 1;
     queue->next_seq = 1; /* 0 is "none" to the journal */
@@ -289,6 +290,7 @@ void queue_unref(struct queue *queue)
     ASSERT(list_empty(&queue->consumers));
     ASSERT(queue->as_dest.bindings_in_count == 0);
     ASSERT(queue->pause == NULL);
+    flow_queue_release(queue);
     if (queue->remote_ops)
         queue->remote_ops->free(queue);
     if (queue->replication_ops)
@@ -511,6 +513,7 @@ static enum queue_publish_result enqueue(struct queue *queue, struct message *me
     ring_push_back(ring_for(queue, message->priority), entry);
     queue->ready_count++;
     queue->ready_bytes += message->body_size;
+    flow_queue_published(queue, message->body_size); /* before dispatch may take it */
     /* drop-head: the oldest ready messages make room (and are dead-lettered). */
     while (queue->ready_count > 0 && over_limit(queue, 0, 0)) {
         discard(queue, pop_entry(queue, head_ring(queue)), DEAD_LETTER_MAXLEN);
@@ -786,6 +789,7 @@ bool queue_take(struct queue *queue, struct queue_entry *out)
         }
         break;
     }
+    flow_queue_taken(queue, out->message->body_size);
     /* Recovery marks it redelivered if it was handed out before a crash. */
     if (logged(queue, out->message) && !out->redelivered)
         journal_delivered(queue->journal, out->seq);
@@ -1174,8 +1178,11 @@ void queue_consumer_remove(struct queue *queue, struct consumer *consumer)
         struct list_node *next = list_first(&queue->consumers);
         queue->active_consumer = next ? CONTAINER_OF(next, struct consumer, queue_link) : NULL;
     }
-    if (queue->consumers_count == 0 && !queue->deleted)
-        queue_touch(queue);
+    if (queue->consumers_count == 0) {
+        flow_queue_unconsumed(queue);
+        if (!queue->deleted)
+            queue_touch(queue);
+    }
     queue_unref(queue);
 }
 
@@ -1188,6 +1195,7 @@ uint32_t queue_delete(struct queue *queue)
         queue->replication_ops->detach(queue);
     uint32_t dropped = queue_purge(queue);
     queue->deleted = true;
+    flow_queue_release(queue);
     if (queue->pause != NULL)
         queue_resume(queue); /* what it held is answered, not enqueued */
     if (queue->timer)

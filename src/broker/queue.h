@@ -35,6 +35,7 @@
 
 #include "amqp/types.h"
 #include "broker/exchange.h"
+#include "broker/flow.h"
 #include "broker/queue_args.h"
 #include "lib/list.h"
 
@@ -240,6 +241,7 @@ struct queue {
     uint64_t paged_count;             /* ready entries whose body is only on disk */
     struct dedup *dedup;              /* owned, lazily: x-quay-dedup-window's ids, or NULL */
     struct queue_pause *pause;        /* owned while paused (queue_pause), else NULL */
+    struct queue_flow flow;           /* its publishers' flow control (flow.h) */
     uint32_t refs;                    /* the vhost's table + deliveries + consumers */
     uint64_t next_seq;
     struct list_node owner_link;      /* in the exclusive owner's list */

@@ -952,6 +952,21 @@ static void watch_tick(uv_timer_t *timer)
     }
 }
 
+void consensus_tune(struct raft *r, const struct consensus_config *cfg)
+{
+    raft_set_election_timeout(r, cfg->election_timeout_ms ? cfg->election_timeout_ms : 1000);
+    raft_set_heartbeat_timeout(r, cfg->heartbeat_ms ? cfg->heartbeat_ms : 100);
+    raft_set_pre_vote(r, true);
+    raft_set_snapshot_threshold(r, cfg->snapshot_threshold ? cfg->snapshot_threshold : 1024);
+    raft_set_snapshot_trailing(r, cfg->snapshot_trailing ? cfg->snapshot_trailing
+                                                         : CONSENSUS_SNAPSHOT_TRAILING);
+    /* A snapshot sent to a follower that never answers (the link was cut
+     * while it travelled) is sent again only after this; libraft's 30 s
+     * left a follower behind a healed partition with its old map for 22 s
+     * (the cluster soak, seed 1202; the simulator's seed 135 found it too). */
+    raft_set_install_snapshot_timeout(r, CONSENSUS_INSTALL_SNAPSHOT_TIMEOUT_MS);
+}
+
 bool consensus_hurry_election(struct consensus *c, unsigned timeout_ms)
 {
     ASSERT(c != NULL);
@@ -1065,17 +1080,7 @@ static int start_raft(struct consensus *c, const struct consensus_config *cfg,
             return rv;
         }
     }
-    raft_set_election_timeout(&c->raft, cfg->election_timeout_ms ? cfg->election_timeout_ms : 1000);
-    raft_set_heartbeat_timeout(&c->raft, c->heartbeat_ms);
-    raft_set_pre_vote(&c->raft, true);
-    raft_set_snapshot_threshold(&c->raft, cfg->snapshot_threshold ? cfg->snapshot_threshold : 1024);
-    raft_set_snapshot_trailing(&c->raft, cfg->snapshot_trailing ? cfg->snapshot_trailing
-                                                                : CONSENSUS_SNAPSHOT_TRAILING);
-    /* A snapshot sent to a follower that never answers (the link was cut
-     * while it travelled) is sent again only after this; libraft's 30 s
-     * left a follower behind a healed partition with its old map for 22 s
-     * (the cluster soak, seed 1202). */
-    raft_set_install_snapshot_timeout(&c->raft, CONSENSUS_INSTALL_SNAPSHOT_TIMEOUT_MS);
+    consensus_tune(&c->raft, cfg);
     rv = raft_start(&c->raft);
     if (rv != 0)
         snprintf(err, err_size, "raft start: %s", raft_errmsg(&c->raft));
@@ -1136,7 +1141,7 @@ int consensus_start(struct consensus **out, uv_loop_t *loop, const struct consen
     struct raft_transport_config tcfg = {
         .secret = cfg->secret, .secret_size = cfg->secret_size,
         .handshake_timeout_ms = cfg->handshake_timeout_ms, .join_timeout_ms = cfg->join_timeout_ms,
-        .join = on_join_request, .peer_check = on_peer_check, .ctx = c};
+        .join = on_join_request, .peer_check = on_peer_check, .ctx = c, .tls = cfg->tls};
     rv = raft_transport_init(&c->transport, loop, &tcfg);
     if (rv == 0 && (rv = raft_uv_init(&c->io, loop, cfg->dir, &c->transport)) != 0) {
         snprintf(err, err_size, "raft io: %s", c->io.errmsg);

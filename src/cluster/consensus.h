@@ -64,6 +64,8 @@ enum {
 
 /* Owned by the caller of consensus_start(); read during that call only
  * (strings and the secret are copied). */
+struct raft_tls; /* raft_tls.h */
+
 struct consensus_config {
     uint64_t id;              /* this broker's id, > 0, unique and stable across restarts */
     const char *address;      /* cluster address "a.b.c.d:port" (IPv4); listened on */
@@ -77,9 +79,15 @@ struct consensus_config {
     unsigned snapshot_trailing;     /* entries kept after a snapshot; 0 = the default below */
     unsigned handshake_timeout_ms;  /* per transport handshake step; 0 = 2000 */
     unsigned join_timeout_ms;       /* one join attempt end to end; 0 = 30000 */
+    const struct raft_tls *tls;     /* the transport's TLS (raft_tls.h), or NULL */
 };
 
 /* The state machine. Every callback runs on the loop. ctx is borrowed. */
+/* libraft's settings as quay runs it (timeouts, pre-vote, snapshots),
+ * for a consensus and for the simulator's servers (tests/sim). */
+struct raft;
+void consensus_tune(struct raft *r, const struct consensus_config *cfg);
+
 struct consensus_callbacks {
     void *ctx;
     /* Apply a committed command, in log order, on every member. Must be

@@ -458,6 +458,36 @@ static uint8_t in_sync_elsewhere(const struct cluster_map *map, const struct map
  * the factor without it, one more backup joins (and catches up) first:
  * the queue never has fewer copies in sync than its factor because of a
  * move. */
+/* A move to a broker that is not a backup makes it one more backup first,
+ * which a queue with CLUSTER_BACKUPS_MAX already cannot take (the map
+ * refuses the move; proposed every round, it would never end). One beyond
+ * the factor leaves first (one out of sync if any: it holds nothing the
+ * others lack), and the move follows next round. With the factor itself at
+ * the maximum there is nothing to spare: the move waits (false: not
+ * pending) for a plan that targets one of its backups. The simulator found
+ * this (tests/sim, seed 443). */
+static bool make_room(const struct map_queue *q, struct map_cmd_list *out)
+{
+    if (q->backups_count < q->replication_factor)
+        return false;
+    uint8_t drop = q->backups_count - 1;
+    for (uint8_t i = 0; i < q->backups_count; i++) {
+        if (!(q->in_sync_mask & (1u << i))) {
+            drop = i;
+            break;
+        }
+    }
+    uint32_t ids[CLUSTER_BACKUPS_MAX];
+    uint8_t n = 0;
+    for (uint8_t i = 0; i < q->backups_count; i++) {
+        if (i != drop)
+            ids[n++] = q->backup_ids[i];
+    }
+    struct map_cmd cmd;
+    push(out, map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, q->epoch, ids, n), &cmd);
+    return true;
+}
+
 static bool primary_move_step(const struct cluster_map *map, struct placement *p,
                               const struct placement_move *m, struct map_cmd_list *out)
 {
@@ -465,6 +495,8 @@ static bool primary_move_step(const struct cluster_map *map, struct placement *p
     if (q->move_to != BROKER_ID_NONE)
         return true;
     struct map_cmd cmd;
+    if (!map_queue_has_backup(q, m->to_id) && q->backups_count == CLUSTER_BACKUPS_MAX)
+        return make_room(q, out);
     bool target_in_sync = map_queue_backup_in_sync(q, m->to_id);
     if (target_in_sync && 1u + in_sync_elsewhere(map, q, m->to_id) < q->replication_factor &&
         q->backups_count < CLUSTER_BACKUPS_MAX) {

@@ -11,8 +11,10 @@
 
 #include "amqp/method_gen.h"
 #include "amqp/table.h"
+#include "broker/broker.h"
 #include "broker/channel.h"
 #include "broker/connection.h"
+#include "broker/flow.h"
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
@@ -112,20 +114,28 @@ static bool target_resent(const struct forward_wait *w, const struct forward_tar
     return hold_forward(t->stub, w->message, w->sink, w->seq, w->dead_lettered);
 }
 
-/* Flow: the bytes of forwards in flight, member-wide. */
-static void inflight_add(struct member *member, uint64_t bytes)
+/* Flow: the bytes in flight to each peer (and to all of them). */
+static void inflight_add(struct member_peer *peer, uint64_t bytes)
 {
-    member->forward_bytes += bytes;
-    if (member->forward_bytes > MEMBER_FORWARD_HIGH_BYTES)
-        member->forward_flow = true;
+    peer->member->forward_bytes += bytes;
+    peer->forward_bytes += bytes;
+    if (!peer->forward_flow && peer->forward_bytes > MEMBER_FORWARD_HIGH_BYTES) {
+        peer->forward_flow = true;
+        peer->member->forward_flow_peers++;
+    }
 }
 
-static void inflight_sub(struct member *member, uint64_t bytes)
+static void inflight_sub(struct member_peer *peer, uint64_t bytes)
 {
-    ASSERT(member->forward_bytes >= bytes);
+    struct member *member = peer->member;
+    ASSERT(member->forward_bytes >= bytes && peer->forward_bytes >= bytes);
     member->forward_bytes -= bytes;
-    if (member->forward_flow && member->forward_bytes < MEMBER_FORWARD_LOW_BYTES) {
-        member->forward_flow = false;
+    peer->forward_bytes -= bytes;
+    if (peer->forward_flow && peer->forward_bytes < MEMBER_FORWARD_LOW_BYTES) {
+        peer->forward_flow = false;
+        ASSERT(member->forward_flow_peers > 0);
+        member->forward_flow_peers--;
+        /* (Those waiting for another peer publish again and wait again.) */
         connections_flow_resume(member->broker);
     }
 }
@@ -173,7 +183,7 @@ static void forwarder_answer(struct proxy_forwarder *f, struct forward_wait *slo
         return;
     struct forward_wait w = *slot;
     *slot = (struct forward_wait){.done = true};
-    inflight_sub(f->peer->member, w.bytes);
+    inflight_sub(f->peer, w.bytes);
     if (w.notify)
         w.notify(w.notify_ctx, w.notify_tag, ack && !lost);
     if (w.targets_count > 0)
@@ -213,6 +223,19 @@ static void on_forward_confirm(void *ctx, uint64_t seq, bool multiple, bool ack)
     forwarder_trim(f);
 }
 
+/* Our stand-ins of f's vhost whose primary is f's peer: what the peer
+ * said of their flow no longer holds once the channel it said it on is
+ * gone (broker/flow.h). */
+static void forget_flow(struct proxy_forwarder *f)
+{
+    list_for_each(n, &f->peer->member->stubs) {
+        struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);
+        if (stub->primary_id == f->peer->id && stub->queue->flow.congested &&
+            bytes_equal(stub->queue->vhost->name, f->vhost))
+            flow_queue_hold(stub->queue, FLOW_PRIMARY, false);
+    }
+}
+
 static void on_forward_closed(void *ctx, uint16_t code, struct bytes text)
 {
     struct proxy_forwarder *f = ctx;
@@ -221,11 +244,28 @@ static void on_forward_closed(void *ctx, uint16_t code, struct bytes text)
                  (int)text.len, (const char *)text.ptr);
     f->ch = NULL;
     forwarder_fail_all(f);
+    forget_flow(f);
+}
+
+/* basic.quay-flow: the primary says one of its queues we forward to is
+ * congested, or drained; our stand-in of it holds our publishers to it,
+ * or lets them go (broker/flow.h). Only the queue's primary is heard. */
+static void on_forward_reply(void *ctx, const struct method *m)
+{
+    struct proxy_forwarder *f = ctx;
+    if (m->id != METHOD_BASIC_QUAY_FLOW)
+        return;
+    struct vhost *vhost = broker_vhost(f->peer->member->broker, f->vhost);
+    struct queue *queue = vhost ? vhost_queue(vhost, m->basic_quay_flow.queue) : NULL;
+    if (queue == NULL || !queue_is_remote(queue) || stub_of(queue)->primary_id != f->peer->id)
+        return; /* not our stand-in of its queue (any more) */
+    flow_queue_hold(queue, FLOW_PRIMARY, !m->basic_quay_flow.active);
 }
 
 static const struct link_channel_ops forwarder_ops_template = {
     .confirm = on_forward_confirm,
     .closed = on_forward_closed,
+    .reply = on_forward_reply,
 };
 
 static void forwarder_free(struct proxy_forwarder *f)
@@ -307,7 +347,7 @@ bool proxy_peer_send_notify(struct member_peer *peer, struct bytes vhost, const 
     forwarder_push(f, (struct forward_wait){.notify = notify, .notify_ctx = ctx,
                                             .notify_tag = tag,
                                             .bytes = message->body_size});
-    inflight_add(peer->member, message->body_size);
+    inflight_add(peer, message->body_size);
     return true;
 }
 
@@ -365,7 +405,7 @@ static bool send_forward(struct member_peer *peer, struct queue *const *stubs, u
     if (sink)
         confirm_sink_ref(sink);
     forwarder_push(f, wait);
-    inflight_add(peer->member, message->body_size);
+    inflight_add(peer, message->body_size);
     return true;
 }
 
@@ -427,9 +467,10 @@ void forward__stubs(struct queue *const *queues, uint32_t count, struct queue_fo
                 group[n++] = queues[i];
         }
         ASSERT(n > 0);
-        send_group(member_peer(stub_of(group[0])->member, peers[p]), group, n, fwd);
+        struct member_peer *peer = member_peer(stub_of(group[0])->member, peers[p]);
+        send_group(peer, group, n, fwd);
+        fwd->flow |= peer->forward_flow;
     }
-    fwd->flow = stub_of(queues[0])->member->forward_flow;
 }
 
 /* ---- publishes waiting for a primary ---- */

@@ -632,6 +632,8 @@ void member_write_links_json(void *ctx, struct json *out)
             json_null(out);
         json_kv_string(out, "address", peer->address);
         json_kv_bool(out, "up", peer->up);
+        json_kv_uint(out, "inflight_bytes", peer->forward_bytes);
+        json_kv_bool(out, "flow", peer->forward_flow);
         json_kv_uint(out, "bytes_out", stats.bytes_out);
         json_kv_uint(out, "frames_out", stats.frames_out);
         json_kv_uint(out, "bytes_in", stats.bytes_in);
@@ -641,7 +643,7 @@ void member_write_links_json(void *ctx, struct json *out)
     }
     json_array_end(out);
     json_kv_uint(out, "inflight_bytes", member->forward_bytes);
-    json_kv_bool(out, "flow", member->forward_flow);
+    json_kv_bool(out, "flow", member->forward_flow_peers > 0);
     json_object_end(out);
 }
 

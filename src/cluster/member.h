@@ -55,6 +55,10 @@ struct member_peer {
     enum broker_state map_state;     /* its state in the map when last synced */
     struct link_channel *map_channel; /* forwards map entries (no confirms) */
     struct list_node forwarders;     /* struct proxy_forwarder.peer_link */
+    /* Flow control: the bytes sent to it (forwards, replication) and not
+     * answered yet, and whether they are over MEMBER_FORWARD_HIGH_BYTES. */
+    uint64_t forward_bytes;
+    bool forward_flow;
     /* The highest map version we asked the peer to apply before our next
      * requests on this link (basic.quay-sync; proxy.c). */
     uint64_t synced_version;
@@ -85,9 +89,10 @@ struct member {
     struct list_node handovers;      /* struct handover: our queues being handed over */
     /* Flow control of our publishers: the bytes of messages sent to other
      * brokers (forwards to primaries, replication to backups) and not yet
-     * answered (MEMBER_FORWARD_*). */
+     * answered, all peers together (each peer's: member_peer), and how many
+     * peers are over the high mark (MEMBER_FORWARD_*). */
     uint64_t forward_bytes;
-    bool forward_flow;               /* over the high mark: publishers wait */
+    uint32_t forward_flow_peers;
     /* Deletions of what a restart lost (transient queues and exchanges)
      * that clients wait for before they may open (member.c). */
     uint32_t transients_pending;
@@ -104,12 +109,14 @@ struct member {
 
 #define MEMBER_TICK_MS 100
 
-/* Messages in flight to other brokers (forwards to primaries, replication
+/* Messages in flight to another broker (forwards to primaries, replication
  * to backups: sent, not yet answered): a publisher whose publish adds to
  * them while they are over the high mark is not read until they are below
- * the low mark (connection_flow). A proxy holds what its primaries have not
- * confirmed, a primary what its backups have not, and neither may hold it
- * without bound (a memory alarm would flap as the backlog drains). */
+ * the low mark (connection_flow). Per peer: a slow or stopped primary
+ * stops the publishers to its queues, not those to other brokers' queues.
+ * A proxy holds what its primaries have not confirmed, a primary what its
+ * backups have not, and neither may hold it without bound (a memory alarm
+ * would flap as the backlog drains). */
 #define MEMBER_FORWARD_HIGH_BYTES (4u << 20)
 #define MEMBER_FORWARD_LOW_BYTES (2u << 20)
 

@@ -1562,7 +1562,7 @@ static int start_consensus(struct cluster_node *node, const struct cluster_node_
     struct consensus_config cfg = {
         .id = node->id, .address = config->listen, .dir = dir, .secret = node->secret,
         .secret_size = node->secret_size, .bootstrap = bootstrap,
-        .election_timeout_ms = NODE_ELECTION_TIMEOUT_MS};
+        .election_timeout_ms = NODE_ELECTION_TIMEOUT_MS, .tls = config->tls};
     struct consensus_callbacks cb = {
         .ctx = node, .apply = on_apply, .snapshot = on_snapshot, .restore = on_restore,
         .leader_changed = on_leader_changed};

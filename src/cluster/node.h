@@ -94,6 +94,8 @@
 #define CLUSTER_SUBMIT_TIMEOUT_MS 5000
 #define CLUSTER_E_UNAVAILABLE (-40) /* no commit in time: no leader, no quorum */
 
+struct raft_tls; /* raft_tls.h */
+
 /* Borrowed by cluster_node_start() for the duration of the call. */
 struct cluster_node_config {
     const char *name;          /* broker name; NULL or "" = the host name */
@@ -102,6 +104,7 @@ struct cluster_node_config {
     const char *secret_file;   /* required: its bytes are the secret (16..1024) */
     const char *data_dir;      /* the broker's data dir (holds cluster-id and raft/) */
     const char *amqp_address;  /* advertised to clients, "host:port" */
+    const struct raft_tls *tls; /* --cluster-tls: Raft in TLS (raft_tls.h); NULL: plain */
 };
 
 /* Owned by its broker; freed by itself once cluster_node_stop() finishes. */

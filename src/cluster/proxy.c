@@ -14,6 +14,7 @@
 #include "amqp/table.h"
 #include "broker/broker.h"
 #include "broker/channel.h"
+#include "broker/flow.h"
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
@@ -1029,6 +1030,8 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq, bool pla
     if (moved || mq->available != was_available)
         stub->map_version = member_map(stub->member)->version;
     uint32_t old_primary_id = stub->primary_id;
+    if (moved && queue->flow.congested)
+        flow_queue_hold(queue, FLOW_PRIMARY, false); /* the old primary's word */
     stub->primary_id = mq->primary_id;
     stub->epoch = mq->epoch;
     stub->available = mq->available;

@@ -31,6 +31,7 @@
 #include "lib/assert.h"
 #include "lib/list.h"
 #include "lib/log.h"
+#include "cluster/raft_tls.h"
 #include "net/conn.h"
 
 #define MAGIC "QYRA"
@@ -87,7 +88,9 @@ struct handshake {
     bool client;
     uint8_t kind;
     enum step step;
-    uv_tcp_t *tcp; /* raft_malloc'd; NULL once handed over or closed */
+    /* raft_malloc'd: a uv_tcp_t, or with TLS the plaintext end of a tunnel
+     * (a uv_pipe_t, raft_tls.h); NULL once handed over or closed. */
+    uv_stream_t *stream;
     uv_timer_t timer;
     uv_connect_t connect;
     uv_write_t write;
@@ -140,6 +143,8 @@ struct transport {
     bool closing;
     raft_uv_accept_cb accept_cb;
     raft_uv_transport_close_cb close_cb;
+    bool tls_on;
+    struct raft_tls tls;            /* when tls_on */
     struct list_node handshakes;
     size_t handshake_count;
     struct raft_transport_stats stats;
@@ -229,23 +234,36 @@ static struct handshake *handshake_new(struct transport *t, bool client, uint8_t
     if (j == NULL)
         return NULL;
     struct handshake *hs = &j->hs;
-    hs->tcp = raft_malloc(sizeof *hs->tcp);
-    if (hs->tcp == NULL) {
-        free(j);
-        return NULL;
-    }
     hs->t = t;
     hs->client = client;
     hs->kind = kind;
     hs->result = RAFT_NOCONNECTION;
-    uv_tcp_init(t->loop, hs->tcp);
     uv_timer_init(t->loop, &hs->timer);
-    hs->tcp->data = hs;
     hs->timer.data = hs;
-    hs->handles_open = 2;
+    hs->handles_open = 1;
     list_push_back(&t->handshakes, &hs->link);
     t->handshake_count++;
     return hs;
+}
+
+/* The handshake's stream (it closes it, unless it hands it over). */
+static void handshake_set_stream(struct handshake *hs, uv_stream_t *stream)
+{
+    ASSERT(hs->stream == NULL);
+    hs->stream = stream;
+    stream->data = hs;
+    hs->handles_open++;
+}
+
+/* A TCP stream for the handshake, or NULL (out of memory). */
+static uv_tcp_t *handshake_tcp(struct handshake *hs)
+{
+    uv_tcp_t *tcp = raft_malloc(sizeof *tcp);
+    if (tcp == NULL)
+        return NULL;
+    uv_tcp_init(hs->t->loop, tcp);
+    handshake_set_stream(hs, (uv_stream_t *)tcp);
+    return tcp;
 }
 
 /* Both handles closed: report to the client's owner and free, unless a
@@ -254,7 +272,7 @@ static struct handshake *handshake_new(struct transport *t, bool client, uint8_t
 static void handshake_finalize(struct handshake *hs)
 {
     ASSERT(hs->handles_open == 0);
-    ASSERT(hs->tcp == NULL);
+    ASSERT(hs->stream == NULL);
     struct transport *t = hs->t;
     if (t != NULL) {
         list_remove(&hs->link);
@@ -286,23 +304,23 @@ static void handshake_handle_closed(uv_handle_t *handle)
 {
     struct handshake *hs = handle->data;
     ASSERT(hs->handles_open > 0);
-    if (hs->tcp != NULL && handle == (uv_handle_t *)hs->tcp) {
-        raft_free(hs->tcp);
-        hs->tcp = NULL;
+    if (hs->stream != NULL && handle == (uv_handle_t *)hs->stream) {
+        raft_free(hs->stream);
+        hs->stream = NULL;
     }
     if (--hs->handles_open == 0)
         handshake_finalize(hs);
 }
 
-/* Close the handles (the tcp too unless it was handed over). */
+/* Close the handles (the stream too unless it was handed over). */
 static void handshake_close(struct handshake *hs)
 {
     ASSERT(hs->step != STEP_CLOSING);
     hs->step = STEP_CLOSING;
     uv_timer_stop(&hs->timer);
     uv_close((uv_handle_t *)&hs->timer, handshake_handle_closed);
-    if (hs->tcp != NULL)
-        uv_close((uv_handle_t *)hs->tcp, handshake_handle_closed);
+    if (hs->stream != NULL)
+        uv_close((uv_handle_t *)hs->stream, handshake_handle_closed);
 }
 
 static const char *handshake_peer(const struct handshake *hs)
@@ -395,7 +413,7 @@ static void handshake_read(struct handshake *hs, size_t size, enum step step)
     hs->in_need = size;
     handshake_arm(hs, step == STEP_READ_JOIN_REPLY ? hs->t->join_timeout_ms
                                                    : hs->t->handshake_timeout_ms);
-    int rv = uv_read_start((uv_stream_t *)hs->tcp, handshake_alloc, handshake_on_read);
+    int rv = uv_read_start(hs->stream, handshake_alloc, handshake_on_read);
     if (rv != 0)
         handshake_fail(hs, RAFT_NOCONNECTION);
 }
@@ -406,7 +424,7 @@ static void handshake_read_more(struct handshake *hs, size_t extra)
     ASSERT(hs->in_have == hs->in_need);
     ASSERT(hs->in_need + extra <= sizeof hs->in);
     hs->in_need += extra;
-    int rv = uv_read_start((uv_stream_t *)hs->tcp, handshake_alloc, handshake_on_read);
+    int rv = uv_read_start(hs->stream, handshake_alloc, handshake_on_read);
     if (rv != 0)
         handshake_fail(hs, RAFT_NOCONNECTION);
 }
@@ -421,7 +439,7 @@ static void handshake_write(struct handshake *hs, size_t size, enum step step)
     handshake_arm(hs, hs->t->handshake_timeout_ms);
     uv_buf_t buf = uv_buf_init((char *)hs->out, (unsigned)size);
     hs->write.data = hs;
-    int rv = uv_write(&hs->write, (uv_stream_t *)hs->tcp, &buf, 1, handshake_on_written);
+    int rv = uv_write(&hs->write, hs->stream, &buf, 1, handshake_on_written);
     if (rv != 0)
         handshake_fail(hs, RAFT_NOCONNECTION);
 }
@@ -459,8 +477,8 @@ static void client_on_connected(uv_connect_t *req, int status)
         handshake_fail(hs, RAFT_NOCONNECTION);
         return;
     }
-    uv_tcp_nodelay(hs->tcp, 1);
-    net_tcp_user_timeout(hs->tcp, TRANSPORT_USER_TIMEOUT_MS);
+    uv_tcp_nodelay((uv_tcp_t *)hs->stream, 1);
+    net_tcp_user_timeout((uv_tcp_t *)hs->stream, TRANSPORT_USER_TIMEOUT_MS);
     client_send_hello(hs);
 }
 
@@ -517,20 +535,20 @@ static void client_on_accept(struct handshake *hs)
         return;
     }
     /* Hand the stream over: libraft owns it from here. */
-    uv_tcp_t *tcp = hs->tcp;
+    uv_stream_t *stream = hs->stream;
     struct raft_uv_connect *req = hs->req;
     raft_uv_connect_cb cb = hs->connect_cb;
-    hs->tcp = NULL;
+    hs->stream = NULL;
     hs->handles_open--;
     hs->connect_cb = NULL;
-    tcp->data = NULL;
+    stream->data = NULL;
     t->stats.connected_count++;
     /* Rare (a start, or after a fault) and the first thing to look for
      * when a follower does not catch up. */
     LOG_INFO("cluster transport: connected to %s (id %llu)", handshake_peer(hs),
              (unsigned long long)hs->peer_id);
     handshake_close(hs);
-    cb(req, (uv_stream_t *)tcp, 0);
+    cb(req, stream, 0);
 }
 
 static void client_on_join_reply(struct handshake *hs)
@@ -654,16 +672,16 @@ static void server_after_accept(struct handshake *hs)
     struct transport *t = hs->t;
     ASSERT(hs->result == 0);
     if (hs->kind == KIND_RAFT) {
-        uv_tcp_t *tcp = hs->tcp;
-        hs->tcp = NULL;
+        uv_stream_t *stream = hs->stream;
+        hs->stream = NULL;
         hs->handles_open--;
-        tcp->data = NULL;
+        stream->data = NULL;
         t->stats.accepted_count++;
         LOG_INFO("cluster transport: accepted %s (id %llu)", handshake_peer(hs),
                  (unsigned long long)hs->peer_id);
         handshake_close(hs);
         ASSERT(t->accept_cb != NULL);
-        t->accept_cb(t->raft, hs->peer_id, hs->peer_address, (uv_stream_t *)tcp);
+        t->accept_cb(t->raft, hs->peer_id, hs->peer_address, stream);
         return;
     }
     ASSERT(hs->kind == KIND_JOIN);
@@ -783,15 +801,29 @@ static void transport_on_connection(uv_stream_t *server, int status)
         LOG_ERROR("cluster transport: out of memory accepting a connection");
         return; /* the connection stays in the backlog; libuv retries */
     }
-    if (uv_accept(server, (uv_stream_t *)hs->tcp) != 0) {
+    if (t->tls_on) {
+        /* The TLS handshake comes first, in the tunnel; ours follows on
+         * the plaintext it hands us. */
+        uv_stream_t *stream;
+        if (raft_tls_accept(&t->tls, t->loop, server, &stream, hs->peer_address,
+                            sizeof hs->peer_address) != 0) {
+            handshake_fail(hs, RAFT_NOCONNECTION);
+            return;
+        }
+        handshake_set_stream(hs, stream);
+        handshake_read(hs, HELLO_SIZE, STEP_READ_HELLO);
+        return;
+    }
+    uv_tcp_t *tcp = handshake_tcp(hs);
+    if (tcp == NULL || uv_accept(server, (uv_stream_t *)tcp) != 0) {
         handshake_fail(hs, RAFT_NOCONNECTION);
         return;
     }
-    uv_tcp_nodelay(hs->tcp, 1);
-    net_tcp_user_timeout(hs->tcp, TRANSPORT_USER_TIMEOUT_MS);
+    uv_tcp_nodelay(tcp, 1);
+    net_tcp_user_timeout(tcp, TRANSPORT_USER_TIMEOUT_MS);
     struct sockaddr_storage ss;
     int len = sizeof ss;
-    if (uv_tcp_getpeername(hs->tcp, (struct sockaddr *)&ss, &len) == 0 &&
+    if (uv_tcp_getpeername(tcp, (struct sockaddr *)&ss, &len) == 0 &&
         ss.ss_family == AF_INET) {
         char ip[32];
         uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
@@ -839,8 +871,22 @@ static struct handshake *transport_dial(struct transport *t, uint8_t kind, uint6
     hs->step = STEP_CONNECT;
     hs->connect.data = hs;
     handshake_arm(hs, t->handshake_timeout_ms);
-    int rv = uv_tcp_connect(&hs->connect, hs->tcp, (const struct sockaddr *)&sa,
-                            client_on_connected);
+    if (t->tls_on) {
+        /* The tunnel connects and runs TLS; what we write meanwhile waits
+         * in it. A failure shows as the end's EOF, which fails this. */
+        uv_stream_t *stream;
+        if (raft_tls_dial(&t->tls, t->loop, (const struct sockaddr *)&sa, &stream) != 0) {
+            handshake_fail(hs, RAFT_NOCONNECTION);
+            return hs;
+        }
+        handshake_set_stream(hs, stream);
+        client_send_hello(hs);
+        return hs;
+    }
+    uv_tcp_t *tcp = handshake_tcp(hs);
+    int rv = tcp != NULL ? uv_tcp_connect(&hs->connect, tcp, (const struct sockaddr *)&sa,
+                                          client_on_connected)
+                         : UV_ENOMEM;
     if (rv != 0) {
         /* Report through the normal asynchronous path. */
         handshake_fail(hs, RAFT_NOCONNECTION);
@@ -940,6 +986,10 @@ int raft_transport_init(struct raft_uv_transport *rt, uv_loop_t *loop,
     t->join_timeout_ms = cfg->join_timeout_ms != 0 ? cfg->join_timeout_ms : 30000;
     t->join = cfg->join;
     t->peer_check = cfg->peer_check;
+    if (cfg->tls != NULL) {
+        t->tls_on = true;
+        t->tls = *cfg->tls;
+    }
     t->ctx = cfg->ctx;
     list_init(&t->handshakes);
     uv_tcp_init(loop, &t->listener);

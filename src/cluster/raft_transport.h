@@ -105,6 +105,8 @@ typedef void (*raft_transport_join_fn)(void *ctx, struct raft_transport_join *jo
  * member under another address, which libraft cannot cope with). */
 typedef bool (*raft_transport_peer_check_fn)(void *ctx, uint64_t id, const char *address);
 
+struct raft_tls; /* raft_tls.h */
+
 struct raft_transport_config {
     const uint8_t *secret; /* copied; RAFT_TRANSPORT_SECRET_SIZE_MIN..MAX bytes */
     size_t secret_size;
@@ -113,6 +115,10 @@ struct raft_transport_config {
     raft_transport_join_fn join;   /* NULL: join requests get RETRY */
     raft_transport_peer_check_fn peer_check; /* NULL: accept any authenticated peer */
     void *ctx;                     /* for join and peer_check */
+    /* --cluster-tls: every connection in a TLS tunnel (raft_tls.h), or
+     * NULL for plain TCP. Copied (its pointers borrowed: they outlive the
+     * transport). */
+    const struct raft_tls *tls;
 };
 
 /* Counters of odd peer behaviour ("glitches") and of work done. */

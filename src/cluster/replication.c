@@ -11,6 +11,7 @@
 #include "broker/broker.h"
 #include "broker/channel.h"
 #include "broker/dedup.h"
+#include "broker/flow.h"
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
@@ -215,6 +216,23 @@ static void ask_in_sync(struct replication *rep)
 
 static void backlog_free(struct backlog *b);
 
+/* Flow control (broker/flow.h): a live backup that owes answers for more
+ * than FLOW_BACKUP_MESSAGES messages slows the queue's publishers, until
+ * every one owes at most half that. */
+static void backups_flow(struct replication *rep)
+{
+    bool over = false, under = true;
+    for (uint8_t i = 0; i < rep->streams_count; i++) {
+        const struct replica_stream *s = rep->streams[i];
+        if (s->state != STREAM_LIVE)
+            continue;
+        over |= s->inflight > FLOW_BACKUP_MESSAGES;
+        under &= s->inflight <= FLOW_BACKUP_MESSAGES / 2;
+    }
+    if (over || under)
+        flow_queue_hold(rep->queue, FLOW_BACKUPS, over);
+}
+
 static void stream_fail(struct replication *rep, struct replica_stream *s, const char *why)
 {
     if (s->state == STREAM_FAILED)
@@ -226,6 +244,7 @@ static void stream_fail(struct replication *rep, struct replica_stream *s, const
     log_queue(rep->queue, why, s->backup_id);
     if (s->gating)
         ask_in_sync(rep); /* the confirms wait until the map drops it */
+    backups_flow(rep);
 }
 
 static void stream_caught_up(struct replication *rep, struct replica_stream *s)
@@ -280,6 +299,8 @@ static void on_stream_answer(void *ctx, uint64_t tag, bool ack)
         if (s->state == STREAM_CATCHING_UP)
             catch_up_answered(rep, s);
     }
+    if (rep->queue->flow.reasons & FLOW_BACKUPS)
+        backups_flow(rep);
     drain(rep);
     quiet_maybe(rep);
 }
@@ -545,8 +566,13 @@ static void published(struct queue *queue, uint64_t seq, struct message *message
             stream_send(rep, s, &m, message, seq);
         gated |= s->gating;
     }
-    if (wait)
-        wait->flow |= rep->member->forward_flow;
+    backups_flow(rep);
+    if (wait && rep->member->forward_flow_peers > 0) {
+        for (uint8_t i = 0; i < rep->streams_count; i++) {
+            const struct member_peer *peer = member_peer(rep->member, rep->streams[i]->backup_id);
+            wait->flow |= peer != NULL && peer->forward_flow;
+        }
+    }
     confirm_when_replicated(rep, seq, wait, !gated);
 }
 
@@ -738,6 +764,7 @@ void replication_detach(struct queue *queue, bool ack)
     queue->replication_ops = NULL;
     if (rep == NULL)
         return;
+    flow_queue_hold(queue, FLOW_BACKUPS, false);
     while (rep->count > 0)
         pending_pop(rep, ack);
     for (uint8_t i = 0; i < rep->streams_count; i++)

@@ -12,6 +12,7 @@
 #include "broker/broker.h"
 #include "broker/channel.h"
 #include "broker/connection.h"
+#include "broker/flow.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
@@ -81,7 +82,10 @@ static const char *state_name(const struct connection *c)
     case CONNECTION_STATE_SECURE_OK: return "securing";
     case CONNECTION_STATE_TUNE_OK: return "tuning";
     case CONNECTION_STATE_OPEN_WAIT: return "opening";
-    case CONNECTION_STATE_OPEN: return c->blocked ? "blocked" : c->flow ? "flow" : "running";
+    case CONNECTION_STATE_OPEN:
+        if (c->blocked)
+            return "blocked";
+        return c->flow || flow_connection_waits(c) ? "flow" : "running";
     case CONNECTION_STATE_CLOSING: return "closing";
     case CONNECTION_STATE_CLOSED: return "closed";
     }

@@ -16,6 +16,7 @@
 #include "broker/broker.h"
 #include "broker/channel.h"
 #include "broker/connection.h"
+#include "broker/flow.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
 #include "cluster/node.h"
@@ -34,12 +35,13 @@
 
 static void write_objects(struct prom *prom, struct broker *broker)
 {
-    uint64_t connections = 0, channels = 0, consumers = 0, queues = 0;
+    uint64_t connections = 0, channels = 0, consumers = 0, queues = 0, in_flow = 0;
     list_for_each(node, &broker->connections) {
         const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
         if (c->cluster_peer)
             continue; /* another broker's link, not a client */
         connections++;
+        in_flow += c->flow || flow_connection_waits(c);
         channels += c->channels_open;
         consumers += channels_consumers_count(c);
     }
@@ -57,6 +59,11 @@ static void write_objects(struct prom *prom, struct broker *broker)
                consumers);
     prom_gauge(prom, "rabbitmq_queues", "Queues available (this broker is their primary)",
                queues);
+    prom_gauge(prom, "quay_connections_flow",
+               "Client connections not read now because of flow control", in_flow);
+    prom_counter(prom, "quay_flow_stops_total",
+                 "Times a client connection was stopped by a congested queue",
+                 broker->counters.flow_stops);
     prom_family(prom, "rabbitmq_global_consumers", PROM_TYPE_GAUGE,
                 "Current number of consumers");
     prom_sample_begin(prom);

@@ -165,6 +165,8 @@ enum conn_pause {
     CONN_PAUSE_ALARM = 1u << 2,    /* memory or disk alarm (publishers only) */
     CONN_PAUSE_HOLD = 1u << 3,     /* the protocol waits for an answer (conn_hold_input) */
     CONN_PAUSE_FLOW = 1u << 4,     /* its publishes wait for other brokers (flow control) */
+    CONN_PAUSE_QUEUE = 1u << 5,    /* a queue it publishes to is congested (broker/flow.h) */
+    CONN_PAUSE_TUNNEL = 1u << 6,   /* a TLS tunnel's plaintext end is full (raft_tls.c) */
 };
 
 void conn_pause_reading(struct conn *conn, enum conn_pause reason);

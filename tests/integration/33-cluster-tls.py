@@ -23,7 +23,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, connect, run, test  # noqa: E402
+from clustertest import Cluster, connect, run, test, wait_until  # noqa: E402
 from quaytest import (ACCESS_REFUSED, CONNECTION_START, PROTOCOL_HEADER, eq,  # noqa: E402
                       expect_close, expect_method, free_port, gen_connection_start_ok,
                       gen_method, longstr, make_tls_files)
@@ -126,6 +126,76 @@ def a_peer_without_a_certificate_is_refused():
         conn = connect(m)
         conn.channel()
         conn.close()
+
+
+@test(timeout=60)
+def raft_speaks_only_tls_with_a_certificate():
+    """The Raft transport (the cluster port) is TLS too: a TLS client
+    with a certificate of the cluster's CA completes a handshake and sees
+    the broker's certificate; one without a certificate is refused; the
+    plain handshake (QYRA hello) gets no QYRA answer. The map commits
+    through it (the other tests declared and deleted queues)."""
+    a, b, c = members()
+    port = b.cluster_port
+    ctx = ssl.create_default_context(cafile=PKI["ca.pem"])
+    ctx.load_cert_chain(PKI["server.pem"], PKI["server.key"])
+    s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5),
+                        server_hostname="localhost")
+    assert s.getpeercert()["subject"], s.getpeercert()
+    s.close()
+    bare = ssl.create_default_context(cafile=PKI["ca.pem"])
+    s = bare.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5),
+                         server_hostname="localhost")
+    try:
+        # TLS 1.3: the server's refusal of a missing certificate arrives
+        # with the first read after the handshake.
+        s.sendall(b"QYRA")
+        got = s.recv(16)
+        assert got == b"", "answered a client without a certificate: %r" % got
+    except (ssl.SSLError, ConnectionError):
+        pass
+    finally:
+        s.close()
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"QYRA\x01\x01" + b"\x00" * 50)
+    try:
+        got = s.recv(64)
+    except ConnectionError:
+        got = b""
+    assert not got.startswith(b"QYRA"), "a plain Raft handshake was answered: %r" % got
+    s.close()
+    # The cluster still commits map changes (Raft over TLS).
+    conn = connect(a)
+    ch = conn.channel()
+    ch.queue_declare("ctls-raft")
+    ch.queue_delete("ctls-raft")
+    conn.close()
+
+
+@test(timeout=120)
+def the_leader_killed_a_new_one_is_elected_over_tls():
+    """kill -9 of the Raft leader: the survivors elect another over their
+    TLS tunnels and commit; the killed broker restarts and catches up."""
+    members()
+    leader = wait_until(lambda: (cluster.leaders() or [None])[0], 20, what="a leader")
+    leader.kill()
+    others = [m for m in cluster.members if m is not leader]
+    new = wait_until(lambda: (cluster.leaders(others) or [None])[0], 20, what="a new leader")
+    conn = connect(others[0])
+    ch = conn.channel()
+    ch.queue_declare("ctls-after-kill")
+    conn.close()
+    leader.start()
+    def commits_through_restarted():
+        try:
+            c = connect(leader)
+            c.channel().queue_declare("ctls-after-kill", passive=True)
+            c.close()
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+    wait_until(commits_through_restarted, 30, what="the restarted broker back in the map")
+    print("# %s killed, %s elected over TLS" % (leader.name, new.name))
 
 
 def cleanup(failed):

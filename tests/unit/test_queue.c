@@ -79,6 +79,7 @@ static int setup(void **state)
     (void)state;
     memset(&broker, 0, sizeof broker);
     broker.loop = uv_default_loop();
+    list_init(&broker.flow_congested);
     vhost = vhost_new(&broker, BYTES_LIT("/"));
     return 0;
 }
@@ -583,6 +584,104 @@ static void delete_cancels_consumers_and_reports_count(void **state)
     assert_int_equal(message_live_count, 0);
 }
 
+/* ---- flow control (broker/flow.h) ---- */
+
+/* Lets the fake consumer take up to n messages (64 at a time), acking each batch. */
+static void take(struct fake_consumer *f, struct queue *q, uint32_t n)
+{
+    while (n > 0) {
+        uint32_t batch = n < 64 ? n : 64;
+        f->credit = batch;
+        queue_dispatch(q);
+        assert_int_equal(f->received, batch);
+        fake_ack_all(f, q);
+        f->credit = 0;
+        n -= batch;
+    }
+}
+
+static void publish_many(struct queue *q, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        publish(q, i, 0, NULL, QUEUE_PUBLISH_OK);
+}
+
+static void flow_bounds_what_publishers_add_beyond_what_consumers_take(void **state)
+{
+    (void)state;
+    struct queue *q = declare("flow", NULL, 0, NULL);
+    /* Without consumers a queue is a buffer. */
+    publish_many(q, FLOW_MIN_MESSAGES * 2);
+    assert_false(q->flow.congested);
+    struct fake_consumer c;
+    fake_init(&c, 0, 0);
+    queue_consumer_add(q, &c.base);
+    /* The backlog from before does not count; what is added beyond what
+     * the consumer takes does, up to the high mark. */
+    publish_many(q, FLOW_MIN_MESSAGES);
+    assert_false(q->flow.congested);
+    publish(q, 0, 0, NULL, QUEUE_PUBLISH_OK);
+    assert_true(q->flow.congested);
+    assert_true(q->flow.reasons == FLOW_CONSUMERS);
+    /* Down to half the mark: not yet at one over, yes at half. */
+    take(&c, q, FLOW_MIN_MESSAGES / 2);
+    assert_true(q->flow.congested);
+    take(&c, q, 1);
+    assert_false(q->flow.congested);
+    /* A consumer that keeps up banks no credit for later. */
+    take(&c, q, q->ready_count);
+    publish_many(q, FLOW_MIN_MESSAGES + 1);
+    assert_true(q->flow.congested);
+    /* Losing its consumers makes it a buffer again. */
+    queue_consumer_remove(q, &c.base);
+    assert_false(q->flow.congested);
+    vhost_queue_delete(vhost, q);
+}
+
+static void flow_gives_up_on_consumers_that_take_nothing(void **state)
+{
+    (void)state;
+    struct queue *q = declare("flow-stall", NULL, 0, NULL);
+    struct fake_consumer c;
+    fake_init(&c, 0, 0);
+    queue_consumer_add(q, &c.base);
+    publish_many(q, FLOW_MIN_MESSAGES + 1);
+    assert_true(q->flow.congested);
+    uint64_t now = uv_now(broker.loop);
+    flow_tick(&broker, now + FLOW_STALL_MS / 2);
+    assert_true(q->flow.congested);
+    flow_tick(&broker, now + FLOW_STALL_MS + 1);
+    assert_false(q->flow.congested);
+    assert_true(q->flow.stalled);
+    /* Stalled: a buffer until its consumer takes again. */
+    publish_many(q, FLOW_MIN_MESSAGES * 2);
+    assert_false(q->flow.congested);
+    take(&c, q, 1);
+    assert_false(q->flow.stalled);
+    publish_many(q, FLOW_MIN_MESSAGES + 1);
+    assert_true(q->flow.congested);
+    /* Deleting it lets everyone go. */
+    queue_consumer_remove(q, &c.base);
+    vhost_queue_delete(vhost, q);
+}
+
+static void flow_mark_follows_the_consumers_rate(void **state)
+{
+    (void)state;
+    struct queue *q = declare("flow-rate", NULL, 0, NULL);
+    struct fake_consumer c;
+    fake_init(&c, 0, 0);
+    queue_consumer_add(q, &c.base);
+    /* Measured: 1,000,000 a second; the mark is 20 ms of that. */
+    q->flow.rate = 1000000;
+    publish_many(q, 20000);
+    assert_false(q->flow.congested);
+    publish(q, 0, 0, NULL, QUEUE_PUBLISH_OK);
+    assert_true(q->flow.congested);
+    queue_consumer_remove(q, &c.base);
+    vhost_queue_delete(vhost, q);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -602,6 +701,11 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(dedup_table_moves_with_a_promotion, setup, teardown),
         cmocka_unit_test_setup_teardown(promotion_adopts_the_replica_in_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(flow_bounds_what_publishers_add_beyond_what_consumers_take,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(flow_gives_up_on_consumers_that_take_nothing, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(flow_mark_follows_the_consumers_rate, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
