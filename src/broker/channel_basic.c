@@ -220,6 +220,8 @@ bool channel_consumer_info(const struct consumer *consumer, struct channel_info 
         return false;
     info_of(consumer->owner, out);
     return true;
+}
+
 bool channels_consume_from(const struct connection *connection, const struct queue *queue)
 {
     list_for_each(n, &queue->consumers) {

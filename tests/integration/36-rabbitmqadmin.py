@@ -511,7 +511,13 @@ class Rabbit:
                 return self.call("GET", "/api/overview")[0] == 200
             except OSError:
                 return False
-        wait_until(up, 90, 0.5, what="RabbitMQ's management API")
+        try:
+            wait_until(up, 150, 0.5, what="RabbitMQ's management API")
+        except AssertionError:
+            logs = glob.glob(os.path.join(self.dir, "log", "*.log"))
+            tail = "".join(open(f, errors="replace").read()[-2000:] for f in logs)
+            raise AssertionError("RabbitMQ did not start (exit %r): %s" %
+                                 (self.proc.poll(), tail or "no log"))
 
     def call(self, method, path, body=None):
         return http_call(method, path, body, port=self.http_port)
@@ -522,9 +528,17 @@ class Rabbit:
         except OSError:
             pass
         self.proc.wait(10)
-        # Our private epmd (the node started it on its own port): ask it to stop.
-        subprocess.run(["epmd", "-port", str(self.epmd_port), "-kill"], capture_output=True,
-                       env=self.env, timeout=10)
+        # What the node left running outside its process group, its epmd
+        # above all (a daemon): the processes whose environment has our own
+        # HOME, by id.
+        home = ("HOME=" + self.env["HOME"]).encode()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open("/proc/%s/environ" % pid, "rb") as f:
+                    if home in f.read().split(b"\0"):
+                        os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -532,7 +546,7 @@ RABBIT_FIELDS = ("name", "vhost", "durable", "auto_delete", "exclusive", "argume
                  "state", "messages", "messages_ready", "messages_unacknowledged", "consumers")
 
 
-@test(timeout=240)
+@test(timeout=280)
 def definitions_round_trip_with_rabbitmq():
     if not os.path.exists(RMQ_HOME + "/sbin/rabbitmq-server"):
         print("# skipped: rabbitmq-server is not installed (scripts/setup.sh installs it)")
