@@ -599,7 +599,7 @@ qs = {q["name"]: q for q in get("/api/queues") if q["name"].startswith("jq-")}
 pm = sum(1 for k, v in before.items() if qs[k]["primary"] != v[0])
 bm = sum(len(set(qs[k]["backups"]) - set(v[1])) for k, v in before.items())
 # A queue's messages as its primary counts them.
-held = {q["name"]: q["messages"] for p in [port] + [int(x) for x in sys.argv[4:]]
+held = {q["name"]: q["messages_ready"] for p in [port] + [int(x) for x in sys.argv[4:]]
         for q in get("/api/queues", p) if q["role"] == "primary" and q["name"] in qs}
 empty = sum(1 for k in qs if held.get(k) != 1)
 print("JOIN b6 primaries=%d backups=%d share=[%d,%d] took_s=%.1f primary_moves=%d "

@@ -64,6 +64,22 @@ static void add_user(struct auth *auth, const char *name, const unsigned char sa
     u->tags = tags;
     u->permissions = NULL;
     u->permissions_count = 0;
+    u->internal = false;
+}
+
+void auth_add_internal(struct auth *auth, const char *name, char *password,
+                       size_t password_size)
+{
+    unsigned char raw[24], salt[4], hash[32];
+    ASSERT(password_size > 2 * sizeof raw);
+    int ok = RAND_bytes(raw, sizeof raw) == 1 && RAND_bytes(salt, sizeof salt) == 1;
+    ASSERT(ok); /* no randomness: nothing here is safe */
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(password + 2 * i, 3, "%02x", raw[i]);
+    hash_with_salt(salt, (const uint8_t *)password, 2 * sizeof raw, hash);
+    OPENSSL_cleanse(raw, sizeof raw);
+    add_user(auth, name, salt, hash, "*", true, 0);
+    auth->users[auth->users_count - 1].internal = true;
 }
 
 static struct auth_user *find_user_cstr(struct auth *auth, const char *name)
@@ -80,6 +96,10 @@ static void permission_free(struct auth_permission *p)
     for (int kind = 0; kind < AUTH_PERMISSION_KIND_COUNT; kind++) {
         if (!p->nothing[kind])
             regfree(&p->regexes[kind]);
+    }
+    for (int kind = 0; kind < AUTH_PERMISSION_KIND_COUNT; kind++) {
+        free(p->patterns[kind]);
+        p->patterns[kind] = NULL;
     }
     free(p->vhost);
     p->vhost = NULL;
@@ -112,6 +132,7 @@ static int parse_permission(struct auth *auth, char *save, char *err, size_t err
     for (int kind = 0; kind < AUTH_PERMISSION_KIND_COUNT; kind++) {
         const char *text = words[2 + kind];
         p.nothing[kind] = strcmp(text, "\"\"") == 0;
+        p.patterns[kind] = str_dup(p.nothing[kind] ? "" : text);
         int rc = p.nothing[kind] ? 0 : regcomp(&p.regexes[kind], text, REG_EXTENDED | REG_NOSUB);
         if (rc != 0) {
             char why[128];

@@ -64,6 +64,8 @@ struct auth_permission {
     char *vhost;                  /* owned */
     regex_t regexes[AUTH_PERMISSION_KIND_COUNT]; /* compiled unless nothing[kind] */
     bool nothing[AUTH_PERMISSION_KIND_COUNT];    /* the regex was "": nothing matches */
+    char *patterns[AUTH_PERMISSION_KIND_COUNT];  /* owned: each as written ("" for "\"\""),
+                                                  * for the definitions export */
 };
 
 struct auth_user {
@@ -75,6 +77,11 @@ struct auth_user {
     unsigned tags;                /* enum auth_tag bits, as the file names them */
     struct auth_permission *permissions; /* owned array; none = full access everywhere */
     size_t permissions_count;
+    /* The broker's own login for what it does over AMQP on its own
+     * behalf (quayd --definitions: mgmt/api_amqp.h): loopback only, a
+     * random password nobody else knows, no management tag, never
+     * exported or listed. */
+    bool internal;
 };
 
 struct auth {
@@ -97,6 +104,11 @@ void auth_init_default(struct auth *auth);
 /* Returns 0, or -1 with a message in err. */
 int auth_load_file(struct auth *auth, const char *path, char *err, size_t err_size);
 void auth_free(struct auth *auth);
+/* Adds the internal user name (auth_user.internal) with a fresh random
+ * password, written into password[password_size] (NUL-terminated). Only
+ * before the loop runs: the users array may move. */
+void auth_add_internal(struct auth *auth, const char *name, char *password,
+                       size_t password_size);
 /* Writes base64(salt||sha256(salt||password)) into out (>= 48 bytes). */
 void auth_hash_password(const char *password, char *out, size_t out_size);
 

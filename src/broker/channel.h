@@ -61,6 +61,24 @@ struct broker;
 struct queue;
 struct message;
 struct connection;
+/* What the management API shows of a channel (mgmt/api_connections.c). */
+struct channel_info {
+    const struct connection *connection; /* borrowed */
+    uint16_t number;
+    bool confirm;
+    bool transactional;
+    uint32_t prefetch_count;             /* basic.qos global=false, for new consumers */
+    uint32_t global_prefetch_count;
+    uint32_t unacked_count;
+    uint32_t consumers_count;
+};
+/* The open channels of connection, at most cap into out; returns how
+ * many were written. */
+uint32_t channels_info(const struct connection *connection, struct channel_info *out,
+                       uint32_t cap);
+/* The channel a consumer belongs to: false for a consumer that is not a
+ * client channel's. */
+bool channel_consumer_info(const struct consumer *consumer, struct channel_info *out);
 /* The consumers of the connection's channels (GET /metrics: O(channels)). */
 uint32_t channels_consumers_count(const struct connection *connection);
 /* Whether one of the connection's channels consumes from queue

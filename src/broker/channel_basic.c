@@ -190,10 +190,46 @@ uint32_t channels_consumers_count(const struct connection *connection)
     return n;
 }
 
+static void info_of(const struct channel *ch, struct channel_info *out)
+{
+    *out = (struct channel_info){.connection = ch->connection, .number = ch->id,
+                                 .confirm = ch->confirm_mode, .transactional = ch->tx_mode,
+                                 .prefetch_count = ch->prefetch_consumer,
+                                 .global_prefetch_count = ch->prefetch_global,
+                                 .unacked_count = ch->unacked_count,
+                                 .consumers_count = ch->consumers_count};
+}
+
+uint32_t channels_info(const struct connection *connection, struct channel_info *out,
+                       uint32_t cap)
+{
+    uint32_t n = 0;
+    for (uint32_t id = 0; id < connection->channels_cap && n < cap; id++) {
+        const struct channel *ch = connection->channels[id];
+        if (ch != NULL)
+            info_of(ch, &out[n++]);
+    }
+    return n;
+}
+
+static const struct consumer_ops channel_consumer_ops;
+
+bool channel_consumer_info(const struct consumer *consumer, struct channel_info *out)
+{
+    if (consumer->ops != &channel_consumer_ops || consumer->owner == NULL)
+        return false;
+    info_of(consumer->owner, out);
+    return true;
+}
+
+static const struct consumer_ops channel_consumer_ops;
+
 bool channels_consume_from(const struct connection *connection, const struct queue *queue)
 {
     list_for_each(n, &queue->consumers) {
         const struct consumer *c = CONTAINER_OF(n, struct consumer, queue_link);
+        if (c->ops != &channel_consumer_ops)
+            continue; /* not a channel's (none are today) */
         const struct channel *ch = c->owner;
         if (ch->connection == connection)
             return true;

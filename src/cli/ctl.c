@@ -36,9 +36,11 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include "cli/ctl_json.h"
 #include "lib/base64.h"
 
 #define EXIT_USAGE 64
+#define EXIT_DATAERR 65
 #define EXIT_UNAVAILABLE 69
 #define EXIT_PROTOCOL 76
 #define EXIT_NOPERM 77
@@ -48,7 +50,6 @@
 #define CREDENTIALS_SIZE_MAX 1024 /* user:password, as quayd takes them */
 #define DEFAULT_TIMEOUT_MS 10000
 #define RESPONSE_SIZE_MAX (256u << 20)
-#define JSON_DEPTH_MAX 64
 
 static void usage(FILE *out)
 {
@@ -96,6 +97,20 @@ static void usage(FILE *out)
             "                (PUT /api/policies/VHOST/NAME)\n"
             "  clear-policy VHOST NAME   (DELETE /api/policies/VHOST/NAME)\n"
             "\n"
+            "  as rabbitmqctl and rabbitmq-diagnostics name them (RabbitMQ's API paths):\n"
+            "  list-queues [COLUMN...]       default: name messages_ready\n"
+            "                                messages_unacknowledged consumers\n"
+            "  list-exchanges [COLUMN...]    default: name type\n"
+            "  list-bindings [COLUMN...]     default: source destination_type destination\n"
+            "                                routing_key\n"
+            "  list-connections [COLUMN...]  default: name user vhost channels state\n"
+            "                (COLUMN: any field of the API's objects; --vhost V: one vhost)\n"
+            "  cluster-status                every broker: name, running, state (GET /api/nodes)\n"
+            "  export-definitions FILE       RabbitMQ's definitions JSON to FILE (- = stdout)\n"
+            "  import-definitions FILE       apply a definitions file (all or nothing)\n"
+            "  await-startup                 wait (up to --timeout) until the API answers\n"
+            "  ping                          is the broker up? (GET /api/healthchecks/node)\n"
+            "\n"
             "options:\n"
             "  --http HOST:PORT   the API's address (default " DEFAULT_HTTP "); [V6]:PORT\n"
             "  --https HOST:PORT  the API over TLS (quayd --https); its certificate must\n"
@@ -112,8 +127,9 @@ static void usage(FILE *out)
             "The user needs a management tag on the broker (administrator for leave and\n"
             "forget, policymaker for set-policy and clear-policy, monitoring for cluster).\n"
             "\n"
-            "exit status: 0 done, 64 usage, 69 broker unreachable, 76 bad answer,\n"
-            "77 login or right refused\n");
+            "exit status: 0 done, 64 usage, 65 a file that cannot be read or written,\n"
+            "69 broker unreachable (or not started within --timeout), 76 bad answer\n"
+            "(a definitions file refused too), 77 login or right refused\n");
 }
 
 /* ---- the HTTP GET ------------------------------------------------------ */
@@ -210,6 +226,10 @@ static int connect_one(const struct addrinfo *ai, int64_t deadline_ms)
     return fd;
 }
 
+/* await-startup's attempts before the last: a refused connection is
+ * expected, not news. */
+static bool quiet_connect;
+
 static int connect_endpoint(const struct endpoint *ep, int64_t deadline_ms)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
@@ -226,12 +246,11 @@ static int connect_endpoint(const struct endpoint *ep, int64_t deadline_ms)
             break;
     }
     freeaddrinfo(list);
-    if (fd < 0) {
+    if (fd < 0 && !quiet_connect) {
         fprintf(stderr, "quayctl: cannot connect to %s:%s: %s (is quayd running with --http?)\n",
                 ep->host, ep->port, strerror(-fd));
-        return -1;
     }
-    return fd;
+    return fd < 0 ? -1 : fd;
 }
 
 /* One send or receive: bytes moved, 0 at the end of the stream (a
@@ -433,9 +452,9 @@ static int http_request(const struct endpoint *ep, const char *method, const cha
                      "%s %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nAccept: application/json\r\n"
                      "User-Agent: quayctl\r\nConnection: close\r\n"
                      "Authorization: Basic %s\r\n"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
                      method, path, v6 ? "[" : "", ep->host, v6 ? "]" : "", ep->port,
-                     authorization, body ? strlen(body) : 0, body ? body : "");
+                     authorization, body ? strlen(body) : 0);
     if (n < 0 || (size_t)n >= sizeof request) {
         explicit_bzero(request, sizeof request);
         stream_close(&s);
@@ -444,6 +463,8 @@ static int http_request(const struct endpoint *ep, const char *method, const cha
     }
     int rc = send_all(&s, request, (size_t)n, deadline_ms);
     explicit_bzero(request, sizeof request); /* the credentials */
+    if (rc == 0 && body != NULL) /* apart: a definitions file may be megabytes */
+        rc = send_all(&s, body, strlen(body), deadline_ms);
     if (rc == 0)
         rc = receive_all(&s, in, deadline_ms);
     stream_close(&s);
@@ -458,293 +479,6 @@ static int http_request(const struct endpoint *ep, const char *method, const cha
         return EXIT_PROTOCOL;
     }
     return 0;
-}
-
-/* ---- a small JSON reader ------------------------------------------------ */
-
-enum jtype { J_NULL, J_BOOL, J_NUMBER, J_STRING, J_ARRAY, J_OBJECT };
-
-/* A parsed value. Children are a linked list; every node and string is
- * owned by its parent (jfree frees a whole tree). */
-struct jvalue {
-    enum jtype type;
-    bool boolean;
-    char *text;              /* owned: a string's UTF-8, a number's digits */
-    char *key;               /* owned: the member name inside an object */
-    struct jvalue *child;    /* owned: first element or member */
-    struct jvalue *next;     /* owned: next sibling */
-};
-
-struct jparser {
-    const char *p;
-    const char *end;
-    const char *error;
-};
-
-static void jfree(struct jvalue *v)
-{
-    while (v) {
-        struct jvalue *next = v->next;
-        jfree(v->child);
-        free(v->text);
-        free(v->key);
-        free(v);
-        v = next;
-    }
-}
-
-static void skip_space(struct jparser *jp)
-{
-    while (jp->p < jp->end && *jp->p && strchr(" \t\r\n", *jp->p))
-        jp->p++;
-}
-
-static bool jfail(struct jparser *jp, const char *why)
-{
-    if (!jp->error)
-        jp->error = why;
-    return false;
-}
-
-static void put_utf8(char **out, uint32_t cp)
-{
-    unsigned char *o = (unsigned char *)*out;
-    if (cp < 0x80) {
-        *o++ = (unsigned char)cp;
-    } else if (cp < 0x800) {
-        *o++ = (unsigned char)(0xC0 | (cp >> 6));
-        *o++ = (unsigned char)(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        *o++ = (unsigned char)(0xE0 | (cp >> 12));
-        *o++ = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-        *o++ = (unsigned char)(0x80 | (cp & 0x3F));
-    } else {
-        *o++ = (unsigned char)(0xF0 | (cp >> 18));
-        *o++ = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-        *o++ = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-        *o++ = (unsigned char)(0x80 | (cp & 0x3F));
-    }
-    *out = (char *)o;
-}
-
-static bool read_hex4(struct jparser *jp, uint32_t *out)
-{
-    if (jp->end - jp->p < 4)
-        return jfail(jp, "truncated \\u escape");
-    *out = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = *jp->p++;
-        uint32_t d = c >= '0' && c <= '9'   ? (uint32_t)(c - '0')
-                     : c >= 'a' && c <= 'f' ? (uint32_t)(c - 'a' + 10)
-                     : c >= 'A' && c <= 'F' ? (uint32_t)(c - 'A' + 10)
-                                            : 16;
-        if (d == 16)
-            return jfail(jp, "bad \\u escape");
-        *out = *out << 4 | d;
-    }
-    return true;
-}
-
-static bool read_escape(struct jparser *jp, char **o)
-{
-    char c = *jp->p++;
-    const char *from = "\"\\/bfnrt", *to = "\"\\/\b\f\n\r\t";
-    const char *hit = c ? strchr(from, c) : NULL;
-    if (hit) {
-        *(*o)++ = to[hit - from];
-        return true;
-    }
-    if (c != 'u')
-        return jfail(jp, "bad escape");
-    uint32_t cp;
-    if (!read_hex4(jp, &cp))
-        return false;
-    if (cp >= 0xD800 && cp < 0xDC00 && jp->end - jp->p >= 6 && jp->p[0] == '\\' &&
-        jp->p[1] == 'u') {
-        uint32_t low;
-        jp->p += 2;
-        if (!read_hex4(jp, &low))
-            return false;
-        cp = (low >= 0xDC00 && low < 0xE000) ? 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00)
-                                              : 0xFFFD;
-    } else if (cp >= 0xD800 && cp < 0xE000) {
-        cp = 0xFFFD;
-    }
-    put_utf8(o, cp);
-    return true;
-}
-
-/* A string at jp->p (after its opening quote); returns a new C string. */
-static char *read_string(struct jparser *jp)
-{
-    /* The decoded form is never longer than the escaped one. */
-    const char *close = jp->p;
-    while (close < jp->end && *close != '"')
-        close += (*close == '\\' && close + 1 < jp->end) ? 2 : 1;
-    if (close >= jp->end) {
-        jfail(jp, "unterminated string");
-        return NULL;
-    }
-    char *s = malloc((size_t)(close - jp->p) + 1), *o = s;
-    if (!s) {
-        jfail(jp, "out of memory");
-        return NULL;
-    }
-    while (jp->p < close) {
-        unsigned char c = (unsigned char)*jp->p;
-        if (c < 0x20) {
-            jfail(jp, "control character in a string");
-            break;
-        }
-        if (c == '\\') {
-            jp->p++;
-            if (!read_escape(jp, &o))
-                break;
-            continue;
-        }
-        *o++ = (char)c;
-        jp->p++;
-    }
-    if (jp->error || jp->p != close) {
-        jfail(jp, "bad string");
-        free(s);
-        return NULL;
-    }
-    *o = '\0';
-    jp->p = close + 1;
-    return s;
-}
-
-static struct jvalue *read_value(struct jparser *jp, int depth);
-
-/* Elements of an array or members of an object, after the bracket. */
-static bool read_children(struct jparser *jp, struct jvalue *parent, char close, int depth)
-{
-    struct jvalue **tail = &parent->child;
-    skip_space(jp);
-    if (jp->p < jp->end && *jp->p == close) {
-        jp->p++;
-        return true;
-    }
-    for (;;) {
-        char *key = NULL;
-        skip_space(jp);
-        if (close == '}') {
-            if (jp->p >= jp->end || *jp->p != '"')
-                return jfail(jp, "expected a member name");
-            jp->p++;
-            if (!(key = read_string(jp)))
-                return false;
-            skip_space(jp);
-            if (jp->p >= jp->end || *jp->p != ':') {
-                free(key);
-                return jfail(jp, "expected ':'");
-            }
-            jp->p++;
-        }
-        struct jvalue *child = read_value(jp, depth + 1);
-        if (!child) {
-            free(key);
-            return false;
-        }
-        child->key = key;
-        *tail = child;
-        tail = &child->next;
-        skip_space(jp);
-        if (jp->p < jp->end && *jp->p == ',') {
-            jp->p++;
-            continue;
-        }
-        if (jp->p < jp->end && *jp->p == close) {
-            jp->p++;
-            return true;
-        }
-        return jfail(jp, "expected ',' or a closing bracket");
-    }
-}
-
-static bool read_scalar(struct jparser *jp, struct jvalue *v)
-{
-    static const struct { const char *word; enum jtype type; bool value; } words[] = {
-        {"true", J_BOOL, true}, {"false", J_BOOL, false}, {"null", J_NULL, false}};
-    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
-        size_t n = strlen(words[i].word);
-        if ((size_t)(jp->end - jp->p) >= n && memcmp(jp->p, words[i].word, n) == 0) {
-            v->type = words[i].type;
-            v->boolean = words[i].value;
-            jp->p += n;
-            return true;
-        }
-    }
-    const char *start = jp->p;
-    while (jp->p < jp->end && *jp->p && strchr("+-0123456789.eE", *jp->p))
-        jp->p++;
-    if (jp->p == start)
-        return jfail(jp, "unexpected character");
-    v->type = J_NUMBER;
-    v->text = strndup(start, (size_t)(jp->p - start));
-    return v->text != NULL || jfail(jp, "out of memory");
-}
-
-static struct jvalue *read_value(struct jparser *jp, int depth)
-{
-    if (depth > JSON_DEPTH_MAX) {
-        jfail(jp, "nested too deeply");
-        return NULL;
-    }
-    skip_space(jp);
-    if (jp->p >= jp->end) {
-        jfail(jp, "unexpected end");
-        return NULL;
-    }
-    struct jvalue *v = calloc(1, sizeof *v);
-    if (!v) {
-        jfail(jp, "out of memory");
-        return NULL;
-    }
-    bool ok;
-    char c = *jp->p;
-    if (c == '{' || c == '[') {
-        jp->p++;
-        v->type = c == '{' ? J_OBJECT : J_ARRAY;
-        ok = read_children(jp, v, c == '{' ? '}' : ']', depth);
-    } else if (c == '"') {
-        jp->p++;
-        v->type = J_STRING;
-        ok = (v->text = read_string(jp)) != NULL;
-    } else {
-        ok = read_scalar(jp, v);
-    }
-    if (!ok) {
-        jfree(v);
-        return NULL;
-    }
-    return v;
-}
-
-static struct jvalue *json_parse(const char *text, size_t size, const char **error)
-{
-    struct jparser jp = {.p = text, .end = text + size};
-    struct jvalue *v = read_value(&jp, 0);
-    skip_space(&jp);
-    if (v && jp.p != jp.end) {
-        jfail(&jp, "trailing bytes");
-        jfree(v);
-        v = NULL;
-    }
-    *error = jp.error;
-    return v;
-}
-
-static const struct jvalue *jget(const struct jvalue *object, const char *key)
-{
-    if (!object || object->type != J_OBJECT)
-        return NULL;
-    for (const struct jvalue *m = object->child; m; m = m->next) {
-        if (strcmp(m->key, key) == 0)
-            return m;
-    }
-    return NULL;
 }
 
 /* ---- printing ---------------------------------------------------------- */
@@ -933,7 +667,7 @@ static int print_pairs(const struct jvalue *object)
 
 static const struct column queue_columns[] = {
     {"vhost", "VHOST", false},       {"name", "NAME", false},
-    {"messages", "READY", true},     {"messages_unacknowledged", "UNACKED", true},
+    {"messages_ready", "READY", true}, {"messages_unacknowledged", "UNACKED", true},
     {"consumers", "CONSUMERS", true}, {"paged", "PAGED", true},
     {"durable", "DURABLE", false},   {"exclusive", "EXCLUSIVE", false},
     {"auto_delete", "AUTO_DELETE", false}, {"primary", "PRIMARY", false},
@@ -949,6 +683,13 @@ static const struct column policy_columns[] = {
     {"vhost", "VHOST", false},       {"name", "NAME", false},
     {"pattern", "PATTERN", false},   {"priority", "PRIORITY", true},
     {"backups", "BACKUPS", true},
+};
+
+#define LIST_COLUMNS_MAX 16
+
+static const struct column node_columns[] = {
+    {"name", "NAME", false}, {"running", "RUNNING", false}, {"state", "STATE", false},
+    {"queues_owned", "PRIMARIES", true}, {"backups_held", "BACKUPS", true},
 };
 
 struct command {
@@ -978,6 +719,16 @@ static const struct command commands[] = {
      sizeof policy_columns / sizeof policy_columns[0], 0, 0},
     {"set-policy", "PUT", "/api/policies/", NULL, 0, 4, 5},
     {"clear-policy", "DELETE", "/api/policies/", NULL, 0, 2, 2},
+    {"list-queues", "GET", "/api/queues", NULL, 0, 0, LIST_COLUMNS_MAX},
+    {"list-exchanges", "GET", "/api/exchanges", NULL, 0, 0, LIST_COLUMNS_MAX},
+    {"list-bindings", "GET", "/api/bindings", NULL, 0, 0, LIST_COLUMNS_MAX},
+    {"list-connections", "GET", "/api/connections", NULL, 0, 0, LIST_COLUMNS_MAX},
+    {"cluster-status", "GET", "/api/nodes", node_columns,
+     sizeof node_columns / sizeof node_columns[0], 0, 0},
+    {"export-definitions", "GET", "/api/definitions", NULL, 0, 1, 1},
+    {"import-definitions", "POST", "/api/definitions", NULL, 0, 1, 1},
+    {"await-startup", "GET", "/api/overview", NULL, 0, 0, 0},
+    {"ping", "GET", "/api/healthchecks/node", NULL, 0, 0, 0},
 };
 
 struct options {
@@ -987,7 +738,7 @@ struct options {
     bool json;
     int timeout_ms;
     const struct command *command;
-    char *args[5];                   /* the command's positional arguments */
+    char *args[LIST_COLUMNS_MAX];    /* the command's positional arguments */
     int args_count;
     const char *to, *vhost;          /* move's and offload's --to and --vhost */
     const char *fraction, *queues;   /* offload's --fraction or --queues */
@@ -1325,6 +1076,191 @@ static int credentials(const struct options *opt, char *out, size_t out_cap)
     return 0;
 }
 
+/* ---- rabbitmqctl's verbs ------------------------------------------------------ */
+
+static const char *const *default_columns(const char *name)
+{
+    static const char *const queues[] = {"name", "messages_ready", "messages_unacknowledged",
+                                         "consumers", NULL};
+    static const char *const exchanges[] = {"name", "type", NULL};
+    static const char *const bindings[] = {"source", "destination_type", "destination",
+                                           "routing_key", NULL};
+    static const char *const connections[] = {"name", "user", "vhost", "channels", "state",
+                                              NULL};
+    return strcmp(name, "list-queues") == 0      ? queues
+           : strcmp(name, "list-exchanges") == 0 ? exchanges
+           : strcmp(name, "list-bindings") == 0  ? bindings
+                                                 : connections;
+}
+
+/* list-*: the path with ?columns=..., and the table's columns (titles as
+ * the API names them; right-aligned when every value is a number). */
+static int build_list(const struct options *opt, char *path, size_t path_cap,
+                      struct column *cols, size_t *ncols)
+{
+    const char *const *defaults = default_columns(opt->command->name);
+    size_t n = 0;
+    for (; n < LIST_COLUMNS_MAX; n++) {
+        const char *key = opt->args_count ? (n < (size_t)opt->args_count ? opt->args[n] : NULL)
+                                          : defaults[n];
+        if (key == NULL)
+            break;
+        cols[n] = (struct column){key, key, false};
+    }
+    *ncols = n;
+    snprintf(path, path_cap, "%s", opt->command->path);
+    if (opt->vhost != NULL) {
+        strcat(path, "/");
+        if (!append_segment(path, path_cap, opt->vhost))
+            return EXIT_USAGE;
+    }
+    size_t len = strlen(path);
+    for (size_t i = 0; i < n; i++) {
+        int w = snprintf(path + len, path_cap - len, "%s", i ? "," : "?columns=");
+        if (w < 0 || (size_t)w >= path_cap - len || !append_segment(path, path_cap, cols[i].key))
+            return EXIT_USAGE;
+        len = strlen(path);
+    }
+    return 0;
+}
+
+static void align_numbers(const struct jvalue *doc, struct column *cols, size_t ncols)
+{
+    for (size_t c = 0; c < ncols; c++) {
+        bool numbers = doc && doc->child;
+        for (const struct jvalue *e = doc ? doc->child : NULL; e; e = e->next) {
+            const struct jvalue *v = jget(e, cols[c].key);
+            numbers = numbers && v && v->type == J_NUMBER;
+        }
+        cols[c].right = numbers;
+    }
+}
+
+static int run_list(const struct options *opt, const char *authorization)
+{
+    char path[2048];
+    struct column cols[LIST_COLUMNS_MAX];
+    size_t ncols;
+    if (build_list(opt, path, sizeof path, cols, &ncols) != 0) {
+        fprintf(stderr, "quayctl: %s: the columns are too long\n", opt->command->name);
+        return EXIT_USAGE;
+    }
+    struct buffer in = {0};
+    struct response res;
+    int rc = http_request(&opt->endpoint, "GET", path, NULL, authorization, opt->timeout_ms,
+                          &in, &res);
+    if (rc == 0 && !opt->json && res.status == 200) {
+        const char *error = NULL;
+        struct jvalue *doc = json_parse(res.body, res.body_size, &error);
+        align_numbers(doc, cols, ncols);
+        struct command cmd = *opt->command;
+        cmd.columns = cols, cmd.columns_count = ncols;
+        jfree(doc);
+        rc = show(&cmd, &res, false);
+    } else if (rc == 0) {
+        rc = show(opt->command, &res, opt->json);
+    }
+    free(in.data);
+    return rc;
+}
+
+/* Reads a whole file (at most the API's 16 MiB); NULL on failure (printed). */
+static char *read_file(const char *name)
+{
+    FILE *f = strcmp(name, "-") == 0 ? stdin : fopen(name, "rb");
+    char *data = NULL;
+    size_t size = 0, cap = 0, n;
+    if (f == NULL) {
+        fprintf(stderr, "quayctl: cannot read %s: %s\n", name, strerror(errno));
+        return NULL;
+    }
+    do {
+        if (size + 65536 + 1 > cap) {
+            cap = cap ? cap * 2 : 131072;
+            data = realloc(data, cap);
+            if (!data)
+                abort();
+        }
+        n = fread(data + size, 1, cap - size - 1, f);
+        size += n;
+    } while (n > 0 && size <= (16u << 20));
+    bool bad = ferror(f) || size > (16u << 20) || memchr(data, '\0', size) != NULL;
+    if (f != stdin)
+        fclose(f);
+    if (bad) {
+        fprintf(stderr, "quayctl: %s: unreadable, over 16 MiB, or not text\n", name);
+        free(data);
+        return NULL;
+    }
+    data[size] = '\0';
+    return data;
+}
+
+static int run_definitions(const struct options *opt, const char *authorization)
+{
+    bool import = strcmp(opt->command->name, "import-definitions") == 0;
+    const char *file = opt->args[0];
+    char *body = import ? read_file(file) : NULL;
+    if (import && body == NULL)
+        return EXIT_DATAERR;
+    struct buffer in = {0};
+    struct response res;
+    int rc = http_request(&opt->endpoint, opt->command->method, opt->command->path, body,
+                          authorization, opt->timeout_ms, &in, &res);
+    free(body);
+    if (rc == 0 && import && res.status == 204) {
+        fprintf(stderr, "quayctl: imported %s\n", file);
+    } else if (rc == 0 && !import && res.status == 200) {
+        FILE *f = strcmp(file, "-") == 0 ? stdout : fopen(file, "wb");
+        bool ok = f != NULL && fwrite(res.body, 1, res.body_size, f) == res.body_size;
+        ok = (f == stdout ? fflush(f) == 0 : f != NULL && fclose(f) == 0) && ok;
+        if (!ok) {
+            fprintf(stderr, "quayctl: cannot write %s: %s\n", file, strerror(errno));
+            rc = EXIT_DATAERR;
+        }
+    } else if (rc == 0) {
+        rc = show(opt->command, &res, false); /* the refusal, with its reason */
+    }
+    free(in.data);
+    return rc;
+}
+
+/* ping: one try. await-startup: tries until the API answers 200 or the
+ * timeout passes (a broker still starting refuses the connection). */
+static int run_probe(const struct options *opt, const char *authorization)
+{
+    bool wait = strcmp(opt->command->name, "await-startup") == 0;
+    int64_t deadline = now_ms() + opt->timeout_ms;
+    for (;;) {
+        struct buffer in = {0};
+        struct response res;
+        struct options once = *opt;
+        once.timeout_ms = (int)(deadline - now_ms() > 1000 ? 1000 : deadline - now_ms());
+        if (once.timeout_ms <= 0)
+            once.timeout_ms = 1;
+        quiet_connect = wait && deadline - now_ms() > 1200;
+        int rc = http_request(&once.endpoint, "GET", opt->command->path, NULL, authorization,
+                              once.timeout_ms, &in, &res);
+        if (rc == 0 && res.status != 200) {
+            rc = show(opt->command, &res, false);
+        } else if (rc == 0) {
+            if (opt->json)
+                rc = show(opt->command, &res, true);
+            else
+                printf("%s\n", wait ? "the broker is up" : "Ping succeeded");
+        }
+        free(in.data);
+        if (rc != EXIT_UNAVAILABLE || !wait || now_ms() >= deadline)
+            return rc;
+        usleep(200 * 1000);
+    }
+}
+
+static bool is_command(const struct options *opt, const char *prefix)
+{
+    return strncmp(opt->command->name, prefix, strlen(prefix)) == 0;
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN); /* OpenSSL writes to the socket with write() */
@@ -1339,6 +1275,16 @@ int main(int argc, char **argv)
     struct buffer in = {0};
     struct response res;
     char path[2048], body[1536] = "";
+    if (is_command(&opt, "list-") || is_command(&opt, "export-definitions") ||
+        is_command(&opt, "import-definitions") || is_command(&opt, "await-startup") ||
+        is_command(&opt, "ping")) {
+        rc = is_command(&opt, "list-")  ? run_list(&opt, authorization)
+             : is_command(&opt, "ping") ? run_probe(&opt, authorization)
+             : is_command(&opt, "await") ? run_probe(&opt, authorization)
+                                         : run_definitions(&opt, authorization);
+        explicit_bzero(authorization, sizeof authorization);
+        return rc;
+    }
     if (strcmp(opt.command->name, "move") == 0) {
         snprintf(path, sizeof path, "%s", opt.command->path);
         rc = build_move(opt.args[0], opt.to, opt.vhost, opt.backup_of, body, sizeof body);

@@ -26,6 +26,7 @@
 #include "lib/errors.h"
 #include "lib/hash.h"
 #include "lib/log.h"
+#include "mgmt/api_definitions.h"
 #include "store/shared_storage.h"
 
 /* The TLS options, in the middle of usage()'s text. */
@@ -40,9 +41,9 @@ static const char usage_tls[] =
     "                          in with the mechanism EXTERNAL as its subject CN.\n"
     "                          SIGHUP reloads the certificate, key and CAs\n"
     "  --cluster-tls           the AMQP links between brokers go over AMQPS (the\n"
-    "                          first --tls-listen), each end presenting --tls-cert\n"
-    "                          and verifying the other's against --tls-ca, as well\n"
-    "                          as the cluster secret (Raft is not encrypted)\n";
+    "                          first --tls-listen), and Raft over TLS, each end\n"
+    "                          presenting --tls-cert and verifying the other's\n"
+    "                          against --tls-ca, as well as the cluster secret\n";
 
 static void usage(FILE *out)
 {
@@ -121,13 +122,15 @@ static void usage(FILE *out)
             "                          (default: placed by the ring; exclusive, auto-delete\n"
             "                          and server-named ones here) or 'others' (always on\n"
             "                          another broker while one is up: a proxy-only front)\n"
+            "  --definitions FILE      apply RabbitMQ's definitions JSON at start (refused:\n"
+            "                          no start); see docs/MANAGEMENT-API.md\n"
             "  --hash-password PW      print a password hash for the users file and exit\n"
             "  --help                  this text\n");
 }
 
 enum option_id {
-    OPT_LISTEN = 256, OPT_DATA, OPT_USERS, OPT_LOG_LEVEL, OPT_LOG_FORMAT, OPT_FRAME_MAX,
-    OPT_CHANNEL_MAX,
+    OPT_LISTEN = 256, OPT_DATA, OPT_USERS, OPT_DEFINITIONS, OPT_LOG_LEVEL, OPT_LOG_FORMAT,
+    OPT_FRAME_MAX, OPT_CHANNEL_MAX,
     OPT_HEARTBEAT, OPT_MAX_CONNECTIONS, OPT_MAX_QUEUES, OPT_MAX_CONSUMERS,
     OPT_MAX_MESSAGE_SIZE, OPT_HASH_PASSWORD, OPT_HELP, OPT_MEMORY_HIGH_WATERMARK,
     OPT_DISK_FREE_LIMIT, OPT_HTTP,
@@ -144,6 +147,7 @@ static const struct option long_options[] = {
     {"data", required_argument, NULL, OPT_DATA},
     {"shared-storage", required_argument, NULL, OPT_SHARED_STORAGE},
     {"users", required_argument, NULL, OPT_USERS},
+    {"definitions", required_argument, NULL, OPT_DEFINITIONS},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
     {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
     {"frame-max", required_argument, NULL, OPT_FRAME_MAX},
@@ -454,6 +458,41 @@ static int check_http_options(const struct broker_config *config)
     return -1;
 }
 
+/* --definitions FILE: loaded once the broker started (load_definitions). */
+static const char *definitions_file;
+
+/* Checks the definitions file and starts applying it (api_definitions.h).
+ * Returns 0, or -1 (logged): the broker should not start. */
+static int load_definitions(struct broker *broker)
+{
+    FILE *f = fopen(definitions_file, "rb");
+    char *text = NULL;
+    size_t size = 0, cap = 0, n;
+    if (f == NULL) {
+        LOG_ERROR("--definitions %s: %s", definitions_file, strerror(errno));
+        return -1;
+    }
+    do {
+        if (size + 65536 > cap) {
+            cap = cap ? cap * 2 : 131072;
+            text = realloc(text, cap);
+            if (text == NULL)
+                abort();
+        }
+        n = fread(text + size, 1, cap - size, f);
+        size += n;
+    } while (n > 0);
+    bool read_error = ferror(f);
+    fclose(f);
+    char err[512];
+    int rc = read_error ? -1 : api_definitions_load(broker, definitions_file, text, size, err,
+                                                    sizeof err);
+    if (rc != 0)
+        LOG_ERROR("--definitions %s: %s", definitions_file, read_error ? "cannot read" : err);
+    free(text);
+    return rc;
+}
+
 static int parse_options(int argc, char **argv, struct broker_config *config)
 {
     int opt;
@@ -492,6 +531,9 @@ static int parse_options(int argc, char **argv, struct broker_config *config)
             break;
         case OPT_USERS:
             config->users_file = optarg;
+            break;
+        case OPT_DEFINITIONS:
+            definitions_file = optarg;
             break;
         case OPT_LOG_LEVEL:
             if (log_level_parse(optarg, &log_level_current) != 0) {
@@ -733,6 +775,8 @@ int main(int argc, char **argv)
         config.listen[config.listen_count++] = "[::]:5672"; /* dual-stack */
     if (broker_start(&broker, loop, &config) != 0)
         return 1; /* logged; nothing to clean up in a process that ends */
+    if (definitions_file != NULL && load_definitions(&broker) != 0)
+        return 1;
     uv_signal_init(loop, &sigterm_handle);
     uv_signal_start(&sigterm_handle, on_signal, SIGTERM);
     uv_signal_init(loop, &sigint_handle);

@@ -16,6 +16,7 @@
 #include "cluster/link_int.h"
 
 #include <assert.h>
+#include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -40,6 +41,7 @@
 #define HEARTBEAT_S_DEFAULT 2
 #define LINK_USER_TIMEOUT_MS 3000 /* see net_tcp_user_timeout */
 #define HANDSHAKE_TIMEOUT_MS_DEFAULT 5000
+#define LINK_PASSWORD_SIZE_MAX 1024
 /* A goodbye (connection.close) is written only when the peer has been
  * reading: behind more than this, the socket is closed at once. */
 #define GOODBYE_OUT_MAX CONN_OUT_LOW_WATER
@@ -110,7 +112,10 @@ int link_new(struct link **out, struct net *net, const struct link_config *confi
     ASSERT(out != NULL);
     ASSERT(ops != NULL);
     size_t name_size = config->self_name ? strlen(config->self_name) : 0;
-    if (config->secret.len == 0 || name_size == 0 || name_size > AUTH_CLUSTER_NAME_SIZE_MAX)
+    bool plain = config->user != NULL;
+    if ((!plain && config->secret.len == 0) || name_size == 0 ||
+        name_size > AUTH_CLUSTER_NAME_SIZE_MAX || config->vhost.len > 255 ||
+        (plain && (strlen(config->user) > 255 || config->password.len > LINK_PASSWORD_SIZE_MAX)))
         return UV_EINVAL;
     struct link *link = calloc(1, sizeof *link);
     ASSERT(link != NULL);
@@ -122,6 +127,11 @@ int link_new(struct link **out, struct net *net, const struct link_config *confi
     link->address = str_dup(config->address, strlen(config->address));
     link->self_name = str_dup(config->self_name, name_size);
     link->secret = bytes_dup(config->secret);
+    if (plain) {
+        link->user = str_dup(config->user, strlen(config->user));
+        link->password = bytes_dup(config->password);
+    }
+    link->vhost = bytes_dup(config->vhost);
     link->reconnect_min_ms = config->reconnect_min_ms ? config->reconnect_min_ms
                                                       : RECONNECT_MIN_MS_DEFAULT;
     link->reconnect_max_ms = config->reconnect_max_ms ? config->reconnect_max_ms
@@ -142,6 +152,12 @@ int link_new(struct link **out, struct net *net, const struct link_config *confi
     uv_timer_start(&link->timer, on_timer, 0, 0);
     *out = link;
     return 0;
+}
+
+uint16_t link_last_close(const struct link *link, const char **text)
+{
+    *text = link->last_close_text;
+    return link->last_close_code;
 }
 
 bool link_is_up(const struct link *link)
@@ -353,6 +369,11 @@ void link_free(struct link *link)
     free(link->host);
     free(link->self_name);
     bytes_free(&link->secret);
+    if (link->password.len > 0)
+        OPENSSL_cleanse((void *)link->password.ptr, link->password.len);
+    bytes_free(&link->password);
+    bytes_free(&link->vhost);
+    free(link->user);
     link->address = link->host = link->self_name = NULL;
 }
 
@@ -572,9 +593,26 @@ static void send_start_ok(struct link *link)
     ASSERT(!w.overflow);
     struct method m = {.id = METHOD_CONNECTION_START_OK};
     m.connection_start_ok.client_properties = table_writer_table(&w);
+    m.connection_start_ok.locale = BYTES_LIT("en_US");
+    if (link->user != NULL) {
+        /* PLAIN: \0 user \0 password; no challenge follows. */
+        size_t user_size = strlen(link->user);
+        uint8_t response[2 + 255 + LINK_PASSWORD_SIZE_MAX];
+        ASSERT(link->password.len <= LINK_PASSWORD_SIZE_MAX);
+        response[0] = '\0';
+        memcpy(response + 1, link->user, user_size);
+        response[1 + user_size] = '\0';
+        memcpy(response + 2 + user_size, link->password.ptr, link->password.len);
+        m.connection_start_ok.mechanism = BYTES_LIT("PLAIN");
+        m.connection_start_ok.response =
+            (struct bytes){response, (uint32_t)(2 + user_size + link->password.len)};
+        link__send_method(link, 0, &m);
+        OPENSSL_cleanse(response, sizeof response);
+        link->state = LINK_STATE_TUNE;
+        return;
+    }
     m.connection_start_ok.mechanism = BYTES_LIT(AUTH_CLUSTER_MECHANISM);
     m.connection_start_ok.response = bytes_of_cstr(link->self_name);
-    m.connection_start_ok.locale = BYTES_LIT("en_US");
     link__send_method(link, 0, &m);
     link->state = LINK_STATE_SECURE;
 }
@@ -633,7 +671,7 @@ static void handle_tune(struct link *link, const struct method_connection_tune *
     link__send_method(link, 0, &ok);
     link->reader.frame_max = frame_max;
     struct method open = {.id = METHOD_CONNECTION_OPEN};
-    open.connection_open.virtual_host = BYTES_LIT("/");
+    open.connection_open.virtual_host = link->vhost.len > 0 ? link->vhost : BYTES_LIT("/");
     open.connection_open.reserved_1 = BYTES_LIT("");
     link__send_method(link, 0, &open);
     link->state = LINK_STATE_OPEN_OK;
@@ -660,6 +698,12 @@ static void handle_close(struct link *link, const struct method_connection_close
     bool refused = link->state < LINK_STATE_UP && close->reply_code == REPLY_ACCESS_REFUSED;
     if (refused)
         link->stats.auth_failures++;
+    link->last_close_code = close->reply_code;
+    size_t n = close->reply_text.len < sizeof link->last_close_text - 1
+                   ? close->reply_text.len
+                   : sizeof link->last_close_text - 1;
+    memcpy(link->last_close_text, close->reply_text.ptr, n);
+    link->last_close_text[n] = '\0';
     LINK_LOG(link, "link=%s closed by the peer: %u %.*s%s", link->address, close->reply_code,
              (int)close->reply_text.len, (const char *)close->reply_text.ptr,
              refused ? " (wrong cluster secret?)" : "");

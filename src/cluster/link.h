@@ -60,6 +60,13 @@ struct link_config {
     /* TLS with this client context (our certificate, the cluster's CAs), or
      * NULL for plain TCP (--cluster-tls). Borrowed: outlives the link. */
     struct tls_context *tls;
+    /* A user's login instead of the cluster's (the management API acting
+     * for the user who asked, api_amqp.h): user non-NULL logs in with
+     * PLAIN as user/password and opens vhost (empty: "/"); secret may then
+     * be empty. All copied. */
+    const char *user;
+    struct bytes password;
+    struct bytes vhost;
 };
 
 struct link_ops {
@@ -86,6 +93,10 @@ int link_new(struct link **out, struct net *net, const struct link_config *confi
  * done with the handles. Safe in any state and from any callback. */
 void link_free(struct link *link);
 bool link_is_up(const struct link *link);
+/* The reply code of the peer's last connection.close (0: none), and its
+ * text in *text (valid until the next close or link_free): why a login
+ * or connection.open was refused. */
+uint16_t link_last_close(const struct link *link, const char **text);
 
 struct link_stats {
     uint64_t connects;        /* handshakes completed (up) */

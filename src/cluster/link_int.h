@@ -97,6 +97,9 @@ struct link {
     char port[8];
     char *self_name;              /* owned */
     struct bytes secret;          /* owned copy */
+    char *user;                   /* owned; NULL: the cluster login (QUAY-CLUSTER) */
+    struct bytes password;        /* owned copy (PLAIN login only), cleansed at free */
+    struct bytes vhost;           /* owned copy: connection.open's (empty: "/") */
     uint32_t reconnect_min_ms;
     uint32_t reconnect_max_ms;
     uint32_t handshake_timeout_ms;
@@ -122,6 +125,8 @@ struct link {
     struct link_channel **channels; /* owned array by id; NULL slots are free ids */
     uint32_t channels_cap;
     struct link_stats stats;
+    uint16_t last_close_code;     /* the peer's last connection.close, 0 if none */
+    char last_close_text[256];
 };
 
 /* link.c */

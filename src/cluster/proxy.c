@@ -872,6 +872,28 @@ void proxy_tick(struct member *member)
     }
 }
 
+bool proxy_stub_has_getter(const struct queue *queue)
+{
+    return stub_of((struct queue *)queue)->getter != NULL;
+}
+
+bool proxy_stub_reachable(const struct queue *queue)
+{
+    const struct proxy_stub *stub = stub_of((struct queue *)queue);
+    const struct member_peer *peer = member_peer(stub->member, stub->primary_id);
+    return stub->available && peer != NULL && peer->up;
+}
+
+void proxy_stub_release_getter(struct queue *queue)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    struct uplink *u = stub->getter;
+    if (u == NULL || u->busy || !list_empty(&u->ops))
+        return; /* in use: it is kept */
+    stub->getter = NULL;
+    uplink_maybe_free(u); /* now, or once its outstanding gets are settled */
+}
+
 void proxy_op_cancel(struct proxy_op *op)
 {
     op->cancelled = true; /* freed when its answer (or the channel's end) comes */

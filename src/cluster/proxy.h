@@ -142,6 +142,16 @@ typedef void (*proxy_query_fn)(void *ctx, struct queue *queue, uint16_t reply_co
 struct proxy_op *proxy_query(struct queue *queue, uint32_t method_id, proxy_query_fn done,
                              void *ctx);
 
+/* Whether the stand-in keeps a channel to its primary for gets and
+ * queries (the getter), and letting it go once it is idle: a caller that
+ * asks many stand-ins once (the management API's counts) gives back what
+ * it opened, so a listing does not hold a channel per queue. */
+bool proxy_stub_has_getter(const struct queue *queue);
+/* Whether a request would be sent to the primary now: the queue has one
+ * and its link is up (else proxy_query waits up to 5 s for it). */
+bool proxy_stub_reachable(const struct queue *queue);
+void proxy_stub_release_getter(struct queue *queue);
+
 /* The asker is gone: done will not run (a message that still arrives is
  * released upstream). Returns NULL when the primary cannot be reached. */
 void proxy_op_cancel(struct proxy_op *op);

@@ -2,13 +2,9 @@
  * api.c: see api.h. The handlers, and the JSON shape of each answer.
  *
  * Field names follow RabbitMQ's management API where a field means the
- * same thing there (durable, auto_delete, consumers, messages_unacknowledged,
- * peer_host...), so habits and scripts carry over. One difference, on
- * purpose: a queue's "messages" counts ready messages only (RabbitMQ adds
- * the unacknowledged ones); the unacknowledged are "messages_unacknowledged".
- *
- * Nothing here allocates besides the response buffer: lists are written
- * in table order, not sorted (quayctl sorts for display).
+ * same thing there, so habits, scripts and rabbitmqadmin carry over. The
+ * resources RabbitMQ's tools use are in api_rabbit.h's files; this one
+ * keeps the login, the rights and the overview.
  */
 #include "mgmt/api.h"
 
@@ -29,22 +25,20 @@
 #include "broker/connection.h"
 #include "broker/dedup.h"
 #include "broker/durable.h"
-#include "broker/flow.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
+#include "mgmt/api_nodes.h"
 #include "mgmt/api_policies.h"
+#include "mgmt/api_queues.h"
+#include "mgmt/api_rabbit.h"
 #include "mgmt/http.h"
 #include "mgmt/http_guard.h"
 #include "mgmt/json.h"
 #include "mgmt/metrics.h"
 
-/* The version the broker reports in connection.start's server properties
- * (connection.c) and CMake's project(); keep the three in step. */
-/* This broker's name in placement fields until the cluster names nodes. */
-#define MGMT_NODE_NAME "local"
 
 struct mgmt_api {
     struct broker *broker;         /* borrowed: our owner */
@@ -154,12 +148,6 @@ static int admit(void *ctx, const struct http_admission *a, const struct auth_us
     return OK;
 }
 
-static void write_bytes(struct json *out, const char *key, struct bytes value)
-{
-    json_key(out, key);
-    json_string_n(out, value.ptr, value.len);
-}
-
 /* ---- GET /api/overview --------------------------------------------------
  * {"product": "quay", "version": "0.1.0", "node": "local", "uptime_ms": N,
  *  "connections": N, "channels": N, "queues": N, "consumers": N,
@@ -253,7 +241,7 @@ static void handle_overview(void *ctx, const struct auth_user *user, struct json
     json_object_begin(out);
     json_kv_string(out, "product", "quay");
     json_kv_string(out, "version", QUAY_VERSION);
-    json_kv_string(out, "node", MGMT_NODE_NAME);
+    json_kv_string(out, "node", api_node_name(broker));
     json_kv_uint(out, "uptime_ms", uv_now(broker->loop) - api->started_ms);
     json_kv_uint(out, "connections", t.connections);
     json_kv_uint(out, "channels", t.channels);
@@ -286,190 +274,8 @@ static void handle_overview(void *ctx, const struct auth_user *user, struct json
     json_array_end(out);
     if (sees_node(user))
         write_node(out, broker);
+    api_overview_write_rabbit(out, broker, user);
     json_object_end(out);
-}
-
-/* ---- GET /api/queues ----------------------------------------------------
- * [{"vhost": "/", "name": "q", "durable": bool, "exclusive": bool,
- *   "auto_delete": bool, "messages": N (ready), "messages_unacknowledged": N,
- *   "consumers": N, "paged": N, "primary": NAME,
- *   "role": "primary"|"backup"|"proxy", "replica_messages": N (not primary),
- *   "dedup_ids": N (only with x-quay-dedup-window: ids remembered, a backup's
- *   in its replica; expired ones linger until the next publish),
- *   "available": bool (clustered only), "backups": [NAME...], "in_sync": [NAME...],
- *   "epoch": N, "replication_factor": N (clustered only),
- *   "policy": NAME|null (the replication policy that sets its backups)}, ...]
- * In a cluster, placement comes from the map; counts are this broker's
- * (a proxy's are what it holds for its own consumers).
- */
-static void write_broker_name(struct json *out, const struct cluster_map *map, uint32_t id)
-{
-    const struct map_broker *b = cluster_map_broker(map, id);
-    if (b)
-        json_string_n(out, (const char *)b->name.ptr, b->name.len);
-    else
-        json_null(out);
-}
-
-/* Placement from the cluster map (every broker answers the same). */
-static void write_placement(struct json *out, const struct mgmt_api *api,
-                            const struct vhost *vhost, const struct queue *queue)
-{
-    const struct map_queue *mq =
-        api->broker->cluster
-            ? cluster_map_queue(cluster_node_map(api->broker->cluster), vhost->name,
-                                queue->name)
-            : NULL;
-    if (mq == NULL) {
-        /* A single broker is the primary of everything. */
-        json_kv_string(out, "primary", MGMT_NODE_NAME);
-        json_kv_string(out, "role", "primary");
-        json_key(out, "backups");
-        json_array_begin(out);
-        json_array_end(out);
-        json_key(out, "in_sync");
-        json_array_begin(out);
-        json_array_end(out);
-        json_kv_uint(out, "epoch", 0);
-        return;
-    }
-    const struct cluster_map *map = cluster_node_map(api->broker->cluster);
-    json_key(out, "primary");
-    write_broker_name(out, map, mq->primary_id);
-    bool backup = map_queue_has_backup(mq, cluster_node_id(api->broker->cluster));
-    json_kv_string(out, "role",
-                   !queue_is_remote(queue) ? "primary" : backup ? "backup" : "proxy");
-    if (queue_is_remote(queue)) { /* a backup's copy of the primary's messages */
-        const struct replica *r = proxy_stub_replica((struct queue *)queue, false);
-        json_kv_uint(out, "replica_messages", replica_count(r));
-        if (queue->args.quay_dedup_window_ms > 0)
-            json_kv_uint(out, "dedup_ids", replica_dedup_count(r));
-    } else {
-        replication_write_json(queue, out); /* serving, confirms (with backups) */
-    }
-    json_kv_bool(out, "available", mq->available);
-    json_key(out, "backups");
-    json_array_begin(out);
-    for (uint8_t i = 0; i < mq->backups_count; i++)
-        write_broker_name(out, map, mq->backup_ids[i]);
-    json_array_end(out);
-    json_key(out, "in_sync");
-    json_array_begin(out);
-    for (uint8_t i = 0; i < mq->backups_count; i++) {
-        if (mq->in_sync_mask & (1u << i))
-            write_broker_name(out, map, mq->backup_ids[i]);
-    }
-    json_array_end(out);
-    json_kv_uint(out, "epoch", mq->epoch);
-    json_kv_uint(out, "replication_factor", mq->replication_factor);
-}
-
-/* The replication policy that sets the queue's backups: null when none
- * matches, or when its own x-quay-backups (or being exclusive) decides. */
-static void write_policy_name(struct json *out, const struct mgmt_api *api,
-                              const struct vhost *vhost, const struct queue *queue)
-{
-    json_key(out, "policy");
-    const struct policy *p = NULL;
-    if (!queue->exclusive &&
-        policy_queue_own_backups(queue->arguments.ptr, queue->arguments.len) < 0)
-        p = policy_set_match(api_policies_of(api->broker), vhost->name, queue->name);
-    if (p != NULL)
-        json_string_n(out, p->name.ptr, p->name.len);
-    else
-        json_null(out);
-}
-
-static void write_queue(struct json *out, const struct mgmt_api *api, const struct vhost *vhost,
-                        const struct queue *queue)
-{
-    json_object_begin(out);
-    write_bytes(out, "vhost", vhost->name);
-    write_bytes(out, "name", queue->name);
-    json_kv_bool(out, "durable", queue->durable);
-    json_kv_bool(out, "exclusive", queue->exclusive);
-    json_kv_bool(out, "auto_delete", queue->auto_delete);
-    /* A proxy's counts are its own: messages in flight to its consumers. */
-    json_kv_uint(out, "messages", queue_ready_count(queue));
-    json_kv_uint(out, "messages_unacknowledged", queue->unacked_count);
-    json_kv_uint(out, "consumers", queue->consumers_count);
-    json_kv_uint(out, "paged", queue->paged_count);
-    if (!queue_is_remote(queue) && queue->args.quay_dedup_window_ms > 0)
-        json_kv_uint(out, "dedup_ids", queue->dedup ? dedup_count(queue->dedup) : 0);
-    write_policy_name(out, api, vhost, queue);
-    write_placement(out, api, vhost, queue);
-    json_object_end(out);
-}
-
-static void handle_queues(void *ctx, const struct auth_user *user, struct json *out)
-{
-    struct mgmt_api *api = ctx;
-    json_array_begin(out);
-    struct hmap_entry *v;
-    for (uint32_t i = 0; hmap_next(&api->broker->vhosts, &i, &v);) {
-        const struct vhost *vhost = v->value;
-        if (!mgmt_user_sees_vhost(user, vhost->name))
-            continue;
-        struct hmap_entry *q;
-        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);) {
-            const struct queue *queue = q->value;
-            ASSERT(!queue->deleted);
-            write_queue(out, api, vhost, queue);
-        }
-    }
-    json_array_end(out);
-}
-
-/* ---- GET /api/connections -----------------------------------------------
- * [{"id": N, "peer": "127.0.0.1:50312", "user": "guest" or null,
- *   "vhost": "/" or null, "channels": N, "state": "running", "blocked": bool},
- *  ...]   (user and vhost are null until the handshake gets there)
- */
-static const char *connection_state_name(const struct connection *connection)
-{
-    switch (connection->state) {
-    case CONNECTION_STATE_HEADER:
-    case CONNECTION_STATE_START_OK: return "starting";
-    case CONNECTION_STATE_SECURE_OK: return "securing";
-    case CONNECTION_STATE_TUNE_OK: return "tuning";
-    case CONNECTION_STATE_OPEN_WAIT: return "opening";
-    case CONNECTION_STATE_OPEN:
-        if (connection->blocked)
-            return "blocked";
-        return connection->flow || flow_connection_waits(connection) ? "flow" : "running";
-    case CONNECTION_STATE_CLOSING: return "closing";
-    case CONNECTION_STATE_CLOSED: return "closed";
-    }
-    return "unknown";
-}
-
-static void handle_connections(void *ctx, const struct auth_user *user, struct json *out)
-{
-    struct mgmt_api *api = ctx;
-    json_array_begin(out);
-    list_for_each(node, &api->broker->connections) {
-        const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
-        if (!sees_connection(user, c))
-            continue;
-        json_object_begin(out);
-        json_kv_uint(out, "id", c->conn.id);
-        json_kv_string(out, "peer", c->conn.peer_name);
-        json_key(out, "user");
-        if (c->user)
-            json_string(out, c->user->name);
-        else
-            json_null(out);
-        json_key(out, "vhost");
-        if (c->vhost)
-            json_string_n(out, c->vhost->name.ptr, c->vhost->name.len);
-        else
-            json_null(out);
-        json_kv_uint(out, "channels", c->channels_open);
-        json_kv_string(out, "state", connection_state_name(c));
-        json_kv_bool(out, "blocked", c->blocked);
-        json_object_end(out);
-    }
-    json_array_end(out);
 }
 
 /* ---- life cycle -------------------------------------------------------- */
@@ -490,10 +296,7 @@ int mgmt_api_start(struct broker *broker, const char *address)
     http_server_guard(&api->http, admit, api, broker->config.http_allowed_hosts);
     http_server_route_view(&api->http, "/api/overview", handle_overview, api,
                            MGMT_ACCESS_MANAGEMENT);
-    http_server_route_view(&api->http, "/api/queues", handle_queues, api,
-                           MGMT_ACCESS_MANAGEMENT);
-    http_server_route_view(&api->http, "/api/connections", handle_connections, api,
-                           MGMT_ACCESS_MANAGEMENT);
+    api_rabbit_register(&api->http, broker); /* RabbitMQ's resources (api_rabbit.h) */
     api_policies_register(&api->http, broker);
     metrics_register(&api->http, broker);
     int rc = http_server_open(&api->http, &broker->net, address);
@@ -515,6 +318,11 @@ void mgmt_api_route(struct mgmt_api *api, const char *path, http_handler_fn hand
 {
     ASSERT(api != NULL);
     http_server_route(&api->http, path, handler, ctx, MGMT_ACCESS_MONITORING);
+}
+
+uint64_t mgmt_api_uptime_ms(const struct mgmt_api *api)
+{
+    return uv_now(api->broker->loop) - api->started_ms;
 }
 
 void mgmt_api_stop(struct mgmt_api *api)

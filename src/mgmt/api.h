@@ -1,21 +1,22 @@
 /*
  * api.h: the management HTTP API of one broker (RabbitMQ's management
- * plugin, the read-only part that operators and quayctl need).
+ * plugin: what operators, rabbitmqadmin and quayctl need).
  *
  *   GET /api/overview     the broker: product, version, uptime, object and
- *                         message totals, memory and disk alarms, journal
- *   GET /api/queues       every queue of every vhost, with the placement
- *                         fields the cluster will fill (primary, backups,
- *                         in_sync, epoch)
- *   GET /api/connections  every client connection: peer, user, vhost,
- *                         channels
+ *                         message totals, memory and disk alarms, journal,
+ *                         and RabbitMQ's overview fields (api_nodes.h)
+ *   /api/queues, /api/exchanges, /api/bindings, /api/connections,
+ *   /api/channels, /api/consumers, /api/nodes, /api/definitions, health
+ *                         RabbitMQ's resources (api_rabbit.h registers them;
+ *                         docs/MANAGEMENT-API.md)
  *   /api/policies         replication policies: GET, and GET/PUT/DELETE of
  *                         /api/policies/{vhost}/{name} (api_policies.h)
  *
- * Responses are JSON (see docs in api.c for each shape). The handlers read
- * broker state through its public headers, on the loop thread; only the
- * policy endpoints change anything (through the cluster map, or the
- * broker's own policies outside a cluster).
+ * Responses are JSON (see docs in api.c and each api_*.h for each shape).
+ * The handlers read broker state through its public headers, on the loop
+ * thread; the policy endpoints change the map (or the broker's own
+ * policies outside a cluster), and RabbitMQ's resources change only over
+ * AMQP as the user who asked (api_amqp.h).
  *
  * Access, as RabbitMQ's management plugin grants it. Every request but an
  * unknown path's needs HTTP Basic credentials of a user of the broker's
@@ -27,9 +28,13 @@
  *                                     > management)
  *   GET /api/overview                 management: totals of what it may see;
  *                                     journal, network and cluster need monitoring
- *   GET /api/queues                   management: queues of the vhosts it may
- *                                     open (administrator: all)
- *   GET /api/connections              management: its own; monitoring: all
+ *   GET /api/queues, exchanges,       management: those of the vhosts it may
+ *       bindings, consumers           open (administrator: all)
+ *   changes of those (PUT, DELETE,    management, then the user's AMQP
+ *       POST), aliveness-test         permissions (done over AMQP as the user)
+ *   GET /api/connections, channels    management: its own; monitoring: all
+ *   GET /api/nodes, health checks     monitoring
+ *   /api/definitions                  administrator
  *   GET /api/policies[/{vhost}/{n}]   management, of the vhosts it may open
  *   PUT/DELETE /api/policies/{v}/{n}  policymaker, of a vhost it may open
  *                                     (administrator: any)
@@ -87,6 +92,8 @@ void mgmt_api_route(struct mgmt_api *api, const char *path, http_handler_fn hand
  * it needs the administrator tag. */
 void mgmt_api_route_post(struct mgmt_api *api, const char *path, http_action_fn action,
                          void *ctx);
+/* How long the API has been serving (the broker's uptime). */
+uint64_t mgmt_api_uptime_ms(const struct mgmt_api *api);
 /* Stops listening and closes every HTTP client. Idempotent. */
 void mgmt_api_stop(struct mgmt_api *api);
 /* After the loop ran the close callbacks (stops first if needed). */

@@ -53,6 +53,10 @@ struct http_conn {
     void *cancel_arg;
     uint32_t request_size;
     char request[HTTP_REQUEST_SIZE_MAX];
+    /* A request whose body goes past request[]: head and body, collected
+     * here as the bytes arrive (big_size of big_cap used), or NULL. */
+    char *big;
+    size_t big_size, big_cap;
 };
 
 static long on_input(struct conn *conn, const uint8_t *data, size_t size);
@@ -79,6 +83,7 @@ const char *http_status_text(int status)
     case 200: return "OK";
     case 201: return "Created";
     case 202: return "Accepted";
+    case 204: return "No Content";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 403: return "Forbidden";
@@ -206,6 +211,9 @@ static const struct http_route *find_prefix(const struct http_server *server, co
         size_t n = route->prefix ? strlen(route->path) : 0;
         if (n > 0 && path_size > n && memcmp(route->path, path, n) == 0)
             return route;
+        /* A tree takes its bare path too ("/api/queues" for "/api/queues/"). */
+        if (n > 0 && route->tree && path_size == n - 1 && memcmp(route->path, path, n - 1) == 0)
+            return route;
     }
     return NULL;
 }
@@ -294,9 +302,21 @@ static void dispatch_prefix(struct http_conn *hc, const struct http_route *route
                             size_t path_size, const struct auth_user *user)
 {
     size_t n = strlen(route->path);
+    if (path_size < n) /* a tree's bare path */
+        n = path_size;
+    const char *data = hc->big != NULL ? hc->big : hc->request;
+    size_t query_at = path_size;
+    while (query_at < req->target_size && req->target[query_at] != '?')
+        query_at++;
+    size_t query_end = query_at;
+    while (query_end < req->target_size && req->target[query_end] != '#')
+        query_end++;
     struct http_call_request call = {
         .method = method, .rest = req->target + n, .rest_size = path_size - n,
-        .body = hc->request + req->head_size, .body_size = req->content_length, .user = user};
+        .body = data + req->head_size, .body_size = req->content_length, .user = user,
+        .query = req->target + query_at + (query_at < query_end),
+        .query_size = query_end - query_at - (query_at < query_end),
+        .authorization = req->authorization, .authorization_size = req->authorization_size};
     LOG_DEBUG("http conn=%llu peer=%s %.*s %.*s", (unsigned long long)hc->conn.id,
               hc->conn.peer_name, (int)req->method_size, req->method, (int)path_size,
               req->target);
@@ -312,7 +332,7 @@ static const struct http_route *find_target(struct http_conn *hc, const struct h
 {
     bool post = method == HTTP_METHOD_POST;
     const struct http_route *prefix = find_prefix(hc->server, req->target, path_size);
-    if (prefix != NULL && !post)
+    if (prefix != NULL && (!post || prefix->tree))
         return prefix;
     const struct http_route *route = NULL;
     if (method != HTTP_METHOD_PUT && method != HTTP_METHOD_DELETE)
@@ -328,31 +348,45 @@ static const struct http_route *find_target(struct http_conn *hc, const struct h
     else if (!post && method != HTTP_METHOD_GET && method != HTTP_METHOD_HEAD)
         answer_error(hc, 405, "only GET and HEAD here", "Allow: GET, HEAD\r\n");
     else
-        answer_error(hc, 404, "no such path", "");
+        answer_error_as(hc, 404, "Object Not Found", "Not Found", ""); /* RabbitMQ's words */
     return NULL;
+}
+
+/* Everything a request goes through before its route runs: the guard,
+ * the method, the route, the admission. NULL once answered. */
+static const struct http_route *admit_request(struct http_conn *hc,
+                                              const struct http_request *req,
+                                              enum http_method *method, size_t *path_size,
+                                              const struct auth_user **user)
+{
+    if (!guard_passes(hc, req))
+        return NULL;
+    bool known = parse_method(req, method);
+    hc->head_only = known && *method == HTTP_METHOD_HEAD;
+    if (!known) {
+        answer_error(hc, 405, "only GET, HEAD, POST, PUT and DELETE are served",
+                     "Allow: GET, HEAD\r\n");
+        return NULL;
+    }
+    size_t n = 0;
+    while (n < req->target_size && req->target[n] != '?' && req->target[n] != '#')
+        n++;
+    if (n > 1 && req->target[n - 1] == '/')
+        n--;
+    *path_size = n;
+    const struct http_route *route = find_target(hc, req, *method, n);
+    if (route == NULL || !admitted(hc, req, *method, route, user))
+        return NULL;
+    return route;
 }
 
 static void dispatch(struct http_conn *hc, const struct http_request *req)
 {
-    if (!guard_passes(hc, req))
-        return;
     enum http_method method;
-    bool known = parse_method(req, &method);
-    hc->head_only = known && method == HTTP_METHOD_HEAD;
-    if (!known) {
-        answer_error(hc, 405, "only GET, HEAD, POST, PUT and DELETE are served",
-                     "Allow: GET, HEAD\r\n");
-        return;
-    }
-    size_t path_size = 0;
-    while (path_size < req->target_size && req->target[path_size] != '?' &&
-           req->target[path_size] != '#')
-        path_size++;
-    if (path_size > 1 && req->target[path_size - 1] == '/')
-        path_size--;
-    const struct http_route *route = find_target(hc, req, method, path_size);
+    size_t path_size;
     const struct auth_user *user;
-    if (route == NULL || !admitted(hc, req, method, route, &user))
+    const struct http_route *route = admit_request(hc, req, &method, &path_size, &user);
+    if (route == NULL)
         return;
     if (route->prefix != NULL) {
         dispatch_prefix(hc, route, req, method, path_size, user);
@@ -362,7 +396,8 @@ static void dispatch(struct http_conn *hc, const struct http_request *req)
     http_body_init(&body);
     int status = 200;
     if (method == HTTP_METHOD_POST)
-        status = route->action(route->ctx, hc->request + req->head_size, req->content_length,
+        status = route->action(route->ctx, (hc->big ? hc->big : hc->request) + req->head_size,
+                               req->content_length,
                                &body);
     else if (route->view != NULL)
         route->view(route->ctx, user, &body);
@@ -386,6 +421,16 @@ void http_call_answer(struct http_call *call, int status, struct json *body)
     LOG_DEBUG("http conn=%llu peer=%s answered %d", (unsigned long long)hc->conn.id,
               hc->conn.peer_name, status);
     answer(hc, status, body, "");
+}
+
+void http_call_answer_empty(struct http_call *call, int status)
+{
+    struct http_conn *hc = (struct http_conn *)call;
+    ASSERT(hc->state == HTTP_CONN_STATE_WAITING);
+    ASSERT(status == 201 || status == 204);
+    struct json body;
+    http_body_init(&body);
+    answer_as(hc, status, &body, "", "application/json");
 }
 
 void http_call_answer_error(struct http_call *call, int status, const char *reason)
@@ -419,20 +464,76 @@ static void cancel_call(struct http_conn *hc)
         fn(hc->cancel_arg);
 }
 
+/* A request too big for request[]: the rest of its body goes to the heap,
+ * grown as it arrives (never to more than what was sent). */
+static void collect_big(struct http_conn *hc, const uint8_t *data, size_t size)
+{
+    if (hc->big == NULL) {
+        hc->big_cap = 2u * HTTP_REQUEST_SIZE_MAX;
+        hc->big = malloc(hc->big_cap);
+        ASSERT(hc->big != NULL);
+        memcpy(hc->big, hc->request, hc->request_size);
+        hc->big_size = hc->request_size;
+    }
+    if (hc->big_size + size > hc->big_cap) {
+        while (hc->big_size + size > hc->big_cap)
+            hc->big_cap *= 2;
+        hc->big = realloc(hc->big, hc->big_cap);
+        ASSERT(hc->big != NULL);
+    }
+    memcpy(hc->big + hc->big_size, data, size);
+    hc->big_size += size;
+}
+
+/* Whether a request whose body needs the heap may send it: it must pass
+ * everything its dispatch will check (so a stranger cannot make the
+ * server hold megabytes). The checks run again at dispatch. */
+static bool admitted_for_big(struct http_conn *hc, const struct http_request *req)
+{
+    enum http_method method;
+    size_t path_size;
+    const struct auth_user *user;
+    return admit_request(hc, req, &method, &path_size, &user) != NULL;
+}
+
+/* Input once the head is known to need the heap: the request is whole
+ * once head and body are there. */
+static long on_big_input(struct http_conn *hc, const uint8_t *data, size_t size)
+{
+    collect_big(hc, data, size);
+    struct http_request req;
+    int rc = http_parse_request(hc->big, hc->big_size, &req);
+    ASSERT(rc == OK); /* the head parsed before */
+    if (req.head_size + req.content_length <= hc->big_size)
+        dispatch(hc, &req);
+    return (long)size;
+}
+
 static long on_input(struct conn *conn, const uint8_t *data, size_t size)
 {
     struct http_conn *hc = from_conn(conn);
     if (hc->state != HTTP_CONN_STATE_READING)
         return (long)size; /* answered: whatever else comes is dropped */
+    if (hc->big != NULL)
+        return on_big_input(hc, data, size);
     size_t room = HTTP_REQUEST_SIZE_MAX - hc->request_size;
     size_t take = size < room ? size : room;
     memcpy(hc->request + hc->request_size, data, take);
     hc->request_size += (uint32_t)take;
     struct http_request req;
     int rc = http_parse_request(hc->request, hc->request_size, &req);
-    if (rc == OK && req.head_size + req.content_length > HTTP_REQUEST_SIZE_MAX) {
+    if (rc == OK && req.content_length > HTTP_BODY_SIZE_MAX) {
         hc->server->glitches_count++;
-        answer_error(hc, 413, "the request is over 8 KiB", "");
+        answer_error(hc, 413, "the request body is over 16 MiB", "");
+    } else if (rc == OK && req.head_size + req.content_length > HTTP_REQUEST_SIZE_MAX &&
+               hc->big == NULL && !admitted_for_big(hc, &req)) {
+        /* answered: a body past 8 KiB is taken from admitted users only */
+    } else if (rc == OK && req.head_size + req.content_length > HTTP_REQUEST_SIZE_MAX) {
+        collect_big(hc, data + take, size - take);
+        if (req.head_size + req.content_length <= hc->big_size) {
+            http_parse_request(hc->big, hc->big_size, &req); /* slices into big */
+            dispatch(hc, &req);
+        }
     } else if (rc == OK && req.head_size + req.content_length <= hc->request_size) {
         dispatch(hc, &req);
     } else if (rc == OK) {
@@ -465,6 +566,8 @@ static void on_free(struct conn *conn)
 {
     struct http_conn *hc = from_conn(conn);
     struct http_server *server = hc->server;
+    free(hc->big);
+    hc->big = NULL;
     list_remove(&hc->server_link);
     ASSERT(server->conns_count > 0);
     server->conns_count--;
@@ -487,6 +590,8 @@ static struct conn *http_accept(struct net *net, void *ctx)
     hc->cancel = NULL;
     hc->state_since_ms = uv_now(net->loop);
     hc->request_size = 0;
+    hc->big = NULL;
+    hc->big_size = hc->big_cap = 0;
     list_push_back(&server->conns, &hc->server_link);
     server->conns_count++;
     if (server->conns_count > HTTP_CONNS_MAX || server->closed) {
@@ -618,6 +723,15 @@ void http_server_route_prefix(struct http_server *server, const char *prefix,
     ASSERT(handler != NULL);
     add_route(server, (struct http_route){.path = prefix, .prefix = handler, .ctx = ctx,
                                           .access = access});
+}
+
+void http_server_route_tree(struct http_server *server, const char *prefix,
+                            http_prefix_fn handler, void *ctx, uint32_t access)
+{
+    ASSERT(prefix[strlen(prefix) - 1] == '/');
+    ASSERT(handler != NULL);
+    add_route(server, (struct http_route){.path = prefix, .prefix = handler, .tree = true,
+                                          .ctx = ctx, .access = access});
 }
 
 void http_server_close(struct http_server *server)

@@ -14,8 +14,8 @@
  * Limits, each an answer rather than a crash:
  *   - the request head (request line + headers) is at most
  *     HTTP_REQUEST_SIZE_MAX bytes: 414 if the request line alone does
- *     not fit, 431 if the headers do not; head and body together too
- *     (413); a Transfer-Encoding is 400;
+ *     not fit, 431 if the headers do not; the body at most
+ *     HTTP_BODY_SIZE_MAX (413); a Transfer-Encoding is 400;
  *   - a malformed head is 400, an HTTP major version other than 1 is 505,
  *     a method other than GET/HEAD (or POST, for an action) is 405, an
  *     unknown path 404;
@@ -59,7 +59,10 @@ struct http_request;
 #define HTTP_REQUEST_SIZE_MAX 8192u
 #define HTTP_TIMEOUT_MS 5000u
 #define HTTP_CONNS_MAX 64u
-#define HTTP_ROUTES_MAX 32u
+#define HTTP_ROUTES_MAX 64u
+/* A request body past the 8 KiB head buffer (a definitions import) is
+ * collected on the heap as it arrives, up to this many bytes. */
+#define HTTP_BODY_SIZE_MAX (16u * 1024u * 1024u)
 
 /* Writes the response body for a GET of the route's path: exactly one
  * JSON value. */
@@ -94,6 +97,12 @@ struct http_call_request {
     size_t rest_size;
     const char *body;              /* Content-Length bytes (none: size 0) */
     size_t body_size;
+    const char *query;             /* after '?', still %-encoded (none: size 0) */
+    size_t query_size;
+    /* The Authorization header (admitted), for a route that acts as the
+     * user over AMQP (api_amqp.h); NULL when absent. */
+    const char *authorization;
+    size_t authorization_size;
     const struct auth_user *user;  /* borrowed: who asked (NULL: no admission hook) */
 };
 
@@ -132,6 +141,10 @@ struct http_route {
     http_view_fn view;             /* GET (and HEAD) that depends on the user, or NULL */
     http_action_fn action;         /* POST, or NULL */
     http_prefix_fn prefix;         /* anything under path, or NULL */
+    /* A prefix route that also takes its bare path (path without the
+     * trailing '/', rest empty) and POST: RabbitMQ's resource trees such
+     * as /api/queues[/{vhost}[/{name}[/get]]]. */
+    bool tree;
     /* A view whose body is not JSON but text of this type (static), which
      * it writes with json_raw only; NULL: a JSON route. */
     const char *content_type;
@@ -193,11 +206,19 @@ void http_server_route_post(struct http_server *server, const char *path, http_a
  * with '/') and goes on past it, for GET, HEAD, PUT and DELETE. */
 void http_server_route_prefix(struct http_server *server, const char *prefix,
                               http_prefix_fn handler, void *ctx, uint32_t access);
+/* The same, for a whole resource tree (see http_route.tree): prefix ends
+ * with '/'; GET, HEAD, PUT, DELETE and POST of prefix's bare path and of
+ * every path under it. */
+void http_server_route_tree(struct http_server *server, const char *prefix,
+                            http_prefix_fn handler, void *ctx, uint32_t access);
 /* A response body for http_call_answer (space for the head reserved). */
 void http_body_init(struct json *body);
 /* Answers a call (status 200..503, body one complete JSON value, which
  * the server takes). The call is gone afterwards. */
 void http_call_answer(struct http_call *call, int status, struct json *body);
+/* Answers 201 or 204 without a body (RabbitMQ's answer to a PUT or
+ * DELETE). */
+void http_call_answer_empty(struct http_call *call, int status);
 /* RabbitMQ's error shape: {"error": status text, "reason": reason}. */
 void http_call_answer_error(struct http_call *call, int status, const char *reason);
 /* Refuses a call the route's own checks do not let through. */

@@ -105,7 +105,7 @@ static int parse_request_line(const char *line, size_t size, struct http_request
 }
 
 /* field-name ":" OWS field-value OWS (RFC 9112 §5). */
-/* Content-Length: digits only; the whole request must fit the buffer. */
+/* Content-Length: digits only, at most HTTP_BODY_SIZE_MAX. */
 static int parse_content_length(const char *value, size_t size, struct http_request *req)
 {
     while (size > 0 && (*value == ' ' || *value == '\t'))
@@ -116,14 +116,14 @@ static int parse_content_length(const char *value, size_t size, struct http_requ
     for (size_t i = 0; i < size; i++) {
         if (!is_digit(value[i]))
             return parse_fail(req, 400, "malformed Content-Length");
-        if (n > HTTP_REQUEST_SIZE_MAX)
-            return parse_fail(req, 413, "the request is over 8 KiB");
+        if (n > HTTP_BODY_SIZE_MAX)
+            return parse_fail(req, 413, "the request body is over 16 MiB");
         n = n * 10 + (size_t)(value[i] - '0');
     }
     if (size == 0)
         return parse_fail(req, 400, "malformed Content-Length");
-    if (n > HTTP_REQUEST_SIZE_MAX)
-        return parse_fail(req, 413, "the request is over 8 KiB");
+    if (n > HTTP_BODY_SIZE_MAX)
+        return parse_fail(req, 413, "the request body is over 16 MiB");
     if (req->has_length && req->content_length != n)
         return parse_fail(req, 400, "conflicting Content-Length headers");
     req->has_length = true;

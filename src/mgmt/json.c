@@ -6,6 +6,7 @@
 #include "mgmt/json.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +259,13 @@ void json_uint(struct json *json, uint64_t v)
 {
     char text[24];
     put_number(json, text, snprintf(text, sizeof text, "%" PRIu64, v));
+}
+
+void json_double(struct json *json, double v)
+{
+    ASSERT(isfinite(v)); /* JSON has no NaN or infinity */
+    char text[32];
+    put_number(json, text, snprintf(text, sizeof text, "%.17g", v));
 }
 
 void json_bool(struct json *json, bool v)

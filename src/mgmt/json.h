@@ -66,6 +66,7 @@ void json_string(struct json *json, const char *s);
 void json_string_n(struct json *json, const void *s, size_t len);
 void json_int(struct json *json, int64_t v);
 void json_uint(struct json *json, uint64_t v);
+void json_double(struct json *json, double v); /* finite only */
 void json_bool(struct json *json, bool v);
 void json_null(struct json *json);
 

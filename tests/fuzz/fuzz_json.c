@@ -1,5 +1,6 @@
 /*
- * fuzz_json.c: the management API's JSON body reader (mgmt/json_read.h),
+ * fuzz_json.c: the management API's JSON body readers (mgmt/json_read.h,
+ * and mgmt/json_tree.h with the table conversion of mgmt/api_table.h),
  * which every POST and PUT body goes through before any action, and the
  * writer's string escaping (mgmt/json.h), which names from clients go
  * through on the way out.
@@ -18,7 +19,10 @@
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "mgmt/json.h"
+#include "amqp/table.h"
+#include "mgmt/api_table.h"
 #include "mgmt/json_read.h"
+#include "mgmt/json_tree.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -70,6 +74,50 @@ static bool check_member(void *ctx, const struct json_read_member *m, char *err,
     return true;
 }
 
+/* Every node's strings end within the tree and its children add up. */
+static void check_node(const struct json_tree *t, const struct json_node *n, uint32_t depth)
+{
+    ASSERT(depth <= JSON_TREE_DEPTH_MAX);
+    if (n->kind == JSON_KIND_STRING)
+        ASSERT(n->string[n->string_size] == '\0');
+    uint32_t count = 0;
+    for (const struct json_node *c = json_tree_first(t, n); c; c = json_tree_next(t, c)) {
+        ASSERT((c->key != NULL) == (n->kind == JSON_KIND_OBJECT));
+        check_node(t, c, depth + 1);
+        count++;
+    }
+    ASSERT(count == n->children_count);
+}
+
+/* The nested reader (mgmt/json_tree.h) on the same input: refused with a
+ * position, or a consistent tree; an object then becomes an AMQP table
+ * that validates, and that table is written back as JSON. */
+static void check_tree(const uint8_t *data, size_t size)
+{
+    struct json_tree t;
+    char err[256] = "";
+    if (json_tree_parse(&t, (const char *)data, size, err, sizeof err) != OK) {
+        ASSERT(strstr(err, "line ") != NULL);
+        return;
+    }
+    const struct json_node *root = json_tree_root(&t);
+    check_node(&t, root, 1);
+    uint8_t *buf = malloc(1u << 16);
+    ASSERT(buf != NULL);
+    struct table table;
+    if (root->kind == JSON_KIND_OBJECT &&
+        api_table_from_json(&t, root, buf, 1u << 16, &table, err, sizeof err) == OK) {
+        ASSERT(table_validate(table.ptr, table.len) == OK);
+        struct json j;
+        json_init(&j);
+        api_table_write(&j, table);
+        ASSERT(json_complete(&j));
+        json_free(&j);
+    }
+    free(buf);
+    json_tree_free(&t);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct seen *s = calloc(1, sizeof *s);
@@ -79,5 +127,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int rc = json_read_object((const char *)data, size, check_member, s, err, sizeof err);
     ASSERT(rc == OK || (rc == E_SYNTAX && err[0] != '\0'));
     free(s);
+    check_tree(data, size);
     return 0;
 }

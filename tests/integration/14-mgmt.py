@@ -175,9 +175,12 @@ def find_queue(queues, name, vhost="/"):
     raise AssertionError("queue %r not in %r" % (name, [q["name"] for q in queues]))
 
 
-QUEUE_KEYS = {"vhost", "name", "durable", "exclusive", "auto_delete", "messages",
-              "messages_unacknowledged", "consumers", "paged", "primary", "backups",
-              "in_sync", "epoch", "role", "policy"}
+# RabbitMQ's fields (36-rabbitmqadmin compares them with RabbitMQ's), then quay's.
+QUEUE_KEYS = {"vhost", "name", "durable", "exclusive", "auto_delete", "arguments", "messages",
+              "messages_ready", "messages_unacknowledged", "consumers", "memory",
+              "message_bytes_ready", "state", "type", "node", "policy",
+              "exclusive_consumer_tag", "effective_policy_definition",
+              "counts_from", "paged", "primary", "backups", "in_sync", "epoch", "role"}
 # A clustered broker adds the queue's replication state.
 CLUSTER_QUEUE_KEYS = QUEUE_KEYS | {"replication_factor", "available"}
 
@@ -202,7 +205,7 @@ def overview_total(key):
     b = mgmt_broker()
     if b.cluster is None:
         return api("/api/overview")[key]
-    field = {"messages_ready": "messages"}.get(key, key)
+    field = key
     return sum(q[field] for m in b.members for q in api("/api/queues", m.http_port)
                if q["role"] == "primary")
 ODD_NAME = 'odd "name" \\ tab\there caf\u00e9 \u20ac \U0001d11e'
@@ -244,7 +247,8 @@ def queues_endpoint_matches_what_clients_did():
         eq((len(w["backups"]), w["in_sync"] == w["backups"]), (1, True), "backups")
         assert w["epoch"] > 0, w
     w = counted("m-work")
-    eq(w["messages"], 3, "m-work ready")
+    eq(w["messages_ready"], 3, "m-work ready")
+    eq(w["messages"], 5, "m-work ready + unacked (RabbitMQ's messages)")
     eq(w["messages_unacknowledged"], 2, "m-work unacked")
     eq(w["consumers"], 0, "m-work consumers")
     eq(w["paged"], 0, "m-work paged")
@@ -253,7 +257,7 @@ def queues_endpoint_matches_what_clients_did():
     a = counted("m-auto")
     eq((a["auto_delete"], a["consumers"]), (True, 1), "m-auto")
     o = counted(ODD_NAME)   # escaping round-trips exactly
-    eq(o["messages"], 1, "odd name ready")
+    eq(o["messages_ready"], 1, "odd name ready")
     for q in queues:
         for k in ("messages", "messages_unacknowledged", "consumers", "paged", "epoch"):
             assert isinstance(q[k], int) and q[k] >= 0, (k, q)
@@ -264,9 +268,9 @@ def queues_endpoint_matches_what_clients_did():
                what="the exclusive and auto-delete queues to go")
     names = [q["name"] for q in api("/api/queues")]
     assert "m-work" in names
-    wait_until(lambda: counted("m-work")["messages"] == 5, what="the requeues")
+    wait_until(lambda: counted("m-work")["messages_ready"] == 5, what="the requeues")
     w = counted("m-work")
-    eq((w["messages"], w["messages_unacknowledged"]), (5, 0), "requeued on close")
+    eq((w["messages_ready"], w["messages_unacknowledged"]), (5, 0), "requeued on close")
     c = amqp()
     ch = c.channel()
     ch.queue_delete("m-work")
@@ -305,7 +309,8 @@ def connections_and_overview_count_clients():
         assert isinstance(x["id"], int)
 
     ov = api("/api/overview")
-    eq((ov["product"], ov["node"]), ("quay", "local"), "product")
+    node = "local" if mgmt_broker().cluster is None else mgmt_broker().client.name
+    eq((ov["product"], ov["node"]), ("quay", node), "product (node: this broker's name)")
     assert ov["version"].count(".") == 2, ov["version"]
     eq(ov["connections"], base["connections"] + 2, "connections")
     eq(ov["channels"], base["channels"] + 4, "channels")
@@ -347,7 +352,7 @@ def quayctl_tables_and_json():
     else:  # counts as this broker keeps them (a proxy's: none ready here)
         eq((mine[0]["DURABLE"], mine[0]["PRIMARY"]),
            ("yes", b.primary_of("m-ctl-a").name), "row")
-        eq(counted("m-ctl-a")["messages"], 2, "ready at the primary")
+        eq(counted("m-ctl-a")["messages_ready"], 2, "ready at the primary")
     eq((mine[1]["READY"], mine[1]["DURABLE"]), ("0", "no"), "row b")
     # Aligned: every numeric column ends at the same offset on every line.
     lines = out.rstrip("\n").split("\n")
@@ -376,7 +381,7 @@ def quayctl_tables_and_json():
     if CLUSTERED:
         assert tables.startswith("cluster.brokers:\n"), status
     eq(pairs["product"], "quay", "status product")
-    eq(pairs["node"], "local", "status node")
+    eq(pairs["node"], "local" if not CLUSTERED else mgmt_broker().client.name, "status node")
     assert int(pairs["queues"]) >= 2 and int(pairs["connections"]) >= 1, pairs
     eq(pairs["memory.alarm"], "no", "status alarm")
     assert set(json.loads(quayctl("status", "--json").stdout)) >= {"product", "uptime_ms"}
@@ -410,11 +415,12 @@ def quayctl_errors_and_exit_codes():
 
 @test
 def methods_paths_and_versions_are_refused():
-    st, hdrs, body = request("POST", "/api/queues")
+    st, hdrs, body = request("POST", "/api/overview")
     eq(st, 405, "POST")
     eq(hdrs["Allow"], "GET, HEAD", "Allow header")
     eq(body["error"], "Method Not Allowed", "error body")
-    eq(request("DELETE", "/api/queues/%2F/x")[0], 405, "DELETE")
+    eq(request("DELETE", "/api/overview")[0], 405, "DELETE")
+    eq(request("DELETE", "/api/queues/%2F/x")[0], 404, "DELETE of a missing queue")
     st, _, body = request("GET", "/api/nope")
     eq(st, 404, "unknown path")
     assert body["reason"], body

@@ -111,7 +111,7 @@ def changing_the_policy_changes_existing_queues():
     for name in info["backups"]:
         wait_until(lambda: queue_info(members[name], "ha.x")["replica_messages"] == 50, 10,
                    what="50 messages on backup %s" % name)
-    assert queue_info(members[info["primary"]], "ha.x")["messages"] == 50
+    assert queue_info(members[info["primary"]], "ha.x")["messages_ready"] == 50
 
 
 @test(timeout=60)

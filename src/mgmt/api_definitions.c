@@ -1,0 +1,616 @@
+/*
+ * api_definitions.c: see api_definitions.h. An import is checked whole
+ * (check_*), turned into steps (one AMQP method each, with its vhost),
+ * then run one vhost's batch at a time: each batch is one AMQP session
+ * (api_amqp.h) that sends its methods pipelined and ends when every one
+ * was answered.
+ */
+#include "mgmt/api_definitions.h"
+
+#include <openssl/crypto.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amqp/method_gen.h"
+#include "broker/auth.h"
+#include "broker/broker.h"
+#include "broker/exchange.h"
+#include "broker/policy.h"
+#include "broker/queue.h"
+#include "broker/vhost.h"
+#include "cluster/link.h"
+#include "lib/assert.h"
+#include "lib/errors.h"
+#include "lib/log.h"
+#include "mgmt/api.h"
+#include "mgmt/api_amqp.h"
+#include "mgmt/api_bindings.h"
+#include "mgmt/api_definitions_users.h"
+#include "mgmt/api_exchanges.h"
+#include "mgmt/api_list.h"
+#include "mgmt/api_policies.h"
+#include "mgmt/api_queues.h"
+#include "mgmt/api_table.h"
+#include "mgmt/json.h"
+#include "mgmt/json_tree.h"
+
+#define ERR_SIZE 400
+/* The broker's own login for quayd --definitions (auth_add_internal). */
+#define INTERNAL_USER "quay-internal"
+#define STEP_ARGUMENTS_SIZE_MAX 65536
+
+/* ---- export ------------------------------------------------------------------ */
+
+static bool exported_exchange(const struct exchange *x)
+{
+    return x->name.len > 0 && !bytes_has_prefix(x->name, "amq.");
+}
+
+/* Writes "vhost" unless one vhost is exported alone (RabbitMQ leaves it out). */
+static void write_vhost_field(struct json *out, const struct vhost *vhost, bool alone)
+{
+    if (!alone) {
+        json_key(out, "vhost");
+        json_string_n(out, vhost->name.ptr, vhost->name.len);
+    }
+}
+
+static void write_policies(struct json *out, struct broker *broker, const struct vhost *only)
+{
+    const struct policy_set *set = api_policies_of(broker);
+    json_key(out, "policies");
+    json_array_begin(out);
+    for (uint32_t i = 0; i < set->count; i++) {
+        const struct policy *p = set->items[i];
+        if (only != NULL && !bytes_equal(p->vhost, only->name))
+            continue;
+        json_object_begin(out);
+        if (only == NULL) {
+            json_key(out, "vhost");
+            json_string_n(out, p->vhost.ptr, p->vhost.len);
+        }
+        json_key(out, "name");
+        json_string_n(out, p->name.ptr, p->name.len);
+        json_key(out, "pattern");
+        json_string_n(out, p->pattern.ptr, p->pattern.len);
+        json_kv_string(out, "apply-to", "queues");
+        json_kv_uint(out, "priority", p->priority);
+        /* quay's backups in RabbitMQ's words: N backups = N + 1 copies. */
+        json_key(out, "definition");
+        json_object_begin(out);
+        json_kv_string(out, "ha-mode", "exactly");
+        json_kv_uint(out, "ha-params", (uint64_t)p->backups + 1);
+        json_object_end(out);
+        json_object_end(out);
+    }
+    json_array_end(out);
+}
+
+static void write_queues(struct json *out, const struct vhost *vhost, bool alone)
+{
+    struct hmap_entry *e;
+    for (uint32_t i = 0; hmap_next((struct hmap *)&vhost->queues, &i, &e);) {
+        const struct queue *q = e->value;
+        if (q->exclusive)
+            continue;
+        json_object_begin(out);
+        json_key(out, "name");
+        json_string_n(out, q->name.ptr, q->name.len);
+        write_vhost_field(out, vhost, alone);
+        json_kv_bool(out, "durable", q->durable);
+        json_kv_bool(out, "auto_delete", q->auto_delete);
+        json_key(out, "arguments");
+        api_table_write(out, (struct table){q->arguments.ptr, q->arguments.len});
+        json_object_end(out);
+    }
+}
+
+static void write_exchanges(struct json *out, const struct vhost *vhost, bool alone)
+{
+    struct hmap_entry *e;
+    for (uint32_t i = 0; hmap_next((struct hmap *)&vhost->exchanges, &i, &e);) {
+        const struct exchange *x = e->value;
+        if (!exported_exchange(x))
+            continue;
+        json_object_begin(out);
+        json_key(out, "name");
+        json_string_n(out, x->name.ptr, x->name.len);
+        write_vhost_field(out, vhost, alone);
+        json_kv_string(out, "type", exchange_type_name(x->type));
+        json_kv_bool(out, "durable", x->durable);
+        json_kv_bool(out, "auto_delete", x->auto_delete);
+        json_kv_bool(out, "internal", x->internal);
+        json_key(out, "arguments");
+        api_table_write(out, (struct table){x->arguments.ptr, x->arguments.len});
+        json_object_end(out);
+    }
+}
+
+/* The topology sections, of one vhost or of all (only NULL). */
+static void write_topology(struct json *out, struct broker *broker, const struct vhost *only)
+{
+    json_key(out, "parameters");
+    json_array_begin(out);
+    json_array_end(out);
+    write_policies(out, broker, only);
+    for (int section = 0; section < 3; section++) {
+        json_key(out, section == 0 ? "queues" : section == 1 ? "exchanges" : "bindings");
+        json_array_begin(out);
+        struct hmap_entry *v;
+        for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
+            const struct vhost *vhost = v->value;
+            if (only != NULL && vhost != only)
+                continue;
+            if (section == 0)
+                write_queues(out, vhost, only != NULL);
+            else if (section == 1)
+                write_exchanges(out, vhost, only != NULL);
+            else
+                api_bindings_write_definitions(out, vhost, only != NULL);
+        }
+        json_array_end(out);
+    }
+}
+
+static void export_definitions(struct broker *broker, struct http_call *call,
+                               const struct vhost *only)
+{
+    struct json body;
+    http_body_init(&body);
+    json_object_begin(&body);
+    json_kv_string(&body, "rabbit_version", QUAY_VERSION);
+    if (only == NULL) {
+        json_kv_string(&body, "rabbitmq_version", QUAY_VERSION);
+        json_kv_string(&body, "product_name", "quay");
+        json_kv_string(&body, "product_version", QUAY_VERSION);
+        api_definitions_write_users(&body, broker);
+        json_key(&body, "topic_permissions");
+        json_array_begin(&body);
+        json_array_end(&body);
+        json_key(&body, "global_parameters");
+        json_array_begin(&body);
+        json_array_end(&body);
+    }
+    write_topology(&body, broker, only);
+    json_object_end(&body);
+    http_call_answer(call, 200, &body);
+}
+
+/* ---- import: checking ------------------------------------------------------------ */
+
+/* One declare or bind of the import. Slices point into the import's tree
+ * or the step's own arguments. */
+struct step {
+    struct bytes vhost;
+    struct method method;
+    uint32_t ok_id;
+    uint8_t *arguments;            /* owned: the encoded table */
+};
+
+struct import {
+    struct broker *broker;
+    struct http_call *call;        /* NULL: quayd --definitions, logged instead */
+    char password[64];             /* without a call: the internal user's */
+    const char *source;            /* without a call: the file's name, for logs */
+    struct http_call_request req;
+    struct json_tree tree;
+    struct bytes only;             /* the path's vhost (POST /api/definitions/{vhost}), or none */
+    uint8_t only_text[256];
+    struct step *steps;            /* owned */
+    uint32_t count, cap;
+    uint32_t batch_end;            /* steps [next, batch_end) are in flight */
+    uint32_t next;
+    uint32_t due;                  /* replies still owed by the batch */
+};
+
+static void import_free(struct import *im)
+{
+    OPENSSL_cleanse(im->password, sizeof im->password);
+    for (uint32_t i = 0; i < im->count; i++)
+        free(im->steps[i].arguments);
+    free(im->steps);
+    json_tree_free(&im->tree);
+    free(im);
+}
+
+static struct step *add_step(struct import *im, struct bytes vhost, uint32_t method_id,
+                             uint32_t ok_id)
+{
+    if (im->count == im->cap) {
+        im->cap = im->cap ? im->cap * 2 : 64;
+        im->steps = realloc(im->steps, im->cap * sizeof *im->steps);
+        ASSERT(im->steps != NULL);
+    }
+    struct step *s = &im->steps[im->count++];
+    *s = (struct step){.vhost = vhost, .method = {.id = method_id}, .ok_id = ok_id};
+    return s;
+}
+
+/* A string member as bytes (at most 255 of them, not empty unless may_be_empty). */
+static bool short_member(const struct json_tree *tree, const struct json_node *item,
+                         const char *key, bool may_be_empty, struct bytes *out)
+{
+    const struct json_node *n = json_tree_get(tree, item, key);
+    if (n == NULL || n->kind != JSON_KIND_STRING || n->string_size > 255 ||
+        (!may_be_empty && n->string_size == 0))
+        return false;
+    *out = (struct bytes){(const uint8_t *)n->string, n->string_size};
+    return true;
+}
+
+/* The item's vhost: the path's, or its own "vhost" (which must exist). */
+static struct vhost *item_vhost(struct import *im, const struct json_node *item,
+                                const char *section, char *err)
+{
+    struct bytes name = im->only;
+    if (im->only.len == 0 && !short_member(&im->tree, item, "vhost", false, &name)) {
+        snprintf(err, ERR_SIZE, "%s: an item without a vhost", section);
+        return NULL;
+    }
+    struct vhost *vhost = broker_vhost(im->broker, name);
+    if (vhost == NULL)
+        snprintf(err, ERR_SIZE, "%s: vhost '%.*s' does not exist", section, (int)name.len,
+                 (const char *)name.ptr);
+    return vhost;
+}
+
+static bool encode_arguments(struct import *im, const struct json_node *item, struct step *s,
+                             struct table *out, char *err)
+{
+    s->arguments = malloc(STEP_ARGUMENTS_SIZE_MAX);
+    ASSERT(s->arguments != NULL);
+    return api_table_from_json(&im->tree, json_tree_get(&im->tree, item, "arguments"),
+                               s->arguments, STEP_ARGUMENTS_SIZE_MAX, out, err, ERR_SIZE) == OK;
+}
+
+static bool flags_of(struct import *im, const struct json_node *item, bool *durable,
+                     bool *auto_delete, bool *internal)
+{
+    return json_tree_get_bool(&im->tree, item, "durable", false, durable) &&
+           json_tree_get_bool(&im->tree, item, "auto_delete", false, auto_delete) &&
+           json_tree_get_bool(&im->tree, item, "internal", false, internal);
+}
+
+static bool check_queue(struct import *im, const struct json_node *item, char *err)
+{
+    struct vhost *vhost = item_vhost(im, item, "queues", err);
+    struct bytes name;
+    bool durable, auto_delete, internal;
+    if (vhost == NULL)
+        return false;
+    if (!short_member(&im->tree, item, "name", false, &name) ||
+        !flags_of(im, item, &durable, &auto_delete, &internal)) {
+        snprintf(err, ERR_SIZE, "queues: an item without a name, or with durable or "
+                                "auto_delete not true or false");
+        return false;
+    }
+    const struct queue *q = vhost_queue(vhost, name);
+    if (q != NULL && (q->durable != durable || q->auto_delete != auto_delete)) {
+        snprintf(err, ERR_SIZE, "queues: '%.*s' in vhost '%.*s' exists, declared otherwise "
+                                "(durable %s, auto_delete %s)", (int)name.len,
+                 (const char *)name.ptr, (int)vhost->name.len, (const char *)vhost->name.ptr,
+                 q->durable ? "true" : "false", q->auto_delete ? "true" : "false");
+        return false;
+    }
+    struct step *s = add_step(im, vhost->name, METHOD_QUEUE_DECLARE, METHOD_QUEUE_DECLARE_OK);
+    struct method_queue_declare *d = &s->method.queue_declare;
+    d->queue = name, d->durable = durable, d->auto_delete = auto_delete;
+    return encode_arguments(im, item, s, &d->arguments, err);
+}
+
+static bool check_exchange(struct import *im, const struct json_node *item, char *err)
+{
+    struct vhost *vhost = item_vhost(im, item, "exchanges", err);
+    struct bytes name, type;
+    bool durable, auto_delete, internal;
+    enum exchange_type t;
+    if (vhost == NULL)
+        return false;
+    if (!short_member(&im->tree, item, "name", false, &name) ||
+        !short_member(&im->tree, item, "type", false, &type) ||
+        !flags_of(im, item, &durable, &auto_delete, &internal) ||
+        exchange_type_parse(type, &t) != 0) {
+        snprintf(err, ERR_SIZE, "exchanges: an item without a name or a known type, or with "
+                                "durable, auto_delete or internal not true or false");
+        return false;
+    }
+    const struct exchange *x = vhost_exchange(vhost, name);
+    if (x != NULL && (x->type != t || x->durable != durable || x->auto_delete != auto_delete ||
+                      x->internal != internal)) {
+        snprintf(err, ERR_SIZE, "exchanges: '%.*s' in vhost '%.*s' exists, declared otherwise",
+                 (int)name.len, (const char *)name.ptr, (int)vhost->name.len,
+                 (const char *)vhost->name.ptr);
+        return false;
+    }
+    struct step *s = add_step(im, vhost->name, METHOD_EXCHANGE_DECLARE,
+                              METHOD_EXCHANGE_DECLARE_OK);
+    struct method_exchange_declare *d = &s->method.exchange_declare;
+    d->exchange = name, d->type = type, d->durable = durable;
+    d->auto_delete = auto_delete, d->internal = internal;
+    return encode_arguments(im, item, s, &d->arguments, err);
+}
+
+/* Whether the import declares (kind, name) in vhost, or the broker has it. */
+static bool end_exists(const struct import *im, const struct vhost *vhost, bool queue,
+                       struct bytes name)
+{
+    if (queue ? vhost_queue((struct vhost *)vhost, name) != NULL
+              : vhost_exchange((struct vhost *)vhost, name) != NULL)
+        return true;
+    uint32_t id = queue ? METHOD_QUEUE_DECLARE : METHOD_EXCHANGE_DECLARE;
+    for (uint32_t i = 0; i < im->count; i++) {
+        const struct step *s = &im->steps[i];
+        if (s->method.id != id || !bytes_equal(s->vhost, vhost->name))
+            continue;
+        if (bytes_equal(queue ? s->method.queue_declare.queue : s->method.exchange_declare.exchange,
+                        name))
+            return true;
+    }
+    return false;
+}
+
+static bool check_binding(struct import *im, const struct json_node *item, char *err)
+{
+    struct vhost *vhost = item_vhost(im, item, "bindings", err);
+    struct bytes source, dest, type, rk;
+    if (vhost == NULL)
+        return false;
+    if (!short_member(&im->tree, item, "source", false, &source) ||
+        !short_member(&im->tree, item, "destination", false, &dest) ||
+        !short_member(&im->tree, item, "destination_type", false, &type) ||
+        !short_member(&im->tree, item, "routing_key", true, &rk) ||
+        !(bytes_equal_cstr(type, "queue") || bytes_equal_cstr(type, "exchange"))) {
+        snprintf(err, ERR_SIZE, "bindings: an item without a source, destination, "
+                                "destination_type (queue or exchange) or routing_key");
+        return false;
+    }
+    bool to_queue = bytes_equal_cstr(type, "queue");
+    if (!end_exists(im, vhost, false, source) || !end_exists(im, vhost, to_queue, dest)) {
+        snprintf(err, ERR_SIZE, "bindings: from '%.*s' to %s '%.*s' in vhost '%.*s': an end "
+                                "that neither exists nor is in the definitions",
+                 (int)source.len, (const char *)source.ptr, to_queue ? "queue" : "exchange",
+                 (int)dest.len, (const char *)dest.ptr, (int)vhost->name.len,
+                 (const char *)vhost->name.ptr);
+        return false;
+    }
+    struct step *s = to_queue ? add_step(im, vhost->name, METHOD_QUEUE_BIND, METHOD_QUEUE_BIND_OK)
+                              : add_step(im, vhost->name, METHOD_EXCHANGE_BIND,
+                                         METHOD_EXCHANGE_BIND_OK);
+    struct table args;
+    if (!encode_arguments(im, item, s, &args, err))
+        return false;
+    if (to_queue)
+        s->method.queue_bind = (struct method_queue_bind){
+            .queue = dest, .exchange = source, .routing_key = rk, .arguments = args};
+    else
+        s->method.exchange_bind = (struct method_exchange_bind){
+            .destination = dest, .source = source, .routing_key = rk, .arguments = args};
+    return true;
+}
+
+/* A policy is accepted only as one the broker has (RabbitMQ's classic
+ * mirroring words for quay's backups, as exported): quay does not apply
+ * RabbitMQ's other policy keys, and sets policies through /api/policies. */
+static bool check_policy(struct import *im, const struct json_node *item, char *err)
+{
+    struct bytes vhost = im->only, name, pattern;
+    const struct json_node *def = json_tree_get(&im->tree, item, "definition");
+    const struct json_node *mode = json_tree_get(&im->tree, def, "ha-mode");
+    const struct json_node *params = json_tree_get(&im->tree, def, "ha-params");
+    const struct json_node *priority = json_tree_get(&im->tree, item, "priority");
+    bool named = (im->only.len > 0 || short_member(&im->tree, item, "vhost", false, &vhost)) &&
+                 short_member(&im->tree, item, "name", false, &name) &&
+                 short_member(&im->tree, item, "pattern", true, &pattern);
+    const struct policy *p = named ? policy_set_find(api_policies_of(im->broker), vhost, name)
+                                   : NULL;
+    if (p != NULL && bytes_equal(p->pattern, pattern) && def != NULL &&
+        def->children_count == 2 && mode != NULL && mode->kind == JSON_KIND_STRING &&
+        strcmp(mode->string, "exactly") == 0 && params != NULL && params->is_integer &&
+        params->integer == (int64_t)p->backups + 1 &&
+        (priority == NULL || (priority->is_integer && priority->integer == p->priority)))
+        return true;
+    snprintf(err, ERR_SIZE, "policies: '%.*s' is not one this broker has; quay does not import "
+                            "policies (set its replication policies with PUT /api/policies)",
+             named ? (int)name.len : 1, named ? (const char *)name.ptr : "?");
+    return false;
+}
+
+typedef bool (*check_fn)(struct import *im, const struct json_node *item, char *err);
+
+static bool check_section(struct import *im, const char *key, check_fn check, char *err)
+{
+    const struct json_node *root = json_tree_root(&im->tree);
+    const struct json_node *list = json_tree_get(&im->tree, root, key);
+    if (list == NULL || list->kind == JSON_KIND_NULL)
+        return true;
+    if (list->kind != JSON_KIND_ARRAY) {
+        snprintf(err, ERR_SIZE, "%s must be an array", key);
+        return false;
+    }
+    for (const struct json_node *c = json_tree_first(&im->tree, list); c;
+         c = json_tree_next(&im->tree, c)) {
+        if (c->kind != JSON_KIND_OBJECT) {
+            snprintf(err, ERR_SIZE, "%s: every item must be an object", key);
+            return false;
+        }
+        if (!check(im, c, err))
+            return false;
+    }
+    return true;
+}
+
+static bool empty_section(struct import *im, const char *key, char *err)
+{
+    const struct json_node *n = json_tree_get(&im->tree, json_tree_root(&im->tree), key);
+    if (n == NULL || n->kind == JSON_KIND_NULL ||
+        (n->kind == JSON_KIND_ARRAY && n->children_count == 0))
+        return true;
+    snprintf(err, ERR_SIZE, "%s: quay has none and cannot import them", key);
+    return false;
+}
+
+/* Everything checked, the steps made: true, or false with why in err. */
+static bool check_all(struct import *im, char *err)
+{
+    const struct json_node *root = json_tree_root(&im->tree);
+    if (im->only.len == 0 &&
+        !api_definitions_check_users(im->broker, &im->tree, root, err, ERR_SIZE))
+        return false;
+    return empty_section(im, "parameters", err) && empty_section(im, "topic_permissions", err) &&
+           check_section(im, "policies", check_policy, err) &&
+           check_section(im, "exchanges", check_exchange, err) &&
+           check_section(im, "queues", check_queue, err) &&
+           check_section(im, "bindings", check_binding, err);
+}
+
+/* ---- import: applying ---------------------------------------------------------------- */
+
+static void run_batch(struct import *im);
+
+/* quayd --definitions: a batch failed (the import is freed after this). */
+static void load_failed(void *ctx, int status, const char *reason)
+{
+    struct import *im = ctx;
+    LOG_ERROR("definitions from %s: applying stopped after %u of %u steps (%d): %s",
+              im->source, im->next, im->count, status, reason ? reason : "?");
+}
+
+static void batch_started(struct api_op *op, struct link_channel *ch)
+{
+    struct import *im = api_op_data(op);
+    for (uint32_t i = im->next; i < im->batch_end; i++)
+        link_send(ch, &im->steps[i].method);
+}
+
+static void batch_reply(struct api_op *op, const struct method *m)
+{
+    struct import *im = api_op_data(op);
+    (void)m;
+    ASSERT(im->due > 0);
+    if (--im->due > 0)
+        return;
+    im->next = im->batch_end;
+    api_op_end(op);
+    run_batch(im);
+}
+
+static void import_free_data(void *data)
+{
+    import_free(data);
+}
+
+static const struct api_op_type batch_type = {
+    .started = batch_started, .reply = batch_reply, .free_data = import_free_data};
+
+/* Steps are in section order (exchanges, queues, bindings); a batch is the
+ * next steps of one vhost, each section's order kept. */
+static void run_batch(struct import *im)
+{
+    if (im->next == im->count) {
+        if (im->call != NULL)
+            http_call_answer_empty(im->call, 204);
+        else
+            LOG_INFO("definitions from %s applied: %u declarations and bindings", im->source,
+                     im->count);
+        import_free(im);
+        return;
+    }
+    struct bytes vhost = im->steps[im->next].vhost;
+    /* Gather this vhost's remaining steps to the front, in order. */
+    uint32_t end = im->next;
+    for (uint32_t i = im->next; i < im->count; i++) {
+        if (!bytes_equal(im->steps[i].vhost, vhost))
+            continue;
+        struct step s = im->steps[i];
+        memmove(&im->steps[end + 1], &im->steps[end], (i - end) * sizeof s);
+        im->steps[end++] = s;
+    }
+    im->batch_end = end;
+    im->due = end - im->next;
+    if (im->call != NULL)
+        api_op_start(im->broker, im->call, &im->req, vhost, false, &batch_type, im);
+    else
+        api_op_start_as(im->broker, INTERNAL_USER, im->password, vhost, &batch_type, im,
+                        load_failed, im);
+}
+
+static void import_definitions(struct broker *broker, struct http_call *call,
+                               const struct http_call_request *req, const struct bytes *only)
+{
+    struct import *im = calloc(1, sizeof *im);
+    ASSERT(im != NULL);
+    *im = (struct import){.broker = broker, .call = call, .req = *req};
+    if (only != NULL) {
+        memcpy(im->only_text, only->ptr, only->len);
+        im->only = (struct bytes){im->only_text, only->len};
+    }
+    char err[ERR_SIZE];
+    if (json_tree_parse(&im->tree, req->body, req->body_size, err, sizeof err) != OK) {
+        free(im);
+        api_answer_bad_request(call, err);
+        return;
+    }
+    if (json_tree_root(&im->tree)->kind != JSON_KIND_OBJECT) {
+        snprintf(err, sizeof err, "definitions must be a JSON object");
+    } else if (check_all(im, err)) {
+        run_batch(im);
+        return;
+    }
+    import_free(im);
+    api_answer_bad_request(call, err);
+}
+
+static void handle_definitions(void *ctx, struct http_call *call,
+                               const struct http_call_request *req)
+{
+    struct broker *broker = ctx;
+    struct api_path path;
+    if (!api_path_parse(call, req, &path))
+        return;
+    if (path.count > 1) {
+        api_answer_not_found(call);
+        return;
+    }
+    struct vhost *vhost = NULL;
+    if (path.count == 1 && (vhost = api_vhost_or_404(broker, call, path.seg[0])) == NULL)
+        return;
+    if (req->method == HTTP_METHOD_GET || req->method == HTTP_METHOD_HEAD)
+        export_definitions(broker, call, vhost);
+    else if (req->method == HTTP_METHOD_POST)
+        import_definitions(broker, call, req, path.count == 1 ? &vhost->name : NULL);
+    else
+        http_call_answer_error(call, 405, "Method Not Allowed");
+}
+
+int api_definitions_load(struct broker *broker, const char *source, const char *text,
+                         size_t size, char *err, size_t err_size)
+{
+    ASSERT(err_size >= ERR_SIZE);
+    struct import *im = calloc(1, sizeof *im);
+    ASSERT(im != NULL);
+    *im = (struct import){.broker = broker, .source = source};
+    if (json_tree_parse(&im->tree, text, size, err, err_size) != OK) {
+        free(im);
+        return -1;
+    }
+    if (json_tree_root(&im->tree)->kind != JSON_KIND_OBJECT) {
+        snprintf(err, err_size, "definitions must be a JSON object");
+    } else if (check_all(im, err)) {
+        auth_add_internal(&broker->auth, INTERNAL_USER, im->password, sizeof im->password);
+        LOG_INFO("definitions from %s: checked, %u declarations and bindings to apply", source,
+                 im->count);
+        run_batch(im);
+        return 0;
+    }
+    import_free(im);
+    return -1;
+}
+
+void api_definitions_register(struct http_server *http, struct broker *broker)
+{
+    /* Definitions hold every user's password hash: administrators only, as
+     * in RabbitMQ. */
+    http_server_route_tree(http, "/api/definitions/", handle_definitions, broker,
+                           MGMT_ACCESS_ADMINISTRATOR);
+}

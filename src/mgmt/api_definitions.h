@@ -1,0 +1,55 @@
+/*
+ * api_definitions.h: RabbitMQ's definitions (its JSON export of a broker's
+ * topology) through the management API.
+ *
+ *   GET  /api/definitions          {"rabbit_version", "rabbitmq_version",
+ *                                  "product_name", "product_version", "users",
+ *                                  "vhosts", "permissions", "topic_permissions",
+ *                                  "parameters", "global_parameters", "policies",
+ *                                  "queues", "exchanges", "bindings"}
+ *   GET  /api/definitions/{vhost}  one vhost's parameters, policies, queues,
+ *                                  exchanges and bindings (no "vhost" fields)
+ *   POST /api/definitions[/{vhost}]  import: 204
+ *
+ * Export: what the broker has, in RabbitMQ's shape: the users, vhosts and
+ * permissions of the users file (read-only, api_definitions_users.h), the
+ * replication policies as RabbitMQ's classic mirroring ("ha-mode":
+ * "exactly", "ha-params": backups + 1, which RabbitMQ 3.10 takes), every
+ * queue but exclusive ones, every exchange but the default and amq.* ones,
+ * every binding but the default exchange's implicit ones. In a cluster,
+ * any broker exports the whole cluster's.
+ *
+ * Import, all or nothing as far as quay can tell before it starts: the
+ * whole body is parsed (a malformed one is refused with where it went
+ * wrong) and checked first: every field's type, every vhost exists, every
+ * binding's ends exist or are in the file, an existing queue or exchange
+ * is declared the same way (durable, auto_delete, type), and the users,
+ * vhosts, permissions, policies and parameters sections hold nothing
+ * quay would have to create (api_definitions_users.h says which, and
+ * why); any refusal is a 400 naming the item, and nothing is applied.
+ * Then the exchanges, queues and bindings are declared over AMQP as the
+ * user (api_amqp.h), one vhost at a time: the same checks a client's
+ * declare gets. The only failure left once applying has started is one of
+ * those (an x-argument the broker refuses): it is answered 400 with the
+ * broker's reason, and what came before it stays.
+ */
+#ifndef QUAY_MGMT_API_DEFINITIONS_H
+#define QUAY_MGMT_API_DEFINITIONS_H
+
+#include "mgmt/http.h"
+
+struct broker;
+
+void api_definitions_register(struct http_server *http, struct broker *broker);
+
+/* quayd --definitions FILE, as RabbitMQ's load_definitions: text (the
+ * file's bytes; source names it in logs) is checked now, as an import
+ * is; then it is applied over AMQP as the broker's internal user
+ * (auth_add_internal), from the loop, once the broker serves, and the
+ * outcome is logged. Call once, after broker_start and before the loop
+ * runs. Returns 0, or -1 with why in err (at least 400 bytes): the
+ * broker should not start. */
+int api_definitions_load(struct broker *broker, const char *source, const char *text,
+                         size_t size, char *err, size_t err_size);
+
+#endif

@@ -1,0 +1,234 @@
+/*
+ * api_exchanges.c: see api_exchanges.h.
+ */
+#include "mgmt/api_exchanges.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amqp/method_gen.h"
+#include "broker/broker.h"
+#include "broker/exchange.h"
+#include "broker/vhost.h"
+#include "cluster/link.h"
+#include "lib/assert.h"
+#include "lib/errors.h"
+#include "mgmt/api.h"
+#include "mgmt/api_amqp.h"
+#include "mgmt/api_bindings.h"
+#include "mgmt/api_list.h"
+#include "mgmt/api_message.h"
+#include "mgmt/api_queues.h"
+#include "mgmt/api_table.h"
+#include "mgmt/json.h"
+#include "mgmt/json_tree.h"
+
+#define API_ARGUMENTS_SIZE_MAX 65536
+
+void api_exchange_write(struct json *out, const struct vhost *vhost, const struct exchange *x)
+{
+    json_object_begin(out);
+    json_key(out, "name");
+    json_string_n(out, x->name.ptr, x->name.len);
+    json_key(out, "vhost");
+    json_string_n(out, vhost->name.ptr, vhost->name.len);
+    json_kv_string(out, "type", exchange_type_name(x->type));
+    json_kv_bool(out, "durable", x->durable);
+    json_kv_bool(out, "auto_delete", x->auto_delete);
+    json_kv_bool(out, "internal", x->internal);
+    json_key(out, "arguments");
+    api_table_write(out, (struct table){x->arguments.ptr, x->arguments.len});
+    json_object_end(out);
+}
+
+static void write_vhost(struct json *out, const struct vhost *vhost)
+{
+    struct hmap_entry *e;
+    for (uint32_t i = 0; hmap_next((struct hmap *)&vhost->exchanges, &i, &e);)
+        api_exchange_write(out, vhost, e->value);
+}
+
+static void list_exchanges(struct broker *broker, struct http_call *call,
+                           const struct http_call_request *req, const struct bytes *only)
+{
+    struct vhost *one = NULL;
+    if (only != NULL && (one = api_vhost_or_404(broker, call, *only)) == NULL)
+        return;
+    struct json body;
+    http_body_init(&body);
+    json_array_begin(&body);
+    if (one != NULL) {
+        write_vhost(&body, one);
+    } else {
+        struct hmap_entry *v;
+        for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
+            const struct vhost *vhost = v->value;
+            if (mgmt_user_sees_vhost(req->user, vhost->name))
+                write_vhost(&body, vhost);
+        }
+    }
+    json_array_end(&body);
+    api_list_answer(call, req, &body, "vhost,name");
+}
+
+/* One declare or delete, over AMQP. */
+struct change {
+    struct method method;
+    uint32_t ok_id;
+    int status;
+    uint8_t name[256], type[256];
+    uint8_t arguments[API_ARGUMENTS_SIZE_MAX];
+};
+
+static void change_started(struct api_op *op, struct link_channel *ch)
+{
+    struct change *c = api_op_data(op);
+    link_send(ch, &c->method);
+}
+
+static void change_reply(struct api_op *op, const struct method *m)
+{
+    struct change *c = api_op_data(op);
+    if (m->id == c->ok_id)
+        api_op_answer_empty(op, c->status);
+}
+
+static const struct api_op_type change_type = {
+    .started = change_started, .reply = change_reply, .free_data = free};
+
+/* The declare's fields from the body: false with why in err. */
+static bool declare_parse(const struct json_tree *tree, struct change *c,
+                          struct method_exchange_declare *d, char *err, size_t err_size)
+{
+    const struct json_node *root = json_tree_root(tree);
+    const struct json_node *type = json_tree_get(tree, root, "type");
+    if (type != NULL && (type->kind != JSON_KIND_STRING || type->string_size > 255)) {
+        snprintf(err, err_size, "type must be a string");
+        return false;
+    }
+    struct bytes t = type ? (struct bytes){(const uint8_t *)type->string, type->string_size}
+                          : BYTES_LIT("direct");
+    memcpy(c->type, t.ptr, t.len);
+    d->type = (struct bytes){c->type, t.len};
+    if (!json_tree_get_bool(tree, root, "durable", false, &d->durable) ||
+        !json_tree_get_bool(tree, root, "auto_delete", false, &d->auto_delete) ||
+        !json_tree_get_bool(tree, root, "internal", false, &d->internal)) {
+        snprintf(err, err_size, "durable, auto_delete and internal must be true or false");
+        return false;
+    }
+    return api_table_from_json(tree, json_tree_get(tree, root, "arguments"), c->arguments,
+                               sizeof c->arguments, &d->arguments, err, err_size) == OK;
+}
+
+static void declare_exchange(struct broker *broker, struct http_call *call,
+                             const struct http_call_request *req, struct vhost *vhost,
+                             struct bytes name)
+{
+    struct json_tree tree;
+    if (!api_body_parse(call, req, &tree))
+        return;
+    struct change *c = calloc(1, sizeof *c);
+    ASSERT(c != NULL);
+    struct method_exchange_declare *d = &c->method.exchange_declare;
+    char err[200];
+    bool ok = declare_parse(&tree, c, d, err, sizeof err);
+    json_tree_free(&tree);
+    if (!ok) {
+        free(c);
+        api_answer_bad_request(call, err);
+        return;
+    }
+    enum exchange_type known;
+    if (exchange_type_parse(d->type, &known) != 0) {
+        snprintf(err, sizeof err, "unknown exchange type '%.*s'", (int)d->type.len,
+                 (const char *)d->type.ptr);
+        free(c);
+        api_answer_bad_request(call, err);
+        return;
+    }
+    memcpy(c->name, name.ptr, name.len);
+    d->exchange = (struct bytes){c->name, name.len};
+    c->method.id = METHOD_EXCHANGE_DECLARE;
+    c->ok_id = METHOD_EXCHANGE_DECLARE_OK;
+    c->status = vhost_exchange(vhost, name) != NULL ? 204 : 201;
+    api_op_start(broker, call, req, vhost->name, false, &change_type, c);
+}
+
+static void delete_exchange(struct broker *broker, struct http_call *call,
+                            const struct http_call_request *req, struct vhost *vhost,
+                            struct bytes name)
+{
+    struct change *c = calloc(1, sizeof *c);
+    ASSERT(c != NULL);
+    memcpy(c->name, name.ptr, name.len);
+    c->method.id = METHOD_EXCHANGE_DELETE;
+    c->method.exchange_delete.exchange = (struct bytes){c->name, name.len};
+    char v[8];
+    c->method.exchange_delete.if_unused =
+        api_query_get(req, "if-unused", v, sizeof v) && strcmp(v, "true") == 0;
+    c->ok_id = METHOD_EXCHANGE_DELETE_OK;
+    c->status = 204;
+    api_op_start(broker, call, req, vhost->name, false, &change_type, c);
+}
+
+static void handle_one(struct broker *broker, struct http_call *call,
+                       const struct http_call_request *req, const struct api_path *path)
+{
+    struct vhost *vhost = api_vhost_or_404(broker, call, path->seg[0]);
+    if (vhost == NULL)
+        return;
+    struct bytes name = path->seg[1];
+    bool is_default = bytes_equal_cstr(name, "amq.default");
+    struct exchange *x = vhost_exchange(vhost, is_default ? BYTES_LIT("") : name);
+    enum http_method m = req->method;
+    bool read = m == HTTP_METHOD_GET || m == HTTP_METHOD_HEAD;
+    if (path->count == 2 && m == HTTP_METHOD_PUT && !is_default) {
+        declare_exchange(broker, call, req, vhost, name);
+    } else if (x == NULL) {
+        api_answer_not_found(call);
+    } else if (path->count == 2 && read) {
+        struct json body;
+        http_body_init(&body);
+        api_exchange_write(&body, vhost, x);
+        api_object_answer(call, req, &body);
+    } else if (path->count == 2 && m == HTTP_METHOD_DELETE) {
+        delete_exchange(broker, call, req, vhost, name);
+    } else if (path->count == 3 && api_path_is(path, 2, "publish") && m == HTTP_METHOD_POST) {
+        api_message_publish(broker, call, req, vhost, name);
+    } else if (path->count == 4 && api_path_is(path, 2, "bindings") && read &&
+               (api_path_is(path, 3, "source") || api_path_is(path, 3, "destination"))) {
+        api_bindings_of_exchange(broker, call, req, vhost, x, api_path_is(path, 3, "source"));
+    } else if (path->count <= 4) {
+        http_call_answer_error(call, 405, "Method Not Allowed");
+    } else {
+        api_answer_not_found(call);
+    }
+}
+
+static void handle_exchanges(void *ctx, struct http_call *call,
+                             const struct http_call_request *req)
+{
+    struct broker *broker = ctx;
+    struct api_path path;
+    if (!api_path_parse(call, req, &path))
+        return;
+    bool read = req->method == HTTP_METHOD_GET || req->method == HTTP_METHOD_HEAD;
+    if (path.count >= 1 && !mgmt_user_sees_vhost(req->user, path.seg[0])) {
+        struct http_refusal refusal = {.status = 401, .error = "not_authorised",
+                                       .reason = "User not authorised to access virtual host"};
+        http_call_answer_refusal(call, &refusal);
+    } else if (path.count <= 1 && read) {
+        list_exchanges(broker, call, req, path.count == 1 ? &path.seg[0] : NULL);
+    } else if (path.count >= 2) {
+        handle_one(broker, call, req, &path);
+    } else {
+        http_call_answer_error(call, 405, "Method Not Allowed");
+    }
+}
+
+void api_exchanges_register(struct http_server *http, struct broker *broker)
+{
+    http_server_route_tree(http, "/api/exchanges/", handle_exchanges, broker,
+                           MGMT_ACCESS_MANAGEMENT);
+}

@@ -1,0 +1,429 @@
+/*
+ * api_list.c: see api_list.h.
+ */
+#include "mgmt/api_list.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/assert.h"
+#include "lib/errors.h"
+#include "mgmt/json.h"
+#include "mgmt/json_tree.h"
+
+#define PAGE_SIZE_DEFAULT 100
+#define PAGE_SIZE_MAX 500
+#define QUERY_VALUE_SIZE_MAX 1024
+#define COLUMNS_MAX 64
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* %-decodes s[0..size) into out[cap]; '+' is a space when plus says so
+ * (query strings). Returns the size, or -1. */
+static long decode(const char *s, size_t size, uint8_t *out, size_t cap, bool plus)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < size; i++) {
+        uint8_t c = (uint8_t)s[i];
+        if (c == '%') {
+            if (size - i < 3 || hex_digit(s[i + 1]) < 0 || hex_digit(s[i + 2]) < 0)
+                return -1;
+            c = (uint8_t)(hex_digit(s[i + 1]) << 4 | hex_digit(s[i + 2]));
+            i += 2;
+        } else if (c == '+' && plus) {
+            c = ' ';
+        }
+        if (n == cap)
+            return -1;
+        out[n++] = c;
+    }
+    return (long)n;
+}
+
+void api_answer_not_found(struct http_call *call)
+{
+    struct json body;
+    http_body_init(&body);
+    json_object_begin(&body);
+    json_kv_string(&body, "error", "Object Not Found");
+    json_kv_string(&body, "reason", "Not Found");
+    json_object_end(&body);
+    http_call_answer(call, 404, &body);
+}
+
+void api_answer_bad_request(struct http_call *call, const char *reason)
+{
+    struct json body;
+    http_body_init(&body);
+    json_object_begin(&body);
+    json_kv_string(&body, "error", "bad_request");
+    json_kv_string(&body, "reason", reason);
+    json_object_end(&body);
+    http_call_answer(call, 400, &body);
+}
+
+bool api_path_parse(struct http_call *call, const struct http_call_request *req,
+                    struct api_path *path)
+{
+    path->count = 0;
+    const char *p = req->rest, *end = req->rest + req->rest_size;
+    while (p < end) {
+        const char *slash = memchr(p, '/', (size_t)(end - p));
+        const char *seg_end = slash ? slash : end;
+        long n = path->count < API_PATH_SEGMENTS_MAX
+                     ? decode(p, (size_t)(seg_end - p), path->text[path->count],
+                              API_SEGMENT_SIZE_MAX, false)
+                     : -1;
+        /* An empty segment is only RabbitMQ's empty source of a default
+         * exchange binding (".../e//q/...") or amq.default's, kept as "". */
+        if (n < 0) {
+            api_answer_not_found(call);
+            return false;
+        }
+        path->seg[path->count] = (struct bytes){path->text[path->count], (uint32_t)n};
+        path->count++;
+        p = slash ? slash + 1 : end;
+        if (slash && p == end) { /* a trailing '/' names nothing more */
+            break;
+        }
+    }
+    return true;
+}
+
+bool api_path_is(const struct api_path *path, uint32_t i, const char *word)
+{
+    return i < path->count && path->seg[i].len == strlen(word) &&
+           memcmp(path->seg[i].ptr, word, path->seg[i].len) == 0;
+}
+
+bool api_query_get(const struct http_call_request *req, const char *key, char *out, size_t cap)
+{
+    size_t key_size = strlen(key);
+    const char *p = req->query, *end = req->query + req->query_size;
+    while (p < end) {
+        const char *amp = memchr(p, '&', (size_t)(end - p));
+        const char *item_end = amp ? amp : end;
+        const char *eq = memchr(p, '=', (size_t)(item_end - p));
+        if (eq && (size_t)(eq - p) == key_size && memcmp(p, key, key_size) == 0) {
+            long n = decode(eq + 1, (size_t)(item_end - eq - 1), (uint8_t *)out, cap - 1, true);
+            if (n < 0)
+                return false;
+            out[n] = '\0';
+            return true;
+        }
+        p = amp ? amp + 1 : end;
+    }
+    return false;
+}
+
+/* ---- writing a tree back ------------------------------------------------- */
+
+void api_write_node(struct json *out, const struct json_tree *tree, const struct json_node *n)
+{
+    switch (n->kind) {
+    case JSON_KIND_NULL: json_null(out); return;
+    case JSON_KIND_BOOL: json_bool(out, n->boolean); return;
+    case JSON_KIND_NUMBER:
+        if (n->is_integer)
+            json_int(out, n->integer);
+        else
+            json_double(out, n->number);
+        return;
+    case JSON_KIND_STRING: json_string_n(out, n->string, n->string_size); return;
+    case JSON_KIND_ARRAY:
+    case JSON_KIND_OBJECT: {
+        bool object = n->kind == JSON_KIND_OBJECT;
+        object ? json_object_begin(out) : json_array_begin(out);
+        for (const struct json_node *c = json_tree_first(tree, n); c; c = json_tree_next(tree, c)) {
+            if (object)
+                json_key(out, c->key);
+            api_write_node(out, tree, c);
+        }
+        object ? json_object_end(out) : json_array_end(out);
+        return;
+    }
+    }
+}
+
+/* columns= : the columns, split at ','. */
+struct columns {
+    char text[QUERY_VALUE_SIZE_MAX];
+    const char *name[COLUMNS_MAX];
+    uint32_t count;
+};
+
+static void columns_parse(const struct http_call_request *req, struct columns *c)
+{
+    c->count = 0;
+    if (!api_query_get(req, "columns", c->text, sizeof c->text))
+        return;
+    char *p = c->text;
+    while (*p && c->count < COLUMNS_MAX) {
+        char *comma = strchr(p, ',');
+        if (comma)
+            *comma = '\0';
+        if (*p)
+            c->name[c->count++] = p;
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+}
+
+/* Writes the members of object n that the columns (relative to prefix
+ * of prefix_size bytes) select. */
+static void write_columns(struct json *out, const struct json_tree *tree,
+                          const struct json_node *n, const struct columns *cols,
+                          const char *prefix, size_t prefix_size)
+{
+    json_object_begin(out);
+    for (const struct json_node *c = json_tree_first(tree, n); c; c = json_tree_next(tree, c)) {
+        bool whole = false, part = false;
+        for (uint32_t i = 0; i < cols->count; i++) {
+            const char *name = cols->name[i];
+            if (strncmp(name, prefix, prefix_size) != 0)
+                continue;
+            const char *rest = name + prefix_size;
+            size_t k = c->key_size;
+            if (strncmp(rest, c->key, k) == 0 && rest[k] == '\0')
+                whole = true;
+            else if (strncmp(rest, c->key, k) == 0 && rest[k] == '.')
+                part = true;
+        }
+        if (whole) {
+            json_key(out, c->key);
+            api_write_node(out, tree, c);
+        } else if (part && c->kind == JSON_KIND_OBJECT) {
+            char sub[QUERY_VALUE_SIZE_MAX];
+            int m = snprintf(sub, sizeof sub, "%.*s%s.", (int)prefix_size, prefix, c->key);
+            if (m > 0 && (size_t)m < sizeof sub) {
+                json_key(out, c->key);
+                write_columns(out, tree, c, cols, sub, (size_t)m);
+            }
+        }
+    }
+    json_object_end(out);
+}
+
+static void write_item(struct json *out, const struct json_tree *tree, const struct json_node *n,
+                       const struct columns *cols)
+{
+    if (cols->count > 0 && n->kind == JSON_KIND_OBJECT)
+        write_columns(out, tree, n, cols, "", 0);
+    else
+        api_write_node(out, tree, n);
+}
+
+/* ---- sorting --------------------------------------------------------------- */
+
+struct sort_ctx {
+    const struct json_tree *tree;
+    char keys[QUERY_VALUE_SIZE_MAX]; /* "a.b,c": fields in order of precedence */
+    bool reverse;
+};
+
+/* The field at a dotted path of object n, or NULL. */
+static const struct json_node *field_at(const struct json_tree *tree, const struct json_node *n,
+                                        const char *path, size_t path_size)
+{
+    char part[256];
+    while (n != NULL && path_size > 0) {
+        const char *dot = memchr(path, '.', path_size);
+        size_t k = dot ? (size_t)(dot - path) : path_size;
+        if (k >= sizeof part)
+            return NULL;
+        memcpy(part, path, k);
+        part[k] = '\0';
+        n = json_tree_get(tree, n, part);
+        path += dot ? k + 1 : k;
+        path_size -= dot ? k + 1 : k;
+    }
+    return n;
+}
+
+static int compare_values(const struct json_node *a, const struct json_node *b)
+{
+    if (a == NULL || b == NULL)
+        return (a == NULL) - (b == NULL); /* missing last */
+    if (a->kind == JSON_KIND_NUMBER && b->kind == JSON_KIND_NUMBER)
+        return (a->number > b->number) - (a->number < b->number);
+    if (a->kind == JSON_KIND_STRING && b->kind == JSON_KIND_STRING) {
+        size_t n = a->string_size < b->string_size ? a->string_size : b->string_size;
+        int c = memcmp(a->string, b->string, n);
+        return c ? c : (a->string_size > b->string_size) - (a->string_size < b->string_size);
+    }
+    return (int)a->kind - (int)b->kind;
+}
+
+static _Thread_local const struct sort_ctx *sort_now; /* qsort has no context argument */
+
+static int compare_items(const void *x, const void *y)
+{
+    const struct sort_ctx *s = sort_now;
+    const struct json_node *a = *(const struct json_node *const *)x;
+    const struct json_node *b = *(const struct json_node *const *)y;
+    const char *p = s->keys;
+    while (*p) {
+        const char *comma = strchr(p, ',');
+        size_t k = comma ? (size_t)(comma - p) : strlen(p);
+        int c = compare_values(field_at(s->tree, a, p, k), field_at(s->tree, b, p, k));
+        if (c != 0)
+            return s->reverse ? -c : c;
+        p += comma ? k + 1 : k;
+    }
+    return 0;
+}
+
+/* ---- answers --------------------------------------------------------------- */
+
+static bool parse_positive(const char *text, long *out)
+{
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (*text == '\0' || *end != '\0' || v < 1)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* Items whose name contains text (RabbitMQ's name= filter, plain). */
+static bool name_matches(const struct json_tree *tree, const struct json_node *n,
+                         const char *text)
+{
+    const struct json_node *name = json_tree_get(tree, n, "name");
+    return text[0] == '\0' ||
+           (name != NULL && name->kind == JSON_KIND_STRING && strstr(name->string, text));
+}
+
+/* page= and page_size=: false once answered 400. */
+static bool page_parse(struct http_call *call, const struct http_call_request *req, bool *paged,
+                       long *page, long *page_size)
+{
+    char text[32];
+    *paged = api_query_get(req, "page", text, sizeof text);
+    *page = 1;
+    *page_size = PAGE_SIZE_DEFAULT;
+    if (*paged && !parse_positive(text, page)) {
+        api_answer_bad_request(call, "page must be a positive integer");
+        return false;
+    }
+    if (api_query_get(req, "page_size", text, sizeof text) &&
+        (!parse_positive(text, page_size) || *page_size > PAGE_SIZE_MAX)) {
+        api_answer_bad_request(call, "page_size must be an integer from 1 to 500");
+        return false;
+    }
+    return true;
+}
+
+static void write_page(struct json *out, const struct json_tree *tree,
+                       const struct json_node **items, size_t total, size_t filtered,
+                       long page, long page_size, const struct columns *cols)
+{
+    size_t from = (size_t)(page - 1) * (size_t)page_size;
+    size_t to = from + (size_t)page_size < filtered ? from + (size_t)page_size : filtered;
+    json_object_begin(out);
+    json_kv_uint(out, "filtered_count", filtered);
+    json_kv_uint(out, "item_count", from < to ? to - from : 0);
+    json_key(out, "items");
+    json_array_begin(out);
+    for (size_t i = from; i < to; i++)
+        write_item(out, tree, items[i], cols);
+    json_array_end(out);
+    json_kv_uint(out, "page", (uint64_t)page);
+    json_kv_uint(out, "page_count", (filtered + (size_t)page_size - 1) / (size_t)page_size);
+    json_kv_uint(out, "page_size", (uint64_t)page_size);
+    json_kv_uint(out, "total_count", total);
+    json_object_end(out);
+}
+
+/* Our own output (an answer's body, http_body_init): it parses, or the
+ * writer is broken. */
+static void parse_own(struct json *raw, struct json_tree *tree)
+{
+    size_t size;
+    char *data = json_release(raw, &size);
+    /* Written with http_body_init: the headroom's zero bytes come first. */
+    size_t skip = 0;
+    while (skip < size && data[skip] == '\0')
+        skip++;
+    char err[160];
+    int rc = json_tree_parse(tree, data + skip, size - skip, err, sizeof err);
+    free(data);
+    ASSERT(rc == OK);
+}
+
+void api_list_answer(struct http_call *call, const struct http_call_request *req,
+                     struct json *raw, const char *default_sort)
+{
+    bool paged;
+    long page, page_size;
+    if (!page_parse(call, req, &paged, &page, &page_size)) {
+        json_free(raw);
+        return;
+    }
+    struct json_tree tree;
+    parse_own(raw, &tree);
+    const struct json_node *root = json_tree_root(&tree);
+    ASSERT(root->kind == JSON_KIND_ARRAY);
+    size_t total = root->children_count, filtered = 0;
+    const struct json_node **items = malloc((total + 1) * sizeof *items);
+    ASSERT(items != NULL);
+    char name[QUERY_VALUE_SIZE_MAX] = "";
+    if (paged)
+        api_query_get(req, "name", name, sizeof name);
+    for (const struct json_node *c = json_tree_first(&tree, root); c; c = json_tree_next(&tree, c))
+        if (name_matches(&tree, c, name))
+            items[filtered++] = c;
+    struct sort_ctx s = {.tree = &tree};
+    if (!api_query_get(req, "sort", s.keys, sizeof s.keys) || s.keys[0] == '\0')
+        snprintf(s.keys, sizeof s.keys, "%s", default_sort);
+    char reverse[8];
+    s.reverse = api_query_get(req, "sort_reverse", reverse, sizeof reverse) &&
+                strcmp(reverse, "true") == 0;
+    sort_now = &s;
+    qsort(items, filtered, sizeof *items, compare_items);
+    sort_now = NULL;
+    struct columns cols;
+    columns_parse(req, &cols);
+    struct json body;
+    http_body_init(&body);
+    if (paged) {
+        write_page(&body, &tree, items, total, filtered, page, page_size, &cols);
+    } else {
+        json_array_begin(&body);
+        for (size_t i = 0; i < filtered; i++)
+            write_item(&body, &tree, items[i], &cols);
+        json_array_end(&body);
+    }
+    free(items);
+    json_tree_free(&tree);
+    http_call_answer(call, 200, &body);
+}
+
+void api_object_answer(struct http_call *call, const struct http_call_request *req,
+                       struct json *raw)
+{
+    struct columns cols;
+    columns_parse(req, &cols);
+    if (cols.count == 0) {
+        http_call_answer(call, 200, raw);
+        return;
+    }
+    struct json_tree tree;
+    parse_own(raw, &tree);
+    struct json body;
+    http_body_init(&body);
+    write_item(&body, &tree, json_tree_root(&tree), &cols);
+    json_tree_free(&tree);
+    http_call_answer(call, 200, &body);
+}

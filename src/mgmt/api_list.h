@@ -1,0 +1,78 @@
+/*
+ * api_list.h: what RabbitMQ's management API does to any list it answers,
+ * for the list endpoints of api_queues.c, api_exchanges.c, ...:
+ *
+ *   sort=KEY[.KEY...]     sort by that field (strings, then numbers;
+ *                         missing last); the default is each list's own
+ *   sort_reverse=true     descending
+ *   columns=A,B.C,...     only these fields of each item (a dotted name
+ *                         picks a field of a nested object)
+ *   page=N&page_size=M    one page: {"filtered_count", "item_count",
+ *                         "items", "page", "page_count", "page_size",
+ *                         "total_count"}; page_size at most 500 (400
+ *                         otherwise, as RabbitMQ), default 100
+ *   name=TEXT             (with page) only items whose name contains TEXT
+ *
+ * And the path's segments: %-decoded, at most 255 bytes each (AMQP's
+ * short strings), so "/api/queues/%2F/q" is ("/", "q").
+ *
+ * A list is written whole by its endpoint first (in its tables' order),
+ * then re-read here and written again: it costs one parse of the answer,
+ * only for lists. Memory: answers take the body; nothing is kept.
+ */
+#ifndef QUAY_MGMT_API_LIST_H
+#define QUAY_MGMT_API_LIST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "amqp/types.h"
+#include "mgmt/http.h"
+
+struct json;
+struct json_tree;
+struct json_node;
+
+#define API_PATH_SEGMENTS_MAX 8
+#define API_SEGMENT_SIZE_MAX 255
+
+/* The path after a tree's prefix, split at '/' and %-decoded. */
+struct api_path {
+    uint32_t count;
+    struct bytes seg[API_PATH_SEGMENTS_MAX]; /* point into text */
+    uint8_t text[API_PATH_SEGMENTS_MAX][API_SEGMENT_SIZE_MAX];
+};
+
+/* False (answered 404 with RabbitMQ's shape) if the path has too many
+ * segments, an empty one, a bad %-escape or one over 255 bytes. */
+bool api_path_parse(struct http_call *call, const struct http_call_request *req,
+                    struct api_path *path);
+/* Whether segment i is word. */
+bool api_path_is(const struct api_path *path, uint32_t i, const char *word);
+
+/* The %-decoded value of query parameter key into out[cap] (NUL-ended);
+ * false if absent or too long. */
+bool api_query_get(const struct http_call_request *req, const char *key, char *out,
+                   size_t cap);
+
+/* Answers raw (a complete JSON array written by the endpoint) after
+ * sorting (by default_sort, "vhost,name"-style, unless sort= says
+ * otherwise), columns and pagination as above. Takes raw. */
+void api_list_answer(struct http_call *call, const struct http_call_request *req,
+                     struct json *raw, const char *default_sort);
+/* Answers raw (one JSON object) with columns= applied. Takes raw. */
+void api_object_answer(struct http_call *call, const struct http_call_request *req,
+                       struct json *raw);
+/* Writes node (of tree) as JSON into out. */
+void api_write_node(struct json *out, const struct json_tree *tree, const struct json_node *n);
+/* A request body that must be a JSON object: parsed into tree (free it),
+ * or false once answered 400 with where the JSON went wrong. */
+bool api_body_parse(struct http_call *call, const struct http_call_request *req,
+                    struct json_tree *tree);
+/* RabbitMQ's 400: {"error": "bad_request", "reason": reason}. */
+void api_answer_bad_request(struct http_call *call, const char *reason);
+/* RabbitMQ's 404 for a missing object or an unknown path. */
+void api_answer_not_found(struct http_call *call);
+
+#endif

@@ -1,0 +1,596 @@
+/*
+ * api_queues.c: see api_queues.h. Reads go to broker state on the loop
+ * (and, for a stand-in's counts, to the primary through proxy_query);
+ * changes go over AMQP as the user (api_amqp.h).
+ *
+ * A read gathers the queues it shows first, each with a reference, so a
+ * queue deleted while its primary is asked stays valid (it is then left
+ * out); the answer is written once every count came back.
+ */
+#include "mgmt/api_queues.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amqp/method_gen.h"
+#include "amqp/reply_code_gen.h"
+#include "broker/broker.h"
+#include "broker/dedup.h"
+#include "broker/policy.h"
+#include "broker/queue.h"
+#include "broker/vhost.h"
+#include "cluster/link.h"
+#include "cluster/map.h"
+#include "cluster/node.h"
+#include "cluster/proxy.h"
+#include "cluster/replica.h"
+#include "cluster/replication.h"
+#include "lib/assert.h"
+#include "lib/errors.h"
+#include "mgmt/api.h"
+#include "mgmt/api_amqp.h"
+#include "mgmt/api_bindings.h"
+#include "mgmt/api_list.h"
+#include "mgmt/api_message.h"
+#include "mgmt/api_policies.h"
+#include "mgmt/api_table.h"
+#include "mgmt/json.h"
+#include "mgmt/json_tree.h"
+
+#define API_ARGUMENTS_SIZE_MAX 65536
+/* Counts asked of primaries at once (ask_more), and how long a listing
+ * waits for them (on_deadline). */
+#define GATHER_WINDOW 64
+#define GATHER_DEADLINE_MS 3000
+
+const char *api_node_name(const struct broker *broker)
+{
+    return broker->cluster != NULL ? cluster_node_name(broker->cluster) : "local";
+}
+
+struct vhost *api_vhost_or_404(struct broker *broker, struct http_call *call, struct bytes name)
+{
+    struct vhost *vhost = broker_vhost(broker, name);
+    if (vhost == NULL)
+        api_answer_not_found(call);
+    return vhost;
+}
+
+/* ---- one queue's JSON --------------------------------------------------- */
+
+/* What is known of one queue's counts. */
+struct counts {
+    uint32_t ready;
+    uint32_t consumers;
+    bool from_primary;
+};
+
+static void write_broker_name(struct json *out, const struct cluster_map *map, uint32_t id)
+{
+    const struct map_broker *b = cluster_map_broker(map, id);
+    if (b)
+        json_string_n(out, (const char *)b->name.ptr, b->name.len);
+    else
+        json_null(out);
+}
+
+static void write_id_list(struct json *out, const char *key, const struct cluster_map *map,
+                          const struct map_queue *mq, bool in_sync_only)
+{
+    json_key(out, key);
+    json_array_begin(out);
+    for (uint8_t i = 0; mq != NULL && i < mq->backups_count; i++) {
+        if (!in_sync_only || (mq->in_sync_mask & (1u << i)))
+            write_broker_name(out, map, mq->backup_ids[i]);
+    }
+    json_array_end(out);
+}
+
+/* quay's placement fields, from the cluster map (every broker answers the
+ * same); a single broker is the primary of everything. */
+static void write_placement(struct json *out, struct broker *broker, const struct queue *queue)
+{
+    const struct cluster_map *map = broker->cluster ? cluster_node_map(broker->cluster) : NULL;
+    const struct map_queue *mq = map ? cluster_map_queue(map, queue->vhost->name, queue->name)
+                                     : NULL;
+    if (mq == NULL) {
+        json_kv_string(out, "primary", api_node_name(broker));
+        json_kv_string(out, "role", "primary");
+        write_id_list(out, "backups", NULL, NULL, false);
+        write_id_list(out, "in_sync", NULL, NULL, false);
+        json_kv_uint(out, "epoch", 0);
+        return;
+    }
+    json_key(out, "primary");
+    write_broker_name(out, map, mq->primary_id);
+    bool backup = map_queue_has_backup(mq, cluster_node_id(broker->cluster));
+    json_kv_string(out, "role",
+                   !queue_is_remote(queue) ? "primary" : backup ? "backup" : "proxy");
+    if (queue_is_remote(queue)) { /* a backup's copy of the primary's messages */
+        const struct replica *r = proxy_stub_replica((struct queue *)queue, false);
+        json_kv_uint(out, "replica_messages", replica_count(r));
+        if (queue->args.quay_dedup_window_ms > 0)
+            json_kv_uint(out, "dedup_ids", replica_dedup_count(r));
+    } else {
+        replication_write_json(queue, out); /* serving, confirms (with backups) */
+    }
+    json_kv_bool(out, "available", mq->available);
+    write_id_list(out, "backups", map, mq, false);
+    write_id_list(out, "in_sync", map, mq, true);
+    json_kv_uint(out, "epoch", mq->epoch);
+    json_kv_uint(out, "replication_factor", mq->replication_factor);
+}
+
+/* RabbitMQ's "node": where the queue lives, i.e. its primary. */
+static void write_node(struct json *out, struct broker *broker, const struct queue *queue)
+{
+    json_key(out, "node");
+    const struct cluster_map *map = broker->cluster ? cluster_node_map(broker->cluster) : NULL;
+    const struct map_queue *mq = map ? cluster_map_queue(map, queue->vhost->name, queue->name)
+                                     : NULL;
+    if (mq != NULL)
+        write_broker_name(out, map, mq->primary_id);
+    else
+        json_string(out, api_node_name(broker));
+}
+
+/* The replication policy that sets the queue's backups: null when none
+ * matches, or when its own x-quay-backups (or being exclusive) decides. */
+static void write_policy_name(struct json *out, struct broker *broker, const struct queue *queue)
+{
+    json_key(out, "policy");
+    const struct policy *p = NULL;
+    if (!queue->exclusive &&
+        policy_queue_own_backups(queue->arguments.ptr, queue->arguments.len) < 0)
+        p = policy_set_match(api_policies_of(broker), queue->vhost->name, queue->name);
+    if (p != NULL)
+        json_string_n(out, p->name.ptr, p->name.len);
+    else
+        json_null(out);
+}
+
+static bool queue_available(struct broker *broker, const struct queue *queue)
+{
+    if (broker->cluster == NULL)
+        return true;
+    const struct map_queue *mq =
+        cluster_map_queue(cluster_node_map(broker->cluster), queue->vhost->name, queue->name);
+    return mq == NULL || mq->available;
+}
+
+static void write_queue(struct json *out, struct broker *broker, const struct queue *queue,
+                        const struct counts *c)
+{
+    json_object_begin(out);
+    json_key(out, "name");
+    json_string_n(out, queue->name.ptr, queue->name.len);
+    json_key(out, "vhost");
+    json_string_n(out, queue->vhost->name.ptr, queue->vhost->name.len);
+    json_kv_bool(out, "durable", queue->durable);
+    json_kv_bool(out, "auto_delete", queue->auto_delete);
+    json_kv_bool(out, "exclusive", queue->exclusive);
+    json_key(out, "arguments");
+    api_table_write(out, (struct table){queue->arguments.ptr, queue->arguments.len});
+    json_kv_uint(out, "messages", (uint64_t)c->ready + queue->unacked_count);
+    json_kv_uint(out, "messages_ready", c->ready);
+    json_kv_uint(out, "messages_unacknowledged", queue->unacked_count);
+    json_kv_uint(out, "consumers", c->consumers);
+    json_kv_uint(out, "message_bytes_ready", queue->ready_bytes);
+    /* What the queue holds here: its record and its ready bodies. */
+    json_kv_uint(out, "memory", sizeof *queue + queue->ready_bytes);
+    json_kv_string(out, "state", queue_available(broker, queue) ? "running" : "down");
+    json_kv_string(out, "type", "classic");
+    write_node(out, broker, queue);
+    write_policy_name(out, broker, queue);
+    json_key(out, "exclusive_consumer_tag");
+    json_null(out);
+    json_key(out, "effective_policy_definition");
+    json_object_begin(out);
+    json_object_end(out);
+    /* quay's own. */
+    json_kv_string(out, "counts_from", c->from_primary ? "primary" : "local");
+    json_kv_uint(out, "paged", queue->paged_count);
+    if (!queue_is_remote(queue) && queue->args.quay_dedup_window_ms > 0)
+        json_kv_uint(out, "dedup_ids", queue->dedup ? dedup_count(queue->dedup) : 0);
+    write_placement(out, broker, queue);
+    json_object_end(out);
+}
+
+/* ---- gathering (reads) ----------------------------------------------------- */
+
+struct gather_item {
+    struct gather *gather;
+    struct queue *queue;         /* one reference */
+    struct proxy_op *op;         /* asking the primary, or NULL */
+    bool opened_getter;          /* the query opened the stand-in's getter: release it */
+    struct counts counts;
+    bool gone;                   /* the primary says it is no more */
+};
+
+struct gather {
+    struct broker *broker;
+    struct http_call *call;
+    struct http_call_request req; /* slices valid until the call is answered */
+    bool single;                  /* one object, not a list */
+    uint32_t pending;             /* queries in flight, plus one while starting */
+    uint32_t next;                /* the next item to ask about */
+    uint32_t count, cap;
+    struct gather_item *items;    /* owned */
+    uv_timer_t deadline;          /* started when a primary is asked */
+    bool deadline_started;
+};
+
+static void on_deadline_closed(uv_handle_t *handle)
+{
+    free(handle->data);
+}
+
+static void gather_free(struct gather *g)
+{
+    for (uint32_t i = 0; i < g->count; i++) {
+        if (g->items[i].op != NULL)
+            proxy_op_cancel(g->items[i].op);
+        queue_unref(g->items[i].queue);
+    }
+    free(g->items);
+    g->items = NULL;
+    g->count = 0;
+    if (!g->deadline_started) {
+        free(g);
+        return;
+    }
+    uv_timer_stop(&g->deadline);
+    uv_close((uv_handle_t *)&g->deadline, on_deadline_closed); /* frees g */
+}
+
+static void gather_cancel(void *arg)
+{
+    gather_free(arg);
+}
+
+static void gather_answer(struct gather *g)
+{
+    struct json body;
+    http_body_init(&body);
+    if (!g->single)
+        json_array_begin(&body);
+    uint32_t written = 0;
+    for (uint32_t i = 0; i < g->count; i++) {
+        const struct gather_item *it = &g->items[i];
+        if (it->queue->deleted || it->gone)
+            continue;
+        write_queue(&body, g->broker, it->queue, &it->counts);
+        written++;
+    }
+    if (g->single && written == 0) {
+        json_free(&body);
+        api_answer_not_found(g->call);
+    } else if (g->single) {
+        api_object_answer(g->call, &g->req, &body);
+    } else {
+        json_array_end(&body);
+        api_list_answer(g->call, &g->req, &body, "vhost,name");
+    }
+    gather_free(g);
+}
+
+static void ask_more(struct gather *g);
+
+static void on_counts(void *ctx, struct queue *queue, uint16_t reply_code,
+                      struct bytes reply_text, uint32_t message_count, uint32_t consumer_count)
+{
+    (void)reply_text;
+    struct gather_item *it = ctx;
+    struct gather *g = it->gather;
+    it->op = NULL;
+    if (reply_code == REPLY_SUCCESS)
+        it->counts = (struct counts){message_count, consumer_count, true};
+    else if (reply_code == REPLY_NOT_FOUND)
+        it->gone = true;
+    if (it->opened_getter)
+        proxy_stub_release_getter(queue);
+    ASSERT(g->pending > 0);
+    g->pending--;
+    ask_more(g);
+    if (g->pending == 0)
+        gather_answer(g);
+}
+
+static void gather_add(struct gather *g, struct queue *queue)
+{
+    ASSERT(!queue->deleted);
+    if (g->count == g->cap) {
+        g->cap = g->cap ? g->cap * 2 : 16;
+        g->items = realloc(g->items, g->cap * sizeof *g->items);
+        ASSERT(g->items != NULL);
+    }
+    queue_ref(queue);
+    g->items[g->count++] = (struct gather_item){
+        .queue = queue,
+        .counts = {queue_ready_count(queue), queue->consumers_count, !queue_is_remote(queue)}};
+}
+
+/* Asks the next stand-ins' primaries for their counts, at most
+ * GATHER_WINDOW at once: each query holds a channel to the primary for
+ * its while (the stand-in's getter, released after unless it was open
+ * already), and a link has a bounded number of channels. */
+static void ask_more(struct gather *g)
+{
+    while (g->next < g->count && g->pending < GATHER_WINDOW) {
+        struct gather_item *it = &g->items[g->next++];
+        it->gather = g;
+        /* A primary that cannot be asked now (down, its link not up) is
+         * not waited for: a listing during a failover answers at once,
+         * with the local counts ("counts_from": "local"). */
+        if (!queue_is_remote(it->queue) || it->queue->deleted ||
+            !proxy_stub_reachable(it->queue))
+            continue;
+        it->opened_getter = !proxy_stub_has_getter(it->queue);
+        g->pending++;
+        it->op = proxy_query(it->queue, METHOD_QUEUE_DECLARE, on_counts, it);
+        if (it->op == NULL) {
+            g->pending--; /* unreachable: the local counts stand */
+            if (it->opened_getter)
+                proxy_stub_release_getter(it->queue);
+        }
+    }
+}
+
+/* A primary that is reachable but slow (stopped, overloaded) does not
+ * hold the answer past GATHER_DEADLINE_MS: the counts not back by then
+ * are the local ones. */
+static void on_deadline(uv_timer_t *timer)
+{
+    struct gather *g = timer->data;
+    for (uint32_t i = 0; i < g->count; i++) {
+        if (g->items[i].op != NULL)
+            proxy_op_cancel(g->items[i].op);
+        g->items[i].op = NULL;
+    }
+    g->next = g->count;
+    g->pending = 0;
+    http_call_on_cancel(g->call, NULL, NULL);
+    gather_answer(g);
+}
+
+/* Answers once every count came back (at once when no queue is remote).
+ * The items array is complete: the callbacks hold pointers into it. */
+static void gather_start(struct gather *g)
+{
+    g->pending = 1; /* held while asking, so no answer comes before the loop ends */
+    ask_more(g);
+    if (--g->pending == 0 && g->next == g->count) {
+        gather_answer(g);
+        return;
+    }
+    uv_timer_init(g->broker->loop, &g->deadline);
+    g->deadline.data = g;
+    g->deadline_started = true;
+    uv_timer_start(&g->deadline, on_deadline, GATHER_DEADLINE_MS, 0);
+    http_call_on_cancel(g->call, gather_cancel, g);
+}
+
+static struct gather *gather_new(struct broker *broker, struct http_call *call,
+                                 const struct http_call_request *req, bool single)
+{
+    struct gather *g = calloc(1, sizeof *g);
+    ASSERT(g != NULL);
+    *g = (struct gather){.broker = broker, .call = call, .req = *req, .single = single};
+    return g;
+}
+
+static void add_vhost_queues(struct gather *g, struct vhost *vhost)
+{
+    struct hmap_entry *q;
+    for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);)
+        gather_add(g, q->value);
+}
+
+static void list_queues(struct broker *broker, struct http_call *call,
+                        const struct http_call_request *req, const struct bytes *vhost_name)
+{
+    struct gather *g = gather_new(broker, call, req, false);
+    if (vhost_name != NULL) {
+        struct vhost *vhost = broker_vhost(broker, *vhost_name);
+        if (vhost == NULL) {
+            gather_free(g);
+            api_answer_not_found(call);
+            return;
+        }
+        add_vhost_queues(g, vhost);
+    } else {
+        struct hmap_entry *v;
+        for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
+            struct vhost *vhost = v->value;
+            if (mgmt_user_sees_vhost(req->user, vhost->name))
+                add_vhost_queues(g, vhost);
+        }
+    }
+    gather_start(g);
+}
+
+static void show_queue(struct broker *broker, struct http_call *call,
+                       const struct http_call_request *req, struct queue *queue)
+{
+    struct gather *g = gather_new(broker, call, req, true);
+    gather_add(g, queue);
+    gather_start(g);
+}
+
+/* ---- changes, over AMQP ------------------------------------------------------ */
+
+/* One change: the method to send, and how success is answered. */
+struct change {
+    struct method method;
+    uint32_t ok_id;                /* the reply that means done */
+    int status;                    /* 201 or 204 */
+    uint8_t name[API_SEGMENT_SIZE_MAX];
+    uint8_t arguments[API_ARGUMENTS_SIZE_MAX];
+};
+
+static void change_started(struct api_op *op, struct link_channel *ch)
+{
+    struct change *c = api_op_data(op);
+    link_send(ch, &c->method);
+}
+
+static void change_reply(struct api_op *op, const struct method *m)
+{
+    struct change *c = api_op_data(op);
+    if (m->id == c->ok_id)
+        api_op_answer_empty(op, c->status);
+}
+
+static const struct api_op_type change_type = {
+    .started = change_started, .reply = change_reply, .free_data = free};
+
+static struct change *change_new(struct bytes name, uint32_t method_id, uint32_t ok_id)
+{
+    struct change *c = calloc(1, sizeof *c);
+    ASSERT(c != NULL);
+    ASSERT(name.len <= sizeof c->name);
+    memcpy(c->name, name.ptr, name.len);
+    c->method.id = method_id;
+    c->ok_id = ok_id;
+    c->status = 204;
+    return c;
+}
+
+/* A request body: parsed, or answered 400 (with where it went wrong). */
+bool api_body_parse(struct http_call *call, const struct http_call_request *req,
+                    struct json_tree *tree)
+{
+    char err[200];
+    if (json_tree_parse(tree, req->body, req->body_size, err, sizeof err) != OK) {
+        api_answer_bad_request(call, err);
+        return false;
+    }
+    if (json_tree_root(tree)->kind != JSON_KIND_OBJECT) {
+        json_tree_free(tree);
+        api_answer_bad_request(call, "not_json: the body must be a JSON object");
+        return false;
+    }
+    return true;
+}
+
+static void declare_queue(struct broker *broker, struct http_call *call,
+                          const struct http_call_request *req, struct vhost *vhost,
+                          struct bytes name)
+{
+    struct json_tree tree;
+    if (!api_body_parse(call, req, &tree))
+        return;
+    const struct json_node *root = json_tree_root(&tree);
+    struct change *c = change_new(name, METHOD_QUEUE_DECLARE, METHOD_QUEUE_DECLARE_OK);
+    struct method_queue_declare *d = &c->method.queue_declare;
+    char err[200];
+    bool durable, auto_delete;
+    if (!json_tree_get_bool(&tree, root, "durable", false, &durable) ||
+        !json_tree_get_bool(&tree, root, "auto_delete", false, &auto_delete)) {
+        snprintf(err, sizeof err, "durable and auto_delete must be true or false");
+    } else if (api_table_from_json(&tree, json_tree_get(&tree, root, "arguments"), c->arguments,
+                                   sizeof c->arguments, &d->arguments, err,
+                                   sizeof err) == OK) {
+        err[0] = '\0';
+    }
+    json_tree_free(&tree);
+    if (err[0] != '\0') {
+        free(c);
+        api_answer_bad_request(call, err);
+        return;
+    }
+    d->queue = (struct bytes){c->name, name.len};
+    d->durable = durable;
+    d->auto_delete = auto_delete;
+    c->status = vhost_queue(vhost, name) != NULL ? 204 : 201;
+    api_op_start(broker, call, req, vhost->name, false, &change_type, c);
+}
+
+static bool query_true(const struct http_call_request *req, const char *key)
+{
+    char v[8];
+    return api_query_get(req, key, v, sizeof v) && strcmp(v, "true") == 0;
+}
+
+static void delete_queue(struct broker *broker, struct http_call *call,
+                         const struct http_call_request *req, struct vhost *vhost,
+                         struct bytes name)
+{
+    struct change *c = change_new(name, METHOD_QUEUE_DELETE, METHOD_QUEUE_DELETE_OK);
+    c->method.queue_delete.queue = (struct bytes){c->name, name.len};
+    c->method.queue_delete.if_empty = query_true(req, "if-empty");
+    c->method.queue_delete.if_unused = query_true(req, "if-unused");
+    api_op_start(broker, call, req, vhost->name, false, &change_type, c);
+}
+
+static void purge_queue(struct broker *broker, struct http_call *call,
+                        const struct http_call_request *req, struct vhost *vhost,
+                        struct bytes name)
+{
+    struct change *c = change_new(name, METHOD_QUEUE_PURGE, METHOD_QUEUE_PURGE_OK);
+    c->method.queue_purge.queue = (struct bytes){c->name, name.len};
+    api_op_start(broker, call, req, vhost->name, false, &change_type, c);
+}
+
+/* ---- the tree ------------------------------------------------------------------ */
+
+/* /api/queues/{vhost}/{name}[/...]: the vhost and the queue exist. */
+static void handle_one(struct broker *broker, struct http_call *call,
+                       const struct http_call_request *req, const struct api_path *path)
+{
+    struct vhost *vhost = api_vhost_or_404(broker, call, path->seg[0]);
+    if (vhost == NULL)
+        return;
+    struct bytes name = path->seg[1];
+    struct queue *queue = vhost_queue(vhost, name);
+    enum http_method m = req->method;
+    bool read = m == HTTP_METHOD_GET || m == HTTP_METHOD_HEAD;
+    if (path->count == 2 && m == HTTP_METHOD_PUT) {
+        declare_queue(broker, call, req, vhost, name);
+    } else if (queue == NULL) {
+        api_answer_not_found(call);
+    } else if (path->count == 2 && read) {
+        show_queue(broker, call, req, queue);
+    } else if (path->count == 2 && m == HTTP_METHOD_DELETE) {
+        delete_queue(broker, call, req, vhost, name);
+    } else if (path->count == 3 && api_path_is(path, 2, "contents") &&
+               m == HTTP_METHOD_DELETE) {
+        purge_queue(broker, call, req, vhost, name);
+    } else if (path->count == 3 && api_path_is(path, 2, "get") && m == HTTP_METHOD_POST) {
+        api_message_get(broker, call, req, vhost, name);
+    } else if (path->count == 3 && api_path_is(path, 2, "bindings") && read) {
+        api_bindings_of_queue(broker, call, req, queue);
+    } else if (path->count <= 3) {
+        http_call_answer_error(call, 405, "Method Not Allowed");
+    } else {
+        api_answer_not_found(call);
+    }
+}
+
+static void handle_queues(void *ctx, struct http_call *call, const struct http_call_request *req)
+{
+    struct broker *broker = ctx;
+    struct api_path path;
+    if (!api_path_parse(call, req, &path))
+        return;
+    bool read = req->method == HTTP_METHOD_GET || req->method == HTTP_METHOD_HEAD;
+    if (path.count >= 1 && !mgmt_user_sees_vhost(req->user, path.seg[0])) {
+        struct http_refusal refusal = {.status = 401, .error = "not_authorised",
+                                       .reason = "User not authorised to access virtual host"};
+        http_call_answer_refusal(call, &refusal);
+    } else if (path.count == 0 && read) {
+        list_queues(broker, call, req, NULL);
+    } else if (path.count == 1 && read) {
+        list_queues(broker, call, req, &path.seg[0]);
+    } else if (path.count >= 2) {
+        handle_one(broker, call, req, &path);
+    } else {
+        http_call_answer_error(call, 405, "Method Not Allowed");
+    }
+}
+
+void api_queues_register(struct http_server *http, struct broker *broker)
+{
+    http_server_route_tree(http, "/api/queues/", handle_queues, broker, MGMT_ACCESS_MANAGEMENT);
+}

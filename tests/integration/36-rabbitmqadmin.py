@@ -1,0 +1,634 @@
+"""Goal: RabbitMQ's own command-line tool, rabbitmqadmin (as Debian's
+rabbitmq-server ships it, unchanged), works against quay's management API
+for its list, show, declare, delete, purge, publish, get, export and import
+commands; what it lists agrees with what an AMQP client sees; definitions
+go both ways between quay and RabbitMQ 3.10; bad input gets RabbitMQ's
+statuses and error shape.
+
+Method: one quayd with --http (quaytest.Broker), or in cluster mode three
+brokers with rabbitmqadmin pointed at broker "b", which places every queue
+on another broker (--queue-locator others): every queue it lists, declares,
+publishes to or gets from has its primary elsewhere. rabbitmqadmin runs as a
+subprocess of /usr/bin/python3 (-f raw_json where the test reads its
+answer); pika on the same broker is the AMQP view it is compared with
+(queue.declare passive: message and consumer counts). The definitions
+round trip starts a RabbitMQ 3.10 node by hand with its management plugin
+on free ports (as /work/shared/bench/run-rabbitmq.sh does), when
+rabbitmq-server is installed: a quay export is imported into it, and its
+export (with the same objects and its own extra, RabbitMQ-only fields)
+into quay; the queues' RabbitMQ fields are compared field by field.
+"""
+import atexit
+import glob
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quaytest import *  # noqa: E402,F403
+
+import pika  # noqa: E402
+
+RMQ_HOME = (sorted(glob.glob("/usr/lib/rabbitmq/lib/rabbitmq_server-3.*")) or [""])[-1]
+ADMIN = (glob.glob(RMQ_HOME + "/plugins/rabbitmq_management-*/priv/www/cli/rabbitmqadmin")
+         or [""])[0]
+
+_qb = None
+
+
+def qbroker():
+    """The quayd (or cluster) with the API on, started once for this file."""
+    global _qb
+    if _qb is None:
+        b = Broker(external_ok=False, http=True)
+        atexit.register(lambda: b.proc and b.proc.poll() is None and b.proc.kill())
+        _qb = b
+        wait_until(lambda: _port_open(b.http_port), 20, what="the HTTP listener")
+    return _qb
+
+
+def _port_open(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def admin(*args, port=None, check=True, stdin=None):
+    """rabbitmqadmin ARGS against the broker's API: (exit code, stdout+stderr)."""
+    assert ADMIN, "rabbitmqadmin not found under /usr/lib/rabbitmq (scripts/setup.sh " \
+                  "installs rabbitmq-server)"
+    cmd = ["/usr/bin/python3", ADMIN, "-H", "127.0.0.1", "-P", str(port or qbroker().http_port),
+           "-u", "guest", "-p", "guest"] + list(args)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, input=stdin)
+    out = p.stdout + p.stderr
+    if check:
+        eq(p.returncode, 0, "rabbitmqadmin %s: %s" % (" ".join(args), out))
+    return p.returncode, out
+
+
+def admin_json(*args, port=None):
+    return json.loads(admin("-f", "raw_json", *args, port=port)[1])
+
+
+def amqp():
+    b = qbroker()
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", b.port, heartbeat=0, blocked_connection_timeout=30))
+
+
+def amqp_counts(name):
+    """(messages ready, consumers) as AMQP reports them (queue.declare passive)."""
+    c = amqp()
+    try:
+        ok = c.channel().queue_declare(name, passive=True).method
+        return ok.message_count, ok.consumer_count
+    finally:
+        c.close()
+
+
+def amqp_exists(name):
+    c = amqp()
+    try:
+        c.channel().queue_declare(name, passive=True)
+        return True
+    except pika.exceptions.ChannelClosedByBroker as e:
+        eq(e.reply_code, 404, "passive declare of a missing queue")
+        return False
+    finally:
+        if c.is_open:
+            c.close()
+
+
+def listed(name, port=None):
+    q = [x for x in admin_json("list", "queues", port=port) if x["name"] == name]
+    return q[0] if q else None
+
+
+def http_call(method, path, body=None, port=None, ctype="application/json"):
+    conn = http.client.HTTPConnection("127.0.0.1", port or qbroker().http_port, timeout=15)
+    headers = {"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}
+    if body is not None:
+        headers["Content-Type"] = ctype
+    conn.request(method, path, body, headers)
+    r = conn.getresponse()
+    data = r.read()
+    conn.close()
+    return r.status, (json.loads(data) if data else None)
+
+
+def primary_elsewhere(name):
+    """Cluster mode: the queue's primary is not the broker rabbitmqadmin asks."""
+    b = qbroker()
+    if b.cluster is None:
+        return
+    p = b.primary_of(name)
+    assert p is not None and p.name != b.client.name, (name, p)
+
+
+@test(timeout=120)
+def declare_list_and_compare_with_amqp():
+    admin("declare", "queue", "name=adm-q1", "durable=true")
+    admin("declare", "queue", "name=adm-q2", "durable=false",
+          'arguments={"x-max-length": 100}')
+    assert amqp_exists("adm-q1") and amqp_exists("adm-q2")
+    primary_elsewhere("adm-q1")
+    # Redeclaring differently is RabbitMQ's 400 with its reason, and a
+    # failing exit code from the tool.
+    rc, out = admin("declare", "queue", "name=adm-q1", "durable=false", check=False)
+    assert rc != 0 and "inequivalent arg 'durable'" in out, out
+    for i in range(7):
+        admin("publish", "routing_key=adm-q1", "payload=m%d" % i)
+    c = amqp()
+    ch = c.channel()
+    ch.basic_qos(prefetch_count=2)
+    ch.basic_consume("adm-q2", lambda *a: None, consumer_tag="adm-tag")
+    try:
+        def agree():
+            q1, q2 = listed("adm-q1"), listed("adm-q2")
+            return (q1 and q2 and (q1["messages_ready"], q1["consumers"]) == amqp_counts("adm-q1")
+                    and (q2["messages_ready"], q2["consumers"]) == amqp_counts("adm-q2")
+                    and q1["messages_ready"] == 7 and q2["consumers"] == 1)
+        wait_until(agree, 10, what="rabbitmqadmin's list queues to agree with AMQP")
+        q1 = listed("adm-q1")
+        eq((q1["durable"], q1["auto_delete"], q1["exclusive"], q1["messages"], q1["state"],
+            q1["type"], q1["vhost"]), (True, False, False, 7, "running", "classic", "/"),
+           "adm-q1's RabbitMQ fields")
+        eq(listed("adm-q2")["arguments"], {"x-max-length": 100}, "arguments")
+        if qbroker().cluster is not None:
+            eq(q1["counts_from"], "primary", "a stand-in's counts come from the primary")
+            eq(q1["node"], qbroker().primary_of("adm-q1").name, "node: the primary")
+        # The default table view: columns name and messages, sorted by name.
+        out = admin("list", "queues")[1]
+        assert "| adm-q1 | 7 " in out.replace("  ", " ").replace("  ", " "), out
+        out = admin("list", "queues", "name", "messages_ready", "--sort=name",
+                    "--sort-reverse")[1]
+        assert out.index("adm-q2") < out.index("adm-q1"), out
+        # Consumers, channels and connections of the pika client.
+        cons = [x for x in admin_json("list", "consumers") if x["consumer_tag"] == "adm-tag"]
+        eq(len(cons), 1, "the consumer listed")
+        eq((cons[0]["queue"]["name"], cons[0]["ack_required"], cons[0]["prefetch_count"]),
+           ("adm-q2", True, 2), "consumer fields (basic.qos before it)")
+        chans = admin_json("list", "channels")
+        assert any(x["consumer_count"] == 1 and x["prefetch_count"] == 2 for x in chans), chans
+        conns = admin_json("list", "connections")
+        assert any(x["user"] == "guest" and x["channels"] == 1 and x["protocol"] == "AMQP 0-9-1"
+                   for x in conns), conns
+    finally:
+        c.close()
+
+
+@test(timeout=120)
+def publish_get_purge_and_delete():
+    admin("declare", "queue", "name=adm-g")
+    primary_elsewhere("adm-g")
+    admin("publish", "routing_key=adm-g", "payload=hello",
+          'properties={"delivery_mode": 2, "headers": {"h": "v", "n": 5}, '
+          '"content_type": "text/plain"}')
+    admin("publish", "routing_key=adm-g", stdin="from stdin")
+    got = admin_json("get", "queue=adm-g", "count=5", "ackmode=ack_requeue_true")
+    eq(len(got), 2, "two messages")
+    eq((got[0]["payload"], got[0]["payload_encoding"], got[0]["payload_bytes"],
+        got[0]["routing_key"], got[0]["exchange"], got[0]["message_count"]),
+       ("hello", "string", 5, "adm-g", "", 1), "first message")
+    eq(got[0]["properties"], {"delivery_mode": 2, "headers": {"h": "v", "n": 5},
+                              "content_type": "text/plain"}, "properties")
+    eq(got[1]["payload"], "from stdin", "second message")
+    # ack_requeue_true put them back, before the answer.
+    eq(amqp_counts("adm-g")[0], 2, "requeued")
+    got = admin_json("get", "queue=adm-g", "count=1", "ackmode=ack_requeue_false")
+    eq((len(got), got[0]["redelivered"]), (1, True), "taken, redelivered")
+    eq(amqp_counts("adm-g")[0], 1, "one left")
+    admin("purge", "queue", "name=adm-g")
+    eq(amqp_counts("adm-g")[0], 0, "purged")
+    eq(admin_json("get", "queue=adm-g"), [], "nothing to get")
+    admin("delete", "queue", "name=adm-g")
+    assert not amqp_exists("adm-g")
+    rc, out = admin("delete", "queue", "name=adm-g", check=False)
+    assert rc != 0 and "Not found" in out, out
+
+
+@test(timeout=120)
+def exchanges_bindings_and_routing():
+    admin("declare", "exchange", "name=adm-x", "type=topic")
+    admin("declare", "queue", "name=adm-b")
+    admin("declare", "binding", "source=adm-x", "destination=adm-b", "routing_key=a.#")
+    xs = [x for x in admin_json("list", "exchanges") if x["name"] == "adm-x"]
+    eq([(x["type"], x["durable"], x["internal"]) for x in xs], [("topic", True, False)],
+       "the exchange")
+    bs = [b for b in admin_json("list", "bindings") if b["source"] == "adm-x"]
+    eq([(b["destination"], b["destination_type"], b["routing_key"], b["properties_key"])
+        for b in bs], [("adm-b", "queue", "a.#", "a.#")], "the binding")
+    # The default exchange's implicit binding is listed, as in RabbitMQ.
+    assert any(b["source"] == "" and b["destination"] == "adm-b"
+               for b in admin_json("list", "bindings")), "default binding"
+    out = admin("publish", "exchange=adm-x", "routing_key=a.b", "payload=x")[1]
+    assert "Message published" in out and "NOT routed" not in out, out
+    out = admin("publish", "exchange=adm-x", "routing_key=b.b", "payload=x")[1]
+    assert "NOT routed" in out, out
+    eq(amqp_counts("adm-b")[0], 1, "routed once")
+    admin("delete", "binding", "source=adm-x", "destination=adm-b",
+          "destination_type=queue", "properties_key=a.#")
+    eq([b for b in admin_json("list", "bindings") if b["source"] == "adm-x"], [], "unbound")
+    out = admin("publish", "exchange=adm-x", "routing_key=a.b", "payload=x")[1]
+    assert "NOT routed" in out, out
+    admin("delete", "exchange", "name=adm-x")
+    admin("delete", "queue", "name=adm-b")
+    eq([x for x in admin_json("list", "exchanges") if x["name"] == "adm-x"], [], "deleted")
+
+
+@test(timeout=60)
+def show_overview_nodes_and_health():
+    out = admin("show", "overview")[1]
+    assert "rabbitmq_version" in out and "object_totals.queues" in out, out
+    ov = admin_json("show", "overview")
+    assert isinstance(ov[0]["object_totals"]["queues"], int), ov
+    nodes = admin_json("list", "nodes")
+    b = qbroker()
+    want = 1 if b.cluster is None else 3
+    eq(len(nodes), want, "one node per broker")
+    assert all(n["running"] and n["type"] == "disc" for n in nodes), nodes
+    for path in ("/api/healthchecks/node", "/api/health/checks/alarms",
+                 "/api/health/checks/local-alarms", "/api/aliveness-test/%2F"):
+        eq(http_call("GET", path), (200, {"status": "ok"}), path)
+
+
+@test(timeout=60)
+def bad_input_gets_rabbitmq_answers():
+    eq(http_call("GET", "/api/nosuch"), (404, {"error": "Object Not Found",
+                                               "reason": "Not Found"}), "unknown path")
+    eq(http_call("GET", "/api/queues/%2F/nosuch")[0], 404, "missing queue")
+    eq(http_call("GET", "/api/queues/nosuch-vhost")[0], 404, "missing vhost")
+    st, body = http_call("PUT", "/api/queues/%2F/adm-bad", '{"durable": tru}')
+    eq(st, 400, "malformed body")
+    eq(body["error"], "bad_request", "error")
+    assert "line 1, column 13" in body["reason"], body
+    st, body = http_call("PUT", "/api/queues/%2F/adm-bad",
+                         '{"arguments": {"x-max-length": "many"}}')
+    eq(st, 400, "a refused argument")
+    assert "x-max-length" in body["reason"], body
+    assert not amqp_exists("adm-bad")
+    st, body = http_call("PUT", "/api/exchanges/%2F/amq.mine", '{"type": "direct"}')
+    eq((st, body["error"]), (401, "not_authorised"), "reserved prefix")
+    # A body past 8 KiB is held only for an admitted request: a stranger's
+    # head is answered before its body comes.
+    sock = socket.create_connection(("127.0.0.1", qbroker().http_port), 5)
+    sock.sendall(b"POST /api/definitions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Authorization: Basic Z3Vlc3Q6d3Jvbmc=\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: 9000000\r\n\r\n")
+    sock.settimeout(5)
+    assert sock.recv(100).startswith(b"HTTP/1.1 401 "), "refused before the body"
+    sock.close()
+    st, body = http_call("GET", "/api/queues?page=0")
+    eq(st, 400, "page 0")
+    st, body = http_call("GET", "/api/queues?page=1&page_size=1")
+    eq((st, sorted(body)), (200, ["filtered_count", "item_count", "items", "page",
+                                  "page_count", "page_size", "total_count"]), "a page")
+
+
+@test(timeout=120)
+def export_and_import_with_rabbitmqadmin():
+    admin("declare", "exchange", "name=adm-ex", "type=fanout", "durable=true")
+    admin("declare", "queue", "name=adm-eq", "durable=true", 'arguments={"x-message-ttl": 60000}')
+    admin("declare", "binding", "source=adm-ex", "destination=adm-eq", "routing_key=k")
+    d = tempfile.mkdtemp(prefix="quay-adm-")
+    try:
+        path = os.path.join(d, "defs.json")
+        admin("export", path)
+        defs = json.load(open(path))
+        eq([q for q in defs["queues"] if q["name"] == "adm-eq"],
+           [{"name": "adm-eq", "vhost": "/", "durable": True, "auto_delete": False,
+             "arguments": {"x-message-ttl": 60000}}], "exported queue")
+        assert {"name": "guest"}.items() <= defs["users"][0].items(), defs["users"]
+        assert [b for b in defs["bindings"] if b["source"] == "adm-ex"], defs["bindings"]
+        admin("delete", "queue", "name=adm-eq")
+        admin("delete", "exchange", "name=adm-ex")
+        # Padded past 8 KiB: the body goes to the heap as it arrives.
+        defs["queues"] += [{"name": "adm-many-%03d" % i, "vhost": "/", "durable": False,
+                            "auto_delete": False, "arguments": {}} for i in range(300)]
+        json.dump(defs, open(path, "w"))
+        assert os.path.getsize(path) > 2 * 8192, os.path.getsize(path)
+        admin("import", path)
+        eq(len([q for q in admin_json("list", "queues") if q["name"].startswith("adm-many-")]),
+           300, "every queue of a big import")
+        for i in range(300):
+            http_call("DELETE", "/api/queues/%%2F/adm-many-%03d" % i)
+        assert amqp_exists("adm-eq")
+        bs = [b for b in admin_json("list", "bindings") if b["source"] == "adm-ex"]
+        eq(len(bs), 1, "binding restored")
+        # Nothing of a refused import is applied.
+        bad = dict(defs, queues=defs["queues"] + [{"name": "adm-never", "vhost": "/",
+                                                  "durable": True, "auto_delete": False,
+                                                  "arguments": {}}],
+                   bindings=[{"source": "adm-ex", "vhost": "/", "destination": "nowhere",
+                              "destination_type": "queue", "routing_key": "", "arguments": {}}])
+        st, body = http_call("POST", "/api/definitions", json.dumps(bad))
+        eq(st, 400, "a binding to nowhere")
+        assert "nowhere" in body["reason"], body
+        assert not amqp_exists("adm-never")
+        st, body = http_call("POST", "/api/definitions", '{"queues": [}')
+        eq(st, 400, "malformed")
+        assert "column 13" in body["reason"], body
+        other = dict(defs, users=[{"name": "mallory", "password_hash": "x", "tags": []}])
+        st, body = http_call("POST", "/api/definitions", json.dumps(other))
+        eq(st, 400, "an unknown user")
+        assert "mallory" in body["reason"], body
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+        admin("delete", "queue", "name=adm-eq", check=False)
+        admin("delete", "exchange", "name=adm-ex", check=False)
+
+
+# ---- quayctl's rabbitmqctl verbs ----------------------------------------------------
+
+QUAYCTL = os.path.join(os.path.dirname(os.environ.get("QUAYD", "")), "quayctl")
+
+
+def quayctl(*args, port=None):
+    p = subprocess.run([QUAYCTL, "--http", "127.0.0.1:%d" % (port or qbroker().http_port)] +
+                       list(args), capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout, p.stderr
+
+
+@test(timeout=120)
+def quayctl_lists_definitions_and_probes():
+    admin("declare", "queue", "name=ctl-q")
+    for _ in range(2):
+        admin("publish", "routing_key=ctl-q", "payload=x")
+    rc, out, err = quayctl("list-queues")
+    eq(rc, 0, err)
+    head = out.split("\n")[0].split()
+    eq(head, ["name", "messages_ready", "messages_unacknowledged", "consumers"], "columns")
+    row = [line.split() for line in out.split("\n") if line.startswith("ctl-q ")]
+    eq(row, [["ctl-q", "2", "0", "0"]], "the queue's row agrees with AMQP %r" %
+       (amqp_counts("ctl-q"),))
+    rc, out, err = quayctl("--json", "list-queues", "name", "durable")
+    eq(rc, 0, err)
+    mine = [q for q in json.loads(out) if q["name"] == "ctl-q"]
+    eq(mine, [{"name": "ctl-q", "durable": True}], "--json with columns")
+    rc, out, _ = quayctl("list-bindings")
+    assert any(line.split()[:3] == ["queue", "ctl-q", "ctl-q"] for line in out.split("\n")), out
+    rc, out, _ = quayctl("cluster-status")
+    eq(len(out.strip().split("\n")) - 1, 1 if qbroker().cluster is None else 3, out)
+    d = tempfile.mkdtemp(prefix="quay-ctl-")
+    try:
+        path = os.path.join(d, "defs.json")
+        eq(quayctl("export-definitions", path)[0], 0, "export")
+        assert any(q["name"] == "ctl-q" for q in json.load(open(path))["queues"])
+        admin("delete", "queue", "name=ctl-q")
+        rc, _, err = quayctl("import-definitions", path)
+        eq(rc, 0, err)
+        assert amqp_exists("ctl-q")
+        open(path, "w").write('{"queues": [\n  {"name": }]}')
+        rc, _, err = quayctl("import-definitions", path)
+        eq(rc, 76, "a refused file")
+        assert "line 2, column 12" in err, err
+        eq(quayctl("import-definitions", os.path.join(d, "none"))[0], 65, "no such file")
+        eq(quayctl("export-definitions", os.path.join(d, "no", "dir"))[0], 65, "unwritable")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    eq(quayctl("ping")[:2], (0, "Ping succeeded\n"), "ping")
+    eq(quayctl("await-startup")[0], 0, "await-startup")
+    closed = free_port()
+    eq(quayctl("ping", port=closed)[0], 69, "ping of nothing")
+    t0 = time.time()
+    p = subprocess.run([QUAYCTL, "--http", "127.0.0.1:%d" % closed, "--timeout", "2",
+                        "await-startup"], capture_output=True, text=True, timeout=30)
+    eq(p.returncode, 69, "await-startup of nothing")
+    assert 1.5 < time.time() - t0 < 10, time.time() - t0
+    admin("delete", "queue", "name=ctl-q")
+
+
+# ---- quayd --definitions ---------------------------------------------------------
+
+@test(timeout=120)
+def quayd_loads_definitions_at_start():
+    """A fresh quayd (one, in either mode: this is about its start) applies a
+    definitions file as RabbitMQ's load_definitions, and refuses to start
+    on a file it would refuse over HTTP."""
+    d = tempfile.mkdtemp(prefix="quay-defs-")
+    procs = []
+    try:
+        good = {"exchanges": [{"name": "boot-x", "vhost": "/", "type": "topic", "durable": True,
+                               "auto_delete": False, "internal": False, "arguments": {}}],
+                "queues": [{"name": "boot-q", "vhost": "/", "durable": True,
+                            "auto_delete": False, "arguments": {"x-max-length": 5}}],
+                "bindings": [{"source": "boot-x", "vhost": "/", "destination": "boot-q",
+                              "destination_type": "queue", "routing_key": "k.*",
+                              "arguments": {}}]}
+        path = os.path.join(d, "good.json")
+        json.dump(good, open(path, "w"))
+        port = free_port()
+        log = open(os.path.join(d, "quayd.log"), "w")
+        p = subprocess.Popen([os.environ["QUAYD"], "--listen", "127.0.0.1:%d" % port,
+                              "--data", os.path.join(d, "data"), "--definitions", path],
+                             stdout=log, stderr=log)
+        procs.append(p)
+
+        def declared():
+            try:
+                c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+            except Exception:
+                return False
+            try:
+                ch = c.channel()
+                ch.queue_declare("boot-q", passive=True)
+                ch.basic_publish("boot-x", "k.a", b"routed")
+                return ch.queue_declare("boot-q", passive=True).method.message_count == 1
+            except pika.exceptions.ChannelClosedByBroker:
+                return False
+            finally:
+                if c.is_open:
+                    c.close()
+        wait_until(declared, 20, 0.2, what="the definitions applied at start")
+        p.send_signal(signal.SIGTERM)
+        eq(p.wait(10), 0, "clean stop")
+        log.close()
+        text = open(os.path.join(d, "quayd.log")).read()
+        assert "definitions from %s applied: 3" % path in text, text
+        assert "quay-internal" not in json.dumps(good)
+        bad = os.path.join(d, "bad.json")
+        open(bad, "w").write('{"queues": [{"name": "x", "vhost": "/nope"}]}')
+        p = subprocess.run([os.environ["QUAYD"], "--listen", "127.0.0.1:%d" % free_port(),
+                            "--data", os.path.join(d, "data2"), "--definitions", bad],
+                           capture_output=True, text=True, timeout=30)
+        eq(p.returncode, 1, "a refused file stops the start")
+        assert "vhost '/nope' does not exist" in p.stderr, p.stderr
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+# ---- RabbitMQ 3.10, by hand -------------------------------------------------------
+
+class Rabbit:
+    """One RabbitMQ node with the management plugin, private dirs and ports."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="quay-rmq-")
+        self.amqp_port, self.http_port = free_port(), free_port()
+        self.dist_port, self.epmd_port = free_port(), free_port()
+        self.name = "quaytest%d@localhost" % os.getpid()
+        with open(os.path.join(self.dir, "rabbitmq.conf"), "w") as f:
+            f.write("listeners.tcp.default = 127.0.0.1:%d\nloopback_users = none\n"
+                    "management.tcp.port = %d\nmanagement.tcp.ip = 127.0.0.1\n"
+                    "disk_free_limit.absolute = 10MB\nlog.console = false\n"
+                    "log.file.level = warning\n" % (self.amqp_port, self.http_port))
+        open(os.path.join(self.dir, "enabled_plugins"), "w").write("[rabbitmq_management].\n")
+        open(os.path.join(self.dir, "advanced.config"), "w").write("[].\n")
+        os.makedirs(os.path.join(self.dir, "home"))
+        self.env = dict(os.environ, HOME=os.path.join(self.dir, "home"),
+                        ERL_EPMD_PORT=str(self.epmd_port), ERL_EPMD_ADDRESS="127.0.0.1",
+                        RABBITMQ_NODENAME=self.name, RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+                        RABBITMQ_NODE_PORT=str(self.amqp_port),
+                        RABBITMQ_DIST_PORT=str(self.dist_port),
+                        RABBITMQ_MNESIA_BASE=os.path.join(self.dir, "mnesia"),
+                        RABBITMQ_LOG_BASE=os.path.join(self.dir, "log"),
+                        RABBITMQ_CONFIG_FILE=os.path.join(self.dir, "rabbitmq"),
+                        RABBITMQ_ADVANCED_CONFIG_FILE=os.path.join(self.dir, "advanced.config"),
+                        RABBITMQ_ENABLED_PLUGINS_FILE=os.path.join(self.dir, "enabled_plugins"),
+                        RABBITMQ_PLUGINS_EXPAND_DIR=os.path.join(self.dir, "plugins"),
+                        RABBITMQ_CONF_ENV_FILE="/nonexistent",
+                        RABBITMQ_CTL_DIST_PORT_MIN=str(self.dist_port + 1),
+                        RABBITMQ_CTL_DIST_PORT_MAX=str(self.dist_port + 1))
+        self.proc = subprocess.Popen([RMQ_HOME + "/sbin/rabbitmq-server"], env=self.env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait(self):
+        def up():
+            try:
+                return self.call("GET", "/api/overview")[0] == 200
+            except OSError:
+                return False
+        try:
+            wait_until(up, 150, 0.5, what="RabbitMQ's management API")
+        except AssertionError:
+            logs = glob.glob(os.path.join(self.dir, "log", "*.log"))
+            tail = "".join(open(f, errors="replace").read()[-2000:] for f in logs)
+            raise AssertionError("RabbitMQ did not start (exit %r): %s" %
+                                 (self.proc.poll(), tail or "no log"))
+
+    def call(self, method, path, body=None):
+        return http_call(method, path, body, port=self.http_port)
+
+    def stop(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.proc.wait(10)
+        # What the node left running outside its process group, its epmd
+        # above all (a daemon): the processes whose environment has our own
+        # HOME, by id.
+        home = ("HOME=" + self.env["HOME"]).encode()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open("/proc/%s/environ" % pid, "rb") as f:
+                    if home in f.read().split(b"\0"):
+                        os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+RABBIT_FIELDS = ("name", "vhost", "durable", "auto_delete", "exclusive", "arguments", "type",
+                 "state", "messages", "messages_ready", "messages_unacknowledged", "consumers")
+
+
+@test(timeout=280)
+def definitions_round_trip_with_rabbitmq():
+    if not os.path.exists(RMQ_HOME + "/sbin/rabbitmq-server"):
+        print("# skipped: rabbitmq-server is not installed (scripts/setup.sh installs it)")
+        return
+    rmq = Rabbit()
+    try:
+        # quay -> RabbitMQ: objects made through rabbitmqadmin on quay.
+        admin("declare", "exchange", "name=rt-x", "type=headers")
+        admin("declare", "queue", "name=rt-q", "durable=true",
+              'arguments={"x-max-length": 10, "x-overflow": "reject-publish"}')
+        admin("declare", "binding", "source=rt-x", "destination=rt-q",
+              'arguments={"x-match": "any", "k": "v"}')
+        for i in range(3):
+            admin("publish", "routing_key=rt-q", "payload=%d" % i)
+        rmq.wait()
+        st, defs = http_call("GET", "/api/definitions")
+        eq(st, 200, "quay export")
+        defs["users"], defs["permissions"] = [], []   # RabbitMQ's guest stays as it is
+        eq(rmq.call("POST", "/api/definitions", json.dumps(defs))[0], 204,
+           "RabbitMQ imports quay's export")
+        st, q = rmq.call("GET", "/api/queues/%2F/rt-q")
+        eq((st, q["arguments"], q["durable"]), (200, {"x-max-length": 10,
+                                                      "x-overflow": "reject-publish"}, True),
+           "the queue in RabbitMQ")
+        st, bs = rmq.call("GET", "/api/bindings/%2F/e/rt-x/q/rt-q")
+        eq([b["arguments"] for b in bs], [{"x-match": "any", "k": "v"}], "the binding there")
+        # The same queue, with the same messages, field by field.
+        ok = rmq.call("POST", "/api/exchanges/%2F/amq.default/publish", json.dumps(
+            {"routing_key": "rt-q", "payload": "x", "payload_encoding": "string",
+             "properties": {}}))
+        eq(ok, (200, {"routed": True}), "publish in RabbitMQ")
+        for i in range(2):
+            rmq.call("POST", "/api/exchanges/%2F/amq.default/publish", json.dumps(
+                {"routing_key": "rt-q", "payload": "y", "payload_encoding": "string",
+                 "properties": {}}))
+        wait_until(lambda: rmq.call("GET", "/api/queues/%2F/rt-q")[1].get("messages") == 3,
+                   20, 0.5, what="RabbitMQ's counts (emitted every 5 s)")
+        theirs = rmq.call("GET", "/api/queues/%2F/rt-q")[1]
+        ours = http_call("GET", "/api/queues/%2F/rt-q")[1]
+        for k in RABBIT_FIELDS:
+            eq(ours[k], theirs[k], "field %s, quay vs RabbitMQ" % k)
+        # The exchange and the binding, field by field too (a binding with
+        # arguments has another properties_key: each broker hashes its own).
+        theirs = rmq.call("GET", "/api/exchanges/%2F/rt-x")[1]
+        ours = http_call("GET", "/api/exchanges/%2F/rt-x")[1]
+        for k in ("name", "vhost", "type", "durable", "auto_delete", "internal", "arguments"):
+            eq(ours[k], theirs[k], "exchange field %s, quay vs RabbitMQ" % k)
+        theirs = rmq.call("GET", "/api/bindings/%2F/e/rt-x/q/rt-q")[1]
+        ours = http_call("GET", "/api/bindings/%2F/e/rt-x/q/rt-q")[1]
+        eq([{k: v for k, v in b.items() if k != "properties_key"} for b in ours],
+           [{k: v for k, v in b.items() if k != "properties_key"} for b in theirs],
+           "bindings, quay vs RabbitMQ")
+        ours = http_call("GET", "/api/queues/%2F/rt-q/bindings")[1]
+        theirs_q = rmq.call("GET", "/api/queues/%2F/rt-q/bindings")[1]
+        eq([(b["source"], b["routing_key"], b["properties_key"]) for b in ours
+            if not b["arguments"]],
+           [(b["source"], b["routing_key"], b["properties_key"]) for b in theirs_q
+            if not b["arguments"]], "a queue's default binding, quay vs RabbitMQ")
+        # RabbitMQ -> quay: its export, with its own fields, imports here.
+        rmq.call("PUT", "/api/queues/%2F/rt-from-rabbit", json.dumps(
+            {"durable": True, "arguments": {"x-queue-mode": "lazy"}}))
+        rmq.call("PUT", "/api/exchanges/%2F/rt-rx", json.dumps({"type": "fanout"}))
+        rmq.call("POST", "/api/bindings/%2F/e/rt-rx/q/rt-from-rabbit",
+                 json.dumps({"routing_key": "r"}))
+        st, theirs = rmq.call("GET", "/api/definitions")
+        eq(st, 200, "RabbitMQ export")
+        for k in ("users", "permissions", "vhosts"):
+            theirs[k] = []     # their guest has another password hash
+        st, body = http_call("POST", "/api/definitions", json.dumps(theirs))
+        eq(st, 204, "quay imports RabbitMQ's export: %r" % (body,))
+        q = listed("rt-from-rabbit")
+        eq((q["durable"], q["arguments"]), (True, {"x-queue-mode": "lazy"}), "imported queue")
+        assert any(b["source"] == "rt-rx" and b["routing_key"] == "r"
+                   for b in admin_json("list", "bindings")), "imported binding"
+    finally:
+        rmq.stop()
+        for q in ("rt-q", "rt-from-rabbit"):
+            admin("delete", "queue", "name=" + q, check=False)
+        for x in ("rt-x", "rt-rx"):
+            admin("delete", "exchange", "name=" + x, check=False)
+
+
+if __name__ == "__main__":
+    qbroker()
+    run()
