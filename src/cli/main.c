@@ -45,6 +45,29 @@ static const char usage_tls[] =
     "                          presenting --tls-cert and verifying the other's\n"
     "                          against --tls-ca, as well as the cluster secret\n";
 
+/* The cluster options, after the broker's own in usage()'s text. */
+static const char usage_cluster[] =
+    "  --name NAME             this broker's name in the cluster (default: host name)\n"
+    "  --cluster-listen A:P    form or join a cluster: Raft over TCP and member\n"
+    "                          heartbeats over UDP on this IPv4 address and port\n"
+    "  --join A:P[,A:P...]     join the cluster through these members (without\n"
+    "                          --join, a new cluster is formed)\n"
+    "  --cluster-secret-file F the cluster secret: the file's bytes (16..1024), the\n"
+    "                          same on every broker; required with --cluster-listen\n"
+    "  --default-backups N     cluster: backups of a queue declared without\n"
+    "                          x-quay-backups (0..3, default 1)\n"
+    "  --auto-rebalance on|off cluster: keep queues spread over the brokers, moving\n"
+    "                          them after joins, returns and failovers (default on;\n"
+    "                          the cluster's first leader sets it for the cluster,\n"
+    "                          POST /api/cluster/rebalance changes it at run time)\n"
+    "  --catch-up-rate SIZE    cluster: bytes a second this broker sends to catch\n"
+    "                          up new backups, all queues together (e.g. 100MB;\n"
+    "                          default 0: as fast as they take it)\n"
+    "  --queue-locator L       cluster: where queues declared here live: 'ring'\n"
+    "                          (default: placed by the ring; exclusive, auto-delete\n"
+    "                          and server-named ones here) or 'others' (always on\n"
+    "                          another broker while one is up: a proxy-only front)\n";
+
 static void usage(FILE *out)
 {
     fprintf(out,
@@ -101,27 +124,9 @@ static void usage(FILE *out)
             "  --disk-free-limit SIZE  block publishers when the data directory's disk has\n"
             "                          less free space (default 50MB; 0 = off)\n"
             "  --config FILE           read options from FILE first: 'name = value' lines\n"
-            "                          with the long option names, '#' comments\n"
-            "  --name NAME             this broker's name in the cluster (default: host name)\n"
-            "  --cluster-listen A:P    form or join a cluster: Raft over TCP and member\n"
-            "                          heartbeats over UDP on this IPv4 address and port\n"
-            "  --join A:P[,A:P...]     join the cluster through these members (without\n"
-            "                          --join, a new cluster is formed)\n"
-            "  --cluster-secret-file F the cluster secret: the file's bytes (16..1024), the\n"
-            "                          same on every broker; required with --cluster-listen\n"
-            "  --default-backups N     cluster: backups of a queue declared without\n"
-            "                          x-quay-backups (0..3, default 1)\n"
-            "  --auto-rebalance on|off cluster: keep queues spread over the brokers, moving\n"
-            "                          them after joins, returns and failovers (default on;\n"
-            "                          the cluster's first leader sets it for the cluster,\n"
-            "                          POST /api/cluster/rebalance changes it at run time)\n"
-            "  --catch-up-rate SIZE    cluster: bytes a second this broker sends to catch\n"
-            "                          up new backups, all queues together (e.g. 100MB;\n"
-            "                          default 0: as fast as they take it)\n"
-            "  --queue-locator L       cluster: where queues declared here live: 'ring'\n"
-            "                          (default: placed by the ring; exclusive, auto-delete\n"
-            "                          and server-named ones here) or 'others' (always on\n"
-            "                          another broker while one is up: a proxy-only front)\n"
+            "                          with the long option names, '#' comments\n");
+    fputs(usage_cluster, out);
+    fprintf(out,
             "  --definitions FILE      apply RabbitMQ's definitions JSON at start (refused:\n"
             "                          no start); see docs/MANAGEMENT-API.md\n"
             "  --hash-password PW      print a password hash for the users file and exit\n"
