@@ -60,7 +60,7 @@ struct queue;
 #define FLOW_MIN_BYTES (8u << 20)  /* ... or bytes */
 #define FLOW_STALL_MS 1000         /* consumers that took nothing this long: a buffer */
 #define FLOW_RATE_WINDOW_MS 100    /* the consumers' rate is measured over windows */
-#define FLOW_BACKUP_MESSAGES 1024  /* replicated, unanswered by a backup (replication.c) */
+#define FLOW_BACKUP_MESSAGES 2048  /* replicated, unanswered by a backup (replication.c) */
 
 /* Why a queue is congested (any of them). */
 enum flow_reason {

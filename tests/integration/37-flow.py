@@ -30,6 +30,7 @@ BODY = b"x" * 1024
 DEPTH_BOUND = 10000   # FLOW_MIN_MESSAGES is 2000; what was read before the stop adds some
 b = None
 unstopped_rate = None  # what pika publishes a second when nothing stops it (msg/s)
+NO_BACKUPS = {"x-quay-backups": 0} if CLUSTERED else None
 
 
 def connect():
@@ -44,16 +45,23 @@ class Flooder(threading.Thread):
     def __init__(self, queue, seconds=FLOOD_S):
         super().__init__(daemon=True)
         self.queue, self.seconds, self.sent, self.error = queue, seconds, 0, None
+        self.progress = []  # (seconds since the start, sent), every 100 messages
+
+    def sent_at(self, t):
+        """How many it had sent t seconds after it started."""
+        return max([n for at, n in self.progress if at <= t], default=0)
 
     def run(self):
         try:
             c = connect()
             ch = c.channel()
-            end = time.monotonic() + self.seconds
+            start = time.monotonic()
+            end = start + self.seconds
             while time.monotonic() < end:
                 for _ in range(100):
                     ch.basic_publish("", self.queue, b"%d " % self.sent + BODY)
                     self.sent += 1
+                self.progress.append((time.monotonic() - start, self.sent))
             c.close()  # (its close waits behind what the broker has not read yet)
         except Exception as e:  # noqa: BLE001
             self.error = e
@@ -174,7 +182,9 @@ def a_publisher_faster_than_its_consumer_is_slowed_and_its_neighbour_is_not():
 @test(timeout=120)
 def a_queue_without_consumers_takes_everything():
     watch = connect().channel()
-    watch.queue_declare("flow.buffer")
+    # No backups: a cluster's replication to a backup that lags under load
+    # slows the publisher too (FLOW_BACKUPS), which is not what this tests.
+    watch.queue_declare("flow.buffer", arguments=NO_BACKUPS)
     stops_before = flow_stops()
     flooder = Flooder("flow.buffer")
     flooder.start()
@@ -204,13 +214,12 @@ def stuck_consumers_make_the_queue_a_buffer_again():
     assert flooder.error is None, flooder.error
     wait_until(lambda: depth(watch, "flow.stuck") + len(consumer.seen) == flooder.sent,
                timeout=30, what="%d messages held" % flooder.sent)
-    # Stopped for FLOW_STALL_MS at most, then as fast as into a buffer
-    # (had it stayed stopped: FLOW_MIN_MESSAGES plus what the socket
-    # buffers hold, a fraction of this).
-    if unstopped_rate:
-        assert flooder.sent > 0.5 * unstopped_rate * 3.0, (
-            "the stuck queue slowed its publisher: %d sent in 4 s, %.0f/s unstopped" % (
-                flooder.sent, unstopped_rate))
+    # Stopped for FLOW_STALL_MS at most (the tick sees it within 250 ms
+    # more), then as fast as into a buffer: in its last 2 s it sent many
+    # more than the socket buffers hold (had it stayed stopped: nothing).
+    late = flooder.sent - flooder.sent_at(2.0)
+    assert late > 5000, "the stuck queue kept its publisher stopped: %d of %d sent after 2 s" % (
+        late, flooder.sent)
     consumer.stop = True
     consumer.join(10)
     watch.queue_delete("flow.stuck")
@@ -251,7 +260,7 @@ def a_connection_that_consumes_the_queue_it_floods_is_not_stopped():
 def a_stalled_backup_slows_the_publishers_of_its_queue():
     """Cluster mode only (one broker has no backups): the backup of a queue
     is stopped (SIGSTOP); the primary's replication stream to it stops
-    being answered, the queue is congested past 1024 unanswered messages,
+    being answered, the queue is congested past 2048 unanswered messages,
     and the publisher (on the client's broker, a proxy) is stopped, with
     no consumer anywhere, while a neighbour on the same broker publishing
     to another queue goes on (the proxy's own bound on what it forwarded
@@ -276,7 +285,7 @@ def a_stalled_backup_slows_the_publishers_of_its_queue():
     free = None
     for i in range(8):
         free = "flow.free-%d" % i
-        watch.queue_declare(free)
+        watch.queue_declare(free, arguments=NO_BACKUPS)  # (its backup could be the stopped one)
         if b.primary_of(free).name != backup.name:
             break
     stops_before = flow_stops()
