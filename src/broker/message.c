@@ -263,7 +263,13 @@ int message_reserve_body(struct message **message, uint64_t extra)
     struct message *m = *message;
     ASSERT(m->refs == 1); /* nobody else may see it move */
     uint64_t missing = m->body_size - m->body_received;
-    uint64_t need = m->body_received + (extra < missing ? extra : missing);
+    uint64_t ahead = m->body_received > MESSAGE_READ_AHEAD_SIZE ? m->body_received
+                                                                : MESSAGE_READ_AHEAD_SIZE;
+    if (extra > missing)
+        extra = missing;
+    if (extra > ahead)
+        extra = ahead;
+    uint64_t need = m->body_received + extra;
     return need > m->body_capacity ? grow(message, need) : OK;
 }
 

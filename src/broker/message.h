@@ -119,10 +119,14 @@ struct bytes message_id(const struct message *m);
  * in RabbitMQ's words ("no_integer", "{value_negative,-5}", ...). */
 int message_parse_expiration(struct bytes text, int64_t *out, char *reason, size_t reason_size);
 
-/* Makes room for at least extra more body bytes beyond those received
- * (at most what is still missing), by message_append_body's rule, so that
- * they can be read straight into m->body + m->body_received. The message
- * may move. Its only reference must be the caller's. OK or E_NOMEM. */
+/* Makes room for more body bytes beyond those received, to be read
+ * straight into m->body + m->body_received: for extra of them, but at most
+ * what is still missing and at most MESSAGE_READ_AHEAD_SIZE or as many as
+ * were received (the room stays within twice what arrived, as the
+ * transport's own buffer for a partial frame would). Grows by
+ * message_append_body's rule. The message may move. Its only reference
+ * must be the caller's. OK or E_NOMEM. */
+#define MESSAGE_READ_AHEAD_SIZE (64u << 10)
 int message_reserve_body(struct message **message, uint64_t extra);
 /* Body bytes written into the room by the caller (a read straight into
  * it): they count as received. */
