@@ -8,7 +8,9 @@
 #
 #   QUAYD_A=/tmp/base-quayd QUAYD_B=build/quayd SIZES="65536 1048576" REPS=5 bench/bigmsg.sh
 #   QUAYD_ARGS="--read-batch-us 0" ... (extra quayd options for both)
-#   RABBIT=0 (skip RabbitMQ)
+#   RABBIT=0 (skip RabbitMQ), TCPPUMP=0 (skip tcppump)
+#   ROW_ARGS="--confirm -w 1000 --prefetch 100" (amqpbench options instead
+#   of --auto-ack: the A/B of the 1 KiB rows uses the same script)
 #
 # Prints one line per run and a summary of medians: msg/s, broker CPU µs
 # per message (srv_cpu_pct/100 x elapsed_s / consumed x 1e6).
@@ -27,6 +29,8 @@ SIZES=${SIZES:-65536 1048576}
 REPS=${REPS:-5}
 DURATION=${DURATION:-10}
 RABBIT=${RABBIT:-1}
+TCPPUMP=${TCPPUMP:-1}
+ROW_ARGS=${ROW_ARGS:---auto-ack}
 PORT_A=${PORT_A:-5921}
 PORT_B=${PORT_B:-5922}
 OUT=${OUT:-$HERE/build/bench/bigmsg-$(date +%Y%m%d-%H%M%S).txt}
@@ -66,13 +70,18 @@ fi
 field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<" $1"; }
 median() { sort -g | awk '{a[NR]=$1} END{if(NR==0)exit; print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}'; }
 
-echo "# $(date -u +%FT%TZ) $(uptime) A=$QUAYD_A B=${QUAYD_B:-none} sizes=[$SIZES] reps=$REPS d=$DURATION" | tee -a "$OUT"
+echo "# $(date -u +%FT%TZ) $(uptime) A=$QUAYD_A B=${QUAYD_B:-none} sizes=[$SIZES] reps=$REPS d=$DURATION row=[$ROW_ARGS]" | tee -a "$OUT"
 for size in $SIZES; do
   for rep in $(seq "$REPS"); do
-    line=$("$TOOLS/tcppump" stream -s "$size" -d "$DURATION" -b 1 | grep '^RESULT')
+    if [ "$TCPPUMP" = 1 ]; then
+      line=$("$TOOLS/tcppump" stream -s "$size" -d "$DURATION" -b 1 | grep '^RESULT')
+    else
+      line="RESULT msg_rate=0"
+    fi
     echo "size=$size rep=$rep broker=tcppump $line" | tee -a "$OUT"
     for b in "${BROKERS[@]}"; do
-      line=$("$TOOLS/amqpbench" -p "${PORT[$b]}" -s "$size" --auto-ack -d "$DURATION" --check \
+      # shellcheck disable=SC2086
+      line=$("$TOOLS/amqpbench" -p "${PORT[$b]}" -s "$size" $ROW_ARGS -d "$DURATION" --check \
                --watch-pid "${PID[$b]}" 2>/dev/null | grep '^RESULT' || echo "RESULT status=error")
       cpu=$(awk -v c="$(field "$line" srv_cpu_pct)" -v e="$(field "$line" elapsed_s)" \
                 -v n="$(field "$line" consumed)" 'BEGIN{if(n>0)printf "%.1f", c/100*e/n*1e6}')

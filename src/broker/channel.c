@@ -591,7 +591,7 @@ bool channel_body_accepts(const struct channel *ch, uint32_t size)
            size <= ch->assembling->body_size - ch->assembling->body_received;
 }
 
-uint8_t *channel_body_room(struct channel *ch, uint64_t want, size_t *room)
+uint8_t *channel_body_room(struct channel *ch, uint64_t want, size_t *room, size_t *after)
 {
     ASSERT(want > 0);
     uint64_t capacity = ch->assembling->body_capacity;
@@ -604,6 +604,7 @@ uint8_t *channel_body_room(struct channel *ch, uint64_t want, size_t *room)
     uint64_t free_room = m->body_capacity - m->body_received;
     ASSERT(free_room > 0);
     *room = (size_t)(free_room < want ? free_room : want);
+    *after = message_block_after(m, m->body_received + *room);
     return m->body + m->body_received;
 }
 

@@ -34,10 +34,11 @@ bool channel_body_accepts(const struct channel *ch, uint32_t size);
  * that failed (no memory): the channel is closed. */
 bool channel_body_append(struct channel *ch, const uint8_t *data, size_t size, uint64_t more);
 /* Room for up to want more body bytes to be written straight into: where
- * they go, *room (1..want) of them; NULL if the channel failed (no
- * memory: closed). The message may move: the pointer is valid until the
- * next call of these. */
-uint8_t *channel_body_room(struct channel *ch, uint64_t want, size_t *room);
+ * they go, *room (1..want) of them, and *after: the bytes of the
+ * message's memory after those (a read may fill them too: conn_sink's
+ * tail); NULL if the channel failed (no memory: closed). The message may
+ * move: the pointer is valid until the next call of these. */
+uint8_t *channel_body_room(struct channel *ch, uint64_t want, size_t *room, size_t *after);
 /* Body bytes still to come for the message being assembled (0: none). */
 uint64_t channel_body_missing(const struct channel *ch);
 /* The message being assembled, or NULL. */

@@ -49,11 +49,15 @@ static void sink_next(struct connection *connection)
     ASSERT(connection->split.active && !connection->split.sinking);
     if (connection->split.discard || connection->split.left == 0)
         return;
-    size_t room = 0;
-    uint8_t *dst = channel_body_room(split_channel(connection), connection->split.left, &room);
+    size_t room = 0, after = 0;
+    uint8_t *dst =
+        channel_body_room(split_channel(connection), connection->split.left, &room, &after);
     if (dst == NULL)
         return; /* the channel failed: connection__body_dropped set discard */
-    connection->split.sinking = conn_sink(&connection->conn, dst, room);
+    /* The read that ends the frame may go on into the block's tail: the
+     * end octet and the next publish's frames come with it. */
+    size_t tail = room == connection->split.left ? after : 0;
+    connection->split.sinking = conn_sink(&connection->conn, dst, room, tail);
 }
 
 size_t connection__split_begin(struct connection *connection, const uint8_t *data, size_t size)

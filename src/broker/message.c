@@ -37,20 +37,25 @@ static struct {
 /* Kept blocks go back to the allocator after this long without a reuse. */
 #define CACHE_IDLE_MS 2000
 
+/* A large block: whole pages, with MESSAGE_TAIL_SIZE beyond the body. */
 static size_t round_block(size_t size)
 {
     if (size < MESSAGE_CACHE_MIN_SIZE)
         return size;
+    size += MESSAGE_TAIL_SIZE;
     return (size + PAGE_SIZE_ROUND - 1) & ~(size_t)(PAGE_SIZE_ROUND - 1);
 }
 
 /* A kept block of at least need bytes and at most a quarter more than
  * want (the whole message: a block that fits it is never grown again), or
- * NULL. */
+ * NULL. A message whose body has not all arrived takes one too: the
+ * block is memory already held. */
 static void *cache_take(size_t need, size_t want, size_t *got)
 {
-    if (need < MESSAGE_CACHE_MIN_SIZE)
+    if (want < MESSAGE_CACHE_MIN_SIZE)
         return NULL;
+    need += MESSAGE_TAIL_SIZE;
+    want += MESSAGE_TAIL_SIZE;
     size_t limit = want + want / 4;
     uint32_t best = cache.count;
     for (uint32_t i = 0; i < cache.count; i++) {

@@ -141,6 +141,15 @@ void message_body_written(struct message *message, uint64_t size);
 #define MESSAGE_CACHE_SLOTS 32
 #define MESSAGE_CACHE_BYTES (32u << 20)
 void message_cache_tick(uint64_t now_ms);
+/* A large block has this much beyond its body: a read that fills the end
+ * of a body may read on into it (what follows the body on the wire, moved
+ * out at once: conn_sink's tail). */
+#define MESSAGE_TAIL_SIZE 4096u
+/* The bytes of m's block after the first end bytes of its body. */
+static inline size_t message_block_after(const struct message *m, uint64_t end)
+{
+    return (size_t)(m->block_size - (sizeof *m + (size_t)(m->body - m->data) + end));
+}
 /* Frees every kept block (at shutdown, and for tests). */
 void message_cache_clear(void);
 struct message_cache_stats {

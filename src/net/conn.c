@@ -209,8 +209,8 @@ static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
     conn->sink_read = conn->sink_size > 0;
     if (conn->sink_read) {
         ASSERT(conn->in_size == 0); /* the protocol took all before it set the sink */
-        size_t size = conn->sink_size < (1u << 30) ? conn->sink_size : (1u << 30);
-        *buf = uv_buf_init((char *)conn->sink, (unsigned)size);
+        ASSERT(conn->sink_size < (1u << 30));
+        *buf = uv_buf_init((char *)conn->sink, (unsigned)(conn->sink_size + conn->sink_tail));
         return;
     }
     if (conn->in_size == 0) {
@@ -305,7 +305,7 @@ bool conn__read_arrived(struct conn *conn, ssize_t nread)
     return true;
 }
 
-bool conn_sink(struct conn *conn, uint8_t *dst, size_t size)
+bool conn_sink(struct conn *conn, uint8_t *dst, size_t size, size_t tail)
 {
     ASSERT(size > 0);
     ASSERT(conn->sink_size == 0);
@@ -313,6 +313,7 @@ bool conn_sink(struct conn *conn, uint8_t *dst, size_t size)
         return false;
     conn->sink = dst;
     conn->sink_size = size;
+    conn->sink_tail = tail < SINK_PEEK_SIZE ? tail : SINK_PEEK_SIZE;
     return true;
 }
 
@@ -326,21 +327,45 @@ void conn_sink_cancel(struct conn *conn)
 {
     conn->sink = NULL;
     conn->sink_size = 0;
+    conn->sink_tail = 0;
 }
 
-/* A read into the sink: the protocol learns of it, nothing is kept. */
-static void sink_arrived(struct conn *conn, size_t nread)
+/* Input for the protocol; what it does not take is kept. */
+static void offer(struct conn *conn, const uint8_t *data, size_t size)
 {
-    ASSERT(nread <= conn->sink_size);
-    conn->sink += nread;
-    conn->sink_size -= nread;
+    long used = conn->ops->on_input(conn, data, size);
+    if (used < 0 || conn->closing)
+        return;
+    ASSERT((size_t)used <= size);
+    ASSERT(conn->sink_size == 0 || (size_t)used == size);
+    keep_leftover(conn, data + used, size - (size_t)used);
+}
+
+/* A read into the sink. Bytes beyond it (in the tail) are the input that
+ * follows: moved to the scratch buffer first (on_sink may free the
+ * sink's memory: a complete message is routed), then offered as input. */
+static void sink_read(struct conn *conn, size_t nread)
+{
+    size_t sunk = nread < conn->sink_size ? nread : conn->sink_size;
+    size_t extra = nread - sunk;
+    ASSERT(extra <= conn->sink_tail);
+    if (extra > 0)
+        memcpy(conn->net->scratch, conn->sink + sunk, extra);
+    conn->sink += sunk;
+    conn->sink_size -= sunk;
     if (conn->sink_size == 0) {
         conn->sink = NULL;
+        conn->sink_tail = 0;
         conn->read_short = true;
     }
-    conn->ops->on_sink(conn, nread);
+    conn->ops->on_sink(conn, sunk);
     if (conn->closing)
         return;
+    if (extra > 0) {
+        offer(conn, conn->net->scratch, extra);
+        if (conn->closing)
+            return;
+    }
     conn__after_input(conn, nread);
 }
 
@@ -353,7 +378,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         return;
     if (into_sink) {
         ASSERT((uint8_t *)buf->base == conn->sink);
-        sink_arrived(conn, (size_t)nread);
+        sink_read(conn, (size_t)nread);
         return;
     }
     conn->read_short = false;
@@ -373,12 +398,9 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         data = (const uint8_t *)buf->base;
         size = (size_t)nread;
     }
-    long used = conn->ops->on_input(conn, data, size);
-    if (used < 0 || conn->closing)
+    offer(conn, data, size);
+    if (conn->closing)
         return;
-    ASSERT((size_t)used <= size);
-    ASSERT(conn->sink_size == 0 || (size_t)used == size);
-    keep_leftover(conn, data + used, size - (size_t)used);
     /* A peer that does not read what we send (confirms, returns, replies)
      * is not read from either, so its output cannot grow without bound. */
     conn__after_input(conn, (size_t)nread);

@@ -73,6 +73,7 @@ struct conn {
     /* conn_sink: the next sink_size bytes go to sink (the protocol's). */
     uint8_t *sink;                /* borrowed */
     size_t sink_size;
+    size_t sink_tail;             /* usable room after the sink for what follows */
     bool sink_read;               /* the buffer on_alloc gave is the sink */
     bool read_short;              /* the next read is short (conn_read_short) */
 
@@ -179,16 +180,19 @@ enum conn_pause {
 };
 
 /* The next size bytes of input belong at dst, the protocol's memory (a
- * large message body): they are read straight there, by reads that take
- * nothing else, instead of into the scratch buffer and copied; on_sink
- * reports them as they arrive. After a sink is filled the next read is a
- * short one (the frames between two large bodies), so that the next body
- * is not read into the scratch buffer either.
+ * large message body): they are read straight there instead of into the
+ * scratch buffer and copied; on_sink reports them as they arrive. tail:
+ * bytes of dst's memory after those that a read may also fill (up to
+ * 4 KiB are used), so that the read that ends the sink takes what follows
+ * too (the next publish's frames), which is then moved out and offered
+ * to on_input. After a sink is filled without that, the next read is a
+ * short one (4 KiB), so that the next body is not read into the scratch
+ * buffer either.
  * Only from on_input that then consumes all it was offered, or from
  * on_sink. Plain TCP only: false on a TLS conn (its bytes are decrypted
  * into the scratch buffer anyway), and the bytes come through on_input.
  * dst must stay valid until the sink is full, conn_sink_cancel, or close. */
-bool conn_sink(struct conn *conn, uint8_t *dst, size_t size);
+bool conn_sink(struct conn *conn, uint8_t *dst, size_t size, size_t tail);
 /* The sink's memory is going away: the bytes it still expected come
  * through on_input. */
 void conn_sink_cancel(struct conn *conn);
