@@ -604,6 +604,8 @@ uint8_t *channel_body_room(struct channel *ch, uint64_t want, size_t *room, size
     uint64_t free_room = m->body_capacity - m->body_received;
     ASSERT(free_room > 0);
     *room = (size_t)(free_room < want ? free_room : want);
+    /* The room lies inside the block (what a read may fill after it too). */
+    ASSERT(m->block_size >= sizeof *m + (size_t)(m->body - m->data) + m->body_capacity);
     *after = message_block_after(m, m->body_received + *room);
     return m->body + m->body_received;
 }

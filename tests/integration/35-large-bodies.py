@@ -11,8 +11,8 @@ give the same message, byte for byte (SHA-256 of each body, end to end):
 - a body that arrives a byte at a time, slowly;
 - a wrong end octet after a split frame is still RabbitMQ's 501;
 - a connection closed in the middle of a body is released (no leak under
-  ASan, the memory estimate back where it was), and one channel closed in
-  the middle of one does not disturb the next publish;
+  ASan, the memory estimate back where it was), and so is one the broker
+  closes (a shutdown) while it reads a body straight into its message;
 - a body above --max-message-size is refused as before (406, channel
   closed), its frames discarded, and the connection goes on;
 - a message routed to several queues (fanout) is delivered intact from
@@ -240,12 +240,12 @@ def a_connection_closed_mid_body_is_released():
 
 
 @test(timeout=60)
-def a_shutdown_in_the_middle_of_a_body_skips_its_rest():
+def a_shutdown_in_the_middle_of_a_body_releases_it():
     """SIGTERM while a body frame is being read straight into its message:
-    the connection is closed with 320 and its message released at once;
-    the rest of the frame, sent after that, is skipped (not parsed as
-    frames), the client's close-ok ends it, and quayd exits 0 with no
-    sanitizer report. One broker only (the signal goes to the client's
+    the connection gets 320 at once, its message is released and the read
+    into it cancelled (the broker reads nothing more from it), and quayd
+    exits 0 with no sanitizer report (a write into the freed message, or a
+    leak, would show). One broker only (the signal goes to the client's
     broker)."""
     if quaytest.CLUSTERED:
         print("# skip: one broker only")
@@ -263,8 +263,10 @@ def a_shutdown_in_the_middle_of_a_body_skips_its_rest():
         b.proc.send_signal(signal.SIGTERM)
         code = expect_close(s, connection=True, send_close_ok=False)[0]
         eq(code, CONNECTION_FORCED, "reply code")
-        s.sendall(frame[5000:])
-        s.sendall(gen_connection_close_ok())
+        try:
+            s.sendall(frame[5000:])       # not read any more: it may be refused
+        except OSError:
+            pass
         expect_closed_socket(s)
         b.proc.wait(10)
         eq(b.proc.returncode, 0, "quayd's exit status")
