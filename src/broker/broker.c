@@ -55,6 +55,7 @@ static void on_tick(uv_timer_t *timer)
     uint64_t now = uv_now(broker->loop);
     alarm_tick(broker, now);
     flow_tick(broker, now);
+    message_cache_tick(now);
     list_for_each_safe(node, &broker->connections) {
         connection_tick(CONTAINER_OF(node, struct connection, broker_link), now);
     }
@@ -348,6 +349,7 @@ void broker_free(struct broker *broker)
     tls_context_free(&broker->cluster_tls);
     tls_context_free(&broker->raft_tls);
     ASSERT(message_live_count == 0);
+    message_cache_clear();
 }
 
 void broker_generate_name(struct broker *broker, const char *prefix, char *out, size_t out_size)

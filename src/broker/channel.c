@@ -71,6 +71,8 @@ static void release(struct channel *ch)
 {
     ch->releasing = true;
     if (ch->assembling) {
+        /* A body frame may be being read straight into it. */
+        connection__body_dropped(ch->connection, ch->id);
         message_unref(ch->assembling);
         ch->assembling = NULL;
     }
@@ -541,6 +543,31 @@ static void handle_content_header(struct channel *ch, const struct frame *frame)
         content_complete(ch);
 }
 
+/* The message grew or may have: it holds more memory now. */
+static void body_grew(struct channel *ch, uint64_t capacity)
+{
+    if (ch->assembling->body_capacity != capacity)
+        alarm_check_publish(ch->connection->broker);
+}
+
+static void body_out_of_memory(struct channel *ch)
+{
+    channel__fail(ch, REPLY_RESOURCE_ERROR, METHOD_BASIC_PUBLISH,
+                  "cannot allocate a message of %llu bytes",
+                  (unsigned long long)ch->assembling->body_size);
+}
+
+bool channel_body_append(struct channel *ch, const uint8_t *data, size_t size, uint64_t more)
+{
+    uint64_t capacity = ch->assembling->body_capacity;
+    if (message_append_body(&ch->assembling, data, size, more) != OK) {
+        body_out_of_memory(ch);
+        return false;
+    }
+    body_grew(ch, capacity);
+    return true;
+}
+
 static void handle_content_body(struct channel *ch, const struct frame *frame)
 {
     struct message *m = ch->assembling;
@@ -550,18 +577,60 @@ static void handle_content_body(struct channel *ch, const struct frame *frame)
                                  (unsigned long long)m->body_size);
         return;
     }
-    uint64_t capacity = m->body_capacity;
-    if (message_append_body(&ch->assembling, frame->payload, frame->size,
-                            connection__body_ahead(ch->connection, ch->id)) != OK) {
-        channel__fail(ch, REPLY_RESOURCE_ERROR, METHOD_BASIC_PUBLISH,
-                      "cannot allocate a message of %llu bytes",
-                      (unsigned long long)m->body_size);
+    if (!channel_body_append(ch, frame->payload, frame->size,
+                             connection__body_ahead(ch->connection, ch->id)))
         return;
+    if (ch->assembling->body_received == ch->assembling->body_size)
+        content_complete(ch);
+}
+
+bool channel_body_accepts(const struct channel *ch, uint32_t size)
+{
+    return ch->state != CHANNEL_STATE_CLOSING && ch->content == CONTENT_STATE_BODY &&
+           ch->assembling != NULL &&
+           size <= ch->assembling->body_size - ch->assembling->body_received;
+}
+
+uint8_t *channel_body_room(struct channel *ch, uint64_t want, size_t *room, size_t *after)
+{
+    ASSERT(want > 0);
+    uint64_t capacity = ch->assembling->body_capacity;
+    if (message_reserve_body(&ch->assembling, want) != OK) {
+        body_out_of_memory(ch);
+        return NULL;
     }
-    m = ch->assembling;
-    if (m->body_capacity != capacity)
-        alarm_check_publish(ch->connection->broker); /* it holds more memory now */
-    if (m->body_received == m->body_size)
+    body_grew(ch, capacity);
+    struct message *m = ch->assembling;
+    uint64_t free_room = m->body_capacity - m->body_received;
+    ASSERT(free_room > 0);
+    *room = (size_t)(free_room < want ? free_room : want);
+    /* The room lies inside the block (what a read may fill after it too). */
+    ASSERT(m->block_size >= sizeof *m + (size_t)(m->body - m->data) + m->body_capacity);
+    *after = message_block_after(m, m->body_received + *room);
+    return m->body + m->body_received;
+}
+
+uint64_t channel_body_missing(const struct channel *ch)
+{
+    if (ch->state == CHANNEL_STATE_CLOSING || ch->content != CONTENT_STATE_BODY ||
+        ch->assembling == NULL)
+        return 0;
+    return ch->assembling->body_size - ch->assembling->body_received;
+}
+
+const struct message *channel_assembling(const struct channel *ch)
+{
+    return ch->assembling;
+}
+
+void channel_body_written(struct channel *ch, size_t size)
+{
+    message_body_written(ch->assembling, size);
+}
+
+void channel_body_frame_done(struct channel *ch)
+{
+    if (ch->assembling->body_received == ch->assembling->body_size)
         content_complete(ch);
 }
 

@@ -25,6 +25,29 @@ struct connection;
 /* A frame for a channel id that has no open channel. */
 void channel_handle_unopened(struct connection *connection, const struct frame *frame);
 void channel_handle_frame(struct channel *ch, const struct frame *frame);
+
+/* A body frame taken in parts (connection_body.c) instead of whole:
+ * true if ch is assembling a message that a body frame of size payload
+ * bytes continues, i.e. channel_handle_frame would take it. */
+bool channel_body_accepts(const struct channel *ch, uint32_t size);
+/* Appends size payload bytes (more: body bytes known to follow). False if
+ * that failed (no memory): the channel is closed. */
+bool channel_body_append(struct channel *ch, const uint8_t *data, size_t size, uint64_t more);
+/* Room for up to want more body bytes to be written straight into: where
+ * they go, *room (1..want) of them, and *after: the bytes of the
+ * message's memory after those (a read may fill them too: conn_sink's
+ * tail); NULL if the channel failed (no memory: closed). The message may
+ * move: the pointer is valid until the next call of these. */
+uint8_t *channel_body_room(struct channel *ch, uint64_t want, size_t *room, size_t *after);
+/* Body bytes still to come for the message being assembled (0: none). */
+uint64_t channel_body_missing(const struct channel *ch);
+/* The message being assembled, or NULL. */
+const struct message *channel_assembling(const struct channel *ch);
+/* size bytes were written at the room. */
+void channel_body_written(struct channel *ch, size_t size);
+/* The frame ended well (its end octet came): a complete message is
+ * routed. */
+void channel_body_frame_done(struct channel *ch);
 /* Frees the channel without any protocol exchange (connection gone). */
 void channel_destroy(struct channel *ch);
 /* The client's connection.close: the channel goes as on its own

@@ -48,6 +48,7 @@ static const struct conn_ops connection_conn_ops = {
     .on_close = on_close,
     .on_free = on_free,
     .on_drain = on_drain,
+    .on_sink = connection__on_sink,
     .batch_input = true,
 };
 
@@ -718,6 +719,14 @@ static void fail_bad_frame(struct connection *connection, const uint8_t *p, size
         return;
     }
     uint8_t end = available > size ? p[FRAME_HEADER_SIZE + size] : 0;
+    connection__fail_frame_end(connection, type, p + FRAME_HEADER_SIZE, shown, end);
+}
+
+void connection__fail_frame_end(struct connection *connection, uint8_t type,
+                                const uint8_t *payload, size_t shown, uint8_t end)
+{
+    char octets[320];
+    connection__format_binary(octets, sizeof octets, payload, shown);
     connection_fail(connection, REPLY_FRAME_ERROR, 0,
                     "type %u, all octets = %s: {invalid_frame_end_marker,%u}", type, octets, end);
 }
@@ -875,12 +884,26 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
             return n;
         used = (size_t)n;
     }
+    uint16_t content_channel = 0; /* of the last content frame */
     while (used < size && !conn->closing && connection->state != CONNECTION_STATE_CLOSED &&
            connection->held == 0) {
+        if (connection->split.active) {
+            content_channel = connection->split.channel;
+            long taken = connection__split_input(connection, data + used, size - used);
+            if (taken < 0) { /* a bad end octet: as after a bad frame, below */
+                conn_pause_reading(conn, CONN_PAUSE_CLOSING);
+                return (long)size;
+            }
+            used += (size_t)taken;
+            continue;
+        }
         struct frame frame;
         size_t need = 0;
         int n = frame_parse(&connection->reader, data + used, size - used, &frame, &need);
         if (n == 0) {
+            /* A large body frame not all in: read straight into its
+             * message (connection_body.c), else kept until it is. */
+            used += connection__split_begin(connection, data + used, size - used);
             conn->in_need = need;
             break;
         }
@@ -895,9 +918,13 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
         connection->input_rest = data + used;
         connection->input_rest_size = size - used;
         handle_frame(connection, &frame);
+        if (frame.type == FRAME_HEADER || frame.type == FRAME_BODY)
+            content_channel = frame.channel;
     }
     connection->input_rest = NULL;
     connection->input_rest_size = 0;
+    if (content_channel != 0 && !conn->closing)
+        connection__expect_body(connection, content_channel);
     return (long)used;
 }
 

@@ -94,6 +94,18 @@ struct connection {
     /* Not logged in yet: counted in broker->handshaking_count until it
      * logs in or goes (--max-handshaking). */
     bool handshaking;
+    /* A large body frame taken in parts (connection_body.c): its header
+     * is consumed; left payload bytes, then its end octet, are still to
+     * come for channel's message, read straight into it while sinking.
+     * discard: the message went (its channel closed): they are skipped. */
+    struct {
+        bool active;
+        bool sinking;
+        bool discard;
+        uint16_t channel;
+        uint32_t size;                /* the frame's payload size */
+        uint32_t left;
+    } split;
 };
 
 /* The broker's accept callback: allocates a connection for a new socket. */
@@ -152,6 +164,28 @@ void connection_cluster_synced(struct broker *broker);
  * frame being dispatched (its body frames, the last one possibly cut):
  * a message's room may be reserved up to this, as they have arrived. */
 uint64_t connection__body_ahead(const struct connection *connection, uint16_t channel);
+
+/* Large body frames in parts (connection_body.c). connection__split_begin:
+ * input that starts with a body frame whose header is in but not all of
+ * its payload: takes the header and the payload at hand (the rest is read
+ * straight into the message) and returns the bytes taken, or 0 (it stays
+ * whole: too small, or not for an assembling message). */
+size_t connection__split_begin(struct connection *connection, const uint8_t *data, size_t size);
+/* Input while a split frame is active: its payload bytes (when not read
+ * into the message) and its end octet. Bytes taken, or -1 when its end
+ * octet is wrong (the connection is failed). */
+long connection__split_input(struct connection *connection, const uint8_t *data, size_t size);
+/* The input ended after content for channel: if a large body frame is
+ * still to come for it, the next read is a short one (conn_read_short). */
+void connection__expect_body(struct connection *connection, uint16_t channel);
+/* conn_ops.on_sink. */
+void connection__on_sink(struct conn *conn, size_t size);
+/* The channel's assembling message goes away (channel.c): the rest of a
+ * split frame for it is skipped. */
+void connection__body_dropped(struct connection *connection, uint16_t channel);
+/* The frame's end octet is not FRAME_END: RabbitMQ's 501. */
+void connection__fail_frame_end(struct connection *connection, uint8_t type,
+                                const uint8_t *payload, size_t shown, uint8_t end);
 
 /* Called by channels once they are fully closed and freed. */
 void connection__channel_gone(struct connection *connection, uint16_t channel_id);

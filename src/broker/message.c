@@ -20,6 +20,100 @@
 uint64_t message_live_count;
 uint64_t message_live_bytes;
 
+#define PAGE_SIZE_ROUND 4096u
+
+/* Kept large blocks (message.h). Best fit by a linear scan: at most
+ * MESSAGE_CACHE_SLOTS entries, against a body of 32 KiB or more to copy. */
+static struct {
+    void *blocks[MESSAGE_CACHE_SLOTS];
+    size_t sizes[MESSAGE_CACHE_SLOTS];
+    uint32_t count;
+    uint64_t bytes;
+    uint64_t hits, misses;
+    uint64_t hits_seen;           /* hits at the last tick that saw one */
+    uint64_t idle_since_ms;
+} cache;
+
+/* Kept blocks go back to the allocator after this long without a reuse. */
+#define CACHE_IDLE_MS 2000
+
+/* A large block: whole pages, with MESSAGE_TAIL_SIZE beyond the body. */
+static size_t round_block(size_t size)
+{
+    if (size < MESSAGE_CACHE_MIN_SIZE)
+        return size;
+    size += MESSAGE_TAIL_SIZE;
+    return (size + PAGE_SIZE_ROUND - 1) & ~(size_t)(PAGE_SIZE_ROUND - 1);
+}
+
+/* A kept block of at least need bytes and at most a quarter more than
+ * want (the whole message: a block that fits it is never grown again), or
+ * NULL. A message whose body has not all arrived takes one too: the
+ * block is memory already held. */
+static void *cache_take(size_t need, size_t want, size_t *got)
+{
+    if (want < MESSAGE_CACHE_MIN_SIZE)
+        return NULL;
+    need += MESSAGE_TAIL_SIZE;
+    want += MESSAGE_TAIL_SIZE;
+    size_t limit = want + want / 4;
+    uint32_t best = cache.count;
+    for (uint32_t i = 0; i < cache.count; i++) {
+        if (cache.sizes[i] >= need && cache.sizes[i] <= limit &&
+            (best == cache.count || cache.sizes[i] < cache.sizes[best]))
+            best = i;
+    }
+    if (best == cache.count) {
+        cache.misses++;
+        return NULL;
+    }
+    void *block = cache.blocks[best];
+    *got = cache.sizes[best];
+    cache.bytes -= *got;
+    cache.count--;
+    cache.blocks[best] = cache.blocks[cache.count];
+    cache.sizes[best] = cache.sizes[cache.count];
+    cache.hits++;
+    return block;
+}
+
+static void block_put(void *block, size_t size)
+{
+    if (size >= MESSAGE_CACHE_MIN_SIZE && cache.count < MESSAGE_CACHE_SLOTS &&
+        cache.bytes + size <= MESSAGE_CACHE_BYTES) {
+        cache.blocks[cache.count] = block;
+        cache.sizes[cache.count] = size;
+        cache.count++;
+        cache.bytes += size;
+        return;
+    }
+    free(block);
+}
+
+void message_cache_clear(void)
+{
+    for (uint32_t i = 0; i < cache.count; i++)
+        free(cache.blocks[i]);
+    cache.count = 0;
+    cache.bytes = 0;
+}
+
+void message_cache_tick(uint64_t now_ms)
+{
+    if (cache.hits != cache.hits_seen) {
+        cache.hits_seen = cache.hits;
+        cache.idle_since_ms = now_ms;
+        return;
+    }
+    if (cache.count > 0 && now_ms - cache.idle_since_ms >= CACHE_IDLE_MS)
+        message_cache_clear();
+}
+
+struct message_cache_stats message_cache_stats(void)
+{
+    return (struct message_cache_stats){cache.count, cache.bytes, cache.hits, cache.misses};
+}
+
 struct message *message_new(struct bytes exchange, struct bytes routing_key,
                             const uint8_t *properties, uint32_t properties_size,
                             const struct basic_properties *props, uint64_t body_size)
@@ -38,9 +132,16 @@ struct message *message_new_partial(struct bytes exchange, struct bytes routing_
     ASSERT(body_capacity <= body_size);
     size_t head = MESSAGE_BLOB_HEADER_SIZE + (size_t)exchange.len + routing_key.len +
                   properties_size;
-    struct message *m = malloc(sizeof *m + head + body_capacity);
+    size_t block_size = 0;
+    struct message *m = cache_take(sizeof *m + head + body_capacity,
+                                   sizeof *m + head + body_size, &block_size);
+    if (!m) {
+        block_size = round_block(sizeof *m + head + body_capacity);
+        m = malloc(block_size);
+    }
     if (!m)
         return NULL;
+    m->block_size = block_size;
     uint8_t *h = m->data;
     h[0] = 1;
     h[1] = (uint8_t)exchange.len;
@@ -97,6 +198,27 @@ static uint64_t grown_capacity(const struct message *m, uint64_t need)
     return capacity < m->body_size ? capacity : m->body_size;
 }
 
+/* A block for m with room for capacity body bytes, its bytes so far
+ * moved over: a kept one that fits the whole message if there is one,
+ * else realloc. NULL when out of memory (m is unchanged). */
+static struct message *move_block(struct message *m, size_t body_offset, uint64_t capacity)
+{
+    size_t need = sizeof *m + body_offset + capacity;
+    size_t got = 0;
+    struct message *moved = cache_take(need, sizeof *m + body_offset + m->body_size, &got);
+    if (moved) {
+        memcpy(moved, m, sizeof *m + body_offset + m->body_received);
+        block_put(m, m->block_size);
+    } else {
+        got = round_block(need);
+        moved = realloc(m, got);
+        if (!moved)
+            return NULL;
+    }
+    moved->block_size = got;
+    return moved;
+}
+
 static int grow(struct message **message, uint64_t need)
 {
     struct message *m = *message;
@@ -105,16 +227,18 @@ static int grow(struct message **message, uint64_t need)
     /* Offsets, not pointers: the block may move. */
     size_t body_offset = (size_t)(m->body - m->data);
     size_t headers_offset = m->headers.ptr ? (size_t)(m->headers.ptr - m->data) : 0;
-    uint64_t old_capacity = m->body_capacity;
-    struct message *grown = realloc(m, sizeof *m + body_offset + capacity);
-    if (!grown)
-        return E_NOMEM;
-    grown->body = grown->data + body_offset;
-    if (grown->headers.ptr)
-        grown->headers.ptr = grown->data + headers_offset;
-    grown->body_capacity = capacity;
-    message_live_bytes += capacity - old_capacity;
-    *message = grown;
+    if (sizeof *m + body_offset + capacity > m->block_size) {
+        struct message *grown = move_block(m, body_offset, capacity);
+        if (!grown)
+            return E_NOMEM;
+        grown->body = grown->data + body_offset;
+        if (grown->headers.ptr)
+            grown->headers.ptr = grown->data + headers_offset;
+        m = grown;
+    }
+    message_live_bytes += capacity - m->body_capacity;
+    m->body_capacity = capacity;
+    *message = m;
     return OK;
 }
 
@@ -137,6 +261,27 @@ int message_append_body(struct message **message, const uint8_t *data, size_t si
     m->body_received = need;
     ASSERT(m->body_received <= m->body_capacity);
     return OK;
+}
+
+int message_reserve_body(struct message **message, uint64_t extra)
+{
+    struct message *m = *message;
+    ASSERT(m->refs == 1); /* nobody else may see it move */
+    uint64_t missing = m->body_size - m->body_received;
+    uint64_t ahead = m->body_received > MESSAGE_READ_AHEAD_SIZE ? m->body_received
+                                                                : MESSAGE_READ_AHEAD_SIZE;
+    if (extra > missing)
+        extra = missing;
+    if (extra > ahead)
+        extra = ahead;
+    uint64_t need = m->body_received + extra;
+    return need > m->body_capacity ? grow(message, need) : OK;
+}
+
+void message_body_written(struct message *message, uint64_t size)
+{
+    ASSERT(message->body_received + size <= message->body_capacity);
+    message->body_received += size;
 }
 
 int message_parse_expiration(struct bytes text, int64_t *out, char *reason, size_t reason_size)
@@ -245,7 +390,7 @@ void message_unref(struct message *message)
     if (--message->refs == 0) {
         message_live_count--;
         message_live_bytes -= message->body_capacity;
-        free(message);
+        block_put(message, message->block_size);
     }
 }
 

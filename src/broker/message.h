@@ -50,6 +50,7 @@ struct message {
     uint64_t body_size;
     uint64_t body_received;       /* assembly progress; == body_size when complete */
     uint64_t body_capacity;       /* room for body bytes; == body_size when complete */
+    uint64_t block_size;          /* bytes allocated for the struct and data[] */
     uint8_t exchange_size;
     uint8_t routing_key_size;
     uint8_t priority;
@@ -117,6 +118,44 @@ struct bytes message_id(const struct message *m);
  * milliseconds, 0..2^32-1 years aside). Returns 0, or -1 with the reason
  * in RabbitMQ's words ("no_integer", "{value_negative,-5}", ...). */
 int message_parse_expiration(struct bytes text, int64_t *out, char *reason, size_t reason_size);
+
+/* Makes room for more body bytes beyond those received, to be read
+ * straight into m->body + m->body_received: for extra of them, but at most
+ * what is still missing and at most MESSAGE_READ_AHEAD_SIZE or as many as
+ * were received (the room stays within twice what arrived, as the
+ * transport's own buffer for a partial frame would). Grows by
+ * message_append_body's rule. The message may move. Its only reference
+ * must be the caller's. OK or E_NOMEM. */
+#define MESSAGE_READ_AHEAD_SIZE (64u << 10)
+int message_reserve_body(struct message **message, uint64_t extra);
+/* Body bytes written into the room by the caller (a read straight into
+ * it): they count as received. */
+void message_body_written(struct message *message, uint64_t size);
+
+/* Large blocks (a message of 32 KiB or more) are kept when freed and
+ * reused for the next large message: a fresh block's pages fault in as
+ * they are first written (16 per 64 KiB message, measured), a reused one's
+ * do not. At most MESSAGE_CACHE_BYTES are kept; message_cache_tick frees
+ * them all once none was reused for a while. */
+#define MESSAGE_CACHE_MIN_SIZE (32u << 10)
+#define MESSAGE_CACHE_SLOTS 32
+#define MESSAGE_CACHE_BYTES (32u << 20)
+void message_cache_tick(uint64_t now_ms);
+/* A large block has this much beyond its body: a read that fills the end
+ * of a body may read on into it (what follows the body on the wire, moved
+ * out at once: conn_sink's tail). */
+#define MESSAGE_TAIL_SIZE 4096u
+/* The bytes of m's block after the first end bytes of its body. */
+static inline size_t message_block_after(const struct message *m, uint64_t end)
+{
+    return (size_t)(m->block_size - (sizeof *m + (size_t)(m->body - m->data) + end));
+}
+/* Frees every kept block (at shutdown, and for tests). */
+void message_cache_clear(void);
+struct message_cache_stats {
+    uint64_t blocks, bytes, hits, misses;
+};
+struct message_cache_stats message_cache_stats(void);
 
 /* For conn_out_ref's release callback. */
 void message_release_callback(void *message);

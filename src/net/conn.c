@@ -24,6 +24,10 @@
 #define IN_SCRATCH_MAX_SIZE (16u << 10) /* a partial frame this small is read in scratch */
 #define IN_READ_MORE_SIZE (64u << 10)   /* a larger one's read: this much room beyond it */
 static_assert(IN_SCRATCH_MAX_SIZE <= SCRATCH_SIZE / 2, "a read behind a partial frame is large");
+/* The read after a filled sink: the end of that frame and the frames
+ * before the next body (a publish's method and content header) fit, and
+ * little of the next body is read in with them. */
+#define SINK_PEEK_SIZE (4u << 10)
 #define CHUNK_DATA_SIZE (16u << 10)
 #define IOV_BATCH 64
 
@@ -202,9 +206,18 @@ static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
 {
     struct conn *conn = handle->data;
     (void)suggested;
+    conn->sink_read = conn->sink_size > 0;
+    if (conn->sink_read) {
+        ASSERT(conn->in_size == 0); /* the protocol took all before it set the sink */
+        ASSERT(conn->sink_size < (1u << 30));
+        *buf = uv_buf_init((char *)conn->sink, (unsigned)(conn->sink_size + conn->sink_tail));
+        return;
+    }
     if (conn->in_size == 0) {
-        /* Nothing pending: read into the shared scratch buffer. */
-        *buf = uv_buf_init((char *)conn->net->scratch, (unsigned)conn->net->scratch_size);
+        /* Nothing pending: read into the shared scratch buffer (a short
+         * read after a sink, see SINK_PEEK_SIZE). */
+        size_t size = conn->read_short ? SINK_PEEK_SIZE : conn->net->scratch_size;
+        *buf = uv_buf_init((char *)conn->net->scratch, (unsigned)size);
         return;
     }
     if (conn->in_size <= IN_SCRATCH_MAX_SIZE) {
@@ -266,7 +279,13 @@ void conn__after_input(struct conn *conn, size_t nread)
 {
     if (conn->out_bytes >= CONN_OUT_READ_PAUSE && !conn->peer_reads_always)
         conn_pause_reading(conn, CONN_PAUSE_OUTPUT);
-    read_batch_after_read(&conn->net->read_batch, conn, nread);
+    /* Large bodies are read by sinks, a body per read: not batched by a
+     * low-water mark, which would only add system calls (and the short
+     * read right after a sink would look like a dense stream). */
+    if (conn->sink_size > 0 || conn->read_short)
+        read_batch_drop(&conn->net->read_batch, conn);
+    else
+        read_batch_after_read(&conn->net->read_batch, conn, nread);
 }
 
 bool conn__read_arrived(struct conn *conn, ssize_t nread)
@@ -286,11 +305,83 @@ bool conn__read_arrived(struct conn *conn, ssize_t nread)
     return true;
 }
 
+bool conn_sink(struct conn *conn, uint8_t *dst, size_t size, size_t tail)
+{
+    ASSERT(size > 0);
+    ASSERT(conn->sink_size == 0);
+    if (conn->tls != NULL || conn->closing)
+        return false;
+    conn->sink = dst;
+    conn->sink_size = size;
+    conn->sink_tail = tail < SINK_PEEK_SIZE ? tail : SINK_PEEK_SIZE;
+    return true;
+}
+
+void conn_read_short(struct conn *conn)
+{
+    if (conn->tls == NULL) /* TLS reads ciphertext: its own sizes */
+        conn->read_short = true;
+}
+
+void conn_sink_cancel(struct conn *conn)
+{
+    conn->sink = NULL;
+    conn->sink_size = 0;
+    conn->sink_tail = 0;
+}
+
+/* Input for the protocol; what it does not take is kept. */
+static void offer(struct conn *conn, const uint8_t *data, size_t size)
+{
+    long used = conn->ops->on_input(conn, data, size);
+    if (used < 0 || conn->closing)
+        return;
+    ASSERT((size_t)used <= size);
+    ASSERT(conn->sink_size == 0 || (size_t)used == size);
+    keep_leftover(conn, data + used, size - (size_t)used);
+}
+
+/* A read into the sink. Bytes beyond it (in the tail) are the input that
+ * follows: moved to the scratch buffer first (on_sink may free the
+ * sink's memory: a complete message is routed), then offered as input. */
+static void sink_read(struct conn *conn, size_t nread)
+{
+    size_t sunk = nread < conn->sink_size ? nread : conn->sink_size;
+    size_t extra = nread - sunk;
+    ASSERT(extra <= conn->sink_tail);
+    if (extra > 0)
+        memcpy(conn->net->scratch, conn->sink + sunk, extra);
+    conn->sink += sunk;
+    conn->sink_size -= sunk;
+    if (conn->sink_size == 0) {
+        conn->sink = NULL;
+        conn->sink_tail = 0;
+        conn->read_short = true;
+    }
+    conn->ops->on_sink(conn, sunk);
+    if (conn->closing)
+        return;
+    if (extra > 0) {
+        offer(conn, conn->net->scratch, extra);
+        if (conn->closing)
+            return;
+    }
+    conn__after_input(conn, nread);
+}
+
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 {
     struct conn *conn = stream->data;
+    bool into_sink = conn->sink_read;
+    conn->sink_read = false;
     if (!conn__read_arrived(conn, nread))
         return;
+    if (into_sink) {
+        ASSERT((uint8_t *)buf->base == conn->sink);
+        sink_read(conn, (size_t)nread);
+        return;
+    }
+    conn->read_short = false;
     const uint8_t *data;
     size_t size;
     if (conn->in_size > 0 && (uint8_t *)buf->base == conn->net->scratch + conn->in_size) {
@@ -307,16 +398,12 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         data = (const uint8_t *)buf->base;
         size = (size_t)nread;
     }
-    long used = conn->ops->on_input(conn, data, size);
-    if (used < 0 || conn->closing)
+    offer(conn, data, size);
+    if (conn->closing)
         return;
-    ASSERT((size_t)used <= size);
-    keep_leftover(conn, data + used, size - (size_t)used);
     /* A peer that does not read what we send (confirms, returns, replies)
      * is not read from either, so its output cannot grow without bound. */
-    if (conn->out_bytes >= CONN_OUT_READ_PAUSE && !conn->peer_reads_always)
-        conn_pause_reading(conn, CONN_PAUSE_OUTPUT);
-    read_batch_after_read(&conn->net->read_batch, conn, (size_t)nread);
+    conn__after_input(conn, (size_t)nread);
 }
 
 void net_tcp_user_timeout(uv_tcp_t *tcp, unsigned ms)
@@ -449,6 +536,7 @@ static void on_resume_idle(uv_idle_t *idle)
         if (used < 0 || conn->closing)
             continue;
         ASSERT((size_t)used <= conn->in_size);
+        ASSERT(conn->sink_size == 0 || (size_t)used == conn->in_size);
         keep_leftover(conn, conn->in + used, conn->in_size - (size_t)used);
         if (conn->out_bytes >= CONN_OUT_READ_PAUSE && !conn->peer_reads_always)
             conn_pause_reading(conn, CONN_PAUSE_OUTPUT);
@@ -777,6 +865,7 @@ void conn_close(struct conn *conn)
     }
     if (list_linked(&conn->flush_link))
         list_remove(&conn->flush_link);
+    conn_sink_cancel(conn);
     read_batch_drop(&conn->net->read_batch, conn);
     if (list_linked(&conn->resume_link))
         list_remove(&conn->resume_link);

@@ -43,6 +43,10 @@ struct conn_ops {
     void (*on_free)(struct conn *conn);
     /* Output fell below the low-water mark after having been above it. */
     void (*on_drain)(struct conn *conn);
+    /* size more bytes of the sink (conn_sink) are at its destination;
+     * when it is full it is over (the protocol may set another one here).
+     * Only for protocols that set sinks. */
+    void (*on_sink)(struct conn *conn, size_t size);
     /* Read a streaming peer in batches (read_batch.h): for clients, not
      * for links whose timing the cluster's protocols depend on. */
     bool batch_input;
@@ -66,6 +70,12 @@ struct conn {
     size_t in_size;
     size_t in_cap;
     size_t in_need;               /* bytes the protocol needs to make progress */
+    /* conn_sink: the next sink_size bytes go to sink (the protocol's). */
+    uint8_t *sink;                /* borrowed */
+    size_t sink_size;
+    size_t sink_tail;             /* usable room after the sink for what follows */
+    bool sink_read;               /* the buffer on_alloc gave is the sink */
+    bool read_short;              /* the next read is short (conn_read_short) */
 
     struct list_node out_chunks;  /* struct out_chunk, oldest first */
     size_t out_bytes;             /* queued and not yet written */
@@ -168,6 +178,28 @@ enum conn_pause {
     CONN_PAUSE_QUEUE = 1u << 5,    /* a queue it publishes to is congested (broker/flow.h) */
     CONN_PAUSE_TUNNEL = 1u << 6,   /* a TLS tunnel's plaintext end is full (raft_tls.c) */
 };
+
+/* The next size bytes of input belong at dst, the protocol's memory (a
+ * large message body): they are read straight there instead of into the
+ * scratch buffer and copied; on_sink reports them as they arrive. tail:
+ * bytes of dst's memory after those that a read may also fill (up to
+ * 4 KiB are used), so that the read that ends the sink takes what follows
+ * too (the next publish's frames), which is then moved out and offered
+ * to on_input. After a sink is filled without that, the next read is a
+ * short one (4 KiB), so that the next body is not read into the scratch
+ * buffer either.
+ * Only from on_input that then consumes all it was offered, or from
+ * on_sink. Plain TCP only: false on a TLS conn (its bytes are decrypted
+ * into the scratch buffer anyway), and the bytes come through on_input.
+ * dst must stay valid until the sink is full, conn_sink_cancel, or close. */
+bool conn_sink(struct conn *conn, uint8_t *dst, size_t size, size_t tail);
+/* The sink's memory is going away: the bytes it still expected come
+ * through on_input. */
+void conn_sink_cancel(struct conn *conn);
+/* The protocol expects a large body next, but not its frame's header yet:
+ * the next read is a short one (as after a sink), which takes the header
+ * and little of the body, so that the rest can be sunk. */
+void conn_read_short(struct conn *conn);
 
 void conn_pause_reading(struct conn *conn, enum conn_pause reason);
 void conn_resume_reading(struct conn *conn, enum conn_pause reason);

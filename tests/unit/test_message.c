@@ -143,6 +143,63 @@ static void test_whole_body_is_one_allocation(void **state)
     message_unref(m);
 }
 
+/* Read straight into the room (message_reserve_body): the room stays
+ * within 64 KiB, or what arrived, beyond what arrived. */
+static void test_reserved_room_stays_near_what_arrived(void **state)
+{
+    (void)state;
+    enum { SIZE = 1u << 20 };
+    struct message *m = make(SIZE, 0);
+    assert_non_null(m);
+    uint64_t received = 0;
+    while (received < SIZE) {
+        assert_int_equal(message_reserve_body(&m, SIZE), OK);
+        uint64_t room = m->body_capacity - m->body_received;
+        assert_true(room > 0);
+        uint64_t ahead = received > MESSAGE_READ_AHEAD_SIZE ? received : MESSAGE_READ_AHEAD_SIZE;
+        assert_true(m->body_capacity <= 2 * (received + ahead)); /* by doubling, at most */
+        assert_true(m->body_capacity <= SIZE);
+        memset(m->body + m->body_received, (int)(received >> 16), (size_t)room);
+        message_body_written(m, room);
+        received += room;
+        assert_int_equal(m->body_received, received);
+    }
+    assert_int_equal(m->body_capacity, SIZE);
+    message_unref(m);
+}
+
+/* A large block comes back for the next large message, with a tail for
+ * a read that goes on past the body; the cache lets go when unused. */
+static void test_large_blocks_are_reused(void **state)
+{
+    (void)state;
+    message_cache_clear();
+    struct message *m = make(65536, 65536);
+    assert_non_null(m);
+    assert_true(message_block_after(m, 65536) >= MESSAGE_TAIL_SIZE);
+    uint8_t *block = (uint8_t *)m;
+    message_unref(m);
+    struct message_cache_stats s = message_cache_stats();
+    assert_int_equal(s.blocks, 1);
+    struct message *again = make(65536, 1000); /* partial: still the whole block */
+    assert_ptr_equal((uint8_t *)again, block);
+    assert_int_equal(again->body_capacity, 1000);
+    assert_int_equal(message_cache_stats().hits, s.hits + 1);
+    /* Growing within the block does not move it. */
+    static uint8_t body[65536];
+    assert_int_equal(message_append_body(&again, body, sizeof body, 0), OK);
+    assert_ptr_equal((uint8_t *)again, block);
+    message_unref(again);
+    /* Small ones are not kept; the kept ones go after two idle seconds. */
+    message_unref(make(100, 100));
+    assert_int_equal(message_cache_stats().blocks, 1);
+    message_cache_tick(1000000);
+    message_cache_tick(1001000);
+    assert_int_equal(message_cache_stats().blocks, 1);
+    message_cache_tick(1002100);
+    assert_int_equal(message_cache_stats().blocks, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -150,6 +207,8 @@ int main(void)
         cmocka_unit_test(test_growth_is_geometric_and_bounded),
         cmocka_unit_test(test_room_covers_what_arrived_beyond),
         cmocka_unit_test(test_whole_body_is_one_allocation),
+        cmocka_unit_test(test_reserved_room_stays_near_what_arrived),
+        cmocka_unit_test(test_large_blocks_are_reused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
