@@ -1,4 +1,4 @@
-"""35-large-bodies: large bodies read straight into their message arrive
+"""39-large-bodies: large bodies read straight into their message arrive
 intact, whatever way their bytes come (issue 18, item 2).
 
 Goal: a body frame whose header is in but most of whose payload is not is
