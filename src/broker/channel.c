@@ -228,12 +228,13 @@ bool channel__permitted(struct channel *ch, enum auth_permission_kind kind,
                         const char *resource, struct bytes name, uint32_t method_id)
 {
     const struct auth_user *user = ch->connection->user;
-    if (user == NULL || user->permissions_count == 0)
+    if (user == NULL || (user->any_vhost && user->permissions_count == 0))
         return true;
-    const struct auth_permission *permission = auth_user_permission(user, ch->vhost->name);
     if (name.len == 0 && strcmp(resource, "exchange") == 0)
         name = BYTES_LIT("amq.default");
-    if (auth_permission_allows(permission, kind, name))
+    /* The user's permissions as they are now: a change made while the
+     * channel is open holds from its next operation (auth.h). */
+    if (auth_user_allows(user, ch->vhost->name, kind, name))
         return true;
     LOG_INFO("conn=%llu peer=%s user=%s vhost=%.*s refused %s access to %s '%.*s'",
              (unsigned long long)ch->connection->conn.id, ch->connection->conn.peer_name,

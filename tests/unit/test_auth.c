@@ -53,8 +53,8 @@ static int load(struct auth *auth, const char *format, char *err, size_t err_siz
 static const struct auth_user *user_named(const struct auth *auth, const char *name)
 {
     for (size_t i = 0; i < auth->users_count; i++) {
-        if (strcmp(auth->users[i].name, name) == 0)
-            return &auth->users[i];
+        if (strcmp(auth->users[i]->name, name) == 0)
+            return auth->users[i];
     }
     fail_msg("no user %s", name);
     return NULL;
@@ -83,7 +83,9 @@ static void test_users_file_tags(void **state)
     const struct auth_user *both = user_named(&auth, "both");
     assert_int_equal(both->tags, AUTH_TAG_MONITORING | AUTH_TAG_POLICYMAKER);
     assert_true(both->loopback_only);
-    assert_string_equal(both->vhosts, "/,x");
+    assert_true(auth_user_may_open(both, bytes_of_cstr("/")));
+    assert_true(auth_user_may_open(both, bytes_of_cstr("x")));
+    assert_false(auth_user_may_open(both, bytes_of_cstr("y")));
     assert_int_equal(user_named(&auth, "mgmt")->tags, AUTH_TAG_MANAGEMENT);
     assert_true(user_named(&auth, "mgmt")->loopback_only);
     assert_int_equal(user_named(&auth, "none")->tags, 0);
