@@ -79,10 +79,9 @@ static void close_connections(struct broker *broker, const struct auth_user *use
         struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
         if (c->cluster_peer || c->conn.closing)
             continue;
-        if ((user != NULL && c->user == user) || (vhost != NULL && c->vhost == vhost)) {
+        /* The client answers close-ok (or the close timeout cuts it). */
+        if ((user != NULL && c->user == user) || (vhost != NULL && c->vhost == vhost))
             connection_force_close(c, reason);
-            conn_close_after_flush(&c->conn);
-        }
     }
 }
 

@@ -36,6 +36,7 @@
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/api_policies.h"
+#include "mgmt/api_users.h"
 #include "mgmt/http.h"
 #include "mgmt/http_guard.h"
 #include "mgmt/json.h"
@@ -495,6 +496,7 @@ int mgmt_api_start(struct broker *broker, const char *address)
     http_server_route_view(&api->http, "/api/connections", handle_connections, api,
                            MGMT_ACCESS_MANAGEMENT);
     api_policies_register(&api->http, broker);
+    api_users_register(&api->http, broker);
     metrics_register(&api->http, broker);
     int rc = http_server_open(&api->http, &broker->net, address);
     if (rc != 0) {

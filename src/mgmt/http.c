@@ -79,6 +79,7 @@ const char *http_status_text(int status)
     case 200: return "OK";
     case 201: return "Created";
     case 202: return "Accepted";
+    case 204: return "No Content";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 403: return "Forbidden";
@@ -393,6 +394,24 @@ void http_call_answer_error(struct http_call *call, int status, const char *reas
     struct http_conn *hc = (struct http_conn *)call;
     ASSERT(hc->state == HTTP_CONN_STATE_WAITING);
     answer_error(hc, status, reason, "");
+}
+
+void http_call_answer_empty(struct http_call *call, int status)
+{
+    struct http_conn *hc = (struct http_conn *)call;
+    ASSERT(hc->state == HTTP_CONN_STATE_WAITING);
+    ASSERT(status == 201 || status == 204);
+    struct json body;
+    http_body_init(&body);
+    answer_as(hc, status, &body, "", "text/plain");
+}
+
+void http_call_answer_error_as(struct http_call *call, int status, const char *error,
+                               const char *reason)
+{
+    struct http_conn *hc = (struct http_conn *)call;
+    ASSERT(hc->state == HTTP_CONN_STATE_WAITING);
+    answer_error_as(hc, status, error, reason, "");
 }
 
 void http_call_answer_refusal(struct http_call *call, const struct http_refusal *refusal)

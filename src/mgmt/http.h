@@ -59,7 +59,7 @@ struct http_request;
 #define HTTP_REQUEST_SIZE_MAX 8192u
 #define HTTP_TIMEOUT_MS 5000u
 #define HTTP_CONNS_MAX 64u
-#define HTTP_ROUTES_MAX 32u
+#define HTTP_ROUTES_MAX 48u
 
 /* Writes the response body for a GET of the route's path: exactly one
  * JSON value. */
@@ -200,6 +200,13 @@ void http_body_init(struct json *body);
 void http_call_answer(struct http_call *call, int status, struct json *body);
 /* RabbitMQ's error shape: {"error": status text, "reason": reason}. */
 void http_call_answer_error(struct http_call *call, int status, const char *reason);
+/* Answers 201 Created or 204 No Content, with no body (RabbitMQ's answer
+ * to a PUT or DELETE that did it). */
+void http_call_answer_empty(struct http_call *call, int status);
+/* {"error": error, "reason": reason}: RabbitMQ's words ("bad_request",
+ * "Object Not Found") rather than the status text. */
+void http_call_answer_error_as(struct http_call *call, int status, const char *error,
+                               const char *reason);
 /* Refuses a call the route's own checks do not let through. */
 void http_call_answer_refusal(struct http_call *call, const struct http_refusal *refusal);
 /* For a call answered later: fn(arg) runs if it cannot be answered. */
