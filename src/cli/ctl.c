@@ -95,6 +95,18 @@ static void usage(FILE *out)
             "                says otherwise; the highest PRIORITY (default 0) wins\n"
             "                (PUT /api/policies/VHOST/NAME)\n"
             "  clear-policy VHOST NAME   (DELETE /api/policies/VHOST/NAME)\n"
+            "  list-users    every user and its tags (GET /api/users)\n"
+            "  add-user NAME PASSWORD [--tags TAG,...]   (PUT /api/users/NAME)\n"
+            "  delete-user NAME   its connections are closed (DELETE /api/users/NAME)\n"
+            "  change-password NAME PASSWORD   its tags stay\n"
+            "  set-user-tags NAME [TAG...]   its password stays (none: no tags)\n"
+            "  list-vhosts   (GET /api/vhosts)\n"
+            "  add-vhost NAME / delete-vhost NAME   deleting one deletes its queues,\n"
+            "                exchanges and permissions and closes its connections\n"
+            "  list-permissions   every user's, every vhost's (GET /api/permissions)\n"
+            "  set-permissions [-p VHOST] USER CONFIGURE WRITE READ   three regular\n"
+            "                expressions (\"\" matches nothing); VHOST defaults to /\n"
+            "  clear-permissions [-p VHOST] USER\n"
             "\n"
             "options:\n"
             "  --http HOST:PORT   the API's address (default " DEFAULT_HTTP "); [V6]:PORT\n"
@@ -110,7 +122,8 @@ static void usage(FILE *out)
             "  --help             this text\n"
             "\n"
             "The user needs a management tag on the broker (administrator for leave and\n"
-            "forget, policymaker for set-policy and clear-policy, monitoring for cluster).\n"
+            "forget, policymaker for set-policy and clear-policy, monitoring for cluster,\n"
+            "administrator for the user, vhost and permission commands).\n"
             "\n"
             "exit status: 0 done, 64 usage, 69 broker unreachable, 76 bad answer,\n"
             "77 login or right refused\n");
@@ -945,6 +958,20 @@ static const struct column connection_columns[] = {
     {"state", "STATE", false},
 };
 
+static const struct column user_columns[] = {
+    {"name", "NAME", false}, {"tags", "TAGS", false},
+};
+
+static const struct column vhost_columns[] = {
+    {"name", "NAME", false},
+};
+
+static const struct column permission_columns[] = {
+    {"user", "USER", false},         {"vhost", "VHOST", false},
+    {"configure", "CONFIGURE", false}, {"write", "WRITE", false},
+    {"read", "READ", false},
+};
+
 static const struct column policy_columns[] = {
     {"vhost", "VHOST", false},       {"name", "NAME", false},
     {"pattern", "PATTERN", false},   {"priority", "PRIORITY", true},
@@ -978,6 +1005,20 @@ static const struct command commands[] = {
      sizeof policy_columns / sizeof policy_columns[0], 0, 0},
     {"set-policy", "PUT", "/api/policies/", NULL, 0, 4, 5},
     {"clear-policy", "DELETE", "/api/policies/", NULL, 0, 2, 2},
+    {"list-users", "GET", "/api/users", user_columns,
+     sizeof user_columns / sizeof user_columns[0], 0, 0},
+    {"add-user", "PUT", "/api/users/", NULL, 0, 2, 2},
+    {"delete-user", "DELETE", "/api/users/", NULL, 0, 1, 1},
+    {"change-password", "PUT", "/api/users/", NULL, 0, 2, 2},
+    {"set-user-tags", "PUT", "/api/users/", NULL, 0, 1, 5},
+    {"list-vhosts", "GET", "/api/vhosts", vhost_columns,
+     sizeof vhost_columns / sizeof vhost_columns[0], 0, 0},
+    {"add-vhost", "PUT", "/api/vhosts/", NULL, 0, 1, 1},
+    {"delete-vhost", "DELETE", "/api/vhosts/", NULL, 0, 1, 1},
+    {"list-permissions", "GET", "/api/permissions", permission_columns,
+     sizeof permission_columns / sizeof permission_columns[0], 0, 0},
+    {"set-permissions", "PUT", "/api/permissions/", NULL, 0, 4, 4},
+    {"clear-permissions", "DELETE", "/api/permissions/", NULL, 0, 1, 1},
 };
 
 struct options {
@@ -992,6 +1033,7 @@ struct options {
     const char *to, *vhost;          /* move's and offload's --to and --vhost */
     const char *fraction, *queues;   /* offload's --fraction or --queues */
     const char *backup_of;           /* move's --backup-of */
+    const char *tags;                /* add-user's --tags */
 };
 
 /* ---- set-policy and clear-policy ------------------------------------------- */
@@ -1178,6 +1220,8 @@ too_long:
 static int show(const struct command *cmd, const struct response *res, bool raw_json)
 {
     const char *error = NULL;
+    if (res->status == 204 || (res->status == 201 && res->body_size == 0))
+        return 0; /* done: RabbitMQ answers a PUT or DELETE without a body */
     struct jvalue *doc = json_parse(res->body, res->body_size, &error);
     if (res->status != 200 && res->status != 201 && res->status != 202) {
         const struct jvalue *reason = jget(doc, "reason");
@@ -1216,6 +1260,104 @@ static int show(const struct command *cmd, const struct response *res, bool raw_
     return fflush(stdout) == 0 ? 0 : 1;
 }
 
+/* ---- users, vhosts and permissions ------------------------------------------ */
+
+static bool is_user_command(const struct command *cmd)
+{
+    return strcmp(cmd->method, "GET") != 0 &&
+           (strcmp(cmd->path, "/api/users/") == 0 || strcmp(cmd->path, "/api/vhosts/") == 0 ||
+            strcmp(cmd->path, "/api/permissions/") == 0);
+}
+
+/* Appends ", \"key\": value" (or the first member, after "{"). */
+static bool append_member(char *body, size_t cap, const char *key, const char *value)
+{
+    size_t n = strlen(body);
+    int w = snprintf(body + n, cap - n, "%s\"%s\": ", n > 1 ? ", " : "", key);
+    return w > 0 && (size_t)w < cap - n && append_json_string(body, cap, value);
+}
+
+/* The user's tags ("a,b") and password hash as the API has them now:
+ * change-password keeps the one, set-user-tags the other. */
+static int fetch_user(const struct options *opt, const char *authorization, const char *path,
+                      char *tags, size_t tags_cap, char *hash, size_t hash_cap)
+{
+    struct buffer in = {0};
+    struct response res;
+    int rc = http_request(&opt->endpoint, "GET", path, NULL, authorization, opt->timeout_ms,
+                          &in, &res);
+    struct jvalue *doc = NULL;
+    if (rc == 0 && res.status != 200) {
+        const struct command get = {opt->command->name, "GET", path, NULL, 0, 0, 0};
+        rc = show(&get, &res, false);
+    } else if (rc == 0) {
+        const char *error = NULL;
+        doc = json_parse(res.body, res.body_size, &error);
+        const struct jvalue *t = jget(doc, "tags"), *h = jget(doc, "password_hash");
+        char *joined = cell_text(t);
+        snprintf(tags, tags_cap, "%s", strcmp(joined, "-") == 0 ? "" : joined);
+        free(joined);
+        snprintf(hash, hash_cap, "%s", h && h->type == J_STRING ? h->text : "");
+        if (t == NULL || hash[0] == '\0') {
+            fprintf(stderr, "quayctl: GET %s: unexpected JSON shape\n", path);
+            rc = EXIT_PROTOCOL;
+        }
+    }
+    jfree(doc);
+    free(in.data);
+    return rc;
+}
+
+/* The PUT or DELETE of a user, vhost or permission command: its path and
+ * body. Returns 0 or an exit status (printed). */
+static int build_user_request(const struct options *opt, const char *authorization, char *path,
+                              size_t path_cap, char *body, size_t body_cap)
+{
+    const char *name = opt->command->name;
+    char *const *args = opt->args;
+    snprintf(path, path_cap, "%s", opt->command->path);
+    if (strcmp(opt->command->path, "/api/permissions/") == 0 &&
+        (!append_segment(path, path_cap, opt->vhost ? opt->vhost : "/") ||
+         strlen(path) + 2 >= path_cap || !strcat(path, "/")))
+        goto too_long;
+    if (!append_segment(path, path_cap, args[0]))
+        goto too_long;
+    snprintf(body, body_cap, "{");
+    bool ok = true;
+    if (strcmp(name, "set-permissions") == 0) {
+        ok = append_member(body, body_cap, "configure", args[1]) &&
+             append_member(body, body_cap, "write", args[2]) &&
+             append_member(body, body_cap, "read", args[3]);
+    } else if (strcmp(name, "add-user") == 0) {
+        ok = append_member(body, body_cap, "password", args[1]) &&
+             append_member(body, body_cap, "tags", opt->tags ? opt->tags : "");
+    } else if (strcmp(name, "change-password") == 0 || strcmp(name, "set-user-tags") == 0) {
+        char tags[1024], hash[128];
+        int rc = fetch_user(opt, authorization, path, tags, sizeof tags, hash, sizeof hash);
+        if (rc != 0)
+            return rc;
+        bool password = strcmp(name, "change-password") == 0;
+        if (!password) { /* the tags are the arguments after NAME */
+            tags[0] = '\0';
+            for (int i = 1; i < opt->args_count; i++)
+                snprintf(tags + strlen(tags), sizeof tags - strlen(tags), "%s%s",
+                         i > 1 ? "," : "", args[i]);
+        }
+        ok = password ? append_member(body, body_cap, "password", args[1])
+                      : append_member(body, body_cap, "password_hash", hash) &&
+                            append_member(body, body_cap, "hashing_algorithm",
+                                          "rabbit_password_hashing_sha256");
+        ok = ok && append_member(body, body_cap, "tags", tags);
+    }
+    if (!ok || strlen(body) + 2 >= body_cap)
+        goto too_long;
+    strcat(body, "}");
+    return 0;
+too_long:
+    fprintf(stderr, "quayctl: %s: an argument is too long\n", name);
+    return EXIT_USAGE;
+}
+
 /* Returns -1 to go on, or an exit status. */
 static int parse_options(int argc, char **argv, struct options *opt)
 {
@@ -1233,6 +1375,10 @@ static int parse_options(int argc, char **argv, struct options *opt)
             *(strcmp(a, "--to") == 0 ? &opt->to : &opt->vhost) = argv[++i];
         } else if (strcmp(a, "--backup-of") == 0 && i + 1 < argc) {
             opt->backup_of = argv[++i];
+        } else if (strcmp(a, "--tags") == 0 && i + 1 < argc) {
+            opt->tags = argv[++i];
+        } else if (strcmp(a, "-p") == 0 && i + 1 < argc) {
+            opt->vhost = argv[++i]; /* rabbitmqctl's spelling of --vhost */
         } else if ((strcmp(a, "--fraction") == 0 || strcmp(a, "--queues") == 0) && i + 1 < argc) {
             *(strcmp(a, "--fraction") == 0 ? &opt->fraction : &opt->queues) = argv[++i];
         } else if (strcmp(a, "--user") == 0 && i + 1 < argc) {
@@ -1354,6 +1500,12 @@ int main(int argc, char **argv)
         rc = build_rebalance(opt.args, opt.args_count, body, sizeof body);
         if (rc != 0)
             return rc;
+    } else if (is_user_command(opt.command)) {
+        rc = build_user_request(&opt, authorization, path, sizeof path, body, sizeof body);
+        if (rc != 0)
+            return rc;
+        if (strcmp(opt.command->method, "DELETE") == 0)
+            body[0] = '\0';
     } else if (opt.command->args_max > 0) {
         rc = build_request(opt.command, opt.args, opt.args_count, path, sizeof path, body,
                            sizeof body);
