@@ -23,6 +23,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1358,6 +1359,28 @@ too_long:
     return EXIT_USAGE;
 }
 
+/* Where an option that takes a string goes, or NULL if a is none. */
+static const char **string_option(struct options *opt, const char *a)
+{
+    static const struct {
+        const char *name;
+        size_t offset;
+    } options[] = {
+        {"--to", offsetof(struct options, to)},
+        {"--vhost", offsetof(struct options, vhost)},
+        {"-p", offsetof(struct options, vhost)}, /* rabbitmqctl's spelling */
+        {"--backup-of", offsetof(struct options, backup_of)},
+        {"--fraction", offsetof(struct options, fraction)},
+        {"--queues", offsetof(struct options, queues)},
+        {"--tags", offsetof(struct options, tags)},
+    };
+    for (size_t i = 0; i < sizeof options / sizeof options[0]; i++) {
+        if (strcmp(a, options[i].name) == 0)
+            return (const char **)((char *)opt + options[i].offset);
+    }
+    return NULL;
+}
+
 /* Returns -1 to go on, or an exit status. */
 static int parse_options(int argc, char **argv, struct options *opt)
 {
@@ -1371,16 +1394,8 @@ static int parse_options(int argc, char **argv, struct options *opt)
             return 0;
         } else if (strcmp(a, "--json") == 0) {
             opt->json = true;
-        } else if ((strcmp(a, "--to") == 0 || strcmp(a, "--vhost") == 0) && i + 1 < argc) {
-            *(strcmp(a, "--to") == 0 ? &opt->to : &opt->vhost) = argv[++i];
-        } else if (strcmp(a, "--backup-of") == 0 && i + 1 < argc) {
-            opt->backup_of = argv[++i];
-        } else if (strcmp(a, "--tags") == 0 && i + 1 < argc) {
-            opt->tags = argv[++i];
-        } else if (strcmp(a, "-p") == 0 && i + 1 < argc) {
-            opt->vhost = argv[++i]; /* rabbitmqctl's spelling of --vhost */
-        } else if ((strcmp(a, "--fraction") == 0 || strcmp(a, "--queues") == 0) && i + 1 < argc) {
-            *(strcmp(a, "--fraction") == 0 ? &opt->fraction : &opt->queues) = argv[++i];
+        } else if (string_option(opt, a) != NULL && i + 1 < argc) {
+            *string_option(opt, a) = argv[++i];
         } else if (strcmp(a, "--user") == 0 && i + 1 < argc) {
             opt->user = argv[++i];
         } else if (strcmp(a, "--password") == 0 && i + 1 < argc) {

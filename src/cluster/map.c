@@ -1033,13 +1033,14 @@ static int user_apply(struct apply_ctx *ctx, struct cmd_reader *r, bool bootstra
     if (rc == OK && !check_only) {
         for (uint32_t i = 0; i < f.vhosts_count && bootstrap; i++)
             vhost_insert(map, vhosts[i]);
-        if (u) {
+        if (u && f.has_vhosts) {
+            user_lists_release(u); /* tags, vhosts, permissions */
+            bytes_free(&u->password_hash);
+        } else if (u) { /* its permissions stay */
             for (uint32_t i = 0; i < u->tags_count; i++)
                 bytes_free(&u->tags[i]);
             free(u->tags);
             bytes_free(&u->password_hash);
-            if (f.has_vhosts)
-                user_lists_release(u);
         } else {
             u = xcalloc(1, sizeof(*u));
             u->name = bytes_dup(f.name);
@@ -1051,13 +1052,13 @@ static int user_apply(struct apply_ctx *ctx, struct cmd_reader *r, bool bootstra
         u->password_hash = bytes_dup(f.hash);
         u->tags = dup_list(tags, f.tags_count);
         u->tags_count = f.tags_count;
-        if (f.has_vhosts) {
+        if (f.has_vhosts) { /* a whole user: a snapshot's, a bootstrap's */
             u->vhosts = dup_list(vhosts, f.vhosts_count);
             u->permissions = dup_list(texts, 3 * f.vhosts_count);
             u->vhosts_count = f.vhosts_count;
+            u->loopback = f.loopback;
+            u->any_vhost = f.any_vhost;
         }
-        u->loopback = f.loopback;
-        u->any_vhost = f.any_vhost;
         map->users_defined = true;
         ctx->change->changed = true;
     }

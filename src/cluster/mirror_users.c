@@ -84,10 +84,9 @@ void mirror_users(struct member *member)
     for (uint32_t i = 0; i < map->users_count; i++) {
         const struct map_user *mu = map->users[i];
         unsigned char raw[AUTH_HASH_SIZE];
-        if (auth_hash_decode((const char *)mu->password_hash.ptr, mu->password_hash.len, raw) != 0) {
-            /* No password logs in as it (RabbitMQ's password-less user). */
-            memset(raw, 0, sizeof raw);
-        }
+        const char *hash = (const char *)mu->password_hash.ptr;
+        if (auth_hash_decode(hash, mu->password_hash.len, raw) != 0)
+            memset(raw, 0, sizeof raw); /* no password hashes to this */
         bool created;
         struct auth_user *u = users_put(broker, mu->name, raw, tag_bits(mu), &created);
         u->loopback_only = mu->loopback;

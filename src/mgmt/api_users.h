@@ -7,7 +7,8 @@
  *   GET    /api/users/{name}                 {"name", "password_hash", "hashing_algorithm",
  *                                             "tags": [..], "limits": {}}
  *   PUT    /api/users/{name}                 {"password": ".."} or {"password_hash": "..",
- *                                             "hashing_algorithm": "rabbit_password_hashing_sha256"},
+ *                                             "hashing_algorithm":
+ *                                             "rabbit_password_hashing_sha256"},
  *                                             "tags": "a,b" or ["a", "b"] (required)
  *                                             201 created, 204 changed (permissions stay)
  *   DELETE /api/users/{name}                 204; its connections are closed (320)
