@@ -16,7 +16,8 @@
  * each at most once; "tags=" cannot be mistaken for "loopback", and an
  * unknown tag is an error rather than a user with fewer rights than meant.
  * Without a file: guest/guest on "/", loopback only, administrator (as
- * RabbitMQ's default user).
+ * RabbitMQ's default user). The file seeds the table; it changes at run
+ * time through auth_user_put & co. (broker/users.h decides when).
  *
  * RabbitMQ's permissions: a line
  *
