@@ -138,6 +138,7 @@ int auth_permission_put(struct auth_user *user, struct bytes vhost,
         free(p.vhost);
         return -1;
     }
+    user->permissions_generation++;
     struct auth_permission *old = find_permission(user, vhost);
     if (old != NULL) {
         permission_free(old);
@@ -158,6 +159,7 @@ bool auth_permission_delete(struct auth_user *user, struct bytes vhost)
     if (p == NULL)
         return false;
     permission_free(p);
+    user->permissions_generation++;
     /* Keep the order: listings show permissions as they were granted. */
     size_t i = (size_t)(p - user->permissions);
     memmove(p, p + 1, sizeof *p * (user->permissions_count - i - 1));

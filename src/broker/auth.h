@@ -95,6 +95,9 @@ struct auth_user {
     unsigned tags;                /* enum auth_tag bits */
     struct auth_permission *permissions; /* owned array, one per vhost it may open */
     size_t permissions_count;
+    /* Bumped by every permission change: a channel's cached publish check
+     * (channel.c) holds only while it is unchanged. */
+    uint32_t permissions_generation;
     uint32_t refs;                /* 0 for the static auth_cluster_user */
 };
 

@@ -248,10 +248,15 @@ bool channel__permitted(struct channel *ch, enum auth_permission_kind kind,
     return false;
 }
 
-/* basic.publish's write check, once per exchange while it stays the same. */
+/* basic.publish's write check, once per exchange while it stays the same
+ * and the user's permissions do not change (a revocation holds from the
+ * next publish). */
 static bool publish_permitted(struct channel *ch, struct bytes exchange, uint32_t method_id)
 {
+    const struct auth_user *user = ch->connection->user;
+    uint32_t generation = user != NULL ? user->permissions_generation : 0;
     if (ch->has_permitted_exchange && ch->permitted_exchange_size == exchange.len &&
+        ch->permitted_generation == generation &&
         (exchange.len == 0 || memcmp(ch->permitted_exchange, exchange.ptr, exchange.len) == 0))
         return true;
     if (!channel__permitted(ch, AUTH_PERMISSION_WRITE, "exchange", exchange, method_id))
@@ -260,6 +265,7 @@ static bool publish_permitted(struct channel *ch, struct bytes exchange, uint32_
         memcpy(ch->permitted_exchange, exchange.ptr, exchange.len);
     ch->permitted_exchange_size = (uint8_t)exchange.len;
     ch->has_permitted_exchange = true;
+    ch->permitted_generation = generation;
     return true;
 }
 

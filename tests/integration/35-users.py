@@ -210,6 +210,9 @@ def permission_change_holds_for_open_connections():
     conn = b.connect("alice", "land", "v-users")
     ch = conn.channel()
     ch.queue_declare("free-before")
+    cached = conn.channel()  # its publishes to "" have been permitted once
+    cached.confirm_delivery()
+    cached.basic_publish("", "free-before", b"before")
     ok(put_permission(a, "v-users", "alice", "^allowed-", "^allowed-|^amq\\.default$",
                       "^allowed-"), 204, "a changed permission")
     wait_until(lambda: permission_on(b, "v-users", "alice")["configure"] == "^allowed-",
@@ -238,6 +241,14 @@ def permission_change_holds_for_open_connections():
         raise AssertionError("a declare passed without a permission")
     except pika.exceptions.ChannelClosedByBroker as e:
         eq(e.reply_code, 403)
+    # the channel that published before is checked again too
+    try:
+        cached.basic_publish("", "free-before", b"after")
+        raise AssertionError("a publish passed without a permission")
+    except pika.exceptions.ChannelClosedByBroker as e:
+        eq(e.reply_code, 403)
+        eq(e.reply_text, "ACCESS_REFUSED - write access to exchange 'amq.default' in vhost "
+           "'v-users' refused for user 'alice'")
     conn.close()
     ok(put_permission(a, "v-users", "alice"), 201, "alice's permission back")
 
