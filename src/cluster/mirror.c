@@ -427,11 +427,17 @@ static void mirror_apply(struct member *member, const struct map_change *c)
             users_vhost_delete(member->broker, c->name);
         mirror_users(member); /* its permissions went with it */
         return;
+    case MAP_OP_USERS_BOOTSTRAP:
+        /* It made the vhosts its users name (no vhost.put of their own). */
+        for (uint32_t i = 0; c->changed && i < member_map(member)->vhosts_count; i++)
+            vhost_for(member, member_map(member)->vhosts[i]->name);
+        if (c->changed)
+            mirror_users(member);
+        return;
     case MAP_OP_USER_PUT:
     case MAP_OP_USER_DELETE:
     case MAP_OP_PERMISSION_PUT:
     case MAP_OP_PERMISSION_DELETE:
-    case MAP_OP_USERS_BOOTSTRAP:
         if (c->changed)
             mirror_users(member);
         return;

@@ -107,6 +107,29 @@ def expect_closed(conn, code, text):
 
 
 @test(timeout=60)
+def the_users_file_seeds_the_users():
+    """Every broker started with the same file; in a cluster one of them
+    proposed it to the map (users.bootstrap), and every broker has it."""
+    for n in nodes():
+        wait_until(lambda: has_user(n, "filer") and permission_on(n, "v-file", "filer"),
+                   timeout=10, what="filer on %s" % n.name)
+        eq(permission_on(n, "v-file", "filer"),
+           {"user": "filer", "vhost": "v-file", "configure": "^f-",
+            "write": "^f-|^amq\\.default$", "read": "^f-"})
+        eq(permission_on(n, "%2F", "filer")["configure"], ".*")
+        eq(n.get("/api/users/filer")["tags"], ["management"])
+        conn = n.connect("filer", "guest", "v-file")
+        ch = conn.channel()
+        ch.queue_declare("f-%s" % n.name)
+        try:
+            ch.queue_declare("other")
+            raise AssertionError("the file's permission did not hold")
+        except pika.exceptions.ChannelClosedByBroker as e:
+            eq(e.reply_code, 403)
+        conn.close()
+
+
+@test(timeout=60)
 def users_vhosts_permissions_through_the_api():
     a, b, c = nodes()
     ok(a.api("PUT", "/api/vhosts/v-users"), 201, "a new vhost")
@@ -413,6 +436,19 @@ def users_survive_a_restart():
     eq(a.api("GET", "/api/vhosts/v-ctl")[0], 404)
 
 
+def seed_file():
+    """The users file every broker starts with: guest, and "filer" with a
+    vhost of its own and a permission line."""
+    path = os.path.join(tempfile.mkdtemp(prefix="quay-users-"), "users")
+    h = subprocess.run([QUAYD, "--hash-password", "guest"], capture_output=True, text=True,
+                       check=True).stdout.strip()
+    with open(path, "w") as f:
+        f.write("guest %s / loopback tags=administrator\n"
+                "filer %s /,v-file tags=management\n"
+                "permission filer v-file ^f- ^f-|^amq\\.default$ ^f-\n" % (h, h))
+    return path
+
+
 if __name__ == "__main__":
-    quaytest._broker = Broker(external_ok=False, http=True)
+    quaytest._broker = Broker(["--users", seed_file()], external_ok=False, http=True)
     run()
