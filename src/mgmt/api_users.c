@@ -36,9 +36,16 @@ static void not_found(struct http_call *call)
     http_call_answer_error_as(call, 404, "Object Not Found", "Not Found");
 }
 
-static void bad_request(struct http_call *call, const char *reason)
+/* Refusals are logged with who asked and from where (issue 17). */
+static void bad_request(struct http_call *call, const char *who, const char *reason)
 {
+    LOG_INFO("http peer=%s user=%s refused (400): %s", http_call_peer(call), who, reason);
     http_call_answer_error_as(call, 400, "bad_request", reason);
+}
+
+static const char *asker(const struct http_call_request *req)
+{
+    return req->user != NULL ? req->user->name : "?";
 }
 
 static void not_administrator(struct http_call *call)
@@ -248,6 +255,7 @@ struct pending {
     bool missing_is_bad;      /* a 404 from the map is RabbitMQ's 400 here */
     bool grant_creator;       /* vhost.put: then the creator's permission */
     char creator[NAME_SIZE_MAX + 1];
+    char asker[NAME_SIZE_MAX + 1]; /* for the log of a refusal */
     struct segment vhost;
 };
 
@@ -267,11 +275,11 @@ static void on_applied(void *ctx, int status, const struct map_change *change)
         http_call_answer_error(p->call, 503,
                                "the cluster map is unavailable (no leader or no quorum)");
     } else if (change->reply_code == REPLY_NOT_FOUND && p->missing_is_bad) {
-        bad_request(p->call, "vhost_or_user_not_found");
+        bad_request(p->call, p->asker, "vhost_or_user_not_found");
     } else if (change->reply_code == REPLY_NOT_FOUND) {
         not_found(p->call);
     } else if (change->reply_code != REPLY_SUCCESS) {
-        bad_request(p->call, change->reply_text);
+        bad_request(p->call, p->asker, change->reply_text);
     } else if (p->grant_creator) {
         /* RabbitMQ gives the vhost's creator full permissions on it. */
         p->grant_creator = false;
@@ -296,7 +304,8 @@ static void submit(struct pending *p, struct map_cmd *cmd)
 
 /* A new pending change, or NULL (answered 503) if this broker cannot
  * propose yet. */
-static struct pending *pending_new(struct broker *broker, struct http_call *call, int status,
+static struct pending *pending_new(struct broker *broker, struct http_call *call,
+                                   const struct http_call_request *req, int status,
                                    struct map_cmd *cmd)
 {
     if (!cluster_node_synced(broker->cluster)) {
@@ -307,13 +316,14 @@ static struct pending *pending_new(struct broker *broker, struct http_call *call
     struct pending *p = calloc(1, sizeof *p);
     ASSERT(p != NULL);
     *p = (struct pending){.broker = broker, .call = call, .status = status};
+    snprintf(p->asker, sizeof p->asker, "%s", asker(req));
     return p;
 }
 
-static void submit_simple(struct broker *broker, struct http_call *call, int status,
-                          struct map_cmd *cmd)
+static void submit_simple(struct broker *broker, struct http_call *call,
+                          const struct http_call_request *req, int status, struct map_cmd *cmd)
 {
-    struct pending *p = pending_new(broker, call, status, cmd);
+    struct pending *p = pending_new(broker, call, req, status, cmd);
     if (p != NULL)
         submit(p, cmd);
 }
@@ -372,7 +382,7 @@ static bool on_user_member(void *ctx, const struct json_read_member *m, char *er
  * given. An existing user without a new password keeps its own; a new
  * one gets random bytes nobody can log in with (RabbitMQ's user without
  * a password). */
-static int user_hash(struct http_call *call, const struct user_body *b,
+static int user_hash(struct http_call *call, const char *who, const struct user_body *b,
                      const struct auth_user *existing, unsigned char raw[AUTH_HASH_SIZE])
 {
     if (b->has_password) {
@@ -380,12 +390,12 @@ static int user_hash(struct http_call *call, const struct user_body *b,
                       raw);
     } else if (b->has_hash) {
         if (b->has_algorithm && strcmp(b->algorithm, AUTH_HASHING_ALGORITHM) != 0) {
-            bad_request(call, "unknown hashing_algorithm (quay knows "
+            bad_request(call, who, "unknown hashing_algorithm (quay knows "
                               AUTH_HASHING_ALGORITHM ")");
             return -1;
         }
         if (auth_hash_decode(b->hash, b->hash_size, raw) != 0) {
-            bad_request(call, "not_base64");
+            bad_request(call, who, "not_base64");
             return -1;
         }
     } else if (existing != NULL) {
@@ -405,18 +415,18 @@ static int parse_user_body(struct http_call *call, const struct http_call_reques
     memset(b, 0, sizeof *b);
     char err[256];
     if (json_read_object(req->body, req->body_size, on_user_member, b, err, sizeof err) != OK) {
-        bad_request(call, b->ours ? err : "not_json");
+        bad_request(call, asker(req), b->ours ? err : "not_json");
         return -1;
     }
     if (!b->has_tags) {
-        bad_request(call, "tags_not_present");
+        bad_request(call, asker(req), "tags_not_present");
         return -1;
     }
     char bad[64], why[160];
     if (auth_parse_tags(b->tags, tags, bad, sizeof bad) != 0) {
         snprintf(why, sizeof why, "unknown tag '%s' (administrator, monitoring, policymaker, "
                  "management)", bad);
-        bad_request(call, why);
+        bad_request(call, asker(req), why);
         return -1;
     }
     return 0;
@@ -432,7 +442,7 @@ static void put_user(struct broker *broker, struct http_call *call,
     const struct auth_user *existing = auth_find_user(&broker->auth, name->b);
     int rc = parse_user_body(call, req, b, &tags);
     if (rc == 0)
-        rc = user_hash(call, b, existing, raw);
+        rc = user_hash(call, asker(req), b, existing, raw);
     OPENSSL_cleanse(b->password, sizeof b->password);
     free(b);
     if (rc != 0)
@@ -449,7 +459,7 @@ static void put_user(struct broker *broker, struct http_call *call,
         struct map_cmd cmd;
         int built = map_cmd_user_set(&cmd, name->b, bytes_of_cstr(hash), tag_list, n);
         ASSERT(built == OK);
-        submit_simple(broker, call, cluster_map_user(map, name->b) ? 204 : 201, &cmd);
+        submit_simple(broker, call, req, cluster_map_user(map, name->b) ? 204 : 201, &cmd);
         return;
     }
     bool created;
@@ -459,7 +469,8 @@ static void put_user(struct broker *broker, struct http_call *call,
     http_call_answer_empty(call, created ? 201 : 204);
 }
 
-static void delete_user(struct broker *broker, struct http_call *call, const struct segment *name)
+static void delete_user(struct broker *broker, struct http_call *call,
+                        const struct http_call_request *req, const struct segment *name)
 {
     const struct cluster_map *map = map_of(broker);
     if (map != NULL) {
@@ -470,7 +481,7 @@ static void delete_user(struct broker *broker, struct http_call *call, const str
         struct map_cmd cmd;
         int built = map_cmd_user_delete(&cmd, name->b);
         ASSERT(built == OK);
-        submit_simple(broker, call, 204, &cmd);
+        submit_simple(broker, call, req, 204, &cmd);
         return;
     }
     if (!users_delete(broker, name->b)) {
@@ -514,7 +525,7 @@ static void handle_user(void *ctx, struct http_call *call, const struct http_cal
             answer_json_user(call, u);
         return;
     case HTTP_METHOD_PUT: put_user(broker, call, req, &path[0]); return;
-    case HTTP_METHOD_DELETE: delete_user(broker, call, &path[0]); return;
+    case HTTP_METHOD_DELETE: delete_user(broker, call, req, &path[0]); return;
     case HTTP_METHOD_POST: break;
     }
     http_call_answer_error(call, 405, "GET, PUT or DELETE a user");
@@ -545,7 +556,7 @@ static void put_vhost(struct broker *broker, struct http_call *call,
      * alone; the body only has to be an object when there is one. */
     if (req->body_size > 0 &&
         json_read_object(req->body, req->body_size, ignore_member, NULL, err, sizeof err) != OK) {
-        bad_request(call, "not_json");
+        bad_request(call, asker(req), "not_json");
         return;
     }
     if (vhost_exists(broker, name->b)) {
@@ -557,7 +568,7 @@ static void put_vhost(struct broker *broker, struct http_call *call,
         struct map_cmd cmd;
         int built = map_cmd_vhost_put(&cmd, name->b);
         ASSERT(built == OK);
-        struct pending *p = pending_new(broker, call, 201, &cmd);
+        struct pending *p = pending_new(broker, call, req, 201, &cmd);
         if (p == NULL)
             return;
         p->vhost = *name;
@@ -574,7 +585,8 @@ static void put_vhost(struct broker *broker, struct http_call *call,
     http_call_answer_empty(call, 201);
 }
 
-static void delete_vhost(struct broker *broker, struct http_call *call, const struct segment *name)
+static void delete_vhost(struct broker *broker, struct http_call *call,
+                         const struct http_call_request *req, const struct segment *name)
 {
     if (!vhost_exists(broker, name->b)) {
         not_found(call);
@@ -584,7 +596,7 @@ static void delete_vhost(struct broker *broker, struct http_call *call, const st
         struct map_cmd cmd;
         int built = map_cmd_vhost_delete(&cmd, name->b);
         ASSERT(built == OK);
-        submit_simple(broker, call, 204, &cmd);
+        submit_simple(broker, call, req, 204, &cmd);
         return;
     }
     users_vhost_delete(broker, name->b);
@@ -619,7 +631,7 @@ static void handle_vhost(void *ctx, struct http_call *call, const struct http_ca
         else if (req->method == HTTP_METHOD_PUT)
             put_vhost(broker, call, req, &name);
         else
-            delete_vhost(broker, call, &name);
+            delete_vhost(broker, call, req, &name);
         return;
     case HTTP_METHOD_POST: break;
     }
@@ -661,20 +673,20 @@ static int parse_permission_body(struct http_call *call, const struct http_call_
     char err[256];
     if (json_read_object(req->body, req->body_size, on_permission_member, b, err,
                          sizeof err) != OK) {
-        bad_request(call, b->ours ? err : "not_json");
+        bad_request(call, asker(req), b->ours ? err : "not_json");
         return -1;
     }
     for (int kind = 0; kind < AUTH_PERMISSION_KIND_COUNT; kind++) {
         if (!b->has[kind]) {
             snprintf(err, sizeof err, "key_missing: %s",
                      auth_permission_kind_name((enum auth_permission_kind)kind));
-            bad_request(call, err);
+            bad_request(call, asker(req), err);
             return -1;
         }
         char why[200];
         if (b->texts[kind][0] != '\0' && auth_regex_check(b->texts[kind], why, sizeof why) != 0) {
             snprintf(err, sizeof err, "invalid_regexp: %s", why);
-            bad_request(call, err);
+            bad_request(call, asker(req), err);
             return -1;
         }
     }
@@ -701,7 +713,7 @@ static void put_permission(struct broker *broker, struct http_call *call,
         int built = map_cmd_permission_put(&cmd, path[1].b, path[0].b, regexes);
         ASSERT(built == OK);
         free(b);
-        struct pending *p = pending_new(broker, call, created ? 201 : 204, &cmd);
+        struct pending *p = pending_new(broker, call, req, created ? 201 : 204, &cmd);
         if (p != NULL) {
             p->missing_is_bad = true;
             submit(p, &cmd);
@@ -713,15 +725,15 @@ static void put_permission(struct broker *broker, struct http_call *call,
     int rc = users_permission_put(broker, path[1].b, path[0].b, texts, err, sizeof err);
     free(b);
     if (rc == -2)
-        bad_request(call, "vhost_or_user_not_found");
+        bad_request(call, asker(req), "vhost_or_user_not_found");
     else if (rc < 0)
-        bad_request(call, err); /* checked above: cannot happen */
+        bad_request(call, asker(req), err); /* checked above: cannot happen */
     else
         http_call_answer_empty(call, rc == 1 ? 201 : 204);
 }
 
 static void delete_permission(struct broker *broker, struct http_call *call,
-                              const struct segment *path)
+                              const struct http_call_request *req, const struct segment *path)
 {
     const struct auth_user *u = auth_find_user(&broker->auth, path[1].b);
     if (u == NULL || auth_user_permission(u, path[0].b) == NULL) {
@@ -732,7 +744,7 @@ static void delete_permission(struct broker *broker, struct http_call *call,
         struct map_cmd cmd;
         int built = map_cmd_permission_delete(&cmd, path[1].b, path[0].b);
         ASSERT(built == OK);
-        submit_simple(broker, call, 204, &cmd);
+        submit_simple(broker, call, req, 204, &cmd);
         return;
     }
     users_permission_delete(broker, path[1].b, path[0].b);
@@ -764,7 +776,7 @@ static void handle_permission(void *ctx, struct http_call *call,
         return;
     }
     case HTTP_METHOD_PUT: put_permission(broker, call, req, path); return;
-    case HTTP_METHOD_DELETE: delete_permission(broker, call, path); return;
+    case HTTP_METHOD_DELETE: delete_permission(broker, call, req, path); return;
     case HTTP_METHOD_POST: break;
     }
     http_call_answer_error(call, 405, "GET, PUT or DELETE a permission");

@@ -396,6 +396,11 @@ void http_call_answer_error(struct http_call *call, int status, const char *reas
     answer_error(hc, status, reason, "");
 }
 
+const char *http_call_peer(const struct http_call *call)
+{
+    return ((const struct http_conn *)call)->conn.peer_name;
+}
+
 void http_call_answer_empty(struct http_call *call, int status)
 {
     struct http_conn *hc = (struct http_conn *)call;

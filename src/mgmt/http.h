@@ -200,6 +200,8 @@ void http_body_init(struct json *body);
 void http_call_answer(struct http_call *call, int status, struct json *body);
 /* RabbitMQ's error shape: {"error": status text, "reason": reason}. */
 void http_call_answer_error(struct http_call *call, int status, const char *reason);
+/* The client's address ("ADDR:PORT"), for logs. */
+const char *http_call_peer(const struct http_call *call);
 /* Answers 201 Created or 204 No Content, with no body (RabbitMQ's answer
  * to a PUT or DELETE that did it). */
 void http_call_answer_empty(struct http_call *call, int status);
