@@ -104,8 +104,10 @@ static void on_bootstrap_done(void *ctx, int status, const struct map_change *ch
         LOG_INFO("cluster: this broker's users file is now the cluster's users");
 }
 
-/* Our table as map users (borrowing its strings), for users.bootstrap. */
-static struct map_user *as_map_users(const struct auth *auth, struct bytes **strings)
+/* Our table as map users, for users.bootstrap: they borrow the table's
+ * strings, and *strings and *hashes (the caller frees all three). */
+static struct map_user *as_map_users(const struct auth *auth, struct bytes **strings,
+                                     char **hashes_out)
 {
     struct map_user *out = calloc(auth->users_count + 1, sizeof *out);
     size_t n = 0;
@@ -116,6 +118,7 @@ static struct map_user *as_map_users(const struct auth *auth, struct bytes **str
     char *hashes = calloc(auth->users_count + 1, AUTH_HASH_BASE64_SIZE + 1);
     ASSERT(hashes != NULL);
     *strings = s;
+    *hashes_out = hashes;
     for (size_t i = 0; i < auth->users_count; i++) {
         const struct auth_user *u = auth->users[i];
         struct map_user *mu = &out[i];
@@ -140,7 +143,6 @@ static struct map_user *as_map_users(const struct auth *auth, struct bytes **str
         mu->loopback = u->loopback_only;
         mu->any_vhost = u->any_vhost;
     }
-    out[auth->users_count].name = (struct bytes){(const uint8_t *)hashes, 0}; /* to free */
     return out;
 }
 
@@ -151,7 +153,8 @@ void mirror_users_bootstrap(struct member *member)
     if (map->users_defined || auth->users_count == 0)
         return;
     struct bytes *strings;
-    struct map_user *users = as_map_users(auth, &strings);
+    char *hashes;
+    struct map_user *users = as_map_users(auth, &strings, &hashes);
     const struct map_user **list = calloc(auth->users_count, sizeof *list);
     ASSERT(list != NULL);
     for (size_t i = 0; i < auth->users_count; i++)
@@ -159,7 +162,7 @@ void mirror_users_bootstrap(struct member *member)
     struct map_cmd cmd;
     if (map_cmd_users_bootstrap(&cmd, list, (uint32_t)auth->users_count) == OK)
         cluster_node_submit(member->node, &cmd, on_bootstrap_done, member);
-    free((void *)users[auth->users_count].name.ptr);
+    free(hashes);
     free(list);
     free(users);
     free(strings);
