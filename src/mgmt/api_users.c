@@ -361,6 +361,11 @@ static bool on_user_member(void *ctx, const struct json_read_member *m, char *er
 {
     struct user_body *b = ctx;
     bool string = m->kind == JSON_READ_STRING;
+    if (strcmp(m->key, "password") != 0 && memchr(m->string, 0, m->string_size) != NULL) {
+        snprintf(err, err_size, "'%s' holds a NUL", m->key); /* only a password may */
+        b->ours = true;
+        return false;
+    }
     if (strcmp(m->key, "tags") == 0 && (string || m->kind == JSON_READ_STRING_LIST))
         return copy_string(m, b->tags, NULL, &b->has_tags);
     if (strcmp(m->key, "password") == 0 && string)
@@ -653,9 +658,10 @@ static bool on_permission_member(void *ctx, const struct json_read_member *m, ch
     for (int kind = 0; kind < AUTH_PERMISSION_KIND_COUNT; kind++) {
         if (strcmp(m->key, auth_permission_kind_name((enum auth_permission_kind)kind)) != 0)
             continue;
-        if (m->kind != JSON_READ_STRING || m->string_size > REGEX_SIZE_MAX) {
-            snprintf(err, err_size, "'%s' must be a string of at most %d bytes", m->key,
-                     REGEX_SIZE_MAX);
+        if (m->kind != JSON_READ_STRING || m->string_size > REGEX_SIZE_MAX ||
+            memchr(m->string, 0, m->string_size) != NULL) {
+            snprintf(err, err_size, "'%s' must be a string of at most %d bytes, without NUL",
+                     m->key, REGEX_SIZE_MAX);
             b->ours = true;
             return false;
         }

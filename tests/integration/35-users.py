@@ -207,6 +207,10 @@ def bad_input_is_refused_and_changes_nothing():
         ("PUT", "/api/permissions/no-vhost/alice",
          {"configure": ".*", "write": ".*", "read": ".*"}, "vhost_or_user_not_found"),
         ("PUT", "/api/vhosts/v-bad", b"{nope", "not_json"),
+        ("PUT", "/api/permissions/v-users/alice",
+         {"configure": "^a\u0000|.*", "write": ".*", "read": ".*"}, "without NUL"),
+        ("PUT", "/api/users/alice", {"password": "x", "tags": "management\u0000administrator"},
+         "holds a NUL"),
     ]
     for method, path, body, reason in cases:
         status, answer = a.api(method, path, body)
