@@ -104,7 +104,8 @@ static void usage(FILE *out)
             "  list-vhosts   (GET /api/vhosts)\n"
             "  add-vhost NAME / delete-vhost NAME   deleting one deletes its queues,\n"
             "                exchanges and permissions and closes its connections\n"
-            "  list-permissions   every user's, every vhost's (GET /api/permissions)\n"
+            "  list-permissions [-p VHOST]   every user's permissions, in every vhost or\n"
+            "                in VHOST (GET /api/permissions, /api/vhosts/VHOST/permissions)\n"
             "  set-permissions [-p VHOST] USER CONFIGURE WRITE READ   three regular\n"
             "                expressions (\"\" matches nothing); VHOST defaults to /\n"
             "  clear-permissions [-p VHOST] USER\n"
@@ -1526,6 +1527,13 @@ int main(int argc, char **argv)
                            sizeof body);
         if (rc != 0)
             return rc;
+    } else if (strcmp(opt.command->name, "list-permissions") == 0 && opt.vhost != NULL) {
+        snprintf(path, sizeof path, "/api/vhosts/");
+        if (!append_segment(path, sizeof path, opt.vhost) || strlen(path) + 13 >= sizeof path) {
+            fprintf(stderr, "quayctl: list-permissions: the vhost is too long\n");
+            return EXIT_USAGE;
+        }
+        strcat(path, "/permissions");
     } else {
         snprintf(path, sizeof path, "%s", opt.command->path);
     }

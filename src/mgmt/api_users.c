@@ -608,24 +608,53 @@ static void delete_vhost(struct broker *broker, struct http_call *call,
     http_call_answer_empty(call, 204);
 }
 
+/* GET /api/vhosts/{name}/permissions: every user's there. */
+static void answer_vhost_permissions(struct broker *broker, struct http_call *call,
+                                     struct bytes vhost)
+{
+    struct json body;
+    http_body_init(&body);
+    json_array_begin(&body);
+    for (size_t i = 0; i < broker->auth.users_count; i++) {
+        const struct auth_user *u = broker->auth.users[i];
+        const struct auth_permission *p = auth_user_permission(u, vhost);
+        if (p != NULL)
+            write_permission(&body, u, p);
+    }
+    json_array_end(&body);
+    http_call_answer(call, 200, &body);
+}
+
 static void handle_vhost(void *ctx, struct http_call *call, const struct http_call_request *req)
 {
     struct broker *broker = ctx;
-    struct segment name;
-    if (split_path(req->rest, req->rest_size, &name, 1) != 1) {
+    struct segment path[2]; /* name[, "permissions"] */
+    int n = split_path(req->rest, req->rest_size, path, 2);
+    const struct segment *name = &path[0];
+    bool admin = req->user == NULL || auth_user_has_tag(req->user, AUTH_TAG_ADMINISTRATOR);
+    bool read = req->method == HTTP_METHOD_GET || req->method == HTTP_METHOD_HEAD;
+    if (n == 0 || (n == 2 && (!read || !bytes_equal_cstr(path[1].b, "permissions")))) {
         not_found(call);
         return;
     }
-    bool admin = req->user == NULL || auth_user_has_tag(req->user, AUTH_TAG_ADMINISTRATOR);
+    if (n == 2) {
+        if (!admin)
+            not_administrator(call);
+        else if (!vhost_exists(broker, name->b))
+            not_found(call);
+        else
+            answer_vhost_permissions(broker, call, name->b);
+        return;
+    }
     switch (req->method) {
     case HTTP_METHOD_GET:
     case HTTP_METHOD_HEAD:
-        if (!vhost_exists(broker, name.b) || !mgmt_user_sees_vhost(req->user, name.b)) {
+        if (!vhost_exists(broker, name->b) || !mgmt_user_sees_vhost(req->user, name->b)) {
             not_found(call);
         } else {
             struct json body;
             http_body_init(&body);
-            write_vhost(&body, name.b);
+            write_vhost(&body, name->b);
             http_call_answer(call, 200, &body);
         }
         return;
@@ -634,9 +663,9 @@ static void handle_vhost(void *ctx, struct http_call *call, const struct http_ca
         if (!admin)
             not_administrator(call);
         else if (req->method == HTTP_METHOD_PUT)
-            put_vhost(broker, call, req, &name);
+            put_vhost(broker, call, req, name);
         else
-            delete_vhost(broker, call, req, &name);
+            delete_vhost(broker, call, req, name);
         return;
     case HTTP_METHOD_POST: break;
     }

@@ -15,6 +15,7 @@
  *   GET    /api/users/{name}/permissions     its permissions
  *   GET    /api/vhosts                       [{"name", ...}]             management (its own)
  *   GET    /api/vhosts/{name}                                            management (its own)
+ *   GET    /api/vhosts/{name}/permissions    every user's there          administrator
  *   PUT    /api/vhosts/{name}                201 (the creator gets ".*" three times, as in
  *                                            RabbitMQ), 204 existed       administrator
  *   DELETE /api/vhosts/{name}                204; its queues, exchanges, bindings, policies,

@@ -351,11 +351,15 @@ def quayctl_manages_users():
     assert ["carol", "policymaker,management"] in rows(run_ctl("list-users"))
     assert ["v-ctl"] in rows(run_ctl("list-vhosts"))
     assert ["carol", "v-ctl", "^c-", "^c-"] in rows(run_ctl("list-permissions"))
+    eq(sorted(r[0] for r in rows(run_ctl("list-permissions", "-p", "v-ctl"))),
+       ["carol", "guest"])  # guest made v-ctl: it has .* there
     run_ctl("change-password", "carol", "s3cret")
     run_ctl("set-user-tags", "carol", "monitoring")
     wait_until(lambda: has_user(b, "carol") and
                b.get("/api/users/carol")["tags"] == ["monitoring"], timeout=10,
                what="carol's tags on b")
+    eq(b.api("GET", "/api/vhosts/v-ctl/permissions", user="carol", password="s3cret"),
+       (401, {"error": "not_authorised", "reason": "Not administrator user"}))
     conn = b.connect("carol", "s3cret", "v-ctl")  # the password stayed through set-user-tags
     conn.channel().queue_declare("c-1")
     conn.close()
