@@ -16,13 +16,19 @@
 #include "amqp/table.h"
 #include "lib/assert.h"
 
+static char *str_dup_n(const void *s, size_t n)
+{
+    char *copy = malloc(n + 1);
+    ASSERT(copy != NULL);
+    if (n)
+        memcpy(copy, s, n);
+    copy[n] = '\0';
+    return copy;
+}
+
 static char *str_dup(const char *s)
 {
-    size_t n = strlen(s) + 1;
-    char *copy = malloc(n);
-    ASSERT(copy != NULL);
-    memcpy(copy, s, n);
-    return copy;
+    return str_dup_n(s, strlen(s));
 }
 
 static void hash_with_salt(const unsigned char salt[4], const uint8_t *password, size_t len,
@@ -48,66 +54,313 @@ static void init_dummy(struct auth *auth)
     ASSERT(ok == 1);
 }
 
-static void add_user(struct auth *auth, const char *name, const unsigned char salt[4],
-                     const unsigned char hash[32], const char *vhosts, bool loopback_only,
-                     unsigned tags)
+void auth_init(struct auth *auth)
 {
-    struct auth_user *users = realloc(auth->users, sizeof *users * (auth->users_count + 1));
-    ASSERT(users != NULL);
-    auth->users = users;
-    struct auth_user *u = &users[auth->users_count++];
-    u->name = str_dup(name);
-    u->vhosts = str_dup(vhosts);
-    memcpy(u->salt, salt, 4);
-    memcpy(u->hash, hash, 32);
-    u->loopback_only = loopback_only;
-    u->tags = tags;
-    u->permissions = NULL;
-    u->permissions_count = 0;
-    u->internal = false;
+    auth->users = NULL;
+    auth->users_count = 0;
+    init_dummy(auth);
 }
 
-void auth_add_internal(struct auth *auth, const char *name, char *password,
-                       size_t password_size)
-{
-    unsigned char raw[24], salt[4], hash[32];
-    ASSERT(password_size > 2 * sizeof raw);
-    int ok = RAND_bytes(raw, sizeof raw) == 1 && RAND_bytes(salt, sizeof salt) == 1;
-    ASSERT(ok); /* no randomness: nothing here is safe */
-    for (size_t i = 0; i < sizeof raw; i++)
-        snprintf(password + 2 * i, 3, "%02x", raw[i]);
-    hash_with_salt(salt, (const uint8_t *)password, 2 * sizeof raw, hash);
-    OPENSSL_cleanse(raw, sizeof raw);
-    add_user(auth, name, salt, hash, "*", true, 0);
-    auth->users[auth->users_count - 1].internal = true;
-}
-
-static struct auth_user *find_user_cstr(struct auth *auth, const char *name)
-{
-    for (size_t i = 0; i < auth->users_count; i++) {
-        if (strcmp(auth->users[i].name, name) == 0)
-            return &auth->users[i];
-    }
-    return NULL;
-}
+/* ---- permissions ------------------------------------------------------ */
 
 static void permission_free(struct auth_permission *p)
 {
     for (int kind = 0; kind < AUTH_PERMISSION_KIND_COUNT; kind++) {
-        if (!p->nothing[kind])
+        if (!p->nothing[kind] && !p->everything[kind])
             regfree(&p->regexes[kind]);
-    }
-    for (int kind = 0; kind < AUTH_PERMISSION_KIND_COUNT; kind++) {
-        free(p->patterns[kind]);
-        p->patterns[kind] = NULL;
+        free(p->texts[kind]);
+        p->texts[kind] = NULL;
     }
     free(p->vhost);
     p->vhost = NULL;
 }
 
+int auth_regex_check(const char *text, char *err, size_t err_size)
+{
+    regex_t re;
+    int rc = regcomp(&re, text, REG_EXTENDED | REG_NOSUB);
+    if (rc != 0) {
+        char why[128];
+        regerror(rc, &re, why, sizeof why);
+        snprintf(err, err_size, "invalid regular expression '%.64s': %s", text, why);
+        return -1;
+    }
+    regfree(&re);
+    return 0;
+}
+
+/* Compiles the three regexes into p (vhost already set). Returns 0, or -1
+ * with why in err and nothing left to free but p->vhost. */
+static int permission_compile(struct auth_permission *p,
+                              const char *const texts[AUTH_PERMISSION_KIND_COUNT], char *err,
+                              size_t err_size)
+{
+    for (int kind = 0; kind < AUTH_PERMISSION_KIND_COUNT; kind++) {
+        const char *text = texts[kind];
+        p->nothing[kind] = text[0] == '\0';
+        p->everything[kind] = strcmp(text, ".*") == 0;
+        int rc = p->nothing[kind] || p->everything[kind]
+                     ? 0 : regcomp(&p->regexes[kind], text, REG_EXTENDED | REG_NOSUB);
+        if (rc != 0) {
+            char why[128];
+            regerror(rc, &p->regexes[kind], why, sizeof why);
+            snprintf(err, err_size, "bad %s regex '%.64s': %s",
+                     auth_permission_kind_name((enum auth_permission_kind)kind), text, why);
+            for (int k = 0; k < kind; k++) {
+                if (!p->nothing[k] && !p->everything[k])
+                    regfree(&p->regexes[k]);
+                free(p->texts[k]);
+                p->texts[k] = NULL;
+            }
+            return -1;
+        }
+        p->texts[kind] = str_dup(text);
+    }
+    return 0;
+}
+
+static struct auth_permission *find_permission(const struct auth_user *user, struct bytes vhost)
+{
+    for (size_t i = 0; i < user->permissions_count; i++) {
+        if (bytes_equal_cstr(vhost, user->permissions[i].vhost))
+            return &user->permissions[i];
+    }
+    return NULL;
+}
+
+int auth_permission_put(struct auth_user *user, struct bytes vhost,
+                        const char *const texts[AUTH_PERMISSION_KIND_COUNT], char *err,
+                        size_t err_size)
+{
+    ASSERT(vhost.len > 0);
+    struct auth_permission p = {.vhost = str_dup_n(vhost.ptr, vhost.len)};
+    if (permission_compile(&p, texts, err, err_size) != 0) {
+        free(p.vhost);
+        return -1;
+    }
+    user->permissions_generation++;
+    struct auth_permission *old = find_permission(user, vhost);
+    if (old != NULL) {
+        permission_free(old);
+        *old = p;
+        return 0;
+    }
+    struct auth_permission *grown =
+        realloc(user->permissions, sizeof *grown * (user->permissions_count + 1));
+    ASSERT(grown != NULL);
+    user->permissions = grown;
+    grown[user->permissions_count++] = p;
+    return 1;
+}
+
+bool auth_permission_delete(struct auth_user *user, struct bytes vhost)
+{
+    struct auth_permission *p = find_permission(user, vhost);
+    if (p == NULL)
+        return false;
+    permission_free(p);
+    user->permissions_generation++;
+    /* Keep the order: listings show permissions as they were granted. */
+    size_t i = (size_t)(p - user->permissions);
+    memmove(p, p + 1, sizeof *p * (user->permissions_count - i - 1));
+    user->permissions_count--;
+    return true;
+}
+
+void auth_vhost_deleted(struct auth *auth, struct bytes vhost)
+{
+    for (size_t i = 0; i < auth->users_count; i++)
+        auth_permission_delete(auth->users[i], vhost);
+}
+
+/* ---- users -------------------------------------------------------------- */
+
+static void user_free(struct auth_user *u)
+{
+    for (size_t j = 0; j < u->permissions_count; j++)
+        permission_free(&u->permissions[j]);
+    free(u->permissions);
+    free(u->name);
+    OPENSSL_cleanse(u->hash, sizeof u->hash);
+    free(u);
+}
+
+void auth_user_ref(const struct auth_user *user)
+{
+    if (user == &auth_cluster_user)
+        return;
+    /* Rule zero: the count is bookkeeping, not the user's data; connections
+     * hold users const because they never change them. */
+    struct auth_user *u = (struct auth_user *)user;
+    ASSERT(u->refs > 0);
+    u->refs++;
+}
+
+void auth_user_unref(const struct auth_user *user)
+{
+    if (user == &auth_cluster_user)
+        return;
+    struct auth_user *u = (struct auth_user *)user;
+    ASSERT(u->refs > 0);
+    if (--u->refs == 0) {
+        ASSERT(u->deleted);
+        user_free(u);
+    }
+}
+
+static struct auth_user *find_user(const struct auth *auth, struct bytes name)
+{
+    for (size_t i = 0; i < auth->users_count; i++) {
+        if (bytes_equal_cstr(name, auth->users[i]->name))
+            return auth->users[i];
+    }
+    return NULL;
+}
+
+const struct auth_user *auth_find_user(const struct auth *auth, struct bytes user)
+{
+    return find_user(auth, user);
+}
+
+struct auth_user *auth_user_put(struct auth *auth, struct bytes name,
+                                const unsigned char hash[AUTH_HASH_SIZE], unsigned tags,
+                                bool *created)
+{
+    ASSERT(name.len > 0);
+    struct auth_user *u = find_user(auth, name);
+    *created = u == NULL;
+    if (u == NULL) {
+        struct auth_user **users = realloc(auth->users, sizeof *users * (auth->users_count + 1));
+        ASSERT(users != NULL);
+        auth->users = users;
+        u = calloc(1, sizeof *u);
+        ASSERT(u != NULL);
+        u->name = str_dup_n(name.ptr, name.len);
+        u->refs = 1; /* the table's */
+        users[auth->users_count++] = u;
+    }
+    memcpy(u->salt, hash, 4);
+    memcpy(u->hash, hash + 4, 32);
+    u->tags = tags;
+    return u;
+}
+
+bool auth_user_delete(struct auth *auth, struct bytes name)
+{
+    for (size_t i = 0; i < auth->users_count; i++) {
+        struct auth_user *u = auth->users[i];
+        if (!bytes_equal_cstr(name, u->name))
+            continue;
+        memmove(&auth->users[i], &auth->users[i + 1],
+                sizeof *auth->users * (auth->users_count - i - 1));
+        auth->users_count--;
+        u->deleted = true;
+        auth_user_unref(u);
+        return true;
+    }
+    return false;
+}
+
+void auth_user_hash_base64(const struct auth_user *user, char out[AUTH_HASH_BASE64_SIZE + 1])
+{
+    unsigned char raw[AUTH_HASH_SIZE];
+    memcpy(raw, user->salt, 4);
+    memcpy(raw + 4, user->hash, 32);
+    int n = EVP_EncodeBlock((unsigned char *)out, raw, sizeof raw);
+    ASSERT(n == AUTH_HASH_BASE64_SIZE);
+}
+
+int auth_hash_decode(const char *text, size_t size, unsigned char out[AUTH_HASH_SIZE])
+{
+    /* 36 bytes are 48 base64 characters without padding; EVP_DecodeBlock
+     * refuses anything outside the alphabet. */
+    if (size != AUTH_HASH_BASE64_SIZE || memchr(text, '=', size) != NULL)
+        return -1;
+    unsigned char raw[AUTH_HASH_SIZE + 4];
+    int n = EVP_DecodeBlock(raw, (const unsigned char *)text, (int)size);
+    if (n != AUTH_HASH_SIZE)
+        return -1;
+    memcpy(out, raw, AUTH_HASH_SIZE);
+    return 0;
+}
+
+void auth_hash_new(struct bytes password, unsigned char out[AUTH_HASH_SIZE])
+{
+    int ok = RAND_bytes(out, 4);
+    ASSERT(ok == 1);
+    hash_with_salt(out, password.ptr, password.len, out + 4);
+}
+
+/* A user of the file, with full access to each vhost of its list. */
+static struct auth_user *add_user(struct auth *auth, const char *name,
+                                  const unsigned char raw[AUTH_HASH_SIZE], const char *vhosts,
+                                  bool loopback_only, unsigned tags)
+{
+    bool created;
+    struct auth_user *u = auth_user_put(auth, bytes_of_cstr(name), raw, tags, &created);
+    u->loopback_only = loopback_only;
+    static const char *const full[AUTH_PERMISSION_KIND_COUNT] = {".*", ".*", ".*"};
+    for (const char *p = vhosts; *p != '\0';) {
+        size_t len = strcspn(p, ",");
+        struct bytes vhost = {(const uint8_t *)p, (uint32_t)len};
+        if (len == 1 && p[0] == '*')
+            u->any_vhost = true;
+        else if (len > 0 && find_permission(u, vhost) == NULL) {
+            int rc = auth_permission_put(u, vhost, full, NULL, 0);
+            ASSERT(rc == 1); /* ".*" is never compiled */
+        }
+        p += len + (p[len] == ',');
+    }
+    return u;
+}
+
+void auth_add_internal(struct auth *auth, const char *name, char *password,
+                       size_t password_size)
+{
+    unsigned char raw[24], hash[AUTH_HASH_SIZE];
+    ASSERT(password_size > 2 * sizeof raw);
+    int ok = RAND_bytes(raw, sizeof raw) == 1;
+    ASSERT(ok); /* no randomness: nothing here is safe */
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(password + 2 * i, 3, "%02x", raw[i]);
+    auth_hash_new((struct bytes){(const uint8_t *)password, 2 * sizeof raw}, hash);
+    OPENSSL_cleanse(raw, sizeof raw);
+    struct auth_user *u = add_user(auth, name, hash, "*", true, 0);
+    u->internal = true;
+}
+
+/* The (user, vhost) pairs that had a permission line: at most one each. */
+struct seen_lines {
+    char **keys; /* owned: "user\0vhost" as "user vhost" (names have no blanks) */
+    size_t count;
+};
+
+static bool seen_before(struct seen_lines *seen, const char *user, const char *vhost)
+{
+    char key[600];
+    snprintf(key, sizeof key, "%s %s", user, vhost);
+    for (size_t i = 0; i < seen->count; i++) {
+        if (strcmp(seen->keys[i], key) == 0)
+            return true;
+    }
+    char **grown = realloc(seen->keys, sizeof *grown * (seen->count + 1));
+    ASSERT(grown != NULL);
+    seen->keys = grown;
+    grown[seen->count++] = str_dup(key);
+    return false;
+}
+
+static void seen_free(struct seen_lines *seen)
+{
+    for (size_t i = 0; i < seen->count; i++)
+        free(seen->keys[i]);
+    free(seen->keys);
+}
+
 /* "permission USER VHOST CONFIGURE WRITE READ" after the word "permission"
  * (save: the rest of the line). Returns 0, or -1 with why in err. */
-static int parse_permission(struct auth *auth, char *save, char *err, size_t err_size)
+static int parse_permission(struct auth *auth, struct seen_lines *seen, char *save, char *err,
+                            size_t err_size)
 {
     char *words[6];
     int count = 0;
@@ -117,60 +370,43 @@ static int parse_permission(struct auth *auth, char *save, char *err, size_t err
         snprintf(err, err_size, "expected permission USER VHOST CONFIGURE WRITE READ");
         return -1;
     }
-    struct auth_user *user = find_user_cstr(auth, words[0]);
+    struct auth_user *user = find_user(auth, bytes_of_cstr(words[0]));
     if (!user) {
         snprintf(err, err_size, "permission for unknown user '%.64s' (users come first)",
                  words[0]);
         return -1;
     }
-    if (auth_user_permission(user, bytes_of_cstr(words[1])) != NULL) {
+    if (seen_before(seen, words[0], words[1])) {
         snprintf(err, err_size, "a second permission for user '%.64s' in vhost '%.64s'",
                  words[0], words[1]);
         return -1;
     }
-    struct auth_permission p = {.vhost = str_dup(words[1])};
-    for (int kind = 0; kind < AUTH_PERMISSION_KIND_COUNT; kind++) {
-        const char *text = words[2 + kind];
-        p.nothing[kind] = strcmp(text, "\"\"") == 0;
-        p.patterns[kind] = str_dup(p.nothing[kind] ? "" : text);
-        int rc = p.nothing[kind] ? 0 : regcomp(&p.regexes[kind], text, REG_EXTENDED | REG_NOSUB);
-        if (rc != 0) {
-            char why[128];
-            regerror(rc, &p.regexes[kind], why, sizeof why);
-            snprintf(err, err_size, "bad %s regex '%.64s': %s",
-                     auth_permission_kind_name((enum auth_permission_kind)kind), text, why);
-            p.nothing[kind] = true; /* nothing compiled to free */
-            for (int k = kind + 1; k < AUTH_PERMISSION_KIND_COUNT; k++)
-                p.nothing[k] = true;
-            permission_free(&p);
-            return -1;
-        }
+    /* A permission is what opens a vhost (RabbitMQ): one for a vhost the
+     * user's line does not name would quietly widen it. */
+    if (!auth_user_may_open(user, bytes_of_cstr(words[1]))) {
+        snprintf(err, err_size, "permission for user '%.64s' in vhost '%.64s', which is not "
+                 "among its VHOSTS", words[0], words[1]);
+        return -1;
     }
-    struct auth_permission *grown =
-        realloc(user->permissions, sizeof *grown * (user->permissions_count + 1));
-    ASSERT(grown != NULL);
-    user->permissions = grown;
-    grown[user->permissions_count++] = p;
-    return 0;
+    const char *texts[AUTH_PERMISSION_KIND_COUNT];
+    for (int kind = 0; kind < AUTH_PERMISSION_KIND_COUNT; kind++)
+        texts[kind] = strcmp(words[2 + kind], "\"\"") == 0 ? "" : words[2 + kind];
+    return auth_permission_put(user, bytes_of_cstr(words[1]), texts, err, err_size) < 0 ? -1 : 0;
 }
 
 void auth_init_default(struct auth *auth)
 {
-    auth->users = NULL;
-    auth->users_count = 0;
-    init_dummy(auth);
-    unsigned char salt[4], hash[32];
-    RAND_bytes(salt, sizeof salt);
-    hash_with_salt(salt, (const uint8_t *)"guest", 5, hash);
-    add_user(auth, "guest", salt, hash, "/", true, AUTH_TAG_ADMINISTRATOR);
+    auth_init(auth);
+    unsigned char raw[AUTH_HASH_SIZE];
+    auth_hash_new(BYTES_LIT("guest"), raw);
+    add_user(auth, "guest", raw, "/", true, AUTH_TAG_ADMINISTRATOR);
 }
 
 void auth_hash_password(const char *password, char *out, size_t out_size)
 {
-    unsigned char raw[36];
-    RAND_bytes(raw, 4);
-    hash_with_salt(raw, (const uint8_t *)password, strlen(password), raw + 4);
-    ASSERT(out_size >= 49);
+    unsigned char raw[AUTH_HASH_SIZE];
+    auth_hash_new(bytes_of_cstr(password), raw);
+    ASSERT(out_size >= AUTH_HASH_BASE64_SIZE + 1);
     EVP_EncodeBlock((unsigned char *)out, raw, sizeof raw);
 }
 
@@ -233,9 +469,8 @@ static int parse_options(char *save, bool *loopback, unsigned *tags, char *err, 
 
 int auth_load_file(struct auth *auth, const char *path, char *err, size_t err_size)
 {
-    auth->users = NULL;
-    auth->users_count = 0;
-    init_dummy(auth);
+    auth_init(auth);
+    struct seen_lines seen = {0};
     FILE *f = fopen(path, "r");
     if (!f) {
         snprintf(err, err_size, "cannot open users file %s", path);
@@ -251,8 +486,9 @@ int auth_load_file(struct auth *auth, const char *path, char *err, size_t err_si
             continue;
         if (strcmp(name, "permission") == 0) {
             char why[256];
-            if (parse_permission(auth, save, why, sizeof why) != 0) {
+            if (parse_permission(auth, &seen, save, why, sizeof why) != 0) {
                 snprintf(err, err_size, "%s:%d: %s", path, lineno, why);
+                seen_free(&seen);
                 fclose(f);
                 auth_free(auth);
                 return -1;
@@ -271,12 +507,21 @@ int auth_load_file(struct auth *auth, const char *path, char *err, size_t err_si
         if (!vhosts || n < 36 || parse_options(save, &loopback, &tags, why, sizeof why) != 0) {
             snprintf(err, err_size, "%s:%d: expected NAME HASH VHOSTS [loopback] "
                      "[tags=TAG[,TAG...]]%s%s", path, lineno, why[0] ? ": " : "", why);
+            seen_free(&seen);
             fclose(f);
             auth_free(auth);
             return -1;
         }
-        add_user(auth, name, raw, raw + 4, vhosts, loopback, tags);
+        if (find_user(auth, bytes_of_cstr(name)) != NULL) {
+            snprintf(err, err_size, "%s:%d: user '%.64s' twice", path, lineno, name);
+            seen_free(&seen);
+            fclose(f);
+            auth_free(auth);
+            return -1;
+        }
+        add_user(auth, name, raw, vhosts, loopback, tags);
     }
+    seen_free(&seen);
     fclose(f);
     return 0;
 }
@@ -284,35 +529,19 @@ int auth_load_file(struct auth *auth, const char *path, char *err, size_t err_si
 void auth_free(struct auth *auth)
 {
     for (size_t i = 0; i < auth->users_count; i++) {
-        free(auth->users[i].name);
-        free(auth->users[i].vhosts);
-        for (size_t j = 0; j < auth->users[i].permissions_count; j++)
-            permission_free(&auth->users[i].permissions[j]);
-        free(auth->users[i].permissions);
+        auth->users[i]->deleted = true;
+        auth_user_unref(auth->users[i]);
     }
     free(auth->users);
     auth->users = NULL;
     auth->users_count = 0;
 }
 
-const struct auth_user *auth_find_user(const struct auth *auth, struct bytes user)
-{
-    for (size_t i = 0; i < auth->users_count; i++) {
-        if (bytes_equal_cstr(user, auth->users[i].name))
-            return &auth->users[i];
-    }
-    return NULL;
-}
-
 enum auth_verdict auth_login(const struct auth *auth, struct bytes user, struct bytes password,
                              bool peer_loopback, const struct auth_user **out)
 {
     *out = NULL;
-    const struct auth_user *found = NULL;
-    for (size_t i = 0; i < auth->users_count && found == NULL; i++) {
-        if (bytes_equal_cstr(user, auth->users[i].name))
-            found = &auth->users[i];
-    }
+    const struct auth_user *found = find_user(auth, user);
     /* An unknown user's password is hashed too, against the dummy: the
      * refusal costs one hash either way, so timing tells no names. */
     unsigned char hash[32];
@@ -346,33 +575,19 @@ bool auth_user_has_tag(const struct auth_user *user, enum auth_tag tag)
 
 bool auth_user_may_open(const struct auth_user *user, struct bytes vhost)
 {
-    const char *p = user->vhosts;
-    while (*p) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        if ((len == 1 && p[0] == '*') || (len == vhost.len && memcmp(p, vhost.ptr, len) == 0))
-            return true;
-        if (!end)
-            break;
-        p = end + 1;
-    }
-    return false;
+    return user->any_vhost || find_permission(user, vhost) != NULL;
 }
 
 const struct auth_permission *auth_user_permission(const struct auth_user *user,
                                                    struct bytes vhost)
 {
-    for (size_t i = 0; i < user->permissions_count; i++) {
-        if (bytes_equal_cstr(vhost, user->permissions[i].vhost))
-            return &user->permissions[i];
-    }
-    return NULL;
+    return find_permission(user, vhost);
 }
 
 bool auth_permission_allows(const struct auth_permission *permission,
                             enum auth_permission_kind kind, struct bytes name)
 {
-    if (permission == NULL)
+    if (permission == NULL || permission->everything[kind])
         return true;
     if (permission->nothing[kind])
         return false;
@@ -385,6 +600,32 @@ bool auth_permission_allows(const struct auth_permission *permission,
         memcpy(text, name.ptr, name.len);
     text[name.len] = '\0';
     return regexec(&permission->regexes[kind], text, 0, NULL, 0) == 0;
+}
+
+bool auth_user_allows(const struct auth_user *user, struct bytes vhost,
+                      enum auth_permission_kind kind, struct bytes name)
+{
+    const struct auth_permission *p = find_permission(user, vhost);
+    if (p == NULL)
+        return user->any_vhost; /* cleared while connected: nothing (RabbitMQ) */
+    return auth_permission_allows(p, kind, name);
+}
+
+uint32_t auth_tag_names(unsigned tags, const char *out[4])
+{
+    static const struct {
+        enum auth_tag tag;
+        const char *name;
+    } names[] = {{AUTH_TAG_ADMINISTRATOR, "administrator"},
+                 {AUTH_TAG_MONITORING, "monitoring"},
+                 {AUTH_TAG_POLICYMAKER, "policymaker"},
+                 {AUTH_TAG_MANAGEMENT, "management"}};
+    uint32_t n = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (tags & (unsigned)names[i].tag)
+            out[n++] = names[i].name;
+    }
+    return n;
 }
 
 const char *auth_permission_kind_name(enum auth_permission_kind kind)
@@ -431,9 +672,7 @@ int auth_parse_amqplain(struct bytes response, struct bytes *user, struct bytes 
 #define CLUSTER_PROOF_LABEL "quay-link v1"
 
 static char cluster_user_name[] = "quay-cluster";
-static char cluster_user_vhosts[] = "*";
-const struct auth_user auth_cluster_user = {.name = cluster_user_name,
-                                            .vhosts = cluster_user_vhosts};
+const struct auth_user auth_cluster_user = {.name = cluster_user_name, .any_vhost = true};
 
 static void hex_encode(const uint8_t *in, size_t size, char *out)
 {

@@ -16,7 +16,8 @@
  * each at most once; "tags=" cannot be mistaken for "loopback", and an
  * unknown tag is an error rather than a user with fewer rights than meant.
  * Without a file: guest/guest on "/", loopback only, administrator (as
- * RabbitMQ's default user).
+ * RabbitMQ's default user). The file seeds the table; it changes at run
+ * time through auth_user_put & co. (broker/users.h decides when).
  *
  * RabbitMQ's permissions: a line
  *
@@ -59,33 +60,54 @@ enum auth_permission_kind {
 };
 #define AUTH_PERMISSION_KIND_COUNT 3
 
-/* One "permission" line. Owned by its user. */
+/* What a user may do in one vhost: a "permission" line, a vhost of the
+ * file's VHOSTS list (".*" three times), or a run-time permission. Owned
+ * by its user. */
 struct auth_permission {
     char *vhost;                  /* owned */
-    regex_t regexes[AUTH_PERMISSION_KIND_COUNT]; /* compiled unless nothing[kind] */
+    char *texts[AUTH_PERMISSION_KIND_COUNT];     /* owned: the regexes as given */
+    regex_t regexes[AUTH_PERMISSION_KIND_COUNT]; /* compiled unless nothing or everything */
     bool nothing[AUTH_PERMISSION_KIND_COUNT];    /* the regex was "": nothing matches */
-    char *patterns[AUTH_PERMISSION_KIND_COUNT];  /* owned: each as written ("" for "\"\""),
-                                                  * for the definitions export */
+    bool everything[AUTH_PERMISSION_KIND_COUNT]; /* ".*": no regexec on the hot path */
 };
 
+#define AUTH_HASH_SIZE 36          /* salt[4] || sha256[32] */
+#define AUTH_HASH_BASE64_SIZE 48   /* its base64, without a NUL */
+#define AUTH_HASHING_ALGORITHM "rabbit_password_hashing_sha256"
+
+/*
+ * One user. Heap-allocated and reference-counted, because users change
+ * while running (auth_user_put & co.) and connections borrow them: the
+ * table holds one reference, and every logged-in connection one more
+ * (auth_user_ref). A change is made in place, so a connection sees new
+ * permissions at its next operation; a deleted user leaves the table
+ * (deleted = true) and lives until its last connection is gone.
+ */
 struct auth_user {
     char *name;                   /* owned */
-    char *vhosts;                 /* owned: comma-separated list, "*" = any */
     unsigned char salt[4];
     unsigned char hash[32];
     bool loopback_only;
-    unsigned tags;                /* enum auth_tag bits, as the file names them */
-    struct auth_permission *permissions; /* owned array; none = full access everywhere */
+    /* May open every vhost, with full access where it has no permission:
+     * the file's "*" and the cluster peers' user. */
+    bool any_vhost;
+    bool deleted;
+    unsigned tags;                /* enum auth_tag bits */
+    struct auth_permission *permissions; /* owned array, one per vhost it may open */
     size_t permissions_count;
     /* The broker's own login for what it does over AMQP on its own
      * behalf (quayd --definitions: mgmt/api_amqp.h): loopback only, a
      * random password nobody else knows, no management tag, never
      * exported or listed. */
     bool internal;
+    /* Bumped by every permission change: a channel's cached publish check
+     * (channel.c) holds only while it is unchanged. */
+    uint32_t permissions_generation;
+    uint32_t refs;                /* 0 for the static auth_cluster_user */
 };
 
 struct auth {
-    struct auth_user *users;      /* owned array */
+    struct auth_user **users;     /* owned array of references */
     size_t users_count;
     /* What an unknown user's password is checked against, so that a
      * failed login costs the same whether or not the user exists. */
@@ -100,6 +122,8 @@ enum auth_verdict {
     AUTH_VERDICT_LOOPBACK_ONLY,   /* the right password, but not from a loopback peer */
 };
 
+/* An empty table (fresh dummy credentials). */
+void auth_init(struct auth *auth);
 void auth_init_default(struct auth *auth);
 /* Returns 0, or -1 with a message in err. */
 int auth_load_file(struct auth *auth, const char *path, char *err, size_t err_size);
@@ -123,13 +147,18 @@ const struct auth_user *auth_find_user(const struct auth *auth, struct bytes use
 const struct auth_user *auth_check(const struct auth *auth, struct bytes user,
                                    struct bytes password, bool peer_loopback);
 bool auth_user_may_open(const struct auth_user *user, struct bytes vhost);
-/* The user's permission line for vhost, or NULL: full access. */
+/* The user's permission for vhost, or NULL: none (full access for an
+ * any_vhost user). */
 const struct auth_permission *auth_user_permission(const struct auth_user *user,
                                                    struct bytes vhost);
 /* Whether permission (NULL = full access) lets kind at the resource name.
  * No allocation: the name is copied to the stack for regexec. */
 bool auth_permission_allows(const struct auth_permission *permission,
                             enum auth_permission_kind kind, struct bytes name);
+/* Whether the user may do kind at the resource name in vhost, as it is
+ * now: no permission for the vhost refuses (unless any_vhost). */
+bool auth_user_allows(const struct auth_user *user, struct bytes vhost,
+                      enum auth_permission_kind kind, struct bytes name);
 /* "configure", "write", "read": RabbitMQ's words in refusals. */
 const char *auth_permission_kind_name(enum auth_permission_kind kind);
 /* Whether the user holds tag, directly or through a tag that includes it. */
@@ -138,6 +167,44 @@ bool auth_user_has_tag(const struct auth_user *user, enum auth_tag tag);
  * Returns 0, or -1 with the first unknown tag's name in bad (NUL-ended,
  * cut to bad_size). */
 int auth_parse_tags(const char *text, unsigned *tags, char *bad, size_t bad_size);
+
+/* Writes tags as RabbitMQ lists them ("administrator", ...) into out[], at
+ * most 4; returns the count. */
+uint32_t auth_tag_names(unsigned tags, const char *out[4]);
+
+/* ---- changes while running (the management API, the cluster map, the
+ * journal's replay). Names are 1..255 bytes; the caller checks that. ---- */
+
+/* References for connections; the last unref of a deleted user frees it. */
+void auth_user_ref(const struct auth_user *user);
+void auth_user_unref(const struct auth_user *user);
+/* Adds the user, or changes its password hash (salt || sha256) and tags in
+ * place (its permissions stay). Returns it; *created says which. */
+struct auth_user *auth_user_put(struct auth *auth, struct bytes name,
+                                const unsigned char hash[AUTH_HASH_SIZE], unsigned tags,
+                                bool *created);
+/* Removes the user from the table (it is freed once unreferenced).
+ * Returns false if there is none. */
+bool auth_user_delete(struct auth *auth, struct bytes name);
+/* Checks a regex as a permission would compile it: 0, or -1 with why. */
+int auth_regex_check(const char *text, char *err, size_t err_size);
+/* Sets the user's permission for vhost (three NUL-ended regexes; "" =
+ * nothing). Returns 1 created, 0 replaced, -1 with why in err (bad regex:
+ * nothing changed). */
+int auth_permission_put(struct auth_user *user, struct bytes vhost,
+                        const char *const texts[AUTH_PERMISSION_KIND_COUNT], char *err,
+                        size_t err_size);
+/* Removes the user's permission for vhost; false if it had none. */
+bool auth_permission_delete(struct auth_user *user, struct bytes vhost);
+/* A vhost went: every permission on it goes too (RabbitMQ). */
+void auth_vhost_deleted(struct auth *auth, struct bytes vhost);
+/* The user's password hash as RabbitMQ writes it: base64, NUL-ended. */
+void auth_user_hash_base64(const struct auth_user *user, char out[AUTH_HASH_BASE64_SIZE + 1]);
+/* Decodes a RabbitMQ rabbit_password_hashing_sha256 hash (48 base64
+ * characters). Returns 0, or -1 if it is not one. */
+int auth_hash_decode(const char *text, size_t size, unsigned char out[AUTH_HASH_SIZE]);
+/* Salts and hashes a password: out = salt || sha256(salt || password). */
+void auth_hash_new(struct bytes password, unsigned char out[AUTH_HASH_SIZE]);
 
 /* SASL responses: PLAIN is "\0user\0password"; AMQPLAIN is a field table
  * with LOGIN and PASSWORD. Return 0 on success. */

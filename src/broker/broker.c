@@ -15,6 +15,7 @@
 #include "broker/connection.h"
 #include "broker/flow.h"
 #include "broker/message.h"
+#include "broker/users.h"
 #include "broker/vhost.h"
 #include "cluster/member.h"
 #include "cluster/moves.h"
@@ -73,25 +74,40 @@ struct vhost *broker_add_vhost(struct broker *broker, struct bytes name)
         return vhost;
     vhost = vhost_new(broker, name);
     hmap_put(&broker->vhosts, vhost->name, vhost);
+    durable_vhost_put(broker, vhost->name);
     return vhost;
 }
 
-/* Every vhost a user may open exists (except the "*" wildcard). */
-static void create_vhosts(struct broker *broker)
+void broker_retire_vhost(struct broker *broker, struct vhost *vhost)
 {
-    broker_add_vhost(broker, BYTES_LIT("/"));
-    for (size_t i = 0; i < broker->auth.users_count; i++) {
-        const char *p = broker->auth.users[i].vhosts;
-        while (*p) {
-            const char *end = strchr(p, ',');
-            size_t len = end ? (size_t)(end - p) : strlen(p);
-            if (!(len == 1 && p[0] == '*'))
-                broker_add_vhost(broker, (struct bytes){(const uint8_t *)p, (uint32_t)len});
-            if (!end)
-                break;
-            p = end + 1;
+    void *removed = hmap_remove(&broker->vhosts, vhost->name);
+    ASSERT(removed == vhost);
+    while (vhost->queues.count > 0) {
+        struct hmap_entry *e;
+        uint32_t i = 0;
+        bool found = hmap_next(&vhost->queues, &i, &e);
+        ASSERT(found);
+        vhost_queue_delete(vhost, e->value);
+    }
+    /* One at a time, looked up again: a delete may cascade to another
+     * (auto-delete), and the predeclared ones stay with the object. */
+    for (bool again = true; again;) {
+        again = false;
+        struct hmap_entry *e;
+        for (uint32_t i = 0; !again && hmap_next(&vhost->exchanges, &i, &e);) {
+            struct exchange *x = e->value;
+            if (x->name.len > 0 && !bytes_has_prefix(x->name, "amq.")) {
+                vhost_exchange_delete(vhost, x);
+                again = true;
+            }
         }
     }
+    durable_vhost_deleted(broker, vhost->name);
+    struct vhost **grown = realloc(broker->retired_vhosts,
+                                   sizeof *grown * (broker->retired_vhosts_count + 1));
+    ASSERT(grown != NULL);
+    broker->retired_vhosts = grown;
+    grown[broker->retired_vhosts_count++] = vhost;
 }
 
 /* Joins or forms the cluster, advertising the first AMQP listener's bound
@@ -228,16 +244,17 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     list_init(&broker->connections);
     policy_set_init(&broker->policies);
     alarm_init(&broker->alarm, config->memory_high_watermark, config->disk_free_limit);
+    struct auth boot; /* the file's users: a bootstrap (broker/users.h) */
     if (config->users_file) {
         char err[512];
-        if (auth_load_file(&broker->auth, config->users_file, err, sizeof err) != 0) {
+        if (auth_load_file(&boot, config->users_file, err, sizeof err) != 0) {
             LOG_ERROR("%s", err);
             return -1;
         }
     } else {
-        auth_init_default(&broker->auth);
+        auth_init_default(&boot);
     }
-    create_vhosts(broker);
+    auth_init(&broker->auth);
     net_init(&broker->net, loop);
     list_init(&broker->confirms_owed);
     list_init(&broker->flow_congested);
@@ -246,8 +263,10 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     char err[1024];
     if (durable_open(broker, err, sizeof err) != 0) {
         LOG_ERROR("%s", err);
+        auth_free(&boot);
         return -1;
     }
+    users_bootstrap(broker, &boot);
     if (open_listeners(broker) != 0)
         return -1;
     if (config->cluster && start_cluster(broker) != 0)
@@ -340,6 +359,10 @@ void broker_free(struct broker *broker)
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &e);)
         vhost_free(e->value);
     hmap_free(&broker->vhosts);
+    for (uint32_t i = 0; i < broker->retired_vhosts_count; i++)
+        vhost_free(broker->retired_vhosts[i]);
+    free(broker->retired_vhosts);
+    broker->retired_vhosts = NULL;
     member_free(broker->member); /* after the stand-ins it lists */
     broker->member = NULL;
     auth_free(&broker->auth);

@@ -129,6 +129,11 @@ struct broker {
     struct tls_context raft_tls;
     struct auth auth;
     struct hmap vhosts;            /* name -> struct vhost (owned) */
+    /* Deleted vhosts (broker_retire_vhost), emptied but kept until
+     * broker_free: connections and peers' channels closing may still
+     * point at them. One small object per deletion. */
+    struct vhost **retired_vhosts; /* owned */
+    uint32_t retired_vhosts_count;
     struct list_node connections;  /* struct connection.broker_link */
     uint32_t connections_count;
     uint32_t peer_connections_count; /* of them, other brokers' links (not clients) */
@@ -173,6 +178,10 @@ void broker_free(struct broker *broker);
 struct vhost *broker_vhost(struct broker *broker, struct bytes name);
 /* The vhost of that name, created (with its predeclared exchanges) if new. */
 struct vhost *broker_add_vhost(struct broker *broker, struct bytes name);
+/* Deletes the vhost's queues and exchanges (with their journal records)
+ * and its own record, and takes it out of broker->vhosts. Its connections
+ * are the caller's to close (broker/users.c). */
+void broker_retire_vhost(struct broker *broker, struct vhost *vhost);
 /* A client connection was freed (connection.c). */
 void broker__connection_gone(struct broker *broker);
 /* Writes a unique name such as "amq.gen-XXXXXXXXXXXXXXXXXXXXXX" (22 chars,

@@ -230,12 +230,13 @@ bool channel__permitted(struct channel *ch, enum auth_permission_kind kind,
                         const char *resource, struct bytes name, uint32_t method_id)
 {
     const struct auth_user *user = ch->connection->user;
-    if (user == NULL || user->permissions_count == 0)
+    if (user == NULL || (user->any_vhost && user->permissions_count == 0))
         return true;
-    const struct auth_permission *permission = auth_user_permission(user, ch->vhost->name);
     if (name.len == 0 && strcmp(resource, "exchange") == 0)
         name = BYTES_LIT("amq.default");
-    if (auth_permission_allows(permission, kind, name))
+    /* The user's permissions as they are now: a change made while the
+     * channel is open holds from its next operation (auth.h). */
+    if (auth_user_allows(user, ch->vhost->name, kind, name))
         return true;
     LOG_INFO("conn=%llu peer=%s user=%s vhost=%.*s refused %s access to %s '%.*s'",
              (unsigned long long)ch->connection->conn.id, ch->connection->conn.peer_name,
@@ -249,10 +250,15 @@ bool channel__permitted(struct channel *ch, enum auth_permission_kind kind,
     return false;
 }
 
-/* basic.publish's write check, once per exchange while it stays the same. */
+/* basic.publish's write check, once per exchange while it stays the same
+ * and the user's permissions do not change (a revocation holds from the
+ * next publish). */
 static bool publish_permitted(struct channel *ch, struct bytes exchange, uint32_t method_id)
 {
+    const struct auth_user *user = ch->connection->user;
+    uint32_t generation = user != NULL ? user->permissions_generation : 0;
     if (ch->has_permitted_exchange && ch->permitted_exchange_size == exchange.len &&
+        ch->permitted_generation == generation &&
         (exchange.len == 0 || memcmp(ch->permitted_exchange, exchange.ptr, exchange.len) == 0))
         return true;
     if (!channel__permitted(ch, AUTH_PERMISSION_WRITE, "exchange", exchange, method_id))
@@ -261,6 +267,7 @@ static bool publish_permitted(struct channel *ch, struct bytes exchange, uint32_
         memcpy(ch->permitted_exchange, exchange.ptr, exchange.len);
     ch->permitted_exchange_size = (uint8_t)exchange.len;
     ch->has_permitted_exchange = true;
+    ch->permitted_generation = generation;
     return true;
 }
 

@@ -113,6 +113,7 @@ struct channel {
     uint8_t permitted_exchange[256];
     uint8_t permitted_exchange_size;
     bool has_permitted_exchange;
+    uint32_t permitted_generation; /* the user's permissions_generation then */
     struct message *assembling;       /* one reference while receiving content */
 
     /* Publisher confirms: sequence numbers of this channel's publishes. */

@@ -302,6 +302,9 @@ static void on_free(struct conn *conn)
     end_handshaking(connection);
     free(connection->channels);
     free(connection->crossed_closes);
+    if (connection->user != NULL)
+        auth_user_unref(connection->user);
+    connection->user = NULL;
     struct broker *broker = connection->broker;
     list_remove(&connection->broker_link);
     broker->connections_count--;
@@ -552,6 +555,9 @@ static void handle_start_ok(struct connection *connection, const struct method *
 /* A client that logged in: tuning follows, unless it is over the limit. */
 static void admit_client(struct connection *connection)
 {
+    /* Held until the connection is freed: a user deleted meanwhile stays
+     * readable for its logs (auth.h). */
+    auth_user_ref(connection->user);
     if (over_connection_limit(connection->broker, 1)) {
         /* A client in a slot kept for a peer's link: refused as at accept. */
         LOG_WARN("conn=%llu refused: connection limit %u reached",

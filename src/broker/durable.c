@@ -6,6 +6,11 @@
  *   QUEUE     vhost "\0" name                        auto_delete, arguments
  *   BINDING   table: vhost, source, dest_kind,        (empty)
  *             destination, routing_key, arguments
+ *   VHOST     name                                  (empty table)
+ *   USER      name                                  password_hash (base64), tags,
+ *                                                   loopback, any_vhost
+ *   USER      "" (no user has an empty name)        (empty): the users are here
+ *   PERMISSION user "\0" vhost                      configure, write, read
  *
  * A binding is durable when both its ends are (RabbitMQ); deleting a queue
  * or exchange undefines its bindings first, so a later queue of the same
@@ -241,6 +246,81 @@ void durable_policy_deleted(struct broker *broker, struct bytes vhost, struct by
     journal_undefine(d->journal, JOURNAL_DEF_POLICY, name_key(key, vhost, name));
 }
 
+void durable_vhost_put(struct broker *broker, struct bytes name)
+{
+    struct durable *d = active(broker);
+    if (d)
+        journal_define(d->journal, JOURNAL_DEF_VHOST, name, (struct bytes){NULL, 0});
+}
+
+void durable_vhost_deleted(struct broker *broker, struct bytes name)
+{
+    struct durable *d = active(broker);
+    if (d)
+        journal_undefine(d->journal, JOURNAL_DEF_VHOST, name);
+}
+
+void durable_user_put(struct broker *broker, const struct auth_user *user)
+{
+    struct durable *d = active(broker);
+    if (!d)
+        return;
+    if (!d->users_recorded) {
+        journal_define(d->journal, JOURNAL_DEF_USER, (struct bytes){NULL, 0},
+                       (struct bytes){NULL, 0});
+        d->users_recorded = true;
+    }
+    char hash[AUTH_HASH_BASE64_SIZE + 1];
+    auth_user_hash_base64(user, hash);
+    uint8_t value[512];
+    struct table_writer w;
+    table_writer_init(&w, value, sizeof value);
+    table_put_longstr(&w, "password_hash", bytes_of_cstr(hash));
+    table_put_int(&w, "tags", user->tags);
+    table_put_bool(&w, "loopback", user->loopback_only);
+    table_put_bool(&w, "any_vhost", user->any_vhost);
+    ASSERT(!w.overflow);
+    struct table t = table_writer_table(&w);
+    journal_define(d->journal, JOURNAL_DEF_USER, bytes_of_cstr(user->name),
+                   (struct bytes){t.ptr, t.len});
+}
+
+void durable_user_deleted(struct broker *broker, struct bytes name)
+{
+    struct durable *d = active(broker);
+    if (d)
+        journal_undefine(d->journal, JOURNAL_DEF_USER, name);
+}
+
+void durable_permission_put(struct broker *broker, const struct auth_user *user,
+                            const struct auth_permission *permission)
+{
+    struct durable *d = active(broker);
+    if (!d)
+        return;
+    uint8_t key[KEY_MAX];
+    uint8_t value[1024];
+    struct table_writer w;
+    table_writer_init(&w, value, sizeof value);
+    static const char *const keys[AUTH_PERMISSION_KIND_COUNT] = {"configure", "write", "read"};
+    for (int kind = 0; kind < AUTH_PERMISSION_KIND_COUNT; kind++)
+        table_put_longstr(&w, keys[kind], bytes_of_cstr(permission->texts[kind]));
+    ASSERT(!w.overflow); /* each regex is at most 255 bytes (users.c) */
+    struct table t = table_writer_table(&w);
+    journal_define(d->journal, JOURNAL_DEF_PERMISSION,
+                   name_key(key, bytes_of_cstr(user->name), bytes_of_cstr(permission->vhost)),
+                   (struct bytes){t.ptr, t.len});
+}
+
+void durable_permission_deleted(struct broker *broker, struct bytes user, struct bytes vhost)
+{
+    struct durable *d = active(broker);
+    if (!d)
+        return;
+    uint8_t key[KEY_MAX];
+    journal_undefine(d->journal, JOURNAL_DEF_PERMISSION, name_key(key, user, vhost));
+}
+
 uint64_t durable_page_out(struct broker *broker, uint64_t wanted)
 {
     uint64_t released = 0;
@@ -300,6 +380,8 @@ static void on_synced(void *ctx, uint64_t ticket, int status)
 
 struct replay {
     struct broker *broker;
+    uint64_t vhosts; /* VHOST records: none in a journal from before them */
+    uint64_t users;
     uint64_t exchanges;
     uint64_t queues;
     uint64_t bindings;
@@ -406,11 +488,79 @@ static void replay_policy(struct replay *r, struct vhost *vhost, struct bytes na
     policy_set_put(&r->broker->policies, &d);
 }
 
+static void replay_user(struct replay *r, struct bytes name, struct table value)
+{
+    struct bytes hash64;
+    struct field_value tags;
+    int64_t tag_bits = -1;
+    unsigned char raw[AUTH_HASH_SIZE];
+    if (name.len == 0) {
+        r->broker->durable.users_recorded = true;
+        return;
+    }
+    if (name.len > 255 || !get_str(value, "password_hash", &hash64) ||
+        auth_hash_decode((const char *)hash64.ptr, hash64.len, raw) != 0 ||
+        !table_get(value, "tags", &tags) || !field_value_as_int(&tags, &tag_bits) ||
+        tag_bits < 0 || tag_bits > 15) {
+        r->dropped++;
+        return;
+    }
+    bool created;
+    struct auth_user *u = auth_user_put(&r->broker->auth, name, raw, (unsigned)tag_bits, &created);
+    u->loopback_only = get_bool(value, "loopback");
+    u->any_vhost = get_bool(value, "any_vhost");
+    r->users++;
+}
+
+static void replay_permission(struct replay *r, struct bytes key, struct table value)
+{
+    struct bytes user_name, vhost;
+    static const char *const keys[AUTH_PERMISSION_KIND_COUNT] = {"configure", "write", "read"};
+    char texts[AUTH_PERMISSION_KIND_COUNT][256];
+    const char *ptrs[AUTH_PERMISSION_KIND_COUNT];
+    struct auth_user *u = NULL;
+    if (split_key(key, &user_name, &vhost) && vhost.len > 0)
+        u = (struct auth_user *)auth_find_user(&r->broker->auth, user_name);
+    for (int kind = 0; u != NULL && kind < AUTH_PERMISSION_KIND_COUNT; kind++) {
+        struct bytes text;
+        if (!get_str(value, keys[kind], &text) || text.len >= sizeof texts[kind] ||
+            memchr(text.ptr, 0, text.len) != NULL) {
+            u = NULL;
+            break;
+        }
+        memcpy(texts[kind], text.ptr, text.len);
+        texts[kind][text.len] = '\0';
+        ptrs[kind] = texts[kind];
+    }
+    char err[256];
+    if (u == NULL || auth_permission_put(u, vhost, ptrs, err, sizeof err) < 0)
+        r->dropped++;
+}
+
 static void on_definition(void *ctx, enum journal_def_kind kind, struct bytes key,
                           struct bytes value)
 {
     struct replay *r = ctx;
     struct table value_table = {value.ptr, value.len};
+    if (kind == JOURNAL_DEF_VHOST) {
+        if (key.len == 0 || key.len > 255) {
+            r->dropped++;
+            return;
+        }
+        broker_add_vhost(r->broker, key);
+        r->vhosts++;
+        return;
+    }
+    if (kind == JOURNAL_DEF_USER || kind == JOURNAL_DEF_PERMISSION) {
+        if (table_validate(value.ptr, value.len) != OK) {
+            r->dropped++;
+        } else if (kind == JOURNAL_DEF_USER) {
+            replay_user(r, key, value_table);
+        } else {
+            replay_permission(r, key, value_table);
+        }
+        return;
+    }
     if (kind == JOURNAL_DEF_BINDING) {
         if (table_validate(key.ptr, key.len) != OK) {
             r->dropped++;
@@ -419,10 +569,14 @@ static void on_definition(void *ctx, enum journal_def_kind kind, struct bytes ke
         replay_binding(r, (struct table){key.ptr, key.len});
         return;
     }
-    struct bytes vhost_name, name;
+    struct bytes vhost_name = {NULL, 0}, name = {NULL, 0};
     struct vhost *vhost = NULL;
     if (split_key(key, &vhost_name, &name))
         vhost = broker_vhost(r->broker, vhost_name);
+    /* A journal from before vhost records: its vhosts were the users
+     * file's, and users.c records them once the journal is open. */
+    if (!vhost && r->vhosts == 0 && vhost_name.len > 0 && vhost_name.len <= 255)
+        vhost = broker_add_vhost(r->broker, vhost_name);
     if (!vhost || table_validate(value.ptr, value.len) != OK) {
         /* A vhost no longer in the users file: its definitions wait. */
         r->dropped++;
@@ -517,6 +671,8 @@ int durable_open(struct broker *broker, char *err, size_t err_size)
         LOG_WARN("journal: cut %llu torn tail(s), first in %s at offset %llu",
                  (unsigned long long)stats.truncated_count, stats.truncated_path,
                  (unsigned long long)stats.truncated_offset);
+    LOG_INFO("recovered %llu vhosts, %llu users", (unsigned long long)r.vhosts,
+             (unsigned long long)r.users);
     LOG_INFO("recovered %llu exchanges, %llu queues, %llu bindings, %llu messages in %.3f s"
              " (%llu records dropped)",
              (unsigned long long)r.exchanges, (unsigned long long)r.queues,

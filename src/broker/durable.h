@@ -12,7 +12,10 @@
  * on disk" once per fsync, and durable fans that out to the channels in
  * its waiters list.
  *
- * Users and vhosts come from the users file, not from here.
+ * Vhosts are definitions too (so a restart finds the vhosts of its
+ * durable queues, whoever created them). Outside a cluster so are users
+ * and their permissions, once the broker has them (broker/users.h): the
+ * users file only seeds the first start. In a cluster the map holds users.
  */
 #ifndef QUAY_BROKER_DURABLE_H
 #define QUAY_BROKER_DURABLE_H
@@ -41,6 +44,7 @@ struct durable {
     uint64_t synced_ticket;           /* everything up to this is on disk */
     int status;                       /* the journal's first error, 0 if none */
     struct list_node confirm_waiters; /* struct channel.durable_link */
+    bool users_recorded;              /* the journal holds the users (replayed) */
 };
 
 /* Opens DATA_DIR's journal and replays it into the broker's vhosts.
@@ -63,6 +67,18 @@ void durable_binding_removed(struct broker *broker, struct vhost *vhost,
 /* A replication policy of a broker outside a cluster was put or deleted. */
 void durable_policy_put(struct broker *broker, const struct policy *policy);
 void durable_policy_deleted(struct broker *broker, struct bytes vhost, struct bytes name);
+
+/* Vhosts, users and permissions (broker/users.h decides which are kept). */
+struct auth_user;
+struct auth_permission;
+void durable_vhost_put(struct broker *broker, struct bytes name);
+void durable_vhost_deleted(struct broker *broker, struct bytes name);
+/* Also records that the journal now holds the users (users_recorded). */
+void durable_user_put(struct broker *broker, const struct auth_user *user);
+void durable_user_deleted(struct broker *broker, struct bytes name);
+void durable_permission_put(struct broker *broker, const struct auth_user *user,
+                            const struct auth_permission *permission);
+void durable_permission_deleted(struct broker *broker, struct bytes user, struct bytes vhost);
 
 /* Pages out up to `wanted` bytes of ready persistent messages across the
  * durable queues (memory pressure). Returns the bytes released. */

@@ -23,6 +23,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,85 +52,118 @@
 #define DEFAULT_TIMEOUT_MS 10000
 #define RESPONSE_SIZE_MAX (256u << 20)
 
+/* usage(): the commands of one broker and its cluster. */
+static const char usage_head[] =
+    "usage: quayctl [--http HOST:PORT | --https HOST:PORT [--cacert FILE]]\n"
+    "               [--user NAME] [--password PW] [--json] [--timeout SECONDS]\n"
+    "               COMMAND [ARGS]\n"
+    "\n"
+    "Asks a running quayd (started with --http) through its management API.\n"
+    "\n"
+    "commands:\n"
+    "  status        the broker: version, uptime, totals, alarms (GET /api/overview)\n"
+    "  queues        every queue with its message counts (GET /api/queues)\n"
+    "  connections   every client connection (GET /api/connections)\n"
+    "  cluster       the cluster: leader, map epoch, brokers (GET /api/cluster)\n"
+    "  leave         this broker leaves the cluster (POST /api/cluster/leave)\n"
+    "  forget BROKER a broker that is down for good leaves the map: its queues\n"
+    "                go to their backups (or start again empty where it had\n"
+    "                the only copy), its backups and exchanges elsewhere\n"
+    "                (POST /api/cluster/forget)\n"
+    "  drain BROKER  every queue BROKER is primary or backup of moves to other\n"
+    "                brokers while they serve; then it may leave\n"
+    "                (POST /api/cluster/drain)\n"
+    "  revive BROKER a draining broker takes queues again (POST\n"
+    "                /api/cluster/revive)\n"
+    "  rebalance [on|off]\n"
+    "                without an argument: move queues until every broker holds\n"
+    "                its share; on/off: keep doing so automatically, or stop\n"
+    "                (POST /api/cluster/rebalance)\n"
+    "  offload BROKER --to BROKER (--fraction F | --queues REGEX [--vhost V])\n"
+    "                move a fraction F (0..1] of the queues BROKER is primary\n"
+    "                of, or those whose names match REGEX, to the --to broker\n"
+    "                while they serve (POST /api/cluster/offload)\n"
+    "  move QUEUE --to BROKER [--vhost VHOST] [--backup-of B]\n"
+    "                hand QUEUE (of VHOST, default /) over to BROKER while it\n"
+    "                serves: BROKER catches up as a backup, then takes over;\n"
+    "                with --backup-of, BROKER replaces the queue's backup B once\n"
+    "                caught up; 'cluster' shows the moves in progress\n"
+    "                (POST /api/cluster/move)\n";
+
+/* usage(): replication policies. */
+static const char usage_policies[] =
+    "  policies      every replication policy (GET /api/policies)\n"
+    "  set-policy VHOST NAME PATTERN BACKUPS [PRIORITY]\n"
+    "                queues of VHOST whose name matches the regular expression\n"
+    "                PATTERN get BACKUPS backups (0..3) unless their x-quay-backups\n"
+    "                says otherwise; the highest PRIORITY (default 0) wins\n"
+    "                (PUT /api/policies/VHOST/NAME)\n"
+    "  clear-policy VHOST NAME   (DELETE /api/policies/VHOST/NAME)\n";
+
+/* usage(): users, vhosts and permissions. */
+static const char usage_users[] =
+    "  list-users    every user and its tags (GET /api/users)\n"
+    "  add-user NAME PASSWORD [--tags TAG,...]   (PUT /api/users/NAME)\n"
+    "  delete-user NAME   its connections are closed (DELETE /api/users/NAME)\n"
+    "  change-password NAME PASSWORD   its tags stay\n"
+    "  set-user-tags NAME [TAG...]   its password stays (none: no tags)\n"
+    "  list-vhosts   (GET /api/vhosts)\n"
+    "  add-vhost NAME / delete-vhost NAME   deleting one deletes its queues,\n"
+    "                exchanges and permissions and closes its connections\n"
+    "  list-permissions [-p VHOST]   every user's permissions, in every vhost or\n"
+    "                in VHOST (GET /api/permissions, /api/vhosts/VHOST/permissions)\n"
+    "  set-permissions [-p VHOST] USER CONFIGURE WRITE READ   three regular\n"
+    "                expressions (\"\" matches nothing); VHOST defaults to /\n"
+    "  clear-permissions [-p VHOST] USER\n"
+    "\n";
+
+/* usage(): as rabbitmqctl names them. */
+static const char usage_rabbit[] =
+    "  as rabbitmqctl and rabbitmq-diagnostics name them (RabbitMQ's API paths):\n"
+    "  list-queues [COLUMN...]       default: name messages_ready\n"
+    "                                messages_unacknowledged consumers\n"
+    "  list-exchanges [COLUMN...]    default: name type\n"
+    "  list-bindings [COLUMN...]     default: source destination_type destination\n"
+    "                                routing_key\n"
+    "  list-connections [COLUMN...]  default: name user vhost channels state\n"
+    "                (COLUMN: any field of the API's objects; --vhost V: one vhost)\n"
+    "  cluster-status                every broker: name, running, state (GET /api/nodes)\n"
+    "  export-definitions FILE       RabbitMQ's definitions JSON to FILE (- = stdout)\n"
+    "  import-definitions FILE       apply a definitions file (all or nothing)\n"
+    "  await-startup                 wait (up to --timeout) until the API answers\n"
+    "  ping                          is the broker up? (GET /api/healthchecks/node)\n"
+    "\n";
+
+/* usage(): the options and exit statuses. */
+static const char usage_options[] =
+    "options:\n"
+    "  --http HOST:PORT   the API's address (default " DEFAULT_HTTP "); [V6]:PORT\n"
+    "  --https HOST:PORT  the API over TLS (quayd --https); its certificate must\n"
+    "                     verify and name HOST\n"
+    "  --cacert FILE      PEM CAs to verify it with (default: the system's)\n"
+    "  --user NAME        log in as NAME (default: $QUAY_USER, else " DEFAULT_USER ")\n"
+    "  --password PW      its password (default: $QUAY_PASSWORD; " DEFAULT_USER "'s\n"
+    "                     when no user is given either);\n"
+    "                     prefer the variable: other users can see a command line\n"
+    "  --json             print the API's JSON as it is\n"
+    "  --timeout SECONDS  give up after this long (default 10)\n"
+    "  --help             this text\n"
+    "\n"
+    "The user needs a management tag on the broker (administrator for leave and\n"
+    "forget, policymaker for set-policy and clear-policy, monitoring for cluster,\n"
+    "administrator for the user, vhost and permission commands).\n"
+    "\n"
+    "exit status: 0 done, 64 usage, 65 a file that cannot be read or written,\n"
+    "69 broker unreachable (or not started within --timeout), 76 bad answer\n"
+    "(a definitions file refused too), 77 login or right refused\n";
+
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: quayctl [--http HOST:PORT | --https HOST:PORT [--cacert FILE]]\n"
-            "               [--user NAME] [--password PW] [--json] [--timeout SECONDS]\n"
-            "               COMMAND [ARGS]\n"
-            "\n"
-            "Asks a running quayd (started with --http) through its management API.\n"
-            "\n"
-            "commands:\n"
-            "  status        the broker: version, uptime, totals, alarms (GET /api/overview)\n"
-            "  queues        every queue with its message counts (GET /api/queues)\n"
-            "  connections   every client connection (GET /api/connections)\n"
-            "  cluster       the cluster: leader, map epoch, brokers (GET /api/cluster)\n"
-            "  leave         this broker leaves the cluster (POST /api/cluster/leave)\n"
-            "  forget BROKER a broker that is down for good leaves the map: its queues\n"
-            "                go to their backups (or start again empty where it had\n"
-            "                the only copy), its backups and exchanges elsewhere\n"
-            "                (POST /api/cluster/forget)\n"
-            "  drain BROKER  every queue BROKER is primary or backup of moves to other\n"
-            "                brokers while they serve; then it may leave\n"
-            "                (POST /api/cluster/drain)\n"
-            "  revive BROKER a draining broker takes queues again (POST\n"
-            "                /api/cluster/revive)\n"
-            "  rebalance [on|off]\n"
-            "                without an argument: move queues until every broker holds\n"
-            "                its share; on/off: keep doing so automatically, or stop\n"
-            "                (POST /api/cluster/rebalance)\n"
-            "  offload BROKER --to BROKER (--fraction F | --queues REGEX [--vhost V])\n"
-            "                move a fraction F (0..1] of the queues BROKER is primary\n"
-            "                of, or those whose names match REGEX, to the --to broker\n"
-            "                while they serve (POST /api/cluster/offload)\n"
-            "  move QUEUE --to BROKER [--vhost VHOST] [--backup-of B]\n"
-            "                hand QUEUE (of VHOST, default /) over to BROKER while it\n"
-            "                serves: BROKER catches up as a backup, then takes over;\n"
-            "                with --backup-of, BROKER replaces the queue's backup B once\n"
-            "                caught up; 'cluster' shows the moves in progress\n"
-            "                (POST /api/cluster/move)\n"
-            "  policies      every replication policy (GET /api/policies)\n"
-            "  set-policy VHOST NAME PATTERN BACKUPS [PRIORITY]\n"
-            "                queues of VHOST whose name matches the regular expression\n"
-            "                PATTERN get BACKUPS backups (0..3) unless their x-quay-backups\n"
-            "                says otherwise; the highest PRIORITY (default 0) wins\n"
-            "                (PUT /api/policies/VHOST/NAME)\n"
-            "  clear-policy VHOST NAME   (DELETE /api/policies/VHOST/NAME)\n"
-            "\n"
-            "  as rabbitmqctl and rabbitmq-diagnostics name them (RabbitMQ's API paths):\n"
-            "  list-queues [COLUMN...]       default: name messages_ready\n"
-            "                                messages_unacknowledged consumers\n"
-            "  list-exchanges [COLUMN...]    default: name type\n"
-            "  list-bindings [COLUMN...]     default: source destination_type destination\n"
-            "                                routing_key\n"
-            "  list-connections [COLUMN...]  default: name user vhost channels state\n"
-            "                (COLUMN: any field of the API's objects; --vhost V: one vhost)\n"
-            "  cluster-status                every broker: name, running, state (GET /api/nodes)\n"
-            "  export-definitions FILE       RabbitMQ's definitions JSON to FILE (- = stdout)\n"
-            "  import-definitions FILE       apply a definitions file (all or nothing)\n"
-            "  await-startup                 wait (up to --timeout) until the API answers\n"
-            "  ping                          is the broker up? (GET /api/healthchecks/node)\n"
-            "\n"
-            "options:\n"
-            "  --http HOST:PORT   the API's address (default " DEFAULT_HTTP "); [V6]:PORT\n"
-            "  --https HOST:PORT  the API over TLS (quayd --https); its certificate must\n"
-            "                     verify and name HOST\n"
-            "  --cacert FILE      PEM CAs to verify it with (default: the system's)\n"
-            "  --user NAME        log in as NAME (default: $QUAY_USER, else " DEFAULT_USER ")\n"
-            "  --password PW      its password (default: $QUAY_PASSWORD; " DEFAULT_USER "'s\n"
-            "                     when no user is given either);\n"
-            "                     prefer the variable: other users can see a command line\n"
-            "  --json             print the API's JSON as it is\n"
-            "  --timeout SECONDS  give up after this long (default 10)\n"
-            "  --help             this text\n"
-            "\n"
-            "The user needs a management tag on the broker (administrator for leave and\n"
-            "forget, policymaker for set-policy and clear-policy, monitoring for cluster).\n"
-            "\n"
-            "exit status: 0 done, 64 usage, 65 a file that cannot be read or written,\n"
-            "69 broker unreachable (or not started within --timeout), 76 bad answer\n"
-            "(a definitions file refused too), 77 login or right refused\n");
+    fputs(usage_head, out);
+    fputs(usage_policies, out);
+    fputs(usage_users, out);
+    fputs(usage_rabbit, out);
+    fputs(usage_options, out);
 }
 
 /* ---- the HTTP GET ------------------------------------------------------ */
@@ -679,6 +713,20 @@ static const struct column connection_columns[] = {
     {"state", "STATE", false},
 };
 
+static const struct column user_columns[] = {
+    {"name", "NAME", false}, {"tags", "TAGS", false},
+};
+
+static const struct column vhost_columns[] = {
+    {"name", "NAME", false},
+};
+
+static const struct column permission_columns[] = {
+    {"user", "USER", false},         {"vhost", "VHOST", false},
+    {"configure", "CONFIGURE", false}, {"write", "WRITE", false},
+    {"read", "READ", false},
+};
+
 static const struct column policy_columns[] = {
     {"vhost", "VHOST", false},       {"name", "NAME", false},
     {"pattern", "PATTERN", false},   {"priority", "PRIORITY", true},
@@ -729,6 +777,20 @@ static const struct command commands[] = {
     {"import-definitions", "POST", "/api/definitions", NULL, 0, 1, 1},
     {"await-startup", "GET", "/api/overview", NULL, 0, 0, 0},
     {"ping", "GET", "/api/healthchecks/node", NULL, 0, 0, 0},
+    {"list-users", "GET", "/api/users", user_columns,
+     sizeof user_columns / sizeof user_columns[0], 0, 0},
+    {"add-user", "PUT", "/api/users/", NULL, 0, 2, 2},
+    {"delete-user", "DELETE", "/api/users/", NULL, 0, 1, 1},
+    {"change-password", "PUT", "/api/users/", NULL, 0, 2, 2},
+    {"set-user-tags", "PUT", "/api/users/", NULL, 0, 1, 5},
+    {"list-vhosts", "GET", "/api/vhosts", vhost_columns,
+     sizeof vhost_columns / sizeof vhost_columns[0], 0, 0},
+    {"add-vhost", "PUT", "/api/vhosts/", NULL, 0, 1, 1},
+    {"delete-vhost", "DELETE", "/api/vhosts/", NULL, 0, 1, 1},
+    {"list-permissions", "GET", "/api/permissions", permission_columns,
+     sizeof permission_columns / sizeof permission_columns[0], 0, 0},
+    {"set-permissions", "PUT", "/api/permissions/", NULL, 0, 4, 4},
+    {"clear-permissions", "DELETE", "/api/permissions/", NULL, 0, 1, 1},
 };
 
 struct options {
@@ -743,6 +805,7 @@ struct options {
     const char *to, *vhost;          /* move's and offload's --to and --vhost */
     const char *fraction, *queues;   /* offload's --fraction or --queues */
     const char *backup_of;           /* move's --backup-of */
+    const char *tags;                /* add-user's --tags */
 };
 
 /* ---- set-policy and clear-policy ------------------------------------------- */
@@ -929,6 +992,8 @@ too_long:
 static int show(const struct command *cmd, const struct response *res, bool raw_json)
 {
     const char *error = NULL;
+    if (res->status == 204 || (res->status == 201 && res->body_size == 0))
+        return 0; /* done: RabbitMQ answers a PUT or DELETE without a body */
     struct jvalue *doc = json_parse(res->body, res->body_size, &error);
     if (res->status != 200 && res->status != 201 && res->status != 202) {
         const struct jvalue *reason = jget(doc, "reason");
@@ -967,6 +1032,126 @@ static int show(const struct command *cmd, const struct response *res, bool raw_
     return fflush(stdout) == 0 ? 0 : 1;
 }
 
+/* ---- users, vhosts and permissions ------------------------------------------ */
+
+static bool is_user_command(const struct command *cmd)
+{
+    return strcmp(cmd->method, "GET") != 0 &&
+           (strcmp(cmd->path, "/api/users/") == 0 || strcmp(cmd->path, "/api/vhosts/") == 0 ||
+            strcmp(cmd->path, "/api/permissions/") == 0);
+}
+
+/* Appends ", \"key\": value" (or the first member, after "{"). */
+static bool append_member(char *body, size_t cap, const char *key, const char *value)
+{
+    size_t n = strlen(body);
+    int w = snprintf(body + n, cap - n, "%s\"%s\": ", n > 1 ? ", " : "", key);
+    return w > 0 && (size_t)w < cap - n && append_json_string(body, cap, value);
+}
+
+/* The user's tags ("a,b") and password hash as the API has them now:
+ * change-password keeps the one, set-user-tags the other. */
+static int fetch_user(const struct options *opt, const char *authorization, const char *path,
+                      char *tags, size_t tags_cap, char *hash, size_t hash_cap)
+{
+    struct buffer in = {0};
+    struct response res;
+    int rc = http_request(&opt->endpoint, "GET", path, NULL, authorization, opt->timeout_ms,
+                          &in, &res);
+    struct jvalue *doc = NULL;
+    if (rc == 0 && res.status != 200) {
+        const struct command get = {opt->command->name, "GET", path, NULL, 0, 0, 0};
+        rc = show(&get, &res, false);
+    } else if (rc == 0) {
+        const char *error = NULL;
+        doc = json_parse(res.body, res.body_size, &error);
+        const struct jvalue *t = jget(doc, "tags"), *h = jget(doc, "password_hash");
+        char *joined = cell_text(t);
+        snprintf(tags, tags_cap, "%s", strcmp(joined, "-") == 0 ? "" : joined);
+        free(joined);
+        snprintf(hash, hash_cap, "%s", h && h->type == J_STRING ? h->text : "");
+        if (t == NULL || hash[0] == '\0') {
+            fprintf(stderr, "quayctl: GET %s: unexpected JSON shape\n", path);
+            rc = EXIT_PROTOCOL;
+        }
+    }
+    jfree(doc);
+    free(in.data);
+    return rc;
+}
+
+/* The PUT or DELETE of a user, vhost or permission command: its path and
+ * body. Returns 0 or an exit status (printed). */
+static int build_user_request(const struct options *opt, const char *authorization, char *path,
+                              size_t path_cap, char *body, size_t body_cap)
+{
+    const char *name = opt->command->name;
+    char *const *args = opt->args;
+    snprintf(path, path_cap, "%s", opt->command->path);
+    if (strcmp(opt->command->path, "/api/permissions/") == 0 &&
+        (!append_segment(path, path_cap, opt->vhost ? opt->vhost : "/") ||
+         strlen(path) + 2 >= path_cap || !strcat(path, "/")))
+        goto too_long;
+    if (!append_segment(path, path_cap, args[0]))
+        goto too_long;
+    snprintf(body, body_cap, "{");
+    bool ok = true;
+    if (strcmp(name, "set-permissions") == 0) {
+        ok = append_member(body, body_cap, "configure", args[1]) &&
+             append_member(body, body_cap, "write", args[2]) &&
+             append_member(body, body_cap, "read", args[3]);
+    } else if (strcmp(name, "add-user") == 0) {
+        ok = append_member(body, body_cap, "password", args[1]) &&
+             append_member(body, body_cap, "tags", opt->tags ? opt->tags : "");
+    } else if (strcmp(name, "change-password") == 0 || strcmp(name, "set-user-tags") == 0) {
+        char tags[1024], hash[128];
+        int rc = fetch_user(opt, authorization, path, tags, sizeof tags, hash, sizeof hash);
+        if (rc != 0)
+            return rc;
+        bool password = strcmp(name, "change-password") == 0;
+        if (!password) { /* the tags are the arguments after NAME */
+            tags[0] = '\0';
+            for (int i = 1; i < opt->args_count; i++)
+                snprintf(tags + strlen(tags), sizeof tags - strlen(tags), "%s%s",
+                         i > 1 ? "," : "", args[i]);
+        }
+        ok = password ? append_member(body, body_cap, "password", args[1])
+                      : append_member(body, body_cap, "password_hash", hash) &&
+                            append_member(body, body_cap, "hashing_algorithm",
+                                          "rabbit_password_hashing_sha256");
+        ok = ok && append_member(body, body_cap, "tags", tags);
+    }
+    if (!ok || strlen(body) + 2 >= body_cap)
+        goto too_long;
+    strcat(body, "}");
+    return 0;
+too_long:
+    fprintf(stderr, "quayctl: %s: an argument is too long\n", name);
+    return EXIT_USAGE;
+}
+
+/* Where an option that takes a string goes, or NULL if a is none. */
+static const char **string_option(struct options *opt, const char *a)
+{
+    static const struct {
+        const char *name;
+        size_t offset;
+    } options[] = {
+        {"--to", offsetof(struct options, to)},
+        {"--vhost", offsetof(struct options, vhost)},
+        {"-p", offsetof(struct options, vhost)}, /* rabbitmqctl's spelling */
+        {"--backup-of", offsetof(struct options, backup_of)},
+        {"--fraction", offsetof(struct options, fraction)},
+        {"--queues", offsetof(struct options, queues)},
+        {"--tags", offsetof(struct options, tags)},
+    };
+    for (size_t i = 0; i < sizeof options / sizeof options[0]; i++) {
+        if (strcmp(a, options[i].name) == 0)
+            return (const char **)((char *)opt + options[i].offset);
+    }
+    return NULL;
+}
+
 /* Returns -1 to go on, or an exit status. */
 static int parse_options(int argc, char **argv, struct options *opt)
 {
@@ -980,12 +1165,8 @@ static int parse_options(int argc, char **argv, struct options *opt)
             return 0;
         } else if (strcmp(a, "--json") == 0) {
             opt->json = true;
-        } else if ((strcmp(a, "--to") == 0 || strcmp(a, "--vhost") == 0) && i + 1 < argc) {
-            *(strcmp(a, "--to") == 0 ? &opt->to : &opt->vhost) = argv[++i];
-        } else if (strcmp(a, "--backup-of") == 0 && i + 1 < argc) {
-            opt->backup_of = argv[++i];
-        } else if ((strcmp(a, "--fraction") == 0 || strcmp(a, "--queues") == 0) && i + 1 < argc) {
-            *(strcmp(a, "--fraction") == 0 ? &opt->fraction : &opt->queues) = argv[++i];
+        } else if (string_option(opt, a) != NULL && i + 1 < argc) {
+            *string_option(opt, a) = argv[++i];
         } else if (strcmp(a, "--user") == 0 && i + 1 < argc) {
             opt->user = argv[++i];
         } else if (strcmp(a, "--password") == 0 && i + 1 < argc) {
@@ -1300,11 +1481,24 @@ int main(int argc, char **argv)
         rc = build_rebalance(opt.args, opt.args_count, body, sizeof body);
         if (rc != 0)
             return rc;
+    } else if (is_user_command(opt.command)) {
+        rc = build_user_request(&opt, authorization, path, sizeof path, body, sizeof body);
+        if (rc != 0)
+            return rc;
+        if (strcmp(opt.command->method, "DELETE") == 0)
+            body[0] = '\0';
     } else if (opt.command->args_max > 0) {
         rc = build_request(opt.command, opt.args, opt.args_count, path, sizeof path, body,
                            sizeof body);
         if (rc != 0)
             return rc;
+    } else if (strcmp(opt.command->name, "list-permissions") == 0 && opt.vhost != NULL) {
+        snprintf(path, sizeof path, "/api/vhosts/");
+        if (!append_segment(path, sizeof path, opt.vhost) || strlen(path) + 13 >= sizeof path) {
+            fprintf(stderr, "quayctl: list-permissions: the vhost is too long\n");
+            return EXIT_USAGE;
+        }
+        strcat(path, "/permissions");
     } else {
         snprintf(path, sizeof path, "%s", opt.command->path);
     }

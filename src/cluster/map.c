@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "amqp/reply_code_gen.h"
+#include "broker/auth.h"
 #include "broker/queue_args.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
@@ -100,6 +101,9 @@ static const char *const op_names[MAP_OP_COUNT] = {
     [MAP_OP_CLUSTER_REBALANCE] = "cluster.rebalance",
     [MAP_OP_BROKER_STORAGE] = "broker.storage",
     [MAP_OP_QUEUE_TAKE_OVER] = "queue.take_over",
+    [MAP_OP_PERMISSION_PUT] = "permission.put",
+    [MAP_OP_PERMISSION_DELETE] = "permission.delete",
+    [MAP_OP_USERS_BOOTSTRAP] = "users.bootstrap",
 };
 
 const char *map_rebalance_name(enum map_rebalance mode)
@@ -409,6 +413,10 @@ static void user_lists_release(struct map_user *u)
 {
     for (uint32_t i = 0; i < u->vhosts_count; i++)
         bytes_free(&u->vhosts[i]);
+    for (uint32_t i = 0; i < 3 * u->vhosts_count; i++)
+        bytes_free(&u->permissions[i]);
+    free(u->permissions);
+    u->permissions = NULL;
     for (uint32_t i = 0; i < u->tags_count; i++)
         bytes_free(&u->tags[i]);
     free(u->vhosts);
@@ -431,6 +439,19 @@ static void user_remove(struct cluster_map *map, struct map_user *u)
     bytes_free(&u->name);
     bytes_free(&u->password_hash);
     free(u);
+}
+
+/* Removes the user's permission for vhosts[j], keeping the others' order. */
+static void user_permission_remove(struct map_user *u, uint32_t j)
+{
+    ASSERT(j < u->vhosts_count);
+    bytes_free(&u->vhosts[j]);
+    for (int k = 0; k < 3; k++)
+        bytes_free(&u->permissions[3 * j + (uint32_t)k]);
+    memmove(&u->vhosts[j], &u->vhosts[j + 1], sizeof(u->vhosts[0]) * (u->vhosts_count - j - 1));
+    memmove(&u->permissions[3 * j], &u->permissions[3 * j + 3],
+            sizeof(u->permissions[0]) * 3 * (u->vhosts_count - j - 1));
+    u->vhosts_count--;
 }
 
 /* Deletes a vhost and everything in it. Objects are collected from the
@@ -462,14 +483,11 @@ static void vhost_remove(struct cluster_map *map, struct map_vhost *v, struct ma
     /* Permissions on the vhost go with it, as in RabbitMQ. */
     for (uint32_t i = 0; i < map->users_count; i++) {
         struct map_user *u = map->users[i];
-        uint32_t kept = 0;
-        for (uint32_t j = 0; j < u->vhosts_count; j++) {
-            if (bytes_equal(u->vhosts[j], v->name))
-                bytes_free(&u->vhosts[j]);
-            else
-                u->vhosts[kept++] = u->vhosts[j];
-        }
-        u->vhosts_count = kept;
+        uint32_t j = 0;
+        while (j < u->vhosts_count && !bytes_equal(u->vhosts[j], v->name))
+            j++;
+        if (j < u->vhosts_count)
+            user_permission_remove(u, j);
     }
     hmap_remove(&map->vhost_index, v->name);
     struct map_vhost *last = map->vhosts[--map->vhosts_count];
@@ -876,6 +894,8 @@ static void add_predeclared(struct cluster_map *map, struct map_vhost *v)
     }
 }
 
+static struct map_vhost *vhost_insert(struct cluster_map *map, struct bytes name);
+
 static int op_vhost_put(struct apply_ctx *ctx)
 {
     struct bytes name = read_name(&ctx->reader, "name");
@@ -889,7 +909,19 @@ static int op_vhost_put(struct apply_ctx *ctx)
     }
     if (map->vhosts_count == CLUSTER_VHOSTS_MAX)
         return refuse(ctx, REPLY_PRECONDITION_FAILED, false, "vhost limit reached");
-    struct map_vhost *v = xcalloc(1, sizeof(*v));
+    vhost_insert(map, name);
+    ctx->change->changed = true;
+    return OK;
+}
+
+/* The vhost of that name, made (with its predeclared exchanges) if new. */
+static struct map_vhost *vhost_insert(struct cluster_map *map, struct bytes name)
+{
+    struct map_vhost *v = cluster_map_vhost(map, name);
+    if (v != NULL)
+        return v;
+    ASSERT(map->vhosts_count < CLUSTER_VHOSTS_MAX);
+    v = xcalloc(1, sizeof(*v));
     v->name = bytes_dup(name);
     hmap_init(&v->queues);
     hmap_init(&v->exchanges);
@@ -899,8 +931,7 @@ static int op_vhost_put(struct apply_ctx *ctx)
     map->vhosts[map->vhosts_count++] = v;
     hmap_put(&map->vhost_index, v->name, v);
     add_predeclared(map, v);
-    ctx->change->changed = true;
-    return OK;
+    return v;
 }
 
 static int op_vhost_delete(struct apply_ctx *ctx)
@@ -925,50 +956,159 @@ static struct bytes *dup_list(const struct bytes *src, uint32_t count)
     return out;
 }
 
-static int op_user_put(struct apply_ctx *ctx)
+/* ---- users and permissions ------------------------------------------------ */
+
+static const char *const permission_keys[3] = {"configure", "write", "read"};
+
+/* A user as user.put, a snapshot and users.bootstrap carry it. */
+struct user_fields {
+    struct bytes name, hash;
+    uint32_t tags_count, vhosts_count;
+    bool has_vhosts; /* absent in user.put from the API: permissions stay */
+    bool loopback, any_vhost;
+};
+
+/* Reads a user. With NULL arrays it only counts; with arrays (sized by a
+ * counting pass) it fills tags, vhosts and their 3 regexes each: ".*"
+ * unless the "permissions" tables ({vhost, configure, write, read}) say. */
+static void read_user(struct cmd_reader *r, struct user_fields *f, struct bytes *tags,
+                      struct bytes *vhosts, struct bytes *texts)
 {
-    struct cmd_reader *r = &ctx->reader;
-    struct bytes name = read_name(r, "name");
-    struct bytes hash = read_str(r, "password_hash", 0, CLUSTER_NAME_SIZE_MAX);
-    uint32_t vhosts_count = read_str_list(r, "vhosts", NULL);
-    uint32_t tags_count = read_str_list(r, "tags", NULL);
-    if (r->bad_key)
+    f->name = read_name(r, "name");
+    f->hash = read_str(r, "password_hash", 0, CLUSTER_NAME_SIZE_MAX);
+    f->tags_count = read_str_list(r, "tags", tags);
+    struct field_value v;
+    f->has_vhosts = table_get(r->table, "vhosts", &v);
+    f->vhosts_count = f->has_vhosts ? read_str_list(r, "vhosts", vhosts) : 0;
+    f->loopback = read_bool(r, "loopback", true);
+    f->any_vhost = read_bool(r, "any_vhost", true);
+    for (uint32_t i = 0; texts != NULL && i < 3 * f->vhosts_count; i++)
+        texts[i] = BYTES_LIT(".*");
+    if (!table_get(r->table, "permissions", &v))
+        return;
+    if (v.kind != 'A' || !f->has_vhosts) {
+        reader_fail(r, "permissions");
+        return;
+    }
+    struct array_iter it;
+    array_iter_init(&it, v.array);
+    struct field_value e;
+    while (array_iter_next(&it, &e)) {
+        if (e.kind != 'F') {
+            reader_fail(r, "permissions");
+            return;
+        }
+        struct cmd_reader pr = {e.table, NULL};
+        struct bytes vhost = read_name(&pr, "vhost");
+        struct bytes found[3];
+        for (int k = 0; k < 3; k++)
+            found[k] = read_str(&pr, permission_keys[k], 0, CLUSTER_NAME_SIZE_MAX);
+        if (pr.bad_key != NULL) {
+            reader_fail(r, "permissions");
+            return;
+        }
+        uint32_t j = 0;
+        while (vhosts != NULL && j < f->vhosts_count && !bytes_equal(vhosts[j], vhost))
+            j++;
+        if (vhosts != NULL && j == f->vhosts_count) {
+            reader_fail(r, "permissions"); /* a permission for a vhost it lacks */
+            return;
+        }
+        for (int k = 0; texts != NULL && k < 3; k++)
+            texts[3 * j + (uint32_t)k] = found[k];
+    }
+}
+
+/* regcomp is deterministic for a given text, so every broker refuses (or
+ * accepts) alike. "" (nothing) and ".*" are not compiled by the broker. */
+static int check_regexes(struct apply_ctx *ctx, const struct bytes *texts, uint32_t count)
+{
+    for (uint32_t i = 0; i < count; i++) {
+        char text[CLUSTER_NAME_SIZE_MAX + 1];
+        if (memchr(texts[i].ptr, 0, texts[i].len) != NULL)
+            return refuse(ctx, REPLY_PRECONDITION_FAILED, false, "a regex with a NUL");
+        memcpy(text, texts[i].ptr, texts[i].len);
+        text[texts[i].len] = '\0';
+        char err[200];
+        if (text[0] != '\0' && auth_regex_check(text, err, sizeof err) != 0)
+            return refuse(ctx, REPLY_PRECONDITION_FAILED, false, "%s", err);
+    }
+    return OK;
+}
+
+/* Puts one user read by r (a command, or an element of a snapshot or a
+ * bootstrap). bootstrap: the vhosts it names are created, not required.
+ * check_only: decides, changes nothing. */
+static int user_apply(struct apply_ctx *ctx, struct cmd_reader *r, bool bootstrap,
+                      bool check_only)
+{
+    struct user_fields f;
+    memset(&f, 0, sizeof f);
+    read_user(r, &f, NULL, NULL, NULL);
+    if (r->bad_key) {
+        ctx->reader.bad_key = r->bad_key;
         return malformed(ctx);
-    struct bytes *vhosts = xcalloc(vhosts_count, sizeof(struct bytes));
-    struct bytes *tags = xcalloc(tags_count, sizeof(struct bytes));
-    read_str_list(r, "vhosts", vhosts);
-    read_str_list(r, "tags", tags);
+    }
+    struct bytes *tags = xcalloc(f.tags_count, sizeof(struct bytes));
+    struct bytes *vhosts = xcalloc(f.vhosts_count, sizeof(struct bytes));
+    struct bytes *texts = xcalloc(3 * (size_t)f.vhosts_count, sizeof(struct bytes));
+    read_user(r, &f, tags, vhosts, texts);
     int rc = OK;
-    for (uint32_t i = 0; i < vhosts_count && rc == OK; i++)
+    if (r->bad_key) {
+        ctx->reader.bad_key = r->bad_key;
+        rc = malformed(ctx);
+    }
+    for (uint32_t i = 0; i < f.vhosts_count && rc == OK && !bootstrap; i++)
         need_vhost(ctx, vhosts[i], &rc);
+    if (rc == OK)
+        rc = check_regexes(ctx, texts, 3 * f.vhosts_count);
     struct cluster_map *map = ctx->map;
-    struct map_user *u = cluster_map_user(map, name);
+    struct map_user *u = cluster_map_user(map, f.name);
     if (rc == OK && u && ctx->restoring)
         rc = refuse(ctx, REPLY_PRECONDITION_FAILED, false, "user twice");
     if (rc == OK && !u && map->users_count == CLUSTER_USERS_MAX)
         rc = refuse(ctx, REPLY_PRECONDITION_FAILED, false, "user limit reached");
-    if (rc == OK) {
-        if (u) {
-            user_lists_release(u);
+    if (rc == OK && !check_only) {
+        for (uint32_t i = 0; i < f.vhosts_count && bootstrap; i++)
+            vhost_insert(map, vhosts[i]);
+        if (u && f.has_vhosts) {
+            user_lists_release(u); /* tags, vhosts, permissions */
+            bytes_free(&u->password_hash);
+        } else if (u) { /* its permissions stay */
+            for (uint32_t i = 0; i < u->tags_count; i++)
+                bytes_free(&u->tags[i]);
+            free(u->tags);
             bytes_free(&u->password_hash);
         } else {
             u = xcalloc(1, sizeof(*u));
-            u->name = bytes_dup(name);
+            u->name = bytes_dup(f.name);
             ptr_array_reserve((void ***)&map->users, map->users_count, &map->users_cap);
             u->index = map->users_count;
             map->users[map->users_count++] = u;
             hmap_put(&map->user_index, u->name, u);
         }
-        u->password_hash = bytes_dup(hash);
-        u->vhosts = dup_list(vhosts, vhosts_count);
-        u->vhosts_count = vhosts_count;
-        u->tags = dup_list(tags, tags_count);
-        u->tags_count = tags_count;
+        u->password_hash = bytes_dup(f.hash);
+        u->tags = dup_list(tags, f.tags_count);
+        u->tags_count = f.tags_count;
+        if (f.has_vhosts) { /* a whole user: a snapshot's, a bootstrap's */
+            u->vhosts = dup_list(vhosts, f.vhosts_count);
+            u->permissions = dup_list(texts, 3 * f.vhosts_count);
+            u->vhosts_count = f.vhosts_count;
+            u->loopback = f.loopback;
+            u->any_vhost = f.any_vhost;
+        }
+        map->users_defined = true;
         ctx->change->changed = true;
     }
-    free(vhosts);
     free(tags);
+    free(vhosts);
+    free(texts);
     return rc;
+}
+
+static int op_user_put(struct apply_ctx *ctx)
+{
+    return user_apply(ctx, &ctx->reader, false, false);
 }
 
 static int op_user_delete(struct apply_ctx *ctx)
@@ -980,6 +1120,109 @@ static int op_user_delete(struct apply_ctx *ctx)
     if (u == NULL)
         return refuse(ctx, REPLY_NOT_FOUND, false, "no user '%.*s'", NAME_ARG(name));
     user_remove(ctx->map, u);
+    ctx->map->users_defined = true;
+    ctx->change->changed = true;
+    return OK;
+}
+
+static int op_permission_put(struct apply_ctx *ctx)
+{
+    struct cmd_reader *r = &ctx->reader;
+    struct bytes user = read_name(r, "user");
+    struct bytes vhost = read_name(r, "vhost");
+    struct bytes texts[3];
+    for (int k = 0; k < 3; k++)
+        texts[k] = read_str(r, permission_keys[k], 0, CLUSTER_NAME_SIZE_MAX);
+    if (r->bad_key)
+        return malformed(ctx);
+    struct map_user *u = cluster_map_user(ctx->map, user);
+    if (u == NULL)
+        return refuse(ctx, REPLY_NOT_FOUND, false, "no user '%.*s'", NAME_ARG(user));
+    int rc;
+    if (need_vhost(ctx, vhost, &rc) == NULL)
+        return rc;
+    if ((rc = check_regexes(ctx, texts, 3)) != OK)
+        return rc;
+    ctx->map->users_defined = true;
+    uint32_t j = 0;
+    while (j < u->vhosts_count && !bytes_equal(u->vhosts[j], vhost))
+        j++;
+    if (j == u->vhosts_count) {
+        u->vhosts = realloc(u->vhosts, sizeof(u->vhosts[0]) * (j + 1));
+        u->permissions = realloc(u->permissions, sizeof(u->permissions[0]) * 3 * (j + 1));
+        ASSERT(u->vhosts != NULL && u->permissions != NULL);
+        u->vhosts[j] = bytes_dup(vhost);
+        for (int k = 0; k < 3; k++)
+            u->permissions[3 * j + (uint32_t)k] = bytes_dup(texts[k]);
+        u->vhosts_count++;
+        ctx->change->changed = true;
+        return OK;
+    }
+    for (int k = 0; k < 3; k++) {
+        struct bytes *old = &u->permissions[3 * j + (uint32_t)k];
+        if (!bytes_equal(*old, texts[k])) {
+            bytes_free(old);
+            *old = bytes_dup(texts[k]);
+            ctx->change->changed = true;
+        }
+    }
+    return OK;
+}
+
+static int op_permission_delete(struct apply_ctx *ctx)
+{
+    struct bytes user = read_name(&ctx->reader, "user");
+    struct bytes vhost = read_name(&ctx->reader, "vhost");
+    if (ctx->reader.bad_key)
+        return malformed(ctx);
+    struct map_user *u = cluster_map_user(ctx->map, user);
+    uint32_t j = 0;
+    while (u != NULL && j < u->vhosts_count && !bytes_equal(u->vhosts[j], vhost))
+        j++;
+    if (u == NULL || j == u->vhosts_count)
+        return refuse(ctx, REPLY_NOT_FOUND, false, "no permission for user '%.*s' in vhost "
+                      "'%.*s'", NAME_ARG(user), NAME_ARG(vhost));
+    user_permission_remove(u, j);
+    ctx->map->users_defined = true;
+    ctx->change->changed = true;
+    return OK;
+}
+
+/* users.bootstrap {users: [..]}: all or nothing, checked first. */
+static int op_users_bootstrap(struct apply_ctx *ctx)
+{
+    struct field_value v;
+    if (!table_get(ctx->reader.table, "users", &v) || v.kind != 'A') {
+        reader_fail(&ctx->reader, "users");
+        return malformed(ctx);
+    }
+    if (ctx->map->users_defined)
+        return refuse(ctx, REPLY_PRECONDITION_FAILED, false, "users are already defined");
+    for (int pass = 0; pass < 2; pass++) {
+        struct array_iter it;
+        array_iter_init(&it, v.array);
+        struct field_value e;
+        uint32_t count = 0;
+        uint64_t vhosts_named = 0; /* an upper bound of the vhosts it creates */
+        while (array_iter_next(&it, &e)) {
+            if (e.kind != 'F' || ++count > CLUSTER_USERS_MAX) {
+                reader_fail(&ctx->reader, "users");
+                return malformed(ctx);
+            }
+            struct cmd_reader r = {e.table, NULL};
+            struct user_fields f;
+            read_user(&r, &f, NULL, NULL, NULL);
+            vhosts_named += f.vhosts_count;
+            r.bad_key = NULL;
+            int rc = user_apply(ctx, &r, true, pass == 0);
+            ASSERT(pass == 0 || rc == OK);
+            if (rc != OK)
+                return rc;
+        }
+        if (pass == 0 && ctx->map->vhosts_count + vhosts_named > CLUSTER_VHOSTS_MAX)
+            return refuse(ctx, REPLY_PRECONDITION_FAILED, false, "vhost limit reached");
+    }
+    ctx->map->users_defined = true;
     ctx->change->changed = true;
     return OK;
 }
@@ -1813,6 +2056,9 @@ static int dispatch(struct apply_ctx *ctx)
     case MAP_OP_CLUSTER_REBALANCE: return op_cluster_rebalance(ctx);
     case MAP_OP_BROKER_STORAGE: return op_broker_storage(ctx);
     case MAP_OP_QUEUE_TAKE_OVER: return op_queue_take_over(ctx);
+    case MAP_OP_PERMISSION_PUT: return op_permission_put(ctx);
+    case MAP_OP_PERMISSION_DELETE: return op_permission_delete(ctx);
+    case MAP_OP_USERS_BOOTSTRAP: return op_users_bootstrap(ctx);
     case MAP_OP_NONE:
     case MAP_OP_COUNT: break;
     }
@@ -2069,7 +2315,28 @@ struct user_args {
     struct bytes name, hash;
     const struct bytes *vhosts, *tags;
     uint32_t vhosts_count, tags_count;
+    bool has_vhosts;             /* writes "vhosts" (user.set does not) */
+    const struct map_user *user; /* a snapshot's or bootstrap's: its permissions too */
 };
+
+static void encode_user_extras(struct table_writer *w, const struct map_user *u)
+{
+    if (u->vhosts_count > 0) {
+        size_t a = table_put_array_begin(w, "permissions");
+        for (uint32_t i = 0; i < u->vhosts_count; i++) {
+            size_t t = table_array_put_table_begin(w);
+            table_put_longstr(w, "vhost", u->vhosts[i]);
+            for (int k = 0; k < 3; k++)
+                table_put_longstr(w, permission_keys[k], u->permissions[3 * i + (uint32_t)k]);
+            table_put_table_end(w, t);
+        }
+        table_put_array_end(w, a);
+    }
+    if (u->loopback)
+        table_put_bool(w, "loopback", true);
+    if (u->any_vhost)
+        table_put_bool(w, "any_vhost", true);
+}
 
 static void encode_user(struct table_writer *w, const void *arg)
 {
@@ -2078,15 +2345,36 @@ static void encode_user(struct table_writer *w, const void *arg)
         put_op(w, MAP_OP_USER_PUT);
     table_put_longstr(w, "name", a->name);
     table_put_longstr(w, "password_hash", a->hash);
-    put_str_list(w, "vhosts", a->vhosts, a->vhosts_count);
+    if (a->has_vhosts)
+        put_str_list(w, "vhosts", a->vhosts, a->vhosts_count);
     put_str_list(w, "tags", a->tags, a->tags_count);
+    if (a->user != NULL)
+        encode_user_extras(w, a->user);
+}
+
+/* One map user as a snapshot (or a bootstrap) writes it. */
+static void encode_map_user(struct table_writer *w, const struct map_user *u)
+{
+    struct user_args ua = {false, u->name, u->password_hash, u->vhosts, u->tags,
+                           u->vhosts_count, u->tags_count, true, u};
+    size_t t = table_array_put_table_begin(w);
+    encode_user(w, &ua);
+    table_put_table_end(w, t);
 }
 
 int map_cmd_user_put(struct map_cmd *out, struct bytes name, struct bytes password_hash,
                      const struct bytes *vhosts, uint32_t vhosts_count,
                      const struct bytes *tags, uint32_t tags_count)
 {
-    struct user_args a = {true, name, password_hash, vhosts, tags, vhosts_count, tags_count};
+    struct user_args a = {true, name, password_hash, vhosts, tags, vhosts_count, tags_count,
+                          true, NULL};
+    return build(out, encode_user, &a);
+}
+
+int map_cmd_user_set(struct map_cmd *out, struct bytes name, struct bytes password_hash,
+                     const struct bytes *tags, uint32_t tags_count)
+{
+    struct user_args a = {true, name, password_hash, NULL, tags, 0, tags_count, false, NULL};
     return build(out, encode_user, &a);
 }
 
@@ -2094,6 +2382,57 @@ int map_cmd_user_delete(struct map_cmd *out, struct bytes name)
 {
     struct simple_cmd s = {.op = MAP_OP_USER_DELETE, .name = name};
     return build(out, encode_simple, &s);
+}
+
+struct permission_args {
+    bool put;
+    struct bytes user, vhost;
+    const struct bytes *regexes;
+};
+
+static void encode_permission(struct table_writer *w, const void *arg)
+{
+    const struct permission_args *a = arg;
+    put_op(w, a->put ? MAP_OP_PERMISSION_PUT : MAP_OP_PERMISSION_DELETE);
+    table_put_longstr(w, "user", a->user);
+    table_put_longstr(w, "vhost", a->vhost);
+    for (int k = 0; a->put && k < 3; k++)
+        table_put_longstr(w, permission_keys[k], a->regexes[k]);
+}
+
+int map_cmd_permission_put(struct map_cmd *out, struct bytes user, struct bytes vhost,
+                           const struct bytes regexes[3])
+{
+    struct permission_args a = {true, user, vhost, regexes};
+    return build(out, encode_permission, &a);
+}
+
+int map_cmd_permission_delete(struct map_cmd *out, struct bytes user, struct bytes vhost)
+{
+    struct permission_args a = {false, user, vhost, NULL};
+    return build(out, encode_permission, &a);
+}
+
+struct bootstrap_args {
+    const struct map_user *const *users;
+    uint32_t count;
+};
+
+static void encode_bootstrap(struct table_writer *w, const void *arg)
+{
+    const struct bootstrap_args *a = arg;
+    put_op(w, MAP_OP_USERS_BOOTSTRAP);
+    size_t mark = table_put_array_begin(w, "users");
+    for (uint32_t i = 0; i < a->count; i++)
+        encode_map_user(w, a->users[i]);
+    table_put_array_end(w, mark);
+}
+
+int map_cmd_users_bootstrap(struct map_cmd *out, const struct map_user *const *users,
+                            uint32_t count)
+{
+    struct bootstrap_args a = {users, count};
+    return build(out, encode_bootstrap, &a);
 }
 
 struct exchange_args {
@@ -2430,14 +2769,8 @@ static void encode_snapshot_objects(struct table_writer *w, const struct cluster
         table_array_put_longstr(w, map->vhosts[i]->name);
     table_put_array_end(w, a);
     a = table_put_array_begin(w, "users");
-    for (uint32_t i = 0; i < map->users_count; i++) {
-        const struct map_user *u = map->users[i];
-        struct user_args ua = {false,         u->name, u->password_hash, u->vhosts,
-                               u->tags,       u->vhosts_count, u->tags_count};
-        size_t t = table_array_put_table_begin(w);
-        encode_user(w, &ua);
-        table_put_table_end(w, t);
-    }
+    for (uint32_t i = 0; i < map->users_count; i++)
+        encode_map_user(w, map->users[i]);
     table_put_array_end(w, a);
 }
 
@@ -2509,6 +2842,8 @@ int cluster_map_snapshot_write(const struct cluster_map *map, uint8_t *buf, size
     table_put_int(&w, "brokers_version", (int64_t)map->brokers_version);
     if (map->rebalance != MAP_REBALANCE_UNSET)
         table_put_longstr(&w, "rebalance", bytes_of_cstr(map_rebalance_name(map->rebalance)));
+    if (map->users_defined)
+        table_put_bool(&w, "users_defined", true);
     encode_snapshot_objects(&w, map);
     encode_snapshot_policies(&w, map);
     encode_snapshot_exchanges(&w, map);
@@ -2616,6 +2951,8 @@ int cluster_map_snapshot_read(struct cluster_map *map, const uint8_t *buf, size_
     fresh.version = version;
     fresh.brokers_version = brokers_version;
     fresh.rebalance = rebalance;
+    /* Restoring its users set it; a map whose users were all deleted says so. */
+    fresh.users_defined = fresh.users_count > 0 || read_bool(&r, "users_defined", true);
     /* The policies may differ from what the controller last applied. */
     fresh.policies_generation = map->policies_generation + 1;
     ASSERT(cluster_map_verify(&fresh));
@@ -2744,6 +3081,9 @@ size_t cluster_map_memory_size(const struct cluster_map *map)
              heap(u->tags_count * sizeof(struct bytes));
         for (uint32_t j = 0; j < u->vhosts_count; j++)
             n += heap(u->vhosts[j].len);
+        n += heap(3 * (size_t)u->vhosts_count * sizeof(struct bytes));
+        for (uint32_t j = 0; j < 3 * u->vhosts_count; j++)
+            n += heap(u->permissions[j].len);
         for (uint32_t j = 0; j < u->tags_count; j++)
             n += heap(u->tags[j].len);
     }

@@ -103,11 +103,16 @@ struct map_vhost {
 /* Owned by the map. */
 struct map_user {
     struct bytes name;
-    struct bytes password_hash;
-    struct bytes *vhosts; /* owned array of owned names: where it may log in */
+    struct bytes password_hash; /* RabbitMQ's base64 of salt || sha256 */
+    struct bytes *vhosts; /* owned array of owned names: where it has a permission */
     uint32_t vhosts_count;
+    /* Owned, 3 per vhost (configure, write, read), regexes as given ("" =
+     * nothing): vhosts[i]'s are permissions[3 * i ..]. */
+    struct bytes *permissions;
     struct bytes *tags; /* owned array of owned strings ("administrator", ...) */
     uint32_t tags_count;
+    bool loopback;  /* may only log in from a loopback peer */
+    bool any_vhost; /* a users file's "*": every vhost, full access where no permission */
     uint32_t index; /* in map->users */
 };
 
@@ -220,6 +225,9 @@ struct cluster_map {
     struct hmap vhost_index; /* name -> struct map_vhost */
     struct map_user **users;
     uint32_t users_count, users_cap;
+    /* The map has had users (a bootstrap or any change): from then on
+     * they are the cluster's, and no users file is read for them. */
+    bool users_defined;
     struct hmap user_index; /* name -> struct map_user */
     struct map_exchange **exchanges;
     uint32_t exchanges_count, exchanges_cap;
@@ -304,6 +312,9 @@ enum map_op {
     MAP_OP_CLUSTER_REBALANCE,
     MAP_OP_BROKER_STORAGE,
     MAP_OP_QUEUE_TAKE_OVER,
+    MAP_OP_PERMISSION_PUT,
+    MAP_OP_PERMISSION_DELETE,
+    MAP_OP_USERS_BOOTSTRAP,
     MAP_OP_COUNT
 };
 
@@ -430,6 +441,22 @@ int map_cmd_user_put(struct map_cmd *out, struct bytes name, struct bytes passwo
                      const struct bytes *vhosts, uint32_t vhosts_count,
                      const struct bytes *tags, uint32_t tags_count);
 int map_cmd_user_delete(struct map_cmd *out, struct bytes name);
+/* user.put without "vhosts": a new user has no permission, an existing one
+ * keeps its permissions (RabbitMQ's PUT /api/users/{name}). */
+int map_cmd_user_set(struct map_cmd *out, struct bytes name, struct bytes password_hash,
+                     const struct bytes *tags, uint32_t tags_count);
+/* permission.put: the user's three regexes for vhost (both must exist: 404;
+ * a regex that does not compile: 406). permission.delete: 404 if none. */
+int map_cmd_permission_put(struct map_cmd *out, struct bytes user, struct bytes vhost,
+                           const struct bytes regexes[3]);
+int map_cmd_permission_delete(struct map_cmd *out, struct bytes user, struct bytes vhost);
+/* users.bootstrap: a broker's users file, for a map that has never had
+ * users (users_defined false; otherwise refused with 406, which is no
+ * error: another broker's file came first). Every user is put with its
+ * permissions, and the vhosts they name are created. users are tables as
+ * a snapshot's (the users array of cluster_map_snapshot_write). */
+int map_cmd_users_bootstrap(struct map_cmd *out, const struct map_user *const *users,
+                            uint32_t count);
 int map_cmd_exchange_declare(struct map_cmd *out, const struct map_exchange_decl *decl);
 int map_cmd_exchange_delete(struct map_cmd *out, struct bytes vhost, struct bytes name,
                             bool if_unused);

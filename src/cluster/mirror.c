@@ -14,6 +14,7 @@
 #include "broker/durable.h"
 #include "broker/exchange.h"
 #include "broker/queue.h"
+#include "broker/users.h"
 #include "broker/vhost.h"
 #include "cluster/events.h"
 #include "cluster/handover.h"
@@ -387,6 +388,17 @@ void mirror_change(struct member *member, const struct map_change *c)
     }
 }
 
+/* users.bootstrap made the vhosts its users name (no vhost.put of their
+ * own) and the users. */
+static void mirror_bootstrap(struct member *member, const struct map_change *c)
+{
+    if (!c->changed)
+        return;
+    for (uint32_t i = 0; i < member_map(member)->vhosts_count; i++)
+        vhost_for(member, member_map(member)->vhosts[i]->name);
+    mirror_users(member);
+}
+
 static void mirror_apply(struct member *member, const struct map_change *c)
 {
     switch (c->op) {
@@ -442,12 +454,26 @@ static void mirror_apply(struct member *member, const struct map_change *c)
     case MAP_OP_POLICY_DELETE:
         return; /* read from the map where used (placement, the controller, the API) */
     case MAP_OP_VHOST_DELETE:
+        /* A restart's replay is history: a vhost of that name may exist
+         * again at present (mirror_all decides once synced). */
+        if (c->changed && cluster_node_synced(member->node))
+            users_vhost_delete(member->broker, c->name);
+        mirror_users(member); /* its permissions went with it */
+        return;
+    case MAP_OP_USERS_BOOTSTRAP:
+        mirror_bootstrap(member, c);
+        return;
     case MAP_OP_USER_PUT:
     case MAP_OP_USER_DELETE:
+    case MAP_OP_PERMISSION_PUT:
+    case MAP_OP_PERMISSION_DELETE:
+        if (c->changed)
+            mirror_users(member);
+        return;
     case MAP_OP_SYNC:
     case MAP_OP_NONE:
     case MAP_OP_COUNT:
-        return; /* vhosts and users come from each broker's users file */
+        return;
     }
 }
 
@@ -523,6 +549,19 @@ void mirror_all(struct member *member, bool drop_strays_too)
     for (uint32_t i = 0; i < map->queues_count; i++)
         ensure_queue(member, map->queues[i], false);
     struct hmap_entry *e;
+    /* Once the map has users its vhosts are the cluster's: a local one it
+     * lacks was deleted while we were away. Before, ours join it. */
+    bool map_decides = map->users_defined && drop_strays_too;
+    for (bool again = true; again;) {
+        again = false;
+        for (uint32_t i = 0; !again && hmap_next(&member->broker->vhosts, &i, &e);) {
+            struct vhost *vhost = e->value;
+            if (map_decides && !cluster_map_vhost(map, vhost->name)) {
+                users_vhost_delete(member->broker, vhost->name);
+                again = true; /* the table changed under the walk */
+            }
+        }
+    }
     for (uint32_t i = 0; hmap_next(&member->broker->vhosts, &i, &e);) {
         struct vhost *vhost = e->value;
         events_ensure_exchange(vhost);
@@ -532,4 +571,7 @@ void mirror_all(struct member *member, bool drop_strays_too)
         if (!cluster_map_vhost(map, vhost->name))
             member__publish_vhost(member, vhost->name);
     }
+    mirror_users(member);
+    if (drop_strays_too)
+        mirror_users_bootstrap(member);
 }

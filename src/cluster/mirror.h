@@ -24,5 +24,9 @@ void mirror_change(struct member *member, const struct map_change *change);
 /* drop_strays: also delete local objects the map does not have (only
  * once caught up: before that, the map may not have them *yet*). */
 void mirror_all(struct member *member, bool drop_strays);
+/* The broker's users table becomes the map's, once the map has users
+ * (mirror_users.c); before that, mirror_users_bootstrap proposes ours. */
+void mirror_users(struct member *member);
+void mirror_users_bootstrap(struct member *member);
 
 #endif

@@ -34,6 +34,7 @@
 #include "mgmt/api_policies.h"
 #include "mgmt/api_queues.h"
 #include "mgmt/api_rabbit.h"
+#include "mgmt/api_users.h"
 #include "mgmt/http.h"
 #include "mgmt/http_guard.h"
 #include "mgmt/json.h"
@@ -298,6 +299,7 @@ int mgmt_api_start(struct broker *broker, const char *address)
                            MGMT_ACCESS_MANAGEMENT);
     api_rabbit_register(&api->http, broker); /* RabbitMQ's resources (api_rabbit.h) */
     api_policies_register(&api->http, broker);
+    api_users_register(&api->http, broker);
     metrics_register(&api->http, broker);
     int rc = http_server_open(&api->http, &broker->net, address);
     if (rc != 0) {

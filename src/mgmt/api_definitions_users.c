@@ -42,7 +42,7 @@ static void write_permission(struct json *out, const struct auth_user *u, struct
     json_key(out, "vhost");
     json_string_n(out, vhost.ptr, vhost.len);
     for (int k = 0; k < AUTH_PERMISSION_KIND_COUNT; k++)
-        json_kv_string(out, kinds[k], p != NULL ? p->patterns[k] : ".*");
+        json_kv_string(out, kinds[k], p != NULL ? p->texts[k] : ".*");
     json_object_end(out);
 }
 
@@ -52,7 +52,7 @@ void api_definitions_write_users(struct json *out, struct broker *broker)
     json_key(out, "users");
     json_array_begin(out);
     for (size_t i = 0; i < auth->users_count; i++) {
-        const struct auth_user *u = &auth->users[i];
+        const struct auth_user *u = auth->users[i];
         if (u->internal)
             continue;
         char hash[64];
@@ -88,7 +88,7 @@ void api_definitions_write_users(struct json *out, struct broker *broker)
     json_key(out, "permissions");
     json_array_begin(out);
     for (size_t i = 0; i < auth->users_count; i++) {
-        const struct auth_user *u = &auth->users[i];
+        const struct auth_user *u = auth->users[i];
         for (uint32_t j = 0; !u->internal && hmap_next(&broker->vhosts, &j, &v);) {
             const struct vhost *vhost = v->value;
             if (auth_user_may_open(u, vhost->name))
@@ -181,7 +181,7 @@ static bool check_permission(struct broker *broker, const struct json_tree *tree
     const struct auth_permission *p = auth_user_permission(u, bytes_of_cstr(vhost));
     for (int k = 0; k < AUTH_PERMISSION_KIND_COUNT; k++) {
         const char *want = string_of(tree, item, kinds[k]);
-        const char *have = p != NULL ? p->patterns[k] : ".*";
+        const char *have = p != NULL ? p->texts[k] : ".*";
         if (want == NULL || strcmp(want, have) != 0) {
             snprintf(err, err_size, "permissions: user '%.64s' on vhost '%.64s' has %s '%.64s' "
                                     "here; quay cannot change it from definitions yet",

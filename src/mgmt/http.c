@@ -440,6 +440,19 @@ void http_call_answer_error(struct http_call *call, int status, const char *reas
     answer_error(hc, status, reason, "");
 }
 
+const char *http_call_peer(const struct http_call *call)
+{
+    return ((const struct http_conn *)call)->conn.peer_name;
+}
+
+void http_call_answer_error_as(struct http_call *call, int status, const char *error,
+                               const char *reason)
+{
+    struct http_conn *hc = (struct http_conn *)call;
+    ASSERT(hc->state == HTTP_CONN_STATE_WAITING);
+    answer_error_as(hc, status, error, reason, "");
+}
+
 void http_call_answer_refusal(struct http_call *call, const struct http_refusal *refusal)
 {
     struct http_conn *hc = (struct http_conn *)call;

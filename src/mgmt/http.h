@@ -221,6 +221,12 @@ void http_call_answer(struct http_call *call, int status, struct json *body);
 void http_call_answer_empty(struct http_call *call, int status);
 /* RabbitMQ's error shape: {"error": status text, "reason": reason}. */
 void http_call_answer_error(struct http_call *call, int status, const char *reason);
+/* The client's address ("ADDR:PORT"), for logs. */
+const char *http_call_peer(const struct http_call *call);
+/* {"error": error, "reason": reason}: RabbitMQ's words ("bad_request",
+ * "Object Not Found") rather than the status text. */
+void http_call_answer_error_as(struct http_call *call, int status, const char *error,
+                               const char *reason);
 /* Refuses a call the route's own checks do not let through. */
 void http_call_answer_refusal(struct http_call *call, const struct http_refusal *refusal);
 /* For a call answered later: fn(arg) runs if it cannot be answered. */

@@ -164,6 +164,39 @@ static bool read_integer(struct reader *r, int64_t *out)
     return true;
 }
 
+/* ["a", "b"] as "a,b" in m->string. */
+static bool read_string_list(struct reader *r, struct json_read_member *m)
+{
+    r->p++; /* '[' */
+    size_t n = 0;
+    skip_space(r);
+    while (r->p < r->end && *r->p != ']') {
+        if (n > 0 && *r->p++ != ',')
+            return fail(r, "',' or ']' expected");
+        skip_space(r);
+        char one[JSON_READ_STRING_SIZE];
+        size_t size;
+        if (!read_string(r, one, sizeof one, &size))
+            return false;
+        if (memchr(one, ',', size) != NULL)
+            return fail(r, "a list element with ','");
+        if ((n > 0) + n + size >= sizeof m->string)
+            return fail(r, "list too long");
+        if (n > 0)
+            m->string[n++] = ',';
+        memcpy(m->string + n, one, size);
+        n += size;
+        skip_space(r);
+    }
+    if (r->p == r->end)
+        return fail(r, "unterminated array");
+    r->p++;
+    m->string[n] = '\0';
+    m->string_size = n;
+    m->kind = JSON_READ_STRING_LIST;
+    return true;
+}
+
 static bool read_value(struct reader *r, struct json_read_member *m)
 {
     if (r->p == r->end)
@@ -180,9 +213,10 @@ static bool read_value(struct reader *r, struct json_read_member *m)
     case 'n':
         m->kind = JSON_READ_NULL;
         return read_literal(r, "null");
-    case '{':
     case '[':
-        return fail(r, "nested objects and arrays are not accepted here");
+        return read_string_list(r, m);
+    case '{':
+        return fail(r, "nested objects are not accepted here");
     default:
         m->kind = JSON_READ_INT;
         return read_integer(r, &m->integer);

@@ -4,8 +4,10 @@
  * member by member.
  *
  * Strings are unescaped to UTF-8 (\uXXXX and surrogate pairs included);
- * numbers must be integers; nested objects and arrays are refused, since no
- * request body of ours has them. The input is untrusted: every failure is
+ * numbers must be integers; an array of strings (RabbitMQ 3.10's "tags")
+ * comes joined with ',' (an element holding a ',' is refused); nested
+ * objects and other arrays are refused, since no request body of ours has
+ * them. The input is untrusted: every failure is
  * an error text, never a crash, and nothing is read past size.
  *
  * Memory: none allocated; strings land in the caller's member buffers.
@@ -25,6 +27,7 @@ enum json_read_kind {
     JSON_READ_INT,
     JSON_READ_BOOL,
     JSON_READ_NULL,
+    JSON_READ_STRING_LIST, /* string: the elements joined with ',' */
 };
 
 /* One member, valid during the callback. */

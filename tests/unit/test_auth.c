@@ -53,8 +53,8 @@ static int load(struct auth *auth, const char *format, char *err, size_t err_siz
 static const struct auth_user *user_named(const struct auth *auth, const char *name)
 {
     for (size_t i = 0; i < auth->users_count; i++) {
-        if (strcmp(auth->users[i].name, name) == 0)
-            return &auth->users[i];
+        if (strcmp(auth->users[i]->name, name) == 0)
+            return auth->users[i];
     }
     fail_msg("no user %s", name);
     return NULL;
@@ -83,7 +83,9 @@ static void test_users_file_tags(void **state)
     const struct auth_user *both = user_named(&auth, "both");
     assert_int_equal(both->tags, AUTH_TAG_MONITORING | AUTH_TAG_POLICYMAKER);
     assert_true(both->loopback_only);
-    assert_string_equal(both->vhosts, "/,x");
+    assert_true(auth_user_may_open(both, bytes_of_cstr("/")));
+    assert_true(auth_user_may_open(both, bytes_of_cstr("x")));
+    assert_false(auth_user_may_open(both, bytes_of_cstr("y")));
     assert_int_equal(user_named(&auth, "mgmt")->tags, AUTH_TAG_MANAGEMENT);
     assert_true(user_named(&auth, "mgmt")->loopback_only);
     assert_int_equal(user_named(&auth, "none")->tags, 0);
@@ -255,6 +257,76 @@ static void test_permissions_refused(void **state)
     }
 }
 
+/* Changes while running: a put changes the user in place (a connection's
+ * reference sees it), a delete leaves the user alive until its last
+ * reference goes, permissions are put, replaced and removed, a bad regex
+ * changes nothing, and RabbitMQ's hash format decodes only when it is one. */
+static void test_runtime_changes(void **state)
+{
+    (void)state;
+    struct auth auth;
+    auth_init(&auth);
+    unsigned char raw[AUTH_HASH_SIZE];
+    auth_hash_new(bytes_of_cstr("pw"), raw);
+    bool created;
+    struct auth_user *u = auth_user_put(&auth, bytes_of_cstr("ann"), raw, 0, &created);
+    assert_true(created);
+    const struct auth_user *held = auth_check(&auth, bytes_of_cstr("ann"), bytes_of_cstr("pw"),
+                                              true);
+    assert_ptr_equal(held, u);
+    auth_user_ref(held); /* as a connection does */
+    assert_ptr_equal(auth_user_put(&auth, bytes_of_cstr("ann"), raw, AUTH_TAG_MANAGEMENT,
+                                   &created), u);
+    assert_false(created);
+    assert_true(auth_user_has_tag(held, AUTH_TAG_MANAGEMENT));
+    const char *texts[] = {"^a-", "", ".*"};
+    char err[256];
+    assert_int_equal(auth_permission_put(u, bytes_of_cstr("v"), texts, err, sizeof err), 1);
+    assert_true(auth_user_may_open(held, bytes_of_cstr("v")));
+    assert_true(auth_user_allows(held, bytes_of_cstr("v"), AUTH_PERMISSION_CONFIGURE,
+                                 bytes_of_cstr("a-1")));
+    assert_false(auth_user_allows(held, bytes_of_cstr("v"), AUTH_PERMISSION_CONFIGURE,
+                                  bytes_of_cstr("b")));
+    assert_false(auth_user_allows(held, bytes_of_cstr("v"), AUTH_PERMISSION_WRITE,
+                                  bytes_of_cstr("a-1")));
+    const char *bad[] = {"(", ".*", ".*"};
+    assert_int_equal(auth_permission_put(u, bytes_of_cstr("v"), bad, err, sizeof err), -1);
+    assert_non_null(strstr(err, "bad configure regex"));
+    assert_string_equal(auth_user_permission(u, bytes_of_cstr("v"))->texts[0], "^a-");
+    const char *all[] = {".*", ".*", ".*"};
+    assert_int_equal(auth_permission_put(u, bytes_of_cstr("v"), all, err, sizeof err), 0);
+    assert_true(auth_user_allows(held, bytes_of_cstr("v"), AUTH_PERMISSION_WRITE,
+                                 bytes_of_cstr("x")));
+    /* No permission: nothing, on a vhost it has open too (cleared). */
+    assert_true(auth_permission_delete(u, bytes_of_cstr("v")));
+    assert_false(auth_permission_delete(u, bytes_of_cstr("v")));
+    assert_false(auth_user_allows(held, bytes_of_cstr("v"), AUTH_PERMISSION_READ,
+                                  bytes_of_cstr("x")));
+    assert_false(auth_user_may_open(held, bytes_of_cstr("v")));
+    /* Deleted: out of the table, no login, alive while referenced. */
+    assert_true(auth_user_delete(&auth, bytes_of_cstr("ann")));
+    assert_false(auth_user_delete(&auth, bytes_of_cstr("ann")));
+    assert_null(auth_find_user(&auth, bytes_of_cstr("ann")));
+    assert_null(auth_check(&auth, bytes_of_cstr("ann"), bytes_of_cstr("pw"), true));
+    assert_true(held->deleted);
+    assert_string_equal(held->name, "ann");
+    auth_user_unref(held); /* freed here: ASan would see a leak or a double free */
+    /* RabbitMQ's format: base64 of 36 bytes, nothing else. */
+    unsigned char out[AUTH_HASH_SIZE];
+    assert_int_equal(auth_hash_decode("rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RND", 48,
+                                      out), 0);
+    assert_int_equal(auth_hash_decode("xx", 2, out), -1);
+    assert_int_equal(auth_hash_decode("rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RN!", 48,
+                                      out), -1);
+    bool c2;
+    struct auth_user *r = auth_user_put(&auth, bytes_of_cstr("r"), out, 0, &c2);
+    char back[AUTH_HASH_BASE64_SIZE + 1];
+    auth_user_hash_base64(r, back);
+    assert_string_equal(back, "rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RND");
+    assert_non_null(auth_check(&auth, bytes_of_cstr("r"), bytes_of_cstr("pw2"), false));
+    auth_free(&auth);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -265,6 +337,7 @@ int main(void)
         cmocka_unit_test(test_tag_inclusion),
         cmocka_unit_test(test_permissions),
         cmocka_unit_test(test_permissions_refused),
+        cmocka_unit_test(test_runtime_changes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

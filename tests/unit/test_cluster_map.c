@@ -697,6 +697,11 @@ static uint32_t valid_commands(struct map_cmd *cmds)
     assert_int_equal(map_cmd_unbind(&cmds[n++], &b), OK);
     assert_int_equal(map_cmd_exchange_delete(&cmds[n++], B("/"), B("x"), true), OK);
     assert_int_equal(map_cmd_queue_delete(&cmds[n++], B("/"), B("q"), 0), OK);
+    /* (epochs above count commands: the user commands come last) */
+    struct bytes texts[] = {B("^a"), B(""), B(".*")};
+    assert_int_equal(map_cmd_user_set(&cmds[n++], B("u"), B("h2"), vh, 1), OK);
+    assert_int_equal(map_cmd_permission_put(&cmds[n++], B("u"), B("v2"), texts), OK);
+    assert_int_equal(map_cmd_permission_delete(&cmds[n++], B("u"), B("v2")), OK);
     assert_int_equal(map_cmd_user_delete(&cmds[n++], B("u")), OK);
     assert_int_equal(map_cmd_vhost_delete(&cmds[n++], B("v2")), OK);
     assert_int_equal(map_cmd_broker_storage(&cmds[n++], 9, B("0123abcd")), OK);
@@ -1291,11 +1296,130 @@ static void test_lookup_is_constant_time(void **state)
     cluster_map_free(&map);
 }
 
+/* Snapshot bytes of map, compared after a read (a round trip is exact). */
+static void assert_round_trip(const struct cluster_map *map, struct cluster_map *copy)
+{
+    uint8_t *snap, *again;
+    size_t size, again_size;
+    assert_int_equal(cluster_map_snapshot_alloc(map, &snap, &size), OK);
+    cluster_map_init(copy);
+    assert_int_equal(cluster_map_snapshot_read(copy, snap, size), OK);
+    assert_true(cluster_map_verify(copy));
+    assert_int_equal(cluster_map_snapshot_alloc(copy, &again, &again_size), OK);
+    assert_int_equal(again_size, size);
+    assert_memory_equal(again, snap, size);
+    free(snap);
+    free(again);
+}
+
+static void assert_permission(const struct map_user *u, const char *vhost, const char *c,
+                              const char *w, const char *r)
+{
+    uint32_t j = 0;
+    while (j < u->vhosts_count && !bytes_equal(u->vhosts[j], B(vhost)))
+        j++;
+    assert_true(j < u->vhosts_count);
+    assert_true(bytes_equal(u->permissions[3 * j], B(c)));
+    assert_true(bytes_equal(u->permissions[3 * j + 1], B(w)));
+    assert_true(bytes_equal(u->permissions[3 * j + 2], B(r)));
+}
+
+/* users.bootstrap, user.put without vhosts (user_set), permission.put and
+ * .delete: what each changes, what each refuses leaving the map as it was,
+ * and the snapshot carrying permissions, flags and users_defined. */
+static void test_permissions_and_bootstrap(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    struct map_cmd c_;
+    APPLY_OK(&map, map_cmd_vhost_put(&c_, B("/")));
+    APPLY_OK(&map, map_cmd_vhost_put(&c_, B("prod")));
+    assert_false(map.users_defined);
+    struct bytes vhosts[] = {B("/"), B("made-by-boot")};
+    struct bytes texts[] = {B("^a"), B(""), B(".*"), B(".*"), B(".*"), B(".*")};
+    struct bytes tags[] = {B("administrator")};
+    struct map_user boot = {.name = B("boot"), .password_hash = B("h1"), .vhosts = vhosts,
+                            .vhosts_count = 2, .permissions = texts, .tags = tags,
+                            .tags_count = 1, .loopback = true};
+    struct map_user star = {.name = B("star"), .password_hash = B("h2"), .any_vhost = true};
+    const struct map_user *list[] = {&boot, &star};
+    APPLY_OK(&map, map_cmd_users_bootstrap(&c_, list, 2));
+    assert_true(map.users_defined);
+    assert_non_null(cluster_map_vhost(&map, B("made-by-boot")));
+    struct map_user *u = cluster_map_user(&map, B("boot"));
+    assert_non_null(u);
+    assert_true(u->loopback);
+    assert_permission(u, "/", "^a", "", ".*");
+    assert_true(cluster_map_user(&map, B("star"))->any_vhost);
+    /* A second file (another broker's) is refused: the first one won. */
+    struct map_user other = {.name = B("other"), .password_hash = B("h3")};
+    const struct map_user *list2[] = {&other};
+    assert_int_equal(APPLY_RC(&map, map_cmd_users_bootstrap(&c_, list2, 1)), E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_PRECONDITION_FAILED);
+    assert_null(cluster_map_user(&map, B("other")));
+    /* A changed password and tags keep the permissions. */
+    APPLY_OK(&map, map_cmd_user_set(&c_, B("boot"), B("h9"), NULL, 0));
+    assert_true(bytes_equal(u->password_hash, B("h9")));
+    assert_int_equal(u->tags_count, 0);
+    assert_permission(u, "/", "^a", "", ".*");
+    APPLY_OK(&map, map_cmd_user_set(&c_, B("carl"), B("h4"), tags, 1));
+    struct map_user *carl = cluster_map_user(&map, B("carl"));
+    assert_int_equal(carl->vhosts_count, 0);
+    struct bytes mine[] = {B("^c-"), B("^c-"), B("")};
+    APPLY_OK(&map, map_cmd_permission_put(&c_, B("carl"), B("prod"), mine));
+    assert_true(last.changed);
+    assert_permission(carl, "prod", "^c-", "^c-", "");
+    APPLY_OK(&map, map_cmd_permission_put(&c_, B("carl"), B("prod"), mine));
+    assert_false(last.changed);
+    /* Refusals change nothing: a bad regex, an unknown user or vhost. */
+    struct bytes bad[] = {B("("), B(".*"), B(".*")};
+    assert_int_equal(APPLY_RC(&map, map_cmd_permission_put(&c_, B("carl"), B("prod"), bad)),
+                     E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_PRECONDITION_FAILED);
+    assert_permission(carl, "prod", "^c-", "^c-", "");
+    assert_int_equal(APPLY_RC(&map, map_cmd_permission_put(&c_, B("nobody"), B("prod"), mine)),
+                     E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_NOT_FOUND);
+    assert_int_equal(APPLY_RC(&map, map_cmd_permission_put(&c_, B("carl"), B("none"), mine)),
+                     E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_NOT_FOUND);
+    assert_int_equal(carl->vhosts_count, 1);
+    /* The snapshot carries all of it, byte for byte. */
+    struct cluster_map copy;
+    assert_round_trip(&map, &copy);
+    assert_true(copy.users_defined);
+    assert_permission(cluster_map_user(&copy, B("boot")), "/", "^a", "", ".*");
+    assert_true(cluster_map_user(&copy, B("boot"))->loopback);
+    assert_true(cluster_map_user(&copy, B("star"))->any_vhost);
+    assert_permission(cluster_map_user(&copy, B("carl")), "prod", "^c-", "^c-", "");
+    cluster_map_free(&copy);
+    /* Deletes: a permission, then its vhost takes the others on it. */
+    APPLY_OK(&map, map_cmd_permission_delete(&c_, B("carl"), B("prod")));
+    assert_int_equal(carl->vhosts_count, 0);
+    assert_int_equal(APPLY_RC(&map, map_cmd_permission_delete(&c_, B("carl"), B("prod"))),
+                     E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_NOT_FOUND);
+    APPLY_OK(&map, map_cmd_vhost_delete(&c_, B("made-by-boot")));
+    assert_int_equal(u->vhosts_count, 1);
+    assert_permission(u, "/", "^a", "", ".*");
+    /* No users left: the map still says they are its own. */
+    APPLY_OK(&map, map_cmd_user_delete(&c_, B("boot")));
+    APPLY_OK(&map, map_cmd_user_delete(&c_, B("star")));
+    APPLY_OK(&map, map_cmd_user_delete(&c_, B("carl")));
+    assert_round_trip(&map, &copy);
+    assert_true(copy.users_defined);
+    assert_int_equal(copy.users_count, 0);
+    cluster_map_free(&copy);
+    cluster_map_free(&map);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_brokers),
         cmocka_unit_test(test_vhosts_users),
+        cmocka_unit_test(test_permissions_and_bootstrap),
         cmocka_unit_test(test_exchanges_bindings),
         cmocka_unit_test(test_auto_delete_exchanges),
         cmocka_unit_test(test_predeclared_exchanges),

@@ -265,6 +265,44 @@ static void test_reader_takes_utf8_only(void **state)
     assert_string_equal(out, "caf\xc3\xa9 \xe2\x82\xac \xc3\xa9 \xf0\x9f\x98\x80");
 }
 
+struct kept {
+    enum json_read_kind kind;
+    char string[JSON_READ_STRING_SIZE];
+};
+
+static bool keep_member(void *ctx, const struct json_read_member *m, char *err, size_t err_size)
+{
+    (void)err;
+    (void)err_size;
+    struct kept *k = ctx;
+    k->kind = m->kind;
+    memcpy(k->string, m->string, m->string_size + 1);
+    return true;
+}
+
+/* An array of strings (RabbitMQ 3.10's "tags") comes joined with ','; an
+ * element with a ',' in it, a number in it, or an object is refused. */
+static void test_reader_string_lists(void **state)
+{
+    (void)state;
+    struct kept k;
+    char err[128];
+    const char *good = "{\"tags\": [\"administrator\", \"management\"]}";
+    assert_int_equal(json_read_object(good, strlen(good), keep_member, &k, err, sizeof err), OK);
+    assert_int_equal(k.kind, JSON_READ_STRING_LIST);
+    assert_string_equal(k.string, "administrator,management");
+    const char *empty = "{\"tags\": [ ]}";
+    assert_int_equal(json_read_object(empty, strlen(empty), keep_member, &k, err, sizeof err),
+                     OK);
+    assert_string_equal(k.string, "");
+    static const char *const bad[] = {"{\"t\": [\"a,b\"]}", "{\"t\": [1]}", "{\"t\": {}}",
+                                      "{\"t\": [\"a\" \"b\"]}", "{\"t\": [\"a\""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(json_read_object(bad[i], strlen(bad[i]), keep_member, &k, err,
+                                          sizeof err),
+                         E_SYNTAX);
+}
+
 static void test_growth(void **state)
 {
     (void)state;
@@ -407,6 +445,7 @@ int main(void)
         cmocka_unit_test(test_every_byte_below_0x80),
         cmocka_unit_test(test_utf8_pass_through),
         cmocka_unit_test(test_reader_takes_utf8_only),
+        cmocka_unit_test(test_reader_string_lists),
         cmocka_unit_test(test_invalid_utf8_replaced),
         cmocka_unit_test(test_growth),
         cmocka_unit_test(test_raw_headroom),
