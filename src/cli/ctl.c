@@ -1442,6 +1442,13 @@ static bool is_command(const struct options *opt, const char *prefix)
     return strncmp(opt->command->name, prefix, strlen(prefix)) == 0;
 }
 
+/* rabbitmqctl's list-* with COLUMN arguments (run_list); list-users,
+ * list-vhosts and list-permissions have columns of their own. */
+static bool is_listing(const struct options *opt)
+{
+    return is_command(opt, "list-") && opt->command->columns == NULL;
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN); /* OpenSSL writes to the socket with write() */
@@ -1456,10 +1463,10 @@ int main(int argc, char **argv)
     struct buffer in = {0};
     struct response res;
     char path[2048], body[1536] = "";
-    if (is_command(&opt, "list-") || is_command(&opt, "export-definitions") ||
+    if (is_listing(&opt) || is_command(&opt, "export-definitions") ||
         is_command(&opt, "import-definitions") || is_command(&opt, "await-startup") ||
         is_command(&opt, "ping")) {
-        rc = is_command(&opt, "list-")  ? run_list(&opt, authorization)
+        rc = is_listing(&opt)           ? run_list(&opt, authorization)
              : is_command(&opt, "ping") ? run_probe(&opt, authorization)
              : is_command(&opt, "await") ? run_probe(&opt, authorization)
                                          : run_definitions(&opt, authorization);
