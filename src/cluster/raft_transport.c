@@ -28,10 +28,10 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include "cluster/raft_tls.h"
 #include "lib/assert.h"
 #include "lib/list.h"
 #include "lib/log.h"
-#include "cluster/raft_tls.h"
 #include "net/conn.h"
 
 #define MAGIC "QYRA"
