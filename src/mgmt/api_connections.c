@@ -156,7 +156,9 @@ static void write_channel(struct json *out, struct broker *broker, const struct 
     json_kv_uint(out, "messages_unacknowledged", ch->unacked_count);
     json_kv_uint(out, "prefetch_count", ch->prefetch_count);
     json_kv_uint(out, "global_prefetch_count", ch->global_prefetch_count);
-    json_kv_string(out, "state", "running");
+    /* Flow control stops a whole connection (as RabbitMQ's reader), so
+     * its channels show it. */
+    json_kv_string(out, "state", c->flow || flow_connection_waits(c) ? "flow" : "running");
     json_object_end(out);
 }
 

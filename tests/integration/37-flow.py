@@ -104,7 +104,10 @@ def depth(ch, queue):
 
 
 def connection_states():
-    return [c.get("state") for c in b.api_get("/api/connections")]
+    """The states of the client's broker's connections, and of their
+    channels (prefixed "channel:")."""
+    return ([c.get("state") for c in b.api_get("/api/connections")] +
+            ["channel:%s" % c.get("state") for c in b.api_get("/api/channels")])
 
 
 def flow_stops():
@@ -163,6 +166,7 @@ def a_publisher_faster_than_its_consumer_is_slowed_and_its_neighbour_is_not():
     flooder.join(30)
     assert flooder.error is None, flooder.error
     assert "flow" in states, "the flooder was never in flow: %s" % states
+    assert "channel:flow" in states, "its channel was never shown in flow: %s" % states
     assert flow_stops() > stops_before
     assert max_depth < DEPTH_BOUND, "queue depth reached %d (bound %d), %d sent" % (
         max_depth, DEPTH_BOUND, flooder.sent)
