@@ -100,6 +100,22 @@ void api_op_answer_empty(struct api_op *op, int status)
     finish(op, status, NULL, NULL);
 }
 
+static void change_started(struct api_op *op, struct link_channel *ch)
+{
+    struct api_change *c = api_op_data(op);
+    link_send(ch, &c->method);
+}
+
+static void change_reply(struct api_op *op, const struct method *m)
+{
+    struct api_change *c = api_op_data(op);
+    if (m->id == c->ok_id)
+        api_op_answer_empty(op, c->status);
+}
+
+const struct api_op_type api_change_type = {
+    .started = change_started, .reply = change_reply, .free_data = free};
+
 void api_op_end(struct api_op *op)
 {
     ASSERT(!op->over);

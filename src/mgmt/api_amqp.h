@@ -28,6 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "amqp/method_gen.h"
 #include "amqp/types.h"
 #include "mgmt/http.h"
 
@@ -71,6 +72,16 @@ void api_op_start_as(struct broker *broker, const char *user, const char *passwo
                      struct bytes vhost, const struct api_op_type *type, void *data,
                      api_op_done_fn done, void *done_ctx);
 void *api_op_data(struct api_op *op);
+
+/* An operation that is one method and its -ok, answered 201 or 204
+ * without a body (a declare, delete, purge, bind or unbind): its data
+ * begins with this, and api_change_type sends the method and answers. */
+struct api_change {
+    struct method method;
+    uint32_t ok_id;                /* the reply that means done */
+    int status;                    /* 201 or 204 */
+};
+extern const struct api_op_type api_change_type;
 struct link_channel *api_op_channel(struct api_op *op);
 /* Answers with body (taken) and ends the operation. */
 void api_op_answer(struct api_op *op, int status, struct json *body);

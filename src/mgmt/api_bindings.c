@@ -239,28 +239,10 @@ static uint32_t write_between(struct json *out, const struct between *b, const s
 
 /* One bind or unbind, over AMQP. */
 struct change {
-    struct method method;
-    uint32_t ok_id;
-    int status;
+    struct api_change head;        /* first: api_change_type's */
     uint8_t source[256], dest[256], routing_key[256];
     uint8_t arguments[API_ARGUMENTS_SIZE_MAX];
 };
-
-static void change_started(struct api_op *op, struct link_channel *ch)
-{
-    struct change *c = api_op_data(op);
-    link_send(ch, &c->method);
-}
-
-static void change_reply(struct api_op *op, const struct method *m)
-{
-    struct change *c = api_op_data(op);
-    if (m->id == c->ok_id)
-        api_op_answer_empty(op, c->status);
-}
-
-static const struct api_op_type change_type = {
-    .started = change_started, .reply = change_reply, .free_data = free};
 
 /* Fills the method of c for a bind (bind) or unbind of rk/args. */
 static void set_method(struct change *c, const struct between *b, bool bind, struct bytes rk,
@@ -273,20 +255,20 @@ static void set_method(struct change *c, const struct between *b, bool bind, str
     struct bytes dest = {c->dest, b->dest_name.len};
     struct bytes key = {c->routing_key, rk.len};
     if (b->to_queue && bind) {
-        c->method.id = METHOD_QUEUE_BIND, c->ok_id = METHOD_QUEUE_BIND_OK;
-        c->method.queue_bind = (struct method_queue_bind){
+        c->head.method.id = METHOD_QUEUE_BIND, c->head.ok_id = METHOD_QUEUE_BIND_OK;
+        c->head.method.queue_bind = (struct method_queue_bind){
             .queue = dest, .exchange = source, .routing_key = key, .arguments = args};
     } else if (b->to_queue) {
-        c->method.id = METHOD_QUEUE_UNBIND, c->ok_id = METHOD_QUEUE_UNBIND_OK;
-        c->method.queue_unbind = (struct method_queue_unbind){
+        c->head.method.id = METHOD_QUEUE_UNBIND, c->head.ok_id = METHOD_QUEUE_UNBIND_OK;
+        c->head.method.queue_unbind = (struct method_queue_unbind){
             .queue = dest, .exchange = source, .routing_key = key, .arguments = args};
     } else if (bind) {
-        c->method.id = METHOD_EXCHANGE_BIND, c->ok_id = METHOD_EXCHANGE_BIND_OK;
-        c->method.exchange_bind = (struct method_exchange_bind){
+        c->head.method.id = METHOD_EXCHANGE_BIND, c->head.ok_id = METHOD_EXCHANGE_BIND_OK;
+        c->head.method.exchange_bind = (struct method_exchange_bind){
             .destination = dest, .source = source, .routing_key = key, .arguments = args};
     } else {
-        c->method.id = METHOD_EXCHANGE_UNBIND, c->ok_id = METHOD_EXCHANGE_UNBIND_OK;
-        c->method.exchange_unbind = (struct method_exchange_unbind){
+        c->head.method.id = METHOD_EXCHANGE_UNBIND, c->head.ok_id = METHOD_EXCHANGE_UNBIND_OK;
+        c->head.method.exchange_unbind = (struct method_exchange_unbind){
             .destination = dest, .source = source, .routing_key = key, .arguments = args};
     }
 }
@@ -312,7 +294,7 @@ static void bind_one(struct broker *broker, struct http_call *call,
         struct bytes key = rk ? (struct bytes){(const uint8_t *)rk->string, rk->string_size}
                               : (struct bytes){NULL, 0};
         set_method(c, b, true, key, args);
-        c->status = 201;
+        c->head.status = 201;
     }
     json_tree_free(&tree);
     if (err[0] != '\0') {
@@ -320,7 +302,7 @@ static void bind_one(struct broker *broker, struct http_call *call,
         api_answer_bad_request(call, err);
         return;
     }
-    api_op_start(broker, call, req, b->vhost->name, false, &change_type, c);
+    api_op_start(broker, call, req, b->vhost->name, false, &api_change_type, c);
 }
 
 static void unbind_one(struct broker *broker, struct http_call *call,
@@ -339,8 +321,8 @@ static void unbind_one(struct broker *broker, struct http_call *call,
         memcpy(c->arguments, bd->arguments.ptr, bd->arguments.len);
         set_method(c, b, false, bd->routing_key,
                    (struct table){c->arguments, bd->arguments.len});
-        c->status = 204;
-        api_op_start(broker, call, req, b->vhost->name, false, &change_type, c);
+        c->head.status = 204;
+        api_op_start(broker, call, req, b->vhost->name, false, &api_change_type, c);
         return;
     }
     api_answer_not_found(call);

@@ -74,28 +74,10 @@ static void list_exchanges(struct broker *broker, struct http_call *call,
 
 /* One declare or delete, over AMQP. */
 struct change {
-    struct method method;
-    uint32_t ok_id;
-    int status;
+    struct api_change head;        /* first: api_change_type's */
     uint8_t name[256], type[256];
     uint8_t arguments[API_ARGUMENTS_SIZE_MAX];
 };
-
-static void change_started(struct api_op *op, struct link_channel *ch)
-{
-    struct change *c = api_op_data(op);
-    link_send(ch, &c->method);
-}
-
-static void change_reply(struct api_op *op, const struct method *m)
-{
-    struct change *c = api_op_data(op);
-    if (m->id == c->ok_id)
-        api_op_answer_empty(op, c->status);
-}
-
-static const struct api_op_type change_type = {
-    .started = change_started, .reply = change_reply, .free_data = free};
 
 /* The declare's fields from the body: false with why in err. */
 static bool declare_parse(const struct json_tree *tree, struct change *c,
@@ -130,7 +112,7 @@ static void declare_exchange(struct broker *broker, struct http_call *call,
         return;
     struct change *c = calloc(1, sizeof *c);
     ASSERT(c != NULL);
-    struct method_exchange_declare *d = &c->method.exchange_declare;
+    struct method_exchange_declare *d = &c->head.method.exchange_declare;
     char err[200];
     bool ok = declare_parse(&tree, c, d, err, sizeof err);
     json_tree_free(&tree);
@@ -149,10 +131,10 @@ static void declare_exchange(struct broker *broker, struct http_call *call,
     }
     memcpy(c->name, name.ptr, name.len);
     d->exchange = (struct bytes){c->name, name.len};
-    c->method.id = METHOD_EXCHANGE_DECLARE;
-    c->ok_id = METHOD_EXCHANGE_DECLARE_OK;
-    c->status = vhost_exchange(vhost, name) != NULL ? 204 : 201;
-    api_op_start(broker, call, req, vhost->name, false, &change_type, c);
+    c->head.method.id = METHOD_EXCHANGE_DECLARE;
+    c->head.ok_id = METHOD_EXCHANGE_DECLARE_OK;
+    c->head.status = vhost_exchange(vhost, name) != NULL ? 204 : 201;
+    api_op_start(broker, call, req, vhost->name, false, &api_change_type, c);
 }
 
 static void delete_exchange(struct broker *broker, struct http_call *call,
@@ -162,14 +144,14 @@ static void delete_exchange(struct broker *broker, struct http_call *call,
     struct change *c = calloc(1, sizeof *c);
     ASSERT(c != NULL);
     memcpy(c->name, name.ptr, name.len);
-    c->method.id = METHOD_EXCHANGE_DELETE;
-    c->method.exchange_delete.exchange = (struct bytes){c->name, name.len};
+    c->head.method.id = METHOD_EXCHANGE_DELETE;
+    c->head.method.exchange_delete.exchange = (struct bytes){c->name, name.len};
     char v[8];
-    c->method.exchange_delete.if_unused =
+    c->head.method.exchange_delete.if_unused =
         api_query_get(req, "if-unused", v, sizeof v) && strcmp(v, "true") == 0;
-    c->ok_id = METHOD_EXCHANGE_DELETE_OK;
-    c->status = 204;
-    api_op_start(broker, call, req, vhost->name, false, &change_type, c);
+    c->head.ok_id = METHOD_EXCHANGE_DELETE_OK;
+    c->head.status = 204;
+    api_op_start(broker, call, req, vhost->name, false, &api_change_type, c);
 }
 
 static void handle_one(struct broker *broker, struct http_call *call,

@@ -422,28 +422,10 @@ static void show_queue(struct broker *broker, struct http_call *call,
 
 /* One change: the method to send, and how success is answered. */
 struct change {
-    struct method method;
-    uint32_t ok_id;                /* the reply that means done */
-    int status;                    /* 201 or 204 */
+    struct api_change head;        /* first: api_change_type's */
     uint8_t name[API_SEGMENT_SIZE_MAX];
     uint8_t arguments[API_ARGUMENTS_SIZE_MAX];
 };
-
-static void change_started(struct api_op *op, struct link_channel *ch)
-{
-    struct change *c = api_op_data(op);
-    link_send(ch, &c->method);
-}
-
-static void change_reply(struct api_op *op, const struct method *m)
-{
-    struct change *c = api_op_data(op);
-    if (m->id == c->ok_id)
-        api_op_answer_empty(op, c->status);
-}
-
-static const struct api_op_type change_type = {
-    .started = change_started, .reply = change_reply, .free_data = free};
 
 static struct change *change_new(struct bytes name, uint32_t method_id, uint32_t ok_id)
 {
@@ -451,9 +433,9 @@ static struct change *change_new(struct bytes name, uint32_t method_id, uint32_t
     ASSERT(c != NULL);
     ASSERT(name.len <= sizeof c->name);
     memcpy(c->name, name.ptr, name.len);
-    c->method.id = method_id;
-    c->ok_id = ok_id;
-    c->status = 204;
+    c->head.method.id = method_id;
+    c->head.ok_id = ok_id;
+    c->head.status = 204;
     return c;
 }
 
@@ -483,7 +465,7 @@ static void declare_queue(struct broker *broker, struct http_call *call,
         return;
     const struct json_node *root = json_tree_root(&tree);
     struct change *c = change_new(name, METHOD_QUEUE_DECLARE, METHOD_QUEUE_DECLARE_OK);
-    struct method_queue_declare *d = &c->method.queue_declare;
+    struct method_queue_declare *d = &c->head.method.queue_declare;
     char err[200];
     bool durable, auto_delete;
     if (!json_tree_get_bool(&tree, root, "durable", false, &durable) ||
@@ -503,8 +485,8 @@ static void declare_queue(struct broker *broker, struct http_call *call,
     d->queue = (struct bytes){c->name, name.len};
     d->durable = durable;
     d->auto_delete = auto_delete;
-    c->status = vhost_queue(vhost, name) != NULL ? 204 : 201;
-    api_op_start(broker, call, req, vhost->name, false, &change_type, c);
+    c->head.status = vhost_queue(vhost, name) != NULL ? 204 : 201;
+    api_op_start(broker, call, req, vhost->name, false, &api_change_type, c);
 }
 
 static bool query_true(const struct http_call_request *req, const char *key)
@@ -518,10 +500,10 @@ static void delete_queue(struct broker *broker, struct http_call *call,
                          struct bytes name)
 {
     struct change *c = change_new(name, METHOD_QUEUE_DELETE, METHOD_QUEUE_DELETE_OK);
-    c->method.queue_delete.queue = (struct bytes){c->name, name.len};
-    c->method.queue_delete.if_empty = query_true(req, "if-empty");
-    c->method.queue_delete.if_unused = query_true(req, "if-unused");
-    api_op_start(broker, call, req, vhost->name, false, &change_type, c);
+    c->head.method.queue_delete.queue = (struct bytes){c->name, name.len};
+    c->head.method.queue_delete.if_empty = query_true(req, "if-empty");
+    c->head.method.queue_delete.if_unused = query_true(req, "if-unused");
+    api_op_start(broker, call, req, vhost->name, false, &api_change_type, c);
 }
 
 static void purge_queue(struct broker *broker, struct http_call *call,
@@ -529,8 +511,8 @@ static void purge_queue(struct broker *broker, struct http_call *call,
                         struct bytes name)
 {
     struct change *c = change_new(name, METHOD_QUEUE_PURGE, METHOD_QUEUE_PURGE_OK);
-    c->method.queue_purge.queue = (struct bytes){c->name, name.len};
-    api_op_start(broker, call, req, vhost->name, false, &change_type, c);
+    c->head.method.queue_purge.queue = (struct bytes){c->name, name.len};
+    api_op_start(broker, call, req, vhost->name, false, &api_change_type, c);
 }
 
 /* ---- the tree ------------------------------------------------------------------ */
