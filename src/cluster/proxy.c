@@ -43,6 +43,8 @@ struct uplink {
     struct list_node stub_link;
     struct proxy_stub *stub;      /* borrowed: the owner */
     uint32_t id;
+    uint32_t peer_id;             /* the broker ch goes to: the primary when opened,
+                                   * the old one for an uplink a handover retired */
     struct link_channel *ch;      /* NULL once the upstream channel is gone */
     struct consumer *consumer;    /* the local consumer; NULL for the getter or once gone */
     struct held *held;            /* owned ring */
@@ -383,6 +385,7 @@ static struct uplink *uplink_open(struct proxy_stub *stub)
     list_init(&u->ops);
     u->id = ++stub->next_uplink_id;
     ASSERT(u->id <= UPLINK_ID_MAX);
+    u->peer_id = stub->primary_id;
     list_init(&u->release_link);
     struct link_channel_ops ops = uplink_ops_template;
     ops.ctx = u;
@@ -1098,12 +1101,13 @@ void proxy_peer_up(struct member_peer *peer)
     }
 }
 
-/* The first uplink of stub whose channel is still open, or NULL. */
-static struct uplink *open_uplink(struct proxy_stub *stub)
+/* The first uplink of stub whose channel to broker peer_id is still
+ * open, or NULL. */
+static struct uplink *open_uplink_to(struct proxy_stub *stub, uint32_t peer_id)
 {
     list_for_each(n, &stub->uplinks) {
         struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
-        if (u->ch)
+        if (u->ch && u->peer_id == peer_id)
             return u;
     }
     return NULL;
@@ -1113,14 +1117,21 @@ void proxy_peer_down(struct member_peer *peer)
 {
     forward__peer_down(peer);
     struct member *member = peer->member;
-    /* Closing an uplink answers its askers, whose callbacks may delete
+    /* Every uplink whose channel went to that broker is closed: those of
+     * the stand-ins it is primary of, and those a planned handover left
+     * open to it, the old primary, until their deliveries are settled
+     * (its stand-in names the new primary now). An uplink to another
+     * broker is not touched: its channel is open, and its link would tell
+     * it later.
+     * Closing an uplink answers its askers, whose callbacks may delete
      * queues and so free other stand-ins and uplinks than the one closed:
-     * each stand-in of that primary is held by a reference (its proxy
-     * state lives as long as its queue) and its uplinks are looked up
-     * afresh after every close. */
+     * each stand-in concerned is held by a reference (its proxy state
+     * lives as long as its queue) and its uplinks are looked up afresh
+     * after every close. */
     uint32_t count = 0;
     list_for_each(n, &member->stubs) {
-        count += CONTAINER_OF(n, struct proxy_stub, member_link)->primary_id == peer->id;
+        count += open_uplink_to(CONTAINER_OF(n, struct proxy_stub, member_link), peer->id) !=
+                 NULL;
     }
     if (count == 0)
         return;
@@ -1129,7 +1140,7 @@ void proxy_peer_down(struct member_peer *peer)
     uint32_t i = 0;
     list_for_each(n, &member->stubs) {
         struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);
-        if (stub->primary_id == peer->id) {
+        if (open_uplink_to(stub, peer->id) != NULL) {
             queues[i++] = stub->queue;
             queue_ref(stub->queue);
         }
@@ -1145,8 +1156,12 @@ void proxy_peer_down(struct member_peer *peer)
         }
         struct uplink *u;
         while (left-- > 0 && queues[i]->remote != NULL &&
-               (u = open_uplink(stub_of(queues[i]))) != NULL)
+               (u = open_uplink_to(stub_of(queues[i]), peer->id)) != NULL) {
+            /* (From peer_free the link is still there: the channel must
+             * not call u back once u is gone.) */
+            link_channel_close(u->ch);
             on_uplink_closed(u, 0, BYTES_LIT("")); /* u->ch is NULL after */
+        }
     }
     for (i = 0; i < count; i++)
         queue_unref(queues[i]);
