@@ -351,6 +351,46 @@ static void finish_backup_move(const struct map_queue *q, struct map_cmd_list *o
     push(out, map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, q->epoch, ids, n), &cmd);
 }
 
+/* A primary move whose switch would leave the queue with fewer copies in
+ * sync than its factor (the old primary lets go of its own): one more
+ * backup joins, beyond the factor, and catches up before the handover
+ * (which waits for it: map_queue_move_state). The ring's pick if one fits
+ * its bounds, else any broker that is up: the move must not wait on the
+ * balance (a rebalance evens it out later). */
+static void add_move_backup(const struct cluster_map *map, struct placement *p,
+                            const struct map_queue *q, struct map_cmd_list *out)
+{
+    ASSERT(q->backups_count < CLUSTER_BACKUPS_MAX);
+    uint32_t exclude[1 + CLUSTER_BACKUPS_MAX] = {q->primary_id};
+    memcpy(&exclude[1], q->backup_ids, q->backups_count * sizeof(uint32_t));
+    uint32_t id = placement_pick_backup(p, q->vhost->name, q->name, exclude,
+                                        1u + q->backups_count);
+    for (uint32_t b = 0; b < map->brokers_count && id == BROKER_ID_NONE; b++) {
+        const struct map_broker *broker = map->brokers[b];
+        if (broker->state == BROKER_STATE_UP && broker->id != q->primary_id &&
+            !map_queue_has_backup(q, broker->id))
+            id = broker->id;
+    }
+    ASSERT(id != BROKER_ID_NONE); /* MAP_MOVE_NEEDS_BACKUP says there is one */
+    uint32_t ids[CLUSTER_BACKUPS_MAX];
+    memcpy(ids, q->backup_ids, sizeof(ids));
+    uint8_t n = q->backups_count;
+    ids[n++] = id;
+    struct map_cmd cmd;
+    push(out, map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, q->epoch, ids, n), &cmd);
+}
+
+/* The placement view, made on first use in a sweep (*placed says so). */
+static void lazy_placement(struct placement *p, bool *placed, const struct cluster_map *map,
+                           const struct controller_config *config)
+{
+    if (*placed)
+        return;
+    placement_init(p, &config->placement);
+    placement_refresh(p, map);
+    *placed = true;
+}
+
 int controller_repair(const struct cluster_map *map, const struct controller_config *config,
                       struct map_cmd_list *out)
 {
@@ -364,6 +404,12 @@ int controller_repair(const struct cluster_map *map, const struct controller_con
         if (q->move_from != BROKER_ID_NONE && map_queue_backup_in_sync(q, q->move_to) &&
             !broker_down(map, q->primary_id)) {
             finish_backup_move(q, out);
+            continue;
+        }
+        if (!broker_down(map, q->primary_id) && q->available &&
+            map_queue_move_state(map, q) == MAP_MOVE_NEEDS_BACKUP) {
+            lazy_placement(&p, &placed, map, config);
+            add_move_backup(map, &p, q, out);
             continue;
         }
         if (q->exclusive && broker_down(map, q->exclusive_owner_id)) {
@@ -383,11 +429,7 @@ int controller_repair(const struct cluster_map *map, const struct controller_con
                     cluster_map_broker(map, q->primary_id)->storage_id.len > 0;
         if (!(primary_down && q->available) && !returned && !refill && !take)
             continue;
-        if (!placed) {
-            placement_init(&p, &config->placement);
-            placement_refresh(&p, map);
-            placed = true;
-        }
+        lazy_placement(&p, &placed, map, config);
         if (primary_down) {
             fail_over_primary(&p, q, out, out); /* (a sweep: in order) */
             continue;
@@ -409,11 +451,7 @@ int controller_repair(const struct cluster_map *map, const struct controller_con
         const struct map_exchange *x = map->exchanges[i];
         if (x->owner_id == BROKER_ID_NONE || !broker_down(map, x->owner_id))
             continue;
-        if (!placed) {
-            placement_init(&p, &config->placement);
-            placement_refresh(&p, map);
-            placed = true;
-        }
+        lazy_placement(&p, &placed, map, config);
         uint32_t owner = placement_pick_owner(&p, x->vhost->name, x->name);
         struct map_cmd cmd;
         if (owner != BROKER_ID_NONE)
@@ -510,27 +548,11 @@ int controller_forget(const struct cluster_map *map, const struct controller_con
 
 /* ---- (d) rebalancing and draining ----------------------------------------- */
 
-/* In-sync backups of q on brokers that are up, but `except`. */
-static uint8_t in_sync_elsewhere(const struct cluster_map *map, const struct map_queue *q,
-                                 uint32_t except)
-{
-    uint8_t n = 0;
-    for (uint8_t i = 0; i < q->backups_count; i++) {
-        const struct map_broker *b = cluster_map_broker(map, q->backup_ids[i]);
-        n += q->backup_ids[i] != except && (q->in_sync_mask & (1u << i)) && b != NULL &&
-             b->state == BROKER_STATE_UP;
-    }
-    return n;
-}
-
 /* The next step of a primary move; returns true if it is still pending.
  * The primary carries a move out (handover.c): the map only names the
  * target (queue.move), which catches up as a backup first. A queue with a
- * move in progress keeps it. The old primary lets go of its copy, so when
- * the target is one of the in-sync backups and the others would not make
- * the factor without it, one more backup joins (and catches up) first:
- * the queue never has fewer copies in sync than its factor because of a
- * move. */
+ * move in progress keeps it. The backup that keeps the factor after the
+ * switch joins as for any move (controller_repair, map_queue_move_state). */
 /* A move to a broker that is not a backup makes it one more backup first,
  * which a queue with CLUSTER_BACKUPS_MAX already cannot take (the map
  * refuses the move; proposed every round, it would never end). One beyond
@@ -561,8 +583,7 @@ static bool make_room(const struct map_queue *q, struct map_cmd_list *out)
     return true;
 }
 
-static bool primary_move_step(const struct cluster_map *map, struct placement *p,
-                              const struct placement_move *m, struct map_cmd_list *out)
+static bool primary_move_step(const struct placement_move *m, struct map_cmd_list *out)
 {
     const struct map_queue *q = m->queue;
     if (q->move_to != BROKER_ID_NONE)
@@ -570,25 +591,6 @@ static bool primary_move_step(const struct cluster_map *map, struct placement *p
     struct map_cmd cmd;
     if (!map_queue_has_backup(q, m->to_id) && q->backups_count == CLUSTER_BACKUPS_MAX)
         return make_room(q, out);
-    bool target_in_sync = map_queue_backup_in_sync(q, m->to_id);
-    if (target_in_sync && 1u + in_sync_elsewhere(map, q, m->to_id) < q->replication_factor &&
-        q->backups_count < CLUSTER_BACKUPS_MAX) {
-        if (q->backups_count >= q->replication_factor)
-            return true; /* the one more is catching up */
-        uint32_t exclude[2 + CLUSTER_BACKUPS_MAX] = {q->primary_id, m->to_id};
-        memcpy(&exclude[2], q->backup_ids, q->backups_count * sizeof(uint32_t));
-        uint32_t id = placement_pick_backup(p, q->vhost->name, q->name, exclude,
-                                            2u + q->backups_count);
-        if (id != BROKER_ID_NONE) {
-            uint32_t ids[CLUSTER_BACKUPS_MAX];
-            memcpy(ids, q->backup_ids, sizeof(ids));
-            uint8_t n = q->backups_count;
-            ids[n++] = id;
-            push(out, map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, q->epoch, ids, n),
-                 &cmd);
-            return true;
-        }
-    }
     push(out, map_cmd_queue_move(&cmd, q->vhost->name, q->name, q->epoch, m->to_id), &cmd);
     return true;
 }
@@ -651,20 +653,16 @@ static uint32_t move_steps(const struct cluster_map *map, const struct controlle
     struct placement_plan plan;
     placement_plan_init(&plan);
     placement_rebalance_plan(map, &config->placement, moves_max, &plan);
-    struct placement p;
-    placement_init(&p, &config->placement);
-    placement_refresh(&p, map);
     uint32_t pending = 0;
     for (uint32_t i = 0; i < plan.count; i++) {
         const struct placement_move *m = &plan.moves[i];
         if (mandatory_only && !m->mandatory)
             continue;
         if (m->kind == PLACEMENT_MOVE_PRIMARY)
-            pending += primary_move_step(map, &p, m, out);
+            pending += primary_move_step(m, out);
         else
             pending += backup_move_step(map, m, out);
     }
-    placement_free(&p);
     placement_plan_free(&plan);
     return pending;
 }

@@ -294,8 +294,9 @@ static void start(struct member *member, struct queue *queue, const struct map_q
 
 void handover_follow(struct member *member, struct queue *queue, const struct map_queue *mq)
 {
-    bool wanted = !member->stopping && mq->available && mq->move_to != BROKER_ID_NONE &&
-                  mq->move_from == BROKER_ID_NONE && map_queue_backup_in_sync(mq, mq->move_to);
+    /* (Ready: the target in sync, and the factor kept after the switch.) */
+    bool wanted = !member->stopping && mq->available &&
+                  map_queue_move_state(member_map(member), mq) == MAP_MOVE_READY;
     struct handover *h = find(member, queue);
     if (h != NULL) {
         bool same = wanted && h->to == mq->move_to && h->epoch == mq->epoch;

@@ -3,7 +3,9 @@
  * while it serves (a planned move: queue.move in the map).
  *
  * The map names the target (map_queue.move_to), which is made a backup
- * and caught up like any backup. Once it is in sync, the primary
+ * and caught up like any backup. Once the move is ready (the target in
+ * sync, and the factor kept without our copy: map_queue_move_state), the
+ * primary
  *   1. pauses the queue: publishes are held, not enqueued (their confirms
  *      wait), and nothing more is dispatched (queue_pause);
  *   2. waits until its backups hold exactly what it does: every confirm

@@ -220,6 +220,45 @@ bool map_queue_backup_in_sync(const struct map_queue *queue, uint32_t broker_id)
     return i >= 0 && (queue->in_sync_mask & (1u << i)) != 0;
 }
 
+static bool broker_up(const struct cluster_map *map, uint32_t id)
+{
+    const struct map_broker *b = cluster_map_broker(map, id);
+    return b != NULL && b->state == BROKER_STATE_UP;
+}
+
+enum map_move_state map_queue_move_state(const struct cluster_map *map,
+                                         const struct map_queue *q)
+{
+    if (q->move_to == BROKER_ID_NONE || q->move_from != BROKER_ID_NONE)
+        return MAP_MOVE_NONE;
+    if (!map_queue_backup_in_sync(q, q->move_to))
+        return MAP_MOVE_CATCHING_UP;
+    uint32_t copies = 1; /* the target's */
+    bool catching_up = false;
+    for (uint8_t i = 0; i < q->backups_count; i++) {
+        uint32_t id = q->backup_ids[i];
+        if (id == q->move_to)
+            continue;
+        if (q->in_sync_mask & (1u << i))
+            copies += broker_up(map, id);
+        else
+            catching_up |= broker_up(map, id);
+    }
+    if (copies >= q->replication_factor)
+        return MAP_MOVE_READY;
+    if (catching_up)
+        return MAP_MOVE_CATCHING_UP;
+    if (q->backups_count == CLUSTER_BACKUPS_MAX)
+        return MAP_MOVE_READY;
+    for (uint32_t b = 0; b < map->brokers_count; b++) {
+        uint32_t id = map->brokers[b]->id;
+        if (map->brokers[b]->state == BROKER_STATE_UP && id != q->primary_id &&
+            !map_queue_has_backup(q, id))
+            return MAP_MOVE_NEEDS_BACKUP;
+    }
+    return MAP_MOVE_READY;
+}
+
 bool map_brokers_share_storage(const struct map_broker *a, const struct map_broker *b)
 {
     return a != NULL && b != NULL && a->storage_id.len > 0 &&

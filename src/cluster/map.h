@@ -266,6 +266,23 @@ uint32_t cluster_map_owner_of(const struct cluster_map *map, struct bytes vhost,
                               struct bytes name);
 bool map_queue_has_backup(const struct map_queue *queue, uint32_t broker_id);
 bool map_queue_backup_in_sync(const struct map_queue *queue, uint32_t broker_id);
+/* Where a planned move of a queue (map_queue.move_to, a primary move)
+ * stands. The old primary lets go of its copy at the switch, so the
+ * target being in sync is not enough: with fewer copies in sync than the
+ * factor after the switch (the target and the other in-sync backups on
+ * brokers that are up), one more backup joins and catches up first, when
+ * a broker can take it (the controller adds it: controller_repair). A move
+ * is READY when the switch keeps the factor, or nothing more can be done
+ * for it (no room, no broker). Pure: the handover (handover.c) starts on
+ * READY, the controller adds the backup on NEEDS_BACKUP. */
+enum map_move_state {
+    MAP_MOVE_NONE,          /* no primary move */
+    MAP_MOVE_CATCHING_UP,   /* the target, or the backup added for it, not in sync yet */
+    MAP_MOVE_NEEDS_BACKUP,  /* the switch would leave the queue short: add one */
+    MAP_MOVE_READY,
+};
+enum map_move_state map_queue_move_state(const struct cluster_map *map,
+                                         const struct map_queue *queue);
 /* Both brokers announced the same shared storage (broker.storage). */
 bool map_brokers_share_storage(const struct map_broker *a, const struct map_broker *b);
 bool map_user_has_vhost(const struct map_user *user, struct bytes vhost);

@@ -508,7 +508,10 @@ void moves_write_json(struct member *member, struct json *body)
         json_string_n(body, from ? from->name.ptr : NULL, from ? from->name.len : 0);
         json_key(body, "to");
         json_string_n(body, to ? to->name.ptr : NULL, to ? to->name.len : 0);
-        bool caught_up = map_queue_backup_in_sync(q, q->move_to);
+        /* (A primary move also waits for the backup that keeps the
+         * factor: map_queue_move_state.) */
+        bool caught_up = backup ? map_queue_backup_in_sync(q, q->move_to)
+                                : map_queue_move_state(map, q) == MAP_MOVE_READY;
         json_kv_string(body, "phase", !caught_up ? "catching-up"
                                       : backup   ? "releasing"
                                                  : "handing-over");

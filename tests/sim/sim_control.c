@@ -456,7 +456,7 @@ static void after_states(struct sim *s, struct sim_broker *leader)
 /* What the data path would ask for: a primary puts the backups it can
  * reach in sync and drops those it cannot (as replication.c asks the map
  * after a catch-up, or when a backup stops answering), and hands a
- * moving queue over once the target is in sync (handover.c). Only from a
+ * moving queue over once the move is ready (handover.c). Only from a
  * primary the leader can hear: its request reaches the leader. */
 static void data_path(struct sim *s, struct sim_broker *leader)
 {
@@ -482,8 +482,7 @@ static void data_path(struct sim *s, struct sim_broker *leader)
         if (differs) {
             propose_one(s, leader, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name,
                                                               q->epoch, want, n), &c);
-        } else if (q->move_to != BROKER_ID_NONE && q->move_from == BROKER_ID_NONE &&
-                   map_queue_backup_in_sync(q, q->move_to)) {
+        } else if (map_queue_move_state(map, q) == MAP_MOVE_READY) {
             propose_one(s, leader, map_cmd_queue_hand_over(&c, q->vhost->name, q->name,
                                                             q->epoch, q->move_to), &c);
         }

@@ -58,14 +58,22 @@ static uint32_t apply_all(struct cluster_map *map, struct map_cmd_list *list)
     return refused;
 }
 
-/* What the brokers do between controller rounds, simulated: every backup
- * catches up (in sync), then every primary with a move whose target is in
- * sync hands over (queue.set_owner planned, handover.c). Returns how many
+/* What the brokers and the controller's repair do between controller
+ * rounds, simulated: the repair adds the backups moves wait for, every
+ * backup catches up (in sync), then every primary with a move that is
+ * ready hands over (queue.set_owner planned, handover.c). Returns how many
  * handed over. */
 static uint32_t brokers_catch_up_and_hand_over(struct cluster_map *map)
 {
     struct map_cmd c;
     uint32_t handed = 0;
+    struct controller_config config;
+    controller_config_default(&config);
+    struct map_cmd_list repairs;
+    map_cmd_list_init(&repairs);
+    assert_int_equal(controller_repair(map, &config, &repairs), OK);
+    apply_all(map, &repairs);
+    map_cmd_list_free(&repairs);
     for (uint32_t i = 0; i < map->queues_count; i++) {
         struct map_queue *q = map->queues[i];
         if (q->in_sync_mask != (1u << q->backups_count) - 1)
@@ -75,7 +83,7 @@ static uint32_t brokers_catch_up_and_hand_over(struct cluster_map *map)
     }
     for (uint32_t i = 0; i < map->queues_count; i++) {
         struct map_queue *q = map->queues[i];
-        if (q->move_to == BROKER_ID_NONE || !map_queue_backup_in_sync(q, q->move_to))
+        if (map_queue_move_state(map, q) != MAP_MOVE_READY)
             continue;
         must_apply(map, map_cmd_queue_hand_over(&c, q->vhost->name, q->name, q->epoch,
                                                 q->move_to),
@@ -844,6 +852,53 @@ static void test_drain_one_of_three(void **state)
     cluster_map_free(&map);
 }
 
+/* A move to the queue's only backup: the old primary lets go of its copy
+ * at the switch, so the handover waits until one more backup joined (the
+ * repair adds it) and caught up; with no broker for it, the move goes on
+ * as it can. */
+static void test_move_keeps_the_factor(void **state)
+{
+    (void)state;
+    for (uint32_t brokers = 2; brokers <= 3; brokers++) {
+        struct cluster_map map;
+        small_map(&map, brokers);
+        struct map_cmd c;
+        struct map_queue_decl d = {.vhost = B("/"), .name = B("q"), .durable = true,
+                                   .primary_id = 1, .backup_ids = {2}, .backups_count = 1,
+                                   .replication_factor = 2};
+        must_apply(&map, map_cmd_queue_declare(&c, &d, 1), &c);
+        struct map_queue *q = map.queues[0];
+        assert_int_equal(map_queue_move_state(&map, q), MAP_MOVE_NONE);
+        must_apply(&map, map_cmd_queue_move(&c, B("/"), B("q"), q->epoch, 2), &c);
+        if (brokers == 2) { /* (declared in sync) */
+            assert_int_equal(map_queue_move_state(&map, q), MAP_MOVE_READY);
+            cluster_map_free(&map);
+            continue;
+        }
+        assert_int_equal(map_queue_move_state(&map, q), MAP_MOVE_NEEDS_BACKUP);
+        struct controller_config config;
+        controller_config_default(&config);
+        struct map_cmd_list out;
+        map_cmd_list_init(&out);
+        assert_int_equal(controller_repair(&map, &config, &out), OK);
+        apply_all(&map, &out);
+        assert_int_equal(q->backups_count, 2); /* one beyond the factor */
+        assert_int_equal(q->backup_ids[1], 3);
+        assert_int_equal(map_queue_move_state(&map, q), MAP_MOVE_CATCHING_UP);
+        assert_int_equal(controller_repair(&map, &config, &out), OK);
+        apply_all(&map, &out);
+        assert_int_equal(q->backups_count, 2); /* nothing more while it catches up */
+        uint32_t both[2] = {2, 3};
+        must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("q"), q->epoch, both, 2), &c);
+        assert_int_equal(map_queue_move_state(&map, q), MAP_MOVE_READY);
+        must_apply(&map, map_cmd_queue_hand_over(&c, B("/"), B("q"), q->epoch, 2), &c);
+        assert_int_equal(q->primary_id, 2);
+        assert_true(map_queue_backup_in_sync(q, 3)); /* the factor, in sync, at once */
+        map_cmd_list_free(&out);
+        cluster_map_free(&map);
+    }
+}
+
 /* ---- (e) replication policies ---- */
 
 static void declare(struct cluster_map *map, const char *name, uint8_t rf, bool exclusive,
@@ -1099,6 +1154,7 @@ int main(void)
         cmocka_unit_test(test_drain_converges),
         cmocka_unit_test(test_join_rebalance_with_moves_in_flight),
         cmocka_unit_test(test_drain_one_of_three),
+        cmocka_unit_test(test_move_keeps_the_factor),
         cmocka_unit_test(test_policies_change_factors),
         cmocka_unit_test(test_repair_finishes_a_backup_move),
         cmocka_unit_test(test_takeover_from_shared_storage),
