@@ -406,11 +406,22 @@ static void read_client_capabilities(struct connection *connection, struct table
         connection->client_blocked = v.boolean;
 }
 
+/* The channels a connection is offered. Another broker's link opens one
+ * channel per consumer and per queue it asks on behalf of its clients
+ * (cluster/proxy.h), all its clients' together: the client limit would
+ * make the 2,048th remote consumer of one primary wait for ever. A peer
+ * is known by now (cluster_login precedes the tune). */
+static uint16_t offered_channel_max(const struct connection *connection)
+{
+    return connection->cluster_peer ? UINT16_MAX
+                                    : connection->broker->config.limits.channel_max;
+}
+
 static void send_tune(struct connection *connection)
 {
     const struct broker_limits *limits = &connection->broker->config.limits;
     struct method tune = {.id = METHOD_CONNECTION_TUNE};
-    tune.connection_tune.channel_max = limits->channel_max;
+    tune.connection_tune.channel_max = offered_channel_max(connection);
     tune.connection_tune.frame_max = limits->frame_max;
     tune.connection_tune.heartbeat = limits->heartbeat_s;
     connection_send_method(connection, 0, &tune);
@@ -581,7 +592,7 @@ static void handle_tune_ok(struct connection *connection, const struct method *m
      * RabbitMQ: the client has not finished tuning, so it could not
      * read a close frame sized by the values it just got wrong. */
     if (ok->frame_max < FRAME_MIN_SIZE || ok->frame_max > limits->frame_max ||
-        ok->channel_max == 0 || ok->channel_max > limits->channel_max) {
+        ok->channel_max == 0 || ok->channel_max > offered_channel_max(connection)) {
         LOG_INFO("conn=%llu peer=%s tune-ok out of range: frame_max=%u channel_max=%u",
                  (unsigned long long)connection->conn.id, connection->conn.peer_name,
                  ok->frame_max, ok->channel_max);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "amqp/method_gen.h"
+#include "amqp/reply_code_gen.h"
 #include "amqp/table.h"
 #include "broker/broker.h"
 #include "broker/channel.h"
@@ -85,6 +86,13 @@ struct proxy_op {
  * restart, links reconnect after the brokers caught up): then it is
  * answered as unreachable. */
 #define PROXY_OP_WAIT_MS 5000
+
+/* A getter (the uplink of a stand-in's basic.get and passive declares) is
+ * kept for the next request, as a client polls: one that has not been
+ * used for this long closes, so a proxy whose clients once asked about
+ * every queue does not hold a channel per queue at each primary for ever
+ * (a link has 65,535). */
+#define PROXY_GETTER_IDLE_MS 5000
 
 
 /* ---- uplinks ---- */
@@ -440,6 +448,24 @@ static void sync_primary(struct uplink *u)
 static void attach(struct proxy_stub *stub, struct consumer *consumer, bool waits)
 {
     struct uplink *u = uplink_open(stub);
+    if (u == NULL && proxy_stub_reachable(stub->queue)) {
+        /* The link is up but has no channel left (65,535 consumers and
+         * getters of this broker's clients at that primary): refused, as
+         * a broker out of a resource refuses, rather than waiting for a
+         * channel nobody promised. */
+        LOG_WARN("cluster: no channel left on the link to broker %u for a consumer of '%.*s'",
+                 stub->primary_id, (int)stub->queue->name.len,
+                 (const char *)stub->queue->name.ptr);
+        if (waits) {
+            consumer->ops->attached(consumer, REPLY_RESOURCE_ERROR,
+                                    BYTES_LIT("RESOURCE_ERROR - no channel left on the link to "
+                                              "the queue's primary"));
+        } else {
+            queue_consumer_remove(stub->queue, consumer);
+            consumer->ops->cancelled(consumer);
+        }
+        return;
+    }
     if (u == NULL)
         return; /* attached when the primary's link comes up */
     sync_primary(u);
@@ -794,6 +820,7 @@ static struct proxy_op *op_start(struct queue *queue, enum proxy_op_kind kind,
     struct proxy_stub *stub = stub_of(queue);
     if (stub->getter == NULL || stub->getter->ch == NULL)
         stub->getter = uplink_open(stub);
+    stub->getter_used_ms = uv_now(stub->member->broker->loop);
     struct uplink *u = stub->getter;
     if (u == NULL && !may_wait(stub))
         return NULL;
@@ -868,10 +895,13 @@ struct proxy_op *proxy_query(struct queue *queue, uint32_t method_id, proxy_quer
 
 void proxy_tick(struct member *member)
 {
+    uint64_t now = uv_now(member->broker->loop);
     list_for_each_safe(n, &member->stubs) {
         struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);
         if (!list_empty(&stub->waiting_ops))
             resume_waiting_ops(stub, false);
+        if (stub->getter != NULL && now - stub->getter_used_ms >= PROXY_GETTER_IDLE_MS)
+            proxy_stub_release_getter(stub->queue); /* (not if a request is out) */
     }
 }
 

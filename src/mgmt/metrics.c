@@ -36,10 +36,13 @@
 static void write_objects(struct prom *prom, struct broker *broker)
 {
     uint64_t connections = 0, channels = 0, consumers = 0, queues = 0, in_flow = 0;
+    uint64_t peer_channels = 0;
     list_for_each(node, &broker->connections) {
         const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
-        if (c->cluster_peer)
-            continue; /* another broker's link, not a client */
+        if (c->cluster_peer) { /* another broker's link, not a client */
+            peer_channels += c->channels_open;
+            continue;
+        }
         connections++;
         in_flow += c->flow || flow_connection_waits(c);
         channels += c->channels_open;
@@ -59,6 +62,9 @@ static void write_objects(struct prom *prom, struct broker *broker)
                consumers);
     prom_gauge(prom, "rabbitmq_queues", "Queues available (this broker is their primary)",
                queues);
+    prom_gauge(prom, "quay_cluster_link_channels",
+               "Channels the other brokers' links have open here (their clients' remote "
+               "consumers and requests)", peer_channels);
     prom_gauge(prom, "quay_connections_flow",
                "Client connections not read now because of flow control", in_flow);
     prom_counter(prom, "quay_flow_stops_total",

@@ -14,8 +14,10 @@ GET /api/queues (the map's placement); each test picks names so that the
 primary, the publisher's broker and the consumer's broker differ. Faults
 are injected with kill -9 and SIGSTOP/SIGCONT.
 """
+import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import socket
@@ -25,7 +27,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, closer, quayd_path, run, test, wait_until  # noqa: E402
+from clustertest import (Cluster, api_authorization, closer, quayd_path, run, test,  # noqa: E402
+                         wait_until)
 from quaytest import handshake  # noqa: E402
 
 import pika  # noqa: E402
@@ -341,6 +344,62 @@ def basic_get_through_a_proxy():
     assert body == b"g2", body
     assert ch.basic_get(name)[0] is None
     c.close()
+
+
+def link_channels(member):
+    """quay_cluster_link_channels from member's /metrics: the channels the
+    other brokers' links have open there."""
+    c = http.client.HTTPConnection("127.0.0.1", member.http_port, timeout=10)
+    try:
+        c.request("GET", "/metrics", headers={"Authorization": api_authorization()})
+        text = c.getresponse().read().decode()
+    finally:
+        c.close()
+    m = re.search(r"^quay_cluster_link_channels (\d+)$", text, re.M)
+    assert m, "no quay_cluster_link_channels"
+    return int(m.group(1))
+
+
+@test(timeout=240)
+def thousands_of_remote_consumers_and_polled_queues():
+    """A proxy holds a channel at the primary per remote consumer: more
+    than a client's channel_max (2,047) of them, over one link, all get
+    their consume-ok and their message. Queues a client only polled
+    (passive declares) do not keep a channel each at the primary: an idle
+    getter closes."""
+    n = 2100
+    ca = connect(A)  # auto-delete queues stay on their connection's broker
+    cha = ca.channel()
+    names = ["many-%d" % i for i in range(n)]
+    polled = ["polled-%d" % i for i in range(300)]
+    for name in names + polled:
+        cha.queue_declare(name, auto_delete=True)
+    for name in names:
+        cha.basic_publish("", name, name.encode())
+    assert primary_of(C, names[-1]) == "a"
+    before = link_channels(A)
+    cc = connect(C)
+    chc = cc.channel()
+    got = set()
+    for name in names:
+        chc.basic_consume(name, lambda ch, m, p, body: got.add(body), auto_ack=True)
+    deadline = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < deadline:
+        cc.process_data_events(time_limit=1)
+    assert got == set(x.encode() for x in names), len(got)
+    assert link_channels(A) >= before + n
+    cc.close()  # (their queues go: auto-delete)
+    wait_until(lambda: link_channels(A) < before + 10, 20, what="the consumers' channels closed")
+    # Polled through B: a getter each, closed once idle.
+    cb = connect(B)
+    chb = cb.channel()
+    for name in polled:
+        assert chb.queue_declare(name, passive=True).method.message_count == 0
+    assert link_channels(A) >= before + len(polled)
+    wait_until(lambda: link_channels(A) < before + 10, 20, what="idle getters closed")
+    assert chb.queue_declare(polled[0], passive=True).method.message_count == 0  # reopens
+    cb.close()
+    ca.close()
 
 
 def links_of(member):
