@@ -301,6 +301,41 @@ def bad_requests():
     eq(vhost_limits_on(a, "v-bad"), [])
 
 
+@test(timeout=60)
+def quayctl_manages_limits():
+    a, b = nodes()
+    quayctl = os.path.join(os.path.dirname(QUAYD), "quayctl")
+    ctl = [quayctl, "--http", "127.0.0.1:%d" % a.http_port]
+
+    def run_ctl(*args, rc=0):
+        out = subprocess.run(ctl + list(args), capture_output=True, text=True, timeout=30)
+        eq(out.returncode, rc, "quayctl %s: %s" % (" ".join(args), out.stderr))
+        return out.stdout
+
+    def rows(text):
+        return [line.split() for line in text.splitlines()[1:]]
+    setup_vhost(a, b, "v-ctl")
+    setup_user(a, b, "lim-ctl")
+    run_ctl("set-vhost-limits", "-p", "v-ctl", '{"max-connections": 4, "max-queues": 7}')
+    eq(rows(run_ctl("list-vhost-limits", "-p", "v-ctl")),
+       [["v-ctl", "max-connections=4,max-queues=7"]])
+    assert ["v-ctl", "max-connections=4,max-queues=7"] in rows(run_ctl("list-vhost-limits"))
+    run_ctl("set-user-limits", "lim-ctl", '{"max-channels": 2}')
+    assert ["lim-ctl", "max-channels=2"] in rows(run_ctl("list-user-limits"))
+    run_ctl("set-vhost-limits", "-p", "v-ctl", "max-queues=7", rc=64)
+    run_ctl("set-vhost-limits", "-p", "v-ctl", '{"max-queues": "7"}', rc=64)
+    run_ctl("set-vhost-limits", "-p", "v-ctl", '{"max-channels": 7}', rc=76)
+    run_ctl("set-vhost-limits", "-p", "no-such", '{"max-queues": 7}', rc=76)
+    wait_vhost_limits(b, "v-ctl", {"max-connections": 4, "max-queues": 7})
+    run_ctl("clear-vhost-limits", "-p", "v-ctl")
+    run_ctl("clear-user-limits", "lim-ctl", "max-channels")
+    eq(rows(run_ctl("list-vhost-limits", "-p", "v-ctl")), [])
+    assert not any(r[0] == "lim-ctl" for r in rows(run_ctl("list-user-limits")))
+    run_ctl("set-user-limits", "lim-ctl", '{"max-channels": 2, "max-connections": 1}')
+    run_ctl("clear-user-limits", "lim-ctl", "all")
+    assert not any(r[0] == "lim-ctl" for r in rows(run_ctl("list-user-limits")))
+
+
 def _can_connect(port):
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
