@@ -22,6 +22,7 @@
 #include "mgmt/api.h"
 #include "mgmt/json.h"
 #include "mgmt/json_read.h"
+#include "mgmt/json_tree.h"
 
 #define ERROR_SIZE 256
 
@@ -72,6 +73,92 @@ static void handle_vhost_list(void *ctx, const struct auth_user *user, struct js
 static void handle_user_list(void *ctx, const struct auth_user *user, struct json *out)
 {
     write_list(out, api_limits_of(ctx), LIMIT_SCOPE_USER, NULL, user);
+}
+
+/* {"max-connections": N, ...}: the owner's limits, in kind order. */
+static void write_value(struct json *out, const struct limit_set *set, enum limit_scope scope,
+                        struct bytes name)
+{
+    json_object_begin(out);
+    for (int k = 0; k < LIMIT_KIND_COUNT; k++) {
+        const struct limit *l = limit_set_find(set, scope, name, k);
+        if (l != NULL) {
+            json_key(out, limit_kind_name(l->kind));
+            json_int(out, l->value);
+        }
+    }
+    json_object_end(out);
+}
+
+void api_limits_write_user(struct json *out, const struct broker *broker, struct bytes user)
+{
+    write_value(out, api_limits_of(broker), LIMIT_SCOPE_USER, user);
+}
+
+void api_limits_write_parameters(struct json *out, const struct broker *broker,
+                                 struct bytes only)
+{
+    const struct limit_set *set = api_limits_of(broker);
+    for (uint32_t i = 0; i < set->count; i++) {
+        const struct limit *l = &set->items[i];
+        bool first = i == 0 || l->scope != set->items[i - 1].scope ||
+                     !bytes_equal(l->name, set->items[i - 1].name);
+        if (!first || l->scope != LIMIT_SCOPE_VHOST || (only.len && !bytes_equal(only, l->name)))
+            continue;
+        json_object_begin(out);
+        json_key(out, "value");
+        write_value(out, set, LIMIT_SCOPE_VHOST, l->name);
+        if (only.len == 0) {
+            json_key(out, "vhost");
+            json_string_n(out, l->name.ptr, l->name.len);
+        }
+        json_kv_string(out, "component", "vhost-limits");
+        json_kv_string(out, "name", "limits");
+        json_object_end(out);
+    }
+}
+
+bool api_limits_check_parameter(const struct broker *broker, const struct json_tree *tree,
+                                const struct json_node *item, struct bytes only, char *err,
+                                size_t err_size)
+{
+    const struct json_node *component = json_tree_get(tree, item, "component");
+    const struct json_node *vhost = json_tree_get(tree, item, "vhost");
+    const struct json_node *value = json_tree_get(tree, item, "value");
+    if (component == NULL || component->kind != JSON_KIND_STRING ||
+        strcmp(component->string, "vhost-limits") != 0) {
+        snprintf(err, err_size, "parameters: quay has only vhost-limits and cannot import "
+                 "other components");
+        return false;
+    }
+    struct bytes name = only;
+    if (only.len == 0 && vhost != NULL && vhost->kind == JSON_KIND_STRING)
+        name = (struct bytes){(const uint8_t *)vhost->string, vhost->string_size};
+    if (name.len == 0 || name.len > LIMIT_NAME_SIZE_MAX || value == NULL ||
+        value->kind != JSON_KIND_OBJECT) {
+        snprintf(err, err_size, "parameters: a vhost-limits item needs a vhost and a value");
+        return false;
+    }
+    const struct limit_set *set = api_limits_of(broker);
+    uint32_t count = 0;
+    for (int k = 0; k < LIMIT_KIND_COUNT; k++)
+        count += limit_set_find(set, LIMIT_SCOPE_VHOST, name, k) != NULL;
+    bool same = value->children_count == count;
+    for (const struct json_node *m = json_tree_first(tree, value); same && m != NULL;
+         m = json_tree_next(tree, m)) {
+        int kind = limit_kind_parse(LIMIT_SCOPE_VHOST, bytes_of_cstr(m->key));
+        const struct limit *l =
+            kind < 0 ? NULL : limit_set_find(set, LIMIT_SCOPE_VHOST, name, kind);
+        same = l != NULL && m->kind == JSON_KIND_NUMBER && m->is_integer &&
+               m->integer == l->value;
+    }
+    if (!same) {
+        snprintf(err, err_size, "parameters: vhost-limits of vhost '%.*s' differ from the "
+                 "vhost's (set them with PUT /api/vhost-limits)", (int)name.len,
+                 (const char *)name.ptr);
+        return false;
+    }
+    return true;
 }
 
 /* ---- the path and the body ---------------------------------------------- */

@@ -24,6 +24,10 @@
 #ifndef QUAY_MGMT_API_LIMITS_H
 #define QUAY_MGMT_API_LIMITS_H
 
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "amqp/types.h"
 #include "mgmt/http.h"
 
 struct broker;
@@ -34,5 +38,21 @@ void api_limits_register(struct http_server *http, struct broker *broker);
 
 /* The limits in force: the map's in a cluster, else the broker's. */
 const struct limit_set *api_limits_of(const struct broker *broker);
+
+/* Definitions (RabbitMQ's format): a user's "limits" object, and the
+ * "parameters" items of component "vhost-limits" (name "limits"), of every
+ * vhost or of only (len 0: all; then without "vhost" fields). */
+struct json;
+struct json_tree;
+struct json_node;
+void api_limits_write_user(struct json *out, const struct broker *broker, struct bytes user);
+void api_limits_write_parameters(struct json *out, const struct broker *broker,
+                                 struct bytes only);
+/* An import's "parameters" item: true only for a vhost-limits one that says
+ * exactly what the vhost has (limits are set with PUT /api/vhost-limits,
+ * as users and policies with their own paths); else false with why in err. */
+bool api_limits_check_parameter(const struct broker *broker, const struct json_tree *tree,
+                                const struct json_node *item, struct bytes only, char *err,
+                                size_t err_size);
 
 #endif

@@ -336,6 +336,37 @@ def quayctl_manages_limits():
     assert not any(r[0] == "lim-ctl" for r in rows(run_ctl("list-user-limits")))
 
 
+@test(timeout=60)
+def definitions_carry_limits():
+    """RabbitMQ 3.10's format: vhost limits are "parameters" of component
+    vhost-limits named "limits", a user's are its "limits" object. An import
+    accepts them where they say what the broker has (as users and policies)."""
+    a, b = nodes()
+    setup_vhost(a, b, "v-defs")
+    setup_user(a, b, "lim-defs")
+    set_vhost_limit(a, "v-defs", "max-queues", 3)
+    set_vhost_limit(a, "v-defs", "max-connections", -1)
+    set_user_limit(a, "lim-defs", "max-channels", 4)
+    defs = ok(a.api("GET", "/api/definitions"), 200, "export")
+    eq([p for p in defs["parameters"] if p.get("vhost") == "v-defs"],
+       [{"value": {"max-connections": -1, "max-queues": 3}, "vhost": "v-defs",
+         "component": "vhost-limits", "name": "limits"}])
+    eq(next(u for u in defs["users"] if u["name"] == "lim-defs")["limits"], {"max-channels": 4})
+    eq(next(u for u in defs["users"] if u["name"] == "guest")["limits"], {})
+    one = ok(a.api("GET", "/api/definitions/v-defs"), 200, "export of a vhost")
+    eq(one["parameters"], [{"value": {"max-connections": -1, "max-queues": 3},
+                            "component": "vhost-limits", "name": "limits"}])
+    ok(a.api("POST", "/api/definitions", defs), 204, "import of the export")
+    changed = dict(defs, parameters=[{"value": {"max-queues": 4}, "vhost": "v-defs",
+                                      "component": "vhost-limits", "name": "limits"}])
+    status, body = a.api("POST", "/api/definitions", changed)
+    eq(status, 400, "import of other limits (%r)" % (body,))
+    assert "vhost-limits of vhost 'v-defs' differ" in body["reason"], body
+    other = dict(defs, parameters=[{"value": {}, "vhost": "v-defs", "component": "federation",
+                                    "name": "x"}])
+    eq(a.api("POST", "/api/definitions", other)[0], 400, "another component")
+
+
 def _can_connect(port):
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
