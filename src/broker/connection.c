@@ -632,7 +632,7 @@ static bool within_limits(struct connection *connection, struct vhost *vhost, ui
                             LIMIT_MAX_CONNECTIONS);
     if (!limit_allows(limit, limit < 0 ? 0 : count_open(broker, NULL, user))) {
         connection_fail(connection, REPLY_NOT_ALLOWED, method_id,
-                        "Connection refused for user '%s': user connection limit (%lld) is "
+                        "connection refused for user '%s': user connection limit (%lld) is "
                         "reached", user->name, (long long)limit);
         return false;
     }

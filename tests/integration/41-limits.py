@@ -17,8 +17,10 @@ broker "b", the test client's broker, which places queues on the others.
 Refusals are read with the harness's own frame codec (exact codes and
 texts), the rest with pika. Connection and channel counts are per broker
 (the map has no live counts; docs/MANAGEMENT-API.md), the queue count is
-the vhost's queues in the cluster map. The texts are RabbitMQ 3.10's
-(rabbit_reader.erl, rabbit_amqqueue.erl).
+the vhost's queues in the cluster map. The refusals (codes, texts, class
+and method ids) were compared with RabbitMQ 3.10.8 run by hand
+(shared/bench/run-rabbitmq.sh, limits set with rabbitmqctl): its user
+connection refusal starts with a lower-case "connection refused".
 """
 import os
 import socket
@@ -225,7 +227,7 @@ def user_max_connections():
     set_user_limit(a, "lim-conn", "max-connections", 1)
     wait_user_limits(b, "lim-conn", {"max-connections": 1})
     c1 = b.connect("lim-conn", "pw")
-    expect_open_refused(b, 530, "NOT_ALLOWED - Connection refused for user 'lim-conn': user "
+    expect_open_refused(b, 530, "NOT_ALLOWED - connection refused for user 'lim-conn': user "
                         "connection limit (1) is reached", user="lim-conn", password="pw")
     b.connect().close()  # guest is not limited
     ok(a.api("DELETE", "/api/user-limits/lim-conn/max-connections"), 204, "clear")
