@@ -376,6 +376,18 @@ static void handle(struct broker *broker, enum limit_scope scope, struct http_ca
         return;
     }
     bool get = req->method == HTTP_METHOD_GET || req->method == HTTP_METHOD_HEAD;
+    /* The vhost route admits management users: reading needs the vhost,
+     * a change administrator (RabbitMQ's rabbit_mgmt_wm_limits and
+     * rabbit_mgmt_wm_limit, their words). */
+    bool admin = req->user == NULL || auth_user_has_tag(req->user, AUTH_TAG_ADMINISTRATOR);
+    if (!admin && (!get || !mgmt_user_sees_vhost(req->user, path.owner_b))) {
+        struct http_refusal refusal = {
+            .status = 401, .error = "not_authorised",
+            .reason = get ? "User not authorised to access virtual host"
+                          : "Not administrator user"};
+        http_call_answer_refusal(call, &refusal);
+        return;
+    }
     if (get && path.name_b.len == 0) {
         if (!owner_exists(broker, scope, path.owner_b)) {
             http_call_answer_error(call, 404, scope == LIMIT_SCOPE_VHOST ? "no such vhost"
@@ -413,7 +425,7 @@ void api_limits_register(struct http_server *http, struct broker *broker)
     http_server_route_view(http, "/api/user-limits", handle_user_list, broker,
                            MGMT_ACCESS_ADMINISTRATOR);
     http_server_route_prefix(http, "/api/vhost-limits/", handle_vhost, broker,
-                             MGMT_ACCESS_ADMINISTRATOR);
+                             MGMT_ACCESS_MANAGEMENT);
     http_server_route_prefix(http, "/api/user-limits/", handle_user, broker,
                              MGMT_ACCESS_ADMINISTRATOR);
 }

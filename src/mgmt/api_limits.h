@@ -13,9 +13,8 @@
  * name is max-connections or max-queues for a vhost, max-connections or
  * max-channels for a user; N an integer, negative for no limit. Errors:
  * 400 bad body or name, 404 unknown vhost or user, 503 when the cluster
- * map cannot commit. The list /api/vhost-limits needs management and
- * shows the vhosts the user sees; everything else needs administrator
- * (RabbitMQ lets a management user read its own vhosts' limits too).
+ * map cannot commit. Reading a vhost's limits (and the list, filtered)
+ * needs management and the vhost; the rest administrator, as in RabbitMQ.
  *
  * In a cluster a change is a map command (limit.put, limit.delete in
  * cluster/map.h), answered once applied here; outside a cluster the

@@ -296,6 +296,20 @@ def bad_requests():
                       user="lim-mgmt", password="pw")
     eq(status, 401)
     eq(vhost_limits_on(a, "v-bad"), [])
+    # Reading a vhost's limits needs management and the vhost (RabbitMQ).
+    mgmt = {"user": "lim-mgmt", "password": "pw"}
+    eq(a.api("GET", "/api/vhost-limits/v-bad", **mgmt),
+       (401, {"error": "not_authorised", "reason": "User not authorised to access virtual host"}))
+    eq(a.api("GET", "/api/user-limits", **mgmt)[0], 401)
+    ok(a.api("PUT", "/api/permissions/v-bad/lim-mgmt",
+             {"configure": "", "write": "", "read": ""}), 201, "lim-mgmt on v-bad")
+    set_vhost_limit(a, "v-bad", "max-queues", 9)
+    eq(a.api("GET", "/api/vhost-limits/v-bad", **mgmt),
+       (200, [{"vhost": "v-bad", "value": {"max-queues": 9}}]))
+    eq(a.api("GET", "/api/vhost-limits", **mgmt),
+       (200, [{"vhost": "v-bad", "value": {"max-queues": 9}}]))
+    eq(a.api("DELETE", "/api/vhost-limits/v-bad/max-queues", **mgmt)[0], 401)
+    ok(a.api("DELETE", "/api/vhost-limits/v-bad/max-queues"), 204, "clear")
     # Deleting a vhost deletes its limits.
     set_vhost_limit(a, "v-bad", "max-queues", 7)
     ok(a.api("DELETE", "/api/vhosts/v-bad"), 204, "vhost deleted")
