@@ -243,6 +243,7 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     hmap_init(&broker->vhosts);
     list_init(&broker->connections);
     policy_set_init(&broker->policies);
+    limit_set_init(&broker->limits);
     alarm_init(&broker->alarm, config->memory_high_watermark, config->disk_free_limit);
     struct auth boot; /* the file's users: a bootstrap (broker/users.h) */
     if (config->users_file) {
@@ -367,6 +368,7 @@ void broker_free(struct broker *broker)
     broker->member = NULL;
     auth_free(&broker->auth);
     policy_set_free(&broker->policies);
+    limit_set_free(&broker->limits);
     tls_context_free(&broker->amqps_tls); /* after every session that used it */
     tls_context_free(&broker->https_tls);
     tls_context_free(&broker->cluster_tls);

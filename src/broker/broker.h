@@ -15,6 +15,7 @@
 #include "broker/alarm.h"
 #include "broker/auth.h"
 #include "broker/durable.h"
+#include "broker/limits.h"
 #include "broker/policy.h"
 #include "lib/hash.h"
 #include "lib/list.h"
@@ -147,6 +148,10 @@ struct broker {
     /* Replication policies when not clustered (kept and shown, with no
      * backups to set; in a cluster the map holds them). */
     struct policy_set policies;
+    /* Vhost and user limits (broker/limits.h), what connection.open,
+     * channel.open and queue.declare check: outside a cluster the record
+     * (the journal keeps it), in a cluster a copy of the map's. */
+    struct limit_set limits;
     struct mgmt_api *mgmt;         /* owned: the HTTP API (mgmt/api.h), or NULL */
     struct cluster_node *cluster;  /* owned: cluster membership (cluster/node.h), or NULL */
     struct member *member;         /* owned: the data path's cluster side (cluster/member.h) */

@@ -326,6 +326,29 @@ static bool forget_crossed(struct connection *connection, uint16_t id)
     return false;
 }
 
+/* The user's max-channels over its connections to this broker: beyond it
+ * the connection fails, 530 (RabbitMQ 3.10's rabbit_reader, its words). */
+static bool user_channels_allow(struct connection *connection)
+{
+    const struct auth_user *user = connection->user;
+    int64_t limit = limit_set_value(&connection->broker->limits, LIMIT_SCOPE_USER,
+                                    bytes_of_cstr(user->name), LIMIT_MAX_CHANNELS);
+    if (limit < 0)
+        return true;
+    uint64_t open = 0;
+    list_for_each(node, &connection->broker->connections) {
+        const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
+        if (c->user == user && !c->cluster_peer)
+            open += c->channels_open;
+    }
+    if (limit_allows(limit, open))
+        return true;
+    connection_fail(connection, REPLY_NOT_ALLOWED, 0,
+                    "number of channels opened for user '%s' has reached the maximum allowed "
+                    "user limit of (%lld)", user->name, (long long)limit);
+    return false;
+}
+
 void channel_handle_unopened(struct connection *connection, const struct frame *frame)
 {
     if (frame->type != FRAME_METHOD) {
@@ -350,6 +373,8 @@ void channel_handle_unopened(struct connection *connection, const struct frame *
                         "channel_max (%u)", connection->channels_open, connection->channel_max);
         return;
     }
+    if (!connection->cluster_peer && !user_channels_allow(connection))
+        return;
     struct channel *ch = channel_new(connection, frame->channel);
     struct bytes vhost_name = m.channel_open.reserved_1;
     if (connection->cluster_peer && vhost_name.len > 0) {

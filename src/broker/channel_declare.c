@@ -419,6 +419,17 @@ static void queue_declare(struct channel *ch, const struct method *m)
                           NAME_ARG(name), VHOST_ARG(ch), limit);
             return;
         }
+        /* The vhost's max-queues (RabbitMQ's words): in a cluster the
+         * vhost holds a stand-in for every queue of the map, so this
+         * counts the cluster's queues. */
+        int64_t vhost_limit = limit_set_value(&broker->limits, LIMIT_SCOPE_VHOST,
+                                              ch->vhost->name, LIMIT_MAX_QUEUES);
+        if (!limit_allows(vhost_limit, ch->vhost->queues.count)) {
+            channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
+                          "cannot declare queue '%.*s': queue limit " VHOST_FMT " (%lld) is "
+                          "reached", NAME_ARG(name), VHOST_ARG(ch), (long long)vhost_limit);
+            return;
+        }
         struct bytes args = {d->arguments.ptr, d->arguments.len};
         if (channel__clustered(ch)) {
             declare_in_cluster(ch, m, name, d->queue.len == 0, parsed.quay_backups);

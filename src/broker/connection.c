@@ -608,6 +608,48 @@ static void handle_tune_ok(struct connection *connection, const struct method *m
 
 static void finish_open(struct connection *connection);
 
+/* Clients' connections (not brokers' links) that passed connection.open,
+ * of the vhost or of the user: this broker's own (see broker/limits.h). */
+static uint64_t count_open(const struct broker *broker, const struct vhost *vhost,
+                           const struct auth_user *user)
+{
+    uint64_t n = 0;
+    list_for_each(node, &broker->connections) {
+        const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
+        if (c->cluster_peer || c->conn.closing || c->vhost == NULL)
+            continue;
+        if ((vhost != NULL && c->vhost == vhost) || (user != NULL && c->user == user))
+            n++;
+    }
+    return n;
+}
+
+/* The vhost's and the user's max-connections, with RabbitMQ 3.10's
+ * refusals (rabbit_reader: 530, the vhost's first). */
+static bool within_limits(struct connection *connection, struct vhost *vhost, uint32_t method_id)
+{
+    struct broker *broker = connection->broker;
+    const struct auth_user *user = connection->user;
+    int64_t limit = limit_set_value(&broker->limits, LIMIT_SCOPE_VHOST, vhost->name,
+                                    LIMIT_MAX_CONNECTIONS);
+    if (!limit_allows(limit, limit < 0 ? 0 : count_open(broker, vhost, NULL))) {
+        connection_fail(connection, REPLY_NOT_ALLOWED, method_id,
+                        "access to vhost '%.*s' refused for user '%s': connection limit (%lld) "
+                        "is reached", (int)vhost->name.len, (const char *)vhost->name.ptr,
+                        user->name, (long long)limit);
+        return false;
+    }
+    limit = limit_set_value(&broker->limits, LIMIT_SCOPE_USER, bytes_of_cstr(user->name),
+                            LIMIT_MAX_CONNECTIONS);
+    if (!limit_allows(limit, limit < 0 ? 0 : count_open(broker, NULL, user))) {
+        connection_fail(connection, REPLY_NOT_ALLOWED, method_id,
+                        "connection refused for user '%s': user connection limit (%lld) is "
+                        "reached", user->name, (long long)limit);
+        return false;
+    }
+    return true;
+}
+
 static void handle_open(struct connection *connection, const struct method *m)
 {
     struct bytes name = m->connection_open.virtual_host;
@@ -623,6 +665,8 @@ static void handle_open(struct connection *connection, const struct method *m)
                         (const char *)name.ptr, connection->user->name);
         return;
     }
+    if (!connection->cluster_peer && !within_limits(connection, vhost, m->id))
+        return;
     connection->vhost = vhost;
     /* A clustered broker that has not applied the map up to the present
      * (a restart replays it from its start) would serve history: its

@@ -246,6 +246,41 @@ void durable_policy_deleted(struct broker *broker, struct bytes vhost, struct by
     journal_undefine(d->journal, JOURNAL_DEF_POLICY, name_key(key, vhost, name));
 }
 
+static struct bytes limit_key(uint8_t *buf, int scope, struct bytes name, int kind)
+{
+    ASSERT(name.len >= 1 && name.len <= LIMIT_NAME_SIZE_MAX);
+    buf[0] = (uint8_t)scope;
+    buf[1] = (uint8_t)kind;
+    memcpy(buf + 2, name.ptr, name.len);
+    return (struct bytes){buf, name.len + 2};
+}
+
+void durable_limit_put(struct broker *broker, int scope, struct bytes name, int kind,
+                       int64_t value)
+{
+    struct durable *d = active(broker);
+    if (!d)
+        return;
+    uint8_t key[KEY_MAX];
+    uint8_t buf[64];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_int(&w, "value", value);
+    ASSERT(!w.overflow);
+    struct table t = table_writer_table(&w);
+    journal_define(d->journal, JOURNAL_DEF_LIMIT, limit_key(key, scope, name, kind),
+                   (struct bytes){t.ptr, t.len});
+}
+
+void durable_limit_deleted(struct broker *broker, int scope, struct bytes name, int kind)
+{
+    struct durable *d = active(broker);
+    if (!d)
+        return;
+    uint8_t key[KEY_MAX];
+    journal_undefine(d->journal, JOURNAL_DEF_LIMIT, limit_key(key, scope, name, kind));
+}
+
 void durable_vhost_put(struct broker *broker, struct bytes name)
 {
     struct durable *d = active(broker);
@@ -537,11 +572,35 @@ static void replay_permission(struct replay *r, struct bytes key, struct table v
         r->dropped++;
 }
 
+/* A limit whose vhost or user is gone was deleted with it; one that
+ * still names nothing here is dropped. */
+static void replay_limit(struct replay *r, struct bytes key, struct bytes value)
+{
+    struct field_value v;
+    int64_t n;
+    if (key.len < 3 || key.len > 2 + LIMIT_NAME_SIZE_MAX || key.ptr[0] > LIMIT_SCOPE_USER ||
+        key.ptr[1] >= LIMIT_KIND_COUNT ||
+        !limit_kind_valid((enum limit_scope)key.ptr[0], (enum limit_kind)key.ptr[1]) ||
+        table_validate(value.ptr, value.len) != OK ||
+        !table_get((struct table){value.ptr, value.len}, "value", &v) ||
+        !field_value_as_int(&v, &n) || n > LIMIT_VALUE_MAX) {
+        r->dropped++;
+        return;
+    }
+    struct bytes name = {key.ptr + 2, key.len - 2};
+    limit_set_put(&r->broker->limits, (enum limit_scope)key.ptr[0], name,
+                  (enum limit_kind)key.ptr[1], n);
+}
+
 static void on_definition(void *ctx, enum journal_def_kind kind, struct bytes key,
                           struct bytes value)
 {
     struct replay *r = ctx;
     struct table value_table = {value.ptr, value.len};
+    if (kind == JOURNAL_DEF_LIMIT) {
+        replay_limit(r, key, value);
+        return;
+    }
     if (kind == JOURNAL_DEF_VHOST) {
         if (key.len == 0 || key.len > 255) {
             r->dropped++;

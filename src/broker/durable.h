@@ -67,6 +67,11 @@ void durable_binding_removed(struct broker *broker, struct vhost *vhost,
 /* A replication policy of a broker outside a cluster was put or deleted. */
 void durable_policy_put(struct broker *broker, const struct policy *policy);
 void durable_policy_deleted(struct broker *broker, struct bytes vhost, struct bytes name);
+/* A vhost or user limit of a broker outside a cluster was put or deleted
+ * (scope and kind are enum limit_scope and enum limit_kind). */
+void durable_limit_put(struct broker *broker, int scope, struct bytes name, int kind,
+                       int64_t value);
+void durable_limit_deleted(struct broker *broker, int scope, struct bytes name, int kind);
 
 /* Vhosts, users and permissions (broker/users.h decides which are kept). */
 struct auth_user;

@@ -85,6 +85,16 @@ static void close_connections(struct broker *broker, const struct auth_user *use
     }
 }
 
+/* A deleted vhost's or user's limits go with it (RabbitMQ). In a cluster
+ * the map dropped them too, and the mirror copies the map's. */
+static void delete_limits(struct broker *broker, enum limit_scope scope, struct bytes name)
+{
+    for (int kind = 0; kind < LIMIT_KIND_COUNT; kind++) {
+        if (limit_set_delete(&broker->limits, scope, name, kind) && journaled(broker))
+            durable_limit_deleted(broker, scope, name, kind);
+    }
+}
+
 bool users_delete(struct broker *broker, struct bytes name)
 {
     const struct auth_user *u = auth_find_user(&broker->auth, name);
@@ -101,6 +111,7 @@ bool users_delete(struct broker *broker, struct bytes name)
             durable_permission_deleted(broker, name, bytes_of_cstr(u->permissions[i].vhost));
         durable_user_deleted(broker, name);
     }
+    delete_limits(broker, LIMIT_SCOPE_USER, name);
     LOG_INFO("user '%s' deleted", u->name);
     auth_user_unref(u);
     return true;
@@ -158,6 +169,7 @@ bool users_vhost_delete(struct broker *broker, struct bytes name)
             durable_policy_deleted(broker, p->vhost, p->name);
     }
     policy_set_delete_vhost(&broker->policies, name);
+    delete_limits(broker, LIMIT_SCOPE_VHOST, name);
     broker_retire_vhost(broker, vhost);
     LOG_INFO("vhost '%.*s' deleted", (int)name.len, (const char *)name.ptr);
     return true;

@@ -17,7 +17,8 @@
  * Deleting a user closes its connections (320 CONNECTION_FORCED "user 'x'
  * is deleted", RabbitMQ's words); deleting a vhost closes its connections
  * ("vhost 'x' is deleted") and deletes its queues, exchanges, bindings,
- * policies and permissions. A permission change holds from the next
+ * policies, permissions and limits (a deleted user's limits go too). A
+ * permission change holds from the next
  * operation of an open channel: every operation is checked against the
  * user's permissions as they are then. RabbitMQ 3.10 is laxer: a channel
  * caches up to 12 checks that passed, and keeps them after a revocation

@@ -115,6 +115,12 @@ static const char usage_users[] =
     "  set-permissions [-p VHOST] USER CONFIGURE WRITE READ   three regular\n"
     "                expressions (\"\" matches nothing); VHOST defaults to /\n"
     "  clear-permissions [-p VHOST] USER\n"
+    "  set-vhost-limits [-p VHOST] '{\"max-connections\": N, \"max-queues\": N}'\n"
+    "                one or both (negative: no limit; PUT /api/vhost-limits/VHOST/NAME)\n"
+    "  clear-vhost-limits [-p VHOST]   both\n"
+    "  set-user-limits USER '{\"max-connections\": N, \"max-channels\": N}'\n"
+    "  clear-user-limits USER NAME|all\n"
+    "  list-vhost-limits [-p VHOST] / list-user-limits   (GET /api/vhost-limits ...)\n"
     "\n";
 
 /* usage(): as rabbitmqctl names them. */
@@ -537,6 +543,16 @@ static char *cell_text(const struct jvalue *v)
                 break;
         }
         s = n ? joined : "-";
+    } else if (v && v->type == J_OBJECT) { /* {"max-queues": 4} -> max-queues=4 */
+        size_t n = 0;
+        joined[0] = '\0';
+        for (const struct jvalue *e = v->child; e; e = e->next) {
+            n += (size_t)snprintf(joined + n, sizeof joined - n, "%s%s=%s", n ? "," : "",
+                                  e->key, e->text ? e->text : "?");
+            if (n >= sizeof joined)
+                break;
+        }
+        s = n ? joined : "-";
     }
     char *out = strdup(s);
     if (!out)
@@ -727,6 +743,14 @@ static const struct column permission_columns[] = {
     {"read", "READ", false},
 };
 
+static const struct column vhost_limit_columns[] = {
+    {"vhost", "VHOST", false}, {"value", "LIMITS", false},
+};
+
+static const struct column user_limit_columns[] = {
+    {"user", "USER", false}, {"value", "LIMITS", false},
+};
+
 static const struct column policy_columns[] = {
     {"vhost", "VHOST", false},       {"name", "NAME", false},
     {"pattern", "PATTERN", false},   {"priority", "PRIORITY", true},
@@ -791,6 +815,14 @@ static const struct command commands[] = {
      sizeof permission_columns / sizeof permission_columns[0], 0, 0},
     {"set-permissions", "PUT", "/api/permissions/", NULL, 0, 4, 4},
     {"clear-permissions", "DELETE", "/api/permissions/", NULL, 0, 1, 1},
+    {"list-vhost-limits", "GET", "/api/vhost-limits", vhost_limit_columns,
+     sizeof vhost_limit_columns / sizeof vhost_limit_columns[0], 0, 0},
+    {"list-user-limits", "GET", "/api/user-limits", user_limit_columns,
+     sizeof user_limit_columns / sizeof user_limit_columns[0], 0, 0},
+    {"set-vhost-limits", "PUT", "/api/vhost-limits/", NULL, 0, 1, 1},
+    {"clear-vhost-limits", "DELETE", "/api/vhost-limits/", NULL, 0, 0, 0},
+    {"set-user-limits", "PUT", "/api/user-limits/", NULL, 0, 2, 2},
+    {"clear-user-limits", "DELETE", "/api/user-limits/", NULL, 0, 2, 2},
 };
 
 struct options {
@@ -1128,6 +1160,82 @@ static int build_user_request(const struct options *opt, const char *authorizati
 too_long:
     fprintf(stderr, "quayctl: %s: an argument is too long\n", name);
     return EXIT_USAGE;
+}
+
+/* ---- vhost and user limits --------------------------------------------------- */
+
+/* The limit names of set-*-limits' JSON object (NAME: integer) into
+ * names[] and values[]; returns how many, or -1 (printed). */
+static int limits_of(const char *command, const struct jvalue *doc, const char **names,
+                     const char **values, int cap)
+{
+    int n = 0;
+    bool bad = doc == NULL || doc->type != J_OBJECT || doc->child == NULL;
+    for (const struct jvalue *m = bad ? NULL : doc->child; m; m = m->next) {
+        if (m->type != J_NUMBER || strlen(m->text) > 20 || n == cap) {
+            bad = true;
+            break;
+        }
+        names[n] = m->key;
+        values[n++] = m->text;
+    }
+    if (bad) {
+        fprintf(stderr, "quayctl: %s: the limits are a JSON object of integers, such as "
+                "'{\"max-connections\": 10}'\n", command);
+        return -1;
+    }
+    return n;
+}
+
+/* set-vhost-limits [-p V] JSON and set-user-limits USER JSON: one PUT per
+ * limit; clear-vhost-limits [-p V] and clear-user-limits USER NAME|all:
+ * one DELETE per limit (a DELETE of no limit is 204). */
+static int run_limits(const struct options *opt, const char *authorization)
+{
+    const char *command = opt->command->name;
+    bool vhost = strstr(command, "vhost") != NULL;
+    bool set = strncmp(command, "set-", 4) == 0;
+    char base[1024];
+    snprintf(base, sizeof base, "%s", opt->command->path);
+    const char *owner = vhost ? (opt->vhost ? opt->vhost : "/") : opt->args[0];
+    if (!append_segment(base, sizeof base, owner) || strlen(base) + 2 >= sizeof base) {
+        fprintf(stderr, "quayctl: %s: an argument is too long\n", command);
+        return EXIT_USAGE;
+    }
+    strcat(base, "/");
+    const char *names[4] = {"max-connections", vhost ? "max-queues" : "max-channels"};
+    const char *values[4] = {NULL, NULL};
+    int n = 2;
+    struct jvalue *doc = NULL;
+    if (set) {
+        const char *text = opt->args[vhost ? 0 : 1], *error = NULL;
+        doc = json_parse(text, strlen(text), &error);
+        n = limits_of(command, doc, names, values, 4);
+    } else if (!vhost && strcmp(opt->args[1], "all") != 0) {
+        names[0] = opt->args[1];
+        n = 1;
+    }
+    int rc = n < 0 ? EXIT_USAGE : 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        char path[2048], body[64] = "";
+        snprintf(path, sizeof path, "%s", base);
+        if (!append_segment(path, sizeof path, names[i])) {
+            fprintf(stderr, "quayctl: %s: an argument is too long\n", command);
+            rc = EXIT_USAGE;
+            break;
+        }
+        if (set)
+            snprintf(body, sizeof body, "{\"value\": %s}", values[i]);
+        struct buffer in = {0};
+        struct response res;
+        rc = http_request(&opt->endpoint, opt->command->method, path, set ? body : NULL,
+                          authorization, opt->timeout_ms, &in, &res);
+        if (rc == 0)
+            rc = show(opt->command, &res, opt->json);
+        free(in.data);
+    }
+    jfree(doc);
+    return rc;
 }
 
 /* Where an option that takes a string goes, or NULL if a is none. */
@@ -1473,6 +1581,11 @@ int main(int argc, char **argv)
         explicit_bzero(authorization, sizeof authorization);
         return rc;
     }
+    if (strstr(opt.command->name, "-limits") != NULL && !is_command(&opt, "list-")) {
+        rc = run_limits(&opt, authorization);
+        explicit_bzero(authorization, sizeof authorization);
+        return rc;
+    }
     if (strcmp(opt.command->name, "move") == 0) {
         snprintf(path, sizeof path, "%s", opt.command->path);
         rc = build_move(opt.args[0], opt.to, opt.vhost, opt.backup_of, body, sizeof body);
@@ -1499,6 +1612,12 @@ int main(int argc, char **argv)
                            sizeof body);
         if (rc != 0)
             return rc;
+    } else if (strcmp(opt.command->name, "list-vhost-limits") == 0 && opt.vhost != NULL) {
+        snprintf(path, sizeof path, "/api/vhost-limits/");
+        if (!append_segment(path, sizeof path, opt.vhost)) {
+            fprintf(stderr, "quayctl: list-vhost-limits: the vhost is too long\n");
+            return EXIT_USAGE;
+        }
     } else if (strcmp(opt.command->name, "list-permissions") == 0 && opt.vhost != NULL) {
         snprintf(path, sizeof path, "/api/vhosts/");
         if (!append_segment(path, sizeof path, opt.vhost) || strlen(path) + 13 >= sizeof path) {

@@ -104,6 +104,8 @@ static const char *const op_names[MAP_OP_COUNT] = {
     [MAP_OP_PERMISSION_PUT] = "permission.put",
     [MAP_OP_PERMISSION_DELETE] = "permission.delete",
     [MAP_OP_USERS_BOOTSTRAP] = "users.bootstrap",
+    [MAP_OP_LIMIT_PUT] = "limit.put",
+    [MAP_OP_LIMIT_DELETE] = "limit.delete",
 };
 
 const char *map_rebalance_name(enum map_rebalance mode)
@@ -142,6 +144,7 @@ void cluster_map_init(struct cluster_map *map)
     hmap_init(&map->vhost_index);
     hmap_init(&map->user_index);
     policy_set_init(&map->policies);
+    limit_set_init(&map->limits);
 }
 
 struct map_broker *cluster_map_broker(const struct cluster_map *map, uint32_t id)
@@ -516,6 +519,7 @@ static void vhost_remove(struct cluster_map *map, struct map_vhost *v, struct ma
     }
     ASSERT(v->queues.count == 0);
     ASSERT(v->bindings.count == 0);
+    limit_set_delete_all(&map->limits, LIMIT_SCOPE_VHOST, v->name);
     uint32_t policies = policy_set_delete_vhost(&map->policies, v->name);
     c->policies_deleted_count += policies;
     map->policies_generation += policies > 0;
@@ -564,6 +568,7 @@ void cluster_map_free(struct cluster_map *map)
     hmap_free(&map->vhost_index);
     hmap_free(&map->user_index);
     policy_set_free(&map->policies);
+    limit_set_free(&map->limits);
     memset(map, 0, sizeof(*map));
 }
 
@@ -1158,6 +1163,7 @@ static int op_user_delete(struct apply_ctx *ctx)
     struct map_user *u = cluster_map_user(ctx->map, name);
     if (u == NULL)
         return refuse(ctx, REPLY_NOT_FOUND, false, "no user '%.*s'", NAME_ARG(name));
+    limit_set_delete_all(&ctx->map->limits, LIMIT_SCOPE_USER, name);
     user_remove(ctx->map, u);
     ctx->map->users_defined = true;
     ctx->change->changed = true;
@@ -2044,6 +2050,53 @@ static int op_policy_delete(struct apply_ctx *ctx)
     return OK;
 }
 
+/* ---- limits --------------------------------------------------------------- */
+
+/* limit.put / limit.delete: see map_cmd_limit. */
+static int op_limit(struct apply_ctx *ctx, bool put)
+{
+    struct cmd_reader *r = &ctx->reader;
+    struct bytes scope_text = read_name(r, "scope");
+    struct bytes name = read_name(r, "name");
+    struct bytes kind_text = read_name(r, "kind");
+    int64_t value = -1;
+    struct field_value v;
+    if (put && read_value(r, "value", &v, false) &&
+        (!field_value_as_int(&v, &value) || value > LIMIT_VALUE_MAX ||
+         value < -LIMIT_VALUE_MAX))
+        reader_fail(r, "value");
+    enum limit_scope scope = LIMIT_SCOPE_VHOST;
+    if (bytes_equal_cstr(scope_text, "user"))
+        scope = LIMIT_SCOPE_USER;
+    else if (!bytes_equal_cstr(scope_text, "vhost"))
+        reader_fail(r, "scope");
+    int kind = limit_kind_parse(scope, kind_text);
+    if (kind < 0)
+        reader_fail(r, "kind");
+    if (r->bad_key)
+        return malformed(ctx);
+    int rc = OK;
+    if (scope == LIMIT_SCOPE_VHOST && need_vhost(ctx, name, &rc) == NULL)
+        return rc;
+    if (scope == LIMIT_SCOPE_USER && cluster_map_user(ctx->map, name) == NULL)
+        return refuse(ctx, REPLY_NOT_FOUND, false, "no user '%.*s'", NAME_ARG(name));
+    struct limit_set *set = &ctx->map->limits;
+    const struct limit *old = limit_set_find(set, scope, name, kind);
+    if (!put) {
+        ctx->change->changed = limit_set_delete(set, scope, name, kind);
+        return OK;
+    }
+    if (old != NULL && ctx->restoring)
+        return refuse(ctx, REPLY_PRECONDITION_FAILED, false, "limit twice");
+    if (old == NULL && set->count == LIMIT_COUNT_MAX)
+        return refuse(ctx, REPLY_PRECONDITION_FAILED, false, "too many limits");
+    if (old != NULL && old->value == value)
+        return OK;
+    limit_set_put(set, scope, name, kind, value);
+    ctx->change->changed = true;
+    return OK;
+}
+
 /* ---- cluster-wide settings ------------------------------------------------ */
 
 /* cluster.rebalance {mode}: "auto", "off", "once", or "done" (the leader's
@@ -2098,6 +2151,8 @@ static int dispatch(struct apply_ctx *ctx)
     case MAP_OP_PERMISSION_PUT: return op_permission_put(ctx);
     case MAP_OP_PERMISSION_DELETE: return op_permission_delete(ctx);
     case MAP_OP_USERS_BOOTSTRAP: return op_users_bootstrap(ctx);
+    case MAP_OP_LIMIT_PUT: return op_limit(ctx, true);
+    case MAP_OP_LIMIT_DELETE: return op_limit(ctx, false);
     case MAP_OP_NONE:
     case MAP_OP_COUNT: break;
     }
@@ -2741,6 +2796,35 @@ int map_cmd_policy_delete(struct map_cmd *out, struct bytes vhost, struct bytes 
     return build(out, encode_simple, &s);
 }
 
+struct limit_args {
+    enum map_op op; /* MAP_OP_NONE in a snapshot */
+    enum limit_scope scope;
+    struct bytes name;
+    enum limit_kind kind;
+    int64_t value;
+};
+
+static void encode_limit(struct table_writer *w, const void *arg)
+{
+    const struct limit_args *a = arg;
+    if (a->op != MAP_OP_NONE)
+        put_op(w, a->op);
+    table_put_longstr(w, "scope", bytes_of_cstr(limit_scope_name(a->scope)));
+    table_put_longstr(w, "name", a->name);
+    table_put_longstr(w, "kind", bytes_of_cstr(limit_kind_name(a->kind)));
+    if (a->op != MAP_OP_LIMIT_DELETE)
+        table_put_int(w, "value", a->value);
+}
+
+int map_cmd_limit(struct map_cmd *out, bool put, enum limit_scope scope, struct bytes name,
+                  enum limit_kind kind, int64_t value)
+{
+    ASSERT(limit_kind_valid(scope, kind));
+    struct limit_args a = {put ? MAP_OP_LIMIT_PUT : MAP_OP_LIMIT_DELETE, scope, name, kind,
+                           value};
+    return build(out, encode_limit, &a);
+}
+
 int map_cmd_queue_set_available(struct map_cmd *out, struct bytes vhost, struct bytes name,
                                 uint64_t expected_epoch, bool available)
 {
@@ -2787,6 +2871,21 @@ static void encode_snapshot_policies(struct table_writer *w, const struct cluste
         struct policy_args pa = {false, &d};
         size_t t = table_array_put_table_begin(w);
         encode_policy(w, &pa);
+        table_put_table_end(w, t);
+    }
+    table_put_array_end(w, a);
+}
+
+static void encode_snapshot_limits(struct table_writer *w, const struct cluster_map *map)
+{
+    if (map->limits.count == 0)
+        return; /* (a snapshot reads as before limits) */
+    size_t a = table_put_array_begin(w, "limits");
+    for (uint32_t i = 0; i < map->limits.count; i++) {
+        const struct limit *l = &map->limits.items[i];
+        struct limit_args la = {MAP_OP_NONE, l->scope, l->name, l->kind, l->value};
+        size_t t = table_array_put_table_begin(w);
+        encode_limit(w, &la);
         table_put_table_end(w, t);
     }
     table_put_array_end(w, a);
@@ -2885,6 +2984,7 @@ int cluster_map_snapshot_write(const struct cluster_map *map, uint8_t *buf, size
         table_put_bool(&w, "users_defined", true);
     encode_snapshot_objects(&w, map);
     encode_snapshot_policies(&w, map);
+    encode_snapshot_limits(&w, map);
     encode_snapshot_exchanges(&w, map);
     encode_snapshot_queues(&w, map);
     *size_out = w.overflow ? 0 : w.len;
@@ -2987,6 +3087,13 @@ int cluster_map_snapshot_read(struct cluster_map *map, const uint8_t *buf, size_
             return E_SYNTAX;
         }
     }
+    /* Optional: a snapshot from before limits has none. */
+    struct field_value lv;
+    if (table_get(top, "limits", &lv) &&
+        restore_array(&fresh, top, "limits", MAP_OP_LIMIT_PUT) != OK) {
+        cluster_map_free(&fresh);
+        return E_SYNTAX;
+    }
     fresh.version = version;
     fresh.brokers_version = brokers_version;
     fresh.rebalance = rebalance;
@@ -3075,6 +3182,13 @@ bool cluster_map_verify(const struct cluster_map *map)
             policy_set_find(&map->policies, p->vhost, p->name) != p)
             return false;
     }
+    for (uint32_t i = 0; i < map->limits.count; i++) {
+        const struct limit *l = &map->limits.items[i];
+        bool owner = l->scope == LIMIT_SCOPE_VHOST ? cluster_map_vhost(map, l->name) != NULL
+                                                   : cluster_map_user(map, l->name) != NULL;
+        if (!owner || limit_set_find(&map->limits, l->scope, l->name, l->kind) != l)
+            return false;
+    }
     for (uint32_t b = 0; b < map->brokers_count; b++) {
         const struct map_broker *br = map->brokers[b];
         if (br->queues_owned_count != owned[b] || br->backups_held_count != held[b] ||
@@ -3144,5 +3258,8 @@ size_t cluster_map_memory_size(const struct cluster_map *map)
         /* The compiled regex's own heap is libc's business: not counted. */
         n += heap(sizeof(*p)) + heap(p->vhost.len) + heap(p->name.len) + heap(p->pattern.len);
     }
+    n += heap((size_t)map->limits.cap * sizeof(struct limit));
+    for (uint32_t i = 0; i < map->limits.count; i++)
+        n += heap(map->limits.items[i].name.len);
     return n;
 }

@@ -34,6 +34,7 @@
 
 #include "amqp/table.h"
 #include "amqp/types.h"
+#include "broker/limits.h"
 #include "broker/policy.h"
 #include "lib/hash.h"
 #include "lib/list.h"
@@ -241,6 +242,9 @@ struct cluster_map {
      * the controller re-applies them to existing queues when it moves. Not
      * part of the map's state (snapshots do not carry it). */
     uint64_t policies_generation;
+    /* Vhost and user limits (broker/limits.h); a vhost's or user's go
+     * with it. Snapshots carry them as "limits" (absent: none). */
+    struct limit_set limits;
 };
 
 /* ---- lifecycle and queries --------------------------------------------------- */
@@ -332,6 +336,8 @@ enum map_op {
     MAP_OP_PERMISSION_PUT,
     MAP_OP_PERMISSION_DELETE,
     MAP_OP_USERS_BOOTSTRAP,
+    MAP_OP_LIMIT_PUT,
+    MAP_OP_LIMIT_DELETE,
     MAP_OP_COUNT
 };
 
@@ -539,6 +545,11 @@ int map_cmd_queue_take_over(struct map_cmd *out, struct bytes vhost, struct byte
  * (a missing one is refused with 404). */
 int map_cmd_policy_put(struct map_cmd *out, const struct policy_decl *decl);
 int map_cmd_policy_delete(struct map_cmd *out, struct bytes vhost, struct bytes name);
+/* limit.put {scope: "vhost" | "user", name, kind: "max-connections" ...,
+ * value} (put) or limit.delete {scope, name, kind}: refused 404 when the
+ * vhost or user does not exist; a delete of no limit changes nothing. */
+int map_cmd_limit(struct map_cmd *out, bool put, enum limit_scope scope, struct bytes name,
+                  enum limit_kind kind, int64_t value);
 
 /* A no-op: once a broker sees its own sync applied, it has applied every
  * command committed before it (node.c uses it after a start). */

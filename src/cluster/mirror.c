@@ -453,6 +453,8 @@ static void mirror_apply(struct member *member, const struct map_change *c)
     case MAP_OP_POLICY_PUT:
     case MAP_OP_POLICY_DELETE:
         return; /* read from the map where used (placement, the controller, the API) */
+    case MAP_OP_LIMIT_PUT:
+    case MAP_OP_LIMIT_DELETE: mirror_limits(member); return; /* (a no-op if unchanged) */
     case MAP_OP_VHOST_DELETE:
         /* A restart's replay is history: a vhost of that name may exist
          * again at present (mirror_all decides once synced). */

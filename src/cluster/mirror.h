@@ -27,6 +27,8 @@ void mirror_all(struct member *member, bool drop_strays);
 /* The broker's users table becomes the map's, once the map has users
  * (mirror_users.c); before that, mirror_users_bootstrap proposes ours. */
 void mirror_users(struct member *member);
+/* The broker's limits (broker/limits.h) become a copy of the map's. */
+void mirror_limits(struct member *member);
 void mirror_users_bootstrap(struct member *member);
 
 #endif

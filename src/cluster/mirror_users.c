@@ -9,6 +9,9 @@
  * broker's table is the map's, rebuilt in place after each user command:
  * users the map lacks are deleted (their connections closed), the others
  * changed in place (so open connections see new permissions at once).
+ * The vhost and user limits are copied whole from the map's: the broker
+ * checks its copy (broker/limits.h) at connection.open, channel.open and
+ * queue.declare.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -70,10 +73,18 @@ static void follow_permissions(struct auth_user *u, const struct map_user *mu)
     }
 }
 
+void mirror_limits(struct member *member)
+{
+    const struct cluster_map *map = member_map(member);
+    if (!limit_set_equal(&member->broker->limits, &map->limits))
+        limit_set_copy(&member->broker->limits, &map->limits);
+}
+
 void mirror_users(struct member *member)
 {
     const struct cluster_map *map = member_map(member);
     struct broker *broker = member->broker;
+    mirror_limits(member);
     if (!map->users_defined)
         return;
     for (size_t i = broker->auth.users_count; i-- > 0;) {

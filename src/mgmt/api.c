@@ -31,6 +31,7 @@
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/api_nodes.h"
+#include "mgmt/api_limits.h"
 #include "mgmt/api_policies.h"
 #include "mgmt/api_queues.h"
 #include "mgmt/api_rabbit.h"
@@ -299,6 +300,7 @@ int mgmt_api_start(struct broker *broker, const char *address)
                            MGMT_ACCESS_MANAGEMENT);
     api_rabbit_register(&api->http, broker); /* RabbitMQ's resources (api_rabbit.h) */
     api_policies_register(&api->http, broker);
+    api_limits_register(&api->http, broker);
     api_users_register(&api->http, broker);
     metrics_register(&api->http, broker);
     int rc = http_server_open(&api->http, &broker->net, address);

@@ -28,6 +28,7 @@
 #include "mgmt/api_bindings.h"
 #include "mgmt/api_definitions_users.h"
 #include "mgmt/api_exchanges.h"
+#include "mgmt/api_limits.h"
 #include "mgmt/api_list.h"
 #include "mgmt/api_policies.h"
 #include "mgmt/api_queues.h"
@@ -132,6 +133,7 @@ static void write_topology(struct json *out, struct broker *broker, const struct
 {
     json_key(out, "parameters");
     json_array_begin(out);
+    api_limits_write_parameters(out, broker, only ? only->name : (struct bytes){NULL, 0});
     json_array_end(out);
     write_policies(out, broker, only);
     for (int section = 0; section < 3; section++) {
@@ -440,6 +442,12 @@ static bool check_section(struct import *im, const char *key, check_fn check, ch
     return true;
 }
 
+/* A "parameters" item: only vhost-limits the broker has (api_limits.h). */
+static bool check_parameter(struct import *im, const struct json_node *item, char *err)
+{
+    return api_limits_check_parameter(im->broker, &im->tree, item, im->only, err, ERR_SIZE);
+}
+
 static bool empty_section(struct import *im, const char *key, char *err)
 {
     const struct json_node *n = json_tree_get(&im->tree, json_tree_root(&im->tree), key);
@@ -457,7 +465,8 @@ static bool check_all(struct import *im, char *err)
     if (im->only.len == 0 &&
         !api_definitions_check_users(im->broker, &im->tree, root, err, ERR_SIZE))
         return false;
-    return empty_section(im, "parameters", err) && empty_section(im, "topic_permissions", err) &&
+    return check_section(im, "parameters", check_parameter, err) &&
+           empty_section(im, "topic_permissions", err) &&
            check_section(im, "policies", check_policy, err) &&
            check_section(im, "exchanges", check_exchange, err) &&
            check_section(im, "queues", check_queue, err) &&

@@ -10,6 +10,7 @@
 #include "broker/broker.h"
 #include "broker/vhost.h"
 #include "lib/base64.h"
+#include "mgmt/api_limits.h"
 #include "mgmt/json.h"
 #include "mgmt/json_tree.h"
 
@@ -69,8 +70,7 @@ void api_definitions_write_users(struct json *out, struct broker *broker)
         }
         json_array_end(out);
         json_key(out, "limits");
-        json_object_begin(out);
-        json_object_end(out);
+        api_limits_write_user(out, broker, bytes_of_cstr(u->name));
         json_object_end(out);
     }
     json_array_end(out);

@@ -203,7 +203,10 @@ int journal_read(struct journal_queue *q, uint64_t seq, void *buf, uint32_t size
  *   EXCHANGE / QUEUE "vhost\0name";
  *   BINDING "vhost\0source\0destination_kind destination\0routing_key\0args";
  *   POLICY "vhost\0name" (a broker outside a cluster; a log with one is
- *   refused by binaries from before policies). */
+ *   refused by binaries from before policies);
+ *   LIMIT "scope kind name" (one byte each of enum limit_scope and
+ *   enum limit_kind, then the vhost's or user's name; likewise refused by
+ *   binaries from before limits). */
 enum journal_def_kind {
     JOURNAL_DEF_VHOST = 1,
     JOURNAL_DEF_USER = 2,
@@ -212,8 +215,9 @@ enum journal_def_kind {
     JOURNAL_DEF_QUEUE = 5,
     JOURNAL_DEF_BINDING = 6,
     JOURNAL_DEF_POLICY = 7,
+    JOURNAL_DEF_LIMIT = 8,
 };
-#define JOURNAL_DEF_KIND_MAX 7
+#define JOURNAL_DEF_KIND_MAX 8
 
 /* Put replaces the value for (kind, key); delete removes it (a no-op record
  * when absent). Both return a sync ticket. The log is rewritten as a

@@ -823,6 +823,57 @@ static void test_queue_set_factor(void **state)
     cluster_map_free(&map);
 }
 
+/* limit.put / limit.delete: refused for a vhost or user that does not
+ * exist, malformed for a kind the scope lacks; a vhost's and a user's
+ * limits go with it; snapshots carry them byte for byte. */
+static void test_limits(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    struct map_cmd c_;
+    APPLY_OK(&map, map_cmd_vhost_put(&c_, B("prod")));
+    APPLY_OK(&map, map_cmd_user_put(&c_, B("u"), B("hash"), NULL, 0, NULL, 0));
+    APPLY_OK(&map, map_cmd_limit(&c_, true, LIMIT_SCOPE_VHOST, B("prod"), LIMIT_MAX_QUEUES, 5));
+    assert_true(last.changed);
+    APPLY_OK(&map, map_cmd_limit(&c_, true, LIMIT_SCOPE_VHOST, B("prod"), LIMIT_MAX_QUEUES, 5));
+    assert_false(last.changed);
+    APPLY_OK(&map, map_cmd_limit(&c_, true, LIMIT_SCOPE_USER, B("u"), LIMIT_MAX_CHANNELS, -1));
+    APPLY_OK(&map, map_cmd_limit(&c_, true, LIMIT_SCOPE_VHOST, B("/"), LIMIT_MAX_CONNECTIONS, 0));
+    assert_int_equal(APPLY_RC(&map, map_cmd_limit(&c_, true, LIMIT_SCOPE_VHOST, B("nope"),
+                                                  LIMIT_MAX_QUEUES, 1)), E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_NOT_FOUND);
+    assert_int_equal(APPLY_RC(&map, map_cmd_limit(&c_, true, LIMIT_SCOPE_USER, B("nope"),
+                                                  LIMIT_MAX_CHANNELS, 1)), E_MAP_REFUSED);
+    assert_int_equal(map.limits.count, 3);
+    assert_int_equal(limit_set_value(&map.limits, LIMIT_SCOPE_USER, B("u"), LIMIT_MAX_CHANNELS),
+                     -1);
+    assert_non_null(limit_set_find(&map.limits, LIMIT_SCOPE_USER, B("u"), LIMIT_MAX_CHANNELS));
+    uint8_t *snap;
+    size_t size;
+    assert_int_equal(cluster_map_snapshot_alloc(&map, &snap, &size), OK);
+    struct cluster_map copy;
+    cluster_map_init(&copy);
+    assert_int_equal(cluster_map_snapshot_read(&copy, snap, size), OK);
+    assert_true(limit_set_equal(&copy.limits, &map.limits));
+    uint8_t *again;
+    size_t again_size;
+    assert_int_equal(cluster_map_snapshot_alloc(&copy, &again, &again_size), OK);
+    assert_int_equal(again_size, size);
+    assert_memory_equal(again, snap, size);
+    free(again);
+    free(snap);
+    cluster_map_free(&copy);
+    APPLY_OK(&map, map_cmd_limit(&c_, false, LIMIT_SCOPE_VHOST, B("/"), LIMIT_MAX_CONNECTIONS, 0));
+    assert_true(last.changed);
+    APPLY_OK(&map, map_cmd_limit(&c_, false, LIMIT_SCOPE_VHOST, B("/"), LIMIT_MAX_CONNECTIONS, 0));
+    assert_false(last.changed);
+    APPLY_OK(&map, map_cmd_vhost_delete(&c_, B("prod")));
+    APPLY_OK(&map, map_cmd_user_delete(&c_, B("u")));
+    assert_int_equal(map.limits.count, 0);
+    cluster_map_free(&map);
+}
+
 static void test_policy_snapshots(void **state)
 {
     (void)state;
@@ -1429,6 +1480,7 @@ int main(void)
         cmocka_unit_test(test_policies),
         cmocka_unit_test(test_queue_set_factor),
         cmocka_unit_test(test_policy_snapshots),
+        cmocka_unit_test(test_limits),
         cmocka_unit_test(test_all_valid_commands_apply),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_fuzz_flips),
