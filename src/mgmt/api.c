@@ -31,6 +31,7 @@
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/api_nodes.h"
+#include "mgmt/api_placement.h"
 #include "mgmt/api_policies.h"
 #include "mgmt/api_queues.h"
 #include "mgmt/api_rabbit.h"
@@ -301,6 +302,7 @@ int mgmt_api_start(struct broker *broker, const char *address)
     api_policies_register(&api->http, broker);
     api_users_register(&api->http, broker);
     metrics_register(&api->http, broker);
+    api_placement_register(&api->http, broker);
     int rc = http_server_open(&api->http, &broker->net, address);
     if (rc != 0) {
         LOG_ERROR("cannot listen for HTTP on %s: %s", address, uv_strerror(rc));
