@@ -16,7 +16,9 @@ the URL fragment, which the page moves into sessionStorage (it is never
 sent to the server; the broker checks them as for any API client). The
 DOM is read for what the page drew: elements with ids and data-
 attributes (data-state, data-primaries), compared with what the API says.
-Then, with the cluster map open in a browser that keeps running (read
+A page left open logs in through its form as a person would (a wrong
+password first, refused), then filters and sorts the queue list. Then,
+with the cluster map open in a browser that keeps running (read
 through the DevTools protocol over --remote-debugging-pipe, not reloaded),
 c3 is killed with -9: the page's own refresh must draw it down within 10 s
 (c1's map marks it down in about 1.5 s); a page loaded afresh draws it down
@@ -139,6 +141,8 @@ class LivePage:
     def evaluate(self, expression):
         result = self.call("Runtime.evaluate", {"expression": expression,
                                                 "returnByValue": True}, self.session)
+        if "exceptionDetails" in result:
+            raise AssertionError("%s: %s" % (expression, result["exceptionDetails"]))
         return result["result"].get("value")
 
     def brokers(self):
@@ -281,6 +285,54 @@ def queue_list_shows_a_page():
     for q in QUEUES:
         assert ">%s<" % q in page, "queue %s not listed" % q
     assert text_of(page, "list-page") == "page 1 of 1"
+
+
+@test(timeout=120)
+def login_form_then_filter_and_sort_live():
+    """The login form as a person uses it (no fragment): a wrong password
+    is refused by the API and said so, the right one opens the queues;
+    then the filter box and a click on a column head ask for another page."""
+    url = "http://%s:%d/#queues" % (c2.host, c2.http_port)
+    page = LivePage(url)
+    try:
+        ev = page.evaluate
+        login_shown = "document.getElementById('login')?.hidden === false"  # once loaded
+        wait_until(lambda: ev(login_shown), 20, interval=0.2, what="the login form")
+        user, password = cluster.api_user
+
+        def log_in(pw):
+            ev("document.getElementById('login-user').value = %s;"
+               "document.getElementById('login-password').value = %s;"
+               "document.getElementById('login').requestSubmit(); true"
+               % (json.dumps(user), json.dumps(pw)))
+        log_in(password + "-wrong")
+        wait_until(lambda: ev("document.getElementById('login-error').textContent"), 10,
+                   interval=0.2, what="the login error")
+        assert ev("document.getElementById('login-error').textContent").startswith(
+            "Login failed"), ev("document.getElementById('login-error').textContent")
+        assert ev("document.getElementById('view-list').hidden")
+        log_in(password)
+        title = "document.getElementById('list-title').textContent"
+        wait_until(lambda: ev(title) == "Queues (%d)" % len(QUEUES), 10, interval=0.2,
+                   what="the queue list", detail=lambda: ev(title))
+        filter_by = ("{const f = document.getElementById('list-filter'); f.value = %s;"
+                     "f.dispatchEvent(new Event('input')); true}")
+        ev(filter_by % "'q-7'")
+        wait_until(lambda: ev(title) == "Queues (1 of %d)" % len(QUEUES), 10, interval=0.2,
+                   what="the filtered list", detail=lambda: ev(title))
+        names = ("[...document.querySelectorAll('#list tbody tr')]"
+                 ".map((tr) => tr.children[1].textContent)")
+        assert ev(names) == ["console-q-7"], ev(names)
+        ev(filter_by % "''")
+        wait_until(lambda: ev(names) == sorted(QUEUES), 10, interval=0.2,
+                   what="the whole list by name", detail=lambda: ev(names))
+        ev("document.querySelector('#list th[data-key=name]').click(); true")
+        wait_until(lambda: ev(names) == sorted(QUEUES, reverse=True), 10, interval=0.2,
+                   what="the list by name, descending", detail=lambda: ev(names))
+        # The credentials are the tab's, not the address's.
+        assert "password" not in ev("location.href"), ev("location.href")
+    finally:
+        page.close()
 
 
 @test(timeout=120)
