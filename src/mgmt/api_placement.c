@@ -67,7 +67,8 @@ static void write_pairs(struct json *out, const struct cluster_map *map)
     ASSERT(n <= CLUSTER_BROKERS_MAX);
     struct pair_count *pairs = calloc((size_t)n * n + 1, sizeof *pairs);
     uint32_t *alone = calloc((size_t)n + 1, sizeof *alone);
-    ASSERT(pairs != NULL && alone != NULL);
+    ASSERT(pairs != NULL);
+    ASSERT(alone != NULL);
     uint32_t unavailable = count_pairs(map, pairs, alone);
     json_kv_uint(out, "unavailable", unavailable);
     json_key(out, "pairs");

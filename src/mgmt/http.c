@@ -418,9 +418,12 @@ static void answer_asset(struct http_conn *hc, const struct http_request *req,
     ASSERT(n > 0 && (size_t)n < sizeof headers);
     struct json body;
     http_body_init(&body);
+    json_raw(&body, (const char *)asset->data, asset->size);
     bool fresh = etag_matches(req, asset->etag);
-    if (!fresh)
-        json_raw(&body, (const char *)asset->data, asset->size);
+    /* A 304 has no body, and its Content-Length, if any, must be the
+     * 200's (RFC 9110 8.6): the head of the 200, with the 304's status. */
+    if (fresh)
+        hc->head_only = true;
     LOG_DEBUG("http conn=%llu peer=%s %.*s %s: %d", (unsigned long long)hc->conn.id,
               hc->conn.peer_name, (int)req->method_size, req->method, asset->path,
               fresh ? 304 : 200);
@@ -775,7 +778,8 @@ void http_server_route_text(struct http_server *server, const char *path, http_v
 void http_server_route_asset(struct http_server *server, const struct http_asset *asset)
 {
     ASSERT(asset != NULL);
-    ASSERT(asset->etag != NULL && asset->content_type != NULL);
+    ASSERT(asset->etag != NULL);
+    ASSERT(asset->content_type != NULL);
     add_route(server, (struct http_route){.path = asset->path, .asset = asset});
 }
 

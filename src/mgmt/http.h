@@ -1,9 +1,10 @@
 /*
  * http.h: a small HTTP/1.1 server on the broker's loop, for the
  * management API. It serves GET (and HEAD) of registered paths with a JSON
- * body, POST actions, and GET/PUT/DELETE under registered prefixes (a
- * resource such as /api/policies/VHOST/NAME, answered now or later), one
- * request per connection ("Connection: close"), and nothing else: request
+ * body, static files (the web console's: http_asset), POST actions, and
+ * GET/PUT/DELETE under registered prefixes (a resource such as
+ * /api/policies/VHOST/NAME, answered now or later), one request per
+ * connection ("Connection: close"), and nothing else: request
  * bodies only with Content-Length, no keep-alive, no chunked encoding;
  * over TLS when http_server_use_tls says so (net/conn_tls.c does it).
  *

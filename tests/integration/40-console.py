@@ -243,6 +243,7 @@ def static_files_over_plain_http():
     # Unchanged: 304 without the body.
     status, h2, body = raw_get(c1, "/", {"If-None-Match": h["etag"]})
     assert status == 304 and body == b"" and h2["etag"] == h["etag"], (status, h2, body)
+    assert h2["content-length"] == h["content-length"], h2  # the 200's, or none (RFC 9110)
     status, h, body = raw_get(c1, "/console.js")
     assert status == 200 and h["content-type"] == "text/javascript; charset=utf-8", h
     status, h, _ = raw_get(c1, "/console.css")
