@@ -26,6 +26,7 @@ const state = {
   list: {page: 1, size: 50, filter: '', sort: null, reverse: false},
   search: '',           // the cluster view's queue search
   picked: null,         // {vhost, name} of the queue shown on the ring
+  found: null,          // the last search's answer, with its search and time
 };
 
 const $ = (id) => document.getElementById(id);
@@ -385,11 +386,19 @@ function fillTable(id, rows) {
   $(id).tBodies[0].replaceChildren(body);
 }
 
+// The search goes through GET /api/queues, which builds the whole list (and
+// in a cluster asks the primaries for counts) before it cuts the page: asked
+// again every LIST_REFRESH_MS, not with every redraw of the ring.
 async function findQueues() {
   if (!state.search) { $('cl-found').replaceChildren(); return null; }
-  const q = new URLSearchParams({page: 1, page_size: 10, name: state.search,
-    columns: 'vhost,name,primary,backups,in_sync,available'});
-  const found = await api('/api/queues?' + q);
+  let found = state.found;
+  if (!found || found.search !== state.search || Date.now() - found.at >= LIST_REFRESH_MS) {
+    const q = new URLSearchParams({page: 1, page_size: 10, name: state.search,
+      columns: 'vhost,name,primary,backups,in_sync,available'});
+    found = Object.assign(await api('/api/queues?' + q), {search: state.search,
+      at: Date.now()});
+    state.found = found;
+  }
   const items = found.items || [];
   $('cl-found').replaceChildren(...items.map((i) => el('li', {onclick: () => {
     state.picked = {vhost: i.vhost, name: i.name};
