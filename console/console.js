@@ -331,7 +331,7 @@ function drawRing(cluster, placement, queue) {
       'data-backup': p.backup, 'data-queues': p.queues, 'data-in-sync': p.in_sync});
     g.append(svg('path', {class: `pair ${kind}`, d: c.d, 'stroke-width': width,
       'marker-end': `url(#arrow-${kind})`}));
-    const label = p.in_sync === p.queues ? `${p.queues}` : `${p.in_sync}/${p.queues}`;
+    const label = p.in_sync === p.queues ? fmt(p.queues) : `${fmt(p.in_sync)}/${fmt(p.queues)}`;
     g.append(svg('text', {x: c.lx, y: c.ly, 'text-anchor': 'middle'}, label));
     parts.push(g);
   }
@@ -354,7 +354,7 @@ function drawRing(cluster, placement, queue) {
     g.append(svg('text', {x: p.x, y: p.y + below, 'text-anchor': 'middle',
       'font-weight': 'bold'}, b.name + (b.name === cluster.leader ? ' (leader)' : '')));
     g.append(svg('text', {x: p.x, y: p.y + below + 15, 'text-anchor': 'middle'},
-      `${b.primaries} primaries, ${b.backups} backups`));
+      `${fmt(b.primaries)} primaries, ${fmt(b.backups)} backups`));
     parts.push(g);
   }
   ring.replaceChildren(...parts);
