@@ -23,6 +23,9 @@ packages=(
   # which tests/integration/36-rabbitmqadmin.py runs against quay and by hand
   # for the definitions round trip (never as a service: see policy-rc.d)
   rabbitmq-server
+  # the web console's test (tests/integration/40-console.py) loads the page
+  # in headless Chromium
+  chromium
 )
 # Node.js for the amqplib interop test (tests/integration/08-amqplib.py).  By
 # command, not by package: a node that came with its own npm is fine as it is.

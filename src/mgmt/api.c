@@ -32,10 +32,12 @@
 #include "lib/log.h"
 #include "mgmt/api_nodes.h"
 #include "mgmt/api_limits.h"
+#include "mgmt/api_placement.h"
 #include "mgmt/api_policies.h"
 #include "mgmt/api_queues.h"
 #include "mgmt/api_rabbit.h"
 #include "mgmt/api_users.h"
+#include "mgmt/console.h"
 #include "mgmt/http.h"
 #include "mgmt/http_guard.h"
 #include "mgmt/json.h"
@@ -303,6 +305,8 @@ int mgmt_api_start(struct broker *broker, const char *address)
     api_limits_register(&api->http, broker);
     api_users_register(&api->http, broker);
     metrics_register(&api->http, broker);
+    api_placement_register(&api->http, broker);
+    console_register(&api->http); /* the web console's files, at "/" */
     int rc = http_server_open(&api->http, &broker->net, address);
     if (rc != 0) {
         LOG_ERROR("cannot listen for HTTP on %s: %s", address, uv_strerror(rc));

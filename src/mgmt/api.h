@@ -19,7 +19,8 @@
  * AMQP as the user who asked (api_amqp.h).
  *
  * Access, as RabbitMQ's management plugin grants it. Every request but an
- * unknown path's needs HTTP Basic credentials of a user of the broker's
+ * unknown path's and the web console's files (console.h: no data in them)
+ * needs HTTP Basic credentials of a user of the broker's
  * users file (broker/auth.h; the loopback restriction holds here too)
  * with a management tag; what it may then do:
  *
@@ -39,6 +40,7 @@
  *   PUT/DELETE /api/policies/{v}/{n}  policymaker, of a vhost it may open
  *                                     (administrator: any)
  *   GET /api/cluster, /cluster/links  monitoring (node-level, like RabbitMQ's /api/nodes)
+ *   GET /api/cluster/placement        monitoring (api_placement.h)
  *   GET /metrics                      monitoring (Prometheus text: metrics.h)
  *   POST /api/cluster/leave, /forget  administrator
  *

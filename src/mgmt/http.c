@@ -30,8 +30,9 @@
 
 #define HTTP_TICK_MS 250
 /* Room reserved in front of every response body for the status line and
- * headers, which are written last (Content-Length is known only then). */
-#define HTTP_HEADROOM 256u
+ * headers, which are written last (Content-Length is known only then);
+ * a static file's security headers and ETag need more than 256 bytes. */
+#define HTTP_HEADROOM 512u
 
 /* Where a client stands. */
 enum http_conn_state {
@@ -84,6 +85,7 @@ const char *http_status_text(int status)
     case 201: return "Created";
     case 202: return "Accepted";
     case 204: return "No Content";
+    case 304: return "Not Modified";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 403: return "Forbidden";
@@ -273,6 +275,8 @@ static bool admitted(struct http_conn *hc, const struct http_request *req,
 {
     *user = NULL;
     struct http_server *server = hc->server;
+    if (route->asset != NULL)
+        return true; /* a static file: no data of the broker (struct http_asset) */
     if (server->admit != NULL) {
         struct http_admission admission = {.method = method, .access = route->access,
                                            .request = req,
@@ -380,6 +384,52 @@ static const struct http_route *admit_request(struct http_conn *hc,
     return route;
 }
 
+/* Whether If-None-Match names etag (a list of quoted tags, maybe weak
+ * "W/..."; "*" matches any). */
+static bool etag_matches(const struct http_request *req, const char *etag)
+{
+    if (req->if_none_match == NULL)
+        return false;
+    size_t n = strlen(etag);
+    const char *v = req->if_none_match;
+    size_t size = req->if_none_match_size;
+    if (size == 1 && v[0] == '*')
+        return true;
+    for (size_t i = 0; i + n <= size; i++) {
+        if (memcmp(v + i, etag, n) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* A static file: the file, or 304 when the client's copy is this one.
+ * no-cache means "ask each time", which the ETag makes a 304 of a few
+ * bytes; the policy keeps the page from running anything but its own
+ * script and from being framed by another site (clickjacking). */
+static void answer_asset(struct http_conn *hc, const struct http_request *req,
+                         const struct http_asset *asset)
+{
+    char headers[256];
+    int n = snprintf(headers, sizeof headers,
+                     "ETag: %s\r\n"
+                     "X-Content-Type-Options: nosniff\r\n"
+                     "Content-Security-Policy: default-src 'self'; frame-ancestors 'none'\r\n",
+                     asset->etag);
+    ASSERT(n > 0 && (size_t)n < sizeof headers);
+    struct json body;
+    http_body_init(&body);
+    json_raw(&body, (const char *)asset->data, asset->size);
+    bool fresh = etag_matches(req, asset->etag);
+    /* A 304 has no body, and its Content-Length, if any, must be the
+     * 200's (RFC 9110 8.6): the head of the 200, with the 304's status. */
+    if (fresh)
+        hc->head_only = true;
+    LOG_DEBUG("http conn=%llu peer=%s %.*s %s: %d", (unsigned long long)hc->conn.id,
+              hc->conn.peer_name, (int)req->method_size, req->method, asset->path,
+              fresh ? 304 : 200);
+    answer_as(hc, fresh ? 304 : 200, &body, headers, asset->content_type);
+}
+
 static void dispatch(struct http_conn *hc, const struct http_request *req)
 {
     enum http_method method;
@@ -390,6 +440,10 @@ static void dispatch(struct http_conn *hc, const struct http_request *req)
         return;
     if (route->prefix != NULL) {
         dispatch_prefix(hc, route, req, method, path_size, user);
+        return;
+    }
+    if (route->asset != NULL) {
+        answer_asset(hc, req, route->asset);
         return;
     }
     struct json body;
@@ -719,6 +773,14 @@ void http_server_route_text(struct http_server *server, const char *path, http_v
     ASSERT(content_type != NULL);
     add_route(server, (struct http_route){.path = path, .view = view, .ctx = ctx,
                                           .access = access, .content_type = content_type});
+}
+
+void http_server_route_asset(struct http_server *server, const struct http_asset *asset)
+{
+    ASSERT(asset != NULL);
+    ASSERT(asset->etag != NULL);
+    ASSERT(asset->content_type != NULL);
+    add_route(server, (struct http_route){.path = asset->path, .asset = asset});
 }
 
 void http_server_route_post(struct http_server *server, const char *path, http_action_fn action,

@@ -1,9 +1,10 @@
 /*
  * http.h: a small HTTP/1.1 server on the broker's loop, for the
  * management API. It serves GET (and HEAD) of registered paths with a JSON
- * body, POST actions, and GET/PUT/DELETE under registered prefixes (a
- * resource such as /api/policies/VHOST/NAME, answered now or later), one
- * request per connection ("Connection: close"), and nothing else: request
+ * body, static files (the web console's: http_asset), POST actions, and
+ * GET/PUT/DELETE under registered prefixes (a resource such as
+ * /api/policies/VHOST/NAME, answered now or later), one request per
+ * connection ("Connection: close"), and nothing else: request
  * bodies only with Content-Length, no keep-alive, no chunked encoding;
  * over TLS when http_server_use_tls says so (net/conn_tls.c does it).
  *
@@ -135,6 +136,20 @@ typedef void (*http_prefix_fn)(void *ctx, struct http_call *call,
  * must not be answered any more. */
 typedef void (*http_cancel_fn)(void *arg);
 
+/* A static file served as it is (the web console's page, style and
+ * script), to anyone who passes the Host and Origin checks: without
+ * admission, because it holds none of the broker's data (the page asks
+ * for credentials and sends them with its /api requests). Static. */
+struct http_asset {
+    const char *path;              /* "/", "/console.js" */
+    const char *content_type;      /* "text/html; charset=utf-8" */
+    const uint8_t *data;
+    size_t size;
+    /* A strong validator of data (a hash of it), quoted as HTTP wants:
+     * answered as ETag, compared with If-None-Match (304). */
+    const char *etag;
+};
+
 struct http_route {
     const char *path;              /* borrowed, static: "/api/queues" or a prefix "/api/x/" */
     http_handler_fn handler;       /* GET (and HEAD), or NULL */
@@ -148,6 +163,8 @@ struct http_route {
     /* A view whose body is not JSON but text of this type (static), which
      * it writes with json_raw only; NULL: a JSON route. */
     const char *content_type;
+    /* A static file for GET and HEAD, served without admission; NULL: not one. */
+    const struct http_asset *asset;
     void *ctx;                     /* borrowed */
     uint32_t access;               /* for the admission hook */
 };
@@ -199,6 +216,10 @@ void http_server_route_view(struct http_server *server, const char *path, http_v
  * with json_raw, not a JSON value: GET /metrics. */
 void http_server_route_text(struct http_server *server, const char *path, http_view_fn view,
                             void *ctx, uint32_t access, const char *content_type);
+/* Serves a static file at asset->path (borrowed, static) for GET and
+ * HEAD, without admission (struct http_asset says why), with its ETag;
+ * a request whose If-None-Match names it gets 304 without the body. */
+void http_server_route_asset(struct http_server *server, const struct http_asset *asset);
 /* Registers a POST action for an exact path. */
 void http_server_route_post(struct http_server *server, const char *path, http_action_fn action,
                             void *ctx, uint32_t access);
@@ -259,6 +280,8 @@ struct http_request {
     size_t authorization_size;
     const char *content_type;
     size_t content_type_size;
+    const char *if_none_match;     /* for a static file's 304 (http_asset) */
+    size_t if_none_match_size;
     bool line_complete;            /* the request line ended (for 414 vs 431) */
     /* When the verdict is E_SYNTAX: the status to answer and why. */
     int status;

@@ -180,6 +180,9 @@ static int parse_header(const char *line, size_t size, struct http_request *req)
     if (name_is(line, i, "content-type"))
         return keep_value(value, value_size, &req->content_type, &req->content_type_size, req,
                           "more than one Content-Type header");
+    if (name_is(line, i, "if-none-match"))
+        return keep_value(value, value_size, &req->if_none_match, &req->if_none_match_size,
+                          req, "more than one If-None-Match header");
     if (name_is(line, i, "content-length"))
         return parse_content_length(value, value_size, req);
     if (name_is(line, i, "transfer-encoding"))

@@ -281,9 +281,14 @@ static void test_parser_keeps_guarded_headers(void **state)
     assert_int_equal(req.authorization_size, 10);
     assert_memory_equal(req.authorization, "Basic Og==", 10);
     assert_int_equal(req.content_type_size, 16);
+    static const char cached[] = "GET / HTTP/1.1\r\nHost: h\r\nIf-None-Match: \"ab\"\r\n\r\n";
+    assert_int_equal(http_parse_request(cached, sizeof cached - 1, &req), OK);
+    assert_int_equal(req.if_none_match_size, 4);
+    assert_memory_equal(req.if_none_match, "\"ab\"", 4);
     static const char plain[] = "GET / HTTP/1.1\r\nHost: h\r\n\r\n";
     assert_int_equal(http_parse_request(plain, sizeof plain - 1, &req), OK);
     assert_null(req.origin);
+    assert_null(req.if_none_match);
     assert_null(req.authorization);
     assert_null(req.content_type);
     static const char *const twice[] = {

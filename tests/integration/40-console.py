@@ -1,0 +1,397 @@
+"""Goal: the web console that quayd serves at "/" works in a real browser
+against a real cluster: it logs in with a management user, its overview
+shows the right totals, its queue list shows the queues, its cluster map
+draws every broker on the ring with its state and share of the queues, one
+queue's placement, and a broker killed with -9 as down. And, as plain HTTP:
+the console's files are served without a login, with their Content-Type,
+an ETag (304 when unchanged) and a Content-Security-Policy; an unknown
+static path is 404; the API still requires a login.
+
+Method: tests/cluster/clustertest.py forms three brokers (c1, c2, c3);
+pika declares ten queues on c1 (with one backup each: the ring has pairs
+to draw) and publishes to one. Debian's headless Chromium loads the console
+from c1 (`--dump-dom` after `--virtual-time-budget`, so the page's fetches
+and at least two of its 1.5 s refreshes have run); the credentials go in
+the URL fragment, which the page moves into sessionStorage (it is never
+sent to the server; the broker checks them as for any API client). The
+DOM is read for what the page drew: elements with ids and data-
+attributes (data-state, data-primaries), compared with what the API says.
+A page left open logs in through its form as a person would (a wrong
+password first, refused), then filters and sorts the queue list. Then,
+with the cluster map open in a browser that keeps running (read
+through the DevTools protocol over --remote-debugging-pipe, not reloaded),
+c3 is killed with -9: the page's own refresh must draw it down within 10 s
+(c1's map marks it down in about 1.5 s); a page loaded afresh draws it down
+too. Screenshots of the cluster map before and after the kill are
+kept in the artefact directory ($QUAY_ARTIFACT_DIR, by default
+test-artifacts/40-console beside $QUAYD, e.g. build-asan/test-artifacts/),
+whose path is printed: the cluster's own directory, with the brokers' logs,
+is removed when the test passes. Skipped (77) without chromium
+(scripts/setup.sh installs it).
+"""
+import html
+import json
+import os
+import re
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import http.client
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
+sys.path.insert(0, HERE)
+from clustertest import Cluster, closer, connect, run, test, wait_until  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+QUEUES = ["console-q-%d" % i for i in range(10)]
+ARTIFACTS = os.environ.get("QUAY_ARTIFACT_DIR") or os.path.join(
+    os.path.dirname(os.path.abspath(os.environ.get("QUAYD", "."))), "test-artifacts",
+    "40-console")
+
+cluster = None
+c1 = c2 = c3 = None
+
+
+def raw_get(member, path, headers=None, method="GET"):
+    """(status, headers dict with lower-case names, body bytes), no login."""
+    c = http.client.HTTPConnection(member.host, member.http_port, timeout=10)
+    try:
+        c.request(method, path, headers=headers or {})
+        r = c.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        c.close()
+
+
+def browser(args, timeout=60):
+    """Runs headless Chromium once with a profile of its own; returns stdout."""
+    profile = tempfile.mkdtemp(prefix="quay-chromium-")
+    try:
+        argv = [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox",
+                "--no-first-run", "--disable-dev-shm-usage", "--disable-extensions",
+                "--user-data-dir=" + profile, "--window-size=1400,1100",
+                "--virtual-time-budget=6000"] + args
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            raise AssertionError("chromium exited %d: %s" % (p.returncode, p.stderr[-2000:]))
+        return p.stdout
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+class LivePage:
+    """One page kept open in headless Chromium, read while it runs through
+    the DevTools protocol over --remote-debugging-pipe (commands on the
+    browser's fd 3, answers on its fd 4, each a JSON text ended by NUL),
+    so the test sees what the page's own refresh loop draws, in real time."""
+
+    def __init__(self, url):
+        self.profile = tempfile.mkdtemp(prefix="quay-chromium-")
+        cmd_r, self.cmd_w = os.pipe()
+        self.res_r, res_w = os.pipe()
+
+        def fds():  # in the child: the pipe ends where Chromium wants them
+            # Out of the way first (either may be 3 or 4 already), then
+            # inheritable: os.pipe()'s ends are close-on-exec, and a dup2
+            # onto itself would keep that.
+            r, w = os.dup(cmd_r), os.dup(res_w)
+            os.dup2(r, 3)
+            os.dup2(w, 4)
+        self.proc = subprocess.Popen(
+            [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
+             "--disable-dev-shm-usage", "--disable-extensions",
+             "--user-data-dir=" + self.profile, "--remote-debugging-pipe", url],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            close_fds=False, preexec_fn=fds)
+        os.close(cmd_r)
+        os.close(res_w)
+        self.next_id = 0
+        self.buffer = b""
+        targets = self.call("Target.getTargets")["targetInfos"]
+        page = next(t for t in targets if t["type"] == "page")
+        self.session = self.call("Target.attachToTarget",
+                                 {"targetId": page["targetId"], "flatten": True})["sessionId"]
+
+    def call(self, method, params=None, session=None, timeout=20):
+        self.next_id += 1
+        msg = {"id": self.next_id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self.cmd_w, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\0" in self.buffer:
+                text, self.buffer = self.buffer.split(b"\0", 1)
+                answer = json.loads(text)
+                if answer.get("id") == self.next_id:
+                    if "error" in answer:
+                        raise AssertionError("%s: %s" % (method, answer["error"]))
+                    return answer["result"]
+            left = deadline - time.monotonic()
+            assert left > 0, "no answer from chromium to %s" % method
+            if select.select([self.res_r], [], [], left)[0]:
+                chunk = os.read(self.res_r, 65536)
+                assert chunk, "chromium closed its pipe"
+                self.buffer += chunk
+
+    def evaluate(self, expression):
+        result = self.call("Runtime.evaluate", {"expression": expression,
+                                                "returnByValue": True}, self.session)
+        if "exceptionDetails" in result:
+            raise AssertionError("%s: %s" % (expression, result["exceptionDetails"]))
+        return result["result"].get("value")
+
+    def brokers(self):
+        """{name: state} as the ring draws them now."""
+        return dict(self.evaluate(
+            "[...document.querySelectorAll('#ring g.broker')]"
+            ".map((g) => [g.dataset.name, g.dataset.state])") or [])
+
+    def close(self):
+        os.close(self.cmd_w)
+        self.proc.kill()
+        self.proc.wait(10)
+        os.close(self.res_r)
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def page_url(member, fragment):
+    user, password = cluster.api_user
+    return "http://%s:%d/#%s&user=%s&password=%s" % (member.host, member.http_port, fragment,
+                                                     user, password)
+
+
+def dom(member, fragment):
+    return browser(["--dump-dom", page_url(member, fragment)])
+
+
+def screenshot(member, fragment, name):
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    path = os.path.join(ARTIFACTS, name)
+    browser(["--screenshot=" + path, page_url(member, fragment)])
+    assert os.path.getsize(path) > 1000, "an empty screenshot"
+    print("# screenshot: %s" % path)
+    return path
+
+
+def text_of(page, element_id):
+    m = re.search(r'id="%s"[^>]*>([^<]*)<' % re.escape(element_id), page)
+    assert m, "no element #%s in the page" % element_id
+    return html.unescape(m.group(1)).strip()
+
+
+def brokers_drawn(page):
+    """{name: {"state": ..., "primaries": N, "backups": N}} from the ring."""
+    out = {}
+    for m in re.finditer(r'<g class="broker[^"]*"([^>]*)>', page):
+        attrs = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', m.group(1)))
+        out[attrs["name"]] = {"state": attrs["state"], "primaries": int(attrs["primaries"]),
+                              "backups": int(attrs["backups"])}
+    return out
+
+
+def refreshes(page):
+    m = re.search(r'<body[^>]*data-refreshes="(\d+)"', page)
+    return int(m.group(1)) if m else 0
+
+
+@test(timeout=180)
+def cluster_with_queues():
+    global cluster, c1, c2, c3
+    cluster = Cluster()
+    c1, c2, c3 = cluster.form(["c1", "c2", "c3"])
+    conn = connect(c1)
+    ch = conn.channel()
+    for q in QUEUES:
+        ch.queue_declare(q, durable=True, arguments={"x-quay-backups": 1})
+    for i in range(5):
+        ch.basic_publish("", QUEUES[0], b"m%d" % i)
+    conn.close()
+    wait_until(lambda: c1.api_get("/api/cluster/placement")["queues"] == len(QUEUES), 10,
+               what="every queue in the map")
+    # The pairs are the queues' own placements, summed (polled: a backup
+    # may still be catching up between the two answers).
+    def pairs():
+        placement = c1.api_get("/api/cluster/placement")
+        assert placement["unavailable"] == 0 and placement["alone"] == [], placement
+        expect = {}
+        for q in c1.api_get("/api/queues"):
+            for b in q["backups"]:
+                n = expect.setdefault((q["primary"], b), [0, 0])
+                n[0] += 1
+                n[1] += b in q["in_sync"]
+        got = {(p["primary"], p["backup"]): [p["queues"], p["in_sync"]]
+               for p in placement["pairs"]}
+        return got if got == expect else None
+    got = wait_until(pairs, 10, interval=0.2, what="the pairs to match the queues")
+    assert sum(n for n, _ in got.values()) == len(QUEUES), got
+
+
+@test
+def static_files_over_plain_http():
+    status, h, body = raw_get(c1, "/")
+    assert status == 200, status
+    assert h["content-type"] == "text/html; charset=utf-8", h
+    assert b"/console.js" in body and b"<html" in body
+    assert h["cache-control"] == "no-cache" and re.fullmatch(r'"[0-9a-f]{16}"', h["etag"]), h
+    assert "default-src 'self'" in h["content-security-policy"], h
+    assert h["x-content-type-options"] == "nosniff", h
+    # Unchanged: 304 without the body.
+    status, h2, body = raw_get(c1, "/", {"If-None-Match": h["etag"]})
+    assert status == 304 and body == b"" and h2["etag"] == h["etag"], (status, h2, body)
+    assert h2["content-length"] == h["content-length"], h2  # the 200's, or none (RFC 9110)
+    status, h, body = raw_get(c1, "/console.js")
+    assert status == 200 and h["content-type"] == "text/javascript; charset=utf-8", h
+    status, h, _ = raw_get(c1, "/console.css")
+    assert status == 200 and h["content-type"] == "text/css; charset=utf-8", h
+    status, h, body = raw_get(c1, "/console.js", method="HEAD")
+    assert status == 200 and body == b"" and int(h["content-length"]) > 1000, h
+    for path in ("/nothing.js", "/console", "/index.html", "/console.js/x"):
+        status, _, _ = raw_get(c1, path)
+        assert status == 404, (path, status)
+    status, _, _ = raw_get(c1, "/", method="POST")
+    assert status == 405, status
+    # The data still needs a login; the files do not make it any easier.
+    for path in ("/api/overview", "/api/cluster", "/api/cluster/placement", "/api/queues"):
+        status, h, _ = raw_get(c1, path)
+        assert status == 401 and "www-authenticate" in h, (path, status)
+    # The Host and Origin checks apply to the files too.
+    status, _, _ = raw_get(c1, "/", {"Host": "evil.example"})
+    assert status == 403, status
+    status, _, _ = raw_get(c1, "/api/overview", {"Origin": "http://evil.example"})
+    assert status == 403, status
+
+
+@test(timeout=120)
+def overview_shows_the_totals():
+    page = dom(c1, "overview")
+    assert 'id="login"' in page and refreshes(page) >= 2, "the page did not refresh: %s" % (
+        page[-1500:])
+    overview = c1.api_get("/api/overview")
+    assert text_of(page, "ov-queues") == str(len(QUEUES)) == str(overview["queues"]), (
+        text_of(page, "ov-queues"), overview["queues"])
+    assert text_of(page, "ov-connections") == str(overview["connections"])
+    assert text_of(page, "ov-alarms") == "none"
+    assert text_of(page, "who") == cluster.api_user[0]
+
+
+@test(timeout=120)
+def queue_list_shows_a_page():
+    page = dom(c2, "queues")
+    assert text_of(page, "list-title") == "Queues (%d)" % len(QUEUES), text_of(page, "list-title")
+    for q in QUEUES:
+        assert ">%s<" % q in page, "queue %s not listed" % q
+    assert text_of(page, "list-page") == "page 1 of 1"
+
+
+@test(timeout=120)
+def login_form_then_filter_and_sort_live():
+    """The login form as a person uses it (no fragment): a wrong password
+    is refused by the API and said so, the right one opens the queues;
+    then the filter box and a click on a column head ask for another page."""
+    url = "http://%s:%d/#queues" % (c2.host, c2.http_port)
+    page = LivePage(url)
+    try:
+        ev = page.evaluate
+        login_shown = "document.getElementById('login')?.hidden === false"  # once loaded
+        wait_until(lambda: ev(login_shown), 20, interval=0.2, what="the login form")
+        user, password = cluster.api_user
+
+        def log_in(pw):
+            ev("document.getElementById('login-user').value = %s;"
+               "document.getElementById('login-password').value = %s;"
+               "document.getElementById('login').requestSubmit(); true"
+               % (json.dumps(user), json.dumps(pw)))
+        log_in(password + "-wrong")
+        wait_until(lambda: ev("document.getElementById('login-error').textContent"), 10,
+                   interval=0.2, what="the login error")
+        assert ev("document.getElementById('login-error').textContent").startswith(
+            "Login failed"), ev("document.getElementById('login-error').textContent")
+        assert ev("document.getElementById('view-list').hidden")
+        log_in(password)
+        title = "document.getElementById('list-title').textContent"
+        wait_until(lambda: ev(title) == "Queues (%d)" % len(QUEUES), 10, interval=0.2,
+                   what="the queue list", detail=lambda: ev(title))
+        filter_by = ("{const f = document.getElementById('list-filter'); f.value = %s;"
+                     "f.dispatchEvent(new Event('input')); true}")
+        ev(filter_by % "'q-7'")
+        wait_until(lambda: ev(title) == "Queues (1 of %d)" % len(QUEUES), 10, interval=0.2,
+                   what="the filtered list", detail=lambda: ev(title))
+        names = ("[...document.querySelectorAll('#list tbody tr')]"
+                 ".map((tr) => tr.children[1].textContent)")
+        assert ev(names) == ["console-q-7"], ev(names)
+        ev(filter_by % "''")
+        wait_until(lambda: ev(names) == sorted(QUEUES), 10, interval=0.2,
+                   what="the whole list by name", detail=lambda: ev(names))
+        ev("document.querySelector('#list th[data-key=name]').click(); true")
+        wait_until(lambda: ev(names) == sorted(QUEUES, reverse=True), 10, interval=0.2,
+                   what="the list by name, descending", detail=lambda: ev(names))
+        # The credentials are the tab's, not the address's.
+        assert "password" not in ev("location.href"), ev("location.href")
+    finally:
+        page.close()
+
+
+@test(timeout=120)
+def cluster_map_draws_the_brokers():
+    page = dom(c1, "cluster")
+    drawn = brokers_drawn(page)
+    api = {b["name"]: b for b in c1.api_get("/api/cluster")["brokers"]}
+    assert set(drawn) == {"c1", "c2", "c3"}, drawn
+    for name, b in drawn.items():
+        assert b["state"] == "up", drawn
+        assert (b["primaries"], b["backups"]) == (api[name]["primaries"], api[name]["backups"]), (
+            drawn, api)
+    assert sum(b["primaries"] for b in drawn.values()) == len(QUEUES)
+    pairs = re.findall(r'<g class="pair-group" data-primary="([^"]+)" data-backup="([^"]+)" '
+                       r'data-queues="(\d+)"', page)
+    assert sum(int(n) for _, _, n in pairs) == len(QUEUES), pairs
+    screenshot(c1, "cluster", "cluster-up.png")
+
+
+@test(timeout=120)
+def one_queues_placement():
+    q = c1.api_get("/api/queues/%2F/" + QUEUES[3])
+    page = dom(c1, "cluster&queue=" + QUEUES[3])
+    shown = text_of(page, "cl-queue") if 'id="cl-queue"><p' not in page else re.search(
+        r'id="cl-queue"><p>([^<]*)<', page).group(1)
+    assert "primary %s" % q["primary"] in shown, (shown, q)
+    assert "backups %s" % ", ".join(q["backups"]) in shown, (shown, q)
+
+
+@test(timeout=120)
+def a_killed_broker_is_drawn_down_live():
+    page = LivePage(page_url(c1, "cluster"))
+    try:
+        wait_until(lambda: page.brokers() == {"c1": "up", "c2": "up", "c3": "up"}, 20,
+                   interval=0.2, what="the open page to draw three brokers up",
+                   detail=lambda: page.brokers())
+        t0 = c3.kill()
+        # The page is not reloaded: its own refresh (every 1.5 s) redraws c3.
+        wait_until(lambda: page.brokers().get("c3") == "down", 10,
+                   interval=0.2, what="the open page to draw c3 down", detail=lambda: page.brokers())
+        print("# the open page drew c3 down %.1f s after kill -9" % (time.monotonic() - t0))
+        assert page.brokers() == {"c1": "up", "c2": "up", "c3": "down"}, page.brokers()
+        api = {b["name"]: b["state"] for b in c1.api_get("/api/cluster")["brokers"]}
+        assert api["c3"] == "down", api
+    finally:
+        page.close()
+
+
+@test(timeout=120)
+def a_fresh_page_draws_it_down():
+    page = dom(c1, "cluster")
+    drawn = brokers_drawn(page)
+    assert drawn["c3"]["state"] == "down", drawn
+    assert drawn["c1"]["state"] == "up" and drawn["c2"]["state"] == "up", drawn
+    screenshot(c1, "cluster", "cluster-c3-down.png")
+
+if __name__ == "__main__":
+    if CHROMIUM is None:
+        print("# skipped: no chromium (scripts/setup.sh installs it)")
+        sys.exit(77)
+    sys.exit(run(cleanup=closer(lambda: cluster)))
