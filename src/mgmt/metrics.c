@@ -62,9 +62,10 @@ static void write_objects(struct prom *prom, struct broker *broker)
                consumers);
     prom_gauge(prom, "rabbitmq_queues", "Queues available (this broker is their primary)",
                queues);
-    prom_gauge(prom, "quay_cluster_link_channels",
-               "Channels the other brokers' links have open here (their clients' remote "
-               "consumers and requests)", peer_channels);
+    if (broker->cluster)
+        prom_gauge(prom, "quay_cluster_link_channels",
+                   "Channels the other brokers' links have open here (their clients' remote "
+                   "consumers and requests)", peer_channels);
     prom_gauge(prom, "quay_connections_flow",
                "Client connections not read now because of flow control", in_flow);
     prom_counter(prom, "quay_flow_stops_total",
