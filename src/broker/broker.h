@@ -16,6 +16,7 @@
 #include "broker/auth.h"
 #include "broker/durable.h"
 #include "broker/policy.h"
+#include "broker/rates.h"
 #include "lib/hash.h"
 #include "lib/list.h"
 #include "net/conn.h"
@@ -108,6 +109,22 @@ struct broker_counters {
     uint64_t flow_stops;               /* connections stopped by a congested queue (flow.h) */
 };
 
+/* The broker_counters the tick samples for rates (rates.h), by index. */
+enum broker_rate {
+    BROKER_RATE_PUBLISH,
+    BROKER_RATE_CONFIRM,
+    BROKER_RATE_DELIVER,
+    BROKER_RATE_DELIVER_NO_ACK,
+    BROKER_RATE_GET,
+    BROKER_RATE_GET_NO_ACK,
+    BROKER_RATE_REDELIVER,
+    BROKER_RATE_ACK,
+    BROKER_RATE_RETURN_UNROUTABLE,
+    BROKER_RATE_DROP_UNROUTABLE,
+    BROKER_RATE_COUNT
+};
+_Static_assert(BROKER_RATE_COUNT <= RATES_VALUES_MAX, "the broker's samples fit struct rates");
+
 struct broker {
     uv_loop_t *loop;               /* borrowed */
     struct broker_config config;
@@ -159,6 +176,9 @@ struct broker {
     struct list_node flow_congested; /* struct queue.flow.congested_link (flow.h) */
     struct net_flush_hook confirms_hook;
     struct broker_counters counters;
+    struct rates_clock rates_clock; /* when the tick sampled rates (rates.h) */
+    struct rates rates;             /* of counters */
+    uint64_t rates_due_ms;          /* the next sample's loop time */
     bool stopping;
 };
 

@@ -268,6 +268,17 @@ void json_double(struct json *json, double v)
     put_number(json, text, snprintf(text, sizeof text, "%.17g", v));
 }
 
+void json_decimal(struct json *json, double v)
+{
+    ASSERT(isfinite(v));
+    char text[40];
+    int n = snprintf(text, sizeof text, "%.2f", v);
+    ASSERT(n > 0 && (size_t)n < sizeof text);
+    while (text[n - 1] == '0' && text[n - 2] != '.')
+        n--; /* "0.20" -> "0.2", "3.00" -> "3.0" */
+    put_number(json, text, n);
+}
+
 void json_bool(struct json *json, bool v)
 {
     before_value(json);
