@@ -72,13 +72,22 @@ static void sample_rates(struct broker *broker, uint64_t now)
         [BROKER_RATE_DROP_UNROUTABLE] = (uint32_t)c->unroutable_dropped,
     };
     rates_sample(&broker->rates, &broker->rates_clock, values, BROKER_RATE_COUNT);
+    uint32_t totals[BROKER_TOTALS_RATE_COUNT] = {0};
     struct hmap_entry *v;
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
         struct vhost *vhost = v->value;
         struct hmap_entry *q;
-        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);)
-            queue_sample_rates(q->value, &broker->rates_clock);
+        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);) {
+            struct queue *queue = q->value;
+            queue_sample_rates(queue, &broker->rates_clock);
+            totals[BROKER_TOTALS_RATE_READY] += queue->ready_count;
+            totals[BROKER_TOTALS_RATE_UNACKED] += queue->unacked_count;
+        }
     }
+    totals[BROKER_TOTALS_RATE_MESSAGES] =
+        totals[BROKER_TOTALS_RATE_READY] + totals[BROKER_TOTALS_RATE_UNACKED];
+    rates_sample(&broker->totals_rates, &broker->rates_clock, totals,
+                 BROKER_TOTALS_RATE_COUNT);
     list_for_each(node, &broker->connections) {
         channels_sample_rates(CONTAINER_OF(node, struct connection, broker_link),
                               &broker->rates_clock);
@@ -402,6 +411,7 @@ void broker_free(struct broker *broker)
     member_free(broker->member); /* after the stand-ins it lists */
     broker->member = NULL;
     rates_free(&broker->rates);
+    rates_free(&broker->totals_rates);
     auth_free(&broker->auth);
     policy_set_free(&broker->policies);
     tls_context_free(&broker->amqps_tls); /* after every session that used it */

@@ -125,6 +125,15 @@ enum broker_rate {
 };
 _Static_assert(BROKER_RATE_COUNT <= RATES_VALUES_MAX, "the broker's samples fit struct rates");
 
+/* The sums of every queue's counts the tick samples (RabbitMQ's
+ * /api/overview queue_totals.*_details). */
+enum broker_totals_rate {
+    BROKER_TOTALS_RATE_MESSAGES,
+    BROKER_TOTALS_RATE_READY,
+    BROKER_TOTALS_RATE_UNACKED,
+    BROKER_TOTALS_RATE_COUNT
+};
+
 struct broker {
     uv_loop_t *loop;               /* borrowed */
     struct broker_config config;
@@ -178,6 +187,7 @@ struct broker {
     struct broker_counters counters;
     struct rates_clock rates_clock; /* when the tick sampled rates (rates.h) */
     struct rates rates;             /* of counters */
+    struct rates totals_rates;      /* of every queue's counts (enum broker_totals_rate) */
     uint64_t rates_due_ms;          /* the next sample's loop time */
     bool stopping;
 };

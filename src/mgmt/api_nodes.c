@@ -243,12 +243,14 @@ void api_nodes_register(struct http_server *http, struct broker *broker)
 struct rabbit_totals {
     uint64_t connections, channels, consumers, exchanges, queues;
     uint64_t ready, unacked;
+    bool all;   /* of every vhost */
 };
 
 static void count(struct broker *broker, const struct auth_user *user, struct rabbit_totals *t)
 {
     memset(t, 0, sizeof *t);
     bool all = user == NULL || auth_user_has_tag(user, AUTH_TAG_MONITORING);
+    t->all = all;
     list_for_each(node, &broker->connections) {
         const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
         if (!c->cluster_peer && (all || c->user == user)) {
@@ -347,6 +349,16 @@ void api_overview_write_rabbit(struct json *out, struct broker *broker,
     json_kv_uint(out, "messages", t.ready + t.unacked);
     json_kv_uint(out, "messages_ready", t.ready);
     json_kv_uint(out, "messages_unacknowledged", t.unacked);
+    if (t.all) { /* the rates are of every queue's counts */
+        const struct rates *r = &broker->totals_rates;
+        const struct rates_clock *clock = &broker->rates_clock;
+        api_stats_write_rate(out, "messages",
+                             rates_per_s(r, clock, BROKER_TOTALS_RATE_MESSAGES));
+        api_stats_write_rate(out, "messages_ready",
+                             rates_per_s(r, clock, BROKER_TOTALS_RATE_READY));
+        api_stats_write_rate(out, "messages_unacknowledged",
+                             rates_per_s(r, clock, BROKER_TOTALS_RATE_UNACKED));
+    }
     json_object_end(out);
     write_message_stats(out, broker);
     write_listeners(out, broker);

@@ -114,6 +114,11 @@ def publish_deliver_ack_totals_and_rates():
             eq(rate(q, "messages_unacknowledged"), 0.0, "unacked rate on %s" % who)
         eq(q["message_stats_from"], "primary" if member is not None or b().cluster is None
            else "local", "message_stats_from on " + who)
+        if member is not None or b().cluster is None:   # where the messages are
+            port = member.http_port if member is not None else b().http_port
+            totals = api_get("127.0.0.1", port, "/api/overview")["queue_totals"]
+            in_band(rate(totals, "messages"), "queue_totals.messages_details on %s" % who)
+            in_band(rate(totals, "messages_ready"), "queue_totals ready rate on %s" % who)
     # The publishing channel, as /api/channels showed it near the end.
     mine = [c for c in seen_channel["list"] if c["message_stats"]["publish"] > 0]
     eq(len(mine), 1, "one publishing channel in %r" % seen_channel["list"])
