@@ -123,6 +123,7 @@ def publish_deliver_ack_totals_and_rates():
     mine = [c for c in seen_channel["list"] if c["message_stats"]["publish"] > 0]
     eq(len(mine), 1, "one publishing channel in %r" % seen_channel["list"])
     in_band(rate(mine[0]["message_stats"], "publish"), "the channel's publish rate")
+    assert isinstance(rate(mine[0]["message_stats"], "ack"), float), mine[0]
     ov = b().api_get("/api/overview")
     eq(ov["message_stats"]["publish"], N, "overview publish total")
     in_band(rate(ov["message_stats"], "publish"), "overview publish rate")
@@ -225,6 +226,10 @@ def idle_queue_reads_zero():
     listed = [x for x in b().api_get("/api/queues") if x["name"] == name]
     eq(len(listed), 1, "listed")
     eq(listed[0]["message_stats"], q["message_stats"], "the list shows the same stats")
+    # Rates are JSON floats in a list too (it is written back from a parse).
+    for k, v in listed[0]["message_stats"].items():
+        if k.endswith("_details"):
+            assert isinstance(v["rate"], float), "%s in the list: %r" % (k, v)
 
 
 @test(timeout=60)
