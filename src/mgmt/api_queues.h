@@ -31,7 +31,10 @@
  * its queue.declare-ok carries no counters). The stand-ins' uplinks
  * consume and get in ack mode, so a no-ack client behind a stand-in counts
  * as deliver/get and ack on the primary. The *_details of the counts are of
- * this broker's counts too (a stand-in's are its own, usually 0).
+ * this broker's counts too (a stand-in's are its own, usually 0). The
+ * counters are not replicated or journalled: they start at 0 when the
+ * broker starts, and a new primary (failover, move) counts from 0; the
+ * stand-in it was kept its own counts, which stay with the queue.
  *
  * In a cluster every broker lists every queue (each has a stand-in for
  * the queues other brokers are primary of). The counts of a queue whose
