@@ -33,8 +33,8 @@
  * as deliver/get and ack on the primary. The *_details of the counts are of
  * this broker's counts too (a stand-in's are its own, usually 0). The
  * counters are not replicated or journalled: they start at 0 when the
- * broker starts, and a new primary (failover, move) counts from 0; the
- * stand-in it was kept its own counts, which stay with the queue.
+ * broker starts, and a promotion or a demotion (failover, move) makes the
+ * queue object anew (cluster/mirror.c), whose counters start at 0 too.
  *
  * In a cluster every broker lists every queue (each has a stand-in for
  * the queues other brokers are primary of). The counts of a queue whose
