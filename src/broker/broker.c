@@ -89,8 +89,13 @@ static void sample_rates(struct broker *broker, uint64_t now)
     rates_sample(&broker->totals_rates, &broker->rates_clock, totals,
                  BROKER_TOTALS_RATE_COUNT);
     list_for_each(node, &broker->connections) {
-        channels_sample_rates(CONTAINER_OF(node, struct connection, broker_link),
-                              &broker->rates_clock);
+        struct connection *connection = CONTAINER_OF(node, struct connection, broker_link);
+        /* Sampled mod 2^32: exact while under 2^31 bytes (2 GiB) in 5 s. */
+        uint32_t bytes[CONNECTION_RATE_COUNT] = {
+            [CONNECTION_RATE_RECV_OCT] = (uint32_t)connection->conn.bytes_in,
+            [CONNECTION_RATE_SEND_OCT] = (uint32_t)connection->conn.bytes_out};
+        rates_sample(&connection->rates, &broker->rates_clock, bytes, CONNECTION_RATE_COUNT);
+        channels_sample_rates(connection, &broker->rates_clock);
     }
 }
 

@@ -128,6 +128,11 @@ static void write_connection(struct json *out, struct broker *broker, const stru
     json_kv_uint(out, "frame_max", c->frame_max);
     json_kv_uint(out, "channel_max", c->channel_max);
     json_kv_uint(out, "timeout", c->heartbeat_s);
+    const struct rates_clock *clock = &broker->rates_clock;
+    api_stats_write(out, "recv_oct", c->conn.bytes_in,
+                    rates_per_s(&c->rates, clock, CONNECTION_RATE_RECV_OCT));
+    api_stats_write(out, "send_oct", c->conn.bytes_out,
+                    rates_per_s(&c->rates, clock, CONNECTION_RATE_SEND_OCT));
     /* quay's own. */
     json_kv_uint(out, "id", c->conn.id);
     json_kv_string(out, "peer", c->conn.peer_name);

@@ -91,6 +91,7 @@ def publish_deliver_ack_totals_and_rates():
     def watch_channels():
         time.sleep(N / PACE - 1.0)   # near the end of the publishing
         seen_channel["list"] = b().api_get("/api/channels")
+        seen_channel["connections"] = b().api_get("/api/connections")
 
     w = threading.Thread(target=watch_channels)
     w.start()
@@ -124,6 +125,12 @@ def publish_deliver_ack_totals_and_rates():
     eq(len(mine), 1, "one publishing channel in %r" % seen_channel["list"])
     in_band(rate(mine[0]["message_stats"], "publish"), "the channel's publish rate")
     assert isinstance(rate(mine[0]["message_stats"], "ack"), float), mine[0]
+    # Its connection's bytes: every publish is over 40 bytes of frames.
+    conns = [c for c in seen_channel["connections"] if c["recv_oct"] > 40 * N / 2]
+    eq(len(conns), 1, "one connection that received the publishes: %r"
+       % seen_channel["connections"])
+    assert rate(conns[0], "recv_oct") > 40 * PACE * 0.3, conns[0]
+    assert conns[0]["send_oct"] > 0 and "send_oct_details" in conns[0], conns[0]
     ov = b().api_get("/api/overview")
     eq(ov["message_stats"]["publish"], N, "overview publish total")
     in_band(rate(ov["message_stats"], "publish"), "overview publish rate")
