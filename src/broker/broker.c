@@ -50,13 +50,19 @@ void broker_config_defaults(struct broker_config *config)
     };
 }
 
-/* Once a second (rates.h): the broker's counters and every queue's. About
- * 30 ns a queue; nothing is allocated unless a queue's values move. */
-static void sample_rates(struct broker *broker, uint64_t now)
+/* The queues are sampled in RATES_PHASES parts, one a tick, each queue
+ * always in the same part (two bits of its table entry's hash), so that
+ * with many queues the loop pauses for a quarter of the walk at a time.
+ * A queue's samples stay one second apart; they are dated by the round's
+ * first tick, which shifts every one of them alike and leaves the rate
+ * (a difference over a difference) as it was. */
+#define RATES_PHASES (RATES_SAMPLE_MS / TICK_MS)
+_Static_assert(RATES_PHASES == 4 && RATES_PHASES * TICK_MS == RATES_SAMPLE_MS,
+               "the phases are two bits of a hash and fill a sample interval");
+
+/* Round start: the clock, the broker's counters, connections, channels. */
+static void sample_round_start(struct broker *broker, uint64_t now)
 {
-    if (now < broker->rates_due_ms)
-        return;
-    broker->rates_due_ms = now + RATES_SAMPLE_MS - TICK_MS / 2; /* the tick's jitter */
     rates_clock_tick(&broker->rates_clock, now);
     const struct broker_counters *c = &broker->counters;
     uint32_t values[BROKER_RATE_COUNT] = {
@@ -72,22 +78,6 @@ static void sample_rates(struct broker *broker, uint64_t now)
         [BROKER_RATE_DROP_UNROUTABLE] = (uint32_t)c->unroutable_dropped,
     };
     rates_sample(&broker->rates, &broker->rates_clock, values, BROKER_RATE_COUNT);
-    uint32_t totals[BROKER_TOTALS_RATE_COUNT] = {0};
-    struct hmap_entry *v;
-    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
-        struct vhost *vhost = v->value;
-        struct hmap_entry *q;
-        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);) {
-            struct queue *queue = q->value;
-            queue_sample_rates(queue, &broker->rates_clock);
-            totals[BROKER_TOTALS_RATE_READY] += queue->ready_count;
-            totals[BROKER_TOTALS_RATE_UNACKED] += queue->unacked_count;
-        }
-    }
-    totals[BROKER_TOTALS_RATE_MESSAGES] =
-        totals[BROKER_TOTALS_RATE_READY] + totals[BROKER_TOTALS_RATE_UNACKED];
-    rates_sample(&broker->totals_rates, &broker->rates_clock, totals,
-                 BROKER_TOTALS_RATE_COUNT);
     list_for_each(node, &broker->connections) {
         struct connection *connection = CONTAINER_OF(node, struct connection, broker_link);
         /* Sampled mod 2^32: exact while under 2^31 bytes (2 GiB) in 5 s. */
@@ -97,6 +87,41 @@ static void sample_rates(struct broker *broker, uint64_t now)
         rates_sample(&connection->rates, &broker->rates_clock, bytes, CONNECTION_RATE_COUNT);
         channels_sample_rates(connection, &broker->rates_clock);
     }
+    memset(broker->rates_totals, 0, sizeof broker->rates_totals);
+}
+
+/* Once a second in RATES_PHASES ticks (rates.h): nothing is allocated
+ * unless an owner's values move. */
+static void sample_rates(struct broker *broker, uint64_t now)
+{
+    if (broker->rates_phase == 0) {
+        if (now < broker->rates_due_ms)
+            return;
+        broker->rates_due_ms = now + RATES_SAMPLE_MS - TICK_MS / 2; /* the tick's jitter */
+        sample_round_start(broker, now);
+    }
+    uint32_t phase = broker->rates_phase;
+    uint32_t *totals = broker->rates_totals;
+    struct hmap_entry *v;
+    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
+        struct vhost *vhost = v->value;
+        struct hmap_entry *q;
+        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);) {
+            if ((q->hash >> 62) != phase)
+                continue; /* another tick's part: not even read */
+            struct queue *queue = q->value;
+            queue_sample_rates(queue, &broker->rates_clock);
+            totals[BROKER_TOTALS_RATE_READY] += queue->ready_count;
+            totals[BROKER_TOTALS_RATE_UNACKED] += queue->unacked_count;
+        }
+    }
+    broker->rates_phase = (uint8_t)((phase + 1) % RATES_PHASES);
+    if (broker->rates_phase != 0)
+        return;
+    totals[BROKER_TOTALS_RATE_MESSAGES] =
+        totals[BROKER_TOTALS_RATE_READY] + totals[BROKER_TOTALS_RATE_UNACKED];
+    rates_sample(&broker->totals_rates, &broker->rates_clock, totals,
+                 BROKER_TOTALS_RATE_COUNT);
 }
 
 static void on_tick(uv_timer_t *timer)

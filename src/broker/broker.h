@@ -188,7 +188,9 @@ struct broker {
     struct rates_clock rates_clock; /* when the tick sampled rates (rates.h) */
     struct rates rates;             /* of counters */
     struct rates totals_rates;      /* of every queue's counts (enum broker_totals_rate) */
-    uint64_t rates_due_ms;          /* the next sample's loop time */
+    uint64_t rates_due_ms;          /* the next round's loop time */
+    uint8_t rates_phase;            /* the part of the queues the next tick samples */
+    uint32_t rates_totals[BROKER_TOTALS_RATE_COUNT]; /* summed over a round's parts */
     bool stopping;
 };
 

@@ -11,8 +11,9 @@
 
 void rates_clock_tick(struct rates_clock *clock, uint64_t now_ms)
 {
-    ASSERT(clock->ticks == 0 || now_ms >= clock->at_ms[(clock->ticks - 1) % RATES_SLOTS]);
-    clock->at_ms[clock->ticks % RATES_SLOTS] = now_ms;
+    ASSERT(clock->ticks == 0 ||
+           now_ms >= clock->at_ms[(clock->ticks - 1) % ARRAY_SIZE(clock->at_ms)]);
+    clock->at_ms[clock->ticks % ARRAY_SIZE(clock->at_ms)] = now_ms;
     clock->ticks++;
 }
 
@@ -27,6 +28,14 @@ void rates_sample(struct rates *r, const struct rates_clock *clock, const uint32
     ASSERT(n <= RATES_VALUES_MAX);
     ASSERT(clock->ticks > 0);
     uint64_t tick = clock->ticks - 1;
+    if (r->held > 0 && r->tick + 1 != tick) {
+        ASSERT(r->tick < tick); /* once a tick */
+        free(r->ring);          /* a gap: start over */
+        r->ring = NULL;
+        r->held = 0;
+        r->still = 0;
+    }
+    r->tick = tick;
     bool moved = r->held > 0 && memcmp(r->newest, values, n * sizeof *values) != 0;
     if (moved && r->ring == NULL) {
         /* The values stood still at newest for every tick held until now. */
@@ -53,9 +62,12 @@ double rates_per_s(const struct rates *r, const struct rates_clock *clock, uint3
     ASSERT(index < RATES_VALUES_MAX);
     if (r->ring == NULL || r->held < 2)
         return 0.0;
-    uint64_t newest = clock->ticks - 1;
+    uint64_t newest = r->tick;
     uint64_t oldest = newest - (r->held - 1);
-    uint64_t dt_ms = clock->at_ms[newest % RATES_SLOTS] - clock->at_ms[oldest % RATES_SLOTS];
+    if (clock->ticks - oldest > ARRAY_SIZE(clock->at_ms))
+        return 0.0; /* not sampled for a while: its clock times are gone */
+    uint64_t dt_ms = clock->at_ms[newest % ARRAY_SIZE(clock->at_ms)] -
+                     clock->at_ms[oldest % ARRAY_SIZE(clock->at_ms)];
     if (dt_ms == 0)
         return 0.0;
     int32_t change = (int32_t)(slot(r->ring, newest)[index] - slot(r->ring, oldest)[index]);

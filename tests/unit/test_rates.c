@@ -4,7 +4,8 @@
  *
  * Goal: a steady counter reads its rate per second over the 5 s window
  * (and over what was sampled of it while young); a count that falls reads
- * a negative rate; a value that stood still for a window reads 0.0 and
+ * a negative rate; an owner read before its late sample keeps its window
+ * and one that missed a tick starts over; a value that stood still for a window reads 0.0 and
  * its older samples are freed (idle owners cost nothing but their embedded
  * struct); a 32-bit wrap of a sample does not disturb a difference.
  *
@@ -81,12 +82,37 @@ static void wrap_of_a_sample(void **state)
     rates_free(&r);
 }
 
+/* The broker samples its queues in parts after each tick: an owner read
+ * between the tick and its part still has its previous window; one that
+ * missed a tick starts over. */
+static void late_owners_and_gaps(void **state)
+{
+    (void)state;
+    struct rates_clock clock = {0};
+    struct rates r = {0};
+    for (uint32_t s = 1; s <= 8; s++)
+        tick(&clock, &r, s * 1000, s * 4, 0);
+    assert_true(rates_per_s(&r, &clock, 0) == 4.0);
+    rates_clock_tick(&clock, 9000); /* its part has not come yet */
+    assert_true(rates_per_s(&r, &clock, 0) == 4.0);
+    uint32_t values[2] = {9 * 4, 0};
+    rates_sample(&r, &clock, values, 2);
+    assert_true(rates_per_s(&r, &clock, 0) == 4.0);
+    rates_clock_tick(&clock, 10000);
+    tick(&clock, &r, 11000, 500, 0); /* missed tick 10: starts over */
+    assert_true(rates_per_s(&r, &clock, 0) == 0.0);
+    tick(&clock, &r, 12000, 510, 0);
+    assert_true(rates_per_s(&r, &clock, 0) == 10.0);
+    rates_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(steady_rate_over_the_window),
         cmocka_unit_test(still_values_free_their_ring),
         cmocka_unit_test(wrap_of_a_sample),
+        cmocka_unit_test(late_owners_and_gaps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
