@@ -50,15 +50,17 @@ void broker_config_defaults(struct broker_config *config)
     };
 }
 
-/* The queues are sampled in RATES_PHASES parts, one a tick, each queue
- * always in the same part (two bits of its table entry's hash), so that
- * with many queues the loop pauses for a quarter of the walk at a time.
- * A queue's samples stay one second apart; they are dated by the round's
- * first tick, which shifts every one of them alike and leaves the rate
- * (a difference over a difference) as it was. */
+/* The queues are sampled in RATES_PHASES parts, one a tick: a quarter of
+ * each vhost's table slots, so that with many queues the loop pauses for a
+ * quarter of the walk at a time and reads each slot once a second. A
+ * queue's samples stay one second apart; they are dated by the round's
+ * first tick, which shifts every one of them alike and leaves the rate (a
+ * difference over a difference) as it was. A table that grows (or shifts
+ * entries on a removal) during a round may move a queue to a part already
+ * walked, or to one still to come: the first misses a sample and starts
+ * its window over (rates_sample), the second is not sampled twice. */
 #define RATES_PHASES (RATES_SAMPLE_MS / TICK_MS)
-_Static_assert(RATES_PHASES == 4 && RATES_PHASES * TICK_MS == RATES_SAMPLE_MS,
-               "the phases are two bits of a hash and fill a sample interval");
+_Static_assert(RATES_PHASES * TICK_MS == RATES_SAMPLE_MS, "the phases fill a sample interval");
 
 /* Round start: the clock, the broker's counters, connections, channels. */
 static void sample_round_start(struct broker *broker, uint64_t now)
@@ -105,10 +107,13 @@ static void sample_rates(struct broker *broker, uint64_t now)
     struct hmap_entry *v;
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
         struct vhost *vhost = v->value;
+        uint64_t slots = vhost->queues.slots_count;
+        uint32_t end = (uint32_t)(slots * (phase + 1) / RATES_PHASES);
         struct hmap_entry *q;
-        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);) {
-            if ((q->hash >> 62) != phase)
-                continue; /* another tick's part: not even read */
+        for (uint32_t j = (uint32_t)(slots * phase / RATES_PHASES);
+             j < end && hmap_next(&vhost->queues, &j, &q);) {
+            if (j > end)
+                break; /* hmap_next went past the part: the next tick's */
             struct queue *queue = q->value;
             queue_sample_rates(queue, &broker->rates_clock);
             totals[BROKER_TOTALS_RATE_READY] += queue->ready_count;

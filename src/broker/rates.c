@@ -28,8 +28,10 @@ void rates_sample(struct rates *r, const struct rates_clock *clock, const uint32
     ASSERT(n <= RATES_VALUES_MAX);
     ASSERT(clock->ticks > 0);
     uint64_t tick = clock->ticks - 1;
+    if (r->held > 0 && r->tick == tick)
+        return; /* sampled at this tick already */
     if (r->held > 0 && r->tick + 1 != tick) {
-        ASSERT(r->tick < tick); /* once a tick */
+        ASSERT(r->tick < tick);
         free(r->ring);          /* a gap: start over */
         r->ring = NULL;
         r->held = 0;

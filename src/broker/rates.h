@@ -7,9 +7,10 @@
  * channel_stats), bumped on the message path by one increment each, with
  * no allocation, no lock, no clock. Once a second the broker's tick
  * (broker.c, sample_rates; the queues in four parts, one each 250 ms)
- * copies every owner's values into the owner's struct rates; a rate is the change of a value between the
- * newest sample and the one RATES_WINDOW_S seconds older, per second of
- * the loop's clock between them. RabbitMQ shows the change over its last
+ * copies every owner's values into the owner's struct rates; a rate is
+ * the change of a value between the newest sample and the one
+ * RATES_WINDOW_S seconds older, per second of the loop's clock between
+ * them. RabbitMQ shows the change over its last
  * 5 s statistics interval; ours slides by one second, so it lags by at
  * most a second and covers the same 5 s.
  *
@@ -55,9 +56,10 @@ struct rates {
 
 /* A new tick at now_ms: call before sampling the owners. */
 void rates_clock_tick(struct rates_clock *clock, uint64_t now_ms);
-/* The owner's values at the clock's newest tick (n <= RATES_VALUES_MAX),
- * at most once a tick. An owner not sampled at the tick before starts
- * over (its rates read 0.0 until two samples are held again). */
+/* The owner's values at the clock's newest tick (n <= RATES_VALUES_MAX);
+ * a second sample at the same tick is ignored. An owner not sampled at the
+ * tick before starts over (its rates read 0.0 until two samples are held
+ * again). */
 void rates_sample(struct rates *r, const struct rates_clock *clock, const uint32_t *values,
                   uint32_t n);
 /* Per second over the window (or what of it was sampled); 0.0 if the value
