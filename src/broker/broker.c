@@ -50,6 +50,85 @@ void broker_config_defaults(struct broker_config *config)
     };
 }
 
+/* The queues are sampled in RATES_PHASES parts, one a tick: a quarter of
+ * each vhost's table slots, so that with many queues the loop pauses for a
+ * quarter of the walk at a time and reads each slot once a second. A
+ * queue's samples stay one second apart; they are dated by the round's
+ * first tick, which shifts every one of them alike and leaves the rate (a
+ * difference over a difference) as it was. A table that grows (or shifts
+ * entries on a removal) during a round may move a queue to a part already
+ * walked, or to one still to come: the first misses a sample and starts
+ * its window over (rates_sample), the second is not sampled twice. */
+#define RATES_PHASES (RATES_SAMPLE_MS / TICK_MS)
+_Static_assert(RATES_PHASES * TICK_MS == RATES_SAMPLE_MS, "the phases fill a sample interval");
+
+/* Round start: the clock, the broker's counters, connections, channels. */
+static void sample_round_start(struct broker *broker, uint64_t now)
+{
+    rates_clock_tick(&broker->rates_clock, now);
+    const struct broker_counters *c = &broker->counters;
+    uint32_t values[BROKER_RATE_COUNT] = {
+        [BROKER_RATE_PUBLISH] = (uint32_t)c->received,
+        [BROKER_RATE_CONFIRM] = (uint32_t)c->confirmed,
+        [BROKER_RATE_DELIVER] = (uint32_t)c->delivered_consume_ack,
+        [BROKER_RATE_DELIVER_NO_ACK] = (uint32_t)c->delivered_consume_no_ack,
+        [BROKER_RATE_GET] = (uint32_t)c->delivered_get_ack,
+        [BROKER_RATE_GET_NO_ACK] = (uint32_t)c->delivered_get_no_ack,
+        [BROKER_RATE_REDELIVER] = (uint32_t)c->redelivered,
+        [BROKER_RATE_ACK] = (uint32_t)c->acknowledged,
+        [BROKER_RATE_RETURN_UNROUTABLE] = (uint32_t)c->unroutable_returned,
+        [BROKER_RATE_DROP_UNROUTABLE] = (uint32_t)c->unroutable_dropped,
+    };
+    rates_sample(&broker->rates, &broker->rates_clock, values, BROKER_RATE_COUNT);
+    list_for_each(node, &broker->connections) {
+        struct connection *connection = CONTAINER_OF(node, struct connection, broker_link);
+        /* Sampled mod 2^32: exact while under 2^31 bytes (2 GiB) in 5 s. */
+        uint32_t bytes[CONNECTION_RATE_COUNT] = {
+            [CONNECTION_RATE_RECV_OCT] = (uint32_t)connection->conn.bytes_in,
+            [CONNECTION_RATE_SEND_OCT] = (uint32_t)connection->conn.bytes_out};
+        rates_sample(&connection->rates, &broker->rates_clock, bytes, CONNECTION_RATE_COUNT);
+        channels_sample_rates(connection, &broker->rates_clock);
+    }
+    memset(broker->rates_totals, 0, sizeof broker->rates_totals);
+}
+
+/* Once a second in RATES_PHASES ticks (rates.h): nothing is allocated
+ * unless an owner's values move. */
+static void sample_rates(struct broker *broker, uint64_t now)
+{
+    if (broker->rates_phase == 0) {
+        if (now < broker->rates_due_ms)
+            return;
+        broker->rates_due_ms = now + RATES_SAMPLE_MS - TICK_MS / 2; /* the tick's jitter */
+        sample_round_start(broker, now);
+    }
+    uint32_t phase = broker->rates_phase;
+    uint32_t *totals = broker->rates_totals;
+    struct hmap_entry *v;
+    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
+        struct vhost *vhost = v->value;
+        uint64_t slots = vhost->queues.slots_count;
+        uint32_t end = (uint32_t)(slots * (phase + 1) / RATES_PHASES);
+        struct hmap_entry *q;
+        for (uint32_t j = (uint32_t)(slots * phase / RATES_PHASES);
+             j < end && hmap_next(&vhost->queues, &j, &q);) {
+            if (j > end)
+                break; /* hmap_next went past the part: the next tick's */
+            struct queue *queue = q->value;
+            queue_sample_rates(queue, &broker->rates_clock);
+            totals[BROKER_TOTALS_RATE_READY] += queue->ready_count;
+            totals[BROKER_TOTALS_RATE_UNACKED] += queue->unacked_count;
+        }
+    }
+    broker->rates_phase = (uint8_t)((phase + 1) % RATES_PHASES);
+    if (broker->rates_phase != 0)
+        return;
+    totals[BROKER_TOTALS_RATE_MESSAGES] =
+        totals[BROKER_TOTALS_RATE_READY] + totals[BROKER_TOTALS_RATE_UNACKED];
+    rates_sample(&broker->totals_rates, &broker->rates_clock, totals,
+                 BROKER_TOTALS_RATE_COUNT);
+}
+
 static void on_tick(uv_timer_t *timer)
 {
     struct broker *broker = timer->data;
@@ -57,6 +136,7 @@ static void on_tick(uv_timer_t *timer)
     alarm_tick(broker, now);
     flow_tick(broker, now);
     message_cache_tick(now);
+    sample_rates(broker, now);
     list_for_each_safe(node, &broker->connections) {
         connection_tick(CONTAINER_OF(node, struct connection, broker_link), now);
     }
@@ -366,6 +446,8 @@ void broker_free(struct broker *broker)
     broker->retired_vhosts = NULL;
     member_free(broker->member); /* after the stand-ins it lists */
     broker->member = NULL;
+    rates_free(&broker->rates);
+    rates_free(&broker->totals_rates);
     auth_free(&broker->auth);
     policy_set_free(&broker->policies);
     limit_set_free(&broker->limits);

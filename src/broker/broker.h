@@ -17,6 +17,7 @@
 #include "broker/durable.h"
 #include "broker/limits.h"
 #include "broker/policy.h"
+#include "broker/rates.h"
 #include "lib/hash.h"
 #include "lib/list.h"
 #include "net/conn.h"
@@ -109,6 +110,31 @@ struct broker_counters {
     uint64_t flow_stops;               /* connections stopped by a congested queue (flow.h) */
 };
 
+/* The broker_counters the tick samples for rates (rates.h), by index. */
+enum broker_rate {
+    BROKER_RATE_PUBLISH,
+    BROKER_RATE_CONFIRM,
+    BROKER_RATE_DELIVER,
+    BROKER_RATE_DELIVER_NO_ACK,
+    BROKER_RATE_GET,
+    BROKER_RATE_GET_NO_ACK,
+    BROKER_RATE_REDELIVER,
+    BROKER_RATE_ACK,
+    BROKER_RATE_RETURN_UNROUTABLE,
+    BROKER_RATE_DROP_UNROUTABLE,
+    BROKER_RATE_COUNT
+};
+_Static_assert(BROKER_RATE_COUNT <= RATES_VALUES_MAX, "the broker's samples fit struct rates");
+
+/* The sums of every queue's counts the tick samples (RabbitMQ's
+ * /api/overview queue_totals.*_details). */
+enum broker_totals_rate {
+    BROKER_TOTALS_RATE_MESSAGES,
+    BROKER_TOTALS_RATE_READY,
+    BROKER_TOTALS_RATE_UNACKED,
+    BROKER_TOTALS_RATE_COUNT
+};
+
 struct broker {
     uv_loop_t *loop;               /* borrowed */
     struct broker_config config;
@@ -164,6 +190,12 @@ struct broker {
     struct list_node flow_congested; /* struct queue.flow.congested_link (flow.h) */
     struct net_flush_hook confirms_hook;
     struct broker_counters counters;
+    struct rates_clock rates_clock; /* when the tick sampled rates (rates.h) */
+    struct rates rates;             /* of counters */
+    struct rates totals_rates;      /* of every queue's counts (enum broker_totals_rate) */
+    uint64_t rates_due_ms;          /* the next round's loop time */
+    uint8_t rates_phase;            /* the part of the queues the next tick samples */
+    uint32_t rates_totals[BROKER_TOTALS_RATE_COUNT]; /* summed over a round's parts */
     bool stopping;
 };
 

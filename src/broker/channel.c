@@ -181,6 +181,7 @@ void channel_destroy(struct channel *ch)
     free(ch->forward_targets);
     free(ch->last_queue);
     free(ch->confirm_waits.items);
+    rates_free(&ch->rates);
     if (ch->sink) {
         ch->sink->channel = NULL;
         confirm_sink_unref(ch->sink);
@@ -497,6 +498,7 @@ static void content_complete(struct channel *ch)
         channel__route_publish(ch, message, ch->publish_mandatory);
     struct broker_counters *counters = channel__counters(ch);
     if (counters != NULL && !ch->publish_forward) {
+        ch->stats.counts[CHANNEL_RATE_PUBLISH]++;
         counters->received++;
         counters->received_confirm += ch->confirm_mode;
     }
@@ -875,6 +877,7 @@ static void send_acks_through(struct channel *ch, uint64_t seq)
     struct broker_counters *counters = channel__counters(ch);
     if (counters != NULL)
         counters->confirmed += seq - ch->confirmed_seq;
+    ch->stats.counts[CHANNEL_RATE_CONFIRM] += seq - ch->confirmed_seq;
     ch->confirmed_seq = seq;
 }
 

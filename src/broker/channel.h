@@ -84,6 +84,21 @@ struct broker;
 struct queue;
 struct message;
 struct connection;
+struct rates_clock;
+/* A client channel's message_stats (RabbitMQ's, on /api/channels): plain
+ * counters bumped on the message path; the broker's tick samples them
+ * (channels_sample_rates, rates.h). */
+enum channel_rate {
+    CHANNEL_RATE_PUBLISH,     /* publishes whose content arrived */
+    CHANNEL_RATE_CONFIRM,     /* of them, acked to the publisher */
+    CHANNEL_RATE_DELIVER_GET, /* basic.deliver and basic.get-ok, either ack mode */
+    CHANNEL_RATE_REDELIVER,   /* of them, flagged redelivered */
+    CHANNEL_RATE_ACK,         /* deliveries the client acked */
+    CHANNEL_RATE_COUNT
+};
+struct channel_stats {
+    uint64_t counts[CHANNEL_RATE_COUNT];
+};
 /* What the management API shows of a channel (mgmt/api_connections.c). */
 struct channel_info {
     const struct connection *connection; /* borrowed */
@@ -94,6 +109,8 @@ struct channel_info {
     uint32_t global_prefetch_count;
     uint32_t unacked_count;
     uint32_t consumers_count;
+    struct channel_stats stats;
+    double rates[CHANNEL_RATE_COUNT];    /* per second (rates.h) */
 };
 /* The open channels of connection, at most cap into out; returns how
  * many were written. */
@@ -102,6 +119,8 @@ uint32_t channels_info(const struct connection *connection, struct channel_info 
 /* The channel a consumer belongs to: false for a consumer that is not a
  * client channel's. */
 bool channel_consumer_info(const struct consumer *consumer, struct channel_info *out);
+/* The tick's sample of every open channel's stats (rates.h). */
+void channels_sample_rates(struct connection *connection, const struct rates_clock *clock);
 /* The consumers of the connection's channels (GET /metrics: O(channels)). */
 uint32_t channels_consumers_count(const struct connection *connection);
 /* Whether one of the connection's channels consumes from queue

@@ -129,6 +129,7 @@ static void settle(struct channel *ch, struct delivery *d, enum settle_how how,
     } else if (how == SETTLE_DROP) {
         queue_reject(queue, d->seq, d->message); /* dead-letters it, if configured */
     } else {
+        queue->stats.ack++;
         queue_settle(queue, d->seq, d->message);
         message_unref(d->message);
     }
@@ -172,6 +173,8 @@ static bool settle_tags(struct channel *ch, uint64_t tag, bool multiple, enum se
                 settle(ch, d, how, &t);
         }
     }
+    if (how == SETTLE_ACK)
+        ch->stats.counts[CHANNEL_RATE_ACK] += unacked_before - ch->unacked_count;
     if (counters != NULL && how == SETTLE_ACK)
         counters->acknowledged += unacked_before - ch->unacked_count;
     ring_trim(r);
@@ -190,6 +193,19 @@ uint32_t channels_consumers_count(const struct connection *connection)
     return n;
 }
 
+void channels_sample_rates(struct connection *connection, const struct rates_clock *clock)
+{
+    for (uint32_t id = 0; id < connection->channels_cap; id++) {
+        struct channel *ch = connection->channels[id];
+        if (ch == NULL)
+            continue;
+        uint32_t values[CHANNEL_RATE_COUNT];
+        for (uint32_t i = 0; i < CHANNEL_RATE_COUNT; i++)
+            values[i] = (uint32_t)ch->stats.counts[i];
+        rates_sample(&ch->rates, clock, values, CHANNEL_RATE_COUNT);
+    }
+}
+
 static void info_of(const struct channel *ch, struct channel_info *out)
 {
     *out = (struct channel_info){.connection = ch->connection, .number = ch->id,
@@ -197,7 +213,11 @@ static void info_of(const struct channel *ch, struct channel_info *out)
                                  .prefetch_count = ch->prefetch_consumer,
                                  .global_prefetch_count = ch->prefetch_global,
                                  .unacked_count = ch->unacked_count,
-                                 .consumers_count = ch->consumers_count};
+                                 .consumers_count = ch->consumers_count,
+                                 .stats = ch->stats};
+    const struct rates_clock *clock = &ch->connection->broker->rates_clock;
+    for (uint32_t i = 0; i < CHANNEL_RATE_COUNT; i++)
+        out->rates[i] = rates_per_s(&ch->rates, clock, i);
 }
 
 uint32_t channels_info(const struct connection *connection, struct channel_info *out,
@@ -275,6 +295,20 @@ static uint64_t record_delivery(struct channel *ch, struct consumer *consumer,
 {
     struct message *message = entry.message;
     uint64_t tag = ch->next_delivery_tag++;
+    /* The queue counts every delivery, a peer broker's uplink's too (it
+     * is the primary's count); the broker's counters only its clients'. */
+    struct queue_stats *qs = &queue->stats;
+    if (consumer != NULL && no_ack)
+        qs->deliver_no_ack++;
+    else if (consumer != NULL)
+        qs->deliver++;
+    else if (no_ack)
+        qs->get_no_ack++;
+    else
+        qs->get++;
+    qs->redeliver += entry.redelivered != 0;
+    ch->stats.counts[CHANNEL_RATE_DELIVER_GET]++;
+    ch->stats.counts[CHANNEL_RATE_REDELIVER] += entry.redelivered != 0;
     struct broker_counters *counters = channel__counters(ch);
     if (counters != NULL) {
         if (consumer != NULL && no_ack)

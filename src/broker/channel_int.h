@@ -153,6 +153,9 @@ struct channel {
     uint8_t get_name_size;
     bool get_no_ack;
 
+    struct channel_stats stats;       /* a client channel's (channel.h) */
+    struct rates rates;               /* of stats */
+
     bool releasing;                   /* release() runs: nothing new may wait */
     bool client_closing;              /* the release is for the client's channel.close */
     /* The client's channel.close removed the last local consumer of these

@@ -310,6 +310,7 @@ static void on_free(struct conn *conn)
     broker->connections_count--;
     if (connection->cluster_peer)
         broker->peer_connections_count--;
+    rates_free(&connection->rates);
     free(connection);
     broker__connection_gone(broker);
 }

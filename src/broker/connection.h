@@ -23,6 +23,7 @@
 #include "amqp/frame.h"
 #include "amqp/method_gen.h"
 #include "broker/auth.h"
+#include "broker/rates.h"
 #include "net/conn.h"
 
 struct broker;
@@ -43,8 +44,14 @@ enum connection_state {
     CONNECTION_STATE_CLOSED,    /* the socket is gone or going */
 };
 
+/* A connection's samples for rates (rates.h): RabbitMQ's recv_oct and
+ * send_oct (conn.bytes_in, conn.bytes_out). */
+enum connection_rate { CONNECTION_RATE_RECV_OCT, CONNECTION_RATE_SEND_OCT,
+                       CONNECTION_RATE_COUNT };
+
 struct connection {
     struct conn conn;                 /* first: transport callbacks cast back */
+    struct rates rates;               /* of the bytes, sampled by the broker's tick */
     struct broker *broker;            /* borrowed */
     struct list_node broker_link;     /* in broker->connections */
     enum connection_state state;

@@ -307,9 +307,28 @@ void queue_unref(struct queue *queue)
     for (uint32_t i = 0; i < queue->args.max_priority; i++)
         free(queue->priority_rings[i].entries);
     free(queue->priority_rings);
+    rates_free(&queue->rates);
     bytes_free(&queue->name);
     bytes_free(&queue->arguments);
     free(queue);
+}
+
+void queue_sample_rates(struct queue *queue, const struct rates_clock *clock)
+{
+    const struct queue_stats *s = &queue->stats;
+    uint32_t values[QUEUE_RATE_COUNT] = {
+        [QUEUE_RATE_PUBLISH] = (uint32_t)s->publish,
+        [QUEUE_RATE_DELIVER] = (uint32_t)s->deliver,
+        [QUEUE_RATE_DELIVER_NO_ACK] = (uint32_t)s->deliver_no_ack,
+        [QUEUE_RATE_GET] = (uint32_t)s->get,
+        [QUEUE_RATE_GET_NO_ACK] = (uint32_t)s->get_no_ack,
+        [QUEUE_RATE_REDELIVER] = (uint32_t)s->redeliver,
+        [QUEUE_RATE_ACK] = (uint32_t)s->ack,
+        [QUEUE_RATE_MESSAGES] = queue->ready_count + queue->unacked_count,
+        [QUEUE_RATE_READY] = queue->ready_count,
+        [QUEUE_RATE_UNACKED] = queue->unacked_count,
+    };
+    rates_sample(&queue->rates, clock, values, QUEUE_RATE_COUNT);
 }
 
 /* ---- expiry and timers ---------------------------------------------- */
@@ -511,6 +530,7 @@ static enum queue_publish_result enqueue(struct queue *queue, struct message *me
     if (queue->replication_ops)
         queue->replication_ops->published(queue, entry.seq, message, wait);
     ring_push_back(ring_for(queue, message->priority), entry);
+    queue->stats.publish += holds_back_duplicates; /* a dead-lettering is no publish */
     queue->ready_count++;
     queue->ready_bytes += message->body_size;
     flow_queue_published(queue, message->body_size); /* before dispatch may take it */
@@ -544,6 +564,8 @@ static void forward(struct queue *const *stubs, uint32_t count, struct message *
     struct queue_forward fwd = {.message = message, .sink = wait ? wait->sink : NULL,
                                 .seq = wait ? wait->seq : 0, .dead_lettered = dead_lettered};
     stubs[0]->remote_ops->forward(stubs, count, &fwd);
+    for (uint32_t i = 0; i < count && !dead_lettered; i++)
+        stubs[i]->stats.publish++;
     ASSERT(fwd.unavailable <= count);
     if (fwd.sink)
         wait->remote += fwd.answers;

@@ -37,6 +37,7 @@
 #include "broker/exchange.h"
 #include "broker/flow.h"
 #include "broker/queue_args.h"
+#include "broker/rates.h"
 #include "lib/list.h"
 
 struct journal_queue;
@@ -209,6 +210,38 @@ struct queue_pause {
     uint32_t settles_count, settles_cap;
 };
 
+/* RabbitMQ's per-queue message_stats, kept where the queue's messages are:
+ * plain counters bumped on the message path (rates.h turns them into
+ * rates once a second). A stand-in counts what passes through it here
+ * (its local publishers, consumers and getters); its primary counts
+ * everything, the stand-ins' forwards and uplinks included. */
+struct queue_stats {
+    uint64_t publish;        /* publishes enqueued (a stand-in: forwarded); not
+                              * dead-letterings, not refused or held-back ones */
+    uint64_t deliver;        /* basic.deliver to a consumer that acks */
+    uint64_t deliver_no_ack; /* basic.deliver with no-ack */
+    uint64_t get;            /* basic.get-ok, to be acked */
+    uint64_t get_no_ack;     /* basic.get-ok with no-ack */
+    uint64_t redeliver;      /* of those four, ones flagged redelivered */
+    uint64_t ack;            /* deliveries acked */
+};
+
+/* The values queue_sample_rates samples, by index (rates_per_s). */
+enum queue_rate {
+    QUEUE_RATE_PUBLISH,
+    QUEUE_RATE_DELIVER,
+    QUEUE_RATE_DELIVER_NO_ACK,
+    QUEUE_RATE_GET,
+    QUEUE_RATE_GET_NO_ACK,
+    QUEUE_RATE_REDELIVER,
+    QUEUE_RATE_ACK,
+    QUEUE_RATE_MESSAGES,     /* ready + unacked: a rate of change, may be negative */
+    QUEUE_RATE_READY,
+    QUEUE_RATE_UNACKED,
+    QUEUE_RATE_COUNT
+};
+_Static_assert(QUEUE_RATE_COUNT <= RATES_VALUES_MAX, "a queue's samples fit struct rates");
+
 struct queue {
     struct bind_dest as_dest;         /* first: bindings point here */
     struct vhost *vhost;              /* borrowed: the owner */
@@ -245,6 +278,8 @@ struct queue {
     uint32_t refs;                    /* the vhost's table + deliveries + consumers */
     uint64_t next_seq;
     struct list_node owner_link;      /* in the exclusive owner's list */
+    struct queue_stats stats;
+    struct rates rates;               /* of stats and counts, sampled by the broker's tick */
 };
 
 /* arguments must have been accepted by queue_args_parse. */
@@ -410,6 +445,9 @@ void queue_consumer_credit_changed(struct queue *queue, struct consumer *consume
  * messages, unbinds. Returns the number of ready messages dropped. The
  * vhost removes it from its table and drops its reference. */
 uint32_t queue_delete(struct queue *queue);
+
+/* The broker's once-a-second sample of stats and counts (rates.h). */
+void queue_sample_rates(struct queue *queue, const struct rates_clock *clock);
 
 static inline bool queue_is_remote(const struct queue *queue)
 {

@@ -19,6 +19,7 @@
 #include "mgmt/api.h"
 #include "mgmt/api_list.h"
 #include "mgmt/api_queues.h"
+#include "mgmt/api_stats.h"
 #include "mgmt/api_table.h"
 #include "mgmt/json.h"
 
@@ -127,6 +128,11 @@ static void write_connection(struct json *out, struct broker *broker, const stru
     json_kv_uint(out, "frame_max", c->frame_max);
     json_kv_uint(out, "channel_max", c->channel_max);
     json_kv_uint(out, "timeout", c->heartbeat_s);
+    const struct rates_clock *clock = &broker->rates_clock;
+    api_stats_write(out, "recv_oct", c->conn.bytes_in,
+                    rates_per_s(&c->rates, clock, CONNECTION_RATE_RECV_OCT));
+    api_stats_write(out, "send_oct", c->conn.bytes_out,
+                    rates_per_s(&c->rates, clock, CONNECTION_RATE_SEND_OCT));
     /* quay's own. */
     json_kv_uint(out, "id", c->conn.id);
     json_kv_string(out, "peer", c->conn.peer_name);
@@ -159,6 +165,15 @@ static void write_channel(struct json *out, struct broker *broker, const struct 
     /* Flow control stops a whole connection (as RabbitMQ's reader), so
      * its channels show it. */
     json_kv_string(out, "state", c->flow || flow_connection_waits(c) ? "flow" : "running");
+    json_key(out, "message_stats");
+    json_object_begin(out);
+    static const char *const keys[CHANNEL_RATE_COUNT] = {
+        [CHANNEL_RATE_PUBLISH] = "publish", [CHANNEL_RATE_CONFIRM] = "confirm",
+        [CHANNEL_RATE_DELIVER_GET] = "deliver_get", [CHANNEL_RATE_REDELIVER] = "redeliver",
+        [CHANNEL_RATE_ACK] = "ack"};
+    for (uint32_t i = 0; i < CHANNEL_RATE_COUNT; i++)
+        api_stats_write(out, keys[i], ch->stats.counts[i], ch->rates[i]);
+    json_object_end(out);
     json_object_end(out);
 }
 

@@ -22,6 +22,7 @@
 #include "mgmt/api_amqp.h"
 #include "mgmt/api_list.h"
 #include "mgmt/api_queues.h"
+#include "mgmt/api_stats.h"
 #include "mgmt/json.h"
 
 #define ALIVENESS_QUEUE "aliveness-test"
@@ -242,12 +243,14 @@ void api_nodes_register(struct http_server *http, struct broker *broker)
 struct rabbit_totals {
     uint64_t connections, channels, consumers, exchanges, queues;
     uint64_t ready, unacked;
+    bool all;   /* of every vhost */
 };
 
 static void count(struct broker *broker, const struct auth_user *user, struct rabbit_totals *t)
 {
     memset(t, 0, sizeof *t);
     bool all = user == NULL || auth_user_has_tag(user, AUTH_TAG_MONITORING);
+    t->all = all;
     list_for_each(node, &broker->connections) {
         const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
         if (!c->cluster_peer && (all || c->user == user)) {
@@ -272,22 +275,33 @@ static void count(struct broker *broker, const struct auth_user *user, struct ra
     }
 }
 
-static void write_message_stats(struct json *out, const struct broker_counters *c)
+static void write_message_stats(struct json *out, struct broker *broker)
 {
+    const struct broker_counters *c = &broker->counters;
+    const struct rates_clock *clock = &broker->rates_clock;
+    double rate[BROKER_RATE_COUNT];
+    for (uint32_t i = 0; i < BROKER_RATE_COUNT; i++)
+        rate[i] = rates_per_s(&broker->rates, clock, i);
     json_key(out, "message_stats");
     json_object_begin(out);
-    json_kv_uint(out, "publish", c->received);
-    json_kv_uint(out, "confirm", c->confirmed);
-    json_kv_uint(out, "deliver", c->delivered_consume_ack);
-    json_kv_uint(out, "deliver_no_ack", c->delivered_consume_no_ack);
-    json_kv_uint(out, "get", c->delivered_get_ack);
-    json_kv_uint(out, "get_no_ack", c->delivered_get_no_ack);
-    json_kv_uint(out, "deliver_get", c->delivered_consume_ack + c->delivered_consume_no_ack +
-                                         c->delivered_get_ack + c->delivered_get_no_ack);
-    json_kv_uint(out, "redeliver", c->redelivered);
-    json_kv_uint(out, "ack", c->acknowledged);
-    json_kv_uint(out, "return_unroutable", c->unroutable_returned);
-    json_kv_uint(out, "drop_unroutable", c->unroutable_dropped);
+    api_stats_write(out, "publish", c->received, rate[BROKER_RATE_PUBLISH]);
+    api_stats_write(out, "confirm", c->confirmed, rate[BROKER_RATE_CONFIRM]);
+    api_stats_write(out, "deliver", c->delivered_consume_ack, rate[BROKER_RATE_DELIVER]);
+    api_stats_write(out, "deliver_no_ack", c->delivered_consume_no_ack,
+                    rate[BROKER_RATE_DELIVER_NO_ACK]);
+    api_stats_write(out, "get", c->delivered_get_ack, rate[BROKER_RATE_GET]);
+    api_stats_write(out, "get_no_ack", c->delivered_get_no_ack, rate[BROKER_RATE_GET_NO_ACK]);
+    api_stats_write(out, "deliver_get",
+                    c->delivered_consume_ack + c->delivered_consume_no_ack +
+                        c->delivered_get_ack + c->delivered_get_no_ack,
+                    rate[BROKER_RATE_DELIVER] + rate[BROKER_RATE_DELIVER_NO_ACK] +
+                        rate[BROKER_RATE_GET] + rate[BROKER_RATE_GET_NO_ACK]);
+    api_stats_write(out, "redeliver", c->redelivered, rate[BROKER_RATE_REDELIVER]);
+    api_stats_write(out, "ack", c->acknowledged, rate[BROKER_RATE_ACK]);
+    api_stats_write(out, "return_unroutable", c->unroutable_returned,
+                    rate[BROKER_RATE_RETURN_UNROUTABLE]);
+    api_stats_write(out, "drop_unroutable", c->unroutable_dropped,
+                    rate[BROKER_RATE_DROP_UNROUTABLE]);
     json_object_end(out);
 }
 
@@ -320,7 +334,7 @@ void api_overview_write_rabbit(struct json *out, struct broker *broker,
     json_kv_string(out, "rabbitmq_version", QUAY_VERSION);
     json_kv_string(out, "product_name", "quay");
     json_kv_string(out, "product_version", QUAY_VERSION);
-    json_kv_string(out, "rates_mode", "none");
+    json_kv_string(out, "rates_mode", "basic");
     json_kv_string(out, "cluster_name", api_node_name(broker));
     json_key(out, "object_totals");
     json_object_begin(out);
@@ -335,8 +349,18 @@ void api_overview_write_rabbit(struct json *out, struct broker *broker,
     json_kv_uint(out, "messages", t.ready + t.unacked);
     json_kv_uint(out, "messages_ready", t.ready);
     json_kv_uint(out, "messages_unacknowledged", t.unacked);
+    if (t.all) { /* the rates are of every queue's counts */
+        const struct rates *r = &broker->totals_rates;
+        const struct rates_clock *clock = &broker->rates_clock;
+        api_stats_write_rate(out, "messages",
+                             rates_per_s(r, clock, BROKER_TOTALS_RATE_MESSAGES));
+        api_stats_write_rate(out, "messages_ready",
+                             rates_per_s(r, clock, BROKER_TOTALS_RATE_READY));
+        api_stats_write_rate(out, "messages_unacknowledged",
+                             rates_per_s(r, clock, BROKER_TOTALS_RATE_UNACKED));
+    }
     json_object_end(out);
-    write_message_stats(out, &broker->counters);
+    write_message_stats(out, broker);
     write_listeners(out, broker);
     json_key(out, "exchange_types");
     json_array_begin(out);

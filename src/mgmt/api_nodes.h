@@ -29,7 +29,8 @@ void api_nodes_register(struct http_server *http, struct broker *broker);
 /* GET /api/overview's RabbitMQ fields, added to quay's (api.c): versions,
  * cluster_name, node, object_totals, queue_totals (this broker's counts,
  * as /api/overview's own totals), message_stats (the broker's totals
- * since start; no rates), listeners, exchange_types. */
+ * since start, of its clients, each with its rate: api_stats.h),
+ * rates_mode "basic", listeners, exchange_types. */
 struct json;
 struct auth_user;
 void api_overview_write_rabbit(struct json *out, struct broker *broker,

@@ -34,6 +34,7 @@
 #include "mgmt/api_list.h"
 #include "mgmt/api_message.h"
 #include "mgmt/api_policies.h"
+#include "mgmt/api_stats.h"
 #include "mgmt/api_table.h"
 #include "mgmt/json.h"
 #include "mgmt/json_tree.h"
@@ -159,6 +160,38 @@ static bool queue_available(struct broker *broker, const struct queue *queue)
     return mq == NULL || mq->available;
 }
 
+/* RabbitMQ's message_stats of a queue, totals and rates (broker/rates.h):
+ * this broker's own (a stand-in's: what passed through it here). */
+static void write_message_stats(struct json *out, struct broker *broker,
+                                const struct queue *queue)
+{
+    const struct rates_clock *clock = &broker->rates_clock;
+    const struct rates *r = &queue->rates;
+    const struct queue_stats *s = &queue->stats;
+    json_key(out, "message_stats");
+    json_object_begin(out);
+    api_stats_write(out, "publish", s->publish, rates_per_s(r, clock, QUEUE_RATE_PUBLISH));
+    api_stats_write(out, "deliver", s->deliver, rates_per_s(r, clock, QUEUE_RATE_DELIVER));
+    api_stats_write(out, "deliver_no_ack", s->deliver_no_ack,
+                    rates_per_s(r, clock, QUEUE_RATE_DELIVER_NO_ACK));
+    api_stats_write(out, "get", s->get, rates_per_s(r, clock, QUEUE_RATE_GET));
+    api_stats_write(out, "get_no_ack", s->get_no_ack,
+                    rates_per_s(r, clock, QUEUE_RATE_GET_NO_ACK));
+    double deliver_get = 0.0;
+    for (int i = QUEUE_RATE_DELIVER; i <= QUEUE_RATE_GET_NO_ACK; i++)
+        deliver_get += rates_per_s(r, clock, (uint32_t)i);
+    api_stats_write(out, "deliver_get", s->deliver + s->deliver_no_ack + s->get + s->get_no_ack,
+                    deliver_get);
+    api_stats_write(out, "redeliver", s->redeliver, rates_per_s(r, clock, QUEUE_RATE_REDELIVER));
+    api_stats_write(out, "ack", s->ack, rates_per_s(r, clock, QUEUE_RATE_ACK));
+    json_object_end(out);
+    /* The rates of change of this broker's counts. */
+    api_stats_write_rate(out, "messages", rates_per_s(r, clock, QUEUE_RATE_MESSAGES));
+    api_stats_write_rate(out, "messages_ready", rates_per_s(r, clock, QUEUE_RATE_READY));
+    api_stats_write_rate(out, "messages_unacknowledged",
+                         rates_per_s(r, clock, QUEUE_RATE_UNACKED));
+}
+
 static void write_queue(struct json *out, struct broker *broker, const struct queue *queue,
                         const struct counts *c)
 {
@@ -188,8 +221,10 @@ static void write_queue(struct json *out, struct broker *broker, const struct qu
     json_key(out, "effective_policy_definition");
     json_object_begin(out);
     json_object_end(out);
+    write_message_stats(out, broker, queue);
     /* quay's own. */
     json_kv_string(out, "counts_from", c->from_primary ? "primary" : "local");
+    json_kv_string(out, "message_stats_from", queue_is_remote(queue) ? "local" : "primary");
     json_kv_uint(out, "paged", queue->paged_count);
     if (!queue_is_remote(queue) && queue->args.quay_dedup_window_ms > 0)
         json_kv_uint(out, "dedup_ids", queue->dedup ? dedup_count(queue->dedup) : 0);

@@ -15,8 +15,26 @@
  * messages_unacknowledged, consumers, memory, message_bytes_ready, state,
  * type, node = its primary, policy) plus quay's own: paged, dedup_ids,
  * primary, role, backups, in_sync, epoch, replication_factor, available,
- * and "counts_from": "primary" or "local" (below). Per-queue message_stats
- * are not kept by quay and are not shown.
+ * "counts_from": "primary" or "local" (below), and "message_stats_from".
+ *
+ * message_stats are RabbitMQ's (publish, deliver, deliver_no_ack, get,
+ * get_no_ack, deliver_get, redeliver, ack; each with "X_details":
+ * {"rate": R}, per second over the last 5 s, broker/rates.h), with
+ * messages_details, messages_ready_details and
+ * messages_unacknowledged_details (the rates of change of the counts).
+ * They are this broker's own counters of the queue (struct queue_stats),
+ * always shown (RabbitMQ leaves message_stats out until there is traffic).
+ * On the primary ("message_stats_from": "primary") they count the queue's
+ * whole traffic, the stand-ins' forwards and uplinks included; on a
+ * stand-in ("local") only what passed through this broker: its local
+ * publishers, consumers and getters (nothing new is asked of the primary:
+ * its queue.declare-ok carries no counters). The stand-ins' uplinks
+ * consume and get in ack mode, so a no-ack client behind a stand-in counts
+ * as deliver/get and ack on the primary. The *_details of the counts are of
+ * this broker's counts too (a stand-in's are its own, usually 0). The
+ * counters are not replicated or journalled: they start at 0 when the
+ * broker starts, and a promotion or a demotion (failover, move) makes the
+ * queue object anew (cluster/mirror.c), whose counters start at 0 too.
  *
  * In a cluster every broker lists every queue (each has a stand-in for
  * the queues other brokers are primary of). The counts of a queue whose

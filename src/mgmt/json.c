@@ -264,8 +264,31 @@ void json_uint(struct json *json, uint64_t v)
 void json_double(struct json *json, double v)
 {
     ASSERT(isfinite(v)); /* JSON has no NaN or infinity */
-    char text[32];
-    put_number(json, text, snprintf(text, sizeof text, "%.17g", v));
+    char text[40];
+    int n = 0;
+    /* The shortest text that reads back as v (19.95, not 19.949999999999999). */
+    for (int digits = 15; digits <= 17; digits++) {
+        n = snprintf(text, sizeof text, "%.*g", digits, v);
+        if (strtod(text, NULL) == v)
+            break;
+    }
+    ASSERT(n > 0 && (size_t)n + 2 < sizeof text);
+    if (strpbrk(text, ".e") == NULL) { /* still a float when read back: "2.0", not "2" */
+        memcpy(text + n, ".0", 3);
+        n += 2;
+    }
+    put_number(json, text, n);
+}
+
+void json_decimal(struct json *json, double v)
+{
+    ASSERT(isfinite(v));
+    char text[40];
+    int n = snprintf(text, sizeof text, "%.2f", v);
+    ASSERT(n > 0 && (size_t)n < sizeof text);
+    while (text[n - 1] == '0' && text[n - 2] != '.')
+        n--; /* "0.20" -> "0.2", "3.00" -> "3.0" */
+    put_number(json, text, n);
 }
 
 void json_bool(struct json *json, bool v)

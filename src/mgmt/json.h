@@ -66,7 +66,12 @@ void json_string(struct json *json, const char *s);
 void json_string_n(struct json *json, const void *s, size_t len);
 void json_int(struct json *json, int64_t v);
 void json_uint(struct json *json, uint64_t v);
-void json_double(struct json *json, double v); /* finite only */
+/* Finite only; the shortest text that reads back as v, always with a
+ * fraction or an exponent ("2.0", "19.95", "1e+300"). */
+void json_double(struct json *json, double v);
+/* Finite, to two decimals and always with a fraction ("3.0", "0.25"), as
+ * RabbitMQ's rates read; -0.0 reads "-0.0". */
+void json_decimal(struct json *json, double v);
 void json_bool(struct json *json, bool v);
 void json_null(struct json *json);
 

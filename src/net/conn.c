@@ -300,6 +300,7 @@ bool conn__read_arrived(struct conn *conn, ssize_t nread)
     if (nread == 0 || conn->closing)
         return false;
     conn->net->bytes_in += (uint64_t)nread;
+    conn->bytes_in += (uint64_t)nread;
     conn->net->reads++;
     conn->last_read_ms = uv_now(conn->net->loop);
     return true;
@@ -669,6 +670,7 @@ static void advance(struct conn *conn, size_t n)
 {
     conn->out_bytes -= n;
     conn->net->bytes_out += n;
+    conn->bytes_out += n;
     while (n > 0) {
         ASSERT(!list_empty(&conn->out_chunks));
         struct out_chunk *chunk = CONTAINER_OF(conn->out_chunks.next, struct out_chunk, link);

@@ -85,6 +85,8 @@ struct conn {
 
     uint64_t last_read_ms;
     uint64_t last_write_ms;
+    uint64_t bytes_in;            /* read from the socket (TLS: ciphertext) */
+    uint64_t bytes_out;           /* output sent (TLS: plaintext, as it is encrypted) */
     bool closing;
     bool close_after_flush;
     bool refused;                 /* over a limit: accept, then close at once */

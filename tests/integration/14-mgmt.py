@@ -180,7 +180,9 @@ QUEUE_KEYS = {"vhost", "name", "durable", "exclusive", "auto_delete", "arguments
               "messages_ready", "messages_unacknowledged", "consumers", "memory",
               "message_bytes_ready", "state", "type", "node", "policy",
               "exclusive_consumer_tag", "effective_policy_definition",
-              "counts_from", "paged", "primary", "backups", "in_sync", "epoch", "role"}
+              "message_stats", "messages_details", "messages_ready_details",
+              "messages_unacknowledged_details",
+              "counts_from", "message_stats_from", "paged", "primary", "backups", "in_sync", "epoch", "role"}
 # A clustered broker adds the queue's replication state.
 CLUSTER_QUEUE_KEYS = QUEUE_KEYS | {"replication_factor", "available"}
 

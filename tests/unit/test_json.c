@@ -67,6 +67,26 @@ static void test_scalars(void **state)
     expect_json(&j, "18446744073709551615");
     json_string(&j, "");
     expect_json(&j, "\"\"");
+    /* Floats read back as floats, in their shortest exact text. */
+    json_double(&j, 0.0);
+    expect_json(&j, "0.0");
+    json_double(&j, 2.0);
+    expect_json(&j, "2.0");
+    json_double(&j, 19.95);
+    expect_json(&j, "19.95");
+    json_double(&j, 0.1 + 0.2);
+    expect_json(&j, "0.30000000000000004");
+    json_double(&j, 1e300);
+    expect_json(&j, "1e+300");
+    /* Rates: two decimals, always a fraction. */
+    json_decimal(&j, 19.949999);
+    expect_json(&j, "19.95");
+    json_decimal(&j, 3.0);
+    expect_json(&j, "3.0");
+    json_decimal(&j, 0.2);
+    expect_json(&j, "0.2");
+    json_decimal(&j, -1.5);
+    expect_json(&j, "-1.5");
 }
 
 static void test_empty_containers(void **state)
