@@ -448,7 +448,8 @@ static void sync_primary(struct uplink *u)
 static void attach(struct proxy_stub *stub, struct consumer *consumer, bool waits)
 {
     struct uplink *u = uplink_open(stub);
-    if (u == NULL && proxy_stub_reachable(stub->queue)) {
+    struct member_peer *peer = member_peer(stub->member, stub->primary_id);
+    if (u == NULL && stub->available && peer != NULL && peer->up && link_is_up(peer->link)) {
         /* The link is up but has no channel left (65,535 consumers and
          * getters of this broker's clients at that primary): refused, as
          * a broker out of a resource refuses, rather than waiting for a
