@@ -552,7 +552,8 @@ int controller_forget(const struct cluster_map *map, const struct controller_con
  * The primary carries a move out (handover.c): the map only names the
  * target (queue.move), which catches up as a backup first. A queue with a
  * move in progress keeps it. The backup that keeps the factor after the
- * switch joins as for any move (controller_repair, map_queue_move_state). */
+ * switch joins as for any move (controller_repair, map_queue_move_state),
+ * here before the move is committed. */
 /* A move to a broker that is not a backup makes it one more backup first,
  * which a queue with CLUSTER_BACKUPS_MAX already cannot take (the map
  * refuses the move; proposed every round, it would never end). One beyond
@@ -583,7 +584,8 @@ static bool make_room(const struct map_queue *q, struct map_cmd_list *out)
     return true;
 }
 
-static bool primary_move_step(const struct placement_move *m, struct map_cmd_list *out)
+static bool primary_move_step(const struct cluster_map *map, struct placement *p,
+                              const struct placement_move *m, struct map_cmd_list *out)
 {
     const struct map_queue *q = m->queue;
     if (q->move_to != BROKER_ID_NONE)
@@ -591,6 +593,16 @@ static bool primary_move_step(const struct placement_move *m, struct map_cmd_lis
     struct map_cmd cmd;
     if (!map_queue_has_backup(q, m->to_id) && q->backups_count == CLUSTER_BACKUPS_MAX)
         return make_room(q, out);
+    /* To an in-sync backup, the copy that keeps the factor joins before the
+     * move is committed (as the repair would add it after): a later plan
+     * may still drop the move, and a committed move would be carried out. */
+    if (map_queue_backup_in_sync(q, m->to_id)) {
+        enum map_move_state state = map_queue_switch_state(map, q, m->to_id);
+        if (state == MAP_MOVE_NEEDS_BACKUP)
+            add_move_backup(map, p, q, out);
+        if (state != MAP_MOVE_READY)
+            return true; /* (the one added is catching up) */
+    }
     push(out, map_cmd_queue_move(&cmd, q->vhost->name, q->name, q->epoch, m->to_id), &cmd);
     return true;
 }
@@ -653,16 +665,20 @@ static uint32_t move_steps(const struct cluster_map *map, const struct controlle
     struct placement_plan plan;
     placement_plan_init(&plan);
     placement_rebalance_plan(map, &config->placement, moves_max, &plan);
+    struct placement p;
+    placement_init(&p, &config->placement);
+    placement_refresh(&p, map);
     uint32_t pending = 0;
     for (uint32_t i = 0; i < plan.count; i++) {
         const struct placement_move *m = &plan.moves[i];
         if (mandatory_only && !m->mandatory)
             continue;
         if (m->kind == PLACEMENT_MOVE_PRIMARY)
-            pending += primary_move_step(m, out);
+            pending += primary_move_step(map, &p, m, out);
         else
             pending += backup_move_step(map, m, out);
     }
+    placement_free(&p);
     placement_plan_free(&plan);
     return pending;
 }

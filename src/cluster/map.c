@@ -234,13 +234,19 @@ enum map_move_state map_queue_move_state(const struct cluster_map *map,
 {
     if (q->move_to == BROKER_ID_NONE || q->move_from != BROKER_ID_NONE)
         return MAP_MOVE_NONE;
-    if (!map_queue_backup_in_sync(q, q->move_to))
+    return map_queue_switch_state(map, q, q->move_to);
+}
+
+enum map_move_state map_queue_switch_state(const struct cluster_map *map,
+                                           const struct map_queue *q, uint32_t to)
+{
+    if (!map_queue_backup_in_sync(q, to))
         return MAP_MOVE_CATCHING_UP;
     uint32_t copies = 1; /* the target's */
     bool catching_up = false;
     for (uint8_t i = 0; i < q->backups_count; i++) {
         uint32_t id = q->backup_ids[i];
-        if (id == q->move_to)
+        if (id == to)
             continue;
         if (q->in_sync_mask & (1u << i))
             copies += broker_up(map, id);

@@ -287,6 +287,10 @@ enum map_move_state {
 };
 enum map_move_state map_queue_move_state(const struct cluster_map *map,
                                          const struct map_queue *queue);
+/* The same for a switch to broker `to` now, whether a move names it or
+ * not (a planner asks before it commits to a move). */
+enum map_move_state map_queue_switch_state(const struct cluster_map *map,
+                                           const struct map_queue *queue, uint32_t to);
 /* Both brokers announced the same shared storage (broker.storage). */
 bool map_brokers_share_storage(const struct map_broker *a, const struct map_broker *b);
 bool map_user_has_vhost(const struct map_user *user, struct bytes vhost);
