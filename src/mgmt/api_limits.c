@@ -163,36 +163,11 @@ bool api_limits_check_parameter(const struct broker *broker, const struct json_t
 
 /* ---- the path and the body ---------------------------------------------- */
 
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* %-decodes a path segment into out (1..LIMIT_NAME_SIZE_MAX bytes). */
 static bool decode_segment(const char *s, size_t size, uint8_t *out, uint32_t *out_size)
 {
-    uint32_t n = 0;
-    for (size_t i = 0; i < size; i++) {
-        uint8_t c = (uint8_t)s[i];
-        if (c == '%') {
-            int hi = i + 2 < size ? hex_digit(s[i + 1]) : -1;
-            int lo = i + 2 < size ? hex_digit(s[i + 2]) : -1;
-            if (hi < 0 || lo < 0)
-                return false;
-            c = (uint8_t)(hi << 4 | lo);
-            i += 2;
-        }
-        if (n == LIMIT_NAME_SIZE_MAX)
-            return false;
-        out[n++] = c;
-    }
-    *out_size = n;
+    long n = http_percent_decode(s, size, out, LIMIT_NAME_SIZE_MAX, false);
+    *out_size = n > 0 ? (uint32_t)n : 0;
     return n > 0;
 }
 

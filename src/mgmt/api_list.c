@@ -17,39 +17,6 @@
 #define QUERY_VALUE_SIZE_MAX 1024
 #define COLUMNS_MAX 64
 
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-/* %-decodes s[0..size) into out[cap]; '+' is a space when plus says so
- * (query strings). Returns the size, or -1. */
-static long decode(const char *s, size_t size, uint8_t *out, size_t cap, bool plus)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < size; i++) {
-        uint8_t c = (uint8_t)s[i];
-        if (c == '%') {
-            if (size - i < 3 || hex_digit(s[i + 1]) < 0 || hex_digit(s[i + 2]) < 0)
-                return -1;
-            c = (uint8_t)(hex_digit(s[i + 1]) << 4 | hex_digit(s[i + 2]));
-            i += 2;
-        } else if (c == '+' && plus) {
-            c = ' ';
-        }
-        if (n == cap)
-            return -1;
-        out[n++] = c;
-    }
-    return (long)n;
-}
-
 void api_answer_not_found(struct http_call *call)
 {
     struct json body;
@@ -81,7 +48,7 @@ bool api_path_parse(struct http_call *call, const struct http_call_request *req,
         const char *slash = memchr(p, '/', (size_t)(end - p));
         const char *seg_end = slash ? slash : end;
         long n = path->count < API_PATH_SEGMENTS_MAX
-                     ? decode(p, (size_t)(seg_end - p), path->text[path->count],
+                     ? http_percent_decode(p, (size_t)(seg_end - p), path->text[path->count],
                               API_SEGMENT_SIZE_MAX, false)
                      : -1;
         /* An empty segment is only RabbitMQ's empty source of a default
@@ -115,7 +82,8 @@ bool api_query_get(const struct http_call_request *req, const char *key, char *o
         const char *item_end = amp ? amp : end;
         const char *eq = memchr(p, '=', (size_t)(item_end - p));
         if (eq && (size_t)(eq - p) == key_size && memcmp(p, key, key_size) == 0) {
-            long n = decode(eq + 1, (size_t)(item_end - eq - 1), (uint8_t *)out, cap - 1, true);
+            long n = http_percent_decode(eq + 1, (size_t)(item_end - eq - 1), (uint8_t *)out,
+                                         cap - 1, true);
             if (n < 0)
                 return false;
             out[n] = '\0';

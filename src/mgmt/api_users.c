@@ -189,17 +189,6 @@ static void handle_vhosts(void *ctx, const struct auth_user *user, struct json *
 
 /* ---- paths ------------------------------------------------------------------------ */
 
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* One %-decoded path segment: 1..255 bytes, no NUL. */
 struct segment {
     uint8_t bytes[NAME_SIZE_MAX + 1];
@@ -208,24 +197,12 @@ struct segment {
 
 static bool decode(const char *s, size_t size, struct segment *out)
 {
-    uint32_t n = 0;
-    for (size_t i = 0; i < size; i++) {
-        uint8_t c = (uint8_t)s[i];
-        if (c == '%') {
-            int hi = i + 2 < size ? hex_digit(s[i + 1]) : -1;
-            int lo = i + 2 < size ? hex_digit(s[i + 2]) : -1;
-            if (hi < 0 || lo < 0)
-                return false;
-            c = (uint8_t)(hi << 4 | lo);
-            i += 2;
-        }
-        if (n == NAME_SIZE_MAX || c == 0)
-            return false;
-        out->bytes[n++] = c;
-    }
+    long n = http_percent_decode(s, size, out->bytes, NAME_SIZE_MAX, false);
+    if (n <= 0 || memchr(out->bytes, 0, (size_t)n) != NULL)
+        return false;
     out->bytes[n] = 0;
-    out->b = (struct bytes){out->bytes, n};
-    return n > 0;
+    out->b = (struct bytes){out->bytes, (uint32_t)n};
+    return true;
 }
 
 /* rest as up to max segments split at '/'; returns how many, or 0 if one

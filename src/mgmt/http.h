@@ -294,6 +294,12 @@ struct http_request {
  * head (the body, content_length of them) are not looked at. */
 int http_parse_request(const char *data, size_t size, struct http_request *req);
 
+/* %-decodes s[0..size) (a path segment, or with plus a query value, where
+ * '+' is a space) into out[0..cap). Returns the decoded size, or -1 for a
+ * bad escape or more than cap bytes. The API's path and query readers
+ * share it. */
+long http_percent_decode(const char *s, size_t size, uint8_t *out, size_t cap, bool plus);
+
 /* The reason phrase of an HTTP status ("Not Found"), which is also the
  * "error" of RabbitMQ's error bodies {"error", "reason"}. */
 const char *http_status_text(int status);

@@ -15,6 +15,41 @@
 /* A method longer than this is garbage, not a method we do not know. */
 #define HTTP_METHOD_SIZE_MAX 32u
 
+/* ---- percent-decoding ------------------------------------------------- */
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+long http_percent_decode(const char *s, size_t size, uint8_t *out, size_t cap, bool plus)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < size; i++) {
+        uint8_t c = (uint8_t)s[i];
+        if (c == '%') {
+            int hi = size - i >= 3 ? hex_digit(s[i + 1]) : -1;
+            int lo = size - i >= 3 ? hex_digit(s[i + 2]) : -1;
+            if (hi < 0 || lo < 0)
+                return -1;
+            c = (uint8_t)(hi << 4 | lo);
+            i += 2;
+        } else if (c == '+' && plus) {
+            c = ' ';
+        }
+        if (n == cap)
+            return -1;
+        out[n++] = c;
+    }
+    return (long)n;
+}
+
 /* ---- the request parser ------------------------------------------------ */
 
 /* RFC 9110 §5.6.2 token characters. */
