@@ -1082,8 +1082,12 @@ static int start_raft(struct consensus *c, const struct consensus_config *cfg,
     }
     consensus_tune(&c->raft, cfg);
     rv = raft_start(&c->raft);
-    if (rv != 0)
-        snprintf(err, err_size, "raft start: %s", raft_errmsg(&c->raft));
+    if (rv != 0) {
+        /* libraft 0.15 does not copy the transport's message (a listen
+         * that failed: the cluster port taken) into its own. */
+        const char *why = raft_errmsg(&c->raft);
+        snprintf(err, err_size, "raft start: %s", why[0] != '\0' ? why : c->transport.errmsg);
+    }
     return rv;
 }
 

@@ -35,6 +35,7 @@ import base64
 import http.client
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -71,21 +72,34 @@ def quayd_path():
     return q
 
 
+# Ports for brokers come from below the kernel's ephemeral range
+# (ip_local_port_range, 32768-60999 by default): a port taken with
+# bind(0) is closed again before the broker binds it, and in that gap
+# any outgoing connection on the machine (a test's client, a broker's
+# link, another test) may be given it; CI lost a run to that. Below the
+# range only another test's pick can collide, and a broker that still
+# finds its port taken is restarted on fresh ones (Member.start).
+_PORT_LOW, _PORT_HIGH = 10000, 32767
+_port_random = random.Random()  # seeded from os.urandom: parallel tests differ
+
+
 def free_port(udp_too=False):
-    """A port free on 127.0.0.1 for TCP (and for UDP when asked)."""
-    for _ in range(100):
-        t = socket.socket()
-        t.bind(("127.0.0.1", 0))
-        port = t.getsockname()[1]
+    """A port free on 127.0.0.1 for TCP (and for UDP when asked), outside
+    the ephemeral range."""
+    for _ in range(200):
+        port = _port_random.randint(_PORT_LOW, _PORT_HIGH)
+        kinds = [socket.SOCK_STREAM] + ([socket.SOCK_DGRAM] if udp_too else [])
         ok = True
-        if udp_too:
-            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for kind in kinds:
+            s = socket.socket(socket.AF_INET, kind)
             try:
-                u.bind(("127.0.0.1", port))
+                s.bind(("127.0.0.1", port))
             except OSError:
                 ok = False
-            u.close()
-        t.close()
+            finally:
+                s.close()
+            if not ok:
+                break
         if ok:
             return port
     raise RuntimeError("no free port")
@@ -249,29 +263,48 @@ class Member:
         return args + self.extra_args
 
     def start(self, wait=True):
+        """Starts the broker; with wait, returns once it logged that it is
+        ready (every listener bound, the cluster member started). A first
+        start that finds one of its ports taken is retried on fresh ones
+        (see free_port); a restart keeps its addresses, which the other
+        brokers know."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
-        log = open(self.log_path, "ab")
-        self.log_offset = log.tell()  # view() reads the current run only
-        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=log, env=self.env)
-        log.close()
-        _all_procs.append(self.proc)
-        self.started_at = time.monotonic()
-        if wait:
-            self.wait_accepting()
-        return self
+        may_move = self.proc is None
+        for attempt in range(3):
+            log = open(self.log_path, "ab")
+            self.log_offset = log.tell()  # view() reads the current run only
+            self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=log, env=self.env)
+            log.close()
+            _all_procs.append(self.proc)
+            self.started_at = time.monotonic()
+            if not wait or self.wait_accepting(port_taken_ok=may_move and attempt < 2):
+                return self
+            # What the run stored (a raft configuration with the old
+            # address) belongs to a broker that never was: start afresh.
+            shutil.rmtree(self.data, ignore_errors=True)
+            self.amqp_port = free_port()
+            self.cluster_port = free_port(udp_too=True)
+            self.http_port = free_port() if self.http_port else None
+        raise AssertionError("unreachable")
 
-    def wait_accepting(self, timeout=20):
-        def up():
+    def wait_accepting(self, timeout=20, port_taken_ok=False):
+        """Waits until the current run logs "quayd ready" (it then accepts
+        AMQP). A run that exits first fails the test with its log, unless
+        port_taken_ok and a port it needed was taken: then False."""
+        def ready():
             if self.proc.poll() is not None:
-                raise AssertionError("%s exited at start with %s:\n%s" % (
-                    self.name, self.proc.returncode, self.log_text()[-3000:]))
-            try:
-                socket.create_connection((self.amqp_host, self.amqp_port), timeout=1).close()
-                return True
-            except OSError:
-                return False
-        wait_until(up, timeout, what="%s to accept AMQP" % self.name)
+                return "exited"
+            return "quayd ready" in self.log_text_bytes()[self.log_offset:].decode(
+                "utf-8", "replace")
+        if wait_until(ready, timeout, what="%s to be ready" % self.name) is True:
+            return True
+        text = self.log_text_bytes()[self.log_offset:].decode("utf-8", "replace")
+        if port_taken_ok and "address already in use" in text:
+            print("# %s: a port was taken, restarting on fresh ones" % self.name)
+            return False
+        raise AssertionError("%s exited at start with %s:\n%s" % (
+            self.name, self.proc.returncode, text[-3000:]))
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None

@@ -51,7 +51,7 @@ import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cluster"))
 from clustertest import (API_PASSWORD, API_USER, APIError, api_authorization,  # noqa: E402,F401
-                         api_call, api_get)
+                         api_call, api_get, free_port)
 
 # ---------------------------------------------------------------------------
 # Constants
@@ -446,14 +446,6 @@ def make_tls_files(directory, clients=(), days=2):
         for ext in (".pem", ".key"):
             files[name + ext] = os.path.join(directory, name + ext)
     return files
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 _broker = None
