@@ -27,6 +27,7 @@
 #include "cluster/replica.h"
 #include "cluster/replication.h"
 #include "lib/assert.h"
+#include "lib/bytes.h"
 #include "lib/errors.h"
 #include "mgmt/api.h"
 #include "mgmt/api_amqp.h"
@@ -237,6 +238,7 @@ static void write_queue(struct json *out, struct broker *broker, const struct qu
 struct gather_item {
     struct gather *gather;
     struct queue *queue;         /* one reference */
+    uint32_t vhost_index;        /* its vhost's name: gather.vhost_names */
     struct proxy_op *op;         /* asking the primary, or NULL */
     bool opened_getter;          /* the query opened the stand-in's getter: release it */
     struct counts counts;
@@ -252,6 +254,8 @@ struct gather {
     uint32_t next;                /* the next item to ask about */
     uint32_t count, cap;
     struct gather_item *items;    /* owned */
+    struct bytes *vhost_names;    /* owned copies: a vhost may go while we wait */
+    uint32_t vhosts_count;
     uv_timer_t deadline;          /* started when a primary is asked */
     bool deadline_started;
 };
@@ -271,6 +275,11 @@ static void gather_free(struct gather *g)
     free(g->items);
     g->items = NULL;
     g->count = 0;
+    for (uint32_t i = 0; i < g->vhosts_count; i++)
+        bytes_free(&g->vhost_names[i]);
+    free(g->vhost_names);
+    g->vhost_names = NULL;
+    g->vhosts_count = 0;
     if (!g->deadline_started) {
         free(g);
         return;
@@ -284,6 +293,27 @@ static void gather_cancel(void *arg)
     gather_free(arg);
 }
 
+/* The queue an item stands for now. While the primaries were asked the
+ * item's queue may have been replaced under its name: a stand-in by the
+ * real queue (it moved here), the real queue by a stand-in (it moved
+ * away). The listing shows the queue as it is when answered, never a gap
+ * (*counts: the replacement's own when it is real here). NULL: no queue
+ * of that name any more, or the primary says it is gone. */
+static struct queue *gather_current(const struct gather *g, const struct gather_item *it,
+                                    struct counts *counts)
+{
+    *counts = it->counts;
+    if (!it->queue->deleted && !it->gone)
+        return it->queue;
+    struct vhost *vhost = broker_vhost(g->broker, g->vhost_names[it->vhost_index]);
+    struct queue *now = vhost ? vhost_queue(vhost, it->queue->name) : NULL;
+    if (now == NULL || now == it->queue)
+        return NULL;
+    if (!queue_is_remote(now))
+        *counts = (struct counts){queue_ready_count(now), now->consumers_count, true};
+    return now;
+}
+
 static void gather_answer(struct gather *g)
 {
     struct json body;
@@ -292,10 +322,11 @@ static void gather_answer(struct gather *g)
         json_array_begin(&body);
     uint32_t written = 0;
     for (uint32_t i = 0; i < g->count; i++) {
-        const struct gather_item *it = &g->items[i];
-        if (it->queue->deleted || it->gone)
+        struct counts counts;
+        struct queue *queue = gather_current(g, &g->items[i], &counts);
+        if (queue == NULL)
             continue;
-        write_queue(&body, g->broker, it->queue, &it->counts);
+        write_queue(&body, g->broker, queue, &counts);
         written++;
     }
     if (g->single && written == 0) {
@@ -335,6 +366,7 @@ static void on_counts(void *ctx, struct queue *queue, uint16_t reply_code,
 static void gather_add(struct gather *g, struct queue *queue)
 {
     ASSERT(!queue->deleted);
+    ASSERT(g->vhosts_count > 0);
     if (g->count == g->cap) {
         g->cap = g->cap ? g->cap * 2 : 16;
         g->items = realloc(g->items, g->cap * sizeof *g->items);
@@ -343,6 +375,7 @@ static void gather_add(struct gather *g, struct queue *queue)
     queue_ref(queue);
     g->items[g->count++] = (struct gather_item){
         .queue = queue,
+        .vhost_index = g->vhosts_count - 1,
         .counts = {queue_ready_count(queue), queue->consumers_count, !queue_is_remote(queue)}};
 }
 
@@ -415,8 +448,17 @@ static struct gather *gather_new(struct broker *broker, struct http_call *call,
     return g;
 }
 
+/* The vhost of the items added next. */
+static void gather_vhost(struct gather *g, const struct vhost *vhost)
+{
+    g->vhost_names = realloc(g->vhost_names, (g->vhosts_count + 1) * sizeof *g->vhost_names);
+    ASSERT(g->vhost_names != NULL);
+    g->vhost_names[g->vhosts_count++] = bytes_dup(vhost->name);
+}
+
 static void add_vhost_queues(struct gather *g, struct vhost *vhost)
 {
+    gather_vhost(g, vhost);
     struct hmap_entry *q;
     for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);)
         gather_add(g, q->value);
@@ -449,6 +491,7 @@ static void show_queue(struct broker *broker, struct http_call *call,
                        const struct http_call_request *req, struct queue *queue)
 {
     struct gather *g = gather_new(broker, call, req, true);
+    gather_vhost(g, queue->vhost);
     gather_add(g, queue);
     gather_start(g);
 }

@@ -305,6 +305,59 @@ def gets_during_a_move_wait_and_find_every_message():
     assert sorted(int(b.split(b"-", 1)[0]) for b in got) == list(range(n)), len(got)
 
 
+@test(timeout=120)
+def listings_during_moves_never_miss_the_queue():
+    """GET /api/queues and /api/queues/%2F/NAME on the brokers a queue moves
+    to and from, asked without pause while it moves back and forth: every
+    answer shows the queue (a listing that waits for a primary's counts
+    while the queue changes hands answers with what stands under the name
+    then; it once left the queue out)."""
+    q = placed("mv-list", members["a"],
+               lambda i: i is not None and i["in_sync"] == i["backups"] and len(i["backups"]) == 1,
+               **{"x-quay-backups": 1})
+    first = queue_info(members["a"], q)
+    ends = [first["primary"], first["backups"][0]]
+    fill(members[ends[0]], q, 200, size=64)
+    misses, answers, errors = [], [], []
+    stop = threading.Event()
+
+    def poller(member, single):
+        try:
+            while not stop.is_set():
+                if single:
+                    try:
+                        info = member.api_get("/api/queues/%2F/" + q, timeout=5)
+                    except Exception as e:  # noqa: BLE001 (a 404 is a miss)
+                        misses.append((member.name, "single", repr(e)))
+                        continue
+                    seen = [info]
+                else:
+                    seen = [i for i in member.api_get("/api/queues", timeout=5) if i["name"] == q]
+                answers.append(1)
+                if len(seen) != 1 or seen[0]["messages"] != 200:
+                    misses.append((member.name, "list", seen))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=poller, args=(members[n], single), daemon=True)
+               for n in ends for single in (False, True)]
+    for t in threads:
+        t.start()
+    for i in range(6):
+        to = ends[(i + 1) % 2]
+        move(members[ends[i % 2]], q, to)
+        wait_until(lambda: all(queue_info(members[n], q)["primary"] == to for n in ends), 20,
+                   what="the move to %s seen on both" % to)
+        wait_until(lambda: queue_info(members[to], q)["in_sync"] ==
+                   queue_info(members[to], q)["backups"], 20, what="its backup in sync")
+    stop.set()
+    for t in threads:
+        t.join(10)
+    print("# %d answers during 6 moves" % len(answers))
+    assert not errors, errors
+    assert not misses, misses[:5]
+
+
 def fill(via, queue, n, size=1024):
     """n persistent messages, confirmed, through via."""
     conn = connect(via)
