@@ -57,12 +57,18 @@
 #           (within 10%) of primaries and backups with no move in progress, how many
 #           primaries and backups moved (ideal: its share, 1/6), whether every queue still
 #           holds its message, and lost, dup, reordered, nacked.
+#   takeover 3 brokers on one --shared-storage directory; TAKEOVER_QUEUES durable queues
+#           without backups whose primary is b3, filled through b3 with TAKEOVER_MESSAGES
+#           persistent 1 KiB messages in all (quayscale fill, confirmed); kill -9 of b3.
+#           Reports when b1's map had every queue on a live broker (mapped_s) and when every
+#           queue answered a passive queue.declare through b1 with all its messages
+#           (serving_s), both from the kill; then reads one queue back in full.
 #   fanout  3 brokers; 1 KiB messages published via b to a fanout exchange bound to 10
 #           queues whose primary is a: the bytes b's link to a carries per message
 #           (target: at most 1.2 KiB; bench/cluster_fanout.py does the work).
 #
 # Usage: bench/cluster.sh [proxy] [failover] [scale] [replicated] [cut] [kill9] [heal] [fanout]
-#        [forget] [move] [drain] [join]
+#        [forget] [move] [drain] [join] [takeover]
 #        (default: proxy failover scale; cut, kill9 and heal need root)
 # Environment: QUAYD=build/quayd REPS=3 DURATION=10 SCALE_QUEUES=10000 BASE_PORT=6100
 #              BENCH_OUT=build/bench KEEP_TMP=0 PROBE_REPS=1 PROBE_DURATION=10 PROBE_AT=4
@@ -89,6 +95,8 @@ DRAIN_QUEUES=${DRAIN_QUEUES:-6000}
 DRAIN_RATE=${DRAIN_RATE:-2000}
 JOIN_QUEUES=${JOIN_QUEUES:-10000}
 JOIN_RATE=${JOIN_RATE:-2000}
+TAKEOVER_QUEUES=${TAKEOVER_QUEUES:-1000}
+TAKEOVER_MESSAGES=${TAKEOVER_MESSAGES:-1000000}
 BASE_PORT=${BASE_PORT:-6100}
 BENCH_OUT=${BENCH_OUT:-build/bench}
 KEEP_TMP=${KEEP_TMP:-0}
@@ -674,6 +682,93 @@ EOF
   stop_all
 }
 
+row_takeover() {
+  local saved_args=${QUAYD_ARGS:-}
+  QUAYD_ARGS="$saved_args --shared-storage $TMP/shared --auto-rebalance off"
+  form 3
+  QUAYD_ARGS=$saved_args
+  # Durable queues without backups, declared through b1 until b3 is primary of enough.
+  /usr/bin/python3 - "$(amqp_port 1)" "$(http_port 1)" "$TAKEOVER_QUEUES" "$TMP/names" <<'EOF'
+import json, sys, urllib.request
+import pika
+port, http, want, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+_login = urllib.request.build_opener()
+_login.addheaders = [("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")]  # guest:guest
+c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+ch = c.channel()
+names, batch = [], 0
+while len(names) < want:
+    for i in range(batch, batch + want):
+        ch.queue_declare("tk-%d" % i, durable=True, arguments={"x-quay-backups": 0})
+    batch += want
+    with _login.open("http://127.0.0.1:%d/api/queues?columns=name,primary" % http,
+                     timeout=60) as r:
+        names = sorted(q["name"] for q in json.load(r) if q["primary"] == "b3")
+for q in set("tk-%d" % i for i in range(batch)) - set(names[:want]):
+    ch.queue_delete(q)
+c.close()
+with open(out, "w") as f:
+    f.write("\n".join(names[:want]) + "\n")
+EOF
+  local per=$((TAKEOVER_MESSAGES / TAKEOVER_QUEUES)) fill
+  fill=$("$BENCH_OUT/quayscale" fill -H 127.0.0.1 -p "$(amqp_port 3)" --names "$TMP/names" \
+      -n "$per" -s 1024)
+  sleep 1
+  kill -9 "$PID_3"
+  local killed
+  killed=$(date +%s.%N)
+  /usr/bin/python3 - "$(amqp_port 1)" "$(http_port 1)" "$TMP/names" "$per" "$killed" <<'EOF'
+import json, sys, time, urllib.request
+import pika
+port, http, path, per, killed = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
+                                 int(sys.argv[4]), float(sys.argv[5]))
+names = open(path).read().split()
+_login = urllib.request.build_opener()
+_login.addheaders = [("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")]  # guest:guest
+deadline = killed + 300
+mapped = None
+while time.time() < deadline:
+    with _login.open("http://127.0.0.1:%d/api/queues?columns=name,primary,available" % http,
+                     timeout=60) as r:
+        qs = {q["name"]: q for q in json.load(r)}
+    if all(qs[n]["primary"] in ("b1", "b2") and qs[n].get("available", True) for n in names):
+        mapped = time.time() - killed
+        break
+    time.sleep(0.05)
+# Serving: every queue answers through b1 with all of its messages.
+conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+ch = conn.channel()
+left = list(names)
+while left and time.time() < deadline:
+    still = []
+    for n in left:
+        try:
+            if ch.queue_declare(n, passive=True).method.message_count != per:
+                still.append(n)
+        except pika.exceptions.ChannelClosedByBroker:
+            still.append(n)
+            ch = conn.channel()
+    left = still
+    if left:
+        time.sleep(0.05)
+serving = time.time() - killed
+got, first = 0, names[0]
+while True:
+    m, _, body = ch.basic_get(first, auto_ack=True)
+    if m is None:
+        break
+    got += 1
+conn.close()
+print("TAKEOVER mapped_s=%.2f serving_s=%.2f not_serving=%d read_back=%d/%d" % (
+    mapped if mapped is not None else -1, serving, len(left), got, per), flush=True)
+EOF
+  echo "ROW takeover queues=$TAKEOVER_QUEUES messages=$TAKEOVER_MESSAGES" \
+       "fill_msgs_per_s=$(echo "$fill" | field msgs_per_s)" \
+       "shared_mb=$(du -sm "$TMP/shared" | cut -f1)"
+  stop_all
+  rm -rf "$TMP/shared"
+}
+
 for row in $ROWS; do
   case "$row" in
     proxy) row_proxy ;;
@@ -687,6 +782,7 @@ for row in $ROWS; do
     move) row_move ;;
     drain) row_drain ;;
     join) row_join ;;
+    takeover) row_takeover ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
   esac
 done

@@ -15,6 +15,12 @@
  *       heartbeats), waits --settle seconds, reports the broker's RSS delta per connection, then
  *       closes them. RLIMIT_NOFILE is raised as needed.
  *
+ *   quayscale fill --names FILE -n N [-s SIZE] [-w WINDOW]
+ *       Publishes N persistent messages of SIZE bytes (default 1024) to each queue named in
+ *       FILE (one name per line; the queues must exist), round robin through the default
+ *       exchange on one connection with publisher confirms, up to WINDOW unconfirmed (default
+ *       1000). Reports messages, seconds and msg/s once every confirm is in; exit 1 on a nack.
+ *
  *   quayscale wait-queue --queue NAME -n N [--timeout S]
  *       Polls (every 10 ms) until a connection opens and a passive queue.declare of NAME reports
  *       at least N messages, e.g. while a broker restarts and recovers. Reports ready_s (seconds
@@ -42,7 +48,8 @@ static struct {
     int conns, window, threads;
     int watch;
     double settle, hold, timeout;
-    char prefix[128], queue[192];
+    char prefix[128], queue[192], names[512];
+    long size;
     bool durable, keep, verbose;
 } cfg;
 
@@ -288,6 +295,102 @@ static int mode_conns(void)
     return opened == cfg.n ? 0 : 1;
 }
 
+/* ------------------------------------------------------------------ fill */
+
+/* The names in cfg.names, one per line (empty lines skipped). */
+static char **read_names(long *count)
+{
+    FILE *f = fopen(cfg.names, "r");
+    if (!f)
+        die_now("cannot open %s", cfg.names);
+    char **names = NULL;
+    long n = 0, cap = 0;
+    char line[300];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        if (!line[0])
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 256;
+            names = realloc(names, (size_t)cap * sizeof *names);
+            if (!names)
+                die_now("out of memory");
+        }
+        names[n++] = strdup(line);
+    }
+    fclose(f);
+    *count = n;
+    return names;
+}
+
+/* Reads frames until the confirms outstanding are at most want; false on a nack. */
+static bool fill_wait_confirms(amqp_connection_state_t c, long *unconfirmed, long *confirmed,
+                               long want)
+{
+    while (*unconfirmed > want) {
+        amqp_frame_t f;
+        struct timeval tv = {60, 0};
+        int rc = amqp_simple_wait_frame_noblock(c, &f, &tv);
+        if (rc != AMQP_STATUS_OK)
+            die_now("waiting for confirms (%ld out): %s", *unconfirmed, amqp_error_string2(rc));
+        if (f.frame_type != AMQP_FRAME_METHOD)
+            continue;
+        if (f.payload.method.id == AMQP_BASIC_NACK_METHOD)
+            return false;
+        if (f.payload.method.id != AMQP_BASIC_ACK_METHOD)
+            die_now("unexpected method 0x%08x", f.payload.method.id);
+        const amqp_basic_ack_t *ack = f.payload.method.decoded;
+        long upto = (long)ack->delivery_tag;
+        long settled = ack->multiple ? upto - *confirmed : 1;
+        *confirmed += settled;
+        *unconfirmed -= settled;
+    }
+    return true;
+}
+
+static int mode_fill(void)
+{
+    long queues = 0;
+    char **names = read_names(&queues);
+    if (queues == 0)
+        die_now("no queue names in %s", cfg.names);
+    char err[512];
+    amqp_connection_state_t c = qb_open(&cfg.ep, &cfg.cr, 0, 5000, err, sizeof err);
+    if (!c)
+        die_now("%s", err);
+    amqp_confirm_select(c, 1);
+    if (!qb_reply_ok(amqp_get_rpc_reply(c), "confirm.select", err, sizeof err))
+        die_now("%s", err);
+    char *body = malloc((size_t)cfg.size);
+    if (!body)
+        die_now("out of memory");
+    memset(body, 'x', (size_t)cfg.size);
+    amqp_basic_properties_t props = {._flags = AMQP_BASIC_DELIVERY_MODE_FLAG, .delivery_mode = 2};
+    const double t0 = qb_now_s();
+    long unconfirmed = 0, confirmed = 0, total = cfg.n * queues;
+    for (long k = 0; k < total; k++) {
+        if (!fill_wait_confirms(c, &unconfirmed, &confirmed, cfg.window - 1))
+            die_now("a publish was nacked after %ld confirms", confirmed);
+        amqp_bytes_t b = {(size_t)cfg.size, body};
+        int rc = amqp_basic_publish(c, 1, amqp_empty_bytes, amqp_cstring_bytes(names[k % queues]), 0,
+                                    0, &props, b);
+        if (rc != AMQP_STATUS_OK)
+            die_now("publish: %s", amqp_error_string2(rc));
+        unconfirmed++;
+    }
+    if (!fill_wait_confirms(c, &unconfirmed, &confirmed, 0))
+        die_now("a publish was nacked after %ld confirms", confirmed);
+    double took = qb_now_s() - t0;
+    printf("RESULT mode=fill status=ok queues=%ld messages=%ld size=%ld fill_s=%.2f msgs_per_s=%.0f\n",
+           queues, total, cfg.size, took, (double)total / took);
+    qb_close(c);
+    free(body);
+    for (long i = 0; i < queues; i++)
+        free(names[i]);
+    free(names);
+    return 0;
+}
+
 /* ------------------------------------------------------------------ wait-queue */
 
 static int mode_wait_queue(void)
@@ -346,7 +449,7 @@ static int mode_wait_queue(void)
 static void usage(int code)
 {
     fprintf(code ? stderr : stdout,
-            "usage: quayscale queues|conns|wait-queue [options]\n"
+            "usage: quayscale queues|conns|fill|wait-queue [options]\n"
             "  -H, --host H          broker host (default 127.0.0.1)\n"
             "  -p, --port P          broker port (default 5672)\n"
             "  -n, --count N         queues or connections (default 1000)\n"
@@ -361,6 +464,10 @@ static void usage(int code)
             "  conns:\n"
             "  -t, --threads T       connections opened concurrently (default 8)\n"
             "      --hold S          keep the connections open S more seconds (default 0)\n"
+            "  fill:\n"
+            "      --names FILE      the queues, one name per line (-n: messages per queue)\n"
+            "  -s, --size BYTES      message size (default 1024)\n"
+            "  -w, --window W        unconfirmed publishes (default 1000)\n"
             "  wait-queue:\n"
             "  -q, --queue NAME      queue to declare passively; ready when it holds >= -n messages\n"
             "      --timeout S       give up after S s (default 300)\n"
@@ -383,11 +490,12 @@ int main(int argc, char **argv)
     snprintf(cfg.prefix, sizeof cfg.prefix, "quayscale");
     cfg.n = 1000;
     cfg.conns = 4;
-    cfg.window = 128;
+    cfg.window = 0; /* the mode's default: 128 declares, 1000 publishes */
     cfg.threads = 8;
     cfg.settle = 2;
     cfg.timeout = 300;
-    enum { O_TIMEOUT = 255, O_WATCH = 256, O_SETTLE, O_HOLD, O_PREFIX, O_DURABLE, O_KEEP, O_USER, O_PASS, O_VHOST, O_HELP };
+    cfg.size = 1024;
+    enum { O_TIMEOUT = 255, O_WATCH = 256, O_SETTLE, O_HOLD, O_PREFIX, O_DURABLE, O_KEEP, O_USER, O_PASS, O_VHOST, O_HELP, O_NAMES };
     static const struct option lo[] = {
         {"host", required_argument, 0, 'H'},       {"port", required_argument, 0, 'p'},
         {"count", required_argument, 0, 'n'},      {"conns", required_argument, 0, 'k'},
@@ -398,10 +506,11 @@ int main(int argc, char **argv)
         {"user", required_argument, 0, O_USER},    {"pass", required_argument, 0, O_PASS},
         {"vhost", required_argument, 0, O_VHOST},  {"help", no_argument, 0, O_HELP},
         {"queue", required_argument, 0, 'q'},      {"timeout", required_argument, 0, O_TIMEOUT},
+        {"names", required_argument, 0, O_NAMES},  {"size", required_argument, 0, 's'},
         {0, 0, 0, 0}};
     int o;
     optind = 2;
-    while ((o = getopt_long(argc, argv, "H:p:n:k:w:t:q:", lo, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "H:p:n:k:w:t:q:s:", lo, NULL)) != -1) {
         switch (o) {
         case 'H': snprintf(cfg.ep.host, sizeof cfg.ep.host, "%s", optarg); break;
         case 'p': cfg.ep.port = atoi(optarg); break;
@@ -420,10 +529,14 @@ int main(int argc, char **argv)
         case O_VHOST: snprintf(cfg.cr.vhost, sizeof cfg.cr.vhost, "%s", optarg); break;
         case 'q': snprintf(cfg.queue, sizeof cfg.queue, "%s", optarg); break;
         case O_TIMEOUT: cfg.timeout = atof(optarg); break;
+        case O_NAMES: snprintf(cfg.names, sizeof cfg.names, "%s", optarg); break;
+        case 's': cfg.size = atol(optarg); break;
         case O_HELP: usage(0); break;
         default: usage(2);
         }
     }
+    if (cfg.window == 0)
+        cfg.window = !strcmp(mode, "fill") ? 1000 : 128;
     if (optind < argc || cfg.n < 1 || cfg.conns < 1 || cfg.window < 1 || cfg.threads < 1)
         usage(2);
     signal(SIGPIPE, SIG_IGN);
@@ -432,6 +545,11 @@ int main(int argc, char **argv)
         return mode_queues();
     if (!strcmp(mode, "conns"))
         return mode_conns();
+    if (!strcmp(mode, "fill")) {
+        if (!cfg.names[0] || cfg.size < 1)
+            usage(2);
+        return mode_fill();
+    }
     if (!strcmp(mode, "wait-queue")) {
         if (!cfg.queue[0])
             usage(2);

@@ -15,6 +15,7 @@ on its confirms, takeover, SIGCONT: the old owner's log says it was fenced,
 and every message it confirmed is readable exactly once from the new owner.
 """
 import json
+import math
 import os
 import signal
 import sys
@@ -216,6 +217,52 @@ def the_old_broker_restarted_leaves_the_taken_over_logs_alone():
     wait_until(lambda: (queue_info(a, name) or {}).get("primary") == "c", 30,
                what="the queue moved back to c")
     assert read_all(b, name) == [b"back-%d" % i for i in range(100)]
+
+
+@test(timeout=120)
+def the_rebalancer_gives_the_returned_broker_its_share():
+    """c came back holding one queue (moved back by hand), its share went
+    to the takers. With rebalancing turned on at run time the queues spread
+    until c holds its share of primaries (the planner's bounds: within 10%
+    of the average), each by a handover (taken-over logs included), with
+    every message kept. (More queues first, and c emptied by moves, so that
+    c is surely below its share however the ring fell.)"""
+    a = members["a"]
+    conn = connect(a)
+    ch = conn.channel()
+    for i in range(6):
+        ch.queue_declare("sh-more-%d" % i, durable=True, arguments={"x-quay-backups": 0})
+    conn.close()
+    for q in a.api_get("/api/queues", timeout=5):
+        if q["primary"] == "c":
+            publish(a, q["name"], [b"to-a"])
+            status, body = a.api_call("POST", "/api/cluster/move", json.dumps(
+                {"vhost": "/", "queue": q["name"], "to": "a"}).encode(), timeout=5)
+            assert status == 202, (status, body)
+    held = {}
+
+    def holdings():
+        info = a.api_cluster()
+        held.update((b["name"], b["primaries"]) for b in info["brokers"])
+        return info["moves"]
+    wait_until(lambda: not holdings() and held["c"] == 0, 30, what="c emptied",
+               detail=lambda: held)
+    before = {q["name"]: q["messages"] for q in a.api_get("/api/queues", timeout=5)}
+    lo = math.floor(len(before) / 3 * 0.9)
+    assert lo >= 1, before
+    status, body = a.api_call("POST", "/api/cluster/rebalance", {"auto": True}, timeout=5)
+    assert status == 202, (status, body)
+    try:
+        wait_until(lambda: not holdings() and held["c"] >= lo, 60, what="c's share back",
+                   detail=lambda: held)
+    finally:
+        status, body = a.api_call("POST", "/api/cluster/rebalance", {"auto": False}, timeout=5)
+        assert status == 202, (status, body)
+    print("# %d queues; primaries after the rebalance: %s" % (len(before), held))
+    after = {q["name"]: q["messages"] for q in a.api_get("/api/queues", timeout=5)}
+    assert after == before, (before, after)
+    for name, count in before.items():
+        assert len(read_all(members["b"], name)) == count, name
 
 
 @test(timeout=120)
