@@ -121,7 +121,8 @@ static void usage(FILE *out)
             "                          (default 500, 0 = read whatever arrived at once)\n"
             "  --memory-high-watermark M  block publishers above this much memory: a\n"
             "                          fraction of RAM (0.4, the default) or a size (512MiB)\n"
-            "  --disk-free-limit SIZE  block publishers when the data directory's disk has\n"
+            "  --disk-free-limit SIZE  block publishers when the disk of the data directory or\n"
+            "                          of the journal (--shared-storage) has\n"
             "                          less free space (default 50MB; 0 = off)\n"
             "  --config FILE           read options from FILE first: 'name = value' lines\n"
             "                          with the long option names, '#' comments\n");

@@ -356,6 +356,21 @@ static void maintain_if_pending(struct journal_queue *q)
         journal__queue_maintain(q);
 }
 
+/* A log whose every message is acked (a queue its consumers keep up with,
+ * or drained) holds nothing, but its current segment is reclaimed only
+ * once it rolls, which an idle queue's never does: a drained deep queue
+ * kept up to segment_size_max of dead bytes on disk, and a disk alarm
+ * raised by it never cleared. Past an eighth of that the segment is rolled
+ * now, so that maintenance unlinks it (every record in it is dead, and the
+ * new one refers to none of them); below, the next roll will do. */
+static void roll_if_dead(struct journal_queue *q)
+{
+    struct segment *cur = current(q);
+    if (q->live_count == 0 && cur != NULL &&
+        cur->size >= q->journal->opts.segment_size_max / 8)
+        roll(q);
+}
+
 static bool needs_maintenance(struct journal_queue *q, const struct segment *s)
 {
     if (s == current(q))
@@ -459,6 +474,7 @@ uint64_t journal_ack(struct journal_queue *q, uint64_t seq)
     uint64_t number = e->segment_number;
     entry_ack(q, e);
     uint64_t ticket = append_seq_record(q, RECORD_ACK, seq, number);
+    roll_if_dead(q);
     struct segment *s = journal__segment_find(q, number);
     if (s != NULL && needs_maintenance(q, s))
         journal__queue_maintain(q);
@@ -478,6 +494,7 @@ uint64_t journal_purge(struct journal_queue *q, uint64_t seq_below)
     if (seq_below > q->purge_below)
         q->purge_below = seq_below;
     uint64_t ticket = append_seq_record(q, RECORD_PURGE, seq_below, ref);
+    roll_if_dead(q);
     journal__queue_maintain(q);
     return ticket;
 }

@@ -312,6 +312,54 @@ static void test_roll_and_reclaim(void **state)
     h_free(h);
 }
 
+/* Bytes in the files whose name ends with suffix. */
+static size_t bytes_of_files(struct harness *h, const char *suffix)
+{
+    size_t count = 0, total = 0;
+    char **files = disk_fault_list_files(h->disk, suffix, &count);
+    for (size_t i = 0; i < count; i++) {
+        size_t size = 0;
+        free(disk_fault_read_file(h->disk, files[i], &size));
+        total += size;
+        free(files[i]);
+    }
+    free(files);
+    return total;
+}
+
+/* A drained queue leaves no dead segment behind, though its current one
+ * never filled: all acked past an eighth of segment_size_max, it rolls and
+ * the dead one goes. Below that it stays (no file per message). */
+static void test_drained_queue_reclaims_its_segment(void **state)
+{
+    struct harness *h = h_new(64 * 1024);
+    struct journal_queue *q = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("drained"));
+    for (uint64_t seq = 1; seq <= 4; seq++)
+        publish(q, seq, 1000);
+    uint64_t t = 0;
+    for (uint64_t seq = 1; seq <= 4; seq++)
+        t = journal_ack(q, seq);
+    h_wait(h, t);
+    assert_int_equal(count_files(h, ".seg"), 1); /* 4 KiB: kept, no roll */
+    for (uint64_t seq = 5; seq <= 40; seq++)
+        publish(q, seq, 1000);
+    for (uint64_t seq = 5; seq <= 39; seq++)
+        t = journal_ack(q, seq);
+    h_wait(h, t);
+    assert_true(bytes_of_files(h, ".seg") > 40 * 1000); /* one live: all kept */
+    h_wait(h, journal_ack(q, 40));
+    assert_int_equal(count_files(h, ".seg"), 1);
+    assert_true(bytes_of_files(h, ".seg") < 1024); /* the new segment's header */
+    /* It goes on as before, and recovers what is live. */
+    h_wait(h, publish(q, 41, 1000));
+    h_close(h);
+    assert_int_equal(h_open(h), OK);
+    assert_int_equal(h->stats.message_count, 1);
+    assert_int_equal(h->recovered[0].seq, 41);
+    check_blob(&h->recovered[0]);
+    h_free(h);
+}
+
 static void test_compaction(void **state)
 {
     struct harness *h = h_new(4096);
@@ -725,6 +773,7 @@ int main(void)
         cmocka_unit_test(test_format_record),
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_roll_and_reclaim),
+        cmocka_unit_test(test_drained_queue_reclaims_its_segment),
         cmocka_unit_test(test_compaction),
         cmocka_unit_test(test_stuck_message),
         cmocka_unit_test(test_paging),
