@@ -13,6 +13,8 @@ says where each queue went; the messages are read back through another
 broker. Then SIGSTOP of the owner of another queue while a publisher waits
 on its confirms, takeover, SIGCONT: the old owner's log says it was fenced,
 and every message it confirmed is readable exactly once from the new owner.
+Also: the rebalancer, turned on at run time, gives the returned broker its
+share back; two of five brokers killed at once are both taken over.
 """
 import json
 import math
@@ -335,6 +337,40 @@ def a_cut_off_owner_resuming_cannot_write_to_the_log_it_lost():
     wait_until(lambda: "caught up with the map" in b.log_text(), 30, what="b caught up")
     publish(b, name, [b"after-restart"])
     assert read_all(a, name) == [b"after-restart"]
+
+
+@test(timeout=180)
+def two_brokers_dying_at_once_are_both_taken_over():
+    """Five brokers (d and e join); two of them, each primary of durable
+    queues without backups, killed together: the three left (a Raft
+    majority) take every one of those queues over, spread among them, with
+    every confirmed message."""
+    for name in ("d", "e"):
+        members[name] = cluster.add(name, join=[members["a"]],
+                                    extra_args=["--shared-storage", shared])
+    a = members["a"]
+    wait_until(lambda: all(v == "up" for v in a.view().brokers.values()) and
+               len(a.view().brokers) == 5, 30, what="five brokers up")
+    wait_until(lambda: all("caught up with the map" in members[n].log_text() for n in "de"),
+               20, what="d and e caught up")
+    names = place(a, "twice-c", "c", 2) + place(a, "twice-d", "d", 2)
+    for name in names:
+        publish(a, name, [b"%s-%d" % (name.encode(), i) for i in range(200)])
+    time.sleep(0.3)  # group commit: every confirm's record is in the logs
+    for victim in ("c", "d"):
+        os.kill(members[victim].proc.pid, signal.SIGKILL)
+    for victim in ("c", "d"):
+        members[victim].proc.wait(10)
+
+    def taken():
+        infos = [queue_info(a, n) for n in names]
+        return all(i and i["primary"] in ("a", "b", "e") and i.get("available", True)
+                   for i in infos) and infos
+    infos = wait_until(taken, 30, what="both brokers' queues taken over")
+    print("# taken over by %s" % sorted(i["primary"] for i in infos))
+    for name in names:
+        assert read_all(members["e"], name) == [b"%s-%d" % (name.encode(), i)
+                                                for i in range(200)], name
 
 
 if __name__ == "__main__":
