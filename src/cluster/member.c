@@ -17,6 +17,7 @@
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "cluster/adoption.h"
 #include "cluster/controller.h"
 #include "cluster/handover.h"
 #include "cluster/link.h"
@@ -922,6 +923,7 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
     list_init(&member->parked);
     list_init(&member->visible_waits);
     list_init(&member->handovers);
+    list_init(&member->adoptions);
     list_init(&member->replications);
     list_init(&member->releasing);
     list_init(&member->sync_waits);
@@ -953,6 +955,7 @@ void member_stop(struct member *member)
     struct cluster_node_hooks none = {0};
     cluster_node_set_hooks(member->node, &none);
     handover_stop_all(member);
+    adoption_stop_all(member);
     replication_stop_all(member);
     for (uint32_t i = 0; i < member->peers_count; i++)
         peer_free(member->peers[i]);

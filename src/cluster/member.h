@@ -87,6 +87,8 @@ struct member {
     struct list_node sync_waits;     /* struct member_sync_wait: peers waiting for our map */
     struct list_node visible_waits;  /* struct visible_wait: our changes, for the peers' maps */
     struct list_node handovers;      /* struct handover: our queues being handed over */
+    struct list_node adoptions;      /* struct adoption: taken-over queues to adopt */
+    uv_idle_t *adoption_idle;        /* owned while adoptions wait (adoption.c), or NULL */
     /* Flow control of our publishers: the bytes of messages sent to other
      * brokers (forwards to primaries, replication to backups) and not yet
      * answered, all peers together (each peer's: member_peer), and how many

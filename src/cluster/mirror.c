@@ -17,6 +17,7 @@
 #include "broker/users.h"
 #include "broker/vhost.h"
 #include "cluster/events.h"
+#include "cluster/adoption.h"
 #include "cluster/handover.h"
 #include "cluster/map.h"
 #include "cluster/member.h"
@@ -235,19 +236,6 @@ static void demote(struct member *member, struct vhost *vhost, struct queue *q,
     queue_retry_gets(&gets); /* asked of the new primary, after the held publishes */
 }
 
-/* A queue just given to us by queue.take_over: its log is on the shared
- * storage, in the dead primary's directory (broker/durable_adopt.c). */
-static void adopt_log(struct member *member, struct vhost *vhost, struct queue *q,
-                      const struct map_queue *mq)
-{
-    const struct map_broker *from = cluster_map_broker(member_map(member), mq->taken_from);
-    if (from == NULL)
-        return;
-    char name[CLUSTER_NAME_SIZE_MAX + 1];
-    snprintf(name, sizeof name, "%.*s", (int)from->name.len, (const char *)from->name.ptr);
-    durable_adopt(member->broker, vhost, q, name);
-}
-
 /* The local object for a map queue: real here if we are its primary, a
  * stand-in otherwise. A local object of the wrong kind (a restart found a
  * queue that has moved, a stand-in for a queue that came to us) is
@@ -260,6 +248,8 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     if (!primary && keep_for_now(member, q))
         return;
     if (q && queue_is_remote(q) == !primary) {
+        if (primary && adoption_pending(member, q))
+            return; /* its adoption starts these, with the map as it is then */
         if (primary) {
             replication_attach(member, q, mq); /* its backups may have changed */
             handover_follow(member, q, mq);
@@ -302,13 +292,20 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
      * jump past any the old primary may have given to messages that never
      * reached us but did reach another backup: one seq, one message. */
     struct replica_handover *note = planned ? replica_take_handover(promoted) : NULL;
+    /* A queue taken over from shared storage: its log, in the dead
+     * primary's directory, is adopted soon (adoption.h); the queue waits
+     * for it, paused, and so do its replication and handovers. */
     if (mq->taken_from != BROKER_ID_NONE && promoted == NULL)
-        adopt_log(member, vhost, q, mq);
+        adoption_start(member, q, mq);
+    bool adopting = adoption_pending(member, q);
     replica_adopt(q, promoted);
     handover_adopt(member, q, note, mq->epoch - 1); /* its deliveries stay delivered */
-    if (promoted_epoch)
+    /* (An adopted log numbers what comes after it: durable_adopt. A taken
+     * over queue has no backup whose seqs we could collide with.) */
+    if (promoted_epoch && !adopting)
         q->next_seq += PROMOTION_SEQ_GAP;
-    replication_attach(member, q, mq);
+    if (!adopting)
+        replication_attach(member, q, mq);
     if (draining)
         queue_hold_publishes(q);
     route_held(q, held, held_count);
@@ -317,7 +314,8 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     free(moving);
     if (claim_exclusive(member, vhost, q, mq))
         queue_dispatch(q);
-    handover_follow(member, q, mq);
+    if (!adopting)
+        handover_follow(member, q, mq);
 }
 
 /* ---- bindings ---- */

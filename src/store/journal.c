@@ -440,6 +440,16 @@ static void exec_disk_op(struct journal *j, struct op *op)
             fail(j, fenced_error(j, rc), "rename", op->path);
         return;
     case OP_REMOVE_TREE: exec_remove_tree(j, op); return;
+    case OP_REMOVE_STAGED:
+        rc = journal__remove_path(j->disk, op->path);
+        if (rc < 0) {
+            LOG_WARN("journal: cannot remove the adopted copy %s: %s (its messages are in our "
+                     "log; remove it by hand)", op->path, strerror(-rc));
+            return;
+        }
+        parent_path(parent, op->path);
+        dirty_dir_add(j, parent);
+        return;
     default: ASSERT(!"not a disk op"); return;
     }
 }

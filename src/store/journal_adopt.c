@@ -262,16 +262,16 @@ int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost
     return rc;
 }
 
-static int remove_entry(void *ctx, const char *name);
-
 struct remover {
     const struct disk_ops *disk;
     const char *dir;
     int rc;
 };
 
-/* Removes path, a file or a directory tree of the staged copy. */
-static int remove_path(const struct disk_ops *d, const char *path)
+static int remove_entry(void *ctx, const char *name);
+
+/* Removes path, a file or a directory tree (of a staged copy). */
+int journal__remove_path(const struct disk_ops *d, const char *path)
 {
     if (d->unlink(d->ctx, path) == 0)
         return 0;
@@ -289,21 +289,20 @@ static int remove_entry(void *ctx, const char *name)
     struct remover *r = ctx;
     char path[JOURNAL_PATH_SIZE];
     journal__path(path, r->dir, name);
-    r->rc = remove_path(r->disk, path);
+    r->rc = journal__remove_path(r->disk, path);
     return r->rc != 0;
 }
 
+/* On the journal thread: unlinking a log's segments blocks for as long as
+ * the filesystem frees (and discards) their blocks, which held the loop
+ * for most of a big takeover. */
 void journal_adopt_finish(struct journal *j, const char *staged)
 {
     ASSERT(staged[0] != '\0');
-    int rc = remove_path(j->disk, staged);
-    char adopted[JOURNAL_PATH_SIZE];
-    journal__path(adopted, j->dir, "adopted");
-    if (rc == 0)
-        rc = j->disk->fsync_dir(j->disk->ctx, adopted);
-    if (rc < 0)
-        LOG_WARN("journal: cannot remove the adopted copy %s: %s (its messages are in our "
-                 "log; remove it by hand)", staged, strerror(-rc));
+    struct op *op = journal__op_new(OP_REMOVE_STAGED, 0);
+    ASSERT(strlen(staged) < sizeof op->path);
+    memcpy(op->path, staged, strlen(staged) + 1);
+    journal__op_push(j, op);
 }
 
 static int report_entry(void *ctx, const char *name)

@@ -52,6 +52,8 @@ enum op_kind {
                         file (optional) is closed so that it reopens the new one */
     OP_RENAME,       /* sync everything, rename path -> path2, fsync the parent */
     OP_REMOVE_TREE,  /* unlink every file in directory path, rmdir it */
+    OP_REMOVE_STAGED, /* remove the tree path (an adopted log's staged copy);
+                         a failure is logged, not the journal's */
     OP_STOP,         /* the last op: the thread exits after this batch */
 };
 
@@ -218,6 +220,8 @@ struct segment *journal__segment_find(struct journal_queue *q, uint64_t number);
 /* journal_adopt.c: logs a warning for each staged copy left by a takeover
  * that a crash interrupted (its messages are on disk but not served). */
 void journal__adopted_report(struct journal *j);
+/* Removes path, a file or a directory tree (journal_adopt.c). */
+int journal__remove_path(const struct disk_ops *d, const char *path);
 void journal__adopt_init(struct journal *j);
 void journal__adopt_free(struct journal *j);
 

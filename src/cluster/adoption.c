@@ -1,0 +1,124 @@
+/*
+ * adoption.c: see adoption.h.
+ */
+#include "cluster/adoption.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "broker/broker.h"
+#include "broker/durable.h"
+#include "broker/queue.h"
+#include "broker/vhost.h"
+#include "cluster/handover.h"
+#include "cluster/map.h"
+#include "cluster/member.h"
+#include "cluster/replication.h"
+#include "lib/assert.h"
+#include "lib/list.h"
+#include "lib/log.h"
+
+/* One queue waiting. Owned by member->adoptions. */
+struct adoption {
+    struct list_node link;
+    struct queue *queue;                    /* one reference */
+    char owner[CLUSTER_NAME_SIZE_MAX + 1];  /* the dead broker's name: its directory */
+};
+
+static void on_idle(uv_idle_t *idle);
+
+static struct adoption *find(const struct member *member, const struct queue *queue)
+{
+    list_for_each(n, &member->adoptions) {
+        struct adoption *a = CONTAINER_OF(n, struct adoption, link);
+        if (a->queue == queue)
+            return a;
+    }
+    return NULL;
+}
+
+void adoption_start(struct member *member, struct queue *queue, const struct map_queue *mq)
+{
+    ASSERT(!queue_is_remote(queue) && !queue->deleted);
+    ASSERT(find(member, queue) == NULL);
+    const struct map_broker *from = cluster_map_broker(member_map(member), mq->taken_from);
+    if (from == NULL)
+        return; /* forgotten meanwhile: nobody's directory to read */
+    struct adoption *a = calloc(1, sizeof *a);
+    ASSERT(a != NULL);
+    a->queue = queue;
+    queue_ref(queue);
+    snprintf(a->owner, sizeof a->owner, "%.*s", (int)from->name.len,
+             (const char *)from->name.ptr);
+    queue_pause(queue);
+    list_push_back(&member->adoptions, &a->link);
+    if (member->adoption_idle == NULL) {
+        member->adoption_idle = calloc(1, sizeof *member->adoption_idle);
+        ASSERT(member->adoption_idle != NULL);
+        uv_idle_init(member->broker->loop, member->adoption_idle);
+        member->adoption_idle->data = member;
+    }
+    if (!uv_is_active((uv_handle_t *)member->adoption_idle))
+        uv_idle_start(member->adoption_idle, on_idle);
+}
+
+bool adoption_pending(const struct member *member, const struct queue *queue)
+{
+    return find(member, queue) != NULL;
+}
+
+uint32_t adoption_pending_count(const struct member *member)
+{
+    uint32_t n = 0;
+    list_for_each(node, &member->adoptions)
+        n++;
+    return n;
+}
+
+/* Adopts a's queue, unless it went (deleted, moved away: the object that
+ * stood for it is deleted). follow: start what waited for it (replication,
+ * a handover), as the map has the queue now. */
+static void adopt(struct member *member, struct adoption *a, bool follow)
+{
+    list_remove(&a->link);
+    struct queue *queue = a->queue;
+    if (!queue->deleted && !queue_is_remote(queue)) {
+        durable_adopt(member->broker, queue->vhost, queue, a->owner);
+        queue_resume(queue); /* publishes and gets that waited go in after */
+        const struct map_queue *mq =
+            cluster_map_queue(member_map(member), queue->vhost->name, queue->name);
+        if (follow && mq != NULL && mq->primary_id == member->self_id) {
+            replication_attach(member, queue, mq);
+            handover_follow(member, queue, mq);
+        }
+        queue_dispatch(queue);
+    }
+    queue_unref(queue);
+    free(a);
+}
+
+static void on_idle(uv_idle_t *idle)
+{
+    struct member *member = idle->data;
+    uint64_t until = uv_hrtime() + (uint64_t)ADOPTION_SLICE_MS * 1000000u;
+    do {
+        adopt(member, CONTAINER_OF(member->adoptions.next, struct adoption, link), true);
+    } while (!list_empty(&member->adoptions) && uv_hrtime() < until);
+    if (list_empty(&member->adoptions))
+        uv_idle_stop(idle);
+}
+
+static void on_idle_closed(uv_handle_t *handle)
+{
+    free(handle);
+}
+
+void adoption_stop_all(struct member *member)
+{
+    while (!list_empty(&member->adoptions))
+        adopt(member, CONTAINER_OF(member->adoptions.next, struct adoption, link), false);
+    if (member->adoption_idle != NULL) {
+        uv_close((uv_handle_t *)member->adoption_idle, on_idle_closed);
+        member->adoption_idle = NULL;
+    }
+}

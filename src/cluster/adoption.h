@@ -1,0 +1,45 @@
+/*
+ * adoption.h: queues taken over from a dead broker's log on shared
+ * storage (queue.take_over), adopted a few at a time between the loop's
+ * other work.
+ *
+ * Adopting one queue (broker/durable_adopt.c) reads its whole log and
+ * copies every live message into ours: about 6 ms per MB here. A broker
+ * taking over a thousand queues did it all inside the map change, in one
+ * loop turn of seconds: its heartbeats, its Raft (it may lead) and its
+ * API stood still meanwhile, and the other takers waited for the leader.
+ * So the mirror makes such a queue real and paused (queue_pause: its
+ * publishes and gets wait, in order) and hands it here; a check handle
+ * adopts queues for at most ADOPTION_SLICE_MS per loop iteration, and each
+ * adopted queue resumes (what waited goes in after the adopted messages)
+ * and only then starts its replication and any handover the map asks,
+ * with the map as it is by then: a backup caught up from an empty queue
+ * would miss the adopted messages.
+ *
+ * A queue deleted or moved away before its turn is skipped (its log stays
+ * in the dead broker's directory). When the member stops, what is pending
+ * is adopted at once, so that the messages are in our own log.
+ */
+#ifndef QUAY_CLUSTER_ADOPTION_H
+#define QUAY_CLUSTER_ADOPTION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct map_queue;
+struct member;
+struct queue;
+
+#define ADOPTION_SLICE_MS 10
+
+/* q was just made real here by queue.take_over (mq): pause it and adopt
+ * mq->taken_from's log of it soon. */
+void adoption_start(struct member *member, struct queue *queue, const struct map_queue *mq);
+/* The queue waits for its adoption: its replication and handovers wait too. */
+bool adoption_pending(const struct member *member, const struct queue *queue);
+/* Queues waiting (GET /metrics, tests). */
+uint32_t adoption_pending_count(const struct member *member);
+/* The member stops: every pending adoption now, then the handle closes. */
+void adoption_stop_all(struct member *member);
+
+#endif
