@@ -354,6 +354,23 @@ def two_brokers_dying_at_once_are_both_taken_over():
     wait_until(lambda: all("caught up with the map" in members[n].log_text() for n in "de"),
                20, what="d and e caught up")
     names = place(a, "twice-c", "c", 2) + place(a, "twice-d", "d", 2)
+    # And one whose primary is c and only backup d: no in-sync backup left
+    # either, so it is taken over too, and gets a new backup, which must
+    # hold what was adopted (its catch-up waits for the adoption).
+    conn = connect(a)
+    ch = conn.channel()
+    for i in range(200):
+        both = "twice-cd-%d" % i
+        ch.queue_declare(both, durable=True, arguments={"x-quay-backups": 1})
+        info = queue_info(a, both)
+        if info["primary"] == "c" and info["backups"] == ["d"]:
+            break
+        ch.queue_delete(both)
+    else:
+        raise AssertionError("no queue placed on c with d as its backup")
+    conn.close()
+    wait_until(lambda: queue_info(a, both)["in_sync"] == ["d"], 20, what="d in sync")
+    names.append(both)
     for name in names:
         publish(a, name, [b"%s-%d" % (name.encode(), i) for i in range(200)])
     time.sleep(0.3)  # group commit: every confirm's record is in the logs
@@ -368,6 +385,13 @@ def two_brokers_dying_at_once_are_both_taken_over():
                    for i in infos) and infos
     infos = wait_until(taken, 30, what="both brokers' queues taken over")
     print("# taken over by %s" % sorted(i["primary"] for i in infos))
+
+    def new_backup():
+        info = queue_info(a, both)
+        return info["backups"] and info["in_sync"] == info["backups"] and info
+    info = wait_until(new_backup, 30, what="a new backup in sync")
+    copy = queue_info(members[info["backups"][0]], both)
+    assert copy["role"] == "backup" and copy["replica_messages"] == 200, copy
     for name in names:
         assert read_all(members["e"], name) == [b"%s-%d" % (name.encode(), i)
                                                 for i in range(200)], name
