@@ -1645,6 +1645,21 @@ static void read_queue_state(struct cmd_reader *r, struct map_queue *q)
         reader_fail(r, "epoch");
 }
 
+/* The vhost's max-queues, checked here where the count is the cluster's
+ * and agreed: two brokers that each checked their own copy of the map
+ * before proposing could otherwise both take the last place. (A snapshot
+ * holds what was already allowed.) RabbitMQ's words. */
+static int check_max_queues(struct apply_ctx *ctx, const struct map_vhost *v, struct bytes name)
+{
+    int64_t max = limit_set_value(&ctx->map->limits, LIMIT_SCOPE_VHOST, v->name,
+                                  LIMIT_MAX_QUEUES);
+    if (limit_allows(max, v->queues.count))
+        return OK;
+    return refuse(ctx, REPLY_PRECONDITION_FAILED, false,
+                  "cannot declare queue '%.*s': queue limit in vhost '%.*s' (%lld) is reached",
+                  NAME_ARG(name), NAME_ARG(v->name), (long long)max);
+}
+
 static int op_queue_declare(struct apply_ctx *ctx)
 {
     struct map_queue_decl d;
@@ -1681,6 +1696,8 @@ static int op_queue_declare(struct apply_ctx *ctx)
         return rc;
     if (map->queues_count == CLUSTER_QUEUES_MAX)
         return refuse(ctx, REPLY_PRECONDITION_FAILED, false, "queue limit reached");
+    if (!ctx->restoring && (rc = check_max_queues(ctx, v, d.name)) != OK)
+        return rc;
     q = xcalloc(1, sizeof(*q));
     q->vhost = v;
     q->durable = d.durable;

@@ -17,7 +17,8 @@ broker "b", the test client's broker, which places queues on the others.
 Refusals are read with the harness's own frame codec (exact codes and
 texts), the rest with pika. Connection and channel counts are per broker
 (the map has no live counts; docs/MANAGEMENT-API.md), the queue count is
-the vhost's queues in the cluster map. The refusals (codes, texts, class
+the vhost's queues in the cluster map (which refuses a declare beyond it
+when it applies it: test_cluster_map's test_limits). The refusals (codes, texts, class
 and method ids) were compared with RabbitMQ 3.10.8 run by hand
 (shared/bench/run-rabbitmq.sh, limits set with rabbitmqctl): its user
 connection refusal starts with a lower-case "connection refused".

@@ -868,6 +868,23 @@ static void test_limits(void **state)
     assert_true(last.changed);
     APPLY_OK(&map, map_cmd_limit(&c_, false, LIMIT_SCOPE_VHOST, B("/"), LIMIT_MAX_CONNECTIONS, 0));
     assert_false(last.changed);
+    /* max-queues is checked where the count is the cluster's: a declare
+     * beyond it is refused however many brokers passed it on. */
+    APPLY_OK(&map, map_cmd_limit(&c_, true, LIMIT_SCOPE_VHOST, B("prod"), LIMIT_MAX_QUEUES, 2));
+    const char *names[] = {"q1", "q2", "q3"};
+    for (int i = 0; i < 3; i++) {
+        struct map_queue_decl d = queue_decl("prod", names[i], 1, 2);
+        int rc = APPLY_RC(&map, map_cmd_queue_declare(&c_, &d, 3));
+        assert_int_equal(rc, i < 2 ? OK : E_MAP_REFUSED);
+    }
+    assert_int_equal(last.reply_code, REPLY_PRECONDITION_FAILED);
+    assert_string_equal(last.reply_text, "cannot declare queue 'q3': queue limit in vhost "
+                                         "'prod' (2) is reached");
+    struct map_queue_decl redeclared = queue_decl("prod", "q1", 1, 2);
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &redeclared, 3)); /* not a new queue */
+    APPLY_OK(&map, map_cmd_limit(&c_, true, LIMIT_SCOPE_VHOST, B("prod"), LIMIT_MAX_QUEUES, -1));
+    struct map_queue_decl third = queue_decl("prod", "q3", 1, 2);
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &third, 3));
     APPLY_OK(&map, map_cmd_vhost_delete(&c_, B("prod")));
     APPLY_OK(&map, map_cmd_user_delete(&c_, B("u")));
     assert_int_equal(map.limits.count, 0);
