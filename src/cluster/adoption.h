@@ -9,9 +9,10 @@
  * loop turn of seconds: its heartbeats, its Raft (it may lead) and its
  * API stood still meanwhile, and the other takers waited for the leader.
  * So the mirror makes such a queue real and paused (queue_pause: its
- * publishes and gets wait, in order) and hands it here; a check handle
- * adopts queues for at most ADOPTION_SLICE_MS per loop iteration, and each
- * adopted queue resumes (what waited goes in after the adopted messages)
+ * publishes and gets wait, in order) and hands it here; an idle handle
+ * (the loop polls without blocking while it runs) adopts queues for at
+ * most ADOPTION_SLICE_MS per loop iteration, and each adopted queue
+ * resumes (what waited goes in after the adopted messages)
  * and only then starts its replication and any handover the map asks,
  * with the map as it is by then: a backup caught up from an empty queue
  * would miss the adopted messages.
@@ -37,7 +38,7 @@ struct queue;
 void adoption_start(struct member *member, struct queue *queue, const struct map_queue *mq);
 /* The queue waits for its adoption: its replication and handovers wait too. */
 bool adoption_pending(const struct member *member, const struct queue *queue);
-/* Queues waiting (GET /metrics, tests). */
+/* Queues waiting (GET /metrics). */
 uint32_t adoption_pending_count(const struct member *member);
 /* The member stops: every pending adoption now, then the handle closes. */
 void adoption_stop_all(struct member *member);

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "broker/broker.h"
+#include "cluster/adoption.h"
 #include "cluster/consensus.h"
 #include "cluster/link.h"
 #include "cluster/map.h"
@@ -219,5 +220,9 @@ void metrics__write_cluster(struct prom *prom, struct broker *broker)
                  "Queues that failed over to a backup, in the map changes this broker "
                  "applied since it started",
                  broker->member->queue_failovers_count);
+    prom_gauge(prom, "quay_cluster_adoptions_pending",
+               "Queues this broker took over from a dead broker's log on shared storage and "
+               "has not adopted yet (they wait, paused)",
+               adoption_pending_count(broker->member));
     write_links(prom, broker->member);
 }

@@ -16,9 +16,11 @@ and every message it confirmed is readable exactly once from the new owner.
 Also: the rebalancer, turned on at run time, gives the returned broker its
 share back; two of five brokers killed at once are both taken over.
 """
+import http.client
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -27,8 +29,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import (Cluster, closer, connect, queue_info, read_all, run,  # noqa: E402
-                         test, wait_until)
+from clustertest import (Cluster, api_authorization, closer, connect, queue_info,  # noqa: E402
+                         read_all, run, test, wait_until)
 
 import pika  # noqa: E402
 
@@ -80,6 +82,19 @@ def drain(member, queue):
         out.append((body, m.redelivered))
     conn.close()
     return out
+
+
+def adoptions_pending(member):
+    """quay_cluster_adoptions_pending from member's GET /metrics."""
+    c = http.client.HTTPConnection("127.0.0.1", member.http_port, timeout=10)
+    try:
+        c.request("GET", "/metrics", headers={"Authorization": api_authorization()})
+        text = c.getresponse().read().decode()
+    finally:
+        c.close()
+    m = re.search(r"^quay_cluster_adoptions_pending (\d+)$", text, re.M)
+    assert m, "no quay_cluster_adoptions_pending"
+    return int(m.group(1))
 
 
 def queue_dirs(broker):
@@ -357,18 +372,24 @@ def two_brokers_dying_at_once_are_both_taken_over():
     # And one whose primary is c and only backup d: no in-sync backup left
     # either, so it is taken over too, and gets a new backup, which must
     # hold what was adopted (its catch-up waits for the adoption).
+    # Placed by moves (the ring may keep new queues off c, at its share).
+    both = "twice-cd"
     conn = connect(a)
-    ch = conn.channel()
-    for i in range(200):
-        both = "twice-cd-%d" % i
-        ch.queue_declare(both, durable=True, arguments={"x-quay-backups": 1})
-        info = queue_info(a, both)
-        if info["primary"] == "c" and info["backups"] == ["d"]:
-            break
-        ch.queue_delete(both)
-    else:
-        raise AssertionError("no queue placed on c with d as its backup")
+    conn.channel().queue_declare(both, durable=True, arguments={"x-quay-backups": 1})
     conn.close()
+
+    def move(body):
+        status, answer = a.api_call("POST", "/api/cluster/move", json.dumps(
+            dict(body, vhost="/", queue=both)).encode(), timeout=5)
+        assert status == 202, (status, answer)
+    info = queue_info(a, both)
+    if info["primary"] != "c":
+        move({"to": "c"})
+        wait_until(lambda: queue_info(a, both)["primary"] == "c" and
+                   not a.api_cluster()["moves"], 20, what="twice-cd on c")
+    backup = queue_info(a, both)["backups"][0]
+    if backup != "d":
+        move({"to": "d", "backup_of": backup})
     wait_until(lambda: queue_info(a, both)["in_sync"] == ["d"], 20, what="d in sync")
     names.append(both)
     for name in names:
@@ -385,6 +406,9 @@ def two_brokers_dying_at_once_are_both_taken_over():
                    for i in infos) and infos
     infos = wait_until(taken, 30, what="both brokers' queues taken over")
     print("# taken over by %s" % sorted(i["primary"] for i in infos))
+    for name in ("a", "b", "e"):  # what each taker had to adopt is done
+        wait_until(lambda: adoptions_pending(members[name]) == 0, 20,
+                   what="%s's adoptions done" % name)
 
     def new_backup():
         info = queue_info(a, both)
