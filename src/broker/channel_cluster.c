@@ -21,7 +21,6 @@
 #include "cluster/map.h"
 #include "cluster/member.h"
 #include "cluster/node.h"
-#include "cluster/proxy.h"
 #include "cluster/visible.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
@@ -295,7 +294,7 @@ static void redeclare(struct channel *ch, struct queue *stub)
         .vhost = ch->vhost->name, .name = stub->name, .durable = stub->durable,
         .auto_delete = stub->auto_delete,
         .arguments = {stub->arguments.ptr, (uint32_t)stub->arguments.len},
-        .replaces_epoch = proxy_stub_epoch(stub)};
+        .replaces_epoch = stub->remote_ops->epoch(stub)};
     channel__cluster_declare(ch, &decl, stub->auto_delete, stub->args.quay_backups,
                              ch->remote_no_wait);
 }
@@ -306,7 +305,7 @@ static void redeclare(struct channel *ch, struct queue *stub)
 static void delete_gone(struct channel *ch, struct queue *stub)
 {
     struct map_cmd cmd;
-    if (map_cmd_queue_delete(&cmd, ch->vhost->name, stub->name, proxy_stub_epoch(stub)) != OK)
+    if (map_cmd_queue_delete(&cmd, ch->vhost->name, stub->name, stub->remote_ops->epoch(stub)) != OK)
         return;
     channel__cluster_submit(ch, METHOD_QUEUE_DELETE, ch->remote_no_wait, &cmd, BYTES_LIT(""),
                             0);
@@ -376,7 +375,7 @@ void channel__await_auto_delete(struct channel *ch, struct queue *queue, uint32_
     ASSERT(queue_is_remote(queue) && ch->remote_op == NULL);
     /* Asked on the same link as the upstream cancel, after it: the answer
      * says whether that cancel deleted the queue. */
-    ch->remote_op = proxy_query(queue, METHOD_QUEUE_DECLARE, on_query, ch);
+    ch->remote_op = queue->remote_ops->query(queue, METHOD_QUEUE_DECLARE, on_query, ch);
     if (ch->remote_op == NULL)
         return; /* unreachable: nothing to wait for */
     ch->remote_method = method_id;
@@ -392,7 +391,7 @@ void channel__remote_query(struct channel *ch, struct queue *queue, const struct
 {
     ASSERT(queue_is_remote(queue) && ch->remote_op == NULL);
     uint32_t ask = m->id == METHOD_QUEUE_PURGE ? METHOD_QUEUE_PURGE : METHOD_QUEUE_DECLARE;
-    ch->remote_op = proxy_query(queue, ask, on_query, ch);
+    ch->remote_op = queue->remote_ops->query(queue, ask, on_query, ch);
     if (ch->remote_op == NULL) {
         channel__fail_unreachable(ch, queue, m->id);
         return;

@@ -142,7 +142,7 @@ struct channel {
      * declare, purge, or delete's checks. */
     struct consumer *attaching;       /* its upstream consume awaits the primary (held input) */
     bool attaching_no_wait;
-    struct proxy_op *remote_op;
+    struct queue_remote_op *remote_op;
     struct queue *remote_queue;       /* one reference while remote_op waits */
     uint32_t remote_method;
     bool remote_no_ack, remote_no_wait, remote_passive, remote_if_unused, remote_if_empty;

@@ -239,7 +239,7 @@ struct gather_item {
     struct gather *gather;
     struct queue *queue;         /* one reference */
     uint32_t vhost_index;        /* its vhost's name: gather.vhost_names */
-    struct proxy_op *op;         /* asking the primary, or NULL */
+    struct queue_remote_op *op;         /* asking the primary, or NULL */
     bool opened_getter;          /* the query opened the stand-in's getter: release it */
     struct counts counts;
     bool gone;                   /* the primary says it is no more */
