@@ -224,6 +224,8 @@ static int start_cluster(struct broker *broker)
     cluster_node_set_auto_rebalance(broker->cluster, broker->config.auto_rebalance);
     broker->member = member_new(broker, broker->cluster, broker->config.default_backups);
     broker->member->catch_up_rate = broker->config.catch_up_rate;
+    broker->cluster_ops = &member_cluster_ops;
+    broker->cluster_ctx = broker->member;
     return 0;
 }
 

@@ -30,6 +30,7 @@ struct mgmt_api;
 struct cluster_node;
 struct member;
 struct cluster_node_config;
+struct cluster_ops;
 
 /* Limits. Every one is enforced with the reply code the spec names. */
 struct broker_limits {
@@ -181,6 +182,9 @@ struct broker {
     struct mgmt_api *mgmt;         /* owned: the HTTP API (mgmt/api.h), or NULL */
     struct cluster_node *cluster;  /* owned: cluster membership (cluster/node.h), or NULL */
     struct member *member;         /* owned: the data path's cluster side (cluster/member.h) */
+    /* The cluster this broker is in (cluster_ops.h): NULL when single. */
+    const struct cluster_ops *cluster_ops;
+    void *cluster_ctx;             /* borrowed: the cluster's context (the member) */
     /* The cluster secret (borrowed from the node; empty when not clustered):
      * peer brokers log in with it (mechanism QUAY-CLUSTER, cluster/link.h). */
     struct bytes cluster_secret;

@@ -31,6 +31,7 @@
 #include <uv.h>
 
 #include "amqp/types.h"
+#include "broker/cluster_ops.h"
 #include "lib/list.h"
 #include "cluster/map.h"
 #include "cluster/placement.h"
@@ -44,7 +45,11 @@ struct vhost;
 struct queue;
 
 /* The reserved queue name a follower forwards map entries to. */
-#define MEMBER_MAP_TARGET "amq.quay.map"
+#define MEMBER_MAP_TARGET CLUSTER_OPS_MAP_TARGET
+
+/* The member as the broker's cluster (broker/cluster_ops.h; member_ops.c):
+ * the context of these operations is the struct member. */
+extern const struct cluster_ops member_cluster_ops;
 
 struct member_peer {
     uint32_t id;                     /* map broker id */

@@ -661,7 +661,8 @@ static void stub_free(struct queue *queue)
         uplink_release_held(u);
         uplink_forget_releases(u); /* its channel closes: the primary requeues them */
         while (!list_empty(&u->ops)) { /* askers hold a reference: only cancelled ones */
-            struct queue_remote_op *op = CONTAINER_OF(list_first(&u->ops), struct queue_remote_op, link);
+            struct queue_remote_op *op =
+                CONTAINER_OF(list_first(&u->ops), struct queue_remote_op, link);
             ASSERT(op->cancelled);
             list_remove(&op->link);
             free(op);
@@ -783,7 +784,8 @@ static void fail_ops(struct uplink *u, uint16_t code, struct bytes text)
 {
     struct queue *queue = u->stub->queue;
     while (!list_empty(&u->ops)) {
-        struct queue_remote_op *op = CONTAINER_OF(list_first(&u->ops), struct queue_remote_op, link);
+        struct queue_remote_op *op =
+            CONTAINER_OF(list_first(&u->ops), struct queue_remote_op, link);
         list_remove(&op->link);
         if (!op->cancelled && op->kind == PROXY_OP_GET)
             op->get_done(op->ctx, queue, code, text, NULL, 0);
