@@ -83,6 +83,15 @@ struct cluster_ops_wait;
 typedef void (*cluster_ops_done_fn)(void *ctx, const struct cluster_ops_answer *answer);
 
 struct cluster_ops {
+    /* ---- lifetime ---- */
+    /* broker_stop: the cluster lets go of the broker's peers (its links
+     * close, no callback of it runs after this) and leaves (its consensus
+     * node stops). */
+    void (*stop)(void *cluster);
+    /* broker_free, after the broker's queues (stand-ins are the cluster's
+     * too) and before its leak checks. */
+    void (*free)(void *cluster);
+
     /* ---- definitions (the map) ---- */
     /* Submits a change; done runs once it is committed and applied here
      * (a queue placed on a broker the map knows is down is placed again

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "broker/broker.h"
 #include "broker/cluster_ops.h"
 #include "cluster/events.h"
 #include "cluster/map.h"
@@ -68,6 +69,31 @@ static void wait_free(struct cluster_ops_wait *w)
 {
     bytes_free(&w->arguments);
     free(w);
+}
+
+/* ---- lifetime ---- */
+
+static void ops_stop(void *cluster)
+{
+    struct member *member = cluster;
+    member_stop(member);               /* closes the links; freed after the queues */
+    cluster_node_stop(member->node);   /* frees itself once closed */
+}
+
+static void ops_free(void *cluster)
+{
+    member_free(cluster);
+}
+
+struct member *member_of(const struct broker *broker)
+{
+    return broker->cluster_ops == &member_cluster_ops ? broker->cluster_ctx : NULL;
+}
+
+struct cluster_node *member_node_of(const struct broker *broker)
+{
+    struct member *member = member_of(broker);
+    return member != NULL && !member->stopping ? member->node : NULL;
 }
 
 /* ---- definition changes ---- */
@@ -316,6 +342,8 @@ static void ops_handover_notice(void *cluster, struct vhost *vhost, uint64_t con
 }
 
 const struct cluster_ops member_cluster_ops = {
+    .stop = ops_stop,
+    .free = ops_free,
     .submit = ops_submit,
     .await_visible = ops_await_visible,
     .await_synced = ops_await_synced,

@@ -198,9 +198,9 @@ static void write_links(struct prom *prom, const struct member *member)
 
 void metrics__write_cluster(struct prom *prom, struct broker *broker)
 {
-    if (broker->cluster == NULL || broker->member == NULL)
+    if (member_node_of(broker) == NULL || member_of(broker) == NULL)
         return;
-    const struct cluster_node *node = broker->cluster;
+    const struct cluster_node *node = member_node_of(broker);
     const struct cluster_map *map = cluster_node_map(node);
     uint32_t self = cluster_node_id(node);
     ASSERT(self != BROKER_ID_NONE);
@@ -214,10 +214,10 @@ void metrics__write_cluster(struct prom *prom, struct broker *broker)
     prom_counter(prom, "quay_cluster_queue_moves_total",
                  "Queues handed over to another primary on purpose (moves, drains, "
                  "rebalancing), in the map changes this broker applied since it started",
-                 broker->member->queue_moves_count);
+                 member_of(broker)->queue_moves_count);
     prom_counter(prom, "quay_cluster_queue_failovers_total",
                  "Queues that failed over to a backup, in the map changes this broker "
                  "applied since it started",
-                 broker->member->queue_failovers_count);
-    write_links(prom, broker->member);
+                 member_of(broker)->queue_failovers_count);
+    write_links(prom, member_of(broker));
 }
