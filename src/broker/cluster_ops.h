@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 
 struct confirm_sink;
 struct message;

@@ -33,7 +33,7 @@
 
 #include <uv.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 #include "broker/exchange.h"
 #include "broker/flow.h"
 #include "broker/queue_args.h"

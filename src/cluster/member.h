@@ -31,7 +31,7 @@
 
 #include <uv.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 #include "broker/cluster_ops.h"
 #include "lib/list.h"
 #include "cluster/map.h"

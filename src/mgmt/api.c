@@ -40,7 +40,7 @@
 #include "mgmt/console.h"
 #include "mgmt/http.h"
 #include "mgmt/http_guard.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/metrics.h"
 
 

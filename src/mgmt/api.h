@@ -62,7 +62,7 @@
 
 #include <stdbool.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 #include "mgmt/http.h"
 
 struct broker;

@@ -21,8 +21,8 @@
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/api.h"
-#include "mgmt/json.h"
-#include "mgmt/json_read.h"
+#include "lib/json.h"
+#include "lib/json_read.h"
 #include "mgmt/json_tree.h"
 
 #define ERROR_SIZE 256

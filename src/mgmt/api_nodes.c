@@ -24,7 +24,7 @@
 #include "mgmt/api_list.h"
 #include "mgmt/api_queues.h"
 #include "mgmt/api_stats.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 
 #define ALIVENESS_QUEUE "aliveness-test"
 

@@ -12,7 +12,7 @@
 #include "cluster/member.h"
 #include "lib/assert.h"
 #include "mgmt/api.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 
 /* Counts of one (primary, backup) pair, by the brokers' index in the map. */
 struct pair_count {

@@ -38,7 +38,7 @@
 #include "mgmt/api_policies.h"
 #include "mgmt/api_stats.h"
 #include "mgmt/api_table.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/json_tree.h"
 
 #define API_ARGUMENTS_SIZE_MAX 65536

@@ -24,8 +24,8 @@
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/api.h"
-#include "mgmt/json.h"
-#include "mgmt/json_read.h"
+#include "lib/json.h"
+#include "lib/json_read.h"
 
 #define NAME_SIZE_MAX 255
 #define REGEX_SIZE_MAX 255

@@ -26,7 +26,7 @@
 #include "lib/log.h"
 #include "mgmt/api.h"
 #include "mgmt/http.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/prom.h"
 
 /* RabbitMQ labels its global counters with the protocol they count. */

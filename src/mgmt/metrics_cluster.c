@@ -21,7 +21,7 @@
 #include "cluster/member.h"
 #include "cluster/node.h"
 #include "lib/assert.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/metrics.h"
 #include "mgmt/prom.h"
 
