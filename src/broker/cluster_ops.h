@@ -70,7 +70,8 @@ struct cluster_ops_change {
 /* What a wait ends with. A change: committed (status OK: applied here,
  * with the map's reply code and text; changed false: it was so already)
  * or not (status < 0: the map cannot commit: no leader, no quorum). A
- * visibility or sync wait: status OK, version the map's version now. */
+ * visibility wait: status OK (also when a peer was given up on). A sync
+ * wait: status OK, version our map's version now. */
 struct cluster_ops_answer {
     int status;
     bool changed;

@@ -205,10 +205,10 @@ static struct cluster_ops_wait *ops_submit(void *cluster, const struct cluster_o
 
 /* ---- waits for the maps ---- */
 
-static void finish_wait(struct cluster_ops_wait *w)
+/* version: what the answer says (basic.quay-synced tells the peer ours). */
+static void finish_wait(struct cluster_ops_wait *w, uint64_t version)
 {
-    struct cluster_ops_answer answer = {.status = OK, .reply_code = 200,
-                                        .version = member_map(w->member)->version};
+    struct cluster_ops_answer answer = {.status = OK, .reply_code = 200, .version = version};
     cluster_ops_done_fn done = w->done;
     void *done_ctx = w->ctx;
     wait_free(w);
@@ -217,7 +217,7 @@ static void finish_wait(struct cluster_ops_wait *w)
 
 static void on_visible(struct visible_wait *visible)
 {
-    finish_wait(CONTAINER_OF(visible, struct cluster_ops_wait, visible));
+    finish_wait(CONTAINER_OF(visible, struct cluster_ops_wait, visible), visible->version);
 }
 
 static struct cluster_ops_wait *ops_await_visible(void *cluster, uint64_t version,
@@ -233,7 +233,8 @@ static struct cluster_ops_wait *ops_await_visible(void *cluster, uint64_t versio
 
 static void on_synced_through(struct member_sync_wait *sync)
 {
-    finish_wait(CONTAINER_OF(sync, struct cluster_ops_wait, sync));
+    struct cluster_ops_wait *w = CONTAINER_OF(sync, struct cluster_ops_wait, sync);
+    finish_wait(w, member_map(w->member)->version);
 }
 
 static struct cluster_ops_wait *ops_await_synced(void *cluster, uint64_t version,
