@@ -1,7 +1,7 @@
 /*
  * cluster_ops.h: what the broker needs from a cluster, declared here by
  * the broker and implemented by the cluster (cluster/member_ops.c), which
- * plugs itself in at start-up (broker->cluster_ops, set by quayd's main).
+ * quayd's main plugs in at start-up (broker->cluster_ops; cli/services.c).
  * The broker never includes a cluster header: this table, and the queue
  * operations of a stand-in (queue_remote_ops, queue.h), are the whole seam.
  * broker->cluster_ops NULL: a single broker, and none of this is called.
@@ -10,10 +10,10 @@
  * None allocates on the message path: the forward and replica operations
  * run once per message a peer sent, as direct calls did before.
  *
- * Memory: the table is static in the cluster; the context is the
- * cluster's, borrowed by the broker until broker_free. A wait (struct
- * cluster_ops_wait) is the cluster's until its done callback has run or
- * the broker cancels it.
+ * Memory: the table is static in the cluster; the context is the broker's
+ * once plugged in, which stops it (stop, in broker_stop) and frees it
+ * (free, in broker_free). A wait (struct cluster_ops_wait) is the
+ * cluster's until its done callback has run or the broker cancels it.
  */
 #ifndef QUAY_BROKER_CLUSTER_OPS_H
 #define QUAY_BROKER_CLUSTER_OPS_H
