@@ -81,7 +81,7 @@ def gen_header(proto, methods):
     o.append("""/*
  * method_gen.h: AMQP 0-9-1 (+ RabbitMQ extensions) method and content-header
  * codec. Pure: decoding is zero-copy (struct bytes / struct table point into
- * the payload, see amqp/types.h) and never allocates; encoding writes into a
+ * the payload, see lib/types.h) and never allocates; encoding writes into a
  * caller buffer and returns 0 when it does not fit.
  */
 #ifndef QUAY_AMQP_METHOD_GEN_H
@@ -91,7 +91,7 @@ def gen_header(proto, methods):
 #include <stddef.h>
 #include <stdint.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 
 enum class_id {""")
     for cl in proto["classes"]:

@@ -4,7 +4,7 @@
 /*
  * method_gen.h: AMQP 0-9-1 (+ RabbitMQ extensions) method and content-header
  * codec. Pure: decoding is zero-copy (struct bytes / struct table point into
- * the payload, see amqp/types.h) and never allocates; encoding writes into a
+ * the payload, see lib/types.h) and never allocates; encoding writes into a
  * caller buffer and returns 0 when it does not fit.
  */
 #ifndef QUAY_AMQP_METHOD_GEN_H
@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 
 enum class_id {
     CLASS_CONNECTION = 10,

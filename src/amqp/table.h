@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 
 /* Deepest nesting of F/A values table_validate accepts (the top table is 1). */
 #define TABLE_DEPTH_MAX 64

@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 
 static inline uint16_t wire_get_u16(const uint8_t *p)
 {

@@ -41,7 +41,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 
 /* RabbitMQ's management tags, as bits. Each includes the rights of the
  * ones it names (auth_user_has_tag): administrator all of them,

@@ -1,6 +1,9 @@
 /*
- * broker.c: see broker.h. Start-up order: users, vhosts, listeners (AMQP,
- * then the HTTP API if configured), tick.
+ * broker.c: see broker.h. Start-up order: users, vhosts, listeners, tick;
+ * quayd's main then joins the cluster and starts the HTTP API (cli/), and
+ * plugs them in (broker->cluster_ops, broker->http), so that the broker
+ * stops and frees them in its own order. Never includes a header of a
+ * layer above it (docs/ARCHITECTURE.md section 1).
  * Shutdown closes listeners first (no new clients), then every connection
  * with 320 CONNECTION_FORCED, and lets the loop drain.
  */
@@ -17,13 +20,9 @@
 #include "broker/message.h"
 #include "broker/users.h"
 #include "broker/vhost.h"
-#include "cluster/member.h"
-#include "cluster/moves.h"
-#include "cluster/node.h"
-#include "cluster/raft_tls.h"
+#include "broker/cluster_ops.h"
 #include "lib/assert.h"
 #include "lib/log.h"
-#include "mgmt/api.h"
 
 #define TICK_MS 250
 
@@ -190,43 +189,6 @@ void broker_retire_vhost(struct broker *broker, struct vhost *vhost)
     grown[broker->retired_vhosts_count++] = vhost;
 }
 
-/* Joins or forms the cluster, advertising the first AMQP listener's bound
- * address (with --cluster-tls the first AMQPS one's: the other brokers'
- * links connect there), and puts the data path in the cluster
- * (cluster/member.h). */
-static int start_cluster(struct broker *broker)
-{
-    struct cluster_node_config cluster = *broker->config.cluster;
-    struct sockaddr_storage bound;
-    int size = sizeof bound;
-    char amqp[128];
-    ASSERT(broker->listeners_count > 0);
-    struct listener *advertised = &broker->listeners[0];
-    if (broker->config.cluster_tls) {
-        ASSERT(broker->tls_listeners_count > 0); /* main checks --tls-listen */
-        advertised = &broker->tls_listeners[0];
-    }
-    if (uv_tcp_getsockname(&advertised->tcp, (struct sockaddr *)&bound, &size) != 0)
-        return -1;
-    cluster_node_amqp_address((struct sockaddr *)&bound, cluster.listen, amqp, sizeof amqp);
-    cluster.data_dir = broker->config.data_dir;
-    cluster.amqp_address = amqp;
-    struct raft_tls raft_tls = {&broker->net, &broker->raft_tls, &broker->cluster_tls};
-    if (broker->config.cluster_tls)
-        cluster.tls = &raft_tls; /* (copied by the transport) */
-    char err[1024];
-    if (cluster_node_start(&broker->cluster, broker->loop, &cluster, err, sizeof err) != 0) {
-        LOG_ERROR("%s", err);
-        return -1;
-    }
-    broker->cluster_secret = cluster_node_secret(broker->cluster);
-    cluster_node_set_default_backups(broker->cluster, broker->config.default_backups);
-    cluster_node_set_auto_rebalance(broker->cluster, broker->config.auto_rebalance);
-    broker->member = member_new(broker, broker->cluster, broker->config.default_backups);
-    broker->member->catch_up_rate = broker->config.catch_up_rate;
-    return 0;
-}
-
 /* Opens one AMQP(S) listener; the IPv6 wildcard falls back to IPv4 on a
  * host without IPv6. */
 static int open_listener(struct broker *broker, struct listener *listener, const char *address,
@@ -350,24 +312,6 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     users_bootstrap(broker, &boot);
     if (open_listeners(broker) != 0)
         return -1;
-    if (config->cluster && start_cluster(broker) != 0)
-        return -1;
-    if (config->http_listen && mgmt_api_start(broker, config->http_listen) != 0)
-        return -1;
-    if (broker->mgmt && broker->cluster) {
-        mgmt_api_route(broker->mgmt, "/api/cluster", member_cluster_json, broker->member);
-        mgmt_api_route(broker->mgmt, "/api/cluster/links", member_write_links_json,
-                       broker->member);
-        mgmt_api_route_post(broker->mgmt, "/api/cluster/leave", member_leave, broker->member);
-        mgmt_api_route_post(broker->mgmt, "/api/cluster/forget", member_forget, broker->member);
-        mgmt_api_route_post(broker->mgmt, "/api/cluster/move", moves_post, broker->member);
-        mgmt_api_route_post(broker->mgmt, "/api/cluster/drain", moves_drain_post, broker->member);
-        mgmt_api_route_post(broker->mgmt, "/api/cluster/revive", moves_revive_post, broker->member);
-        mgmt_api_route_post(broker->mgmt, "/api/cluster/offload", moves_offload_post,
-                            broker->member);
-        mgmt_api_route_post(broker->mgmt, "/api/cluster/rebalance", moves_rebalance_post,
-                            broker->member);
-    }
     uv_timer_init(loop, &broker->tick);
     broker->tick.data = broker;
     uv_timer_start(&broker->tick, on_tick, TICK_MS, TICK_MS);
@@ -402,12 +346,10 @@ void broker_stop(struct broker *broker)
         listener_close(&broker->listeners[i]);
     for (uint32_t i = 0; i < broker->tls_listeners_count; i++)
         listener_close(&broker->tls_listeners[i]);
-    mgmt_api_stop(broker->mgmt);
-    if (broker->member != NULL)
-        member_stop(broker->member); /* closes the links; freed with the queues */
-    if (broker->cluster != NULL)
-        cluster_node_stop(broker->cluster); /* frees itself once closed */
-    broker->cluster = NULL;
+    if (broker->http.stop != NULL)
+        broker->http.stop(broker->http.ctx);
+    if (broker->cluster_ops != NULL)
+        broker->cluster_ops->stop(broker->cluster_ctx); /* freed after the queues */
     uv_timer_stop(&broker->tick);
     uv_close((uv_handle_t *)&broker->tick, NULL);
     /* Every client gets 320 CONNECTION_FORCED, written before its socket
@@ -430,11 +372,13 @@ void broker_free(struct broker *broker)
     if (broker->stopping)
         uv_close((uv_handle_t *)&broker->shutdown_timer, NULL);
     durable_close(broker);
-    mgmt_api_stop(broker->mgmt);
+    if (broker->http.stop != NULL)
+        broker->http.stop(broker->http.ctx);
     net_close(&broker->net);
     uv_run(broker->loop, UV_RUN_DEFAULT); /* the close callbacks */
-    mgmt_api_free(broker->mgmt);
-    broker->mgmt = NULL;
+    if (broker->http.free != NULL)
+        broker->http.free(broker->http.ctx);
+    broker->http = (struct broker_service){0};
     net_free(&broker->net);
     struct hmap_entry *e;
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &e);)
@@ -444,8 +388,10 @@ void broker_free(struct broker *broker)
         vhost_free(broker->retired_vhosts[i]);
     free(broker->retired_vhosts);
     broker->retired_vhosts = NULL;
-    member_free(broker->member); /* after the stand-ins it lists */
-    broker->member = NULL;
+    if (broker->cluster_ops != NULL)
+        broker->cluster_ops->free(broker->cluster_ctx); /* after the stand-ins it lists */
+    broker->cluster_ops = NULL;
+    broker->cluster_ctx = NULL;
     rates_free(&broker->rates);
     rates_free(&broker->totals_rates);
     auth_free(&broker->auth);

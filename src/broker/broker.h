@@ -26,10 +26,7 @@
 
 #define BROKER_LISTENERS_MAX 8
 
-struct mgmt_api;
-struct cluster_node;
-struct member;
-struct cluster_node_config;
+struct cluster_ops;
 
 /* Limits. Every one is enforced with the reply code the spec names. */
 struct broker_limits {
@@ -79,7 +76,9 @@ struct broker_config {
     /* --cluster-tls: links between brokers go over AMQPS with mutual
      * certificate authentication, in addition to the cluster secret. */
     bool cluster_tls;
-    const struct cluster_node_config *cluster; /* borrowed; NULL = not clustered */
+    /* --cluster-listen: this broker will be in a cluster (quayd's main
+     * joins it after broker_start and plugs it in: broker->cluster_ops). */
+    bool clustered;
     uint8_t default_backups;         /* cluster: backups of a queue without x-quay-backups */
     enum queue_locator queue_locator; /* cluster: where declared queues live */
     bool auto_rebalance;              /* cluster: the map's rebalance mode if unset */
@@ -135,6 +134,15 @@ enum broker_totals_rate {
     BROKER_TOTALS_RATE_COUNT
 };
 
+/* A service quayd's main runs beside the broker (the management API):
+ * the broker stops and frees it at its place in the broker's shutdown.
+ * stop NULL: none. */
+struct broker_service {
+    void (*stop)(void *ctx);  /* idempotent */
+    void (*free)(void *ctx);
+    void *ctx;                /* owned through free */
+};
+
 struct broker {
     uv_loop_t *loop;               /* borrowed */
     struct broker_config config;
@@ -178,9 +186,14 @@ struct broker {
      * channel.open and queue.declare check: outside a cluster the record
      * (the journal keeps it), in a cluster a copy of the map's. */
     struct limit_set limits;
-    struct mgmt_api *mgmt;         /* owned: the HTTP API (mgmt/api.h), or NULL */
-    struct cluster_node *cluster;  /* owned: cluster membership (cluster/node.h), or NULL */
-    struct member *member;         /* owned: the data path's cluster side (cluster/member.h) */
+    /* The cluster this broker is in (cluster_ops.h), plugged in by quayd's
+     * main once it joined: NULL when single. The broker stops it
+     * (ops->stop) and frees it (ops->free) in its own shutdown order. */
+    const struct cluster_ops *cluster_ops;
+    void *cluster_ctx;             /* owned through cluster_ops->free */
+    /* The management API, when quayd's main started one: stopped with the
+     * listeners, freed once the loop has closed its handles. */
+    struct broker_service http;
     /* The cluster secret (borrowed from the node; empty when not clustered):
      * peer brokers log in with it (mechanism QUAY-CLUSTER, cluster/link.h). */
     struct bytes cluster_secret;

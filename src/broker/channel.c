@@ -16,7 +16,7 @@
 #include "amqp/table.h"
 #include "broker/broker.h"
 #include "broker/channel_int.h"
-#include "cluster/member.h"
+#include "broker/cluster_ops.h"
 #include "broker/connection.h"
 #include "broker/durable.h"
 #include "broker/exchange.h"
@@ -773,18 +773,19 @@ void channel__handle_settle(struct channel *ch, const struct method *m)
 {
     const struct method_basic_quay_settle *s = &m->basic_quay_settle;
     struct broker *broker = ch->connection->broker;
-    if (peer_only(ch, m->id) && broker->member)
-        member_replica_settle(broker->member, ch->vhost, s->queue, s->epoch,
-                              s->purge ? 0 : s->seq);
+    if (peer_only(ch, m->id) && broker->cluster_ops)
+        broker->cluster_ops->replica_settle(broker->cluster_ctx, ch->vhost, s->queue, s->epoch,
+                                            s->purge ? 0 : s->seq);
 }
 
 void channel__handle_handover(struct channel *ch, const struct method *m)
 {
     const struct method_basic_quay_handover *h = &m->basic_quay_handover;
     struct broker *broker = ch->connection->broker;
-    if (peer_only(ch, m->id) && broker->member)
-        member_handover_notice(broker->member, ch->vhost, ch->connection->conn.id, ch->id,
-                               h->queue, h->epoch, h->delivered, h->redelivered);
+    if (peer_only(ch, m->id) && broker->cluster_ops)
+        broker->cluster_ops->handover_notice(broker->cluster_ctx, ch->vhost,
+                                             ch->connection->conn.id, ch->id, h->queue,
+                                             h->epoch, h->delivered, h->redelivered);
 }
 
 static void keep_names(struct channel *ch, struct bytes exchange, struct bytes routing_key)
@@ -1163,11 +1164,13 @@ static void confirm_publish(struct channel *ch, uint64_t ticket, uint32_t remote
 void channel__route_forward(struct channel *ch, struct message *message)
 {
     struct broker *broker = ch->connection->broker;
+    const struct cluster_ops *cluster = broker->cluster_ops;
+    void *ctx = broker->cluster_ctx;
     struct table targets = {ch->forward_targets, ch->forward_targets_size};
     struct field_value epoch_value;
-    if (table_get(targets, MEMBER_MAP_TARGET, &epoch_value)) {
-        if (broker->member)
-            member_propose_entry(broker->member, message->body, message->body_size);
+    if (table_get(targets, CLUSTER_OPS_MAP_TARGET, &epoch_value)) {
+        if (cluster)
+            cluster->propose_entry(ctx, message->body, message->body_size);
         return; /* the sender learns the outcome from the map itself */
     }
     uint64_t seq = ch->confirm_mode ? ch->publish_seq + 1 : 0;
@@ -1185,24 +1188,23 @@ void channel__route_forward(struct channel *ch, struct message *message)
         }
         struct queue *queue = vhost_queue(ch->vhost, name);
         bool stale = queue == NULL || queue_is_remote(queue) ||
-                     (broker->member && !member_forward_fresh(broker->member, ch->vhost->name,
-                                                              name, (uint64_t)epoch));
-        if (stale && broker->member &&
-            member_map_behind(broker->member, ch->vhost->name, name, (uint64_t)epoch)) {
+                     (cluster && !cluster->forward_fresh(ctx, ch->vhost->name, name,
+                                                         (uint64_t)epoch));
+        if (stale && cluster &&
+            cluster->map_behind(ctx, ch->vhost->name, name, (uint64_t)epoch)) {
             /* The sender's map is ahead of ours (a queue just declared or
              * moved to us): route it once we have applied that far. */
             if (wait.sink)
                 wait.remote++;
-            member_park_forward(broker->member, ch->vhost, name, (uint64_t)epoch, message,
-                                wait.sink, seq, ch->forward_dead_lettered);
+            cluster->park_forward(ctx, ch->vhost, name, (uint64_t)epoch, message, wait.sink,
+                                  seq, ch->forward_dead_lettered);
             continue;
         }
         /* The sender's map is behind ours and the queue moved on (a
          * handover to another broker): our stand-in sends it there, and
          * the sender gets that answer, in order with what we held. */
         bool relay = stale && queue != NULL && queue_is_remote(queue) &&
-                     member_forward_relays(broker->member, ch->vhost->name, name,
-                                           (uint64_t)epoch);
+                     cluster->forward_relays(ctx, ch->vhost->name, name, (uint64_t)epoch);
         if (stale && !relay) {
             rejected = true;
             continue;
@@ -1226,9 +1228,9 @@ void channel__route_replica(struct channel *ch, struct message *message)
 {
     struct broker *broker = ch->connection->broker;
     struct bytes target = {ch->forward_target, ch->forward_target_size};
-    bool ok = broker->member && member_replica_push(broker->member, ch->vhost, target,
-                                                    ch->forward_epoch, ch->replicate_seq,
-                                                    message);
+    bool ok = broker->cluster_ops &&
+              broker->cluster_ops->replica_push(broker->cluster_ctx, ch->vhost, target,
+                                                ch->forward_epoch, ch->replicate_seq, message);
     confirm_publish(ch, 0, 0, !ok);
 }
 

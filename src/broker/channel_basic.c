@@ -13,7 +13,6 @@
 
 #include "broker/broker.h"
 #include "broker/channel_int.h"
-#include "cluster/proxy.h"
 #include "broker/connection.h"
 #include "broker/durable.h"
 #include "broker/frame_out.h"
@@ -566,7 +565,7 @@ static bool consume_remote(struct channel *ch, struct queue *queue, struct consu
                            bool no_wait)
 {
     bool available = true;
-    if (proxy_consume_waits(queue, &available)) {
+    if (queue->remote_ops->consume_waits(queue, &available)) {
         ch->attaching = consumer;
         ch->attaching_no_wait = no_wait;
         connection_hold(ch->connection);
@@ -740,7 +739,7 @@ static void handle_get(struct channel *ch, const struct method *m)
     if (queue_is_remote(queue)) {
         /* The connection waits for the primary's answer, as a client of
          * the primary would. */
-        ch->remote_op = proxy_get(queue, on_remote_get, ch);
+        ch->remote_op = queue->remote_ops->get(queue, on_remote_get, ch);
         if (ch->remote_op == NULL) {
             channel__fail_unreachable(ch, queue, m->id);
             return;
@@ -775,7 +774,7 @@ void channel__forget_remote_op(struct channel *ch)
 {
     if (ch->remote_op == NULL)
         return;
-    proxy_op_cancel(ch->remote_op);
+    ch->remote_queue->remote_ops->op_cancel(ch->remote_op);
     ch->remote_op = NULL;
     queue_unref(ch->remote_queue);
     ch->remote_queue = NULL;

@@ -10,15 +10,13 @@
 
 #include "broker/broker.h"
 #include "broker/channel_int.h"
+#include "broker/cluster_ops.h"
 #include "broker/connection.h"
 #include "amqp/table.h"
 #include "broker/durable.h"
 #include "broker/exchange.h"
 #include "broker/queue_args.h"
 #include "broker/vhost.h"
-#include "cluster/map.h"
-#include "cluster/member.h"
-#include "cluster/node.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 
@@ -126,15 +124,12 @@ static void exchange_declare(struct channel *ch, const struct method *m)
         }
         struct bytes args = {d->arguments.ptr, d->arguments.len};
         if (channel__clustered(ch)) {
-            struct map_exchange_decl decl = {
-                .vhost = ch->vhost->name, .name = d->exchange,
-                .type = bytes_of_cstr(exchange_type_name(type)), .durable = d->durable,
-                .auto_delete = d->auto_delete, .internal = d->internal,
-                .arguments = d->arguments,
-                .owner_id = cluster_node_id(ch->connection->broker->cluster)};
-            struct map_cmd cmd;
-            if (map_cmd_exchange_declare(&cmd, &decl) == OK)
-                channel__cluster_submit(ch, m->id, d->no_wait, &cmd, BYTES_LIT(""), 0);
+            struct cluster_ops_change change = {
+                .kind = CLUSTER_OPS_EXCHANGE_DECLARE, .vhost = ch->vhost->name,
+                .name = d->exchange, .type = bytes_of_cstr(exchange_type_name(type)),
+                .durable = d->durable, .auto_delete = d->auto_delete, .internal = d->internal,
+                .arguments = d->arguments};
+            channel__cluster_submit(ch, m->id, d->no_wait, &change, 0);
             return;
         }
         vhost_exchange_declare(ch->vhost, d->exchange, type, d->durable, d->auto_delete,
@@ -175,9 +170,10 @@ static void exchange_delete(struct channel *ch, const struct method *m)
         !channel__permitted(ch, AUTH_PERMISSION_CONFIGURE, "exchange", d->exchange, m->id))
         return;
     if (channel__clustered(ch)) {
-        struct map_cmd cmd;
-        if (map_cmd_exchange_delete(&cmd, ch->vhost->name, d->exchange, d->if_unused) == OK)
-            channel__cluster_submit(ch, m->id, d->no_wait, &cmd, BYTES_LIT(""), 0);
+        struct cluster_ops_change change = {.kind = CLUSTER_OPS_EXCHANGE_DELETE,
+                                             .vhost = ch->vhost->name, .name = d->exchange,
+                                             .if_unused = d->if_unused};
+        channel__cluster_submit(ch, m->id, d->no_wait, &change, 0);
         return;
     }
     struct exchange *x = vhost_exchange(ch->vhost, d->exchange);
@@ -224,14 +220,11 @@ static void exchange_bind_unbind(struct channel *ch, const struct method *m)
     if (bind && !bind_arguments_valid(ch, source, args, m->id))
         return;
     if (channel__clustered(ch)) {
-        struct map_binding_decl decl = {
-            .vhost = ch->vhost->name, .source = source_name,
-            .destination_kind = MAP_DESTINATION_EXCHANGE, .destination = dest_name,
-            .routing_key = key, .arguments = args};
-        struct map_cmd cmd;
-        int rc = bind ? map_cmd_bind(&cmd, &decl) : map_cmd_unbind(&cmd, &decl);
-        if (rc == OK)
-            channel__cluster_submit(ch, m->id, nowait, &cmd, BYTES_LIT(""), 0);
+        struct cluster_ops_change change = {
+            .kind = bind ? CLUSTER_OPS_BIND : CLUSTER_OPS_UNBIND, .vhost = ch->vhost->name,
+            .source = source_name, .to_queue = false, .name = dest_name, .routing_key = key,
+            .arguments = args};
+        channel__cluster_submit(ch, m->id, nowait, &change, 0);
         return;
     }
     if (bind) {
@@ -364,11 +357,13 @@ static void declare_in_cluster(struct channel *ch, const struct method *m, struc
 {
     const struct method_queue_declare *d = &m->queue_declare;
     bool pinned = d->exclusive || d->auto_delete || server_named;
-    struct map_queue_decl decl = {
-        .vhost = ch->vhost->name, .name = name, .durable = d->durable,
-        .exclusive = d->exclusive, .auto_delete = d->auto_delete, .arguments = d->arguments,
-        .exclusive_connection_id = d->exclusive ? ch->connection->conn.id : 0};
-    channel__cluster_declare(ch, &decl, pinned, backups, d->no_wait);
+    struct cluster_ops_change change = {
+        .kind = CLUSTER_OPS_QUEUE_DECLARE, .vhost = ch->vhost->name, .name = name,
+        .durable = d->durable, .exclusive = d->exclusive, .auto_delete = d->auto_delete,
+        .arguments = d->arguments,
+        .exclusive_connection_id = d->exclusive ? ch->connection->conn.id : 0,
+        .pinned = pinned, .backups = backups};
+    channel__cluster_submit(ch, m->id, d->no_wait, &change, 0);
 }
 
 static void queue_declare(struct channel *ch, const struct method *m)
@@ -493,15 +488,12 @@ static void queue_bind_unbind(struct channel *ch, const struct method *m)
     if (bind && !bind_arguments_valid(ch, exchange, args, m->id))
         return;
     if (channel__clustered(ch)) {
-        struct map_binding_decl decl = {
-            .vhost = ch->vhost->name, .source = exchange_name,
-            .destination_kind = MAP_DESTINATION_QUEUE, .destination = queue_name,
-            .routing_key = key, .arguments = args};
-        struct map_cmd cmd;
-        int rc = bind ? map_cmd_bind(&cmd, &decl) : map_cmd_unbind(&cmd, &decl);
+        struct cluster_ops_change change = {
+            .kind = bind ? CLUSTER_OPS_BIND : CLUSTER_OPS_UNBIND, .vhost = ch->vhost->name,
+            .source = exchange_name, .to_queue = true, .name = queue_name, .routing_key = key,
+            .arguments = args};
         bool no_wait = bind && m->queue_bind.no_wait;
-        if (rc == OK)
-            channel__cluster_submit(ch, m->id, no_wait, &cmd, BYTES_LIT(""), 0);
+        channel__cluster_submit(ch, m->id, no_wait, &change, 0);
         return;
     }
     if (bind) {
@@ -571,10 +563,9 @@ static void queue_delete_method(struct channel *ch, const struct method *m)
             return;
         }
         if (channel__clustered(ch)) {
-            struct map_cmd cmd;
-            if (map_cmd_queue_delete(&cmd, ch->vhost->name, name, 0) == OK)
-                channel__cluster_submit(ch, m->id, d->no_wait, &cmd, BYTES_LIT(""),
-                                        queue_ready_count(queue));
+            struct cluster_ops_change change = {.kind = CLUSTER_OPS_QUEUE_DELETE,
+                                                 .vhost = ch->vhost->name, .name = name};
+            channel__cluster_submit(ch, m->id, d->no_wait, &change, queue_ready_count(queue));
             return;
         }
         count = vhost_queue_delete(ch->vhost, queue);

@@ -137,12 +137,12 @@ struct channel {
     uint8_t last_queue_size;
     bool has_last_queue;
 
-    struct cluster_wait *cluster_wait; /* owned: a definition change in the map (held input) */
+    struct channel_cluster_wait *cluster_wait; /* owned: a wait for the cluster (held input) */
     /* A request at a stand-in's primary (held input): basic.get, passive
      * declare, purge, or delete's checks. */
     struct consumer *attaching;       /* its upstream consume awaits the primary (held input) */
     bool attaching_no_wait;
-    struct proxy_op *remote_op;
+    struct queue_remote_op *remote_op;
     struct queue *remote_queue;       /* one reference while remote_op waits */
     uint32_t remote_method;
     bool remote_no_ack, remote_no_wait, remote_passive, remote_if_unused, remote_if_empty;
@@ -241,21 +241,16 @@ void channel__check_auto_delete_on_close(struct channel *ch, struct queue *queue
  * is gone. */
 void channel__finish_close(struct channel *ch);
 
-/* channel_cluster.c */
-struct map_cmd;
+/* channel_wait.c */
+struct cluster_ops_change;
 bool channel__clustered(const struct channel *ch);
-/* Submits cmd (consumed) for the method and holds the connection's input
- * until it is applied here; then answers the method (queue_name: the
- * queue declared; message_count: for queue.delete-ok) or fails it with the
- * map's reply. */
+/* Submits change (cluster_ops.h) for the method and holds the connection's
+ * input until it is applied here; then answers the method (queue.declare:
+ * the queue change names; message_count: for queue.delete-ok) or fails it
+ * with the map's reply. A queue.declare is placed (its primary and
+ * backups), and placed again if the map finds the chosen broker down. */
 void channel__cluster_submit(struct channel *ch, uint32_t method_id, bool no_wait,
-                             struct map_cmd *cmd, struct bytes queue_name, uint32_t message_count);
-/* queue.declare of a new queue: placed (primary, backups: x-quay-backups
- * or -1 for the default), submitted, and placed again if the map finds the
- * chosen broker down. */
-struct map_queue_decl;
-void channel__cluster_declare(struct channel *ch, struct map_queue_decl *decl, bool pinned,
-                              int32_t backups, bool no_wait);
+                             const struct cluster_ops_change *change, uint32_t message_count);
 /* The primary answered the channel's request: its input flows again. */
 void channel__remote_op_done(struct channel *ch, const struct queue *queue);
 /* A stand-in's primary refused the method: the same code and text (its
@@ -267,8 +262,8 @@ void channel__fail_unreachable(struct channel *ch, const struct queue *queue, ui
 /* The channel is going away: drop its waiting change, if any. */
 void channel__cluster_forget(struct channel *ch);
 /* A peer's basic.quay-sync: hold the connection's input until our map has
- * applied through version (member_sync_wait); answer: then tell the peer
- * (basic.quay-synced with our map's version: cluster/visible.h). */
+ * applied through version (cluster_ops await_synced); answer: then tell
+ * the peer (basic.quay-synced with our map's version). */
 void channel__cluster_sync(struct channel *ch, uint64_t version, bool answer);
 
 /* channel_declare.c */

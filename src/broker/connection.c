@@ -9,9 +9,7 @@
  */
 #include "broker/connection.h"
 
-#include "cluster/events.h"
-#include "cluster/member.h"
-#include "cluster/node.h"
+#include "broker/cluster_ops.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,7 +65,8 @@ static bool over_connection_limit(const struct broker *broker, uint32_t extra)
     if (limit == 0)
         return false;
     uint32_t others = broker->connections_count - broker->peer_connections_count;
-    uint32_t expected = broker->member ? member_peers_expected(broker->member) : 0;
+    uint32_t expected =
+        broker->cluster_ops ? broker->cluster_ops->peers_expected(broker->cluster_ctx) : 0;
     uint32_t reserved = expected > broker->peer_connections_count
                             ? expected - broker->peer_connections_count
                             : 0;
@@ -674,8 +673,9 @@ static void handle_open(struct connection *connection, const struct method *m)
      * clients wait for open-ok until it has (connection_cluster_synced),
      * or until the handshake timeout. Brokers' links do not wait: the
      * sync itself may travel on them. */
-    if (connection->broker->cluster && !connection->cluster_peer &&
-        !cluster_node_synced(connection->broker->cluster)) {
+    const struct broker *broker = connection->broker;
+    if (broker->cluster_ops && !connection->cluster_peer &&
+        !broker->cluster_ops->synced(broker->cluster_ctx)) {
         connection->open_waits_for_sync = true;
         connection_hold(connection);
         return;
@@ -705,9 +705,9 @@ static void finish_open(struct connection *connection)
     /* known-hosts: in a cluster, where else a client may reconnect. */
     char hosts[256];
     size_t hosts_len = 0;
-    if (connection->broker->cluster)
-        hosts_len = events_known_hosts(cluster_node_map(connection->broker->cluster), hosts,
-                                       sizeof hosts);
+    const struct broker *broker = connection->broker;
+    if (broker->cluster_ops)
+        hosts_len = broker->cluster_ops->known_hosts(broker->cluster_ctx, hosts, sizeof hosts);
     ok.connection_open_ok.reserved_1 = (struct bytes){(const uint8_t *)hosts, (uint32_t)hosts_len};
     connection_send_method(connection, 0, &ok);
     if (!connection->cluster_peer) /* (a peer's link says "logged in") */

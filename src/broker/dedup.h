@@ -26,7 +26,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 #include "lib/hash.h"
 
 /* One allocation per id: the hash set points at it, so it must not move

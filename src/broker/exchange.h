@@ -23,7 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 #include "lib/hash.h"
 #include "lib/list.h"
 

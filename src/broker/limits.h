@@ -20,7 +20,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 
 #define LIMIT_NAME_SIZE_MAX 255 /* vhost and user names are shortstrs */
 #define LIMIT_COUNT_MAX 65536   /* entries in one set */

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 
 #define POLICY_NAME_SIZE_MAX 255    /* names and patterns are shortstrs */
 #define POLICY_COUNT_MAX 4096       /* in one set, every vhost together */

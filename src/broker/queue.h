@@ -33,7 +33,7 @@
 
 #include <uv.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 #include "broker/exchange.h"
 #include "broker/flow.h"
 #include "broker/queue_args.h"
@@ -100,6 +100,26 @@ struct queue_forward {
     bool flow;                 /* out: see publish_wait.flow */
 };
 
+/* A request a channel made at a stand-in's primary (get, query): the
+ * stand-in's implementation owns it until its done callback ran, or the
+ * asker cancels it (op_cancel). */
+struct queue_remote_op;
+struct queue_entry;
+
+/* basic.get at the primary: reply_code 200 with the entry (NULL:
+ * get-empty), the primary's refusal (code and text, as sent: with its
+ * "NAME - " prefix), or 0 when it could not be asked. The entry's message
+ * reference passes to done. */
+typedef void (*queue_remote_get_fn)(void *ctx, struct queue *queue, uint16_t reply_code,
+                                    struct bytes reply_text, struct queue_entry *entry,
+                                    uint32_t message_count);
+/* queue.declare (passive) or queue.purge at the primary: reply_code 200
+ * with its counts, the primary's refusal (code and text, as sent: with its
+ * "NAME - " prefix), or 0 when it could not be asked. */
+typedef void (*queue_remote_query_fn)(void *ctx, struct queue *queue, uint16_t reply_code,
+                                      struct bytes reply_text, uint32_t message_count,
+                                      uint32_t consumer_count);
+
 struct queue_remote_ops {
     /* Publishes routed to queues[0..count), stand-ins that all share these
      * ops: forwarded to their primaries, one copy of the message per
@@ -127,6 +147,22 @@ struct queue_remote_ops {
     /* The broker's journal closes (a shutdown): any log kept for the
      * stand-in is gone and must not be touched again. */
     void (*journal_closing)(struct queue *queue);
+    /* Whether a consumer added now will have its upstream consume
+     * answered (the primary is reachable): then consumer->ops->attached
+     * reports the answer, and the channel waits for it before consume-ok.
+     * *available false: the queue is unavailable (its primary is down). */
+    bool (*consume_waits)(struct queue *queue, bool *available);
+    /* Requests at the primary on behalf of a channel, answered in order.
+     * The asker holds a reference on the queue until done ran (or it
+     * cancels: done then never runs). NULL: the primary cannot be asked. */
+    struct queue_remote_op *(*get)(struct queue *queue, queue_remote_get_fn done, void *ctx);
+    /* method_id: METHOD_QUEUE_DECLARE (passive: the counts) or
+     * METHOD_QUEUE_PURGE. */
+    struct queue_remote_op *(*query)(struct queue *queue, uint32_t method_id,
+                                     queue_remote_query_fn done, void *ctx);
+    void (*op_cancel)(struct queue_remote_op *op);
+    /* The incarnation (map epoch) of the queue the stand-in stands for. */
+    uint64_t (*epoch)(const struct queue *queue);
 };
 
 /* What a publisher's confirm waits for, gathered while its publish is

@@ -28,7 +28,7 @@
 #include <stdint.h>
 
 #include "amqp/table.h"
-#include "amqp/types.h"
+#include "lib/types.h"
 
 /* RabbitMQ's ceiling for x-message-ttl and x-expires: ten years in ms. */
 #define QUEUE_ARGS_EXPIRY_MAX_MS INT64_C(315360000000)

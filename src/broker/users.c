@@ -17,7 +17,7 @@
 /* In a cluster the map's log records users; the journal does not. */
 static bool journaled(const struct broker *broker)
 {
-    return broker->config.cluster == NULL;
+    return !broker->config.clustered;
 }
 
 static void record_user(struct broker *broker, const struct auth_user *u)

@@ -31,7 +31,7 @@
 
 #include <stdbool.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 #include "broker/auth.h"
 
 struct broker;

@@ -4,7 +4,7 @@
 #include "broker/vhost.h"
 
 #include "broker/broker.h"
-#include "cluster/member.h"
+#include "broker/cluster_ops.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -152,8 +152,8 @@ uint32_t vhost_queue_delete(struct vhost *vhost, struct queue *queue)
 void vhost_queue_discard(struct vhost *vhost, struct queue *queue)
 {
     struct broker *broker = vhost->broker;
-    if (broker->member)
-        member_queue_gone(broker->member, vhost->name, queue->name);
+    if (broker->cluster_ops)
+        broker->cluster_ops->queue_gone(broker->cluster_ctx, vhost->name, queue->name);
     vhost_queue_delete(vhost, queue);
 }
 

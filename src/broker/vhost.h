@@ -9,7 +9,7 @@
 #ifndef QUAY_BROKER_VHOST_H
 #define QUAY_BROKER_VHOST_H
 
-#include "amqp/types.h"
+#include "lib/types.h"
 #include "broker/exchange.h"
 #include "broker/queue.h"
 #include "lib/hash.h"

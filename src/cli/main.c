@@ -22,6 +22,7 @@
 #include "broker/alarm.h"
 #include "broker/auth.h"
 #include "broker/broker.h"
+#include "cli/services.h"
 #include "cluster/node.h"
 #include "lib/errors.h"
 #include "lib/hash.h"
@@ -205,7 +206,8 @@ static int parse_u64(const char *name, const char *text, uint64_t max, uint64_t 
     return 0;
 }
 
-/* The cluster options; config->cluster points here once they are checked. */
+/* The cluster options; config->clustered once they are checked
+ * (services_start_cluster joins with them). */
 static struct cluster_node_config cluster_config;
 
 static void set_cluster_option(int opt, const char *value)
@@ -420,7 +422,7 @@ static int check_tls_options(const struct broker_config *config)
         fprintf(stderr, "quayd: --tls-verify peer or require needs --tls-ca\n");
         return -1;
     }
-    if (config->cluster_tls && (config->tls_listen_count == 0 || config->cluster == NULL ||
+    if (config->cluster_tls && (config->tls_listen_count == 0 || !config->clustered ||
                                 config->tls.verify == TLS_VERIFY_NONE)) {
         fprintf(stderr, "quayd: --cluster-tls needs --cluster-listen, --tls-listen (the links\n"
                         "connect there) and --tls-verify peer or require (with --tls-ca)\n");
@@ -680,7 +682,7 @@ static int check_cluster_options(struct broker_config *config)
         fprintf(stderr, "quayd: %s\n", err);
         return -1;
     }
-    config->cluster = &cluster_config;
+    config->clustered = true;
     return 0;
 }
 
@@ -722,7 +724,7 @@ static int open_shared_storage(struct broker_config *config)
     static char storage_id[SHARED_STORAGE_ID_SIZE + 1];
     if (config->shared_storage_dir == NULL)
         return 0;
-    if (config->cluster == NULL || cluster_config.name == NULL) {
+    if (!config->clustered || cluster_config.name == NULL) {
         fprintf(stderr, "quayd: --shared-storage needs --cluster-listen and --name\n");
         return -1;
     }
@@ -779,7 +781,10 @@ int main(int argc, char **argv)
     uv_loop_t *loop = uv_default_loop();
     if (config.listen_count == 0)
         config.listen[config.listen_count++] = "[::]:5672"; /* dual-stack */
-    if (broker_start(&broker, loop, &config) != 0)
+    /* The broker first, then what is plugged into it (cli/services.h). */
+    if (broker_start(&broker, loop, &config) != 0 ||
+        (config.clustered && services_start_cluster(&broker, &cluster_config) != 0) ||
+        (config.http_listen != NULL && services_start_http(&broker) != 0))
         return 1; /* logged; nothing to clean up in a process that ends */
     if (definitions_file != NULL && load_definitions(&broker) != 0)
         return 1;

@@ -33,7 +33,7 @@
 #include "cluster/map.h"
 #include "cluster/member.h"
 #include "lib/assert.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 
 #define ROUTE_MAX 256
 

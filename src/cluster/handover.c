@@ -19,7 +19,7 @@
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 
 enum handover_phase {
     HANDOVER_QUIESCING,  /* paused, waiting for the backups to have everything */

@@ -38,7 +38,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 
 struct link;          /* opaque; one outbound connection */
 struct link_channel;  /* opaque; one channel on it */

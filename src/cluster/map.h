@@ -33,7 +33,7 @@
 #include <stdint.h>
 
 #include "amqp/table.h"
-#include "amqp/types.h"
+#include "lib/types.h"
 #include "broker/limits.h"
 #include "broker/policy.h"
 #include "lib/hash.h"

@@ -32,9 +32,9 @@
 #include "lib/bytes.h"
 #include "lib/errors.h"
 #include "lib/log.h"
-#include "mgmt/json.h"
-#include "mgmt/json_read.h"
-#include "mgmt/http.h"
+#include "lib/json.h"
+#include "lib/json_read.h"
+#include "lib/http_status.h"
 
 /* ---- peers and their links ---- */
 

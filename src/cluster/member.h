@@ -19,8 +19,9 @@
  * connection closed, auto-delete, x-expires), which are applied at once
  * and submitted (member_queue_gone).
  *
- * Memory: owned by the broker (broker->member); freed by member_free after
- * the loop stopped running callbacks for it (member_stop first).
+ * Memory: made by quayd's main and owned by the broker from then on
+ * (broker->cluster_ctx, through member_cluster_ops): stopped by broker_stop
+ * and freed by broker_free after the loop stopped running callbacks for it.
  */
 #ifndef QUAY_CLUSTER_MEMBER_H
 #define QUAY_CLUSTER_MEMBER_H
@@ -30,7 +31,8 @@
 
 #include <uv.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
+#include "broker/cluster_ops.h"
 #include "lib/list.h"
 #include "cluster/map.h"
 #include "cluster/placement.h"
@@ -44,7 +46,16 @@ struct vhost;
 struct queue;
 
 /* The reserved queue name a follower forwards map entries to. */
-#define MEMBER_MAP_TARGET "amq.quay.map"
+#define MEMBER_MAP_TARGET CLUSTER_OPS_MAP_TARGET
+
+/* The member as the broker's cluster (broker/cluster_ops.h; member_ops.c):
+ * the context of these operations is the struct member. */
+extern const struct cluster_ops member_cluster_ops;
+/* For the layers above (mgmt/): the member a broker is plugged into, and
+ * its node (NULL once the member stops, as the node is going: what the
+ * broker's own pointer to it said before the cut), or NULL when single. */
+struct member *member_of(const struct broker *broker);
+struct cluster_node *member_node_of(const struct broker *broker);
 
 struct member_peer {
     uint32_t id;                     /* map broker id */
@@ -69,7 +80,8 @@ struct member_peer {
 
 struct member {
     struct broker *broker;           /* borrowed */
-    struct cluster_node *node;       /* borrowed: the broker owns it */
+    struct cluster_node *node;       /* borrowed: quayd's main starts it, the member's
+                                      * stop (member_cluster_ops) stops it */
     uint32_t self_id;
     struct member_peer *peers[CLUSTER_BROKERS_MAX]; /* owned, unordered */
     uint32_t peers_count;

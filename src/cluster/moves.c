@@ -20,8 +20,8 @@
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
-#include "mgmt/json.h"
-#include "mgmt/json_read.h"
+#include "lib/json.h"
+#include "lib/json_read.h"
 
 struct move_request {
     char vhost[CLUSTER_NAME_SIZE_MAX + 1];

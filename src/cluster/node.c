@@ -73,7 +73,7 @@
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 
 #define SECRET_SIZE_MIN 16
 #define SECRET_SIZE_MAX 1024

@@ -51,7 +51,7 @@ struct uplink {
     struct held *held;            /* owned ring */
     uint32_t held_head, held_count, held_cap;
     uint64_t outstanding;         /* upstream deliveries not yet settled upstream */
-    struct list_node ops;         /* the getter's struct proxy_op, in request order */
+    struct list_node ops;         /* the getter's struct queue_remote_op, in request order */
     /* Upstream deliveries to give back (basic.nack requeue), sent together
      * once the local batch of settles is done (the stand-in's dispatch, or
      * the end of the loop iteration): as one basic.nack(multiple) when they
@@ -71,12 +71,12 @@ struct uplink {
 /* A request to the primary answered on the getter uplink, in order. */
 enum proxy_op_kind { PROXY_OP_GET, PROXY_OP_QUERY };
 
-struct proxy_op {
+struct queue_remote_op {
     struct list_node link;        /* in uplink->ops, or the stub's waiting_ops */
     enum proxy_op_kind kind;
     uint32_t method_id;           /* PROXY_OP_QUERY: queue.declare or queue.purge */
-    proxy_get_fn get_done;        /* NULL once cancelled (with query_done) */
-    proxy_query_fn query_done;
+    queue_remote_get_fn get_done;        /* NULL once cancelled (with query_done) */
+    queue_remote_query_fn query_done;
     void *ctx;
     uint64_t deadline_ms;         /* waiting for the primary's link: until then */
     bool cancelled;
@@ -661,7 +661,8 @@ static void stub_free(struct queue *queue)
         uplink_release_held(u);
         uplink_forget_releases(u); /* its channel closes: the primary requeues them */
         while (!list_empty(&u->ops)) { /* askers hold a reference: only cancelled ones */
-            struct proxy_op *op = CONTAINER_OF(list_first(&u->ops), struct proxy_op, link);
+            struct queue_remote_op *op =
+                CONTAINER_OF(list_first(&u->ops), struct queue_remote_op, link);
             ASSERT(op->cancelled);
             list_remove(&op->link);
             free(op);
@@ -670,8 +671,8 @@ static void stub_free(struct queue *queue)
         uplink_free(u);
     }
     while (!list_empty(&stub->waiting_ops)) { /* askers hold a reference: cancelled ones */
-        struct proxy_op *op =
-            CONTAINER_OF(list_first(&stub->waiting_ops), struct proxy_op, link);
+        struct queue_remote_op *op =
+            CONTAINER_OF(list_first(&stub->waiting_ops), struct queue_remote_op, link);
         ASSERT(op->cancelled);
         list_remove(&op->link);
         free(op);
@@ -700,16 +701,21 @@ static const struct queue_remote_ops stub_ops = {
     .dispatch = stub_dispatch,
     .free = stub_free,
     .journal_closing = stub_journal_closing,
+    .consume_waits = proxy_consume_waits,
+    .get = proxy_get,
+    .query = proxy_query,
+    .op_cancel = proxy_op_cancel,
+    .epoch = proxy_stub_epoch,
 };
 
 /* ---- basic.get, passive declare, purge ---- */
 
-static struct proxy_op *pop_op(struct uplink *u, enum proxy_op_kind kind)
+static struct queue_remote_op *pop_op(struct uplink *u, enum proxy_op_kind kind)
 {
     struct list_node *first = list_first(&u->ops);
     if (first == NULL)
         return NULL;
-    struct proxy_op *op = CONTAINER_OF(first, struct proxy_op, link);
+    struct queue_remote_op *op = CONTAINER_OF(first, struct queue_remote_op, link);
     if (op->kind != kind)
         return NULL; /* an answer out of order: the peer is confused */
     list_remove(&op->link);
@@ -720,7 +726,7 @@ static void on_get_reply(void *ctx, uint64_t tag, bool redelivered, uint32_t mes
                          struct message *message)
 {
     struct uplink *u = ctx;
-    struct proxy_op *op = pop_op(u, PROXY_OP_GET);
+    struct queue_remote_op *op = pop_op(u, PROXY_OP_GET);
     if (op == NULL || op->cancelled) {
         if (message) { /* nobody waits for it (any more) */
             send_settle(u, METHOD_BASIC_NACK, tag, true);
@@ -758,7 +764,7 @@ static void on_query_reply(void *ctx, const struct method *m)
     }
     if (m->id != METHOD_QUEUE_DECLARE_OK && m->id != METHOD_QUEUE_PURGE_OK)
         return; /* basic.qos-ok and the like */
-    struct proxy_op *op = pop_op(u, PROXY_OP_QUERY);
+    struct queue_remote_op *op = pop_op(u, PROXY_OP_QUERY);
     if (op == NULL)
         return;
     if (!op->cancelled) {
@@ -778,7 +784,8 @@ static void fail_ops(struct uplink *u, uint16_t code, struct bytes text)
 {
     struct queue *queue = u->stub->queue;
     while (!list_empty(&u->ops)) {
-        struct proxy_op *op = CONTAINER_OF(list_first(&u->ops), struct proxy_op, link);
+        struct queue_remote_op *op =
+            CONTAINER_OF(list_first(&u->ops), struct queue_remote_op, link);
         list_remove(&op->link);
         if (!op->cancelled && op->kind == PROXY_OP_GET)
             op->get_done(op->ctx, queue, code, text, NULL, 0);
@@ -790,7 +797,7 @@ static void fail_ops(struct uplink *u, uint16_t code, struct bytes text)
     }
 }
 
-static void send_op(struct uplink *u, struct proxy_op *op)
+static void send_op(struct uplink *u, struct queue_remote_op *op)
 {
     struct queue *queue = u->stub->queue;
     list_push_back(&u->ops, &op->link);
@@ -815,7 +822,7 @@ static bool may_wait(const struct proxy_stub *stub)
     return stub->available && peer != NULL && !peer->up;
 }
 
-static struct proxy_op *op_start(struct queue *queue, enum proxy_op_kind kind,
+static struct queue_remote_op *op_start(struct queue *queue, enum proxy_op_kind kind,
                                  uint32_t method_id, void *ctx)
 {
     struct proxy_stub *stub = stub_of(queue);
@@ -825,7 +832,7 @@ static struct proxy_op *op_start(struct queue *queue, enum proxy_op_kind kind,
     struct uplink *u = stub->getter;
     if (u == NULL && !may_wait(stub))
         return NULL;
-    struct proxy_op *op = calloc(1, sizeof *op);
+    struct queue_remote_op *op = calloc(1, sizeof *op);
     ASSERT(op != NULL);
     op->kind = kind;
     op->method_id = method_id;
@@ -839,7 +846,7 @@ static struct proxy_op *op_start(struct queue *queue, enum proxy_op_kind kind,
     return op;
 }
 
-static void fail_op(struct queue *queue, struct proxy_op *op)
+static void fail_op(struct queue *queue, struct queue_remote_op *op)
 {
     if (op->cancelled)
         return;
@@ -858,8 +865,8 @@ static void resume_waiting_ops(struct proxy_stub *stub, bool fail_all)
     while (!list_empty(&stub->waiting_ops)) {
         if (!fail_all && (stub->getter == NULL || stub->getter->ch == NULL))
             stub->getter = uplink_open(stub);
-        struct proxy_op *op =
-            CONTAINER_OF(list_first(&stub->waiting_ops), struct proxy_op, link);
+        struct queue_remote_op *op =
+            CONTAINER_OF(list_first(&stub->waiting_ops), struct queue_remote_op, link);
         if (!fail_all && stub->getter != NULL) {
             list_remove(&op->link);
             if (op->cancelled)
@@ -876,19 +883,19 @@ static void resume_waiting_ops(struct proxy_stub *stub, bool fail_all)
     }
 }
 
-struct proxy_op *proxy_get(struct queue *queue, proxy_get_fn done, void *ctx)
+struct queue_remote_op *proxy_get(struct queue *queue, queue_remote_get_fn done, void *ctx)
 {
-    struct proxy_op *op = op_start(queue, PROXY_OP_GET, 0, ctx);
+    struct queue_remote_op *op = op_start(queue, PROXY_OP_GET, 0, ctx);
     if (op != NULL)
         op->get_done = done;
     return op;
 }
 
-struct proxy_op *proxy_query(struct queue *queue, uint32_t method_id, proxy_query_fn done,
-                             void *ctx)
+struct queue_remote_op *proxy_query(struct queue *queue, uint32_t method_id,
+                                    queue_remote_query_fn done, void *ctx)
 {
     ASSERT(method_id == METHOD_QUEUE_DECLARE || method_id == METHOD_QUEUE_PURGE);
-    struct proxy_op *op = op_start(queue, PROXY_OP_QUERY, method_id, ctx);
+    struct queue_remote_op *op = op_start(queue, PROXY_OP_QUERY, method_id, ctx);
     if (op != NULL)
         op->query_done = done;
     return op;
@@ -928,7 +935,7 @@ void proxy_stub_release_getter(struct queue *queue)
     uplink_maybe_free(u); /* now, or once its outstanding gets are settled */
 }
 
-void proxy_op_cancel(struct proxy_op *op)
+void proxy_op_cancel(struct queue_remote_op *op)
 {
     op->cancelled = true; /* freed when its answer (or the channel's end) comes */
 }

@@ -31,7 +31,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
+#include "broker/queue.h"
 
 struct map_queue;
 struct member;
@@ -119,28 +120,12 @@ void proxy_peer_up(struct member_peer *peer);
 /* The link is down or going away: nack its forwards, drop its uplinks. */
 void proxy_peer_down(struct member_peer *peer);
 
-/* Requests to the primary on behalf of a local channel, answered in order
- * on the stand-in's getter uplink. The asker holds a reference on the
- * queue until done ran (or cancels: done then never runs). */
-struct proxy_op;
-
-/* basic.get: reply_code 200 with the entry (NULL: get-empty), the
- * primary's refusal (code and text, as sent: with its "NAME - " prefix),
- * or 0 when it could not be asked. The entry's message reference passes
- * to done. */
-typedef void (*proxy_get_fn)(void *ctx, struct queue *queue, uint16_t reply_code,
-                             struct bytes reply_text, struct queue_entry *entry,
-                             uint32_t message_count);
-struct proxy_op *proxy_get(struct queue *queue, proxy_get_fn done, void *ctx);
-
-/* queue.declare (passive) or queue.purge at the primary: reply_code 200
- * with its counts, the primary's refusal (code and text, as sent: with its
- * "NAME - " prefix), or 0 when it could not be asked. */
-typedef void (*proxy_query_fn)(void *ctx, struct queue *queue, uint16_t reply_code,
-                               struct bytes reply_text, uint32_t message_count,
-                               uint32_t consumer_count);
-struct proxy_op *proxy_query(struct queue *queue, uint32_t method_id, proxy_query_fn done,
-                             void *ctx);
+/* Requests to the primary on behalf of a local channel (the stand-in's
+ * remote_ops get and query, queue.h; the management API asks for counts
+ * directly), answered in order on the stand-in's getter uplink. */
+struct queue_remote_op *proxy_get(struct queue *queue, queue_remote_get_fn done, void *ctx);
+struct queue_remote_op *proxy_query(struct queue *queue, uint32_t method_id,
+                                    queue_remote_query_fn done, void *ctx);
 
 /* Whether the stand-in keeps a channel to its primary for gets and
  * queries (the getter), and letting it go once it is idle: a caller that
@@ -154,6 +139,6 @@ void proxy_stub_release_getter(struct queue *queue);
 
 /* The asker is gone: done will not run (a message that still arrives is
  * released upstream). Returns NULL when the primary cannot be reached. */
-void proxy_op_cancel(struct proxy_op *op);
+void proxy_op_cancel(struct queue_remote_op *op);
 
 #endif

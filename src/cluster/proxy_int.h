@@ -42,7 +42,7 @@ struct proxy_stub {
     uint32_t next_uplink_id;
     struct uplink *getter;        /* basic.get's uplink, or NULL */
     uint64_t getter_used_ms;      /* its last request (loop time): idle ones close */
-    struct list_node waiting_ops; /* struct proxy_op waiting for the primary's link */
+    struct list_node waiting_ops; /* struct queue_remote_op waiting for the primary's link */
     struct replica *replica;      /* owned: our copy, when we are a backup (replica.h) */
     struct held_forward *held;    /* owned ring: publishes waiting for a primary */
     uint32_t held_head, held_count, held_cap;

@@ -24,7 +24,7 @@
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "lib/ring.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 
 /* How often the in-sync set we want is asked for again while the map
  * does not show it (no quorum, a lost request, a change in flight). */

@@ -7,7 +7,7 @@
 #ifndef QUAY_LIB_BYTES_H
 #define QUAY_LIB_BYTES_H
 
-#include "amqp/types.h"
+#include "lib/types.h"
 
 /* Never NULL, even for an empty string; aborts on OOM. */
 struct bytes bytes_dup(struct bytes b);

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 
 struct hmap_entry {
     uint64_t hash; /* 0 marks an empty slot (real hashes are forced non-zero) */

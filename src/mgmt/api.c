@@ -40,7 +40,7 @@
 #include "mgmt/console.h"
 #include "mgmt/http.h"
 #include "mgmt/http_guard.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/metrics.h"
 
 
@@ -228,10 +228,10 @@ static void write_node(struct json *out, struct broker *broker)
     json_kv_uint(out, "read_batches_started", net->read_batch.raised_count);
     json_kv_uint(out, "read_batches_timed_out", net->read_batch.timeout_count);
     json_object_end(out);
-    if (broker->cluster) {
+    if (member_node_of(broker)) {
         /* The cluster in brief (GET /api/cluster has it all). */
         json_key(out, "cluster");
-        member_cluster_json(broker->member, out);
+        member_cluster_json(member_of(broker), out);
     }
 }
 
@@ -284,19 +284,35 @@ static void handle_overview(void *ctx, const struct auth_user *user, struct json
 
 /* ---- life cycle -------------------------------------------------------- */
 
+static void service_stop(void *ctx)
+{
+    mgmt_api_stop(ctx);
+}
+
+static void service_free(void *ctx)
+{
+    mgmt_api_free(ctx);
+}
+
+struct mgmt_api *mgmt_api_of(const struct broker *broker)
+{
+    return broker->http.free == service_free ? broker->http.ctx : NULL;
+}
+
 int mgmt_api_start(struct broker *broker, const char *address)
 {
     ASSERT(broker != NULL);
     ASSERT(address != NULL);
-    ASSERT(broker->mgmt == NULL);
+    ASSERT(broker->http.ctx == NULL);
     struct mgmt_api *api = calloc(1, sizeof *api);
     ASSERT(api != NULL);
     api->broker = broker;
     api->started_ms = uv_now(broker->loop);
-    /* Owned by the broker from here on, even if listening fails: a failed
-     * listen may leave a handle closing, so the memory must outlive the
-     * next loop run (broker_free's). */
-    broker->mgmt = api;
+    /* Owned by the broker from here on (a service it stops and frees in
+     * its shutdown order), even if listening fails: a failed listen may
+     * leave a handle closing, so the memory must outlive the next loop run
+     * (broker_free's). */
+    broker->http = (struct broker_service){service_stop, service_free, api};
     http_server_guard(&api->http, admit, api, broker->config.http_allowed_hosts);
     http_server_route_view(&api->http, "/api/overview", handle_overview, api,
                            MGMT_ACCESS_MANAGEMENT);

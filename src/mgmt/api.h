@@ -53,15 +53,16 @@
  * from another origin or naming a foreign Host are 403 before any of this
  * (http_guard.h).
  *
- * Memory: struct mgmt_api is owned by the broker (broker->mgmt) and owns
- * its HTTP server.
+ * Memory: struct mgmt_api is owned by the broker (broker->http, a service
+ * the broker stops and frees in its shutdown order) and owns its HTTP
+ * server.
  */
 #ifndef QUAY_MGMT_API_H
 #define QUAY_MGMT_API_H
 
 #include <stdbool.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 #include "mgmt/http.h"
 
 struct broker;
@@ -80,10 +81,13 @@ enum mgmt_access {
  * vhost, other users the ones they may open (NULL: no admission, all). */
 bool mgmt_user_sees_vhost(const struct auth_user *user, struct bytes vhost);
 
-/* Serves the API on address ("HOST:PORT") and sets broker->mgmt, which
- * the broker then owns (even when this fails: free it with mgmt_api_free
- * after the loop ran). Returns 0, or -1 if it cannot listen (logged). */
+/* Serves the API on address ("HOST:PORT") and plugs it into the broker
+ * (broker->http), which then owns it, even when this fails (broker_free
+ * frees it after the loop ran). Returns 0, or -1 if it cannot listen
+ * (logged). quayd's main calls it after broker_start. */
 int mgmt_api_start(struct broker *broker, const char *address);
+/* The API the broker serves, or NULL. */
+struct mgmt_api *mgmt_api_of(const struct broker *broker);
 /* Adds a GET endpoint served by another module, e.g. the cluster's
  * GET /api/cluster (member_cluster_json); ctx is borrowed and must
  * outlive the API. At most HTTP_ROUTES_MAX endpoints in all. Such

@@ -24,7 +24,7 @@
 #include "lib/bytes.h"
 #include "lib/log.h"
 #include "mgmt/http_guard.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 
 struct api_op {
     bool over;                     /* answered, cancelled or ended: no more answers */

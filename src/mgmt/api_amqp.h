@@ -29,7 +29,7 @@
 #include <stdint.h>
 
 #include "amqp/method_gen.h"
-#include "amqp/types.h"
+#include "lib/types.h"
 #include "mgmt/http.h"
 
 struct api_op;

@@ -20,7 +20,7 @@
 #include "mgmt/api_list.h"
 #include "mgmt/api_queues.h"
 #include "mgmt/api_table.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/json_tree.h"
 
 #define PROPERTIES_KEY_SIZE_MAX (255 + 1 + 16 + 1)

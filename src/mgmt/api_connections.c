@@ -21,7 +21,7 @@
 #include "mgmt/api_queues.h"
 #include "mgmt/api_stats.h"
 #include "mgmt/api_table.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 
 #define CHANNELS_SHOWN_MAX 2048
 #define NAME_SIZE 160

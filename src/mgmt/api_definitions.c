@@ -33,7 +33,7 @@
 #include "mgmt/api_policies.h"
 #include "mgmt/api_queues.h"
 #include "mgmt/api_table.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/json_tree.h"
 
 #define ERR_SIZE 400

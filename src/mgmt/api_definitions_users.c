@@ -11,7 +11,7 @@
 #include "broker/vhost.h"
 #include "lib/base64.h"
 #include "mgmt/api_limits.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/json_tree.h"
 
 #define HASHING_ALGORITHM "rabbit_password_hashing_sha256"

@@ -21,7 +21,7 @@
 #include "mgmt/api_message.h"
 #include "mgmt/api_queues.h"
 #include "mgmt/api_table.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/json_tree.h"
 
 #define API_ARGUMENTS_SIZE_MAX 65536

@@ -16,20 +16,21 @@
 #include "broker/limits.h"
 #include "cluster/map.h"
 #include "cluster/node.h"
+#include "cluster/member.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/api.h"
-#include "mgmt/json.h"
-#include "mgmt/json_read.h"
+#include "lib/json.h"
+#include "lib/json_read.h"
 #include "mgmt/json_tree.h"
 
 #define ERROR_SIZE 256
 
 const struct limit_set *api_limits_of(const struct broker *broker)
 {
-    if (broker->cluster != NULL)
-        return &cluster_node_map(broker->cluster)->limits;
+    if (member_node_of(broker) != NULL)
+        return &cluster_node_map(member_node_of(broker))->limits;
     return &broker->limits;
 }
 
@@ -264,7 +265,7 @@ static void on_applied(void *ctx, int status, const struct map_change *change)
 
 static void submit(struct broker *broker, struct http_call *call, struct map_cmd *cmd)
 {
-    if (!cluster_node_synced(broker->cluster)) {
+    if (!cluster_node_synced(member_node_of(broker))) {
         map_cmd_free(cmd);
         http_call_answer_error(call, 503, "this broker has not caught up with the cluster yet");
         return;
@@ -273,15 +274,15 @@ static void submit(struct broker *broker, struct http_call *call, struct map_cmd
     ASSERT(p != NULL);
     p->call = call;
     http_call_on_cancel(call, on_cancel, p);
-    p->request = cluster_node_submit(broker->cluster, cmd, on_applied, p);
+    p->request = cluster_node_submit(member_node_of(broker), cmd, on_applied, p);
 }
 
 /* ---- the resource ------------------------------------------------------------- */
 
 static bool owner_exists(struct broker *broker, enum limit_scope scope, struct bytes name)
 {
-    if (broker->cluster != NULL) {
-        const struct cluster_map *map = cluster_node_map(broker->cluster);
+    if (member_node_of(broker) != NULL) {
+        const struct cluster_map *map = cluster_node_map(member_node_of(broker));
         return scope == LIMIT_SCOPE_VHOST ? cluster_map_vhost(map, name) != NULL
                                           : cluster_map_user(map, name) != NULL;
     }
@@ -316,7 +317,7 @@ static void change_limit(struct broker *broker, struct http_call *call,
                                                                            : "no such user");
         return;
     }
-    if (broker->cluster != NULL) {
+    if (member_node_of(broker) != NULL) {
         struct map_cmd cmd;
         ASSERT(map_cmd_limit(&cmd, put, path->scope, path->owner_b, kind, value) == OK);
         submit(broker, call, &cmd);

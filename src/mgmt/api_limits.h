@@ -26,7 +26,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 #include "mgmt/http.h"
 
 struct broker;

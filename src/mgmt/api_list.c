@@ -9,7 +9,7 @@
 
 #include "lib/assert.h"
 #include "lib/errors.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/json_tree.h"
 
 #define PAGE_SIZE_DEFAULT 100

@@ -19,7 +19,7 @@
 #include "mgmt/api_amqp.h"
 #include "mgmt/api_list.h"
 #include "mgmt/api_table.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/json_tree.h"
 
 #define PROPERTIES_SIZE_MAX 65536

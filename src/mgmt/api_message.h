@@ -21,7 +21,7 @@
 #ifndef QUAY_MGMT_API_MESSAGE_H
 #define QUAY_MGMT_API_MESSAGE_H
 
-#include "amqp/types.h"
+#include "lib/types.h"
 #include "mgmt/http.h"
 
 struct broker;

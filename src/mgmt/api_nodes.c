@@ -17,13 +17,14 @@
 #include "cluster/link.h"
 #include "cluster/map.h"
 #include "cluster/node.h"
+#include "cluster/member.h"
 #include "lib/assert.h"
 #include "mgmt/api.h"
 #include "mgmt/api_amqp.h"
 #include "mgmt/api_list.h"
 #include "mgmt/api_queues.h"
 #include "mgmt/api_stats.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 
 #define ALIVENESS_QUEUE "aliveness-test"
 
@@ -36,7 +37,7 @@ static void write_local(struct json *out, struct broker *broker)
     json_kv_uint(out, "disk_free", a->disk_free_bytes);
     json_kv_uint(out, "disk_free_limit", a->disk_free_limit);
     json_kv_bool(out, "disk_free_alarm", a->disk_on);
-    json_kv_uint(out, "uptime", mgmt_api_uptime_ms(broker->mgmt));
+    json_kv_uint(out, "uptime", mgmt_api_uptime_ms(mgmt_api_of(broker)));
     json_key(out, "partitions");
     json_array_begin(out);
     json_array_end(out);
@@ -45,7 +46,7 @@ static void write_local(struct json *out, struct broker *broker)
 static void write_map_broker(struct json *out, struct broker *broker,
                              const struct map_broker *b)
 {
-    bool self = b->id == cluster_node_id(broker->cluster);
+    bool self = b->id == cluster_node_id(member_node_of(broker));
     json_object_begin(out);
     json_key(out, "name");
     json_string_n(out, b->name.ptr, b->name.len);
@@ -77,7 +78,7 @@ static void handle_nodes(void *ctx, struct http_call *call, const struct http_ca
     if (path.count == 0)
         json_array_begin(&body);
     uint32_t found = 0;
-    if (broker->cluster == NULL) {
+    if (member_node_of(broker) == NULL) {
         if (path.count == 0 || bytes_equal_cstr(path.seg[0], api_node_name(broker))) {
             json_object_begin(&body);
             json_kv_string(&body, "name", api_node_name(broker));
@@ -88,7 +89,7 @@ static void handle_nodes(void *ctx, struct http_call *call, const struct http_ca
             found++;
         }
     } else {
-        const struct cluster_map *map = cluster_node_map(broker->cluster);
+        const struct cluster_map *map = cluster_node_map(member_node_of(broker));
         for (uint32_t i = 0; i < map->brokers_count; i++) {
             const struct map_broker *b = map->brokers[i];
             if (path.count == 1 && !bytes_equal(path.seg[0], b->name))

@@ -9,9 +9,10 @@
 #include "broker/broker.h"
 #include "cluster/map.h"
 #include "cluster/node.h"
+#include "cluster/member.h"
 #include "lib/assert.h"
 #include "mgmt/api.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 
 /* Counts of one (primary, backup) pair, by the brokers' index in the map. */
 struct pair_count {
@@ -105,7 +106,8 @@ static void write_pairs(struct json *out, const struct cluster_map *map)
 static void handle_placement(void *ctx, struct json *out)
 {
     struct broker *broker = ctx;
-    const struct cluster_map *map = broker->cluster ? cluster_node_map(broker->cluster) : NULL;
+    const struct cluster_node *node = member_node_of(broker);
+    const struct cluster_map *map = node ? cluster_node_map(node) : NULL;
     json_object_begin(out);
     json_kv_uint(out, "epoch", map ? map->version : 0);
     json_kv_uint(out, "queues", map ? map->queues_count : 0);

@@ -15,19 +15,20 @@
 #include "broker/policy.h"
 #include "cluster/map.h"
 #include "cluster/node.h"
+#include "cluster/member.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/api.h"
-#include "mgmt/json.h"
-#include "mgmt/json_read.h"
+#include "lib/json.h"
+#include "lib/json_read.h"
 
 #define ERROR_SIZE 256
 
 const struct policy_set *api_policies_of(const struct broker *broker)
 {
-    if (broker->cluster != NULL)
-        return &cluster_node_map(broker->cluster)->policies;
+    if (member_node_of(broker) != NULL)
+        return &cluster_node_map(member_node_of(broker))->policies;
     return &broker->policies;
 }
 
@@ -215,7 +216,7 @@ static void on_applied(void *ctx, int status, const struct map_change *change)
 static void submit(struct broker *broker, struct http_call *call, struct map_cmd *cmd,
                    const struct policy_path *path, bool created)
 {
-    if (!cluster_node_synced(broker->cluster)) {
+    if (!cluster_node_synced(member_node_of(broker))) {
         map_cmd_free(cmd);
         http_call_answer_error(call, 503, "this broker has not caught up with the cluster yet");
         return;
@@ -227,15 +228,15 @@ static void submit(struct broker *broker, struct http_call *call, struct map_cmd
     p->path.vhost_b.ptr = p->path.vhost;
     p->path.name_b.ptr = p->path.name;
     http_call_on_cancel(call, on_cancel, p);
-    p->request = cluster_node_submit(broker->cluster, cmd, on_applied, p);
+    p->request = cluster_node_submit(member_node_of(broker), cmd, on_applied, p);
 }
 
 /* ---- the resource ------------------------------------------------------------- */
 
 static bool vhost_exists(struct broker *broker, struct bytes vhost)
 {
-    if (broker->cluster != NULL)
-        return cluster_map_vhost(cluster_node_map(broker->cluster), vhost) != NULL;
+    if (member_node_of(broker) != NULL)
+        return cluster_map_vhost(cluster_node_map(member_node_of(broker)), vhost) != NULL;
     return broker_vhost(broker, vhost) != NULL;
 }
 
@@ -255,7 +256,7 @@ static void put_policy(struct broker *broker, struct http_call *call,
     }
     const struct policy_set *set = api_policies_of(broker);
     bool created = policy_set_find(set, d.vhost, d.name) == NULL;
-    if (broker->cluster != NULL) {
+    if (member_node_of(broker) != NULL) {
         struct map_cmd cmd;
         ASSERT(map_cmd_policy_put(&cmd, &d) == OK); /* a few short strings */
         submit(broker, call, &cmd, path, created);
@@ -282,7 +283,7 @@ static void delete_policy(struct broker *broker, struct http_call *call,
         http_call_answer_error(call, 404, "no such vhost");
         return;
     }
-    if (broker->cluster != NULL) {
+    if (member_node_of(broker) != NULL) {
         struct map_cmd cmd;
         ASSERT(map_cmd_policy_delete(&cmd, path->vhost_b, path->name_b) == OK);
         submit(broker, call, &cmd, path, false);

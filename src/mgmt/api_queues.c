@@ -26,6 +26,7 @@
 #include "cluster/proxy.h"
 #include "cluster/replica.h"
 #include "cluster/replication.h"
+#include "cluster/member.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
@@ -37,7 +38,7 @@
 #include "mgmt/api_policies.h"
 #include "mgmt/api_stats.h"
 #include "mgmt/api_table.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/json_tree.h"
 
 #define API_ARGUMENTS_SIZE_MAX 65536
@@ -48,7 +49,8 @@
 
 const char *api_node_name(const struct broker *broker)
 {
-    return broker->cluster != NULL ? cluster_node_name(broker->cluster) : "local";
+    const struct cluster_node *node = member_node_of(broker);
+    return node != NULL ? cluster_node_name(node) : "local";
 }
 
 struct vhost *api_vhost_or_404(struct broker *broker, struct http_call *call, struct bytes name)
@@ -93,7 +95,8 @@ static void write_id_list(struct json *out, const char *key, const struct cluste
  * same); a single broker is the primary of everything. */
 static void write_placement(struct json *out, struct broker *broker, const struct queue *queue)
 {
-    const struct cluster_map *map = broker->cluster ? cluster_node_map(broker->cluster) : NULL;
+    const struct cluster_node *node = member_node_of(broker);
+    const struct cluster_map *map = node ? cluster_node_map(node) : NULL;
     const struct map_queue *mq = map ? cluster_map_queue(map, queue->vhost->name, queue->name)
                                      : NULL;
     if (mq == NULL) {
@@ -106,7 +109,7 @@ static void write_placement(struct json *out, struct broker *broker, const struc
     }
     json_key(out, "primary");
     write_broker_name(out, map, mq->primary_id);
-    bool backup = map_queue_has_backup(mq, cluster_node_id(broker->cluster));
+    bool backup = map_queue_has_backup(mq, cluster_node_id(member_node_of(broker)));
     json_kv_string(out, "role",
                    !queue_is_remote(queue) ? "primary" : backup ? "backup" : "proxy");
     if (queue_is_remote(queue)) { /* a backup's copy of the primary's messages */
@@ -128,7 +131,8 @@ static void write_placement(struct json *out, struct broker *broker, const struc
 static void write_node(struct json *out, struct broker *broker, const struct queue *queue)
 {
     json_key(out, "node");
-    const struct cluster_map *map = broker->cluster ? cluster_node_map(broker->cluster) : NULL;
+    const struct cluster_node *node = member_node_of(broker);
+    const struct cluster_map *map = node ? cluster_node_map(node) : NULL;
     const struct map_queue *mq = map ? cluster_map_queue(map, queue->vhost->name, queue->name)
                                      : NULL;
     if (mq != NULL)
@@ -154,10 +158,11 @@ static void write_policy_name(struct json *out, struct broker *broker, const str
 
 static bool queue_available(struct broker *broker, const struct queue *queue)
 {
-    if (broker->cluster == NULL)
+    if (member_node_of(broker) == NULL)
         return true;
     const struct map_queue *mq =
-        cluster_map_queue(cluster_node_map(broker->cluster), queue->vhost->name, queue->name);
+        cluster_map_queue(cluster_node_map(member_node_of(broker)), queue->vhost->name,
+                          queue->name);
     return mq == NULL || mq->available;
 }
 
@@ -239,7 +244,7 @@ struct gather_item {
     struct gather *gather;
     struct queue *queue;         /* one reference */
     uint32_t vhost_index;        /* its vhost's name: gather.vhost_names */
-    struct proxy_op *op;         /* asking the primary, or NULL */
+    struct queue_remote_op *op;         /* asking the primary, or NULL */
     bool opened_getter;          /* the query opened the stand-in's getter: release it */
     struct counts counts;
     bool gone;                   /* the primary says it is no more */

@@ -51,7 +51,7 @@
 #ifndef QUAY_MGMT_API_QUEUES_H
 #define QUAY_MGMT_API_QUEUES_H
 
-#include "amqp/types.h"
+#include "lib/types.h"
 #include "mgmt/http.h"
 
 struct broker;

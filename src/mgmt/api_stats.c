@@ -7,7 +7,7 @@
 #include <stdio.h>
 
 #include "lib/assert.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 
 void api_stats_write_rate(struct json *out, const char *key, double rate)
 {

@@ -10,7 +10,7 @@
 #include "amqp/table.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/json_tree.h"
 
 static void write_value(struct json *out, const struct field_value *v);

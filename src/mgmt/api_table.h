@@ -20,7 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 
 struct json;
 struct json_tree;

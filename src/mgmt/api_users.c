@@ -19,12 +19,13 @@
 #include "broker/vhost.h"
 #include "cluster/map.h"
 #include "cluster/node.h"
+#include "cluster/member.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/api.h"
-#include "mgmt/json.h"
-#include "mgmt/json_read.h"
+#include "lib/json.h"
+#include "lib/json_read.h"
 
 #define NAME_SIZE_MAX 255
 #define REGEX_SIZE_MAX 255
@@ -278,7 +279,7 @@ static void submit(struct pending *p, struct map_cmd *cmd)
 {
     p->vhost.b.ptr = p->vhost.bytes; /* the slice must point into p */
     http_call_on_cancel(p->call, on_cancel, p);
-    p->request = cluster_node_submit(p->broker->cluster, cmd, on_applied, p);
+    p->request = cluster_node_submit(member_node_of(p->broker), cmd, on_applied, p);
 }
 
 /* A new pending change, or NULL (answered 503) if this broker cannot
@@ -287,7 +288,7 @@ static struct pending *pending_new(struct broker *broker, struct http_call *call
                                    const struct http_call_request *req, int status,
                                    struct map_cmd *cmd)
 {
-    if (!cluster_node_synced(broker->cluster)) {
+    if (!cluster_node_synced(member_node_of(broker))) {
         map_cmd_free(cmd);
         http_call_answer_error(call, 503, "this broker has not caught up with the cluster yet");
         return NULL;
@@ -309,7 +310,8 @@ static void submit_simple(struct broker *broker, struct http_call *call,
 
 static const struct cluster_map *map_of(const struct broker *broker)
 {
-    return broker->cluster != NULL ? cluster_node_map(broker->cluster) : NULL;
+    const struct cluster_node *node = member_node_of(broker);
+    return node != NULL ? cluster_node_map(node) : NULL;
 }
 
 /* ---- /api/users/{name} ------------------------------------------------------------- */
@@ -548,7 +550,7 @@ static void put_vhost(struct broker *broker, struct http_call *call,
         return;
     }
     const char *creator = req->user != NULL ? req->user->name : NULL;
-    if (broker->cluster != NULL) {
+    if (member_node_of(broker) != NULL) {
         struct map_cmd cmd;
         int built = map_cmd_vhost_put(&cmd, name->b);
         ASSERT(built == OK);
@@ -576,7 +578,7 @@ static void delete_vhost(struct broker *broker, struct http_call *call,
         not_found(call);
         return;
     }
-    if (broker->cluster != NULL) {
+    if (member_node_of(broker) != NULL) {
         struct map_cmd cmd;
         int built = map_cmd_vhost_delete(&cmd, name->b);
         ASSERT(built == OK);
@@ -754,7 +756,7 @@ static void delete_permission(struct broker *broker, struct http_call *call,
         not_found(call);
         return;
     }
-    if (broker->cluster != NULL) {
+    if (member_node_of(broker) != NULL) {
         struct map_cmd cmd;
         int built = map_cmd_permission_delete(&cmd, path[1].b, path[0].b);
         ASSERT(built == OK);

@@ -26,7 +26,7 @@
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/http_guard.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 
 #define HTTP_TICK_MS 250
 /* Room reserved in front of every response body for the status line and
@@ -77,33 +77,6 @@ static struct http_conn *from_conn(struct conn *conn)
 }
 
 /* ---- answers ----------------------------------------------------------- */
-
-const char *http_status_text(int status)
-{
-    switch (status) {
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 304: return "Not Modified";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 413: return "Content Too Large";
-    case 414: return "URI Too Long";
-    case 415: return "Unsupported Media Type";
-    case 431: return "Request Header Fields Too Large";
-    case 503: return "Service Unavailable";
-    case 505: return "HTTP Version Not Supported";
-    default: break;
-    }
-    ASSERT(!"an HTTP status this server does not answer");
-    return "";
-}
 
 /* A body with its headroom, ready for json writes. */
 void http_body_init(struct json *body)

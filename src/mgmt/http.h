@@ -47,6 +47,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "lib/http_status.h"
 #include "lib/list.h"
 #include "lib/pool.h"
 #include "net/conn.h"
@@ -299,9 +300,5 @@ int http_parse_request(const char *data, size_t size, struct http_request *req);
  * bad escape or more than cap bytes. The API's path and query readers
  * share it. */
 long http_percent_decode(const char *s, size_t size, uint8_t *out, size_t cap, bool plus);
-
-/* The reason phrase of an HTTP status ("Not Found"), which is also the
- * "error" of RabbitMQ's error bodies {"error", "reason"}. */
-const char *http_status_text(int status);
 
 #endif

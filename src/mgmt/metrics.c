@@ -21,11 +21,12 @@
 #include "broker/vhost.h"
 #include "cluster/node.h"
 #include "cluster/replication.h"
+#include "cluster/member.h"
 #include "lib/assert.h"
 #include "lib/log.h"
 #include "mgmt/api.h"
 #include "mgmt/http.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/prom.h"
 
 /* RabbitMQ labels its global counters with the protocol they count. */
@@ -62,7 +63,7 @@ static void write_objects(struct prom *prom, struct broker *broker)
                consumers);
     prom_gauge(prom, "rabbitmq_queues", "Queues available (this broker is their primary)",
                queues);
-    if (broker->cluster)
+    if (member_node_of(broker))
         prom_gauge(prom, "quay_cluster_link_channels",
                    "Channels the other brokers' links have open here (their clients' remote "
                    "consumers and requests)", peer_channels);
@@ -277,7 +278,8 @@ static void handle_metrics(void *ctx, const struct auth_user *user, struct json 
     uint64_t started_ns = uv_hrtime();
     struct prom prom;
     prom_init(&prom, out);
-    const char *node = broker->cluster ? cluster_node_name(broker->cluster) : "local";
+    const struct cluster_node *cluster = member_node_of(broker);
+    const char *node = cluster ? cluster_node_name(cluster) : "local";
     prom_family(&prom, "rabbitmq_identity_info", PROM_TYPE_GAUGE,
                 "RabbitMQ node and cluster identity info");
     prom_sample_begin(&prom);

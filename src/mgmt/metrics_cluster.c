@@ -22,7 +22,7 @@
 #include "cluster/member.h"
 #include "cluster/node.h"
 #include "lib/assert.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/metrics.h"
 #include "mgmt/prom.h"
 
@@ -199,9 +199,9 @@ static void write_links(struct prom *prom, const struct member *member)
 
 void metrics__write_cluster(struct prom *prom, struct broker *broker)
 {
-    if (broker->cluster == NULL || broker->member == NULL)
+    if (member_node_of(broker) == NULL || member_of(broker) == NULL)
         return;
-    const struct cluster_node *node = broker->cluster;
+    const struct cluster_node *node = member_node_of(broker);
     const struct cluster_map *map = cluster_node_map(node);
     uint32_t self = cluster_node_id(node);
     ASSERT(self != BROKER_ID_NONE);
@@ -215,14 +215,14 @@ void metrics__write_cluster(struct prom *prom, struct broker *broker)
     prom_counter(prom, "quay_cluster_queue_moves_total",
                  "Queues handed over to another primary on purpose (moves, drains, "
                  "rebalancing), in the map changes this broker applied since it started",
-                 broker->member->queue_moves_count);
+                 member_of(broker)->queue_moves_count);
     prom_counter(prom, "quay_cluster_queue_failovers_total",
                  "Queues that failed over to a backup, in the map changes this broker "
                  "applied since it started",
-                 broker->member->queue_failovers_count);
+                 member_of(broker)->queue_failovers_count);
     prom_gauge(prom, "quay_cluster_adoptions_pending",
                "Queues this broker took over from a dead broker's log on shared storage and "
                "has not adopted yet (they wait, paused)",
-               adoption_pending_count(broker->member));
-    write_links(prom, broker->member);
+               adoption_pending_count(member_of(broker)));
+    write_links(prom, member_of(broker));
 }

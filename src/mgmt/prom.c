@@ -10,7 +10,7 @@
 
 #include "lib/assert.h"
 #include "lib/utf8.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 
 void prom_init(struct prom *prom, struct json *out)
 {

@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 
 struct json;
 

@@ -33,7 +33,7 @@
 
 #include <uv.h>
 
-#include "amqp/types.h"
+#include "lib/types.h"
 #include "store/disk.h"
 
 /* Errors beyond lib/errors.h (E_IO for system errors, E_LIMIT, E_NOMEM). */

@@ -1,8 +1,8 @@
 /*
- * fuzz_json.c: the management API's JSON body readers (mgmt/json_read.h,
+ * fuzz_json.c: the management API's JSON body readers (lib/json_read.h,
  * and mgmt/json_tree.h with the table conversion of mgmt/api_table.h),
  * which every POST and PUT body goes through before any action, and the
- * writer's string escaping (mgmt/json.h), which names from clients go
+ * writer's string escaping (lib/json.h), which names from clients go
  * through on the way out.
  *
  * Goal: json_read_object never reads outside its input, always says why
@@ -18,10 +18,10 @@
 
 #include "lib/assert.h"
 #include "lib/errors.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "amqp/table.h"
 #include "mgmt/api_table.h"
-#include "mgmt/json_read.h"
+#include "lib/json_read.h"
 #include "mgmt/json_tree.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

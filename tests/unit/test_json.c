@@ -1,5 +1,5 @@
 /*
- * test_json.c: the management API's JSON writer (mgmt/json.h), and its
+ * test_json.c: the management API's JSON writer (lib/json.h), and its
  * pure request parser (mgmt/http.h), which has no sockets to need a file
  * of its own.
  *
@@ -24,8 +24,8 @@
 
 #include "lib/errors.h"
 #include "mgmt/http.h"
-#include "mgmt/json.h"
-#include "mgmt/json_read.h"
+#include "lib/json.h"
+#include "lib/json_read.h"
 
 /* Compares the writer's buffer with `expected`, then frees it. */
 static void expect_json(struct json *j, const char *expected)

@@ -25,7 +25,7 @@
 #include "amqp/table.h"
 #include "lib/errors.h"
 #include "mgmt/api_table.h"
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/json_tree.h"
 
 static int parse(const char *text, struct json_tree *tree, char *err)

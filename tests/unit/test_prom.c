@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mgmt/json.h"
+#include "lib/json.h"
 #include "mgmt/prom.h"
 
 /* Compares the buffer with expected, then frees it. */

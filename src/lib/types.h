@@ -1,13 +1,14 @@
 /*
- * types.h: the value types the AMQP codec hands out.
+ * types.h: the value types the AMQP codec hands out, which every layer
+ * uses (hence lib/: lib/bytes.h and lib/hash.h take them too).
  *
  * Decoding is zero-copy: strings and tables are slices into the frame
  * payload they were decoded from and stay valid only while that payload
  * does (the connection's input buffer, until the method is dispatched).
  * Whoever needs a value longer must copy it.
  */
-#ifndef QUAY_AMQP_TYPES_H
-#define QUAY_AMQP_TYPES_H
+#ifndef QUAY_LIB_TYPES_H
+#define QUAY_LIB_TYPES_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,62 +1,60 @@
 /*
- * channel_cluster.c: definition changes in a cluster. A declare, delete,
- * bind or unbind that passed the channel's own checks becomes a cluster
- * map command (cluster/map.h); the channel's connection holds its input
- * (connection_hold) until the command has been applied on this broker,
- * whose mirror then already has the object, and answers exactly as a
- * single broker would, with the map's reply code and text on refusal.
- * A map that cannot commit (no leader, no quorum) is a hard error, 541,
- * as RabbitMQ answers a declare that times out: the client reconnects,
- * ideally to a broker of the majority. A change that succeeded is answered
- * once the other brokers have applied it too (cluster/visible.h): what a
- * client was told exists, or is gone, is so through every broker.
+ * channel_wait.c: a channel waiting for the cluster (broker/cluster_ops.h)
+ * or for a stand-in's primary (queue_remote_ops, queue.h), with its
+ * connection's input held (connection_hold) until the answer comes.
+ *
+ * Definition changes in a cluster: a declare, delete, bind or unbind that
+ * passed the channel's own checks goes to the cluster (cluster_ops
+ * submit, which makes it a map command), and is answered once applied on
+ * this broker, whose mirror then already has the object, exactly as a
+ * single broker would, with the map's reply code and text on refusal. A
+ * map that cannot commit (no leader, no quorum) is a hard error, 541, as
+ * RabbitMQ answers a declare that times out: the client reconnects,
+ * ideally to a broker of the majority. A change that succeeded is
+ * answered once the other brokers have applied it too (await_visible):
+ * what a client was told exists, or is gone, is so through every broker.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "broker/broker.h"
 #include "broker/channel_int.h"
+#include "broker/cluster_ops.h"
 #include "broker/connection.h"
 #include "broker/vhost.h"
-#include "cluster/map.h"
-#include "cluster/member.h"
-#include "cluster/node.h"
-#include "cluster/proxy.h"
-#include "cluster/visible.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
 
-struct cluster_wait {
-    struct channel *ch;               /* borrowed; the channel owns the wait */
-    struct cluster_request *request;  /* owned by the node until it answers */
-    struct member_sync_wait sync;     /* basic.quay-sync: waits for our map instead */
-    struct visible_wait visible;      /* committed: waits for the other brokers' maps */
-    bool visible_pending;
+/* Owned by its channel (ch->cluster_wait). */
+struct channel_cluster_wait {
+    struct channel *ch;               /* borrowed */
+    struct cluster_ops_wait *pending; /* the cluster's, until its answer */
     bool answer;                      /* basic.quay-sync: basic.quay-synced when there */
     uint32_t method_id;
     bool no_wait;
     uint32_t message_count;           /* queue.delete-ok */
     uint8_t name_size;
     uint8_t name[256];                /* queue.declare: the queue's name */
-    /* queue.declare, to decide the placement again when the map says the
-     * broker we chose is down (a stale view: change->retry). */
-    struct map_queue_decl decl;       /* vhost and name borrow from the channel and above */
-    struct bytes arguments;           /* owned copy */
-    bool pinned;
-    int32_t backups;                  /* x-quay-backups, -1: the default */
-    uint8_t retries;
     bool gone_ok;                     /* a refused queue.delete is done too (delete_gone) */
 };
 
-#define PLACEMENT_RETRIES_MAX 3
+static const struct cluster_ops *ops_of(const struct channel *ch)
+{
+    return ch->connection->broker->cluster_ops;
+}
+
+static void *cluster_of(const struct channel *ch)
+{
+    return ch->connection->broker->cluster_ctx;
+}
 
 bool channel__clustered(const struct channel *ch)
 {
-    return ch->connection->broker->member != NULL;
+    return ops_of(ch) != NULL;
 }
 
-static void send_reply(struct channel *ch, const struct cluster_wait *w)
+static void send_reply(struct channel *ch, const struct channel_cluster_wait *w)
 {
     struct method ok = {.id = 0};
     switch (w->method_id) {
@@ -94,127 +92,92 @@ static void send_reply(struct channel *ch, const struct cluster_wait *w)
         channel__send(ch, &ok);
 }
 
-static void finish(struct channel *ch, struct cluster_wait *w, bool close_after);
-static void on_visible(struct visible_wait *visible);
-
-static void on_committed(void *ctx, int status, const struct map_change *change)
+static void finish(struct channel *ch, struct channel_cluster_wait *w, bool close_after)
 {
-    struct cluster_wait *w = ctx;
-    struct channel *ch = w->ch;
-    ASSERT(ch != NULL && ch->cluster_wait == w);
-    ch->cluster_wait = NULL;
-    struct connection *connection = ch->connection;
-    if (status == OK && change->retry && w->method_id == METHOD_QUEUE_DECLARE &&
-        w->decl.name.len > 0 && w->retries < PLACEMENT_RETRIES_MAX) {
-        /* Placed on a broker the map now knows is down: place again on
-         * the map as it is now, still holding the client's input. */
-        struct broker *broker = connection->broker;
-        w->retries++;
-        w->decl.name = (struct bytes){w->name, w->name_size};
-        w->decl.arguments = (struct table){w->arguments.ptr, (uint32_t)w->arguments.len};
-        member_place_queue(broker->member, &w->decl, w->pinned, w->backups);
-        struct map_cmd cmd;
-        if (map_cmd_queue_declare(&cmd, &w->decl, cluster_node_id(broker->cluster)) == OK) {
-            ch->cluster_wait = w;
-            w->request = cluster_node_submit(broker->cluster, &cmd, on_committed, w);
-            return;
-        }
-    }
-    if (status == OK && change->changed && ch->state == CHANNEL_STATE_OPEN &&
-        (change->reply_code == REPLY_SUCCESS || w->gone_ok)) {
-        /* Answered once every broker has it (visible.h), input still held. */
-        w->visible.done = on_visible;
-        if (visible_wait(connection->broker->member, &w->visible, change->version)) {
-            ch->cluster_wait = w;
-            w->visible_pending = true;
-            return;
-        }
-    }
-    connection_release(connection);
-    bool close_after = ch->close_pending; /* the client's channel.close waited for this */
-    if (status != OK) {
-        close_after = false; /* the connection goes, with the channel */
-        connection_fail(connection, REPLY_INTERNAL_ERROR, w->method_id,
-                        "the cluster map is unavailable (no leader or no quorum): try another "
-                        "broker");
-    } else if (change->reply_code != REPLY_SUCCESS && !w->gone_ok) {
-        channel__fail(ch, change->reply_code, w->method_id, "%s", change->reply_text);
-    } else if (ch->state == CHANNEL_STATE_OPEN) {
-        send_reply(ch, w);
-    }
-    finish(ch, w, close_after);
-}
-
-static void finish(struct channel *ch, struct cluster_wait *w, bool close_after)
-{
-    bytes_free(&w->arguments);
     free(w);
     if (close_after && ch->state == CHANNEL_STATE_OPEN)
         channel__finish_close(ch);
 }
 
-static void on_visible(struct visible_wait *visible)
+static void on_visible(void *ctx, const struct cluster_ops_answer *answer)
 {
-    struct cluster_wait *w = CONTAINER_OF(visible, struct cluster_wait, visible);
+    (void)answer;
+    struct channel_cluster_wait *w = ctx;
     struct channel *ch = w->ch;
-    ASSERT(ch->cluster_wait == w && w->visible_pending);
+    ASSERT(ch->cluster_wait == w && w->pending != NULL);
     ch->cluster_wait = NULL;
+    w->pending = NULL;
     connection_release(ch->connection);
     if (ch->state == CHANNEL_STATE_OPEN)
         send_reply(ch, w);
     finish(ch, w, ch->close_pending);
 }
 
-void channel__cluster_declare(struct channel *ch, struct map_queue_decl *decl, bool pinned,
-                              int32_t backups, bool no_wait)
+static void on_committed(void *ctx, const struct cluster_ops_answer *a)
 {
-    struct map_cmd cmd;
-    struct broker *broker = ch->connection->broker;
-    member_place_queue(broker->member, decl, pinned, backups);
-    if (map_cmd_queue_declare(&cmd, decl, cluster_node_id(broker->cluster)) != OK)
-        return;
-    channel__cluster_submit(ch, METHOD_QUEUE_DECLARE, no_wait, &cmd, decl->name, 0);
-    struct cluster_wait *w = ch->cluster_wait;
-    w->decl = *decl;
-    w->decl.vhost = ch->vhost->name;
-    w->arguments = bytes_dup((struct bytes){decl->arguments.ptr, decl->arguments.len});
-    w->pinned = pinned;
-    w->backups = backups;
+    struct channel_cluster_wait *w = ctx;
+    struct channel *ch = w->ch;
+    ASSERT(ch != NULL && ch->cluster_wait == w);
+    ch->cluster_wait = NULL;
+    w->pending = NULL;
+    struct connection *connection = ch->connection;
+    if (a->status == OK && a->changed && ch->state == CHANNEL_STATE_OPEN &&
+        (a->reply_code == REPLY_SUCCESS || w->gone_ok)) {
+        /* Answered once every broker has it, input still held. */
+        w->pending = ops_of(ch)->await_visible(cluster_of(ch), a->version, on_visible, w);
+        if (w->pending != NULL) {
+            ch->cluster_wait = w;
+            return;
+        }
+    }
+    connection_release(connection);
+    bool close_after = ch->close_pending; /* the client's channel.close waited for this */
+    if (a->status != OK) {
+        close_after = false; /* the connection goes, with the channel */
+        connection_fail(connection, REPLY_INTERNAL_ERROR, w->method_id,
+                        "the cluster map is unavailable (no leader or no quorum): try another "
+                        "broker");
+    } else if (a->reply_code != REPLY_SUCCESS && !w->gone_ok) {
+        channel__fail(ch, a->reply_code, w->method_id, "%s", a->reply_text);
+    } else if (ch->state == CHANNEL_STATE_OPEN) {
+        send_reply(ch, w);
+    }
+    finish(ch, w, close_after);
 }
 
 void channel__cluster_submit(struct channel *ch, uint32_t method_id, bool no_wait,
-                             struct map_cmd *cmd, struct bytes queue_name, uint32_t message_count)
+                             const struct cluster_ops_change *change, uint32_t message_count)
 {
     ASSERT(ch->cluster_wait == NULL); /* the connection is held while one waits */
-    struct cluster_wait *w = calloc(1, sizeof *w);
+    struct channel_cluster_wait *w = calloc(1, sizeof *w);
     ASSERT(w != NULL);
     w->ch = ch;
     w->method_id = method_id;
     w->no_wait = no_wait;
     w->message_count = message_count;
-    ASSERT(queue_name.len <= 255);
-    memcpy(w->name, queue_name.ptr, queue_name.len);
-    w->name_size = (uint8_t)queue_name.len;
-    struct broker *broker = ch->connection->broker;
+    if (change->kind == CLUSTER_OPS_QUEUE_DECLARE) {
+        ASSERT(change->name.len <= 255);
+        memcpy(w->name, change->name.ptr, change->name.len);
+        w->name_size = (uint8_t)change->name.len;
+    }
+    /* (done never runs from inside submit) */
+    w->pending = ops_of(ch)->submit(cluster_of(ch), change, on_committed, w);
+    if (w->pending == NULL) {
+        free(w); /* the command could not be made: nothing is answered, as before */
+        return;
+    }
     ch->cluster_wait = w;
     connection_hold(ch->connection);
-    w->request = cluster_node_submit(broker->cluster, cmd, on_committed, w);
 }
 
 void channel__cluster_forget(struct channel *ch)
 {
-    struct cluster_wait *w = ch->cluster_wait;
+    struct channel_cluster_wait *w = ch->cluster_wait;
     if (w == NULL)
         return;
     ch->cluster_wait = NULL;
-    if (w->method_id == METHOD_BASIC_QUAY_SYNC)
-        member_sync_cancel(&w->sync);
-    else if (w->visible_pending)
-        visible_cancel(&w->visible);
-    else
-        cluster_request_cancel(w->request);
+    ops_of(ch)->cancel(cluster_of(ch), w->pending);
     connection_release(ch->connection);
-    bytes_free(&w->arguments);
     free(w);
 }
 
@@ -226,32 +189,31 @@ static void answer_synced(struct channel *ch, uint64_t version)
         channel__send(ch, &m);
 }
 
-static void on_synced_through(struct member_sync_wait *sync)
+static void on_synced_through(void *ctx, const struct cluster_ops_answer *answer)
 {
-    struct cluster_wait *w = CONTAINER_OF(sync, struct cluster_wait, sync);
+    struct channel_cluster_wait *w = ctx;
     struct channel *ch = w->ch;
     ASSERT(ch->cluster_wait == w);
     ch->cluster_wait = NULL;
     connection_release(ch->connection);
     if (w->answer)
-        answer_synced(ch, member_map(ch->connection->broker->member)->version);
+        answer_synced(ch, answer->version);
     free(w);
 }
 
 void channel__cluster_sync(struct channel *ch, uint64_t version, bool answer)
 {
     ASSERT(ch->cluster_wait == NULL); /* the connection is held while one waits */
-    struct broker *broker = ch->connection->broker;
-    struct cluster_wait *w = calloc(1, sizeof *w);
+    struct channel_cluster_wait *w = calloc(1, sizeof *w);
     ASSERT(w != NULL);
     w->ch = ch;
     w->method_id = METHOD_BASIC_QUAY_SYNC;
     w->answer = answer;
-    w->sync.done = on_synced_through;
-    if (!member_sync_wait(broker->member, &w->sync, version)) {
+    w->pending = ops_of(ch)->await_synced(cluster_of(ch), version, on_synced_through, w);
+    if (w->pending == NULL) {
         free(w);
         if (answer)
-            answer_synced(ch, member_map(broker->member)->version); /* there already */
+            answer_synced(ch, ops_of(ch)->map_version(cluster_of(ch))); /* there already */
         return;
     }
     ch->cluster_wait = w;
@@ -291,13 +253,13 @@ void channel__fail_unreachable(struct channel *ch, const struct queue *queue, ui
  * declare makes a new one, replacing that incarnation in the map. */
 static void redeclare(struct channel *ch, struct queue *stub)
 {
-    struct map_queue_decl decl = {
-        .vhost = ch->vhost->name, .name = stub->name, .durable = stub->durable,
-        .auto_delete = stub->auto_delete,
+    struct cluster_ops_change change = {
+        .kind = CLUSTER_OPS_QUEUE_DECLARE, .vhost = ch->vhost->name, .name = stub->name,
+        .durable = stub->durable, .auto_delete = stub->auto_delete,
         .arguments = {stub->arguments.ptr, (uint32_t)stub->arguments.len},
-        .replaces_epoch = proxy_stub_epoch(stub)};
-    channel__cluster_declare(ch, &decl, stub->auto_delete, stub->args.quay_backups,
-                             ch->remote_no_wait);
+        .epoch = stub->remote_ops->epoch(stub), .pinned = stub->auto_delete,
+        .backups = stub->args.quay_backups};
+    channel__cluster_submit(ch, METHOD_QUEUE_DECLARE, ch->remote_no_wait, &change, 0);
 }
 
 /* Likewise for a delete: deleting a queue that is not there succeeds
@@ -305,12 +267,12 @@ static void redeclare(struct channel *ch, struct queue *stub)
  * means something replaced it already: the delete is done too). */
 static void delete_gone(struct channel *ch, struct queue *stub)
 {
-    struct map_cmd cmd;
-    if (map_cmd_queue_delete(&cmd, ch->vhost->name, stub->name, proxy_stub_epoch(stub)) != OK)
-        return;
-    channel__cluster_submit(ch, METHOD_QUEUE_DELETE, ch->remote_no_wait, &cmd, BYTES_LIT(""),
-                            0);
-    ch->cluster_wait->gone_ok = true;
+    struct cluster_ops_change change = {
+        .kind = CLUSTER_OPS_QUEUE_DELETE, .vhost = ch->vhost->name, .name = stub->name,
+        .epoch = stub->remote_ops->epoch(stub)};
+    channel__cluster_submit(ch, METHOD_QUEUE_DELETE, ch->remote_no_wait, &change, 0);
+    if (ch->cluster_wait != NULL)
+        ch->cluster_wait->gone_ok = true;
 }
 
 static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes text,
@@ -362,10 +324,10 @@ static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes
                           (const char *)queue->name.ptr, (int)ch->vhost->name.len,
                           (const char *)ch->vhost->name.ptr);
         } else {
-            struct map_cmd cmd;
-            if (map_cmd_queue_delete(&cmd, ch->vhost->name, queue->name, 0) == OK)
-                channel__cluster_submit(ch, method_id, ch->remote_no_wait, &cmd,
-                                        BYTES_LIT(""), messages);
+            struct cluster_ops_change change = {.kind = CLUSTER_OPS_QUEUE_DELETE,
+                                                 .vhost = ch->vhost->name,
+                                                 .name = queue->name};
+            channel__cluster_submit(ch, method_id, ch->remote_no_wait, &change, messages);
         }
     }
     queue_unref(queue);
@@ -376,7 +338,7 @@ void channel__await_auto_delete(struct channel *ch, struct queue *queue, uint32_
     ASSERT(queue_is_remote(queue) && ch->remote_op == NULL);
     /* Asked on the same link as the upstream cancel, after it: the answer
      * says whether that cancel deleted the queue. */
-    ch->remote_op = proxy_query(queue, METHOD_QUEUE_DECLARE, on_query, ch);
+    ch->remote_op = queue->remote_ops->query(queue, METHOD_QUEUE_DECLARE, on_query, ch);
     if (ch->remote_op == NULL)
         return; /* unreachable: nothing to wait for */
     ch->remote_method = method_id;
@@ -392,7 +354,7 @@ void channel__remote_query(struct channel *ch, struct queue *queue, const struct
 {
     ASSERT(queue_is_remote(queue) && ch->remote_op == NULL);
     uint32_t ask = m->id == METHOD_QUEUE_PURGE ? METHOD_QUEUE_PURGE : METHOD_QUEUE_DECLARE;
-    ch->remote_op = proxy_query(queue, ask, on_query, ch);
+    ch->remote_op = queue->remote_ops->query(queue, ask, on_query, ch);
     if (ch->remote_op == NULL) {
         channel__fail_unreachable(ch, queue, m->id);
         return;

@@ -1,6 +1,7 @@
 /*
  * json.h: a tiny streaming JSON writer into a growable buffer, for the
- * management API's responses.
+ * management API's responses (and the cluster's endpoints and records:
+ * in lib/ so that cluster/ needs nothing from mgmt/).
  *
  * Values are written in document order: json_object_begin, json_key and a
  * value, ..., json_object_end. The writer inserts the commas and colons, so
@@ -18,8 +19,8 @@
  * json_release hands it to the caller. The buffer is not NUL-terminated.
  * json.c does no I/O and keeps no global state.
  */
-#ifndef QUAY_MGMT_JSON_H
-#define QUAY_MGMT_JSON_H
+#ifndef QUAY_LIB_JSON_H
+#define QUAY_LIB_JSON_H
 
 #include <stdbool.h>
 #include <stddef.h>

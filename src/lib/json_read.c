@@ -3,7 +3,7 @@
  * whitespace, '{', then "key": value pairs separated by commas, '}', and
  * nothing but whitespace after it.
  */
-#include "mgmt/json_read.h"
+#include "lib/json_read.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  * level (object or array; first member or not) so nothing is allocated
  * besides the output buffer itself.
  */
-#include "mgmt/json.h"
+#include "lib/json.h"
 
 #include <inttypes.h>
 #include <math.h>

@@ -1,7 +1,7 @@
 /*
- * json_read.h: reads one flat JSON object (a request body of the
- * management API, e.g. {"pattern": "^ha\\.", "priority": 0, "backups": 2})
- * member by member.
+ * json_read.h (in lib/: the cluster's endpoints read bodies too): reads
+ * one flat JSON object (a request body of the management API, e.g.
+ * {"pattern": "^ha\\.", "priority": 0, "backups": 2}) member by member.
  *
  * Strings are unescaped to UTF-8 (\uXXXX and surrogate pairs included);
  * numbers must be integers; an array of strings (RabbitMQ 3.10's "tags")
@@ -12,8 +12,8 @@
  *
  * Memory: none allocated; strings land in the caller's member buffers.
  */
-#ifndef QUAY_MGMT_JSON_READ_H
-#define QUAY_MGMT_JSON_READ_H
+#ifndef QUAY_LIB_JSON_READ_H
+#define QUAY_LIB_JSON_READ_H
 
 #include <stdbool.h>
 #include <stddef.h>
