@@ -36,6 +36,7 @@ struct durable_adopted {
 
 struct adoption {
     struct queue *queue; /* borrowed */
+    uint64_t seq_min;    /* below it: adopted from another log already */
     uint64_t ticket;
     int64_t count;
     uint64_t dropped;
@@ -49,6 +50,8 @@ static void on_adopted(void *ctx, struct journal_queue *jq, struct bytes vhost_n
     (void)vhost_name;
     struct adoption *a = ctx;
     struct queue *queue = a->queue;
+    if (seq < a->seq_min)
+        return;
     struct message *message = message_from_blob(blob, size);
     if (message == NULL) {
         LOG_ERROR("queue '%.*s': adopted record %llu does not decode; skipped",
@@ -66,23 +69,14 @@ static void on_adopted(void *ctx, struct journal_queue *jq, struct bytes vhost_n
     a->count++;
 }
 
-int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                      const char *owner_name)
+/* Adopts owner_name's log of the queue: its messages from seq_min on. */
+static int64_t adopt_from(struct broker *broker, struct vhost *vhost, struct queue *queue,
+                          const char *owner_name, uint64_t seq_min)
 {
     struct durable *d = &broker->durable;
-    if (d->journal == NULL || broker->config.shared_storage_dir == NULL ||
-        queue->journal == NULL)
-        return 0;
-    ASSERT(queue->ready_count == 0 && queue->unacked_count == 0); /* just made real */
-    if (journal_queue_seq_last(queue->journal) > 0) {
-        /* A stale log of ours under that name (we owned the queue once):
-         * the adopted one is the queue's content now. */
-        queue->journal = journal_queue_recreate(queue->journal);
-        queue->next_seq = 1;
-    }
     char foreign[1024];
     snprintf(foreign, sizeof foreign, "%s/%s", broker->config.shared_storage_dir, owner_name);
-    struct adoption a = {.queue = queue};
+    struct adoption a = {.queue = queue, .seq_min = seq_min};
     struct journal_adoption *out = malloc(sizeof *out);
     ASSERT(out != NULL);
     int rc = journal_adopt(d->journal, foreign, vhost->name, queue->name, on_adopted, &a, out);
@@ -109,8 +103,34 @@ int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *
              (int)queue->name.len, (const char *)queue->name.ptr, (long long)a.count,
              owner_name, (unsigned long long)a.dropped);
     free(out);
-    queue_dispatch(queue);
     return a.count;
+}
+
+int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
+                      const char *owner_name, const char *earlier_owner)
+{
+    struct durable *d = &broker->durable;
+    if (d->journal == NULL || broker->config.shared_storage_dir == NULL ||
+        queue->journal == NULL)
+        return 0;
+    ASSERT(queue->ready_count == 0 && queue->unacked_count == 0); /* just made real */
+    if (journal_queue_seq_last(queue->journal) > 0) {
+        /* A stale log of ours under that name (we owned the queue once):
+         * the adopted one is the queue's content now. */
+        queue->journal = journal_queue_recreate(queue->journal);
+        queue->next_seq = 1;
+    }
+    int64_t count = adopt_from(broker, vhost, queue, owner_name, 0);
+    /* owner_name had taken the queue over from earlier_owner and died
+     * before it said it adopted: what it did adopt is in its log, under
+     * the same seqs, and was written before anything newer (the journal
+     * appends in order), so the earlier log adds what lies above. */
+    if (earlier_owner != NULL && count >= 0) {
+        int64_t more = adopt_from(broker, vhost, queue, earlier_owner, queue->next_seq);
+        count = more < 0 ? more : count + more;
+    }
+    queue_dispatch(queue);
+    return count;
 }
 
 void durable_abandon_log(struct broker *broker, struct queue *queue)

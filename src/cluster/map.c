@@ -106,6 +106,7 @@ static const char *const op_names[MAP_OP_COUNT] = {
     [MAP_OP_USERS_BOOTSTRAP] = "users.bootstrap",
     [MAP_OP_LIMIT_PUT] = "limit.put",
     [MAP_OP_LIMIT_DELETE] = "limit.delete",
+    [MAP_OP_QUEUE_ADOPTED] = "queue.adopted",
 };
 
 const char *map_rebalance_name(enum map_rebalance mode)
@@ -1628,6 +1629,9 @@ static void read_queue_state(struct cmd_reader *r, struct map_queue *q)
         reader_fail(r, "move_to");
     q->move_from = (uint32_t)read_uint(r, "move_from", UINT32_MAX, true, BROKER_ID_NONE);
     q->taken_from = (uint32_t)read_uint(r, "taken_from", UINT32_MAX, true, BROKER_ID_NONE);
+    q->taken_from_before =
+        (uint32_t)read_uint(r, "taken_from_before", UINT32_MAX, true, BROKER_ID_NONE);
+    q->adopted = read_bool(r, "adopted", true);
     if (q->move_from != BROKER_ID_NONE &&
         (backup_slot(q, q->move_from) < 0 || q->move_to == BROKER_ID_NONE))
         reader_fail(r, "move_from");
@@ -1833,6 +1837,8 @@ static int op_queue_set_owner(struct apply_ctx *ctx)
     q->move_to = BROKER_ID_NONE; /* done, or overtaken by a failover */
     q->move_from = BROKER_ID_NONE;
     q->taken_from = BROKER_ID_NONE;
+    q->taken_from_before = BROKER_ID_NONE;
+    q->adopted = false;
     queue_count(map, q, +1);
     ASSERT(!map_queue_has_backup(q, primary));
     ctx->change->planned = planned;
@@ -2009,8 +2015,24 @@ static int op_queue_take_over(struct apply_ctx *ctx)
     q->available = true;
     q->move_to = BROKER_ID_NONE;
     q->move_from = BROKER_ID_NONE;
+    /* (NONE unless from took it over itself and never said it adopted.) */
+    q->taken_from_before = q->adopted ? BROKER_ID_NONE : q->taken_from;
     q->taken_from = from;
+    q->adopted = false;
     queue_count(map, q, +1);
+    ctx->change->changed = true;
+    return OK;
+}
+
+static int op_queue_adopted(struct apply_ctx *ctx)
+{
+    uint32_t primary = read_broker_id(&ctx->reader, "primary");
+    int rc;
+    struct map_queue *q = find_queue_cas(ctx, false, &rc);
+    if (q == NULL || q->primary_id != primary || q->taken_from == BROKER_ID_NONE ||
+        q->adopted)
+        return rc; /* gone, or moved on, or said already: no change */
+    q->adopted = true;
     ctx->change->changed = true;
     return OK;
 }
@@ -2171,6 +2193,7 @@ static int dispatch(struct apply_ctx *ctx)
     case MAP_OP_CLUSTER_REBALANCE: return op_cluster_rebalance(ctx);
     case MAP_OP_BROKER_STORAGE: return op_broker_storage(ctx);
     case MAP_OP_QUEUE_TAKE_OVER: return op_queue_take_over(ctx);
+    case MAP_OP_QUEUE_ADOPTED: return op_queue_adopted(ctx);
     case MAP_OP_PERMISSION_PUT: return op_permission_put(ctx);
     case MAP_OP_PERMISSION_DELETE: return op_permission_delete(ctx);
     case MAP_OP_USERS_BOOTSTRAP: return op_users_bootstrap(ctx);
@@ -2676,6 +2699,10 @@ static void encode_queue(struct table_writer *w, const void *arg)
         table_put_int(w, "move_from", q->move_from);
     if (q->taken_from != BROKER_ID_NONE)
         table_put_int(w, "taken_from", q->taken_from);
+    if (q->taken_from_before != BROKER_ID_NONE)
+        table_put_int(w, "taken_from_before", q->taken_from_before);
+    if (q->adopted)
+        table_put_bool(w, "adopted", true);
 }
 
 int map_cmd_queue_declare(struct map_cmd *out, const struct map_queue_decl *decl,
@@ -2866,6 +2893,15 @@ int map_cmd_queue_take_over(struct map_cmd *out, struct bytes vhost, struct byte
     struct simple_cmd s = {.op = MAP_OP_QUEUE_TAKE_OVER, .vhost = vhost, .name = name,
                            .epoch = expected_epoch, .int_key = "primary",
                            .int_value = primary_id, .int2_key = "from", .int2_value = from};
+    return build(out, encode_simple, &s);
+}
+
+int map_cmd_queue_adopted(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                          uint32_t primary_id)
+{
+    ASSERT(primary_id != BROKER_ID_NONE);
+    struct simple_cmd s = {.op = MAP_OP_QUEUE_ADOPTED, .vhost = vhost, .name = name,
+                           .int_key = "primary", .int_value = primary_id};
     return build(out, encode_simple, &s);
 }
 

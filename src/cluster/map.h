@@ -199,6 +199,14 @@ struct map_queue {
      * primary adopted when it got the queue, or BROKER_ID_NONE. Any later
      * change of primary clears it. */
     uint32_t taken_from;
+    /* The primary said it adopted taken_from's log (queue.adopted). */
+    bool adopted;
+    /* A queue.take_over from a broker that had itself taken the queue over
+     * and not said it adopted it (it may have died first: two brokers
+     * dying at once) keeps that one's source here: the log may still be
+     * in its directory, and the new taker reads both (cluster/adoption.c).
+     * Cleared with taken_from. */
+    uint32_t taken_from_before;
     struct list_node bindings_in; /* struct map_binding.destination_node */
     uint32_t index;               /* in map->queues */
 };
@@ -342,6 +350,7 @@ enum map_op {
     MAP_OP_USERS_BOOTSTRAP,
     MAP_OP_LIMIT_PUT,
     MAP_OP_LIMIT_DELETE,
+    MAP_OP_QUEUE_ADOPTED,
     MAP_OP_COUNT
 };
 
@@ -543,6 +552,13 @@ int map_cmd_queue_set_available(struct map_cmd *out, struct bytes vhost, struct 
  * dropped; epoch + 1, available. */
 int map_cmd_queue_take_over(struct map_cmd *out, struct bytes vhost, struct bytes name,
                             uint64_t expected_epoch, uint32_t primary_id, uint32_t from);
+/* queue.adopted: primary_id, which took the queue over, has adopted what
+ * it took (while primary_id is still its primary; otherwise nothing
+ * changes): a later take-over from it reads its log only. No epoch:
+ * backups added since moved it on, and this changes nothing a
+ * compare-and-set protects. */
+int map_cmd_queue_adopted(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                          uint32_t primary_id);
 
 /* policy.put adds or replaces a vhost's policy (the pattern is compiled
  * at apply; a bad one is refused with 406); policy.delete removes one

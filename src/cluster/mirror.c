@@ -409,7 +409,8 @@ static void mirror_apply(struct member *member, const struct map_change *c)
         return;
     case MAP_OP_CLUSTER_REBALANCE:
     case MAP_OP_BROKER_STORAGE:
-        return; /* the leader's controller reads them */
+    case MAP_OP_QUEUE_ADOPTED:
+        return; /* read from the map: the controller, the next queue.take_over */
     case MAP_OP_VHOST_PUT:
         vhost_for(member, c->name);
         return;

@@ -40,7 +40,7 @@
 #include "lib/errors.h"
 #include "lib/log.h"
 
-/* One queue log of the scanned foreign directory. Owned by j->adopt_index. */
+/* One queue log of a scanned foreign directory. Owned by its adopt_index. */
 struct adopt_entry {
     char name[17];   /* its directory: 16 hex digits */
     uint32_t key_size;
@@ -74,19 +74,26 @@ static uint32_t read_header(const struct disk_ops *d, const char *dir, uint8_t *
     return h.payload_size;
 }
 
-static void index_clear(struct journal *j)
+/* A miss in an index younger than this is no log there: a dead broker's
+ * directory does not grow; older, it is scanned again (it may have been
+ * alive since). Every miss rescanning made a thousand takeovers from a
+ * directory holding none of them (a taker that died first) quadratic. */
+#define ADOPT_INDEX_FRESH_MS 1000
+
+static void index_clear(struct adopt_index *x)
 {
     uint32_t cursor = 0;
     struct hmap_entry *e;
-    while (hmap_next(&j->adopt_index, &cursor, &e))
+    while (hmap_next(&x->entries, &cursor, &e))
         free(e->value);
-    hmap_free(&j->adopt_index);
-    hmap_init(&j->adopt_index);
-    j->adopt_scanned[0] = '\0';
+    hmap_free(&x->entries);
+    hmap_init(&x->entries);
+    x->scanned[0] = '\0';
 }
 
 struct scan {
     struct journal *j;
+    struct adopt_index *index;
     const char *queues_dir;
 };
 
@@ -106,21 +113,33 @@ static int index_entry(void *ctx, const char *name)
     memcpy(e->name, name, 17);
     e->key_size = key_size;
     memcpy(e->key, key, key_size);
-    free(hmap_put(&sc->j->adopt_index, (struct bytes){e->key, key_size}, e)); /* a twin: last */
+    free(hmap_put(&sc->index->entries, (struct bytes){e->key, key_size}, e)); /* a twin: last */
     return 0;
 }
 
 /* Reads every queue header of foreign_queues once: a dead broker's
  * thousands of queues are then found in O(1) each, not O(queues). */
-static int index_build(struct journal *j, const char *foreign_queues)
+static int index_build(struct journal *j, struct adopt_index *x, const char *foreign_queues)
 {
-    index_clear(j);
-    struct scan sc = {j, foreign_queues};
+    index_clear(x);
+    struct scan sc = {j, x, foreign_queues};
     int rc = j->disk->readdir(j->disk->ctx, foreign_queues, index_entry, &sc);
     if (rc < 0 && rc != -ENOENT)
         return rc;
-    snprintf(j->adopt_scanned, sizeof j->adopt_scanned, "%s", foreign_queues);
+    snprintf(x->scanned, sizeof x->scanned, "%s", foreign_queues);
+    x->built_ms = uv_now(j->loop);
     return 0;
+}
+
+/* foreign_queues' index, or the slot to build it in (the older one). */
+static struct adopt_index *index_for(struct journal *j, const char *foreign_queues)
+{
+    struct adopt_index *x = j->adopt_indexes;
+    for (int i = 0; i < 2; i++) {
+        if (strcmp(x[i].scanned, foreign_queues) == 0)
+            return &x[i];
+    }
+    return x[0].built_ms <= x[1].built_ms ? &x[0] : &x[1];
 }
 
 /* The directory of key's log under foreign_queues, taken out of the index
@@ -129,16 +148,17 @@ static int index_build(struct journal *j, const char *foreign_queues)
 static int index_take(struct journal *j, const char *foreign_queues, const uint8_t *key,
                       uint32_t key_size, bool *fresh, char name[17])
 {
+    struct adopt_index *x = index_for(j, foreign_queues);
     for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1 || strcmp(j->adopt_scanned, foreign_queues) != 0) {
-            if (pass == 1 && *fresh)
+        if (pass == 1 || strcmp(x->scanned, foreign_queues) != 0) {
+            if (pass == 1 && (*fresh || uv_now(j->loop) - x->built_ms < ADOPT_INDEX_FRESH_MS))
                 return 0;
-            int rc = index_build(j, foreign_queues);
+            int rc = index_build(j, x, foreign_queues);
             if (rc < 0)
                 return rc;
             *fresh = true;
         }
-        struct adopt_entry *e = hmap_remove(&j->adopt_index, (struct bytes){key, key_size});
+        struct adopt_entry *e = hmap_remove(&x->entries, (struct bytes){key, key_size});
         if (e != NULL) {
             memcpy(name, e->name, 17);
             free(e);
@@ -150,14 +170,19 @@ static int index_take(struct journal *j, const char *foreign_queues, const uint8
 
 void journal__adopt_init(struct journal *j)
 {
-    hmap_init(&j->adopt_index);
-    j->adopt_scanned[0] = '\0';
+    for (int i = 0; i < 2; i++) {
+        hmap_init(&j->adopt_indexes[i].entries);
+        j->adopt_indexes[i].scanned[0] = '\0';
+        j->adopt_indexes[i].built_ms = 0;
+    }
 }
 
 void journal__adopt_free(struct journal *j)
 {
-    index_clear(j);
-    hmap_free(&j->adopt_index);
+    for (int i = 0; i < 2; i++) {
+        index_clear(&j->adopt_indexes[i]);
+        hmap_free(&j->adopt_indexes[i].entries);
+    }
 }
 
 static void make_key(uint8_t *key, uint32_t *key_size, struct bytes vhost, struct bytes name)
@@ -237,7 +262,7 @@ int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost
         }
         rc = stage(j, foreign_dir, foreign_queues, dir_name, out->staged);
         if (rc == -ENOENT && !fresh)
-            j->adopt_scanned[0] = '\0';
+            index_for(j, foreign_queues)->scanned[0] = '\0'; /* stale: scan again */
     } while (rc == -ENOENT && !fresh);
     if (rc < 0) {
         out->staged[0] = '\0';

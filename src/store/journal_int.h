@@ -175,10 +175,14 @@ struct journal {
      * record in it was written by the old owner after the queue was no
      * longer its own (the map still has the queue), so it is ignored. */
     bool adopting;
-    /* journal_adopt.c: the foreign queues directory last scanned, and its
-     * queue key -> struct adopt_entry index (loop thread). */
-    char adopt_scanned[JOURNAL_PATH_SIZE];
-    struct hmap adopt_index;
+    /* journal_adopt.c: the foreign queues directories last scanned, each
+     * with its queue key -> struct adopt_entry index (loop thread). Two: a
+     * takeover may read a dead broker's and a dead taker's, alternately. */
+    struct adopt_index {
+        char scanned[JOURNAL_PATH_SIZE]; /* "": unused */
+        struct hmap entries;
+        uint64_t built_ms;               /* loop time of the scan */
+    } adopt_indexes[2];
     uint64_t deleted_counter;
     struct hmap queues;      /* key -> struct journal_queue */
     struct hmap queue_ids;   /* id_key -> struct journal_queue */

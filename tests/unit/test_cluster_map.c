@@ -1330,10 +1330,41 @@ static void test_shared_storage_take_over(void **state)
     assert_memory_equal(again, snap, size);
     free(snap);
     free(again);
+    /* The taker dies before it said it adopted: a takeover from it keeps
+     * the first source too (taken_from_before), which a snapshot carries. */
+    assert_int_equal(q->taken_from_before, BROKER_ID_NONE);
+    assert_false(q->adopted);
+    APPLY_OK(&map, map_cmd_broker_state(&c_, 2, BROKER_STATE_DOWN));
+    APPLY_OK(&map, map_cmd_queue_take_over(&c_, B("/"), B("q"), q->epoch, 4, 2));
+    assert_int_equal(q->taken_from, 2);
+    assert_int_equal(q->taken_from_before, 1);
+    assert_int_equal(cluster_map_snapshot_alloc(&map, &snap, &size), OK);
+    struct cluster_map chained;
+    cluster_map_init(&chained);
+    assert_int_equal(cluster_map_snapshot_read(&chained, snap, size), OK);
+    assert_int_equal(cluster_map_queue(&chained, B("/"), B("q"))->taken_from_before, 1);
+    free(snap);
+    cluster_map_free(&chained);
+    /* queue.adopted: only from its primary; then a takeover from it reads
+     * its log alone. */
+    APPLY_OK(&map, map_cmd_queue_adopted(&c_, B("/"), B("q"), 2));
+    assert_false(last.changed);
+    APPLY_OK(&map, map_cmd_queue_adopted(&c_, B("/"), B("q"), 4));
+    assert_true(last.changed);
+    assert_true(q->adopted);
+    APPLY_OK(&map, map_cmd_queue_adopted(&c_, B("/"), B("q"), 4));
+    assert_false(last.changed);
+    APPLY_OK(&map, map_cmd_broker_state(&c_, 2, BROKER_STATE_UP));
+    APPLY_OK(&map, map_cmd_broker_state(&c_, 4, BROKER_STATE_DOWN));
+    APPLY_OK(&map, map_cmd_queue_take_over(&c_, B("/"), B("q"), q->epoch, 2, 4));
+    assert_int_equal(q->taken_from, 4);
+    assert_int_equal(q->taken_from_before, BROKER_ID_NONE);
+    assert_false(q->adopted);
     /* A later change of primary forgets where it came from; a broker
      * restarted without shared storage says so. */
     APPLY_OK(&map, map_cmd_queue_set_owner(&c_, B("/"), B("q"), q->epoch, 3));
     assert_int_equal(q->taken_from, BROKER_ID_NONE);
+    assert_int_equal(q->taken_from_before, BROKER_ID_NONE);
     APPLY_OK(&map, map_cmd_broker_storage(&c_, 3, (struct bytes){NULL, 0}));
     assert_int_equal(cluster_map_broker(&map, 3)->storage_id.len, 0);
     assert_false(map_brokers_share_storage(cluster_map_broker(&map, 3),
