@@ -63,6 +63,7 @@ static struct channel *channel_new(struct connection *connection, uint16_t id)
     list_init(&ch->durable_link);
     connection->channels[id] = ch;
     connection->channels_open++;
+    channel__rates_join(ch); /* its first sample: the values its rates start from */
     return ch;
 }
 
@@ -181,6 +182,7 @@ void channel_destroy(struct channel *ch)
     free(ch->forward_targets);
     free(ch->last_queue);
     free(ch->confirm_waits.items);
+    rates_leave(&ch->connection->broker->channels_active, &ch->rates);
     rates_free(&ch->rates);
     if (ch->sink) {
         ch->sink->channel = NULL;
@@ -479,6 +481,11 @@ static void handle_method(struct channel *ch, const struct method *m)
     }
 }
 
+void channel__rates_join(struct channel *ch)
+{
+    rates_join(&ch->connection->broker->channels_active, &ch->rates);
+}
+
 struct broker_counters *channel__counters(const struct channel *ch)
 {
     return ch->connection->cluster_peer ? NULL : &ch->connection->broker->counters;
@@ -498,6 +505,7 @@ static void content_complete(struct channel *ch)
         channel__route_publish(ch, message, ch->publish_mandatory);
     struct broker_counters *counters = channel__counters(ch);
     if (counters != NULL && !ch->publish_forward) {
+        channel__rates_moved(ch);
         ch->stats.counts[CHANNEL_RATE_PUBLISH]++;
         counters->received++;
         counters->received_confirm += ch->confirm_mode;
@@ -877,6 +885,7 @@ static void send_acks_through(struct channel *ch, uint64_t seq)
     struct broker_counters *counters = channel__counters(ch);
     if (counters != NULL)
         counters->confirmed += seq - ch->confirmed_seq;
+    channel__rates_moved(ch);
     ch->stats.counts[CHANNEL_RATE_CONFIRM] += seq - ch->confirmed_seq;
     ch->confirmed_seq = seq;
 }

@@ -287,4 +287,13 @@ void channel__handle_queue(struct channel *ch, const struct method *m);
  * clients are. */
 struct broker_counters *channel__counters(const struct channel *ch);
 
+/* Puts the channel on its broker's active list (rates.h). */
+void channel__rates_join(struct channel *ch);
+/* Whoever bumps ch->stats calls this in the same call (rates.h). */
+static inline void channel__rates_moved(struct channel *ch)
+{
+    if (!rates_listed(&ch->rates))
+        channel__rates_join(ch);
+}
+
 #endif

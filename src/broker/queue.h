@@ -446,8 +446,21 @@ void queue_consumer_credit_changed(struct queue *queue, struct consumer *consume
  * vhost removes it from its table and drops its reference. */
 uint32_t queue_delete(struct queue *queue);
 
-/* The broker's once-a-second sample of stats and counts (rates.h). */
-void queue_sample_rates(struct queue *queue, const struct rates_clock *clock);
+/* The broker's once-a-second sample of stats and counts (rates.h), while
+ * the queue is on its active list; totals (enum broker_totals_rate) take
+ * the change of its counts since its newest sample. */
+void queue_sample_rates(struct queue *queue, const struct rates_clock *clock, uint32_t *totals);
+/* Puts the queue on its broker's active list (rates.h); a deleted queue
+ * stays off. */
+void queue_rates_join(struct queue *queue);
+/* Whoever changes a queue's stats or counts calls this in the same call
+ * (before or after the change: no tick comes between), so the next round
+ * samples it. The message path's cost: one load and a branch. */
+static inline void queue_rates_moved(struct queue *queue)
+{
+    if (!rates_listed(&queue->rates))
+        queue_rates_join(queue);
+}
 
 static inline bool queue_is_remote(const struct queue *queue)
 {
