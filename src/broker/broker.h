@@ -9,6 +9,7 @@
 #define QUAY_BROKER_BROKER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -101,14 +102,23 @@ struct broker_counters {
     uint64_t unroutable_returned;      /* mandatory publishes that reached no queue */
     uint64_t unroutable_dropped;       /* the others that reached no queue */
     uint64_t confirmed;                /* publishes acked to their publisher */
-    uint64_t delivered_consume_ack;    /* basic.deliver to a consumer that acks */
-    uint64_t delivered_consume_no_ack; /* basic.deliver with no-ack */
-    uint64_t delivered_get_ack;        /* basic.get-ok, to be acked */
-    uint64_t delivered_get_no_ack;     /* basic.get-ok with no-ack */
+    union {
+        struct {
+            uint64_t delivered_consume_ack;    /* basic.deliver to a consumer that acks */
+            uint64_t delivered_consume_no_ack; /* basic.deliver with no-ack */
+            uint64_t delivered_get_ack;        /* basic.get-ok, to be acked */
+            uint64_t delivered_get_no_ack;     /* basic.get-ok with no-ack */
+        };
+        uint64_t delivered[4];                 /* the same, by (a get) << 1 | (no-ack) */
+    };
     uint64_t redelivered;              /* of all those, ones flagged redelivered */
     uint64_t acknowledged;             /* deliveries the client acked */
     uint64_t flow_stops;               /* connections stopped by a congested queue (flow.h) */
 };
+
+_Static_assert(offsetof(struct broker_counters, delivered_get_no_ack) ==
+                   offsetof(struct broker_counters, delivered) + 3 * sizeof(uint64_t),
+               "delivered[] overlays the four delivery counters");
 
 /* The broker_counters the tick samples for rates (rates.h), by index. */
 enum broker_rate {

@@ -486,11 +486,6 @@ void channel__rates_join(struct channel *ch)
     rates_join(&ch->connection->broker->channels_active, &ch->rates);
 }
 
-struct broker_counters *channel__counters(const struct channel *ch)
-{
-    return ch->connection->cluster_peer ? NULL : &ch->connection->broker->counters;
-}
-
 static void content_complete(struct channel *ch)
 {
     struct message *message = ch->assembling;
@@ -1094,11 +1089,12 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
     if (result.count == 0 && mandatory)
         send_return(ch, message, REPLY_NO_ROUTE, "NO_ROUTE");
     struct broker_counters *counters = channel__counters(ch);
-    if (counters != NULL) {
-        counters->routed += result.count > 0;
-        counters->unroutable_returned += result.count == 0 && mandatory;
-        counters->unroutable_dropped += result.count == 0 && !mandatory;
-    }
+    if (counters != NULL && result.count > 0)
+        counters->routed++;
+    else if (counters != NULL && mandatory)
+        counters->unroutable_returned++;
+    else if (counters != NULL)
+        counters->unroutable_dropped++;
     uint64_t seq = ch->confirm_mode ? ch->publish_seq + 1 : 0;
     /* A transaction's commit-ok waits for other brokers too: their answers
      * come as seq 0 (confirm_sink_answer). */

@@ -317,28 +317,19 @@ static uint64_t record_delivery(struct channel *ch, struct consumer *consumer,
      * it (queue_take, a stand-in's uplink) changed its counts in this very
      * call (queue_rates_moved there; ASan builds check it, broker.c). */
     channel__rates_moved(ch);
-    if (consumer != NULL && no_ack)
-        qs->deliver_no_ack++;
-    else if (consumer != NULL)
-        qs->deliver++;
-    else if (no_ack)
-        qs->get_no_ack++;
-    else
-        qs->get++;
-    qs->redeliver += entry.redelivered != 0;
+    /* deliver, deliver_no_ack, get, get_no_ack: an index, not a chain of
+     * tests (the message path's cost of the counters, rates.h). */
+    uint32_t kind = (uint32_t)(consumer == NULL) << 1 | (uint32_t)no_ack;
+    qs->delivered[kind]++;
     ch->stats.counts[CHANNEL_RATE_DELIVER_GET]++;
-    ch->stats.counts[CHANNEL_RATE_REDELIVER] += entry.redelivered != 0;
     struct broker_counters *counters = channel__counters(ch);
-    if (counters != NULL) {
-        if (consumer != NULL && no_ack)
-            counters->delivered_consume_no_ack++;
-        else if (consumer != NULL)
-            counters->delivered_consume_ack++;
-        else if (no_ack)
-            counters->delivered_get_no_ack++;
-        else
-            counters->delivered_get_ack++;
-        counters->redelivered += entry.redelivered != 0;
+    if (counters != NULL)
+        counters->delivered[kind]++;
+    if (entry.redelivered) {
+        qs->redeliver++;
+        ch->stats.counts[CHANNEL_RATE_REDELIVER]++;
+        if (counters != NULL)
+            counters->redelivered++;
     }
     if (no_ack) {
         queue_settle(queue, entry.seq, message);

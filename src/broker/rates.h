@@ -89,6 +89,12 @@ static inline bool rates_listed(const struct rates *r)
 {
     return r->active_link.next != NULL;
 }
+/* For the message path's "if (!rates_listed(r)) join": the join is rare
+ * (an owner that went still), so the compiler keeps it and the registers
+ * it needs out of the callers' common path (measured: without it,
+ * queue_settle saved two more registers on every call). */
+#define RATES_UNLISTED(r) __builtin_expect(!rates_listed(r), 0)
+#define RATES_COLD __attribute__((cold, noinline))
 /* Puts r on the list (it must not be on one). */
 void rates_join(struct rates_active *active, struct rates *r);
 /* Takes r off its list, if it is on one. */
