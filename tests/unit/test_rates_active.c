@@ -6,7 +6,8 @@
  * Goal: a queue that stood still for a window leaves its list and reads
  * 0.0; when it moves again it joins, and its first new window reads the
  * change since it went still over the window's clock (a burst of N after a
- * long pause reads N / 5 s: no spike, no negative rate, not 0.0); a queue
+ * long pause reads N / 5 s: no spike, no negative rate, not 0.0); a late
+ * ack brings a still queue back; a queue
  * deleted while on its list leaves it (ASan: no dangling pointer) and
  * leaves the totals; the totals of the queues' counts stay exact with
  * thousands of idle queues that are never walked.
@@ -193,6 +194,29 @@ static void burst_after_a_long_pause(void **state)
     assert_false(rates_listed(&q->rates));
 }
 
+/* An ack long after its delivery (the queue off its list meanwhile): the
+ * settle puts it back, and its unacked count falls by 1 over the window. */
+static void late_ack_brings_it_back(void **state)
+{
+    (void)state;
+    struct queue *q = declare("q");
+    publish(q, 1);
+    struct queue_entry entry;
+    assert_true(queue_take(q, &entry));
+    rounds(8);
+    assert_false(rates_listed(&q->rates));
+    assert_int_equal(broker.rates_totals[BROKER_TOTALS_RATE_UNACKED], 1);
+    queue_settle(q, entry.seq, entry.message);
+    message_unref(entry.message);
+    assert_true(rates_listed(&q->rates));
+    round_of_samples();
+    assert_true(rate(q, QUEUE_RATE_UNACKED) == -0.2);
+    assert_true(rate(q, QUEUE_RATE_MESSAGES) == -0.2);
+    assert_int_equal(broker.rates_totals[BROKER_TOTALS_RATE_UNACKED], 0);
+    rounds(5);
+    assert_false(rates_listed(&q->rates));
+}
+
 /* Deleted while on its list (sampled in a part still to come, and in one
  * already walked): it leaves the list and the totals at once. */
 static void deleted_while_listed(void **state)
@@ -270,6 +294,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(still_queue_leaves_and_reads_zero, setup, teardown),
         cmocka_unit_test_setup_teardown(comes_back_with_its_first_window, setup, teardown),
         cmocka_unit_test_setup_teardown(burst_after_a_long_pause, setup, teardown),
+        cmocka_unit_test_setup_teardown(late_ack_brings_it_back, setup, teardown),
         cmocka_unit_test_setup_teardown(deleted_while_listed, setup, teardown),
         cmocka_unit_test_setup_teardown(totals_exact_with_idle_queues, setup, teardown),
     };
