@@ -10,7 +10,9 @@
 #      quaybench (`-s 1024 -d DURATION --rate RATE`, the command of the first measurement)
 #      and with the shared amqpbench (`-s 1024 -d DURATION -r RATE --check`);
 #   4. stop it.
-# Prints one line per run and the medians.
+# FLOOR=1 adds a run F of binary B without the idle queues after each pair: what the
+# machine's other load costs the latency at that moment. Prints one line per run and
+# the medians.
 #
 #   QUAYD_A=/tmp/base-quayd QUAYD_B=build/quayd REPS=3 bench/rates_idle.sh
 #
@@ -26,6 +28,7 @@ IDLE_S=${IDLE_S:-30}
 RATE=${RATE:-2000}
 DURATION=${DURATION:-10}
 PORT=${PORT:-5961}
+FLOOR=${FLOOR:-0}   # 1: also B without the idle queues (F), the floor of this machine now
 BENCH_OUT=${BENCH_OUT:-build/bench}
 SHARED=${SHARED:-../shared/bench}
 [ -d "$SHARED" ] || SHARED=/work/shared/bench
@@ -46,8 +49,8 @@ trap cleanup EXIT
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 field() { tr ' ' '\n' <<<"$2" | sed -n "s/^$1=//p" | head -1; }
 
-run_one() { # label binary -> one line
-  local label=$1 bin=$2
+run_one() { # label binary queues -> one line
+  local label=$1 bin=$2 queues=$3
   rm -rf "$TMP/data"
   "$bin" --listen "127.0.0.1:$PORT" --data "$TMP/data" >"$TMP/$label.log" 2>&1 &
   PID=$!
@@ -55,7 +58,9 @@ run_one() { # label binary -> one line
     ss -ltn | grep -q ":$PORT " && break
     sleep 0.1
   done
-  "$BENCH_OUT/quayscale" queues -p "$PORT" -n "$QUEUES" --keep >"$TMP/scale.out" 2>&1
+  if [ "$queues" -gt 0 ]; then
+    "$BENCH_OUT/quayscale" queues -p "$PORT" -n "$queues" --keep >"$TMP/scale.out" 2>&1
+  fi
   sleep "$SETTLE"
   local hz t0 t1
   hz=$(getconf CLK_TCK)
@@ -80,13 +85,15 @@ run_one() { # label binary -> one line
 
 RESULTS=$TMP/results
 for rep in $(seq "$REPS"); do
-  run_one A "$QUAYD_A" | tee -a "$RESULTS"
-  run_one B "$QUAYD_B" | tee -a "$RESULTS"
+  run_one A "$QUAYD_A" "$QUEUES" | tee -a "$RESULTS"
+  run_one B "$QUAYD_B" "$QUEUES" | tee -a "$RESULTS"
+  if [ "$FLOOR" = 1 ]; then run_one F "$QUAYD_B" 0 | tee -a "$RESULTS"; fi
 done
 
 median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 echo "== medians of $REPS ($QUEUES idle queues, $RATE msg/s of 1 KiB for $DURATION s)"
-for label in A B; do
+for label in A B F; do
+  grep -q "^$label " "$RESULTS" || continue
   line="$label"
   for f in idle_cpu_pct qb_p50 qb_p99 qb_p999 qb_max ab_p50 ab_p99; do
     line="$line $f=$(grep "^$label " "$RESULTS" | tr ' ' '\n' | sed -n "s/^$f=//p" | median)"
