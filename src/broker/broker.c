@@ -49,19 +49,19 @@ void broker_config_defaults(struct broker_config *config)
     };
 }
 
-/* The queues are sampled in RATES_PHASES parts, one a tick: a quarter of
- * each vhost's table slots, so that with many queues the loop pauses for a
- * quarter of the walk at a time and reads each slot once a second. A
- * queue's samples stay one second apart; they are dated by the round's
- * first tick, which shifts every one of them alike and leaves the rate (a
- * difference over a difference) as it was. A table that grows (or shifts
- * entries on a removal) during a round may move a queue to a part already
- * walked, or to one still to come: the first misses a sample and starts
- * its window over (rates_sample), the second is not sampled twice. */
-#define RATES_PHASES (RATES_SAMPLE_MS / TICK_MS)
+/* The queues are sampled in BROKER_RATES_PARTS parts, one a tick: each
+ * queue joins the active list of its part (queue.c, round-robin at its
+ * creation), so a round's pauses are a quarter of its active queues each
+ * and a queue's samples stay one second apart. They are dated by the
+ * round's first tick, which shifts every one of them alike and leaves the
+ * rate (a difference over a difference) as it was. Only the owners on the
+ * active lists are sampled (rates.h): the others hold their newest
+ * sample's values. */
+#define RATES_PHASES BROKER_RATES_PARTS
 _Static_assert(RATES_PHASES * TICK_MS == RATES_SAMPLE_MS, "the phases fill a sample interval");
 
-/* Round start: the clock, the broker's counters, connections, channels. */
+/* Round start: the clock, the broker's counters, the active connections
+ * and channels. */
 static void sample_round_start(struct broker *broker, uint64_t now)
 {
     rates_clock_tick(&broker->rates_clock, now);
@@ -79,21 +79,70 @@ static void sample_round_start(struct broker *broker, uint64_t now)
         [BROKER_RATE_DROP_UNROUTABLE] = (uint32_t)c->unroutable_dropped,
     };
     rates_sample(&broker->rates, &broker->rates_clock, values, BROKER_RATE_COUNT);
-    list_for_each(node, &broker->connections) {
-        struct connection *connection = CONTAINER_OF(node, struct connection, broker_link);
-        /* Sampled mod 2^32: exact while under 2^31 bytes (2 GiB) in 5 s. */
-        uint32_t bytes[CONNECTION_RATE_COUNT] = {
-            [CONNECTION_RATE_RECV_OCT] = (uint32_t)connection->conn.bytes_in,
-            [CONNECTION_RATE_SEND_OCT] = (uint32_t)connection->conn.bytes_out};
-        rates_sample(&connection->rates, &broker->rates_clock, bytes, CONNECTION_RATE_COUNT);
-        channels_sample_rates(connection, &broker->rates_clock);
+    struct rates_active *active = &broker->connections_active;
+    if (active->count > 0) {
+        list_for_each_safe(node, &active->owners) {
+            struct rates *r = CONTAINER_OF(node, struct rates, active_link);
+            struct connection *connection = CONTAINER_OF(r, struct connection, rates);
+            /* Sampled mod 2^32: exact while under 2^31 bytes (2 GiB) in 5 s. */
+            uint32_t bytes[CONNECTION_RATE_COUNT] = {
+                [CONNECTION_RATE_RECV_OCT] = (uint32_t)connection->conn.bytes_in,
+                [CONNECTION_RATE_SEND_OCT] = (uint32_t)connection->conn.bytes_out};
+            rates_sample(r, &broker->rates_clock, bytes, CONNECTION_RATE_COUNT);
+            if (rates_still(r))
+                rates_leave(active, r);
+        }
     }
-    memset(broker->rates_totals, 0, sizeof broker->rates_totals);
+    channels_sample_rates(&broker->channels_active, &broker->rates_clock);
 }
 
-/* Once a second in RATES_PHASES ticks (rates.h): nothing is allocated
- * unless an owner's values move. */
-static void sample_rates(struct broker *broker, uint64_t now)
+#if defined(__SANITIZE_ADDRESS__)
+/* Tests run sanitized: every round, in O(queues), that each queue off its
+ * list holds its newest sample's values (so that whatever changes a
+ * queue's stats or counts called queue_rates_moved), and that the totals
+ * are the sums of the newest samples. Production builds do not walk. */
+static void check_idle_queues(struct broker *broker)
+{
+    uint32_t ready = 0, unacked = 0;
+    struct hmap_entry *v;
+    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
+        struct hmap_entry *q;
+        for (uint32_t j = 0; hmap_next(&((struct vhost *)v->value)->queues, &j, &q);) {
+            struct queue *queue = q->value;
+            const struct rates *r = &queue->rates;
+            ready += r->newest[QUEUE_RATE_READY];
+            unacked += r->newest[QUEUE_RATE_UNACKED];
+            if (rates_listed(r))
+                continue;
+            const struct queue_stats *st = &queue->stats;
+            ASSERT(r->newest[QUEUE_RATE_PUBLISH] == (uint32_t)st->publish);
+            ASSERT(r->newest[QUEUE_RATE_DELIVER] == (uint32_t)st->deliver);
+            ASSERT(r->newest[QUEUE_RATE_DELIVER_NO_ACK] == (uint32_t)st->deliver_no_ack);
+            ASSERT(r->newest[QUEUE_RATE_GET] == (uint32_t)st->get);
+            ASSERT(r->newest[QUEUE_RATE_GET_NO_ACK] == (uint32_t)st->get_no_ack);
+            ASSERT(r->newest[QUEUE_RATE_REDELIVER] == (uint32_t)st->redeliver);
+            ASSERT(r->newest[QUEUE_RATE_ACK] == (uint32_t)st->ack);
+            ASSERT(r->newest[QUEUE_RATE_READY] == queue->ready_count);
+            ASSERT(r->newest[QUEUE_RATE_UNACKED] == queue->unacked_count);
+        }
+    }
+    ASSERT(ready == broker->rates_totals[BROKER_TOTALS_RATE_READY]);
+    ASSERT(unacked == broker->rates_totals[BROKER_TOTALS_RATE_UNACKED]);
+    list_for_each(node, &broker->connections) {
+        struct connection *connection = CONTAINER_OF(node, struct connection, broker_link);
+        channels_check_idle(connection);
+    }
+}
+#else
+static void check_idle_queues(struct broker *broker)
+{
+    (void)broker;
+}
+#endif
+
+/* Once a second in RATES_PHASES ticks (rates.h): the active owners only;
+ * nothing is allocated unless an owner's values move. */
+void broker_sample_rates(struct broker *broker, uint64_t now)
 {
     if (broker->rates_phase == 0) {
         if (now < broker->rates_due_ms)
@@ -103,25 +152,20 @@ static void sample_rates(struct broker *broker, uint64_t now)
     }
     uint32_t phase = broker->rates_phase;
     uint32_t *totals = broker->rates_totals;
-    struct hmap_entry *v;
-    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
-        struct vhost *vhost = v->value;
-        uint64_t slots = vhost->queues.slots_count;
-        uint32_t end = (uint32_t)(slots * (phase + 1) / RATES_PHASES);
-        struct hmap_entry *q;
-        for (uint32_t j = (uint32_t)(slots * phase / RATES_PHASES);
-             j < end && hmap_next(&vhost->queues, &j, &q);) {
-            if (j > end)
-                break; /* hmap_next went past the part: the next tick's */
-            struct queue *queue = q->value;
-            queue_sample_rates(queue, &broker->rates_clock);
-            totals[BROKER_TOTALS_RATE_READY] += queue->ready_count;
-            totals[BROKER_TOTALS_RATE_UNACKED] += queue->unacked_count;
+    struct rates_active *active = &broker->queues_active[phase];
+    if (active->count > 0) {
+        list_for_each_safe(node, &active->owners) {
+            struct rates *r = CONTAINER_OF(node, struct rates, active_link);
+            queue_sample_rates(CONTAINER_OF(r, struct queue, rates), &broker->rates_clock,
+                               totals);
+            if (rates_still(r))
+                rates_leave(active, r);
         }
     }
     broker->rates_phase = (uint8_t)((phase + 1) % RATES_PHASES);
     if (broker->rates_phase != 0)
         return;
+    check_idle_queues(broker);
     totals[BROKER_TOTALS_RATE_MESSAGES] =
         totals[BROKER_TOTALS_RATE_READY] + totals[BROKER_TOTALS_RATE_UNACKED];
     rates_sample(&broker->totals_rates, &broker->rates_clock, totals,
@@ -135,10 +179,10 @@ static void on_tick(uv_timer_t *timer)
     alarm_tick(broker, now);
     flow_tick(broker, now);
     message_cache_tick(now);
-    sample_rates(broker, now);
     list_for_each_safe(node, &broker->connections) {
         connection_tick(CONTAINER_OF(node, struct connection, broker_link), now);
     }
+    broker_sample_rates(broker, now); /* after connection_tick's rates_check */
 }
 
 struct vhost *broker_vhost(struct broker *broker, struct bytes name)

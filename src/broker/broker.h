@@ -9,6 +9,7 @@
 #define QUAY_BROKER_BROKER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -100,14 +101,23 @@ struct broker_counters {
     uint64_t unroutable_returned;      /* mandatory publishes that reached no queue */
     uint64_t unroutable_dropped;       /* the others that reached no queue */
     uint64_t confirmed;                /* publishes acked to their publisher */
-    uint64_t delivered_consume_ack;    /* basic.deliver to a consumer that acks */
-    uint64_t delivered_consume_no_ack; /* basic.deliver with no-ack */
-    uint64_t delivered_get_ack;        /* basic.get-ok, to be acked */
-    uint64_t delivered_get_no_ack;     /* basic.get-ok with no-ack */
+    union {
+        struct {
+            uint64_t delivered_consume_ack;    /* basic.deliver to a consumer that acks */
+            uint64_t delivered_consume_no_ack; /* basic.deliver with no-ack */
+            uint64_t delivered_get_ack;        /* basic.get-ok, to be acked */
+            uint64_t delivered_get_no_ack;     /* basic.get-ok with no-ack */
+        };
+        uint64_t delivered[4];                 /* the same, by (a get) << 1 | (no-ack) */
+    };
     uint64_t redelivered;              /* of all those, ones flagged redelivered */
     uint64_t acknowledged;             /* deliveries the client acked */
     uint64_t flow_stops;               /* connections stopped by a congested queue (flow.h) */
 };
+
+_Static_assert(offsetof(struct broker_counters, delivered_get_no_ack) ==
+                   offsetof(struct broker_counters, delivered) + 3 * sizeof(uint64_t),
+               "delivered[] overlays the four delivery counters");
 
 /* The broker_counters the tick samples for rates (rates.h), by index. */
 enum broker_rate {
@@ -124,6 +134,9 @@ enum broker_rate {
     BROKER_RATE_COUNT
 };
 _Static_assert(BROKER_RATE_COUNT <= RATES_VALUES_MAX, "the broker's samples fit struct rates");
+
+/* The round of samples (rates.h) is taken in this many ticks, 250 ms apart. */
+#define BROKER_RATES_PARTS 4
 
 /* The sums of every queue's counts the tick samples (RabbitMQ's
  * /api/overview queue_totals.*_details). */
@@ -208,7 +221,16 @@ struct broker {
     struct rates totals_rates;      /* of every queue's counts (enum broker_totals_rate) */
     uint64_t rates_due_ms;          /* the next round's loop time */
     uint8_t rates_phase;            /* the part of the queues the next tick samples */
-    uint32_t rates_totals[BROKER_TOTALS_RATE_COUNT]; /* summed over a round's parts */
+    uint8_t rates_next_part;        /* the part a new queue joins (round-robin) */
+    /* The owners a round samples (rates.h): the queues in BROKER_RATES_PARTS
+     * lists, one a tick, each queue always in the same one. */
+    struct rates_active queues_active[BROKER_RATES_PARTS];
+    struct rates_active channels_active;
+    struct rates_active connections_active;
+    /* Every queue's counts as of its newest sample, kept by the deltas of
+     * the queues sampled (queue_sample_rates) and taken out when a queue
+     * goes (queue.c): exact without walking idle queues. */
+    uint32_t rates_totals[BROKER_TOTALS_RATE_COUNT];
     bool stopping;
 };
 
@@ -232,6 +254,10 @@ struct vhost *broker_add_vhost(struct broker *broker, struct bytes name);
  * and its own record, and takes it out of broker->vhosts. Its connections
  * are the caller's to close (broker/users.c). */
 void broker_retire_vhost(struct broker *broker, struct vhost *vhost);
+/* The tick's share of sampling rates (rates.h), every 250 ms: a round
+ * starts once a second, then one part of the active queues a tick. Tests
+ * drive it by hand with their own loop times. */
+void broker_sample_rates(struct broker *broker, uint64_t now_ms);
 /* A client connection was freed (connection.c). */
 void broker__connection_gone(struct broker *broker);
 /* Writes a unique name such as "amq.gen-XXXXXXXXXXXXXXXXXXXXXX" (22 chars,

@@ -63,6 +63,7 @@ static struct channel *channel_new(struct connection *connection, uint16_t id)
     list_init(&ch->durable_link);
     connection->channels[id] = ch;
     connection->channels_open++;
+    channel__rates_join(ch); /* its first sample: the values its rates start from */
     return ch;
 }
 
@@ -181,6 +182,7 @@ void channel_destroy(struct channel *ch)
     free(ch->forward_targets);
     free(ch->last_queue);
     free(ch->confirm_waits.items);
+    rates_leave(&ch->connection->broker->channels_active, &ch->rates);
     rates_free(&ch->rates);
     if (ch->sink) {
         ch->sink->channel = NULL;
@@ -479,9 +481,9 @@ static void handle_method(struct channel *ch, const struct method *m)
     }
 }
 
-struct broker_counters *channel__counters(const struct channel *ch)
+void channel__rates_join(struct channel *ch)
 {
-    return ch->connection->cluster_peer ? NULL : &ch->connection->broker->counters;
+    rates_join(&ch->connection->broker->channels_active, &ch->rates);
 }
 
 static void content_complete(struct channel *ch)
@@ -498,6 +500,7 @@ static void content_complete(struct channel *ch)
         channel__route_publish(ch, message, ch->publish_mandatory);
     struct broker_counters *counters = channel__counters(ch);
     if (counters != NULL && !ch->publish_forward) {
+        channel__rates_moved(ch);
         ch->stats.counts[CHANNEL_RATE_PUBLISH]++;
         counters->received++;
         counters->received_confirm += ch->confirm_mode;
@@ -878,6 +881,7 @@ static void send_acks_through(struct channel *ch, uint64_t seq)
     struct broker_counters *counters = channel__counters(ch);
     if (counters != NULL)
         counters->confirmed += seq - ch->confirmed_seq;
+    channel__rates_moved(ch);
     ch->stats.counts[CHANNEL_RATE_CONFIRM] += seq - ch->confirmed_seq;
     ch->confirmed_seq = seq;
 }
@@ -1086,11 +1090,12 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
     if (result.count == 0 && mandatory)
         send_return(ch, message, REPLY_NO_ROUTE, "NO_ROUTE");
     struct broker_counters *counters = channel__counters(ch);
-    if (counters != NULL) {
-        counters->routed += result.count > 0;
-        counters->unroutable_returned += result.count == 0 && mandatory;
-        counters->unroutable_dropped += result.count == 0 && !mandatory;
-    }
+    if (counters != NULL && result.count > 0)
+        counters->routed++;
+    else if (counters != NULL && mandatory)
+        counters->unroutable_returned++;
+    else if (counters != NULL)
+        counters->unroutable_dropped++;
     uint64_t seq = ch->confirm_mode ? ch->publish_seq + 1 : 0;
     /* A transaction's commit-ok waits for other brokers too: their answers
      * come as seq 0 (confirm_sink_answer). */

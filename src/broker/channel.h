@@ -85,6 +85,7 @@ struct queue;
 struct message;
 struct connection;
 struct rates_clock;
+struct rates_active;
 /* A client channel's message_stats (RabbitMQ's, on /api/channels): plain
  * counters bumped on the message path; the broker's tick samples them
  * (channels_sample_rates, rates.h). */
@@ -119,8 +120,12 @@ uint32_t channels_info(const struct connection *connection, struct channel_info 
 /* The channel a consumer belongs to: false for a consumer that is not a
  * client channel's. */
 bool channel_consumer_info(const struct consumer *consumer, struct channel_info *out);
-/* The tick's sample of every open channel's stats (rates.h). */
-void channels_sample_rates(struct connection *connection, const struct rates_clock *clock);
+/* The tick's sample of the stats of the channels on the broker's active
+ * list (rates.h); the ones that stood still for a window leave it. */
+void channels_sample_rates(struct rates_active *active, const struct rates_clock *clock);
+/* Asserts that each of the connection's channels off the active list holds
+ * its newest sample's values (sanitized test builds: broker.c). */
+void channels_check_idle(const struct connection *connection);
 /* The consumers of the connection's channels (GET /metrics: O(channels)). */
 uint32_t channels_consumers_count(const struct connection *connection);
 /* Whether one of the connection's channels consumes from queue

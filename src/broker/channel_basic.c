@@ -172,8 +172,10 @@ static bool settle_tags(struct channel *ch, uint64_t tag, bool multiple, enum se
                 settle(ch, d, how, &t);
         }
     }
-    if (how == SETTLE_ACK)
+    if (how == SETTLE_ACK) {
+        channel__rates_moved(ch);
         ch->stats.counts[CHANNEL_RATE_ACK] += unacked_before - ch->unacked_count;
+    }
     if (counters != NULL && how == SETTLE_ACK)
         counters->acknowledged += unacked_before - ch->unacked_count;
     ring_trim(r);
@@ -192,16 +194,29 @@ uint32_t channels_consumers_count(const struct connection *connection)
     return n;
 }
 
-void channels_sample_rates(struct connection *connection, const struct rates_clock *clock)
+void channels_sample_rates(struct rates_active *active, const struct rates_clock *clock)
 {
-    for (uint32_t id = 0; id < connection->channels_cap; id++) {
-        struct channel *ch = connection->channels[id];
-        if (ch == NULL)
-            continue;
+    if (active->count == 0)
+        return; /* (perhaps never initialised) */
+    list_for_each_safe(node, &active->owners) {
+        struct rates *r = CONTAINER_OF(node, struct rates, active_link);
+        struct channel *ch = CONTAINER_OF(r, struct channel, rates);
         uint32_t values[CHANNEL_RATE_COUNT];
         for (uint32_t i = 0; i < CHANNEL_RATE_COUNT; i++)
             values[i] = (uint32_t)ch->stats.counts[i];
-        rates_sample(&ch->rates, clock, values, CHANNEL_RATE_COUNT);
+        rates_sample(r, clock, values, CHANNEL_RATE_COUNT);
+        if (rates_still(r))
+            rates_leave(active, r);
+    }
+}
+
+void channels_check_idle(const struct connection *connection)
+{
+    for (uint32_t id = 0; id < connection->channels_cap; id++) {
+        const struct channel *ch = connection->channels[id];
+        for (uint32_t i = 0; ch != NULL && !rates_listed(&ch->rates) && i < CHANNEL_RATE_COUNT;
+             i++)
+            ASSERT(ch->rates.newest[i] == (uint32_t)ch->stats.counts[i]);
     }
 }
 
@@ -297,28 +312,23 @@ static uint64_t record_delivery(struct channel *ch, struct consumer *consumer,
     /* The queue counts every delivery, a peer broker's uplink's too (it
      * is the primary's count); the broker's counters only its clients'. */
     struct queue_stats *qs = &queue->stats;
-    if (consumer != NULL && no_ack)
-        qs->deliver_no_ack++;
-    else if (consumer != NULL)
-        qs->deliver++;
-    else if (no_ack)
-        qs->get_no_ack++;
-    else
-        qs->get++;
-    qs->redeliver += entry.redelivered != 0;
+    /* The queue is on its active list already: taking the message out of
+     * it (queue_take, a stand-in's uplink) changed its counts in this very
+     * call (queue_rates_moved there; ASan builds check it, broker.c). */
+    channel__rates_moved(ch);
+    /* deliver, deliver_no_ack, get, get_no_ack: an index, not a chain of
+     * tests (the message path's cost of the counters, rates.h). */
+    uint32_t kind = (uint32_t)(consumer == NULL) << 1 | (uint32_t)no_ack;
+    qs->delivered[kind]++;
     ch->stats.counts[CHANNEL_RATE_DELIVER_GET]++;
-    ch->stats.counts[CHANNEL_RATE_REDELIVER] += entry.redelivered != 0;
     struct broker_counters *counters = channel__counters(ch);
-    if (counters != NULL) {
-        if (consumer != NULL && no_ack)
-            counters->delivered_consume_no_ack++;
-        else if (consumer != NULL)
-            counters->delivered_consume_ack++;
-        else if (no_ack)
-            counters->delivered_get_no_ack++;
-        else
-            counters->delivered_get_ack++;
-        counters->redelivered += entry.redelivered != 0;
+    if (counters != NULL)
+        counters->delivered[kind]++;
+    if (entry.redelivered) {
+        qs->redeliver++;
+        ch->stats.counts[CHANNEL_RATE_REDELIVER]++;
+        if (counters != NULL)
+            counters->redelivered++;
     }
     if (no_ack) {
         queue_settle(queue, entry.seq, message);
@@ -380,6 +390,8 @@ uint32_t channels_move_unacked(struct broker *broker, struct queue *from, struct
                 queue_ref(to);
                 queue_unref(from);
                 ASSERT(from->unacked_count > 0);
+                queue_rates_moved(from);
+                queue_rates_moved(to);
                 from->unacked_count--;
                 to->unacked_count++;
                 moved++;

@@ -9,7 +9,9 @@
 #include "amqp/method_gen.h"
 #include "amqp/reply_code_gen.h"
 #include "broker/auth.h"
+#include "broker/broker.h"
 #include "broker/channel.h"
+#include "broker/connection.h"
 #include "broker/queue.h"
 #include "lib/hash.h"
 #include "lib/list.h"
@@ -280,6 +282,20 @@ void channel__handle_queue(struct channel *ch, const struct method *m);
 /* The broker's message counters (broker.h) when ch is a client's channel;
  * NULL on another broker's link, whose messages are counted where their
  * clients are. */
-struct broker_counters *channel__counters(const struct channel *ch);
+static inline struct broker_counters *channel__counters(const struct channel *ch)
+{
+    /* Inline: the message path asks for them three times a message (a call
+     * each cost more than the counting, bench/RESULTS.md). */
+    return ch->connection->cluster_peer ? NULL : &ch->connection->broker->counters;
+}
+
+/* Puts the channel on its broker's active list (rates.h). */
+RATES_COLD void channel__rates_join(struct channel *ch);
+/* Whoever bumps ch->stats calls this in the same call (rates.h). */
+static inline void channel__rates_moved(struct channel *ch)
+{
+    if (RATES_UNLISTED(&ch->rates))
+        channel__rates_join(ch);
+}
 
 #endif

@@ -110,6 +110,7 @@ struct conn *connection_accept(struct net *net, void *ctx)
     flow_connection_init(connection);
     list_push_back(&broker->connections, &connection->broker_link);
     broker->connections_count++;
+    rates_join(&broker->connections_active, &connection->rates); /* its first sample */
     if (over_connection_limit(broker, 0)) {
         /* Over the limit: accept and close at once, as RabbitMQ does, so
          * the client sees a closed socket instead of a hanging connect. */
@@ -309,6 +310,7 @@ static void on_free(struct conn *conn)
     broker->connections_count--;
     if (connection->cluster_peer)
         broker->peer_connections_count--;
+    rates_leave(&broker->connections_active, &connection->rates);
     rates_free(&connection->rates);
     free(connection);
     broker__connection_gone(broker);
@@ -1069,9 +1071,24 @@ static bool unread_peer_gone(struct connection *connection, uint64_t now_ms)
     return true;
 }
 
+/* Bytes that moved since the connection's newest sample put it back on the
+ * broker's active list (rates.h). Checked here, in the walk its heartbeats
+ * need every tick anyway, rather than on every read and write (net/ knows
+ * nothing of rates); the tick samples after this walk (broker.c). */
+static void rates_check(struct connection *connection)
+{
+    const struct rates *r = &connection->rates;
+    if (rates_listed(r))
+        return;
+    if ((uint32_t)connection->conn.bytes_in != r->newest[CONNECTION_RATE_RECV_OCT] ||
+        (uint32_t)connection->conn.bytes_out != r->newest[CONNECTION_RATE_SEND_OCT])
+        rates_join(&connection->broker->connections_active, &connection->rates);
+}
+
 void connection_tick(struct connection *connection, uint64_t now_ms)
 {
     struct conn *conn = &connection->conn;
+    rates_check(connection);
     if (conn->closing)
         return;
     switch (connection->state) {

@@ -118,6 +118,7 @@ static struct queue_entry pop_entry(struct queue *queue, struct queue_ring *ring
 {
     struct queue_entry entry = ring_pop_front(ring);
     ASSERT(queue->ready_count > 0);
+    queue_rates_moved(queue); /* (and what its caller does with it: unacked) */
     queue->ready_count--;
     queue->ready_bytes -= entry_body_size(&entry);
     return entry;
@@ -267,7 +268,31 @@ struct queue *queue_new(struct vhost *vhost, struct bytes name, bool durable, bo
     queue->refs = 1;
     queue->next_seq = 1; /* 0 is "none" to the journal */
     queue->last_used_ms = now_ms(queue);
+    struct broker *broker = vhost->broker;
+    queue->rates.part = broker->rates_next_part;
+    broker->rates_next_part = (uint8_t)((broker->rates_next_part + 1) % BROKER_RATES_PARTS);
+    queue_rates_join(queue); /* its first sample: the values its rates start from */
     return queue;
+}
+
+void queue_rates_join(struct queue *queue)
+{
+    if (queue->deleted)
+        return; /* retired (queue_delete): its counts are no one's total */
+    struct broker *broker = queue->vhost->broker;
+    rates_join(&broker->queues_active[queue->rates.part], &queue->rates);
+}
+
+/* The queue leaves the totals and its active list for good: deleted, or
+ * freed. Twice is harmless (its newest is zero after the first). */
+static void rates_retire(struct queue *queue)
+{
+    struct broker *broker = queue->vhost->broker;
+    rates_leave(&broker->queues_active[queue->rates.part], &queue->rates);
+    broker->rates_totals[BROKER_TOTALS_RATE_READY] -= queue->rates.newest[QUEUE_RATE_READY];
+    broker->rates_totals[BROKER_TOTALS_RATE_UNACKED] -= queue->rates.newest[QUEUE_RATE_UNACKED];
+    memset(queue->rates.newest, 0, sizeof queue->rates.newest);
+    rates_free(&queue->rates);
 }
 
 static void on_timer_closed(uv_handle_t *handle)
@@ -307,13 +332,16 @@ void queue_unref(struct queue *queue)
     for (uint32_t i = 0; i < queue->args.max_priority; i++)
         free(queue->priority_rings[i].entries);
     free(queue->priority_rings);
-    rates_free(&queue->rates);
+    if (queue->deleted)
+        rates_free(&queue->rates); /* retired already (its vhost may be gone) */
+    else
+        rates_retire(queue);       /* never in a table, or never deleted */
     bytes_free(&queue->name);
     bytes_free(&queue->arguments);
     free(queue);
 }
 
-void queue_sample_rates(struct queue *queue, const struct rates_clock *clock)
+void queue_sample_rates(struct queue *queue, const struct rates_clock *clock, uint32_t *totals)
 {
     const struct queue_stats *s = &queue->stats;
     uint32_t values[QUEUE_RATE_COUNT] = {
@@ -328,7 +356,11 @@ void queue_sample_rates(struct queue *queue, const struct rates_clock *clock)
         [QUEUE_RATE_READY] = queue->ready_count,
         [QUEUE_RATE_UNACKED] = queue->unacked_count,
     };
+    uint32_t ready = queue->rates.newest[QUEUE_RATE_READY];
+    uint32_t unacked = queue->rates.newest[QUEUE_RATE_UNACKED];
     rates_sample(&queue->rates, clock, values, QUEUE_RATE_COUNT);
+    totals[BROKER_TOTALS_RATE_READY] += queue->rates.newest[QUEUE_RATE_READY] - ready;
+    totals[BROKER_TOTALS_RATE_UNACKED] += queue->rates.newest[QUEUE_RATE_UNACKED] - unacked;
 }
 
 /* ---- expiry and timers ---------------------------------------------- */
@@ -530,6 +562,7 @@ static enum queue_publish_result enqueue(struct queue *queue, struct message *me
     if (queue->replication_ops)
         queue->replication_ops->published(queue, entry.seq, message, wait);
     ring_push_back(ring_for(queue, message->priority), entry);
+    queue_rates_moved(queue);
     queue->stats.publish += holds_back_duplicates; /* a dead-lettering is no publish */
     queue->ready_count++;
     queue->ready_bytes += message->body_size;
@@ -564,8 +597,10 @@ static void forward(struct queue *const *stubs, uint32_t count, struct message *
     struct queue_forward fwd = {.message = message, .sink = wait ? wait->sink : NULL,
                                 .seq = wait ? wait->seq : 0, .dead_lettered = dead_lettered};
     stubs[0]->remote_ops->forward(stubs, count, &fwd);
-    for (uint32_t i = 0; i < count && !dead_lettered; i++)
+    for (uint32_t i = 0; i < count && !dead_lettered; i++) {
+        queue_rates_moved(stubs[i]);
         stubs[i]->stats.publish++;
+    }
     ASSERT(fwd.unavailable <= count);
     if (fwd.sink)
         wait->remote += fwd.answers;
@@ -675,6 +710,7 @@ void queue_requeue(struct queue *queue, struct queue_entry entry)
     ASSERT(queue->unacked_count > 0);
     if (hold_settle(queue, QUEUE_SETTLE_REQUEUE, entry))
         return;
+    queue_rates_moved(queue);
     queue->unacked_count--;
     /* A stand-in replaced meanwhile (a promotion here, a handover) still
      * gives it back where it came from: its primary, or its relay. */
@@ -715,6 +751,7 @@ void queue_adopt(struct queue *queue, struct queue_adoption *adoption)
             a.persistent--;
         }
     }
+    queue_rates_moved(queue);
     queue->ready_count += a.ring.count;
     queue->ready_bytes += a.bytes;
     queue->paged_count += a.paged;
@@ -744,6 +781,7 @@ void queue_recover_message(struct queue *queue, struct message *message, uint64_
     ring_push_back(ring_for(queue, message->priority),
                    (struct queue_entry){.message = message, .seq = seq, .redelivered = delivered,
                                         .expires_at_ms = expiry_for(queue, message)});
+    queue_rates_moved(queue);
     queue->ready_count++;
     queue->ready_bytes += message->body_size;
     queue->next_seq = seq + 1;
@@ -759,6 +797,7 @@ void queue_settle(struct queue *queue, uint64_t seq, const struct message *messa
                     (struct queue_entry){.message = (struct message *)message, .seq = seq});
         return;
     }
+    queue_rates_moved(queue);
     queue->unacked_count--;
     if (queue->remote_ops)
         queue->remote_ops->ack(queue, seq); /* (a replaced stand-in's too: see requeue) */
@@ -770,6 +809,7 @@ void queue_reject(struct queue *queue, uint64_t seq, struct message *message)
 {
     if (queue->remote_ops) {
         ASSERT(queue->unacked_count > 0);
+        queue_rates_moved(queue);
         queue->unacked_count--;
         queue->remote_ops->reject(queue, seq);
         message_unref(message);
@@ -853,6 +893,7 @@ void queue_take_delivered(struct queue *queue, const uint64_t *seqs, uint32_t n,
                 *ring_slot(ring, kept++) = e;
                 continue;
             }
+            queue_rates_moved(queue);
             queue->ready_count--;
             queue->ready_bytes -= entry_body_size(&e);
             if (!resident(queue, &e)) {
@@ -1068,6 +1109,7 @@ uint32_t queue_take_held_settles(struct queue *queue, struct queue_held_settle *
     uint32_t n = p->settles_count;
     *out = p->settles;
     ASSERT(queue->unacked_count >= n);
+    queue_rates_moved(queue);
     queue->unacked_count -= n;
     free(p);
     return n;
@@ -1107,6 +1149,7 @@ void queue_resume(struct queue *queue)
     uint32_t n = queue_take_held(queue, &held);
     struct queue_held_settle *settles;
     uint32_t settles_count = queue_take_held_settles(queue, &settles);
+    queue_rates_moved(queue);
     queue->unacked_count += settles_count; /* (taken back: applied below) */
     apply_held_settles(queue, settles, settles_count);
     for (uint32_t i = 0; i < n; i++) {
@@ -1230,6 +1273,7 @@ uint32_t queue_delete(struct queue *queue)
         consumer->ops->cancelled(consumer);
     }
     bind_dest_unbind_all(&queue->as_dest, NULL, NULL);
+    rates_retire(queue); /* (after the consumers' requeues above: no longer counted) */
     queue_unref(queue);
     return dropped;
 }

@@ -29,6 +29,7 @@
 #define QUAY_BROKER_QUEUE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <uv.h>
@@ -254,13 +255,22 @@ struct queue_pause {
 struct queue_stats {
     uint64_t publish;        /* publishes enqueued (a stand-in: forwarded); not
                               * dead-letterings, not refused or held-back ones */
-    uint64_t deliver;        /* basic.deliver to a consumer that acks */
-    uint64_t deliver_no_ack; /* basic.deliver with no-ack */
-    uint64_t get;            /* basic.get-ok, to be acked */
-    uint64_t get_no_ack;     /* basic.get-ok with no-ack */
+    union {
+        struct {
+            uint64_t deliver;        /* basic.deliver to a consumer that acks */
+            uint64_t deliver_no_ack; /* basic.deliver with no-ack */
+            uint64_t get;            /* basic.get-ok, to be acked */
+            uint64_t get_no_ack;     /* basic.get-ok with no-ack */
+        };
+        uint64_t delivered[4];       /* the same, by (a get) << 1 | (no-ack) */
+    };
     uint64_t redeliver;      /* of those four, ones flagged redelivered */
     uint64_t ack;            /* deliveries acked */
 };
+
+_Static_assert(offsetof(struct queue_stats, get_no_ack) ==
+                   offsetof(struct queue_stats, delivered) + 3 * sizeof(uint64_t),
+               "delivered[] overlays the four delivery counters");
 
 /* The values queue_sample_rates samples, by index (rates_per_s). */
 enum queue_rate {
@@ -482,8 +492,21 @@ void queue_consumer_credit_changed(struct queue *queue, struct consumer *consume
  * vhost removes it from its table and drops its reference. */
 uint32_t queue_delete(struct queue *queue);
 
-/* The broker's once-a-second sample of stats and counts (rates.h). */
-void queue_sample_rates(struct queue *queue, const struct rates_clock *clock);
+/* The broker's once-a-second sample of stats and counts (rates.h), while
+ * the queue is on its active list; totals (enum broker_totals_rate) take
+ * the change of its counts since its newest sample. */
+void queue_sample_rates(struct queue *queue, const struct rates_clock *clock, uint32_t *totals);
+/* Puts the queue on its broker's active list (rates.h); a deleted queue
+ * stays off. */
+RATES_COLD void queue_rates_join(struct queue *queue);
+/* Whoever changes a queue's stats or counts calls this in the same call
+ * (before or after the change: no tick comes between), so the next round
+ * samples it. The message path's cost: one load and a branch. */
+static inline void queue_rates_moved(struct queue *queue)
+{
+    if (RATES_UNLISTED(&queue->rates))
+        queue_rates_join(queue);
+}
 
 static inline bool queue_is_remote(const struct queue *queue)
 {

@@ -31,11 +31,13 @@ void rates_sample(struct rates *r, const struct rates_clock *clock, const uint32
     if (r->held > 0 && r->tick == tick)
         return; /* sampled at this tick already */
     if (r->held > 0 && r->tick + 1 != tick) {
+        /* Ticks it was off its list at: its values were newest then. */
         ASSERT(r->tick < tick);
-        free(r->ring);          /* a gap: start over */
-        r->ring = NULL;
-        r->held = 0;
-        r->still = 0;
+        uint64_t gap = tick - r->tick - 1;
+        for (uint64_t k = 1; r->ring != NULL && k <= gap && k < RATES_SLOTS; k++)
+            memcpy(slot(r->ring, r->tick + k), r->newest, n * sizeof *values);
+        r->held = r->held + gap < RATES_SLOTS ? r->held + gap : RATES_SLOTS;
+        r->still = (uint8_t)(r->still + gap < RATES_SLOTS ? r->still + gap : RATES_SLOTS);
     }
     r->tick = tick;
     bool moved = r->held > 0 && memcmp(r->newest, values, n * sizeof *values) != 0;
@@ -74,6 +76,25 @@ double rates_per_s(const struct rates *r, const struct rates_clock *clock, uint3
         return 0.0;
     int32_t change = (int32_t)(slot(r->ring, newest)[index] - slot(r->ring, oldest)[index]);
     return (double)change * 1000.0 / (double)dt_ms;
+}
+
+void rates_join(struct rates_active *active, struct rates *r)
+{
+    ASSERT(!rates_listed(r));
+    if (active->owners.next == NULL)
+        list_init(&active->owners); /* zero-initialised */
+    list_push_back(&active->owners, &r->active_link);
+    active->count++;
+}
+
+void rates_leave(struct rates_active *active, struct rates *r)
+{
+    if (!rates_listed(r))
+        return;
+    ASSERT(active->count > 0);
+    list_remove(&r->active_link);
+    r->active_link = (struct list_node){NULL, NULL};
+    active->count--;
 }
 
 void rates_free(struct rates *r)

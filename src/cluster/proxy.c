@@ -254,6 +254,7 @@ static void hold(struct uplink *u, struct queue_entry e)
 static void give(struct uplink *u, struct queue_entry e)
 {
     struct queue *queue = u->stub->queue;
+    queue_rates_moved(queue);
     queue->unacked_count++; /* settled through queue_settle & co. like any delivery */
     u->consumer->ops->deliver(u->consumer, e);
 }
@@ -738,6 +739,7 @@ static void on_get_reply(void *ctx, uint64_t tag, bool redelivered, uint32_t mes
     struct queue *queue = u->stub->queue;
     if (message) {
         u->outstanding++;
+        queue_rates_moved(queue);
         queue->unacked_count++;
     }
     struct queue_entry e = {.message = message, .seq = (uint64_t)u->id << TAG_BITS | tag,

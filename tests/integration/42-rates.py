@@ -239,6 +239,51 @@ def idle_queue_reads_zero():
             assert isinstance(v["rate"], float), "%s in the list: %r" % (k, v)
 
 
+@test(timeout=90)
+def burst_into_a_queue_idle_among_many():
+    """300 idle queues, which the broker's tick no longer samples (rates.h:
+    only queues whose values moved are), and a burst of 100 into one of
+    them after it stood still: its first window reads the burst over the
+    5 s window (20/s), neither 0.0 (its window started over) nor a spike
+    (the burst per second); the overview's totals keep counting the idle
+    queues' messages exactly."""
+    conn = amqp()
+    ch = conn.channel()
+    names = ["rates-many-%d" % i for i in range(300)]
+    for i, name in enumerate(names):
+        ch.queue_declare(name)
+        if i % 30 == 0:
+            ch.basic_publish("", name, b"idle")
+    name = names[1]
+    time.sleep(3.0)   # sampled once, then still: off the active lists
+    for i in range(100):
+        ch.basic_publish("", name, b"b%d" % i)
+    for who, member in views(name):
+        q = wait_until(lambda: (lambda q: q if rate(q["message_stats"], "publish") > 0 else None)(
+            queue_json(name, member)), 10, interval=0.2, what="a publish rate on %s" % who)
+        eq(q["message_stats"]["publish"], 100, "publish total on %s" % who)
+        in_band(rate(q["message_stats"], "publish"), "the burst's publish rate on %s" % who)
+        if member is not None or b().cluster is None:
+            in_band(rate(q, "messages_ready"), "the burst's ready rate on %s" % who)
+    idle = queue_json(names[2])
+    eq(rate(idle["message_stats"], "publish"), 0.0, "an idle queue's publish rate")
+    if b().cluster is None:
+        def totals_match():
+            ov = b().api_get("/api/overview")["queue_totals"]
+            listed = sum(x["messages"] for x in b().api_get("/api/queues"))
+            return ov if ov["messages"] == listed and listed >= 110 else None
+        wait_until(totals_match, 10, what="queue_totals.messages == the queues' sum")
+        # (summed at the end of a round, up to 750 ms after the queue's part)
+        def totals_moved():
+            ov = totals_match()
+            return ov if ov is not None and rate(ov, "messages") > 3.0 else None
+        ov = wait_until(totals_moved, 5, interval=0.2, what="a queue_totals.messages rate")
+        in_band(rate(ov, "messages"), "queue_totals.messages_details after the burst")
+    for name in names:
+        ch.queue_delete(name)
+    conn.close()
+
+
 @test(timeout=60)
 def rabbitmqadmin_lists_rate_columns():
     assert ADMIN, "rabbitmqadmin not found under /usr/lib/rabbitmq"
