@@ -236,6 +236,21 @@ static void demote(struct member *member, struct vhost *vhost, struct queue *q,
     queue_retry_gets(&gets); /* asked of the new primary, after the held publishes */
 }
 
+/* What a stand-in (or NULL) becoming the real queue brings: its replica,
+ * if this broker was a backup. Not for a queue taken over: its content is
+ * the dead primary's log, and a replica here is a stale one (a takeover
+ * never goes to a backup; this broker was one once): adopting it instead
+ * of the log served the queue empty. */
+static struct replica *replica_of(struct queue *stand_in, const struct map_queue *mq)
+{
+    struct replica *r = stand_in ? proxy_stub_take_replica(stand_in) : NULL;
+    if (r != NULL && mq->taken_from != BROKER_ID_NONE) {
+        replica_free(r);
+        r = NULL;
+    }
+    return r;
+}
+
 /* The local object for a map queue: real here if we are its primary, a
  * stand-in otherwise. A local object of the wrong kind (a restart found a
  * queue that has moved, a stand-in for a queue that came to us) is
@@ -264,7 +279,7 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     }
     /* A backup promoted (or a restart's stale kind): the stand-in's
      * replica, if any, becomes the queue's content. */
-    struct replica *promoted = q ? proxy_stub_take_replica(q) : NULL;
+    struct replica *promoted = replica_of(q, mq);
     bool promoted_epoch = q != NULL;
     struct queue_held_publish *held = NULL;
     /* In flight to the old primary: ours now; after a planned handover it
