@@ -400,6 +400,22 @@ class Member:
         return [m for m in SANITIZER_MARKERS if m in text]
 
 
+def metric(member, name):
+    """A sample without labels from member's GET /metrics (31-metrics checks
+    the format), e.g. quay_cluster_queue_moves_total."""
+    c = http.client.HTTPConnection("127.0.0.1", member.http_port, timeout=10)
+    try:
+        c.request("GET", "/metrics", headers={"Authorization": api_authorization()})
+        r = c.getresponse()
+        text = r.read().decode()
+        assert r.status == 200, (r.status, text[:200])
+    finally:
+        c.close()
+    m = re.search(r"^%s (\d+)$" % re.escape(name), text, re.M)
+    assert m, name
+    return int(m.group(1))
+
+
 def queue_info(member, name):
     """The queue's entry in member's /api/queues; None if it has none or the
     broker cannot be reached (dead, cut off)."""

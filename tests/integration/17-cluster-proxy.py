@@ -14,10 +14,8 @@ GET /api/queues (the map's placement); each test picks names so that the
 primary, the publisher's broker and the consumer's broker differ. Faults
 are injected with kill -9 and SIGSTOP/SIGCONT.
 """
-import http.client
 import json
 import os
-import re
 import signal
 import subprocess
 import socket
@@ -27,7 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import (Cluster, api_authorization, closer, quayd_path, run, test,  # noqa: E402
+from clustertest import (Cluster, closer, metric, quayd_path, run, test,  # noqa: E402
                          wait_until)
 from quaytest import handshake  # noqa: E402
 
@@ -349,15 +347,7 @@ def basic_get_through_a_proxy():
 def link_channels(member):
     """quay_cluster_link_channels from member's /metrics: the channels the
     other brokers' links have open there."""
-    c = http.client.HTTPConnection("127.0.0.1", member.http_port, timeout=10)
-    try:
-        c.request("GET", "/metrics", headers={"Authorization": api_authorization()})
-        text = c.getresponse().read().decode()
-    finally:
-        c.close()
-    m = re.search(r"^quay_cluster_link_channels (\d+)$", text, re.M)
-    assert m, "no quay_cluster_link_channels"
-    return int(m.group(1))
+    return metric(member, "quay_cluster_link_channels")
 
 
 @test(timeout=240)

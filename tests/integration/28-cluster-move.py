@@ -10,10 +10,8 @@ is down, a malformed body) is refused and changes nothing.
 Method: three quayd processes (tests/cluster/clustertest.py); pika clients
 in threads; the map read from GET /api/queues and /api/cluster.
 """
-import http.client
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -22,7 +20,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import (Cluster, api_authorization, closer, connect, queue_info,  # noqa: E402
+from clustertest import (Cluster, closer, connect, metric, queue_info,  # noqa: E402
                          quayd_path, read_all, run, test, wait_until)
 from loadclients import Consumer, Publisher, in_order  # noqa: E402
 
@@ -64,22 +62,6 @@ def placed(prefix, via, want, **args):
         raise AssertionError("no %s placed as wanted" % prefix)
     finally:
         conn.close()
-
-
-def metric(member, name):
-    """A sample without labels from member's GET /metrics (31-metrics checks
-    the format), e.g. quay_cluster_queue_moves_total."""
-    c = http.client.HTTPConnection("127.0.0.1", member.http_port, timeout=10)
-    try:
-        c.request("GET", "/metrics", headers={"Authorization": api_authorization()})
-        r = c.getresponse()
-        text = r.read().decode()
-        assert r.status == 200, (r.status, text[:200])
-    finally:
-        c.close()
-    m = re.search(r"^%s (\d+)$" % re.escape(name), text, re.M)
-    assert m, name
-    return int(m.group(1))
 
 
 def others(*names):

@@ -16,11 +16,9 @@ and every message it confirmed is readable exactly once from the new owner.
 Also: the rebalancer, turned on at run time, gives the returned broker its
 share back; two of five brokers killed at once are both taken over.
 """
-import http.client
 import json
 import math
 import os
-import re
 import signal
 import sys
 import threading
@@ -29,8 +27,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import (Cluster, api_authorization, closer, connect, queue_info,  # noqa: E402
-                         read_all, run, test, wait_until)
+from clustertest import (Cluster, closer, connect, metric, queue_info, read_all,  # noqa: E402
+                         run, test, wait_until)
 
 import pika  # noqa: E402
 
@@ -90,19 +88,6 @@ def drain(member, queue):
         out.append((body, m.redelivered))
     conn.close()
     return out
-
-
-def adoptions_pending(member):
-    """quay_cluster_adoptions_pending from member's GET /metrics."""
-    c = http.client.HTTPConnection("127.0.0.1", member.http_port, timeout=10)
-    try:
-        c.request("GET", "/metrics", headers={"Authorization": api_authorization()})
-        text = c.getresponse().read().decode()
-    finally:
-        c.close()
-    m = re.search(r"^quay_cluster_adoptions_pending (\d+)$", text, re.M)
-    assert m, "no quay_cluster_adoptions_pending"
-    return int(m.group(1))
 
 
 def queue_dirs(broker):
@@ -424,7 +409,7 @@ def two_brokers_dying_at_once_are_both_taken_over():
     print("# taken over by %s; %d queue(s) of c's through d, which never adopted them"
           % (sorted(i["primary"] for i in infos), via_d))
     for name in ("a", "b", "e"):  # what each taker had to adopt is done
-        wait_until(lambda: adoptions_pending(members[name]) == 0, 20,
+        wait_until(lambda: metric(members[name], "quay_cluster_adoptions_pending") == 0, 20,
                    what="%s's adoptions done" % name)
 
     def new_backup():
