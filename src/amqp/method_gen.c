@@ -1269,6 +1269,23 @@ static void encode_basic_quay_flow(const struct method *in, struct wire_writer *
     wire_write_u8(w, bits);
 }
 
+static int decode_basic_quay_usage(struct method *out, struct wire_reader *r)
+{
+    struct method_basic_quay_usage *m = &out->basic_quay_usage;
+    m->broker = wire_read_shortstr(r);
+    if (!decode_table(r, &m->counts))
+        return E_SYNTAX;
+    return r->failed ? E_SYNTAX : OK;
+}
+
+static void encode_basic_quay_usage(const struct method *in, struct wire_writer *w)
+{
+    const struct method_basic_quay_usage *m = &in->basic_quay_usage;
+    ASSERT(m->broker.len <= 255);
+    wire_write_shortstr(w, m->broker);
+    wire_write_longstr(w, (struct bytes){m->counts.ptr, m->counts.len});
+}
+
 static int decode_confirm_select(struct method *out, struct wire_reader *r)
 {
     struct method_confirm_select *m = &out->confirm_select;
@@ -1446,6 +1463,7 @@ static const struct {
     {decode_basic_quay_synced, encode_basic_quay_synced},
     {decode_basic_quay_handover, encode_basic_quay_handover},
     {decode_basic_quay_flow, encode_basic_quay_flow},
+    {decode_basic_quay_usage, encode_basic_quay_usage},
     {decode_confirm_select, encode_confirm_select},
     {decode_confirm_select_ok, encode_confirm_select_ok},
     {decode_tx_select, encode_tx_select},
@@ -1764,6 +1782,10 @@ static const struct method_field FIELDS_BASIC_QUAY_FLOW[] = {
     {"queue", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_flow.queue)},
     {"active", METHOD_FIELD_BIT, offsetof(struct method, basic_quay_flow.active)},
 };
+static const struct method_field FIELDS_BASIC_QUAY_USAGE[] = {
+    {"broker", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_usage.broker)},
+    {"counts", METHOD_FIELD_TABLE, offsetof(struct method, basic_quay_usage.counts)},
+};
 static const struct method_field FIELDS_CONFIRM_SELECT[] = {
     {"no-wait", METHOD_FIELD_BIT, offsetof(struct method, confirm_select.no_wait)},
 };
@@ -1895,6 +1917,8 @@ const struct method_info METHOD_INFOS[METHOD_COUNT] = {
      false, false, 4, FIELDS_BASIC_QUAY_HANDOVER},
     {METHOD_BASIC_QUAY_FLOW, "basic.quay-flow",
      false, false, 2, FIELDS_BASIC_QUAY_FLOW},
+    {METHOD_BASIC_QUAY_USAGE, "basic.quay-usage",
+     false, false, 2, FIELDS_BASIC_QUAY_USAGE},
     {METHOD_CONFIRM_SELECT, "confirm.select",
      true, false, 1, FIELDS_CONFIRM_SELECT},
     {METHOD_CONFIRM_SELECT_OK, "confirm.select-ok",

@@ -91,6 +91,7 @@ enum method_id {
     METHOD_BASIC_QUAY_SYNCED = 0x003C00CC, /* basic.quay-synced */
     METHOD_BASIC_QUAY_HANDOVER = 0x003C00CD, /* basic.quay-handover */
     METHOD_BASIC_QUAY_FLOW = 0x003C00CE, /* basic.quay-flow */
+    METHOD_BASIC_QUAY_USAGE = 0x003C00CF, /* basic.quay-usage */
     METHOD_CONFIRM_SELECT = 0x0055000A, /* confirm.select */
     METHOD_CONFIRM_SELECT_OK = 0x0055000B, /* confirm.select-ok */
     METHOD_TX_SELECT = 0x005A000A, /* tx.select */
@@ -105,7 +106,7 @@ enum method_id {
 #define METHOD_METHOD_ID(id) ((uint16_t)((id) & 0xFFFF))
 #define METHOD_MAKE_ID(class_id, method_id) \
     (((uint32_t)(class_id) << 16) | (uint32_t)(method_id))
-#define METHOD_COUNT 71
+#define METHOD_COUNT 72
 
 /* One struct per method; reserved fields are kept so that encode/decode
  * round-trip. Bits decode from shared octets as the spec packs them. */
@@ -473,6 +474,11 @@ struct method_basic_quay_flow {
     bool active;
 };
 
+struct method_basic_quay_usage {
+    struct bytes broker;
+    struct table counts;
+};
+
 struct method_confirm_select {
     bool no_wait;
 };
@@ -572,6 +578,7 @@ struct method {
         struct method_basic_quay_synced basic_quay_synced;
         struct method_basic_quay_handover basic_quay_handover;
         struct method_basic_quay_flow basic_quay_flow;
+        struct method_basic_quay_usage basic_quay_usage;
         struct method_confirm_select confirm_select;
         struct method_confirm_select_ok confirm_select_ok;
         struct method_tx_select tx_select;

@@ -864,6 +864,8 @@ void channel__handle_basic(struct channel *ch, const struct method *m)
         return channel__handle_handover(ch, m);
     case METHOD_BASIC_QUAY_SYNC:
         return channel__handle_sync(ch, m);
+    case METHOD_BASIC_QUAY_USAGE:
+        return channel__handle_usage(ch, m);
     case METHOD_BASIC_ACK:
         if (ch->tx_mode)
             return hold_for_tx(ch, m, m->basic_ack.delivery_tag, m->basic_ack.multiple, false);
