@@ -743,6 +743,44 @@ static void encode_queue_unbind_ok(const struct method *in, struct wire_writer *
     (void)w;
 }
 
+static int decode_queue_quay_counts(struct method *out, struct wire_reader *r)
+{
+    struct method_queue_quay_counts *m = &out->queue_quay_counts;
+    m->queue = wire_read_shortstr(r);
+    return r->failed ? E_SYNTAX : OK;
+}
+
+static void encode_queue_quay_counts(const struct method *in, struct wire_writer *w)
+{
+    const struct method_queue_quay_counts *m = &in->queue_quay_counts;
+    ASSERT(m->queue.len <= 255);
+    wire_write_shortstr(w, m->queue);
+}
+
+static int decode_queue_quay_counts_ok(struct method *out, struct wire_reader *r)
+{
+    struct method_queue_quay_counts_ok *m = &out->queue_quay_counts_ok;
+    uint8_t bits;
+    m->messages_ready = wire_read_u32(r);
+    m->messages_unacknowledged = wire_read_u32(r);
+    m->consumers = wire_read_u32(r);
+    bits = wire_read_u8(r);
+    m->primary = (bits & 0x01) != 0;
+    return r->failed ? E_SYNTAX : OK;
+}
+
+static void encode_queue_quay_counts_ok(const struct method *in, struct wire_writer *w)
+{
+    const struct method_queue_quay_counts_ok *m = &in->queue_quay_counts_ok;
+    uint8_t bits;
+    wire_write_u32(w, m->messages_ready);
+    wire_write_u32(w, m->messages_unacknowledged);
+    wire_write_u32(w, m->consumers);
+    bits = 0;
+    bits = (uint8_t)(bits | (m->primary ? 0x01 : 0));
+    wire_write_u8(w, bits);
+}
+
 static int decode_basic_qos(struct method *out, struct wire_reader *r)
 {
     struct method_basic_qos *m = &out->basic_qos;
@@ -1438,6 +1476,8 @@ static const struct {
     {decode_queue_delete_ok, encode_queue_delete_ok},
     {decode_queue_unbind, encode_queue_unbind},
     {decode_queue_unbind_ok, encode_queue_unbind_ok},
+    {decode_queue_quay_counts, encode_queue_quay_counts},
+    {decode_queue_quay_counts_ok, encode_queue_quay_counts_ok},
     {decode_basic_qos, encode_basic_qos},
     {decode_basic_qos_ok, encode_basic_qos_ok},
     {decode_basic_consume, encode_basic_consume},
@@ -1665,6 +1705,17 @@ static const struct method_field FIELDS_QUEUE_UNBIND[] = {
     {"routing-key", METHOD_FIELD_SHORTSTR, offsetof(struct method, queue_unbind.routing_key)},
     {"arguments", METHOD_FIELD_TABLE, offsetof(struct method, queue_unbind.arguments)},
 };
+static const struct method_field FIELDS_QUEUE_QUAY_COUNTS[] = {
+    {"queue", METHOD_FIELD_SHORTSTR, offsetof(struct method, queue_quay_counts.queue)},
+};
+static const struct method_field FIELDS_QUEUE_QUAY_COUNTS_OK[] = {
+    {"messages-ready", METHOD_FIELD_LONG,
+     offsetof(struct method, queue_quay_counts_ok.messages_ready)},
+    {"messages-unacknowledged", METHOD_FIELD_LONG,
+     offsetof(struct method, queue_quay_counts_ok.messages_unacknowledged)},
+    {"consumers", METHOD_FIELD_LONG, offsetof(struct method, queue_quay_counts_ok.consumers)},
+    {"primary", METHOD_FIELD_BIT, offsetof(struct method, queue_quay_counts_ok.primary)},
+};
 static const struct method_field FIELDS_BASIC_QOS[] = {
     {"prefetch-size", METHOD_FIELD_LONG, offsetof(struct method, basic_qos.prefetch_size)},
     {"prefetch-count", METHOD_FIELD_SHORT, offsetof(struct method, basic_qos.prefetch_count)},
@@ -1867,6 +1918,10 @@ const struct method_info METHOD_INFOS[METHOD_COUNT] = {
      true, false, 5, FIELDS_QUEUE_UNBIND},
     {METHOD_QUEUE_UNBIND_OK, "queue.unbind-ok",
      false, false, 0, NULL},
+    {METHOD_QUEUE_QUAY_COUNTS, "queue.quay-counts",
+     true, false, 1, FIELDS_QUEUE_QUAY_COUNTS},
+    {METHOD_QUEUE_QUAY_COUNTS_OK, "queue.quay-counts-ok",
+     false, false, 4, FIELDS_QUEUE_QUAY_COUNTS_OK},
     {METHOD_BASIC_QOS, "basic.qos",
      true, false, 3, FIELDS_BASIC_QOS},
     {METHOD_BASIC_QOS_OK, "basic.qos-ok",

@@ -779,6 +779,29 @@ void channel__handle_settle(struct channel *ch, const struct method *m)
                                             s->purge ? 0 : s->seq);
 }
 
+/* queue.quay-counts: a peer's management listing asks for a queue's
+ * counts as its primary has them (a passive declare's lack the unacked
+ * ones). A stand-in here answers its own, primary false. */
+void channel__handle_quay_counts(struct channel *ch, const struct method *m)
+{
+    if (!peer_only(ch, m->id))
+        return;
+    struct bytes name = m->queue_quay_counts.queue;
+    struct queue *queue = vhost_queue(ch->vhost, name);
+    if (queue == NULL || queue->deleted) {
+        channel__fail(ch, REPLY_NOT_FOUND, m->id, "no queue '%.*s' in vhost '%.*s'",
+                      (int)name.len, (const char *)name.ptr, (int)ch->vhost->name.len,
+                      (const char *)ch->vhost->name.ptr);
+        return;
+    }
+    struct method ok = {.id = METHOD_QUEUE_QUAY_COUNTS_OK};
+    ok.queue_quay_counts_ok.messages_ready = queue_ready_count(queue);
+    ok.queue_quay_counts_ok.messages_unacknowledged = queue->unacked_count;
+    ok.queue_quay_counts_ok.consumers = queue->consumers_count;
+    ok.queue_quay_counts_ok.primary = !queue_is_remote(queue);
+    channel__send(ch, &ok);
+}
+
 /* basic.quay-usage: a peer's counts of what our limits count. */
 void channel__handle_usage(struct channel *ch, const struct method *m)
 {

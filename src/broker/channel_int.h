@@ -205,6 +205,7 @@ void channel__handle_handover(struct channel *ch, const struct method *m);
 /* basic.quay-sync: a peer's next requests need our map at that version. */
 void channel__handle_sync(struct channel *ch, const struct method *m);
 void channel__handle_usage(struct channel *ch, const struct method *m);
+void channel__handle_quay_counts(struct channel *ch, const struct method *m);
 
 /* The journal synced everything up to ticket (status < 0: it failed, and
  * the publishes waiting for it are nacked). */

@@ -276,8 +276,9 @@ static void delete_gone(struct channel *ch, struct queue *stub)
 }
 
 static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes text,
-                     uint32_t messages, uint32_t consumers)
+                     const struct queue_remote_counts *counts)
 {
+    uint32_t messages = counts->messages, consumers = counts->consumers;
     struct channel *ch = ctx;
     uint32_t method_id = ch->remote_method;
     channel__remote_op_done(ch, queue);

@@ -764,19 +764,24 @@ static void on_query_reply(void *ctx, const struct method *m)
             u->consumer->ops->attached(u->consumer, 200, BYTES_LIT(""));
         return;
     }
-    if (m->id != METHOD_QUEUE_DECLARE_OK && m->id != METHOD_QUEUE_PURGE_OK)
+    struct queue_remote_counts counts = {0};
+    if (m->id == METHOD_QUEUE_DECLARE_OK) {
+        counts.messages = m->queue_declare_ok.message_count;
+        counts.consumers = m->queue_declare_ok.consumer_count;
+    } else if (m->id == METHOD_QUEUE_PURGE_OK) {
+        counts.messages = m->queue_purge_ok.message_count;
+    } else if (m->id == METHOD_QUEUE_QUAY_COUNTS_OK) {
+        const struct method_queue_quay_counts_ok *ok = &m->queue_quay_counts_ok;
+        counts = (struct queue_remote_counts){ok->messages_ready, ok->consumers,
+                                              ok->messages_unacknowledged, ok->primary};
+    } else {
         return; /* basic.qos-ok and the like */
+    }
     struct queue_remote_op *op = pop_op(u, PROXY_OP_QUERY);
     if (op == NULL)
         return;
-    if (!op->cancelled) {
-        uint32_t messages = m->id == METHOD_QUEUE_DECLARE_OK
-                                ? m->queue_declare_ok.message_count
-                                : m->queue_purge_ok.message_count;
-        uint32_t consumers =
-            m->id == METHOD_QUEUE_DECLARE_OK ? m->queue_declare_ok.consumer_count : 0;
-        op->query_done(op->ctx, u->stub->queue, 200, BYTES_LIT(""), messages, consumers);
-    }
+    if (!op->cancelled)
+        op->query_done(op->ctx, u->stub->queue, 200, BYTES_LIT(""), &counts);
     free(op);
 }
 
@@ -792,7 +797,7 @@ static void fail_ops(struct uplink *u, uint16_t code, struct bytes text)
         if (!op->cancelled && op->kind == PROXY_OP_GET)
             op->get_done(op->ctx, queue, code, text, NULL, 0);
         else if (!op->cancelled)
-            op->query_done(op->ctx, queue, code, text, 0, 0);
+            op->query_done(op->ctx, queue, code, text, &(struct queue_remote_counts){0});
         code = 0;
         text = BYTES_LIT("");
         free(op);
@@ -810,6 +815,8 @@ static void send_op(struct uplink *u, struct queue_remote_op *op)
     } else if (op->method_id == METHOD_QUEUE_DECLARE) {
         m.queue_declare.queue = queue->name;
         m.queue_declare.passive = true;
+    } else if (op->method_id == METHOD_QUEUE_QUAY_COUNTS) {
+        m.queue_quay_counts.queue = queue->name;
     } else {
         m.queue_purge.queue = queue->name;
     }
@@ -855,7 +862,7 @@ static void fail_op(struct queue *queue, struct queue_remote_op *op)
     if (op->kind == PROXY_OP_GET)
         op->get_done(op->ctx, queue, 0, BYTES_LIT(""), NULL, 0);
     else
-        op->query_done(op->ctx, queue, 0, BYTES_LIT(""), 0, 0);
+        op->query_done(op->ctx, queue, 0, BYTES_LIT(""), &(struct queue_remote_counts){0});
 }
 
 /* The waiting requests: sent once the primary can be reached (then), or
@@ -896,7 +903,8 @@ struct queue_remote_op *proxy_get(struct queue *queue, queue_remote_get_fn done,
 struct queue_remote_op *proxy_query(struct queue *queue, uint32_t method_id,
                                     queue_remote_query_fn done, void *ctx)
 {
-    ASSERT(method_id == METHOD_QUEUE_DECLARE || method_id == METHOD_QUEUE_PURGE);
+    ASSERT(method_id == METHOD_QUEUE_DECLARE || method_id == METHOD_QUEUE_PURGE ||
+           method_id == METHOD_QUEUE_QUAY_COUNTS);
     struct queue_remote_op *op = op_start(queue, PROXY_OP_QUERY, method_id, ctx);
     if (op != NULL)
         op->query_done = done;
