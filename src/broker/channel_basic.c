@@ -258,6 +258,13 @@ bool channel_consumer_info(const struct consumer *consumer, struct channel_info 
 
 static const struct consumer_ops channel_consumer_ops;
 
+bool channel_consumer_of_peer(const struct consumer *consumer)
+{
+    const struct channel *ch = consumer->owner;
+    return consumer->ops == &channel_consumer_ops && ch != NULL &&
+           ch->connection->cluster_peer;
+}
+
 bool channels_consume_from(const struct connection *connection, const struct queue *queue)
 {
     list_for_each(n, &queue->consumers) {

@@ -489,10 +489,38 @@ static void attach(struct proxy_stub *stub, struct consumer *consumer, bool wait
     link_send(u->ch, &m);
 }
 
+static bool parked(const struct proxy_stub *stub, const struct consumer *consumer)
+{
+    for (uint32_t i = 0; i < stub->parked_count; i++) {
+        if (stub->parked[i] == consumer)
+            return true;
+    }
+    return false;
+}
+
+static void unpark(struct proxy_stub *stub, const struct consumer *consumer)
+{
+    for (uint32_t i = 0; i < stub->parked_count; i++) {
+        if (stub->parked[i] == consumer) {
+            stub->parked[i] = stub->parked[--stub->parked_count];
+            return;
+        }
+    }
+}
+
 static void stub_consumer_added(struct queue *queue, struct consumer *consumer)
 {
     bool available;
     struct proxy_stub *stub = stub_of(queue);
+    if (stub->adopting && channel_consumer_of_peer(consumer)) {
+        if (stub->parked_count == stub->parked_cap) {
+            stub->parked_cap = stub->parked_cap ? stub->parked_cap * 2 : 4;
+            stub->parked = realloc(stub->parked, sizeof *stub->parked * stub->parked_cap);
+            ASSERT(stub->parked != NULL);
+        }
+        stub->parked[stub->parked_count++] = consumer;
+        return;
+    }
     attach(stub, consumer, !stub->adopting && proxy_consume_waits(queue, &available));
 }
 
@@ -593,6 +621,7 @@ static void stub_consumer_credit(struct queue *queue, struct consumer *consumer)
 static void stub_consumer_removed(struct queue *queue, struct consumer *consumer)
 {
     struct proxy_stub *stub = stub_of(queue);
+    unpark(stub, consumer);
     list_for_each_safe(n, &stub->uplinks) {
         struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
         if (u->consumer != consumer)
@@ -680,6 +709,7 @@ static void stub_free(struct queue *queue)
     }
     forward__release_held(queue, false);
     free(stub->held);
+    free(stub->parked);
     list_remove(&stub->member_link);
     replica_free(stub->replica);
     free(stub);
@@ -1005,7 +1035,7 @@ static void reattach_all(struct proxy_stub *stub)
     struct queue *queue = stub->queue;
     list_for_each_safe(n, &queue->consumers) {
         struct consumer *c = CONTAINER_OF(n, struct consumer, queue_link);
-        if (uplink_of_consumer(stub, c) == NULL)
+        if (uplink_of_consumer(stub, c) == NULL && !parked(stub, c))
             attach(stub, c, false);
     }
 }
