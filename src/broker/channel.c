@@ -781,7 +781,8 @@ void channel__handle_settle(struct channel *ch, const struct method *m)
 
 /* queue.quay-counts: a peer's management listing asks for a queue's
  * counts as its primary has them (a passive declare's lack the unacked
- * ones). A stand-in here answers its own, primary false. */
+ * ones). A stand-in here (the queue moved, and the asker's map is behind)
+ * asks its primary in turn, as a passive declare would (channel_wait.c). */
 void channel__handle_quay_counts(struct channel *ch, const struct method *m)
 {
     if (!peer_only(ch, m->id))
@@ -794,11 +795,26 @@ void channel__handle_quay_counts(struct channel *ch, const struct method *m)
                       (const char *)ch->vhost->name.ptr);
         return;
     }
+    if (queue_is_remote(queue)) {
+        channel__remote_query(ch, queue, m);
+        return;
+    }
+    channel__answer_counts(ch, queue, NULL);
+}
+
+void channel__answer_counts(struct channel *ch, const struct queue *queue,
+                            const struct queue_remote_counts *primary)
+{
     struct method ok = {.id = METHOD_QUEUE_QUAY_COUNTS_OK};
-    ok.queue_quay_counts_ok.messages_ready = queue_ready_count(queue);
-    ok.queue_quay_counts_ok.messages_unacknowledged = queue->unacked_count;
-    ok.queue_quay_counts_ok.consumers = queue->consumers_count;
-    ok.queue_quay_counts_ok.primary = !queue_is_remote(queue);
+    struct method_queue_quay_counts_ok *c = &ok.queue_quay_counts_ok;
+    if (primary != NULL) {
+        *c = (struct method_queue_quay_counts_ok){primary->messages, primary->unacked,
+                                                  primary->consumers, primary->primary};
+    } else {
+        *c = (struct method_queue_quay_counts_ok){queue_ready_count(queue), queue->unacked_count,
+                                                  queue->consumers_count,
+                                                  !queue_is_remote(queue)};
+    }
     channel__send(ch, &ok);
 }
 
