@@ -514,7 +514,7 @@ void http_call_on_cancel(struct http_call *call, http_cancel_fn fn, void *arg)
 void http_wait_on_cancel(struct http_wait *wait, http_cancel_fn fn, void *arg)
 {
     struct http_conn *hc = (struct http_conn *)wait;
-    ASSERT(hc->state == HTTP_CONN_STATE_ADMITTING);
+    ASSERT(hc->state == HTTP_CONN_STATE_READING); /* from the hook: ADMITTING once it returns */
     hc->cancel = fn;
     hc->cancel_arg = arg;
 }
