@@ -513,7 +513,8 @@ static int load_definitions(struct broker *broker)
 }
 
 /* --password-hashing-module, --pbkdf2-iterations: 1 taken, 0 not one of
- * them, -1 refused. */
+ * them, -1 refused; --hash-password prints a hash in the form the options
+ * before it say, and exits. */
 static int set_password_option(int opt, const char *value, struct broker_config *config)
 {
     struct password_policy *policy = &config->password_policy;
@@ -529,6 +530,12 @@ static int set_password_option(int opt, const char *value, struct broker_config 
         }
         policy->algorithm = (enum password_algorithm)a;
         return 1;
+    }
+    if (opt == OPT_HASH_PASSWORD) {
+        char hash[PASSWORD_TEXT_MAX + 1];
+        auth_hash_password(policy, value, hash, sizeof hash);
+        printf("%s\n", hash);
+        exit(0);
     }
     if (opt != OPT_PBKDF2_ITERATIONS)
         return 0;
@@ -603,12 +610,6 @@ static int parse_options(int argc, char **argv, struct broker_config *config)
             }
             log_set_format(format);
             break;
-        }
-        case OPT_HASH_PASSWORD: {
-            char hash[PASSWORD_TEXT_MAX + 1];
-            auth_hash_password(&config->password_policy, optarg, hash, sizeof hash);
-            printf("%s\n", hash);
-            exit(0);
         }
         case OPT_HELP:
         case 'h':
