@@ -243,10 +243,23 @@ def permission_change_holds_for_open_connections():
     cached = conn.channel()  # its publishes to "" have been permitted once
     cached.confirm_delivery()
     cached.basic_publish("", "free-before", b"before")
+    multi = conn.channel()  # publishes to two exchanges in turn: each permitted once
+    multi.confirm_delivery()
+    for _ in range(2):
+        multi.basic_publish("amq.direct", "free-before", b"before")
+        multi.basic_publish("", "free-before", b"before")
     ok(put_permission(a, "v-users", "alice", "^allowed-", "^allowed-|^amq\\.default$",
                       "^allowed-"), 204, "a changed permission")
     wait_until(lambda: permission_on(b, "v-users", "alice")["configure"] == "^allowed-",
                timeout=10, what="the change on b")
+    multi.basic_publish("", "free-before", b"still")  # amq.default is still allowed
+    try:
+        multi.basic_publish("amq.direct", "free-before", b"after")
+        raise AssertionError("a publish kept its permitted exchange after a change")
+    except pika.exceptions.ChannelClosedByBroker as e:
+        eq(e.reply_code, 403)
+        eq(e.reply_text, "ACCESS_REFUSED - write access to exchange 'amq.direct' in vhost "
+           "'v-users' refused for user 'alice'")
     ch.queue_declare("allowed-1")
     try:
         ch.queue_declare("other-1")
