@@ -49,8 +49,8 @@ void api_definitions_write_users(struct json *out, struct broker *broker)
         json_object_begin(out);
         json_kv_string(out, "name", u->name);
         json_kv_string(out, "password_hash", hash);
-        /* Each user's own: RabbitMQ imports its three back; quay's PBKDF2
-         * it imports but cannot check (README, "Passwords"). */
+        /* Each user's own: RabbitMQ imports its three back, and refuses
+         * quay's PBKDF2 (400 not_base64: README, "Passwords"). */
         json_kv_string(out, "hashing_algorithm", auth_user_hash_algorithm(u));
         json_key(out, "tags");
         json_array_begin(out);
