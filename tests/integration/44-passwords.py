@@ -10,7 +10,8 @@ dummy). The checks run off the broker's loop: while failed logins keep the
 check threads busy, an open connection's operations are answered at once.
 A burst of logins of one user whose check is not cached shares one
 derivation. Clients that go away while their check runs (AMQP and HTTP)
-leave the broker serving (and ASan clean). GET /api/definitions names each
+leave the broker serving (and ASan clean); a request with a large body
+waits for its check with what came of it. GET /api/definitions names each
 user's hashing_algorithm, and a definitions import with an unknown one is
 refused with a 400 that says so.
 
@@ -291,6 +292,27 @@ def definitions_say_each_users_hashing_algorithm():
     status, answer = a.api("POST", "/api/definitions", {"users": [bad]})
     eq(status, 400)
     assert "unknown hashing_algorithm" in answer["reason"], answer
+
+
+@test(timeout=120)
+def a_large_request_waits_for_its_check():
+    """A body past 8 KiB is only taken from an admitted user: with a
+    check to wait for, what came with the head is kept until it is done."""
+    a = nodes()[0]
+    status, _ = a.api("PUT", "/api/users/k-admin", {"password": "pw-admin",
+                                                   "tags": "administrator"})
+    eq(status, 201)
+    body = {"rabbit_version": "3.10.8", "padding": "x" * 40000,
+            "vhosts": [{"name": "/"}]}
+    for n in nodes():
+        wait_until(lambda: n.api("GET", "/api/users/k-admin")[0] == 200, timeout=10,
+                   what="k-admin on %s" % n.name)
+        status, answer = n.api("POST", "/api/definitions", body, user="k-admin",
+                               password="wrong")
+        eq(status, 401, "a wrong password: %r" % (answer,))
+        status, answer = n.api("POST", "/api/definitions", body, user="k-admin",
+                               password="pw-admin")  # the first: not cached yet
+        eq(status, 204, "the right one: %r" % (answer,))
 
 
 if __name__ == "__main__":
