@@ -524,6 +524,10 @@ struct auth_job {
     bool peer_loopback;
     bool known;                   /* the user existed when the job began */
     struct password_hash hash;    /* checked against: the user's, or the dummy */
+    /* A wrong password's extra cost: PBKDF2 with these iterations of
+     * the dummy, so that a user stored with fewer iterations than the
+     * policy's fails as slowly as an unknown one. */
+    struct password_hash pad;
     bool match;                   /* auth_job_run's answer */
     uint32_t password_size;
     uint8_t password[];           /* cleansed when freed */
@@ -596,6 +600,8 @@ enum auth_verdict auth_login_settle(struct auth *auth, struct auth_job *job,
 void auth_job_run(struct auth_job *job)
 {
     job->match = password_hash_verify(&job->hash, job->password, job->password_size);
+    if (!job->match && job->pad.iterations > 0)
+        password_hash_verify(&job->pad, job->password, job->password_size);
 }
 
 enum auth_verdict auth_login_begin(struct auth *auth, struct bytes user, struct bytes password,
@@ -617,6 +623,10 @@ enum auth_verdict auth_login_begin(struct auth *auth, struct bytes user, struct 
     const struct password_hash *hash = found != NULL ? &found->password : &auth->dummy;
     if (password_hash_is_slow(hash)) {
         *job = job_new(user, password, peer_loopback, hash, found != NULL);
+        if (password_hash_is_slow(&auth->dummy) && auth->dummy.iterations > hash->iterations) {
+            (*job)->pad = auth->dummy;
+            (*job)->pad.iterations = auth->dummy.iterations - hash->iterations;
+        }
         return AUTH_VERDICT_SLOW;
     }
     /* An unknown user's password is hashed too, against the dummy: the

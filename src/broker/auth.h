@@ -166,8 +166,9 @@ enum auth_verdict auth_login(struct auth *auth, struct bytes user, struct bytes 
  * AUTH_VERDICT_SLOW with *job set (owned by the caller): auth_job_run it
  * off the loop, then auth_login_end it on the loop. A failed login costs
  * one derivation of the policy's form in every case: an unknown user's
- * password is checked against the dummy, and a wrong password of a user
- * stored in a cheaper form than the policy's pays a dummy derivation too.
+ * password is checked against the dummy, a wrong password of a user
+ * stored in a cheaper form than the policy's pays a dummy derivation too,
+ * and one of a user stored with fewer PBKDF2 iterations pays the rest.
  */
 enum auth_verdict auth_login_begin(struct auth *auth, struct bytes user, struct bytes password,
                                    bool peer_loopback, const struct auth_user **out,
