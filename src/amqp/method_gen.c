@@ -743,6 +743,44 @@ static void encode_queue_unbind_ok(const struct method *in, struct wire_writer *
     (void)w;
 }
 
+static int decode_queue_quay_counts(struct method *out, struct wire_reader *r)
+{
+    struct method_queue_quay_counts *m = &out->queue_quay_counts;
+    m->queue = wire_read_shortstr(r);
+    return r->failed ? E_SYNTAX : OK;
+}
+
+static void encode_queue_quay_counts(const struct method *in, struct wire_writer *w)
+{
+    const struct method_queue_quay_counts *m = &in->queue_quay_counts;
+    ASSERT(m->queue.len <= 255);
+    wire_write_shortstr(w, m->queue);
+}
+
+static int decode_queue_quay_counts_ok(struct method *out, struct wire_reader *r)
+{
+    struct method_queue_quay_counts_ok *m = &out->queue_quay_counts_ok;
+    uint8_t bits;
+    m->messages_ready = wire_read_u32(r);
+    m->messages_unacknowledged = wire_read_u32(r);
+    m->consumers = wire_read_u32(r);
+    bits = wire_read_u8(r);
+    m->primary = (bits & 0x01) != 0;
+    return r->failed ? E_SYNTAX : OK;
+}
+
+static void encode_queue_quay_counts_ok(const struct method *in, struct wire_writer *w)
+{
+    const struct method_queue_quay_counts_ok *m = &in->queue_quay_counts_ok;
+    uint8_t bits;
+    wire_write_u32(w, m->messages_ready);
+    wire_write_u32(w, m->messages_unacknowledged);
+    wire_write_u32(w, m->consumers);
+    bits = 0;
+    bits = (uint8_t)(bits | (m->primary ? 0x01 : 0));
+    wire_write_u8(w, bits);
+}
+
 static int decode_basic_qos(struct method *out, struct wire_reader *r)
 {
     struct method_basic_qos *m = &out->basic_qos;
@@ -1269,6 +1307,23 @@ static void encode_basic_quay_flow(const struct method *in, struct wire_writer *
     wire_write_u8(w, bits);
 }
 
+static int decode_basic_quay_usage(struct method *out, struct wire_reader *r)
+{
+    struct method_basic_quay_usage *m = &out->basic_quay_usage;
+    m->broker = wire_read_shortstr(r);
+    if (!decode_table(r, &m->counts))
+        return E_SYNTAX;
+    return r->failed ? E_SYNTAX : OK;
+}
+
+static void encode_basic_quay_usage(const struct method *in, struct wire_writer *w)
+{
+    const struct method_basic_quay_usage *m = &in->basic_quay_usage;
+    ASSERT(m->broker.len <= 255);
+    wire_write_shortstr(w, m->broker);
+    wire_write_longstr(w, (struct bytes){m->counts.ptr, m->counts.len});
+}
+
 static int decode_confirm_select(struct method *out, struct wire_reader *r)
 {
     struct method_confirm_select *m = &out->confirm_select;
@@ -1421,6 +1476,8 @@ static const struct {
     {decode_queue_delete_ok, encode_queue_delete_ok},
     {decode_queue_unbind, encode_queue_unbind},
     {decode_queue_unbind_ok, encode_queue_unbind_ok},
+    {decode_queue_quay_counts, encode_queue_quay_counts},
+    {decode_queue_quay_counts_ok, encode_queue_quay_counts_ok},
     {decode_basic_qos, encode_basic_qos},
     {decode_basic_qos_ok, encode_basic_qos_ok},
     {decode_basic_consume, encode_basic_consume},
@@ -1446,6 +1503,7 @@ static const struct {
     {decode_basic_quay_synced, encode_basic_quay_synced},
     {decode_basic_quay_handover, encode_basic_quay_handover},
     {decode_basic_quay_flow, encode_basic_quay_flow},
+    {decode_basic_quay_usage, encode_basic_quay_usage},
     {decode_confirm_select, encode_confirm_select},
     {decode_confirm_select_ok, encode_confirm_select_ok},
     {decode_tx_select, encode_tx_select},
@@ -1647,6 +1705,17 @@ static const struct method_field FIELDS_QUEUE_UNBIND[] = {
     {"routing-key", METHOD_FIELD_SHORTSTR, offsetof(struct method, queue_unbind.routing_key)},
     {"arguments", METHOD_FIELD_TABLE, offsetof(struct method, queue_unbind.arguments)},
 };
+static const struct method_field FIELDS_QUEUE_QUAY_COUNTS[] = {
+    {"queue", METHOD_FIELD_SHORTSTR, offsetof(struct method, queue_quay_counts.queue)},
+};
+static const struct method_field FIELDS_QUEUE_QUAY_COUNTS_OK[] = {
+    {"messages-ready", METHOD_FIELD_LONG,
+     offsetof(struct method, queue_quay_counts_ok.messages_ready)},
+    {"messages-unacknowledged", METHOD_FIELD_LONG,
+     offsetof(struct method, queue_quay_counts_ok.messages_unacknowledged)},
+    {"consumers", METHOD_FIELD_LONG, offsetof(struct method, queue_quay_counts_ok.consumers)},
+    {"primary", METHOD_FIELD_BIT, offsetof(struct method, queue_quay_counts_ok.primary)},
+};
 static const struct method_field FIELDS_BASIC_QOS[] = {
     {"prefetch-size", METHOD_FIELD_LONG, offsetof(struct method, basic_qos.prefetch_size)},
     {"prefetch-count", METHOD_FIELD_SHORT, offsetof(struct method, basic_qos.prefetch_count)},
@@ -1764,6 +1833,10 @@ static const struct method_field FIELDS_BASIC_QUAY_FLOW[] = {
     {"queue", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_flow.queue)},
     {"active", METHOD_FIELD_BIT, offsetof(struct method, basic_quay_flow.active)},
 };
+static const struct method_field FIELDS_BASIC_QUAY_USAGE[] = {
+    {"broker", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_usage.broker)},
+    {"counts", METHOD_FIELD_TABLE, offsetof(struct method, basic_quay_usage.counts)},
+};
 static const struct method_field FIELDS_CONFIRM_SELECT[] = {
     {"no-wait", METHOD_FIELD_BIT, offsetof(struct method, confirm_select.no_wait)},
 };
@@ -1845,6 +1918,10 @@ const struct method_info METHOD_INFOS[METHOD_COUNT] = {
      true, false, 5, FIELDS_QUEUE_UNBIND},
     {METHOD_QUEUE_UNBIND_OK, "queue.unbind-ok",
      false, false, 0, NULL},
+    {METHOD_QUEUE_QUAY_COUNTS, "queue.quay-counts",
+     true, false, 1, FIELDS_QUEUE_QUAY_COUNTS},
+    {METHOD_QUEUE_QUAY_COUNTS_OK, "queue.quay-counts-ok",
+     false, false, 4, FIELDS_QUEUE_QUAY_COUNTS_OK},
     {METHOD_BASIC_QOS, "basic.qos",
      true, false, 3, FIELDS_BASIC_QOS},
     {METHOD_BASIC_QOS_OK, "basic.qos-ok",
@@ -1895,6 +1972,8 @@ const struct method_info METHOD_INFOS[METHOD_COUNT] = {
      false, false, 4, FIELDS_BASIC_QUAY_HANDOVER},
     {METHOD_BASIC_QUAY_FLOW, "basic.quay-flow",
      false, false, 2, FIELDS_BASIC_QUAY_FLOW},
+    {METHOD_BASIC_QUAY_USAGE, "basic.quay-usage",
+     false, false, 2, FIELDS_BASIC_QUAY_USAGE},
     {METHOD_CONFIRM_SELECT, "confirm.select",
      true, false, 1, FIELDS_CONFIRM_SELECT},
     {METHOD_CONFIRM_SELECT_OK, "confirm.select-ok",

@@ -66,6 +66,8 @@ enum method_id {
     METHOD_QUEUE_DELETE_OK = 0x00320029, /* queue.delete-ok */
     METHOD_QUEUE_UNBIND = 0x00320032, /* queue.unbind */
     METHOD_QUEUE_UNBIND_OK = 0x00320033, /* queue.unbind-ok */
+    METHOD_QUEUE_QUAY_COUNTS = 0x003200C8, /* queue.quay-counts */
+    METHOD_QUEUE_QUAY_COUNTS_OK = 0x003200C9, /* queue.quay-counts-ok */
     METHOD_BASIC_QOS = 0x003C000A, /* basic.qos */
     METHOD_BASIC_QOS_OK = 0x003C000B, /* basic.qos-ok */
     METHOD_BASIC_CONSUME = 0x003C0014, /* basic.consume */
@@ -91,6 +93,7 @@ enum method_id {
     METHOD_BASIC_QUAY_SYNCED = 0x003C00CC, /* basic.quay-synced */
     METHOD_BASIC_QUAY_HANDOVER = 0x003C00CD, /* basic.quay-handover */
     METHOD_BASIC_QUAY_FLOW = 0x003C00CE, /* basic.quay-flow */
+    METHOD_BASIC_QUAY_USAGE = 0x003C00CF, /* basic.quay-usage */
     METHOD_CONFIRM_SELECT = 0x0055000A, /* confirm.select */
     METHOD_CONFIRM_SELECT_OK = 0x0055000B, /* confirm.select-ok */
     METHOD_TX_SELECT = 0x005A000A, /* tx.select */
@@ -105,7 +108,7 @@ enum method_id {
 #define METHOD_METHOD_ID(id) ((uint16_t)((id) & 0xFFFF))
 #define METHOD_MAKE_ID(class_id, method_id) \
     (((uint32_t)(class_id) << 16) | (uint32_t)(method_id))
-#define METHOD_COUNT 71
+#define METHOD_COUNT 74
 
 /* One struct per method; reserved fields are kept so that encode/decode
  * round-trip. Bits decode from shared octets as the spec packs them. */
@@ -326,6 +329,17 @@ struct method_queue_unbind_ok {
     uint8_t no_fields; /* queue.unbind-ok has no arguments */
 };
 
+struct method_queue_quay_counts {
+    struct bytes queue;
+};
+
+struct method_queue_quay_counts_ok {
+    uint32_t messages_ready;
+    uint32_t messages_unacknowledged;
+    uint32_t consumers;
+    bool primary;
+};
+
 struct method_basic_qos {
     uint32_t prefetch_size;
     uint16_t prefetch_count;
@@ -473,6 +487,11 @@ struct method_basic_quay_flow {
     bool active;
 };
 
+struct method_basic_quay_usage {
+    struct bytes broker;
+    struct table counts;
+};
+
 struct method_confirm_select {
     bool no_wait;
 };
@@ -547,6 +566,8 @@ struct method {
         struct method_queue_delete_ok queue_delete_ok;
         struct method_queue_unbind queue_unbind;
         struct method_queue_unbind_ok queue_unbind_ok;
+        struct method_queue_quay_counts queue_quay_counts;
+        struct method_queue_quay_counts_ok queue_quay_counts_ok;
         struct method_basic_qos basic_qos;
         struct method_basic_qos_ok basic_qos_ok;
         struct method_basic_consume basic_consume;
@@ -572,6 +593,7 @@ struct method {
         struct method_basic_quay_synced basic_quay_synced;
         struct method_basic_quay_handover basic_quay_handover;
         struct method_basic_quay_flow basic_quay_flow;
+        struct method_basic_quay_usage basic_quay_usage;
         struct method_confirm_select confirm_select;
         struct method_confirm_select_ok confirm_select_ok;
         struct method_tx_select tx_select;

@@ -330,6 +330,7 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     list_init(&broker->connections);
     policy_set_init(&broker->policies);
     limit_set_init(&broker->limits);
+    usage_init(&broker->usage);
     alarm_init(&broker->alarm, config->memory_high_watermark, config->disk_free_limit);
     struct auth boot; /* the file's users: a bootstrap (broker/users.h) */
     if (config->users_file) {
@@ -418,6 +419,7 @@ void broker_free(struct broker *broker)
     if (broker->stopping)
         uv_close((uv_handle_t *)&broker->shutdown_timer, NULL);
     durable_close(broker);
+    usage_free(&broker->usage); /* its flush hook, before the net goes */
     if (broker->http.stop != NULL)
         broker->http.stop(broker->http.ctx);
     net_close(&broker->net);

@@ -17,6 +17,7 @@
 #include "broker/auth.h"
 #include "broker/durable.h"
 #include "broker/limits.h"
+#include "broker/usage.h"
 #include "broker/policy.h"
 #include "broker/rates.h"
 #include "lib/hash.h"
@@ -202,6 +203,8 @@ struct broker {
      * channel.open and queue.declare check: outside a cluster the record
      * (the journal keeps it), in a cluster a copy of the map's. */
     struct limit_set limits;
+    /* What other brokers' clients hold of those limits (usage.h). */
+    struct usage usage;
     /* The cluster this broker is in (cluster_ops.h), plugged in by quayd's
      * main once it joined: NULL when single. The broker stops it
      * (ops->stop) and frees it (ops->free) in its own shutdown order. */

@@ -22,6 +22,7 @@
 #include "broker/exchange.h"
 #include "broker/flow.h"
 #include "broker/message.h"
+#include "broker/usage.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
 #include "lib/ring.h"
@@ -63,6 +64,7 @@ static struct channel *channel_new(struct connection *connection, uint16_t id)
     list_init(&ch->durable_link);
     connection->channels[id] = ch;
     connection->channels_open++;
+    usage_changed(connection->broker, connection);
     channel__rates_join(ch); /* its first sample: the values its rates start from */
     return ch;
 }
@@ -370,22 +372,18 @@ static bool forget_crossed(struct connection *connection, uint16_t id)
     return false;
 }
 
-/* The user's max-channels over its connections to this broker: beyond it
- * the connection fails, 530 (RabbitMQ 3.10's rabbit_reader, its words). */
+/* The user's max-channels over its connections to every broker of the
+ * cluster (broker/usage.h): beyond it the connection fails, 530 (RabbitMQ
+ * 3.10's rabbit_reader, its words). */
 static bool user_channels_allow(struct connection *connection)
 {
     const struct auth_user *user = connection->user;
-    int64_t limit = limit_set_value(&connection->broker->limits, LIMIT_SCOPE_USER,
-                                    bytes_of_cstr(user->name), LIMIT_MAX_CHANNELS);
-    if (limit < 0)
-        return true;
-    uint64_t open = 0;
-    list_for_each(node, &connection->broker->connections) {
-        const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
-        if (c->user == user && !c->cluster_peer)
-            open += c->channels_open;
-    }
-    if (limit_allows(limit, open))
+    struct bytes name = bytes_of_cstr(user->name);
+    int64_t limit = limit_set_value(&connection->broker->limits, LIMIT_SCOPE_USER, name,
+                                    LIMIT_MAX_CHANNELS);
+    if (limit < 0 ||
+        limit_allows(limit, usage_count(connection->broker, LIMIT_SCOPE_USER, name,
+                                        LIMIT_MAX_CHANNELS)))
         return true;
     connection_fail(connection, REPLY_NOT_ALLOWED, 0,
                     "number of channels opened for user '%s' has reached the maximum allowed "
@@ -822,6 +820,53 @@ void channel__handle_settle(struct channel *ch, const struct method *m)
                                             s->purge ? 0 : s->seq);
 }
 
+/* queue.quay-counts: a peer's management listing asks for a queue's
+ * counts as its primary has them (a passive declare's lack the unacked
+ * ones). A stand-in here (the queue moved, and the asker's map is behind)
+ * asks its primary in turn, as a passive declare would (channel_wait.c). */
+void channel__handle_quay_counts(struct channel *ch, const struct method *m)
+{
+    if (!peer_only(ch, m->id))
+        return;
+    struct bytes name = m->queue_quay_counts.queue;
+    struct queue *queue = vhost_queue(ch->vhost, name);
+    if (queue == NULL || queue->deleted) {
+        channel__fail(ch, REPLY_NOT_FOUND, m->id, "no queue '%.*s' in vhost '%.*s'",
+                      (int)name.len, (const char *)name.ptr, (int)ch->vhost->name.len,
+                      (const char *)ch->vhost->name.ptr);
+        return;
+    }
+    if (queue_is_remote(queue)) {
+        channel__remote_query(ch, queue, m);
+        return;
+    }
+    channel__answer_counts(ch, queue, NULL);
+}
+
+void channel__answer_counts(struct channel *ch, const struct queue *queue,
+                            const struct queue_remote_counts *primary)
+{
+    struct method ok = {.id = METHOD_QUEUE_QUAY_COUNTS_OK};
+    struct method_queue_quay_counts_ok *c = &ok.queue_quay_counts_ok;
+    if (primary != NULL) {
+        *c = (struct method_queue_quay_counts_ok){primary->messages, primary->unacked,
+                                                  primary->consumers, primary->primary};
+    } else {
+        *c = (struct method_queue_quay_counts_ok){queue_ready_count(queue), queue->unacked_count,
+                                                  queue->consumers_count,
+                                                  !queue_is_remote(queue)};
+    }
+    channel__send(ch, &ok);
+}
+
+/* basic.quay-usage: a peer's counts of what our limits count. */
+void channel__handle_usage(struct channel *ch, const struct method *m)
+{
+    const struct method_basic_quay_usage *u = &m->basic_quay_usage;
+    if (peer_only(ch, m->id))
+        usage_heard(ch->connection->broker, ch->connection->conn.id, u->broker, u->counts);
+}
+
 void channel__handle_handover(struct channel *ch, const struct method *m)
 {
     const struct method_basic_quay_handover *h = &m->basic_quay_handover;
@@ -844,15 +889,17 @@ static void keep_names(struct channel *ch, struct bytes exchange, struct bytes r
     ch->publish_routing_key_size = (uint8_t)routing_key.len;
 }
 
-/* basic.quay-forward (a peer's publish for queues of ours: its targets
- * table names each with the epoch it was sent under) or
- * basic.quay-replicate (a primary's copy for us, a backup, as it was
- * published); the content follows. */
+/* basic.quay-sync: a peer waits for our map to reach its version. */
 void channel__handle_sync(struct channel *ch, const struct method *m)
 {
     if (peer_only(ch, m->id) && channel__clustered(ch))
         channel__cluster_sync(ch, m->basic_quay_sync.version, m->basic_quay_sync.answer);
 }
+
+/* basic.quay-forward (a peer's publish for queues of ours: its targets
+ * table names each with the epoch it was sent under) or
+ * basic.quay-replicate (a primary's copy for us, a backup, as it was
+ * published); the content follows. */
 
 void channel__begin_forward(struct channel *ch, const struct method *m)
 {

@@ -120,6 +120,9 @@ uint32_t channels_info(const struct connection *connection, struct channel_info 
 /* The channel a consumer belongs to: false for a consumer that is not a
  * client channel's. */
 bool channel_consumer_info(const struct consumer *consumer, struct channel_info *out);
+/* Whether the consumer is another broker's: a channel of its link, which
+ * consumes for a client of that broker (cluster/proxy.h). */
+bool channel_consumer_of_peer(const struct consumer *consumer);
 /* The tick's sample of the stats of the channels on the broker's active
  * list (rates.h); the ones that stood still for a window leave it. */
 void channels_sample_rates(struct rates_active *active, const struct rates_clock *clock);

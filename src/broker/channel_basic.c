@@ -258,6 +258,13 @@ bool channel_consumer_info(const struct consumer *consumer, struct channel_info 
 
 static const struct consumer_ops channel_consumer_ops;
 
+bool channel_consumer_of_peer(const struct consumer *consumer)
+{
+    const struct channel *ch = consumer->owner;
+    return consumer->ops == &channel_consumer_ops && ch != NULL &&
+           ch->connection->cluster_peer;
+}
+
 bool channels_consume_from(const struct connection *connection, const struct queue *queue)
 {
     list_for_each(n, &queue->consumers) {
@@ -864,6 +871,8 @@ void channel__handle_basic(struct channel *ch, const struct method *m)
         return channel__handle_handover(ch, m);
     case METHOD_BASIC_QUAY_SYNC:
         return channel__handle_sync(ch, m);
+    case METHOD_BASIC_QUAY_USAGE:
+        return channel__handle_usage(ch, m);
     case METHOD_BASIC_ACK:
         if (ch->tx_mode)
             return hold_for_tx(ch, m, m->basic_ack.delivery_tag, m->basic_ack.multiple, false);

@@ -589,6 +589,8 @@ void channel__handle_queue(struct channel *ch, const struct method *m)
         return queue_purge_method(ch, m);
     case METHOD_QUEUE_DELETE:
         return queue_delete_method(ch, m);
+    case METHOD_QUEUE_QUAY_COUNTS:
+        return channel__handle_quay_counts(ch, m);
     default:
         channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unimplemented method");
     }

@@ -202,6 +202,12 @@ void channel__handle_settle(struct channel *ch, const struct method *m);
 void channel__handle_handover(struct channel *ch, const struct method *m);
 /* basic.quay-sync: a peer's next requests need our map at that version. */
 void channel__handle_sync(struct channel *ch, const struct method *m);
+void channel__handle_usage(struct channel *ch, const struct method *m);
+void channel__handle_quay_counts(struct channel *ch, const struct method *m);
+/* queue.quay-counts-ok: the primary's counts as it answered them, or
+ * (primary NULL) the queue's own here, primary set if it is real here. */
+void channel__answer_counts(struct channel *ch, const struct queue *queue,
+                            const struct queue_remote_counts *primary);
 
 /* The journal synced everything up to ticket (status < 0: it failed, and
  * the publishes waiting for it are nacked). */

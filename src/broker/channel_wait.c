@@ -276,8 +276,9 @@ static void delete_gone(struct channel *ch, struct queue *stub)
 }
 
 static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes text,
-                     uint32_t messages, uint32_t consumers)
+                     const struct queue_remote_counts *counts)
 {
+    uint32_t messages = counts->messages, consumers = counts->consumers;
     struct channel *ch = ctx;
     uint32_t method_id = ch->remote_method;
     channel__remote_op_done(ch, queue);
@@ -294,6 +295,8 @@ static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes
             delete_gone(ch, queue);
         if (ch->close_pending && ch->cluster_wait == NULL)
             channel__finish_close(ch);
+    } else if (method_id == METHOD_QUEUE_QUAY_COUNTS && code == 0) {
+        channel__answer_counts(ch, queue, NULL); /* unreachable: ours, not the primary's */
     } else if (code == 0) {
         channel__fail_unreachable(ch, queue, method_id);
     } else if (code != REPLY_SUCCESS) {
@@ -306,6 +309,8 @@ static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes
         ok.queue_declare_ok.consumer_count = consumers;
         if (!ch->remote_no_wait)
             channel__send(ch, &ok);
+    } else if (method_id == METHOD_QUEUE_QUAY_COUNTS) {
+        channel__answer_counts(ch, queue, counts);
     } else if (method_id == METHOD_QUEUE_PURGE) {
         struct method ok = {.id = METHOD_QUEUE_PURGE_OK};
         ok.queue_purge_ok.message_count = messages;
@@ -353,16 +358,23 @@ void channel__await_auto_delete(struct channel *ch, struct queue *queue, uint32_
 void channel__remote_query(struct channel *ch, struct queue *queue, const struct method *m)
 {
     ASSERT(queue_is_remote(queue) && ch->remote_op == NULL);
-    uint32_t ask = m->id == METHOD_QUEUE_PURGE ? METHOD_QUEUE_PURGE : METHOD_QUEUE_DECLARE;
+    uint32_t ask = m->id == METHOD_QUEUE_PURGE || m->id == METHOD_QUEUE_QUAY_COUNTS
+                       ? m->id
+                       : METHOD_QUEUE_DECLARE;
     ch->remote_op = queue->remote_ops->query(queue, ask, on_query, ch);
+    if (ch->remote_op == NULL && m->id == METHOD_QUEUE_QUAY_COUNTS) {
+        channel__answer_counts(ch, queue, NULL); /* unreachable: ours, not the primary's */
+        return;
+    }
     if (ch->remote_op == NULL) {
         channel__fail_unreachable(ch, queue, m->id);
         return;
     }
     ch->remote_method = m->id;
-    ch->remote_no_wait = m->id == METHOD_QUEUE_DECLARE ? m->queue_declare.no_wait
-                         : m->id == METHOD_QUEUE_PURGE ? m->queue_purge.no_wait
-                                                       : m->queue_delete.no_wait;
+    ch->remote_no_wait = m->id == METHOD_QUEUE_DECLARE   ? m->queue_declare.no_wait
+                         : m->id == METHOD_QUEUE_PURGE   ? m->queue_purge.no_wait
+                         : m->id == METHOD_QUEUE_DELETE ? m->queue_delete.no_wait
+                                                         : false;
     ch->remote_passive = m->id == METHOD_QUEUE_DECLARE && m->queue_declare.passive;
     ch->remote_if_unused = m->id == METHOD_QUEUE_DELETE && m->queue_delete.if_unused;
     ch->remote_if_empty = m->id == METHOD_QUEUE_DELETE && m->queue_delete.if_empty;

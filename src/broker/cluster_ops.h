@@ -117,6 +117,10 @@ struct cluster_ops {
     /* connection.open-ok's known-hosts: "host:port,..." of the brokers
      * that are up, cut to fit cap. Returns the length. */
     size_t (*known_hosts)(void *cluster, char *out, size_t cap);
+    /* Sends every peer this broker's counts of what connection and
+     * channel limits count (a basic.quay-usage; broker/usage.h). counts
+     * is borrowed for the call. */
+    void (*share_usage)(void *cluster, struct table counts);
     /* How many links from other brokers there should be. */
     uint32_t (*peers_expected)(void *cluster);
     /* One of our queues went away (auto-delete, x-expires, an exclusive

@@ -24,6 +24,7 @@
 #include "broker/frame_out.h"
 #include "broker/login.h"
 #include "broker/queue.h"
+#include "broker/usage.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
@@ -292,6 +293,10 @@ static void on_close(struct conn *conn)
                  connection->vhost ? (const char *)connection->vhost->name.ptr : "?");
     connection->state = CONNECTION_STATE_CLOSED;
     release_everything(connection);
+    if (connection->cluster_peer)
+        usage_link_closed(connection->broker, conn->id);
+    else
+        usage_changed(connection->broker, connection);
 }
 
 static void on_free(struct conn *conn)
@@ -326,6 +331,7 @@ void connection__channel_gone(struct connection *connection, uint16_t channel_id
     ASSERT(connection->channels[channel_id] != NULL);
     connection->channels[channel_id] = NULL;
     connection->channels_open--;
+    usage_changed(connection->broker, connection);
 }
 
 static void on_drain(struct conn *conn)
@@ -643,40 +649,29 @@ static void handle_tune_ok(struct connection *connection, const struct method *m
 
 static void finish_open(struct connection *connection);
 
-/* Clients' connections (not brokers' links) that passed connection.open,
- * of the vhost or of the user: this broker's own (see broker/limits.h). */
-static uint64_t count_open(const struct broker *broker, const struct vhost *vhost,
-                           const struct auth_user *user)
-{
-    uint64_t n = 0;
-    list_for_each(node, &broker->connections) {
-        const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
-        if (c->cluster_peer || c->conn.closing || c->vhost == NULL)
-            continue;
-        if ((vhost != NULL && c->vhost == vhost) || (user != NULL && c->user == user))
-            n++;
-    }
-    return n;
-}
-
-/* The vhost's and the user's max-connections, with RabbitMQ 3.10's
- * refusals (rabbit_reader: 530, the vhost's first). */
+/* The vhost's and the user's max-connections, over the whole cluster
+ * (broker/usage.h), with RabbitMQ 3.10's refusals (rabbit_reader: 530, the
+ * vhost's first). */
 static bool within_limits(struct connection *connection, struct vhost *vhost, uint32_t method_id)
 {
     struct broker *broker = connection->broker;
     const struct auth_user *user = connection->user;
     int64_t limit = limit_set_value(&broker->limits, LIMIT_SCOPE_VHOST, vhost->name,
                                     LIMIT_MAX_CONNECTIONS);
-    if (!limit_allows(limit, limit < 0 ? 0 : count_open(broker, vhost, NULL))) {
+    if (limit >= 0 &&
+        !limit_allows(limit, usage_count(broker, LIMIT_SCOPE_VHOST, vhost->name,
+                                         LIMIT_MAX_CONNECTIONS))) {
         connection_fail(connection, REPLY_NOT_ALLOWED, method_id,
                         "access to vhost '%.*s' refused for user '%s': connection limit (%lld) "
                         "is reached", (int)vhost->name.len, (const char *)vhost->name.ptr,
                         user->name, (long long)limit);
         return false;
     }
-    limit = limit_set_value(&broker->limits, LIMIT_SCOPE_USER, bytes_of_cstr(user->name),
-                            LIMIT_MAX_CONNECTIONS);
-    if (!limit_allows(limit, limit < 0 ? 0 : count_open(broker, NULL, user))) {
+    struct bytes user_name = bytes_of_cstr(user->name);
+    limit = limit_set_value(&broker->limits, LIMIT_SCOPE_USER, user_name, LIMIT_MAX_CONNECTIONS);
+    if (limit >= 0 &&
+        !limit_allows(limit, usage_count(broker, LIMIT_SCOPE_USER, user_name,
+                                         LIMIT_MAX_CONNECTIONS))) {
         connection_fail(connection, REPLY_NOT_ALLOWED, method_id,
                         "connection refused for user '%s': user connection limit (%lld) is "
                         "reached", user->name, (long long)limit);
@@ -703,6 +698,7 @@ static void handle_open(struct connection *connection, const struct method *m)
     if (!connection->cluster_peer && !within_limits(connection, vhost, m->id))
         return;
     connection->vhost = vhost;
+    usage_changed(connection->broker, connection); /* other brokers count it now */
     /* A clustered broker that has not applied the map up to the present
      * (a restart replays it from its start) would serve history: its
      * clients wait for open-ok until it has (connection_cluster_synced),

@@ -114,12 +114,20 @@ struct queue_entry;
 typedef void (*queue_remote_get_fn)(void *ctx, struct queue *queue, uint16_t reply_code,
                                     struct bytes reply_text, struct queue_entry *entry,
                                     uint32_t message_count);
-/* queue.declare (passive) or queue.purge at the primary: reply_code 200
- * with its counts, the primary's refusal (code and text, as sent: with its
- * "NAME - " prefix), or 0 when it could not be asked. */
+/* What a query's answer counts (all 0 unless its reply_code is 200). */
+struct queue_remote_counts {
+    uint32_t messages;   /* ready: declare-ok's and purge-ok's message_count */
+    uint32_t consumers;
+    uint32_t unacked;    /* queue.quay-counts only */
+    bool primary;        /* queue.quay-counts: the broker asked is the queue's primary */
+};
+/* queue.declare (passive), queue.purge or queue.quay-counts at the
+ * primary: reply_code 200 with its counts, the primary's refusal (code and
+ * text, as sent: with its "NAME - " prefix), or 0 when it could not be
+ * asked. */
 typedef void (*queue_remote_query_fn)(void *ctx, struct queue *queue, uint16_t reply_code,
-                                      struct bytes reply_text, uint32_t message_count,
-                                      uint32_t consumer_count);
+                                      struct bytes reply_text,
+                                      const struct queue_remote_counts *counts);
 
 struct queue_remote_ops {
     /* Publishes routed to queues[0..count), stand-ins that all share these
@@ -157,8 +165,9 @@ struct queue_remote_ops {
      * The asker holds a reference on the queue until done ran (or it
      * cancels: done then never runs). NULL: the primary cannot be asked. */
     struct queue_remote_op *(*get)(struct queue *queue, queue_remote_get_fn done, void *ctx);
-    /* method_id: METHOD_QUEUE_DECLARE (passive: the counts) or
-     * METHOD_QUEUE_PURGE. */
+    /* method_id: METHOD_QUEUE_DECLARE (passive: the counts a client
+     * sees), METHOD_QUEUE_PURGE, or METHOD_QUEUE_QUAY_COUNTS (the counts
+     * the management API shows, unacked ones too; peers only). */
     struct queue_remote_op *(*query)(struct queue *queue, uint32_t method_id,
                                      queue_remote_query_fn done, void *ctx);
     void (*op_cancel)(struct queue_remote_op *op);

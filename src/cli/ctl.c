@@ -12,45 +12,31 @@
  * broker's administrator, from loopback). Exit codes follow sysexits.h,
  * as rabbitmqctl's do: 0 done, 64 usage, 69 the broker is unreachable,
  * 76 a bad or non-200 answer, 77 the login or its rights were refused.
+ *
+ * Here: main, the options and credentials, the command table, printing
+ * (tables and key/value pairs), and the broker, cluster and policy
+ * commands. The HTTP request is ctl_http.c's; the user, vhost, permission
+ * and limit commands are ctl_users.c's; rabbitmqctl's verbs ctl_rabbit.c's;
+ * the JSON reader ctl_json.c's. What they share is in ctl_int.h.
  */
-#include <arpa/inet.h>
+#include "cli/ctl_int.h"
+
 #include <ctype.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <netdb.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
-#include <stdint.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/socket.h>
-#include <sys/types.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <openssl/err.h>
-#include <openssl/ssl.h>
-#include <openssl/x509v3.h>
 
 #include "cli/ctl_json.h"
 #include "lib/base64.h"
-
-#define EXIT_USAGE 64
-#define EXIT_DATAERR 65
-#define EXIT_UNAVAILABLE 69
-#define EXIT_PROTOCOL 76
-#define EXIT_NOPERM 77
 
 #define DEFAULT_HTTP "127.0.0.1:15672"
 #define DEFAULT_USER "guest" /* and its password: quayd's default user */
 #define CREDENTIALS_SIZE_MAX 1024 /* user:password, as quayd takes them */
 #define DEFAULT_TIMEOUT_MS 10000
-#define RESPONSE_SIZE_MAX (256u << 20)
 
 /* usage(): the commands of one broker and its cluster. */
 static const char usage_head[] =
@@ -172,360 +158,11 @@ static void usage(FILE *out)
     fputs(usage_options, out);
 }
 
-/* ---- the HTTP GET ------------------------------------------------------ */
-
-struct endpoint {
-    char host[256];
-    char port[8];
-    bool tls;                /* --https */
-    const char *cacert;      /* --cacert, or NULL: the system's CAs */
-};
-
-/* The connection to the API: a socket, and its TLS session with --https. */
-struct stream {
-    int fd;
-    SSL_CTX *ctx;            /* owned, or NULL */
-    SSL *ssl;                /* owned, or NULL */
-};
-
-static int parse_endpoint(const char *text, struct endpoint *out)
-{
-    const char *host = text, *host_end, *port;
-    if (text[0] == '[') {
-        host = text + 1;
-        host_end = strchr(host, ']');
-        if (!host_end || host_end[1] != ':')
-            return -1;
-        port = host_end + 2;
-    } else {
-        host_end = strrchr(text, ':');
-        if (!host_end)
-            return -1;
-        port = host_end + 1;
-    }
-    size_t host_size = (size_t)(host_end - host);
-    size_t port_size = strlen(port);
-    if (host_size >= sizeof out->host || port_size == 0 || port_size >= sizeof out->port)
-        return -1;
-    if (strspn(port, "0123456789") != port_size)
-        return -1;
-    memcpy(out->host, host, host_size);
-    out->host[host_size] = '\0';
-    if (host_size == 0)
-        snprintf(out->host, sizeof out->host, "127.0.0.1");
-    memcpy(out->port, port, port_size + 1);
-    return 0;
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* Waits until fd is ready for `events` or the deadline passes. */
-static int wait_fd(int fd, short events, int64_t deadline_ms)
-{
-    for (;;) {
-        int64_t left = deadline_ms - now_ms();
-        if (left <= 0)
-            return -ETIMEDOUT;
-        struct pollfd p = {.fd = fd, .events = events};
-        int rc = poll(&p, 1, (int)left);
-        if (rc > 0)
-            return 0;
-        if (rc == 0)
-            return -ETIMEDOUT;
-        if (errno != EINTR)
-            return -errno;
-    }
-}
-
-/* A non-blocking connect to one address, bounded by the deadline. */
-static int connect_one(const struct addrinfo *ai, int64_t deadline_ms)
-{
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                    ai->ai_protocol);
-    if (fd < 0)
-        return -errno;
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-        int err = errno;
-        if (err == EINPROGRESS)
-            err = -wait_fd(fd, POLLOUT, deadline_ms);
-        if (err == 0) {
-            socklen_t len = sizeof err;
-            if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
-                err = errno;
-        }
-        if (err != 0) {
-            close(fd);
-            return -err;
-        }
-    }
-    return fd;
-}
-
-/* await-startup's attempts before the last: a refused connection is
- * expected, not news. */
-static bool quiet_connect;
-
-static int connect_endpoint(const struct endpoint *ep, int64_t deadline_ms)
-{
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
-    struct addrinfo *list;
-    int rc = getaddrinfo(ep->host, ep->port, &hints, &list);
-    if (rc != 0) {
-        fprintf(stderr, "quayctl: cannot resolve %s: %s\n", ep->host, gai_strerror(rc));
-        return -1;
-    }
-    int fd = -ECONNREFUSED;
-    for (struct addrinfo *ai = list; ai; ai = ai->ai_next) {
-        fd = connect_one(ai, deadline_ms);
-        if (fd >= 0)
-            break;
-    }
-    freeaddrinfo(list);
-    if (fd < 0 && !quiet_connect) {
-        fprintf(stderr, "quayctl: cannot connect to %s:%s: %s (is quayd running with --http?)\n",
-                ep->host, ep->port, strerror(-fd));
-    }
-    return fd < 0 ? -1 : fd;
-}
-
-/* One send or receive: bytes moved, 0 at the end of the stream (a
- * receive), -EAGAIN with *events set to what to wait for, or -errno. */
-static ssize_t io_once(struct stream *s, bool sending, char *data, size_t size, short *events)
-{
-    if (s->ssl == NULL) {
-        ssize_t n = sending ? send(s->fd, data, size, MSG_NOSIGNAL) : recv(s->fd, data, size, 0);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-            *events = sending ? POLLOUT : POLLIN;
-            return -EAGAIN;
-        }
-        return n < 0 ? -errno : n;
-    }
-    int cap = size > INT_MAX ? INT_MAX : (int)size;
-    ERR_clear_error();
-    int n = sending ? SSL_write(s->ssl, data, cap) : SSL_read(s->ssl, data, cap);
-    if (n > 0)
-        return n;
-    switch (SSL_get_error(s->ssl, n)) {
-    case SSL_ERROR_WANT_READ:
-        *events = POLLIN;
-        return -EAGAIN;
-    case SSL_ERROR_WANT_WRITE:
-        *events = POLLOUT;
-        return -EAGAIN;
-    case SSL_ERROR_ZERO_RETURN:
-        return 0;
-    default:
-        return -EPROTO;
-    }
-}
-
-static int send_all(struct stream *s, const char *data, size_t size, int64_t deadline_ms)
-{
-    while (size > 0) {
-        short events;
-        ssize_t n = io_once(s, true, (char *)data, size, &events);
-        if (n == -EAGAIN) {
-            int rc = wait_fd(s->fd, events, deadline_ms);
-            if (rc != 0)
-                return rc;
-            continue;
-        }
-        if (n < 0)
-            return (int)n;
-        data += n;
-        size -= (size_t)n;
-    }
-    return 0;
-}
-
-struct buffer {
-    char *data;    /* owned, NUL-terminated */
-    size_t size;
-    size_t cap;
-};
-
-/* Reads until the server closes (it always answers with Connection: close). */
-static int receive_all(struct stream *s, struct buffer *in, int64_t deadline_ms)
-{
-    for (;;) {
-        if (in->cap - in->size < 4096 + 1) {
-            if (in->cap >= RESPONSE_SIZE_MAX)
-                return -EFBIG;
-            size_t cap = in->cap ? in->cap * 2 : 65536;
-            char *grown = realloc(in->data, cap);
-            if (!grown)
-                return -ENOMEM;
-            in->data = grown;
-            in->cap = cap;
-        }
-        short events;
-        ssize_t n = io_once(s, false, in->data + in->size, in->cap - in->size - 1, &events);
-        if (n == -EAGAIN) {
-            int rc = wait_fd(s->fd, events, deadline_ms);
-            if (rc != 0)
-                return rc;
-            continue;
-        }
-        if (n < 0)
-            return (int)n;
-        in->data[in->size + (size_t)n] = '\0';
-        if (n == 0)
-            return 0;
-        in->size += (size_t)n;
-    }
-}
-
-struct response {
-    int status;
-    const char *body;  /* borrowed from the receive buffer */
-    size_t body_size;
-};
-
-/* Splits "HTTP/1.1 200 OK\r\n...headers...\r\n\r\nbody". */
-static int parse_response(char *data, size_t size, struct response *out)
-{
-    int minor, status;
-    if (sscanf(data, "HTTP/1.%d %3d", &minor, &status) != 2)
-        return -1;
-    char *end = strstr(data, "\r\n\r\n");
-    if (!end)
-        return -1;
-    *end = '\0';
-    out->status = status;
-    out->body = end + 4;
-    out->body_size = size - (size_t)(out->body - data);
-    for (char *line = strstr(data, "\r\n"); line; line = strstr(line + 2, "\r\n")) {
-        if (strncasecmp(line + 2, "Content-Length:", 15) == 0) {
-            unsigned long long n = strtoull(line + 17, NULL, 10);
-            if (n != out->body_size)
-                return -1; /* cut short */
-        } else if (strncasecmp(line + 2, "Transfer-Encoding:", 18) == 0) {
-            return -1; /* quayd never chunks: this is not quayd */
-        }
-    }
-    return 0;
-}
-
-/* --https: a TLS handshake on s->fd, the server's certificate verified
- * against --cacert (else the system's CAs) and for the host (name or
- * address) we were told. Returns 0, or -1 (printed). */
-static int tls_start(struct stream *s, const struct endpoint *ep, int64_t deadline_ms)
-{
-    s->ctx = SSL_CTX_new(TLS_client_method());
-    s->ssl = s->ctx ? SSL_new(s->ctx) : NULL;
-    if (s->ssl == NULL) {
-        fprintf(stderr, "quayctl: no memory for TLS\n");
-        return -1;
-    }
-    SSL_set_min_proto_version(s->ssl, TLS1_2_VERSION);
-    SSL_set_verify(s->ssl, SSL_VERIFY_PEER, NULL);
-    int loaded = ep->cacert ? SSL_CTX_load_verify_locations(s->ctx, ep->cacert, NULL)
-                            : SSL_CTX_set_default_verify_paths(s->ctx);
-    if (loaded != 1) {
-        fprintf(stderr, "quayctl: cannot load the CAs of %s\n",
-                ep->cacert ? ep->cacert : "the system");
-        return -1;
-    }
-    /* An address is checked against the certificate's IP names, a name
-     * against its DNS names (and sent as SNI). */
-    struct in6_addr address;
-    if (inet_pton(AF_INET, ep->host, &address) == 1 ||
-        inet_pton(AF_INET6, ep->host, &address) == 1) {
-        X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(s->ssl), ep->host);
-    } else if (SSL_set_tlsext_host_name(s->ssl, ep->host) != 1 ||
-               SSL_set1_host(s->ssl, ep->host) != 1) {
-        fprintf(stderr, "quayctl: bad host name '%s'\n", ep->host);
-        return -1;
-    }
-    SSL_set_fd(s->ssl, s->fd);
-    for (;;) {
-        ERR_clear_error();
-        int rc = SSL_connect(s->ssl);
-        if (rc == 1)
-            return 0;
-        int err = SSL_get_error(s->ssl, rc);
-        if ((err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) &&
-            wait_fd(s->fd, err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline_ms) == 0)
-            continue;
-        long verify = SSL_get_verify_result(s->ssl);
-        char reason[256];
-        ERR_error_string_n(ERR_get_error(), reason, sizeof reason);
-        fprintf(stderr, "quayctl: TLS handshake with %s:%s failed: %s\n", ep->host, ep->port,
-                verify != X509_V_OK ? X509_verify_cert_error_string(verify) : reason);
-        return -1;
-    }
-}
-
-static void stream_close(struct stream *s)
-{
-    if (s->ssl != NULL)
-        SSL_shutdown(s->ssl); /* our close_notify; the server's is not awaited */
-    SSL_free(s->ssl);
-    SSL_CTX_free(s->ctx);
-    close(s->fd);
-}
-
-/* Sends method path (with body, or none) and reads the answer: on
- * success *in holds the response and *res points into it. authorization
- * is the Basic credentials' base64. Returns 0 or an exit status (the
- * error is printed). */
-static int http_request(const struct endpoint *ep, const char *method, const char *path,
-                        const char *body, const char *authorization, int timeout_ms,
-                        struct buffer *in, struct response *res)
-{
-    int64_t deadline_ms = now_ms() + timeout_ms;
-    struct stream s = {.fd = connect_endpoint(ep, deadline_ms)};
-    if (s.fd < 0)
-        return EXIT_UNAVAILABLE;
-    if (ep->tls && tls_start(&s, ep, deadline_ms) != 0) {
-        stream_close(&s);
-        return EXIT_UNAVAILABLE;
-    }
-    char request[8192];
-    bool v6 = strchr(ep->host, ':') != NULL;
-    int n = snprintf(request, sizeof request,
-                     "%s %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nAccept: application/json\r\n"
-                     "User-Agent: quayctl\r\nConnection: close\r\n"
-                     "Authorization: Basic %s\r\n"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                     method, path, v6 ? "[" : "", ep->host, v6 ? "]" : "", ep->port,
-                     authorization, body ? strlen(body) : 0);
-    if (n < 0 || (size_t)n >= sizeof request) {
-        explicit_bzero(request, sizeof request);
-        stream_close(&s);
-        fprintf(stderr, "quayctl: %s %s: the request is too long\n", method, path);
-        return EXIT_USAGE;
-    }
-    int rc = send_all(&s, request, (size_t)n, deadline_ms);
-    explicit_bzero(request, sizeof request); /* the credentials */
-    if (rc == 0 && body != NULL) /* apart: a definitions file may be megabytes */
-        rc = send_all(&s, body, strlen(body), deadline_ms);
-    if (rc == 0)
-        rc = receive_all(&s, in, deadline_ms);
-    stream_close(&s);
-    if (rc != 0) {
-        fprintf(stderr, "quayctl: %s %s from %s:%s: %s\n", method, path, ep->host, ep->port,
-                strerror(-rc));
-        return rc == -ETIMEDOUT ? EXIT_UNAVAILABLE : EXIT_PROTOCOL;
-    }
-    if (in->size == 0 || parse_response(in->data, in->size, res) != 0) {
-        fprintf(stderr, "quayctl: %s %s from %s:%s: not an HTTP answer from quayd\n", method,
-                path, ep->host, ep->port);
-        return EXIT_PROTOCOL;
-    }
-    return 0;
-}
-
 /* ---- printing ---------------------------------------------------------- */
 
 /* A value as one table cell: control characters shown as '?', so a name
  * cannot break the table or the terminal. Returns a new string. */
-static char *cell_text(const struct jvalue *v)
+char *ctl__cell_text(const struct jvalue *v)
 {
     const char *s = "-";
     char joined[1024];
@@ -573,12 +210,6 @@ static size_t text_width(const char *s)
     return w;
 }
 
-struct column {
-    const char *key;
-    const char *title;
-    bool right;          /* numbers are right-aligned */
-};
-
 static void print_cell(const char *text, size_t width, bool right, bool last)
 {
     size_t w = text_width(text);
@@ -613,7 +244,7 @@ static int print_table(const struct jvalue *array, const struct column *cols, si
     size_t r = 0;
     for (const struct jvalue *e = array->child; e; e = e->next, r++) {
         for (size_t c = 0; c < ncols; c++)
-            cells[r * ncols + c] = cell_text(jget(e, cols[c].key));
+            cells[r * ncols + c] = ctl__cell_text(jget(e, cols[c].key));
     }
     qsort(cells, nrows, ncols * sizeof *cells, compare_rows);
     for (size_t c = 0; c < ncols; c++) {
@@ -654,7 +285,7 @@ static void collect_pairs(const struct jvalue *object, const char *prefix, char 
             abort();
         *pairs = grown;
         grown[(*count)++] = strdup(key);
-        grown[(*count)++] = cell_text(m);
+        grown[(*count)++] = ctl__cell_text(m);
     }
 }
 
@@ -757,20 +388,9 @@ static const struct column policy_columns[] = {
     {"backups", "BACKUPS", true},
 };
 
-#define LIST_COLUMNS_MAX 16
-
 static const struct column node_columns[] = {
     {"name", "NAME", false}, {"running", "RUNNING", false}, {"state", "STATE", false},
     {"queues_owned", "PRIMARIES", true}, {"backups_held", "BACKUPS", true},
-};
-
-struct command {
-    const char *name;
-    const char *method;
-    const char *path;                /* for commands with arguments: a prefix */
-    const struct column *columns;    /* NULL: key/value pairs */
-    size_t columns_count;
-    int args_min, args_max;          /* positional arguments after the command */
 };
 
 static const struct command commands[] = {
@@ -825,25 +445,10 @@ static const struct command commands[] = {
     {"clear-user-limits", "DELETE", "/api/user-limits/", NULL, 0, 2, 2},
 };
 
-struct options {
-    struct endpoint endpoint;
-    const char *user;
-    const char *password;
-    bool json;
-    int timeout_ms;
-    const struct command *command;
-    char *args[LIST_COLUMNS_MAX];    /* the command's positional arguments */
-    int args_count;
-    const char *to, *vhost;          /* move's and offload's --to and --vhost */
-    const char *fraction, *queues;   /* offload's --fraction or --queues */
-    const char *backup_of;           /* move's --backup-of */
-    const char *tags;                /* add-user's --tags */
-};
-
 /* ---- set-policy and clear-policy ------------------------------------------- */
 
 /* Appends s %-encoded as a path segment (RabbitMQ's "/" vhost is %2F). */
-static bool append_segment(char *out, size_t cap, const char *s)
+bool ctl__append_segment(char *out, size_t cap, const char *s)
 {
     size_t n = strlen(out);
     for (; *s; s++) {
@@ -860,7 +465,7 @@ static bool append_segment(char *out, size_t cap, const char *s)
 }
 
 /* Appends s as a JSON string. */
-static bool append_json_string(char *out, size_t cap, const char *s)
+bool ctl__append_json_string(char *out, size_t cap, const char *s)
 {
     size_t n = strlen(out);
     if (n + 1 >= cap)
@@ -903,18 +508,18 @@ static int build_move(const char *queue, const char *to, const char *vhost,
         return EXIT_USAGE;
     }
     snprintf(body, body_cap, "{\"vhost\": ");
-    if (!append_json_string(body, body_cap, vhost ? vhost : "/") ||
+    if (!ctl__append_json_string(body, body_cap, vhost ? vhost : "/") ||
         strlen(body) + 12 >= body_cap)
         goto too_long;
     strcat(body, ", \"queue\": ");
-    if (!append_json_string(body, body_cap, queue) || strlen(body) + 9 >= body_cap)
+    if (!ctl__append_json_string(body, body_cap, queue) || strlen(body) + 9 >= body_cap)
         goto too_long;
     strcat(body, ", \"to\": ");
-    if (!append_json_string(body, body_cap, to) || strlen(body) + 16 >= body_cap)
+    if (!ctl__append_json_string(body, body_cap, to) || strlen(body) + 16 >= body_cap)
         goto too_long;
     if (backup_of != NULL) {
         strcat(body, ", \"backup_of\": ");
-        if (!append_json_string(body, body_cap, backup_of) || strlen(body) + 2 >= body_cap)
+        if (!ctl__append_json_string(body, body_cap, backup_of) || strlen(body) + 2 >= body_cap)
             goto too_long;
     }
     strcat(body, "}");
@@ -933,10 +538,10 @@ static int build_offload(const struct options *opt, char *body, size_t body_cap)
         return EXIT_USAGE;
     }
     snprintf(body, body_cap, "{\"broker\": ");
-    if (!append_json_string(body, body_cap, opt->args[0]) || strlen(body) + 10 >= body_cap)
+    if (!ctl__append_json_string(body, body_cap, opt->args[0]) || strlen(body) + 10 >= body_cap)
         goto too_long;
     strcat(body, ", \"to\": ");
-    if (!append_json_string(body, body_cap, opt->to) || strlen(body) + 24 >= body_cap)
+    if (!ctl__append_json_string(body, body_cap, opt->to) || strlen(body) + 24 >= body_cap)
         goto too_long;
     if (opt->fraction != NULL) {
         char *end;
@@ -951,11 +556,11 @@ static int build_offload(const struct options *opt, char *body, size_t body_cap)
         return 0;
     }
     strcat(body, ", \"queues\": ");
-    if (!append_json_string(body, body_cap, opt->queues) || strlen(body) + 12 >= body_cap)
+    if (!ctl__append_json_string(body, body_cap, opt->queues) || strlen(body) + 12 >= body_cap)
         goto too_long;
     if (opt->vhost != NULL) {
         strcat(body, ", \"vhost\": ");
-        if (!append_json_string(body, body_cap, opt->vhost) || strlen(body) + 2 >= body_cap)
+        if (!ctl__append_json_string(body, body_cap, opt->vhost) || strlen(body) + 2 >= body_cap)
             goto too_long;
     }
     strcat(body, "}");
@@ -987,17 +592,17 @@ static int build_request(const struct command *cmd, char **args, int args_count,
     snprintf(path, path_cap, "%s", cmd->path);
     if (strcmp(cmd->method, "POST") == 0) { /* forget/drain/revive BROKER: the name, JSON */
         snprintf(body, body_cap, "{\"broker\": ");
-        if (!append_json_string(body, body_cap, args[0]) || strlen(body) + 2 >= body_cap)
+        if (!ctl__append_json_string(body, body_cap, args[0]) || strlen(body) + 2 >= body_cap)
             goto too_long;
         strcat(body, "}");
         return 0;
     }
-    if (!append_segment(path, path_cap, args[0]) || strlen(path) + 2 >= path_cap)
+    if (!ctl__append_segment(path, path_cap, args[0]) || strlen(path) + 2 >= path_cap)
         goto too_long;
     size_t end = strlen(path);
     path[end] = '/';
     path[end + 1] = '\0';
-    if (!append_segment(path, path_cap, args[1]))
+    if (!ctl__append_segment(path, path_cap, args[1]))
         goto too_long;
     if (cmd->args_max == 2)
         return 0;
@@ -1007,7 +612,7 @@ static int build_request(const struct command *cmd, char **args, int args_count,
         return EXIT_USAGE;
     }
     snprintf(body, body_cap, "{\"pattern\": ");
-    if (!append_json_string(body, body_cap, args[2]))
+    if (!ctl__append_json_string(body, body_cap, args[2]))
         goto too_long;
     size_t n = strlen(body);
     int w = snprintf(body + n, body_cap - n, ", \"priority\": %s, \"backups\": %s}", priority,
@@ -1021,7 +626,7 @@ too_long:
 }
 
 /* Prints the answer; returns the exit status. */
-static int show(const struct command *cmd, const struct response *res, bool raw_json)
+int ctl__show(const struct command *cmd, const struct response *res, bool raw_json)
 {
     const char *error = NULL;
     if (res->status == 204 || (res->status == 201 && res->body_size == 0))
@@ -1064,181 +669,6 @@ static int show(const struct command *cmd, const struct response *res, bool raw_
     return fflush(stdout) == 0 ? 0 : 1;
 }
 
-/* ---- users, vhosts and permissions ------------------------------------------ */
-
-static bool is_user_command(const struct command *cmd)
-{
-    return strcmp(cmd->method, "GET") != 0 &&
-           (strcmp(cmd->path, "/api/users/") == 0 || strcmp(cmd->path, "/api/vhosts/") == 0 ||
-            strcmp(cmd->path, "/api/permissions/") == 0);
-}
-
-/* Appends ", \"key\": value" (or the first member, after "{"). */
-static bool append_member(char *body, size_t cap, const char *key, const char *value)
-{
-    size_t n = strlen(body);
-    int w = snprintf(body + n, cap - n, "%s\"%s\": ", n > 1 ? ", " : "", key);
-    return w > 0 && (size_t)w < cap - n && append_json_string(body, cap, value);
-}
-
-/* The user's tags ("a,b") and password hash as the API has them now:
- * change-password keeps the one, set-user-tags the other. */
-static int fetch_user(const struct options *opt, const char *authorization, const char *path,
-                      char *tags, size_t tags_cap, char *hash, size_t hash_cap)
-{
-    struct buffer in = {0};
-    struct response res;
-    int rc = http_request(&opt->endpoint, "GET", path, NULL, authorization, opt->timeout_ms,
-                          &in, &res);
-    struct jvalue *doc = NULL;
-    if (rc == 0 && res.status != 200) {
-        const struct command get = {opt->command->name, "GET", path, NULL, 0, 0, 0};
-        rc = show(&get, &res, false);
-    } else if (rc == 0) {
-        const char *error = NULL;
-        doc = json_parse(res.body, res.body_size, &error);
-        const struct jvalue *t = jget(doc, "tags"), *h = jget(doc, "password_hash");
-        char *joined = cell_text(t);
-        snprintf(tags, tags_cap, "%s", strcmp(joined, "-") == 0 ? "" : joined);
-        free(joined);
-        snprintf(hash, hash_cap, "%s", h && h->type == J_STRING ? h->text : "");
-        if (t == NULL || hash[0] == '\0') {
-            fprintf(stderr, "quayctl: GET %s: unexpected JSON shape\n", path);
-            rc = EXIT_PROTOCOL;
-        }
-    }
-    jfree(doc);
-    free(in.data);
-    return rc;
-}
-
-/* The PUT or DELETE of a user, vhost or permission command: its path and
- * body. Returns 0 or an exit status (printed). */
-static int build_user_request(const struct options *opt, const char *authorization, char *path,
-                              size_t path_cap, char *body, size_t body_cap)
-{
-    const char *name = opt->command->name;
-    char *const *args = opt->args;
-    snprintf(path, path_cap, "%s", opt->command->path);
-    if (strcmp(opt->command->path, "/api/permissions/") == 0 &&
-        (!append_segment(path, path_cap, opt->vhost ? opt->vhost : "/") ||
-         strlen(path) + 2 >= path_cap || !strcat(path, "/")))
-        goto too_long;
-    if (!append_segment(path, path_cap, args[0]))
-        goto too_long;
-    snprintf(body, body_cap, "{");
-    bool ok = true;
-    if (strcmp(name, "set-permissions") == 0) {
-        ok = append_member(body, body_cap, "configure", args[1]) &&
-             append_member(body, body_cap, "write", args[2]) &&
-             append_member(body, body_cap, "read", args[3]);
-    } else if (strcmp(name, "add-user") == 0) {
-        ok = append_member(body, body_cap, "password", args[1]) &&
-             append_member(body, body_cap, "tags", opt->tags ? opt->tags : "");
-    } else if (strcmp(name, "change-password") == 0 || strcmp(name, "set-user-tags") == 0) {
-        char tags[1024], hash[256];
-        int rc = fetch_user(opt, authorization, path, tags, sizeof tags, hash, sizeof hash);
-        if (rc != 0)
-            return rc;
-        bool password = strcmp(name, "change-password") == 0;
-        if (!password) { /* the tags are the arguments after NAME */
-            tags[0] = '\0';
-            for (int i = 1; i < opt->args_count; i++)
-                snprintf(tags + strlen(tags), sizeof tags - strlen(tags), "%s%s",
-                         i > 1 ? "," : "", args[i]);
-        }
-        /* The hash as it is, in whichever form: the broker tells the form
-         * from the text (broker/password.h). */
-        ok = password ? append_member(body, body_cap, "password", args[1])
-                      : append_member(body, body_cap, "password_hash", hash);
-        ok = ok && append_member(body, body_cap, "tags", tags);
-    }
-    if (!ok || strlen(body) + 2 >= body_cap)
-        goto too_long;
-    strcat(body, "}");
-    return 0;
-too_long:
-    fprintf(stderr, "quayctl: %s: an argument is too long\n", name);
-    return EXIT_USAGE;
-}
-
-/* ---- vhost and user limits --------------------------------------------------- */
-
-/* The limit names of set-*-limits' JSON object (NAME: integer) into
- * names[] and values[]; returns how many, or -1 (printed). */
-static int limits_of(const char *command, const struct jvalue *doc, const char **names,
-                     const char **values, int cap)
-{
-    int n = 0;
-    bool bad = doc == NULL || doc->type != J_OBJECT || doc->child == NULL;
-    for (const struct jvalue *m = bad ? NULL : doc->child; m; m = m->next) {
-        if (m->type != J_NUMBER || strlen(m->text) > 20 || n == cap) {
-            bad = true;
-            break;
-        }
-        names[n] = m->key;
-        values[n++] = m->text;
-    }
-    if (bad) {
-        fprintf(stderr, "quayctl: %s: the limits are a JSON object of integers, such as "
-                "'{\"max-connections\": 10}'\n", command);
-        return -1;
-    }
-    return n;
-}
-
-/* set-vhost-limits [-p V] JSON and set-user-limits USER JSON: one PUT per
- * limit; clear-vhost-limits [-p V] and clear-user-limits USER NAME|all:
- * one DELETE per limit (a DELETE of no limit is 204). */
-static int run_limits(const struct options *opt, const char *authorization)
-{
-    const char *command = opt->command->name;
-    bool vhost = strstr(command, "vhost") != NULL;
-    bool set = strncmp(command, "set-", 4) == 0;
-    char base[1024];
-    snprintf(base, sizeof base, "%s", opt->command->path);
-    const char *owner = vhost ? (opt->vhost ? opt->vhost : "/") : opt->args[0];
-    if (!append_segment(base, sizeof base, owner) || strlen(base) + 2 >= sizeof base) {
-        fprintf(stderr, "quayctl: %s: an argument is too long\n", command);
-        return EXIT_USAGE;
-    }
-    strcat(base, "/");
-    const char *names[4] = {"max-connections", vhost ? "max-queues" : "max-channels"};
-    const char *values[4] = {NULL, NULL};
-    int n = 2;
-    struct jvalue *doc = NULL;
-    if (set) {
-        const char *text = opt->args[vhost ? 0 : 1], *error = NULL;
-        doc = json_parse(text, strlen(text), &error);
-        n = limits_of(command, doc, names, values, 4);
-    } else if (!vhost && strcmp(opt->args[1], "all") != 0) {
-        names[0] = opt->args[1];
-        n = 1;
-    }
-    int rc = n < 0 ? EXIT_USAGE : 0;
-    for (int i = 0; i < n && rc == 0; i++) {
-        char path[2048], body[64] = "";
-        snprintf(path, sizeof path, "%s", base);
-        if (!append_segment(path, sizeof path, names[i])) {
-            fprintf(stderr, "quayctl: %s: an argument is too long\n", command);
-            rc = EXIT_USAGE;
-            break;
-        }
-        if (set)
-            snprintf(body, sizeof body, "{\"value\": %s}", values[i]);
-        struct buffer in = {0};
-        struct response res;
-        rc = http_request(&opt->endpoint, opt->command->method, path, set ? body : NULL,
-                          authorization, opt->timeout_ms, &in, &res);
-        if (rc == 0)
-            rc = show(opt->command, &res, opt->json);
-        free(in.data);
-    }
-    jfree(doc);
-    return rc;
-}
-
-/* Where an option that takes a string goes, or NULL if a is none. */
 static const char **string_option(struct options *opt, const char *a)
 {
     static const struct {
@@ -1323,7 +753,7 @@ static int parse_options(int argc, char **argv, struct options *opt)
         usage(stderr);
         return EXIT_USAGE;
     }
-    if (parse_endpoint(http, &opt->endpoint) != 0) {
+    if (ctl__parse_endpoint(http, &opt->endpoint) != 0) {
         fprintf(stderr, "quayctl: bad value for --http%s: '%s' (HOST:PORT)\n", https ? "s" : "",
                 http);
         return EXIT_USAGE;
@@ -1365,186 +795,6 @@ static int credentials(const struct options *opt, char *out, size_t out_cap)
     return 0;
 }
 
-/* ---- rabbitmqctl's verbs ------------------------------------------------------ */
-
-static const char *const *default_columns(const char *name)
-{
-    static const char *const queues[] = {"name", "messages_ready", "messages_unacknowledged",
-                                         "consumers", NULL};
-    static const char *const exchanges[] = {"name", "type", NULL};
-    static const char *const bindings[] = {"source", "destination_type", "destination",
-                                           "routing_key", NULL};
-    static const char *const connections[] = {"name", "user", "vhost", "channels", "state",
-                                              NULL};
-    return strcmp(name, "list-queues") == 0      ? queues
-           : strcmp(name, "list-exchanges") == 0 ? exchanges
-           : strcmp(name, "list-bindings") == 0  ? bindings
-                                                 : connections;
-}
-
-/* list-*: the path with ?columns=..., and the table's columns (titles as
- * the API names them; right-aligned when every value is a number). */
-static int build_list(const struct options *opt, char *path, size_t path_cap,
-                      struct column *cols, size_t *ncols)
-{
-    const char *const *defaults = default_columns(opt->command->name);
-    size_t n = 0;
-    for (; n < LIST_COLUMNS_MAX; n++) {
-        const char *key = opt->args_count ? (n < (size_t)opt->args_count ? opt->args[n] : NULL)
-                                          : defaults[n];
-        if (key == NULL)
-            break;
-        cols[n] = (struct column){key, key, false};
-    }
-    *ncols = n;
-    snprintf(path, path_cap, "%s", opt->command->path);
-    if (opt->vhost != NULL) {
-        strcat(path, "/");
-        if (!append_segment(path, path_cap, opt->vhost))
-            return EXIT_USAGE;
-    }
-    size_t len = strlen(path);
-    for (size_t i = 0; i < n; i++) {
-        int w = snprintf(path + len, path_cap - len, "%s", i ? "," : "?columns=");
-        if (w < 0 || (size_t)w >= path_cap - len || !append_segment(path, path_cap, cols[i].key))
-            return EXIT_USAGE;
-        len = strlen(path);
-    }
-    return 0;
-}
-
-static void align_numbers(const struct jvalue *doc, struct column *cols, size_t ncols)
-{
-    for (size_t c = 0; c < ncols; c++) {
-        bool numbers = doc && doc->child;
-        for (const struct jvalue *e = doc ? doc->child : NULL; e; e = e->next) {
-            const struct jvalue *v = jget(e, cols[c].key);
-            numbers = numbers && v && v->type == J_NUMBER;
-        }
-        cols[c].right = numbers;
-    }
-}
-
-static int run_list(const struct options *opt, const char *authorization)
-{
-    char path[2048];
-    struct column cols[LIST_COLUMNS_MAX];
-    size_t ncols;
-    if (build_list(opt, path, sizeof path, cols, &ncols) != 0) {
-        fprintf(stderr, "quayctl: %s: the columns are too long\n", opt->command->name);
-        return EXIT_USAGE;
-    }
-    struct buffer in = {0};
-    struct response res;
-    int rc = http_request(&opt->endpoint, "GET", path, NULL, authorization, opt->timeout_ms,
-                          &in, &res);
-    if (rc == 0 && !opt->json && res.status == 200) {
-        const char *error = NULL;
-        struct jvalue *doc = json_parse(res.body, res.body_size, &error);
-        align_numbers(doc, cols, ncols);
-        struct command cmd = *opt->command;
-        cmd.columns = cols, cmd.columns_count = ncols;
-        jfree(doc);
-        rc = show(&cmd, &res, false);
-    } else if (rc == 0) {
-        rc = show(opt->command, &res, opt->json);
-    }
-    free(in.data);
-    return rc;
-}
-
-/* Reads a whole file (at most the API's 16 MiB); NULL on failure (printed). */
-static char *read_file(const char *name)
-{
-    FILE *f = strcmp(name, "-") == 0 ? stdin : fopen(name, "rb");
-    char *data = NULL;
-    size_t size = 0, cap = 0, n;
-    if (f == NULL) {
-        fprintf(stderr, "quayctl: cannot read %s: %s\n", name, strerror(errno));
-        return NULL;
-    }
-    do {
-        if (size + 65536 + 1 > cap) {
-            cap = cap ? cap * 2 : 131072;
-            data = realloc(data, cap);
-            if (!data)
-                abort();
-        }
-        n = fread(data + size, 1, cap - size - 1, f);
-        size += n;
-    } while (n > 0 && size <= (16u << 20));
-    bool bad = ferror(f) || size > (16u << 20) || memchr(data, '\0', size) != NULL;
-    if (f != stdin)
-        fclose(f);
-    if (bad) {
-        fprintf(stderr, "quayctl: %s: unreadable, over 16 MiB, or not text\n", name);
-        free(data);
-        return NULL;
-    }
-    data[size] = '\0';
-    return data;
-}
-
-static int run_definitions(const struct options *opt, const char *authorization)
-{
-    bool import = strcmp(opt->command->name, "import-definitions") == 0;
-    const char *file = opt->args[0];
-    char *body = import ? read_file(file) : NULL;
-    if (import && body == NULL)
-        return EXIT_DATAERR;
-    struct buffer in = {0};
-    struct response res;
-    int rc = http_request(&opt->endpoint, opt->command->method, opt->command->path, body,
-                          authorization, opt->timeout_ms, &in, &res);
-    free(body);
-    if (rc == 0 && import && res.status == 204) {
-        fprintf(stderr, "quayctl: imported %s\n", file);
-    } else if (rc == 0 && !import && res.status == 200) {
-        FILE *f = strcmp(file, "-") == 0 ? stdout : fopen(file, "wb");
-        bool ok = f != NULL && fwrite(res.body, 1, res.body_size, f) == res.body_size;
-        ok = (f == stdout ? fflush(f) == 0 : f != NULL && fclose(f) == 0) && ok;
-        if (!ok) {
-            fprintf(stderr, "quayctl: cannot write %s: %s\n", file, strerror(errno));
-            rc = EXIT_DATAERR;
-        }
-    } else if (rc == 0) {
-        rc = show(opt->command, &res, false); /* the refusal, with its reason */
-    }
-    free(in.data);
-    return rc;
-}
-
-/* ping: one try. await-startup: tries until the API answers 200 or the
- * timeout passes (a broker still starting refuses the connection). */
-static int run_probe(const struct options *opt, const char *authorization)
-{
-    bool wait = strcmp(opt->command->name, "await-startup") == 0;
-    int64_t deadline = now_ms() + opt->timeout_ms;
-    for (;;) {
-        struct buffer in = {0};
-        struct response res;
-        struct options once = *opt;
-        once.timeout_ms = (int)(deadline - now_ms() > 1000 ? 1000 : deadline - now_ms());
-        if (once.timeout_ms <= 0)
-            once.timeout_ms = 1;
-        quiet_connect = wait && deadline - now_ms() > 1200;
-        int rc = http_request(&once.endpoint, "GET", opt->command->path, NULL, authorization,
-                              once.timeout_ms, &in, &res);
-        if (rc == 0 && res.status != 200) {
-            rc = show(opt->command, &res, false);
-        } else if (rc == 0) {
-            if (opt->json)
-                rc = show(opt->command, &res, true);
-            else
-                printf("%s\n", wait ? "the broker is up" : "Ping succeeded");
-        }
-        free(in.data);
-        if (rc != EXIT_UNAVAILABLE || !wait || now_ms() >= deadline)
-            return rc;
-        usleep(200 * 1000);
-    }
-}
-
 static bool is_command(const struct options *opt, const char *prefix)
 {
     return strncmp(opt->command->name, prefix, strlen(prefix)) == 0;
@@ -1574,15 +824,15 @@ int main(int argc, char **argv)
     if (is_listing(&opt) || is_command(&opt, "export-definitions") ||
         is_command(&opt, "import-definitions") || is_command(&opt, "await-startup") ||
         is_command(&opt, "ping")) {
-        rc = is_listing(&opt)           ? run_list(&opt, authorization)
-             : is_command(&opt, "ping") ? run_probe(&opt, authorization)
-             : is_command(&opt, "await") ? run_probe(&opt, authorization)
-                                         : run_definitions(&opt, authorization);
+        rc = is_listing(&opt)           ? ctl__run_list(&opt, authorization)
+             : is_command(&opt, "ping") ? ctl__run_probe(&opt, authorization)
+             : is_command(&opt, "await") ? ctl__run_probe(&opt, authorization)
+                                         : ctl__run_definitions(&opt, authorization);
         explicit_bzero(authorization, sizeof authorization);
         return rc;
     }
     if (strstr(opt.command->name, "-limits") != NULL && !is_command(&opt, "list-")) {
-        rc = run_limits(&opt, authorization);
+        rc = ctl__run_limits(&opt, authorization);
         explicit_bzero(authorization, sizeof authorization);
         return rc;
     }
@@ -1601,8 +851,8 @@ int main(int argc, char **argv)
         rc = build_rebalance(opt.args, opt.args_count, body, sizeof body);
         if (rc != 0)
             return rc;
-    } else if (is_user_command(opt.command)) {
-        rc = build_user_request(&opt, authorization, path, sizeof path, body, sizeof body);
+    } else if (ctl__is_user_command(opt.command)) {
+        rc = ctl__build_user_request(&opt, authorization, path, sizeof path, body, sizeof body);
         if (rc != 0)
             return rc;
         if (strcmp(opt.command->method, "DELETE") == 0)
@@ -1614,13 +864,14 @@ int main(int argc, char **argv)
             return rc;
     } else if (strcmp(opt.command->name, "list-vhost-limits") == 0 && opt.vhost != NULL) {
         snprintf(path, sizeof path, "/api/vhost-limits/");
-        if (!append_segment(path, sizeof path, opt.vhost)) {
+        if (!ctl__append_segment(path, sizeof path, opt.vhost)) {
             fprintf(stderr, "quayctl: list-vhost-limits: the vhost is too long\n");
             return EXIT_USAGE;
         }
     } else if (strcmp(opt.command->name, "list-permissions") == 0 && opt.vhost != NULL) {
         snprintf(path, sizeof path, "/api/vhosts/");
-        if (!append_segment(path, sizeof path, opt.vhost) || strlen(path) + 13 >= sizeof path) {
+        if (!ctl__append_segment(path, sizeof path, opt.vhost) ||
+            strlen(path) + 13 >= sizeof path) {
             fprintf(stderr, "quayctl: list-permissions: the vhost is too long\n");
             return EXIT_USAGE;
         }
@@ -1628,11 +879,11 @@ int main(int argc, char **argv)
     } else {
         snprintf(path, sizeof path, "%s", opt.command->path);
     }
-    rc = http_request(&opt.endpoint, opt.command->method, path, body[0] ? body : NULL,
-                      authorization, opt.timeout_ms, &in, &res);
+    rc = ctl__http_request(&opt.endpoint, opt.command->method, path, body[0] ? body : NULL,
+                           authorization, opt.timeout_ms, &in, &res);
     explicit_bzero(authorization, sizeof authorization);
     if (rc == 0)
-        rc = show(opt.command, &res, opt.json);
+        rc = ctl__show(opt.command, &res, opt.json);
     free(in.data);
     return rc;
 }

@@ -10,8 +10,8 @@
  *   7 zero bytes | id (u64 BE) | sequence (u64 BE) | name | amqp | cluster |
  *   HMAC-SHA256(secret, all that precedes)
  *
- * Pure (no I/O, no clock): node.c sends and receives, tests and the fuzzer
- * (tests/fuzz/fuzz_heartbeat.c) call it directly.
+ * Pure (no I/O, no clock): node_heartbeat.c sends and receives, tests and
+ * the fuzzer (tests/fuzz/fuzz_heartbeat.c) call it directly.
  */
 #ifndef QUAY_CLUSTER_HEARTBEAT_H
 #define QUAY_CLUSTER_HEARTBEAT_H

@@ -572,7 +572,7 @@ int map_cmd_limit(struct map_cmd *out, bool put, enum limit_scope scope, struct 
                   enum limit_kind kind, int64_t value);
 
 /* A no-op: once a broker sees its own sync applied, it has applied every
- * command committed before it (node.c uses it after a start). */
+ * command committed before it (node_request.c uses it after a start). */
 int map_cmd_sync(struct map_cmd *out);
 
 /* ---- snapshots ------------------------------------------------------------------ */

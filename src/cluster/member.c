@@ -16,6 +16,7 @@
 #include "broker/connection.h"
 #include "broker/message.h"
 #include "broker/queue.h"
+#include "broker/usage.h"
 #include "broker/vhost.h"
 #include "cluster/adoption.h"
 #include "cluster/controller.h"
@@ -46,6 +47,7 @@ static void on_link_up(void *ctx, struct link *link)
     peer->synced_version = 0; /* a new connection: a restarted peer may lag */
     LOG_INFO("cluster: link to broker %u (%s) is up", peer->id, peer->address);
     proxy_peer_up(peer);
+    usage_changed(peer->member->broker, NULL); /* it counts our clients from now */
 }
 
 static void on_link_down(void *ctx, struct link *link)

@@ -19,8 +19,10 @@
 #include <string.h>
 
 #include "broker/broker.h"
+#include "amqp/method_gen.h"
 #include "broker/cluster_ops.h"
 #include "cluster/events.h"
+#include "cluster/link.h"
 #include "cluster/map.h"
 #include "cluster/member.h"
 #include "cluster/node.h"
@@ -342,6 +344,23 @@ static void ops_handover_notice(void *cluster, struct vhost *vhost, uint64_t con
                            redelivered);
 }
 
+/* ---- what limits count (broker/usage.h) ---- */
+
+static void ops_share_usage(void *cluster, struct table counts)
+{
+    struct member *member = cluster;
+    if (member->stopping)
+        return;
+    struct method m = {.id = METHOD_BASIC_QUAY_USAGE};
+    m.basic_quay_usage.broker = bytes_of_cstr(cluster_node_name(member->node));
+    m.basic_quay_usage.counts = counts;
+    for (uint32_t i = 0; i < member->peers_count; i++) {
+        struct link_channel *ch = member_map_channel(member->peers[i]);
+        if (ch != NULL)
+            link_send(ch, &m);
+    }
+}
+
 const struct cluster_ops member_cluster_ops = {
     .stop = ops_stop,
     .free = ops_free,
@@ -352,6 +371,7 @@ const struct cluster_ops member_cluster_ops = {
     .map_version = ops_map_version,
     .synced = ops_synced,
     .known_hosts = ops_known_hosts,
+    .share_usage = ops_share_usage,
     .peers_expected = ops_peers_expected,
     .queue_gone = ops_queue_gone,
     .propose_entry = ops_propose_entry,

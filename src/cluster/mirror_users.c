@@ -18,6 +18,7 @@
 
 #include "broker/auth.h"
 #include "broker/broker.h"
+#include "broker/usage.h"
 #include "broker/users.h"
 #include "cluster/map.h"
 #include "cluster/member.h"
@@ -76,8 +77,10 @@ static void follow_permissions(struct auth_user *u, const struct map_user *mu)
 void mirror_limits(struct member *member)
 {
     const struct cluster_map *map = member_map(member);
-    if (!limit_set_equal(&member->broker->limits, &map->limits))
-        limit_set_copy(&member->broker->limits, &map->limits);
+    if (limit_set_equal(&member->broker->limits, &map->limits))
+        return;
+    limit_set_copy(&member->broker->limits, &map->limits);
+    usage_changed(member->broker, NULL); /* a name newly limited: the peers need its counts */
 }
 
 void mirror_users(struct member *member)

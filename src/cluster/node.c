@@ -1,29 +1,11 @@
 /*
  * node.c: see node.h. A broker's membership in the cluster: consensus with
- * the map as its state machine, the member heartbeats, and the controller
- * loop on the leader.
- *
- * Heartbeat datagram (UDP, to every Raft member's cluster address; all
- * integers big-endian):
- *
- *     0   4  magic "QYHB"
- *     4   1  version (1)
- *     5   1  flags: bit 0 = stopping (the sender is shutting down cleanly)
- *     6   1  name_size (1..255)
- *     7   1  amqp_size (1..255)
- *     8   1  cluster_size (1..255)
- *     9   7  zero
- *    16   8  sender id (its Raft id; map broker ids are 32-bit)
- *    24   8  sequence: strictly increasing per sender, across restarts too
- *              (it starts at the wall clock in microseconds)
- *    32   n  name, AMQP address, cluster address (not NUL-terminated)
- *  32+n  32  HMAC-SHA256(secret, bytes 0 .. 32+n)
- *
- * A datagram that is malformed, fails the MAC or does not advance its
- * sender's sequence is dropped and counted. The MAC input starts with
- * "QYHB", so it cannot be confused with the transport's proofs (which are
- * over "quay-raft ..." labels). Like the transport, this authenticates the
- * sender; it does not hide anything.
+ * the map as its state machine, proposals, the controller loop on the
+ * leader, the tick, start and stop. The rest is in node_config.c (options,
+ * the secret, the broker id, addresses), node_heartbeat.c (the member
+ * heartbeats and the lease), node_request.c (clients' changes, from any
+ * broker) and node_json.c (GET /api/cluster's fields); node_int.h holds
+ * what they share.
  *
  * Log entries: libraft 0.15's TCP transport sends an entry's bytes as they
  * are but its receiver skips padding to a multiple of 8 after each one, so
@@ -33,16 +15,6 @@
  * request id (8 bytes; 0 for the controller's own decisions), the map
  * command, zeros up to a multiple of 8.
  *
- * Requests (definition changes from clients, on any broker): the leader
- * proposes the entry itself; a follower hands it to the leader through
- * hooks.forward (the AMQP link) and the leader proposes it with
- * cluster_node_propose_entry. Either way the requester learns the outcome
- * by applying the entry like everyone else: the request id in the envelope
- * (this broker's id in the high half) finds it in the pending list. An
- * entry not applied after REQUEST_RESEND_MS is sent again (commands are
- * idempotent: a redeclare is equivalent, a second delete deletes nothing);
- * after CLUSTER_SUBMIT_TIMEOUT_MS the request fails (no quorum, no leader).
- *
  * Timers: one, every NODE_HEARTBEAT_MS: send heartbeats, then (leader
  * only) announce members and check liveness.
  *
@@ -51,10 +23,10 @@
  * start-up (start-up reads and writes two small files synchronously).
  */
 #include "cluster/node.h"
+#include "cluster/node_int.h"
 
 #include <assert.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,106 +45,11 @@
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
-#include "lib/json.h"
 
-#define SECRET_SIZE_MIN 16
-#define SECRET_SIZE_MAX 1024
 #define JOIN_WARN_EVERY_MS 5000
-#define ADDRESS_SIZE (CLUSTER_NAME_SIZE_MAX + 1)
-#define ENVELOPE_HEADER_SIZE 16
-#define REQUEST_RESEND_MS 1000
 #define PROPOSE_BATCH 256
 
-static_assert(HEARTBEAT_SIZE_MAX < 1200, "a heartbeat fits one datagram on any link");
 static_assert(CLUSTER_NAME_SIZE_MAX <= CONSENSUS_ADDRESS_SIZE_MAX, "addresses fit the map");
-
-/* What this node knows of one member (itself included, at index 0), from
- * its heartbeats. Owned by the node. */
-struct peer {
-    uint32_t id;
-    bool stopping;            /* its last heartbeat said it is shutting down */
-    uint8_t alarms;           /* HEARTBEAT_FLAG_*_ALARM of its last heartbeat (ours: we send) */
-    bool join_in_flight;      /* leader: a broker.join for it is proposed */
-    bool join_refused;        /* leader: refused at refused_version; wait for a change */
-    uint64_t refused_version; /* map brokers_version when it was refused */
-    uint64_t sequence;
-    uint64_t last_heard_ms;   /* loop clock; 0 = never */
-    uint64_t reset_at_ms;     /* our AMQP link to it dropped (EOF or reset) at; 0 = never */
-    char name[ADDRESS_SIZE];
-    char amqp_address[ADDRESS_SIZE];
-    char cluster_address[ADDRESS_SIZE];
-};
-
-/* A client's definition change waiting for its entry to be applied here.
- * Owned by the node (node->requests) until done ran or it was cancelled. */
-struct cluster_request {
-    struct list_node link;
-    struct cluster_node *node;
-    uint64_t id;
-    uint8_t *entry; /* owned: the whole log entry (envelope included) */
-    size_t entry_size;
-    uint64_t deadline_ms;
-    uint64_t sent_ms;   /* last proposal or forward; 0 = not yet */
-    bool in_consensus;  /* proposed here, consensus has not answered */
-    cluster_submit_fn done; /* never NULL (a cancelled request is freed) */
-    void *ctx;
-};
-
-struct cluster_node {
-    uv_loop_t *loop; /* borrowed */
-    struct cluster_node_hooks hooks;
-    struct list_node requests; /* struct cluster_request, oldest first */
-    uint64_t next_request;
-    bool synced;         /* our sync applied since this process started */
-    /* What this process found in its log when it started: the last entry
-     * (restart_index), and the map version once the entries up to it are
-     * applied here (restart_version). Whatever a map object's owner got
-     * after restart_version, it got from this incarnation. */
-    bool starting;
-    uint64_t restart_index, restart_version;
-    bool nudge_in_flight; /* leader: a sync proposed to publish the commit index */
-    uint32_t leaving[CLUSTER_BROKERS_MAX]; /* left the map: the leader removes them from Raft */
-    uint32_t leaving_count;
-    uint32_t departed[CLUSTER_BROKERS_MAX]; /* leader: removed, maybe still Raft members */
-    uint32_t departed_count;
-    bool nudge_again;
-    bool sync_pending;
-    struct consensus *consensus;
-    struct cluster_map map;
-    struct controller_config controller;
-    uint32_t id;
-    uint8_t secret[SECRET_SIZE_MAX];
-    size_t secret_size;
-    uv_udp_t udp;
-    uv_timer_t timer;
-    struct outbox outbox;    /* leader: requests of this loop iteration (outbox.h) */
-    int handles_open;        /* udp, timer, outbox */
-    bool consensus_open;
-    bool stopping;
-    bool joining;            /* consensus_join() has not completed */
-    uint64_t join_warned_ms;
-    uint64_t leader_id;
-    uint64_t hurried_for;    /* the leader we stopped waiting for (see hurry_election) */
-    uint64_t leaderless_term;   /* the term when no leader was known at the last tick */
-    uint8_t leaderless_rounds;  /* terms since then that elected none (backoff) */
-    bool leader;             /* this node is the Raft leader */
-    bool controller_ready;   /* leader, and its barrier committed */
-    bool barrier_in_flight;
-    uint64_t leader_since_ms;
-    uint32_t liveness_in_flight;
-    uint32_t policy_in_flight;     /* controller_apply_policies' commands */
-    uint64_t policies_applied;     /* the map's policies_generation they followed */
-    bool policies_recheck;         /* look again (new controller, or a batch committed) */
-    uint32_t proposals_in_flight;
-    struct controller_round round; /* repair, draining, rebalancing (controller.h) */
-    bool auto_rebalance;     /* --auto-rebalance */
-    uint64_t sequence;
-    uint64_t lease_until_ms; /* loop clock: see NODE_LEASE_MS */
-    struct peer peers[CLUSTER_BROKERS_MAX]; /* [0] is this node */
-    uint32_t peers_count;
-    uint64_t heartbeat_dropped_count; /* malformed, bad MAC, replayed: glitches */
-    uint8_t recv_buffer[HEARTBEAT_SIZE_MAX + 64];
-};
 
 enum proposal_kind {
     PROPOSAL_BARRIER,
@@ -193,7 +70,7 @@ struct proposal {
 
 /* ---- small helpers ---- */
 
-static struct peer *peer_find(struct cluster_node *node, uint64_t id)
+struct peer *node__peer_find(struct cluster_node *node, uint64_t id)
 {
     for (uint32_t i = 0; i < node->peers_count; i++) {
         if (node->peers[i].id == id)
@@ -210,182 +87,6 @@ static const char *broker_name_or(const struct cluster_map *map, uint64_t id, co
         return dflt;
     snprintf(name, sizeof name, "%.*s", (int)b->name.len, (const char *)b->name.ptr);
     return name;
-}
-
-/* "host:port" -> host and port; the host may be bracketed IPv6. */
-static int split_address(const char *address, char *host, size_t host_size, int *port)
-{
-    const char *colon = strrchr(address, ':');
-    if (colon == NULL || colon == address || (size_t)(colon - address) >= host_size)
-        return -1;
-    char *end;
-    long p = strtol(colon + 1, &end, 10);
-    if (*end != '\0' || colon[1] == '\0' || p <= 0 || p > 65535)
-        return -1;
-    snprintf(host, host_size, "%.*s", (int)(colon - address), address);
-    *port = (int)p;
-    return 0;
-}
-
-static int parse_ipv4_address(const char *address, struct sockaddr_in *out)
-{
-    char host[64];
-    int port;
-    if (split_address(address, host, sizeof host, &port) != 0)
-        return -1;
-    return uv_ip4_addr(host, port, out) == 0 ? 0 : -1;
-}
-
-static bool name_ok(const char *s)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > CLUSTER_NAME_SIZE_MAX)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        if ((unsigned char)s[i] <= ' ' || s[i] == 0x7f)
-            return false; /* one token: it is logged as "name=state" */
-    }
-    return true;
-}
-
-/* ---- configuration, secret and id ---- */
-
-static int check_join_list(const char *join, char *err, size_t err_size)
-{
-    char copy[CLUSTER_NODE_PEERS_MAX * 32 + 64];
-    if (strlen(join) >= sizeof copy) {
-        snprintf(err, err_size, "--join: list too long");
-        return -1;
-    }
-    snprintf(copy, sizeof copy, "%s", join);
-    size_t count = 0;
-    char *save = NULL;
-    for (char *p = strtok_r(copy, ",", &save); p != NULL; p = strtok_r(NULL, ",", &save)) {
-        struct sockaddr_in sa;
-        if (parse_ipv4_address(p, &sa) != 0) {
-            snprintf(err, err_size, "--join: '%s' is not an IPv4 'a.b.c.d:port'", p);
-            return -1;
-        }
-        count++;
-    }
-    if (count == 0 || count > CLUSTER_NODE_PEERS_MAX) {
-        snprintf(err, err_size, "--join: give 1..%d addresses", CLUSTER_NODE_PEERS_MAX);
-        return -1;
-    }
-    return 0;
-}
-
-/* Reads the secret file into out (at least SECRET_SIZE_MIN bytes). */
-static int read_secret(const char *path, uint8_t *out, size_t *size_out, char *err,
-                       size_t err_size)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(err, err_size, "cannot read the cluster secret file %s: %s", path,
-                 strerror(errno));
-        return -1;
-    }
-    uint8_t buf[SECRET_SIZE_MAX + 1];
-    size_t size = 0;
-    ssize_t n;
-    while (size < sizeof buf && (n = read(fd, buf + size, sizeof buf - size)) != 0) {
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            snprintf(err, err_size, "cannot read %s: %s", path, strerror(errno));
-            close(fd);
-            return -1;
-        }
-        size += (size_t)n;
-    }
-    close(fd);
-    if (size < SECRET_SIZE_MIN || size > SECRET_SIZE_MAX) {
-        snprintf(err, err_size, "the cluster secret file %s must hold %d..%d bytes (it has %s%zu)",
-                 path, SECRET_SIZE_MIN, SECRET_SIZE_MAX, size > SECRET_SIZE_MAX ? "over " : "",
-                 size > SECRET_SIZE_MAX ? (size_t)SECRET_SIZE_MAX : size);
-        OPENSSL_cleanse(buf, sizeof buf);
-        return -1;
-    }
-    if (out != NULL) {
-        memcpy(out, buf, size);
-        *size_out = size;
-    }
-    OPENSSL_cleanse(buf, sizeof buf);
-    return 0;
-}
-
-int cluster_node_config_check(const struct cluster_node_config *config, char *err,
-                              size_t err_size)
-{
-    ASSERT(config != NULL);
-    struct sockaddr_in sa;
-    if (config->listen == NULL || parse_ipv4_address(config->listen, &sa) != 0) {
-        snprintf(err, err_size, "--cluster-listen must be an IPv4 'a.b.c.d:port' (port > 0)");
-        return -1;
-    }
-    if (config->name != NULL && config->name[0] != '\0' && !name_ok(config->name)) {
-        snprintf(err, err_size, "--name must be 1..%d printable characters without spaces",
-                 CLUSTER_NAME_SIZE_MAX);
-        return -1;
-    }
-    if (config->join != NULL && config->join[0] != '\0' &&
-        check_join_list(config->join, err, err_size) != 0)
-        return -1;
-    if (config->secret_file == NULL || config->secret_file[0] == '\0') {
-        snprintf(err, err_size,
-                 "clustering needs --cluster-secret-file FILE (the same file on every broker, "
-                 "%d..%d bytes); refusing to start without it", SECRET_SIZE_MIN,
-                 SECRET_SIZE_MAX);
-        return -1;
-    }
-    return read_secret(config->secret_file, NULL, NULL, err, err_size);
-}
-
-/* DATA/cluster-id holds the broker id in decimal; it is created once
- * (write, fsync, rename) so restarts keep the id. */
-static int load_or_create_id(const char *data_dir, uint32_t *id_out, char *err,
-                             size_t err_size)
-{
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/cluster-id", data_dir);
-    FILE *f = fopen(path, "re");
-    if (f != NULL) {
-        unsigned long long v = 0;
-        int n = fscanf(f, "%llu", &v);
-        fclose(f);
-        if (n != 1 || v == 0 || v > UINT32_MAX) {
-            snprintf(err, err_size, "%s is corrupt (expected a number 1..%u)", path,
-                     UINT32_MAX);
-            return -1;
-        }
-        *id_out = (uint32_t)v;
-        return 0;
-    }
-    if (errno != ENOENT) {
-        snprintf(err, err_size, "cannot read %s: %s", path, strerror(errno));
-        return -1;
-    }
-    uint32_t id = 0;
-    while (id == 0) {
-        if (RAND_bytes((unsigned char *)&id, sizeof id) != 1) {
-            snprintf(err, err_size, "no randomness for a broker id");
-            return -1;
-        }
-    }
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    char text[16];
-    int len = snprintf(text, sizeof text, "%" PRIu32 "\n", id);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-    bool ok = fd >= 0 && write(fd, text, (size_t)len) == len && fsync(fd) == 0;
-    if (fd >= 0)
-        close(fd);
-    if (!ok || rename(tmp, path) != 0) {
-        snprintf(err, err_size, "cannot write %s: %s", path, strerror(errno));
-        return -1;
-    }
-    LOG_INFO("cluster: new broker id %" PRIu32 " stored in %s", id, path);
-    *id_out = id;
-    return 0;
 }
 
 /* ---- the map as the state machine, and its log ---- */
@@ -461,9 +162,6 @@ static void log_change(struct cluster_node *node, int rc, const struct map_chang
     }
 }
 
-static void request_applied(struct cluster_node *node, uint64_t id, int rc,
-                            const struct map_change *change);
-
 static int on_apply(void *ctx, uint64_t index, const uint8_t *cmd, size_t size, void **result)
 {
     struct cluster_node *node = ctx;
@@ -493,7 +191,7 @@ static int on_apply(void *ctx, uint64_t index, const uint8_t *cmd, size_t size, 
     if (node->hooks.applied != NULL)
         node->hooks.applied(node->hooks.ctx, rc, &change);
     if (request_id != 0 && (uint32_t)(request_id >> 32) == node->id)
-        request_applied(node, request_id, rc, &change);
+        node__request_applied(node, request_id, rc, &change);
     /* The reply code is a small value, not memory (consensus.h). */
     *result = (void *)(uintptr_t)change.reply_code;
     return rc;
@@ -589,7 +287,7 @@ static void on_proposal_done(void *req_ctx, int status, void *result)
     ASSERT(node->proposals_in_flight > 0);
     node->proposals_in_flight--;
     bool committed = status == OK || status == CONSENSUS_E_APPLY;
-    struct peer *peer = peer_find(node, p->broker_id);
+    struct peer *peer = node__peer_find(node, p->broker_id);
     switch (p->kind) {
     case PROPOSAL_BARRIER:
         node->barrier_in_flight = false;
@@ -644,7 +342,7 @@ static void on_proposal_done(void *req_ctx, int status, void *result)
 }
 
 /* The log entry for cmd: envelope, command, padding. Owned by the caller. */
-static uint8_t *entry_new(const struct map_cmd *cmd, uint64_t request_id, size_t *size_out)
+uint8_t *node__entry_new(const struct map_cmd *cmd, uint64_t request_id, size_t *size_out)
 {
     ASSERT(cmd->size > 0 && cmd->size <= CLUSTER_CMD_SIZE_MAX);
     size_t size = ENVELOPE_HEADER_SIZE + (cmd->size + 7) / 8 * 8;
@@ -664,7 +362,7 @@ static int propose(struct cluster_node *node, struct map_cmd *cmd, enum proposal
 {
     ASSERT(!node->stopping);
     size_t size;
-    uint8_t *entry = entry_new(cmd, 0, &size);
+    uint8_t *entry = node__entry_new(cmd, 0, &size);
     map_cmd_free(cmd);
     struct proposal *p = calloc(1, sizeof *p);
     ASSERT(p != NULL);
@@ -703,7 +401,7 @@ static uint32_t propose_batch(struct cluster_node *node, struct map_cmd *cmds, u
     struct consensus_cmd entries[PROPOSE_BATCH];
     for (uint32_t i = 0; i < n; i++) {
         size_t size;
-        entries[i].bytes = entry_new(&cmds[i], 0, &size);
+        entries[i].bytes = node__entry_new(&cmds[i], 0, &size);
         entries[i].size = size;
         map_cmd_free(&cmds[i]);
     }
@@ -737,6 +435,24 @@ static void propose_list(struct cluster_node *node, struct map_cmd_list *list,
         else if (kind == PROPOSAL_POLICY)
             node->policy_in_flight++;
     }
+}
+
+/* The outbox's batch of requests, ours and forwarded ones (see outbox.h). */
+static int propose_requests(void *ctx, const struct consensus_cmd *cmds, uint32_t n)
+{
+    struct cluster_node *node = ctx;
+    if (node->stopping || !node->leader)
+        return CONSENSUS_E_NOT_LEADER;
+    struct proposal *p = calloc(1, sizeof *p);
+    ASSERT(p != NULL);
+    *p = (struct proposal){.node = node, .kind = PROPOSAL_REQUEST, .broker_id = node->id};
+    int rc = consensus_propose_many(node->consensus, cmds, n, on_proposal_done, p);
+    if (rc != OK) {
+        free(p);
+        return rc;
+    }
+    node->proposals_in_flight++;
+    return OK;
 }
 
 /* ---- the controller (leader, after its barrier) ---- */
@@ -793,7 +509,7 @@ static void controller_announce_members(struct cluster_node *node)
             continue; /* transient: its role is being assigned */
         if (departed(node, m->id))
             continue; /* it left: its removal from Raft is under way */
-        struct peer *peer = peer_find(node, m->id);
+        struct peer *peer = node__peer_find(node, m->id);
         if (peer == NULL || peer->name[0] == '\0' || peer->join_in_flight)
             continue; /* not heard yet */
         if (strcmp(peer->cluster_address, m->address) != 0)
@@ -814,7 +530,7 @@ static void controller_liveness(struct cluster_node *node, uint64_t now)
         return; /* decide on the map those changes produce */
     for (uint32_t i = 0; i < node->map.brokers_count; i++) {
         const struct map_broker *b = node->map.brokers[i];
-        const struct peer *peer = peer_find(node, b->id);
+        const struct peer *peer = node__peer_find(node, b->id);
         /* Never heard by this process: silent since it became leader. */
         uint64_t last = node->leader_since_ms;
         if (peer != NULL && peer->last_heard_ms != 0)
@@ -929,177 +645,11 @@ static void controller_tick(struct cluster_node *node, uint64_t now)
     controller_policies(node);
 }
 
-/* ---- requests (any broker) ---- */
-
-static struct cluster_request *request_find(struct cluster_node *node, uint64_t id)
-{
-    list_for_each(n, &node->requests) {
-        struct cluster_request *r = CONTAINER_OF(n, struct cluster_request, link);
-        if (r->id == id)
-            return r;
-    }
-    return NULL;
-}
-
-static void request_free(struct cluster_request *r)
-{
-    list_remove(&r->link);
-    free(r->entry);
-    free(r);
-}
-
-/* Hands the entry to consensus (leader) or to the leader (follower). A
- * failure is not reported: request_tick sends it again. */
-static void request_send(struct cluster_node *node, struct cluster_request *r, uint64_t now)
-{
-    r->sent_ms = now;
-    if (node->leader) {
-        outbox_add(&node->outbox, r->entry, r->entry_size);
-    } else if (node->leader_id != 0 && node->hooks.forward != NULL) {
-        node->hooks.forward(node->hooks.ctx, (uint32_t)node->leader_id, r->entry,
-                            r->entry_size);
-    }
-}
-
-/* Frees the request, then tells its requester (which may submit again). */
-static void request_finish(struct cluster_request *r, int status,
-                           const struct map_change *change)
-{
-    cluster_submit_fn done = r->done;
-    void *ctx = r->ctx;
-    request_free(r);
-    done(ctx, status, change);
-}
-
-static void request_applied(struct cluster_node *node, uint64_t id, int rc,
-                            const struct map_change *change)
-{
-    struct cluster_request *r = request_find(node, id);
-    if (r == NULL)
-        return; /* answered by an earlier copy, or cancelled */
-    (void)rc; /* the change carries the reply code */
-    request_finish(r, OK, change);
-}
-
-static void request_tick(struct cluster_node *node, uint64_t now)
-{
-    list_for_each_safe(n, &node->requests) {
-        struct cluster_request *r = CONTAINER_OF(n, struct cluster_request, link);
-        if (now >= r->deadline_ms)
-            request_finish(r, CLUSTER_E_UNAVAILABLE, NULL);
-        else if (r->sent_ms == 0 || now - r->sent_ms >= REQUEST_RESEND_MS)
-            request_send(node, r, now);
-    }
-}
-
-struct cluster_request *cluster_node_submit(struct cluster_node *node, struct map_cmd *cmd,
-                                            cluster_submit_fn done, void *ctx)
-{
-    ASSERT(node != NULL && !node->stopping && done != NULL);
-    struct cluster_request *r = calloc(1, sizeof *r);
-    ASSERT(r != NULL);
-    r->node = node;
-    r->id = (uint64_t)node->id << 32 | (uint32_t)node->next_request++;
-    r->entry = entry_new(cmd, r->id, &r->entry_size);
-    map_cmd_free(cmd);
-    uint64_t now = uv_now(node->loop);
-    r->deadline_ms = now + CLUSTER_SUBMIT_TIMEOUT_MS;
-    r->done = done;
-    r->ctx = ctx;
-    list_push_back(&node->requests, &r->link);
-    /* Sent at once, from inside an apply callback too: neither the outbox
-     * (a leader's) nor a forward (a follower's) enters consensus here. */
-    request_send(node, r, now);
-    return r;
-}
-
-void cluster_request_cancel(struct cluster_request *r)
-{
-    ASSERT(r != NULL);
-    request_free(r);
-}
-
-int cluster_node_propose_entry(struct cluster_node *node, const uint8_t *entry, size_t size)
-{
-    if (node->stopping || !node->leader)
-        return CONSENSUS_E_NOT_LEADER;
-    if (size < ENVELOPE_HEADER_SIZE || size % 8 != 0 ||
-        size > ENVELOPE_HEADER_SIZE + CLUSTER_CMD_SIZE_MAX + 8)
-        return CONSENSUS_E_INVALID;
-    /* Proposed with the others of this loop iteration; the origin (the
-     * request id's high half) is checked at apply. */
-    outbox_add(&node->outbox, entry, size);
-    return OK;
-}
-
-/* The outbox's batch of requests, ours and forwarded ones (see outbox.h). */
-static int propose_requests(void *ctx, const struct consensus_cmd *cmds, uint32_t n)
-{
-    struct cluster_node *node = ctx;
-    if (node->stopping || !node->leader)
-        return CONSENSUS_E_NOT_LEADER;
-    struct proposal *p = calloc(1, sizeof *p);
-    ASSERT(p != NULL);
-    *p = (struct proposal){.node = node, .kind = PROPOSAL_REQUEST, .broker_id = node->id};
-    int rc = consensus_propose_many(node->consensus, cmds, n, on_proposal_done, p);
-    if (rc != OK) {
-        free(p);
-        return rc;
-    }
-    node->proposals_in_flight++;
-    return OK;
-}
-
-static void on_synced(void *ctx, int status, const struct map_change *change)
-{
-    struct cluster_node *node = ctx;
-    (void)change;
-    node->sync_pending = false;
-    if (status != OK || node->synced)
-        return;
-    node->synced = true;
-    LOG_INFO("cluster: caught up with the map at epoch=%llu",
-             (unsigned long long)node->map.version);
-    if (node->hooks.synced != NULL)
-        node->hooks.synced(node->hooks.ctx);
-}
-
-/* After a start, a sync through the log tells us when every command
- * committed before it has been applied here. */
-static void sync_tick(struct cluster_node *node)
-{
-    if (node->synced || node->sync_pending || node->leader_id == 0 || node->joining)
-        return;
-    struct map_cmd cmd;
-    ASSERT(map_cmd_sync(&cmd) == OK);
-    node->sync_pending = true;
-    cluster_node_submit(node, &cmd, on_synced, node);
-}
+/* ---- the broker's side ---- */
 
 void cluster_node_set_hooks(struct cluster_node *node, const struct cluster_node_hooks *hooks)
 {
     node->hooks = *hooks;
-}
-
-void cluster_node_set_alarms(struct cluster_node *node, bool memory, bool disk)
-{
-    node->peers[0].alarms = (uint8_t)((memory ? HEARTBEAT_FLAG_MEMORY_ALARM : 0) |
-                                      (disk ? HEARTBEAT_FLAG_DISK_ALARM : 0));
-}
-
-void cluster_node_peer_alarms(const struct cluster_node *node, bool *memory, bool *disk)
-{
-    uint64_t now = uv_now(node->loop);
-    uint8_t alarms = 0;
-    for (uint32_t i = 1; i < node->peers_count; i++) {
-        const struct peer *peer = &node->peers[i];
-        /* A broker we have not heard from lately is down or cut off: its
-         * alarm no longer blocks anyone (RabbitMQ forgets a down node's). */
-        if (peer->last_heard_ms != 0 && now - peer->last_heard_ms <= NODE_DOWN_AFTER_MS)
-            alarms |= peer->alarms;
-    }
-    *memory = (alarms & HEARTBEAT_FLAG_MEMORY_ALARM) != 0;
-    *disk = (alarms & HEARTBEAT_FLAG_DISK_ALARM) != 0;
 }
 
 const struct controller_config *cluster_node_controller_config(const struct cluster_node *node)
@@ -1155,7 +705,7 @@ static void hurry_if_leader_silent(struct cluster_node *node, uint64_t now)
                                        NODE_HURRY_ELECTION_MS << node->leaderless_rounds);
         return;
     }
-    const struct peer *peer = peer_find(node, node->leader_id);
+    const struct peer *peer = node__peer_find(node, node->leader_id);
     if (peer != NULL && peer->last_heard_ms != 0 &&
         now - peer->last_heard_ms >= NODE_HURRY_SILENCE_MS)
         hurry_election(node);
@@ -1163,7 +713,7 @@ static void hurry_if_leader_silent(struct cluster_node *node, uint64_t now)
 
 void cluster_node_peer_lost(struct cluster_node *node, uint32_t broker_id)
 {
-    struct peer *peer = peer_find(node, broker_id);
+    struct peer *peer = node__peer_find(node, broker_id);
     if (peer == NULL || node->stopping)
         return;
     peer->reset_at_ms = uv_now(node->loop);
@@ -1194,148 +744,6 @@ void cluster_node_raft_log(const struct cluster_node *node, struct consensus_log
         consensus_log_state(node->consensus, out);
 }
 
-/* ---- the lease ---- */
-
-static int by_newest(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x > y ? -1 : x < y;
-}
-
-/* The lease lasts NODE_LEASE_MS past the moment the majority-th broker
- * (counting ourselves) was last heard. */
-static void lease_update(struct cluster_node *node)
-{
-    const struct cluster_map *map = &node->map;
-    uint64_t heard[CLUSTER_BROKERS_MAX];
-    uint32_t n = 0;
-    bool member = false;
-    for (uint32_t i = 0; i < map->brokers_count; i++) {
-        uint32_t id = map->brokers[i]->id;
-        if (id == node->id) {
-            member = true;
-            continue;
-        }
-        const struct peer *peer = peer_find(node, id);
-        heard[n++] = peer ? peer->last_heard_ms : 0;
-    }
-    uint32_t others_needed = (n + 1) / 2; /* a majority of n + 1, less ourselves */
-    if (!member || others_needed == 0) {
-        node->lease_until_ms = UINT64_MAX;
-        return;
-    }
-    qsort(heard, n, sizeof heard[0], by_newest);
-    uint64_t last = heard[others_needed - 1];
-    node->lease_until_ms = last == 0 ? 0 : last + NODE_LEASE_MS;
-}
-
-bool cluster_node_lease_fresh(const struct cluster_node *node)
-{
-    return uv_now(node->loop) < node->lease_until_ms;
-}
-
-/* ---- heartbeats ---- */
-
-static size_t heartbeat_of_self(struct cluster_node *node, bool stopping, uint8_t *out)
-{
-    const struct peer *self = &node->peers[0];
-    struct heartbeat hb = {.id = node->id, .sequence = ++node->sequence, .stopping = stopping,
-                           .alarms = self->alarms};
-    memcpy(hb.name, self->name, sizeof hb.name);
-    memcpy(hb.amqp_address, self->amqp_address, sizeof hb.amqp_address);
-    memcpy(hb.cluster_address, self->cluster_address, sizeof hb.cluster_address);
-    return heartbeat_encode(&hb, node->secret, node->secret_size, out);
-}
-
-/* To every Raft member but ourselves. A lost datagram is only a late one. */
-static void heartbeat_send(struct cluster_node *node, bool stopping)
-{
-    struct consensus_member members[CLUSTER_BROKERS_MAX];
-    size_t n = consensus_members(node->consensus, members, CLUSTER_BROKERS_MAX);
-    if (n > CLUSTER_BROKERS_MAX)
-        n = CLUSTER_BROKERS_MAX;
-    if (n == 0)
-        return; /* not a member yet */
-    uint8_t datagram[HEARTBEAT_SIZE_MAX];
-    size_t size = heartbeat_of_self(node, stopping, datagram);
-    uv_buf_t buf = uv_buf_init((char *)datagram, (unsigned)size);
-    for (size_t i = 0; i < n; i++) {
-        struct sockaddr_in sa;
-        if (members[i].id == node->id || parse_ipv4_address(members[i].address, &sa) != 0)
-            continue;
-        (void)uv_udp_try_send(&node->udp, &buf, 1, (const struct sockaddr *)&sa);
-    }
-}
-
-static void heartbeat_received(struct cluster_node *node, const struct heartbeat *hb)
-{
-    struct peer *peer = peer_find(node, hb->id);
-    if (peer == &node->peers[0]) {
-        LOG_WARN("cluster: a heartbeat from %s claims our id %" PRIu32, hb->cluster_address,
-                 hb->id);
-        return;
-    }
-    if (peer == NULL) {
-        if (node->peers_count == CLUSTER_BROKERS_MAX) {
-            node->heartbeat_dropped_count++;
-            return;
-        }
-        peer = &node->peers[node->peers_count++];
-        *peer = (struct peer){.id = hb->id};
-        LOG_INFO("cluster: hearing from %s (id %" PRIu32 ") at %s", hb->name, hb->id,
-                 hb->cluster_address);
-    }
-    if (hb->sequence <= peer->sequence) {
-        node->heartbeat_dropped_count++; /* replayed or reordered */
-        return;
-    }
-    bool changed = strcmp(peer->name, hb->name) != 0 ||
-                   strcmp(peer->amqp_address, hb->amqp_address) != 0 ||
-                   strcmp(peer->cluster_address, hb->cluster_address) != 0;
-    if (hb->stopping && !peer->stopping)
-        LOG_INFO("cluster: %s (id %" PRIu32 ") is stopping", hb->name, hb->id);
-    if (hb->alarms != peer->alarms)
-        LOG_INFO("cluster: %s (id %" PRIu32 ") alarms: memory %s, disk %s", hb->name, hb->id,
-                 hb->alarms & HEARTBEAT_FLAG_MEMORY_ALARM ? "on" : "off",
-                 hb->alarms & HEARTBEAT_FLAG_DISK_ALARM ? "on" : "off");
-    peer->sequence = hb->sequence;
-    peer->stopping = hb->stopping;
-    peer->alarms = hb->alarms;
-    peer->last_heard_ms = uv_now(node->loop);
-    lease_update(node);
-    if (changed) {
-        memcpy(peer->name, hb->name, sizeof peer->name);
-        memcpy(peer->amqp_address, hb->amqp_address, sizeof peer->amqp_address);
-        memcpy(peer->cluster_address, hb->cluster_address, sizeof peer->cluster_address);
-        peer->join_refused = false;
-    }
-}
-
-static void on_udp_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
-{
-    struct cluster_node *node = handle->data;
-    (void)suggested;
-    *buf = uv_buf_init((char *)node->recv_buffer, sizeof node->recv_buffer);
-}
-
-static void on_udp_recv(uv_udp_t *udp, ssize_t nread, const uv_buf_t *buf,
-                        const struct sockaddr *addr, unsigned flags)
-{
-    struct cluster_node *node = udp->data;
-    if (nread <= 0 || addr == NULL || node->stopping)
-        return; /* nothing, or a socket error: heartbeats are best effort */
-    struct heartbeat hb;
-    if ((flags & UV_UDP_PARTIAL) ||
-        !heartbeat_decode(node->secret, node->secret_size, (const uint8_t *)buf->base,
-                          (size_t)nread, &hb)) {
-        if (node->heartbeat_dropped_count++ % 100 == 0)
-            LOG_WARN("cluster: dropped a bad heartbeat datagram (wrong cluster secret?); "
-                     "%llu so far", (unsigned long long)node->heartbeat_dropped_count);
-        return;
-    }
-    heartbeat_received(node, &hb);
-}
-
 /* ---- the tick ---- */
 
 static void warn_if_not_member(struct cluster_node *node, uint64_t now)
@@ -1356,13 +764,13 @@ static void on_tick(uv_timer_t *timer)
     ASSERT(!node->stopping);
     uint64_t now = uv_now(node->loop);
     node->peers[0].last_heard_ms = now;
-    lease_update(node);
+    node__lease_update(node);
     hurry_if_leader_silent(node, now);
-    heartbeat_send(node, false);
+    node__heartbeat_send(node, false);
     warn_if_not_member(node, now);
     controller_tick(node, now);
-    sync_tick(node);
-    request_tick(node, now);
+    node__sync_tick(node);
+    node__request_tick(node, now);
 }
 
 static void on_joined(void *req_ctx, int status, void *result)
@@ -1420,26 +828,13 @@ void cluster_node_stop(struct cluster_node *node)
     ASSERT(!node->stopping);
     LOG_INFO("cluster: leaving (stopping) at map epoch=%llu",
              (unsigned long long)node->map.version);
-    heartbeat_send(node, true); /* the leader marks us down at once */
+    node__heartbeat_send(node, true); /* the leader marks us down at once */
     node->stopping = true;
     while (!list_empty(&node->requests))
-        request_finish(CONTAINER_OF(node->requests.next, struct cluster_request, link),
-                       CLUSTER_E_UNAVAILABLE, NULL);
+        node__request_finish(CONTAINER_OF(node->requests.next, struct cluster_request, link),
+                             CLUSTER_E_UNAVAILABLE, NULL);
     close_handles(node);
     consensus_stop(node->consensus, on_consensus_closed, node);
-}
-
-static int open_udp(struct cluster_node *node, const char *address, char *err, size_t err_size)
-{
-    struct sockaddr_in sa;
-    ASSERT(parse_ipv4_address(address, &sa) == 0); /* checked by config_check */
-    int rc = uv_udp_bind(&node->udp, (const struct sockaddr *)&sa, 0);
-    if (rc == 0)
-        rc = uv_udp_recv_start(&node->udp, on_udp_alloc, on_udp_recv);
-    if (rc != 0)
-        snprintf(err, err_size, "cannot open the cluster heartbeat port udp/%s: %s", address,
-                 uv_strerror(rc));
-    return rc;
 }
 
 static void init_self(struct cluster_node *node, const struct cluster_node_config *config)
@@ -1448,7 +843,7 @@ static void init_self(struct cluster_node *node, const struct cluster_node_confi
     self->id = node->id;
     if (config->name != NULL && config->name[0] != '\0') {
         snprintf(self->name, sizeof self->name, "%s", config->name);
-    } else if (gethostname(self->name, sizeof self->name) != 0 || !name_ok(self->name)) {
+    } else if (gethostname(self->name, sizeof self->name) != 0 || !node__name_ok(self->name)) {
         snprintf(self->name, sizeof self->name, "quay-%" PRIu32, node->id);
     }
     self->name[sizeof self->name - 1] = '\0';
@@ -1467,8 +862,8 @@ static struct cluster_node *node_new(uv_loop_t *loop, const struct cluster_node_
     struct cluster_node *node = calloc(1, sizeof *node);
     ASSERT(node != NULL);
     node->loop = loop;
-    if (read_secret(config->secret_file, node->secret, &node->secret_size, err, err_size) ||
-        load_or_create_id(config->data_dir, &node->id, err, err_size)) {
+    if (node__read_secret(config->secret_file, node->secret, &node->secret_size, err, err_size) ||
+        node__load_or_create_id(config->data_dir, &node->id, err, err_size)) {
         OPENSSL_cleanse(node->secret, sizeof node->secret);
         free(node);
         return NULL;
@@ -1552,7 +947,7 @@ int cluster_node_start(struct cluster_node **out, uv_loop_t *loop,
     struct cluster_node *node = node_new(loop, config, err, err_size);
     if (node == NULL)
         return -1;
-    if (open_udp(node, config->listen, err, err_size) != 0 ||
+    if (node__open_udp(node, config->listen, err, err_size) != 0 ||
         start_consensus(node, config, err, err_size) != 0) {
         node->stopping = true;
         close_handles(node);
@@ -1590,145 +985,4 @@ const struct cluster_map *cluster_node_map(const struct cluster_node *node)
 {
     ASSERT(node != NULL);
     return &node->map;
-}
-
-static void json_bytes(struct json *body, const char *key, struct bytes b)
-{
-    json_key(body, key);
-    json_string_n(body, b.ptr, b.len);
-}
-
-/* The "raft" member of /api/cluster: this broker's log and, on the leader,
- * how far each follower is (a follower stuck in "probe" is one that has
- * not caught up with the map). */
-static void write_raft_json(const struct cluster_node *node, struct json *body)
-{
-    struct consensus_log log;
-    consensus_log_state(node->consensus, &log);
-    struct consensus_follower followers[CLUSTER_BROKERS_MAX];
-    size_t n = consensus_followers(node->consensus, followers, CLUSTER_BROKERS_MAX);
-    json_key(body, "raft");
-    json_object_begin(body);
-    json_kv_uint(body, "term", log.term);
-    json_kv_uint(body, "last_index", log.last_index);
-    json_kv_uint(body, "commit_index", log.commit_index);
-    json_kv_uint(body, "applied_index", log.applied_index);
-    json_kv_uint(body, "snapshot_busy_ms", log.snapshot_busy_ms);
-    struct consensus_stats stats;
-    consensus_stats(node->consensus, &stats);
-    json_kv_uint(body, "snapshots_taken", stats.snapshot_count);
-    json_kv_uint(body, "snapshots_restored", stats.restore_count);
-    json_kv_uint(body, "probe_rewinds", stats.probe_rewind_count);
-    json_kv_uint(body, "probe_hurries", stats.probe_hurry_count);
-    json_key(body, "followers");
-    json_array_begin(body);
-    for (size_t i = 0; i < n && i < CLUSTER_BROKERS_MAX; i++) {
-        const struct consensus_follower *f = &followers[i];
-        const struct map_broker *b =
-            f->id <= UINT32_MAX ? cluster_map_broker(&node->map, (uint32_t)f->id) : NULL;
-        json_object_begin(body);
-        json_kv_uint(body, "id", f->id);
-        json_key(body, "name");
-        if (b != NULL)
-            json_string_n(body, b->name.ptr, b->name.len);
-        else
-            json_null(body);
-        json_kv_string(body, "state", consensus_replication_name(f->state));
-        json_kv_uint(body, "next_index", f->next_index);
-        json_kv_uint(body, "match_index", f->match_index);
-        json_kv_bool(body, "heard", f->heard);
-        json_object_end(body);
-    }
-    json_array_end(body);
-    json_object_end(body);
-}
-
-void cluster_node_write_fields(const struct cluster_node *node, struct json *body)
-{
-    ASSERT(node != NULL);
-    ASSERT(body != NULL);
-    const struct cluster_map *map = &node->map;
-    uint64_t leader_id = node->stopping ? 0 : consensus_leader(node->consensus, NULL);
-    const struct map_broker *leader =
-        leader_id != 0 && leader_id <= UINT32_MAX ? cluster_map_broker(map, (uint32_t)leader_id)
-                                                  : NULL;
-    json_kv_string(body, "self", node->peers[0].name);
-    json_kv_uint(body, "id", node->id);
-    json_key(body, "leader");
-    if (leader != NULL)
-        json_string_n(body, leader->name.ptr, leader->name.len);
-    else
-        json_null(body);
-    json_kv_uint(body, "epoch", map->version);
-    json_kv_bool(body, "lease", !node->stopping && cluster_node_lease_fresh(node));
-    json_kv_uint(body, "queues", map->queues_count);
-    json_kv_uint(body, "exchanges", map->exchanges_count);
-    json_kv_uint(body, "bindings", map->bindings_count);
-    json_kv_uint(body, "map_bytes", cluster_map_memory_size(map));
-    /* Each broker's share of the queues, in one pass: what an operator
-     * watches while a failover or a rebalance moves them. */
-    uint32_t primaries[CLUSTER_BROKERS_MAX] = {0}, unavailable[CLUSTER_BROKERS_MAX] = {0};
-    uint32_t backups[CLUSTER_BROKERS_MAX] = {0};
-    for (uint32_t q = 0; q < map->queues_count; q++) {
-        const struct map_queue *mq = map->queues[q];
-        for (uint32_t i = 0; i < map->brokers_count; i++) {
-            uint32_t id = map->brokers[i]->id;
-            if (mq->primary_id == id) {
-                primaries[i]++;
-                unavailable[i] += !mq->available;
-            } else if (map_queue_has_backup(mq, id)) {
-                backups[i]++;
-            }
-        }
-    }
-    json_key(body, "brokers");
-    json_array_begin(body);
-    for (uint32_t i = 0; i < map->brokers_count; i++) {
-        const struct map_broker *b = map->brokers[i];
-        json_object_begin(body);
-        json_kv_uint(body, "id", b->id);
-        json_bytes(body, "name", b->name);
-        json_bytes(body, "amqp", b->amqp_address);
-        json_bytes(body, "cluster", b->cluster_address);
-        json_kv_string(body, "state", broker_state_name(b->state));
-        json_kv_bool(body, "voter", b->voter);
-        if (b->storage_id.len > 0)
-            json_bytes(body, "storage", b->storage_id); /* --shared-storage's id */
-        json_kv_uint(body, "primaries", primaries[i]);
-        json_kv_uint(body, "unavailable", unavailable[i]);
-        json_kv_uint(body, "backups", backups[i]);
-        json_object_end(body);
-    }
-    json_array_end(body);
-    if (!node->stopping)
-        write_raft_json(node, body);
-}
-
-void cluster_node_amqp_address(const struct sockaddr *bound, const char *cluster_address,
-                               char *out, size_t out_size)
-{
-    ASSERT(bound != NULL && cluster_address != NULL);
-    char host[INET6_ADDRSTRLEN] = "";
-    int port = 0;
-    bool wildcard = false;
-    if (bound->sa_family == AF_INET6) {
-        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)bound;
-        uv_ip6_name(a, host, sizeof host);
-        port = ntohs(a->sin6_port);
-        wildcard = memcmp(&a->sin6_addr, &in6addr_any, sizeof a->sin6_addr) == 0;
-    } else {
-        const struct sockaddr_in *a = (const struct sockaddr_in *)bound;
-        uv_ip4_name(a, host, sizeof host);
-        port = ntohs(a->sin_port);
-        wildcard = a->sin_addr.s_addr == htonl(INADDR_ANY);
-    }
-    char cluster_host[64];
-    int cluster_port;
-    if (wildcard && split_address(cluster_address, cluster_host, sizeof cluster_host,
-                                  &cluster_port) == 0)
-        snprintf(out, out_size, "%s:%d", cluster_host, port);
-    else if (bound->sa_family == AF_INET6)
-        snprintf(out, out_size, "[%s]:%d", host, port);
-    else
-        snprintf(out, out_size, "%s:%d", host, port);
 }

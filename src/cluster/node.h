@@ -32,7 +32,7 @@
  * version: commands applied) and the resulting broker list.
  *
  * Requests: a client's definition change (declare, bind, delete) is
- * submitted on whichever broker the client is on; see node.c.
+ * submitted on whichever broker the client is on; see node_request.c.
  *
  * Must never: touch the AMQP data path itself (the broker mirrors the map
  * through hooks); block the loop after start-up; propose when not the

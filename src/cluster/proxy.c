@@ -489,10 +489,38 @@ static void attach(struct proxy_stub *stub, struct consumer *consumer, bool wait
     link_send(u->ch, &m);
 }
 
+static bool parked(const struct proxy_stub *stub, const struct consumer *consumer)
+{
+    for (uint32_t i = 0; i < stub->parked_count; i++) {
+        if (stub->parked[i] == consumer)
+            return true;
+    }
+    return false;
+}
+
+static void unpark(struct proxy_stub *stub, const struct consumer *consumer)
+{
+    for (uint32_t i = 0; i < stub->parked_count; i++) {
+        if (stub->parked[i] == consumer) {
+            stub->parked[i] = stub->parked[--stub->parked_count];
+            return;
+        }
+    }
+}
+
 static void stub_consumer_added(struct queue *queue, struct consumer *consumer)
 {
     bool available;
     struct proxy_stub *stub = stub_of(queue);
+    if (stub->adopting && channel_consumer_of_peer(consumer)) {
+        if (stub->parked_count == stub->parked_cap) {
+            stub->parked_cap = stub->parked_cap ? stub->parked_cap * 2 : 4;
+            stub->parked = realloc(stub->parked, sizeof *stub->parked * stub->parked_cap);
+            ASSERT(stub->parked != NULL);
+        }
+        stub->parked[stub->parked_count++] = consumer;
+        return;
+    }
     attach(stub, consumer, !stub->adopting && proxy_consume_waits(queue, &available));
 }
 
@@ -593,6 +621,7 @@ static void stub_consumer_credit(struct queue *queue, struct consumer *consumer)
 static void stub_consumer_removed(struct queue *queue, struct consumer *consumer)
 {
     struct proxy_stub *stub = stub_of(queue);
+    unpark(stub, consumer);
     list_for_each_safe(n, &stub->uplinks) {
         struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
         if (u->consumer != consumer)
@@ -680,6 +709,7 @@ static void stub_free(struct queue *queue)
     }
     forward__release_held(queue, false);
     free(stub->held);
+    free(stub->parked);
     list_remove(&stub->member_link);
     replica_free(stub->replica);
     free(stub);
@@ -764,19 +794,24 @@ static void on_query_reply(void *ctx, const struct method *m)
             u->consumer->ops->attached(u->consumer, 200, BYTES_LIT(""));
         return;
     }
-    if (m->id != METHOD_QUEUE_DECLARE_OK && m->id != METHOD_QUEUE_PURGE_OK)
+    struct queue_remote_counts counts = {0};
+    if (m->id == METHOD_QUEUE_DECLARE_OK) {
+        counts.messages = m->queue_declare_ok.message_count;
+        counts.consumers = m->queue_declare_ok.consumer_count;
+    } else if (m->id == METHOD_QUEUE_PURGE_OK) {
+        counts.messages = m->queue_purge_ok.message_count;
+    } else if (m->id == METHOD_QUEUE_QUAY_COUNTS_OK) {
+        const struct method_queue_quay_counts_ok *ok = &m->queue_quay_counts_ok;
+        counts = (struct queue_remote_counts){ok->messages_ready, ok->consumers,
+                                              ok->messages_unacknowledged, ok->primary};
+    } else {
         return; /* basic.qos-ok and the like */
+    }
     struct queue_remote_op *op = pop_op(u, PROXY_OP_QUERY);
     if (op == NULL)
         return;
-    if (!op->cancelled) {
-        uint32_t messages = m->id == METHOD_QUEUE_DECLARE_OK
-                                ? m->queue_declare_ok.message_count
-                                : m->queue_purge_ok.message_count;
-        uint32_t consumers =
-            m->id == METHOD_QUEUE_DECLARE_OK ? m->queue_declare_ok.consumer_count : 0;
-        op->query_done(op->ctx, u->stub->queue, 200, BYTES_LIT(""), messages, consumers);
-    }
+    if (!op->cancelled)
+        op->query_done(op->ctx, u->stub->queue, 200, BYTES_LIT(""), &counts);
     free(op);
 }
 
@@ -792,7 +827,7 @@ static void fail_ops(struct uplink *u, uint16_t code, struct bytes text)
         if (!op->cancelled && op->kind == PROXY_OP_GET)
             op->get_done(op->ctx, queue, code, text, NULL, 0);
         else if (!op->cancelled)
-            op->query_done(op->ctx, queue, code, text, 0, 0);
+            op->query_done(op->ctx, queue, code, text, &(struct queue_remote_counts){0});
         code = 0;
         text = BYTES_LIT("");
         free(op);
@@ -810,6 +845,8 @@ static void send_op(struct uplink *u, struct queue_remote_op *op)
     } else if (op->method_id == METHOD_QUEUE_DECLARE) {
         m.queue_declare.queue = queue->name;
         m.queue_declare.passive = true;
+    } else if (op->method_id == METHOD_QUEUE_QUAY_COUNTS) {
+        m.queue_quay_counts.queue = queue->name;
     } else {
         m.queue_purge.queue = queue->name;
     }
@@ -855,7 +892,7 @@ static void fail_op(struct queue *queue, struct queue_remote_op *op)
     if (op->kind == PROXY_OP_GET)
         op->get_done(op->ctx, queue, 0, BYTES_LIT(""), NULL, 0);
     else
-        op->query_done(op->ctx, queue, 0, BYTES_LIT(""), 0, 0);
+        op->query_done(op->ctx, queue, 0, BYTES_LIT(""), &(struct queue_remote_counts){0});
 }
 
 /* The waiting requests: sent once the primary can be reached (then), or
@@ -896,7 +933,8 @@ struct queue_remote_op *proxy_get(struct queue *queue, queue_remote_get_fn done,
 struct queue_remote_op *proxy_query(struct queue *queue, uint32_t method_id,
                                     queue_remote_query_fn done, void *ctx)
 {
-    ASSERT(method_id == METHOD_QUEUE_DECLARE || method_id == METHOD_QUEUE_PURGE);
+    ASSERT(method_id == METHOD_QUEUE_DECLARE || method_id == METHOD_QUEUE_PURGE ||
+           method_id == METHOD_QUEUE_QUAY_COUNTS);
     struct queue_remote_op *op = op_start(queue, PROXY_OP_QUERY, method_id, ctx);
     if (op != NULL)
         op->query_done = done;
@@ -997,7 +1035,7 @@ static void reattach_all(struct proxy_stub *stub)
     struct queue *queue = stub->queue;
     list_for_each_safe(n, &queue->consumers) {
         struct consumer *c = CONTAINER_OF(n, struct consumer, queue_link);
-        if (uplink_of_consumer(stub, c) == NULL)
+        if (uplink_of_consumer(stub, c) == NULL && !parked(stub, c))
             attach(stub, c, false);
     }
 }

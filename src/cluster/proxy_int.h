@@ -38,6 +38,13 @@ struct proxy_stub {
     uint64_t map_version;         /* of our map when the queue was made or last moved */
     bool available;
     bool adopting;                /* proxy_stub_adopt_consumers: no consume-ok owed */
+    /* Peers' consumers a planned handover left here (proxy_stub_adopt_
+     * consumers): given no uplink, as each peer cancels them itself once
+     * it applies the handover and consumes at the new primary directly;
+     * an uplink here would take messages for a consumer about to go, and
+     * give them back flagged redelivered. Borrowed, until removed. */
+    struct consumer **parked;     /* owned array */
+    uint32_t parked_count, parked_cap;
     struct list_node uplinks;     /* struct uplink.stub_link */
     uint32_t next_uplink_id;
     struct uplink *getter;        /* basic.get's uplink, or NULL */

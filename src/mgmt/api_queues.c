@@ -67,6 +67,7 @@ struct vhost *api_vhost_or_404(struct broker *broker, struct http_call *call, st
 struct counts {
     uint32_t ready;
     uint32_t consumers;
+    uint32_t unacked;
     bool from_primary;
 };
 
@@ -211,9 +212,9 @@ static void write_queue(struct json *out, struct broker *broker, const struct qu
     json_kv_bool(out, "exclusive", queue->exclusive);
     json_key(out, "arguments");
     api_table_write(out, (struct table){queue->arguments.ptr, queue->arguments.len});
-    json_kv_uint(out, "messages", (uint64_t)c->ready + queue->unacked_count);
+    json_kv_uint(out, "messages", (uint64_t)c->ready + c->unacked);
     json_kv_uint(out, "messages_ready", c->ready);
-    json_kv_uint(out, "messages_unacknowledged", queue->unacked_count);
+    json_kv_uint(out, "messages_unacknowledged", c->unacked);
     json_kv_uint(out, "consumers", c->consumers);
     json_kv_uint(out, "message_bytes_ready", queue->ready_bytes);
     /* What the queue holds here: its record and its ready bodies. */
@@ -315,7 +316,8 @@ static struct queue *gather_current(const struct gather *g, const struct gather_
     if (now == NULL || now == it->queue)
         return NULL;
     if (!queue_is_remote(now))
-        *counts = (struct counts){queue_ready_count(now), now->consumers_count, true};
+        *counts = (struct counts){queue_ready_count(now), now->consumers_count,
+                                  now->unacked_count, true};
     return now;
 }
 
@@ -349,14 +351,16 @@ static void gather_answer(struct gather *g)
 static void ask_more(struct gather *g);
 
 static void on_counts(void *ctx, struct queue *queue, uint16_t reply_code,
-                      struct bytes reply_text, uint32_t message_count, uint32_t consumer_count)
+                      struct bytes reply_text, const struct queue_remote_counts *counts)
 {
     (void)reply_text;
     struct gather_item *it = ctx;
     struct gather *g = it->gather;
     it->op = NULL;
-    if (reply_code == REPLY_SUCCESS)
-        it->counts = (struct counts){message_count, consumer_count, true};
+    /* A broker that no longer is the primary (the queue moved meanwhile)
+     * answers its own counts: the local ones stand. */
+    if (reply_code == REPLY_SUCCESS && counts->primary)
+        it->counts = (struct counts){counts->messages, counts->consumers, counts->unacked, true};
     else if (reply_code == REPLY_NOT_FOUND)
         it->gone = true;
     if (it->opened_getter)
@@ -381,7 +385,8 @@ static void gather_add(struct gather *g, struct queue *queue)
     g->items[g->count++] = (struct gather_item){
         .queue = queue,
         .vhost_index = g->vhosts_count - 1,
-        .counts = {queue_ready_count(queue), queue->consumers_count, !queue_is_remote(queue)}};
+        .counts = {queue_ready_count(queue), queue->consumers_count, queue->unacked_count,
+                   !queue_is_remote(queue)}};
 }
 
 /* Asks the next stand-ins' primaries for their counts, at most
@@ -401,7 +406,7 @@ static void ask_more(struct gather *g)
             continue;
         it->opened_getter = !proxy_stub_has_getter(it->queue);
         g->pending++;
-        it->op = proxy_query(it->queue, METHOD_QUEUE_DECLARE, on_counts, it);
+        it->op = proxy_query(it->queue, METHOD_QUEUE_QUAY_COUNTS, on_counts, it);
         if (it->op == NULL) {
             g->pending--; /* unreachable: the local counts stand */
             if (it->opened_getter)

@@ -189,9 +189,8 @@ CLUSTER_QUEUE_KEYS = QUEUE_KEYS | {"replication_factor", "available"}
 
 def counted(name):
     """The queue as its counts are kept: from this broker's API, or in cluster
-    mode from its primary's (a proxy's counts are its own: messages in
-    flight to its consumers; cluster-wide counts on every broker are the
-    management API's issue, not this one's)."""
+    mode from its primary's (every broker asks the primary, which
+    queue_counts_agree_on_every_broker checks)."""
     b = mgmt_broker()
     if b.cluster is None:
         return find_queue(api("/api/queues"), name)
@@ -254,6 +253,15 @@ def queues_endpoint_matches_what_clients_did():
     eq(w["messages_unacknowledged"], 2, "m-work unacked")
     eq(w["consumers"], 0, "m-work consumers")
     eq(w["paged"], 0, "m-work paged")
+    if b.cluster is not None:
+        # Every broker shows the primary's counts, unacked ones included
+        # (they are held by this client, through its broker, a proxy).
+        for m in b.members:
+            q = find_queue(api("/api/queues", m.http_port), "m-work")
+            eq((q["messages_ready"], q["messages_unacknowledged"], q["messages"],
+                q["consumers"], q["counts_from"]),
+               (3, 2, 5, 0, "primary"),
+               "m-work's counts on " + m.name)
     e = find_queue(queues, "m-excl")
     eq((e["durable"], e["exclusive"], e["auto_delete"]), (False, True, False), "m-excl")
     a = counted("m-auto")

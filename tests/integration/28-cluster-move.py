@@ -451,6 +451,65 @@ def deliveries_of_the_old_primary_outlive_the_new_one():
     assert set(got) >= set(range(100)) - set(n for _, n in held[:5]), sorted(got)[:20]
 
 
+def keeps_deliveries(consumer_on):
+    """A consumer holding a full prefetch of unacked deliveries when its
+    queue moves (consumer_on: "target", the broker the queue moves to, or
+    "third", neither end): none of them comes again, before or after it is
+    acked, and what follows comes once, in order, not flagged redelivered."""
+    q = placed("mv-k%s" % consumer_on[0], members["a"],
+               lambda i: i is not None and i["in_sync"] == i["backups"] and len(i["backups"]) == 1,
+               **{"x-quay-backups": 1})
+    first = queue_info(members["a"], q)
+    primary, target = members[first["primary"]], members[first["backups"][0]]
+    via = target if consumer_on == "target" else others(primary.name, target.name)[0]
+    fill(via, q, 300, size=16)
+    conn = connect(via)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=50)
+    seen = []
+
+    def on_message(channel, method, props, body):
+        seen.append((int(body.split(b"-", 1)[0]), method.redelivered, method.delivery_tag))
+    ch.basic_consume(q, on_message)
+    deadline = time.time() + 10
+    while len(seen) < 50 and time.time() < deadline:
+        conn.process_data_events(0.1)
+    assert len(seen) == 50, len(seen)
+    move(via, q, target.name)
+    wait_until(lambda: queue_info(via, q)["primary"] == target.name and
+               via.api_cluster()["moves"] == [], 20, what="the move")
+    conn.process_data_events(0.5)  # anything the move sent again arrives now
+    assert len(seen) == 50, ("delivered again before any ack", seen[50:60])
+    while True:
+        n = len(seen)
+        ch.basic_ack(seen[-1][2], multiple=True)
+        deadline = time.time() + 5
+        while len(seen) == n and time.time() < deadline:
+            conn.process_data_events(0.05)
+        if len(seen) == n:
+            break
+    conn.close()
+    numbers = [x[0] for x in seen]
+    again = sorted(set(x for x in numbers if numbers.count(x) > 1))
+    assert not again, ("delivered twice", again[:20], len(again))
+    assert [x for x in seen if x[1]] == [], ("flagged redelivered", [x[:2] for x in seen
+                                                                       if x[1]][:20])
+    eq_numbers = sorted(numbers)
+    assert eq_numbers == list(range(300)), (len(numbers), eq_numbers[:10])
+    assert numbers == eq_numbers, "out of order"
+    assert read_all(via, q) == []
+
+
+@test(timeout=120)
+def a_move_to_the_consumers_broker_keeps_its_deliveries():
+    keeps_deliveries("target")
+
+
+@test(timeout=120)
+def a_move_keeps_a_third_brokers_deliveries():
+    keeps_deliveries("third")
+
+
 def cluster_info(member):
     return member.api_call("GET", "/api/cluster")[1]
 

@@ -15,8 +15,10 @@ Method: one quayd with --http (QUAY_TEST_MODE=single) or the 3-broker test
 cluster (cluster): limits are set through broker "a"'s API and enforced on
 broker "b", the test client's broker, which places queues on the others.
 Refusals are read with the harness's own frame codec (exact codes and
-texts), the rest with pika. Connection and channel counts are per broker
-(the map has no live counts; docs/MANAGEMENT-API.md), the queue count is
+texts), the rest with pika. Connection and channel counts are every
+broker's (each tells the others its counts of limited names:
+broker/usage.h; limits_count_every_broker opens them on a, b and c, and
+kills c), the queue count is
 the vhost's queues in the cluster map (which refuses a declare beyond it
 when it applies it: test_cluster_map's test_limits). The refusals (codes, texts, class
 and method ids) were compared with RabbitMQ 3.10.8 run by hand
@@ -124,6 +126,7 @@ def open_refused(node, vhost="/", user="guest", password="guest"):
     s.sendall(gen_open(vhost))
     m = read_method(s)
     if m.id != CONNECTION_CLOSE:
+        s.close()  # let in: it must not take a place the next try counts
         raise AssertionError("connection.open answered with %r" % m)
     close = decode_close(m)
     s.sendall(gen_connection_close_ok())
@@ -269,6 +272,97 @@ def user_max_channels():
                what="the user's limits gone with it")
     eq([x for x in ok(b.api("GET", "/api/user-limits"), 200, "list")
         if x["user"] == "lim-chan"], [])
+
+
+def third():
+    """The broker neither a (where limits are set) nor b (the client's);
+    the one broker when single."""
+    b = broker()
+    if not CLUSTERED:
+        return nodes()[0]
+    x = b.member("c")
+    return Node(x.name, x.amqp_port, x.http_port)
+
+
+def channel_refused(node, user, password, text):
+    """A new connection's channel.open on node fails it with 530 and text;
+    False (and the connection closed) if it was let in: a count another
+    broker sent may still be on its way."""
+    import pika.exceptions as pe
+    c = node.connect(user, password)
+    try:
+        c.channel()
+    except pe.ConnectionClosedByBroker as e:
+        eq((e.reply_code, e.reply_text), (530, text))
+        return True
+    c.close()
+    return False
+
+
+@test(timeout=150)
+def limits_count_every_broker():
+    """Connections and channels on every broker count toward a limit (as
+    RabbitMQ counts them cluster-wide), and stop counting when they close
+    or their broker dies."""
+    a, b = nodes()
+    c = third()
+    setup_user(a, b, "lim-wide")
+    setup_user(a, c, "lim-wide")
+    set_user_limit(a, "lim-wide", "max-connections", 2)
+    for n in (b, c):
+        wait_user_limits(n, "lim-wide", {"max-connections": 2})
+    refused = ("NOT_ALLOWED - connection refused for user 'lim-wide': user connection limit "
+               "(2) is reached")
+    on_a = a.connect("lim-wide", "pw")
+    on_c = c.connect("lim-wide", "pw")
+    expect_open_refused(b, 530, refused, user="lim-wide", password="pw")
+    on_a.close()  # its place is free on every broker
+    wait_until(lambda: _opens(b, "lim-wide", "pw"), timeout=10, what="a's place freed on b")
+    on_b = b.connect("lim-wide", "pw")
+    expect_open_refused(a, 530, refused, user="lim-wide", password="pw")
+    on_b.close()
+
+    setup_vhost(a, b, "v-wide")
+    setup_vhost(a, c, "v-wide")
+    set_vhost_limit(a, "v-wide", "max-connections", 1)
+    for n in (b, c):
+        wait_vhost_limits(n, "v-wide", {"max-connections": 1})
+    in_vhost = c.connect(vhost="v-wide")
+    expect_open_refused(b, 530, "NOT_ALLOWED - access to vhost 'v-wide' refused for user "
+                        "'guest': connection limit (1) is reached", vhost="v-wide")
+    in_vhost.close()
+
+    set_user_limit(a, "lim-wide", "max-connections", 10)
+    set_user_limit(a, "lim-wide", "max-channels", 3)
+    for n in (b, c):
+        wait_user_limits(n, "lim-wide", {"max-connections": 10, "max-channels": 3})
+    on_c.channel()
+    on_c.channel()
+    on_b = b.connect("lim-wide", "pw")
+    on_b.channel()  # the third: c's two and this one
+    full = ("NOT_ALLOWED - number of channels opened for user 'lim-wide' has reached the "
+            "maximum allowed user limit of (3)")
+    wait_until(lambda: channel_refused(a, "lim-wide", "pw", full), timeout=10,
+               what="a fourth channel refused on a")
+    if not CLUSTERED:
+        return
+    # A broker that dies takes its clients' counts with it: c's two
+    # channels and its connection stop counting once its link is gone.
+    broker().member("c").kill()
+    wait_until(lambda: not channel_refused(b, "lim-wide", "pw", full), timeout=20,
+               what="c's channels forgotten on b")
+    member = broker().member("c")
+    member.start()
+    wait_until(lambda: _can_connect(c.amqp_port), timeout=30, what="c back")
+    on_b.close()
+
+
+def _opens(node, user, password):
+    try:
+        node.connect(user, password).close()
+        return True
+    except Exception:  # noqa: BLE001  (refused: not yet)
+        return False
 
 
 @test(timeout=60)
