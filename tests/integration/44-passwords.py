@@ -11,7 +11,9 @@ check threads busy, an open connection's operations are answered at once.
 A burst of logins of one user whose check is not cached shares one
 derivation. Clients that go away while their check runs (AMQP and HTTP)
 leave the broker serving (and ASan clean); a request with a large body
-waits for its check with what came of it. GET /api/definitions names each
+waits for its check with what came of it. Stored hashes survive a restart
+(the journal; in a cluster the map's log), also one without the option,
+which then stores new passwords as sha256. GET /api/definitions names each
 user's hashing_algorithm, and a definitions import with an unknown one is
 refused with a 400 that says so.
 
@@ -44,6 +46,9 @@ class Node:
         self.name, self.amqp_port, self.http_port = name, amqp_port, http_port
 
     def api(self, method, path, body=None, **kw):
+        # A first request of a user waits for a PBKDF2 check: seconds on a
+        # loaded machine with an ASan build.
+        kw.setdefault("timeout", 60)
         return api_call("127.0.0.1", self.http_port, method, path, body, **kw)
 
     def connect(self, user, password, vhost="/"):
@@ -315,6 +320,73 @@ def a_large_request_waits_for_its_check():
         status, answer = n.api("POST", "/api/definitions", body, user="k-admin",
                                password="pw-admin")  # the first: not cached yet
         eq(status, 204, "the right one: %r" % (answer,))
+
+
+def _own_quayd_restart():
+    """Single mode: a quayd of its own stores a PBKDF2 user, then starts
+    again without the option: the user still logs in (from the journal),
+    and a password set then is stored as sha256."""
+    import subprocess
+    import tempfile
+    quayd = os.environ["QUAYD"]
+    tmp = tempfile.mkdtemp(prefix="quay-kdf-")
+    amqp, http = free_port(), free_port()
+    base = [quayd, "--listen", "127.0.0.1:%d" % amqp, "--http", "127.0.0.1:%d" % http,
+            "--data", os.path.join(tmp, "data"), "--log-level", "warn"]
+    n = Node("own", amqp, http)
+
+    def start(extra):
+        p = subprocess.Popen(base + extra, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        wait_until(lambda: p.poll() is None and _can_connect(http), timeout=30,
+                   what="quayd up")
+        return p
+
+    def stop(p):
+        p.terminate()
+        eq(p.wait(30), 0, "quayd's exit")
+        err = p.stderr.read().decode()
+        assert "ERROR: AddressSanitizer" not in err and "runtime error" not in err, err
+    p = start(["--password-hashing-module", PBKDF2])
+    try:
+        put_user(n, "k-kept", {"password": "pw-kept"})
+        eq(n.api("GET", "/api/users/k-kept")[1]["hashing_algorithm"], PBKDF2)
+    finally:
+        stop(p)
+    p = start([])
+    try:
+        eq(n.api("GET", "/api/users/k-kept")[1]["hashing_algorithm"], PBKDF2)
+        eq(amqp_login(n, "k-kept", "pw-kept")[0], "tune")
+        eq(amqp_login(n, "k-kept", "wrong")[0], "close")
+        put_user(n, "k-kept", {"password": "pw-new"})
+        eq(n.api("GET", "/api/users/k-kept")[1]["hashing_algorithm"],
+           "rabbit_password_hashing_sha256")
+        eq(amqp_login(n, "k-kept", "pw-new")[0], "tune")
+    finally:
+        stop(p)
+
+
+@test(timeout=180)
+def stored_hashes_survive_a_restart():
+    if not CLUSTERED:
+        _own_quayd_restart()
+        return
+    member = broker().member("a")
+    member.restart()
+    a = nodes()[0]
+    wait_until(lambda: a.api("GET", "/api/users/k-pbkdf2")[0] == 200
+               if _can_connect(a.http_port) else False, timeout=60,
+               what="the users on the restarted broker")
+    wait_until(lambda: amqp_login(a, "k-pbkdf2", USERS["k-pbkdf2"])[0] == "tune",
+               timeout=30, what="k-pbkdf2 on the restarted broker")
+    eq(http_login(a, "k-py", USERS["k-py"]), 200)
+
+
+def _can_connect(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":
