@@ -525,6 +525,7 @@ void http_wait_resume(struct http_wait *wait)
     ASSERT(hc->state == HTTP_CONN_STATE_ADMITTING);
     hc->cancel = NULL;
     hc->state = HTTP_CONN_STATE_READING;
+    hc->state_since_ms = uv_now(hc->server->net->loop); /* the wait was ours, not the client's */
     conn_resume_reading(&hc->conn, CONN_PAUSE_HOLD);
     uint8_t *stash = hc->stash;
     size_t stash_size = hc->stash_size;
