@@ -346,13 +346,23 @@ def _own_quayd_restart():
 
     def start(extra):
         p = subprocess.Popen(base + extra, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        wait_until(lambda: p.poll() is None and _can_connect(http), timeout=30,
-                   what="quayd up")
+        try:
+            wait_until(lambda: p.poll() is None and _can_connect(http), timeout=30,
+                       what="quayd up")
+        except BaseException:
+            p.kill()
+            p.wait()
+            raise
         return p
 
     def stop(p):
         p.terminate()
-        eq(p.wait(30), 0, "quayd's exit")
+        try:
+            eq(p.wait(30), 0, "quayd's exit")
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         err = p.stderr.read().decode()
         assert "ERROR: AddressSanitizer" not in err and "runtime error" not in err, err
     p = start(["--password-hashing-module", PBKDF2])
