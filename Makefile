@@ -25,7 +25,7 @@ test: asan
 fuzz:
 	cmake --preset fuzz >/dev/null
 	cmake --build build-fuzz -j $(JOBS) --target fuzz_frame fuzz_method fuzz_table fuzz_properties fuzz_http \
-		fuzz_heartbeat fuzz_json
+		fuzz_heartbeat fuzz_json fuzz_password
 	tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
 
 codegen:

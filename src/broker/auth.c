@@ -31,34 +31,22 @@ static char *str_dup(const char *s)
     return str_dup_n(s, strlen(s));
 }
 
-static void hash_with_salt(const unsigned char salt[4], const uint8_t *password, size_t len,
-                           unsigned char out[32])
+void auth_set_policy(struct auth *auth, const struct password_policy *policy)
 {
-    unsigned char *buf = malloc(4 + len);
-    ASSERT(buf != NULL);
-    memcpy(buf, salt, 4);
-    if (len)
-        memcpy(buf + 4, password, len);
-    SHA256(buf, 4 + len, out);
-    OPENSSL_cleanse(buf, 4 + len);
-    free(buf);
-}
-
-/* Fresh random dummy credentials: no password hashes to them in practice,
- * and nobody can log in with them (they belong to no user). */
-static void init_dummy(struct auth *auth)
-{
-    int ok = RAND_bytes(auth->dummy_salt, sizeof auth->dummy_salt);
-    ASSERT(ok == 1);
-    ok = RAND_bytes(auth->dummy_hash, sizeof auth->dummy_hash);
-    ASSERT(ok == 1);
+    auth->policy = *policy;
+    /* Fresh random dummy credentials: no password hashes to them in
+     * practice, and nobody can log in with them (they belong to no user). */
+    password_hash_random(policy, &auth->dummy);
 }
 
 void auth_init(struct auth *auth)
 {
     auth->users = NULL;
     auth->users_count = 0;
-    init_dummy(auth);
+    static const struct password_policy sha256 = {.algorithm = PASSWORD_SHA256};
+    auth_set_policy(auth, &sha256);
+    int ok = RAND_bytes(auth->cache_key, sizeof auth->cache_key);
+    ASSERT(ok == 1);
 }
 
 /* ---- permissions ------------------------------------------------------ */
@@ -181,7 +169,8 @@ static void user_free(struct auth_user *u)
         permission_free(&u->permissions[j]);
     free(u->permissions);
     free(u->name);
-    OPENSSL_cleanse(u->hash, sizeof u->hash);
+    OPENSSL_cleanse(&u->password, sizeof u->password);
+    OPENSSL_cleanse(u->verified, sizeof u->verified);
     free(u);
 }
 
@@ -223,8 +212,7 @@ const struct auth_user *auth_find_user(const struct auth *auth, struct bytes use
 }
 
 struct auth_user *auth_user_put(struct auth *auth, struct bytes name,
-                                const unsigned char hash[AUTH_HASH_SIZE], unsigned tags,
-                                bool *created)
+                                const struct password_hash *hash, unsigned tags, bool *created)
 {
     ASSERT(name.len > 0);
     struct auth_user *u = find_user(auth, name);
@@ -239,8 +227,11 @@ struct auth_user *auth_user_put(struct auth *auth, struct bytes name,
         u->refs = 1; /* the table's */
         users[auth->users_count++] = u;
     }
-    memcpy(u->salt, hash, 4);
-    memcpy(u->hash, hash + 4, 32);
+    if (!password_hash_equal(&u->password, hash)) {
+        u->password = *hash;
+        u->verified_cached = false; /* a new password: the old one's check is void */
+        OPENSSL_cleanse(u->verified, sizeof u->verified);
+    }
     u->tags = tags;
     return u;
 }
@@ -261,43 +252,28 @@ bool auth_user_delete(struct auth *auth, struct bytes name)
     return false;
 }
 
-void auth_user_hash_base64(const struct auth_user *user, char out[AUTH_HASH_BASE64_SIZE + 1])
+size_t auth_user_hash_text(const struct auth_user *user, char out[PASSWORD_TEXT_MAX + 1])
 {
-    unsigned char raw[AUTH_HASH_SIZE];
-    memcpy(raw, user->salt, 4);
-    memcpy(raw + 4, user->hash, 32);
-    int n = EVP_EncodeBlock((unsigned char *)out, raw, sizeof raw);
-    ASSERT(n == AUTH_HASH_BASE64_SIZE);
+    return password_hash_format(&user->password, out);
 }
 
-int auth_hash_decode(const char *text, size_t size, unsigned char out[AUTH_HASH_SIZE])
+const char *auth_user_hash_algorithm(const struct auth_user *user)
 {
-    /* 36 bytes are 48 base64 characters without padding; EVP_DecodeBlock
-     * refuses anything outside the alphabet. */
-    if (size != AUTH_HASH_BASE64_SIZE || memchr(text, '=', size) != NULL)
-        return -1;
-    unsigned char raw[AUTH_HASH_SIZE + 4];
-    int n = EVP_DecodeBlock(raw, (const unsigned char *)text, (int)size);
-    if (n != AUTH_HASH_SIZE)
-        return -1;
-    memcpy(out, raw, AUTH_HASH_SIZE);
-    return 0;
+    return password_algorithm_name(user->password.algorithm);
 }
 
-void auth_hash_new(struct bytes password, unsigned char out[AUTH_HASH_SIZE])
+void auth_hash_new(const struct auth *auth, struct bytes password, struct password_hash *out)
 {
-    int ok = RAND_bytes(out, 4);
-    ASSERT(ok == 1);
-    hash_with_salt(out, password.ptr, password.len, out + 4);
+    password_hash_new(&auth->policy, password.ptr, password.len, out);
 }
 
 /* A user of the file, with full access to each vhost of its list. */
 static struct auth_user *add_user(struct auth *auth, const char *name,
-                                  const unsigned char raw[AUTH_HASH_SIZE], const char *vhosts,
+                                  const struct password_hash *hash, const char *vhosts,
                                   bool loopback_only, unsigned tags)
 {
     bool created;
-    struct auth_user *u = auth_user_put(auth, bytes_of_cstr(name), raw, tags, &created);
+    struct auth_user *u = auth_user_put(auth, bytes_of_cstr(name), hash, tags, &created);
     u->loopback_only = loopback_only;
     static const char *const full[AUTH_PERMISSION_KIND_COUNT] = {".*", ".*", ".*"};
     for (const char *p = vhosts; *p != '\0';) {
@@ -317,15 +293,18 @@ static struct auth_user *add_user(struct auth *auth, const char *name,
 void auth_add_internal(struct auth *auth, const char *name, char *password,
                        size_t password_size)
 {
-    unsigned char raw[24], hash[AUTH_HASH_SIZE];
+    unsigned char raw[24];
     ASSERT(password_size > 2 * sizeof raw);
     int ok = RAND_bytes(raw, sizeof raw) == 1;
     ASSERT(ok); /* no randomness: nothing here is safe */
     for (size_t i = 0; i < sizeof raw; i++)
         snprintf(password + 2 * i, 3, "%02x", raw[i]);
-    auth_hash_new((struct bytes){(const uint8_t *)password, 2 * sizeof raw}, hash);
+    /* 192 random bits: a slow hash would add nothing but its cost. */
+    static const struct password_policy sha256 = {.algorithm = PASSWORD_SHA256};
+    struct password_hash hash;
+    password_hash_new(&sha256, (const uint8_t *)password, 2 * sizeof raw, &hash);
     OPENSSL_cleanse(raw, sizeof raw);
-    struct auth_user *u = add_user(auth, name, hash, "*", true, 0);
+    struct auth_user *u = add_user(auth, name, &hash, "*", true, 0);
     u->internal = true;
 }
 
@@ -394,20 +373,22 @@ static int parse_permission(struct auth *auth, struct seen_lines *seen, char *sa
     return auth_permission_put(user, bytes_of_cstr(words[1]), texts, err, err_size) < 0 ? -1 : 0;
 }
 
-void auth_init_default(struct auth *auth)
+void auth_init_default(struct auth *auth, const struct password_policy *policy)
 {
     auth_init(auth);
-    unsigned char raw[AUTH_HASH_SIZE];
-    auth_hash_new(BYTES_LIT("guest"), raw);
-    add_user(auth, "guest", raw, "/", true, AUTH_TAG_ADMINISTRATOR);
+    auth_set_policy(auth, policy);
+    struct password_hash hash;
+    auth_hash_new(auth, BYTES_LIT("guest"), &hash);
+    add_user(auth, "guest", &hash, "/", true, AUTH_TAG_ADMINISTRATOR);
 }
 
-void auth_hash_password(const char *password, char *out, size_t out_size)
+void auth_hash_password(const struct password_policy *policy, const char *password, char *out,
+                        size_t out_size)
 {
-    unsigned char raw[AUTH_HASH_SIZE];
-    auth_hash_new(bytes_of_cstr(password), raw);
-    ASSERT(out_size >= AUTH_HASH_BASE64_SIZE + 1);
-    EVP_EncodeBlock((unsigned char *)out, raw, sizeof raw);
+    struct password_hash hash;
+    password_hash_new(policy, (const uint8_t *)password, strlen(password), &hash);
+    ASSERT(out_size >= PASSWORD_TEXT_MAX + 1);
+    password_hash_format(&hash, out);
 }
 
 int auth_parse_tags(const char *text, unsigned *tags, char *bad, size_t bad_size)
@@ -497,14 +478,12 @@ int auth_load_file(struct auth *auth, const char *path, char *err, size_t err_si
         }
         char *hash64 = strtok_r(NULL, " \t\r\n", &save);
         char *vhosts = strtok_r(NULL, " \t\r\n", &save);
-        unsigned char raw[48];
-        int n = hash64 ? EVP_DecodeBlock(raw, (const unsigned char *)hash64, (int)strlen(hash64))
-                       : -1;
+        struct password_hash hash;
+        int n = hash64 ? password_hash_parse(NULL, hash64, strlen(hash64), &hash) : -1;
         bool loopback;
         unsigned tags;
         char why[160] = "";
-        /* EVP_DecodeBlock counts base64 padding as data: 36 bytes -> 36. */
-        if (!vhosts || n < 36 || parse_options(save, &loopback, &tags, why, sizeof why) != 0) {
+        if (!vhosts || n != 0 || parse_options(save, &loopback, &tags, why, sizeof why) != 0) {
             snprintf(err, err_size, "%s:%d: expected NAME HASH VHOSTS [loopback] "
                      "[tags=TAG[,TAG...]]%s%s", path, lineno, why[0] ? ": " : "", why);
             seen_free(&seen);
@@ -519,7 +498,7 @@ int auth_load_file(struct auth *auth, const char *path, char *err, size_t err_si
             auth_free(auth);
             return -1;
         }
-        add_user(auth, name, raw, vhosts, loopback, tags);
+        add_user(auth, name, &hash, vhosts, loopback, tags);
     }
     seen_free(&seen);
     fclose(f);
@@ -537,26 +516,163 @@ void auth_free(struct auth *auth)
     auth->users_count = 0;
 }
 
-enum auth_verdict auth_login(const struct auth *auth, struct bytes user, struct bytes password,
-                             bool peer_loopback, const struct auth_user **out)
+/* ---- logins ------------------------------------------------------------------ */
+
+struct auth_job {
+    char name[256];               /* the user asked for, NUL-ended */
+    uint32_t name_size;
+    bool peer_loopback;
+    bool known;                   /* the user existed when the job began */
+    struct password_hash hash;    /* checked against: the user's, or the dummy */
+    /* A wrong password's extra cost: PBKDF2 with these iterations of
+     * the dummy, so that a user stored with fewer iterations than the
+     * policy's fails as slowly as an unknown one. */
+    struct password_hash pad;
+    bool match;                   /* auth_job_run's answer */
+    uint32_t password_size;
+    uint8_t password[];           /* cleansed when freed */
+};
+
+/* HMAC-SHA256(cache_key, password): what auth_user.verified holds. */
+static void cache_digest(const struct auth *auth, struct bytes password, unsigned char out[32])
 {
-    *out = NULL;
-    const struct auth_user *found = find_user(auth, user);
-    /* An unknown user's password is hashed too, against the dummy: the
-     * refusal costs one hash either way, so timing tells no names. */
-    unsigned char hash[32];
-    hash_with_salt(found ? found->salt : auth->dummy_salt, password.ptr, password.len, hash);
-    bool match = CRYPTO_memcmp(hash, found ? found->hash : auth->dummy_hash, sizeof hash) == 0;
-    OPENSSL_cleanse(hash, sizeof hash);
-    if (found == NULL || !match)
-        return AUTH_VERDICT_REFUSED;
+    static const uint8_t empty[1];
+    unsigned size = 0;
+    uint8_t *r = HMAC(EVP_sha256(), auth->cache_key, (int)sizeof auth->cache_key,
+                      password.len ? password.ptr : empty, password.len, out, &size);
+    ASSERT(r != NULL && size == 32);
+}
+
+static enum auth_verdict admit(const struct auth_user *found, bool peer_loopback,
+                               const struct auth_user **out)
+{
     if (found->loopback_only && !peer_loopback)
         return AUTH_VERDICT_LOOPBACK_ONLY;
     *out = found;
     return AUTH_VERDICT_OK;
 }
 
-const struct auth_user *auth_check(const struct auth *auth, struct bytes user,
+static struct auth_job *job_new(struct bytes user, struct bytes password, bool peer_loopback,
+                                const struct password_hash *hash, bool known)
+{
+    struct auth_job *job = calloc(1, sizeof *job + password.len + 1);
+    ASSERT(job != NULL);
+    job->name_size = user.len < sizeof job->name ? user.len : (uint32_t)sizeof job->name - 1;
+    if (job->name_size)
+        memcpy(job->name, user.ptr, job->name_size);
+    job->peer_loopback = peer_loopback;
+    job->known = known && job->name_size == user.len;
+    job->hash = *hash;
+    job->password_size = password.len;
+    if (password.len)
+        memcpy(job->password, password.ptr, password.len);
+    return job;
+}
+
+void auth_job_free(struct auth_job *job)
+{
+    if (job == NULL)
+        return;
+    OPENSSL_cleanse(job->password, job->password_size);
+    free(job);
+}
+
+bool auth_job_same(const struct auth_job *a, const struct auth_job *b)
+{
+    return a->known == b->known && a->name_size == b->name_size &&
+           memcmp(a->name, b->name, a->name_size) == 0 &&
+           password_hash_equal(&a->hash, &b->hash) && a->password_size == b->password_size &&
+           CRYPTO_memcmp(a->password, b->password, a->password_size) == 0;
+}
+
+enum auth_verdict auth_login_settle(struct auth *auth, struct auth_job *job,
+                                    const struct auth_user **out)
+{
+    struct auth_job *again;
+    enum auth_verdict verdict = auth_login_begin(
+        auth, (struct bytes){(const uint8_t *)job->name, job->name_size},
+        (struct bytes){job->password, job->password_size}, job->peer_loopback, out, &again);
+    auth_job_free(again);
+    auth_job_free(job);
+    return verdict == AUTH_VERDICT_SLOW ? AUTH_VERDICT_REFUSED : verdict;
+}
+
+void auth_job_run(struct auth_job *job)
+{
+    job->match = password_hash_verify(&job->hash, job->password, job->password_size);
+    if (!job->match && job->pad.iterations > 0)
+        password_hash_verify(&job->pad, job->password, job->password_size);
+}
+
+enum auth_verdict auth_login_begin(struct auth *auth, struct bytes user, struct bytes password,
+                                   bool peer_loopback, const struct auth_user **out,
+                                   struct auth_job **job)
+{
+    *out = NULL;
+    *job = NULL;
+    struct auth_user *found = find_user(auth, user);
+    /* Every login pays the cache's HMAC, so a hit is the only shortcut,
+     * and only the right password of an existing user gets one. */
+    unsigned char digest[32];
+    cache_digest(auth, password, digest);
+    bool cached = found != NULL && found->verified_cached &&
+                  CRYPTO_memcmp(digest, found->verified, sizeof digest) == 0;
+    OPENSSL_cleanse(digest, sizeof digest);
+    if (cached)
+        return admit(found, peer_loopback, out);
+    const struct password_hash *hash = found != NULL ? &found->password : &auth->dummy;
+    if (password_hash_is_slow(hash)) {
+        *job = job_new(user, password, peer_loopback, hash, found != NULL);
+        if (password_hash_is_slow(&auth->dummy) && auth->dummy.iterations > hash->iterations) {
+            (*job)->pad = auth->dummy;
+            (*job)->pad.iterations = auth->dummy.iterations - hash->iterations;
+        }
+        return AUTH_VERDICT_SLOW;
+    }
+    /* An unknown user's password is hashed too, against the dummy: the
+     * refusal costs one hash either way, so timing tells no names. */
+    bool match = password_hash_verify(hash, password.ptr, password.len) && found != NULL;
+    if (match)
+        return admit(found, peer_loopback, out);
+    if (password_hash_is_slow(&auth->dummy)) {
+        /* A cheap user's wrong password pays what an unknown user's does. */
+        *job = job_new(user, password, peer_loopback, &auth->dummy, false);
+        return AUTH_VERDICT_SLOW;
+    }
+    return AUTH_VERDICT_REFUSED;
+}
+
+enum auth_verdict auth_login_end(struct auth *auth, struct auth_job *job,
+                                 const struct auth_user **out)
+{
+    *out = NULL;
+    struct auth_user *found =
+        job->known ? find_user(auth, (struct bytes){(const uint8_t *)job->name, job->name_size})
+                   : NULL;
+    /* The user may have changed while the job ran: only the hash it was
+     * checked against counts. */
+    enum auth_verdict verdict = AUTH_VERDICT_REFUSED;
+    if (found != NULL && job->match && password_hash_equal(&found->password, &job->hash)) {
+        cache_digest(auth, (struct bytes){job->password, job->password_size}, found->verified);
+        found->verified_cached = true;
+        verdict = admit(found, job->peer_loopback, out);
+    }
+    auth_job_free(job);
+    return verdict;
+}
+
+enum auth_verdict auth_login(struct auth *auth, struct bytes user, struct bytes password,
+                             bool peer_loopback, const struct auth_user **out)
+{
+    struct auth_job *job;
+    enum auth_verdict verdict = auth_login_begin(auth, user, password, peer_loopback, out, &job);
+    if (verdict != AUTH_VERDICT_SLOW)
+        return verdict;
+    auth_job_run(job);
+    return auth_login_end(auth, job, out);
+}
+
+const struct auth_user *auth_check(struct auth *auth, struct bytes user,
                                    struct bytes password, bool peer_loopback)
 {
     const struct auth_user *u;

@@ -6,9 +6,11 @@
  *
  *     NAME  PASSWORD-HASH  VHOST[,VHOST...]  [loopback]  [tags=TAG[,TAG...]]
  *
- * PASSWORD-HASH is RabbitMQ's rabbit_password_hashing_sha256 format:
- * base64(salt[4] || sha256(salt || password)); `quayd --hash-password PW`
- * prints one. "loopback" restricts the user to loopback peers (RabbitMQ's
+ * PASSWORD-HASH is a stored hash in any form of broker/password.h
+ * (RabbitMQ's rabbit_password_hashing_sha256 format, base64(salt[4] ||
+ * sha256(salt || password)), or sha512, md5, or quay's PBKDF2 string);
+ * `quayd [--password-hashing-module M] --hash-password PW` prints one.
+ * "loopback" restricts the user to loopback peers (RabbitMQ's
  * loopback_users), over AMQP and HTTP alike. The tags are RabbitMQ's
  * management tags: what the user may do with the management API
  * (mgmt/api.h); none (the default, as in files written before tags) means
@@ -41,6 +43,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "broker/password.h"
 #include "lib/types.h"
 
 /* RabbitMQ's management tags, as bits. Each includes the rights of the
@@ -71,9 +74,6 @@ struct auth_permission {
     bool everything[AUTH_PERMISSION_KIND_COUNT]; /* ".*": no regexec on the hot path */
 };
 
-#define AUTH_HASH_SIZE 36          /* salt[4] || sha256[32] */
-#define AUTH_HASH_BASE64_SIZE 48   /* its base64, without a NUL */
-#define AUTH_HASHING_ALGORITHM "rabbit_password_hashing_sha256"
 
 /*
  * One user. Heap-allocated and reference-counted, because users change
@@ -85,8 +85,13 @@ struct auth_permission {
  */
 struct auth_user {
     char *name;                   /* owned */
-    unsigned char salt[4];
-    unsigned char hash[32];
+    struct password_hash password; /* its stored hash, any form (broker/password.h) */
+    /* The last password that passed a slow check (PBKDF2): HMAC-SHA256
+     * under auth.cache_key, so that a reconnecting client does not pay a
+     * derivation each time. Only the right password gets here; a new hash
+     * clears it. */
+    bool verified_cached;
+    unsigned char verified[32];
     bool loopback_only;
     /* May open every vhost, with full access where it has no permission:
      * the file's "*" and the cluster peers' user. */
@@ -109,10 +114,13 @@ struct auth_user {
 struct auth {
     struct auth_user **users;     /* owned array of references */
     size_t users_count;
+    /* How new passwords are stored (quayd --password-hashing-module). */
+    struct password_policy policy;
     /* What an unknown user's password is checked against, so that a
-     * failed login costs the same whether or not the user exists. */
-    unsigned char dummy_salt[4];
-    unsigned char dummy_hash[32];
+     * failed login costs the same whether or not the user exists: a hash
+     * in the policy's form, so one derivation of it. */
+    struct password_hash dummy;
+    unsigned char cache_key[32];  /* random per process: auth_user.verified */
 };
 
 /* The result of a login. */
@@ -120,11 +128,19 @@ enum auth_verdict {
     AUTH_VERDICT_OK,
     AUTH_VERDICT_REFUSED,         /* no such user, or the wrong password: one answer */
     AUTH_VERDICT_LOOPBACK_ONLY,   /* the right password, but not from a loopback peer */
+    AUTH_VERDICT_SLOW,            /* auth_login_begin: run the job off the loop */
 };
 
-/* An empty table (fresh dummy credentials). */
+/* A slow check of one login (auth_login_begin): auth_job_run may run on
+ * any thread (it reads only the job), auth_login_end on the loop. */
+struct auth_job;
+
+/* An empty table (fresh dummy credentials), new passwords as sha256. */
 void auth_init(struct auth *auth);
-void auth_init_default(struct auth *auth);
+/* How new passwords are stored from now on (a fresh dummy of that form). */
+void auth_set_policy(struct auth *auth, const struct password_policy *policy);
+/* guest/guest, its password stored as policy says. */
+void auth_init_default(struct auth *auth, const struct password_policy *policy);
 /* Returns 0, or -1 with a message in err. */
 int auth_load_file(struct auth *auth, const char *path, char *err, size_t err_size);
 void auth_free(struct auth *auth);
@@ -133,18 +149,49 @@ void auth_free(struct auth *auth);
  * before the loop runs: the users array may move. */
 void auth_add_internal(struct auth *auth, const char *name, char *password,
                        size_t password_size);
-/* Writes base64(salt||sha256(salt||password)) into out (>= 48 bytes). */
-void auth_hash_password(const char *password, char *out, size_t out_size);
+/* Writes the policy's stored form of password into out (>=
+ * PASSWORD_TEXT_MAX + 1 bytes): what `quayd --hash-password` prints. */
+void auth_hash_password(const struct password_policy *policy, const char *password, char *out,
+                        size_t out_size);
 
-/* Checks a login: the password is hashed once whether or not the user
- * exists. Sets *out to the user on AUTH_VERDICT_OK, else to NULL. */
-enum auth_verdict auth_login(const struct auth *auth, struct bytes user, struct bytes password,
+/* Checks a login at once, slow hashes included (tests, tools): the
+ * password is hashed once whether or not the user exists. Sets *out to
+ * the user on AUTH_VERDICT_OK, else to NULL. */
+enum auth_verdict auth_login(struct auth *auth, struct bytes user, struct bytes password,
                              bool peer_loopback, const struct auth_user **out);
+/*
+ * The same in two halves, for the loop: a login whose check is cheap (a
+ * salted digest, or a slow hash whose success is cached) is decided here
+ * as auth_login would; one that needs a derivation of a slow hash returns
+ * AUTH_VERDICT_SLOW with *job set (owned by the caller): auth_job_run it
+ * off the loop, then auth_login_end it on the loop. A failed login costs
+ * one derivation of the policy's form in every case: an unknown user's
+ * password is checked against the dummy, a wrong password of a user
+ * stored in a cheaper form than the policy's pays a dummy derivation too,
+ * and one of a user stored with fewer PBKDF2 iterations pays the rest.
+ */
+enum auth_verdict auth_login_begin(struct auth *auth, struct bytes user, struct bytes password,
+                                   bool peer_loopback, const struct auth_user **out,
+                                   struct auth_job **job);
+void auth_job_run(struct auth_job *job);
+/* Decides the job's login with the table as it is now (a user changed or
+ * deleted meanwhile is refused) and frees the job. */
+enum auth_verdict auth_login_end(struct auth *auth, struct auth_job *job,
+                                 const struct auth_user **out);
+/* Frees a job without deciding it (its client went away). */
+void auth_job_free(struct auth_job *job);
+/* Whether two jobs make the same check (user, stored hash, password). */
+bool auth_job_same(const struct auth_job *a, const struct auth_job *b);
+/* Decides a job whose check another job with the same input made and
+ * auth_login_end decided: from the cache (a success) or refused. Frees
+ * the job. */
+enum auth_verdict auth_login_settle(struct auth *auth, struct auth_job *job,
+                                    const struct auth_user **out);
 /* The user of that name, or NULL: for logins the transport vouched for
  * (EXTERNAL: a verified TLS client certificate names the user). */
 const struct auth_user *auth_find_user(const struct auth *auth, struct bytes user);
 /* auth_login for AMQP, where every refusal looks the same: the user or NULL. */
-const struct auth_user *auth_check(const struct auth *auth, struct bytes user,
+const struct auth_user *auth_check(struct auth *auth, struct bytes user,
                                    struct bytes password, bool peer_loopback);
 bool auth_user_may_open(const struct auth_user *user, struct bytes vhost);
 /* The user's permission for vhost, or NULL: none (full access for an
@@ -178,11 +225,11 @@ uint32_t auth_tag_names(unsigned tags, const char *out[4]);
 /* References for connections; the last unref of a deleted user frees it. */
 void auth_user_ref(const struct auth_user *user);
 void auth_user_unref(const struct auth_user *user);
-/* Adds the user, or changes its password hash (salt || sha256) and tags in
- * place (its permissions stay). Returns it; *created says which. */
+/* Adds the user, or changes its password hash and tags in place (its
+ * permissions stay; a new hash forgets the cached check). Returns it;
+ * *created says which. */
 struct auth_user *auth_user_put(struct auth *auth, struct bytes name,
-                                const unsigned char hash[AUTH_HASH_SIZE], unsigned tags,
-                                bool *created);
+                                const struct password_hash *hash, unsigned tags, bool *created);
 /* Removes the user from the table (it is freed once unreferenced).
  * Returns false if there is none. */
 bool auth_user_delete(struct auth *auth, struct bytes name);
@@ -198,13 +245,13 @@ int auth_permission_put(struct auth_user *user, struct bytes vhost,
 bool auth_permission_delete(struct auth_user *user, struct bytes vhost);
 /* A vhost went: every permission on it goes too (RabbitMQ). */
 void auth_vhost_deleted(struct auth *auth, struct bytes vhost);
-/* The user's password hash as RabbitMQ writes it: base64, NUL-ended. */
-void auth_user_hash_base64(const struct auth_user *user, char out[AUTH_HASH_BASE64_SIZE + 1]);
-/* Decodes a RabbitMQ rabbit_password_hashing_sha256 hash (48 base64
- * characters). Returns 0, or -1 if it is not one. */
-int auth_hash_decode(const char *text, size_t size, unsigned char out[AUTH_HASH_SIZE]);
-/* Salts and hashes a password: out = salt || sha256(salt || password). */
-void auth_hash_new(struct bytes password, unsigned char out[AUTH_HASH_SIZE]);
+/* The user's password hash in its text form (broker/password.h), NUL-ended;
+ * returns its length. */
+size_t auth_user_hash_text(const struct auth_user *user, char out[PASSWORD_TEXT_MAX + 1]);
+/* Its hashing_algorithm, as RabbitMQ's definitions name it. */
+const char *auth_user_hash_algorithm(const struct auth_user *user);
+/* Salts and hashes a new password as the table's policy says. */
+void auth_hash_new(const struct auth *auth, struct bytes password, struct password_hash *out);
 
 /* SASL responses: PLAIN is "\0user\0password"; AMQPLAIN is a field table
  * with LOGIN and PASSWORD. Return 0 on success. */

@@ -340,9 +340,11 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
             return -1;
         }
     } else {
-        auth_init_default(&boot);
+        auth_init_default(&boot, &config->password_policy);
     }
+    auth_set_policy(&boot, &config->password_policy);
     auth_init(&broker->auth);
+    auth_set_policy(&broker->auth, &config->password_policy);
     net_init(&broker->net, loop);
     list_init(&broker->confirms_owed);
     list_init(&broker->flow_congested);

@@ -67,6 +67,9 @@ struct broker_config {
     const char *journal_dir;
     const char *storage_id;
     const char *users_file;
+    /* --password-hashing-module, --pbkdf2-iterations: how new passwords
+     * are stored (broker/password.h); zero: sha256. */
+    struct password_policy password_policy;
     const char *http_listen;         /* management API "ADDR:PORT"; NULL = off */
     const char *http_allowed_hosts;  /* names its Host header may give (mgmt/http_guard.h) */
     bool http_tls;                   /* --https: the API is served over TLS */

@@ -110,12 +110,10 @@ struct channel {
     uint8_t *publish_names;           /* owned, 512 bytes: exchange then key */
     uint8_t publish_exchange_size;
     uint8_t publish_routing_key_size;
-    /* The last exchange a restricted user's publish was permitted to
-     * (channel__publish_permitted): later publishes to it skip the regex. */
-    uint8_t permitted_exchange[256];
-    uint8_t permitted_exchange_size;
-    bool has_permitted_exchange;
-    uint32_t permitted_generation; /* the user's permissions_generation then */
+    /* The last exchanges (up to 8) publishes were permitted to
+     * (channel.c publish_permitted): later publishes to them skip the
+     * regex. Owned; NULL until the channel's first publish. */
+    struct permitted_exchanges *permitted;
     struct message *assembling;       /* one reference while receiving content */
 
     /* Publisher confirms: sequence numbers of this channel's publishes. */

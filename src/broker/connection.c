@@ -22,6 +22,7 @@
 #include "broker/channel.h"
 #include "broker/flow.h"
 #include "broker/frame_out.h"
+#include "broker/login.h"
 #include "broker/queue.h"
 #include "broker/usage.h"
 #include "broker/vhost.h"
@@ -304,6 +305,9 @@ static void on_free(struct conn *conn)
     for (uint32_t i = 0; i < connection->channels_cap; i++)
         ASSERT(connection->channels[i] == NULL);
     ASSERT(list_empty(&connection->flow_ties));
+    if (connection->login != NULL)
+        login_cancel(connection->login);
+    connection->login = NULL;
     end_handshaking(connection);
     free(connection->channels);
     free(connection->crossed_closes);
@@ -526,6 +530,31 @@ static const struct auth_user *external_login(struct connection *connection)
     return user;
 }
 
+/* A password login's answer: tuning, or the refusal (AMQP tells no
+ * reason; a right password from the wrong peer is one more refusal). */
+static void settle_login(struct connection *connection, enum auth_verdict verdict,
+                         const struct auth_user *user)
+{
+    if (verdict != AUTH_VERDICT_OK) {
+        refuse_login(connection, bytes_of_cstr(connection->login_mechanism));
+        return;
+    }
+    connection->user = user;
+    admit_client(connection);
+}
+
+/* A slow check answered (broker/login.h): the connection is still open
+ * (a closed one cancelled its login). */
+static void on_login_done(void *ctx, enum auth_verdict verdict, const struct auth_user *user)
+{
+    struct connection *connection = ctx;
+    connection->login = NULL;
+    if (connection->conn.closing)
+        return;
+    settle_login(connection, verdict, user);
+    connection_release(connection);
+}
+
 static void handle_start_ok(struct connection *connection, const struct method *m)
 {
     const struct method_connection_start_ok *ok = &m->connection_start_ok;
@@ -562,13 +591,17 @@ static void handle_start_ok(struct connection *connection, const struct method *
                         (const char *)ok->mechanism.ptr);
         return;
     }
-    connection->user = auth_check(&connection->broker->auth, user, password,
-                                  connection->conn.peer_loopback);
-    if (!connection->user) {
-        refuse_login(connection, ok->mechanism);
+    enum auth_verdict verdict;
+    const struct auth_user *u;
+    connection->login_mechanism = bytes_equal_cstr(ok->mechanism, "PLAIN") ? "PLAIN" : "AMQPLAIN";
+    connection->login = login_start(connection->broker, user, password,
+                                    connection->conn.peer_loopback, on_login_done, connection,
+                                    &verdict, &u);
+    if (connection->login != NULL) {
+        connection_hold(connection); /* nothing after start-ok until the answer */
         return;
     }
-    admit_client(connection);
+    settle_login(connection, verdict, u);
 }
 
 /* A client that logged in: tuning follows, unless it is over the limit. */

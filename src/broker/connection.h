@@ -30,6 +30,7 @@ struct broker;
 struct channel;
 struct vhost;
 struct auth_user;
+struct login;
 
 /* Where the handshake stands. */
 enum connection_state {
@@ -101,6 +102,10 @@ struct connection {
     /* Not logged in yet: counted in broker->handshaking_count until it
      * logs in or goes (--max-handshaking). */
     bool handshaking;
+    /* A slow password check in flight (broker/login.h): input is held
+     * until it answers; cancelled if the connection goes first. */
+    struct login *login;
+    const char *login_mechanism;      /* static: "PLAIN" or "AMQPLAIN", for the refusal */
     /* A large body frame taken in parts (connection_body.c): its header
      * is consumed; left payload bytes, then its end octet, are still to
      * come for channel's message, read straight into it while sinking.

@@ -305,8 +305,8 @@ void durable_user_put(struct broker *broker, const struct auth_user *user)
                        (struct bytes){NULL, 0});
         d->users_recorded = true;
     }
-    char hash[AUTH_HASH_BASE64_SIZE + 1];
-    auth_user_hash_base64(user, hash);
+    char hash[PASSWORD_TEXT_MAX + 1];
+    auth_user_hash_text(user, hash);
     uint8_t value[512];
     struct table_writer w;
     table_writer_init(&w, value, sizeof value);
@@ -528,20 +528,21 @@ static void replay_user(struct replay *r, struct bytes name, struct table value)
     struct bytes hash64;
     struct field_value tags;
     int64_t tag_bits = -1;
-    unsigned char raw[AUTH_HASH_SIZE];
+    struct password_hash hash;
     if (name.len == 0) {
         r->broker->durable.users_recorded = true;
         return;
     }
     if (name.len > 255 || !get_str(value, "password_hash", &hash64) ||
-        auth_hash_decode((const char *)hash64.ptr, hash64.len, raw) != 0 ||
+        password_hash_parse(NULL, (const char *)hash64.ptr, hash64.len, &hash) != 0 ||
         !table_get(value, "tags", &tags) || !field_value_as_int(&tags, &tag_bits) ||
         tag_bits < 0 || tag_bits > 15) {
         r->dropped++;
         return;
     }
     bool created;
-    struct auth_user *u = auth_user_put(&r->broker->auth, name, raw, (unsigned)tag_bits, &created);
+    struct auth_user *u =
+        auth_user_put(&r->broker->auth, name, &hash, (unsigned)tag_bits, &created);
     u->loopback_only = get_bool(value, "loopback");
     u->any_vhost = get_bool(value, "any_vhost");
     r->users++;

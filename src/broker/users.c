@@ -62,8 +62,7 @@ void users_bootstrap(struct broker *broker, struct auth *boot)
 }
 
 struct auth_user *users_put(struct broker *broker, struct bytes name,
-                            const unsigned char hash[AUTH_HASH_SIZE], unsigned tags,
-                            bool *created)
+                            const struct password_hash *hash, unsigned tags, bool *created)
 {
     struct auth_user *u = auth_user_put(&broker->auth, name, hash, tags, created);
     if (journaled(broker))

@@ -42,8 +42,7 @@ void users_bootstrap(struct broker *broker, struct auth *boot);
 
 /* Adds or changes a user (its permissions stay). Returns it. */
 struct auth_user *users_put(struct broker *broker, struct bytes name,
-                            const unsigned char hash[AUTH_HASH_SIZE], unsigned tags,
-                            bool *created);
+                            const struct password_hash *hash, unsigned tags, bool *created);
 /* Deletes a user and closes its connections; false if there is none. */
 bool users_delete(struct broker *broker, struct bytes name);
 /* Sets a permission. Returns 1 created, 0 replaced, -1 bad regex (why in

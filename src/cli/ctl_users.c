@@ -86,7 +86,7 @@ int ctl__build_user_request(const struct options *opt, const char *authorization
         ok = append_member(body, body_cap, "password", args[1]) &&
              append_member(body, body_cap, "tags", opt->tags ? opt->tags : "");
     } else if (strcmp(name, "change-password") == 0 || strcmp(name, "set-user-tags") == 0) {
-        char tags[1024], hash[128];
+        char tags[1024], hash[256];
         int rc = fetch_user(opt, authorization, path, tags, sizeof tags, hash, sizeof hash);
         if (rc != 0)
             return rc;
@@ -97,10 +97,10 @@ int ctl__build_user_request(const struct options *opt, const char *authorization
                 snprintf(tags + strlen(tags), sizeof tags - strlen(tags), "%s%s",
                          i > 1 ? "," : "", args[i]);
         }
+        /* The hash as it is, in whichever form: the broker tells the form
+         * from the text (broker/password.h). */
         ok = password ? append_member(body, body_cap, "password", args[1])
-                      : append_member(body, body_cap, "password_hash", hash) &&
-                            append_member(body, body_cap, "hashing_algorithm",
-                                          "rabbit_password_hashing_sha256");
+                      : append_member(body, body_cap, "password_hash", hash);
         ok = ok && append_member(body, body_cap, "tags", tags);
     }
     if (!ok || strlen(body) + 2 >= body_cap)

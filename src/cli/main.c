@@ -131,7 +131,16 @@ static void usage(FILE *out)
     fprintf(out,
             "  --definitions FILE      apply RabbitMQ's definitions JSON at start (refused:\n"
             "                          no start); see docs/MANAGEMENT-API.md\n"
-            "  --hash-password PW      print a password hash for the users file and exit\n"
+            "  --password-hashing-module M  how new and changed passwords are stored:\n"
+            "                          rabbit_password_hashing_sha256 (default; RabbitMQ's),\n"
+            "                          rabbit_password_hashing_sha512, or\n"
+            "                          quay_password_hashing_pbkdf2_sha256 (slow on purpose;\n"
+            "                          short names sha256, sha512, pbkdf2). Every form\n"
+            "                          logs in whatever this says\n"
+            "  --pbkdf2-iterations N   PBKDF2's iterations for new passwords (default 600000;\n"
+            "                          1000..10000000)\n"
+            "  --hash-password PW      print a password hash for the users file (in the\n"
+            "                          form the options before it say) and exit\n"
             "  --help                  this text\n");
 }
 
@@ -146,7 +155,7 @@ enum option_id {
     OPT_CATCH_UP_RATE, OPT_HTTP_ALLOW_PLAINTEXT,
     OPT_HTTP_ALLOWED_HOSTS, OPT_MAX_HANDSHAKING, OPT_HANDSHAKE_TIMEOUT,
     OPT_HTTPS, OPT_TLS_LISTEN, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_TLS_VERIFY,
-    OPT_CLUSTER_TLS, OPT_SHARED_STORAGE,
+    OPT_CLUSTER_TLS, OPT_SHARED_STORAGE, OPT_PASSWORD_HASHING_MODULE, OPT_PBKDF2_ITERATIONS,
 };
 
 static const struct option long_options[] = {
@@ -167,6 +176,8 @@ static const struct option long_options[] = {
     {"max-consumers", required_argument, NULL, OPT_MAX_CONSUMERS},
     {"max-message-size", required_argument, NULL, OPT_MAX_MESSAGE_SIZE},
     {"hash-password", required_argument, NULL, OPT_HASH_PASSWORD},
+    {"password-hashing-module", required_argument, NULL, OPT_PASSWORD_HASHING_MODULE},
+    {"pbkdf2-iterations", required_argument, NULL, OPT_PBKDF2_ITERATIONS},
     {"memory-high-watermark", required_argument, NULL, OPT_MEMORY_HIGH_WATERMARK},
     {"disk-free-limit", required_argument, NULL, OPT_DISK_FREE_LIMIT},
     {"http", required_argument, NULL, OPT_HTTP},
@@ -501,6 +512,45 @@ static int load_definitions(struct broker *broker)
     return rc;
 }
 
+/* --password-hashing-module, --pbkdf2-iterations: 1 taken, 0 not one of
+ * them, -1 refused; --hash-password prints a hash in the form the options
+ * before it say, and exits. */
+static int set_password_option(int opt, const char *value, struct broker_config *config)
+{
+    struct password_policy *policy = &config->password_policy;
+    if (policy->iterations == 0)
+        policy->iterations = PASSWORD_PBKDF2_ITERATIONS_DEFAULT;
+    if (opt == OPT_PASSWORD_HASHING_MODULE) {
+        int a = password_algorithm_parse(value);
+        if (a < 0 || a == PASSWORD_MD5) {
+            fprintf(stderr, "quayd: --password-hashing-module: '%s' is not one of "
+                    "rabbit_password_hashing_sha256, rabbit_password_hashing_sha512, "
+                    "quay_password_hashing_pbkdf2_sha256\n", value);
+            return -1;
+        }
+        policy->algorithm = (enum password_algorithm)a;
+        return 1;
+    }
+    if (opt == OPT_HASH_PASSWORD) {
+        char hash[PASSWORD_TEXT_MAX + 1];
+        auth_hash_password(policy, value, hash, sizeof hash);
+        printf("%s\n", hash);
+        exit(0);
+    }
+    if (opt != OPT_PBKDF2_ITERATIONS)
+        return 0;
+    char *end;
+    errno = 0;
+    unsigned long n = strtoul(value, &end, 10);
+    if (errno != 0 || end == value || *end != '\0' || n < PASSWORD_PBKDF2_ITERATIONS_MIN ||
+        n > PASSWORD_PBKDF2_ITERATIONS_MAX) {
+        fprintf(stderr, "quayd: --pbkdf2-iterations: '%s' is not in 1000..10000000\n", value);
+        return -1;
+    }
+    policy->iterations = (uint32_t)n;
+    return 1;
+}
+
 static int parse_options(int argc, char **argv, struct broker_config *config)
 {
     int opt;
@@ -512,6 +562,8 @@ static int parse_options(int argc, char **argv, struct broker_config *config)
             limit = set_http_option(opt, optarg, config);
         if (limit == 0)
             limit = set_tls_option(opt, optarg, config);
+        if (limit == 0)
+            limit = set_password_option(opt, optarg, config);
         if (limit < 0)
             return -1;
         if (limit > 0)
@@ -558,12 +610,6 @@ static int parse_options(int argc, char **argv, struct broker_config *config)
             }
             log_set_format(format);
             break;
-        }
-        case OPT_HASH_PASSWORD: {
-            char hash[64];
-            auth_hash_password(optarg, hash, sizeof hash);
-            printf("%s\n", hash);
-            exit(0);
         }
         case OPT_HELP:
         case 'h':

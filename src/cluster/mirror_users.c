@@ -97,12 +97,13 @@ void mirror_users(struct member *member)
     }
     for (uint32_t i = 0; i < map->users_count; i++) {
         const struct map_user *mu = map->users[i];
-        unsigned char raw[AUTH_HASH_SIZE];
-        const char *hash = (const char *)mu->password_hash.ptr;
-        if (auth_hash_decode(hash, mu->password_hash.len, raw) != 0)
-            memset(raw, 0, sizeof raw); /* no password hashes to this */
+        /* Any form travels (broker/password.h): each broker checks it. */
+        struct password_hash hash;
+        const char *text = (const char *)mu->password_hash.ptr;
+        if (password_hash_parse(NULL, text, mu->password_hash.len, &hash) != 0) /* none matches: */
+            hash = (struct password_hash){.digest_size = 32, .salt_size = 4};
         bool created;
-        struct auth_user *u = users_put(broker, mu->name, raw, tag_bits(mu), &created);
+        struct auth_user *u = users_put(broker, mu->name, &hash, tag_bits(mu), &created);
         u->loopback_only = mu->loopback;
         u->any_vhost = mu->any_vhost;
         follow_permissions(u, mu);
@@ -129,17 +130,17 @@ static struct map_user *as_map_users(const struct auth *auth, struct bytes **str
         n += 2 + 4 + 4 * auth->users[i]->permissions_count;
     struct bytes *s = calloc(n + 1, sizeof *s);
     ASSERT(out != NULL && s != NULL);
-    char *hashes = calloc(auth->users_count + 1, AUTH_HASH_BASE64_SIZE + 1);
+    char *hashes = calloc(auth->users_count + 1, PASSWORD_TEXT_MAX + 1);
     ASSERT(hashes != NULL);
     *strings = s;
     *hashes_out = hashes;
     for (size_t i = 0; i < auth->users_count; i++) {
         const struct auth_user *u = auth->users[i];
         struct map_user *mu = &out[i];
-        char *hash = hashes + i * (AUTH_HASH_BASE64_SIZE + 1);
-        auth_user_hash_base64(u, hash);
+        char *hash = hashes + i * (PASSWORD_TEXT_MAX + 1);
+        size_t hash_size = auth_user_hash_text(u, hash);
         mu->name = bytes_of_cstr(u->name);
-        mu->password_hash = (struct bytes){(const uint8_t *)hash, AUTH_HASH_BASE64_SIZE};
+        mu->password_hash = (struct bytes){(const uint8_t *)hash, (uint32_t)hash_size};
         const char *names[4];
         mu->tags_count = auth_tag_names(u->tags, names);
         mu->tags = s;

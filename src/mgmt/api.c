@@ -25,6 +25,7 @@
 #include "broker/connection.h"
 #include "broker/dedup.h"
 #include "broker/durable.h"
+#include "broker/login.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
@@ -113,6 +114,42 @@ static int check_right(const struct auth_user *u, const struct http_admission *a
     return E_LIMIT;
 }
 
+static void on_checked(void *ctx, enum auth_verdict verdict, const struct auth_user *user)
+{
+    (void)verdict; /* asked again: the answer is in the cache, or a refusal */
+    (void)user;
+    http_wait_resume(ctx);
+}
+
+static void cancel_check(void *arg)
+{
+    login_cancel(arg);
+}
+
+/* The password's verdict: a slow check (PBKDF2) runs off the loop
+ * (broker/login.h), and AUTH_VERDICT_SLOW says it started; the request
+ * is admitted again when it is done, and its success is then in the
+ * cache: without it the password was wrong. */
+static enum auth_verdict check_password(struct mgmt_api *api, const struct http_admission *a,
+                                        struct bytes name, struct bytes password,
+                                        const struct auth_user **u)
+{
+    enum auth_verdict verdict;
+    if (*a->memo != 0) {
+        struct auth_job *job;
+        verdict = auth_login_begin(&api->broker->auth, name, password, a->peer_loopback, u, &job);
+        auth_job_free(job);
+        return verdict == AUTH_VERDICT_SLOW ? AUTH_VERDICT_REFUSED : verdict;
+    }
+    struct login *login = login_start(api->broker, name, password, a->peer_loopback, on_checked,
+                                      a->wait, &verdict, u);
+    if (login != NULL) {
+        *a->memo = 1;
+        http_wait_on_cancel(a->wait, cancel_check, login);
+    }
+    return verdict;
+}
+
 /* The admission hook (http.h): HTTP Basic against the broker's users, then
  * the route's right. A bad password, an unknown user and no credentials
  * get one answer; only a right password from the wrong peer is told so,
@@ -138,9 +175,10 @@ static int admit(void *ctx, const struct http_admission *a, const struct auth_us
     struct bytes name = {credentials.user, (uint32_t)credentials.user_size};
     struct bytes password = {credentials.password, (uint32_t)credentials.password_size};
     const struct auth_user *u = NULL;
-    enum auth_verdict verdict =
-        auth_login(&api->broker->auth, name, password, a->peer_loopback, &u);
+    enum auth_verdict verdict = check_password(api, a, name, password, &u);
     OPENSSL_cleanse(credentials.decoded, sizeof credentials.decoded);
+    if (verdict == AUTH_VERDICT_SLOW)
+        return AGAIN; /* asked again once the check is done (http.h) */
     if (verdict == AUTH_VERDICT_LOOPBACK_ONLY)
         return refuse(refusal, "not_authorised", "User can only log in via localhost");
     if (verdict != AUTH_VERDICT_OK)

@@ -9,12 +9,9 @@
 #include "broker/auth.h"
 #include "broker/broker.h"
 #include "broker/vhost.h"
-#include "lib/base64.h"
 #include "mgmt/api_limits.h"
 #include "lib/json.h"
 #include "mgmt/json_tree.h"
-
-#define HASHING_ALGORITHM "rabbit_password_hashing_sha256"
 
 static const struct {
     const char *name;
@@ -24,15 +21,6 @@ static const struct {
                  {"policymaker", AUTH_TAG_POLICYMAKER},
                  {"management", AUTH_TAG_MANAGEMENT}};
 #define TAG_NAMES_COUNT (sizeof tag_names / sizeof tag_names[0])
-
-/* The user's password hash as RabbitMQ writes it: base64(salt || sha256). */
-static void password_hash(const struct auth_user *u, char *out)
-{
-    unsigned char raw[36];
-    memcpy(raw, u->salt, 4);
-    memcpy(raw + 4, u->hash, 32);
-    base64_encode(raw, sizeof raw, out);
-}
 
 static void write_permission(struct json *out, const struct auth_user *u, struct bytes vhost,
                              const struct auth_permission *p)
@@ -56,12 +44,14 @@ void api_definitions_write_users(struct json *out, struct broker *broker)
         const struct auth_user *u = auth->users[i];
         if (u->internal)
             continue;
-        char hash[64];
-        password_hash(u, hash);
+        char hash[PASSWORD_TEXT_MAX + 1];
+        auth_user_hash_text(u, hash);
         json_object_begin(out);
         json_kv_string(out, "name", u->name);
         json_kv_string(out, "password_hash", hash);
-        json_kv_string(out, "hashing_algorithm", HASHING_ALGORITHM);
+        /* Each user's own: RabbitMQ imports its three back, and refuses
+         * quay's PBKDF2 (400 not_base64: README, "Passwords"). */
+        json_kv_string(out, "hashing_algorithm", auth_user_hash_algorithm(u));
         json_key(out, "tags");
         json_array_begin(out);
         for (size_t t = 0; t < TAG_NAMES_COUNT; t++) {
@@ -139,7 +129,7 @@ static bool check_user(struct broker *broker, const struct json_tree *tree,
     const char *hash = string_of(tree, item, "password_hash");
     const char *algorithm = string_of(tree, item, "hashing_algorithm");
     const struct auth_user *u = name ? auth_find_user(&broker->auth, bytes_of_cstr(name)) : NULL;
-    char have[64];
+    struct password_hash given;
     unsigned tags;
     if (name == NULL) {
         snprintf(err, err_size, "users: an item without a name");
@@ -150,9 +140,14 @@ static bool check_user(struct broker *broker, const struct json_tree *tree,
                                 "users from definitions yet (add it to the users file)", name);
         return false;
     }
-    password_hash(u, have);
-    if (hash == NULL || strcmp(hash, have) != 0 ||
-        (algorithm != NULL && strcmp(algorithm, HASHING_ALGORITHM) != 0)) {
+    if (algorithm != NULL && password_algorithm_parse(algorithm) < 0) {
+        snprintf(err, err_size, "users: '%.64s' has an unknown hashing_algorithm '%.64s' (quay "
+                                "knows rabbit_password_hashing_sha256, _sha512, _md5 and "
+                                "quay_password_hashing_pbkdf2_sha256)", name, algorithm);
+        return false;
+    }
+    if (hash == NULL || password_hash_parse(algorithm, hash, strlen(hash), &given) != 0 ||
+        !password_hash_equal(&given, &u->password)) {
         snprintf(err, err_size, "users: '%.64s' has another password here; quay cannot change "
                                 "it from definitions yet", name);
         return false;

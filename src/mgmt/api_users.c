@@ -6,8 +6,6 @@
 #include "mgmt/api_users.h"
 
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,12 +67,12 @@ static void write_tags(struct json *out, unsigned tags)
 
 static void write_user(struct json *out, const struct auth_user *u)
 {
-    char hash[AUTH_HASH_BASE64_SIZE + 1];
-    auth_user_hash_base64(u, hash);
+    char hash[PASSWORD_TEXT_MAX + 1];
+    auth_user_hash_text(u, hash);
     json_object_begin(out);
     json_kv_string(out, "name", u->name);
     json_kv_string(out, "password_hash", hash);
-    json_kv_string(out, "hashing_algorithm", AUTH_HASHING_ALGORITHM);
+    json_kv_string(out, "hashing_algorithm", auth_user_hash_algorithm(u));
     write_tags(out, u->tags);
     json_key(out, "limits");
     json_object_begin(out);
@@ -368,28 +366,34 @@ static bool on_user_member(void *ctx, const struct json_read_member *m, char *er
  * given. An existing user without a new password keeps its own; a new
  * one gets random bytes nobody can log in with (RabbitMQ's user without
  * a password). */
-static int user_hash(struct http_call *call, const char *who, const struct user_body *b,
-                     const struct auth_user *existing, unsigned char raw[AUTH_HASH_SIZE])
+static int user_hash(struct broker *broker, struct http_call *call, const char *who,
+                     const struct user_body *b, const struct auth_user *existing,
+                     struct password_hash *hash)
 {
+    static const struct password_policy sha256 = {.algorithm = PASSWORD_SHA256};
     if (b->has_password) {
-        auth_hash_new((struct bytes){(const uint8_t *)b->password, (uint32_t)b->password_size},
-                      raw);
+        auth_hash_new(&broker->auth,
+                      (struct bytes){(const uint8_t *)b->password, (uint32_t)b->password_size},
+                      hash);
     } else if (b->has_hash) {
-        if (b->has_algorithm && strcmp(b->algorithm, AUTH_HASHING_ALGORITHM) != 0) {
+        if (b->has_algorithm && password_algorithm_parse(b->algorithm) < 0) {
             bad_request(call, who, "unknown hashing_algorithm (quay knows "
-                              AUTH_HASHING_ALGORITHM ")");
+                                   "rabbit_password_hashing_sha256, "
+                                   "rabbit_password_hashing_sha512, rabbit_password_hashing_md5, "
+                                   "quay_password_hashing_pbkdf2_sha256)");
             return -1;
         }
-        if (auth_hash_decode(b->hash, b->hash_size, raw) != 0) {
-            bad_request(call, who, "not_base64");
+        if (password_hash_parse(b->has_algorithm ? b->algorithm : NULL, b->hash, b->hash_size,
+                                hash) != 0) {
+            bad_request(call, who, "password_hash is not a hash of its hashing_algorithm "
+                                   "(not_base64, another length, or PBKDF2 iterations outside "
+                                   "1000..10000000)");
             return -1;
         }
     } else if (existing != NULL) {
-        memcpy(raw, existing->salt, 4);
-        memcpy(raw + 4, existing->hash, 32);
+        *hash = existing->password;
     } else {
-        int ok = RAND_bytes(raw, AUTH_HASH_SIZE);
-        ASSERT(ok == 1);
+        password_hash_random(&sha256, hash);
     }
     return 0;
 }
@@ -424,19 +428,19 @@ static void put_user(struct broker *broker, struct http_call *call,
     struct user_body *b = malloc(sizeof *b);
     ASSERT(b != NULL);
     unsigned tags;
-    unsigned char raw[AUTH_HASH_SIZE];
+    struct password_hash raw;
     const struct auth_user *existing = auth_find_user(&broker->auth, name->b);
     int rc = parse_user_body(call, req, b, &tags);
     if (rc == 0)
-        rc = user_hash(call, asker(req), b, existing, raw);
+        rc = user_hash(broker, call, asker(req), b, existing, &raw);
     OPENSSL_cleanse(b->password, sizeof b->password);
     free(b);
     if (rc != 0)
         return;
     const struct cluster_map *map = map_of(broker);
     if (map != NULL) {
-        char hash[AUTH_HASH_BASE64_SIZE + 1];
-        EVP_EncodeBlock((unsigned char *)hash, raw, AUTH_HASH_SIZE);
+        char hash[PASSWORD_TEXT_MAX + 1];
+        password_hash_format(&raw, hash);
         const char *names[4];
         struct bytes tag_list[4];
         uint32_t n = auth_tag_names(tags, names);
@@ -449,7 +453,7 @@ static void put_user(struct broker *broker, struct http_call *call,
         return;
     }
     bool created;
-    users_put(broker, name->b, raw, tags, &created);
+    users_put(broker, name->b, &raw, tags, &created);
     LOG_INFO("user '%s' %s through the API", (const char *)name->bytes,
              created ? "created" : "changed");
     http_call_answer_empty(call, created ? 201 : 204);

@@ -38,6 +38,7 @@
 enum http_conn_state {
     HTTP_CONN_STATE_READING,   /* collecting the request head and body */
     HTTP_CONN_STATE_WAITING,   /* a prefix route answers later */
+    HTTP_CONN_STATE_ADMITTING, /* the admission hook answers later (AGAIN) */
     HTTP_CONN_STATE_ANSWERED,  /* answer queued; closing once it is written */
 };
 
@@ -50,8 +51,13 @@ struct http_conn {
     enum http_conn_state state;
     bool head_only;                /* a HEAD request: answer without the body */
     uint64_t state_since_ms;       /* loop time of accept, of the dispatch, or of the answer */
-    http_cancel_fn cancel;         /* WAITING: the route's hook, or NULL */
+    http_cancel_fn cancel;         /* WAITING, ADMITTING: the route's or the hook's, or NULL */
     void *cancel_arg;
+    int admission_memo;            /* the admission hook's (struct http_admission) */
+    /* ADMITTING: input that came after the head (a big body's first
+     * part), offered again once admitted. Owned, or NULL. */
+    uint8_t *stash;
+    size_t stash_size;
     uint32_t request_size;
     char request[HTTP_REQUEST_SIZE_MAX];
     /* A request whose body goes past request[]: head and body, collected
@@ -92,7 +98,8 @@ void http_body_init(struct json *body)
 static void answer_as(struct http_conn *hc, int status, struct json *body,
                       const char *extra_headers, const char *content_type)
 {
-    ASSERT(hc->state == HTTP_CONN_STATE_READING || hc->state == HTTP_CONN_STATE_WAITING);
+    ASSERT(hc->state == HTTP_CONN_STATE_READING || hc->state == HTTP_CONN_STATE_WAITING ||
+           hc->state == HTTP_CONN_STATE_ADMITTING);
     ASSERT(body->depth == 0);
     ASSERT(body->size >= HTTP_HEADROOM);
     hc->cancel = NULL;
@@ -253,9 +260,18 @@ static bool admitted(struct http_conn *hc, const struct http_request *req,
     if (server->admit != NULL) {
         struct http_admission admission = {.method = method, .access = route->access,
                                            .request = req,
-                                           .peer_loopback = hc->conn.peer_loopback};
+                                           .peer_loopback = hc->conn.peer_loopback,
+                                           .wait = (struct http_wait *)hc,
+                                           .memo = &hc->admission_memo};
         struct http_refusal refusal = {0};
-        if (server->admit(server->admit_ctx, &admission, user, &refusal) != OK) {
+        int rc = server->admit(server->admit_ctx, &admission, user, &refusal);
+        if (rc == AGAIN) {
+            hc->state = HTTP_CONN_STATE_ADMITTING;
+            hc->state_since_ms = uv_now(server->net->loop);
+            conn_pause_reading(&hc->conn, CONN_PAUSE_HOLD);
+            return false;
+        }
+        if (rc != OK) {
             answer_refusal(hc, &refusal);
             return false;
         }
@@ -495,6 +511,43 @@ void http_call_on_cancel(struct http_call *call, http_cancel_fn fn, void *arg)
     hc->cancel_arg = arg;
 }
 
+void http_wait_on_cancel(struct http_wait *wait, http_cancel_fn fn, void *arg)
+{
+    struct http_conn *hc = (struct http_conn *)wait;
+    ASSERT(hc->state == HTTP_CONN_STATE_READING); /* from the hook: ADMITTING once it returns */
+    hc->cancel = fn;
+    hc->cancel_arg = arg;
+}
+
+void http_wait_resume(struct http_wait *wait)
+{
+    struct http_conn *hc = (struct http_conn *)wait;
+    ASSERT(hc->state == HTTP_CONN_STATE_ADMITTING);
+    hc->cancel = NULL;
+    hc->state = HTTP_CONN_STATE_READING;
+    hc->state_since_ms = uv_now(hc->server->net->loop); /* the wait was ours, not the client's */
+    conn_resume_reading(&hc->conn, CONN_PAUSE_HOLD);
+    uint8_t *stash = hc->stash;
+    size_t stash_size = hc->stash_size;
+    hc->stash = NULL;
+    hc->stash_size = 0;
+    static const uint8_t none[1];
+    on_input(&hc->conn, stash != NULL ? stash : none, stash_size); /* dispatches */
+    free(stash);
+}
+
+/* Input while the admission waits: kept for http_wait_resume. */
+static void stash_input(struct http_conn *hc, const uint8_t *data, size_t size)
+{
+    if (size == 0)
+        return;
+    uint8_t *grown = realloc(hc->stash, hc->stash_size + size);
+    ASSERT(grown != NULL);
+    memcpy(grown + hc->stash_size, data, size);
+    hc->stash = grown;
+    hc->stash_size += size;
+}
+
 /* A waiting call that can no longer be answered: its route forgets it. */
 static void cancel_call(struct http_conn *hc)
 {
@@ -552,6 +605,10 @@ static long on_big_input(struct http_conn *hc, const uint8_t *data, size_t size)
 static long on_input(struct conn *conn, const uint8_t *data, size_t size)
 {
     struct http_conn *hc = from_conn(conn);
+    if (hc->state == HTTP_CONN_STATE_ADMITTING) {
+        stash_input(hc, data, size); /* reading is paused: what one read brought */
+        return (long)size;
+    }
     if (hc->state != HTTP_CONN_STATE_READING)
         return (long)size; /* answered: whatever else comes is dropped */
     if (hc->big != NULL)
@@ -567,7 +624,10 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
         answer_error(hc, 413, "the request body is over 16 MiB", "");
     } else if (rc == OK && req.head_size + req.content_length > HTTP_REQUEST_SIZE_MAX &&
                hc->big == NULL && !admitted_for_big(hc, &req)) {
-        /* answered: a body past 8 KiB is taken from admitted users only */
+        /* answered: a body past 8 KiB is taken from admitted users only;
+         * or the admission waits, and the rest is offered again then */
+        if (hc->state == HTTP_CONN_STATE_ADMITTING)
+            stash_input(hc, data + take, size - take);
     } else if (rc == OK && req.head_size + req.content_length > HTTP_REQUEST_SIZE_MAX) {
         collect_big(hc, data + take, size - take);
         if (req.head_size + req.content_length <= hc->big_size) {
@@ -598,7 +658,7 @@ static long on_input(struct conn *conn, const uint8_t *data, size_t size)
 static void on_close(struct conn *conn)
 {
     struct http_conn *hc = from_conn(conn);
-    if (hc->state == HTTP_CONN_STATE_WAITING)
+    if (hc->state == HTTP_CONN_STATE_WAITING || hc->state == HTTP_CONN_STATE_ADMITTING)
         cancel_call(hc);
 }
 
@@ -608,6 +668,8 @@ static void on_free(struct conn *conn)
     struct http_server *server = hc->server;
     free(hc->big);
     hc->big = NULL;
+    free(hc->stash);
+    hc->stash = NULL;
     list_remove(&hc->server_link);
     ASSERT(server->conns_count > 0);
     server->conns_count--;
@@ -628,6 +690,9 @@ static struct conn *http_accept(struct net *net, void *ctx)
     hc->state = HTTP_CONN_STATE_READING;
     hc->head_only = false;
     hc->cancel = NULL;
+    hc->admission_memo = 0;
+    hc->stash = NULL;
+    hc->stash_size = 0;
     hc->state_since_ms = uv_now(net->loop);
     hc->request_size = 0;
     hc->big = NULL;
@@ -659,9 +724,10 @@ static void on_timer(uv_timer_t *timer)
             }
             continue;
         }
-        if (hc->state == HTTP_CONN_STATE_WAITING) {
+        if (hc->state == HTTP_CONN_STATE_WAITING || hc->state == HTTP_CONN_STATE_ADMITTING) {
             /* Routes answer within their own deadline (a cluster change
-             * within 5 s); this is the backstop. */
+             * within 5 s), password checks in a fraction of a second
+             * unless many wait; this is the backstop. */
             if (now - hc->state_since_ms >= 2u * server->timeout_ms) {
                 cancel_call(hc);
                 answer_error(hc, 503, "no answer in time", "");

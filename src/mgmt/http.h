@@ -116,16 +116,29 @@ struct http_refusal {
     bool challenge;                /* a login is missing: add WWW-Authenticate */
 };
 
+/* A request whose admission waits (below). */
+struct http_wait;
+
 /* What the admission hook is asked about. */
 struct http_admission {
     enum http_method method;
     uint32_t access;               /* the route's, as registered (the owner's meaning) */
     const struct http_request *request; /* its headers */
     bool peer_loopback;            /* the client's address is a loopback one */
+    /* For a hook that answers AGAIN: the request's handle, and a value
+     * the server keeps for the hook with the request (0 at first). */
+    struct http_wait *wait;
+    int *memo;
 };
 
 /* Decides whether a request may reach its route: OK with *user set (who
- * asked, handed to the route), or an error with *refusal filled in. */
+ * asked, handed to the route), or an error with *refusal filled in, or
+ * AGAIN: the answer needs a slow check (a PBKDF2 password,
+ * broker/login.h). Then the server reads no more of the client and
+ * answers nothing until the hook calls http_wait_resume, and asks the
+ * hook again with the same request (the hook's memo tells it it asked);
+ * if the client goes first, the cancel hook set with http_wait_on_cancel
+ * runs. */
 typedef int (*http_admit_fn)(void *ctx, const struct http_admission *admission,
                              const struct auth_user **user, struct http_refusal *refusal);
 
@@ -136,6 +149,11 @@ typedef void (*http_prefix_fn)(void *ctx, struct http_call *call,
 /* The client of a pending call went away (or the server closes): the call
  * must not be answered any more. */
 typedef void (*http_cancel_fn)(void *arg);
+
+/* An admission hook's AGAIN: fn(arg) runs if the client goes first. */
+void http_wait_on_cancel(struct http_wait *wait, http_cancel_fn fn, void *arg);
+/* The hook can answer now: the request is admitted again (at once). */
+void http_wait_resume(struct http_wait *wait);
 
 /* A static file served as it is (the web console's page, style and
  * script), to anyone who passes the Host and Origin checks: without

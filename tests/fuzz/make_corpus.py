@@ -6,6 +6,7 @@ here with an encoder independent of the C codec (struct.pack). The files are
 committed; rerun this script after changing it. Deterministic output.
 """
 import base64
+import hashlib
 import os
 import struct
 
@@ -153,6 +154,24 @@ def main():
         "up": heartbeat(0, b"b1", b"10.0.0.1:5672", b"10.0.0.1:7001", 7, 1),
         "stopping_alarms": heartbeat(7, b"broker-two", b"[::1]:5672", b"127.0.0.1:7002",
                                      0xFFFFFFFF, 2 ** 63),
+    })
+
+    # fuzz_password: a byte picking the hashing_algorithm (0 none, 1..4 the
+    # four names), then a stored hash of "secret" computed with hashlib.
+    salt = b"\x01\x02\x03\x04"
+
+    def rabbit(digest):
+        return base64.b64encode(salt + digest(salt + b"secret").digest())
+
+    def unpadded(b):
+        return base64.b64encode(b).rstrip(b"=")
+    kdf_salt = bytes(range(16))
+    kdf = hashlib.pbkdf2_hmac("sha256", b"secret", kdf_salt, 1000)
+    write("fuzz_password", {
+        "sha256": b"\x00" + rabbit(hashlib.sha256),
+        "sha512": b"\x02" + rabbit(hashlib.sha512),
+        "md5": b"\x03" + rabbit(hashlib.md5),
+        "pbkdf2": b"\x04$pbkdf2-sha256$i=1000$" + unpadded(kdf_salt) + b"$" + unpadded(kdf),
     })
 
 

@@ -12,7 +12,7 @@ build=$1
 seconds=$2
 here=$(cd "$(dirname "$0")" && pwd)
 status=0
-for name in fuzz_frame fuzz_method fuzz_table fuzz_properties fuzz_http fuzz_heartbeat fuzz_json; do
+for name in fuzz_frame fuzz_method fuzz_table fuzz_properties fuzz_http fuzz_heartbeat fuzz_json fuzz_password; do
     bin="$build/fuzz/$name"
     if [ ! -x "$bin" ]; then
         echo "run.sh: $bin not built" >&2

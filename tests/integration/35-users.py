@@ -7,7 +7,7 @@ permission change refuses the next operation of a connection already open
 (320 CONNECTION_FORCED "user 'x' is deleted"); deleting a vhost deletes its
 queues everywhere and closes its connections; users survive a restart, and
 the users file only seeds the first start; bad input (malformed JSON, an
-unknown hashing algorithm, a bad regex, no tags) is refused with RabbitMQ's
+unknown hashing algorithm or a hash not of the one named, a bad regex, no tags) is refused with RabbitMQ's
 400 and changes nothing.
 
 Method: one quayd with --http (QUAY_TEST_MODE=single) or the 3-broker test
@@ -194,8 +194,11 @@ def bad_input_is_refused_and_changes_nothing():
         ("PUT", "/api/users/eve", {"password": "x"}, "tags_not_present"),
         ("PUT", "/api/users/eve", {"password": 5, "tags": ""}, "'password' must be a string"),
         ("PUT", "/api/users/eve", {"password_hash": RABBIT_HASH, "tags": "",
-                                   "hashing_algorithm": "rabbit_password_hashing_md5"},
+                                   "hashing_algorithm": "rabbit_password_hashing_sha1"},
          "unknown hashing_algorithm"),
+        ("PUT", "/api/users/eve", {"password_hash": RABBIT_HASH, "tags": "",
+                                   "hashing_algorithm": "rabbit_password_hashing_md5"},
+         "not a hash of its hashing_algorithm"),
         ("PUT", "/api/users/eve", {"password_hash": "not base64!", "tags": ""}, "not_base64"),
         ("PUT", "/api/users/eve", {"password": "x", "tags": "superuser"}, "unknown tag"),
         ("PUT", "/api/users/alice", {"password": "x", "tags": "bogus"}, "unknown tag"),
@@ -240,10 +243,23 @@ def permission_change_holds_for_open_connections():
     cached = conn.channel()  # its publishes to "" have been permitted once
     cached.confirm_delivery()
     cached.basic_publish("", "free-before", b"before")
+    multi = conn.channel()  # publishes to two exchanges in turn: each permitted once
+    multi.confirm_delivery()
+    for _ in range(2):
+        multi.basic_publish("amq.direct", "free-before", b"before")
+        multi.basic_publish("", "free-before", b"before")
     ok(put_permission(a, "v-users", "alice", "^allowed-", "^allowed-|^amq\\.default$",
                       "^allowed-"), 204, "a changed permission")
     wait_until(lambda: permission_on(b, "v-users", "alice")["configure"] == "^allowed-",
                timeout=10, what="the change on b")
+    multi.basic_publish("", "free-before", b"still")  # amq.default is still allowed
+    try:
+        multi.basic_publish("amq.direct", "free-before", b"after")
+        raise AssertionError("a publish kept its permitted exchange after a change")
+    except pika.exceptions.ChannelClosedByBroker as e:
+        eq(e.reply_code, 403)
+        eq(e.reply_text, "ACCESS_REFUSED - write access to exchange 'amq.direct' in vhost "
+           "'v-users' refused for user 'alice'")
     ch.queue_declare("allowed-1")
     try:
         ch.queue_declare("other-1")

@@ -36,8 +36,9 @@ static char path[64];
 /* Writes text (with %s for a hash of "pw") to a fresh file; loads it. */
 static int load(struct auth *auth, const char *format, char *err, size_t err_size)
 {
-    char hash[64];
-    auth_hash_password("pw", hash, sizeof hash);
+    char hash[PASSWORD_TEXT_MAX + 1];
+    static const struct password_policy sha256 = {.algorithm = PASSWORD_SHA256};
+    auth_hash_password(&sha256, "pw", hash, sizeof hash);
     char text[2048];
     snprintf(text, sizeof text, format, hash, hash, hash, hash, hash, hash);
     snprintf(path, sizeof path, "/tmp/quay-test-auth-%d", (int)getpid());
@@ -119,7 +120,7 @@ static void test_users_file_refused(void **state)
     assert_non_null(strstr(err, "unknown tag 'root'"));
 }
 
-static enum auth_verdict login(const struct auth *auth, const char *user, const char *password,
+static enum auth_verdict login(struct auth *auth, const char *user, const char *password,
                                bool loopback, const struct auth_user **out)
 {
     return auth_login(auth, bytes_of_cstr(user), bytes_of_cstr(password), loopback, out);
@@ -154,7 +155,8 @@ static void test_default_guest(void **state)
 {
     (void)state;
     struct auth auth;
-    auth_init_default(&auth);
+    static const struct password_policy sha256 = {.algorithm = PASSWORD_SHA256};
+    auth_init_default(&auth, &sha256);
     const struct auth_user *u;
     assert_int_equal(login(&auth, "guest", "guest", true, &u), AUTH_VERDICT_OK);
     assert_true(auth_user_has_tag(u, AUTH_TAG_ADMINISTRATOR));
@@ -266,16 +268,16 @@ static void test_runtime_changes(void **state)
     (void)state;
     struct auth auth;
     auth_init(&auth);
-    unsigned char raw[AUTH_HASH_SIZE];
-    auth_hash_new(bytes_of_cstr("pw"), raw);
+    struct password_hash raw;
+    auth_hash_new(&auth, bytes_of_cstr("pw"), &raw);
     bool created;
-    struct auth_user *u = auth_user_put(&auth, bytes_of_cstr("ann"), raw, 0, &created);
+    struct auth_user *u = auth_user_put(&auth, bytes_of_cstr("ann"), &raw, 0, &created);
     assert_true(created);
     const struct auth_user *held = auth_check(&auth, bytes_of_cstr("ann"), bytes_of_cstr("pw"),
                                               true);
     assert_ptr_equal(held, u);
     auth_user_ref(held); /* as a connection does */
-    assert_ptr_equal(auth_user_put(&auth, bytes_of_cstr("ann"), raw, AUTH_TAG_MANAGEMENT,
+    assert_ptr_equal(auth_user_put(&auth, bytes_of_cstr("ann"), &raw, AUTH_TAG_MANAGEMENT,
                                    &created), u);
     assert_false(created);
     assert_true(auth_user_has_tag(held, AUTH_TAG_MANAGEMENT));
@@ -312,17 +314,20 @@ static void test_runtime_changes(void **state)
     assert_string_equal(held->name, "ann");
     auth_user_unref(held); /* freed here: ASan would see a leak or a double free */
     /* RabbitMQ's format: base64 of 36 bytes, nothing else. */
-    unsigned char out[AUTH_HASH_SIZE];
-    assert_int_equal(auth_hash_decode("rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RND", 48,
-                                      out), 0);
-    assert_int_equal(auth_hash_decode("xx", 2, out), -1);
-    assert_int_equal(auth_hash_decode("rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RN!", 48,
-                                      out), -1);
+    struct password_hash out;
+    assert_int_equal(password_hash_parse(NULL, "rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RND",
+                                         48, &out), 0);
+    assert_int_equal(password_hash_parse(NULL, "xx", 2, &out), -1);
+    assert_int_equal(password_hash_parse(NULL, "rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RN!",
+                                         48, &out), -1);
+    assert_int_equal(password_hash_parse(NULL, "rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RND",
+                                         48, &out), 0);
     bool c2;
-    struct auth_user *r = auth_user_put(&auth, bytes_of_cstr("r"), out, 0, &c2);
-    char back[AUTH_HASH_BASE64_SIZE + 1];
-    auth_user_hash_base64(r, back);
+    struct auth_user *r = auth_user_put(&auth, bytes_of_cstr("r"), &out, 0, &c2);
+    char back[PASSWORD_TEXT_MAX + 1];
+    auth_user_hash_text(r, back);
     assert_string_equal(back, "rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RND");
+    assert_string_equal(auth_user_hash_algorithm(r), "rabbit_password_hashing_sha256");
     assert_non_null(auth_check(&auth, bytes_of_cstr("r"), bytes_of_cstr("pw2"), false));
     auth_free(&auth);
 }

@@ -1040,8 +1040,9 @@ int main(void)
         return 1;
     /* The default guest, plus a second vhost for per-channel vhosts. */
     snprintf(users_file, sizeof users_file, "%s.users", data_dir);
-    char hash[64];
-    auth_hash_password("guest", hash, sizeof hash);
+    char hash[PASSWORD_TEXT_MAX + 1];
+    static const struct password_policy sha256 = {.algorithm = PASSWORD_SHA256};
+    auth_hash_password(&sha256, "guest", hash, sizeof hash);
     FILE *f = fopen(users_file, "w");
     if (!f)
         return 1;
