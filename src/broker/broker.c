@@ -99,8 +99,9 @@ static void sample_round_start(struct broker *broker, uint64_t now)
 #if defined(__SANITIZE_ADDRESS__)
 /* Tests run sanitized: every round, in O(queues), that each queue off its
  * list holds its newest sample's values (so that whatever changes a
- * queue's stats or counts called queue_rates_moved), and that the totals
- * are the sums of the newest samples. Production builds do not walk. */
+ * queue's stats or counts called queue_rates_moved), that the totals
+ * are the sums of the newest samples, and that each vhost's totals
+ * (vhost.h) are its queues' sums. Production builds do not walk. */
 static void check_idle_queues(struct broker *broker)
 {
     uint32_t ready = 0, unacked = 0;
@@ -108,10 +109,12 @@ static void check_idle_queues(struct broker *broker)
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
         struct hmap_entry *q;
         const struct vhost *vhost = v->value;
-        uint64_t vhost_ready = 0, vhost_unacked = 0;
+        uint64_t vhost_ready = 0, vhost_unacked = 0, consumers = 0, paged = 0;
         for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);) {
             struct queue *queue = q->value;
             const struct rates *r = &queue->rates;
+            consumers += queue->consumers_count;
+            paged += queue->paged_count;
             ready += r->newest[QUEUE_RATE_READY];
             unacked += r->newest[QUEUE_RATE_UNACKED];
             vhost_ready += r->newest[QUEUE_RATE_READY];
@@ -131,6 +134,8 @@ static void check_idle_queues(struct broker *broker)
         }
         ASSERT(vhost_ready == vhost->totals.ready_sampled);
         ASSERT(vhost_unacked == vhost->totals.unacked_sampled);
+        ASSERT(consumers == vhost->totals.consumers);
+        ASSERT(paged == vhost->totals.paged);
     }
     ASSERT(ready == broker->rates_totals[BROKER_TOTALS_RATE_READY]);
     ASSERT(unacked == broker->rates_totals[BROKER_TOTALS_RATE_UNACKED]);

@@ -332,6 +332,50 @@ def connections_and_overview_count_clients():
 
 
 @test
+def overview_totals_follow_consumers_acks_and_deletes():
+    # The overview's queue totals are kept by the broker (vhost totals plus
+    # the queues whose counts moved since their rates sample), not walked:
+    # read at once after each change, they must be what happened, and the
+    # sanitized broker checks every answer against a walk of the queues.
+    def totals():
+        ov = api("/api/overview")
+        qt = ov["queue_totals"]
+        eq(qt["messages_ready"], ov["messages_ready"], "queue_totals ready")
+        eq(qt["messages_unacknowledged"], ov["messages_unacknowledged"], "queue_totals unacked")
+        eq(ov["object_totals"]["consumers"], ov["consumers"], "object_totals consumers")
+        eq(ov["object_totals"]["queues"], ov["queues"], "object_totals queues")
+        return ov["queues"], ov["consumers"], ov["messages_ready"], ov["messages_unacknowledged"]
+    single = mgmt_broker().cluster is None
+    base = totals()
+    c = amqp()
+    ch = c.channel()
+    ch.queue_declare("m-totals")
+    ch.queue_declare("m-totals-2")
+    for _ in range(5):
+        ch.basic_publish("", "m-totals", b"x")
+        ch.basic_publish("", "m-totals-2", b"y")
+    wait_until(lambda: counted("m-totals")["messages_ready"] == 5, what="5 ready")
+    got = []
+    ch.basic_qos(prefetch_count=2)
+    tag = ch.basic_consume("m-totals", lambda _ch, m, _p, _b: got.append(m.delivery_tag))
+    wait_until(lambda: (c.process_data_events(0.05), len(got) == 2)[1], what="2 delivered")
+    now = totals()
+    eq(now[:2], (base[0] + 2, base[1] + 1), "queues and consumers")
+    if single:
+        eq(now[2:], (base[2] + 8, base[3] + 2), "ready and unacked, at once")
+    ch.basic_ack(got[-1], multiple=True)
+    wait_until(lambda: (c.process_data_events(0.05), len(got) == 4)[1], what="4 delivered")
+    ch.basic_cancel(tag)
+    if single:
+        wait_until(lambda: totals() == (base[0] + 2, base[1], base[2] + 6, base[3] + 2),
+                   what="the cancelled consumer's unacked kept, its others gone")
+    ch.queue_delete("m-totals")   # with 2 unacked, its consumer gone
+    ch.queue_delete("m-totals-2")  # with 5 ready
+    eq(totals(), base, "both queues deleted: the totals are back")
+    c.close()
+
+
+@test
 def quayctl_tables_and_json():
     c = amqp()
     ch = c.channel()
