@@ -11,6 +11,7 @@
  */
 #include "mgmt/metrics.h"
 
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -304,6 +305,43 @@ static void write_queues(struct prom *prom, const struct queue_rows *q)
     }
 }
 
+/* ---- the answer's buffer ------------------------------------------------- */
+
+/* The last answer's buffer, once written, kept for the next scrape: a
+ * fresh one of 24 MB (50,000 queues) is page-faulted in as it is written
+ * and unmapped when freed, which was a third of the broker's CPU for a
+ * scrape. One per process (the loop thread is the only user); dropped
+ * when an answer needs under a quarter of it (queues deleted). */
+static struct {
+    char *data;
+    size_t cap;
+    size_t last_size; /* the last answer's */
+} spare;
+
+static void release_answer(void *data)
+{
+    size_t cap = malloc_usable_size(data);
+    if (spare.data != NULL || cap / 4 > spare.last_size) {
+        free(data);
+        return;
+    }
+    spare.data = data;
+    spare.cap = cap;
+}
+
+/* Writes into the spare buffer from here on, if there is one. */
+static void take_spare(struct json *out)
+{
+    if (spare.data == NULL)
+        return;
+    if (spare.cap < out->size) {
+        free(spare.data);
+    } else {
+        json_adopt(out, spare.data, spare.cap);
+    }
+    spare.data = NULL;
+}
+
 /* ---- the route ---------------------------------------------------------- */
 
 static void handle_metrics(void *ctx, const struct auth_user *user, struct json *out)
@@ -311,6 +349,7 @@ static void handle_metrics(void *ctx, const struct auth_user *user, struct json 
     struct broker *broker = ctx;
     (void)user; /* the route needs the monitoring tag: everything is shown */
     uint64_t started_ns = uv_hrtime();
+    take_spare(out);
     struct prom prom;
     prom_init(&prom, out);
     const struct cluster_node *cluster = member_node_of(broker);
@@ -334,6 +373,7 @@ static void handle_metrics(void *ctx, const struct auth_user *user, struct json 
     json_free(&queues.labels);
     free(queues.rows);
     metrics__write_cluster(&prom, broker);
+    spare.last_size = out->size;
     uint64_t took_us = (uv_hrtime() - started_ns) / 1000u;
     LOG_DEBUG("metrics: %llu samples, %zu bytes in %llu us",
               (unsigned long long)prom.samples_count, out->size,
@@ -344,6 +384,6 @@ void metrics_register(struct http_server *http, struct broker *broker)
 {
     ASSERT(http != NULL);
     ASSERT(broker != NULL);
-    http_server_route_text(http, "/metrics", handle_metrics, broker, MGMT_ACCESS_MONITORING,
-                           METRICS_CONTENT_TYPE);
+    http_server_route_text_release(http, "/metrics", handle_metrics, broker,
+                                   MGMT_ACCESS_MONITORING, METRICS_CONTENT_TYPE, release_answer);
 }
