@@ -4,10 +4,12 @@
  * the primary of. The cluster's are metrics_cluster.c's.
  *
  * Measured (release build, the 2-core development machine, one broker
- * with 50,000 queues): 350,028 samples, 24 MB, written in ~25 ms (its
+ * with 50,000 queues): 350,028 samples, 24 MB, written in ~25-40 ms (its
  * debug log line says so; 56-63 ms when each family was a section of
- * its own and the queues were walked twice), 0.06 s median for curl to
- * have it all (bench/RESULTS.md, "Issue 20's management targets").
+ * its own and the queues were walked twice), ~34 ms of broker CPU per
+ * scrape with the send (~70 ms before; the kept buffer below is a third
+ * of that), ~0.06 s for curl to have it all (bench/RESULTS.md, "Issue
+ * 20's management targets").
  */
 #include "mgmt/metrics.h"
 
