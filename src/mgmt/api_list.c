@@ -385,7 +385,7 @@ void api_list_answer(struct http_call *call, const struct http_call_request *req
 bool api_list_cut_parse(const struct http_call_request *req, struct api_list_cut *cut)
 {
     memset(cut, 0, sizeof *cut);
-    char text[32], keys[32];
+    char text[32], keys[QUERY_VALUE_SIZE_MAX]; /* as api_list_answer's: the same fallbacks */
     cut->page_size = PAGE_SIZE_DEFAULT;
     if (!api_query_get(req, "page", text, sizeof text) || !parse_positive(text, &cut->page))
         return false;

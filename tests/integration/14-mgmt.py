@@ -416,6 +416,10 @@ def queue_pages_are_the_full_lists_pages():
                     eq([x["messages_ready"] for x in got["items"]],
                        [counted(x["name"])["messages_ready"] for x in want], what + " counts")
         eq(api("/api/queues/%2F?page=1&page_size=2&name=pg-c")["filtered_count"], 3, "a vhost")
+        # Sorted by a count (a long sort= too): not cut first, the whole list's order.
+        for sort in ("messages", "messages,name,vhost,consumers,durable"):
+            got = api("/api/queues?page=1&page_size=1&name=pg-a&sort_reverse=true&sort=" + sort)
+            eq([x["name"] for x in got["items"]], ["pg-a-10"], "sorted by " + sort)
         eq(request("GET", "/api/queues/nope?page=1")[0], 404, "an unknown vhost")
         eq(request("GET", "/api/queues?page=1&page_size=501")[0], 400, "page_size too big")
     finally:
