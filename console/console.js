@@ -12,7 +12,7 @@
 'use strict';
 
 const REFRESH_MS = 1500;      // the live views (overview, cluster)
-const LIST_REFRESH_MS = 5000; // lists: each refresh asks every primary for counts
+const LIST_REFRESH_MS = 5000; // lists: each refresh asks the page's primaries for counts
 const AUTH_KEY = 'quay.console.auth';
 
 const state = {
@@ -386,9 +386,9 @@ function fillTable(id, rows) {
   $(id).tBodies[0].replaceChildren(body);
 }
 
-// The search goes through GET /api/queues, which builds the whole list (and
-// in a cluster asks the primaries for counts) before it cuts the page: asked
-// again every LIST_REFRESH_MS, not with every redraw of the ring.
+// The search goes through GET /api/queues (a page sorted by name: the server
+// cuts it before it asks the page's primaries for counts): asked again every
+// LIST_REFRESH_MS, not with every redraw of the ring.
 async function findQueues() {
   if (!state.search) { $('cl-found').replaceChildren(); return null; }
   let found = state.found;

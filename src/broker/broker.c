@@ -99,19 +99,26 @@ static void sample_round_start(struct broker *broker, uint64_t now)
 #if defined(__SANITIZE_ADDRESS__)
 /* Tests run sanitized: every round, in O(queues), that each queue off its
  * list holds its newest sample's values (so that whatever changes a
- * queue's stats or counts called queue_rates_moved), and that the totals
- * are the sums of the newest samples. Production builds do not walk. */
+ * queue's stats or counts called queue_rates_moved), that the totals
+ * are the sums of the newest samples, and that each vhost's totals
+ * (vhost.h) are its queues' sums. Production builds do not walk. */
 static void check_idle_queues(struct broker *broker)
 {
     uint32_t ready = 0, unacked = 0;
     struct hmap_entry *v;
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
         struct hmap_entry *q;
-        for (uint32_t j = 0; hmap_next(&((struct vhost *)v->value)->queues, &j, &q);) {
+        const struct vhost *vhost = v->value;
+        uint64_t vhost_ready = 0, vhost_unacked = 0, consumers = 0, paged = 0;
+        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);) {
             struct queue *queue = q->value;
             const struct rates *r = &queue->rates;
+            consumers += queue->consumers_count;
+            paged += queue->paged_count;
             ready += r->newest[QUEUE_RATE_READY];
             unacked += r->newest[QUEUE_RATE_UNACKED];
+            vhost_ready += r->newest[QUEUE_RATE_READY];
+            vhost_unacked += r->newest[QUEUE_RATE_UNACKED];
             if (rates_listed(r))
                 continue;
             const struct queue_stats *st = &queue->stats;
@@ -125,6 +132,10 @@ static void check_idle_queues(struct broker *broker)
             ASSERT(r->newest[QUEUE_RATE_READY] == queue->ready_count);
             ASSERT(r->newest[QUEUE_RATE_UNACKED] == queue->unacked_count);
         }
+        ASSERT(vhost_ready == vhost->totals.ready_sampled);
+        ASSERT(vhost_unacked == vhost->totals.unacked_sampled);
+        ASSERT(consumers == vhost->totals.consumers);
+        ASSERT(paged == vhost->totals.paged);
     }
     ASSERT(ready == broker->rates_totals[BROKER_TOTALS_RATE_READY]);
     ASSERT(unacked == broker->rates_totals[BROKER_TOTALS_RATE_UNACKED]);
@@ -139,6 +150,83 @@ static void check_idle_queues(struct broker *broker)
     (void)broker;
 }
 #endif
+
+/* The listed queues' changes since their newest samples (rates.h). */
+static void add_moved(struct broker *broker, broker_vhost_filter sees, const void *ctx,
+                      struct broker_queue_totals *t)
+{
+    int64_t ready = 0, unacked = 0;
+    for (uint32_t part = 0; part < BROKER_RATES_PARTS; part++) {
+        if (broker->queues_active[part].count == 0)
+            continue; /* (an empty list may be all zeros: rates.h) */
+        list_for_each(node, &broker->queues_active[part].owners) {
+            const struct rates *r = CONTAINER_OF(node, struct rates, active_link);
+            const struct queue *queue = CONTAINER_OF(r, struct queue, rates);
+            if (sees != NULL && !sees(queue->vhost, ctx))
+                continue;
+            ready += (int64_t)queue->ready_count - r->newest[QUEUE_RATE_READY];
+            unacked += (int64_t)queue->unacked_count - r->newest[QUEUE_RATE_UNACKED];
+        }
+    }
+    ASSERT(ready >= 0 || t->ready >= (uint64_t)-ready);
+    ASSERT(unacked >= 0 || t->unacked >= (uint64_t)-unacked);
+    t->ready += (uint64_t)ready;
+    t->unacked += (uint64_t)unacked;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+/* Tests run sanitized: the totals are a walk's. */
+static void check_totals(struct broker *broker, broker_vhost_filter sees, const void *ctx,
+                         const struct broker_queue_totals *t)
+{
+    struct broker_queue_totals w = {0};
+    struct hmap_entry *v;
+    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
+        const struct vhost *vhost = v->value;
+        if (sees != NULL && !sees(vhost, ctx))
+            continue;
+        struct hmap_entry *q;
+        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);) {
+            const struct queue *queue = q->value;
+            w.queues++;
+            w.consumers += queue->consumers_count;
+            w.ready += queue->ready_count;
+            w.unacked += queue->unacked_count;
+            w.paged += queue->paged_count;
+        }
+    }
+    ASSERT(w.queues == t->queues);
+    ASSERT(w.consumers == t->consumers);
+    ASSERT(w.ready == t->ready);
+    ASSERT(w.unacked == t->unacked);
+    ASSERT(w.paged == t->paged);
+}
+#else
+static void check_totals(struct broker *broker, broker_vhost_filter sees, const void *ctx,
+                         const struct broker_queue_totals *t)
+{
+    (void)broker, (void)sees, (void)ctx, (void)t;
+}
+#endif
+
+void broker_queue_totals(struct broker *broker, broker_vhost_filter sees, const void *ctx,
+                         struct broker_queue_totals *t)
+{
+    memset(t, 0, sizeof *t);
+    struct hmap_entry *v;
+    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
+        const struct vhost *vhost = v->value;
+        if (sees != NULL && !sees(vhost, ctx))
+            continue;
+        t->queues += vhost->queues.count;
+        t->consumers += vhost->totals.consumers;
+        t->paged += vhost->totals.paged;
+        t->ready += vhost->totals.ready_sampled;
+        t->unacked += vhost->totals.unacked_sampled;
+    }
+    add_moved(broker, sees, ctx, t);
+    check_totals(broker, sees, ctx, t);
+}
 
 /* Once a second in RATES_PHASES ticks (rates.h): the active owners only;
  * nothing is allocated unless an owner's values move. */

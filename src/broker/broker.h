@@ -154,6 +154,8 @@ enum broker_totals_rate {
 /* A service quayd's main runs beside the broker (the management API):
  * the broker stops and frees it at its place in the broker's shutdown.
  * stop NULL: none. */
+struct vhost;
+
 struct broker_service {
     void (*stop)(void *ctx);  /* idempotent */
     void (*free)(void *ctx);
@@ -264,6 +266,23 @@ void broker_retire_vhost(struct broker *broker, struct vhost *vhost);
  * starts once a second, then one part of the active queues a tick. Tests
  * drive it by hand with their own loop times. */
 void broker_sample_rates(struct broker *broker, uint64_t now_ms);
+
+/* The queue counts of /api/overview: the sums over the queues of the
+ * vhosts sees accepts (every vhost when sees is NULL). O(vhosts + queues
+ * whose counts moved in the last rates window), not O(queues): the vhosts'
+ * totals (vhost.h) plus, for each queue on the active lists, its change
+ * since its newest sample (an unlisted queue holds its newest: rates.h).
+ * Sanitized builds check the result against a walk of every queue. */
+struct broker_queue_totals {
+    uint64_t queues;
+    uint64_t consumers;
+    uint64_t ready;
+    uint64_t unacked;
+    uint64_t paged;
+};
+typedef bool (*broker_vhost_filter)(const struct vhost *vhost, const void *ctx);
+void broker_queue_totals(struct broker *broker, broker_vhost_filter sees, const void *ctx,
+                         struct broker_queue_totals *totals);
 /* A client connection was freed (connection.c). */
 void broker__connection_gone(struct broker *broker);
 /* Writes a unique name such as "amq.gen-XXXXXXXXXXXXXXXXXXXXXX" (22 chars,

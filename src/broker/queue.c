@@ -178,14 +178,29 @@ struct message *queue_read_paged(struct queue *queue, uint64_t seq)
     return page_in(queue, seq);
 }
 
+/* Every change of a queue's paged_count goes through these: its vhost's
+ * totals follow (vhost.h). */
+static void paged_add(struct queue *queue, uint32_t n)
+{
+    queue->paged_count += n;
+    queue->vhost->totals.paged += n;
+}
+
+static void paged_remove(struct queue *queue)
+{
+    ASSERT(queue->paged_count > 0);
+    ASSERT(queue->vhost->totals.paged > 0);
+    queue->paged_count--;
+    queue->vhost->totals.paged--;
+}
+
 /* Makes a popped entry's message resident. False if it is lost. */
 static bool resident(struct queue *queue, struct queue_entry *entry)
 {
     if (!entry->paged)
         return true;
     struct message *message = page_in(queue, entry->seq);
-    ASSERT(queue->paged_count > 0);
-    queue->paged_count--;
+    paged_remove(queue);
     if (!message)
         return false;
     entry->paged = 0;
@@ -202,8 +217,7 @@ static void discard(struct queue *queue, struct queue_entry entry, enum dead_let
         replicate_removal(queue, entry.seq);
         /* Only a dead-letter exchange needs the body back. */
         if (!queue->args.has_dead_letter_exchange) {
-            ASSERT(queue->paged_count > 0);
-            queue->paged_count--;
+            paged_remove(queue);
             return;
         }
         if (!resident(queue, &entry))
@@ -231,7 +245,7 @@ uint64_t queue_page_out(struct queue *queue, uint64_t wanted)
             message_unref(entry->message);
             entry->paged_body_size = size;
             entry->paged = 1;
-            queue->paged_count++;
+            paged_add(queue, 1);
             released += size;
         }
     }
@@ -291,6 +305,11 @@ static void rates_retire(struct queue *queue)
     rates_leave(&broker->queues_active[queue->rates.part], &queue->rates);
     broker->rates_totals[BROKER_TOTALS_RATE_READY] -= queue->rates.newest[QUEUE_RATE_READY];
     broker->rates_totals[BROKER_TOTALS_RATE_UNACKED] -= queue->rates.newest[QUEUE_RATE_UNACKED];
+    struct vhost_totals *vt = &queue->vhost->totals;
+    ASSERT(vt->ready_sampled >= queue->rates.newest[QUEUE_RATE_READY]);
+    ASSERT(vt->unacked_sampled >= queue->rates.newest[QUEUE_RATE_UNACKED]);
+    vt->ready_sampled -= queue->rates.newest[QUEUE_RATE_READY];
+    vt->unacked_sampled -= queue->rates.newest[QUEUE_RATE_UNACKED];
     memset(queue->rates.newest, 0, sizeof queue->rates.newest);
     rates_free(&queue->rates);
 }
@@ -361,6 +380,9 @@ void queue_sample_rates(struct queue *queue, const struct rates_clock *clock, ui
     rates_sample(&queue->rates, clock, values, QUEUE_RATE_COUNT);
     totals[BROKER_TOTALS_RATE_READY] += queue->rates.newest[QUEUE_RATE_READY] - ready;
     totals[BROKER_TOTALS_RATE_UNACKED] += queue->rates.newest[QUEUE_RATE_UNACKED] - unacked;
+    struct vhost_totals *vt = &queue->vhost->totals;
+    vt->ready_sampled = vt->ready_sampled - ready + queue->rates.newest[QUEUE_RATE_READY];
+    vt->unacked_sampled = vt->unacked_sampled - unacked + queue->rates.newest[QUEUE_RATE_UNACKED];
 }
 
 /* ---- expiry and timers ---------------------------------------------- */
@@ -754,7 +776,7 @@ void queue_adopt(struct queue *queue, struct queue_adoption *adoption)
     queue_rates_moved(queue);
     queue->ready_count += a.ring.count;
     queue->ready_bytes += a.bytes;
-    queue->paged_count += a.paged;
+    paged_add(queue, a.paged);
     ASSERT(a.paged == 0 || (queue->journal && queue->args.max_priority == 0));
     if (queue->args.max_priority == 0 && queue->ready.count == 0) {
         free(queue->ready.entries);
@@ -1031,7 +1053,7 @@ uint32_t queue_purge(struct queue *queue)
         while (ring->count > 0) {
             struct queue_entry entry = pop_entry(queue, ring);
             if (entry.paged)
-                queue->paged_count--;
+                paged_remove(queue);
             else
                 message_unref(entry.message);
         }
@@ -1242,6 +1264,7 @@ void queue_consumer_add(struct queue *queue, struct consumer *consumer)
         pos = pos->next;
     list_insert_after(pos->prev, &consumer->queue_link);
     queue->consumers_count++;
+    queue->vhost->totals.consumers++;
     if (consumer->exclusive)
         queue->exclusive_consumers++;
     if (queue->args.single_active_consumer && !queue->active_consumer)
@@ -1269,6 +1292,8 @@ void queue_consumer_remove(struct queue *queue, struct consumer *consumer)
         queue->remote_ops->consumer_removed(queue, consumer);
     list_remove(&consumer->queue_link);
     queue->consumers_count--;
+    ASSERT(queue->vhost->totals.consumers > 0);
+    queue->vhost->totals.consumers--;
     if (consumer->exclusive)
         queue->exclusive_consumers--;
     consumer->queue = NULL;

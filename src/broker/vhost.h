@@ -16,12 +16,28 @@
 
 struct broker;
 
+/* The sums of the vhost's queues' counts, kept so that /api/overview
+ * need not walk the queues (broker_queue_totals). consumers and paged are
+ * exact, changed where a queue's own counts change (queue.c); ready and
+ * unacked are the sums of each queue's newest rates sample (rates.h), kept
+ * by the samples' deltas as the broker's rates_totals are: a queue whose
+ * counts moved since is on the broker's active lists, which
+ * broker_queue_totals walks for the rest. A deleted queue takes its part
+ * out. */
+struct vhost_totals {
+    uint64_t consumers;
+    uint64_t paged;
+    uint64_t ready_sampled;
+    uint64_t unacked_sampled;
+};
+
 struct vhost {
     struct bytes name;           /* owned copy */
     struct broker *broker;       /* borrowed */
     struct hmap exchanges;       /* name -> struct exchange (owned) */
     struct hmap queues;          /* name -> struct queue (one reference each) */
     struct exchange *default_exchange; /* borrowed from exchanges */
+    struct vhost_totals totals;
 };
 
 struct vhost *vhost_new(struct broker *broker, struct bytes name);

@@ -38,6 +38,18 @@ char *json_release(struct json *json, size_t *size)
     return data;
 }
 
+void json_adopt(struct json *json, char *data, size_t cap)
+{
+    ASSERT(data != NULL);
+    ASSERT(json->depth == 0);
+    ASSERT(json->size <= cap);
+    if (json->size > 0)
+        memcpy(data, json->data, json->size);
+    free(json->data);
+    json->data = data;
+    json->cap = cap;
+}
+
 bool json_complete(const struct json *json)
 {
     return json->done && json->depth == 0;

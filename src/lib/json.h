@@ -43,6 +43,10 @@ void json_init(struct json *json);
 void json_free(struct json *json);
 /* Hands the buffer to the caller (free() it) and resets the writer. */
 char *json_release(struct json *json, size_t *size);
+/* Moves what json holds into data (malloc'd, cap >= json's size; json
+ * owns it now) and frees json's own buffer: a caller's buffer, kept warm
+ * from an earlier use, for a large text (json_raw only so far). */
+void json_adopt(struct json *json, char *data, size_t cap);
 /* True once one complete top-level value has been written. */
 bool json_complete(const struct json *json);
 

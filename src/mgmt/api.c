@@ -207,41 +207,30 @@ static int admit(void *ctx, const struct http_admission *a, const struct auth_us
  * connections and its vhosts' queues only, and journal, network and
  * cluster (the node's own data) are left out.
  */
-struct totals {
-    uint64_t connections;
-    uint64_t channels;
-    uint64_t queues;
-    uint64_t consumers;
-    uint64_t ready;
-    uint64_t unacked;
-    uint64_t paged;
-};
-
-/* Totals over what user sees: its vhosts' queues and its connections,
- * unless it is a monitoring user (RabbitMQ counts the same way). */
-static void count_totals(struct broker *broker, const struct auth_user *user, struct totals *t)
+static bool vhost_seen(const struct vhost *vhost, const void *ctx)
 {
-    memset(t, 0, sizeof *t);
+    return mgmt_user_sees_vhost(ctx, vhost->name);
+}
+
+/* The queue totals over what user sees: its vhosts' queues, unless it is
+ * a monitoring user (RabbitMQ counts the same way). Kept by the broker,
+ * not walked (broker_queue_totals). */
+static void count_totals(struct broker *broker, const struct auth_user *user,
+                         struct broker_queue_totals *t)
+{
+    broker_queue_totals(broker, sees_node(user) ? NULL : vhost_seen, user, t);
+}
+
+/* The client connections and their channels user sees. */
+static void count_connections(struct broker *broker, const struct auth_user *user,
+                              uint64_t *connections, uint64_t *channels)
+{
+    *connections = *channels = 0;
     list_for_each(node, &broker->connections) {
         const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
         if (sees_connection(user, c)) {
-            t->connections++;
-            t->channels += c->channels_open;
-        }
-    }
-    struct hmap_entry *v;
-    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
-        struct vhost *vhost = v->value;
-        if (!sees_node(user) && !mgmt_user_sees_vhost(user, vhost->name))
-            continue;
-        struct hmap_entry *q;
-        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &q);) {
-            const struct queue *queue = q->value;
-            t->queues++;
-            t->consumers += queue->consumers_count;
-            t->ready += queue_ready_count(queue);
-            t->unacked += queue->unacked_count;
-            t->paged += queue->paged_count;
+            (*connections)++;
+            *channels += c->channels_open;
         }
     }
 }
@@ -278,15 +267,17 @@ static void handle_overview(void *ctx, const struct auth_user *user, struct json
     struct mgmt_api *api = ctx;
     struct broker *broker = api->broker;
     const struct alarm *alarm = &broker->alarm;
-    struct totals t;
+    struct broker_queue_totals t;
     count_totals(broker, user, &t);
+    uint64_t connections, channels;
+    count_connections(broker, user, &connections, &channels);
     json_object_begin(out);
     json_kv_string(out, "product", "quay");
     json_kv_string(out, "version", QUAY_VERSION);
     json_kv_string(out, "node", api_node_name(broker));
     json_kv_uint(out, "uptime_ms", uv_now(broker->loop) - api->started_ms);
-    json_kv_uint(out, "connections", t.connections);
-    json_kv_uint(out, "channels", t.channels);
+    json_kv_uint(out, "connections", connections);
+    json_kv_uint(out, "channels", channels);
     json_kv_uint(out, "queues", t.queues);
     json_kv_uint(out, "consumers", t.consumers);
     json_kv_uint(out, "messages_ready", t.ready);
@@ -316,7 +307,7 @@ static void handle_overview(void *ctx, const struct auth_user *user, struct json
     json_array_end(out);
     if (sees_node(user))
         write_node(out, broker);
-    api_overview_write_rabbit(out, broker, user);
+    api_overview_write_rabbit(out, broker, user, &t);
     json_object_end(out);
 }
 

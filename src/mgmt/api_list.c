@@ -293,12 +293,11 @@ static bool page_parse(struct http_call *call, const struct http_call_request *r
     return true;
 }
 
+/* The page's items are items[from, to). */
 static void write_page(struct json *out, const struct json_tree *tree,
-                       const struct json_node **items, size_t total, size_t filtered,
-                       long page, long page_size, const struct columns *cols)
+                       const struct json_node **items, size_t from, size_t to, size_t total,
+                       size_t filtered, long page, long page_size, const struct columns *cols)
 {
-    size_t from = (size_t)(page - 1) * (size_t)page_size;
-    size_t to = from + (size_t)page_size < filtered ? from + (size_t)page_size : filtered;
     json_object_begin(out);
     json_kv_uint(out, "filtered_count", filtered);
     json_kv_uint(out, "item_count", from < to ? to - from : 0);
@@ -366,13 +365,97 @@ void api_list_answer(struct http_call *call, const struct http_call_request *req
     struct json body;
     http_body_init(&body);
     if (paged) {
-        write_page(&body, &tree, items, total, filtered, page, page_size, &cols);
+        struct api_list_cut cut = {.page = page, .page_size = page_size, .filtered = filtered};
+        size_t from, to;
+        api_list_cut_range(&cut, &from, &to);
+        write_page(&body, &tree, items, from, to, total, filtered, page, page_size, &cols);
     } else {
         json_array_begin(&body);
         for (size_t i = 0; i < filtered; i++)
             write_item(&body, &tree, items[i], &cols);
         json_array_end(&body);
     }
+    free(items);
+    json_tree_free(&tree);
+    http_call_answer(call, 200, &body);
+}
+
+/* ---- pages cut by the endpoint ------------------------------------------------ */
+
+bool api_list_cut_parse(const struct http_call_request *req, struct api_list_cut *cut)
+{
+    memset(cut, 0, sizeof *cut);
+    char text[32], keys[QUERY_VALUE_SIZE_MAX]; /* as api_list_answer's: the same fallbacks */
+    cut->page_size = PAGE_SIZE_DEFAULT;
+    if (!api_query_get(req, "page", text, sizeof text) || !parse_positive(text, &cut->page))
+        return false;
+    if (api_query_get(req, "page_size", text, sizeof text) &&
+        (!parse_positive(text, &cut->page_size) || cut->page_size > PAGE_SIZE_MAX))
+        return false;
+    if (!api_query_get(req, "sort", keys, sizeof keys))
+        keys[0] = '\0';
+    if (strcmp(keys, "name") == 0 || strcmp(keys, "name,vhost") == 0)
+        cut->name_first = true;
+    else if (keys[0] != '\0' && strcmp(keys, "vhost") != 0 && strcmp(keys, "vhost,name") != 0)
+        return false;
+    cut->reverse = api_query_get(req, "sort_reverse", text, sizeof text) &&
+                   strcmp(text, "true") == 0;
+    if (!api_query_get(req, "name", cut->name, sizeof cut->name))
+        cut->name[0] = '\0';
+    return true;
+}
+
+bool api_list_cut_matches(const struct api_list_cut *cut, struct bytes name)
+{
+    size_t n = strlen(cut->name);
+    return n == 0 || (name.len >= n && memmem(name.ptr, name.len, cut->name, n) != NULL);
+}
+
+/* As compare_values for two strings. */
+static int compare_bytes(struct bytes a, struct bytes b)
+{
+    size_t n = a.len < b.len ? a.len : b.len;
+    int c = n > 0 ? memcmp(a.ptr, b.ptr, n) : 0;
+    return c ? c : (a.len > b.len) - (a.len < b.len);
+}
+
+int api_list_cut_compare(const struct api_list_cut *cut, struct bytes vhost_a,
+                         struct bytes name_a, struct bytes vhost_b, struct bytes name_b)
+{
+    int c = cut->name_first ? compare_bytes(name_a, name_b) : compare_bytes(vhost_a, vhost_b);
+    if (c == 0)
+        c = cut->name_first ? compare_bytes(vhost_a, vhost_b) : compare_bytes(name_a, name_b);
+    return cut->reverse ? -c : c;
+}
+
+void api_list_cut_range(const struct api_list_cut *cut, size_t *from, size_t *to)
+{
+    *from = (size_t)(cut->page - 1) * (size_t)cut->page_size;
+    *to = *from + (size_t)cut->page_size < cut->filtered ? *from + (size_t)cut->page_size
+                                                         : cut->filtered;
+    if (*from > *to)
+        *from = *to;
+}
+
+void api_list_answer_cut(struct http_call *call, const struct http_call_request *req,
+                         struct json *raw, const struct api_list_cut *cut)
+{
+    struct json_tree tree;
+    parse_own(raw, &tree);
+    const struct json_node *root = json_tree_root(&tree);
+    ASSERT(root->kind == JSON_KIND_ARRAY);
+    size_t count = root->children_count;
+    const struct json_node **items = malloc((count + 1) * sizeof *items);
+    ASSERT(items != NULL);
+    size_t n = 0;
+    for (const struct json_node *c = json_tree_first(&tree, root); c; c = json_tree_next(&tree, c))
+        items[n++] = c;
+    struct columns cols;
+    columns_parse(req, &cols);
+    struct json body;
+    http_body_init(&body);
+    write_page(&body, &tree, items, 0, n, cut->total, cut->filtered, cut->page, cut->page_size,
+               &cols);
     free(items);
     json_tree_free(&tree);
     http_call_answer(call, 200, &body);

@@ -61,6 +61,36 @@ bool api_query_get(const struct http_call_request *req, const char *key, char *o
  * otherwise), columns and pagination as above. Takes raw. */
 void api_list_answer(struct http_call *call, const struct http_call_request *req,
                      struct json *raw, const char *default_sort);
+/* A page cut by the endpoint before it writes its items, for lists
+ * whose items cost to write (a queue in a cluster: its primary is asked
+ * for its counts): a request for a page (page=, valid page_size=) sorted
+ * by vhost and name only (sort= absent or empty, or "name", "vhost",
+ * "vhost,name", "name,vhost"; sort_reverse=), with name= or not. The
+ * endpoint counts its objects (total), keeps those api_list_cut_matches
+ * (filtered), sorts them with api_list_cut_compare, writes the page's
+ * (api_list_cut_range) and answers with api_list_answer_cut: the same
+ * answer as api_list_answer would give for all of them written, but for
+ * the order of names that differ only in bytes the JSON text replaces
+ * (invalid UTF-8). */
+struct api_list_cut {
+    long page, page_size;
+    char name[1024];      /* name=: the names that contain it ("": all) */
+    bool name_first;      /* sorted by name, then vhost (else vhost, then name) */
+    bool reverse;
+    size_t total;         /* the endpoint's objects */
+    size_t filtered;      /* of them, the matching ones */
+};
+/* False: not such a request (api_list_answer answers it, or refuses it). */
+bool api_list_cut_parse(const struct http_call_request *req, struct api_list_cut *cut);
+bool api_list_cut_matches(const struct api_list_cut *cut, struct bytes name);
+int api_list_cut_compare(const struct api_list_cut *cut, struct bytes vhost_a,
+                         struct bytes name_a, struct bytes vhost_b, struct bytes name_b);
+/* The page's items: [*from, *to) of the sorted matching ones. */
+void api_list_cut_range(const struct api_list_cut *cut, size_t *from, size_t *to);
+/* Answers the page: raw is a JSON array of the page's items in order
+ * (fewer if some went meanwhile), with columns= applied here. Takes raw. */
+void api_list_answer_cut(struct http_call *call, const struct http_call_request *req,
+                         struct json *raw, const struct api_list_cut *cut);
 /* Answers raw (one JSON object) with columns= applied. Takes raw. */
 void api_object_answer(struct http_call *call, const struct http_call_request *req,
                        struct json *raw);

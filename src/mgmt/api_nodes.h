@@ -33,7 +33,10 @@ void api_nodes_register(struct http_server *http, struct broker *broker);
  * rates_mode "basic", listeners, exchange_types. */
 struct json;
 struct auth_user;
+struct broker_queue_totals;
+/* queues: the queue totals user sees (broker_queue_totals). */
 void api_overview_write_rabbit(struct json *out, struct broker *broker,
-                               const struct auth_user *user);
+                               const struct auth_user *user,
+                               const struct broker_queue_totals *queues);
 
 #endif

@@ -95,8 +95,9 @@ void http_body_init(struct json *body)
 /* Writes the head in front of the body and queues the whole response by
  * reference; the transport frees it once written (or on close). body is
  * one JSON value, or the raw text of a text route (content_type). */
-static void answer_as(struct http_conn *hc, int status, struct json *body,
-                      const char *extra_headers, const char *content_type)
+static void answer_released(struct http_conn *hc, int status, struct json *body,
+                            const char *extra_headers, const char *content_type,
+                            void (*release)(void *data))
 {
     ASSERT(hc->state == HTTP_CONN_STATE_READING || hc->state == HTTP_CONN_STATE_WAITING ||
            hc->state == HTTP_CONN_STATE_ADMITTING);
@@ -121,11 +122,17 @@ static void answer_as(struct http_conn *hc, int status, struct json *body,
     char *start = data + HTTP_HEADROOM - n;
     memcpy(start, head, (size_t)n);
     size_t out_size = (size_t)n + (hc->head_only ? 0 : body_size);
-    conn_out_ref(&hc->conn, (const uint8_t *)start, out_size, free, data);
+    conn_out_ref(&hc->conn, (const uint8_t *)start, out_size, release ? release : free, data);
     hc->state = HTTP_CONN_STATE_ANSWERED;
     hc->state_since_ms = uv_now(hc->server->net->loop);
     hc->server->requests_count++;
     conn_close_after_flush(&hc->conn);
+}
+
+static void answer_as(struct http_conn *hc, int status, struct json *body,
+                      const char *extra_headers, const char *content_type)
+{
+    answer_released(hc, status, body, extra_headers, content_type, NULL);
 }
 
 static void answer(struct http_conn *hc, int status, struct json *body,
@@ -450,7 +457,7 @@ static void dispatch(struct http_conn *hc, const struct http_request *req)
               (unsigned long long)hc->conn.id, hc->conn.peer_name, (int)req->method_size,
               req->method, (int)path_size, req->target, status, body.size - HTTP_HEADROOM);
     if (route->content_type != NULL)
-        answer_as(hc, status, &body, "", route->content_type);
+        answer_released(hc, status, &body, "", route->content_type, route->release);
     else
         answer(hc, status, &body, "");
 }
@@ -812,6 +819,18 @@ void http_server_route_text(struct http_server *server, const char *path, http_v
     ASSERT(content_type != NULL);
     add_route(server, (struct http_route){.path = path, .view = view, .ctx = ctx,
                                           .access = access, .content_type = content_type});
+}
+
+void http_server_route_text_release(struct http_server *server, const char *path,
+                                    http_view_fn view, void *ctx, uint32_t access,
+                                    const char *content_type, void (*release)(void *data))
+{
+    ASSERT(view != NULL);
+    ASSERT(content_type != NULL);
+    ASSERT(release != NULL);
+    add_route(server, (struct http_route){.path = path, .view = view, .ctx = ctx,
+                                          .access = access, .content_type = content_type,
+                                          .release = release});
 }
 
 void http_server_route_asset(struct http_server *server, const struct http_asset *asset)

@@ -182,6 +182,7 @@ struct http_route {
     /* A view whose body is not JSON but text of this type (static), which
      * it writes with json_raw only; NULL: a JSON route. */
     const char *content_type;
+    void (*release)(void *data);   /* its body's buffer, written; NULL: free() */
     /* A static file for GET and HEAD, served without admission; NULL: not one. */
     const struct http_asset *asset;
     void *ctx;                     /* borrowed */
@@ -235,6 +236,12 @@ void http_server_route_view(struct http_server *server, const char *path, http_v
  * with json_raw, not a JSON value: GET /metrics. */
 void http_server_route_text(struct http_server *server, const char *path, http_view_fn view,
                             void *ctx, uint32_t access, const char *content_type);
+/* The same, with release called instead of free() on the answer's buffer
+ * (json_release's) once it is written or the connection goes: a view
+ * that keeps its large buffer for the next answer (json_adopt). */
+void http_server_route_text_release(struct http_server *server, const char *path,
+                                    http_view_fn view, void *ctx, uint32_t access,
+                                    const char *content_type, void (*release)(void *data));
 /* Serves a static file at asset->path (borrowed, static) for GET and
  * HEAD, without admission (struct http_asset says why), with its ETag;
  * a request whose If-None-Match names it gets 304 without the body. */

@@ -140,21 +140,60 @@ void prom_label_str(struct prom *prom, const char *name, const char *value)
     prom_label(prom, name, bytes_of_cstr(value));
 }
 
-void prom_sample_end(struct prom *prom, uint64_t value)
+/* " VALUE\n" (after "}" if closing is set) at the end of text[24];
+ * returns where it starts. */
+static size_t format_value(char text[24], uint64_t value, bool closing)
 {
-    ASSERT(prom->in_sample);
-    char text[24];
-    size_t at = sizeof text;
+    size_t at = 24;
     text[--at] = '\n';
     do {
         text[--at] = (char)('0' + value % 10);
         value /= 10;
     } while (value != 0);
     text[--at] = ' ';
-    if (prom->has_labels)
+    if (closing)
         text[--at] = '}';
+    return at;
+}
+
+void prom_sample_end(struct prom *prom, uint64_t value)
+{
+    ASSERT(prom->in_sample);
+    char text[24];
+    size_t at = format_value(text, value, prom->has_labels);
     put(prom, text + at, sizeof text - at);
     prom->in_sample = false;
+    prom->samples_count++;
+}
+
+void prom_labels_begin(struct prom *prom)
+{
+    ASSERT(!prom->in_sample);
+    prom->in_sample = true;
+    prom->has_labels = false;
+}
+
+void prom_labels_end(struct prom *prom)
+{
+    ASSERT(prom->in_sample);
+    if (prom->has_labels)
+        put(prom, "}", 1);
+    prom->in_sample = false;
+}
+
+void prom_sample_rendered(struct prom *prom, const char *labels, size_t size, uint64_t value)
+{
+    ASSERT(prom->family != NULL);
+    ASSERT(!prom->in_sample);
+    char text[24];
+    size_t at = format_value(text, value, false);
+    size_t value_size = sizeof text - at;
+    /* One reservation for the sample's three parts. */
+    char *out = json_raw_space(prom->out, prom->family_size + size + value_size);
+    memcpy(out, prom->family, prom->family_size);
+    memcpy(out + prom->family_size, labels, size);
+    memcpy(out + prom->family_size + size, text + at, value_size);
+    json_raw_advance(prom->out, prom->family_size + size + value_size);
     prom->samples_count++;
 }
 

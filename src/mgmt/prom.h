@@ -57,6 +57,15 @@ void prom_label_str(struct prom *prom, const char *name, const char *value);
 /* Ends the sample with its value. */
 void prom_sample_end(struct prom *prom, uint64_t value);
 
+/* Labels rendered once and used in many samples (an object's labels in
+ * each of its families): prom_labels_begin, prom_label..., then
+ * prom_labels_end write "{a="x",b="y"}" (nothing without labels) to
+ * prom's buffer, no family name and no value. prom_sample_rendered writes
+ * a whole sample of the current family with such text as its labels. */
+void prom_labels_begin(struct prom *prom);
+void prom_labels_end(struct prom *prom);
+void prom_sample_rendered(struct prom *prom, const char *labels, size_t size, uint64_t value);
+
 /* Sections: families written side by side in one walk over many objects
  * (each family's samples into its own prom and buffer), then appended in
  * order. One walk touches each object once; a walk per family would

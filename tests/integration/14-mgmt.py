@@ -340,6 +340,103 @@ def connections_and_overview_count_clients():
 
 
 @test
+def overview_totals_follow_consumers_acks_and_deletes():
+    # The overview's queue totals are kept by the broker (vhost totals plus
+    # the queues whose counts moved since their rates sample), not walked:
+    # read at once after each change, they must be what happened, and the
+    # sanitized broker checks every answer against a walk of the queues.
+    def totals():
+        ov = api("/api/overview")
+        qt = ov["queue_totals"]
+        eq(qt["messages_ready"], ov["messages_ready"], "queue_totals ready")
+        eq(qt["messages_unacknowledged"], ov["messages_unacknowledged"], "queue_totals unacked")
+        eq(ov["object_totals"]["consumers"], ov["consumers"], "object_totals consumers")
+        eq(ov["object_totals"]["queues"], ov["queues"], "object_totals queues")
+        return ov["queues"], ov["consumers"], ov["messages_ready"], ov["messages_unacknowledged"]
+    single = mgmt_broker().cluster is None
+    base = totals()
+    c = amqp()
+    ch = c.channel()
+    ch.queue_declare("m-totals")
+    ch.queue_declare("m-totals-2")
+    for _ in range(5):
+        ch.basic_publish("", "m-totals", b"x")
+        ch.basic_publish("", "m-totals-2", b"y")
+    wait_until(lambda: counted("m-totals")["messages_ready"] == 5, what="5 ready")
+    got = []
+    ch.basic_qos(prefetch_count=2)
+    tag = ch.basic_consume("m-totals", lambda _ch, m, _p, _b: got.append(m.delivery_tag))
+    wait_until(lambda: (c.process_data_events(0.05), len(got) == 2)[1], what="2 delivered")
+    now = totals()
+    eq(now[:2], (base[0] + 2, base[1] + 1), "queues and consumers")
+    if single:
+        eq(now[2:], (base[2] + 8, base[3] + 2), "ready and unacked, at once")
+    ch.basic_ack(got[-1], multiple=True)
+    wait_until(lambda: (c.process_data_events(0.05), len(got) == 4)[1], what="4 delivered")
+    ch.basic_cancel(tag)
+    if single:
+        wait_until(lambda: totals() == (base[0] + 2, base[1], base[2] + 6, base[3] + 2),
+                   what="the cancelled consumer's unacked kept, its others gone")
+    ch.queue_delete("m-totals")   # with 2 unacked, its consumer gone
+    ch.queue_delete("m-totals-2")  # with 5 ready
+    eq(totals(), base, "both queues deleted: the totals are back")
+    c.close()
+
+
+@test
+def queue_pages_are_the_full_lists_pages():
+    # A page sorted by vhost and name is cut before the queues are written
+    # (in a cluster only the page's primaries are asked for counts): it must
+    # be the page the whole list, sorted and filtered, would give.
+    import urllib.parse
+    c = amqp()
+    ch = c.channel()
+    names = ["pg-%s-%d" % (w, i) for w in ("b", "a", "c") for i in (3, 10, 1)] + ["pg-", "pgx"]
+    for n in names:
+        ch.queue_declare(n)
+    ch.basic_publish("", "pg-a-10", b"x")
+    try:
+        everything = api("/api/queues")
+        for query in [{}, {"sort": "name"}, {"sort": "vhost"}, {"sort": "name,vhost"},
+                      {"sort": "vhost,name", "sort_reverse": "true"},
+                      {"sort": "name", "sort_reverse": "true"}, {"name": "pg-"},
+                      {"name": "pg-a", "columns": "name,messages_ready,vhost"},
+                      {"name": "no-such-queue"}]:
+            items = [q for q in everything if query.get("name", "") in q["name"]]
+            keys = ("name", "vhost") if query.get("sort", "").startswith("name") else \
+                ("vhost", "name")
+            items.sort(key=lambda q: tuple(q[k].encode() for k in keys),
+                       reverse=query.get("sort_reverse") == "true")
+            for page, size in [(1, 4), (2, 4), (3, 5), (50, 7), (1, 500)]:
+                q = dict(query, page=page, page_size=size)
+                got = api("/api/queues?" + urllib.parse.urlencode(q))
+                want = items[(page - 1) * size:page * size]
+                what = "%s page %d of %d" % (query, page, size)
+                eq((got["total_count"], got["filtered_count"], got["page"], got["page_size"],
+                    got["page_count"], got["item_count"]),
+                   (len(everything), len(items), page, size, (len(items) + size - 1) // size,
+                    len(want)), what)
+                eq([(x["vhost"], x["name"]) for x in got["items"]],
+                   [(x["vhost"], x["name"]) for x in want], what)
+                if "columns" in query:
+                    eq([sorted(x) for x in got["items"]],
+                       [["messages_ready", "name", "vhost"]] * len(want), what + " columns")
+                    eq([x["messages_ready"] for x in got["items"]],
+                       [counted(x["name"])["messages_ready"] for x in want], what + " counts")
+        eq(api("/api/queues/%2F?page=1&page_size=2&name=pg-c")["filtered_count"], 3, "a vhost")
+        # Sorted by a count (a long sort= too): not cut first, the whole list's order.
+        for sort in ("messages", "messages,name,vhost,consumers,durable"):
+            got = api("/api/queues?page=1&page_size=1&name=pg-a&sort_reverse=true&sort=" + sort)
+            eq([x["name"] for x in got["items"]], ["pg-a-10"], "sorted by " + sort)
+        eq(request("GET", "/api/queues/nope?page=1")[0], 404, "an unknown vhost")
+        eq(request("GET", "/api/queues?page=1&page_size=501")[0], 400, "page_size too big")
+    finally:
+        for n in names:
+            ch.queue_delete(n)
+        c.close()
+
+
+@test
 def quayctl_tables_and_json():
     c = amqp()
     ch = c.channel()

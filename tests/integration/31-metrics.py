@@ -281,6 +281,51 @@ def values_match_what_amqp_did():
         ch.queue_delete(q)
 
 
+@test(timeout=120)
+def repeated_and_overlapping_scrapes_are_whole():
+    # The answer's buffer is kept for the next scrape (metrics.c): scrapes
+    # one after another, several at once (one writes while another's answer
+    # is still being sent), and one after many queues went (a smaller
+    # answer than the kept buffer) each answer a whole, current text.
+    import threading
+    c = pika_connect()
+    ch = c.channel()
+    names = ["scrape-keep-%03d" % i for i in range(300)]
+    for n in names:
+        ch.queue_declare(n)
+    try:
+        port = broker().http_port
+        first = scrape(port)
+        for _ in range(3):
+            eq(set(scrape(port)) >= {k for k in first if k[0] == "rabbitmq_queue_messages"},
+               True, "a repeated scrape has every queue's sample")
+        out, errors = [], []
+
+        def one():
+            try:
+                out.append(scrape_raw(port))
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+        threads = [threading.Thread(target=one) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        eq(errors, [], "overlapping scrapes")
+        for status, _, body in out:
+            eq(status, 200, "an overlapping scrape")
+            parse(body.decode("utf-8"))
+        for n in names:
+            ch.queue_delete(n)
+        names = []
+        after = scrape(port)
+        assert not [k for k in after if dict(k[1]).get("queue", "").startswith("scrape-keep-")]
+    finally:
+        for n in names:
+            ch.queue_delete(n)
+        c.close()
+
+
 def check_cluster(s):
     info = {q["name"]: q for q in broker().api_get("/api/queues")}
     names = sorted(s)

@@ -376,6 +376,36 @@ static void test_raw_headroom(void **state)
     assert_int_equal(j.size, 0);
 }
 
+/* json_adopt: what was written moves into the caller's buffer, writing
+ * goes on there, and it grows from there when it must. */
+static void test_adopt(void **state)
+{
+    (void)state;
+    struct json j;
+    json_init(&j);
+    json_raw(&j, "HEAD", 4);
+    char *warm = malloc(64);
+    assert_non_null(warm);
+    memset(warm, 'x', 64);
+    json_adopt(&j, warm, 64);
+    assert_ptr_equal(j.data, warm);
+    assert_int_equal(j.cap, 64);
+    json_raw(&j, "body", 4);
+    assert_ptr_equal(j.data, warm);
+    char big[100];
+    memset(big, 'b', sizeof big);
+    json_raw(&j, big, sizeof big); /* past the adopted cap: grown by realloc */
+    assert_int_equal(j.size, 108);
+    assert_memory_equal(j.data, "HEADbody", 8);
+    assert_memory_equal(j.data + 8, big, sizeof big);
+    json_free(&j);
+    json_init(&j); /* an empty writer adopts too */
+    json_adopt(&j, malloc(16), 16);
+    json_raw(&j, "ab", 2);
+    assert_memory_equal(j.data, "ab", 2);
+    json_free(&j);
+}
+
 /* ---- http_parse_request ------------------------------------------------- */
 
 static int parse(const char *text, struct http_request *req)
@@ -469,6 +499,7 @@ int main(void)
         cmocka_unit_test(test_invalid_utf8_replaced),
         cmocka_unit_test(test_growth),
         cmocka_unit_test(test_raw_headroom),
+        cmocka_unit_test(test_adopt),
         cmocka_unit_test(test_http_complete_requests),
         cmocka_unit_test(test_http_partial_requests),
         cmocka_unit_test(test_http_malformed_requests),

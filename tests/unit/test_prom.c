@@ -5,7 +5,8 @@
  * samples with and without labels, numbers at their extremes, label values
  * escaped as the format demands (backslash, double quote, line feed) and
  * made valid UTF-8 (U+FFFD per bad byte, valid sequences byte for byte),
- * and sections appended in order with their sample counts.
+ * sections appended in order with their sample counts, and labels rendered
+ * once and used in samples of several families.
  *
  * Method: write small texts and compare the buffer with literal expected
  * text.
@@ -124,6 +125,36 @@ static void test_sections(void **state)
                     "# HELP y Y\n# TYPE y gauge\ny{i=\"0\"} 10\ny{i=\"1\"} 11\n");
 }
 
+static void test_rendered_labels(void **state)
+{
+    (void)state;
+    struct json j, labels;
+    json_init(&j);
+    json_init(&labels);
+    struct prom p, l;
+    prom_init(&p, &j);
+    prom_init(&l, &labels);
+    prom_labels_begin(&l); /* rendered once... */
+    prom_label_str(&l, "vhost", "/");
+    prom_label_str(&l, "queue", "a\"b");
+    prom_labels_end(&l);
+    size_t first = labels.size;
+    prom_labels_begin(&l); /* no labels: nothing */
+    prom_labels_end(&l);
+    assert_int_equal(labels.size, first);
+    assert_int_equal(l.samples_count, 0);
+    prom_family(&p, "x", PROM_TYPE_GAUGE, "X"); /* ...used in two families */
+    prom_sample_rendered(&p, labels.data, first, 0);
+    prom_sample_rendered(&p, "", 0, UINT64_MAX);
+    prom_family(&p, "y", PROM_TYPE_GAUGE, "Y");
+    prom_sample_rendered(&p, labels.data, first, 42);
+    assert_int_equal(p.samples_count, 3);
+    json_free(&labels);
+    expect_text(&j, "# HELP x X\n# TYPE x gauge\nx{vhost=\"/\",queue=\"a\\\"b\"} 0\n"
+                    "x 18446744073709551615\n"
+                    "# HELP y Y\n# TYPE y gauge\ny{vhost=\"/\",queue=\"a\\\"b\"} 42\n");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -131,6 +162,7 @@ int main(void)
         cmocka_unit_test(test_label_escaping),
         cmocka_unit_test(test_long_label_grows_the_buffer),
         cmocka_unit_test(test_sections),
+        cmocka_unit_test(test_rendered_labels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
