@@ -70,10 +70,9 @@ void proxy_stub_adopt_consumers(struct queue *queue, struct consumer **consumers
  * *available false: the queue is unavailable (its primary is down). */
 bool proxy_consume_waits(struct queue *queue, bool *available);
 
-/* Sends m (no content) to peer on its replication channel for vhost (a
- * confirm channel of its own, beside the one publishes are forwarded on:
- * forward.c), in order with what was sent there. False: the peer cannot
- * be reached now. */
+/* Sends m (no content) to peer on its confirm channel for vhost, in order
+ * with the publishes forwarded to it. False: the peer cannot be reached
+ * now. */
 struct method;
 struct message;
 bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m);
