@@ -92,9 +92,6 @@ uint64_t proxy_stub_epoch(const struct queue *queue);
 struct replica;
 struct replica *proxy_stub_replica(struct queue *queue, bool create);
 struct replica *proxy_stub_take_replica(struct queue *queue);
-/* A new stand-in's replica, made elsewhere (replica_of_queue: an old
- * primary staying a backup). The stand-in owns it. */
-void proxy_stub_give_replica(struct queue *queue, struct replica *replica);
 
 /* Promotion: the publishes a stand-in holds for its primary, now ours to
  * route. Returns how many; *out is a malloc'ed array the caller frees, and
