@@ -363,8 +363,8 @@ static void on_counts(void *ctx, struct queue *queue, uint16_t reply_code,
     struct gather_item *it = ctx;
     struct gather *g = it->gather;
     it->op = NULL;
-    /* A broker that no longer is the primary (the queue moved meanwhile)
-     * answers its own counts: the local ones stand. */
+    /* Counts that are not the primary's (the broker asked could not reach
+     * it: channel__handle_quay_counts) are not better than ours. */
     if (reply_code == REPLY_SUCCESS && counts->primary)
         it->counts = (struct counts){counts->messages, counts->consumers, counts->unacked, true};
     else if (reply_code == REPLY_NOT_FOUND)
