@@ -71,7 +71,21 @@ void adoption_start(struct member *member, struct queue *queue, const struct map
         uv_idle_init(member->broker->loop, member->adoption_idle);
         member->adoption_idle->data = member;
     }
-    if (!uv_is_active((uv_handle_t *)member->adoption_idle))
+    adoption_synced(member);
+}
+
+/* Not before we caught up with the map: a restart replays the map's
+ * history, and a queue.take_over in it (to us, then long since moved on)
+ * made the queue real here for a moment. Adopting it then renamed the
+ * log of the queue's owner now (a broker it was taken from came back and
+ * got it again, or opened a fresh log for it at its restart) out from
+ * under it: its journal failed for good (38 restarting the brokers of
+ * two_brokers_dying_at_once: c nacked every publish). Once caught up,
+ * such a queue is no longer real here and its adoption is skipped. */
+void adoption_synced(struct member *member)
+{
+    if (member->adoption_idle != NULL && !list_empty(&member->adoptions) &&
+        cluster_node_synced(member->node) && !uv_is_active((uv_handle_t *)member->adoption_idle))
         uv_idle_start(member->adoption_idle, on_idle);
 }
 

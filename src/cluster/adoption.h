@@ -36,6 +36,9 @@ struct queue;
 /* q was just made real here by queue.take_over (mq): pause it and adopt
  * mq->taken_from's log of it soon. */
 void adoption_start(struct member *member, struct queue *queue, const struct map_queue *mq);
+/* We caught up with the map (or got a queue to adopt): adopting starts
+ * (never before: see adoption.c). */
+void adoption_synced(struct member *member);
 /* The queue waits for its adoption: its replication and handovers wait too. */
 bool adoption_pending(const struct member *member, const struct queue *queue);
 /* Queues waiting (GET /metrics). */
