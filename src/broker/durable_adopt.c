@@ -69,9 +69,13 @@ static void on_adopted(void *ctx, struct journal_queue *jq, struct bytes vhost_n
     a->count++;
 }
 
-/* Adopts owner_name's log of the queue: its messages from seq_min on. */
+/* Adopts a log of the queue, its messages from seq_min on: owner_name's
+ * (in its queues/ directory), or, with staged, one we claimed already
+ * (journal_adopt_claim_staged; owner_name names it in the log). ticket:
+ * raised to our copy's last record. */
 static int64_t adopt_from(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                          const char *owner_name, uint64_t seq_min)
+                          const char *owner_name, const char *staged, uint64_t seq_min,
+                          uint64_t *ticket)
 {
     struct durable *d = &broker->durable;
     char foreign[1024];
@@ -79,7 +83,10 @@ static int64_t adopt_from(struct broker *broker, struct vhost *vhost, struct que
     struct adoption a = {.queue = queue, .seq_min = seq_min};
     struct journal_adoption *out = malloc(sizeof *out);
     ASSERT(out != NULL);
-    int rc = journal_adopt(d->journal, foreign, vhost->name, queue->name, on_adopted, &a, out);
+    int rc = staged != NULL
+                 ? journal_adopt_read(d->journal, staged, on_adopted, &a, out)
+                 : journal_adopt(d->journal, foreign, vhost->name, queue->name, on_adopted, &a,
+                                 out);
     if (rc != OK) {
         LOG_ERROR("queue '%.*s': cannot take over %s's log (%d)%s%s: it serves without "
                   "those messages", (int)queue->name.len, (const char *)queue->name.ptr,
@@ -99,17 +106,50 @@ static int64_t adopt_from(struct broker *broker, struct vhost *vhost, struct que
         p->next = d->adopted;
         d->adopted = p;
     }
-    LOG_INFO("queue '%.*s': took over %lld messages from %s's log (%llu dropped)",
+    if (a.ticket > *ticket)
+        *ticket = a.ticket;
+    LOG_INFO("queue '%.*s': took over %lld messages from %s's log%s (%llu dropped)",
              (int)queue->name.len, (const char *)queue->name.ptr, (long long)a.count,
-             owner_name, (unsigned long long)a.dropped);
+             owner_name, staged != NULL ? ", staged by a taker that died" : "",
+             (unsigned long long)a.dropped);
     free(out);
     return a.count;
 }
 
-int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                      const char *owner_name, const char *earlier_owner)
+/* owner_name had taken the queue over from earlier_owner and died before
+ * it said it adopted: what it did adopt is in its log, under the same
+ * seqs, and was written before anything newer (the journal appends in
+ * order), so the earlier log adds what lies above. That log is where
+ * owner_name found it, or staged in owner_name's adopted/ directory if it
+ * got that far (it died before its copy was synced). */
+static int64_t adopt_with_earlier(struct broker *broker, struct vhost *vhost,
+                                  struct queue *queue, const char *owner_name,
+                                  const char *earlier_owner, uint64_t *ticket)
 {
     struct durable *d = &broker->durable;
+    char taker_dir[1024];
+    snprintf(taker_dir, sizeof taker_dir, "%s/%s", broker->config.shared_storage_dir,
+             owner_name);
+    char staged[512];
+    int rc = journal_adopt_claim_staged(d->journal, taker_dir, earlier_owner, vhost->name,
+                                        queue->name, staged);
+    int64_t count = adopt_from(broker, vhost, queue, owner_name, NULL, 0, ticket);
+    if (count < 0 || rc != OK)
+        return -1; /* (what was claimed stays staged, reported at our restart) */
+    int64_t more = adopt_from(broker, vhost, queue, earlier_owner, NULL, queue->next_seq, ticket);
+    if (more >= 0 && staged[0] != '\0') {
+        int64_t also = adopt_from(broker, vhost, queue, earlier_owner, staged, queue->next_seq,
+                                  ticket);
+        more = also < 0 ? also : more + also;
+    }
+    return more < 0 ? more : count + more;
+}
+
+int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
+                      const char *owner_name, const char *earlier_owner, uint64_t *ticket)
+{
+    struct durable *d = &broker->durable;
+    *ticket = 0;
     if (d->journal == NULL || broker->config.shared_storage_dir == NULL ||
         queue->journal == NULL)
         return 0;
@@ -120,15 +160,10 @@ int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *
         queue->journal = journal_queue_recreate(queue->journal);
         queue->next_seq = 1;
     }
-    int64_t count = adopt_from(broker, vhost, queue, owner_name, 0);
-    /* owner_name had taken the queue over from earlier_owner and died
-     * before it said it adopted: what it did adopt is in its log, under
-     * the same seqs, and was written before anything newer (the journal
-     * appends in order), so the earlier log adds what lies above. */
-    if (earlier_owner != NULL && count >= 0) {
-        int64_t more = adopt_from(broker, vhost, queue, earlier_owner, queue->next_seq);
-        count = more < 0 ? more : count + more;
-    }
+    int64_t count = earlier_owner != NULL
+                        ? adopt_with_earlier(broker, vhost, queue, owner_name, earlier_owner,
+                                             ticket)
+                        : adopt_from(broker, vhost, queue, owner_name, NULL, 0, ticket);
     queue_dispatch(queue);
     return count;
 }

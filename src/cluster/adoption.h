@@ -17,6 +17,7 @@
  * with the map as it is by then: a backup caught up from an empty queue
  * would miss the adopted messages.
  *
+ * Once our copy of its log is synced, the map learns queue.adopted.
  * A queue deleted or moved away before its turn is skipped (its log stays
  * in the dead broker's directory). When the member stops, what is pending
  * is adopted at once, so that the messages are in our own log.
@@ -43,7 +44,18 @@ void adoption_synced(struct member *member);
 bool adoption_pending(const struct member *member, const struct queue *queue);
 /* Queues waiting (GET /metrics). */
 uint32_t adoption_pending_count(const struct member *member);
-/* The member stops: every pending adoption now, then the handle closes. */
+/* Whether to say queue.adopted for a queue we adopted, whose copy got
+ * journal ticket `ticket` (0: nothing copied): once the journal's synced
+ * ticket passed it (the copy is durable: a takeover from us may then read
+ * our log alone); never if the journal failed (a takeover from us reads
+ * the log we took it from as well) or the queue is no longer ours. */
+enum adoption_say { ADOPTION_SAY_WAIT, ADOPTION_SAY_NOW, ADOPTION_SAY_NEVER };
+enum adoption_say adoption_say_when(uint64_t ticket, uint64_t synced, bool journal_failed,
+                                    bool ours);
+/* Every MEMBER_TICK_MS: queue.adopted for the adopted queues now synced. */
+void adoption_tick(struct member *member);
+/* The member stops: every pending adoption now, then the handle closes
+ * (what is adopted and not said yet is never said: safe, as above). */
 void adoption_stop_all(struct member *member);
 
 #endif

@@ -885,6 +885,7 @@ static void on_tick(uv_timer_t *timer)
     replication_tick(member);
     handover_tick(member);
     proxy_tick(member);
+    adoption_tick(member);
     /* Alarms are cluster-wide: ours to the others (heartbeats), theirs here. */
     const struct alarm *alarm = &member->broker->alarm;
     cluster_node_set_alarms(member->node, alarm->memory_on, alarm->disk_on);
@@ -927,6 +928,7 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
     list_init(&member->visible_waits);
     list_init(&member->handovers);
     list_init(&member->adoptions);
+    list_init(&member->adopted_unsaid);
     list_init(&member->replications);
     list_init(&member->releasing);
     list_init(&member->sync_waits);

@@ -30,6 +30,9 @@
 #include "store/journal.h"
 
 #define JOURNAL_PATH_SIZE 512
+/* journal_adopt.c: an adopted/ entry, <source broker>.<16 hex digits>. */
+#define ADOPT_LEAF_SIZE 220
+#define JOURNAL_ADOPT_INDEXES 3
 
 /* A file the journal thread writes. Owned by the journal thread once the
  * loop thread has queued an op naming it (see above). */
@@ -175,14 +178,15 @@ struct journal {
      * record in it was written by the old owner after the queue was no
      * longer its own (the map still has the queue), so it is ignored. */
     bool adopting;
-    /* journal_adopt.c: the foreign queues directories last scanned, each
-     * with its queue key -> struct adopt_entry index (loop thread). Two: a
-     * takeover may read a dead broker's and a dead taker's, alternately. */
+    /* journal_adopt.c: the foreign directories last scanned, each with its
+     * queue key -> struct adopt_entry index (loop thread). Three: a
+     * takeover may read a dead taker's queues/, its adopted/ and the dead
+     * broker's queues/, in turn. */
     struct adopt_index {
         char scanned[JOURNAL_PATH_SIZE]; /* "": unused */
         struct hmap entries;
         uint64_t built_ms;               /* loop time of the scan */
-    } adopt_indexes[2];
+    } adopt_indexes[JOURNAL_ADOPT_INDEXES];
     uint64_t deleted_counter;
     struct hmap queues;      /* key -> struct journal_queue */
     struct hmap queue_ids;   /* id_key -> struct journal_queue */

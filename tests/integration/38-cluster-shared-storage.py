@@ -16,6 +16,7 @@ and every message it confirmed is readable exactly once from the new owner.
 Also: the rebalancer, turned on at run time, gives the returned broker its
 share back; two of five brokers killed at once are both taken over.
 """
+import ctypes
 import json
 import math
 import os
@@ -421,6 +422,110 @@ def two_brokers_dying_at_once_are_both_taken_over():
     for name in names:
         assert read_all(members["e"], name) == [b"%s-%d" % (name.encode(), i)
                                                 for i in range(200)], name
+
+
+PTRACE_DETACH, PTRACE_SEIZE, PTRACE_INTERRUPT, WALL = 17, 0x4206, 0x4207, 0x40000000
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+
+
+def ptrace(request, tid):
+    if libc.ptrace(request, tid, None, None) != 0:
+        raise OSError(ctypes.get_errno(), "ptrace %#x of %d" % (request, tid))
+
+
+def freeze_journal(member):
+    """Stops member's journal thread alone (ptrace; we are its tracer):
+    nothing the broker hands its journal from then on is written or
+    synced, while its loop, Raft and API go on. Returns the thread id."""
+    pid = member.proc.pid
+    tids = []
+    for tid in os.listdir("/proc/%d/task" % pid):
+        with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+            if f.read().strip() == "quay-journal":
+                tids.append(int(tid))
+    assert tids, "no journal thread in %s" % member.name
+    tid = min(tids)  # the broker's own journal, opened first
+    ptrace(PTRACE_SEIZE, tid)
+    ptrace(PTRACE_INTERRUPT, tid)
+    os.waitpid(tid, WALL)  # stopped
+    return tid
+
+
+def kill_frozen(member, tid):
+    """kill -9 of a broker whose journal thread we trace (we reap it)."""
+    os.kill(member.proc.pid, signal.SIGKILL)
+    os.waitpid(tid, WALL)
+    member.proc.wait(10)
+
+
+@test(timeout=240)
+def a_taker_killed_before_its_copy_was_synced_loses_nothing():
+    """c dies with 16 queues of confirmed persistent messages and no
+    backups, while the journal threads of all the others are frozen
+    (ptrace): what they copy from c's logs reaches none of their own logs.
+    One of the takers is killed once it adopted its share: a crash before
+    its sync. Its queue.adopted waits for that sync, so it never said it:
+    the next takers read its log and then c's, which it had staged in its
+    adopted/ directory. Their journals thawed, every confirmed message is
+    served. (Before, a taker said queue.adopted once its copy was queued,
+    the next taker read the dead taker's log alone, and those queues were
+    served empty.)"""
+    a = members["a"]
+    for name in "cd":
+        if not members[name].alive():
+            members[name].start()
+    wait_until(lambda: len(a.view().brokers) == 5 and
+               all(v == "up" for v in a.view().brokers.values()), 30, what="five brokers up")
+    for name in "cd":
+        m = members[name]
+        wait_until(lambda: "caught up with the map" in m.log_text_bytes()[m.log_offset:].decode(
+            "utf-8", "replace"), 30, what="%s caught up" % name)
+    names = place(a, "unsynced", "c", 16)
+    for name in names:
+        publish(a, name, [b"%s-%d" % (name.encode(), i) for i in range(100)])
+    time.sleep(0.3)  # group commit: every confirm's record is in c's logs
+    frozen = {}
+    try:
+        for name in "abde":
+            frozen[name] = freeze_journal(members[name])
+        members["c"].kill()
+
+        def taken():
+            infos = [queue_info(a, n) for n in names]
+            return all(i and i["primary"] in "abde" and i.get("available", True)
+                       for i in infos) and infos
+        infos = wait_until(taken, 30, what="c's queues taken over")
+        share = {t: [i["name"] for i in infos if i["primary"] == t] for t in "bde"}
+        taker = max(share, key=lambda t: len(share[t]))
+        via = share[taker]
+        assert via, "c's queues all went to a: %s" % [i["primary"] for i in infos]
+        log = members[taker].log_text
+        wait_until(lambda: all("queue '%s': took over 100 messages from c's log" % n in log()
+                               for n in via), 30, what="%s adopted" % taker)
+        time.sleep(1)  # ten member ticks: a queue.adopted said too early commits
+        kill_frozen(members[taker], frozen.pop(taker))
+        print("# %d of c's queues went through %s, killed before its copy was synced"
+              % (len(via), taker))
+        alive = [t for t in "abde" if t != taker]
+
+        def retaken():
+            infos = [queue_info(a, n) for n in via]
+            return all(i and i["primary"] in alive and i.get("available", True) for i in infos)
+        wait_until(retaken, 30, what="%s's queues taken over again" % taker)
+        for name in alive:
+            wait_until(lambda: metric(members[name], "quay_cluster_adoptions_pending") == 0, 20,
+                       what="%s's adoptions done" % name)
+    finally:
+        for name, tid in frozen.items():
+            ptrace(PTRACE_DETACH, tid)
+    for name in names:
+        got = read_all(a, name)
+        assert got == [b"%s-%d" % (name.encode(), i) for i in range(100)], (name, len(got))
+    logs = "".join(members[n].log_text() for n in alive)
+    for name in via:
+        assert ("queue '%s': took over 100 messages from c's log, staged by a taker that "
+                "died" % name) in logs, name
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@
 
 #include <cmocka.h>
 
+#include "cluster/adoption.h"
 #include "cluster/controller.h"
 #include "cluster/map.h"
 #include "cluster/placement.h"
@@ -1139,6 +1140,22 @@ static void test_takeover_from_shared_storage(void **state)
     cluster_map_free(&map);
 }
 
+/* A taker says queue.adopted once its copy is synced, never if its
+ * journal failed or the queue is no longer its own (a takeover from it
+ * then reads the log it took the queue from as well). */
+static void test_adopted_said_once_synced(void **state)
+{
+    (void)state;
+    assert_int_equal(adoption_say_when(0, 0, false, true), ADOPTION_SAY_NOW); /* nothing copied */
+    assert_int_equal(adoption_say_when(42, 41, false, true), ADOPTION_SAY_WAIT);
+    assert_int_equal(adoption_say_when(42, 42, false, true), ADOPTION_SAY_NOW);
+    assert_int_equal(adoption_say_when(42, 90, false, true), ADOPTION_SAY_NOW);
+    assert_int_equal(adoption_say_when(42, 41, true, true), ADOPTION_SAY_NEVER);
+    assert_int_equal(adoption_say_when(42, 90, true, true), ADOPTION_SAY_NEVER);
+    assert_int_equal(adoption_say_when(42, 41, false, false), ADOPTION_SAY_NEVER);
+    assert_int_equal(adoption_say_when(0, 0, false, false), ADOPTION_SAY_NEVER);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1158,6 +1175,7 @@ int main(void)
         cmocka_unit_test(test_policies_change_factors),
         cmocka_unit_test(test_repair_finishes_a_backup_move),
         cmocka_unit_test(test_takeover_from_shared_storage),
+        cmocka_unit_test(test_adopted_said_once_synced),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
