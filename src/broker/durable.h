@@ -98,12 +98,18 @@ uint64_t durable_page_out(struct broker *broker, uint64_t wanted);
  * queue over from without saying it adopted its log; its log (where it
  * was, or staged in owner_name's adopted/ directory: owner_name died
  * before its copy was synced) adds the messages above those owner_name's
- * log holds. ticket: our copy's last record (0: nothing copied);
- * the copy is durable once durable_synced_ticket passes it. Returns the
- * messages adopted, or -1 (logged; the staged copy stays where
- * journal_adopt left it for the operator). */
+ * log holds. A log of either that we had staged ourselves, before a
+ * crash or a restart cut our takeover short, is read where it is.
+ * resume: the queue is ours already, from our own log (a restart found
+ * it, and the map says we never said queue.adopted): nothing replaced,
+ * only what lies above our log's last seq is added. ticket: our copy's
+ * last record (0: nothing copied); the copy is durable once
+ * durable_synced_ticket passes it. Returns the messages adopted, or -1
+ * (logged; the staged copy stays where journal_adopt left it for the
+ * operator). */
 int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                      const char *owner_name, const char *earlier_owner, uint64_t *ticket);
+                      const char *owner_name, const char *earlier_owner, bool resume,
+                      uint64_t *ticket);
 /* The queue, ours until now, was taken over from our log (queue.take_over
  * names us): its log is closed without a write, neither the DELETE nor
  * the removal its deletion would make, so a taker that has not read it

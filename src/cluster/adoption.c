@@ -19,6 +19,7 @@
 #include "lib/errors.h"
 #include "lib/list.h"
 #include "lib/log.h"
+#include "store/journal.h"
 
 /* One queue waiting. Owned by member->adoptions. */
 struct adoption {
@@ -27,6 +28,7 @@ struct adoption {
     char owner[CLUSTER_NAME_SIZE_MAX + 1];  /* the dead broker's name: its directory */
     char earlier[CLUSTER_NAME_SIZE_MAX + 1]; /* taken_from_before's, or "" */
     uint64_t ticket; /* adopted: our copy's last journal record (member->adopted_unsaid) */
+    bool resume;     /* durable_adopt's: a takeover of ours a restart cut short */
 };
 
 static void broker_name(const struct member *member, uint32_t id, char *out, size_t size)
@@ -50,7 +52,8 @@ static struct adoption *find(const struct member *member, const struct queue *qu
     return NULL;
 }
 
-void adoption_start(struct member *member, struct queue *queue, const struct map_queue *mq)
+static void start(struct member *member, struct queue *queue, const struct map_queue *mq,
+                  bool resume)
 {
     ASSERT(!queue_is_remote(queue) && !queue->deleted);
     ASSERT(find(member, queue) == NULL);
@@ -63,6 +66,7 @@ void adoption_start(struct member *member, struct queue *queue, const struct map
     a->queue = queue;
     queue_ref(queue);
     memcpy(a->owner, owner, sizeof owner);
+    a->resume = resume;
     broker_name(member, mq->taken_from_before, a->earlier, sizeof a->earlier);
     queue_pause(queue);
     list_push_back(&member->adoptions, &a->link);
@@ -73,6 +77,59 @@ void adoption_start(struct member *member, struct queue *queue, const struct map
         member->adoption_idle->data = member;
     }
     adoption_synced(member);
+}
+
+void adoption_start(struct member *member, struct queue *queue, const struct map_queue *mq)
+{
+    start(member, queue, mq, false);
+}
+
+bool adoption_leftover(const struct map_queue *mq, uint32_t self)
+{
+    return mq->primary_id == self && mq->taken_from != BROKER_ID_NONE && !mq->adopted;
+}
+
+void adoption_resume_leftovers(struct member *member)
+{
+    const struct cluster_map *map = member_map(member);
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        const struct map_queue *mq = map->queues[i];
+        if (!adoption_leftover(mq, member->self_id))
+            continue;
+        struct vhost *vhost = broker_vhost(member->broker, mq->vhost->name);
+        struct queue *queue = vhost != NULL ? vhost_queue(vhost, mq->name) : NULL;
+        if (queue != NULL && !queue_is_remote(queue) && !queue->deleted &&
+            find(member, queue) == NULL) {
+            LOG_INFO("queue '%.*s': our takeover of it was cut short by a restart before the "
+                     "map learnt queue.adopted: resuming it", (int)mq->name.len,
+                     (const char *)mq->name.ptr);
+            start(member, queue, mq, true);
+        }
+    }
+}
+
+bool adoption_staged_needed(const struct map_queue *mq, uint32_t self)
+{
+    return mq != NULL && !mq->adopted && mq->taken_from != BROKER_ID_NONE &&
+           (mq->primary_id == self || mq->taken_from == self || mq->taken_from_before == self);
+}
+
+static bool staged_unneeded(void *ctx, struct bytes vhost, struct bytes name)
+{
+    struct member *member = ctx;
+    const struct map_queue *mq = cluster_map_queue(member_map(member), vhost, name);
+    bool remove = !adoption_staged_needed(mq, member->self_id);
+    if (remove)
+        LOG_INFO("queue '%.*s': a copy we had staged for its takeover is no longer needed: "
+                 "removed", (int)name.len, (const char *)name.ptr);
+    return remove;
+}
+
+void adoption_sweep_staged(struct member *member)
+{
+    struct journal *journal = member->broker->durable.journal;
+    if (journal != NULL && member->broker->config.shared_storage_dir != NULL)
+        journal_adopt_sweep(journal, staged_unneeded, member);
 }
 
 /* Not before we caught up with the map: a restart replays the map's
@@ -183,7 +240,8 @@ static void adopt(struct member *member, struct adoption *a, bool follow)
     struct queue *queue = a->queue;
     if (!queue->deleted && !queue_is_remote(queue)) {
         int64_t n = durable_adopt(member->broker, queue->vhost, queue, a->owner,
-                                  a->earlier[0] != '\0' ? a->earlier : NULL, &a->ticket);
+                                  a->earlier[0] != '\0' ? a->earlier : NULL, a->resume,
+                                  &a->ticket);
         queue_resume(queue); /* publishes and gets that waited go in after */
         const struct map_queue *mq =
             cluster_map_queue(member_map(member), queue->vhost->name, queue->name);

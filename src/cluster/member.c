@@ -306,7 +306,9 @@ static void on_synced(void *ctx)
         return;
     member__announce_storage(member);
     mirror_all(member, true);
-    adoption_synced(member); /* what the replay handed it, if still ours */
+    adoption_sweep_staged(member);
+    adoption_resume_leftovers(member); /* (before clients may publish to them) */
+    adoption_synced(member);           /* what the replay handed it, if still ours */
     drop_transients(member);
     if (member->transients_pending == 0)
         connection_cluster_synced(member->broker); /* clients held back may open now */

@@ -442,7 +442,7 @@ static void exec_disk_op(struct journal *j, struct op *op)
         return;
     case OP_REMOVE_TREE: exec_remove_tree(j, op); return;
     case OP_REMOVE_STAGED:
-        rc = journal__remove_path(j->disk, op->path);
+        rc = journal__remove_staged(j->disk, op->path);
         if (rc < 0) {
             LOG_WARN("journal: cannot remove the adopted copy %s: %s (its messages are in our "
                      "log; remove it by hand)", op->path, strerror(-rc));

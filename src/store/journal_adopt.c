@@ -354,7 +354,7 @@ int journal_adopt_claim_staged(struct journal *j, const char *taker_dir, const c
                                struct bytes vhost, struct bytes name, char *staged)
 {
     struct where w;
-    journal__path(w.dir, taker_dir, "adopted");
+    journal__path(w.dir, taker_dir != NULL ? taker_dir : j->dir, "adopted");
     int n = snprintf(w.prefix, sizeof w.prefix, "%.200s.", source);
     ASSERT(n > 0 && (size_t)n < sizeof w.prefix);
     journal__path(w.name, w.dir, w.prefix);
@@ -404,12 +404,36 @@ void journal_adopt_finish(struct journal *j, const char *staged)
     journal__op_push(j, op);
 }
 
+static bool ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), m = strlen(tail);
+    return n >= m && strcmp(s + n - m, tail) == 0;
+}
+
+/* Before it is removed a staged copy is renamed to <it>.gone: a taker
+ * claiming it meanwhile (a rename too) gets all of it or nothing, never
+ * a log half unlinked. On the journal thread. */
+int journal__remove_staged(const struct disk_ops *d, const char *staged)
+{
+    if (ends_with(staged, ".gone"))
+        return journal__remove_path(d, staged); /* a removal a crash cut short */
+    char gone[JOURNAL_PATH_SIZE];
+    int n = snprintf(gone, sizeof gone, "%s.gone", staged);
+    if (n <= 0 || n >= JOURNAL_PATH_SIZE)
+        return journal__remove_path(d, staged); /* (a path that long: in place) */
+    int rc = d->rename(d->ctx, staged, gone);
+    if (rc == -ENOENT)
+        return 0; /* claimed by a taker (it has our copy in our log), or gone */
+    return rc < 0 ? rc : journal__remove_path(d, gone);
+}
+
 static int report_entry(void *ctx, const char *name)
 {
     const char *adopted = ctx;
-    LOG_WARN("journal: %s/%s is a takeover that a crash interrupted: the messages our own "
-             "log lacks are there, on disk, and not served (not automated yet: "
-             "docs/ARCHITECTURE.md section 11)", adopted, name);
+    if (!ends_with(name, ".gone"))
+        LOG_WARN("journal: %s/%s is a takeover that a crash or a restart interrupted: once "
+                 "caught up with the map we adopt it again, leave it to the queue's new "
+                 "taker, or remove it (docs/ARCHITECTURE.md section 11)", adopted, name);
     return 0;
 }
 
@@ -418,4 +442,49 @@ void journal__adopted_report(struct journal *j)
     char adopted[JOURNAL_PATH_SIZE];
     journal__path(adopted, j->dir, "adopted");
     j->disk->readdir(j->disk->ctx, adopted, report_entry, adopted); /* none: ENOENT */
+}
+
+struct sweep {
+    struct journal *j;
+    const char *adopted;
+    journal_staged_fn fn;
+    void *ctx;
+};
+
+static int sweep_entry(void *ctx, const char *leaf)
+{
+    struct sweep *sw = ctx;
+    char path[JOURNAL_PATH_SIZE];
+    journal__path(path, sw->adopted, leaf);
+    if (ends_with(leaf, ".gone")) { /* a removal a crash cut short */
+        journal_adopt_finish(sw->j, path);
+        return 0;
+    }
+    const char *dot = strrchr(leaf, '.');
+    uint8_t key[4 + 2 * 255];
+    uint32_t key_size = 0;
+    if (dot != NULL && strlen(dot + 1) == 16) { /* <source>.<id>: <leaf>/queues/<id> */
+        char queues[JOURNAL_PATH_SIZE];
+        journal__path(queues, path, "queues");
+        char dir[JOURNAL_PATH_SIZE];
+        journal__path(dir, queues, dot + 1);
+        key_size = read_header(sw->j->disk, dir, key, sizeof key);
+    }
+    uint32_t vhost_len = key_size >= 4 ? format_get_u32(key) : 0;
+    if (key_size < 4 || vhost_len > key_size - 4)
+        return 0; /* not a staged log (or unreadable): left alone */
+    struct bytes vhost = {key + 4, vhost_len};
+    struct bytes name = {key + 4 + vhost_len, key_size - 4 - vhost_len};
+    if (sw->fn(sw->ctx, vhost, name))
+        journal_adopt_finish(sw->j, path);
+    return 0;
+}
+
+void journal_adopt_sweep(struct journal *j, journal_staged_fn fn, void *ctx)
+{
+    ASSERT(j->recovered);
+    char adopted[JOURNAL_PATH_SIZE];
+    journal__path(adopted, j->dir, "adopted");
+    struct sweep sw = {j, adopted, fn, ctx};
+    j->disk->readdir(j->disk->ctx, adopted, sweep_entry, &sw); /* none: ENOENT */
 }

@@ -14,9 +14,13 @@ broker. Then SIGSTOP of the owner of another queue while a publisher waits
 on its confirms, takeover, SIGCONT: the old owner's log says it was fenced,
 and every message it confirmed is readable exactly once from the new owner.
 Also: the rebalancer, turned on at run time, gives the returned broker its
-share back; two of five brokers killed at once are both taken over.
+share back; two of five brokers killed at once are both taken over; a
+taker whose journal thread is frozen (ptrace: its copy never synced) is
+killed once it adopted, and its queues come back whole from the next
+takers, or, with nobody to replace it, from itself restarted.
 """
 import ctypes
+import functools
 import json
 import math
 import os
@@ -38,6 +42,19 @@ members = {}
 shared = None
 state = {}
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
+
+
+def noting_failure(f):
+    """A failed test keeps the logs of the first cluster, which the last
+    test closes before it forms its own."""
+    @functools.wraps(f)
+    def run_it():
+        try:
+            f()
+        except BaseException:
+            state["failed"] = True
+            raise
+    return run_it
 
 
 def place(via, prefix, owner, count):
@@ -109,6 +126,7 @@ def queue_dirs(broker):
 
 
 @test(timeout=120)
+@noting_failure
 def three_brokers_share_one_directory():
     global cluster, shared
     cluster = Cluster()
@@ -127,6 +145,7 @@ def three_brokers_share_one_directory():
 
 
 @test(timeout=120)
+@noting_failure
 def a_dead_brokers_queues_are_taken_over_with_every_confirmed_message():
     a, b, c = members["a"], members["b"], members["c"]
     names = place(a, "sh", "c", 3)
@@ -199,6 +218,7 @@ def a_dead_brokers_queues_are_taken_over_with_every_confirmed_message():
 
 
 @test(timeout=120)
+@noting_failure
 def the_old_broker_restarted_leaves_the_taken_over_logs_alone():
     a, b, c = members["a"], members["b"], members["c"]
     names = state["all_names"]
@@ -231,6 +251,7 @@ def the_old_broker_restarted_leaves_the_taken_over_logs_alone():
 
 
 @test(timeout=120)
+@noting_failure
 def the_rebalancer_gives_the_returned_broker_its_share():
     """c came back holding one queue (moved back by hand), its share went
     to the takers. With rebalancing turned on at run time the queues spread
@@ -277,6 +298,7 @@ def the_rebalancer_gives_the_returned_broker_its_share():
 
 
 @test(timeout=120)
+@noting_failure
 def a_cut_off_owner_resuming_cannot_write_to_the_log_it_lost():
     a, b, c = members["a"], members["b"], members["c"]
     # A queue on b, a publisher on b itself (its publishes go straight to b's log).
@@ -349,6 +371,7 @@ def a_cut_off_owner_resuming_cannot_write_to_the_log_it_lost():
 
 
 @test(timeout=180)
+@noting_failure
 def two_brokers_dying_at_once_are_both_taken_over():
     """Five brokers (d and e join); two of them, each primary of durable
     queues without backups, die together: d freezes (SIGSTOP: still up in
@@ -460,6 +483,7 @@ def kill_frozen(member, tid):
 
 
 @test(timeout=240)
+@noting_failure
 def a_taker_killed_before_its_copy_was_synced_loses_nothing():
     """c dies with 16 queues of confirmed persistent messages and no
     backups, while the journal threads of all the others are frozen
@@ -526,6 +550,74 @@ def a_taker_killed_before_its_copy_was_synced_loses_nothing():
     for name in via:
         assert ("queue '%s': took over 100 messages from c's log, staged by a taker that "
                 "died" % name) in logs, name
+
+
+@test(timeout=240)
+@noting_failure
+def a_taker_restarted_before_its_copy_was_synced_loses_nothing():
+    """A cluster of its own: o and t share a directory, x, y and z (the
+    Raft majority) do not. o dies with 4 queues of confirmed persistent
+    messages and no backups; t, its journal thread frozen, takes them over
+    (its copy, and the queues' definitions, never reach its own log) and
+    is killed: nobody else shares the storage, so the queues stay t's,
+    unavailable. t restarted is their primary again with no log of them:
+    the queue.take_over makes them real and t adopts them anew, from the
+    copies it had staged in its adopted/ directory before (o's directory
+    has none left). Every confirmed message is served. (Before, t read
+    o's directory only, found nothing, and served them empty; the staged
+    copies stayed, unread.)"""
+    global cluster, shared
+    old = cluster
+    cluster = None
+    if old is not None:
+        old.failed = old.failed or state.get("failed", False)  # (keeps its logs)
+    problems = old.close() if old is not None else []
+    assert not problems, problems
+    cluster = Cluster()
+    shared = os.path.join(cluster.dir, "shared")
+    x = cluster.form(["x", "y", "z"])[0]
+    for name in ("o", "t"):
+        members[name] = cluster.add(name, join=[x], extra_args=["--shared-storage", shared])
+    wait_until(lambda: len(x.view().brokers) == 5 and
+               all(v == "up" for v in x.view().brokers.values()), 30, what="five brokers up")
+    o, t = members["o"], members["t"]
+    wait_until(lambda: all("caught up with the map" in m.log_text() for m in (o, t)), 30,
+               what="o and t caught up")
+    wait_until(lambda: sum(1 for b in x.api_cluster()["brokers"] if b.get("storage")) == 2,
+               10, what="o's and t's storage in the map")
+    names = place(x, "restarted", "o", 4)
+    for name in names:
+        publish(x, name, [b"%s-%d" % (name.encode(), i) for i in range(100)])
+    time.sleep(0.3)  # group commit: every confirm's record is in o's logs
+    tid = freeze_journal(t)
+    try:
+        o.kill()
+        wait_until(lambda: all((queue_info(x, n) or {}).get("primary") == "t" for n in names),
+                   30, what="o's queues taken over by t")
+        wait_until(lambda: all("queue '%s': took over 100 messages from o's log" % n
+                               in t.log_text() for n in names), 30, what="t adopted")
+        time.sleep(1)  # (a queue.adopted said too early commits)
+    finally:
+        kill_frozen(t, tid)
+    assert os.listdir(os.path.join(shared, "t", "adopted")), "nothing staged"
+    t.start()
+    wait_until(lambda: "caught up with the map" in t.log_text_bytes()[t.log_offset:].decode(
+        "utf-8", "replace"), 30, what="t caught up")
+    wait_until(lambda: all((queue_info(x, n) or {}).get("primary") == "t" and
+                           queue_info(x, n).get("available", True) for n in names), 30,
+               what="t serving o's queues again")
+    wait_until(lambda: metric(t, "quay_cluster_adoptions_pending") == 0, 20,
+               what="t's adoptions done")
+    for name in names:
+        got = read_all(x, name)
+        assert got == [b"%s-%d" % (name.encode(), i) for i in range(100)], (name, len(got))
+    text = t.log_text_bytes()[t.log_offset:].decode("utf-8", "replace")
+    for name in names:
+        assert ("queue '%s': took over 100 messages from o's log, staged by us before a "
+                "restart" % name) in text, name
+    # Once synced, t said queue.adopted and removed what it had staged.
+    wait_until(lambda: not os.listdir(os.path.join(shared, "t", "adopted")), 10,
+               what="t's staged copies removed")
 
 
 if __name__ == "__main__":

@@ -1156,6 +1156,35 @@ static void test_adopted_said_once_synced(void **state)
     assert_int_equal(adoption_say_when(0, 0, false, false), ADOPTION_SAY_NEVER);
 }
 
+/* After a restart: which queues resume an adoption of ours, and which of
+ * the logs we had staged someone may still read. */
+static void test_leftover_adoptions_and_staged_copies(void **state)
+{
+    (void)state;
+    struct map_queue q;
+    memset(&q, 0, sizeof q);
+    q.primary_id = 1;
+    q.taken_from = 2;
+    q.taken_from_before = BROKER_ID_NONE;
+    assert_true(adoption_leftover(&q, 1));    /* ours, never said adopted */
+    assert_false(adoption_leftover(&q, 3));
+    assert_true(adoption_staged_needed(&q, 1));  /* we read it */
+    assert_true(adoption_staged_needed(&q, 2));  /* our taker claims it */
+    assert_false(adoption_staged_needed(&q, 3));
+    q.taken_from_before = 3;
+    assert_true(adoption_staged_needed(&q, 3));
+    q.adopted = true; /* our copy was synced: everything is in a log someone reads */
+    assert_false(adoption_leftover(&q, 1));
+    assert_false(adoption_staged_needed(&q, 1));
+    assert_false(adoption_staged_needed(&q, 2));
+    q.adopted = false;
+    q.taken_from = BROKER_ID_NONE; /* moved or failed over since: no takeover */
+    q.taken_from_before = BROKER_ID_NONE;
+    assert_false(adoption_leftover(&q, 1));
+    assert_false(adoption_staged_needed(&q, 1));
+    assert_false(adoption_staged_needed(NULL, 1)); /* deleted */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1176,6 +1205,7 @@ int main(void)
         cmocka_unit_test(test_repair_finishes_a_backup_move),
         cmocka_unit_test(test_takeover_from_shared_storage),
         cmocka_unit_test(test_adopted_said_once_synced),
+        cmocka_unit_test(test_leftover_adoptions_and_staged_copies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

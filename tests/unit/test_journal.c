@@ -768,6 +768,14 @@ static void test_shared_storage_fence_and_adopt(void **state)
     assert_int_equal(remove_tree(dir), 0);
 }
 
+static bool sweep_all(void *ctx, struct bytes vhost, struct bytes name)
+{
+    (void)vhost;
+    assert_true(name.len == 1 && name.ptr[0] == 'p');
+    (*(int *)ctx)++;
+    return true;
+}
+
 /* A taker (B) that died before its copy was synced left A's log staged in
  * B/adopted/: the next taker (C) claims it from there (a rename into its
  * own adopted/, only for the source it names) and reads every live
@@ -833,6 +841,23 @@ static void test_shared_storage_claim_staged(void **state)
     assert_int_equal(journal_adopt_claim_staged(c, bdir, "a", BYTES_LIT("/"), BYTES_LIT("p"),
                                                 staged_p), OK);
     assert_true(staged_p[0] != '\0');
+    /* A sweep after a restart removes what nobody needs: both, here (a
+     * removal cut short, <staged>.gone, is finished too). */
+    char gone[600];
+    snprintf(gone, sizeof gone, "%s.gone", staged);
+    assert_int_equal(rename(staged, gone), 0);
+    int swept = 0;
+    journal_adopt_sweep(c, sweep_all, &swept);
+    assert_int_equal(swept, 1); /* p's; the .gone one is not asked about */
+    journal_set_synced_callback(c, on_synced, &hc);
+    struct journal_queue *z = journal_queue_open(c, BYTES_LIT("/"), BYTES_LIT("z"));
+    t = publish(z, 1, 10); /* after the removals, in order */
+    wait_status(&loop, &hc, t);
+    assert_int_equal(access(gone, F_OK), -1);
+    assert_int_equal(access(staged_p, F_OK), -1);
+    char p_gone[600];
+    snprintf(p_gone, sizeof p_gone, "%s.gone", staged_p);
+    assert_int_equal(access(p_gone, F_OK), -1);
     journal_close(c);
     uv_run(&loop, UV_RUN_DEFAULT);
     recovered_clear(&ha);
