@@ -47,6 +47,8 @@ struct where {
     char dir[JOURNAL_PATH_SIZE];   /* the directory scanned */
     char prefix[ADOPT_LEAF_SIZE];  /* "": a queues/ directory; else "<source>." */
     char name[JOURNAL_PATH_SIZE];  /* its index's name: dir, or dir/prefix */
+    bool ours;                     /* our own adopted/: what a miss may find was there at
+                                      our start (what we stage now we never look up) */
 };
 
 /* One queue log of a scanned directory. Owned by its adopt_index. */
@@ -182,7 +184,8 @@ static int index_take(struct journal *j, const struct where *w, const uint8_t *k
     struct adopt_index *x = index_for(j, w);
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1 || strcmp(x->scanned, w->name) != 0) {
-            if (pass == 1 && (*fresh || uv_now(j->loop) - x->built_ms < ADOPT_INDEX_FRESH_MS))
+            if (pass == 1 && (*fresh || w->ours ||
+                              uv_now(j->loop) - x->built_ms < ADOPT_INDEX_FRESH_MS))
                 return 0;
             int rc = index_build(j, x, w);
             if (rc < 0)
@@ -341,7 +344,7 @@ int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost
                   struct journal_adoption *out)
 {
     memset(out, 0, sizeof *out);
-    struct where w = {.prefix = ""};
+    struct where w = {.prefix = "", .ours = false};
     journal__path(w.dir, foreign_dir, "queues");
     snprintf(w.name, sizeof w.name, "%s", w.dir);
     int rc = claim(j, &w, base_name(foreign_dir), vhost, name, out->staged);
@@ -353,7 +356,7 @@ int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost
 int journal_adopt_claim_staged(struct journal *j, const char *taker_dir, const char *source,
                                struct bytes vhost, struct bytes name, char *staged)
 {
-    struct where w;
+    struct where w = {.ours = taker_dir == NULL};
     journal__path(w.dir, taker_dir != NULL ? taker_dir : j->dir, "adopted");
     int n = snprintf(w.prefix, sizeof w.prefix, "%.200s.", source);
     ASSERT(n > 0 && (size_t)n < sizeof w.prefix);
