@@ -27,6 +27,13 @@
  * write there cannot reach the taker's own log.
  * New paths (a new segment, a compaction) fail at once: the old directory
  * is gone from the namespace.
+ *
+ * A taker that dies (or restarts) before its copy is synced leaves the log
+ * staged in its adopted/: the next taker claims it from there with a
+ * rename too (journal_adopt_claim_staged), the restarted taker reads it in
+ * place; removing one renames it to <it>.gone first, so a claim and a
+ * removal never meet half way; a restarted broker sweeps what nobody may
+ * read any more (journal_adopt_sweep).
  */
 #include "store/journal_int.h"
 
