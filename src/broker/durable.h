@@ -95,12 +95,21 @@ uint64_t durable_page_out(struct broker *broker, uint64_t wanted);
  * into our own log, redelivered if it had been delivered; the staged copy
  * goes once our copy is synced. A stale log of ours under the same name is
  * replaced. earlier_owner (or NULL): the broker owner_name had taken the
- * queue over from without saying it adopted its log; its log adds the
- * messages above those owner_name's log holds. Returns the messages
- * adopted, or -1 (logged; the staged copy stays where journal_adopt left
- * it for the operator). */
+ * queue over from without saying it adopted its log; its log (where it
+ * was, or staged in owner_name's adopted/ directory: owner_name died
+ * before its copy was synced) adds the messages above those owner_name's
+ * log holds. A log of either that we had staged ourselves, before a
+ * crash or a restart cut our takeover short, is read where it is.
+ * resume: the queue is ours already, from our own log (a restart found
+ * it, and the map says we never said queue.adopted): nothing replaced,
+ * only what lies above our log's last seq is added. ticket: our copy's
+ * last record (0: nothing copied); the copy is durable once
+ * durable_synced_ticket passes it. Returns the messages adopted, or -1
+ * (logged; the staged copy stays where journal_adopt left it for the
+ * operator). */
 int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                      const char *owner_name, const char *earlier_owner);
+                      const char *owner_name, const char *earlier_owner, bool resume,
+                      uint64_t *ticket);
 /* The queue, ours until now, was taken over from our log (queue.take_over
  * names us): its log is closed without a write, neither the DELETE nor
  * the removal its deletion would make, so a taker that has not read it

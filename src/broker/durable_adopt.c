@@ -69,9 +69,14 @@ static void on_adopted(void *ctx, struct journal_queue *jq, struct bytes vhost_n
     a->count++;
 }
 
-/* Adopts owner_name's log of the queue: its messages from seq_min on. */
+/* Adopts a log of the queue, its messages from seq_min on: owner_name's
+ * (in its queues/ directory), or, with staged, one we claimed already
+ * (journal_adopt_claim_staged; owner_name names it in the log; ours: from
+ * our own adopted/ directory). ticket:
+ * raised to our copy's last record. */
 static int64_t adopt_from(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                          const char *owner_name, uint64_t seq_min)
+                          const char *owner_name, const char *staged, bool ours,
+                          uint64_t seq_min, uint64_t *ticket)
 {
     struct durable *d = &broker->durable;
     char foreign[1024];
@@ -79,7 +84,10 @@ static int64_t adopt_from(struct broker *broker, struct vhost *vhost, struct que
     struct adoption a = {.queue = queue, .seq_min = seq_min};
     struct journal_adoption *out = malloc(sizeof *out);
     ASSERT(out != NULL);
-    int rc = journal_adopt(d->journal, foreign, vhost->name, queue->name, on_adopted, &a, out);
+    int rc = staged != NULL
+                 ? journal_adopt_read(d->journal, staged, on_adopted, &a, out)
+                 : journal_adopt(d->journal, foreign, vhost->name, queue->name, on_adopted, &a,
+                                 out);
     if (rc != OK) {
         LOG_ERROR("queue '%.*s': cannot take over %s's log (%d)%s%s: it serves without "
                   "those messages", (int)queue->name.len, (const char *)queue->name.ptr,
@@ -99,36 +107,117 @@ static int64_t adopt_from(struct broker *broker, struct vhost *vhost, struct que
         p->next = d->adopted;
         d->adopted = p;
     }
-    LOG_INFO("queue '%.*s': took over %lld messages from %s's log (%llu dropped)",
+    if (a.ticket > *ticket)
+        *ticket = a.ticket;
+    LOG_INFO("queue '%.*s': took over %lld messages from %s's log%s (%llu dropped)",
              (int)queue->name.len, (const char *)queue->name.ptr, (long long)a.count,
-             owner_name, (unsigned long long)a.dropped);
+             owner_name, staged == NULL ? "" : ours ? ", staged by us before a restart"
+                                                   : ", staged by a taker that died",
+             (unsigned long long)a.dropped);
     free(out);
     return a.count;
 }
 
+/* Claims source's log of the queue staged in taker_dir's adopted/ (NULL:
+ * ours, left by a takeover of ours that a crash or a restart cut short)
+ * into staged ("" if none). */
+static int claim_staged(struct broker *broker, struct queue *queue, const char *taker,
+                        const char *source, char *staged)
+{
+    char taker_dir[1024];
+    if (taker != NULL)
+        snprintf(taker_dir, sizeof taker_dir, "%s/%s", broker->config.shared_storage_dir,
+                 taker);
+    return journal_adopt_claim_staged(broker->durable.journal, taker ? taker_dir : NULL,
+                                      source, queue->vhost->name, queue->name, staged);
+}
+
+/* source's log of the queue, from seq_min on: where we staged it before a
+ * restart (own: claim_staged's, "" if none; we died or restarted before
+ * our copy was synced), or where source left it (at most one of them
+ * exists). */
+static int64_t read_source(struct broker *broker, struct vhost *vhost, struct queue *queue,
+                           const char *source, const char *own, uint64_t seq_min,
+                           uint64_t *ticket)
+{
+    int64_t count = 0;
+    if (own[0] != '\0') {
+        count = adopt_from(broker, vhost, queue, source, own, true, seq_min, ticket);
+        if (count < 0)
+            return -1;
+        if (seq_min < queue->next_seq)
+            seq_min = queue->next_seq;
+    }
+    int64_t more = adopt_from(broker, vhost, queue, source, NULL, false, seq_min, ticket);
+    return more < 0 ? more : count + more;
+}
+
+static int64_t adopt_source(struct broker *broker, struct vhost *vhost, struct queue *queue,
+                            const char *source, uint64_t seq_min, uint64_t *ticket)
+{
+    char own[512];
+    if (claim_staged(broker, queue, NULL, source, own) != OK)
+        return -1;
+    return read_source(broker, vhost, queue, source, own, seq_min, ticket);
+}
+
+/* owner_name had taken the queue over from earlier_owner and died before
+ * it said it adopted: what it did adopt is in its log, under the same
+ * seqs, and was written before anything newer (the journal appends in
+ * order), so the earlier log adds what lies above. That log is where
+ * owner_name found it, or staged in owner_name's adopted/ directory if it
+ * got that far (it died before its copy was synced), claimed before
+ * owner_name's own log is: a restarted owner_name removes what it staged
+ * only once its own copy passed a fenced sync (durable_adopt's resume), so
+ * when it did before our claim, its log that we claim next has the copy.
+ * (Our own staged copy of the earlier log, from before a restart of ours,
+ * is looked up first: the claim puts the other beside it.) */
+static int64_t adopt_with_earlier(struct broker *broker, struct vhost *vhost,
+                                  struct queue *queue, const char *owner_name,
+                                  const char *earlier_owner, uint64_t seq_min, uint64_t *ticket)
+{
+    char own[512];
+    char staged[512] = "";
+    int rc = claim_staged(broker, queue, NULL, earlier_owner, own);
+    if (rc == OK)
+        rc = claim_staged(broker, queue, owner_name, earlier_owner, staged);
+    int64_t count = adopt_source(broker, vhost, queue, owner_name, seq_min, ticket);
+    if (count < 0 || rc != OK)
+        return -1; /* (what was claimed stays staged, reported at our restart) */
+    int64_t more = read_source(broker, vhost, queue, earlier_owner, own, queue->next_seq, ticket);
+    if (more >= 0 && staged[0] != '\0') {
+        int64_t also = adopt_from(broker, vhost, queue, earlier_owner, staged, false,
+                                  queue->next_seq, ticket);
+        more = also < 0 ? also : more + also;
+    }
+    return more < 0 ? more : count + more;
+}
+
 int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                      const char *owner_name, const char *earlier_owner)
+                      const char *owner_name, const char *earlier_owner, bool resume,
+                      uint64_t *ticket)
 {
     struct durable *d = &broker->durable;
+    *ticket = 0;
     if (d->journal == NULL || broker->config.shared_storage_dir == NULL ||
         queue->journal == NULL)
         return 0;
-    ASSERT(queue->ready_count == 0 && queue->unacked_count == 0); /* just made real */
-    if (journal_queue_seq_last(queue->journal) > 0) {
-        /* A stale log of ours under that name (we owned the queue once):
-         * the adopted one is the queue's content now. */
-        queue->journal = journal_queue_recreate(queue->journal);
-        queue->next_seq = 1;
+    if (!resume) {
+        ASSERT(queue->ready_count == 0 && queue->unacked_count == 0); /* just made real */
+        if (journal_queue_seq_last(queue->journal) > 0) {
+            /* A stale log of ours under that name (we owned the queue
+             * once): the adopted one is the queue's content now. */
+            queue->journal = journal_queue_recreate(queue->journal);
+            queue->next_seq = 1;
+        }
     }
-    int64_t count = adopt_from(broker, vhost, queue, owner_name, 0);
-    /* owner_name had taken the queue over from earlier_owner and died
-     * before it said it adopted: what it did adopt is in its log, under
-     * the same seqs, and was written before anything newer (the journal
-     * appends in order), so the earlier log adds what lies above. */
-    if (earlier_owner != NULL && count >= 0) {
-        int64_t more = adopt_from(broker, vhost, queue, earlier_owner, queue->next_seq);
-        count = more < 0 ? more : count + more;
-    }
+    /* Resumed: our log is the queue's content, and what it lacks of the
+     * copy we had staged lies above its last seq. */
+    uint64_t seq_min = resume ? queue->next_seq : 0;
+    int64_t count = earlier_owner != NULL
+                        ? adopt_with_earlier(broker, vhost, queue, owner_name, earlier_owner,
+                                             seq_min, ticket)
+                        : adopt_source(broker, vhost, queue, owner_name, seq_min, ticket);
     queue_dispatch(queue);
     return count;
 }

@@ -19,6 +19,7 @@
 #include "lib/errors.h"
 #include "lib/list.h"
 #include "lib/log.h"
+#include "store/journal.h"
 
 /* One queue waiting. Owned by member->adoptions. */
 struct adoption {
@@ -26,6 +27,8 @@ struct adoption {
     struct queue *queue;                    /* one reference */
     char owner[CLUSTER_NAME_SIZE_MAX + 1];  /* the dead broker's name: its directory */
     char earlier[CLUSTER_NAME_SIZE_MAX + 1]; /* taken_from_before's, or "" */
+    uint64_t ticket; /* adopted: our copy's last journal record (member->adopted_unsaid) */
+    bool resume;     /* durable_adopt's: a takeover of ours a restart cut short */
 };
 
 static void broker_name(const struct member *member, uint32_t id, char *out, size_t size)
@@ -49,7 +52,8 @@ static struct adoption *find(const struct member *member, const struct queue *qu
     return NULL;
 }
 
-void adoption_start(struct member *member, struct queue *queue, const struct map_queue *mq)
+static void start(struct member *member, struct queue *queue, const struct map_queue *mq,
+                  bool resume)
 {
     ASSERT(!queue_is_remote(queue) && !queue->deleted);
     ASSERT(find(member, queue) == NULL);
@@ -62,6 +66,7 @@ void adoption_start(struct member *member, struct queue *queue, const struct map
     a->queue = queue;
     queue_ref(queue);
     memcpy(a->owner, owner, sizeof owner);
+    a->resume = resume;
     broker_name(member, mq->taken_from_before, a->earlier, sizeof a->earlier);
     queue_pause(queue);
     list_push_back(&member->adoptions, &a->link);
@@ -71,7 +76,74 @@ void adoption_start(struct member *member, struct queue *queue, const struct map
         uv_idle_init(member->broker->loop, member->adoption_idle);
         member->adoption_idle->data = member;
     }
-    if (!uv_is_active((uv_handle_t *)member->adoption_idle))
+    adoption_synced(member);
+}
+
+void adoption_start(struct member *member, struct queue *queue, const struct map_queue *mq)
+{
+    start(member, queue, mq, false);
+}
+
+bool adoption_leftover(const struct map_queue *mq, uint32_t self)
+{
+    return mq->primary_id == self && mq->taken_from != BROKER_ID_NONE && !mq->adopted;
+}
+
+void adoption_resume_leftovers(struct member *member)
+{
+    const struct cluster_map *map = member_map(member);
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        const struct map_queue *mq = map->queues[i];
+        if (!adoption_leftover(mq, member->self_id))
+            continue;
+        struct vhost *vhost = broker_vhost(member->broker, mq->vhost->name);
+        struct queue *queue = vhost != NULL ? vhost_queue(vhost, mq->name) : NULL;
+        if (queue != NULL && !queue_is_remote(queue) && !queue->deleted &&
+            find(member, queue) == NULL) {
+            LOG_INFO("queue '%.*s': our takeover of it was cut short by a restart before the "
+                     "map learnt queue.adopted: resuming it", (int)mq->name.len,
+                     (const char *)mq->name.ptr);
+            start(member, queue, mq, true);
+        }
+    }
+}
+
+bool adoption_staged_needed(const struct map_queue *mq, uint32_t self)
+{
+    return mq != NULL && !mq->adopted && mq->taken_from != BROKER_ID_NONE &&
+           (mq->primary_id == self || mq->taken_from == self || mq->taken_from_before == self);
+}
+
+static bool staged_unneeded(void *ctx, struct bytes vhost, struct bytes name)
+{
+    struct member *member = ctx;
+    const struct map_queue *mq = cluster_map_queue(member_map(member), vhost, name);
+    bool remove = !adoption_staged_needed(mq, member->self_id);
+    if (remove)
+        LOG_INFO("queue '%.*s': a copy we had staged for its takeover is no longer needed: "
+                 "removed", (int)name.len, (const char *)name.ptr);
+    return remove;
+}
+
+void adoption_sweep_staged(struct member *member)
+{
+    struct journal *journal = member->broker->durable.journal;
+    if (journal != NULL && member->broker->config.shared_storage_dir != NULL)
+        journal_adopt_sweep(journal, staged_unneeded, member);
+}
+
+/* Not before we caught up with the map: a restart replays the map's
+ * history, and a queue.take_over in it (to us, then long since moved on)
+ * made the queue real here for a moment. Adopting it then renamed the
+ * log of the queue's owner now (a broker it was taken from came back and
+ * got it again, or opened a fresh log for it at its restart) out from
+ * under it: its journal failed for good (38 restarting the brokers of
+ * two_brokers_dying_at_once: c nacked every publish). Once caught up,
+ * such a queue is no longer real here and its adoption is skipped. */
+void adoption_synced(struct member *member)
+{
+    if (member->adoption_idle != NULL && !list_empty(&member->adoptions) &&
+        cluster_node_synced(member->node) && !uv_is_active((uv_handle_t *)member->adoption_idle))
         uv_idle_start(member->adoption_idle, on_idle);
 }
 
@@ -97,10 +169,17 @@ static void on_adopted_said(void *ctx, int status, const struct map_change *chan
                  "also reads the log it came from (harmless)");
 }
 
+enum adoption_say adoption_say_when(uint64_t ticket, uint64_t synced, bool journal_failed,
+                                    bool ours)
+{
+    if (!ours || journal_failed)
+        return ADOPTION_SAY_NEVER;
+    return synced >= ticket ? ADOPTION_SAY_NOW : ADOPTION_SAY_WAIT;
+}
+
 /* The map learns that a takeover from us would find everything in our
  * log (queue.adopted): until then a takeover from us also reads the log
- * we took it from. (Said once our copy is queued, not synced: a crash in
- * between leaves the staged copy, which nobody reads again; section 11.) */
+ * we took it from (and claims it where we staged it). */
 static void say_adopted(struct member *member, struct queue *queue)
 {
     if (member->stopping)
@@ -110,16 +189,59 @@ static void say_adopted(struct member *member, struct queue *queue)
         cluster_node_submit(member->node, &cmd, on_adopted_said, member);
 }
 
+/* Is a's queue still ours, as the adoption left it? */
+static bool still_ours(const struct member *member, const struct adoption *a)
+{
+    const struct queue *queue = a->queue;
+    if (queue->deleted || queue_is_remote(queue))
+        return false;
+    const struct map_queue *mq =
+        cluster_map_queue(member_map(member), queue->vhost->name, queue->name);
+    return mq != NULL && mq->primary_id == member->self_id && mq->taken_from != BROKER_ID_NONE;
+}
+
+/* Says queue.adopted for a's queue once its copy is durable (true: said,
+ * or never to be; a is done with). Said before (once the copy was queued),
+ * a taker crashing before its sync left the map saying "adopted", and the
+ * next taker read only its log, which may lack the copy: the confirmed
+ * messages were in the staged copy nobody read again (38's
+ * a_taker_killed_before_its_copy_was_synced_loses_nothing). A taker that
+ * stops (or whose journal fails) first never says it: a takeover from it
+ * then reads both logs (durable_adopt). */
+static bool settle(struct member *member, const struct adoption *a)
+{
+    enum adoption_say say =
+        adoption_say_when(a->ticket, durable_synced_ticket(member->broker),
+                          durable_failed(member->broker), still_ours(member, a));
+    if (say == ADOPTION_SAY_NOW)
+        say_adopted(member, a->queue);
+    return say != ADOPTION_SAY_WAIT;
+}
+
+void adoption_tick(struct member *member)
+{
+    list_for_each_safe(n, &member->adopted_unsaid) {
+        struct adoption *a = CONTAINER_OF(n, struct adoption, link);
+        if (settle(member, a)) {
+            list_remove(&a->link);
+            queue_unref(a->queue);
+            free(a);
+        }
+    }
+}
+
 /* Adopts a's queue, unless it went (deleted, moved away: the object that
  * stood for it is deleted). follow: start what waited for it (replication,
- * a handover), as the map has the queue now. */
+ * a handover), as the map has the queue now. a then waits in
+ * adopted_unsaid for our copy's sync, or is freed. */
 static void adopt(struct member *member, struct adoption *a, bool follow)
 {
     list_remove(&a->link);
     struct queue *queue = a->queue;
     if (!queue->deleted && !queue_is_remote(queue)) {
         int64_t n = durable_adopt(member->broker, queue->vhost, queue, a->owner,
-                                  a->earlier[0] != '\0' ? a->earlier : NULL);
+                                  a->earlier[0] != '\0' ? a->earlier : NULL, a->resume,
+                                  &a->ticket);
         queue_resume(queue); /* publishes and gets that waited go in after */
         const struct map_queue *mq =
             cluster_map_queue(member_map(member), queue->vhost->name, queue->name);
@@ -127,9 +249,11 @@ static void adopt(struct member *member, struct adoption *a, bool follow)
             replication_attach(member, queue, mq);
             handover_follow(member, queue, mq);
         }
-        if (n >= 0)
-            say_adopted(member, queue);
         queue_dispatch(queue);
+        if (n >= 0 && follow && !settle(member, a)) { /* nothing copied: said at once */
+            list_push_back(&member->adopted_unsaid, &a->link);
+            return;
+        }
     }
     queue_unref(queue);
     free(a);
@@ -155,6 +279,13 @@ void adoption_stop_all(struct member *member)
 {
     while (!list_empty(&member->adoptions))
         adopt(member, CONTAINER_OF(member->adoptions.next, struct adoption, link), false);
+    while (!list_empty(&member->adopted_unsaid)) { /* never said: safe (settle) */
+        struct adoption *a =
+            CONTAINER_OF(member->adopted_unsaid.next, struct adoption, link);
+        list_remove(&a->link);
+        queue_unref(a->queue);
+        free(a);
+    }
     if (member->adoption_idle != NULL) {
         uv_close((uv_handle_t *)member->adoption_idle, on_idle_closed);
         member->adoption_idle = NULL;

@@ -17,6 +17,7 @@
  * with the map as it is by then: a backup caught up from an empty queue
  * would miss the adopted messages.
  *
+ * Once our copy of its log is synced, the map learns queue.adopted.
  * A queue deleted or moved away before its turn is skipped (its log stays
  * in the dead broker's directory). When the member stops, what is pending
  * is adopted at once, so that the messages are in our own log.
@@ -36,11 +37,47 @@ struct queue;
 /* q was just made real here by queue.take_over (mq): pause it and adopt
  * mq->taken_from's log of it soon. */
 void adoption_start(struct member *member, struct queue *queue, const struct map_queue *mq);
+/* A queue the map says we took over and never said queue.adopted for
+ * (pure). */
+bool adoption_leftover(const struct map_queue *mq, uint32_t self);
+/* Once caught up with the map after a start: such a queue that is real
+ * here already (our restart recovered it from our own log, which may lack
+ * what we were copying: we crashed or restarted before that was synced)
+ * resumes its adoption: what our log lacks of the logs we took it from
+ * (staged in our adopted/ directory, or still in the dead broker's) is
+ * added above our log's last seq, then queue.adopted once synced. A queue
+ * not real here yet is adopted by its queue.take_over, with our staged
+ * copies too (durable_adopt). */
+void adoption_resume_leftovers(struct member *member);
+/* Whether a log we staged for a takeover and did not finish (a crash or
+ * a restart came first) may still be read (pure): mq (NULL: no longer in
+ * the map) still waits for a queue.adopted, and we are its primary
+ * (adoption_resume_leftovers, or its queue.take_over, reads it) or the
+ * broker a taker of it took it from (the taker claims it). Otherwise the
+ * messages in it are in a log someone reads, or in no queue at all. */
+bool adoption_staged_needed(const struct map_queue *mq, uint32_t self);
+/* Once caught up after a start, before adopting anything: removes what
+ * our adopted/ directory holds that no adoption needs any longer. */
+void adoption_sweep_staged(struct member *member);
+/* We caught up with the map (or got a queue to adopt): adopting starts
+ * (never before: see adoption.c). */
+void adoption_synced(struct member *member);
 /* The queue waits for its adoption: its replication and handovers wait too. */
 bool adoption_pending(const struct member *member, const struct queue *queue);
 /* Queues waiting (GET /metrics). */
 uint32_t adoption_pending_count(const struct member *member);
-/* The member stops: every pending adoption now, then the handle closes. */
+/* Whether to say queue.adopted for a queue we adopted, whose copy got
+ * journal ticket `ticket` (0: nothing copied): once the journal's synced
+ * ticket passed it (the copy is durable: a takeover from us may then read
+ * our log alone); never if the journal failed (a takeover from us reads
+ * the log we took it from as well) or the queue is no longer ours. */
+enum adoption_say { ADOPTION_SAY_WAIT, ADOPTION_SAY_NOW, ADOPTION_SAY_NEVER };
+enum adoption_say adoption_say_when(uint64_t ticket, uint64_t synced, bool journal_failed,
+                                    bool ours);
+/* Every MEMBER_TICK_MS: queue.adopted for the adopted queues now synced. */
+void adoption_tick(struct member *member);
+/* The member stops: every pending adoption now, then the handle closes
+ * (what is adopted and not said yet is never said: safe, as above). */
 void adoption_stop_all(struct member *member);
 
 #endif

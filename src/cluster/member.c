@@ -306,6 +306,9 @@ static void on_synced(void *ctx)
         return;
     member__announce_storage(member);
     mirror_all(member, true);
+    adoption_sweep_staged(member);
+    adoption_resume_leftovers(member); /* (before clients may publish to them) */
+    adoption_synced(member);           /* what the replay handed it, if still ours */
     drop_transients(member);
     if (member->transients_pending == 0)
         connection_cluster_synced(member->broker); /* clients held back may open now */
@@ -884,6 +887,7 @@ static void on_tick(uv_timer_t *timer)
     replication_tick(member);
     handover_tick(member);
     proxy_tick(member);
+    adoption_tick(member);
     /* Alarms are cluster-wide: ours to the others (heartbeats), theirs here. */
     const struct alarm *alarm = &member->broker->alarm;
     cluster_node_set_alarms(member->node, alarm->memory_on, alarm->disk_on);
@@ -926,6 +930,7 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
     list_init(&member->visible_waits);
     list_init(&member->handovers);
     list_init(&member->adoptions);
+    list_init(&member->adopted_unsaid);
     list_init(&member->replications);
     list_init(&member->releasing);
     list_init(&member->sync_waits);

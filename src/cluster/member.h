@@ -101,6 +101,7 @@ struct member {
     struct list_node handovers;      /* struct handover: our queues being handed over */
     struct list_node adoptions;      /* struct adoption: taken-over queues to adopt */
     uv_idle_t *adoption_idle;        /* owned while adoptions wait (adoption.c), or NULL */
+    struct list_node adopted_unsaid; /* struct adoption: adopted, queue.adopted once synced */
     /* Flow control of our publishers: the bytes of messages sent to other
      * brokers (forwards to primaries, replication to backups) and not yet
      * answered, all peers together (each peer's: member_peer), and how many

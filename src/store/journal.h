@@ -172,7 +172,28 @@ struct journal_adoption {
 int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost,
                   struct bytes name, journal_recover_fn fn, void *ctx,
                   struct journal_adoption *out);
-/* Removes an adopted log's staged copy (its messages are in our log now). */
+/* A taker that died before its copy was synced left the log it was
+ * adopting staged, in taker_dir/adopted/<source>.<id> (its own log may
+ * lack the copy). Moves source's staged log of (vhost, name), if any, into
+ * this journal's adopted/ directory (rename: the claim), with the same
+ * fence as journal_adopt; staged gets its new path, "" when there was
+ * none. Read it with journal_adopt_read. taker_dir NULL: our own
+ * adopted/ directory (a takeover of ours cut short by a crash or a
+ * restart; the log stays where it is). OK, or E_IO. */
+int journal_adopt_claim_staged(struct journal *j, const char *taker_dir, const char *source,
+                               struct bytes vhost, struct bytes name, char *staged);
+/* journal_adopt's second half: recovers the staged log at staged (one of
+ * ours) and calls fn for its live messages; out as journal_adopt's. */
+int journal_adopt_read(struct journal *j, const char *staged, journal_recover_fn fn, void *ctx,
+                       struct journal_adoption *out);
+/* Our adopted/ directory after a restart, once the caller knows (the
+ * cluster map) who may still need what is staged there: fn(ctx, vhost,
+ * name) for each staged log, by its queue; true removes it
+ * (journal_adopt_finish). Removals a crash cut short are finished. */
+typedef bool (*journal_staged_fn)(void *ctx, struct bytes vhost, struct bytes name);
+void journal_adopt_sweep(struct journal *j, journal_staged_fn fn, void *ctx);
+/* Removes an adopted log's staged copy (its messages are in our log now);
+ * renamed away first, so a taker claiming it meanwhile gets it whole. */
 void journal_adopt_finish(struct journal *j, const char *staged);
 
 /* ---- Paging -------------------------------------------------------------- */

@@ -27,6 +27,13 @@
  * write there cannot reach the taker's own log.
  * New paths (a new segment, a compaction) fail at once: the old directory
  * is gone from the namespace.
+ *
+ * A taker that dies (or restarts) before its copy is synced leaves the log
+ * staged in its adopted/: the next taker claims it from there with a
+ * rename too (journal_adopt_claim_staged), the restarted taker reads it in
+ * place; removing one renames it to <it>.gone first, so a claim and a
+ * removal never meet half way; a restarted broker sweeps what nobody may
+ * read any more (journal_adopt_sweep).
  */
 #include "store/journal_int.h"
 
@@ -40,11 +47,22 @@
 #include "lib/errors.h"
 #include "lib/log.h"
 
-/* One queue log of a scanned foreign directory. Owned by its adopt_index. */
+/* Where to look for a queue's log: a broker's queues/ directory, or a
+ * dead taker's adopted/ one (the staged copies of a takeover it did not
+ * finish, each DIR/<taker>/adopted/<source>.<id>/queues/<id>). */
+struct where {
+    char dir[JOURNAL_PATH_SIZE];   /* the directory scanned */
+    char prefix[ADOPT_LEAF_SIZE];  /* "": a queues/ directory; else "<source>." */
+    char name[JOURNAL_PATH_SIZE];  /* its index's name: dir, or dir/prefix */
+    bool ours;                     /* our own adopted/: what a miss may find was there at
+                                      our start (what we stage now we never look up) */
+};
+
+/* One queue log of a scanned directory. Owned by its adopt_index. */
 struct adopt_entry {
-    char name[17];   /* its directory: 16 hex digits */
+    char leaf[ADOPT_LEAF_SIZE]; /* its entry: 16 hex digits, or <source>.<16 hex digits> */
     uint32_t key_size;
-    uint8_t key[];   /* u32 vhost size, vhost, name: RECORD_QUEUE_NAME */
+    uint8_t key[];              /* u32 vhost size, vhost, name: RECORD_QUEUE_NAME */
 };
 
 /* Reads DIR/queue's RECORD_QUEUE_NAME payload into key (by hand: recovery's
@@ -74,6 +92,26 @@ static uint32_t read_header(const struct disk_ops *d, const char *dir, uint8_t *
     return h.payload_size;
 }
 
+/* The log directory of entry leaf of a scanned directory, or false when
+ * leaf is not one (a deletion in progress, a temporary file, another
+ * source's staged copy). */
+static bool log_dir(const char *dir, const char *prefix, const char *leaf, char *out)
+{
+    size_t n = strlen(prefix);
+    if (strncmp(leaf, prefix, n) != 0 || strlen(leaf) >= ADOPT_LEAF_SIZE)
+        return false;
+    const char *id = leaf + n;
+    if (strlen(id) != 16 || strchr(id, '.') != NULL)
+        return false;
+    journal__path(out, dir, leaf);
+    if (n > 0) { /* a staged root: <root>/queues/<id> */
+        char root[JOURNAL_PATH_SIZE];
+        journal__path(root, out, "queues");
+        journal__path(out, root, id);
+    }
+    return true;
+}
+
 /* A miss in an index younger than this is no log there: a dead broker's
  * directory does not grow; older, it is scanned again (it may have been
  * alive since). Every miss rescanning made a thousand takeovers from a
@@ -94,73 +132,76 @@ static void index_clear(struct adopt_index *x)
 struct scan {
     struct journal *j;
     struct adopt_index *index;
-    const char *queues_dir;
+    const struct where *where;
 };
 
-static int index_entry(void *ctx, const char *name)
+static int index_entry(void *ctx, const char *leaf)
 {
     struct scan *sc = ctx;
-    if (strlen(name) != 16 || strchr(name, '.') != NULL)
-        return 0; /* not a queue log (a deletion in progress, a temp file) */
     char dir[JOURNAL_PATH_SIZE];
-    journal__path(dir, sc->queues_dir, name);
+    if (!log_dir(sc->where->dir, sc->where->prefix, leaf, dir))
+        return 0;
     uint8_t key[4 + 2 * 255];
     uint32_t key_size = read_header(sc->j->disk, dir, key, sizeof key);
     if (key_size == 0)
         return 0;
     struct adopt_entry *e = malloc(sizeof *e + key_size);
     ASSERT(e != NULL);
-    memcpy(e->name, name, 17);
+    snprintf(e->leaf, sizeof e->leaf, "%s", leaf);
     e->key_size = key_size;
     memcpy(e->key, key, key_size);
     free(hmap_put(&sc->index->entries, (struct bytes){e->key, key_size}, e)); /* a twin: last */
     return 0;
 }
 
-/* Reads every queue header of foreign_queues once: a dead broker's
+/* Reads every queue header of w's directory once: a dead broker's
  * thousands of queues are then found in O(1) each, not O(queues). */
-static int index_build(struct journal *j, struct adopt_index *x, const char *foreign_queues)
+static int index_build(struct journal *j, struct adopt_index *x, const struct where *w)
 {
     index_clear(x);
-    struct scan sc = {j, x, foreign_queues};
-    int rc = j->disk->readdir(j->disk->ctx, foreign_queues, index_entry, &sc);
+    struct scan sc = {j, x, w};
+    int rc = j->disk->readdir(j->disk->ctx, w->dir, index_entry, &sc);
     if (rc < 0 && rc != -ENOENT)
         return rc;
-    snprintf(x->scanned, sizeof x->scanned, "%s", foreign_queues);
+    snprintf(x->scanned, sizeof x->scanned, "%s", w->name);
     x->built_ms = uv_now(j->loop);
     return 0;
 }
 
-/* foreign_queues' index, or the slot to build it in (the older one). */
-static struct adopt_index *index_for(struct journal *j, const char *foreign_queues)
+/* w's index, or the slot to build it in (the oldest one). */
+static struct adopt_index *index_for(struct journal *j, const struct where *w)
 {
     struct adopt_index *x = j->adopt_indexes;
-    for (int i = 0; i < 2; i++) {
-        if (strcmp(x[i].scanned, foreign_queues) == 0)
+    struct adopt_index *oldest = &x[0];
+    for (int i = 0; i < JOURNAL_ADOPT_INDEXES; i++) {
+        if (strcmp(x[i].scanned, w->name) == 0)
             return &x[i];
+        if (x[i].built_ms < oldest->built_ms)
+            oldest = &x[i];
     }
-    return x[0].built_ms <= x[1].built_ms ? &x[0] : &x[1];
+    return oldest;
 }
 
-/* The directory of key's log under foreign_queues, taken out of the index
- * (its log is about to move). A stale index (built before) is rebuilt on
- * a miss. 1: found, 0: none, or a negative errno. */
-static int index_take(struct journal *j, const char *foreign_queues, const uint8_t *key,
-                      uint32_t key_size, bool *fresh, char name[17])
+/* The entry of key's log in w, taken out of the index (its log is about
+ * to move). A stale index (built before) is rebuilt on a miss. 1: found,
+ * 0: none, or a negative errno. */
+static int index_take(struct journal *j, const struct where *w, const uint8_t *key,
+                      uint32_t key_size, bool *fresh, char leaf[ADOPT_LEAF_SIZE])
 {
-    struct adopt_index *x = index_for(j, foreign_queues);
+    struct adopt_index *x = index_for(j, w);
     for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1 || strcmp(x->scanned, foreign_queues) != 0) {
-            if (pass == 1 && (*fresh || uv_now(j->loop) - x->built_ms < ADOPT_INDEX_FRESH_MS))
+        if (pass == 1 || strcmp(x->scanned, w->name) != 0) {
+            if (pass == 1 && (*fresh || w->ours ||
+                              uv_now(j->loop) - x->built_ms < ADOPT_INDEX_FRESH_MS))
                 return 0;
-            int rc = index_build(j, x, foreign_queues);
+            int rc = index_build(j, x, w);
             if (rc < 0)
                 return rc;
             *fresh = true;
         }
         struct adopt_entry *e = hmap_remove(&x->entries, (struct bytes){key, key_size});
         if (e != NULL) {
-            memcpy(name, e->name, 17);
+            memcpy(leaf, e->leaf, ADOPT_LEAF_SIZE);
             free(e);
             return 1;
         }
@@ -170,7 +211,7 @@ static int index_take(struct journal *j, const char *foreign_queues, const uint8
 
 void journal__adopt_init(struct journal *j)
 {
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < JOURNAL_ADOPT_INDEXES; i++) {
         hmap_init(&j->adopt_indexes[i].entries);
         j->adopt_indexes[i].scanned[0] = '\0';
         j->adopt_indexes[i].built_ms = 0;
@@ -179,7 +220,7 @@ void journal__adopt_init(struct journal *j)
 
 void journal__adopt_free(struct journal *j)
 {
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < JOURNAL_ADOPT_INDEXES; i++) {
         index_clear(&j->adopt_indexes[i]);
         hmap_free(&j->adopt_indexes[i].entries);
     }
@@ -202,36 +243,46 @@ static int mkdir_if_missing(const struct disk_ops *d, const char *path)
     return rc == -EEXIST ? 0 : rc;
 }
 
-/* Moves foreign_queues/<name> to j->dir/adopted/<owner>.<name>/queues/<name>
- * and makes both directory changes durable; staged gets the new root. */
-static int stage(struct journal *j, const char *foreign_dir, const char *foreign_queues,
-                 const char *name, char *staged)
+static const char *base_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash != NULL && slash[1] != '\0' ? slash + 1 : path;
+}
+
+/* Moves w's entry leaf into j->dir/adopted and makes both directory
+ * changes durable; staged gets the new root. A queue log, w->dir/<id>, of
+ * broker owner goes to adopted/<owner>.<id>/queues/<id>; a staged root,
+ * w->dir/<source>.<id>, goes to adopted/<source>.<id> as it is. */
+static int stage(struct journal *j, const struct where *w, const char *owner, const char *leaf,
+                 char *staged)
 {
     const struct disk_ops *d = j->disk;
-    const char *slash = strrchr(foreign_dir, '/');
-    const char *owner = slash != NULL && slash[1] != '\0' ? slash + 1 : foreign_dir;
     char adopted[JOURNAL_PATH_SIZE];
     journal__path(adopted, j->dir, "adopted");
-    char leaf[JOURNAL_PATH_SIZE];
-    int n = snprintf(leaf, sizeof leaf, "%.200s.%s", owner, name);
+    char root_leaf[JOURNAL_PATH_SIZE];
+    int n = w->prefix[0] != '\0' ? snprintf(root_leaf, sizeof root_leaf, "%s", leaf)
+                                 : snprintf(root_leaf, sizeof root_leaf, "%.200s.%s", owner, leaf);
     ASSERT(n > 0 && n < JOURNAL_PATH_SIZE);
-    journal__path(staged, adopted, leaf);
+    journal__path(staged, adopted, root_leaf);
+    char from[JOURNAL_PATH_SIZE];
+    journal__path(from, w->dir, leaf);
+    char to[JOURNAL_PATH_SIZE];
     char queues[JOURNAL_PATH_SIZE];
     journal__path(queues, staged, "queues");
-    char from[JOURNAL_PATH_SIZE];
-    journal__path(from, foreign_queues, name);
-    char to[JOURNAL_PATH_SIZE];
-    journal__path(to, queues, name);
+    if (w->prefix[0] != '\0')
+        snprintf(to, sizeof to, "%s", staged);
+    else
+        journal__path(to, queues, leaf);
     int rc = mkdir_if_missing(d, adopted);
-    if (rc == 0)
+    if (rc == 0 && w->prefix[0] == '\0')
         rc = mkdir_if_missing(d, staged);
-    if (rc == 0)
+    if (rc == 0 && w->prefix[0] == '\0')
         rc = mkdir_if_missing(d, queues);
     if (rc == 0)
         rc = d->rename(d->ctx, from, to);
     if (rc == 0)
-        rc = d->fsync_dir(d->ctx, foreign_queues);
-    if (rc == 0)
+        rc = d->fsync_dir(d->ctx, w->dir);
+    if (rc == 0 && w->prefix[0] == '\0')
         rc = d->fsync_dir(d->ctx, queues);
     if (rc == 0)
         rc = d->fsync_dir(d->ctx, adopted);
@@ -240,34 +291,42 @@ static int stage(struct journal *j, const char *foreign_dir, const char *foreign
     return rc;
 }
 
-int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost,
-                  struct bytes name, journal_recover_fn fn, void *ctx,
-                  struct journal_adoption *out)
+/* Finds (vhost, name)'s log in w and stages it (stage): OK with staged ""
+ * when there is none. */
+static int claim(struct journal *j, const struct where *w, const char *owner,
+                 struct bytes vhost, struct bytes name, char *staged)
 {
     ASSERT(j->recovered);
-    memset(out, 0, sizeof *out);
     uint8_t key[4 + 2 * 255];
     uint32_t key_size;
     make_key(key, &key_size, vhost, name);
-    char foreign_queues[JOURNAL_PATH_SIZE];
-    journal__path(foreign_queues, foreign_dir, "queues");
     bool fresh = false;
-    char dir_name[17];
+    char leaf[ADOPT_LEAF_SIZE];
     int rc;
     do { /* a log the index names may have gone since: index again, once */
-        rc = index_take(j, foreign_queues, key, key_size, &fresh, dir_name);
+        rc = index_take(j, w, key, key_size, &fresh, leaf);
         if (rc <= 0) {
-            out->staged[0] = '\0';
+            staged[0] = '\0';
             return rc == 0 ? OK : E_IO; /* 0: no log, never written or adopted already */
         }
-        rc = stage(j, foreign_dir, foreign_queues, dir_name, out->staged);
+        rc = stage(j, w, owner, leaf, staged);
         if (rc == -ENOENT && !fresh)
-            index_for(j, foreign_queues)->scanned[0] = '\0'; /* stale: scan again */
+            index_for(j, w)->scanned[0] = '\0'; /* stale: scan again */
     } while (rc == -ENOENT && !fresh);
     if (rc < 0) {
-        out->staged[0] = '\0';
+        staged[0] = '\0';
         return E_IO;
     }
+    return OK;
+}
+
+int journal_adopt_read(struct journal *j, const char *staged, journal_recover_fn fn, void *ctx,
+                       struct journal_adoption *out)
+{
+    char root[sizeof out->staged];
+    snprintf(root, sizeof root, "%s", staged); /* (it may be out->staged) */
+    memset(out, 0, sizeof *out);
+    memcpy(out->staged, root, sizeof root);
     struct journal *tmp;
     char err[256];
     if (journal_open(&tmp, j->loop, out->staged, NULL, err, sizeof err) != OK) {
@@ -275,16 +334,41 @@ int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost
         return E_IO;
     }
     tmp->adopting = true;
-    rc = journal_recover(tmp, fn, ctx, &out->stats);
+    int rc = journal_recover(tmp, fn, ctx, &out->stats);
     uint32_t cursor = 0;
     struct hmap_entry *e;
     while (hmap_next(&tmp->queues, &cursor, &e))
         out->seq_last = journal_queue_seq_last(e->value);
     journal_close(tmp); /* freed once the loop runs its close callbacks */
     if (rc == OK)
-        LOG_INFO("journal: took over %s (%" PRIu64 " live messages) into %s", dir_name,
-                 out->stats.message_count, out->staged);
+        LOG_INFO("journal: took over %s (%" PRIu64 " live messages)", out->staged,
+                 out->stats.message_count);
     return rc;
+}
+
+int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost,
+                  struct bytes name, journal_recover_fn fn, void *ctx,
+                  struct journal_adoption *out)
+{
+    memset(out, 0, sizeof *out);
+    struct where w = {.prefix = "", .ours = false};
+    journal__path(w.dir, foreign_dir, "queues");
+    snprintf(w.name, sizeof w.name, "%s", w.dir);
+    int rc = claim(j, &w, base_name(foreign_dir), vhost, name, out->staged);
+    if (rc != OK || out->staged[0] == '\0')
+        return rc;
+    return journal_adopt_read(j, out->staged, fn, ctx, out);
+}
+
+int journal_adopt_claim_staged(struct journal *j, const char *taker_dir, const char *source,
+                               struct bytes vhost, struct bytes name, char *staged)
+{
+    struct where w = {.ours = taker_dir == NULL};
+    journal__path(w.dir, taker_dir != NULL ? taker_dir : j->dir, "adopted");
+    int n = snprintf(w.prefix, sizeof w.prefix, "%.200s.", source);
+    ASSERT(n > 0 && (size_t)n < sizeof w.prefix);
+    journal__path(w.name, w.dir, w.prefix);
+    return claim(j, &w, source, vhost, name, staged);
 }
 
 struct remover {
@@ -330,12 +414,36 @@ void journal_adopt_finish(struct journal *j, const char *staged)
     journal__op_push(j, op);
 }
 
+static bool ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), m = strlen(tail);
+    return n >= m && strcmp(s + n - m, tail) == 0;
+}
+
+/* Before it is removed a staged copy is renamed to <it>.gone: a taker
+ * claiming it meanwhile (a rename too) gets all of it or nothing, never
+ * a log half unlinked. On the journal thread. */
+int journal__remove_staged(const struct disk_ops *d, const char *staged)
+{
+    if (ends_with(staged, ".gone"))
+        return journal__remove_path(d, staged); /* a removal a crash cut short */
+    char gone[JOURNAL_PATH_SIZE];
+    int n = snprintf(gone, sizeof gone, "%s.gone", staged);
+    if (n <= 0 || n >= JOURNAL_PATH_SIZE)
+        return journal__remove_path(d, staged); /* (a path that long: in place) */
+    int rc = d->rename(d->ctx, staged, gone);
+    if (rc == -ENOENT)
+        return 0; /* claimed by a taker (it has our copy in our log), or gone */
+    return rc < 0 ? rc : journal__remove_path(d, gone);
+}
+
 static int report_entry(void *ctx, const char *name)
 {
     const char *adopted = ctx;
-    LOG_WARN("journal: %s/%s is a takeover that a crash interrupted: the messages our own "
-             "log lacks are there, on disk, and not served (not automated yet: "
-             "docs/ARCHITECTURE.md section 11)", adopted, name);
+    if (!ends_with(name, ".gone"))
+        LOG_WARN("journal: %s/%s is a takeover that a crash or a restart interrupted: once "
+                 "caught up with the map we adopt it again, leave it to the queue's new "
+                 "taker, or remove it (docs/ARCHITECTURE.md section 11)", adopted, name);
     return 0;
 }
 
@@ -344,4 +452,49 @@ void journal__adopted_report(struct journal *j)
     char adopted[JOURNAL_PATH_SIZE];
     journal__path(adopted, j->dir, "adopted");
     j->disk->readdir(j->disk->ctx, adopted, report_entry, adopted); /* none: ENOENT */
+}
+
+struct sweep {
+    struct journal *j;
+    const char *adopted;
+    journal_staged_fn fn;
+    void *ctx;
+};
+
+static int sweep_entry(void *ctx, const char *leaf)
+{
+    struct sweep *sw = ctx;
+    char path[JOURNAL_PATH_SIZE];
+    journal__path(path, sw->adopted, leaf);
+    if (ends_with(leaf, ".gone")) { /* a removal a crash cut short */
+        journal_adopt_finish(sw->j, path);
+        return 0;
+    }
+    const char *dot = strrchr(leaf, '.');
+    uint8_t key[4 + 2 * 255];
+    uint32_t key_size = 0;
+    if (dot != NULL && strlen(dot + 1) == 16) { /* <source>.<id>: <leaf>/queues/<id> */
+        char queues[JOURNAL_PATH_SIZE];
+        journal__path(queues, path, "queues");
+        char dir[JOURNAL_PATH_SIZE];
+        journal__path(dir, queues, dot + 1);
+        key_size = read_header(sw->j->disk, dir, key, sizeof key);
+    }
+    uint32_t vhost_len = key_size >= 4 ? format_get_u32(key) : 0;
+    if (key_size < 4 || vhost_len > key_size - 4)
+        return 0; /* not a staged log (or unreadable): left alone */
+    struct bytes vhost = {key + 4, vhost_len};
+    struct bytes name = {key + 4 + vhost_len, key_size - 4 - vhost_len};
+    if (sw->fn(sw->ctx, vhost, name))
+        journal_adopt_finish(sw->j, path);
+    return 0;
+}
+
+void journal_adopt_sweep(struct journal *j, journal_staged_fn fn, void *ctx)
+{
+    ASSERT(j->recovered);
+    char adopted[JOURNAL_PATH_SIZE];
+    journal__path(adopted, j->dir, "adopted");
+    struct sweep sw = {j, adopted, fn, ctx};
+    j->disk->readdir(j->disk->ctx, adopted, sweep_entry, &sw); /* none: ENOENT */
 }

@@ -30,6 +30,9 @@
 #include "store/journal.h"
 
 #define JOURNAL_PATH_SIZE 512
+/* journal_adopt.c: an adopted/ entry, <source broker>.<16 hex digits>. */
+#define ADOPT_LEAF_SIZE 220
+#define JOURNAL_ADOPT_INDEXES 5
 
 /* A file the journal thread writes. Owned by the journal thread once the
  * loop thread has queued an op naming it (see above). */
@@ -52,8 +55,9 @@ enum op_kind {
                         file (optional) is closed so that it reopens the new one */
     OP_RENAME,       /* sync everything, rename path -> path2, fsync the parent */
     OP_REMOVE_TREE,  /* unlink every file in directory path, rmdir it */
-    OP_REMOVE_STAGED, /* remove the tree path (an adopted log's staged copy);
-                         a failure is logged, not the journal's */
+    OP_REMOVE_STAGED, /* remove the tree path (an adopted log's staged copy:
+                         journal__remove_staged); a failure is logged, not
+                         the journal's */
     OP_STOP,         /* the last op: the thread exits after this batch */
 };
 
@@ -175,14 +179,15 @@ struct journal {
      * record in it was written by the old owner after the queue was no
      * longer its own (the map still has the queue), so it is ignored. */
     bool adopting;
-    /* journal_adopt.c: the foreign queues directories last scanned, each
-     * with its queue key -> struct adopt_entry index (loop thread). Two: a
-     * takeover may read a dead broker's and a dead taker's, alternately. */
+    /* journal_adopt.c: the directories last scanned, each with its queue
+     * key -> struct adopt_entry index (loop thread). Five: a takeover may
+     * read, in turn, a dead taker's queues/ and adopted/, the dead broker's
+     * queues/, and our own adopted/ for either of the two. */
     struct adopt_index {
         char scanned[JOURNAL_PATH_SIZE]; /* "": unused */
         struct hmap entries;
         uint64_t built_ms;               /* loop time of the scan */
-    } adopt_indexes[2];
+    } adopt_indexes[JOURNAL_ADOPT_INDEXES];
     uint64_t deleted_counter;
     struct hmap queues;      /* key -> struct journal_queue */
     struct hmap queue_ids;   /* id_key -> struct journal_queue */
@@ -224,6 +229,10 @@ struct segment *journal__segment_find(struct journal_queue *q, uint64_t number);
 /* journal_adopt.c: logs a warning for each staged copy left by a takeover
  * that a crash interrupted (its messages are on disk but not served). */
 void journal__adopted_report(struct journal *j);
+/* Removes a staged copy: renamed to <staged>.gone first (a taker's claim
+ * gets all of it or none), then removed; gone already (claimed): 0
+ * (journal_adopt.c, on the journal thread). */
+int journal__remove_staged(const struct disk_ops *d, const char *staged);
 /* Removes path, a file or a directory tree (journal_adopt.c). */
 int journal__remove_path(const struct disk_ops *d, const char *path);
 void journal__adopt_init(struct journal *j);

@@ -14,8 +14,13 @@ broker. Then SIGSTOP of the owner of another queue while a publisher waits
 on its confirms, takeover, SIGCONT: the old owner's log says it was fenced,
 and every message it confirmed is readable exactly once from the new owner.
 Also: the rebalancer, turned on at run time, gives the returned broker its
-share back; two of five brokers killed at once are both taken over.
+share back; two of five brokers killed at once are both taken over; a
+taker whose journal thread is frozen (ptrace: its copy never synced) is
+killed once it adopted, and its queues come back whole from the next
+takers, or, with nobody to replace it, from itself restarted.
 """
+import ctypes
+import functools
 import json
 import math
 import os
@@ -37,6 +42,19 @@ members = {}
 shared = None
 state = {}
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
+
+
+def noting_failure(f):
+    """A failed test keeps the logs of the first cluster, which the last
+    test closes before it forms its own."""
+    @functools.wraps(f)
+    def run_it():
+        try:
+            f()
+        except BaseException:
+            state["failed"] = True
+            raise
+    return run_it
 
 
 def place(via, prefix, owner, count):
@@ -108,6 +126,7 @@ def queue_dirs(broker):
 
 
 @test(timeout=120)
+@noting_failure
 def three_brokers_share_one_directory():
     global cluster, shared
     cluster = Cluster()
@@ -126,6 +145,7 @@ def three_brokers_share_one_directory():
 
 
 @test(timeout=120)
+@noting_failure
 def a_dead_brokers_queues_are_taken_over_with_every_confirmed_message():
     a, b, c = members["a"], members["b"], members["c"]
     names = place(a, "sh", "c", 3)
@@ -198,6 +218,7 @@ def a_dead_brokers_queues_are_taken_over_with_every_confirmed_message():
 
 
 @test(timeout=120)
+@noting_failure
 def the_old_broker_restarted_leaves_the_taken_over_logs_alone():
     a, b, c = members["a"], members["b"], members["c"]
     names = state["all_names"]
@@ -230,6 +251,7 @@ def the_old_broker_restarted_leaves_the_taken_over_logs_alone():
 
 
 @test(timeout=120)
+@noting_failure
 def the_rebalancer_gives_the_returned_broker_its_share():
     """c came back holding one queue (moved back by hand), its share went
     to the takers. With rebalancing turned on at run time the queues spread
@@ -276,6 +298,7 @@ def the_rebalancer_gives_the_returned_broker_its_share():
 
 
 @test(timeout=120)
+@noting_failure
 def a_cut_off_owner_resuming_cannot_write_to_the_log_it_lost():
     a, b, c = members["a"], members["b"], members["c"]
     # A queue on b, a publisher on b itself (its publishes go straight to b's log).
@@ -348,6 +371,7 @@ def a_cut_off_owner_resuming_cannot_write_to_the_log_it_lost():
 
 
 @test(timeout=180)
+@noting_failure
 def two_brokers_dying_at_once_are_both_taken_over():
     """Five brokers (d and e join); two of them, each primary of durable
     queues without backups, die together: d freezes (SIGSTOP: still up in
@@ -421,6 +445,195 @@ def two_brokers_dying_at_once_are_both_taken_over():
     for name in names:
         assert read_all(members["e"], name) == [b"%s-%d" % (name.encode(), i)
                                                 for i in range(200)], name
+
+
+PTRACE_DETACH, PTRACE_SEIZE, PTRACE_INTERRUPT, WALL = 17, 0x4206, 0x4207, 0x40000000
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+
+
+def ptrace(request, tid):
+    if libc.ptrace(request, tid, None, None) != 0:
+        raise OSError(ctypes.get_errno(), "ptrace %#x of %d" % (request, tid))
+
+
+def freeze_journal(member):
+    """Stops member's journal thread alone (ptrace; we are its tracer):
+    nothing the broker hands its journal from then on is written or
+    synced, while its loop, Raft and API go on. Returns the thread id."""
+    pid = member.proc.pid
+    tids = []
+    for tid in os.listdir("/proc/%d/task" % pid):
+        with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+            if f.read().strip() == "quay-journal":
+                tids.append(int(tid))
+    assert tids, "no journal thread in %s" % member.name
+    tid = min(tids)  # the broker's own journal, opened first
+    ptrace(PTRACE_SEIZE, tid)
+    ptrace(PTRACE_INTERRUPT, tid)
+    os.waitpid(tid, WALL)  # stopped
+    return tid
+
+
+def kill_frozen(member, tid):
+    """kill -9 of a broker whose journal thread we trace (we reap it)."""
+    os.kill(member.proc.pid, signal.SIGKILL)
+    os.waitpid(tid, WALL)
+    member.proc.wait(10)
+
+
+@test(timeout=240)
+@noting_failure
+def a_taker_killed_before_its_copy_was_synced_loses_nothing():
+    """c dies with 16 queues of confirmed persistent messages and no
+    backups, while the journal threads of all the others are frozen
+    (ptrace): what they copy from c's logs reaches none of their own logs.
+    One of the takers is killed once it adopted its share: a crash before
+    its sync. Its queue.adopted waits for that sync, so it never said it:
+    the next takers read its log and then c's, which it had staged in its
+    adopted/ directory. Their journals thawed, every confirmed message is
+    served. (Before, a taker said queue.adopted once its copy was queued,
+    the next taker read the dead taker's log alone, and those queues were
+    served empty.)"""
+    a = members["a"]
+    for name in "cd":
+        if not members[name].alive():
+            members[name].start()
+    wait_until(lambda: len(a.view().brokers) == 5 and
+               all(v == "up" for v in a.view().brokers.values()), 30, what="five brokers up")
+    for name in "cd":
+        m = members[name]
+        wait_until(lambda: "caught up with the map" in m.log_text_bytes()[m.log_offset:].decode(
+            "utf-8", "replace"), 30, what="%s caught up" % name)
+    names = place(a, "unsynced", "c", 16)
+    for name in names:
+        publish(a, name, [b"%s-%d" % (name.encode(), i) for i in range(100)])
+    time.sleep(0.3)  # group commit: every confirm's record is in c's logs
+    frozen = {}
+    try:
+        for name in "abde":
+            frozen[name] = freeze_journal(members[name])
+        members["c"].kill()
+
+        def taken():
+            infos = [queue_info(a, n) for n in names]
+            return all(i and i["primary"] in "abde" and i.get("available", True)
+                       for i in infos) and infos
+        infos = wait_until(taken, 30, what="c's queues taken over")
+        share = {t: [i["name"] for i in infos if i["primary"] == t] for t in "bde"}
+        taker = max(share, key=lambda t: len(share[t]))
+        via = share[taker]
+        assert via, "c's queues all went to a: %s" % [i["primary"] for i in infos]
+        log = members[taker].log_text
+        wait_until(lambda: all("queue '%s': took over 100 messages from c's log" % n in log()
+                               for n in via), 30, what="%s adopted" % taker)
+        time.sleep(1)  # ten member ticks: a queue.adopted said too early commits
+        kill_frozen(members[taker], frozen.pop(taker))
+        print("# %d of c's queues went through %s, killed before its copy was synced"
+              % (len(via), taker))
+        alive = [t for t in "abde" if t != taker]
+
+        def retaken():
+            infos = [queue_info(a, n) for n in via]
+            return all(i and i["primary"] in alive and i.get("available", True) for i in infos)
+        wait_until(retaken, 30, what="%s's queues taken over again" % taker)
+        for name in alive:
+            wait_until(lambda: metric(members[name], "quay_cluster_adoptions_pending") == 0, 20,
+                       what="%s's adoptions done" % name)
+    finally:
+        for name, tid in frozen.items():
+            ptrace(PTRACE_DETACH, tid)
+    for name in names:
+        got = read_all(a, name)
+        assert got == [b"%s-%d" % (name.encode(), i) for i in range(100)], (name, len(got))
+    logs = "".join(members[n].log_text() for n in alive)
+    for name in via:
+        assert ("queue '%s': took over 100 messages from c's log, staged by a taker that "
+                "died" % name) in logs, name
+
+
+@test(timeout=240)
+@noting_failure
+def a_taker_restarted_before_its_copy_was_synced_loses_nothing():
+    """A cluster of its own: o and t share a directory, x, y and z (the
+    Raft majority) do not. o dies with 4 queues of confirmed persistent
+    messages and no backups; t, its journal thread frozen, takes them over
+    (its copy, and the queues' definitions, never reach its own log) and
+    is killed: nobody else shares the storage, so the queues stay t's,
+    unavailable. t restarted is their primary again. Two it never had a
+    log of: the queue.take_over makes them real and t adopts them anew,
+    from the copies it had staged in its adopted/ directory (o's directory
+    has none left). Two were t's before they moved to o: its restart
+    recovers them from its own (empty) logs and resumes their adoption.
+    Every confirmed message is served. (Before, t read o's directory only
+    for the first two, did not adopt the other two at all, and served all
+    four empty; the staged copies stayed, unread.)"""
+    global cluster, shared
+    old = cluster
+    cluster = None
+    if old is not None:
+        old.failed = old.failed or state.get("failed", False)  # (keeps its logs)
+    problems = old.close() if old is not None else []
+    assert not problems, problems
+    cluster = Cluster()
+    shared = os.path.join(cluster.dir, "shared")
+    x = cluster.form(["x", "y", "z"])[0]
+    for name in ("o", "t"):
+        members[name] = cluster.add(name, join=[x], extra_args=["--shared-storage", shared])
+    wait_until(lambda: len(x.view().brokers) == 5 and
+               all(v == "up" for v in x.view().brokers.values()), 30, what="five brokers up")
+    o, t = members["o"], members["t"]
+    wait_until(lambda: all("caught up with the map" in m.log_text() for m in (o, t)), 30,
+               what="o and t caught up")
+    wait_until(lambda: sum(1 for b in x.api_cluster()["brokers"] if b.get("storage")) == 2,
+               10, what="o's and t's storage in the map")
+    names = place(x, "restarted", "o", 2)
+    # Two more were t's first (its journal has their definitions and logs:
+    # its restart recovers them, and resumes their adoption).
+    for name in place(x, "resumed", "t", 2):
+        status, body = x.api_call("POST", "/api/cluster/move", json.dumps(
+            {"vhost": "/", "queue": name, "to": "o"}).encode(), timeout=5)
+        assert status == 202, (status, body)
+        wait_until(lambda: queue_info(x, name)["primary"] == "o" and
+                   not x.api_cluster()["moves"], 20, what="%s moved to o" % name)
+        names.append(name)
+    for name in names:
+        publish(x, name, [b"%s-%d" % (name.encode(), i) for i in range(100)])
+    time.sleep(0.3)  # group commit: every confirm's record is in o's logs
+    tid = freeze_journal(t)
+    try:
+        o.kill()
+        wait_until(lambda: all((queue_info(x, n) or {}).get("primary") == "t" for n in names),
+                   30, what="o's queues taken over by t")
+        wait_until(lambda: all("queue '%s': took over 100 messages from o's log" % n
+                               in t.log_text() for n in names), 30, what="t adopted")
+        time.sleep(1)  # (a queue.adopted said too early commits)
+    finally:
+        kill_frozen(t, tid)
+    assert os.listdir(os.path.join(shared, "t", "adopted")), "nothing staged"
+    t.start()
+    wait_until(lambda: "caught up with the map" in t.log_text_bytes()[t.log_offset:].decode(
+        "utf-8", "replace"), 30, what="t caught up")
+    wait_until(lambda: all((queue_info(x, n) or {}).get("primary") == "t" and
+                           queue_info(x, n).get("available", True) for n in names), 30,
+               what="t serving o's queues again")
+    wait_until(lambda: metric(t, "quay_cluster_adoptions_pending") == 0, 20,
+               what="t's adoptions done")
+    bad = {}
+    for name in names:
+        got = read_all(x, name)
+        if got != [b"%s-%d" % (name.encode(), i) for i in range(100)]:
+            bad[name] = len(got)
+    assert not bad, "messages served, of 100: %s" % bad
+    text = t.log_text_bytes()[t.log_offset:].decode("utf-8", "replace")
+    print("# t restarted: %d of the %d queues resumed (recovered from its own log), the "
+          "others adopted anew" % (text.count("resuming it"), len(names)))
+    for name in names:
+        assert ("queue '%s': took over 100 messages from o's log, staged by us before a "
+                "restart" % name) in text, name
+    # Once synced, t said queue.adopted and removed what it had staged.
+    wait_until(lambda: not os.listdir(os.path.join(shared, "t", "adopted")), 10,
+               what="t's staged copies removed")
 
 
 if __name__ == "__main__":

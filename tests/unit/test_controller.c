@@ -21,6 +21,7 @@
 
 #include <cmocka.h>
 
+#include "cluster/adoption.h"
 #include "cluster/controller.h"
 #include "cluster/map.h"
 #include "cluster/placement.h"
@@ -1139,6 +1140,51 @@ static void test_takeover_from_shared_storage(void **state)
     cluster_map_free(&map);
 }
 
+/* A taker says queue.adopted once its copy is synced, never if its
+ * journal failed or the queue is no longer its own (a takeover from it
+ * then reads the log it took the queue from as well). */
+static void test_adopted_said_once_synced(void **state)
+{
+    (void)state;
+    assert_int_equal(adoption_say_when(0, 0, false, true), ADOPTION_SAY_NOW); /* nothing copied */
+    assert_int_equal(adoption_say_when(42, 41, false, true), ADOPTION_SAY_WAIT);
+    assert_int_equal(adoption_say_when(42, 42, false, true), ADOPTION_SAY_NOW);
+    assert_int_equal(adoption_say_when(42, 90, false, true), ADOPTION_SAY_NOW);
+    assert_int_equal(adoption_say_when(42, 41, true, true), ADOPTION_SAY_NEVER);
+    assert_int_equal(adoption_say_when(42, 90, true, true), ADOPTION_SAY_NEVER);
+    assert_int_equal(adoption_say_when(42, 41, false, false), ADOPTION_SAY_NEVER);
+    assert_int_equal(adoption_say_when(0, 0, false, false), ADOPTION_SAY_NEVER);
+}
+
+/* After a restart: which queues resume an adoption of ours, and which of
+ * the logs we had staged someone may still read. */
+static void test_leftover_adoptions_and_staged_copies(void **state)
+{
+    (void)state;
+    struct map_queue q;
+    memset(&q, 0, sizeof q);
+    q.primary_id = 1;
+    q.taken_from = 2;
+    q.taken_from_before = BROKER_ID_NONE;
+    assert_true(adoption_leftover(&q, 1));    /* ours, never said adopted */
+    assert_false(adoption_leftover(&q, 3));
+    assert_true(adoption_staged_needed(&q, 1));  /* we read it */
+    assert_true(adoption_staged_needed(&q, 2));  /* our taker claims it */
+    assert_false(adoption_staged_needed(&q, 3));
+    q.taken_from_before = 3;
+    assert_true(adoption_staged_needed(&q, 3));
+    q.adopted = true; /* our copy was synced: everything is in a log someone reads */
+    assert_false(adoption_leftover(&q, 1));
+    assert_false(adoption_staged_needed(&q, 1));
+    assert_false(adoption_staged_needed(&q, 2));
+    q.adopted = false;
+    q.taken_from = BROKER_ID_NONE; /* moved or failed over since: no takeover */
+    q.taken_from_before = BROKER_ID_NONE;
+    assert_false(adoption_leftover(&q, 1));
+    assert_false(adoption_staged_needed(&q, 1));
+    assert_false(adoption_staged_needed(NULL, 1)); /* deleted */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1158,6 +1204,8 @@ int main(void)
         cmocka_unit_test(test_policies_change_factors),
         cmocka_unit_test(test_repair_finishes_a_backup_move),
         cmocka_unit_test(test_takeover_from_shared_storage),
+        cmocka_unit_test(test_adopted_said_once_synced),
+        cmocka_unit_test(test_leftover_adoptions_and_staged_copies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

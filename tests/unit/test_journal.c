@@ -768,6 +768,105 @@ static void test_shared_storage_fence_and_adopt(void **state)
     assert_int_equal(remove_tree(dir), 0);
 }
 
+static bool sweep_all(void *ctx, struct bytes vhost, struct bytes name)
+{
+    (void)vhost;
+    assert_true(name.len == 1 && name.ptr[0] == 'p');
+    (*(int *)ctx)++;
+    return true;
+}
+
+/* A taker (B) that died before its copy was synced left A's log staged in
+ * B/adopted/: the next taker (C) claims it from there (a rename into its
+ * own adopted/, only for the source it names) and reads every live
+ * message of it, as journal_adopt would have from A's directory. */
+static void test_shared_storage_claim_staged(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/quay-shared-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char adir[128], bdir[128], cdir[128];
+    snprintf(adir, sizeof adir, "%s/a", dir);
+    snprintf(bdir, sizeof bdir, "%s/b", dir);
+    snprintf(cdir, sizeof cdir, "%s/c", dir);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct harness ha = {0}, hb = {0}, hc = {0};
+    char err[256];
+    struct journal_options opts = {.segment_size_max = 16 * 1024, .fenced = true};
+    struct journal *a, *b, *c;
+    assert_int_equal(journal_open(&a, &loop, adir, &opts, err, sizeof err), OK);
+    assert_int_equal(journal_open(&b, &loop, bdir, &opts, err, sizeof err), OK);
+    assert_int_equal(journal_open(&c, &loop, cdir, &opts, err, sizeof err), OK);
+    journal_set_synced_callback(a, on_synced, &ha);
+    assert_int_equal(journal_recover(a, on_recover, &ha, &ha.stats), OK);
+    assert_int_equal(journal_recover(b, on_recover, &hb, &hb.stats), OK);
+    assert_int_equal(journal_recover(c, on_recover, &hc, &hc.stats), OK);
+    struct journal_queue *q = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("q"));
+    struct journal_queue *p = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("p"));
+    uint64_t t = 0;
+    for (uint64_t seq = 1; seq <= 60; seq++)
+        t = publish(q, seq, 300);
+    for (uint64_t seq = 1; seq <= 10; seq++)
+        t = journal_ack(q, seq);
+    t = publish(p, 1, 100);
+    wait_status(&loop, &ha, t);
+    journal_close(a); /* A dies */
+    struct journal_adoption out;
+    for (int i = 0; i < 2; i++) /* B stages both, copies nothing (it dies) */
+        assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"), i ? BYTES_LIT("p") :
+                                       BYTES_LIT("q"), on_recover, &hb, &out), OK);
+    journal_close(b);
+    char staged[512];
+    assert_int_equal(journal_adopt_claim_staged(c, bdir, "x", BYTES_LIT("/"), BYTES_LIT("q"),
+                                                staged), OK);
+    assert_int_equal(staged[0], '\0'); /* not from x */
+    assert_int_equal(journal_adopt_claim_staged(c, bdir, "a", BYTES_LIT("/"), BYTES_LIT("q"),
+                                                staged), OK);
+    assert_non_null(strstr(staged, "/c/adopted/a."));
+    assert_int_equal(journal_adopt_read(c, staged, on_recover, &hc, &out), OK);
+    assert_string_equal(out.staged, staged);
+    assert_int_equal(out.seq_last, 60);
+    assert_int_equal(hc.recovered_count, 50);
+    for (size_t i = 0; i < hc.recovered_count; i++) {
+        assert_string_equal(hc.recovered[i].queue, "q");
+        assert_int_equal(hc.recovered[i].seq, 11 + i);
+        check_blob(&hc.recovered[i]);
+    }
+    /* Gone from B's adopted/ (p's is still there); claimed once only. */
+    char staged_p[512];
+    assert_int_equal(journal_adopt_claim_staged(c, bdir, "a", BYTES_LIT("/"), BYTES_LIT("q"),
+                                                staged_p), OK);
+    assert_int_equal(staged_p[0], '\0');
+    assert_int_equal(journal_adopt_claim_staged(c, bdir, "a", BYTES_LIT("/"), BYTES_LIT("p"),
+                                                staged_p), OK);
+    assert_true(staged_p[0] != '\0');
+    /* A sweep after a restart removes what nobody needs: both, here (a
+     * removal cut short, <staged>.gone, is finished too). */
+    char gone[600];
+    snprintf(gone, sizeof gone, "%s.gone", staged);
+    assert_int_equal(rename(staged, gone), 0);
+    int swept = 0;
+    journal_adopt_sweep(c, sweep_all, &swept);
+    assert_int_equal(swept, 1); /* p's; the .gone one is not asked about */
+    journal_set_synced_callback(c, on_synced, &hc);
+    struct journal_queue *z = journal_queue_open(c, BYTES_LIT("/"), BYTES_LIT("z"));
+    t = publish(z, 1, 10); /* after the removals, in order */
+    wait_status(&loop, &hc, t);
+    assert_int_equal(access(gone, F_OK), -1);
+    assert_int_equal(access(staged_p, F_OK), -1);
+    char p_gone[600];
+    snprintf(p_gone, sizeof p_gone, "%s.gone", staged_p);
+    assert_int_equal(access(p_gone, F_OK), -1);
+    journal_close(c);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    recovered_clear(&ha);
+    recovered_clear(&hb);
+    recovered_clear(&hc);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    assert_int_equal(remove_tree(dir), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -784,6 +883,7 @@ int main(void)
         cmocka_unit_test(test_disk_error_stops_journal),
         cmocka_unit_test(test_posix_disk),
         cmocka_unit_test(test_shared_storage_fence_and_adopt),
+        cmocka_unit_test(test_shared_storage_claim_staged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
