@@ -17,31 +17,40 @@
  *     sync, within a bound of simulated time.
  *
  * Method: SIM_BROKERS brokers, each a Raft server whose FSM applies map
- * commands to its own map. The leader runs the controller as node.c
- * does (a tick every SIM_TICK_MS, decisions proposed and awaited before
- * the next ones), hearing a broker while the network lets it. What the
- * data path would do is modelled in the same tick: a primary puts its
- * reachable backups in sync (and drops unreachable ones, as its
- * replication does when one stops answering) and hands a moving queue
- * over once the target is in sync. Faults drawn from the seed: kill and
- * revive a broker, isolate one, cut one direction between two, heal; and
- * an operator's drain of a broker and its revive. Everything, the fixture's
- * elections included, follows from the seed: a failing seed prints
- * itself, and `sim_control --seed N -v` replays it step by step.
+ * commands to its own map. Every broker runs node.c's controller tick
+ * (broker_tick, every SIM_TICK_MS): while Raft says it leads, its barrier
+ * (its own broker.join), then controller_leader_tick (controller.h), the
+ * one function node.c calls too: liveness from the heartbeats it hears
+ * while the network lets them through, the periodic round, the policies,
+ * with node.c's in-flight counts; a committed broker.state's follow-up is
+ * controller_after_state, as in node.c's on_proposal_done. Clients'
+ * declarations and what the data path would ask go to the leader as
+ * requests: a primary puts its reachable backups in sync (and drops
+ * unreachable ones, as its replication does when one stops answering)
+ * and hands a moving queue over once the target is in sync. Faults drawn
+ * from the seed: kill and revive a broker, isolate one, cut one direction
+ * between two, heal; and an operator's drain of a broker and its revive.
+ * Everything, the fixture's elections included, follows from the seed: a
+ * failing seed prints itself, and `sim_control --seed N -v` replays it
+ * step by step. sim_disk.c orders the fixture disk's truncates after the
+ * appends in flight, as libraft's real I/O does.
  *
  * What it does not model yet: the data path itself (links, forwards,
  * replication streams: their checkers are the soak's), a restart that
  * loses what was not on disk (a killed server here keeps its memory),
- * Raft snapshots (see sim_init), joins and leaves, policies. The leader's
- * round of repair, draining and rebalancing is node.c's (controller_round);
- * liveness and the failovers are called in node.c's order, not yet
- * through one shared function.
+ * Raft snapshots (see sim_init), joins and leaves, policies (the queues
+ * carry their own x-quay-backups), node.c's nudges (an empty entry after
+ * each commit: here the fixture's heartbeats carry the commit index) and
+ * its batching of a round's commands into one entry.
  *
  * Found so far: a rebalance move to a broker that is not a backup of a
  * queue already at CLUSTER_BACKUPS_MAX backups, refused by the map and
  * proposed again every round for ever (seed 443; controller.c make_room);
  * libraft's 30 s snapshot-install timeout leaving a follower behind after
- * a heal (seed 135 with snapshots on; the soak had found it too).
+ * a heal (seed 135 with snapshots on; the soak had found it too); libraft
+ * 0.15's fixture disk truncating behind appends in flight (a heap
+ * overflow in the fixture, seed 329 once deposed leaders proposed too:
+ * sim_disk.c).
  *
  * Usage: sim_control [--seed N | --seeds FIRST COUNT | --for SECONDS] [--seconds S] [-v]
  * --for runs seeds from a random first one until SECONDS of wall time
@@ -61,11 +70,13 @@
 #include <raft.h>
 #include <raft/fixture.h>
 
+#include "amqp/table.h"
 #include "cluster/consensus.h"
 #include "cluster/controller.h"
 #include "cluster/map.h"
 #include "cluster/placement.h"
 #include "lib/errors.h"
+#include "sim_disk.h"
 
 #define SIM_BROKERS 5
 #define SIM_QUEUES 40
@@ -96,13 +107,16 @@ struct sim_broker {
     uint32_t id;                   /* map and Raft id: index + 1 */
     struct cluster_map map;
     struct raft_fsm fsm;
+    struct sim_disk disk;          /* its Raft log's disk (sim_disk.h) */
     struct shadow shadows[SIM_QUEUES];
-    /* The controller's state while it leads (node.c's, reduced). */
-    bool leading;
+    /* node.c's controller state (node_int.h), kept as node.c keeps it. */
+    bool leader;                   /* Raft leader at the last tick */
+    bool controller_ready;         /* leader, and its barrier committed */
+    bool barrier_in_flight;
     uint64_t leader_since_ms;
-    struct controller_round round; /* repair, draining, rebalancing: as node.c keeps it */
-    uint64_t last_heard_ms[SIM_BROKERS + 1];
-    enum broker_state acted_on[SIM_BROKERS + 1]; /* states whose follow-up was proposed */
+    struct controller_leader ctl;  /* controller_leader_tick's memory */
+    uint32_t proposals_in_flight, liveness_in_flight, policy_in_flight;
+    uint64_t last_heard_ms[SIM_BROKERS + 1]; /* its peers' heartbeats */
 };
 
 /* (queue, epoch) -> the primary every broker's map must agree on. */
@@ -121,11 +135,6 @@ struct sim {
     bool cut[SIM_BROKERS][SIM_BROKERS]; /* [i][j]: what i sends j is lost */
     int drain_asked;                    /* a broker index an operator drains, or -1 */
     struct controller_config config;
-    /* Proposals of the current leader not answered yet; a new leader
-     * starts a new generation (a killed leader's never answer). */
-    uint32_t proposals_in_flight;
-    uint64_t generation;
-    unsigned leader_index;
     bool declared;
     struct epoch_record *epochs;
     uint32_t epochs_count;
@@ -256,7 +265,7 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
     struct sim *s = b->sim;
     struct map_change change;
     int rc = cluster_map_apply(&b->map, buf->base, buf->len, &change);
-    *result = NULL;
+    *result = rc == OK ? NULL : (void *)1; /* (node.c: CONSENSUS_E_APPLY when refused) */
     s->applied++;
     trace(s, b->id * 131 + (uint64_t)change.op * 7 + (uint64_t)(rc == OK));
     if (s->verbose && b->index == 0)
@@ -303,56 +312,90 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
     return 0;
 }
 
-/* ---- proposing ---------------------------------------------------------- */
+/* ---- proposing (node.c's propose, and its on_proposal_done) ------------ */
+
+enum sim_kind { SIM_BARRIER, SIM_STATE, SIM_POLICY, SIM_OTHER, SIM_REQUEST };
 
 struct sim_apply {
     struct raft_apply req;  /* first: libraft's callback casts back */
-    struct sim *sim;
-    uint64_t generation;
+    struct sim_broker *broker;
+    enum sim_kind kind;
+    uint32_t broker_id;     /* SIM_STATE: whose state */
 };
+
+static void propose_list(struct sim_broker *b, struct map_cmd_list *list, enum sim_kind kind,
+                         uint32_t broker_id);
+static void leader_liveness(struct sim_broker *b, uint64_t now);
 
 static void on_applied(struct raft_apply *req, int status, void *result)
 {
-    (void)status;
-    (void)result;
     struct sim_apply *a = (struct sim_apply *)req;
-    if (a->generation == a->sim->generation && a->sim->proposals_in_flight > 0)
-        a->sim->proposals_in_flight--;
+    struct sim_broker *b = a->broker;
+    struct sim *s = b->sim;
+    bool ok = status == 0 && result == NULL;
+    bool leads = raft_state(raft_fixture_get(&s->f, b->index)) == RAFT_LEADER;
+    b->proposals_in_flight--;
+    if (a->kind == SIM_BARRIER) {
+        b->barrier_in_flight = false;
+        if (status == 0 && leads) {
+            b->controller_ready = true;
+            b->leader_since_ms = raft_fixture_time(&s->f);
+            controller_leader_start(&b->ctl, b->leader_since_ms);
+            leader_liveness(b, b->leader_since_ms); /* a dead leader: at once */
+        }
+    } else if (a->kind == SIM_STATE) {
+        b->liveness_in_flight--;
+        if (ok && leads) {
+            struct map_cmd_list list;
+            map_cmd_list_init(&list);
+            controller_after_state(&b->map, &s->config, a->broker_id, &list);
+            propose_list(b, &list, SIM_OTHER, a->broker_id);
+        }
+    } else if (a->kind == SIM_POLICY) {
+        b->policy_in_flight--;
+    }
     free(a);
 }
 
-static void propose_list(struct sim *s, struct sim_broker *leader, struct map_cmd_list *list)
+static bool propose_cmd(struct sim_broker *b, struct map_cmd *cmd, enum sim_kind kind,
+                        uint32_t broker_id)
 {
-    for (uint32_t i = 0; i < list->count; i++) {
-        struct raft_buffer buf = {.base = raft_malloc(list->items[i].size),
-                                  .len = list->items[i].size};
-        memcpy(buf.base, list->items[i].bytes, buf.len);
-        struct sim_apply *a = calloc(1, sizeof *a);
-        a->sim = s;
-        a->generation = s->generation;
-        struct raft *r = raft_fixture_get(&s->f, leader->index);
-        if (raft_apply(r, &a->req, &buf, 1, on_applied) != 0) {
-            raft_free(buf.base);
-            free(a);
-            continue; /* not the leader any more: decided again by whoever is */
-        }
-        s->proposals_in_flight++;
-        s->proposed++;
+    struct sim *s = b->sim;
+    struct raft_buffer buf = {.base = raft_malloc(cmd->size), .len = cmd->size};
+    memcpy(buf.base, cmd->bytes, buf.len);
+    map_cmd_free(cmd);
+    struct sim_apply *a = calloc(1, sizeof *a);
+    *a = (struct sim_apply){.broker = b, .kind = kind, .broker_id = broker_id};
+    if (raft_apply(raft_fixture_get(&s->f, b->index), &a->req, &buf, 1, on_applied) != 0) {
+        raft_free(buf.base);
+        free(a);
+        return false; /* not the leader any more: decided again by whoever is */
     }
+    b->proposals_in_flight++;
+    if (kind == SIM_STATE)
+        b->liveness_in_flight++;
+    else if (kind == SIM_POLICY)
+        b->policy_in_flight++;
+    s->proposed++;
+    return true;
+}
+
+/* Proposes the list's commands (consumed), each alone. */
+static void propose_list(struct sim_broker *b, struct map_cmd_list *list, enum sim_kind kind,
+                         uint32_t broker_id)
+{
+    for (uint32_t i = 0; i < list->count; i++)
+        propose_cmd(b, &list->items[i], kind, broker_id);
     map_cmd_list_free(list);
 }
 
-static void propose_one(struct sim *s, struct sim_broker *leader, int build_rc,
-                        struct map_cmd *cmd)
+static void propose_one(struct sim_broker *b, int build_rc, struct map_cmd *cmd)
 {
     if (build_rc != OK) {
-        fail(s, "a command could not be built");
+        fail(b->sim, "a command could not be built");
         return;
     }
-    struct map_cmd_list list;
-    map_cmd_list_init(&list);
-    map_cmd_list_push(&list, cmd);
-    propose_list(s, leader, &list);
+    propose_cmd(b, cmd, SIM_REQUEST, b->id);
 }
 
 /* ---- the network as the controller sees it ------------------------------ */
@@ -369,9 +412,9 @@ static bool reachable(const struct sim *s, unsigned i, unsigned j)
     return reaches(s, i, j) && reaches(s, j, i);
 }
 
-/* ---- the leader's controller tick (node.c's controller_tick, reduced) ---- */
+/* ---- clients: declarations, as requests to the leader --------------------- */
 
-static void declare_queues(struct sim *s, struct sim_broker *leader)
+static void declare_queues(struct sim_broker *leader)
 {
     struct map_cmd c;
     struct map_cmd_list list;
@@ -384,7 +427,7 @@ static void declare_queues(struct sim *s, struct sim_broker *leader)
     }
     if (map_cmd_vhost_put(&c, B("/")) == OK)
         map_cmd_list_push(&list, &c);
-    propose_list(s, leader, &list);
+    propose_list(leader, &list, SIM_REQUEST, leader->id);
 }
 
 static void place_queues(struct sim *s, struct sim_broker *leader)
@@ -402,7 +445,13 @@ static void place_queues(struct sim *s, struct sim_broker *leader)
         if (placement_place_queue(&p, B("/"), B(queue_names[i]), factor, PLACEMENT_PRIMARY_RING,
                                   BROKER_ID_NONE, &r) != OK)
             continue;
+        /* A client's own x-quay-backups: the policies leave it alone. */
+        uint8_t args[64];
+        struct table_writer w;
+        table_writer_init(&w, args, sizeof args);
+        table_put_int(&w, "x-quay-backups", factor - 1);
         struct map_queue_decl d = {.vhost = B("/"), .name = B(queue_names[i]), .durable = true,
+                                   .arguments = table_writer_table(&w),
                                    .primary_id = r.primary_id, .backups_count = r.backups_count,
                                    .replication_factor = factor};
         memcpy(d.backup_ids, r.backup_ids, sizeof d.backup_ids);
@@ -411,46 +460,7 @@ static void place_queues(struct sim *s, struct sim_broker *leader)
             map_cmd_list_push(&list, &c);
     }
     placement_free(&p);
-    propose_list(s, leader, &list);
-}
-
-static void liveness(struct sim *s, struct sim_broker *leader, uint64_t now)
-{
-    struct controller_heard heard[SIM_BROKERS];
-    uint32_t n = 0;
-    for (unsigned i = 0; i < SIM_BROKERS; i++) {
-        uint32_t id = i + 1;
-        if (cluster_map_broker(&leader->map, id) == NULL)
-            continue;
-        if (reaches(s, i, leader->index)) /* its heartbeats */
-            leader->last_heard_ms[id] = now;
-        uint64_t last = leader->last_heard_ms[id];
-        if (last < leader->leader_since_ms)
-            last = leader->leader_since_ms; /* silent since it became leader */
-        heard[n++] = (struct controller_heard){.broker_id = id, .last_heard_ms = last};
-    }
-    struct map_cmd_list list;
-    map_cmd_list_init(&list);
-    controller_check_liveness(&leader->map, &s->config, heard, n, now, &list);
-    propose_list(s, leader, &list);
-}
-
-/* What follows a broker's new state (failover, or its return), once. */
-static void after_states(struct sim *s, struct sim_broker *leader)
-{
-    for (uint32_t i = 0; i < leader->map.brokers_count; i++) {
-        const struct map_broker *mb = leader->map.brokers[i];
-        if (mb->id > SIM_BROKERS || leader->acted_on[mb->id] == mb->state)
-            continue;
-        leader->acted_on[mb->id] = mb->state;
-        struct map_cmd_list list;
-        map_cmd_list_init(&list);
-        if (mb->state == BROKER_STATE_DOWN)
-            controller_fail_over(&leader->map, &s->config, mb->id, &list);
-        else if (mb->state == BROKER_STATE_UP)
-            controller_broker_returned(&leader->map, mb->id, &list);
-        propose_list(s, leader, &list);
-    }
+    propose_list(leader, &list, SIM_REQUEST, leader->id);
 }
 
 /* What the data path would ask for: a primary puts the backups it can
@@ -480,79 +490,136 @@ static void data_path(struct sim *s, struct sim_broker *leader)
         }
         struct map_cmd c;
         if (differs) {
-            propose_one(s, leader, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name,
+            propose_one(leader, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name,
                                                               q->epoch, want, n), &c);
         } else if (map_queue_move_state(map, q) == MAP_MOVE_READY) {
-            propose_one(s, leader, map_cmd_queue_hand_over(&c, q->vhost->name, q->name,
+            propose_one(leader, map_cmd_queue_hand_over(&c, q->vhost->name, q->name,
                                                             q->epoch, q->move_to), &c);
         }
     }
 }
 
-static void controller_tick(struct sim *s, uint64_t now)
+/* ---- the controller: node.c's controller_tick -------------------------- */
+
+/* What b has heard (node.c: the peers' heartbeats, node_heartbeat.c). */
+static void hear(struct sim *s, struct sim_broker *b, uint64_t now)
+{
+    for (unsigned j = 0; j < SIM_BROKERS; j++) {
+        if (reaches(s, j, b->index))
+            b->last_heard_ms[j + 1] = now;
+    }
+}
+
+/* node.c's observe: one controller_heard per broker of b's map. */
+static struct controller_observed observe(struct sim_broker *b, struct controller_heard *heard)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < b->map.brokers_count && n < SIM_BROKERS; i++) {
+        uint32_t id = b->map.brokers[i]->id;
+        uint64_t last = id <= SIM_BROKERS ? b->last_heard_ms[id] : 0;
+        if (last == 0)
+            last = b->leader_since_ms; /* never heard by this process */
+        heard[n++] = (struct controller_heard){.broker_id = id, .last_heard_ms = last};
+    }
+    return (struct controller_observed){.heard = heard, .heard_count = n,
+                                        .liveness_in_flight = b->liveness_in_flight,
+                                        .policy_in_flight = b->policy_in_flight,
+                                        .proposals_in_flight = b->proposals_in_flight};
+}
+
+/* Each broker.state alone: its follow-up (on_applied) knows whose it is. */
+static void propose_states(struct sim_broker *b, struct controller_actions *a)
+{
+    for (uint32_t i = 0; i < a->states.count; i++)
+        propose_cmd(b, &a->states.items[i], SIM_STATE, a->state_ids[i]);
+}
+
+static void leader_liveness(struct sim_broker *b, uint64_t now)
+{
+    struct controller_heard heard[SIM_BROKERS];
+    struct controller_observed seen = observe(b, heard);
+    struct controller_actions a;
+    controller_actions_init(&a);
+    controller_leader_liveness(&b->map, &b->sim->config, &seen, now, &a);
+    propose_states(b, &a);
+    controller_actions_free(&a);
+}
+
+/* node.c's controller_tick for broker b, leader or not. */
+static void broker_tick(struct sim *s, struct sim_broker *b, uint64_t now)
+{
+    bool leads = s->f.servers[b->index].alive &&
+                 raft_state(raft_fixture_get(&s->f, b->index)) == RAFT_LEADER;
+    if (leads != b->leader) {
+        b->leader = leads;
+        b->controller_ready = false; /* a new leader waits for its barrier */
+    }
+    if (!leads)
+        return;
+    if (!b->controller_ready) {
+        /* The barrier: its own broker.join. Once it commits, every entry
+         * of earlier terms is applied here too. */
+        char name[8];
+        snprintf(name, sizeof name, "b%u", b->id);
+        struct map_cmd c;
+        if (!b->barrier_in_flight &&
+            map_cmd_broker_join(&c, b->id, B(name), B("h:5672"), B(name), true) == OK &&
+            propose_cmd(b, &c, SIM_BARRIER, b->id))
+            b->barrier_in_flight = true;
+        return;
+    }
+    struct controller_heard heard[SIM_BROKERS];
+    struct controller_observed seen = observe(b, heard);
+    struct controller_actions a;
+    controller_actions_init(&a);
+    b->ctl.round.auto_rebalance = true; /* --auto-rebalance */
+    controller_leader_tick(&b->map, &s->config, &b->ctl, &seen, now, &a);
+    propose_states(b, &a);
+    propose_list(b, &a.round, SIM_OTHER, b->id);
+    propose_list(b, &a.policies, SIM_POLICY, b->id);
+    controller_actions_free(&a);
+}
+
+/* Clients and operators: requests that reach the leader (the fixture's),
+ * one batch at a time, as the data path's own requests. */
+static void requests_tick(struct sim *s)
 {
     unsigned li = raft_fixture_leader_index(&s->f);
-    for (unsigned i = 0; i < SIM_BROKERS; i++) {
-        struct sim_broker *b = &s->brokers[i];
-        bool leads = i == li;
-        if (leads && !b->leading) {
-            b->leader_since_ms = now;
-            b->round.leader_since_ms = now;
-            b->round.auto_rebalance = true;
-            for (uint32_t id = 0; id <= SIM_BROKERS; id++)
-                b->acted_on[id] = BROKER_STATE_UP; /* a new controller acts on what changes */
-        }
-        b->leading = leads;
-    }
-    if (li != s->leader_index) {
-        s->leader_index = li;
-        s->generation++;
-        s->proposals_in_flight = 0;
-    }
-    if (li >= SIM_BROKERS || s->proposals_in_flight > 0)
+    if (li >= SIM_BROKERS || !s->brokers[li].controller_ready)
         return;
     struct sim_broker *leader = &s->brokers[li];
-    /* The barrier (node.c): a new leader commits an entry of its own
-     * term, which applies every earlier one, before it decides anything. */
-    struct raft *r = raft_fixture_get(&s->f, li);
-    if (raft_last_applied(r) < raft_last_index(r) || leader->map.version == 0) {
-        struct map_cmd c;
-        propose_one(s, leader, map_cmd_sync(&c), &c);
+    if (leader->proposals_in_flight > 0)
         return;
-    }
     if (!s->declared) {
         s->declared = true;
-        declare_queues(s, leader);
+        declare_queues(leader);
         return;
     }
-    if (leader->map.queues_count < SIM_QUEUES && now > 1000) {
+    if (leader->map.queues_count < SIM_QUEUES && raft_fixture_time(&s->f) > 1000) {
         place_queues(s, leader);
         return;
     }
-    liveness(s, leader, now);
-    if (s->proposals_in_flight > 0)
-        return; /* decide on the map those make */
-    after_states(s, leader);
-    if (s->proposals_in_flight > 0)
-        return;
-    struct map_cmd_list list;
-    map_cmd_list_init(&list);
     if (s->drain_asked >= 0) {
         /* An operator's drain (POST /api/cluster/drain): marks it draining. */
+        struct map_cmd_list list;
+        map_cmd_list_init(&list);
         bool done;
         controller_drain(&leader->map, &s->config, (uint32_t)s->drain_asked + 1,
                          SIM_DRAIN_MOVES, &list, &done);
         s->drain_asked = -1;
+        propose_list(leader, &list, SIM_REQUEST, leader->id);
+        return;
     }
-    if (list.count == 0) {
-        /* node.c's own round: repair, draining, rebalancing, paced. */
-        enum controller_round_kind kind;
-        controller_round(&leader->map, &s->config, &leader->round, now, false, &list, &kind,
-                         NULL);
+    data_path(s, leader);
+}
+
+static void controller_tick(struct sim *s, uint64_t now)
+{
+    for (unsigned i = 0; i < SIM_BROKERS; i++) {
+        hear(s, &s->brokers[i], now);
+        broker_tick(s, &s->brokers[i], now);
     }
-    propose_list(s, leader, &list);
-    if (s->proposals_in_flight == 0)
-        data_path(s, leader);
+    requests_tick(s);
 }
 
 /* ---- faults ------------------------------------------------------------- */
@@ -590,14 +657,15 @@ static unsigned count_cuts(const struct sim *s)
 static bool undrain(struct sim *s, unsigned i)
 {
     unsigned li = raft_fixture_leader_index(&s->f);
-    if (li >= SIM_BROKERS || s->proposals_in_flight > 0)
+    if (li >= SIM_BROKERS || !s->brokers[li].controller_ready ||
+        s->brokers[li].proposals_in_flight > 0)
         return false;
     struct sim_broker *leader = &s->brokers[li];
     const struct map_broker *b = cluster_map_broker(&leader->map, i + 1);
     if (b == NULL || b->state != BROKER_STATE_DRAINING)
         return false;
     struct map_cmd c;
-    propose_one(s, leader, map_cmd_broker_state(&c, i + 1, BROKER_STATE_UP), &c);
+    propose_one(leader, map_cmd_broker_state(&c, i + 1, BROKER_STATE_UP), &c);
     return true;
 }
 
@@ -736,6 +804,7 @@ static void sim_init(struct sim *s, uint64_t seed, bool verbose)
         b->fsm = (struct raft_fsm){.version = 1, .data = b, .apply = fsm_apply,
                                    .snapshot = fsm_snapshot, .restore = fsm_restore};
         raft_fixture_grow(&s->f, &b->fsm);
+        sim_disk_attach(&b->disk, &s->f.servers[i].io);
         /* As a broker runs it (consensus.c), but without snapshots:
          * libraft 0.15's fixture overflows a heap buffer installing one
          * (ASan, seed 165 with a threshold of 64). The map's snapshot round
@@ -759,6 +828,8 @@ static void sim_init(struct sim *s, uint64_t seed, bool verbose)
 static void sim_close(struct sim *s)
 {
     raft_fixture_close(&s->f);
+    for (unsigned i = 0; i < SIM_BROKERS; i++)
+        sim_disk_detach(&s->brokers[i].disk);
     for (unsigned i = 0; i < SIM_BROKERS; i++)
         cluster_map_free(&s->brokers[i].map);
     free(s->epochs);
