@@ -12,6 +12,9 @@
  *     coming back to an unavailable queue): no promotion of a copy that
  *     may miss confirmed messages;
  *   - every map passes cluster_map_verify after every apply;
+ *   - a restarted broker serves (once its own sync is applied, as
+ *     node_request.c's) from a map at least as new as the one its last
+ *     incarnation had applied, every queue at an epoch at least as high;
  *   - after the faults heal: every broker's map is the same, every queue
  *     is available on a live primary with its replication factor, all in
  *     sync, within a bound of simulated time.
@@ -27,18 +30,24 @@
  * declarations and what the data path would ask go to the leader as
  * requests: a primary puts its reachable backups in sync (and drops
  * unreachable ones, as its replication does when one stops answering)
- * and hands a moving queue over once the target is in sync. Faults drawn
- * from the seed: kill and revive a broker, isolate one, cut one direction
- * between two, heal; and an operator's drain of a broker and its revive.
+ * and hands a moving queue over once the target is in sync (a restarted
+ * primary only once it is synced). Faults drawn from the seed: kill a
+ * broker; bring it back, mostly as a restart (a new process on the same
+ * disk: its map and node.c's state start empty, libraft loads term, vote
+ * and log, and replays the log into the map as the leader tells it the
+ * commit index, as quayd's FSM apply does at a start), sometimes as a
+ * stopped process that goes on (SIGSTOP, SIGCONT: its memory kept);
+ * isolate one, cut one direction between two, heal; and an operator's
+ * drain of a broker and its revive.
  * Everything, the fixture's elections included, follows from the seed: a
  * failing seed prints itself, and `sim_control --seed N -v` replays it
  * step by step. sim_disk.c orders the fixture disk's truncates after the
  * appends in flight, as libraft's real I/O does.
  *
  * What it does not model yet: the data path itself (links, forwards,
- * replication streams: their checkers are the soak's), a restart that
- * loses what was not on disk (a killed server here keeps its memory),
- * Raft snapshots (see sim_init), joins and leaves, policies (the queues
+ * replication streams: their checkers are the soak's), a write lost in a
+ * crash (the fixture completes a dead server's disk writes in flight),
+ * Raft snapshots (see sim_tune), joins and leaves, policies (the queues
  * carry their own x-quay-backups), node.c's nudges (an empty entry after
  * each commit: here the fixture's heartbeats carry the commit index) and
  * its batching of a round's commands into one entry.
@@ -86,6 +95,7 @@
 #define SIM_HEAL_BOUND_MS 30000     /* after the last fault: converged by then */
 #define SIM_DRAIN_MOVES 8        /* an operator's first drain call */
 #define SIM_EPOCHS_MAX 65536        /* (queue, epoch) pairs remembered */
+#define SIM_SETTLE_MS 1000          /* a dead server's last I/O has landed by then */
 
 #define B(s) bytes_of_cstr(s)
 
@@ -117,6 +127,17 @@ struct sim_broker {
     struct controller_leader ctl;  /* controller_leader_tick's memory */
     uint32_t proposals_in_flight, liveness_in_flight, policy_in_flight;
     uint64_t last_heard_ms[SIM_BROKERS + 1]; /* its peers' heartbeats */
+    /* node_request.c's sync: a process serves (its queues, its clients)
+     * once its own sync, sent through the leader, is applied here. */
+    bool synced;
+    uint64_t sync_id;               /* the request id of the sync in flight; 0: none */
+    uint64_t sync_sent_ms, syncs;
+    /* What the last incarnation had applied, and so may have acted on
+     * (served, answered): a restarted one serves from a map at least as new. */
+    bool restarted;
+    uint64_t killed_ms;
+    uint64_t version_before;
+    struct shadow shadows_before[SIM_QUEUES];
 };
 
 /* (queue, epoch) -> the primary every broker's map must agree on. */
@@ -259,12 +280,58 @@ static void check_queues(struct sim *s, struct sim_broker *b)
 
 /* ---- the FSM: every broker applies the log to its own map --------------- */
 
+/* The log entry's envelope, as node.c's (node__entry_new): the command's
+ * size and a request id (its origin broker in the high half; 0 for the
+ * leader's own). */
+#define SIM_ENVELOPE 16
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (56 - 8 * i));
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* A restarted broker's own sync came back: it serves from now on, from a
+ * map that must hold everything its last incarnation had applied. */
+static void synced(struct sim *s, struct sim_broker *b)
+{
+    b->synced = true;
+    b->sync_id = 0;
+    if (!b->restarted)
+        return;
+    if (b->map.version < b->version_before)
+        fail(s, "b%u serves from map version %" PRIu64 " after a restart, older than the %"
+             PRIu64 " it had applied", b->id, b->map.version, b->version_before);
+    for (int qi = 0; qi < SIM_QUEUES; qi++) {
+        const struct shadow *was = &b->shadows_before[qi];
+        const struct shadow *now = &b->shadows[qi];
+        if (was->known && (!now->known || now->epoch < was->epoch))
+            fail(s, "b%u serves %s at epoch %" PRIu64 " after a restart, older than the %"
+                 PRIu64 " it had", b->id, queue_names[qi], now->epoch, was->epoch);
+    }
+}
+
 static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **result)
 {
     struct sim_broker *b = fsm->data;
     struct sim *s = b->sim;
     struct map_change change;
-    int rc = cluster_map_apply(&b->map, buf->base, buf->len, &change);
+    const uint8_t *entry = buf->base;
+    uint64_t size = buf->len >= SIM_ENVELOPE ? get_u64(entry) : 0;
+    uint64_t request_id = buf->len >= SIM_ENVELOPE ? get_u64(entry + 8) : 0;
+    if (size > buf->len - SIM_ENVELOPE)
+        fail(s, "broker %u: an entry without its envelope", b->id);
+    int rc = cluster_map_apply(&b->map, entry + SIM_ENVELOPE, (size_t)size, &change);
+    if (request_id != 0 && request_id == b->sync_id)
+        synced(s, b);
     *result = rc == OK ? NULL : (void *)1; /* (node.c: CONSENSUS_E_APPLY when refused) */
     s->applied++;
     trace(s, b->id * 131 + (uint64_t)change.op * 7 + (uint64_t)(rc == OK));
@@ -357,12 +424,15 @@ static void on_applied(struct raft_apply *req, int status, void *result)
     free(a);
 }
 
-static bool propose_cmd(struct sim_broker *b, struct map_cmd *cmd, enum sim_kind kind,
-                        uint32_t broker_id)
+static bool propose_entry(struct sim_broker *b, struct map_cmd *cmd, uint64_t request_id,
+                          enum sim_kind kind, uint32_t broker_id)
 {
     struct sim *s = b->sim;
-    struct raft_buffer buf = {.base = raft_malloc(cmd->size), .len = cmd->size};
-    memcpy(buf.base, cmd->bytes, buf.len);
+    struct raft_buffer buf = {.len = SIM_ENVELOPE + (cmd->size + 7) / 8 * 8};
+    buf.base = raft_calloc(1, buf.len);
+    put_u64(buf.base, cmd->size);
+    put_u64((uint8_t *)buf.base + 8, request_id);
+    memcpy((uint8_t *)buf.base + SIM_ENVELOPE, cmd->bytes, cmd->size);
     map_cmd_free(cmd);
     struct sim_apply *a = calloc(1, sizeof *a);
     *a = (struct sim_apply){.broker = b, .kind = kind, .broker_id = broker_id};
@@ -378,6 +448,12 @@ static bool propose_cmd(struct sim_broker *b, struct map_cmd *cmd, enum sim_kind
         b->policy_in_flight++;
     s->proposed++;
     return true;
+}
+
+static bool propose_cmd(struct sim_broker *b, struct map_cmd *cmd, enum sim_kind kind,
+                        uint32_t broker_id)
+{
+    return propose_entry(b, cmd, 0, kind, broker_id);
 }
 
 /* Proposes the list's commands (consumed), each alone. */
@@ -474,8 +550,9 @@ static void data_path(struct sim *s, struct sim_broker *leader)
     for (uint32_t i = 0; i < map->queues_count; i++) {
         const struct map_queue *q = map->queues[i];
         unsigned p = q->primary_id - 1;
-        if (!q->available || q->primary_id > SIM_BROKERS || !reachable(s, p, leader->index))
-            continue;
+        if (!q->available || q->primary_id > SIM_BROKERS || !reachable(s, p, leader->index) ||
+            !s->brokers[p].synced)
+            continue; /* (a restarted primary serves once it caught up) */
         const struct map_broker *pb = cluster_map_broker(map, q->primary_id);
         if (pb == NULL || pb->state == BROKER_STATE_DOWN)
             continue;
@@ -582,13 +659,38 @@ static void broker_tick(struct sim *s, struct sim_broker *b, uint64_t now)
 
 /* Clients and operators: requests that reach the leader (the fixture's),
  * one batch at a time, as the data path's own requests. */
-static void requests_tick(struct sim *s)
+/* node__sync_tick: a broker that has not caught up since it started
+ * sends a sync through the leader it knows (again after a second, as
+ * node_request.c resends). */
+static void sync_requests(struct sim *s, struct sim_broker *leader, uint64_t now)
+{
+    for (unsigned i = 0; i < SIM_BROKERS; i++) {
+        struct sim_broker *b = &s->brokers[i];
+        raft_id known;
+        const char *address;
+        raft_leader(raft_fixture_get(&s->f, i), &known, &address);
+        if (b->synced || known != leader->id || !reaches(s, i, leader->index) ||
+            (b->sync_id != 0 && now < b->sync_sent_ms + 1000))
+            continue;
+        struct map_cmd c;
+        if (map_cmd_sync(&c) != OK)
+            continue;
+        uint64_t id = (uint64_t)b->id << 32 | ++b->syncs;
+        if (propose_entry(leader, &c, id, SIM_REQUEST, leader->id)) {
+            b->sync_id = id;
+            b->sync_sent_ms = now;
+        }
+    }
+}
+
+static void requests_tick(struct sim *s, uint64_t now)
 {
     unsigned li = raft_fixture_leader_index(&s->f);
-    if (li >= SIM_BROKERS || !s->brokers[li].controller_ready)
+    if (li >= SIM_BROKERS)
         return;
     struct sim_broker *leader = &s->brokers[li];
-    if (leader->proposals_in_flight > 0)
+    sync_requests(s, leader, now);
+    if (!leader->controller_ready || leader->proposals_in_flight > 0)
         return;
     if (!s->declared) {
         s->declared = true;
@@ -619,10 +721,23 @@ static void controller_tick(struct sim *s, uint64_t now)
         hear(s, &s->brokers[i], now);
         broker_tick(s, &s->brokers[i], now);
     }
-    requests_tick(s);
+    requests_tick(s, now);
 }
 
 /* ---- faults ------------------------------------------------------------- */
+
+/* As a broker runs it (consensus.c), but without snapshots: libraft 0.15's
+ * fixture overflows a heap buffer installing one (ASan, seed 165 with a
+ * threshold of 64). The map's snapshot round trip has its own unit tests
+ * (test_cluster_map). */
+static void sim_tune(struct raft *r)
+{
+    struct consensus_config tuning = {.election_timeout_ms = 1000,
+                                      .snapshot_threshold = 1000000};
+    consensus_tune(r, &tuning);
+}
+
+static void run_until(struct sim *s, uint64_t until_ms);
 
 static unsigned count_alive(const struct sim *s)
 {
@@ -653,6 +768,58 @@ static unsigned count_cuts(const struct sim *s)
     return n;
 }
 
+static void kill_broker(struct sim *s, unsigned i)
+{
+    struct sim_broker *b = &s->brokers[i];
+    raft_fixture_kill(&s->f, i);
+    b->killed_ms = raft_fixture_time(&s->f);
+    b->version_before = b->map.version;
+    memcpy(b->shadows_before, b->shadows, sizeof b->shadows);
+}
+
+/* A new process on b's disk: its map and everything node.c keeps start
+ * empty; libraft loads the log (term, vote, entries) and replays it into
+ * the map as the leader tells it the commit index. */
+static void restart(struct sim *s, unsigned i)
+{
+    struct sim_broker *b = &s->brokers[i];
+    struct raft_fixture_server *srv = &s->f.servers[i];
+    raft_close(&srv->raft, NULL); /* (fails the old process's proposals) */
+    cluster_map_free(&b->map);
+    cluster_map_init(&b->map);
+    memset(b->shadows, 0, sizeof b->shadows);
+    b->leader = b->controller_ready = b->barrier_in_flight = false;
+    b->leader_since_ms = 0;
+    memset(&b->ctl, 0, sizeof b->ctl);
+    b->proposals_in_flight = b->liveness_in_flight = b->policy_in_flight = 0;
+    memset(b->last_heard_ms, 0, sizeof b->last_heard_ms);
+    b->synced = false;
+    b->sync_id = 0;
+    b->restarted = true;
+    if (raft_init(&srv->raft, &srv->io, &b->fsm, srv->id, srv->address) != 0)
+        fail(s, "b%u: raft_init at a restart", b->id);
+    srv->raft.tracer = &srv->tracer;
+    sim_tune(&srv->raft);
+    if (raft_start(&srv->raft) != 0)
+        fail(s, "b%u: raft_start at a restart", b->id);
+}
+
+/* A killed broker back: a restart (it lost its memory), or, when
+ * restart is false, a process that was only stopped (SIGSTOP) and goes on. */
+static void revive(struct sim *s, unsigned i, bool restart_it)
+{
+    struct sim_broker *b = &s->brokers[i];
+    /* What it sent and wrote before it died has landed by now (every
+     * latency is under SIM_SETTLE_MS): nothing in flight refers to it. */
+    if (raft_fixture_time(&s->f) < b->killed_ms + SIM_SETTLE_MS)
+        run_until(s, b->killed_ms + SIM_SETTLE_MS);
+    if (!sim_disk_idle(&b->disk))
+        fail(s, "b%u: its disk is still busy %u ms after it died", b->id, SIM_SETTLE_MS);
+    if (restart_it)
+        restart(s, i);
+    raft_fixture_revive(&s->f, i);
+}
+
 /* An operator's revive (POST /api/cluster/revive) of a draining broker. */
 static bool undrain(struct sim *s, unsigned i)
 {
@@ -678,11 +845,12 @@ static void inject_fault(struct sim *s)
     unsigned kind = (unsigned)random_below(s, 7);
     const char *what = NULL;
     if (kind == 0 && s->f.servers[i].alive && count_alive(s) > 3) {
-        raft_fixture_kill(&s->f, i);
+        kill_broker(s, i);
         what = "kill";
     } else if (kind == 1 && !s->f.servers[i].alive) {
-        raft_fixture_revive(&s->f, i);
-        what = "revive";
+        bool restart_it = random_below(s, 4) != 0;
+        revive(s, i, restart_it);
+        what = restart_it ? "restart" : "resume the stopped";
     } else if (kind == 2 && count_cuts(s) == 0) {
         for (unsigned k = 0; k < SIM_BROKERS; k++) {
             set_cut(s, i, k, true);
@@ -721,7 +889,7 @@ static void heal_all(struct sim *s)
         for (unsigned k = 0; k < SIM_BROKERS; k++)
             set_cut(s, i, k, false);
         if (!s->f.servers[i].alive)
-            raft_fixture_revive(&s->f, i);
+            revive(s, i, true);
     }
 }
 
@@ -805,13 +973,7 @@ static void sim_init(struct sim *s, uint64_t seed, bool verbose)
                                    .snapshot = fsm_snapshot, .restore = fsm_restore};
         raft_fixture_grow(&s->f, &b->fsm);
         sim_disk_attach(&b->disk, &s->f.servers[i].io);
-        /* As a broker runs it (consensus.c), but without snapshots:
-         * libraft 0.15's fixture overflows a heap buffer installing one
-         * (ASan, seed 165 with a threshold of 64). The map's snapshot round
-         * trip has its own unit tests (test_cluster_map). */
-        struct consensus_config tuning = {.election_timeout_ms = 1000,
-                                          .snapshot_threshold = 1000000};
-        consensus_tune(raft_fixture_get(&s->f, i), &tuning);
+        sim_tune(raft_fixture_get(&s->f, i));
         /* Election timeouts drawn from the seed: the fixture's own are
          * fixed per server, so elections would not vary between seeds. */
         raft_fixture_set_randomized_election_timeout(&s->f, i, 1000 + random_below(s, 1000));
