@@ -61,14 +61,14 @@
  *
  * What it does not model yet: the data path itself (links, forwards,
  * replication streams: their checkers are the soak's), a write lost in a
- * crash (the fixture completes a dead server's disk writes in flight),
- * a drained broker that leaves, more than one joiner per seed, a joiner
- * that fails to start or is forgotten before it joined, policies (the
- * queues carry their own x-quay-backups), node.c's nudges (an empty entry
- * after each commit: here the fixture's heartbeats carry the commit
- * index) and its batching of a round's commands into one entry. The
- * membership steps (consensus.c's ops, node.c's announce and removal of
- * leavers) are copied, not shared: they need the Raft configuration.
+ * crash (the fixture completes a dead server's disk writes in flight), a
+ * drained broker that leaves, a joiner that fails to start or is forgotten
+ * before it joined, policies (the queues carry their own x-quay-backups),
+ * node.c's nudges (an empty entry after each commit: here the fixture's
+ * heartbeats carry the commit index) and its batching of a round's
+ * commands into one entry. The membership steps (consensus.c's ops,
+ * node.c's announce and removal of leavers) are copied, not shared: they
+ * need the Raft configuration.
  *
  * Found so far: a rebalance move to a broker that is not a backup of a
  * queue already at CLUSTER_BACKUPS_MAX backups, refused by the map and
@@ -115,7 +115,7 @@
 #include "sim_disk.h"
 
 #define SIM_BROKERS 5              /* at the start; others join */
-#define SIM_SERVERS (SIM_BROKERS + 1) /* ever started: one joiner at most (time) */
+#define SIM_SERVERS RAFT_FIXTURE_MAX_SERVERS /* ever started: up to 3 joiners */
 #define SIM_QUEUES 40
 #define SIM_TICK_MS 100
 #define SIM_FAULT_MIN_MS 1500
