@@ -897,3 +897,77 @@ int controller_round(const struct cluster_map *map, const struct controller_conf
     round_rebalance(map, config, round, out, kind, pending);
     return OK;
 }
+
+/* ---- (g) the leader's tick ---- */
+
+void controller_actions_init(struct controller_actions *a)
+{
+    memset(a, 0, sizeof *a);
+    map_cmd_list_init(&a->states);
+    map_cmd_list_init(&a->round);
+    map_cmd_list_init(&a->policies);
+}
+
+void controller_actions_free(struct controller_actions *a)
+{
+    map_cmd_list_free(&a->states);
+    map_cmd_list_free(&a->round);
+    map_cmd_list_free(&a->policies);
+}
+
+void controller_leader_start(struct controller_leader *leader, uint64_t now_ms)
+{
+    leader->round.leader_since_ms = now_ms;
+    leader->policies_recheck = true; /* the last leader may not have finished */
+}
+
+/* One broker at a time, so each broker.state command knows whose it is
+ * (its follow-up is that broker's failover or return). */
+int controller_leader_liveness(const struct cluster_map *map,
+                               const struct controller_config *config,
+                               const struct controller_observed *seen, uint64_t now_ms,
+                               struct controller_actions *out)
+{
+    if (seen->liveness_in_flight > 0)
+        return OK; /* decide on the map those changes produce */
+    for (uint32_t i = 0; i < seen->heard_count; i++) {
+        uint32_t before = out->states.count;
+        controller_check_liveness(map, config, &seen->heard[i], 1, now_ms, &out->states);
+        ASSERT(out->states.count <= before + 1 && out->states.count <= CLUSTER_BROKERS_MAX);
+        if (out->states.count > before)
+            out->state_ids[before] = seen->heard[i].broker_id;
+    }
+    return OK;
+}
+
+int controller_leader_tick(const struct cluster_map *map, const struct controller_config *config,
+                           struct controller_leader *leader, const struct controller_observed *seen,
+                           uint64_t now_ms, struct controller_actions *out)
+{
+    ASSERT(map != NULL && config != NULL && leader != NULL && seen != NULL && out != NULL);
+    controller_leader_liveness(map, config, seen, now_ms, out);
+    bool busy = seen->proposals_in_flight > 0 || out->states.count > 0;
+    controller_round(map, config, &leader->round, now_ms, busy, &out->round, &out->round_kind,
+                     &out->round_pending);
+    if (seen->policy_in_flight > 0)
+        return OK;
+    if (leader->policies_applied == map->policies_generation && !leader->policies_recheck)
+        return OK;
+    leader->policies_applied = map->policies_generation;
+    controller_apply_policies(map, config, &out->policies);
+    leader->policies_recheck = out->policies.count > 0;
+    return OK;
+}
+
+int controller_after_state(const struct cluster_map *map, const struct controller_config *config,
+                           uint32_t broker_id, struct map_cmd_list *out)
+{
+    const struct map_broker *b = cluster_map_broker(map, broker_id);
+    if (b == NULL)
+        return OK;
+    if (b->state == BROKER_STATE_DOWN)
+        return controller_fail_over(map, config, broker_id, out);
+    if (b->state == BROKER_STATE_UP)
+        return controller_broker_returned(map, broker_id, out);
+    return OK;
+}

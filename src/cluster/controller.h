@@ -214,4 +214,66 @@ int controller_round(const struct cluster_map *map, const struct controller_conf
                      struct map_cmd_list *out, enum controller_round_kind *kind,
                      uint32_t *pending);
 
+/*
+ * (g) The leader's tick: what node.c's controller loop and the simulator
+ * (tests/sim) both run, in one order, so the simulator tests what a
+ * broker does. Given the map, what the leader observed (heard[]: one
+ * entry per broker of the map) and what it has in flight, it returns the
+ * actions; the caller proposes them in this order:
+ *   states   - liveness (a), unless a broker.state is still in flight; one
+ *              command per broker (states.items[i] is about state_ids[i]):
+ *              once one commits, its follow-up is controller_after_state;
+ *   round    - the periodic round (f), busy when anything of the leader's
+ *              is in flight or states has commands;
+ *   policies - (e), when the map's policies changed since the last batch
+ *              or the last batch had commands (or the leader is new),
+ *              unless a batch is in flight.
+ * Joins of new Raft members and removals of leavers come before it (they
+ * need the Raft membership: the caller's). OK.
+ */
+struct controller_leader {
+    struct controller_round round;
+    uint64_t policies_applied; /* the map's policies_generation they followed */
+    bool policies_recheck;     /* look again (a new leader, or a batch had commands) */
+};
+
+struct controller_observed {
+    const struct controller_heard *heard;
+    uint32_t heard_count;
+    uint32_t liveness_in_flight; /* broker.state proposals not answered yet */
+    uint32_t policy_in_flight;   /* policies' commands not answered yet */
+    uint32_t proposals_in_flight; /* everything of the leader's, those included */
+};
+
+struct controller_actions {
+    struct map_cmd_list states;
+    uint32_t state_ids[CLUSTER_BROKERS_MAX];
+    struct map_cmd_list round;
+    enum controller_round_kind round_kind;
+    uint32_t round_pending; /* moves still in progress (for the log) */
+    struct map_cmd_list policies;
+};
+
+void controller_actions_init(struct controller_actions *a);
+void controller_actions_free(struct controller_actions *a);
+
+/* A leader's barrier committed: it starts deciding (a fresh round). */
+void controller_leader_start(struct controller_leader *leader, uint64_t now_ms);
+
+/* Only the liveness part of the tick (the leader runs it at once when its
+ * barrier commits: a dead leader is failed over without waiting). OK. */
+int controller_leader_liveness(const struct cluster_map *map,
+                               const struct controller_config *config,
+                               const struct controller_observed *seen, uint64_t now_ms,
+                               struct controller_actions *out);
+
+int controller_leader_tick(const struct cluster_map *map, const struct controller_config *config,
+                           struct controller_leader *leader, const struct controller_observed *seen,
+                           uint64_t now_ms, struct controller_actions *out);
+
+/* A broker.state the tick proposed committed: a broker now down is failed
+ * over (b), one up again gets its queues back (c); otherwise nothing. OK. */
+int controller_after_state(const struct cluster_map *map, const struct controller_config *config,
+                           uint32_t broker_id, struct map_cmd_list *out);
+
 #endif

@@ -257,8 +257,10 @@ static void on_leader_changed(void *ctx, uint64_t leader_id, const char *leader_
 
 /* ---- proposals (leader only) ---- */
 
-static void controller_after_state(struct cluster_node *node, uint32_t broker_id);
+static void after_state(struct cluster_node *node, uint32_t broker_id);
 static void controller_liveness(struct cluster_node *node, uint64_t now);
+static void propose_list(struct cluster_node *node, struct map_cmd_list *list,
+                         enum proposal_kind kind, uint32_t broker_id);
 
 static int propose(struct cluster_node *node, struct map_cmd *cmd, enum proposal_kind kind,
                    uint32_t broker_id);
@@ -295,9 +297,8 @@ static void on_proposal_done(void *req_ctx, int status, void *result)
             peer->join_in_flight = false;
         if (committed && !node->stopping && consensus_is_leader(node->consensus)) {
             node->controller_ready = true;
-            node->policies_recheck = true; /* the last leader may not have finished */
             node->leader_since_ms = uv_now(node->loop);
-            node->round.leader_since_ms = node->leader_since_ms;
+            controller_leader_start(&node->ctl, node->leader_since_ms);
             LOG_INFO("cluster: controller active at map epoch=%llu",
                      (unsigned long long)node->map.version);
             controller_liveness(node, uv_now(node->loop)); /* a dead leader: at once */
@@ -314,7 +315,7 @@ static void on_proposal_done(void *req_ctx, int status, void *result)
         ASSERT(node->liveness_in_flight > 0);
         node->liveness_in_flight--;
         if (status == OK && !node->stopping)
-            controller_after_state(node, p->broker_id);
+            after_state(node, p->broker_id);
         break;
     case PROPOSAL_NUDGE:
         node->nudge_in_flight = false;
@@ -459,17 +460,14 @@ static int propose_requests(void *ctx, const struct consensus_cmd *cmds, uint32_
 
 /* A broker.state committed: fail over a broker that went down, give a
  * returning one its queues back (both empty until queues are in the map). */
-static void controller_after_state(struct cluster_node *node, uint32_t broker_id)
+static void after_state(struct cluster_node *node, uint32_t broker_id)
 {
     const struct map_broker *b = cluster_map_broker(&node->map, broker_id);
     if (b == NULL || !consensus_is_leader(node->consensus))
         return;
     struct map_cmd_list list;
     map_cmd_list_init(&list);
-    if (b->state == BROKER_STATE_DOWN)
-        controller_fail_over(&node->map, &node->controller, broker_id, &list);
-    else if (b->state == BROKER_STATE_UP)
-        controller_broker_returned(&node->map, broker_id, &list);
+    controller_after_state(&node->map, &node->controller, broker_id, &list);
     if (list.count > 0)
         LOG_INFO("cluster: controller: broker %.*s is %s: %u change(s) proposed",
                  (int)b->name.len, (const char *)b->name.ptr, broker_state_name(b->state),
@@ -522,13 +520,12 @@ static void controller_announce_members(struct cluster_node *node)
     }
 }
 
-/* One broker at a time, so each broker.state proposal knows whose it is
- * (its follow-up is that broker's failover or return). */
-static void controller_liveness(struct cluster_node *node, uint64_t now)
+/* What the leader observed of each broker of the map (controller_heard). */
+static uint32_t observe_heard(struct cluster_node *node, uint64_t now,
+                              struct controller_heard *heard)
 {
-    if (node->liveness_in_flight > 0)
-        return; /* decide on the map those changes produce */
-    for (uint32_t i = 0; i < node->map.brokers_count; i++) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < node->map.brokers_count && n < CLUSTER_BROKERS_MAX; i++) {
         const struct map_broker *b = node->map.brokers[i];
         const struct peer *peer = node__peer_find(node, b->id);
         /* Never heard by this process: silent since it became leader. */
@@ -541,16 +538,43 @@ static void controller_liveness(struct cluster_node *node, uint64_t now)
         bool reset = peer != NULL && peer->reset_at_ms != 0 &&
                      peer->reset_at_ms + NODE_HEARTBEAT_MS >= last &&
                      now >= last + NODE_RESET_SILENCE_MS;
-        struct controller_heard heard = {
+        heard[n++] = (struct controller_heard){
             .broker_id = b->id, .last_heard_ms = last,
             .connection_reset = (peer != NULL && peer->stopping) || reset};
-        struct map_cmd_list list;
-        map_cmd_list_init(&list);
-        controller_check_liveness(&node->map, &node->controller, &heard, 1, now, &list);
-        ASSERT(list.count <= 1);
-        propose_list(node, &list, PROPOSAL_STATE, b->id);
-        map_cmd_list_free(&list);
     }
+    return n;
+}
+
+static struct controller_observed observe(struct cluster_node *node, uint64_t now,
+                                          struct controller_heard *heard)
+{
+    return (struct controller_observed){
+        .heard = heard, .heard_count = observe_heard(node, now, heard),
+        .liveness_in_flight = node->liveness_in_flight,
+        .policy_in_flight = node->policy_in_flight,
+        .proposals_in_flight = node->proposals_in_flight};
+}
+
+/* Each broker.state alone, so its follow-up (after_state) knows whose it is. */
+static void propose_states(struct cluster_node *node, struct controller_actions *a)
+{
+    for (uint32_t i = 0; i < a->states.count; i++) {
+        struct map_cmd_list one = {.items = &a->states.items[i], .count = 1};
+        propose_list(node, &one, PROPOSAL_STATE, a->state_ids[i]);
+    }
+    a->states.count = 0; /* consumed */
+}
+
+/* The barrier committed: a dead leader is failed over at once. */
+static void controller_liveness(struct cluster_node *node, uint64_t now)
+{
+    struct controller_heard heard[CLUSTER_BROKERS_MAX];
+    struct controller_observed seen = observe(node, now, heard);
+    struct controller_actions a;
+    controller_actions_init(&a);
+    controller_leader_liveness(&node->map, &node->controller, &seen, now, &a);
+    propose_states(node, &a);
+    controller_actions_free(&a);
 }
 
 /* Brokers that left the map leave Raft too (queued behind other
@@ -568,49 +592,19 @@ static void controller_remove_leavers(struct cluster_node *node)
     node->leaving_count = 0;
 }
 
-/* Policies changed, or this broker just became the controller: queues
- * whose factor the policies decide are brought to it, one batch at a
- * time. After a batch commits the controller looks again, so a command
- * refused on a stale epoch is decided again on the new map. */
-static void controller_policies(struct cluster_node *node)
+/* The log lines of a tick's round and policies. */
+static void log_actions(const struct controller_actions *a)
 {
-    if (node->policy_in_flight > 0)
-        return;
-    if (node->policies_applied == node->map.policies_generation && !node->policies_recheck)
-        return;
-    node->policies_applied = node->map.policies_generation;
-    struct map_cmd_list list;
-    map_cmd_list_init(&list);
-    controller_apply_policies(&node->map, &node->controller, &list);
-    node->policies_recheck = list.count > 0;
-    if (list.count > 0)
-        LOG_INFO("cluster: replication policies change the factor of %" PRIu32 " queue(s)",
-                 list.count);
-    propose_list(node, &list, PROPOSAL_POLICY, node->id);
-    map_cmd_list_free(&list);
-}
-
-/* Repair, draining and rebalancing (controller_round: the first that is
- * due and has something to do, once nothing of ours is in flight). */
-static void controller_periodic(struct cluster_node *node, uint64_t now)
-{
-    struct map_cmd_list list;
-    map_cmd_list_init(&list);
-    enum controller_round_kind kind;
-    uint32_t pending = 0;
-    node->round.auto_rebalance = node->auto_rebalance;
-    controller_round(&node->map, &node->controller, &node->round, now,
-                     node->proposals_in_flight > 0, &list, &kind, &pending);
-    switch (kind) {
+    switch (a->round_kind) {
     case CONTROLLER_ROUND_REPAIR:
-        LOG_INFO("cluster: controller repairs %u placement(s)", list.count);
+        LOG_INFO("cluster: controller repairs %u placement(s)", a->round.count);
         break;
     case CONTROLLER_ROUND_DRAIN:
-        LOG_INFO("cluster: draining: %u step(s)", list.count);
+        LOG_INFO("cluster: draining: %u step(s)", a->round.count);
         break;
     case CONTROLLER_ROUND_REBALANCE:
-        LOG_INFO("cluster: rebalancing: %u step(s), %u move(s) in progress", list.count,
-                 pending);
+        LOG_INFO("cluster: rebalancing: %u step(s), %u move(s) in progress", a->round.count,
+                 a->round_pending);
         break;
     case CONTROLLER_ROUND_REBALANCED:
         LOG_INFO("cluster: rebalanced");
@@ -619,8 +613,27 @@ static void controller_periodic(struct cluster_node *node, uint64_t now)
     case CONTROLLER_ROUND_NOTHING:
         break;
     }
-    propose_list(node, &list, PROPOSAL_OTHER, node->id);
-    map_cmd_list_free(&list);
+    if (a->policies.count > 0)
+        LOG_INFO("cluster: replication policies change the factor of %" PRIu32 " queue(s)",
+                 a->policies.count);
+}
+
+/* Liveness, then repair, draining and rebalancing (the first that is due
+ * and has something to do, once nothing of ours is in flight), then the
+ * policies: controller_leader_tick decides, this proposes. */
+static void controller_decide(struct cluster_node *node, uint64_t now)
+{
+    struct controller_heard heard[CLUSTER_BROKERS_MAX];
+    struct controller_observed seen = observe(node, now, heard);
+    struct controller_actions a;
+    controller_actions_init(&a);
+    node->ctl.round.auto_rebalance = node->auto_rebalance;
+    controller_leader_tick(&node->map, &node->controller, &node->ctl, &seen, now, &a);
+    log_actions(&a);
+    propose_states(node, &a);
+    propose_list(node, &a.round, PROPOSAL_OTHER, node->id);
+    propose_list(node, &a.policies, PROPOSAL_POLICY, node->id);
+    controller_actions_free(&a);
 }
 
 static void controller_tick(struct cluster_node *node, uint64_t now)
@@ -640,9 +653,7 @@ static void controller_tick(struct cluster_node *node, uint64_t now)
     }
     controller_remove_leavers(node);
     controller_announce_members(node);
-    controller_liveness(node, now);
-    controller_periodic(node, now);
-    controller_policies(node);
+    controller_decide(node, now);
 }
 
 /* ---- the broker's side ---- */

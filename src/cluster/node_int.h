@@ -99,10 +99,8 @@ struct cluster_node {
     uint64_t leader_since_ms;
     uint32_t liveness_in_flight;
     uint32_t policy_in_flight;     /* controller_apply_policies' commands */
-    uint64_t policies_applied;     /* the map's policies_generation they followed */
-    bool policies_recheck;         /* look again (new controller, or a batch committed) */
     uint32_t proposals_in_flight;
-    struct controller_round round; /* repair, draining, rebalancing (controller.h) */
+    struct controller_leader ctl;  /* the round's and the policies' memory (controller.h) */
     bool auto_rebalance;     /* --auto-rebalance */
     uint64_t sequence;
     uint64_t lease_until_ms; /* loop clock: see NODE_LEASE_MS */

@@ -1185,6 +1185,82 @@ static void test_leftover_adoptions_and_staged_copies(void **state)
     assert_false(adoption_staged_needed(NULL, 1)); /* deleted */
 }
 
+/* The leader's tick (node.c and the simulator run it): liveness first, one
+ * command per broker and whose it is; the round is busy while a state is
+ * proposed; a state in flight holds liveness back; the follow-up of a
+ * committed state is the failover; policies once per change. */
+static void test_leader_tick(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    small_map(&map, 3);
+    struct table none = {(const uint8_t *)"", 0};
+    declare(&map, "plain", 2, false, none);
+    const struct map_queue *q = cluster_map_queue(&map, B("/"), B("plain"));
+    uint32_t dead = q->primary_id;
+    struct controller_config config;
+    controller_config_default(&config);
+    struct controller_leader leader;
+    memset(&leader, 0, sizeof leader);
+    controller_leader_start(&leader, 1000);
+    struct controller_heard heard[3];
+    for (uint32_t i = 0; i < 3; i++)
+        heard[i] = (struct controller_heard){.broker_id = i + 1,
+                                             .last_heard_ms = i + 1 == dead ? 1000 : 3500};
+    struct controller_observed seen = {.heard = heard, .heard_count = 3};
+    struct controller_actions a;
+    controller_actions_init(&a);
+    assert_int_equal(controller_leader_tick(&map, &config, &leader, &seen, 3500, &a), OK);
+    assert_int_equal(a.states.count, 1);
+    assert_int_equal(a.state_ids[0], dead);
+    assert_int_equal(a.round.count, 0); /* busy: the state goes first */
+    assert_int_equal(a.round_kind, CONTROLLER_ROUND_NOTHING);
+    assert_int_equal(a.policies.count, 0); /* the default's factor already */
+    assert_false(leader.policies_recheck);
+    struct map_cmd_list states = a.states;
+    map_cmd_list_init(&a.states);
+    assert_int_equal(apply_all(&map, &states), 0);
+    controller_actions_free(&a);
+    /* A state in flight: no liveness, and the round waits too. */
+    controller_actions_init(&a);
+    seen.liveness_in_flight = seen.proposals_in_flight = 1;
+    heard[dead - 1].last_heard_ms = 3600; /* back: liveness would say up */
+    controller_leader_tick(&map, &config, &leader, &seen, 3600, &a);
+    assert_int_equal(a.states.count + a.round.count + a.policies.count, 0);
+    controller_actions_free(&a);
+    /* The state committed: its follow-up is the failover. */
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    assert_int_equal(controller_after_state(&map, &config, dead, &out), OK);
+    assert_true(out.count > 0);
+    assert_int_equal(apply_all(&map, &out), 0);
+    q = cluster_map_queue(&map, B("/"), B("plain"));
+    assert_int_not_equal(q->primary_id, dead);
+    /* Nothing in flight, the broker heard again: it comes back up. */
+    controller_actions_init(&a);
+    seen.liveness_in_flight = seen.proposals_in_flight = 0;
+    controller_leader_tick(&map, &config, &leader, &seen, 3700, &a);
+    assert_int_equal(a.states.count, 1);
+    assert_int_equal(a.state_ids[0], dead);
+    controller_actions_free(&a);
+    /* A policy: the next tick changes the factor, once. */
+    struct map_cmd c;
+    struct policy_decl ha = {B("/"), B("all"), B(".*"), 0, 2};
+    must_apply(&map, map_cmd_policy_put(&c, &ha), &c);
+    controller_actions_init(&a);
+    seen.liveness_in_flight = 1; /* (no states: only the policies are looked at) */
+    controller_leader_tick(&map, &config, &leader, &seen, 3800, &a);
+    assert_int_equal(a.policies.count, 1);
+    assert_true(leader.policies_recheck);
+    controller_actions_free(&a);
+    controller_actions_init(&a);
+    seen.policy_in_flight = 1;
+    controller_leader_tick(&map, &config, &leader, &seen, 3900, &a);
+    assert_int_equal(a.policies.count, 0); /* its batch is in flight */
+    controller_actions_free(&a);
+    cluster_map_free(&map);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1206,6 +1282,7 @@ int main(void)
         cmocka_unit_test(test_takeover_from_shared_storage),
         cmocka_unit_test(test_adopted_said_once_synced),
         cmocka_unit_test(test_leftover_adoptions_and_staged_copies),
+        cmocka_unit_test(test_leader_tick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
