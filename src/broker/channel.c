@@ -900,7 +900,6 @@ void channel__handle_sync(struct channel *ch, const struct method *m)
  * table names each with the epoch it was sent under) or
  * basic.quay-replicate (a primary's copy for us, a backup, as it was
  * published); the content follows. */
-
 void channel__begin_forward(struct channel *ch, const struct method *m)
 {
     if (!peer_only(ch, m->id))
