@@ -329,6 +329,8 @@ struct queue {
     uint64_t paged_count;             /* ready entries whose body is only on disk */
     struct dedup *dedup;              /* owned, lazily: x-quay-dedup-window's ids, or NULL */
     struct queue_pause *pause;        /* owned while paused (queue_pause), else NULL */
+    bool held_until_synced;           /* cluster: recovered at a start, paused until the
+                                       * member caught up with the map (cluster/mirror.c) */
     struct queue_flow flow;           /* its publishers' flow control (flow.h) */
     uint32_t refs;                    /* the vhost's table + deliveries + consumers */
     uint64_t next_seq;

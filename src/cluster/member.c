@@ -314,14 +314,14 @@ static void on_synced(void *ctx)
         connection_cluster_synced(member->broker); /* clients held back may open now */
 }
 
-static void on_forward(void *ctx, uint32_t leader_id, const uint8_t *entry, size_t size)
+static bool on_forward(void *ctx, uint32_t leader_id, const uint8_t *entry, size_t size)
 {
     struct member *member = ctx;
     struct member_peer *peer = member_peer(member, leader_id);
     /* (The link may be going down right now, its channels being freed:
      * this can run from their closed callbacks.) */
     if (peer == NULL || member_map_channel(peer) == NULL)
-        return; /* the node sends it again */
+        return false; /* the node sends it again */
     struct basic_properties none = {0};
     static const uint8_t no_properties[2] = {0, 0}; /* property flags: none */
     struct message *m = message_new(BYTES_LIT(""), BYTES_LIT(""), no_properties, 2, &none, size);
@@ -337,6 +337,7 @@ static void on_forward(void *ctx, uint32_t leader_id, const uint8_t *entry, size
     fwd.basic_quay_forward.targets = table_writer_table(&w);
     link_send_content(peer->map_channel, &fwd, m);
     message_unref(m);
+    return true;
 }
 
 void member_propose_entry(struct member *member, const uint8_t *entry, uint64_t size)
@@ -943,6 +944,7 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
     struct placement_config pc;
     placement_config_default(&pc);
     placement_init(&member->placement, &pc);
+    mirror_hold_recovered(member); /* before the map's replay reaches them */
     struct cluster_node_hooks hooks = {
         .ctx = member, .applied = on_applied, .synced = on_synced, .forward = on_forward};
     cluster_node_set_hooks(node, &hooks);
@@ -962,6 +964,7 @@ void member_stop(struct member *member)
     struct cluster_node_hooks none = {0};
     cluster_node_set_hooks(member->node, &none);
     handover_stop_all(member);
+    mirror_release_held(member);
     adoption_stop_all(member);
     replication_stop_all(member);
     for (uint32_t i = 0; i < member->peers_count; i++)

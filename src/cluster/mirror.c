@@ -120,14 +120,70 @@ static bool claim_exclusive(struct member *member, struct vhost *vhost, struct q
 
 /* A restart applies the map's log from its start (or a snapshot) before it
  * is synced: changes from before we stopped, history rather than the
- * present. A real queue then may hold what our journal recovered, which
- * history must not destroy: it was deposed or deleted in the past, and
- * may be ours again (promoted since, or declared anew) at present. Such a
- * queue stays until the sync, when mirror_all decides with the present
- * map (drop_strays included). */
+ * present. A real queue our journal recovered may hold messages history
+ * must not destroy (it was deposed or deleted in the past, and may be ours
+ * again at present), and history must not start its replication or a
+ * handover either: a catch-up sent to a broker that was its backup then
+ * would reset that broker's copy with ours. So such a queue is held, paused
+ * (its peers' forwards, gets and consumers wait), from the member's start
+ * until the sync, when mirror_all decides with the present map
+ * (drop_strays included). Only those: a queue made real here since the
+ * start (a promotion) serves and follows the map at once, even before the
+ * sync (the map changes it sees then are live ones). */
+void mirror_hold_recovered(struct member *member)
+{
+    struct hmap_entry *v, *e;
+    for (uint32_t i = 0; hmap_next(&member->broker->vhosts, &i, &v);) {
+        struct vhost *vhost = v->value;
+        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &e);) {
+            struct queue *q = e->value;
+            ASSERT(!queue_is_remote(q) && q->pause == NULL); /* nothing runs yet */
+            q->held_until_synced = true;
+            queue_pause(q);
+        }
+    }
+}
+
+/* The member stops before it caught up: what peers forwarded to a held
+ * queue is nacked (their publishers send it again, to whoever holds the
+ * queue then: the map never let us confirm it), and the queue is a plain
+ * local one for the rest of the stop. */
+void mirror_release_held(struct member *member)
+{
+    struct hmap_entry *v, *e;
+    for (uint32_t i = 0; hmap_next(&member->broker->vhosts, &i, &v);) {
+        struct vhost *vhost = v->value;
+        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &e);) {
+            struct queue *q = e->value;
+            if (!q->held_until_synced)
+                continue;
+            q->held_until_synced = false;
+            struct list_node gets;
+            list_init(&gets);
+            queue_take_held_gets(q, &gets);
+            struct queue_held_publish *held;
+            uint32_t n = queue_take_held(q, &held);
+            struct queue_held_settle *settles;
+            uint32_t settles_count = queue_take_held_settles(q, &settles);
+            ASSERT(settles_count == 0); /* held from the start: it delivered nothing */
+            queue_held_settles_free(settles, settles_count);
+            for (uint32_t k = 0; k < n; k++) {
+                if (held[k].sink) {
+                    struct publish_wait wait = {.sink = held[k].sink, .seq = held[k].seq};
+                    confirm_sink_routed(held[k].sink, held[k].seq, &wait, true);
+                    confirm_sink_unref(held[k].sink);
+                }
+                message_unref(held[k].message);
+            }
+            free(held);
+            queue_retry_gets(&gets);
+        }
+    }
+}
+
 static bool keep_for_now(const struct member *member, const struct queue *q)
 {
-    return q != NULL && !queue_is_remote(q) && !cluster_node_synced(member->node);
+    return q != NULL && q->held_until_synced && !cluster_node_synced(member->node);
 }
 
 static void drop_queue(struct member *member, struct bytes vhost_name, struct bytes name)
@@ -251,6 +307,22 @@ static struct replica *replica_of(struct queue *stand_in, const struct map_queue
     return r;
 }
 
+/* Our queue stays ours: its backups, a move, may have changed. One held
+ * since our start (mirror_hold_recovered) serves from now on. */
+static void follow_queue(struct member *member, struct queue *q, const struct map_queue *mq)
+{
+    bool waking = q->held_until_synced;
+    q->held_until_synced = false;
+    if (adoption_pending(member, q)) {
+        ASSERT(!waking); /* (adoption starts only once synced) */
+        return; /* its adoption starts these, with the map as it is then */
+    }
+    replication_attach(member, q, mq);
+    if (waking)
+        queue_resume(q); /* what waited is replicated like any publish */
+    handover_follow(member, q, mq);
+}
+
 /* The local object for a map queue: real here if we are its primary, a
  * stand-in otherwise. A local object of the wrong kind (a restart found a
  * queue that has moved, a stand-in for a queue that came to us) is
@@ -260,19 +332,17 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     struct vhost *vhost = vhost_for(member, mq->vhost->name);
     struct queue *q = vhost_queue(vhost, mq->name);
     bool primary = mq->primary_id == member->self_id;
-    if (!primary && keep_for_now(member, q))
+    if (keep_for_now(member, q))
         return;
     if (q && queue_is_remote(q) == !primary) {
-        if (primary && adoption_pending(member, q))
-            return; /* its adoption starts these, with the map as it is then */
-        if (primary) {
-            replication_attach(member, q, mq); /* its backups may have changed */
-            handover_follow(member, q, mq);
-        } else {
+        if (primary)
+            follow_queue(member, q, mq);
+        else
             proxy_stub_update(q, mq, planned);
-        }
         return;
     }
+    if (q)
+        q->held_until_synced = false; /* (synced: it goes now) */
     if (q && !primary) {
         demote(member, vhost, q, mq);
         return;

@@ -24,6 +24,11 @@ void mirror_change(struct member *member, const struct map_change *change);
 /* drop_strays: also delete local objects the map does not have (only
  * once caught up: before that, the map may not have them *yet*). */
 void mirror_all(struct member *member, bool drop_strays);
+/* At the member's start: the queues our journal recovered wait, paused,
+ * until we caught up with the map (mirror.c). */
+void mirror_hold_recovered(struct member *member);
+/* The member stops before that: what they hold is answered (nacked). */
+void mirror_release_held(struct member *member);
 /* The broker's users table becomes the map's, once the map has users
  * (mirror_users.c); before that, mirror_users_bootstrap proposes ours. */
 void mirror_users(struct member *member);

@@ -132,8 +132,9 @@ struct cluster_node_hooks {
     /* This process has applied everything committed before its start. */
     void (*synced)(void *ctx);
     /* Hand a log entry (a follower's request) to the leader; the node sends
-     * it again if it is not applied within a second. */
-    void (*forward)(void *ctx, uint32_t leader_id, const uint8_t *entry, size_t size);
+     * it again if it is not applied within a second. False: not sent (no
+     * link to the leader yet): tried again at the next tick. */
+    bool (*forward)(void *ctx, uint32_t leader_id, const uint8_t *entry, size_t size);
 };
 void cluster_node_set_hooks(struct cluster_node *node, const struct cluster_node_hooks *hooks);
 

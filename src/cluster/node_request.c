@@ -52,9 +52,13 @@ static void request_send(struct cluster_node *node, struct cluster_request *r, u
     r->sent_ms = now;
     if (node->leader) {
         outbox_add(&node->outbox, r->entry, r->entry_size);
-    } else if (node->leader_id != 0 && node->hooks.forward != NULL) {
-        node->hooks.forward(node->hooks.ctx, (uint32_t)node->leader_id, r->entry,
-                            r->entry_size);
+    } else if (node->leader_id == 0 || node->hooks.forward == NULL ||
+               !node->hooks.forward(node->hooks.ctx, (uint32_t)node->leader_id, r->entry,
+                                    r->entry_size)) {
+        /* Nowhere to send it yet (a restart hears of its leader before its
+         * link to it is up): the next tick tries again. A restarted broker's
+         * sync waited a whole resend interval so, its recovered queues held. */
+        r->sent_ms = 0;
     }
 }
 
