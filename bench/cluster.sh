@@ -45,6 +45,8 @@
 #           the same without the move (the confirm waits the load alone causes).
 #           MOVE_CONSUMERS=0: no consumer, so the confirm waits show what the catch-up
 #           alone costs the publisher (lost then counts the messages nobody consumed).
+#           MOVE_TO=b2: the move goes to the queue's backup instead (the old primary stays
+#           its backup, in sync: no catch-up at all).
 #   drain   3 brokers, DRAIN_QUEUES queues (one backup each) declared through b1 (b3 is
 #           primary of a third); quaybench publishes DRAIN_RATE msg/s with confirms to 4 more
 #           queues via b1 and consumes them via b2; 2 s in, POST /api/cluster/drain b3.
@@ -469,7 +471,7 @@ EOF
       --drain-timeout 10 "${qb[@]}" > "$TMP/move.out" &
   local bench=$!
   sleep "$MOVE_AT"
-  [ "${MOVE:-1}" = 0 ] || /usr/bin/python3 - "$(http_port 1)" "$prefix-0" <<'EOF'
+  [ "${MOVE:-1}" = 0 ] || /usr/bin/python3 - "$(http_port 1)" "$prefix-0" "${MOVE_TO:-b3}" <<'EOF'
 import json, sys, time, urllib.request
 # The management API needs a login: quayd's default guest (an administrator, from loopback).
 _login = urllib.request.build_opener()
@@ -481,7 +483,7 @@ def get(path):
         return json.load(r)
 t0 = time.time()
 req = urllib.request.Request("http://127.0.0.1:%d/api/cluster/move" % port, method="POST",
-                             data=json.dumps({"queue": queue, "to": "b3"}).encode(),
+                             data=json.dumps({"queue": queue, "to": sys.argv[3]}).encode(),
                              headers={"Content-Type": "application/json"})
 urllib.request.urlopen(req, timeout=30).close()
 synced = None
@@ -489,7 +491,7 @@ while time.time() < t0 + 60:
     moves = get("/api/cluster")["moves"]
     if synced is None and moves and moves[0]["phase"] == "handing-over":
         synced = time.time() - t0
-    if next(q for q in get("/api/queues") if q["name"] == queue)["primary"] == "b3":
+    if next(q for q in get("/api/queues") if q["name"] == queue)["primary"] == sys.argv[3]:
         break
     time.sleep(0.005)
 print("MOVE caught_up_s=%.2f done_s=%.2f" % (synced or 0, time.time() - t0), flush=True)

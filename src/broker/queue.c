@@ -790,6 +790,40 @@ void queue_adopt(struct queue *queue, struct queue_adoption *adoption)
     free(a.ring.entries);
 }
 
+static struct queue_ring *level_ring(struct queue *queue, uint32_t level);
+
+static int entry_seq_order(const void *a, const void *b)
+{
+    uint64_t x = ((const struct queue_entry *)a)->seq, y = ((const struct queue_entry *)b)->seq;
+    return x < y ? -1 : x > y;
+}
+
+void queue_surrender(struct queue *queue, struct queue_surrender *out)
+{
+    ASSERT(!queue->deleted && !queue->remote_ops);
+    *out = (struct queue_surrender){0};
+    uint32_t n = queue->ready_count;
+    out->entries = malloc(sizeof *out->entries * (n ? n : 1));
+    ASSERT(out->entries != NULL);
+    for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
+        struct queue_ring *ring = level_ring(queue, level);
+        for (uint32_t i = 0; i < ring->count; i++)
+            out->entries[out->count++] = *ring_slot(ring, i);
+        ring->head = ring->count = 0;
+    }
+    ASSERT(out->count == n);
+    if (queue->args.max_priority > 0 && n > 1) /* one ring per priority */
+        qsort(out->entries, n, sizeof *out->entries, entry_seq_order);
+    queue_rates_moved(queue);
+    queue->ready_count = 0;
+    queue->ready_bytes = 0;
+    queue->paged_count = 0;
+    out->log = queue->journal;
+    queue->journal = NULL;
+    out->dedup = queue->dedup;
+    queue->dedup = NULL;
+}
+
 void queue_recover_message(struct queue *queue, struct message *message, uint64_t seq,
                            bool delivered)
 {

@@ -402,6 +402,19 @@ struct queue_adoption {
  * without priorities takes the ring itself, O(1) however long it is.
  * Does not dispatch. */
 void queue_adopt(struct queue *queue, struct queue_adoption *adoption);
+/* The inverse, on a planned handover's old primary that stays a backup
+ * (cluster/replica.c): the queue hands out its ready messages (each entry
+ * keeps its reference, a paged one its place in the log), its log and its
+ * de-duplication table, and is left empty and without a log, so deleting
+ * it then touches nothing on disk. Its deliveries stay the channels'. */
+struct journal_queue;
+struct queue_surrender {
+    struct queue_entry *entries; /* owned, in seq order */
+    uint32_t count;
+    struct journal_queue *log;   /* or NULL */
+    struct dedup *dedup;         /* or NULL */
+};
+void queue_surrender(struct queue *queue, struct queue_surrender *out);
 /* Recovery: puts a message read back from the journal at the tail. */
 void queue_recover_message(struct queue *queue, struct message *message, uint64_t seq,
                            bool delivered);

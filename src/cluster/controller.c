@@ -352,7 +352,8 @@ static void finish_backup_move(const struct map_queue *q, struct map_cmd_list *o
 }
 
 /* A primary move whose switch would leave the queue with fewer copies in
- * sync than its factor (the old primary lets go of its own): one more
+ * sync than its factor (a draining old primary lets go of its own:
+ * map_queue_switch_keeps_primary; a backup is out of sync): one more
  * backup joins, beyond the factor, and catches up before the handover
  * (which waits for it: map_queue_move_state). The ring's pick if one fits
  * its bounds, else any broker that is up: the move must not wait on the

@@ -58,10 +58,20 @@ struct forward_wait {
  * target, at most 266 bytes each) stays far under any frame_max. */
 #define FORWARD_TARGETS_MAX 64
 
+/* A peer's confirm channels per vhost: one for the publishes forwarded to
+ * its queues, one for the replication of ours to it (replication.h). Two,
+ * because the peer confirms each channel's publishes in order: an old
+ * primary that stays our backup after a handover answers our replication
+ * only after the forwards it held for the switch, whose answers wait for
+ * our confirms of what it passed on to us, which wait for its replica's
+ * answers (a cycle that only the 2 s lag rule broke). */
+enum forwarder_kind { FORWARDER_PUBLISH, FORWARDER_REPLICATION };
+
 struct proxy_forwarder {
     struct list_node peer_link;   /* in peer->forwarders */
     struct member_peer *peer;     /* borrowed */
     struct bytes vhost;           /* owned */
+    enum forwarder_kind kind;
     struct link_channel *ch;      /* NULL once closed */
     struct forward_wait *waits;   /* owned ring, by link sequence number */
     uint32_t head, count, cap;
@@ -280,11 +290,12 @@ static void forwarder_free(struct proxy_forwarder *f)
     free(f);
 }
 
-static struct proxy_forwarder *forwarder_for(struct member_peer *peer, struct bytes vhost)
+static struct proxy_forwarder *forwarder_for(struct member_peer *peer, struct bytes vhost,
+                                             enum forwarder_kind kind)
 {
     list_for_each_safe(n, &peer->forwarders) {
         struct proxy_forwarder *f = CONTAINER_OF(n, struct proxy_forwarder, peer_link);
-        if (!bytes_equal(f->vhost, vhost))
+        if (f->kind != kind || !bytes_equal(f->vhost, vhost))
             continue;
         if (f->ch)
             return f;
@@ -297,6 +308,7 @@ static struct proxy_forwarder *forwarder_for(struct member_peer *peer, struct by
     ASSERT(f != NULL);
     f->peer = peer;
     f->vhost = bytes_dup(vhost);
+    f->kind = kind;
     f->first_seq = 1;
     struct link_channel_ops ops = forwarder_ops_template;
     ops.ctx = f;
@@ -318,17 +330,18 @@ static void forwarder_push(struct proxy_forwarder *f, struct forward_wait w)
 }
 
 /* The forwarder to peer for vhost, if the peer can be reached now. */
-static struct proxy_forwarder *reachable(struct member_peer *peer, struct bytes vhost)
+static struct proxy_forwarder *reachable(struct member_peer *peer, struct bytes vhost,
+                                         enum forwarder_kind kind)
 {
     /* (Also from a closed callback while the link goes down.) */
     if (peer == NULL || !peer->up || !link_is_up(peer->link))
         return NULL;
-    return forwarder_for(peer, vhost);
+    return forwarder_for(peer, vhost, kind);
 }
 
 bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m)
 {
-    struct proxy_forwarder *f = reachable(peer, vhost);
+    struct proxy_forwarder *f = reachable(peer, vhost, FORWARDER_REPLICATION);
     if (f == NULL)
         return false;
     link_send(f->ch, m);
@@ -339,7 +352,7 @@ bool proxy_peer_send_notify(struct member_peer *peer, struct bytes vhost, const 
                             struct message *message, proxy_notify_fn notify, void *ctx,
                             uint64_t tag)
 {
-    struct proxy_forwarder *f = reachable(peer, vhost);
+    struct proxy_forwarder *f = reachable(peer, vhost, FORWARDER_REPLICATION);
     if (f == NULL)
         return false;
     uint64_t link_seq = link_send_content(f->ch, m, message);
@@ -359,7 +372,7 @@ static bool send_forward(struct member_peer *peer, struct queue *const *stubs, u
 {
     ASSERT(count > 0 && count <= FORWARD_TARGETS_MAX);
     struct bytes vhost = stubs[0]->vhost->name;
-    struct proxy_forwarder *f = reachable(peer, vhost);
+    struct proxy_forwarder *f = reachable(peer, vhost, FORWARDER_PUBLISH);
     if (f == NULL)
         return false;
     uint8_t buf[FORWARD_TARGETS_MAX * (1 + 255 + 1 + 8)];

@@ -122,12 +122,18 @@ enum map_move_state map_queue_move_state(const struct cluster_map *map,
     return map_queue_switch_state(map, q, q->move_to);
 }
 
+bool map_queue_switch_keeps_primary(const struct cluster_map *map, const struct map_queue *q)
+{
+    return q->backups_count < q->replication_factor && broker_up(map, q->primary_id);
+}
+
 enum map_move_state map_queue_switch_state(const struct cluster_map *map,
                                            const struct map_queue *q, uint32_t to)
 {
     if (!map_queue_backup_in_sync(q, to))
         return MAP_MOVE_CATCHING_UP;
-    uint32_t copies = 1; /* the target's */
+    /* The target's, and the old primary's if it stays. */
+    uint32_t copies = 1u + map_queue_switch_keeps_primary(map, q);
     bool catching_up = false;
     for (uint8_t i = 0; i < q->backups_count; i++) {
         uint32_t id = q->backup_ids[i];

@@ -278,15 +278,24 @@ uint32_t cluster_map_owner_of(const struct cluster_map *map, struct bytes vhost,
                               struct bytes name);
 bool map_queue_has_backup(const struct map_queue *queue, uint32_t broker_id);
 bool map_queue_backup_in_sync(const struct map_queue *queue, uint32_t broker_id);
+/* Whether a planned switch of the queue to one of its backups keeps the
+ * old primary as an in-sync backup (queue.set_owner planned): when the
+ * backups left would be fewer than the factor wants, and the old
+ * primary's broker is up (not draining, not suspect). Its copy is the
+ * queue itself, so it is in sync at the switch with no catch-up
+ * (cluster/mirror.c turns the queue into its replica). */
+bool map_queue_switch_keeps_primary(const struct cluster_map *map,
+                                    const struct map_queue *queue);
 /* Where a planned move of a queue (map_queue.move_to, a primary move)
- * stands. The old primary lets go of its copy at the switch, so the
- * target being in sync is not enough: with fewer copies in sync than the
- * factor after the switch (the target and the other in-sync backups on
- * brokers that are up), one more backup joins and catches up first, when
- * a broker can take it (the controller adds it: controller_repair). A move
- * is READY when the switch keeps the factor, or nothing more can be done
- * for it (no room, no broker). Pure: the handover (handover.c) starts on
- * READY, the controller adds the backup on NEEDS_BACKUP. */
+ * stands. The target being in sync is not always enough: with fewer
+ * copies in sync than the factor after the switch (the target, the other
+ * in-sync backups on brokers that are up, and the old primary if it stays:
+ * map_queue_switch_keeps_primary), one more backup joins and catches up
+ * first, when a broker can take it (the controller adds it:
+ * controller_repair). A move is READY when the switch keeps the factor, or
+ * nothing more can be done for it (no room, no broker). Pure: the
+ * handover (handover.c) starts on READY, the controller adds the backup
+ * on NEEDS_BACKUP. */
 enum map_move_state {
     MAP_MOVE_NONE,          /* no primary move */
     MAP_MOVE_CATCHING_UP,   /* the target, or the backup added for it, not in sync yet */

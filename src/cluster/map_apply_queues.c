@@ -568,10 +568,19 @@ int map__op_queue_set_owner(struct apply_ctx *ctx)
                            "broker %u is not an in-sync backup of queue '%.*s'", primary,
                            NAME_ARG(q->name));
     struct cluster_map *map = ctx->map;
+    uint32_t old_primary = q->primary_id;
+    bool keep_old = planned && map_queue_switch_keeps_primary(map, q);
     map__queue_count(map, q, -1);
-    /* The new primary leaves the backups; the others keep order and sync. */
+    /* The new primary leaves the backups; the others keep order and sync.
+     * After a planned handover the old primary may stay, in sync: its
+     * copy is the queue as it was handed over. */
     if (slot >= 0)
         drop_backup_slot(q, slot);
+    if (keep_old) {
+        ASSERT(q->backups_count < CLUSTER_BACKUPS_MAX);
+        q->in_sync_mask |= (uint8_t)(1u << q->backups_count);
+        q->backup_ids[q->backups_count++] = old_primary;
+    }
     q->primary_id = primary;
     q->epoch++;
     q->owned_since = map->version;

@@ -117,6 +117,9 @@ struct member {
      * GET /metrics exports them. */
     uint64_t queue_moves_count;
     uint64_t queue_failovers_count;
+    /* Catch-ups of a backup this broker started as a primary (a reset,
+     * then the queue's whole content: replication.c). GET /metrics. */
+    uint64_t catch_ups_count;
     struct net_flush_hook release_hook; /* sends them at the end of the loop iteration */
     uv_timer_t *timer;               /* owned: MEMBER_TICK_MS (closed by member_stop) */
     bool stopping;

@@ -275,7 +275,15 @@ static void demote(struct member *member, struct vhost *vhost, struct queue *q,
     struct consumer **moving = NULL;
     uint32_t moving_count = planned ? take_consumers(q, &moving) : 0;
     replication_detach(q, planned);
+    /* Kept as an in-sync backup (map_queue_switch_keeps_primary): the
+     * queue, as it was handed over, is the replica; before the relay
+     * renumbers its deliveries. */
+    struct replica *kept = planned && map_queue_backup_in_sync(mq, member->self_id)
+                               ? replica_of_queue(q)
+                               : NULL;
     struct queue *stub = proxy_stub_new(member, vhost, mq);
+    if (kept != NULL)
+        proxy_stub_give_replica(stub, kept);
     /* What was delivered from here stays delivered; settling it settles
      * it at the new primary (failed over: it redelivers them). */
     if (relay.channel != NULL)

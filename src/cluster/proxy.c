@@ -1021,6 +1021,13 @@ struct replica *proxy_stub_replica(struct queue *queue, bool create)
     return stub->replica;
 }
 
+void proxy_stub_give_replica(struct queue *queue, struct replica *replica)
+{
+    struct proxy_stub *stub = stub_of(queue);
+    ASSERT(stub->replica == NULL);
+    stub->replica = replica;
+}
+
 struct replica *proxy_stub_take_replica(struct queue *queue)
 {
     struct proxy_stub *stub = stub_of(queue);

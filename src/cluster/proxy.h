@@ -70,9 +70,10 @@ void proxy_stub_adopt_consumers(struct queue *queue, struct consumer **consumers
  * *available false: the queue is unavailable (its primary is down). */
 bool proxy_consume_waits(struct queue *queue, bool *available);
 
-/* Sends m (no content) to peer on its confirm channel for vhost, in order
- * with the publishes forwarded to it. False: the peer cannot be reached
- * now. */
+/* Sends m (no content) to peer on its replication channel for vhost (a
+ * confirm channel of its own, beside the one publishes are forwarded on:
+ * forward.c), in order with what was sent there. False: the peer cannot
+ * be reached now. */
 struct method;
 struct message;
 bool proxy_peer_send(struct member_peer *peer, struct bytes vhost, const struct method *m);
@@ -92,6 +93,9 @@ uint64_t proxy_stub_epoch(const struct queue *queue);
 struct replica;
 struct replica *proxy_stub_replica(struct queue *queue, bool create);
 struct replica *proxy_stub_take_replica(struct queue *queue);
+/* A new stand-in's replica, made elsewhere (replica_of_queue: an old
+ * primary staying a backup). The stand-in owns it. */
+void proxy_stub_give_replica(struct queue *queue, struct replica *replica);
 
 /* Promotion: the publishes a stand-in holds for its primary, now ours to
  * route. Returns how many; *out is a malloc'ed array the caller frees, and

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "broker/channel.h"
 #include "broker/dedup.h"
 #include "broker/message.h"
 #include "broker/queue.h"
@@ -247,6 +248,71 @@ void replica_adopt(struct queue *queue, struct replica *r)
              (int)queue->vhost->name.len, (const char *)queue->vhost->name.ptr,
              (int)queue->name.len, (const char *)queue->name.ptr, live);
     replica_free(r);
+}
+
+/* ---- an old primary staying a backup ---- */
+
+struct entries {
+    struct queue_entry *items;
+    uint32_t count, cap;
+};
+
+static void add_delivered(void *ctx, uint64_t seq, struct message *message)
+{
+    struct entries *e = ctx;
+    if (e->count == e->cap) {
+        e->cap = e->cap ? e->cap * 2 : 64;
+        e->items = realloc(e->items, sizeof *e->items * e->cap);
+        ASSERT(e->items != NULL);
+    }
+    message_ref(message); /* the channel keeps its own */
+    e->items[e->count++] = (struct queue_entry){.message = message, .seq = seq};
+}
+
+static int by_seq(const void *a, const void *b)
+{
+    uint64_t x = ((const struct queue_entry *)a)->seq, y = ((const struct queue_entry *)b)->seq;
+    return x < y ? -1 : x > y;
+}
+
+struct replica *replica_of_queue(struct queue *queue)
+{
+    uint64_t last_seq = queue->next_seq - 1;
+    struct queue_surrender s;
+    queue_surrender(queue, &s);
+    struct entries delivered = {0};
+    channels_each_unacked(queue->vhost->broker, queue, add_delivered, &delivered);
+    uint32_t n = s.count + delivered.count;
+    struct replica *r = calloc(1, sizeof *r);
+    ASSERT(r != NULL);
+    r->log = s.log;
+    r->dedup = s.dedup;
+    r->last_seq = last_seq;
+    uint32_t cap = 64;
+    while (cap < n)
+        cap *= 2;
+    r->ring.entries = realloc(s.entries, sizeof *r->ring.entries * cap);
+    ASSERT(r->ring.entries != NULL);
+    r->ring.cap = cap;
+    if (delivered.count > 0) {
+        memcpy(r->ring.entries + s.count, delivered.items,
+               sizeof *delivered.items * delivered.count);
+        qsort(r->ring.entries, n, sizeof *r->ring.entries, by_seq);
+    }
+    free(delivered.items);
+    r->ring.count = n;
+    for (uint32_t i = 0; i < n; i++) {
+        struct queue_entry *e = slot(r, i);
+        ASSERT(i == 0 || slot(r, i - 1)->seq < e->seq);
+        ASSERT(e->seq <= last_seq);
+        e->redelivered = 1; /* as any replica's: replica_push */
+        r->live++;
+        r->live_bytes += body_size(e);
+        r->persistent += e->paged || e->message->persistent;
+        r->paged += e->paged;
+    }
+    ASSERT(r->paged == 0 || r->log != NULL); /* paged ones are in the log only */
+    return r;
 }
 
 /* ---- a planned handover ---- */

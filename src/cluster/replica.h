@@ -67,6 +67,15 @@ uint32_t replica_count(const struct replica *replica);   /* NULL: 0 */
 void replica_forget_log(struct replica *replica);
 uint32_t replica_dedup_count(const struct replica *replica); /* ids remembered; NULL: 0 */
 
+/* A planned handover's old primary that stays an in-sync backup
+ * (map_queue_switch_keeps_primary): its queue becomes its replica, every
+ * message it holds (ready, and delivered and not yet settled: those the
+ * channels keep, which the new primary holds as delivered) under the
+ * same seqs as the new primary's, with its log and de-duplication table;
+ * the queue is left empty, to be deleted. last_seq: the queue's last seq,
+ * so the new primary's stream goes on after it. No message is copied. */
+struct replica *replica_of_queue(struct queue *queue);
+
 /* ---- a planned handover ---- */
 
 /* What the old primary said before it handed the queue over to us

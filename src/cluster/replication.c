@@ -546,6 +546,7 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
         return;
     LOG_DEBUG("queue %.*s: catching up backup %u", (int)queue->name.len,
               (const char *)queue->name.ptr, s->backup_id);
+    rep->member->catch_ups_count++;
     s->backlog = backlog_take(queue);
     catch_up_pump(rep, s);
 }
@@ -689,6 +690,19 @@ static struct replica_stream *stream_take(struct replication *rep, uint32_t id)
 
 /* The streams for mq's backups: kept ones keep their progress, new ones
  * start idle; a stream whose broker is no longer a backup goes. */
+/* A stream that starts live on a promotion: the backup may not have
+ * applied the map change yet (an old primary that stays a backup still
+ * holds the queue itself until it does, and would refuse the stream), so
+ * it is asked to apply our map first: basic.quay-sync without an answer,
+ * ahead of everything on the stream's channel. */
+static void stream_sync(struct replication *rep, struct replica_stream *s)
+{
+    struct method m = {.id = METHOD_BASIC_QUAY_SYNC};
+    m.basic_quay_sync.version = member_map(rep->member)->version;
+    m.basic_quay_sync.answer = false;
+    stream_send(rep, s, &m, NULL, 0);
+}
+
 static void streams_follow(struct replication *rep, const struct map_queue *mq, bool fresh)
 {
     struct replica_stream *next[CLUSTER_BACKUPS_MAX] = {0};
@@ -749,6 +763,10 @@ void replication_attach(struct member *member, struct queue *queue, const struct
     }
     rep->epoch = mq->epoch;
     streams_follow(rep, mq, fresh);
+    for (uint8_t i = 0; fresh && i < rep->streams_count; i++) {
+        if (rep->streams[i]->state == STREAM_LIVE)
+            stream_sync(rep, rep->streams[i]);
+    }
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         struct replica_stream *s = rep->streams[i];
         if (!s->gating && (s->state == STREAM_IDLE || s->state == STREAM_FAILED))

@@ -2,8 +2,9 @@
  * replication.h: the primary's side of a queue with backups (DESIGN §4-5).
  *
  * The primary streams every change of the queue to each backup, over the
- * link, on the confirm channel its forwards to that broker use (so in
- * order): basic.quay-replicate {queue, epoch, seq} with the message's
+ * link, on its replication channel to that broker for the queue's vhost
+ * (a confirm channel beside the one publishes are forwarded on:
+ * forward.c says why), in order: basic.quay-replicate {queue, epoch, seq} with the message's
  * content for an enqueue (the backup acks it), basic.quay-settle {queue,
  * epoch, seq} when a message leaves the queue for good (seq 0 with purge:
  * a reset, before a catch-up).

@@ -220,6 +220,10 @@ void metrics__write_cluster(struct prom *prom, struct broker *broker)
                  "Queues that failed over to a backup, in the map changes this broker "
                  "applied since it started",
                  member_of(broker)->queue_failovers_count);
+    prom_counter(prom, "quay_replication_catch_ups_total",
+                 "Catch-ups of a backup this broker started as a queue's primary (a reset, "
+                 "then every message the queue holds), since it started",
+                 member_of(broker)->catch_ups_count);
     prom_gauge(prom, "quay_cluster_adoptions_pending",
                "Queues this broker took over from a dead broker's log on shared storage and "
                "has not adopted yet (they wait, paused)",

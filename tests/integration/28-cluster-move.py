@@ -510,6 +510,61 @@ def a_move_keeps_a_third_brokers_deliveries():
     keeps_deliveries("third")
 
 
+@test(timeout=180)
+def the_old_primary_stays_in_sync_and_can_take_over():
+    """A move to the queue's only backup keeps the old primary as its
+    backup, in sync at once (its copy is the queue: nothing is caught up).
+    Killed, the new primary fails over to it, and every confirmed message
+    is there, transient ones too, and the deliveries a consumer held and
+    had not acked come again."""
+    q = placed("mv-s", members["a"],
+               lambda i: i is not None and i["in_sync"] == i["backups"] and len(i["backups"]) == 1,
+               **{"x-quay-backups": 1})
+    first = queue_info(members["a"], q)
+    old, new = members[first["primary"]], members[first["backups"][0]]
+    via = others(old.name, new.name)[0]
+    conn = connect(via)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(300):
+        ch.basic_publish("", q, b"%d-" % i, pika.BasicProperties(delivery_mode=1 + i % 2))
+    ch.basic_qos(prefetch_count=20)
+    held = []
+    for method, _, body in ch.consume(q, inactivity_timeout=10):
+        assert method is not None, len(held)
+        held.append((method.delivery_tag, int(body.split(b"-", 1)[0])))
+        if len(held) == 20:
+            break
+    catch_ups = metric(new, "quay_replication_catch_ups_total")
+    move(via, q, new.name)
+    wait_until(lambda: queue_info(via, q)["primary"] == new.name and
+               via.api_cluster()["moves"] == [], 20, what="the move")
+    info = queue_info(via, q)
+    assert info["backups"] == [old.name] and info["in_sync"] == [old.name], info
+    for i in range(300, 400):
+        ch.basic_publish("", q, b"%d-" % i, pika.BasicProperties(delivery_mode=1 + i % 2))
+    for tag, _ in held[:10]:
+        ch.basic_ack(tag)
+    conn.process_data_events(0.3)
+    # Still in sync, and nobody caught the old primary up.
+    info = queue_info(via, q)
+    assert info["in_sync"] == [old.name], info
+    eq_catch_ups = metric(new, "quay_replication_catch_ups_total")
+    assert eq_catch_ups == catch_ups, ("the new primary caught its backup up", catch_ups,
+                                       eq_catch_ups)
+    new.kill()
+    wait_until(lambda: (queue_info(via, q) or {}).get("primary") == old.name, 20,
+               what="the failover to the old primary", detail=lambda: queue_info(via, q))
+    conn.close()  # the ten not acked go back
+    got = [int(b.split(b"-", 1)[0]) for b in read_all(via, q)]
+    assert len(got) == len(set(got)), sorted(x for x in got if got.count(x) > 1)[:10]
+    want = set(range(400)) - set(n for _, n in held[:10])
+    assert set(got) == want, (sorted(want - set(got))[:20], sorted(set(got) - want)[:20])
+    new.start()
+    wait_until(lambda: all(m.view() and m.view().brokers.get(new.name) == "up"
+                           for m in members.values()), 30, what="%s back" % new.name)
+
+
 def cluster_info(member):
     return member.api_call("GET", "/api/cluster")[1]
 

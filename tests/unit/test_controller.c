@@ -853,10 +853,11 @@ static void test_drain_one_of_three(void **state)
     cluster_map_free(&map);
 }
 
-/* A move to the queue's only backup: the old primary lets go of its copy
- * at the switch, so the handover waits until one more backup joined (the
- * repair adds it) and caught up; with no broker for it, the move goes on
- * as it can. */
+/* A move to the queue's only backup: the old primary stays, in sync (its
+ * copy is the queue), so the switch keeps the factor and the handover
+ * needs no other backup. A draining old primary lets go of its copy: then
+ * the handover waits until one more backup joined (the repair adds it)
+ * and caught up; with no broker for it, the move goes on as it can. */
 static void test_move_keeps_the_factor(void **state)
 {
     (void)state;
@@ -871,8 +872,15 @@ static void test_move_keeps_the_factor(void **state)
         struct map_queue *q = map.queues[0];
         assert_int_equal(map_queue_move_state(&map, q), MAP_MOVE_NONE);
         must_apply(&map, map_cmd_queue_move(&c, B("/"), B("q"), q->epoch, 2), &c);
-        if (brokers == 2) { /* (declared in sync) */
+        assert_true(map_queue_switch_keeps_primary(&map, q));
+        assert_int_equal(map_queue_move_state(&map, q), MAP_MOVE_READY);
+        /* Draining, broker 1 keeps nothing. */
+        must_apply(&map, map_cmd_broker_state(&c, 1, BROKER_STATE_DRAINING), &c);
+        assert_false(map_queue_switch_keeps_primary(&map, q));
+        if (brokers == 2) { /* (declared in sync; no broker for another copy) */
             assert_int_equal(map_queue_move_state(&map, q), MAP_MOVE_READY);
+            must_apply(&map, map_cmd_queue_hand_over(&c, B("/"), B("q"), q->epoch, 2), &c);
+            assert_int_equal(q->backups_count, 0);
             cluster_map_free(&map);
             continue;
         }
@@ -894,10 +902,52 @@ static void test_move_keeps_the_factor(void **state)
         assert_int_equal(map_queue_move_state(&map, q), MAP_MOVE_READY);
         must_apply(&map, map_cmd_queue_hand_over(&c, B("/"), B("q"), q->epoch, 2), &c);
         assert_int_equal(q->primary_id, 2);
+        assert_int_equal(q->backups_count, 1);
         assert_true(map_queue_backup_in_sync(q, 3)); /* the factor, in sync, at once */
         map_cmd_list_free(&out);
         cluster_map_free(&map);
     }
+}
+
+/* A planned switch to the only backup keeps the old primary as a backup,
+ * in sync, in the same command: the factor holds with no catch-up. With
+ * the factor met without it (a move to a broker that was not a backup:
+ * the copy added for it), the old primary lets go, as before. */
+static void test_handover_keeps_the_old_primary_in_sync(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    small_map(&map, 3);
+    struct map_cmd c;
+    struct map_queue_decl d = {.vhost = B("/"), .name = B("q"), .durable = true,
+                               .primary_id = 1, .backup_ids = {2, 3}, .backups_count = 2,
+                               .replication_factor = 3};
+    must_apply(&map, map_cmd_queue_declare(&c, &d, 1), &c);
+    struct map_queue *q = map.queues[0];
+    uint64_t epoch = q->epoch;
+    must_apply(&map, map_cmd_queue_move(&c, B("/"), B("q"), q->epoch, 2), &c);
+    assert_int_equal(map_queue_move_state(&map, q), MAP_MOVE_READY);
+    must_apply(&map, map_cmd_queue_hand_over(&c, B("/"), B("q"), q->epoch, 2), &c);
+    assert_int_equal(q->primary_id, 2);
+    assert_int_equal(q->epoch, epoch + 1); /* the switch */
+    assert_int_equal(q->backups_count, 2);
+    assert_int_equal(q->backup_ids[0], 3);
+    assert_int_equal(q->backup_ids[1], 1);
+    assert_true(map_queue_backup_in_sync(q, 1) && map_queue_backup_in_sync(q, 3));
+    /* Factor 2, a move to broker 3, not a backup: it joins beyond the
+     * factor, and at the switch the old primary (2) is not needed. */
+    uint32_t one[1] = {1};
+    must_apply(&map, map_cmd_queue_set_factor(&c, B("/"), B("q"), q->epoch, 2, one, 1), &c);
+    must_apply(&map, map_cmd_queue_move(&c, B("/"), B("q"), q->epoch, 3), &c);
+    assert_int_equal(q->backups_count, 2);
+    uint32_t both[2] = {1, 3};
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("q"), q->epoch, both, 2), &c);
+    assert_false(map_queue_switch_keeps_primary(&map, q));
+    must_apply(&map, map_cmd_queue_hand_over(&c, B("/"), B("q"), q->epoch, 3), &c);
+    assert_int_equal(q->primary_id, 3);
+    assert_int_equal(q->backups_count, 1);
+    assert_int_equal(q->backup_ids[0], 1);
+    cluster_map_free(&map);
 }
 
 /* ---- (e) replication policies ---- */
@@ -1277,6 +1327,7 @@ int main(void)
         cmocka_unit_test(test_join_rebalance_with_moves_in_flight),
         cmocka_unit_test(test_drain_one_of_three),
         cmocka_unit_test(test_move_keeps_the_factor),
+        cmocka_unit_test(test_handover_keeps_the_old_primary_in_sync),
         cmocka_unit_test(test_policies_change_factors),
         cmocka_unit_test(test_repair_finishes_a_backup_move),
         cmocka_unit_test(test_takeover_from_shared_storage),
