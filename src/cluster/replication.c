@@ -580,9 +580,13 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
 /* ---- the queue's hooks ---- */
 
 /* A persistent message not sent to a transient-only backup: it has it
- * (for confirms) once it has acked everything sent before it. */
+ * (for confirms) once it has acked everything sent before it. (While a
+ * catch-up's backlog is being sent, older seqs are still to go: its end
+ * probe, tagged with the newest seq, covers the message instead.) */
 static void skip(struct replica_stream *s, uint64_t seq)
 {
+    if (s->backlog != NULL)
+        return;
     s->skipped_to = seq;
     if (s->state == STREAM_LIVE && s->acked_seq >= s->last_sent)
         s->acked_seq = seq;
