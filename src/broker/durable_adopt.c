@@ -191,6 +191,55 @@ static int64_t adopt_source(struct broker *broker, struct vhost *vhost, struct q
     return read_source(broker, vhost, queue, source, own, seq_min, ticket);
 }
 
+/* Older logs of the queue: a chain of takers that all died before their
+ * copies were durable (o -> t -> u, then v takes over from u). The map
+ * names u and t only (taken_from, taken_from_before); u had claimed t's
+ * staged copy of o's log into its own adopted/ before it died, and that is
+ * where the only durable copy of o's confirmed messages is. So a takeover
+ * from a taker that did not say queue.adopted also claims whatever else is
+ * staged for the queue in that taker's adopted/ (any source but the two
+ * the map names), after our own such copies (a restart of ours after we
+ * claimed them), and reads them last, above the seqs read before. Their
+ * order among themselves (a chain of four or more) is not known: a message
+ * a later taker's consumer acked may come back. */
+#define ADOPT_OLDER_MAX 8
+
+struct older {
+    uint32_t count;
+    char source[ADOPT_OLDER_MAX][JOURNAL_SOURCE_SIZE];
+    char staged[ADOPT_OLDER_MAX][512];
+};
+
+static int claim_older(struct broker *broker, struct queue *queue, const char *taker,
+                       const char *owner_name, const char *earlier_owner, struct older *o)
+{
+    enum { SOURCES_MAX = 32 };
+    char (*sources)[JOURNAL_SOURCE_SIZE] = malloc(sizeof *sources * SOURCES_MAX);
+    ASSERT(sources != NULL);
+    char taker_dir[1024];
+    if (taker != NULL)
+        snprintf(taker_dir, sizeof taker_dir, "%s/%s", broker->config.shared_storage_dir,
+                 taker);
+    int n = journal_adopt_staged_sources(broker->durable.journal,
+                                         taker != NULL ? taker_dir : NULL, sources,
+                                         SOURCES_MAX);
+    int rc = n < 0 ? E_IO : OK;
+    for (int i = 0; rc == OK && i < n && o->count < ADOPT_OLDER_MAX; i++) {
+        if (strcmp(sources[i], owner_name) == 0 || strcmp(sources[i], earlier_owner) == 0)
+            continue;
+        rc = claim_staged(broker, queue, taker, sources[i], o->staged[o->count]);
+        bool twice = false;
+        for (uint32_t k = 0; k < o->count; k++)
+            twice |= strcmp(o->staged[k], o->staged[o->count]) == 0;
+        if (rc == OK && o->staged[o->count][0] != '\0' && !twice) {
+            snprintf(o->source[o->count], sizeof o->source[0], "%s", sources[i]);
+            o->count++;
+        }
+    }
+    free(sources);
+    return rc;
+}
+
 /* owner_name had taken the queue over from earlier_owner and died before
  * it said it adopted: what it did adopt is in its log, under the same
  * seqs, and was written before anything newer (the journal appends in
@@ -208,18 +257,32 @@ static int64_t adopt_with_earlier(struct broker *broker, struct vhost *vhost,
 {
     char own[512];
     char staged[512] = "";
+    struct older *older = calloc(1, sizeof *older);
+    ASSERT(older != NULL);
     int rc = claim_staged(broker, queue, NULL, earlier_owner, own);
     if (rc == OK)
+        rc = claim_older(broker, queue, NULL, owner_name, earlier_owner, older);
+    if (rc == OK)
         rc = claim_staged(broker, queue, owner_name, earlier_owner, staged);
+    if (rc == OK)
+        rc = claim_older(broker, queue, owner_name, owner_name, earlier_owner, older);
     int64_t count = adopt_source(broker, vhost, queue, owner_name, seq_min, ticket);
-    if (count < 0 || rc != OK)
+    if (count < 0 || rc != OK) {
+        free(older);
         return -1; /* (what was claimed stays staged, reported at our restart) */
+    }
     int64_t more = read_source(broker, vhost, queue, earlier_owner, own, queue->next_seq, ticket);
     if (more >= 0 && staged[0] != '\0') {
         int64_t also = adopt_from(broker, vhost, queue, earlier_owner, staged, false,
                                   queue->next_seq, ticket);
         more = also < 0 ? also : more + also;
     }
+    for (uint32_t i = 0; more >= 0 && i < older->count; i++) {
+        int64_t also = adopt_from(broker, vhost, queue, older->source[i], older->staged[i],
+                                  false, queue->next_seq, ticket);
+        more = also < 0 ? also : more + also;
+    }
+    free(older);
     return more < 0 ? more : count + more;
 }
 

@@ -849,5 +849,96 @@ def a_transient_only_queue_moved_then_killed_keeps_every_message():
           % (len(bodies), held))
 
 
+@test(timeout=300)
+@noting_failure
+def a_chain_of_three_takers_dying_before_their_copies_loses_nothing():
+    """A cluster of its own: x, y and z (a Raft majority of seven) do not
+    share the directory; o, t, u and v do. The journal threads of t, u and
+    v are frozen (ptrace: what they copy never reaches their own logs). o
+    dies with 12 queues of confirmed persistent messages and no backups;
+    the taker with most of them (X1) is killed once it adopted; the one of
+    the two left that got most of X1's is killed once it adopted them (X2):
+    the third (X3) takes X2's over, its journal thawed. The map names X2
+    and X1 (taken_from, taken_from_before); the only durable copy of o's
+    log of a queue that went o -> X1 -> X2 -> X3 is the one X2 claimed from
+    X1's adopted/ into its own: X3 reads it too. Every confirmed message is
+    served. (Before, X3 read X2's and X1's logs, both empty, and served
+    those queues empty.)"""
+    global cluster, shared
+    old = cluster
+    cluster = None
+    if old is not None:
+        old.failed = old.failed or state.get("failed", False)  # (keeps its logs)
+    problems = old.close() if old is not None else []
+    assert not problems, problems
+    cluster = Cluster()
+    shared = os.path.join(cluster.dir, "shared")
+    x = cluster.form(["x", "y", "z"])[0]
+    takers = ["t", "u", "v"]
+    for name in ["o"] + takers:
+        members[name] = cluster.add(name, join=[x], extra_args=["--shared-storage", shared])
+    wait_until(lambda: len(x.view().brokers) == 7 and
+               all(v == "up" for v in x.view().brokers.values()), 60, what="seven brokers up")
+    wait_until(lambda: all("caught up with the map" in members[n].log_text()
+                           for n in ["o"] + takers), 30, what="all caught up")
+    wait_until(lambda: sum(1 for b in x.api_cluster()["brokers"] if b.get("storage")) == 4,
+               10, what="the shared storage in the map")
+    names = place(x, "chain", "o", 12)
+    for name in names:
+        publish(x, name, [b"%s-%d" % (name.encode(), i) for i in range(50)])
+    time.sleep(0.3)  # group commit: every confirm's record is in o's logs
+    frozen = {}
+
+    def owners(of):
+        return {n: (queue_info(x, n) or {}).get("primary") for n in of}
+
+    def adopted(taker, of):
+        log = members[taker].log_text
+        return all("queue '%s': took over" % n in log() for n in of)
+    try:
+        for name in takers:
+            frozen[name] = freeze_journal(members[name])
+        members["o"].kill()
+        wait_until(lambda: all(p in takers for p in owners(names).values()), 30,
+                   what="o's queues taken over")
+        first = owners(names)
+        x1 = max(takers, key=lambda t: sum(1 for p in first.values() if p == t))
+        via_x1 = [n for n in names if first[n] == x1]
+        wait_until(lambda: adopted(x1, via_x1), 30, what="%s adopted" % x1)
+        time.sleep(1)  # (a queue.adopted said too early commits)
+        kill_frozen(members[x1], frozen.pop(x1))
+        left = [t for t in takers if t != x1]
+        wait_until(lambda: all(p in left for p in owners(via_x1).values()), 30,
+                   what="%s's queues taken over" % x1)
+        second = owners(via_x1)
+        x2 = max(left, key=lambda t: sum(1 for p in second.values() if p == t))
+        x3 = [t for t in left if t != x2][0]
+        chain = [n for n in via_x1 if second[n] == x2]
+        assert chain, "none of %s's queues went to %s" % (x1, x2)
+        wait_until(lambda: adopted(x2, chain), 30, what="%s adopted" % x2)
+        time.sleep(1)
+        kill_frozen(members[x2], frozen.pop(x2))
+        ptrace(PTRACE_DETACH, frozen.pop(x3))
+        wait_until(lambda: all(p == x3 for p in owners(names).values()), 30,
+                   what="every queue on %s" % x3)
+        wait_until(lambda: metric(members[x3], "quay_cluster_adoptions_pending") == 0, 20,
+                   what="%s's adoptions done" % x3)
+        print("# o -> %s -> %s -> %s: %d queue(s) of o's through both dead takers"
+              % (x1, x2, x3, len(chain)))
+    finally:
+        for name, tid in frozen.items():
+            ptrace(PTRACE_DETACH, tid)
+    bad = {}
+    for name in names:
+        got = read_all(x, name)
+        if got != [b"%s-%d" % (name.encode(), i) for i in range(50)]:
+            bad[name] = len(got)
+    assert not bad, "messages served, of 50 (%s went through the chain): %s" % (chain, bad)
+    log = members[x3].log_text()
+    for name in chain:
+        assert ("queue '%s': took over 50 messages from o's log, staged by a taker that died"
+                % name) in log, name
+
+
 if __name__ == "__main__":
     run(cleanup=closer(lambda: cluster))
