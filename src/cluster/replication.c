@@ -952,6 +952,9 @@ void replication_write_json(const struct queue *queue, struct json *out)
     if (rep == NULL)
         return;
     json_kv_bool(out, "serving", member_lease_fresh(rep->member));
+    /* x-quay-replicate in effect: "transient" while the backups get the
+     * transient messages only (transient_only_wanted), else "all". */
+    json_kv_string(out, "replicating", rep->transient_wanted ? "transient" : "all");
     json_kv_uint(out, "confirms_waiting", rep->count);
     json_key(out, "confirms");
     json_object_begin(out);

@@ -714,6 +714,7 @@ def transient_only_replication_loses_no_confirmed_message_on_kill():
     wait_until(lambda: queue_info(q, name).get("replica_messages") == 50, 10,
                what="the backup holding the transient messages only",
                detail=lambda: queue_info(q, name))
+    assert queue_info(r, name)["replicating"] == "transient", queue_info(r, name)
     # Twenty deliveries through p: the first ten acked, the others not.
     consumer = connect(p)
     cch = consumer.channel()
