@@ -71,7 +71,10 @@
 #           messages, confirms (window 1000), prefetch 100, --check, REPS runs of DURATION s
 #           per queue, interleaved. Prints published msg/s (medians) and the bytes b1 and b2
 #           exchanged on their links per published message (b1's and b2's
-#           quay_cluster_link_*_bytes_total, both directions, over the run).
+#           quay_cluster_link_*_bytes_total, both directions, over the run). Then the queues
+#           SHAREDHA_FILL names (default ha-all ha-transient) are filled with
+#           SHAREDHA_MESSAGES persistent messages each and b1 is killed: how long until ha-all
+#           and ha-transient answer a passive declare through b3 with their counts again.
 #   fanout  3 brokers; 1 KiB messages published via b to a fanout exchange bound to 10
 #           queues whose primary is a: the bytes b's link to a carries per message
 #           (target: at most 1.2 KiB; bench/cluster_fanout.py does the work).
@@ -106,6 +109,8 @@ JOIN_QUEUES=${JOIN_QUEUES:-10000}
 JOIN_RATE=${JOIN_RATE:-2000}
 TAKEOVER_QUEUES=${TAKEOVER_QUEUES:-1000}
 TAKEOVER_MESSAGES=${TAKEOVER_MESSAGES:-1000000}
+SHAREDHA_MESSAGES=${SHAREDHA_MESSAGES:-100000}
+SHAREDHA_FILL=${SHAREDHA_FILL:-ha-all ha-transient}
 BASE_PORT=${BASE_PORT:-6100}
 BENCH_OUT=${BENCH_OUT:-build/bench}
 KEEP_TMP=${KEEP_TMP:-0}
@@ -766,6 +771,45 @@ EOF2
   done
   echo "ROW sharedha size=1024 persistent confirm window=1000 prefetch=100$out" \
     "(published msg/s; link bytes b1<->b2 per published message)"
+  # The failover's cost: ha-all and ha-transient filled with SHAREDHA_MESSAGES persistent
+  # 1 KiB messages each, kill -9 of b1; when each answers a passive declare through b3 with
+  # all of them (ha-all: b2 promotes its replica; ha-transient: b2 takes b1's log over).
+  # shellcheck disable=SC2086 # a list of names
+  printf '%s\n' $SHAREDHA_FILL > "$TMP/ha-names"
+  "$BENCH_OUT/quayscale" fill -H 127.0.0.1 -p "$(amqp_port 1)" --names "$TMP/ha-names" \
+    -n "$SHAREDHA_MESSAGES" -s 1024 > /dev/null
+  sleep 1
+  kill -9 "$PID_1"
+  local killed
+  killed=$(date +%s.%N)
+  /usr/bin/python3 - "$(amqp_port 3)" "$SHAREDHA_MESSAGES" "$killed" "$SHAREDHA_FILL" <<'EOF2'
+import sys, threading, time
+import pika
+port, want, killed = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+filled = sys.argv[4].split()
+serving = {}
+
+def poll(name):  # its own connection: a declare that waits does not hold the other's
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    ch = conn.channel()
+    count = want if name in filled else 0
+    while time.time() < killed + 120:
+        try:
+            if ch.queue_declare(name, passive=True).method.message_count == count:
+                serving[name] = time.time() - killed
+                break
+        except pika.exceptions.ChannelClosedByBroker:
+            ch = conn.channel()
+        time.sleep(0.01)
+    conn.close()
+threads = [threading.Thread(target=poll, args=(n,)) for n in ("ha-all", "ha-transient")]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("ROW sharedha-failover messages=%d filled=%s ha-all_serving_s=%s ha-transient_serving_s=%s" % (
+    want, ",".join(filled), *("%.2f" % serving[n] if n in serving else "never" for n in ("ha-all", "ha-transient"))))
+EOF2
   stop_all
 }
 
