@@ -790,7 +790,10 @@ static void streams_follow(struct replication *rep, const struct map_queue *mq, 
 static bool transient_only_wanted(const struct member *member, const struct queue *queue,
                                   const struct map_queue *mq)
 {
-    if (!queue->durable || queue->journal == NULL || !queue->args.quay_replicate_transient ||
+    /* (Not an exclusive queue: nobody takes one over, its backup is promoted
+     * as usual: controller_takes_over_with_replica.) */
+    if (!queue->durable || queue->exclusive || queue->journal == NULL ||
+        !queue->args.quay_replicate_transient ||
         member->broker->config.shared_storage_dir == NULL || mq->move_to != BROKER_ID_NONE)
         return false;
     const struct cluster_map *map = member_map(member);
