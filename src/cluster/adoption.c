@@ -30,7 +30,7 @@ struct adoption {
     char earlier[CLUSTER_NAME_SIZE_MAX + 1]; /* taken_from_before's, or "" */
     uint64_t ticket; /* adopted: our copy's last journal record (member->adopted_unsaid) */
     bool resume;     /* durable_adopt's: a takeover of ours a restart cut short */
-    struct durable_merge merge; /* its entries owned: adoption_start's transient ones */
+    struct durable_merge merge; /* its entries owned: a kept replica's (adoption_start) */
 };
 
 /* The merge's references go (the queue took its own of those it holds). */
@@ -71,7 +71,7 @@ static void start(struct member *member, struct queue *queue, const struct map_q
     char owner[CLUSTER_NAME_SIZE_MAX + 1];
     broker_name(member, mq->taken_from, owner, sizeof owner);
     if (owner[0] == '\0') {
-        /* Forgotten meanwhile: nobody's directory to read; the transient
+        /* Forgotten meanwhile: nobody's directory to read; the replica's
          * messages we kept are the queue's content. */
         for (uint32_t i = 0; i < merge.count; i++) {
             const struct queue_entry *e = &merge.entries[i];
@@ -102,10 +102,9 @@ static void start(struct member *member, struct queue *queue, const struct map_q
 }
 
 void adoption_start(struct member *member, struct queue *queue, const struct map_queue *mq,
-                    struct queue_entry *transient, uint32_t transient_count)
+                    struct queue_entry *merge, uint32_t merge_count)
 {
-    start(member, queue, mq, false,
-          (struct durable_merge){.entries = transient, .count = transient_count});
+    start(member, queue, mq, false, (struct durable_merge){.entries = merge, .count = merge_count});
 }
 
 bool adoption_leftover(const struct map_queue *mq, uint32_t self)
