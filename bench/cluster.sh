@@ -771,9 +771,11 @@ EOF2
   done
   echo "ROW sharedha size=1024 persistent confirm window=1000 prefetch=100$out" \
     "(published msg/s; link bytes b1<->b2 per published message)"
-  # The failover's cost: ha-all and ha-transient filled with SHAREDHA_MESSAGES persistent
-  # 1 KiB messages each, kill -9 of b1; when each answers a passive declare through b3 with
-  # all of them (ha-all: b2 promotes its replica; ha-transient: b2 takes b1's log over).
+  # The failover's cost: the queues SHAREDHA_FILL names filled with SHAREDHA_MESSAGES
+  # persistent 1 KiB messages each, kill -9 of b1; when ha-all and ha-transient answer a
+  # passive declare through b3 with their counts (ha-all: b2 promotes its replica;
+  # ha-transient: b2 takes b1's log over, and its loop waits for that: fill one at a time
+  # to see each queue's own time).
   # shellcheck disable=SC2086 # a list of names
   printf '%s\n' $SHAREDHA_FILL > "$TMP/ha-names"
   "$BENCH_OUT/quayscale" fill -H 127.0.0.1 -p "$(amqp_port 1)" --names "$TMP/ha-names" \
