@@ -65,12 +65,24 @@
 #           Reports when b1's map had every queue on a live broker (mapped_s) and when every
 #           queue answered a passive queue.declare through b1 with all its messages
 #           (serving_s), both from the kill; then reads one queue back in full.
+#   sharedha 3 brokers on one --shared-storage directory; three durable queues whose
+#           primary is b1: "ha-all" (one backup, b2: every message replicated),
+#           "ha-transient" (one backup, b2, x-quay-replicate: transient: it gets the
+#           transient messages only, the persistent ones are in b1's log) and "ha-none" (no
+#           backup: a takeover from the log alone). amqpbench on b1, persistent 1 KiB
+#           messages, confirms (window 1000), prefetch 100, --check, REPS runs of DURATION s
+#           per queue, interleaved. Prints published msg/s (medians) and the bytes b1 and b2
+#           exchanged on their links per published message (b1's and b2's
+#           quay_cluster_link_*_bytes_total, both directions, over the run). Then the queues
+#           SHAREDHA_FILL names (default ha-all ha-transient) are filled with
+#           SHAREDHA_MESSAGES persistent messages each and b1 is killed: how long until ha-all
+#           and ha-transient answer a passive declare through b3 with their counts again.
 #   fanout  3 brokers; 1 KiB messages published via b to a fanout exchange bound to 10
 #           queues whose primary is a: the bytes b's link to a carries per message
 #           (target: at most 1.2 KiB; bench/cluster_fanout.py does the work).
 #
 # Usage: bench/cluster.sh [proxy] [failover] [scale] [replicated] [cut] [kill9] [heal] [fanout]
-#        [forget] [move] [drain] [join] [takeover]
+#        [forget] [move] [drain] [join] [takeover] [sharedha]
 #        (default: proxy failover scale; cut, kill9 and heal need root)
 # Environment: QUAYD=build/quayd REPS=3 DURATION=10 SCALE_QUEUES=10000 BASE_PORT=6100
 #              BENCH_OUT=build/bench KEEP_TMP=0 PROBE_REPS=1 PROBE_DURATION=10 PROBE_AT=4
@@ -99,6 +111,8 @@ JOIN_QUEUES=${JOIN_QUEUES:-10000}
 JOIN_RATE=${JOIN_RATE:-2000}
 TAKEOVER_QUEUES=${TAKEOVER_QUEUES:-1000}
 TAKEOVER_MESSAGES=${TAKEOVER_MESSAGES:-1000000}
+SHAREDHA_MESSAGES=${SHAREDHA_MESSAGES:-100000}
+SHAREDHA_FILL=${SHAREDHA_FILL:-ha-all ha-transient}
 BASE_PORT=${BASE_PORT:-6100}
 BENCH_OUT=${BENCH_OUT:-build/bench}
 KEEP_TMP=${KEEP_TMP:-0}
@@ -684,6 +698,125 @@ EOF
   stop_all
 }
 
+# link_bytes N PEER: the bytes broker N sent to and received from PEER on its link.
+link_bytes() {
+  curl -s -u guest:guest "http://127.0.0.1:$(http_port "$1")/metrics" |
+    awk -v peer="peer=\"$2\"" 'index($0, peer) && /^quay_cluster_link_(sent|received)_bytes_total/ {s += $2} END {printf "%d\n", s}'
+}
+
+row_sharedha() {
+  need_amqpbench
+  local saved_args=${QUAYD_ARGS:-}
+  QUAYD_ARGS="$saved_args --shared-storage $TMP/shared --auto-rebalance off"
+  form 3
+  QUAYD_ARGS=$saved_args
+  local q
+  for q in ha-all ha-transient ha-none; do
+    /usr/bin/python3 - "$(amqp_port 1)" "$(http_port 1)" "$q" <<'EOF2'
+import json, sys, time, urllib.request
+import pika
+port, http, name = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+_login = urllib.request.build_opener()
+_login.addheaders = [("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")]  # guest:guest
+args = {"x-quay-backups": 0 if name == "ha-none" else 1}
+if name == "ha-transient":
+    args["x-quay-replicate"] = "transient"
+c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+c.channel().queue_declare(name, durable=True, arguments=args)
+c.close()
+def info():
+    with _login.open("http://127.0.0.1:%d/api/queues" % http, timeout=30) as r:
+        return next(q for q in json.load(r) if q["name"] == name)
+def move(body):
+    req = urllib.request.Request("http://127.0.0.1:%d/api/cluster/move" % http,
+                                 json.dumps(dict(body, vhost="/", queue=name)).encode(),
+                                 {"Content-Type": "application/json"}, method="POST")
+    _login.open(req, timeout=30).read()
+def settled(want):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        q = info()
+        if want(q):
+            return q
+        time.sleep(0.1)
+    sys.exit("%s: never placed: %s" % (name, info()))
+if info()["primary"] != "b1":
+    move({"to": "b1"})
+    settled(lambda q: q["primary"] == "b1" and q["in_sync"] == q["backups"])
+want = [] if name == "ha-none" else ["b2"]
+if info()["backups"] != want:
+    move({"to": "b2", "backup_of": info()["backups"][0]})
+settled(lambda q: q["primary"] == "b1" and q["backups"] == want and q["in_sync"] == want)
+EOF2
+  done
+  declare -A ha_rates=() ha_bytes=()
+  for rep in $(seq 1 "$REPS"); do
+    for q in ha-all ha-transient ha-none; do
+      local before after r pub per
+      before=$(( $(link_bytes 1 b2) + $(link_bytes 2 b1) ))
+      r=$("$AMQPBENCH" -p "$(amqp_port 1)" -q "$q" --no-setup -s 1024 -d "$DURATION" \
+          --confirm -w 1000 --prefetch 100 --persistent --durable --check --keep | grep '^RESULT')
+      after=$(( $(link_bytes 1 b2) + $(link_bytes 2 b1) ))
+      case "$r" in *" lost=0 "*) ;; *) echo "ROW sharedha status=fail ($q: lost messages)"; exit 1 ;; esac
+      pub=$(echo "$r" | field published)
+      per=$(awk -v b=$((after - before)) -v n="$pub" 'BEGIN {printf "%.1f", (n > 0 ? b / n : 0)}')
+      echo "# $q rep $rep: $r"
+      echo "# $q rep $rep: link bytes b1<->b2 $((after - before)) for $pub published: $per per message"
+      ha_rates[$q]="${ha_rates[$q]:-} $(echo "$r" | field pub_rate)"
+      ha_bytes[$q]="${ha_bytes[$q]:-} $per"
+    done
+  done
+  local out=""
+  for q in ha-all ha-transient ha-none; do
+    # shellcheck disable=SC2086 # split the lists
+    out="$out $q=$(printf '%s\n' ${ha_rates[$q]} | median)msg/s,$(printf '%s\n' ${ha_bytes[$q]} | median)B/msg"
+  done
+  echo "ROW sharedha size=1024 persistent confirm window=1000 prefetch=100$out" \
+    "(published msg/s; link bytes b1<->b2 per published message)"
+  # The failover's cost: the queues SHAREDHA_FILL names filled with SHAREDHA_MESSAGES
+  # persistent 1 KiB messages each, kill -9 of b1; when ha-all and ha-transient answer a
+  # passive declare through b3 with their counts (ha-all: b2 promotes its replica;
+  # ha-transient: b2 takes b1's log over, and its loop waits for that: fill one at a time
+  # to see each queue's own time).
+  # shellcheck disable=SC2086 # a list of names
+  printf '%s\n' $SHAREDHA_FILL > "$TMP/ha-names"
+  "$BENCH_OUT/quayscale" fill -H 127.0.0.1 -p "$(amqp_port 1)" --names "$TMP/ha-names" \
+    -n "$SHAREDHA_MESSAGES" -s 1024 > /dev/null
+  sleep 1
+  kill -9 "$PID_1"
+  local killed
+  killed=$(date +%s.%N)
+  /usr/bin/python3 - "$(amqp_port 3)" "$SHAREDHA_MESSAGES" "$killed" "$SHAREDHA_FILL" <<'EOF2'
+import sys, threading, time
+import pika
+port, want, killed = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+filled = sys.argv[4].split()
+serving = {}
+
+def poll(name):  # its own connection: a declare that waits does not hold the other's
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    ch = conn.channel()
+    count = want if name in filled else 0
+    while time.time() < killed + 120:
+        try:
+            if ch.queue_declare(name, passive=True).method.message_count == count:
+                serving[name] = time.time() - killed
+                break
+        except pika.exceptions.ChannelClosedByBroker:
+            ch = conn.channel()
+        time.sleep(0.01)
+    conn.close()
+threads = [threading.Thread(target=poll, args=(n,)) for n in ("ha-all", "ha-transient")]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("ROW sharedha-failover messages=%d filled=%s ha-all_serving_s=%s ha-transient_serving_s=%s" % (
+    want, ",".join(filled), *("%.2f" % serving[n] if n in serving else "never" for n in ("ha-all", "ha-transient"))))
+EOF2
+  stop_all
+}
+
 row_takeover() {
   local saved_args=${QUAYD_ARGS:-}
   QUAYD_ARGS="$saved_args --shared-storage $TMP/shared --auto-rebalance off"
@@ -785,6 +918,7 @@ for row in $ROWS; do
     drain) row_drain ;;
     join) row_join ;;
     takeover) row_takeover ;;
+    sharedha) row_sharedha ;;
     *) echo "unknown row $row" >&2; exit 2 ;;
   esac
 done

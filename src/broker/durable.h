@@ -36,10 +36,24 @@ struct queue;
 struct vhost;
 
 struct durable_adopted; /* durable_adopt.c */
+struct queue_entry;
+
+/* Messages to merge by seq with an adopted log: a takeover by an in-sync
+ * backup that kept its replica (x-quay-replicate "transient": the replica
+ * has the transient messages, the log the persistent ones; a persistent
+ * one the replica also has is taken from the log where both have its
+ * seq). entries: ascending seqs, each holding one message reference, which
+ * durable_adopt hands to the queue (they keep their redelivered flag);
+ * next: the first not handed over yet. */
+struct durable_merge {
+    struct queue_entry *entries; /* owned by the caller */
+    uint32_t count, next;
+};
 
 struct durable {
     struct journal *journal;          /* owned */
     struct durable_adopted *adopted;  /* owned: staged logs to remove once copied */
+    struct durable_merge *merge;      /* borrowed during a durable_adopt, else NULL */
     bool replaying;                   /* recovery: do not log what we replay */
     uint64_t synced_ticket;           /* everything up to this is on disk */
     int status;                       /* the journal's first error, 0 if none */
@@ -106,10 +120,11 @@ uint64_t durable_page_out(struct broker *broker, uint64_t wanted);
  * last record (0: nothing copied); the copy is durable once
  * durable_synced_ticket passes it. Returns the messages adopted, or -1
  * (logged; the staged copy stays where journal_adopt left it for the
- * operator). */
+ * operator). merge (or NULL): messages that go in by seq among the
+ * adopted ones (all of them, whatever the logs give: none is lost). */
 int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
                       const char *owner_name, const char *earlier_owner, bool resume,
-                      uint64_t *ticket);
+                      struct durable_merge *merge, uint64_t *ticket);
 /* The queue, ours until now, was taken over from our log (queue.take_over
  * names us): its log is closed without a write, neither the DELETE nor
  * the removal its deletion would make, so a taker that has not read it

@@ -8,8 +8,10 @@
  * order and the seqs stay, and new publishes are numbered above the dead
  * broker's last). Messages it had delivered and not seen acked come back
  * with redelivered set. Transient messages were only in the dead broker's
- * memory: they are gone. The staged copy is removed once our own log is
- * synced past the last copied record.
+ * memory: they are gone, unless we were an in-sync backup of a queue that
+ * replicates only those (x-quay-replicate "transient"): our replica's go in
+ * by seq among the log's (struct durable_merge). The staged copy is
+ * removed once our own log is synced past the last copied record.
  */
 #include "broker/durable.h"
 
@@ -42,6 +44,30 @@ struct adoption {
     uint64_t dropped;
 };
 
+/* One of the merge's transient messages into the queue, at its seq (the
+ * logs are read in seq order, so it is above what went in before; were it
+ * not, it goes in next rather than be lost). */
+static void merge_one(struct queue *queue, const struct queue_entry *e)
+{
+    uint64_t seq = e->seq >= queue->next_seq ? e->seq : queue->next_seq;
+    queue_recover_message(queue, e->message, seq, e->redelivered);
+}
+
+/* The merge's messages below seq go into the queue before the logged one
+ * at seq; logged: there is one at seq, and a merge entry at seq too (a
+ * persistent one the replica had) is dropped: the log's copy wins. */
+static void merge_below(struct broker *broker, struct queue *queue, uint64_t seq, bool logged)
+{
+    struct durable_merge *m = broker->durable.merge;
+    while (m != NULL && m->next < m->count && m->entries[m->next].seq <= seq) {
+        if (m->entries[m->next].seq == seq && !logged)
+            break;
+        const struct queue_entry *e = &m->entries[m->next++];
+        if (e->seq < seq)
+            merge_one(queue, e);
+    }
+}
+
 static void on_adopted(void *ctx, struct journal_queue *jq, struct bytes vhost_name,
                        struct bytes queue_name, uint64_t seq, bool delivered, const void *blob,
                        uint32_t size)
@@ -52,6 +78,7 @@ static void on_adopted(void *ctx, struct journal_queue *jq, struct bytes vhost_n
     struct queue *queue = a->queue;
     if (seq < a->seq_min)
         return;
+    merge_below(queue->vhost->broker, queue, seq, true);
     struct message *message = message_from_blob(blob, size);
     if (message == NULL) {
         LOG_ERROR("queue '%.*s': adopted record %llu does not decode; skipped",
@@ -95,6 +122,9 @@ static int64_t adopt_from(struct broker *broker, struct vhost *vhost, struct que
         free(out);
         return -1;
     }
+    /* (Transient ones between the last live message and the log's end
+     * first: seqs go up.) */
+    merge_below(broker, queue, out->seq_last + 1, false);
     if (queue->next_seq <= out->seq_last)
         queue->next_seq = out->seq_last + 1;
     if (out->staged[0] != '\0' && a.ticket == 0) {
@@ -161,6 +191,55 @@ static int64_t adopt_source(struct broker *broker, struct vhost *vhost, struct q
     return read_source(broker, vhost, queue, source, own, seq_min, ticket);
 }
 
+/* Older logs of the queue: a chain of takers that all died before their
+ * copies were durable (o -> t -> u, then v takes over from u). The map
+ * names u and t only (taken_from, taken_from_before); u had claimed t's
+ * staged copy of o's log into its own adopted/ before it died, and that is
+ * where the only durable copy of o's confirmed messages is. So a takeover
+ * from a taker that did not say queue.adopted also claims whatever else is
+ * staged for the queue in that taker's adopted/ (any source but the two
+ * the map names), after our own such copies (a restart of ours after we
+ * claimed them), and reads them last, above the seqs read before. Their
+ * order among themselves (a chain of four or more) is not known: a message
+ * a later taker's consumer acked may come back. */
+#define ADOPT_OLDER_MAX 8
+
+struct older {
+    uint32_t count;
+    char source[ADOPT_OLDER_MAX][JOURNAL_SOURCE_SIZE];
+    char staged[ADOPT_OLDER_MAX][512];
+};
+
+static int claim_older(struct broker *broker, struct queue *queue, const char *taker,
+                       const char *owner_name, const char *earlier_owner, struct older *o)
+{
+    enum { SOURCES_MAX = 32 };
+    char (*sources)[JOURNAL_SOURCE_SIZE] = malloc(sizeof *sources * SOURCES_MAX);
+    ASSERT(sources != NULL);
+    char taker_dir[1024];
+    if (taker != NULL)
+        snprintf(taker_dir, sizeof taker_dir, "%s/%s", broker->config.shared_storage_dir,
+                 taker);
+    int n = journal_adopt_staged_sources(broker->durable.journal,
+                                         taker != NULL ? taker_dir : NULL, sources,
+                                         SOURCES_MAX);
+    int rc = n < 0 ? E_IO : OK;
+    for (int i = 0; rc == OK && i < n && o->count < ADOPT_OLDER_MAX; i++) {
+        if (strcmp(sources[i], owner_name) == 0 || strcmp(sources[i], earlier_owner) == 0)
+            continue;
+        rc = claim_staged(broker, queue, taker, sources[i], o->staged[o->count]);
+        bool twice = false;
+        for (uint32_t k = 0; k < o->count; k++)
+            twice |= strcmp(o->staged[k], o->staged[o->count]) == 0;
+        if (rc == OK && o->staged[o->count][0] != '\0' && !twice) {
+            snprintf(o->source[o->count], sizeof o->source[0], "%s", sources[i]);
+            o->count++;
+        }
+    }
+    free(sources);
+    return rc;
+}
+
 /* owner_name had taken the queue over from earlier_owner and died before
  * it said it adopted: what it did adopt is in its log, under the same
  * seqs, and was written before anything newer (the journal appends in
@@ -178,30 +257,39 @@ static int64_t adopt_with_earlier(struct broker *broker, struct vhost *vhost,
 {
     char own[512];
     char staged[512] = "";
+    struct older *older = calloc(1, sizeof *older);
+    ASSERT(older != NULL);
     int rc = claim_staged(broker, queue, NULL, earlier_owner, own);
     if (rc == OK)
+        rc = claim_older(broker, queue, NULL, owner_name, earlier_owner, older);
+    if (rc == OK)
         rc = claim_staged(broker, queue, owner_name, earlier_owner, staged);
+    if (rc == OK)
+        rc = claim_older(broker, queue, owner_name, owner_name, earlier_owner, older);
     int64_t count = adopt_source(broker, vhost, queue, owner_name, seq_min, ticket);
-    if (count < 0 || rc != OK)
+    if (count < 0 || rc != OK) {
+        free(older);
         return -1; /* (what was claimed stays staged, reported at our restart) */
+    }
     int64_t more = read_source(broker, vhost, queue, earlier_owner, own, queue->next_seq, ticket);
     if (more >= 0 && staged[0] != '\0') {
         int64_t also = adopt_from(broker, vhost, queue, earlier_owner, staged, false,
                                   queue->next_seq, ticket);
         more = also < 0 ? also : more + also;
     }
+    for (uint32_t i = 0; more >= 0 && i < older->count; i++) {
+        int64_t also = adopt_from(broker, vhost, queue, older->source[i], older->staged[i],
+                                  false, queue->next_seq, ticket);
+        more = also < 0 ? also : more + also;
+    }
+    free(older);
     return more < 0 ? more : count + more;
 }
 
-int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                      const char *owner_name, const char *earlier_owner, bool resume,
-                      uint64_t *ticket)
+static int64_t adopt_logs(struct broker *broker, struct vhost *vhost, struct queue *queue,
+                          const char *owner_name, const char *earlier_owner, bool resume,
+                          uint64_t *ticket)
 {
-    struct durable *d = &broker->durable;
-    *ticket = 0;
-    if (d->journal == NULL || broker->config.shared_storage_dir == NULL ||
-        queue->journal == NULL)
-        return 0;
     if (!resume) {
         ASSERT(queue->ready_count == 0 && queue->unacked_count == 0); /* just made real */
         if (journal_queue_seq_last(queue->journal) > 0) {
@@ -218,6 +306,30 @@ int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *
                         ? adopt_with_earlier(broker, vhost, queue, owner_name, earlier_owner,
                                              seq_min, ticket)
                         : adopt_source(broker, vhost, queue, owner_name, seq_min, ticket);
+    return count;
+}
+
+/* What the merge still holds: above every log's last seq. */
+static void merge_rest(struct broker *broker, struct queue *queue)
+{
+    struct durable_merge *m = broker->durable.merge;
+    while (m != NULL && m->next < m->count)
+        merge_one(queue, &m->entries[m->next++]);
+}
+
+int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
+                      const char *owner_name, const char *earlier_owner, bool resume,
+                      struct durable_merge *merge, uint64_t *ticket)
+{
+    struct durable *d = &broker->durable;
+    *ticket = 0;
+    d->merge = merge;
+    int64_t count = 0;
+    if (d->journal != NULL && broker->config.shared_storage_dir != NULL &&
+        queue->journal != NULL)
+        count = adopt_logs(broker, vhost, queue, owner_name, earlier_owner, resume, ticket);
+    merge_rest(broker, queue);
+    d->merge = NULL;
     queue_dispatch(queue);
     return count;
 }

@@ -242,3 +242,10 @@ int32_t policy_queue_own_backups(const uint8_t *arguments, uint32_t size)
         return -1;
     return (int32_t)n;
 }
+
+bool policy_queue_replicates_transient_only(const uint8_t *arguments, uint32_t size)
+{
+    struct field_value v;
+    return size > 0 && table_get((struct table){arguments, size}, "x-quay-replicate", &v) &&
+           v.kind == 'S' && bytes_equal_cstr(v.str, "transient");
+}

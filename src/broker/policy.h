@@ -94,4 +94,11 @@ uint8_t policy_effective_backups(int32_t own, const struct policy *best,
  * not a number in 0..3, which a declare would have refused). */
 int32_t policy_queue_own_backups(const uint8_t *arguments, uint32_t size);
 
+/* Whether a queue's encoded arguments say x-quay-replicate: "transient"
+ * (quay's own argument, no policy key yet): with shared storage, a
+ * durable queue's backups get its transient messages only, and the
+ * persistent ones are recovered from the primary's log if it dies
+ * (docs/ARCHITECTURE.md section 11). "all" (the default): everything. */
+bool policy_queue_replicates_transient_only(const uint8_t *arguments, uint32_t size);
+
 #endif

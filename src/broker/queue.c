@@ -132,11 +132,12 @@ static bool logged(const struct queue *queue, const struct message *message)
     return queue->journal != NULL && message->persistent;
 }
 
-/* A message left the queue for good: its backups are told. */
-static void replicate_removal(struct queue *queue, uint64_t seq)
+/* A message left the queue for good: its backups are told (those that
+ * hold only transient messages: of a transient one). */
+static void replicate_removal(struct queue *queue, uint64_t seq, bool persistent)
 {
     if (queue->replication_ops)
-        queue->replication_ops->removed(queue, seq);
+        queue->replication_ops->removed(queue, seq, persistent);
 }
 
 /* The message leaves the queue for good (ack, reject, expiry, overflow). */
@@ -144,7 +145,7 @@ static void forget(struct queue *queue, uint64_t seq, const struct message *mess
 {
     if (logged(queue, message))
         journal_ack(queue->journal, seq);
-    replicate_removal(queue, seq);
+    replicate_removal(queue, seq, message->persistent);
 }
 
 /* Reads a paged-out message back from the journal (a synchronous pread on
@@ -214,7 +215,7 @@ static void discard(struct queue *queue, struct queue_entry entry, enum dead_let
     if (entry.paged) {
         if (queue->journal)
             journal_ack(queue->journal, entry.seq);
-        replicate_removal(queue, entry.seq);
+        replicate_removal(queue, entry.seq, true); /* (only persistent ones page) */
         /* Only a dead-letter exchange needs the body back. */
         if (!queue->args.has_dead_letter_exchange) {
             paged_remove(queue);
@@ -902,7 +903,7 @@ bool queue_take(struct queue *queue, struct queue_entry *out)
             /* The journal could not give it back (and said why); it is
              * acked there so recovery does not return it in a loop. */
             journal_ack(queue->journal, out->seq);
-            replicate_removal(queue, out->seq);
+            replicate_removal(queue, out->seq, true);
             continue;
         }
         break;
@@ -954,7 +955,7 @@ void queue_take_delivered(struct queue *queue, const uint64_t *seqs, uint32_t n,
             queue->ready_bytes -= entry_body_size(&e);
             if (!resident(queue, &e)) {
                 journal_ack(queue->journal, e.seq); /* lost from the journal (logged) */
-                replicate_removal(queue, e.seq);
+                replicate_removal(queue, e.seq, true);
                 continue;
             }
             if (logged(queue, e.message) && !e.redelivered)
@@ -1032,8 +1033,10 @@ uint32_t queue_purge(struct queue *queue)
     for (uint32_t level = 0; queue->replication_ops && level <= queue->args.max_priority;
          level++) {
         struct queue_ring *ring = level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
-        for (uint32_t i = 0; i < ring->count; i++)
-            replicate_removal(queue, ring_slot(ring, i)->seq);
+        for (uint32_t i = 0; i < ring->count; i++) {
+            const struct queue_entry *e = ring_slot(ring, i);
+            replicate_removal(queue, e->seq, e->paged || e->message->persistent);
+        }
     }
     if (queue->journal && count > 0) {
         /* Unacked messages survive a purge (RabbitMQ); ack the ready ones. */

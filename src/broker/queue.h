@@ -199,8 +199,8 @@ struct queue_replication_ops {
     void (*published)(struct queue *queue, uint64_t seq, struct message *message,
                       struct publish_wait *wait);
     /* Message seq left the queue for good (ack, reject, expiry, overflow,
-     * purge). */
-    void (*removed)(struct queue *queue, uint64_t seq);
+     * purge); persistent: it was a persistent one. */
+    void (*removed)(struct queue *queue, uint64_t seq, bool persistent);
     /* The queue is deleted: answer what waits, stop streaming, free the
      * state (queue->replication and replication_ops become NULL). */
     void (*detach)(struct queue *queue);

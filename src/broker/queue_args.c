@@ -511,7 +511,8 @@ static const struct known_arg known_args[] = {
     {"x-initial-cluster-size", STREAM},
 };
 
-static const char *const quay_args[] = {"x-quay-backups", "x-quay-dedup-window"};
+static const char *const quay_args[] = {"x-quay-backups", "x-quay-dedup-window",
+                                        "x-quay-replicate"};
 
 static const char *const type_module[] = {
     [QUEUE_TYPE_CLASSIC] = "rabbit_classic_queue",
@@ -790,6 +791,16 @@ static bool parse_quay(struct subject *s, struct table args, struct queue_args *
     if (table_get(args, "x-quay-dedup-window", &v) &&
         !check_expiry(s, "x-quay-dedup-window", &v, &out->quay_dedup_window_ms))
         return false;
+    if (table_get(args, "x-quay-replicate", &v)) {
+        if (!check_longstr(s, "x-quay-replicate", &v))
+            return false;
+        if (!bytes_equal_cstr(v.str, "all") && !bytes_equal_cstr(v.str, "transient")) {
+            put_erlang_string(fail_invalid(s, "x-quay-replicate"), "unsupported replication '",
+                              v.str, "'");
+            return false;
+        }
+        out->quay_replicate_transient = bytes_equal_cstr(v.str, "transient");
+    }
     return true;
 }
 

@@ -72,6 +72,8 @@ struct queue_args {
     int32_t quay_backups;                 /* x-quay-backups 0..3, -1 = not given (quay's own) */
     int64_t quay_dedup_window_ms;         /* x-quay-dedup-window, -1 = none (quay's own;
                                            * 0 is accepted and also means none) */
+    bool quay_replicate_transient;        /* x-quay-replicate "transient" ("all" is the
+                                           * other; quay's own: see policy.h) */
 };
 
 /* Validates and parses queue.declare arguments as RabbitMQ 3.10 does for a

@@ -8,6 +8,7 @@
 
 #include "broker/broker.h"
 #include "broker/durable.h"
+#include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
 #include "cluster/handover.h"
@@ -29,7 +30,17 @@ struct adoption {
     char earlier[CLUSTER_NAME_SIZE_MAX + 1]; /* taken_from_before's, or "" */
     uint64_t ticket; /* adopted: our copy's last journal record (member->adopted_unsaid) */
     bool resume;     /* durable_adopt's: a takeover of ours a restart cut short */
+    struct durable_merge merge; /* its entries owned: a kept replica's (adoption_start) */
 };
+
+/* The merge's references go (the queue took its own of those it holds). */
+static void merge_free(struct durable_merge *m)
+{
+    for (uint32_t i = 0; i < m->count; i++)
+        message_unref(m->entries[i].message);
+    free(m->entries);
+    *m = (struct durable_merge){0};
+}
 
 static void broker_name(const struct member *member, uint32_t id, char *out, size_t size)
 {
@@ -53,17 +64,28 @@ static struct adoption *find(const struct member *member, const struct queue *qu
 }
 
 static void start(struct member *member, struct queue *queue, const struct map_queue *mq,
-                  bool resume)
+                  bool resume, struct durable_merge merge)
 {
     ASSERT(!queue_is_remote(queue) && !queue->deleted);
     ASSERT(find(member, queue) == NULL);
     char owner[CLUSTER_NAME_SIZE_MAX + 1];
     broker_name(member, mq->taken_from, owner, sizeof owner);
-    if (owner[0] == '\0')
-        return; /* forgotten meanwhile: nobody's directory to read */
+    if (owner[0] == '\0') {
+        /* Forgotten meanwhile: nobody's directory to read; the replica's
+         * messages we kept are the queue's content. */
+        for (uint32_t i = 0; i < merge.count; i++) {
+            const struct queue_entry *e = &merge.entries[i];
+            queue_recover_message(queue, e->message,
+                                  e->seq >= queue->next_seq ? e->seq : queue->next_seq,
+                                  e->redelivered);
+        }
+        merge_free(&merge);
+        return;
+    }
     struct adoption *a = calloc(1, sizeof *a);
     ASSERT(a != NULL);
     a->queue = queue;
+    a->merge = merge;
     queue_ref(queue);
     memcpy(a->owner, owner, sizeof owner);
     a->resume = resume;
@@ -79,9 +101,10 @@ static void start(struct member *member, struct queue *queue, const struct map_q
     adoption_synced(member);
 }
 
-void adoption_start(struct member *member, struct queue *queue, const struct map_queue *mq)
+void adoption_start(struct member *member, struct queue *queue, const struct map_queue *mq,
+                    struct queue_entry *merge, uint32_t merge_count)
 {
-    start(member, queue, mq, false);
+    start(member, queue, mq, false, (struct durable_merge){.entries = merge, .count = merge_count});
 }
 
 bool adoption_leftover(const struct map_queue *mq, uint32_t self)
@@ -103,7 +126,7 @@ void adoption_resume_leftovers(struct member *member)
             LOG_INFO("queue '%.*s': our takeover of it was cut short by a restart before the "
                      "map learnt queue.adopted: resuming it", (int)mq->name.len,
                      (const char *)mq->name.ptr);
-            start(member, queue, mq, true);
+            start(member, queue, mq, true, (struct durable_merge){0});
         }
     }
 }
@@ -241,7 +264,7 @@ static void adopt(struct member *member, struct adoption *a, bool follow)
     if (!queue->deleted && !queue_is_remote(queue)) {
         int64_t n = durable_adopt(member->broker, queue->vhost, queue, a->owner,
                                   a->earlier[0] != '\0' ? a->earlier : NULL, a->resume,
-                                  &a->ticket);
+                                  &a->merge, &a->ticket);
         queue_resume(queue); /* publishes and gets that waited go in after */
         const struct map_queue *mq =
             cluster_map_queue(member_map(member), queue->vhost->name, queue->name);
@@ -250,11 +273,13 @@ static void adopt(struct member *member, struct adoption *a, bool follow)
             handover_follow(member, queue, mq);
         }
         queue_dispatch(queue);
+        merge_free(&a->merge);
         if (n >= 0 && follow && !settle(member, a)) { /* nothing copied: said at once */
             list_push_back(&member->adopted_unsaid, &a->link);
             return;
         }
     }
+    merge_free(&a->merge); /* (gone: a queue deleted or moved away before its turn) */
     queue_unref(queue);
     free(a);
 }

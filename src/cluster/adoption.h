@@ -31,12 +31,18 @@
 struct map_queue;
 struct member;
 struct queue;
+struct queue_entry;
 
 #define ADOPTION_SLICE_MS 10
 
 /* q was just made real here by queue.take_over (mq): pause it and adopt
- * mq->taken_from's log of it soon. */
-void adoption_start(struct member *member, struct queue *queue, const struct map_queue *mq);
+ * mq->taken_from's log of it soon. merge (owned: count entries, each
+ * holding a message reference, ascending seqs; NULL if none): the
+ * messages of the replica a takeover with the replica kept
+ * (replica_take_for_merge), which go in by seq among the log's
+ * (durable_adopt's merge). */
+void adoption_start(struct member *member, struct queue *queue, const struct map_queue *mq,
+                    struct queue_entry *merge, uint32_t merge_count);
 /* A queue the map says we took over and never said queue.adopted for
  * (pure). */
 bool adoption_leftover(const struct map_queue *mq, uint32_t self);

@@ -11,6 +11,7 @@
 
 #include <string.h>
 
+#include "broker/policy.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 
@@ -140,6 +141,15 @@ static uint64_t owned_total(const struct placement *p)
     return n;
 }
 
+bool controller_takes_over_with_replica(const struct cluster_map *map, const struct map_queue *q,
+                                        uint32_t backup)
+{
+    const struct map_broker *dead = cluster_map_broker(map, q->primary_id);
+    return q->durable && !q->exclusive && dead != NULL && dead->state == BROKER_STATE_DOWN &&
+           policy_queue_replicates_transient_only(q->arguments.ptr, (uint32_t)q->arguments.len) &&
+           map_brokers_share_storage(dead, cluster_map_broker(map, backup));
+}
+
 uint32_t controller_takeover_target(struct placement *p, const struct map_queue *q)
 {
     const struct map_broker *dead = cluster_map_broker(p->map, q->primary_id);
@@ -175,11 +185,15 @@ uint32_t controller_takeover_target(struct placement *p, const struct map_queue 
 /* A queue taken over from shared storage has no backups left: later gets
  * the ones its factor wants (epoch + 1: after the take-over). */
 static void take_over(struct placement *p, const struct map_queue *q, uint32_t taker,
-                      struct map_cmd_list *out, struct map_cmd_list *later)
+                      bool with_replica, struct map_cmd_list *out, struct map_cmd_list *later)
 {
     struct map_cmd cmd;
-    push(out, map_cmd_queue_take_over(&cmd, q->vhost->name, q->name, q->epoch, taker,
-                                      q->primary_id), &cmd);
+    if (with_replica)
+        push(out, map_cmd_queue_take_over_with_replica(&cmd, q->vhost->name, q->name, q->epoch,
+                                                       taker, q->primary_id), &cmd);
+    else
+        push(out, map_cmd_queue_take_over(&cmd, q->vhost->name, q->name, q->epoch, taker,
+                                          q->primary_id), &cmd);
     uint32_t ids[CLUSTER_BACKUPS_MAX];
     uint8_t n = 0;
     while (n + 1u < q->replication_factor) {
@@ -207,9 +221,18 @@ static void fail_over_primary(struct placement *p, const struct map_queue *q,
         return;
     }
     uint32_t next = promotion_candidate(p->map, q);
+    if (next != BROKER_ID_NONE && controller_takes_over_with_replica(p->map, q, next)) {
+        int s = slot_in(p, next);
+        if (s >= 0) {
+            p->owned[s]++;
+            p->held[s] -= p->held[s] > 0;
+        }
+        take_over(p, q, next, true, out, later);
+        return;
+    }
     uint32_t taker = next == BROKER_ID_NONE ? controller_takeover_target(p, q) : BROKER_ID_NONE;
     if (taker != BROKER_ID_NONE) {
-        take_over(p, q, taker, out, later);
+        take_over(p, q, taker, false, out, later);
         return;
     }
     if (next == BROKER_ID_NONE) {

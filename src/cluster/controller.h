@@ -73,6 +73,15 @@ int controller_fail_over(const struct cluster_map *map, const struct controller_
  * without shared storage, and repair tries again when one comes up).
  */
 uint32_t controller_takeover_target(struct placement *p, const struct map_queue *q);
+/* (b'') A queue with x-quay-replicate "transient" whose primary is down:
+ * its in-sync backup (promotion's choice) holds the transient messages
+ * only. When it shares the dead primary's storage it takes the queue over
+ * keeping its replica (queue.take_over with replica) and merges it with
+ * the log, which holds the persistent ones; else it is promoted as any
+ * backup (the primary replicated everything to a backup that does not
+ * share its storage: replication.c). */
+bool controller_takes_over_with_replica(const struct cluster_map *map, const struct map_queue *q,
+                                        uint32_t backup);
 
 /* (c) A broker is up again: its unavailable queues become available with
  * epoch + 1. Does nothing unless the broker is up. OK. */

@@ -296,7 +296,8 @@ void handover_follow(struct member *member, struct queue *queue, const struct ma
 {
     /* (Ready: the target in sync, and the factor kept after the switch.) */
     bool wanted = !member->stopping && mq->available &&
-                  map_queue_move_state(member_map(member), mq) == MAP_MOVE_READY;
+                  map_queue_move_state(member_map(member), mq) == MAP_MOVE_READY &&
+                  replication_holds_everything(queue, mq->move_to);
     struct handover *h = find(member, queue);
     if (h != NULL) {
         bool same = wanted && h->to == mq->move_to && h->epoch == mq->epoch;

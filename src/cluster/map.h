@@ -399,6 +399,7 @@ struct map_change {
     uint64_t previous_epoch;
     bool planned; /* queue.set_owner: a planned handover (the old primary handed it
                    * over, nothing pending), not a failover */
+    bool with_replica; /* queue.take_over: by an in-sync backup keeping its replica */
     /* Cascades (vhost.delete, exchange.delete, queue.delete). */
     uint32_t queues_deleted_count;
     uint32_t exchanges_deleted_count;
@@ -561,6 +562,14 @@ int map_cmd_queue_set_available(struct map_cmd *out, struct bytes vhost, struct 
  * dropped; epoch + 1, available. */
 int map_cmd_queue_take_over(struct map_cmd *out, struct bytes vhost, struct bytes name,
                             uint64_t expected_epoch, uint32_t primary_id, uint32_t from);
+/* queue.take_over by an in-sync backup of a queue with x-quay-replicate
+ * "transient" (its replica holds the transient messages; the persistent
+ * ones are in from's log only): primary_id keeps its replica and merges
+ * it with the log by seq (mirror.c, durable_adopt). The other backups are
+ * dropped as above (the repair sweep adds them back, caught up). */
+int map_cmd_queue_take_over_with_replica(struct map_cmd *out, struct bytes vhost,
+                                         struct bytes name, uint64_t expected_epoch,
+                                         uint32_t primary_id, uint32_t from);
 /* queue.adopted: primary_id, which took the queue over, has adopted what
  * it took (while primary_id is still its primary; otherwise nothing
  * changes): a later take-over from it reads its log only. No epoch:

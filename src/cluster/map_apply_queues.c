@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "amqp/reply_code_gen.h"
+#include "broker/policy.h"
 #include "broker/queue_args.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
@@ -741,6 +742,7 @@ int map__op_queue_take_over(struct apply_ctx *ctx)
 {
     uint32_t primary = map__read_broker_id(&ctx->reader, "primary");
     uint32_t from = map__read_broker_id(&ctx->reader, "from");
+    bool with_replica = map__read_bool(&ctx->reader, "replica", true);
     int rc;
     struct map_queue *q = find_queue_cas(ctx, true, &rc);
     if (q == NULL)
@@ -752,7 +754,14 @@ int map__op_queue_take_over(struct apply_ctx *ctx)
     if (q->primary_id != from || dead->state != BROKER_STATE_DOWN)
         return map__refuse(ctx, REPLY_PRECONDITION_FAILED, true,
                            "queue '%.*s' is not owned by broker %u, down", NAME_ARG(q->name), from);
-    if (!q->durable || q->exclusive || map_queue_has_backup(q, primary) ||
+    /* With its replica: an in-sync backup of a queue that replicates its
+     * transient messages only (the log has the persistent ones). */
+    int slot = map__backup_slot(q, primary);
+    bool backup_ok = with_replica ? slot >= 0 && (q->in_sync_mask & (1u << slot)) != 0 &&
+                                        policy_queue_replicates_transient_only(
+                                            q->arguments.ptr, (uint32_t)q->arguments.len)
+                                  : slot < 0;
+    if (!q->durable || q->exclusive || !backup_ok ||
         !map_brokers_share_storage(dead, cluster_map_broker(ctx->map, primary)))
         return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false,
                            "broker %u cannot take queue '%.*s' over from broker %u", primary,
@@ -774,6 +783,7 @@ int map__op_queue_take_over(struct apply_ctx *ctx)
     q->adopted = false;
     map__queue_count(map, q, +1);
     ctx->change->changed = true;
+    ctx->change->with_replica = with_replica;
     return OK;
 }
 

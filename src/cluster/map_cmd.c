@@ -630,6 +630,19 @@ int map_cmd_queue_take_over(struct map_cmd *out, struct bytes vhost, struct byte
     return build(out, encode_simple, &s);
 }
 
+int map_cmd_queue_take_over_with_replica(struct map_cmd *out, struct bytes vhost,
+                                         struct bytes name, uint64_t expected_epoch,
+                                         uint32_t primary_id, uint32_t from)
+{
+    ASSERT(expected_epoch != 0);
+    ASSERT(primary_id != BROKER_ID_NONE && from != BROKER_ID_NONE);
+    struct simple_cmd s = {.op = MAP_OP_QUEUE_TAKE_OVER, .vhost = vhost, .name = name,
+                           .epoch = expected_epoch, .int_key = "primary",
+                           .int_value = primary_id, .int2_key = "from", .int2_value = from,
+                           .bool_key = "replica", .bool_value = true};
+    return build(out, encode_simple, &s);
+}
+
 int map_cmd_queue_adopted(struct map_cmd *out, struct bytes vhost, struct bytes name,
                           uint32_t primary_id)
 {

@@ -304,11 +304,14 @@ static void demote(struct member *member, struct vhost *vhost, struct queue *q,
  * if this broker was a backup. Not for a queue taken over: its content is
  * the dead primary's log, and a replica here is a stale one (a takeover
  * never goes to a backup; this broker was one once): adopting it instead
- * of the log served the queue empty. */
-static struct replica *replica_of(struct queue *stand_in, const struct map_queue *mq)
+ * of the log served the queue empty. Unless the takeover says we keep it
+ * (with_replica: we were in sync, and it has the transient messages of a
+ * queue that replicates only those: merged with the log). */
+static struct replica *replica_of(struct queue *stand_in, const struct map_queue *mq,
+                                  bool with_replica)
 {
     struct replica *r = stand_in ? proxy_stub_take_replica(stand_in) : NULL;
-    if (r != NULL && mq->taken_from != BROKER_ID_NONE) {
+    if (r != NULL && mq->taken_from != BROKER_ID_NONE && !with_replica) {
         replica_free(r);
         r = NULL;
     }
@@ -331,11 +334,23 @@ static void follow_queue(struct member *member, struct queue *q, const struct ma
     handover_follow(member, q, mq);
 }
 
+/* q, taken over from shared storage, adopts the dead primary's log soon;
+ * kept (a takeover with the replica, else NULL; freed): the replica whose
+ * messages go in by seq among the log's. */
+static void start_adoption(struct member *member, struct queue *q, const struct map_queue *mq,
+                           struct replica *kept)
+{
+    struct queue_entry *merge;
+    uint32_t merge_count = replica_take_for_merge(q, kept, &merge);
+    adoption_start(member, q, mq, merge, merge_count);
+}
+
 /* The local object for a map queue: real here if we are its primary, a
  * stand-in otherwise. A local object of the wrong kind (a restart found a
  * queue that has moved, a stand-in for a queue that came to us) is
  * replaced. planned: the change was a planned handover. */
-static void ensure_queue(struct member *member, struct map_queue *mq, bool planned)
+static void ensure_queue(struct member *member, struct map_queue *mq, bool planned,
+                         bool with_replica)
 {
     struct vhost *vhost = vhost_for(member, mq->vhost->name);
     struct queue *q = vhost_queue(vhost, mq->name);
@@ -357,7 +372,7 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     }
     /* A backup promoted (or a restart's stale kind): the stand-in's
      * replica, if any, becomes the queue's content. */
-    struct replica *promoted = replica_of(q, mq);
+    struct replica *promoted = replica_of(q, mq, with_replica);
     bool promoted_epoch = q != NULL;
     struct queue_held_publish *held = NULL;
     /* In flight to the old primary: ours now; after a planned handover it
@@ -388,8 +403,10 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     /* A queue taken over from shared storage: its log, in the dead
      * primary's directory, is adopted soon (adoption.h); the queue waits
      * for it, paused, and so do its replication and handovers. */
-    if (mq->taken_from != BROKER_ID_NONE && promoted == NULL)
-        adoption_start(member, q, mq);
+    if (mq->taken_from != BROKER_ID_NONE && (promoted == NULL || with_replica)) {
+        start_adoption(member, q, mq, promoted);
+        promoted = NULL;
+    }
     bool adopting = adoption_pending(member, q);
     replica_adopt(q, promoted);
     handover_adopt(member, q, note, mq->epoch - 1); /* its deliveries stay delivered */
@@ -527,7 +544,7 @@ static void mirror_apply(struct member *member, const struct map_change *c)
         if (c->changed && c->queues_deleted_count > 0)
             drop_queue(member, c->vhost, c->name); /* it replaced a deleted incarnation */
         if (c->changed && c->queue)
-            ensure_queue(member, c->queue, false);
+            ensure_queue(member, c->queue, false, false);
         return;
     case MAP_OP_QUEUE_SET_OWNER:
     case MAP_OP_QUEUE_SET_BACKUPS:
@@ -536,7 +553,7 @@ static void mirror_apply(struct member *member, const struct map_change *c)
     case MAP_OP_QUEUE_MOVE:
     case MAP_OP_QUEUE_TAKE_OVER:
         if (c->changed && c->queue)
-            ensure_queue(member, c->queue, c->op == MAP_OP_QUEUE_SET_OWNER && c->planned);
+            ensure_queue(member, c->queue, c->planned, c->with_replica); /* (their ops') */
         return;
     case MAP_OP_QUEUE_DELETE:
         if (c->changed)
@@ -641,7 +658,7 @@ void mirror_all(struct member *member, bool drop_strays_too)
     for (uint32_t i = 0; i < map->exchanges_count; i++)
         ensure_exchange(member, map->exchanges[i]);
     for (uint32_t i = 0; i < map->queues_count; i++)
-        ensure_queue(member, map->queues[i], false);
+        ensure_queue(member, map->queues[i], false, false);
     struct hmap_entry *e;
     /* Once the map has users its vhosts are the cluster's: a local one it
      * lacks was deleted while we were away. Before, ours join it. */

@@ -315,6 +315,41 @@ struct replica *replica_of_queue(struct queue *queue)
     return r;
 }
 
+uint32_t replica_take_for_merge(struct queue *queue, struct replica *r,
+                                struct queue_entry **out)
+{
+    *out = NULL;
+    if (r == NULL)
+        return 0;
+    queue_adopt_dedup(queue, r->dedup);
+    r->dedup = NULL;
+    if (r->log != NULL && r->log == queue->journal)
+        r->log = NULL; /* the queue's now (durable_adopt starts it over) */
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < r->ring.count; i++) {
+        const struct queue_entry *e = slot(r, i);
+        if (!hole(e) && !e->paged)
+            n++;
+    }
+    if (n > 0) {
+        *out = malloc(sizeof **out * n);
+        ASSERT(*out != NULL);
+    }
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < r->ring.count; i++) {
+        const struct queue_entry *e = slot(r, i);
+        if (hole(e) || e->paged)
+            continue;
+        message_ref(e->message);
+        (*out)[k++] = *e;
+    }
+    LOG_DEBUG("vhost=%.*s queue=%.*s: taken over with %u messages from its replica",
+              (int)queue->vhost->name.len, (const char *)queue->vhost->name.ptr,
+              (int)queue->name.len, (const char *)queue->name.ptr, n);
+    replica_free(r);
+    return n;
+}
+
 /* ---- a planned handover ---- */
 
 void replica_handover_free(struct replica_handover *h)

@@ -44,6 +44,7 @@
 struct journal_queue;
 struct message;
 struct queue;
+struct queue_entry;
 
 /* ---- the backup's side ---- */
 
@@ -75,6 +76,20 @@ uint32_t replica_dedup_count(const struct replica *replica); /* ids remembered; 
  * the queue is left empty, to be deleted. last_seq: the queue's last seq,
  * so the new primary's stream goes on after it. No message is copied. */
 struct replica *replica_of_queue(struct queue *queue);
+
+/* A takeover with the replica (queue.take_over with replica, of a queue
+ * with x-quay-replicate "transient"): the replica's messages held in
+ * memory, in seq order, each with one reference (*out, owned by the
+ * caller; the count returned), for durable_adopt to merge with the dead
+ * primary's log: the transient ones, and any persistent ones (a replica
+ * caught up in full: before the mode applied, or for a move), which only
+ * matter where the log lacks them (the log's copy is taken where both have
+ * a seq; one the log has as acked comes back, flagged redelivered). Paged
+ * ones are left out (the log has every confirmed one). Its dedup table
+ * goes to the queue; its log, the queue's own by name, stays the queue's.
+ * Frees the replica (NULL is fine: 0). */
+uint32_t replica_take_for_merge(struct queue *queue, struct replica *replica,
+                                struct queue_entry **out);
 
 /* ---- a planned handover ---- */
 

@@ -56,7 +56,16 @@ struct replica_stream {
     bool gating;              /* confirms wait for its acks (in sync, or just caught up) */
     bool join_asked;          /* caught up: the map was asked to put it in sync */
     uint32_t inflight;        /* answers the link owes */
-    uint64_t acked_seq;       /* everything up to here is on it */
+    uint64_t acked_seq;       /* everything up to here is on it (or not for it: below) */
+    /* x-quay-replicate "transient" (see transient_only_wanted): decided when
+     * its catch-up starts; a live backup that has everything switches to
+     * it at once (full_until: the newest seq then; it holds the persistent
+     * ones up to there, and is told when they leave); back to everything
+     * only by a catch-up. Its persistent messages are not sent; one counts
+     * as acked once everything sent before it is: last_sent is the highest
+     * tag sent, skipped_to the highest seq not sent since. */
+    bool transient_only;
+    uint64_t full_until, last_sent, skipped_to;
     uint32_t catch_up_left;   /* catching up, backlog sent: answers owed up to its end */
     bool throttled;           /* its catch-up waits for the byte budget (member.h) */
     uint64_t catch_up_bytes;  /* sent by the catch-up going on */
@@ -90,6 +99,7 @@ struct replication {
     uint8_t asked_count;
     uint64_t checked_ms;      /* the tick last compared the map with what we want */
     bool quiescing; /* a handover waits for the backups (replication_quiesce) */
+    bool transient_wanted; /* transient_only_wanted, as of the last attach */
     /* Confirms this broker gave as primary in this epoch (split-brain checks). */
     uint64_t confirms_epoch, confirms_count, first_confirm_ms, last_confirm_ms;
 };
@@ -296,6 +306,8 @@ static void on_stream_answer(void *ctx, uint64_t tag, bool ack)
         s->progress_ms = loop_ms(rep); /* any answer: it is working through its input */
         if (tag > s->acked_seq)
             s->acked_seq = tag;
+        if (s->acked_seq >= s->last_sent && s->skipped_to > s->acked_seq)
+            s->acked_seq = s->skipped_to; /* what it was not sent since: see skip */
         if (s->state == STREAM_CATCHING_UP)
             catch_up_answered(rep, s);
     }
@@ -320,6 +332,8 @@ static bool stream_send(struct replication *rep, struct replica_stream *s, const
     }
     s->sent++;
     s->inflight += message != NULL;
+    if (message != NULL && (tag & PROBE_TAG) == 0 && tag > s->last_sent)
+        s->last_sent = tag;
     return true;
 }
 
@@ -412,21 +426,32 @@ static int by_seq(const void *a, const void *b)
     return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
+/* backlog_add for a transient-only backup: the transient ones only
+ * (paged ones are persistent). */
+static void backlog_add_transient(void *ctx, uint64_t seq, struct message *message)
+{
+    if (message != NULL && !message->persistent)
+        backlog_add(ctx, seq, message);
+}
+
 /* Every message the queue holds, ready (resident or paged) or delivered
- * and unacked, in seq order, each with a reference. */
-static struct backlog *backlog_take(struct queue *queue)
+ * and unacked, in seq order, each with a reference (transient_only: the
+ * transient ones). */
+static struct backlog *backlog_take(struct queue *queue, bool transient_only)
 {
     struct backlog *b = calloc(1, sizeof *b);
     ASSERT(b != NULL);
+    void (*add)(void *, uint64_t, struct message *) =
+        transient_only ? backlog_add_transient : backlog_add;
     for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
         const struct queue_ring *ring =
             level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
         for (uint32_t i = 0; i < ring->count; i++) {
             const struct queue_entry *e = &ring->entries[(ring->head + i) & (ring->cap - 1)];
-            backlog_add(b, e->seq, e->paged ? NULL : e->message);
+            add(b, e->seq, e->paged ? NULL : e->message);
         }
     }
-    channels_each_unacked(queue->vhost->broker, queue, backlog_add, b);
+    channels_each_unacked(queue->vhost->broker, queue, add, b);
     if (b->count > 1)
         qsort(b->items, b->count, sizeof *b->items, by_seq);
     return b;
@@ -541,31 +566,46 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
     s->progress_ms = loop_ms(rep);
     s->catch_up_left = 0;
     s->catch_up_bytes = 0;
+    s->transient_only = rep->transient_wanted;
+    s->full_until = s->skipped_to = 0;
     ASSERT(s->backlog == NULL);
     if (!stream_send(rep, s, &reset, NULL, 0) || !send_dedup_ids(rep, s))
         return;
     LOG_DEBUG("queue %.*s: catching up backup %u", (int)queue->name.len,
               (const char *)queue->name.ptr, s->backup_id);
     rep->member->catch_ups_count++;
-    s->backlog = backlog_take(queue);
+    s->backlog = backlog_take(queue, s->transient_only);
     catch_up_pump(rep, s);
 }
 
 /* ---- the queue's hooks ---- */
+
+/* A persistent message not sent to a transient-only backup: it has it
+ * (for confirms) once it has acked everything sent before it. (While a
+ * catch-up's backlog is being sent, older seqs are still to go: its end
+ * probe, tagged with the newest seq, covers the message instead.) */
+static void skip(struct replica_stream *s, uint64_t seq)
+{
+    if (s->backlog != NULL)
+        return;
+    s->skipped_to = seq;
+    if (s->state == STREAM_LIVE && s->acked_seq >= s->last_sent)
+        s->acked_seq = seq;
+}
 
 static void published(struct queue *queue, uint64_t seq, struct message *message,
                       struct publish_wait *wait)
 {
     struct replication *rep = queue->replication;
     struct method m = replicate_method(queue, rep->epoch, seq, message);
-    bool gated = false;
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         struct replica_stream *s = rep->streams[i];
-        if (s->backlog)
+        if (s->transient_only && message->persistent)
+            skip(s, seq);
+        else if (s->backlog)
             backlog_add(s->backlog, seq, message); /* after what the catch-up still sends */
         else if (s->state == STREAM_LIVE || s->state == STREAM_CATCHING_UP)
             stream_send(rep, s, &m, message, seq);
-        gated |= s->gating;
     }
     backups_flow(rep);
     if (wait && rep->member->forward_flow_peers > 0) {
@@ -574,7 +614,7 @@ static void published(struct queue *queue, uint64_t seq, struct message *message
             wait->flow |= peer != NULL && peer->forward_flow;
         }
     }
-    confirm_when_replicated(rep, seq, wait, !gated);
+    confirm_when_replicated(rep, seq, wait, replicated_everywhere(rep, seq));
 }
 
 static void wait_for(struct queue *queue, uint64_t seq, struct publish_wait *wait)
@@ -583,7 +623,7 @@ static void wait_for(struct queue *queue, uint64_t seq, struct publish_wait *wai
     confirm_when_replicated(rep, seq, wait, replicated_everywhere(rep, seq));
 }
 
-static void removed(struct queue *queue, uint64_t seq)
+static void removed(struct queue *queue, uint64_t seq, bool persistent)
 {
     struct replication *rep = queue->replication;
     struct method m = {.id = METHOD_BASIC_QUAY_SETTLE};
@@ -592,6 +632,8 @@ static void removed(struct queue *queue, uint64_t seq)
     m.basic_quay_settle.seq = seq;
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         struct replica_stream *s = rep->streams[i];
+        if (s->transient_only && persistent && seq > s->full_until)
+            continue; /* never sent to it */
         if (s->backlog && backlog_remove(s->backlog, seq))
             continue; /* never sent: the backup never hears of it */
         if (s->state == STREAM_LIVE || s->state == STREAM_CATCHING_UP)
@@ -744,6 +786,49 @@ static void streams_follow(struct replication *rep, const struct map_queue *mq, 
     rep->streams_count = mq->backups_count;
 }
 
+/* x-quay-replicate "transient": the backups get the transient messages
+ * only, when the persistent ones are safe without them. Each is confirmed
+ * once our own journal synced it, through a fenced sync on the shared
+ * storage (so it is in the log a taker reads: the fence makes a write
+ * after the taker's rename fail, unconfirmed), with our lease fresh and
+ * every message before it on the in-sync backups (confirms go in order).
+ * If we die, the in-sync backup the controller would promote takes the
+ * queue over keeping its replica (queue.take_over with replica), reads our
+ * log and merges by seq. So only when that backup can read our log: every
+ * backup shares our storage (the map's broker.storage). Not while the
+ * queue moves: a planned handover gives the target the queue as its
+ * replica holds it, and the backups that stay go on from what they hold
+ * (the target's log of the persistent ones was not synced when it acked
+ * them, so it cannot stand in for theirs at once); so they are all caught
+ * up again in full, and switch back once the move is over (replication_attach). */
+static bool transient_only_wanted(const struct member *member, const struct queue *queue,
+                                  const struct map_queue *mq)
+{
+    /* (Not an exclusive queue: nobody takes one over, its backup is promoted
+     * as usual: controller_takes_over_with_replica.) */
+    if (!queue->durable || queue->exclusive || queue->journal == NULL ||
+        !queue->args.quay_replicate_transient ||
+        member->broker->config.shared_storage_dir == NULL || mq->move_to != BROKER_ID_NONE)
+        return false;
+    const struct cluster_map *map = member_map(member);
+    const struct map_broker *self = cluster_map_broker(map, member->self_id);
+    for (uint8_t i = 0; i < mq->backups_count; i++) {
+        if (!map_brokers_share_storage(self, cluster_map_broker(map, mq->backup_ids[i])))
+            return false;
+    }
+    return self != NULL;
+}
+
+bool replication_holds_everything(const struct queue *queue, uint32_t backup_id)
+{
+    const struct replication *rep = queue->replication;
+    for (uint8_t i = 0; rep != NULL && i < rep->streams_count; i++) {
+        if (rep->streams[i]->backup_id == backup_id)
+            return !rep->streams[i]->transient_only;
+    }
+    return true;
+}
+
 void replication_attach(struct member *member, struct queue *queue, const struct map_queue *mq)
 {
     struct replication *rep = queue->replication;
@@ -762,6 +847,7 @@ void replication_attach(struct member *member, struct queue *queue, const struct
         queue->replication_ops = &replication_ops;
     }
     rep->epoch = mq->epoch;
+    rep->transient_wanted = transient_only_wanted(member, queue, mq);
     streams_follow(rep, mq, fresh);
     for (uint8_t i = 0; fresh && i < rep->streams_count; i++) {
         if (rep->streams[i]->state == STREAM_LIVE)
@@ -769,6 +855,14 @@ void replication_attach(struct member *member, struct queue *queue, const struct
     }
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         struct replica_stream *s = rep->streams[i];
+        if (s->transient_only && !rep->transient_wanted) {
+            stream_fail(rep, s, "must hold the persistent messages too (a move, or storage "
+                                "not shared): caught up again in full");
+        } else if (!s->transient_only && rep->transient_wanted && s->state == STREAM_LIVE) {
+            s->transient_only = true; /* it has everything so far: the new ones suffice */
+            s->full_until = queue->next_seq - 1;
+            s->skipped_to = 0;
+        }
         if (!s->gating && (s->state == STREAM_IDLE || s->state == STREAM_FAILED))
             catch_up(rep, s);
     }
@@ -879,6 +973,9 @@ void replication_write_json(const struct queue *queue, struct json *out)
     if (rep == NULL)
         return;
     json_kv_bool(out, "serving", member_lease_fresh(rep->member));
+    /* x-quay-replicate in effect: "transient" while the backups get the
+     * transient messages only (transient_only_wanted), else "all". */
+    json_kv_string(out, "replicating", rep->transient_wanted ? "transient" : "all");
     json_kv_uint(out, "confirms_waiting", rep->count);
     json_key(out, "confirms");
     json_object_begin(out);

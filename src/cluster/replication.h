@@ -83,6 +83,11 @@ struct replication_progress {
 bool replication_catch_up_progress(const struct queue *queue, uint32_t backup_id,
                                    struct replication_progress *out);
 
+/* Whether backup_id's copy of the queue has its persistent messages too
+ * (false: x-quay-replicate "transient" sent it the transient ones only).
+ * A planned handover goes only to a backup that has everything. */
+bool replication_holds_everything(const struct queue *queue, uint32_t backup_id);
+
 /* The member stops: every queue's replication is detached (nacked). */
 void replication_stop_all(struct member *member);
 

@@ -182,6 +182,14 @@ int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost
  * restart; the log stays where it is). OK, or E_IO. */
 int journal_adopt_claim_staged(struct journal *j, const char *taker_dir, const char *source,
                                struct bytes vhost, struct bytes name, char *staged);
+/* The sources of the staged copies in taker_dir/adopted/ (NULL: ours),
+ * each once, in no particular order (a removal's *.gone left out): up to
+ * cap names into sources (each JOURNAL_SOURCE_SIZE bytes, NUL-terminated).
+ * Returns how many, or a negative errno (none there: 0). Names only: no
+ * log is read. */
+#define JOURNAL_SOURCE_SIZE 256
+int journal_adopt_staged_sources(struct journal *j, const char *taker_dir,
+                                 char (*sources)[JOURNAL_SOURCE_SIZE], uint32_t cap);
 /* journal_adopt's second half: recovers the staged log at staged (one of
  * ours) and calls fn for its live messages; out as journal_adopt's. */
 int journal_adopt_read(struct journal *j, const char *staged, journal_recover_fn fn, void *ctx,

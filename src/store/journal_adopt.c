@@ -371,6 +371,39 @@ int journal_adopt_claim_staged(struct journal *j, const char *taker_dir, const c
     return claim(j, &w, source, vhost, name, staged);
 }
 
+struct sources {
+    char (*names)[JOURNAL_SOURCE_SIZE];
+    uint32_t cap, count;
+};
+
+static int source_entry(void *ctx, const char *leaf)
+{
+    struct sources *sc = ctx;
+    const char *dot = strrchr(leaf, '.');
+    if (dot == NULL || strlen(dot + 1) != 16 || (size_t)(dot - leaf) >= JOURNAL_SOURCE_SIZE)
+        return 0; /* (a *.gone, or not a staged root) */
+    size_t n = (size_t)(dot - leaf);
+    for (uint32_t i = 0; i < sc->count; i++) {
+        if (strlen(sc->names[i]) == n && memcmp(sc->names[i], leaf, n) == 0)
+            return 0;
+    }
+    if (sc->count == sc->cap)
+        return 0;
+    memcpy(sc->names[sc->count], leaf, n);
+    sc->names[sc->count++][n] = '\0';
+    return 0;
+}
+
+int journal_adopt_staged_sources(struct journal *j, const char *taker_dir,
+                                 char (*sources)[JOURNAL_SOURCE_SIZE], uint32_t cap)
+{
+    char adopted[JOURNAL_PATH_SIZE];
+    journal__path(adopted, taker_dir != NULL ? taker_dir : j->dir, "adopted");
+    struct sources sc = {sources, cap, 0};
+    int rc = j->disk->readdir(j->disk->ctx, adopted, source_entry, &sc);
+    return rc < 0 && rc != -ENOENT ? rc : (int)sc.count;
+}
+
 struct remover {
     const struct disk_ops *disk;
     const char *dir;

@@ -1373,6 +1373,59 @@ static void test_shared_storage_take_over(void **state)
     cluster_map_free(&map);
 }
 
+/* queue.take_over with replica: only by an in-sync backup of a queue with
+ * x-quay-replicate "transient" that shares the dead primary's storage;
+ * the change says so (the mirror keeps the replica), the other backups
+ * go. */
+static void test_take_over_with_replica(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    join(&map, 4, true);
+    struct map_cmd c_;
+    APPLY_OK(&map, map_cmd_broker_storage(&c_, 1, B("s1")));
+    APPLY_OK(&map, map_cmd_broker_storage(&c_, 2, B("s1")));
+    APPLY_OK(&map, map_cmd_broker_storage(&c_, 3, B("s1")));
+    uint8_t buf[64];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_longstr(&w, "x-quay-replicate", B("transient"));
+    struct map_queue_decl d = queue_decl("/", "q", 1, 2);
+    d.backup_ids[1] = 3;
+    d.backups_count = 2;
+    d.arguments = table_writer_table(&w);
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1));
+    struct map_queue_decl plain = queue_decl("/", "plain", 1, 2);
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &plain, 1));
+    struct map_queue *q = cluster_map_queue(&map, B("/"), B("q"));
+    struct map_queue *pq = cluster_map_queue(&map, B("/"), B("plain"));
+    uint32_t two = 2;
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), q->epoch, &two, 1));
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("plain"), pq->epoch, &two, 1));
+    APPLY_OK(&map, map_cmd_broker_state(&c_, 1, BROKER_STATE_DOWN));
+    uint64_t e = q->epoch;
+    /* Not by a backup out of sync (3), not of a queue without the argument. */
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_take_over_with_replica(&c_, B("/"), B("q"), e,
+                                                                         3, 1)),
+                     E_MAP_REFUSED);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_take_over_with_replica(
+                                        &c_, B("/"), B("plain"), pq->epoch, 2, 1)),
+                     E_MAP_REFUSED);
+    /* Nor by a broker that is not a backup (the plain take_over's case). */
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_take_over_with_replica(&c_, B("/"), B("q"), e,
+                                                                         4, 1)),
+                     E_MAP_REFUSED);
+    APPLY_OK(&map, map_cmd_queue_take_over_with_replica(&c_, B("/"), B("q"), e, 2, 1));
+    assert_true(last.changed);
+    assert_true(last.with_replica);
+    assert_int_equal(q->primary_id, 2);
+    assert_int_equal(q->taken_from, 1);
+    assert_int_equal(q->backups_count, 0);
+    assert_int_equal(q->epoch, e + 1);
+    cluster_map_free(&map);
+}
+
 static void test_lookup_is_constant_time(void **state)
 {
     (void)state;
@@ -1536,6 +1589,7 @@ int main(void)
         cmocka_unit_test(test_queue_move_backup),
         cmocka_unit_test(test_snapshot_round_trip),
         cmocka_unit_test(test_shared_storage_take_over),
+        cmocka_unit_test(test_take_over_with_replica),
         cmocka_unit_test(test_lookup_is_constant_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

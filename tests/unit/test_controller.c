@@ -1190,6 +1190,64 @@ static void test_takeover_from_shared_storage(void **state)
     cluster_map_free(&map);
 }
 
+/* x-quay-replicate "transient" (controller_takes_over_with_replica): the
+ * dead primary's in-sync backup takes the queue over keeping its replica
+ * (queue.take_over with replica: it merges its transient messages with
+ * the log) when it shares the storage, and is promoted as usual when it
+ * does not (the primary sent it everything); a queue without the argument
+ * is promoted as usual. The factor is refilled after either. */
+static void test_transient_only_queue_taken_over_by_its_backup(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    small_map(&map, 4);
+    storage(&map, 1, "s");
+    storage(&map, 2, "s");
+    storage(&map, 3, "s");
+    storage(&map, 4, "t");
+    uint8_t buf[64];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_longstr(&w, "x-quay-replicate", B("transient"));
+    struct table transient_only = table_writer_table(&w);
+    const char *names[] = {"tonly", "tonly-elsewhere", "all"};
+    const uint32_t backups[] = {2, 4, 2};
+    struct map_cmd c;
+    for (int i = 0; i < 3; i++) {
+        struct map_queue_decl d = {.vhost = B("/"), .name = B(names[i]), .durable = true,
+                                   .primary_id = 1, .replication_factor = 2,
+                                   .arguments = i < 2 ? transient_only : (struct table){0}};
+        d.backup_ids[d.backups_count++] = backups[i];
+        must_apply(&map, map_cmd_queue_declare(&c, &d, 1), &c);
+        const struct map_queue *q = cluster_map_queue(&map, B("/"), B(names[i]));
+        must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B(names[i]), q->epoch,
+                                                   q->backup_ids, 1), &c);
+    }
+    const struct map_queue *tonly = cluster_map_queue(&map, B("/"), B("tonly"));
+    assert_false(controller_takes_over_with_replica(&map, tonly, 2)); /* 1 is up */
+    must_apply(&map, map_cmd_broker_state(&c, 1, BROKER_STATE_DOWN), &c);
+    assert_true(controller_takes_over_with_replica(&map, tonly, 2));
+    struct controller_config config;
+    controller_config_default(&config);
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    controller_fail_over(&map, &config, 1, &out);
+    assert_int_equal(apply_all(&map, &out), 0);
+    assert_consistent(&map);
+    assert_int_equal(tonly->primary_id, 2);
+    assert_int_equal(tonly->taken_from, 1);
+    assert_false(tonly->adopted);
+    assert_int_equal(tonly->backups_count, 1); /* refilled */
+    assert_int_not_equal(tonly->backup_ids[0], 2);
+    const struct map_queue *elsewhere = cluster_map_queue(&map, B("/"), B("tonly-elsewhere"));
+    assert_int_equal(elsewhere->primary_id, 4);
+    assert_int_equal(elsewhere->taken_from, BROKER_ID_NONE);
+    const struct map_queue *all = cluster_map_queue(&map, B("/"), B("all"));
+    assert_int_equal(all->primary_id, 2);
+    assert_int_equal(all->taken_from, BROKER_ID_NONE);
+    cluster_map_free(&map);
+}
+
 /* A taker says queue.adopted once its copy is synced, never if its
  * journal failed or the queue is no longer its own (a takeover from it
  * then reads the log it took the queue from as well). */
@@ -1331,6 +1389,7 @@ int main(void)
         cmocka_unit_test(test_policies_change_factors),
         cmocka_unit_test(test_repair_finishes_a_backup_move),
         cmocka_unit_test(test_takeover_from_shared_storage),
+        cmocka_unit_test(test_transient_only_queue_taken_over_by_its_backup),
         cmocka_unit_test(test_adopted_said_once_synced),
         cmocka_unit_test(test_leftover_adoptions_and_staged_copies),
         cmocka_unit_test(test_leader_tick),

@@ -206,6 +206,23 @@ static void test_all_valid(void **state)
     assert_true(out.lazy);
     assert_int_equal(out.quay_backups, 3);
     assert_int_equal(out.quay_dedup_window_ms, 60000);
+    assert_false(out.quay_replicate_transient);
+}
+
+/* x-quay-replicate: "all" (the default) or "transient", a longstr. */
+static void test_quay_replicate(void **state)
+{
+    (void)state;
+    assert_true(expect_one_ok("x-quay-replicate", str_value('S', "transient"))
+                    .quay_replicate_transient);
+    assert_false(expect_one_ok("x-quay-replicate", str_value('S', "all"))
+                     .quay_replicate_transient);
+    expect_one_refused("x-quay-replicate", str_value('S', "persistent"),
+                       "invalid arg 'x-quay-replicate' for queue 'q' in vhost '/': "
+                       "\"unsupported replication 'persistent'\"");
+    expect_one_refused("x-quay-replicate", int_value('I', 1),
+                       "invalid arg 'x-quay-replicate' for queue 'q' in vhost '/': "
+                       "{unacceptable_type,signedint}");
 }
 
 /* Every integer kind is an integer (timestamp is not); empty DLX names,
@@ -959,6 +976,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_all_valid),
         cmocka_unit_test(test_accepted_variants),
+        cmocka_unit_test(test_quay_replicate),
         cmocka_unit_test(test_integer_args_wrong_type),
         cmocka_unit_test(test_integer_ranges),
         cmocka_unit_test(test_string_and_bool_args),
