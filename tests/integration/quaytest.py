@@ -22,10 +22,12 @@ Three parts:
 2. An independent AMQP 0-9-1 frame encoder/decoder (no pika code) for the
    tests that need to send malformed or exactly-controlled frames.
 
-3. A mini test runner: `@test` registers a function, `run()` runs them in
-   order with a per-test alarm, prints `ok NAME` / `FAIL NAME: reason`, then
-   `N passed, M failed`, and exits 1 on any failure.  After every test the
-   runner checks that the broker still accepts a fresh connection.
+3. The test runner, tests/cluster/clustertest.py's (the one runner of the
+   Python tests) around the broker fixture: `@test` registers a function,
+   `run()` runs them in order with a per-test alarm, prints `ok NAME` /
+   `FAIL NAME: reason`, then `N passed, M failed`, and exits 1 on any
+   failure.  After every test it checks that the broker still accepts a
+   fresh connection.
 
 Only the Python standard library is needed for parts 1-3; `pika_connect()`
 imports pika lazily.
@@ -47,11 +49,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cluster"))
-from clustertest import (API_PASSWORD, API_USER, APIError, api_authorization,  # noqa: E402,F401
-                         api_call, api_get, free_port)
+import clustertest  # noqa: E402
+from clustertest import (API_PASSWORD, API_USER, SANITIZER_MARKERS, APIError,  # noqa: E402,F401
+                         TestTimeout, api_authorization, api_call, api_get, free_port)
 
 # ---------------------------------------------------------------------------
 # Constants
@@ -134,7 +136,6 @@ TX_ROLLBACK_OK = (90, 31)
 # Broker fixture
 # ---------------------------------------------------------------------------
 
-SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error:", "LeakSanitizer")
 
 
 MODE = os.environ.get("QUAY_TEST_MODE", "single")
@@ -368,9 +369,6 @@ def form_test_cluster(extra_args, http=True, host="127.0.0.1", env=None, client_
     queue, the client's broker (a follower, AMQP on host; client_args are
     its own) placing every queue elsewhere. Returns (clustertest.Cluster,
     members)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                    "cluster"))
-    import clustertest
     cluster = clustertest.Cluster(http=http)
     common = ["--default-backups", "1"] + list(extra_args)
 
@@ -460,6 +458,7 @@ def broker():
 
 def is_rabbitmq():
     return broker().external
+
 
 
 # ---------------------------------------------------------------------------
@@ -1169,15 +1168,9 @@ def eq(actual, expected, what=""):
                                                         expected, actual))
 
 
-def wait_until(pred, timeout=5.0, interval=0.02, what="condition"):
-    deadline = time.time() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.time() > deadline:
-            raise AssertionError("timed out waiting for %s" % what)
-        time.sleep(interval)
+def wait_until(pred, timeout=5.0, interval=0.02, what="condition", detail=None):
+    """clustertest.wait_until with one broker's shorter default timeout."""
+    return clustertest.wait_until(pred, timeout, interval, what, detail)
 
 
 def broker_alive():
@@ -1192,35 +1185,26 @@ def broker_alive():
 
 
 # ---------------------------------------------------------------------------
-# Runner
+# Runner: clustertest's, with this file's broker fixture around it
 # ---------------------------------------------------------------------------
 
-_tests = []
 TEST_TIMEOUT = 30
 
 
 def test(fn=None, timeout=None):
     """Register a test.  Use as @test or @test(timeout=60)."""
-    def reg(f):
-        f.timeout = timeout or TEST_TIMEOUT
-        _tests.append(f)
-        return f
-    return reg(fn) if fn is not None else reg
+    return clustertest.test(fn, timeout, default_timeout=TEST_TIMEOUT)
 
 
-class TestTimeout(Exception):
-    pass
-
-
-def _alarm(signum, frame_):
-    raise TestTimeout("test timed out")
+def _after_test():
+    _close_all()
+    broker_alive()
 
 
 def run():
-    """Run registered tests (optionally only names given on the command line)."""
-    only = set(sys.argv[1:])
-    signal.signal(signal.SIGALRM, _alarm)
-    passed = failed = 0
+    """Run registered tests (optionally only names given on the command line)
+    against the broker fixture, which must still accept a connection after
+    each test and stop cleanly at the end."""
     try:
         b = broker()
     except Exception as e:
@@ -1229,29 +1213,6 @@ def run():
         sys.exit(1)
     atexit.register(lambda: b.proc and b.proc.kill())
     print("# broker %s:%d (%s)" % (b.host, b.port, "external" if b.external else "quayd"))
-    for t in _tests:
-        if only and t.__name__ not in only:
-            continue
-        signal.alarm(t.timeout)
-        t0 = time.time()
-        try:
-            t()
-            _close_all()
-            broker_alive()
-            signal.alarm(0)
-            passed += 1
-            print("ok %s (%.2fs)" % (t.__name__, time.time() - t0))
-        except BaseException as e:
-            signal.alarm(0)
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            failed += 1
-            print("FAIL %s: %s: %s" % (t.__name__, type(e).__name__, e))
-            traceback.print_exc(file=sys.stdout)
-            _close_all()
-        sys.stdout.flush()
-    for problem in b.stop():
-        failed += 1
-        print("FAIL broker-shutdown: %s" % problem)
-    print("%d passed, %d failed" % (passed, failed))
-    sys.exit(1 if failed else 0)
+    clustertest.finish(*clustertest.run_tests(after_each=_after_test, after_failure=_close_all,
+                                              cleanup=lambda failed: b.stop(),
+                                              cleanup_label="broker-shutdown"))
