@@ -38,36 +38,10 @@ QUAYCTL = os.path.join(os.path.dirname(QUAYD), "quayctl") if QUAYD else ""
 RABBIT_HASH = "rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RND"
 
 
-class Node:
-    """One broker the test talks to: AMQP and HTTP ports."""
-
-    def __init__(self, name, amqp_port, http_port):
-        self.name, self.amqp_port, self.http_port = name, amqp_port, http_port
-
-    def api(self, method, path, body=None, **kw):
-        return api_call("127.0.0.1", self.http_port, method, path, body, **kw)
-
-    def get(self, path):
-        status, body = self.api("GET", path)
-        eq(status, 200, "GET %s on %s" % (path, self.name))
-        return body
-
-    def connect(self, user="guest", password="guest", vhost="/"):
-        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, vhost,
-                                           pika.PlainCredentials(user, password),
-                                           connection_attempts=1, socket_timeout=5,
-                                           heartbeat=0)
-        return pika.BlockingConnection(params)
-
-
 def nodes():
-    """(A, B, C): where changes are made, and where they are checked."""
-    b = broker()
-    if not CLUSTERED:
-        n = Node("single", b.port, b.http_port)
-        return n, n, n
-    m = {x.name: Node(x.name, x.amqp_port, x.http_port) for x in b.members}
-    return m["a"], m["b"], m["c"]
+    """(A, B, C): where changes are made, and where they are checked
+    (quaytest's Node: the one broker three times when single)."""
+    return broker_node("a"), broker_node("b"), broker_node("c")
 
 
 def ok(status_body, expected, what):

@@ -36,41 +36,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import quaytest  # noqa: E402
 from quaytest import *  # noqa: E402,F403
 
-import pika  # noqa: E402
-
 QUAYD = os.environ.get("QUAYD", "")
 
 
-class Node:
-    def __init__(self, name, amqp_port, http_port):
-        self.name, self.amqp_port, self.http_port = name, amqp_port, http_port
-
-    def api(self, method, path, body=None, **kw):
-        return api_call("127.0.0.1", self.http_port, method, path, body, **kw)
-
-    def sock(self):
-        s = socket.create_connection(("127.0.0.1", self.amqp_port), timeout=5)
-        quaytest._open_things.append(s)
-        return s
-
-    def connect(self, user="guest", password="guest", vhost="/"):
-        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, vhost,
-                                           pika.PlainCredentials(user, password),
-                                           connection_attempts=1, socket_timeout=5,
-                                           heartbeat=0)
-        c = pika.BlockingConnection(params)
-        track(c)
-        return c
-
-
 def nodes():
-    """(A, B): where limits are set, where clients connect."""
-    b = broker()
-    if not CLUSTERED:
-        n = Node("single", b.port, b.http_port)
-        return n, n
-    m = {x.name: Node(x.name, x.amqp_port, x.http_port) for x in b.members}
-    return m["a"], m[CLUSTER_CLIENT]
+    """(A, B): where limits are set, where clients connect (quaytest's Node,
+    its connections closed after each test; the one broker twice when
+    single)."""
+    return broker_node("a", tracked=True), broker_node(CLUSTER_CLIENT, tracked=True)
 
 
 def ok(status_body, expected, what):
@@ -277,11 +250,7 @@ def user_max_channels():
 def third():
     """The broker neither a (where limits are set) nor b (the client's);
     the one broker when single."""
-    b = broker()
-    if not CLUSTERED:
-        return nodes()[0]
-    x = b.member("c")
-    return Node(x.name, x.amqp_port, x.http_port)
+    return broker_node("c", tracked=True)
 
 
 def channel_refused(node, user, password, text):
@@ -491,7 +460,7 @@ def restart_single():
     amqp, http = free_port(), free_port()
     args = [QUAYD, "--listen", "127.0.0.1:%d" % amqp, "--http", "127.0.0.1:%d" % http,
             "--data", os.path.join(tmp, "data"), "--log-level", "warn"]
-    n = Node("own", amqp, http)
+    n = Node("own", amqp, http, tracked=True)
 
     def start():
         p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

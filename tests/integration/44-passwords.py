@@ -41,29 +41,14 @@ PBKDF2 = "quay_password_hashing_pbkdf2_sha256"
 SALT = b"\x01\x02\x03\x04"
 
 
-class Node:
-    def __init__(self, name, amqp_port, http_port):
-        self.name, self.amqp_port, self.http_port = name, amqp_port, http_port
-
-    def api(self, method, path, body=None, **kw):
-        # A first request of a user waits for a PBKDF2 check: seconds on a
-        # loaded machine with an ASan build.
-        kw.setdefault("timeout", 60)
-        return api_call("127.0.0.1", self.http_port, method, path, body, **kw)
-
-    def connect(self, user, password, vhost="/"):
-        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, vhost,
-                                           pika.PlainCredentials(user, password),
-                                           connection_attempts=1, socket_timeout=10,
-                                           blocked_connection_timeout=30, heartbeat=0)
-        return pika.BlockingConnection(params)
+# quaytest's Node: a first request of a user waits for a PBKDF2 check,
+# seconds on a loaded machine with an ASan build.
+NODE_TIMEOUTS = {"api_timeout": 60, "socket_timeout": 10, "blocked_connection_timeout": 30}
 
 
 def nodes():
-    b = broker()
-    if not CLUSTERED:
-        return [Node("single", b.port, b.http_port)]
-    return [Node(x.name, x.amqp_port, x.http_port) for x in b.members]
+    """Every broker."""
+    return broker_nodes(**NODE_TIMEOUTS)
 
 
 def rabbit_hash(digest, password):
@@ -342,7 +327,7 @@ def _own_quayd_restart():
     amqp, http = free_port(), free_port()
     base = [quayd, "--listen", "127.0.0.1:%d" % amqp, "--http", "127.0.0.1:%d" % http,
             "--data", os.path.join(tmp, "data"), "--log-level", "warn"]
-    n = Node("own", amqp, http)
+    n = Node("own", amqp, http, **NODE_TIMEOUTS)
 
     def start(extra):
         p = subprocess.Popen(base + extra, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -460,6 +460,65 @@ def is_rabbitmq():
     return broker().external
 
 
+class Node:
+    """One broker a test reaches by its ports (AMQP, HTTP): the broker
+    fixture's, one member of its cluster, or a quayd of the test's own.
+    api_timeout: the management API's (None: api_call's); pika connections
+    get socket_timeout and blocked_connection_timeout, and with tracked
+    are closed after the test."""
+
+    def __init__(self, name, amqp_port, http_port, api_timeout=None, socket_timeout=5,
+                 blocked_connection_timeout=None, tracked=False):
+        self.name, self.amqp_port, self.http_port = name, amqp_port, http_port
+        self.api_timeout = api_timeout
+        self.socket_timeout = socket_timeout
+        self.blocked_connection_timeout = blocked_connection_timeout
+        self.tracked = tracked
+
+    def api(self, method, path, body=None, **kw):
+        if self.api_timeout is not None:
+            kw.setdefault("timeout", self.api_timeout)
+        return api_call("127.0.0.1", self.http_port, method, path, body, **kw)
+
+    def get(self, path):
+        status, body = self.api("GET", path)
+        eq(status, 200, "GET %s on %s" % (path, self.name))
+        return body
+
+    def sock(self):
+        """A raw socket to its AMQP port, closed after the test."""
+        return track(socket.create_connection(("127.0.0.1", self.amqp_port), timeout=5))
+
+    def connect(self, user="guest", password="guest", vhost="/"):
+        import pika
+        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, vhost,
+                                           pika.PlainCredentials(user, password),
+                                           connection_attempts=1,
+                                           socket_timeout=self.socket_timeout,
+                                           blocked_connection_timeout=(
+                                               self.blocked_connection_timeout),
+                                           heartbeat=0)
+        c = pika.BlockingConnection(params)
+        return track(c) if self.tracked else c
+
+
+def broker_node(name, **node_kw):
+    """The fixture's broker called name (a member of its cluster) as a Node;
+    in single mode the one broker, named "single", whatever name is asked."""
+    b = broker()
+    if not CLUSTERED:
+        return Node("single", b.port, b.http_port, **node_kw)
+    x = b.member(name)
+    return Node(x.name, x.amqp_port, x.http_port, **node_kw)
+
+
+def broker_nodes(**node_kw):
+    """Every broker of the fixture as a Node: the one, or each member."""
+    b = broker()
+    if not CLUSTERED:
+        return [Node("single", b.port, b.http_port, **node_kw)]
+    return [Node(x.name, x.amqp_port, x.http_port, **node_kw) for x in b.members]
+
 
 # ---------------------------------------------------------------------------
 # Encoding
