@@ -19,6 +19,10 @@
 struct message;
 struct vhost;
 
+/* Reply texts name the channel's vhost as RabbitMQ's do. */
+#define VHOST_FMT "in vhost '%.*s'"
+#define VHOST_ARG(ch) BYTES_ARG((ch)->vhost->name)
+
 enum channel_state {
     CHANNEL_STATE_OPEN,
     CHANNEL_STATE_CLOSING, /* we sent channel.close; waiting for close-ok */

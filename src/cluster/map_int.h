@@ -18,8 +18,6 @@
 #include "cluster/map.h"
 #include "lib/assert.h"
 
-#define NAME_ARG(b) (int)(b).len, (const char *)(b).ptr
-
 /* ---- small helpers -------------------------------------------------------- */
 
 static inline void *xcalloc(size_t count, size_t size)
