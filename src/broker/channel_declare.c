@@ -302,19 +302,49 @@ void channel__remember_queue(struct channel *ch, struct bytes name)
     ch->has_last_queue = true;
 }
 
-static struct queue *existing_queue(struct channel *ch, struct bytes name, uint32_t method_id)
+/* The queue called name in the channel's vhost, or NULL once the channel
+ * failed with 404. (A deleted queue is out of the table before it is
+ * marked: vhost_queue_delete.) */
+static struct queue *named_queue(struct channel *ch, struct bytes name, uint32_t method_id)
 {
-    if (!channel__resolve_queue_name(ch, &name, method_id))
-        return NULL;
     struct queue *queue = vhost_queue(ch->vhost, name);
-    if (!queue) {
+    if (queue == NULL || NEVER(queue->deleted)) {
         channel__fail(ch, REPLY_NOT_FOUND, method_id, "no queue '%.*s' " VHOST_FMT,
                       BYTES_ARG(name), VHOST_ARG(ch));
         return NULL;
     }
-    if (channel__queue_locked(ch, queue, method_id))
+    return queue;
+}
+
+/* A client's queue: "" is the channel's last one; another connection's
+ * exclusive queue is locked. */
+static struct queue *existing_queue(struct channel *ch, struct bytes name, uint32_t method_id)
+{
+    if (!channel__resolve_queue_name(ch, &name, method_id))
+        return NULL;
+    struct queue *queue = named_queue(ch, name, method_id);
+    if (queue == NULL || channel__queue_locked(ch, queue, method_id))
         return NULL;
     return queue;
+}
+
+/* queue.quay-counts: a peer's management listing asks for a queue's
+ * counts as its primary has them (a passive declare's lack the unacked
+ * ones). A peer names the queue itself, and exclusive ones are counted
+ * too. A stand-in here (the queue moved, and the asker's map is behind)
+ * asks its primary in turn, as a passive declare would (channel_wait.c). */
+static void queue_quay_counts(struct channel *ch, const struct method *m)
+{
+    if (!channel__peer_only(ch, m->id))
+        return;
+    struct queue *queue = named_queue(ch, m->queue_quay_counts.queue, m->id);
+    if (queue == NULL)
+        return;
+    if (queue_is_remote(queue)) {
+        channel__remote_query(ch, queue, m);
+        return;
+    }
+    channel__answer_counts(ch, queue, NULL);
 }
 
 static bool queue_equivalent(struct channel *ch, const struct queue *q,
@@ -586,7 +616,7 @@ void channel__handle_queue(struct channel *ch, const struct method *m)
     case METHOD_QUEUE_DELETE:
         return queue_delete_method(ch, m);
     case METHOD_QUEUE_QUAY_COUNTS:
-        return channel__handle_quay_counts(ch, m);
+        return queue_quay_counts(ch, m);
     default:
         channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unimplemented method");
     }

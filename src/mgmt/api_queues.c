@@ -364,7 +364,7 @@ static void on_counts(void *ctx, struct queue *queue, uint16_t reply_code,
     struct gather *g = it->gather;
     it->op = NULL;
     /* Counts that are not the primary's (the broker asked could not reach
-     * it: channel__handle_quay_counts) are not better than ours. */
+     * it: channel_declare.c's queue_quay_counts) are not better than ours. */
     if (reply_code == REPLY_SUCCESS && counts->primary)
         it->counts = (struct counts){counts->messages, counts->consumers, counts->unacked, true};
     else if (reply_code == REPLY_NOT_FOUND)
