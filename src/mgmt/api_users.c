@@ -22,6 +22,7 @@
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/api.h"
+#include "mgmt/api_list.h"
 #include "lib/json.h"
 #include "lib/json_read.h"
 
@@ -29,11 +30,6 @@
 #define REGEX_SIZE_MAX 255
 
 /* ---- answers ---------------------------------------------------------------- */
-
-static void not_found(struct http_call *call)
-{
-    http_call_answer_error_as(call, 404, "Object Not Found", "Not Found");
-}
 
 /* Refusals are logged with who asked and from where (issue 17). */
 static void bad_request(struct http_call *call, const char *who, const char *reason)
@@ -255,7 +251,7 @@ static void on_applied(void *ctx, int status, const struct map_change *change)
     } else if (change->reply_code == REPLY_NOT_FOUND && p->missing_is_bad) {
         bad_request(p->call, p->asker, "vhost_or_user_not_found");
     } else if (change->reply_code == REPLY_NOT_FOUND) {
-        not_found(p->call);
+        api_answer_not_found(p->call);
     } else if (change->reply_code != REPLY_SUCCESS) {
         bad_request(p->call, p->asker, change->reply_text);
     } else if (p->grant_creator) {
@@ -465,7 +461,7 @@ static void delete_user(struct broker *broker, struct http_call *call,
     const struct cluster_map *map = map_of(broker);
     if (map != NULL) {
         if (cluster_map_user(map, name->b) == NULL) {
-            not_found(call);
+            api_answer_not_found(call);
             return;
         }
         struct map_cmd cmd;
@@ -475,7 +471,7 @@ static void delete_user(struct broker *broker, struct http_call *call,
         return;
     }
     if (!users_delete(broker, name->b)) {
-        not_found(call);
+        api_answer_not_found(call);
         return;
     }
     http_call_answer_empty(call, 204);
@@ -500,7 +496,7 @@ static void handle_user(void *ctx, struct http_call *call, const struct http_cal
     int n = split_path(req->rest, req->rest_size, path, 2);
     bool read = req->method == HTTP_METHOD_GET || req->method == HTTP_METHOD_HEAD;
     if (n == 0 || (n == 2 && (!read || !bytes_equal_cstr(path[1].b, "permissions")))) {
-        not_found(call);
+        api_answer_not_found(call);
         return;
     }
     const struct auth_user *u = auth_find_user(&broker->auth, path[0].b);
@@ -508,7 +504,7 @@ static void handle_user(void *ctx, struct http_call *call, const struct http_cal
     case HTTP_METHOD_GET:
     case HTTP_METHOD_HEAD:
         if (u == NULL)
-            not_found(call);
+            api_answer_not_found(call);
         else if (n == 2)
             answer_user_permissions(call, u);
         else
@@ -579,7 +575,7 @@ static void delete_vhost(struct broker *broker, struct http_call *call,
                          const struct http_call_request *req, const struct segment *name)
 {
     if (!vhost_exists(broker, name->b)) {
-        not_found(call);
+        api_answer_not_found(call);
         return;
     }
     if (member_node_of(broker) != NULL) {
@@ -619,14 +615,14 @@ static void handle_vhost(void *ctx, struct http_call *call, const struct http_ca
     bool admin = req->user == NULL || auth_user_has_tag(req->user, AUTH_TAG_ADMINISTRATOR);
     bool read = req->method == HTTP_METHOD_GET || req->method == HTTP_METHOD_HEAD;
     if (n == 0 || (n == 2 && (!read || !bytes_equal_cstr(path[1].b, "permissions")))) {
-        not_found(call);
+        api_answer_not_found(call);
         return;
     }
     if (n == 2) {
         if (!admin)
             not_administrator(call);
         else if (!vhost_exists(broker, name->b))
-            not_found(call);
+            api_answer_not_found(call);
         else
             answer_vhost_permissions(broker, call, name->b);
         return;
@@ -635,7 +631,7 @@ static void handle_vhost(void *ctx, struct http_call *call, const struct http_ca
     case HTTP_METHOD_GET:
     case HTTP_METHOD_HEAD:
         if (!vhost_exists(broker, name->b) || !mgmt_user_sees_vhost(req->user, name->b)) {
-            not_found(call);
+            api_answer_not_found(call);
         } else {
             struct json body;
             http_body_init(&body);
@@ -757,7 +753,7 @@ static void delete_permission(struct broker *broker, struct http_call *call,
 {
     const struct auth_user *u = auth_find_user(&broker->auth, path[1].b);
     if (u == NULL || auth_user_permission(u, path[0].b) == NULL) {
-        not_found(call);
+        api_answer_not_found(call);
         return;
     }
     if (member_node_of(broker) != NULL) {
@@ -777,7 +773,7 @@ static void handle_permission(void *ctx, struct http_call *call,
     struct broker *broker = ctx;
     struct segment path[2]; /* vhost, user */
     if (split_path(req->rest, req->rest_size, path, 2) != 2) {
-        not_found(call);
+        api_answer_not_found(call);
         return;
     }
     switch (req->method) {
@@ -786,7 +782,7 @@ static void handle_permission(void *ctx, struct http_call *call,
         const struct auth_user *u = auth_find_user(&broker->auth, path[1].b);
         const struct auth_permission *p = u ? auth_user_permission(u, path[0].b) : NULL;
         if (p == NULL) {
-            not_found(call);
+            api_answer_not_found(call);
             return;
         }
         struct json body;
