@@ -18,10 +18,12 @@
 #include "cluster/map.h"
 #include "cluster/node.h"
 #include "cluster/member.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/api.h"
+#include "mgmt/api_change.h"
 #include "mgmt/api_list.h"
 #include "lib/json.h"
 #include "lib/json_read.h"
@@ -220,11 +222,10 @@ static int split_path(const char *rest, size_t size, struct segment *out, int ma
 
 /* ---- in a cluster: through the map ------------------------------------------------ */
 
-/* One change waiting for its map command. */
+/* One change waiting for its map command (api_change.h). */
 struct pending {
+    struct api_change change; /* first: the change frees the whole */
     struct broker *broker;
-    struct http_call *call;
-    struct cluster_request *request;
     int status;               /* 201 or 204 once applied */
     bool missing_is_bad;      /* a 404 from the map is RabbitMQ's 400 here */
     bool grant_creator;       /* vhost.put: then the creator's permission */
@@ -235,25 +236,15 @@ struct pending {
 
 static void submit(struct pending *p, struct map_cmd *cmd);
 
-static void on_cancel(void *arg)
+static void on_applied(struct api_change *c, const struct map_change *change)
 {
-    struct pending *p = arg;
-    cluster_request_cancel(p->request);
-    free(p);
-}
-
-static void on_applied(void *ctx, int status, const struct map_change *change)
-{
-    struct pending *p = ctx;
-    if (status != OK) {
-        http_call_answer_error(p->call, 503,
-                               "the cluster map is unavailable (no leader or no quorum)");
-    } else if (change->reply_code == REPLY_NOT_FOUND && p->missing_is_bad) {
-        bad_request(p->call, p->asker, "vhost_or_user_not_found");
+    struct pending *p = (struct pending *)c;
+    if (change->reply_code == REPLY_NOT_FOUND && p->missing_is_bad) {
+        bad_request(c->call, p->asker, "vhost_or_user_not_found");
     } else if (change->reply_code == REPLY_NOT_FOUND) {
-        api_answer_not_found(p->call);
+        api_answer_not_found(c->call);
     } else if (change->reply_code != REPLY_SUCCESS) {
-        bad_request(p->call, p->asker, change->reply_text);
+        bad_request(c->call, p->asker, change->reply_text);
     } else if (p->grant_creator) {
         /* RabbitMQ gives the vhost's creator full permissions on it. */
         p->grant_creator = false;
@@ -264,7 +255,7 @@ static void on_applied(void *ctx, int status, const struct map_change *change)
         submit(p, &cmd);
         return;
     } else {
-        http_call_answer_empty(p->call, p->status);
+        http_call_answer_empty(c->call, p->status);
     }
     free(p);
 }
@@ -272,8 +263,7 @@ static void on_applied(void *ctx, int status, const struct map_change *change)
 static void submit(struct pending *p, struct map_cmd *cmd)
 {
     p->vhost.b.ptr = p->vhost.bytes; /* the slice must point into p */
-    http_call_on_cancel(p->call, on_cancel, p);
-    p->request = cluster_node_submit(member_node_of(p->broker), cmd, on_applied, p);
+    api_change_submit(p->broker, &p->change, cmd);
 }
 
 /* A new pending change, or NULL (answered 503) if this broker cannot
@@ -282,14 +272,11 @@ static struct pending *pending_new(struct broker *broker, struct http_call *call
                                    const struct http_call_request *req, int status,
                                    struct map_cmd *cmd)
 {
-    if (!cluster_node_synced(member_node_of(broker))) {
-        map_cmd_free(cmd);
-        http_call_answer_error(call, 503, "this broker has not caught up with the cluster yet");
+    if (!api_change_ready(broker, call, cmd))
         return NULL;
-    }
-    struct pending *p = calloc(1, sizeof *p);
-    ASSERT(p != NULL);
-    *p = (struct pending){.broker = broker, .call = call, .status = status};
+    struct pending *p = xcalloc(1, sizeof *p);
+    *p = (struct pending){.change = {.call = call, .applied = on_applied}, .broker = broker,
+                          .status = status};
     snprintf(p->asker, sizeof p->asker, "%s", asker(req));
     return p;
 }
