@@ -803,6 +803,17 @@ def monitoring_reads_everything_but_changes_nothing():
 
 
 @test
+def resource_trees_refuse_a_vhost_the_user_may_not_open():
+    """/api/queues, /api/exchanges and /api/bindings of a vhost the user may
+    not open: RabbitMQ's 401 for the vhost; its own vhost's are listed."""
+    auth_broker()
+    for tree in ("queues", "exchanges", "bindings"):
+        refused(as_user("pm", "GET", "/api/%s/other" % tree),
+                "User not authorised to access virtual host", "pm %s of other" % tree)
+        eq(as_user("pm", "GET", "/api/%s/%%2F" % tree)[0], 200, "pm %s of /" % tree)
+
+
+@test
 def policymakers_change_policies_of_their_vhosts_and_administrators_any():
     ab = auth_broker()
     st, _, body = as_user("pm", "PUT", "/api/policies/%2F/pm-p", {"pattern": "^pm", "backups": 1})
