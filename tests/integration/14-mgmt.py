@@ -60,16 +60,8 @@ def mgmt_broker():
         b = Broker(external_ok=False, http=True)
         atexit.register(lambda: b.proc and b.proc.poll() is None and b.proc.kill())
         _mb = b
-        wait_until(lambda: _can_connect(b.http_port), what="the HTTP listener")
+        wait_until(lambda: port_accepts(b.http_port), what="the HTTP listener")
     return _mb
-
-
-def _can_connect(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def api(path, port=None):
@@ -708,7 +700,7 @@ def auth_broker():
                    external_ok=False, http=True)
         atexit.register(lambda: b.proc and b.proc.poll() is None and b.proc.kill())
         _ab = b
-        wait_until(lambda: _can_connect(b.http_port), what="the HTTP listener")
+        wait_until(lambda: port_accepts(b.http_port), what="the HTTP listener")
     return _ab
 
 
@@ -997,7 +989,7 @@ def loopback_users_are_refused_from_other_peers_and_plaintext_needs_consent():
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(base + ["--http-allow-plaintext"], stdout=log, stderr=log)
     try:
-        wait_until(lambda: _can_connect_to(addr, port), what="the HTTP listener")
+        wait_until(lambda: port_accepts(port, addr), what="the HTTP listener")
 
         def remote(name, password):
             return request("GET", "/api/overview", port=port, host=addr, login=(name, password))
@@ -1017,14 +1009,6 @@ def loopback_users_are_refused_from_other_peers_and_plaintext_needs_consent():
     assert "without TLS" in text, text   # the warning
     for marker in SANITIZER_MARKERS:
         assert marker not in text, text
-
-
-def _can_connect_to(host, port):
-    try:
-        socket.create_connection((host, port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 @test(timeout=60)

@@ -18,7 +18,6 @@ broker a (cluster). Statuses and bodies were compared with RabbitMQ 3.10.8's
 management plugin on the same requests.
 """
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -372,23 +371,9 @@ def restart_single():
                                 text=True, check=True).stdout.strip()
     with open(users, "w") as f:
         f.write("guest %s / loopback tags=administrator\n" % guest_hash)
-    amqp, http = free_port(), free_port()
-    args = [QUAYD, "--listen", "127.0.0.1:%d" % amqp, "--http", "127.0.0.1:%d" % http,
-            "--data", os.path.join(tmp, "data"), "--users", users, "--log-level", "warn"]
-    n = Node("own", amqp, http)
-
-    def start():
-        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        wait_until(lambda: p.poll() is None and _can_connect(http), timeout=10,
-                   what="quayd up")
-        return p
-
-    def stop(p):
-        p.terminate()
-        eq(p.wait(10), 0, "quayd's exit")
-        err = p.stderr.read().decode()
-        assert "ERROR: AddressSanitizer" not in err and "runtime error" not in err, err
-    p = start()
+    own = Restartable(["--users", users], http=True)  # (quaytest's)
+    n = own.node()
+    own.start()
     try:
         ok(n.api("PUT", "/api/vhosts/v-kept"), 201, "v-kept")
         ok(put_user(n, "dave", "pw", "monitoring"), 201, "dave")
@@ -396,26 +381,18 @@ def restart_single():
         ok(put_user(n, "gone", "pw"), 201, "gone")
         ok(n.api("DELETE", "/api/users/gone"), 204, "gone deleted")
     finally:
-        stop(p)
+        own.stop()
     with open(users, "w") as f:  # ignored now: the journal has the users
         f.write("guest %s / loopback tags=administrator\nfileonly %s /\n"
                 % (guest_hash, guest_hash))
-    p = start()
+    own.start()
     try:
         eq(sorted(u["name"] for u in n.get("/api/users")), ["dave", "guest"])
         eq(n.get("/api/users/dave")["tags"], ["monitoring"])
         eq(permission_on(n, "v-kept", "dave")["configure"], "^d-")
         n.connect("dave", "pw", "v-kept").close()
     finally:
-        stop(p)
-
-
-def _can_connect(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
+        own.stop()
 
 
 @test(timeout=120)
@@ -426,7 +403,7 @@ def users_survive_a_restart():
     a, b, _ = nodes()
     member = broker().member("a")
     member.restart()
-    wait_until(lambda: _can_connect(a.http_port), timeout=30, what="a back")
+    wait_until(lambda: port_accepts(a.http_port), timeout=30, what="a back")
     wait_until(lambda: has_user(a, "alice") and permission_on(a, "v-users", "alice"),
                timeout=30, what="alice on the restarted broker")
     a.connect("alice", "land", "v-users").close()

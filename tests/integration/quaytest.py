@@ -293,41 +293,58 @@ class Broker:
 
 class Restartable:
     """A broker the test stops, kills and starts again on the same data (the
-    durability and crash tests): one quayd, or in cluster mode a 3-broker
+    durability and crash tests, and the single-mode restarts of 35-users,
+    41-limits, 44-passwords): one quayd, or in cluster mode a 3-broker
     cluster (every broker stopped, killed and started together; the client
     talks to b, which places queues elsewhere). start() waits until clients
-    can connect; host and port are the client's."""
+    can connect; host and port are the client's, http_port its management
+    API's (http=True). A single quayd's start(more_args) adds arguments for
+    that start only, and its stop() also fails on a sanitizer report in
+    its log."""
 
-    def __init__(self, extra_args=()):
+    def __init__(self, extra_args=(), http=False):
         self.extra_args = list(extra_args)
+        self.http = http
         self.dir = tempfile.mkdtemp(prefix="quay-restartable-")
         self.host = "127.0.0.1"
         self.cluster = None
         self.members = []
         self.proc = None
         self.port = free_port()
+        self.http_port = free_port() if http and not CLUSTERED else None
         self.data = os.path.join(self.dir, "data")
 
-    def start(self):
+    def start(self, more_args=()):
         if CLUSTERED:
+            assert not more_args, "a cluster restarts with its own arguments"
             self._start_cluster()
         else:
-            self._start_one()
+            self._start_one(list(more_args))
 
-    def _start_one(self):
+    def node(self, **node_kw):
+        """The client's broker as a Node (http=True)."""
+        return Node("own", self.port, self.http_port, **node_kw)
+
+    def _log_text(self):
+        with open(os.path.join(self.dir, "quayd.log"), errors="replace") as f:
+            return f.read()
+
+    def _start_one(self, more_args):
         quayd = os.environ.get("QUAYD")
+        http = ["--http", "127.0.0.1:%d" % self.http_port] if self.http else []
         log = open(os.path.join(self.dir, "quayd.log"), "ab")
         self.proc = subprocess.Popen([quayd, "--listen", "127.0.0.1:%d" % self.port, "--data",
-                                      self.data, "--log-level", "info"] + self.extra_args,
+                                      self.data, "--log-level", "info"] + http +
+                                     self.extra_args + more_args,
                                      stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
-        wait_accepting(self.proc, "127.0.0.1", self.port, 20,
-                       lambda: open(os.path.join(self.dir, "quayd.log"),
-                                    errors="replace").read())
+        wait_accepting(self.proc, "127.0.0.1", self.port, 20, self._log_text)
+        if self.http:
+            wait_accepting(self.proc, "127.0.0.1", self.http_port, 20, self._log_text)
 
     def _start_cluster(self):
         if self.cluster is None:
-            self.cluster, self.members = form_test_cluster(self.extra_args, http=False)
+            self.cluster, self.members = form_test_cluster(self.extra_args, http=self.http)
         else:
             for m in self.members:
                 m.start(wait=False)
@@ -335,6 +352,7 @@ class Restartable:
                 m.wait_accepting()
         client = self.cluster.member(CLUSTER_CLIENT)
         self.port, self.proc, self.data = client.amqp_port, client.proc, client.data
+        self.http_port = client.http_port
         # A restarted cluster elects a leader and catches up first:
         # connection.open waits for that (up to the handshake timeout).
 
@@ -342,7 +360,7 @@ class Restartable:
         procs = [m.proc for m in self.members] if self.cluster else [self.proc]
         for p in procs:
             p.send_signal(sig)
-        return [p.wait(20) for p in procs]
+        return [p.wait(30) for p in procs]
 
     def kill(self):
         self._signal_all(signal.SIGKILL)
@@ -353,6 +371,9 @@ class Restartable:
         if sig == signal.SIGTERM and any(rc != 0 for rc in rcs):
             raise AssertionError("exit status %r after SIGTERM; logs in %s" % (
                 rcs, self.cluster.dir if self.cluster else self.dir))
+        if self.cluster is None:
+            reports = [m for m in SANITIZER_MARKERS if m in self._log_text()]
+            assert not reports, "sanitizer report in %s/quayd.log: %r" % (self.dir, reports)
 
     def logs_dir(self):
         return self.cluster.dir if self.cluster else self.dir
@@ -383,6 +404,15 @@ def form_test_cluster(extra_args, http=True, host="127.0.0.1", env=None, client_
         cluster.failed = True
         cluster.close()
         raise
+
+
+def port_accepts(port, host="127.0.0.1"):
+    """Whether something accepts a TCP connection on port now."""
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def wait_accepting(proc, host, port, timeout, log_text):
