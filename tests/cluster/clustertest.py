@@ -549,15 +549,39 @@ def read_all(member, queue):
     return bodies
 
 
-def closer(get_cluster):
+def declare_until(prefix, via, want, **args):
+    """Declares durable queues prefix-0, prefix-1, ... (arguments args)
+    through member via until want(queue_info) holds for one; returns its
+    name. The misses stay: placement spreads queues evenly, so the others
+    must get theirs for a broker to get more."""
+    conn = connect(via)
+    ch = conn.channel()
+    try:
+        for i in range(64):
+            name = "%s-%d" % (prefix, i)
+            ch.queue_declare(name, durable=True, arguments=args)
+            if want(queue_info(via, name)):
+                return name
+        raise AssertionError("no %s placed as wanted" % prefix)
+    finally:
+        conn.close()
+
+
+def closer(get_cluster, *get_others):
     """A run() cleanup that closes the cluster get_cluster() returns (None: none
-    was made), keeping its logs if a test failed."""
+    was made), keeping its logs if a test failed; then what each of
+    get_others() returns, if not None (a netlab.Lab)."""
     def cleanup(failed):
+        problems = []
         cluster = get_cluster()
-        if cluster is None:
-            return []
-        cluster.failed = failed
-        return cluster.close()
+        if cluster is not None:
+            cluster.failed = failed
+            problems = cluster.close()
+        for get in get_others:
+            other = get()
+            if other is not None:
+                other.close()
+        return problems
     return cleanup
 
 
