@@ -1,8 +1,8 @@
 /*
- * sim_net.c: the network as the controller sees it. The fixture carries
- * Raft's messages; s->cut[i][j] is what this simulator cut on top of it,
- * and the same cut decides what a broker's heartbeats, requests and
- * replication streams reach.
+ * sim_net.c: the network. s->cut[i][j]: what i sends j is lost. A cut
+ * is made on the fixture's link too (raft_fixture_disconnect), so Raft's
+ * messages and what the simulator models beside them (heartbeats heard,
+ * requests to the leader, replication streams) see the same network.
  */
 #include "sim.h"
 
