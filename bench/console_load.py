@@ -8,8 +8,9 @@ forms, the others join it), declares QUEUES queues through broker 2 with quaysca
 backup each, the default; spread over the brokers by placement), then for each repetition
 and each view (interleaved) opens a fresh headless Chromium (its own profile: nothing cached)
 on broker 1's console with the login in the URL fragment, as tests/integration/40-console.py
-does, and polls the page over the DevTools pipe every 5 ms for the first completed refresh
-(`body[data-refreshes] >= 1`: the view's requests answered and their data drawn). The figure
+does, and polls the page over the DevTools pipe (tests/integration/chromium.py, the test's
+too) every 5 ms for the first completed refresh (`body[data-refreshes] >= 1`: the view's
+requests answered and their data drawn). The figure
 is the page's own performance.now() at that poll: milliseconds since its navigation began
 (the HTML, scripts, login, the view's API calls, drawing), at most 5 ms late. Before the
 page loads, each API request the views make is timed from the script (REPS times, median):
@@ -23,7 +24,6 @@ Prints one line per load and the medians per view, and the load average.
 """
 import json
 import os
-import select
 import shutil
 import signal
 import statistics
@@ -34,6 +34,9 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+from chromium import CHROMIUM, LivePage  # noqa: E402
+
 QUAYD = os.environ.get("QUAYD", os.path.join(ROOT, "build/quayd"))
 BROKERS = int(os.environ.get("BROKERS", "5"))
 QUEUES = int(os.environ.get("QUEUES", "10000"))
@@ -41,7 +44,6 @@ REPS = int(os.environ.get("REPS", "5"))
 VIEWS = os.environ.get("VIEWS", "overview,cluster,queues").split(",")
 BASE = int(os.environ.get("BASE_PORT", str(20000 + (os.getpid() * 7) % 9000)))
 BENCH_OUT = os.environ.get("BENCH_OUT", os.path.join(ROOT, "build/bench"))
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def amqp_port(n):
@@ -113,62 +115,15 @@ class Cluster:
                 p.wait()
 
 
-class Page:
-    """Headless Chromium on one URL, driven over --remote-debugging-pipe
-    (tests/integration/40-console.py's LivePage)."""
+class Page(LivePage):
+    """Headless Chromium on one URL, attached before it loads
+    (tests/integration/chromium.py), with a profile of its own."""
+
+    call_timeout = 30
 
     def __init__(self, url):
-        self.profile = tempfile.mkdtemp(prefix="quay-console-load-")
-        cmd_r, self.cmd_w = os.pipe()
-        self.res_r, res_w = os.pipe()
-
-        def fds():
-            r, w = os.dup(cmd_r), os.dup(res_w)
-            os.dup2(r, 3)
-            os.dup2(w, 4)
-        self.proc = subprocess.Popen(
-            [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
-             "--disable-dev-shm-usage", "--disable-extensions",
-             "--user-data-dir=" + self.profile, "--remote-debugging-pipe", "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            close_fds=False, preexec_fn=fds)
-        os.close(cmd_r)
-        os.close(res_w)
-        self.next_id = 0
-        self.buffer = b""
-        targets = self.call("Target.getTargets")["targetInfos"]
-        page = next(t for t in targets if t["type"] == "page")
-        self.session = self.call("Target.attachToTarget",
-                                 {"targetId": page["targetId"], "flatten": True})["sessionId"]
-        self.call("Page.enable", session=self.session)
-        self.call("Page.navigate", {"url": url}, self.session)
-
-    def call(self, method, params=None, session=None, timeout=30):
-        self.next_id += 1
-        msg = {"id": self.next_id, "method": method, "params": params or {}}
-        if session:
-            msg["sessionId"] = session
-        os.write(self.cmd_w, json.dumps(msg).encode() + b"\0")
-        deadline = time.monotonic() + timeout
-        while True:
-            while b"\0" in self.buffer:
-                text, self.buffer = self.buffer.split(b"\0", 1)
-                answer = json.loads(text)
-                if answer.get("id") == self.next_id:
-                    if "error" in answer:
-                        raise AssertionError("%s: %s" % (method, answer["error"]))
-                    return answer["result"]
-            left = deadline - time.monotonic()
-            assert left > 0, "no answer from chromium to %s" % method
-            if select.select([self.res_r], [], [], left)[0]:
-                chunk = os.read(self.res_r, 1 << 20)
-                assert chunk, "chromium closed its pipe"
-                self.buffer += chunk
-
-    def evaluate(self, expression):
-        result = self.call("Runtime.evaluate", {"expression": expression,
-                                                "returnByValue": True}, self.session)
-        return result["result"].get("value")
+        super().__init__("about:blank", profile_prefix="quay-console-load-")
+        self.navigate(url)
 
     def first_draw_ms(self, timeout=60):
         deadline = time.monotonic() + timeout
@@ -188,13 +143,6 @@ class Page:
                 return value[1], value[2]
             time.sleep(0.005)
         raise AssertionError("the page drew nothing in %d s" % timeout)
-
-    def close(self):
-        os.close(self.cmd_w)
-        self.proc.kill()
-        self.proc.wait(10)
-        os.close(self.res_r)
-        shutil.rmtree(self.profile, ignore_errors=True)
 
 
 ENDPOINTS = ["/api/whoami", "/api/overview", "/api/cluster", "/api/cluster/placement",

@@ -800,9 +800,7 @@ void channel__begin_publish(struct channel *ch, const struct method *m)
     alarm_note_publisher(ch->connection->broker, ch->connection);
 }
 
-/* quay's own methods are for peer brokers only: clients see them as the
- * unknown methods they are to them. */
-static bool peer_only(struct channel *ch, uint32_t method_id)
+bool channel__peer_only(struct channel *ch, uint32_t method_id)
 {
     if (ch->connection->cluster_peer)
         return true;
@@ -815,32 +813,9 @@ void channel__handle_settle(struct channel *ch, const struct method *m)
 {
     const struct method_basic_quay_settle *s = &m->basic_quay_settle;
     struct broker *broker = ch->connection->broker;
-    if (peer_only(ch, m->id) && broker->cluster_ops)
+    if (channel__peer_only(ch, m->id) && broker->cluster_ops)
         broker->cluster_ops->replica_settle(broker->cluster_ctx, ch->vhost, s->queue, s->epoch,
                                             s->purge ? 0 : s->seq);
-}
-
-/* queue.quay-counts: a peer's management listing asks for a queue's
- * counts as its primary has them (a passive declare's lack the unacked
- * ones). A stand-in here (the queue moved, and the asker's map is behind)
- * asks its primary in turn, as a passive declare would (channel_wait.c). */
-void channel__handle_quay_counts(struct channel *ch, const struct method *m)
-{
-    if (!peer_only(ch, m->id))
-        return;
-    struct bytes name = m->queue_quay_counts.queue;
-    struct queue *queue = vhost_queue(ch->vhost, name);
-    if (queue == NULL || queue->deleted) {
-        channel__fail(ch, REPLY_NOT_FOUND, m->id, "no queue '%.*s' in vhost '%.*s'",
-                      (int)name.len, (const char *)name.ptr, (int)ch->vhost->name.len,
-                      (const char *)ch->vhost->name.ptr);
-        return;
-    }
-    if (queue_is_remote(queue)) {
-        channel__remote_query(ch, queue, m);
-        return;
-    }
-    channel__answer_counts(ch, queue, NULL);
 }
 
 void channel__answer_counts(struct channel *ch, const struct queue *queue,
@@ -863,7 +838,7 @@ void channel__answer_counts(struct channel *ch, const struct queue *queue,
 void channel__handle_usage(struct channel *ch, const struct method *m)
 {
     const struct method_basic_quay_usage *u = &m->basic_quay_usage;
-    if (peer_only(ch, m->id))
+    if (channel__peer_only(ch, m->id))
         usage_heard(ch->connection->broker, ch->connection->conn.id, u->broker, u->counts);
 }
 
@@ -871,7 +846,7 @@ void channel__handle_handover(struct channel *ch, const struct method *m)
 {
     const struct method_basic_quay_handover *h = &m->basic_quay_handover;
     struct broker *broker = ch->connection->broker;
-    if (peer_only(ch, m->id) && broker->cluster_ops)
+    if (channel__peer_only(ch, m->id) && broker->cluster_ops)
         broker->cluster_ops->handover_notice(broker->cluster_ctx, ch->vhost,
                                              ch->connection->conn.id, ch->id, h->queue,
                                              h->epoch, h->delivered, h->redelivered);
@@ -892,7 +867,7 @@ static void keep_names(struct channel *ch, struct bytes exchange, struct bytes r
 /* basic.quay-sync: a peer waits for our map to reach its version. */
 void channel__handle_sync(struct channel *ch, const struct method *m)
 {
-    if (peer_only(ch, m->id) && channel__clustered(ch))
+    if (channel__peer_only(ch, m->id) && channel__clustered(ch))
         channel__cluster_sync(ch, m->basic_quay_sync.version, m->basic_quay_sync.answer);
 }
 
@@ -902,7 +877,7 @@ void channel__handle_sync(struct channel *ch, const struct method *m)
  * published); the content follows. */
 void channel__begin_forward(struct channel *ch, const struct method *m)
 {
-    if (!peer_only(ch, m->id))
+    if (!channel__peer_only(ch, m->id))
         return;
     ch->publish_replicate = m->id == METHOD_BASIC_QUAY_REPLICATE;
     if (ch->publish_replicate) {

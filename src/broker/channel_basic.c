@@ -22,9 +22,6 @@
 #include "lib/assert.h"
 #include "lib/ring.h"
 
-#define VHOST_FMT "in vhost '%.*s'"
-#define VHOST_ARG(ch) (int)(ch)->vhost->name.len, (const char *)(ch)->vhost->name.ptr
-
 /* ---- delivery ring -------------------------------------------------- */
 
 static void delivery_ring_grow(struct delivery_ring *r)

@@ -20,10 +20,6 @@
 #include "lib/assert.h"
 #include "lib/errors.h"
 
-#define VHOST_FMT "in vhost '%.*s'"
-#define VHOST_ARG(ch) (int)(ch)->vhost->name.len, (const char *)(ch)->vhost->name.ptr
-#define NAME_ARG(b) (int)(b).len, (const char *)(b).ptr
-
 /* ---- exchanges ------------------------------------------------------ */
 
 /* A headers exchange's binding must name a known x-match mode. */
@@ -52,7 +48,7 @@ static struct exchange *existing_exchange(struct channel *ch, struct bytes name,
     struct exchange *exchange = vhost_exchange(ch->vhost, name);
     if (!exchange)
         channel__fail(ch, REPLY_NOT_FOUND, method_id, "no exchange '%.*s' " VHOST_FMT,
-                      NAME_ARG(name), VHOST_ARG(ch));
+                      BYTES_ARG(name), VHOST_ARG(ch));
     return exchange;
 }
 
@@ -80,7 +76,7 @@ static void exchange_declare(struct channel *ch, const struct method *m)
     enum exchange_type type = EXCHANGE_DIRECT;
     if (exchange_type_parse(d->type, &type) != 0 && !d->passive) {
         channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id,
-                                 "unknown exchange type '%.*s'", NAME_ARG(d->type));
+                                 "unknown exchange type '%.*s'", BYTES_ARG(d->type));
         return;
     }
     struct exchange *x = vhost_exchange(ch->vhost, d->exchange);
@@ -96,7 +92,7 @@ static void exchange_declare(struct channel *ch, const struct method *m)
     if (d->passive) {
         if (!x) {
             channel__fail(ch, REPLY_NOT_FOUND, m->id, "no exchange '%.*s' " VHOST_FMT,
-                          NAME_ARG(d->exchange), VHOST_ARG(ch));
+                          BYTES_ARG(d->exchange), VHOST_ARG(ch));
             return;
         }
     } else if (bytes_has_prefix(d->exchange, "amq.")) {
@@ -104,7 +100,7 @@ static void exchange_declare(struct channel *ch, const struct method *m)
         if (!x) {
             channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
                           "exchange name '%.*s' contains reserved prefix 'amq.*'",
-                          NAME_ARG(d->exchange));
+                          BYTES_ARG(d->exchange));
             return;
         }
         if (!exchange_equivalent(ch, x, d, type, m->id))
@@ -150,7 +146,7 @@ static bool exchange_modifiable(struct channel *ch, struct bytes name, uint32_t 
     }
     if (bytes_has_prefix(name, "amq.")) {
         channel__fail(ch, REPLY_ACCESS_REFUSED, method_id,
-                      "operation not permitted on exchange '%.*s' " VHOST_FMT, NAME_ARG(name),
+                      "operation not permitted on exchange '%.*s' " VHOST_FMT, BYTES_ARG(name),
                       VHOST_ARG(ch));
         return false;
     }
@@ -163,7 +159,7 @@ static void exchange_delete(struct channel *ch, const struct method *m)
     if (d->exchange.len > 0 && bytes_has_prefix(d->exchange, "amq.")) {
         channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
                       "deletion of system exchange '%.*s' " VHOST_FMT " not allowed",
-                      NAME_ARG(d->exchange), VHOST_ARG(ch));
+                      BYTES_ARG(d->exchange), VHOST_ARG(ch));
         return;
     }
     if (!exchange_modifiable(ch, d->exchange, m->id) ||
@@ -180,7 +176,7 @@ static void exchange_delete(struct channel *ch, const struct method *m)
     if (x) {
         if (d->if_unused && exchange_has_bindings(x)) {
             channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
-                          "exchange '%.*s' " VHOST_FMT " in use", NAME_ARG(d->exchange),
+                          "exchange '%.*s' " VHOST_FMT " in use", BYTES_ARG(d->exchange),
                           VHOST_ARG(ch));
             return;
         }
@@ -267,7 +263,7 @@ static void fail_locked(struct channel *ch, struct bytes name, uint32_t method_i
                   "cannot obtain exclusive access to locked queue '%.*s' " VHOST_FMT
                   ". It could be originally declared on another connection or the exclusive "
                   "property value does not match that of the original declaration.",
-                  NAME_ARG(name), VHOST_ARG(ch));
+                  BYTES_ARG(name), VHOST_ARG(ch));
 }
 
 bool channel__queue_locked(struct channel *ch, struct queue *queue, uint32_t method_id)
@@ -306,19 +302,49 @@ void channel__remember_queue(struct channel *ch, struct bytes name)
     ch->has_last_queue = true;
 }
 
+/* The queue called name in the channel's vhost, or NULL once the channel
+ * failed with 404. (A deleted queue is out of the table before it is
+ * marked: vhost_queue_delete.) */
+static struct queue *named_queue(struct channel *ch, struct bytes name, uint32_t method_id)
+{
+    struct queue *queue = vhost_queue(ch->vhost, name);
+    if (queue == NULL || NEVER(queue->deleted)) {
+        channel__fail(ch, REPLY_NOT_FOUND, method_id, "no queue '%.*s' " VHOST_FMT,
+                      BYTES_ARG(name), VHOST_ARG(ch));
+        return NULL;
+    }
+    return queue;
+}
+
+/* A client's queue: "" is the channel's last one; another connection's
+ * exclusive queue is locked. */
 static struct queue *existing_queue(struct channel *ch, struct bytes name, uint32_t method_id)
 {
     if (!channel__resolve_queue_name(ch, &name, method_id))
         return NULL;
-    struct queue *queue = vhost_queue(ch->vhost, name);
-    if (!queue) {
-        channel__fail(ch, REPLY_NOT_FOUND, method_id, "no queue '%.*s' " VHOST_FMT,
-                      NAME_ARG(name), VHOST_ARG(ch));
-        return NULL;
-    }
-    if (channel__queue_locked(ch, queue, method_id))
+    struct queue *queue = named_queue(ch, name, method_id);
+    if (queue == NULL || channel__queue_locked(ch, queue, method_id))
         return NULL;
     return queue;
+}
+
+/* queue.quay-counts: a peer's management listing asks for a queue's
+ * counts as its primary has them (a passive declare's lack the unacked
+ * ones). A peer names the queue itself, and exclusive ones are counted
+ * too. A stand-in here (the queue moved, and the asker's map is behind)
+ * asks its primary in turn, as a passive declare would (channel_wait.c). */
+static void queue_quay_counts(struct channel *ch, const struct method *m)
+{
+    if (!channel__peer_only(ch, m->id))
+        return;
+    struct queue *queue = named_queue(ch, m->queue_quay_counts.queue, m->id);
+    if (queue == NULL)
+        return;
+    if (queue_is_remote(queue)) {
+        channel__remote_query(ch, queue, m);
+        return;
+    }
+    channel__answer_counts(ch, queue, NULL);
 }
 
 static bool queue_equivalent(struct channel *ch, const struct queue *q,
@@ -377,7 +403,7 @@ static void queue_declare(struct channel *ch, const struct method *m)
     if (d->passive) {
         if (!queue) {
             channel__fail(ch, REPLY_NOT_FOUND, m->id, "no queue '%.*s' " VHOST_FMT,
-                          NAME_ARG(name), VHOST_ARG(ch));
+                          BYTES_ARG(name), VHOST_ARG(ch));
             return;
         }
         if (channel__queue_locked(ch, queue, m->id))
@@ -386,7 +412,7 @@ static void queue_declare(struct channel *ch, const struct method *m)
         /* Checked before existence: even a server-named queue cannot be
          * redeclared actively (RabbitMQ). */
         channel__fail(ch, REPLY_ACCESS_REFUSED, m->id,
-                      "queue name '%.*s' contains reserved prefix 'amq.*'", NAME_ARG(name));
+                      "queue name '%.*s' contains reserved prefix 'amq.*'", BYTES_ARG(name));
         return;
     } else if (queue) {
         if (!channel__permitted(ch, AUTH_PERMISSION_CONFIGURE, "queue", name, m->id) ||
@@ -411,7 +437,7 @@ static void queue_declare(struct channel *ch, const struct method *m)
         if (limit && ch->vhost->queues.count >= limit) {
             channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
                           "cannot declare queue '%.*s': queue limit " VHOST_FMT " (%u) is reached",
-                          NAME_ARG(name), VHOST_ARG(ch), limit);
+                          BYTES_ARG(name), VHOST_ARG(ch), limit);
             return;
         }
         /* The vhost's max-queues (RabbitMQ's words): in a cluster the
@@ -422,7 +448,7 @@ static void queue_declare(struct channel *ch, const struct method *m)
         if (!limit_allows(vhost_limit, ch->vhost->queues.count)) {
             channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
                           "cannot declare queue '%.*s': queue limit " VHOST_FMT " (%lld) is "
-                          "reached", NAME_ARG(name), VHOST_ARG(ch), (long long)vhost_limit);
+                          "reached", BYTES_ARG(name), VHOST_ARG(ch), (long long)vhost_limit);
             return;
         }
         struct bytes args = {d->arguments.ptr, d->arguments.len};
@@ -468,7 +494,7 @@ static void queue_bind_unbind(struct channel *ch, const struct method *m)
     struct queue *queue = vhost_queue(ch->vhost, queue_name);
     if (!queue) {
         channel__fail(ch, REPLY_NOT_FOUND, m->id, "no queue '%.*s' " VHOST_FMT,
-                      NAME_ARG(queue_name), VHOST_ARG(ch));
+                      BYTES_ARG(queue_name), VHOST_ARG(ch));
         return;
     }
     struct exchange *exchange = existing_exchange(ch, exchange_name, m->id);
@@ -553,12 +579,12 @@ static void queue_delete_method(struct channel *ch, const struct method *m)
         }
         if (d->if_unused && queue->consumers_count > 0) {
             channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
-                          "queue '%.*s' " VHOST_FMT " in use", NAME_ARG(name), VHOST_ARG(ch));
+                          "queue '%.*s' " VHOST_FMT " in use", BYTES_ARG(name), VHOST_ARG(ch));
             return;
         }
         if (d->if_empty && queue_ready_count(queue) > 0) {
             channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
-                          "queue '%.*s' " VHOST_FMT " not empty", NAME_ARG(name),
+                          "queue '%.*s' " VHOST_FMT " not empty", BYTES_ARG(name),
                           VHOST_ARG(ch));
             return;
         }
@@ -590,7 +616,7 @@ void channel__handle_queue(struct channel *ch, const struct method *m)
     case METHOD_QUEUE_DELETE:
         return queue_delete_method(ch, m);
     case METHOD_QUEUE_QUAY_COUNTS:
-        return channel__handle_quay_counts(ch, m);
+        return queue_quay_counts(ch, m);
     default:
         channel__connection_fail(ch, REPLY_COMMAND_INVALID, m->id, "unimplemented method");
     }

@@ -19,6 +19,10 @@
 struct message;
 struct vhost;
 
+/* Reply texts name the channel's vhost as RabbitMQ's do. */
+#define VHOST_FMT "in vhost '%.*s'"
+#define VHOST_ARG(ch) BYTES_ARG((ch)->vhost->name)
+
 enum channel_state {
     CHANNEL_STATE_OPEN,
     CHANNEL_STATE_CLOSING, /* we sent channel.close; waiting for close-ok */
@@ -203,7 +207,9 @@ void channel__handle_handover(struct channel *ch, const struct method *m);
 /* basic.quay-sync: a peer's next requests need our map at that version. */
 void channel__handle_sync(struct channel *ch, const struct method *m);
 void channel__handle_usage(struct channel *ch, const struct method *m);
-void channel__handle_quay_counts(struct channel *ch, const struct method *m);
+/* quay's own methods are for peer brokers only: clients see them as the
+ * unknown methods they are to them (the connection fails with 540). */
+bool channel__peer_only(struct channel *ch, uint32_t method_id);
 /* queue.quay-counts-ok: the primary's counts as it answered them, or
  * (primary NULL) the queue's own here, primary set if it is real here. */
 void channel__answer_counts(struct channel *ch, const struct queue *queue,

@@ -665,6 +665,24 @@ static void ops_run(uv_timer_t *timer)
     }
 }
 
+/* A caller's member change, its arguments checked: queued on the leader
+ * (done called when it is over). */
+static int member_op_submit(struct consensus *c, enum op_kind kind, uint64_t id,
+                            const char *address, consensus_done_fn done, void *req_ctx)
+{
+    if (raft_state(&c->raft) != RAFT_LEADER)
+        return CONSENSUS_E_NOT_LEADER;
+    if (c->ops_count >= MEMBER_OPS_MAX)
+        return CONSENSUS_E_BUSY;
+    struct member_op *op = op_new(c, kind, id, address);
+    if (op == NULL)
+        return E_NOMEM;
+    op->done = done;
+    op->req_ctx = req_ctx;
+    ops_kick(c);
+    return OK;
+}
+
 int consensus_add_member(struct consensus *c, uint64_t id, const char *address,
                          consensus_done_fn done, void *req_ctx)
 {
@@ -674,17 +692,7 @@ int consensus_add_member(struct consensus *c, uint64_t id, const char *address,
     if (id == 0 || address == NULL || strlen(address) == 0 ||
         strlen(address) > CONSENSUS_ADDRESS_SIZE_MAX)
         return CONSENSUS_E_INVALID;
-    if (raft_state(&c->raft) != RAFT_LEADER)
-        return CONSENSUS_E_NOT_LEADER;
-    if (c->ops_count >= MEMBER_OPS_MAX)
-        return CONSENSUS_E_BUSY;
-    struct member_op *op = op_new(c, OP_ADD, id, address);
-    if (op == NULL)
-        return E_NOMEM;
-    op->done = done;
-    op->req_ctx = req_ctx;
-    ops_kick(c);
-    return OK;
+    return member_op_submit(c, OP_ADD, id, address, done, req_ctx);
 }
 
 int consensus_remove_member(struct consensus *c, uint64_t id, consensus_done_fn done,
@@ -695,17 +703,7 @@ int consensus_remove_member(struct consensus *c, uint64_t id, consensus_done_fn 
         return CONSENSUS_E_SHUTDOWN;
     if (id == 0)
         return CONSENSUS_E_INVALID;
-    if (raft_state(&c->raft) != RAFT_LEADER)
-        return CONSENSUS_E_NOT_LEADER;
-    if (c->ops_count >= MEMBER_OPS_MAX)
-        return CONSENSUS_E_BUSY;
-    struct member_op *op = op_new(c, OP_REMOVE, id, NULL);
-    if (op == NULL)
-        return E_NOMEM;
-    op->done = done;
-    op->req_ctx = req_ctx;
-    ops_kick(c);
-    return OK;
+    return member_op_submit(c, OP_REMOVE, id, NULL, done, req_ctx);
 }
 
 /* The server side of the join RPC (called by the transport). */

@@ -285,18 +285,18 @@ int map__check_broker_usable(struct apply_ctx *ctx, uint32_t id, const char *wha
     const struct map_broker *b = cluster_map_broker(ctx->map, id);
     if (b == NULL)
         return map__refuse(ctx, REPLY_NOT_FOUND, true, "broker %u chosen for %s '%.*s' is unknown",
-                           id, what, NAME_ARG(name));
+                           id, what, BYTES_ARG(name));
     if (!ctx->restoring && b->state == BROKER_STATE_DOWN)
         return map__refuse(ctx, REPLY_NOT_FOUND, true,
                            "broker %u chosen for %s '%.*s' is down or inaccessible", id, what,
-                           NAME_ARG(name));
+                           BYTES_ARG(name));
     return OK;
 }
 
 struct map_vhost *map__need_vhost(struct apply_ctx *ctx, struct bytes name, int *rc)
 {
     struct map_vhost *v = cluster_map_vhost(ctx->map, name);
-    *rc = v ? OK : map__refuse(ctx, REPLY_NOT_FOUND, false, "no vhost '%.*s'", NAME_ARG(name));
+    *rc = v ? OK : map__refuse(ctx, REPLY_NOT_FOUND, false, "no vhost '%.*s'", BYTES_ARG(name));
     return v;
 }
 
@@ -327,7 +327,7 @@ static int op_broker_join(struct apply_ctx *ctx)
         const struct map_broker *o = map->brokers[i];
         if (o != b && bytes_equal(o->name, name))
             return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false,
-                               "broker name '%.*s' is taken by broker %u", NAME_ARG(name), o->id);
+                               "broker name '%.*s' is taken by broker %u", BYTES_ARG(name), o->id);
         voters += (o != b && o->voter);
     }
     if (voter && voters >= CLUSTER_VOTERS_MAX)
@@ -684,7 +684,7 @@ static int op_user_delete(struct apply_ctx *ctx)
         return map__malformed(ctx);
     struct map_user *u = cluster_map_user(ctx->map, name);
     if (u == NULL)
-        return map__refuse(ctx, REPLY_NOT_FOUND, false, "no user '%.*s'", NAME_ARG(name));
+        return map__refuse(ctx, REPLY_NOT_FOUND, false, "no user '%.*s'", BYTES_ARG(name));
     limit_set_delete_all(&ctx->map->limits, LIMIT_SCOPE_USER, name);
     map__user_remove(ctx->map, u);
     ctx->map->users_defined = true;
@@ -704,7 +704,7 @@ static int op_permission_put(struct apply_ctx *ctx)
         return map__malformed(ctx);
     struct map_user *u = cluster_map_user(ctx->map, user);
     if (u == NULL)
-        return map__refuse(ctx, REPLY_NOT_FOUND, false, "no user '%.*s'", NAME_ARG(user));
+        return map__refuse(ctx, REPLY_NOT_FOUND, false, "no user '%.*s'", BYTES_ARG(user));
     int rc;
     if (map__need_vhost(ctx, vhost, &rc) == NULL)
         return rc;
@@ -748,7 +748,7 @@ static int op_permission_delete(struct apply_ctx *ctx)
         j++;
     if (u == NULL || j == u->vhosts_count)
         return map__refuse(ctx, REPLY_NOT_FOUND, false, "no permission for user '%.*s' in vhost "
-                           "'%.*s'", NAME_ARG(user), NAME_ARG(vhost));
+                           "'%.*s'", BYTES_ARG(user), BYTES_ARG(vhost));
     map__user_permission_remove(u, j);
     ctx->map->users_defined = true;
     ctx->change->changed = true;
@@ -819,7 +819,7 @@ static int op_policy_put(struct apply_ctx *ctx)
     char err[POLICY_ERROR_SIZE];
     if (policy_decl_check(&d, err, sizeof err) != OK)
         return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false, "policy '%.*s': %s",
-                           NAME_ARG(d.name), err);
+                           BYTES_ARG(d.name), err);
     struct policy_set *set = &ctx->map->policies;
     bool exists = policy_set_find(set, d.vhost, d.name) != NULL;
     if (exists && ctx->restoring)
@@ -845,7 +845,7 @@ static int op_policy_delete(struct apply_ctx *ctx)
         return rc;
     if (!policy_set_delete(&ctx->map->policies, vhost, name))
         return map__refuse(ctx, REPLY_NOT_FOUND, false, "no policy '%.*s' in vhost '%.*s'",
-                           NAME_ARG(name), NAME_ARG(vhost));
+                           BYTES_ARG(name), BYTES_ARG(vhost));
     ctx->map->policies_generation++;
     ctx->change->policies_deleted_count = 1;
     ctx->change->changed = true;
@@ -881,7 +881,7 @@ static int op_limit(struct apply_ctx *ctx, bool put)
     if (scope == LIMIT_SCOPE_VHOST && map__need_vhost(ctx, name, &rc) == NULL)
         return rc;
     if (scope == LIMIT_SCOPE_USER && cluster_map_user(ctx->map, name) == NULL)
-        return map__refuse(ctx, REPLY_NOT_FOUND, false, "no user '%.*s'", NAME_ARG(name));
+        return map__refuse(ctx, REPLY_NOT_FOUND, false, "no user '%.*s'", BYTES_ARG(name));
     struct limit_set *set = &ctx->map->limits;
     const struct limit *old = limit_set_find(set, scope, name, kind);
     if (!put) {

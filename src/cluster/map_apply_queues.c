@@ -122,8 +122,8 @@ int map__op_exchange_delete(struct apply_ctx *ctx)
         return OK;
     if (if_unused && x->bindings_out_count > 0)
         return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false,
-                           "exchange '%.*s' in vhost '%.*s' in use", NAME_ARG(name),
-                           NAME_ARG(vhost));
+                           "exchange '%.*s' in vhost '%.*s' in use", BYTES_ARG(name),
+                           BYTES_ARG(vhost));
     struct removed removed = {0};
     map__exchange_remove(ctx->map, x, &removed);
     ctx->change->bindings_deleted_count = removed.bindings;
@@ -143,7 +143,7 @@ int map__op_exchange_set_owner(struct apply_ctx *ctx)
     struct map_exchange *x = cluster_map_exchange(ctx->map, vhost, name);
     if (x == NULL)
         return map__refuse(ctx, REPLY_NOT_FOUND, false, "no exchange '%.*s' in vhost '%.*s'",
-                           NAME_ARG(name), NAME_ARG(vhost));
+                           BYTES_ARG(name), BYTES_ARG(vhost));
     int rc = map__check_broker_usable(ctx, owner, "exchange", name);
     if (rc != OK)
         return rc;
@@ -213,18 +213,18 @@ static int binding_ends(struct apply_ctx *ctx, const struct map_binding_decl *d,
     *source = hmap_get(&v->exchanges, d->source);
     if (*source == NULL)
         return map__refuse(ctx, REPLY_NOT_FOUND, false, "no exchange '%.*s' in vhost '%.*s'",
-                           NAME_ARG(d->source), NAME_ARG(d->vhost));
+                           BYTES_ARG(d->source), BYTES_ARG(d->vhost));
     if (d->destination_kind == MAP_DESTINATION_QUEUE) {
         struct map_queue *q = hmap_get(&v->queues, d->destination);
         if (q == NULL)
             return map__refuse(ctx, REPLY_NOT_FOUND, false, "no queue '%.*s' in vhost '%.*s'",
-                               NAME_ARG(d->destination), NAME_ARG(d->vhost));
+                               BYTES_ARG(d->destination), BYTES_ARG(d->vhost));
         *dest_list = &q->bindings_in;
     } else {
         struct map_exchange *x = hmap_get(&v->exchanges, d->destination);
         if (x == NULL)
             return map__refuse(ctx, REPLY_NOT_FOUND, false, "no exchange '%.*s' in vhost '%.*s'",
-                               NAME_ARG(d->destination), NAME_ARG(d->vhost));
+                               BYTES_ARG(d->destination), BYTES_ARG(d->vhost));
         *dest_list = &x->bindings_in;
     }
     ctx->change->exchange = *source;
@@ -327,12 +327,12 @@ static int check_placement(struct apply_ctx *ctx, struct bytes name, uint32_t pr
         if (backups[i] == primary)
             return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false,
                                "broker %u is both primary and backup of queue '%.*s'", primary,
-                               NAME_ARG(name));
+                               BYTES_ARG(name));
         for (uint8_t j = 0; j < i; j++) {
             if (backups[j] == backups[i])
                 return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false,
                                    "broker %u is a backup of queue '%.*s' twice", backups[i],
-                                   NAME_ARG(name));
+                                   BYTES_ARG(name));
         }
         rc = map__check_broker_usable(ctx, backups[i], "queue", name);
     }
@@ -349,7 +349,7 @@ static int queue_equivalent(struct apply_ctx *ctx, const struct map_queue *q,
                            "cannot obtain exclusive access to locked queue '%.*s' in vhost '%.*s'. "
                            "It could be originally declared on another connection or the exclusive "
                            "property value does not match that of the original declaration.",
-                           NAME_ARG(d->name), NAME_ARG(d->vhost));
+                           BYTES_ARG(d->name), BYTES_ARG(d->vhost));
     struct queue_decl current = {q->durable, q->auto_delete,
                                  {q->arguments.ptr, q->arguments.len}};
     struct queue_decl received = {d->durable, d->auto_delete, d->arguments};
@@ -404,7 +404,7 @@ static int check_max_queues(struct apply_ctx *ctx, const struct map_vhost *v, st
         return OK;
     return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false,
                        "cannot declare queue '%.*s': queue limit in vhost '%.*s' (%lld) is reached",
-                       NAME_ARG(name), NAME_ARG(v->name), (long long)max);
+                       BYTES_ARG(name), BYTES_ARG(v->name), (long long)max);
 }
 
 int map__op_queue_declare(struct apply_ctx *ctx)
@@ -502,15 +502,15 @@ static struct map_queue *find_queue_cas(struct apply_ctx *ctx, bool epoch_requir
     if (q == NULL) {
         if (epoch_required)
             *rc = map__refuse(ctx, REPLY_NOT_FOUND, false, "no queue '%.*s' in vhost '%.*s'",
-                              NAME_ARG(name), NAME_ARG(vhost));
+                              BYTES_ARG(name), BYTES_ARG(vhost));
         return NULL;
     }
     ctx->change->previous_epoch = q->epoch;
     ctx->change->previous_primary_id = q->primary_id;
     if (expected != 0 && q->epoch != expected) {
         *rc = map__refuse(ctx, REPLY_PRECONDITION_FAILED, true,
-                          "queue '%.*s' in vhost '%.*s' is at epoch %llu, not %llu", NAME_ARG(name),
-                          NAME_ARG(vhost), (unsigned long long)q->epoch,
+                          "queue '%.*s' in vhost '%.*s' is at epoch %llu, not %llu",
+                          BYTES_ARG(name), BYTES_ARG(vhost), (unsigned long long)q->epoch,
                           (unsigned long long)expected);
         return NULL;
     }
@@ -567,7 +567,7 @@ int map__op_queue_set_owner(struct apply_ctx *ctx)
         (planned && (slot < 0 || q->move_to != primary)))
         return map__refuse(ctx, REPLY_PRECONDITION_FAILED, true,
                            "broker %u is not an in-sync backup of queue '%.*s'", primary,
-                           NAME_ARG(q->name));
+                           BYTES_ARG(q->name));
     struct cluster_map *map = ctx->map;
     uint32_t old_primary = q->primary_id;
     bool keep_old = planned && map_queue_switch_keeps_primary(map, q);
@@ -666,19 +666,19 @@ int map__op_queue_move(struct apply_ctx *ctx)
     if (to == q->primary_id)
         return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false,
                            "broker %u is already the primary of queue '%.*s'", to,
-                           NAME_ARG(q->name));
+                           BYTES_ARG(q->name));
     rc = map__check_broker_usable(ctx, to, "queue", q->name);
     if (rc != OK)
         return rc;
     if (from != BROKER_ID_NONE && (!map_queue_has_backup(q, from) || map_queue_has_backup(q, to)))
         return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false,
                            "a backup move of queue '%.*s' goes from one of its backups (%u) to a "
-                           "broker that is not one (%u)", NAME_ARG(q->name), from, to);
+                           "broker that is not one (%u)", BYTES_ARG(q->name), from, to);
     if (!map_queue_has_backup(q, to)) {
         if (q->backups_count == CLUSTER_BACKUPS_MAX)
             return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false,
                                "queue '%.*s' has %u backups already: move it to one of them",
-                               NAME_ARG(q->name), CLUSTER_BACKUPS_MAX);
+                               BYTES_ARG(q->name), CLUSTER_BACKUPS_MAX);
         map__queue_count(ctx->map, q, -1);
         q->backup_ids[q->backups_count++] = to;
         map__queue_count(ctx->map, q, +1);
@@ -704,7 +704,7 @@ int map__op_queue_set_in_sync(struct apply_ctx *ctx)
         if (slot < 0)
             return map__refuse(ctx, REPLY_PRECONDITION_FAILED, true,
                                "broker %u is not a backup of queue '%.*s'", ids[i],
-                               NAME_ARG(q->name));
+                               BYTES_ARG(q->name));
         mask |= (uint8_t)(1u << slot);
     }
     ctx->change->changed = mask != q->in_sync_mask;
@@ -753,7 +753,8 @@ int map__op_queue_take_over(struct apply_ctx *ctx)
     const struct map_broker *dead = cluster_map_broker(ctx->map, from);
     if (q->primary_id != from || dead->state != BROKER_STATE_DOWN)
         return map__refuse(ctx, REPLY_PRECONDITION_FAILED, true,
-                           "queue '%.*s' is not owned by broker %u, down", NAME_ARG(q->name), from);
+                           "queue '%.*s' is not owned by broker %u, down", BYTES_ARG(q->name),
+                           from);
     /* With its replica: an in-sync backup of a queue that replicates its
      * transient messages only (the log has the persistent ones). */
     int slot = map__backup_slot(q, primary);
@@ -765,7 +766,7 @@ int map__op_queue_take_over(struct apply_ctx *ctx)
         !map_brokers_share_storage(dead, cluster_map_broker(ctx->map, primary)))
         return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false,
                            "broker %u cannot take queue '%.*s' over from broker %u", primary,
-                           NAME_ARG(q->name), from);
+                           BYTES_ARG(q->name), from);
     struct cluster_map *map = ctx->map;
     map__queue_count(map, q, -1);
     memset(q->backup_ids, 0, sizeof(q->backup_ids)); /* none in sync: see controller.h */

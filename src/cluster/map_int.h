@@ -16,18 +16,10 @@
 
 #include "amqp/table.h"
 #include "cluster/map.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 
-#define NAME_ARG(b) (int)(b).len, (const char *)(b).ptr
-
 /* ---- small helpers -------------------------------------------------------- */
-
-static inline void *xcalloc(size_t count, size_t size)
-{
-    void *p = calloc(count ? count : 1, size);
-    ASSERT(p != NULL);
-    return p;
-}
 
 /* Grows a pointer array to hold one more. */
 static inline void ptr_array_reserve(void ***items, uint32_t count, uint32_t *cap)
@@ -35,9 +27,7 @@ static inline void ptr_array_reserve(void ***items, uint32_t count, uint32_t *ca
     if (count < *cap)
         return;
     uint32_t new_cap = *cap ? *cap * 2 : 16;
-    void **p = realloc(*items, (size_t)new_cap * sizeof(void *));
-    ASSERT(p != NULL);
-    *items = p;
+    *items = xrealloc(*items, (size_t)new_cap * sizeof(void *));
     *cap = new_cap;
 }
 

@@ -29,13 +29,13 @@ static void skip_space(struct reader *r)
         r->p++;
 }
 
-static bool read_hex4(struct reader *r, uint32_t *out)
+static const char *read_hex4(const char **p, const char *end, uint32_t *out)
 {
-    if (r->end - r->p < 4)
-        return fail(r, "short \\u escape");
+    if (end - *p < 4)
+        return "short \\u escape";
     uint32_t v = 0;
     for (int i = 0; i < 4; i++) {
-        char c = *r->p++;
+        char c = *(*p)++;
         v <<= 4;
         if (c >= '0' && c <= '9')
             v |= (uint32_t)(c - '0');
@@ -44,61 +44,58 @@ static bool read_hex4(struct reader *r, uint32_t *out)
         else if (c >= 'A' && c <= 'F')
             v |= (uint32_t)(c - 'A' + 10);
         else
-            return fail(r, "bad \\u escape");
+            return "bad \\u escape";
     }
     *out = v;
-    return true;
+    return NULL;
 }
 
-/* Appends code point cp as UTF-8; false if it does not fit. */
-static bool put_utf8(char *out, size_t cap, size_t *n, uint32_t cp)
+const char *json_read_escape(const char **p, const char *end, uint32_t *cp)
 {
-    char b[4];
-    size_t k;
-    if (cp < 0x80) {
-        b[0] = (char)cp, k = 1;
-    } else if (cp < 0x800) {
-        b[0] = (char)(0xc0 | cp >> 6), b[1] = (char)(0x80 | (cp & 0x3f)), k = 2;
-    } else if (cp < 0x10000) {
-        b[0] = (char)(0xe0 | cp >> 12), b[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        b[2] = (char)(0x80 | (cp & 0x3f)), k = 3;
-    } else {
-        b[0] = (char)(0xf0 | cp >> 18), b[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-        b[2] = (char)(0x80 | ((cp >> 6) & 0x3f)), b[3] = (char)(0x80 | (cp & 0x3f)), k = 4;
+    if (*p == end)
+        return "unterminated string";
+    char c = *(*p)++;
+    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+    const char *hit = c ? strchr(from, c) : NULL;
+    if (hit != NULL) {
+        *cp = (uint8_t)to[hit - from];
+        return NULL;
     }
-    if (*n + k >= cap)
-        return false;
-    memcpy(out + *n, b, k);
-    *n += k;
-    return true;
+    if (c != 'u')
+        return "bad escape";
+    const char *why = read_hex4(p, end, cp);
+    if (why != NULL)
+        return why;
+    if (*cp >= 0xdc00 && *cp <= 0xdfff)
+        return "lone low surrogate";
+    if (*cp >= 0xd800 && *cp <= 0xdbff) {
+        uint32_t low;
+        if (end - *p < 2 || (*p)[0] != '\\' || (*p)[1] != 'u')
+            return "lone high surrogate";
+        *p += 2;
+        why = read_hex4(p, end, &low);
+        if (why != NULL)
+            return why;
+        if (low < 0xdc00 || low > 0xdfff)
+            return "bad surrogate pair";
+        *cp = 0x10000 + ((*cp - 0xd800) << 10) + (low - 0xdc00);
+    }
+    return NULL;
 }
 
 static bool read_escape(struct reader *r, char *out, size_t cap, size_t *n)
 {
-    if (r->p == r->end)
-        return fail(r, "unterminated string");
-    char c = *r->p++;
-    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
-    const char *hit = c ? strchr(from, c) : NULL;
-    if (hit != NULL)
-        return put_utf8(out, cap, n, (uint8_t)to[hit - from]) || fail(r, "string too long");
-    if (c != 'u')
-        return fail(r, "bad escape");
     uint32_t cp;
-    if (!read_hex4(r, &cp))
-        return false;
-    if (cp >= 0xdc00 && cp <= 0xdfff)
-        return fail(r, "lone low surrogate");
-    if (cp >= 0xd800 && cp <= 0xdbff) {
-        uint32_t low;
-        if (r->end - r->p < 2 || r->p[0] != '\\' || r->p[1] != 'u')
-            return fail(r, "lone high surrogate");
-        r->p += 2;
-        if (!read_hex4(r, &low) || low < 0xdc00 || low > 0xdfff)
-            return fail(r, "bad surrogate pair");
-        cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
-    }
-    return put_utf8(out, cap, n, cp) || fail(r, "string too long");
+    const char *why = json_read_escape(&r->p, r->end, &cp);
+    if (why != NULL)
+        return fail(r, why);
+    char b[4];
+    size_t k = utf8_encode(cp, b);
+    if (*n + k >= cap)
+        return fail(r, "string too long");
+    memcpy(out + *n, b, k);
+    *n += k;
+    return true;
 }
 
 /* A string into out[cap] (NUL-terminated); *size_out its length. */

@@ -49,4 +49,11 @@ typedef bool (*json_read_fn)(void *ctx, const struct json_read_member *member, c
 int json_read_object(const char *text, size_t size, json_read_fn fn, void *ctx, char *err,
                      size_t err_size);
 
+/* One escape in a JSON string, *p just past its backslash (the text ends
+ * at end): its code point in *cp (a \uXXXX surrogate pair joined into
+ * one) and *p past it. NULL, or why it is not one ("bad escape", "lone
+ * high surrogate", ...), *p where reading stopped. Also the tree
+ * parser's (mgmt/json_tree.c). */
+const char *json_read_escape(const char **p, const char *end, uint32_t *cp);
+
 #endif

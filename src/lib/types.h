@@ -29,6 +29,8 @@ struct table {
 };
 
 #define BYTES_LIT(s) ((struct bytes){(const uint8_t *)(s), (uint32_t)(sizeof(s) - 1)})
+/* The arguments of a "%.*s" for a struct bytes (it is not NUL-terminated). */
+#define BYTES_ARG(b) (int)(b).len, (const char *)(b).ptr
 
 static inline struct bytes bytes_of_cstr(const char *s)
 {

@@ -59,6 +59,17 @@ bool mgmt_user_sees_vhost(const struct auth_user *user, struct bytes vhost)
            auth_user_may_open(user, vhost);
 }
 
+bool mgmt_user_sees_vhost_or_401(struct http_call *call, const struct auth_user *user,
+                                 struct bytes vhost)
+{
+    if (mgmt_user_sees_vhost(user, vhost))
+        return true;
+    struct http_refusal refusal = {.status = 401, .error = "not_authorised",
+                                   .reason = "User not authorised to access virtual host"};
+    http_call_answer_refusal(call, &refusal);
+    return false;
+}
+
 /* Whether the API shows user every connection and the node's own data. */
 static bool sees_node(const struct auth_user *user)
 {

@@ -80,6 +80,11 @@ enum mgmt_access {
 /* Whether the API shows user a vhost's objects: administrators see every
  * vhost, other users the ones they may open (NULL: no admission, all). */
 bool mgmt_user_sees_vhost(const struct auth_user *user, struct bytes vhost);
+/* The same, else call answered with RabbitMQ's refusal: 401 {"error":
+ * "not_authorised", "reason": "User not authorised to access virtual
+ * host"}. */
+bool mgmt_user_sees_vhost_or_401(struct http_call *call, const struct auth_user *user,
+                                 struct bytes vhost);
 
 /* Serves the API on address ("HOST:PORT") and plugs it into the broker
  * (broker->http), which then owns it, even when this fails (broker_free

@@ -372,12 +372,8 @@ static void handle_bindings(void *ctx, struct http_call *call,
     if (!api_path_parse(call, req, &path))
         return;
     bool read = req->method == HTTP_METHOD_GET || req->method == HTTP_METHOD_HEAD;
-    if (path.count >= 1 && !mgmt_user_sees_vhost(req->user, path.seg[0])) {
-        struct http_refusal refusal = {.status = 401, .error = "not_authorised",
-                                       .reason = "User not authorised to access virtual host"};
-        http_call_answer_refusal(call, &refusal);
+    if (path.count >= 1 && !mgmt_user_sees_vhost_or_401(call, req->user, path.seg[0]))
         return;
-    }
     if (path.count >= 2) {
         handle_between(broker, call, req, &path);
         return;

@@ -196,11 +196,9 @@ static void handle_exchanges(void *ctx, struct http_call *call,
     if (!api_path_parse(call, req, &path))
         return;
     bool read = req->method == HTTP_METHOD_GET || req->method == HTTP_METHOD_HEAD;
-    if (path.count >= 1 && !mgmt_user_sees_vhost(req->user, path.seg[0])) {
-        struct http_refusal refusal = {.status = 401, .error = "not_authorised",
-                                       .reason = "User not authorised to access virtual host"};
-        http_call_answer_refusal(call, &refusal);
-    } else if (path.count <= 1 && read) {
+    if (path.count >= 1 && !mgmt_user_sees_vhost_or_401(call, req->user, path.seg[0]))
+        return;
+    if (path.count <= 1 && read) {
         list_exchanges(broker, call, req, path.count == 1 ? &path.seg[0] : NULL);
     } else if (path.count >= 2) {
         handle_one(broker, call, req, &path);

@@ -17,10 +17,12 @@
 #include "cluster/map.h"
 #include "cluster/node.h"
 #include "cluster/member.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/api.h"
+#include "mgmt/api_change.h"
 #include "lib/json.h"
 #include "lib/json_read.h"
 #include "mgmt/json_tree.h"
@@ -235,46 +237,25 @@ static int parse_body(const struct http_call_request *req, int64_t *value, char 
 
 /* ---- in a cluster: through the map ------------------------------------------- */
 
-/* One PUT or DELETE waiting for its map command. */
-struct pending {
-    struct http_call *call;
-    struct cluster_request *request;
-};
-
-static void on_cancel(void *arg)
+static void on_applied(struct api_change *c, const struct map_change *change)
 {
-    struct pending *p = arg;
-    cluster_request_cancel(p->request);
-    free(p);
-}
-
-static void on_applied(void *ctx, int status, const struct map_change *change)
-{
-    struct pending *p = ctx;
-    if (status != OK)
-        http_call_answer_error(p->call, 503,
-                               "the cluster map is unavailable (no leader or no quorum)");
-    else if (change->reply_code == REPLY_NOT_FOUND)
-        http_call_answer_error(p->call, 404, change->reply_text);
+    if (change->reply_code == REPLY_NOT_FOUND)
+        http_call_answer_error(c->call, 404, change->reply_text);
     else if (change->reply_code != REPLY_SUCCESS)
-        http_call_answer_error(p->call, 400, change->reply_text);
+        http_call_answer_error(c->call, 400, change->reply_text);
     else
-        http_call_answer_empty(p->call, 204);
-    free(p);
+        http_call_answer_empty(c->call, 204);
+    free(c);
 }
 
+/* One PUT or DELETE through the map (api_change.h). */
 static void submit(struct broker *broker, struct http_call *call, struct map_cmd *cmd)
 {
-    if (!cluster_node_synced(member_node_of(broker))) {
-        map_cmd_free(cmd);
-        http_call_answer_error(call, 503, "this broker has not caught up with the cluster yet");
+    if (!api_change_ready(broker, call, cmd))
         return;
-    }
-    struct pending *p = calloc(1, sizeof *p);
-    ASSERT(p != NULL);
-    p->call = call;
-    http_call_on_cancel(call, on_cancel, p);
-    p->request = cluster_node_submit(member_node_of(broker), cmd, on_applied, p);
+    struct api_change *c = xcalloc(1, sizeof *c);
+    *c = (struct api_change){.call = call, .applied = on_applied};
+    api_change_submit(broker, c, cmd);
 }
 
 /* ---- the resource ------------------------------------------------------------- */

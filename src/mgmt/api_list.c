@@ -19,24 +19,12 @@
 
 void api_answer_not_found(struct http_call *call)
 {
-    struct json body;
-    http_body_init(&body);
-    json_object_begin(&body);
-    json_kv_string(&body, "error", "Object Not Found");
-    json_kv_string(&body, "reason", "Not Found");
-    json_object_end(&body);
-    http_call_answer(call, 404, &body);
+    http_call_answer_error_as(call, 404, "Object Not Found", "Not Found");
 }
 
 void api_answer_bad_request(struct http_call *call, const char *reason)
 {
-    struct json body;
-    http_body_init(&body);
-    json_object_begin(&body);
-    json_kv_string(&body, "error", "bad_request");
-    json_kv_string(&body, "reason", reason);
-    json_object_end(&body);
-    http_call_answer(call, 400, &body);
+    http_call_answer_error_as(call, 400, "bad_request", reason);
 }
 
 bool api_path_parse(struct http_call *call, const struct http_call_request *req,

@@ -16,10 +16,12 @@
 #include "cluster/map.h"
 #include "cluster/node.h"
 #include "cluster/member.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/api.h"
+#include "mgmt/api_change.h"
 #include "lib/json.h"
 #include "lib/json_read.h"
 
@@ -174,41 +176,30 @@ static void answer_deleted(struct http_call *call, const struct policy_path *pat
 
 /* ---- in a cluster: through the map ------------------------------------------- */
 
-/* One PUT or DELETE waiting for its map command. */
+/* One PUT or DELETE waiting for its map command (api_change.h). */
 struct pending {
+    struct api_change change; /* first: the change frees the whole */
     struct broker *broker;
-    struct http_call *call;
-    struct cluster_request *request;
     bool created;
     struct policy_path path;
 };
 
-static void on_cancel(void *arg)
+static void on_applied(struct api_change *c, const struct map_change *change)
 {
-    struct pending *p = arg;
-    cluster_request_cancel(p->request);
-    free(p);
-}
-
-static void on_applied(void *ctx, int status, const struct map_change *change)
-{
-    struct pending *p = ctx;
-    if (status != OK) {
-        http_call_answer_error(p->call, 503,
-                               "the cluster map is unavailable (no leader or no quorum)");
-    } else if (change->reply_code == REPLY_NOT_FOUND) {
-        http_call_answer_error(p->call, 404, change->reply_text);
+    struct pending *p = (struct pending *)c;
+    if (change->reply_code == REPLY_NOT_FOUND) {
+        http_call_answer_error(c->call, 404, change->reply_text);
     } else if (change->reply_code != REPLY_SUCCESS) {
-        http_call_answer_error(p->call, 400, change->reply_text);
+        http_call_answer_error(c->call, 400, change->reply_text);
     } else if (change->op == MAP_OP_POLICY_DELETE) {
-        answer_deleted(p->call, &p->path);
+        answer_deleted(c->call, &p->path);
     } else {
         const struct policy *policy = policy_set_find(api_policies_of(p->broker),
                                                       p->path.vhost_b, p->path.name_b);
         if (policy != NULL)
-            answer_policy(p->call, p->created ? 201 : 200, policy);
+            answer_policy(c->call, p->created ? 201 : 200, policy);
         else /* deleted again right after: what we put did commit */
-            answer_deleted(p->call, &p->path);
+            answer_deleted(c->call, &p->path);
     }
     free(p);
 }
@@ -216,19 +207,15 @@ static void on_applied(void *ctx, int status, const struct map_change *change)
 static void submit(struct broker *broker, struct http_call *call, struct map_cmd *cmd,
                    const struct policy_path *path, bool created)
 {
-    if (!cluster_node_synced(member_node_of(broker))) {
-        map_cmd_free(cmd);
-        http_call_answer_error(call, 503, "this broker has not caught up with the cluster yet");
+    if (!api_change_ready(broker, call, cmd))
         return;
-    }
-    struct pending *p = calloc(1, sizeof *p);
-    ASSERT(p != NULL);
-    *p = (struct pending){.broker = broker, .call = call, .created = created, .path = *path};
+    struct pending *p = xcalloc(1, sizeof *p);
+    *p = (struct pending){.change = {.call = call, .applied = on_applied}, .broker = broker,
+                          .created = created, .path = *path};
     /* The slices must point into the pending copy, not the caller's. */
     p->path.vhost_b.ptr = p->path.vhost;
     p->path.name_b.ptr = p->path.name;
-    http_call_on_cancel(call, on_cancel, p);
-    p->request = cluster_node_submit(member_node_of(broker), cmd, on_applied, p);
+    api_change_submit(broker, &p->change, cmd);
 }
 
 /* ---- the resource ------------------------------------------------------------- */

@@ -364,7 +364,7 @@ static void on_counts(void *ctx, struct queue *queue, uint16_t reply_code,
     struct gather *g = it->gather;
     it->op = NULL;
     /* Counts that are not the primary's (the broker asked could not reach
-     * it: channel__handle_quay_counts) are not better than ours. */
+     * it: channel_declare.c's queue_quay_counts) are not better than ours. */
     if (reply_code == REPLY_SUCCESS && counts->primary)
         it->counts = (struct counts){counts->messages, counts->consumers, counts->unacked, true};
     else if (reply_code == REPLY_NOT_FOUND)
@@ -732,11 +732,9 @@ static void handle_queues(void *ctx, struct http_call *call, const struct http_c
     if (!api_path_parse(call, req, &path))
         return;
     bool read = req->method == HTTP_METHOD_GET || req->method == HTTP_METHOD_HEAD;
-    if (path.count >= 1 && !mgmt_user_sees_vhost(req->user, path.seg[0])) {
-        struct http_refusal refusal = {.status = 401, .error = "not_authorised",
-                                       .reason = "User not authorised to access virtual host"};
-        http_call_answer_refusal(call, &refusal);
-    } else if (path.count == 0 && read) {
+    if (path.count >= 1 && !mgmt_user_sees_vhost_or_401(call, req->user, path.seg[0]))
+        return;
+    if (path.count == 0 && read) {
         list_queues(broker, call, req, NULL);
     } else if (path.count == 1 && read) {
         list_queues(broker, call, req, &path.seg[0]);

@@ -18,10 +18,13 @@
 #include "cluster/map.h"
 #include "cluster/node.h"
 #include "cluster/member.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
 #include "mgmt/api.h"
+#include "mgmt/api_change.h"
+#include "mgmt/api_list.h"
 #include "lib/json.h"
 #include "lib/json_read.h"
 
@@ -29,11 +32,6 @@
 #define REGEX_SIZE_MAX 255
 
 /* ---- answers ---------------------------------------------------------------- */
-
-static void not_found(struct http_call *call)
-{
-    http_call_answer_error_as(call, 404, "Object Not Found", "Not Found");
-}
 
 /* Refusals are logged with who asked and from where (issue 17). */
 static void bad_request(struct http_call *call, const char *who, const char *reason)
@@ -224,11 +222,10 @@ static int split_path(const char *rest, size_t size, struct segment *out, int ma
 
 /* ---- in a cluster: through the map ------------------------------------------------ */
 
-/* One change waiting for its map command. */
+/* One change waiting for its map command (api_change.h). */
 struct pending {
+    struct api_change change; /* first: the change frees the whole */
     struct broker *broker;
-    struct http_call *call;
-    struct cluster_request *request;
     int status;               /* 201 or 204 once applied */
     bool missing_is_bad;      /* a 404 from the map is RabbitMQ's 400 here */
     bool grant_creator;       /* vhost.put: then the creator's permission */
@@ -239,25 +236,15 @@ struct pending {
 
 static void submit(struct pending *p, struct map_cmd *cmd);
 
-static void on_cancel(void *arg)
+static void on_applied(struct api_change *c, const struct map_change *change)
 {
-    struct pending *p = arg;
-    cluster_request_cancel(p->request);
-    free(p);
-}
-
-static void on_applied(void *ctx, int status, const struct map_change *change)
-{
-    struct pending *p = ctx;
-    if (status != OK) {
-        http_call_answer_error(p->call, 503,
-                               "the cluster map is unavailable (no leader or no quorum)");
-    } else if (change->reply_code == REPLY_NOT_FOUND && p->missing_is_bad) {
-        bad_request(p->call, p->asker, "vhost_or_user_not_found");
+    struct pending *p = (struct pending *)c;
+    if (change->reply_code == REPLY_NOT_FOUND && p->missing_is_bad) {
+        bad_request(c->call, p->asker, "vhost_or_user_not_found");
     } else if (change->reply_code == REPLY_NOT_FOUND) {
-        not_found(p->call);
+        api_answer_not_found(c->call);
     } else if (change->reply_code != REPLY_SUCCESS) {
-        bad_request(p->call, p->asker, change->reply_text);
+        bad_request(c->call, p->asker, change->reply_text);
     } else if (p->grant_creator) {
         /* RabbitMQ gives the vhost's creator full permissions on it. */
         p->grant_creator = false;
@@ -268,7 +255,7 @@ static void on_applied(void *ctx, int status, const struct map_change *change)
         submit(p, &cmd);
         return;
     } else {
-        http_call_answer_empty(p->call, p->status);
+        http_call_answer_empty(c->call, p->status);
     }
     free(p);
 }
@@ -276,8 +263,7 @@ static void on_applied(void *ctx, int status, const struct map_change *change)
 static void submit(struct pending *p, struct map_cmd *cmd)
 {
     p->vhost.b.ptr = p->vhost.bytes; /* the slice must point into p */
-    http_call_on_cancel(p->call, on_cancel, p);
-    p->request = cluster_node_submit(member_node_of(p->broker), cmd, on_applied, p);
+    api_change_submit(p->broker, &p->change, cmd);
 }
 
 /* A new pending change, or NULL (answered 503) if this broker cannot
@@ -286,14 +272,11 @@ static struct pending *pending_new(struct broker *broker, struct http_call *call
                                    const struct http_call_request *req, int status,
                                    struct map_cmd *cmd)
 {
-    if (!cluster_node_synced(member_node_of(broker))) {
-        map_cmd_free(cmd);
-        http_call_answer_error(call, 503, "this broker has not caught up with the cluster yet");
+    if (!api_change_ready(broker, call, cmd))
         return NULL;
-    }
-    struct pending *p = calloc(1, sizeof *p);
-    ASSERT(p != NULL);
-    *p = (struct pending){.broker = broker, .call = call, .status = status};
+    struct pending *p = xcalloc(1, sizeof *p);
+    *p = (struct pending){.change = {.call = call, .applied = on_applied}, .broker = broker,
+                          .status = status};
     snprintf(p->asker, sizeof p->asker, "%s", asker(req));
     return p;
 }
@@ -465,7 +448,7 @@ static void delete_user(struct broker *broker, struct http_call *call,
     const struct cluster_map *map = map_of(broker);
     if (map != NULL) {
         if (cluster_map_user(map, name->b) == NULL) {
-            not_found(call);
+            api_answer_not_found(call);
             return;
         }
         struct map_cmd cmd;
@@ -475,7 +458,7 @@ static void delete_user(struct broker *broker, struct http_call *call,
         return;
     }
     if (!users_delete(broker, name->b)) {
-        not_found(call);
+        api_answer_not_found(call);
         return;
     }
     http_call_answer_empty(call, 204);
@@ -500,7 +483,7 @@ static void handle_user(void *ctx, struct http_call *call, const struct http_cal
     int n = split_path(req->rest, req->rest_size, path, 2);
     bool read = req->method == HTTP_METHOD_GET || req->method == HTTP_METHOD_HEAD;
     if (n == 0 || (n == 2 && (!read || !bytes_equal_cstr(path[1].b, "permissions")))) {
-        not_found(call);
+        api_answer_not_found(call);
         return;
     }
     const struct auth_user *u = auth_find_user(&broker->auth, path[0].b);
@@ -508,7 +491,7 @@ static void handle_user(void *ctx, struct http_call *call, const struct http_cal
     case HTTP_METHOD_GET:
     case HTTP_METHOD_HEAD:
         if (u == NULL)
-            not_found(call);
+            api_answer_not_found(call);
         else if (n == 2)
             answer_user_permissions(call, u);
         else
@@ -579,7 +562,7 @@ static void delete_vhost(struct broker *broker, struct http_call *call,
                          const struct http_call_request *req, const struct segment *name)
 {
     if (!vhost_exists(broker, name->b)) {
-        not_found(call);
+        api_answer_not_found(call);
         return;
     }
     if (member_node_of(broker) != NULL) {
@@ -619,14 +602,14 @@ static void handle_vhost(void *ctx, struct http_call *call, const struct http_ca
     bool admin = req->user == NULL || auth_user_has_tag(req->user, AUTH_TAG_ADMINISTRATOR);
     bool read = req->method == HTTP_METHOD_GET || req->method == HTTP_METHOD_HEAD;
     if (n == 0 || (n == 2 && (!read || !bytes_equal_cstr(path[1].b, "permissions")))) {
-        not_found(call);
+        api_answer_not_found(call);
         return;
     }
     if (n == 2) {
         if (!admin)
             not_administrator(call);
         else if (!vhost_exists(broker, name->b))
-            not_found(call);
+            api_answer_not_found(call);
         else
             answer_vhost_permissions(broker, call, name->b);
         return;
@@ -635,7 +618,7 @@ static void handle_vhost(void *ctx, struct http_call *call, const struct http_ca
     case HTTP_METHOD_GET:
     case HTTP_METHOD_HEAD:
         if (!vhost_exists(broker, name->b) || !mgmt_user_sees_vhost(req->user, name->b)) {
-            not_found(call);
+            api_answer_not_found(call);
         } else {
             struct json body;
             http_body_init(&body);
@@ -757,7 +740,7 @@ static void delete_permission(struct broker *broker, struct http_call *call,
 {
     const struct auth_user *u = auth_find_user(&broker->auth, path[1].b);
     if (u == NULL || auth_user_permission(u, path[0].b) == NULL) {
-        not_found(call);
+        api_answer_not_found(call);
         return;
     }
     if (member_node_of(broker) != NULL) {
@@ -777,7 +760,7 @@ static void handle_permission(void *ctx, struct http_call *call,
     struct broker *broker = ctx;
     struct segment path[2]; /* vhost, user */
     if (split_path(req->rest, req->rest_size, path, 2) != 2) {
-        not_found(call);
+        api_answer_not_found(call);
         return;
     }
     switch (req->method) {
@@ -786,7 +769,7 @@ static void handle_permission(void *ctx, struct http_call *call,
         const struct auth_user *u = auth_find_user(&broker->auth, path[1].b);
         const struct auth_permission *p = u ? auth_user_permission(u, path[0].b) : NULL;
         if (p == NULL) {
-            not_found(call);
+            api_answer_not_found(call);
             return;
         }
         struct json body;

@@ -13,6 +13,7 @@
 
 #include "lib/assert.h"
 #include "lib/errors.h"
+#include "lib/json_read.h"
 #include "lib/utf8.h"
 
 struct parser {
@@ -62,73 +63,16 @@ static uint32_t new_node(struct parser *ps, enum json_kind kind)
     return i;
 }
 
-static bool read_hex4(struct parser *ps, uint32_t *out)
-{
-    if (ps->end - ps->p < 4)
-        return fail(ps, "short \\u escape");
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = *ps->p++;
-        v <<= 4;
-        if (c >= '0' && c <= '9')
-            v |= (uint32_t)(c - '0');
-        else if (c >= 'a' && c <= 'f')
-            v |= (uint32_t)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F')
-            v |= (uint32_t)(c - 'A' + 10);
-        else
-            return fail(ps, "bad \\u escape");
-    }
-    *out = v;
-    return true;
-}
-
-static void put_utf8(struct json_tree *t, uint32_t cp)
-{
-    char *o = t->strings + t->strings_size;
-    if (cp < 0x80) {
-        o[0] = (char)cp, t->strings_size += 1;
-    } else if (cp < 0x800) {
-        o[0] = (char)(0xc0 | cp >> 6), o[1] = (char)(0x80 | (cp & 0x3f));
-        t->strings_size += 2;
-    } else if (cp < 0x10000) {
-        o[0] = (char)(0xe0 | cp >> 12), o[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        o[2] = (char)(0x80 | (cp & 0x3f)), t->strings_size += 3;
-    } else {
-        o[0] = (char)(0xf0 | cp >> 18), o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-        o[2] = (char)(0x80 | ((cp >> 6) & 0x3f)), o[3] = (char)(0x80 | (cp & 0x3f));
-        t->strings_size += 4;
-    }
-}
-
+/* Unescaped into the tree's buffer: the escape's UTF-8 is never longer
+ * than the escape (a 4-byte sequence comes of a 12-byte pair). */
 static bool read_escape(struct parser *ps)
 {
-    if (ps->p == ps->end)
-        return fail(ps, "unterminated string");
-    char c = *ps->p++;
-    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
-    const char *hit = c ? strchr(from, c) : NULL;
-    if (hit != NULL) {
-        put_utf8(ps->tree, (uint8_t)to[hit - from]);
-        return true;
-    }
-    if (c != 'u')
-        return fail(ps, "bad escape");
     uint32_t cp;
-    if (!read_hex4(ps, &cp))
-        return false;
-    if (cp >= 0xdc00 && cp <= 0xdfff)
-        return fail(ps, "lone low surrogate");
-    if (cp >= 0xd800 && cp <= 0xdbff) {
-        uint32_t low;
-        if (ps->end - ps->p < 2 || ps->p[0] != '\\' || ps->p[1] != 'u')
-            return fail(ps, "lone high surrogate");
-        ps->p += 2;
-        if (!read_hex4(ps, &low) || low < 0xdc00 || low > 0xdfff)
-            return fail(ps, "bad surrogate pair");
-        cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
-    }
-    put_utf8(ps->tree, cp);
+    const char *why = json_read_escape(&ps->p, ps->end, &cp);
+    if (why != NULL)
+        return fail(ps, why);
+    struct json_tree *t = ps->tree;
+    t->strings_size += utf8_encode(cp, t->strings + t->strings_size);
     return true;
 }
 

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/types.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 
 struct fault_file {
@@ -50,20 +51,6 @@ static uint64_t rng_next(struct disk_fault *d)
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
-}
-
-static void *xrealloc(void *p, size_t size)
-{
-    void *q = realloc(p, size);
-    ASSERT(q != NULL);
-    return q;
-}
-
-static char *xstrdup(const char *s)
-{
-    char *p = strdup(s);
-    ASSERT(p != NULL);
-    return p;
 }
 
 static void reserve(uint8_t **buf, size_t *cap, size_t need)

@@ -23,9 +23,10 @@ Method:
   * Processes are killed at exit (atexit), whatever happens; the temporary
     directory is removed unless a test failed or a log holds a sanitizer
     report (then its path is printed).
-  * A mini runner in the style of tests/integration/quaytest.py: @test
-    registers, run() runs in order with a per-test alarm and prints
-    `ok NAME` / `FAIL NAME: reason`, then `N passed, M failed`.
+  * The runner of every Python test (tests/integration/quaytest.py's run()
+    wraps it with its broker fixture): @test registers, run() runs in order
+    with a per-test alarm and prints `ok NAME` / `FAIL NAME: reason`, then
+    `N passed, M failed`.
 
 Only the Python standard library is used.
 """
@@ -548,29 +549,53 @@ def read_all(member, queue):
     return bodies
 
 
-def closer(get_cluster):
+def declare_until(prefix, via, want, **args):
+    """Declares durable queues prefix-0, prefix-1, ... (arguments args)
+    through member via until want(queue_info) holds for one; returns its
+    name. The misses stay: placement spreads queues evenly, so the others
+    must get theirs for a broker to get more."""
+    conn = connect(via)
+    ch = conn.channel()
+    try:
+        for i in range(64):
+            name = "%s-%d" % (prefix, i)
+            ch.queue_declare(name, durable=True, arguments=args)
+            if want(queue_info(via, name)):
+                return name
+        raise AssertionError("no %s placed as wanted" % prefix)
+    finally:
+        conn.close()
+
+
+def closer(get_cluster, *get_others):
     """A run() cleanup that closes the cluster get_cluster() returns (None: none
-    was made), keeping its logs if a test failed."""
+    was made), keeping its logs if a test failed; then what each of
+    get_others() returns, if not None (a netlab.Lab)."""
     def cleanup(failed):
+        problems = []
         cluster = get_cluster()
-        if cluster is None:
-            return []
-        cluster.failed = failed
-        return cluster.close()
+        if cluster is not None:
+            cluster.failed = failed
+            problems = cluster.close()
+        for get in get_others:
+            other = get()
+            if other is not None:
+                other.close()
+        return problems
     return cleanup
 
 
 # ---------------------------------------------------------------------------
-# Runner (the quaytest style)
+# Runner: the one for every Python test (quaytest.py's run() wraps it)
 # ---------------------------------------------------------------------------
 
 _tests = []
 
 
-def test(fn=None, timeout=None):
+def test(fn=None, timeout=None, default_timeout=90):
     """Register a test.  Use as @test or @test(timeout=60)."""
     def reg(f):
-        f.timeout = timeout or 90
+        f.timeout = timeout or default_timeout
         _tests.append(f)
         return f
     return reg(fn) if fn is not None else reg
@@ -584,9 +609,13 @@ def _alarm(signum, frame_):
     raise TestTimeout("test timed out")
 
 
-def run(cleanup=None):
-    """Run the registered tests in order (or only those named on the command
-    line); cleanup() returns a list of problems, each counted as a failure."""
+def run_tests(after_each=None, after_failure=None, cleanup=None, cleanup_label="cleanup"):
+    """Runs the registered tests in order (or only those named on the command
+    line), each under its alarm, printing `ok NAME (T)` or `FAIL NAME: why`;
+    after_each() runs after a test that passed, still under its alarm (a
+    failure there fails the test), after_failure() after one that failed.
+    cleanup(failed) returns a list of problems, each counted as a failure.
+    Returns (passed, failed)."""
     only = set(sys.argv[1:])
     signal.signal(signal.SIGALRM, _alarm)
     passed = failed = 0
@@ -597,6 +626,8 @@ def run(cleanup=None):
         t0 = time.time()
         try:
             t()
+            if after_each is not None:
+                after_each()
             signal.alarm(0)
             passed += 1
             print("ok %s (%.2fs)" % (t.__name__, time.time() - t0))
@@ -607,10 +638,22 @@ def run(cleanup=None):
             failed += 1
             print("FAIL %s: %s: %s" % (t.__name__, type(e).__name__, e))
             traceback.print_exc(file=sys.stdout)
+            if after_failure is not None:
+                after_failure()
         sys.stdout.flush()
     if cleanup is not None:
         for problem in cleanup(failed > 0):
             failed += 1
-            print("FAIL cleanup: %s" % problem)
+            print("FAIL %s: %s" % (cleanup_label, problem))
+    return passed, failed
+
+
+def finish(passed, failed):
     print("%d passed, %d failed" % (passed, failed))
     sys.exit(1 if failed else 0)
+
+
+def run(cleanup=None):
+    """Run the registered tests (run_tests), print the totals and exit 1 on
+    any failure; cleanup(failed) returns a list of problems."""
+    finish(*run_tests(cleanup=cleanup))

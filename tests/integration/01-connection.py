@@ -451,6 +451,22 @@ def unknown_class_or_method_drops_connection():
 
 
 @test
+def quay_peer_methods_are_unknown_to_clients():
+    """queue.quay-counts (50.200) is quay's own, for peer brokers: from a
+    client it is an unknown method (540), whether or not the queue exists,
+    and no counts are answered."""
+    if is_rabbitmq():
+        return
+    for existing in (True, False):
+        s = raw_connection()
+        q = declare_queue(s)[0] if existing else uniq("no-such")
+        s.sendall(gen_method(1, 50, 200, shortstr(q)))
+        eq(expect_close(s, connection=True),
+           (NOT_IMPLEMENTED, "NOT_IMPLEMENTED - unknown method 50.200", 50, 200))
+        expect_closed_socket(s)
+
+
+@test
 def truncated_method_arguments_are_501():
     # Note: 501 FRAME_ERROR (not 502 SYNTAX_ERROR), and class/method are set.
     s = raw_connection()

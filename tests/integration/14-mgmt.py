@@ -60,16 +60,8 @@ def mgmt_broker():
         b = Broker(external_ok=False, http=True)
         atexit.register(lambda: b.proc and b.proc.poll() is None and b.proc.kill())
         _mb = b
-        wait_until(lambda: _can_connect(b.http_port), what="the HTTP listener")
+        wait_until(lambda: port_accepts(b.http_port), what="the HTTP listener")
     return _mb
-
-
-def _can_connect(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def api(path, port=None):
@@ -708,7 +700,7 @@ def auth_broker():
                    external_ok=False, http=True)
         atexit.register(lambda: b.proc and b.proc.poll() is None and b.proc.kill())
         _ab = b
-        wait_until(lambda: _can_connect(b.http_port), what="the HTTP listener")
+        wait_until(lambda: port_accepts(b.http_port), what="the HTTP listener")
     return _ab
 
 
@@ -800,6 +792,17 @@ def monitoring_reads_everything_but_changes_nothing():
                 "Not administrator user", "mon forget")
         assert all(m.alive() for m in ab.members), "every broker still up"
         eq(len(as_user("mon", "GET", "/api/cluster")[2]["brokers"]), 3, "nobody left")
+
+
+@test
+def resource_trees_refuse_a_vhost_the_user_may_not_open():
+    """/api/queues, /api/exchanges and /api/bindings of a vhost the user may
+    not open: RabbitMQ's 401 for the vhost; its own vhost's are listed."""
+    auth_broker()
+    for tree in ("queues", "exchanges", "bindings"):
+        refused(as_user("pm", "GET", "/api/%s/other" % tree),
+                "User not authorised to access virtual host", "pm %s of other" % tree)
+        eq(as_user("pm", "GET", "/api/%s/%%2F" % tree)[0], 200, "pm %s of /" % tree)
 
 
 @test
@@ -986,7 +989,7 @@ def loopback_users_are_refused_from_other_peers_and_plaintext_needs_consent():
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(base + ["--http-allow-plaintext"], stdout=log, stderr=log)
     try:
-        wait_until(lambda: _can_connect_to(addr, port), what="the HTTP listener")
+        wait_until(lambda: port_accepts(port, addr), what="the HTTP listener")
 
         def remote(name, password):
             return request("GET", "/api/overview", port=port, host=addr, login=(name, password))
@@ -1006,14 +1009,6 @@ def loopback_users_are_refused_from_other_peers_and_plaintext_needs_consent():
     assert "without TLS" in text, text   # the warning
     for marker in SANITIZER_MARKERS:
         assert marker not in text, text
-
-
-def _can_connect_to(host, port):
-    try:
-        socket.create_connection((host, port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 @test(timeout=60)

@@ -17,7 +17,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, run, test  # noqa: E402
+from clustertest import Cluster, closer, run, test  # noqa: E402
 from quaytest import (CHANNEL_OPEN_OK, CONNECTION_OPEN_OK, CONNECTION_START,  # noqa: E402
                       CONNECTION_TUNE, PROTOCOL_HEADER, eq, expect_close,
                       expect_closed_socket, expect_method, gen_channel_open,
@@ -195,12 +195,5 @@ def plain_logins_are_unchanged_on_a_clustered_broker():
     s.close()
 
 
-def cleanup(failed):
-    if cluster is None:
-        return []
-    cluster.failed = failed
-    return cluster.close()
-
-
 if __name__ == "__main__":
-    run(cleanup)
+    run(closer(lambda: cluster))

@@ -18,7 +18,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, run, test, wait_until  # noqa: E402
+from clustertest import Cluster, closer, run, test, wait_until  # noqa: E402
 from netlab import Lab  # noqa: E402
 
 import pika  # noqa: E402
@@ -214,15 +214,5 @@ def a_leader_cut_off_is_replaced():
         sock.close()
 
 
-def cleanup(failed):
-    problems = []
-    if cluster is not None:
-        cluster.failed = failed
-        problems = cluster.close()
-    if lab is not None:
-        lab.close()
-    return problems
-
-
 if __name__ == "__main__":
-    run(cleanup)
+    run(closer(lambda: cluster, lambda: lab))

@@ -200,6 +200,27 @@ def a_single_broker_keeps_its_policies_across_a_restart():
         shutil.rmtree(data, ignore_errors=True)
 
 
+@test(timeout=90)
+def without_a_quorum_a_change_is_answered_503():
+    """Last (it kills b and c): a PUT through a broker whose cluster lost
+    its quorum waits for the map, then is answered 503 (mgmt/api_change.c);
+    a client that goes away while its change waits leaves the broker
+    serving, its waiting change freed (the sanitizers look at the end)."""
+    a = members["a"]
+    for name in ("b", "c"):
+        members[name].kill()
+    policy = {"pattern": "^q\\.", "priority": 0, "backups": 1}
+    try:
+        api_call("127.0.0.1", a.http_port, "PUT", "/api/policies/%2F/gone", policy, timeout=0.5)
+        raise AssertionError("answered with no quorum within 0.5 s")
+    except OSError:
+        pass  # gave up first: the broker cancels its change
+    status, body = http(a, "PUT", "/api/policies/%2F/late", policy)
+    assert (status, body["reason"]) == (
+        503, "the cluster map is unavailable (no leader or no quorum)"), (status, body)
+    assert http(a, "GET", "/api/overview")[0] == 200
+
+
 def _answers(member):
     try:
         return http(member, "GET", "/api/policies")[0] == 200

@@ -21,7 +21,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, queue_info, run, test, wait_until  # noqa: E402
+from clustertest import Cluster, closer, queue_info, run, test, wait_until  # noqa: E402
 from netlab import Lab  # noqa: E402
 
 import pika  # noqa: E402
@@ -155,15 +155,5 @@ def healed_the_deposed_primary_discards_and_rejoins_as_a_backup():
     assert len(got) == 200, len(got)
 
 
-def cleanup(failed):
-    problems = []
-    if cluster is not None:
-        cluster.failed = failed
-        problems = cluster.close()
-    if lab is not None:
-        lab.close()
-    return problems
-
-
 if __name__ == "__main__":
-    run(cleanup)
+    run(closer(lambda: cluster, lambda: lab))

@@ -18,8 +18,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import (Cluster, closer, connect, queue_info, quayd_path, read_all,  # noqa: E402
-                         run, test, wait_until)
+from clustertest import (Cluster, closer, connect, declare_until, queue_info,  # noqa: E402
+                         quayd_path, read_all, run, test, wait_until)
 
 import pika  # noqa: E402
 
@@ -30,23 +30,6 @@ A = B = C = None
 def forget(member, body):
     """POSTs body (bytes) to member's /api/cluster/forget: (status, JSON)."""
     return member.api_call("POST", "/api/cluster/forget", body, timeout=5)
-
-
-def named(prefix, via, want, **args):
-    """Declares prefix-N through via until want(queue_info) holds (the
-    misses stay: placement spreads queues evenly, so the others must get
-    theirs for c to get more). Returns the name."""
-    conn = connect(via)
-    ch = conn.channel()
-    try:
-        for i in range(64):
-            name = "%s-%d" % (prefix, i)
-            ch.queue_declare(name, durable=True, arguments=args)
-            if want(queue_info(via, name)):
-                return name
-        raise AssertionError("no %s placed as wanted" % prefix)
-    finally:
-        conn.close()
 
 
 def publish(member, queue, n, exchange=""):
@@ -74,12 +57,12 @@ state = {}
 def what_c_holds():
     # A queue with its backup, a queue with no backup (both primary on c),
     # a queue that c backs up, an exchange c owns bound to the lone queue.
-    state["ha"] = named("fg-ha", A, lambda q: q and q["primary"] == "c" and
+    state["ha"] = declare_until("fg-ha", A, lambda q: q and q["primary"] == "c" and
                         q["in_sync"] == q["backups"] and len(q["backups"]) == 1,
                         **{"x-quay-backups": 1})
-    state["solo"] = named("fg-solo", A, lambda q: q and q["primary"] == "c",
+    state["solo"] = declare_until("fg-solo", A, lambda q: q and q["primary"] == "c",
                           **{"x-quay-backups": 0})
-    state["backed"] = named("fg-backed", A, lambda q: q and q["primary"] != "c" and
+    state["backed"] = declare_until("fg-backed", A, lambda q: q and q["primary"] != "c" and
                             q["backups"] == ["c"], **{"x-quay-backups": 1})
     conn = connect(C)
     ch = conn.channel()

@@ -20,8 +20,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import (Cluster, closer, connect, metric, queue_info,  # noqa: E402
-                         quayd_path, read_all, run, test, wait_until)
+from clustertest import (Cluster, closer, connect, declare_until, metric,  # noqa: E402
+                         queue_info, quayd_path, read_all, run, test, wait_until)
 from loadclients import Consumer, Publisher, in_order  # noqa: E402
 
 import pika  # noqa: E402
@@ -48,22 +48,6 @@ def quayctl(member, *args):
                           capture_output=True, text=True, timeout=10)
 
 
-def placed(prefix, via, want, **args):
-    """Declares prefix-N through via until want(queue_info) holds. Returns
-    the name."""
-    conn = connect(via)
-    ch = conn.channel()
-    try:
-        for i in range(64):
-            name = "%s-%d" % (prefix, i)
-            ch.queue_declare(name, durable=True, arguments=args)
-            if want(queue_info(via, name)):
-                return name
-        raise AssertionError("no %s placed as wanted" % prefix)
-    finally:
-        conn.close()
-
-
 def others(*names):
     return [m for n, m in members.items() if n not in names]
 
@@ -79,7 +63,7 @@ def three_brokers():
 @test(timeout=60)
 def refused_requests_change_nothing():
     a = members["a"]
-    q = placed("mv-r", a, lambda i: i is not None, **{"x-quay-backups": 1})
+    q = declare_until("mv-r", a, lambda i: i is not None, **{"x-quay-backups": 1})
     info = queue_info(a, q)
     cases = [
         (b'{"queue": "nope", "to": "b"}', 404),
@@ -106,7 +90,7 @@ def move_under_load(to_backup):
     moved while they run to another broker (a backup already, or not), and
     back: every confirmed message is delivered once, in each publisher's
     order, nothing is nacked, nobody is cancelled."""
-    q = placed("mv-%s" % ("b" if to_backup else "n"), members["a"],
+    q = declare_until("mv-%s" % ("b" if to_backup else "n"), members["a"],
                lambda i: i is not None and i["in_sync"] == i["backups"] and len(i["backups"]) == 1,
                **{"x-quay-backups": 1})
     first = queue_info(members["a"], q)
@@ -192,7 +176,7 @@ def a_backup_moves_under_load_and_the_primary_stays():
     """quayctl move Q --to T --backup-of B: T (not holding Q) catches up
     while a publisher and a consumer go on, then B lets go; the primary
     never changes and the queue keeps one backup, in sync."""
-    q = placed("mv-bk", members["a"],
+    q = declare_until("mv-bk", members["a"],
                lambda i: i is not None and i["in_sync"] == i["backups"] and len(i["backups"]) == 1,
                **{"x-quay-backups": 1})
     first = queue_info(members["a"], q)
@@ -241,7 +225,7 @@ def gets_during_a_move_wait_and_find_every_message():
     moves: a get that comes while the queue stands still waits, and is
     answered where the queue then is; no get finds the queue empty while it
     holds messages, and every message is got exactly once."""
-    q = placed("mv-get", members["a"],
+    q = declare_until("mv-get", members["a"],
                lambda i: i is not None and i["in_sync"] == i["backups"] and len(i["backups"]) == 1,
                **{"x-quay-backups": 1})
     first = queue_info(members["a"], q)
@@ -294,7 +278,7 @@ def listings_during_moves_never_miss_the_queue():
     answer shows the queue (a listing that waits for a primary's counts
     while the queue changes hands answers with what stands under the name
     then; it once left the queue out)."""
-    q = placed("mv-list", members["a"],
+    q = declare_until("mv-list", members["a"],
                lambda i: i is not None and i["in_sync"] == i["backups"] and len(i["backups"]) == 1,
                **{"x-quay-backups": 1})
     first = queue_info(members["a"], q)
@@ -355,7 +339,7 @@ def move_with_a_death(victim_is_target):
     """A deep queue moved to a broker that is not its backup; the target
     (or the source) is killed while it catches up. The map ends consistent
     (no move left, the factor back) and nothing confirmed is lost."""
-    q = placed("mv-k%s" % ("t" if victim_is_target else "s"), members["a"],
+    q = declare_until("mv-k%s" % ("t" if victim_is_target else "s"), members["a"],
                lambda i: i is not None and len(i["backups"]) == 1 and i["in_sync"] ==
                i["backups"], **{"x-quay-backups": 1})
     first = queue_info(members["a"], q)
@@ -403,7 +387,7 @@ def deliveries_of_the_old_primary_outlive_the_new_one():
     (their settles go through it). The new primary is then killed: that
     channel is not its, and stays; the client settles, leaves, and the old
     primary restarts later without harm. Nothing unacked is lost."""
-    q = placed("mv-o", members["a"],
+    q = declare_until("mv-o", members["a"],
                lambda i: i is not None and i["in_sync"] == i["backups"] and len(i["backups"]) == 1,
                **{"x-quay-backups": 1})
     first = queue_info(members["a"], q)
@@ -456,7 +440,7 @@ def keeps_deliveries(consumer_on):
     queue moves (consumer_on: "target", the broker the queue moves to, or
     "third", neither end): none of them comes again, before or after it is
     acked, and what follows comes once, in order, not flagged redelivered."""
-    q = placed("mv-k%s" % consumer_on[0], members["a"],
+    q = declare_until("mv-k%s" % consumer_on[0], members["a"],
                lambda i: i is not None and i["in_sync"] == i["backups"] and len(i["backups"]) == 1,
                **{"x-quay-backups": 1})
     first = queue_info(members["a"], q)
@@ -517,9 +501,10 @@ def the_old_primary_stays_in_sync_and_can_take_over():
     Killed, the new primary fails over to it, and every confirmed message
     is there, transient ones too, and the deliveries a consumer held and
     had not acked come again."""
-    q = placed("mv-s", members["a"],
-               lambda i: i is not None and i["in_sync"] == i["backups"] and len(i["backups"]) == 1,
-               **{"x-quay-backups": 1})
+    q = declare_until("mv-s", members["a"],
+                      lambda i: (i is not None and i["in_sync"] == i["backups"] and
+                                 len(i["backups"]) == 1),
+                      **{"x-quay-backups": 1})
     first = queue_info(members["a"], q)
     old, new = members[first["primary"]], members[first["backups"][0]]
     via = others(old.name, new.name)[0]

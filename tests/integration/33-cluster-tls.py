@@ -23,7 +23,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, connect, run, test, wait_until  # noqa: E402
+from clustertest import Cluster, closer, connect, run, test, wait_until  # noqa: E402
 from quaytest import (ACCESS_REFUSED, CONNECTION_START, PROTOCOL_HEADER, eq,  # noqa: E402
                       expect_close, expect_method, free_port, gen_connection_start_ok,
                       gen_method, longstr, make_tls_files)
@@ -198,12 +198,5 @@ def the_leader_killed_a_new_one_is_elected_over_tls():
     print("# %s killed, %s elected over TLS" % (leader.name, new.name))
 
 
-def cleanup(failed):
-    if cluster is None:
-        return []
-    cluster.failed = failed
-    return cluster.close()
-
-
 if __name__ == "__main__":
-    run(cleanup)
+    run(closer(lambda: cluster))

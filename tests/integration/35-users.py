@@ -18,7 +18,6 @@ broker a (cluster). Statuses and bodies were compared with RabbitMQ 3.10.8's
 management plugin on the same requests.
 """
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,36 +37,10 @@ QUAYCTL = os.path.join(os.path.dirname(QUAYD), "quayctl") if QUAYD else ""
 RABBIT_HASH = "rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RND"
 
 
-class Node:
-    """One broker the test talks to: AMQP and HTTP ports."""
-
-    def __init__(self, name, amqp_port, http_port):
-        self.name, self.amqp_port, self.http_port = name, amqp_port, http_port
-
-    def api(self, method, path, body=None, **kw):
-        return api_call("127.0.0.1", self.http_port, method, path, body, **kw)
-
-    def get(self, path):
-        status, body = self.api("GET", path)
-        eq(status, 200, "GET %s on %s" % (path, self.name))
-        return body
-
-    def connect(self, user="guest", password="guest", vhost="/"):
-        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, vhost,
-                                           pika.PlainCredentials(user, password),
-                                           connection_attempts=1, socket_timeout=5,
-                                           heartbeat=0)
-        return pika.BlockingConnection(params)
-
-
 def nodes():
-    """(A, B, C): where changes are made, and where they are checked."""
-    b = broker()
-    if not CLUSTERED:
-        n = Node("single", b.port, b.http_port)
-        return n, n, n
-    m = {x.name: Node(x.name, x.amqp_port, x.http_port) for x in b.members}
-    return m["a"], m["b"], m["c"]
+    """(A, B, C): where changes are made, and where they are checked
+    (quaytest's Node: the one broker three times when single)."""
+    return broker_node("a"), broker_node("b"), broker_node("c")
 
 
 def ok(status_body, expected, what):
@@ -398,23 +371,9 @@ def restart_single():
                                 text=True, check=True).stdout.strip()
     with open(users, "w") as f:
         f.write("guest %s / loopback tags=administrator\n" % guest_hash)
-    amqp, http = free_port(), free_port()
-    args = [QUAYD, "--listen", "127.0.0.1:%d" % amqp, "--http", "127.0.0.1:%d" % http,
-            "--data", os.path.join(tmp, "data"), "--users", users, "--log-level", "warn"]
-    n = Node("own", amqp, http)
-
-    def start():
-        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        wait_until(lambda: p.poll() is None and _can_connect(http), timeout=10,
-                   what="quayd up")
-        return p
-
-    def stop(p):
-        p.terminate()
-        eq(p.wait(10), 0, "quayd's exit")
-        err = p.stderr.read().decode()
-        assert "ERROR: AddressSanitizer" not in err and "runtime error" not in err, err
-    p = start()
+    own = Restartable(["--users", users], http=True)  # (quaytest's)
+    n = own.node()
+    own.start()
     try:
         ok(n.api("PUT", "/api/vhosts/v-kept"), 201, "v-kept")
         ok(put_user(n, "dave", "pw", "monitoring"), 201, "dave")
@@ -422,26 +381,18 @@ def restart_single():
         ok(put_user(n, "gone", "pw"), 201, "gone")
         ok(n.api("DELETE", "/api/users/gone"), 204, "gone deleted")
     finally:
-        stop(p)
+        own.stop()
     with open(users, "w") as f:  # ignored now: the journal has the users
         f.write("guest %s / loopback tags=administrator\nfileonly %s /\n"
                 % (guest_hash, guest_hash))
-    p = start()
+    own.start()
     try:
         eq(sorted(u["name"] for u in n.get("/api/users")), ["dave", "guest"])
         eq(n.get("/api/users/dave")["tags"], ["monitoring"])
         eq(permission_on(n, "v-kept", "dave")["configure"], "^d-")
         n.connect("dave", "pw", "v-kept").close()
     finally:
-        stop(p)
-
-
-def _can_connect(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
+        own.stop()
 
 
 @test(timeout=120)
@@ -452,7 +403,7 @@ def users_survive_a_restart():
     a, b, _ = nodes()
     member = broker().member("a")
     member.restart()
-    wait_until(lambda: _can_connect(a.http_port), timeout=30, what="a back")
+    wait_until(lambda: port_accepts(a.http_port), timeout=30, what="a back")
     wait_until(lambda: has_user(a, "alice") and permission_on(a, "v-users", "alice"),
                timeout=30, what="alice on the restarted broker")
     a.connect("alice", "land", "v-users").close()

@@ -33,7 +33,6 @@ import html
 import json
 import os
 import re
-import select
 import shutil
 import subprocess
 import sys
@@ -45,8 +44,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
 from clustertest import Cluster, closer, connect, run, test, wait_until  # noqa: E402
+from chromium import CHROMIUM, CHROMIUM_FLAGS, LivePage  # noqa: E402
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 QUEUES = ["console-q-%d" % i for i in range(10)]
 ARTIFACTS = os.environ.get("QUAY_ARTIFACT_DIR") or os.path.join(
     os.path.dirname(os.path.abspath(os.environ.get("QUAYD", "."))), "test-artifacts",
@@ -71,10 +70,9 @@ def browser(args, timeout=60):
     """Runs headless Chromium once with a profile of its own; returns stdout."""
     profile = tempfile.mkdtemp(prefix="quay-chromium-")
     try:
-        argv = [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox",
-                "--no-first-run", "--disable-dev-shm-usage", "--disable-extensions",
-                "--user-data-dir=" + profile, "--window-size=1400,1100",
-                "--virtual-time-budget=6000"] + args
+        argv = [CHROMIUM] + CHROMIUM_FLAGS + ["--user-data-dir=" + profile,
+                                             "--window-size=1400,1100",
+                                             "--virtual-time-budget=6000"] + args
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         if p.returncode != 0:
             raise AssertionError("chromium exited %d: %s" % (p.returncode, p.stderr[-2000:]))
@@ -83,80 +81,15 @@ def browser(args, timeout=60):
         shutil.rmtree(profile, ignore_errors=True)
 
 
-class LivePage:
-    """One page kept open in headless Chromium, read while it runs through
-    the DevTools protocol over --remote-debugging-pipe (commands on the
-    browser's fd 3, answers on its fd 4, each a JSON text ended by NUL),
-    so the test sees what the page's own refresh loop draws, in real time."""
-
-    def __init__(self, url):
-        self.profile = tempfile.mkdtemp(prefix="quay-chromium-")
-        cmd_r, self.cmd_w = os.pipe()
-        self.res_r, res_w = os.pipe()
-
-        def fds():  # in the child: the pipe ends where Chromium wants them
-            # Out of the way first (either may be 3 or 4 already), then
-            # inheritable: os.pipe()'s ends are close-on-exec, and a dup2
-            # onto itself would keep that.
-            r, w = os.dup(cmd_r), os.dup(res_w)
-            os.dup2(r, 3)
-            os.dup2(w, 4)
-        self.proc = subprocess.Popen(
-            [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
-             "--disable-dev-shm-usage", "--disable-extensions",
-             "--user-data-dir=" + self.profile, "--remote-debugging-pipe", url],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            close_fds=False, preexec_fn=fds)
-        os.close(cmd_r)
-        os.close(res_w)
-        self.next_id = 0
-        self.buffer = b""
-        targets = self.call("Target.getTargets")["targetInfos"]
-        page = next(t for t in targets if t["type"] == "page")
-        self.session = self.call("Target.attachToTarget",
-                                 {"targetId": page["targetId"], "flatten": True})["sessionId"]
-
-    def call(self, method, params=None, session=None, timeout=20):
-        self.next_id += 1
-        msg = {"id": self.next_id, "method": method, "params": params or {}}
-        if session:
-            msg["sessionId"] = session
-        os.write(self.cmd_w, json.dumps(msg).encode() + b"\0")
-        deadline = time.monotonic() + timeout
-        while True:
-            while b"\0" in self.buffer:
-                text, self.buffer = self.buffer.split(b"\0", 1)
-                answer = json.loads(text)
-                if answer.get("id") == self.next_id:
-                    if "error" in answer:
-                        raise AssertionError("%s: %s" % (method, answer["error"]))
-                    return answer["result"]
-            left = deadline - time.monotonic()
-            assert left > 0, "no answer from chromium to %s" % method
-            if select.select([self.res_r], [], [], left)[0]:
-                chunk = os.read(self.res_r, 65536)
-                assert chunk, "chromium closed its pipe"
-                self.buffer += chunk
-
-    def evaluate(self, expression):
-        result = self.call("Runtime.evaluate", {"expression": expression,
-                                                "returnByValue": True}, self.session)
-        if "exceptionDetails" in result:
-            raise AssertionError("%s: %s" % (expression, result["exceptionDetails"]))
-        return result["result"].get("value")
+class ConsolePage(LivePage):
+    """The console kept open (chromium.py's LivePage), so the test sees
+    what the page's own refresh loop draws, in real time."""
 
     def brokers(self):
         """{name: state} as the ring draws them now."""
         return dict(self.evaluate(
             "[...document.querySelectorAll('#ring g.broker')]"
             ".map((g) => [g.dataset.name, g.dataset.state])") or [])
-
-    def close(self):
-        os.close(self.cmd_w)
-        self.proc.kill()
-        self.proc.wait(10)
-        os.close(self.res_r)
-        shutil.rmtree(self.profile, ignore_errors=True)
 
 
 def page_url(member, fragment):
@@ -294,7 +227,7 @@ def login_form_then_filter_and_sort_live():
     is refused by the API and said so, the right one opens the queues;
     then the filter box and a click on a column head ask for another page."""
     url = "http://%s:%d/#queues" % (c2.host, c2.http_port)
-    page = LivePage(url)
+    page = ConsolePage(url)
     try:
         ev = page.evaluate
         login_shown = "document.getElementById('login')?.hidden === false"  # once loaded
@@ -365,7 +298,7 @@ def one_queues_placement():
 
 @test(timeout=120)
 def a_killed_broker_is_drawn_down_live():
-    page = LivePage(page_url(c1, "cluster"))
+    page = ConsolePage(page_url(c1, "cluster"))
     try:
         wait_until(lambda: page.brokers() == {"c1": "up", "c2": "up", "c3": "up"}, 20,
                    interval=0.2, what="the open page to draw three brokers up",

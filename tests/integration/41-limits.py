@@ -26,51 +26,21 @@ and method ids) were compared with RabbitMQ 3.10.8 run by hand
 connection refusal starts with a lower-case "connection refused".
 """
 import os
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import quaytest  # noqa: E402
 from quaytest import *  # noqa: E402,F403
 
-import pika  # noqa: E402
-
 QUAYD = os.environ.get("QUAYD", "")
 
 
-class Node:
-    def __init__(self, name, amqp_port, http_port):
-        self.name, self.amqp_port, self.http_port = name, amqp_port, http_port
-
-    def api(self, method, path, body=None, **kw):
-        return api_call("127.0.0.1", self.http_port, method, path, body, **kw)
-
-    def sock(self):
-        s = socket.create_connection(("127.0.0.1", self.amqp_port), timeout=5)
-        quaytest._open_things.append(s)
-        return s
-
-    def connect(self, user="guest", password="guest", vhost="/"):
-        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, vhost,
-                                           pika.PlainCredentials(user, password),
-                                           connection_attempts=1, socket_timeout=5,
-                                           heartbeat=0)
-        c = pika.BlockingConnection(params)
-        track(c)
-        return c
-
-
 def nodes():
-    """(A, B): where limits are set, where clients connect."""
-    b = broker()
-    if not CLUSTERED:
-        n = Node("single", b.port, b.http_port)
-        return n, n
-    m = {x.name: Node(x.name, x.amqp_port, x.http_port) for x in b.members}
-    return m["a"], m[CLUSTER_CLIENT]
+    """(A, B): where limits are set, where clients connect (quaytest's Node,
+    its connections closed after each test; the one broker twice when
+    single)."""
+    return broker_node("a", tracked=True), broker_node(CLUSTER_CLIENT, tracked=True)
 
 
 def ok(status_body, expected, what):
@@ -277,11 +247,7 @@ def user_max_channels():
 def third():
     """The broker neither a (where limits are set) nor b (the client's);
     the one broker when single."""
-    b = broker()
-    if not CLUSTERED:
-        return nodes()[0]
-    x = b.member("c")
-    return Node(x.name, x.amqp_port, x.http_port)
+    return broker_node("c", tracked=True)
 
 
 def channel_refused(node, user, password, text):
@@ -353,7 +319,7 @@ def limits_count_every_broker():
                what="c's channels forgotten on b")
     member = broker().member("c")
     member.start()
-    wait_until(lambda: _can_connect(c.amqp_port), timeout=30, what="c back")
+    wait_until(lambda: port_accepts(c.amqp_port), timeout=30, what="c back")
     on_b.close()
 
 
@@ -478,33 +444,10 @@ def definitions_carry_limits():
     eq(a.api("POST", "/api/definitions", other)[0], 400, "another component")
 
 
-def _can_connect(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
 def restart_single():
-    tmp = tempfile.mkdtemp(prefix="quay-limits-")
-    amqp, http = free_port(), free_port()
-    args = [QUAYD, "--listen", "127.0.0.1:%d" % amqp, "--http", "127.0.0.1:%d" % http,
-            "--data", os.path.join(tmp, "data"), "--log-level", "warn"]
-    n = Node("own", amqp, http)
-
-    def start():
-        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        wait_until(lambda: p.poll() is None and _can_connect(http), timeout=10,
-                   what="quayd up")
-        return p
-
-    def stop(p):
-        p.terminate()
-        eq(p.wait(10), 0, "quayd's exit")
-        err = p.stderr.read().decode()
-        assert "ERROR: AddressSanitizer" not in err and "runtime error" not in err, err
-    p = start()
+    own = Restartable(http=True)  # (quaytest's)
+    n = own.node(tracked=True)
+    own.start()
     try:
         setup_vhost(n, n, "v-kept")
         setup_user(n, n, "kept")
@@ -514,8 +457,8 @@ def restart_single():
         set_user_limit(n, "kept", "max-connections", 9)
         ok(n.api("DELETE", "/api/user-limits/kept/max-connections"), 204, "cleared")
     finally:
-        stop(p)
-    p = start()
+        own.stop()
+    own.start()
     try:
         eq(vhost_limits_on(n, "v-kept"),
            [{"vhost": "v-kept", "value": {"max-connections": 1, "max-queues": 4}}])
@@ -526,7 +469,7 @@ def restart_single():
             "connection limit (1) is reached", 10, 40))
         c.close()
     finally:
-        stop(p)
+        own.stop()
 
 
 @test(timeout=150)
@@ -540,7 +483,7 @@ def limits_survive_a_restart():
     set_user_limit(a, "guest", "max-channels", 100)
     member = broker().member("a")
     member.restart()
-    wait_until(lambda: _can_connect(a.http_port), timeout=30, what="a back")
+    wait_until(lambda: port_accepts(a.http_port), timeout=30, what="a back")
     wait_until(lambda: a.api("GET", "/api/vhost-limits/v-kept") ==
                (200, [{"vhost": "v-kept", "value": {"max-queues": 4}}]),
                timeout=30, what="limits on the restarted broker")

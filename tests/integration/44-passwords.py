@@ -41,29 +41,14 @@ PBKDF2 = "quay_password_hashing_pbkdf2_sha256"
 SALT = b"\x01\x02\x03\x04"
 
 
-class Node:
-    def __init__(self, name, amqp_port, http_port):
-        self.name, self.amqp_port, self.http_port = name, amqp_port, http_port
-
-    def api(self, method, path, body=None, **kw):
-        # A first request of a user waits for a PBKDF2 check: seconds on a
-        # loaded machine with an ASan build.
-        kw.setdefault("timeout", 60)
-        return api_call("127.0.0.1", self.http_port, method, path, body, **kw)
-
-    def connect(self, user, password, vhost="/"):
-        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, vhost,
-                                           pika.PlainCredentials(user, password),
-                                           connection_attempts=1, socket_timeout=10,
-                                           blocked_connection_timeout=30, heartbeat=0)
-        return pika.BlockingConnection(params)
+# quaytest's Node: a first request of a user waits for a PBKDF2 check,
+# seconds on a loaded machine with an ASan build.
+NODE_TIMEOUTS = {"api_timeout": 60, "socket_timeout": 10, "blocked_connection_timeout": 30}
 
 
 def nodes():
-    b = broker()
-    if not CLUSTERED:
-        return [Node("single", b.port, b.http_port)]
-    return [Node(x.name, x.amqp_port, x.http_port) for x in b.members]
+    """Every broker."""
+    return broker_nodes(**NODE_TIMEOUTS)
 
 
 def rabbit_hash(digest, password):
@@ -335,43 +320,15 @@ def _own_quayd_restart():
     """Single mode: a quayd of its own stores a PBKDF2 user, then starts
     again without the option: the user still logs in (from the journal),
     and a password set then is stored as sha256."""
-    import subprocess
-    import tempfile
-    quayd = os.environ["QUAYD"]
-    tmp = tempfile.mkdtemp(prefix="quay-kdf-")
-    amqp, http = free_port(), free_port()
-    base = [quayd, "--listen", "127.0.0.1:%d" % amqp, "--http", "127.0.0.1:%d" % http,
-            "--data", os.path.join(tmp, "data"), "--log-level", "warn"]
-    n = Node("own", amqp, http)
-
-    def start(extra):
-        p = subprocess.Popen(base + extra, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            wait_until(lambda: p.poll() is None and _can_connect(http), timeout=30,
-                       what="quayd up")
-        except BaseException:
-            p.kill()
-            p.wait()
-            raise
-        return p
-
-    def stop(p):
-        p.terminate()
-        try:
-            eq(p.wait(30), 0, "quayd's exit")
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        err = p.stderr.read().decode()
-        assert "ERROR: AddressSanitizer" not in err and "runtime error" not in err, err
-    p = start(["--password-hashing-module", PBKDF2])
+    own = Restartable(http=True)  # (quaytest's)
+    n = own.node(**NODE_TIMEOUTS)
+    own.start(["--password-hashing-module", PBKDF2])
     try:
         put_user(n, "k-kept", {"password": "pw-kept"})
         eq(n.api("GET", "/api/users/k-kept")[1]["hashing_algorithm"], PBKDF2)
     finally:
-        stop(p)
-    p = start([])
+        own.stop()
+    own.start()
     try:
         eq(n.api("GET", "/api/users/k-kept")[1]["hashing_algorithm"], PBKDF2)
         eq(amqp_login(n, "k-kept", "pw-kept")[0], "tune")
@@ -381,7 +338,7 @@ def _own_quayd_restart():
            "rabbit_password_hashing_sha256")
         eq(amqp_login(n, "k-kept", "pw-new")[0], "tune")
     finally:
-        stop(p)
+        own.stop()
 
 
 @test(timeout=180)
@@ -393,19 +350,11 @@ def stored_hashes_survive_a_restart():
     member.restart()
     a = nodes()[0]
     wait_until(lambda: a.api("GET", "/api/users/k-pbkdf2")[0] == 200
-               if _can_connect(a.http_port) else False, timeout=60,
+               if port_accepts(a.http_port) else False, timeout=60,
                what="the users on the restarted broker")
     wait_until(lambda: amqp_login(a, "k-pbkdf2", USERS["k-pbkdf2"])[0] == "tune",
                timeout=30, what="k-pbkdf2 on the restarted broker")
     eq(http_login(a, "k-py", USERS["k-py"]), 200)
-
-
-def _can_connect(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":

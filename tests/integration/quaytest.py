@@ -22,10 +22,12 @@ Three parts:
 2. An independent AMQP 0-9-1 frame encoder/decoder (no pika code) for the
    tests that need to send malformed or exactly-controlled frames.
 
-3. A mini test runner: `@test` registers a function, `run()` runs them in
-   order with a per-test alarm, prints `ok NAME` / `FAIL NAME: reason`, then
-   `N passed, M failed`, and exits 1 on any failure.  After every test the
-   runner checks that the broker still accepts a fresh connection.
+3. The test runner, tests/cluster/clustertest.py's (the one runner of the
+   Python tests) around the broker fixture: `@test` registers a function,
+   `run()` runs them in order with a per-test alarm, prints `ok NAME` /
+   `FAIL NAME: reason`, then `N passed, M failed`, and exits 1 on any
+   failure.  After every test it checks that the broker still accepts a
+   fresh connection.
 
 Only the Python standard library is needed for parts 1-3; `pika_connect()`
 imports pika lazily.
@@ -47,11 +49,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cluster"))
-from clustertest import (API_PASSWORD, API_USER, APIError, api_authorization,  # noqa: E402,F401
-                         api_call, api_get, free_port)
+import clustertest  # noqa: E402
+from clustertest import (API_PASSWORD, API_USER, SANITIZER_MARKERS, APIError,  # noqa: E402,F401
+                         TestTimeout, api_authorization, api_call, api_get, free_port)
 
 # ---------------------------------------------------------------------------
 # Constants
@@ -134,7 +136,6 @@ TX_ROLLBACK_OK = (90, 31)
 # Broker fixture
 # ---------------------------------------------------------------------------
 
-SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error:", "LeakSanitizer")
 
 
 MODE = os.environ.get("QUAY_TEST_MODE", "single")
@@ -292,41 +293,58 @@ class Broker:
 
 class Restartable:
     """A broker the test stops, kills and starts again on the same data (the
-    durability and crash tests): one quayd, or in cluster mode a 3-broker
+    durability and crash tests, and the single-mode restarts of 35-users,
+    41-limits, 44-passwords): one quayd, or in cluster mode a 3-broker
     cluster (every broker stopped, killed and started together; the client
     talks to b, which places queues elsewhere). start() waits until clients
-    can connect; host and port are the client's."""
+    can connect; host and port are the client's, http_port its management
+    API's (http=True). A single quayd's start(more_args) adds arguments for
+    that start only, and its stop() also fails on a sanitizer report in
+    its log."""
 
-    def __init__(self, extra_args=()):
+    def __init__(self, extra_args=(), http=False):
         self.extra_args = list(extra_args)
+        self.http = http
         self.dir = tempfile.mkdtemp(prefix="quay-restartable-")
         self.host = "127.0.0.1"
         self.cluster = None
         self.members = []
         self.proc = None
         self.port = free_port()
+        self.http_port = free_port() if http and not CLUSTERED else None
         self.data = os.path.join(self.dir, "data")
 
-    def start(self):
+    def start(self, more_args=()):
         if CLUSTERED:
+            assert not more_args, "a cluster restarts with its own arguments"
             self._start_cluster()
         else:
-            self._start_one()
+            self._start_one(list(more_args))
 
-    def _start_one(self):
+    def node(self, **node_kw):
+        """The client's broker as a Node (http=True)."""
+        return Node("own", self.port, self.http_port, **node_kw)
+
+    def _log_text(self):
+        with open(os.path.join(self.dir, "quayd.log"), errors="replace") as f:
+            return f.read()
+
+    def _start_one(self, more_args):
         quayd = os.environ.get("QUAYD")
+        http = ["--http", "127.0.0.1:%d" % self.http_port] if self.http else []
         log = open(os.path.join(self.dir, "quayd.log"), "ab")
         self.proc = subprocess.Popen([quayd, "--listen", "127.0.0.1:%d" % self.port, "--data",
-                                      self.data, "--log-level", "info"] + self.extra_args,
+                                      self.data, "--log-level", "info"] + http +
+                                     self.extra_args + more_args,
                                      stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
-        wait_accepting(self.proc, "127.0.0.1", self.port, 20,
-                       lambda: open(os.path.join(self.dir, "quayd.log"),
-                                    errors="replace").read())
+        wait_accepting(self.proc, "127.0.0.1", self.port, 20, self._log_text)
+        if self.http:
+            wait_accepting(self.proc, "127.0.0.1", self.http_port, 20, self._log_text)
 
     def _start_cluster(self):
         if self.cluster is None:
-            self.cluster, self.members = form_test_cluster(self.extra_args, http=False)
+            self.cluster, self.members = form_test_cluster(self.extra_args, http=self.http)
         else:
             for m in self.members:
                 m.start(wait=False)
@@ -334,6 +352,7 @@ class Restartable:
                 m.wait_accepting()
         client = self.cluster.member(CLUSTER_CLIENT)
         self.port, self.proc, self.data = client.amqp_port, client.proc, client.data
+        self.http_port = client.http_port
         # A restarted cluster elects a leader and catches up first:
         # connection.open waits for that (up to the handshake timeout).
 
@@ -341,7 +360,7 @@ class Restartable:
         procs = [m.proc for m in self.members] if self.cluster else [self.proc]
         for p in procs:
             p.send_signal(sig)
-        return [p.wait(20) for p in procs]
+        return [p.wait(30) for p in procs]
 
     def kill(self):
         self._signal_all(signal.SIGKILL)
@@ -352,6 +371,9 @@ class Restartable:
         if sig == signal.SIGTERM and any(rc != 0 for rc in rcs):
             raise AssertionError("exit status %r after SIGTERM; logs in %s" % (
                 rcs, self.cluster.dir if self.cluster else self.dir))
+        if self.cluster is None:
+            reports = [m for m in SANITIZER_MARKERS if m in self._log_text()]
+            assert not reports, "sanitizer report in %s/quayd.log: %r" % (self.dir, reports)
 
     def logs_dir(self):
         return self.cluster.dir if self.cluster else self.dir
@@ -368,9 +390,6 @@ def form_test_cluster(extra_args, http=True, host="127.0.0.1", env=None, client_
     queue, the client's broker (a follower, AMQP on host; client_args are
     its own) placing every queue elsewhere. Returns (clustertest.Cluster,
     members)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                    "cluster"))
-    import clustertest
     cluster = clustertest.Cluster(http=http)
     common = ["--default-backups", "1"] + list(extra_args)
 
@@ -385,6 +404,15 @@ def form_test_cluster(extra_args, http=True, host="127.0.0.1", env=None, client_
         cluster.failed = True
         cluster.close()
         raise
+
+
+def port_accepts(port, host="127.0.0.1"):
+    """Whether something accepts a TCP connection on port now."""
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def wait_accepting(proc, host, port, timeout, log_text):
@@ -460,6 +488,66 @@ def broker():
 
 def is_rabbitmq():
     return broker().external
+
+
+class Node:
+    """One broker a test reaches by its ports (AMQP, HTTP): the broker
+    fixture's, one member of its cluster, or a quayd of the test's own.
+    api_timeout: the management API's (None: api_call's); pika connections
+    get socket_timeout and blocked_connection_timeout, and with tracked
+    are closed after the test."""
+
+    def __init__(self, name, amqp_port, http_port, api_timeout=None, socket_timeout=5,
+                 blocked_connection_timeout=None, tracked=False):
+        self.name, self.amqp_port, self.http_port = name, amqp_port, http_port
+        self.api_timeout = api_timeout
+        self.socket_timeout = socket_timeout
+        self.blocked_connection_timeout = blocked_connection_timeout
+        self.tracked = tracked
+
+    def api(self, method, path, body=None, **kw):
+        if self.api_timeout is not None:
+            kw.setdefault("timeout", self.api_timeout)
+        return api_call("127.0.0.1", self.http_port, method, path, body, **kw)
+
+    def get(self, path):
+        status, body = self.api("GET", path)
+        eq(status, 200, "GET %s on %s" % (path, self.name))
+        return body
+
+    def sock(self):
+        """A raw socket to its AMQP port, closed after the test."""
+        return track(socket.create_connection(("127.0.0.1", self.amqp_port), timeout=5))
+
+    def connect(self, user="guest", password="guest", vhost="/"):
+        import pika
+        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, vhost,
+                                           pika.PlainCredentials(user, password),
+                                           connection_attempts=1,
+                                           socket_timeout=self.socket_timeout,
+                                           blocked_connection_timeout=(
+                                               self.blocked_connection_timeout),
+                                           heartbeat=0)
+        c = pika.BlockingConnection(params)
+        return track(c) if self.tracked else c
+
+
+def broker_node(name, **node_kw):
+    """The fixture's broker called name (a member of its cluster) as a Node;
+    in single mode the one broker, named "single", whatever name is asked."""
+    b = broker()
+    if not CLUSTERED:
+        return Node("single", b.port, b.http_port, **node_kw)
+    x = b.member(name)
+    return Node(x.name, x.amqp_port, x.http_port, **node_kw)
+
+
+def broker_nodes(**node_kw):
+    """Every broker of the fixture as a Node: the one, or each member."""
+    b = broker()
+    if not CLUSTERED:
+        return [Node("single", b.port, b.http_port, **node_kw)]
+    return [Node(x.name, x.amqp_port, x.http_port, **node_kw) for x in b.members]
 
 
 # ---------------------------------------------------------------------------
@@ -1169,15 +1257,9 @@ def eq(actual, expected, what=""):
                                                         expected, actual))
 
 
-def wait_until(pred, timeout=5.0, interval=0.02, what="condition"):
-    deadline = time.time() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.time() > deadline:
-            raise AssertionError("timed out waiting for %s" % what)
-        time.sleep(interval)
+def wait_until(pred, timeout=5.0, interval=0.02, what="condition", detail=None):
+    """clustertest.wait_until with one broker's shorter default timeout."""
+    return clustertest.wait_until(pred, timeout, interval, what, detail)
 
 
 def broker_alive():
@@ -1192,35 +1274,26 @@ def broker_alive():
 
 
 # ---------------------------------------------------------------------------
-# Runner
+# Runner: clustertest's, with this file's broker fixture around it
 # ---------------------------------------------------------------------------
 
-_tests = []
 TEST_TIMEOUT = 30
 
 
 def test(fn=None, timeout=None):
     """Register a test.  Use as @test or @test(timeout=60)."""
-    def reg(f):
-        f.timeout = timeout or TEST_TIMEOUT
-        _tests.append(f)
-        return f
-    return reg(fn) if fn is not None else reg
+    return clustertest.test(fn, timeout, default_timeout=TEST_TIMEOUT)
 
 
-class TestTimeout(Exception):
-    pass
-
-
-def _alarm(signum, frame_):
-    raise TestTimeout("test timed out")
+def _after_test():
+    _close_all()
+    broker_alive()
 
 
 def run():
-    """Run registered tests (optionally only names given on the command line)."""
-    only = set(sys.argv[1:])
-    signal.signal(signal.SIGALRM, _alarm)
-    passed = failed = 0
+    """Run registered tests (optionally only names given on the command line)
+    against the broker fixture, which must still accept a connection after
+    each test and stop cleanly at the end."""
     try:
         b = broker()
     except Exception as e:
@@ -1229,29 +1302,6 @@ def run():
         sys.exit(1)
     atexit.register(lambda: b.proc and b.proc.kill())
     print("# broker %s:%d (%s)" % (b.host, b.port, "external" if b.external else "quayd"))
-    for t in _tests:
-        if only and t.__name__ not in only:
-            continue
-        signal.alarm(t.timeout)
-        t0 = time.time()
-        try:
-            t()
-            _close_all()
-            broker_alive()
-            signal.alarm(0)
-            passed += 1
-            print("ok %s (%.2fs)" % (t.__name__, time.time() - t0))
-        except BaseException as e:
-            signal.alarm(0)
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            failed += 1
-            print("FAIL %s: %s: %s" % (t.__name__, type(e).__name__, e))
-            traceback.print_exc(file=sys.stdout)
-            _close_all()
-        sys.stdout.flush()
-    for problem in b.stop():
-        failed += 1
-        print("FAIL broker-shutdown: %s" % problem)
-    print("%d passed, %d failed" % (passed, failed))
-    sys.exit(1 if failed else 0)
+    clustertest.finish(*clustertest.run_tests(after_each=_after_test, after_failure=_close_all,
+                                              cleanup=lambda failed: b.stop(),
+                                              cleanup_label="broker-shutdown"))

@@ -26,6 +26,7 @@
 #include "mgmt/http.h"
 #include "lib/json.h"
 #include "lib/json_read.h"
+#include "lib/utf8.h"
 
 /* Compares the writer's buffer with `expected`, then frees it. */
 static void expect_json(struct json *j, const char *expected)
@@ -285,6 +286,61 @@ static void test_reader_takes_utf8_only(void **state)
     assert_string_equal(out, "caf\xc3\xa9 \xe2\x82\xac \xc3\xa9 \xf0\x9f\x98\x80");
 }
 
+/* One string escape (json_read_escape, the flat reader's and the tree
+ * parser's): its code point, a surrogate pair joined, and where it ends;
+ * or why it is none, with the position where reading stopped. */
+static void test_reader_escapes(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text; /* after the backslash */
+        uint32_t cp;
+        const char *why;  /* NULL: an escape */
+        size_t read;      /* bytes consumed */
+    } cases[] = {
+        {"n", '\n', NULL, 1},
+        {"/x", '/', NULL, 1},
+        {"u00e9", 0xe9, NULL, 5},
+        {"u20AC", 0x20ac, NULL, 5},
+        {"ud83d\\ude00.", 0x1f600, NULL, 11},
+        {"", 0, "unterminated string", 0},
+        {"x", 0, "bad escape", 1},
+        {"u12", 0, "short \\u escape", 1},
+        {"u12G4", 0, "bad \\u escape", 4},
+        {"udc00", 0, "lone low surrogate", 5},
+        {"ud83d", 0, "lone high surrogate", 5},
+        {"ud83d\\u0041", 0, "bad surrogate pair", 11},
+        {"ud83d\\uZZZZ", 0, "bad \\u escape", 8},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *p = cases[i].text, *end = p + strlen(p);
+        uint32_t cp = 0;
+        const char *why = json_read_escape(&p, end, &cp);
+        if (cases[i].why == NULL) {
+            assert_null(why);
+            assert_int_equal(cp, cases[i].cp);
+        } else {
+            assert_non_null(why);
+            assert_string_equal(why, cases[i].why);
+        }
+        assert_int_equal(p - cases[i].text, cases[i].read);
+    }
+    /* The code point as UTF-8: 1 to 4 bytes, a valid sequence. */
+    static const struct {
+        uint32_t cp;
+        const char *utf8;
+    } encoded[] = {{0x41, "A"}, {0xe9, "\xc3\xa9"}, {0x20ac, "\xe2\x82\xac"},
+                   {0x1f600, "\xf0\x9f\x98\x80"}, {0x10ffff, "\xf4\x8f\xbf\xbf"}};
+    for (size_t i = 0; i < sizeof encoded / sizeof encoded[0]; i++) {
+        char out[4];
+        size_t k = utf8_encode(encoded[i].cp, out);
+        assert_int_equal(k, strlen(encoded[i].utf8));
+        assert_memory_equal(out, encoded[i].utf8, k);
+        if (k > 1) /* (utf8_sequence_size is for what is past ASCII) */
+            assert_int_equal(utf8_sequence_size((const uint8_t *)out, k), k);
+    }
+}
+
 struct kept {
     enum json_read_kind kind;
     char string[JSON_READ_STRING_SIZE];
@@ -495,6 +551,7 @@ int main(void)
         cmocka_unit_test(test_every_byte_below_0x80),
         cmocka_unit_test(test_utf8_pass_through),
         cmocka_unit_test(test_reader_takes_utf8_only),
+        cmocka_unit_test(test_reader_escapes),
         cmocka_unit_test(test_reader_string_lists),
         cmocka_unit_test(test_invalid_utf8_replaced),
         cmocka_unit_test(test_growth),

@@ -1,0 +1,135 @@
+/*
+ * sim_fsm.c: the FSM: every broker applies the log to its own map, the
+ * checkers (sim_check.c) looking on after every apply; its snapshots are
+ * the map's own. Also the log entry's envelope, written and read here.
+ */
+#include "sim.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/errors.h"
+
+/* The log entry's envelope, as node.c's (node__entry_new): the command's
+ * size and a request id (its origin broker in the high half; 0 for the
+ * leader's own). */
+#define SIM_ENVELOPE 16
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (56 - 8 * i));
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* A restarted broker's own sync came back: it serves from now on, from a
+ * map that must hold everything its last incarnation had applied. */
+static void synced(struct sim *s, struct sim_broker *b)
+{
+    b->synced = true;
+    b->sync_id = 0;
+    if (!b->restarted)
+        return;
+    if (b->map.version < b->version_before)
+        sim_fail(s, "b%u serves from map version %" PRIu64 " after a restart, older than the %"
+                 PRIu64 " it had applied", b->id, b->map.version, b->version_before);
+    for (int qi = 0; qi < SIM_QUEUES; qi++) {
+        const struct shadow *was = &b->shadows_before[qi];
+        const struct shadow *now = &b->shadows[qi];
+        if (was->known && (!now->known || now->epoch < was->epoch))
+            sim_fail(s, "b%u serves %s at epoch %" PRIu64 " after a restart, older than the %"
+                     PRIu64 " it had", b->id, sim_queue_names[qi], now->epoch, was->epoch);
+    }
+}
+
+/* A log entry: cmd (consumed) in its envelope. */
+struct raft_buffer sim_fsm_entry(struct map_cmd *cmd, uint64_t request_id)
+{
+    struct raft_buffer buf = {.len = SIM_ENVELOPE + (cmd->size + 7) / 8 * 8};
+    buf.base = raft_calloc(1, buf.len);
+    put_u64(buf.base, cmd->size);
+    put_u64((uint8_t *)buf.base + 8, request_id);
+    memcpy((uint8_t *)buf.base + SIM_ENVELOPE, cmd->bytes, cmd->size);
+    map_cmd_free(cmd);
+    return buf;
+}
+
+static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **result)
+{
+    struct sim_broker *b = fsm->data;
+    struct sim *s = b->sim;
+    struct map_change change;
+    const uint8_t *entry = buf->base;
+    uint64_t size = buf->len >= SIM_ENVELOPE ? get_u64(entry) : 0;
+    uint64_t request_id = buf->len >= SIM_ENVELOPE ? get_u64(entry + 8) : 0;
+    if (size > buf->len - SIM_ENVELOPE)
+        sim_fail(s, "broker %u: an entry without its envelope", b->id);
+    int rc = cluster_map_apply(&b->map, entry + SIM_ENVELOPE, (size_t)size, &change);
+    if (request_id != 0 && request_id == b->sync_id)
+        synced(s, b);
+    if (rc == OK && change.op == MAP_OP_BROKER_LEAVE && change.changed &&
+        b->leaving_count < SIM_SERVERS)
+        b->leaving[b->leaving_count++] = change.broker_id; /* (node.c's on_apply) */
+    *result = rc == OK ? NULL : (void *)1; /* (node.c: CONSENSUS_E_APPLY when refused) */
+    s->applied++;
+    sim_trace(s, b->id * 131 + (uint64_t)change.op * 7 + (uint64_t)(rc == OK));
+    if (s->verbose && b->index == 0)
+        printf("  t=%" PRIu64 " b1 applies %s %.*s: %s%s\n", (uint64_t)raft_fixture_time(&s->f),
+               map_op_name(change.op), (int)change.name.len, (const char *)change.name.ptr,
+               rc == OK ? "ok" : "refused: ", rc == OK ? "" : change.reply_text);
+    if (rc == E_SYNTAX)
+        sim_fail(s, "broker %u: a malformed command in the log", b->id);
+    if (!cluster_map_verify(&b->map))
+        sim_fail(s, "broker %u: the map fails verification after %s", b->id,
+                 map_op_name(change.op));
+    sim_check_queues(s, b);
+    return 0;
+}
+
+static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
+{
+    struct sim_broker *b = fsm->data;
+    uint8_t *data;
+    size_t size;
+    if (cluster_map_snapshot_alloc(&b->map, &data, &size) != OK)
+        return RAFT_NOMEM;
+    *bufs = raft_malloc(sizeof **bufs);
+    (*bufs)[0].base = raft_malloc(size);
+    memcpy((*bufs)[0].base, data, size);
+    (*bufs)[0].len = size;
+    *n_bufs = 1;
+    free(data);
+    return 0;
+}
+
+static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
+{
+    struct sim_broker *b = fsm->data;
+    cluster_map_free(&b->map);
+    cluster_map_init(&b->map);
+    int rc = cluster_map_snapshot_read(&b->map, buf->base, buf->len);
+    if (rc != OK) {
+        sim_fail(b->sim, "broker %u: its snapshot does not restore", b->id);
+        return RAFT_CORRUPT; /* (libraft keeps the buffer) */
+    }
+    raft_free(buf->base);
+    /* A restore jumps: nothing to compare with; what it holds is known now. */
+    memset(b->shadows, 0, sizeof b->shadows);
+    sim_check_queues(b->sim, b);
+    return 0;
+}
+
+void sim_fsm_init(struct sim_broker *b)
+{
+    b->fsm = (struct raft_fsm){.version = 1, .data = b, .apply = fsm_apply,
+                               .snapshot = fsm_snapshot, .restore = fsm_restore};
+}
