@@ -18,6 +18,7 @@
 #include "broker/connection.h"
 #include "broker/flow.h"
 #include "broker/message.h"
+#include "broker/queue.h"
 #include "broker/users.h"
 #include "broker/vhost.h"
 #include "broker/cluster_ops.h"
@@ -273,6 +274,15 @@ static void on_tick(uv_timer_t *timer)
     broker_sample_rates(broker, now); /* after connection_tick's rates_check */
 }
 
+void broker_queue_joined(struct broker *broker, struct queue *queue)
+{
+    ASSERT(broker->queues_all.next != NULL); /* list_init'ed (broker_start; a test's own) */
+    if (list_linked(&queue->all_link))
+        return;
+    list_push_back(&broker->queues_all, &queue->all_link);
+    queue->all_serial = ++broker->queues_all_serial;
+}
+
 struct vhost *broker_vhost(struct broker *broker, struct bytes name)
 {
     return hmap_get(&broker->vhosts, name);
@@ -416,6 +426,7 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     broker->config = *config;
     hmap_init(&broker->vhosts);
     list_init(&broker->connections);
+    list_init(&broker->queues_all);
     policy_set_init(&broker->policies);
     limit_set_init(&broker->limits);
     usage_init(&broker->usage);

@@ -155,6 +155,7 @@ enum broker_totals_rate {
  * the broker stops and frees it at its place in the broker's shutdown.
  * stop NULL: none. */
 struct vhost;
+struct queue;
 
 struct broker_service {
     void (*stop)(void *ctx);  /* idempotent */
@@ -239,6 +240,11 @@ struct broker {
      * the queues sampled (queue_sample_rates) and taken out when a queue
      * goes (queue.c): exact without walking idle queues. */
     uint32_t rates_totals[BROKER_TOTALS_RATE_COUNT];
+    /* Every queue object in any vhost's table, in the order they joined,
+     * deleted ones too until they are freed (struct queue.all_link): what
+     * a walk that pauses between loop turns follows (queue_walk.h). */
+    struct list_node queues_all;
+    uint64_t queues_all_serial;     /* the last queue's all_serial */
     bool stopping;
 };
 
@@ -254,6 +260,10 @@ void broker_stop(struct broker *broker);
 int broker_reload_tls(struct broker *broker);
 /* After the loop has finished: frees the rest and checks for leaks. */
 void broker_free(struct broker *broker);
+
+/* A queue object entered a vhost's table: it joins broker->queues_all
+ * (once: a queue put back keeps its place). vhost.c's. */
+void broker_queue_joined(struct broker *broker, struct queue *queue);
 
 struct vhost *broker_vhost(struct broker *broker, struct bytes name);
 /* The vhost of that name, created (with its predeclared exchanges) if new. */

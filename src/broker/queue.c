@@ -280,6 +280,7 @@ struct queue *queue_new(struct vhost *vhost, struct bytes name, bool durable, bo
     list_init(&queue->consumers);
     flow_queue_init(queue);
     list_init(&queue->owner_link);
+    list_init(&queue->all_link); /* joins broker->queues_all with a table (vhost.c) */
     queue->refs = 1;
     queue->next_seq = 1; /* 0 is "none" to the journal */
     queue->last_used_ms = now_ms(queue);
@@ -356,6 +357,7 @@ void queue_unref(struct queue *queue)
         rates_free(&queue->rates); /* retired already (its vhost may be gone) */
     else
         rates_retire(queue);       /* never in a table, or never deleted */
+    list_remove(&queue->all_link); /* only now: queue_walk.h says why */
     bytes_free(&queue->name);
     bytes_free(&queue->arguments);
     free(queue);

@@ -335,6 +335,11 @@ struct queue {
     uint32_t refs;                    /* the vhost's table + deliveries + consumers */
     uint64_t next_seq;
     struct list_node owner_link;      /* in the exclusive owner's list */
+    /* In broker->queues_all from its first vhost table until it is freed
+     * (not when deleted: a walk paused on it must find its successor,
+     * broker/queue_walk.h), and the order it joined in. */
+    struct list_node all_link;
+    uint64_t all_serial;
     struct queue_stats stats;
     struct rates rates;               /* of stats and counts, sampled by the broker's tick */
 };

@@ -122,6 +122,7 @@ struct queue *vhost_queue_declare(struct vhost *vhost, struct bytes name, bool d
     ASSERT(vhost_queue(vhost, name) == NULL);
     struct queue *queue = queue_new(vhost, name, durable, exclusive, auto_delete, arguments);
     hmap_put(&vhost->queues, queue->name, queue);
+    broker_queue_joined(vhost->broker, queue);
     durable_queue_declared(vhost->broker, vhost, queue);
     /* Unused from now on: x-expires counts from here, however the queue
      * came to be (a client's declare, the cluster map, recovery). */
@@ -133,6 +134,7 @@ void vhost_queue_insert(struct vhost *vhost, struct queue *queue)
 {
     ASSERT(vhost_queue(vhost, queue->name) == NULL);
     hmap_put(&vhost->queues, queue->name, queue);
+    broker_queue_joined(vhost->broker, queue);
 }
 
 uint32_t vhost_queue_delete(struct vhost *vhost, struct queue *queue)

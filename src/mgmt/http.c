@@ -2,7 +2,7 @@
  * http.c: see http.h. A client goes through two states:
  *
  *   READING ──head (and body) complete / malformed / too large / timeout──> ANSWERED
- *      └──a prefix route answers later──> WAITING ──answer──> ANSWERED
+ *      └──a prefix or later route answers later──> WAITING ──answer──> ANSWERED
  *                                            └──client gone: its cancel hook runs
  *
  * In READING, input is copied into the client's fixed request buffer (so
@@ -442,6 +442,15 @@ static void dispatch(struct http_conn *hc, const struct http_request *req)
         answer_asset(hc, req, route->asset);
         return;
     }
+    if (route->later != NULL) {
+        LOG_DEBUG("http conn=%llu peer=%s %.*s %.*s: answered later",
+                  (unsigned long long)hc->conn.id, hc->conn.peer_name, (int)req->method_size,
+                  req->method, (int)path_size, req->target);
+        hc->state = HTTP_CONN_STATE_WAITING;
+        hc->state_since_ms = uv_now(hc->server->net->loop);
+        route->later(route->ctx, (struct http_call *)hc, user);
+        return;
+    }
     struct json body;
     http_body_init(&body);
     int status = 200;
@@ -456,10 +465,7 @@ static void dispatch(struct http_conn *hc, const struct http_request *req)
     LOG_DEBUG("http conn=%llu peer=%s %.*s %.*s: %d, %zu bytes",
               (unsigned long long)hc->conn.id, hc->conn.peer_name, (int)req->method_size,
               req->method, (int)path_size, req->target, status, body.size - HTTP_HEADROOM);
-    if (route->content_type != NULL)
-        answer_released(hc, status, &body, "", route->content_type, route->release);
-    else
-        answer(hc, status, &body, "");
+    answer(hc, status, &body, "");
 }
 
 /* ---- calls (prefix routes) ------------------------------------------------ */
@@ -471,6 +477,17 @@ void http_call_answer(struct http_call *call, int status, struct json *body)
     LOG_DEBUG("http conn=%llu peer=%s answered %d", (unsigned long long)hc->conn.id,
               hc->conn.peer_name, status);
     answer(hc, status, body, "");
+}
+
+void http_call_answer_text(struct http_call *call, int status, struct json *body,
+                           const char *content_type, void (*release)(void *data))
+{
+    struct http_conn *hc = (struct http_conn *)call;
+    ASSERT(hc->state == HTTP_CONN_STATE_WAITING);
+    ASSERT(content_type != NULL);
+    LOG_DEBUG("http conn=%llu peer=%s answered %d, %zu bytes", (unsigned long long)hc->conn.id,
+              hc->conn.peer_name, status, body->size - HTTP_HEADROOM);
+    answer_released(hc, status, body, "", content_type, release);
 }
 
 void http_call_answer_empty(struct http_call *call, int status)
@@ -812,25 +829,12 @@ void http_server_route_view(struct http_server *server, const char *path, http_v
               (struct http_route){.path = path, .view = view, .ctx = ctx, .access = access});
 }
 
-void http_server_route_text(struct http_server *server, const char *path, http_view_fn view,
-                            void *ctx, uint32_t access, const char *content_type)
+void http_server_route_later(struct http_server *server, const char *path, http_later_fn later,
+                             void *ctx, uint32_t access)
 {
-    ASSERT(view != NULL);
-    ASSERT(content_type != NULL);
-    add_route(server, (struct http_route){.path = path, .view = view, .ctx = ctx,
-                                          .access = access, .content_type = content_type});
-}
-
-void http_server_route_text_release(struct http_server *server, const char *path,
-                                    http_view_fn view, void *ctx, uint32_t access,
-                                    const char *content_type, void (*release)(void *data))
-{
-    ASSERT(view != NULL);
-    ASSERT(content_type != NULL);
-    ASSERT(release != NULL);
-    add_route(server, (struct http_route){.path = path, .view = view, .ctx = ctx,
-                                          .access = access, .content_type = content_type,
-                                          .release = release});
+    ASSERT(later != NULL);
+    add_route(server,
+              (struct http_route){.path = path, .later = later, .ctx = ctx, .access = access});
 }
 
 void http_server_route_asset(struct http_server *server, const struct http_asset *asset)

@@ -155,6 +155,12 @@ void http_wait_on_cancel(struct http_wait *wait, http_cancel_fn fn, void *arg);
 /* The hook can answer now: the request is admitted again (at once). */
 void http_wait_resume(struct http_wait *wait);
 
+/* GET (and HEAD) of an exact path answered later, with text: the handler
+ * answers the call once with http_call_answer_text (not at all once its
+ * cancel hook ran), after as many loop turns as it needs (GET /metrics
+ * writes 50,000 queues a slice a turn, mgmt/metrics.c). */
+typedef void (*http_later_fn)(void *ctx, struct http_call *call, const struct auth_user *user);
+
 /* A static file served as it is (the web console's page, style and
  * script), to anyone who passes the Host and Origin checks: without
  * admission, because it holds none of the broker's data (the page asks
@@ -179,10 +185,7 @@ struct http_route {
      * trailing '/', rest empty) and POST: RabbitMQ's resource trees such
      * as /api/queues[/{vhost}[/{name}[/get]]]. */
     bool tree;
-    /* A view whose body is not JSON but text of this type (static), which
-     * it writes with json_raw only; NULL: a JSON route. */
-    const char *content_type;
-    void (*release)(void *data);   /* its body's buffer, written; NULL: free() */
+    http_later_fn later;           /* GET (and HEAD) answered later with text, or NULL */
     /* A static file for GET and HEAD, served without admission; NULL: not one. */
     const struct http_asset *asset;
     void *ctx;                     /* borrowed */
@@ -231,17 +234,9 @@ void http_server_route(struct http_server *server, const char *path, http_handle
 /* The same for a handler whose answer depends on who asks. */
 void http_server_route_view(struct http_server *server, const char *path, http_view_fn view,
                             void *ctx, uint32_t access);
-/* The same for a view that writes text of content_type (borrowed,
- * static; e.g. Prometheus's "text/plain; version=0.0.4; charset=utf-8")
- * with json_raw, not a JSON value: GET /metrics. */
-void http_server_route_text(struct http_server *server, const char *path, http_view_fn view,
-                            void *ctx, uint32_t access, const char *content_type);
-/* The same, with release called instead of free() on the answer's buffer
- * (json_release's) once it is written or the connection goes: a view
- * that keeps its large buffer for the next answer (json_adopt). */
-void http_server_route_text_release(struct http_server *server, const char *path,
-                                    http_view_fn view, void *ctx, uint32_t access,
-                                    const char *content_type, void (*release)(void *data));
+/* Registers a GET handler for an exact path that answers later (http_later_fn). */
+void http_server_route_later(struct http_server *server, const char *path, http_later_fn later,
+                             void *ctx, uint32_t access);
 /* Serves a static file at asset->path (borrowed, static) for GET and
  * HEAD, without admission (struct http_asset says why), with its ETag;
  * a request whose If-None-Match names it gets 304 without the body. */
@@ -263,6 +258,11 @@ void http_body_init(struct json *body);
 /* Answers a call (status 200..503, body one complete JSON value, which
  * the server takes). The call is gone afterwards. */
 void http_call_answer(struct http_call *call, int status, struct json *body);
+/* Answers a call with text of content_type (static) written with
+ * json_raw into a body from http_body_init; release (or free(), NULL) is
+ * called on the buffer once it is written or the client is gone. */
+void http_call_answer_text(struct http_call *call, int status, struct json *body,
+                           const char *content_type, void (*release)(void *data));
 /* Answers 201 or 204 without a body (RabbitMQ's answer to a PUT or
  * DELETE). */
 void http_call_answer_empty(struct http_call *call, int status);

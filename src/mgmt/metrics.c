@@ -25,11 +25,13 @@
 #include "broker/connection.h"
 #include "broker/flow.h"
 #include "broker/queue.h"
+#include "broker/queue_walk.h"
 #include "broker/vhost.h"
 #include "cluster/node.h"
 #include "cluster/replication.h"
 #include "cluster/member.h"
 #include "lib/assert.h"
+#include "lib/list.h"
 #include "lib/log.h"
 #include "mgmt/api.h"
 #include "mgmt/http.h"
@@ -213,98 +215,88 @@ static uint64_t queue_confirms_waiting(const struct queue *q)
     return replication_confirms_waiting(q);
 }
 
-/* RabbitMQ's per-object queue families, each one walk over the queues
- * this broker is the primary of (a stand-in's counts are its proxy's). */
+/* The per-queue families: RabbitMQ's, of the queues this broker holds
+ * (a stand-in's counts are its proxy's), then the cluster's, from the
+ * map. A family's samples come from the rows the walk left (below). */
+enum queue_family_index {
+    FAMILY_READY,
+    FAMILY_UNACKED,
+    FAMILY_MESSAGES,
+    FAMILY_READY_BYTES,
+    FAMILY_PAGED,
+    FAMILY_CONSUMERS,
+    FAMILY_LAG,
+    FAMILY_ROLE,
+    FAMILY_BACKUPS,
+    FAMILY_IN_SYNC,
+    QUEUE_FAMILIES_COUNT,
+};
+
+/* Which rows a family has a sample for (struct queue_row.has). */
+enum {
+    ROW_LOCAL = 1,                 /* this broker holds the queue (not a stand-in) */
+    ROW_MAPPED = 2,                /* in the cluster's map: its role */
+    ROW_PRIMARY = 4,               /* the map says this broker is its primary */
+};
+#define ROW_KINDS 3
+
 static const struct {
     const char *name;
     const char *help;
-    uint64_t (*value)(const struct queue *queue);
-} queue_families[] = {
-    {"rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers",
-     queue_ready},
-    {"rabbitmq_queue_messages_unacked",
-     "Messages delivered to consumers but not yet acknowledged", queue_unacked},
-    {"rabbitmq_queue_messages", "Sum of ready and unacknowledged messages - total queue depth",
-     queue_messages},
-    {"rabbitmq_queue_messages_ready_bytes", "Size in bytes of ready messages",
-     queue_ready_bytes},
-    {"rabbitmq_queue_messages_paged_out", "Messages paged out to disk", queue_paged},
-    {"rabbitmq_queue_consumers", "Consumers on a queue", queue_consumers},
-    {"quay_queue_replication_lag_messages",
-     "Publishes whose confirms wait for the queue's in-sync backups (0 without backups)",
-     queue_confirms_waiting},
+    uint64_t (*value)(const struct queue *queue); /* read when walked; NULL: the map's */
+    uint8_t needs;                 /* ROW_* */
+} queue_families[QUEUE_FAMILIES_COUNT] = {
+    [FAMILY_READY] = {"rabbitmq_queue_messages_ready",
+                      "Messages ready to be delivered to consumers", queue_ready, ROW_LOCAL},
+    [FAMILY_UNACKED] = {"rabbitmq_queue_messages_unacked",
+                        "Messages delivered to consumers but not yet acknowledged",
+                        queue_unacked, ROW_LOCAL},
+    [FAMILY_MESSAGES] = {"rabbitmq_queue_messages",
+                         "Sum of ready and unacknowledged messages - total queue depth",
+                         queue_messages, ROW_LOCAL},
+    [FAMILY_READY_BYTES] = {"rabbitmq_queue_messages_ready_bytes",
+                            "Size in bytes of ready messages", queue_ready_bytes, ROW_LOCAL},
+    [FAMILY_PAGED] = {"rabbitmq_queue_messages_paged_out", "Messages paged out to disk",
+                      queue_paged, ROW_LOCAL},
+    [FAMILY_CONSUMERS] = {"rabbitmq_queue_consumers", "Consumers on a queue", queue_consumers,
+                          ROW_LOCAL},
+    [FAMILY_LAG] = {"quay_queue_replication_lag_messages",
+                    "Publishes whose confirms wait for the queue's in-sync backups (0 without "
+                    "backups)",
+                    queue_confirms_waiting, ROW_LOCAL},
+    [FAMILY_ROLE] = {"quay_queue_role",
+                     "is 1 with this broker's role for each queue of the map: primary (it "
+                     "holds the queue), backup (a copy) or proxy (it forwards to the primary)",
+                     NULL, ROW_MAPPED},
+    [FAMILY_BACKUPS] = {"quay_queue_backups", "Backups of each queue this broker is the "
+                        "primary of", NULL, ROW_PRIMARY},
+    [FAMILY_IN_SYNC] = {"quay_queue_backups_in_sync",
+                        "In-sync backups (confirms wait for them) of each queue this broker is "
+                        "the primary of",
+                        NULL, ROW_PRIMARY},
 };
 
-#define QUEUE_FAMILIES_COUNT (sizeof queue_families / sizeof queue_families[0])
+/* quay_queue_role's own label, added to the queue's. */
+static const char *const role_labels[] = {
+    [METRICS_ROLE_NONE] = "",
+    [METRICS_ROLE_PRIMARY] = ",role=\"primary\"",
+    [METRICS_ROLE_BACKUP] = ",role=\"backup\"",
+    [METRICS_ROLE_PROXY] = ",role=\"proxy\"",
+};
 
-/* A queue's part of the scrape: its labels (in struct queue_rows'
- * labels) and its value in each family. */
+/* A queue as the walk read it: its labels, rendered once for all its
+ * families (in struct scrape's labels), and its value in each. */
 struct queue_row {
     size_t labels_at;
-    size_t labels_size;
+    uint32_t labels_size;
+    uint8_t has;                   /* ROW_* */
+    uint8_t role;                  /* enum metrics_role */
     uint64_t values[QUEUE_FAMILIES_COUNT];
 };
 
-/* The queues this broker is the primary of, as the scrape writes them. */
-struct queue_rows {
-    struct queue_row *rows; /* owned */
-    size_t count;
-    struct json labels;     /* each one's labels rendered: {vhost="...",queue="..."} */
-};
-
-/* One walk over the queues (each family walking them was slower: the
- * walk's cache misses were most of a scrape's time, prom.h): each local
- * queue's labels rendered once and its values kept. */
-static void collect_queues(struct broker *broker, struct queue_rows *out)
+static unsigned row_kind(uint8_t needs)
 {
-    size_t queues = 0;
-    struct hmap_entry *v;
-    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);)
-        queues += ((const struct vhost *)v->value)->queues.count;
-    out->rows = malloc(sizeof *out->rows * (queues + 1));
-    ASSERT(out->rows != NULL);
-    out->count = 0;
-    json_init(&out->labels);
-    struct prom lp;
-    prom_init(&lp, &out->labels);
-    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
-        const struct vhost *vhost = v->value;
-        struct hmap_entry *e;
-        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &e);) {
-            const struct queue *queue = e->value;
-            if (queue_is_remote(queue))
-                continue;
-            struct queue_row *row = &out->rows[out->count++];
-            row->labels_at = out->labels.size;
-            prom_labels_begin(&lp);
-            prom_label(&lp, "vhost", vhost->name);
-            prom_label(&lp, "queue", queue->name);
-            prom_labels_end(&lp);
-            row->labels_size = out->labels.size - row->labels_at;
-            for (size_t f = 0; f < QUEUE_FAMILIES_COUNT; f++)
-                row->values[f] = queue_families[f].value(queue);
-        }
-    }
-}
-
-/* RabbitMQ's per-queue families, each in turn from the rows, straight
- * into the answer. 50,000 queues: bench/RESULTS.md, "Issue 20's
- * management targets". */
-static void write_queues(struct prom *prom, const struct queue_rows *q)
-{
-    /* The whole text at once: a sample is its family's name, its labels
-     * and at most 22 bytes more (" " 20 digits "\n"); 200 for each HELP. */
-    size_t room = 0;
-    for (size_t f = 0; f < QUEUE_FAMILIES_COUNT; f++)
-        room += 200 + 2 * strlen(queue_families[f].name) + strlen(queue_families[f].help) +
-                q->count * (strlen(queue_families[f].name) + 22) + q->labels.size;
-    json_raw_space(prom->out, room);
-    for (size_t f = 0; f < QUEUE_FAMILIES_COUNT; f++) {
-        prom_family(prom, queue_families[f].name, PROM_TYPE_GAUGE, queue_families[f].help);
-        for (size_t r = 0; r < q->count; r++)
-            prom_sample_rendered(prom, q->labels.data + q->rows[r].labels_at,
-                                 q->rows[r].labels_size, q->rows[r].values[f]);
-    }
+    return needs == ROW_LOCAL ? 0 : needs == ROW_MAPPED ? 1 : 2;
 }
 
 /* ---- the answer's buffer ------------------------------------------------- */
@@ -344,48 +336,314 @@ static void take_spare(struct json *out)
     spare.data = NULL;
 }
 
+/* ---- a scrape, a slice at a time ------------------------------------------ */
+
+/*
+ * Why slices: written whole, a scrape of 50,000 queues held the loop for
+ * ~25-40 ms (it was ~57 ms before it was made cheaper), and every
+ * publisher and consumer of the broker waited that long, once a scrape.
+ * Now the answer is built by an idle handle (it runs once every loop
+ * turn while there is work, and makes the loop poll without blocking)
+ * that stops after METRICS_SLICE_US, so the message path runs between
+ * slices. Two phases:
+ *
+ *   WALK   queue_walk_next over the broker's queues, each read into a
+ *          row: labels escaped once, every family's value;
+ *   WRITE  the broker-wide families first (read in that turn), then
+ *          each per-queue family's samples from the rows.
+ *
+ * Built then sent, not streamed: the body is one buffer (kept warm for
+ * the next scrape, below) sent with its Content-Length, which the HTTP
+ * server already does for every answer; chunked streaming would need
+ * the server to write while the route still produces and to pause the
+ * producer when the client reads slowly, to save a buffer that is kept
+ * anyway. The time to the first byte is the build's (the whole is still
+ * far under Prometheus's timeouts: bench/RESULTS.md).
+ *
+ * Scrapes run one at a time, in the order they came (each holds a walk
+ * and rows of every queue: two at once would only double that); a
+ * scrape whose client goes is dropped, running or waiting.
+ */
+enum scrape_phase {
+    SCRAPE_WAITING,                /* behind another */
+    SCRAPE_WALK,
+    SCRAPE_WRITE,
+    SCRAPE_DONE,
+};
+
+/* Owned by the scrapes list from the request until it is answered or its
+ * client is gone; freed when its idle handle has closed. */
+struct scrape {
+    struct list_node link;         /* in scrapes: the first one runs */
+    struct broker *broker;         /* borrowed */
+    struct http_call *call;        /* borrowed, until answered or cancelled */
+    uv_idle_t idle;
+    enum scrape_phase phase;
+    struct queue_walk walk;
+    struct queue_row *rows;        /* owned */
+    size_t rows_count, rows_cap;
+    size_t kind_rows[ROW_KINDS];   /* rows per kind (row_kind) */
+    size_t kind_labels[ROW_KINDS]; /* and their labels' bytes */
+    struct json labels;            /* the rows' labels */
+    struct prom label_writer;
+    struct metrics_cluster_totals cluster;
+    struct json out;               /* the answer */
+    struct prom prom;
+    size_t family, row;            /* WRITE: the next sample */
+    uint64_t began_ns;
+    uint64_t slice_max_ns;
+    uint32_t slices_count;
+};
+
+static struct list_node scrapes = LIST_INIT(scrapes);
+
+/* Rows are read and samples written in runs of this many between looks
+ * at the clock (a row costs ~0.5 us, a sample ~0.05 us). */
+#define SCRAPE_RUN_ROWS 32u
+#define SCRAPE_RUN_SAMPLES 512u
+
+static void read_row(struct scrape *s, const struct metrics_cluster_view *view,
+                     const struct queue *queue)
+{
+    bool local = !queue_is_remote(queue);
+    uint8_t backups = 0, in_sync = 0;
+    enum metrics_role role =
+        view != NULL ? metrics__cluster_queue(view, queue->vhost->name, queue->name, &backups,
+                                              &in_sync, &s->cluster)
+                     : METRICS_ROLE_NONE;
+    if (!local && role == METRICS_ROLE_NONE)
+        return; /* a stand-in outside the map: nothing to show */
+    if (s->rows_count == s->rows_cap) {
+        s->rows_cap = 2 * s->rows_cap + 64;
+        s->rows = realloc(s->rows, sizeof *s->rows * s->rows_cap);
+        ASSERT(s->rows != NULL);
+    }
+    struct queue_row *row = &s->rows[s->rows_count++];
+    row->labels_at = s->labels.size;
+    prom_labels_begin(&s->label_writer);
+    prom_label(&s->label_writer, "vhost", queue->vhost->name);
+    prom_label(&s->label_writer, "queue", queue->name);
+    prom_labels_end(&s->label_writer);
+    row->labels_size = (uint32_t)(s->labels.size - row->labels_at);
+    row->has = (uint8_t)((local ? ROW_LOCAL : 0) | (role != METRICS_ROLE_NONE ? ROW_MAPPED : 0) |
+                         (role == METRICS_ROLE_PRIMARY ? ROW_PRIMARY : 0));
+    row->role = (uint8_t)role;
+    for (size_t f = 0; f < QUEUE_FAMILIES_COUNT; f++) {
+        row->values[f] = local && queue_families[f].value ? queue_families[f].value(queue) : 0;
+    }
+    row->values[FAMILY_ROLE] = 1;
+    row->values[FAMILY_BACKUPS] = backups;
+    row->values[FAMILY_IN_SYNC] = in_sync;
+    for (unsigned k = 0; k < ROW_KINDS; k++) {
+        if (row->has & (1u << k)) {
+            s->kind_rows[k]++;
+            s->kind_labels[k] += row->labels_size;
+        }
+    }
+}
+
+static void write_head(struct scrape *s);
+
+/* A run of the walk; false once it is over. */
+static bool walk_run(struct scrape *s)
+{
+    struct metrics_cluster_view view;
+    bool clustered = metrics__cluster_view(s->broker, &view);
+    for (unsigned i = 0; i < SCRAPE_RUN_ROWS; i++) {
+        const struct queue *queue = queue_walk_next(&s->walk);
+        if (queue == NULL)
+            return false;
+        read_row(s, clustered ? &view : NULL, queue);
+    }
+    return true;
+}
+
+/* The room the per-queue families take, reserved at once: the buffer
+ * grown by doubling would copy up to half of 24 MB in a single turn. A
+ * sample is its family's name, its labels, the role's label and at most
+ * 22 bytes more (" " 20 digits "\n"); 200 for each HELP and TYPE. */
+static size_t queue_families_room(const struct scrape *s)
+{
+    size_t room = 0;
+    for (size_t f = 0; f < QUEUE_FAMILIES_COUNT; f++) {
+        unsigned k = row_kind(queue_families[f].needs);
+        size_t name = strlen(queue_families[f].name);
+        room += 200 + 2 * name + strlen(queue_families[f].help) +
+                s->kind_rows[k] * (name + 16 + 22) + s->kind_labels[k];
+    }
+    return room;
+}
+
+/* A run of samples; false once the last family is written. */
+static bool write_run(struct scrape *s)
+{
+    for (unsigned n = 0; n < SCRAPE_RUN_SAMPLES; n++) {
+        while (s->family < QUEUE_FAMILIES_COUNT &&
+               (s->row == s->rows_count || s->kind_rows[row_kind(
+                                                queue_families[s->family].needs)] == 0)) {
+            s->family++;
+            s->row = 0;
+        }
+        if (s->family == QUEUE_FAMILIES_COUNT)
+            return false;
+        uint8_t needs = queue_families[s->family].needs;
+        if (s->row == 0)
+            prom_family(&s->prom, queue_families[s->family].name, PROM_TYPE_GAUGE,
+                        queue_families[s->family].help);
+        const struct queue_row *row = &s->rows[s->row++];
+        if (!(row->has & needs))
+            continue;
+        const char *labels = s->labels.data + row->labels_at;
+        if (s->family == FAMILY_ROLE)
+            prom_sample_rendered_with(&s->prom, labels, row->labels_size,
+                                      role_labels[row->role], row->values[s->family]);
+        else
+            prom_sample_rendered(&s->prom, labels, row->labels_size, row->values[s->family]);
+    }
+    return true;
+}
+
+static void scrape_finish(struct scrape *s);
+
+/* The idle handle's: work until the slice's time is up. */
+static void on_slice(uv_idle_t *idle)
+{
+    struct scrape *s = idle->data;
+    uint64_t began_ns = uv_hrtime();
+    uint64_t deadline_ns = began_ns + METRICS_SLICE_US * 1000u;
+    bool more = true;
+    while (more && (s->phase == SCRAPE_WALK || s->phase == SCRAPE_WRITE)) {
+        if (s->phase == SCRAPE_WALK && !walk_run(s)) {
+            queue_walk_end(&s->walk);
+            s->phase = SCRAPE_WRITE;
+            write_head(s);
+        } else if (s->phase == SCRAPE_WRITE && !write_run(s)) {
+            s->phase = SCRAPE_DONE;
+        }
+        more = uv_hrtime() < deadline_ns;
+    }
+    uint64_t took_ns = uv_hrtime() - began_ns;
+    s->slices_count++;
+    if (took_ns > s->slice_max_ns)
+        s->slice_max_ns = took_ns;
+    if (s->phase != SCRAPE_DONE)
+        return;
+    LOG_DEBUG("metrics: %llu samples, %zu bytes in %llu us, %u slices, the longest %llu us",
+              (unsigned long long)s->prom.samples_count, s->out.size,
+              (unsigned long long)((uv_hrtime() - s->began_ns) / 1000u), s->slices_count,
+              (unsigned long long)(s->slice_max_ns / 1000u));
+    spare.last_size = s->out.size;
+    http_call_answer_text(s->call, 200, &s->out, METRICS_CONTENT_TYPE, release_answer);
+    s->call = NULL;
+    scrape_finish(s);
+}
+
+static void scrape_start(struct scrape *s)
+{
+    ASSERT(s->phase == SCRAPE_WAITING);
+    s->began_ns = uv_hrtime();
+    s->phase = SCRAPE_WALK;
+    http_body_init(&s->out);
+    take_spare(&s->out);
+    prom_init(&s->prom, &s->out);
+    json_init(&s->labels);
+    prom_init(&s->label_writer, &s->labels);
+    size_t queues = 0;
+    struct hmap_entry *v;
+    for (uint32_t i = 0; hmap_next(&s->broker->vhosts, &i, &v);)
+        queues += ((const struct vhost *)v->value)->queues.count;
+    s->rows_cap = queues + 1;
+    s->rows = malloc(sizeof *s->rows * s->rows_cap);
+    ASSERT(s->rows != NULL);
+    /* ~48 bytes of labels a queue, so that they seldom grow (a copy). */
+    json_raw_space(&s->labels, 48 * s->rows_cap);
+    queue_walk_begin(&s->walk, s->broker);
+    uv_idle_start(&s->idle, on_slice);
+}
+
+static void on_scrape_closed(uv_handle_t *handle)
+{
+    free(handle->data);
+}
+
+/* Answered or cancelled: everything but the answer goes, and the next
+ * scrape starts. */
+static void scrape_finish(struct scrape *s)
+{
+    ASSERT(s->call == NULL);
+    bool was_running = list_first(&scrapes) == &s->link;
+    queue_walk_end(&s->walk);
+    free(s->rows);
+    s->rows = NULL;
+    json_free(&s->labels);
+    list_remove(&s->link);
+    uv_idle_stop(&s->idle);
+    uv_close((uv_handle_t *)&s->idle, on_scrape_closed);
+    if (was_running && !list_empty(&scrapes))
+        scrape_start(CONTAINER_OF(list_first(&scrapes), struct scrape, link));
+}
+
+/* The client went (or the server closes) before the answer. */
+static void on_scrape_cancelled(void *arg)
+{
+    struct scrape *s = arg;
+    if (s->phase != SCRAPE_WAITING && s->out.data != NULL) {
+        size_t size;
+        release_answer(json_release(&s->out, &size)); /* kept for the next */
+    }
+    s->call = NULL;
+    scrape_finish(s);
+}
+
 /* ---- the route ---------------------------------------------------------- */
 
-static void handle_metrics(void *ctx, const struct auth_user *user, struct json *out)
+/* The families that are not per queue, once the walk is over (so
+ * rabbitmq_queues is the walk's count), then the room for the rest. */
+static void write_head(struct scrape *s)
+{
+    struct prom *prom = &s->prom;
+    struct broker *broker = s->broker;
+    const struct cluster_node *cluster = member_node_of(broker);
+    const char *node = cluster ? cluster_node_name(cluster) : "local";
+    prom_family(prom, "rabbitmq_identity_info", PROM_TYPE_GAUGE,
+                "RabbitMQ node and cluster identity info");
+    prom_sample_begin(prom);
+    prom_label_str(prom, "rabbitmq_node", node);
+    prom_sample_end(prom, 1);
+    prom_family(prom, "rabbitmq_build_info", PROM_TYPE_GAUGE, "quay version info");
+    prom_sample_begin(prom);
+    prom_label_str(prom, "rabbitmq_version", QUAY_VERSION);
+    prom_label_str(prom, "product", "quay");
+    prom_sample_end(prom, 1);
+    write_objects(prom, broker, s->kind_rows[row_kind(ROW_LOCAL)]);
+    write_counters(prom, &broker->counters);
+    write_resources(prom, broker);
+    metrics__write_cluster(prom, broker, &s->cluster);
+    json_raw_space(&s->out, queue_families_room(s));
+}
+
+/* A scrape joins the line, and starts if it is alone in it. */
+static void handle_metrics(void *ctx, struct http_call *call, const struct auth_user *user)
 {
     struct broker *broker = ctx;
     (void)user; /* the route needs the monitoring tag: everything is shown */
-    uint64_t started_ns = uv_hrtime();
-    take_spare(out);
-    struct prom prom;
-    prom_init(&prom, out);
-    const struct cluster_node *cluster = member_node_of(broker);
-    const char *node = cluster ? cluster_node_name(cluster) : "local";
-    prom_family(&prom, "rabbitmq_identity_info", PROM_TYPE_GAUGE,
-                "RabbitMQ node and cluster identity info");
-    prom_sample_begin(&prom);
-    prom_label_str(&prom, "rabbitmq_node", node);
-    prom_sample_end(&prom, 1);
-    prom_family(&prom, "rabbitmq_build_info", PROM_TYPE_GAUGE, "quay version info");
-    prom_sample_begin(&prom);
-    prom_label_str(&prom, "rabbitmq_version", QUAY_VERSION);
-    prom_label_str(&prom, "product", "quay");
-    prom_sample_end(&prom, 1);
-    struct queue_rows queues;
-    collect_queues(broker, &queues);
-    write_objects(&prom, broker, queues.count);
-    write_counters(&prom, &broker->counters);
-    write_resources(&prom, broker);
-    write_queues(&prom, &queues);
-    json_free(&queues.labels);
-    free(queues.rows);
-    metrics__write_cluster(&prom, broker);
-    spare.last_size = out->size;
-    uint64_t took_us = (uv_hrtime() - started_ns) / 1000u;
-    LOG_DEBUG("metrics: %llu samples, %zu bytes in %llu us",
-              (unsigned long long)prom.samples_count, out->size,
-              (unsigned long long)took_us);
+    struct scrape *s = calloc(1, sizeof *s);
+    ASSERT(s != NULL);
+    s->broker = broker;
+    s->call = call;
+    s->phase = SCRAPE_WAITING;
+    uv_idle_init(broker->loop, &s->idle);
+    s->idle.data = s;
+    http_call_on_cancel(call, on_scrape_cancelled, s);
+    bool alone = list_empty(&scrapes);
+    list_push_back(&scrapes, &s->link);
+    if (alone)
+        scrape_start(s);
 }
 
 void metrics_register(struct http_server *http, struct broker *broker)
 {
     ASSERT(http != NULL);
     ASSERT(broker != NULL);
-    http_server_route_text_release(http, "/metrics", handle_metrics, broker,
-                                   MGMT_ACCESS_MONITORING, METRICS_CONTENT_TYPE, release_answer);
+    http_server_route_later(http, "/metrics", handle_metrics, broker, MGMT_ACCESS_MONITORING);
 }

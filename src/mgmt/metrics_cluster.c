@@ -10,6 +10,15 @@
  * Every broker of a cluster answers the map's families alike (it is one
  * map); the per-queue ones differ (a queue's role is per broker), and so
  * do Raft's indexes and the links.
+ *
+ * The per-queue families (quay_queue_role, quay_queue_backups,
+ * quay_queue_backups_in_sync) are written by metrics.c with RabbitMQ's,
+ * from the same walk over this broker's queue objects, a slice a loop
+ * turn (metrics.c says why): every queue of the map has one here (its
+ * primary's queue, or a stand-in: cluster/mirror.c), and this file only
+ * reads each one's entry in the map (metrics__cluster_queue). So do the
+ * unavailable and moving counts, which count the queues walked: all of
+ * the map's once this broker has applied it.
  */
 #include <stddef.h>
 #include <string.h>
@@ -94,63 +103,32 @@ static uint32_t in_sync_count(const struct map_queue *mq)
     return n;
 }
 
-static void queue_labels(struct prom *prom, const struct map_queue *mq)
+bool metrics__cluster_view(struct broker *broker, struct metrics_cluster_view *view)
 {
-    prom_sample_begin(prom);
-    prom_label(prom, "vhost", mq->vhost->name);
-    prom_label(prom, "queue", mq->name);
+    const struct cluster_node *node = member_node_of(broker);
+    if (node == NULL || member_of(broker) == NULL)
+        return false;
+    view->map = cluster_node_map(node);
+    view->self = cluster_node_id(node);
+    ASSERT(view->self != BROKER_ID_NONE);
+    return true;
 }
 
-/* The per-queue families, in sections (prom.h says why). */
-enum { SECTION_ROLE, SECTION_BACKUPS, SECTION_IN_SYNC, SECTIONS_COUNT };
-
-/* Every queue's role here, the backups of those this broker is the
- * primary of, and the map's totals: one walk over the map's queues. */
-static void write_queues(struct prom *prom, const struct cluster_map *map, uint32_t self)
+enum metrics_role metrics__cluster_queue(const struct metrics_cluster_view *view,
+                                         struct bytes vhost, struct bytes name,
+                                         uint8_t *backups, uint8_t *in_sync,
+                                         struct metrics_cluster_totals *totals)
 {
-    struct json texts[SECTIONS_COUNT];
-    struct prom sections[SECTIONS_COUNT];
-    for (int i = 0; i < SECTIONS_COUNT; i++) {
-        json_init(&texts[i]);
-        prom_init(&sections[i], &texts[i]);
-    }
-    prom_family(&sections[SECTION_ROLE], "quay_queue_role", PROM_TYPE_GAUGE,
-                "is 1 with this broker's role for each queue of the map: primary (it holds "
-                "the queue), backup (a copy) or proxy (it forwards to the primary)");
-    prom_family(&sections[SECTION_BACKUPS], "quay_queue_backups", PROM_TYPE_GAUGE,
-                "Backups of each queue this broker is the primary of");
-    prom_family(&sections[SECTION_IN_SYNC], "quay_queue_backups_in_sync", PROM_TYPE_GAUGE,
-                "In-sync backups (confirms wait for them) of each queue this broker is the "
-                "primary of");
-    uint64_t unavailable = 0, moving = 0;
-    for (uint32_t i = 0; i < map->queues_count; i++) {
-        const struct map_queue *mq = map->queues[i];
-        unavailable += !mq->available;
-        moving += mq->move_to != BROKER_ID_NONE;
-        bool primary = mq->primary_id == self;
-        queue_labels(&sections[SECTION_ROLE], mq);
-        prom_label_str(&sections[SECTION_ROLE], "role",
-                       primary                          ? "primary"
-                       : map_queue_has_backup(mq, self) ? "backup"
-                                                        : "proxy");
-        prom_sample_end(&sections[SECTION_ROLE], 1);
-        if (!primary)
-            continue;
-        queue_labels(&sections[SECTION_BACKUPS], mq);
-        prom_sample_end(&sections[SECTION_BACKUPS], mq->backups_count);
-        queue_labels(&sections[SECTION_IN_SYNC], mq);
-        prom_sample_end(&sections[SECTION_IN_SYNC], in_sync_count(mq));
-    }
-    for (int i = 0; i < SECTIONS_COUNT; i++) {
-        prom_append(prom, &sections[i]);
-        json_free(&texts[i]);
-    }
-    prom_gauge(prom, "quay_cluster_queues", "Queues in the cluster map", map->queues_count);
-    prom_gauge(prom, "quay_cluster_queues_unavailable",
-               "Queues of the map with no primary serving (down, no backup could take over)",
-               unavailable);
-    prom_gauge(prom, "quay_cluster_moves_in_progress",
-               "Queues of the map being moved (a handover or a backup replaced)", moving);
+    const struct map_queue *mq = cluster_map_queue(view->map, vhost, name);
+    if (mq == NULL)
+        return METRICS_ROLE_NONE; /* not in the map (yet, or any more) */
+    totals->unavailable += !mq->available;
+    totals->moving += mq->move_to != BROKER_ID_NONE;
+    if (mq->primary_id != view->self)
+        return map_queue_has_backup(mq, view->self) ? METRICS_ROLE_BACKUP : METRICS_ROLE_PROXY;
+    *backups = mq->backups_count;
+    *in_sync = (uint8_t)in_sync_count(mq);
+    return METRICS_ROLE_PRIMARY;
 }
 
 /* One family of the links' figures, a sample per peer. */
@@ -197,7 +175,8 @@ static void write_links(struct prom *prom, const struct member *member)
                member->forward_bytes);
 }
 
-void metrics__write_cluster(struct prom *prom, struct broker *broker)
+void metrics__write_cluster(struct prom *prom, struct broker *broker,
+                            const struct metrics_cluster_totals *totals)
 {
     if (member_node_of(broker) == NULL || member_of(broker) == NULL)
         return;
@@ -211,7 +190,13 @@ void metrics__write_cluster(struct prom *prom, struct broker *broker)
                map->version);
     write_raft(prom, node);
     write_brokers(prom, map);
-    write_queues(prom, map, self);
+    prom_gauge(prom, "quay_cluster_queues", "Queues in the cluster map", map->queues_count);
+    prom_gauge(prom, "quay_cluster_queues_unavailable",
+               "Queues of the map with no primary serving (down, no backup could take over)",
+               totals->unavailable);
+    prom_gauge(prom, "quay_cluster_moves_in_progress",
+               "Queues of the map being moved (a handover or a backup replaced)",
+               totals->moving);
     prom_counter(prom, "quay_cluster_queue_moves_total",
                  "Queues handed over to another primary on purpose (moves, drains, "
                  "rebalancing), in the map changes this broker applied since it started",

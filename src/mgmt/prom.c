@@ -197,16 +197,24 @@ void prom_sample_rendered(struct prom *prom, const char *labels, size_t size, ui
     prom->samples_count++;
 }
 
-void prom_append(struct prom *prom, const struct prom *section)
+void prom_sample_rendered_with(struct prom *prom, const char *labels, size_t size,
+                               const char *more, uint64_t value)
 {
+    ASSERT(prom->family != NULL);
     ASSERT(!prom->in_sample);
-    ASSERT(!section->in_sample);
-    ASSERT(section->out != prom->out);
-    if (section->out->size > 0)
-        put(prom, section->out->data, section->out->size);
-    prom->family = section->family;
-    prom->family_size = section->family_size;
-    prom->samples_count += section->samples_count;
+    ASSERT(size >= 2 && labels[0] == '{' && labels[size - 1] == '}');
+    char text[24];
+    size_t at = format_value(text, value, true); /* the '}' after more */
+    size_t value_size = sizeof text - at;
+    size_t more_size = strlen(more);
+    size_t total = prom->family_size + (size - 1) + more_size + value_size;
+    char *out = json_raw_space(prom->out, total);
+    memcpy(out, prom->family, prom->family_size);
+    memcpy(out + prom->family_size, labels, size - 1);
+    memcpy(out + prom->family_size + size - 1, more, more_size);
+    memcpy(out + total - value_size, text + at, value_size);
+    json_raw_advance(prom->out, total);
+    prom->samples_count++;
 }
 
 void prom_gauge(struct prom *prom, const char *name, const char *help, uint64_t value)

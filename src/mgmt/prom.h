@@ -65,15 +65,11 @@ void prom_sample_end(struct prom *prom, uint64_t value);
 void prom_labels_begin(struct prom *prom);
 void prom_labels_end(struct prom *prom);
 void prom_sample_rendered(struct prom *prom, const char *labels, size_t size, uint64_t value);
-
-/* Sections: families written side by side in one walk over many objects
- * (each family's samples into its own prom and buffer), then appended in
- * order. One walk touches each object once; a walk per family would
- * touch each once per family, and with 50,000 queues the cache misses of
- * those walks were most of a scrape's time. Appends section's text (its
- * family complete: no sample half written) to prom's; the caller frees
- * section's buffer. */
-void prom_append(struct prom *prom, const struct prom *section);
+/* The same with more labels of the sample's own (static text such as
+ * ",role=\"primary\"", already escaped; "" for none) added to labels,
+ * which must not be empty. */
+void prom_sample_rendered_with(struct prom *prom, const char *labels, size_t size,
+                               const char *more, uint64_t value);
 
 /* A sample without labels: a whole family of one sample. */
 void prom_gauge(struct prom *prom, const char *name, const char *help, uint64_t value);

@@ -5,8 +5,8 @@
  * samples with and without labels, numbers at their extremes, label values
  * escaped as the format demands (backslash, double quote, line feed) and
  * made valid UTF-8 (U+FFFD per bad byte, valid sequences byte for byte),
- * sections appended in order with their sample counts, and labels rendered
- * once and used in samples of several families.
+ * and labels rendered once and used in samples of several families, with
+ * a label of a sample's own added or not.
  *
  * Method: write small texts and compare the buffer with literal expected
  * text.
@@ -93,38 +93,6 @@ static void test_long_label_grows_the_buffer(void **state)
     json_free(&j);
 }
 
-static void test_sections(void **state)
-{
-    (void)state;
-    struct json j, t1, t2;
-    json_init(&j);
-    json_init(&t1);
-    json_init(&t2);
-    struct prom p, s1, s2;
-    prom_init(&p, &j);
-    prom_init(&s1, &t1);
-    prom_init(&s2, &t2);
-    prom_family(&s1, "x", PROM_TYPE_GAUGE, "X");
-    prom_family(&s2, "y", PROM_TYPE_GAUGE, "Y");
-    for (uint64_t i = 0; i < 2; i++) { /* written side by side */
-        prom_sample_begin(&s1);
-        prom_label_str(&s1, "i", i ? "1" : "0");
-        prom_sample_end(&s1, i);
-        prom_sample_begin(&s2);
-        prom_label_str(&s2, "i", i ? "1" : "0");
-        prom_sample_end(&s2, 10 + i);
-    }
-    prom_gauge(&p, "first", "F", 7);
-    prom_append(&p, &s1);
-    prom_append(&p, &s2);
-    json_free(&t1);
-    json_free(&t2);
-    assert_int_equal(p.samples_count, 5);
-    expect_text(&j, "# HELP first F\n# TYPE first gauge\nfirst 7\n"
-                    "# HELP x X\n# TYPE x gauge\nx{i=\"0\"} 0\nx{i=\"1\"} 1\n"
-                    "# HELP y Y\n# TYPE y gauge\ny{i=\"0\"} 10\ny{i=\"1\"} 11\n");
-}
-
 static void test_rendered_labels(void **state)
 {
     (void)state;
@@ -148,11 +116,18 @@ static void test_rendered_labels(void **state)
     prom_sample_rendered(&p, "", 0, UINT64_MAX);
     prom_family(&p, "y", PROM_TYPE_GAUGE, "Y");
     prom_sample_rendered(&p, labels.data, first, 42);
-    assert_int_equal(p.samples_count, 3);
+    /* ...and with a label of the sample's own added inside the braces */
+    prom_family(&p, "z", PROM_TYPE_GAUGE, "Z");
+    prom_sample_rendered_with(&p, labels.data, first, ",role=\"primary\"", 1);
+    prom_sample_rendered_with(&p, labels.data, first, "", 0);
+    assert_int_equal(p.samples_count, 5);
     json_free(&labels);
     expect_text(&j, "# HELP x X\n# TYPE x gauge\nx{vhost=\"/\",queue=\"a\\\"b\"} 0\n"
                     "x 18446744073709551615\n"
-                    "# HELP y Y\n# TYPE y gauge\ny{vhost=\"/\",queue=\"a\\\"b\"} 42\n");
+                    "# HELP y Y\n# TYPE y gauge\ny{vhost=\"/\",queue=\"a\\\"b\"} 42\n"
+                    "# HELP z Z\n# TYPE z gauge\n"
+                    "z{vhost=\"/\",queue=\"a\\\"b\",role=\"primary\"} 1\n"
+                    "z{vhost=\"/\",queue=\"a\\\"b\"} 0\n");
 }
 
 int main(void)
@@ -161,7 +136,6 @@ int main(void)
         cmocka_unit_test(test_families),
         cmocka_unit_test(test_label_escaping),
         cmocka_unit_test(test_long_label_grows_the_buffer),
-        cmocka_unit_test(test_sections),
         cmocka_unit_test(test_rendered_labels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -44,6 +44,7 @@ static int setup(void **state)
     memset(&broker, 0, sizeof broker);
     broker.loop = uv_default_loop();
     list_init(&broker.flow_congested);
+    list_init(&broker.queues_all);
     list_init(&broker.connections);
     hmap_init(&broker.vhosts);
     vhost = vhost_new(&broker, BYTES_LIT("/"));
