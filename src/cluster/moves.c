@@ -490,7 +490,9 @@ void moves_write_json(struct member *member, struct json *body)
     json_kv_string(body, "rebalance", map_rebalance_name(map->rebalance));
     json_key(body, "moves");
     json_array_begin(body);
-    for (uint32_t i = 0; i < map->queues_count; i++) {
+    /* Nearly always none: then no walk of the map's queues (node_shares). */
+    uint32_t moving = cluster_node_moves_count(member->node);
+    for (uint32_t i = 0; moving > 0 && i < map->queues_count; i++) {
         const struct map_queue *q = map->queues[i];
         if (q->move_to == BROKER_ID_NONE)
             continue;

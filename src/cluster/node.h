@@ -209,7 +209,10 @@ void cluster_node_set_auto_rebalance(struct cluster_node *node, bool on);
  * "followers" is empty except on the leader, where a follower's "state" is
  * probe, pipeline or snapshot (consensus_followers). */
 struct json;
-void cluster_node_write_fields(const struct cluster_node *node, struct json *body);
+void cluster_node_write_fields(struct cluster_node *node, struct json *body);
+/* Queues of the map with a move in progress (map_queue.move_to), counted
+ * once per map version. */
+uint32_t cluster_node_moves_count(struct cluster_node *node);
 
 /* The AMQP address to advertise: the bound address of the first listener;
  * a wildcard host (0.0.0.0, ::) is replaced by the cluster address's host. */

@@ -2,10 +2,13 @@
  * node_json.c: the cluster's fields of GET /api/cluster
  * (cluster_node_write_fields): this broker, the leader, the map's size,
  * each broker's share of the queues, and the Raft log with, on the leader,
- * each follower's progress.
+ * each follower's progress. The shares are counted once per map version
+ * (struct node_shares says why).
  */
 #include "cluster/node.h"
 #include "cluster/node_int.h"
+
+#include <string.h>
 
 #include "cluster/consensus.h"
 #include "lib/assert.h"
@@ -62,7 +65,43 @@ static void write_raft_json(const struct cluster_node *node, struct json *body)
     json_object_end(body);
 }
 
-void cluster_node_write_fields(const struct cluster_node *node, struct json *body)
+/* The shares as of the map's version: counted again only when the map
+ * changed (every command applied bumps its version; broker joins, leaves
+ * and states bump brokers_version too). */
+static const struct node_shares *shares_now(struct cluster_node *node)
+{
+    const struct cluster_map *map = &node->map;
+    struct node_shares *s = &node->shares;
+    if (s->valid && s->version == map->version && s->brokers_version == map->brokers_version &&
+        s->brokers_count == map->brokers_count)
+        return s;
+    memset(s, 0, sizeof *s);
+    for (uint32_t q = 0; q < map->queues_count; q++) {
+        const struct map_queue *mq = map->queues[q];
+        s->moving += mq->move_to != BROKER_ID_NONE;
+        for (uint32_t i = 0; i < map->brokers_count; i++) {
+            uint32_t id = map->brokers[i]->id;
+            if (mq->primary_id == id) {
+                s->primaries[i]++;
+                s->unavailable[i] += !mq->available;
+            } else if (map_queue_has_backup(mq, id)) {
+                s->backups[i]++;
+            }
+        }
+    }
+    s->valid = true;
+    s->version = map->version;
+    s->brokers_version = map->brokers_version;
+    s->brokers_count = map->brokers_count;
+    return s;
+}
+
+uint32_t cluster_node_moves_count(struct cluster_node *node)
+{
+    return shares_now(node)->moving;
+}
+
+void cluster_node_write_fields(struct cluster_node *node, struct json *body)
 {
     ASSERT(node != NULL);
     ASSERT(body != NULL);
@@ -84,22 +123,9 @@ void cluster_node_write_fields(const struct cluster_node *node, struct json *bod
     json_kv_uint(body, "exchanges", map->exchanges_count);
     json_kv_uint(body, "bindings", map->bindings_count);
     json_kv_uint(body, "map_bytes", cluster_map_memory_size(map));
-    /* Each broker's share of the queues, in one pass: what an operator
-     * watches while a failover or a rebalance moves them. */
-    uint32_t primaries[CLUSTER_BROKERS_MAX] = {0}, unavailable[CLUSTER_BROKERS_MAX] = {0};
-    uint32_t backups[CLUSTER_BROKERS_MAX] = {0};
-    for (uint32_t q = 0; q < map->queues_count; q++) {
-        const struct map_queue *mq = map->queues[q];
-        for (uint32_t i = 0; i < map->brokers_count; i++) {
-            uint32_t id = map->brokers[i]->id;
-            if (mq->primary_id == id) {
-                primaries[i]++;
-                unavailable[i] += !mq->available;
-            } else if (map_queue_has_backup(mq, id)) {
-                backups[i]++;
-            }
-        }
-    }
+    /* Each broker's share of the queues: what an operator watches while a
+     * failover or a rebalance moves them. */
+    const struct node_shares *shares = shares_now(node);
     json_key(body, "brokers");
     json_array_begin(body);
     for (uint32_t i = 0; i < map->brokers_count; i++) {
@@ -113,9 +139,9 @@ void cluster_node_write_fields(const struct cluster_node *node, struct json *bod
         json_kv_bool(body, "voter", b->voter);
         if (b->storage_id.len > 0)
             json_bytes(body, "storage", b->storage_id); /* --shared-storage's id */
-        json_kv_uint(body, "primaries", primaries[i]);
-        json_kv_uint(body, "unavailable", unavailable[i]);
-        json_kv_uint(body, "backups", backups[i]);
+        json_kv_uint(body, "primaries", shares->primaries[i]);
+        json_kv_uint(body, "unavailable", shares->unavailable[i]);
+        json_kv_uint(body, "backups", shares->backups[i]);
         json_object_end(body);
     }
     json_array_end(body);

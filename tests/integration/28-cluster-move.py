@@ -347,10 +347,16 @@ def move_with_a_death(victim_is_target):
     target = next(m.name for m in others(primary) if m.name not in first["backups"])
     backup = first["backups"][0]
     fill(members[backup], q, 20000)
-    move(members[backup], q, target)
-    time.sleep(0.05)
-    victim = members[target if victim_is_target else primary]
     survivor = members[backup]
+    before = survivor.api_cluster()["moves"]  # none: counted once for this map version
+    move(survivor, q, target)
+    # The move is listed once the map has it (20,000 messages take a while
+    # to catch up): /api/cluster counts moves once per map version
+    # (node_shares), and a count kept from before must not hide it.
+    assert before == [], before
+    wait_until(lambda: [(m["queue"], m["to"]) for m in survivor.api_cluster()["moves"]] ==
+               [(q, target)], 5, what="the move listed")
+    victim = members[target if victim_is_target else primary]
     failovers_before = metric(survivor, "quay_cluster_queue_failovers_total")
     victim.kill()
     wait_until(lambda: survivor.view().brokers.get(victim.name) == "down", 15,
