@@ -45,8 +45,8 @@
 
 /* ---- objects ------------------------------------------------------------ */
 
-/* queues: the queues this broker is the primary of (write_queues'
- * walk counted them). */
+/* queues: the queues this broker is the primary of (the scrape's walk
+ * counted them). */
 static void write_objects(struct prom *prom, struct broker *broker, uint64_t queues)
 {
     uint64_t connections = 0, channels = 0, consumers = 0, in_flow = 0;
