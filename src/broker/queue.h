@@ -307,6 +307,12 @@ struct queue {
     bool deleted;
     bool had_consumers;               /* auto-delete happens only after one */
     bool dispatching;                 /* re-entrancy guard */
+    /* In broker->queues_all from its first vhost table until it is freed
+     * (not when deleted: a walk paused on it must find its successor,
+     * broker/queue_walk.h), and the order it joined in. Beside deleted,
+     * which a walk reads too: one cache line a queue. */
+    struct list_node all_link;
+    uint64_t all_serial;
     void *exclusive_owner;            /* borrowed: the declaring connection */
     struct bytes arguments;           /* owned copy of the declare arguments */
     struct queue_args args;           /* parsed; slices borrow from arguments */
@@ -335,11 +341,6 @@ struct queue {
     uint32_t refs;                    /* the vhost's table + deliveries + consumers */
     uint64_t next_seq;
     struct list_node owner_link;      /* in the exclusive owner's list */
-    /* In broker->queues_all from its first vhost table until it is freed
-     * (not when deleted: a walk paused on it must find its successor,
-     * broker/queue_walk.h), and the order it joined in. */
-    struct list_node all_link;
-    uint64_t all_serial;
     struct queue_stats stats;
     struct rates rates;               /* of stats and counts, sampled by the broker's tick */
 };

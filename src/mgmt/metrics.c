@@ -404,7 +404,7 @@ static struct list_node scrapes = LIST_INIT(scrapes);
 #define SCRAPE_RUN_ROWS 32u
 #define SCRAPE_RUN_SAMPLES 512u
 
-static void read_row(struct scrape *s, const struct metrics_cluster_view *view,
+static void read_row(struct scrape *s, struct metrics_cluster_view *view,
                      const struct queue *queue)
 {
     bool local = !queue_is_remote(queue);

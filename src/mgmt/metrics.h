@@ -49,10 +49,17 @@ void metrics_register(struct http_server *http, struct broker *broker);
 
 /* ---- the cluster's part (metrics_cluster.c) ------------------------------ */
 
-/* What the per-queue reads need, taken again each loop turn. */
+struct map_vhost;
+
+/* What the per-queue reads need, taken again each run of the walk (the
+ * map may change between loop turns, never within one). */
 struct metrics_cluster_view {
     const struct cluster_map *map; /* borrowed */
     uint32_t self;
+    /* The last queue's vhost in the map (queues come mostly vhost by
+     * vhost): one lookup a queue, not two. */
+    const void *vhost_key;         /* borrowed: the vhost name's bytes looked up */
+    const struct map_vhost *map_vhost; /* borrowed, or NULL: not in the map */
 };
 
 /* Counted over the queues the walk read. */
@@ -73,7 +80,7 @@ enum metrics_role {
 bool metrics__cluster_view(struct broker *broker, struct metrics_cluster_view *view);
 /* The queue's role here from the map, and for a primary its backups and
  * how many are in sync; counts it into totals. */
-enum metrics_role metrics__cluster_queue(const struct metrics_cluster_view *view,
+enum metrics_role metrics__cluster_queue(struct metrics_cluster_view *view,
                                          struct bytes vhost, struct bytes name,
                                          uint8_t *backups, uint8_t *in_sync,
                                          struct metrics_cluster_totals *totals);

@@ -31,6 +31,7 @@
 #include "cluster/member.h"
 #include "cluster/node.h"
 #include "lib/assert.h"
+#include "lib/hash.h"
 #include "lib/json.h"
 #include "mgmt/metrics.h"
 #include "mgmt/prom.h"
@@ -110,16 +111,25 @@ bool metrics__cluster_view(struct broker *broker, struct metrics_cluster_view *v
         return false;
     view->map = cluster_node_map(node);
     view->self = cluster_node_id(node);
+    view->vhost_key = NULL;
+    view->map_vhost = NULL;
     ASSERT(view->self != BROKER_ID_NONE);
     return true;
 }
 
-enum metrics_role metrics__cluster_queue(const struct metrics_cluster_view *view,
+enum metrics_role metrics__cluster_queue(struct metrics_cluster_view *view,
                                          struct bytes vhost, struct bytes name,
                                          uint8_t *backups, uint8_t *in_sync,
                                          struct metrics_cluster_totals *totals)
 {
-    const struct map_queue *mq = cluster_map_queue(view->map, vhost, name);
+    /* The name's bytes are the broker vhost's own: the same pointer is the
+     * same vhost (within a run: nothing is freed meanwhile). */
+    if (view->vhost_key != vhost.ptr) {
+        view->vhost_key = vhost.ptr;
+        view->map_vhost = cluster_map_vhost(view->map, vhost);
+    }
+    const struct map_queue *mq =
+        view->map_vhost != NULL ? hmap_get(&view->map_vhost->queues, name) : NULL;
     if (mq == NULL)
         return METRICS_ROLE_NONE; /* not in the map (yet, or any more) */
     totals->unavailable += !mq->available;
