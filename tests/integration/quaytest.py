@@ -13,6 +13,9 @@ Three parts:
      tests declare (exclusive, auto-delete and server-named ones too) has its
      primary on another broker, so each test exercises the proxy. Every
      broker must stay up, exit 0 on SIGTERM and log no sanitizer report.
+     The brokers' logs are kept (their directory printed) when that fails,
+     and always with QUAY_KEEP_LOGS=1 (a test that fails but leaves the
+     brokers well does not say so to the fixture it stops itself).
    The same test file runs in both modes (CTest registers each twice, as
    integration.NAME and cluster.NAME): a cluster must not be told apart
    from one broker. If QUAY_TEST_TARGET=host:port is set, every test talks
@@ -280,7 +283,7 @@ class Broker:
             if not m.alive():
                 problems.append("broker %s died during the tests (exit %s)"
                                 % (m.name, m.proc.returncode))
-        self.cluster.failed = bool(problems)
+        self.cluster.failed = bool(problems) or bool(os.environ.get("QUAY_KEEP_LOGS"))
         problems += self.cluster.close()
         if problems:
             for m in self.members:
