@@ -1201,7 +1201,9 @@ static void apply_held_settles(struct queue *queue, struct queue_held_settle *se
     free(settles);
 }
 
-void queue_resume(struct queue *queue)
+/* The pause ends: held settles applied, held publishes enqueued (refuse:
+ * nacked instead, not enqueued), dispatch and the waiting gets go on. */
+static void end_pause(struct queue *queue, bool refuse)
 {
     struct list_node gets;
     list_init(&gets);
@@ -1217,9 +1219,9 @@ void queue_resume(struct queue *queue)
         /* (Deleted meanwhile: routed to a queue that then went, as on
          * RabbitMQ: confirmed, and gone.) */
         struct publish_wait wait = {.sink = held[i].sink, .seq = held[i].seq};
-        bool rejected = !queue->deleted &&
-                        enqueue(queue, held[i].message, &wait, !held[i].dead_lettered) ==
-                            QUEUE_PUBLISH_REJECTED;
+        bool rejected = refuse || (!queue->deleted &&
+                                   enqueue(queue, held[i].message, &wait,
+                                           !held[i].dead_lettered) == QUEUE_PUBLISH_REJECTED);
         if (held[i].sink) {
             confirm_sink_routed(held[i].sink, held[i].seq, &wait, rejected);
             confirm_sink_unref(held[i].sink);
@@ -1229,6 +1231,16 @@ void queue_resume(struct queue *queue)
     free(held);
     queue_dispatch(queue);
     queue_retry_gets(&gets); /* after what was published meanwhile */
+}
+
+void queue_resume(struct queue *queue)
+{
+    end_pause(queue, false);
+}
+
+void queue_resume_refusing(struct queue *queue)
+{
+    end_pause(queue, true);
 }
 
 void queue_dispatch(struct queue *queue)

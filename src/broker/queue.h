@@ -473,6 +473,9 @@ void queue_hold_publishes(struct queue *queue);
  * publishes enqueued (their publishers answered), in order; dispatch
  * resumes. */
 void queue_resume(struct queue *queue);
+/* As queue_resume, but the held publishes are refused (their publishers
+ * nacked: they send them again), not enqueued. */
+void queue_resume_refusing(struct queue *queue);
 /* The switch happened: the held publishes, for their new queue (the
  * caller publishes each and answers its sink: confirm_sink_routed), and
  * the held settles, for the new primary (the caller passes them on and

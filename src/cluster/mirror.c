@@ -14,6 +14,7 @@
 #include "broker/durable.h"
 #include "broker/exchange.h"
 #include "broker/queue.h"
+#include "broker/queue_walk.h"
 #include "broker/users.h"
 #include "broker/vhost.h"
 #include "cluster/adoption.h"
@@ -132,16 +133,14 @@ static bool claim_exclusive(struct member *member, struct vhost *vhost, struct q
  * sync (the map changes it sees then are live ones). */
 void mirror_hold_recovered(struct member *member)
 {
-    struct hmap_entry *v, *e;
-    for (uint32_t i = 0; hmap_next(&member->broker->vhosts, &i, &v);) {
-        struct vhost *vhost = v->value;
-        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &e);) {
-            struct queue *q = e->value;
-            ASSERT(!queue_is_remote(q) && q->pause == NULL); /* nothing runs yet */
-            q->held_until_synced = true;
-            queue_pause(q);
-        }
+    struct queue_walk walk;
+    queue_walk_begin(&walk, member->broker);
+    for (struct queue *q; (q = queue_walk_next(&walk)) != NULL;) {
+        ASSERT(!queue_is_remote(q) && q->pause == NULL); /* nothing runs yet */
+        q->held_until_synced = true;
+        queue_pause(q);
     }
+    queue_walk_end(&walk);
 }
 
 /* The member stops before it caught up: what peers forwarded to a held
@@ -150,35 +149,16 @@ void mirror_hold_recovered(struct member *member)
  * local one for the rest of the stop. */
 void mirror_release_held(struct member *member)
 {
-    struct hmap_entry *v, *e;
-    for (uint32_t i = 0; hmap_next(&member->broker->vhosts, &i, &v);) {
-        struct vhost *vhost = v->value;
-        for (uint32_t j = 0; hmap_next(&vhost->queues, &j, &e);) {
-            struct queue *q = e->value;
-            if (!q->held_until_synced)
-                continue;
-            q->held_until_synced = false;
-            struct list_node gets;
-            list_init(&gets);
-            queue_take_held_gets(q, &gets);
-            struct queue_held_publish *held;
-            uint32_t n = queue_take_held(q, &held);
-            struct queue_held_settle *settles;
-            uint32_t settles_count = queue_take_held_settles(q, &settles);
-            ASSERT(settles_count == 0); /* held from the start: it delivered nothing */
-            queue_held_settles_free(settles, settles_count);
-            for (uint32_t k = 0; k < n; k++) {
-                if (held[k].sink) {
-                    struct publish_wait wait = {.sink = held[k].sink, .seq = held[k].seq};
-                    confirm_sink_routed(held[k].sink, held[k].seq, &wait, true);
-                    confirm_sink_unref(held[k].sink);
-                }
-                message_unref(held[k].message);
-            }
-            free(held);
-            queue_retry_gets(&gets);
-        }
+    struct queue_walk walk;
+    queue_walk_begin(&walk, member->broker);
+    for (struct queue *q; (q = queue_walk_next(&walk)) != NULL;) {
+        if (!q->held_until_synced)
+            continue;
+        q->held_until_synced = false;
+        ASSERT(q->pause->settles_count == 0); /* held from the start: it delivered nothing */
+        queue_resume_refusing(q);
     }
+    queue_walk_end(&walk);
 }
 
 static bool keep_for_now(const struct member *member, const struct queue *q)
