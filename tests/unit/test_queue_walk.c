@@ -17,6 +17,7 @@
 #include <string.h>
 #include <uv.h>
 
+#include "bare_broker.h"
 #include "broker/broker.h"
 #include "broker/message.h"
 #include "broker/queue.h"
@@ -29,10 +30,7 @@ static struct vhost *vhost;
 static int setup(void **state)
 {
     (void)state;
-    memset(&broker, 0, sizeof broker);
-    broker.loop = uv_default_loop();
-    list_init(&broker.flow_congested);
-    list_init(&broker.queues_all);
+    bare_broker_init(&broker);
     vhost = vhost_new(&broker, BYTES_LIT("/"));
     return 0;
 }

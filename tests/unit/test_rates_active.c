@@ -29,6 +29,7 @@
 #include <uv.h>
 
 #include "amqp/method_gen.h"
+#include "bare_broker.h"
 #include "broker/broker.h"
 #include "broker/message.h"
 #include "broker/queue.h"
@@ -41,12 +42,7 @@ static uint64_t now_ms;
 static int setup(void **state)
 {
     (void)state;
-    memset(&broker, 0, sizeof broker);
-    broker.loop = uv_default_loop();
-    list_init(&broker.flow_congested);
-    list_init(&broker.queues_all);
-    list_init(&broker.connections);
-    hmap_init(&broker.vhosts);
+    bare_broker_init(&broker);
     vhost = vhost_new(&broker, BYTES_LIT("/"));
     hmap_put(&broker.vhosts, vhost->name, vhost);
     now_ms = 1000;
