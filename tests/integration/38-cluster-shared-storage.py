@@ -568,15 +568,7 @@ def a_taker_restarted_before_its_copy_was_synced_loses_nothing():
     Every confirmed message is served. (Before, t read o's directory only
     for the first two, did not adopt the other two at all, and served all
     four empty; the staged copies stayed, unread.)"""
-    global cluster, shared
-    old = cluster
-    cluster = None
-    if old is not None:
-        old.failed = old.failed or state.get("failed", False)  # (keeps its logs)
-    problems = old.close() if old is not None else []
-    assert not problems, problems
-    cluster = Cluster()
-    shared = os.path.join(cluster.dir, "shared")
+    fresh_cluster()
     x = cluster.form(["x", "y", "z"])[0]
     for name in ("o", "t"):
         members[name] = cluster.add(name, join=[x], extra_args=["--shared-storage", shared])
@@ -636,9 +628,9 @@ def a_taker_restarted_before_its_copy_was_synced_loses_nothing():
                what="t's staged copies removed")
 
 
-def own_cluster(names):
+def fresh_cluster():
     """Closes the cluster so far (keeping its logs if a test failed) and
-    forms a new one of names on one shared directory."""
+    starts a new one, not formed yet, with a new shared directory."""
     global cluster, shared
     old = cluster
     cluster = None
@@ -648,6 +640,12 @@ def own_cluster(names):
     assert not problems, problems
     cluster = Cluster()
     shared = os.path.join(cluster.dir, "shared")
+
+
+def own_cluster(names):
+    """Closes the cluster so far (keeping its logs if a test failed) and
+    forms a new one of names on one shared directory."""
+    fresh_cluster()
     for m in cluster.form(names, extra_args=["--shared-storage", shared,
                                              "--log-level", os.environ.get("LOGLEVEL", "info")]):
         members[m.name] = m
@@ -870,15 +868,7 @@ def a_chain_of_three_takers_dying_before_their_copies_loses_nothing():
     X1's adopted/ into its own: X3 reads it too. Every confirmed message is
     served. (Before, X3 read X2's and X1's logs, both empty, and served
     those queues empty.)"""
-    global cluster, shared
-    old = cluster
-    cluster = None
-    if old is not None:
-        old.failed = old.failed or state.get("failed", False)  # (keeps its logs)
-    problems = old.close() if old is not None else []
-    assert not problems, problems
-    cluster = Cluster()
-    shared = os.path.join(cluster.dir, "shared")
+    fresh_cluster()
     x = cluster.form(["x", "y", "z"])[0]
     takers = ["t", "u", "v"]
     for name in ["o"] + takers:
