@@ -318,14 +318,28 @@ static void exec_copy(struct journal *j, struct op *op)
                                               &done);
     if (rc < 0 && src >= 0)
         fail(j, rc, "pread", op->source->path);
-    struct format_record_header h;
-    uint64_t size = 0;
-    if (rc == 0 && (done != op->size ||
-                    format_record_check(buf, done, &h, &size) != FORMAT_CHECK_OK ||
-                    size != op->size || h.type != RECORD_PUBLISH ||
-                    format_get_u64(buf + FORMAT_RECORD_HEADER_SIZE) != op->seq)) {
+    /* A run of PUBLISH records: each intact, the seqs rising from op->seq
+     * to op->seq_last, op->count of them, filling op->size exactly. */
+    uint64_t pos = 0, seq = 0, count = 0;
+    bool intact = rc == 0 && done == op->size;
+    while (intact && pos < done) {
+        struct format_record_header h;
+        uint64_t size = 0;
+        if (format_record_check(buf + pos, done - pos, &h, &size) != FORMAT_CHECK_OK ||
+            h.type != RECORD_PUBLISH) {
+            intact = false;
+            break;
+        }
+        uint64_t s = format_get_u64(buf + pos + FORMAT_RECORD_HEADER_SIZE);
+        intact = count == 0 ? s == op->seq : s > seq;
+        seq = s;
+        count++;
+        pos += size;
+    }
+    intact = intact && pos == op->size && count == op->count && seq == op->seq_last;
+    if (rc == 0 && !intact) {
         LOG_ERROR("journal: record at %s offset %llu is corrupt; compaction stops",
-                  op->source->path, (unsigned long long)op->source_offset);
+                  op->source->path, (unsigned long long)(op->source_offset + pos));
         fail(j, E_JOURNAL_CORRUPT, "copy", op->source->path);
     }
     int dst = failed(j) ? -1 : file_fd(j, op->file);
@@ -559,7 +573,9 @@ static void report_synced(struct journal *j)
 
 static void async_callback(uv_async_t *handle)
 {
-    report_synced(handle->data);
+    struct journal *j = handle->data;
+    report_synced(j);
+    journal__compactions_resume(j);
 }
 
 void journal_set_synced_callback(struct journal *j, journal_synced_fn fn, void *ctx)
@@ -601,6 +617,8 @@ static void options_default(struct journal_options *o)
         o->blob_size_max = 128u * 1024 * 1024;
     if (o->compact_live_percent == 0)
         o->compact_live_percent = 25;
+    if (o->compact_slice_bytes == 0)
+        o->compact_slice_bytes = 256 * 1024;
     if (o->definitions_compact_size == 0)
         o->definitions_compact_size = 1024 * 1024;
 }
@@ -683,6 +701,8 @@ void journal_close(struct journal *j)
     cursor = 0;
     while (hmap_next(&j->queues, &cursor, &e))
         journal__queue_free(e->value);
+    ASSERT(j->compacting_count == 0); /* each queue left the list as it was freed */
+    free(j->compacting);
     hmap_free(&j->queues);
     hmap_free(&j->queue_ids);
     journal__adopt_free(j);

@@ -51,6 +51,11 @@ struct journal_options {
     uint64_t segment_size_max;         /* 0: 64 MiB; at most 1 GiB */
     uint32_t blob_size_max;            /* 0: 128 MiB; bigger publishes are refused */
     uint32_t compact_live_percent;     /* 0: 25; compact an old segment below this */
+    /* A compaction copies at most this many bytes per group commit (0: 256
+     * KiB), so the appends queued behind it wait for one slice, not for a
+     * whole segment's live bytes (16 MiB of a 64 MiB segment once held
+     * every confirm back for ~0.5 s). */
+    uint32_t compact_slice_bytes;
     uint64_t definitions_compact_size; /* 0: 1 MiB; snapshot when bigger and half dead */
     /* Shared storage: after every fdatasync, before the ticket counts as
      * synced, check that each synced file's directory is still the one

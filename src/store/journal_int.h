@@ -72,6 +72,8 @@ struct op {
     uint64_t offset;
     uint64_t source_offset;
     uint64_t seq;      /* OP_COPY: the message it must find at source_offset */
+    uint64_t seq_last; /* OP_COPY: the run's last message (seqs rise in between) */
+    uint64_t count;    /* OP_COPY: the run's messages */
     uint64_t size;     /* bytes in data (APPEND, WRITE_ATOMIC) or copied (COPY) */
     uint64_t capacity; /* bytes allocated in data */
     char path[JOURNAL_PATH_SIZE];
@@ -126,6 +128,15 @@ struct journal_queue {
     uint64_t ticket_last;    /* the last op naming this queue's files */
     bool opened;             /* by journal_queue_open since recovery */
     bool maintain_pending;   /* a segment rolled: look for work once the call is done */
+    /* A compaction goes in slices (journal_queue.c): the live messages of
+     * segment compact_number from seq compact_seq on are still to copy,
+     * and the next slice waits until the journal synced compact_ticket,
+     * the last op of the one before. The queue is in j->compacting
+     * meanwhile. */
+    bool compacting;
+    uint64_t compact_number;
+    uint64_t compact_seq;
+    uint64_t compact_ticket;
 };
 
 struct def_entry {
@@ -191,6 +202,12 @@ struct journal {
     uint64_t deleted_counter;
     struct hmap queues;      /* key -> struct journal_queue */
     struct hmap queue_ids;   /* id_key -> struct journal_queue */
+    /* The queues with a compaction under way (borrowed; a queue leaves the
+     * array when its compaction ends or it is freed): each synced report
+     * gives the next slice of those whose last slice is on disk. */
+    struct journal_queue **compacting;
+    size_t compacting_count;
+    size_t compacting_cap;
 
     struct hmap definitions; /* def_entry.key -> struct def_entry */
     struct jfile *definitions_file;
@@ -219,6 +236,9 @@ struct journal_queue *journal__queue_new(struct journal *j, uint64_t id, struct 
 void journal__queue_free(struct journal_queue *q);
 void journal__queue_release_files(struct journal_queue *q);
 void journal__queue_maintain(struct journal_queue *q);
+/* The next slice of each compaction whose last slice is synced (called
+ * when the journal thread reports). */
+void journal__compactions_resume(struct journal *j);
 /* Appends DELIVERED again for a message whose first DELIVERED record may sit
  * in a segment that is about to go (recovery, after a half-done compaction). */
 void journal__queue_remark_delivered(struct journal_queue *q, uint64_t seq,

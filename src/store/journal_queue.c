@@ -79,8 +79,12 @@ void journal__queue_release_files(struct journal_queue *q)
     }
 }
 
+static void compaction_end(struct journal_queue *q);
+
 void journal__queue_free(struct journal_queue *q)
 {
+    if (q->compacting)
+        compaction_end(q);
     for (size_t i = 0; i < q->segments_count; i++) {
         ASSERT(q->segments[i].file == NULL); /* released to the journal thread first */
         ASSERT(q->segments[i].read_fd < 0);
@@ -156,14 +160,21 @@ static struct segment *roll(struct journal_queue *q)
     return s;
 }
 
+/* Would a record of record_size bytes start a new segment (see reserve)? */
+static bool reserve_rolls(struct journal_queue *q, uint64_t record_size)
+{
+    struct segment *cur = current(q);
+    return cur == NULL || (cur->size > FORMAT_FILE_HEADER_SIZE &&
+                           cur->size + record_size > q->journal->opts.segment_size_max);
+}
+
 /* Where the next record of record_size bytes goes: the current segment, or a
  * new one when it would pass segment_size_max (a record bigger than that
  * gets a segment of its own). */
 static struct segment *reserve(struct journal_queue *q, uint64_t record_size, uint64_t *offset)
 {
     struct segment *cur = current(q);
-    if (cur == NULL || (cur->size > FORMAT_FILE_HEADER_SIZE &&
-                        cur->size + record_size > q->journal->opts.segment_size_max))
+    if (reserve_rolls(q, record_size))
         cur = roll(q);
     *offset = cur->size;
     cur->size += record_size;
@@ -194,7 +205,8 @@ void journal__queue_remark_delivered(struct journal_queue *q, uint64_t seq,
 
 /* ---- The index ----------------------------------------------------------- */
 
-static struct entry *entry_find(struct journal_queue *q, uint64_t seq)
+/* The index of the first entry in use whose seq is >= seq. */
+static size_t entry_lower_bound(const struct journal_queue *q, uint64_t seq)
 {
     size_t lo = q->entries_head;
     size_t hi = q->entries_count;
@@ -205,8 +217,14 @@ static struct entry *entry_find(struct journal_queue *q, uint64_t seq)
         else
             hi = mid;
     }
-    if (lo < q->entries_count && q->entries[lo].seq == seq)
-        return &q->entries[lo];
+    return lo;
+}
+
+static struct entry *entry_find(struct journal_queue *q, uint64_t seq)
+{
+    size_t i = entry_lower_bound(q, seq);
+    if (i < q->entries_count && q->entries[i].seq == seq)
+        return &q->entries[i];
     return NULL;
 }
 
@@ -275,47 +293,159 @@ static void segment_unlink(struct journal_queue *q, size_t index)
     struct op *op = journal__op_new(OP_UNLINK, 0);
     op->file = s->file;
     q->ticket_last = journal__op_push(j, op);
+    if (q->compacting && q->compact_number == s->number)
+        compaction_end(q); /* its last messages were copied, or acked first */
     memmove(s, s + 1, (q->segments_count - index - 1) * sizeof(*s));
     q->segments_count--;
 }
 
-/* Copies every live message of segments[index] to the current segment, byte
- * for byte, followed by a DELIVERED record when it was delivered. */
-static void segment_compact(struct journal_queue *q, size_t index)
+/* ---- Compaction in slices ------------------------------------------------
+ *
+ * Copying a segment's live messages forward is queued to the journal
+ * thread like any write, and the appends queued after it wait for it: a
+ * 64 MiB segment compacted at 25% live is ~16,000 copies, which held every
+ * confirm of the broker back for 0.3-1.4 s while a consumer drained a deep
+ * queue. So a compaction copies at most compact_slice_bytes, then waits
+ * until that slice is synced before the next (journal__compactions_resume,
+ * on each synced report): appends wait for one slice at most. Messages
+ * acked while it goes on are not copied at all, which for a queue being
+ * drained is most of them. One compaction at a time per queue; the
+ * segment is unlinked once it holds no live message. */
+
+static void compaction_end(struct journal_queue *q)
+{
+    struct journal *j = q->journal;
+    ASSERT(q->compacting);
+    q->compacting = false;
+    for (size_t i = 0; i < j->compacting_count; i++) {
+        if (j->compacting[i] == q) {
+            j->compacting[i] = j->compacting[--j->compacting_count];
+            return;
+        }
+    }
+    ASSERT(false); /* a compacting queue is always listed */
+}
+
+static void compaction_start(struct journal_queue *q, uint64_t number)
+{
+    struct journal *j = q->journal;
+    ASSERT(!q->compacting);
+    if (j->compacting_count == j->compacting_cap) {
+        j->compacting_cap = j->compacting_cap ? 2 * j->compacting_cap : 8;
+        j->compacting = realloc(j->compacting, j->compacting_cap * sizeof(*j->compacting));
+        ASSERT(j->compacting != NULL);
+    }
+    j->compacting[j->compacting_count++] = q;
+    q->compacting = true;
+    q->compact_number = number;
+    q->compact_seq = 0;
+    q->compact_ticket = 0;
+}
+
+/* Is the slice queued last on disk (so the next may go)? */
+static bool compaction_due(const struct journal_queue *q)
+{
+    return atomic_load(&q->journal->synced_ticket) >= q->compact_ticket;
+}
+
+/* Queues a run of copies (see segment_compact_slice). */
+static void run_push(struct journal_queue *q, struct op **run)
+{
+    if (*run != NULL)
+        q->ticket_last = journal__op_push(q->journal, *run);
+    *run = NULL;
+}
+
+/* Copies the next slice of live messages of segments[index] (the segment
+ * being compacted) to the current segment, byte for byte; then a DELIVERED
+ * record for each that was delivered (after its copy: recovery takes the
+ * copy for the message's place, then the mark). Messages next to each
+ * other in both segments are copied as one run (one read, one write: a
+ * backlog's records are mostly contiguous). True once none is left. */
+static bool segment_compact_slice(struct journal_queue *q, size_t index)
 {
     struct journal *j = q->journal;
     uint64_t number = q->segments[index].number;
-    uint64_t moved = 0;
-    for (size_t i = q->entries_head; i < q->entries_count; i++) {
+    ASSERT(q->compacting && q->compact_number == number);
+    uint64_t moved = 0, budget = j->opts.compact_slice_bytes;
+    struct op *run = NULL;
+    uint64_t *delivered = NULL;
+    size_t delivered_count = 0, delivered_cap = 0;
+    bool done = true;
+    for (size_t i = entry_lower_bound(q, q->compact_seq); i < q->entries_count; i++) {
         struct entry *e = &q->entries[i];
         if ((e->flags & ENTRY_ACKED) || e->segment_number != number)
             continue;
+        if (moved >= budget) {
+            q->compact_seq = e->seq; /* the next slice starts here */
+            done = false;
+            break;
+        }
         uint64_t size = publish_record_size(e->blob_size);
+        /* A roll queues the segment's close (its fdatasync): the run
+         * writing into it must be queued before. */
+        if (reserve_rolls(q, size))
+            run_push(q, &run);
         uint64_t offset;
         struct segment *dst = reserve(q, size, &offset);
         struct segment *src = &q->segments[index]; /* reserve may have grown the array */
         ASSERT(dst != src);
-        struct op *op = journal__op_new(OP_COPY, 0);
-        op->source = src->file;
-        op->source_offset = e->offset;
-        op->seq = e->seq;
-        op->file = dst->file;
-        op->offset = offset;
-        op->size = size;
-        q->ticket_last = journal__op_push(j, op);
+        if (run != NULL && (run->offset + run->size != offset ||
+                            run->source_offset + run->size != e->offset))
+            run_push(q, &run);
+        if (run == NULL) {
+            run = journal__op_new(OP_COPY, 0);
+            run->source = src->file;
+            run->source_offset = e->offset;
+            run->seq = e->seq;
+            run->file = dst->file;
+            run->offset = offset;
+        }
+        run->size += size;
+        run->seq_last = e->seq;
+        run->count++;
         src->live_count--;
         src->live_size -= size;
         dst->live_count++;
         dst->live_size += size;
         e->segment_number = (uint32_t)dst->number;
         e->offset = (uint32_t)offset;
-        if (e->flags & ENTRY_DELIVERED)
-            append_seq_record(q, RECORD_DELIVERED, e->seq, e->segment_number);
-        moved++;
+        if (e->flags & ENTRY_DELIVERED) {
+            if (delivered_count == delivered_cap) {
+                delivered_cap = delivered_cap ? 2 * delivered_cap : 64;
+                delivered = realloc(delivered, delivered_cap * sizeof(*delivered));
+                ASSERT(delivered != NULL);
+            }
+            delivered[delivered_count++] = e->seq;
+        }
+        moved += size;
+    }
+    run_push(q, &run);
+    for (size_t k = 0; k < delivered_count; k++) {
+        struct entry *e = entry_find(q, delivered[k]);
+        ASSERT(e != NULL);
+        append_seq_record(q, RECORD_DELIVERED, e->seq, e->segment_number);
+    }
+    free(delivered);
+    if (!done) {
+        q->compact_ticket = q->ticket_last;
+        return false;
     }
     ASSERT(q->segments[index].live_count == 0);
-    LOG_DEBUG("journal: queue %016llx compacted segment %llu, %llu messages moved",
-              (unsigned long long)q->id, (unsigned long long)number, (unsigned long long)moved);
+    LOG_DEBUG("journal: queue %016llx compacted segment %llu", (unsigned long long)q->id,
+              (unsigned long long)number);
+    return true;
+}
+
+void journal__compactions_resume(struct journal *j)
+{
+    /* Backwards: a queue whose compaction ends leaves its slot to the last
+     * one, which was already looked at. */
+    for (size_t i = j->compacting_count; i > 0; i--) {
+        struct journal_queue *q = j->compacting[i - 1];
+        if (compaction_due(q))
+            journal__queue_maintain(q);
+    }
 }
 
 void journal__queue_maintain(struct journal_queue *q)
@@ -333,14 +463,24 @@ void journal__queue_maintain(struct journal_queue *q)
             segment_unlink(q, i);
             continue;
         }
+        if (q->compacting && q->compact_number == s->number) {
+            if (compaction_due(q) && segment_compact_slice(q, i)) {
+                segment_unlink(q, i);
+                continue;
+            }
+            i++;
+            continue;
+        }
         bool sparse = s->live_size * 100 < s->size * percent;
         size_t dead_behind = 0;
         for (size_t k = i + 1; i == 0 && k + 1 < q->segments_count; k++)
             dead_behind += q->segments[k].live_count == 0;
-        if (sparse || dead_behind >= 2) {
-            segment_compact(q, i);
-            segment_unlink(q, i);
-            continue;
+        if (!q->compacting && (sparse || dead_behind >= 2)) {
+            compaction_start(q, s->number);
+            if (segment_compact_slice(q, i)) {
+                segment_unlink(q, i);
+                continue;
+            }
         }
         i++;
     }

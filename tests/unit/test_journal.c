@@ -399,6 +399,64 @@ static void test_compaction(void **state)
     h_free(h);
 }
 
+/* A compaction goes in slices of compact_slice_bytes, one per synced
+ * report, so what is appended meanwhile waits for one slice, not for the
+ * whole segment's live bytes; messages acked between slices are not
+ * copied; the result is the same log. */
+static void test_compaction_in_slices(void **state)
+{
+    struct harness *h = h_new(64 * 1024);
+    h_close(h);
+    h->opts.compact_slice_bytes = 2048;
+    assert_int_equal(h_open(h), OK);
+    struct journal_queue *q = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("sliced"));
+    /* 1,000-byte bodies: about 62 to a segment; 1..120 fill segments 0 and 1. */
+    for (uint64_t seq = 1; seq <= 120; seq++)
+        publish(q, seq, 1000);
+    for (uint64_t seq = 1; seq <= 60; seq += 3)
+        journal_delivered(q, seq);
+    struct journal_location loc;
+    assert_int_equal(journal_locate(q, 40, &loc), OK);
+    assert_int_equal(loc.segment_number, 0);
+    /* Segment 0 is under 25% live once 1..48 are acked: 49..~62 (14 KB)
+     * are left to copy, 2 KB a slice. */
+    uint64_t t = 0;
+    for (uint64_t seq = 1; seq <= 48; seq++)
+        t = journal_ack(q, seq);
+    assert_int_equal(journal_locate(q, 49, &loc), OK);
+    assert_true(loc.segment_number > 0); /* the first slice moved it */
+    assert_int_equal(journal_locate(q, 60, &loc), OK);
+    assert_int_equal(loc.segment_number, 0); /* a later slice will */
+    /* A publish after the first slice is synced while the compaction
+     * still has slices to go. */
+    t = publish(q, 121, 1000);
+    h_wait(h, t);
+    assert_int_equal(journal_locate(q, 60, &loc), OK);
+    assert_int_equal(loc.segment_number, 0);
+    /* Acked before its slice: never copied (its entry is gone). */
+    journal_ack(q, 60);
+    for (int k = 0; k < 100 && count_files(h, "0000000000000000.seg") > 0; k++)
+        h_wait(h, publish(q, 122 + (uint64_t)k, 10));
+    assert_int_equal(count_files(h, "0000000000000000.seg"), 0);
+    assert_int_equal(journal_locate(q, 59, &loc), OK);
+    assert_true(loc.segment_number > 0);
+    uint8_t buf[1000], want[1000];
+    assert_int_equal(journal_read(q, 59, buf, sizeof(buf)), OK);
+    fill_blob(want, 1000, 59);
+    assert_memory_equal(buf, want, 1000);
+    size_t live = 120 - 48 - 1 + 1; /* 49..120 but 60, and 121 */
+    h_close(h);
+    assert_int_equal(h_open(h), OK);
+    assert_true(h->stats.message_count >= live);
+    for (size_t i = 0; i < live; i++) {
+        uint64_t seq = h->recovered[i].seq;
+        assert_int_equal(seq, i < 11 ? 49 + i : 50 + i); /* 49..59, 61..121 */
+        assert_int_equal(h->recovered[i].delivered, seq <= 60 && seq % 3 == 1);
+        check_blob(&h->recovered[i]);
+    }
+    h_free(h);
+}
+
 /* One message stuck in the oldest segment must not pin the rest of the log. */
 static void test_stuck_message(void **state)
 {
@@ -876,6 +934,7 @@ int main(void)
         cmocka_unit_test(test_roll_and_reclaim),
         cmocka_unit_test(test_drained_queue_reclaims_its_segment),
         cmocka_unit_test(test_compaction),
+        cmocka_unit_test(test_compaction_in_slices),
         cmocka_unit_test(test_stuck_message),
         cmocka_unit_test(test_paging),
         cmocka_unit_test(test_torn_tail_and_corruption),

@@ -421,6 +421,8 @@ static void run_round(uint64_t seed)
     uint64_t sizes[] = {1024, 2048, 4096, 16384};
     w->opts.disk = disk_fault_ops(w->disk);
     w->opts.segment_size_max = sizes[below(w, 4)];
+    /* Half the rounds compact in small slices (several a segment). */
+    w->opts.compact_slice_bytes = below(w, 2) ? 0 : 128 + (uint32_t)below(w, 1024);
     w->opts.definitions_compact_size = 512;
     for (int qi = 0; qi < QUEUES; qi++)
         snprintf(w->queues[qi].name, sizeof(w->queues[qi].name), "q%d", qi);
