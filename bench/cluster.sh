@@ -37,7 +37,9 @@
 #           its backups again, and b1's Raft has 3 followers.
 #   move    3 brokers; a durable queue (one backup, b2) whose primary is b1, filled with
 #           MOVE_MESSAGES persistent 1 KiB messages; quaybench publishes MOVE_RATE msg/s with
-#           confirms via b2 and consumes (prefetch 100) via b3 for DURATION s; MOVE_AT (1) s in,
+#           confirms via b2 and consumes (prefetch 100) via b3 at MOVE_CONSUMER_RATE msg/s (so
+#           the queue still holds its backlog when it moves; 0: as fast as it can, which
+#           drains the backlog in the first second) for DURATION s; MOVE_AT (1) s in,
 #           POST /api/cluster/move hands the queue to b3 (not its backup: it catches up
 #           first). Reports how long the move took (catching up, then the switch), the
 #           longest publish-to-confirm wait, lost, dup, reordered, nacked (target: 0, 0, 0,
@@ -105,6 +107,7 @@ FORGET_QUEUES=${FORGET_QUEUES:-5000}
 MOVE_MESSAGES=${MOVE_MESSAGES:-100000}
 MOVE_RATE=${MOVE_RATE:-5000}
 MOVE_AT=${MOVE_AT:-1}
+MOVE_CONSUMER_RATE=${MOVE_CONSUMER_RATE:-6000}
 DRAIN_QUEUES=${DRAIN_QUEUES:-6000}
 DRAIN_RATE=${DRAIN_RATE:-2000}
 JOIN_QUEUES=${JOIN_QUEUES:-10000}
@@ -482,7 +485,8 @@ c.close()
 EOF
   "$BENCH_OUT/quaybench" -H 127.0.0.1 -p "$(amqp_port 2)" --consumer-port "$(amqp_port 3)" \
       -P 1 -C "${MOVE_CONSUMERS:-1}" --prefetch 100 --rate "$MOVE_RATE" -d "$DURATION" \
-      --drain-timeout 10 "${qb[@]}" > "$TMP/move.out" &
+      --consumer-rate "$MOVE_CONSUMER_RATE" --drain-timeout 10 ${QB_VERBOSE:+-v} "${qb[@]}" \
+      > "$TMP/move.out" &  # QB_VERBOSE=1: progress and the longest confirm wait each second
   local bench=$!
   sleep "$MOVE_AT"
   [ "${MOVE:-1}" = 0 ] || /usr/bin/python3 - "$(http_port 1)" "$prefix-0" "${MOVE_TO:-b3}" <<'EOF'

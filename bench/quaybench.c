@@ -61,6 +61,7 @@ static struct {
     int window;
     bool persistent, durable;
     double rate; /* total msg/s over all producers; 0 = unlimited */
+    double consumer_rate; /* total msg/s over all consumers; 0 = as fast as they can */
     int watch[MAX_WATCH], nwatch;
     char prefix[128];
     double drain_timeout, max_drain;
@@ -365,13 +366,22 @@ typedef struct {
     uint64_t mask, low, next; /* low = lowest unsettled tag, next = tag of the next publish */
 } confirm_ring;
 
+/* The longest publish -> confirm wait since the last -v progress line, us. */
+static _Atomic uint64_t g_conf_max_window_us;
+
 static void settle_one(producer_t *p, confirm_ring *cr, uint64_t tag, bool ack)
 {
     if (tag < cr->low || tag >= cr->next || cr->settled[tag & cr->mask])
         return;
     cr->settled[tag & cr->mask] = 1;
     uint64_t now = qb_now_ns(), sent = cr->sent_ns[tag & cr->mask];
-    p->conf_hist[h_index(now > sent ? (now - sent) / 1000 : 0)]++;
+    uint64_t waited_us = now > sent ? (now - sent) / 1000 : 0;
+    p->conf_hist[h_index(waited_us)]++;
+    uint64_t seen = atomic_load_explicit(&g_conf_max_window_us, memory_order_relaxed);
+    while (waited_us > seen &&
+           !atomic_compare_exchange_weak_explicit(&g_conf_max_window_us, &seen, waited_us,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
     if (ack)
         atomic_fetch_add_explicit(&p->confirmed, 1, memory_order_relaxed);
     else {
@@ -668,6 +678,10 @@ static void *consumer_main(void *arg)
     int pending = 0;
     uint64_t last_tag = 0;
     double idle_since = 0, drain_start = 0;
+    /* --consumer-rate: each delivery is taken no sooner than its slot. */
+    const uint64_t period_ns =
+        cfg.consumer_rate > 0 ? (uint64_t)(1e9 * cfg.consumers / cfg.consumer_rate) : 0;
+    uint64_t next_take_ns = 0;
     atomic_fetch_add(&g_ready, 1);
 
     while (!atomic_load_explicit(&g_abort, memory_order_relaxed)) {
@@ -677,6 +691,14 @@ static void *consumer_main(void *arg)
         amqp_rpc_reply_t r = amqp_consume_message(c, &env, &tv, 0);
         if (r.reply_type == AMQP_RESPONSE_NORMAL) {
             uint64_t now = qb_now_ns();
+            if (period_ns > 0) {
+                if (next_take_ns == 0 || next_take_ns + 100 * period_ns < now)
+                    next_take_ns = now; /* no burst to catch up after an idle spell */
+                if (next_take_ns > now)
+                    qb_sleep_s((double)(next_take_ns - now) / 1e9);
+                next_take_ns += period_ns;
+                now = qb_now_ns();
+            }
             idle_since = 0;
             const unsigned char *b = env.message.body.bytes;
             if (env.message.body.len >= HDR_LEN) {
@@ -809,8 +831,10 @@ static void *monitor_main(void *arg)
             long pub = sum_published(), cons = 0;
             for (int i = 0; i < cfg.consumers; i++)
                 cons += atomic_load(&g_cons[i].consumed);
-            fprintf(stderr, "[%5.1fs] published %8.0f/s  consumed %8.0f/s  backlog %ld\n", t - (double)g_t0_ns / 1e9,
-                    (double)(pub - last_pub) / (t - last_t), (double)(cons - last_cons) / (t - last_t), pub - cons);
+            uint64_t conf_max = atomic_exchange(&g_conf_max_window_us, 0);
+            fprintf(stderr, "[%5.1fs] published %8.0f/s  consumed %8.0f/s  backlog %ld  confirm max %.1f ms\n",
+                    t - (double)g_t0_ns / 1e9, (double)(pub - last_pub) / (t - last_t),
+                    (double)(cons - last_cons) / (t - last_t), pub - cons, (double)conf_max / 1000);
             last_pub = pub;
             last_cons = cons;
             last_t = t;
@@ -846,6 +870,7 @@ static void usage(int code)
             "      --persistent         delivery-mode 2\n"
             "      --durable            durable queues\n"
             "      --rate R             fixed total publish rate, msg/s over all producers (default unlimited)\n"
+            "      --consumer-rate R    consumers take at most R msg/s in total (a standing backlog stays)\n"
             "      --watch-pid PID[,..] broker process(es): CPU us per consumed message, peak RSS\n"
             "      --drain-timeout S    after producers stop, give up when nothing arrived for S s (default 5)\n"
             "      --max-drain S        ... or after S s of draining in total (default 120)\n"
@@ -939,7 +964,7 @@ int main(int argc, char **argv)
 
     enum {
         O_CHOST = 256, O_CPORT, O_QUEUES, O_PREFIX, O_AUTOACK, O_PREFETCH, O_MULTIACK, O_CONFIRM, O_PERSIST,
-        O_DURABLE, O_RATE, O_WATCH, O_DRAIN, O_MAXDRAIN, O_KEEP, O_NO_SETUP, O_USER, O_PASS, O_VHOST, O_HELP, O_FAULT,
+        O_DURABLE, O_RATE, O_CONSUMER_RATE, O_WATCH, O_DRAIN, O_MAXDRAIN, O_KEEP, O_NO_SETUP, O_USER, O_PASS, O_VHOST, O_HELP, O_FAULT,
         O_QARG, O_DLX, O_CQUEUE, O_CTIMEOUT, O_TLS_CA
     };
     static const struct option lo[] = {
@@ -952,7 +977,8 @@ int main(int argc, char **argv)
         {"prefetch", required_argument, 0, O_PREFETCH}, {"multi-ack", required_argument, 0, O_MULTIACK},
         {"confirm", no_argument, 0, O_CONFIRM},       {"window", required_argument, 0, 'w'},
         {"persistent", no_argument, 0, O_PERSIST},    {"durable", no_argument, 0, O_DURABLE},
-        {"rate", required_argument, 0, O_RATE},       {"watch-pid", required_argument, 0, O_WATCH},
+        {"rate", required_argument, 0, O_RATE},
+        {"consumer-rate", required_argument, 0, O_CONSUMER_RATE},       {"watch-pid", required_argument, 0, O_WATCH},
         {"drain-timeout", required_argument, 0, O_DRAIN}, {"max-drain", required_argument, 0, O_MAXDRAIN},
         {"keep", no_argument, 0, O_KEEP},             {"no-setup", no_argument, 0, O_NO_SETUP},             {"user", required_argument, 0, O_USER},
         {"pass", required_argument, 0, O_PASS},       {"vhost", required_argument, 0, O_VHOST},
@@ -985,6 +1011,7 @@ int main(int argc, char **argv)
         case O_PERSIST: cfg.persistent = true; break;
         case O_DURABLE: cfg.durable = true; break;
         case O_RATE: cfg.rate = atof(optarg); break;
+        case O_CONSUMER_RATE: cfg.consumer_rate = atof(optarg); break;
         case O_WATCH: {
             char *dup = strdup(optarg), *save = NULL;
             for (char *t = strtok_r(dup, ",", &save); t && cfg.nwatch < MAX_WATCH; t = strtok_r(NULL, ",", &save))
