@@ -14,6 +14,7 @@
 #include "lib/assert.h"
 #include "lib/log.h"
 #include "mgmt/api.h"
+#include "mgmt/api_moves.h"
 
 /* Joins or forms the cluster, advertising the first AMQP listener's bound
  * address (with --cluster-tls the first AMQPS one's: the other brokers'
@@ -62,7 +63,7 @@ static void route_cluster(struct mgmt_api *api, struct member *member)
     mgmt_api_route(api, "/api/cluster/links", member_write_links_json, member);
     mgmt_api_route_post(api, "/api/cluster/leave", member_leave, member);
     mgmt_api_route_post(api, "/api/cluster/forget", member_forget, member);
-    mgmt_api_route_post(api, "/api/cluster/move", moves_post, member);
+    mgmt_api_route_tree(api, "/api/cluster/move/", api_moves_move, member);
     mgmt_api_route_post(api, "/api/cluster/drain", moves_drain_post, member);
     mgmt_api_route_post(api, "/api/cluster/revive", moves_revive_post, member);
     mgmt_api_route_post(api, "/api/cluster/offload", moves_offload_post, member);

@@ -102,9 +102,9 @@ static const char *refusal(const struct map_queue *q, const struct map_broker *b
     return NULL;
 }
 
-int moves_post(void *ctx, const char *request, size_t request_size, struct json *body)
+int moves_prepare(struct member *member, const char *request, size_t request_size,
+                  struct json *body, struct move_answer *answer, struct map_cmd *cmd)
 {
-    struct member *member = ctx;
     const struct cluster_map *map = member_map(member);
     int refused = member_api_begin(member, body);
     if (refused != 0)
@@ -139,25 +139,34 @@ int moves_post(void *ctx, const char *request, size_t request_size, struct json 
         snprintf(text, sizeof text, "broker '%s' %s", r.to, why);
         return member_api_error(body, 409, text);
     }
-    struct map_cmd cmd;
-    int rc = replaced ? map_cmd_queue_move_backup(&cmd, q->vhost->name, q->name, q->epoch,
+    int rc = replaced ? map_cmd_queue_move_backup(cmd, q->vhost->name, q->name, q->epoch,
                                                   replaced->id, to->id)
-                      : map_cmd_queue_move(&cmd, q->vhost->name, q->name, q->epoch, to->id);
+                      : map_cmd_queue_move(cmd, q->vhost->name, q->name, q->epoch, to->id);
     if (rc != OK)
         return member_api_error(body, 400, "the names do not fit a map command");
     const struct map_broker *from = replaced ? replaced : cluster_map_broker(map, q->primary_id);
-    json_kv_string(body, "kind", replaced ? "backup" : "primary");
-    json_kv_string(body, "vhost", r.vhost);
-    json_kv_string(body, "queue", r.queue);
-    json_key(body, "from");
-    json_string_n(body, from ? from->name.ptr : NULL, from ? from->name.len : 0);
-    json_kv_string(body, "to", r.to);
-    json_kv_bool(body, "catch_up", !map_queue_backup_in_sync(q, to->id));
-    json_object_end(body);
+    *answer = (struct move_answer){.backup = replaced != NULL,
+                                   .catch_up = !map_queue_backup_in_sync(q, to->id)};
+    memcpy(answer->vhost, r.vhost, sizeof answer->vhost);
+    memcpy(answer->queue, r.queue, sizeof answer->queue);
+    memcpy(answer->to, r.to, sizeof answer->to);
+    if (from != NULL)
+        snprintf(answer->from, sizeof answer->from, "%.*s", BYTES_ARG(from->name));
     LOG_INFO("cluster: moving queue '%s' in vhost '%s' to broker '%s' (asked through the "
              "management API)", r.queue, r.vhost, r.to);
-    cluster_node_submit(member->node, &cmd, on_moved, member);
-    return 202;
+    return 0;
+}
+
+void moves_write_answer(const struct move_answer *answer, struct json *body)
+{
+    json_object_begin(body);
+    json_kv_string(body, "kind", answer->backup ? "backup" : "primary");
+    json_kv_string(body, "vhost", answer->vhost);
+    json_kv_string(body, "queue", answer->queue);
+    json_kv_string(body, "from", answer->from);
+    json_kv_string(body, "to", answer->to);
+    json_kv_bool(body, "catch_up", answer->catch_up);
+    json_object_end(body);
 }
 
 /* ---- draining ---- */

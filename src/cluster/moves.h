@@ -6,17 +6,38 @@
 #ifndef QUAY_CLUSTER_MOVES_H
 #define QUAY_CLUSTER_MOVES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
+#include "cluster/map.h"
+
 struct json;
+struct map_cmd;
 struct member;
 
-/* POST /api/cluster/move {"vhost": V, "queue": Q, "to": BROKER}: starts a
- * planned move (queue.move) and answers 202 with what it started, or
+/* What POST /api/cluster/move answers once the map has the move. */
+struct move_answer {
+    bool backup;   /* a backup move (backup_of), else the primary's */
+    bool catch_up; /* the target is not an in-sync backup: caught up first */
+    char vhost[CLUSTER_NAME_SIZE_MAX + 1];
+    char queue[CLUSTER_NAME_SIZE_MAX + 1];
+    char from[CLUSTER_NAME_SIZE_MAX + 1];
+    char to[CLUSTER_NAME_SIZE_MAX + 1];
+};
+
+/* POST /api/cluster/move {"vhost": V, "queue": Q, "to": BROKER[, "backup_of":
+ * BROKER]}: checks the request against this broker's map and builds the
+ * planned move (queue.move) into cmd and what to answer into answer:
+ * returns 0, and body holds an unfinished object the caller discards; or
  * refuses (400 malformed, 404 no such queue or broker, 409 the broker
- * cannot take it now, 503 the cluster is not served yet) and changes
- * nothing. ctx: the member. */
-int moves_post(void *ctx, const char *request, size_t request_size, struct json *body);
+ * cannot take it now, 503 the cluster is not served yet) with the error
+ * in body, and nothing to submit. The management API (mgmt/api_moves.c)
+ * submits cmd and answers 202 once this broker applied it, so that a GET
+ * of /api/cluster that follows shows the move. */
+int moves_prepare(struct member *member, const char *request, size_t request_size,
+                  struct json *body, struct move_answer *answer, struct map_cmd *cmd);
+/* {"kind", "vhost", "queue", "from", "to", "catch_up"}: the 202's body. */
+void moves_write_answer(const struct move_answer *answer, struct json *body);
 
 /* POST /api/cluster/drain {"broker": NAME}: marks the broker draining
  * (broker.state); the controller then moves every primary and backup off

@@ -404,6 +404,13 @@ void mgmt_api_free(struct mgmt_api *api)
     free(api);
 }
 
+void mgmt_api_route_tree(struct mgmt_api *api, const char *prefix, http_prefix_fn handler,
+                         void *ctx)
+{
+    if (api != NULL)
+        http_server_route_tree(&api->http, prefix, handler, ctx, MGMT_ACCESS_ADMINISTRATOR);
+}
+
 void mgmt_api_route_post(struct mgmt_api *api, const char *path, http_action_fn action,
                          void *ctx)
 {

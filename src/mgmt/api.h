@@ -103,6 +103,11 @@ void mgmt_api_route(struct mgmt_api *api, const char *path, http_handler_fn hand
  * it needs the administrator tag. */
 void mgmt_api_route_post(struct mgmt_api *api, const char *path, http_action_fn action,
                          void *ctx);
+/* Adds a resource tree served by another module that answers now or
+ * later (http_server_route_tree), e.g. POST /api/cluster/move
+ * (mgmt/api_moves.h): it needs the administrator tag. */
+void mgmt_api_route_tree(struct mgmt_api *api, const char *prefix, http_prefix_fn handler,
+                         void *ctx);
 /* How long the API has been serving (the broker's uptime). */
 uint64_t mgmt_api_uptime_ms(const struct mgmt_api *api);
 /* Stops listening and closes every HTTP client. Idempotent. */

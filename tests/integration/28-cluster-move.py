@@ -85,6 +85,38 @@ def refused_requests_change_nothing():
     assert a.api_cluster()["moves"] == []
 
 
+@test(timeout=120)
+def a_move_is_in_the_map_when_it_is_answered():
+    """The 202 of POST /api/cluster/move means the move is recorded: a GET
+    of /api/cluster on the broker that answered, sent right after, lists it
+    (or, already carried out, the queue's new primary shows it). Asked six
+    times, through each broker in turn, each time to the broker that holds
+    nothing of the queue (a catch-up first, so the move lasts a while)."""
+    q = declare_until("mv-seen", members["a"],
+                      lambda i: i is not None and len(i["backups"]) == 1, **{"x-quay-backups": 1})
+    conn = connect(members["a"])
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(300):
+        ch.basic_publish("", q, b"x" * 1024)
+    conn.close()
+    for round in range(6):
+        via = members["abc"[round % 3]]
+        info = queue_info(via, q)
+        target = next(m.name for m in others(info["primary"], *info["backups"]))
+        answer = move(via, q, target)
+        cluster = cluster_info(via)
+        listed = [m for m in cluster["moves"] if m["queue"] == q and m["to"] == target]
+        primary = via.api_call("GET", "/api/queues/%2F/" + q)[1].get("primary")
+        assert listed or primary == target, (round, via.name, answer, cluster["moves"], primary)
+        wait_until(lambda: queue_info(members["a"], q)["primary"] == target and
+                   not cluster_info(members["a"])["moves"], 30, what="the move to %s" % target)
+    # The route takes POST of its own path only.
+    assert members["a"].api_call("GET", "/api/cluster/move")[0] == 405
+    status, body = members["a"].api_call("POST", "/api/cluster/move/x", b"{}")
+    assert (status, body) == (404, {"error": "Object Not Found", "reason": "Not Found"}), body
+
+
 def move_under_load(to_backup):
     """A queue on one broker, a publisher and a consumer on each broker;
     moved while they run to another broker (a backup already, or not), and
