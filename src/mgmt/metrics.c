@@ -78,6 +78,15 @@ static void write_objects(struct prom *prom, struct broker *broker, uint64_t que
     prom_counter(prom, "quay_flow_stops_total",
                  "Times a client connection was stopped by a congested queue",
                  broker->counters.flow_stops);
+    /* The loop thread's (net/loop_lag.h): what a client waits at worst
+     * before its frame is read, and the busy share (rate of the total). */
+    prom_gauge_seconds(prom, "quay_event_loop_lag_seconds",
+                       "The longest the event loop went without reading new input (one "
+                       "iteration's work) in the last 5 to 10 s",
+                       loop_lag_max_ns(&broker->net.loop_lag));
+    prom_counter_seconds(prom, "quay_event_loop_busy_seconds_total",
+                         "Time the event loop spent working rather than waiting for events",
+                         broker->net.loop_lag.busy_ns_total);
     prom_family(prom, "rabbitmq_global_consumers", PROM_TYPE_GAUGE,
                 "Current number of consumers");
     prom_sample_begin(prom);

@@ -6,6 +6,7 @@
  */
 #include "mgmt/prom.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "lib/assert.h"
@@ -164,6 +165,33 @@ void prom_sample_end(struct prom *prom, uint64_t value)
     put(prom, text + at, sizeof text - at);
     prom->in_sample = false;
     prom->samples_count++;
+}
+
+void prom_sample_end_ns_as_seconds(struct prom *prom, uint64_t ns)
+{
+    ASSERT(prom->in_sample);
+    char text[48];
+    int n = snprintf(text, sizeof text, "%s %llu.%09llu\n", prom->has_labels ? "}" : "",
+                     (unsigned long long)(ns / 1000000000u),
+                     (unsigned long long)(ns % 1000000000u));
+    ASSERT(n > 0 && (size_t)n < sizeof text);
+    put(prom, text, (size_t)n);
+    prom->in_sample = false;
+    prom->samples_count++;
+}
+
+void prom_gauge_seconds(struct prom *prom, const char *name, const char *help, uint64_t ns)
+{
+    prom_family(prom, name, PROM_TYPE_GAUGE, help);
+    prom_sample_begin(prom);
+    prom_sample_end_ns_as_seconds(prom, ns);
+}
+
+void prom_counter_seconds(struct prom *prom, const char *name, const char *help, uint64_t ns)
+{
+    prom_family(prom, name, PROM_TYPE_COUNTER, help);
+    prom_sample_begin(prom);
+    prom_sample_end_ns_as_seconds(prom, ns);
 }
 
 void prom_labels_begin(struct prom *prom)

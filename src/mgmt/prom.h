@@ -74,5 +74,10 @@ void prom_sample_rendered_with(struct prom *prom, const char *labels, size_t siz
 /* A sample without labels: a whole family of one sample. */
 void prom_gauge(struct prom *prom, const char *name, const char *help, uint64_t value);
 void prom_counter(struct prom *prom, const char *name, const char *help, uint64_t value);
+/* The same for a duration in ns, written in seconds (exact: 9 decimals),
+ * as Prometheus names want (_seconds); and a sample's end with one. */
+void prom_gauge_seconds(struct prom *prom, const char *name, const char *help, uint64_t ns);
+void prom_counter_seconds(struct prom *prom, const char *name, const char *help, uint64_t ns);
+void prom_sample_end_ns_as_seconds(struct prom *prom, uint64_t ns);
 
 #endif

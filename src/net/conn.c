@@ -59,6 +59,7 @@ void net_init(struct net *net, uv_loop_t *loop)
     uv_idle_init(loop, &net->resume_idle);
     net->resume_idle.data = net;
     read_batch_init(&net->read_batch, loop);
+    loop_lag_init(&net->loop_lag, loop);
 }
 
 void net_close(struct net *net)
@@ -826,6 +827,7 @@ static void run_flush_hooks(struct net *net)
 static void on_flush_check(uv_check_t *check)
 {
     struct net *net = check->data;
+    loop_lag_sample(&net->loop_lag);
     run_flush_hooks(net);
     while (!list_empty(&net->flush_list)) {
         struct conn *conn = CONTAINER_OF(net->flush_list.next, struct conn, flush_link);

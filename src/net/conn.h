@@ -27,6 +27,7 @@
 
 #include "lib/list.h"
 #include "lib/pool.h"
+#include "net/loop_lag.h"
 #include "net/read_batch.h"
 
 struct conn;
@@ -264,6 +265,7 @@ struct net {
     uint64_t bytes_out;
     uint64_t reads;
     struct read_batch read_batch;
+    struct loop_lag loop_lag;      /* sampled by flush_check, every iteration */
 };
 
 void net_init(struct net *net, uv_loop_t *loop);
