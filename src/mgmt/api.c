@@ -404,6 +404,11 @@ void mgmt_api_free(struct mgmt_api *api)
     free(api);
 }
 
+const struct listener *mgmt_api_listener(const struct mgmt_api *api)
+{
+    return api != NULL ? &api->http.listener : NULL;
+}
+
 void mgmt_api_route_tree(struct mgmt_api *api, const char *prefix, http_prefix_fn handler,
                          void *ctx)
 {

@@ -66,6 +66,7 @@
 #include "mgmt/http.h"
 
 struct broker;
+struct listener;
 struct mgmt_api;
 
 /* What a route needs: its http_route.access, which the admission hook
@@ -108,6 +109,8 @@ void mgmt_api_route_post(struct mgmt_api *api, const char *path, http_action_fn 
  * (mgmt/api_moves.h): it needs the administrator tag. */
 void mgmt_api_route_tree(struct mgmt_api *api, const char *prefix, http_prefix_fn handler,
                          void *ctx);
+/* The API's listener (for its port), or NULL without an API. */
+const struct listener *mgmt_api_listener(const struct mgmt_api *api);
 /* How long the API has been serving (the broker's uptime). */
 uint64_t mgmt_api_uptime_ms(const struct mgmt_api *api);
 /* Stops listening and closes every HTTP client. Idempotent. */

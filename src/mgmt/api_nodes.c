@@ -109,31 +109,7 @@ static void handle_nodes(void *ctx, struct http_call *call, const struct http_ca
     }
 }
 
-/* ---- health ---------------------------------------------------------------- */
-
-static void answer_health(struct http_call *call, bool memory, bool disk, const char *reason)
-{
-    struct json body;
-    http_body_init(&body);
-    json_object_begin(&body);
-    if (!memory && !disk) {
-        json_kv_string(&body, "status", "ok");
-        json_object_end(&body);
-        http_call_answer(call, 200, &body);
-        return;
-    }
-    json_kv_string(&body, "status", "failed");
-    json_kv_string(&body, "reason", reason);
-    json_key(&body, "alarms");
-    json_array_begin(&body);
-    if (memory)
-        json_string(&body, "memory");
-    if (disk)
-        json_string(&body, "disk");
-    json_array_end(&body);
-    json_object_end(&body);
-    http_call_answer(call, 503, &body);
-}
+/* ---- health (the rest: api_health.c) ---- */
 
 static bool only_get(struct http_call *call, const struct http_call_request *req)
 {
@@ -148,24 +124,14 @@ static void handle_node_check(void *ctx, struct http_call *call,
                               const struct http_call_request *req)
 {
     (void)ctx;
-    if (only_get(call, req))
-        answer_health(call, false, false, "");
-}
-
-static void handle_alarms(void *ctx, struct http_call *call, const struct http_call_request *req)
-{
-    const struct alarm *a = &((struct broker *)ctx)->alarm;
-    if (only_get(call, req))
-        answer_health(call, a->memory_on || a->cluster_memory_on, a->disk_on || a->cluster_disk_on,
-                      "There are alarms in effect in the cluster");
-}
-
-static void handle_local_alarms(void *ctx, struct http_call *call,
-                                const struct http_call_request *req)
-{
-    const struct alarm *a = &((struct broker *)ctx)->alarm;
-    if (only_get(call, req))
-        answer_health(call, a->memory_on, a->disk_on, "There are alarms in effect on the node");
+    if (!only_get(call, req))
+        return;
+    struct json body;
+    http_body_init(&body);
+    json_object_begin(&body);
+    json_kv_string(&body, "status", "ok");
+    json_object_end(&body);
+    http_call_answer(call, 200, &body);
 }
 
 /* ---- aliveness ----------------------------------------------------------------- */
@@ -230,10 +196,6 @@ void api_nodes_register(struct http_server *http, struct broker *broker)
 {
     http_server_route_tree(http, "/api/nodes/", handle_nodes, broker, MGMT_ACCESS_MONITORING);
     http_server_route_tree(http, "/api/healthchecks/node/", handle_node_check, broker,
-                           MGMT_ACCESS_MONITORING);
-    http_server_route_tree(http, "/api/health/checks/alarms/", handle_alarms, broker,
-                           MGMT_ACCESS_MONITORING);
-    http_server_route_tree(http, "/api/health/checks/local-alarms/", handle_local_alarms, broker,
                            MGMT_ACCESS_MONITORING);
     http_server_route_tree(http, "/api/aliveness-test/", handle_aliveness, broker,
                            MGMT_ACCESS_MANAGEMENT);

@@ -7,6 +7,7 @@
 #include "mgmt/api_connections.h"
 #include "mgmt/api_definitions.h"
 #include "mgmt/api_exchanges.h"
+#include "mgmt/api_health.h"
 #include "mgmt/api_nodes.h"
 #include "mgmt/api_queues.h"
 
@@ -17,5 +18,6 @@ void api_rabbit_register(struct http_server *http, struct broker *broker)
     api_bindings_register(http, broker);
     api_connections_register(http, broker);
     api_nodes_register(http, broker);
+    api_health_register(http, broker);
     api_definitions_register(http, broker);
 }

@@ -260,3 +260,13 @@ void tls_session_describe(const struct tls_session *session, char *out, size_t o
     snprintf(out, out_size, "%s %s", SSL_get_version(session->ssl),
              SSL_get_cipher_name(session->ssl));
 }
+
+int tls_context_cert_seconds_left(const struct tls_context *tls, int64_t *seconds)
+{
+    X509 *cert = tls->ctx != NULL ? SSL_CTX_get0_certificate(tls->ctx) : NULL;
+    int days = 0, secs = 0;
+    if (cert == NULL || ASN1_TIME_diff(&days, &secs, NULL, X509_get0_notAfter(cert)) != 1)
+        return -1;
+    *seconds = (int64_t)days * 86400 + secs;
+    return 0;
+}

@@ -70,6 +70,9 @@ int tls_context_init(struct tls_context *tls, const struct tls_config *config, c
                      size_t err_size);
 /* Loads the same files again; on failure the old SSL_CTX stays in use. */
 int tls_context_reload(struct tls_context *tls, char *err, size_t err_size);
+/* Seconds from now until the loaded certificate's notAfter (negative once
+ * expired) into *seconds: 0, or -1 with no certificate loaded. */
+int tls_context_cert_seconds_left(const struct tls_context *tls, int64_t *seconds);
 void tls_context_free(struct tls_context *tls);
 
 /* One connection's TLS state. */

@@ -262,6 +262,53 @@ def show_overview_nodes_and_health():
 
 
 @test(timeout=60)
+def the_other_health_checks_answer_as_rabbitmq():
+    # RabbitMQ 3.10's /api/health/checks/*, each answer as 3.10.8 (run by
+    # hand with its management plugin) gave to the same request.
+    b = qbroker()
+    ok = {"status": "ok"}
+    eq(http_call("GET", "/api/health/checks/port-listener/%d" % b.port),
+       (200, {"status": "ok", "port": b.port}), "the AMQP port")
+    eq(http_call("GET", "/api/health/checks/port-listener/%d" % b.http_port),
+       (200, {"status": "ok", "port": b.http_port}), "the API's port")
+    st, body = http_call("GET", "/api/health/checks/port-listener/1")
+    eq((st, body["status"], body["reason"], body["missing"]),
+       (503, "failed", "No active listener", 1), "a port not listened on")
+    assert b.port in body["ports"] and b.http_port in body["ports"], body
+    eq(http_call("GET", "/api/health/checks/port-listener/abc"),
+       (400, {"error": "bad_request", "reason": "Invalid port"}), "not a port")
+    for name in ("amqp", "amqp091", "http"):
+        eq(http_call("GET", "/api/health/checks/protocol-listener/" + name),
+           (200, {"status": "ok", "protocol": "amqp" if name != "http" else "http"}), name)
+    st, body = http_call("GET", "/api/health/checks/protocol-listener/amqps")
+    eq((st, body["status"], body["missing"]), (503, "failed", "amqp/ssl"), "no AMQPS")
+    assert "amqp" in body["protocols"], body
+    eq(http_call("GET", "/api/health/checks/virtual-hosts"), (200, ok), "vhosts")
+    eq(http_call("GET", "/api/health/checks/certificate-expiration/1/months"), (200, ok),
+       "no certificate to expire")
+    eq(http_call("GET", "/api/health/checks/certificate-expiration/1/bogus"),
+       (400, {"error": "bad_request", "reason": "Time unit not recognised. Supported units: "
+                                                "days, weeks, months, years."}), "bad unit")
+    eq(http_call("GET", "/api/health/checks/certificate-expiration/x/months")[0], 400, "bad n")
+    eq(http_call("GET", "/api/health/checks/certificate-expiration/1"),
+       (404, {"error": "Object Not Found", "reason": "Not Found"}), "unit missing")
+    eq(http_call("GET", "/api/health/checks/nosuch")[0], 404, "unknown check")
+    checks = ("/api/health/checks/node-is-quorum-critical",
+              "/api/health/checks/node-is-mirror-sync-critical")
+    if b.cluster is None:
+        for path in checks:
+            eq(http_call("GET", path), (200, {"status": "ok", "reason": "single node cluster"}),
+               path)
+        return
+    eq(http_call("GET", "/api/health/checks/protocol-listener/clustering"),
+       (200, {"status": "ok", "protocol": "clustering"}), "the cluster's port")
+    # Three voters up: stopping one leaves two, a majority; every queue's
+    # backups in sync once the cluster settled.
+    for path in checks:
+        wait_until(lambda: http_call("GET", path) == (200, ok), 20, what=path)
+
+
+@test(timeout=60)
 def bad_input_gets_rabbitmq_answers():
     eq(http_call("GET", "/api/nosuch"), (404, {"error": "Object Not Found",
                                                "reason": "Not Found"}), "unknown path")
