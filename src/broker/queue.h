@@ -313,6 +313,12 @@ struct queue {
      * which a walk reads too: one cache line a queue. */
     struct list_node all_link;
     uint64_t all_serial;
+    /* GET /metrics' join with the cluster map (mgmt/metrics_cluster.c):
+     * this queue's map entry, opaque here, found by name once and valid
+     * while the map's objects_stamp is still cluster_entry_stamp (0:
+     * none), so that a scrape of an unchanged map looks up no names. */
+    const void *cluster_entry;
+    uint64_t cluster_entry_stamp;
     void *exclusive_owner;            /* borrowed: the declaring connection */
     struct bytes arguments;           /* owned copy of the declare arguments */
     struct queue_args args;           /* parsed; slices borrow from arguments */

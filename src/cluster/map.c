@@ -22,9 +22,16 @@
 
 /* ---- lifecycle and queries ------------------------------------------------ */
 
+uint64_t cluster_map__next_stamp(void)
+{
+    static uint64_t stamps; /* the loop thread's (sim: one process per job) */
+    return ++stamps;
+}
+
 void cluster_map_init(struct cluster_map *map)
 {
     memset(map, 0, sizeof(*map));
+    map->objects_stamp = cluster_map__next_stamp();
     map->brokers = xcalloc(CLUSTER_BROKERS_MAX, sizeof(struct map_broker *));
     hmap_init(&map->vhost_index);
     hmap_init(&map->user_index);

@@ -227,6 +227,12 @@ const char *map_rebalance_name(enum map_rebalance mode);
 struct cluster_map {
     uint64_t version; /* number of commands applied (refusals included: see apply) */
     uint64_t brokers_version; /* bumped on any broker join/leave/state change */
+    /* Unique to this map's objects as they are: a new value (from one
+     * process-wide counter, never 0) at init, at every command applied and
+     * at a snapshot restored, the only times objects are freed or
+     * replaced. A pointer to a map object kept with the stamp it was read
+     * at is valid while the stamps are equal (struct queue.cluster_entry). */
+    uint64_t objects_stamp;
     struct map_broker **brokers;
     uint32_t brokers_count;
     struct map_vhost **vhosts;

@@ -984,6 +984,7 @@ int cluster_map_apply(struct cluster_map *map, const uint8_t *cmd, size_t size,
     memset(c, 0, sizeof(*c));
     c->reply_code = REPLY_SUCCESS;
     map->version++;
+    map->objects_stamp = cluster_map__next_stamp();
     c->version = map->version;
     struct apply_ctx ctx = {.map = map, .change = c};
     if (size > CLUSTER_CMD_SIZE_MAX || table_validate(cmd, (uint32_t)size) != OK)

@@ -103,6 +103,8 @@ struct apply_ctx {
 int map__refuse(struct apply_ctx *ctx, uint16_t code, bool retry, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 int map__malformed(struct apply_ctx *ctx);
+/* A new cluster_map.objects_stamp. */
+uint64_t cluster_map__next_stamp(void);
 /* The broker exists, and (unless restoring) may take new work: not down. */
 int map__check_broker_usable(struct apply_ctx *ctx, uint32_t id, const char *what,
                              struct bytes name);

@@ -280,5 +280,6 @@ int cluster_map_snapshot_read(struct cluster_map *map, const uint8_t *buf, size_
     ASSERT(cluster_map_verify(&fresh));
     cluster_map_free(map);
     *map = fresh;
+    map->objects_stamp = cluster_map__next_stamp(); /* every object is new */
     return OK;
 }

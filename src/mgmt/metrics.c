@@ -413,14 +413,13 @@ static struct list_node scrapes = LIST_INIT(scrapes);
 #define SCRAPE_RUN_ROWS 32u
 #define SCRAPE_RUN_SAMPLES 512u
 
-static void read_row(struct scrape *s, struct metrics_cluster_view *view,
-                     const struct queue *queue)
+/* queue is not const for its cluster_entry only (kept for the next scrape). */
+static void read_row(struct scrape *s, struct metrics_cluster_view *view, struct queue *queue)
 {
     bool local = !queue_is_remote(queue);
     uint8_t backups = 0, in_sync = 0;
     enum metrics_role role =
-        view != NULL ? metrics__cluster_queue(view, queue->vhost->name, queue->name, &backups,
-                                              &in_sync, &s->cluster)
+        view != NULL ? metrics__cluster_queue(view, queue, &backups, &in_sync, &s->cluster)
                      : METRICS_ROLE_NONE;
     if (!local && role == METRICS_ROLE_NONE)
         return; /* a stand-in outside the map: nothing to show */
@@ -461,7 +460,7 @@ static bool walk_run(struct scrape *s)
     struct metrics_cluster_view view;
     bool clustered = metrics__cluster_view(s->broker, &view);
     for (unsigned i = 0; i < SCRAPE_RUN_ROWS; i++) {
-        const struct queue *queue = queue_walk_next(&s->walk);
+        struct queue *queue = queue_walk_next(&s->walk);
         if (queue == NULL)
             return false;
         read_row(s, clustered ? &view : NULL, queue);

@@ -37,6 +37,7 @@ struct broker;
 struct cluster_map;
 struct http_server;
 struct prom;
+struct queue;
 
 #define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 /* The longest a scrape works in one loop turn before it lets the loop go
@@ -80,8 +81,7 @@ enum metrics_role {
 bool metrics__cluster_view(struct broker *broker, struct metrics_cluster_view *view);
 /* The queue's role here from the map, and for a primary its backups and
  * how many are in sync; counts it into totals. */
-enum metrics_role metrics__cluster_queue(struct metrics_cluster_view *view,
-                                         struct bytes vhost, struct bytes name,
+enum metrics_role metrics__cluster_queue(struct metrics_cluster_view *view, struct queue *queue,
                                          uint8_t *backups, uint8_t *in_sync,
                                          struct metrics_cluster_totals *totals);
 /* The cluster's other families; nothing outside a cluster. */

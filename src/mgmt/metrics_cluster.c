@@ -24,6 +24,8 @@
 #include <string.h>
 
 #include "broker/broker.h"
+#include "broker/queue.h"
+#include "broker/vhost.h"
 #include "cluster/adoption.h"
 #include "cluster/consensus.h"
 #include "cluster/link.h"
@@ -117,19 +119,32 @@ bool metrics__cluster_view(struct broker *broker, struct metrics_cluster_view *v
     return true;
 }
 
-enum metrics_role metrics__cluster_queue(struct metrics_cluster_view *view,
-                                         struct bytes vhost, struct bytes name,
-                                         uint8_t *backups, uint8_t *in_sync,
-                                         struct metrics_cluster_totals *totals)
+/* queue's entry in the map, or NULL: the one kept on the queue while the
+ * map's objects are those it was found among, else looked up by name
+ * (its vhost's, then its own) and kept. */
+static const struct map_queue *map_entry(struct metrics_cluster_view *view, struct queue *queue)
 {
+    if (queue->cluster_entry_stamp == view->map->objects_stamp)
+        return queue->cluster_entry;
     /* The name's bytes are the broker vhost's own: the same pointer is the
      * same vhost (within a run: nothing is freed meanwhile). */
+    struct bytes vhost = queue->vhost->name;
     if (view->vhost_key != vhost.ptr) {
         view->vhost_key = vhost.ptr;
         view->map_vhost = cluster_map_vhost(view->map, vhost);
     }
     const struct map_queue *mq =
-        view->map_vhost != NULL ? hmap_get(&view->map_vhost->queues, name) : NULL;
+        view->map_vhost != NULL ? hmap_get(&view->map_vhost->queues, queue->name) : NULL;
+    queue->cluster_entry = mq;
+    queue->cluster_entry_stamp = view->map->objects_stamp;
+    return mq;
+}
+
+enum metrics_role metrics__cluster_queue(struct metrics_cluster_view *view, struct queue *queue,
+                                         uint8_t *backups, uint8_t *in_sync,
+                                         struct metrics_cluster_totals *totals)
+{
+    const struct map_queue *mq = map_entry(view, queue);
     if (mq == NULL)
         return METRICS_ROLE_NONE; /* not in the map (yet, or any more) */
     totals->unavailable += !mq->available;

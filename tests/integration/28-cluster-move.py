@@ -10,8 +10,10 @@ is down, a malformed body) is refused and changes nothing.
 Method: three quayd processes (tests/cluster/clustertest.py); pika clients
 in threads; the map read from GET /api/queues and /api/cluster.
 """
+import http.client
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -20,7 +22,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import (Cluster, closer, connect, declare_until, metric,  # noqa: E402
+from clustertest import (Cluster, api_authorization, closer, connect,  # noqa: E402
+                         declare_until, metric,
                          queue_info, quayd_path, read_all, run, test, wait_until)
 from loadclients import Consumer, Publisher, in_order  # noqa: E402
 
@@ -46,6 +49,18 @@ def quayctl(member, *args):
     ctl = os.path.join(os.path.dirname(quayd_path()), "quayctl")
     return subprocess.run([ctl, "--http", "127.0.0.1:%d" % member.http_port] + list(args),
                           capture_output=True, text=True, timeout=10)
+
+
+def queue_roles(member, queue):
+    """The roles member's GET /metrics gives queue (quay_queue_role)."""
+    c = http.client.HTTPConnection("127.0.0.1", member.http_port, timeout=10)
+    try:
+        c.request("GET", "/metrics", headers={"Authorization": api_authorization()})
+        text = c.getresponse().read().decode()
+    finally:
+        c.close()
+    pattern = r'^quay_queue_role\{vhost="/",queue="%s",role="(\w+)"\} 1$' % re.escape(queue)
+    return set(re.findall(pattern, text, re.M))
 
 
 def others(*names):
@@ -111,6 +126,14 @@ def a_move_is_in_the_map_when_it_is_answered():
         assert listed or primary == target, (round, via.name, answer, cluster["moves"], primary)
         wait_until(lambda: queue_info(members["a"], q)["primary"] == target and
                    not cluster_info(members["a"])["moves"], 30, what="the move to %s" % target)
+        # Every broker's scrape follows the map (metrics_cluster.c keeps
+        # each queue's map entry between scrapes while the map is unchanged:
+        # a kept entry must not outlive a change): the new primary says so,
+        # and so does every other broker's role for the queue.
+        wait_until(lambda: all(queue_roles(m, q) == {"primary" if m.name == target else
+                                                     "backup" if m.name in queue_info(
+                                                         m, q)["backups"] else "proxy"}
+                               for m in members.values()), 10, what="the roles scraped")
     # The route takes POST of its own path only.
     assert members["a"].api_call("GET", "/api/cluster/move")[0] == 405
     status, body = members["a"].api_call("POST", "/api/cluster/move/x", b"{}")

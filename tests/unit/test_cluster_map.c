@@ -527,6 +527,52 @@ static void test_queue_ownership(void **state)
  * (queue.set_owner planned), and the move ends with the handover, with a
  * set_backups that drops the target, or when cancelled (the extra backup
  * goes). A planned handover goes only to an in-sync backup. */
+/* objects_stamp: a pointer to a map object kept with the stamp it was read
+ * at is valid while the stamps are equal (GET /metrics keeps each queue's
+ * map entry so: mgmt/metrics_cluster.c). So every command applied (refused
+ * or changing nothing included) and every snapshot restored gives a new
+ * stamp, and no two maps or moments share one. */
+static void test_objects_stamp(void **state)
+{
+    (void)state;
+    struct cluster_map map, other;
+    cluster_map_init(&map);
+    cluster_map_init(&other);
+    assert_true(map.objects_stamp != 0);
+    assert_true(other.objects_stamp != map.objects_stamp);
+    struct map_cmd c_;
+    join(&map, 1, true);
+    uint64_t seen = map.objects_stamp;
+    APPLY_OK(&map, map_cmd_vhost_put(&c_, B("/")));
+    struct map_queue_decl d = queue_decl("/", "q", 1, 0);
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1));
+    assert_true(map.objects_stamp != seen);
+    seen = map.objects_stamp;
+    const struct map_queue *kept = cluster_map_queue(&map, B("/"), B("q"));
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1)); /* equivalent: no change */
+    assert_false(last.changed);
+    assert_true(map.objects_stamp != seen);
+    seen = map.objects_stamp;
+    /* Deleted and declared again: a new object, maybe at the same address. */
+    APPLY_OK(&map, map_cmd_queue_delete(&c_, B("/"), B("q"), 0));
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1));
+    assert_true(map.objects_stamp != seen);
+    (void)kept; /* (not read: it was freed) */
+    seen = map.objects_stamp;
+    assert_int_equal(APPLY_RC(&map, map_cmd_broker_leave(&c_, 1)), E_MAP_REFUSED);
+    assert_true(map.objects_stamp != seen);
+    seen = map.objects_stamp;
+    uint8_t *snap;
+    size_t size;
+    assert_int_equal(cluster_map_snapshot_alloc(&map, &snap, &size), OK);
+    assert_int_equal(cluster_map_snapshot_read(&map, snap, size), OK); /* same version */
+    assert_true(map.objects_stamp != seen);
+    assert_true(map.objects_stamp != other.objects_stamp);
+    free(snap);
+    cluster_map_free(&other);
+    cluster_map_free(&map);
+}
+
 static void test_queue_move(void **state)
 {
     (void)state;
@@ -1578,6 +1624,7 @@ int main(void)
         cmocka_unit_test(test_queue_declare_races),
         cmocka_unit_test(test_queue_ownership),
         cmocka_unit_test(test_queue_move),
+        cmocka_unit_test(test_objects_stamp),
         cmocka_unit_test(test_policies),
         cmocka_unit_test(test_queue_set_factor),
         cmocka_unit_test(test_policy_snapshots),
