@@ -345,8 +345,8 @@ static void handle_checks(void *ctx, struct http_call *call, const struct http_c
     }
     const struct alarm *a = &broker->alarm;
     if (path.count == 1 && api_path_is(&path, 0, "alarms"))
-        answer_alarms(call, a->memory_on || a->cluster_memory_on,
-                      a->disk_on || a->cluster_disk_on, "There are alarms in effect in the cluster");
+        answer_alarms(call, a->memory_on || a->cluster_memory_on, a->disk_on || a->cluster_disk_on,
+                      "There are alarms in effect in the cluster");
     else if (path.count == 1 && api_path_is(&path, 0, "local-alarms"))
         answer_alarms(call, a->memory_on, a->disk_on, "There are alarms in effect on the node");
     else if (path.count == 1 && api_path_is(&path, 0, "virtual-hosts"))
