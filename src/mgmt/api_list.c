@@ -221,23 +221,58 @@ static int compare_values(const struct json_node *a, const struct json_node *b)
     return (int)a->kind - (int)b->kind;
 }
 
-static _Thread_local const struct sort_ctx *sort_now; /* qsort has no context argument */
+/* Sort keys are looked up once per item, not once per comparison: an
+ * object's field is found by a walk over its members (json_tree_get), and
+ * sorting 50,000 queues compares each ~16 times, all in one loop turn. */
+#define SORT_KEYS_MAX 8
 
-static int compare_items(const void *x, const void *y)
+struct sort_row {
+    const struct json_node *item;
+    const struct json_node *keys[SORT_KEYS_MAX];
+};
+
+static _Thread_local const struct sort_ctx *sort_now; /* qsort has no context argument */
+static _Thread_local uint32_t sort_keys_count;
+
+static int compare_rows(const void *x, const void *y)
 {
-    const struct sort_ctx *s = sort_now;
-    const struct json_node *a = *(const struct json_node *const *)x;
-    const struct json_node *b = *(const struct json_node *const *)y;
-    const char *p = s->keys;
-    while (*p) {
-        const char *comma = strchr(p, ',');
-        size_t k = comma ? (size_t)(comma - p) : strlen(p);
-        int c = compare_values(field_at(s->tree, a, p, k), field_at(s->tree, b, p, k));
+    const struct sort_row *a = x, *b = y;
+    for (uint32_t k = 0; k < sort_keys_count; k++) {
+        int c = compare_values(a->keys[k], b->keys[k]);
         if (c != 0)
-            return s->reverse ? -c : c;
-        p += comma ? k + 1 : k;
+            return sort_now->reverse ? -c : c;
     }
     return 0;
+}
+
+/* Sorts items[0, n) by s's keys (at most SORT_KEYS_MAX of them: further
+ * ones are ignored). */
+static void sort_items(const struct sort_ctx *s, const struct json_node **items, size_t n)
+{
+    const char *starts[SORT_KEYS_MAX];
+    size_t sizes[SORT_KEYS_MAX];
+    uint32_t keys = 0;
+    for (const char *p = s->keys; *p && keys < SORT_KEYS_MAX;) {
+        const char *comma = strchr(p, ',');
+        size_t k = comma ? (size_t)(comma - p) : strlen(p);
+        starts[keys] = p;
+        sizes[keys++] = k;
+        p += comma ? k + 1 : k;
+    }
+    struct sort_row *rows = malloc((n + 1) * sizeof *rows);
+    ASSERT(rows != NULL);
+    for (size_t i = 0; i < n; i++) {
+        rows[i].item = items[i];
+        for (uint32_t k = 0; k < keys; k++)
+            rows[i].keys[k] = field_at(s->tree, items[i], starts[k], sizes[k]);
+    }
+    sort_now = s;
+    sort_keys_count = keys;
+    qsort(rows, n, sizeof *rows, compare_rows);
+    sort_now = NULL;
+    for (size_t i = 0; i < n; i++)
+        items[i] = rows[i].item;
+    free(rows);
 }
 
 /* ---- answers --------------------------------------------------------------- */
@@ -345,9 +380,7 @@ void api_list_answer(struct http_call *call, const struct http_call_request *req
     char reverse[8];
     s.reverse = api_query_get(req, "sort_reverse", reverse, sizeof reverse) &&
                 strcmp(reverse, "true") == 0;
-    sort_now = &s;
-    qsort(items, filtered, sizeof *items, compare_items);
-    sort_now = NULL;
+    sort_items(&s, items, filtered);
     struct columns cols;
     columns_parse(req, &cols);
     struct json body;

@@ -124,6 +124,11 @@ static void answer_released(struct http_conn *hc, int status, struct json *body,
     size_t out_size = (size_t)n + (hc->head_only ? 0 : body_size);
     conn_out_ref(&hc->conn, (const uint8_t *)start, out_size, release ? release : free, data);
     hc->state = HTTP_CONN_STATE_ANSWERED;
+    /* The loop's time is its turn's start: an answer built in this turn
+     * for seconds (a list of 50,000 queues) would start its reader's
+     * timeout that much in the past, and the timer would cut the answer
+     * at once. */
+    uv_update_time(hc->server->net->loop);
     hc->state_since_ms = uv_now(hc->server->net->loop);
     hc->server->requests_count++;
     conn_close_after_flush(&hc->conn);
