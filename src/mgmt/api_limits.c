@@ -98,20 +98,21 @@ void api_limits_write_user(struct json *out, const struct broker *broker, struct
     write_value(out, api_limits_of(broker), LIMIT_SCOPE_USER, user);
 }
 
-void api_limits_write_parameters(struct json *out, const struct broker *broker,
-                                 struct bytes only)
+static void write_parameters(struct json *out, const struct broker *broker, struct bytes only,
+                             bool with_vhost, const struct auth_user *user)
 {
     const struct limit_set *set = api_limits_of(broker);
     for (uint32_t i = 0; i < set->count; i++) {
         const struct limit *l = &set->items[i];
         bool first = i == 0 || l->scope != set->items[i - 1].scope ||
                      !bytes_equal(l->name, set->items[i - 1].name);
-        if (!first || l->scope != LIMIT_SCOPE_VHOST || (only.len && !bytes_equal(only, l->name)))
+        if (!first || l->scope != LIMIT_SCOPE_VHOST || (only.len && !bytes_equal(only, l->name)) ||
+            !mgmt_user_sees_vhost(user, l->name))
             continue;
         json_object_begin(out);
         json_key(out, "value");
         write_value(out, set, LIMIT_SCOPE_VHOST, l->name);
-        if (only.len == 0) {
+        if (with_vhost) {
             json_key(out, "vhost");
             json_string_n(out, l->name.ptr, l->name.len);
         }
@@ -119,6 +120,28 @@ void api_limits_write_parameters(struct json *out, const struct broker *broker,
         json_kv_string(out, "name", "limits");
         json_object_end(out);
     }
+}
+
+void api_limits_write_parameters(struct json *out, const struct broker *broker,
+                                 struct bytes only)
+{
+    write_parameters(out, broker, only, only.len == 0, NULL);
+}
+
+void api_limits_write_parameters_seen(struct json *out, const struct broker *broker,
+                                      struct bytes only, const struct auth_user *user)
+{
+    write_parameters(out, broker, only, true, user);
+}
+
+bool api_limits_vhost_has(const struct broker *broker, struct bytes vhost)
+{
+    const struct limit_set *set = api_limits_of(broker);
+    for (uint32_t i = 0; i < set->count; i++) {
+        if (set->items[i].scope == LIMIT_SCOPE_VHOST && bytes_equal(set->items[i].name, vhost))
+            return true;
+    }
+    return false;
 }
 
 bool api_limits_check_parameter(const struct broker *broker, const struct json_tree *tree,

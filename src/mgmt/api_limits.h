@@ -47,6 +47,13 @@ struct json_node;
 void api_limits_write_user(struct json *out, const struct broker *broker, struct bytes user);
 void api_limits_write_parameters(struct json *out, const struct broker *broker,
                                  struct bytes only);
+/* The same items as GET /api/parameters lists them: each with its
+ * "vhost", of the vhosts user sees (NULL: all), of only (len 0: all). */
+void api_limits_write_parameters_seen(struct json *out, const struct broker *broker,
+                                      struct bytes only, const struct auth_user *user);
+/* Whether vhost has limits (then GET /api/parameters/vhost-limits/VHOST/limits
+ * is that one item). */
+bool api_limits_vhost_has(const struct broker *broker, struct bytes vhost);
 /* An import's "parameters" item: true only for a vhost-limits one that says
  * exactly what the vhost has (limits are set with PUT /api/vhost-limits,
  * as users and policies with their own paths); else false with why in err. */

@@ -9,6 +9,7 @@
 #include "mgmt/api_exchanges.h"
 #include "mgmt/api_health.h"
 #include "mgmt/api_nodes.h"
+#include "mgmt/api_parameters.h"
 #include "mgmt/api_queues.h"
 
 void api_rabbit_register(struct http_server *http, struct broker *broker)
@@ -19,5 +20,6 @@ void api_rabbit_register(struct http_server *http, struct broker *broker)
     api_connections_register(http, broker);
     api_nodes_register(http, broker);
     api_health_register(http, broker);
+    api_parameters_register(http, broker);
     api_definitions_register(http, broker);
 }

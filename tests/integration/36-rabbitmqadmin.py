@@ -309,6 +309,38 @@ def the_other_health_checks_answer_as_rabbitmq():
 
 
 @test(timeout=60)
+def parameters_and_operator_policies_list_as_rabbitmq():
+    # rabbitmqadmin's "list parameters" and "list operator_policies" (and
+    # the paths beside them) answer as RabbitMQ 3.10.8 did to the same
+    # requests: quay's only runtime parameters are vhost limits.
+    item = {"value": {"max-connections": 10}, "vhost": "/", "component": "vhost-limits",
+            "name": "limits"}
+    eq(http_call("PUT", "/api/vhost-limits/%2F/max-connections", '{"value": 10}')[0], 204,
+       "a vhost limit")
+    try:
+        wait_until(lambda: http_call("GET", "/api/parameters") == (200, [item]), 10,
+                   what="the limit listed")
+        for path in ("/api/parameters/vhost-limits", "/api/parameters/vhost-limits/%2F"):
+            eq(http_call("GET", path), (200, [item]), path)
+        eq(http_call("GET", "/api/parameters/vhost-limits/%2F/limits"), (200, item), "one")
+        eq(http_call("GET", "/api/parameters/federation-upstream"), (200, []), "none such")
+        for path in ("/api/parameters/vhost-limits/%2F/nope", "/api/parameters/vhost-limits/nope",
+                     "/api/operator-policies/%2F/x", "/api/global-parameters/x"):
+            eq(http_call("GET", path), (404, {"error": "Object Not Found",
+                                              "reason": "Not Found"}), path)
+        for path in ("/api/operator-policies", "/api/operator-policies/%2F",
+                     "/api/topic-permissions", "/api/global-parameters"):
+            eq(http_call("GET", path), (200, []), path)
+        st, body = http_call("GET", "/api/cluster-name")
+        eq((st, sorted(body)), (200, ["name"]), "cluster-name")
+        out = admin("list", "parameters")[1]
+        assert "vhost-limits" in out and "max-connections" in out, out
+        eq(admin("list", "operator_policies")[1].strip(), "No items", "operator policies")
+    finally:
+        http_call("DELETE", "/api/vhost-limits/%2F/max-connections")
+
+
+@test(timeout=60)
 def bad_input_gets_rabbitmq_answers():
     eq(http_call("GET", "/api/nosuch"), (404, {"error": "Object Not Found",
                                                "reason": "Not Found"}), "unknown path")
