@@ -74,7 +74,11 @@ async function api(path) {
     if (reason.startsWith('Login failed')) throw new LoginNeeded(reason);
     throw new Error(reason); // a right this user lacks: say so, stay logged in
   }
-  if (!response.ok) throw new Error(`${path}: ${response.status} ${response.statusText}`);
+  if (!response.ok) {
+    const error = new Error(`${path}: ${response.status} ${response.statusText}`);
+    try { error.code = (await response.json()).error; } catch (e) { /* empty */ }
+    throw error;
+  }
   return response.json();
 }
 
@@ -230,7 +234,16 @@ async function refreshList(spec) {
   const q = new URLSearchParams({page: l.page, page_size: l.size, sort,
     sort_reverse: l.reverse, columns: spec.columns.map((c) => c[0]).join(',')});
   if (l.filter) q.set('name', l.filter);
-  let data = await api(`${spec.path}?${q}`);
+  let data;
+  try {
+    data = await api(`${spec.path}?${q}`);
+  } catch (error) {
+    // The list shrank under the page shown (RabbitMQ refuses a page past
+    // its end): start again from the first.
+    if (error.code !== 'page_out_of_range' || l.page === 1) throw error;
+    l.page = 1;
+    return refreshList(spec);
+  }
   if (Array.isArray(data)) data = pageLocally(data, l, sort); // a list without paging
   const pages = Math.max(1, data.page_count || 1);
   if (l.page > pages) { l.page = pages; return refreshList(spec); }

@@ -296,24 +296,53 @@ static bool name_matches(const struct json_tree *tree, const struct json_node *n
            (name != NULL && name->kind == JSON_KIND_STRING && strstr(name->string, text));
 }
 
-/* page= and page_size=: false once answered 400. */
+/* A query number: 1 valid, 0 absent, -1 not a number. */
+static int query_number(const struct http_call_request *req, const char *key, char *text,
+                        size_t size, long *out)
+{
+    if (!api_query_get(req, key, text, size))
+        return 0;
+    char *end;
+    *out = strtol(text, &end, 10);
+    return *text != '\0' && *end == '\0' ? 1 : -1;
+}
+
+/* page= and page_size=: false once answered 400 with RabbitMQ 3.10's
+ * words (a word that is not a number, or numbers out of bounds). */
 static bool page_parse(struct http_call *call, const struct http_call_request *req, bool *paged,
                        long *page, long *page_size)
 {
-    char text[32];
-    *paged = api_query_get(req, "page", text, sizeof text);
+    char page_text[32] = "", size_text[32] = "undefined";
     *page = 1;
     *page_size = PAGE_SIZE_DEFAULT;
-    if (*paged && !parse_positive(text, page)) {
-        api_answer_bad_request(call, "page must be a positive integer");
+    int has_page = query_number(req, "page", page_text, sizeof page_text, page);
+    int has_size = query_number(req, "page_size", size_text, sizeof size_text, page_size);
+    *paged = has_page != 0;
+    if (has_page < 0 || has_size < 0) {
+        api_answer_bad_request(call, "Pagination parameters are invalid");
         return false;
     }
-    if (api_query_get(req, "page_size", text, sizeof text) &&
-        (!parse_positive(text, page_size) || *page_size > PAGE_SIZE_MAX)) {
-        api_answer_bad_request(call, "page_size must be an integer from 1 to 500");
+    if ((*paged && *page < 1) || *page_size < 1 || *page_size > PAGE_SIZE_MAX) {
+        char reason[128];
+        snprintf(reason, sizeof reason, "Invalid pagination parameters: page number %s, page "
+                 "size %s", *paged ? page_text : "undefined", has_size ? size_text : "undefined");
+        http_call_answer_error_as(call, 400, "invalid_pagination_parameters", reason);
         return false;
     }
     return true;
+}
+
+/* RabbitMQ's bound: a page may start at the list's end, not past it. False
+ * once answered 400. */
+static bool page_in_range(struct http_call *call, long page, long page_size, size_t filtered)
+{
+    if ((size_t)(page - 1) * (size_t)page_size <= filtered)
+        return true;
+    char reason[128];
+    snprintf(reason, sizeof reason, "Page out of range, page: %ld page size: %ld, len: %zu", page,
+             page_size, filtered);
+    http_call_answer_error_as(call, 400, "page_out_of_range", reason);
+    return false;
 }
 
 /* The page's items are items[from, to). */
@@ -377,6 +406,10 @@ void api_list_answer(struct http_call *call, const struct http_call_request *req
     struct sort_ctx s = {.tree = &tree};
     if (!api_query_get(req, "sort", s.keys, sizeof s.keys) || s.keys[0] == '\0')
         snprintf(s.keys, sizeof s.keys, "%s", default_sort);
+    else if (strlen(s.keys) + 1 + strlen(default_sort) < sizeof s.keys)
+        /* Ties (and a field the items lack) keep the default order, as in
+         * RabbitMQ, not the tables' hash order. */
+        snprintf(s.keys + strlen(s.keys), sizeof s.keys - strlen(s.keys), ",%s", default_sort);
     char reverse[8];
     s.reverse = api_query_get(req, "sort_reverse", reverse, sizeof reverse) &&
                 strcmp(reverse, "true") == 0;
@@ -385,6 +418,12 @@ void api_list_answer(struct http_call *call, const struct http_call_request *req
     columns_parse(req, &cols);
     struct json body;
     http_body_init(&body);
+    if (paged && !page_in_range(call, page, page_size, filtered)) {
+        free(items);
+        json_tree_free(&tree);
+        json_free(&body);
+        return;
+    }
     if (paged) {
         struct api_list_cut cut = {.page = page, .page_size = page_size, .filtered = filtered};
         size_t from, to;
@@ -461,6 +500,10 @@ void api_list_cut_range(const struct api_list_cut *cut, size_t *from, size_t *to
 void api_list_answer_cut(struct http_call *call, const struct http_call_request *req,
                          struct json *raw, const struct api_list_cut *cut)
 {
+    if (!page_in_range(call, cut->page, cut->page_size, cut->filtered)) {
+        json_free(raw);
+        return;
+    }
     struct json_tree tree;
     parse_own(raw, &tree);
     const struct json_node *root = json_tree_root(&tree);

@@ -366,8 +366,26 @@ def bad_input_gets_rabbitmq_answers():
     sock.settimeout(5)
     assert sock.recv(100).startswith(b"HTTP/1.1 401 "), "refused before the body"
     sock.close()
-    st, body = http_call("GET", "/api/queues?page=0")
-    eq(st, 400, "page 0")
+    # Pagination's refusals, each as RabbitMQ 3.10.8's to the same request.
+    eq(http_call("GET", "/api/queues?page=0"),
+       (400, {"error": "invalid_pagination_parameters",
+              "reason": "Invalid pagination parameters: page number 0, page size undefined"}),
+       "page 0")
+    eq(http_call("GET", "/api/queues?page=1&page_size=501")[1]["error"],
+       "invalid_pagination_parameters", "page size 501")
+    eq(http_call("GET", "/api/queues?page=abc"),
+       (400, {"error": "bad_request", "reason": "Pagination parameters are invalid"}), "abc")
+    st, body = http_call("GET", "/api/queues?page=1&page_size=1")
+    n = body["filtered_count"]
+    for sort in ("", "&sort=messages"):   # cut by name first, or gathered whole
+        eq(http_call("GET", "/api/queues?page=%d&page_size=1%s" % (n + 1, sort))[0], 200,
+           "a page at the list's end is empty, not refused")
+        eq(http_call("GET", "/api/queues?page=%d&page_size=1%s" % (n + 2, sort)),
+           (400, {"error": "page_out_of_range", "reason": "Page out of range, page: %d page "
+                  "size: 1, len: %d" % (n + 2, n)}), "past the end")
+    # A sort by a field the items lack keeps the default order (vhost, name).
+    names = [q["name"] for q in http_call("GET", "/api/queues?sort=nosuch&columns=name")[1]]
+    eq(names, sorted(names), "ties in name order")
     st, body = http_call("GET", "/api/queues?page=1&page_size=1")
     eq((st, sorted(body)), (200, ["filtered_count", "item_count", "items", "page",
                                   "page_count", "page_size", "total_count"]), "a page")
