@@ -22,8 +22,10 @@
 #include "lib/log.h"
 #include "mgmt/api.h"
 #include "mgmt/api_change.h"
+#include "mgmt/api_list.h"
 #include "lib/json.h"
 #include "lib/json_read.h"
+#include "mgmt/json_tree.h"
 
 #define ERROR_SIZE 256
 
@@ -44,6 +46,13 @@ static void write_policy(struct json *out, const struct policy *p)
     json_key(out, "pattern");
     json_string_n(out, p->pattern.ptr, p->pattern.len);
     json_kv_string(out, "apply-to", "queues");
+    /* RabbitMQ's classic mirroring says what quay's backups mean, as the
+     * definitions export writes it; "backups" is quay's own. */
+    json_key(out, "definition");
+    json_object_begin(out);
+    json_kv_string(out, "ha-mode", "exactly");
+    json_kv_uint(out, "ha-params", (uint64_t)p->backups + 1);
+    json_object_end(out);
     json_kv_uint(out, "priority", p->priority);
     json_kv_uint(out, "backups", p->backups);
     json_object_end(out);
@@ -98,31 +107,85 @@ static bool parse_path(const char *rest, size_t size, struct policy_path *out)
 struct body {
     char pattern[JSON_READ_STRING_SIZE];
     size_t pattern_size;
-    bool has_pattern, has_backups;
     int64_t priority, backups;
 };
 
-static bool on_member(void *ctx, const struct json_read_member *m, char *err, size_t err_size)
+/* A definition in RabbitMQ's words, of what quay's policies do (replicate):
+ * {"ha-mode": "exactly", "ha-params": N} is N - 1 backups, {"ha-mode":
+ * "all"} as many as a queue may have; "ha-sync-mode" is accepted (a new
+ * backup always catches up). -1 with why in err for anything else. */
+static int64_t definition_backups(const struct json_tree *t, const struct json_node *def,
+                                  char *err, size_t err_size)
 {
-    struct body *b = ctx;
-    if (strcmp(m->key, "pattern") == 0 && m->kind == JSON_READ_STRING) {
-        memcpy(b->pattern, m->string, m->string_size);
-        b->pattern_size = m->string_size;
-        b->has_pattern = true;
-    } else if (strcmp(m->key, "priority") == 0 && m->kind == JSON_READ_INT) {
-        b->priority = m->integer;
-    } else if (strcmp(m->key, "backups") == 0 && m->kind == JSON_READ_INT) {
-        b->backups = m->integer;
-        b->has_backups = true;
-    } else if (strcmp(m->key, "apply-to") == 0 && m->kind == JSON_READ_STRING &&
-               strcmp(m->string, "queues") == 0) {
-        /* RabbitMQ's field: replication policies only ever apply to queues. */
-    } else {
-        snprintf(err, err_size,
-                 "unexpected member '%s' (expected \"pattern\": string, \"priority\": "
-                 "integer, \"backups\": integer)",
-                 m->key);
+    if (def->kind != JSON_KIND_OBJECT) {
+        snprintf(err, err_size, "definition: an object expected");
+        return -1;
+    }
+    for (const struct json_node *m = json_tree_first(t, def); m; m = json_tree_next(t, m)) {
+        if (strcmp(m->key, "ha-mode") != 0 && strcmp(m->key, "ha-params") != 0 &&
+            strcmp(m->key, "ha-sync-mode") != 0) {
+            snprintf(err, err_size, "definition: '%s' is not supported (quay's policies set "
+                     "replication: ha-mode, ha-params)", m->key);
+            return -1;
+        }
+    }
+    const struct json_node *mode = json_tree_get(t, def, "ha-mode");
+    const struct json_node *params = json_tree_get(t, def, "ha-params");
+    if (mode != NULL && mode->kind == JSON_KIND_STRING && strcmp(mode->string, "all") == 0)
+        return POLICY_BACKUPS_MAX;
+    if (mode == NULL || mode->kind != JSON_KIND_STRING || strcmp(mode->string, "exactly") != 0 ||
+        params == NULL || !params->is_integer || params->integer < 1 ||
+        params->integer > POLICY_BACKUPS_MAX + 1) {
+        snprintf(err, err_size, "definition: {\"ha-mode\": \"exactly\", \"ha-params\": 1..%d} "
+                 "or {\"ha-mode\": \"all\"} expected", POLICY_BACKUPS_MAX + 1);
+        return -1;
+    }
+    return params->integer - 1;
+}
+
+/* The members of a PUT's body: false with why in err. RabbitMQ's shape
+ * ("pattern", "definition", "priority", "apply-to"; rabbitmqadmin adds
+ * "name" and "vhost", which the path says) or quay's ("backups"). */
+static bool read_members(const struct json_tree *t, struct body *b, char *err, size_t err_size)
+{
+    const struct json_node *root = json_tree_root(t);
+    if (root->kind != JSON_KIND_OBJECT) {
+        snprintf(err, err_size, "an object expected");
         return false;
+    }
+    b->backups = -1;
+    for (const struct json_node *m = json_tree_first(t, root); m; m = json_tree_next(t, m)) {
+        int64_t backups = -2;
+        if (strcmp(m->key, "pattern") == 0 && m->kind == JSON_KIND_STRING &&
+            m->string_size < sizeof b->pattern) {
+            memcpy(b->pattern, m->string, m->string_size);
+            b->pattern_size = m->string_size;
+        } else if (strcmp(m->key, "priority") == 0 && m->is_integer) {
+            b->priority = m->integer;
+        } else if (strcmp(m->key, "backups") == 0 && m->is_integer) {
+            backups = m->integer;
+        } else if (strcmp(m->key, "definition") == 0) {
+            backups = definition_backups(t, m, err, err_size);
+            if (backups < 0)
+                return false;
+        } else if (strcmp(m->key, "apply-to") == 0 && m->kind == JSON_KIND_STRING &&
+                   (strcmp(m->string, "queues") == 0 || strcmp(m->string, "all") == 0)) {
+            /* Replication policies only ever apply to queues. */
+        } else if ((strcmp(m->key, "name") == 0 || strcmp(m->key, "vhost") == 0) &&
+                   m->kind == JSON_KIND_STRING) {
+            /* The path's (rabbitmqadmin sends them too). */
+        } else {
+            snprintf(err, err_size, "unexpected member '%s' (expected \"pattern\": string, "
+                     "\"definition\": {\"ha-mode\", \"ha-params\"} or \"backups\": integer, "
+                     "\"priority\": integer, \"apply-to\": \"queues\" or \"all\")", m->key);
+            return false;
+        }
+        if (backups >= -1 && b->backups >= 0 && backups != b->backups) {
+            snprintf(err, err_size, "\"backups\" and \"definition\" disagree");
+            return false;
+        }
+        if (backups != -2)
+            b->backups = backups;
     }
     return true;
 }
@@ -132,14 +195,18 @@ static int parse_body(const struct http_call_request *req, const struct policy_p
                       struct body *b, struct policy_decl *d, char *err, size_t err_size)
 {
     memset(b, 0, sizeof *b);
-    if (json_read_object(req->body, req->body_size, on_member, b, err, err_size) != OK)
+    struct json_tree t;
+    if (json_tree_parse(&t, req->body, req->body_size, err, err_size) != OK)
         return E_SYNTAX;
-    if (!b->has_pattern || !b->has_backups) {
-        snprintf(err, err_size, "\"pattern\" and \"backups\" are required");
+    bool ok = read_members(&t, b, err, err_size);
+    json_tree_free(&t);
+    if (!ok)
+        return E_SYNTAX;
+    if (b->pattern_size == 0 || b->backups < 0) {
+        snprintf(err, err_size, "\"pattern\" and \"definition\" (or \"backups\") are required");
         return E_SYNTAX;
     }
-    if (b->priority < 0 || b->priority > POLICY_PRIORITY_MAX || b->backups < 0 ||
-        b->backups > POLICY_BACKUPS_MAX) {
+    if (b->priority < 0 || b->priority > POLICY_PRIORITY_MAX || b->backups > POLICY_BACKUPS_MAX) {
         snprintf(err, err_size, "priority must be 0..%d and backups 0..%d", POLICY_PRIORITY_MAX,
                  POLICY_BACKUPS_MAX);
         return E_SYNTAX;
@@ -188,9 +255,9 @@ static void on_applied(struct api_change *c, const struct map_change *change)
 {
     struct pending *p = (struct pending *)c;
     if (change->reply_code == REPLY_NOT_FOUND) {
-        http_call_answer_error(c->call, 404, change->reply_text);
+        api_answer_not_found(c->call);
     } else if (change->reply_code != REPLY_SUCCESS) {
-        http_call_answer_error(c->call, 400, change->reply_text);
+        api_answer_bad_request(c->call, change->reply_text);
     } else if (change->op == MAP_OP_POLICY_DELETE) {
         answer_deleted(c->call, &p->path);
     } else {
@@ -234,11 +301,11 @@ static void put_policy(struct broker *broker, struct http_call *call,
     struct policy_decl d;
     char err[ERROR_SIZE];
     if (parse_body(req, path, &b, &d, err, sizeof err) != OK) {
-        http_call_answer_error(call, 400, err);
+        api_answer_bad_request(call, err);
         return;
     }
     if (!vhost_exists(broker, d.vhost)) {
-        http_call_answer_error(call, 404, "no such vhost");
+        api_answer_not_found(call); /* RabbitMQ's words */
         return;
     }
     const struct policy_set *set = api_policies_of(broker);
@@ -250,7 +317,7 @@ static void put_policy(struct broker *broker, struct http_call *call,
         return;
     }
     if (created && set->count == POLICY_COUNT_MAX) {
-        http_call_answer_error(call, 400, "too many policies");
+        api_answer_bad_request(call, "too many policies");
         return;
     }
     policy_set_put(&broker->policies, &d);
@@ -267,7 +334,7 @@ static void delete_policy(struct broker *broker, struct http_call *call,
                           const struct policy_path *path)
 {
     if (!vhost_exists(broker, path->vhost_b)) {
-        http_call_answer_error(call, 404, "no such vhost");
+        api_answer_not_found(call); /* RabbitMQ's words */
         return;
     }
     if (member_node_of(broker) != NULL) {
@@ -277,7 +344,7 @@ static void delete_policy(struct broker *broker, struct http_call *call,
         return;
     }
     if (!policy_set_delete(&broker->policies, path->vhost_b, path->name_b)) {
-        http_call_answer_error(call, 404, "no such policy");
+        api_answer_not_found(call);
         return;
     }
     durable_policy_deleted(broker, path->vhost_b, path->name_b);
@@ -290,7 +357,7 @@ static void handle_policy(void *ctx, struct http_call *call, const struct http_c
     struct broker *broker = ctx;
     struct policy_path path;
     if (!parse_path(req->rest, req->rest_size, &path)) {
-        http_call_answer_error(call, 404, "expected /api/policies/{vhost}/{name}");
+        api_answer_not_found(call);
         return;
     }
     /* The admission checked the tag (policymaker to change); the vhost is
@@ -312,7 +379,7 @@ static void handle_policy(void *ctx, struct http_call *call, const struct http_c
         if (p != NULL)
             answer_policy(call, 200, p);
         else
-            http_call_answer_error(call, 404, "no such policy");
+            api_answer_not_found(call);
         return;
     }
     case HTTP_METHOD_PUT: put_policy(broker, call, req, &path); return;

@@ -341,6 +341,37 @@ def parameters_and_operator_policies_list_as_rabbitmq():
 
 
 @test(timeout=60)
+def policies_in_rabbitmqs_words():
+    # rabbitmqadmin declares, lists and deletes a policy as RabbitMQ's
+    # classic mirroring says it ({"ha-mode": "exactly", "ha-params": N}: N
+    # copies, quay's N - 1 backups); what quay's policies cannot do is
+    # refused with a reason, and nothing is made.
+    admin("declare", "policy", "name=adm-ha", "pattern=^adm-ha\\.",
+          'definition={"ha-mode": "exactly", "ha-params": 2, "ha-sync-mode": "automatic"}',
+          "priority=5", "apply-to=queues")
+    try:
+        listed_p = [p for p in admin_json("list", "policies") if p["name"] == "adm-ha"]
+        eq([(p["pattern"], p["definition"], p["priority"], p["apply-to"], p["backups"])
+            for p in listed_p],
+           [("^adm-ha\\.", {"ha-mode": "exactly", "ha-params": 2}, 5, "queues", 1)], "listed")
+        if qbroker().cluster is not None:
+            amqp().channel().queue_declare("adm-ha.q")
+            wait_until(lambda: len((listed("adm-ha.q") or {}).get("backups", [])) == 1, 10,
+                       what="the policy's one backup")
+            admin("delete", "queue", "name=adm-ha.q")
+        rc, out = admin("declare", "policy", "name=adm-ttl", "pattern=.*",
+                        'definition={"message-ttl": 1000}', check=False)
+        assert rc != 0 and "message-ttl" in out and "not supported" in out, out
+        st, body = http_call("PUT", "/api/policies/%2F/adm-bad", '{"pattern": "x", "definition"')
+        eq((st, body["error"]), (400, "bad_request"), body)
+        assert "line 1" in body["reason"], body
+        assert not [p for p in admin_json("list", "policies") if p["name"] != "adm-ha"]
+    finally:
+        admin("delete", "policy", "name=adm-ha", check=False)
+    assert not [p for p in admin_json("list", "policies") if p["name"] == "adm-ha"], "deleted"
+
+
+@test(timeout=60)
 def bad_input_gets_rabbitmq_answers():
     eq(http_call("GET", "/api/nosuch"), (404, {"error": "Object Not Found",
                                                "reason": "Not Found"}), "unknown path")

@@ -313,6 +313,31 @@ def a_list_that_shrinks_under_its_page_starts_again():
 
 
 @test(timeout=120)
+def the_other_lists_show_what_the_api_says():
+    """Exchanges, users, policies and connections: each view's title counts
+    what the API lists, and a row this test knows of is drawn."""
+    status, body = c1.api_call("PUT", "/api/policies/%2F/console-p",
+                               {"pattern": "^console-", "priority": 0, "backups": 1})
+    assert status in (200, 201), (status, body)
+    conn = connect(c2)  # a client of c2, listed there
+    try:
+        wait_until(lambda: any(p["name"] == "console-p" for p in c2.api_get("/api/policies")),
+                   10, what="the policy on c2")
+        for view, path, row in (("exchanges", "/api/exchanges", "amq.topic"),
+                                ("users", "/api/users", cluster.api_user[0]),
+                                ("policies", "/api/policies", "console-p"),
+                                ("connections", "/api/connections", None)):
+            want = len(c2.api_get(path))
+            page = dom(c2, view)
+            title = text_of(page, "list-title")
+            assert title == "%s (%d)" % (view.capitalize(), want), (view, title, want)
+            assert row is None or ">%s<" % row in page, (view, row)
+    finally:
+        conn.close()
+        c1.api_call("DELETE", "/api/policies/%2F/console-p")
+
+
+@test(timeout=120)
 def cluster_map_draws_the_brokers():
     page = dom(c1, "cluster")
     drawn = brokers_drawn(page)
