@@ -269,7 +269,7 @@ static void adopt(struct member *member, struct adoption *a, bool follow)
         const struct map_queue *mq =
             cluster_map_queue(member_map(member), queue->vhost->name, queue->name);
         if (follow && mq != NULL && mq->primary_id == member->self_id) {
-            replication_attach(member, queue, mq);
+            replication_attach(member, queue, mq, false);
             handover_follow(member, queue, mq);
         }
         queue_dispatch(queue);

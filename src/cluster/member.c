@@ -20,6 +20,7 @@
 #include "broker/vhost.h"
 #include "cluster/adoption.h"
 #include "cluster/controller.h"
+#include "cluster/fence.h"
 #include "cluster/handover.h"
 #include "cluster/link.h"
 #include "cluster/mirror.h"
@@ -350,16 +351,15 @@ void member_propose_entry(struct member *member, const uint8_t *entry, uint64_t 
 bool member_forward_fresh(struct member *member, struct bytes vhost, struct bytes queue,
                           uint64_t epoch)
 {
-    const struct map_queue *q = cluster_map_queue(member_map(member), vhost, queue);
-    return q != NULL && q->primary_id == member->self_id && epoch >= q->epoch;
+    return fence_forward_fresh(cluster_map_queue(member_map(member), vhost, queue),
+                               member->self_id, epoch);
 }
 
 bool member_forward_relays(const struct member *member, struct bytes vhost, struct bytes queue,
                            uint64_t epoch)
 {
-    const struct map_queue *q = cluster_map_queue(member_map(member), vhost, queue);
-    return q != NULL && q->primary_id != member->self_id && epoch < q->epoch && q->available &&
-           !member->stopping;
+    return fence_forward_relays(cluster_map_queue(member_map(member), vhost, queue),
+                                member->self_id, epoch) && !member->stopping;
 }
 
 /* ---- forwards that arrived before our map had their queue ---- */
@@ -380,12 +380,8 @@ bool member_map_behind(const struct member *member, struct bytes vhost, struct b
 {
     if (member->stopping)
         return false;
-    /* A queue's epoch starts at the map version of its declare and grows
-     * by one per change of owner: a newer epoch than ours, or a queue we do
-     * not know under an epoch our map has not reached, means we lag. */
     const struct cluster_map *map = member_map(member);
-    const struct map_queue *q = cluster_map_queue(map, vhost, queue);
-    return q != NULL ? epoch > q->epoch : epoch > map->version;
+    return fence_map_behind(map, cluster_map_queue(map, vhost, queue), epoch);
 }
 
 void member_park_forward(struct member *member, struct vhost *vhost, struct bytes queue,
@@ -546,7 +542,7 @@ static struct queue *replica_target(struct member *member, struct vhost *vhost,
                                     struct bytes name, uint64_t epoch)
 {
     const struct map_queue *q = cluster_map_queue(member_map(member), vhost->name, name);
-    if (q == NULL || epoch < q->epoch || q->primary_id == member->self_id)
+    if (!fence_replica_accepts(q, member->self_id, epoch))
         return NULL;
     struct queue *queue = vhost_queue(vhost, name);
     return queue && queue_is_remote(queue) ? queue : NULL;
@@ -561,7 +557,7 @@ bool member_replica_push(struct member *member, struct vhost *vhost, struct byte
     /* Paged where the primary pages it (not a priority queue: an adopted
      * paged entry must find its level without its message). */
     bool page = queue->args.max_priority == 0 && queue_pages(queue);
-    return replica_push(proxy_stub_replica(queue, true), seq, message,
+    return replica_push(proxy_stub_replica(queue, true), epoch, seq, message,
                         uv_now(member->broker->loop), page);
 }
 

@@ -308,7 +308,7 @@ static void follow_queue(struct member *member, struct queue *q, const struct ma
         ASSERT(!waking); /* (adoption starts only once synced) */
         return; /* its adoption starts these, with the map as it is then */
     }
-    replication_attach(member, q, mq);
+    replication_attach(member, q, mq, waking);
     if (waking)
         queue_resume(q); /* what waited is replicated like any publish */
     handover_follow(member, q, mq);
@@ -395,7 +395,7 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     if (promoted_epoch && !adopting)
         q->next_seq += PROMOTION_SEQ_GAP;
     if (!adopting)
-        replication_attach(member, q, mq);
+        replication_attach(member, q, mq, false);
     if (draining)
         queue_hold_publishes(q);
     route_held(q, held, held_count);

@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "cluster/consensus.h"
+#include "cluster/fence.h"
 #include "cluster/heartbeat.h"
 #include "lib/assert.h"
 #include "lib/log.h"
@@ -43,12 +44,6 @@
 static_assert(HEARTBEAT_SIZE_MAX < 1200, "a heartbeat fits one datagram on any link");
 
 /* ---- the lease ---- */
-
-static int by_newest(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x > y ? -1 : x < y;
-}
 
 /* The lease lasts NODE_LEASE_MS past the moment the majority-th broker
  * (counting ourselves) was last heard. */
@@ -67,14 +62,7 @@ void node__lease_update(struct cluster_node *node)
         const struct peer *peer = node__peer_find(node, id);
         heard[n++] = peer ? peer->last_heard_ms : 0;
     }
-    uint32_t others_needed = (n + 1) / 2; /* a majority of n + 1, less ourselves */
-    if (!member || others_needed == 0) {
-        node->lease_until_ms = UINT64_MAX;
-        return;
-    }
-    qsort(heard, n, sizeof heard[0], by_newest);
-    uint64_t last = heard[others_needed - 1];
-    node->lease_until_ms = last == 0 ? 0 : last + NODE_LEASE_MS;
+    node->lease_until_ms = fence_lease_until(heard, n, member, NODE_LEASE_MS);
 }
 
 bool cluster_node_lease_fresh(const struct cluster_node *node)

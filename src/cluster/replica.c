@@ -11,6 +11,7 @@
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "cluster/fence.h"
 #include "lib/assert.h"
 #include "lib/ring.h"
 #include "lib/log.h"
@@ -29,6 +30,7 @@ struct replica {
     uint32_t paged;              /* live ones kept in the log only (their message NULL) */
     uint64_t live_bytes;         /* their body bytes */
     uint64_t last_seq;
+    uint64_t last_epoch;         /* of the stream last_seq came on (0: unknown) */
     /* Owned, or NULL (a transient queue, or no journal): the log of the
      * persistent messages, the records the primary's journal has, so a
      * promotion need not write them again. Not fsync'ed before our ack:
@@ -96,8 +98,8 @@ void replica_free(struct replica *r)
     free(r);
 }
 
-bool replica_push(struct replica *r, uint64_t seq, struct message *message, uint64_t now_ms,
-                  bool page)
+bool replica_push(struct replica *r, uint64_t epoch, uint64_t seq, struct message *message,
+                  uint64_t now_ms, bool page)
 {
     if (seq == 0) {
         /* Not a message: a catch-up's dedup id (or its empty probe). */
@@ -105,8 +107,9 @@ bool replica_push(struct replica *r, uint64_t seq, struct message *message, uint
             dedup_record(r->dedup, message_id(message), now_ms, 0);
         return true;
     }
-    if (seq <= r->last_seq)
-        return true; /* sent again after a reconnect: we have it (or it left) */
+    enum fence_push fate = fence_replica_push(r->last_seq, r->last_epoch, seq, epoch);
+    if (fate != FENCE_PUSH_TAKE)
+        return fate == FENCE_PUSH_HAVE; /* sent again after a reconnect, or a collision */
     /* After a reset, the snapshot's ids are mostly known already: they keep
      * their first time (dedup_record does not restart a window). */
     if (r->dedup)
@@ -134,6 +137,7 @@ bool replica_push(struct replica *r, uint64_t seq, struct message *message, uint
     r->live_bytes += message->body_size;
     r->persistent += message->persistent;
     r->last_seq = seq;
+    r->last_epoch = epoch;
     return true;
 }
 

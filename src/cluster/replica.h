@@ -55,12 +55,14 @@ struct replica;
 struct replica *replica_new(int64_t dedup_window_ms, struct journal_queue *log);
 void replica_free(struct replica *replica); /* NULL is fine */
 /* Messages arrive in seq order; a seq at or below the last one is a resend
- * and ignored (true: stored or already there). With a dedup window the
+ * and ignored (true: stored or already there) when it comes under the same
+ * epoch, and refused (false) under another (fence_replica_push: the new
+ * primary's seqs collide with ours; it catches us up again). With a dedup window the
  * message-id is remembered as of now_ms (our loop clock) either way. page:
  * keep a persistent message in the log only, as a paging primary does (a
  * lazy queue, memory past the paging mark); never for a priority queue. */
-bool replica_push(struct replica *replica, uint64_t seq, struct message *message,
-                  uint64_t now_ms, bool page);
+bool replica_push(struct replica *replica, uint64_t epoch, uint64_t seq,
+                  struct message *message, uint64_t now_ms, bool page);
 void replica_remove(struct replica *replica, uint64_t seq); /* seq 0: all */
 uint32_t replica_count(const struct replica *replica);   /* NULL: 0 */
 /* The journal closes (a shutdown): the log is left as it is on disk (the

@@ -745,7 +745,8 @@ static void stream_sync(struct replication *rep, struct replica_stream *s)
     stream_send(rep, s, &m, NULL, 0);
 }
 
-static void streams_follow(struct replication *rep, const struct map_queue *mq, bool fresh)
+static void streams_follow(struct replication *rep, const struct map_queue *mq, bool fresh,
+                           bool recovered)
 {
     struct replica_stream *next[CLUSTER_BACKUPS_MAX] = {0};
     for (uint8_t i = 0; i < mq->backups_count; i++) {
@@ -761,9 +762,10 @@ static void streams_follow(struct replication *rep, const struct map_queue *mq, 
              * adopted, under the same seqs. (A stream we already had keeps
              * what it knows: one that failed is not in step, whatever an
              * epoch change says.) */
-            s->state = in_sync ? STREAM_LIVE : STREAM_IDLE;
+            bool in_step = in_sync && !recovered;
+            s->state = in_step ? STREAM_LIVE : in_sync ? STREAM_FAILED : STREAM_IDLE;
             s->join_asked = false;
-            s->acked_seq = in_sync ? rep->queue->next_seq - 1 : 0;
+            s->acked_seq = in_step ? rep->queue->next_seq - 1 : 0;
         }
         /* Live (everything sent so far is on its way to it, nothing lost)
          * but not in sync in the map: a stale request of ours landed after
@@ -829,7 +831,8 @@ bool replication_holds_everything(const struct queue *queue, uint32_t backup_id)
     return true;
 }
 
-void replication_attach(struct member *member, struct queue *queue, const struct map_queue *mq)
+void replication_attach(struct member *member, struct queue *queue, const struct map_queue *mq,
+                        bool recovered)
 {
     struct replication *rep = queue->replication;
     if (mq->backups_count == 0 && (rep == NULL || rep->count == 0)) {
@@ -848,7 +851,9 @@ void replication_attach(struct member *member, struct queue *queue, const struct
     }
     rep->epoch = mq->epoch;
     rep->transient_wanted = transient_only_wanted(member, queue, mq);
-    streams_follow(rep, mq, fresh);
+    streams_follow(rep, mq, fresh, recovered);
+    if (fresh && recovered)
+        ask_in_sync(rep); /* without those not in step (the tick asks again) */
     for (uint8_t i = 0; fresh && i < rep->streams_count; i++) {
         if (rep->streams[i]->state == STREAM_LIVE)
             stream_sync(rep, rep->streams[i]);

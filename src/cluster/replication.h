@@ -52,8 +52,14 @@ struct queue;
 
 /* The queue is real here, as mq says (called on every map change of it):
  * stream it to mq's backups, catch up those not in sync. No backups (and
- * nothing waiting): the queue's replication state goes. */
-void replication_attach(struct member *member, struct queue *queue, const struct map_queue *mq);
+ * nothing waiting): the queue's replication state goes. recovered: the
+ * queue is what this process's journal recovered at its start (not a
+ * replica it adopted): its in-sync backups may hold messages it lost (the
+ * transient ones) under seqs it will number again, so they are not in
+ * step: they leave the in-sync set (asked of the map; the confirms wait
+ * meanwhile) and are caught up again, as a failed backup is. */
+void replication_attach(struct member *member, struct queue *queue, const struct map_queue *mq,
+                        bool recovered);
 
 /* The queue stops being replicated from here: it was deleted (ack: its
  * waiting publishes are confirmed, as a deleted queue's are) or the map

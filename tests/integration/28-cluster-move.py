@@ -611,6 +611,58 @@ def the_old_primary_stays_in_sync_and_can_take_over():
                            for m in members.values()), 30, what="%s back" % new.name)
 
 
+@test(timeout=180)
+def moved_back_to_an_emptied_queue_its_backups_hold_what_it_confirms():
+    """Found by tests/sim (seed 12; cluster/fence.h, fence_replica_push): a
+    queue handed to a backup that adopts nothing (its messages consumed,
+    and transient: no log to number from) numbers its seqs from 2^32 + 1,
+    at or below those its other backups got from the primary before. They
+    took its messages for resends and acked them without keeping them (so
+    a failover to one lost what was confirmed). Now they refuse them, leave
+    the in-sync set and are caught up: what is confirmed is on both."""
+    q = declare_until("mv-e", members["a"],
+                      lambda i: (i is not None and len(i["backups"]) == 2 and
+                                 i["in_sync"] == i["backups"]),
+                      **{"x-quay-backups": 2})
+    first = queue_info(members["a"], q)
+    p, x = members[first["primary"]], members[first["backups"][0]]
+
+    def moved_to(m):
+        move(members["a"], q, m.name)
+        wait_until(lambda: (lambda i: i["primary"] == m.name and len(i["in_sync"]) == 2)(
+            queue_info(members["a"], q)) and members["a"].api_cluster()["moves"] == [], 20,
+            what="the move to %s" % m.name, detail=lambda: queue_info(members["a"], q))
+
+    def publish(first, count):
+        conn = connect(members["a"])
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(first, first + count):
+            ch.basic_publish("", q, b"%d" % i, pika.BasicProperties(delivery_mode=1))
+        conn.close()
+
+    moved_to(x)  # its seqs from 2^32 + 1
+    publish(0, 30)
+    assert len(read_all(members["a"], q)) == 30
+    moved_to(p)  # empty and no log: from 2^32 + 1 again
+    publish(100, 20)
+    info = queue_info(members["a"], q)
+    backups = [members[n] for n in info["backups"]]
+    wait_until(lambda: len(queue_info(members["a"], q)["in_sync"]) == 2 and
+               all(queue_info(b, q)["replica_messages"] == 20 for b in backups), 20,
+               what="both backups holding the 20 confirmed",
+               detail=lambda: [(b.name, queue_info(b, q)) for b in backups])
+    p.kill()
+    survivor = others(p.name)[0]
+    wait_until(lambda: (queue_info(survivor, q) or {}).get("primary") not in (None, p.name), 20,
+               what="the failover", detail=lambda: queue_info(survivor, q))
+    got = sorted(int(b) for b in read_all(survivor, q))
+    assert got == list(range(100, 120)), got
+    p.start()
+    wait_until(lambda: all(m.view() and m.view().brokers.get(p.name) == "up"
+                           for m in members.values()), 30, what="%s back" % p.name)
+
+
 def cluster_info(member):
     return member.api_call("GET", "/api/cluster")[1]
 

@@ -487,11 +487,11 @@ static void dedup_table_moves_with_a_promotion(void **state)
         char id[8];
         snprintf(id, sizeof id, "m%u", i);
         struct message *m = make_id(i, id);
-        assert_true(replica_push(r, i, m, now, false));
+        assert_true(replica_push(r, 1, i, m, now, false));
         message_unref(m);
     }
     struct message *m = make_id(4, NULL);
-    assert_true(replica_push(r, 4, m, now, false));
+    assert_true(replica_push(r, 1, 4, m, now, false));
     message_unref(m);
     assert_int_equal(replica_dedup_count(r), 3);
     /* Acks and a catch-up's reset clear messages, not ids. */
@@ -500,7 +500,7 @@ static void dedup_table_moves_with_a_promotion(void **state)
     assert_int_equal(replica_count(r), 0);
     assert_int_equal(replica_dedup_count(r), 3);
     m = make_id(3, "m3"); /* the snapshot: what the primary still holds */
-    assert_true(replica_push(r, 3, m, now, false));
+    assert_true(replica_push(r, 1, 3, m, now, false));
     message_unref(m);
     assert_int_equal(replica_dedup_count(r), 3);
     /* Promotion: the real queue (same arguments) takes messages and ids. */
@@ -525,14 +525,14 @@ static void adopt_replica(const char *name, const char *key, int64_t value)
     uint64_t now = uv_now(broker.loop);
     for (uint32_t seq = 1; seq <= 100; seq++) {
         struct message *m = make(seq, (uint8_t)(seq % 3), NULL);
-        assert_true(replica_push(r, seq, m, now, false));
+        assert_true(replica_push(r, 1, seq, m, now, false));
         message_unref(m);
     }
     for (uint32_t seq = 1; seq <= 60; seq++)
         replica_remove(r, seq); /* the head moves on: the next pushes wrap */
     for (uint32_t seq = 101; seq <= 120; seq++) {
         struct message *m = make(seq, (uint8_t)(seq % 3), NULL);
-        assert_true(replica_push(r, seq, m, now, false));
+        assert_true(replica_push(r, 1, seq, m, now, false));
         message_unref(m);
     }
     for (uint32_t seq = 70; seq <= 110; seq += 10)

@@ -1,7 +1,7 @@
 /*
  * test_replica.c: a backup's copy of a queue (cluster/replica.h) keeps the
  * primary's messages in seq order, forgets removed ones in any order,
- * ignores resends, clears on purge, and holds exactly one reference per
+ * ignores resends (refuses a seq it has under another epoch), clears on purge, and holds exactly one reference per
  * message it keeps (message_live_count tells). Of a durable queue it logs
  * the persistent messages it keeps, and nothing else, in a real journal
  * (a temporary directory): what a restart would read back is exactly them.
@@ -50,7 +50,7 @@ static void push_range(struct replica *r, uint64_t from, uint64_t to)
 {
     for (uint64_t seq = from; seq <= to; seq++) {
         struct message *m = make((uint32_t)seq);
-        assert_true(replica_push(r, seq, m, 0, false));
+        assert_true(replica_push(r, 1, seq, m, 0, false));
         message_unref(m);
     }
 }
@@ -96,6 +96,33 @@ static void test_resends_are_ignored(void **state)
     replica_remove(r, 3);
     push_range(r, 3, 3); /* a removed one sent again stays removed */
     assert_int_equal(replica_count(r), 11);
+    replica_free(r);
+    assert_int_equal(message_live_count, live_before);
+}
+
+/* A new primary whose seqs start below ours (it was caught up from a reset,
+ * or held nothing and has no log, when it was promoted): its messages are
+ * not the ones we have under those seqs. Acking them would confirm what we
+ * do not hold (tests/sim found it: seed 12, queue q35); refused, so the
+ * primary catches us up again. */
+static void test_a_colliding_seq_from_another_epoch_is_refused(void **state)
+{
+    (void)state;
+    uint64_t live_before = message_live_count;
+    struct replica *r = replica_new(-1, NULL);
+    push_range(r, 1, 10); /* (epoch 1) */
+    struct message *m = make(99);
+    assert_false(replica_push(r, 2, 5, m, 0, false));
+    assert_false(replica_push(r, 2, 10, m, 0, false));
+    assert_int_equal(replica_count(r), 10);
+    assert_true(replica_push(r, 1, 7, m, 0, false)); /* the same epoch: a resend */
+    assert_true(replica_push(r, 2, 11, m, 0, false)); /* past ours: taken */
+    assert_false(replica_push(r, 1, 11, m, 0, false)); /* the old epoch now collides */
+    assert_int_equal(replica_count(r), 11);
+    replica_remove(r, 0); /* a reset: whatever comes next is taken */
+    assert_true(replica_push(r, 3, 1, m, 0, false));
+    assert_int_equal(replica_count(r), 1);
+    message_unref(m);
     replica_free(r);
     assert_int_equal(message_live_count, live_before);
 }
@@ -153,7 +180,7 @@ static void journal_done(uv_loop_t *loop, struct journal *j)
 static void push_mode(struct replica *r, uint64_t seq, bool persistent)
 {
     struct message *m = make_mode((uint32_t)seq, persistent);
-    assert_true(replica_push(r, seq, m, 0, false));
+    assert_true(replica_push(r, 1, seq, m, 0, false));
     message_unref(m);
 }
 
@@ -162,7 +189,7 @@ static void push_paged(struct replica *r, uint64_t seq)
 {
     uint64_t live_before = message_live_count;
     struct message *m = make_mode((uint32_t)seq, true);
-    assert_true(replica_push(r, seq, m, 0, true));
+    assert_true(replica_push(r, 1, seq, m, 0, true));
     message_unref(m);
     assert_int_equal(message_live_count, live_before);
 }
@@ -225,6 +252,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_push_remove_in_any_order),
         cmocka_unit_test(test_resends_are_ignored),
+        cmocka_unit_test(test_a_colliding_seq_from_another_epoch_is_refused),
         cmocka_unit_test(test_purge),
         cmocka_unit_test(test_a_durable_replica_logs_its_persistent_messages),
     };

@@ -1,0 +1,50 @@
+/*
+ * fence.c: see fence.h.
+ */
+#include "cluster/fence.h"
+
+#include <stdlib.h>
+
+bool fence_forward_fresh(const struct map_queue *q, uint32_t self_id, uint64_t epoch)
+{
+    return q != NULL && q->primary_id == self_id && epoch >= q->epoch;
+}
+
+bool fence_forward_relays(const struct map_queue *q, uint32_t self_id, uint64_t epoch)
+{
+    return q != NULL && q->primary_id != self_id && epoch < q->epoch && q->available;
+}
+
+bool fence_map_behind(const struct cluster_map *map, const struct map_queue *q, uint64_t epoch)
+{
+    return q != NULL ? epoch > q->epoch : epoch > map->version;
+}
+
+bool fence_replica_accepts(const struct map_queue *q, uint32_t self_id, uint64_t epoch)
+{
+    return q != NULL && epoch >= q->epoch && q->primary_id != self_id;
+}
+
+enum fence_push fence_replica_push(uint64_t last_seq, uint64_t last_epoch, uint64_t seq,
+                                   uint64_t epoch)
+{
+    if (seq > last_seq)
+        return FENCE_PUSH_TAKE;
+    return epoch == last_epoch ? FENCE_PUSH_HAVE : FENCE_PUSH_REFUSE;
+}
+
+static int by_newest(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x > y ? -1 : x < y;
+}
+
+uint64_t fence_lease_until(uint64_t *heard, uint32_t n, bool member, uint64_t lease_ms)
+{
+    uint32_t others_needed = (n + 1) / 2; /* a majority of n + 1, less ourselves */
+    if (!member || others_needed == 0)
+        return UINT64_MAX;
+    qsort(heard, n, sizeof heard[0], by_newest);
+    uint64_t last = heard[others_needed - 1];
+    return last == 0 ? 0 : last + lease_ms;
+}

@@ -1,0 +1,56 @@
+/*
+ * fence.h: the rules that keep a deposed primary from acting, as pure
+ * functions of this broker's map (no I/O, no clock): the epoch fences a
+ * forward and a replication stream meet (member.c calls them), and the
+ * lease a primary needs to confirm (node_heartbeat.c). tests/sim's data
+ * path calls the same functions, so what it checks is quay's rule.
+ */
+#ifndef QUAY_CLUSTER_FENCE_H
+#define QUAY_CLUSTER_FENCE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cluster/map.h"
+
+/* A forward at epoch for q (as this broker's map has it, or NULL) may be
+ * enqueued here: this broker is its primary and the epoch is current. */
+bool fence_forward_fresh(const struct map_queue *q, uint32_t self_id, uint64_t epoch);
+
+/* A forward naming an older epoch of a queue whose primary is now another
+ * broker (the sender's map lags ours): relayed rather than refused. */
+bool fence_forward_relays(const struct map_queue *q, uint32_t self_id, uint64_t epoch);
+
+/* A forward (or a stream) names an epoch this map has not reached: q's
+ * epoch is older, or q is unknown and the epoch is past the map's version
+ * (a queue's epoch starts at the map version of its declare): we lag. */
+bool fence_map_behind(const struct cluster_map *map, const struct map_queue *q, uint64_t epoch);
+
+/* A backup takes a replication stream (enqueue, settle, reset) for q at
+ * epoch: it knows the queue, is not its primary, and the epoch is not
+ * older than its map's (the primary may have applied a change ours has
+ * not: a promotion, new backups). */
+bool fence_replica_accepts(const struct map_queue *q, uint32_t self_id, uint64_t epoch);
+
+/* What a replica does with a message its primary streams (replica_push),
+ * given the newest seq it took (0 after a reset) and the epoch of the
+ * stream it took it from. A newer seq is taken. An older one is a resend
+ * of what it has (or had: consumed since), but only from the same epoch:
+ * under another, the seqs collide (a backup promoted after a reset, or
+ * with an empty queue and no log, numbers from below what this replica
+ * holds; one that restarted without its log too), so acking it would
+ * confirm a message that is not here. Refused: the primary's stream fails
+ * and the replica is caught up again from a reset. */
+enum fence_push { FENCE_PUSH_TAKE, FENCE_PUSH_HAVE, FENCE_PUSH_REFUSE };
+enum fence_push fence_replica_push(uint64_t last_seq, uint64_t last_epoch, uint64_t seq,
+                                   uint64_t epoch);
+
+/* The lease: when it ends, given when each of the map's other brokers
+ * was last heard (heard[n], 0: never; sorted here, newest first). It
+ * lasts lease_ms past the moment the majority-th broker (counting
+ * ourselves) was last heard; UINT64_MAX when we are not in the map or
+ * alone in it (nobody else could confirm); 0 when a majority was never
+ * heard. */
+uint64_t fence_lease_until(uint64_t *heard, uint32_t n, bool member, uint64_t lease_ms);
+
+#endif

@@ -1,0 +1,116 @@
+/*
+ * test_fence.c: the fences a deposed primary meets (cluster/fence.h).
+ * Goal: a forward is taken only by the primary at a current epoch, relayed
+ * only to a newer primary, parked only when our map lags; a backup takes a
+ * stream only at an epoch its map has reached or passed, never as the
+ * primary, and acks an old seq only from the epoch it came on; the lease needs a majority heard within its length.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "cluster/fence.h"
+
+static struct map_queue queue_at(uint32_t primary, uint64_t epoch)
+{
+    return (struct map_queue){.primary_id = primary, .epoch = epoch, .available = true,
+                              .backup_ids = {2, 3}, .backups_count = 2};
+}
+
+static void forward_fresh_only_at_the_primary_and_current_epoch(void **state)
+{
+    (void)state;
+    struct map_queue q = queue_at(1, 10);
+    assert_true(fence_forward_fresh(&q, 1, 10));
+    assert_true(fence_forward_fresh(&q, 1, 11)); /* the sender saw a newer map: ours follows */
+    assert_false(fence_forward_fresh(&q, 1, 9)); /* named an older incarnation */
+    assert_false(fence_forward_fresh(&q, 2, 10)); /* not ours */
+    assert_false(fence_forward_fresh(NULL, 1, 10));
+}
+
+static void forward_relays_to_a_newer_available_primary(void **state)
+{
+    (void)state;
+    struct map_queue q = queue_at(2, 10);
+    assert_true(fence_forward_relays(&q, 1, 9));
+    assert_false(fence_forward_relays(&q, 1, 10)); /* the same epoch: not a lagging sender */
+    assert_false(fence_forward_relays(&q, 2, 9));  /* we are its primary */
+    q.available = false;
+    assert_false(fence_forward_relays(&q, 1, 9));
+    assert_false(fence_forward_relays(NULL, 1, 9));
+}
+
+static void map_behind_by_epoch_or_version(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    cluster_map_init(&map);
+    map.version = 20;
+    struct map_queue q = queue_at(1, 10);
+    assert_true(fence_map_behind(&map, &q, 11));
+    assert_false(fence_map_behind(&map, &q, 10));
+    assert_false(fence_map_behind(&map, &q, 9));
+    /* Unknown here: behind only if its epoch is past our map's version. */
+    assert_true(fence_map_behind(&map, NULL, 21));
+    assert_false(fence_map_behind(&map, NULL, 20));
+    cluster_map_free(&map);
+}
+
+static void replica_takes_streams_at_its_epoch_or_newer(void **state)
+{
+    (void)state;
+    struct map_queue q = queue_at(1, 10);
+    assert_true(fence_replica_accepts(&q, 2, 10));
+    assert_true(fence_replica_accepts(&q, 2, 11)); /* a promotion we have not applied yet */
+    assert_false(fence_replica_accepts(&q, 2, 9)); /* a deposed primary's stream */
+    assert_false(fence_replica_accepts(&q, 1, 10)); /* we are its primary */
+    assert_false(fence_replica_accepts(NULL, 2, 10));
+}
+
+static void replica_push_takes_newer_refuses_collisions(void **state)
+{
+    (void)state;
+    assert_int_equal(fence_replica_push(10, 3, 11, 3), FENCE_PUSH_TAKE);
+    assert_int_equal(fence_replica_push(10, 3, 11, 4), FENCE_PUSH_TAKE);
+    assert_int_equal(fence_replica_push(10, 3, 10, 3), FENCE_PUSH_HAVE); /* a resend */
+    assert_int_equal(fence_replica_push(10, 3, 4, 4), FENCE_PUSH_REFUSE); /* a new primary's */
+    assert_int_equal(fence_replica_push(10, 3, 4, 2), FENCE_PUSH_REFUSE); /* a deposed one's */
+    assert_int_equal(fence_replica_push(0, 0, 1, 7), FENCE_PUSH_TAKE); /* after a reset */
+}
+
+static void lease_needs_a_majority_heard(void **state)
+{
+    (void)state;
+    /* Five brokers: ourselves and two others make a majority; the lease
+     * runs from the second newest of the four others. */
+    uint64_t heard[] = {100, 900, 0, 500};
+    assert_int_equal(fence_lease_until(heard, 4, true, 1000), 1500);
+    uint64_t one[] = {0, 0, 0, 700};
+    assert_int_equal(fence_lease_until(one, 4, true, 1000), 0); /* one other: no majority */
+    /* Three brokers: one other is enough. */
+    uint64_t three[] = {0, 300};
+    assert_int_equal(fence_lease_until(three, 2, true, 1000), 1300);
+    /* Alone in the map, or not in it: nobody else could confirm. */
+    assert_true(fence_lease_until(NULL, 0, true, 1000) == UINT64_MAX);
+    uint64_t some[] = {0, 0};
+    assert_true(fence_lease_until(some, 2, false, 1000) == UINT64_MAX);
+    /* Two brokers: the other must be heard. */
+    uint64_t two[] = {0};
+    assert_int_equal(fence_lease_until(two, 1, true, 1000), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(forward_fresh_only_at_the_primary_and_current_epoch),
+        cmocka_unit_test(forward_relays_to_a_newer_available_primary),
+        cmocka_unit_test(map_behind_by_epoch_or_version),
+        cmocka_unit_test(replica_takes_streams_at_its_epoch_or_newer),
+        cmocka_unit_test(replica_push_takes_newer_refuses_collisions),
+        cmocka_unit_test(lease_needs_a_majority_heard),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
