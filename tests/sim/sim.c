@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "cluster/consensus.h"
+#include "sim_data.h"
 
 char sim_queue_names[SIM_QUEUES][16];
 
@@ -107,6 +108,8 @@ static void sim_init(struct sim *s, uint64_t seed, bool verbose)
     s->verbose = verbose;
     s->trace = 1469598103934665603ull;
     s->epochs = calloc(SIM_EPOCHS_MAX, sizeof *s->epochs);
+    s->data = calloc(1, sizeof *s->data);
+    sim_link_init(s);
     s->drain_asked = -1;
     s->forget_asked = -1;
     controller_config_default(&s->config);
@@ -129,6 +132,7 @@ bool sim_join_new(struct sim *s)
         return false;
     add_server(s, i);
     s->brokers[i].joining = true;
+    s->net_changes++; /* (its links come up) */
     if (raft_start(raft_fixture_get(&s->f, i)) != 0)
         sim_fail(s, "b%u: raft_start at its join", i + 1);
     return true;
@@ -143,6 +147,8 @@ static void sim_close(struct sim *s)
         cluster_map_free(&s->brokers[i].map);
     }
     free(s->epochs);
+    sim_link_free(s);
+    free(s->data);
 }
 
 /* Runs simulated time up to until_ms, a controller tick every SIM_TICK_MS. */
@@ -150,8 +156,10 @@ void sim_run_until(struct sim *s, uint64_t until_ms)
 {
     while (!sim_failed(s) && raft_fixture_time(&s->f) < until_ms) {
         uint64_t next = (raft_fixture_time(&s->f) / SIM_TICK_MS + 1) * SIM_TICK_MS;
-        while (raft_fixture_time(&s->f) < next && !sim_failed(s))
+        while (raft_fixture_time(&s->f) < next && !sim_failed(s)) {
             raft_fixture_step(&s->f);
+            sim_link_step(s, raft_fixture_time(&s->f)); /* the data path's frames due */
+        }
         sim_controller_tick(s, raft_fixture_time(&s->f));
         /* libraft draws an election timeout in [t, 2t) each time it
          * resets the timer; the fixture's is fixed per server, and four
@@ -205,6 +213,18 @@ int sim_run_seed(uint64_t seed, uint64_t seconds, bool verbose, uint64_t *trace_
         sim_fault_undrain_all(s);
         sim_run_until(s, raft_fixture_time(&s->f) + SIM_TICK_MS);
     }
+    /* The data path: every broker serving its queues, then every confirmed
+     * message where it should be. */
+    while (!sim_failed(s) && !sim_data_check_settled(s, why, sizeof why)) {
+        if (raft_fixture_time(&s->f) - healed > SIM_HEAL_BOUND_MS) {
+            sim_fail(s, "the data path not settled %u s after the faults healed: %s",
+                     SIM_HEAL_BOUND_MS / 1000, why);
+            break;
+        }
+        sim_run_until(s, raft_fixture_time(&s->f) + SIM_TICK_MS);
+    }
+    if (!sim_failed(s))
+        sim_data_check_messages(s);
     int rc = sim_failed(s) ? 1 : 0;
     if (rc != 0)
         printf("FAIL seed %" PRIu64 ": %s (replay: sim_control --seed %" PRIu64 " -v)\n", seed,
@@ -213,8 +233,13 @@ int sim_run_seed(uint64_t seed, uint64_t seconds, bool verbose, uint64_t *trace_
         print_brokers(s);
     else if (verbose)
         printf("ok seed %" PRIu64 ": %" PRIu64 " faults, %" PRIu64 " commands proposed, %" PRIu64
-               " applied, converged %" PRIu64 " ms after healing\n", seed, s->faults,
-               s->proposed, s->applied, (uint64_t)raft_fixture_time(&s->f) - healed);
+               " applied, converged %" PRIu64 " ms after healing; %u publishes, %" PRIu64
+               " confirmed (%" PRIu64 " by primaries), %" PRIu64 " consumed, %" PRIu64
+               " frames; known: %" PRIu64 " loss(es), %" PRIu64 " late confirm(s)\n", seed, s->faults,
+               s->proposed, s->applied, (uint64_t)raft_fixture_time(&s->f) - healed,
+               s->data->msgs_count, s->data->client_confirms, s->data->confirms,
+               s->data->consumed, s->data->frames, s->data->known_losses,
+               s->data->late_confirms);
     *trace_out = s->trace;
     sim_close(s);
     free(s);

@@ -13,6 +13,11 @@
  *                     the leader;
  *   sim_fault.c       faults and operators' actions drawn from the seed;
  *   sim_check.c       the checkers, after every apply and at the end;
+ *   sim_link.c        the data path's links over the network (sim_data.h);
+ *   sim_data.c        the data path's primaries and backups: replication;
+ *   sim_client.c      publishers, proxies' forwards, consumers;
+ *   sim_data_check.c  the data path's checkers (no confirmed message lost,
+ *                     no two epochs confirming at once, streams in order);
  *   sim_disk.c        the seam over the fixture's disk (sim_disk.h);
  *   sim_control.c     the program: which seeds, in how many processes.
  */
@@ -101,6 +106,8 @@ struct epoch_record {
     uint32_t primary_id;
 };
 
+struct sim_data; /* sim_data.h */
+
 struct sim {
     uint64_t seed;
     uint64_t rng;
@@ -114,10 +121,17 @@ struct sim {
     bool declared;
     struct epoch_record *epochs;
     uint32_t epochs_count;
+    struct sim_data *data;         /* the data path (sim_data.h) */
+    uint64_t net_changes;          /* grows with every cut, mend, kill and revive */
     char failure[512];
     uint64_t trace;                /* a hash of what happened: equal for equal seeds */
     uint64_t applied, proposed, faults;
 };
+
+/* --watch Q: the data path prints what happens to queue Q (sim_data_check.c). */
+extern int sim_watch_queue;
+/* --strict: a known loss (sim_data_known_loss) fails the seed too. */
+extern bool sim_data_strict;
 
 /* q0 .. q39, set once before any seed runs (sim_control.c's main). */
 extern char sim_queue_names[SIM_QUEUES][16];

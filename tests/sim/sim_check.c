@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cluster/placement.h"
+#include "sim_data.h"
 
 static void check_epoch(struct sim *s, uint32_t queue, uint64_t epoch, uint32_t primary_id)
 {
@@ -72,7 +73,10 @@ void sim_check_queues(struct sim *s, struct sim_broker *b)
         bool forgotten = sh->primary_id >= 1 && sh->primary_id <= s->f.n &&
                          s->brokers[sh->primary_id - 1].forgotten;
         if (sh->known && q->primary_id != sh->primary_id && q->available &&
-            !shadow_in_sync(sh, q->primary_id) && !forgotten)
+            !shadow_in_sync(sh, q->primary_id) && forgotten)
+            sim_data_given_up(s, (unsigned)qi);
+        else if (sh->known && q->primary_id != sh->primary_id && q->available &&
+                 !shadow_in_sync(sh, q->primary_id))
             sim_fail(s, "%s: broker %u became primary (epoch %" PRIu64 ") without being in sync "
                      "(primary was %u, in sync: %u of them)", sim_queue_names[qi], q->primary_id,
                      q->epoch, sh->primary_id, sh->in_sync_count);

@@ -36,11 +36,13 @@
  * while the network lets them through, the periodic round, the policies,
  * with node.c's in-flight counts; a committed broker.state's follow-up is
  * controller_after_state, as in node.c's on_proposal_done. Clients'
- * declarations and what the data path would ask go to the leader as
- * requests: a primary puts its reachable backups in sync (and drops
- * unreachable ones, as its replication does when one stops answering)
- * and hands a moving queue over once the target is in sync (a restarted
- * primary only once it is synced). Faults drawn from the seed: kill a
+ * declarations go to the leader as requests. The data path (sim_data.h)
+ * runs over the same network: publishers, proxies' forwards, primaries
+ * streaming to their backups and confirming by replication.c's rule,
+ * consumers; its in-sync changes and a handover (once the target holds
+ * what the primary does) are its requests to the leader. Its checkers:
+ * no confirmed message lost, no two epochs confirming at once, a stream's
+ * seqs in order and acked <= sent (sim_data_check.c). Faults drawn from the seed: kill a
  * broker; bring it back, mostly as a restart (a new process on the same
  * disk: its map and node.c's state start empty, libraft loads term, vote
  * and log, and replays the log into the map as the leader tells it the
@@ -61,9 +63,8 @@
  * This file is the program (which seeds, in how many processes); sim.h
  * lists the modules that run a seed, one part of it each.
  *
- * What it does not model yet: the data path itself (links, forwards,
- * replication streams: their checkers are the soak's), a write lost in a
- * crash (the fixture completes a dead server's disk writes in flight), a
+ * What it does not model yet: parts of the data path (docs/ARCHITECTURE.md
+ * lists them), a write lost in a crash (the fixture completes a dead server's disk writes in flight), a
  * drained broker that leaves, a joiner that fails to start or is forgotten
  * before it joined, policies (the queues carry their own x-quay-backups),
  * node.c's nudges (an empty entry after each commit: here the fixture's
@@ -75,6 +76,11 @@
  * Found so far: a rebalance move to a broker that is not a backup of a
  * queue already at CLUSTER_BACKUPS_MAX backups, refused by the map and
  * proposed again every round for ever (seed 443; controller.c make_room);
+ * a replica acking seqs it did not hold after a promotion renumbered them
+ * (seed 12: fence_replica_push), and a restarted primary's backups taken
+ * to be in step (replication_attach, recovered); known and left: a
+ * restarted backup promoted with its emptied replica, a deposed primary's
+ * late confirms (sim_data_check.c; --strict fails on them);
  * libraft's 30 s snapshot-install timeout leaving a follower behind after
  * a heal (seed 135 with snapshots on; the soak had found it too). In the
  * test fixture only (libraft 0.15's stub I/O; worked around in sim_disk.c
@@ -87,11 +93,12 @@
  * again every tick now).
  *
  * Usage: sim_control [--seed N | --seeds FIRST COUNT | --for SECONDS] [--seconds S]
- *                    [--jobs N] [-v]
+ *                    [--jobs N] [-v] [--watch QUEUE] [--strict]
  * --for runs seeds from a random first one until SECONDS of wall time
  * have passed (CI's random batch; it prints where it started). --jobs N
  * runs them in N processes (every N-th seed each). Exit 0 when every seed
  * passes, 1 on the first that fails (each process stops at its first).
+ * --watch Q prints what the data path does with queue qQ (a replay's aid).
  */
 #include "sim.h"
 
@@ -199,11 +206,15 @@ int main(int argc, char **argv)
             o.seconds = strtoull(argv[++i], NULL, 10);
         } else if (strcmp(argv[i], "--jobs") == 0 && i + 1 < argc) {
             o.jobs = (unsigned)strtoul(argv[++i], NULL, 10);
+        } else if (strcmp(argv[i], "--strict") == 0) {
+            sim_data_strict = true;
+        } else if (strcmp(argv[i], "--watch") == 0 && i + 1 < argc) {
+            sim_watch_queue = atoi(argv[++i]);
         } else if (strcmp(argv[i], "-v") == 0) {
             o.verbose = true;
         } else {
             fprintf(stderr, "usage: sim_control [--seed N | --seeds FIRST COUNT | --for S] "
-                            "[--seconds S] [--jobs N] [-v]\n");
+                            "[--seconds S] [--jobs N] [-v] [--watch QUEUE] [--strict]\n");
             return 2;
         }
     }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "lib/errors.h"
+#include "sim_data.h"
 
 /* What b has heard (node.c: the peers' heartbeats, node_heartbeat.c). */
 static void hear(struct sim *s, struct sim_broker *b, uint64_t now)
@@ -101,4 +102,9 @@ void sim_controller_tick(struct sim *s, uint64_t now)
         broker_tick(s, &s->brokers[i], now);
     }
     sim_requests_tick(s, now);
+    /* The data path's timers: replication's tick, parked forwards, clients. */
+    sim_link_step(s, now);
+    sim_data_primaries_tick(s, now);
+    sim_client_parked_tick(s, now);
+    sim_client_tick(s, now);
 }

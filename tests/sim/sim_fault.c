@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "sim_data.h"
+
 
 static unsigned count_alive(const struct sim *s)
 {
@@ -31,6 +33,8 @@ static void kill_broker(struct sim *s, unsigned i)
 {
     struct sim_broker *b = &s->brokers[i];
     raft_fixture_kill(&s->f, i);
+    s->net_changes++;
+    sim_client_killed(s, i);
     b->killed_ms = raft_fixture_time(&s->f);
     b->version_before = b->map.version;
     memcpy(b->shadows_before, b->shadows, sizeof b->shadows);
@@ -58,6 +62,7 @@ static void restart(struct sim *s, unsigned i)
     b->synced = false;
     b->sync_id = 0;
     b->restarted = true;
+    sim_data_restart(s, i);
     if (raft_init(&srv->raft, &srv->io, &b->fsm, srv->id, srv->address) != 0)
         sim_fail(s, "b%u: raft_init at a restart", b->id);
     srv->raft.tracer = &srv->tracer;
@@ -80,6 +85,7 @@ static void revive(struct sim *s, unsigned i, bool restart_it)
     if (restart_it)
         restart(s, i);
     raft_fixture_revive(&s->f, i);
+    s->net_changes++;
 }
 
 /* An operator's revive (POST /api/cluster/revive) of a draining broker. */

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "lib/errors.h"
+#include "sim_data.h"
 
 /* The log entry's envelope, as node.c's (node__entry_new): the command's
  * size and a request id (its origin broker in the high half; 0 for the
@@ -92,6 +93,7 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
         sim_fail(s, "broker %u: the map fails verification after %s", b->id,
                  map_op_name(change.op));
     sim_check_queues(s, b);
+    sim_data_follow(s, b);
     return 0;
 }
 
@@ -125,6 +127,7 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
     /* A restore jumps: nothing to compare with; what it holds is known now. */
     memset(b->shadows, 0, sizeof b->shadows);
     sim_check_queues(b->sim, b);
+    sim_data_follow(b->sim, b);
     return 0;
 }
 

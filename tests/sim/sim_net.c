@@ -24,6 +24,7 @@ void sim_net_cut(struct sim *s, unsigned i, unsigned j, bool on)
     if (i == j || s->cut[i][j] == on)
         return;
     s->cut[i][j] = on;
+    s->net_changes++;
     if (on)
         raft_fixture_disconnect(&s->f, i, j);
     else

@@ -10,6 +10,7 @@
 #include "amqp/table.h"
 #include "cluster/placement.h"
 #include "lib/errors.h"
+#include "sim_data.h"
 
 static void declare_queues(struct sim_broker *leader)
 {
@@ -54,11 +55,11 @@ static void place_queues(struct sim *s, struct sim_broker *leader)
     sim_propose_list(leader, &list, SIM_REQUEST, leader->id);
 }
 
-/* What the data path would ask for: a primary puts the backups it can
- * reach in sync and drops those it cannot (as replication.c asks the map
- * after a catch-up, or when a backup stops answering), and hands a
- * moving queue over once the move is ready (handover.c). Only from a
- * primary the leader can hear: its request reaches the leader. */
+/* A primary hands a moving queue over once the move is ready and its
+ * copy is quiet (handover.c: no confirm waits, the target has everything;
+ * sim_data_quiet). Only from a primary the leader can hear: its request
+ * reaches the leader. (The in-sync changes are the data path's own
+ * requests: sim_data.c.) */
 static void data_path(struct sim *s, struct sim_broker *leader)
 {
     const struct cluster_map *map = &leader->map;
@@ -69,22 +70,12 @@ static void data_path(struct sim *s, struct sim_broker *leader)
             !s->brokers[p].synced)
             continue; /* (a restarted primary serves once it caught up) */
         const struct map_broker *pb = cluster_map_broker(map, q->primary_id);
-        if (pb == NULL || pb->state == BROKER_STATE_DOWN)
+        int qi = sim_queue_index(q->name);
+        if (pb == NULL || pb->state == BROKER_STATE_DOWN || qi < 0)
             continue;
-        uint32_t want[CLUSTER_BACKUPS_MAX];
-        uint8_t n = 0;
-        bool differs = false;
-        for (uint8_t k = 0; k < q->backups_count; k++) {
-            bool ok = sim_net_reachable(s, p, q->backup_ids[k] - 1);
-            if (ok)
-                want[n++] = q->backup_ids[k];
-            differs |= ok != map_queue_backup_in_sync(q, q->backup_ids[k]);
-        }
         struct map_cmd c;
-        if (differs) {
-            sim_propose_one(leader, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name,
-                                                              q->epoch, want, n), &c);
-        } else if (map_queue_move_state(map, q) == MAP_MOVE_READY) {
+        if (map_queue_move_state(map, q) == MAP_MOVE_READY &&
+            sim_data_quiet(s, p, (unsigned)qi, q->move_to)) {
             sim_propose_one(leader, map_cmd_queue_hand_over(&c, q->vhost->name, q->name,
                                                             q->epoch, q->move_to), &c);
         }

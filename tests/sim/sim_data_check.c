@@ -1,0 +1,138 @@
+/*
+ * sim_data_check.c: the data path's checkers (the soak's, tests/crash/
+ * cluster_soak.py, here on every seed):
+ *   - no two epochs confirm at once: once a queue's primary confirmed under
+ *     an epoch, no primary confirms under an older one (a deposed primary
+ *     that goes on confirming beside its successor: a split brain);
+ *   - no confirmed message lost: after the faults heal, every message a
+ *     publisher saw confirmed and no consumer acked is at its queue's
+ *     primary (unless an operator gave the queue's messages up by
+ *     forgetting the broker that held them: controller_forget);
+ *   - and, where they happen (sim_data.c), a stream's seqs only grow and
+ *     a backup acks only what was sent to it.
+ */
+#include "sim_data.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+int sim_watch_queue = -1;
+bool sim_data_strict;
+
+void sim_data_watch(struct sim *s, unsigned qi, const char *fmt, ...)
+{
+    if ((int)qi != sim_watch_queue)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    printf("  t=%" PRIu64 " %s: ", (uint64_t)raft_fixture_time(&s->f), sim_queue_names[qi]);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+}
+
+static bool held_at(const struct sim_copy *c, uint32_t msg)
+{
+    for (uint32_t i = 0; i < c->held_count; i++) {
+        if (c->held[i].msg == msg)
+            return true;
+    }
+    return false;
+}
+
+void sim_data_confirmed(struct sim *s, unsigned p, unsigned qi, uint64_t epoch, uint32_t msg)
+{
+    struct sim_data *d = s->data;
+    uint64_t now = raft_fixture_time(&s->f);
+    d->confirms++;
+    sim_trace(s, (uint64_t)msg * 31 + p);
+    if (epoch < d->confirm_epoch[qi]) {
+        /* A deposed primary confirms. Known (docs/ARCHITECTURE.md): one cut
+         * off, back in touch, has its lease again before its map caught
+         * up, and confirms what its in-sync backups acked before one of
+         * them was promoted: the new primary holds it. Anything else, or
+         * with --strict, fails. */
+        bool held = d->msgs[msg].consumed || held_at(&d->copies[d->confirm_by[qi]][qi], msg);
+        if (held && !sim_data_strict) {
+            d->late_confirms++;
+            if (s->verbose)
+                printf("  t=%" PRIu64 " known: b%u confirms m%u of %s late, under epoch %" PRIu64
+                       " (b%u, the primary under %" PRIu64 ", has it)\n", now, p + 1, msg,
+                       sim_queue_names[qi], epoch, d->confirm_by[qi] + 1, d->confirm_epoch[qi]);
+            return;
+        }
+        sim_fail(s, "%s: b%u confirmed message %u under epoch %" PRIu64 " after b%u had "
+                 "confirmed under epoch %" PRIu64 " (at t=%" PRIu64 "), %s: two epochs confirm "
+                 "at once", sim_queue_names[qi], p + 1, msg, epoch, d->confirm_by[qi] + 1,
+                 d->confirm_epoch[qi], d->confirm_epoch_ms[qi],
+                 held ? "which has it" : "which does not have it");
+        return;
+    }
+    if (epoch > d->confirm_epoch[qi]) {
+        d->confirm_epoch[qi] = epoch;
+        d->confirm_epoch_ms[qi] = now;
+        d->confirm_by[qi] = p;
+    }
+}
+
+/* An operator forgot the broker that held the queue without an in-sync
+ * backup: it starts again empty (sim_check.c sees it). */
+void sim_data_given_up(struct sim *s, unsigned qi)
+{
+    if (s->data != NULL)
+        s->data->given_up_ms[qi] = raft_fixture_time(&s->f);
+}
+
+void sim_data_known_loss(struct sim *s, uint32_t id, unsigned qi)
+{
+    s->data->known_losses++;
+    if (s->verbose)
+        printf("  t=%" PRIu64 " known loss: b%u serves %s from a replica its restart emptied\n",
+               (uint64_t)raft_fixture_time(&s->f), id, sim_queue_names[qi]);
+    if (!sim_data_strict)
+        s->data->given_up_ms[qi] = raft_fixture_time(&s->f);
+}
+
+bool sim_data_check_settled(struct sim *s, char *why, size_t why_size)
+{
+    for (unsigned i = 0; i < s->f.n; i++) {
+        const struct sim_broker *b = &s->brokers[i];
+        if (b->forgotten)
+            continue;
+        if (!b->synced) {
+            snprintf(why, why_size, "b%u has not caught up (its sync)", b->id);
+            return false;
+        }
+        for (uint32_t k = 0; k < b->map.queues_count; k++) {
+            const struct map_queue *q = b->map.queues[k];
+            int qi = sim_queue_index(q->name);
+            if (q->primary_id == b->id && qi >= 0 && !s->data->copies[i][qi].primary) {
+                snprintf(why, why_size, "b%u does not serve %s yet", b->id, sim_queue_names[qi]);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+void sim_data_check_messages(struct sim *s)
+{
+    struct sim_data *d = s->data;
+    unsigned first = 0;
+    while (s->brokers[first].forgotten)
+        first++;
+    const struct cluster_map *map = &s->brokers[first].map;
+    for (uint32_t k = 0; k < d->msgs_count && !sim_failed(s); k++) {
+        const struct sim_msg *m = &d->msgs[k];
+        if (m->state != SIM_MSG_CONFIRMED || m->consumed || m->restarted_away ||
+            m->confirmed_ms < d->given_up_ms[m->queue])
+            continue;
+        const struct map_queue *q = cluster_map_queue(map, B("/"), B(sim_queue_names[m->queue]));
+        unsigned p = q->primary_id - 1;
+        if (!held_at(&d->copies[p][m->queue], k))
+            sim_fail(s, "%s: message %u, confirmed at t=%" PRIu64 ", is not at its primary b%u "
+                     "(epoch %" PRIu64 "): a confirmed message lost", sim_queue_names[m->queue],
+                     k, m->confirmed_ms, q->primary_id, q->epoch);
+    }
+}
