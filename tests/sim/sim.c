@@ -55,11 +55,11 @@ void sim_fail(struct sim *s, const char *fmt, ...)
 
 int sim_queue_index(struct bytes name)
 {
-    for (int i = 0; i < SIM_QUEUES; i++) {
-        if (bytes_equal_cstr(name, sim_queue_names[i]))
-            return i;
-    }
-    return -1;
+    /* "q<n>": read n (called after every apply, for every queue). */
+    int i = 0;
+    for (uint32_t k = 1; k < name.len && k < 4 && name.ptr[k] >= '0' && name.ptr[k] <= '9'; k++)
+        i = i * 10 + (name.ptr[k] - '0');
+    return name.len > 1 && i < SIM_QUEUES && bytes_equal_cstr(name, sim_queue_names[i]) ? i : -1;
 }
 
 /* As a broker runs it (consensus.c), with snapshots more often than

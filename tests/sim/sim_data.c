@@ -264,10 +264,10 @@ static void detach(struct sim *s, unsigned p, unsigned qi, struct sim_copy *c)
     c->last_epoch = 0;
 }
 
-static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi)
+static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
+                         const struct map_queue *q)
 {
     struct sim_copy *c = &s->data->copies[b->index][qi];
-    const struct map_queue *q = map_queue_of(b, qi);
     /* (Real here while the map names us its primary, available or not:
      * mirror.c's ensure_queue; its proxies stop forwarding to it. What a
      * restart's journal recovered waits for the sync: keep_for_now.) */
@@ -324,8 +324,13 @@ void sim_data_follow(struct sim *s, struct sim_broker *b)
 {
     if (s->data == NULL)
         return;
-    for (unsigned qi = 0; qi < SIM_QUEUES; qi++)
-        follow_queue(s, b, qi);
+    /* (The simulator never deletes a queue: those not in the map yet
+     * have nothing to follow.) */
+    for (uint32_t k = 0; k < b->map.queues_count; k++) {
+        int qi = sim_queue_index(b->map.queues[k]->name);
+        if (qi >= 0)
+            follow_queue(s, b, (unsigned)qi, b->map.queues[k]);
+    }
 }
 
 /* ---- a publish, a consumer's ack ---- */
