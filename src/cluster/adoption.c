@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "broker/broker.h"
 #include "broker/durable.h"
@@ -17,6 +18,7 @@
 #include "cluster/node.h"
 #include "cluster/replication.h"
 #include "lib/assert.h"
+#include "lib/bytes.h"
 #include "lib/errors.h"
 #include "lib/list.h"
 #include "lib/log.h"
@@ -137,22 +139,82 @@ bool adoption_staged_needed(const struct map_queue *mq, uint32_t self)
            (mq->primary_id == self || mq->taken_from == self || mq->taken_from_before == self);
 }
 
-static bool staged_unneeded(void *ctx, struct bytes vhost, struct bytes name)
+/* A staged copy the last sweep kept: someone may still read it. Owned by
+ * member->staged_kept. */
+struct staged_kept {
+    struct list_node link;
+    struct bytes vhost, name; /* owned */
+    char staged[];            /* its root in our adopted/ */
+};
+
+static void kept_free(struct staged_kept *k)
+{
+    list_remove(&k->link);
+    free((void *)k->vhost.ptr);
+    free((void *)k->name.ptr);
+    free(k);
+}
+
+static void log_removed(struct bytes name)
+{
+    LOG_INFO("queue '%.*s': a copy we had staged for its takeover is no longer needed: "
+             "removed", (int)name.len, (const char *)name.ptr);
+}
+
+static bool staged_unneeded(void *ctx, struct bytes vhost, struct bytes name,
+                            const char *staged)
 {
     struct member *member = ctx;
     const struct map_queue *mq = cluster_map_queue(member_map(member), vhost, name);
-    bool remove = !adoption_staged_needed(mq, member->self_id);
-    if (remove)
-        LOG_INFO("queue '%.*s': a copy we had staged for its takeover is no longer needed: "
-                 "removed", (int)name.len, (const char *)name.ptr);
-    return remove;
+    if (!adoption_staged_needed(mq, member->self_id)) {
+        log_removed(name);
+        return true;
+    }
+    size_t size = strlen(staged) + 1;
+    struct staged_kept *k = malloc(sizeof *k + size);
+    ASSERT(k != NULL);
+    k->vhost = bytes_dup(vhost);
+    k->name = bytes_dup(name);
+    memcpy(k->staged, staged, size);
+    list_push_back(&member->staged_kept, &k->link);
+    return false;
 }
 
 void adoption_sweep_staged(struct member *member)
 {
     struct journal *journal = member->broker->durable.journal;
+    while (!list_empty(&member->staged_kept))
+        kept_free(CONTAINER_OF(member->staged_kept.next, struct staged_kept, link));
+    member->staged_kept_version = member_map(member)->version;
     if (journal != NULL && member->broker->config.shared_storage_dir != NULL)
         journal_adopt_sweep(journal, staged_unneeded, member);
+}
+
+/* What the sweep kept waits for a map change that makes it unneeded: a
+ * taker of ours said queue.adopted without claiming it (we had said it
+ * before we died, so it read our log alone), the queue was deleted or
+ * promoted elsewhere before a taker claimed it. Without this it stayed
+ * until our next start. adoption_staged_needed judges each with the map
+ * as it is, which only ever moves past the point where a taker could
+ * still read the copy (see there); a taker claiming it meanwhile renamed
+ * it away, and our removal then finds nothing (journal__remove_staged).
+ * No disk access: the kept ones are few and known by queue. */
+static void kept_recheck(struct member *member)
+{
+    const struct cluster_map *map = member_map(member);
+    if (list_empty(&member->staged_kept) || map->version == member->staged_kept_version)
+        return;
+    member->staged_kept_version = map->version;
+    struct journal *journal = member->broker->durable.journal;
+    list_for_each_safe(n, &member->staged_kept) {
+        struct staged_kept *k = CONTAINER_OF(n, struct staged_kept, link);
+        if (adoption_staged_needed(cluster_map_queue(map, k->vhost, k->name), member->self_id))
+            continue;
+        log_removed(k->name);
+        if (journal != NULL && !durable_failed(member->broker))
+            journal_adopt_finish(journal, k->staged);
+        kept_free(k);
+    }
 }
 
 /* Not before we caught up with the map: a restart replays the map's
@@ -243,6 +305,8 @@ static bool settle(struct member *member, const struct adoption *a)
 
 void adoption_tick(struct member *member)
 {
+    if (cluster_node_synced(member->node))
+        kept_recheck(member);
     list_for_each_safe(n, &member->adopted_unsaid) {
         struct adoption *a = CONTAINER_OF(n, struct adoption, link);
         if (settle(member, a)) {
@@ -311,6 +375,8 @@ void adoption_stop_all(struct member *member)
         queue_unref(a->queue);
         free(a);
     }
+    while (!list_empty(&member->staged_kept))
+        kept_free(CONTAINER_OF(member->staged_kept.next, struct staged_kept, link));
     if (member->adoption_idle != NULL) {
         uv_close((uv_handle_t *)member->adoption_idle, on_idle_closed);
         member->adoption_idle = NULL;

@@ -63,7 +63,9 @@ void adoption_resume_leftovers(struct member *member);
  * messages in it are in a log someone reads, or in no queue at all. */
 bool adoption_staged_needed(const struct map_queue *mq, uint32_t self);
 /* Once caught up after a start, before adopting anything: removes what
- * our adopted/ directory holds that no adoption needs any longer. */
+ * our adopted/ directory holds that no adoption needs any longer, and
+ * remembers what it kept: adoption_tick removes each once a map change
+ * made it unneeded (not at our next start only). */
 void adoption_sweep_staged(struct member *member);
 /* We caught up with the map (or got a queue to adopt): adopting starts
  * (never before: see adoption.c). */

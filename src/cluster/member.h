@@ -102,6 +102,8 @@ struct member {
     struct list_node adoptions;      /* struct adoption: taken-over queues to adopt */
     uv_idle_t *adoption_idle;        /* owned while adoptions wait (adoption.c), or NULL */
     struct list_node adopted_unsaid; /* struct adoption: adopted, queue.adopted once synced */
+    struct list_node staged_kept;    /* struct staged_kept: what the sweep left (adoption.c) */
+    uint64_t staged_kept_version;    /* the map version they were last judged at */
     /* Flow control of our publishers: the bytes of messages sent to other
      * brokers (forwards to primaries, replication to backups) and not yet
      * answered, all peers together (each peer's: member_peer), and how many

@@ -201,9 +201,11 @@ int journal_adopt_read(struct journal *j, const char *staged, journal_recover_fn
                        struct journal_adoption *out);
 /* Our adopted/ directory after a restart, once the caller knows (the
  * cluster map) who may still need what is staged there: fn(ctx, vhost,
- * name) for each staged log, by its queue; true removes it
- * (journal_adopt_finish). Removals a crash cut short are finished. */
-typedef bool (*journal_staged_fn)(void *ctx, struct bytes vhost, struct bytes name);
+ * name, staged) for each staged log, by its queue (staged: its root, for
+ * a journal_adopt_finish later); true removes it (journal_adopt_finish).
+ * Removals a crash cut short are finished. */
+typedef bool (*journal_staged_fn)(void *ctx, struct bytes vhost, struct bytes name,
+                                  const char *staged);
 void journal_adopt_sweep(struct journal *j, journal_staged_fn fn, void *ctx);
 /* Removes an adopted log's staged copy (its messages are in our log now);
  * renamed away first, so a taker claiming it meanwhile gets it whole. */

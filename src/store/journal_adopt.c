@@ -518,7 +518,7 @@ static int sweep_entry(void *ctx, const char *leaf)
         return 0; /* not a staged log (or unreadable): left alone */
     struct bytes vhost = {key + 4, vhost_len};
     struct bytes name = {key + 4 + vhost_len, key_size - 4 - vhost_len};
-    if (sw->fn(sw->ctx, vhost, name))
+    if (sw->fn(sw->ctx, vhost, name, path))
         journal_adopt_finish(sw->j, path);
     return 0;
 }

@@ -628,6 +628,92 @@ def a_taker_restarted_before_its_copy_was_synced_loses_nothing():
                what="t's staged copies removed")
 
 
+
+def log_dir_of(broker, name):
+    """The directory of name's log in broker's queues/ on the shared
+    storage (its header file holds the queue's name), or None."""
+    root = os.path.join(shared, broker, "queues")
+    for d in os.listdir(root) if os.path.isdir(root) else []:
+        try:
+            with open(os.path.join(root, d, "queue"), "rb") as f:
+                if f.read().rstrip(b"\0").endswith(b"/" + name.encode()):  # (vhost "/")
+                    return os.path.join(root, d)
+        except OSError:
+            continue
+    return None
+
+
+@test(timeout=240)
+@noting_failure
+def staged_copies_a_restart_kept_go_once_unneeded_while_running():
+    """A cluster of its own: t and u share a directory, x, y and z (the
+    Raft majority) do not. t owns two queues; u's journal thread is frozen
+    (ptrace) and t is killed: u takes both over (the map: taken from t,
+    not adopted) and cannot say queue.adopted (its copy never syncs).
+    While t is down, the test leaves in t's adopted/ directory what a
+    takeover of t's that died between its sync and the removal of its
+    staged copy leaves there: adopted/<source>.<id>/queues/<id>/queue,
+    naming each queue (the header file of t's own log of it, copied while
+    t ran; a sweep reads nothing else). t restarted keeps both (u's
+    takeover is not adopted yet, and u may read what t staged). Then u
+    thaws and says queue.adopted for the first, and the second is
+    deleted: t removes each copy while it runs. (Before, they stayed
+    until t's next start.)"""
+    fresh_cluster()
+    x = cluster.form(["x", "y", "z"])[0]
+    for name in ("t", "u"):
+        members[name] = cluster.add(name, join=[x], extra_args=["--shared-storage", shared])
+    wait_until(lambda: len(x.view().brokers) == 5 and
+               all(v == "up" for v in x.view().brokers.values()), 30, what="five brokers up")
+    t, u = members["t"], members["u"]
+    wait_until(lambda: all("caught up with the map" in m.log_text() for m in (t, u)), 30,
+               what="t and u caught up")
+    wait_until(lambda: sum(1 for b in x.api_cluster()["brokers"] if b.get("storage")) == 2,
+               10, what="t's and u's storage in the map")
+    adopted, deleted = place(x, "kept", "t", 2)
+    headers = {}
+    for name in (adopted, deleted):
+        publish(x, name, [b"%s-%d" % (name.encode(), i) for i in range(10)])
+        d = log_dir_of("t", name)
+        assert d, "no log of %s in t's directory" % name
+        with open(os.path.join(d, "queue"), "rb") as f:
+            headers[name] = (os.path.basename(d), f.read())
+    tid = freeze_journal(u)
+    planted = {}
+    try:
+        t.kill()
+        wait_until(lambda: all((queue_info(x, n) or {}).get("primary") == "u"
+                               for n in headers), 30, what="t's queues taken over by u")
+        wait_until(lambda: all("queue '%s': took over 10 messages from t's log" % n
+                               in u.log_text() for n in headers), 30, what="u adopted")
+        for name, (log_id, header) in headers.items():
+            root = os.path.join(shared, "t", "adopted", "o.%s" % log_id)
+            os.makedirs(os.path.join(root, "queues", log_id))
+            with open(os.path.join(root, "queues", log_id, "queue"), "wb") as f:
+                f.write(header)
+            planted[name] = root
+        t.start()
+        wait_until(lambda: "caught up with the map" in t.log_text_bytes()[t.log_offset:]
+                   .decode("utf-8", "replace"), 30, what="t caught up")
+        time.sleep(1)  # map changes come and go (t is up again): nothing is unneeded yet
+        assert all(os.path.isdir(p) for p in planted.values()), \
+            "t removed a staged copy u's takeover (not adopted) may still read"
+        conn = connect(x)
+        conn.channel().queue_delete(deleted)
+        conn.close()
+        wait_until(lambda: not os.path.isdir(planted[deleted]), 10,
+                   what="t's copy of %s removed once it was deleted" % deleted)
+        time.sleep(0.5)
+        assert os.path.isdir(planted[adopted]), "t removed the other copy too"
+    finally:
+        ptrace(PTRACE_DETACH, tid)
+    wait_until(lambda: not os.path.isdir(planted[adopted]), 10,
+               what="t's copy of %s removed once u said queue.adopted" % adopted)
+    assert read_all(x, adopted) == [b"%s-%d" % (adopted.encode(), i) for i in range(10)]
+    text = t.log_text_bytes()[t.log_offset:].decode("utf-8", "replace")
+    assert text.count("a copy we had staged for its takeover is no longer needed") == 2, text
+
+
 def fresh_cluster():
     """Closes the cluster so far (keeping its logs if a test failed) and
     starts a new one, not formed yet, with a new shared directory."""

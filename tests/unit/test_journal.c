@@ -826,10 +826,11 @@ static void test_shared_storage_fence_and_adopt(void **state)
     assert_int_equal(remove_tree(dir), 0);
 }
 
-static bool sweep_all(void *ctx, struct bytes vhost, struct bytes name)
+static bool sweep_all(void *ctx, struct bytes vhost, struct bytes name, const char *staged)
 {
     (void)vhost;
     assert_true(name.len == 1 && name.ptr[0] == 'p');
+    assert_non_null(strstr(staged, "/adopted/"));
     (*(int *)ctx)++;
     return true;
 }
