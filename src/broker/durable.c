@@ -231,6 +231,8 @@ void durable_policy_put(struct broker *broker, const struct policy *policy)
     table_put_longstr(&w, "pattern", policy->pattern);
     table_put_int(&w, "priority", policy->priority);
     table_put_int(&w, "backups", policy->backups);
+    if (policy->replicate != POLICY_REPLICATE_UNSET)
+        table_put_int(&w, "replicate", policy->replicate);
     ASSERT(!w.overflow); /* a pattern is at most 255 bytes */
     struct table t = table_writer_table(&w);
     journal_define(d->journal, JOURNAL_DEF_POLICY, name_key(key, policy->vhost, policy->name),
@@ -513,6 +515,15 @@ static void replay_policy(struct replay *r, struct vhost *vhost, struct bytes na
     }
     d.priority = (uint32_t)prio;
     d.backups = (uint8_t)n;
+    struct field_value replicate;
+    int64_t mode = POLICY_REPLICATE_UNSET;
+    if (table_get(value, "replicate", &replicate) &&
+        (!field_value_as_int(&replicate, &mode) || mode < 0 ||
+         mode > POLICY_REPLICATE_TRANSIENT)) {
+        r->dropped++;
+        return;
+    }
+    d.replicate = (uint8_t)mode;
     char err[POLICY_ERROR_SIZE];
     if (policy_decl_check(&d, err, sizeof err) != OK) {
         LOG_WARN("journal: policy '%.*s' dropped: %s", (int)name.len, (const char *)name.ptr,

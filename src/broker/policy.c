@@ -103,6 +103,10 @@ int policy_decl_check(const struct policy_decl *d, char *err, size_t err_size)
         snprintf(err, err_size, "backups must be 0..%d", POLICY_BACKUPS_MAX);
         return E_SYNTAX;
     }
+    if (d->replicate > POLICY_REPLICATE_TRANSIENT) {
+        snprintf(err, err_size, "quay-replicate must be \"all\" or \"transient\"");
+        return E_SYNTAX;
+    }
     return policy_pattern_check(d->pattern, err, err_size);
 }
 
@@ -139,7 +143,7 @@ bool policy_set_same(const struct policy_set *set, const struct policy_decl *d)
 {
     const struct policy *p = policy_set_find(set, d->vhost, d->name);
     return p != NULL && bytes_equal(p->pattern, d->pattern) && p->priority == d->priority &&
-           p->backups == d->backups;
+           p->backups == d->backups && p->replicate == d->replicate;
 }
 
 void policy_set_put(struct policy_set *set, const struct policy_decl *d)
@@ -154,6 +158,7 @@ void policy_set_put(struct policy_set *set, const struct policy_decl *d)
     p->pattern = bytes_dup(d->pattern);
     p->priority = d->priority;
     p->backups = d->backups;
+    p->replicate = d->replicate;
     bool found;
     uint32_t i = locate(set, d->vhost, d->name, &found);
     if (found) {
@@ -243,9 +248,29 @@ int32_t policy_queue_own_backups(const uint8_t *arguments, uint32_t size)
     return (int32_t)n;
 }
 
-bool policy_queue_replicates_transient_only(const uint8_t *arguments, uint32_t size)
+int policy_replicate_parse(struct bytes value)
+{
+    if (bytes_equal_cstr(value, "all"))
+        return POLICY_REPLICATE_ALL;
+    if (bytes_equal_cstr(value, "transient"))
+        return POLICY_REPLICATE_TRANSIENT;
+    return -1;
+}
+
+const char *policy_replicate_name(uint8_t replicate)
+{
+    return replicate == POLICY_REPLICATE_TRANSIENT ? "transient" : "all";
+}
+
+bool policy_replicates_transient_only(const struct policy_set *set, struct bytes vhost,
+                                      struct bytes name, const uint8_t *arguments,
+                                      uint32_t size)
 {
     struct field_value v;
-    return size > 0 && table_get((struct table){arguments, size}, "x-quay-replicate", &v) &&
-           v.kind == 'S' && bytes_equal_cstr(v.str, "transient");
+    if (size > 0 && table_get((struct table){arguments, size}, "x-quay-replicate", &v))
+        return v.kind == 'S' && bytes_equal_cstr(v.str, "transient"); /* the argument wins */
+    if (set == NULL || set->count == 0)
+        return false;
+    const struct policy *best = policy_set_match(set, vhost, name);
+    return best != NULL && best->replicate == POLICY_REPLICATE_TRANSIENT;
 }

@@ -16,6 +16,13 @@
  * Precedence for a queue's backups: its own x-quay-backups argument, else
  * the matching policy with the highest priority (ties: the lowest name in
  * byte order), else the broker's --default-backups.
+ *
+ * A policy may also say what the backups get (RabbitMQ's definition key
+ * "quay-replicate": "all" or "transient"; unset, most policies): the same
+ * precedence, the queue's x-quay-replicate argument first (as RabbitMQ's
+ * queue arguments win over a policy's for most keys), else the applying
+ * policy's key, else "all". Only the applying policy counts: one of lower
+ * priority that says "transient" does not (RabbitMQ applies one policy).
  */
 #ifndef QUAY_BROKER_POLICY_H
 #define QUAY_BROKER_POLICY_H
@@ -33,6 +40,13 @@
 #define POLICY_BACKUPS_MAX 3        /* as x-quay-backups */
 #define POLICY_ERROR_SIZE 160
 
+/* A policy's "quay-replicate" (stored as the number). */
+enum policy_replicate {
+    POLICY_REPLICATE_UNSET = 0, /* the policy does not say: "all" */
+    POLICY_REPLICATE_ALL,
+    POLICY_REPLICATE_TRANSIENT,
+};
+
 /* Owned by its set. */
 struct policy {
     struct bytes vhost;
@@ -40,6 +54,7 @@ struct policy {
     struct bytes pattern;
     uint32_t priority;
     uint8_t backups;
+    uint8_t replicate; /* enum policy_replicate */
     regex_t regex; /* compiled pattern */
 };
 
@@ -55,6 +70,7 @@ struct policy_decl {
     struct bytes pattern;
     uint32_t priority;
     uint8_t backups;
+    uint8_t replicate; /* enum policy_replicate (last: {..., backups} means unset) */
 };
 
 void policy_set_init(struct policy_set *set);
@@ -94,11 +110,19 @@ uint8_t policy_effective_backups(int32_t own, const struct policy *best,
  * not a number in 0..3, which a declare would have refused). */
 int32_t policy_queue_own_backups(const uint8_t *arguments, uint32_t size);
 
-/* Whether a queue's encoded arguments say x-quay-replicate: "transient"
- * (quay's own argument, no policy key yet): with shared storage, a
+/* "all" / "transient" as enum policy_replicate; -1 for anything else. */
+int policy_replicate_parse(struct bytes value);
+/* The key's value as a policy says it ("all" for unset). */
+const char *policy_replicate_name(uint8_t replicate);
+
+/* Whether queue `name` in `vhost`, with its encoded arguments, replicates
+ * its transient messages only (x-quay-replicate, else the applying
+ * policy's quay-replicate, else no; see above): with shared storage, a
  * durable queue's backups get its transient messages only, and the
  * persistent ones are recovered from the primary's log if it dies
  * (docs/ARCHITECTURE.md section 11). "all" (the default): everything. */
-bool policy_queue_replicates_transient_only(const uint8_t *arguments, uint32_t size);
+bool policy_replicates_transient_only(const struct policy_set *set, struct bytes vhost,
+                                      struct bytes name, const uint8_t *arguments,
+                                      uint32_t size);
 
 #endif

@@ -146,7 +146,7 @@ bool controller_takes_over_with_replica(const struct cluster_map *map, const str
 {
     const struct map_broker *dead = cluster_map_broker(map, q->primary_id);
     return q->durable && !q->exclusive && dead != NULL && dead->state == BROKER_STATE_DOWN &&
-           policy_queue_replicates_transient_only(q->arguments.ptr, (uint32_t)q->arguments.len) &&
+           map_queue_replicates_transient_only(map, q) &&
            map_brokers_share_storage(dead, cluster_map_broker(map, backup));
 }
 

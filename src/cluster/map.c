@@ -172,6 +172,14 @@ bool map_brokers_share_storage(const struct map_broker *a, const struct map_brok
            bytes_equal(a->storage_id, b->storage_id);
 }
 
+bool map_queue_replicates_transient_only(const struct cluster_map *map,
+                                         const struct map_queue *queue)
+{
+    return policy_replicates_transient_only(&map->policies, queue->vhost->name, queue->name,
+                                            queue->arguments.ptr,
+                                            (uint32_t)queue->arguments.len);
+}
+
 bool map_user_has_vhost(const struct map_user *user, struct bytes vhost)
 {
     for (uint32_t i = 0; i < user->vhosts_count; i++) {

@@ -316,6 +316,10 @@ enum map_move_state map_queue_switch_state(const struct cluster_map *map,
                                            const struct map_queue *queue, uint32_t to);
 /* Both brokers announced the same shared storage (broker.storage). */
 bool map_brokers_share_storage(const struct map_broker *a, const struct map_broker *b);
+/* The queue replicates its transient messages only: its x-quay-replicate
+ * argument, else the map's applying policy (policy_replicates_transient_only). */
+bool map_queue_replicates_transient_only(const struct cluster_map *map,
+                                         const struct map_queue *queue);
 bool map_user_has_vhost(const struct map_user *user, struct bytes vhost);
 const char *broker_state_name(enum broker_state state);
 

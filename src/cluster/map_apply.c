@@ -24,6 +24,7 @@
 
 #include "amqp/reply_code_gen.h"
 #include "broker/auth.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
@@ -803,6 +804,58 @@ static void read_policy_decl(struct cmd_reader *r, struct policy_decl *d)
     d->pattern = map__read_name(r, "pattern");
     d->priority = (uint32_t)map__read_uint(r, "priority", POLICY_PRIORITY_MAX, false, 0);
     d->backups = (uint8_t)map__read_uint(r, "backups", CLUSTER_BACKUPS_MAX, false, 0);
+    d->replicate = (uint8_t)map__read_uint(r, "replicate", POLICY_REPLICATE_TRANSIENT, true,
+                                           POLICY_REPLICATE_UNSET);
+}
+
+/* A policy change may turn a queue from transient-only replication to
+ * everything (its applying policy's quay-replicate goes from "transient"
+ * to "all" or unset, or another policy applies now). Its in-sync backups
+ * then hold its transient messages only, and the controller would promote
+ * one as usual (controller_takes_over_with_replica is false now) without
+ * reading the primary's log: the persistent messages lost. So the same
+ * command drops them from the in-sync set, on every broker alike; the
+ * primary (mirror.c, replication_attach) catches them up in full and asks
+ * for them back. Meanwhile a dead primary's queue is taken over from its
+ * log by a broker that is not a backup (its transient messages lost, as
+ * for any queue whose backups are out of sync). The other way needs
+ * nothing: a full backup serves a transient-only takeover as well.
+ * Only when a policy of the vhost says "transient" before the change
+ * (else no queue's mode can drop): a scan of the vhost's queues then. */
+struct partial_backups {
+    struct map_queue **queues; /* owned; each in the map */
+    uint32_t count;
+};
+
+static void partial_before(const struct cluster_map *map, const struct map_vhost *v,
+                           struct partial_backups *out)
+{
+    *out = (struct partial_backups){0};
+    bool any = false;
+    for (uint32_t i = 0; i < map->policies.count && !any; i++) {
+        const struct policy *p = map->policies.items[i];
+        any = p->replicate == POLICY_REPLICATE_TRANSIENT && bytes_equal(p->vhost, v->name);
+    }
+    for (uint32_t i = 0; any && i < map->queues_count; i++) {
+        struct map_queue *q = map->queues[i];
+        if (q->vhost != v || q->in_sync_mask == 0 || !q->durable ||
+            !map_queue_replicates_transient_only(map, q))
+            continue;
+        if (out->queues == NULL)
+            out->queues = xcalloc(map->queues_count, sizeof *out->queues);
+        out->queues[out->count++] = q;
+    }
+}
+
+static void partial_drop(struct cluster_map *map, struct partial_backups *b)
+{
+    for (uint32_t i = 0; i < b->count; i++) {
+        struct map_queue *q = b->queues[i];
+        if (!map_queue_replicates_transient_only(map, q))
+            q->in_sync_mask = 0;
+    }
+    free(b->queues);
+    *b = (struct partial_backups){0};
 }
 
 static int op_policy_put(struct apply_ctx *ctx)
@@ -828,7 +881,10 @@ static int op_policy_put(struct apply_ctx *ctx)
         return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false, "policy limit reached");
     if (policy_set_same(set, &d))
         return OK;
+    struct partial_backups partial;
+    partial_before(ctx->map, cluster_map_vhost(ctx->map, d.vhost), &partial);
     policy_set_put(set, &d);
+    partial_drop(ctx->map, &partial);
     ctx->map->policies_generation++;
     ctx->change->changed = true;
     return OK;
@@ -841,11 +897,16 @@ static int op_policy_delete(struct apply_ctx *ctx)
     if (ctx->reader.bad_key)
         return map__malformed(ctx);
     int rc;
-    if (map__need_vhost(ctx, vhost, &rc) == NULL)
+    const struct map_vhost *v = map__need_vhost(ctx, vhost, &rc);
+    if (v == NULL)
         return rc;
-    if (!policy_set_delete(&ctx->map->policies, vhost, name))
+    if (policy_set_find(&ctx->map->policies, vhost, name) == NULL)
         return map__refuse(ctx, REPLY_NOT_FOUND, false, "no policy '%.*s' in vhost '%.*s'",
                            BYTES_ARG(name), BYTES_ARG(vhost));
+    struct partial_backups partial;
+    partial_before(ctx->map, v, &partial);
+    policy_set_delete(&ctx->map->policies, vhost, name);
+    partial_drop(ctx->map, &partial);
     ctx->map->policies_generation++;
     ctx->change->policies_deleted_count = 1;
     ctx->change->changed = true;

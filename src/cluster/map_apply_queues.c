@@ -759,8 +759,7 @@ int map__op_queue_take_over(struct apply_ctx *ctx)
      * transient messages only (the log has the persistent ones). */
     int slot = map__backup_slot(q, primary);
     bool backup_ok = with_replica ? slot >= 0 && (q->in_sync_mask & (1u << slot)) != 0 &&
-                                        policy_queue_replicates_transient_only(
-                                            q->arguments.ptr, (uint32_t)q->arguments.len)
+                                        map_queue_replicates_transient_only(ctx->map, q)
                                   : slot < 0;
     if (!q->durable || q->exclusive || !backup_ok ||
         !map_brokers_share_storage(dead, cluster_map_broker(ctx->map, primary)))

@@ -574,6 +574,8 @@ void map__encode_policy(struct table_writer *w, const void *arg)
     table_put_longstr(w, "pattern", a->decl->pattern);
     table_put_int(w, "priority", a->decl->priority);
     table_put_int(w, "backups", a->decl->backups);
+    if (a->decl->replicate != POLICY_REPLICATE_UNSET) /* (else as before the key) */
+        table_put_int(w, "replicate", a->decl->replicate);
 }
 
 int map_cmd_policy_put(struct map_cmd *out, const struct policy_decl *decl)

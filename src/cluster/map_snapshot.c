@@ -43,7 +43,8 @@ static void encode_snapshot_policies(struct table_writer *w, const struct cluste
     size_t a = table_put_array_begin(w, "policies");
     for (uint32_t i = 0; i < map->policies.count; i++) {
         const struct policy *p = map->policies.items[i];
-        struct policy_decl d = {p->vhost, p->name, p->pattern, p->priority, p->backups};
+        struct policy_decl d = {p->vhost, p->name, p->pattern, p->priority, p->backups,
+                                p->replicate};
         struct policy_args pa = {false, &d};
         size_t t = table_array_put_table_begin(w);
         map__encode_policy(w, &pa);

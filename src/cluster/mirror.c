@@ -314,6 +314,28 @@ static void follow_queue(struct member *member, struct queue *q, const struct ma
     handover_follow(member, q, mq);
 }
 
+/* A policy of vhost changed: our queues there whose replication may
+ * follow it (quay-replicate) re-attach, which switches a live stream to
+ * transient-only at once, or catches a transient-only one up in full (the
+ * map dropped it from the in-sync set in the same command: map_apply.c
+ * partial_before). A queue held or adopting attaches later anyway. */
+static void follow_policies(struct member *member, const struct map_change *c)
+{
+    const struct cluster_map *map = member_map(member);
+    struct bytes vhost_name = c->vhost;
+    struct vhost *vhost = c->changed ? broker_vhost(member->broker, vhost_name) : NULL;
+    for (uint32_t i = 0; vhost != NULL && i < map->queues_count; i++) {
+        const struct map_queue *mq = map->queues[i];
+        if (mq->primary_id != member->self_id || !bytes_equal(mq->vhost->name, vhost_name) ||
+            mq->backups_count == 0)
+            continue;
+        struct queue *q = vhost_queue(vhost, mq->name);
+        if (q != NULL && !queue_is_remote(q) && !q->deleted && !keep_for_now(member, q) &&
+            !q->held_until_synced && !adoption_pending(member, q))
+            replication_attach(member, q, mq, false);
+    }
+}
+
 /* q, taken over from shared storage, adopts the dead primary's log soon;
  * kept (a takeover with the replica, else NULL; freed): the replica whose
  * messages go in by seq among the log's. */
@@ -540,8 +562,7 @@ static void mirror_apply(struct member *member, const struct map_change *c)
             drop_queue(member, c->vhost, c->name);
         return;
     case MAP_OP_POLICY_PUT:
-    case MAP_OP_POLICY_DELETE:
-        return; /* read from the map where used (placement, the controller, the API) */
+    case MAP_OP_POLICY_DELETE: follow_policies(member, c); return; /* (else read where used) */
     case MAP_OP_LIMIT_PUT:
     case MAP_OP_LIMIT_DELETE: mirror_limits(member); return; /* (a no-op if unchanged) */
     case MAP_OP_VHOST_DELETE:

@@ -788,8 +788,10 @@ static void streams_follow(struct replication *rep, const struct map_queue *mq, 
     rep->streams_count = mq->backups_count;
 }
 
-/* x-quay-replicate "transient": the backups get the transient messages
- * only, when the persistent ones are safe without them. Each is confirmed
+/* x-quay-replicate "transient" (or the policy's quay-replicate, read from
+ * the map at each attach: a policy change re-attaches, mirror.c): the
+ * backups get the transient messages only, when the persistent ones are
+ * safe without them. Each is confirmed
  * once our own journal synced it, through a fenced sync on the shared
  * storage (so it is in the log a taker reads: the fence makes a write
  * after the taker's rename fail, unconfirmed), with our lease fresh and
@@ -808,11 +810,11 @@ static bool transient_only_wanted(const struct member *member, const struct queu
 {
     /* (Not an exclusive queue: nobody takes one over, its backup is promoted
      * as usual: controller_takes_over_with_replica.) */
-    if (!queue->durable || queue->exclusive || queue->journal == NULL ||
-        !queue->args.quay_replicate_transient ||
-        member->broker->config.shared_storage_dir == NULL || mq->move_to != BROKER_ID_NONE)
-        return false;
     const struct cluster_map *map = member_map(member);
+    if (!queue->durable || queue->exclusive || queue->journal == NULL ||
+        member->broker->config.shared_storage_dir == NULL || mq->move_to != BROKER_ID_NONE ||
+        !map_queue_replicates_transient_only(map, mq))
+        return false;
     const struct map_broker *self = cluster_map_broker(map, member->self_id);
     for (uint8_t i = 0; i < mq->backups_count; i++) {
         if (!map_brokers_share_storage(self, cluster_map_broker(map, mq->backup_ids[i])))
@@ -861,8 +863,13 @@ void replication_attach(struct member *member, struct queue *queue, const struct
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         struct replica_stream *s = rep->streams[i];
         if (s->transient_only && !rep->transient_wanted) {
-            stream_fail(rep, s, "must hold the persistent messages too (a move, or storage "
-                                "not shared): caught up again in full");
+            stream_fail(rep, s, "must hold the persistent messages too (a move, storage "
+                                "not shared, or a policy): caught up again in full");
+            /* A policy change dropped it from the in-sync set already
+             * (map_apply.c partial_before): no map change will come to
+             * end its gating, so it ends here and the catch-up starts. */
+            if ((mq->in_sync_mask & (1u << i)) == 0)
+                s->gating = false;
         } else if (!s->transient_only && rep->transient_wanted && s->state == STREAM_LIVE) {
             s->transient_only = true; /* it has everything so far: the new ones suffice */
             s->full_until = queue->next_seq - 1;

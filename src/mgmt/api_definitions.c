@@ -82,6 +82,9 @@ static void write_policies(struct json *out, struct broker *broker, const struct
         json_object_begin(out);
         json_kv_string(out, "ha-mode", "exactly");
         json_kv_uint(out, "ha-params", (uint64_t)p->backups + 1);
+        /* (Only when set: RabbitMQ refuses a key it does not know.) */
+        if (p->replicate != POLICY_REPLICATE_UNSET)
+            json_kv_string(out, "quay-replicate", policy_replicate_name(p->replicate));
         json_object_end(out);
         json_object_end(out);
     }
@@ -400,14 +403,22 @@ static bool check_policy(struct import *im, const struct json_node *item, char *
     const struct json_node *def = json_tree_get(&im->tree, item, "definition");
     const struct json_node *mode = json_tree_get(&im->tree, def, "ha-mode");
     const struct json_node *params = json_tree_get(&im->tree, def, "ha-params");
+    const struct json_node *replicate = json_tree_get(&im->tree, def, "quay-replicate");
     const struct json_node *priority = json_tree_get(&im->tree, item, "priority");
     bool named = (im->only.len > 0 || short_member(&im->tree, item, "vhost", false, &vhost)) &&
                  short_member(&im->tree, item, "name", false, &name) &&
                  short_member(&im->tree, item, "pattern", true, &pattern);
     const struct policy *p = named ? policy_set_find(api_policies_of(im->broker), vhost, name)
                                    : NULL;
-    if (p != NULL && bytes_equal(p->pattern, pattern) && def != NULL &&
-        def->children_count == 2 && mode != NULL && mode->kind == JSON_KIND_STRING &&
+    bool same_replicate =
+        replicate == NULL ? p == NULL || p->replicate == POLICY_REPLICATE_UNSET
+                          : p != NULL && p->replicate != POLICY_REPLICATE_UNSET &&
+                                replicate->kind == JSON_KIND_STRING &&
+                                strcmp(replicate->string,
+                                       policy_replicate_name(p->replicate)) == 0;
+    if (p != NULL && bytes_equal(p->pattern, pattern) && def != NULL && same_replicate &&
+        def->children_count == 2u + (replicate != NULL) && mode != NULL &&
+        mode->kind == JSON_KIND_STRING &&
         strcmp(mode->string, "exactly") == 0 && params != NULL && params->is_integer &&
         params->integer == (int64_t)p->backups + 1 &&
         (priority == NULL || (priority->is_integer && priority->integer == p->priority)))

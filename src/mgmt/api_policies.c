@@ -52,6 +52,8 @@ static void write_policy(struct json *out, const struct policy *p)
     json_object_begin(out);
     json_kv_string(out, "ha-mode", "exactly");
     json_kv_uint(out, "ha-params", (uint64_t)p->backups + 1);
+    if (p->replicate != POLICY_REPLICATE_UNSET)
+        json_kv_string(out, "quay-replicate", policy_replicate_name(p->replicate));
     json_object_end(out);
     json_kv_uint(out, "priority", p->priority);
     json_kv_uint(out, "backups", p->backups);
@@ -108,7 +110,43 @@ struct body {
     char pattern[JSON_READ_STRING_SIZE];
     size_t pattern_size;
     int64_t priority, backups;
+    uint8_t replicate; /* enum policy_replicate */
 };
+
+/* RabbitMQ's answer to a policy whose definition has a bad value for a
+ * known key (rabbit_policy's validation, as its management API words it:
+ * 400, "Validation failed\n\n<<\"x\">> is not a valid ha-mode value\n"),
+ * the value written as Erlang prints the term JSON decoded to. */
+static void bad_value(const struct json_node *m, char *err, size_t err_size)
+{
+    char term[96];
+    if (m->kind == JSON_KIND_NUMBER && m->is_integer)
+        snprintf(term, sizeof term, "%lld", (long long)m->integer);
+    else if (m->kind == JSON_KIND_BOOL)
+        snprintf(term, sizeof term, m->boolean ? "true" : "false");
+    else if (m->kind == JSON_KIND_STRING)
+        snprintf(term, sizeof term, "<<\"%.64s\">>", m->string);
+    else
+        snprintf(term, sizeof term, "null");
+    snprintf(err, err_size, "Validation failed\n\n%s is not a valid %s value\n", term, m->key);
+}
+
+/* quay-replicate ("all" or "transient"), a definition key or a member of
+ * quay's shape: false with RabbitMQ's reason in err. */
+static bool read_replicate(const struct json_node *m, struct body *b, char *err,
+                           size_t err_size)
+{
+    int r = m->kind == JSON_KIND_STRING
+                ? policy_replicate_parse((struct bytes){(const uint8_t *)m->string,
+                                                        m->string_size})
+                : -1;
+    if (r < 0) {
+        bad_value(m, err, err_size);
+        return false;
+    }
+    b->replicate = (uint8_t)r;
+    return true;
+}
 
 /* A definition in RabbitMQ's words, of what quay's policies do (replicate):
  * {"ha-mode": "exactly", "ha-params": N} is N - 1 backups, {"ha-mode":
@@ -123,9 +161,9 @@ static int64_t definition_backups(const struct json_tree *t, const struct json_n
     }
     for (const struct json_node *m = json_tree_first(t, def); m; m = json_tree_next(t, m)) {
         if (strcmp(m->key, "ha-mode") != 0 && strcmp(m->key, "ha-params") != 0 &&
-            strcmp(m->key, "ha-sync-mode") != 0) {
+            strcmp(m->key, "ha-sync-mode") != 0 && strcmp(m->key, "quay-replicate") != 0) {
             snprintf(err, err_size, "definition: '%s' is not supported (quay's policies set "
-                     "replication: ha-mode, ha-params)", m->key);
+                     "replication: ha-mode, ha-params, quay-replicate)", m->key);
             return -1;
         }
     }
@@ -165,8 +203,14 @@ static bool read_members(const struct json_tree *t, struct body *b, char *err, s
         } else if (strcmp(m->key, "backups") == 0 && m->is_integer) {
             backups = m->integer;
         } else if (strcmp(m->key, "definition") == 0) {
+            const struct json_node *r = json_tree_get(t, m, "quay-replicate");
+            if (r != NULL && !read_replicate(r, b, err, err_size))
+                return false;
             backups = definition_backups(t, m, err, err_size);
             if (backups < 0)
+                return false;
+        } else if (strcmp(m->key, "quay-replicate") == 0) {
+            if (!read_replicate(m, b, err, err_size))
                 return false;
         } else if (strcmp(m->key, "apply-to") == 0 && m->kind == JSON_KIND_STRING &&
                    (strcmp(m->string, "queues") == 0 || strcmp(m->string, "all") == 0)) {
@@ -176,8 +220,9 @@ static bool read_members(const struct json_tree *t, struct body *b, char *err, s
             /* The path's (rabbitmqadmin sends them too). */
         } else {
             snprintf(err, err_size, "unexpected member '%s' (expected \"pattern\": string, "
-                     "\"definition\": {\"ha-mode\", \"ha-params\"} or \"backups\": integer, "
-                     "\"priority\": integer, \"apply-to\": \"queues\" or \"all\")", m->key);
+                     "\"definition\": {\"ha-mode\", \"ha-params\", \"quay-replicate\"} or "
+                     "\"backups\": integer, \"priority\": integer, \"apply-to\": \"queues\" or "
+                     "\"all\")", m->key);
             return false;
         }
         if (backups >= -1 && b->backups >= 0 && backups != b->backups) {
@@ -213,7 +258,7 @@ static int parse_body(const struct http_call_request *req, const struct policy_p
     }
     *d = (struct policy_decl){path->vhost_b, path->name_b,
                               {(const uint8_t *)b->pattern, (uint32_t)b->pattern_size},
-                              (uint32_t)b->priority, (uint8_t)b->backups};
+                              (uint32_t)b->priority, (uint8_t)b->backups, b->replicate};
     return policy_decl_check(d, err, err_size);
 }
 

@@ -142,6 +142,19 @@ def bad_requests_are_refused():
     assert status == 404, (status, body)
     status, body = http(a, "DELETE", "/api/policies/%2F/missing")
     assert status == 404, (status, body)
+    # quay-replicate: "all" or "transient", refused in RabbitMQ's words for
+    # a bad value of a policy definition key.
+    for value, term, shape in (("bogus", '<<"bogus">>', "quay"), (1, "1", "quay"),
+                               (None, "null", "quay"), ("bogus", '<<"bogus">>', "rabbitmq")):
+        policy = {"pattern": "x", "priority": 0, "backups": 1, "quay-replicate": value}
+        if shape == "rabbitmq":  # the definition key, as rabbitmqadmin would send it
+            policy = {"pattern": "x", "definition": {"ha-mode": "exactly", "ha-params": 2,
+                                                     "quay-replicate": value}}
+        status, body = http(a, "PUT", "/api/policies/%2F/bad", policy)
+        assert (status, body) == (400, {
+            "error": "bad_request",
+            "reason": "Validation failed\n\n%s is not a valid quay-replicate value\n" % term}), \
+            (status, body)
     assert http(a, "GET", "/api/policies")[1] == []
 
 
@@ -185,8 +198,17 @@ def a_single_broker_keeps_its_policies_across_a_restart():
     proc = start()
     try:
         status, body = http(Single, "PUT", "/api/policies/%2F/ha",
-                            {"pattern": "^ha\\.", "priority": 1, "backups": 2})
+                            {"pattern": "^ha\\.", "priority": 1, "backups": 2,
+                             "quay-replicate": "transient"})
         assert status == 201, (status, body)
+        assert body["definition"]["quay-replicate"] == "transient", body
+        # Exported in the definition (RabbitMQ's words for the backups, the
+        # key beside them), and an import of the export accepts it.
+        status, defs = http(Single, "GET", "/api/definitions")
+        assert status == 200 and defs["policies"][0]["definition"] == {
+            "ha-mode": "exactly", "ha-params": 3, "quay-replicate": "transient"}, defs
+        status, answer = http(Single, "POST", "/api/definitions", defs)
+        assert status == 204, (status, answer)
         assert http(Single, "PUT", "/api/policies/%2F/x", {"pattern": "(", "backups": 1})[0] == 400
         proc.terminate()
         assert proc.wait(timeout=15) == 0

@@ -881,6 +881,77 @@ def transient_only_replication_loses_no_confirmed_message_on_kill():
           % (len(sent) + len(confirmed), sum(1 for _, red in out if red)))
 
 
+def put_policy(member, name, pattern, replicate):
+    status, body = member.api_call("PUT", "/api/policies/%2F/" + name, json.dumps(
+        {"pattern": pattern, "priority": 0, "backups": 1, "quay-replicate": replicate})
+        .encode(), timeout=10)
+    assert status in (200, 201), (status, body)
+
+
+@test(timeout=240)
+@noting_failure
+def a_policy_turns_transient_only_replication_on_and_off_at_run_time():
+    """The policy key quay-replicate does what the argument does, for a
+    queue without the argument, and follows the policy at run time: on
+    "transient" a live backup stream goes on with the transient messages
+    only at once (no catch-up: it held everything so far); on "all" the
+    map drops the backup from the in-sync set in the same command and the
+    primary catches it up in full before it is in sync again (it held the
+    transient ones only). kill -9 of the primary then: the backup takes
+    the queue over keeping its replica (the controller reads the policy)
+    and every confirmed message is served, in order. (Without the key the
+    queue replicated everything; without the re-attach on a policy change
+    the stream kept its mode until the next change of the queue.)"""
+    p, q, r = own_cluster(["p", "q", "r"])
+    name = "pol.q"
+    put_policy(p, "tonly", "^pol\\.", "transient")
+    place_replicated(p, name, "r", "q", {})
+    wait_until(lambda: queue_info(r, name).get("replicating") == "transient", 10,
+               what="r replicating the transient messages only (the policy)")
+    sent = []
+
+    def send(count, start):
+        conn = connect(p)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(start, start + count):
+            body = b"m-%d" % i
+            ch.basic_publish("", name, body, TRANSIENT if i % 3 == 2 else PERSISTENT)
+            sent.append(body)
+        conn.close()
+    send(45, 0)
+    wait_until(lambda: queue_info(q, name).get("replica_messages") == 15, 10,
+               what="the backup holding the 15 transient ones only",
+               detail=lambda: queue_info(q, name))
+    put_policy(p, "tonly", "^pol\\.", "all")
+    wait_until(lambda: queue_info(r, name).get("replicating") == "all", 10,
+               what="r replicating everything (the policy changed)")
+    wait_until(lambda: queue_info(q, name).get("replica_messages") == 45 and
+               queue_info(p, name)["in_sync"] == ["q"], 20,
+               what="the backup caught up in full and in sync again",
+               detail=lambda: (queue_info(q, name), queue_info(p, name)))
+    assert "caught up again in full" in r.log_text(), "no full catch-up on r"
+    send(15, 45)
+    wait_until(lambda: queue_info(q, name).get("replica_messages") == 60, 10,
+               what="the backup holding all 60")
+    put_policy(p, "tonly", "^pol\\.", "transient")
+    wait_until(lambda: queue_info(r, name).get("replicating") == "transient", 10,
+               what="r back to the transient messages only")
+    send(9, 60)  # 6 persistent (not sent to the backup), 3 transient
+    wait_until(lambda: queue_info(q, name).get("replica_messages") == 63, 10,
+               what="the backup given the 3 new transient ones only",
+               detail=lambda: queue_info(q, name))
+    assert queue_info(p, name)["in_sync"] == ["q"]
+    r.kill()
+    wait_until(lambda: (queue_info(p, name) or {}).get("primary") == "q" and
+               metric(q, "quay_cluster_adoptions_pending") == 0, 20,
+               what="q serving the queue, adopted")
+    assert "from r's log" in q.log_text(), "q did not take r's log over with its replica"
+    got = [b for b, _ in drain(p, name)]
+    assert got == sent, "served %d of %d, first differences: %s" % (
+        len(got), len(sent), [(a, b) for a, b in zip(got, sent) if a != b][:3])
+
+
 @test(timeout=240)
 @noting_failure
 def a_transient_only_queue_moved_then_killed_keeps_every_message():

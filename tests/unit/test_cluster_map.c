@@ -735,7 +735,7 @@ static uint32_t valid_commands(struct map_cmd *cmds)
     assert_int_equal(map_cmd_queue_set_available(&cmds[n++], B("/"), B("q"), 10, false), OK);
     assert_int_equal(map_cmd_broker_state(&cmds[n++], 2, BROKER_STATE_SUSPECT), OK);
     assert_int_equal(map_cmd_exchange_set_owner(&cmds[n++], B("/"), B("x"), 2), OK);
-    struct policy_decl p = {B("/"), B("p"), B("^q\\.|^q$"), 5, 2};
+    struct policy_decl p = {B("/"), B("p"), B("^q\\.|^q$"), 5, 2, 0};
     uint32_t two[] = {2};
     assert_int_equal(map_cmd_policy_put(&cmds[n++], &p), OK);
     assert_int_equal(map_cmd_queue_set_factor(&cmds[n++], B("/"), B("q"), 10, 2, two, 1), OK);
@@ -765,7 +765,7 @@ static void test_policies(void **state)
     struct map_cmd c_;
     APPLY_OK(&map, map_cmd_vhost_put(&c_, B("prod")));
     /* Refusals leave the map alone: no vhost, a bad regex. */
-    struct policy_decl d = {B("nowhere"), B("ha"), B("^ha\\."), 0, 2};
+    struct policy_decl d = {B("nowhere"), B("ha"), B("^ha\\."), 0, 2, 0};
     assert_int_equal(APPLY_RC(&map, map_cmd_policy_put(&c_, &d)), E_MAP_REFUSED);
     assert_int_equal(last.reply_code, REPLY_NOT_FOUND);
     d.vhost = B("/");
@@ -792,7 +792,7 @@ static void test_policies(void **state)
     assert_true(bytes_equal_cstr(p->name, "ha"));
     assert_null(cluster_map_policy_for(&map, B("/"), B("plain")));
     assert_null(cluster_map_policy_for(&map, B("prod"), B("ha.x")));
-    struct policy_decl all = {B("/"), B("all"), B("."), 0, 3};
+    struct policy_decl all = {B("/"), B("all"), B("."), 0, 3, 0};
     APPLY_OK(&map, map_cmd_policy_put(&c_, &all));
     p = cluster_map_policy_for(&map, B("/"), B("ha.x"));
     assert_true(bytes_equal_cstr(p->name, "all")); /* 0 = 0: "all" < "ha" */
@@ -811,8 +811,8 @@ static void test_policies(void **state)
     assert_int_equal(last.policies_deleted_count, 1);
     assert_null(cluster_map_policy_for(&map, B("/"), B("plain")));
     /* Deleting a vhost deletes its policies, and only its. */
-    struct policy_decl p1 = {B("prod"), B("a"), B("x"), 0, 1};
-    struct policy_decl p2 = {B("prod"), B("b"), B("y"), 0, 0};
+    struct policy_decl p1 = {B("prod"), B("a"), B("x"), 0, 1, 0};
+    struct policy_decl p2 = {B("prod"), B("b"), B("y"), 0, 0, 0};
     APPLY_OK(&map, map_cmd_policy_put(&c_, &p1));
     APPLY_OK(&map, map_cmd_policy_put(&c_, &p2));
     uint64_t gen = map.policies_generation;
@@ -944,9 +944,9 @@ static void test_policy_snapshots(void **state)
     setup_small(&map);
     struct map_cmd c_;
     APPLY_OK(&map, map_cmd_vhost_put(&c_, B("prod")));
-    struct policy_decl ds[] = {{B("prod"), B("z"), B("^z"), 7, 3},
-                               {B("/"), B("ha"), B("^ha\\."), 1, 2},
-                               {B("prod"), B("a"), B("a|b"), 0, 0}};
+    struct policy_decl ds[] = {{B("prod"), B("z"), B("^z"), 7, 3, POLICY_REPLICATE_TRANSIENT},
+                               {B("/"), B("ha"), B("^ha\\."), 1, 2, 0},
+                               {B("prod"), B("a"), B("a|b"), 0, 0, 0}};
     for (size_t i = 0; i < 3; i++)
         APPLY_OK(&map, map_cmd_policy_put(&c_, &ds[i]));
     uint8_t *snap;
@@ -962,6 +962,9 @@ static void test_policy_snapshots(void **state)
     assert_non_null(p);
     assert_int_equal(p->priority, 7);
     assert_int_equal(p->backups, 3);
+    assert_int_equal(p->replicate, POLICY_REPLICATE_TRANSIENT); /* (quay-replicate) */
+    assert_int_equal(cluster_map_policy_for(&copy, B("/"), B("ha.1"))->replicate,
+                     POLICY_REPLICATE_UNSET);
     assert_true(bytes_equal_cstr(cluster_map_policy_for(&copy, B("/"), B("ha.1"))->pattern,
                                  "^ha\\."));
     uint8_t *again;
@@ -1472,6 +1475,73 @@ static void test_take_over_with_replica(void **state)
     cluster_map_free(&map);
 }
 
+/* The policy key quay-replicate: a queue without the argument whose
+ * applying policy says "transient" is taken over with its replica as if
+ * it had the argument; a policy change that turns it back to "all" drops
+ * its backups from the in-sync set in the same command (they hold its
+ * transient messages only: promoted as usual, they would lose the
+ * persistent ones), and only its: not those of a queue whose argument
+ * says "transient", nor those of a queue the change leaves alone. */
+static void test_policy_replicate(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    struct map_cmd c_;
+    for (uint32_t id = 1; id <= 3; id++)
+        APPLY_OK(&map, map_cmd_broker_storage(&c_, id, B("s1")));
+    uint8_t buf[64];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_longstr(&w, "x-quay-replicate", B("transient"));
+    const char *names[] = {"tr.q", "tr.arg", "other"};
+    struct map_queue *qs[3];
+    for (int i = 0; i < 3; i++) {
+        struct map_queue_decl d = queue_decl("/", names[i], 1, 2);
+        if (i == 1)
+            d.arguments = table_writer_table(&w);
+        APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1));
+        qs[i] = cluster_map_queue(&map, B("/"), B(names[i]));
+        uint32_t two = 2;
+        APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B(names[i]), qs[i]->epoch,
+                                                 &two, 1));
+    }
+    assert_false(map_queue_replicates_transient_only(&map, qs[0]));
+    struct policy_decl tr = {B("/"), B("tr"), B("^tr\\."), 0, 1, POLICY_REPLICATE_TRANSIENT};
+    APPLY_OK(&map, map_cmd_policy_put(&c_, &tr));
+    assert_true(map_queue_replicates_transient_only(&map, qs[0]));
+    assert_true(map_queue_replicates_transient_only(&map, qs[1]));
+    assert_false(map_queue_replicates_transient_only(&map, qs[2]));
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(qs[i]->in_sync_mask, 1); /* "all" -> "transient": nothing to drop */
+    /* A higher policy that does not say it: "all" for tr.q, whose backup
+     * leaves the in-sync set; tr.arg keeps its argument's "transient". */
+    struct policy_decl over = {B("/"), B("over"), B("q$"), 5, 1, POLICY_REPLICATE_UNSET};
+    APPLY_OK(&map, map_cmd_policy_put(&c_, &over));
+    assert_false(map_queue_replicates_transient_only(&map, qs[0]));
+    assert_int_equal(qs[0]->in_sync_mask, 0);
+    assert_int_equal(qs[1]->in_sync_mask, 1);
+    assert_int_equal(qs[2]->in_sync_mask, 1);
+    APPLY_OK(&map, map_cmd_policy_delete(&c_, B("/"), B("over")));
+    uint32_t two = 2;
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("tr.q"), qs[0]->epoch, &two, 1));
+    /* Deleting the policy: the same. */
+    APPLY_OK(&map, map_cmd_policy_delete(&c_, B("/"), B("tr")));
+    assert_int_equal(qs[0]->in_sync_mask, 0);
+    assert_int_equal(qs[1]->in_sync_mask, 1);
+    /* By the policy alone, the takeover with the replica is accepted. */
+    APPLY_OK(&map, map_cmd_policy_put(&c_, &tr));
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("tr.q"), qs[0]->epoch, &two, 1));
+    APPLY_OK(&map, map_cmd_broker_state(&c_, 1, BROKER_STATE_DOWN));
+    APPLY_OK(&map, map_cmd_queue_take_over_with_replica(&c_, B("/"), B("tr.q"), qs[0]->epoch,
+                                                        2, 1));
+    assert_int_equal(qs[0]->primary_id, 2);
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_take_over_with_replica(
+                                        &c_, B("/"), B("other"), qs[2]->epoch, 2, 1)),
+                     E_MAP_REFUSED);
+    cluster_map_free(&map);
+}
+
 static void test_lookup_is_constant_time(void **state)
 {
     (void)state;
@@ -1637,6 +1707,7 @@ int main(void)
         cmocka_unit_test(test_snapshot_round_trip),
         cmocka_unit_test(test_shared_storage_take_over),
         cmocka_unit_test(test_take_over_with_replica),
+        cmocka_unit_test(test_policy_replicate),
         cmocka_unit_test(test_lookup_is_constant_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

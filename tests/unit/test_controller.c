@@ -1030,7 +1030,7 @@ static void test_policies_change_factors(void **state)
     assert_int_equal(config.default_backups, 1);
     /* Nothing to do while every factor is the default's. */
     assert_int_equal(policies_round(&map, &config), 0);
-    struct policy_decl ha = {B("/"), B("ha"), B("^ha\\."), 0, 2};
+    struct policy_decl ha = {B("/"), B("ha"), B("^ha\\."), 0, 2, 0};
     must_apply(&map, map_cmd_policy_put(&c, &ha), &c);
     assert_int_equal(policies_round(&map, &config), 1);
     const struct map_queue *a = cluster_map_queue(&map, B("/"), B("ha.a"));
@@ -1353,7 +1353,7 @@ static void test_leader_tick(void **state)
     controller_actions_free(&a);
     /* A policy: the next tick changes the factor, once. */
     struct map_cmd c;
-    struct policy_decl ha = {B("/"), B("all"), B(".*"), 0, 2};
+    struct policy_decl ha = {B("/"), B("all"), B(".*"), 0, 2, 0};
     must_apply(&map, map_cmd_policy_put(&c, &ha), &c);
     controller_actions_init(&a);
     seen.liveness_in_flight = 1; /* (no states: only the policies are looked at) */

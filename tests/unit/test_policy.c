@@ -23,7 +23,7 @@
 static void put(struct policy_set *set, const char *vhost, const char *name,
                 const char *pattern, uint32_t priority, uint8_t backups)
 {
-    struct policy_decl d = {B(vhost), B(name), B(pattern), priority, backups};
+    struct policy_decl d = {B(vhost), B(name), B(pattern), priority, backups, 0};
     char err[POLICY_ERROR_SIZE];
     assert_int_equal(policy_decl_check(&d, err, sizeof err), OK);
     policy_set_put(set, &d);
@@ -105,7 +105,7 @@ static void test_bad_input(void **state)
                                           sizeof err),
                      E_SYNTAX);
     assert_int_equal(policy_pattern_check(B("^ha\\.[0-9]+$"), err, sizeof err), OK);
-    struct policy_decl d = {B("/"), B("p"), B("x"), 0, 4};
+    struct policy_decl d = {B("/"), B("p"), B("x"), 0, 4, 0};
     assert_int_equal(policy_decl_check(&d, err, sizeof err), E_SYNTAX);
     assert_non_null(strstr(err, "backups"));
     d.backups = 3;
@@ -145,6 +145,50 @@ static void test_precedence(void **state)
     policy_set_free(&set);
 }
 
+/* quay-replicate: "all"/"transient" only; the x-quay-replicate argument
+ * wins over the policy (either way); only the applying policy counts; the
+ * key is part of what makes two declarations the same. */
+static void test_replicate(void **state)
+{
+    (void)state;
+    assert_int_equal(policy_replicate_parse(B("all")), POLICY_REPLICATE_ALL);
+    assert_int_equal(policy_replicate_parse(B("transient")), POLICY_REPLICATE_TRANSIENT);
+    assert_int_equal(policy_replicate_parse(B("Transient")), -1);
+    assert_int_equal(policy_replicate_parse(B("")), -1);
+    struct policy_decl bad = {B("/"), B("p"), B("x"), 0, 1, 3};
+    char err[POLICY_ERROR_SIZE];
+    assert_int_equal(policy_decl_check(&bad, err, sizeof err), E_SYNTAX);
+    struct policy_set set;
+    policy_set_init(&set);
+    assert_false(policy_replicates_transient_only(&set, B("/"), B("t.1"), NULL, 0));
+    struct policy_decl tr = {B("/"), B("tr"), B("^t\\."), 0, 1, POLICY_REPLICATE_TRANSIENT};
+    policy_set_put(&set, &tr);
+    assert_true(policy_set_same(&set, &tr));
+    tr.replicate = POLICY_REPLICATE_ALL;
+    assert_false(policy_set_same(&set, &tr));
+    tr.replicate = POLICY_REPLICATE_TRANSIENT;
+    assert_true(policy_replicates_transient_only(&set, B("/"), B("t.1"), NULL, 0));
+    assert_false(policy_replicates_transient_only(&set, B("/"), B("u.1"), NULL, 0));
+    assert_false(policy_replicates_transient_only(&set, B("other"), B("t.1"), NULL, 0));
+    uint8_t buf[64];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_longstr(&w, "x-quay-replicate", B("all"));
+    struct table all = table_writer_table(&w);
+    assert_false(policy_replicates_transient_only(&set, B("/"), B("t.1"), all.ptr,
+                                                  (uint32_t)all.len));
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_longstr(&w, "x-quay-replicate", B("transient"));
+    struct table transient = table_writer_table(&w);
+    assert_true(policy_replicates_transient_only(&set, B("/"), B("u.1"), transient.ptr,
+                                                 (uint32_t)transient.len));
+    /* A higher one that does not say it applies: "all". */
+    put(&set, "/", "higher", "^t\\.1$", 9, 2);
+    assert_false(policy_replicates_transient_only(&set, B("/"), B("t.1"), NULL, 0));
+    assert_true(policy_replicates_transient_only(&set, B("/"), B("t.2"), NULL, 0));
+    policy_set_free(&set);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -152,6 +196,7 @@ int main(void)
         cmocka_unit_test(test_priority_and_ties),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_precedence),
+        cmocka_unit_test(test_replicate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
