@@ -108,12 +108,15 @@ uint64_t durable_page_out(struct broker *broker, uint64_t wanted);
  * (journal_adopt): every live persistent message goes into the queue and
  * into our own log, redelivered if it had been delivered; the staged copy
  * goes once our copy is synced. A stale log of ours under the same name is
- * replaced. earlier_owner (or NULL): the broker owner_name had taken the
- * queue over from without saying it adopted its log; its log (where it
- * was, or staged in owner_name's adopted/ directory: owner_name died
- * before its copy was synced) adds the messages above those owner_name's
- * log holds. A log of either that we had staged ourselves, before a
- * crash or a restart cut our takeover short, is read where it is.
+ * replaced. earlier (earlier_count names, newest first; none: NULL, 0):
+ * the chain of brokers owner_name had taken the queue over from, each
+ * without saying it adopted (earlier[0] the one owner_name took it from,
+ * earlier[1] the one earlier[0] took it from, ...); each log, in that
+ * order, adds the messages above those the logs before it hold. Each is
+ * where its broker left it, or staged in the adopted/ directory of a
+ * taker after it in the chain (one that died before its copy was
+ * synced), or in ours (a crash or a restart cut our takeover short).
+ * At most DURABLE_ADOPT_CHAIN_MAX.
  * resume: the queue is ours already, from our own log (a restart found
  * it, and the map says we never said queue.adopted): nothing replaced,
  * only what lies above our log's last seq is added. ticket: our copy's
@@ -122,9 +125,11 @@ uint64_t durable_page_out(struct broker *broker, uint64_t wanted);
  * (logged; the staged copy stays where journal_adopt left it for the
  * operator). merge (or NULL): messages that go in by seq among the
  * adopted ones (all of them, whatever the logs give: none is lost). */
+#define DURABLE_ADOPT_CHAIN_MAX 8
 int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                      const char *owner_name, const char *earlier_owner, bool resume,
-                      struct durable_merge *merge, uint64_t *ticket);
+                      const char *owner_name, const char *const *earlier,
+                      uint32_t earlier_count, bool resume, struct durable_merge *merge,
+                      uint64_t *ticket);
 /* The queue, ours until now, was taken over from our log (queue.take_over
  * names us): its log is closed without a write, neither the DELETE nor
  * the removal its deletion would make, so a taker that has not read it

@@ -162,17 +162,17 @@ static int claim_staged(struct broker *broker, struct queue *queue, const char *
                                       source, queue->vhost->name, queue->name, staged);
 }
 
-/* source's log of the queue, from seq_min on: where we staged it before a
- * restart (own: claim_staged's, "" if none; we died or restarted before
- * our copy was synced), or where source left it (at most one of them
- * exists). */
+/* source's log of the queue, from seq_min on: staged in our adopted/ (own,
+ * "" if none: ours, where we staged it before a restart, we died or
+ * restarted before our copy was synced; else claimed from a dead taker's,
+ * claim_chain), or where source left it (at most one of them exists). */
 static int64_t read_source(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                           const char *source, const char *own, uint64_t seq_min,
+                           const char *source, const char *own, bool ours, uint64_t seq_min,
                            uint64_t *ticket)
 {
     int64_t count = 0;
     if (own[0] != '\0') {
-        count = adopt_from(broker, vhost, queue, source, own, true, seq_min, ticket);
+        count = adopt_from(broker, vhost, queue, source, own, ours, seq_min, ticket);
         if (count < 0)
             return -1;
         if (seq_min < queue->next_seq)
@@ -188,20 +188,21 @@ static int64_t adopt_source(struct broker *broker, struct vhost *vhost, struct q
     char own[512];
     if (claim_staged(broker, queue, NULL, source, own) != OK)
         return -1;
-    return read_source(broker, vhost, queue, source, own, seq_min, ticket);
+    return read_source(broker, vhost, queue, source, own, true, seq_min, ticket);
 }
 
-/* Older logs of the queue: a chain of takers that all died before their
- * copies were durable (o -> t -> u, then v takes over from u). The map
- * names u and t only (taken_from, taken_from_before); u had claimed t's
- * staged copy of o's log into its own adopted/ before it died, and that is
- * where the only durable copy of o's confirmed messages is. So a takeover
- * from a taker that did not say queue.adopted also claims whatever else is
- * staged for the queue in that taker's adopted/ (any source but the two
- * the map names), after our own such copies (a restart of ours after we
- * claimed them), and reads them last, above the seqs read before. Their
- * order among themselves (a chain of four or more) is not known: a message
- * a later taker's consumer acked may come back. */
+/* A chain of takers that all died before their copies were durable
+ * (o -> t -> u -> v, then w takes over from v): the map names v, then u,
+ * t, o, newest first (taken_from, taken_from_before, taken_older). Each
+ * one's log is in exactly one place (every move is a rename): where its
+ * broker left it, staged in the adopted/ directory of a taker after it in
+ * the chain (a taker claims its source's log, and what its source had
+ * staged, into its own adopted/), or in ours (a restart of ours after we
+ * claimed it). Read newest first, each above the seqs read before: a
+ * later taker's log holds, for the seqs it copied, the queue as that
+ * taker left it (its consumers' acks). Sources the map no longer names
+ * (a chain longer than it keeps) are read last, in no known order: a
+ * message a later taker's consumer acked may come back. */
 #define ADOPT_OLDER_MAX 8
 
 struct older {
@@ -210,8 +211,23 @@ struct older {
     char staged[ADOPT_OLDER_MAX][512];
 };
 
+static bool in_chain(const char *name, const char *owner_name, const char *const *earlier,
+                     uint32_t earlier_count)
+{
+    if (strcmp(name, owner_name) == 0)
+        return true;
+    for (uint32_t i = 0; i < earlier_count; i++) {
+        if (strcmp(name, earlier[i]) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Claims what taker's adopted/ (NULL: ours) holds staged for the queue
+ * from sources the chain does not name. */
 static int claim_older(struct broker *broker, struct queue *queue, const char *taker,
-                       const char *owner_name, const char *earlier_owner, struct older *o)
+                       const char *owner_name, const char *const *earlier,
+                       uint32_t earlier_count, struct older *o)
 {
     enum { SOURCES_MAX = 32 };
     char (*sources)[JOURNAL_SOURCE_SIZE] = malloc(sizeof *sources * SOURCES_MAX);
@@ -225,7 +241,7 @@ static int claim_older(struct broker *broker, struct queue *queue, const char *t
                                          SOURCES_MAX);
     int rc = n < 0 ? E_IO : OK;
     for (int i = 0; rc == OK && i < n && o->count < ADOPT_OLDER_MAX; i++) {
-        if (strcmp(sources[i], owner_name) == 0 || strcmp(sources[i], earlier_owner) == 0)
+        if (in_chain(sources[i], owner_name, earlier, earlier_count))
             continue;
         rc = claim_staged(broker, queue, taker, sources[i], o->staged[o->count]);
         bool twice = false;
@@ -240,55 +256,74 @@ static int claim_older(struct broker *broker, struct queue *queue, const char *t
     return rc;
 }
 
-/* owner_name had taken the queue over from earlier_owner and died before
- * it said it adopted: what it did adopt is in its log, under the same
- * seqs, and was written before anything newer (the journal appends in
- * order), so the earlier log adds what lies above. That log is where
- * owner_name found it, or staged in owner_name's adopted/ directory if it
- * got that far (it died before its copy was synced), claimed before
- * owner_name's own log is: a restarted owner_name removes what it staged
- * only once its own copy passed a fenced sync (durable_adopt's resume), so
- * when it did before our claim, its log that we claim next has the copy.
- * (Our own staged copy of the earlier log, from before a restart of ours,
- * is looked up first: the claim puts the other beside it.) */
+/* Where each earlier source's log is staged, if it is ("" if not). */
+struct chain {
+    char staged[DURABLE_ADOPT_CHAIN_MAX][512];
+    bool ours[DURABLE_ADOPT_CHAIN_MAX]; /* staged by us (before a restart), else by a taker */
+    struct older older;
+};
+
+/* Every staged copy the queue's chain may have left, claimed into our
+ * adopted/ before any broker's own log is (below): a restarted taker
+ * removes what it staged only once its own copy passed a fenced sync
+ * (durable_adopt's resume), so when it did before our claim, its log that
+ * we claim next has the copy. Source earlier[i] may be staged in ours or
+ * in the adopted/ of any taker after it: owner_name, earlier[0..i-1]. */
+static int claim_chain(struct broker *broker, struct queue *queue, const char *owner_name,
+                       const char *const *earlier, uint32_t earlier_count, struct chain *c)
+{
+    int rc = OK;
+    for (uint32_t i = 0; rc == OK && i < earlier_count; i++) {
+        rc = claim_staged(broker, queue, NULL, earlier[i], c->staged[i]);
+        c->ours[i] = c->staged[i][0] != '\0';
+        for (uint32_t t = 0; rc == OK && c->staged[i][0] == '\0' && t <= i; t++)
+            rc = claim_staged(broker, queue, t == 0 ? owner_name : earlier[t - 1], earlier[i],
+                              c->staged[i]);
+    }
+    if (rc == OK)
+        rc = claim_older(broker, queue, NULL, owner_name, earlier, earlier_count, &c->older);
+    for (uint32_t t = 0; rc == OK && t < earlier_count; t++) /* the takers: all but the last */
+        rc = claim_older(broker, queue, t == 0 ? owner_name : earlier[t - 1], owner_name,
+                         earlier, earlier_count, &c->older);
+    return rc;
+}
+
+/* owner_name had taken the queue over from earlier[0] (and so on down the
+ * chain) and died before it said it adopted: what it did adopt is in its
+ * log, under the same seqs, and was written before anything newer (the
+ * journal appends in order), so each earlier log adds what lies above. */
 static int64_t adopt_with_earlier(struct broker *broker, struct vhost *vhost,
                                   struct queue *queue, const char *owner_name,
-                                  const char *earlier_owner, uint64_t seq_min, uint64_t *ticket)
+                                  const char *const *earlier, uint32_t earlier_count,
+                                  uint64_t seq_min, uint64_t *ticket)
 {
-    char own[512];
-    char staged[512] = "";
-    struct older *older = calloc(1, sizeof *older);
-    ASSERT(older != NULL);
-    int rc = claim_staged(broker, queue, NULL, earlier_owner, own);
-    if (rc == OK)
-        rc = claim_older(broker, queue, NULL, owner_name, earlier_owner, older);
-    if (rc == OK)
-        rc = claim_staged(broker, queue, owner_name, earlier_owner, staged);
-    if (rc == OK)
-        rc = claim_older(broker, queue, owner_name, owner_name, earlier_owner, older);
+    ASSERT(earlier_count > 0 && earlier_count <= DURABLE_ADOPT_CHAIN_MAX);
+    struct chain *c = calloc(1, sizeof *c);
+    ASSERT(c != NULL);
+    int rc = claim_chain(broker, queue, owner_name, earlier, earlier_count, c);
     int64_t count = adopt_source(broker, vhost, queue, owner_name, seq_min, ticket);
     if (count < 0 || rc != OK) {
-        free(older);
+        free(c);
         return -1; /* (what was claimed stays staged, reported at our restart) */
     }
-    int64_t more = read_source(broker, vhost, queue, earlier_owner, own, queue->next_seq, ticket);
-    if (more >= 0 && staged[0] != '\0') {
-        int64_t also = adopt_from(broker, vhost, queue, earlier_owner, staged, false,
-                                  queue->next_seq, ticket);
+    int64_t more = 0;
+    for (uint32_t i = 0; more >= 0 && i < earlier_count; i++) {
+        int64_t also = read_source(broker, vhost, queue, earlier[i], c->staged[i],
+                                   c->ours[i], queue->next_seq, ticket);
         more = also < 0 ? also : more + also;
     }
-    for (uint32_t i = 0; more >= 0 && i < older->count; i++) {
-        int64_t also = adopt_from(broker, vhost, queue, older->source[i], older->staged[i],
-                                  false, queue->next_seq, ticket);
+    for (uint32_t i = 0; more >= 0 && i < c->older.count; i++) {
+        int64_t also = adopt_from(broker, vhost, queue, c->older.source[i],
+                                  c->older.staged[i], false, queue->next_seq, ticket);
         more = also < 0 ? also : more + also;
     }
-    free(older);
+    free(c);
     return more < 0 ? more : count + more;
 }
 
 static int64_t adopt_logs(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                          const char *owner_name, const char *earlier_owner, bool resume,
-                          uint64_t *ticket)
+                          const char *owner_name, const char *const *earlier,
+                          uint32_t earlier_count, bool resume, uint64_t *ticket)
 {
     if (!resume) {
         ASSERT(queue->ready_count == 0 && queue->unacked_count == 0); /* just made real */
@@ -302,9 +337,9 @@ static int64_t adopt_logs(struct broker *broker, struct vhost *vhost, struct que
     /* Resumed: our log is the queue's content, and what it lacks of the
      * copy we had staged lies above its last seq. */
     uint64_t seq_min = resume ? queue->next_seq : 0;
-    int64_t count = earlier_owner != NULL
-                        ? adopt_with_earlier(broker, vhost, queue, owner_name, earlier_owner,
-                                             seq_min, ticket)
+    int64_t count = earlier_count > 0
+                        ? adopt_with_earlier(broker, vhost, queue, owner_name, earlier,
+                                             earlier_count, seq_min, ticket)
                         : adopt_source(broker, vhost, queue, owner_name, seq_min, ticket);
     return count;
 }
@@ -318,8 +353,9 @@ static void merge_rest(struct broker *broker, struct queue *queue)
 }
 
 int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                      const char *owner_name, const char *earlier_owner, bool resume,
-                      struct durable_merge *merge, uint64_t *ticket)
+                      const char *owner_name, const char *const *earlier,
+                      uint32_t earlier_count, bool resume, struct durable_merge *merge,
+                      uint64_t *ticket)
 {
     struct durable *d = &broker->durable;
     *ticket = 0;
@@ -327,7 +363,8 @@ int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *
     int64_t count = 0;
     if (d->journal != NULL && broker->config.shared_storage_dir != NULL &&
         queue->journal != NULL)
-        count = adopt_logs(broker, vhost, queue, owner_name, earlier_owner, resume, ticket);
+        count = adopt_logs(broker, vhost, queue, owner_name, earlier, earlier_count, resume,
+                           ticket);
     merge_rest(broker, queue);
     d->merge = NULL;
     queue_dispatch(queue);

@@ -24,12 +24,18 @@
 #include "lib/log.h"
 #include "store/journal.h"
 
+_Static_assert(1 + CLUSTER_BACKUPS_MAX <= DURABLE_ADOPT_CHAIN_MAX,
+               "a taker reads the whole chain the map keeps");
+
 /* One queue waiting. Owned by member->adoptions. */
 struct adoption {
     struct list_node link;
     struct queue *queue;                    /* one reference */
     char owner[CLUSTER_NAME_SIZE_MAX + 1];  /* the dead broker's name: its directory */
-    char earlier[CLUSTER_NAME_SIZE_MAX + 1]; /* taken_from_before's, or "" */
+    /* taken_from_before's, then taken_older's, newest first: the chain of
+     * takers before the dead one that never said queue.adopted */
+    char earlier[1 + CLUSTER_BACKUPS_MAX][CLUSTER_NAME_SIZE_MAX + 1];
+    uint32_t earlier_count;
     uint64_t ticket; /* adopted: our copy's last journal record (member->adopted_unsaid) */
     bool resume;     /* durable_adopt's: a takeover of ours a restart cut short */
     struct durable_merge merge; /* its entries owned: a kept replica's (adoption_start) */
@@ -91,7 +97,17 @@ static void start(struct member *member, struct queue *queue, const struct map_q
     queue_ref(queue);
     memcpy(a->owner, owner, sizeof owner);
     a->resume = resume;
-    broker_name(member, mq->taken_from_before, a->earlier, sizeof a->earlier);
+    uint32_t chain[1 + CLUSTER_BACKUPS_MAX];
+    uint32_t n = 0;
+    if (mq->taken_from_before != BROKER_ID_NONE) {
+        chain[n++] = mq->taken_from_before;
+        for (uint8_t i = 0; i < mq->taken_older_count; i++)
+            chain[n++] = mq->taken_older[i];
+    }
+    for (uint32_t i = 0; i < n; i++) { /* (a forgotten broker: nobody's directory) */
+        broker_name(member, chain[i], a->earlier[a->earlier_count], sizeof a->earlier[0]);
+        a->earlier_count += a->earlier[a->earlier_count][0] != '\0';
+    }
     queue_pause(queue);
     list_push_back(&member->adoptions, &a->link);
     if (member->adoption_idle == NULL) {
@@ -135,8 +151,13 @@ void adoption_resume_leftovers(struct member *member)
 
 bool adoption_staged_needed(const struct map_queue *mq, uint32_t self)
 {
-    return mq != NULL && !mq->adopted && mq->taken_from != BROKER_ID_NONE &&
-           (mq->primary_id == self || mq->taken_from == self || mq->taken_from_before == self);
+    if (mq == NULL || mq->adopted || mq->taken_from == BROKER_ID_NONE)
+        return false;
+    bool named = mq->primary_id == self || mq->taken_from == self ||
+                 mq->taken_from_before == self;
+    for (uint8_t i = 0; i < mq->taken_older_count; i++)
+        named |= mq->taken_older[i] == self;
+    return named;
 }
 
 /* A staged copy the last sweep kept: someone may still read it. Owned by
@@ -326,9 +347,11 @@ static void adopt(struct member *member, struct adoption *a, bool follow)
     list_remove(&a->link);
     struct queue *queue = a->queue;
     if (!queue->deleted && !queue_is_remote(queue)) {
-        int64_t n = durable_adopt(member->broker, queue->vhost, queue, a->owner,
-                                  a->earlier[0] != '\0' ? a->earlier : NULL, a->resume,
-                                  &a->merge, &a->ticket);
+        const char *earlier[1 + CLUSTER_BACKUPS_MAX];
+        for (uint32_t i = 0; i < a->earlier_count; i++)
+            earlier[i] = a->earlier[i];
+        int64_t n = durable_adopt(member->broker, queue->vhost, queue, a->owner, earlier,
+                                  a->earlier_count, a->resume, &a->merge, &a->ticket);
         queue_resume(queue); /* publishes and gets that waited go in after */
         const struct map_queue *mq =
             cluster_map_queue(member_map(member), queue->vhost->name, queue->name);

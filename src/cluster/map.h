@@ -207,6 +207,14 @@ struct map_queue {
      * in its directory, and the new taker reads both (cluster/adoption.c).
      * Cleared with taken_from. */
     uint32_t taken_from_before;
+    /* The sources before that, newest first, while each taker in the
+     * chain died without saying queue.adopted (o -> t -> u -> v -> w dying
+     * one after another: w's queue has taken_from v, before u, older t, o):
+     * the next taker reads their logs in this order, and looks for them in
+     * the adopted/ directories of the takers that claimed them. Cleared
+     * with taken_from; at most CLUSTER_BACKUPS_MAX (the oldest dropped). */
+    uint32_t taken_older[CLUSTER_BACKUPS_MAX];
+    uint8_t taken_older_count;
     struct list_node bindings_in; /* struct map_binding.destination_node */
     uint32_t index;               /* in map->queues */
 };

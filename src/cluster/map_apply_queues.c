@@ -374,6 +374,10 @@ static void read_queue_state(struct cmd_reader *r, struct map_queue *q)
     q->taken_from = (uint32_t)map__read_uint(r, "taken_from", UINT32_MAX, true, BROKER_ID_NONE);
     q->taken_from_before =
         (uint32_t)map__read_uint(r, "taken_from_before", UINT32_MAX, true, BROKER_ID_NONE);
+    struct field_value older;
+    q->taken_older_count = table_get(r->table, "taken_older", &older)
+                               ? map__read_ids(r, "taken_older", q->taken_older)
+                               : 0;
     q->adopted = map__read_bool(r, "adopted", true);
     if (q->move_from != BROKER_ID_NONE &&
         (map__backup_slot(q, q->move_from) < 0 || q->move_to == BROKER_ID_NONE))
@@ -590,6 +594,7 @@ int map__op_queue_set_owner(struct apply_ctx *ctx)
     q->move_from = BROKER_ID_NONE;
     q->taken_from = BROKER_ID_NONE;
     q->taken_from_before = BROKER_ID_NONE;
+    q->taken_older_count = 0;
     q->adopted = false;
     map__queue_count(map, q, +1);
     ASSERT(!map_queue_has_backup(q, primary));
@@ -734,6 +739,27 @@ int map__op_queue_set_available(struct apply_ctx *ctx)
     return OK;
 }
 
+/* A new taker: the sources the map names move down the chain (the oldest
+ * beyond CLUSTER_BACKUPS_MAX older ones is forgotten: its log, if anyone
+ * still holds it staged, is then read in no known order, durable_adopt.c),
+ * or the chain ends when the dead primary had said queue.adopted. */
+static void take_chain_push(struct map_queue *q)
+{
+    if (q->adopted || q->taken_from == BROKER_ID_NONE) {
+        q->taken_from_before = BROKER_ID_NONE;
+        q->taken_older_count = 0;
+        return;
+    }
+    if (q->taken_from_before != BROKER_ID_NONE) {
+        uint8_t n = q->taken_older_count < CLUSTER_BACKUPS_MAX ? q->taken_older_count
+                                                              : CLUSTER_BACKUPS_MAX - 1;
+        memmove(&q->taken_older[1], &q->taken_older[0], n * sizeof q->taken_older[0]);
+        q->taken_older[0] = q->taken_from_before;
+        q->taken_older_count = (uint8_t)(n + 1);
+    }
+    q->taken_from_before = q->taken_from;
+}
+
 /* The dead primary's log is adopted from shared storage by the new one
  * (queue.take_over): only a durable queue, from a broker that is down, to
  * one that is up, shares its storage and is not a backup (its replica
@@ -777,8 +803,9 @@ int map__op_queue_take_over(struct apply_ctx *ctx)
     q->available = true;
     q->move_to = BROKER_ID_NONE;
     q->move_from = BROKER_ID_NONE;
-    /* (NONE unless from took it over itself and never said it adopted.) */
-    q->taken_from_before = q->adopted ? BROKER_ID_NONE : q->taken_from;
+    /* (NONE unless from took it over itself and never said it adopted;
+     * then the chain before it moves down one: taken_older.) */
+    take_chain_push(q);
     q->taken_from = from;
     q->adopted = false;
     map__queue_count(map, q, +1);

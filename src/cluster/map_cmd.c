@@ -448,6 +448,8 @@ void map__encode_queue(struct table_writer *w, const void *arg)
         table_put_int(w, "taken_from", q->taken_from);
     if (q->taken_from_before != BROKER_ID_NONE)
         table_put_int(w, "taken_from_before", q->taken_from_before);
+    if (q->taken_older_count > 0) /* (else as before the chain was kept) */
+        put_ids(w, "taken_older", q->taken_older, q->taken_older_count);
     if (q->adopted)
         table_put_bool(w, "adopted", true);
 }

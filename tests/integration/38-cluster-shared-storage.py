@@ -1093,5 +1093,108 @@ def a_chain_of_three_takers_dying_before_their_copies_loses_nothing():
                 % name) in log, name
 
 
+
+@test(timeout=300)
+@noting_failure
+def a_chain_whose_middle_taker_never_adopted_loses_nothing():
+    """A cluster of its own, as the chain of three: x, y and z do not
+    share the directory; o, t, u and v do, the journal threads of t, u and
+    v frozen. o dies with 24 queues; the taker with most (X1) adopts its
+    share (o's logs staged in its adopted/, never synced); the two others
+    are stopped (SIGSTOP: still up in the map for a second) and X1 killed
+    at once: X1's queues go to them; the one that got most (S) stays
+    stopped and never adopts them, the other (R) goes on at once. S is
+    killed; R (thawed) takes S's over: the map names S, then X1,
+    then o (taken_from, taken_from_before, taken_older). The only copy of
+    o's log of a queue that went o -> X1 -> S -> R is in X1's adopted/,
+    which R now reads. Every confirmed message is served. (Before, the map
+    kept two names and R looked in S's adopted/ only: those queues were
+    served empty.)"""
+    fresh_cluster()
+    x = cluster.form(["x", "y", "z"])[0]
+    takers = ["t", "u", "v"]
+    for name in ["o"] + takers:
+        members[name] = cluster.add(name, join=[x], extra_args=["--shared-storage", shared])
+    wait_until(lambda: len(x.view().brokers) == 7 and
+               all(v == "up" for v in x.view().brokers.values()), 60, what="seven brokers up")
+    wait_until(lambda: all("caught up with the map" in members[n].log_text()
+                           for n in ["o"] + takers), 30, what="all caught up")
+    wait_until(lambda: sum(1 for b in x.api_cluster()["brokers"] if b.get("storage")) == 4,
+               10, what="the shared storage in the map")
+    names = place(x, "middle", "o", 24)
+    # The others place() declared go: with the brokers' shares small, the
+    # ring alone (not the placement bound) picks X1's queues' next takers,
+    # so about half of them go to the stopped one.
+    conn = connect(x)
+    for info in x.api_get("/api/queues", timeout=10):
+        if info["name"].startswith("middle-") and info["name"] not in names:
+            conn.channel().queue_delete(info["name"])
+    conn.close()
+    for name in names:
+        publish(x, name, [b"%s-%d" % (name.encode(), i) for i in range(30)])
+    time.sleep(0.3)  # group commit: every confirm's record is in o's logs
+    frozen = {}
+
+    def owners(of):
+        return {n: (queue_info(x, n) or {}).get("primary") for n in of}
+
+    def adopted(taker, of):
+        log = members[taker].log_text
+        return all("queue '%s': took over" % n in log() for n in of)
+    stopped = None
+    try:
+        for name in takers:
+            frozen[name] = freeze_journal(members[name])
+        members["o"].kill()
+        wait_until(lambda: all(p in takers for p in owners(names).values()), 30,
+                   what="o's queues taken over")
+        first = owners(names)
+        for t in takers:
+            share = [n for n in names if first[n] == t]
+            wait_until(lambda: adopted(t, share), 30, what="%s adopted" % t)
+        x1 = max(takers, key=lambda t: sum(1 for p in first.values() if p == t))
+        via_x1 = [n for n in names if first[n] == x1]
+        time.sleep(1)  # (a queue.adopted said too early commits)
+        left = [t for t in takers if t != x1]
+        # Both stopped (up in the map for a second): X1's queues go to
+        # either, by the ring and the placement bound; the one that got
+        # most stays stopped (S), the other (R) goes on at once.
+        for t in left:
+            os.kill(members[t].proc.pid, signal.SIGSTOP)
+        stopped = left
+        kill_frozen(members[x1], frozen.pop(x1))
+        wait_until(lambda: all(p in left for p in owners(via_x1).values()), 0.8,
+                   what="%s's queues taken over" % x1)
+        second = owners(via_x1)
+        stopped, r = sorted(left, key=lambda t: -sum(1 for p in second.values() if p == t))
+        os.kill(members[r].proc.pid, signal.SIGCONT)
+        middle = [n for n in via_x1 if second[n] == stopped]
+        os.kill(members[stopped].proc.pid, signal.SIGKILL)
+        os.waitpid(frozen.pop(stopped), WALL)
+        members[stopped].proc.wait(10)
+        ptrace(PTRACE_DETACH, frozen.pop(r))
+        wait_until(lambda: all(p == r for p in owners(names).values()), 30,
+                   what="every queue on %s" % r)
+        wait_until(lambda: metric(members[r], "quay_cluster_adoptions_pending") == 0, 20,
+                   what="%s's adoptions done" % r)
+        print("# o -> %s -> %s (stopped, never adopted) -> %s: %d queue(s)"
+              % (x1, stopped, r, len(middle)))
+    finally:
+        for name, tid in frozen.items():
+            ptrace(PTRACE_DETACH, tid)
+        for t in ([stopped] if isinstance(stopped, str) else stopped or []):
+            if members[t].alive():
+                os.kill(members[t].proc.pid, signal.SIGCONT)
+    bad = {}
+    for name in names:
+        got = read_all(x, name)
+        if got != [b"%s-%d" % (name.encode(), i) for i in range(30)]:
+            bad[name] = len(got)
+    assert not bad, "messages served, of 30 (%s went through %s): %s" % (middle, stopped, bad)
+    log = members[r].log_text()
+    for name in middle:
+        assert ("queue '%s': took over 30 messages from o's log, staged by a taker that died"
+                % name) in log, name
+
 if __name__ == "__main__":
     run(cleanup=closer(lambda: cluster))

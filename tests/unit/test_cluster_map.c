@@ -1542,6 +1542,60 @@ static void test_policy_replicate(void **state)
     cluster_map_free(&map);
 }
 
+/* A chain of takers that die one after another without saying
+ * queue.adopted: each queue.take_over moves the sources the map names one
+ * down (taken_from, taken_from_before, taken_older newest first), the
+ * oldest beyond CLUSTER_BACKUPS_MAX older ones forgotten; a snapshot keeps
+ * the chain; a dead primary that had said queue.adopted ends it. */
+static void test_take_over_chain(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    cluster_map_init(&map);
+    struct map_cmd c_;
+    for (uint32_t id = 1; id <= 7; id++) {
+        join(&map, id, id <= 5);
+        APPLY_OK(&map, map_cmd_broker_storage(&c_, id, B("s1")));
+    }
+    APPLY_OK(&map, map_cmd_vhost_put(&c_, B("/")));
+    struct map_queue_decl d = queue_decl("/", "q", 1, 0);
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1));
+    struct map_queue *q = cluster_map_queue(&map, B("/"), B("q"));
+    for (uint32_t to = 2; to <= 7; to++) { /* 1 -> 2 -> ... -> 7, each dying */
+        APPLY_OK(&map, map_cmd_broker_state(&c_, to - 1, BROKER_STATE_DOWN));
+        APPLY_OK(&map, map_cmd_queue_take_over(&c_, B("/"), B("q"), q->epoch, to, to - 1));
+        assert_int_equal(q->taken_from, to - 1);
+        assert_int_equal(q->taken_from_before, to > 2 ? to - 2 : BROKER_ID_NONE);
+        uint8_t older = to > 3 ? (uint8_t)(to - 3) : 0;
+        older = older > CLUSTER_BACKUPS_MAX ? CLUSTER_BACKUPS_MAX : older;
+        assert_int_equal(q->taken_older_count, older);
+        for (uint8_t i = 0; i < older; i++)
+            assert_int_equal(q->taken_older[i], to - 3 - i); /* newest first */
+    }
+    /* 7 took it from 6: before 5, older 4, 3, 2 (1 forgotten). */
+    uint8_t *snap;
+    size_t size;
+    assert_int_equal(cluster_map_snapshot_alloc(&map, &snap, &size), OK);
+    struct cluster_map copy;
+    cluster_map_init(&copy);
+    assert_int_equal(cluster_map_snapshot_read(&copy, snap, size), OK);
+    free(snap);
+    const struct map_queue *cq = cluster_map_queue(&copy, B("/"), B("q"));
+    assert_int_equal(cq->taken_older_count, 3);
+    assert_int_equal(cq->taken_older[0], 4);
+    assert_int_equal(cq->taken_older[2], 2);
+    cluster_map_free(&copy);
+    /* 7 says it adopted and dies: the next taker reads 7's log alone. */
+    APPLY_OK(&map, map_cmd_queue_adopted(&c_, B("/"), B("q"), 7));
+    APPLY_OK(&map, map_cmd_broker_state(&c_, 7, BROKER_STATE_DOWN));
+    APPLY_OK(&map, map_cmd_broker_state(&c_, 1, BROKER_STATE_UP));
+    APPLY_OK(&map, map_cmd_queue_take_over(&c_, B("/"), B("q"), q->epoch, 1, 7));
+    assert_int_equal(q->taken_from, 7);
+    assert_int_equal(q->taken_from_before, BROKER_ID_NONE);
+    assert_int_equal(q->taken_older_count, 0);
+    cluster_map_free(&map);
+}
+
 static void test_lookup_is_constant_time(void **state)
 {
     (void)state;
@@ -1708,6 +1762,7 @@ int main(void)
         cmocka_unit_test(test_shared_storage_take_over),
         cmocka_unit_test(test_take_over_with_replica),
         cmocka_unit_test(test_policy_replicate),
+        cmocka_unit_test(test_take_over_chain),
         cmocka_unit_test(test_lookup_is_constant_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1281,6 +1281,11 @@ static void test_leftover_adoptions_and_staged_copies(void **state)
     assert_false(adoption_staged_needed(&q, 3));
     q.taken_from_before = 3;
     assert_true(adoption_staged_needed(&q, 3));
+    assert_false(adoption_staged_needed(&q, 5));
+    q.taken_older[0] = 4; /* further down a chain of dead takers */
+    q.taken_older[1] = 5;
+    q.taken_older_count = 2;
+    assert_true(adoption_staged_needed(&q, 5));
     q.adopted = true; /* our copy was synced: everything is in a log someone reads */
     assert_false(adoption_leftover(&q, 1));
     assert_false(adoption_staged_needed(&q, 1));
