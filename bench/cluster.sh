@@ -67,6 +67,8 @@
 #           Reports when b1's map had every queue on a live broker (mapped_s) and when every
 #           queue answered a passive queue.declare through b1 with all its messages
 #           (serving_s), both from the kill; then reads one queue back in full.
+#           TAKEOVER_PERF=PREFIX also records the takers (b1, b2) with perf record -g for
+#           the 10 s after the kill (PREFIX.b1, PREFIX.b2; perf report -i ...).
 #   sharedha 3 brokers on one --shared-storage directory; three durable queues whose
 #           primary is b1: "ha-all" (one backup, b2: every message replicated),
 #           "ha-transient" (one backup, b2, x-quay-replicate: transient: it gets the
@@ -853,6 +855,17 @@ EOF
   fill=$("$BENCH_OUT/quayscale" fill -H 127.0.0.1 -p "$(amqp_port 3)" --names "$TMP/names" \
       -n "$per" -s 1024)
   sleep 1
+  # TAKEOVER_PERF=PREFIX: perf record -g of the takers (b1, b2) for the
+  # first 10 s after the kill, into PREFIX.b1 and PREFIX.b2.
+  local perfs=()
+  if [ -n "${TAKEOVER_PERF:-}" ]; then
+    for n in 1 2; do
+      local pid_var="PID_$n"
+      perf record -g -F 999 -o "$TAKEOVER_PERF.b$n" -p "${!pid_var}" -- sleep 10 \
+        >/dev/null 2>&1 & perfs+=($!)
+    done
+    sleep 0.5
+  fi
   kill -9 "$PID_3"
   local killed
   killed=$(date +%s.%N)
@@ -901,6 +914,7 @@ conn.close()
 print("TAKEOVER mapped_s=%.2f serving_s=%.2f not_serving=%d read_back=%d/%d" % (
     mapped if mapped is not None else -1, serving, len(left), got, per), flush=True)
 EOF
+  for p in "${perfs[@]}"; do wait "$p" 2>/dev/null || true; done
   echo "ROW takeover queues=$TAKEOVER_QUEUES messages=$TAKEOVER_MESSAGES" \
        "fill_msgs_per_s=$(echo "$fill" | field msgs_per_s)" \
        "shared_mb=$(du -sm "$TMP/shared" | cut -f1)"

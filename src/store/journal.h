@@ -71,6 +71,11 @@ struct journal_options {
 /* Opens (creating if needed) the journal in dir, replays the definitions log
  * (cutting a torn tail) and starts the journal thread. Returns OK, or E_IO /
  * E_JOURNAL_CORRUPT with a message naming file and offset in err. */
+/* A journal only to recover dir's queue logs (journal_recover; a taker's
+ * read of a staged log): no writer thread, no definitions file, nothing
+ * written but recovery's own cuts of torn tails. Close it with
+ * journal_close (freed at once). */
+int journal_open_reader(struct journal **out, uv_loop_t *loop, const char *dir);
 int journal_open(struct journal **out, uv_loop_t *loop, const char *dir,
                  const struct journal_options *opts, char *err, size_t err_size);
 

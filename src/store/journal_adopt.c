@@ -328,18 +328,15 @@ int journal_adopt_read(struct journal *j, const char *staged, journal_recover_fn
     memset(out, 0, sizeof *out);
     memcpy(out->staged, root, sizeof root);
     struct journal *tmp;
-    char err[256];
-    if (journal_open(&tmp, j->loop, out->staged, NULL, err, sizeof err) != OK) {
-        LOG_ERROR("journal: cannot open the adopted log %s: %s", out->staged, err);
-        return E_IO;
-    }
+    int opened = journal_open_reader(&tmp, j->loop, out->staged);
+    ASSERT(opened == OK);
     tmp->adopting = true;
     int rc = journal_recover(tmp, fn, ctx, &out->stats);
     uint32_t cursor = 0;
     struct hmap_entry *e;
     while (hmap_next(&tmp->queues, &cursor, &e))
         out->seq_last = journal_queue_seq_last(e->value);
-    journal_close(tmp); /* freed once the loop runs its close callbacks */
+    journal_close(tmp);
     if (rc == OK)
         LOG_INFO("journal: took over %s (%" PRIu64 " live messages)", out->staged,
                  out->stats.message_count);

@@ -186,6 +186,7 @@ struct journal {
     void *synced_ctx;
     bool recovered;
     bool thread_started;
+    bool reader; /* journal_open_reader: no thread (ops run inline), no definitions */
     /* A temporary journal reading an adopted log (journal_adopt): a DELETE
      * record in it was written by the old owner after the queue was no
      * longer its own (the map still has the queue), so it is ignored. */
