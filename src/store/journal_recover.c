@@ -589,13 +589,18 @@ static int recover_queue(struct recovery *r, uint64_t id)
         return OK;
     }
     rc = deliver(r);
+    /* A reader (journal_open_reader: a taker reading a staged log, which
+     * its own log then holds) writes nothing: what it read is handed over
+     * as it is, delivered marks included, and the copy goes whole. */
+    if (r->j->reader)
+        r->remark_count = 0;
     for (size_t i = 0; rc == OK && i < r->remark_count; i++) {
         struct journal_location loc;
         ASSERT(journal_locate(r->q, r->remark[i], &loc) == OK);
         journal__queue_remark_delivered(r->q, r->remark[i], loc.segment_number);
     }
     r->remark_count = 0;
-    if (rc == OK && r->q->segments_count > 0)
+    if (rc == OK && r->q->segments_count > 0 && !r->j->reader)
         journal__queue_maintain(r->q);
     return rc;
 }

@@ -717,6 +717,66 @@ static void append_stray_delete(const char *dir)
     fclose(f);
 }
 
+/* A taker reads a log whose owner died in the middle of a compaction (its
+ * slices go one per sync, so a crash between them is ordinary): the
+ * reader journal recovers it as it is, moving and marking nothing (it has
+ * no writer), and gets every live message once, delivered ones marked. */
+static void test_adopt_a_log_left_mid_compaction(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/quay-shared-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char adir[128], bdir[128];
+    snprintf(adir, sizeof adir, "%s/a", dir);
+    snprintf(bdir, sizeof bdir, "%s/b", dir);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct harness ha = {0}, hb = {0};
+    char err[256];
+    struct journal_options opts = {.segment_size_max = 4096, .compact_slice_bytes = 256,
+                                   .fenced = true};
+    struct journal *a, *b;
+    assert_int_equal(journal_open(&a, &loop, adir, &opts, err, sizeof err), OK);
+    assert_int_equal(journal_open(&b, &loop, bdir, &opts, err, sizeof err), OK);
+    journal_set_synced_callback(a, on_synced, &ha);
+    journal_set_synced_callback(b, on_synced, &hb);
+    assert_int_equal(journal_recover(a, on_recover, &ha, &ha.stats), OK);
+    assert_int_equal(journal_recover(b, on_recover, &hb, &hb.stats), OK);
+    struct journal_queue *q = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("q"));
+    uint64_t t = 0;
+    for (uint64_t seq = 1; seq <= 60; seq++) /* ~30 to a segment */
+        t = publish(q, seq, 100);
+    for (uint64_t seq = 1; seq <= 30; seq++)
+        t = journal_delivered(q, seq);
+    wait_status(&loop, &ha, t);
+    /* Segment 0 under 25% live: its compaction starts, one slice of 256
+     * bytes; A stops before the next (no synced report runs it). */
+    for (uint64_t seq = 1; seq <= 24; seq++)
+        t = journal_ack(q, seq);
+    struct journal_location loc;
+    assert_int_equal(journal_locate(q, 25, &loc), OK);
+    assert_true(loc.segment_number > 0); /* moved by the first slice */
+    assert_int_equal(journal_locate(q, 28, &loc), OK);
+    assert_int_equal(loc.segment_number, 0); /* not yet */
+    journal_close(a);
+    uv_run(&loop, UV_RUN_NOWAIT); /* (B's handle keeps the loop: close A's) */
+    struct journal_adoption out;
+    assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"), BYTES_LIT("q"), on_recover, &hb,
+                                   &out), OK);
+    assert_int_equal(out.seq_last, 60);
+    assert_int_equal(hb.recovered_count, 36);
+    for (size_t i = 0; i < hb.recovered_count; i++) {
+        assert_int_equal(hb.recovered[i].seq, 25 + i);
+        assert_int_equal(hb.recovered[i].delivered, 25 + i <= 30);
+        check_blob(&hb.recovered[i]);
+    }
+    recovered_clear(&hb);
+    journal_close(b);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    assert_int_equal(remove_tree(dir), 0);
+}
+
 /* Shared storage: broker B takes over broker A's log of one queue
  * (journal_adopt): it gets every live message as A left it (acked ones
  * gone, delivered ones marked; a DELETE that A wrote after losing the
@@ -943,6 +1003,7 @@ int main(void)
         cmocka_unit_test(test_disk_error_stops_journal),
         cmocka_unit_test(test_posix_disk),
         cmocka_unit_test(test_shared_storage_fence_and_adopt),
+        cmocka_unit_test(test_adopt_a_log_left_mid_compaction),
         cmocka_unit_test(test_shared_storage_claim_staged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
