@@ -301,14 +301,10 @@ def a_stalled_backup_slows_the_publishers_of_its_queue():
                    what="the flooder stopped")
         assert flow_stops() > stops_before, "the publisher was never stopped (%d sent)" % (
             flooder.sent)
-        # 100 confirmed one at a time: under ASan, beside the flood, each
-        # takes ~8 ms, and the flood stays stopped only until the stopped
-        # backup's link times out (~4 s): 300 (2.1-2.9 s) left too little
-        # margin on a loaded machine (CI failed once so).
         n = connect()
         nch = n.channel()
         nch.confirm_delivery()
-        for i in range(100):
+        for i in range(300):
             nch.basic_publish("", free, b"n%d" % i)
         n.close()
         assert flooder.is_alive(), "the neighbour took longer than the flood"
@@ -353,14 +349,10 @@ def a_stopped_primary_slows_only_the_publishers_to_its_queues():
         wait_until(lambda: "flow" in connection_states() or not flooder.is_alive(),
                    timeout=10, what="the flooder in flow")
         assert "flow" in connection_states(), "the publisher to the stopped primary went on"
-        # 100 confirmed one at a time: under ASan, beside the flood, each
-        # takes ~8 ms, and the flood stays stopped only until the stopped
-        # backup's link times out (~4 s): 300 (2.1-2.9 s) left too little
-        # margin on a loaded machine (CI failed once so).
         n = connect()
         nch = n.channel()
         nch.confirm_delivery()
-        for i in range(100):
+        for i in range(300):
             nch.basic_publish("", free, b"n%d" % i)
         n.close()
         assert flooder.is_alive(), "the neighbour took longer than the flood"
