@@ -77,15 +77,7 @@ static void write_policies(struct json *out, struct broker *broker, const struct
         json_string_n(out, p->pattern.ptr, p->pattern.len);
         json_kv_string(out, "apply-to", "queues");
         json_kv_uint(out, "priority", p->priority);
-        /* quay's backups in RabbitMQ's words: N backups = N + 1 copies. */
-        json_key(out, "definition");
-        json_object_begin(out);
-        json_kv_string(out, "ha-mode", "exactly");
-        json_kv_uint(out, "ha-params", (uint64_t)p->backups + 1);
-        /* (Only when set: RabbitMQ refuses a key it does not know.) */
-        if (p->replicate != POLICY_REPLICATE_UNSET)
-            json_kv_string(out, "quay-replicate", policy_replicate_name(p->replicate));
-        json_object_end(out);
+        api_policy_definition_write(out, p);
         json_object_end(out);
     }
     json_array_end(out);

@@ -46,17 +46,20 @@ static void write_policy(struct json *out, const struct policy *p)
     json_key(out, "pattern");
     json_string_n(out, p->pattern.ptr, p->pattern.len);
     json_kv_string(out, "apply-to", "queues");
-    /* RabbitMQ's classic mirroring says what quay's backups mean, as the
-     * definitions export writes it; "backups" is quay's own. */
+    api_policy_definition_write(out, p); /* ("backups" below is quay's own) */
+    json_kv_uint(out, "priority", p->priority);
+    json_kv_uint(out, "backups", p->backups);
+    json_object_end(out);
+}
+
+void api_policy_definition_write(struct json *out, const struct policy *p)
+{
     json_key(out, "definition");
     json_object_begin(out);
     json_kv_string(out, "ha-mode", "exactly");
     json_kv_uint(out, "ha-params", (uint64_t)p->backups + 1);
     if (p->replicate != POLICY_REPLICATE_UNSET)
         json_kv_string(out, "quay-replicate", policy_replicate_name(p->replicate));
-    json_object_end(out);
-    json_kv_uint(out, "priority", p->priority);
-    json_kv_uint(out, "backups", p->backups);
     json_object_end(out);
 }
 

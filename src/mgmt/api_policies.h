@@ -23,6 +23,8 @@
 #include "mgmt/http.h"
 
 struct broker;
+struct json;
+struct policy;
 struct policy_set;
 
 /* Adds the routes; broker is borrowed and outlives the server. */
@@ -30,5 +32,11 @@ void api_policies_register(struct http_server *http, struct broker *broker);
 
 /* The policies in force: the map's in a cluster, else the broker's. */
 const struct policy_set *api_policies_of(const struct broker *broker);
+
+/* Writes "definition": p in RabbitMQ's classic mirroring words (N backups
+ * = "ha-params": N + 1 copies), and quay-replicate only when set (RabbitMQ
+ * refuses a key it does not know): GET /api/policies and the definitions
+ * export write the same. */
+void api_policy_definition_write(struct json *out, const struct policy *p);
 
 #endif
