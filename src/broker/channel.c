@@ -931,6 +931,15 @@ void channel__route_publish(struct channel *ch, struct message *message, bool ma
     channel__route_now(ch, message, mandatory);
 }
 
+static void count_confirmed(struct channel *ch, uint64_t n)
+{
+    struct broker_counters *counters = channel__counters(ch);
+    if (counters != NULL)
+        counters->confirmed += n;
+    channel__rates_moved(ch);
+    ch->stats.counts[CHANNEL_RATE_CONFIRM] += n;
+}
+
 /* Sends the acks owed up to and including seq (one multiple ack). */
 static void send_acks_through(struct channel *ch, uint64_t seq)
 {
@@ -940,11 +949,7 @@ static void send_acks_through(struct channel *ch, uint64_t seq)
     ack.basic_ack.delivery_tag = seq;
     ack.basic_ack.multiple = seq - ch->confirmed_seq > 1;
     channel__send(ch, &ack);
-    struct broker_counters *counters = channel__counters(ch);
-    if (counters != NULL)
-        counters->confirmed += seq - ch->confirmed_seq;
-    channel__rates_moved(ch);
-    ch->stats.counts[CHANNEL_RATE_CONFIRM] += seq - ch->confirmed_seq;
+    count_confirmed(ch, seq - ch->confirmed_seq);
     ch->confirmed_seq = seq;
 }
 
@@ -999,27 +1004,93 @@ static void release_confirms(struct channel *ch)
     send_acks_through(ch, limit);
 }
 
+/* Confirms go out in publish order while they can: one multiple ack
+ * answers a run of them. But a publish that waits for nothing more does
+ * not wait behind one that still waits for another broker (a slow backup
+ * of one queue would hold every other queue's confirms on the channel,
+ * and a proxy forwards all its clients' publishes to a primary on one
+ * channel): it is answered alone, ahead, as RabbitMQ answers publishes to
+ * different queues. It stays in the FIFO, answered, so that sink_wait
+ * still finds each publish by its number, and no multiple ack passes
+ * over it when it reaches the head (drain_waits). */
+static void answer_early(struct channel *ch, struct confirm_wait *wait)
+{
+    ASSERT(!wait->answered && wait->remote == 0);
+    struct method m = {.id = wait->nack ? METHOD_BASIC_NACK : METHOD_BASIC_ACK};
+    if (wait->nack)
+        m.basic_nack.delivery_tag = wait->seq;
+    else
+        m.basic_ack.delivery_tag = wait->seq;
+    channel__send(ch, &m);
+    if (!wait->nack)
+        count_confirmed(ch, 1);
+    wait->answered = true;
+}
+
+static bool wait_done(const struct confirm_wait *wait, uint64_t synced)
+{
+    return wait->remote == 0 && wait->ticket <= synced;
+}
+
+/* Answers, ahead of the head, the publishes behind it that wait for
+ * nothing more after an fsync: from the head up to the first one the
+ * fsync did not cover (tickets grow with publish order, but for the
+ * few that took a later ticket from a forward's answer, which wait for
+ * the next fsync or their own answer). */
+static void answer_synced_behind(struct channel *ch, uint64_t synced)
+{
+    struct confirm_fifo *f = &ch->confirm_waits;
+    for (uint32_t i = 1; i < f->count; i++) {
+        struct confirm_wait *wait = &f->items[(f->head + i) & (f->cap - 1)];
+        if (wait->ticket > synced)
+            break;
+        if (!wait->answered && wait->remote == 0)
+            answer_early(ch, wait);
+    }
+}
+
 /* Confirms every waiting publish at the head that waits for nothing more:
- * its fsync is done (ticket <= synced) and every primary answered. */
-static void drain_waits(struct channel *ch, uint64_t synced, int status)
+ * its fsync is done (ticket <= synced) and every primary answered; and,
+ * after an fsync (synced_now), those behind the head it freed. */
+static void drain_waits(struct channel *ch, uint64_t synced, int status, bool synced_now)
 {
     struct confirm_fifo *f = &ch->confirm_waits;
     bool owed = false;
     /* A journal that stopped syncs nothing more: what waits for it is
      * nacked now (it reports its failure once), whenever it comes. */
     bool failed = status < 0 || durable_failed(ch->connection->broker);
-    while (f->count > 0 && (f->items[f->head].ticket <= synced || failed) &&
-           f->items[f->head].remote == 0) {
+    while (f->count > 0 && (f->items[f->head].answered ||
+                            ((f->items[f->head].ticket <= synced || failed) &&
+                             f->items[f->head].remote == 0))) {
         struct confirm_wait wait = f->items[f->head];
         f->head = (f->head + 1) & (f->cap - 1);
         f->count--;
-        if (wait.nack || (failed && wait.ticket != 0))
+        if (wait.answered) {
+            /* No multiple ack may pass over it (its answer was given, and
+             * may have been a nack): those owed before it go out now. */
+            send_acks_through(ch, wait.seq - 1);
+            ch->confirmed_seq = wait.seq;
+        } else if (wait.nack || (failed && wait.ticket != 0))
             send_nack(ch, wait.seq); /* after the acks owed before it */
         else
             owed = true; /* acked by the next multiple ack (release_confirms) */
     }
     if (owed && ch->state == CHANNEL_STATE_OPEN)
         owe_confirm(ch);
+    if (synced_now && !failed && f->count > 1 && ch->state == CHANNEL_STATE_OPEN)
+        answer_synced_behind(ch, synced);
+}
+
+/* A publish that now waits for nothing more: answered at the head's turn,
+ * or alone now if others before it still wait. */
+static void wait_settled(struct channel *ch, struct confirm_wait *wait)
+{
+    struct broker *broker = ch->connection->broker;
+    uint64_t synced = durable_synced_ticket(broker);
+    struct confirm_fifo *f = &ch->confirm_waits;
+    if (wait != &f->items[f->head] && wait_done(wait, synced) && !durable_failed(broker))
+        answer_early(ch, wait);
+    drain_waits(ch, synced, 0, false);
 }
 
 void channel__commit_check(struct channel *ch, uint64_t synced, int status)
@@ -1045,7 +1116,7 @@ void channel__commit_check(struct channel *ch, uint64_t synced, int status)
 void channel__journal_synced(struct channel *ch, uint64_t ticket, int status)
 {
     struct confirm_fifo *f = &ch->confirm_waits;
-    drain_waits(ch, ticket, status);
+    drain_waits(ch, ticket, status, true);
     channel__commit_check(ch, ticket, status);
     if (f->count == 0 && !ch->commit_pending && list_linked(&ch->durable_link))
         list_remove(&ch->durable_link);
@@ -1071,7 +1142,7 @@ static struct confirm_wait *sink_wait(struct channel *ch, uint64_t seq)
     uint64_t index = seq - f->items[f->head].seq;
     ASSERT(index < f->count);
     struct confirm_wait *wait = &f->items[(f->head + index) & (f->cap - 1)];
-    ASSERT(wait->seq == seq && wait->remote > 0);
+    ASSERT(wait->seq == seq && wait->remote > 0 && !wait->answered);
     return wait;
 }
 
@@ -1092,7 +1163,7 @@ void confirm_sink_answer(struct confirm_sink *sink, uint64_t seq, bool ack)
     wait->remote--;
     if (!ack)
         wait->nack = true;
-    drain_waits(ch, durable_synced_ticket(ch->connection->broker), 0);
+    wait_settled(ch, wait);
 }
 
 void confirm_sink_expect(struct confirm_sink *sink, uint64_t seq, uint32_t more)
@@ -1124,7 +1195,7 @@ void confirm_sink_routed(struct confirm_sink *sink, uint64_t seq, const struct p
         wait->ticket = routed->ticket;
     if (wait->ticket > durable_synced_ticket(broker))
         durable_wait_for_sync(broker, &ch->durable_link);
-    drain_waits(ch, durable_synced_ticket(broker), 0);
+    wait_settled(ch, wait);
 }
 
 static void confirm_publish(struct channel *ch, uint64_t ticket, uint32_t remote,
@@ -1206,12 +1277,15 @@ static void confirm_publish(struct channel *ch, uint64_t ticket, uint32_t remote
     struct confirm_fifo *f = &ch->confirm_waits;
     bool unsynced = ticket > durable_synced_ticket(ch->connection->broker);
     if (unsynced || remote > 0 || f->count > 0) {
-        /* Wait for the fsync or the primaries, or behind a publish that does;
-         * the publisher waits for us meanwhile (read_batch.h). */
-        fifo_push(f, (struct confirm_wait){ch->publish_seq, ticket, remote, rejected});
+        /* Wait for the fsync or the primaries, or answered now but kept
+         * behind a publish that waits (answer_early); the publisher waits
+         * for us meanwhile (read_batch.h). */
+        fifo_push(f, (struct confirm_wait){ch->publish_seq, ticket, remote, rejected, false});
         conn_out_owed(&ch->connection->conn);
         if (unsynced)
             durable_wait_for_sync(ch->connection->broker, &ch->durable_link);
+        else if (remote == 0 && !durable_failed(ch->connection->broker))
+            answer_early(ch, &f->items[(f->head + f->count - 1) & (f->cap - 1)]);
         return;
     }
     if (rejected)

@@ -57,12 +57,15 @@ struct delivery_ring {
 };
 
 /* A publisher confirm that waits: for the journal's fsync (ticket), or
- * behind one that does, since confirms go out in publish order. */
+ * for other brokers (remote), or, answered already, for those before it
+ * (channel.c: confirms go out in publish order where they can, and ahead
+ * of a publish that still waits where they must). */
 struct confirm_wait {
     uint64_t seq;              /* the publish's sequence number on the channel */
     uint64_t ticket;           /* journal sync ticket; 0 = nothing to wait for */
     uint32_t remote;           /* forwards to primaries not yet answered */
     bool nack;                 /* a queue refused it (reject-publish, failed forward) */
+    bool answered;             /* acked or nacked alone, ahead of the head */
 };
 
 /* The channel's end of its forwarded publishes (confirm_sink_answer):
@@ -122,7 +125,7 @@ struct channel {
 
     /* Publisher confirms: sequence numbers of this channel's publishes. */
     uint64_t publish_seq;             /* last assigned */
-    uint64_t confirmed_seq;           /* last acked to the client */
+    uint64_t confirmed_seq;           /* answered to the client through here */
     struct confirm_fifo confirm_waits;
     struct confirm_sink *sink;        /* owned reference, made at the first forward */
     struct list_node durable_link;    /* in durable.confirm_waiters while waits exist */
