@@ -321,9 +321,12 @@ def disk_alarm_blocks_publishers_but_not_consumers():
 SANITIZED = os.environ.get("QUAY_SANITIZED") in ("1", "ON", "true")
 RSS_BOUND = 2.0 if SANITIZED else 1.2
 # What AddressSanitizer keeps of freed memory (limited_quayd caps its
-# quarantine at 16 MiB): a message whose body arrives across two reads is
-# moved once as it grows, and the block it leaves sits in the quarantine,
-# which a release build gives back at once.
+# quarantine at 16 MiB), on top of any bound: a message whose body arrives
+# across two reads is moved once as it grows, and the block it leaves sits
+# in the quarantine, which a release build gives back at once. (Without
+# it the memory alarm's peak under ASan reached 2.0x the mark to within
+# 0.5 MiB on a loaded CI machine. The release build's bound, 1.2x, is the
+# product's; bench/ measures it.)
 QUARANTINE = 16 * MiB if SANITIZED else 0
 
 
@@ -356,8 +359,10 @@ def memory_alarm_blocks_flooding_publisher_and_drains_without_loss():
             assert f.unblocked_at is None
             for p in procs:
                 hwm = proc_status(b, "VmHWM", p) - base[p.pid]
-                assert hwm < RSS_BOUND * mark, "VmHWM %.1f MiB >= %.1f x %d MiB" % (
-                    hwm / MiB, RSS_BOUND, mark / MiB)
+                print("# blocked: VmHWM +%.1f MiB (pid %d), mark %d MiB" % (hwm / MiB, p.pid,
+                                                                         mark / MiB))
+                assert hwm < RSS_BOUND * mark + QUARANTINE, "VmHWM %.1f MiB >= %.1f x %d MiB%s" % (
+                    hwm / MiB, RSS_BOUND, mark / MiB, " + quarantine" if QUARANTINE else "")
             # another connection that does not publish is still served
             s.sendall(gen_queue_declare(1, q, passive=True))
             m = expect_method(s, *QUEUE_DECLARE_OK, timeout=2)
@@ -385,8 +390,8 @@ def memory_alarm_blocks_flooding_publisher_and_drains_without_loss():
                 len(missing), sorted(missing)[:5])
             for p in procs:
                 hwm = proc_status(b, "VmHWM", p) - base[p.pid]
-                assert hwm < RSS_BOUND * mark, "VmHWM %.1f MiB >= %.1f x mark" % (
-                    hwm / MiB, RSS_BOUND)
+                assert hwm < RSS_BOUND * mark + QUARANTINE, "VmHWM %.1f MiB >= %.1f x mark%s" % (
+                    hwm / MiB, RSS_BOUND, " + quarantine" if QUARANTINE else "")
             delete_queue(q)
         finally:
             if rabbit:
