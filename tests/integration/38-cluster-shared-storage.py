@@ -1010,6 +1010,35 @@ def a_transient_only_queue_moved_then_killed_keeps_every_message():
           % (len(bodies), held))
 
 
+def seven_with_takers():
+    """The chain tests' cluster of its own: x, y and z (a Raft majority of
+    seven) do not share the directory; o, t, u and v do. Returns (x, the
+    takers' names)."""
+    fresh_cluster()
+    x = cluster.form(["x", "y", "z"])[0]
+    takers = ["t", "u", "v"]
+    for name in ["o"] + takers:
+        members[name] = cluster.add(name, join=[x], extra_args=["--shared-storage", shared])
+    wait_until(lambda: len(x.view().brokers) == 7 and
+               all(v == "up" for v in x.view().brokers.values()), 60, what="seven brokers up")
+    wait_until(lambda: all("caught up with the map" in members[n].log_text()
+                           for n in ["o"] + takers), 30, what="all caught up")
+    wait_until(lambda: sum(1 for b in x.api_cluster()["brokers"] if b.get("storage")) == 4,
+               10, what="the shared storage in the map")
+    return x, takers
+
+
+def owners_of(x, names):
+    """{queue: its primary} as x's API says."""
+    return {n: (queue_info(x, n) or {}).get("primary") for n in names}
+
+
+def adopted(taker, names):
+    """Whether the taker's log says it took over each of names."""
+    log = members[taker].log_text()
+    return all("queue '%s': took over" % n in log for n in names)
+
+
 @test(timeout=300)
 @noting_failure
 def a_chain_of_three_takers_dying_before_their_copies_loses_nothing():
@@ -1025,29 +1054,13 @@ def a_chain_of_three_takers_dying_before_their_copies_loses_nothing():
     X1's adopted/ into its own: X3 reads it too. Every confirmed message is
     served. (Before, X3 read X2's and X1's logs, both empty, and served
     those queues empty.)"""
-    fresh_cluster()
-    x = cluster.form(["x", "y", "z"])[0]
-    takers = ["t", "u", "v"]
-    for name in ["o"] + takers:
-        members[name] = cluster.add(name, join=[x], extra_args=["--shared-storage", shared])
-    wait_until(lambda: len(x.view().brokers) == 7 and
-               all(v == "up" for v in x.view().brokers.values()), 60, what="seven brokers up")
-    wait_until(lambda: all("caught up with the map" in members[n].log_text()
-                           for n in ["o"] + takers), 30, what="all caught up")
-    wait_until(lambda: sum(1 for b in x.api_cluster()["brokers"] if b.get("storage")) == 4,
-               10, what="the shared storage in the map")
+    x, takers = seven_with_takers()
     names = place(x, "chain", "o", 12)
     for name in names:
         publish(x, name, [b"%s-%d" % (name.encode(), i) for i in range(50)])
     time.sleep(0.3)  # group commit: every confirm's record is in o's logs
     frozen = {}
-
-    def owners(of):
-        return {n: (queue_info(x, n) or {}).get("primary") for n in of}
-
-    def adopted(taker, of):
-        log = members[taker].log_text
-        return all("queue '%s': took over" % n in log() for n in of)
+    owners = functools.partial(owners_of, x)
     try:
         for name in takers:
             frozen[name] = freeze_journal(members[name])
@@ -1110,17 +1123,7 @@ def a_chain_whose_middle_taker_never_adopted_loses_nothing():
     which R now reads. Every confirmed message is served. (Before, the map
     kept two names and R looked in S's adopted/ only: those queues were
     served empty.)"""
-    fresh_cluster()
-    x = cluster.form(["x", "y", "z"])[0]
-    takers = ["t", "u", "v"]
-    for name in ["o"] + takers:
-        members[name] = cluster.add(name, join=[x], extra_args=["--shared-storage", shared])
-    wait_until(lambda: len(x.view().brokers) == 7 and
-               all(v == "up" for v in x.view().brokers.values()), 60, what="seven brokers up")
-    wait_until(lambda: all("caught up with the map" in members[n].log_text()
-                           for n in ["o"] + takers), 30, what="all caught up")
-    wait_until(lambda: sum(1 for b in x.api_cluster()["brokers"] if b.get("storage")) == 4,
-               10, what="the shared storage in the map")
+    x, takers = seven_with_takers()
     names = place(x, "middle", "o", 24)
     # The others place() declared go: with the brokers' shares small, the
     # ring alone (not the placement bound) picks X1's queues' next takers,
@@ -1134,13 +1137,7 @@ def a_chain_whose_middle_taker_never_adopted_loses_nothing():
         publish(x, name, [b"%s-%d" % (name.encode(), i) for i in range(30)])
     time.sleep(0.3)  # group commit: every confirm's record is in o's logs
     frozen = {}
-
-    def owners(of):
-        return {n: (queue_info(x, n) or {}).get("primary") for n in of}
-
-    def adopted(taker, of):
-        log = members[taker].log_text
-        return all("queue '%s': took over" % n in log() for n in of)
+    owners = functools.partial(owners_of, x)
     stopped = None
     try:
         for name in takers:
