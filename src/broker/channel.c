@@ -1364,7 +1364,10 @@ void channel__route_forward(struct channel *ch, struct message *message)
 }
 
 /* A primary's replication of a message to us (a backup): kept in the
- * stand-in's replica, acked so its publisher's confirm can go out. */
+ * stand-in's replica, acked so its publisher's confirm can go out. The
+ * ack waits for nothing (not even our fsync), so a replication channel's
+ * acks stay in publish order: its primary reads one as "everything up to
+ * here" (replication.c on_stream_answer). */
 void channel__route_replica(struct channel *ch, struct message *message)
 {
     struct broker *broker = ch->connection->broker;
