@@ -159,7 +159,7 @@ def api_call_raw(method, path):
 @test(timeout=120)
 def start():
     global b
-    b = Broker(http=True)
+    b = broker()  # the fixture, with its management API (fixture_options below)
 
 
 @test(timeout=120)
@@ -386,4 +386,5 @@ def a_stopped_primary_slows_only_the_publishers_to_its_queues():
 
 
 if __name__ == "__main__":
+    fixture_options(http=True)
     run()

@@ -480,12 +480,21 @@ def make_tls_files(directory, clients=(), days=2):
 
 
 _broker = None
+_fixture_options = {}
+
+
+def fixture_options(**kw):
+    """Before run(): the broker fixture is made with these Broker options
+    (http=True: its management API in both modes), so a module that needs
+    them uses the fixture instead of starting brokers of its own beside it."""
+    assert _broker is None, "the fixture is made already"
+    _fixture_options.update(kw)
 
 
 def broker():
     global _broker
     if _broker is None:
-        _broker = Broker()
+        _broker = Broker(**_fixture_options)
     return _broker
 
 
