@@ -512,6 +512,15 @@ void broker_stop(struct broker *broker)
     broker__connection_gone(broker);
 }
 
+void broker_close_clients(struct broker *broker, const char *reason)
+{
+    list_for_each_safe(node, &broker->connections) {
+        struct connection *connection = CONTAINER_OF(node, struct connection, broker_link);
+        if (!connection->cluster_peer)
+            connection_force_close(connection, reason);
+    }
+}
+
 void broker_free(struct broker *broker)
 {
     ASSERT(list_empty(&broker->connections));

@@ -87,6 +87,7 @@ struct broker_config {
     uint8_t default_backups;         /* cluster: backups of a queue without x-quay-backups */
     enum queue_locator queue_locator; /* cluster: where declared queues live */
     bool auto_rebalance;              /* cluster: the map's rebalance mode if unset */
+    bool pause_minority;              /* cluster: --partition-handling pause-minority */
     uint64_t catch_up_rate;           /* cluster: catch-up bytes/s (0: unbounded) */
     struct broker_limits limits;
 };
@@ -254,6 +255,9 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
 /* Closes listeners, says goodbye to every client (320), and lets the loop
  * run until they are gone (at most a couple of seconds). */
 void broker_stop(struct broker *broker);
+/* Closes every client's connection (320 CONNECTION_FORCED, reason) and
+ * leaves other brokers' links be. */
+void broker_close_clients(struct broker *broker, const char *reason);
 /* SIGHUP: loads the TLS certificates, keys and CAs again; connections
  * accepted from now on use them. A file that fails to load is logged and
  * the previous settings stay. Returns 0, or -1 if any failed. */

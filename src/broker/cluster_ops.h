@@ -114,6 +114,10 @@ struct cluster_ops {
     /* Whether the map is applied up to the present (a client's
      * connection.open waits for it: connection_cluster_synced). */
     bool (*synced)(void *cluster);
+    /* --partition-handling pause-minority: the broker is cut off from the
+     * cluster's majority, its clients' connections closed; a client's
+     * connection.open is refused (320) until it hears the majority. */
+    bool (*paused)(void *cluster);
     /* connection.open-ok's known-hosts: "host:port,..." of the brokers
      * that are up, cut to fit cap. Returns the length. */
     size_t (*known_hosts)(void *cluster, char *out, size_t cap);

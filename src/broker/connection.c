@@ -706,6 +706,13 @@ static void handle_open(struct connection *connection, const struct method *m)
      * sync itself may travel on them. */
     const struct broker *broker = connection->broker;
     if (broker->cluster_ops && !connection->cluster_peer &&
+        broker->cluster_ops->paused(broker->cluster_ctx)) {
+        connection_fail(connection, REPLY_CONNECTION_FORCED, m->id,
+                        "broker cut off from the cluster's majority (pause-minority): connect "
+                        "to another broker");
+        return;
+    }
+    if (broker->cluster_ops && !connection->cluster_peer &&
         !broker->cluster_ops->synced(broker->cluster_ctx)) {
         connection->open_waits_for_sync = true;
         connection_hold(connection);

@@ -61,6 +61,11 @@ static const char usage_cluster[] =
     "                          them after joins, returns and failovers (default on;\n"
     "                          the cluster's first leader sets it for the cluster,\n"
     "                          POST /api/cluster/rebalance changes it at run time)\n"
+    "  --partition-handling ignore|pause-minority\n"
+    "                          cluster: cut off from the majority for 3 s, close\n"
+    "                          clients' connections and refuse new ones until it\n"
+    "                          is heard again (pause-minority), or keep them\n"
+    "                          (ignore, the default, as RabbitMQ's)\n"
     "  --catch-up-rate SIZE    cluster: bytes a second this broker sends to catch\n"
     "                          up new backups, all queues together (e.g. 100MB;\n"
     "                          default 0: as fast as they take it)\n"
@@ -151,7 +156,7 @@ enum option_id {
     OPT_MAX_MESSAGE_SIZE, OPT_HASH_PASSWORD, OPT_HELP, OPT_MEMORY_HIGH_WATERMARK,
     OPT_DISK_FREE_LIMIT, OPT_HTTP,
     OPT_CONFIG, OPT_NAME, OPT_CLUSTER_LISTEN, OPT_JOIN, OPT_CLUSTER_SECRET_FILE,
-    OPT_DEFAULT_BACKUPS, OPT_READ_BATCH_US, OPT_QUEUE_LOCATOR, OPT_AUTO_REBALANCE,
+    OPT_DEFAULT_BACKUPS, OPT_READ_BATCH_US, OPT_QUEUE_LOCATOR, OPT_AUTO_REBALANCE, OPT_PARTITION_HANDLING,
     OPT_CATCH_UP_RATE, OPT_HTTP_ALLOW_PLAINTEXT,
     OPT_HTTP_ALLOWED_HOSTS, OPT_MAX_HANDSHAKING, OPT_HANDSHAKE_TIMEOUT,
     OPT_HTTPS, OPT_TLS_LISTEN, OPT_TLS_CERT, OPT_TLS_KEY, OPT_TLS_CA, OPT_TLS_VERIFY,
@@ -199,6 +204,7 @@ static const struct option long_options[] = {
     {"read-batch-us", required_argument, NULL, OPT_READ_BATCH_US},
     {"queue-locator", required_argument, NULL, OPT_QUEUE_LOCATOR},
     {"auto-rebalance", required_argument, NULL, OPT_AUTO_REBALANCE},
+    {"partition-handling", required_argument, NULL, OPT_PARTITION_HANDLING},
     {"catch-up-rate", required_argument, NULL, OPT_CATCH_UP_RATE},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
@@ -320,6 +326,14 @@ static int set_sized(int opt, const char *text, struct broker_config *config)
             return 1;
         }
         fprintf(stderr, "quayd: bad value for --auto-rebalance: '%s' (on or off)\n", text);
+        return -1;
+    case OPT_PARTITION_HANDLING:
+        if (strcmp(text, "ignore") == 0 || strcmp(text, "pause-minority") == 0) {
+            config->pause_minority = text[0] == 'p';
+            return 1;
+        }
+        fprintf(stderr, "quayd: bad value for --partition-handling: '%s' (ignore or "
+                "pause-minority)\n", text);
         return -1;
     case OPT_QUEUE_LOCATOR:
         if (strcmp(text, "ring") == 0 || strcmp(text, "others") == 0) {

@@ -48,3 +48,20 @@ uint64_t fence_lease_until(uint64_t *heard, uint32_t n, bool member, uint64_t le
     uint64_t last = heard[others_needed - 1];
     return last == 0 ? 0 : last + lease_ms;
 }
+
+void fence_pause_step(struct fence_pause *p, bool lease_fresh, bool serving, uint64_t now_ms,
+                      uint64_t pause_after_ms)
+{
+    if (lease_fresh) {
+        *p = (struct fence_pause){0};
+        return;
+    }
+    if (!serving) {
+        p->stale_since_ms = 0; /* (a pause, once begun, lasts until the lease is back) */
+        return;
+    }
+    if (p->stale_since_ms == 0)
+        p->stale_since_ms = now_ms;
+    if (now_ms - p->stale_since_ms >= pause_after_ms)
+        p->paused = true;
+}

@@ -53,4 +53,19 @@ enum fence_push fence_replica_push(uint64_t last_seq, uint64_t last_epoch, uint6
  * heard. */
 uint64_t fence_lease_until(uint64_t *heard, uint32_t n, bool member, uint64_t lease_ms);
 
+/* Partition handling pause-minority (--partition-handling): a broker cut
+ * off from the majority can confirm nothing (the lease) and reach no
+ * primary on the other side, so its clients are better off on a broker of
+ * the majority. One step a tick: lease_fresh as cluster_node_lease_fresh
+ * says; serving: caught up with the map, in a map of more than itself (a
+ * broker still catching up after a start is not cut off, only not there
+ * yet). Paused once it has been serving with a stale lease for
+ * pause_after_ms; back the moment the lease is fresh. */
+struct fence_pause {
+    uint64_t stale_since_ms;  /* 0: not counting */
+    bool paused;
+};
+void fence_pause_step(struct fence_pause *p, bool lease_fresh, bool serving, uint64_t now_ms,
+                      uint64_t pause_after_ms);
+
 #endif

@@ -871,6 +871,37 @@ int member_forget(void *ctx, const char *request, size_t request_size, struct js
 
 /* ---- lifecycle ---- */
 
+/* Partition handling pause-minority: a broker cut off from the majority
+ * confirms nothing and reaches no primary on the other side, while its
+ * clients would wait on it for as long as the cut lasts (the fault soak's
+ * consumers idled 10 s there). It closes their connections (320) and
+ * refuses new ones (connection.open, ops_paused) until it hears the
+ * majority again, so they reconnect to a broker of the majority, as
+ * RabbitMQ's pause_minority does. Brokers' links stay: the cut heals
+ * through them. */
+static void pause_minority(struct member *member)
+{
+    struct broker *broker = member->broker;
+    if (!broker->config.pause_minority)
+        return;
+    bool was = member->pause.paused;
+    bool serving = cluster_node_synced(member->node) && member_map(member)->brokers_count > 1;
+    fence_pause_step(&member->pause, member_lease_fresh(member), serving, uv_now(broker->loop),
+                     MEMBER_PAUSE_AFTER_MS);
+    if (member->pause.paused == was)
+        return;
+    if (member->pause.paused) {
+        member->pauses_count++;
+        LOG_WARN("cluster: cut off from the majority for %d ms: pausing (partition handling "
+                 "pause-minority): clients' connections closed, new ones refused until the "
+                 "majority is heard again", MEMBER_PAUSE_AFTER_MS);
+        broker_close_clients(broker, "broker cut off from the cluster's majority "
+                                     "(pause-minority): reconnect to another broker");
+    } else {
+        LOG_INFO("cluster: the majority is heard again: taking clients (pause-minority)");
+    }
+}
+
 static void on_tick(uv_timer_t *timer)
 {
     struct member *member = timer->data;
@@ -881,6 +912,7 @@ static void on_tick(uv_timer_t *timer)
         member->catch_up_budget = (member->catch_up_budget < 0 ? member->catch_up_budget : 0) +
                                   refill;
     }
+    pause_minority(member);
     replication_tick(member);
     handover_tick(member);
     proxy_tick(member);

@@ -34,6 +34,7 @@
 #include "lib/types.h"
 #include "broker/cluster_ops.h"
 #include "lib/list.h"
+#include "cluster/fence.h"
 #include "cluster/map.h"
 #include "cluster/placement.h"
 #include "net/conn.h"
@@ -124,10 +125,18 @@ struct member {
     uint64_t catch_ups_count;
     struct net_flush_hook release_hook; /* sends them at the end of the loop iteration */
     uv_timer_t *timer;               /* owned: MEMBER_TICK_MS (closed by member_stop) */
+    /* --partition-handling pause-minority (fence_pause_step): cut off from
+     * the majority, the broker sends its clients away. */
+    struct fence_pause pause;
+    uint64_t pauses_count;
     bool stopping;
 };
 
 #define MEMBER_TICK_MS 100
+/* How long a serving broker is cut off from the majority before it pauses
+ * (pause-minority): past the 1.5 s in which the majority marks it down,
+ * so its clients go once their queues can have moved, not on a blip. */
+#define MEMBER_PAUSE_AFTER_MS 3000
 
 /* Messages in flight to another broker (forwards to primaries, replication
  * to backups: sent, not yet answered): a publisher whose publish adds to

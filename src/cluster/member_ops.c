@@ -274,6 +274,12 @@ static bool ops_synced(void *cluster)
     return member->stopping || cluster_node_synced(member->node);
 }
 
+static bool ops_paused(void *cluster)
+{
+    const struct member *member = cluster;
+    return member->pause.paused;
+}
+
 static size_t ops_known_hosts(void *cluster, char *out, size_t cap)
 {
     struct member *member = cluster;
@@ -370,6 +376,7 @@ const struct cluster_ops member_cluster_ops = {
     .cancel = ops_cancel,
     .map_version = ops_map_version,
     .synced = ops_synced,
+    .paused = ops_paused,
     .known_hosts = ops_known_hosts,
     .share_usage = ops_share_usage,
     .peers_expected = ops_peers_expected,

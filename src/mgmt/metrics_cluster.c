@@ -234,6 +234,13 @@ void metrics__write_cluster(struct prom *prom, struct broker *broker,
                  "Catch-ups of a backup this broker started as a queue's primary (a reset, "
                  "then every message the queue holds), since it started",
                  member_of(broker)->catch_ups_count);
+    prom_gauge(prom, "quay_cluster_paused",
+               "1 while this broker, cut off from the majority, sends its clients away "
+               "(--partition-handling pause-minority)",
+               member_of(broker)->pause.paused ? 1 : 0);
+    prom_counter(prom, "quay_cluster_pauses_total",
+                 "Times this broker paused for pause-minority since it started",
+                 member_of(broker)->pauses_count);
     prom_gauge(prom, "quay_cluster_adoptions_pending",
                "Queues this broker took over from a dead broker's log on shared storage and "
                "has not adopted yet (they wait, paused)",

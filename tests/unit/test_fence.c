@@ -102,6 +102,36 @@ static void lease_needs_a_majority_heard(void **state)
     assert_int_equal(fence_lease_until(two, 1, true, 1000), 0);
 }
 
+static void pause_minority_after_a_stale_lease_while_serving(void **state)
+{
+    (void)state;
+    struct fence_pause p = {0};
+    fence_pause_step(&p, true, true, 1000, 3000);
+    assert_false(p.paused);
+    /* Not serving yet (catching up after a start): not counted. */
+    fence_pause_step(&p, false, false, 2000, 3000);
+    fence_pause_step(&p, false, false, 9000, 3000);
+    assert_false(p.paused);
+    /* Serving, cut off: counted from the first stale tick. */
+    fence_pause_step(&p, false, true, 10000, 3000);
+    fence_pause_step(&p, false, true, 12999, 3000);
+    assert_false(p.paused);
+    fence_pause_step(&p, false, true, 13000, 3000);
+    assert_true(p.paused);
+    /* Still paused while not serving; back once the lease is. */
+    fence_pause_step(&p, false, false, 14000, 3000);
+    assert_true(p.paused);
+    fence_pause_step(&p, true, true, 15000, 3000);
+    assert_false(p.paused);
+    assert_int_equal(p.stale_since_ms, 0);
+    /* A blip shorter than the wait does not pause, and does not add up. */
+    fence_pause_step(&p, false, true, 20000, 3000);
+    fence_pause_step(&p, true, true, 22000, 3000);
+    fence_pause_step(&p, false, true, 23000, 3000);
+    fence_pause_step(&p, false, true, 25500, 3000);
+    assert_false(p.paused);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -111,6 +141,7 @@ int main(void)
         cmocka_unit_test(replica_takes_streams_at_its_epoch_or_newer),
         cmocka_unit_test(replica_push_takes_newer_refuses_collisions),
         cmocka_unit_test(lease_needs_a_majority_heard),
+        cmocka_unit_test(pause_minority_after_a_stale_lease_while_serving),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
