@@ -80,6 +80,7 @@ import collections
 import json
 import os
 import random
+import shlex
 import sys
 import threading
 import time
@@ -118,6 +119,9 @@ def parse_args(argv):
     p.add_argument("--consumer-idle", type=float, default=float(env("CONSUMER_IDLE", "10")))
     p.add_argument("--poll-ms", type=float, default=float(env("POLL_MS", "200")))
     p.add_argument("--netns", type=int, default=int(env("NETNS", "1")))
+    p.add_argument("--quayd-args", default=env("QUAYD_ARGS", ""),
+                   help="more quayd options for every broker, e.g. "
+                        "'--partition-handling pause-minority'")
     p.add_argument("--selftest", action="store_true", help="test the checker and exit")
     a = p.parse_args(argv)
     if not 3 <= a.brokers <= 5:
@@ -314,7 +318,8 @@ class Soak:
         a = self.a
         self.cluster = Cluster()
         users = self.cluster.users_file(USER, PASSWORD)
-        common = dict(extra_args=["--users", users, "--auto-rebalance", "on"])
+        common = dict(extra_args=["--users", users, "--auto-rebalance", "on"] +
+                      shlex.split(self.a.quayd_args))
         if a.netns:
             from netlab import Lab
             self.lab = Lab(a.brokers)
