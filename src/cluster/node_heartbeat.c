@@ -76,7 +76,8 @@ static size_t heartbeat_of_self(struct cluster_node *node, bool stopping, uint8_
 {
     const struct peer *self = &node->peers[0];
     struct heartbeat hb = {.id = node->id, .sequence = ++node->sequence, .stopping = stopping,
-                           .alarms = self->alarms};
+                           .alarms = self->alarms, .incarnation = self->incarnation,
+                           .map_version = (uint32_t)node->map.version};
     memcpy(hb.name, self->name, sizeof hb.name);
     memcpy(hb.amqp_address, self->amqp_address, sizeof hb.amqp_address);
     memcpy(hb.cluster_address, self->cluster_address, sizeof hb.cluster_address);
@@ -134,6 +135,10 @@ static void heartbeat_received(struct cluster_node *node, const struct heartbeat
         LOG_INFO("cluster: %s (id %" PRIu32 ") alarms: memory %s, disk %s", hb->name, hb->id,
                  hb->alarms & HEARTBEAT_FLAG_MEMORY_ALARM ? "on" : "off",
                  hb->alarms & HEARTBEAT_FLAG_DISK_ALARM ? "on" : "off");
+    if (hb->incarnation != 0 && hb->incarnation != peer->incarnation && peer->incarnation != 0)
+        LOG_INFO("cluster: %s (id %" PRIu32 ") restarted (incarnation %" PRIu32 " after %" PRIu32
+                 ")", hb->name, hb->id, hb->incarnation, peer->incarnation);
+    peer->incarnation = hb->incarnation;
     peer->sequence = hb->sequence;
     peer->stopping = hb->stopping;
     peer->alarms = hb->alarms;

@@ -34,6 +34,9 @@ struct peer {
     bool join_refused;        /* leader: refused at refused_version; wait for a change */
     uint64_t refused_version; /* map brokers_version when it was refused */
     uint64_t sequence;
+    /* Its process (heartbeats' incarnation; ours: drawn at start, random,
+     * never 0), 0 until heard from a sender that says. */
+    uint32_t incarnation;
     uint64_t last_heard_ms;   /* loop clock; 0 = never */
     uint64_t reset_at_ms;     /* our AMQP link to it dropped (EOF or reset) at; 0 = never */
     char name[ADDRESS_SIZE];

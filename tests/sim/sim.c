@@ -82,6 +82,7 @@ static void add_server(struct sim *s, unsigned i)
     b->sim = s;
     b->index = i;
     b->id = i + 1;
+    b->incarnation = b->id;
     cluster_map_init(&b->map);
     sim_fsm_init(b);
     raft_fixture_grow(&s->f, &b->fsm);

@@ -508,7 +508,7 @@ void sim_data_restart(struct sim *s, unsigned i)
                 s->data->msgs[c->held[k].msg].restarted_away = true;
         }
         c->recovered = journal;
-        c->emptied = !journal;
+        c->emptied = !journal && c->held_count > 0; /* (it lost something) */
         if (!journal || sim_data_transient(qi)) {
             c->held_count = 0;
             c->last_seq = 0;
