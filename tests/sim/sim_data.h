@@ -146,7 +146,7 @@ struct sim_data {
     uint64_t confirm_epoch[SIM_QUEUES], confirm_epoch_ms[SIM_QUEUES];
     uint32_t confirm_by[SIM_QUEUES];
     uint64_t given_up_ms[SIM_QUEUES];
-    uint64_t confirms, client_confirms, consumed, frames, known_losses, late_confirms;
+    uint64_t confirms, client_confirms, consumed, frames, known_losses;
 };
 
 /* Every fourth queue's publishers send transient messages (delivery mode
