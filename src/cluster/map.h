@@ -89,7 +89,7 @@ struct map_broker {
     /* The broker's process as the controller last heard it (its
      * heartbeats' incarnation, broker.incarnation): a new one is a restart,
      * which lost the replicas in memory, so applying it takes the broker
-     * out of every in-sync set. 0: never reported. */
+     * out of every in-sync set (not the first: 0, never reported). */
     uint32_t incarnation;
     /* Derived counts, maintained by apply (checked by cluster_map_verify). */
     uint32_t queues_owned_count;    /* queues whose primary it is */
@@ -506,7 +506,8 @@ int map_cmd_broker_state(struct map_cmd *out, uint32_t id, enum broker_state sta
 /* broker.incarnation: the broker's process is `incarnation` (not 0). A
  * change (a restart) takes it out of every queue's in-sync set: its
  * replicas did not survive the restart, so it may be promoted only once
- * its primary caught it up again. */
+ * its primary caught it up again. The first one reported is only
+ * recorded. */
 int map_cmd_broker_incarnation(struct map_cmd *out, uint32_t id, uint32_t incarnation);
 /* broker.storage: the broker's shared-storage id (1..64 bytes; empty: none). */
 int map_cmd_broker_storage(struct map_cmd *out, uint32_t id, struct bytes storage_id);

@@ -437,8 +437,12 @@ static int op_broker_incarnation(struct apply_ctx *ctx)
         return map__refuse(ctx, REPLY_NOT_FOUND, false, "no broker %u", id);
     if (b->incarnation == incarnation)
         return OK;
+    /* A first report (a new cluster, an upgrade) is recorded only: the
+     * queues placed on a broker before the leader heard it would all lose
+     * their in-sync backups at once. */
+    bool restarted = b->incarnation != 0;
     b->incarnation = (uint32_t)incarnation;
-    for (uint32_t i = 0; i < ctx->map->queues_count; i++) {
+    for (uint32_t i = 0; restarted && i < ctx->map->queues_count; i++) {
         struct map_queue *q = ctx->map->queues[i];
         int slot = map__backup_slot(q, id);
         if (slot >= 0)
