@@ -68,6 +68,21 @@ int controller_check_liveness(const struct cluster_map *map, const struct contro
     return OK;
 }
 
+int controller_check_incarnations(const struct cluster_map *map,
+                                  const struct controller_heard *heard, uint32_t heard_count,
+                                  struct map_cmd_list *out)
+{
+    ASSERT(heard != NULL || heard_count == 0);
+    for (uint32_t i = 0; i < heard_count; i++) {
+        const struct map_broker *b = cluster_map_broker(map, heard[i].broker_id);
+        if (b == NULL || heard[i].incarnation == 0 || heard[i].incarnation == b->incarnation)
+            continue;
+        struct map_cmd cmd;
+        push(out, map_cmd_broker_incarnation(&cmd, b->id, heard[i].incarnation), &cmd);
+    }
+    return OK;
+}
+
 /* ---- (b) failover --------------------------------------------------------- */
 
 static bool alive(const struct cluster_map *map, uint32_t id)
@@ -954,6 +969,14 @@ int controller_leader_liveness(const struct cluster_map *map,
 {
     if (seen->liveness_in_flight > 0)
         return OK; /* decide on the map those changes produce */
+    for (uint32_t i = 0; i < seen->heard_count; i++) {
+        uint32_t before = out->states.count;
+        controller_check_incarnations(map, &seen->heard[i], 1, &out->states);
+        if (out->states.count > before)
+            out->state_ids[before] = seen->heard[i].broker_id;
+    }
+    if (out->states.count > 0)
+        return OK; /* restarts first: no failover may promote what they lost */
     for (uint32_t i = 0; i < seen->heard_count; i++) {
         uint32_t before = out->states.count;
         controller_check_liveness(map, config, &seen->heard[i], 1, now_ms, &out->states);

@@ -36,6 +36,7 @@ struct controller_heard {
     uint32_t broker_id;
     uint64_t last_heard_ms;  /* last heartbeat or message, controller's clock */
     bool connection_reset;   /* the cluster link was reset: down at once */
+    uint32_t incarnation;    /* its process, from its heartbeats (0: not heard) */
 };
 
 /*
@@ -48,6 +49,15 @@ struct controller_heard {
 int controller_check_liveness(const struct cluster_map *map, const struct controller_config *config,
                               const struct controller_heard *heard, uint32_t heard_count,
                               uint64_t now_ms, struct map_cmd_list *out);
+
+/*
+ * (a') Restarts. For each broker in heard[] whose incarnation is known and
+ * is not the map's: broker.incarnation, which takes it out of every
+ * in-sync set (its replicas went with its process). Appends to out. OK.
+ */
+int controller_check_incarnations(const struct cluster_map *map,
+                                  const struct controller_heard *heard, uint32_t heard_count,
+                                  struct map_cmd_list *out);
 
 /*
  * (b) Failover, once the map says broker_id is down. For each queue it
@@ -229,9 +239,14 @@ int controller_round(const struct cluster_map *map, const struct controller_conf
  * broker does. Given the map, what the leader observed (heard[]: one
  * entry per broker of the map) and what it has in flight, it returns the
  * actions; the caller proposes them in this order:
- *   states   - liveness (a), unless a broker.state is still in flight; one
- *              command per broker (states.items[i] is about state_ids[i]):
- *              once one commits, its follow-up is controller_after_state;
+ *   states   - restarts (a'), else liveness (a), unless one of either is
+ *              still in flight; one command per broker (states.items[i] is
+ *              about state_ids[i]): once one commits, its follow-up is
+ *              controller_after_state. A restart goes first and alone, so
+ *              every failover decided after it (its follow-ups, the
+ *              round) comes later in the log and finds the restarted
+ *              broker out of the in-sync sets: it is never promoted with
+ *              the replicas it lost;
  *   round    - the periodic round (f), busy when anything of the leader's
  *              is in flight or states has commands;
  *   policies - (e), when the map's policies changed since the last batch

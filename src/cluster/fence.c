@@ -65,3 +65,31 @@ void fence_pause_step(struct fence_pause *p, bool lease_fresh, bool serving, uin
     if (now_ms - p->stale_since_ms >= pause_after_ms)
         p->paused = true;
 }
+
+/* Whether our map (its low 32 bits) has reached version. */
+static bool reached(uint64_t our_version, uint32_t version)
+{
+    return (int32_t)((uint32_t)our_version - version) >= 0;
+}
+
+void fence_heard_note(struct fence_heard *h, uint64_t now_ms, bool has_version, uint32_t version,
+                      uint64_t our_version)
+{
+    if (!has_version || reached(our_version, version)) {
+        h->heard_ms = now_ms;
+        h->waiting_ms = 0;
+    } else if (h->waiting_ms == 0) {
+        h->waiting_ms = now_ms;
+        h->waiting_version = version;
+    }
+}
+
+uint64_t fence_heard_ms(struct fence_heard *h, uint64_t our_version)
+{
+    if (h->waiting_ms != 0 && reached(our_version, h->waiting_version)) {
+        if (h->waiting_ms > h->heard_ms)
+            h->heard_ms = h->waiting_ms;
+        h->waiting_ms = 0;
+    }
+    return h->heard_ms;
+}

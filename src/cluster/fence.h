@@ -68,4 +68,25 @@ struct fence_pause {
 void fence_pause_step(struct fence_pause *p, bool lease_fresh, bool serving, uint64_t now_ms,
                       uint64_t pause_after_ms);
 
+/* What a peer's heartbeats count for the lease: a heartbeat counts once
+ * our map has applied the version its sender had when it sent it. A
+ * primary that was cut off and deposed meanwhile hears the majority again
+ * before Raft has brought its map up to date; their heartbeats name a map
+ * that has moved the queue away, so they do not renew its lease, and by
+ * the time its map reaches theirs it has applied its own deposition. (Without
+ * this it confirmed, late, beside its successor: tests/sim seed 888.) A
+ * heartbeat whose map is ahead waits (the oldest such one: under steady
+ * map changes a newer one would always be ahead too); one from a sender
+ * that does not say its version counts at once. Versions are compared by
+ * their low 32 bits, as heartbeats carry them (serial arithmetic). */
+struct fence_heard {
+    uint64_t heard_ms;        /* the newest heartbeat that counts (0: none) */
+    uint64_t waiting_ms;      /* a heartbeat that waits for our map (0: none) */
+    uint32_t waiting_version; /* ... its sender's version */
+};
+void fence_heard_note(struct fence_heard *h, uint64_t now_ms, bool has_version, uint32_t version,
+                      uint64_t our_version);
+/* heard_ms, once the heartbeat that waits counts if our map reached it. */
+uint64_t fence_heard_ms(struct fence_heard *h, uint64_t our_version);
+
 #endif

@@ -36,11 +36,19 @@ size_t heartbeat_encode(const struct heartbeat *hb, const uint8_t *secret, size_
                         uint8_t *out)
 {
     ASSERT(hb->id != 0);
+    ASSERT(hb->incarnation <= HEARTBEAT_INCARNATION_MAX);
     memset(out, 0, HEARTBEAT_HEADER_SIZE);
     memcpy(out, MAGIC, 4);
     out[4] = VERSION;
     out[5] = (uint8_t)((hb->stopping ? HEARTBEAT_FLAG_STOPPING : 0) |
-                       (hb->alarms & (HEARTBEAT_FLAG_MEMORY_ALARM | HEARTBEAT_FLAG_DISK_ALARM)));
+                       (hb->alarms & (HEARTBEAT_FLAG_MEMORY_ALARM | HEARTBEAT_FLAG_DISK_ALARM)) |
+                       (hb->incarnation != 0 ? HEARTBEAT_FLAG_PROCESS : 0));
+    if (hb->incarnation != 0) {
+        out[9] = (uint8_t)(hb->incarnation >> 16);
+        out[10] = (uint8_t)(hb->incarnation >> 8);
+        out[11] = (uint8_t)hb->incarnation;
+        wire_put_u32(out + 12, hb->map_version);
+    }
     wire_put_u64(out + 16, hb->id);
     wire_put_u64(out + 24, hb->sequence);
     size_t size = HEARTBEAT_HEADER_SIZE;
@@ -88,6 +96,12 @@ bool heartbeat_decode(const uint8_t *secret, size_t secret_size, const uint8_t *
     out->sequence = wire_get_u64(data + 24);
     out->stopping = (data[5] & HEARTBEAT_FLAG_STOPPING) != 0;
     out->alarms = data[5] & (HEARTBEAT_FLAG_MEMORY_ALARM | HEARTBEAT_FLAG_DISK_ALARM);
+    if (data[5] & HEARTBEAT_FLAG_PROCESS) {
+        out->incarnation = (uint32_t)data[9] << 16 | (uint32_t)data[10] << 8 | data[11];
+        out->map_version = wire_get_u32(data + 12);
+        if (out->incarnation == 0)
+            return false;
+    }
     const uint8_t *p = data + HEARTBEAT_HEADER_SIZE;
     return copy_field(out->name, &p, data[6]) && copy_field(out->amqp_address, &p, data[7]) &&
            copy_field(out->cluster_address, &p, data[8]);

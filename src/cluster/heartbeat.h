@@ -7,8 +7,14 @@
  * authenticated with HMAC-SHA256 under the cluster secret:
  *
  *   "QYHB" | version 1 | flags | name size | amqp size | cluster size |
- *   7 zero bytes | id (u64 BE) | sequence (u64 BE) | name | amqp | cluster |
+ *   incarnation (u24 BE) | map version (its low 32 bits, BE) |
+ *   id (u64 BE) | sequence (u64 BE) | name | amqp | cluster |
  *   HMAC-SHA256(secret, all that precedes)
+ *
+ * The incarnation and map version are there when flags has
+ * HEARTBEAT_FLAG_PROCESS; a sender from before them sends zeros there and
+ * no flag, and a decoder from before them ignores both (so the version
+ * stays 1 and mixed clusters keep hearing each other).
  *
  * Pure (no I/O, no clock): node_heartbeat.c sends and receives, tests and
  * the fuzzer (tests/fuzz/fuzz_heartbeat.c) call it directly.
@@ -25,6 +31,8 @@
 #define HEARTBEAT_FLAG_STOPPING 1u
 #define HEARTBEAT_FLAG_MEMORY_ALARM 2u /* its memory alarm is on: every broker blocks publishers */
 #define HEARTBEAT_FLAG_DISK_ALARM 4u
+#define HEARTBEAT_FLAG_PROCESS 8u      /* incarnation and map version are set */
+#define HEARTBEAT_INCARNATION_MAX 0xFFFFFFu
 #define HEARTBEAT_HEADER_SIZE 32
 #define HEARTBEAT_MAC_SIZE 32
 #define HEARTBEAT_SIZE_MAX (HEARTBEAT_HEADER_SIZE + 3 * CLUSTER_NAME_SIZE_MAX + HEARTBEAT_MAC_SIZE)
@@ -34,6 +42,10 @@ struct heartbeat {
     uint64_t sequence;
     bool stopping;
     uint8_t alarms;    /* HEARTBEAT_FLAG_*_ALARM */
+    /* The sender's process: random per start, 1..HEARTBEAT_INCARNATION_MAX
+     * (0 from a sender that does not say: then map_version is 0 too). */
+    uint32_t incarnation;
+    uint32_t map_version; /* the low 32 bits of the map version it applied */
     /* NUL-terminated, 1..CLUSTER_NAME_SIZE_MAX bytes, no NUL inside */
     char name[CLUSTER_NAME_SIZE_MAX + 1];
     char amqp_address[CLUSTER_NAME_SIZE_MAX + 1];

@@ -86,6 +86,11 @@ struct map_broker {
      * non-empty id mount the same directory and can take over each other's
      * queue logs (docs/ARCHITECTURE.md, shared storage). Empty: none. */
     struct bytes storage_id;
+    /* The broker's process as the controller last heard it (its
+     * heartbeats' incarnation, broker.incarnation): a new one is a restart,
+     * which lost the replicas in memory, so applying it takes the broker
+     * out of every in-sync set (not the first: 0, never reported). */
+    uint32_t incarnation;
     /* Derived counts, maintained by apply (checked by cluster_map_verify). */
     uint32_t queues_owned_count;    /* queues whose primary it is */
     uint32_t backups_held_count;    /* queues it is a backup of */
@@ -378,6 +383,7 @@ enum map_op {
     MAP_OP_LIMIT_PUT,
     MAP_OP_LIMIT_DELETE,
     MAP_OP_QUEUE_ADOPTED,
+    MAP_OP_BROKER_INCARNATION,
     MAP_OP_COUNT
 };
 
@@ -497,6 +503,12 @@ int map_cmd_broker_join(struct map_cmd *out, uint32_t id, struct bytes name,
                         struct bytes amqp_address, struct bytes cluster_address, bool voter);
 int map_cmd_broker_leave(struct map_cmd *out, uint32_t id);
 int map_cmd_broker_state(struct map_cmd *out, uint32_t id, enum broker_state state);
+/* broker.incarnation: the broker's process is `incarnation` (not 0). A
+ * change (a restart) takes it out of every queue's in-sync set: its
+ * replicas did not survive the restart, so it may be promoted only once
+ * its primary caught it up again. The first one reported is only
+ * recorded. */
+int map_cmd_broker_incarnation(struct map_cmd *out, uint32_t id, uint32_t incarnation);
 /* broker.storage: the broker's shared-storage id (1..64 bytes; empty: none). */
 int map_cmd_broker_storage(struct map_cmd *out, uint32_t id, struct bytes storage_id);
 int map_cmd_vhost_put(struct map_cmd *out, struct bytes name);

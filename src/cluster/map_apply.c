@@ -86,6 +86,7 @@ static const char *const op_names[MAP_OP_COUNT] = {
     [MAP_OP_LIMIT_PUT] = "limit.put",
     [MAP_OP_LIMIT_DELETE] = "limit.delete",
     [MAP_OP_QUEUE_ADOPTED] = "queue.adopted",
+    [MAP_OP_BROKER_INCARNATION] = "broker.incarnation",
 };
 
 const char *map_rebalance_name(enum map_rebalance mode)
@@ -317,6 +318,9 @@ static int op_broker_join(struct apply_ctx *ctx)
     struct bytes storage_id = {(const uint8_t *)"", 0};
     if (ctx->restoring && table_get(r->table, "storage", &(struct field_value){0}))
         storage_id = map__read_str(r, "storage", 1, MAP_STORAGE_ID_SIZE_MAX);
+    uint32_t incarnation = 0;
+    if (ctx->restoring)
+        incarnation = (uint32_t)map__read_uint(r, "incarnation", UINT32_MAX, true, 0);
     if (r->bad_key)
         return map__malformed(ctx);
     struct cluster_map *map = ctx->map;
@@ -349,6 +353,7 @@ static int op_broker_join(struct apply_ctx *ctx)
         map->brokers[map->brokers_count++] = b;
         if (storage_id.len > 0)
             b->storage_id = bytes_dup(storage_id);
+        b->incarnation = incarnation;
     }
     b->name = bytes_dup(name);
     b->amqp_address = bytes_dup(amqp_address);
@@ -409,6 +414,42 @@ static int op_broker_state(struct apply_ctx *ctx)
         ctx->map->brokers_version++;
         ctx->change->changed = true;
     }
+    return OK;
+}
+
+/* The controller heard a new process of the broker (its heartbeats'
+ * incarnation): whatever it held as a replica was in the memory or the
+ * replica logs of the process before (a restart recreates them), so it is
+ * no longer in sync anywhere. Its primaries catch it up and ask for it
+ * again. Without this a restart the map never saw as down (no leader while
+ * it was dead) left it in sync, and a failover promoted it empty. */
+static int op_broker_incarnation(struct apply_ctx *ctx)
+{
+    uint32_t id = map__read_broker_id(&ctx->reader, "id");
+    uint64_t incarnation = map__read_uint(&ctx->reader, "incarnation", UINT32_MAX, false, 0);
+    if (incarnation == 0)
+        map__reader_fail(&ctx->reader, "incarnation");
+    if (ctx->reader.bad_key)
+        return map__malformed(ctx);
+    ctx->change->broker_id = id;
+    struct map_broker *b = cluster_map_broker(ctx->map, id);
+    if (b == NULL)
+        return map__refuse(ctx, REPLY_NOT_FOUND, false, "no broker %u", id);
+    if (b->incarnation == incarnation)
+        return OK;
+    /* A first report (a new cluster, an upgrade) is recorded only: the
+     * queues placed on a broker before the leader heard it would all lose
+     * their in-sync backups at once. */
+    bool restarted = b->incarnation != 0;
+    b->incarnation = (uint32_t)incarnation;
+    for (uint32_t i = 0; restarted && i < ctx->map->queues_count; i++) {
+        struct map_queue *q = ctx->map->queues[i];
+        int slot = map__backup_slot(q, id);
+        if (slot >= 0)
+            q->in_sync_mask &= (uint8_t)~(1u << slot);
+    }
+    ctx->map->brokers_version++;
+    ctx->change->changed = true;
     return OK;
 }
 
@@ -1010,6 +1051,7 @@ int map__dispatch(struct apply_ctx *ctx)
     case MAP_OP_QUEUE_MOVE: return map__op_queue_move(ctx);
     case MAP_OP_CLUSTER_REBALANCE: return op_cluster_rebalance(ctx);
     case MAP_OP_BROKER_STORAGE: return op_broker_storage(ctx);
+    case MAP_OP_BROKER_INCARNATION: return op_broker_incarnation(ctx);
     case MAP_OP_QUEUE_TAKE_OVER: return map__op_queue_take_over(ctx);
     case MAP_OP_QUEUE_ADOPTED: return map__op_queue_adopted(ctx);
     case MAP_OP_PERMISSION_PUT: return op_permission_put(ctx);

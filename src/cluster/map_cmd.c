@@ -162,6 +162,8 @@ void map__encode_join(struct table_writer *w, const void *arg)
         table_put_longstr(w, "state", bytes_of_cstr(broker_state_name(a->broker->state)));
     if (a->broker && a->broker->storage_id.len > 0)
         table_put_longstr(w, "storage", a->broker->storage_id);
+    if (a->broker && a->broker->incarnation != 0)
+        table_put_int(w, "incarnation", a->broker->incarnation);
 }
 
 int map_cmd_broker_join(struct map_cmd *out, uint32_t id, struct bytes name,
@@ -184,6 +186,15 @@ int map_cmd_broker_state(struct map_cmd *out, uint32_t id, enum broker_state sta
     ASSERT(id != BROKER_ID_NONE);
     struct simple_cmd s = {.op = MAP_OP_BROKER_STATE, .id = id, .str_key = "state",
                            .str_value = bytes_of_cstr(broker_state_name(state))};
+    return build(out, encode_simple, &s);
+}
+
+int map_cmd_broker_incarnation(struct map_cmd *out, uint32_t id, uint32_t incarnation)
+{
+    ASSERT(id != BROKER_ID_NONE);
+    ASSERT(incarnation != 0);
+    struct simple_cmd s = {.op = MAP_OP_BROKER_INCARNATION, .id = id,
+                           .int_key = "incarnation", .int_value = incarnation};
     return build(out, encode_simple, &s);
 }
 

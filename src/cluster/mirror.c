@@ -470,6 +470,18 @@ static void apply_binding(struct member *member, const struct map_binding_decl *
 
 static void mirror_apply(struct member *member, const struct map_change *c);
 
+/* broker.incarnation took broker_id out of the in-sync sets: each queue
+ * it backs up follows its map again (a primary here stops waiting for it
+ * and catches it up). */
+static void follow_backup_of(struct member *member, uint32_t broker_id)
+{
+    const struct cluster_map *map = member_map(member);
+    for (uint32_t i = 0; i < map->queues_count; i++) {
+        if (map_queue_has_backup(map->queues[i], broker_id))
+            ensure_queue(member, map->queues[i], false, false);
+    }
+}
+
 static const char *broker_event(const struct member *member, const struct map_change *c)
 {
     if (c->op == MAP_OP_BROKER_JOIN)
@@ -483,6 +495,8 @@ static const char *broker_event(const struct member *member, const struct map_ch
 void mirror_change(struct member *member, const struct map_change *c)
 {
     mirror_apply(member, c);
+    if (c->op == MAP_OP_BROKER_INCARNATION && c->changed)
+        follow_backup_of(member, c->broker_id);
     if (c->op == MAP_OP_QUEUE_SET_OWNER && c->changed) {
         member->queue_moves_count += c->planned;
         member->queue_failovers_count += !c->planned;
@@ -519,6 +533,7 @@ static void mirror_apply(struct member *member, const struct map_change *c)
         if (c->op == MAP_OP_BROKER_JOIN && c->broker_id == member->self_id)
             member__announce_storage(member);
         return;
+    case MAP_OP_BROKER_INCARNATION: /* (mirror_change) */
     case MAP_OP_CLUSTER_REBALANCE:
     case MAP_OP_BROKER_STORAGE:
     case MAP_OP_QUEUE_ADOPTED:

@@ -46,7 +46,8 @@ static_assert(HEARTBEAT_SIZE_MAX < 1200, "a heartbeat fits one datagram on any l
 /* ---- the lease ---- */
 
 /* The lease lasts NODE_LEASE_MS past the moment the majority-th broker
- * (counting ourselves) was last heard. */
+ * (counting ourselves) was last heard, by a heartbeat that counts: one
+ * whose sender's map ours has reached (fence_heard_note). */
 void node__lease_update(struct cluster_node *node)
 {
     const struct cluster_map *map = &node->map;
@@ -59,8 +60,8 @@ void node__lease_update(struct cluster_node *node)
             member = true;
             continue;
         }
-        const struct peer *peer = node__peer_find(node, id);
-        heard[n++] = peer ? peer->last_heard_ms : 0;
+        struct peer *peer = node__peer_find(node, id);
+        heard[n++] = peer ? fence_heard_ms(&peer->lease, map->version) : 0;
     }
     node->lease_until_ms = fence_lease_until(heard, n, member, NODE_LEASE_MS);
 }
@@ -76,7 +77,8 @@ static size_t heartbeat_of_self(struct cluster_node *node, bool stopping, uint8_
 {
     const struct peer *self = &node->peers[0];
     struct heartbeat hb = {.id = node->id, .sequence = ++node->sequence, .stopping = stopping,
-                           .alarms = self->alarms};
+                           .alarms = self->alarms, .incarnation = self->incarnation,
+                           .map_version = (uint32_t)node->map.version};
     memcpy(hb.name, self->name, sizeof hb.name);
     memcpy(hb.amqp_address, self->amqp_address, sizeof hb.amqp_address);
     memcpy(hb.cluster_address, self->cluster_address, sizeof hb.cluster_address);
@@ -134,10 +136,16 @@ static void heartbeat_received(struct cluster_node *node, const struct heartbeat
         LOG_INFO("cluster: %s (id %" PRIu32 ") alarms: memory %s, disk %s", hb->name, hb->id,
                  hb->alarms & HEARTBEAT_FLAG_MEMORY_ALARM ? "on" : "off",
                  hb->alarms & HEARTBEAT_FLAG_DISK_ALARM ? "on" : "off");
+    if (hb->incarnation != 0 && hb->incarnation != peer->incarnation && peer->incarnation != 0)
+        LOG_INFO("cluster: %s (id %" PRIu32 ") restarted (incarnation %" PRIu32 " after %" PRIu32
+                 ")", hb->name, hb->id, hb->incarnation, peer->incarnation);
+    peer->incarnation = hb->incarnation;
     peer->sequence = hb->sequence;
     peer->stopping = hb->stopping;
     peer->alarms = hb->alarms;
     peer->last_heard_ms = uv_now(node->loop);
+    fence_heard_note(&peer->lease, peer->last_heard_ms, hb->incarnation != 0, hb->map_version,
+                     node->map.version);
     node__lease_update(node);
     if (changed) {
         memcpy(peer->name, hb->name, sizeof peer->name);

@@ -13,6 +13,7 @@
 #include <uv.h>
 
 #include "cluster/controller.h"
+#include "cluster/fence.h"
 #include "cluster/heartbeat.h"
 #include "cluster/map.h"
 #include "cluster/node.h"
@@ -34,7 +35,11 @@ struct peer {
     bool join_refused;        /* leader: refused at refused_version; wait for a change */
     uint64_t refused_version; /* map brokers_version when it was refused */
     uint64_t sequence;
+    /* Its process (heartbeats' incarnation; ours: drawn at start, random,
+     * never 0), 0 until heard from a sender that says. */
+    uint32_t incarnation;
     uint64_t last_heard_ms;   /* loop clock; 0 = never */
+    struct fence_heard lease; /* what its heartbeats count for our lease */
     uint64_t reset_at_ms;     /* our AMQP link to it dropped (EOF or reset) at; 0 = never */
     char name[ADDRESS_SIZE];
     char amqp_address[ADDRESS_SIZE];

@@ -43,12 +43,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ASSERT(hb.id != 0 && strlen(hb.name) >= 1 && strlen(hb.amqp_address) >= 1 &&
            strlen(hb.cluster_address) >= 1);
     size_t n = heartbeat_encode(&hb, secret, sizeof secret - 1, again);
-    /* The same bytes, but for the seven reserved header bytes (written as
-     * zeros) and flags nobody knows (dropped). */
+    /* The same bytes, but for the seven header bytes of the process fields
+     * (written as zeros without HEARTBEAT_FLAG_PROCESS) and flags nobody
+     * knows (dropped). */
     ASSERT(n == total);
     ASSERT(memcmp(again, signed_, 5) == 0 && memcmp(again + 6, signed_ + 6, 3) == 0);
     ASSERT(again[5] == (signed_[5] & (HEARTBEAT_FLAG_STOPPING | HEARTBEAT_FLAG_MEMORY_ALARM |
-                                      HEARTBEAT_FLAG_DISK_ALARM)));
+                                      HEARTBEAT_FLAG_DISK_ALARM | HEARTBEAT_FLAG_PROCESS)));
+    if (signed_[5] & HEARTBEAT_FLAG_PROCESS)
+        ASSERT(memcmp(again + 9, signed_ + 9, 7) == 0);
     ASSERT(memcmp(again + 16, signed_ + 16, n - 16 - HEARTBEAT_MAC_SIZE) == 0);
     return 0;
 }

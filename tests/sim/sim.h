@@ -32,6 +32,7 @@
 #include <raft/fixture.h>
 
 #include "cluster/controller.h"
+#include "cluster/fence.h"
 #include "cluster/map.h"
 #include "sim_disk.h"
 
@@ -77,6 +78,13 @@ struct sim_broker {
     struct controller_leader ctl;  /* controller_leader_tick's memory */
     uint32_t proposals_in_flight, liveness_in_flight, policy_in_flight;
     uint64_t last_heard_ms[SIM_SERVERS + 1]; /* its peers' heartbeats */
+    /* Its process (node.c's peers[0].incarnation: a restart draws another)
+     * and, per peer, the one its heartbeats last said. */
+    uint32_t incarnation;
+    uint32_t heard_incarnation[SIM_SERVERS + 1];
+    /* What its peers' heartbeats count for its lease (node.c's peer->lease:
+     * a heartbeat counts once its map reached the sender's version). */
+    struct fence_heard lease_heard[SIM_SERVERS + 1];
     bool forgotten;                /* dead for good: an operator forgot it (its disk is gone) */
     bool joining;                  /* started empty: asks to join the Raft members */
     /* node.c's leaving and departed (broker.leave applied: the leader

@@ -38,6 +38,24 @@ static bool shadow_in_sync(const struct shadow *sh, uint32_t id)
     return false;
 }
 
+/* A promotion the map decided knowing that the new primary restarted
+ * (its incarnation is the process's) since its replica was emptied: the
+ * restart should have taken it out of the in-sync set first
+ * (broker.incarnation, seed 192). One decided before the map knew (an
+ * entry of an older term committed after the restart, or a backup that
+ * died as it was promoted) is the known loss sim_data_known_loss counts. */
+static void check_not_restarted(struct sim *s, const struct sim_broker *b, unsigned qi,
+                                const struct map_queue *q)
+{
+    if (s->data == NULL || q->primary_id < 1 || q->primary_id > s->f.n)
+        return;
+    const struct sim_broker *p = &s->brokers[q->primary_id - 1];
+    const struct map_broker *mb = cluster_map_broker(&b->map, q->primary_id);
+    if (s->data->copies[p->index][qi].emptied && mb != NULL && mb->incarnation == p->incarnation)
+        sim_fail(s, "%s: b%u promoted b%u (epoch %" PRIu64 ") after its map knew that it had "
+                 "restarted, its replica emptied", sim_queue_names[qi], b->id, p->id, q->epoch);
+}
+
 /* After every apply on broker b: compares each queue with what b saw
  * before, then remembers it. */
 void sim_check_queues(struct sim *s, struct sim_broker *b)
@@ -80,6 +98,8 @@ void sim_check_queues(struct sim *s, struct sim_broker *b)
             sim_fail(s, "%s: broker %u became primary (epoch %" PRIu64 ") without being in sync "
                      "(primary was %u, in sync: %u of them)", sim_queue_names[qi], q->primary_id,
                      q->epoch, sh->primary_id, sh->in_sync_count);
+        else if (sh->known && q->primary_id != sh->primary_id)
+            check_not_restarted(s, b, (unsigned)qi, q);
         sh->known = true;
         sh->available = q->available;
         sh->primary_id = q->primary_id;

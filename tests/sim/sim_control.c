@@ -78,9 +78,12 @@
  * proposed again every round for ever (seed 443; controller.c make_room);
  * a replica acking seqs it did not hold after a promotion renumbered them
  * (seed 12: fence_replica_push), and a restarted primary's backups taken
- * to be in step (replication_attach, recovered); known and left: a
- * restarted backup promoted with its emptied replica, a deposed primary's
- * late confirms (sim_data_check.c; --strict fails on them);
+ * to be in step (replication_attach, recovered); a restarted backup
+ * promoted with its emptied replica (seed 192: broker.incarnation), a
+ * deposed primary's late confirms (seed 888: its lease renewed by
+ * heartbeats from maps ahead of its own, fence_heard_note); known and
+ * left: a backup promoted as it died, serving after its restart what it
+ * never adopted (sim_data_check.c; --strict fails on it);
  * libraft's 30 s snapshot-install timeout leaving a follower behind after
  * a heal (seed 135 with snapshots on; the soak had found it too). In the
  * test fixture only (libraft 0.15's stub I/O; worked around in sim_disk.c

@@ -15,8 +15,12 @@
 static void hear(struct sim *s, struct sim_broker *b, uint64_t now)
 {
     for (unsigned j = 0; j < s->f.n; j++) {
-        if (sim_net_reaches(s, j, b->index))
+        if (sim_net_reaches(s, j, b->index)) {
             b->last_heard_ms[j + 1] = now;
+            b->heard_incarnation[j + 1] = s->brokers[j].incarnation;
+            fence_heard_note(&b->lease_heard[j + 1], now, true,
+                             (uint32_t)s->brokers[j].map.version, b->map.version);
+        }
     }
 }
 
@@ -29,7 +33,9 @@ static struct controller_observed observe(struct sim_broker *b, struct controlle
         uint64_t last = id <= SIM_SERVERS ? b->last_heard_ms[id] : 0;
         if (last == 0)
             last = b->leader_since_ms; /* never heard by this process */
-        heard[n++] = (struct controller_heard){.broker_id = id, .last_heard_ms = last};
+        uint32_t incarnation = id <= SIM_SERVERS ? b->heard_incarnation[id] : 0;
+        heard[n++] = (struct controller_heard){.broker_id = id, .last_heard_ms = last,
+                                               .incarnation = incarnation};
     }
     return (struct controller_observed){.heard = heard, .heard_count = n,
                                         .liveness_in_flight = b->liveness_in_flight,

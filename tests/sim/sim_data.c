@@ -508,7 +508,7 @@ void sim_data_restart(struct sim *s, unsigned i)
                 s->data->msgs[c->held[k].msg].restarted_away = true;
         }
         c->recovered = journal;
-        c->emptied = !journal;
+        c->emptied = !journal && c->held_count > 0; /* (it lost something) */
         if (!journal || sim_data_transient(qi)) {
             c->held_count = 0;
             c->last_seq = 0;
@@ -597,7 +597,8 @@ void sim_data_primaries_tick(struct sim *s, uint64_t now)
             if (id == b->id)
                 member = true;
             else
-                heard[n++] = id <= SIM_SERVERS ? b->last_heard_ms[id] : 0;
+                heard[n++] = id <= SIM_SERVERS ? fence_heard_ms(&b->lease_heard[id], b->map.version)
+                                               : 0;
         }
         d->lease_until[i] = fence_lease_until(heard, n, member, SIM_LEASE_MS);
         for (unsigned qi = 0; qi < SIM_QUEUES; qi++) {

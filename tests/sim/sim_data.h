@@ -146,7 +146,7 @@ struct sim_data {
     uint64_t confirm_epoch[SIM_QUEUES], confirm_epoch_ms[SIM_QUEUES];
     uint32_t confirm_by[SIM_QUEUES];
     uint64_t given_up_ms[SIM_QUEUES];
-    uint64_t confirms, client_confirms, consumed, frames, known_losses, late_confirms;
+    uint64_t confirms, client_confirms, consumed, frames, known_losses;
 };
 
 /* Every fourth queue's publishers send transient messages (delivery mode
@@ -200,9 +200,11 @@ void sim_client_link_down(struct sim *s, unsigned i, unsigned j);
 /* sim_data_check.c */
 void sim_data_confirmed(struct sim *s, unsigned p, unsigned qi, uint64_t epoch, uint32_t msg);
 void sim_data_given_up(struct sim *s, unsigned qi);
-/* A known loss (docs/ARCHITECTURE.md, the simulator): broker id became
- * qi's primary with the replica a restart emptied (the map still had it in
- * sync). Unless --strict, what was confirmed before is not checked. */
+/* A known loss (docs/ARCHITECTURE.md, the simulator): broker id serves qi
+ * from the replica a restart emptied, promoted by a decision the map took
+ * before it knew of the restart (sim_check.c fails a promotion after it
+ * knew: broker.incarnation). Unless --strict, what was confirmed before is
+ * not checked. */
 void sim_data_known_loss(struct sim *s, uint32_t id, unsigned qi);
 /* After the heal: every confirmed message not consumed is at its queue's
  * primary. False (with why) while the data path has not settled. */

@@ -30,6 +30,8 @@
 
 static struct map_change last;
 
+static void assert_round_trip(const struct cluster_map *map, struct cluster_map *copy);
+
 static int apply(struct cluster_map *map, int build_rc, struct map_cmd *cmd)
 {
     assert_int_equal(build_rc, OK);
@@ -120,6 +122,68 @@ static void test_brokers(void **state)
     assert_int_equal(map.brokers[3]->id, 5); /* join order kept */
     APPLY_OK(&map, map_cmd_broker_leave(&c_, 4)); /* idempotent */
     assert_false(last.changed);
+    cluster_map_free(&map);
+}
+
+/* broker.incarnation: a restarted broker (an incarnation other than the
+ * one the map has) leaves every in-sync set it was in, and only those; a
+ * first report is only recorded (a new cluster's queues placed before the
+ * leader heard a broker keep their in-sync backups); the same incarnation
+ * again changes nothing; a snapshot keeps it.
+ * (tests/sim seed 192: a restart the map never saw as down left the
+ * broker in sync, and a failover promoted it with its replica gone.) */
+static void test_broker_incarnation(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    struct map_cmd c_;
+    cluster_map_init(&map);
+    for (uint32_t id = 1; id <= 4; id++)
+        join(&map, id, true);
+    APPLY_OK(&map, map_cmd_vhost_put(&c_, B("/")));
+    struct map_queue_decl d = queue_decl("/", "q", 1, 2);
+    d.backup_ids[1] = 3;
+    d.backups_count = 2;
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d, 1));
+    struct map_queue_decl d2 = queue_decl("/", "q2", 2, 3);
+    APPLY_OK(&map, map_cmd_queue_declare(&c_, &d2, 2));
+    struct map_queue *q = cluster_map_queue(&map, B("/"), B("q"));
+    struct map_queue *q2 = cluster_map_queue(&map, B("/"), B("q2"));
+    assert_int_equal(q->in_sync_mask, 0x3);
+    assert_int_equal(q2->in_sync_mask, 0x1);
+    uint64_t epoch = q->epoch, bv = map.brokers_version;
+    APPLY_OK(&map, map_cmd_broker_incarnation(&c_, 3, 6)); /* the first: recorded */
+    assert_true(last.changed);
+    assert_int_equal(cluster_map_broker(&map, 3)->incarnation, 6);
+    assert_int_equal(q->in_sync_mask, 0x3);
+    assert_int_equal(q2->in_sync_mask, 0x1);
+    APPLY_OK(&map, map_cmd_broker_incarnation(&c_, 2, 8));
+    APPLY_OK(&map, map_cmd_broker_incarnation(&c_, 3, 7)); /* a restart */
+    assert_true(last.changed);
+    assert_int_equal(last.broker_id, 3);
+    assert_int_equal(cluster_map_broker(&map, 3)->incarnation, 7);
+    assert_int_equal(q->in_sync_mask, 0x1); /* 2 stays */
+    assert_int_equal(q2->in_sync_mask, 0);
+    assert_int_equal(q->epoch, epoch); /* the primary is not fenced: it catches 3 up */
+    assert_true(map.brokers_version > bv);
+    uint32_t both[] = {2, 3};
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), q->epoch, both, 2));
+    APPLY_OK(&map, map_cmd_broker_incarnation(&c_, 3, 7));
+    assert_false(last.changed);
+    assert_int_equal(q->in_sync_mask, 0x3);
+    APPLY_OK(&map, map_cmd_broker_incarnation(&c_, 2, 9)); /* another broker's restart */
+    assert_int_equal(q->in_sync_mask, 0x2);
+    assert_int_equal(cluster_map_broker(&map, 3)->incarnation, 7);
+    APPLY_OK(&map, map_cmd_broker_incarnation(&c_, 3, 8));
+    assert_int_equal(q->in_sync_mask, 0);
+    assert_int_equal(APPLY_RC(&map, map_cmd_broker_incarnation(&c_, 5, 1)), E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_NOT_FOUND);
+    struct cluster_map copy;
+    assert_round_trip(&map, &copy);
+    assert_int_equal(cluster_map_broker(&copy, 3)->incarnation, 8);
+    assert_int_equal(cluster_map_broker(&copy, 2)->incarnation, 9);
+    assert_int_equal(cluster_map_broker(&copy, 1)->incarnation, 0);
+    cluster_map_free(&copy);
     cluster_map_free(&map);
 }
 
@@ -751,6 +815,7 @@ static uint32_t valid_commands(struct map_cmd *cmds)
     assert_int_equal(map_cmd_user_delete(&cmds[n++], B("u")), OK);
     assert_int_equal(map_cmd_vhost_delete(&cmds[n++], B("v2")), OK);
     assert_int_equal(map_cmd_broker_storage(&cmds[n++], 9, B("0123abcd")), OK);
+    assert_int_equal(map_cmd_broker_incarnation(&cmds[n++], 9, 77), OK);
     assert_int_equal(map_cmd_broker_leave(&cmds[n++], 9), OK);
     return n;
 }
@@ -1740,6 +1805,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_brokers),
+        cmocka_unit_test(test_broker_incarnation),
         cmocka_unit_test(test_vhosts_users),
         cmocka_unit_test(test_permissions_and_bootstrap),
         cmocka_unit_test(test_exchanges_bindings),

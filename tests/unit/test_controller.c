@@ -169,12 +169,12 @@ static void test_liveness(void **state)
     controller_config_default(&config);
     uint64_t now = 100000;
     struct controller_heard heard[] = {
-        {1, now - 10, false},   /* up, fine */
-        {2, now - 1500, false}, /* up -> suspect */
-        {3, now - 100, true},   /* reset -> down at once */
-        {4, now - 50, false},   /* suspect -> up */
-        {5, now - 20, false},   /* down -> up (restarted) */
-        {9, now - 99999, false} /* unknown broker: ignored */
+        {1, now - 10, false, 0},   /* up, fine */
+        {2, now - 1500, false, 0}, /* up -> suspect */
+        {3, now - 100, true, 0},   /* reset -> down at once */
+        {4, now - 50, false, 0},   /* suspect -> up */
+        {5, now - 20, false, 0},   /* down -> up (restarted) */
+        {9, now - 99999, false, 0} /* unknown broker: ignored */
     };
     struct map_cmd_list out;
     map_cmd_list_init(&out);
@@ -189,8 +189,8 @@ static void test_liveness(void **state)
     /* Time passes without news from 2: suspect -> down at 2 s. Draining
      * brokers stay draining while heard. A clock step back is "just heard". */
     must_apply(&map, map_cmd_broker_state(&c, 1, BROKER_STATE_DRAINING), &c);
-    struct controller_heard later[] = {{1, now + 1900, false}, {2, now - 1500, false},
-                                       {4, now + 5000, false}};
+    struct controller_heard later[] = {{1, now + 1900, false, 0}, {2, now - 1500, false, 0},
+                                       {4, now + 5000, false, 0}};
     assert_int_equal(controller_check_liveness(&map, &config, later, 3, now + 2000, &out), OK);
     assert_int_equal(out.count, 1);
     apply_all(&map, &out);
@@ -1374,6 +1374,89 @@ static void test_leader_tick(void **state)
     cluster_map_free(&map);
 }
 
+/* A backup that restarted while no leader could see it go (tests/sim seed
+ * 192: its primary, cut off, could not get it dropped) is still in sync in
+ * the map, with the replica its restart emptied. Its new incarnation is
+ * decided first and alone, before any broker.state: the primary's death
+ * then fails the queue over to the other in-sync backup, never to it, and
+ * with no other one the queue waits unavailable rather than served
+ * empty. */
+static void test_restart_leaves_in_sync_before_any_failover(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    small_map(&map, 4);
+    struct table none = {(const uint8_t *)"", 0};
+    declare(&map, "three", 3, false, none); /* 1, backups 2 and 3 */
+    declare(&map, "two", 2, false, none);   /* 1, backup 2 */
+    struct map_cmd c;
+    for (uint32_t id = 1; id <= 4; id++)
+        must_apply(&map, map_cmd_broker_incarnation(&c, id, 100 + id), &c);
+    uint32_t all[] = {2, 3}, two[] = {2};
+    const struct map_queue *q3 = cluster_map_queue(&map, B("/"), B("three"));
+    const struct map_queue *q2 = cluster_map_queue(&map, B("/"), B("two"));
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("three"), q3->epoch, all, 2), &c);
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("two"), q2->epoch, two, 1), &c);
+    struct controller_config config;
+    controller_config_default(&config);
+    struct controller_leader leader;
+    memset(&leader, 0, sizeof leader);
+    controller_leader_start(&leader, 1000);
+    /* 1 silent for 2 s (down due), 2 heard with a new process. */
+    struct controller_heard heard[4];
+    for (uint32_t i = 0; i < 4; i++)
+        heard[i] = (struct controller_heard){.broker_id = i + 1, .last_heard_ms = 3500,
+                                             .incarnation = 101 + i};
+    heard[0].last_heard_ms = 1000;
+    heard[1].incarnation = 202;
+    struct controller_observed seen = {.heard = heard, .heard_count = 4};
+    struct controller_actions a;
+    controller_actions_init(&a);
+    assert_int_equal(controller_leader_tick(&map, &config, &leader, &seen, 3500, &a), OK);
+    assert_int_equal(a.states.count, 1); /* the restart alone: 1's down waits for it */
+    assert_int_equal(a.state_ids[0], 2);
+    assert_int_equal(a.round.count, 0);
+    struct map_cmd_list states = a.states;
+    map_cmd_list_init(&a.states);
+    assert_int_equal(apply_all(&map, &states), 0);
+    controller_actions_free(&a);
+    assert_int_equal(cluster_map_broker(&map, 2)->incarnation, 202);
+    assert_false(map_queue_backup_in_sync(q3, 2));
+    assert_true(map_queue_backup_in_sync(q3, 3));
+    assert_int_equal(q2->in_sync_mask, 0);
+    /* Committed (its follow-up finds 2 up: nothing to fail over). Next:
+     * 1 goes down, and its failover promotes 3, not 2. */
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    controller_after_state(&map, &config, 2, &out);
+    apply_all(&map, &out);
+    controller_actions_init(&a);
+    controller_leader_tick(&map, &config, &leader, &seen, 3550, &a);
+    assert_int_equal(a.states.count, 1);
+    assert_int_equal(a.state_ids[0], 1);
+    states = a.states;
+    map_cmd_list_init(&a.states);
+    assert_int_equal(apply_all(&map, &states), 0);
+    controller_actions_free(&a);
+    map_cmd_list_init(&out);
+    assert_int_equal(controller_after_state(&map, &config, 1, &out), OK);
+    apply_all(&map, &out);
+    q3 = cluster_map_queue(&map, B("/"), B("three"));
+    q2 = cluster_map_queue(&map, B("/"), B("two"));
+    assert_int_equal(q3->primary_id, 3);
+    assert_true(q3->available);
+    assert_int_equal(q2->primary_id, 1); /* nothing in sync to promote: it waits for 1 */
+    assert_false(q2->available);
+    /* Heard again with the incarnation the map has: nothing more. */
+    controller_actions_init(&a);
+    heard[0].last_heard_ms = 3600;
+    controller_leader_liveness(&map, &config, &seen, 3600, &a);
+    for (uint32_t i = 0; i < a.states.count; i++)
+        assert_int_equal(a.state_ids[i], 1); /* (1 comes back up) */
+    controller_actions_free(&a);
+    cluster_map_free(&map);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1398,6 +1481,7 @@ int main(void)
         cmocka_unit_test(test_adopted_said_once_synced),
         cmocka_unit_test(test_leftover_adoptions_and_staged_copies),
         cmocka_unit_test(test_leader_tick),
+        cmocka_unit_test(test_restart_leaves_in_sync_before_any_failover),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,9 @@
  * Goal: a forward is taken only by the primary at a current epoch, relayed
  * only to a newer primary, parked only when our map lags; a backup takes a
  * stream only at an epoch its map has reached or passed, never as the
- * primary, and acks an old seq only from the epoch it came on; the lease needs a majority heard within its length.
+ * primary, and acks an old seq only from the epoch it came on; the lease
+ * needs a majority heard within its length, by heartbeats whose sender's
+ * map ours has reached.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -132,6 +134,47 @@ static void pause_minority_after_a_stale_lease_while_serving(void **state)
     assert_false(p.paused);
 }
 
+/* A heartbeat counts for the lease once our map reached its sender's
+ * (tests/sim seed 888: a deposed primary back in touch renewed its lease
+ * from the heartbeats of brokers whose maps had moved its queue away). */
+static void lease_counts_a_heartbeat_once_our_map_reached_its_senders(void **state)
+{
+    (void)state;
+    struct fence_heard h = {0};
+    fence_heard_note(&h, 100, true, 50, 50); /* the same map: counts */
+    assert_int_equal(fence_heard_ms(&h, 50), 100);
+    fence_heard_note(&h, 150, true, 40, 50); /* behind ours: counts */
+    assert_int_equal(fence_heard_ms(&h, 50), 150);
+    fence_heard_note(&h, 200, true, 60, 50); /* ahead: waits */
+    assert_int_equal(fence_heard_ms(&h, 50), 150);
+    assert_int_equal(fence_heard_ms(&h, 59), 150);
+    fence_heard_note(&h, 250, true, 70, 55); /* the oldest that waits stays */
+    assert_int_equal(fence_heard_ms(&h, 60), 200); /* ours reached 60: it counts, as of 200 */
+    assert_int_equal(fence_heard_ms(&h, 80), 200); /* (the one at 250 did not wait) */
+    fence_heard_note(&h, 300, false, 0, 1); /* a sender that does not say: at once */
+    assert_int_equal(fence_heard_ms(&h, 1), 300);
+    /* The low 32 bits, compared serially across a wrap. */
+    struct fence_heard w = {0};
+    uint64_t ours = (UINT64_C(7) << 32) | 0xFFFFFFF0u;
+    fence_heard_note(&w, 10, true, 0x00000005u, ours); /* ahead, past the wrap */
+    assert_int_equal(fence_heard_ms(&w, ours), 0);
+    assert_int_equal(fence_heard_ms(&w, ours + 0x15), 10);
+    fence_heard_note(&w, 20, true, 0xFFFFFFE0u, ours + 0x15); /* behind, before the wrap */
+    assert_int_equal(fence_heard_ms(&w, ours + 0x15), 20);
+    /* With the lease: a majority of 3 others (2) must count. */
+    struct fence_heard peers[3] = {{0}, {0}, {0}};
+    fence_heard_note(&peers[0], 1000, true, 9, 5);
+    fence_heard_note(&peers[1], 1000, true, 9, 5);
+    fence_heard_note(&peers[2], 1000, true, 5, 5);
+    uint64_t heard[3];
+    for (int i = 0; i < 3; i++)
+        heard[i] = fence_heard_ms(&peers[i], 5);
+    assert_int_equal(fence_lease_until(heard, 3, true, 1000), 0); /* one counts: no lease */
+    for (int i = 0; i < 3; i++)
+        heard[i] = fence_heard_ms(&peers[i], 9);
+    assert_int_equal(fence_lease_until(heard, 3, true, 1000), 2000);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -142,6 +185,7 @@ int main(void)
         cmocka_unit_test(replica_push_takes_newer_refuses_collisions),
         cmocka_unit_test(lease_needs_a_majority_heard),
         cmocka_unit_test(pause_minority_after_a_stale_lease_while_serving),
+        cmocka_unit_test(lease_counts_a_heartbeat_once_our_map_reached_its_senders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

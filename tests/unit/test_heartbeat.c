@@ -54,6 +54,41 @@ static void test_round_trip(void **state)
     assert_string_equal(out.cluster_address, "10.0.0.1:7001");
 }
 
+/* The process fields (HEARTBEAT_FLAG_PROCESS): the incarnation (24 bits)
+ * and the low 32 bits of the map version go in the header's spare bytes,
+ * which a decoder from before them ignores; a heartbeat without them (a
+ * sender from before) decodes with both 0; an incarnation 0 under the
+ * flag is refused. */
+static void test_process_fields(void **state)
+{
+    (void)state;
+    struct heartbeat hb = sample(), out;
+    hb.incarnation = 0xABCDEF;
+    hb.map_version = 0x89ABCDEFu;
+    uint8_t buf[HEARTBEAT_SIZE_MAX];
+    size_t n = heartbeat_encode(&hb, secret, SECRET_SIZE, buf);
+    assert_int_equal(n, HEARTBEAT_HEADER_SIZE + 2 + 13 + 13 + HEARTBEAT_MAC_SIZE);
+    assert_true(heartbeat_decode(secret, SECRET_SIZE, buf, n, &out));
+    assert_int_equal(out.incarnation, 0xABCDEF);
+    assert_int_equal(out.map_version, 0x89ABCDEFu);
+    assert_int_equal(out.alarms, HEARTBEAT_FLAG_DISK_ALARM);
+    assert_true(out.stopping);
+    assert_int_equal(out.id, 42);
+    assert_int_equal(buf[8], 13); /* the cluster address's size is where it was */
+    /* An old sender: no flag, zeros. */
+    struct heartbeat old = sample();
+    n = heartbeat_encode(&old, secret, SECRET_SIZE, buf);
+    assert_int_equal(buf[5] & HEARTBEAT_FLAG_PROCESS, 0);
+    for (size_t i = 9; i < 16; i++)
+        assert_int_equal(buf[i], 0);
+    assert_true(heartbeat_decode(secret, SECRET_SIZE, buf, n, &out));
+    assert_int_equal(out.incarnation, 0);
+    assert_int_equal(out.map_version, 0);
+    buf[5] |= HEARTBEAT_FLAG_PROCESS; /* the flag with incarnation 0, signed right */
+    assert_false(heartbeat_decode(secret, SECRET_SIZE, buf, resign(buf, n - HEARTBEAT_MAC_SIZE),
+                                  &out));
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -86,6 +121,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_process_fields),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
