@@ -378,6 +378,7 @@ enum map_op {
     MAP_OP_LIMIT_PUT,
     MAP_OP_LIMIT_DELETE,
     MAP_OP_QUEUE_ADOPTED,
+    MAP_OP_USERS_IMPORT,
     MAP_OP_COUNT
 };
 
@@ -521,6 +522,24 @@ int map_cmd_permission_delete(struct map_cmd *out, struct bytes user, struct byt
  * a snapshot's (the users array of cluster_map_snapshot_write). */
 int map_cmd_users_bootstrap(struct map_cmd *out, const struct map_user *const *users,
                             uint32_t count);
+/* users.import: a definitions import's users, vhosts and permissions
+ * (mgmt/api_definitions_users.c), applied all or nothing: users are put
+ * as user.put without "vhosts" puts them (an existing one keeps its other
+ * permissions), vhosts are created if new, then the permissions set; a
+ * permission may name a user or vhost of the same command. */
+struct map_import_user {
+    struct bytes name, password_hash;
+    const struct bytes *tags;
+    uint32_t tags_count;
+};
+struct map_import_permission {
+    struct bytes user, vhost;
+    struct bytes regexes[3];
+};
+int map_cmd_users_import(struct map_cmd *out, const struct map_import_user *users,
+                         uint32_t users_count, const struct bytes *vhosts, uint32_t vhosts_count,
+                         const struct map_import_permission *permissions,
+                         uint32_t permissions_count);
 int map_cmd_exchange_declare(struct map_cmd *out, const struct map_exchange_decl *decl);
 int map_cmd_exchange_delete(struct map_cmd *out, struct bytes vhost, struct bytes name,
                             bool if_unused);

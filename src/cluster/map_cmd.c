@@ -338,6 +338,54 @@ int map_cmd_users_bootstrap(struct map_cmd *out, const struct map_user *const *u
     return build(out, encode_bootstrap, &a);
 }
 
+struct import_args {
+    const struct map_import_user *users;
+    const struct bytes *vhosts;
+    const struct map_import_permission *permissions;
+    uint32_t users_count, vhosts_count, permissions_count;
+};
+
+static void encode_import(struct table_writer *w, const void *arg)
+{
+    const struct import_args *a = arg;
+    put_op(w, MAP_OP_USERS_IMPORT);
+    size_t mark = table_put_array_begin(w, "users");
+    for (uint32_t i = 0; i < a->users_count; i++) {
+        const struct map_import_user *u = &a->users[i];
+        size_t t = table_array_put_table_begin(w);
+        table_put_longstr(w, "name", u->name);
+        table_put_longstr(w, "password_hash", u->password_hash);
+        put_str_list(w, "tags", u->tags, u->tags_count);
+        table_put_table_end(w, t);
+    }
+    table_put_array_end(w, mark);
+    mark = table_put_array_begin(w, "vhosts");
+    for (uint32_t i = 0; i < a->vhosts_count; i++)
+        table_array_put_longstr(w, a->vhosts[i]);
+    table_put_array_end(w, mark);
+    mark = table_put_array_begin(w, "permissions");
+    for (uint32_t i = 0; i < a->permissions_count; i++) {
+        const struct map_import_permission *p = &a->permissions[i];
+        size_t t = table_array_put_table_begin(w);
+        table_put_longstr(w, "user", p->user);
+        table_put_longstr(w, "vhost", p->vhost);
+        for (int k = 0; k < 3; k++)
+            table_put_longstr(w, map__permission_keys[k], p->regexes[k]);
+        table_put_table_end(w, t);
+    }
+    table_put_array_end(w, mark);
+}
+
+int map_cmd_users_import(struct map_cmd *out, const struct map_import_user *users,
+                         uint32_t users_count, const struct bytes *vhosts, uint32_t vhosts_count,
+                         const struct map_import_permission *permissions,
+                         uint32_t permissions_count)
+{
+    struct import_args a = {users, vhosts, permissions, users_count, vhosts_count,
+                            permissions_count};
+    return build(out, encode_import, &a);
+}
+
 void map__encode_exchange(struct table_writer *w, const void *arg)
 {
     const struct exchange_args *a = arg;
