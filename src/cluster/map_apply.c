@@ -111,6 +111,28 @@ bool map__rebalance_parse(struct bytes name, enum map_rebalance *out)
     return false;
 }
 
+static const char *const reason_names[MAP_REASON_COUNT] = {
+    [MAP_REASON_NONE] = "none",         [MAP_REASON_FAILOVER] = "failover",
+    [MAP_REASON_RETURN] = "return",     [MAP_REASON_REPAIR] = "repair",
+    [MAP_REASON_MOVE] = "move",         [MAP_REASON_REBALANCE] = "rebalance",
+    [MAP_REASON_DRAIN] = "drain",       [MAP_REASON_POLICY] = "policy",
+    [MAP_REASON_FORGET] = "forget",     [MAP_REASON_SYNC] = "sync",
+};
+
+const char *map_reason_name(enum map_reason reason)
+{
+    return (unsigned)reason < MAP_REASON_COUNT ? reason_names[reason] : "none";
+}
+
+static enum map_reason reason_parse(struct bytes text)
+{
+    for (int i = 1; i < MAP_REASON_COUNT; i++) {
+        if (bytes_equal_cstr(text, reason_names[i]))
+            return (enum map_reason)i;
+    }
+    return MAP_REASON_NONE;
+}
+
 const char *map_op_name(enum map_op op)
 {
     return (unsigned)op < MAP_OP_COUNT ? op_names[op] : NULL;
@@ -1192,6 +1214,8 @@ int cluster_map_apply(struct cluster_map *map, const uint8_t *cmd, size_t size,
         c->vhost = v.str;
     if (table_get(ctx.reader.table, "name", &v) && v.kind == 'S')
         c->name = v.str;
+    if (table_get(ctx.reader.table, "reason", &v) && v.kind == 'S')
+        c->reason = reason_parse(v.str);
     int rc = map__dispatch(&ctx);
     map__free_removed_exchanges(map);
     ASSERT(rc == OK || rc == E_MAP_REFUSED || rc == E_SYNTAX);

@@ -76,6 +76,31 @@ static int build(struct map_cmd *out, encode_fn *encode, const void *arg)
     return E_LIMIT;
 }
 
+int map_cmd_set_reason(struct map_cmd *cmd, enum map_reason reason)
+{
+    uint8_t field[64];
+    struct table_writer w;
+    table_writer_init(&w, field, sizeof field);
+    table_put_longstr(&w, "reason", bytes_of_cstr(map_reason_name(reason)));
+    ASSERT(!w.overflow);
+    if (cmd->size + w.len > CLUSTER_CMD_SIZE_MAX)
+        return E_LIMIT;
+    /* A command is a table's fields, end to end: one more is appended. */
+    uint8_t *grown = realloc(cmd->bytes, cmd->size + w.len);
+    ASSERT(grown != NULL);
+    memcpy(grown + cmd->size, field, w.len);
+    cmd->bytes = grown;
+    cmd->size += w.len;
+    DEBUG_ASSERT(table_validate(cmd->bytes, (uint32_t)cmd->size) == OK);
+    return OK;
+}
+
+void map_cmd_list_set_reason(struct map_cmd_list *list, uint32_t from, enum map_reason reason)
+{
+    for (uint32_t i = from; i < list->count; i++)
+        (void)map_cmd_set_reason(&list->items[i], reason); /* too big: logged without */
+}
+
 static void put_op(struct table_writer *w, enum map_op op)
 {
     table_put_longstr(w, "op", bytes_of_cstr(map_op_name(op)));
