@@ -926,6 +926,10 @@ static int op_users_import(struct apply_ctx *ctx)
     int rc = import_check(ctx, &l);
     if (rc != OK)
         return rc;
+    /* An import does not make the map's users the brokers' (users_defined):
+     * one at a first start (quayd --definitions) may come before the
+     * users.bootstrap of a broker's users file, which must still apply. */
+    bool users_defined = ctx->map->users_defined;
     struct array_iter it;
     struct field_value e;
     array_iter_init(&it, l.vhosts.array);
@@ -947,7 +951,7 @@ static int op_users_import(struct apply_ctx *ctx)
         rc = permission_put(ctx, &r);
         ASSERT(rc == OK); /* checked */
     }
-    ctx->map->users_defined = true;
+    ctx->map->users_defined = users_defined;
     return OK;
 }
 

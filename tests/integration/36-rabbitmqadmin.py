@@ -611,6 +611,51 @@ def quayd_loads_definitions_at_start():
         shutil.rmtree(d, ignore_errors=True)
 
 
+@test(timeout=180)
+def quayd_loads_definitions_with_users_in_a_cluster():
+    """Three brokers started with the same definitions file (users, a vhost,
+    a permission, a queue): each applies it (users.import: the map's users,
+    vhosts and permissions), the users file still seeds the map (guest is
+    kept: an import does not take users.bootstrap's place), and the
+    imported user logs in on any broker."""
+    if not CLUSTERED:
+        print("# a cluster's: QUAY_TEST_MODE=cluster")
+        return
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                    "cluster"))
+    import clustertest
+    d = tempfile.mkdtemp(prefix="quay-defs-")
+    path = os.path.join(d, "defs.json")
+    json.dump({"users": [{"name": "boot-user", "tags": ["management"],
+                          "password_hash": "rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RND",
+                          "hashing_algorithm": "rabbit_password_hashing_sha256"}],
+               "vhosts": [{"name": "boot-v"}],
+               "permissions": [{"user": "boot-user", "vhost": "boot-v", "configure": ".*",
+                                "write": ".*", "read": ".*"}],
+               "queues": [{"name": "boot-vq", "vhost": "boot-v", "durable": True,
+                           "auto_delete": False, "arguments": {}}]}, open(path, "w"))
+    cluster = clustertest.Cluster()
+    try:
+        members = cluster.form(["a", "b", "c"], extra_args=["--definitions", path])
+
+        def logs_in(m):
+            try:
+                c = pika.BlockingConnection(pika.ConnectionParameters(
+                    "127.0.0.1", m.amqp_port, "boot-v", pika.PlainCredentials("boot-user", "pw2"),
+                    connection_attempts=1))
+            except pika.exceptions.AMQPError:
+                return False
+            c.channel().queue_declare("boot-vq", passive=True)
+            c.close()
+            return True
+        for m in members:
+            wait_until(lambda: logs_in(m), 30, 0.5, what="boot-user on %s" % m.name)
+            eq(sorted(u["name"] for u in m.api_get("/api/users")), ["boot-user", "guest"],
+               "the users on %s" % m.name)
+    finally:
+        cluster.close()
+        shutil.rmtree(d, ignore_errors=True)
+
 # ---- RabbitMQ 3.10, by hand -------------------------------------------------------
 
 class Rabbit:

@@ -1747,6 +1747,17 @@ static void test_users_import(void **state)
     struct map_cmd c_;
     APPLY_OK(&map, map_cmd_vhost_put(&c_, B("/")));
     struct bytes tags[] = {B("management")};
+    /* A map without users yet still takes a broker's users file after an
+     * import (quayd --definitions at a first start comes first). */
+    struct map_import_user early[] = {{B("early"), B("h9"), NULL, 0}};
+    APPLY_OK(&map, map_cmd_users_import(&c_, early, 1, NULL, 0, NULL, 0));
+    assert_false(map.users_defined);
+    struct map_user file_user = {.name = B("guest"), .password_hash = B("hg")};
+    const struct map_user *file[] = {&file_user};
+    APPLY_OK(&map, map_cmd_users_bootstrap(&c_, file, 1));
+    assert_true(map.users_defined);
+    assert_non_null(cluster_map_user(&map, B("guest")));
+    assert_non_null(cluster_map_user(&map, B("early")));
     APPLY_OK(&map, map_cmd_user_set(&c_, B("old"), B("h0"), NULL, 0));
     struct bytes all[] = {B(".*"), B(".*"), B(".*")};
     APPLY_OK(&map, map_cmd_permission_put(&c_, B("old"), B("/"), all));
@@ -1775,6 +1786,7 @@ static void test_users_import(void **state)
     /* The whole: a new user, a changed one keeping its permission on /. */
     APPLY_OK(&map, map_cmd_users_import(&c_, users, 2, vhosts, 2, perms, 2));
     assert_true(last.changed);
+
     assert_non_null(cluster_map_vhost(&map, B("v1")));
     struct map_user *n = cluster_map_user(&map, B("new"));
     assert_non_null(n);
