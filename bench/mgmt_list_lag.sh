@@ -76,14 +76,14 @@ median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (
 list_loop() { # http_port out: GET LIST_PATH back to back
   while :; do
     curl -s -u guest:guest -o /dev/null -w '%{time_total} %{size_download}\n' \
-      "http://127.0.0.1:$1$LIST_PATH" >>"$2"
+      "http://127.0.0.1:$1$LIST_PATH" >>"$2" || true
   done
 }
 
 lag_loop() { # http_port out: the loop lag gauge every 2 s
   while :; do
-    curl -s -u guest:guest "http://127.0.0.1:$1/metrics" |
-      sed -n 's/^quay_event_loop_lag_seconds //p' >>"$2"
+    { curl -s -m 5 -u guest:guest "http://127.0.0.1:$1/metrics" |
+        sed -n 's/^quay_event_loop_lag_seconds //p' >>"$2"; } || true
     sleep 2
   done
 }
@@ -101,9 +101,9 @@ run_one() { # label amqp_port http_port pid listed(0|1)
   # shellcheck disable=SC2086
   line=$("$BENCH_OUT/amqpbench" -p "$port" $ROW -d "$DURATION" --check \
          --watch-pid "$pid" | grep RESULT)
-  kill "$SAMPLER"; wait "$SAMPLER" 2>/dev/null || true; SAMPLER=
+  kill "$SAMPLER" 2>/dev/null || true; wait "$SAMPLER" 2>/dev/null || true; SAMPLER=
   if [ -n "$LISTER" ]; then
-    kill "$LISTER"; wait "$LISTER" 2>/dev/null || true; LISTER=
+    kill "$LISTER" 2>/dev/null || true; wait "$LISTER" 2>/dev/null || true; LISTER=
     lists="$(wc -l <"$TMP/lists")x_median_s=$(cut -d' ' -f1 "$TMP/lists" | median)"
     lists="${lists}_bytes=$(tail -1 "$TMP/lists" | cut -d' ' -f2)"
   fi

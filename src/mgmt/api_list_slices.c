@@ -5,9 +5,12 @@
  * Why: api_list_answer writes the whole list, parses it back and writes
  * it again, all in one loop turn: ~2-3 s for 50,000 queues (rabbitmqadmin
  * list queues asks for all of them), every client of the broker held
- * that long. Here an idle handle (as mgmt/metrics.c's scrape) does at
- * most API_LIST_SLICE_US of work per loop turn, so the message path runs
- * between slices:
+ * that long. Here a timer does at most API_LIST_SLICE_US of work a
+ * slice, and the next slice waits at least API_LIST_GAP_MS: the message
+ * path runs between slices and gets at least half the loop while lists
+ * are built back to back (a slice every loop turn, as /metrics's idle
+ * handle does, left it ~10%: 22,000 of 105,000 1 KiB msg/s, bench/
+ * RESULTS.md "Lists in slices"); a list takes about twice its CPU time:
  *
  *   ORDER  the source's items put in the default order (its compare), a
  *          merge sort of an index a few thousand steps per turn: a qsort
@@ -38,8 +41,10 @@
 #include "lib/log.h"
 #include "mgmt/json_tree.h"
 
-/* At most this much work per loop turn (as a /metrics scrape's slice). */
+/* At most this much work a slice (as a /metrics scrape's slice), then a
+ * pause of at least this long (libuv's timers count whole ms). */
 #define API_LIST_SLICE_US 1000u
+#define API_LIST_GAP_MS 1u
 /* Items between looks at the clock (an item costs a few us to ~20 us). */
 #define API_LIST_RUN 8u
 
@@ -127,12 +132,12 @@ struct row {
 };
 
 /* Owned by itself from api_list_answer_slices until answered or its
- * client is gone; freed once its idle handle has closed. */
+ * client is gone; freed once its timer has closed. */
 struct slices {
     struct http_call *call;        /* borrowed, until answered or cancelled */
     struct http_call_request req;  /* slices valid until the call is answered */
     struct api_list_source source;
-    uv_idle_t idle;
+    uv_timer_t timer;
     enum slices_phase phase;
     bool direct;                   /* items straight into body */
     bool needs_tree;               /* columns=, sort= or name= read each item */
@@ -180,8 +185,8 @@ static void slices_finish(struct slices *s)
     merge_free(&s->merge);
     s->rows = NULL;
     s->keys = NULL;
-    uv_idle_stop(&s->idle);
-    uv_close((uv_handle_t *)&s->idle, on_closed);
+    uv_timer_stop(&s->timer);
+    uv_close((uv_handle_t *)&s->timer, on_closed);
 }
 
 static void on_cancel(void *arg)
@@ -388,9 +393,9 @@ static bool run(struct slices *s)
     return false;
 }
 
-static void on_slice(uv_idle_t *idle)
+static void on_slice(uv_timer_t *timer)
 {
-    struct slices *s = idle->data;
+    struct slices *s = timer->data;
     uint64_t began_ns = uv_hrtime();
     uint64_t deadline_ns = began_ns + API_LIST_SLICE_US * 1000u;
     while (run(s) && uv_hrtime() < deadline_ns)
@@ -401,8 +406,10 @@ static void on_slice(uv_idle_t *idle)
     s->slices_count++;
     if (took_ns > s->slice_max_ns)
         s->slice_max_ns = took_ns;
-    if (s->phase != PHASE_DONE)
+    if (s->phase != PHASE_DONE) {
+        uv_timer_start(&s->timer, on_slice, API_LIST_GAP_MS, 0);
         return;
+    }
     LOG_DEBUG("http list: %zu items, %zu bytes in %llu us, %u slices, the longest %llu us",
               s->total, s->body.size, (unsigned long long)((uv_hrtime() - s->began_ns) / 1000u),
               s->slices_count, (unsigned long long)(s->slice_max_ns / 1000u));
@@ -463,8 +470,8 @@ void api_list_answer_slices(struct uv_loop_s *loop, struct http_call *call,
         merge_begin(&s->merge, source->count);
         s->phase = PHASE_ORDER;
     }
-    uv_idle_init(loop, &s->idle);
-    s->idle.data = s;
-    uv_idle_start(&s->idle, on_slice);
+    uv_timer_init(loop, &s->timer);
+    s->timer.data = s;
+    uv_timer_start(&s->timer, on_slice, 0, 0);
     http_call_on_cancel(call, on_cancel, s);
 }
