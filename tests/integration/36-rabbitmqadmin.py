@@ -452,6 +452,21 @@ def export_and_import_with_rabbitmqadmin():
         assert amqp_exists("adm-eq")
         bs = [b for b in admin_json("list", "bindings") if b["source"] == "adm-ex"]
         eq(len(bs), 1, "binding restored")
+        # A user, a vhost and a permission imported by rabbitmqadmin (RabbitMQ
+        # 3.10's hash of "pw2") log in over AMQP.
+        user_path = os.path.join(d, "user.json")
+        json.dump({"users": [{"name": "adm-user", "tags": "",
+                              "password_hash": "rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RND",
+                              "hashing_algorithm": "rabbit_password_hashing_sha256"}],
+                   "vhosts": [{"name": "adm-v"}],
+                   "permissions": [{"user": "adm-user", "vhost": "adm-v", "configure": "^adm-",
+                                    "write": ".*", "read": ".*"}]}, open(user_path, "w"))
+        admin("import", user_path)
+        wait_until(lambda: http_call("GET", "/api/permissions/adm-v/adm-user")[0] == 200, 10,
+                   what="the imported permission")
+        amqp_login(qbroker().port, "adm-user", "pw2", "adm-v", "adm-ok")
+        http_call("DELETE", "/api/users/adm-user")
+        http_call("DELETE", "/api/vhosts/adm-v")
         # Nothing of a refused import is applied.
         bad = dict(defs, queues=defs["queues"] + [{"name": "adm-never", "vhost": "/",
                                                   "durable": True, "auto_delete": False,
