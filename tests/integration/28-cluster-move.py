@@ -758,7 +758,7 @@ def the_logs_say_each_map_change_and_why():
     reason, one line per event (map_log.h), in text and in JSON (a fourth
     broker d with --log-format json): a planned move (move_started,
     backup_added, backup_in_sync, primary_moved, reason move) and a kill -9
-    failover (primary_moved reason failover, the dead backup removed)."""
+    failover (primary_moved reason failover), read from a text log and d's."""
     a, b = members["a"], members["b"]
     d = cluster.add("d", join=[a], extra_args=["--log-format", "json"])
     members["d"] = d
@@ -766,42 +766,55 @@ def the_logs_say_each_map_change_and_why():
     wait_until(lambda: all(m.view() and m.view().brokers.get("d") == "up" for m in (a, b)),
                30, what="d up everywhere")
     wait_until(lambda: "caught up with the map" in d.log_text(), 15, what="d caught up")
-    # A planned move of a queue from a to d, which is not its backup yet.
-    q = declare_until("log-mv", a, lambda i: i is not None and i["primary"] == "a" and
-                      i["backups"] == ["b"] and i["in_sync"] == ["b"], **{"x-quay-backups": 1})
+    # A planned move of a queue to the broker that is not its backup yet
+    # (placement decides where it is: d, new and empty, gets many).
+    live = {"a": a, "b": b, "d": d}
+    q = declare_until("log-mv", a, lambda i: i is not None and len(i["backups"]) == 1,
+                      **{"x-quay-backups": 1})
+    wait_until(lambda: queue_info(a, q)["in_sync"] == queue_info(a, q)["backups"], 10,
+               what="its backup in sync")
+    info = queue_info(a, q)
+    source = info["primary"]
+    target = next(n for n in live if n not in (source, info["backups"][0]))
     fill(a, q, 200)
-    move(a, q, "d")
-    wait_until(lambda: queue_info(a, q)["primary"] == "d", 30, what="the move to d")
+    move(a, q, target)
+    wait_until(lambda: queue_info(a, q)["primary"] == target, 30, what="the move")
     for m in (a, d):  # a logs text, d JSON
         wait_until(lambda: map_events(m, q, "primary_moved"), 10, what="the move in %s's log"
                    % m.name)
-        started = map_events(m, q, "move_started", to="d", reason="move")
+        started = map_events(m, q, "move_started", to=target, reason="move")
         assert len(started) == 1, map_events(m, q)
-        assert map_events(m, q, "backup_added", broker="d", reason="move"), map_events(m, q)
-        assert map_events(m, q, "backup_in_sync", broker="d", reason="sync"), map_events(m, q)
-        moved = map_events(m, q, "primary_moved", reason="move", to="d")
-        assert [x["from"] for x in moved] == ["a"], map_events(m, q)
-        assert moved[0]["primary"] == "d" and int(moved[0]["map_epoch"]) > int(
+        assert map_events(m, q, "backup_added", broker=target, reason="move"), map_events(m, q)
+        assert map_events(m, q, "backup_in_sync", broker=target, reason="sync"), \
+            map_events(m, q)
+        moved = map_events(m, q, "primary_moved", reason="move", to=target)
+        assert [x["from"] for x in moved] == [source], map_events(m, q)
+        assert moved[0]["primary"] == target and int(moved[0]["map_epoch"]) > int(
             started[0]["map_epoch"]) and int(moved[0]["queue_epoch"]) > 0, moved
-    # A kill -9: a queue whose primary is b fails over to its in-sync backup.
-    f = declare_until("log-fo", b, lambda i: i is not None and i["primary"] == "b" and
-                      len(i["in_sync"]) == 1, **{"x-quay-backups": 1})
-    backup = queue_info(b, f)["in_sync"][0]
-    b.kill()
-    wait_until(lambda: (queue_info(a, f) or {}).get("primary") == backup, 30,
+    # A kill -9: a queue whose primary is a or b fails over to its in-sync backup.
+    f = declare_until("log-fo", a, lambda i: i is not None and i["primary"] != "d" and
+                      len(i["backups"]) == 1, **{"x-quay-backups": 1})
+    wait_until(lambda: len(queue_info(a, f)["in_sync"]) == 1, 10, what="its backup in sync")
+    info = queue_info(a, f)
+    victim, backup = live[info["primary"]], info["in_sync"][0]
+    survivor = a if victim is b else b
+    victim.kill()
+    wait_until(lambda: (queue_info(survivor, f) or {}).get("primary") == backup, 30,
                what="the failover of %s" % f)
-    for m in (a, d):
+    for m in (survivor, d):
         wait_until(lambda: map_events(m, f, "primary_moved", reason="failover"), 10,
                    what="the failover in %s's log" % m.name)
         moved = map_events(m, f, "primary_moved", reason="failover")
         eq_ = [(x["from"], x["to"], x["primary"]) for x in moved]
-        assert eq_ == [("b", backup, backup)], map_events(m, f)
+        assert eq_ == [(victim.name, backup, backup)], map_events(m, f)
     # The JSON lines are objects whose members are the fields.
-    line = next(x for x in d.log_text().splitlines() if '"event":"primary_moved"' in x)
+    line = next(x for x in d.log_text().splitlines()
+                if '"event":"primary_moved"' in x and '"queue":"%s"' % f in x)
     assert json.loads(line)["message"] == "cluster map change", line
-    assert json.loads(line)["in_sync"] in ("-", "a", "d"), line
-    b.start()
-    wait_until(lambda: a.view() and a.view().brokers.get("b") == "up", 30, what="b back")
+    assert json.loads(line)["from"] == victim.name, line
+    victim.start()
+    wait_until(lambda: survivor.view() and survivor.view().brokers.get(victim.name) == "up", 30,
+               what="%s back" % victim.name)
 
 
 if __name__ == "__main__":
