@@ -45,9 +45,10 @@ PIDS=()
 LISTER=
 SAMPLER=
 cleanup() {
+  set +e # (a run that failed under set -e left its brokers running)
   [ -n "$LISTER" ] && kill "$LISTER" 2>/dev/null
   [ -n "$SAMPLER" ] && kill "$SAMPLER" 2>/dev/null
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null || true
   rm -rf "$TMP"
 }
