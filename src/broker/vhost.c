@@ -27,6 +27,15 @@ static const struct {
     {"amq.rabbitmq.trace", EXCHANGE_TOPIC, true},
 };
 
+bool vhost_predeclared(struct bytes name)
+{
+    for (size_t i = 0; i < ARRAY_SIZE(predeclared); i++) {
+        if (bytes_equal_cstr(name, predeclared[i].name))
+            return true;
+    }
+    return false;
+}
+
 struct vhost *vhost_new(struct broker *broker, struct bytes name)
 {
     struct vhost *vhost = calloc(1, sizeof *vhost);

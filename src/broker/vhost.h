@@ -41,6 +41,9 @@ struct vhost {
 };
 
 struct vhost *vhost_new(struct broker *broker, struct bytes name);
+/* Whether every new vhost has an exchange of that name (the default one
+ * "" and amq.*). */
+bool vhost_predeclared(struct bytes name);
 void vhost_free(struct vhost *vhost);
 
 static inline struct exchange *vhost_exchange(struct vhost *vhost, struct bytes name)

@@ -200,6 +200,10 @@ struct map_queue {
      * drops it: controller_repair); the primary stays. BROKER_ID_NONE for a
      * primary move or none; else one of backup_ids, and move_to is set. */
     uint32_t move_from;
+    /* Why the move in progress was started (enum map_reason), for the log
+     * of its handover; kept by every broker's apply alike, not in
+     * snapshots (a restored map's move logs "move"). */
+    uint8_t move_reason;
     /* queue.take_over: the dead broker whose log on shared storage the
      * primary adopted when it got the queue, or BROKER_ID_NONE. Any later
      * change of primary clears it. */
@@ -384,11 +388,30 @@ enum map_op {
     MAP_OP_LIMIT_DELETE,
     MAP_OP_QUEUE_ADOPTED,
     MAP_OP_BROKER_INCARNATION,
+    MAP_OP_USERS_IMPORT,
     MAP_OP_COUNT
 };
 
 /* The wire name of an op ("queue.declare"), NULL for an unknown one. */
 const char *map_op_name(enum map_op op);
+
+/* Why a queue's placement changed: a command's optional "reason", set by
+ * whoever proposed it (map_cmd_set_reason), read back into map_change for
+ * the log of every map change (map_log.c). Old commands have none. */
+enum map_reason {
+    MAP_REASON_NONE = 0,
+    MAP_REASON_FAILOVER,  /* the primary (or a backup) went down */
+    MAP_REASON_RETURN,    /* a broker came back: its queues given back */
+    MAP_REASON_REPAIR,    /* the controller's sweep: copies short, or a move's end */
+    MAP_REASON_MOVE,      /* an operator's move (/api/cluster/...: cluster/moves.c) */
+    MAP_REASON_REBALANCE,
+    MAP_REASON_DRAIN,
+    MAP_REASON_POLICY,    /* a replication policy changed the factor */
+    MAP_REASON_FORGET,    /* a dead broker was forgotten */
+    MAP_REASON_SYNC,      /* the primary reports its backups' sync */
+    MAP_REASON_COUNT
+};
+const char *map_reason_name(enum map_reason reason);
 
 struct map_binding_decl {
     struct bytes vhost;
@@ -424,6 +447,15 @@ struct map_change {
     bool planned; /* queue.set_owner: a planned handover (the old primary handed it
                    * over, nothing pending), not a failover */
     bool with_replica; /* queue.take_over: by an in-sync backup keeping its replica */
+    enum map_reason reason; /* the command's "reason", if any */
+    /* A queue.* command on an existing queue: its placement before (logs). */
+    bool has_before;
+    struct {
+        uint32_t primary_id, move_to;
+        uint32_t backup_ids[CLUSTER_BACKUPS_MAX];
+        uint8_t backups_count, in_sync_mask, move_reason;
+        bool available;
+    } before;
     /* Cascades (vhost.delete, exchange.delete, queue.delete). */
     uint32_t queues_deleted_count;
     uint32_t exchanges_deleted_count;
@@ -462,6 +494,10 @@ void map_cmd_list_init(struct map_cmd_list *list);
 void map_cmd_list_free(struct map_cmd_list *list);
 /* Moves cmd into the list (cmd is emptied). */
 void map_cmd_list_push(struct map_cmd_list *list, struct map_cmd *cmd);
+/* Adds "reason" to a built command (to each of a list's from index from
+ * on): OK, or E_LIMIT (the command unchanged). */
+int map_cmd_set_reason(struct map_cmd *cmd, enum map_reason reason);
+void map_cmd_list_set_reason(struct map_cmd_list *list, uint32_t from, enum map_reason reason);
 
 /* The arguments of queue.declare (and of a queue in a snapshot). */
 struct map_queue_decl {
@@ -533,6 +569,24 @@ int map_cmd_permission_delete(struct map_cmd *out, struct bytes user, struct byt
  * a snapshot's (the users array of cluster_map_snapshot_write). */
 int map_cmd_users_bootstrap(struct map_cmd *out, const struct map_user *const *users,
                             uint32_t count);
+/* users.import: a definitions import's users, vhosts and permissions
+ * (mgmt/api_definitions_users.c), applied all or nothing: users are put
+ * as user.put without "vhosts" puts them (an existing one keeps its other
+ * permissions), vhosts are created if new, then the permissions set; a
+ * permission may name a user or vhost of the same command. */
+struct map_import_user {
+    struct bytes name, password_hash;
+    const struct bytes *tags;
+    uint32_t tags_count;
+};
+struct map_import_permission {
+    struct bytes user, vhost;
+    struct bytes regexes[3];
+};
+int map_cmd_users_import(struct map_cmd *out, const struct map_import_user *users,
+                         uint32_t users_count, const struct bytes *vhosts, uint32_t vhosts_count,
+                         const struct map_import_permission *permissions,
+                         uint32_t permissions_count);
 int map_cmd_exchange_declare(struct map_cmd *out, const struct map_exchange_decl *decl);
 int map_cmd_exchange_delete(struct map_cmd *out, struct bytes vhost, struct bytes name,
                             bool if_unused);

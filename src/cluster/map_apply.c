@@ -83,6 +83,7 @@ static const char *const op_names[MAP_OP_COUNT] = {
     [MAP_OP_PERMISSION_PUT] = "permission.put",
     [MAP_OP_PERMISSION_DELETE] = "permission.delete",
     [MAP_OP_USERS_BOOTSTRAP] = "users.bootstrap",
+    [MAP_OP_USERS_IMPORT] = "users.import",
     [MAP_OP_LIMIT_PUT] = "limit.put",
     [MAP_OP_LIMIT_DELETE] = "limit.delete",
     [MAP_OP_QUEUE_ADOPTED] = "queue.adopted",
@@ -109,6 +110,28 @@ bool map__rebalance_parse(struct bytes name, enum map_rebalance *out)
         }
     }
     return false;
+}
+
+static const char *const reason_names[MAP_REASON_COUNT] = {
+    [MAP_REASON_NONE] = "none",         [MAP_REASON_FAILOVER] = "failover",
+    [MAP_REASON_RETURN] = "return",     [MAP_REASON_REPAIR] = "repair",
+    [MAP_REASON_MOVE] = "move",         [MAP_REASON_REBALANCE] = "rebalance",
+    [MAP_REASON_DRAIN] = "drain",       [MAP_REASON_POLICY] = "policy",
+    [MAP_REASON_FORGET] = "forget",     [MAP_REASON_SYNC] = "sync",
+};
+
+const char *map_reason_name(enum map_reason reason)
+{
+    return (unsigned)reason < MAP_REASON_COUNT ? reason_names[reason] : "none";
+}
+
+static enum map_reason reason_parse(struct bytes text)
+{
+    for (int i = 1; i < MAP_REASON_COUNT; i++) {
+        if (bytes_equal_cstr(text, reason_names[i]))
+            return (enum map_reason)i;
+    }
+    return MAP_REASON_NONE;
 }
 
 const char *map_op_name(enum map_op op)
@@ -734,16 +757,18 @@ static int op_user_delete(struct apply_ctx *ctx)
     return OK;
 }
 
-static int op_permission_put(struct apply_ctx *ctx)
+/* Sets the permission r reads (permission.put's fields). */
+static int permission_put(struct apply_ctx *ctx, struct cmd_reader *r)
 {
-    struct cmd_reader *r = &ctx->reader;
     struct bytes user = map__read_name(r, "user");
     struct bytes vhost = map__read_name(r, "vhost");
     struct bytes texts[3];
     for (int k = 0; k < 3; k++)
         texts[k] = map__read_str(r, map__permission_keys[k], 0, CLUSTER_NAME_SIZE_MAX);
-    if (r->bad_key)
+    if (r->bad_key) {
+        ctx->reader.bad_key = r->bad_key;
         return map__malformed(ctx);
+    }
     struct map_user *u = cluster_map_user(ctx->map, user);
     if (u == NULL)
         return map__refuse(ctx, REPLY_NOT_FOUND, false, "no user '%.*s'", BYTES_ARG(user));
@@ -776,6 +801,11 @@ static int op_permission_put(struct apply_ctx *ctx)
         }
     }
     return OK;
+}
+
+static int op_permission_put(struct apply_ctx *ctx)
+{
+    return permission_put(ctx, &ctx->reader);
 }
 
 static int op_permission_delete(struct apply_ctx *ctx)
@@ -833,6 +863,136 @@ static int op_users_bootstrap(struct apply_ctx *ctx)
     }
     ctx->map->users_defined = true;
     ctx->change->changed = true;
+    return OK;
+}
+
+/* users.import's arrays: each present, an array. */
+struct import_lists {
+    struct field_value users, vhosts, permissions;
+};
+
+static bool import_array(struct apply_ctx *ctx, const char *key, struct field_value *out)
+{
+    if (table_get(ctx->reader.table, key, out) && out->kind == 'A')
+        return true;
+    map__reader_fail(&ctx->reader, key);
+    return false;
+}
+
+/* Whether the import's users (a table each) or vhosts (strings) name it. */
+static bool import_names(const struct field_value *list, bool tables, struct bytes name)
+{
+    struct array_iter it;
+    array_iter_init(&it, list->array);
+    struct field_value e;
+    while (array_iter_next(&it, &e)) {
+        struct bytes b = e.str;
+        if (tables) {
+            struct cmd_reader r = {e.table, NULL};
+            b = map__read_name(&r, "name");
+        }
+        if (bytes_equal(b, name))
+            return true;
+    }
+    return false;
+}
+
+/* The check pass of users.import: every item well formed, every limit
+ * kept, every permission's user and vhost in the map or the command. */
+static int import_check(struct apply_ctx *ctx, const struct import_lists *l)
+{
+    struct cluster_map *map = ctx->map;
+    uint64_t new_users = 0, new_vhosts = 0;
+    struct array_iter it;
+    struct field_value e;
+    array_iter_init(&it, l->users.array);
+    while (array_iter_next(&it, &e)) {
+        struct cmd_reader r = {e.kind == 'F' ? e.table : (struct table){NULL, 0}, NULL};
+        struct user_fields f;
+        read_user(&r, &f, NULL, NULL, NULL);
+        if (e.kind != 'F' || f.has_vhosts) {
+            map__reader_fail(&ctx->reader, "users");
+            return map__malformed(ctx);
+        }
+        r.bad_key = NULL;
+        int rc = user_apply(ctx, &r, false, true);
+        if (rc != OK)
+            return rc;
+        new_users += cluster_map_user(map, f.name) == NULL;
+    }
+    array_iter_init(&it, l->vhosts.array);
+    while (array_iter_next(&it, &e)) {
+        if (e.kind != 'S' || e.str.len == 0 || e.str.len > CLUSTER_NAME_SIZE_MAX) {
+            map__reader_fail(&ctx->reader, "vhosts");
+            return map__malformed(ctx);
+        }
+        new_vhosts += cluster_map_vhost(map, e.str) == NULL;
+    }
+    if (map->users_count + new_users > CLUSTER_USERS_MAX)
+        return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false, "user limit reached");
+    if (map->vhosts_count + new_vhosts > CLUSTER_VHOSTS_MAX)
+        return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false, "vhost limit reached");
+    array_iter_init(&it, l->permissions.array);
+    while (array_iter_next(&it, &e)) {
+        struct cmd_reader r = {e.kind == 'F' ? e.table : (struct table){NULL, 0}, NULL};
+        struct bytes user = map__read_name(&r, "user");
+        struct bytes vhost = map__read_name(&r, "vhost");
+        struct bytes texts[3];
+        for (int k = 0; k < 3; k++)
+            texts[k] = map__read_str(&r, map__permission_keys[k], 0, CLUSTER_NAME_SIZE_MAX);
+        if (e.kind != 'F' || r.bad_key != NULL) {
+            map__reader_fail(&ctx->reader, "permissions");
+            return map__malformed(ctx);
+        }
+        if (cluster_map_user(map, user) == NULL && !import_names(&l->users, true, user))
+            return map__refuse(ctx, REPLY_NOT_FOUND, false, "no user '%.*s'", BYTES_ARG(user));
+        if (cluster_map_vhost(map, vhost) == NULL && !import_names(&l->vhosts, false, vhost))
+            return map__refuse(ctx, REPLY_NOT_FOUND, false, "no vhost '%.*s'",
+                               BYTES_ARG(vhost));
+        int rc = check_regexes(ctx, texts, 3);
+        if (rc != OK)
+            return rc;
+    }
+    return OK;
+}
+
+/* users.import {users, vhosts, permissions}: all or nothing, checked first
+ * (map.h). */
+static int op_users_import(struct apply_ctx *ctx)
+{
+    struct import_lists l;
+    if (!import_array(ctx, "users", &l.users) || !import_array(ctx, "vhosts", &l.vhosts) ||
+        !import_array(ctx, "permissions", &l.permissions))
+        return map__malformed(ctx);
+    int rc = import_check(ctx, &l);
+    if (rc != OK)
+        return rc;
+    /* An import does not make the map's users the brokers' (users_defined):
+     * one at a first start (quayd --definitions) may come before the
+     * users.bootstrap of a broker's users file, which must still apply. */
+    bool users_defined = ctx->map->users_defined;
+    struct array_iter it;
+    struct field_value e;
+    array_iter_init(&it, l.vhosts.array);
+    while (array_iter_next(&it, &e)) {
+        if (cluster_map_vhost(ctx->map, e.str) == NULL) {
+            vhost_insert(ctx->map, e.str);
+            ctx->change->changed = true;
+        }
+    }
+    array_iter_init(&it, l.users.array);
+    while (array_iter_next(&it, &e)) {
+        struct cmd_reader r = {e.table, NULL};
+        rc = user_apply(ctx, &r, false, false);
+        ASSERT(rc == OK); /* checked */
+    }
+    array_iter_init(&it, l.permissions.array);
+    while (array_iter_next(&it, &e)) {
+        struct cmd_reader r = {e.table, NULL};
+        rc = permission_put(ctx, &r);
+        ASSERT(rc == OK); /* checked */
+    }
+    ctx->map->users_defined = users_defined;
     return OK;
 }
 
@@ -1057,6 +1217,7 @@ int map__dispatch(struct apply_ctx *ctx)
     case MAP_OP_PERMISSION_PUT: return op_permission_put(ctx);
     case MAP_OP_PERMISSION_DELETE: return op_permission_delete(ctx);
     case MAP_OP_USERS_BOOTSTRAP: return op_users_bootstrap(ctx);
+    case MAP_OP_USERS_IMPORT: return op_users_import(ctx);
     case MAP_OP_LIMIT_PUT: return op_limit(ctx, true);
     case MAP_OP_LIMIT_DELETE: return op_limit(ctx, false);
     case MAP_OP_NONE:
@@ -1099,6 +1260,8 @@ int cluster_map_apply(struct cluster_map *map, const uint8_t *cmd, size_t size,
         c->vhost = v.str;
     if (table_get(ctx.reader.table, "name", &v) && v.kind == 'S')
         c->name = v.str;
+    if (table_get(ctx.reader.table, "reason", &v) && v.kind == 'S')
+        c->reason = reason_parse(v.str);
     int rc = map__dispatch(&ctx);
     map__free_removed_exchanges(map);
     ASSERT(rc == OK || rc == E_MAP_REFUSED || rc == E_SYNTAX);

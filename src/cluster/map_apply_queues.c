@@ -511,6 +511,15 @@ static struct map_queue *find_queue_cas(struct apply_ctx *ctx, bool epoch_requir
     }
     ctx->change->previous_epoch = q->epoch;
     ctx->change->previous_primary_id = q->primary_id;
+    struct map_change *c = ctx->change;
+    c->has_before = true;
+    c->before.primary_id = q->primary_id;
+    c->before.move_to = q->move_to;
+    memcpy(c->before.backup_ids, q->backup_ids, sizeof q->backup_ids);
+    c->before.backups_count = q->backups_count;
+    c->before.in_sync_mask = q->in_sync_mask;
+    c->before.move_reason = q->move_reason;
+    c->before.available = q->available;
     if (expected != 0 && q->epoch != expected) {
         *rc = map__refuse(ctx, REPLY_PRECONDITION_FAILED, true,
                           "queue '%.*s' in vhost '%.*s' is at epoch %llu, not %llu",
@@ -690,6 +699,9 @@ int map__op_queue_move(struct apply_ctx *ctx)
         ctx->change->changed = true;
     }
     ctx->change->changed |= q->move_to != to || q->move_from != from;
+    if (q->move_to != to)
+        q->move_reason = ctx->change->reason != MAP_REASON_NONE ? ctx->change->reason
+                                                                : MAP_REASON_MOVE;
     q->move_to = to;
     q->move_from = from;
     return OK;

@@ -76,6 +76,31 @@ static int build(struct map_cmd *out, encode_fn *encode, const void *arg)
     return E_LIMIT;
 }
 
+int map_cmd_set_reason(struct map_cmd *cmd, enum map_reason reason)
+{
+    uint8_t field[64];
+    struct table_writer w;
+    table_writer_init(&w, field, sizeof field);
+    table_put_longstr(&w, "reason", bytes_of_cstr(map_reason_name(reason)));
+    ASSERT(!w.overflow);
+    if (cmd->size + w.len > CLUSTER_CMD_SIZE_MAX)
+        return E_LIMIT;
+    /* A command is a table's fields, end to end: one more is appended. */
+    uint8_t *grown = realloc(cmd->bytes, cmd->size + w.len);
+    ASSERT(grown != NULL);
+    memcpy(grown + cmd->size, field, w.len);
+    cmd->bytes = grown;
+    cmd->size += w.len;
+    DEBUG_ASSERT(table_validate(cmd->bytes, (uint32_t)cmd->size) == OK);
+    return OK;
+}
+
+void map_cmd_list_set_reason(struct map_cmd_list *list, uint32_t from, enum map_reason reason)
+{
+    for (uint32_t i = from; i < list->count; i++)
+        (void)map_cmd_set_reason(&list->items[i], reason); /* too big: logged without */
+}
+
 static void put_op(struct table_writer *w, enum map_op op)
 {
     table_put_longstr(w, "op", bytes_of_cstr(map_op_name(op)));
@@ -347,6 +372,54 @@ int map_cmd_users_bootstrap(struct map_cmd *out, const struct map_user *const *u
 {
     struct bootstrap_args a = {users, count};
     return build(out, encode_bootstrap, &a);
+}
+
+struct import_args {
+    const struct map_import_user *users;
+    const struct bytes *vhosts;
+    const struct map_import_permission *permissions;
+    uint32_t users_count, vhosts_count, permissions_count;
+};
+
+static void encode_import(struct table_writer *w, const void *arg)
+{
+    const struct import_args *a = arg;
+    put_op(w, MAP_OP_USERS_IMPORT);
+    size_t mark = table_put_array_begin(w, "users");
+    for (uint32_t i = 0; i < a->users_count; i++) {
+        const struct map_import_user *u = &a->users[i];
+        size_t t = table_array_put_table_begin(w);
+        table_put_longstr(w, "name", u->name);
+        table_put_longstr(w, "password_hash", u->password_hash);
+        put_str_list(w, "tags", u->tags, u->tags_count);
+        table_put_table_end(w, t);
+    }
+    table_put_array_end(w, mark);
+    mark = table_put_array_begin(w, "vhosts");
+    for (uint32_t i = 0; i < a->vhosts_count; i++)
+        table_array_put_longstr(w, a->vhosts[i]);
+    table_put_array_end(w, mark);
+    mark = table_put_array_begin(w, "permissions");
+    for (uint32_t i = 0; i < a->permissions_count; i++) {
+        const struct map_import_permission *p = &a->permissions[i];
+        size_t t = table_array_put_table_begin(w);
+        table_put_longstr(w, "user", p->user);
+        table_put_longstr(w, "vhost", p->vhost);
+        for (int k = 0; k < 3; k++)
+            table_put_longstr(w, map__permission_keys[k], p->regexes[k]);
+        table_put_table_end(w, t);
+    }
+    table_put_array_end(w, mark);
+}
+
+int map_cmd_users_import(struct map_cmd *out, const struct map_import_user *users,
+                         uint32_t users_count, const struct bytes *vhosts, uint32_t vhosts_count,
+                         const struct map_import_permission *permissions,
+                         uint32_t permissions_count)
+{
+    struct import_args a = {users, vhosts, permissions, users_count, vhosts_count,
+                            permissions_count};
+    return build(out, encode_import, &a);
 }
 
 void map__encode_exchange(struct table_writer *w, const void *arg)

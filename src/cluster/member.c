@@ -529,6 +529,7 @@ bool member_set_in_sync(struct member *member, struct queue *queue, uint64_t epo
     struct map_cmd cmd;
     if (map_cmd_queue_set_in_sync(&cmd, queue->vhost->name, queue->name, epoch, ids, n) != OK)
         return false;
+    (void)map_cmd_set_reason(&cmd, MAP_REASON_SYNC);
     cluster_node_submit(member->node, &cmd, on_in_sync_done, member);
     return true;
 }
@@ -835,6 +836,7 @@ int member_forget(void *ctx, const char *request, size_t request_size, struct js
     map_cmd_list_init(&list);
     struct controller_forget_report report;
     controller_forget(map, cluster_node_controller_config(member->node), b->id, &list, &report);
+    map_cmd_list_set_reason(&list, 0, MAP_REASON_FORGET);
     switch (report.refusal) {
     case CONTROLLER_FORGET_OK:
         break;

@@ -512,8 +512,8 @@ void mirror_change(struct member *member, const struct map_change *c)
     }
 }
 
-/* users.bootstrap made the vhosts its users name (no vhost.put of their
- * own) and the users. */
+/* users.bootstrap and users.import made vhosts (no vhost.put of their
+ * own) and users. */
 static void mirror_bootstrap(struct member *member, const struct map_change *c)
 {
     if (!c->changed)
@@ -588,6 +588,7 @@ static void mirror_apply(struct member *member, const struct map_change *c)
         mirror_users(member); /* its permissions went with it */
         return;
     case MAP_OP_USERS_BOOTSTRAP:
+    case MAP_OP_USERS_IMPORT:
         mirror_bootstrap(member, c);
         return;
     case MAP_OP_USER_PUT:

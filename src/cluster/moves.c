@@ -142,6 +142,8 @@ int moves_prepare(struct member *member, const char *request, size_t request_siz
     int rc = replaced ? map_cmd_queue_move_backup(cmd, q->vhost->name, q->name, q->epoch,
                                                   replaced->id, to->id)
                       : map_cmd_queue_move(cmd, q->vhost->name, q->name, q->epoch, to->id);
+    if (rc == OK)
+        rc = map_cmd_set_reason(cmd, MAP_REASON_MOVE);
     if (rc != OK)
         return member_api_error(body, 400, "the names do not fit a map command");
     const struct map_broker *from = replaced ? replaced : cluster_map_broker(map, q->primary_id);
@@ -393,7 +395,7 @@ int moves_offload_post(void *ctx, const char *request, size_t request_size, stru
         const struct map_queue *q = map->queues[i];
         struct map_cmd cmd;
         if (picked[i] && map_cmd_queue_move(&cmd, q->vhost->name, q->name, q->epoch, to->id) == OK)
-            cluster_node_submit(member->node, &cmd, on_moved, member);
+            cluster_node_submit(member->node, &cmd, on_moved, member); /* no reason: "move" */
     }
     free(picked);
     LOG_INFO("cluster: offloading %u queue(s) from broker '%s' to '%s' (asked through the "

@@ -24,6 +24,7 @@
  */
 #include "cluster/node.h"
 #include "cluster/node_int.h"
+#include "cluster/map_log.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -130,9 +131,9 @@ static void log_change(struct cluster_node *node, int rc, const struct map_chang
     const char *op = map_op_name(change->op) ? map_op_name(change->op) : "?";
     if (rc == OK && (change->queue != NULL || change->op == MAP_OP_QUEUE_DELETE ||
                      change->op == MAP_OP_BIND || change->op == MAP_OP_UNBIND)) {
-        /* Thousands at once in a failover: the controller logs a summary. */
         LOG_DEBUG("cluster map epoch=%llu: %s %.*s%s", epoch, op, (int)change->name.len,
                   (const char *)change->name.ptr, change->changed ? "" : " (no change)");
+        map_log_change(&node->map, change); /* a line per placement event, with why */
         return;
     }
     char brokers[768];
@@ -468,6 +469,8 @@ static void after_state(struct cluster_node *node, uint32_t broker_id)
     struct map_cmd_list list;
     map_cmd_list_init(&list);
     controller_after_state(&node->map, &node->controller, broker_id, &list);
+    map_cmd_list_set_reason(&list, 0, b->state == BROKER_STATE_DOWN ? MAP_REASON_FAILOVER
+                                                                    : MAP_REASON_RETURN);
     if (list.count > 0)
         LOG_INFO("cluster: controller: broker %.*s is %s: %u change(s) proposed",
                  (int)b->name.len, (const char *)b->name.ptr, broker_state_name(b->state),
@@ -631,6 +634,16 @@ static void controller_decide(struct cluster_node *node, uint64_t now)
     node->ctl.round.auto_rebalance = node->auto_rebalance;
     controller_leader_tick(&node->map, &node->controller, &node->ctl, &seen, now, &a);
     log_actions(&a);
+    static const enum map_reason round_reasons[] = {
+        [CONTROLLER_ROUND_REPAIR] = MAP_REASON_REPAIR,
+        [CONTROLLER_ROUND_DRAIN] = MAP_REASON_DRAIN,
+        [CONTROLLER_ROUND_REBALANCE] = MAP_REASON_REBALANCE,
+        [CONTROLLER_ROUND_REBALANCED] = MAP_REASON_REBALANCE,
+        [CONTROLLER_ROUND_REBALANCE_MODE] = MAP_REASON_REBALANCE,
+        [CONTROLLER_ROUND_NOTHING] = MAP_REASON_NONE,
+    };
+    map_cmd_list_set_reason(&a.round, 0, round_reasons[a.round_kind]);
+    map_cmd_list_set_reason(&a.policies, 0, MAP_REASON_POLICY);
     propose_states(node, &a);
     propose_list(node, &a.round, PROPOSAL_OTHER, node->id);
     propose_list(node, &a.policies, PROPOSAL_POLICY, node->id);

@@ -158,6 +158,13 @@ static void close_level(struct json *json, char c, bool object)
     after_value(json);
 }
 
+void json_value_text(struct json *json, const char *text, size_t size)
+{
+    before_value(json);
+    put(json, text, size);
+    after_value(json);
+}
+
 void json_object_begin(struct json *json)
 {
     open_level(json, '{', true);

@@ -194,6 +194,8 @@ struct import {
     struct json_tree tree;
     struct bytes only;             /* the path's vhost (POST /api/definitions/{vhost}), or none */
     uint8_t only_text[256];
+    struct definitions_users users; /* owned: the users, vhosts and permissions */
+    struct definitions_users_apply users_apply;
     struct step *steps;            /* owned */
     uint32_t count, cap;
     uint32_t batch_end;            /* steps [next, batch_end) are in flight */
@@ -204,6 +206,7 @@ struct import {
 static void import_free(struct import *im)
 {
     OPENSSL_cleanse(im->password, sizeof im->password);
+    api_definitions_users_free(&im->users);
     for (uint32_t i = 0; i < im->count; i++)
         free(im->steps[i].arguments);
     free(im->steps);
@@ -236,20 +239,35 @@ static bool short_member(const struct json_tree *tree, const struct json_node *i
     return true;
 }
 
-/* The item's vhost: the path's, or its own "vhost" (which must exist). */
-static struct vhost *item_vhost(struct import *im, const struct json_node *item,
-                                const char *section, char *err)
+/* The item's vhost: the path's, or its own "vhost", which must exist or
+ * be in the definitions (then *vhost is NULL: nothing is in it yet), and
+ * which the importing user may open, now or by the definitions' grant:
+ * the declarations are made over AMQP as that user. */
+static bool item_vhost(struct import *im, const struct json_node *item, const char *section,
+                       struct bytes *name, struct vhost **vhost, char *err)
 {
-    struct bytes name = im->only;
-    if (im->only.len == 0 && !short_member(&im->tree, item, "vhost", false, &name)) {
+    *name = im->only;
+    if (im->only.len == 0 && !short_member(&im->tree, item, "vhost", false, name)) {
         snprintf(err, ERR_SIZE, "%s: an item without a vhost", section);
-        return NULL;
+        return false;
     }
-    struct vhost *vhost = broker_vhost(im->broker, name);
-    if (vhost == NULL)
-        snprintf(err, ERR_SIZE, "%s: vhost '%.*s' does not exist", section, (int)name.len,
-                 (const char *)name.ptr);
-    return vhost;
+    *vhost = broker_vhost(im->broker, *name);
+    if (*vhost == NULL && !api_definitions_users_has_vhost(&im->users, *name)) {
+        snprintf(err, ERR_SIZE, "%s: vhost '%.*s' neither exists nor is in the definitions",
+                 section, (int)name->len, (const char *)name->ptr);
+        return false;
+    }
+    const struct auth_user *asker = im->call != NULL ? im->req.user : NULL;
+    if (asker != NULL && !auth_user_may_open(asker, *name) &&
+        !api_definitions_users_grants(&im->users, asker->name, *name)) {
+        snprintf(err, ERR_SIZE, "%s: the importing user '%.64s' has no permission on vhost "
+                 "'%.*s', and the definitions grant none", section, asker->name,
+                 (int)name->len, (const char *)name->ptr);
+        return false;
+    }
+    if (*vhost != NULL)
+        *name = (*vhost)->name;
+    return true;
 }
 
 static bool encode_arguments(struct import *im, const struct json_node *item, struct step *s,
@@ -271,10 +289,10 @@ static bool flags_of(struct import *im, const struct json_node *item, bool *dura
 
 static bool check_queue(struct import *im, const struct json_node *item, char *err)
 {
-    struct vhost *vhost = item_vhost(im, item, "queues", err);
-    struct bytes name;
+    struct vhost *vhost;
+    struct bytes vname, name;
     bool durable, auto_delete, internal;
-    if (vhost == NULL)
+    if (!item_vhost(im, item, "queues", &vname, &vhost, err))
         return false;
     if (!short_member(&im->tree, item, "name", false, &name) ||
         !flags_of(im, item, &durable, &auto_delete, &internal)) {
@@ -282,15 +300,15 @@ static bool check_queue(struct import *im, const struct json_node *item, char *e
                                 "auto_delete not true or false");
         return false;
     }
-    const struct queue *q = vhost_queue(vhost, name);
+    const struct queue *q = vhost != NULL ? vhost_queue(vhost, name) : NULL;
     if (q != NULL && (q->durable != durable || q->auto_delete != auto_delete)) {
         snprintf(err, ERR_SIZE, "queues: '%.*s' in vhost '%.*s' exists, declared otherwise "
                                 "(durable %s, auto_delete %s)", (int)name.len,
-                 (const char *)name.ptr, (int)vhost->name.len, (const char *)vhost->name.ptr,
+                 (const char *)name.ptr, (int)vname.len, (const char *)vname.ptr,
                  q->durable ? "true" : "false", q->auto_delete ? "true" : "false");
         return false;
     }
-    struct step *s = add_step(im, vhost->name, METHOD_QUEUE_DECLARE, METHOD_QUEUE_DECLARE_OK);
+    struct step *s = add_step(im, vname, METHOD_QUEUE_DECLARE, METHOD_QUEUE_DECLARE_OK);
     struct method_queue_declare *d = &s->method.queue_declare;
     d->queue = name, d->durable = durable, d->auto_delete = auto_delete;
     return encode_arguments(im, item, s, &d->arguments, err);
@@ -298,11 +316,11 @@ static bool check_queue(struct import *im, const struct json_node *item, char *e
 
 static bool check_exchange(struct import *im, const struct json_node *item, char *err)
 {
-    struct vhost *vhost = item_vhost(im, item, "exchanges", err);
-    struct bytes name, type;
+    struct vhost *vhost;
+    struct bytes vname, name, type;
     bool durable, auto_delete, internal;
     enum exchange_type t;
-    if (vhost == NULL)
+    if (!item_vhost(im, item, "exchanges", &vname, &vhost, err))
         return false;
     if (!short_member(&im->tree, item, "name", false, &name) ||
         !short_member(&im->tree, item, "type", false, &type) ||
@@ -312,15 +330,16 @@ static bool check_exchange(struct import *im, const struct json_node *item, char
                                 "durable, auto_delete or internal not true or false");
         return false;
     }
-    const struct exchange *x = vhost_exchange(vhost, name);
+    /* A new vhost will have RabbitMQ's predeclared exchanges: a default one's. */
+    const struct exchange *x = vhost != NULL ? vhost_exchange(vhost, name) : NULL;
     if (x != NULL && (x->type != t || x->durable != durable || x->auto_delete != auto_delete ||
                       x->internal != internal)) {
         snprintf(err, ERR_SIZE, "exchanges: '%.*s' in vhost '%.*s' exists, declared otherwise",
-                 (int)name.len, (const char *)name.ptr, (int)vhost->name.len,
-                 (const char *)vhost->name.ptr);
+                 (int)name.len, (const char *)name.ptr, (int)vname.len,
+                 (const char *)vname.ptr);
         return false;
     }
-    struct step *s = add_step(im, vhost->name, METHOD_EXCHANGE_DECLARE,
+    struct step *s = add_step(im, vname, METHOD_EXCHANGE_DECLARE,
                               METHOD_EXCHANGE_DECLARE_OK);
     struct method_exchange_declare *d = &s->method.exchange_declare;
     d->exchange = name, d->type = type, d->durable = durable;
@@ -328,17 +347,19 @@ static bool check_exchange(struct import *im, const struct json_node *item, char
     return encode_arguments(im, item, s, &d->arguments, err);
 }
 
-/* Whether the import declares (kind, name) in vhost, or the broker has it. */
-static bool end_exists(const struct import *im, const struct vhost *vhost, bool queue,
-                       struct bytes name)
+/* Whether the import declares (kind, name) in vhost, or the broker has it
+ * (a vhost the import creates has amq.* and the default exchange). */
+static bool end_exists(const struct import *im, struct vhost *vhost, struct bytes vname,
+                       bool queue, struct bytes name)
 {
-    if (queue ? vhost_queue((struct vhost *)vhost, name) != NULL
-              : vhost_exchange((struct vhost *)vhost, name) != NULL)
+    if (vhost != NULL ? (queue ? vhost_queue(vhost, name) != NULL
+                               : vhost_exchange(vhost, name) != NULL)
+                      : !queue && vhost_predeclared(name))
         return true;
     uint32_t id = queue ? METHOD_QUEUE_DECLARE : METHOD_EXCHANGE_DECLARE;
     for (uint32_t i = 0; i < im->count; i++) {
         const struct step *s = &im->steps[i];
-        if (s->method.id != id || !bytes_equal(s->vhost, vhost->name))
+        if (s->method.id != id || !bytes_equal(s->vhost, vname))
             continue;
         if (bytes_equal(queue ? s->method.queue_declare.queue : s->method.exchange_declare.exchange,
                         name))
@@ -349,9 +370,9 @@ static bool end_exists(const struct import *im, const struct vhost *vhost, bool 
 
 static bool check_binding(struct import *im, const struct json_node *item, char *err)
 {
-    struct vhost *vhost = item_vhost(im, item, "bindings", err);
-    struct bytes source, dest, type, rk;
-    if (vhost == NULL)
+    struct vhost *vhost;
+    struct bytes vname, source, dest, type, rk;
+    if (!item_vhost(im, item, "bindings", &vname, &vhost, err))
         return false;
     if (!short_member(&im->tree, item, "source", false, &source) ||
         !short_member(&im->tree, item, "destination", false, &dest) ||
@@ -363,16 +384,17 @@ static bool check_binding(struct import *im, const struct json_node *item, char 
         return false;
     }
     bool to_queue = bytes_equal_cstr(type, "queue");
-    if (!end_exists(im, vhost, false, source) || !end_exists(im, vhost, to_queue, dest)) {
+    if (!end_exists(im, vhost, vname, false, source) ||
+        !end_exists(im, vhost, vname, to_queue, dest)) {
         snprintf(err, ERR_SIZE, "bindings: from '%.*s' to %s '%.*s' in vhost '%.*s': an end "
                                 "that neither exists nor is in the definitions",
                  (int)source.len, (const char *)source.ptr, to_queue ? "queue" : "exchange",
-                 (int)dest.len, (const char *)dest.ptr, (int)vhost->name.len,
-                 (const char *)vhost->name.ptr);
+                 (int)dest.len, (const char *)dest.ptr, (int)vname.len,
+                 (const char *)vname.ptr);
         return false;
     }
-    struct step *s = to_queue ? add_step(im, vhost->name, METHOD_QUEUE_BIND, METHOD_QUEUE_BIND_OK)
-                              : add_step(im, vhost->name, METHOD_EXCHANGE_BIND,
+    struct step *s = to_queue ? add_step(im, vname, METHOD_QUEUE_BIND, METHOD_QUEUE_BIND_OK)
+                              : add_step(im, vname, METHOD_EXCHANGE_BIND,
                                          METHOD_EXCHANGE_BIND_OK);
     struct table args;
     if (!encode_arguments(im, item, s, &args, err))
@@ -433,14 +455,19 @@ static bool check_section(struct import *im, const char *key, check_fn check, ch
         snprintf(err, ERR_SIZE, "%s must be an array", key);
         return false;
     }
+    uint32_t index = 0;
     for (const struct json_node *c = json_tree_first(&im->tree, list); c;
-         c = json_tree_next(&im->tree, c)) {
-        if (c->kind != JSON_KIND_OBJECT) {
-            snprintf(err, ERR_SIZE, "%s: every item must be an object", key);
-            return false;
-        }
-        if (!check(im, c, err))
-            return false;
+         c = json_tree_next(&im->tree, c), index++) {
+        char why[ERR_SIZE];
+        size_t k = strlen(key);
+        if (c->kind != JSON_KIND_OBJECT)
+            snprintf(why, sizeof why, "%s: not an object", key);
+        else if (check(im, c, why))
+            continue;
+        /* Where: "queues[3]: ..." (the checks say "queues: ..."). */
+        bool prefixed = strncmp(why, key, k) == 0 && strncmp(why + k, ": ", 2) == 0;
+        snprintf(err, ERR_SIZE, "%s[%u]: %.340s", key, index, prefixed ? why + k + 2 : why);
+        return false;
     }
     return true;
 }
@@ -466,7 +493,7 @@ static bool check_all(struct import *im, char *err)
 {
     const struct json_node *root = json_tree_root(&im->tree);
     if (im->only.len == 0 &&
-        !api_definitions_check_users(im->broker, &im->tree, root, err, ERR_SIZE))
+        !api_definitions_check_users(im->broker, &im->tree, root, &im->users, err, ERR_SIZE))
         return false;
     return check_section(im, "parameters", check_parameter, err) &&
            empty_section(im, "topic_permissions", err) &&
@@ -547,6 +574,44 @@ static void run_batch(struct import *im)
                         load_failed, im);
 }
 
+/* The users, vhosts and permissions are in (or refused, and then nothing
+ * is): the declarations follow. */
+static void users_applied(void *ctx, int status, const char *reason)
+{
+    struct import *im = ctx;
+    if (im->call != NULL)
+        http_call_on_cancel(im->call, NULL, NULL);
+    if (status == 204) {
+        run_batch(im);
+        return;
+    }
+    if (im->call == NULL)
+        LOG_ERROR("definitions from %s: users, vhosts and permissions not applied (%d): %s",
+                  im->source, status, reason);
+    else if (status == 400)
+        api_answer_bad_request(im->call, reason);
+    else
+        http_call_answer_error(im->call, status, reason);
+    import_free(im);
+}
+
+static void import_cancel(void *arg)
+{
+    struct import *im = arg;
+    api_definitions_apply_users_cancel(&im->users_apply);
+    import_free(im);
+}
+
+/* Checked: users, vhosts and permissions first (RabbitMQ's order), then
+ * the declarations, which may need them. */
+static void import_start(struct import *im)
+{
+    im->users_apply = (struct definitions_users_apply){.done = users_applied, .ctx = im};
+    if (im->call != NULL)
+        http_call_on_cancel(im->call, import_cancel, im);
+    api_definitions_apply_users(im->broker, &im->users, &im->users_apply);
+}
+
 static void import_definitions(struct broker *broker, struct http_call *call,
                                const struct http_call_request *req, const struct bytes *only)
 {
@@ -566,7 +631,7 @@ static void import_definitions(struct broker *broker, struct http_call *call,
     if (json_tree_root(&im->tree)->kind != JSON_KIND_OBJECT) {
         snprintf(err, sizeof err, "definitions must be a JSON object");
     } else if (check_all(im, err)) {
-        run_batch(im);
+        import_start(im);
         return;
     }
     import_free(im);
@@ -610,9 +675,10 @@ int api_definitions_load(struct broker *broker, const char *source, const char *
         snprintf(err, err_size, "definitions must be a JSON object");
     } else if (check_all(im, err)) {
         auth_add_internal(&broker->auth, INTERNAL_USER, im->password, sizeof im->password);
-        LOG_INFO("definitions from %s: checked, %u declarations and bindings to apply", source,
-                 im->count);
-        run_batch(im);
+        LOG_INFO("definitions from %s: checked, %u users, %u vhosts, %u permissions, %u "
+                 "declarations and bindings to apply", source, im->users.users_count,
+                 im->users.vhosts_count, im->users.permissions_count, im->count);
+        import_start(im);
         return 0;
     }
     import_free(im);

@@ -12,7 +12,7 @@
  *   POST /api/definitions[/{vhost}]  import: 204
  *
  * Export: what the broker has, in RabbitMQ's shape: the users, vhosts and
- * permissions of the users file (read-only, api_definitions_users.h), the
+ * permissions (api_definitions_users.h), the
  * replication policies as RabbitMQ's classic mirroring ("ha-mode":
  * "exactly", "ha-params": backups + 1, which RabbitMQ 3.10 takes), every
  * queue but exclusive ones, every exchange but the default and amq.* ones,
@@ -22,16 +22,21 @@
  * Import, all or nothing as far as quay can tell before it starts: the
  * whole body is parsed (a malformed one is refused with where it went
  * wrong) and checked first: every field's type, every vhost exists, every
- * binding's ends exist or are in the file, an existing queue or exchange
- * is declared the same way (durable, auto_delete, type), and the users,
- * vhosts, permissions, policies and parameters sections hold nothing
- * quay would have to create (api_definitions_users.h says which, and
- * why); any refusal is a 400 naming the item, and nothing is applied.
- * Then the exchanges, queues and bindings are declared over AMQP as the
- * user (api_amqp.h), one vhost at a time: the same checks a client's
- * declare gets. The only failure left once applying has started is one of
- * those (an x-argument the broker refuses): it is answered 400 with the
- * broker's reason, and what came before it stays.
+ * binding's ends exist or are in the file, every vhost exists or is in
+ * the file, an existing queue or exchange is declared the same way
+ * (durable, auto_delete, type), the importing user may open every vhost
+ * it fills (now or by the file's grant), the users, vhosts and
+ * permissions are well formed (api_definitions_users.h), and the
+ * policies and parameters sections hold nothing quay would have to
+ * create; any refusal is a 400 naming the item ("queues[3]: ..."), and
+ * nothing is applied. Then the users, vhosts and permissions are applied
+ * (whole: one map command in a cluster), then the exchanges, queues and
+ * bindings are declared over AMQP as the user (api_amqp.h), one vhost at
+ * a time: the same checks a client's declare gets. The only failures left
+ * once applying has started are those (an x-argument the broker
+ * refuses), or the map unavailable for the users part (503, nothing
+ * applied): a declaration's is answered 400 with the broker's reason, and
+ * what came before it stays.
  */
 #ifndef QUAY_MGMT_API_DEFINITIONS_H
 #define QUAY_MGMT_API_DEFINITIONS_H

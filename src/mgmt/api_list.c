@@ -2,6 +2,7 @@
  * api_list.c: see api_list.h.
  */
 #include "mgmt/api_list.h"
+#include "mgmt/api_list_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,8 +15,6 @@
 
 #define PAGE_SIZE_DEFAULT 100
 #define PAGE_SIZE_MAX 500
-#define QUERY_VALUE_SIZE_MAX 1024
-#define COLUMNS_MAX 64
 
 void api_answer_not_found(struct http_call *call)
 {
@@ -111,14 +110,7 @@ void api_write_node(struct json *out, const struct json_tree *tree, const struct
     }
 }
 
-/* columns= : the columns, split at ','. */
-struct columns {
-    char text[QUERY_VALUE_SIZE_MAX];
-    const char *name[COLUMNS_MAX];
-    uint32_t count;
-};
-
-static void columns_parse(const struct http_call_request *req, struct columns *c)
+void api_list__columns_parse(const struct http_call_request *req, struct columns *c)
 {
     c->count = 0;
     if (!api_query_get(req, "columns", c->text, sizeof c->text))
@@ -171,8 +163,8 @@ static void write_columns(struct json *out, const struct json_tree *tree,
     json_object_end(out);
 }
 
-static void write_item(struct json *out, const struct json_tree *tree, const struct json_node *n,
-                       const struct columns *cols)
+void api_list__write_item(struct json *out, const struct json_tree *tree,
+                          const struct json_node *n, const struct columns *cols)
 {
     if (cols->count > 0 && n->kind == JSON_KIND_OBJECT)
         write_columns(out, tree, n, cols, "", 0);
@@ -188,8 +180,7 @@ struct sort_ctx {
     bool reverse;
 };
 
-/* The field at a dotted path of object n, or NULL. */
-static const struct json_node *field_at(const struct json_tree *tree, const struct json_node *n,
+const struct json_node *api_list__field_at(const struct json_tree *tree, const struct json_node *n,
                                         const char *path, size_t path_size)
 {
     char part[256];
@@ -224,7 +215,6 @@ static int compare_values(const struct json_node *a, const struct json_node *b)
 /* Sort keys are looked up once per item, not once per comparison: an
  * object's field is found by a walk over its members (json_tree_get), and
  * sorting 50,000 queues compares each ~16 times, all in one loop turn. */
-#define SORT_KEYS_MAX 8
 
 struct sort_row {
     const struct json_node *item;
@@ -264,7 +254,7 @@ static void sort_items(const struct sort_ctx *s, const struct json_node **items,
     for (size_t i = 0; i < n; i++) {
         rows[i].item = items[i];
         for (uint32_t k = 0; k < keys; k++)
-            rows[i].keys[k] = field_at(s->tree, items[i], starts[k], sizes[k]);
+            rows[i].keys[k] = api_list__field_at(s->tree, items[i], starts[k], sizes[k]);
     }
     sort_now = s;
     sort_keys_count = keys;
@@ -273,6 +263,21 @@ static void sort_items(const struct sort_ctx *s, const struct json_node **items,
     for (size_t i = 0; i < n; i++)
         items[i] = rows[i].item;
     free(rows);
+}
+
+bool api_list__sort_keys(const struct http_call_request *req, const char *default_sort,
+                         char keys[QUERY_VALUE_SIZE_MAX], bool *reverse)
+{
+    bool asked = api_query_get(req, "sort", keys, QUERY_VALUE_SIZE_MAX) && keys[0] != '\0';
+    if (!asked)
+        snprintf(keys, QUERY_VALUE_SIZE_MAX, "%s", default_sort);
+    else if (strlen(keys) + 1 + strlen(default_sort) < QUERY_VALUE_SIZE_MAX)
+        /* Ties (and a field the items lack) keep the default order, as in
+         * RabbitMQ, not the tables' hash order. */
+        snprintf(keys + strlen(keys), QUERY_VALUE_SIZE_MAX - strlen(keys), ",%s", default_sort);
+    char text[8];
+    *reverse = api_query_get(req, "sort_reverse", text, sizeof text) && strcmp(text, "true") == 0;
+    return asked;
 }
 
 /* ---- answers --------------------------------------------------------------- */
@@ -288,7 +293,7 @@ static bool parse_positive(const char *text, long *out)
 }
 
 /* Items whose name contains text (RabbitMQ's name= filter, plain). */
-static bool name_matches(const struct json_tree *tree, const struct json_node *n,
+bool api_list__name_matches(const struct json_tree *tree, const struct json_node *n,
                          const char *text)
 {
     const struct json_node *name = json_tree_get(tree, n, "name");
@@ -309,7 +314,7 @@ static int query_number(const struct http_call_request *req, const char *key, ch
 
 /* page= and page_size=: false once answered 400 with RabbitMQ 3.10's
  * words (a word that is not a number, or numbers out of bounds). */
-static bool page_parse(struct http_call *call, const struct http_call_request *req, bool *paged,
+bool api_list__page_parse(struct http_call *call, const struct http_call_request *req, bool *paged,
                        long *page, long *page_size)
 {
     char page_text[32] = "", size_text[32] = "undefined";
@@ -334,7 +339,7 @@ static bool page_parse(struct http_call *call, const struct http_call_request *r
 
 /* RabbitMQ's bound: a page may start at the list's end, not past it. False
  * once answered 400. */
-static bool page_in_range(struct http_call *call, long page, long page_size, size_t filtered)
+bool api_list__page_in_range(struct http_call *call, long page, long page_size, size_t filtered)
 {
     if ((size_t)(page - 1) * (size_t)page_size <= filtered)
         return true;
@@ -356,7 +361,7 @@ static void write_page(struct json *out, const struct json_tree *tree,
     json_key(out, "items");
     json_array_begin(out);
     for (size_t i = from; i < to; i++)
-        write_item(out, tree, items[i], cols);
+        api_list__write_item(out, tree, items[i], cols);
     json_array_end(out);
     json_kv_uint(out, "page", (uint64_t)page);
     json_kv_uint(out, "page_count", (filtered + (size_t)page_size - 1) / (size_t)page_size);
@@ -386,7 +391,7 @@ void api_list_answer(struct http_call *call, const struct http_call_request *req
 {
     bool paged;
     long page, page_size;
-    if (!page_parse(call, req, &paged, &page, &page_size)) {
+    if (!api_list__page_parse(call, req, &paged, &page, &page_size)) {
         json_free(raw);
         return;
     }
@@ -401,24 +406,16 @@ void api_list_answer(struct http_call *call, const struct http_call_request *req
     if (paged)
         api_query_get(req, "name", name, sizeof name);
     for (const struct json_node *c = json_tree_first(&tree, root); c; c = json_tree_next(&tree, c))
-        if (name_matches(&tree, c, name))
+        if (api_list__name_matches(&tree, c, name))
             items[filtered++] = c;
     struct sort_ctx s = {.tree = &tree};
-    if (!api_query_get(req, "sort", s.keys, sizeof s.keys) || s.keys[0] == '\0')
-        snprintf(s.keys, sizeof s.keys, "%s", default_sort);
-    else if (strlen(s.keys) + 1 + strlen(default_sort) < sizeof s.keys)
-        /* Ties (and a field the items lack) keep the default order, as in
-         * RabbitMQ, not the tables' hash order. */
-        snprintf(s.keys + strlen(s.keys), sizeof s.keys - strlen(s.keys), ",%s", default_sort);
-    char reverse[8];
-    s.reverse = api_query_get(req, "sort_reverse", reverse, sizeof reverse) &&
-                strcmp(reverse, "true") == 0;
+    api_list__sort_keys(req, default_sort, s.keys, &s.reverse);
     sort_items(&s, items, filtered);
     struct columns cols;
-    columns_parse(req, &cols);
+    api_list__columns_parse(req, &cols);
     struct json body;
     http_body_init(&body);
-    if (paged && !page_in_range(call, page, page_size, filtered)) {
+    if (paged && !api_list__page_in_range(call, page, page_size, filtered)) {
         free(items);
         json_tree_free(&tree);
         json_free(&body);
@@ -432,7 +429,7 @@ void api_list_answer(struct http_call *call, const struct http_call_request *req
     } else {
         json_array_begin(&body);
         for (size_t i = 0; i < filtered; i++)
-            write_item(&body, &tree, items[i], &cols);
+            api_list__write_item(&body, &tree, items[i], &cols);
         json_array_end(&body);
     }
     free(items);
@@ -500,7 +497,7 @@ void api_list_cut_range(const struct api_list_cut *cut, size_t *from, size_t *to
 void api_list_answer_cut(struct http_call *call, const struct http_call_request *req,
                          struct json *raw, const struct api_list_cut *cut)
 {
-    if (!page_in_range(call, cut->page, cut->page_size, cut->filtered)) {
+    if (!api_list__page_in_range(call, cut->page, cut->page_size, cut->filtered)) {
         json_free(raw);
         return;
     }
@@ -515,7 +512,7 @@ void api_list_answer_cut(struct http_call *call, const struct http_call_request 
     for (const struct json_node *c = json_tree_first(&tree, root); c; c = json_tree_next(&tree, c))
         items[n++] = c;
     struct columns cols;
-    columns_parse(req, &cols);
+    api_list__columns_parse(req, &cols);
     struct json body;
     http_body_init(&body);
     write_page(&body, &tree, items, 0, n, cut->total, cut->filtered, cut->page, cut->page_size,
@@ -529,7 +526,7 @@ void api_object_answer(struct http_call *call, const struct http_call_request *r
                        struct json *raw)
 {
     struct columns cols;
-    columns_parse(req, &cols);
+    api_list__columns_parse(req, &cols);
     if (cols.count == 0) {
         http_call_answer(call, 200, raw);
         return;
@@ -538,7 +535,7 @@ void api_object_answer(struct http_call *call, const struct http_call_request *r
     parse_own(raw, &tree);
     struct json body;
     http_body_init(&body);
-    write_item(&body, &tree, json_tree_root(&tree), &cols);
+    api_list__write_item(&body, &tree, json_tree_root(&tree), &cols);
     json_tree_free(&tree);
     http_call_answer(call, 200, &body);
 }

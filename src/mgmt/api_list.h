@@ -18,7 +18,10 @@
  *
  * A list is written whole by its endpoint first (in its tables' order),
  * then re-read here and written again: it costs one parse of the answer,
- * only for lists. Memory: answers take the body; nothing is kept.
+ * only for lists, in one loop turn. A list that may be long (every queue:
+ * GET /api/queues) is answered in slices instead (api_list_answer_slices,
+ * api_list_slices.c), the same answer. Memory: answers take the body;
+ * nothing is kept.
  */
 #ifndef QUAY_MGMT_API_LIST_H
 #define QUAY_MGMT_API_LIST_H
@@ -61,6 +64,26 @@ bool api_query_get(const struct http_call_request *req, const char *key, char *o
  * otherwise), columns and pagination as above. Takes raw. */
 void api_list_answer(struct http_call *call, const struct http_call_request *req,
                      struct json *raw, const char *default_sort);
+/* A long list's items, for api_list_answer_slices: write(ctx, i, out)
+ * writes item i (i < count) as one JSON object into out and returns true,
+ * or writes nothing and returns false (the item is gone); compare(ctx, a,
+ * b) orders items a and b as default_sort would (NULL: they are in that
+ * order already); done(ctx) runs once the answer was given or the client
+ * went, and no write after it. */
+struct api_list_source {
+    size_t count;
+    bool (*write)(void *ctx, size_t i, struct json *out);
+    int (*compare)(void *ctx, size_t a, size_t b);
+    void (*done)(void *ctx);
+    void *ctx;
+};
+struct uv_loop_s;
+/* The same answer as api_list_answer's for the source's items, built a
+ * slice of ~1 ms per loop turn (api_list_slices.c), so that a list of
+ * 50,000 queues does not hold the loop. */
+void api_list_answer_slices(struct uv_loop_s *loop, struct http_call *call,
+                            const struct http_call_request *req, const char *default_sort,
+                            const struct api_list_source *source);
 /* A page cut by the endpoint before it writes its items, for lists
  * whose items cost to write (a queue in a cluster: its primary is asked
  * for its counts): a request for a page (page=, valid page_size=) sorted

@@ -324,8 +324,56 @@ static struct queue *gather_current(const struct gather *g, const struct gather_
     return now;
 }
 
+/* ---- a whole list, a slice at a time (api_list_answer_slices) ---- */
+
+static bool write_item(void *ctx, size_t i, struct json *out)
+{
+    struct gather *g = ctx;
+    struct counts counts;
+    struct queue *queue = gather_current(g, &g->items[i], &counts);
+    if (queue == NULL)
+        return false;
+    write_queue(out, g->broker, queue, &counts);
+    return true;
+}
+
+static void list_done(void *ctx)
+{
+    gather_free(ctx);
+}
+
+static int compare_bytes(struct bytes a, struct bytes b)
+{
+    size_t n = a.len < b.len ? a.len : b.len;
+    int c = n ? memcmp(a.ptr, b.ptr, n) : 0;
+    return c ? c : (a.len > b.len) - (a.len < b.len);
+}
+
+/* By vhost, then name: the list's default order (api_list.c's "vhost,name"). */
+static int compare_items(void *ctx, size_t x, size_t y)
+{
+    const struct gather *g = ctx;
+    const struct gather_item *a = &g->items[x], *b = &g->items[y];
+    int c = compare_bytes(g->vhost_names[a->vhost_index], g->vhost_names[b->vhost_index]);
+    return c ? c : compare_bytes(a->queue->name, b->queue->name);
+}
+
+/* Every count is in: the items go out in slices (the deadline is over). */
+static void list_answer(struct gather *g)
+{
+    if (g->deadline_started)
+        uv_timer_stop(&g->deadline);
+    struct api_list_source source = {.count = g->count, .write = write_item,
+                                     .compare = compare_items, .done = list_done, .ctx = g};
+    api_list_answer_slices(g->broker->loop, g->call, &g->req, "vhost,name", &source);
+}
+
 static void gather_answer(struct gather *g)
 {
+    if (!g->single && g->cut == NULL) {
+        list_answer(g);
+        return;
+    }
     struct json body;
     http_body_init(&body);
     if (!g->single)
@@ -344,12 +392,9 @@ static void gather_answer(struct gather *g)
         api_answer_not_found(g->call);
     } else if (g->single) {
         api_object_answer(g->call, &g->req, &body);
-    } else if (g->cut != NULL) {
-        json_array_end(&body);
-        api_list_answer_cut(g->call, &g->req, &body, g->cut);
     } else {
         json_array_end(&body);
-        api_list_answer(g->call, &g->req, &body, "vhost,name");
+        api_list_answer_cut(g->call, &g->req, &body, g->cut);
     }
     gather_free(g);
 }

@@ -540,6 +540,13 @@ void http_call_on_cancel(struct http_call *call, http_cancel_fn fn, void *arg)
     hc->cancel_arg = arg;
 }
 
+void http_call_progress(struct http_call *call)
+{
+    struct http_conn *hc = (struct http_conn *)call;
+    ASSERT(hc->state == HTTP_CONN_STATE_WAITING);
+    hc->state_since_ms = uv_now(hc->server->net->loop);
+}
+
 void http_wait_on_cancel(struct http_wait *wait, http_cancel_fn fn, void *arg)
 {
     struct http_conn *hc = (struct http_conn *)wait;

@@ -278,6 +278,10 @@ void http_call_answer_error_as(struct http_call *call, int status, const char *e
 void http_call_answer_refusal(struct http_call *call, const struct http_refusal *refusal);
 /* For a call answered later: fn(arg) runs if it cannot be answered. */
 void http_call_on_cancel(struct http_call *call, http_cancel_fn fn, void *arg);
+/* A call answered later whose route is still working on it (a list built
+ * in slices: api_list_slices.c): the backstop (503 "no answer in time",
+ * 2 x HTTP_TIMEOUT_MS without an answer) counts from now. */
+void http_call_progress(struct http_call *call);
 /* Stops listening and closes every client. Idempotent. */
 void http_server_close(struct http_server *server);
 /* After the loop ran the close callbacks: frees the pool (asserting that

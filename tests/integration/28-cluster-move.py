@@ -727,10 +727,94 @@ def a_drained_broker_gives_everything_away_then_leaves():
         assert len(info["backups"]) == 1, info
         if name != busy:
             assert read_all(b, name) == [b"%s-%d" % (name.encode(), i) for i in range(50)]
+    # Every broker's log says why: the busy queue's primary went from c for
+    # the drain.
+    assert map_events(a, busy, "primary_moved", **{"from": "c", "reason": "drain"}), \
+        map_events(a, busy)
     # Holding nothing, it may leave.
     out = quayctl(c, "leave")
     assert out.returncode == 0, (out.returncode, out.stderr)
     wait_until(lambda: "c" not in a.view().brokers, 20, what="c gone from the map")
+
+
+def map_events(member, queue, event=None, **fields):
+    """The map-change lines (map_log.h) of queue in member's log, text or
+    JSON, as dicts of their key=value fields; those of event with fields."""
+    out = []
+    for line in member.log_text().splitlines():
+        if line.startswith("{"):
+            d = json.loads(line)
+        else:
+            d = dict(w.split("=", 1) for w in line.split(" ")[2:] if "=" in w)
+        if "event" in d and "map_epoch" in d and d.get("queue") == queue:
+            out.append(d)
+    return [d for d in out if (event is None or d["event"] == event) and
+            all(d.get(k) == v for k, v in fields.items())]
+
+
+@test(timeout=240)
+def the_logs_say_each_map_change_and_why():
+    """Every broker logs each change of a queue's placement with its
+    reason, one line per event (map_log.h), in text and in JSON (a fourth
+    broker d with --log-format json): a planned move (move_started,
+    backup_added, backup_in_sync, primary_moved, reason move) and a kill -9
+    failover (primary_moved reason failover), read from a text log and d's."""
+    a, b = members["a"], members["b"]
+    d = cluster.add("d", join=[a], extra_args=["--log-format", "json"])
+    members["d"] = d
+    # (d's JSON log is not what view() reads: a and b say.)
+    wait_until(lambda: all(m.view() and m.view().brokers.get("d") == "up" for m in (a, b)),
+               30, what="d up everywhere")
+    wait_until(lambda: "caught up with the map" in d.log_text(), 15, what="d caught up")
+    # A planned move of a queue to the broker that is not its backup yet
+    # (placement decides where it is: d, new and empty, gets many).
+    live = {"a": a, "b": b, "d": d}
+    q = declare_until("log-mv", a, lambda i: i is not None and len(i["backups"]) == 1,
+                      **{"x-quay-backups": 1})
+    wait_until(lambda: queue_info(a, q)["in_sync"] == queue_info(a, q)["backups"], 10,
+               what="its backup in sync")
+    info = queue_info(a, q)
+    source = info["primary"]
+    target = next(n for n in live if n not in (source, info["backups"][0]))
+    fill(a, q, 200)
+    move(a, q, target)
+    wait_until(lambda: queue_info(a, q)["primary"] == target, 30, what="the move")
+    for m in (a, d):  # a logs text, d JSON
+        wait_until(lambda: map_events(m, q, "primary_moved"), 10, what="the move in %s's log"
+                   % m.name)
+        started = map_events(m, q, "move_started", to=target, reason="move")
+        assert len(started) == 1, map_events(m, q)
+        assert map_events(m, q, "backup_added", broker=target, reason="move"), map_events(m, q)
+        assert map_events(m, q, "backup_in_sync", broker=target, reason="sync"), \
+            map_events(m, q)
+        moved = map_events(m, q, "primary_moved", reason="move", to=target)
+        assert [x["from"] for x in moved] == [source], map_events(m, q)
+        assert moved[0]["primary"] == target and int(moved[0]["map_epoch"]) > int(
+            started[0]["map_epoch"]) and int(moved[0]["queue_epoch"]) > 0, moved
+    # A kill -9: a queue whose primary is a or b fails over to its in-sync backup.
+    f = declare_until("log-fo", a, lambda i: i is not None and i["primary"] != "d" and
+                      len(i["backups"]) == 1, **{"x-quay-backups": 1})
+    wait_until(lambda: len(queue_info(a, f)["in_sync"]) == 1, 10, what="its backup in sync")
+    info = queue_info(a, f)
+    victim, backup = live[info["primary"]], info["in_sync"][0]
+    survivor = a if victim is b else b
+    victim.kill()
+    wait_until(lambda: (queue_info(survivor, f) or {}).get("primary") == backup, 30,
+               what="the failover of %s" % f)
+    for m in (survivor, d):
+        wait_until(lambda: map_events(m, f, "primary_moved", reason="failover"), 10,
+                   what="the failover in %s's log" % m.name)
+        moved = map_events(m, f, "primary_moved", reason="failover")
+        eq_ = [(x["from"], x["to"], x["primary"]) for x in moved]
+        assert eq_ == [(victim.name, backup, backup)], map_events(m, f)
+    # The JSON lines are objects whose members are the fields.
+    line = next(x for x in d.log_text().splitlines()
+                if '"event":"primary_moved"' in x and '"queue":"%s"' % f in x)
+    assert json.loads(line)["message"] == "cluster map change", line
+    assert json.loads(line)["from"] == victim.name, line
+    victim.start()
+    wait_until(lambda: survivor.view() and survivor.view().brokers.get(victim.name) == "up", 30,
+               what="%s back" % victim.name)
 
 
 if __name__ == "__main__":

@@ -411,6 +411,150 @@ def users_survive_a_restart():
     eq(a.api("GET", "/api/vhosts/v-ctl")[0], 404)
 
 
+def rabbit_hash(password, algorithm="sha256", salt=b"\x90\x8f\x1f\x5e"):
+    """RabbitMQ's stored form: base64(salt || H(salt || password))."""
+    import base64
+    import hashlib
+    return base64.b64encode(salt + hashlib.new(algorithm, salt + password.encode()).digest()
+                            ).decode()
+
+
+def rabbit_definitions():
+    """Definitions as RabbitMQ 3.10.8 exports them (its field names, a
+    user in each of its two SHA forms, vhost metadata quay ignores), with
+    a queue in a vhost the file itself creates."""
+    return {
+        "rabbit_version": "3.10.8", "rabbitmq_version": "3.10.8",
+        "product_name": "RabbitMQ", "product_version": "3.10.8",
+        "users": [
+            {"name": "imp-alice", "password_hash": RABBIT_HASH,
+             "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ["management"],
+             "limits": {}},
+            {"name": "imp-bob", "password_hash": rabbit_hash("bob-pw", "sha512"),
+             "hashing_algorithm": "rabbit_password_hashing_sha512", "tags": "", "limits": {}}],
+        "vhosts": [{"name": "imp-v1", "limits": [], "metadata": {"description": "",
+                                                                  "tags": []}},
+                   {"name": "imp-v2"}],
+        "permissions": [
+            {"user": "imp-alice", "vhost": "imp-v1", "configure": ".*", "write": ".*",
+             "read": ".*"},
+            {"user": "imp-bob", "vhost": "imp-v2", "configure": "^bob-", "write": ".*",
+             "read": ".*"},
+            {"user": "guest", "vhost": "imp-v1", "configure": ".*", "write": ".*",
+             "read": ".*"}],
+        "topic_permissions": [], "parameters": [], "global_parameters": [], "policies": [],
+        "queues": [{"name": "imp-q", "vhost": "imp-v1", "durable": True, "auto_delete": False,
+                    "arguments": {}}],
+        "exchanges": [], "bindings": []}
+
+
+@test(timeout=90)
+def definitions_import_users_vhosts_and_permissions():
+    """A RabbitMQ 3.10 definitions file creates its users (with RabbitMQ's
+    hashes: the passwords log in over AMQP), vhosts and permissions, on
+    every broker, through any broker's API (b: no leader, no primary of
+    anything here); the imported permissions refuse as RabbitMQ's do; a
+    file with one bad item changes nothing and says where the item is."""
+    a, b, c = nodes()
+    defs = rabbit_definitions()
+    ok(b.api("POST", "/api/definitions", defs), 204, "the import")
+    for n in (a, b, c):
+        wait_until(lambda: permission_on(n, "imp-v2", "imp-bob"), timeout=10,
+                   what="the import on %s" % n.name)
+        user = n.get("/api/users/imp-alice")
+        eq((user["password_hash"], user["hashing_algorithm"], user["tags"]),
+           (RABBIT_HASH, "rabbit_password_hashing_sha256", ["management"]))
+        eq(n.get("/api/users/imp-bob")["hashing_algorithm"], "rabbit_password_hashing_sha512")
+        eq(permission_on(n, "imp-v2", "imp-bob"),
+           {"user": "imp-bob", "vhost": "imp-v2", "configure": "^bob-", "write": ".*",
+            "read": ".*"})
+    conn = c.connect("imp-alice", "pw2", "imp-v1")
+    eq(conn.channel().queue_declare("imp-q", passive=True).method.queue, "imp-q")
+    conn.close()
+    # No permission on imp-v2: the vhost is refused to her (530, as RabbitMQ).
+    try:
+        a.connect("imp-alice", "pw2", "imp-v2")
+        raise AssertionError("imp-alice opened imp-v2 without a permission")
+    except pika.exceptions.ProbableAccessDeniedError:
+        pass
+    try:
+        c.connect("imp-bob", "wrong", "imp-v2")
+        raise AssertionError("a wrong password logged in")
+    except pika.exceptions.ProbableAuthenticationError:
+        pass
+    conn = c.connect("imp-bob", "bob-pw", "imp-v2")
+    ch = conn.channel()
+    ch.queue_declare("bob-q")
+    try:
+        ch.queue_declare("other-q")
+        raise AssertionError("a declare outside bob's configure regex passed")
+    except pika.exceptions.ChannelClosedByBroker as e:
+        eq((e.reply_code, e.reply_text), (403, "ACCESS_REFUSED - configure access to queue "
+                                               "'other-q' in vhost 'imp-v2' refused for user "
+                                               "'imp-bob'"))
+    conn.close()
+    # Again, changed: tags and a password change; permissions it does not
+    # name stay (bob's).
+    defs["users"] = [dict(defs["users"][0], tags="administrator,management",
+                          password_hash=rabbit_hash("new-pw"))]
+    defs["permissions"] = []
+    ok(b.api("POST", "/api/definitions", defs), 204, "the import again")
+    wait_until(lambda: c.get("/api/users/imp-alice")["tags"] == ["administrator", "management"],
+               timeout=10, what="the changed tags on c")
+    c.connect("imp-alice", "new-pw", "imp-v1").close()
+    assert permission_on(a, "imp-v2", "imp-bob") is not None
+    # The export carries them back as they came.
+    exported = a.get("/api/definitions")
+    mine = [u for u in exported["users"] if u["name"] == "imp-bob"]
+    eq([(u["password_hash"], u["hashing_algorithm"]) for u in mine],
+       [(rabbit_hash("bob-pw", "sha512"), "rabbit_password_hashing_sha512")])
+    # One bad item anywhere: 400 naming it, and nothing of the file applied.
+    before = (a.get("/api/users"), a.get("/api/permissions"), a.get("/api/vhosts"))
+    fresh = {"users": [{"name": "imp-carol", "password_hash": rabbit_hash("c"),
+                        "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": []}],
+             "vhosts": [{"name": "imp-v3"}],
+             "permissions": [{"user": "guest", "vhost": "imp-v3", "configure": ".*",
+                              "write": ".*", "read": ".*"}],
+             "queues": [{"name": "imp-q3", "vhost": "imp-v3", "durable": True,
+                         "auto_delete": False, "arguments": {}}]}
+    bad_items = [
+        ("permissions", [{"user": "imp-carol", "vhost": "imp-v3", "configure": ".*",
+                          "write": ".*", "read": ".*"},
+                         {"user": "imp-carol", "vhost": "imp-v3", "configure": "(",
+                          "write": ".*", "read": ".*"}], "permissions[1]: invalid_regexp"),
+        ("permissions", [{"user": "nobody", "vhost": "imp-v3", "configure": ".*",
+                          "write": ".*", "read": ".*"}], "permissions[0]: user 'nobody'"),
+        ("permissions", [{"user": "imp-carol", "vhost": "no-vhost", "configure": ".*",
+                          "write": ".*", "read": ".*"}], "permissions[0]: vhost 'no-vhost'"),
+        ("users", fresh["users"] + [{"name": "imp-dave", "password_hash": "not base64!",
+                                     "tags": []}], "users[1]: 'imp-dave': password_hash"),
+        ("users", fresh["users"] + [{"name": "imp-dave", "password_hash": RABBIT_HASH,
+                                     "hashing_algorithm": "rabbit_password_hashing_sha1"}],
+         "users[1]: 'imp-dave' has an unknown hashing_algorithm"),
+        ("users", [{"name": "imp-dave", "password_hash": RABBIT_HASH, "tags": ["wizard"]}],
+         "users[0]: 'imp-dave': tags"),
+        ("vhosts", [{"name": "imp-v3"}, {"nom": "x"}], "vhosts[1]: no name"),
+        ("queues", fresh["queues"] + [{"name": "q", "vhost": "imp-v9", "durable": True,
+                                       "auto_delete": False, "arguments": {}}],
+         "queues[1]: vhost 'imp-v9' neither exists nor is in the definitions"),
+    ]
+    for key, value, reason in bad_items:
+        status, answer = b.api("POST", "/api/definitions", dict(fresh, **{key: value}))
+        eq(status, 400, "%s %r: %r" % (key, value, answer))
+        assert reason in answer["reason"], (reason, answer)
+    time.sleep(0.3)
+    for n in (a, b, c):
+        eq((n.get("/api/users"), n.get("/api/permissions"), n.get("/api/vhosts")), before,
+           "nothing of a refused import on %s" % n.name)
+    # An importer without a permission on a vhost it fills is refused first.
+    status, answer = b.api("POST", "/api/definitions", {"queues": fresh["queues"],
+                                                        "vhosts": fresh["vhosts"]})
+    eq(status, 400, answer)
+    assert "the importing user 'guest' has no permission on vhost 'imp-v3'" in \
+        answer["reason"], answer
+    eq(a.api("GET", "/api/vhosts/imp-v3")[0], 404)
+
+
 def seed_file():
     """The users file every broker starts with: guest, and "filer" with a
     vhost of its own and a permission line."""

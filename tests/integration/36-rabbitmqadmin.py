@@ -452,6 +452,21 @@ def export_and_import_with_rabbitmqadmin():
         assert amqp_exists("adm-eq")
         bs = [b for b in admin_json("list", "bindings") if b["source"] == "adm-ex"]
         eq(len(bs), 1, "binding restored")
+        # A user, a vhost and a permission imported by rabbitmqadmin (RabbitMQ
+        # 3.10's hash of "pw2") log in over AMQP.
+        user_path = os.path.join(d, "user.json")
+        json.dump({"users": [{"name": "adm-user", "tags": "",
+                              "password_hash": "rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RND",
+                              "hashing_algorithm": "rabbit_password_hashing_sha256"}],
+                   "vhosts": [{"name": "adm-v"}],
+                   "permissions": [{"user": "adm-user", "vhost": "adm-v", "configure": "^adm-",
+                                    "write": ".*", "read": ".*"}]}, open(user_path, "w"))
+        admin("import", user_path)
+        wait_until(lambda: http_call("GET", "/api/permissions/adm-v/adm-user")[0] == 200, 10,
+                   what="the imported permission")
+        amqp_login(qbroker().port, "adm-user", "pw2", "adm-v", "adm-ok")
+        http_call("DELETE", "/api/users/adm-user")
+        http_call("DELETE", "/api/vhosts/adm-v")
         # Nothing of a refused import is applied.
         bad = dict(defs, queues=defs["queues"] + [{"name": "adm-never", "vhost": "/",
                                                   "durable": True, "auto_delete": False,
@@ -551,7 +566,16 @@ def quayd_loads_definitions_at_start():
                             "auto_delete": False, "arguments": {"x-max-length": 5}}],
                 "bindings": [{"source": "boot-x", "vhost": "/", "destination": "boot-q",
                               "destination_type": "queue", "routing_key": "k.*",
-                              "arguments": {}}]}
+                              "arguments": {}}],
+                # RabbitMQ 3.10's hash of "pw2" (35-users), in a vhost of its own
+                "users": [{"name": "boot-user", "tags": ["management"],
+                           "password_hash": "rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RND",
+                           "hashing_algorithm": "rabbit_password_hashing_sha256"}],
+                "vhosts": [{"name": "boot-v"}],
+                "permissions": [{"user": "boot-user", "vhost": "boot-v", "configure": ".*",
+                                 "write": ".*", "read": ".*"}]}
+        good["queues"].append({"name": "boot-vq", "vhost": "boot-v", "durable": True,
+                               "auto_delete": False, "arguments": {}})
         path = os.path.join(d, "good.json")
         json.dump(good, open(path, "w"))
         port = free_port()
@@ -577,11 +601,15 @@ def quayd_loads_definitions_at_start():
                 if c.is_open:
                     c.close()
         wait_until(declared, 20, 0.2, what="the definitions applied at start")
+        c = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", port, "boot-v", pika.PlainCredentials("boot-user", "pw2")))
+        c.channel().queue_declare("boot-vq", passive=True)
+        c.close()
         p.send_signal(signal.SIGTERM)
         eq(p.wait(10), 0, "clean stop")
         log.close()
         text = open(os.path.join(d, "quayd.log")).read()
-        assert "definitions from %s applied: 3" % path in text, text
+        assert "definitions from %s applied: 4" % path in text, text
         assert "quay-internal" not in json.dumps(good)
         bad = os.path.join(d, "bad.json")
         open(bad, "w").write('{"queues": [{"name": "x", "vhost": "/nope"}]}')
@@ -589,13 +617,59 @@ def quayd_loads_definitions_at_start():
                             "--data", os.path.join(d, "data2"), "--definitions", bad],
                            capture_output=True, text=True, timeout=30)
         eq(p.returncode, 1, "a refused file stops the start")
-        assert "vhost '/nope' does not exist" in p.stderr, p.stderr
+        assert "queues[0]: vhost '/nope' neither exists nor is in the definitions" in \
+            p.stderr, p.stderr
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
         shutil.rmtree(d, ignore_errors=True)
 
+
+@test(timeout=180)
+def quayd_loads_definitions_with_users_in_a_cluster():
+    """Three brokers started with the same definitions file (users, a vhost,
+    a permission, a queue): each applies it (users.import: the map's users,
+    vhosts and permissions), the users file still seeds the map (guest is
+    kept: an import does not take users.bootstrap's place), and the
+    imported user logs in on any broker."""
+    if not CLUSTERED:
+        print("# a cluster's: QUAY_TEST_MODE=cluster")
+        return
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                    "cluster"))
+    import clustertest
+    d = tempfile.mkdtemp(prefix="quay-defs-")
+    path = os.path.join(d, "defs.json")
+    json.dump({"users": [{"name": "boot-user", "tags": ["management"],
+                          "password_hash": "rtC4mNXASyrZf6MgmEmXB1uQj829H8uHd0xcwDodPWrc9RND",
+                          "hashing_algorithm": "rabbit_password_hashing_sha256"}],
+               "vhosts": [{"name": "boot-v"}],
+               "permissions": [{"user": "boot-user", "vhost": "boot-v", "configure": ".*",
+                                "write": ".*", "read": ".*"}],
+               "queues": [{"name": "boot-vq", "vhost": "boot-v", "durable": True,
+                           "auto_delete": False, "arguments": {}}]}, open(path, "w"))
+    cluster = clustertest.Cluster()
+    try:
+        members = cluster.form(["a", "b", "c"], extra_args=["--definitions", path])
+
+        def logs_in(m):
+            try:
+                c = pika.BlockingConnection(pika.ConnectionParameters(
+                    "127.0.0.1", m.amqp_port, "boot-v", pika.PlainCredentials("boot-user", "pw2"),
+                    connection_attempts=1))
+            except pika.exceptions.AMQPError:
+                return False
+            c.channel().queue_declare("boot-vq", passive=True)
+            c.close()
+            return True
+        for m in members:
+            wait_until(lambda: logs_in(m), 30, 0.5, what="boot-user on %s" % m.name)
+            eq(sorted(u["name"] for u in m.api_get("/api/users")), ["boot-user", "guest"],
+               "the users on %s" % m.name)
+    finally:
+        cluster.close()
+        shutil.rmtree(d, ignore_errors=True)
 
 # ---- RabbitMQ 3.10, by hand -------------------------------------------------------
 
@@ -674,6 +748,44 @@ RABBIT_FIELDS = ("name", "vhost", "durable", "auto_delete", "exclusive", "argume
                  "state", "messages", "messages_ready", "messages_unacknowledged", "consumers")
 
 
+def not_guest(defs):
+    """Definitions without guest's user and permissions."""
+    defs["users"] = [u for u in defs["users"] if u["name"] != "guest"]
+    defs["permissions"] = [p for p in defs["permissions"] if p["user"] != "guest"]
+
+
+def amqp_login(port, user, password, vhost, queue):
+    """Logs in over AMQP and declares a queue its permission allows."""
+    c = pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", port, vhost, pika.PlainCredentials(user, password),
+        connection_attempts=1))
+    try:
+        c.channel().queue_declare(queue)
+        try:
+            c.channel().queue_declare("not-" + queue)
+            raise AssertionError("a declare outside the configure regex passed")
+        except pika.exceptions.ChannelClosedByBroker as e:
+            # RabbitMQ 3.10.8 says "access to queue ..." here, quay "configure
+            # access to queue ...": the code and the rest agree.
+            eq(e.reply_code, 403)
+            assert e.reply_text.startswith("ACCESS_REFUSED - ") and e.reply_text.endswith(
+                "access to queue 'not-%s' in vhost '%s' refused for user '%s'"
+                % (queue, vhost, user)), e.reply_text
+    finally:
+        if c.is_open:
+            c.close()
+
+
+def refused_vhost(port, user, password, vhost):
+    try:
+        pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", port, vhost, pika.PlainCredentials(user, password),
+            connection_attempts=1)).close()
+        raise AssertionError("%s opened vhost %s without a permission" % (user, vhost))
+    except pika.exceptions.ProbableAccessDeniedError:
+        pass
+
+
 @test(timeout=280)
 def definitions_round_trip_with_rabbitmq():
     if not os.path.exists(RMQ_HOME + "/sbin/rabbitmq-server"):
@@ -689,12 +801,27 @@ def definitions_round_trip_with_rabbitmq():
               'arguments={"x-match": "any", "k": "v"}')
         for i in range(3):
             admin("publish", "routing_key=rt-q", "payload=%d" % i)
+        # A user made on quay (sha256, quay's default form) with a vhost.
+        eq([http_call("PUT", "/api/vhosts/rt-v", "{}")[0],
+            http_call("PUT", "/api/users/rt-user", json.dumps({"password": "rt-pw",
+                                                               "tags": "management"}))[0],
+            http_call("PUT", "/api/permissions/rt-v/rt-user", json.dumps(
+                {"configure": "^rt-", "write": ".*", "read": ".*"}))[0]], [201, 201, 201],
+           "rt-user on quay")
         rmq.wait()
         st, defs = http_call("GET", "/api/definitions")
         eq(st, 200, "quay export")
-        defs["users"], defs["permissions"] = [], []   # RabbitMQ's guest stays as it is
+        not_guest(defs)   # RabbitMQ's guest stays as it is
         eq(rmq.call("POST", "/api/definitions", json.dumps(defs))[0], 204,
            "RabbitMQ imports quay's export")
+        rabbit_user = rmq.call("GET", "/api/users/rt-user")[1]
+        eq((rabbit_user["hashing_algorithm"], rabbit_user["tags"]),
+           ("rabbit_password_hashing_sha256", ["management"]), "quay's user in RabbitMQ")
+        # RabbitMQ starts an imported vhost's processes after it answered.
+        wait_until(lambda: rmq.call("GET", "/api/aliveness-test/rt-v")[0] == 200, 20, 0.5,
+                   what="rt-v running in RabbitMQ")
+        amqp_login(rmq.amqp_port, "rt-user", "rt-pw", "rt-v", "rt-ok")
+        refused_vhost(rmq.amqp_port, "rt-user", "rt-pw", "/")
         st, q = rmq.call("GET", "/api/queues/%2F/rt-q")
         eq((st, q["arguments"], q["durable"]), (200, {"x-max-length": 10,
                                                       "x-overflow": "reject-publish"}, True),
@@ -739,18 +866,35 @@ def definitions_round_trip_with_rabbitmq():
         rmq.call("PUT", "/api/exchanges/%2F/rt-rx", json.dumps({"type": "fanout"}))
         rmq.call("POST", "/api/bindings/%2F/e/rt-rx/q/rt-from-rabbit",
                  json.dumps({"routing_key": "r"}))
+        # A user made on RabbitMQ, with a vhost of its own and a permission.
+        rmq.call("PUT", "/api/vhosts/rt-rv")
+        rmq.call("PUT", "/api/users/rt-ruser", json.dumps({"password": "rr-pw",
+                                                           "tags": "monitoring"}))
+        rmq.call("PUT", "/api/permissions/rt-rv/rt-ruser", json.dumps(
+            {"configure": "^rt-", "write": ".*", "read": ".*"}))
         st, theirs = rmq.call("GET", "/api/definitions")
         eq(st, 200, "RabbitMQ export")
-        for k in ("users", "permissions", "vhosts"):
-            theirs[k] = []     # their guest has another password hash
+        not_guest(theirs)     # their guest is an administrator from anywhere
         st, body = http_call("POST", "/api/definitions", json.dumps(theirs))
         eq(st, 204, "quay imports RabbitMQ's export: %r" % (body,))
+        st, ruser = http_call("GET", "/api/users/rt-ruser")
+        eq((st, ruser["tags"]), (200, ["monitoring"]), "RabbitMQ's user in quay")
+        amqp_login(qbroker().port, "rt-ruser", "rr-pw", "rt-rv", "rt-ok")
+        refused_vhost(qbroker().port, "rt-ruser", "rr-pw", "/")
+        # And back: the same user, its hash unchanged, imports into RabbitMQ.
+        st, ours = http_call("GET", "/api/definitions")
+        eq([u["password_hash"] for u in ours["users"] if u["name"] == "rt-ruser"],
+           [u["password_hash"] for u in theirs["users"] if u["name"] == "rt-ruser"],
+           "the hash RabbitMQ wrote, exported by quay")
         q = listed("rt-from-rabbit")
         eq((q["durable"], q["arguments"]), (True, {"x-queue-mode": "lazy"}), "imported queue")
         assert any(b["source"] == "rt-rx" and b["routing_key"] == "r"
                    for b in admin_json("list", "bindings")), "imported binding"
     finally:
         rmq.stop()
+        for path in ("/api/users/rt-user", "/api/users/rt-ruser", "/api/vhosts/rt-v",
+                     "/api/vhosts/rt-rv"):
+            http_call("DELETE", path)
         for q in ("rt-q", "rt-from-rabbit"):
             admin("delete", "queue", "name=" + q, check=False)
         for x in ("rt-x", "rt-rx"):

@@ -1801,6 +1801,75 @@ static void test_permissions_and_bootstrap(void **state)
     cluster_map_free(&map);
 }
 
+/* users.import: users, vhosts and permissions of one definitions import,
+ * whole or not at all; a permission may name the command's own user and
+ * vhost; an existing user keeps the permissions the command leaves out. */
+static void test_users_import(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    setup_small(&map);
+    struct map_cmd c_;
+    APPLY_OK(&map, map_cmd_vhost_put(&c_, B("/")));
+    struct bytes tags[] = {B("management")};
+    /* A map without users yet still takes a broker's users file after an
+     * import (quayd --definitions at a first start comes first). */
+    struct map_import_user early[] = {{B("early"), B("h9"), NULL, 0}};
+    APPLY_OK(&map, map_cmd_users_import(&c_, early, 1, NULL, 0, NULL, 0));
+    assert_false(map.users_defined);
+    struct map_user file_user = {.name = B("guest"), .password_hash = B("hg")};
+    const struct map_user *file[] = {&file_user};
+    APPLY_OK(&map, map_cmd_users_bootstrap(&c_, file, 1));
+    assert_true(map.users_defined);
+    assert_non_null(cluster_map_user(&map, B("guest")));
+    assert_non_null(cluster_map_user(&map, B("early")));
+    APPLY_OK(&map, map_cmd_user_set(&c_, B("old"), B("h0"), NULL, 0));
+    struct bytes all[] = {B(".*"), B(".*"), B(".*")};
+    APPLY_OK(&map, map_cmd_permission_put(&c_, B("old"), B("/"), all));
+    struct map_import_user users[] = {{B("new"), B("h1"), tags, 1}, {B("old"), B("h2"), tags, 1}};
+    struct bytes vhosts[] = {B("v1"), B("/")};
+    struct map_import_permission perms[] = {{B("new"), B("v1"), {B("^n-"), B(""), B(".*")}},
+                                            {B("old"), B("v1"), {B(".*"), B(".*"), B(".*")}}};
+    /* One bad item (a regex, an unknown user, an unknown vhost): nothing. */
+    struct map_import_permission bad[] = {perms[0], {B("old"), B("v1"), {B("("), B(""), B("")}}};
+    struct map_import_permission nobody[] = {{B("nobody"), B("/"), {B(""), B(""), B("")}}};
+    struct map_import_permission nowhere[] = {{B("new"), B("v9"), {B(""), B(""), B("")}}};
+    uint32_t version = (uint32_t)map.version;
+    assert_int_equal(APPLY_RC(&map, map_cmd_users_import(&c_, users, 2, vhosts, 2, bad, 2)),
+                     E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_PRECONDITION_FAILED);
+    assert_int_equal(APPLY_RC(&map, map_cmd_users_import(&c_, users, 2, vhosts, 2, nobody, 1)),
+                     E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_NOT_FOUND);
+    assert_int_equal(APPLY_RC(&map, map_cmd_users_import(&c_, users, 2, vhosts, 2, nowhere, 1)),
+                     E_MAP_REFUSED);
+    assert_int_equal(last.reply_code, REPLY_NOT_FOUND);
+    assert_int_equal(map.version, version + 3);
+    assert_null(cluster_map_user(&map, B("new")));
+    assert_null(cluster_map_vhost(&map, B("v1")));
+    assert_true(bytes_equal(cluster_map_user(&map, B("old"))->password_hash, B("h0")));
+    /* The whole: a new user, a changed one keeping its permission on /. */
+    APPLY_OK(&map, map_cmd_users_import(&c_, users, 2, vhosts, 2, perms, 2));
+    assert_true(last.changed);
+
+    assert_non_null(cluster_map_vhost(&map, B("v1")));
+    struct map_user *n = cluster_map_user(&map, B("new"));
+    assert_non_null(n);
+    assert_true(bytes_equal(n->password_hash, B("h1")));
+    assert_int_equal(n->tags_count, 1);
+    assert_permission(n, "v1", "^n-", "", ".*");
+    struct map_user *o = cluster_map_user(&map, B("old"));
+    assert_true(bytes_equal(o->password_hash, B("h2")));
+    assert_int_equal(o->vhosts_count, 2);
+    assert_permission(o, "/", ".*", ".*", ".*");
+    assert_permission(o, "v1", ".*", ".*", ".*");
+    struct cluster_map copy;
+    assert_round_trip(&map, &copy);
+    assert_permission(cluster_map_user(&copy, B("new")), "v1", "^n-", "", ".*");
+    cluster_map_free(&copy);
+    cluster_map_free(&map);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1830,6 +1899,7 @@ int main(void)
         cmocka_unit_test(test_policy_replicate),
         cmocka_unit_test(test_take_over_chain),
         cmocka_unit_test(test_lookup_is_constant_time),
+        cmocka_unit_test(test_users_import),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
