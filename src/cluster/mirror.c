@@ -588,9 +588,7 @@ static void mirror_apply(struct member *member, const struct map_change *c)
         mirror_users(member); /* its permissions went with it */
         return;
     case MAP_OP_USERS_BOOTSTRAP:
-    case MAP_OP_USERS_IMPORT:
-        mirror_bootstrap(member, c);
-        return;
+    case MAP_OP_USERS_IMPORT: mirror_bootstrap(member, c); return;
     case MAP_OP_USER_PUT:
     case MAP_OP_USER_DELETE:
     case MAP_OP_PERMISSION_PUT:
