@@ -383,6 +383,15 @@ def a_stopped_primary_slows_only_the_publishers_to_its_queues():
         member.proc.send_signal(signal.SIGCONT)
     watch = connect().channel()
     eq(depth(watch, free), NEIGHBOUR_CONFIRMS, "the neighbour's messages")
+    # The resumed broker lost its links (and, if it led, its leadership)
+    # meanwhile: the cluster settles before the harness stops it. (Stopped
+    # within milliseconds of stepping down, libraft 0.15 crashed in a
+    # segment's finalize callback after raft_close: docs/ARCHITECTURE.md,
+    # known problems.)
+    wait_until(lambda: all(m.view() and m.view().brokers and
+                           all(v == "up" for v in m.view().brokers.values())
+                           for m in b.members), timeout=30, what="every broker up again")
+    time.sleep(1.0)
 
 
 if __name__ == "__main__":
