@@ -568,17 +568,8 @@ def a_taker_restarted_before_its_copy_was_synced_loses_nothing():
     Every confirmed message is served. (Before, t read o's directory only
     for the first two, did not adopt the other two at all, and served all
     four empty; the staged copies stayed, unread.)"""
-    fresh_cluster()
-    x = cluster.form(["x", "y", "z"])[0]
-    for name in ("o", "t"):
-        members[name] = cluster.add(name, join=[x], extra_args=["--shared-storage", shared])
-    wait_until(lambda: len(x.view().brokers) == 5 and
-               all(v == "up" for v in x.view().brokers.values()), 30, what="five brokers up")
+    x = sharing_cluster(["o", "t"])
     o, t = members["o"], members["t"]
-    wait_until(lambda: all("caught up with the map" in m.log_text() for m in (o, t)), 30,
-               what="o and t caught up")
-    wait_until(lambda: sum(1 for b in x.api_cluster()["brokers"] if b.get("storage")) == 2,
-               10, what="o's and t's storage in the map")
     names = place(x, "restarted", "o", 2)
     # Two more were t's first (its journal has their definitions and logs:
     # its restart recovers them, and resumes their adoption).
@@ -659,17 +650,8 @@ def staged_copies_a_restart_kept_go_once_unneeded_while_running():
     thaws and says queue.adopted for the first, and the second is
     deleted: t removes each copy while it runs. (Before, they stayed
     until t's next start.)"""
-    fresh_cluster()
-    x = cluster.form(["x", "y", "z"])[0]
-    for name in ("t", "u"):
-        members[name] = cluster.add(name, join=[x], extra_args=["--shared-storage", shared])
-    wait_until(lambda: len(x.view().brokers) == 5 and
-               all(v == "up" for v in x.view().brokers.values()), 30, what="five brokers up")
+    x = sharing_cluster(["t", "u"])
     t, u = members["t"], members["u"]
-    wait_until(lambda: all("caught up with the map" in m.log_text() for m in (t, u)), 30,
-               what="t and u caught up")
-    wait_until(lambda: sum(1 for b in x.api_cluster()["brokers"] if b.get("storage")) == 2,
-               10, what="t's and u's storage in the map")
     adopted, deleted = place(x, "kept", "t", 2)
     headers = {}
     for name in (adopted, deleted):
@@ -1010,22 +992,30 @@ def a_transient_only_queue_moved_then_killed_keeps_every_message():
           % (len(bodies), held))
 
 
-def seven_with_takers():
-    """The chain tests' cluster of its own: x, y and z (a Raft majority of
-    seven) do not share the directory; o, t, u and v do. Returns (x, the
-    takers' names)."""
+def sharing_cluster(sharing):
+    """A cluster of its own: x, y and z (a Raft majority) do not share the
+    directory; the brokers named in sharing do, each up, caught up with
+    the map and with its storage in it. Returns x."""
     fresh_cluster()
     x = cluster.form(["x", "y", "z"])[0]
-    takers = ["t", "u", "v"]
-    for name in ["o"] + takers:
+    for name in sharing:
         members[name] = cluster.add(name, join=[x], extra_args=["--shared-storage", shared])
-    wait_until(lambda: len(x.view().brokers) == 7 and
-               all(v == "up" for v in x.view().brokers.values()), 60, what="seven brokers up")
-    wait_until(lambda: all("caught up with the map" in members[n].log_text()
-                           for n in ["o"] + takers), 30, what="all caught up")
-    wait_until(lambda: sum(1 for b in x.api_cluster()["brokers"] if b.get("storage")) == 4,
-               10, what="the shared storage in the map")
-    return x, takers
+    total = 3 + len(sharing)
+    wait_until(lambda: len(x.view().brokers) == total and
+               all(v == "up" for v in x.view().brokers.values()),
+               30 if total <= 5 else 60, what="%d brokers up" % total)
+    wait_until(lambda: all("caught up with the map" in members[n].log_text() for n in sharing),
+               30, what="%s caught up" % ", ".join(sharing))
+    wait_until(lambda: sum(1 for b in x.api_cluster()["brokers"] if b.get("storage")) ==
+               len(sharing), 10, what="the shared storage in the map")
+    return x
+
+
+def seven_with_takers():
+    """The chain tests' cluster: o, t, u and v share the directory (x, y and
+    z, a Raft majority of seven, do not). Returns (x, the takers' names)."""
+    takers = ["t", "u", "v"]
+    return sharing_cluster(["o"] + takers), takers
 
 
 def owners_of(x, names):
