@@ -73,8 +73,10 @@ static bool reached(uint64_t our_version, uint32_t version)
 }
 
 void fence_heard_note(struct fence_heard *h, uint64_t now_ms, bool has_version, uint32_t version,
-                      uint64_t our_version)
+                      bool catching_up, uint64_t our_version)
 {
+    if (catching_up)
+        return;
     if (!has_version || reached(our_version, version)) {
         h->heard_ms = now_ms;
         h->waiting_ms = 0;

@@ -78,14 +78,22 @@ void fence_pause_step(struct fence_pause *p, bool lease_fresh, bool serving, uin
  * heartbeat whose map is ahead waits (the oldest such one: under steady
  * map changes a newer one would always be ahead too); one from a sender
  * that does not say its version counts at once. Versions are compared by
- * their low 32 bits, as heartbeats carry them (serial arithmetic). */
+ * their low 32 bits, as heartbeats carry them (serial arithmetic).
+ *
+ * A heartbeat from a sender still catching up after a start counts for
+ * nothing: the version it names is what it has applied, not what its log
+ * holds, so it can name a map from before a deposition its log already
+ * took part in committing. (Without this, a deposed primary cut off for a
+ * long time took its lease, when the cut healed, from brokers restarted
+ * meanwhile that had not reapplied their logs yet, and confirmed beside
+ * its successor: tests/sim seed 756410383.) */
 struct fence_heard {
     uint64_t heard_ms;        /* the newest heartbeat that counts (0: none) */
     uint64_t waiting_ms;      /* a heartbeat that waits for our map (0: none) */
     uint32_t waiting_version; /* ... its sender's version */
 };
 void fence_heard_note(struct fence_heard *h, uint64_t now_ms, bool has_version, uint32_t version,
-                      uint64_t our_version);
+                      bool catching_up, uint64_t our_version);
 /* heard_ms, once the heartbeat that waits counts if our map reached it. */
 uint64_t fence_heard_ms(struct fence_heard *h, uint64_t our_version);
 

@@ -42,7 +42,8 @@ size_t heartbeat_encode(const struct heartbeat *hb, const uint8_t *secret, size_
     out[4] = VERSION;
     out[5] = (uint8_t)((hb->stopping ? HEARTBEAT_FLAG_STOPPING : 0) |
                        (hb->alarms & (HEARTBEAT_FLAG_MEMORY_ALARM | HEARTBEAT_FLAG_DISK_ALARM)) |
-                       (hb->incarnation != 0 ? HEARTBEAT_FLAG_PROCESS : 0));
+                       (hb->incarnation != 0 ? HEARTBEAT_FLAG_PROCESS : 0) |
+                       (hb->catching_up ? HEARTBEAT_FLAG_CATCHING_UP : 0));
     if (hb->incarnation != 0) {
         out[9] = (uint8_t)(hb->incarnation >> 16);
         out[10] = (uint8_t)(hb->incarnation >> 8);
@@ -96,6 +97,7 @@ bool heartbeat_decode(const uint8_t *secret, size_t secret_size, const uint8_t *
     out->sequence = wire_get_u64(data + 24);
     out->stopping = (data[5] & HEARTBEAT_FLAG_STOPPING) != 0;
     out->alarms = data[5] & (HEARTBEAT_FLAG_MEMORY_ALARM | HEARTBEAT_FLAG_DISK_ALARM);
+    out->catching_up = (data[5] & HEARTBEAT_FLAG_CATCHING_UP) != 0;
     if (data[5] & HEARTBEAT_FLAG_PROCESS) {
         out->incarnation = (uint32_t)data[9] << 16 | (uint32_t)data[10] << 8 | data[11];
         out->map_version = wire_get_u32(data + 12);

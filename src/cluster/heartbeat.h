@@ -32,6 +32,10 @@
 #define HEARTBEAT_FLAG_MEMORY_ALARM 2u /* its memory alarm is on: every broker blocks publishers */
 #define HEARTBEAT_FLAG_DISK_ALARM 4u
 #define HEARTBEAT_FLAG_PROCESS 8u      /* incarnation and map version are set */
+/* Its map has not caught up since it started (its sync not applied yet):
+ * the version it says is not all its log holds, so it gives no lease
+ * (fence_heard_note). Set, not cleared, so a sender from before it counts. */
+#define HEARTBEAT_FLAG_CATCHING_UP 16u
 #define HEARTBEAT_INCARNATION_MAX 0xFFFFFFu
 #define HEARTBEAT_HEADER_SIZE 32
 #define HEARTBEAT_MAC_SIZE 32
@@ -46,6 +50,7 @@ struct heartbeat {
      * (0 from a sender that does not say: then map_version is 0 too). */
     uint32_t incarnation;
     uint32_t map_version; /* the low 32 bits of the map version it applied */
+    bool catching_up;     /* HEARTBEAT_FLAG_CATCHING_UP */
     /* NUL-terminated, 1..CLUSTER_NAME_SIZE_MAX bytes, no NUL inside */
     char name[CLUSTER_NAME_SIZE_MAX + 1];
     char amqp_address[CLUSTER_NAME_SIZE_MAX + 1];

@@ -9,7 +9,9 @@
  *
  *     0   4  magic "QYHB"
  *     4   1  version (1)
- *     5   1  flags: bit 0 = stopping (the sender is shutting down cleanly)
+ *     5   1  flags (heartbeat.h HEARTBEAT_FLAG_*): stopping (the sender is
+ *              shutting down cleanly), its alarms, process fields set, its
+ *              map catching up after a start
  *     6   1  name_size (1..255)
  *     7   1  amqp_size (1..255)
  *     8   1  cluster_size (1..255)
@@ -78,7 +80,8 @@ static size_t heartbeat_of_self(struct cluster_node *node, bool stopping, uint8_
     const struct peer *self = &node->peers[0];
     struct heartbeat hb = {.id = node->id, .sequence = ++node->sequence, .stopping = stopping,
                            .alarms = self->alarms, .incarnation = self->incarnation,
-                           .map_version = (uint32_t)node->map.version};
+                           .map_version = (uint32_t)node->map.version,
+                           .catching_up = !node->synced};
     memcpy(hb.name, self->name, sizeof hb.name);
     memcpy(hb.amqp_address, self->amqp_address, sizeof hb.amqp_address);
     memcpy(hb.cluster_address, self->cluster_address, sizeof hb.cluster_address);
@@ -145,7 +148,7 @@ static void heartbeat_received(struct cluster_node *node, const struct heartbeat
     peer->alarms = hb->alarms;
     peer->last_heard_ms = uv_now(node->loop);
     fence_heard_note(&peer->lease, peer->last_heard_ms, hb->incarnation != 0, hb->map_version,
-                     node->map.version);
+                     hb->catching_up, node->map.version);
     node__lease_update(node);
     if (changed) {
         memcpy(peer->name, hb->name, sizeof peer->name);

@@ -19,7 +19,8 @@ static void hear(struct sim *s, struct sim_broker *b, uint64_t now)
             b->last_heard_ms[j + 1] = now;
             b->heard_incarnation[j + 1] = s->brokers[j].incarnation;
             fence_heard_note(&b->lease_heard[j + 1], now, true,
-                             (uint32_t)s->brokers[j].map.version, b->map.version);
+                             (uint32_t)s->brokers[j].map.version, !s->brokers[j].synced,
+                             b->map.version);
         }
     }
 }

@@ -73,6 +73,14 @@ static void test_process_fields(void **state)
     assert_int_equal(out.map_version, 0x89ABCDEFu);
     assert_int_equal(out.alarms, HEARTBEAT_FLAG_DISK_ALARM);
     assert_true(out.stopping);
+    assert_false(out.catching_up);
+    hb.catching_up = true; /* its own flag, beside the others */
+    n = heartbeat_encode(&hb, secret, SECRET_SIZE, buf);
+    assert_int_equal(buf[5] & HEARTBEAT_FLAG_CATCHING_UP, HEARTBEAT_FLAG_CATCHING_UP);
+    assert_true(heartbeat_decode(secret, SECRET_SIZE, buf, n, &out));
+    assert_true(out.catching_up);
+    assert_int_equal(out.map_version, 0x89ABCDEFu);
+    assert_true(out.stopping);
     assert_int_equal(out.id, 42);
     assert_int_equal(buf[8], 13); /* the cluster address's size is where it was */
     /* An old sender: no flag, zeros. */
