@@ -23,6 +23,7 @@
 #include "broker/auth.h"
 #include "broker/broker.h"
 #include "cli/services.h"
+#include "cluster/consensus.h"
 #include "cluster/node.h"
 #include "lib/errors.h"
 #include "lib/hash.h"
@@ -860,6 +861,7 @@ int main(int argc, char **argv)
     LOG_INFO("quayd ready (data %s)", config.data_dir);
     uv_run(loop, UV_RUN_DEFAULT);
     broker_free(&broker);
+    consensus_release_remains(); /* the loop has run dry */
     int rc = uv_loop_close(loop);
     if (rc != 0)
         LOG_WARN("loop closed with handles still open: %s", uv_strerror(rc));

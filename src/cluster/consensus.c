@@ -119,7 +119,26 @@ struct consensus {
     struct consensus_stats stats;
     void (*closed)(void *ctx);
     void *closed_ctx;
+    /* libraft's own raft_io close and the callback raft gave it: see
+     * io_close_once. */
+    void (*io_close)(struct raft_io *io, raft_io_close_cb cb);
+    raft_io_close_cb io_closed_cb;
+    bool io_closed;
+    bool io_released; /* at once, when raft never started */
+    struct list_node remains_link; /* in remains, once closed */
 };
+
+/* Consensus objects closed but not freed (consensus_release_remains): what
+ * libraft 0.15 may still touch. Its raft_io can report itself closed while
+ * an open segment is still being finalized or its writer closed, and then
+ * report it again when that completes (upstream tried to stop the second
+ * call and reverted it); freeing the I/O in the first report let the
+ * finalize run on freed memory (a SEGV at shutdown, ARCHITECTURE.md 12).
+ * So the I/O, the transport and the struct that holds them stay until the
+ * loop has run dry, and a second report is ignored (io_close_once). One
+ * list per process: a broker closes its consensus once, at shutdown or
+ * after a failed start. */
+static struct list_node remains = LIST_INIT(remains);
 
 /* ---- errors ---- */
 
@@ -990,6 +1009,8 @@ bool consensus_hurry_election(struct consensus *c, unsigned timeout_ms)
 
 /* ---- start and stop ---- */
 
+/* Our handles are closed and raft has reported its I/O closed: the owner
+ * is told; the memory libraft may still touch waits in remains. */
 static void consensus_free(struct consensus *c)
 {
     ASSERT(c->handles_open == 0);
@@ -997,9 +1018,43 @@ static void consensus_free(struct consensus *c)
     ASSERT(list_empty(&c->ops));
     void (*closed)(void *ctx) = c->closed;
     void *closed_ctx = c->closed_ctx;
-    free(c);
+    list_push_back(&remains, &c->remains_link);
     if (closed != NULL)
         closed(closed_ctx);
+}
+
+void consensus_release_remains(void)
+{
+    list_for_each_safe(pos, &remains) {
+        struct consensus *c = CONTAINER_OF(pos, struct consensus, remains_link);
+        list_remove(&c->remains_link);
+        if (!c->io_released) {
+            raft_uv_close(&c->io);
+            raft_transport_release(&c->transport);
+        }
+        free(c);
+    }
+}
+
+/* raft_io's close, between raft and libraft's: raft's callback runs once,
+ * whatever libraft reports after it (see remains). */
+static void io_closed_once(struct raft_io *io)
+{
+    struct consensus *c = CONTAINER_OF(io, struct consensus, io);
+    if (c->io_closed) {
+        LOG_WARN("consensus id=%llu: raft I/O reported closed twice (libraft); ignored",
+                 (unsigned long long)c->id);
+        return;
+    }
+    c->io_closed = true;
+    c->io_closed_cb(io);
+}
+
+static void io_close_once(struct raft_io *io, raft_io_close_cb cb)
+{
+    struct consensus *c = CONTAINER_OF(io, struct consensus, io);
+    c->io_closed_cb = cb;
+    c->io_close(io, io_closed_once);
 }
 
 static void on_handle_closed(uv_handle_t *handle)
@@ -1023,9 +1078,7 @@ static void on_raft_closed(struct raft *r)
     struct consensus *c = r->data;
     ASSERT(c->stopping);
     ASSERT(!c->join.in_flight);
-    raft_uv_close(&c->io);
-    raft_transport_release(&c->transport);
-    close_handles(c);
+    close_handles(c); /* the I/O and transport: consensus_release_remains */
 }
 
 void consensus_stop(struct consensus *c, void (*closed)(void *ctx), void *ctx)
@@ -1115,9 +1168,7 @@ static int check_config(const struct consensus_config *cfg, const struct consens
 static void on_start_failed_closed(struct raft *r)
 {
     struct consensus *c = r->data;
-    raft_uv_close(&c->io);
-    raft_transport_release(&c->transport);
-    close_handles(c);
+    close_handles(c); /* the I/O and transport: consensus_release_remains */
 }
 
 int consensus_start(struct consensus **out, uv_loop_t *loop, const struct consensus_config *cfg,
@@ -1157,6 +1208,9 @@ int consensus_start(struct consensus **out, uv_loop_t *loop, const struct consen
         return error_from_raft(rv);
     }
     raft_uv_set_connect_retry_delay(&c->io, CONNECT_RETRY_DELAY_MS);
+    c->io_close = c->io.close;
+    c->io.close = io_close_once;
+    list_init(&c->remains_link);
     c->handles_open = 4;
     uv_timer_init(loop, &c->watch_timer);
     uv_timer_init(loop, &c->ops_timer);
@@ -1171,8 +1225,9 @@ int consensus_start(struct consensus **out, uv_loop_t *loop, const struct consen
             c->raft.data = c;
             raft_close(&c->raft, on_start_failed_closed);
         } else {
-            raft_uv_close(&c->io);
+            raft_uv_close(&c->io); /* libraft never ran: nothing of it is pending */
             raft_transport_release(&c->transport);
+            c->io_released = true;
             close_handles(c);
         }
         return error_from_raft(rv);

@@ -111,9 +111,15 @@ struct consensus_callbacks {
  * (and, for proposals, applied locally with *result from apply). */
 typedef void (*consensus_done_fn)(void *req_ctx, int status, void *result);
 
-/* Owned by the caller that started it; freed after consensus_stop()'s
- * closed callback. */
+/* Owned by the caller that started it until consensus_stop()'s closed
+ * callback (or a failed start); its memory then waits for
+ * consensus_release_remains. */
 struct consensus;
+
+/* Frees every consensus closed so far. Only once the loop has run dry:
+ * libraft 0.15 may still use a closed one's I/O until then (consensus.c,
+ * remains). */
+void consensus_release_remains(void);
 
 /* Open the data dir, start listening on the cluster port and start Raft.
  * With cfg->bootstrap and an empty dir, this broker becomes a one-member

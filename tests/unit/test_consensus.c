@@ -100,6 +100,7 @@ static void loop_teardown(void)
     for (int i = 0; i < 100 && uv_run(&loop, UV_RUN_NOWAIT) != 0; i++)
         ;
     assert_int_equal(uv_loop_close(&loop), 0);
+    consensus_release_remains();
 }
 
 /* Run the loop until pred(arg) or timeout_ms; returns pred's last value. */
