@@ -25,6 +25,11 @@ bool fence_replica_accepts(const struct map_queue *q, uint32_t self_id, uint64_t
     return q != NULL && epoch >= q->epoch && q->primary_id != self_id;
 }
 
+bool fence_backup_restarted(uint32_t known, uint32_t now)
+{
+    return known != 0 && now != known;
+}
+
 enum fence_push fence_replica_push(uint64_t last_seq, uint64_t last_epoch, uint64_t seq,
                                    uint64_t epoch)
 {

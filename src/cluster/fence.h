@@ -45,6 +45,18 @@ enum fence_push { FENCE_PUSH_TAKE, FENCE_PUSH_HAVE, FENCE_PUSH_REFUSE };
 enum fence_push fence_replica_push(uint64_t last_seq, uint64_t last_epoch, uint64_t seq,
                                    uint64_t epoch);
 
+/* Whether a backup's stream lost step with it: the backup's incarnation
+ * as the primary's map had it when the stream last followed the map
+ * (known; 0: not yet known) and as it has it now. A new process holds none
+ * of the replica the stream fed (a restart recreates replica logs), so the
+ * stream is caught up again from a reset, whatever its acks said: the new
+ * process takes the pushes of a primary that has not heard of the restart
+ * (newer seqs than the nothing it holds), so the stream looked in step and
+ * its primary asked the map to put it back in sync, empty (tests/sim seed
+ * 281609694: then a move promoted it). A first report (0 before) is not a
+ * restart, as broker.incarnation has it. */
+bool fence_backup_restarted(uint32_t known, uint32_t now);
+
 /* The lease: when it ends, given when each of the map's other brokers
  * was last heard (heard[n], 0: never; sorted here, newest first). It
  * lasts lease_ms past the moment the majority-th broker (counting

@@ -15,6 +15,7 @@
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "cluster/fence.h"
 #include "cluster/handover.h"
 #include "cluster/map.h"
 #include "cluster/member.h"
@@ -52,6 +53,7 @@ enum stream_state {
 struct replica_stream {
     struct replication *rep;  /* borrowed back; NULL once detached */
     uint32_t backup_id;
+    uint32_t incarnation;     /* the backup's process, as the map said when last followed */
     enum stream_state state;
     bool gating;              /* confirms wait for its acks (in sync, or just caught up) */
     bool join_asked;          /* caught up: the map was asked to put it in sync */
@@ -745,9 +747,29 @@ static void stream_sync(struct replication *rep, struct replica_stream *s)
     stream_send(rep, s, &m, NULL, 0);
 }
 
+/* The backup restarted since the stream last followed the map
+ * (fence_backup_restarted): what we sent it is gone; caught up again
+ * (replication_attach starts it once the stream no longer gates: the same
+ * map change took the backup out of the in-sync set). */
+static void stream_follow_process(struct replication *rep, struct replica_stream *s,
+                                  const struct cluster_map *map)
+{
+    const struct map_broker *b = cluster_map_broker(map, s->backup_id);
+    uint32_t incarnation = b != NULL ? b->incarnation : 0;
+    if (fence_backup_restarted(s->incarnation, incarnation) && s->state != STREAM_IDLE) {
+        backlog_free(s->backlog);
+        s->backlog = NULL;
+        s->state = STREAM_FAILED;
+        s->join_asked = false;
+        log_queue(rep->queue, "restarted: caught up again", s->backup_id);
+    }
+    s->incarnation = incarnation;
+}
+
 static void streams_follow(struct replication *rep, const struct map_queue *mq, bool fresh,
                            bool recovered)
 {
+    const struct cluster_map *map = member_map(rep->member);
     struct replica_stream *next[CLUSTER_BACKUPS_MAX] = {0};
     for (uint8_t i = 0; i < mq->backups_count; i++) {
         struct replica_stream *s = stream_take(rep, mq->backup_ids[i]);
@@ -757,6 +779,7 @@ static void streams_follow(struct replication *rep, const struct map_queue *mq, 
             *s = (struct replica_stream){.rep = rep, .backup_id = mq->backup_ids[i]};
         }
         bool in_sync = (mq->in_sync_mask & (1u << i)) != 0;
+        stream_follow_process(rep, s, map);
         if (fresh) {
             /* Promoted (or just declared): an in-sync backup holds what we
              * adopted, under the same seqs. (A stream we already had keeps

@@ -122,6 +122,9 @@ def parse_args(argv):
     p.add_argument("--quayd-args", default=env("QUAYD_ARGS", ""),
                    help="more quayd options for every broker, e.g. "
                         "'--partition-handling pause-minority'")
+    p.add_argument("--trace-dups", type=int, default=int(env("TRACE_DUPS", "0")),
+                   help="print this many unflagged duplicates in detail (who published "
+                        "each, when, and every delivery of it) and keep the brokers' logs")
     p.add_argument("--selftest", action="store_true", help="test the checker and exit")
     a = p.parse_args(argv)
     if not 3 <= a.brokers <= 5:
@@ -262,6 +265,11 @@ class QueueState:
         self.received = {}          # id -> set of attempts seen
         self.dup = collections.Counter()
         self.acks = []              # (monotonic time, broker) of each positive confirm
+        # --trace-dups: (id, attempt) -> (soak time, broker) of its publish,
+        # and -> [(soak time, broker, redelivered)] of its deliveries
+        self.sent_at = {}
+        self.deliveries = collections.defaultdict(list)
+        self.unflagged = []         # (id, attempt) of each unflagged duplicate
         self.nacked = 0
         self.last_delivery = time.monotonic()
 
@@ -473,6 +481,8 @@ class Soak:
                                 q.next_id += 1
                             attempt = q.sends.get(mid, 0) + 1
                             q.sends[mid] = attempt
+                            if a.trace_dups:
+                                q.sent_at[(mid, attempt)] = (self.now(), member.name)
                         state["tag"] += 1
                         outstanding[state["tag"]] = (mid, now)
                         try:
@@ -543,7 +553,11 @@ class Soak:
                                 q.dup["redelivered"] += 1
                             else:
                                 q.dup["unflagged"] += 1
+                                q.unflagged.append((mid, attempt))
                             seen.add(attempt)
+                        if self.a.trace_dups:
+                            q.deliveries[(mid, attempt)].append(
+                                (self.now(), member.name, bool(m.redelivered)))
                         q.last_delivery = time.monotonic()
                     ch_.basic_ack(m.delivery_tag)
                 ch.basic_consume(q.name, on_message)
@@ -906,6 +920,22 @@ class Soak:
             t.join(10)
         return self.report()
 
+    def print_unflagged(self):
+        """--trace-dups: the first unflagged duplicates, each with its publish
+        and every delivery of it (soak times, as the fault log's)."""
+        shown = 0
+        with self.lock:
+            for q in self.queues:
+                for key in q.unflagged:
+                    if shown >= self.a.trace_dups:
+                        return
+                    shown += 1
+                    sent = q.sent_at.get(key, (0.0, "?"))
+                    print("UNFLAGGED %s m%d attempt %d: published %.3f s via %s; delivered %s" % (
+                        q.name, key[0], key[1], sent[0], sent[1],
+                        ", ".join("%.3f s via %s%s" % (t, b, " (redelivered)" if r else "")
+                                  for t, b, r in q.deliveries[key])))
+
     def report(self):
         a = self.a
         self.check_deaths()
@@ -922,6 +952,7 @@ class Soak:
         for qn, ids in lost.items():
             if ids:
                 self.fail("%s: %d confirmed messages lost, e.g. %s" % (qn, len(ids), ids[:10]))
+        self.print_unflagged()
         for q in self.queues:
             print("QUEUE %s backups=%d %s confirmed=%d received=%d dup=%d nacked=%d lost=%d" % (
                 q.name, q.backups, "persistent" if q.persistent else "transient",
@@ -985,7 +1016,7 @@ class Soak:
     def close(self, ok):
         problems = []
         if self.cluster is not None:
-            self.cluster.failed = not ok
+            self.cluster.failed = not ok or bool(self.a.trace_dups)
             problems = self.cluster.close() or []
         if self.lab is not None:
             self.lab.close()

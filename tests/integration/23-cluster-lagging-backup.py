@@ -11,7 +11,9 @@ fourth broker must see its confirms resume, and /api/queues must show the
 frozen backup out of sync. Then the primary is killed with kill -9: the
 in-sync backup is promoted, never the frozen one, and every confirmed
 message is read back. SIGCONT: the frozen broker comes back and the queue
-is back at two in-sync backups.
+is back at two in-sync backups. Last, on three other brokers, a backup
+restarted while the map could not mark it down is caught up before it is
+in sync again.
 """
 import os
 import signal
@@ -137,14 +139,72 @@ def thawed_and_restarted_the_factor_is_restored():
                    what="%s to hold every message" % name)
 
 
+@test(timeout=120)
+def a_backup_restarted_at_once_is_caught_up_before_it_is_in_sync_again():
+    """A backup killed and restarted while the map could not mark it down
+    (no quorum meanwhile: it led, and another broker is stopped) comes
+    back as a new process holding none of the queue (a replica is not kept
+    across a restart). The primary's stream to it saw no failure (nothing
+    was in flight), and the new process takes newer pushes. The map drops
+    it from the in-sync set when it hears the new process
+    (broker.incarnation); the primary must catch it up before asking to
+    put it back. Before, it asked at once, and the map counted an empty
+    replica in sync (tests/sim seed 281609694 found it; this test then saw
+    the backup in sync holding 0 of 100 messages)."""
+    small = state["small"] = Cluster()
+    trio = {m.name: m for m in small.form(["x", "y", "z"])}
+    leader = trio["x"]  # (the first one leads)
+    # A queue whose primary is not the Raft leader, which is its backup
+    # (three brokers, two backups). Were the dead broker marked down, its
+    # backups would be dropped and it would come back as a new one.
+    c = connect(leader)
+    ch = c.channel()
+    for k in range(12):
+        ch.queue_declare("restarted-%d" % k, arguments={"x-quay-backups": 2})
+    name = next(n for n in ("restarted-%d" % k for k in range(12))
+                if queue_info(leader, n)["primary"] != leader.name)
+    wait_until(lambda: len((queue_info(leader, name) or {}).get("in_sync", [])) == 2, 10,
+               what="two backups in sync")
+    ch.confirm_delivery()
+    for i in range(100):
+        ch.basic_publish("", name, b"%d" % i)
+    c.close()
+    info = queue_info(leader, name)
+    primary, backup = trio[info["primary"]], leader
+    assert info["messages"] == 100, info
+    seen = len(primary.log_text_bytes())
+    back_in_sync = ("event=backup_in_sync vhost=/ queue=%s broker=%s " % (name, backup.name)
+                    ).encode()
+    other = next(m for m in trio.values() if m not in (primary, backup))
+    os.kill(other.proc.pid, signal.SIGSTOP)  # no quorum while it is dead
+    state["stopped"] = other
+    try:
+        backup.kill()
+        backup.restart()
+        time.sleep(0.5)
+    finally:
+        os.kill(other.proc.pid, signal.SIGCONT)
+        state["stopped"] = None
+    # The map change that puts it back in sync (after the ones that took it
+    # out), as the primary logs it.
+    wait_until(lambda: back_in_sync in primary.log_text_bytes()[seen:], 30,
+               what="the restarted backup back in sync")
+    assert backup.name in queue_info(primary, name)["backups"]
+    wait_until(lambda: (queue_info(backup, name) or {}).get("replica_messages") == 100, 5,
+               what="the backup, in sync again, to hold the queue's 100 messages",
+               detail=lambda: (queue_info(backup, name) or {}).get("replica_messages"))
+
+
 def cleanup(failed):
     frozen = state.get("frozen")
     if frozen is not None and frozen.alive():
         os.kill(frozen.proc.pid, signal.SIGCONT)
-    if cluster is None:
-        return []
-    cluster.failed = failed
-    return cluster.close()
+    problems = []
+    for c in (state.get("small"), cluster):
+        if c is not None:
+            c.failed = failed
+            problems += c.close() or []
+    return problems
 
 
 if __name__ == "__main__":

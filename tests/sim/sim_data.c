@@ -153,6 +153,11 @@ static void catch_up(struct sim *s, unsigned p, unsigned qi, struct sim_copy *c,
         return;
     }
     sim_data_watch(s, qi, "catching up b%u: %u messages", st->backup_id, c->held_count);
+    /* The answers to what went before the reset are not this catch-up's:
+     * replication.c counts them down ahead of its end probe's (catch_up_left);
+     * here they are the old stream's, ignored (else an old ack of the newest
+     * seq ended the catch-up before the reset had arrived). */
+    st->id = ++s->data->stream_ids;
     st->state = SIM_STREAM_CATCHING_UP;
     st->progress_ms = now_ms(s);
     st->acked_seq = 0;
@@ -214,9 +219,10 @@ static void on_ack(struct sim *s, unsigned p, const struct sim_frame *f)
 /* ---- a primary following its map (mirror.c, replication_attach) ---- */
 
 /* replication.c's streams_follow. */
-static void streams_follow(struct sim *s, struct sim_copy *c, const struct map_queue *q,
-                           bool fresh, bool recovered)
+static void streams_follow(struct sim *s, const struct sim_broker *b, unsigned qi,
+                           const struct map_queue *q, bool fresh, bool recovered)
 {
+    struct sim_copy *c = &s->data->copies[b->index][qi];
     struct sim_stream next[CLUSTER_BACKUPS_MAX];
     for (uint8_t i = 0; i < q->backups_count; i++) {
         struct sim_stream *st = NULL;
@@ -228,6 +234,15 @@ static void streams_follow(struct sim *s, struct sim_copy *c, const struct map_q
         if (st == NULL)
             st = &one;
         bool in_sync = (q->in_sync_mask & (1u << i)) != 0;
+        const struct map_broker *mb = cluster_map_broker(&b->map, st->backup_id);
+        uint32_t incarnation = mb != NULL ? mb->incarnation : 0;
+        if (fence_backup_restarted(st->incarnation, incarnation) &&
+            st->state != SIM_STREAM_IDLE) {
+            sim_data_watch(s, qi, "stream to b%u: restarted, caught up again", st->backup_id);
+            st->state = SIM_STREAM_FAILED; /* (stream_follow_process) */
+            st->join_asked = false;
+        }
+        st->incarnation = incarnation;
         if (fresh) {
             /* Promoted (or just declared): an in-sync backup holds what we
              * adopted, under the same seqs. */
@@ -304,7 +319,7 @@ static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
     c->epoch = q->epoch;
     if (q->move_to == BROKER_ID_NONE)
         c->quiescing = false;
-    streams_follow(s, c, q, fresh, recovered);
+    streams_follow(s, b, qi, q, fresh, recovered);
     if (fresh && recovered)
         ask_in_sync(c);
     for (uint8_t i = 0; i < c->streams_count; i++) {

@@ -78,6 +78,7 @@ enum sim_stream_state { SIM_STREAM_IDLE, SIM_STREAM_CATCHING_UP, SIM_STREAM_LIVE
 struct sim_stream {
     uint32_t id;                   /* unique in the seed: answers find their stream */
     uint32_t backup_id;
+    uint32_t incarnation;          /* the backup's, as the map said when last followed */
     uint8_t state;
     bool gating, join_asked;
     uint64_t acked_seq, sent_seq, catch_up_end, progress_ms;

@@ -175,6 +175,19 @@ static void lease_counts_a_heartbeat_once_our_map_reached_its_senders(void **sta
     assert_int_equal(fence_lease_until(heard, 3, true, 1000), 2000);
 }
 
+/* A backup's stream is out of step once the map shows another process of
+ * the backup than when the stream last followed it; a first report (0
+ * before) is not a restart (broker.incarnation records it only). */
+static void backup_restarted_only_on_a_new_process(void **state)
+{
+    (void)state;
+    assert_false(fence_backup_restarted(0, 0));
+    assert_false(fence_backup_restarted(0, 77)); /* the first report */
+    assert_false(fence_backup_restarted(77, 77));
+    assert_true(fence_backup_restarted(77, 78));
+    assert_true(fence_backup_restarted(77, 0)); /* (the map forgot it: not the same) */
+}
+
 /* A heartbeat from a broker still catching up after a start counts for
  * nothing, whatever version it names (tests/sim seed 756410383: a deposed
  * primary, cut off for long, took its lease from brokers restarted
@@ -208,6 +221,7 @@ int main(void)
         cmocka_unit_test(pause_minority_after_a_stale_lease_while_serving),
         cmocka_unit_test(lease_counts_a_heartbeat_once_our_map_reached_its_senders),
         cmocka_unit_test(lease_ignores_a_sender_catching_up),
+        cmocka_unit_test(backup_restarted_only_on_a_new_process),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
