@@ -629,9 +629,12 @@ int map_cmd_rebalance_done(struct map_cmd *out);
 int map_cmd_queue_set_backups(struct map_cmd *out, struct bytes vhost, struct bytes name,
                               uint64_t expected_epoch, const uint32_t *backup_ids,
                               uint8_t backups_count);
+/* incarnations (may be NULL): beside each id, its process as the primary's
+ * stream knew it (0: not known); one the map has replaced since is not put
+ * in sync (map_apply_queues.c). */
 int map_cmd_queue_set_in_sync(struct map_cmd *out, struct bytes vhost, struct bytes name,
                               uint64_t expected_epoch, const uint32_t *in_sync_ids,
-                              uint8_t in_sync_count);
+                              const uint32_t *incarnations, uint8_t in_sync_count);
 /* queue.set_backups that also sets the replication factor (1..4): a policy
  * changed what the queue wants. backups_count < factor. */
 int map_cmd_queue_set_factor(struct map_cmd *out, struct bytes vhost, struct bytes name,

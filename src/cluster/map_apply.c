@@ -222,10 +222,26 @@ struct table map__read_table(struct cmd_reader *r, const char *key)
 }
 
 /* An array of up to CLUSTER_BACKUPS_MAX non-zero broker ids. */
+static uint8_t read_u32s(struct cmd_reader *r, const char *key, uint32_t *out, int64_t min,
+                         bool optional);
+
 uint8_t map__read_ids(struct cmd_reader *r, const char *key, uint32_t *ids)
 {
+    return read_u32s(r, key, ids, 1, false);
+}
+
+uint8_t map__read_incarnations(struct cmd_reader *r, const char *key, uint32_t *out)
+{
+    return read_u32s(r, key, out, 0, true);
+}
+
+/* An array of at most CLUSTER_BACKUPS_MAX integers in [min, UINT32_MAX]
+ * (optional: 0 entries when absent). */
+static uint8_t read_u32s(struct cmd_reader *r, const char *key, uint32_t *out, int64_t min,
+                         bool optional)
+{
     struct field_value v;
-    if (!read_value(r, key, &v, false))
+    if (!read_value(r, key, &v, optional))
         return 0;
     if (v.kind != 'A') {
         map__reader_fail(r, key);
@@ -237,12 +253,12 @@ uint8_t map__read_ids(struct cmd_reader *r, const char *key, uint32_t *ids)
     struct field_value e;
     while (array_iter_next(&it, &e)) {
         int64_t i;
-        if (n == CLUSTER_BACKUPS_MAX || !field_value_as_int(&e, &i) || i <= 0 ||
+        if (n == CLUSTER_BACKUPS_MAX || !field_value_as_int(&e, &i) || i < min ||
             i > UINT32_MAX) {
             map__reader_fail(r, key);
             return 0;
         }
-        ids[n++] = (uint32_t)i;
+        out[n++] = (uint32_t)i;
     }
     return n;
 }

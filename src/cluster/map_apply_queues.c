@@ -707,10 +707,26 @@ int map__op_queue_move(struct apply_ctx *ctx)
     return OK;
 }
 
+/* Whether the process of broker id the primary's stream knew (0: not
+ * known) is the map's: one that restarted since holds nothing of it. */
+static bool same_process(const struct cluster_map *map, uint32_t id, uint32_t incarnation)
+{
+    const struct map_broker *b = cluster_map_broker(map, id);
+    return incarnation == 0 || b == NULL || b->incarnation == incarnation;
+}
+
+/* The primary's whole wanted set. A backup it names with the incarnation
+ * its stream knew, which the map has replaced since (broker.incarnation
+ * came first: the request was on its way), is left out: what the stream
+ * caught up died with that process. (Without this a request sent before
+ * the restart was heard put the new, empty process back in sync.) */
 int map__op_queue_set_in_sync(struct apply_ctx *ctx)
 {
-    uint32_t ids[CLUSTER_BACKUPS_MAX];
+    uint32_t ids[CLUSTER_BACKUPS_MAX], incarnations[CLUSTER_BACKUPS_MAX];
     uint8_t n = map__read_ids(&ctx->reader, "in_sync", ids);
+    uint8_t known = map__read_incarnations(&ctx->reader, "in_sync_incarnations", incarnations);
+    if (known != 0 && known != n)
+        map__reader_fail(&ctx->reader, "in_sync_incarnations");
     int rc;
     struct map_queue *q = find_queue_cas(ctx, true, &rc);
     if (q == NULL)
@@ -722,7 +738,8 @@ int map__op_queue_set_in_sync(struct apply_ctx *ctx)
             return map__refuse(ctx, REPLY_PRECONDITION_FAILED, true,
                                "broker %u is not a backup of queue '%.*s'", ids[i],
                                BYTES_ARG(q->name));
-        mask |= (uint8_t)(1u << slot);
+        if (known == 0 || same_process(ctx->map, ids[i], incarnations[i]))
+            mask |= (uint8_t)(1u << slot);
     }
     ctx->change->changed = mask != q->in_sync_mask;
     q->in_sync_mask = mask;

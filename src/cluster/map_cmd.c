@@ -147,6 +147,8 @@ struct simple_cmd {
     const char *ids_key; /* an extra id array */
     const uint32_t *ids;
     uint8_t ids_count;
+    const char *ids2_key; /* and one beside it, of as many integers */
+    const uint32_t *ids2;
 };
 
 static void encode_simple(struct table_writer *w, const void *arg)
@@ -171,6 +173,8 @@ static void encode_simple(struct table_writer *w, const void *arg)
         table_put_bool(w, s->bool_key, s->bool_value);
     if (s->ids_key)
         put_ids(w, s->ids_key, s->ids, s->ids_count);
+    if (s->ids2_key)
+        put_ids(w, s->ids2_key, s->ids2, s->ids_count);
 }
 
 void map__encode_join(struct table_writer *w, const void *arg)
@@ -626,13 +630,17 @@ int map_cmd_queue_set_backups(struct map_cmd *out, struct bytes vhost, struct by
 
 int map_cmd_queue_set_in_sync(struct map_cmd *out, struct bytes vhost, struct bytes name,
                               uint64_t expected_epoch, const uint32_t *in_sync_ids,
-                              uint8_t in_sync_count)
+                              const uint32_t *incarnations, uint8_t in_sync_count)
 {
     ASSERT(expected_epoch != 0);
     ASSERT(in_sync_count <= CLUSTER_BACKUPS_MAX);
     struct simple_cmd s = {.op = MAP_OP_QUEUE_SET_IN_SYNC, .vhost = vhost, .name = name,
                            .epoch = expected_epoch, .ids_key = "in_sync", .ids = in_sync_ids,
                            .ids_count = in_sync_count};
+    if (incarnations != NULL && in_sync_count > 0) {
+        s.ids2_key = "in_sync_incarnations";
+        s.ids2 = incarnations;
+    }
     return build(out, encode_simple, &s);
 }
 

@@ -86,6 +86,9 @@ bool map__read_bool(struct cmd_reader *r, const char *key, bool optional);
 struct table map__read_table(struct cmd_reader *r, const char *key);
 /* An array of up to CLUSTER_BACKUPS_MAX non-zero broker ids. */
 uint8_t map__read_ids(struct cmd_reader *r, const char *key, uint32_t *ids);
+/* The same, optional, each 0..UINT32_MAX (a broker's incarnation, 0: not
+ * known). */
+uint8_t map__read_incarnations(struct cmd_reader *r, const char *key, uint32_t *out);
 bool map__rebalance_parse(struct bytes name, enum map_rebalance *out);
 
 /* A permission's three regexes, as commands and snapshots name them. */

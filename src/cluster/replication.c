@@ -207,19 +207,21 @@ static void confirm_when_replicated(struct replication *rep, uint64_t seq,
  * another; asked again by the tick while the map differs. */
 static void ask_in_sync(struct replication *rep)
 {
-    uint32_t ids[CLUSTER_BACKUPS_MAX];
+    uint32_t ids[CLUSTER_BACKUPS_MAX], incarnations[CLUSTER_BACKUPS_MAX];
     uint8_t n = 0;
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         const struct replica_stream *s = rep->streams[i];
-        if (s->gating && s->state == STREAM_LIVE)
+        if (s->gating && s->state == STREAM_LIVE) {
+            incarnations[n] = s->incarnation;
             ids[n++] = s->backup_id;
+        }
     }
     /* The same set while that request may still be on its way: wait. */
     uint64_t now = loop_ms(rep);
     if (n == rep->asked_count && memcmp(ids, rep->asked, n * sizeof ids[0]) == 0 &&
         now - rep->asked_ms < REPLICATION_RETRY_MS)
         return;
-    if (member_set_in_sync(rep->member, rep->queue, rep->epoch, ids, n)) {
+    if (member_set_in_sync(rep->member, rep->queue, rep->epoch, ids, incarnations, n)) {
         rep->asked_ms = now;
         memcpy(rep->asked, ids, n * sizeof ids[0]);
         rep->asked_count = n;

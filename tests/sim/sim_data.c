@@ -540,11 +540,13 @@ void sim_data_restart(struct sim *s, unsigned i)
 static void submit_in_sync(struct sim *s, struct sim_broker *b, unsigned qi, struct sim_copy *c,
                            uint64_t now)
 {
-    uint32_t ids[CLUSTER_BACKUPS_MAX];
+    uint32_t ids[CLUSTER_BACKUPS_MAX], incarnations[CLUSTER_BACKUPS_MAX];
     uint8_t n = 0;
     for (uint8_t i = 0; i < c->streams_count; i++) {
-        if (c->streams[i].gating && c->streams[i].state == SIM_STREAM_LIVE)
+        if (c->streams[i].gating && c->streams[i].state == SIM_STREAM_LIVE) {
+            incarnations[n] = c->streams[i].incarnation;
             ids[n++] = c->streams[i].backup_id;
+        }
     }
     if (n == c->asked_count && memcmp(ids, c->asked, n * sizeof ids[0]) == 0 &&
         now - c->asked_ms < SIM_ASK_RETRY_MS)
@@ -562,7 +564,8 @@ static void submit_in_sync(struct sim *s, struct sim_broker *b, unsigned qi, str
     if (mask == q->in_sync_mask || li >= s->f.n || !sim_net_reachable(s, b->index, li))
         return;
     struct map_cmd cmd;
-    if (map_cmd_queue_set_in_sync(&cmd, q->vhost->name, q->name, c->epoch, ids, n) != OK)
+    if (map_cmd_queue_set_in_sync(&cmd, q->vhost->name, q->name, c->epoch, ids, incarnations,
+                                  n) != OK)
         return;
     if (!sim_propose_cmd(&s->brokers[li], &cmd, SIM_REQUEST, b->id))
         return;

@@ -129,7 +129,8 @@ static void test_brokers(void **state)
  * one the map has) leaves every in-sync set it was in, and only those; a
  * first report is only recorded (a new cluster's queues placed before the
  * leader heard a broker keep their in-sync backups); the same incarnation
- * again changes nothing; a snapshot keeps it.
+ * again changes nothing; a snapshot keeps it; a primary's in-sync request
+ * naming a process the map has replaced does not put it back.
  * (tests/sim seed 192: a restart the map never saw as down left the
  * broker in sync, and a failover promoted it with its replica gone.) */
 static void test_broker_incarnation(void **state)
@@ -167,7 +168,7 @@ static void test_broker_incarnation(void **state)
     assert_int_equal(q->epoch, epoch); /* the primary is not fenced: it catches 3 up */
     assert_true(map.brokers_version > bv);
     uint32_t both[] = {2, 3};
-    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), q->epoch, both, 2));
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), q->epoch, both, NULL, 2));
     APPLY_OK(&map, map_cmd_broker_incarnation(&c_, 3, 7));
     assert_false(last.changed);
     assert_int_equal(q->in_sync_mask, 0x3);
@@ -176,12 +177,26 @@ static void test_broker_incarnation(void **state)
     assert_int_equal(cluster_map_broker(&map, 3)->incarnation, 7);
     APPLY_OK(&map, map_cmd_broker_incarnation(&c_, 3, 8));
     assert_int_equal(q->in_sync_mask, 0);
+    /* The primary names the process each stream knew: one the map has
+     * replaced since (a request sent before the restart was heard) is not
+     * put in sync; 0 (not known) is taken at its word. */
+    uint32_t known[] = {9, 7};
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), q->epoch, both, known, 2));
+    assert_int_equal(q->in_sync_mask, 0x1);
+    known[1] = 8;
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), q->epoch, both, known, 2));
+    assert_int_equal(q->in_sync_mask, 0x3);
+    uint32_t unknown = 0;
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), q->epoch, &both[1], &unknown,
+                                             1));
+    assert_int_equal(q->in_sync_mask, 0x2);
+    APPLY_OK(&map, map_cmd_broker_incarnation(&c_, 2, 10));
     assert_int_equal(APPLY_RC(&map, map_cmd_broker_incarnation(&c_, 5, 1)), E_MAP_REFUSED);
     assert_int_equal(last.reply_code, REPLY_NOT_FOUND);
     struct cluster_map copy;
     assert_round_trip(&map, &copy);
     assert_int_equal(cluster_map_broker(&copy, 3)->incarnation, 8);
-    assert_int_equal(cluster_map_broker(&copy, 2)->incarnation, 9);
+    assert_int_equal(cluster_map_broker(&copy, 2)->incarnation, 10);
     assert_int_equal(cluster_map_broker(&copy, 1)->incarnation, 0);
     cluster_map_free(&copy);
     cluster_map_free(&map);
@@ -517,11 +532,11 @@ static void test_queue_ownership(void **state)
     assert_int_equal(q->owned_since, map.version); /* a restarted primary's yardstick */
     /* In-sync: only 2 and 4. */
     uint32_t sync[] = {2, 4};
-    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), e, sync, 2));
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), e, sync, NULL, 2));
     assert_int_equal(q->in_sync_mask, 0x5);
     uint32_t not_backup[] = {1};
     assert_int_equal(APPLY_RC(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), e,
-                                                              not_backup, 1)),
+                                                              not_backup, NULL, 1)),
                      E_MAP_REFUSED);
     /* 3 is out of sync: it may lack confirmed messages, never promoted. */
     assert_int_equal(APPLY_RC(&map, map_cmd_queue_set_owner(&c_, B("/"), B("q"), e, 3)),
@@ -684,7 +699,7 @@ static void test_queue_move(void **state)
     /* Again, to 3; in sync; the handover ends the move. */
     APPLY_OK(&map, map_cmd_queue_move(&c_, B("/"), B("q"), e, 3));
     uint32_t both[] = {2, 3};
-    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), e, both, 2));
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), e, both, NULL, 2));
     APPLY_OK(&map, map_cmd_queue_hand_over(&c_, B("/"), B("q"), e, 3));
     assert_true(last.planned);
     assert_int_equal(last.previous_primary_id, 1);
@@ -755,7 +770,7 @@ static void test_queue_move_backup(void **state)
     cluster_map_free(&copy);
     /* Caught up; the replaced backup leaves: done, the primary unchanged. */
     uint32_t both[] = {2, 4};
-    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), e, both, 2));
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), e, both, NULL, 2));
     uint32_t four[] = {4};
     APPLY_OK(&map, map_cmd_queue_set_backups(&c_, B("/"), B("q"), e, four, 1));
     assert_int_equal(q->move_to, 0);
@@ -793,7 +808,7 @@ static uint32_t valid_commands(struct map_cmd *cmds)
     assert_int_equal(map_cmd_queue_declare(&cmds[n++], &q, 1), OK);
     assert_int_equal(map_cmd_bind(&cmds[n++], &b), OK);
     assert_int_equal(map_cmd_queue_set_backups(&cmds[n++], B("/"), B("q"), 9, ids, 1), OK);
-    assert_int_equal(map_cmd_queue_set_in_sync(&cmds[n++], B("/"), B("q"), 9, ids, 1), OK);
+    assert_int_equal(map_cmd_queue_set_in_sync(&cmds[n++], B("/"), B("q"), 9, ids, NULL, 1), OK);
     assert_int_equal(map_cmd_queue_move(&cmds[n++], B("/"), B("q"), 9, 3), OK);
     assert_int_equal(map_cmd_queue_hand_over(&cmds[n++], B("/"), B("q"), 9, 3), OK);
     assert_int_equal(map_cmd_queue_set_available(&cmds[n++], B("/"), B("q"), 10, false), OK);
@@ -1287,7 +1302,7 @@ static void test_snapshot_round_trip(void **state)
     struct map_cmd c_;
     struct map_queue *q7 = cluster_map_queue(&map, B("prod"), B("queue-00007"));
     uint32_t none[1];
-    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("prod"), B("queue-00007"), q7->epoch, none,
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("prod"), B("queue-00007"), q7->epoch, none, NULL,
                                              0));
     uint32_t target = q7->primary_id == 5 ? 1 : q7->primary_id + 1;
     if (map_queue_has_backup(q7, target))
@@ -1515,8 +1530,8 @@ static void test_take_over_with_replica(void **state)
     struct map_queue *q = cluster_map_queue(&map, B("/"), B("q"));
     struct map_queue *pq = cluster_map_queue(&map, B("/"), B("plain"));
     uint32_t two = 2;
-    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), q->epoch, &two, 1));
-    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("plain"), pq->epoch, &two, 1));
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), q->epoch, &two, NULL, 1));
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("plain"), pq->epoch, &two, NULL, 1));
     APPLY_OK(&map, map_cmd_broker_state(&c_, 1, BROKER_STATE_DOWN));
     uint64_t e = q->epoch;
     /* Not by a backup out of sync (3), not of a queue without the argument. */
@@ -1569,7 +1584,7 @@ static void test_policy_replicate(void **state)
         qs[i] = cluster_map_queue(&map, B("/"), B(names[i]));
         uint32_t two = 2;
         APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B(names[i]), qs[i]->epoch,
-                                                 &two, 1));
+                                                 &two, NULL, 1));
     }
     assert_false(map_queue_replicates_transient_only(&map, qs[0]));
     struct policy_decl tr = {B("/"), B("tr"), B("^tr\\."), 0, 1, POLICY_REPLICATE_TRANSIENT};
@@ -1589,14 +1604,14 @@ static void test_policy_replicate(void **state)
     assert_int_equal(qs[2]->in_sync_mask, 1);
     APPLY_OK(&map, map_cmd_policy_delete(&c_, B("/"), B("over")));
     uint32_t two = 2;
-    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("tr.q"), qs[0]->epoch, &two, 1));
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("tr.q"), qs[0]->epoch, &two, NULL, 1));
     /* Deleting the policy: the same. */
     APPLY_OK(&map, map_cmd_policy_delete(&c_, B("/"), B("tr")));
     assert_int_equal(qs[0]->in_sync_mask, 0);
     assert_int_equal(qs[1]->in_sync_mask, 1);
     /* By the policy alone, the takeover with the replica is accepted. */
     APPLY_OK(&map, map_cmd_policy_put(&c_, &tr));
-    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("tr.q"), qs[0]->epoch, &two, 1));
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("tr.q"), qs[0]->epoch, &two, NULL, 1));
     APPLY_OK(&map, map_cmd_broker_state(&c_, 1, BROKER_STATE_DOWN));
     APPLY_OK(&map, map_cmd_queue_take_over_with_replica(&c_, B("/"), B("tr.q"), qs[0]->epoch,
                                                         2, 1));

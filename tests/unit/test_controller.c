@@ -79,7 +79,7 @@ static uint32_t brokers_catch_up_and_hand_over(struct cluster_map *map)
         struct map_queue *q = map->queues[i];
         if (q->in_sync_mask != (1u << q->backups_count) - 1)
             must_apply(map, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name, q->epoch,
-                                                      q->backup_ids, q->backups_count),
+                                                      q->backup_ids, NULL, q->backups_count),
                        &c);
     }
     for (uint32_t i = 0; i < map->queues_count; i++) {
@@ -215,14 +215,14 @@ static void test_failover_2000_queues(void **state)
         if (q->primary_id == 2 && i % 10 == 0) {
             struct map_cmd c;
             must_apply(&map, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name, q->epoch,
-                                                       NULL, 0),
+                                                       NULL, NULL, 0),
                        &c);
             lagging++;
         } else if (q->primary_id == 2 && i % 10 == 1) {
             /* Only the second backup is in sync: it is the one promoted. */
             struct map_cmd c;
             must_apply(&map, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name, q->epoch,
-                                                       &q->backup_ids[1], 1),
+                                                       &q->backup_ids[1], NULL, 1),
                        &c);
         }
     }
@@ -342,7 +342,7 @@ static void brokers_make_some_progress(struct cluster_map *map, uint32_t round)
         struct map_queue *q = map->queues[i];
         if (q->in_sync_mask != (1u << q->backups_count) - 1)
             must_apply(map, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name, q->epoch,
-                                                      q->backup_ids, q->backups_count),
+                                                      q->backup_ids, NULL, q->backups_count),
                        &c);
         if (q->move_to != BROKER_ID_NONE && map_queue_backup_in_sync(q, q->move_to))
             must_apply(map, map_cmd_queue_hand_over(&c, q->vhost->name, q->name, q->epoch,
@@ -579,7 +579,7 @@ static void test_repair_finishes_what_was_left(void **state)
     assert_non_null(victim);
     uint32_t first = victim->backup_ids[0];
     must_apply(&map, map_cmd_queue_set_in_sync(&c, victim->vhost->name, victim->name,
-                                               victim->epoch, &victim->backup_ids[1], 1),
+                                               victim->epoch, &victim->backup_ids[1], NULL, 1),
                &c);
     /* Only the first half of the batch commits. */
     struct map_cmd_list half;
@@ -738,7 +738,7 @@ static void test_forget_after_and_without_failover(void **state)
             if (q->primary_id != 3)
                 continue;
             must_apply(&map, map_cmd_queue_set_in_sync(&c, q->vhost->name, q->name, q->epoch,
-                                                       NULL, 0), &c);
+                                                       NULL, NULL, 0), &c);
             unsynced++;
         }
         must_apply(&map, map_cmd_broker_state(&c, 3, BROKER_STATE_DOWN), &c);
@@ -898,7 +898,7 @@ static void test_move_keeps_the_factor(void **state)
         apply_all(&map, &out);
         assert_int_equal(q->backups_count, 2); /* nothing more while it catches up */
         uint32_t both[2] = {2, 3};
-        must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("q"), q->epoch, both, 2), &c);
+        must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("q"), q->epoch, both, NULL, 2), &c);
         assert_int_equal(map_queue_move_state(&map, q), MAP_MOVE_READY);
         must_apply(&map, map_cmd_queue_hand_over(&c, B("/"), B("q"), q->epoch, 2), &c);
         assert_int_equal(q->primary_id, 2);
@@ -941,7 +941,7 @@ static void test_handover_keeps_the_old_primary_in_sync(void **state)
     must_apply(&map, map_cmd_queue_move(&c, B("/"), B("q"), q->epoch, 3), &c);
     assert_int_equal(q->backups_count, 2);
     uint32_t both[2] = {1, 3};
-    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("q"), q->epoch, both, 2), &c);
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("q"), q->epoch, both, NULL, 2), &c);
     assert_false(map_queue_switch_keeps_primary(&map, q));
     must_apply(&map, map_cmd_queue_hand_over(&c, B("/"), B("q"), q->epoch, 3), &c);
     assert_int_equal(q->primary_id, 3);
@@ -984,7 +984,7 @@ static void test_repair_finishes_a_backup_move(void **state)
     assert_int_equal(controller_repair(&map, &config, &out), OK);
     assert_int_equal(out.count, 0); /* still catching up */
     uint32_t both[] = {2, 3};
-    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("bq"), q->epoch, both, 2), &c);
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("bq"), q->epoch, both, NULL, 2), &c);
     assert_int_equal(controller_repair(&map, &config, &out), OK);
     assert_int_equal(out.count, 1);
     assert_int_equal(apply_all(&map, &out), 0);
@@ -1043,7 +1043,7 @@ static void test_policies_change_factors(void **state)
     assert_int_equal(policies_round(&map, &config), 0); /* converged */
     /* Fewer backups keep the in-sync ones: mark only the second in sync. */
     uint32_t second[] = {a->backup_ids[1]};
-    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("ha.a"), a->epoch, second, 1), &c);
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("ha.a"), a->epoch, second, NULL, 1), &c);
     ha.backups = 1;
     must_apply(&map, map_cmd_policy_put(&c, &ha), &c);
     assert_int_equal(policies_round(&map, &config), 1);
@@ -1068,7 +1068,7 @@ static void test_policies_change_factors(void **state)
     controller_apply_policies(&map, &config, &out);
     assert_int_equal(out.count, 1);
     uint32_t caught_up[] = {a->backup_ids[0]}; /* only an in-sync backup can be promoted */
-    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("ha.a"), a->epoch, caught_up, 1),
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("ha.a"), a->epoch, caught_up, NULL, 1),
                &c);
     must_apply(&map, map_cmd_queue_set_owner(&c, B("/"), B("ha.a"), a->epoch, a->backup_ids[0]),
                &c);
@@ -1125,11 +1125,11 @@ static void test_takeover_from_shared_storage(void **state)
         declare_at(&map, name, true, 1, 2, 2);
         const struct map_queue *q = cluster_map_queue(&map, B("/"), B(name));
         must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B(name), q->epoch,
-                                                   q->backup_ids, 1), &c);
+                                                   q->backup_ids, NULL, 1), &c);
     }
     declare_at(&map, "behind", true, 1, 3, 2);
     uint64_t behind_epoch = cluster_map_queue(&map, B("/"), B("behind"))->epoch;
-    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("behind"), behind_epoch, NULL, 0),
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("behind"), behind_epoch, NULL, NULL, 0),
                &c); /* 3 out of sync */
     declare_at(&map, "transient", false, 1, BROKER_ID_NONE, 1);
     declare_at(&map, "lonely", true, 4, BROKER_ID_NONE, 1);
@@ -1221,7 +1221,7 @@ static void test_transient_only_queue_taken_over_by_its_backup(void **state)
         must_apply(&map, map_cmd_queue_declare(&c, &d, 1), &c);
         const struct map_queue *q = cluster_map_queue(&map, B("/"), B(names[i]));
         must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B(names[i]), q->epoch,
-                                                   q->backup_ids, 1), &c);
+                                                   q->backup_ids, NULL, 1), &c);
     }
     const struct map_queue *tonly = cluster_map_queue(&map, B("/"), B("tonly"));
     assert_false(controller_takes_over_with_replica(&map, tonly, 2)); /* 1 is up */
@@ -1395,8 +1395,8 @@ static void test_restart_leaves_in_sync_before_any_failover(void **state)
     uint32_t all[] = {2, 3}, two[] = {2};
     const struct map_queue *q3 = cluster_map_queue(&map, B("/"), B("three"));
     const struct map_queue *q2 = cluster_map_queue(&map, B("/"), B("two"));
-    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("three"), q3->epoch, all, 2), &c);
-    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("two"), q2->epoch, two, 1), &c);
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("three"), q3->epoch, all, NULL, 2), &c);
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("two"), q2->epoch, two, NULL, 1), &c);
     struct controller_config config;
     controller_config_default(&config);
     struct controller_leader leader;
