@@ -1166,6 +1166,10 @@ static int decode_basic_quay_forward(struct method *out, struct wire_reader *r)
     m->same_targets = (bits & 0x02) != 0;
     if (!decode_table(r, &m->targets))
         return E_SYNTAX;
+    m->origin_stream = wire_read_u64(r);
+    m->origin_seq = wire_read_u64(r);
+    bits = wire_read_u8(r);
+    m->origin_resent = (bits & 0x01) != 0;
     return r->failed ? E_SYNTAX : OK;
 }
 
@@ -1182,6 +1186,11 @@ static void encode_basic_quay_forward(const struct method *in, struct wire_write
     bits = (uint8_t)(bits | (m->same_targets ? 0x02 : 0));
     wire_write_u8(w, bits);
     wire_write_longstr(w, (struct bytes){m->targets.ptr, m->targets.len});
+    wire_write_u64(w, m->origin_stream);
+    wire_write_u64(w, m->origin_seq);
+    bits = 0;
+    bits = (uint8_t)(bits | (m->origin_resent ? 0x01 : 0));
+    wire_write_u8(w, bits);
 }
 
 static int decode_basic_quay_replicate(struct method *out, struct wire_reader *r)
@@ -1801,6 +1810,10 @@ static const struct method_field FIELDS_BASIC_QUAY_FORWARD[] = {
     {"dead-lettered", METHOD_FIELD_BIT, offsetof(struct method, basic_quay_forward.dead_lettered)},
     {"same-targets", METHOD_FIELD_BIT, offsetof(struct method, basic_quay_forward.same_targets)},
     {"targets", METHOD_FIELD_TABLE, offsetof(struct method, basic_quay_forward.targets)},
+    {"origin-stream", METHOD_FIELD_LONGLONG,
+     offsetof(struct method, basic_quay_forward.origin_stream)},
+    {"origin-seq", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_forward.origin_seq)},
+    {"origin-resent", METHOD_FIELD_BIT, offsetof(struct method, basic_quay_forward.origin_resent)},
 };
 static const struct method_field FIELDS_BASIC_QUAY_REPLICATE[] = {
     {"queue", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_replicate.queue)},
@@ -1959,7 +1972,7 @@ const struct method_info METHOD_INFOS[METHOD_COUNT] = {
     {METHOD_BASIC_NACK, "basic.nack",
      false, false, 3, FIELDS_BASIC_NACK},
     {METHOD_BASIC_QUAY_FORWARD, "basic.quay-forward",
-     false, true, 5, FIELDS_BASIC_QUAY_FORWARD},
+     false, true, 8, FIELDS_BASIC_QUAY_FORWARD},
     {METHOD_BASIC_QUAY_REPLICATE, "basic.quay-replicate",
      false, true, 5, FIELDS_BASIC_QUAY_REPLICATE},
     {METHOD_BASIC_QUAY_SETTLE, "basic.quay-settle",

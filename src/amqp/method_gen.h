@@ -449,6 +449,9 @@ struct method_basic_quay_forward {
     bool dead_lettered;
     bool same_targets;
     struct table targets;
+    uint64_t origin_stream;
+    uint64_t origin_seq;
+    bool origin_resent;
 };
 
 struct method_basic_quay_replicate {

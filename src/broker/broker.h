@@ -118,6 +118,7 @@ struct broker_counters {
     uint64_t redelivered;              /* of all those, ones flagged redelivered */
     uint64_t acknowledged;             /* deliveries the client acked */
     uint64_t flow_stops;               /* connections stopped by a congested queue (flow.h) */
+    uint64_t forward_duplicates;       /* peers' forwards a queue had taken already (origin.h) */
 };
 
 _Static_assert(offsetof(struct broker_counters, delivered_get_no_ack) ==

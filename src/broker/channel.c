@@ -895,6 +895,9 @@ void channel__begin_forward(struct channel *ch, const struct method *m)
         const struct method_basic_quay_forward *f = &m->basic_quay_forward;
         keep_names(ch, f->exchange, f->routing_key);
         ch->forward_dead_lettered = f->dead_lettered;
+        ch->forward_origin_stream = f->origin_stream;
+        ch->forward_origin_seq = f->origin_seq;
+        ch->forward_origin_resent = f->origin_resent;
         /* same-targets: those of this channel's previous forward, kept. */
         if (!f->same_targets) {
             if (f->targets.len > ch->forward_targets_cap) {
@@ -1294,6 +1297,31 @@ static void confirm_publish(struct channel *ch, uint64_t ticket, uint32_t remote
         owe_confirm(ch);
 }
 
+/* One target of a peer's forward (ours, or relayed by our stand-in):
+ * false if refused. A resend of what the queue already took (its origin
+ * at or below its stream's mark) is not enqueued again, only confirmed
+ * when what the queue holds is safe (broker/origin.h). */
+static bool forward_to(struct channel *ch, struct queue *queue, struct message *message,
+                       struct publish_wait *wait)
+{
+    bool local = !queue_is_remote(queue);
+    uint64_t stream = ch->forward_origin_stream, seq = ch->forward_origin_seq;
+    if (local && stream != 0 && queue_origin_duplicate(queue, stream, seq, wait)) {
+        ch->connection->broker->counters.forward_duplicates++;
+        return true;
+    }
+    enum queue_publish_result r =
+        ch->forward_dead_lettered ? queue_publish_dead_lettered(queue, message, wait)
+                                  : queue_publish(queue, message, wait);
+    if (queue->flow.congested)
+        flow_wait(ch->connection, ch->id, queue); /* the sender is told */
+    if (r == QUEUE_PUBLISH_REJECTED)
+        return false;
+    if (local && !ch->forward_origin_resent && !ch->origin_frozen)
+        queue_origin_record(queue, stream, seq, wait->ticket); /* (covers this one's) */
+    return true;
+}
+
 /* A peer's forward: straight into each target queue, which must be ours
  * at the epoch the sender named (a stale sender, one whose map still
  * names us, or an older epoch, is nacked and sends it again where the map
@@ -1350,16 +1378,13 @@ void channel__route_forward(struct channel *ch, struct message *message)
             rejected = true;
             continue;
         }
-        enum queue_publish_result r =
-            ch->forward_dead_lettered ? queue_publish_dead_lettered(queue, message, &wait)
-                                      : queue_publish(queue, message, &wait);
-        if (r == QUEUE_PUBLISH_REJECTED)
+        if (!forward_to(ch, queue, message, &wait))
             rejected = true;
-        if (queue->flow.congested)
-            flow_wait(ch->connection, ch->id, queue); /* the sender is told */
     }
     if (message->persistent && durable_failed(broker))
         rejected = true; /* the journal stopped: see channel__route_now */
+    if (rejected)
+        ch->origin_frozen = true; /* (origin_frozen in channel_int.h) */
     confirm_publish(ch, wait.ticket, wait.remote, rejected);
 }
 

@@ -114,6 +114,14 @@ struct channel {
     uint64_t forward_epoch;
     uint8_t *forward_targets;         /* owned: a forward's targets table {queue: epoch} */
     uint32_t forward_targets_size, forward_targets_cap;
+    /* A forward's origin (broker/origin.h): its stream (0: none), seq, and
+     * whether it is a resend (checked, never recorded: only a stream's own
+     * channel delivers its forwards in order). origin_frozen: this channel
+     * refused a forward, so it records no more (a later mark would hide the
+     * refused seq, whose resend would then be dropped as a duplicate). */
+    uint64_t forward_origin_stream, forward_origin_seq;
+    bool forward_origin_resent;
+    bool origin_frozen;
     uint8_t *publish_names;           /* owned, 512 bytes: exchange then key */
     uint8_t publish_exchange_size;
     uint8_t publish_routing_key_size;

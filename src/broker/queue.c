@@ -21,6 +21,7 @@
 #include "broker/channel.h"
 #include "broker/dead_letter.h"
 #include "broker/dedup.h"
+#include "broker/origin.h"
 #include "broker/message.h"
 #include "broker/vhost.h"
 #include "lib/assert.h"
@@ -345,6 +346,7 @@ void queue_unref(struct queue *queue)
         dedup_free(queue->dedup);
         free(queue->dedup);
     }
+    free(queue->origins);
     if (queue->timer) {
         queue->timer->data = NULL;
         uv_close((uv_handle_t *)queue->timer, on_timer_closed);
@@ -551,6 +553,33 @@ void queue_adopt_dedup(struct queue *queue, struct dedup *table)
         free(queue->dedup);
     }
     queue->dedup = table;
+}
+
+/* ---- forwards sent again (origin.h) -------------------------------- */
+
+bool queue_origin_duplicate(struct queue *queue, uint64_t stream, uint64_t seq,
+                            struct publish_wait *wait)
+{
+    uint64_t ticket = 0;
+    if (queue->origins == NULL ||
+        !origin_seen(queue->origins, stream, seq, now_ms(queue), &ticket))
+        return false;
+    if (wait && ticket > wait->ticket)
+        wait->ticket = ticket;
+    if (queue->replication_ops && queue->next_seq > 1)
+        queue->replication_ops->wait_for(queue, queue->next_seq - 1, wait);
+    return true;
+}
+
+void queue_origin_record(struct queue *queue, uint64_t stream, uint64_t seq, uint64_t ticket)
+{
+    if (stream == 0)
+        return;
+    if (queue->origins == NULL) {
+        queue->origins = calloc(1, sizeof *queue->origins);
+        ASSERT(queue->origins != NULL);
+    }
+    origin_record(queue->origins, stream, seq, now_ms(queue), ticket);
 }
 
 /* ---- publishing ----------------------------------------------------- */

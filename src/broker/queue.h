@@ -340,6 +340,7 @@ struct queue {
     void *replication;                /* cluster/replica.c's state */
     uint64_t paged_count;             /* ready entries whose body is only on disk */
     struct dedup *dedup;              /* owned, lazily: x-quay-dedup-window's ids, or NULL */
+    struct origin_marks *origins;     /* owned, lazily: forwards taken per stream (origin.h) */
     struct queue_pause *pause;        /* owned while paused (queue_pause), else NULL */
     bool held_until_synced;           /* cluster: recovered at a start, paused until the
                                        * member caught up with the map (cluster/mirror.c) */
@@ -398,6 +399,15 @@ void queue_publish_routed(struct queue *const *queues, uint32_t count, struct me
  * takes it over (ownership moves; table may be NULL). Before queue_adopt
  * of the replica's messages. */
 void queue_adopt_dedup(struct queue *queue, struct dedup *table);
+
+/* A peer's forward with origin (stream, seq) (broker/origin.h): was it taken
+ * here already? Then its confirm (wait, may be NULL) waits as a new
+ * publish's would: for the journal's fsync of what the queue wrote so far
+ * and for the backups to hold what it sent them so far. */
+bool queue_origin_duplicate(struct queue *queue, uint64_t stream, uint64_t seq,
+                            struct publish_wait *wait);
+/* Records a forward taken here (ticket: its journal sync ticket, or 0). */
+void queue_origin_record(struct queue *queue, uint64_t stream, uint64_t seq, uint64_t ticket);
 /* A promoted backup's copy of the queue (cluster/replica.c): its
  * messages under the old primary's seqs (the other backups hold them
  * under the same ones, so the stream goes on where it was), marked

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/rand.h>
+
 #include "amqp/method_gen.h"
 #include "amqp/table.h"
 #include "broker/broker.h"
@@ -50,6 +52,7 @@ struct forward_wait {
     proxy_notify_fn notify;       /* or a callback (replica.c's stream to a backup) */
     void *notify_ctx;
     uint64_t notify_tag;
+    struct forward_origin origin; /* a forward's (proxy_int.h) */
     bool done;
 };
 
@@ -72,6 +75,7 @@ struct proxy_forwarder {
     struct member_peer *peer;     /* borrowed */
     struct bytes vhost;           /* owned */
     enum forwarder_kind kind;
+    uint64_t stream;              /* the origin stream of what is first sent here */
     struct link_channel *ch;      /* NULL once closed */
     struct forward_wait *waits;   /* owned ring, by link sequence number */
     uint32_t head, count, cap;
@@ -91,7 +95,8 @@ static struct forward_target *wait_targets(struct forward_wait *w)
 /* ---- forwarding publishes ---- */
 
 static bool hold_forward(struct queue *queue, struct message *message, struct confirm_sink *sink,
-                         uint64_t seq, bool dead_lettered);
+                         uint64_t seq, bool dead_lettered, struct forward_origin origin);
+static const struct forward_origin NO_ORIGIN = {0, 0};
 
 /* A forward naming the stand-in was answered (or taken out of one). The
  * last of them ends a drain: what was held goes (to the new primary, or,
@@ -121,7 +126,7 @@ static bool target_resent(const struct forward_wait *w, const struct forward_tar
         return false;
     if (!lost && (ack || proxy_stub_epoch(t->stub) == t->epoch))
         return false;
-    return hold_forward(t->stub, w->message, w->sink, w->seq, w->dead_lettered);
+    return hold_forward(t->stub, w->message, w->sink, w->seq, w->dead_lettered, w->origin);
 }
 
 /* Flow: the bytes in flight to each peer (and to all of them). */
@@ -310,6 +315,12 @@ static struct proxy_forwarder *forwarder_for(struct member_peer *peer, struct by
     f->vhost = bytes_dup(vhost);
     f->kind = kind;
     f->first_seq = 1;
+    /* Random, so that no other forwarder (of any broker, before or after a
+     * restart) names the same stream; never 0 (no origin). */
+    while (f->stream == 0) {
+        int ok = RAND_bytes((unsigned char *)&f->stream, sizeof f->stream);
+        ASSERT(ok == 1);
+    }
     struct link_channel_ops ops = forwarder_ops_template;
     ops.ctx = f;
     f->ch = link_channel_open(peer->link, vhost, true, &ops);
@@ -368,7 +379,7 @@ bool proxy_peer_send_notify(struct member_peer *peer, struct bytes vhost, const 
  * its stand-ins, each under its epoch): one answer for all of them. */
 static bool send_forward(struct member_peer *peer, struct queue *const *stubs, uint32_t count,
                          struct message *message, struct confirm_sink *sink, uint64_t seq,
-                         bool dead_lettered)
+                         bool dead_lettered, struct forward_origin origin)
 {
     ASSERT(count > 0 && count <= FORWARD_TARGETS_MAX);
     struct bytes vhost = stubs[0]->vhost->name;
@@ -378,9 +389,13 @@ static bool send_forward(struct member_peer *peer, struct queue *const *stubs, u
     uint8_t buf[FORWARD_TARGETS_MAX * (1 + 255 + 1 + 8)];
     struct table_writer w;
     table_writer_init(&w, buf, sizeof buf);
+    /* A first send is numbered here; a resend keeps its first origin. */
+    bool resent = origin.stream != 0;
+    if (!resent)
+        origin = (struct forward_origin){f->stream, f->first_seq + f->count};
     struct forward_wait wait = {.sink = sink, .seq = seq, .message = message,
                                 .targets_count = count, .dead_lettered = dead_lettered,
-                                .bytes = message->body_size};
+                                .bytes = message->body_size, .origin = origin};
     if (count > 1) {
         wait.many = malloc(sizeof *wait.many * count);
         ASSERT(wait.many != NULL);
@@ -399,6 +414,9 @@ static bool send_forward(struct member_peer *peer, struct queue *const *stubs, u
     m.basic_quay_forward.exchange = message_exchange(message);
     m.basic_quay_forward.routing_key = message_routing_key(message);
     m.basic_quay_forward.dead_lettered = dead_lettered;
+    m.basic_quay_forward.origin_stream = origin.stream;
+    m.basic_quay_forward.origin_seq = origin.seq;
+    m.basic_quay_forward.origin_resent = resent;
     if (w.len == f->last_targets_size && memcmp(buf, f->last_targets, w.len) == 0) {
         m.basic_quay_forward.same_targets = true; /* the receiving channel kept them */
     } else {
@@ -430,12 +448,13 @@ static void send_group(struct member_peer *peer, struct queue *const *group, uin
     for (uint32_t i = 0; i < count; i += FORWARD_TARGETS_MAX) {
         uint32_t n = count - i < FORWARD_TARGETS_MAX ? count - i : FORWARD_TARGETS_MAX;
         if (send_forward(peer, group + i, n, fwd->message, fwd->sink, fwd->seq,
-                         fwd->dead_lettered)) {
+                         fwd->dead_lettered, NO_ORIGIN)) {
             fwd->answers++;
             continue;
         }
         for (uint32_t j = i; j < i + n; j++) {
-            if (hold_forward(group[j], fwd->message, fwd->sink, fwd->seq, fwd->dead_lettered))
+            if (hold_forward(group[j], fwd->message, fwd->sink, fwd->seq, fwd->dead_lettered,
+                             NO_ORIGIN))
                 fwd->answers++;
             else
                 fwd->unavailable++;
@@ -458,7 +477,8 @@ void forward__stubs(struct queue *const *queues, uint32_t count, struct queue_fo
             fwd->unavailable++;
         } else if (stub->held_count > 0 || stub->draining || peer == NULL || !peer->up) {
             /* In order, behind the held ones, until it can be reached. */
-            if (hold_forward(queues[i], fwd->message, fwd->sink, fwd->seq, fwd->dead_lettered))
+            if (hold_forward(queues[i], fwd->message, fwd->sink, fwd->seq, fwd->dead_lettered,
+                             NO_ORIGIN))
                 fwd->answers++;
             else
                 fwd->unavailable++;
@@ -489,7 +509,7 @@ void forward__stubs(struct queue *const *queues, uint32_t count, struct queue_fo
 /* ---- publishes waiting for a primary ---- */
 
 static bool hold_forward(struct queue *queue, struct message *message, struct confirm_sink *sink,
-                         uint64_t seq, bool dead_lettered)
+                         uint64_t seq, bool dead_lettered, struct forward_origin origin)
 {
     struct proxy_stub *stub = stub_of(queue);
     if (!stub->available || stub->held_count >= HELD_FORWARDS_MAX)
@@ -501,7 +521,7 @@ static bool hold_forward(struct queue *queue, struct message *message, struct co
     if (sink)
         confirm_sink_ref(sink);
     stub->held[(stub->held_head + stub->held_count) & (stub->held_cap - 1)] =
-        (struct held_forward){message, sink, seq, dead_lettered};
+        (struct held_forward){message, sink, seq, dead_lettered, origin};
     stub->held_count++;
     return true;
 }
@@ -520,7 +540,7 @@ void forward__release_held(struct queue *queue, bool send)
         stub->held_head = (stub->held_head + 1) & (stub->held_cap - 1);
         stub->held_count--;
         bool sent = send && send_forward(peer, &queue, 1, h.message, h.sink, h.seq,
-                                         h.dead_lettered);
+                                         h.dead_lettered, h.origin);
         if (!sent && h.sink)
             confirm_sink_answer(h.sink, h.seq, false);
         if (h.sink)
@@ -580,7 +600,7 @@ static void wait_drop_target(struct forward_wait *w, struct queue *queue)
     while (targets[i].stub != queue)
         i++;
     ASSERT(i < w->targets_count);
-    if (hold_forward(queue, w->message, w->sink, w->seq, w->dead_lettered)) {
+    if (hold_forward(queue, w->message, w->sink, w->seq, w->dead_lettered, w->origin)) {
         if (w->sink)
             confirm_sink_expect(w->sink, w->seq, 1);
     } else {

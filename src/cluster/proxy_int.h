@@ -21,11 +21,19 @@ struct uplink;
 /* A publish for a stand-in whose primary cannot be reached right now, kept
  * (with its publisher's confirm waiting) until the map says where the
  * queue lives: then it is sent there, or nacked if nobody has the queue. */
+/* A forward's origin (broker/origin.h): the stream and link sequence number
+ * it was first sent under; {0, 0} until then. A resend keeps it, so the
+ * primary can tell a forward it already took. */
+struct forward_origin {
+    uint64_t stream, seq;
+};
+
 struct held_forward {
     struct message *message;      /* one reference */
     struct confirm_sink *sink;    /* one reference, or NULL */
     uint64_t seq;
     bool dead_lettered;
+    struct forward_origin origin;
 };
 
 /* The proxy state of a stand-in; owned by its queue (queue->remote). */

@@ -78,6 +78,10 @@ static void write_objects(struct prom *prom, struct broker *broker, uint64_t que
     prom_counter(prom, "quay_flow_stops_total",
                  "Times a client connection was stopped by a congested queue",
                  broker->counters.flow_stops);
+    prom_counter(prom, "quay_forward_duplicates_total",
+                 "Forwards sent again by another broker (their answer was lost) that a queue "
+                 "here had taken already: confirmed, not enqueued twice",
+                 broker->counters.forward_duplicates);
     /* The loop thread's (net/loop_lag.h): what a client waits at worst
      * before its frame is read, and the busy share (rate of the total). */
     prom_gauge_seconds(prom, "quay_event_loop_lag_seconds",

@@ -121,8 +121,10 @@ def peer_session(name):
 
 
 def gen_forward(channel, targets_table, body=b"x", dead=False, same=False):
-    """basic.quay-forward (60, 200): exchange, routing key, bits, targets."""
-    args = shortstr("") + shortstr("rk") + bits(dead, same) + targets_table
+    """basic.quay-forward (60, 200): exchange, routing key, bits, targets,
+    then the origin (stream, seq, resent): none here (stream 0)."""
+    args = (shortstr("") + shortstr("rk") + bits(dead, same) + targets_table
+            + longlong(0) + longlong(0) + bits(False))
     return gen_method(channel, 60, 200, args) + gen_content(channel, body)
 
 
