@@ -1201,6 +1201,8 @@ static int decode_basic_quay_replicate(struct method *out, struct wire_reader *r
     m->routing_key = wire_read_shortstr(r);
     m->epoch = wire_read_u64(r);
     m->seq = wire_read_u64(r);
+    m->origin_stream = wire_read_u64(r);
+    m->origin_seq = wire_read_u64(r);
     return r->failed ? E_SYNTAX : OK;
 }
 
@@ -1215,6 +1217,8 @@ static void encode_basic_quay_replicate(const struct method *in, struct wire_wri
     wire_write_shortstr(w, m->routing_key);
     wire_write_u64(w, m->epoch);
     wire_write_u64(w, m->seq);
+    wire_write_u64(w, m->origin_stream);
+    wire_write_u64(w, m->origin_seq);
 }
 
 static int decode_basic_quay_settle(struct method *out, struct wire_reader *r)
@@ -1822,6 +1826,9 @@ static const struct method_field FIELDS_BASIC_QUAY_REPLICATE[] = {
      offsetof(struct method, basic_quay_replicate.routing_key)},
     {"epoch", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_replicate.epoch)},
     {"seq", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_replicate.seq)},
+    {"origin-stream", METHOD_FIELD_LONGLONG,
+     offsetof(struct method, basic_quay_replicate.origin_stream)},
+    {"origin-seq", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_replicate.origin_seq)},
 };
 static const struct method_field FIELDS_BASIC_QUAY_SETTLE[] = {
     {"queue", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_settle.queue)},
@@ -1974,7 +1981,7 @@ const struct method_info METHOD_INFOS[METHOD_COUNT] = {
     {METHOD_BASIC_QUAY_FORWARD, "basic.quay-forward",
      false, true, 8, FIELDS_BASIC_QUAY_FORWARD},
     {METHOD_BASIC_QUAY_REPLICATE, "basic.quay-replicate",
-     false, true, 5, FIELDS_BASIC_QUAY_REPLICATE},
+     false, true, 7, FIELDS_BASIC_QUAY_REPLICATE},
     {METHOD_BASIC_QUAY_SETTLE, "basic.quay-settle",
      false, false, 4, FIELDS_BASIC_QUAY_SETTLE},
     {METHOD_BASIC_QUAY_SYNC, "basic.quay-sync",

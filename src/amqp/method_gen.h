@@ -460,6 +460,8 @@ struct method_basic_quay_replicate {
     struct bytes routing_key;
     uint64_t epoch;
     uint64_t seq;
+    uint64_t origin_stream;
+    uint64_t origin_seq;
 };
 
 struct method_basic_quay_settle {

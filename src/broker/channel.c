@@ -891,6 +891,8 @@ void channel__begin_forward(struct channel *ch, const struct method *m)
         ch->forward_target_size = (uint8_t)r->queue.len;
         ch->forward_epoch = r->epoch;
         ch->replicate_seq = r->seq;
+        ch->forward_origin_stream = r->origin_stream;
+        ch->forward_origin_seq = r->origin_seq;
     } else {
         const struct method_basic_quay_forward *f = &m->basic_quay_forward;
         keep_names(ch, f->exchange, f->routing_key);
@@ -1310,14 +1312,20 @@ static bool forward_to(struct channel *ch, struct queue *queue, struct message *
         ch->connection->broker->counters.forward_duplicates++;
         return true;
     }
+    bool records = local && !ch->forward_origin_resent && !ch->origin_frozen;
+    if (records) { /* the backups record it too (replication.c) */
+        wait->origin_stream = stream;
+        wait->origin_seq = seq;
+    }
     enum queue_publish_result r =
         ch->forward_dead_lettered ? queue_publish_dead_lettered(queue, message, wait)
                                   : queue_publish(queue, message, wait);
+    wait->origin_stream = wait->origin_seq = 0;
     if (queue->flow.congested)
         flow_wait(ch->connection, ch->id, queue); /* the sender is told */
     if (r == QUEUE_PUBLISH_REJECTED)
         return false;
-    if (local && !ch->forward_origin_resent && !ch->origin_frozen)
+    if (records)
         queue_origin_record(queue, stream, seq, wait->ticket); /* (covers this one's) */
     return true;
 }
@@ -1399,7 +1407,9 @@ void channel__route_replica(struct channel *ch, struct message *message)
     struct bytes target = {ch->forward_target, ch->forward_target_size};
     bool ok = broker->cluster_ops &&
               broker->cluster_ops->replica_push(broker->cluster_ctx, ch->vhost, target,
-                                                ch->forward_epoch, ch->replicate_seq, message);
+                                                ch->forward_epoch, ch->replicate_seq, message,
+                                                ch->forward_origin_stream,
+                                                ch->forward_origin_seq);
     confirm_publish(ch, 0, 0, !ok);
 }
 

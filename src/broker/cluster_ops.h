@@ -146,9 +146,11 @@ struct cluster_ops {
                          bool dead_lettered);
     bool (*forward_relays)(void *cluster, struct bytes vhost, struct bytes queue,
                            uint64_t epoch);
-    /* A primary's replication to us, a backup: false if refused. */
+    /* A primary's replication to us, a backup: false if refused. origin:
+     * the forward the primary recorded it as (stream 0: none; origin.h). */
     bool (*replica_push)(void *cluster, struct vhost *vhost, struct bytes name, uint64_t epoch,
-                         uint64_t seq, struct message *message);
+                         uint64_t seq, struct message *message, uint64_t origin_stream,
+                         uint64_t origin_seq);
     /* basic.quay-settle (seq 0: a purge) and basic.quay-handover. */
     void (*replica_settle)(void *cluster, struct vhost *vhost, struct bytes name,
                            uint64_t epoch, uint64_t seq);

@@ -582,6 +582,14 @@ void queue_origin_record(struct queue *queue, uint64_t stream, uint64_t seq, uin
     origin_record(queue->origins, stream, seq, now_ms(queue), ticket);
 }
 
+void queue_adopt_origins(struct queue *queue, struct origin_marks *marks)
+{
+    if (marks == NULL)
+        return;
+    free(queue->origins);
+    queue->origins = marks;
+}
+
 /* ---- publishing ----------------------------------------------------- */
 
 static enum queue_publish_result enqueue(struct queue *queue, struct message *message,
@@ -854,6 +862,8 @@ void queue_surrender(struct queue *queue, struct queue_surrender *out)
     queue->journal = NULL;
     out->dedup = queue->dedup;
     queue->dedup = NULL;
+    out->origins = queue->origins;
+    queue->origins = NULL;
 }
 
 void queue_recover_message(struct queue *queue, struct message *message, uint64_t seq,

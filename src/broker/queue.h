@@ -184,6 +184,9 @@ struct publish_wait {
     uint64_t seq;              /* the publish's number on its channel */
     uint32_t remote;           /* answers owed to the sink */
     bool from_peer;            /* a peer's forward (queue_hold_publishes lets it in) */
+    /* A peer's forward the queue records (broker/origin.h): its origin, sent
+     * to the backups with the message so their marks match; stream 0: none. */
+    uint64_t origin_stream, origin_seq;
     bool flow;                 /* out: what this broker sent other brokers and they have
                                 * not answered is over its bound (forwards to primaries,
                                 * replication to backups): the publisher waits
@@ -408,6 +411,8 @@ bool queue_origin_duplicate(struct queue *queue, uint64_t stream, uint64_t seq,
                             struct publish_wait *wait);
 /* Records a forward taken here (ticket: its journal sync ticket, or 0). */
 void queue_origin_record(struct queue *queue, uint64_t stream, uint64_t seq, uint64_t ticket);
+/* A promoted replica's marks (owned: the queue takes them; NULL is fine). */
+void queue_adopt_origins(struct queue *queue, struct origin_marks *marks);
 /* A promoted backup's copy of the queue (cluster/replica.c): its
  * messages under the old primary's seqs (the other backups hold them
  * under the same ones, so the stream goes on where it was), marked
@@ -435,6 +440,7 @@ struct queue_surrender {
     uint32_t count;
     struct journal_queue *log;   /* or NULL */
     struct dedup *dedup;         /* or NULL */
+    struct origin_marks *origins; /* or NULL */
 };
 void queue_surrender(struct queue *queue, struct queue_surrender *out);
 /* Recovery: puts a message read back from the journal at the tail. */

@@ -551,7 +551,8 @@ static struct queue *replica_target(struct member *member, struct vhost *vhost,
 }
 
 bool member_replica_push(struct member *member, struct vhost *vhost, struct bytes name,
-                         uint64_t epoch, uint64_t seq, struct message *message)
+                         uint64_t epoch, uint64_t seq, struct message *message,
+                         uint64_t origin_stream, uint64_t origin_seq)
 {
     struct queue *queue = replica_target(member, vhost, name, epoch);
     if (queue == NULL)
@@ -559,8 +560,12 @@ bool member_replica_push(struct member *member, struct vhost *vhost, struct byte
     /* Paged where the primary pages it (not a priority queue: an adopted
      * paged entry must find its level without its message). */
     bool page = queue->args.max_priority == 0 && queue_pages(queue);
-    return replica_push(proxy_stub_replica(queue, true), epoch, seq, message,
-                        uv_now(member->broker->loop), page);
+    struct replica *r = proxy_stub_replica(queue, true);
+    uint64_t now = uv_now(member->broker->loop);
+    bool ok = replica_push(r, epoch, seq, message, now, page);
+    if (ok)
+        replica_record_origin(r, origin_stream, origin_seq, now);
+    return ok;
 }
 
 void member_replica_settle(struct member *member, struct vhost *vhost, struct bytes name,

@@ -284,7 +284,8 @@ bool member_set_in_sync(struct member *member, struct queue *queue, uint64_t epo
  * push answers false when we are not a backup of it at that epoch. */
 struct message;
 bool member_replica_push(struct member *member, struct vhost *vhost, struct bytes name,
-                         uint64_t epoch, uint64_t seq, struct message *message);
+                         uint64_t epoch, uint64_t seq, struct message *message,
+                         uint64_t origin_stream, uint64_t origin_seq);
 void member_replica_settle(struct member *member, struct vhost *vhost, struct bytes name,
                            uint64_t epoch, uint64_t seq);
 

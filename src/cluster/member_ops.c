@@ -331,9 +331,11 @@ static bool ops_forward_relays(void *cluster, struct bytes vhost, struct bytes q
 }
 
 static bool ops_replica_push(void *cluster, struct vhost *vhost, struct bytes name,
-                             uint64_t epoch, uint64_t seq, struct message *message)
+                             uint64_t epoch, uint64_t seq, struct message *message,
+                             uint64_t origin_stream, uint64_t origin_seq)
 {
-    return member_replica_push(cluster, vhost, name, epoch, seq, message);
+    return member_replica_push(cluster, vhost, name, epoch, seq, message, origin_stream,
+                               origin_seq);
 }
 
 static void ops_replica_settle(void *cluster, struct vhost *vhost, struct bytes name,

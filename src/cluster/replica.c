@@ -9,6 +9,7 @@
 #include "broker/channel.h"
 #include "broker/dedup.h"
 #include "broker/message.h"
+#include "broker/origin.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
 #include "cluster/fence.h"
@@ -41,6 +42,10 @@ struct replica {
      * clock. A reset does not clear it (ids are about publishes, not
      * contents); promotion hands it to the real queue. */
     struct dedup *dedup;
+    /* Owned, lazily, or NULL: the primary's marks of the forwarding streams
+     * (broker/origin.h), with the newest log ticket; a reset keeps them. */
+    struct origin_marks *origins;
+    uint64_t last_ticket;        /* of the newest message written to log */
     struct replica_handover *handover; /* owned, or NULL: see replica_note_handover */
 };
 
@@ -95,7 +100,21 @@ void replica_free(struct replica *r)
         dedup_free(r->dedup);
         free(r->dedup);
     }
+    free(r->origins);
     free(r);
+}
+
+void replica_record_origin(struct replica *r, uint64_t stream, uint64_t seq, uint64_t now_ms)
+{
+    if (stream == 0)
+        return;
+    if (r->origins == NULL) {
+        r->origins = calloc(1, sizeof *r->origins);
+        ASSERT(r->origins != NULL);
+    }
+    /* The newest ticket covers this message's write (the log is unsynced
+     * until then: a promoted queue's duplicate waits for it). */
+    origin_record(r->origins, stream, seq, now_ms, r->last_ticket);
 }
 
 bool replica_push(struct replica *r, uint64_t epoch, uint64_t seq, struct message *message,
@@ -122,7 +141,7 @@ bool replica_push(struct replica *r, uint64_t epoch, uint64_t seq, struct messag
     struct queue_entry entry = {.message = message, .seq = seq, .redelivered = 1};
     if (r->log && message->persistent) {
         struct bytes blob = message_blob(message);
-        journal_publish(r->log, seq, blob.ptr, blob.len);
+        r->last_ticket = journal_publish(r->log, seq, blob.ptr, blob.len);
         if (page) { /* as the primary keeps it: on disk only */
             entry.paged = 1;
             entry.paged_body_size = message->body_size;
@@ -233,6 +252,8 @@ void replica_adopt(struct queue *queue, struct replica *r)
         return;
     queue_adopt_dedup(queue, r->dedup);
     r->dedup = NULL;
+    queue_adopt_origins(queue, r->origins);
+    r->origins = NULL;
     uint32_t live = r->live;
     if (r->ring.cap > 0)
         compact(r);
@@ -291,6 +312,7 @@ struct replica *replica_of_queue(struct queue *queue)
     ASSERT(r != NULL);
     r->log = s.log;
     r->dedup = s.dedup;
+    r->origins = s.origins;
     r->last_seq = last_seq;
     uint32_t cap = 64;
     while (cap < n)
@@ -327,6 +349,8 @@ uint32_t replica_take_for_merge(struct queue *queue, struct replica *r,
         return 0;
     queue_adopt_dedup(queue, r->dedup);
     r->dedup = NULL;
+    queue_adopt_origins(queue, r->origins);
+    r->origins = NULL;
     if (r->log != NULL && r->log == queue->journal)
         r->log = NULL; /* the queue's now (durable_adopt starts it over) */
     uint32_t n = 0;

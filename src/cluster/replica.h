@@ -63,6 +63,12 @@ void replica_free(struct replica *replica); /* NULL is fine */
  * lazy queue, memory past the paging mark); never for a priority queue. */
 bool replica_push(struct replica *replica, uint64_t epoch, uint64_t seq,
                   struct message *message, uint64_t now_ms, bool page);
+/* The origin the primary recorded a pushed message (or a catch-up's mark,
+ * under seq 0) as (broker/origin.h): the replica keeps the same marks, and
+ * a promotion hands them to the queue, so a forward resent to it is not
+ * enqueued twice. Stream 0: none. */
+void replica_record_origin(struct replica *replica, uint64_t stream, uint64_t seq,
+                           uint64_t now_ms);
 void replica_remove(struct replica *replica, uint64_t seq); /* seq 0: all */
 uint32_t replica_count(const struct replica *replica);   /* NULL: 0 */
 /* The journal closes (a shutdown): the log is left as it is on disk (the

@@ -11,6 +11,7 @@
 #include "broker/broker.h"
 #include "broker/channel.h"
 #include "broker/dedup.h"
+#include "broker/origin.h"
 #include "broker/flow.h"
 #include "broker/message.h"
 #include "broker/queue.h"
@@ -488,6 +489,31 @@ static bool send_dedup_ids(struct replication *rep, struct replica_stream *s)
     return true;
 }
 
+/* The queue's marks of the forwarding streams (broker/origin.h), each as
+ * an empty message under seq 0 carrying the stream and its mark: a backup
+ * caught up holds back a forward resent to it once promoted, though the
+ * messages the marks stand for may be consumed (never sent to it). Sent
+ * after the reset and again before the end probe (for the forwards taken
+ * while the backlog went, which it sends without their origins). */
+static bool send_origin_marks(struct replication *rep, struct replica_stream *s)
+{
+    const struct origin_marks *marks = rep->queue->origins;
+    static const uint8_t no_properties[2] = {0, 0};
+    struct basic_properties none = {0};
+    for (uint32_t i = 0; marks != NULL && i < marks->count; i++) {
+        struct message *m = message_new(BYTES_LIT(""), BYTES_LIT(""), no_properties, 2, &none, 0);
+        ASSERT(m != NULL);
+        struct method method = replicate_method(rep->queue, rep->epoch, 0, m);
+        method.basic_quay_replicate.origin_stream = marks->marks[i].stream;
+        method.basic_quay_replicate.origin_seq = marks->marks[i].seq;
+        bool sent = stream_send(rep, s, &method, m, 0);
+        message_unref(m);
+        if (!sent)
+            return false;
+    }
+    return true;
+}
+
 /* The end of the backlog: an empty message under seq 0 (a replica takes it
  * as one it has), tagged with the queue's newest seq. It is also how an
  * empty queue's backup is heard to have taken the reset (its link may be
@@ -537,7 +563,8 @@ static void catch_up_pump(struct replication *rep, struct replica_stream *s)
         return;
     backlog_free(b);
     s->backlog = NULL;
-    send_end_probe(rep, s);
+    if (send_origin_marks(rep, s))
+        send_end_probe(rep, s);
 }
 
 /* An answer while catching up: more from the backlog, or, once its probe
@@ -573,7 +600,8 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
     s->transient_only = rep->transient_wanted;
     s->full_until = s->skipped_to = 0;
     ASSERT(s->backlog == NULL);
-    if (!stream_send(rep, s, &reset, NULL, 0) || !send_dedup_ids(rep, s))
+    if (!stream_send(rep, s, &reset, NULL, 0) || !send_dedup_ids(rep, s) ||
+        !send_origin_marks(rep, s))
         return;
     LOG_DEBUG("queue %.*s: catching up backup %u", (int)queue->name.len,
               (const char *)queue->name.ptr, s->backup_id);
@@ -602,6 +630,10 @@ static void published(struct queue *queue, uint64_t seq, struct message *message
 {
     struct replication *rep = queue->replication;
     struct method m = replicate_method(queue, rep->epoch, seq, message);
+    if (wait) { /* a peer's forward the queue recorded (origin.h) */
+        m.basic_quay_replicate.origin_stream = wait->origin_stream;
+        m.basic_quay_replicate.origin_seq = wait->origin_seq;
+    }
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         struct replica_stream *s = rep->streams[i];
         if (s->transient_only && message->persistent)

@@ -144,7 +144,7 @@ def a_peers_bad_or_stale_frames_are_refused_not_fatal():
         gen_forward(1, table({"amq.quay.map": 0}), body=b"\xff" * 40),  # a junk entry
         gen_method(1, 60, 202, shortstr("q") + longlong(3) + longlong(9) + bits(False)),
         gen_method(1, 60, 201, shortstr("q") + shortstr("") + shortstr("") + longlong(1) +
-                   longlong(1)) + gen_content(1, b"r"),          # replicate: not a backup
+                   longlong(1) + longlong(0) + longlong(0)) + gen_content(1, b"r"),          # replicate: not a backup
     ]
     s.sendall(b"".join(frames))
     answers = []

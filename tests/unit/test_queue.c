@@ -514,6 +514,33 @@ static void dedup_table_moves_with_a_promotion(void **state)
     vhost_queue_delete(vhost, q);
 }
 
+/* A backup's replica keeps the forwarding streams' marks (origin.h) from
+ * the stream, through a reset, and a promoted queue holds back a forward
+ * resent to it: at or below its stream's mark, even once consumed. */
+static void origin_marks_move_with_a_promotion(void **state)
+{
+    (void)state;
+    struct replica *r = replica_new(-1, NULL);
+    uint64_t now = uv_now(broker.loop);
+    for (uint32_t i = 1; i <= 3; i++) {
+        struct message *m = make_id(i, NULL);
+        assert_true(replica_push(r, 1, i, m, now, false));
+        replica_record_origin(r, 77, 10 + i, now); /* stream 77, link seqs 11..13 */
+        message_unref(m);
+    }
+    replica_remove(r, 1);
+    replica_remove(r, 0); /* a catch-up's reset: messages go, marks stay */
+    replica_record_origin(r, 88, 5, now); /* a catch-up's mark (seq 0) */
+    struct queue *q = declare("promoted-origins", NULL, 0, NULL);
+    replica_adopt(q, r);
+    assert_true(queue_origin_duplicate(q, 77, 11, NULL));
+    assert_true(queue_origin_duplicate(q, 77, 13, NULL));
+    assert_false(queue_origin_duplicate(q, 77, 14, NULL));
+    assert_true(queue_origin_duplicate(q, 88, 5, NULL));
+    assert_false(queue_origin_duplicate(q, 99, 1, NULL));
+    vhost_queue_delete(vhost, q);
+}
+
 /* A promoted replica's messages: in seq order whatever holes acks left
  * and wherever its ring wrapped, redelivered, counted with their bytes,
  * and the queue's own seqs go on after them. With priorities each goes to
@@ -699,6 +726,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(dedup_duplicate_of_a_full_queue_is_still_confirmed, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(dedup_table_moves_with_a_promotion, setup, teardown),
+        cmocka_unit_test_setup_teardown(origin_marks_move_with_a_promotion, setup, teardown),
         cmocka_unit_test_setup_teardown(promotion_adopts_the_replica_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(flow_bounds_what_publishers_add_beyond_what_consumers_take,
                                         setup, teardown),
