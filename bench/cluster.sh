@@ -221,22 +221,25 @@ EOF
 )
   [ -n "$prefix" ] || { echo "no queue name placed on b1" >&2; exit 1; }
   local common=(-P 1 -C 1 -s 1024 --confirm --prefetch 100 -d "$DURATION" --prefix "$prefix")
-  local local_rates=() proxy_rates=()
+  local local_rates=() proxy_rates=() proxy_cpu=()
   for rep in $(seq 1 "$REPS"); do
     local r
     r=$("$BENCH_OUT/quaybench" -H 127.0.0.1 -p "$(amqp_port 1)" --consumer-port "$(amqp_port 1)" \
         "${common[@]}" | grep '^RESULT')
     local_rates+=("$(echo "$r" | field cons_rate)")
+    # (The primary's CPU per message: what the forwarding path costs it.)
     r=$("$BENCH_OUT/quaybench" -H 127.0.0.1 -p "$(amqp_port 2)" --consumer-port "$(amqp_port 3)" \
-        "${common[@]}" | grep '^RESULT')
+        --watch-pid "$PID_1" "${common[@]}" | grep '^RESULT')
     proxy_rates+=("$(echo "$r" | field cons_rate)")
+    proxy_cpu+=("$(echo "$r" | field srv_cpu_us_per_msg)")
     echo "# rep $rep: local ${local_rates[-1]} msg/s, via b2 -> b1 -> b3 ${proxy_rates[-1]} msg/s"
     echo "#   $r"
   done
   local lm pm
   lm=$(printf '%s\n' "${local_rates[@]}" | median)
   pm=$(printf '%s\n' "${proxy_rates[@]}" | median)
-  echo "ROW proxy local=$lm proxied=$pm ratio=$(awk -v a="$pm" -v b="$lm" 'BEGIN{printf "%.2f", a/b}')"
+  echo "ROW proxy local=$lm proxied=$pm ratio=$(awk -v a="$pm" -v b="$lm" 'BEGIN{printf "%.2f", a/b}')" \
+       "primary_cpu_us_per_msg=$(printf '%s\n' "${proxy_cpu[@]}" | median)"
   stop_all
 }
 
