@@ -21,9 +21,9 @@ from clustertest import Cluster, closer, run, test  # noqa: E402
 from quaytest import (CHANNEL_OPEN_OK, CONNECTION_OPEN_OK, CONNECTION_START,  # noqa: E402
                       CONNECTION_TUNE, PROTOCOL_HEADER, eq, expect_close,
                       expect_closed_socket, expect_method, gen_channel_open,
-                      gen_connection_start_ok, gen_method, gen_open, gen_tune_ok, handshake,
-                      longstr, shortstr, bits, gen_content, long_, longlong, read_method,
-                      table)
+                      gen_basic_get, gen_connection_start_ok, gen_method, gen_open,
+                      gen_queue_declare, gen_tune_ok, handshake, longstr, shortstr, bits,
+                      gen_content, long_, longlong, read_content, read_method, table)
 
 CONNECTION_SECURE = (10, 20)
 
@@ -120,11 +120,12 @@ def peer_session(name):
     return s
 
 
-def gen_forward(channel, targets_table, body=b"x", dead=False, same=False):
+def gen_forward(channel, targets_table, body=b"x", dead=False, same=False, origin=(0, 0, False)):
     """basic.quay-forward (60, 200): exchange, routing key, bits, targets,
-    then the origin (stream, seq, resent): none here (stream 0)."""
+    then the origin (stream, seq, resent); stream 0: none."""
+    stream, seq, resent = origin
     args = (shortstr("") + shortstr("rk") + bits(dead, same) + targets_table
-            + longlong(0) + longlong(0) + bits(False))
+            + longlong(stream) + longlong(seq) + bits(resent))
     return gen_method(channel, 60, 200, args) + gen_content(channel, body)
 
 
@@ -171,6 +172,60 @@ def a_peers_bad_or_stale_frames_are_refused_not_fatal():
     c.close()
     assert member().alive()
     s.close()
+
+
+def answers_through(s, last_tag):
+    """{tag: True (ack) / False (nack)} for the peer channel's tags 1..last_tag."""
+    fates, done = {}, 0
+    while done < last_tag:
+        m = read_method(s, timeout=10)
+        if m.id not in ((60, 80), (60, 120)):
+            continue
+        tag, multiple = m.args.longlong(), m.args.bit()
+        for t in range(done + 1 if multiple else tag, tag + 1):
+            fates[t] = m.id == (60, 80)
+        done = max(done, tag)
+    return fates
+
+
+@test(timeout=60)
+def a_resent_forward_is_acked_not_enqueued_twice():
+    """Forward origins (broker/origin.h), on the wire: a resend of what the
+    queue took is acked and not enqueued; once the channel refused a
+    forward (a stale epoch), it records no more, so the refused one's
+    resend is taken even though a newer forward of its stream was taken
+    first (a mark would have hidden it: a lost message)."""
+    c = socket.create_connection(("127.0.0.1", member().amqp_port), timeout=5)
+    handshake(c)
+    c.sendall(gen_channel_open(1) + gen_queue_declare(1, "origins"))
+    expect_method(c, *CHANNEL_OPEN_OK, channel=1)
+    expect_method(c, 50, 11, channel=1)
+    epoch = next(q for q in member().api_get("/api/queues") if q["name"] == "origins")["epoch"]
+    s = peer_session("peer-4")
+    stream = 0x5EED0001
+    target, stale = table({"origins": epoch}), table({"origins": epoch - 1})
+    s.sendall(b"".join([
+        gen_forward(1, target, b"m1", origin=(stream, 1, False)),  # 1: taken
+        gen_forward(1, target, b"m1", origin=(stream, 1, True)),   # 2: a resend: held back
+        gen_forward(1, stale, b"m2", origin=(stream, 2, False)),   # 3: stale: nack
+        gen_forward(1, target, b"m3", origin=(stream, 3, False)),  # 4: taken, not recorded
+        gen_forward(1, target, b"m2", origin=(stream, 2, True)),   # 5: m2 resent: taken
+        gen_forward(1, target, b"m1", origin=(stream, 1, True)),   # 6: held back again
+        gen_forward(1, target, b"m4", origin=(0, 0, False)),       # 7: no origin: taken
+    ]))
+    eq(answers_through(s, 7), {1: True, 2: True, 3: False, 4: True, 5: True, 6: True, 7: True},
+       "answers")
+    bodies = []
+    while True:
+        c.sendall(gen_basic_get(1, "origins", no_ack=True))
+        m = read_method(c, timeout=5)
+        if m.id == (60, 72):  # get-empty
+            break
+        eq(m.id, (60, 71), "get-ok")
+        bodies.append(read_content(c)[1])
+    eq(bodies, [b"m1", b"m3", b"m2", b"m4"], "the queue")
+    s.close()
+    c.close()
 
 
 @test(timeout=60)
