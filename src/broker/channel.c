@@ -1166,8 +1166,10 @@ void confirm_sink_answer(struct confirm_sink *sink, uint64_t seq, bool ack)
     }
     struct confirm_wait *wait = sink_wait(ch, seq);
     wait->remote--;
-    if (!ack)
+    if (!ack) {
         wait->nack = true;
+        ch->origin_frozen = true; /* a peer's forward refused late (channel_int.h) */
+    }
     wait_settled(ch, wait);
 }
 
@@ -1193,8 +1195,12 @@ void confirm_sink_routed(struct confirm_sink *sink, uint64_t seq, const struct p
     struct confirm_wait *wait = sink_wait(ch, seq);
     wait->remote += routed->remote;
     wait->remote--; /* the answer this was */
-    if (rejected)
+    if (rejected) {
         wait->nack = true;
+        /* A peer's forward parked, or held by a paused queue, then refused:
+         * its channel records no more (channel_int.h). */
+        ch->origin_frozen = true;
+    }
     struct broker *broker = ch->connection->broker;
     if (routed->ticket > wait->ticket)
         wait->ticket = routed->ticket;
@@ -1312,7 +1318,9 @@ static bool forward_to(struct channel *ch, struct queue *queue, struct message *
         ch->connection->broker->counters.forward_duplicates++;
         return true;
     }
-    bool records = local && !ch->forward_origin_resent && !ch->origin_frozen;
+    /* (Not what a paused queue holds: it may refuse it when it resumes.) */
+    bool records = local && !ch->forward_origin_resent && !ch->origin_frozen &&
+                   !queue_paused(queue);
     if (records) { /* the backups record it too (replication.c) */
         wait->origin_stream = stream;
         wait->origin_seq = seq;

@@ -117,8 +117,9 @@ struct channel {
     /* A forward's origin (broker/origin.h): its stream (0: none), seq, and
      * whether it is a resend (checked, never recorded: only a stream's own
      * channel delivers its forwards in order). origin_frozen: this channel
-     * refused a forward, so it records no more (a later mark would hide the
-     * refused seq, whose resend would then be dropped as a duplicate). */
+     * refused a forward (at once, or later: parked, or held by a paused
+     * queue), so it records no more (a later mark would hide the refused
+     * seq, whose resend would then be dropped as a duplicate). */
     uint64_t forward_origin_stream, forward_origin_seq;
     bool forward_origin_resent;
     bool origin_frozen;
