@@ -688,8 +688,9 @@ static void hold_publish(struct queue *queue, struct message *message, struct pu
         confirm_sink_ref(sink);
         wait->remote++;
     }
-    p->held[p->count++] = (struct queue_held_publish){message, sink, wait ? wait->seq : 0,
-                                                      dead_lettered};
+    p->held[p->count++] = (struct queue_held_publish){.message = message, .sink = sink,
+                                                      .seq = wait ? wait->seq : 0,
+                                                      .dead_lettered = dead_lettered};
 }
 
 static enum queue_publish_result publish_one(struct queue *queue, struct message *message,

@@ -233,6 +233,9 @@ struct queue_held_publish {
     struct confirm_sink *sink;    /* one reference, or NULL: nobody waits */
     uint64_t seq;
     bool dead_lettered;
+    /* A forward a stand-in held (proxy_stub_take_held): its origin
+     * (origin.h; stream 0: none, or not known) */
+    uint64_t origin_stream, origin_seq;
 };
 
 /* A settle of one of a paused queue's deliveries, held (queue_pause). */
