@@ -565,6 +565,11 @@ bool member_replica_push(struct member *member, struct vhost *vhost, struct byte
     bool ok = replica_push(r, epoch, seq, message, now, page);
     if (ok)
         replica_record_origin(r, origin_stream, origin_seq, now);
+    else if (seq == 0) /* a verify (replica.h): the primary catches us up */
+        LOG_INFO("vhost=%.*s queue=%.*s: our replica differs from what the new primary "
+                 "adopted (%u messages here): to be caught up again",
+                 (int)vhost->name.len, (const char *)vhost->name.ptr, (int)name.len,
+                 (const char *)name.ptr, replica_count(r));
     return ok;
 }
 

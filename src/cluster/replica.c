@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amqp/wire.h"
 #include "broker/channel.h"
 #include "broker/dedup.h"
 #include "broker/message.h"
@@ -117,11 +118,58 @@ void replica_record_origin(struct replica *r, uint64_t stream, uint64_t seq, uin
     origin_record(r->origins, stream, seq, now_ms, r->last_ticket);
 }
 
+/* ---- digests (replica.h) ---- */
+
+static const uint8_t VERIFY_MAGIC[4] = {'Q', 'Y', 'V', 'F'};
+
+void replica_digest_add(struct replica_digest *d, uint64_t seq)
+{
+    uint64_t x = seq + UINT64_C(0x9E3779B97F4A7C15); /* splitmix64's finalizer */
+    x = (x ^ (x >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    x = (x ^ (x >> 27)) * UINT64_C(0x94D049BB133111EB);
+    d->count++;
+    d->sum += x ^ (x >> 31);
+}
+
+struct replica_digest replica_digest_of(const struct replica *r)
+{
+    struct replica_digest d = {0, 0};
+    for (uint32_t i = 0; r != NULL && i < r->ring.count; i++) {
+        const struct queue_entry *e = slot((struct replica *)r, i);
+        if (!hole(e))
+            replica_digest_add(&d, e->seq);
+    }
+    return d;
+}
+
+void replica_verify_encode(const struct replica_digest *d, uint8_t out[REPLICA_VERIFY_SIZE])
+{
+    memcpy(out, VERIFY_MAGIC, sizeof VERIFY_MAGIC);
+    wire_put_u64(out + 4, d->count);
+    wire_put_u64(out + 12, d->sum);
+}
+
+/* A verify message (replica.h): whether what we hold is what it names. */
+static bool verify_matches(const struct replica *r, const struct message *m)
+{
+    struct replica_digest d = replica_digest_of(r);
+    return wire_get_u64(m->body + 4) == d.count && wire_get_u64(m->body + 12) == d.sum;
+}
+
+static bool is_verify(const struct message *m)
+{
+    return m->body_size == REPLICA_VERIFY_SIZE &&
+           memcmp(m->body, VERIFY_MAGIC, sizeof VERIFY_MAGIC) == 0;
+}
+
 bool replica_push(struct replica *r, uint64_t epoch, uint64_t seq, struct message *message,
                   uint64_t now_ms, bool page)
 {
     if (seq == 0) {
-        /* Not a message: a catch-up's dedup id (or its empty probe). */
+        /* Not a message: a promoted primary's verify, a catch-up's dedup
+         * id, a mark (replica_record_origin), or its empty probe. */
+        if (is_verify(message))
+            return verify_matches(r, message);
         if (r->dedup)
             dedup_record(r->dedup, message_id(message), now_ms, 0);
         return true;

@@ -70,6 +70,26 @@ bool replica_push(struct replica *replica, uint64_t epoch, uint64_t seq,
 void replica_record_origin(struct replica *replica, uint64_t stream, uint64_t seq,
                            uint64_t now_ms);
 void replica_remove(struct replica *replica, uint64_t seq); /* seq 0: all */
+
+/* What a copy of a queue holds, in 16 bytes: how many messages and the sum
+ * of their seqs, each mixed first (the order does not count, so a primary's
+ * queue and a replica are summed alike whatever their layout). A promoted
+ * primary sends each backup its stream starts in step with a verify message
+ * (an empty-routed message under seq 0 whose body is the digest of what it
+ * adopted: replication.c); the backup takes it only if its replica's digest
+ * is the same. The two can differ: the old primary's last settles or
+ * pushes reached one backup and not the other before it died, and the one
+ * promoted holds fewer (or more) than the other, which would give them back
+ * (a copy consumed already, unflagged) or lack one on the next failover
+ * (a message confirmed since only because the stream assumed it was there).
+ * Refused, the stream fails and the backup is caught up from a reset. */
+struct replica_digest {
+    uint64_t count, sum;
+};
+void replica_digest_add(struct replica_digest *d, uint64_t seq);
+struct replica_digest replica_digest_of(const struct replica *replica); /* NULL: empty */
+#define REPLICA_VERIFY_SIZE 20
+void replica_verify_encode(const struct replica_digest *d, uint8_t out[REPLICA_VERIFY_SIZE]);
 uint32_t replica_count(const struct replica *replica);   /* NULL: 0 */
 /* The journal closes (a shutdown): the log is left as it is on disk (the
  * next start deletes it, as no definition names it). NULL is fine. */

@@ -22,6 +22,7 @@
 #include "cluster/member.h"
 #include "cluster/node.h"
 #include "cluster/proxy.h"
+#include "cluster/replica.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -800,6 +801,48 @@ static void stream_follow_process(struct replication *rep, struct replica_stream
     s->incarnation = incarnation;
 }
 
+/* Whether a promoted primary verifies the backups its streams start in
+ * step with (replica.h, struct replica_digest). Not a queue whose backups
+ * hold only its transient messages: theirs and ours differ by design (a
+ * promotion there merges the shared log, mirror.c). */
+static bool verifies(const struct replication *rep)
+{
+    return !rep->transient_wanted;
+}
+
+static void digest_add(void *ctx, uint64_t seq, struct message *message)
+{
+    (void)message;
+    replica_digest_add(ctx, seq);
+}
+
+/* What we adopted (the ready messages and the delivered ones, as
+ * backlog_take sends a catch-up), as a verify message tagged with our
+ * newest seq: its ack says the backup holds the same, so everything up to
+ * there is on it (on_stream_answer); a refusal fails the stream. */
+static void send_verify(struct replication *rep, struct replica_stream *s)
+{
+    struct queue *queue = rep->queue;
+    struct replica_digest d = {0, 0};
+    for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
+        const struct queue_ring *ring =
+            level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
+        for (uint32_t i = 0; i < ring->count; i++)
+            replica_digest_add(&d, ring->entries[(ring->head + i) & (ring->cap - 1)].seq);
+    }
+    channels_each_unacked(queue->vhost->broker, queue, digest_add, &d);
+    static const uint8_t no_properties[2] = {0, 0};
+    struct basic_properties none = {0};
+    struct message *m = message_new(BYTES_LIT(""), BYTES_LIT(""), no_properties, 2, &none,
+                                    REPLICA_VERIFY_SIZE);
+    ASSERT(m != NULL);
+    replica_verify_encode(&d, m->body);
+    m->body_received = REPLICA_VERIFY_SIZE;
+    struct method method = replicate_method(queue, rep->epoch, 0, m);
+    (void)stream_send(rep, s, &method, m, queue->next_seq - 1);
+    message_unref(m);
+}
+
 static void streams_follow(struct replication *rep, const struct map_queue *mq, bool fresh,
                            bool recovered)
 {
@@ -822,7 +865,9 @@ static void streams_follow(struct replication *rep, const struct map_queue *mq, 
             bool in_step = in_sync && !recovered;
             s->state = in_step ? STREAM_LIVE : in_sync ? STREAM_FAILED : STREAM_IDLE;
             s->join_asked = false;
-            s->acked_seq = in_step ? rep->queue->next_seq - 1 : 0;
+            /* ... which its answer to our verify says (verifies): until
+             * then nothing counts as on it. */
+            s->acked_seq = in_step && !verifies(rep) ? rep->queue->next_seq - 1 : 0;
         }
         /* Live (everything sent so far is on its way to it, nothing lost)
          * but not in sync in the map: a stale request of ours landed after
@@ -914,8 +959,11 @@ void replication_attach(struct member *member, struct queue *queue, const struct
     if (fresh && recovered)
         ask_in_sync(rep); /* without those not in step (the tick asks again) */
     for (uint8_t i = 0; fresh && i < rep->streams_count; i++) {
-        if (rep->streams[i]->state == STREAM_LIVE)
-            stream_sync(rep, rep->streams[i]);
+        if (rep->streams[i]->state != STREAM_LIVE)
+            continue;
+        stream_sync(rep, rep->streams[i]);
+        if (verifies(rep))
+            send_verify(rep, rep->streams[i]);
     }
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         struct replica_stream *s = rep->streams[i];
