@@ -49,7 +49,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ASSERT(n == total);
     ASSERT(memcmp(again, signed_, 5) == 0 && memcmp(again + 6, signed_ + 6, 3) == 0);
     ASSERT(again[5] == (signed_[5] & (HEARTBEAT_FLAG_STOPPING | HEARTBEAT_FLAG_MEMORY_ALARM |
-                                      HEARTBEAT_FLAG_DISK_ALARM | HEARTBEAT_FLAG_PROCESS)));
+                                      HEARTBEAT_FLAG_DISK_ALARM | HEARTBEAT_FLAG_PROCESS |
+                                      HEARTBEAT_FLAG_CATCHING_UP)));
     if (signed_[5] & HEARTBEAT_FLAG_PROCESS)
         ASSERT(memcmp(again + 9, signed_ + 9, 7) == 0);
     ASSERT(memcmp(again + 16, signed_ + 16, n - 16 - HEARTBEAT_MAC_SIZE) == 0);
