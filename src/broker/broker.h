@@ -119,6 +119,7 @@ struct broker_counters {
     uint64_t acknowledged;             /* deliveries the client acked */
     uint64_t flow_stops;               /* connections stopped by a congested queue (flow.h) */
     uint64_t forward_duplicates;       /* peers' forwards a queue had taken already (origin.h) */
+    uint64_t forward_channels_frozen;  /* peers' forward channels that stopped recording */
 };
 
 _Static_assert(offsetof(struct broker_counters, delivered_get_no_ack) ==

@@ -1151,6 +1151,23 @@ static struct confirm_wait *sink_wait(struct channel *ch, uint64_t seq)
     return wait;
 }
 
+/* A peer's forwarding channel refused a forward: it records no origins
+ * more (origin_frozen, channel_int.h). Counted and said once per channel:
+ * a resend through it is taken again (an unflagged duplicate). Client
+ * channels (no forward ever came) are not counted. */
+static void freeze_origins(struct channel *ch, const char *why)
+{
+    if (ch->origin_frozen)
+        return;
+    ch->origin_frozen = true;
+    if (ch->forward_origin_stream == 0)
+        return;
+    ch->connection->broker->counters.forward_channels_frozen++;
+    LOG_INFO("conn=%llu channel=%u: a forward refused (%s): this peer's forwards are no longer "
+             "recorded until its link reconnects", (unsigned long long)ch->connection->conn.id,
+             (unsigned)ch->id, why);
+}
+
 void confirm_sink_answer(struct confirm_sink *sink, uint64_t seq, bool ack)
 {
     struct channel *ch = sink->channel;
@@ -1168,7 +1185,7 @@ void confirm_sink_answer(struct confirm_sink *sink, uint64_t seq, bool ack)
     wait->remote--;
     if (!ack) {
         wait->nack = true;
-        ch->origin_frozen = true; /* a peer's forward refused late (channel_int.h) */
+        freeze_origins(ch, "answered late with a nack");
     }
     wait_settled(ch, wait);
 }
@@ -1199,7 +1216,7 @@ void confirm_sink_routed(struct confirm_sink *sink, uint64_t seq, const struct p
         wait->nack = true;
         /* A peer's forward parked, or held by a paused queue, then refused:
          * its channel records no more (channel_int.h). */
-        ch->origin_frozen = true;
+        freeze_origins(ch, "parked or held, then refused");
     }
     struct broker *broker = ch->connection->broker;
     if (routed->ticket > wait->ticket)
@@ -1400,7 +1417,7 @@ void channel__route_forward(struct channel *ch, struct message *message)
     if (message->persistent && durable_failed(broker))
         rejected = true; /* the journal stopped: see channel__route_now */
     if (rejected)
-        ch->origin_frozen = true; /* (origin_frozen in channel_int.h) */
+        freeze_origins(ch, "stale epoch, reject-publish or a failed journal");
     confirm_publish(ch, wait.ticket, wait.remote, rejected);
 }
 

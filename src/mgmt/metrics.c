@@ -82,6 +82,10 @@ static void write_objects(struct prom *prom, struct broker *broker, uint64_t que
                  "Forwards sent again by another broker (their answer was lost) that a queue "
                  "here had taken already: confirmed, not enqueued twice",
                  broker->counters.forward_duplicates);
+    prom_counter(prom, "quay_forward_channels_frozen_total",
+                 "Peers' forwarding channels that refused a forward and so record no more "
+                 "origins until their link reconnects (a resend through them is taken again)",
+                 broker->counters.forward_channels_frozen);
     /* The loop thread's (net/loop_lag.h): what a client waits at worst
      * before its frame is read, and the busy share (rate of the total). */
     prom_gauge_seconds(prom, "quay_event_loop_lag_seconds",

@@ -17,7 +17,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, closer, run, test  # noqa: E402
+from clustertest import Cluster, closer, metric, run, test  # noqa: E402
 from quaytest import (CHANNEL_OPEN_OK, CONNECTION_OPEN_OK, CONNECTION_START,  # noqa: E402
                       CONNECTION_TUNE, PROTOCOL_HEADER, eq, expect_close,
                       expect_closed_socket, expect_method, gen_channel_open,
@@ -201,6 +201,7 @@ def a_resent_forward_is_acked_not_enqueued_twice():
     expect_method(c, *CHANNEL_OPEN_OK, channel=1)
     expect_method(c, 50, 11, channel=1)
     epoch = next(q for q in member().api_get("/api/queues") if q["name"] == "origins")["epoch"]
+    frozen = metric(member(), "quay_forward_channels_frozen_total")
     s = peer_session("peer-4")
     stream = 0x5EED0001
     target, stale = table({"origins": epoch}), table({"origins": epoch - 1})
@@ -224,6 +225,8 @@ def a_resent_forward_is_acked_not_enqueued_twice():
         eq(m.id, (60, 71), "get-ok")
         bodies.append(read_content(c)[1])
     eq(bodies, [b"m1", b"m3", b"m2", b"m4"], "the queue")
+    # The channel that stopped recording is counted, once.
+    eq(metric(member(), "quay_forward_channels_frozen_total"), frozen + 1, "frozen channels")
     s.close()
     c.close()
 
