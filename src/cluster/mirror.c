@@ -271,7 +271,7 @@ static void demote(struct member *member, struct vhost *vhost, struct queue *q,
      * queue, as it was handed over, is the replica; before the relay
      * renumbers its deliveries. */
     struct replica *kept = planned && map_queue_backup_in_sync(mq, member->self_id)
-                               ? replica_of_queue(q)
+                               ? replica_of_queue(q, settles, settles_count)
                                : NULL;
     struct queue *stub = proxy_stub_new(member, vhost, mq);
     if (kept != NULL)

@@ -348,13 +348,46 @@ static int by_seq(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-struct replica *replica_of_queue(struct queue *queue)
+/* Whether seq is among the n entries (ascending). */
+static bool has_seq(const struct queue_entry *e, uint32_t n, uint64_t seq)
+{
+    uint32_t lo = 0, hi = n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (e[mid].seq < seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && e[lo].seq == seq;
+}
+
+/* The held settles' messages (see replica_of_queue) that neither the queue
+ * nor a channel holds any more, added to delivered. */
+static void add_settled(struct entries *delivered, const struct queue_surrender *s,
+                        const struct queue_held_settle *settles, uint32_t count)
+{
+    uint32_t known = delivered->count;
+    if (known > 1)
+        qsort(delivered->items, known, sizeof *delivered->items, by_seq);
+    for (uint32_t i = 0; i < count; i++) {
+        const struct queue_entry *e = &settles[i].entry;
+        if (e->message == NULL || has_seq(s->entries, s->count, e->seq) ||
+            has_seq(delivered->items, known, e->seq))
+            continue;
+        add_delivered(delivered, e->seq, e->message);
+    }
+}
+
+struct replica *replica_of_queue(struct queue *queue, const struct queue_held_settle *settles,
+                                 uint32_t settles_count)
 {
     uint64_t last_seq = queue->next_seq - 1;
     struct queue_surrender s;
     queue_surrender(queue, &s);
     struct entries delivered = {0};
     channels_each_unacked(queue->vhost->broker, queue, add_delivered, &delivered);
+    add_settled(&delivered, &s, settles, settles_count);
     uint32_t n = s.count + delivered.count;
     struct replica *r = calloc(1, sizeof *r);
     ASSERT(r != NULL);

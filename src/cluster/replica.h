@@ -102,8 +102,15 @@ uint32_t replica_dedup_count(const struct replica *replica); /* ids remembered; 
  * channels keep, which the new primary holds as delivered) under the
  * same seqs as the new primary's, with its log and de-duplication table;
  * the queue is left empty, to be deleted. last_seq: the queue's last seq,
- * so the new primary's stream goes on after it. No message is copied. */
-struct replica *replica_of_queue(struct queue *queue);
+ * so the new primary's stream goes on after it. No message is copied.
+ * settles: the settles the queue held while it stood still (borrowed):
+ * their messages left the channels but not the new primary, which gets
+ * the settles through the relay and then streams them to us; until then
+ * the replica holds them too, as the new primary does (else its verify,
+ * replica.h, finds us different and catches us up for nothing). */
+struct queue_held_settle;
+struct replica *replica_of_queue(struct queue *queue, const struct queue_held_settle *settles,
+                                 uint32_t settles_count);
 
 /* A takeover with the replica (queue.take_over with replica, of a queue
  * with x-quay-replicate "transient"): the replica's messages held in
