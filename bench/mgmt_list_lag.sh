@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# bench/mgmt_list_lag.sh: what GET /api/queues of many queues, asked again and again, costs
-# the message path (bench/RESULTS.md "Lists in slices"). Before, the whole list was built in
-# one loop turn (2-3 s for 50,000 queues): every client of the broker waited that long, once
-# a list.
+# bench/mgmt_list_lag.sh: what GET /api/queues (or another list: LIST=bindings, ...) of many
+# queues, asked again and again, costs the message path (bench/RESULTS.md "Lists in slices"
+# and "Every long list in slices"). Before, the whole list was built in one loop turn (2-3 s
+# for 50,000 queues): every client of the broker waited that long, once a list.
 #
 # Brokers run side by side for the whole run: A (QUAYD_A, the base) and B (QUAYD), each with
 # QUEUES idle queues (quayscale). Per repetition, in this order, each for DURATION s:
 #   A alone, A listed, B alone, B listed
-# where "listed" means a loop that GETs LIST_PATH (default /api/queues: what `rabbitmqadmin
-# list queues` asks, without its columns=) of the broker under test with curl, back to back,
+# where "listed" means a loop that GETs LIST_PATH (default /api/$LIST, LIST default queues:
+# what `rabbitmqadmin list queues` asks, without its columns=; LIST=bindings lists each queue's
+# default binding and the one quayscale adds) of the broker under test with curl, back to back,
 # for the length of the run. The row is `amqpbench $ROW -d DURATION --check --watch-pid PID`
 # (ROW: 1 KiB messages with confirms and acks, as issue 20's targets). Meanwhile a sampler
 # reads quay_event_loop_lag_seconds (the longest loop iteration of the last 5-10 s) from the
@@ -18,6 +19,7 @@
 #
 #   QUAYD_A=/tmp/base-quayd QUAYD=build/quayd REPS=5 DURATION=10 bench/mgmt_list_lag.sh
 #   ... LIST_PATH='/api/queues?columns=name,messages' ... (rabbitmqadmin's table)
+#   ... LIST=bindings ...                                 (GET /api/bindings)
 #
 # Needs librabbitmq-dev, curl, and ../shared/bench (amqpbench).
 set -euo pipefail
@@ -27,7 +29,8 @@ QUAYD_A=${QUAYD_A:?the base quayd to compare with}
 REPS=${REPS:-5}
 QUEUES=${QUEUES:-50000}
 DURATION=${DURATION:-10}
-LIST_PATH=${LIST_PATH:-/api/queues}
+LIST=${LIST:-queues}
+LIST_PATH=${LIST_PATH:-/api/$LIST}
 ROW=${ROW:--s 1024 --confirm -w 1000 --prefetch 100}
 PORT=${PORT:-$((20000 + RANDOM % 9000))}
 BENCH_OUT=${BENCH_OUT:-build/bench}
