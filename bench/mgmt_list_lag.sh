@@ -94,13 +94,15 @@ lag_loop() { # http_port out: the loop lag gauge every 2 s
 
 run_one() { # label amqp_port http_port pid listed(0|1)
   local label=$1 port=$2 http=$3 pid=$4 listed=$5 line us lists="-" lag load
-  : >"$TMP/lists"
-  : >"$TMP/lags"
+  # Files of this run alone: a curl of the last run's loops, still in flight when they
+  # were killed, may write after them (a lag read from the other broker).
+  RUN=$((${RUN:-0} + 1))
+  local list_file="$TMP/lists.$RUN" lag_file="$TMP/lags.$RUN"
   if [ "$listed" = 1 ]; then
-    list_loop "$http" "$TMP/lists" &
+    list_loop "$http" "$list_file" &
     LISTER=$!
   fi
-  lag_loop "$http" "$TMP/lags" &
+  lag_loop "$http" "$lag_file" &
   SAMPLER=$!
   # shellcheck disable=SC2086
   line=$("$BENCH_OUT/amqpbench" -p "$port" $ROW -d "$DURATION" --check \
@@ -108,10 +110,10 @@ run_one() { # label amqp_port http_port pid listed(0|1)
   kill "$SAMPLER" 2>/dev/null || true; wait "$SAMPLER" 2>/dev/null || true; SAMPLER=
   if [ -n "$LISTER" ]; then
     kill "$LISTER" 2>/dev/null || true; wait "$LISTER" 2>/dev/null || true; LISTER=
-    lists="$(wc -l <"$TMP/lists")x_median_s=$(cut -d' ' -f1 "$TMP/lists" | median)"
-    lists="${lists}_bytes=$(tail -1 "$TMP/lists" | cut -d' ' -f2)"
+    lists="$(wc -l <"$list_file")x_median_s=$(cut -d' ' -f1 "$list_file" | median)"
+    lists="${lists}_bytes=$(tail -1 "$list_file" | cut -d' ' -f2)"
   fi
-  lag=$(sort -g "$TMP/lags" | tail -1)
+  lag=$(sort -g "$lag_file" | tail -1)
   us=$(awk -v c="$(field srv_cpu_pct "$line")" -v e="$(field elapsed_s "$line")" \
            -v n="$(field consumed "$line")" 'BEGIN {printf "%.3f", c / 100 * e / n * 1e6}')
   load=$(cut -d' ' -f1 /proc/loadavg)
