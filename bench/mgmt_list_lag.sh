@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# bench/mgmt_list_lag.sh: what GET /api/queues of many queues, asked again and again, costs
-# the message path (bench/RESULTS.md "Lists in slices"). Before, the whole list was built in
-# one loop turn (2-3 s for 50,000 queues): every client of the broker waited that long, once
-# a list.
+# bench/mgmt_list_lag.sh: what GET /api/queues (or another list: LIST=bindings, ...) of many
+# queues, asked again and again, costs the message path (bench/RESULTS.md "Lists in slices"
+# and "Every long list in slices"). Before, the whole list was built in one loop turn (2-3 s
+# for 50,000 queues): every client of the broker waited that long, once a list.
 #
 # Brokers run side by side for the whole run: A (QUAYD_A, the base) and B (QUAYD), each with
 # QUEUES idle queues (quayscale). Per repetition, in this order, each for DURATION s:
 #   A alone, A listed, B alone, B listed
-# where "listed" means a loop that GETs LIST_PATH (default /api/queues: what `rabbitmqadmin
-# list queues` asks, without its columns=) of the broker under test with curl, back to back,
+# where "listed" means a loop that GETs LIST_PATH (default /api/$LIST, LIST default queues:
+# what `rabbitmqadmin list queues` asks, without its columns=; LIST=bindings lists each queue's
+# default binding and the one quayscale adds) of the broker under test with curl, back to back,
 # for the length of the run. The row is `amqpbench $ROW -d DURATION --check --watch-pid PID`
 # (ROW: 1 KiB messages with confirms and acks, as issue 20's targets). Meanwhile a sampler
 # reads quay_event_loop_lag_seconds (the longest loop iteration of the last 5-10 s) from the
@@ -18,6 +19,7 @@
 #
 #   QUAYD_A=/tmp/base-quayd QUAYD=build/quayd REPS=5 DURATION=10 bench/mgmt_list_lag.sh
 #   ... LIST_PATH='/api/queues?columns=name,messages' ... (rabbitmqadmin's table)
+#   ... LIST=bindings ...                                 (GET /api/bindings)
 #
 # Needs librabbitmq-dev, curl, and ../shared/bench (amqpbench).
 set -euo pipefail
@@ -27,7 +29,8 @@ QUAYD_A=${QUAYD_A:?the base quayd to compare with}
 REPS=${REPS:-5}
 QUEUES=${QUEUES:-50000}
 DURATION=${DURATION:-10}
-LIST_PATH=${LIST_PATH:-/api/queues}
+LIST=${LIST:-queues}
+LIST_PATH=${LIST_PATH:-/api/$LIST}
 ROW=${ROW:--s 1024 --confirm -w 1000 --prefetch 100}
 PORT=${PORT:-$((20000 + RANDOM % 9000))}
 BENCH_OUT=${BENCH_OUT:-build/bench}
@@ -91,13 +94,15 @@ lag_loop() { # http_port out: the loop lag gauge every 2 s
 
 run_one() { # label amqp_port http_port pid listed(0|1)
   local label=$1 port=$2 http=$3 pid=$4 listed=$5 line us lists="-" lag load
-  : >"$TMP/lists"
-  : >"$TMP/lags"
+  # Files of this run alone: a curl of the last run's loops, still in flight when they
+  # were killed, may write after them (a lag read from the other broker).
+  RUN=$((${RUN:-0} + 1))
+  local list_file="$TMP/lists.$RUN" lag_file="$TMP/lags.$RUN"
   if [ "$listed" = 1 ]; then
-    list_loop "$http" "$TMP/lists" &
+    list_loop "$http" "$list_file" &
     LISTER=$!
   fi
-  lag_loop "$http" "$TMP/lags" &
+  lag_loop "$http" "$lag_file" &
   SAMPLER=$!
   # shellcheck disable=SC2086
   line=$("$BENCH_OUT/amqpbench" -p "$port" $ROW -d "$DURATION" --check \
@@ -105,10 +110,10 @@ run_one() { # label amqp_port http_port pid listed(0|1)
   kill "$SAMPLER" 2>/dev/null || true; wait "$SAMPLER" 2>/dev/null || true; SAMPLER=
   if [ -n "$LISTER" ]; then
     kill "$LISTER" 2>/dev/null || true; wait "$LISTER" 2>/dev/null || true; LISTER=
-    lists="$(wc -l <"$TMP/lists")x_median_s=$(cut -d' ' -f1 "$TMP/lists" | median)"
-    lists="${lists}_bytes=$(tail -1 "$TMP/lists" | cut -d' ' -f2)"
+    lists="$(wc -l <"$list_file")x_median_s=$(cut -d' ' -f1 "$list_file" | median)"
+    lists="${lists}_bytes=$(tail -1 "$list_file" | cut -d' ' -f2)"
   fi
-  lag=$(sort -g "$TMP/lags" | tail -1)
+  lag=$(sort -g "$lag_file" | tail -1)
   us=$(awk -v c="$(field srv_cpu_pct "$line")" -v e="$(field elapsed_s "$line")" \
            -v n="$(field consumed "$line")" 'BEGIN {printf "%.3f", c / 100 * e / n * 1e6}')
   load=$(cut -d' ' -f1 /proc/loadavg)

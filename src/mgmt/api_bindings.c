@@ -89,19 +89,114 @@ static void write_default(struct json *out, const struct vhost *vhost, const str
     write_one(out, vhost->name, BYTES_LIT(""), q->name, true, q->name, (struct bytes){NULL, 0});
 }
 
-void api_bindings_write_vhost(struct json *out, const struct vhost *vhost, bool with_defaults)
+/* ---- lists: copied out, then answered in slices ---------------------------- */
+
+/* A binding as listed: its fields copied (offsets into the list's text),
+ * so that the list can be written a slice at a time although bindings
+ * and exchanges are freed when they go (no reference holds them). Every
+ * queue has its default binding, so 50,000 queues list 50,000 of them.
+ * Copying is what the first loop turn does (a memcpy a field); writing
+ * the JSON (escaping every byte, the arguments' table) is done in slices
+ * (api_list_answer_slices), so the list is what it was when asked. */
+struct listed {
+    size_t vhost, source, dest, routing_key, arguments; /* offsets in text */
+    uint32_t vhost_len, source_len, dest_len, routing_key_len, arguments_len;
+    bool to_queue;
+};
+
+struct listing {
+    struct api_list_text text;     /* the copied bytes */
+    struct listed *items;          /* owned */
+    size_t count, cap_items;
+    size_t vhost;                  /* the vhost of the items added next */
+    uint32_t vhost_len;
+    uint64_t began_ns;             /* for the log */
+};
+
+static void listing_vhost(struct listing *l, const struct vhost *vhost)
 {
-    struct hmap_entry *e;
-    if (with_defaults) {
-        for (uint32_t i = 0; hmap_next((struct hmap *)&vhost->queues, &i, &e);)
-            write_default(out, vhost, e->value);
+    l->vhost = api_list_keep(&l->text, vhost->name);
+    l->vhost_len = vhost->name.len;
+}
+
+static struct listed *listing_add(struct listing *l)
+{
+    if (l->count == l->cap_items) {
+        l->cap_items = 2 * l->cap_items + 64;
+        l->items = realloc(l->items, l->cap_items * sizeof *l->items);
+        ASSERT(l->items != NULL);
     }
+    struct listed *it = &l->items[l->count++];
+    *it = (struct listed){.vhost = l->vhost, .vhost_len = l->vhost_len};
+    return it;
+}
+
+static void add_binding(struct listing *l, const struct binding *b)
+{
+    struct listed *it = listing_add(l);
+    struct bytes dest = dest_name(b->dest);
+    it->source = api_list_keep(&l->text, b->source->name);
+    it->source_len = b->source->name.len;
+    it->dest = api_list_keep(&l->text, dest);
+    it->dest_len = dest.len;
+    it->routing_key = api_list_keep(&l->text, b->routing_key);
+    it->routing_key_len = b->routing_key.len;
+    it->arguments = api_list_keep(&l->text, b->arguments);
+    it->arguments_len = b->arguments.len;
+    it->to_queue = b->dest->kind == BIND_DEST_QUEUE;
+}
+
+/* The default exchange's implicit binding to q: its routing key is the
+ * queue's name, one copy for both. */
+static void add_default(struct listing *l, const struct queue *q)
+{
+    struct listed *it = listing_add(l);
+    it->dest = it->routing_key = api_list_keep(&l->text, q->name);
+    it->dest_len = it->routing_key_len = q->name.len;
+    it->to_queue = true;
+}
+
+/* The vhost's bindings, the default exchange's implicit ones first. */
+static void add_vhost(struct listing *l, const struct vhost *vhost)
+{
+    listing_vhost(l, vhost);
+    struct hmap_entry *e;
+    for (uint32_t i = 0; hmap_next((struct hmap *)&vhost->queues, &i, &e);)
+        add_default(l, e->value);
     for (uint32_t i = 0; hmap_next((struct hmap *)&vhost->exchanges, &i, &e);) {
         const struct exchange *x = e->value;
         list_for_each(node, &x->bindings) {
-            write_binding(out, vhost, CONTAINER_OF(node, struct binding, source_link));
+            add_binding(l, CONTAINER_OF(node, struct binding, source_link));
         }
     }
+}
+
+static bool listing_write(void *ctx, size_t i, struct json *out)
+{
+    const struct listing *l = ctx;
+    const struct listed *it = &l->items[i];
+    write_one(out, api_list_kept(&l->text, it->vhost, it->vhost_len),
+              api_list_kept(&l->text, it->source, it->source_len),
+              api_list_kept(&l->text, it->dest, it->dest_len), it->to_queue,
+              api_list_kept(&l->text, it->routing_key, it->routing_key_len),
+              api_list_kept(&l->text, it->arguments, it->arguments_len));
+    return true;
+}
+
+static void listing_done(void *ctx)
+{
+    struct listing *l = ctx;
+    free(l->text.data);
+    free(l->items);
+    free(l);
+}
+
+static struct listing *listing_new(void)
+{
+    struct listing *l = calloc(1, sizeof *l);
+    ASSERT(l != NULL);
+    l->began_ns = uv_hrtime();
+    return l;
 }
 
 void api_bindings_write_definitions(struct json *out, const struct vhost *vhost, bool alone)
@@ -132,45 +227,44 @@ void api_bindings_write_definitions(struct json *out, const struct vhost *vhost,
     }
 }
 
-static void answer_list(struct http_call *call, const struct http_call_request *req,
-                        struct json *body)
+/* Answers l's bindings (takes l). They have no order of their own
+ * (default_sort ""): the tables', as copied. */
+static void answer_list(struct broker *broker, struct http_call *call,
+                        const struct http_call_request *req, struct listing *l)
 {
-    json_array_end(body);
-    api_list_answer(call, req, body, "");
+    struct api_list_source source = {.count = l->count, .write = listing_write,
+                                     .done = listing_done, .ctx = l, .began_ns = l->began_ns};
+    api_list_answer_slices(broker->loop, call, req, "", &source);
 }
 
 void api_bindings_of_queue(struct broker *broker, struct http_call *call,
                            const struct http_call_request *req, struct queue *queue)
 {
-    (void)broker;
-    struct json body;
-    http_body_init(&body);
-    json_array_begin(&body);
-    write_default(&body, queue->vhost, queue);
+    struct listing *l = listing_new();
+    listing_vhost(l, queue->vhost);
+    add_default(l, queue);
     list_for_each(node, &queue->as_dest.bindings_in) {
-        write_binding(&body, queue->vhost, CONTAINER_OF(node, struct binding, dest_link));
+        add_binding(l, CONTAINER_OF(node, struct binding, dest_link));
     }
-    answer_list(call, req, &body);
+    answer_list(broker, call, req, l);
 }
 
 void api_bindings_of_exchange(struct broker *broker, struct http_call *call,
                               const struct http_call_request *req, struct vhost *vhost,
                               struct exchange *exchange, bool as_source)
 {
-    (void)broker;
-    struct json body;
-    http_body_init(&body);
-    json_array_begin(&body);
+    struct listing *l = listing_new();
+    listing_vhost(l, vhost);
     if (as_source) {
         list_for_each(node, &exchange->bindings) {
-            write_binding(&body, vhost, CONTAINER_OF(node, struct binding, source_link));
+            add_binding(l, CONTAINER_OF(node, struct binding, source_link));
         }
     } else {
         list_for_each(node, &exchange->as_dest.bindings_in) {
-            write_binding(&body, vhost, CONTAINER_OF(node, struct binding, dest_link));
+            add_binding(l, CONTAINER_OF(node, struct binding, dest_link));
         }
     }
-    answer_list(call, req, &body);
+    answer_list(broker, call, req, l);
 }
 
 /* ---- the tree ------------------------------------------------------------------ */
@@ -207,9 +301,11 @@ static bool parse_between(struct broker *broker, const struct api_path *path,
     return true;
 }
 
-/* The bindings from source to dest, each (if key) only the one whose
- * properties_key is key. */
-static uint32_t write_between(struct json *out, const struct between *b, const struct bytes *key)
+/* The bindings from source to dest, as items of l (a list: one routing
+ * key each, as many as a client binds), or the one whose properties_key
+ * is key into one. */
+static uint32_t write_between(struct json *one, struct listing *l, const struct between *b,
+                              const struct bytes *key)
 {
     uint32_t n = 0;
     if (b->source == NULL || b->dest == NULL)
@@ -218,7 +314,10 @@ static uint32_t write_between(struct json *out, const struct between *b, const s
         const struct queue *q = CONTAINER_OF(b->dest, struct queue, as_dest);
         if (key == NULL || (key->len == q->name.len && memcmp(key->ptr, q->name.ptr,
                                                              key->len) == 0)) {
-            write_default(out, b->vhost, q);
+            if (l != NULL)
+                add_default(l, q);
+            else
+                write_default(one, b->vhost, q);
             n++;
         }
         return n;
@@ -231,7 +330,10 @@ static uint32_t write_between(struct json *out, const struct between *b, const s
         properties_key(bd->routing_key, bd->arguments, pk, sizeof pk);
         if (key != NULL && (strlen(pk) != key->len || memcmp(pk, key->ptr, key->len) != 0))
             continue;
-        write_binding(out, b->vhost, bd);
+        if (l != NULL)
+            add_binding(l, bd);
+        else
+            write_binding(one, b->vhost, bd);
         n++;
     }
     return n;
@@ -343,15 +445,14 @@ static void handle_between(struct broker *broker, struct http_call *call,
     } else if (b.source == NULL || b.dest == NULL) {
         api_answer_not_found(call);
     } else if (path->count == 5 && read) {
-        struct json body;
-        http_body_init(&body);
-        json_array_begin(&body);
-        write_between(&body, &b, NULL);
-        answer_list(call, req, &body);
+        struct listing *l = listing_new();
+        listing_vhost(l, b.vhost);
+        write_between(NULL, l, &b, NULL);
+        answer_list(broker, call, req, l);
     } else if (path->count == 6 && read) {
         struct json body;
         http_body_init(&body);
-        if (write_between(&body, &b, &path->seg[5]) == 1) {
+        if (write_between(&body, NULL, &b, &path->seg[5]) == 1) {
             http_call_answer(call, 200, &body);
         } else {
             json_free(&body);
@@ -382,23 +483,20 @@ static void handle_bindings(void *ctx, struct http_call *call,
         http_call_answer_error(call, 405, "Method Not Allowed");
         return;
     }
-    struct json body;
-    http_body_init(&body);
-    json_array_begin(&body);
+    if (path.count == 1 && broker_vhost(broker, path.seg[0]) == NULL) {
+        api_answer_not_found(call);
+        return;
+    }
+    struct listing *l = listing_new();
     struct hmap_entry *v;
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
         const struct vhost *vhost = v->value;
         bool wanted = path.count == 1 ? bytes_equal(vhost->name, path.seg[0])
                                       : mgmt_user_sees_vhost(req->user, vhost->name);
         if (wanted)
-            api_bindings_write_vhost(&body, vhost, true);
+            add_vhost(l, vhost);
     }
-    if (path.count == 1 && broker_vhost(broker, path.seg[0]) == NULL) {
-        json_free(&body);
-        api_answer_not_found(call);
-        return;
-    }
-    answer_list(call, req, &body);
+    answer_list(broker, call, req, l);
 }
 
 void api_bindings_register(struct http_server *http, struct broker *broker)

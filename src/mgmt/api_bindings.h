@@ -41,9 +41,6 @@ void api_bindings_of_queue(struct broker *broker, struct http_call *call,
 void api_bindings_of_exchange(struct broker *broker, struct http_call *call,
                               const struct http_call_request *req, struct vhost *vhost,
                               struct exchange *exchange, bool as_source);
-/* Writes the vhost's bindings as array items (with the default
- * exchange's implicit ones if with_defaults). */
-void api_bindings_write_vhost(struct json *out, const struct vhost *vhost, bool with_defaults);
 /* The same in a definitions file's shape: no default bindings, no
  * properties_key, no "vhost" when the vhost is exported alone. */
 void api_bindings_write_definitions(struct json *out, const struct vhost *vhost, bool alone);

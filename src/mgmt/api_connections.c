@@ -177,31 +177,47 @@ static void write_channel(struct json *out, struct broker *broker, const struct 
     json_object_end(out);
 }
 
+/* Connections, channels and consumers: as many as clients open, so
+ * written up front (their figures as of the request, as before) and then
+ * answered in slices (api_list_answer_texts), in the order written: these
+ * lists have no default order (default_sort ""). */
+static void answer_list(struct broker *broker, struct http_call *call,
+                        const struct http_call_request *req, struct api_list_texts *t)
+{
+    api_list_answer_texts(broker->loop, call, req, "", t);
+}
+
 static void list_connections(struct broker *broker, struct http_call *call,
                              const struct http_call_request *req, const struct api_path *path)
 {
+    if (path->count == 0) {
+        struct api_list_texts t;
+        api_list_texts_init(&t);
+        list_for_each(node, &broker->connections) {
+            const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
+            if (is_client(c) && sees(req->user, c)) {
+                write_connection(api_list_texts_item(&t), broker, c);
+                api_list_texts_end(&t);
+            }
+        }
+        answer_list(broker, call, req, &t);
+        return;
+    }
     struct json body;
     http_body_init(&body);
-    if (path->count == 0)
-        json_array_begin(&body);
     uint32_t found = 0;
     list_for_each(node, &broker->connections) {
         const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
         if (!is_client(c) || !sees(req->user, c))
             continue;
-        if (path->count == 1) {
-            char name[NAME_SIZE];
-            connection_name(c, name, sizeof name);
-            if (found > 0 || !bytes_equal_cstr(path->seg[0], name))
-                continue;
-        }
+        char name[NAME_SIZE];
+        connection_name(c, name, sizeof name);
+        if (found > 0 || !bytes_equal_cstr(path->seg[0], name))
+            continue;
         write_connection(&body, broker, c);
         found++;
     }
-    if (path->count == 0) {
-        json_array_end(&body);
-        api_list_answer(call, req, &body, "");
-    } else if (found == 1) {
+    if (found == 1) {
         api_object_answer(call, req, &body);
     } else {
         json_free(&body);
@@ -233,20 +249,20 @@ static void handle_channels(void *ctx, struct http_call *call,
     }
     struct channel_info *infos = malloc(CHANNELS_SHOWN_MAX * sizeof *infos);
     ASSERT(infos != NULL);
-    struct json body;
-    http_body_init(&body);
-    json_array_begin(&body);
+    struct api_list_texts t;
+    api_list_texts_init(&t);
     list_for_each(node, &broker->connections) {
         const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);
         if (!is_client(c) || !sees(req->user, c))
             continue;
         uint32_t n = channels_info(c, infos, CHANNELS_SHOWN_MAX);
-        for (uint32_t i = 0; i < n; i++)
-            write_channel(&body, broker, c, &infos[i]);
+        for (uint32_t i = 0; i < n; i++) {
+            write_channel(api_list_texts_item(&t), broker, c, &infos[i]);
+            api_list_texts_end(&t);
+        }
     }
     free(infos);
-    json_array_end(&body);
-    api_list_answer(call, req, &body, "");
+    answer_list(broker, call, req, &t);
 }
 
 static void write_consumer(struct json *out, struct broker *broker, const struct queue *q,
@@ -288,8 +304,8 @@ static void write_consumer(struct json *out, struct broker *broker, const struct
     json_object_end(out);
 }
 
-static void write_vhost_consumers(struct json *out, struct broker *broker,
-                                  const struct vhost *vhost, const struct auth_user *user)
+static void add_vhost_consumers(struct api_list_texts *t, struct broker *broker,
+                                const struct vhost *vhost, const struct auth_user *user)
 {
     struct hmap_entry *e;
     for (uint32_t i = 0; hmap_next((struct hmap *)&vhost->queues, &i, &e);) {
@@ -298,8 +314,10 @@ static void write_vhost_consumers(struct json *out, struct broker *broker,
             const struct consumer *consumer = CONTAINER_OF(node, struct consumer, queue_link);
             struct channel_info ch;
             if (channel_consumer_info(consumer, &ch) && is_client(ch.connection) &&
-                sees(user, ch.connection))
-                write_consumer(out, broker, q, consumer, &ch);
+                sees(user, ch.connection)) {
+                write_consumer(api_list_texts_item(t), broker, q, consumer, &ch);
+                api_list_texts_end(t);
+            }
         }
     }
 }
@@ -317,19 +335,17 @@ static void handle_consumers(void *ctx, struct http_call *call,
     }
     if (path.count == 1 && api_vhost_or_404(broker, call, path.seg[0]) == NULL)
         return;
-    struct json body;
-    http_body_init(&body);
-    json_array_begin(&body);
+    struct api_list_texts t;
+    api_list_texts_init(&t);
     struct hmap_entry *v;
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
         const struct vhost *vhost = v->value;
         bool wanted = path.count == 1 ? bytes_equal(vhost->name, path.seg[0])
                                       : mgmt_user_sees_vhost(req->user, vhost->name);
         if (wanted)
-            write_vhost_consumers(&body, broker, vhost, req->user);
+            add_vhost_consumers(&t, broker, vhost, req->user);
     }
-    json_array_end(&body);
-    api_list_answer(call, req, &body, "");
+    answer_list(broker, call, req, &t);
 }
 
 void api_connections_register(struct http_server *http, struct broker *broker)

@@ -26,27 +26,109 @@
 
 #define API_ARGUMENTS_SIZE_MAX 65536
 
-void api_exchange_write(struct json *out, const struct vhost *vhost, const struct exchange *x)
+/* An exchange's fields, as listed and shown. */
+struct fields {
+    struct bytes vhost, name, arguments;
+    enum exchange_type type;
+    bool durable, auto_delete, internal;
+};
+
+static void write_fields(struct json *out, const struct fields *f)
 {
     json_object_begin(out);
     json_key(out, "name");
-    json_string_n(out, x->name.ptr, x->name.len);
+    json_string_n(out, f->name.ptr, f->name.len);
     json_key(out, "vhost");
-    json_string_n(out, vhost->name.ptr, vhost->name.len);
-    json_kv_string(out, "type", exchange_type_name(x->type));
-    json_kv_bool(out, "durable", x->durable);
-    json_kv_bool(out, "auto_delete", x->auto_delete);
-    json_kv_bool(out, "internal", x->internal);
+    json_string_n(out, f->vhost.ptr, f->vhost.len);
+    json_kv_string(out, "type", exchange_type_name(f->type));
+    json_kv_bool(out, "durable", f->durable);
+    json_kv_bool(out, "auto_delete", f->auto_delete);
+    json_kv_bool(out, "internal", f->internal);
     json_key(out, "arguments");
-    api_table_write(out, (struct table){x->arguments.ptr, x->arguments.len});
+    api_table_write(out, (struct table){f->arguments.ptr, f->arguments.len});
     json_object_end(out);
 }
 
-static void write_vhost(struct json *out, const struct vhost *vhost)
+void api_exchange_write(struct json *out, const struct vhost *vhost, const struct exchange *x)
 {
+    struct fields f = {vhost->name, x->name, x->arguments, x->type, x->durable,
+                       x->auto_delete, x->internal};
+    write_fields(out, &f);
+}
+
+/* ---- the list: copied out, then answered in slices ---------------------------- */
+
+/* A client may declare any number of exchanges, freed when deleted (no
+ * reference holds one): the list copies each one's fields (offsets into
+ * its text) in the request's turn, then writes, sorts and answers them in
+ * slices (api_list_answer_slices), as they were when asked. */
+struct listed {
+    size_t vhost, name, arguments; /* offsets in text */
+    uint32_t vhost_len, name_len, arguments_len;
+    enum exchange_type type;
+    bool durable, auto_delete, internal;
+};
+
+struct listing {
+    struct api_list_text text;     /* the copied bytes */
+    struct listed *items;          /* owned */
+    size_t count;
+};
+
+static void add_vhost(struct listing *l, const struct vhost *vhost)
+{
+    size_t vhost_at = api_list_keep(&l->text, vhost->name);
     struct hmap_entry *e;
-    for (uint32_t i = 0; hmap_next((struct hmap *)&vhost->exchanges, &i, &e);)
-        api_exchange_write(out, vhost, e->value);
+    for (uint32_t i = 0; hmap_next((struct hmap *)&vhost->exchanges, &i, &e);) {
+        const struct exchange *x = e->value;
+        struct listed *it = &l->items[l->count++];
+        *it = (struct listed){.vhost = vhost_at, .vhost_len = vhost->name.len,
+                              .type = x->type, .durable = x->durable,
+                              .auto_delete = x->auto_delete, .internal = x->internal};
+        it->name = api_list_keep(&l->text, x->name);
+        it->name_len = x->name.len;
+        it->arguments = api_list_keep(&l->text, x->arguments);
+        it->arguments_len = x->arguments.len;
+    }
+}
+
+static bool listing_write(void *ctx, size_t i, struct json *out)
+{
+    const struct listing *l = ctx;
+    const struct listed *it = &l->items[i];
+    struct fields f = {api_list_kept(&l->text, it->vhost, it->vhost_len),
+                       api_list_kept(&l->text, it->name, it->name_len),
+                       api_list_kept(&l->text, it->arguments, it->arguments_len), it->type,
+                       it->durable, it->auto_delete, it->internal};
+    write_fields(out, &f);
+    return true;
+}
+
+static int compare_bytes(struct bytes a, struct bytes b)
+{
+    size_t n = a.len < b.len ? a.len : b.len;
+    int c = n ? memcmp(a.ptr, b.ptr, n) : 0;
+    return c ? c : (a.len > b.len) - (a.len < b.len);
+}
+
+/* By vhost, then name: the default order "vhost,name", as api_list.c
+ * compares the two strings. */
+static int listing_compare(void *ctx, size_t x, size_t y)
+{
+    const struct listing *l = ctx;
+    const struct listed *a = &l->items[x], *b = &l->items[y];
+    int c = compare_bytes(api_list_kept(&l->text, a->vhost, a->vhost_len),
+                          api_list_kept(&l->text, b->vhost, b->vhost_len));
+    return c ? c : compare_bytes(api_list_kept(&l->text, a->name, a->name_len),
+                                 api_list_kept(&l->text, b->name, b->name_len));
+}
+
+static void listing_done(void *ctx)
+{
+    struct listing *l = ctx;
+    free(l->text.data);
+    free(l->items);
+    free(l);
 }
 
 static void list_exchanges(struct broker *broker, struct http_call *call,
@@ -55,21 +137,28 @@ static void list_exchanges(struct broker *broker, struct http_call *call,
     struct vhost *one = NULL;
     if (only != NULL && (one = api_vhost_or_404(broker, call, *only)) == NULL)
         return;
-    struct json body;
-    http_body_init(&body);
-    json_array_begin(&body);
+    uint64_t began_ns = uv_hrtime();
+    size_t room = 0;
+    struct hmap_entry *v;
+    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);)
+        room += ((const struct vhost *)v->value)->exchanges.count;
+    struct listing *l = calloc(1, sizeof *l);
+    ASSERT(l != NULL);
+    l->items = malloc((room + 1) * sizeof *l->items);
+    ASSERT(l->items != NULL);
     if (one != NULL) {
-        write_vhost(&body, one);
+        add_vhost(l, one);
     } else {
-        struct hmap_entry *v;
         for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
             const struct vhost *vhost = v->value;
             if (mgmt_user_sees_vhost(req->user, vhost->name))
-                write_vhost(&body, vhost);
+                add_vhost(l, vhost);
         }
     }
-    json_array_end(&body);
-    api_list_answer(call, req, &body, "vhost,name");
+    struct api_list_source source = {.count = l->count, .write = listing_write,
+                                     .compare = listing_compare, .done = listing_done,
+                                     .ctx = l, .began_ns = began_ns};
+    api_list_answer_slices(broker->loop, call, req, "vhost,name", &source);
 }
 
 /* One declare or delete, over AMQP. */

@@ -26,6 +26,13 @@
  *
  * Built then sent, as /metrics is (metrics.c says why not chunked). The
  * answer is the one api_list_answer would give for the same items.
+ *
+ * The sources: queues (api_queues.c: each holds a reference, written as
+ * it is when its turn comes); exchanges and bindings (copied out in the
+ * request's turn, api_list_keep: no reference holds them, and copying is
+ * a memcpy a field where writing escapes every byte); connections,
+ * channels and consumers (api_list_texts: written in the request's turn,
+ * their figures as of the request).
  */
 #include "mgmt/api_list.h"
 #include "mgmt/api_list_int.h"
@@ -410,8 +417,11 @@ static void on_slice(uv_timer_t *timer)
         uv_timer_start(&s->timer, on_slice, API_LIST_GAP_MS, 0);
         return;
     }
-    LOG_DEBUG("http list: %zu items, %zu bytes in %llu us, %u slices, the longest %llu us",
-              s->total, s->body.size, (unsigned long long)((uv_hrtime() - s->began_ns) / 1000u),
+    LOG_DEBUG("http list: %zu items gathered in %llu us (one turn), then %zu bytes in %llu "
+              "us, %u slices, the longest %llu us", s->total,
+              (unsigned long long)(s->source.began_ns ? (s->began_ns - s->source.began_ns) / 1000u
+                                                      : 0),
+              s->body.size, (unsigned long long)((uv_hrtime() - s->began_ns) / 1000u),
               s->slices_count, (unsigned long long)(s->slice_max_ns / 1000u));
     if (s->call != NULL) {
         http_call_answer(s->call, 200, &s->body);
@@ -452,7 +462,9 @@ void api_list_answer_slices(struct uv_loop_s *loop, struct http_call *call,
     api_list__columns_parse(req, &s->cols);
     bool asked = api_list__sort_keys(req, default_sort, s->sort_text, &s->reverse);
     s->sorting = asked;
-    s->backwards = !s->sorting && s->reverse;
+    /* With no default order (the tables' own), sort_reverse= alone has
+     * nothing to reverse in api_list_answer either. */
+    s->backwards = !s->sorting && s->reverse && default_sort[0] != '\0';
     if (s->sorting)
         split_keys(s);
     s->needs_tree = s->cols.count > 0 || s->sorting || s->name[0] != '\0';
@@ -474,4 +486,81 @@ void api_list_answer_slices(struct uv_loop_s *loop, struct http_call *call,
     s->timer.data = s;
     uv_timer_start(&s->timer, on_slice, 0, 0);
     http_call_on_cancel(call, on_cancel, s);
+}
+
+/* ---- items written up front (api_list_texts) ---------------------------------- */
+
+void api_list_texts_init(struct api_list_texts *t)
+{
+    *t = (struct api_list_texts){.began_ns = uv_hrtime()};
+    t->store = malloc(sizeof *t->store);
+    ASSERT(t->store != NULL);
+    json_init(t->store);
+    json_array_begin(t->store); /* the items are its members: json puts the commas */
+}
+
+struct json *api_list_texts_item(struct api_list_texts *t)
+{
+    t->begun = t->store->size;
+    return t->store;
+}
+
+void api_list_texts_end(struct api_list_texts *t)
+{
+    if (t->count == t->cap) {
+        t->cap = 2 * t->cap + 64;
+        t->at = realloc(t->at, 2 * t->cap * sizeof *t->at);
+        ASSERT(t->at != NULL);
+    }
+    size_t from = t->begun;
+    if (from < t->store->size && t->store->data[from] == ',')
+        from++;
+    t->at[2 * t->count] = from;
+    t->at[2 * t->count + 1] = t->store->size;
+    t->count++;
+}
+
+static bool texts_write(void *ctx, size_t i, struct json *out)
+{
+    const struct api_list_texts *t = ctx;
+    json_value_text(out, t->store->data + t->at[2 * i], t->at[2 * i + 1] - t->at[2 * i]);
+    return true;
+}
+
+static void texts_done(void *ctx)
+{
+    struct api_list_texts *t = ctx;
+    json_free(t->store);
+    free(t->store);
+    free(t->at);
+    free(t);
+}
+
+void api_list_answer_texts(struct uv_loop_s *loop, struct http_call *call,
+                           const struct http_call_request *req, const char *default_sort,
+                           struct api_list_texts *t)
+{
+    struct api_list_texts *own = malloc(sizeof *own);
+    ASSERT(own != NULL);
+    *own = *t;
+    *t = (struct api_list_texts){0};
+    struct api_list_source source = {.count = own->count, .write = texts_write,
+                                     .done = texts_done, .ctx = own,
+                                     .began_ns = own->began_ns};
+    api_list_answer_slices(loop, call, req, default_sort, &source);
+}
+
+size_t api_list_keep(struct api_list_text *t, struct bytes b)
+{
+    if (t->size + b.len > t->cap) {
+        while (t->size + b.len > t->cap)
+            t->cap = 2 * t->cap + 4096;
+        t->data = realloc(t->data, t->cap);
+        ASSERT(t->data != NULL);
+    }
+    size_t at = t->size;
+    if (b.len > 0)
+        memcpy(t->data + at, b.ptr, b.len);
+    t->size += b.len;
+    return at;
 }
