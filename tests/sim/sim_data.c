@@ -140,9 +140,19 @@ static bool stream_send(struct sim *s, unsigned p, struct sim_copy *c, struct si
         stream_fail(s, f.queue, c, st);
         return false;
     }
-    if (f.kind == SIM_F_REPLICATE || f.kind == SIM_F_PROBE)
+    if (f.kind == SIM_F_REPLICATE || f.kind == SIM_F_PROBE || f.kind == SIM_F_VERIFY)
         st->sent_seq = f.seq;
     return true;
+}
+
+/* What a copy holds, as replica_digest_of and replication.c's send_verify
+ * sum it. */
+static struct replica_digest digest_of(const struct sim_copy *c)
+{
+    struct replica_digest d = {0, 0};
+    for (uint32_t i = 0; i < c->held_count; i++)
+        replica_digest_add(&d, c->held[i].seq);
+    return d;
 }
 
 static void catch_up(struct sim *s, unsigned p, unsigned qi, struct sim_copy *c,
@@ -245,11 +255,12 @@ static void streams_follow(struct sim *s, const struct sim_broker *b, unsigned q
         st->incarnation = incarnation;
         if (fresh) {
             /* Promoted (or just declared): an in-sync backup holds what we
-             * adopted, under the same seqs. */
+             * adopted, under the same seqs, as its answer to our verify
+             * says (nothing counts as on it until then). */
             bool in_step = in_sync && !recovered;
             st->state = in_step ? SIM_STREAM_LIVE : in_sync ? SIM_STREAM_FAILED : SIM_STREAM_IDLE;
             st->join_asked = false;
-            st->acked_seq = st->sent_seq = in_step ? c->next_seq - 1 : 0;
+            st->acked_seq = st->sent_seq = 0;
         }
         if (!in_sync && st->state == SIM_STREAM_LIVE)
             st->join_asked = true;
@@ -324,10 +335,14 @@ static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
         ask_in_sync(c);
     for (uint8_t i = 0; i < c->streams_count; i++) {
         struct sim_stream *st = &c->streams[i];
-        if (fresh && st->state == SIM_STREAM_LIVE)
+        if (fresh && st->state == SIM_STREAM_LIVE &&
             stream_send(s, b->index, c, st, (struct sim_frame){.kind = SIM_F_SYNC,
                                                                .queue = (uint8_t)qi,
-                                                               .seq = b->map.version});
+                                                               .seq = b->map.version}))
+            stream_send(s, b->index, c, st, (struct sim_frame){.kind = SIM_F_VERIFY,
+                                                               .queue = (uint8_t)qi,
+                                                               .seq = c->next_seq - 1,
+                                                               .digest = digest_of(c)});
         if (!st->gating && (st->state == SIM_STREAM_IDLE || st->state == SIM_STREAM_FAILED))
             catch_up(s, b->index, qi, c, st);
     }
@@ -425,7 +440,7 @@ static void on_stream(struct sim *s, unsigned from, unsigned to, const struct si
     if (!accepts) {
         sim_data_watch(s, f->queue, "b%u refuses b%u's stream (kind %u, epoch %" PRIu64 ")",
                        b->id, from + 1, f->kind, f->epoch);
-        if (f->kind == SIM_F_REPLICATE || f->kind == SIM_F_PROBE)
+        if (f->kind == SIM_F_REPLICATE || f->kind == SIM_F_PROBE || f->kind == SIM_F_VERIFY)
             sim_link_send(s, to, from, ack);
         return;
     }
@@ -448,6 +463,13 @@ static void on_stream(struct sim *s, unsigned from, unsigned to, const struct si
         return;
     case SIM_F_PROBE:
         break;
+    case SIM_F_VERIFY: {
+        struct replica_digest d = digest_of(c);
+        ack.ok = d.count == f->digest.count && d.sum == f->digest.sum;
+        sim_data_watch(s, f->queue, "b%u verifies b%u's promotion: %s", b->id, from + 1,
+                       ack.ok ? "the same" : "different: to be caught up");
+        break;
+    }
     default: { /* SIM_F_REPLICATE */
         /* Checker: a stream's seqs only grow (until a reset). */
         if (c->from == from && c->from_epoch == f->epoch && f->seq <= c->from_seq)

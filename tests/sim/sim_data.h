@@ -17,6 +17,7 @@
 
 #include <stddef.h>
 
+#include "cluster/replica.h"
 #include "sim.h"
 
 #define SIM_MSGS_MAX 4096          /* publishes per seed (then the publishers stop) */
@@ -40,13 +41,15 @@ enum sim_frame_kind {
     SIM_F_SETTLE,    /* primary -> backup: seq left the queue (a consumer acked it) */
     SIM_F_PROBE,     /* primary -> backup: the end of a catch-up, tagged seq */
     SIM_F_ACK,       /* backup -> primary: everything up to seq is here (or refused: !ok) */
+    SIM_F_VERIFY,    /* primary -> backup: a promotion's digest of what it adopted, tagged seq */
 };
 
 struct sim_frame {
     uint64_t at_ms;                /* delivered then */
     uint64_t epoch, seq;           /* SYNC: seq is a map version */
     uint32_t msg, attempt;         /* FORWARD, ANSWER, REPLICATE */
-    uint32_t stream;               /* REPLICATE, PROBE, ACK: the stream's id */
+    uint32_t stream;               /* REPLICATE, PROBE, VERIFY, ACK: the stream's id */
+    struct replica_digest digest;  /* VERIFY (cluster/replica.h) */
     uint8_t kind, queue;
     bool ok;
 };
