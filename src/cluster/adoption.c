@@ -430,9 +430,15 @@ static void on_idle(uv_idle_t *idle)
         uint64_t then = now;
         now = uv_hrtime();
         member->adoption_queue_ns = (now - then) / count + 1;
+        member->adoption_batches++;
+        member->adoption_batched += count;
     } while (!list_empty(&member->adoptions) && now < until);
-    if (list_empty(&member->adoptions))
+    if (list_empty(&member->adoptions)) {
+        LOG_INFO("cluster: adopted %u queue(s) in %u batch(es)", member->adoption_batched,
+                 member->adoption_batches);
+        member->adoption_batches = member->adoption_batched = 0;
         uv_idle_stop(idle);
+    }
 }
 
 static void on_idle_closed(uv_handle_t *handle)
