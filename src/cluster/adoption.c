@@ -379,7 +379,10 @@ static void adopt(struct member *member, struct adoption *a, bool follow)
             return;
         }
     }
-    durable_adopt_discard(member->broker, a->plan); /* (gone meanwhile: left staged) */
+    /* (Gone between its stage and now, in the batch's loop turn: what was
+     * staged stays in our adopted/, reported and swept at our start. Not
+     * seen: map changes apply in callbacks of their own.) */
+    durable_adopt_discard(member->broker, a->plan);
     merge_free(&a->merge); /* (gone: a queue deleted or moved away before its turn) */
     queue_unref(queue);
     free(a);
@@ -427,6 +430,8 @@ static void on_idle(uv_idle_t *idle)
     uint64_t now = uv_hrtime();
     do {
         uint32_t count = adopt_batch(member, batch_size(member, until - now), true);
+        if (count == 0)
+            break;
         uint64_t then = now;
         now = uv_hrtime();
         member->adoption_queue_ns = (now - then) / count + 1;
