@@ -69,6 +69,8 @@
 #           (serving_s), both from the kill; then reads one queue back in full.
 #           TAKEOVER_PERF=PREFIX also records the takers (b1, b2) with perf record -g for
 #           the 10 s after the kill (PREFIX.b1, PREFIX.b2; perf report -i ...).
+#           TAKEOVER_SYSCALLS=1 counts the takers' fsync, fdatasync and rename calls (perf
+#           stat) for TAKEOVER_SYSCALLS_S (20) s from the kill (a SYSCALLS line).
 #   sharedha 3 brokers on one --shared-storage directory; three durable queues whose
 #           primary is b1: "ha-all" (one backup, b2: every message replicated),
 #           "ha-transient" (one backup, b2, x-quay-replicate: transient: it gets the
@@ -869,6 +871,15 @@ EOF
     done
     sleep 0.5
   fi
+  # TAKEOVER_SYSCALLS=1: perf stat counts the takers' (b1, b2) fsync,
+  # fdatasync and rename calls for TAKEOVER_SYSCALLS_S (20) s from the kill.
+  local counting=""
+  if [ -n "${TAKEOVER_SYSCALLS:-}" ]; then
+    perf stat -e syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync \
+      -e syscalls:sys_enter_rename -p "$PID_1,$PID_2" -o "$TMP/syscalls" \
+      -- sleep "${TAKEOVER_SYSCALLS_S:-20}" >/dev/null 2>&1 & counting=$!
+    sleep 0.5
+  fi
   kill -9 "$PID_3"
   local killed
   killed=$(date +%s.%N)
@@ -918,6 +929,11 @@ print("TAKEOVER mapped_s=%.2f serving_s=%.2f not_serving=%d read_back=%d/%d" % (
     mapped if mapped is not None else -1, serving, len(left), got, per), flush=True)
 EOF
   for p in "${perfs[@]}"; do wait "$p" 2>/dev/null || true; done
+  if [ -n "$counting" ]; then
+    wait "$counting" 2>/dev/null || true
+    echo "SYSCALLS $(awk '/syscalls:/ {gsub(/,/, "", $1); sub(/syscalls:sys_enter_/, "", $2);
+                          printf "%s=%s ", $2, $1}' "$TMP/syscalls")"
+  fi
   echo "ROW takeover queues=$TAKEOVER_QUEUES messages=$TAKEOVER_MESSAGES" \
        "fill_msgs_per_s=$(echo "$fill" | field msgs_per_s)" \
        "shared_mb=$(du -sm "$TMP/shared" | cut -f1)"

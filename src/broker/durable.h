@@ -35,7 +35,8 @@ struct journal;
 struct queue;
 struct vhost;
 
-struct durable_adopted; /* durable_adopt.c */
+struct durable_adopted;     /* durable_adopt.c */
+struct durable_adopt_plan;  /* durable_adopt.c */
 struct queue_entry;
 
 /* Messages to merge by seq with an adopted log: a takeover by an in-sync
@@ -53,6 +54,7 @@ struct durable_merge {
 struct durable {
     struct journal *journal;          /* owned */
     struct durable_adopted *adopted;  /* owned: staged logs to remove once copied */
+    struct durable_adopt_plan *adopt_staging; /* borrowed: staged, not committed yet */
     struct durable_merge *merge;      /* borrowed during a durable_adopt, else NULL */
     bool replaying;                   /* recovery: do not log what we replay */
     uint64_t synced_ticket;           /* everything up to this is on disk */
@@ -119,17 +121,33 @@ uint64_t durable_page_out(struct broker *broker, uint64_t wanted);
  * At most DURABLE_ADOPT_CHAIN_MAX.
  * resume: the queue is ours already, from our own log (a restart found
  * it, and the map says we never said queue.adopted): nothing replaced,
- * only what lies above our log's last seq is added. ticket: our copy's
- * last record (0: nothing copied); the copy is durable once
- * durable_synced_ticket passes it. Returns the messages adopted, or -1
- * (logged; the staged copy stays where journal_adopt left it for the
- * operator). merge (or NULL): messages that go in by seq among the
- * adopted ones (all of them, whatever the logs give: none is lost). */
+ * only what lies above our log's last seq is added.
+ *
+ * In three steps, so that many queues' renames are made durable together
+ * (cluster/adoption.c stages a slice's queues, commits once, then reads
+ * them): durable_adopt_stage renames every log of the queue into our
+ * adopted/ directory (the fence) and returns the plan;
+ * durable_adopt_commit makes the renames of every plan staged since the
+ * last commit durable (one fsync per directory); durable_adopt then reads
+ * a committed plan (it asserts the commit: the fence must be durable
+ * before the queue gets, serves or logs anything of those logs) and frees
+ * it; durable_adopt_discard frees one not to be read (its queue went
+ * meanwhile: what it staged stays in our adopted/, reported, and swept at
+ * our next start). ticket: our copy's last record (0: nothing copied); the
+ * copy is durable once durable_synced_ticket passes it. durable_adopt
+ * returns the messages adopted, or -1 (logged; the staged copy stays in
+ * our adopted/ for the operator). merge (or NULL): messages that go in by
+ * seq among the adopted ones (all of them, whatever the logs give: none is
+ * lost). */
 #define DURABLE_ADOPT_CHAIN_MAX 8
-int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                      const char *owner_name, const char *const *earlier,
-                      uint32_t earlier_count, bool resume, struct durable_merge *merge,
-                      uint64_t *ticket);
+struct durable_adopt_plan *durable_adopt_stage(struct broker *broker, struct queue *queue,
+                                               const char *owner_name,
+                                               const char *const *earlier,
+                                               uint32_t earlier_count, bool resume);
+void durable_adopt_commit(struct broker *broker);
+int64_t durable_adopt(struct broker *broker, struct durable_adopt_plan *plan,
+                      struct durable_merge *merge, uint64_t *ticket);
+void durable_adopt_discard(struct broker *broker, struct durable_adopt_plan *plan);
 /* The queue, ours until now, was taken over from our log (queue.take_over
  * names us): its log is closed without a write, neither the DELETE nor
  * the removal its deletion would make, so a taker that has not read it

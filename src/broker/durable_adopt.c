@@ -96,111 +96,19 @@ static void on_adopted(void *ctx, struct journal_queue *jq, struct bytes vhost_n
     a->count++;
 }
 
-/* Adopts a log of the queue, its messages from seq_min on: owner_name's
- * (in its queues/ directory), or, with staged, one we claimed already
- * (journal_adopt_claim_staged; owner_name names it in the log; ours: from
- * our own adopted/ directory). ticket:
- * raised to our copy's last record. */
-static int64_t adopt_from(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                          const char *owner_name, const char *staged, bool ours,
-                          uint64_t seq_min, uint64_t *ticket)
-{
-    struct durable *d = &broker->durable;
-    char foreign[1024];
-    snprintf(foreign, sizeof foreign, "%s/%s", broker->config.shared_storage_dir, owner_name);
-    struct adoption a = {.queue = queue, .seq_min = seq_min};
-    struct journal_adoption *out = malloc(sizeof *out);
-    ASSERT(out != NULL);
-    int rc = staged != NULL
-                 ? journal_adopt_read(d->journal, staged, on_adopted, &a, out)
-                 : journal_adopt(d->journal, foreign, vhost->name, queue->name, on_adopted, &a,
-                                 out);
-    if (rc != OK) {
-        LOG_ERROR("queue '%.*s': cannot take over %s's log (%d)%s%s: it serves without "
-                  "those messages", (int)queue->name.len, (const char *)queue->name.ptr,
-                  owner_name, rc, out->staged[0] ? "; kept in " : "", out->staged);
-        free(out);
-        return -1;
-    }
-    /* (Transient ones between the last live message and the log's end
-     * first: seqs go up.) */
-    merge_below(broker, queue, out->seq_last + 1, false);
-    if (queue->next_seq <= out->seq_last)
-        queue->next_seq = out->seq_last + 1;
-    if (out->staged[0] != '\0' && a.ticket == 0) {
-        journal_adopt_finish(d->journal, out->staged); /* nothing to copy */
-    } else if (out->staged[0] != '\0') {
-        struct durable_adopted *p = calloc(1, sizeof *p);
-        ASSERT(p != NULL);
-        p->ticket = a.ticket;
-        snprintf(p->staged, sizeof p->staged, "%s", out->staged);
-        p->next = d->adopted;
-        d->adopted = p;
-    }
-    if (a.ticket > *ticket)
-        *ticket = a.ticket;
-    LOG_INFO("queue '%.*s': took over %lld messages from %s's log%s (%llu dropped)",
-             (int)queue->name.len, (const char *)queue->name.ptr, (long long)a.count,
-             owner_name, staged == NULL ? "" : ours ? ", staged by us before a restart"
-                                                   : ", staged by a taker that died",
-             (unsigned long long)a.dropped);
-    free(out);
-    return a.count;
-}
+/* Where a log a takeover reads was staged from (for the log line). */
+enum from { FROM_OWNER, FROM_OURS, FROM_TAKER };
 
-/* Claims source's log of the queue staged in taker_dir's adopted/ (NULL:
- * ours, left by a takeover of ours that a crash or a restart cut short)
- * into staged ("" if none). */
-static int claim_staged(struct broker *broker, struct queue *queue, const char *taker,
-                        const char *source, char *staged)
-{
-    char taker_dir[1024];
-    if (taker != NULL)
-        snprintf(taker_dir, sizeof taker_dir, "%s/%s", broker->config.shared_storage_dir,
-                 taker);
-    return journal_adopt_claim_staged(broker->durable.journal, taker ? taker_dir : NULL,
-                                      source, queue->vhost->name, queue->name, staged);
-}
+/* One log of a plan. */
+struct slot {
+    bool tried;        /* its claim ran and did not fail (else reading stops there) */
+    enum from from;
+    char staged[512];  /* where it is staged now; "": there was none */
+};
 
-/* source's log of the queue, from seq_min on: staged in our adopted/ (own,
- * "" if none: ours, where we staged it before a restart, we died or
- * restarted before our copy was synced; else claimed from a dead taker's,
- * claim_chain), or where source left it (at most one of them exists). */
-static int64_t read_source(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                           const char *source, const char *own, bool ours, uint64_t seq_min,
-                           uint64_t *ticket)
-{
-    int64_t count = 0;
-    if (own[0] != '\0') {
-        count = adopt_from(broker, vhost, queue, source, own, ours, seq_min, ticket);
-        if (count < 0)
-            return -1;
-        if (seq_min < queue->next_seq)
-            seq_min = queue->next_seq;
-    }
-    int64_t more = adopt_from(broker, vhost, queue, source, NULL, false, seq_min, ticket);
-    return more < 0 ? more : count + more;
-}
-
-static int64_t adopt_source(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                            const char *source, uint64_t seq_min, uint64_t *ticket)
-{
-    char own[512];
-    if (claim_staged(broker, queue, NULL, source, own) != OK)
-        return -1;
-    return read_source(broker, vhost, queue, source, own, true, seq_min, ticket);
-}
-
-/* A chain of takers that all died before their copies were durable
- * (o -> t -> u -> v, then w takes over from v): the map names v, then u,
- * t, o, newest first (taken_from, taken_from_before, taken_older). Each
- * one's log is in exactly one place (every move is a rename): where its
- * broker left it, staged in the adopted/ directory of a taker after it in
- * the chain (a taker claims its source's log, and what its source had
- * staged, into its own adopted/), or in ours (a restart of ours after we
- * claimed it). Read newest first, each above the seqs read before: a
- * later taker's log holds, for the seqs it copied, the queue as that
- * taker left it (its consumers' acks). Sources the map no longer names
+/* Each source's log of the queue is in exactly one place (every move is a
+ * rename): where its broker left it, staged in the adopted/ directory of a
+ * taker after it in the chain, or in ours. Sources the map no longer names
  * (a chain longer than it keeps) are read last, in no known order: a
  * message a later taker's consumer acked may come back. */
 #define ADOPT_OLDER_MAX 8
@@ -211,13 +119,109 @@ struct older {
     char staged[ADOPT_OLDER_MAX][512];
 };
 
-static bool in_chain(const char *name, const char *owner_name, const char *const *earlier,
-                     uint32_t earlier_count)
+/* What durable_adopt_stage staged for a queue, in the order durable_adopt
+ * reads it: for each source (the owner, then earlier[0], ...), slot 2i
+ * what was staged of it before (by us before a restart, or by a taker
+ * that died), slot 2i + 1 its log where its broker left it; then older. */
+struct durable_adopt_plan {
+    struct durable_adopt_plan *next; /* durable.adopt_staging, until committed */
+    struct queue *queue;             /* borrowed: the caller holds a reference */
+    bool active;                     /* shared storage, our journal, the queue's log */
+    bool resume;
+    bool committed;                  /* durable_adopt_commit ran since its renames */
+    bool failed;                     /* that commit failed: nothing of it is read */
+    bool chain_failed;               /* a claim of the chain failed: the owner's only */
+    uint32_t sources;
+    char source[1 + DURABLE_ADOPT_CHAIN_MAX][JOURNAL_SOURCE_SIZE];
+    struct slot slot[2 * (1 + DURABLE_ADOPT_CHAIN_MAX)];
+    struct older older;
+};
+
+/* Reads a staged log of the queue, its messages from seq_min on (source:
+ * the broker whose log it is). ticket: raised to our copy's last record. */
+static int64_t read_log(struct broker *broker, struct queue *queue, const char *source,
+                        const struct slot *slot, uint64_t seq_min, uint64_t *ticket)
 {
-    if (strcmp(name, owner_name) == 0)
-        return true;
-    for (uint32_t i = 0; i < earlier_count; i++) {
-        if (strcmp(name, earlier[i]) == 0)
+    struct durable *d = &broker->durable;
+    struct adoption a = {.queue = queue, .seq_min = seq_min};
+    struct journal_adoption *out = malloc(sizeof *out);
+    ASSERT(out != NULL);
+    int rc = journal_adopt_read(d->journal, slot->staged, on_adopted, &a, out);
+    if (rc != OK) {
+        LOG_ERROR("queue '%.*s': cannot take over %s's log (%d); kept in %s: it serves "
+                  "without those messages", (int)queue->name.len,
+                  (const char *)queue->name.ptr, source, rc, slot->staged);
+        free(out);
+        return -1;
+    }
+    /* (Transient ones between the last live message and the log's end
+     * first: seqs go up.) */
+    merge_below(broker, queue, out->seq_last + 1, false);
+    if (queue->next_seq <= out->seq_last)
+        queue->next_seq = out->seq_last + 1;
+    if (a.ticket == 0) {
+        journal_adopt_finish(d->journal, out->staged); /* nothing to copy */
+    } else {
+        struct durable_adopted *p = calloc(1, sizeof *p);
+        ASSERT(p != NULL);
+        p->ticket = a.ticket;
+        snprintf(p->staged, sizeof p->staged, "%s", out->staged);
+        p->next = d->adopted;
+        d->adopted = p;
+    }
+    if (a.ticket > *ticket)
+        *ticket = a.ticket;
+    LOG_INFO("queue '%.*s': took over %lld messages from %s's log%s (%llu dropped)",
+             (int)queue->name.len, (const char *)queue->name.ptr, (long long)a.count, source,
+             slot->from == FROM_OWNER ? ""
+             : slot->from == FROM_OURS ? ", staged by us before a restart"
+                                       : ", staged by a taker that died",
+             (unsigned long long)a.dropped);
+    free(out);
+    return a.count;
+}
+
+/* Claims source's log of the queue staged in taker's adopted/ (NULL:
+ * ours, left by a takeover of ours that a crash or a restart cut short)
+ * into staged ("" if none). */
+static int claim_staged(struct broker *broker, struct queue *queue, const char *taker,
+                        const char *source, char *staged)
+{
+    char taker_dir[1024];
+    if (taker != NULL)
+        snprintf(taker_dir, sizeof taker_dir, "%s/%s", broker->config.shared_storage_dir,
+                 taker);
+    int rc = journal_adopt_claim_staged(broker->durable.journal, taker ? taker_dir : NULL,
+                                        source, queue->vhost->name, queue->name, staged);
+    if (rc != OK)
+        LOG_ERROR("queue '%.*s': cannot claim %s's log staged in %s's directory: it serves "
+                  "without those messages", (int)queue->name.len,
+                  (const char *)queue->name.ptr, source, taker != NULL ? taker : "our");
+    return rc;
+}
+
+/* Source i's log where its broker left it, into its slot 2i + 1. */
+static int stage_own(struct broker *broker, struct durable_adopt_plan *p, uint32_t i)
+{
+    char foreign[1024];
+    snprintf(foreign, sizeof foreign, "%s/%s", broker->config.shared_storage_dir,
+             p->source[i]);
+    struct slot *slot = &p->slot[2 * i + 1];
+    slot->from = FROM_OWNER;
+    int rc = journal_adopt_stage(broker->durable.journal, foreign, p->queue->vhost->name,
+                                 p->queue->name, slot->staged);
+    slot->tried = rc == OK;
+    if (rc != OK)
+        LOG_ERROR("queue '%.*s': cannot take over %s's log: it serves without those "
+                  "messages", (int)p->queue->name.len, (const char *)p->queue->name.ptr,
+                  p->source[i]);
+    return rc;
+}
+
+static bool in_chain(const struct durable_adopt_plan *p, const char *name)
+{
+    for (uint32_t i = 0; i < p->sources; i++) {
+        if (strcmp(name, p->source[i]) == 0)
             return true;
     }
     return false;
@@ -225,9 +229,7 @@ static bool in_chain(const char *name, const char *owner_name, const char *const
 
 /* Claims what taker's adopted/ (NULL: ours) holds staged for the queue
  * from sources the chain does not name. */
-static int claim_older(struct broker *broker, struct queue *queue, const char *taker,
-                       const char *owner_name, const char *const *earlier,
-                       uint32_t earlier_count, struct older *o)
+static int claim_older(struct broker *broker, struct durable_adopt_plan *p, const char *taker)
 {
     enum { SOURCES_MAX = 32 };
     char (*sources)[JOURNAL_SOURCE_SIZE] = malloc(sizeof *sources * SOURCES_MAX);
@@ -240,10 +242,11 @@ static int claim_older(struct broker *broker, struct queue *queue, const char *t
                                          taker != NULL ? taker_dir : NULL, sources,
                                          SOURCES_MAX);
     int rc = n < 0 ? E_IO : OK;
+    struct older *o = &p->older;
     for (int i = 0; rc == OK && i < n && o->count < ADOPT_OLDER_MAX; i++) {
-        if (in_chain(sources[i], owner_name, earlier, earlier_count))
+        if (in_chain(p, sources[i]))
             continue;
-        rc = claim_staged(broker, queue, taker, sources[i], o->staged[o->count]);
+        rc = claim_staged(broker, p->queue, taker, sources[i], o->staged[o->count]);
         bool twice = false;
         for (uint32_t k = 0; k < o->count; k++)
             twice |= strcmp(o->staged[k], o->staged[o->count]) == 0;
@@ -256,76 +259,91 @@ static int claim_older(struct broker *broker, struct queue *queue, const char *t
     return rc;
 }
 
-/* Where each earlier source's log is staged, if it is ("" if not). */
-struct chain {
-    char staged[DURABLE_ADOPT_CHAIN_MAX][512];
-    bool ours[DURABLE_ADOPT_CHAIN_MAX]; /* staged by us (before a restart), else by a taker */
-    struct older older;
-};
-
 /* Every staged copy the queue's chain may have left, claimed into our
- * adopted/ before any broker's own log is (below): a restarted taker
- * removes what it staged only once its own copy passed a fenced sync
- * (durable_adopt's resume), so when it did before our claim, its log that
- * we claim next has the copy. Source earlier[i] may be staged in ours or
- * in the adopted/ of any taker after it: owner_name, earlier[0..i-1]. */
-static int claim_chain(struct broker *broker, struct queue *queue, const char *owner_name,
-                       const char *const *earlier, uint32_t earlier_count, struct chain *c)
+ * adopted/ before any broker's own log is (durable_adopt_stage): a
+ * restarted taker removes what it staged only once its own copy passed a
+ * fenced sync (durable_adopt's resume), so when it did before our claim,
+ * its log that we claim next has the copy. Source i (i >= 1) may be
+ * staged in ours or in the adopted/ of any taker after it: sources 0 to
+ * i - 1. */
+static int stage_chain(struct broker *broker, struct durable_adopt_plan *p)
 {
     int rc = OK;
-    for (uint32_t i = 0; rc == OK && i < earlier_count; i++) {
-        rc = claim_staged(broker, queue, NULL, earlier[i], c->staged[i]);
-        c->ours[i] = c->staged[i][0] != '\0';
-        for (uint32_t t = 0; rc == OK && c->staged[i][0] == '\0' && t <= i; t++)
-            rc = claim_staged(broker, queue, t == 0 ? owner_name : earlier[t - 1], earlier[i],
-                              c->staged[i]);
+    for (uint32_t i = 1; rc == OK && i < p->sources; i++) {
+        struct slot *slot = &p->slot[2 * i];
+        slot->from = FROM_OURS;
+        rc = claim_staged(broker, p->queue, NULL, p->source[i], slot->staged);
+        for (uint32_t t = 0; rc == OK && slot->staged[0] == '\0' && t < i; t++) {
+            slot->from = FROM_TAKER;
+            rc = claim_staged(broker, p->queue, p->source[t], p->source[i], slot->staged);
+        }
+        slot->tried = rc == OK;
     }
     if (rc == OK)
-        rc = claim_older(broker, queue, NULL, owner_name, earlier, earlier_count, &c->older);
-    for (uint32_t t = 0; rc == OK && t < earlier_count; t++) /* the takers: all but the last */
-        rc = claim_older(broker, queue, t == 0 ? owner_name : earlier[t - 1], owner_name,
-                         earlier, earlier_count, &c->older);
+        rc = claim_older(broker, p, NULL);
+    for (uint32_t t = 0; rc == OK && t + 1 < p->sources; t++) /* the takers: all but the last */
+        rc = claim_older(broker, p, p->source[t]);
     return rc;
 }
 
-/* owner_name had taken the queue over from earlier[0] (and so on down the
- * chain) and died before it said it adopted: what it did adopt is in its
- * log, under the same seqs, and was written before anything newer (the
- * journal appends in order), so each earlier log adds what lies above. */
-static int64_t adopt_with_earlier(struct broker *broker, struct vhost *vhost,
-                                  struct queue *queue, const char *owner_name,
-                                  const char *const *earlier, uint32_t earlier_count,
-                                  uint64_t seq_min, uint64_t *ticket)
+struct durable_adopt_plan *durable_adopt_stage(struct broker *broker, struct queue *queue,
+                                               const char *owner_name,
+                                               const char *const *earlier,
+                                               uint32_t earlier_count, bool resume)
 {
-    ASSERT(earlier_count > 0 && earlier_count <= DURABLE_ADOPT_CHAIN_MAX);
-    struct chain *c = calloc(1, sizeof *c);
-    ASSERT(c != NULL);
-    int rc = claim_chain(broker, queue, owner_name, earlier, earlier_count, c);
-    int64_t count = adopt_source(broker, vhost, queue, owner_name, seq_min, ticket);
-    if (count < 0 || rc != OK) {
-        free(c);
-        return -1; /* (what was claimed stays staged, reported at our restart) */
-    }
-    int64_t more = 0;
-    for (uint32_t i = 0; more >= 0 && i < earlier_count; i++) {
-        int64_t also = read_source(broker, vhost, queue, earlier[i], c->staged[i],
-                                   c->ours[i], queue->next_seq, ticket);
-        more = also < 0 ? also : more + also;
-    }
-    for (uint32_t i = 0; more >= 0 && i < c->older.count; i++) {
-        int64_t also = adopt_from(broker, vhost, queue, c->older.source[i],
-                                  c->older.staged[i], false, queue->next_seq, ticket);
-        more = also < 0 ? also : more + also;
-    }
-    free(c);
-    return more < 0 ? more : count + more;
+    struct durable *d = &broker->durable;
+    ASSERT(earlier_count <= DURABLE_ADOPT_CHAIN_MAX);
+    struct durable_adopt_plan *p = calloc(1, sizeof *p);
+    ASSERT(p != NULL);
+    p->queue = queue;
+    p->resume = resume;
+    p->active = d->journal != NULL && broker->config.shared_storage_dir != NULL &&
+                queue->journal != NULL;
+    p->committed = !p->active; /* (nothing to make durable) */
+    if (!p->active)
+        return p;
+    p->sources = 1 + earlier_count;
+    snprintf(p->source[0], sizeof p->source[0], "%s", owner_name);
+    for (uint32_t i = 0; i < earlier_count; i++)
+        snprintf(p->source[1 + i], sizeof p->source[0], "%s", earlier[i]);
+    if (earlier_count > 0)
+        p->chain_failed = stage_chain(broker, p) != OK;
+    p->slot[0].from = FROM_OURS;
+    int rc = claim_staged(broker, queue, NULL, owner_name, p->slot[0].staged);
+    p->slot[0].tried = rc == OK;
+    for (uint32_t i = 0; rc == OK && i < p->sources && (i == 0 || !p->chain_failed); i++)
+        rc = stage_own(broker, p, i);
+    p->next = d->adopt_staging;
+    d->adopt_staging = p;
+    return p;
 }
 
-static int64_t adopt_logs(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                          const char *owner_name, const char *const *earlier,
-                          uint32_t earlier_count, bool resume, uint64_t *ticket)
+void durable_adopt_commit(struct broker *broker)
 {
-    if (!resume) {
+    struct durable *d = &broker->durable;
+    if (d->adopt_staging == NULL)
+        return;
+    int rc = journal_adopt_commit(d->journal);
+    while (d->adopt_staging != NULL) {
+        struct durable_adopt_plan *p = d->adopt_staging;
+        d->adopt_staging = p->next;
+        p->committed = true;
+        p->failed = rc != OK;
+    }
+}
+
+/* Reads what the plan staged, newest source first, each above the seqs
+ * read before: the owner's log holds what it adopted from earlier[0] under
+ * the same seqs, written before anything newer (the journal appends in
+ * order), and, for the seqs it copied, the queue as it left it (its
+ * consumers' acks); so each earlier log adds what lies above. Stops
+ * (-1) where a claim failed: what was claimed stays staged, reported at
+ * our restart. */
+static int64_t read_plan(struct broker *broker, struct durable_adopt_plan *p,
+                         uint64_t *ticket)
+{
+    struct queue *queue = p->queue;
+    if (!p->resume) {
         ASSERT(queue->ready_count == 0 && queue->unacked_count == 0); /* just made real */
         if (journal_queue_seq_last(queue->journal) > 0) {
             /* A stale log of ours under that name (we owned the queue
@@ -334,13 +352,35 @@ static int64_t adopt_logs(struct broker *broker, struct vhost *vhost, struct que
             queue->next_seq = 1;
         }
     }
+    if (p->failed)
+        return -1; /* (logged by the commit; staged, not known durable: not read) */
     /* Resumed: our log is the queue's content, and what it lacks of the
      * copy we had staged lies above its last seq. */
-    uint64_t seq_min = resume ? queue->next_seq : 0;
-    int64_t count = earlier_count > 0
-                        ? adopt_with_earlier(broker, vhost, queue, owner_name, earlier,
-                                             earlier_count, seq_min, ticket)
-                        : adopt_source(broker, vhost, queue, owner_name, seq_min, ticket);
+    uint64_t seq_min = p->resume ? queue->next_seq : 0;
+    int64_t count = 0;
+    for (uint32_t k = 0; k < 2 * p->sources; k++) {
+        const struct slot *slot = &p->slot[k];
+        if (!slot->tried || (k >= 2 && p->chain_failed))
+            return -1;
+        if (k >= 2 && k % 2 == 0)
+            seq_min = queue->next_seq;
+        if (slot->staged[0] == '\0')
+            continue;
+        int64_t n = read_log(broker, queue, p->source[k / 2], slot, seq_min, ticket);
+        if (n < 0)
+            return -1;
+        count += n;
+        if (seq_min < queue->next_seq)
+            seq_min = queue->next_seq;
+    }
+    for (uint32_t i = 0; i < p->older.count; i++) {
+        struct slot slot = {.tried = true, .from = FROM_TAKER};
+        snprintf(slot.staged, sizeof slot.staged, "%s", p->older.staged[i]);
+        int64_t n = read_log(broker, queue, p->older.source[i], &slot, queue->next_seq, ticket);
+        if (n < 0)
+            return -1;
+        count += n;
+    }
     return count;
 }
 
@@ -352,23 +392,29 @@ static void merge_rest(struct broker *broker, struct queue *queue)
         merge_one(queue, &m->entries[m->next++]);
 }
 
-int64_t durable_adopt(struct broker *broker, struct vhost *vhost, struct queue *queue,
-                      const char *owner_name, const char *const *earlier,
-                      uint32_t earlier_count, bool resume, struct durable_merge *merge,
-                      uint64_t *ticket)
+int64_t durable_adopt(struct broker *broker, struct durable_adopt_plan *plan,
+                      struct durable_merge *merge, uint64_t *ticket)
 {
+    ASSERT(plan->committed); /* the fence: every rename durable before a read */
     struct durable *d = &broker->durable;
+    struct queue *queue = plan->queue;
     *ticket = 0;
     d->merge = merge;
-    int64_t count = 0;
-    if (d->journal != NULL && broker->config.shared_storage_dir != NULL &&
-        queue->journal != NULL)
-        count = adopt_logs(broker, vhost, queue, owner_name, earlier, earlier_count, resume,
-                           ticket);
+    int64_t count = plan->active ? read_plan(broker, plan, ticket) : 0;
     merge_rest(broker, queue);
     d->merge = NULL;
     queue_dispatch(queue);
+    free(plan);
     return count;
+}
+
+void durable_adopt_discard(struct broker *broker, struct durable_adopt_plan *plan)
+{
+    (void)broker;
+    if (plan == NULL)
+        return;
+    ASSERT(plan->committed);
+    free(plan);
 }
 
 void durable_abandon_log(struct broker *broker, struct queue *queue)

@@ -38,6 +38,7 @@ struct adoption {
     uint32_t earlier_count;
     uint64_t ticket; /* adopted: our copy's last journal record (member->adopted_unsaid) */
     bool resume;     /* durable_adopt's: a takeover of ours a restart cut short */
+    struct durable_adopt_plan *plan; /* owned: staged in this batch (adopt_batch), or NULL */
     struct durable_merge merge; /* its entries owned: a kept replica's (adoption_start) */
 };
 
@@ -338,20 +339,32 @@ void adoption_tick(struct member *member)
     }
 }
 
-/* Adopts a's queue, unless it went (deleted, moved away: the object that
- * stood for it is deleted). follow: start what waited for it (replication,
- * a handover), as the map has the queue now. a then waits in
- * adopted_unsaid for our copy's sync, or is freed. */
+/* Stages every log of a's queue (durable_adopt_stage: renames only, made
+ * durable by the batch's commit), unless the queue went (deleted, moved
+ * away: the object that stood for it is deleted). */
+static void stage(struct member *member, struct adoption *a)
+{
+    struct queue *queue = a->queue;
+    if (queue->deleted || queue_is_remote(queue))
+        return;
+    const char *earlier[1 + CLUSTER_BACKUPS_MAX];
+    for (uint32_t i = 0; i < a->earlier_count; i++)
+        earlier[i] = a->earlier[i];
+    a->plan = durable_adopt_stage(member->broker, queue, a->owner, earlier, a->earlier_count,
+                                  a->resume);
+}
+
+/* Adopts a's queue from its committed plan, unless it went since.
+ * follow: start what waited for it (replication, a handover), as the map
+ * has the queue now. a then waits in adopted_unsaid for our copy's sync,
+ * or is freed. */
 static void adopt(struct member *member, struct adoption *a, bool follow)
 {
     list_remove(&a->link);
     struct queue *queue = a->queue;
-    if (!queue->deleted && !queue_is_remote(queue)) {
-        const char *earlier[1 + CLUSTER_BACKUPS_MAX];
-        for (uint32_t i = 0; i < a->earlier_count; i++)
-            earlier[i] = a->earlier[i];
-        int64_t n = durable_adopt(member->broker, queue->vhost, queue, a->owner, earlier,
-                                  a->earlier_count, a->resume, &a->merge, &a->ticket);
+    if (a->plan != NULL && !queue->deleted && !queue_is_remote(queue)) {
+        int64_t n = durable_adopt(member->broker, a->plan, &a->merge, &a->ticket);
+        a->plan = NULL;
         queue_resume(queue); /* publishes and gets that waited go in after */
         const struct map_queue *mq =
             cluster_map_queue(member_map(member), queue->vhost->name, queue->name);
@@ -366,20 +379,71 @@ static void adopt(struct member *member, struct adoption *a, bool follow)
             return;
         }
     }
+    /* (Gone between its stage and now, in the batch's loop turn: what was
+     * staged stays in our adopted/, reported and swept at our start. Not
+     * seen: map changes apply in callbacks of their own.) */
+    durable_adopt_discard(member->broker, a->plan);
     merge_free(&a->merge); /* (gone: a queue deleted or moved away before its turn) */
     queue_unref(queue);
     free(a);
+}
+
+/* Adopts the first n waiting queues (at least one) as one batch: every
+ * log of theirs is staged (renamed) first, the renames are made durable
+ * together (durable_adopt_commit: one fsync per directory they changed,
+ * not three per queue), and only then is any of them read, served or
+ * copied into our log. Each rename alone is the fence (an old owner's
+ * sync fails from the rename on, durable or not); its durability, which a
+ * crash needs, comes before anything is done with the queue's log, as it
+ * did queue by queue. The batch stays in member->adoptions until each is
+ * adopted (adoption_pending holds meanwhile). Returns how many it took. */
+static uint32_t adopt_batch(struct member *member, uint32_t n, bool follow)
+{
+    struct adoption *batch[ADOPTION_BATCH_MAX];
+    uint32_t count = 0;
+    list_for_each(node, &member->adoptions) {
+        if (count == n || count == ADOPTION_BATCH_MAX)
+            break;
+        batch[count] = CONTAINER_OF(node, struct adoption, link);
+        stage(member, batch[count++]);
+    }
+    durable_adopt_commit(member->broker);
+    for (uint32_t i = 0; i < count; i++)
+        adopt(member, batch[i], follow);
+    return count;
+}
+
+/* How many queues the next batch takes to fill left_ns, at the last
+ * batch's time per queue (its commit shared out): one while unknown. */
+static uint32_t batch_size(const struct member *member, uint64_t left_ns)
+{
+    if (member->adoption_queue_ns == 0)
+        return 1;
+    uint64_t n = (left_ns + member->adoption_queue_ns - 1) / member->adoption_queue_ns;
+    return n < 1 ? 1 : n > ADOPTION_BATCH_MAX ? ADOPTION_BATCH_MAX : (uint32_t)n;
 }
 
 static void on_idle(uv_idle_t *idle)
 {
     struct member *member = idle->data;
     uint64_t until = uv_hrtime() + (uint64_t)ADOPTION_SLICE_MS * 1000000u;
+    uint64_t now = uv_hrtime();
     do {
-        adopt(member, CONTAINER_OF(member->adoptions.next, struct adoption, link), true);
-    } while (!list_empty(&member->adoptions) && uv_hrtime() < until);
-    if (list_empty(&member->adoptions))
+        uint32_t count = adopt_batch(member, batch_size(member, until - now), true);
+        if (count == 0)
+            break;
+        uint64_t then = now;
+        now = uv_hrtime();
+        member->adoption_queue_ns = (now - then) / count + 1;
+        member->adoption_batches++;
+        member->adoption_batched += count;
+    } while (!list_empty(&member->adoptions) && now < until);
+    if (list_empty(&member->adoptions)) {
+        LOG_INFO("cluster: adopted %u queue(s) in %u batch(es)", member->adoption_batched,
+                 member->adoption_batches);
+        member->adoption_batches = member->adoption_batched = 0;
         uv_idle_stop(idle);
+    }
 }
 
 static void on_idle_closed(uv_handle_t *handle)
@@ -390,7 +454,7 @@ static void on_idle_closed(uv_handle_t *handle)
 void adoption_stop_all(struct member *member)
 {
     while (!list_empty(&member->adoptions))
-        adopt(member, CONTAINER_OF(member->adoptions.next, struct adoption, link), false);
+        adopt_batch(member, ADOPTION_BATCH_MAX, false);
     while (!list_empty(&member->adopted_unsaid)) { /* never said: safe (settle) */
         struct adoption *a =
             CONTAINER_OF(member->adopted_unsaid.next, struct adoption, link);

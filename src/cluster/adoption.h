@@ -10,8 +10,12 @@
  * API stood still meanwhile, and the other takers waited for the leader.
  * So the mirror makes such a queue real and paused (queue_pause: its
  * publishes and gets wait, in order) and hands it here; an idle handle
- * (the loop polls without blocking while it runs) adopts queues for at
- * most ADOPTION_SLICE_MS per loop iteration, and each adopted queue
+ * (the loop polls without blocking while it runs) adopts queues for about
+ * ADOPTION_SLICE_MS per loop iteration, in batches sized to fill it from
+ * the last batch's time per queue: a batch stages (renames) all its
+ * queues' logs, makes the renames durable with one fsync per directory,
+ * then reads each (three directory fsyncs per queue before: a thousand
+ * queues waited on 3,000 device flushes). Each adopted queue
  * resumes (what waited goes in after the adopted messages)
  * and only then starts its replication and any handover the map asks,
  * with the map as it is by then: a backup caught up from an empty queue
@@ -34,6 +38,10 @@ struct queue;
 struct queue_entry;
 
 #define ADOPTION_SLICE_MS 10
+/* The most queues one batch stages before it reads any (adoption.c):
+ * a slice's queues are staged together, their renames made durable with
+ * one fsync per directory. */
+#define ADOPTION_BATCH_MAX 64
 
 /* q was just made real here by queue.take_over (mq): pause it and adopt
  * mq->taken_from's log of it soon. merge (owned: count entries, each

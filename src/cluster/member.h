@@ -102,6 +102,9 @@ struct member {
     struct list_node handovers;      /* struct handover: our queues being handed over */
     struct list_node adoptions;      /* struct adoption: taken-over queues to adopt */
     uv_idle_t *adoption_idle;        /* owned while adoptions wait (adoption.c), or NULL */
+    uint64_t adoption_queue_ns;      /* the last batch's time per queue (adoption.c), 0: none */
+    uint32_t adoption_batches;       /* since the list was last empty (logged then) */
+    uint32_t adoption_batched;       /* queues in those batches */
     struct list_node adopted_unsaid; /* struct adoption: adopted, queue.adopted once synced */
     struct list_node staged_kept;    /* struct staged_kept: what the sweep left (adoption.c) */
     uint64_t staged_kept_version;    /* the map version they were last judged at */

@@ -170,7 +170,9 @@ struct journal_adoption {
 
 /* Takes over (vhost, name)'s log from foreign_dir, the journal directory of
  * a dead broker on the same shared storage: renames it into this journal's
- * adopted/ directory (the fence: see journal_options.fenced), recovers it
+ * adopted/ directory (the fence: see journal_options.fenced), makes that
+ * durable (journal_adopt_stage, then journal_adopt_commit: with any other
+ * rename staged before), recovers it
  * there with the journal's recovery and calls fn for every live message
  * in seq order (its journal_queue argument is a temporary one: do not keep
  * it). The caller appends them to its own log and, once that is synced,
@@ -182,12 +184,27 @@ struct journal_adoption {
 int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost,
                   struct bytes name, journal_recover_fn fn, void *ctx,
                   struct journal_adoption *out);
+/* journal_adopt in steps, so that the renames of many takeovers are made
+ * durable together: stage each (renames it into our adopted/ directory, as
+ * journal_adopt does; staged gets its path, "" when foreign_dir holds no
+ * log of the queue; OK or E_IO), then journal_adopt_commit once, then
+ * journal_adopt_read each staged path. Reading before the commit asserts:
+ * the rename must be durable before the taker reads (and so serves or
+ * writes) anything of the log. */
+int journal_adopt_stage(struct journal *j, const char *foreign_dir, struct bytes vhost,
+                        struct bytes name, char *staged);
+/* Makes every rename staged since the last commit (journal_adopt_stage,
+ * journal_adopt_claim_staged) durable: one fsync per directory they
+ * changed, however many renames changed it. OK, or E_IO (logged): the
+ * logs staged since are then not to be read. */
+int journal_adopt_commit(struct journal *j);
 /* A taker that died before its copy was synced left the log it was
  * adopting staged, in taker_dir/adopted/<source>.<id> (its own log may
  * lack the copy). Moves source's staged log of (vhost, name), if any, into
  * this journal's adopted/ directory (rename: the claim), with the same
  * fence as journal_adopt; staged gets its new path, "" when there was
- * none. Read it with journal_adopt_read. taker_dir NULL: our own
+ * none. Read it with journal_adopt_read after journal_adopt_commit.
+ * taker_dir NULL: our own
  * adopted/ directory (a takeover of ours cut short by a crash or a
  * restart; the log stays where it is). OK, or E_IO. */
 int journal_adopt_claim_staged(struct journal *j, const char *taker_dir, const char *source,
@@ -201,7 +218,8 @@ int journal_adopt_claim_staged(struct journal *j, const char *taker_dir, const c
 int journal_adopt_staged_sources(struct journal *j, const char *taker_dir,
                                  char (*sources)[JOURNAL_SOURCE_SIZE], uint32_t cap);
 /* journal_adopt's second half: recovers the staged log at staged (one of
- * ours) and calls fn for its live messages; out as journal_adopt's. */
+ * ours, committed: journal_adopt_commit) and calls fn for its live
+ * messages; out as journal_adopt's. */
 int journal_adopt_read(struct journal *j, const char *staged, journal_recover_fn fn, void *ctx,
                        struct journal_adoption *out);
 /* Our adopted/ directory after a restart, once the caller knows (the

@@ -28,6 +28,24 @@
  * New paths (a new segment, a compaction) fail at once: the old directory
  * is gone from the namespace.
  *
+ * Staged, then committed, then read. A rename is made durable by fsyncing
+ * the directories it changed (the dead broker's queues/, our adopted/, the
+ * new <dead>.<id>/queues/); three device flushes a queue made a thousand
+ * takeovers wait on 3,000. So staging (journal_adopt_stage, _claim_staged)
+ * only renames and notes the directories; journal_adopt_commit fsyncs each
+ * noted directory once, for all the renames staged since; and
+ * journal_adopt_read refuses (asserts) while any is unsynced. The fence
+ * is the rename itself, not its fsync: the old owner's check looks the
+ * path up in the namespace, which changed at the rename, so from then on
+ * its syncs fail whether or not the rename is durable yet, and its stray
+ * bytes go to the staged files, never to ours. What the fsync adds is
+ * that a crash cannot bring the log back to the old path once we act on
+ * it, and per queue that still holds: nothing of a staged log is read,
+ * copied, served or written for before the commit returns OK. A crash
+ * before it may keep any subset of a batch's renames; each log is then in
+ * exactly one place, the old or the staged one, which is where every
+ * taker (and our restart) looks for it anyway.
+ *
  * A taker that dies (or restarts) before its copy is synced leaves the log
  * staged in its adopted/: the next taker claims it from there with a
  * rename too (journal_adopt_claim_staged), the restarted taker reads it in
@@ -224,6 +242,40 @@ void journal__adopt_free(struct journal *j)
         index_clear(&j->adopt_indexes[i]);
         hmap_free(&j->adopt_indexes[i].entries);
     }
+    free(j->adopt_unsynced);
+    j->adopt_unsynced = NULL;
+    j->adopt_unsynced_count = j->adopt_unsynced_cap = 0;
+}
+
+/* dir's entries changed (a rename, a mkdir): fsynced at the next commit,
+ * once however many renames of the batch touched it. */
+static void note_unsynced(struct journal *j, const char *dir)
+{
+    for (uint32_t i = 0; i < j->adopt_unsynced_count; i++) {
+        if (strcmp(j->adopt_unsynced[i], dir) == 0)
+            return;
+    }
+    if (j->adopt_unsynced_count == j->adopt_unsynced_cap) {
+        j->adopt_unsynced_cap = j->adopt_unsynced_cap ? 2 * j->adopt_unsynced_cap : 16;
+        j->adopt_unsynced = realloc(j->adopt_unsynced,
+                                    j->adopt_unsynced_cap * sizeof *j->adopt_unsynced);
+        ASSERT(j->adopt_unsynced != NULL);
+    }
+    ASSERT(strlen(dir) < JOURNAL_PATH_SIZE);
+    memcpy(j->adopt_unsynced[j->adopt_unsynced_count++], dir, strlen(dir) + 1);
+}
+
+int journal_adopt_commit(struct journal *j)
+{
+    int rc = 0;
+    for (uint32_t i = 0; i < j->adopt_unsynced_count && rc == 0; i++) {
+        rc = j->disk->fsync_dir(j->disk->ctx, j->adopt_unsynced[i]);
+        if (rc < 0)
+            LOG_ERROR("journal: cannot make a takeover's rename in %s durable: %s",
+                      j->adopt_unsynced[i], strerror(-rc));
+    }
+    j->adopt_unsynced_count = 0;
+    return rc < 0 ? E_IO : OK;
 }
 
 static void make_key(uint8_t *key, uint32_t *key_size, struct bytes vhost, struct bytes name)
@@ -249,8 +301,8 @@ static const char *base_name(const char *path)
     return slash != NULL && slash[1] != '\0' ? slash + 1 : path;
 }
 
-/* Moves w's entry leaf into j->dir/adopted and makes both directory
- * changes durable; staged gets the new root. A queue log, w->dir/<id>, of
+/* Moves w's entry leaf into j->dir/adopted; staged gets the new root. The
+ * directories it changed wait for journal_adopt_commit. A queue log, w->dir/<id>, of
  * broker owner goes to adopted/<owner>.<id>/queues/<id>; a staged root,
  * w->dir/<source>.<id>, goes to adopted/<source>.<id> as it is. */
 static int stage(struct journal *j, const struct where *w, const char *owner, const char *leaf,
@@ -280,12 +332,12 @@ static int stage(struct journal *j, const struct where *w, const char *owner, co
         rc = mkdir_if_missing(d, queues);
     if (rc == 0)
         rc = d->rename(d->ctx, from, to);
-    if (rc == 0)
-        rc = d->fsync_dir(d->ctx, w->dir);
-    if (rc == 0 && w->prefix[0] == '\0')
-        rc = d->fsync_dir(d->ctx, queues);
-    if (rc == 0)
-        rc = d->fsync_dir(d->ctx, adopted);
+    if (rc == 0) {
+        note_unsynced(j, w->dir);
+        if (w->prefix[0] == '\0')
+            note_unsynced(j, queues);
+        note_unsynced(j, adopted);
+    }
     if (rc < 0 && rc != -ENOENT)
         LOG_ERROR("journal: cannot take over %s into %s: %s", from, to, strerror(-rc));
     return rc;
@@ -323,6 +375,7 @@ static int claim(struct journal *j, const struct where *w, const char *owner,
 int journal_adopt_read(struct journal *j, const char *staged, journal_recover_fn fn, void *ctx,
                        struct journal_adoption *out)
 {
+    ASSERT(j->adopt_unsynced_count == 0); /* the fence: only a durable rename is read */
     char root[sizeof out->staged];
     snprintf(root, sizeof root, "%s", staged); /* (it may be out->staged) */
     memset(out, 0, sizeof *out);
@@ -343,15 +396,23 @@ int journal_adopt_read(struct journal *j, const char *staged, journal_recover_fn
     return rc;
 }
 
+int journal_adopt_stage(struct journal *j, const char *foreign_dir, struct bytes vhost,
+                        struct bytes name, char *staged)
+{
+    struct where w = {.prefix = "", .ours = false};
+    journal__path(w.dir, foreign_dir, "queues");
+    snprintf(w.name, sizeof w.name, "%s", w.dir);
+    return claim(j, &w, base_name(foreign_dir), vhost, name, staged);
+}
+
 int journal_adopt(struct journal *j, const char *foreign_dir, struct bytes vhost,
                   struct bytes name, journal_recover_fn fn, void *ctx,
                   struct journal_adoption *out)
 {
     memset(out, 0, sizeof *out);
-    struct where w = {.prefix = "", .ours = false};
-    journal__path(w.dir, foreign_dir, "queues");
-    snprintf(w.name, sizeof w.name, "%s", w.dir);
-    int rc = claim(j, &w, base_name(foreign_dir), vhost, name, out->staged);
+    int rc = journal_adopt_stage(j, foreign_dir, vhost, name, out->staged);
+    if (rc == OK)
+        rc = journal_adopt_commit(j);
     if (rc != OK || out->staged[0] == '\0')
         return rc;
     return journal_adopt_read(j, out->staged, fn, ctx, out);

@@ -200,6 +200,12 @@ struct journal {
         struct hmap entries;
         uint64_t built_ms;               /* loop time of the scan */
     } adopt_indexes[JOURNAL_ADOPT_INDEXES];
+    /* journal_adopt.c: the directories whose entries takeovers' renames
+     * changed since the last journal_adopt_commit, each once (loop thread):
+     * nothing staged is read before they are fsynced. */
+    char (*adopt_unsynced)[JOURNAL_PATH_SIZE];
+    uint32_t adopt_unsynced_count;
+    uint32_t adopt_unsynced_cap;
     uint64_t deleted_counter;
     struct hmap queues;      /* key -> struct journal_queue */
     struct hmap queue_ids;   /* id_key -> struct journal_queue */

@@ -14,6 +14,7 @@
  * compare what recovery hands back with what the test remembers.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -886,6 +887,127 @@ static void test_shared_storage_fence_and_adopt(void **state)
     assert_int_equal(remove_tree(dir), 0);
 }
 
+/* The real disk, its directory fsyncs and renames counted (either thread). */
+static struct {
+    struct disk_ops ops;
+    pthread_mutex_t mutex;
+    int fsyncs;
+    int renames_after_fsync; /* renames once a fsync was made: staging after a sync */
+    char synced[32][256];    /* the paths fsynced */
+} counted = {.mutex = PTHREAD_MUTEX_INITIALIZER};
+
+static int counted_fsync_dir(void *ctx, const char *path)
+{
+    (void)ctx;
+    pthread_mutex_lock(&counted.mutex);
+    if (counted.fsyncs < 32)
+        snprintf(counted.synced[counted.fsyncs], sizeof counted.synced[0], "%s", path);
+    counted.fsyncs++;
+    pthread_mutex_unlock(&counted.mutex);
+    return disk_posix()->fsync_dir(disk_posix()->ctx, path);
+}
+
+static int counted_rename(void *ctx, const char *from, const char *to)
+{
+    (void)ctx;
+    pthread_mutex_lock(&counted.mutex);
+    counted.renames_after_fsync += counted.fsyncs > 0;
+    pthread_mutex_unlock(&counted.mutex);
+    return disk_posix()->rename(disk_posix()->ctx, from, to);
+}
+
+static void counted_reset(void)
+{
+    pthread_mutex_lock(&counted.mutex);
+    counted.fsyncs = 0;
+    counted.renames_after_fsync = 0;
+    pthread_mutex_unlock(&counted.mutex);
+}
+
+/* A batch of takeovers (cluster/adoption.c stages a slice's queues, then
+ * commits, then reads): staging renames only, and the commit fsyncs each
+ * directory the renames changed once: A's queues/, B's adopted/ and each
+ * staged log's new queues/ directory, 8 + 2 for 8 queues (three per queue,
+ * 24, when every rename was made durable on its own). Then each is read
+ * whole. A takeover on its own (journal_adopt) still costs three. */
+static void test_adopt_batch_fsyncs_each_directory_once(void **state)
+{
+    (void)state;
+    enum { QUEUES = 8 };
+    char dir[] = "/tmp/quay-shared-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char adir[128], bdir[128];
+    snprintf(adir, sizeof adir, "%s/a", dir);
+    snprintf(bdir, sizeof bdir, "%s/b", dir);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct harness ha = {0}, hb = {0};
+    char err[256];
+    counted.ops = *disk_posix();
+    counted.ops.fsync_dir = counted_fsync_dir;
+    counted.ops.rename = counted_rename;
+    struct journal_options opts = {.segment_size_max = 16 * 1024, .fenced = true};
+    struct journal *a, *b;
+    assert_int_equal(journal_open(&a, &loop, adir, &opts, err, sizeof err), OK);
+    opts.disk = &counted.ops;
+    assert_int_equal(journal_open(&b, &loop, bdir, &opts, err, sizeof err), OK);
+    journal_set_synced_callback(a, on_synced, &ha);
+    assert_int_equal(journal_recover(a, on_recover, &ha, &ha.stats), OK);
+    assert_int_equal(journal_recover(b, on_recover, &hb, &hb.stats), OK);
+    char names[QUEUES + 1][8];
+    uint64_t t = 0;
+    for (int i = 0; i <= QUEUES; i++) {
+        snprintf(names[i], sizeof names[i], "q%d", i);
+        struct journal_queue *q =
+            journal_queue_open(a, BYTES_LIT("/"), (struct bytes){(uint8_t *)names[i], 2});
+        for (uint64_t seq = 1; seq <= 5; seq++)
+            t = publish(q, seq, 100);
+    }
+    wait_status(&loop, &ha, t);
+    journal_close(a); /* A dies */
+    uv_run(&loop, UV_RUN_NOWAIT);
+    counted_reset();
+    char staged[QUEUES][512];
+    for (int i = 0; i < QUEUES; i++) {
+        assert_int_equal(journal_adopt_stage(b, adir, BYTES_LIT("/"),
+                                             (struct bytes){(uint8_t *)names[i], 2}, staged[i]),
+                         OK);
+        assert_non_null(strstr(staged[i], "/b/adopted/a."));
+    }
+    assert_int_equal(counted.fsyncs, 0); /* nothing durable yet: nothing may be read */
+    assert_int_equal(journal_adopt_commit(b), OK);
+    assert_int_equal(counted.fsyncs, QUEUES + 2);
+    assert_int_equal(counted.renames_after_fsync, 0);
+    for (int i = 0; i < QUEUES + 2; i++) {
+        for (int k = 0; k < i; k++)
+            assert_string_not_equal(counted.synced[i], counted.synced[k]);
+    }
+    assert_int_equal(journal_adopt_commit(b), OK); /* nothing staged since: no fsync */
+    assert_int_equal(counted.fsyncs, QUEUES + 2);
+    for (int i = 0; i < QUEUES; i++) {
+        struct journal_adoption out;
+        recovered_clear(&hb);
+        assert_int_equal(journal_adopt_read(b, staged[i], on_recover, &hb, &out), OK);
+        assert_int_equal(hb.recovered_count, 5);
+        assert_string_equal(hb.recovered[4].queue, names[i]);
+        check_blob(&hb.recovered[4]);
+    }
+    counted_reset();
+    struct journal_adoption out;
+    recovered_clear(&hb);
+    assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"),
+                                   (struct bytes){(uint8_t *)names[QUEUES], 2}, on_recover,
+                                   &hb, &out), OK);
+    assert_int_equal(hb.recovered_count, 5);
+    assert_int_equal(counted.fsyncs, 3);
+    recovered_clear(&ha);
+    recovered_clear(&hb);
+    journal_close(b);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    assert_int_equal(remove_tree(dir), 0);
+}
+
 static bool sweep_all(void *ctx, struct bytes vhost, struct bytes name, const char *staged)
 {
     (void)vhost;
@@ -943,6 +1065,7 @@ static void test_shared_storage_claim_staged(void **state)
     assert_int_equal(journal_adopt_claim_staged(c, bdir, "a", BYTES_LIT("/"), BYTES_LIT("q"),
                                                 staged), OK);
     assert_non_null(strstr(staged, "/c/adopted/a."));
+    assert_int_equal(journal_adopt_commit(c), OK); /* (the claim's rename durable) */
     assert_int_equal(journal_adopt_read(c, staged, on_recover, &hc, &out), OK);
     assert_string_equal(out.staged, staged);
     assert_int_equal(out.seq_last, 60);
@@ -1005,6 +1128,7 @@ int main(void)
         cmocka_unit_test(test_shared_storage_fence_and_adopt),
         cmocka_unit_test(test_adopt_a_log_left_mid_compaction),
         cmocka_unit_test(test_shared_storage_claim_staged),
+        cmocka_unit_test(test_adopt_batch_fsyncs_each_directory_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
