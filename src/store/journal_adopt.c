@@ -30,8 +30,8 @@
  *
  * Staged, then committed, then read. A rename is made durable by fsyncing
  * the directories it changed (the dead broker's queues/, our adopted/, the
- * new <dead>.<id>/queues/); three device flushes a queue made a thousand
- * takeovers wait on 3,000. So staging (journal_adopt_stage, _claim_staged)
+ * new <dead>.<id>/ and its queues/); four device flushes a queue made a
+ * thousand takeovers wait on 4,000. So staging (journal_adopt_stage, _claim_staged)
  * only renames and notes the directories; journal_adopt_commit fsyncs each
  * noted directory once, for all the renames staged since; and
  * journal_adopt_read refuses (asserts) while any is unsynced. The fence
@@ -334,8 +334,13 @@ static int stage(struct journal *j, const struct where *w, const char *owner, co
         rc = d->rename(d->ctx, from, to);
     if (rc == 0) {
         note_unsynced(j, w->dir);
-        if (w->prefix[0] == '\0')
+        if (w->prefix[0] == '\0') {
             note_unsynced(j, queues);
+            /* (Its new queues/ entry: without this only a filesystem that
+             * orders its metadata, as ext4's journal does, kept the path
+             * to the log across a crash.) */
+            note_unsynced(j, staged);
+        }
         note_unsynced(j, adopted);
     }
     if (rc < 0 && rc != -ENOENT)
