@@ -404,9 +404,10 @@ class Member:
 def metric(member, name):
     """A sample without labels from member's GET /metrics (31-metrics checks
     the format), e.g. quay_cluster_queue_moves_total."""
-    c = http.client.HTTPConnection("127.0.0.1", member.http_port, timeout=10)
+    c = http.client.HTTPConnection(member.host, member.http_port, timeout=10)
     try:
-        c.request("GET", "/metrics", headers={"Authorization": api_authorization()})
+        c.request("GET", "/metrics",
+                  headers={"Authorization": api_authorization(*member.cluster.api_user)})
         r = c.getresponse()
         text = r.read().decode()
         assert r.status == 200, (r.status, text[:200])
@@ -526,6 +527,29 @@ class Cluster:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def connect_as(member, user, password, socket_timeout=5, **kw):
+    """A pika BlockingConnection to member's AMQP port as user (no
+    heartbeats, one attempt); kw: more pika.ConnectionParameters."""
+    import pika
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        member.amqp_host, member.amqp_port, "/", pika.PlainCredentials(user, password),
+        heartbeat=0, connection_attempts=1, socket_timeout=socket_timeout, **kw))
+
+
+def broker_states(member):
+    """{name: state} of the brokers in member's latest logged map ({} before one)."""
+    v = member.view()
+    return v.brokers if v else {}
+
+
+def lab_trio(lab, cluster, extra_args):
+    """Brokers a, b and c in the netlab hosts 1, 2 and 3 (a leads), formed
+    with extra_args (Cluster.form: every map shows them all up)."""
+    return cluster.form(["a", "b", "c"], extra_args=extra_args,
+                        per=lambda n: dict(host=lab.ip("abc".index(n) + 1),
+                                           netns=lab.ns("abc".index(n) + 1)))
 
 
 def connect(member):

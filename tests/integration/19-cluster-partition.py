@@ -18,7 +18,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, closer, run, test, wait_until  # noqa: E402
+from clustertest import (Cluster, broker_states as states, closer, connect_as,  # noqa: E402
+                         lab_trio, run, test, wait_until)
 from netlab import Lab  # noqa: E402
 
 import pika  # noqa: E402
@@ -30,15 +31,7 @@ USER, PASSWORD = "tester", "lab-pass"
 
 
 def connect(member):
-    params = pika.ConnectionParameters(member.host, member.amqp_port, "/",
-                                       pika.PlainCredentials(USER, PASSWORD), heartbeat=0,
-                                       connection_attempts=1, socket_timeout=5)
-    return pika.BlockingConnection(params)
-
-
-def states(member):
-    v = member.view()
-    return v.brokers if v else {}
+    return connect_as(member, USER, PASSWORD)
 
 
 @test(timeout=120)
@@ -46,15 +39,7 @@ def three_brokers_in_three_hosts():
     global lab, cluster, A, B, C
     lab = Lab(3)
     cluster = Cluster()
-    users = cluster.users_file(USER, PASSWORD)
-    common = dict(extra_args=["--users", users])
-    A = cluster.add("a", host=lab.ip(1), netns=lab.ns(1), **common)
-    wait_until(lambda: len(cluster.leaders([A])) == 1, 15, what="a to lead")
-    B = cluster.add("b", host=lab.ip(2), netns=lab.ns(2), join=[A], **common)
-    C = cluster.add("c", host=lab.ip(3), netns=lab.ns(3), join=[A, B], **common)
-    expect = {"a": "up", "b": "up", "c": "up"}
-    wait_until(lambda: all(states(m) == expect for m in (A, B, C)), 30,
-               what="three brokers up everywhere")
+    A, B, C = lab_trio(lab, cluster, ["--users", cluster.users_file(USER, PASSWORD)])
     c = connect(C)
     c.channel().queue_declare("before", durable=True)
     c.close()

@@ -21,7 +21,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, closer, queue_info, run, test, wait_until  # noqa: E402
+from clustertest import (Cluster, closer, connect_as, lab_trio, queue_info, run, test,  # noqa: E402
+                         wait_until)
 from netlab import Lab  # noqa: E402
 
 import pika  # noqa: E402
@@ -35,11 +36,7 @@ state = {"confirmed": set()}
 
 
 def connect(member):
-    params = pika.ConnectionParameters(member.host, member.amqp_port, "/",
-                                       pika.PlainCredentials(USER, PASSWORD), heartbeat=0,
-                                       connection_attempts=1, socket_timeout=5,
-                                       blocked_connection_timeout=60)
-    return pika.BlockingConnection(params)
+    return connect_as(member, USER, PASSWORD, blocked_connection_timeout=60)
 
 
 def publish(member, first, count):
@@ -57,13 +54,10 @@ def three_brokers_in_three_hosts():
     global lab, cluster
     lab = Lab(3)
     cluster = Cluster()
-    users = cluster.users_file(USER, PASSWORD)
-    host = {"a": 1, "b": 2, "c": 3}
-    formed = cluster.form(["a", "b", "c"], extra_args=["--users", users],
-                          per=lambda n: dict(host=lab.ip(host[n]), netns=lab.ns(host[n])))
-    for m in formed:
+    formed = lab_trio(lab, cluster, ["--users", cluster.users_file(USER, PASSWORD)])
+    for i, m in enumerate(formed):
         members[m.name] = m
-        hosts[m.name] = host[m.name]
+        hosts[m.name] = i + 1
     conn = connect(formed[0])
     conn.channel().queue_declare(QUEUE, arguments={"x-quay-backups": 2})
     conn.close()

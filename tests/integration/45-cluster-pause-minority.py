@@ -20,7 +20,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, api_call, closer, run, test, wait_until  # noqa: E402
+from clustertest import (Cluster, closer, connect_as, lab_trio, metric, run, test,  # noqa: E402
+                         wait_until)
 from netlab import Lab  # noqa: E402
 
 import pika  # noqa: E402
@@ -32,25 +33,7 @@ FORCED = 320
 
 
 def connect(member):
-    params = pika.ConnectionParameters(member.host, member.amqp_port, "/",
-                                       pika.PlainCredentials(USER, PASSWORD), heartbeat=0,
-                                       connection_attempts=1, socket_timeout=5)
-    return pika.BlockingConnection(params)
-
-
-def states(member):
-    v = member.view()
-    return v.brokers if v else {}
-
-
-def metric(member, name):
-    status, text = api_call(member.host, member.http_port, "GET", "/metrics",
-                            user=cluster.api_user[0], password=cluster.api_user[1])
-    assert status == 200, (status, text)
-    text = text.decode() if isinstance(text, bytes) else str(text)
-    m = re.search(r"^%s (\d+)$" % re.escape(name), text, re.M)
-    assert m, "no %s in %s's /metrics" % (name, member.name)
-    return int(m.group(1))
+    return connect_as(member, USER, PASSWORD)
 
 
 def refused(member):
@@ -69,15 +52,8 @@ def three_brokers_pausing_their_minority():
     global lab, cluster, A, B, C
     lab = Lab(3)
     cluster = Cluster()
-    users = cluster.users_file(USER, PASSWORD)
-    common = dict(extra_args=["--users", users, "--partition-handling", "pause-minority"])
-    A = cluster.add("a", host=lab.ip(1), netns=lab.ns(1), **common)
-    wait_until(lambda: len(cluster.leaders([A])) == 1, 15, what="a to lead")
-    B = cluster.add("b", host=lab.ip(2), netns=lab.ns(2), join=[A], **common)
-    C = cluster.add("c", host=lab.ip(3), netns=lab.ns(3), join=[A, B], **common)
-    expect = {"a": "up", "b": "up", "c": "up"}
-    wait_until(lambda: all(states(m) == expect for m in (A, B, C)), 30,
-               what="three brokers up everywhere")
+    A, B, C = lab_trio(lab, cluster, ["--users", cluster.users_file(USER, PASSWORD),
+                                      "--partition-handling", "pause-minority"])
     assert metric(C, "quay_cluster_paused") == 0
 
 
