@@ -436,18 +436,31 @@ static int op_broker_leave(struct apply_ctx *ctx)
     return OK;
 }
 
+/* The broker a broker.* change names (its fields read): NULL with *rc
+ * set when the command is malformed or there is no such broker. */
+static struct map_broker *named_broker(struct apply_ctx *ctx, uint32_t id, int *rc)
+{
+    if (ctx->reader.bad_key) {
+        *rc = map__malformed(ctx);
+        return NULL;
+    }
+    ctx->change->broker_id = id;
+    struct map_broker *b = cluster_map_broker(ctx->map, id);
+    if (b == NULL)
+        *rc = map__refuse(ctx, REPLY_NOT_FOUND, false, "no broker %u", id);
+    return b;
+}
+
 static int op_broker_state(struct apply_ctx *ctx)
 {
     uint32_t id = map__read_broker_id(&ctx->reader, "id");
     enum broker_state state = BROKER_STATE_UP;
     if (!broker_state_parse(map__read_name(&ctx->reader, "state"), &state))
         map__reader_fail(&ctx->reader, "state");
-    if (ctx->reader.bad_key)
-        return map__malformed(ctx);
-    ctx->change->broker_id = id;
-    struct map_broker *b = cluster_map_broker(ctx->map, id);
+    int rc;
+    struct map_broker *b = named_broker(ctx, id, &rc);
     if (b == NULL)
-        return map__refuse(ctx, REPLY_NOT_FOUND, false, "no broker %u", id);
+        return rc;
     if (b->state != state) {
         b->state = state;
         ctx->map->brokers_version++;
@@ -468,12 +481,10 @@ static int op_broker_incarnation(struct apply_ctx *ctx)
     uint64_t incarnation = map__read_uint(&ctx->reader, "incarnation", UINT32_MAX, false, 0);
     if (incarnation == 0)
         map__reader_fail(&ctx->reader, "incarnation");
-    if (ctx->reader.bad_key)
-        return map__malformed(ctx);
-    ctx->change->broker_id = id;
-    struct map_broker *b = cluster_map_broker(ctx->map, id);
+    int rc;
+    struct map_broker *b = named_broker(ctx, id, &rc);
     if (b == NULL)
-        return map__refuse(ctx, REPLY_NOT_FOUND, false, "no broker %u", id);
+        return rc;
     if (b->incarnation == incarnation)
         return OK;
     /* A first report (a new cluster, an upgrade) is recorded only: the
@@ -499,12 +510,10 @@ static int op_broker_storage(struct apply_ctx *ctx)
 {
     uint32_t id = map__read_broker_id(&ctx->reader, "id");
     struct bytes storage_id = map__read_str(&ctx->reader, "storage", 0, MAP_STORAGE_ID_SIZE_MAX);
-    if (ctx->reader.bad_key)
-        return map__malformed(ctx);
-    ctx->change->broker_id = id;
-    struct map_broker *b = cluster_map_broker(ctx->map, id);
+    int rc;
+    struct map_broker *b = named_broker(ctx, id, &rc);
     if (b == NULL)
-        return map__refuse(ctx, REPLY_NOT_FOUND, false, "no broker %u", id);
+        return rc;
     if (bytes_equal(b->storage_id, storage_id))
         return OK;
     bytes_free(&b->storage_id);
