@@ -30,6 +30,7 @@ cluster endpoints are covered); the loopback rule through this host's own
 non-loopback address, from which a request is not a loopback peer.
 """
 import atexit
+import contextlib
 import http.client
 import json
 import os
@@ -1100,6 +1101,19 @@ def auth_broker_stops_cleanly():
     assert not problems, problems
 
 
+@contextlib.contextmanager
+def _long_list_broker():
+    """A broker of the test's own (its lists grow past the shared one's),
+    stopped cleanly after it."""
+    b = Broker(external_ok=False, http=True)
+    try:
+        wait_until(lambda: port_accepts(b.http_port), what="the HTTP listener")
+        yield b
+    finally:
+        problems = b.stop()
+        assert not problems, problems
+
+
 @test(timeout=300)
 def a_list_built_for_longer_than_the_timeout_is_sent_whole():
     # GET /api/queues is built in one loop turn (its cost shows in
@@ -1114,9 +1128,7 @@ def a_list_built_for_longer_than_the_timeout_is_sent_whole():
         print("# one broker only")
         return
     import threading
-    b = Broker(external_ok=False, http=True)
-    try:
-        wait_until(lambda: port_accepts(b.http_port), what="the HTTP listener")
+    with _long_list_broker() as b:
         count = 40000
 
         def declare(part):
@@ -1187,9 +1199,6 @@ def a_list_built_for_longer_than_the_timeout_is_sent_whole():
         eq(r.status, 200, body[:200])
         eq(json.loads(body)[:2], [{"name": "long-00000", "messages": 0},
                                   {"name": "long-00001", "messages": 0}], "columns")
-    finally:
-        problems = b.stop()
-        assert not problems, problems
 
 
 # ---- every list a client can grow is built in slices --------------------------------------
@@ -1263,12 +1272,6 @@ def _assert_sliced(path, first_byte, longest, trips):
     assert longest < max(0.5 * first_byte, 0.3), (longest, first_byte)
 
 
-def _long_list_broker():
-    b = Broker(external_ok=False, http=True)
-    wait_until(lambda: port_accepts(b.http_port), what="the HTTP listener")
-    return b
-
-
 @test(timeout=600)
 def a_long_binding_list_is_built_in_slices():
     # Every queue has its default binding: 50,000 queues, each also bound
@@ -1276,8 +1279,7 @@ def a_long_binding_list_is_built_in_slices():
     if CLUSTERED:
         print("# one broker only")
         return
-    b = _long_list_broker()
-    try:
+    with _long_list_broker() as b:
         count = 50000
         s = _raw_session(b)
         _pipelined(s, [gen_queue_declare(1, "lb-%05d" % i, nowait=True) for i in range(count)]
@@ -1289,9 +1291,6 @@ def a_long_binding_list_is_built_in_slices():
         eq(sum(1 for i in items if i["source"] == "amq.direct"), count, "the explicit ones")
         _assert_sliced(path, first_byte, longest, trips)
         s.close()
-    finally:
-        problems = b.stop()
-        assert not problems, problems
 
 
 @test(timeout=600)
@@ -1299,8 +1298,7 @@ def a_long_exchange_list_is_built_in_slices():
     if CLUSTERED:
         print("# one broker only")
         return
-    b = _long_list_broker()
-    try:
+    with _long_list_broker() as b:
         count = 60000
         s = _raw_session(b)
         _pipelined(s, [gen_exchange_declare(1, "xl-%05d" % (count - 1 - i), "topic", nowait=True)
@@ -1311,9 +1309,6 @@ def a_long_exchange_list_is_built_in_slices():
         eq(names, ["xl-%05d" % i for i in range(count)], "every exchange, in name order")
         _assert_sliced(path, first_byte, longest, trips)
         s.close()
-    finally:
-        problems = b.stop()
-        assert not problems, problems
 
 
 @test(timeout=600)
@@ -1321,8 +1316,7 @@ def a_long_consumer_list_is_built_in_slices():
     if CLUSTERED:
         print("# one broker only")
         return
-    b = _long_list_broker()
-    try:
+    with _long_list_broker() as b:
         count = 20000
         s = _raw_session(b)
         _pipelined(s, [gen_queue_declare(1, "lc", nowait=True)]
@@ -1337,9 +1331,6 @@ def a_long_consumer_list_is_built_in_slices():
         eq(items[0]["queue"], {"name": "lc"}, "columns")
         _assert_sliced(path, first_byte, longest, trips)
         s.close()
-    finally:
-        problems = b.stop()
-        assert not problems, problems
 
 
 @test(timeout=600)
@@ -1347,8 +1338,7 @@ def a_long_channel_list_is_built_in_slices():
     if CLUSTERED:
         print("# one broker only")
         return
-    b = _long_list_broker()
-    try:
+    with _long_list_broker() as b:
         socks = [_raw_session(b, channels=2000) for _ in range(8)]
         path = "/api/channels?columns=name,number,user,consumer_count&sort=number"
         items, first_byte, longest, trips = _list_beside_round_trips(b, path)
@@ -1358,9 +1348,6 @@ def a_long_channel_list_is_built_in_slices():
         _assert_sliced(path, first_byte, longest, trips)
         for s in socks:
             s.close()
-    finally:
-        problems = b.stop()
-        assert not problems, problems
 
 
 @test(timeout=600)
@@ -1368,8 +1355,7 @@ def a_long_connection_list_is_built_in_slices():
     if CLUSTERED:
         print("# one broker only")
         return
-    b = _long_list_broker()
-    try:
+    with _long_list_broker() as b:
         socks = [_raw_session(b, channels=0) for _ in range(10000)]
         path = "/api/connections?columns=name,user,channels,state&sort=name"
         items, first_byte, longest, trips = _list_beside_round_trips(b, path)
@@ -1379,9 +1365,7 @@ def a_long_connection_list_is_built_in_slices():
         _assert_sliced(path, first_byte, longest, trips)
         for s in socks:
             s.close()
-    finally:
-        problems = b.stop()
-        assert not problems, problems
+
 
 @test(timeout=60)
 def shutdown_with_a_stalled_http_client_is_clean():
