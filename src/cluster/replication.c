@@ -443,21 +443,41 @@ static void backlog_add_transient(void *ctx, uint64_t seq, struct message *messa
 /* Every message the queue holds, ready (resident or paged) or delivered
  * and unacked, in seq order, each with a reference (transient_only: the
  * transient ones). */
-static struct backlog *backlog_take(struct queue *queue, bool transient_only)
+/* A message of no exchange, key or properties, with room for body_size
+ * bytes (the caller writes them): what a stream sends under seq 0 to a
+ * replica that is not a message of the queue (a mark, a probe, a verify). */
+static struct message *control_message(uint64_t body_size)
 {
-    struct backlog *b = calloc(1, sizeof *b);
-    ASSERT(b != NULL);
-    void (*add)(void *, uint64_t, struct message *) =
-        transient_only ? backlog_add_transient : backlog_add;
+    static const uint8_t no_properties[2] = {0, 0}; /* property flags: none */
+    struct basic_properties none = {0};
+    struct message *m =
+        message_new(BYTES_LIT(""), BYTES_LIT(""), no_properties, 2, &none, body_size);
+    ASSERT(m != NULL);
+    m->body_received = body_size;
+    return m;
+}
+
+/* Every message the queue holds, ready or delivered and not settled:
+ * each(ctx, seq, message or NULL when paged), in no particular order. */
+static void each_held(struct queue *queue, void (*each)(void *, uint64_t, struct message *),
+                      void *ctx)
+{
     for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
         const struct queue_ring *ring =
             level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
         for (uint32_t i = 0; i < ring->count; i++) {
             const struct queue_entry *e = &ring->entries[(ring->head + i) & (ring->cap - 1)];
-            add(b, e->seq, e->paged ? NULL : e->message);
+            each(ctx, e->seq, e->paged ? NULL : e->message);
         }
     }
-    channels_each_unacked(queue->vhost->broker, queue, add, b);
+    channels_each_unacked(queue->vhost->broker, queue, each, ctx);
+}
+
+static struct backlog *backlog_take(struct queue *queue, bool transient_only)
+{
+    struct backlog *b = calloc(1, sizeof *b);
+    ASSERT(b != NULL);
+    each_held(queue, transient_only ? backlog_add_transient : backlog_add, b);
     if (b->count > 1)
         qsort(b->items, b->count, sizeof *b->items, by_seq);
     return b;
@@ -499,11 +519,8 @@ static bool send_dedup_ids(struct replication *rep, struct replica_stream *s)
 static bool send_origin_marks(struct replication *rep, struct replica_stream *s)
 {
     const struct origin_marks *marks = rep->queue->origins;
-    static const uint8_t no_properties[2] = {0, 0};
-    struct basic_properties none = {0};
     for (uint32_t i = 0; marks != NULL && i < marks->count; i++) {
-        struct message *m = message_new(BYTES_LIT(""), BYTES_LIT(""), no_properties, 2, &none, 0);
-        ASSERT(m != NULL);
+        struct message *m = control_message(0);
         struct method method = replicate_method(rep->queue, rep->epoch, 0, m);
         method.basic_quay_replicate.origin_stream = marks->marks[i].stream;
         method.basic_quay_replicate.origin_seq = marks->marks[i].seq;
@@ -521,10 +538,7 @@ static bool send_origin_marks(struct replication *rep, struct replica_stream *s)
  * dead and not know it yet). */
 static void send_end_probe(struct replication *rep, struct replica_stream *s)
 {
-    static const uint8_t no_properties[2] = {0, 0};
-    struct basic_properties none = {0};
-    struct message *probe = message_new(BYTES_LIT(""), BYTES_LIT(""), no_properties, 2, &none, 0);
-    ASSERT(probe != NULL);
+    struct message *probe = control_message(0);
     struct method m = replicate_method(rep->queue, rep->epoch, 0, probe);
     bool sent = stream_send(rep, s, &m, probe, rep->queue->next_seq - 1);
     message_unref(probe);
@@ -698,10 +712,7 @@ static const struct queue_replication_ops replication_ops = {
  * (they travel on the same channel, in order). */
 static void send_probe(struct replication *rep, struct replica_stream *s)
 {
-    static const uint8_t no_properties[2] = {0, 0};
-    struct basic_properties none = {0};
-    struct message *probe = message_new(BYTES_LIT(""), BYTES_LIT(""), no_properties, 2, &none, 0);
-    ASSERT(probe != NULL);
+    struct message *probe = control_message(0);
     struct method m = replicate_method(rep->queue, rep->epoch, 0, probe);
     s->probe_out = stream_send(rep, s, &m, probe, PROBE_TAG | (s->sent + 1));
     message_unref(probe);
@@ -816,28 +827,17 @@ static void digest_add(void *ctx, uint64_t seq, struct message *message)
     replica_digest_add(ctx, seq);
 }
 
-/* What we adopted (the ready messages and the delivered ones, as
- * backlog_take sends a catch-up), as a verify message tagged with our
- * newest seq: its ack says the backup holds the same, so everything up to
- * there is on it (on_stream_answer); a refusal fails the stream. */
+/* What we adopted (each_held, as a catch-up's backlog takes it), as a
+ * verify message tagged with our newest seq: its ack says the backup holds
+ * the same, so everything up to there is on it (on_stream_answer); a
+ * refusal fails the stream. */
 static void send_verify(struct replication *rep, struct replica_stream *s)
 {
     struct queue *queue = rep->queue;
     struct replica_digest d = {0, 0};
-    for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
-        const struct queue_ring *ring =
-            level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
-        for (uint32_t i = 0; i < ring->count; i++)
-            replica_digest_add(&d, ring->entries[(ring->head + i) & (ring->cap - 1)].seq);
-    }
-    channels_each_unacked(queue->vhost->broker, queue, digest_add, &d);
-    static const uint8_t no_properties[2] = {0, 0};
-    struct basic_properties none = {0};
-    struct message *m = message_new(BYTES_LIT(""), BYTES_LIT(""), no_properties, 2, &none,
-                                    REPLICA_VERIFY_SIZE);
-    ASSERT(m != NULL);
+    each_held(queue, digest_add, &d);
+    struct message *m = control_message(REPLICA_VERIFY_SIZE);
     replica_verify_encode(&d, m->body);
-    m->body_received = REPLICA_VERIFY_SIZE;
     struct method method = replicate_method(queue, rep->epoch, 0, m);
     (void)stream_send(rep, s, &method, m, queue->next_seq - 1);
     message_unref(m);
