@@ -13,6 +13,7 @@
 #   QUAYD=build/quayd  QUAYD_ARGS=  ROWS=default  REPS=3  DURATION=10
 #   SCALE_QUEUES=50000 SCALE_CONNS=5000 SCALE_REPS=1 IDLE_SETTLE=5
 #   RMQ_PORT=5791 QUAY_PORT=5792 BENCH_EPMD_PORT=25891 (RabbitMQ distribution: +1, rabbitmqctl: +2..+9)
+#   RMQ_TLS_PORT=5793 QUAY_TLS_PORT=5794 (AMQPS listeners, opened only for the tls row)
 #   RMQ_HOME=/usr/lib/rabbitmq/lib/rabbitmq_server-*  BENCH_OUT=build/bench  KEEP_TMP=0
 #   FSYNC_ROUNDS=1000
 #   RECOVERY_MESSAGES=1000000 RECOVERY_PUBLISHERS=4 RECOVERY_RABBIT=1 RECOVERY_TIMEOUT=900
@@ -22,6 +23,7 @@
 #   persistent latency-persistent                  (extra rows, in "all")
 #   ttl-dlx (= ttl-dlx-args ttl-dlx-dead)          (extra rows, in "all")
 #   recovery memory-flood                          (restart the brokers; in "all", run last)
+#   tls                                            (the confirm row over plain TCP and over AMQPS)
 #   idle queues conns                              (scale rows)
 set -euo pipefail
 
@@ -52,6 +54,8 @@ MEMFLOOD_DURATION=${MEMFLOOD_DURATION:-20}
 MEMFLOOD_PUBLISHERS=${MEMFLOOD_PUBLISHERS:-4}
 NEIGHBOUR_FLOOD_RATE=${NEIGHBOUR_FLOOD_RATE:-0}   # the flooder's msg/s in the neighbour row (0: unlimited)
 MEMFLOOD_RABBIT=${MEMFLOOD_RABBIT:-1}
+RMQ_TLS_PORT=${RMQ_TLS_PORT:-5793}
+QUAY_TLS_PORT=${QUAY_TLS_PORT:-5794}
 USE_QUAY=1
 USE_RMQ=1
 
@@ -120,6 +124,7 @@ row_desc() {
     ttl-dlx-args)       echo "as confirm, queue has x-message-ttl=60000 + x-dead-letter-exchange (nothing expires)" ;;
     ttl-dlx-dead)       echo "as confirm, queue has x-message-ttl=0 + DLX (fanout) -> every message dead-lettered to a consumed queue" ;;
     recovery)           echo "restart with $RECOVERY_MESSAGES persistent 1 KiB messages in a durable queue: s until a passive declare sees them all" ;;
+    tls)                echo "the confirm row (1 KiB, confirms, prefetch 100) over plain TCP and over AMQPS (TLS 1.3), same broker" ;;
     neighbour)          echo "the confirm row's pair, alone and beside a publisher flooding a queue without consumers (rate ${NEIGHBOUR_FLOOD_RATE:-0}, 0 = unlimited)" ;;
     memory-flood)       echo "$MEMFLOOD_PUBLISHERS publishers flood 1 KiB (confirms, no consumer) for ${MEMFLOOD_DURATION}s at a memory mark of $MEMFLOOD_MARK: peak RSS / mark" ;;
     idle)               echo "idle broker: RSS after start (+${IDLE_SETTLE}s), time until the AMQP port opens" ;;
@@ -128,7 +133,7 @@ row_desc() {
   esac
 }
 for r in $ROWS; do
-  case "$r" in idle|queues|conns|recovery|memory-flood|neighbour) ;; *) row_args "$r" >/dev/null || { echo "run.sh: unknown row '$r'" >&2; exit 2; } ;; esac
+  case "$r" in idle|queues|conns|recovery|memory-flood|neighbour|tls) ;; *) row_args "$r" >/dev/null || { echo "run.sh: unknown row '$r'" >&2; exit 2; } ;; esac
 done
 mark_bytes() { # 200MiB, 1GiB, 500MB, 1048576 -> bytes
   awk -v s="$1" 'BEGIN{ n = s + 0; u = substr(s, length(n "") + 1);
@@ -162,6 +167,8 @@ EPMD_PID="" RMQ_WRAPPER="" RMQ_PID="" RMQ_UP=0 RMQ_STARTUP_S="" RMQ_IDLE_KIB=""
 QUAY_PID="" QUAY_UP=0 QUAY_STARTUP_S="" QUAY_IDLE_KIB="" QUAY_WHY=""
 # set by the restart rows around rmq_start / quay_start:
 RMQ_KEEP_DATA=0 RMQ_EXTRA_CONF="" RMQ_LAUNCH_T="" QUAY_KEEP_DATA=0 QUAY_EXTRA_ARGS="" QUAY_LAUNCH_T=""
+# set when the tls row is selected (tls_setup): the AMQPS listeners of both brokers
+RMQ_TLS_CONF="" QUAY_TLS_ARGS="" PKI=""
 declare -A MED  # MED[row.broker.field] = median
 
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
@@ -205,6 +212,7 @@ rmq_start() {
 listeners.tcp.default = 127.0.0.1:$RMQ_PORT
 log.file.level = warning
 log.console = false
+$RMQ_TLS_CONF
 $RMQ_EXTRA_CONF
 EOF
   echo '[].' > "$RMQ_DIR/enabled_plugins"
@@ -261,7 +269,7 @@ quay_start() {
   local t0; t0=$(date +%s.%N)
   QUAY_LAUNCH_T=$t0
   # shellcheck disable=SC2086
-  "$QUAYD" --listen "127.0.0.1:$QUAY_PORT" --data "$TMP/quay-data" $QUAYD_ARGS $QUAY_EXTRA_ARGS >>"$TMP/quayd.log" 2>&1 &
+  "$QUAYD" --listen "127.0.0.1:$QUAY_PORT" --data "$TMP/quay-data" $QUAYD_ARGS $QUAY_TLS_ARGS $QUAY_EXTRA_ARGS >>"$TMP/quayd.log" 2>&1 &
   QUAY_PID=$!
   for _ in $(seq $((${QUAY_START_TIMEOUT:-30} * 10))); do   # default up to 30 s
     port_listening "$QUAY_PORT" && break
@@ -669,6 +677,76 @@ run_neighbour_row() {
   done
 }
 
+# A CA and a certificate for localhost (both brokers present it; quaybench
+# verifies it against the CA and the host name), and the AMQPS listeners.
+tls_setup() {
+  PKI=$TMP/pki
+  mkdir -p "$PKI"
+  ( cd "$PKI"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj "/CN=quay bench CA"
+    openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost
+    printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >server.ext
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 -extfile server.ext
+    chmod 644 server.key ) >/dev/null 2>&1 || { log "tls: openssl failed"; return 1; }
+  RMQ_TLS_CONF="listeners.ssl.default = 127.0.0.1:$RMQ_TLS_PORT
+ssl_options.cacertfile = $PKI/ca.pem
+ssl_options.certfile = $PKI/server.pem
+ssl_options.keyfile = $PKI/server.key
+ssl_options.verify = verify_none
+ssl_options.fail_if_no_peer_cert = false"
+  QUAY_TLS_ARGS="--tls-listen 127.0.0.1:$QUAY_TLS_PORT --tls-cert $PKI/server.pem --tls-key $PKI/server.key"
+}
+
+# The confirm row through each broker's plain and AMQPS listeners, in turn:
+# what TLS costs in msg/s and in broker CPU per message (issue 17's target:
+# AMQPS >= 70% of quay's plain rate).
+run_tls_row() {
+  local args; args=$(row_args confirm)
+  log "row tls: $(row_desc tls)"
+  local b rep mode out rc line port
+  declare -A lines=()
+  for rep in $(seq "$REPS"); do
+    for b in rabbitmq quay; do
+      broker_up "$b" || continue
+      for mode in plain tls; do
+        out=$TMP/out.tls.$b.$mode.$rep
+        local target="-H 127.0.0.1 -p $(broker_port "$b")"
+        if [ "$mode" = tls ]; then
+          port=$RMQ_TLS_PORT; [ "$b" = rabbitmq ] || port=$QUAY_TLS_PORT
+          target="-H localhost -p $port --tls-ca $PKI/ca.pem"
+        fi
+        rc=0
+        # shellcheck disable=SC2086
+        "$QB" $target --watch-pid "$(broker_pid "$b")" -d "$DURATION" --prefix qb-tls $args \
+          >"$out" 2>"$out.err" || rc=$?
+        line=$(grep '^RESULT ' "$out" | tail -1 || true)
+        [ -n "$line" ] || line="RESULT status=error error=no_output"
+        echo "row=tls-$mode broker=$b rep=$rep rc=$rc $line" >>"$RESULTS"
+        log "  $b rep $rep $mode: $(field "$line" cons_rate) msg/s cpu $(field "$line" srv_cpu_us_per_msg)us/msg" \
+            "(broker $(field "$line" srv_cpu_pct)%, client $(field "$line" client_cpu_pct)%) rc=$rc $( [ "$rc" = 0 ] || head -c 300 "$out.err")"
+        lines[$b.$mode]+="$line"$'\n'
+      done
+    done
+  done
+  echo
+  echo "== tls: $(row_desc tls)"
+  echo "   quaybench $args -d $DURATION, plain then --tls-ca (median of $REPS)"
+  printf "   %-10s %11s %11s %9s %13s %13s %9s\n" broker "plain msg/s" "tls msg/s" "tls/plain" "plain us/msg" "tls us/msg" "client %"
+  local f m
+  for b in rabbitmq quay; do
+    for m in plain tls; do
+      for f in cons_rate srv_cpu_us_per_msg client_cpu_pct; do
+        MED[tls.$b.$m.$f]=$(col "$f" <<<"${lines[$b.$m]:-}" | median)
+      done
+    done
+    MED[tls.$b.kept]=$(ratio "${MED[tls.$b.tls.cons_rate]:-}" "${MED[tls.$b.plain.cons_rate]:-}")
+    printf "   %-10s %11s %11s %9s %13s %13s %9s\n" "$b" "$(fmt "${MED[tls.$b.plain.cons_rate]:-}" %.0f)" \
+      "$(fmt "${MED[tls.$b.tls.cons_rate]:-}" %.0f)" "${MED[tls.$b.kept]:-n/a}" \
+      "$(fmt "${MED[tls.$b.plain.srv_cpu_us_per_msg]:-}" %.1f)" "$(fmt "${MED[tls.$b.tls.srv_cpu_us_per_msg]:-}" %.1f)" \
+      "$(fmt "${MED[tls.$b.tls.client_cpu_pct]:-}" %.0f)"
+  done
+}
+
 run_memflood_row() {
   log "row memory-flood: $(row_desc memory-flood)"
   if [ "$USE_RMQ" != 1 ]; then MF[rabbitmq.why]="disabled"; elif [ "$MEMFLOOD_RABBIT" = 1 ]; then memflood_one rabbitmq; else MF[rabbitmq.why]="skipped (MEMFLOOD_RABBIT=0)"; fi
@@ -694,13 +772,14 @@ echo "quay bench: rows [$ROWS], $REPS x ${DURATION}s, $(nproc) cores, $(uname -r
 echo "raw results: $RESULTS"
 NEED_BROKERS=0
 for r in $ROWS; do case "$r" in recovery|memory-flood) ;; *) NEED_BROKERS=1 ;; esac; done
+for r in $ROWS; do [ "$r" = tls ] && { tls_setup || exit 1; }; done
 if [ "$NEED_BROKERS" = 1 ]; then
   start_brokers
   if [ "$RMQ_UP" = 0 ] && [ "$QUAY_UP" = 0 ]; then log "no broker is running"; exit 1; fi
 fi
 for r in $ROWS; do [ "$r" = idle ] && { idle_measure; print_idle; }; done
 for r in $ROWS; do
-  case "$r" in idle|queues|conns|recovery|memory-flood) ;; neighbour) run_neighbour_row ;; *) run_tp_row "$r" ;; esac
+  case "$r" in idle|queues|conns|recovery|memory-flood) ;; neighbour) run_neighbour_row ;; tls) run_tls_row ;; *) run_tp_row "$r" ;; esac
 done
 for r in $ROWS; do
   case "$r" in queues|conns) run_scale_row "$r" ;; esac
@@ -726,6 +805,8 @@ for r in $ROWS; do
             for v in term kill9; do
               printf "   %-20s %14s %14s %8s   %s\n" "recovery-$v" "$(fmt "${REC[rabbitmq.$v]:-}" %.2f)" "$(fmt "${REC[quay.$v]:-}" %.2f)" \
                 "$(ratio "${REC[quay.$v]:-}" "${REC[rabbitmq.$v]:-}")" "s until ${REC[total]:-$RECOVERY_MESSAGES} msgs declared (target quay < 5)"; done ;;
+    tls)    printf "   %-20s %14s %14s %8s   %s\n" tls "${MED[tls.rabbitmq.kept]:-n/a}" "${MED[tls.quay.kept]:-n/a}" "" \
+              "the confirm row's AMQPS rate / its plain rate (goal quay >= 0.70)" ;;
     neighbour)
             printf "   %-20s %14s %14s %8s   %s\n" neighbour "${MED[neighbour.rabbitmq.kept]:-n/a}" "${MED[neighbour.quay.kept]:-n/a}" "" \
               "the pair's rate beside a flooder / alone (goal quay >= 0.90)" ;;
