@@ -16,6 +16,8 @@ packages=(
   librabbitmq-client-java libslf4j-java default-jdk-headless
   # cluster fault tests: network namespaces and nftables
   iproute2 nftables procps
+  # gdb: 20-cluster-failover kills a broker at a chosen function (kill_at)
+  gdb
   # promtool, which checks GET /metrics (tests/integration/31-metrics.py); the
   # package's Prometheus server is not wanted (not started: see policy-rc.d)
   prometheus

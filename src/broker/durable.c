@@ -3,7 +3,8 @@
  *
  *   kind      key                                   value (field table)
  *   EXCHANGE  vhost "\0" name                        type, auto_delete, internal, arguments
- *   QUEUE     vhost "\0" name                        auto_delete, arguments
+ *   QUEUE     vhost "\0" name                        auto_delete, arguments; replica:
+ *                                                   a backup's log (durable_replica_log_open)
  *   BINDING   table: vhost, source, dest_kind,        (empty)
  *             destination, routing_key, arguments
  *   VHOST     name                                  (empty table)
@@ -159,6 +160,19 @@ void durable_exchange_deleted(struct broker *broker, struct vhost *vhost,
     journal_undefine(d->journal, JOURNAL_DEF_EXCHANGE, name_key(key, vhost->name, exchange->name));
 }
 
+/* The value of a QUEUE definition: the queue's, or its backup's log's. */
+static struct table queue_value(struct table_writer *w, uint8_t *buf, size_t size,
+                                const struct queue *queue, bool replica)
+{
+    table_writer_init(w, buf, size);
+    table_put_bool(w, "auto_delete", queue->auto_delete);
+    table_put_longstr(w, "arguments", queue->arguments);
+    if (replica)
+        table_put_bool(w, "replica", true);
+    ASSERT(!w->overflow); /* arguments come from one frame: < frame_max */
+    return table_writer_table(w);
+}
+
 void durable_queue_declared(struct broker *broker, struct vhost *vhost, struct queue *queue)
 {
     struct durable *d = &broker->durable;
@@ -170,13 +184,34 @@ void durable_queue_declared(struct broker *broker, struct vhost *vhost, struct q
     uint8_t key[KEY_MAX];
     uint8_t value[1024 + 65536];
     struct table_writer w;
-    table_writer_init(&w, value, sizeof value);
-    table_put_bool(&w, "auto_delete", queue->auto_delete);
-    table_put_longstr(&w, "arguments", queue->arguments);
-    ASSERT(!w.overflow); /* arguments come from one frame: < frame_max */
-    struct table t = table_writer_table(&w);
+    struct table t = queue_value(&w, value, sizeof value, queue, false);
     journal_define(d->journal, JOURNAL_DEF_QUEUE, name_key(key, vhost->name, queue->name),
                    (struct bytes){t.ptr, t.len});
+}
+
+struct journal_queue *durable_replica_log_open(struct broker *broker, struct queue *stand_in)
+{
+    struct durable *d = &broker->durable;
+    if (!d->journal || !stand_in->durable || stand_in->exclusive)
+        return NULL;
+    uint8_t key[KEY_MAX];
+    uint8_t value[1024 + 65536];
+    struct table_writer w;
+    struct table t = queue_value(&w, value, sizeof value, stand_in, true);
+    struct bytes vhost = stand_in->vhost->name;
+    journal_define(d->journal, JOURNAL_DEF_QUEUE, name_key(key, vhost, stand_in->name),
+                   (struct bytes){t.ptr, t.len});
+    return journal_queue_open(d->journal, vhost, stand_in->name);
+}
+
+void durable_replica_log_deleted(struct broker *broker, struct queue *stand_in)
+{
+    struct durable *d = active(broker);
+    if (!d)
+        return;
+    uint8_t key[KEY_MAX];
+    journal_undefine(d->journal, JOURNAL_DEF_QUEUE,
+                     name_key(key, stand_in->vhost->name, stand_in->name));
 }
 
 void durable_queue_deleted(struct broker *broker, struct vhost *vhost, struct queue *queue)
@@ -469,7 +504,21 @@ static void replay_queue(struct replay *r, struct vhost *vhost, struct bytes nam
         r->dropped++;
         return;
     }
-    vhost_queue_declare(vhost, name, true, false, get_bool(value, "auto_delete"), args);
+    bool replica = get_bool(value, "replica");
+    if (replica && !r->broker->config.clustered) {
+        /* A backup's log, and no cluster to say whose queue it is now. */
+        uint8_t key[KEY_MAX];
+        journal_undefine(r->broker->durable.journal, JOURNAL_DEF_QUEUE,
+                         name_key(key, vhost->name, name));
+        r->dropped++;
+        return;
+    }
+    struct queue *queue = vhost_queue_declare(vhost, name, true, false,
+                                              get_bool(value, "auto_delete"), args);
+    /* A backup's log comes back as a queue too, held, like every queue a
+     * restart recovers, until the cluster's present map says whose it is
+     * (cluster/mirror.c): ours if the map promoted us as we died. */
+    queue->from_replica_log = replica;
     r->queues++;
 }
 
@@ -682,7 +731,9 @@ static void on_message(void *ctx, struct journal_queue *jq, struct bytes vhost_n
         r->dropped++;
         return;
     }
-    queue_recover_message(queue, message, seq, delivered);
+    /* A replica's messages are all flagged: the primary may have
+     * delivered them (replica_push). */
+    queue_recover_message(queue, message, seq, delivered || queue->from_replica_log);
     message_unref(message);
     /* A journal bigger than memory recovers with its tail left on disk. */
     if (++r->messages % 4096 == 0 && queue->journal) {

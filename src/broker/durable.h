@@ -76,6 +76,21 @@ void durable_exchange_deleted(struct broker *broker, struct vhost *vhost,
 /* Opens the queue's message log (queue->journal) and defines it. */
 void durable_queue_declared(struct broker *broker, struct vhost *vhost, struct queue *queue);
 void durable_queue_deleted(struct broker *broker, struct vhost *vhost, struct queue *queue);
+/* A durable queue's backup logs its replica's persistent messages in the
+ * log the real queue opens if the backup is promoted (cluster/replica.h).
+ * The log is defined as a replica's (a QUEUE definition marked so), which
+ * a restart recovers as a queue, held until the cluster's present map
+ * decides (as every recovered queue): a backup that dies as it is
+ * promoted (the map can name it primary before it has heard of the
+ * restart) comes back holding what its replica had, not nothing; one the
+ * map does not make primary drops it. Opens the log of the stand-in's
+ * name (the stand-in gives it name, auto_delete and arguments) and
+ * defines it; NULL for a queue without a log (not durable, exclusive, no
+ * journal). A promotion's declare replaces the definition. */
+struct journal_queue;
+struct journal_queue *durable_replica_log_open(struct broker *broker, struct queue *stand_in);
+/* The stand-in's replica, with its log, went (the replica deleted the log). */
+void durable_replica_log_deleted(struct broker *broker, struct queue *stand_in);
 void durable_binding_added(struct broker *broker, struct vhost *vhost, struct binding *binding);
 void durable_binding_removed(struct broker *broker, struct vhost *vhost,
                              struct binding *binding);

@@ -350,6 +350,8 @@ struct queue {
     struct queue_pause *pause;        /* owned while paused (queue_pause), else NULL */
     bool held_until_synced;           /* cluster: recovered at a start, paused until the
                                        * member caught up with the map (cluster/mirror.c) */
+    bool from_replica_log;            /* recovered from a backup's log (durable.h
+                                       * durable_replica_log_open) */
     struct queue_flow flow;           /* its publishers' flow control (flow.h) */
     uint32_t refs;                    /* the vhost's table + deliveries + consumers */
     uint64_t next_seq;

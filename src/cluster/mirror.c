@@ -284,6 +284,10 @@ static void demote(struct member *member, struct vhost *vhost, struct queue *q,
         queue_held_settles_free(settles, settles_count);
     vhost_queue_delete(vhost, q);
     vhost_queue_insert(vhost, stub);
+    /* The queue's log is the kept replica's now: defined as a replica's
+     * (the deletion just undefined the queue's), so a restart keeps it. */
+    if (kept != NULL)
+        durable_replica_log_open(member->broker, stub);
     if (claim_exclusive(member, vhost, stub, mq))
         rebind_queue(member, mq);
     proxy_stub_adopt_consumers(stub, moving, moving_count);

@@ -15,6 +15,7 @@
 #include "amqp/table.h"
 #include "broker/broker.h"
 #include "broker/channel.h"
+#include "broker/durable.h"
 #include "broker/flow.h"
 #include "broker/message.h"
 #include "broker/queue.h"
@@ -28,7 +29,6 @@
 #include "lib/ring.h"
 #include "lib/bytes.h"
 #include "lib/log.h"
-#include "store/journal.h"
 
 #define TAG_BITS 40
 #define TAG_MASK ((UINT64_C(1) << TAG_BITS) - 1)
@@ -711,6 +711,8 @@ static void stub_free(struct queue *queue)
     free(stub->held);
     free(stub->parked);
     list_remove(&stub->member_link);
+    if (replica_logged(stub->replica))
+        durable_replica_log_deleted(queue->vhost->broker, queue);
     replica_free(stub->replica);
     free(stub);
     queue->remote = NULL;
@@ -1004,20 +1006,14 @@ struct queue *proxy_stub_new(struct member *member, struct vhost *vhost,
 }
 
 /* A durable queue's replica logs its persistent messages, as the primary
- * does (replica.h): in the log the real queue opens when we are promoted. */
-static struct journal_queue *replica_log(struct queue *queue)
-{
-    struct journal *journal = queue->vhost->broker->durable.journal;
-    if (journal == NULL || !queue->durable || queue->exclusive)
-        return NULL;
-    return journal_queue_open(journal, queue->vhost->name, queue->name);
-}
-
+ * does (replica.h), in the log the real queue opens when we are promoted,
+ * defined as a replica's so that a restart keeps it (durable.h). */
 struct replica *proxy_stub_replica(struct queue *queue, bool create)
 {
     struct proxy_stub *stub = stub_of(queue);
     if (stub->replica == NULL && create)
-        stub->replica = replica_new(queue->args.quay_dedup_window_ms, replica_log(queue));
+        stub->replica = replica_new(queue->args.quay_dedup_window_ms,
+                                    durable_replica_log_open(queue->vhost->broker, queue));
     return stub->replica;
 }
 

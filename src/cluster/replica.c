@@ -254,6 +254,11 @@ void replica_forget_log(struct replica *r)
         r->log = NULL;
 }
 
+bool replica_logged(const struct replica *r)
+{
+    return r != NULL && r->log != NULL;
+}
+
 uint32_t replica_count(const struct replica *r)
 {
     return r ? r->live : 0;

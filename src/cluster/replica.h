@@ -91,6 +91,7 @@ struct replica_digest replica_digest_of(const struct replica *replica); /* NULL:
 #define REPLICA_VERIFY_SIZE 20
 void replica_verify_encode(const struct replica_digest *d, uint8_t out[REPLICA_VERIFY_SIZE]);
 uint32_t replica_count(const struct replica *replica);   /* NULL: 0 */
+bool replica_logged(const struct replica *replica);     /* it has a log; NULL: false */
 /* The journal closes (a shutdown): the log is left as it is on disk (the
  * next start deletes it, as no definition names it). NULL is fine. */
 void replica_forget_log(struct replica *replica);

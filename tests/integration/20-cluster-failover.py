@@ -12,19 +12,22 @@ notification, as clients do) must end with every confirmed message, the
 unacked ones marked redelivered. /api/queues shows where the copies are.
 """
 import os
+import shutil
+import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import (Cluster, closer, connect, queue_info, read_all, run, test,  # noqa: E402
-                         wait_until)
+from clustertest import (Cluster, connect, declare_until, queue_info, read_all, run,  # noqa: E402
+                         test, wait_until)
 
 import pika  # noqa: E402
 
 cluster = None
 members = {}
+state = {}
 
 
 @test(timeout=120)
@@ -332,5 +335,118 @@ def a_paged_queue_gets_a_new_backup_caught_up_while_it_serves():
                            for m in members.values()), 30, what="all three back")
 
 
+def traced_and_running(pid):
+    """pid has a tracer and runs (gdb attached, set its breakpoint and let
+    it go on)."""
+    with open("/proc/%d/status" % pid) as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return fields["TracerPid"].strip() != "0" and not fields["State"].strip().startswith("t")
+
+
+def kill_at(member, function):
+    """gdb, attached to member's process, kills it (SIGKILL) the moment it
+    calls function; returns the gdb process (its output says where) once
+    the breakpoint is in place."""
+    gdb = subprocess.Popen(
+        ["gdb", "-p", str(member.proc.pid), "-batch", "-nx", "-ex", "set pagination off",
+         "-ex", "set confirm off", "-ex", "break " + function, "-ex", "continue", "-ex", "kill"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    state["gdb"] = gdb
+    # (Attached: it stops the process, reads the symbols, continues it.)
+    wait_until(lambda: gdb.poll() is None and traced_and_running(member.proc.pid), 60,
+               what="gdb attached to %s" % member.name,
+               detail=lambda: gdb.poll())
+    return gdb
+
+
+@test(timeout=240)
+def a_backup_killed_as_it_is_promoted_comes_back_with_its_replica():
+    # The map promotes a durable queue's backup; the backup dies before it
+    # makes the queue real (gdb kills it on the promotion's first step),
+    # and comes back as a new process that the map names the primary.
+    # Its replica was in memory and in its replica log: a restart deleted
+    # that log (no queue was defined for it) and the promoted broker served
+    # the queue empty, while every confirmed message had been in it (tests/
+    # sim: the --strict seeds 5, 27, 61, 207, 257 and 353). The log is
+    # defined as a replica's now, recovered as a queue held until the sync,
+    # and served by the broker the present map makes primary.
+    if shutil.which("gdb") is None:
+        raise AssertionError("gdb is needed (scripts/setup.sh installs it)")
+    trio_cluster = state["trio"] = Cluster()
+    trio = {m.name: m for m in trio_cluster.form(["x", "y", "z"])}
+    leader = trio["x"]  # (the first one leads)
+    # Primary and backup both not the leader: the leader and the backup are
+    # the majority that commits the promotion once the primary is dead.
+    name = declare_until("promoted", leader,
+                         lambda q: q is not None and leader.name not in
+                         [q["primary"]] + q["backups"], **{"x-quay-backups": 1})
+    c = connect(leader)
+    ch = c.channel()
+    for k in range(64):  # (the misses go: ours is the only queue promoted)
+        if "promoted-%d" % k != name:
+            ch.queue_delete("promoted-%d" % k)
+    c.close()
+    wait_until(lambda: (lambda q: q["in_sync"] == q["backups"] != [])(queue_info(leader, name)),
+               15, what="the backup in sync")
+    info = queue_info(leader, name)
+    primary, backup = trio[info["primary"]], trio[info["backups"][0]]
+    c = connect(leader)
+    ch = c.channel()
+    ch.confirm_delivery()
+    persistent = pika.BasicProperties(delivery_mode=2)
+    for i in range(50):
+        ch.basic_publish("", name, b"%d" % i, properties=persistent)
+    c.close()
+    wait_until(lambda: (queue_info(backup, name) or {}).get("replica_messages") == 50, 10,
+               what="the backup to hold the 50 messages")
+    time.sleep(0.5)  # (its log written: the journal's writer thread)
+    gdb = kill_at(backup, "proxy_stub_take_replica")
+    primary.kill()
+    out = gdb.communicate(timeout=90)[0]
+    assert "proxy_stub_take_replica" in out and "killed" in out, out
+    assert backup.proc.wait(10) == -9
+    # The map (the leader's) names the dead backup the primary.
+    assert queue_info(leader, name)["primary"] == backup.name, queue_info(leader, name)
+    assert queue_info(leader, name)["messages"] == 0, queue_info(leader, name)  # (it is dead)
+    seen = len(backup.log_text_bytes())
+    backup.start()
+    # Its restart recovers the replica's log as the queue (held until the
+    # sync); the map then has it serve them (or, having marked it down
+    # meanwhile, fails the queue over to the backup it caught up).
+    def settled():
+        q = queue_info(leader, name) or {}
+        return (q.get("available") and q.get("messages") == 50 and
+                q.get("primary") in (leader.name, backup.name))
+    wait_until(settled, 30, what="the queue served again with its 50 messages",
+               detail=lambda: queue_info(leader, name))
+    time.sleep(1)
+    wait_until(settled, 30, what="the queue still served", detail=lambda: queue_info(leader, name))
+    c = connect(leader)
+    ch = c.channel()
+    got = []
+    while True:
+        m, _, body = ch.basic_get(name, auto_ack=True)
+        if m is None:
+            break
+        assert m.redelivered, "a replica's message comes back flagged redelivered"
+        got.append(int(body))
+    c.close()
+    assert got == list(range(50)), got
+    assert b"1 queues, 0 bindings, 50 messages" in backup.log_text_bytes()[seen:]
+
+
+def cleanup(failed):
+    gdb = state.get("gdb")
+    if gdb is not None and gdb.poll() is None:
+        gdb.kill()
+        gdb.wait()
+    problems = []
+    for c in (state.get("trio"), cluster):
+        if c is not None:
+            c.failed = failed
+            problems += c.close() or []
+    return problems
+
+
 if __name__ == "__main__":
-    run(closer(lambda: cluster))
+    run(cleanup)

@@ -527,15 +527,24 @@ void sim_data_link_down(struct sim *s, unsigned i, unsigned j)
 }
 
 /* A new process on i's disk: a primary's queue comes back from its
- * journal, a replica does not (replica_new recreates its log); what was
- * in memory (confirms waiting, streams) is gone. */
+ * journal, and so does a durable queue's replica from its log, as a
+ * queue held until the sync (durable_replica_log_open): one the present
+ * map makes ours (promoted as we died) serves what the replica had, else
+ * it is dropped (detach). A transient queue's copies are gone; and what
+ * was in memory (confirms waiting, streams). */
 void sim_data_restart(struct sim *s, unsigned i)
 {
     for (unsigned qi = 0; qi < SIM_QUEUES; qi++) {
         struct sim_copy *c = &s->data->copies[i][qi];
+        bool replica_log = !c->journal && !sim_data_transient(qi) && c->held_count > 0;
+        if (replica_log) {
+            uint64_t top = c->held[c->held_count - 1].seq;
+            c->next_seq = (c->last_seq > top ? c->last_seq : top) + 1; /* (its log's last) */
+            c->journal = true;
+        }
         bool journal = c->journal;
-        sim_data_watch(s, qi, "b%u restarts (primary %d, holds %u)", i + 1, journal,
-                       c->held_count);
+        sim_data_watch(s, qi, "b%u restarts (primary %d, holds %u%s)", i + 1, journal && !replica_log,
+                       c->held_count, replica_log ? " in its replica log" : "");
         c->primary = c->quiescing = c->ask = false;
         c->pending_count = 0;
         c->streams_count = 0;
