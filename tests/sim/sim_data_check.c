@@ -78,8 +78,8 @@ void sim_data_known_loss(struct sim *s, uint32_t id, unsigned qi)
 {
     s->data->known_losses++;
     if (s->verbose)
-        printf("  t=%" PRIu64 " known loss: b%u serves %s, promoted as it died, from a replica "
-               "its restart emptied\n", (uint64_t)raft_fixture_time(&s->f), id,
+        printf("  t=%" PRIu64 " known loss: b%u serves %s, promoted as it died, from a transient "
+               "replica its restart emptied\n", (uint64_t)raft_fixture_time(&s->f), id,
                sim_queue_names[qi]);
     if (!sim_data_strict)
         s->data->given_up_ms[qi] = raft_fixture_time(&s->f);
