@@ -324,6 +324,12 @@ static void follow_queue(struct member *member, struct queue *q, const struct ma
         ASSERT(!waking); /* (adoption starts only once synced) */
         return; /* its adoption starts these, with the map as it is then */
     }
+    if (q->from_replica_log) {
+        /* A backup's log a restart kept (durable_replica_log_open), ours
+         * now: defined as the queue's from here on. */
+        q->from_replica_log = false;
+        durable_queue_declared(member->broker, q->vhost, q);
+    }
     replication_attach(member, q, mq, waking);
     if (waking)
         queue_resume(q); /* what waited is replicated like any publish */
@@ -375,6 +381,15 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     bool primary = mq->primary_id == member->self_id;
     if (keep_for_now(member, q))
         return;
+    /* A backup's log a restart kept is not the content of a queue taken
+     * over from shared storage (the dead primary's log is: replica_of), and
+     * not our takeover cut short either (adoption_resume_leftovers): it
+     * goes, and the takeover adopts the log as from a stand-in. */
+    if (q && !queue_is_remote(q) && q->from_replica_log && primary &&
+        mq->taken_from != BROKER_ID_NONE) {
+        vhost_queue_delete(vhost, q);
+        q = NULL;
+    }
     if (q && queue_is_remote(q) == !primary) {
         if (primary)
             follow_queue(member, q, mq);
