@@ -559,18 +559,19 @@ def connect(member):
         member.amqp_host, member.amqp_port, heartbeat=0, blocked_connection_timeout=30))
 
 
-def read_all(member, queue):
-    """Every message left in queue, in order (basic.get with auto-ack via member)."""
+def read_all(member, queue, redelivered=False):
+    """Every message left in queue, in order (basic.get with auto-ack via
+    member): the bodies, or (body, redelivered flag) pairs."""
     c = connect(member)
     ch = c.channel()
-    bodies = []
+    got = []
     while True:
         m, _, body = ch.basic_get(queue, auto_ack=True)
         if m is None:
             break
-        bodies.append(body)
+        got.append((body, m.redelivered) if redelivered else body)
     c.close()
-    return bodies
+    return got
 
 
 def declare_until(prefix, via, want, **args):

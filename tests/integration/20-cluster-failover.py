@@ -421,17 +421,9 @@ def a_backup_killed_as_it_is_promoted_comes_back_with_its_replica():
                detail=lambda: queue_info(leader, name))
     time.sleep(1)
     wait_until(settled, 30, what="the queue still served", detail=lambda: queue_info(leader, name))
-    c = connect(leader)
-    ch = c.channel()
-    got = []
-    while True:
-        m, _, body = ch.basic_get(name, auto_ack=True)
-        if m is None:
-            break
-        assert m.redelivered, "a replica's message comes back flagged redelivered"
-        got.append(int(body))
-    c.close()
-    assert got == list(range(50)), got
+    got = read_all(leader, name, redelivered=True)
+    assert [int(body) for body, _ in got] == list(range(50)), got
+    assert all(flag for _, flag in got), "a replica's messages come back flagged redelivered"
     assert b"1 queues, 0 bindings, 50 messages" in backup.log_text_bytes()[seen:]
 
 
