@@ -30,6 +30,7 @@
 #include "cluster/replica.h"
 #include "cluster/replication.h"
 #include "cluster/visible.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
@@ -307,6 +308,10 @@ static void on_synced(void *ctx)
         return;
     member__announce_storage(member);
     mirror_all(member, true);
+    /* What our journal recovered of queues that the present map gave
+     * elsewhere (a backup's replica logs, most of all) went: tens of MB
+     * that the allocator would keep. */
+    alloc_release_free_pages();
     adoption_sweep_staged(member);
     adoption_resume_leftovers(member); /* (before clients may publish to them) */
     adoption_synced(member);           /* what the replay handed it, if still ours */

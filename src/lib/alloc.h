@@ -11,8 +11,21 @@
 
 #include <stdlib.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "lib/assert.h"
+
+/* After a bulk free (a restart's recovered queues that the cluster gave to
+ * others): the free pages go back to the system, which glibc's malloc
+ * does not do by itself for pages below its heap's top. */
+static inline void alloc_release_free_pages(void)
+{
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+}
 
 static inline void *xmalloc(size_t size)
 {
