@@ -369,6 +369,15 @@ static void start_adoption(struct member *member, struct queue *q, const struct 
     adoption_start(member, q, mq, merge, merge_count);
 }
 
+/* A backup's log a restart kept (durable_replica_log_open) is not the
+ * content of a queue taken over from shared storage (the dead primary's
+ * log is: replica_of), nor our takeover cut short (adoption_resume_leftovers). */
+static bool stale_replica_log(const struct queue *q, const struct map_queue *mq, bool primary)
+{
+    return q != NULL && !queue_is_remote(q) && q->from_replica_log && primary &&
+           mq->taken_from != BROKER_ID_NONE;
+}
+
 /* The local object for a map queue: real here if we are its primary, a
  * stand-in otherwise. A local object of the wrong kind (a restart found a
  * queue that has moved, a stand-in for a queue that came to us) is
@@ -381,14 +390,9 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     bool primary = mq->primary_id == member->self_id;
     if (keep_for_now(member, q))
         return;
-    /* A backup's log a restart kept is not the content of a queue taken
-     * over from shared storage (the dead primary's log is: replica_of), and
-     * not our takeover cut short either (adoption_resume_leftovers): it
-     * goes, and the takeover adopts the log as from a stand-in. */
-    if (q && !queue_is_remote(q) && q->from_replica_log && primary &&
-        mq->taken_from != BROKER_ID_NONE) {
+    if (stale_replica_log(q, mq, primary)) {
         vhost_queue_delete(vhost, q);
-        q = NULL;
+        q = NULL; /* (the takeover adopts the log as from a stand-in) */
     }
     if (q && queue_is_remote(q) == !primary) {
         if (primary)
