@@ -371,11 +371,25 @@ static void start_adoption(struct member *member, struct queue *q, const struct 
 
 /* A backup's log a restart kept (durable_replica_log_open) is not the
  * content of a queue taken over from shared storage (the dead primary's
- * log is: replica_of), nor our takeover cut short (adoption_resume_leftovers). */
-static bool stale_replica_log(const struct queue *q, const struct map_queue *mq, bool primary)
+ * log is: replica_of), nor our takeover cut short (adoption_resume_leftovers):
+ * it goes (NULL: the takeover adopts the log as from a stand-in). Else q. */
+static struct queue *unless_stale_replica_log(struct vhost *vhost, struct queue *q,
+                                              const struct map_queue *mq, bool primary)
 {
-    return q != NULL && !queue_is_remote(q) && q->from_replica_log && primary &&
-           mq->taken_from != BROKER_ID_NONE;
+    if (q == NULL || queue_is_remote(q) || !q->from_replica_log || !primary ||
+        mq->taken_from == BROKER_ID_NONE)
+        return q;
+    vhost_queue_delete(vhost, q);
+    return NULL;
+}
+
+/* A stand-in made anew (q was deleted). */
+static void new_stand_in(struct member *member, struct vhost *vhost, struct map_queue *mq)
+{
+    struct queue *q = proxy_stub_new(member, vhost, mq);
+    vhost_queue_insert(vhost, q);
+    if (claim_exclusive(member, vhost, q, mq))
+        rebind_queue(member, mq);
 }
 
 /* The local object for a map queue: real here if we are its primary, a
@@ -390,10 +404,7 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     bool primary = mq->primary_id == member->self_id;
     if (keep_for_now(member, q))
         return;
-    if (stale_replica_log(q, mq, primary)) {
-        vhost_queue_delete(vhost, q);
-        q = NULL; /* (the takeover adopts the log as from a stand-in) */
-    }
+    q = unless_stale_replica_log(vhost, q, mq, primary);
     if (q && queue_is_remote(q) == !primary) {
         if (primary)
             follow_queue(member, q, mq);
@@ -423,10 +434,7 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     if (q)
         vhost_queue_delete(vhost, q);
     if (!primary) {
-        q = proxy_stub_new(member, vhost, mq);
-        vhost_queue_insert(vhost, q);
-        if (claim_exclusive(member, vhost, q, mq))
-            rebind_queue(member, mq);
+        new_stand_in(member, vhost, mq);
         return;
     }
     q = vhost_queue_declare(vhost, mq->name, mq->durable, mq->exclusive, mq->auto_delete,
