@@ -28,11 +28,11 @@
  * answer is the one api_list_answer would give for the same items.
  *
  * The sources: queues (api_queues.c: each holds a reference, written as
- * it is when its turn comes); exchanges and bindings (copied out in the
- * request's turn, api_list_keep: no reference holds them, and copying is
- * a memcpy a field where writing escapes every byte); connections,
- * channels and consumers (api_list_texts: written in the request's turn,
- * their figures as of the request).
+ * it is when its turn comes); exchanges, bindings, connections, channels
+ * and consumers (copied out in the request's turn, api_list_keep: no
+ * reference holds them, and copying is a memcpy a field where writing
+ * escapes every byte; the last three's counters, rates and state as of
+ * the request).
  */
 #include "mgmt/api_list.h"
 #include "mgmt/api_list_int.h"
@@ -486,68 +486,6 @@ void api_list_answer_slices(struct uv_loop_s *loop, struct http_call *call,
     s->timer.data = s;
     uv_timer_start(&s->timer, on_slice, 0, 0);
     http_call_on_cancel(call, on_cancel, s);
-}
-
-/* ---- items written up front (api_list_texts) ---------------------------------- */
-
-void api_list_texts_init(struct api_list_texts *t)
-{
-    *t = (struct api_list_texts){.began_ns = uv_hrtime()};
-    t->store = malloc(sizeof *t->store);
-    ASSERT(t->store != NULL);
-    json_init(t->store);
-    json_array_begin(t->store); /* the items are its members: json puts the commas */
-}
-
-struct json *api_list_texts_item(struct api_list_texts *t)
-{
-    t->begun = t->store->size;
-    return t->store;
-}
-
-void api_list_texts_end(struct api_list_texts *t)
-{
-    if (t->count == t->cap) {
-        t->cap = 2 * t->cap + 64;
-        t->at = realloc(t->at, 2 * t->cap * sizeof *t->at);
-        ASSERT(t->at != NULL);
-    }
-    size_t from = t->begun;
-    if (from < t->store->size && t->store->data[from] == ',')
-        from++;
-    t->at[2 * t->count] = from;
-    t->at[2 * t->count + 1] = t->store->size;
-    t->count++;
-}
-
-static bool texts_write(void *ctx, size_t i, struct json *out)
-{
-    const struct api_list_texts *t = ctx;
-    json_value_text(out, t->store->data + t->at[2 * i], t->at[2 * i + 1] - t->at[2 * i]);
-    return true;
-}
-
-static void texts_done(void *ctx)
-{
-    struct api_list_texts *t = ctx;
-    json_free(t->store);
-    free(t->store);
-    free(t->at);
-    free(t);
-}
-
-void api_list_answer_texts(struct uv_loop_s *loop, struct http_call *call,
-                           const struct http_call_request *req, const char *default_sort,
-                           struct api_list_texts *t)
-{
-    struct api_list_texts *own = malloc(sizeof *own);
-    ASSERT(own != NULL);
-    *own = *t;
-    *t = (struct api_list_texts){0};
-    struct api_list_source source = {.count = own->count, .write = texts_write,
-                                     .done = texts_done, .ctx = own,
-                                     .began_ns = own->began_ns};
-    api_list_answer_slices(loop, call, req, default_sort, &source);
 }
 
 size_t api_list_keep(struct api_list_text *t, struct bytes b)
