@@ -85,6 +85,13 @@ struct uv_loop_s;
 void api_list_answer_slices(struct uv_loop_s *loop, struct http_call *call,
                             const struct http_call_request *req, const char *default_sort,
                             const struct api_list_source *source);
+/* A long answer that is not a list (GET /api/definitions): body is the
+ * answer as the endpoint began it (taken), and the source's items go on
+ * writing it, in order, straight into it (write(ctx, i, body): any part
+ * of the one JSON text; the last item ends it), a slice at a time as
+ * above; then it is answered. compare is not used. */
+void api_answer_slices(struct uv_loop_s *loop, struct http_call *call, struct json *body,
+                       const struct api_list_source *source);
 /* The bytes a source copied out of objects that may be freed before its
  * items are written (exchanges, bindings, connections, channels,
  * consumers: no reference holds them), one

@@ -147,6 +147,7 @@ struct slices {
     uv_timer_t timer;
     enum slices_phase phase;
     bool direct;                   /* items straight into body */
+    bool whole;                    /* the items are the whole answer (api_answer_slices) */
     bool needs_tree;               /* columns=, sort= or name= read each item */
     bool sorting;
     bool backwards;                /* the default order reversed */
@@ -358,7 +359,8 @@ static bool run(struct slices *s)
         if (s->next < s->source.count)
             return true;
         if (s->direct) {
-            json_array_end(&s->body);
+            if (!s->whole)
+                json_array_end(&s->body);
             s->phase = PHASE_DONE;
             return false;
         }
@@ -442,6 +444,15 @@ static void split_keys(struct slices *s)
     }
 }
 
+/* The first slice in the next loop turn. */
+static void slices_start(struct uv_loop_s *loop, struct slices *s)
+{
+    uv_timer_init(loop, &s->timer);
+    s->timer.data = s;
+    uv_timer_start(&s->timer, on_slice, 0, 0);
+    http_call_on_cancel(s->call, on_cancel, s);
+}
+
 void api_list_answer_slices(struct uv_loop_s *loop, struct http_call *call,
                             const struct http_call_request *req, const char *default_sort,
                             const struct api_list_source *source)
@@ -482,10 +493,24 @@ void api_list_answer_slices(struct uv_loop_s *loop, struct http_call *call,
         merge_begin(&s->merge, source->count);
         s->phase = PHASE_ORDER;
     }
-    uv_timer_init(loop, &s->timer);
-    s->timer.data = s;
-    uv_timer_start(&s->timer, on_slice, 0, 0);
-    http_call_on_cancel(call, on_cancel, s);
+    slices_start(loop, s);
+}
+
+void api_answer_slices(struct uv_loop_s *loop, struct http_call *call, struct json *body,
+                       const struct api_list_source *source)
+{
+    struct slices *s = calloc(1, sizeof *s);
+    ASSERT(s != NULL);
+    s->call = call;
+    s->began_ns = uv_hrtime();
+    s->source = *source;
+    s->direct = s->whole = true;
+    s->body = *body;
+    json_init(body);
+    json_init(&s->store);
+    json_init(&s->key_text);
+    s->phase = PHASE_ITEMS;
+    slices_start(loop, s);
 }
 
 size_t api_list_keep(struct api_list_text *t, struct bytes b)

@@ -1235,8 +1235,8 @@ def _pipelined(s, frames):
 
 def _list_beside_round_trips(b, path):
     """GETs path of b while a pika client's round trips go on, as the
-    queues' test does: (items, first byte s, the longest round trip s,
-    round trips)."""
+    queues' test does: (the answer, parsed; first byte s, the longest
+    round trip s, round trips)."""
     import threading
     listing = threading.Event()
     trips = []
@@ -1307,6 +1307,13 @@ def a_long_binding_list_is_built_in_slices():
         eq(len(items), 2 * count, "every binding")
         eq(sum(1 for i in items if i["source"] == "amq.direct"), count, "the explicit ones")
         _assert_sliced(path, first_byte, longest, trips)
+        # The definitions hold every queue and (but the default ones) every
+        # binding: copied out, written in slices too (on main, one turn).
+        path = "/api/definitions"
+        defs, first_byte, longest, trips = _list_beside_round_trips(b, path)
+        eq((len(defs["queues"]), len(defs["bindings"])), (count, count), "every queue, binding")
+        eq(defs["bindings"][0]["source"], "amq.direct", "the explicit ones")
+        _assert_sliced(path, first_byte, longest, trips, COPIED_SHARE, COPIED_FLOOR)
         s.close()
 
 
