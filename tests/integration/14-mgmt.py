@@ -1308,12 +1308,14 @@ def a_long_binding_list_is_built_in_slices():
         eq(sum(1 for i in items if i["source"] == "amq.direct"), count, "the explicit ones")
         _assert_sliced(path, first_byte, longest, trips)
         # The definitions hold every queue and (but the default ones) every
-        # binding: copied out, written in slices too (on main, one turn).
+        # binding: copied out, written in slices too. Written in one turn
+        # (main before), the longest round trip was the time to the first
+        # byte (0.29 s under ASan); copied out, 0.04-0.05 s.
         path = "/api/definitions"
         defs, first_byte, longest, trips = _list_beside_round_trips(b, path)
         eq((len(defs["queues"]), len(defs["bindings"])), (count, count), "every queue, binding")
         eq(defs["bindings"][0]["source"], "amq.direct", "the explicit ones")
-        _assert_sliced(path, first_byte, longest, trips, COPIED_SHARE, COPIED_FLOOR)
+        _assert_sliced(path, first_byte, longest, trips, 0.5, 0.15)
         s.close()
 
 
