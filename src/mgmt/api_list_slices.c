@@ -32,7 +32,8 @@
  * and consumers (copied out in the request's turn, api_list_keep: no
  * reference holds them, and copying is a memcpy a field where writing
  * escapes every byte; the last three's counters, rates and state as of
- * the request).
+ * the request). api_answer_slices runs the ITEMS phase alone for an
+ * answer that is not a list (the definitions: api_definitions_export.c).
  */
 #include "mgmt/api_list.h"
 #include "mgmt/api_list_int.h"
