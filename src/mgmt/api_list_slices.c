@@ -149,6 +149,7 @@ struct slices {
     enum slices_phase phase;
     bool direct;                   /* items straight into body */
     bool whole;                    /* the items are the whole answer (api_answer_slices) */
+    bool reserved;                 /* direct: the answer's room was reserved */
     bool needs_tree;               /* columns=, sort= or name= read each item */
     bool sorting;
     bool backwards;                /* the default order reversed */
@@ -339,6 +340,20 @@ static void emit_end(struct slices *s)
     json_object_end(&s->body);
 }
 
+/* The direct answer's room, once its first items tell about how long
+ * one is (an eighth more, for longer ones later): grown by doubling, the
+ * buffer was copied whole inside a slice (2.2-2.4 ms for 4 MB of 50,000
+ * consumers' 19 MB, release). */
+static void direct_reserve(struct slices *s)
+{
+    s->reserved = true;
+    if (s->next == 0 || s->next >= s->source.count)
+        return;
+    size_t each = s->body.size / s->next + 1;
+    size_t left = s->source.count - s->next;
+    json_reserve(&s->body, each * left + each * left / 8);
+}
+
 /* A run of the phase s is in; false when the answer was given (or refused). */
 static bool run(struct slices *s)
 {
@@ -357,6 +372,8 @@ static bool run(struct slices *s)
             else
                 read_item(s, i);
         }
+        if (s->direct && !s->reserved)
+            direct_reserve(s);
         if (s->next < s->source.count)
             return true;
         if (s->direct) {
