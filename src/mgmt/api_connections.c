@@ -119,14 +119,15 @@ struct listing {
     uint64_t began_ns;
 };
 
-/* Room for one more of size in *items. */
-static void reserve(void **items, size_t *cap, size_t count, size_t size)
+/* items (count of size each), with room for one more. */
+static void *room_for_one(void *items, size_t *cap, size_t count, size_t size)
 {
     if (count < *cap)
-        return;
+        return items;
     *cap = 2 * *cap + 64;
-    *items = realloc(*items, *cap * size);
-    ASSERT(*items != NULL);
+    items = realloc(items, *cap * size);
+    ASSERT(items != NULL);
+    return items;
 }
 
 static struct kept keep(struct listing *l, const void *ptr, size_t len)
@@ -161,8 +162,8 @@ static uint32_t add_connection(struct listing *l, struct broker *broker,
 {
     if (l->last == c)
         return (uint32_t)(l->connections_count - 1);
-    reserve((void **)&l->connections, &l->connections_cap, l->connections_count,
-            sizeof *l->connections);
+    l->connections = room_for_one(l->connections, &l->connections_cap,
+                                  l->connections_count, sizeof *l->connections);
     const struct rates_clock *clock = &broker->rates_clock;
     struct listed_connection *it = &l->connections[l->connections_count++];
     *it = (struct listed_connection){
@@ -196,8 +197,8 @@ static void add_channels(struct listing *l, struct broker *broker, const struct 
         return;
     uint32_t connection = add_connection(l, broker, c);
     for (uint32_t i = 0; i < n; i++) {
-        reserve((void **)&l->channels, &l->channels_cap, l->channels_count,
-                sizeof *l->channels);
+        l->channels = room_for_one(l->channels, &l->channels_cap, l->channels_count,
+                                   sizeof *l->channels);
         struct listed_channel *it = &l->channels[l->channels_count++];
         *it = (struct listed_channel){.info = infos[i], .connection = connection};
         it->info.connection = NULL;
@@ -208,8 +209,8 @@ static void add_consumer(struct listing *l, struct broker *broker, const struct 
                          const struct consumer *consumer, const struct channel_info *ch)
 {
     uint32_t connection = add_connection(l, broker, ch->connection);
-    reserve((void **)&l->consumers, &l->consumers_cap, l->consumers_count,
-            sizeof *l->consumers);
+    l->consumers = room_for_one(l->consumers, &l->consumers_cap, l->consumers_count,
+                                sizeof *l->consumers);
     bool active = q->active_consumer == NULL || q->active_consumer == consumer;
     l->consumers[l->consumers_count++] = (struct listed_consumer){
         .tag = keep(l, consumer->tag.ptr, consumer->tag.len),
