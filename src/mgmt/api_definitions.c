@@ -26,7 +26,6 @@
 #include "lib/log.h"
 #include "mgmt/api.h"
 #include "mgmt/api_amqp.h"
-#include "mgmt/api_bindings.h"
 #include "mgmt/api_definitions_users.h"
 #include "mgmt/api_exchanges.h"
 #include "mgmt/api_limits.h"
