@@ -3,13 +3,13 @@ before/after diff of a change to how lists are built (bench/RESULTS.md "Every lo
 slices"): 19 paths (/api/bindings, /api/exchanges, /api/connections, /api/channels,
 /api/consumers, their per-vhost forms, a queue's and an exchange's bindings, those between
 two objects, /api/queues) x 16 queries (sort=, sort_reverse=, columns=, pages, name=, bad
-pages), on one broker or (QUAY_TEST_MODE=cluster) through a 3-broker cluster, with a few
+pages), and GET /api/definitions whole and per vhost, on one broker or (QUAY_TEST_MODE=cluster) through a 3-broker cluster, with a few
 queues, exchanges, bindings, connections, channels and consumers in two vhosts.
 
 The tables' order (bindings, connections, channels and consumers have no default order) comes
 from a hash keyed at random per process: a preloaded getrandom gives every process the same
-key, so two brokers built alike list alike. Ports, connected_at, rates and byte counts are
-masked. In a cluster /api/queues still differs between runs (where each queue is placed).
+key, so two brokers built alike list alike. Ports, connected_at, rates, byte counts and
+password hashes (salted by OpenSSL) are masked. In a cluster /api/queues still differs between runs (where each queue is placed).
 
   QUAYD=/tmp/base-quayd /usr/bin/python3 bench/mgmt_list_diff.py /tmp/before.txt
   QUAYD=build/quayd /usr/bin/python3 bench/mgmt_list_diff.py /tmp/after.txt
@@ -100,19 +100,23 @@ try:
                "?page=2&page_size=4&sort=routing_key&sort_reverse=true",
                "?page=99&page_size=500", "?page=1&page_size=501", "?sort=consumer_tag",
                "?sort=type,name&columns=name,type", "?sort=prefetch_count,consumer_tag"]
-    for p in paths:
-        for q in queries:
-            conn = http.client.HTTPConnection("127.0.0.1", b.http_port, timeout=30)
-            conn.request("GET", p + q, headers={
-                "Authorization": api_authorization(API_USER, API_PASSWORD)})
-            r = conn.getresponse()
-            body = r.read().decode()
-            conn.close()
-            body = re.sub(r":\d{4,5}\b", ":PORT", body)
-            body = re.sub(r'"(peer_port|port|connected_at)":\d+', r'"\1":N', body)
-            body = re.sub(r'"rate":[-\d.e]+', '"rate":R', body)
-            body = re.sub(r'"(recv_oct|send_oct)":\d+', r'"\1":N', body)
-            out.write("%s%s %d\n%s\n" % (p, q, r.status, body))
+    # The definitions (not lists: no queries), whole and per vhost.
+    gets = [p + q for p in paths for q in queries] + [
+        "/api/definitions", "/api/definitions/%2F", "/api/definitions/v2"]
+    for p in gets:
+        conn = http.client.HTTPConnection("127.0.0.1", b.http_port, timeout=30)
+        conn.request("GET", p, headers={
+            "Authorization": api_authorization(API_USER, API_PASSWORD)})
+        r = conn.getresponse()
+        body = r.read().decode()
+        conn.close()
+        body = re.sub(r":\d{4,5}\b", ":PORT", body)
+        body = re.sub(r'"(peer_port|port|connected_at)":\d+', r'"\1":N', body)
+        body = re.sub(r'"rate":[-\d.e]+', '"rate":R', body)
+        body = re.sub(r'"(recv_oct|send_oct)":\d+', r'"\1":N', body)
+        # A salted hash: OpenSSL's salt does not come through the preload.
+        body = re.sub(r'"password_hash":"[^"]*"', '"password_hash":H', body)
+        out.write("%s %d\n%s\n" % (p, r.status, body))
     for c in conns:
         c.close()
 finally:

@@ -20,6 +20,14 @@
 #   QUAYD_A=/tmp/base-quayd QUAYD=build/quayd REPS=5 DURATION=10 bench/mgmt_list_lag.sh
 #   ... LIST_PATH='/api/queues?columns=name,messages' ... (rabbitmqadmin's table)
 #   ... LIST=bindings ...                                 (GET /api/bindings)
+#   ... FILL=channels LIST=channels QUEUES=0 ...          (16,000 channels: CHANNELS=)
+#   ... ONCE=1 ...                (one GET at a time instead, A then B, 11 s apart)
+#
+# FILL=channels (or consumers: a consumer on each channel) adds CHANNELS open channels to
+# each broker (bench/hold_channels.py, 2,000 a connection), after its QUEUES queues. ONCE=1
+# runs no amqpbench: per rep it GETs LIST_PATH once from A, then from B, each after 11 s of
+# quiet (the lag gauge spans 5-10 s), and prints the time to the first byte and the lag read
+# after it (the longest loop iteration around the GET).
 #
 # Needs librabbitmq-dev, curl, and ../shared/bench (amqpbench).
 set -euo pipefail
@@ -30,6 +38,9 @@ REPS=${REPS:-5}
 QUEUES=${QUEUES:-50000}
 DURATION=${DURATION:-10}
 LIST=${LIST:-queues}
+FILL=${FILL:-}
+CHANNELS=${CHANNELS:-16000}
+ONCE=${ONCE:-0}
 LIST_PATH=${LIST_PATH:-/api/$LIST}
 ROW=${ROW:--s 1024 --confirm -w 1000 --prefetch 100}
 PORT=${PORT:-$((20000 + RANDOM % 9000))}
@@ -68,10 +79,25 @@ start() { # name amqp_port http_port binary -> PID in $STARTED
   echo "quayd $1 did not listen" >&2
   exit 1
 }
+fill() { # name amqp_port: QUEUES queues, then FILL's channels (held until the end)
+  [ "$QUEUES" -gt 0 ] &&
+    "$BENCH_OUT/quayscale" queues -p "$2" -n "$QUEUES" --keep >"$TMP/scale-$1.out" 2>&1
+  [ -z "$FILL" ] && return 0
+  local flag=
+  [ "$FILL" = consumers ] && flag=--consumers
+  /usr/bin/python3 bench/hold_channels.py "$2" "$CHANNELS" $flag >"$TMP/hold-$1.out" 2>&1 &
+  PIDS+=("$!")
+  for _ in $(seq 600); do
+    grep -q ready "$TMP/hold-$1.out" && return 0
+    sleep 0.5
+  done
+  echo "hold_channels $1 did not get ready" >&2
+  exit 1
+}
 start A "$PORT" $((PORT + 1)) "$QUAYD_A"; PID_A=$STARTED
-"$BENCH_OUT/quayscale" queues -p "$PORT" -n "$QUEUES" --keep >"$TMP/scale-a.out" 2>&1
+fill a "$PORT"
 start B $((PORT + 2)) $((PORT + 3)) "$QUAYD"; PID_B=$STARTED
-"$BENCH_OUT/quayscale" queues -p $((PORT + 2)) -n "$QUEUES" --keep >"$TMP/scale-b.out" 2>&1
+fill b $((PORT + 2))
 sleep 5
 
 field() { tr ' ' '\n' <<<"$2" | sed -n "s/^$1=//p" | head -1; }
@@ -122,6 +148,34 @@ run_one() { # label amqp_port http_port pid listed(0|1)
        "lists=$lists lag_s=$lag load=$load" | tee -a "$TMP/results"
 }
 
+lag_now() { # http_port
+  curl -s -m 30 -u guest:guest "http://127.0.0.1:$1/metrics" |
+    sed -n 's/^quay_event_loop_lag_seconds //p'
+}
+
+once() { # label http_port: one GET after 11 s of quiet, then the lag
+  local got
+  sleep 11
+  got=$(curl -s -u guest:guest -o /dev/null -w '%{time_starttransfer} %{size_download}' \
+          "http://127.0.0.1:$2$LIST_PATH")
+  echo "$1 first_byte_s=${got% *} bytes=${got#* } lag_s=$(lag_now "$2")" \
+       "load=$(cut -d' ' -f1 /proc/loadavg)" | tee -a "$TMP/results"
+}
+
+if [ "$ONCE" = 1 ]; then
+  for rep in $(seq "$REPS"); do
+    once A "$((PORT + 1))"
+    once B "$((PORT + 3))"
+  done
+  echo "== medians of $REPS (GET $LIST_PATH once; $QUEUES queues${FILL:+, $CHANNELS channels})"
+  for label in A B; do
+    f=$(grep "^$label " "$TMP/results" | sed -n 's/.* first_byte_s=\([0-9.]*\).*/\1/p' | median)
+    g=$(grep "^$label " "$TMP/results" | sed -n 's/.* lag_s=\([0-9.e+-]*\).*/\1/p' | median)
+    echo "$label first_byte_s=$f lag_s=$g"
+  done
+  exit 0
+fi
+
 for rep in $(seq "$REPS"); do
   echo "== rep $rep"
   run_one A-alone "$PORT" $((PORT + 1)) "$PID_A" 0
@@ -131,7 +185,7 @@ for rep in $(seq "$REPS"); do
 done
 
 echo "== medians of $REPS (amqpbench $ROW, $DURATION s; GET $LIST_PATH back to back;" \
-     "$QUEUES idle queues)"
+     "$QUEUES idle queues${FILL:+, $CHANNELS channels})"
 for label in A-alone A-listed B-alone B-listed; do
   r=$(grep "^$label " "$TMP/results" | sed -n 's/.* rate=\([0-9.]*\).*/\1/p' | median)
   u=$(grep "^$label " "$TMP/results" | sed -n 's/.* us_per_msg=\([0-9.]*\).*/\1/p' | median)

@@ -98,6 +98,18 @@ char *json_raw_space(struct json *json, size_t size)
     return json->data + json->size;
 }
 
+void json_reserve(struct json *json, size_t size)
+{
+    if (json->cap - json->size >= size)
+        return;
+    ASSERT(size <= SIZE_MAX - json->size);
+    size_t cap = json->size + size; /* exactly: the caller's estimate has its margin */
+    char *grown = realloc(json->data, cap);
+    ASSERT(grown != NULL);
+    json->data = grown;
+    json->cap = cap;
+}
+
 void json_raw_advance(struct json *json, size_t n)
 {
     ASSERT(n <= json->cap - json->size);

@@ -59,6 +59,10 @@ void json_raw(struct json *json, const void *data, size_t size);
  * For writers of other text formats that write piece by piece (prom.c). */
 char *json_raw_space(struct json *json, size_t size);
 void json_raw_advance(struct json *json, size_t n);
+/* Room for size more bytes at any point of the text: a writer that can
+ * tell how long its text will be grows the buffer once, early, instead
+ * of by doubling, each a copy of all so far (MBs, for a long list). */
+void json_reserve(struct json *json, size_t size);
 
 /* One complete JSON value written by another writer (trusted: not
  * checked), as the next value here: an array's items kept as text. */

@@ -48,7 +48,7 @@ static void properties_key(struct bytes routing_key, struct bytes arguments, cha
                  (unsigned long long)arguments_hash(arguments));
 }
 
-static struct bytes dest_name(const struct bind_dest *dest)
+struct bytes api_binding_dest_name(const struct bind_dest *dest)
 {
     if (dest->kind == BIND_DEST_QUEUE)
         return CONTAINER_OF(dest, struct queue, as_dest)->name;
@@ -79,7 +79,7 @@ static void write_one(struct json *out, struct bytes vhost, struct bytes source,
 
 static void write_binding(struct json *out, const struct vhost *vhost, const struct binding *b)
 {
-    write_one(out, vhost->name, b->source->name, dest_name(b->dest),
+    write_one(out, vhost->name, b->source->name, api_binding_dest_name(b->dest),
               b->dest->kind == BIND_DEST_QUEUE, b->routing_key, b->arguments);
 }
 
@@ -134,7 +134,7 @@ static struct listed *listing_add(struct listing *l)
 static void add_binding(struct listing *l, const struct binding *b)
 {
     struct listed *it = listing_add(l);
-    struct bytes dest = dest_name(b->dest);
+    struct bytes dest = api_binding_dest_name(b->dest);
     it->source = api_list_keep(&l->text, b->source->name);
     it->source_len = b->source->name.len;
     it->dest = api_list_keep(&l->text, dest);
@@ -197,34 +197,6 @@ static struct listing *listing_new(void)
     ASSERT(l != NULL);
     l->began_ns = uv_hrtime();
     return l;
-}
-
-void api_bindings_write_definitions(struct json *out, const struct vhost *vhost, bool alone)
-{
-    struct hmap_entry *e;
-    for (uint32_t i = 0; hmap_next((struct hmap *)&vhost->exchanges, &i, &e);) {
-        const struct exchange *x = e->value;
-        list_for_each(node, &x->bindings) {
-            const struct binding *b = CONTAINER_OF(node, struct binding, source_link);
-            struct bytes dest = dest_name(b->dest);
-            json_object_begin(out);
-            json_key(out, "source");
-            json_string_n(out, x->name.ptr, x->name.len);
-            if (!alone) {
-                json_key(out, "vhost");
-                json_string_n(out, vhost->name.ptr, vhost->name.len);
-            }
-            json_key(out, "destination");
-            json_string_n(out, dest.ptr, dest.len);
-            json_kv_string(out, "destination_type",
-                           b->dest->kind == BIND_DEST_QUEUE ? "queue" : "exchange");
-            json_key(out, "routing_key");
-            json_string_n(out, b->routing_key.ptr, b->routing_key.len);
-            json_key(out, "arguments");
-            api_table_write(out, (struct table){b->arguments.ptr, b->arguments.len});
-            json_object_end(out);
-        }
-    }
 }
 
 /* Answers l's bindings (takes l). They have no order of their own

@@ -41,8 +41,8 @@ void api_bindings_of_queue(struct broker *broker, struct http_call *call,
 void api_bindings_of_exchange(struct broker *broker, struct http_call *call,
                               const struct http_call_request *req, struct vhost *vhost,
                               struct exchange *exchange, bool as_source);
-/* The same in a definitions file's shape: no default bindings, no
- * properties_key, no "vhost" when the vhost is exported alone. */
-void api_bindings_write_definitions(struct json *out, const struct vhost *vhost, bool alone);
+struct bind_dest;
+/* The name of a binding's destination, a queue or an exchange. */
+struct bytes api_binding_dest_name(const struct bind_dest *dest);
 
 #endif

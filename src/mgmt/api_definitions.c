@@ -6,6 +6,7 @@
  * was answered.
  */
 #include "mgmt/api_definitions.h"
+#include "mgmt/api_definitions_export.h"
 
 #include <openssl/crypto.h>
 #include <stdio.h>
@@ -25,7 +26,6 @@
 #include "lib/log.h"
 #include "mgmt/api.h"
 #include "mgmt/api_amqp.h"
-#include "mgmt/api_bindings.h"
 #include "mgmt/api_definitions_users.h"
 #include "mgmt/api_exchanges.h"
 #include "mgmt/api_limits.h"
@@ -40,139 +40,6 @@
 /* The broker's own login for quayd --definitions (auth_add_internal). */
 #define INTERNAL_USER "quay-internal"
 #define STEP_ARGUMENTS_SIZE_MAX 65536
-
-/* ---- export ------------------------------------------------------------------ */
-
-static bool exported_exchange(const struct exchange *x)
-{
-    return x->name.len > 0 && !bytes_has_prefix(x->name, "amq.");
-}
-
-/* Writes "vhost" unless one vhost is exported alone (RabbitMQ leaves it out). */
-static void write_vhost_field(struct json *out, const struct vhost *vhost, bool alone)
-{
-    if (!alone) {
-        json_key(out, "vhost");
-        json_string_n(out, vhost->name.ptr, vhost->name.len);
-    }
-}
-
-static void write_policies(struct json *out, struct broker *broker, const struct vhost *only)
-{
-    const struct policy_set *set = api_policies_of(broker);
-    json_key(out, "policies");
-    json_array_begin(out);
-    for (uint32_t i = 0; i < set->count; i++) {
-        const struct policy *p = set->items[i];
-        if (only != NULL && !bytes_equal(p->vhost, only->name))
-            continue;
-        json_object_begin(out);
-        if (only == NULL) {
-            json_key(out, "vhost");
-            json_string_n(out, p->vhost.ptr, p->vhost.len);
-        }
-        json_key(out, "name");
-        json_string_n(out, p->name.ptr, p->name.len);
-        json_key(out, "pattern");
-        json_string_n(out, p->pattern.ptr, p->pattern.len);
-        json_kv_string(out, "apply-to", "queues");
-        json_kv_uint(out, "priority", p->priority);
-        api_policy_definition_write(out, p);
-        json_object_end(out);
-    }
-    json_array_end(out);
-}
-
-static void write_queues(struct json *out, const struct vhost *vhost, bool alone)
-{
-    struct hmap_entry *e;
-    for (uint32_t i = 0; hmap_next((struct hmap *)&vhost->queues, &i, &e);) {
-        const struct queue *q = e->value;
-        if (q->exclusive)
-            continue;
-        json_object_begin(out);
-        json_key(out, "name");
-        json_string_n(out, q->name.ptr, q->name.len);
-        write_vhost_field(out, vhost, alone);
-        json_kv_bool(out, "durable", q->durable);
-        json_kv_bool(out, "auto_delete", q->auto_delete);
-        json_key(out, "arguments");
-        api_table_write(out, (struct table){q->arguments.ptr, q->arguments.len});
-        json_object_end(out);
-    }
-}
-
-static void write_exchanges(struct json *out, const struct vhost *vhost, bool alone)
-{
-    struct hmap_entry *e;
-    for (uint32_t i = 0; hmap_next((struct hmap *)&vhost->exchanges, &i, &e);) {
-        const struct exchange *x = e->value;
-        if (!exported_exchange(x))
-            continue;
-        json_object_begin(out);
-        json_key(out, "name");
-        json_string_n(out, x->name.ptr, x->name.len);
-        write_vhost_field(out, vhost, alone);
-        json_kv_string(out, "type", exchange_type_name(x->type));
-        json_kv_bool(out, "durable", x->durable);
-        json_kv_bool(out, "auto_delete", x->auto_delete);
-        json_kv_bool(out, "internal", x->internal);
-        json_key(out, "arguments");
-        api_table_write(out, (struct table){x->arguments.ptr, x->arguments.len});
-        json_object_end(out);
-    }
-}
-
-/* The topology sections, of one vhost or of all (only NULL). */
-static void write_topology(struct json *out, struct broker *broker, const struct vhost *only)
-{
-    json_key(out, "parameters");
-    json_array_begin(out);
-    api_limits_write_parameters(out, broker, only ? only->name : (struct bytes){NULL, 0});
-    json_array_end(out);
-    write_policies(out, broker, only);
-    for (int section = 0; section < 3; section++) {
-        json_key(out, section == 0 ? "queues" : section == 1 ? "exchanges" : "bindings");
-        json_array_begin(out);
-        struct hmap_entry *v;
-        for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);) {
-            const struct vhost *vhost = v->value;
-            if (only != NULL && vhost != only)
-                continue;
-            if (section == 0)
-                write_queues(out, vhost, only != NULL);
-            else if (section == 1)
-                write_exchanges(out, vhost, only != NULL);
-            else
-                api_bindings_write_definitions(out, vhost, only != NULL);
-        }
-        json_array_end(out);
-    }
-}
-
-static void export_definitions(struct broker *broker, struct http_call *call,
-                               const struct vhost *only)
-{
-    struct json body;
-    http_body_init(&body);
-    json_object_begin(&body);
-    json_kv_string(&body, "rabbit_version", QUAY_VERSION);
-    if (only == NULL) {
-        json_kv_string(&body, "rabbitmq_version", QUAY_VERSION);
-        json_kv_string(&body, "product_name", "quay");
-        json_kv_string(&body, "product_version", QUAY_VERSION);
-        api_definitions_write_users(&body, broker);
-        json_key(&body, "topic_permissions");
-        json_array_begin(&body);
-        json_array_end(&body);
-        json_key(&body, "global_parameters");
-        json_array_begin(&body);
-        json_array_end(&body);
-    }
-    write_topology(&body, broker, only);
-    json_object_end(&body);
-    http_call_answer(call, 200, &body);
-}
 
 /* ---- import: checking ------------------------------------------------------------ */
 
@@ -653,7 +520,7 @@ static void handle_definitions(void *ctx, struct http_call *call,
     if (path.count == 1 && (vhost = api_vhost_or_404(broker, call, path.seg[0])) == NULL)
         return;
     if (req->method == HTTP_METHOD_GET || req->method == HTTP_METHOD_HEAD)
-        export_definitions(broker, call, vhost);
+        api_definitions_export(broker, call, vhost);
     else if (req->method == HTTP_METHOD_POST)
         import_definitions(broker, call, req, path.count == 1 ? &vhost->name : NULL);
     else

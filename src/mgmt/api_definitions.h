@@ -17,7 +17,8 @@
  * "exactly", "ha-params": backups + 1, which RabbitMQ 3.10 takes), every
  * queue but exclusive ones, every exchange but the default and amq.* ones,
  * every binding but the default exchange's implicit ones. In a cluster,
- * any broker exports the whole cluster's.
+ * any broker exports the whole cluster's. Copied out in the request's
+ * turn and written in slices (api_definitions_export.c).
  *
  * Import, all or nothing as far as quay can tell before it starts: the
  * whole body is parsed (a malformed one is refused with where it went

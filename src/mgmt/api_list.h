@@ -85,8 +85,16 @@ struct uv_loop_s;
 void api_list_answer_slices(struct uv_loop_s *loop, struct http_call *call,
                             const struct http_call_request *req, const char *default_sort,
                             const struct api_list_source *source);
+/* A long answer that is not a list (GET /api/definitions): body is the
+ * answer as the endpoint began it (taken), and the source's items go on
+ * writing it, in order, straight into it (write(ctx, i, body): any part
+ * of the one JSON text; the last item ends it), a slice at a time as
+ * above; then it is answered. compare is not used. */
+void api_answer_slices(struct uv_loop_s *loop, struct http_call *call, struct json *body,
+                       const struct api_list_source *source);
 /* The bytes a source copied out of objects that may be freed before its
- * items are written (exchanges, bindings: no reference holds them), one
+ * items are written (exchanges, bindings, connections, channels,
+ * consumers: no reference holds them), one
  * buffer for a whole list: api_list_keep appends b and gives its offset,
  * api_list_kept gives it back. */
 struct api_list_text {
@@ -98,28 +106,6 @@ static inline struct bytes api_list_kept(const struct api_list_text *t, size_t a
 {
     return (struct bytes){(uint8_t *)t->data + at, len};
 }
-/* A list of objects whose figures are read as they are (connections,
- * channels, consumers: rates, counts, state), for api_list_answer_texts:
- * each item written up front (api_list_texts_item, then
- * api_list_texts_end), so their figures are as of the request, as when
- * the list was answered in one turn; only that is done in the request's
- * turn: the parse for columns=/sort=/name=, the sort and the answer are
- * done in slices. The items keep the order written. */
-struct api_list_texts {
-    struct json *store;            /* owned: the items, a JSON array */
-    size_t *at;                    /* item i is store[at[2i], at[2i + 1]) */
-    size_t count, cap, begun;
-    uint64_t began_ns;             /* for the log: when writing began */
-};
-void api_list_texts_init(struct api_list_texts *t);
-/* Where to write the next item: one JSON object. */
-struct json *api_list_texts_item(struct api_list_texts *t);
-/* The item written since api_list_texts_item is one. */
-void api_list_texts_end(struct api_list_texts *t);
-/* api_list_answer_slices of t's items; takes t. */
-void api_list_answer_texts(struct uv_loop_s *loop, struct http_call *call,
-                           const struct http_call_request *req, const char *default_sort,
-                           struct api_list_texts *t);
 /* A page cut by the endpoint before it writes its items, for lists
  * whose items cost to write (a queue in a cluster: its primary is asked
  * for its counts): a request for a page (page=, valid page_size=) sorted

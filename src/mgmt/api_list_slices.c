@@ -28,11 +28,12 @@
  * answer is the one api_list_answer would give for the same items.
  *
  * The sources: queues (api_queues.c: each holds a reference, written as
- * it is when its turn comes); exchanges and bindings (copied out in the
- * request's turn, api_list_keep: no reference holds them, and copying is
- * a memcpy a field where writing escapes every byte); connections,
- * channels and consumers (api_list_texts: written in the request's turn,
- * their figures as of the request).
+ * it is when its turn comes); exchanges, bindings, connections, channels
+ * and consumers (copied out in the request's turn, api_list_keep: no
+ * reference holds them, and copying is a memcpy a field where writing
+ * escapes every byte; the last three's counters, rates and state as of
+ * the request). api_answer_slices runs the ITEMS phase alone for an
+ * answer that is not a list (the definitions: api_definitions_export.c).
  */
 #include "mgmt/api_list.h"
 #include "mgmt/api_list_int.h"
@@ -147,6 +148,8 @@ struct slices {
     uv_timer_t timer;
     enum slices_phase phase;
     bool direct;                   /* items straight into body */
+    bool whole;                    /* the items are the whole answer (api_answer_slices) */
+    bool reserved;                 /* direct: the answer's room was reserved */
     bool needs_tree;               /* columns=, sort= or name= read each item */
     bool sorting;
     bool backwards;                /* the default order reversed */
@@ -337,6 +340,20 @@ static void emit_end(struct slices *s)
     json_object_end(&s->body);
 }
 
+/* The direct answer's room, once its first items tell about how long
+ * one is (an eighth more, for longer ones later): grown by doubling, the
+ * buffer was copied whole inside a slice (2.2-2.4 ms for 4 MB of 50,000
+ * consumers' 19 MB, release). */
+static void direct_reserve(struct slices *s)
+{
+    s->reserved = true;
+    if (s->next == 0 || s->next >= s->source.count)
+        return;
+    size_t each = s->body.size / s->next + 1;
+    size_t left = s->source.count - s->next;
+    json_reserve(&s->body, each * left + each * left / 8);
+}
+
 /* A run of the phase s is in; false when the answer was given (or refused). */
 static bool run(struct slices *s)
 {
@@ -355,10 +372,13 @@ static bool run(struct slices *s)
             else
                 read_item(s, i);
         }
+        if (s->direct && !s->reserved)
+            direct_reserve(s);
         if (s->next < s->source.count)
             return true;
         if (s->direct) {
-            json_array_end(&s->body);
+            if (!s->whole)
+                json_array_end(&s->body);
             s->phase = PHASE_DONE;
             return false;
         }
@@ -442,6 +462,15 @@ static void split_keys(struct slices *s)
     }
 }
 
+/* The first slice in the next loop turn. */
+static void slices_start(struct uv_loop_s *loop, struct slices *s)
+{
+    uv_timer_init(loop, &s->timer);
+    s->timer.data = s;
+    uv_timer_start(&s->timer, on_slice, 0, 0);
+    http_call_on_cancel(s->call, on_cancel, s);
+}
+
 void api_list_answer_slices(struct uv_loop_s *loop, struct http_call *call,
                             const struct http_call_request *req, const char *default_sort,
                             const struct api_list_source *source)
@@ -482,72 +511,24 @@ void api_list_answer_slices(struct uv_loop_s *loop, struct http_call *call,
         merge_begin(&s->merge, source->count);
         s->phase = PHASE_ORDER;
     }
-    uv_timer_init(loop, &s->timer);
-    s->timer.data = s;
-    uv_timer_start(&s->timer, on_slice, 0, 0);
-    http_call_on_cancel(call, on_cancel, s);
+    slices_start(loop, s);
 }
 
-/* ---- items written up front (api_list_texts) ---------------------------------- */
-
-void api_list_texts_init(struct api_list_texts *t)
+void api_answer_slices(struct uv_loop_s *loop, struct http_call *call, struct json *body,
+                       const struct api_list_source *source)
 {
-    *t = (struct api_list_texts){.began_ns = uv_hrtime()};
-    t->store = malloc(sizeof *t->store);
-    ASSERT(t->store != NULL);
-    json_init(t->store);
-    json_array_begin(t->store); /* the items are its members: json puts the commas */
-}
-
-struct json *api_list_texts_item(struct api_list_texts *t)
-{
-    t->begun = t->store->size;
-    return t->store;
-}
-
-void api_list_texts_end(struct api_list_texts *t)
-{
-    if (t->count == t->cap) {
-        t->cap = 2 * t->cap + 64;
-        t->at = realloc(t->at, 2 * t->cap * sizeof *t->at);
-        ASSERT(t->at != NULL);
-    }
-    size_t from = t->begun;
-    if (from < t->store->size && t->store->data[from] == ',')
-        from++;
-    t->at[2 * t->count] = from;
-    t->at[2 * t->count + 1] = t->store->size;
-    t->count++;
-}
-
-static bool texts_write(void *ctx, size_t i, struct json *out)
-{
-    const struct api_list_texts *t = ctx;
-    json_value_text(out, t->store->data + t->at[2 * i], t->at[2 * i + 1] - t->at[2 * i]);
-    return true;
-}
-
-static void texts_done(void *ctx)
-{
-    struct api_list_texts *t = ctx;
-    json_free(t->store);
-    free(t->store);
-    free(t->at);
-    free(t);
-}
-
-void api_list_answer_texts(struct uv_loop_s *loop, struct http_call *call,
-                           const struct http_call_request *req, const char *default_sort,
-                           struct api_list_texts *t)
-{
-    struct api_list_texts *own = malloc(sizeof *own);
-    ASSERT(own != NULL);
-    *own = *t;
-    *t = (struct api_list_texts){0};
-    struct api_list_source source = {.count = own->count, .write = texts_write,
-                                     .done = texts_done, .ctx = own,
-                                     .began_ns = own->began_ns};
-    api_list_answer_slices(loop, call, req, default_sort, &source);
+    struct slices *s = calloc(1, sizeof *s);
+    ASSERT(s != NULL);
+    s->call = call;
+    s->began_ns = uv_hrtime();
+    s->source = *source;
+    s->direct = s->whole = true;
+    s->body = *body;
+    json_init(body);
+    json_init(&s->store);
+    json_init(&s->key_text);
+    s->phase = PHASE_ITEMS;
+    slices_start(loop, s);
 }
 
 size_t api_list_keep(struct api_list_text *t, struct bytes b)

@@ -130,6 +130,29 @@ static void set_peer_name(struct conn *conn)
     snprintf(conn->peer_name, sizeof conn->peer_name, "%s:%d", host, port);
 }
 
+/* "ip:port" of the local end, "[ip]:port" for IPv6 (as RabbitMQ names a
+ * connection's end): fixed once connected, so read once, not by every
+ * management list that names the connection. */
+static void set_local_name(struct conn *conn)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    ss.ss_family = AF_INET;
+    if (uv_tcp_getsockname(&conn->tcp, (struct sockaddr *)&ss, &len) == 0) {
+        if (ss.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&ss, host, sizeof host);
+            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+        } else {
+            uv_ip4_name((struct sockaddr_in *)&ss, host, sizeof host);
+            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        }
+    }
+    snprintf(conn->local_name, sizeof conn->local_name,
+             ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", host, port);
+}
+
 /* ---- outbound ------------------------------------------------------- */
 
 /* One conn_connect in flight. Freed by whichever libuv callback ends it:
@@ -465,6 +488,7 @@ static void start_reading(struct conn *conn)
 void conn_start(struct conn *conn)
 {
     set_peer_name(conn);
+    set_local_name(conn);
     uv_tcp_nodelay(&conn->tcp, 1);
     start_reading(conn);
 }

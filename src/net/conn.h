@@ -102,6 +102,7 @@ struct conn {
     bool peer_reads_always;
     bool keepalive;               /* conn_keepalive was called */
     char peer_name[64];           /* "ip:port" */
+    char local_name[72];          /* "ip:port", "[ip]:port" for IPv6 */
     struct list_node all_link;    /* in net.conns */
     struct list_node resume_link; /* in net.resume_list while held input waits */
     struct connect_req *connect_req; /* conn_connect in flight, else NULL */

@@ -110,6 +110,29 @@ static void test_empty_containers(void **state)
     expect_json(&j, "[[],{}]");
 }
 
+/* Room reserved in the middle of a text keeps the text and the writer's
+ * state (the next member still gets its comma), and needs no growth. */
+static void test_reserve_mid_text(void **state)
+{
+    (void)state;
+    struct json j;
+    json_init(&j);
+    json_array_begin(&j);
+    json_uint(&j, 1);
+    json_reserve(&j, 100000);
+    assert_true(j.cap - j.size >= 100000);
+    char *data = j.data;
+    size_t cap = j.cap;
+    for (int i = 0; i < 1000; i++)
+        json_string(&j, "0123456789");
+    assert_ptr_equal(j.data, data);
+    assert_int_equal(j.cap, cap);
+    json_array_end(&j);
+    assert_true(json_complete(&j));
+    assert_memory_equal(j.data, "[1,\"0123456789\",", 16);
+    json_free(&j);
+}
+
 /* Commas and colons at every level, and a level's "has members" state
  * restored after a nested container closes. */
 static void test_nesting_separators(void **state)
@@ -545,6 +568,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scalars),
         cmocka_unit_test(test_empty_containers),
+        cmocka_unit_test(test_reserve_mid_text),
         cmocka_unit_test(test_nesting_separators),
         cmocka_unit_test(test_deep_nesting),
         cmocka_unit_test(test_string_escapes),
