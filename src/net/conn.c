@@ -105,27 +105,41 @@ int conn_init(struct conn *conn, struct net *net, const struct conn_ops *ops)
     return 0;
 }
 
+/* An address's numeric host, into host, and its port; "?" and 0 for a
+ * family other than IPv4's and IPv6's. */
+static int address_parts(const struct sockaddr_storage *ss, char *host, size_t size)
+{
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *sin = (const struct sockaddr_in *)ss;
+        uv_ip4_name(sin, host, size);
+        return ntohs(sin->sin_port);
+    }
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)ss;
+        uv_ip6_name(sin6, host, size);
+        return ntohs(sin6->sin6_port);
+    }
+    snprintf(host, size, "?");
+    return 0;
+}
+
 static void set_peer_name(struct conn *conn)
 {
-    struct sockaddr_storage ss;
+    struct sockaddr_storage ss = {.ss_family = AF_UNSPEC};
     int len = sizeof ss;
-    char host[INET6_ADDRSTRLEN] = "?";
-    int port = 0;
-    if (uv_tcp_getpeername(&conn->tcp, (struct sockaddr *)&ss, &len) == 0) {
-        if (ss.ss_family == AF_INET) {
-            struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
-            uv_ip4_name(sin, host, sizeof host);
-            port = ntohs(sin->sin_port);
-            conn->peer_loopback = (ntohl(sin->sin_addr.s_addr) >> 24) == 127;
-        } else if (ss.ss_family == AF_INET6) {
-            struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
-            uv_ip6_name(sin6, host, sizeof host);
-            port = ntohs(sin6->sin6_port);
-            static const uint8_t v4mapped_loop[13] = {0, 0, 0, 0, 0,    0,   0,
-                                                      0, 0, 0, 0xff, 0xff, 127};
-            conn->peer_loopback = IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr) ||
-                                  memcmp(&sin6->sin6_addr, v4mapped_loop, 13) == 0;
-        }
+    char host[INET6_ADDRSTRLEN];
+    if (uv_tcp_getpeername(&conn->tcp, (struct sockaddr *)&ss, &len) != 0)
+        ss.ss_family = AF_UNSPEC;
+    int port = address_parts(&ss, host, sizeof host);
+    if (ss.ss_family == AF_INET) {
+        const struct sockaddr_in *sin = (const struct sockaddr_in *)&ss;
+        conn->peer_loopback = (ntohl(sin->sin_addr.s_addr) >> 24) == 127;
+    } else if (ss.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)&ss;
+        static const uint8_t v4mapped_loop[13] = {0, 0, 0, 0, 0,    0,   0,
+                                                  0, 0, 0, 0xff, 0xff, 127};
+        conn->peer_loopback = IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr) ||
+                              memcmp(&sin6->sin6_addr, v4mapped_loop, 13) == 0;
     }
     snprintf(conn->peer_name, sizeof conn->peer_name, "%s:%d", host, port);
 }
@@ -135,20 +149,12 @@ static void set_peer_name(struct conn *conn)
  * management list that names the connection. */
 static void set_local_name(struct conn *conn)
 {
-    struct sockaddr_storage ss;
+    struct sockaddr_storage ss = {.ss_family = AF_UNSPEC};
     int len = sizeof ss;
-    char host[INET6_ADDRSTRLEN] = "?";
-    int port = 0;
-    ss.ss_family = AF_INET;
-    if (uv_tcp_getsockname(&conn->tcp, (struct sockaddr *)&ss, &len) == 0) {
-        if (ss.ss_family == AF_INET6) {
-            uv_ip6_name((struct sockaddr_in6 *)&ss, host, sizeof host);
-            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-        } else {
-            uv_ip4_name((struct sockaddr_in *)&ss, host, sizeof host);
-            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        }
-    }
+    char host[INET6_ADDRSTRLEN];
+    if (uv_tcp_getsockname(&conn->tcp, (struct sockaddr *)&ss, &len) != 0)
+        ss.ss_family = AF_UNSPEC;
+    int port = address_parts(&ss, host, sizeof host);
     snprintf(conn->local_name, sizeof conn->local_name,
              ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", host, port);
 }
