@@ -696,10 +696,23 @@ static bool backup_move_step(const struct cluster_map *map, const struct placeme
     return false;
 }
 
+/* Whether the queue's primary has applied the change that made it so
+ * (controller_round). Unknown (not heard, or no seen): settled. */
+static bool primary_settled(const struct controller_observed *seen, const struct map_queue *q)
+{
+    for (uint32_t i = 0; seen != NULL && i < seen->heard_count; i++) {
+        const struct controller_heard *h = &seen->heard[i];
+        if (h->broker_id == q->primary_id)
+            return h->map_version == 0 || (int32_t)(h->map_version - (uint32_t)q->owned_since) >= 0;
+    }
+    return true;
+}
+
 /* One round of moves: every planned move's next step (mandatory ones only:
  * off draining or down brokers, restoring factors). */
 static uint32_t move_steps(const struct cluster_map *map, const struct controller_config *config,
-                           uint32_t moves_max, bool mandatory_only, struct map_cmd_list *out)
+                           uint32_t moves_max, bool mandatory_only,
+                           const struct controller_observed *seen, struct map_cmd_list *out)
 {
     struct placement_plan plan;
     placement_plan_init(&plan);
@@ -712,6 +725,10 @@ static uint32_t move_steps(const struct cluster_map *map, const struct controlle
         const struct placement_move *m = &plan.moves[i];
         if (mandatory_only && !m->mandatory)
             continue;
+        if (!primary_settled(seen, m->queue)) {
+            pending++; /* (the round comes back to it) */
+            continue;
+        }
         if (m->kind == PLACEMENT_MOVE_PRIMARY)
             pending += primary_move_step(map, &p, m, out);
         else
@@ -743,13 +760,21 @@ static void exchange_owners(const struct cluster_map *map, const struct controll
     placement_free(&p);
 }
 
+static uint32_t rebalance(const struct cluster_map *map, const struct controller_config *config,
+                          uint32_t moves_max, const struct controller_observed *seen,
+                          struct map_cmd_list *out)
+{
+    uint32_t pending = move_steps(map, config, moves_max, false, seen, out);
+    exchange_owners(map, config, out);
+    return pending;
+}
+
 int controller_rebalance(const struct cluster_map *map, const struct controller_config *config,
                          uint32_t moves_max, struct map_cmd_list *out, uint32_t *pending_out)
 {
     ASSERT(map != NULL);
     ASSERT(out != NULL);
-    uint32_t pending = move_steps(map, config, moves_max, false, out);
-    exchange_owners(map, config, out);
+    uint32_t pending = rebalance(map, config, moves_max, NULL, out);
     if (pending_out)
         *pending_out = pending;
     return OK;
@@ -771,15 +796,15 @@ int controller_drain(const struct cluster_map *map, const struct controller_conf
         push(out, map_cmd_broker_state(&cmd, broker_id, BROKER_STATE_DRAINING), &cmd);
         return OK;
     }
-    move_steps(map, config, moves_max, true, out);
+    move_steps(map, config, moves_max, true, NULL, out);
     exchange_owners(map, config, out);
     return OK;
 }
 
-int controller_drain_step(const struct cluster_map *map, const struct controller_config *config,
-                          uint32_t moves_max, struct map_cmd_list *out)
+static void drain_step(const struct cluster_map *map, const struct controller_config *config,
+                       uint32_t moves_max, const struct controller_observed *seen,
+                       struct map_cmd_list *out)
 {
-    ASSERT(map != NULL);
     bool draining = false;
     for (uint32_t i = 0; i < map->brokers_count && !draining; i++) {
         const struct map_broker *b = map->brokers[i];
@@ -788,9 +813,16 @@ int controller_drain_step(const struct cluster_map *map, const struct controller
                     b->exchanges_owned_count > 0);
     }
     if (!draining)
-        return OK;
-    move_steps(map, config, moves_max, true, out);
+        return;
+    move_steps(map, config, moves_max, true, seen, out);
     exchange_owners(map, config, out);
+}
+
+int controller_drain_step(const struct cluster_map *map, const struct controller_config *config,
+                          uint32_t moves_max, struct map_cmd_list *out)
+{
+    ASSERT(map != NULL);
+    drain_step(map, config, moves_max, NULL, out);
     return OK;
 }
 
@@ -878,8 +910,9 @@ static bool brokers_settled(const struct cluster_map *map, struct controller_rou
 }
 
 static void round_rebalance(const struct cluster_map *map, const struct controller_config *config,
-                            struct controller_round *r, struct map_cmd_list *out,
-                            enum controller_round_kind *kind, uint32_t *pending)
+                            struct controller_round *r, const struct controller_observed *seen,
+                            struct map_cmd_list *out, enum controller_round_kind *kind,
+                            uint32_t *pending)
 {
     struct map_cmd cmd;
     if (map->rebalance == MAP_REBALANCE_UNSET) {
@@ -888,7 +921,7 @@ static void round_rebalance(const struct cluster_map *map, const struct controll
         *kind = CONTROLLER_ROUND_REBALANCE_MODE;
         return;
     }
-    controller_rebalance(map, config, CONTROLLER_REBALANCE_MOVES, out, pending);
+    *pending = rebalance(map, config, CONTROLLER_REBALANCE_MOVES, seen, out);
     *kind = out->count > 0 ? CONTROLLER_ROUND_REBALANCE : CONTROLLER_ROUND_NOTHING;
     if (out->count == 0 && *pending == 0)
         r->balanced_version = map->version;
@@ -899,9 +932,9 @@ static void round_rebalance(const struct cluster_map *map, const struct controll
 }
 
 int controller_round(const struct cluster_map *map, const struct controller_config *config,
-                     struct controller_round *round, uint64_t now_ms, bool busy,
-                     struct map_cmd_list *out, enum controller_round_kind *kind,
-                     uint32_t *pending)
+                     struct controller_round *round, const struct controller_observed *seen,
+                     uint64_t now_ms, bool busy, struct map_cmd_list *out,
+                     enum controller_round_kind *kind, uint32_t *pending)
 {
     uint32_t pending_local = 0;
     if (pending == NULL)
@@ -921,7 +954,7 @@ int controller_round(const struct cluster_map *map, const struct controller_conf
     }
     if (now_ms - round->drained_ms >= CONTROLLER_DRAIN_EVERY_MS) {
         round->drained_ms = now_ms;
-        controller_drain_step(map, config, CONTROLLER_DRAIN_MOVES, out);
+        drain_step(map, config, CONTROLLER_DRAIN_MOVES, seen, out);
         if (out->count > 0) {
             *kind = CONTROLLER_ROUND_DRAIN;
             return OK;
@@ -933,7 +966,7 @@ int controller_round(const struct cluster_map *map, const struct controller_conf
         round->balanced_version == map->version)
         return OK;
     round->rebalanced_ms = now_ms;
-    round_rebalance(map, config, round, out, kind, pending);
+    round_rebalance(map, config, round, seen, out, kind, pending);
     return OK;
 }
 
@@ -994,8 +1027,8 @@ int controller_leader_tick(const struct cluster_map *map, const struct controlle
     ASSERT(map != NULL && config != NULL && leader != NULL && seen != NULL && out != NULL);
     controller_leader_liveness(map, config, seen, now_ms, out);
     bool busy = seen->proposals_in_flight > 0 || out->states.count > 0;
-    controller_round(map, config, &leader->round, now_ms, busy, &out->round, &out->round_kind,
-                     &out->round_pending);
+    controller_round(map, config, &leader->round, seen, now_ms, busy, &out->round,
+                     &out->round_kind, &out->round_pending);
     if (seen->policy_in_flight > 0)
         return OK;
     if (leader->policies_applied == map->policies_generation && !leader->policies_recheck)

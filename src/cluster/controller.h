@@ -37,6 +37,9 @@ struct controller_heard {
     uint64_t last_heard_ms;  /* last heartbeat or message, controller's clock */
     bool connection_reset;   /* the cluster link was reset: down at once */
     uint32_t incarnation;    /* its process, from its heartbeats (0: not heard) */
+    /* The map version it has applied, as its heartbeats say (their low 32
+     * bits; the leader's own: its map's), 0 if not heard. */
+    uint32_t map_version;
 };
 
 /*
@@ -226,12 +229,18 @@ enum controller_round_kind {
  * own proposals are still in flight (then only the brokers' stillness is
  * followed: decide on the map they make). node.c and the simulator
  * (tests/sim) both run it. *kind and *pending (may be NULL: moves still
- * in progress) say what it did, for the caller's log. OK.
+ * in progress) say what it did, for the caller's log. seen (or NULL: all
+ * settled): the drain and the rebalance leave alone a queue whose primary
+ * has not yet applied the change that made it so (its heartbeats' map
+ * version below the queue's owned_since): a switch that kept the old
+ * primary beyond the factor (map_queue_switch_keeps_primary) keeps it
+ * until the new one holds the queue. OK.
  */
+struct controller_observed;
 int controller_round(const struct cluster_map *map, const struct controller_config *config,
-                     struct controller_round *round, uint64_t now_ms, bool busy,
-                     struct map_cmd_list *out, enum controller_round_kind *kind,
-                     uint32_t *pending);
+                     struct controller_round *round, const struct controller_observed *seen,
+                     uint64_t now_ms, bool busy, struct map_cmd_list *out,
+                     enum controller_round_kind *kind, uint32_t *pending);
 
 /*
  * (g) The leader's tick: what node.c's controller loop and the simulator

@@ -131,7 +131,12 @@ enum map_move_state map_queue_move_state(const struct cluster_map *map,
 
 bool map_queue_switch_keeps_primary(const struct cluster_map *map, const struct map_queue *q)
 {
-    return q->backups_count < q->replication_factor && broker_up(map, q->primary_id);
+    if (q->backups_count < q->replication_factor)
+        return broker_up(map, q->primary_id);
+    /* A queue without backups, the target its only one (beyond the factor). */
+    const struct map_broker *b = cluster_map_broker(map, q->primary_id);
+    return q->replication_factor == 1 && q->backups_count == 1 && b != NULL &&
+           (b->state == BROKER_STATE_UP || b->state == BROKER_STATE_DRAINING);
 }
 
 enum map_move_state map_queue_switch_state(const struct cluster_map *map,

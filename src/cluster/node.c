@@ -541,10 +541,13 @@ static uint32_t observe_heard(struct cluster_node *node, uint64_t now,
         bool reset = peer != NULL && peer->reset_at_ms != 0 &&
                      peer->reset_at_ms + NODE_HEARTBEAT_MS >= last &&
                      now >= last + NODE_RESET_SILENCE_MS;
+        uint32_t version = peer != NULL ? peer->map_version : 0;
+        if (b->id == node->id)
+            version = (uint32_t)node->map.version;
         heard[n++] = (struct controller_heard){
             .broker_id = b->id, .last_heard_ms = last,
             .connection_reset = (peer != NULL && peer->stopping) || reset,
-            .incarnation = peer != NULL ? peer->incarnation : 0};
+            .incarnation = peer != NULL ? peer->incarnation : 0, .map_version = version};
     }
     return n;
 }

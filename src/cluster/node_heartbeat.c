@@ -147,6 +147,7 @@ static void heartbeat_received(struct cluster_node *node, const struct heartbeat
     peer->stopping = hb->stopping;
     peer->alarms = hb->alarms;
     peer->last_heard_ms = uv_now(node->loop);
+    peer->map_version = hb->map_version;
     fence_heard_note(&peer->lease, peer->last_heard_ms, hb->incarnation != 0, hb->map_version,
                      hb->catching_up, node->map.version);
     node__lease_update(node);

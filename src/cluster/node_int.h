@@ -39,6 +39,7 @@ struct peer {
      * never 0), 0 until heard from a sender that says. */
     uint32_t incarnation;
     uint64_t last_heard_ms;   /* loop clock; 0 = never */
+    uint32_t map_version;     /* its heartbeats': the map it has applied (low bits); 0 = never */
     struct fence_heard lease; /* what its heartbeats count for our lease */
     uint64_t reset_at_ms;     /* our AMQP link to it dropped (EOF or reset) at; 0 = never */
     char name[ADDRESS_SIZE];

@@ -559,6 +559,32 @@ def connect(member):
         member.amqp_host, member.amqp_port, heartbeat=0, blocked_connection_timeout=30))
 
 
+def _traced_and_running(pid):
+    """pid has a tracer and runs (gdb attached, set its breakpoint and let
+    it go on)."""
+    with open("/proc/%d/status" % pid) as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return fields["TracerPid"].strip() != "0" and not fields["State"].strip().startswith("t")
+
+
+def kill_at(member, function):
+    """gdb, attached to member's process, kills it (SIGKILL) the moment it
+    calls function: a broker that dies at one chosen step. Returns the gdb
+    process (its output says where; the caller kills it if the step never
+    came) once the breakpoint is in place."""
+    import shutil
+    if shutil.which("gdb") is None:
+        raise AssertionError("gdb is needed (scripts/setup.sh installs it)")
+    gdb = subprocess.Popen(
+        ["gdb", "-p", str(member.proc.pid), "-batch", "-nx", "-ex", "set pagination off",
+         "-ex", "set confirm off", "-ex", "break " + function, "-ex", "continue", "-ex", "kill"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # (Attached: it stops the process, reads the symbols, continues it.)
+    wait_until(lambda: gdb.poll() is None and _traced_and_running(member.proc.pid), 60,
+               what="gdb attached to %s" % member.name, detail=lambda: gdb.poll())
+    return gdb
+
+
 def read_all(member, queue, redelivered=False):
     """Every message left in queue, in order (basic.get with auto-ack via
     member): the bodies, or (body, redelivered flag) pairs."""

@@ -12,16 +12,14 @@ notification, as clients do) must end with every confirmed message, the
 unacked ones marked redelivered. /api/queues shows where the copies are.
 """
 import os
-import shutil
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import (Cluster, connect, declare_until, queue_info, read_all, run,  # noqa: E402
-                         test, wait_until)
+from clustertest import (Cluster, connect, declare_until, kill_at, queue_info,  # noqa: E402
+                         read_all, run, test, wait_until)
 
 import pika  # noqa: E402
 
@@ -335,30 +333,6 @@ def a_paged_queue_gets_a_new_backup_caught_up_while_it_serves():
                            for m in members.values()), 30, what="all three back")
 
 
-def traced_and_running(pid):
-    """pid has a tracer and runs (gdb attached, set its breakpoint and let
-    it go on)."""
-    with open("/proc/%d/status" % pid) as f:
-        fields = dict(line.split(":", 1) for line in f if ":" in line)
-    return fields["TracerPid"].strip() != "0" and not fields["State"].strip().startswith("t")
-
-
-def kill_at(member, function):
-    """gdb, attached to member's process, kills it (SIGKILL) the moment it
-    calls function; returns the gdb process (its output says where) once
-    the breakpoint is in place."""
-    gdb = subprocess.Popen(
-        ["gdb", "-p", str(member.proc.pid), "-batch", "-nx", "-ex", "set pagination off",
-         "-ex", "set confirm off", "-ex", "break " + function, "-ex", "continue", "-ex", "kill"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    state["gdb"] = gdb
-    # (Attached: it stops the process, reads the symbols, continues it.)
-    wait_until(lambda: gdb.poll() is None and traced_and_running(member.proc.pid), 60,
-               what="gdb attached to %s" % member.name,
-               detail=lambda: gdb.poll())
-    return gdb
-
-
 @test(timeout=240)
 def a_backup_killed_as_it_is_promoted_comes_back_with_its_replica():
     # The map promotes a durable queue's backup; the backup dies before it
@@ -370,8 +344,6 @@ def a_backup_killed_as_it_is_promoted_comes_back_with_its_replica():
     # sim: the --strict seeds 5, 27, 61, 207, 257 and 353). The log is
     # defined as a replica's now, recovered as a queue held until the sync,
     # and served by the broker the present map makes primary.
-    if shutil.which("gdb") is None:
-        raise AssertionError("gdb is needed (scripts/setup.sh installs it)")
     trio_cluster = state["trio"] = Cluster()
     trio = {m.name: m for m in trio_cluster.form(["x", "y", "z"])}
     leader = trio["x"]  # (the first one leads)
@@ -400,7 +372,7 @@ def a_backup_killed_as_it_is_promoted_comes_back_with_its_replica():
     wait_until(lambda: (queue_info(backup, name) or {}).get("replica_messages") == 50, 10,
                what="the backup to hold the 50 messages")
     time.sleep(0.5)  # (its log written: the journal's writer thread)
-    gdb = kill_at(backup, "proxy_stub_take_replica")
+    gdb = state["gdb"] = kill_at(backup, "proxy_stub_take_replica")
     primary.kill()
     out = gdb.communicate(timeout=90)[0]
     assert "proxy_stub_take_replica" in out and "killed" in out, out

@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
 from clustertest import (Cluster, api_authorization, closer, connect,  # noqa: E402
-                         declare_until, metric,
+                         declare_until, kill_at, metric,
                          queue_info, quayd_path, read_all, run, test, wait_until)
 from loadclients import Consumer, Publisher, in_order  # noqa: E402
 
@@ -439,6 +439,49 @@ def a_target_that_dies_ends_the_move():
 @test(timeout=180)
 def a_source_that_dies_fails_over_as_usual():
     move_with_a_death(False)
+
+
+@test(timeout=180)
+def a_queue_without_backups_outlives_a_target_that_dies_at_the_switch():
+    """A queue without backups (x-quay-backups 0) moved: until the switch
+    its target is its only backup. The switch keeps the old primary as an
+    in-sync backup, beyond the factor, until the new primary has applied it
+    (map_queue_switch_keeps_primary, controller_round): a target that dies
+    as the switch commits (gdb kills it at its promotion's first step) is
+    failed over to the old primary, with every message, transient ones too.
+    Before, the old primary let its copy go at the switch, and the queue's
+    transient messages died with a broker they had not depended on (tests/
+    sim --strict seeds 617, 2975, 3799)."""
+    q = declare_until("mv-z", members["a"],
+                      lambda i: i is not None and i["backups"] == [] and i["primary"] != "a",
+                      **{"x-quay-backups": 0})
+    primary = members[queue_info(members["a"], q)["primary"]]
+    target = next(m for m in others(primary.name) if m.name != "a")
+    via = members["a"]
+    conn = connect(via)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(30):
+        ch.basic_publish("", q, b"%d" % i)  # transient
+    conn.close()
+    gdb = kill_at(target, "proxy_stub_take_replica")
+    try:
+        move(via, q, target.name)
+        out = gdb.communicate(timeout=60)[0]
+    finally:
+        if gdb.poll() is None:
+            gdb.kill()
+            gdb.wait()
+    assert "proxy_stub_take_replica" in out and "killed" in out, out
+    assert target.proc.wait(10) == -9
+    wait_until(lambda: (queue_info(via, q) or {}).get("primary") == primary.name and
+               (queue_info(via, q) or {}).get("available"), 20,
+               what="the old primary to take the queue back", detail=lambda: queue_info(via, q))
+    got = [int(body) for body in read_all(via, q)]
+    assert got == list(range(30)), got
+    target.start()
+    wait_until(lambda: all(m.view() and set(m.view().brokers.values()) == {"up"}
+                           for m in members.values()), 30, what="all three back")
 
 
 @test(timeout=180)

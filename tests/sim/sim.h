@@ -82,6 +82,7 @@ struct sim_broker {
      * and, per peer, the one its heartbeats last said. */
     uint32_t incarnation;
     uint32_t heard_incarnation[SIM_SERVERS + 1];
+    uint32_t heard_map_version[SIM_SERVERS + 1]; /* the map its heartbeats say it applied */
     /* What its peers' heartbeats count for its lease (node.c's peer->lease:
      * a heartbeat counts once its map reached the sender's version). */
     struct fence_heard lease_heard[SIM_SERVERS + 1];

@@ -84,10 +84,10 @@
  * heartbeats from maps ahead of its own, fence_heard_note); a backup
  * promoted as it died, serving after its restart what it never adopted
  * (seeds 5 and 27 --strict: its replica's log is kept now,
- * durable_replica_log_open); known and left: a move of a queue without
- * backups whose target dies as the switch commits, its transient messages
- * gone with the old primary's copy (seed 617; sim_data_check.c, --strict
- * fails on it);
+ * durable_replica_log_open); a move of a queue without backups whose
+ * target died as the switch committed, the old primary's copy let go
+ * (seeds 617, 2975 --strict: map_queue_switch_keeps_primary, and the
+ * round leaves a queue alone until its primary applied it);
  * libraft's 30 s snapshot-install timeout leaving a follower behind after
  * a heal (seed 135 with snapshots on; the soak had found it too). In the
  * test fixture only (libraft 0.15's stub I/O; worked around in sim_disk.c

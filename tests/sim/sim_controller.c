@@ -18,6 +18,7 @@ static void hear(struct sim *s, struct sim_broker *b, uint64_t now)
         if (sim_net_reaches(s, j, b->index)) {
             b->last_heard_ms[j + 1] = now;
             b->heard_incarnation[j + 1] = s->brokers[j].incarnation;
+            b->heard_map_version[j + 1] = (uint32_t)s->brokers[j].map.version;
             fence_heard_note(&b->lease_heard[j + 1], now, true,
                              (uint32_t)s->brokers[j].map.version, !s->brokers[j].synced,
                              b->map.version);
@@ -35,8 +36,12 @@ static struct controller_observed observe(struct sim_broker *b, struct controlle
         if (last == 0)
             last = b->leader_since_ms; /* never heard by this process */
         uint32_t incarnation = id <= SIM_SERVERS ? b->heard_incarnation[id] : 0;
+        uint32_t version = id == b->id            ? (uint32_t)b->map.version
+                           : id <= SIM_SERVERS ? b->heard_map_version[id]
+                                                 : 0;
         heard[n++] = (struct controller_heard){.broker_id = id, .last_heard_ms = last,
-                                               .incarnation = incarnation};
+                                               .incarnation = incarnation,
+                                               .map_version = version};
     }
     return (struct controller_observed){.heard = heard, .heard_count = n,
                                         .liveness_in_flight = b->liveness_in_flight,

@@ -57,6 +57,7 @@ static void restart(struct sim *s, unsigned i)
     b->proposals_in_flight = b->liveness_in_flight = b->policy_in_flight = 0;
     memset(b->last_heard_ms, 0, sizeof b->last_heard_ms);
     memset(b->heard_incarnation, 0, sizeof b->heard_incarnation);
+    memset(b->heard_map_version, 0, sizeof b->heard_map_version);
     memset(b->lease_heard, 0, sizeof b->lease_heard);
     b->incarnation += SIM_SERVERS; /* a new process: another incarnation */
     b->leaving_count = b->departed_count = 0;

@@ -169,12 +169,12 @@ static void test_liveness(void **state)
     controller_config_default(&config);
     uint64_t now = 100000;
     struct controller_heard heard[] = {
-        {1, now - 10, false, 0},   /* up, fine */
-        {2, now - 1500, false, 0}, /* up -> suspect */
-        {3, now - 100, true, 0},   /* reset -> down at once */
-        {4, now - 50, false, 0},   /* suspect -> up */
-        {5, now - 20, false, 0},   /* down -> up (restarted) */
-        {9, now - 99999, false, 0} /* unknown broker: ignored */
+        {1, now - 10, false, 0, 0},   /* up, fine */
+        {2, now - 1500, false, 0, 0}, /* up -> suspect */
+        {3, now - 100, true, 0, 0},   /* reset -> down at once */
+        {4, now - 50, false, 0, 0},   /* suspect -> up */
+        {5, now - 20, false, 0, 0},   /* down -> up (restarted) */
+        {9, now - 99999, false, 0, 0} /* unknown broker: ignored */
     };
     struct map_cmd_list out;
     map_cmd_list_init(&out);
@@ -189,8 +189,8 @@ static void test_liveness(void **state)
     /* Time passes without news from 2: suspect -> down at 2 s. Draining
      * brokers stay draining while heard. A clock step back is "just heard". */
     must_apply(&map, map_cmd_broker_state(&c, 1, BROKER_STATE_DRAINING), &c);
-    struct controller_heard later[] = {{1, now + 1900, false, 0}, {2, now - 1500, false, 0},
-                                       {4, now + 5000, false, 0}};
+    struct controller_heard later[] = {{1, now + 1900, false, 0, 0}, {2, now - 1500, false, 0, 0},
+                                       {4, now + 5000, false, 0, 0}};
     assert_int_equal(controller_check_liveness(&map, &config, later, 3, now + 2000, &out), OK);
     assert_int_equal(out.count, 1);
     apply_all(&map, &out);
@@ -1302,6 +1302,71 @@ static void test_leftover_adoptions_and_staged_copies(void **state)
  * command per broker and whose it is; the round is busy while a state is
  * proposed; a state in flight holds liveness back; the follow-up of a
  * committed state is the failover; policies once per change. */
+/* What a round plans for queue q: its set_backups, if any (NULL). */
+static const struct map_cmd *set_backups_of(const struct map_cmd_list *out)
+{
+    for (uint32_t i = 0; i < out->count; i++) {
+        if (memmem(out->items[i].bytes, out->items[i].size, "queue.set_backups", 17) != NULL)
+            return &out->items[i];
+    }
+    return NULL;
+}
+
+/* A queue without backups moved: the switch keeps the old primary, in
+ * sync, beyond the factor, so that a target that dies as the switch
+ * commits does not take the queue's only copy with it (tests/sim --strict
+ * seeds 617, 2975, 3799); the rebalance releases it only once the new
+ * primary's heartbeats say it applied the switch. */
+static void test_a_switch_without_backups_keeps_the_old_primary_until_applied(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    small_map(&map, 3);
+    struct map_cmd c;
+    must_apply(&map, map_cmd_rebalance(&c, MAP_REBALANCE_AUTO), &c);
+    struct map_queue_decl d = {.vhost = B("/"), .name = B("q"), .durable = true,
+                               .primary_id = 1, .replication_factor = 1};
+    must_apply(&map, map_cmd_queue_declare(&c, &d, 1), &c);
+    struct map_queue *q = map.queues[0];
+    must_apply(&map, map_cmd_queue_move(&c, B("/"), B("q"), q->epoch, 2), &c);
+    uint32_t two[1] = {2};
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("q"), q->epoch, two, NULL, 1), &c);
+    assert_true(map_queue_switch_keeps_primary(&map, q));
+    must_apply(&map, map_cmd_queue_hand_over(&c, B("/"), B("q"), q->epoch, 2), &c);
+    assert_int_equal(q->primary_id, 2);
+    assert_int_equal(q->backups_count, 1);
+    assert_true(map_queue_backup_in_sync(q, 1));
+    /* The new primary's heartbeats still name a map from before. */
+    struct controller_heard heard[3];
+    for (uint32_t i = 0; i < 3; i++)
+        heard[i] = (struct controller_heard){.broker_id = i + 1, .last_heard_ms = 10000,
+                                             .map_version = (uint32_t)map.version};
+    heard[1].map_version = (uint32_t)q->owned_since - 1;
+    struct controller_observed seen = {.heard = heard, .heard_count = 3};
+    struct controller_config config;
+    controller_config_default(&config);
+    struct controller_round round;
+    memset(&round, 0, sizeof round);
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    enum controller_round_kind kind;
+    uint32_t pending = 0;
+    uint64_t now = 10000;
+    for (int i = 0; i < 3; i++, now += CONTROLLER_REBALANCE_SETTLE_MS) {
+        controller_round(&map, &config, &round, &seen, now, false, &out, &kind, &pending);
+        assert_null(set_backups_of(&out)); /* kept */
+    }
+    assert_true(pending > 0); /* (the round comes back to it) */
+    /* Applied: released. */
+    heard[1].map_version = (uint32_t)q->owned_since;
+    controller_round(&map, &config, &round, &seen, now, false, &out, &kind, &pending);
+    assert_non_null(set_backups_of(&out));
+    assert_int_equal(apply_all(&map, &out), 0);
+    assert_int_equal(q->backups_count, 0);
+    map_cmd_list_free(&out);
+    cluster_map_free(&map);
+}
+
 static void test_leader_tick(void **state)
 {
     (void)state;
@@ -1480,6 +1545,7 @@ int main(void)
         cmocka_unit_test(test_transient_only_queue_taken_over_by_its_backup),
         cmocka_unit_test(test_adopted_said_once_synced),
         cmocka_unit_test(test_leftover_adoptions_and_staged_copies),
+        cmocka_unit_test(test_a_switch_without_backups_keeps_the_old_primary_until_applied),
         cmocka_unit_test(test_leader_tick),
         cmocka_unit_test(test_restart_leaves_in_sync_before_any_failover),
     };
