@@ -430,11 +430,50 @@ static void lazy_placement(struct placement *p, bool *placed, const struct clust
     *placed = true;
 }
 
+/* Whether the queue's primary has applied the change that made it so
+ * (controller_round). Unknown (not heard, or no seen): settled. */
+static bool primary_settled(const struct controller_observed *seen, const struct map_queue *q)
+{
+    for (uint32_t i = 0; seen != NULL && i < seen->heard_count; i++) {
+        const struct controller_heard *h = &seen->heard[i];
+        if (h->broker_id == q->primary_id)
+            return h->map_version == 0 || (int32_t)(h->map_version - (uint32_t)q->owned_since) >= 0;
+    }
+    return true;
+}
+
+/* A switch kept the old primary of a queue without backups beyond the
+ * factor (map_queue_switch_keeps_primary): it goes once the new primary
+ * has applied the switch, whatever the rebalance mode. (Such a queue has
+ * a backup outside a move for no other reason: a move's target joins
+ * with move_to set, and the copy a move adds first to keep the factor,
+ * add_move_backup, is for factors above 1.) */
+static bool release_surplus(const struct map_queue *q, const struct controller_observed *seen,
+                            struct map_cmd_list *out)
+{
+    if (q->replication_factor != 1 || q->backups_count == 0 || q->move_to != BROKER_ID_NONE ||
+        q->move_from != BROKER_ID_NONE || !q->available || !primary_settled(seen, q))
+        return false;
+    struct map_cmd cmd;
+    push(out, map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, q->epoch, NULL, 0), &cmd);
+    return true;
+}
+
+static void repair(const struct cluster_map *map, const struct controller_config *config,
+                   const struct controller_observed *seen, struct map_cmd_list *out);
+
 int controller_repair(const struct cluster_map *map, const struct controller_config *config,
                       struct map_cmd_list *out)
 {
     ASSERT(map != NULL);
     ASSERT(out != NULL);
+    repair(map, config, NULL, out);
+    return OK;
+}
+
+static void repair(const struct cluster_map *map, const struct controller_config *config,
+                   const struct controller_observed *seen, struct map_cmd_list *out)
+{
     uint32_t usable = usable_brokers(map);
     struct placement p;
     bool placed = false;
@@ -445,6 +484,8 @@ int controller_repair(const struct cluster_map *map, const struct controller_con
             finish_backup_move(q, out);
             continue;
         }
+        if (!broker_down(map, q->primary_id) && release_surplus(q, seen, out))
+            continue;
         if (!broker_down(map, q->primary_id) && q->available &&
             map_queue_move_state(map, q) == MAP_MOVE_NEEDS_BACKUP) {
             lazy_placement(&p, &placed, map, config);
@@ -498,7 +539,6 @@ int controller_repair(const struct cluster_map *map, const struct controller_con
     }
     if (placed)
         placement_free(&p);
-    return OK;
 }
 
 /* ---- (f) forgetting a dead broker ------------------------------------------ */
@@ -694,18 +734,6 @@ static bool backup_move_step(const struct cluster_map *map, const struct placeme
         ids[n++] = m->to_id; /* no room for both, or from holds nothing: swapped */
     push(out, map_cmd_queue_set_backups(&cmd, q->vhost->name, q->name, q->epoch, ids, n), &cmd);
     return false;
-}
-
-/* Whether the queue's primary has applied the change that made it so
- * (controller_round). Unknown (not heard, or no seen): settled. */
-static bool primary_settled(const struct controller_observed *seen, const struct map_queue *q)
-{
-    for (uint32_t i = 0; seen != NULL && i < seen->heard_count; i++) {
-        const struct controller_heard *h = &seen->heard[i];
-        if (h->broker_id == q->primary_id)
-            return h->map_version == 0 || (int32_t)(h->map_version - (uint32_t)q->owned_since) >= 0;
-    }
-    return true;
 }
 
 /* One round of moves: every planned move's next step (mandatory ones only:
@@ -946,7 +974,7 @@ int controller_round(const struct cluster_map *map, const struct controller_conf
         return OK;
     if (now_ms - round->repaired_ms >= CONTROLLER_REPAIR_EVERY_MS) {
         round->repaired_ms = now_ms;
-        controller_repair(map, config, out);
+        repair(map, config, seen, out);
         if (out->count > 0) {
             *kind = CONTROLLER_ROUND_REPAIR;
             return OK;

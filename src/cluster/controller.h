@@ -232,9 +232,9 @@ enum controller_round_kind {
  * in progress) say what it did, for the caller's log. seen (or NULL: all
  * settled): the drain and the rebalance leave alone a queue whose primary
  * has not yet applied the change that made it so (its heartbeats' map
- * version below the queue's owned_since): a switch that kept the old
- * primary beyond the factor (map_queue_switch_keeps_primary) keeps it
- * until the new one holds the queue. OK.
+ * version below the queue's owned_since), and the repair releases the old
+ * primary that a switch kept beyond the factor of a queue without backups
+ * (map_queue_switch_keeps_primary) only once it has. OK.
  */
 struct controller_observed;
 int controller_round(const struct cluster_map *map, const struct controller_config *config,

@@ -307,11 +307,11 @@ bool map_queue_backup_in_sync(const struct map_queue *queue, uint32_t broker_id)
  * broker is up (not draining, not suspect); and, beyond the factor, for a
  * queue without backups (the move's target its only one) whose old
  * primary is up or draining, so that a target that dies as the switch
- * commits does not take the queue's only copy with it: the drain and the
- * rebalance release it once the new primary has applied the switch
- * (controller_round). Its copy is the queue itself, so it is in sync at
- * the switch with no catch-up (cluster/mirror.c turns the queue into its
- * replica). */
+ * commits does not take the queue's only copy with it: the repair
+ * releases it once the new primary has applied the switch, and the drain
+ * and the rebalance do not touch the queue before (controller_round). Its
+ * copy is the queue itself, so it is in sync at the switch with no
+ * catch-up (cluster/mirror.c turns the queue into its replica). */
 bool map_queue_switch_keeps_primary(const struct cluster_map *map,
                                     const struct map_queue *queue);
 /* Where a planned move of a queue (map_queue.move_to, a primary move)
