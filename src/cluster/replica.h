@@ -93,7 +93,8 @@ void replica_verify_encode(const struct replica_digest *d, uint8_t out[REPLICA_V
 uint32_t replica_count(const struct replica *replica);   /* NULL: 0 */
 bool replica_logged(const struct replica *replica);     /* it has a log; NULL: false */
 /* The journal closes (a shutdown): the log is left as it is on disk (the
- * next start deletes it, as no definition names it). NULL is fine. */
+ * next start recovers it as a replica's: durable_replica_log_open). NULL
+ * is fine. */
 void replica_forget_log(struct replica *replica);
 uint32_t replica_dedup_count(const struct replica *replica); /* ids remembered; NULL: 0 */
 
