@@ -72,6 +72,8 @@ static void reserve(struct json *json, size_t n)
 
 static void put(struct json *json, const void *p, size_t n)
 {
+    if (n == 0)
+        return; /* (an empty text: its buffer may not exist yet, nor p) */
     reserve(json, n);
     memcpy(json->data + json->size, p, n);
     json->size += n;
