@@ -72,8 +72,12 @@ def place(via, prefix, owner, count):
             status, body = via.api_call("POST", "/api/cluster/move", json.dumps(
                 {"vhost": "/", "queue": name, "to": owner}).encode(), timeout=5)
             assert status == 202, (status, body)
-            wait_until(lambda: queue_info(via, name)["primary"] == owner, 20,
-                       what="%s moved to %s" % (name, owner))
+            # (The switch keeps the old primary beyond the factor until the
+            # new one applied it: map_queue_switch_keeps_primary. Until it
+            # is released it holds what is published, in its own log.)
+            wait_until(lambda: queue_info(via, name)["primary"] == owner and
+                       queue_info(via, name)["backups"] == [], 20,
+                       what="%s moved to %s, its old primary released" % (name, owner))
             info = queue_info(via, name)
         if info and info["primary"] == owner:
             names.append(name)
@@ -564,7 +568,9 @@ def a_taker_restarted_before_its_copy_was_synced_loses_nothing():
     log of: the queue.take_over makes them real and t adopts them anew,
     from the copies it had staged in its adopted/ directory (o's directory
     has none left). Two were t's before they moved to o: its restart
-    recovers them from its own (empty) logs and resumes their adoption.
+    recovers them from its own (empty) logs and resumes their adoption, or,
+    where its log became its replica's at the switch (kept until o applied
+    it: map_queue_switch_keeps_primary), drops that and adopts them anew.
     Every confirmed message is served. (Before, t read o's directory only
     for the first two, did not adopt the other two at all, and served all
     four empty; the staged copies stayed, unread.)"""
