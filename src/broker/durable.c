@@ -506,11 +506,12 @@ static void replay_queue(struct replay *r, struct vhost *vhost, struct bytes nam
     }
     bool replica = get_bool(value, "replica");
     if (replica && !r->broker->config.clustered) {
-        /* A backup's log, and no cluster to say whose queue it is now. */
+        /* A backup's log, and no cluster to say whose queue it is now.
+         * The undefine frees the entry name and value point into: last. */
         uint8_t key[KEY_MAX];
+        r->dropped++;
         journal_undefine(r->broker->durable.journal, JOURNAL_DEF_QUEUE,
                          name_key(key, vhost->name, name));
-        r->dropped++;
         return;
     }
     struct queue *queue = vhost_queue_declare(vhost, name, true, false,
