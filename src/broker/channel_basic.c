@@ -703,6 +703,21 @@ static void send_get_empty(struct channel *ch)
     channel__send(ch, &empty);
 }
 
+static void handle_get(struct channel *ch, const struct method *m);
+
+/* The stand-in asked was replaced meanwhile (this broker is the queue's
+ * primary now: its backup promoted) or deleted: the get is asked again by
+ * name, of whatever the vhost holds now, as one broker would have
+ * answered it. */
+static void get_again(struct channel *ch, const struct queue *stub, bool no_ack)
+{
+    struct method m = {.id = METHOD_BASIC_GET};
+    m.basic_get.queue = stub->name;
+    m.basic_get.no_ack = no_ack;
+    if (ch->state == CHANNEL_STATE_OPEN)
+        handle_get(ch, &m);
+}
+
 /* The primary answered a basic.get made through a stand-in. */
 static void on_remote_get(void *ctx, struct queue *queue, uint16_t reply_code,
                           struct bytes reply_text, struct queue_entry *entry,
@@ -715,14 +730,14 @@ static void on_remote_get(void *ctx, struct queue *queue, uint16_t reply_code,
         send_get_ok(ch, queue, *entry, no_ack, message_count);
     else if (reply_code == REPLY_SUCCESS)
         send_get_empty(ch);
+    else if (reply_code == 0 && queue->deleted)
+        get_again(ch, queue, no_ack);
     else if (reply_code == 0)
         channel__fail_unreachable(ch, queue, METHOD_BASIC_GET);
     else /* gone at its primary (our map has not heard yet), or locked */
         channel__fail_relayed(ch, reply_code, METHOD_BASIC_GET, reply_text);
     queue_unref(queue);
 }
-
-static void handle_get(struct channel *ch, const struct method *m);
 
 /* The queue stood still for a handover: the get is asked again, by name,
  * where the queue is now (here, resumed; or at its new primary through

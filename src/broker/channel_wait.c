@@ -275,6 +275,39 @@ static void delete_gone(struct channel *ch, struct queue *stub)
         ch->cluster_wait->gone_ok = true;
 }
 
+/* The stand-in asked was replaced meanwhile (this broker is the queue's
+ * primary now: its backup promoted) or deleted: the method is asked again
+ * by name, of whatever the vhost holds now, as one broker would have
+ * answered it. The stand-in's own properties stand for a declare's: they
+ * passed its equivalence check. */
+static void query_again(struct channel *ch, const struct queue *stub, uint32_t method_id)
+{
+    struct method m = {.id = method_id};
+    if (method_id == METHOD_QUEUE_DECLARE) {
+        m.queue_declare.queue = stub->name;
+        m.queue_declare.passive = ch->remote_passive;
+        m.queue_declare.durable = stub->durable;
+        m.queue_declare.exclusive = stub->exclusive;
+        m.queue_declare.auto_delete = stub->auto_delete;
+        m.queue_declare.no_wait = ch->remote_no_wait;
+        m.queue_declare.arguments = (struct table){stub->arguments.ptr,
+                                                   (uint32_t)stub->arguments.len};
+    } else if (method_id == METHOD_QUEUE_PURGE) {
+        m.queue_purge.queue = stub->name;
+        m.queue_purge.no_wait = ch->remote_no_wait;
+    } else if (method_id == METHOD_QUEUE_DELETE) {
+        m.queue_delete.queue = stub->name;
+        m.queue_delete.if_unused = ch->remote_if_unused;
+        m.queue_delete.if_empty = ch->remote_if_empty;
+        m.queue_delete.no_wait = ch->remote_no_wait;
+    } else {
+        ASSERT(method_id == METHOD_QUEUE_QUAY_COUNTS);
+        m.queue_quay_counts.queue = stub->name;
+    }
+    if (ch->state == CHANNEL_STATE_OPEN)
+        channel__handle_queue(ch, &m);
+}
+
 static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes text,
                      const struct queue_remote_counts *counts)
 {
@@ -282,7 +315,11 @@ static void on_query(void *ctx, struct queue *queue, uint16_t code, struct bytes
     struct channel *ch = ctx;
     uint32_t method_id = ch->remote_method;
     channel__remote_op_done(ch, queue);
-    if (code == REPLY_NOT_FOUND && method_id == METHOD_QUEUE_DECLARE && !ch->remote_passive) {
+    if (code == 0 && queue->deleted && method_id != METHOD_BASIC_CANCEL &&
+        method_id != METHOD_CHANNEL_CLOSE) {
+        query_again(ch, queue, method_id);
+    } else if (code == REPLY_NOT_FOUND && method_id == METHOD_QUEUE_DECLARE &&
+               !ch->remote_passive) {
         redeclare(ch, queue);
     } else if (code == REPLY_NOT_FOUND && method_id == METHOD_QUEUE_DELETE) {
         delete_gone(ch, queue);

@@ -83,8 +83,9 @@ struct queue_remote_op {
 };
 
 /* How long a request waits for its primary's link to come up (after a
- * restart, links reconnect after the brokers caught up): then it is
- * answered as unreachable. */
+ * restart, links reconnect after the brokers caught up; after a primary's
+ * death, until the map names its successor): then it is answered as
+ * unreachable. */
 #define PROXY_OP_WAIT_MS 5000
 
 /* A getter (the uplink of a stand-in's basic.get and passive declares) is
@@ -321,6 +322,8 @@ static void on_uplink_cancelled(void *ctx, struct bytes consumer_tag)
 static void on_get_reply(void *ctx, uint64_t tag, bool redelivered, uint32_t message_count,
                          struct message *message);
 static void fail_ops(struct uplink *u, uint16_t code, struct bytes text);
+static void fail_first_op(struct uplink *u, uint16_t code, struct bytes text);
+static void ask_again(struct uplink *u);
 static void uplink_closed(struct uplink *u, uint16_t code, struct bytes text);
 static void on_query_reply(void *ctx, const struct method *m);
 
@@ -349,7 +352,9 @@ static void uplink_closed(struct uplink *u, uint16_t code, struct bytes text)
     u->outstanding = 0;
     uplink_forget_releases(u);
     u->busy = true;
-    fail_ops(u, code, text);
+    if (code != 0)
+        fail_first_op(u, code, text); /* the request the primary refused */
+    ask_again(u); /* the others: a lost link is not their answer */
     u->busy = false;
     if (u->attaching && u->consumer) {
         /* The primary refused the consume (exclusive use, ...): the local
@@ -386,7 +391,7 @@ static const struct link_channel_ops uplink_ops_template = {
 static struct uplink *uplink_open(struct proxy_stub *stub)
 {
     struct member_peer *peer = member_peer(stub->member, stub->primary_id);
-    if (peer == NULL || !peer->up || !stub->available)
+    if (peer == NULL || !peer->up || !stub->available || stub->queue->deleted)
         return NULL;
     struct uplink *u = calloc(1, sizeof *u);
     ASSERT(u != NULL);
@@ -817,22 +822,69 @@ static void on_query_reply(void *ctx, const struct method *m)
     free(op);
 }
 
-/* The getter's channel closed: the first op caused it (code, text); the
- * others could not be asked (code 0). */
+static void answer_op(struct queue *queue, struct queue_remote_op *op, uint16_t code,
+                      struct bytes text)
+{
+    if (op->cancelled)
+        return;
+    if (op->kind == PROXY_OP_GET)
+        op->get_done(op->ctx, queue, code, text, NULL, 0);
+    else
+        op->query_done(op->ctx, queue, code, text, &(struct queue_remote_counts){0});
+}
+
+/* Every request on u not answered yet gets code (0: unreachable). */
 static void fail_ops(struct uplink *u, uint16_t code, struct bytes text)
 {
-    struct queue *queue = u->stub->queue;
     while (!list_empty(&u->ops)) {
         struct queue_remote_op *op =
             CONTAINER_OF(list_first(&u->ops), struct queue_remote_op, link);
         list_remove(&op->link);
-        if (!op->cancelled && op->kind == PROXY_OP_GET)
-            op->get_done(op->ctx, queue, code, text, NULL, 0);
-        else if (!op->cancelled)
-            op->query_done(op->ctx, queue, code, text, &(struct queue_remote_counts){0});
-        code = 0;
-        text = BYTES_LIT("");
+        answer_op(u->stub->queue, op, code, text);
         free(op);
+    }
+}
+
+/* The getter's channel was closed by its primary: the first request not
+ * answered caused it (code, text). */
+static void fail_first_op(struct uplink *u, uint16_t code, struct bytes text)
+{
+    struct list_node *first = list_first(&u->ops);
+    if (first == NULL)
+        return;
+    struct queue_remote_op *op = CONTAINER_OF(first, struct queue_remote_op, link);
+    list_remove(&op->link);
+    answer_op(u->stub->queue, op, code, text);
+    free(op);
+}
+
+/* u's channel is gone with requests on it not answered: the link to the
+ * primary fell, a failover closed it, or the primary refused another
+ * request on it. On one broker they would have had their answers, so they
+ * are not answered "unreachable" now: they go back to the stand-in's
+ * waiting requests, ahead of those (asked before them), and are asked
+ * again where the map names the primary once it can be reached
+ * (resume_waiting_ops: at once, on the next tick, when the link comes up,
+ * or when the map moves the queue), PROXY_OP_WAIT_MS at most. Asked twice
+ * is safe: a get the first primary served is unacked on a channel gone
+ * (the new primary redelivers it), a passive declare or counts only
+ * reads, and a purge repeated removes nothing the first one left. */
+static void ask_again(struct uplink *u)
+{
+    struct proxy_stub *stub = u->stub;
+    uint64_t deadline = uv_now(stub->member->broker->loop) + PROXY_OP_WAIT_MS;
+    struct list_node *at = &stub->waiting_ops;
+    while (!list_empty(&u->ops)) {
+        struct queue_remote_op *op =
+            CONTAINER_OF(list_first(&u->ops), struct queue_remote_op, link);
+        list_remove(&op->link);
+        if (op->cancelled) {
+            free(op);
+            continue;
+        }
+        op->deadline_ms = deadline;
+        list_insert_after(at, &op->link);
+        at = &op->link;
     }
 }
 
@@ -855,12 +907,14 @@ static void send_op(struct uplink *u, struct queue_remote_op *op)
     link_send(u->ch, &m);
 }
 
-/* The primary's link is not up (it reconnects, after a restart say): the
- * request waits for it, at most PROXY_OP_WAIT_MS. */
+/* The primary's link is not up (it reconnects, after a restart say, or
+ * the map has yet to name a dead one's successor): the request waits for
+ * it, at most PROXY_OP_WAIT_MS. Not on a stand-in gone from its vhost (the
+ * queue deleted, or real here now): its askers ask by name again. */
 static bool may_wait(const struct proxy_stub *stub)
 {
     struct member_peer *peer = member_peer(stub->member, stub->primary_id);
-    return stub->available && peer != NULL && !peer->up;
+    return stub->available && !stub->queue->deleted && peer != NULL && !peer->up;
 }
 
 static struct queue_remote_op *op_start(struct queue *queue, enum proxy_op_kind kind,
@@ -887,22 +941,20 @@ static struct queue_remote_op *op_start(struct queue *queue, enum proxy_op_kind 
     return op;
 }
 
-static void fail_op(struct queue *queue, struct queue_remote_op *op)
-{
-    if (op->cancelled)
-        return;
-    if (op->kind == PROXY_OP_GET)
-        op->get_done(op->ctx, queue, 0, BYTES_LIT(""), NULL, 0);
-    else
-        op->query_done(op->ctx, queue, 0, BYTES_LIT(""), &(struct queue_remote_counts){0});
-}
-
 /* The waiting requests: sent once the primary can be reached (then), or
  * answered as unreachable past their deadline, or when the queue has no
- * primary any more (all). */
+ * primary any more (all), or the stand-in is gone from its vhost (its
+ * askers ask by name again: channel_wait.c). */
 static void resume_waiting_ops(struct proxy_stub *stub, bool fail_all)
 {
+    if (list_empty(&stub->waiting_ops))
+        return;
     uint64_t now = uv_now(stub->member->broker->loop);
+    fail_all = fail_all || stub->queue->deleted;
+    /* An answer may drop the last reference but ours on a stand-in gone
+     * from its vhost: ours keeps stub alive until we are done. */
+    struct queue *queue = stub->queue;
+    queue_ref(queue);
     while (!list_empty(&stub->waiting_ops)) {
         if (!fail_all && (stub->getter == NULL || stub->getter->ch == NULL))
             stub->getter = uplink_open(stub);
@@ -917,11 +969,12 @@ static void resume_waiting_ops(struct proxy_stub *stub, bool fail_all)
             continue;
         }
         if (!fail_all && now < op->deadline_ms && may_wait(stub))
-            return; /* in order: the first still waits, so do the others */
+            break; /* in order: the first still waits, so do the others */
         list_remove(&op->link);
-        fail_op(stub->queue, op);
+        answer_op(queue, op, 0, BYTES_LIT(""));
         free(op);
     }
+    queue_unref(queue); /* (stub may be gone from here on) */
 }
 
 struct queue_remote_op *proxy_get(struct queue *queue, queue_remote_get_fn done, void *ctx)
@@ -948,10 +1001,9 @@ void proxy_tick(struct member *member)
     uint64_t now = uv_now(member->broker->loop);
     list_for_each_safe(n, &member->stubs) {
         struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);
-        if (!list_empty(&stub->waiting_ops))
-            resume_waiting_ops(stub, false);
         if (stub->getter != NULL && now - stub->getter_used_ms >= PROXY_GETTER_IDLE_MS)
             proxy_stub_release_getter(stub->queue); /* (not if a request is out) */
+        resume_waiting_ops(stub, false); /* (last: it may free a deleted stub) */
     }
 }
 
@@ -1043,8 +1095,10 @@ static void reattach_all(struct proxy_stub *stub)
     }
 }
 
-/* Drops every uplink's channel: their messages go back to the primary. */
-static void detach_all(struct proxy_stub *stub)
+/* Drops every uplink's channel: their messages go back to the primary.
+ * The getter's requests not answered are asked again where the map now
+ * names the primary (again), or answered as unreachable. */
+static void detach_all(struct proxy_stub *stub, bool again)
 {
     list_for_each_safe(n, &stub->uplinks) {
         struct uplink *u = CONTAINER_OF(n, struct uplink, stub_link);
@@ -1058,7 +1112,10 @@ static void detach_all(struct proxy_stub *stub)
         if (stub->getter == u)
             stub->getter = NULL;
         u->busy = true;
-        fail_ops(u, 0, BYTES_LIT(""));
+        if (again)
+            ask_again(u);
+        else
+            fail_ops(u, 0, BYTES_LIT(""));
         u->busy = false;
         uplink_maybe_free(u);
     }
@@ -1124,7 +1181,7 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq, bool pla
          * told (cancel notifications), publishes are nacked. */
         forward__release_held(queue, false);
         resume_waiting_ops(stub, true);
-        detach_all(stub);
+        detach_all(stub, false);
         /* A cancel reaches the client's channel, which may settle (and
          * so free) any uplink: start over after each one. */
         for (bool again = true; again;) {
@@ -1161,7 +1218,7 @@ void proxy_stub_update(struct queue *queue, const struct map_queue *mq, bool pla
         if (planned) {
             retire_all(stub);
         } else {
-            detach_all(stub);
+            detach_all(stub, true); /* (a failover: the new primary answers) */
             reattach_all(stub);
         }
     }

@@ -12,7 +12,9 @@ notification, as clients do) must end with every confirmed message, the
 unacked ones marked redelivered. /api/queues shows where the copies are.
 """
 import os
+import signal
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -331,6 +333,67 @@ def a_paged_queue_gets_a_new_backup_caught_up_while_it_serves():
     primary.start()
     wait_until(lambda: all(m.view() and set(m.view().brokers.values()) == {"up"}
                            for m in members.values()), 30, what="all three back")
+
+
+@test(timeout=120)
+def requests_in_flight_through_stand_ins_outlive_their_primary():
+    """basic.get and a passive queue.declare asked through stand-ins while
+    the queue's primary is frozen (SIGSTOP), which is then killed: on one
+    broker they would be answered, and so they are here, by the promoted
+    backup once the map names it. The third broker's stand-in asks again
+    when its link falls (or the failover moves the queue); the backup's was
+    replaced by the real queue meanwhile, and its channels ask again by
+    name. Before, every one was refused with 404 "its primary broker cannot
+    be reached" the moment the link fell."""
+    c = connect(members["a"])
+    ch = c.channel()
+    ch.queue_declare("inflight", arguments={"x-quay-backups": 1})
+    ch.confirm_delivery()
+    for i in range(10):
+        ch.basic_publish("", "inflight", b"%d" % i)
+    c.close()
+    info = queue_info(members["a"], "inflight")
+    assert len(info["in_sync"]) == 1, info
+    primary, backup = members[info["primary"]], members[info["in_sync"][0]]
+    proxy = next(m for m in members.values() if m.name not in (primary.name, backup.name))
+    askers = [(m, kind) for m in (proxy, backup) for kind in ("get", "declare")]
+    conns = [connect(m) for m, _ in askers]
+    channels = [conn.channel() for conn in conns]
+    answers = {}
+
+    def ask(i):
+        member, kind = askers[i]
+        try:
+            if kind == "get":
+                method, _, body = channels[i].basic_get("inflight", auto_ack=True)
+                answers[i] = int(body) if method is not None else "empty"
+            else:
+                answers[i] = channels[i].queue_declare("inflight",
+                                                       passive=True).method.message_count
+        except Exception as e:  # (the assertion below shows it)
+            answers[i] = "%s: %r" % (type(e).__name__, e)
+    primary.proc.send_signal(signal.SIGSTOP)
+    try:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(askers))]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # asked, unanswered
+        assert answers == {}, answers
+    finally:
+        primary.kill()
+    for t in threads:
+        t.join(30)
+    for conn in conns:
+        if conn.is_open:  # (a refusal closed its channel, not it)
+            conn.close()
+    named = {"%s %s" % (m.name, kind): answers.get(i) for i, (m, kind) in enumerate(askers)}
+    gets = [answers.get(i) for i, (_, kind) in enumerate(askers) if kind == "get"]
+    assert all(isinstance(a, int) for a in answers.values()) and len(answers) == 4, named
+    assert sorted(gets) == [0, 1], named  # each message once, in order
+    assert all(8 <= named["%s declare" % m.name] <= 10 for m in (proxy, backup)), named
+    primary.start()
+    wait_until(lambda: all(m.view() and m.view().brokers.get(primary.name) == "up"
+                           for m in members.values()), 20, what="the old primary back")
 
 
 @test(timeout=240)

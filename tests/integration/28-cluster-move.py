@@ -192,7 +192,6 @@ def move_under_load(to_backup):
                                     max(p.longest for p in pubs) * 1000))
     if dups or not all(in_order(c.got) for c in cons):
         for c in cons:
-            seen = set()
             print("# through %s: %s" % (c.member.name, [b for b in c.got if got.count(b) > 1]))
             print("#   order breaks: %s" % [(a, b) for a, b in zip(c.got, c.got[1:])
                                            if a.rsplit(b"-", 1)[0] == b.rsplit(b"-", 1)[0]
