@@ -1168,17 +1168,33 @@ static void freeze_origins(struct channel *ch, const char *why)
              (unsigned)ch->id, why);
 }
 
+/* A transaction's publish (seq 0: its sink's answers are counted in
+ * tx_remote, not in the confirm fifo) was answered, ok or not: by a
+ * primary elsewhere, or by a queue that held it (a stand-in's for a dead
+ * primary, a paused one's), routed now where it waits for more answers
+ * and for the journal's ticket instead. tx.commit-ok waits for them all. */
+static void tx_answered(struct channel *ch, uint32_t more, bool ok, uint64_t ticket)
+{
+    ASSERT(ch->tx_remote > 0);
+    ch->tx_remote += more;
+    ch->tx_remote--;
+    if (!ok)
+        ch->tx_failed = true;
+    struct broker *broker = ch->connection->broker;
+    if (ticket > ch->tx_ticket)
+        ch->tx_ticket = ticket;
+    if (ch->commit_pending && ch->tx_ticket > durable_synced_ticket(broker))
+        durable_wait_for_sync(broker, &ch->durable_link);
+    channel__commit_check(ch, durable_synced_ticket(broker), 0);
+}
+
 void confirm_sink_answer(struct confirm_sink *sink, uint64_t seq, bool ack)
 {
     struct channel *ch = sink->channel;
     if (ch == NULL || ch->state != CHANNEL_STATE_OPEN)
         return;
-    if (seq == 0) { /* a transaction's publish */
-        ASSERT(ch->tx_remote > 0);
-        ch->tx_remote--;
-        if (!ack)
-            ch->tx_failed = true;
-        channel__commit_check(ch, durable_synced_ticket(ch->connection->broker), 0);
+    if (seq == 0) {
+        tx_answered(ch, 0, ack, 0);
         return;
     }
     struct confirm_wait *wait = sink_wait(ch, seq);
@@ -1209,6 +1225,10 @@ void confirm_sink_routed(struct confirm_sink *sink, uint64_t seq, const struct p
     struct channel *ch = sink->channel;
     if (ch == NULL || ch->state != CHANNEL_STATE_OPEN)
         return;
+    if (seq == 0) {
+        tx_answered(ch, routed->remote, !rejected, routed->ticket);
+        return;
+    }
     struct confirm_wait *wait = sink_wait(ch, seq);
     wait->remote += routed->remote;
     wait->remote--; /* the answer this was */

@@ -67,8 +67,10 @@ void confirm_sink_answer(struct confirm_sink *sink, uint64_t seq, bool ack);
 /* Publish seq's forward became `more` forwards more (a forward naming
  * several queues was split up for a resend): as many more answers come. */
 void confirm_sink_expect(struct confirm_sink *sink, uint64_t seq, uint32_t more);
-/* A parked forward was routed at last: its answer is what routing it
- * gathered (the fsync ticket, the backups' answers owed). */
+/* A parked or held publish (a peer's forward, a client's publish held by
+ * a stand-in or a paused queue) was routed at last: its answer is what
+ * routing it gathered (the fsync ticket, the backups' answers owed).
+ * seq 0: a transaction's publish, which its commit-ok waits for. */
 struct publish_wait;
 void confirm_sink_routed(struct confirm_sink *sink, uint64_t seq, const struct publish_wait *routed,
                          bool rejected);

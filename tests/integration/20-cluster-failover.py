@@ -396,6 +396,58 @@ def requests_in_flight_through_stand_ins_outlive_their_primary():
                            for m in members.values()), 20, what="the old primary back")
 
 
+@test(timeout=120)
+def a_transaction_committed_as_its_primary_dies_commits_once():
+    """tx.commit through the backup and through the third broker while the
+    queue's primary is frozen (SIGSTOP), which is then killed: the publishes
+    the backup's stand-in held are its own when it is promoted, and those
+    the third broker forwarded go to the new primary; both commits are
+    answered commit-ok, and the queue holds each message once. Before, the
+    promoted backup took its held transactional publishes for confirms and
+    failed an assertion (channel.c sink_wait)."""
+    c = connect(members["a"])
+    c.channel().queue_declare("tx-failover", arguments={"x-quay-backups": 1})
+    c.close()
+    info = queue_info(members["a"], "tx-failover")
+    primary = members[info["primary"]]
+    vias = [m for m in members.values() if m is not primary]
+    conns = [connect(m) for m in vias]
+    channels = [conn.channel() for conn in conns]
+    for via, ch in zip(vias, channels):
+        ch.tx_select()
+        for i in range(5):
+            ch.basic_publish("", "tx-failover", b"%s-%d" % (via.name.encode(), i))
+    answers = {}
+
+    def commit(i):
+        try:
+            channels[i].tx_commit()
+            answers[vias[i].name] = "commit-ok"
+        except Exception as e:  # (the assertion below shows it)
+            answers[vias[i].name] = "%s: %r" % (type(e).__name__, e)
+    primary.proc.send_signal(signal.SIGSTOP)
+    try:
+        threads = [threading.Thread(target=commit, args=(i,)) for i in range(len(vias))]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # asked, unanswered
+        assert answers == {}, answers
+    finally:
+        primary.kill()
+    for t in threads:
+        t.join(30)
+    for conn in conns:
+        if conn.is_open:
+            conn.close()
+    assert answers == {m.name: "commit-ok" for m in vias}, answers
+    assert all(m.alive() for m in vias), "a broker died"
+    got = sorted(read_all(vias[0], "tx-failover"))
+    assert got == sorted(b"%s-%d" % (m.name.encode(), i) for m in vias for i in range(5)), got
+    primary.start()
+    wait_until(lambda: all(m.view() and m.view().brokers.get(primary.name) == "up"
+                           for m in members.values()), 20, what="the old primary back")
+
+
 @test(timeout=240)
 def a_backup_killed_as_it_is_promoted_comes_back_with_its_replica():
     # The map promotes a durable queue's backup; the backup dies before it
