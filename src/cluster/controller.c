@@ -131,20 +131,21 @@ static bool same_ids(const uint32_t *a, uint8_t an, const uint32_t *b, uint8_t b
 }
 
 /* The first in-sync backup to promote: one that is up, else one that is
- * at least not known to be down. BROKER_ID_NONE if none. */
+ * draining (alive: it gives its queues away, but holds them), else one
+ * that is at least not known to be down (suspect: fail_over_primary says
+ * when that one waits). BROKER_ID_NONE if none. */
 static uint32_t promotion_candidate(const struct cluster_map *map, const struct map_queue *q)
 {
-    uint32_t fallback = BROKER_ID_NONE;
-    for (uint8_t i = 0; i < q->backups_count; i++) {
-        if (!(q->in_sync_mask & (1u << i)))
-            continue;
-        const struct map_broker *b = cluster_map_broker(map, q->backup_ids[i]);
-        if (b->state == BROKER_STATE_UP)
-            return b->id;
-        if (b->state != BROKER_STATE_DOWN && fallback == BROKER_ID_NONE)
-            fallback = b->id;
+    static const enum broker_state preferred[] = {BROKER_STATE_UP, BROKER_STATE_DRAINING,
+                                                  BROKER_STATE_SUSPECT};
+    for (size_t k = 0; k < sizeof preferred / sizeof preferred[0]; k++) {
+        for (uint8_t i = 0; i < q->backups_count; i++) {
+            const struct map_broker *b = cluster_map_broker(map, q->backup_ids[i]);
+            if ((q->in_sync_mask & (1u << i)) && b->state == preferred[k])
+                return b->id;
+        }
     }
-    return fallback;
+    return BROKER_ID_NONE;
 }
 
 /* The sum of the queues owned over the view's brokers. */
@@ -224,8 +225,19 @@ static void take_over(struct placement *p, const struct map_queue *q, uint32_t t
                                               n), &cmd);
 }
 
-/* out gets the promotion; later the backups that restore the factor. */
-static void fail_over_primary(struct placement *p, const struct map_queue *q,
+/* out gets the promotion; later the backups that restore the factor.
+ * A candidate the leader suspects (silent, not yet down) waits, unless the
+ * primary is gone for good (forgotten: the best copy there will be): it
+ * may have died, and promoting it would depose the primary, which is only
+ * down as far as the leader hears (a cut may hide it) and holds what was
+ * confirmed, for a copy that would come back empty (a transient queue's
+ * replica dies with its process). Within down_after - suspect_after the
+ * candidate is heard again (repair promotes it: the queue is left
+ * available, its primary down) or is down too (then the queue is marked
+ * unavailable, and returns with its primary). Seed 2266 of the simulator:
+ * its primary cut off from a new leader, its one in-sync backup killed 2 s
+ * before, promoted as suspect, back empty. */
+static void fail_over_primary(struct placement *p, const struct map_queue *q, bool forgotten,
                               struct map_cmd_list *out, struct map_cmd_list *later)
 {
     struct map_cmd cmd;
@@ -236,6 +248,9 @@ static void fail_over_primary(struct placement *p, const struct map_queue *q,
         return;
     }
     uint32_t next = promotion_candidate(p->map, q);
+    if (next != BROKER_ID_NONE && !forgotten &&
+        cluster_map_broker(p->map, next)->state == BROKER_STATE_SUSPECT)
+        return;
     if (next != BROKER_ID_NONE && controller_takes_over_with_replica(p->map, q, next)) {
         int s = slot_in(p, next);
         if (s >= 0) {
@@ -298,7 +313,7 @@ int controller_fail_over(const struct cluster_map *map, const struct controller_
             struct map_cmd cmd;
             push(out, map_cmd_queue_delete(&cmd, q->vhost->name, q->name, q->epoch), &cmd);
         } else if (q->primary_id == broker_id) {
-            fail_over_primary(&p, q, out, &later);
+            fail_over_primary(&p, q, false, out, &later);
         } else if (map_queue_has_backup(q, broker_id)) {
             uint32_t ids[CLUSTER_BACKUPS_MAX];
             uint8_t n = refill_backups(&p, q, q->primary_id, ids);
@@ -511,7 +526,7 @@ static void repair(const struct cluster_map *map, const struct controller_config
             continue;
         lazy_placement(&p, &placed, map, config);
         if (primary_down) {
-            fail_over_primary(&p, q, out, out); /* (a sweep: in order) */
+            fail_over_primary(&p, q, false, out, out); /* (a sweep: in order) */
             continue;
         }
         struct map_cmd cmd;
@@ -598,7 +613,7 @@ int controller_forget(const struct cluster_map *map, const struct controller_con
             report->deleted++;
         } else if (q->primary_id == broker_id) {
             if (promotion_candidate(map, q) != BROKER_ID_NONE) {
-                fail_over_primary(&p, q, out, out);
+                fail_over_primary(&p, q, true, out, out);
                 report->promoted++;
             } else if (start_again_empty(&p, q, broker_id, out)) {
                 report->emptied++;

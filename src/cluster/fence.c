@@ -30,6 +30,16 @@ bool fence_backup_restarted(uint32_t known, uint32_t now)
     return known != 0 && now != known;
 }
 
+bool fence_stream_gates(bool in_sync, bool join_asked)
+{
+    return in_sync || join_asked;
+}
+
+bool fence_stream_wanted(bool in_sync, bool join_asked, bool live)
+{
+    return (in_sync && live) || join_asked;
+}
+
 enum fence_push fence_replica_push(uint64_t last_seq, uint64_t last_epoch, uint64_t seq,
                                    uint64_t epoch)
 {

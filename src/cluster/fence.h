@@ -57,6 +57,27 @@ enum fence_push fence_replica_push(uint64_t last_seq, uint64_t last_epoch, uint6
  * restart, as broker.incarnation has it. */
 bool fence_backup_restarted(uint32_t known, uint32_t now);
 
+/* A primary's stream to one backup and its confirms: in_sync, as the
+ * primary's map says; join_asked, the primary asked the map to put it in
+ * sync (it had caught up) and the map has not shown it yet under this
+ * epoch; live, it has everything sent so far, or will in order. It gates
+ * confirms (fence_stream_gates) while the map may promote it: in sync, or
+ * its join asked. A join asked may land whatever happened to the stream
+ * since (a request goes on its way, and is sent again, until applied), so
+ * a stream that fails after its join was asked still gates, and stays in
+ * the set asked for (fence_stream_wanted): its join must land before it
+ * can leave, as any in-sync backup leaves, by a map change the confirms
+ * wait for. (Without this the primary confirmed without it the moment it
+ * failed; the join landed after, and the controller, cut off from the
+ * primary, promoted it without those messages: tests/sim seed 4169.) The
+ * join ends with the epoch (a promotion: set_in_sync is a compare-and-set
+ * on it) and with the backup's process (broker.incarnation leaves a
+ * request for the old one out). */
+bool fence_stream_gates(bool in_sync, bool join_asked);
+/* Whether the in-sync set the primary asks for names it: gating and live,
+ * or its join asked (above); an in-sync stream that failed is left out. */
+bool fence_stream_wanted(bool in_sync, bool join_asked, bool live);
+
 /* The lease: when it ends, given when each of the map's other brokers
  * was last heard (heard[n], 0: never; sorted here, newest first). It
  * lasts lease_ms past the moment the majority-th broker (counting

@@ -58,7 +58,8 @@ struct replica_stream {
     uint32_t incarnation;     /* the backup's process, as the map said when last followed */
     enum stream_state state;
     bool gating;              /* confirms wait for its acks (in sync, or just caught up) */
-    bool join_asked;          /* caught up: the map was asked to put it in sync */
+    bool join_asked;          /* caught up: the map was asked to put it in sync, and has
+                               * not shown it yet (kept if it fails: fence_stream_gates) */
     uint32_t inflight;        /* answers the link owes */
     uint64_t acked_seq;       /* everything up to here is on it (or not for it: below) */
     /* x-quay-replicate "transient" (see transient_only_wanted): decided when
@@ -203,17 +204,21 @@ static void confirm_when_replicated(struct replication *rep, uint64_t seq,
 
 /* ---- one backup's stream ---- */
 
-/* Asks the map for the in-sync set we want: the backups that are live and
- * gate confirms (one that failed is left out: until the map drops it, the
+/* Asks the map for the in-sync set we want (fence_stream_wanted): the
+ * backups that are live and gate confirms, and those whose join we asked
+ * (an in-sync one that failed is left out: until the map drops it, the
  * confirms wait). The whole set each time, so two changes cannot undo one
  * another; asked again by the tick while the map differs. */
 static void ask_in_sync(struct replication *rep)
 {
+    const struct map_queue *mq = cluster_map_queue(member_map(rep->member),
+                                                   rep->queue->vhost->name, rep->queue->name);
     uint32_t ids[CLUSTER_BACKUPS_MAX], incarnations[CLUSTER_BACKUPS_MAX];
     uint8_t n = 0;
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         const struct replica_stream *s = rep->streams[i];
-        if (s->gating && s->state == STREAM_LIVE) {
+        bool in_sync = mq != NULL && map_queue_backup_in_sync(mq, s->backup_id);
+        if (fence_stream_wanted(in_sync, s->join_asked, s->state == STREAM_LIVE)) {
             incarnations[n] = s->incarnation;
             ids[n++] = s->backup_id;
         }
@@ -256,10 +261,9 @@ static void stream_fail(struct replication *rep, struct replica_stream *s, const
     backlog_free(s->backlog); /* the next catch-up takes the queue as it is then */
     s->backlog = NULL;
     s->state = STREAM_FAILED;
-    s->join_asked = false;
     log_queue(rep->queue, why, s->backup_id);
     if (s->gating)
-        ask_in_sync(rep); /* the confirms wait until the map drops it */
+        ask_in_sync(rep); /* the confirms wait until the map drops it (its join first) */
     backups_flow(rep);
 }
 
@@ -874,7 +878,7 @@ static void streams_follow(struct replication *rep, const struct map_queue *mq, 
          * a newer one. It is in step: ask again (the tick does). */
         if (!in_sync && s->state == STREAM_LIVE)
             s->join_asked = true;
-        bool gating = in_sync || (s->join_asked && s->state == STREAM_LIVE);
+        bool gating = fence_stream_gates(in_sync, s->join_asked);
         if (gating && !s->gating)
             s->progress_ms = loop_ms(rep);
         s->gating = gating;
@@ -972,8 +976,9 @@ void replication_attach(struct member *member, struct queue *queue, const struct
                                 "not shared, or a policy): caught up again in full");
             /* A policy change dropped it from the in-sync set already
              * (map_apply.c partial_before): no map change will come to
-             * end its gating, so it ends here and the catch-up starts. */
-            if ((mq->in_sync_mask & (1u << i)) == 0)
+             * end its gating, so it ends here and the catch-up starts
+             * (unless its join was asked: that lands first). */
+            if ((mq->in_sync_mask & (1u << i)) == 0 && !s->join_asked)
                 s->gating = false;
         } else if (!s->transient_only && rep->transient_wanted && s->state == STREAM_LIVE) {
             s->transient_only = true; /* it has everything so far: the new ones suffice */

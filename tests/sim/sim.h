@@ -132,6 +132,7 @@ struct sim {
     uint32_t epochs_count;
     struct sim_data *data;         /* the data path (sim_data.h) */
     uint64_t net_changes;          /* grows with every cut, mend, kill and revive */
+    uint64_t watch_version;        /* --watch: the newest map version printed */
     char failure[512];
     uint64_t trace;                /* a hash of what happened: equal for equal seeds */
     uint64_t applied, proposed, faults;

@@ -126,9 +126,8 @@ static void stream_fail(struct sim *s, unsigned qi, struct sim_copy *c, struct s
         return;
     sim_data_watch(s, qi, "stream to b%u fails (gating %d)", st->backup_id, st->gating);
     st->state = SIM_STREAM_FAILED;
-    st->join_asked = false;
     if (st->gating)
-        ask_in_sync(c); /* the confirms wait until the map drops it */
+        ask_in_sync(c); /* the confirms wait until the map drops it (its join first) */
 }
 
 static bool stream_send(struct sim *s, unsigned p, struct sim_copy *c, struct sim_stream *st,
@@ -264,7 +263,7 @@ static void streams_follow(struct sim *s, const struct sim_broker *b, unsigned q
         }
         if (!in_sync && st->state == SIM_STREAM_LIVE)
             st->join_asked = true;
-        bool gating = in_sync || (st->join_asked && st->state == SIM_STREAM_LIVE);
+        bool gating = fence_stream_gates(in_sync, st->join_asked);
         if (gating && !st->gating)
             st->progress_ms = now_ms(s);
         st->gating = gating;
@@ -566,15 +565,19 @@ void sim_data_restart(struct sim *s, unsigned i)
 }
 
 /* member_set_in_sync: asked of the leader, if it can be reached, when
- * the map's set differs from the one wanted (the live streams that gate
- * confirms); the same set is not asked again within SIM_ASK_RETRY_MS. */
+ * the map's set differs from the one wanted (fence_stream_wanted: the live
+ * streams that gate confirms, and those whose join was asked); the same
+ * set is not asked again within SIM_ASK_RETRY_MS. */
 static void submit_in_sync(struct sim *s, struct sim_broker *b, unsigned qi, struct sim_copy *c,
                            uint64_t now)
 {
+    const struct map_queue *q = map_queue_of(b, qi);
     uint32_t ids[CLUSTER_BACKUPS_MAX], incarnations[CLUSTER_BACKUPS_MAX];
     uint8_t n = 0;
     for (uint8_t i = 0; i < c->streams_count; i++) {
-        if (c->streams[i].gating && c->streams[i].state == SIM_STREAM_LIVE) {
+        bool in_sync = q != NULL && map_queue_backup_in_sync(q, c->streams[i].backup_id);
+        if (fence_stream_wanted(in_sync, c->streams[i].join_asked,
+                                c->streams[i].state == SIM_STREAM_LIVE)) {
             incarnations[n] = c->streams[i].incarnation;
             ids[n++] = c->streams[i].backup_id;
         }
@@ -583,7 +586,6 @@ static void submit_in_sync(struct sim *s, struct sim_broker *b, unsigned qi, str
         now - c->asked_ms < SIM_ASK_RETRY_MS)
         return;
     c->ask = false;
-    const struct map_queue *q = map_queue_of(b, qi);
     if (q == NULL || q->epoch != c->epoch)
         return;
     uint8_t mask = 0;

@@ -120,6 +120,7 @@ struct sim_msg {
     uint8_t via, to;               /* INFLIGHT: the broker it went through, and its target */
     bool consumed;                 /* a consumer acked it at a primary: it may be gone */
     bool restarted_away;           /* transient, on a primary that restarted: gone, as promised */
+    bool copies_died;              /* transient, every copy died with its process (known loss) */
     uint32_t attempt;
     uint64_t retry_ms, confirmed_ms;
 };
@@ -208,7 +209,8 @@ void sim_data_given_up(struct sim *s, unsigned qi);
  * from the replica a restart emptied, promoted by a decision the map took
  * before it knew of the restart (sim_check.c fails a promotion after it
  * knew: broker.incarnation). Unless --strict, what was confirmed before is
- * not checked. */
+ * not checked. With --strict, a message no process alive holds any more
+ * is not checked either (copies_died): two failures beyond the factor. */
 void sim_data_known_loss(struct sim *s, uint32_t id, unsigned qi);
 /* After the heal: every confirmed message not consumed is at its queue's
  * primary. False (with why) while the data path has not settled. */

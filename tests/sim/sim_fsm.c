@@ -87,6 +87,30 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
         printf("  t=%" PRIu64 " b1 applies %s %.*s: %s%s\n", (uint64_t)raft_fixture_time(&s->f),
                map_op_name(change.op), (int)change.name.len, (const char *)change.name.ptr,
                rc == OK ? "ok" : "refused: ", rc == OK ? "" : change.reply_text);
+    if (rc == OK && change.queue != NULL && sim_queue_index(change.queue->name) == sim_watch_queue &&
+        b->map.version > s->watch_version) {
+        /* --watch: each change of the watched queue, once (its first apply). */
+        const struct map_queue *q = change.queue;
+        s->watch_version = b->map.version;
+        char backups[64] = "";
+        for (uint8_t i = 0, n = 0; i < q->backups_count; i++)
+            n += (uint8_t)snprintf(backups + n, sizeof backups - n, "%sb%u%s", i ? " " : "",
+                                   q->backup_ids[i], q->in_sync_mask & (1u << i) ? "*" : "");
+        sim_data_watch(s, (unsigned)sim_watch_queue,
+                       "map v%" PRIu64 " (b%u applies) %s: primary b%u epoch %" PRIu64
+                       " backups [%s] (*: in sync) move_to %u available %d",
+                       b->map.version, b->id, map_op_name(change.op), q->primary_id, q->epoch,
+                       backups, q->move_to, q->available);
+    }
+    if (rc == OK && sim_watch_queue >= 0 && change.op == MAP_OP_BROKER_STATE &&
+        change.changed && b->map.version > s->watch_version) {
+        const struct map_broker *mb = cluster_map_broker(&b->map, change.broker_id);
+        static const char *const states[] = {"up", "suspect", "down", "draining"};
+        s->watch_version = b->map.version;
+        sim_data_watch(s, (unsigned)sim_watch_queue, "map v%" PRIu64 " (b%u applies): b%u is %s",
+                       b->map.version, b->id, change.broker_id,
+                       mb != NULL && mb->state < 4 ? states[mb->state] : "?");
+    }
     if (rc == E_SYNTAX)
         sim_fail(s, "broker %u: a malformed command in the log", b->id);
     if (!cluster_map_verify(&b->map))

@@ -1522,6 +1522,84 @@ static void test_restart_leaves_in_sync_before_any_failover(void **state)
     cluster_map_free(&map);
 }
 
+/* A primary down while its only in-sync backup is suspect (silent, not yet
+ * down): the promotion waits, the queue stays available with its primary,
+ * until the backup is heard again (promoted) or is down too (the queue is
+ * unavailable, back with its primary, which held everything: it may only
+ * have been cut off from the leader). Forgetting the primary promotes the
+ * suspect backup at once (nothing better will come). Seed 2266 of the
+ * simulator: the backup had died, was promoted, and came back empty. */
+static void test_promotion_waits_for_a_suspect_backup(void **state)
+{
+    (void)state;
+    struct controller_config config;
+    controller_config_default(&config);
+    struct map_cmd c;
+    struct map_cmd_list out;
+    map_cmd_list_init(&out);
+    uint32_t two[] = {2};
+    for (int ending = 0; ending < 3; ending++) {
+        struct cluster_map map;
+        small_map(&map, 4);
+        declare(&map, "t", 2, false, (struct table){NULL, 0}); /* 1, backup 2 */
+        const struct map_queue *q = cluster_map_queue(&map, B("/"), B("t"));
+        must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("t"), q->epoch, two, NULL, 1),
+                   &c);
+        uint64_t epoch = q->epoch;
+        must_apply(&map, map_cmd_broker_state(&c, 2, BROKER_STATE_SUSPECT), &c);
+        must_apply(&map, map_cmd_broker_state(&c, 1, BROKER_STATE_DOWN), &c);
+        if (ending == 2) { /* forgotten */
+            struct controller_forget_report report;
+            assert_int_equal(controller_forget(&map, &config, 1, &out, &report), OK);
+            assert_int_equal(report.promoted, 1);
+            assert_int_equal(apply_all(&map, &out), 0);
+            q = cluster_map_queue(&map, B("/"), B("t"));
+            assert_int_equal(q->primary_id, 2);
+            assert_null(cluster_map_broker(&map, 1));
+            cluster_map_free(&map);
+            continue;
+        }
+        assert_int_equal(controller_after_state(&map, &config, 1, &out), OK);
+        assert_int_equal(apply_all(&map, &out), 0);
+        assert_int_equal(controller_repair(&map, &config, &out), OK);
+        assert_int_equal(apply_all(&map, &out), 0);
+        q = cluster_map_queue(&map, B("/"), B("t"));
+        assert_int_equal(q->primary_id, 1); /* waits */
+        assert_true(q->available);
+        assert_int_equal(q->epoch, epoch);
+        if (ending == 0) {
+            /* Heard again: the sweep promotes it. */
+            must_apply(&map, map_cmd_broker_state(&c, 2, BROKER_STATE_UP), &c);
+            assert_int_equal(controller_repair(&map, &config, &out), OK);
+            assert_int_equal(apply_all(&map, &out), 0);
+            assert_int_equal(q->primary_id, 2);
+            assert_true(q->available);
+            assert_int_equal(q->epoch, epoch + 1); /* promoted (then a new backup) */
+            assert_int_equal(q->backups_count, 1);
+            assert_int_not_equal(q->backup_ids[0], 1);
+        } else {
+            /* Down too: unavailable with its primary, which brings it back. */
+            must_apply(&map, map_cmd_broker_state(&c, 2, BROKER_STATE_DOWN), &c);
+            assert_int_equal(controller_after_state(&map, &config, 2, &out), OK);
+            assert_int_equal(apply_all(&map, &out), 0);
+            assert_int_equal(controller_repair(&map, &config, &out), OK);
+            assert_int_equal(apply_all(&map, &out), 0);
+            assert_int_equal(q->primary_id, 1);
+            assert_false(q->available);
+            must_apply(&map, map_cmd_broker_state(&c, 1, BROKER_STATE_UP), &c);
+            assert_int_equal(controller_after_state(&map, &config, 1, &out), OK);
+            assert_int_equal(apply_all(&map, &out), 0);
+            assert_int_equal(q->primary_id, 1);
+            assert_true(q->available);
+        }
+        assert_int_equal(controller_repair(&map, &config, &out), OK);
+        apply_all(&map, &out);
+        assert_consistent(&map);
+        cluster_map_free(&map);
+    }
+    map_cmd_list_free(&out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1548,6 +1626,7 @@ int main(void)
         cmocka_unit_test(test_a_switch_without_backups_keeps_the_old_primary_until_applied),
         cmocka_unit_test(test_leader_tick),
         cmocka_unit_test(test_restart_leaves_in_sync_before_any_failover),
+        cmocka_unit_test(test_promotion_waits_for_a_suspect_backup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

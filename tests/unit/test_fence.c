@@ -209,6 +209,26 @@ static void lease_ignores_a_sender_catching_up(void **state)
     assert_int_equal(fence_heard_ms(&h, 50), 300);
 }
 
+/* A backup's stream gates confirms while the map may promote it: in sync,
+ * or its join asked, failed since or not (tests/sim seed 4169: the primary
+ * confirmed without a backup whose stream failed just after its join was
+ * asked; the join landed after, and the controller promoted it without
+ * those messages). The set asked for keeps a join until the map shows it,
+ * and leaves out an in-sync stream that failed (the map drops it). */
+static void stream_gates_while_the_map_may_promote_it(void **state)
+{
+    (void)state;
+    assert_false(fence_stream_gates(false, false)); /* being caught up, or failed before its join */
+    assert_true(fence_stream_gates(true, false));
+    assert_true(fence_stream_gates(false, true)); /* live or failed: its join may land */
+    assert_true(fence_stream_wanted(true, false, true));
+    assert_false(fence_stream_wanted(true, false, false)); /* failed: to be dropped */
+    assert_true(fence_stream_wanted(false, true, true));
+    assert_true(fence_stream_wanted(false, true, false)); /* the join lands, then it leaves */
+    assert_false(fence_stream_wanted(false, false, true));
+    assert_false(fence_stream_wanted(false, false, false));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -222,6 +242,7 @@ int main(void)
         cmocka_unit_test(lease_counts_a_heartbeat_once_our_map_reached_its_senders),
         cmocka_unit_test(lease_ignores_a_sender_catching_up),
         cmocka_unit_test(backup_restarted_only_on_a_new_process),
+        cmocka_unit_test(stream_gates_while_the_map_may_promote_it),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
