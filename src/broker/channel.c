@@ -1110,8 +1110,9 @@ void channel__commit_check(struct channel *ch, uint64_t synced, int status)
         channel__fail(ch, REPLY_INTERNAL_ERROR, METHOD_TX_COMMIT,
                       "the journal failed: the transaction may not be on disk");
     } else if (failed) {
-        channel__fail(ch, REPLY_INTERNAL_ERROR, METHOD_TX_COMMIT,
-                      "a queue's primary broker did not take a publish of the transaction");
+        /* A publish refused by a queue (reject-publish), here or at its
+         * primary elsewhere, or that no primary took: RabbitMQ's answer. */
+        channel__fail(ch, REPLY_PRECONDITION_FAILED, METHOD_TX_COMMIT, "partial tx completion");
     } else {
         struct method ok = {.id = METHOD_TX_COMMIT_OK};
         channel__send(ch, &ok);
@@ -1308,8 +1309,10 @@ void channel__route_now(struct channel *ch, struct message *message, bool mandat
         if (wait.ticket > ch->tx_ticket)
             ch->tx_ticket = wait.ticket; /* tx.commit-ok waits for it */
         ch->tx_remote += wait.remote;
-        if (unavailable > 0 && !mandatory)
-            ch->tx_failed = true; /* a queue with no primary now: the commit fails */
+        /* A queue refused it (reject-publish), or has no primary now: the
+         * commit fails, as RabbitMQ's does ("partial tx completion"). */
+        if (summary.rejected > 0 || (unavailable > 0 && !mandatory))
+            ch->tx_failed = true;
         return;
     }
     confirm_publish(ch, wait.ticket, wait.remote, rejected);
@@ -1428,7 +1431,12 @@ void channel__route_forward(struct channel *ch, struct message *message)
         bool relay = stale && queue != NULL && queue_is_remote(queue) &&
                      cluster->forward_relays(ctx, ch->vhost->name, name, (uint64_t)epoch);
         if (stale && !relay) {
-            rejected = true;
+            /* Deleted since the sender routed to it (our map has passed
+             * its epoch without it): as on one broker, routed to a queue
+             * that then went, confirmed. Else not ours: a nack, and the
+             * sender sends it again where its map says. */
+            rejected = rejected || queue != NULL || cluster == NULL ||
+                       !cluster->forward_gone(ctx, ch->vhost->name, name, (uint64_t)epoch);
             continue;
         }
         if (!forward_to(ch, queue, message, &wait))

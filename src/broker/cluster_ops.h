@@ -137,7 +137,8 @@ struct cluster_ops {
     /* A forward for (vhost, queue) at epoch: may it be enqueued here (we
      * are its primary at that epoch)? Is our map behind the sender's (then
      * it is parked until ours has caught up)? Does our stand-in relay it
-     * (the queue was handed over since)? */
+     * (the queue was handed over since)? Was the queue deleted since
+     * (forward_gone: routed to a queue that then went, confirmed)? */
     bool (*forward_fresh)(void *cluster, struct bytes vhost, struct bytes queue,
                           uint64_t epoch);
     bool (*map_behind)(void *cluster, struct bytes vhost, struct bytes queue, uint64_t epoch);
@@ -146,6 +147,7 @@ struct cluster_ops {
                          bool dead_lettered);
     bool (*forward_relays)(void *cluster, struct bytes vhost, struct bytes queue,
                            uint64_t epoch);
+    bool (*forward_gone)(void *cluster, struct bytes vhost, struct bytes queue, uint64_t epoch);
     /* A primary's replication to us, a backup: false if refused. origin:
      * the forward the primary recorded it as (stream 0: none; origin.h). */
     bool (*replica_push)(void *cluster, struct vhost *vhost, struct bytes name, uint64_t epoch,

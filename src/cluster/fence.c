@@ -15,6 +15,12 @@ bool fence_forward_relays(const struct map_queue *q, uint32_t self_id, uint64_t 
     return q != NULL && q->primary_id != self_id && epoch < q->epoch && q->available;
 }
 
+bool fence_forward_gone(const struct cluster_map *map, const struct map_queue *q,
+                        uint64_t epoch)
+{
+    return q == NULL && epoch <= map->version;
+}
+
 bool fence_map_behind(const struct cluster_map *map, const struct map_queue *q, uint64_t epoch)
 {
     return q != NULL ? epoch > q->epoch : epoch > map->version;

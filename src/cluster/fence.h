@@ -21,6 +21,13 @@ bool fence_forward_fresh(const struct map_queue *q, uint32_t self_id, uint64_t e
  * broker (the sender's map lags ours): relayed rather than refused. */
 bool fence_forward_relays(const struct map_queue *q, uint32_t self_id, uint64_t epoch);
 
+/* A forward at epoch for a queue this map no longer has (q NULL), at a
+ * version the map has reached: the queue was deleted since the sender
+ * routed to it. As on one broker, the publish was routed to a queue that
+ * then went: confirmed, and gone. */
+bool fence_forward_gone(const struct cluster_map *map, const struct map_queue *q,
+                        uint64_t epoch);
+
 /* A forward (or a stream) names an epoch this map has not reached: q's
  * epoch is older, or q is unknown and the epoch is past the map's version
  * (a queue's epoch starts at the map version of its declare): we lag. */

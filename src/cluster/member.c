@@ -360,6 +360,13 @@ bool member_forward_fresh(struct member *member, struct bytes vhost, struct byte
                                member->self_id, epoch);
 }
 
+bool member_forward_gone(const struct member *member, struct bytes vhost, struct bytes queue,
+                         uint64_t epoch)
+{
+    const struct cluster_map *map = member_map(member);
+    return fence_forward_gone(map, cluster_map_queue(map, vhost, queue), epoch);
+}
+
 bool member_forward_relays(const struct member *member, struct bytes vhost, struct bytes queue,
                            uint64_t epoch)
 {
@@ -429,10 +436,14 @@ void member__route_parked(struct member *member, bool give_up)
             continue;
         struct vhost *vhost = broker_vhost(member->broker, p->vhost);
         struct queue *queue = vhost ? vhost_queue(vhost, p->queue) : NULL;
-        bool ok = !give_up && queue != NULL && !queue_is_remote(queue) &&
-                  member_forward_fresh(member, p->vhost, p->queue, p->epoch);
+        bool fresh = !give_up && queue != NULL && !queue_is_remote(queue) &&
+                     member_forward_fresh(member, p->vhost, p->queue, p->epoch);
+        /* Deleted meanwhile: routed to a queue that then went, confirmed
+         * (channel.c channel__route_forward). */
+        bool ok = fresh || (!give_up && member_forward_gone(member, p->vhost, p->queue,
+                                                            p->epoch));
         struct publish_wait wait = {.sink = p->sink, .seq = p->seq, .from_peer = true};
-        if (ok) {
+        if (fresh) {
             enum queue_publish_result r =
                 p->dead_lettered ? queue_publish_dead_lettered(queue, p->message, &wait)
                                  : queue_publish(queue, p->message, &wait);

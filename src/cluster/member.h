@@ -183,6 +183,9 @@ void member_propose_entry(struct member *member, const uint8_t *entry, uint64_t 
 void member_handover_notice(struct member *member, struct vhost *vhost, uint64_t connection_id,
                             uint16_t channel_id, struct bytes name, uint64_t epoch,
                             struct bytes delivered, struct bytes redelivered);
+/* A forward for a queue our map deleted since (fence_forward_gone). */
+bool member_forward_gone(const struct member *member, struct bytes vhost, struct bytes queue,
+                         uint64_t epoch);
 /* A forward naming an older epoch of a queue whose primary is now another
  * broker (the sender's map lags ours: the queue was handed over, or failed
  * over): relayed through our stand-in rather than refused. */

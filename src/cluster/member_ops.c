@@ -330,6 +330,12 @@ static bool ops_forward_relays(void *cluster, struct bytes vhost, struct bytes q
     return member_forward_relays(cluster, vhost, queue, epoch);
 }
 
+static bool ops_forward_gone(void *cluster, struct bytes vhost, struct bytes queue,
+                             uint64_t epoch)
+{
+    return member_forward_gone(cluster, vhost, queue, epoch);
+}
+
 static bool ops_replica_push(void *cluster, struct vhost *vhost, struct bytes name,
                              uint64_t epoch, uint64_t seq, struct message *message,
                              uint64_t origin_stream, uint64_t origin_seq)
@@ -388,6 +394,7 @@ const struct cluster_ops member_cluster_ops = {
     .map_behind = ops_map_behind,
     .park_forward = ops_park_forward,
     .forward_relays = ops_forward_relays,
+    .forward_gone = ops_forward_gone,
     .replica_push = ops_replica_push,
     .replica_settle = ops_replica_settle,
     .handover_notice = ops_handover_notice,

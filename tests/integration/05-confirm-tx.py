@@ -258,6 +258,28 @@ def tx_commit_and_rollback_of_publishes():
 
 
 @test
+def tx_publish_refused_by_reject_publish_fails_the_commit():
+    """A transaction whose publish a full x-overflow=reject-publish queue
+    refuses: tx.commit is answered 406 "partial tx completion" (a channel
+    error), and what the queue took stays (RabbitMQ 3.10.8). Through a
+    proxy the refusal comes from the queue's primary: the same answer (it
+    was a connection error, 541, there; commit-ok on one broker)."""
+    s = raw_connection()
+    q = declare_queue(s, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})[0]
+    s.sendall(gen_tx_select(1))
+    expect_method(s, *TX_SELECT_OK)
+    for i in range(3):
+        s.sendall(gen_publish(1, "", q, b"%d" % i))
+    s.sendall(gen_tx_commit(1))
+    eq(expect_close(s, connection=False),
+       (PRECONDITION_FAILED, "PRECONDITION_FAILED - partial tx completion", 90, 20))
+    s.sendall(gen_channel_open(2))
+    expect_method(s, *CHANNEL_OPEN_OK)
+    eq(basic_get(s, 2, q, no_ack=True)["body"], b"0")
+    eq(basic_get(s, 2, q), None)
+
+
+@test
 def tx_acks_take_effect_only_on_commit():
     s = raw_connection()
     q = declare_queue(s)[0]

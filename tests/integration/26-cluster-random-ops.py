@@ -1,9 +1,11 @@
 """Goal: no sequence of ordinary client operations, on any broker of a
 cluster, takes a broker down or leaves the brokers disagreeing. Clients on
 every broker declare, bind, publish (with TTLs, into length limits and
-dead-letter exchanges), get, consume, ack, nack, reject, purge and delete
-the same few exchanges and queues at random, so that dead-lettering, expiry,
-auto-delete and deletions cross brokers and race each other.
+dead-letter exchanges; plain, confirmed or in transactions), get, consume,
+ack, nack, reject, recover, purge and delete the same few exchanges and
+queues at random, so that dead-lettering, expiry, auto-delete and deletions
+cross brokers and race each other, while the queues move from broker to
+broker (POST /api/cluster/move) under them.
 
 Method: three quayd processes (tests/cluster/clustertest.py, one backup per
 queue, broker b placing every queue elsewhere); four pika clients, each on a
@@ -12,11 +14,14 @@ printed), run random operations for DURATION seconds. A channel error is an
 expected answer (an inequivalent redeclare, a queue deleted meanwhile); a
 connection error other than a shutdown is a failure. Afterwards every broker
 is alive and serves a fresh connection, every broker's view of the queues
-agrees, and no log holds a sanitizer report or an assertion.
+agrees, and no log holds a sanitizer report or an assertion. The channel
+errors are printed by kind: each must be one a single broker gives too.
 Usage: 26-cluster-random-ops.py [DURATION] (default 20 s).
 """
+import json
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -74,6 +79,8 @@ class Worker:
         self.conn = None
         self.ch = None
         self.tags = []
+        self.tx = self.confirm = False  # the channel's mode
+        self.errors = {}  # "code text" (names elided): count
         self.doing = "nothing yet"
 
     def connect(self):
@@ -82,17 +89,19 @@ class Worker:
             blocked_connection_timeout=30))
         self.ch = self.conn.channel()
         self.tags = []
+        self.tx = self.confirm = False
 
     def channel(self):
         if self.ch is None or not self.ch.is_open:
             self.ch = self.conn.channel()
             self.tags = []
+            self.tx = self.confirm = False
         return self.ch
 
     def op(self):
         rng, ch = self.rng, self.channel()
         x, q, key = rng.choice(EXCHANGES), rng.choice(QUEUES), rng.choice(KEYS)
-        kind = rng.randrange(14)
+        kind = rng.randrange(19)
         self.doing = "op %d kind %d (exchange %s, queue %s, key %r)" % (self.ops, kind, x, q, key)
         if kind == 0:
             ch.exchange_declare(x, rng.choice(EXCHANGE_TYPES), auto_delete=rng.random() < 0.3)
@@ -131,6 +140,21 @@ class Worker:
             ch.basic_cancel(self.tags.pop(rng.randrange(len(self.tags))))
         elif kind == 12:
             ch.queue_purge(q)
+        elif kind == 14 and not self.tx and not self.confirm:
+            ch.tx_select()
+            self.tx = True
+        elif kind == 15 and self.tx:
+            if rng.random() < 0.7:
+                ch.tx_commit()
+            else:
+                ch.tx_rollback()
+        elif kind == 16 and not self.tx and not self.confirm:
+            ch.confirm_delivery()
+            self.confirm = True
+        elif kind == 17:
+            ch.basic_recover(requeue=True)
+        elif kind == 18:
+            ch.basic_get(q, auto_ack=True)
         else:
             self.conn.process_data_events(time_limit=0.01)
 
@@ -140,8 +164,10 @@ class Worker:
             while time.monotonic() < until:
                 try:
                     self.op()
-                except pe.ChannelClosedByBroker:
+                except pe.ChannelClosedByBroker as e:
                     self.channel_errors += 1
+                    kind = "%d %s" % (e.reply_code, re.sub(r"'[^']*'", "_", e.reply_text))
+                    self.errors[kind] = self.errors.get(kind, 0) + 1
                 except (pe.UnroutableError, pe.NackError):
                     pass
                 self.ops += 1
@@ -151,6 +177,19 @@ class Worker:
                 self.name, self.member.name, e.reply_code, e.reply_text)
         except Exception as e:  # noqa: BLE001 -- any other is a failure too
             self.failure = "%s: %s: %r" % (self.name, type(e).__name__, e)
+
+
+def mover(until, rng, refused):
+    """Moves a random queue to a random broker every 0.2 s until until: 202
+    (moving), 404 (no such queue now) and 409 (there already, or moving)
+    are answers; any other goes to refused."""
+    while time.monotonic() < until:
+        time.sleep(0.2)
+        body = json.dumps({"vhost": "/", "queue": rng.choice(QUEUES),
+                           "to": rng.choice(members).name}).encode()
+        status, answer = members[0].api_call("POST", "/api/cluster/move", body, timeout=10)
+        if status not in (202, 404, 409):
+            refused.append((status, answer))
 
 
 def queue_names(member):
@@ -173,9 +212,12 @@ def random_operations_leave_every_broker_up_and_agreeing():
     workers = [Worker(i, rng.choice(members), rng.randrange(1 << 30)) for i in range(4)]
     until = time.monotonic() + DURATION
     threads = [threading.Thread(target=w.run, args=(until,), daemon=True) for w in workers]
-    for t in threads:
+    refused = []
+    moving = threading.Thread(target=mover, args=(until, random.Random(rng.random()), refused),
+                              daemon=True)
+    for t in threads + [moving]:
         t.start()
-    for t in threads:
+    for t in threads + [moving]:
         t.join(max(until + 30 - time.monotonic(), 0.1))
     # pika's blocking calls never time out: a worker still running is one
     # whose request the broker never answered.
@@ -184,6 +226,15 @@ def random_operations_leave_every_broker_up_and_agreeing():
     assert not hung, hung
     for w in workers:
         print("# %s: %d operations, %d channel errors" % (w.name, w.ops, w.channel_errors))
+    errors = {}
+    for w in workers:
+        for kind, n in w.errors.items():
+            errors[kind] = errors.get(kind, 0) + n
+    for kind, n in sorted(errors.items(), key=lambda e: -e[1]):
+        print("#   %6d %s" % (n, kind[:110]))
+    # Through a proxy as on one broker: no queue is ever "unavailable".
+    assert not [k for k in errors if "unavailable" in k or k.startswith("541")], errors
+    assert not refused, refused[:5]
     failures = [w.failure for w in workers if w.failure]
     assert not failures, failures
     for m in members:

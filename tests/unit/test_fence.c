@@ -61,6 +61,20 @@ static void map_behind_by_epoch_or_version(void **state)
     cluster_map_free(&map);
 }
 
+static void forward_gone_once_the_map_deleted_its_queue(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    cluster_map_init(&map);
+    map.version = 20;
+    struct map_queue q = queue_at(1, 10);
+    assert_true(fence_forward_gone(&map, NULL, 20)); /* deleted at or after 20 */
+    assert_true(fence_forward_gone(&map, NULL, 9));
+    assert_false(fence_forward_gone(&map, NULL, 21)); /* not declared yet here: parked */
+    assert_false(fence_forward_gone(&map, &q, 9));    /* still there (another incarnation) */
+    cluster_map_free(&map);
+}
+
 static void replica_takes_streams_at_its_epoch_or_newer(void **state)
 {
     (void)state;
@@ -235,6 +249,7 @@ int main(void)
         cmocka_unit_test(forward_fresh_only_at_the_primary_and_current_epoch),
         cmocka_unit_test(forward_relays_to_a_newer_available_primary),
         cmocka_unit_test(map_behind_by_epoch_or_version),
+        cmocka_unit_test(forward_gone_once_the_map_deleted_its_queue),
         cmocka_unit_test(replica_takes_streams_at_its_epoch_or_newer),
         cmocka_unit_test(replica_push_takes_newer_refuses_collisions),
         cmocka_unit_test(lease_needs_a_majority_heard),
