@@ -304,8 +304,8 @@ static uint64_t append_def(struct journal *j, enum record_type type, enum journa
 {
     ASSERT(kind >= JOURNAL_DEF_VHOST && kind <= JOURNAL_DEF_KIND_MAX);
     ASSERT(key.len <= DEF_KEY_SIZE_MAX);
-    /* A delete frees the entry a replay callback may be reading, a put may
-     * replace its value or (compacting) the list being walked. */
+    /* A delete frees the entry a replay callback may be reading, a put
+     * the value it may be reading. */
     ASSERT(!j->definitions_walking);
     ASSERT(value.len <= j->opts.blob_size_max);
     uint8_t prefix[8 + DEF_KEY_SIZE_MAX];

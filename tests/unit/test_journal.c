@@ -8,7 +8,9 @@
  * were left; segments roll; fully acked segments are deleted; compaction
  * moves live messages forward and keeps seq order and delivered flags;
  * paging reads bodies back; definitions put/delete/replay/compact; a torn
- * tail is cut and reported, a bad record in the middle is an error; a disk
+ * tail is cut and reported, a bad record in the middle is an error;
+ * recovery hands back exactly a model of the logs (whatever segment its
+ * second pass starts from) and reads a one-segment queue once; a disk
  * error stops the journal and is reported through the synced callback.
  * Method: drive the API from a uv loop, close, reopen on the same disk and
  * compare what recovery hands back with what the test remembers.
