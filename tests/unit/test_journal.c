@@ -657,30 +657,12 @@ static void tear_last_publish(struct harness *h, struct model_queue *m, uint64_t
     free(path);
 }
 
-/* Goal: recovery hands back exactly what the logs hold, whatever segment
- * its second pass finds in its buffer: queues of one segment with short
- * and long runs of live messages, queues of many (rolled, acked out of
- * order, purged, compacted), a torn tail in a queue of one segment and in
- * the last of many, a last segment torn from its header on (removed), a
- * deleted queue, the same seqs and segment numbers in several queues. Method: a model of every queue, checked after a restart
- * that cuts the torn tails and again after one more. */
-static void test_recovery_matches_the_logs(void **state)
+/* The records of test_recovery_matches_the_logs, in models (see there):
+ * returns the last sync ticket. "fresh" fills a segment, then rolls one
+ * record into a new one. */
+static uint64_t write_model_logs(struct model_queue *models, uint64_t fresh_count)
 {
-    struct harness *h = h_new(4096);
-    struct model_queue models[] = {
-        {.name = "solo"}, {.name = "run"}, {.name = "many"},
-        {.name = "torn1"}, {.name = "tornN"}, {.name = "gone"}, {.name = "fresh"},
-    };
-    size_t count = sizeof(models) / sizeof(models[0]);
-    for (size_t k = 0; k < count; k++) {
-        models[k].salt = (uint8_t)(k + 1);
-        models[k].q = journal_queue_open(h->j, BYTES_LIT("v"),
-                                         (struct bytes){(const uint8_t *)models[k].name,
-                                                        (uint32_t)strlen(models[k].name)});
-    }
     struct model_queue *solo = &models[0], *run = &models[1], *many = &models[2];
-    struct model_queue *torn1 = &models[3], *torn_n = &models[4], *gone = &models[5];
-    struct model_queue *fresh = &models[6];
     uint64_t t = 0;
     /* solo: fewer live messages than make pass 2 read a whole segment. */
     for (uint64_t seq = 1; seq <= 12; seq++)
@@ -713,36 +695,60 @@ static void test_recovery_matches_the_logs(void **state)
     }
     t = journal_purge(many->q, 20);
     many->purge_below = 20;
-    /* torn1 and tornN: publishes only, their last one torn below. */
+    /* torn1 and tornN: publishes only, their last one torn later. */
     for (uint64_t seq = 1; seq <= 10; seq++)
-        t = model_publish(torn1, seq, 64);
+        t = model_publish(&models[3], seq, 64);
     for (uint64_t seq = 1; seq <= 100; seq++)
-        t = model_publish(torn_n, seq, 200);
+        t = model_publish(&models[4], seq, 200);
     for (uint64_t seq = 1; seq <= 20; seq++)
-        model_publish(gone, seq, 80);
-    t = journal_queue_delete(gone->q);
-    gone->deleted = true;
-    /* fresh: a full segment, then one record that rolled into a new one. */
+        model_publish(&models[5], seq, 80);
+    t = journal_queue_delete(models[5].q);
+    models[5].deleted = true;
+    for (uint64_t seq = 1; seq <= fresh_count; seq++)
+        t = model_publish(&models[6], seq, 100);
+    return t;
+}
+
+/* Goal: recovery hands back exactly what the logs hold, whatever segment
+ * its second pass finds in its buffer: queues of one segment with short
+ * and long runs of live messages, queues of many (rolled, acked out of
+ * order, purged, compacted), a torn tail in a queue of one segment and in
+ * the last of many, a last segment torn from its header on (removed), a
+ * deleted queue, the same seqs and segment numbers in several queues.
+ * Method: a model of every queue, checked after a restart that cuts the
+ * torn tails and again after one more. */
+static void test_recovery_matches_the_logs(void **state)
+{
+    struct harness *h = h_new(4096);
+    struct model_queue models[] = {
+        {.name = "solo"}, {.name = "run"}, {.name = "many"},
+        {.name = "torn1"}, {.name = "tornN"}, {.name = "gone"}, {.name = "fresh"},
+    };
+    size_t count = sizeof(models) / sizeof(models[0]);
+    for (size_t k = 0; k < count; k++) {
+        models[k].salt = (uint8_t)(k + 1);
+        models[k].q = journal_queue_open(h->j, BYTES_LIT("v"),
+                                         (struct bytes){(const uint8_t *)models[k].name,
+                                                        (uint32_t)strlen(models[k].name)});
+    }
     uint64_t fresh_record = format_record_size(8 + 100);
     uint64_t fresh_count = (4096 - FORMAT_FILE_HEADER_SIZE) / fresh_record + 1;
     assert_true(fresh_count > 16 && fresh_count <= MODEL_SEQ_MAX);
-    for (uint64_t seq = 1; seq <= fresh_count; seq++)
-        t = model_publish(fresh, seq, 100);
-    h_wait(h, t);
+    h_wait(h, write_model_logs(models, fresh_count));
     assert_int_equal(h->status, OK);
     h_close(h);
     assert_true(count_files(h, ".seg") > 10);
-    tear_last_publish(h, torn1, 10);
-    tear_last_publish(h, torn_n, 100);
-    /* The new segment torn before its first sync, header and all: it goes,
-     * and the one before comes back from its own bytes, not the torn ones
-     * pass 1 read last. */
-    char *path = last_segment_of(h, fresh->name);
+    tear_last_publish(h, &models[3], 10);
+    tear_last_publish(h, &models[4], 100);
+    /* fresh's new segment torn before its first sync, header and all: it
+     * goes, and the one before comes back from its own bytes, not the torn
+     * ones pass 1 read last. */
+    char *path = last_segment_of(h, "fresh");
     size_t size = 0;
     free(disk_fault_read_file(h->disk, path, &size));
     assert_int_equal(size, FORMAT_FILE_HEADER_SIZE + fresh_record);
     assert_int_equal(disk_fault_flip_bit(h->disk, path, 4, 1), 0);
-    tear_last_publish(h, fresh, fresh_count);
+    tear_last_publish(h, &models[6], fresh_count);
     free(path);
 
     assert_int_equal(h_open(h), OK);
