@@ -459,7 +459,32 @@ struct replay {
     uint64_t bindings;
     uint64_t messages;
     uint64_t dropped;
+    /* Replicas' QUEUE keys to undefine once journal_recover_definitions
+     * returns (it walks the entries an undefine frees). Owned, each one. */
+    struct bytes *undefine;
+    size_t undefine_count;
 };
+
+static void undefine_later(struct replay *r, struct bytes key)
+{
+    r->undefine = realloc(r->undefine, (r->undefine_count + 1) * sizeof(*r->undefine));
+    ASSERT(r->undefine != NULL);
+    uint8_t *copy = malloc(key.len);
+    ASSERT(copy != NULL);
+    memcpy(copy, key.ptr, key.len);
+    r->undefine[r->undefine_count++] = (struct bytes){copy, key.len};
+}
+
+static void undefine_collected(struct replay *r)
+{
+    for (size_t i = 0; i < r->undefine_count; i++) {
+        journal_undefine(r->broker->durable.journal, JOURNAL_DEF_QUEUE, r->undefine[i]);
+        free((void *)r->undefine[i].ptr);
+    }
+    free(r->undefine);
+    r->undefine = NULL;
+    r->undefine_count = 0;
+}
 
 static bool get_str(struct table t, const char *key, struct bytes *out)
 {
@@ -506,12 +531,11 @@ static void replay_queue(struct replay *r, struct vhost *vhost, struct bytes nam
     }
     bool replica = get_bool(value, "replica");
     if (replica && !r->broker->config.clustered) {
-        /* A backup's log, and no cluster to say whose queue it is now.
-         * The undefine frees the entry name and value point into: last. */
+        /* A backup's log, and no cluster to say whose queue it is now:
+         * dropped (its log with it: no queue opens it). */
         uint8_t key[KEY_MAX];
+        undefine_later(r, name_key(key, vhost->name, name));
         r->dropped++;
-        journal_undefine(r->broker->durable.journal, JOURNAL_DEF_QUEUE,
-                         name_key(key, vhost->name, name));
         return;
     }
     struct queue *queue = vhost_queue_declare(vhost, name, true, false,
@@ -765,6 +789,7 @@ int durable_open(struct broker *broker, char *err, size_t err_size)
     d->replaying = true;
     struct replay r = {.broker = broker};
     journal_recover_definitions(d->journal, on_definition, &r);
+    undefine_collected(&r);
     struct journal_recovery_stats stats;
     memset(&stats, 0, sizeof stats);
     int rc = journal_recover(d->journal, on_message, &r, &stats);

@@ -287,7 +287,9 @@ uint64_t journal_define(struct journal *j, enum journal_def_kind kind, struct by
 uint64_t journal_undefine(struct journal *j, enum journal_def_kind kind, struct bytes key);
 
 /* Calls fn for every live definition: by kind (vhosts first, bindings last),
- * then in the order they were last put. Read at journal_open. */
+ * then in the order they were last put. Read at journal_open. fn must not
+ * define or undefine anything (asserted): key and value point into the
+ * entries, which a change frees; it collects what to change for after. */
 typedef void (*journal_definition_fn)(void *ctx, enum journal_def_kind kind, struct bytes key,
                                       struct bytes value);
 void journal_recover_definitions(struct journal *j, journal_definition_fn fn, void *ctx);

@@ -253,13 +253,16 @@ static struct def_entry **sorted_defs(struct journal *j, size_t *count)
 void journal_recover_definitions(struct journal *j, journal_definition_fn fn, void *ctx)
 {
     ASSERT(fn != NULL);
+    ASSERT(!j->definitions_walking);
     size_t count;
     struct def_entry **all = sorted_defs(j, &count);
+    j->definitions_walking = true;
     for (size_t i = 0; i < count; i++) {
         struct def_entry *d = all[i];
         fn(ctx, (enum journal_def_kind)d->key[0], (struct bytes){d->key + 1, d->key_size - 1},
            (struct bytes){d->value, d->value_size});
     }
+    j->definitions_walking = false;
     free(all);
 }
 
@@ -301,6 +304,9 @@ static uint64_t append_def(struct journal *j, enum record_type type, enum journa
 {
     ASSERT(kind >= JOURNAL_DEF_VHOST && kind <= JOURNAL_DEF_KIND_MAX);
     ASSERT(key.len <= DEF_KEY_SIZE_MAX);
+    /* A delete frees the entry a replay callback may be reading, a put
+     * the value it may be reading. */
+    ASSERT(!j->definitions_walking);
     ASSERT(value.len <= j->opts.blob_size_max);
     uint8_t prefix[8 + DEF_KEY_SIZE_MAX];
     format_put_u32(prefix, (uint32_t)kind);

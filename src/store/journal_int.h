@@ -221,6 +221,9 @@ struct journal {
     uint64_t definitions_size;      /* bytes in the file (written or queued) */
     uint64_t definitions_live_size; /* record bytes of live puts */
     uint64_t definitions_order;
+    /* In journal_recover_definitions: its callback sees keys and values in
+     * the entries, so nothing may put or delete one until it returns. */
+    bool definitions_walking;
 };
 
 /* journal.c */

@@ -8,8 +8,12 @@
  * DELIVERED and ACK set flags, PURGE sets a floor. Pass 2 walks the live
  * messages in seq order and hands their blobs to the caller, again reading
  * whole segments (single records only for short out-of-place runs, such as
- * compacted copies). A bad record is cut only at the tail of the last
- * segment with nothing valid after it; anything else is E_JOURNAL_CORRUPT.
+ * compacted copies), starting from the segment pass 1 read last, which is
+ * still in the buffer: a queue of one segment, as most are, is read once (a
+ * queue of several reads its last one again after the others: pass 2 goes in
+ * seq order and the buffer holds one segment). A bad record is cut only at
+ * the tail of the last segment with nothing valid after it; anything else is
+ * E_JOURNAL_CORRUPT.
  * Never skips a record and never writes except to cut a torn tail and to
  * finish deletions that a crash interrupted.
  */
@@ -26,6 +30,7 @@
 #include "lib/log.h"
 
 #define RUN_WHOLE_SEGMENT 16 /* live messages in a row that justify reading a whole segment */
+#define NO_SEGMENT UINT64_MAX /* struct recovery's buf_segment when buf holds none */
 
 /* seq -> index into the recovery vector; seq 0 is never used (seqs start at 1). */
 struct seq_map {
@@ -92,6 +97,12 @@ struct recovery {
     void *fn_ctx;
     uint8_t *buf; /* owned: a whole segment */
     size_t buf_cap;
+    /* Which segment of the queue being recovered buf holds, and the size
+     * of its valid records (a torn tail cut), or NO_SEGMENT: whatever
+     * reads into buf says so (read_whole clears it; recover_segment and
+     * pass 2 set it once a segment is in). */
+    uint64_t buf_segment;
+    uint64_t buf_size;
     /* The queue being recovered. */
     struct journal_queue *q;
     struct recovered *v;
@@ -112,10 +123,12 @@ static int corrupt(struct recovery *r, const char *path, uint64_t offset, const 
     return E_JOURNAL_CORRUPT;
 }
 
-/* Reads the whole file into r->buf. */
+/* Reads the whole file into r->buf, which then holds no segment until the
+ * caller says which one it read. */
 static int read_whole(struct recovery *r, const char *path, uint64_t *size_out)
 {
     const struct disk_ops *d = r->j->disk;
+    r->buf_segment = NO_SEGMENT;
     int fd;
     int rc = d->open(d->ctx, path, DISK_OPEN_READ, &fd);
     if (rc < 0)
@@ -420,6 +433,10 @@ static int recover_segment(struct recovery *r, uint64_t number, bool last, bool 
     }
     s->size = valid_end;
     r->stats->segment_count++;
+    if (rc == 0) {
+        r->buf_segment = number; /* pass 2 starts from it */
+        r->buf_size = valid_end;
+    }
     return rc;
 }
 
@@ -468,34 +485,36 @@ static void build_index(struct recovery *r)
     }
 }
 
-/* Pass 2: hands the live messages to the caller in seq order. */
+/* Pass 2: hands the live messages to the caller in seq order, from the
+ * segment in buf while they are in it (first the one pass 1 left there). */
 static int deliver(struct recovery *r)
 {
     struct journal_queue *q = r->q;
-    uint64_t loaded = UINT64_MAX;
-    uint64_t loaded_size = 0;
     for (size_t i = 0; i < q->entries_count; i++) {
         const struct entry *e = &q->entries[i];
         struct segment *s = journal__segment_find(q, e->segment_number);
         uint64_t record_size = format_record_size(8 + (uint64_t)e->blob_size);
-        if (e->segment_number != loaded) {
+        if (e->segment_number != r->buf_segment) {
             size_t run = 1;
             while (i + run < q->entries_count && run < RUN_WHOLE_SEGMENT &&
                    q->entries[i + run].segment_number == e->segment_number)
                 run++;
             if (run == RUN_WHOLE_SEGMENT) {
-                int rc = read_whole(r, s->file->path, &loaded_size);
+                uint64_t size = 0;
+                int rc = read_whole(r, s->file->path, &size);
                 if (rc < 0)
                     return rc;
-                loaded = e->segment_number;
+                r->buf_segment = e->segment_number;
+                r->buf_size = size;
             }
         }
         const uint8_t *record;
         uint8_t *single = NULL;
         uint64_t avail;
-        if (e->segment_number == loaded) {
+        if (e->segment_number == r->buf_segment) {
             record = r->buf + e->offset;
-            avail = loaded_size - e->offset;
+            /* (none when the file shrank since pass 1: checked below) */
+            avail = e->offset <= r->buf_size ? r->buf_size - e->offset : 0;
         } else {
             single = malloc(record_size);
             ASSERT(single != NULL);
@@ -572,6 +591,9 @@ static int recover_queue(struct recovery *r, uint64_t id)
     r->q = journal__queue_new(j, id, vhost, name);
     free(key);
     r->deleted = false;
+    /* The header's read left no segment in buf: a number names a segment
+     * of one queue only. */
+    ASSERT(r->buf_segment == NO_SEGMENT);
     bool stop = false;
     for (size_t k = 0; rc == OK && k < count && !stop; k++)
         rc = recover_segment(r, numbers[k], k + 1 == count, &stop);
@@ -616,7 +638,8 @@ int journal_recover(struct journal *j, journal_recover_fn fn, void *ctx,
     ASSERT(!j->recovered);
     ASSERT(stats != NULL);
     memset(stats, 0, sizeof(*stats));
-    struct recovery r = {.j = j, .stats = stats, .fn = fn, .fn_ctx = ctx};
+    struct recovery r = {.j = j, .stats = stats, .fn = fn, .fn_ctx = ctx,
+                         .buf_segment = NO_SEGMENT};
     struct name_list names = {0};
     int rc = j->disk->readdir(j->disk->ctx, j->queues_dir, collect_queue_dir, &names);
     uint64_t *ids = NULL;

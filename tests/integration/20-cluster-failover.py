@@ -514,13 +514,60 @@ def a_backup_killed_as_it_is_promoted_comes_back_with_its_replica():
     assert b"1 queues, 0 bindings, 50 messages" in backup.log_text_bytes()[seen:]
 
 
+
+@test(timeout=120)
+def a_backup_started_without_its_cluster_drops_its_replica():
+    # A durable queue's backup defines its replica log as a replica's (see
+    # above). Started from that data directory without cluster options, the
+    # broker has no map to say whose queue it is and drops it: the
+    # definition undefined (once the definitions' replay is over: it walks
+    # the entries an undefine frees) and the log deleted, for good: a second
+    # standalone start finds neither.
+    duo_cluster = state["duo"] = Cluster()
+    duo = {m.name: m for m in duo_cluster.form(["p", "q"])}
+    p = duo["p"]
+    name = declare_until("dropped", p, lambda q: q is not None and q["primary"] == "p" and
+                         q["backups"] == ["q"], **{"x-quay-backups": 1})
+    wait_until(lambda: queue_info(p, name)["in_sync"] == ["q"], 15, what="q in sync")
+    c = connect(p)
+    ch = c.channel()
+    for k in range(64):  # (the misses go)
+        if "dropped-%d" % k != name:
+            ch.queue_delete("dropped-%d" % k)
+    ch.confirm_delivery()
+    persistent = pika.BasicProperties(delivery_mode=2)
+    for i in range(20):
+        ch.basic_publish("", name, b"%d" % i, properties=persistent)
+    c.close()
+    backup = duo["q"]
+    wait_until(lambda: (queue_info(backup, name) or {}).get("replica_messages") == 20, 10,
+               what="the backup to hold the 20 messages")
+    time.sleep(0.5)  # (its log written: the journal's writer thread)
+    assert backup.stop() == 0
+    backup.options = lambda: []  # (standalone from now on)
+    for run_index, dropped in enumerate([21, 0]):  # the definition and its 20 messages
+        seen = len(backup.log_text_bytes())
+        backup.start()
+        text = backup.log_text_bytes()[seen:]
+        assert b"0 queues, 0 bindings, 0 messages" in text, text[-2000:]
+        assert b"(%d records dropped)" % dropped in text, (run_index, text[-2000:])
+        c = connect(backup)
+        try:
+            c.channel().queue_declare(name, durable=True, passive=True)
+            raise AssertionError("%s still declared on a standalone broker" % name)
+        except pika.exceptions.ChannelClosedByBroker as e:
+            assert e.reply_code == 404, e
+        c.close()
+        assert backup.stop() == 0
+
+
 def cleanup(failed):
     gdb = state.get("gdb")
     if gdb is not None and gdb.poll() is None:
         gdb.kill()
         gdb.wait()
     problems = []
-    for c in (state.get("trio"), cluster):
+    for c in (state.get("duo"), state.get("trio"), cluster):
         if c is not None:
             c.failed = failed
             problems += c.close() or []

@@ -8,7 +8,9 @@
  * were left; segments roll; fully acked segments are deleted; compaction
  * moves live messages forward and keeps seq order and delivered flags;
  * paging reads bodies back; definitions put/delete/replay/compact; a torn
- * tail is cut and reported, a bad record in the middle is an error; a disk
+ * tail is cut and reported, a bad record in the middle is an error;
+ * recovery hands back exactly a model of the logs (whatever segment its
+ * second pass starts from) and reads a one-segment queue once; a disk
  * error stops the journal and is reported through the synced callback.
  * Method: drive the API from a uv loop, close, reopen on the same disk and
  * compare what recovery hands back with what the test remembers.
@@ -546,6 +548,249 @@ static void test_torn_tail_and_corruption(void **state)
     assert_int_equal(h_open(h), E_JOURNAL_CORRUPT);
     assert_string_equal(h->stats.corrupt_path, path);
     assert_int_equal(h->stats.corrupt_offset, 32 + 4 * record);
+    h_free(h);
+}
+
+/* ---- Recovery against a model ------------------------------------------------ */
+
+/* What one queue's log must give back. Blobs carry the queue's salt, so
+ * that two queues' messages of the same seq and size differ (segment
+ * numbers, and seqs, are per queue). */
+#define MODEL_SEQ_MAX 300
+
+struct model_queue {
+    const char *name; /* no name is part of another: the_log_of() looks them up */
+    uint8_t salt;
+    struct journal_queue *q;
+    uint32_t size[MODEL_SEQ_MAX + 1]; /* 0: never published, or cut with a torn tail */
+    bool delivered[MODEL_SEQ_MAX + 1];
+    bool acked[MODEL_SEQ_MAX + 1];
+    uint64_t purge_below;
+    bool deleted;
+};
+
+static void fill_salted(uint8_t *blob, uint32_t size, uint8_t salt, uint64_t seq)
+{
+    for (uint32_t i = 0; i < size; i++)
+        blob[i] = (uint8_t)(salt * 101u + seq * 31 + i);
+}
+
+static uint64_t model_publish(struct model_queue *m, uint64_t seq, uint32_t size)
+{
+    assert_true(seq <= MODEL_SEQ_MAX && size > 0);
+    uint8_t *blob = malloc(size);
+    fill_salted(blob, size, m->salt, seq);
+    uint64_t ticket = journal_publish(m->q, seq, blob, size);
+    free(blob);
+    m->size[seq] = size;
+    return ticket;
+}
+
+/* Recovery handed back exactly the model: per queue, its live messages in
+ * seq order with their sizes, bytes and delivered flags, and nothing else. */
+static void check_model(struct harness *h, struct model_queue *models, size_t count)
+{
+    size_t expected = 0;
+    for (size_t k = 0; k < count; k++) {
+        const struct model_queue *m = &models[k];
+        size_t i = 0;
+        while (i < h->recovered_count && strcmp(h->recovered[i].queue, m->name) != 0)
+            i++;
+        for (uint64_t seq = 1; seq <= MODEL_SEQ_MAX && !m->deleted; seq++) {
+            if (m->size[seq] == 0 || m->acked[seq] || seq < m->purge_below)
+                continue;
+            assert_true(i < h->recovered_count);
+            const struct message *got = &h->recovered[i++];
+            assert_string_equal(got->queue, m->name);
+            assert_int_equal(got->seq, seq);
+            assert_int_equal(got->size, m->size[seq]);
+            assert_int_equal(got->delivered, m->delivered[seq]);
+            uint8_t *want = malloc(got->size);
+            fill_salted(want, got->size, m->salt, seq);
+            assert_memory_equal(got->blob, want, got->size);
+            free(want);
+            expected++;
+        }
+        /* A queue's messages come together: the next one is another queue's. */
+        assert_true(i == h->recovered_count || strcmp(h->recovered[i].queue, m->name) != 0);
+    }
+    assert_int_equal(h->recovered_count, expected);
+    assert_int_equal(h->stats.message_count, expected);
+}
+
+/* The path of the last segment of the queue named name (malloc'ed). */
+static char *last_segment_of(struct harness *h, const char *name)
+{
+    size_t count = 0;
+    char **files = disk_fault_list_files(h->disk, ".seg", &count);
+    char *found = NULL;
+    for (size_t i = 0; i < count; i++) {
+        char header[256];
+        snprintf(header, sizeof(header), "%.*s/queue",
+                 (int)(strrchr(files[i], '/') - files[i]), files[i]);
+        size_t size = 0;
+        uint8_t *bytes = disk_fault_read_file(h->disk, header, &size);
+        assert_non_null(bytes);
+        if (memmem(bytes, size, name, strlen(name)) != NULL) {
+            free(found); /* sorted: the last one listed is the last segment */
+            found = files[i];
+        } else {
+            free(files[i]);
+        }
+        free(bytes);
+    }
+    free(files);
+    assert_non_null(found);
+    return found;
+}
+
+/* Tears the last record of a queue whose log ends with publishes of size
+ * bytes: a bit flipped in it, as a crash mid-write leaves it. */
+static void tear_last_publish(struct harness *h, struct model_queue *m, uint64_t seq)
+{
+    char *path = last_segment_of(h, m->name);
+    size_t size = 0;
+    free(disk_fault_read_file(h->disk, path, &size));
+    uint64_t record = format_record_size(8 + (uint64_t)m->size[seq]);
+    assert_int_equal(disk_fault_flip_bit(h->disk, path, size - record + 40, 3), 0);
+    m->size[seq] = 0;
+    free(path);
+}
+
+/* The records of test_recovery_matches_the_logs, in models (see there):
+ * returns the last sync ticket. "fresh" fills a segment, then rolls one
+ * record into a new one. */
+static uint64_t write_model_logs(struct model_queue *models, uint64_t fresh_count)
+{
+    struct model_queue *solo = &models[0], *run = &models[1], *many = &models[2];
+    uint64_t t = 0;
+    /* solo: fewer live messages than make pass 2 read a whole segment. */
+    for (uint64_t seq = 1; seq <= 12; seq++)
+        t = model_publish(solo, seq, 100);
+    journal_delivered(solo->q, 3);
+    solo->delivered[3] = true;
+    journal_delivered(solo->q, 5);
+    solo->delivered[5] = true;
+    journal_ack(solo->q, 4);
+    solo->acked[4] = true;
+    /* run: one segment of 40, a run pass 2 would read whole. */
+    for (uint64_t seq = 1; seq <= 40; seq++)
+        t = model_publish(run, seq, 60);
+    for (uint64_t seq = 2; seq <= 40; seq += 9) {
+        journal_delivered(run->q, seq);
+        run->delivered[seq] = true;
+    }
+    /* many: about fifteen segments; every third acked, a purge below 20. */
+    for (uint64_t seq = 1; seq <= MODEL_SEQ_MAX; seq++)
+        t = model_publish(many, seq, (uint32_t)(120 + seq % 50));
+    for (uint64_t seq = 1; seq <= MODEL_SEQ_MAX; seq++) {
+        if (seq % 5 == 0) {
+            journal_delivered(many->q, seq);
+            many->delivered[seq] = true;
+        }
+        if (seq % 3 == 0) {
+            t = journal_ack(many->q, seq);
+            many->acked[seq] = true;
+        }
+    }
+    t = journal_purge(many->q, 20);
+    many->purge_below = 20;
+    /* torn1 and tornN: publishes only, their last one torn later. */
+    for (uint64_t seq = 1; seq <= 10; seq++)
+        t = model_publish(&models[3], seq, 64);
+    for (uint64_t seq = 1; seq <= 100; seq++)
+        t = model_publish(&models[4], seq, 200);
+    for (uint64_t seq = 1; seq <= 20; seq++)
+        model_publish(&models[5], seq, 80);
+    t = journal_queue_delete(models[5].q);
+    models[5].deleted = true;
+    for (uint64_t seq = 1; seq <= fresh_count; seq++)
+        t = model_publish(&models[6], seq, 100);
+    return t;
+}
+
+/* Goal: recovery hands back exactly what the logs hold, whatever segment
+ * its second pass finds in its buffer: queues of one segment with short
+ * and long runs of live messages, queues of many (rolled, acked out of
+ * order, purged, compacted), a torn tail in a queue of one segment and in
+ * the last of many, a last segment torn from its header on (removed), a
+ * deleted queue, the same seqs and segment numbers in several queues.
+ * Method: a model of every queue, checked after a restart that cuts the
+ * torn tails and again after one more. */
+static void test_recovery_matches_the_logs(void **state)
+{
+    struct harness *h = h_new(4096);
+    struct model_queue models[] = {
+        {.name = "solo"}, {.name = "run"}, {.name = "many"},
+        {.name = "torn1"}, {.name = "tornN"}, {.name = "gone"}, {.name = "fresh"},
+    };
+    size_t count = sizeof(models) / sizeof(models[0]);
+    for (size_t k = 0; k < count; k++) {
+        models[k].salt = (uint8_t)(k + 1);
+        models[k].q = journal_queue_open(h->j, BYTES_LIT("v"),
+                                         (struct bytes){(const uint8_t *)models[k].name,
+                                                        (uint32_t)strlen(models[k].name)});
+    }
+    uint64_t fresh_record = format_record_size(8 + 100);
+    uint64_t fresh_count = (4096 - FORMAT_FILE_HEADER_SIZE) / fresh_record + 1;
+    assert_true(fresh_count > 16 && fresh_count <= MODEL_SEQ_MAX);
+    h_wait(h, write_model_logs(models, fresh_count));
+    assert_int_equal(h->status, OK);
+    h_close(h);
+    assert_true(count_files(h, ".seg") > 10);
+    tear_last_publish(h, &models[3], 10);
+    tear_last_publish(h, &models[4], 100);
+    /* fresh's new segment torn before its first sync, header and all: it
+     * goes, and the one before comes back from its own bytes, not the torn
+     * ones pass 1 read last. */
+    char *path = last_segment_of(h, "fresh");
+    size_t size = 0;
+    free(disk_fault_read_file(h->disk, path, &size));
+    assert_int_equal(size, FORMAT_FILE_HEADER_SIZE + fresh_record);
+    assert_int_equal(disk_fault_flip_bit(h->disk, path, 4, 1), 0);
+    tear_last_publish(h, &models[6], fresh_count);
+    free(path);
+
+    assert_int_equal(h_open(h), OK);
+    assert_int_equal(h->stats.truncated_count, 3);
+    assert_int_equal(h->stats.queue_count, 6);
+    check_model(h, models, count);
+    h_close(h);
+    /* Again, cut and (maybe) compacted: the same messages. */
+    assert_int_equal(h_open(h), OK);
+    assert_int_equal(h->stats.truncated_count, 0);
+    check_model(h, models, count);
+    h_free(h);
+}
+
+/* Goal: a queue of one segment is read once (pass 2 starts from the segment
+ * pass 1 left in its buffer), with few live messages or many. Method: the
+ * bytes recovery reports read are the bytes of the queue headers and
+ * segments, once each. */
+static void test_recovery_reads_one_segment_once(void **state)
+{
+    struct harness *h = h_new(0);
+    struct model_queue models[] = {{.name = "few"}, {.name = "lots"}};
+    for (size_t k = 0; k < 2; k++) {
+        models[k].salt = (uint8_t)(k + 1);
+        models[k].q = journal_queue_open(h->j, BYTES_LIT("/"),
+                                         (struct bytes){(const uint8_t *)models[k].name,
+                                                        (uint32_t)strlen(models[k].name)});
+    }
+    uint64_t t = 0;
+    for (uint64_t seq = 1; seq <= 5; seq++)
+        t = model_publish(&models[0], seq, 300);
+    for (uint64_t seq = 1; seq <= 200; seq++)
+        t = model_publish(&models[1], seq, 500);
+    journal_ack(models[1].q, 7);
+    models[1].acked[7] = true;
+    h_wait(h, t);
+    h_close(h);
+    assert_int_equal(count_files(h, ".seg"), 2);
+    size_t files_size = bytes_of_files(h, "/queue") + bytes_of_files(h, ".seg");
+    assert_int_equal(h_open(h), OK);
+    check_model(h, models, 2);
+    assert_int_equal(h->stats.byte_count, files_size);
     h_free(h);
 }
 
@@ -1123,6 +1368,8 @@ int main(void)
         cmocka_unit_test(test_stuck_message),
         cmocka_unit_test(test_paging),
         cmocka_unit_test(test_torn_tail_and_corruption),
+        cmocka_unit_test(test_recovery_matches_the_logs),
+        cmocka_unit_test(test_recovery_reads_one_segment_once),
         cmocka_unit_test(test_definitions),
         cmocka_unit_test(test_disk_error_stops_journal),
         cmocka_unit_test(test_posix_disk),
