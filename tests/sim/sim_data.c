@@ -12,8 +12,9 @@
  * A backup takes a stream only at an epoch its map has reached, into a
  * copy it keeps (fence_replica_accepts), and lets go of its copy once its
  * map no longer names it a backup (fence_replica_kept: unless the stream
- * was started under a map newer than its own). A promoted backup starts from what it holds,
- * its seqs past any the old primary gave (mirror.c's gap).
+ * was started under a map newer than its own). A promoted backup starts
+ * from what it holds, its seqs past any the old primary gave (mirror.c's
+ * gap).
  */
 #include "sim_data.h"
 
