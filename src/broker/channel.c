@@ -813,9 +813,14 @@ void channel__handle_settle(struct channel *ch, const struct method *m)
 {
     const struct method_basic_quay_settle *s = &m->basic_quay_settle;
     struct broker *broker = ch->connection->broker;
-    if (channel__peer_only(ch, m->id) && broker->cluster_ops)
+    if (!channel__peer_only(ch, m->id) || broker->cluster_ops == NULL)
+        return;
+    if (s->purge)
+        broker->cluster_ops->replica_reset(broker->cluster_ctx, ch->vhost, s->queue, s->epoch,
+                                           s->seq);
+    else
         broker->cluster_ops->replica_settle(broker->cluster_ctx, ch->vhost, s->queue, s->epoch,
-                                            s->purge ? 0 : s->seq);
+                                            s->seq);
 }
 
 void channel__answer_counts(struct channel *ch, const struct queue *queue,

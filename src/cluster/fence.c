@@ -26,9 +26,17 @@ bool fence_map_behind(const struct cluster_map *map, const struct map_queue *q, 
     return q != NULL ? epoch > q->epoch : epoch > map->version;
 }
 
-bool fence_replica_accepts(const struct map_queue *q, uint32_t self_id, uint64_t epoch)
+bool fence_replica_kept(const struct map_queue *q, uint32_t self_id, uint64_t map_version,
+                        uint64_t stream_version)
 {
-    return q != NULL && epoch >= q->epoch && q->primary_id != self_id;
+    return q != NULL && q->primary_id != self_id &&
+           (map_queue_has_backup(q, self_id) || stream_version > map_version);
+}
+
+bool fence_replica_accepts(const struct map_queue *q, uint32_t self_id, uint64_t epoch,
+                           uint64_t map_version, uint64_t stream_version)
+{
+    return fence_replica_kept(q, self_id, map_version, stream_version) && epoch >= q->epoch;
 }
 
 bool fence_backup_restarted(uint32_t known, uint32_t now)

@@ -33,11 +33,30 @@ bool fence_forward_gone(const struct cluster_map *map, const struct map_queue *q
  * (a queue's epoch starts at the map version of its declare): we lag. */
 bool fence_map_behind(const struct cluster_map *map, const struct map_queue *q, uint64_t epoch);
 
+/* Whether this broker keeps a copy of q (its stand-in's replica, and the
+ * replica's log): while its map names it one of q's backups, or while the
+ * copy is fed by a stream its primary started under a newer map than ours
+ * (map_version: ours; stream_version: the primary's as it started the
+ * stream, which a catch-up's reset names; 0: unknown, a primary from
+ * before). The primary acts on a change as soon as it applied it, and
+ * ours may lag: a new backup takes its catch-up before its map names it.
+ * Otherwise nobody needs the copy: the map promotes only a backup it names
+ * in sync, and one it names again is caught up from a reset. So it goes,
+ * memory and log (proxy_stub_update), and what its primary still streams
+ * (its map lags ours) is refused. Without the stream's version, a catch-up
+ * that came before our map named us was dropped by the next change we
+ * applied that did not name us yet, and the primary, its probe answered,
+ * had our empty copy put in sync. */
+bool fence_replica_kept(const struct map_queue *q, uint32_t self_id, uint64_t map_version,
+                        uint64_t stream_version);
+
 /* A backup takes a replication stream (enqueue, settle, reset) for q at
- * epoch: it knows the queue, is not its primary, and the epoch is not
- * older than its map's (the primary may have applied a change ours has
- * not: a promotion, new backups). */
-bool fence_replica_accepts(const struct map_queue *q, uint32_t self_id, uint64_t epoch);
+ * epoch into its copy (or, for a reset, the copy it starts anew), whose
+ * stream the primary started at stream_version: it keeps a copy of q
+ * (fence_replica_kept: not q's primary) and the epoch is not older than
+ * its map's (the primary may have applied a promotion ours has not). */
+bool fence_replica_accepts(const struct map_queue *q, uint32_t self_id, uint64_t epoch,
+                           uint64_t map_version, uint64_t stream_version);
 
 /* What a replica does with a message its primary streams (replica_push),
  * given the newest seq it took (0 after a reset) and the epoch of the

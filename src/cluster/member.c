@@ -552,25 +552,32 @@ bool member_set_in_sync(struct member *member, struct queue *queue, uint64_t epo
 }
 
 /* The stand-in of a queue whose primary streams to us, at an epoch we
- * accept. Our map may not list us as its backup yet: the primary acts on a
- * change (a promotion, new backups) as soon as it applied it, and ours may
- * lag. (A broker that stops being a backup keeps its stale replica until
- * the queue is deleted or it is caught up again: memory, not data.) */
+ * accept, into a copy we keep (fence_replica_accepts): stream_version is
+ * the map version the primary started the stream under, a reset's, or
+ * the one our copy remembers from its last (0: none). Our map may not list
+ * us as its backup yet: the primary acts on a change (a promotion, new
+ * backups) as soon as it applied it, and ours may lag. */
 static struct queue *replica_target(struct member *member, struct vhost *vhost,
-                                    struct bytes name, uint64_t epoch)
+                                    struct bytes name, uint64_t epoch,
+                                    const uint64_t *stream_version)
 {
-    const struct map_queue *q = cluster_map_queue(member_map(member), vhost->name, name);
-    if (!fence_replica_accepts(q, member->self_id, epoch))
-        return NULL;
+    const struct cluster_map *map = member_map(member);
+    const struct map_queue *q = cluster_map_queue(map, vhost->name, name);
     struct queue *queue = vhost_queue(vhost, name);
-    return queue && queue_is_remote(queue) ? queue : NULL;
+    if (q == NULL || queue == NULL || !queue_is_remote(queue))
+        return NULL;
+    uint64_t version = stream_version != NULL
+                           ? *stream_version
+                           : replica_stream_version(proxy_stub_replica(queue, false));
+    return fence_replica_accepts(q, member->self_id, epoch, map->version, version) ? queue
+                                                                                   : NULL;
 }
 
 bool member_replica_push(struct member *member, struct vhost *vhost, struct bytes name,
                          uint64_t epoch, uint64_t seq, struct message *message,
                          uint64_t origin_stream, uint64_t origin_seq)
 {
-    struct queue *queue = replica_target(member, vhost, name, epoch);
+    struct queue *queue = replica_target(member, vhost, name, epoch, NULL);
     if (queue == NULL)
         return false;
     /* Paged where the primary pages it (not a priority queue: an adopted
@@ -592,17 +599,25 @@ bool member_replica_push(struct member *member, struct vhost *vhost, struct byte
 void member_replica_settle(struct member *member, struct vhost *vhost, struct bytes name,
                            uint64_t epoch, uint64_t seq)
 {
-    struct queue *queue = replica_target(member, vhost, name, epoch);
+    struct queue *queue = replica_target(member, vhost, name, epoch, NULL);
     struct replica *r = queue ? proxy_stub_replica(queue, false) : NULL;
     if (r)
         replica_remove(r, seq);
+}
+
+void member_replica_reset(struct member *member, struct vhost *vhost, struct bytes name,
+                          uint64_t epoch, uint64_t stream_version)
+{
+    struct queue *queue = replica_target(member, vhost, name, epoch, &stream_version);
+    if (queue != NULL) /* (made here: it keeps the version, before any push) */
+        replica_reset(proxy_stub_replica(queue, true), stream_version);
 }
 
 void member_handover_notice(struct member *member, struct vhost *vhost, uint64_t connection_id,
                             uint16_t channel_id, struct bytes name, uint64_t epoch,
                             struct bytes delivered, struct bytes redelivered)
 {
-    struct queue *queue = replica_target(member, vhost, name, epoch);
+    struct queue *queue = replica_target(member, vhost, name, epoch, NULL);
     struct replica *r = queue ? proxy_stub_replica(queue, false) : NULL;
     if (r && !replica_note_handover(r, connection_id, channel_id, epoch, delivered, redelivered))
         LOG_WARN("vhost=%.*s queue=%.*s: a malformed handover notice from its primary: ignored",
@@ -942,6 +957,10 @@ static void on_tick(uv_timer_t *timer)
                                   refill;
     }
     pause_minority(member);
+    if (member->replicas_dropped_bytes >= MEMBER_TRIM_BYTES) {
+        member->replicas_dropped_bytes = 0;
+        alloc_release_free_pages();
+    }
     replication_tick(member);
     handover_tick(member);
     proxy_tick(member);

@@ -126,6 +126,10 @@ struct member {
     /* Catch-ups of a backup this broker started as a primary (a reset,
      * then the queue's whole content: replication.c). GET /metrics. */
     uint64_t catch_ups_count;
+    /* The bytes of the copies this broker let go of (not a backup any
+     * more: proxy_stub_update) since the allocator last gave free pages
+     * back to the system (the tick does past MEMBER_TRIM_BYTES). */
+    uint64_t replicas_dropped_bytes;
     struct net_flush_hook release_hook; /* sends them at the end of the loop iteration */
     uv_timer_t *timer;               /* owned: MEMBER_TICK_MS (closed by member_stop) */
     /* --partition-handling pause-minority (fence_pause_step): cut off from
@@ -136,6 +140,10 @@ struct member {
 };
 
 #define MEMBER_TICK_MS 100
+/* Copies let go of (replicas_dropped_bytes) past which the tick gives the
+ * allocator's free pages back: glibc keeps those below its heap's top,
+ * and a deep queue's old primary kept its whole size after a move. */
+#define MEMBER_TRIM_BYTES (16u << 20)
 /* How long a serving broker is cut off from the majority before it pauses
  * (pause-minority): past the 1.5 s in which the majority marks it down,
  * so its clients go once their queues can have moved, not on a blip. */
@@ -287,13 +295,17 @@ bool member_set_in_sync(struct member *member, struct queue *queue, uint64_t epo
                         const uint32_t *ids, const uint32_t *incarnations, uint8_t n);
 
 /* A primary's replication stream (replica.h), received here as a backup:
- * push answers false when we are not a backup of it at that epoch. */
+ * push answers false when we are not a backup of it at that epoch, or
+ * keep no copy of it (fence_replica_accepts). A reset (a catch-up's
+ * start) names the map version its primary started the stream under. */
 struct message;
 bool member_replica_push(struct member *member, struct vhost *vhost, struct bytes name,
                          uint64_t epoch, uint64_t seq, struct message *message,
                          uint64_t origin_stream, uint64_t origin_seq);
 void member_replica_settle(struct member *member, struct vhost *vhost, struct bytes name,
                            uint64_t epoch, uint64_t seq);
+void member_replica_reset(struct member *member, struct vhost *vhost, struct bytes name,
+                          uint64_t epoch, uint64_t stream_version);
 
 /* mirror.c's helpers (module-internal). */
 void member__sync_peers(struct member *member);

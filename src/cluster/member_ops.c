@@ -350,6 +350,12 @@ static void ops_replica_settle(void *cluster, struct vhost *vhost, struct bytes 
     member_replica_settle(cluster, vhost, name, epoch, seq);
 }
 
+static void ops_replica_reset(void *cluster, struct vhost *vhost, struct bytes name,
+                              uint64_t epoch, uint64_t stream_version)
+{
+    member_replica_reset(cluster, vhost, name, epoch, stream_version);
+}
+
 static void ops_handover_notice(void *cluster, struct vhost *vhost, uint64_t connection_id,
                                 uint16_t channel_id, struct bytes name, uint64_t epoch,
                                 struct bytes delivered, struct bytes redelivered)
@@ -397,5 +403,6 @@ const struct cluster_ops member_cluster_ops = {
     .forward_gone = ops_forward_gone,
     .replica_push = ops_replica_push,
     .replica_settle = ops_replica_settle,
+    .replica_reset = ops_replica_reset,
     .handover_notice = ops_handover_notice,
 };

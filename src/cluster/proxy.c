@@ -20,6 +20,7 @@
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "cluster/fence.h"
 #include "cluster/handover.h"
 #include "cluster/link.h"
 #include "cluster/map.h"
@@ -688,6 +689,20 @@ static void stub_dispatch(struct queue *queue)
     }
 }
 
+/* Our copy goes, with its log and the log's definition (which a restart
+ * would recover it by: durable_replica_log_open). */
+static void drop_replica(struct proxy_stub *stub)
+{
+    if (stub->replica == NULL)
+        return;
+    struct queue *queue = stub->queue;
+    if (replica_logged(stub->replica))
+        durable_replica_log_deleted(queue->vhost->broker, queue);
+    stub->member->replicas_dropped_bytes += replica_bytes(stub->replica);
+    replica_free(stub->replica);
+    stub->replica = NULL;
+}
+
 static void stub_free(struct queue *queue)
 {
     struct proxy_stub *stub = stub_of(queue);
@@ -716,9 +731,7 @@ static void stub_free(struct queue *queue)
     free(stub->held);
     free(stub->parked);
     list_remove(&stub->member_link);
-    if (replica_logged(stub->replica))
-        durable_replica_log_deleted(queue->vhost->broker, queue);
-    replica_free(stub->replica);
+    drop_replica(stub);
     free(stub);
     queue->remote = NULL;
 }
@@ -1166,6 +1179,18 @@ static void retire_all(struct proxy_stub *stub)
 void proxy_stub_update(struct queue *queue, const struct map_queue *mq, bool planned)
 {
     struct proxy_stub *stub = stub_of(queue);
+    struct member *member = stub->member;
+    /* Not a backup of it any more (a move, a release of a surplus backup,
+     * a rebalance), unless our map lags the stream that feeds the copy. */
+    if (stub->replica != NULL &&
+        !fence_replica_kept(mq, member->self_id, member_map(member)->version,
+                            replica_stream_version(stub->replica))) {
+        LOG_DEBUG("vhost=%.*s queue=%.*s: not a backup any more: our copy goes (%u messages)",
+                  (int)queue->vhost->name.len, (const char *)queue->vhost->name.ptr,
+                  (int)queue->name.len, (const char *)queue->name.ptr,
+                  replica_count(stub->replica));
+        drop_replica(stub);
+    }
     bool moved = stub->primary_id != mq->primary_id || stub->epoch != mq->epoch;
     bool was_available = stub->available;
     if (moved || mq->available != was_available)

@@ -47,7 +47,8 @@ struct vhost;
 /* A stand-in for the map's queue (one reference; the caller inserts it). */
 struct queue *proxy_stub_new(struct member *member, struct vhost *vhost,
                              const struct map_queue *mq);
-/* The map changed the queue (primary, epoch, availability). */
+/* The map changed the queue (primary, epoch, availability, backups: a
+ * copy the map no longer needs here goes, fence_replica_kept). */
 void proxy_stub_update(struct queue *queue, const struct map_queue *mq, bool planned);
 /* A planned handover made our queue this stand-in: its consumers go on,
  * attached upstream to the new primary (no consume-ok is owed: they were

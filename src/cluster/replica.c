@@ -33,6 +33,7 @@ struct replica {
     uint64_t live_bytes;         /* their body bytes */
     uint64_t last_seq;
     uint64_t last_epoch;         /* of the stream last_seq came on (0: unknown) */
+    uint64_t stream_version;     /* replica_reset's: the primary's map then (0: unknown) */
     /* Owned, or NULL (a transient queue, or no journal): the log of the
      * persistent messages, the records the primary's journal has, so a
      * promotion need not write them again. Not fsync'ed before our ack:
@@ -248,6 +249,17 @@ void replica_remove(struct replica *r, uint64_t seq)
     trim(r);
 }
 
+void replica_reset(struct replica *r, uint64_t stream_version)
+{
+    replica_remove(r, 0);
+    r->stream_version = stream_version;
+}
+
+uint64_t replica_stream_version(const struct replica *r)
+{
+    return r ? r->stream_version : 0;
+}
+
 void replica_forget_log(struct replica *r)
 {
     if (r)
@@ -262,6 +274,11 @@ bool replica_logged(const struct replica *r)
 uint32_t replica_count(const struct replica *r)
 {
     return r ? r->live : 0;
+}
+
+uint64_t replica_bytes(const struct replica *r)
+{
+    return r ? r->live_bytes : 0;
 }
 
 uint32_t replica_dedup_count(const struct replica *r)

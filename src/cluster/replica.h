@@ -31,7 +31,9 @@
  *
  * Memory: a replica is owned by its stand-in (proxy.c); each entry holds
  * one message reference; it owns its log (deleted with it) until handed
- * over.
+ * over. The stand-in lets go of it once the map no longer names this
+ * broker a backup (fence_replica_kept, which reads the map version the
+ * last reset named).
  */
 #ifndef QUAY_CLUSTER_REPLICA_H
 #define QUAY_CLUSTER_REPLICA_H
@@ -70,6 +72,13 @@ bool replica_push(struct replica *replica, uint64_t epoch, uint64_t seq,
 void replica_record_origin(struct replica *replica, uint64_t stream, uint64_t seq,
                            uint64_t now_ms);
 void replica_remove(struct replica *replica, uint64_t seq); /* seq 0: all */
+/* A catch-up starts (its reset): everything goes (replica_remove 0), the
+ * log starts over, and the copy remembers the map version its primary
+ * started the stream under (0: unknown), which says whether this broker
+ * keeps it while its own map does not name it a backup
+ * (fence_replica_kept). */
+void replica_reset(struct replica *replica, uint64_t stream_version);
+uint64_t replica_stream_version(const struct replica *replica); /* NULL: 0 */
 
 /* What a copy of a queue holds, in 16 bytes: how many messages and the sum
  * of their seqs, each mixed first (the order does not count, so a primary's
@@ -91,6 +100,7 @@ struct replica_digest replica_digest_of(const struct replica *replica); /* NULL:
 #define REPLICA_VERIFY_SIZE 20
 void replica_verify_encode(const struct replica_digest *d, uint8_t out[REPLICA_VERIFY_SIZE]);
 uint32_t replica_count(const struct replica *replica);   /* NULL: 0 */
+uint64_t replica_bytes(const struct replica *replica);   /* their bodies (paged too); NULL: 0 */
 bool replica_logged(const struct replica *replica);     /* it has a log; NULL: false */
 /* The journal closes (a shutdown): the log is left as it is on disk (the
  * next start recovers it as a replica's: durable_replica_log_open). NULL

@@ -608,9 +608,13 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
         s->state = STREAM_IDLE;
         return;
     }
+    /* A purge's seq names our map's version: the backup keeps what this
+     * stream sends it while its own map, behind ours, does not name it a
+     * backup yet (fence_replica_kept). */
     struct method reset = {.id = METHOD_BASIC_QUAY_SETTLE};
     reset.basic_quay_settle.queue = queue->name;
     reset.basic_quay_settle.epoch = rep->epoch;
+    reset.basic_quay_settle.seq = member_map(rep->member)->version;
     reset.basic_quay_settle.purge = true;
     s->state = STREAM_CATCHING_UP;
     s->progress_ms = loop_ms(rep);

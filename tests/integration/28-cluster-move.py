@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import threading
@@ -548,6 +549,75 @@ def a_queue_without_backups_outlives_a_target_that_dies_at_the_switch():
             target.start()
     wait_until(lambda: all(m.view() and set(m.view().brokers.values()) == {"up"}
                            for m in members.values()), 30, what="all three back")
+
+
+def queue_log_bytes(member, queue):
+    """The size of queue's log in member's journal (its segments), found by
+    the name in each log's header file (store/format.h); None: no log."""
+    root = os.path.join(member.data, "queues")
+    for leaf in os.listdir(root) if os.path.isdir(root) else []:
+        path = os.path.join(root, leaf)
+        if ".deleted-" in leaf:
+            continue  # (being removed)
+        try:
+            with open(os.path.join(path, "queue"), "rb") as f:
+                header = f.read()
+            segments = [f for f in os.listdir(path) if f.endswith(".seg")]
+        except OSError:  # (deleted meanwhile)
+            continue
+        # (32 bytes of file header, 16 of record header, then the payload:
+        # u32 vhost size, vhost, name)
+        size, = struct.unpack_from("<I", header, 36)
+        vhost_size, = struct.unpack_from("<I", header, 48)
+        if header[52 + vhost_size:48 + size] == queue.encode():
+            return sum(os.path.getsize(os.path.join(path, f)) for f in segments)
+    return None
+
+
+@test(timeout=180)
+def a_released_old_primary_lets_go_of_its_copy():
+    """A queue without backups (x-quay-backups 0) holding 2,000 persistent
+    messages moved: the switch keeps the old primary as an in-sync backup
+    until the new primary has applied it, then the repair releases it
+    (release_surplus). Released, the map no longer names it a backup, and
+    it lets go of its copy: no message in memory (replica_messages 0), no
+    log on disk. Before, it kept both, stale, until the queue was deleted.
+    Moved back, it is caught up from a reset first (as any new backup) and
+    serves every message, those published while it held nothing too."""
+    q = declare_until("mv-f", members["a"],
+                      lambda i: i is not None and i["backups"] == [] and i["primary"] != "a",
+                      **{"x-quay-backups": 0})
+    old = members[queue_info(members["a"], q)["primary"]]
+    target = next(m for m in others(old.name) if m.name != "a")
+    via = members["a"]
+    fill(via, q, 2000)
+    wait_until(lambda: (queue_log_bytes(old, q) or 0) > 2000 * 1024, 10,
+               what="the queue's log on %s" % old.name)
+    move(via, q, target.name)
+    wait_until(lambda: (lambda i: i["primary"] == target.name and i["backups"] == [])(
+        queue_info(via, q)) and via.api_cluster()["moves"] == [], 30,
+        what="the move, and the old primary released", detail=lambda: queue_info(via, q))
+    wait_until(lambda: (lambda i: i["role"] == "proxy" and i["replica_messages"] == 0)(
+        queue_info(old, q)), 10, what="%s to let go of its copy" % old.name,
+        detail=lambda: queue_info(old, q))
+    wait_until(lambda: queue_log_bytes(old, q) is None, 10,
+               what="%s to delete its copy's log" % old.name,
+               detail=lambda: queue_log_bytes(old, q))
+    # Published while it holds nothing: a catch-up must bring them too.
+    conn = connect(via)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(2000, 2100):
+        ch.basic_publish("", q, b"%d-" % i, pika.BasicProperties(delivery_mode=1 + i % 2))
+    conn.close()
+    move(via, q, old.name)
+    wait_until(lambda: (lambda i: i["primary"] == old.name and i["backups"] == [])(
+        queue_info(via, q)) and via.api_cluster()["moves"] == [], 30,
+        what="the move back", detail=lambda: queue_info(via, q))
+    wait_until(lambda: (queue_info(target, q) or {}).get("replica_messages") == 0, 10,
+               what="%s to let go of its copy" % target.name, detail=lambda: queue_info(target, q))
+    got = [int(b.split(b"-", 1)[0]) for b in read_all(via, q)]
+    assert got == list(range(2100)), (len(got), sorted(set(range(2100)) - set(got))[:20])
 
 
 @test(timeout=180)

@@ -9,9 +9,12 @@
  * primary asks for; until that change is applied, the confirms wait. A
  * backup not in sync is caught up (a reset, everything the queue holds,
  * a probe); once it acked the probe it gates confirms and asks to join.
- * A backup takes a stream only at an epoch its map has reached
- * (fence_replica_accepts). A promoted backup starts from what it holds,
- * its seqs past any the old primary gave (mirror.c's gap).
+ * A backup takes a stream only at an epoch its map has reached, into a
+ * copy it keeps (fence_replica_accepts), and lets go of its copy once its
+ * map no longer names it a backup (fence_replica_kept: unless the stream
+ * was started under a map newer than its own). A promoted backup starts
+ * from what it holds, its seqs past any the old primary gave (mirror.c's
+ * gap).
  */
 #include "sim_data.h"
 
@@ -171,7 +174,8 @@ static void catch_up(struct sim *s, unsigned p, unsigned qi, struct sim_copy *c,
     st->progress_ms = now_ms(s);
     st->acked_seq = 0;
     st->sent_seq = 0;
-    if (!stream_send(s, p, c, st, (struct sim_frame){.kind = SIM_F_RESET, .queue = (uint8_t)qi}))
+    if (!stream_send(s, p, c, st, (struct sim_frame){.kind = SIM_F_RESET, .queue = (uint8_t)qi,
+                                                     .seq = s->brokers[p].map.version}))
         return;
     for (uint32_t i = 0; i < c->held_count; i++) {
         struct sim_frame f = {.kind = SIM_F_REPLICATE, .queue = (uint8_t)qi,
@@ -287,6 +291,21 @@ static void detach(struct sim *s, unsigned p, unsigned qi, struct sim_copy *c)
     c->streams_count = 0;
     c->last_seq = c->next_seq - 1; /* (replica_of_queue: under no epoch it knows) */
     c->last_epoch = 0;
+    c->stream_version = 0;
+}
+
+/* proxy_stub_update: a copy the map does not name us a backup of goes
+ * (fence_replica_kept), and a new one starts from nothing. */
+static void drop_unneeded(struct sim *s, const struct sim_broker *b, unsigned qi,
+                          struct sim_copy *c, const struct map_queue *q)
+{
+    if (fence_replica_kept(q, b->id, b->map.version, c->stream_version) ||
+        (c->held_count == 0 && c->last_seq == 0 && c->last_epoch == 0 &&
+         c->stream_version == 0))
+        return;
+    sim_data_watch(s, qi, "b%u is not a backup: its copy goes (holds %u)", b->id, c->held_count);
+    c->held_count = 0;
+    c->last_seq = c->last_epoch = c->stream_version = 0;
 }
 
 static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
@@ -303,6 +322,7 @@ static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
         c->stood_in |= q != NULL;
         if (c->primary || c->journal)
             detach(s, b->index, qi, c); /* (demote: replica_of_queue) */
+        drop_unneeded(s, b, qi, c, q);
         return;
     }
     bool fresh = !c->primary, recovered = c->recovered;
@@ -433,7 +453,9 @@ static void on_stream(struct sim *s, unsigned from, unsigned to, const struct si
 {
     struct sim_broker *b = &s->brokers[to];
     struct sim_copy *c = &s->data->copies[to][f->queue];
-    bool accepts = fence_replica_accepts(map_queue_of(b, f->queue), b->id, f->epoch);
+    uint64_t stream_version = f->kind == SIM_F_RESET ? f->seq : c->stream_version;
+    bool accepts = fence_replica_accepts(map_queue_of(b, f->queue), b->id, f->epoch,
+                                         b->map.version, stream_version);
     struct sim_frame ack = {.kind = SIM_F_ACK, .queue = f->queue, .epoch = f->epoch,
                             .seq = f->seq, .stream = f->stream, .ok = accepts};
     if (!accepts) {
@@ -453,6 +475,7 @@ static void on_stream(struct sim *s, unsigned from, unsigned to, const struct si
         sim_data_watch(s, f->queue, "b%u resets its replica (from b%u)", b->id, from + 1);
         c->held_count = 0;
         c->last_seq = 0;
+        c->stream_version = f->seq;
         c->emptied = false; /* caught up from here */
         c->from = (uint8_t)from;
         c->from_seq = 0;
@@ -553,6 +576,7 @@ void sim_data_restart(struct sim *s, unsigned i)
                 s->data->msgs[c->held[k].msg].restarted_away = true;
         }
         c->recovered = journal;
+        c->stream_version = 0;
         c->emptied = !journal && c->held_count > 0; /* (it lost something) */
         if (!journal || sim_data_transient(qi)) {
             c->held_count = 0;

@@ -36,7 +36,7 @@ enum sim_frame_kind {
     SIM_F_FORWARD,   /* proxy -> primary: a publish (forward.c) */
     SIM_F_ANSWER,    /* primary -> proxy: its confirm (ok) or nack */
     SIM_F_SYNC,      /* basic.quay-sync: the receiver holds the link until its map has seq */
-    SIM_F_RESET,     /* primary -> backup: a catch-up's purge */
+    SIM_F_RESET,     /* primary -> backup: a catch-up's purge, seq: the primary's map version */
     SIM_F_REPLICATE, /* primary -> backup: basic.quay-replicate {seq} */
     SIM_F_SETTLE,    /* primary -> backup: seq left the queue (a consumer acked it) */
     SIM_F_PROBE,     /* primary -> backup: the end of a catch-up, tagged seq */
@@ -46,7 +46,7 @@ enum sim_frame_kind {
 
 struct sim_frame {
     uint64_t at_ms;                /* delivered then */
-    uint64_t epoch, seq;           /* SYNC: seq is a map version */
+    uint64_t epoch, seq;           /* SYNC, RESET: seq is a map version */
     uint32_t msg, attempt;         /* FORWARD, ANSWER, REPLICATE */
     uint32_t stream;               /* REPLICATE, PROBE, VERIFY, ACK: the stream's id */
     struct replica_digest digest;  /* VERIFY (cluster/replica.h) */
@@ -98,6 +98,7 @@ struct sim_copy {
     bool ask;                      /* an in-sync change to submit (ask_in_sync) */
     uint64_t epoch, next_seq;      /* as primary */
     uint64_t last_seq, last_epoch; /* as a replica: replica_push's (fence_replica_push) */
+    uint64_t stream_version;       /* as a replica: its last reset's (fence_replica_kept) */
     uint8_t from;                  /* the checker: the last stream's sender, ... */
     uint64_t from_epoch, from_seq; /* ... its epoch and the seq it last sent here */
     struct sim_entry held[SIM_HELD_CAP]; /* in seq order */

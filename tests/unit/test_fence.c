@@ -3,7 +3,9 @@
  * Goal: a forward is taken only by the primary at a current epoch, relayed
  * only to a newer primary, parked only when our map lags; a backup takes a
  * stream only at an epoch its map has reached or passed, never as the
- * primary, and acks an old seq only from the epoch it came on; the lease
+ * primary, and acks an old seq only from the epoch it came on; it keeps a
+ * copy (and takes a stream into it) only while its map names it a backup,
+ * or while the stream was started under a map newer than its own; the lease
  * needs a majority heard within its length, by heartbeats whose sender's
  * map ours has reached.
  */
@@ -79,11 +81,38 @@ static void replica_takes_streams_at_its_epoch_or_newer(void **state)
 {
     (void)state;
     struct map_queue q = queue_at(1, 10);
-    assert_true(fence_replica_accepts(&q, 2, 10));
-    assert_true(fence_replica_accepts(&q, 2, 11)); /* a promotion we have not applied yet */
-    assert_false(fence_replica_accepts(&q, 2, 9)); /* a deposed primary's stream */
-    assert_false(fence_replica_accepts(&q, 1, 10)); /* we are its primary */
-    assert_false(fence_replica_accepts(NULL, 2, 10));
+    assert_true(fence_replica_accepts(&q, 2, 10, 20, 0));
+    assert_true(fence_replica_accepts(&q, 2, 11, 20, 0)); /* a promotion we have not applied */
+    assert_false(fence_replica_accepts(&q, 2, 9, 20, 0)); /* a deposed primary's stream */
+    assert_false(fence_replica_accepts(&q, 1, 10, 20, 0)); /* we are its primary */
+    assert_false(fence_replica_accepts(NULL, 2, 10, 20, 0));
+    /* Not a backup here: only a stream started under a newer map. */
+    assert_false(fence_replica_accepts(&q, 4, 10, 20, 0));
+    assert_false(fence_replica_accepts(&q, 4, 10, 20, 20));
+    assert_true(fence_replica_accepts(&q, 4, 10, 20, 21));
+    assert_false(fence_replica_accepts(&q, 4, 9, 20, 21)); /* (the epoch still counts) */
+}
+
+static void replica_kept_while_named_or_fed_from_a_newer_map(void **state)
+{
+    (void)state;
+    struct map_queue q = queue_at(1, 10); /* backups 2 and 3 */
+    /* A backup keeps its copy, whatever its stream's version. */
+    assert_true(fence_replica_kept(&q, 2, 20, 0));
+    assert_true(fence_replica_kept(&q, 3, 20, 30));
+    assert_true(fence_replica_kept(&q, 3, 20, 5));
+    /* No longer named (a move released us, a rebalance moved the backup):
+     * the copy goes, once our map is as new as the stream's start (or the
+     * primary said no version: one from before). */
+    assert_false(fence_replica_kept(&q, 4, 20, 0));
+    assert_false(fence_replica_kept(&q, 4, 20, 19));
+    assert_false(fence_replica_kept(&q, 4, 20, 20));
+    /* Named in a map we have not applied yet (the primary caught us up at
+     * version 21): kept until our map has come that far. */
+    assert_true(fence_replica_kept(&q, 4, 20, 21));
+    /* Never at the primary, nor of a queue our map does not have. */
+    assert_false(fence_replica_kept(&q, 1, 20, 21));
+    assert_false(fence_replica_kept(NULL, 4, 20, 21));
 }
 
 static void replica_push_takes_newer_refuses_collisions(void **state)
@@ -251,6 +280,7 @@ int main(void)
         cmocka_unit_test(map_behind_by_epoch_or_version),
         cmocka_unit_test(forward_gone_once_the_map_deleted_its_queue),
         cmocka_unit_test(replica_takes_streams_at_its_epoch_or_newer),
+        cmocka_unit_test(replica_kept_while_named_or_fed_from_a_newer_map),
         cmocka_unit_test(replica_push_takes_newer_refuses_collisions),
         cmocka_unit_test(lease_needs_a_majority_heard),
         cmocka_unit_test(pause_minority_after_a_stale_lease_while_serving),

@@ -1,7 +1,8 @@
 /*
  * test_replica.c: a backup's copy of a queue (cluster/replica.h) keeps the
  * primary's messages in seq order, forgets removed ones in any order,
- * ignores resends (refuses a seq it has under another epoch), clears on purge, and holds exactly one reference per
+ * ignores resends (refuses a seq it has under another epoch), clears on purge (a
+ * reset keeps the map version its stream names), and holds exactly one reference per
  * message it keeps (message_live_count tells). Of a durable queue it logs
  * the persistent messages it keeps, and nothing else, in a real journal
  * (a temporary directory): what a restart would read back is exactly them.
@@ -195,6 +196,33 @@ static void test_purge(void **state)
     assert_int_equal(message_live_count, live_before);
 }
 
+/* A catch-up's reset empties the copy, as a purge, and the copy keeps
+ * the map version its primary named (fence_replica_kept reads it) until
+ * the next reset; pushes do not change it. */
+static void test_a_reset_remembers_the_streams_map_version(void **state)
+{
+    (void)state;
+    uint64_t live_before = message_live_count;
+    assert_int_equal(replica_stream_version(NULL), 0);
+    assert_int_equal(replica_bytes(NULL), 0);
+    struct replica *r = replica_new(-1, NULL);
+    assert_int_equal(replica_stream_version(r), 0); /* (none yet: a primary from before) */
+    push_range(r, 1, 10);
+    assert_int_equal(replica_bytes(r), 10 * sizeof(uint32_t));
+    replica_reset(r, 42);
+    assert_int_equal(replica_count(r), 0);
+    assert_int_equal(replica_bytes(r), 0);
+    assert_int_equal(message_live_count, live_before);
+    assert_int_equal(replica_stream_version(r), 42);
+    push_range(r, 1, 5); /* the catch-up starts from the primary's oldest */
+    assert_int_equal(replica_count(r), 5);
+    assert_int_equal(replica_stream_version(r), 42);
+    replica_reset(r, 0); /* a primary from before names none */
+    assert_int_equal(replica_stream_version(r), 0);
+    replica_free(r);
+    assert_int_equal(message_live_count, live_before);
+}
+
 /* ---- the log of a durable queue's replica ---- */
 
 struct recovered {
@@ -307,6 +335,7 @@ int main(void)
         cmocka_unit_test(test_resends_are_ignored),
         cmocka_unit_test(test_a_colliding_seq_from_another_epoch_is_refused),
         cmocka_unit_test(test_purge),
+        cmocka_unit_test(test_a_reset_remembers_the_streams_map_version),
         cmocka_unit_test(test_a_durable_replica_logs_its_persistent_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
