@@ -11,6 +11,7 @@ primary in the middle; the consumer (re-subscribed after the cancel
 notification, as clients do) must end with every confirmed message, the
 unacked ones marked redelivered. /api/queues shows where the copies are.
 """
+import functools
 import os
 import signal
 import sys
@@ -28,6 +29,40 @@ import pika  # noqa: E402
 cluster = None
 members = {}
 state = {}
+
+
+def start_again(member, what):
+    """Starts member (killed) again and waits until every member's view has
+    it up."""
+    member.start()
+    wait_until(lambda: all(m.view() and m.view().brokers.get(member.name) == "up"
+                           for m in members.values()), 20, what=what)
+
+
+def asked_as_the_primary_dies(primary, asks):
+    """Runs each of asks ({key: function}) in a thread of its own while
+    primary is frozen (SIGSTOP), checks that none was answered, then kills
+    the primary: {key: what the function returned, or its exception as
+    text} once every one is done."""
+    answers = {}
+
+    def ask(key, f):
+        try:
+            answers[key] = f()
+        except Exception as e:  # (the caller's assertion shows it)
+            answers[key] = "%s: %r" % (type(e).__name__, e)
+    primary.proc.send_signal(signal.SIGSTOP)
+    try:
+        threads = [threading.Thread(target=ask, args=item) for item in asks.items()]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # asked, unanswered
+        assert answers == {}, answers
+    finally:
+        primary.kill()
+    for t in threads:
+        t.join(30)
+    return answers
 
 
 @test(timeout=120)
@@ -127,9 +162,7 @@ def the_backup_takes_over_and_consumers_go_on():
     assert b"after" in bodies
     assert all(r for b, r in got if b != b"after" and int(b) in held), "held ones redelivered"
     assert not cancelled, "the consumer was cancelled instead of re-attached"
-    primary.start()
-    wait_until(lambda: all(m.view() and m.view().brokers.get(primary.name) == "up"
-                           for m in members.values()), 20, what="the old primary back")
+    start_again(primary, "the old primary back")
 
 
 @test(timeout=120)
@@ -160,9 +193,7 @@ def publishers_elsewhere_see_no_error_across_a_failover():
     seen = set(int(body) for body in read_all(other, "steady"))
     missing = set(range(confirmed)) - seen
     assert not missing, "%d confirmed messages lost" % len(missing)
-    primary.start()
-    wait_until(lambda: all(m.view() and m.view().brokers.get(primary.name) == "up"
-                           for m in members.values()), 20, what="the old primary back")
+    start_again(primary, "the old primary back")
 
 
 @test(timeout=120)
@@ -187,9 +218,7 @@ def the_factor_is_restored_and_a_second_failover_keeps_everything():
     assert backup.alive(), second
     wait_until(lambda: queue_info(backup, "twice")["replica_messages"] == 300, 5,
                what="the new backup to hold all 300")
-    primary.start()
-    wait_until(lambda: all(m.view() and m.view().brokers.get(primary.name) == "up"
-                           for m in members.values()), 20, what="the first primary back")
+    start_again(primary, "the first primary back")
     # Now the second primary dies: the caught-up backup has everything.
     new_primary = members[second["primary"]]
     new_primary.kill()
@@ -198,9 +227,7 @@ def the_factor_is_restored_and_a_second_failover_keeps_everything():
                what="the caught-up backup promoted")
     got = set(int(body) for body in read_all(survivor, "twice"))
     assert got == set(range(300)), "%d of 300 after two failovers" % len(got)
-    new_primary.start()
-    wait_until(lambda: all(m.view() and m.view().brokers.get(new_primary.name) == "up"
-                           for m in members.values()), 20, what="the second primary back")
+    start_again(new_primary, "the second primary back")
 
 
 @test(timeout=120)
@@ -224,9 +251,7 @@ def bindings_survive_a_promotion():
     m, _, body = ch.basic_get("bound", auto_ack=True)
     assert body == b"routed", body
     c.close()
-    primary.start()
-    wait_until(lambda: all(m.view() and m.view().brokers.get(primary.name) == "up"
-                           for m in members.values()), 20, what="the old primary back")
+    start_again(primary, "the old primary back")
 
 
 @test(timeout=180)
@@ -359,30 +384,16 @@ def requests_in_flight_through_stand_ins_outlive_their_primary():
     askers = [(m, kind) for m in (proxy, backup) for kind in ("get", "declare")]
     conns = [connect(m) for m, _ in askers]
     channels = [conn.channel() for conn in conns]
-    answers = {}
 
-    def ask(i):
-        member, kind = askers[i]
-        try:
-            if kind == "get":
-                method, _, body = channels[i].basic_get("inflight", auto_ack=True)
-                answers[i] = int(body) if method is not None else "empty"
-            else:
-                answers[i] = channels[i].queue_declare("inflight",
-                                                       passive=True).method.message_count
-        except Exception as e:  # (the assertion below shows it)
-            answers[i] = "%s: %r" % (type(e).__name__, e)
-    primary.proc.send_signal(signal.SIGSTOP)
-    try:
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(askers))]
-        for t in threads:
-            t.start()
-        time.sleep(0.5)  # asked, unanswered
-        assert answers == {}, answers
-    finally:
-        primary.kill()
-    for t in threads:
-        t.join(30)
+    def get(ch):
+        method, _, body = ch.basic_get("inflight", auto_ack=True)
+        return int(body) if method is not None else "empty"
+
+    def declare(ch):
+        return ch.queue_declare("inflight", passive=True).method.message_count
+    answers = asked_as_the_primary_dies(primary, {
+        i: functools.partial(get if kind == "get" else declare, ch)
+        for i, ((_, kind), ch) in enumerate(zip(askers, channels))})
     for conn in conns:
         if conn.is_open:  # (a refusal closed its channel, not it)
             conn.close()
@@ -391,9 +402,7 @@ def requests_in_flight_through_stand_ins_outlive_their_primary():
     assert all(isinstance(a, int) for a in answers.values()) and len(answers) == 4, named
     assert sorted(gets) == [0, 1], named  # each message once, in order
     assert all(8 <= named["%s declare" % m.name] <= 10 for m in (proxy, backup)), named
-    primary.start()
-    wait_until(lambda: all(m.view() and m.view().brokers.get(primary.name) == "up"
-                           for m in members.values()), 20, what="the old primary back")
+    start_again(primary, "the old primary back")
 
 
 @test(timeout=120)
@@ -417,25 +426,11 @@ def a_transaction_committed_as_its_primary_dies_commits_once():
         ch.tx_select()
         for i in range(5):
             ch.basic_publish("", "tx-failover", b"%s-%d" % (via.name.encode(), i))
-    answers = {}
-
-    def commit(i):
-        try:
-            channels[i].tx_commit()
-            answers[vias[i].name] = "commit-ok"
-        except Exception as e:  # (the assertion below shows it)
-            answers[vias[i].name] = "%s: %r" % (type(e).__name__, e)
-    primary.proc.send_signal(signal.SIGSTOP)
-    try:
-        threads = [threading.Thread(target=commit, args=(i,)) for i in range(len(vias))]
-        for t in threads:
-            t.start()
-        time.sleep(0.5)  # asked, unanswered
-        assert answers == {}, answers
-    finally:
-        primary.kill()
-    for t in threads:
-        t.join(30)
+    def commit(ch):
+        ch.tx_commit()
+        return "commit-ok"
+    answers = asked_as_the_primary_dies(primary, {
+        via.name: functools.partial(commit, ch) for via, ch in zip(vias, channels)})
     for conn in conns:
         if conn.is_open:
             conn.close()
@@ -443,9 +438,7 @@ def a_transaction_committed_as_its_primary_dies_commits_once():
     assert all(m.alive() for m in vias), "a broker died"
     got = sorted(read_all(vias[0], "tx-failover"))
     assert got == sorted(b"%s-%d" % (m.name.encode(), i) for m in vias for i in range(5)), got
-    primary.start()
-    wait_until(lambda: all(m.view() and m.view().brokers.get(primary.name) == "up"
-                           for m in members.values()), 20, what="the old primary back")
+    start_again(primary, "the old primary back")
 
 
 @test(timeout=240)
