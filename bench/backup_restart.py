@@ -12,9 +12,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "cluster"))
-from clustertest import Cluster, connect, declare_until, queue_info, wait_until  # noqa: E402
-
-import pika  # noqa: E402
+from clustertest import (Cluster, declare_until, publish_persistent, queue_info,  # noqa: E402
+                         wait_until)
 
 N = int(os.environ.get("N", "100000"))
 
@@ -28,14 +27,7 @@ def main():
                              q["backups"], **{"x-quay-backups": 1})
         backup = members[queue_info(a, name)["backups"][0]]
         wait_until(lambda: queue_info(a, name)["in_sync"] == [backup.name], 10)
-        c = connect(a)
-        ch = c.channel()
-        ch.confirm_delivery()
-        body = b"x" * 1024
-        persistent = pika.BasicProperties(delivery_mode=2)
-        for _ in range(N):
-            ch.basic_publish("", name, body, properties=persistent)
-        c.close()
+        publish_persistent(a, name, N)
         wait_until(lambda: (queue_info(backup, name) or {}).get("replica_messages") == N, 60,
                    what="the backup to hold them")
         time.sleep(1)  # (its log written)
@@ -50,10 +42,8 @@ def main():
         lines = backup.log_text_bytes()[seen:].decode("utf-8", "replace").splitlines()
         recovery = next((line.split("info", 1)[-1].strip() for line in lines
                          if "messages in" in line), "")
-        with open("/proc/%d/status" % backup.proc.pid) as f:
-            rss_kib = int(f.read().split("VmRSS:")[1].split()[0])
         print("RESULT messages=%d synced_s=%.2f rss_kib=%d recovery=%r" % (
-            N, synced_s, rss_kib, recovery))
+            N, synced_s, backup.rss_kib(), recovery))
     finally:
         cluster.close()
 

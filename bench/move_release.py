@@ -17,18 +17,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "cluster"))
 import clustertest  # noqa: E402
-from clustertest import Cluster, connect, declare_until, queue_info, wait_until  # noqa: E402
-
-import pika  # noqa: E402
+from clustertest import (Cluster, declare_until, publish_persistent, queue_info,  # noqa: E402
+                         wait_until)
 
 N = int(os.environ.get("N", "100000"))
 if os.environ.get("PORTS"):
     clustertest._PORT_LOW, clustertest._PORT_HIGH = map(int, os.environ["PORTS"].split("-"))
-
-
-def rss_kib(member):
-    with open("/proc/%d/status" % member.proc.pid) as f:
-        return int(f.read().split("VmRSS:")[1].split()[0])
 
 
 def logs_kib(member):
@@ -45,16 +39,9 @@ def main():
         a = members["a"]
         name = declare_until("release", a, lambda q: q is not None and q["primary"] == "a" and
                              q["backups"] == [], **{"x-quay-backups": 0})
-        c = connect(a)
-        ch = c.channel()
-        ch.confirm_delivery()
-        body = b"x" * 1024
-        persistent = pika.BasicProperties(delivery_mode=2)
-        for _ in range(N):
-            ch.basic_publish("", name, body, properties=persistent)
-        c.close()
+        publish_persistent(a, name, N)
         time.sleep(2)  # (its log written)
-        before = rss_kib(a), logs_kib(a)
+        before = a.rss_kib(), logs_kib(a)
         target = members["b"]
         t0 = time.monotonic()
         status, answer = a.api_call("POST", "/api/cluster/move", json.dumps(
@@ -65,7 +52,7 @@ def main():
             what="the move and the release")
         released_s = time.monotonic() - t0
         time.sleep(2)
-        after = rss_kib(a), logs_kib(a)
+        after = a.rss_kib(), logs_kib(a)
         held = queue_info(a, name).get("replica_messages")
         print("RESULT messages=%d moved_and_released_s=%.2f rss_before_kib=%d "
               "rss_after_kib=%d logs_before_kib=%d logs_after_kib=%d replica_messages=%s" % (

@@ -400,6 +400,11 @@ class Member:
         text = self.log_text()
         return [m for m in SANITIZER_MARKERS if m in text]
 
+    def rss_kib(self):
+        """The running process's VmRSS, in KiB."""
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            return int(f.read().split("VmRSS:")[1].split()[0])
+
 
 def metric(member, name):
     """A sample without labels from member's GET /metrics (31-metrics checks
@@ -583,6 +588,20 @@ def kill_at(member, function):
     wait_until(lambda: gdb.poll() is None and _traced_and_running(member.proc.pid), 60,
                what="gdb attached to %s" % member.name, detail=lambda: gdb.poll())
     return gdb
+
+
+def publish_persistent(member, queue, n, size=1024):
+    """n persistent messages of size bytes to queue through member, each
+    confirmed."""
+    import pika
+    c = connect(member)
+    ch = c.channel()
+    ch.confirm_delivery()
+    body = b"x" * size
+    persistent = pika.BasicProperties(delivery_mode=2)
+    for _ in range(n):
+        ch.basic_publish("", queue, body, properties=persistent)
+    c.close()
 
 
 def read_all(member, queue, redelivered=False):
