@@ -705,14 +705,13 @@ static void send_get_empty(struct channel *ch)
 
 static void handle_get(struct channel *ch, const struct method *m);
 
-/* The stand-in asked was replaced meanwhile (this broker is the queue's
- * primary now: its backup promoted) or deleted: the get is asked again by
- * name, of whatever the vhost holds now, as one broker would have
- * answered it. */
-static void get_again(struct channel *ch, const struct queue *stub, bool no_ack)
+/* A get asked again, by name, of whatever the vhost holds now (the
+ * queue it was asked of stood still, or was replaced), as one broker
+ * would have answered it; not on a channel closing meanwhile. */
+static void get_again(struct channel *ch, struct bytes name, bool no_ack)
 {
     struct method m = {.id = METHOD_BASIC_GET};
-    m.basic_get.queue = stub->name;
+    m.basic_get.queue = name;
     m.basic_get.no_ack = no_ack;
     if (ch->state == CHANNEL_STATE_OPEN)
         handle_get(ch, &m);
@@ -731,7 +730,7 @@ static void on_remote_get(void *ctx, struct queue *queue, uint16_t reply_code,
     else if (reply_code == REPLY_SUCCESS)
         send_get_empty(ch);
     else if (reply_code == 0 && queue->deleted)
-        get_again(ch, queue, no_ack);
+        get_again(ch, queue->name, no_ack); /* the stand-in replaced (our backup promoted) */
     else if (reply_code == 0)
         channel__fail_unreachable(ch, queue, METHOD_BASIC_GET);
     else /* gone at its primary (our map has not heard yet), or locked */
@@ -745,11 +744,7 @@ static void on_remote_get(void *ctx, struct queue *queue, uint16_t reply_code,
 static void retry_get(struct queue_get_wait *wait)
 {
     struct channel *ch = CONTAINER_OF(wait, struct channel, get_wait);
-    struct method m = {.id = METHOD_BASIC_GET};
-    m.basic_get.queue = (struct bytes){ch->get_name, ch->get_name_size};
-    m.basic_get.no_ack = ch->get_no_ack;
-    if (ch->state == CHANNEL_STATE_OPEN)
-        handle_get(ch, &m);
+    get_again(ch, (struct bytes){ch->get_name, ch->get_name_size}, ch->get_no_ack);
     connection_release(ch->connection);
 }
 
