@@ -1376,7 +1376,7 @@ static bool forward_to(struct channel *ch, struct queue *queue, struct message *
     wait->origin_stream = wait->origin_seq = 0;
     if (queue->flow.congested)
         flow_wait(ch->connection, ch->id, queue); /* the sender is told */
-    if (r == QUEUE_PUBLISH_REJECTED)
+    if (r == QUEUE_PUBLISH_REJECTED || r == QUEUE_PUBLISH_UNAVAILABLE)
         return false;
     if (records)
         queue_origin_record(queue, stream, seq, wait->ticket); /* (covers this one's) */

@@ -568,7 +568,8 @@ static struct queue *usable_queue(struct channel *ch, struct bytes name, uint32_
                       (int)name.len, (const char *)name.ptr, VHOST_ARG(ch));
         return NULL;
     }
-    if (channel__queue_locked(ch, queue, method_id))
+    if (channel__queue_locked(ch, queue, method_id) ||
+        channel__queue_unreadable(ch, queue, method_id))
         return NULL;
     return queue;
 }

@@ -278,6 +278,16 @@ bool channel__queue_locked(struct channel *ch, struct queue *queue, uint32_t met
     return false;
 }
 
+bool channel__queue_unreadable(struct channel *ch, const struct queue *queue, uint32_t method_id)
+{
+    if (!queue->unreadable)
+        return false;
+    channel__fail(ch, REPLY_NOT_FOUND, method_id,
+                  "queue '%.*s' " VHOST_FMT " is unavailable: its log cannot be read yet",
+                  BYTES_ARG(queue->name), VHOST_ARG(ch));
+    return true;
+}
+
 bool channel__resolve_queue_name(struct channel *ch, struct bytes *name, uint32_t method_id)
 {
     if (name->len > 0)
@@ -323,7 +333,8 @@ static struct queue *existing_queue(struct channel *ch, struct bytes name, uint3
     if (!channel__resolve_queue_name(ch, &name, method_id))
         return NULL;
     struct queue *queue = named_queue(ch, name, method_id);
-    if (queue == NULL || channel__queue_locked(ch, queue, method_id))
+    if (queue == NULL || channel__queue_locked(ch, queue, method_id) ||
+        channel__queue_unreadable(ch, queue, method_id))
         return NULL;
     return queue;
 }
@@ -392,6 +403,32 @@ static void declare_in_cluster(struct channel *ch, const struct method *m, struc
     channel__cluster_submit(ch, m->id, d->no_wait, &change, 0);
 }
 
+/* The broker's and the vhost's queue limits leave room for one more
+ * (else the channel fails 406). */
+static bool room_for_queue(struct channel *ch, struct bytes name, uint32_t method_id)
+{
+    struct broker *broker = ch->connection->broker;
+    uint32_t limit = broker->config.limits.queues_max;
+    if (limit && ch->vhost->queues.count >= limit) {
+        channel__fail(ch, REPLY_PRECONDITION_FAILED, method_id,
+                      "cannot declare queue '%.*s': queue limit " VHOST_FMT " (%u) is reached",
+                      BYTES_ARG(name), VHOST_ARG(ch), limit);
+        return false;
+    }
+    /* The vhost's max-queues (RabbitMQ's words): in a cluster the vhost
+     * holds a stand-in for every queue of the map, so this counts the
+     * cluster's queues. */
+    int64_t vhost_limit = limit_set_value(&broker->limits, LIMIT_SCOPE_VHOST,
+                                          ch->vhost->name, LIMIT_MAX_QUEUES);
+    if (!limit_allows(vhost_limit, ch->vhost->queues.count)) {
+        channel__fail(ch, REPLY_PRECONDITION_FAILED, method_id,
+                      "cannot declare queue '%.*s': queue limit " VHOST_FMT " (%lld) is "
+                      "reached", BYTES_ARG(name), VHOST_ARG(ch), (long long)vhost_limit);
+        return false;
+    }
+    return true;
+}
+
 static void queue_declare(struct channel *ch, const struct method *m)
 {
     const struct method_queue_declare *d = &m->queue_declare;
@@ -433,24 +470,8 @@ static void queue_declare(struct channel *ch, const struct method *m)
             channel__fail(ch, code, m->id, "%s", text);
             return;
         }
-        uint32_t limit = broker->config.limits.queues_max;
-        if (limit && ch->vhost->queues.count >= limit) {
-            channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
-                          "cannot declare queue '%.*s': queue limit " VHOST_FMT " (%u) is reached",
-                          BYTES_ARG(name), VHOST_ARG(ch), limit);
+        if (!room_for_queue(ch, name, m->id))
             return;
-        }
-        /* The vhost's max-queues (RabbitMQ's words): in a cluster the
-         * vhost holds a stand-in for every queue of the map, so this
-         * counts the cluster's queues. */
-        int64_t vhost_limit = limit_set_value(&broker->limits, LIMIT_SCOPE_VHOST,
-                                              ch->vhost->name, LIMIT_MAX_QUEUES);
-        if (!limit_allows(vhost_limit, ch->vhost->queues.count)) {
-            channel__fail(ch, REPLY_PRECONDITION_FAILED, m->id,
-                          "cannot declare queue '%.*s': queue limit " VHOST_FMT " (%lld) is "
-                          "reached", BYTES_ARG(name), VHOST_ARG(ch), (long long)vhost_limit);
-            return;
-        }
         struct bytes args = {d->arguments.ptr, d->arguments.len};
         if (channel__clustered(ch)) {
             declare_in_cluster(ch, m, name, d->queue.len == 0, parsed.quay_backups);
@@ -463,6 +484,8 @@ static void queue_declare(struct channel *ch, const struct method *m)
             list_push_back(&connection->exclusive_queues, &queue->owner_link);
         }
     }
+    if (channel__queue_unreadable(ch, queue, m->id))
+        return;
     if (queue_is_remote(queue)) {
         channel__remote_query(ch, queue, m); /* the counts are the primary's */
         return;

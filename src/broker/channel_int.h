@@ -298,6 +298,9 @@ bool channel__resolve_queue_name(struct channel *ch, struct bytes *name, uint32_
 /* Fails the channel with 405 if the queue is exclusive to another
  * connection; returns true if it did. */
 bool channel__queue_locked(struct channel *ch, struct queue *queue, uint32_t method_id);
+/* A queue whose log cannot be read yet (queue.h unreadable): fails the
+ * channel with 404, as a queue whose primary is down, and returns true. */
+bool channel__queue_unreadable(struct channel *ch, const struct queue *queue, uint32_t method_id);
 void channel__handle_exchange(struct channel *ch, const struct method *m);
 void channel__handle_queue(struct channel *ch, const struct method *m);
 

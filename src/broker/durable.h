@@ -149,11 +149,15 @@ uint64_t durable_page_out(struct broker *broker, uint64_t wanted);
  * it; durable_adopt_discard frees one not to be read (its queue went
  * meanwhile: what it staged stays in our adopted/, reported, and swept at
  * our next start). ticket: our copy's last record (0: nothing copied); the
- * copy is durable once durable_synced_ticket passes it. durable_adopt
- * returns the messages adopted, or -1 (logged; the staged copy stays in
- * our adopted/ for the operator). merge (or NULL): messages that go in by
- * seq among the adopted ones (all of them, whatever the logs give: none is
- * lost). */
+ * copy is durable once durable_synced_ticket passes it (it covers what
+ * went in before a failure too). durable_adopt returns the messages
+ * adopted, or -1 where a log could not be staged or read whole (logged):
+ * what went in stays in the queue and in our log, what was staged stays
+ * staged in our adopted/, and the queue must not serve until a new plan
+ * with resume (our log holds what went in) reads the rest. merge (or
+ * NULL): messages that go in by seq among the adopted ones (all of them,
+ * once the logs are read whole: none is lost; until then merge->next
+ * says where the next try goes on). */
 #define DURABLE_ADOPT_CHAIN_MAX 8
 struct durable_adopt_plan *durable_adopt_stage(struct broker *broker, struct queue *queue,
                                                const char *owner_name,

@@ -147,10 +147,12 @@ static int64_t read_log(struct broker *broker, struct queue *queue, const char *
     struct journal_adoption *out = malloc(sizeof *out);
     ASSERT(out != NULL);
     int rc = journal_adopt_read(d->journal, slot->staged, on_adopted, &a, out);
+    if (a.ticket > *ticket)
+        *ticket = a.ticket; /* (what went in before a failure is copied too) */
     if (rc != OK) {
-        LOG_ERROR("queue '%.*s': cannot take over %s's log (%d); kept in %s: it serves "
-                  "without those messages", (int)queue->name.len,
-                  (const char *)queue->name.ptr, source, rc, slot->staged);
+        LOG_ERROR("queue '%.*s': cannot read %s's log, staged in %s (%d), after %lld of its "
+                  "messages", (int)queue->name.len, (const char *)queue->name.ptr, source,
+                  slot->staged, rc, (long long)a.count);
         free(out);
         return -1;
     }
@@ -169,8 +171,6 @@ static int64_t read_log(struct broker *broker, struct queue *queue, const char *
         p->next = d->adopted;
         d->adopted = p;
     }
-    if (a.ticket > *ticket)
-        *ticket = a.ticket;
     LOG_INFO("queue '%.*s': took over %lld messages from %s's log%s (%llu dropped)",
              (int)queue->name.len, (const char *)queue->name.ptr, (long long)a.count, source,
              slot->from == FROM_OWNER ? ""
@@ -194,8 +194,8 @@ static int claim_staged(struct broker *broker, struct queue *queue, const char *
     int rc = journal_adopt_claim_staged(broker->durable.journal, taker ? taker_dir : NULL,
                                         source, queue->vhost->name, queue->name, staged);
     if (rc != OK)
-        LOG_ERROR("queue '%.*s': cannot claim %s's log staged in %s's directory: it serves "
-                  "without those messages", (int)queue->name.len,
+        LOG_ERROR("queue '%.*s': cannot claim %s's log staged in %s's directory",
+                  (int)queue->name.len,
                   (const char *)queue->name.ptr, source, taker != NULL ? taker : "our");
     return rc;
 }
@@ -212,9 +212,8 @@ static int stage_own(struct broker *broker, struct durable_adopt_plan *p, uint32
                                  p->queue->name, slot->staged);
     slot->tried = rc == OK;
     if (rc != OK)
-        LOG_ERROR("queue '%.*s': cannot take over %s's log: it serves without those "
-                  "messages", (int)p->queue->name.len, (const char *)p->queue->name.ptr,
-                  p->source[i]);
+        LOG_ERROR("queue '%.*s': cannot take over %s's log", (int)p->queue->name.len,
+                  (const char *)p->queue->name.ptr, p->source[i]);
     return rc;
 }
 
@@ -401,9 +400,13 @@ int64_t durable_adopt(struct broker *broker, struct durable_adopt_plan *plan,
     *ticket = 0;
     d->merge = merge;
     int64_t count = plan->active ? read_plan(broker, plan, ticket) : 0;
-    merge_rest(broker, queue);
+    /* Not read whole: the merge's rest waits for the next try (its seqs
+     * lie among what is still to read). */
+    if (count >= 0)
+        merge_rest(broker, queue);
     d->merge = NULL;
-    queue_dispatch(queue);
+    if (count >= 0)
+        queue_dispatch(queue);
     free(plan);
     return count;
 }

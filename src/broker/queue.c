@@ -697,6 +697,8 @@ static enum queue_publish_result publish_one(struct queue *queue, struct message
                                              struct publish_wait *wait, bool dead_lettered)
 {
     bool from_peer = wait != NULL && wait->from_peer;
+    if (queue->unreadable)
+        return QUEUE_PUBLISH_UNAVAILABLE;
     if (queue->pause != NULL && (queue->pause->standing || !from_peer)) {
         hold_publish(queue, message, wait, dead_lettered);
         return QUEUE_PUBLISH_OK;
@@ -742,7 +744,9 @@ void queue_publish_routed(struct queue *const *queues, uint32_t count, struct me
             }
             continue;
         }
-        if (queue->pause != NULL)
+        if (queue->unreadable)
+            out->unavailable++;
+        else if (queue->pause != NULL)
             hold_publish(queue, message, wait, dead_lettered);
         else if (enqueue(queue, message, wait, !dead_lettered) == QUEUE_PUBLISH_REJECTED)
             out->rejected++;
@@ -1285,7 +1289,7 @@ void queue_resume_refusing(struct queue *queue)
 
 void queue_dispatch(struct queue *queue)
 {
-    if (queue->dispatching || queue->deleted || queue_paused(queue))
+    if (queue->dispatching || queue->deleted || queue_paused(queue) || queue->unreadable)
         return;
     if (queue->remote_ops) {
         queue->remote_ops->dispatch(queue);

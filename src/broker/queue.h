@@ -350,6 +350,11 @@ struct queue {
     struct queue_pause *pause;        /* owned while paused (queue_pause), else NULL */
     bool held_until_synced;           /* cluster: recovered at a start, paused until the
                                        * member caught up with the map (cluster/mirror.c) */
+    /* Its content lies in a log we could not read yet (a takeover's,
+     * cluster/adoption.c, which tries again): it takes and gives nothing
+     * (publishes refused as unavailable, gets, consumes, declares and
+     * purges 404, no dispatch) rather than serve without its messages. */
+    bool unreadable;
     bool from_replica_log;            /* recovered from a backup's log (durable.h
                                        * durable_replica_log_open) */
     struct queue_flow flow;           /* its publishers' flow control (flow.h) */
@@ -372,7 +377,8 @@ enum queue_publish_result {
     QUEUE_PUBLISH_DUPLICATE,          /* its message-id is in the dedup window: not
                                        * enqueued, confirmed like an OK (it waits for
                                        * the original's fsync) */
-    QUEUE_PUBLISH_UNAVAILABLE,        /* a stand-in whose queue has no primary now */
+    QUEUE_PUBLISH_UNAVAILABLE,        /* a stand-in whose queue has no primary now, or
+                                       * a queue whose log cannot be read (unreadable) */
 };
 
 /* Enqueue a routed message (takes a new reference) and dispatch. A

@@ -36,8 +36,11 @@ struct adoption {
      * takers before the dead one that never said queue.adopted */
     char earlier[1 + CLUSTER_BACKUPS_MAX][CLUSTER_NAME_SIZE_MAX + 1];
     uint32_t earlier_count;
-    uint64_t ticket; /* adopted: our copy's last journal record (member->adopted_unsaid) */
-    bool resume;     /* durable_adopt's: a takeover of ours a restart cut short */
+    uint64_t ticket; /* our copy's last journal record (member->adopted_unsaid) */
+    bool resume;     /* durable_adopt's: a takeover of ours a restart cut short, or a
+                      * try that could not read every log (our log holds what it read) */
+    uint64_t retry_at_ms; /* in adoptions_unreadable: when it is tried again */
+    uint32_t retry_ms;    /* the wait before that try (doubles, to ADOPTION_RETRY_MS_MAX) */
     struct durable_adopt_plan *plan; /* owned: staged in this batch (adopt_batch), or NULL */
     struct durable_merge merge; /* its entries owned: a kept replica's (adoption_start) */
 };
@@ -65,6 +68,11 @@ static void on_idle(uv_idle_t *idle);
 static struct adoption *find(const struct member *member, const struct queue *queue)
 {
     list_for_each(n, &member->adoptions) {
+        struct adoption *a = CONTAINER_OF(n, struct adoption, link);
+        if (a->queue == queue)
+            return a;
+    }
+    list_for_each(n, &member->adoptions_unreadable) {
         struct adoption *a = CONTAINER_OF(n, struct adoption, link);
         if (a->queue == queue)
             return a;
@@ -267,6 +275,21 @@ uint32_t adoption_pending_count(const struct member *member)
     return n;
 }
 
+uint32_t adoption_unreadable_count(const struct member *member)
+{
+    uint32_t n = 0;
+    list_for_each(node, &member->adoptions_unreadable)
+        n++;
+    return n;
+}
+
+static void adoption_free(struct adoption *a)
+{
+    merge_free(&a->merge);
+    queue_unref(a->queue);
+    free(a);
+}
+
 static void on_adopted_said(void *ctx, int status, const struct map_change *change)
 {
     (void)ctx;
@@ -325,10 +348,55 @@ static bool settle(struct member *member, const struct adoption *a)
     return say != ADOPTION_SAY_WAIT;
 }
 
+/* a's log could not be read whole (durable_adopt): the queue gives
+ * nothing rather than serve without those messages, as a broker whose
+ * own journal cannot be read does not start; what waited is refused
+ * (publishes nacked, gets and consumes 404, as for a queue whose primary
+ * is down); the adoption is tried again, resumed, after a wait that
+ * doubles: an I/O error of a shared filesystem may pass, a log an
+ * operator repairs is read then. The queue stays ours meanwhile: its
+ * handovers and replication wait (adoption_pending), and it can be
+ * deleted. */
+static void wait_for_retry(struct member *member, struct adoption *a)
+{
+    struct queue *queue = a->queue;
+    a->resume = true;
+    a->retry_ms = !queue->unreadable ? ADOPTION_RETRY_MS_MIN
+                  : a->retry_ms >= ADOPTION_RETRY_MS_MAX / 2 ? ADOPTION_RETRY_MS_MAX
+                                                             : 2 * a->retry_ms;
+    a->retry_at_ms = uv_now(member->broker->loop) + a->retry_ms;
+    LOG_ERROR("queue '%.*s': the log it was taken over from cannot be read whole: unavailable "
+              "until it can (tried again in %u ms)", (int)queue->name.len,
+              (const char *)queue->name.ptr, a->retry_ms);
+    queue->unreadable = true;
+    queue_resume_refusing(queue);
+    list_push_back(&member->adoptions_unreadable, &a->link);
+}
+
+/* Those whose wait is over go back to adoptions (paused again), those
+ * whose queue went are forgotten. */
+static void retry_unreadable(struct member *member)
+{
+    uint64_t now = uv_now(member->broker->loop);
+    list_for_each_safe(n, &member->adoptions_unreadable) {
+        struct adoption *a = CONTAINER_OF(n, struct adoption, link);
+        if (a->queue->deleted || queue_is_remote(a->queue)) {
+            list_remove(&a->link);
+            adoption_free(a);
+        } else if (now >= a->retry_at_ms) {
+            list_remove(&a->link);
+            queue_pause(a->queue);
+            list_push_back(&member->adoptions, &a->link);
+        }
+    }
+    adoption_synced(member);
+}
+
 void adoption_tick(struct member *member)
 {
     if (cluster_node_synced(member->node))
         kept_recheck(member);
+    retry_unreadable(member);
     list_for_each_safe(n, &member->adopted_unsaid) {
         struct adoption *a = CONTAINER_OF(n, struct adoption, link);
         if (settle(member, a)) {
@@ -363,8 +431,19 @@ static void adopt(struct member *member, struct adoption *a, bool follow)
     list_remove(&a->link);
     struct queue *queue = a->queue;
     if (a->plan != NULL && !queue->deleted && !queue_is_remote(queue)) {
-        int64_t n = durable_adopt(member->broker, a->plan, &a->merge, &a->ticket);
+        uint64_t ticket;
+        int64_t n = durable_adopt(member->broker, a->plan, &a->merge, &ticket);
         a->plan = NULL;
+        if (ticket > a->ticket)
+            a->ticket = ticket;
+        if (n < 0 && follow) {
+            wait_for_retry(member, a);
+            return;
+        }
+        if (queue->unreadable)
+            LOG_INFO("queue '%.*s': the log it was taken over from is read whole at last: "
+                     "available", (int)queue->name.len, (const char *)queue->name.ptr);
+        queue->unreadable = false;
         queue_resume(queue); /* publishes and gets that waited go in after */
         const struct map_queue *mq =
             cluster_map_queue(member_map(member), queue->vhost->name, queue->name);
@@ -383,9 +462,7 @@ static void adopt(struct member *member, struct adoption *a, bool follow)
      * staged stays in our adopted/, reported and swept at our start. Not
      * seen: map changes apply in callbacks of their own.) */
     durable_adopt_discard(member->broker, a->plan);
-    merge_free(&a->merge); /* (gone: a queue deleted or moved away before its turn) */
-    queue_unref(queue);
-    free(a);
+    adoption_free(a); /* done with, or gone: deleted or moved away before its turn */
 }
 
 /* Adopts the first n waiting queues (at least one) as one batch: every
@@ -455,6 +532,12 @@ void adoption_stop_all(struct member *member)
 {
     while (!list_empty(&member->adoptions))
         adopt_batch(member, ADOPTION_BATCH_MAX, false);
+    while (!list_empty(&member->adoptions_unreadable)) { /* (stays staged, and unsaid) */
+        struct adoption *a =
+            CONTAINER_OF(member->adoptions_unreadable.next, struct adoption, link);
+        list_remove(&a->link);
+        adoption_free(a);
+    }
     while (!list_empty(&member->adopted_unsaid)) { /* never said: safe (settle) */
         struct adoption *a =
             CONTAINER_OF(member->adopted_unsaid.next, struct adoption, link);

@@ -21,6 +21,11 @@
  * with the map as it is by then: a backup caught up from an empty queue
  * would miss the adopted messages.
  *
+ * A log that cannot be read whole (an I/O error, a corrupt record) leaves
+ * the queue unavailable (queue.h unreadable) rather than serving without
+ * those messages; the adoption is tried again, resumed from where it
+ * stopped, every ADOPTION_RETRY_MS_MIN doubling to ADOPTION_RETRY_MS_MAX.
+ *
  * Once our copy of its log is synced, the map learns queue.adopted.
  * A queue deleted or moved away before its turn is skipped (its log stays
  * in the dead broker's directory). When the member stops, what is pending
@@ -42,6 +47,10 @@ struct queue_entry;
  * a slice's queues are staged together, their renames made durable with
  * one fsync per directory. */
 #define ADOPTION_BATCH_MAX 64
+/* The waits before an adoption that could not read its logs is tried
+ * again: the first, and the most it doubles to. */
+#define ADOPTION_RETRY_MS_MIN 1000
+#define ADOPTION_RETRY_MS_MAX 30000
 
 /* q was just made real here by queue.take_over (mq): pause it and adopt
  * mq->taken_from's log of it soon. merge (owned: count entries, each
@@ -82,6 +91,8 @@ void adoption_synced(struct member *member);
 bool adoption_pending(const struct member *member, const struct queue *queue);
 /* Queues waiting (GET /metrics). */
 uint32_t adoption_pending_count(const struct member *member);
+/* How many of those wait to be tried again (their logs unreadable). */
+uint32_t adoption_unreadable_count(const struct member *member);
 /* Whether to say queue.adopted for a queue we adopted, whose copy got
  * journal ticket `ticket` (0: nothing copied): once the journal's synced
  * ticket passed it (the copy is durable: a takeover from us may then read

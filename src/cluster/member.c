@@ -447,7 +447,7 @@ void member__route_parked(struct member *member, bool give_up)
             enum queue_publish_result r =
                 p->dead_lettered ? queue_publish_dead_lettered(queue, p->message, &wait)
                                  : queue_publish(queue, p->message, &wait);
-            ok = r != QUEUE_PUBLISH_REJECTED;
+            ok = r != QUEUE_PUBLISH_REJECTED && r != QUEUE_PUBLISH_UNAVAILABLE;
         }
         if (p->sink)
             confirm_sink_routed(p->sink, p->seq, &wait, !ok);
@@ -1008,6 +1008,7 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
     list_init(&member->handovers);
     list_init(&member->adoptions);
     list_init(&member->adopted_unsaid);
+    list_init(&member->adoptions_unreadable);
     list_init(&member->staged_kept);
     list_init(&member->replications);
     list_init(&member->releasing);

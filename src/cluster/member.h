@@ -106,6 +106,8 @@ struct member {
     uint32_t adoption_batches;       /* since the list was last empty (logged then) */
     uint32_t adoption_batched;       /* queues in those batches */
     struct list_node adopted_unsaid; /* struct adoption: adopted, queue.adopted once synced */
+    struct list_node adoptions_unreadable; /* struct adoption: a log not read whole, tried
+                                            * again later (adoption.c) */
     struct list_node staged_kept;    /* struct staged_kept: what the sweep left (adoption.c) */
     uint64_t staged_kept_version;    /* the map version they were last judged at */
     /* Flow control of our publishers: the bytes of messages sent to other

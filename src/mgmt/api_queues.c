@@ -219,7 +219,8 @@ static void write_queue(struct json *out, struct broker *broker, const struct qu
     json_kv_uint(out, "message_bytes_ready", queue->ready_bytes);
     /* What the queue holds here: its record and its ready bodies. */
     json_kv_uint(out, "memory", sizeof *queue + queue->ready_bytes);
-    json_kv_string(out, "state", queue_available(broker, queue) ? "running" : "down");
+    json_kv_string(out, "state",
+                   queue_available(broker, queue) && !queue->unreadable ? "running" : "down");
     json_kv_string(out, "type", "classic");
     write_node(out, broker, queue);
     write_policy_name(out, broker, queue);

@@ -245,5 +245,9 @@ void metrics__write_cluster(struct prom *prom, struct broker *broker,
                "Queues this broker took over from a dead broker's log on shared storage and "
                "has not adopted yet (they wait, paused)",
                adoption_pending_count(member_of(broker)));
+    prom_gauge(prom, "quay_cluster_adoptions_unreadable",
+               "Queues taken over from a dead broker's log that could not be read whole: "
+               "unavailable, tried again every 1 s to 30 s",
+               adoption_unreadable_count(member_of(broker)));
     write_links(prom, member_of(broker));
 }

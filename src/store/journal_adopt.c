@@ -73,7 +73,7 @@ struct where {
     char prefix[ADOPT_LEAF_SIZE];  /* "": a queues/ directory; else "<source>." */
     char name[JOURNAL_PATH_SIZE];  /* its index's name: dir, or dir/prefix */
     bool ours;                     /* our own adopted/: what a miss may find was there at
-                                      our start (what we stage now we never look up) */
+                                      our start (what we stage joins its index) */
 };
 
 /* One queue log of a scanned directory. Owned by its adopt_index. */
@@ -348,6 +348,37 @@ static int stage(struct journal *j, const struct where *w, const char *owner, co
     return rc;
 }
 
+/* A log just staged, at root staged (adopted/<source>.<id>), joins the
+ * index of our adopted/ for <source>, if there is one: a later claim of
+ * ours finds it there (an adoption tried again after a log could not be
+ * read whole, cluster/adoption.c). Without it the index, built before,
+ * missed it, and a miss in ours is never scanned again. */
+static void index_staged(struct journal *j, const char *staged, const uint8_t *key,
+                         uint32_t key_size)
+{
+    const char *leaf = base_name(staged);
+    const char *dot = strrchr(leaf, '.');
+    ASSERT(dot != NULL && strlen(leaf) < ADOPT_LEAF_SIZE);
+    char adopted[JOURNAL_PATH_SIZE];
+    journal__path(adopted, j->dir, "adopted");
+    char prefix[ADOPT_LEAF_SIZE];
+    snprintf(prefix, sizeof prefix, "%.*s", (int)(dot + 1 - leaf), leaf);
+    char name[JOURNAL_PATH_SIZE];
+    journal__path(name, adopted, prefix);
+    for (int i = 0; i < JOURNAL_ADOPT_INDEXES; i++) {
+        struct adopt_index *x = &j->adopt_indexes[i];
+        if (strcmp(x->scanned, name) != 0)
+            continue;
+        struct adopt_entry *e = malloc(sizeof *e + key_size);
+        ASSERT(e != NULL);
+        snprintf(e->leaf, sizeof e->leaf, "%s", leaf);
+        e->key_size = key_size;
+        memcpy(e->key, key, key_size);
+        free(hmap_put(&x->entries, (struct bytes){e->key, key_size}, e));
+        return;
+    }
+}
+
 /* Finds (vhost, name)'s log in w and stages it (stage): OK with staged ""
  * when there is none. */
 static int claim(struct journal *j, const struct where *w, const char *owner,
@@ -367,6 +398,8 @@ static int claim(struct journal *j, const struct where *w, const char *owner,
             return rc == 0 ? OK : E_IO; /* 0: no log, never written or adopted already */
         }
         rc = stage(j, w, owner, leaf, staged);
+        if (rc == 0)
+            index_staged(j, staged, key, key_size);
         if (rc == -ENOENT && !fresh)
             index_for(j, w)->scanned[0] = '\0'; /* stale: scan again */
     } while (rc == -ENOENT && !fresh);

@@ -13,6 +13,8 @@ says where each queue went; the messages are read back through another
 broker. Then SIGSTOP of the owner of another queue while a publisher waits
 on its confirms, takeover, SIGCONT: the old owner's log says it was fenced,
 and every message it confirmed is readable exactly once from the new owner.
+A log that cannot be read whole keeps its queue unavailable (never served
+without its messages) until a later try reads it.
 Also: the rebalancer, turned on at run time, gives the returned broker its
 share back; two of five brokers killed at once are both taken over; a
 taker whose journal thread is frozen (ptrace: its copy never synced) is
@@ -1188,6 +1190,95 @@ def a_chain_whose_middle_taker_never_adopted_loses_nothing():
     for name in middle:
         assert ("queue '%s': took over 30 messages from o's log, staged by a taker that died"
                 % name) in log, name
+
+def refused(member, how):
+    """The reply code and text member's channel closes with when how(ch)
+    runs, or None if nothing refused it."""
+    conn = connect(member)
+    ch = conn.channel()
+    try:
+        how(ch)
+        return None
+    except pika.exceptions.ChannelClosedByBroker as e:
+        return e.reply_code, e.reply_text
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def nacked(member, queue):
+    """Whether a confirmed persistent publish to queue through member is
+    nacked (True) or confirmed (False)."""
+    conn = connect(member)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    try:
+        ch.basic_publish("", queue, b"refused?", PERSISTENT)
+        return False
+    except pika.exceptions.NackError:
+        return True
+    finally:
+        conn.close()
+
+
+@test(timeout=240)
+@noting_failure
+def a_log_that_cannot_be_read_keeps_its_queue_unavailable_until_it_can():
+    """c dies; one segment of its queue's log is unreadable (a directory
+    where the file was: every read of it fails with EISDIR, as a failing
+    disk's would with EIO). The taker does not serve the queue without
+    those messages: through it and through a proxy, gets, consumes and
+    passive declares are refused 404 and publishes nacked, its API says
+    "down"; once the segment reads again the taker's next try (1 s, 2 s,
+    4 s, ... apart) adopts it, and every confirmed message is served once,
+    in order, followed by what is published after."""
+    a, b, c = own_cluster(["a", "b", "c"])
+    name = place(a, "unreadable", "c", 1)[0]
+    bodies = [b"%s-%d" % (name.encode(), i) for i in range(300)]
+    publish(a, name, bodies)
+    time.sleep(0.3)  # group commit: every confirm's record is in c's log
+    log = log_dir_of("c", name)
+    segments = sorted(f for f in os.listdir(log) if f.endswith(".seg"))
+    assert segments, os.listdir(log)
+    broken = segments[0]
+    os.kill(c.proc.pid, signal.SIGSTOP)  # (nothing more written, then gone)
+    with open(os.path.join(log, broken), "rb") as f:
+        saved = f.read()
+    os.unlink(os.path.join(log, broken))
+    os.mkdir(os.path.join(log, broken))
+    c.kill()
+    wait_until(lambda: queue_info(a, name) and queue_info(a, name)["primary"] in ("a", "b"),
+               30, what="%s taken over" % name)
+    taker = members[queue_info(a, name)["primary"]]
+    proxy = b if taker is a else a
+    wait_until(lambda: "the log it was taken over from cannot be read whole" in
+               taker.log_text(), 20, what="%s's adoption failed" % taker.name)
+    for via in (taker, proxy):
+        for what, how in (("get", lambda ch: ch.basic_get(name)),
+                          ("consume", lambda ch: ch.basic_consume(name, lambda *a: None)),
+                          ("passive declare", lambda ch: ch.queue_declare(name, passive=True))):
+            got = refused(via, how)
+            assert got is not None and got[0] == 404 and "unavailable" in got[1], \
+                (via.name, what, got)
+        assert nacked(via, name), via.name
+    assert next(q for q in taker.api_get("/api/queues") if q["name"] == name)["state"] == \
+        "down"
+    assert metric(taker, "quay_cluster_adoptions_unreadable") == 1
+    # The segment reads again, wherever the takeover staged it.
+    moved = [os.path.join(root, d) for root, dirs, _ in os.walk(shared) for d in dirs
+             if d == broken]
+    assert len(moved) == 1, moved
+    os.rmdir(moved[0])
+    with open(moved[0], "wb") as f:
+        f.write(saved)
+    wait_until(lambda: metric(taker, "quay_cluster_adoptions_unreadable") == 0, 40,
+               what="%s's adoption tried again" % taker.name)
+    assert "is read whole at last: available" in taker.log_text()
+    got = read_all(proxy, name)
+    assert got == bodies, (len(got), got[:3], got[-3:])
+    publish(proxy, name, [b"after-%d" % i for i in range(20)])
+    assert read_all(taker, name) == [b"after-%d" % i for i in range(20)]
+
 
 if __name__ == "__main__":
     run(cleanup=closer(lambda: cluster))

@@ -1355,6 +1355,59 @@ static void test_shared_storage_claim_staged(void **state)
     assert_int_equal(remove_tree(dir), 0);
 }
 
+/* A taker whose read of a staged log failed (cluster/adoption.c tries
+ * again, resumed) finds what it staged itself in its own adopted/, though
+ * its index of that directory was built before the stage: the claim of
+ * ours comes first, and misses, for every queue it adopts. */
+static void test_shared_storage_own_staged_claimed_again(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/quay-shared-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char adir[128], bdir[128];
+    snprintf(adir, sizeof adir, "%s/a", dir);
+    snprintf(bdir, sizeof bdir, "%s/b", dir);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct harness ha = {0}, hb = {0};
+    char err[256];
+    struct journal_options opts = {.segment_size_max = 16 * 1024, .fenced = true};
+    struct journal *a, *b;
+    assert_int_equal(journal_open(&a, &loop, adir, &opts, err, sizeof err), OK);
+    assert_int_equal(journal_open(&b, &loop, bdir, &opts, err, sizeof err), OK);
+    journal_set_synced_callback(a, on_synced, &ha);
+    assert_int_equal(journal_recover(a, on_recover, &ha, &ha.stats), OK);
+    assert_int_equal(journal_recover(b, on_recover, &hb, &hb.stats), OK);
+    struct journal_queue *q = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("q"));
+    uint64_t t = 0;
+    for (uint64_t seq = 1; seq <= 20; seq++)
+        t = publish(q, seq, 100);
+    wait_status(&loop, &ha, t);
+    journal_close(a); /* A dies */
+    char ours[512], staged[512], again[512];
+    assert_int_equal(journal_adopt_claim_staged(b, NULL, "a", BYTES_LIT("/"), BYTES_LIT("q"),
+                                                ours), OK);
+    assert_int_equal(ours[0], '\0'); /* nothing staged yet: ours is indexed empty */
+    assert_int_equal(journal_adopt_stage(b, adir, BYTES_LIT("/"), BYTES_LIT("q"), staged), OK);
+    assert_non_null(strstr(staged, "/b/adopted/a."));
+    assert_int_equal(journal_adopt_commit(b), OK);
+    for (int i = 0; i < 2; i++) { /* (each claim takes it out of the index, and back) */
+        assert_int_equal(journal_adopt_claim_staged(b, NULL, "a", BYTES_LIT("/"),
+                                                    BYTES_LIT("q"), again), OK);
+        assert_string_equal(again, staged);
+    }
+    assert_int_equal(journal_adopt_commit(b), OK);
+    struct journal_adoption out;
+    assert_int_equal(journal_adopt_read(b, again, on_recover, &hb, &out), OK);
+    assert_int_equal(hb.recovered_count, 20);
+    journal_close(b);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    recovered_clear(&ha);
+    recovered_clear(&hb);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    assert_int_equal(remove_tree(dir), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1376,6 +1429,7 @@ int main(void)
         cmocka_unit_test(test_shared_storage_fence_and_adopt),
         cmocka_unit_test(test_adopt_a_log_left_mid_compaction),
         cmocka_unit_test(test_shared_storage_claim_staged),
+        cmocka_unit_test(test_shared_storage_own_staged_claimed_again),
         cmocka_unit_test(test_adopt_batch_fsyncs_each_directory_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
