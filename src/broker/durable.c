@@ -459,6 +459,7 @@ struct replay {
     uint64_t bindings;
     uint64_t messages;
     uint64_t dropped;
+    struct durable_reading reading;
     /* Replicas' QUEUE keys to undefine once journal_recover_definitions
      * returns (it walks the entries an undefine frees). Owned, each one. */
     struct bytes *undefine;
@@ -760,14 +761,24 @@ static void on_message(void *ctx, struct journal_queue *jq, struct bytes vhost_n
      * delivered them (replica_push). */
     queue_recover_message(queue, message, seq, delivered || queue->from_replica_log);
     message_unref(message);
-    /* A journal bigger than memory recovers with its tail left on disk. */
-    if (++r->messages % 4096 == 0 && queue->journal) {
-        struct alarm *alarm = &r->broker->alarm;
-        uint64_t limit = alarm->memory_high_watermark / 2;
-        uint64_t estimate = alarm_memory_estimate(alarm);
-        if (alarm->memory_high_watermark && estimate > limit)
-            durable_page_out(r->broker, estimate - limit);
-    }
+    r->messages++;
+    durable__bound_memory_while_reading(r->broker, &r->reading, size);
+}
+
+void durable__bound_memory_while_reading(struct broker *broker, struct durable_reading *reading,
+                                 uint64_t size)
+{
+    reading->bytes += size;
+    if (++reading->messages % 4096 != 0 && reading->bytes < DURABLE_READING_CHECK_BYTES)
+        return;
+    reading->bytes = 0;
+    if (broker->durable.journal != NULL)
+        journal_wait_backlog(broker->durable.journal, DURABLE_READING_BACKLOG_MAX);
+    struct alarm *alarm = &broker->alarm;
+    uint64_t limit = alarm->memory_high_watermark / 2;
+    uint64_t estimate = alarm_memory_estimate(alarm);
+    if (alarm->memory_high_watermark && estimate > limit)
+        durable_page_out(broker, estimate - limit);
 }
 
 int durable_open(struct broker *broker, char *err, size_t err_size)

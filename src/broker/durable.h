@@ -175,6 +175,21 @@ void durable_adopt_discard(struct broker *broker, struct durable_adopt_plan *pla
 void durable_abandon_log(struct broker *broker, struct queue *queue);
 /* The journal synced up to ticket: staged copies it covers go. */
 void durable__adopted_synced(struct broker *broker, uint64_t ticket);
+/* A log read into memory (replayed at start, or adopted: copied into our
+ * journal too), one message (size: its record's) at a time: every 4096
+ * messages or DURABLE_READING_CHECK_BYTES, the copy waits while more than
+ * DURABLE_READING_BACKLOG_MAX of it is not written yet, and past half the
+ * memory high watermark ready messages of durable queues leave memory
+ * for their logs. So a log bigger than memory is read with its tail left
+ * on disk (the alarm's tick, which pages too, does not run meanwhile:
+ * the read is one step of the loop). reading: the caller's, zeroed. */
+#define DURABLE_READING_CHECK_BYTES (8u << 20)
+#define DURABLE_READING_BACKLOG_MAX (32u << 20)
+struct durable_reading {
+    uint64_t messages, bytes;
+};
+void durable__bound_memory_while_reading(struct broker *broker, struct durable_reading *reading,
+                                 uint64_t size);
 /* Frees the list at close (staged copies not yet covered stay on disk). */
 void durable__adopted_free(struct broker *broker);
 

@@ -42,6 +42,7 @@ struct adoption {
     uint64_t ticket;
     int64_t count;
     uint64_t dropped;
+    struct durable_reading reading;
 };
 
 /* One of the merge's transient messages into the queue, at its seq (the
@@ -94,6 +95,7 @@ static void on_adopted(void *ctx, struct journal_queue *jq, struct bytes vhost_n
     if (t > a->ticket)
         a->ticket = t;
     a->count++;
+    durable__bound_memory_while_reading(queue->vhost->broker, &a->reading, size);
 }
 
 /* Where a log a takeover reads was staged from (for the log line). */

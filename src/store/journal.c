@@ -602,6 +602,17 @@ uint64_t journal_backlog_size(struct journal *j)
     return size;
 }
 
+void journal_wait_backlog(struct journal *j, uint64_t max_bytes)
+{
+    if (j->reader)
+        return;
+    pthread_mutex_lock(&j->mutex);
+    /* (The writer broadcasts after each batch, failed or not.) */
+    while (j->backlog_size > max_bytes && atomic_load(&j->failed) == OK)
+        pthread_cond_wait(&j->executed_cond, &j->mutex);
+    pthread_mutex_unlock(&j->mutex);
+}
+
 int journal_status(struct journal *j)
 {
     return atomic_load(&j->failed);

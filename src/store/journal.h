@@ -91,6 +91,10 @@ void journal_set_synced_callback(struct journal *j, journal_synced_fn fn, void *
 
 /* Bytes appended but not yet written: block publishers above a limit. */
 uint64_t journal_backlog_size(struct journal *j);
+/* Blocks the caller until at most max_bytes are appended and not yet
+ * written (or the journal failed): a bulk copy into the journal (an
+ * adoption, on the loop) bounds the memory its records wait in. */
+void journal_wait_backlog(struct journal *j, uint64_t max_bytes);
 /* OK, or the error that stopped the journal. */
 int journal_status(struct journal *j);
 

@@ -232,6 +232,25 @@ static void test_format_record(void **state)
 
 /* ---- Queue logs ------------------------------------------------------------- */
 
+/* A bulk copy (an adoption) waits for the writer: journal_wait_backlog
+ * returns once no more than its bound is appended and unwritten. */
+static void test_wait_backlog(void **state)
+{
+    (void)state;
+    struct harness *h = h_new(0);
+    struct journal_queue *q = journal_queue_open(h->j, BYTES_LIT("/"), BYTES_LIT("bulk"));
+    uint64_t last = 0;
+    for (uint64_t seq = 1; seq <= 2000; seq++)
+        last = publish(q, seq, 4096);
+    journal_wait_backlog(h->j, 64 * 1024);
+    assert_true(journal_backlog_size(h->j) <= 64 * 1024);
+    journal_wait_backlog(h->j, 0);
+    assert_int_equal(journal_backlog_size(h->j), 0);
+    h_wait(h, last);
+    h_close(h);
+    h_free(h);
+}
+
 static void test_round_trip(void **state)
 {
     struct harness *h = h_new(0);
@@ -1414,6 +1433,7 @@ int main(void)
         cmocka_unit_test(test_crc32c_vectors),
         cmocka_unit_test(test_format_record),
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_wait_backlog),
         cmocka_unit_test(test_roll_and_reclaim),
         cmocka_unit_test(test_drained_queue_reclaims_its_segment),
         cmocka_unit_test(test_compaction),
