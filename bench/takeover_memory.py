@@ -5,7 +5,8 @@ durable queue without backups on c holding N persistent messages of SIZE
 bytes (c pages them out as they come); kill -9 of c. Prints the taker's
 peak RSS (VmHWM) before the kill and once the queue is adopted, its RSS
 then, how many of the queue's messages are paged out, and the seconds from
-the kill to the adoption's end.
+the kill to the adoption's end, and the taker's longest loop iteration
+(quay_event_loop_lag_seconds) then.
 
     QUAYD=build/quayd N=8192 SIZE=65536 W=256MiB /usr/bin/python3 bench/takeover_memory.py
 
@@ -58,14 +59,15 @@ def main():
         wait_until(lambda: metric(taker, "quay_cluster_adoptions_pending") == 0, 120,
                    what="adopted")
         adopted_s = time.monotonic() - t0
+        lag_s = metric(taker, "quay_event_loop_lag_seconds")  # (the last 5-10 s)
         time.sleep(1)
         info = next(q for q in taker.api_get("/api/queues") if q["name"] == name)
         node = next(n for n in taker.api_get("/api/nodes") if n["name"].endswith(taker.name))
         print("RESULT messages=%d size=%d log_mib=%.0f watermark=%s taker_hwm_before_kib=%d "
               "taker_hwm_after_kib=%d taker_rss_after_kib=%d taker_mem_used_kib=%d paged=%d "
-              "adopted_s=%.2f" % (
+              "adopted_s=%.2f taker_loop_lag_s=%.3f" % (
                   N, SIZE, N * SIZE / 1048576.0, W, before[taker.name], hwm_kib(taker),
-                  taker.rss_kib(), node["mem_used"] // 1024, info["paged"], adopted_s))
+                  taker.rss_kib(), node["mem_used"] // 1024, info["paged"], adopted_s, lag_s))
     finally:
         cluster.close()
 

@@ -44,7 +44,7 @@ struct queue_entry;
  * has the transient messages, the log the persistent ones; a persistent
  * one the replica also has is taken from the log where both have its
  * seq). entries: ascending seqs, each holding one message reference, which
- * durable_adopt hands to the queue (they keep their redelivered flag);
+ * durable_adopt_step hands to the queue (they keep their redelivered flag);
  * next: the first not handed over yet. */
 struct durable_merge {
     struct queue_entry *entries; /* owned by the caller */
@@ -55,7 +55,7 @@ struct durable {
     struct journal *journal;          /* owned */
     struct durable_adopted *adopted;  /* owned: staged logs to remove once copied */
     struct durable_adopt_plan *adopt_staging; /* borrowed: staged, not committed yet */
-    struct durable_merge *merge;      /* borrowed during a durable_adopt, else NULL */
+    struct durable_merge *merge;      /* borrowed during a durable_adopt_step, else NULL */
     bool replaying;                   /* recovery: do not log what we replay */
     uint64_t synced_ticket;           /* everything up to this is on disk */
     int status;                       /* the journal's first error, 0 if none */
@@ -138,34 +138,41 @@ uint64_t durable_page_out(struct broker *broker, uint64_t wanted);
  * it, and the map says we never said queue.adopted): nothing replaced,
  * only what lies above our log's last seq is added.
  *
- * In three steps, so that many queues' renames are made durable together
+ * In steps, so that many queues' renames are made durable together
  * (cluster/adoption.c stages a slice's queues, commits once, then reads
- * them): durable_adopt_stage renames every log of the queue into our
- * adopted/ directory (the fence) and returns the plan;
- * durable_adopt_commit makes the renames of every plan staged since the
- * last commit durable (one fsync per directory); durable_adopt then reads
- * a committed plan (it asserts the commit: the fence must be durable
- * before the queue gets, serves or logs anything of those logs) and frees
- * it; durable_adopt_discard frees one not to be read (its queue went
- * meanwhile: what it staged stays in our adopted/, reported, and swept at
- * our next start). ticket: our copy's last record (0: nothing copied); the
- * copy is durable once durable_synced_ticket passes it (it covers what
- * went in before a failure too). durable_adopt returns the messages
- * adopted, or -1 where a log could not be staged or read whole (logged):
- * what went in stays in the queue and in our log, what was staged stays
- * staged in our adopted/, and the queue must not serve until a new plan
- * with resume (our log holds what went in) reads the rest. merge (or
- * NULL): messages that go in by seq among the adopted ones (all of them,
- * once the logs are read whole: none is lost; until then merge->next
- * says where the next try goes on). */
+ * them) and a deep log does not hold the loop for as long as it takes to
+ * read (a taker's heartbeats would stop): durable_adopt_stage renames
+ * every log of the queue into our adopted/ directory (the fence) and
+ * returns the plan; durable_adopt_commit makes the renames of every plan
+ * staged since the last commit durable (one fsync per directory); each
+ * durable_adopt_step then reads a committed plan (it asserts the commit:
+ * the fence must be durable before the queue gets, serves or logs
+ * anything of those logs) until until_ns (uv_hrtime; 0: to the end; at
+ * least a segment or a message), and returns AGAIN while there is more,
+ * OK once every log is read, or -1 where a log could not be staged or read
+ * whole (logged). Between steps the queue holds what was read so far (it
+ * stays paused). durable_adopt_finish (status: the last step's) frees the
+ * plan and returns the messages adopted, or -1: then what went in stays
+ * in the queue and in our log, what was staged stays staged in our
+ * adopted/, and the queue must not serve until a new plan with resume (our
+ * log holds what went in) reads the rest. durable_adopt_discard frees a
+ * plan not to be read on (its queue went meanwhile: what it staged stays
+ * in our adopted/, reported, and swept at our next start). ticket: our
+ * copy's last record (0: nothing copied); the copy is durable once
+ * durable_synced_ticket passes it (it covers what went in before a
+ * failure too). merge (or NULL): messages that go in by seq among the
+ * adopted ones (all of them, once the logs are read whole: none is lost;
+ * until then merge->next says where the next try goes on). */
 #define DURABLE_ADOPT_CHAIN_MAX 8
 struct durable_adopt_plan *durable_adopt_stage(struct broker *broker, struct queue *queue,
                                                const char *owner_name,
                                                const char *const *earlier,
                                                uint32_t earlier_count, bool resume);
 void durable_adopt_commit(struct broker *broker);
-int64_t durable_adopt(struct broker *broker, struct durable_adopt_plan *plan,
-                      struct durable_merge *merge, uint64_t *ticket);
+int durable_adopt_step(struct broker *broker, struct durable_adopt_plan *plan,
+                       struct durable_merge *merge, uint64_t until_ns);
+int64_t durable_adopt_finish(struct broker *broker, struct durable_adopt_plan *plan,
+                             struct durable_merge *merge, int status, uint64_t *ticket);
 void durable_adopt_discard(struct broker *broker, struct durable_adopt_plan *plan);
 /* The queue, ours until now, was taken over from our log (queue.take_over
  * names us): its log is closed without a write, neither the DELETE nor

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <uv.h>
+
 #include "broker/broker.h"
 #include "broker/message.h"
 #include "broker/queue.h"
@@ -137,24 +139,49 @@ struct durable_adopt_plan {
     char source[1 + DURABLE_ADOPT_CHAIN_MAX][JOURNAL_SOURCE_SIZE];
     struct slot slot[2 * (1 + DURABLE_ADOPT_CHAIN_MAX)];
     struct older older;
+    /* Reading it (durable_adopt_step), one log at a time, in steps. */
+    bool begun;
+    uint32_t next_slot;              /* of slot[], then of older */
+    uint32_t next_older;
+    uint64_t seq_min;                /* what the next log adds lies above it */
+    int64_t count;                   /* messages adopted so far */
+    uint64_t ticket;                 /* our copy's last record so far */
+    struct journal_reading *reading; /* owned: the log being read, or NULL */
+    struct slot current;             /* its slot */
+    char current_source[JOURNAL_SOURCE_SIZE];
+    struct adoption adoption;        /* on_adopted's, for it */
 };
 
-/* Reads a staged log of the queue, its messages from seq_min on (source:
- * the broker whose log it is). ticket: raised to our copy's last record. */
-static int64_t read_log(struct broker *broker, struct queue *queue, const char *source,
-                        const struct slot *slot, uint64_t seq_min, uint64_t *ticket)
+/* Starts reading a staged log of the queue (source: the broker whose log
+ * it is), its messages from p->seq_min on. */
+static void begin_log(struct broker *broker, struct durable_adopt_plan *p, const char *source,
+                      const struct slot *slot)
+{
+    p->current = *slot;
+    snprintf(p->current_source, sizeof p->current_source, "%s", source);
+    p->adoption = (struct adoption){.queue = p->queue, .seq_min = p->seq_min};
+    p->reading = journal_adopt_read_start(broker->durable.journal, slot->staged, on_adopted,
+                                          &p->adoption);
+}
+
+/* The log being read is read (status: its last step's, OK or an error):
+ * OK, or -1 (logged). p->ticket covers what went in before a failure too. */
+static int end_log(struct broker *broker, struct durable_adopt_plan *p, int status)
 {
     struct durable *d = &broker->durable;
-    struct adoption a = {.queue = queue, .seq_min = seq_min};
+    struct queue *queue = p->queue;
+    const struct adoption *a = &p->adoption;
     struct journal_adoption *out = malloc(sizeof *out);
     ASSERT(out != NULL);
-    int rc = journal_adopt_read(d->journal, slot->staged, on_adopted, &a, out);
-    if (a.ticket > *ticket)
-        *ticket = a.ticket; /* (what went in before a failure is copied too) */
-    if (rc != OK) {
+    int rc = journal_adopt_read_finish(p->reading, out);
+    p->reading = NULL;
+    if (a->ticket > p->ticket)
+        p->ticket = a->ticket; /* (what went in before a failure is copied too) */
+    if (rc != OK || status != OK) {
         LOG_ERROR("queue '%.*s': cannot read %s's log, staged in %s (%d), after %lld of its "
-                  "messages", (int)queue->name.len, (const char *)queue->name.ptr, source,
-                  slot->staged, rc, (long long)a.count);
+                  "messages", (int)queue->name.len, (const char *)queue->name.ptr,
+                  p->current_source, p->current.staged, rc != OK ? rc : status,
+                  (long long)a->count);
         free(out);
         return -1;
     }
@@ -163,24 +190,28 @@ static int64_t read_log(struct broker *broker, struct queue *queue, const char *
     merge_below(broker, queue, out->seq_last + 1, false);
     if (queue->next_seq <= out->seq_last)
         queue->next_seq = out->seq_last + 1;
-    if (a.ticket == 0) {
+    if (a->ticket == 0) {
         journal_adopt_finish(d->journal, out->staged); /* nothing to copy */
     } else {
-        struct durable_adopted *p = calloc(1, sizeof *p);
-        ASSERT(p != NULL);
-        p->ticket = a.ticket;
-        snprintf(p->staged, sizeof p->staged, "%s", out->staged);
-        p->next = d->adopted;
-        d->adopted = p;
+        struct durable_adopted *staged = calloc(1, sizeof *staged);
+        ASSERT(staged != NULL);
+        staged->ticket = a->ticket;
+        snprintf(staged->staged, sizeof staged->staged, "%s", out->staged);
+        staged->next = d->adopted;
+        d->adopted = staged;
     }
     LOG_INFO("queue '%.*s': took over %lld messages from %s's log%s (%llu dropped)",
-             (int)queue->name.len, (const char *)queue->name.ptr, (long long)a.count, source,
-             slot->from == FROM_OWNER ? ""
-             : slot->from == FROM_OURS ? ", staged by us before a restart"
-                                       : ", staged by a taker that died",
-             (unsigned long long)a.dropped);
+             (int)queue->name.len, (const char *)queue->name.ptr, (long long)a->count,
+             p->current_source,
+             p->current.from == FROM_OWNER ? ""
+             : p->current.from == FROM_OURS ? ", staged by us before a restart"
+                                            : ", staged by a taker that died",
+             (unsigned long long)a->dropped);
     free(out);
-    return a.count;
+    p->count += a->count;
+    if (p->seq_min < queue->next_seq)
+        p->seq_min = queue->next_seq;
+    return OK;
 }
 
 /* Claims source's log of the queue staged in taker's adopted/ (NULL:
@@ -337,52 +368,60 @@ void durable_adopt_commit(struct broker *broker)
  * read before: the owner's log holds what it adopted from earlier[0] under
  * the same seqs, written before anything newer (the journal appends in
  * order), and, for the seqs it copied, the queue as it left it (its
- * consumers' acks); so each earlier log adds what lies above. Stops
- * (-1) where a claim failed: what was claimed stays staged, reported at
- * our restart. */
-static int64_t read_plan(struct broker *broker, struct durable_adopt_plan *p,
-                         uint64_t *ticket)
+ * consumers' acks); so each earlier log adds what lies above. Works until
+ * until_ns (0: to the end): AGAIN while there is more, OK once all is
+ * read, -1 where a claim failed or a log could not be read whole (what
+ * was claimed stays staged: read again by a plan with resume). */
+static int plan_step(struct broker *broker, struct durable_adopt_plan *p, uint64_t until_ns)
 {
     struct queue *queue = p->queue;
-    if (!p->resume) {
-        ASSERT(queue->ready_count == 0 && queue->unacked_count == 0); /* just made real */
-        if (journal_queue_seq_last(queue->journal) > 0) {
-            /* A stale log of ours under that name (we owned the queue
-             * once): the adopted one is the queue's content now. */
-            queue->journal = journal_queue_recreate(queue->journal);
-            queue->next_seq = 1;
+    if (!p->begun) {
+        p->begun = true;
+        if (!p->resume) {
+            ASSERT(queue->ready_count == 0 && queue->unacked_count == 0); /* just made real */
+            if (journal_queue_seq_last(queue->journal) > 0) {
+                /* A stale log of ours under that name (we owned the queue
+                 * once): the adopted one is the queue's content now. */
+                queue->journal = journal_queue_recreate(queue->journal);
+                queue->next_seq = 1;
+            }
+        }
+        if (p->failed)
+            return -1; /* (logged by the commit; staged, not known durable: not read) */
+        /* Resumed: our log is the queue's content, and what it lacks of
+         * the copy we had staged lies above its last seq. */
+        p->seq_min = p->resume ? queue->next_seq : 0;
+    }
+    for (;;) {
+        if (p->reading != NULL) {
+            int rc = journal_adopt_read_step(p->reading, until_ns);
+            if (rc == AGAIN)
+                return AGAIN;
+            if (end_log(broker, p, rc) != OK)
+                return -1;
+            if (until_ns != 0 && uv_hrtime() >= until_ns)
+                return AGAIN;
+            continue;
+        }
+        if (p->next_slot < 2 * p->sources) {
+            uint32_t k = p->next_slot++;
+            const struct slot *slot = &p->slot[k];
+            if (!slot->tried || (k >= 2 && p->chain_failed))
+                return -1;
+            if (k >= 2 && k % 2 == 0)
+                p->seq_min = queue->next_seq;
+            if (slot->staged[0] != '\0')
+                begin_log(broker, p, p->source[k / 2], slot);
+        } else if (p->next_older < p->older.count) {
+            uint32_t i = p->next_older++;
+            struct slot slot = {.tried = true, .from = FROM_TAKER};
+            snprintf(slot.staged, sizeof slot.staged, "%s", p->older.staged[i]);
+            p->seq_min = queue->next_seq;
+            begin_log(broker, p, p->older.source[i], &slot);
+        } else {
+            return OK;
         }
     }
-    if (p->failed)
-        return -1; /* (logged by the commit; staged, not known durable: not read) */
-    /* Resumed: our log is the queue's content, and what it lacks of the
-     * copy we had staged lies above its last seq. */
-    uint64_t seq_min = p->resume ? queue->next_seq : 0;
-    int64_t count = 0;
-    for (uint32_t k = 0; k < 2 * p->sources; k++) {
-        const struct slot *slot = &p->slot[k];
-        if (!slot->tried || (k >= 2 && p->chain_failed))
-            return -1;
-        if (k >= 2 && k % 2 == 0)
-            seq_min = queue->next_seq;
-        if (slot->staged[0] == '\0')
-            continue;
-        int64_t n = read_log(broker, queue, p->source[k / 2], slot, seq_min, ticket);
-        if (n < 0)
-            return -1;
-        count += n;
-        if (seq_min < queue->next_seq)
-            seq_min = queue->next_seq;
-    }
-    for (uint32_t i = 0; i < p->older.count; i++) {
-        struct slot slot = {.tried = true, .from = FROM_TAKER};
-        snprintf(slot.staged, sizeof slot.staged, "%s", p->older.staged[i]);
-        int64_t n = read_log(broker, queue, p->older.source[i], &slot, queue->next_seq, ticket);
-        if (n < 0)
-            return -1;
-        count += n;
-    }
-    return count;
 }
 
 /* What the merge still holds: above every log's last seq. */
@@ -393,22 +432,35 @@ static void merge_rest(struct broker *broker, struct queue *queue)
         merge_one(queue, &m->entries[m->next++]);
 }
 
-int64_t durable_adopt(struct broker *broker, struct durable_adopt_plan *plan,
-                      struct durable_merge *merge, uint64_t *ticket)
+int durable_adopt_step(struct broker *broker, struct durable_adopt_plan *plan,
+                       struct durable_merge *merge, uint64_t until_ns)
 {
     ASSERT(plan->committed); /* the fence: every rename durable before a read */
+    if (!plan->active)
+        return OK;
+    struct durable *d = &broker->durable;
+    d->merge = merge;
+    int rc = plan_step(broker, plan, until_ns);
+    d->merge = NULL;
+    return rc;
+}
+
+int64_t durable_adopt_finish(struct broker *broker, struct durable_adopt_plan *plan,
+                             struct durable_merge *merge, int status, uint64_t *ticket)
+{
+    ASSERT(status != AGAIN && plan->reading == NULL);
     struct durable *d = &broker->durable;
     struct queue *queue = plan->queue;
-    *ticket = 0;
-    d->merge = merge;
-    int64_t count = plan->active ? read_plan(broker, plan, ticket) : 0;
+    *ticket = plan->ticket;
+    int64_t count = status == OK ? plan->count : -1;
     /* Not read whole: the merge's rest waits for the next try (its seqs
      * lie among what is still to read). */
-    if (count >= 0)
+    if (count >= 0) {
+        d->merge = merge;
         merge_rest(broker, queue);
-    d->merge = NULL;
-    if (count >= 0)
+        d->merge = NULL;
         queue_dispatch(queue);
+    }
     free(plan);
     return count;
 }
@@ -419,6 +471,10 @@ void durable_adopt_discard(struct broker *broker, struct durable_adopt_plan *pla
     if (plan == NULL)
         return;
     ASSERT(plan->committed);
+    if (plan->reading != NULL) { /* (cut short: what it staged stays) */
+        struct journal_adoption out;
+        journal_adopt_read_finish(plan->reading, &out);
+    }
     free(plan);
 }
 

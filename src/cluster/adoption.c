@@ -37,8 +37,9 @@ struct adoption {
     char earlier[1 + CLUSTER_BACKUPS_MAX][CLUSTER_NAME_SIZE_MAX + 1];
     uint32_t earlier_count;
     uint64_t ticket; /* our copy's last journal record (member->adopted_unsaid) */
-    bool resume;     /* durable_adopt's: a takeover of ours a restart cut short, or a
+    bool resume;     /* durable_adopt_stage's: a takeover of ours a restart cut short, or a
                       * try that could not read every log (our log holds what it read) */
+    bool staged;     /* its batch staged and committed: plan (NULL: gone meanwhile) */
     uint64_t retry_at_ms; /* in adoptions_unreadable: when it is tried again */
     uint32_t retry_ms;    /* the wait before that try (doubles, to ADOPTION_RETRY_MS_MAX) */
     struct durable_adopt_plan *plan; /* owned: staged in this batch (adopt_batch), or NULL */
@@ -337,7 +338,7 @@ static bool still_ours(const struct member *member, const struct adoption *a)
  * messages were in the staged copy nobody read again (38's
  * a_taker_killed_before_its_copy_was_synced_loses_nothing). A taker that
  * stops (or whose journal fails) first never says it: a takeover from it
- * then reads both logs (durable_adopt). */
+ * then reads both logs (durable_adopt_step). */
 static bool settle(struct member *member, const struct adoption *a)
 {
     enum adoption_say say =
@@ -348,7 +349,7 @@ static bool settle(struct member *member, const struct adoption *a)
     return say != ADOPTION_SAY_WAIT;
 }
 
-/* a's log could not be read whole (durable_adopt): the queue gives
+/* a's log could not be read whole (durable_adopt_step): the queue gives
  * nothing rather than serve without those messages, as a broker whose
  * own journal cannot be read does not start; what waited is refused
  * (publishes nacked, gets and consumes 404, as for a queue whose primary
@@ -361,6 +362,7 @@ static void wait_for_retry(struct member *member, struct adoption *a)
 {
     struct queue *queue = a->queue;
     a->resume = true;
+    a->staged = false;
     a->retry_ms = !queue->unreadable ? ADOPTION_RETRY_MS_MIN
                   : a->retry_ms >= ADOPTION_RETRY_MS_MAX / 2 ? ADOPTION_RETRY_MS_MAX
                                                              : 2 * a->retry_ms;
@@ -413,6 +415,7 @@ void adoption_tick(struct member *member)
 static void stage(struct member *member, struct adoption *a)
 {
     struct queue *queue = a->queue;
+    a->staged = true;
     if (queue->deleted || queue_is_remote(queue))
         return;
     const char *earlier[1 + CLUSTER_BACKUPS_MAX];
@@ -422,17 +425,23 @@ static void stage(struct member *member, struct adoption *a)
                                   a->resume);
 }
 
-/* Adopts a's queue from its committed plan, unless it went since.
- * follow: start what waited for it (replication, a handover), as the map
- * has the queue now. a then waits in adopted_unsaid for our copy's sync,
- * or is freed. */
-static void adopt(struct member *member, struct adoption *a, bool follow)
+static bool gone(const struct queue *queue)
+{
+    return queue->deleted || queue_is_remote(queue);
+}
+
+/* a's reading is over (status: durable_adopt_step's last, OK or -1; its
+ * queue may have gone meanwhile): the queue is adopted, or waits to be
+ * tried again (follow; -1). follow: start what waited for it
+ * (replication, a handover), as the map has the queue now. a then waits
+ * in adopted_unsaid for our copy's sync, or is freed. */
+static void adopt(struct member *member, struct adoption *a, int status, bool follow)
 {
     list_remove(&a->link);
     struct queue *queue = a->queue;
-    if (a->plan != NULL && !queue->deleted && !queue_is_remote(queue)) {
+    if (a->plan != NULL && !gone(queue)) {
         uint64_t ticket;
-        int64_t n = durable_adopt(member->broker, a->plan, &a->merge, &ticket);
+        int64_t n = durable_adopt_finish(member->broker, a->plan, &a->merge, status, &ticket);
         a->plan = NULL;
         if (ticket > a->ticket)
             a->ticket = ticket;
@@ -458,63 +467,92 @@ static void adopt(struct member *member, struct adoption *a, bool follow)
             return;
         }
     }
-    /* (Gone between its stage and now, in the batch's loop turn: what was
-     * staged stays in our adopted/, reported and swept at our start. Not
-     * seen: map changes apply in callbacks of their own.) */
+    /* (Gone between its stage and now: what was staged stays in our
+     * adopted/, reported and swept at our start. A reading cut short is
+     * closed by the discard.) */
     durable_adopt_discard(member->broker, a->plan);
     adoption_free(a); /* done with, or gone: deleted or moved away before its turn */
 }
 
-/* Adopts the first n waiting queues (at least one) as one batch: every
- * log of theirs is staged (renamed) first, the renames are made durable
- * together (durable_adopt_commit: one fsync per directory they changed,
- * not three per queue), and only then is any of them read, served or
+/* Stages the first n waiting queues (at least one) as one batch: every
+ * log of theirs is staged (renamed) first, and the renames are made
+ * durable together (durable_adopt_commit: one fsync per directory they
+ * changed, not three per queue); only then is any of them read, served or
  * copied into our log. Each rename alone is the fence (an old owner's
  * sync fails from the rename on, durable or not); its durability, which a
  * crash needs, comes before anything is done with the queue's log, as it
- * did queue by queue. The batch stays in member->adoptions until each is
- * adopted (adoption_pending holds meanwhile). Returns how many it took. */
-static uint32_t adopt_batch(struct member *member, uint32_t n, bool follow)
+ * did queue by queue. The batch stays at the head of member->adoptions
+ * until each is adopted (adoption_pending holds meanwhile). */
+static void stage_batch(struct member *member, uint32_t n)
 {
-    struct adoption *batch[ADOPTION_BATCH_MAX];
     uint32_t count = 0;
     list_for_each(node, &member->adoptions) {
-        if (count == n || count == ADOPTION_BATCH_MAX)
+        struct adoption *a = CONTAINER_OF(node, struct adoption, link);
+        if (count == n || count == ADOPTION_BATCH_MAX || a->staged)
             break;
-        batch[count] = CONTAINER_OF(node, struct adoption, link);
-        stage(member, batch[count++]);
+        stage(member, a);
+        count++;
     }
     durable_adopt_commit(member->broker);
-    for (uint32_t i = 0; i < count; i++)
-        adopt(member, batch[i], follow);
-    return count;
+    member->adoption_batch_left = count;
+    member->adoption_batches++;
+    member->adoption_batched += count;
 }
 
-/* How many queues the next batch takes to fill left_ns, at the last
- * batch's time per queue (its commit shared out): one while unknown. */
-static uint32_t batch_size(const struct member *member, uint64_t left_ns)
+/* Reads the head adoption (its batch staged) until until_ns (0: to the
+ * end), and adopts it once read: false while more is left. */
+static bool read_head(struct member *member, uint64_t until_ns, bool follow)
 {
+    struct adoption *a = CONTAINER_OF(member->adoptions.next, struct adoption, link);
+    ASSERT(a->staged);
+    int status = OK;
+    if (a->plan != NULL && !gone(a->queue)) {
+        status = durable_adopt_step(member->broker, a->plan, &a->merge, until_ns);
+        if (status == AGAIN)
+            return false;
+    }
+    adopt(member, a, status, follow);
+    ASSERT(member->adoption_batch_left > 0);
+    member->adoption_batch_left--;
+    return true;
+}
+
+/* How many queues the next batch takes to fill a slice, at the last
+ * batch's time per queue (its commit shared out): one while unknown. */
+static uint32_t batch_size(const struct member *member)
+{
+    uint64_t slice_ns = (uint64_t)ADOPTION_SLICE_MS * 1000000u;
     if (member->adoption_queue_ns == 0)
         return 1;
-    uint64_t n = (left_ns + member->adoption_queue_ns - 1) / member->adoption_queue_ns;
+    uint64_t n = (slice_ns + member->adoption_queue_ns - 1) / member->adoption_queue_ns;
     return n < 1 ? 1 : n > ADOPTION_BATCH_MAX ? ADOPTION_BATCH_MAX : (uint32_t)n;
 }
 
+/* Adopts queues for about ADOPTION_SLICE_MS, a batch at a time; a deep
+ * queue's log is read over as many turns of the loop as it takes
+ * (durable_adopt_step), so heartbeats, Raft and clients go on meanwhile. */
 static void on_idle(uv_idle_t *idle)
 {
     struct member *member = idle->data;
-    uint64_t until = uv_hrtime() + (uint64_t)ADOPTION_SLICE_MS * 1000000u;
-    uint64_t now = uv_hrtime();
-    do {
-        uint32_t count = adopt_batch(member, batch_size(member, until - now), true);
-        if (count == 0)
+    uint64_t start = uv_hrtime();
+    uint64_t until = start + (uint64_t)ADOPTION_SLICE_MS * 1000000u;
+    while (!list_empty(&member->adoptions) && uv_hrtime() < until) {
+        if (member->adoption_batch_left == 0) {
+            member->adoption_batch_count = batch_size(member);
+            member->adoption_batch_ns = 0;
+            stage_batch(member, member->adoption_batch_count);
+            member->adoption_batch_count = member->adoption_batch_left;
+        }
+        if (!read_head(member, until, true))
             break;
-        uint64_t then = now;
-        now = uv_hrtime();
-        member->adoption_queue_ns = (now - then) / count + 1;
-        member->adoption_batches++;
-        member->adoption_batched += count;
-    } while (!list_empty(&member->adoptions) && now < until);
+        if (member->adoption_batch_left == 0) { /* (its time includes this slice's so far) */
+            uint64_t ns = member->adoption_batch_ns + (uv_hrtime() - start);
+            member->adoption_queue_ns = ns / member->adoption_batch_count + 1;
+            member->adoption_batch_ns = 0;
+            start = uv_hrtime();
+        }
+    }
+    member->adoption_batch_ns += uv_hrtime() - start;
     if (list_empty(&member->adoptions)) {
         LOG_INFO("cluster: adopted %u queue(s) in %u batch(es)", member->adoption_batched,
                  member->adoption_batches);
@@ -530,8 +568,11 @@ static void on_idle_closed(uv_handle_t *handle)
 
 void adoption_stop_all(struct member *member)
 {
-    while (!list_empty(&member->adoptions))
-        adopt_batch(member, ADOPTION_BATCH_MAX, false);
+    while (!list_empty(&member->adoptions)) {
+        if (member->adoption_batch_left == 0)
+            stage_batch(member, ADOPTION_BATCH_MAX);
+        read_head(member, 0, false);
+    }
     while (!list_empty(&member->adoptions_unreadable)) { /* (stays staged, and unsaid) */
         struct adoption *a =
             CONTAINER_OF(member->adoptions_unreadable.next, struct adoption, link);

@@ -15,7 +15,12 @@
  * the last batch's time per queue: a batch stages (renames) all its
  * queues' logs, makes the renames durable with one fsync per directory,
  * then reads each (three directory fsyncs per queue before: a thousand
- * queues waited on 3,000 device flushes). Each adopted queue
+ * queues waited on 3,000 device flushes). A queue's logs are read in
+ * steps within the slice (durable_adopt_step: a segment or a message at a
+ * time), so a deep one (~4 ms per MiB here: 512 MiB, 2 s) is read over
+ * many loop turns, not in one that stopped the taker's heartbeats for
+ * longer than the 2 s after which it is declared down; the next queue
+ * of the batch is read once it is done. Each adopted queue
  * resumes (what waited goes in after the adopted messages)
  * and only then starts its replication and any handover the map asks,
  * with the map as it is by then: a backup caught up from an empty queue
@@ -57,7 +62,7 @@ struct queue_entry;
  * holding a message reference, ascending seqs; NULL if none): the
  * messages of the replica a takeover with the replica kept
  * (replica_take_for_merge), which go in by seq among the log's
- * (durable_adopt's merge). */
+ * (durable_adopt_step's merge). */
 void adoption_start(struct member *member, struct queue *queue, const struct map_queue *mq,
                     struct queue_entry *merge, uint32_t merge_count);
 /* A queue the map says we took over and never said queue.adopted for
@@ -70,7 +75,7 @@ bool adoption_leftover(const struct map_queue *mq, uint32_t self);
  * (staged in our adopted/ directory, or still in the dead broker's) is
  * added above our log's last seq, then queue.adopted once synced. A queue
  * not real here yet is adopted by its queue.take_over, with our staged
- * copies too (durable_adopt). */
+ * copies too (durable_adopt_step). */
 void adoption_resume_leftovers(struct member *member);
 /* Whether a log we staged for a takeover and did not finish (a crash or
  * a restart came first) may still be read (pure): mq (NULL: no longer in

@@ -657,7 +657,7 @@ int map_cmd_queue_take_over(struct map_cmd *out, struct bytes vhost, struct byte
 /* queue.take_over by an in-sync backup of a queue with x-quay-replicate
  * "transient" (its replica holds the transient messages; the persistent
  * ones are in from's log only): primary_id keeps its replica and merges
- * it with the log by seq (mirror.c, durable_adopt). The other backups are
+ * it with the log by seq (mirror.c, durable_adopt_step). The other backups are
  * dropped as above (the repair sweep adds them back, caught up). */
 int map_cmd_queue_take_over_with_replica(struct map_cmd *out, struct bytes vhost,
                                          struct bytes name, uint64_t expected_epoch,

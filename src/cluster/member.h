@@ -103,6 +103,10 @@ struct member {
     struct list_node adoptions;      /* struct adoption: taken-over queues to adopt */
     uv_idle_t *adoption_idle;        /* owned while adoptions wait (adoption.c), or NULL */
     uint64_t adoption_queue_ns;      /* the last batch's time per queue (adoption.c), 0: none */
+    uint32_t adoption_batch_left;    /* the current batch's queues not adopted yet (at the
+                                      * head of adoptions, staged) */
+    uint32_t adoption_batch_count;   /* its size */
+    uint64_t adoption_batch_ns;      /* the time it took so far, in slices before this one */
     uint32_t adoption_batches;       /* since the list was last empty (logged then) */
     uint32_t adoption_batched;       /* queues in those batches */
     struct list_node adopted_unsaid; /* struct adoption: adopted, queue.adopted once synced */

@@ -455,7 +455,7 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     bool adopting = adoption_pending(member, q);
     replica_adopt(q, promoted);
     handover_adopt(member, q, note, mq->epoch - 1); /* its deliveries stay delivered */
-    /* (An adopted log numbers what comes after it: durable_adopt. A taken
+    /* (An adopted log numbers what comes after it: durable_adopt_step. A taken
      * over queue has no backup whose seqs we could collide with.) */
     if (promoted_epoch && !adopting)
         q->next_seq += PROMOTION_SEQ_GAP;

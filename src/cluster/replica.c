@@ -455,7 +455,7 @@ uint32_t replica_take_for_merge(struct queue *queue, struct replica *r,
     queue_adopt_origins(queue, r->origins);
     r->origins = NULL;
     if (r->log != NULL && r->log == queue->journal)
-        r->log = NULL; /* the queue's now (durable_adopt starts it over) */
+        r->log = NULL; /* the queue's now (durable_adopt_step starts it over) */
     uint32_t n = 0;
     for (uint32_t i = 0; i < r->ring.count; i++) {
         const struct queue_entry *e = slot(r, i);

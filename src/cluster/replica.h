@@ -127,7 +127,7 @@ struct replica *replica_of_queue(struct queue *queue, const struct queue_held_se
 /* A takeover with the replica (queue.take_over with replica, of a queue
  * with x-quay-replicate "transient"): the replica's messages held in
  * memory, in seq order, each with one reference (*out, owned by the
- * caller; the count returned), for durable_adopt to merge with the dead
+ * caller; the count returned), for durable_adopt_step to merge with the dead
  * primary's log: the transient ones, and any persistent ones (a replica
  * caught up in full: before the mode applied, or for a move), which only
  * matter where the log lacks them (the log's copy is taken where both have

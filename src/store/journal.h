@@ -226,6 +226,19 @@ int journal_adopt_staged_sources(struct journal *j, const char *taker_dir,
  * messages; out as journal_adopt's. */
 int journal_adopt_read(struct journal *j, const char *staged, journal_recover_fn fn, void *ctx,
                        struct journal_adoption *out);
+/* journal_adopt_read in steps, so that a deep log does not hold the loop
+ * for as long as it takes to read (a taker's heartbeats wait meanwhile):
+ * _start opens it (it reads nothing yet); each _step reads until until_ns
+ * (uv_hrtime; 0: to the end; at least a segment or a message), calling
+ * fn, and returns AGAIN while there is more, else OK or the error;
+ * _finish fills out, frees the reading (the loop must run afterwards, as
+ * after journal_adopt_read) and returns journal_adopt_read's result (one
+ * cut short before its end: E_IO). */
+struct journal_reading;
+struct journal_reading *journal_adopt_read_start(struct journal *j, const char *staged,
+                                                 journal_recover_fn fn, void *ctx);
+int journal_adopt_read_step(struct journal_reading *rd, uint64_t until_ns);
+int journal_adopt_read_finish(struct journal_reading *rd, struct journal_adoption *out);
 /* Our adopted/ directory after a restart, once the caller knows (the
  * cluster map) who may still need what is staged there: fn(ctx, vhost,
  * name, staged) for each staged log, by its queue (staged: its root, for

@@ -410,28 +410,54 @@ static int claim(struct journal *j, const struct where *w, const char *owner,
     return OK;
 }
 
-int journal_adopt_read(struct journal *j, const char *staged, journal_recover_fn fn, void *ctx,
-                       struct journal_adoption *out)
+/* A staged log being read (journal_adopt_read_start). */
+struct journal_reading {
+    struct journal *tmp;  /* the reader journal over the staged root */
+    struct recovery *recovery;
+    struct journal_adoption out;
+};
+
+struct journal_reading *journal_adopt_read_start(struct journal *j, const char *staged,
+                                                 journal_recover_fn fn, void *ctx)
 {
     ASSERT(j->adopt_unsynced_count == 0); /* the fence: only a durable rename is read */
-    char root[sizeof out->staged];
-    snprintf(root, sizeof root, "%s", staged); /* (it may be out->staged) */
-    memset(out, 0, sizeof *out);
-    memcpy(out->staged, root, sizeof root);
-    struct journal *tmp;
-    int opened = journal_open_reader(&tmp, j->loop, out->staged);
+    struct journal_reading *rd = calloc(1, sizeof *rd);
+    ASSERT(rd != NULL);
+    snprintf(rd->out.staged, sizeof rd->out.staged, "%s", staged);
+    int opened = journal_open_reader(&rd->tmp, j->loop, rd->out.staged);
     ASSERT(opened == OK);
-    tmp->adopting = true;
-    int rc = journal_recover(tmp, fn, ctx, &out->stats);
+    rd->tmp->adopting = true;
+    rd->recovery = journal__recovery_start(rd->tmp, fn, ctx, &rd->out.stats);
+    return rd;
+}
+
+int journal_adopt_read_step(struct journal_reading *rd, uint64_t until_ns)
+{
+    return journal__recovery_step(rd->recovery, until_ns);
+}
+
+int journal_adopt_read_finish(struct journal_reading *rd, struct journal_adoption *out)
+{
+    int rc = journal__recovery_finish(rd->recovery);
+    *out = rd->out;
     uint32_t cursor = 0;
     struct hmap_entry *e;
-    while (hmap_next(&tmp->queues, &cursor, &e))
+    while (hmap_next(&rd->tmp->queues, &cursor, &e))
         out->seq_last = journal_queue_seq_last(e->value);
-    journal_close(tmp);
+    journal_close(rd->tmp);
+    free(rd);
     if (rc == OK)
         LOG_INFO("journal: took over %s (%" PRIu64 " live messages)", out->staged,
                  out->stats.message_count);
     return rc;
+}
+
+int journal_adopt_read(struct journal *j, const char *staged, journal_recover_fn fn, void *ctx,
+                       struct journal_adoption *out)
+{
+    struct journal_reading *rd = journal_adopt_read_start(j, staged, fn, ctx);
+    journal_adopt_read_step(rd, 0);
+    return journal_adopt_read_finish(rd, out);
 }
 
 int journal_adopt_stage(struct journal *j, const char *foreign_dir, struct bytes vhost,

@@ -256,6 +256,19 @@ void journal__queue_remark_delivered(struct journal_queue *q, uint64_t seq,
 struct segment *journal__segment_push(struct journal_queue *q, uint64_t number);
 struct segment *journal__segment_find(struct journal_queue *q, uint64_t number);
 
+/* journal_recover.c: journal_recover in steps (a taker reads a deep log
+ * over many turns of the loop, journal_adopt_read_step). _start lists the
+ * queue directories (stats zeroed); each _step works until until_ns
+ * (uv_hrtime; 0: to the end; at least one unit: a segment scanned or a
+ * message handed over) and returns AGAIN while there is more, else OK or
+ * the error; _finish frees it and returns what journal_recover would (a
+ * recovery cut short before the end: E_IO). */
+struct recovery;
+struct recovery *journal__recovery_start(struct journal *j, journal_recover_fn fn, void *ctx,
+                                        struct journal_recovery_stats *stats);
+int journal__recovery_step(struct recovery *r, uint64_t until_ns);
+int journal__recovery_finish(struct recovery *r);
+
 /* journal_adopt.c: logs a warning for each staged copy left by a takeover
  * that a crash interrupted (its messages are on disk but not served). */
 void journal__adopted_report(struct journal *j);

@@ -112,6 +112,18 @@ struct recovery {
     bool deleted;
     uint64_t *remark;    /* owned: delivered seqs found in two copies */
     size_t remark_count;
+    /* Where it is (journal__recovery_step): the queue directories, sorted,
+     * recovered one after the other; for the current one (r->q) its
+     * segments, scanned one at a time (pass 1), then its live messages,
+     * handed over one at a time (pass 2). */
+    enum { PHASE_QUEUE, PHASE_SEGMENTS, PHASE_DELIVER, PHASE_DONE } phase;
+    int rc;              /* the first error (then PHASE_DONE) */
+    uint64_t *ids;       /* owned */
+    size_t ids_count, ids_next;
+    uint64_t *numbers;   /* owned: the current queue's segment numbers */
+    size_t numbers_count, numbers_next;
+    bool stop;           /* a torn first write ends its segments */
+    size_t deliver_next; /* pass 2: the next entry of r->q */
 };
 
 static int corrupt(struct recovery *r, const char *path, uint64_t offset, const char *why)
@@ -485,73 +497,74 @@ static void build_index(struct recovery *r)
     }
 }
 
-/* Pass 2: hands the live messages to the caller in seq order, from the
- * segment in buf while they are in it (first the one pass 1 left there). */
-static int deliver(struct recovery *r)
+/* Pass 2, entry i of the queue's live messages (in seq order): its blob
+ * handed to the caller, from the segment in buf while they are in it
+ * (first the one pass 1 left there). */
+static int deliver_one(struct recovery *r, size_t i)
 {
     struct journal_queue *q = r->q;
-    for (size_t i = 0; i < q->entries_count; i++) {
-        const struct entry *e = &q->entries[i];
-        struct segment *s = journal__segment_find(q, e->segment_number);
-        uint64_t record_size = format_record_size(8 + (uint64_t)e->blob_size);
-        if (e->segment_number != r->buf_segment) {
-            size_t run = 1;
-            while (i + run < q->entries_count && run < RUN_WHOLE_SEGMENT &&
-                   q->entries[i + run].segment_number == e->segment_number)
-                run++;
-            if (run == RUN_WHOLE_SEGMENT) {
-                uint64_t size = 0;
-                int rc = read_whole(r, s->file->path, &size);
-                if (rc < 0)
-                    return rc;
-                r->buf_segment = e->segment_number;
-                r->buf_size = size;
-            }
-        }
-        const uint8_t *record;
-        uint8_t *single = NULL;
-        uint64_t avail;
-        if (e->segment_number == r->buf_segment) {
-            record = r->buf + e->offset;
-            /* (none when the file shrank since pass 1: checked below) */
-            avail = e->offset <= r->buf_size ? r->buf_size - e->offset : 0;
-        } else {
-            single = malloc(record_size);
-            ASSERT(single != NULL);
-            size_t done = 0;
-            int fd;
-            int rc = r->j->disk->open(r->j->disk->ctx, s->file->path, DISK_OPEN_READ, &fd);
-            if (rc == 0) {
-                rc = r->j->disk->pread(r->j->disk->ctx, fd, single, record_size, e->offset, &done);
-                r->j->disk->close(r->j->disk->ctx, fd);
-            }
-            if (rc < 0) {
-                free(single);
+    const struct entry *e = &q->entries[i];
+    struct segment *s = journal__segment_find(q, e->segment_number);
+    uint64_t record_size = format_record_size(8 + (uint64_t)e->blob_size);
+    if (e->segment_number != r->buf_segment) {
+        size_t run = 1;
+        while (i + run < q->entries_count && run < RUN_WHOLE_SEGMENT &&
+               q->entries[i + run].segment_number == e->segment_number)
+            run++;
+        if (run == RUN_WHOLE_SEGMENT) {
+            uint64_t size = 0;
+            int rc = read_whole(r, s->file->path, &size);
+            if (rc < 0)
                 return rc;
-            }
-            r->stats->byte_count += done;
-            record = single;
-            avail = done;
+            r->buf_segment = e->segment_number;
+            r->buf_size = size;
         }
-        /* Pair assertion, as an error: pass 1 validated this record. */
-        struct format_record_header h;
-        uint64_t size;
-        if (format_record_check(record, avail, &h, &size) != FORMAT_CHECK_OK ||
-            h.type != RECORD_PUBLISH || size != record_size ||
-            format_get_u64(record + FORMAT_RECORD_HEADER_SIZE) != e->seq) {
-            free(single);
-            return corrupt(r, s->file->path, e->offset, "record changed during recovery");
-        }
-        if (r->fn != NULL)
-            r->fn(r->fn_ctx, q, q->vhost, q->name, e->seq, (e->flags & ENTRY_DELIVERED) != 0,
-                  record + FORMAT_RECORD_HEADER_SIZE + 8, e->blob_size);
-        r->stats->message_count++;
-        free(single);
     }
+    const uint8_t *record;
+    uint8_t *single = NULL;
+    uint64_t avail;
+    if (e->segment_number == r->buf_segment) {
+        record = r->buf + e->offset;
+        /* (none when the file shrank since pass 1: checked below) */
+        avail = e->offset <= r->buf_size ? r->buf_size - e->offset : 0;
+    } else {
+        single = malloc(record_size);
+        ASSERT(single != NULL);
+        size_t done = 0;
+        int fd;
+        int rc = r->j->disk->open(r->j->disk->ctx, s->file->path, DISK_OPEN_READ, &fd);
+        if (rc == 0) {
+            rc = r->j->disk->pread(r->j->disk->ctx, fd, single, record_size, e->offset, &done);
+            r->j->disk->close(r->j->disk->ctx, fd);
+        }
+        if (rc < 0) {
+            free(single);
+            return rc;
+        }
+        r->stats->byte_count += done;
+        record = single;
+        avail = done;
+    }
+    /* Pair assertion, as an error: pass 1 validated this record. */
+    struct format_record_header h;
+    uint64_t size;
+    if (format_record_check(record, avail, &h, &size) != FORMAT_CHECK_OK ||
+        h.type != RECORD_PUBLISH || size != record_size ||
+        format_get_u64(record + FORMAT_RECORD_HEADER_SIZE) != e->seq) {
+        free(single);
+        return corrupt(r, s->file->path, e->offset, "record changed during recovery");
+    }
+    if (r->fn != NULL)
+        r->fn(r->fn_ctx, q, q->vhost, q->name, e->seq, (e->flags & ENTRY_DELIVERED) != 0,
+              record + FORMAT_RECORD_HEADER_SIZE + 8, e->blob_size);
+    r->stats->message_count++;
+    free(single);
     return OK;
 }
 
-static int recover_queue(struct recovery *r, uint64_t id)
+/* Opens the next queue directory: its header and its segments' list
+ * (PHASE_SEGMENTS), or, created and never written, removes it. */
+static int open_queue(struct recovery *r, uint64_t id)
 {
     struct journal *j = r->j;
     char id_hex[17];
@@ -594,37 +607,81 @@ static int recover_queue(struct recovery *r, uint64_t id)
     /* The header's read left no segment in buf: a number names a segment
      * of one queue only. */
     ASSERT(r->buf_segment == NO_SEGMENT);
-    bool stop = false;
-    for (size_t k = 0; rc == OK && k < count && !stop; k++)
-        rc = recover_segment(r, numbers[k], k + 1 == count, &stop);
-    free(numbers);
+    r->numbers = numbers;
+    r->numbers_count = count;
+    r->numbers_next = 0;
+    r->stop = false;
+    r->phase = PHASE_SEGMENTS;
+    return OK;
+}
+
+/* Pass 1 is over: the queue's index (PHASE_DELIVER), or, deleted, the
+ * next queue. */
+static void index_queue(struct recovery *r)
+{
+    free(r->numbers);
+    r->numbers = NULL;
     free(r->map.keys);
     free(r->map.values);
     memset(&r->map, 0, sizeof(r->map));
-    if (rc != OK)
-        return rc;
     build_index(r);
     r->stats->queue_count++;
+    r->phase = PHASE_QUEUE;
     if (r->deleted) {
         r->stats->deleted_queue_count++;
         journal_queue_delete(r->q);
-        return OK;
+        return;
     }
-    rc = deliver(r);
+    r->deliver_next = 0;
+    r->phase = PHASE_DELIVER;
+}
+
+/* Pass 2 is over: what a half-done compaction left is mended. */
+static void finish_queue(struct recovery *r)
+{
     /* A reader (journal_open_reader: a taker reading a staged log, which
      * its own log then holds) writes nothing: what it read is handed over
      * as it is, delivered marks included, and the copy goes whole. */
     if (r->j->reader)
         r->remark_count = 0;
-    for (size_t i = 0; rc == OK && i < r->remark_count; i++) {
+    for (size_t i = 0; i < r->remark_count; i++) {
         struct journal_location loc;
         ASSERT(journal_locate(r->q, r->remark[i], &loc) == OK);
         journal__queue_remark_delivered(r->q, r->remark[i], loc.segment_number);
     }
     r->remark_count = 0;
-    if (rc == OK && r->q->segments_count > 0 && !r->j->reader)
+    if (r->q->segments_count > 0 && !r->j->reader)
         journal__queue_maintain(r->q);
-    return rc;
+    r->phase = PHASE_QUEUE;
+}
+
+/* One unit of work: a queue opened, one segment scanned, one message
+ * handed over. */
+static int advance(struct recovery *r)
+{
+    switch (r->phase) {
+    case PHASE_QUEUE:
+        if (r->ids_next == r->ids_count) {
+            r->phase = PHASE_DONE;
+            return OK;
+        }
+        return open_queue(r, r->ids[r->ids_next++]);
+    case PHASE_SEGMENTS:
+        if (r->numbers_next < r->numbers_count && !r->stop) {
+            size_t k = r->numbers_next++;
+            return recover_segment(r, r->numbers[k], k + 1 == r->numbers_count, &r->stop);
+        }
+        index_queue(r);
+        return OK;
+    case PHASE_DELIVER:
+        if (r->deliver_next < r->q->entries_count)
+            return deliver_one(r, r->deliver_next++);
+        finish_queue(r);
+        return OK;
+    case PHASE_DONE:
+        break;
+    }
+    return OK;
 }
 
 static int collect_queue_dir(void *ctx, const char *name)
@@ -632,18 +689,16 @@ static int collect_queue_dir(void *ctx, const char *name)
     return collect_name(ctx, name);
 }
 
-int journal_recover(struct journal *j, journal_recover_fn fn, void *ctx,
-                    struct journal_recovery_stats *stats)
+struct recovery *journal__recovery_start(struct journal *j, journal_recover_fn fn, void *ctx,
+                                        struct journal_recovery_stats *stats)
 {
-    ASSERT(!j->recovered);
-    ASSERT(stats != NULL);
     memset(stats, 0, sizeof(*stats));
-    struct recovery r = {.j = j, .stats = stats, .fn = fn, .fn_ctx = ctx,
-                         .buf_segment = NO_SEGMENT};
+    struct recovery *r = calloc(1, sizeof *r);
+    ASSERT(r != NULL);
+    *r = (struct recovery){.j = j, .stats = stats, .fn = fn, .fn_ctx = ctx,
+                           .buf_segment = NO_SEGMENT, .phase = PHASE_QUEUE};
     struct name_list names = {0};
     int rc = j->disk->readdir(j->disk->ctx, j->queues_dir, collect_queue_dir, &names);
-    uint64_t *ids = NULL;
-    size_t count = 0;
     for (size_t i = 0; rc == 0 && i < names.count; i++) {
         uint64_t id;
         char path[JOURNAL_PATH_SIZE];
@@ -652,23 +707,53 @@ int journal_recover(struct journal *j, journal_recover_fn fn, void *ctx,
             rc = remove_tree_now(j, path); /* a deletion the crash interrupted */
             stats->deleted_queue_count++;
         } else if (parse_hex_name(names.names[i], "", &id)) {
-            ids = realloc(ids, (count + 1) * sizeof(*ids));
-            ASSERT(ids != NULL);
-            ids[count++] = id;
+            r->ids = realloc(r->ids, (r->ids_count + 1) * sizeof(*r->ids));
+            ASSERT(r->ids != NULL);
+            r->ids[r->ids_count++] = id;
         } else {
             LOG_WARN("journal: ignoring %s", path);
         }
     }
     free(names.names);
-    if (count > 0)
-        qsort(ids, count, sizeof(*ids), compare_u64);
-    for (size_t i = 0; rc == OK && i < count; i++)
-        rc = recover_queue(&r, ids[i]);
-    free(ids);
-    free(r.buf);
-    free(r.v);
-    free(r.remark);
-    if (rc < 0 && rc != E_JOURNAL_CORRUPT) {
+    if (r->ids_count > 0)
+        qsort(r->ids, r->ids_count, sizeof(*r->ids), compare_u64);
+    if (rc != OK) {
+        r->rc = rc;
+        r->phase = PHASE_DONE;
+    }
+    return r;
+}
+
+int journal__recovery_step(struct recovery *r, uint64_t until_ns)
+{
+    /* (The clock every 16 units: a unit is a segment, or one message.) */
+    for (uint32_t n = 1; r->phase != PHASE_DONE; n++) {
+        int rc = advance(r);
+        if (rc != OK) {
+            r->rc = rc;
+            r->phase = PHASE_DONE;
+            break;
+        }
+        if (until_ns != 0 && n % 16 == 0 && uv_hrtime() >= until_ns)
+            return r->phase == PHASE_DONE ? OK : AGAIN;
+    }
+    return r->rc;
+}
+
+int journal__recovery_finish(struct recovery *r)
+{
+    struct journal *j = r->j;
+    bool cut_short = r->phase != PHASE_DONE; /* (not recovered: nothing to log) */
+    int rc = cut_short ? E_IO : r->rc;
+    free(r->ids);
+    free(r->numbers);
+    free(r->map.keys);
+    free(r->map.values);
+    free(r->buf);
+    free(r->v);
+    free(r->remark);
+    free(r);
+    if (rc < 0 && rc != E_JOURNAL_CORRUPT && !cut_short) {
         LOG_ERROR("journal: recovery failed: %s", strerror(-rc));
         rc = E_IO;
     }
@@ -676,4 +761,12 @@ int journal_recover(struct journal *j, journal_recover_fn fn, void *ctx,
     if (rc == OK)
         journal__adopted_report(j);
     return rc;
+}
+
+int journal_recover(struct journal *j, journal_recover_fn fn, void *ctx,
+                    struct journal_recovery_stats *stats)
+{
+    struct recovery *r = journal__recovery_start(j, fn, ctx, stats);
+    journal__recovery_step(r, 0);
+    return journal__recovery_finish(r);
 }

@@ -408,7 +408,8 @@ class Member:
 
 def metric(member, name):
     """A sample without labels from member's GET /metrics (31-metrics checks
-    the format), e.g. quay_cluster_queue_moves_total."""
+    the format), e.g. quay_cluster_queue_moves_total: an int, or a float
+    (quay_event_loop_lag_seconds)."""
     c = http.client.HTTPConnection(member.host, member.http_port, timeout=10)
     try:
         c.request("GET", "/metrics",
@@ -418,9 +419,9 @@ def metric(member, name):
         assert r.status == 200, (r.status, text[:200])
     finally:
         c.close()
-    m = re.search(r"^%s (\d+)$" % re.escape(name), text, re.M)
+    m = re.search(r"^%s (\S+)$" % re.escape(name), text, re.M)
     assert m, name
-    return int(m.group(1))
+    return int(m.group(1)) if m.group(1).isdigit() else float(m.group(1))
 
 
 def queue_info(member, name):

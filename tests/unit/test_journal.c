@@ -1427,6 +1427,75 @@ static void test_shared_storage_own_staged_claimed_again(void **state)
     assert_int_equal(remove_tree(dir), 0);
 }
 
+/* A deep staged log read in steps (journal_adopt_read_step with a
+ * deadline already past: 16 units a step, a unit a segment or a message)
+ * hands over exactly what one read hands over, in seq order, over many
+ * steps; a reading given up half way (its queue went) is closed. */
+static void test_shared_storage_read_in_steps(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/quay-shared-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char adir[128], bdir[128];
+    snprintf(adir, sizeof adir, "%s/a", dir);
+    snprintf(bdir, sizeof bdir, "%s/b", dir);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct harness ha = {0}, hb = {0};
+    char err[256];
+    struct journal_options opts = {.segment_size_max = 16 * 1024, .fenced = true};
+    struct journal *a, *b;
+    assert_int_equal(journal_open(&a, &loop, adir, &opts, err, sizeof err), OK);
+    assert_int_equal(journal_open(&b, &loop, bdir, &opts, err, sizeof err), OK);
+    journal_set_synced_callback(a, on_synced, &ha);
+    assert_int_equal(journal_recover(a, on_recover, &ha, &ha.stats), OK);
+    assert_int_equal(journal_recover(b, on_recover, &hb, &hb.stats), OK);
+    uint64_t t = 0;
+    for (int k = 0; k < 2; k++) {
+        struct journal_queue *q = journal_queue_open(a, BYTES_LIT("/"),
+                                                     k ? BYTES_LIT("p") : BYTES_LIT("q"));
+        for (uint64_t seq = 1; seq <= 200; seq++)
+            t = publish(q, seq, 300); /* (several segments of 16 KiB) */
+        for (uint64_t seq = 1; seq <= 20; seq++)
+            t = journal_ack(q, seq);
+    }
+    wait_status(&loop, &ha, t);
+    journal_close(a); /* A dies */
+    char staged[2][512];
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(journal_adopt_stage(b, adir, BYTES_LIT("/"),
+                                             k ? BYTES_LIT("p") : BYTES_LIT("q"), staged[k]),
+                         OK);
+    assert_int_equal(journal_adopt_commit(b), OK);
+    struct journal_reading *rd = journal_adopt_read_start(b, staged[0], on_recover, &hb);
+    int steps = 0, rc;
+    while ((rc = journal_adopt_read_step(rd, 1)) == AGAIN)
+        steps++;
+    assert_int_equal(rc, OK);
+    assert_true(steps >= 180 / 16);
+    struct journal_adoption out;
+    assert_int_equal(journal_adopt_read_finish(rd, &out), OK);
+    assert_int_equal(out.seq_last, 200);
+    assert_int_equal(out.stats.message_count, 180);
+    assert_int_equal(hb.recovered_count, 180);
+    for (size_t i = 0; i < hb.recovered_count; i++) {
+        assert_string_equal(hb.recovered[i].queue, "q");
+        assert_int_equal(hb.recovered[i].seq, 21 + i);
+        check_blob(&hb.recovered[i]);
+    }
+    recovered_clear(&hb);
+    rd = journal_adopt_read_start(b, staged[1], on_recover, &hb);
+    assert_int_equal(journal_adopt_read_step(rd, 1), AGAIN);
+    assert_int_equal(journal_adopt_read_finish(rd, &out), E_IO); /* cut short */
+    assert_true(hb.recovered_count < 180);
+    journal_close(b);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    recovered_clear(&ha);
+    recovered_clear(&hb);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    assert_int_equal(remove_tree(dir), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1450,6 +1519,7 @@ int main(void)
         cmocka_unit_test(test_adopt_a_log_left_mid_compaction),
         cmocka_unit_test(test_shared_storage_claim_staged),
         cmocka_unit_test(test_shared_storage_own_staged_claimed_again),
+        cmocka_unit_test(test_shared_storage_read_in_steps),
         cmocka_unit_test(test_adopt_batch_fsyncs_each_directory_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
