@@ -157,6 +157,32 @@ static uint64_t owned_total(const struct placement *p)
     return n;
 }
 
+uint32_t controller_restart_successor(const struct cluster_map *map, const struct map_queue *q,
+                                      const struct controller_heard *heard,
+                                      uint32_t heard_count)
+{
+    if (q->exclusive || !q->available || q->taken_from != BROKER_ID_NONE ||
+        map_queue_replicates_transient_only(map, q))
+        return BROKER_ID_NONE; /* (a takeover not said adopted: adoption_resume_leftovers) */
+    static const enum broker_state preferred[] = {BROKER_STATE_UP, BROKER_STATE_DRAINING};
+    for (size_t k = 0; k < sizeof preferred / sizeof preferred[0]; k++) {
+        for (uint8_t i = 0; i < q->backups_count; i++) {
+            const struct map_broker *b = cluster_map_broker(map, q->backup_ids[i]);
+            if (!(q->in_sync_mask & (1u << i)) || b == NULL || b->state != preferred[k] ||
+                b->incarnation == 0)
+                continue;
+            bool same_process = false;
+            for (uint32_t h = 0; h < heard_count; h++)
+                same_process |= heard[h].broker_id == b->id &&
+                                heard[h].incarnation == b->incarnation;
+            if (!same_process)
+                continue;
+            return b->id;
+        }
+    }
+    return BROKER_ID_NONE;
+}
+
 bool controller_takes_over_with_replica(const struct cluster_map *map, const struct map_queue *q,
                                         uint32_t backup)
 {

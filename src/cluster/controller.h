@@ -75,6 +75,27 @@ int controller_fail_over(const struct cluster_map *map, const struct controller_
                          uint32_t broker_id, struct map_cmd_list *out);
 
 /*
+ * (b0) A primary restarted before the map saw it down (its map still names
+ * it the queue's primary once it caught up): its journal recovered the
+ * persistent messages, what only its memory held (transient ones) is
+ * gone, and its in-sync backups hold everything it ever confirmed. The
+ * backup it hands the queue to (queue.set_owner, as a failover would)
+ * rather than serve what it recovered: the first in-sync backup, in the
+ * queue's order, that is up or draining and whose process is the one the
+ * map knows (heard[]: the restarted broker's view of its peers'
+ * incarnations; one not heard, or heard with another incarnation, may
+ * have restarted too, its replica gone with it, before the map cleared it
+ * from the in-sync set). BROKER_ID_NONE: serve it (none qualifies; the
+ * queue is exclusive, or a takeover from shared storage not said adopted
+ * yet, which resumes; or its backups hold only its transient messages,
+ * x-quay-replicate "transient", the persistent ones being in the
+ * restarted broker's own log). Pure.
+ */
+uint32_t controller_restart_successor(const struct cluster_map *map, const struct map_queue *q,
+                                      const struct controller_heard *heard,
+                                      uint32_t heard_count);
+
+/*
  * (b') Takeover from shared storage, part of (b): a durable queue whose
  * primary is down with no in-sync backup to promote goes, when the dead
  * broker announced a shared storage (broker.storage), to a broker that is

@@ -617,6 +617,14 @@ int map_cmd_queue_set_owner(struct map_cmd *out, struct bytes vhost, struct byte
  * move_to. */
 int map_cmd_queue_hand_over(struct map_cmd *out, struct bytes vhost, struct bytes name,
                             uint64_t expected_epoch, uint32_t primary_id);
+/* A primary restarted before the map saw it down hands the queue to an
+ * in-sync backup (mirror.c hand_off_after_restart): like set_owner, but
+ * refused (retry) unless primary_id is an in-sync backup when it applies
+ * (a set_backups at the same epoch may have dropped it meanwhile; plain
+ * set_owner makes a non-backup the primary of a queue started again
+ * empty). */
+int map_cmd_queue_hand_to_backup(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                                 uint64_t expected_epoch, uint32_t primary_id);
 /* Starts a planned move of the queue to broker `to` (which becomes a backup
  * first if it is not one), or ends one (to = BROKER_ID_NONE): see
  * map_queue.move_to. */

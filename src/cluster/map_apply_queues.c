@@ -563,6 +563,7 @@ int map__op_queue_set_owner(struct apply_ctx *ctx)
 {
     uint32_t primary = map__read_broker_id(&ctx->reader, "primary");
     bool planned = map__read_bool(&ctx->reader, "planned", true);
+    bool backup_only = planned || map__read_bool(&ctx->reader, "backup_only", true);
     int rc;
     struct map_queue *q = find_queue_cas(ctx, true, &rc);
     if (q == NULL)
@@ -574,10 +575,11 @@ int map__op_queue_set_owner(struct apply_ctx *ctx)
      * (the primary may have dropped it from the set just before). A
      * planned handover goes only to the in-sync backup the move names: a
      * primary that gave up waiting cancels the move first (queue.move to
-     * none), so a handover still on its way can no longer apply. */
+     * none), so a handover still on its way can no longer apply; a
+     * restarted primary's hand-off only to a backup still in sync. */
     int slot = map__backup_slot(q, primary);
-    if ((slot >= 0 && !(q->in_sync_mask & (1u << slot))) ||
-        (planned && (slot < 0 || q->move_to != primary)))
+    if ((slot >= 0 && !(q->in_sync_mask & (1u << slot))) || (backup_only && slot < 0) ||
+        (planned && q->move_to != primary))
         return map__refuse(ctx, REPLY_PRECONDITION_FAILED, true,
                            "broker %u is not an in-sync backup of queue '%.*s'", primary,
                            BYTES_ARG(q->name));

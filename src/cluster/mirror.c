@@ -18,6 +18,7 @@
 #include "broker/users.h"
 #include "broker/vhost.h"
 #include "cluster/adoption.h"
+#include "cluster/controller.h"
 #include "cluster/events.h"
 #include "cluster/handover.h"
 #include "cluster/map.h"
@@ -27,6 +28,8 @@
 #include "cluster/replica.h"
 #include "cluster/replication.h"
 #include "lib/assert.h"
+#include "lib/bytes.h"
+#include "lib/errors.h"
 #include "lib/log.h"
 
 /* How far a promoted primary's seqs jump (see ensure_queue): more than
@@ -314,8 +317,73 @@ static struct replica *replica_of(struct queue *stand_in, const struct map_queue
     return r;
 }
 
+/* A hand-off asked (hand_off_after_restart) did not commit: the map moved on
+ * meanwhile, and the queue is decided again with the map as it is now. */
+struct hand_off {
+    struct member *member;
+    struct bytes vhost, name; /* owned */
+};
+
+static void follow_queue(struct member *member, struct queue *q, const struct map_queue *mq);
+
+static void on_handed_off(void *ctx, int status, const struct map_change *change)
+{
+    struct hand_off *h = ctx;
+    struct member *member = h->member;
+    bool refused = status != OK || change->reply_code != 200;
+    struct vhost *vhost = refused ? broker_vhost(member->broker, h->vhost) : NULL;
+    struct queue *q = vhost != NULL ? vhost_queue(vhost, h->name) : NULL;
+    const struct map_queue *mq = cluster_map_queue(member_map(member), h->vhost, h->name);
+    if (!member->stopping && q != NULL && !queue_is_remote(q) && q->held_until_synced &&
+        mq != NULL && mq->primary_id == member->self_id)
+        follow_queue(member, q, mq);
+    bytes_free(&h->vhost);
+    bytes_free(&h->name);
+    free(h);
+}
+
+/* We restarted, and the present map (we just caught up) still names us
+ * the primary of q, which our journal recovered: it lacks what only our
+ * memory held (transient messages), which an in-sync backup holds, with
+ * everything we ever confirmed. So that backup takes the queue
+ * (map_cmd_queue_hand_to_backup: a set_owner, as a failover's, that only
+ * an in-sync backup may take; controller_restart_successor picks it),
+ * and q stays held meanwhile (its peers' forwards wait, and go to the new
+ * primary when the change demotes it); served from what we recovered, its
+ * first act was to catch that backup up, resetting its copy to ours. True
+ * while so; false: serve it (no backup qualifies). */
+static bool hand_off_after_restart(struct member *member, struct queue *q,
+                                   const struct map_queue *mq)
+{
+    const struct cluster_map *map = member_map(member);
+    struct controller_heard heard[CLUSTER_BACKUPS_MAX];
+    for (uint8_t i = 0; i < mq->backups_count; i++)
+        heard[i] = (struct controller_heard){
+            .broker_id = mq->backup_ids[i],
+            .incarnation = cluster_node_peer_incarnation(member->node, mq->backup_ids[i])};
+    uint32_t next = controller_restart_successor(map, mq, heard, mq->backups_count);
+    if (next == BROKER_ID_NONE)
+        return false;
+    struct map_cmd cmd;
+    if (map_cmd_queue_hand_to_backup(&cmd, mq->vhost->name, mq->name, mq->epoch, next) != OK)
+        return false;
+    const struct map_broker *b = cluster_map_broker(map, next);
+    LOG_INFO("cluster: queue '%.*s': we restarted, and its in-sync backup %.*s holds what our "
+             "journal could not (transient messages): handing it over there",
+             (int)mq->name.len, (const char *)mq->name.ptr, (int)b->name.len,
+             (const char *)b->name.ptr);
+    struct hand_off *h = calloc(1, sizeof *h);
+    ASSERT(h != NULL);
+    *h = (struct hand_off){.member = member, .vhost = bytes_dup(mq->vhost->name),
+                           .name = bytes_dup(mq->name)};
+    q->held_until_synced = true; /* (still held: decided again at its next change) */
+    cluster_node_submit(member->node, &cmd, on_handed_off, h);
+    return true;
+}
+
 /* Our queue stays ours: its backups, a move, may have changed. One held
- * since our start (mirror_hold_recovered) serves from now on. */
+ * since our start (mirror_hold_recovered) serves from now on, unless an
+ * in-sync backup takes it (hand_off_after_restart). */
 static void follow_queue(struct member *member, struct queue *q, const struct map_queue *mq)
 {
     bool waking = q->held_until_synced;
@@ -324,6 +392,8 @@ static void follow_queue(struct member *member, struct queue *q, const struct ma
         ASSERT(!waking); /* (adoption starts only once synced) */
         return; /* its adoption starts these, with the map as it is then */
     }
+    if (waking && hand_off_after_restart(member, q, mq))
+        return;
     if (q->from_replica_log) {
         /* A backup's log a restart kept (durable_replica_log_open), ours
          * now: defined as the queue's from here on. */

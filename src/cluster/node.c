@@ -695,6 +695,12 @@ bool cluster_node_synced(const struct cluster_node *node)
     return node->synced;
 }
 
+uint32_t cluster_node_peer_incarnation(struct cluster_node *node, uint32_t broker_id)
+{
+    const struct peer *peer = node__peer_find(node, broker_id);
+    return peer != NULL ? peer->incarnation : 0;
+}
+
 /* The leader looks dead (its connections dropped, or its heartbeats
  * stopped): a follower stands for election soon instead of after its full
  * election timeout (pre-vote spares a leader that is alive). */

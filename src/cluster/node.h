@@ -159,6 +159,9 @@ void cluster_request_cancel(struct cluster_request *request);
  * CONSENSUS_E_NOT_LEADER / _INVALID / _BUSY (the sender tries again). */
 int cluster_node_propose_entry(struct cluster_node *node, const uint8_t *entry, size_t size);
 bool cluster_node_synced(const struct cluster_node *node);
+/* The process (incarnation) a peer's heartbeats name, 0 if not heard since
+ * this process started. */
+uint32_t cluster_node_peer_incarnation(struct cluster_node *node, uint32_t broker_id);
 /* The map version this process's own log reached before it started (0 on
  * a first start): a queue or exchange this broker owns since a later
  * version was given to this incarnation. Exact once synced, but for one

@@ -13,7 +13,8 @@ in-sync backup is promoted, never the frozen one, and every confirmed
 message is read back. SIGCONT: the frozen broker comes back and the queue
 is back at two in-sync backups. Last, on three other brokers, a backup
 restarted while the map could not mark it down is caught up before it is
-in sync again.
+in sync again, and a primary restarted so hands its queue to its in-sync
+backup rather than serve what its journal recovered.
 """
 import os
 import signal
@@ -193,6 +194,66 @@ def a_backup_restarted_at_once_is_caught_up_before_it_is_in_sync_again():
     wait_until(lambda: (queue_info(backup, name) or {}).get("replica_messages") == 100, 5,
                what="the backup, in sync again, to hold the queue's 100 messages",
                detail=lambda: (queue_info(backup, name) or {}).get("replica_messages"))
+
+
+@test(timeout=120)
+def a_primary_restarted_at_once_hands_its_queue_to_its_in_sync_backup():
+    """The primary of a durable queue with one backup is killed and
+    restarted while the map could not mark it down (no quorum meanwhile:
+    it led, and the third broker is stopped). Its journal gives it back the
+    persistent messages; the transient ones were in its memory only, and in
+    its in-sync backup. Once caught up with the map, which still names it
+    the primary, it hands the queue to that backup (queue.set_owner) rather
+    than serve what it recovered: every confirmed message is there, the
+    transient ones too. Before, it served the queue and its first act was
+    to catch the backup up, resetting its copy to the persistent half."""
+    small = state["small"]
+    trio = {m.name: m for m in small.members}
+    leader = trio["x"]  # (the first one leads)
+    c = connect(leader)
+    ch = c.channel()
+    name = None
+    for k in range(64):
+        n = "handed-%d" % k
+        ch.queue_declare(n, durable=True, arguments={"x-quay-backups": 1})
+        if queue_info(leader, n)["primary"] == leader.name:
+            name = n
+            break
+    assert name, "no queue placed on the leader"
+    wait_until(lambda: len((queue_info(leader, name) or {}).get("in_sync", [])) == 1, 10,
+               what="its backup in sync")
+    backup = trio[queue_info(leader, name)["backups"][0]]
+    other = next(m for m in trio.values() if m not in (leader, backup))
+    ch.confirm_delivery()
+    want = []
+    for i in range(100):
+        ch.basic_publish("", name, b"%d" % i, pika.BasicProperties(delivery_mode=1 + i % 2))
+        want.append(b"%d" % i)
+    c.close()
+    os.kill(other.proc.pid, signal.SIGSTOP)  # no quorum while it is dead
+    state["stopped"] = other
+    try:
+        leader.kill()
+        leader.restart()
+        time.sleep(0.5)
+    finally:
+        os.kill(other.proc.pid, signal.SIGCONT)
+        state["stopped"] = None
+    wait_until(lambda: (queue_info(other, name) or {}).get("primary") == backup.name, 30,
+               what="the queue handed to %s" % backup.name,
+               detail=lambda: queue_info(other, name))
+    assert "we restarted, and its in-sync backup %s holds what our journal could not" % (
+        backup.name) in leader.log_text()
+    c = connect(other)
+    ch = c.channel()
+    got = []
+    while True:
+        m, _, body = ch.basic_get(name, auto_ack=True)
+        if m is None:
+            break
+        got.append(body)
+    c.close()
+    assert got == want, (len(got), got[:4])
 
 
 def cleanup(failed):

@@ -326,6 +326,25 @@ static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
         return;
     }
     bool fresh = !c->primary, recovered = c->recovered;
+    c->hand_off_to = BROKER_ID_NONE;
+    if (fresh && recovered) {
+        /* mirror.c's hand_off_after_restart: what its journal recovered
+         * lacks what only its memory held; an in-sync backup that is the
+         * process the map knows (as b heard it) takes it instead. */
+        struct controller_heard heard[CLUSTER_BACKUPS_MAX];
+        for (uint8_t i = 0; i < q->backups_count; i++) {
+            uint32_t id = q->backup_ids[i];
+            heard[i] = (struct controller_heard){
+                .broker_id = id, .incarnation = id <= SIM_SERVERS ? b->heard_incarnation[id] : 0};
+        }
+        c->hand_off_to = controller_restart_successor(&b->map, q, heard, q->backups_count);
+        if (c->hand_off_to != BROKER_ID_NONE) {
+            c->epoch = q->epoch;
+            sim_data_watch(s, qi, "b%u restarted: hands it to b%u (epoch %" PRIu64 ")", b->id,
+                           c->hand_off_to, q->epoch);
+            return; /* (held, recovered: decided again at its next change) */
+        }
+    }
     c->recovered = false;
     if (fresh) {
         /* Adopted: what it held as a replica (or, back after a restart, its
@@ -548,6 +567,13 @@ void sim_data_link_down(struct sim *s, unsigned i, unsigned j)
     }
 }
 
+uint32_t sim_data_hand_off(struct sim *s, unsigned p, unsigned qi, uint64_t *epoch)
+{
+    const struct sim_copy *c = &s->data->copies[p][qi];
+    *epoch = c->epoch;
+    return c->primary ? BROKER_ID_NONE : c->hand_off_to;
+}
+
 /* A new process on i's disk: a primary's queue comes back from its
  * journal, and so does a durable queue's replica from its log, as a
  * queue held until the sync (durable_replica_log_open): one the present
@@ -568,6 +594,7 @@ void sim_data_restart(struct sim *s, unsigned i)
         sim_data_watch(s, qi, "b%u restarts (primary %d, holds %u%s)", i + 1, journal && !replica_log,
                        c->held_count, replica_log ? " in its replica log" : "");
         c->primary = c->quiescing = c->ask = false;
+        c->hand_off_to = BROKER_ID_NONE;
         c->pending_count = 0;
         c->streams_count = 0;
         c->from_seq = 0;

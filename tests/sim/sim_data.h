@@ -96,6 +96,8 @@ struct sim_copy {
     bool emptied;                  /* a replica a restart emptied, not caught up since */
     bool quiescing;                /* a handover waits: publishes are refused */
     bool ask;                      /* an in-sync change to submit (ask_in_sync) */
+    uint32_t hand_off_to;          /* recovered, ours in the map: the in-sync backup it
+                                    * goes to instead (mirror.c hand_off_after_restart) */
     uint64_t epoch, next_seq;      /* as primary */
     uint64_t last_seq, last_epoch; /* as a replica: replica_push's (fence_replica_push) */
     uint64_t stream_version;       /* as a replica: its last reset's (fence_replica_kept) */
@@ -194,6 +196,9 @@ void sim_data_consume(struct sim *s, unsigned p, unsigned qi);
 /* handover.c's quiesce: broker p stops taking publishes for qi; true
  * once the move's target holds exactly what p does. */
 bool sim_data_quiet(struct sim *s, unsigned p, unsigned qi, uint32_t target_id);
+/* The in-sync backup p's restarted copy of qi is handed to (queue.set_owner
+ * at epoch), or BROKER_ID_NONE. */
+uint32_t sim_data_hand_off(struct sim *s, unsigned p, unsigned qi, uint64_t *epoch);
 
 /* sim_client.c: publishers, proxies, consumers. */
 void sim_client_tick(struct sim *s, uint64_t now);

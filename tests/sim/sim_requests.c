@@ -74,6 +74,14 @@ static void data_path(struct sim *s, struct sim_broker *leader)
         if (pb == NULL || pb->state == BROKER_STATE_DOWN || qi < 0)
             continue;
         struct map_cmd c;
+        uint64_t epoch;
+        uint32_t to = sim_data_hand_off(s, p, (unsigned)qi, &epoch);
+        if (to != BROKER_ID_NONE && epoch == q->epoch) {
+            /* mirror.c hand_off_after_restart's */
+            sim_propose_one(leader, map_cmd_queue_hand_to_backup(&c, q->vhost->name, q->name,
+                                                                 q->epoch, to), &c);
+            continue;
+        }
         if (map_queue_move_state(map, q) == MAP_MOVE_READY &&
             sim_data_quiet(s, p, (unsigned)qi, q->move_to)) {
             sim_propose_one(leader, map_cmd_queue_hand_over(&c, q->vhost->name, q->name,

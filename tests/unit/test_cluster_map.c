@@ -729,6 +729,21 @@ static void test_queue_move(void **state)
     assert_int_equal(APPLY_RC(&map, map_cmd_queue_move(&c_, B("/"), B("q"), e + 2, 5)),
                      E_MAP_REFUSED);
     assert_false(last.retry);
+    /* A restarted primary's hand-off: only to a backup in sync when it
+     * applies (a plain set_owner would make 5 the primary of an empty
+     * queue). */
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_hand_to_backup(&c_, B("/"), B("q"), e + 2, 5)),
+                     E_MAP_REFUSED);
+    uint32_t synced[] = {1};
+    APPLY_OK(&map, map_cmd_queue_set_in_sync(&c_, B("/"), B("q"), e + 2, synced, NULL, 1));
+    assert_int_equal(APPLY_RC(&map, map_cmd_queue_hand_to_backup(&c_, B("/"), B("q"), e + 2, 3)),
+                     E_MAP_REFUSED);
+    assert_int_equal(q->primary_id, 2);
+    APPLY_OK(&map, map_cmd_queue_hand_to_backup(&c_, B("/"), B("q"), e + 2, 1));
+    assert_false(last.planned);
+    assert_int_equal(q->primary_id, 1);
+    assert_int_equal(q->epoch, e + 3);
+    assert_int_equal(q->backups_count, 2); /* 3 and 4 stay, out of sync */
     cluster_map_free(&map);
 }
 

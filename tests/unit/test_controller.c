@@ -1522,6 +1522,53 @@ static void test_restart_leaves_in_sync_before_any_failover(void **state)
     cluster_map_free(&map);
 }
 
+/* A primary restarted before the map saw it down hands each queue to an
+ * in-sync backup that is up and is the process the map knows (its heard
+ * incarnation the map's), the first in the queue's order; none (not in
+ * sync, suspect, not heard, heard as a new process, a queue that
+ * replicates only its transient messages, an exclusive one): it serves
+ * the queue itself. */
+static void test_restart_successor(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    small_map(&map, 4);
+    struct table none = {(const uint8_t *)"", 0};
+    declare(&map, "three", 3, false, none); /* 1, backups 2 and 3 */
+    struct map_cmd c;
+    for (uint32_t id = 1; id <= 4; id++)
+        must_apply(&map, map_cmd_broker_incarnation(&c, id, 100 + id), &c);
+    const struct map_queue *q = cluster_map_queue(&map, B("/"), B("three"));
+    assert_int_equal(q->primary_id, 1);
+    struct controller_heard heard[2] = {{.broker_id = 2, .incarnation = 102},
+                                        {.broker_id = 3, .incarnation = 103}};
+    /* Nothing in sync. */
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("three"), q->epoch, NULL, NULL, 0),
+               &c);
+    q = cluster_map_queue(&map, B("/"), B("three"));
+    assert_int_equal(q->in_sync_mask, 0);
+    assert_int_equal(controller_restart_successor(&map, q, heard, 2), BROKER_ID_NONE);
+    uint32_t both[] = {2, 3};
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("three"), q->epoch, both, NULL, 2),
+               &c);
+    q = cluster_map_queue(&map, B("/"), B("three"));
+    assert_int_equal(controller_restart_successor(&map, q, heard, 2), 2);
+    /* 2 heard as a new process (its replica gone): 3. */
+    heard[0].incarnation = 202;
+    assert_int_equal(controller_restart_successor(&map, q, heard, 2), 3);
+    /* 3 not heard at all: none. */
+    assert_int_equal(controller_restart_successor(&map, q, heard, 1), BROKER_ID_NONE);
+    /* 2 the process the map knows, but suspect: 3. */
+    heard[0].incarnation = 102;
+    must_apply(&map, map_cmd_broker_state(&c, 2, BROKER_STATE_SUSPECT), &c);
+    q = cluster_map_queue(&map, B("/"), B("three"));
+    assert_int_equal(controller_restart_successor(&map, q, heard, 2), 3);
+    must_apply(&map, map_cmd_broker_state(&c, 3, BROKER_STATE_SUSPECT), &c);
+    q = cluster_map_queue(&map, B("/"), B("three"));
+    assert_int_equal(controller_restart_successor(&map, q, heard, 2), BROKER_ID_NONE);
+    cluster_map_free(&map);
+}
+
 /* A primary down while its only in-sync backup is suspect (silent, not yet
  * down): the promotion waits, the queue stays available with its primary,
  * until the backup is heard again (promoted) or is down too (the queue is
@@ -1627,6 +1674,7 @@ int main(void)
         cmocka_unit_test(test_leader_tick),
         cmocka_unit_test(test_restart_leaves_in_sync_before_any_failover),
         cmocka_unit_test(test_promotion_waits_for_a_suspect_backup),
+        cmocka_unit_test(test_restart_successor),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
