@@ -1370,10 +1370,12 @@ static bool forward_to(struct channel *ch, struct queue *queue, struct message *
         wait->origin_stream = stream;
         wait->origin_seq = seq;
     }
+    wait->maybe_delivered = ch->forward_origin_resent;
     enum queue_publish_result r =
         ch->forward_dead_lettered ? queue_publish_dead_lettered(queue, message, wait)
                                   : queue_publish(queue, message, wait);
     wait->origin_stream = wait->origin_seq = 0;
+    wait->maybe_delivered = false;
     if (queue->flow.congested)
         flow_wait(ch->connection, ch->id, queue); /* the sender is told */
     if (r == QUEUE_PUBLISH_REJECTED || r == QUEUE_PUBLISH_UNAVAILABLE)

@@ -612,6 +612,7 @@ static enum queue_publish_result enqueue(struct queue *queue, struct message *me
     }
     message_ref(message);
     struct queue_entry entry = {.message = message, .seq = queue->next_seq++,
+                                .redelivered = wait != NULL && wait->maybe_delivered,
                                 .expires_at_ms = expiry_for(queue, message)};
     uint64_t t = 0;
     if (logged(queue, message)) {

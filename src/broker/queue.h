@@ -187,6 +187,10 @@ struct publish_wait {
     /* A peer's forward the queue records (broker/origin.h): its origin, sent
      * to the backups with the message so their marks match; stream 0: none. */
     uint64_t origin_stream, origin_seq;
+    /* A peer's forward sent again (its answer was lost with a primary that
+     * went): that primary may have delivered it, so the copy enqueued here
+     * is flagged redelivered, as a promoted backup's replica is. */
+    bool maybe_delivered;
     bool flow;                 /* out: what this broker sent other brokers and they have
                                 * not answered is over its bound (forwards to primaries,
                                 * replication to backups): the publisher waits

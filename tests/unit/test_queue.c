@@ -146,6 +146,29 @@ static struct queue *declare(const char *name, const char *key, int64_t value, c
                                (struct bytes){t.ptr, t.len});
 }
 
+/* A peer's forward sent again (the answer lost with a primary that went,
+ * which may have delivered it) goes in flagged redelivered; a first one
+ * does not. */
+static void resent_forward_is_redelivered(void **state)
+{
+    (void)state;
+    struct queue *q = declare("resent", NULL, 0, NULL);
+    for (uint32_t i = 0; i < 2; i++) {
+        struct message *m = make(i, 0, NULL);
+        struct publish_wait wait = {.from_peer = true, .maybe_delivered = i == 1};
+        assert_int_equal(queue_publish(q, m, &wait), QUEUE_PUBLISH_OK);
+        message_unref(m);
+    }
+    for (uint32_t i = 0; i < 2; i++) {
+        struct queue_entry e;
+        assert_true(queue_take(q, &e));
+        assert_int_equal(number_of(e.message), i);
+        assert_int_equal(e.redelivered, i == 1);
+        queue_settle(q, e.seq, e.message);
+        message_unref(e.message);
+    }
+}
+
 static void round_robin_and_credit(void **state)
 {
     (void)state;
@@ -712,6 +735,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(round_robin_and_credit, setup, teardown),
+        cmocka_unit_test_setup_teardown(resent_forward_is_redelivered, setup, teardown),
         cmocka_unit_test_setup_teardown(consumer_priorities, setup, teardown),
         cmocka_unit_test_setup_teardown(single_active_consumer_hands_over, setup, teardown),
         cmocka_unit_test_setup_teardown(requeue_restores_original_order, setup, teardown),
