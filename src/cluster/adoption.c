@@ -42,7 +42,7 @@ struct adoption {
     bool staged;     /* its batch staged and committed: plan (NULL: gone meanwhile) */
     uint64_t retry_at_ms; /* in adoptions_unreadable: when it is tried again */
     uint32_t retry_ms;    /* the wait before that try (doubles, to ADOPTION_RETRY_MS_MAX) */
-    struct durable_adopt_plan *plan; /* owned: staged in this batch (adopt_batch), or NULL */
+    struct durable_adopt_plan *plan; /* owned: staged in this batch (stage_batch), or NULL */
     struct durable_merge merge; /* its entries owned: a kept replica's (adoption_start) */
 };
 
