@@ -559,38 +559,35 @@ int map_cmd_queue_delete(struct map_cmd *out, struct bytes vhost, struct bytes n
     return build(out, encode_simple, &s);
 }
 
-int map_cmd_queue_set_owner(struct map_cmd *out, struct bytes vhost, struct bytes name,
-                            uint64_t expected_epoch, uint32_t primary_id)
+/* queue.set_owner, and its kinds: flag (NULL: a failover's) is the
+ * command's one bool key, set. */
+static int set_owner(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                     uint64_t expected_epoch, uint32_t primary_id, const char *flag)
 {
     ASSERT(expected_epoch != 0);
     ASSERT(primary_id != BROKER_ID_NONE);
     struct simple_cmd s = {.op = MAP_OP_QUEUE_SET_OWNER, .vhost = vhost, .name = name,
                            .epoch = expected_epoch, .int_key = "primary",
-                           .int_value = primary_id};
+                           .int_value = primary_id, .bool_key = flag, .bool_value = true};
     return build(out, encode_simple, &s);
+}
+
+int map_cmd_queue_set_owner(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                            uint64_t expected_epoch, uint32_t primary_id)
+{
+    return set_owner(out, vhost, name, expected_epoch, primary_id, NULL);
 }
 
 int map_cmd_queue_hand_to_backup(struct map_cmd *out, struct bytes vhost, struct bytes name,
                                  uint64_t expected_epoch, uint32_t primary_id)
 {
-    ASSERT(expected_epoch != 0);
-    ASSERT(primary_id != BROKER_ID_NONE);
-    struct simple_cmd s = {.op = MAP_OP_QUEUE_SET_OWNER, .vhost = vhost, .name = name,
-                           .epoch = expected_epoch, .int_key = "primary",
-                           .int_value = primary_id, .bool_key = "backup_only",
-                           .bool_value = true};
-    return build(out, encode_simple, &s);
+    return set_owner(out, vhost, name, expected_epoch, primary_id, "backup_only");
 }
 
 int map_cmd_queue_hand_over(struct map_cmd *out, struct bytes vhost, struct bytes name,
                             uint64_t expected_epoch, uint32_t primary_id)
 {
-    ASSERT(expected_epoch != 0);
-    ASSERT(primary_id != BROKER_ID_NONE);
-    struct simple_cmd s = {.op = MAP_OP_QUEUE_SET_OWNER, .vhost = vhost, .name = name,
-                           .epoch = expected_epoch, .int_key = "primary",
-                           .int_value = primary_id, .bool_key = "planned", .bool_value = true};
-    return build(out, encode_simple, &s);
+    return set_owner(out, vhost, name, expected_epoch, primary_id, "planned");
 }
 
 int map_cmd_queue_move(struct map_cmd *out, struct bytes vhost, struct bytes name,
