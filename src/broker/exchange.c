@@ -666,9 +666,7 @@ static bool exchange_consistent(const struct exchange *exchange)
             return false;
         count++;
     }
-    uint32_t in_count = 0;
-    list_for_each(pos, &exchange->as_dest.bindings_in)
-        in_count++;
+    uint32_t in_count = list_count(&exchange->as_dest.bindings_in);
     const struct exchange_index *index = index_of(exchange);
     bool topic_ok = exchange->type != EXCHANGE_TOPIC || count > 0 || index->topic_root == NULL;
     bool direct_ok = exchange->type != EXCHANGE_DIRECT || index->direct.count <= count;

@@ -66,19 +66,21 @@ static void broker_name(const struct member *member, uint32_t id, char *out, siz
 
 static void on_idle(uv_idle_t *idle);
 
-static struct adoption *find(const struct member *member, const struct queue *queue)
+static struct adoption *find_in(const struct list_node *list, const struct queue *queue)
 {
-    list_for_each(n, &member->adoptions) {
-        struct adoption *a = CONTAINER_OF(n, struct adoption, link);
-        if (a->queue == queue)
-            return a;
-    }
-    list_for_each(n, &member->adoptions_unreadable) {
+    list_for_each(n, list) {
         struct adoption *a = CONTAINER_OF(n, struct adoption, link);
         if (a->queue == queue)
             return a;
     }
     return NULL;
+}
+
+/* Waiting (being read too), or waiting to be tried again. */
+static struct adoption *find(const struct member *member, const struct queue *queue)
+{
+    struct adoption *a = find_in(&member->adoptions, queue);
+    return a != NULL ? a : find_in(&member->adoptions_unreadable, queue);
 }
 
 static void start(struct member *member, struct queue *queue, const struct map_queue *mq,
@@ -270,18 +272,12 @@ bool adoption_pending(const struct member *member, const struct queue *queue)
 
 uint32_t adoption_pending_count(const struct member *member)
 {
-    uint32_t n = 0;
-    list_for_each(node, &member->adoptions)
-        n++;
-    return n;
+    return list_count(&member->adoptions);
 }
 
 uint32_t adoption_unreadable_count(const struct member *member)
 {
-    uint32_t n = 0;
-    list_for_each(node, &member->adoptions_unreadable)
-        n++;
-    return n;
+    return list_count(&member->adoptions_unreadable);
 }
 
 static void adoption_free(struct adoption *a)

@@ -1313,10 +1313,7 @@ void proxy_peer_down(struct member_peer *peer)
         /* At most as many closes as it has uplinks now: one that a callback
          * opened meanwhile (from peer_free, the link may still be up) is
          * left alone, as it was when the loop walked the list once. */
-        uint32_t left = 0;
-        list_for_each(n, &stub_of(queues[i])->uplinks) {
-            left++;
-        }
+        uint32_t left = list_count(&stub_of(queues[i])->uplinks);
         struct uplink *u;
         while (left-- > 0 && queues[i]->remote != NULL &&
                (u = open_uplink_to(stub_of(queues[i]), peer->id)) != NULL) {

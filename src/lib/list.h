@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct list_node {
     struct list_node *prev;
@@ -70,6 +71,15 @@ static inline struct list_node *list_first(const struct list_node *head)
 
 #define list_for_each(pos, head) \
     for (struct list_node *pos = (head)->next; pos != (head); pos = pos->next)
+
+/* The nodes on the list: O(n). */
+static inline uint32_t list_count(const struct list_node *head)
+{
+    uint32_t n = 0;
+    list_for_each(pos, head)
+        n++;
+    return n;
+}
 
 /* Safe against removal of pos inside the body. */
 #define list_for_each_safe(pos, head)                                        \
