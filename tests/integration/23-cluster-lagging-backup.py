@@ -24,7 +24,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, queue_info, run, test, wait_until  # noqa: E402
+from clustertest import Cluster, queue_info, read_all, run, test, wait_until  # noqa: E402
 
 import pika  # noqa: E402
 
@@ -140,6 +140,21 @@ def thawed_and_restarted_the_factor_is_restored():
                    what="%s to hold every message" % name)
 
 
+def restart_without_quorum(member, other):
+    """kill -9 and restart of member while other is stopped (SIGSTOP): of
+    three brokers, no quorum while member is dead, so the map cannot mark
+    it down."""
+    os.kill(other.proc.pid, signal.SIGSTOP)
+    state["stopped"] = other
+    try:
+        member.kill()
+        member.restart()
+        time.sleep(0.5)
+    finally:
+        os.kill(other.proc.pid, signal.SIGCONT)
+        state["stopped"] = None
+
+
 @test(timeout=120)
 def a_backup_restarted_at_once_is_caught_up_before_it_is_in_sync_again():
     """A backup killed and restarted while the map could not mark it down
@@ -177,15 +192,7 @@ def a_backup_restarted_at_once_is_caught_up_before_it_is_in_sync_again():
     back_in_sync = ("event=backup_in_sync vhost=/ queue=%s broker=%s " % (name, backup.name)
                     ).encode()
     other = next(m for m in trio.values() if m not in (primary, backup))
-    os.kill(other.proc.pid, signal.SIGSTOP)  # no quorum while it is dead
-    state["stopped"] = other
-    try:
-        backup.kill()
-        backup.restart()
-        time.sleep(0.5)
-    finally:
-        os.kill(other.proc.pid, signal.SIGCONT)
-        state["stopped"] = None
+    restart_without_quorum(backup, other)
     # The map change that puts it back in sync (after the ones that took it
     # out), as the primary logs it.
     wait_until(lambda: back_in_sync in primary.log_text_bytes()[seen:], 30,
@@ -233,15 +240,7 @@ def a_primary_restarted_at_once_hands_its_queue_to_its_in_sync_backup():
         ch.basic_publish("", name, b"%d" % i, pika.BasicProperties(delivery_mode=1 + i % 2))
         want.append(b"%d" % i)
     c.close()
-    os.kill(other.proc.pid, signal.SIGSTOP)  # no quorum while it is dead
-    state["stopped"] = other
-    try:
-        leader.kill()
-        leader.restart()
-        time.sleep(0.5)
-    finally:
-        os.kill(other.proc.pid, signal.SIGCONT)
-        state["stopped"] = None
+    restart_without_quorum(leader, other)
     wait_until(lambda: (queue_info(other, name) or {}).get("primary") == backup.name, 30,
                what="the queue handed to %s" % backup.name,
                detail=lambda: queue_info(other, name))
@@ -252,15 +251,7 @@ def a_primary_restarted_at_once_hands_its_queue_to_its_in_sync_backup():
         backup.name) in leader.log_text()
     print("# %s" % ("handed over by the restarted primary" if handed else
                     "failed over: the map saw the primary down first"))
-    c = connect(other)
-    ch = c.channel()
-    got = []
-    while True:
-        m, _, body = ch.basic_get(name, auto_ack=True)
-        if m is None:
-            break
-        got.append(body)
-    c.close()
+    got = read_all(other, name)
     assert got == want, (len(got), got[:4])
 
 
