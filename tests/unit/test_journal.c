@@ -982,6 +982,50 @@ static void append_stray_delete(const char *dir)
     fclose(f);
 }
 
+/* Brokers on one shared directory: journals in dir/a, dir/b and (n 3)
+ * dir/c, opened with opts and recovered empty; a's syncs reach ha (a test
+ * points the others' at theirs). The test closes each journal; shared_end
+ * runs the loop dry, clears what the harnesses recovered and removes the
+ * directory. */
+struct shared {
+    char dir[32], adir[128], bdir[128], cdir[128];
+    struct journal_options opts;
+    uv_loop_t loop;
+    struct harness ha, hb, hc;
+    struct journal *a, *b, *c;
+};
+
+static void shared_start(struct shared *s, int n, struct journal_options opts)
+{
+    memset(s, 0, sizeof *s);
+    snprintf(s->dir, sizeof s->dir, "/tmp/quay-shared-XXXXXX");
+    assert_non_null(mkdtemp(s->dir));
+    snprintf(s->adir, sizeof s->adir, "%s/a", s->dir);
+    snprintf(s->bdir, sizeof s->bdir, "%s/b", s->dir);
+    snprintf(s->cdir, sizeof s->cdir, "%s/c", s->dir);
+    s->opts = opts;
+    assert_int_equal(uv_loop_init(&s->loop), 0);
+    const char *dirs[3] = {s->adir, s->bdir, s->cdir};
+    struct journal **j[3] = {&s->a, &s->b, &s->c};
+    struct harness *h[3] = {&s->ha, &s->hb, &s->hc};
+    char err[256];
+    for (int i = 0; i < n; i++)
+        assert_int_equal(journal_open(j[i], &s->loop, dirs[i], &s->opts, err, sizeof err), OK);
+    journal_set_synced_callback(s->a, on_synced, &s->ha);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(journal_recover(*j[i], on_recover, h[i], &h[i]->stats), OK);
+}
+
+static void shared_end(struct shared *s)
+{
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    recovered_clear(&s->ha);
+    recovered_clear(&s->hb);
+    recovered_clear(&s->hc);
+    assert_int_equal(uv_loop_close(&s->loop), 0);
+    assert_int_equal(remove_tree(s->dir), 0);
+}
+
 /* A taker reads a log whose owner died in the middle of a compaction (its
  * slices go one per sync, so a crash between them is ordinary): the
  * reader journal recovers it as it is, moving and marking nothing (it has
@@ -989,31 +1033,21 @@ static void append_stray_delete(const char *dir)
 static void test_adopt_a_log_left_mid_compaction(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/quay-shared-XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    char adir[128], bdir[128];
-    snprintf(adir, sizeof adir, "%s/a", dir);
-    snprintf(bdir, sizeof bdir, "%s/b", dir);
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    struct harness ha = {0}, hb = {0};
-    char err[256];
-    struct journal_options opts = {.segment_size_max = 4096, .compact_slice_bytes = 256,
-                                   .fenced = true};
-    struct journal *a, *b;
-    assert_int_equal(journal_open(&a, &loop, adir, &opts, err, sizeof err), OK);
-    assert_int_equal(journal_open(&b, &loop, bdir, &opts, err, sizeof err), OK);
-    journal_set_synced_callback(a, on_synced, &ha);
-    journal_set_synced_callback(b, on_synced, &hb);
-    assert_int_equal(journal_recover(a, on_recover, &ha, &ha.stats), OK);
-    assert_int_equal(journal_recover(b, on_recover, &hb, &hb.stats), OK);
+    struct shared s;
+    shared_start(&s, 2,
+                 (struct journal_options){.segment_size_max = 4096, .compact_slice_bytes = 256,
+                                          .fenced = true});
+    uv_loop_t *loop = &s.loop;
+    struct harness *ha = &s.ha, *hb = &s.hb;
+    struct journal *a = s.a, *b = s.b;
+    journal_set_synced_callback(b, on_synced, hb);
     struct journal_queue *q = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("q"));
     uint64_t t = 0;
     for (uint64_t seq = 1; seq <= 60; seq++) /* ~30 to a segment */
         t = publish(q, seq, 100);
     for (uint64_t seq = 1; seq <= 30; seq++)
         t = journal_delivered(q, seq);
-    wait_status(&loop, &ha, t);
+    wait_status(loop, ha, t);
     /* Segment 0 under 25% live: its compaction starts, one slice of 256
      * bytes; A stops before the next (no synced report runs it). */
     for (uint64_t seq = 1; seq <= 24; seq++)
@@ -1024,22 +1058,20 @@ static void test_adopt_a_log_left_mid_compaction(void **state)
     assert_int_equal(journal_locate(q, 28, &loc), OK);
     assert_int_equal(loc.segment_number, 0); /* not yet */
     journal_close(a);
-    uv_run(&loop, UV_RUN_NOWAIT); /* (B's handle keeps the loop: close A's) */
+    uv_run(loop, UV_RUN_NOWAIT); /* (B's handle keeps the loop: close A's) */
     struct journal_adoption out;
-    assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"), BYTES_LIT("q"), on_recover, &hb,
+    assert_int_equal(journal_adopt(b, s.adir, BYTES_LIT("/"), BYTES_LIT("q"), on_recover, hb,
                                    &out), OK);
     assert_int_equal(out.seq_last, 60);
-    assert_int_equal(hb.recovered_count, 36);
-    for (size_t i = 0; i < hb.recovered_count; i++) {
-        assert_int_equal(hb.recovered[i].seq, 25 + i);
-        assert_int_equal(hb.recovered[i].delivered, 25 + i <= 30);
-        check_blob(&hb.recovered[i]);
+    assert_int_equal(hb->recovered_count, 36);
+    for (size_t i = 0; i < hb->recovered_count; i++) {
+        assert_int_equal(hb->recovered[i].seq, 25 + i);
+        assert_int_equal(hb->recovered[i].delivered, 25 + i <= 30);
+        check_blob(&hb->recovered[i]);
     }
-    recovered_clear(&hb);
+    recovered_clear(hb);
     journal_close(b);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    assert_int_equal(uv_loop_close(&loop), 0);
-    assert_int_equal(remove_tree(dir), 0);
+    shared_end(&s);
 }
 
 /* Shared storage: broker B takes over broker A's log of one queue
@@ -1051,23 +1083,14 @@ static void test_adopt_a_log_left_mid_compaction(void **state)
 static void test_shared_storage_fence_and_adopt(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/quay-shared-XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    char adir[128], bdir[128];
-    snprintf(adir, sizeof adir, "%s/a", dir);
-    snprintf(bdir, sizeof bdir, "%s/b", dir);
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    struct harness ha = {0}, hb = {0};
+    struct shared s;
+    shared_start(&s, 2,
+                 (struct journal_options){.segment_size_max = 16 * 1024, .fenced = true});
+    uv_loop_t *loop = &s.loop;
+    struct harness *ha = &s.ha, *hb = &s.hb;
+    struct journal *a = s.a, *b = s.b;
     char err[256];
-    struct journal_options opts = {.segment_size_max = 16 * 1024, .fenced = true};
-    struct journal *a, *b;
-    assert_int_equal(journal_open(&a, &loop, adir, &opts, err, sizeof err), OK);
-    assert_int_equal(journal_open(&b, &loop, bdir, &opts, err, sizeof err), OK);
-    journal_set_synced_callback(a, on_synced, &ha);
-    journal_set_synced_callback(b, on_synced, &hb);
-    assert_int_equal(journal_recover(a, on_recover, &ha, &ha.stats), OK);
-    assert_int_equal(journal_recover(b, on_recover, &hb, &hb.stats), OK);
+    journal_set_synced_callback(b, on_synced, hb);
     struct journal_queue *q = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("q"));
     struct journal_queue *other = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("other"));
     struct journal_queue *third = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("third"));
@@ -1080,75 +1103,71 @@ static void test_shared_storage_fence_and_adopt(void **state)
         t = journal_ack(q, seq);
     t = publish(other, 1, 100);
     t = publish(third, 1, 100);
-    wait_status(&loop, &ha, t);
-    assert_int_equal(ha.status, OK);
+    wait_status(loop, ha, t);
+    assert_int_equal(ha->status, OK);
     /* B takes q over, a stray DELETE of A's at its tail (ignored there). */
-    append_stray_delete(adir);
+    append_stray_delete(s.adir);
     struct journal_adoption out;
-    assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"), BYTES_LIT("q"), on_recover, &hb,
+    assert_int_equal(journal_adopt(b, s.adir, BYTES_LIT("/"), BYTES_LIT("q"), on_recover, hb,
                                    &out), OK);
     assert_true(out.staged[0] != '\0');
     assert_int_equal(out.seq_last, 100);
-    assert_int_equal(hb.recovered_count, 95);
-    for (size_t i = 0; i < hb.recovered_count; i++) {
-        assert_string_equal(hb.recovered[i].queue, "q");
-        assert_int_equal(hb.recovered[i].seq, 6 + i);
-        assert_int_equal(hb.recovered[i].delivered, 6 + i <= 10);
-        check_blob(&hb.recovered[i]);
+    assert_int_equal(hb->recovered_count, 95);
+    for (size_t i = 0; i < hb->recovered_count; i++) {
+        assert_string_equal(hb->recovered[i].queue, "q");
+        assert_int_equal(hb->recovered[i].seq, 6 + i);
+        assert_int_equal(hb->recovered[i].delivered, 6 + i <= 10);
+        check_blob(&hb->recovered[i]);
     }
     /* Nothing left to take over there; a queue A never had: nothing. */
     struct journal_adoption again;
-    recovered_clear(&hb);
-    assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"), BYTES_LIT("q"), on_recover, &hb,
+    recovered_clear(hb);
+    assert_int_equal(journal_adopt(b, s.adir, BYTES_LIT("/"), BYTES_LIT("q"), on_recover, hb,
                                    &again), OK);
     assert_int_equal(again.staged[0], '\0');
-    assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"), BYTES_LIT("none"), on_recover, &hb,
+    assert_int_equal(journal_adopt(b, s.adir, BYTES_LIT("/"), BYTES_LIT("none"), on_recover, hb,
                                    &again), OK);
-    assert_int_equal(hb.recovered_count, 0);
+    assert_int_equal(hb->recovered_count, 0);
     /* A log B's index of A's directory names but that went since (A deleted
      * the queue): B looks again and finds none. */
     t = journal_queue_delete(third);
-    wait_status(&loop, &ha, t);
-    assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"), BYTES_LIT("third"), on_recover, &hb,
+    wait_status(loop, ha, t);
+    assert_int_equal(journal_adopt(b, s.adir, BYTES_LIT("/"), BYTES_LIT("third"), on_recover, hb,
                                    &again), OK);
     assert_int_equal(again.staged[0], '\0');
-    assert_int_equal(hb.recovered_count, 0);
+    assert_int_equal(hb->recovered_count, 0);
     /* A, cut off, appends through its old descriptors: never confirmed. */
     uint64_t stray = publish(q, 101, 300);
-    wait_status(&loop, &ha, stray);
-    assert_int_equal(ha.status, E_JOURNAL_FENCED);
-    assert_true(ha.synced < stray);
+    wait_status(loop, ha, stray);
+    assert_int_equal(ha->status, E_JOURNAL_FENCED);
+    assert_true(ha->synced < stray);
     assert_int_equal(journal_status(a), E_JOURNAL_FENCED);
     assert_int_equal(journal_publish(other, 2, "x", 1), 0); /* stopped for good */
     /* B's own journal goes on; the staged copy goes when B says so. */
     struct journal_queue *mine = journal_queue_open(b, BYTES_LIT("/"), BYTES_LIT("q"));
     t = publish(mine, 6, 300);
-    wait_status(&loop, &hb, t);
-    assert_int_equal(hb.status, OK);
+    wait_status(loop, hb, t);
+    assert_int_equal(hb->status, OK);
     journal_adopt_finish(b, out.staged); /* on B's journal thread, in order */
     t = publish(mine, 7, 300);
-    wait_status(&loop, &hb, t);
+    wait_status(loop, hb, t);
     assert_int_equal(access(out.staged, F_OK), -1);
     char other_dir[256];
-    snprintf(other_dir, sizeof other_dir, "%s/queues", adir);
+    snprintf(other_dir, sizeof other_dir, "%s/queues", s.adir);
     assert_int_equal(access(other_dir, F_OK), 0);
     journal_close(a);
     journal_close(b);
-    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_run(loop, UV_RUN_DEFAULT);
     /* A restarted recovers its other queue only: q's log is not its own. */
     struct harness hr = {0};
-    opts.fenced = true;
-    assert_int_equal(journal_open(&a, &loop, adir, &opts, err, sizeof err), OK);
+    s.opts.fenced = true;
+    assert_int_equal(journal_open(&a, loop, s.adir, &s.opts, err, sizeof err), OK);
     assert_int_equal(journal_recover(a, on_recover, &hr, &hr.stats), OK);
     assert_int_equal(hr.recovered_count, 1);
     assert_string_equal(hr.recovered[0].queue, "other");
     journal_close(a);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    recovered_clear(&ha);
-    recovered_clear(&hb);
     recovered_clear(&hr);
-    assert_int_equal(uv_loop_close(&loop), 0);
-    assert_int_equal(remove_tree(dir), 0);
+    shared_end(&s);
 }
 
 /* The real disk, its directory fsyncs and renames counted (either thread). */
@@ -1289,25 +1308,12 @@ static bool sweep_all(void *ctx, struct bytes vhost, struct bytes name, const ch
 static void test_shared_storage_claim_staged(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/quay-shared-XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    char adir[128], bdir[128], cdir[128];
-    snprintf(adir, sizeof adir, "%s/a", dir);
-    snprintf(bdir, sizeof bdir, "%s/b", dir);
-    snprintf(cdir, sizeof cdir, "%s/c", dir);
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    struct harness ha = {0}, hb = {0}, hc = {0};
-    char err[256];
-    struct journal_options opts = {.segment_size_max = 16 * 1024, .fenced = true};
-    struct journal *a, *b, *c;
-    assert_int_equal(journal_open(&a, &loop, adir, &opts, err, sizeof err), OK);
-    assert_int_equal(journal_open(&b, &loop, bdir, &opts, err, sizeof err), OK);
-    assert_int_equal(journal_open(&c, &loop, cdir, &opts, err, sizeof err), OK);
-    journal_set_synced_callback(a, on_synced, &ha);
-    assert_int_equal(journal_recover(a, on_recover, &ha, &ha.stats), OK);
-    assert_int_equal(journal_recover(b, on_recover, &hb, &hb.stats), OK);
-    assert_int_equal(journal_recover(c, on_recover, &hc, &hc.stats), OK);
+    struct shared s;
+    shared_start(&s, 3,
+                 (struct journal_options){.segment_size_max = 16 * 1024, .fenced = true});
+    uv_loop_t *loop = &s.loop;
+    struct harness *ha = &s.ha, *hb = &s.hb, *hc = &s.hc;
+    struct journal *a = s.a, *b = s.b, *c = s.c;
     struct journal_queue *q = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("q"));
     struct journal_queue *p = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("p"));
     uint64_t t = 0;
@@ -1316,36 +1322,36 @@ static void test_shared_storage_claim_staged(void **state)
     for (uint64_t seq = 1; seq <= 10; seq++)
         t = journal_ack(q, seq);
     t = publish(p, 1, 100);
-    wait_status(&loop, &ha, t);
+    wait_status(loop, ha, t);
     journal_close(a); /* A dies */
     struct journal_adoption out;
     for (int i = 0; i < 2; i++) /* B stages both, copies nothing (it dies) */
-        assert_int_equal(journal_adopt(b, adir, BYTES_LIT("/"), i ? BYTES_LIT("p") :
-                                       BYTES_LIT("q"), on_recover, &hb, &out), OK);
+        assert_int_equal(journal_adopt(b, s.adir, BYTES_LIT("/"), i ? BYTES_LIT("p") :
+                                       BYTES_LIT("q"), on_recover, hb, &out), OK);
     journal_close(b);
     char staged[512];
-    assert_int_equal(journal_adopt_claim_staged(c, bdir, "x", BYTES_LIT("/"), BYTES_LIT("q"),
+    assert_int_equal(journal_adopt_claim_staged(c, s.bdir, "x", BYTES_LIT("/"), BYTES_LIT("q"),
                                                 staged), OK);
     assert_int_equal(staged[0], '\0'); /* not from x */
-    assert_int_equal(journal_adopt_claim_staged(c, bdir, "a", BYTES_LIT("/"), BYTES_LIT("q"),
+    assert_int_equal(journal_adopt_claim_staged(c, s.bdir, "a", BYTES_LIT("/"), BYTES_LIT("q"),
                                                 staged), OK);
     assert_non_null(strstr(staged, "/c/adopted/a."));
     assert_int_equal(journal_adopt_commit(c), OK); /* (the claim's rename durable) */
-    assert_int_equal(journal_adopt_read(c, staged, on_recover, &hc, &out), OK);
+    assert_int_equal(journal_adopt_read(c, staged, on_recover, hc, &out), OK);
     assert_string_equal(out.staged, staged);
     assert_int_equal(out.seq_last, 60);
-    assert_int_equal(hc.recovered_count, 50);
-    for (size_t i = 0; i < hc.recovered_count; i++) {
-        assert_string_equal(hc.recovered[i].queue, "q");
-        assert_int_equal(hc.recovered[i].seq, 11 + i);
-        check_blob(&hc.recovered[i]);
+    assert_int_equal(hc->recovered_count, 50);
+    for (size_t i = 0; i < hc->recovered_count; i++) {
+        assert_string_equal(hc->recovered[i].queue, "q");
+        assert_int_equal(hc->recovered[i].seq, 11 + i);
+        check_blob(&hc->recovered[i]);
     }
     /* Gone from B's adopted/ (p's is still there); claimed once only. */
     char staged_p[512];
-    assert_int_equal(journal_adopt_claim_staged(c, bdir, "a", BYTES_LIT("/"), BYTES_LIT("q"),
+    assert_int_equal(journal_adopt_claim_staged(c, s.bdir, "a", BYTES_LIT("/"), BYTES_LIT("q"),
                                                 staged_p), OK);
     assert_int_equal(staged_p[0], '\0');
-    assert_int_equal(journal_adopt_claim_staged(c, bdir, "a", BYTES_LIT("/"), BYTES_LIT("p"),
+    assert_int_equal(journal_adopt_claim_staged(c, s.bdir, "a", BYTES_LIT("/"), BYTES_LIT("p"),
                                                 staged_p), OK);
     assert_true(staged_p[0] != '\0');
     /* A sweep after a restart removes what nobody needs: both, here (a
@@ -1356,22 +1362,17 @@ static void test_shared_storage_claim_staged(void **state)
     int swept = 0;
     journal_adopt_sweep(c, sweep_all, &swept);
     assert_int_equal(swept, 1); /* p's; the .gone one is not asked about */
-    journal_set_synced_callback(c, on_synced, &hc);
+    journal_set_synced_callback(c, on_synced, hc);
     struct journal_queue *z = journal_queue_open(c, BYTES_LIT("/"), BYTES_LIT("z"));
     t = publish(z, 1, 10); /* after the removals, in order */
-    wait_status(&loop, &hc, t);
+    wait_status(loop, hc, t);
     assert_int_equal(access(gone, F_OK), -1);
     assert_int_equal(access(staged_p, F_OK), -1);
     char p_gone[600];
     snprintf(p_gone, sizeof p_gone, "%s.gone", staged_p);
     assert_int_equal(access(p_gone, F_OK), -1);
     journal_close(c);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    recovered_clear(&ha);
-    recovered_clear(&hb);
-    recovered_clear(&hc);
-    assert_int_equal(uv_loop_close(&loop), 0);
-    assert_int_equal(remove_tree(dir), 0);
+    shared_end(&s);
 }
 
 /* A taker whose read of a staged log failed (cluster/adoption.c tries
@@ -1381,33 +1382,23 @@ static void test_shared_storage_claim_staged(void **state)
 static void test_shared_storage_own_staged_claimed_again(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/quay-shared-XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    char adir[128], bdir[128];
-    snprintf(adir, sizeof adir, "%s/a", dir);
-    snprintf(bdir, sizeof bdir, "%s/b", dir);
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    struct harness ha = {0}, hb = {0};
-    char err[256];
-    struct journal_options opts = {.segment_size_max = 16 * 1024, .fenced = true};
-    struct journal *a, *b;
-    assert_int_equal(journal_open(&a, &loop, adir, &opts, err, sizeof err), OK);
-    assert_int_equal(journal_open(&b, &loop, bdir, &opts, err, sizeof err), OK);
-    journal_set_synced_callback(a, on_synced, &ha);
-    assert_int_equal(journal_recover(a, on_recover, &ha, &ha.stats), OK);
-    assert_int_equal(journal_recover(b, on_recover, &hb, &hb.stats), OK);
+    struct shared s;
+    shared_start(&s, 2,
+                 (struct journal_options){.segment_size_max = 16 * 1024, .fenced = true});
+    uv_loop_t *loop = &s.loop;
+    struct harness *ha = &s.ha, *hb = &s.hb;
+    struct journal *a = s.a, *b = s.b;
     struct journal_queue *q = journal_queue_open(a, BYTES_LIT("/"), BYTES_LIT("q"));
     uint64_t t = 0;
     for (uint64_t seq = 1; seq <= 20; seq++)
         t = publish(q, seq, 100);
-    wait_status(&loop, &ha, t);
+    wait_status(loop, ha, t);
     journal_close(a); /* A dies */
     char ours[512], staged[512], again[512];
     assert_int_equal(journal_adopt_claim_staged(b, NULL, "a", BYTES_LIT("/"), BYTES_LIT("q"),
                                                 ours), OK);
     assert_int_equal(ours[0], '\0'); /* nothing staged yet: ours is indexed empty */
-    assert_int_equal(journal_adopt_stage(b, adir, BYTES_LIT("/"), BYTES_LIT("q"), staged), OK);
+    assert_int_equal(journal_adopt_stage(b, s.adir, BYTES_LIT("/"), BYTES_LIT("q"), staged), OK);
     assert_non_null(strstr(staged, "/b/adopted/a."));
     assert_int_equal(journal_adopt_commit(b), OK);
     for (int i = 0; i < 2; i++) { /* (each claim takes it out of the index, and back) */
@@ -1417,14 +1408,10 @@ static void test_shared_storage_own_staged_claimed_again(void **state)
     }
     assert_int_equal(journal_adopt_commit(b), OK);
     struct journal_adoption out;
-    assert_int_equal(journal_adopt_read(b, again, on_recover, &hb, &out), OK);
-    assert_int_equal(hb.recovered_count, 20);
+    assert_int_equal(journal_adopt_read(b, again, on_recover, hb, &out), OK);
+    assert_int_equal(hb->recovered_count, 20);
     journal_close(b);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    recovered_clear(&ha);
-    recovered_clear(&hb);
-    assert_int_equal(uv_loop_close(&loop), 0);
-    assert_int_equal(remove_tree(dir), 0);
+    shared_end(&s);
 }
 
 /* A deep staged log read in steps (journal_adopt_read_step with a
@@ -1434,22 +1421,12 @@ static void test_shared_storage_own_staged_claimed_again(void **state)
 static void test_shared_storage_read_in_steps(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/quay-shared-XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    char adir[128], bdir[128];
-    snprintf(adir, sizeof adir, "%s/a", dir);
-    snprintf(bdir, sizeof bdir, "%s/b", dir);
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    struct harness ha = {0}, hb = {0};
-    char err[256];
-    struct journal_options opts = {.segment_size_max = 16 * 1024, .fenced = true};
-    struct journal *a, *b;
-    assert_int_equal(journal_open(&a, &loop, adir, &opts, err, sizeof err), OK);
-    assert_int_equal(journal_open(&b, &loop, bdir, &opts, err, sizeof err), OK);
-    journal_set_synced_callback(a, on_synced, &ha);
-    assert_int_equal(journal_recover(a, on_recover, &ha, &ha.stats), OK);
-    assert_int_equal(journal_recover(b, on_recover, &hb, &hb.stats), OK);
+    struct shared s;
+    shared_start(&s, 2,
+                 (struct journal_options){.segment_size_max = 16 * 1024, .fenced = true});
+    uv_loop_t *loop = &s.loop;
+    struct harness *ha = &s.ha, *hb = &s.hb;
+    struct journal *a = s.a, *b = s.b;
     uint64_t t = 0;
     for (int k = 0; k < 2; k++) {
         struct journal_queue *q = journal_queue_open(a, BYTES_LIT("/"),
@@ -1459,15 +1436,15 @@ static void test_shared_storage_read_in_steps(void **state)
         for (uint64_t seq = 1; seq <= 20; seq++)
             t = journal_ack(q, seq);
     }
-    wait_status(&loop, &ha, t);
+    wait_status(loop, ha, t);
     journal_close(a); /* A dies */
     char staged[2][512];
     for (int k = 0; k < 2; k++)
-        assert_int_equal(journal_adopt_stage(b, adir, BYTES_LIT("/"),
+        assert_int_equal(journal_adopt_stage(b, s.adir, BYTES_LIT("/"),
                                              k ? BYTES_LIT("p") : BYTES_LIT("q"), staged[k]),
                          OK);
     assert_int_equal(journal_adopt_commit(b), OK);
-    struct journal_reading *rd = journal_adopt_read_start(b, staged[0], on_recover, &hb);
+    struct journal_reading *rd = journal_adopt_read_start(b, staged[0], on_recover, hb);
     int steps = 0, rc;
     while ((rc = journal_adopt_read_step(rd, 1)) == AGAIN)
         steps++;
@@ -1477,23 +1454,19 @@ static void test_shared_storage_read_in_steps(void **state)
     assert_int_equal(journal_adopt_read_finish(rd, &out), OK);
     assert_int_equal(out.seq_last, 200);
     assert_int_equal(out.stats.message_count, 180);
-    assert_int_equal(hb.recovered_count, 180);
-    for (size_t i = 0; i < hb.recovered_count; i++) {
-        assert_string_equal(hb.recovered[i].queue, "q");
-        assert_int_equal(hb.recovered[i].seq, 21 + i);
-        check_blob(&hb.recovered[i]);
+    assert_int_equal(hb->recovered_count, 180);
+    for (size_t i = 0; i < hb->recovered_count; i++) {
+        assert_string_equal(hb->recovered[i].queue, "q");
+        assert_int_equal(hb->recovered[i].seq, 21 + i);
+        check_blob(&hb->recovered[i]);
     }
-    recovered_clear(&hb);
-    rd = journal_adopt_read_start(b, staged[1], on_recover, &hb);
+    recovered_clear(hb);
+    rd = journal_adopt_read_start(b, staged[1], on_recover, hb);
     assert_int_equal(journal_adopt_read_step(rd, 1), AGAIN);
     assert_int_equal(journal_adopt_read_finish(rd, &out), E_IO); /* cut short */
-    assert_true(hb.recovered_count < 180);
+    assert_true(hb->recovered_count < 180);
     journal_close(b);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    recovered_clear(&ha);
-    recovered_clear(&hb);
-    assert_int_equal(uv_loop_close(&loop), 0);
-    assert_int_equal(remove_tree(dir), 0);
+    shared_end(&s);
 }
 
 int main(void)
