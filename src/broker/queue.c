@@ -1167,15 +1167,8 @@ void queue_hold_get(struct queue *queue, struct queue_get_wait *wait)
 void queue_take_held_gets(struct queue *queue, struct list_node *out)
 {
     ASSERT(list_empty(out));
-    struct queue_pause *p = queue->pause;
-    if (p == NULL || list_empty(&p->gets))
-        return;
-    /* The whole list moves: out takes the head's place. */
-    out->next = p->gets.next;
-    out->prev = p->gets.prev;
-    out->next->prev = out;
-    out->prev->next = out;
-    list_init(&p->gets);
+    if (queue->pause != NULL)
+        list_move_all(out, &queue->pause->gets);
 }
 
 void queue_retry_gets(struct list_node *gets)

@@ -157,12 +157,25 @@ static uint64_t owned_total(const struct placement *p)
     return n;
 }
 
+/* What the restarted broker heard of broker_id's process: 0 if nothing. */
+static uint32_t heard_incarnation(const struct controller_heard *heard, uint32_t heard_count,
+                                  uint32_t broker_id)
+{
+    for (uint32_t h = 0; h < heard_count; h++) {
+        if (heard[h].broker_id == broker_id)
+            return heard[h].incarnation;
+    }
+    return 0;
+}
+
 uint32_t controller_restart_successor(const struct cluster_map *map, const struct map_queue *q,
                                       const struct controller_heard *heard,
-                                      uint32_t heard_count)
+                                      uint32_t heard_count, uint64_t known_since,
+                                      bool *unheard)
 {
-    if (q->exclusive || !q->available || q->taken_from != BROKER_ID_NONE ||
-        map_queue_replicates_transient_only(map, q))
+    *unheard = false;
+    if (q->owned_since >= known_since || q->exclusive || !q->available ||
+        q->taken_from != BROKER_ID_NONE || map_queue_replicates_transient_only(map, q))
         return BROKER_ID_NONE; /* (a takeover not said adopted: adoption_resume_leftovers) */
     static const enum broker_state preferred[] = {BROKER_STATE_UP, BROKER_STATE_DRAINING};
     for (size_t k = 0; k < sizeof preferred / sizeof preferred[0]; k++) {
@@ -171,13 +184,10 @@ uint32_t controller_restart_successor(const struct cluster_map *map, const struc
             if (!(q->in_sync_mask & (1u << i)) || b == NULL || b->state != preferred[k] ||
                 b->incarnation == 0)
                 continue;
-            bool same_process = false;
-            for (uint32_t h = 0; h < heard_count; h++)
-                same_process |= heard[h].broker_id == b->id &&
-                                heard[h].incarnation == b->incarnation;
-            if (!same_process)
-                continue;
-            return b->id;
+            uint32_t incarnation = heard_incarnation(heard, heard_count, b->id);
+            if (incarnation == b->incarnation)
+                return b->id;
+            *unheard |= incarnation == 0;
         }
     }
     return BROKER_ID_NONE;

@@ -77,23 +77,34 @@ int controller_fail_over(const struct cluster_map *map, const struct controller_
 /*
  * (b0) A primary restarted before the map saw it down (its map still names
  * it the queue's primary once it caught up): its journal recovered the
- * persistent messages, what only its memory held (transient ones) is
- * gone, and its in-sync backups hold everything it ever confirmed. The
- * backup it hands the queue to (queue.set_owner, as a failover would)
+ * persistent messages (a non-durable queue: nothing), what only its memory
+ * held is gone, and its in-sync backups hold everything it ever confirmed.
+ * The backup it hands the queue to (queue.set_owner, as a failover would)
  * rather than serve what it recovered: the first in-sync backup, in the
  * queue's order, that is up or draining and whose process is the one the
  * map knows (heard[]: the restarted broker's view of its peers'
  * incarnations; one not heard, or heard with another incarnation, may
  * have restarted too, its replica gone with it, before the map cleared it
- * from the in-sync set). BROKER_ID_NONE: serve it (none qualifies; the
- * queue is exclusive, or a takeover from shared storage not said adopted
- * yet, which resumes; or its backups hold only its transient messages,
- * x-quay-replicate "transient", the persistent ones being in the
- * restarted broker's own log). Pure.
+ * from the in-sync set).
+ *
+ * BROKER_ID_NONE: serve it. None qualifies; or the queue was given to the
+ * present process (owned since known_since, the map version at which the
+ * map first named it: cluster_node_known_since), which holds all it ever
+ * had; or it is exclusive, or a takeover from shared storage not said
+ * adopted yet (which resumes); or its backups hold only its transient
+ * messages (x-quay-replicate "transient": the persistent ones are in the
+ * restarted broker's own log). *unheard, with none: an in-sync backup
+ * that is up or draining has not been heard at all yet (incarnation 0, or
+ * not in heard[]): it may well be the process the map knows, its first
+ * heartbeat after the restart still to come; the caller waits for it a
+ * little before serving (CONTROLLER_HEARD_WAIT_MS after its sync: twenty
+ * heartbeats). Pure.
  */
+#define CONTROLLER_HEARD_WAIT_MS 1000
 uint32_t controller_restart_successor(const struct cluster_map *map, const struct map_queue *q,
                                       const struct controller_heard *heard,
-                                      uint32_t heard_count);
+                                      uint32_t heard_count, uint64_t known_since,
+                                      bool *unheard);
 
 /*
  * (b') Takeover from shared storage, part of (b): a durable queue whose

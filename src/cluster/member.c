@@ -245,29 +245,20 @@ static void submit_transient_delete(struct member *member, struct map_cmd *cmd, 
     cluster_node_submit(member->node, cmd, on_transient_gone, member);
 }
 
-/* A restarted broker that is still the primary of a non-durable queue, or
- * the owner of a non-durable exchange, it got before its restart was not
- * replaced while it was away (the controller fails a dead broker's queues
- * over and moves its exchanges in well under a second): it alone, or the
- * whole cluster, restarted, and what was not durable is gone, as in
- * RabbitMQ (a transient queue goes with its node, transient exchanges with
- * the whole cluster). So the map forgets them too; a queue only at the
- * incarnation we had. What the cluster gave us since we are back (a queue
- * declared elsewhere once we were up again) is ours to keep. */
-static void drop_transients(struct member *member)
+/* A restarted broker that is still the owner of a non-durable exchange
+ * it got before its restart was not replaced while it was away (the
+ * controller moves a dead broker's exchanges in well under a second): the
+ * whole cluster restarted, or it alone did, and what was not durable is
+ * gone, as in RabbitMQ (transient exchanges go with the whole cluster).
+ * So the map forgets them too. What the cluster gave us since we are back
+ * (declared elsewhere once we were up again) is ours to keep. Our
+ * non-durable queues are decided one by one when they wake at the sync
+ * (member__drop_restart_transient), as they may have survived in a backup. */
+static void drop_transient_exchanges(struct member *member)
 {
     const struct cluster_map *map = member_map(member);
     uint64_t restart = cluster_node_restart_version(member->node);
     struct map_cmd cmd;
-    for (uint32_t i = 0; i < map->queues_count; i++) {
-        const struct map_queue *q = map->queues[i];
-        if (q->durable || q->primary_id != member->self_id || q->owned_since > restart)
-            continue;
-        LOG_INFO("cluster: transient queue '%.*s' did not survive our restart: deleted",
-                 (int)q->name.len, (const char *)q->name.ptr);
-        submit_transient_delete(member, &cmd,
-                                map_cmd_queue_delete(&cmd, q->vhost->name, q->name, q->epoch));
-    }
     for (uint32_t i = 0; i < map->exchanges_count; i++) {
         const struct map_exchange *x = map->exchanges[i];
         if (x->durable || x->owner_id != member->self_id || x->owned_since > restart)
@@ -277,6 +268,21 @@ static void drop_transients(struct member *member)
         submit_transient_delete(member, &cmd,
                                 map_cmd_exchange_delete(&cmd, x->vhost->name, x->name, false));
     }
+}
+
+bool member__drop_restart_transient(struct member *member, const struct map_queue *mq)
+{
+    if (mq->durable || mq->primary_id != member->self_id ||
+        mq->owned_since > cluster_node_restart_version(member->node))
+        return false;
+    struct map_cmd cmd;
+    int rc = map_cmd_queue_delete(&cmd, mq->vhost->name, mq->name, mq->epoch);
+    if (rc != OK)
+        return false;
+    LOG_INFO("cluster: transient queue '%.*s' did not survive our restart, and no backup of it "
+             "can take it: deleted", (int)mq->name.len, (const char *)mq->name.ptr);
+    submit_transient_delete(member, &cmd, rc);
+    return true;
 }
 
 static void on_storage_done(void *ctx, int status, const struct map_change *change)
@@ -306,6 +312,7 @@ static void on_synced(void *ctx)
     struct member *member = ctx;
     if (member->stopping)
         return;
+    member->synced_ms = uv_now(member->broker->loop);
     member__announce_storage(member);
     mirror_all(member, true);
     /* What our journal recovered of queues that the present map gave
@@ -315,7 +322,7 @@ static void on_synced(void *ctx)
     adoption_sweep_staged(member);
     adoption_resume_leftovers(member); /* (before clients may publish to them) */
     adoption_synced(member);           /* what the replay handed it, if still ours */
-    drop_transients(member);
+    drop_transient_exchanges(member);
     if (member->transients_pending == 0)
         connection_cluster_synced(member->broker); /* clients held back may open now */
 }
@@ -965,6 +972,7 @@ static void on_tick(uv_timer_t *timer)
     handover_tick(member);
     proxy_tick(member);
     adoption_tick(member);
+    mirror_tick(member);
     /* Alarms are cluster-wide: ours to the others (heartbeats), theirs here. */
     const struct alarm *alarm = &member->broker->alarm;
     cluster_node_set_alarms(member->node, alarm->memory_on, alarm->disk_on);
@@ -1010,6 +1018,7 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
     list_init(&member->adopted_unsaid);
     list_init(&member->adoptions_unreadable);
     list_init(&member->staged_kept);
+    list_init(&member->heard_waits);
     list_init(&member->replications);
     list_init(&member->releasing);
     list_init(&member->sync_waits);

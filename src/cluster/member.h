@@ -113,6 +113,8 @@ struct member {
     struct list_node adoptions_unreadable; /* struct adoption: a log not read whole, tried
                                             * again later (adoption.c) */
     struct list_node staged_kept;    /* struct staged_kept: what the sweep left (adoption.c) */
+    struct list_node heard_waits;    /* struct heard_wait: held queues deciding again (mirror.c) */
+    uint64_t synced_ms;              /* loop time of our sync (0 before) */
     uint64_t staged_kept_version;    /* the map version they were last judged at */
     /* Flow control of our publishers: the bytes of messages sent to other
      * brokers (forwards to primaries, replication to backups) and not yet
@@ -320,5 +322,11 @@ void member__sync_peers(struct member *member);
 void member__announce_storage(struct member *member);
 void member__publish_vhost(struct member *member, struct bytes vhost);
 void member__route_parked(struct member *member, bool give_up);
+/* mq, ours and non-durable, woke at the sync (we restarted) and no
+ * in-sync backup can take it: if we owned it before our restart, what it
+ * held went with the process, as RabbitMQ's transient queue goes with its
+ * node, and the map deletes it (true: asked; the queue stays held till
+ * then). False: ours since we are back, or durable: it serves. */
+bool member__drop_restart_transient(struct member *member, const struct map_queue *mq);
 
 #endif

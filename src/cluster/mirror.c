@@ -146,12 +146,32 @@ void mirror_hold_recovered(struct member *member)
     queue_walk_end(&walk);
 }
 
+/* A queue held at the sync whose in-sync backup this process has not
+ * heard yet: its first heartbeat after our restart may come after our
+ * sync (hand_off_after_restart). Decided again at every tick
+ * (mirror_tick), for up to CONTROLLER_HEARD_WAIT_MS after the sync. In
+ * member->heard_waits. */
+struct heard_wait {
+    struct list_node link;
+    struct bytes vhost, name; /* owned */
+};
+
+static void heard_wait_free(struct heard_wait *w)
+{
+    list_remove(&w->link);
+    bytes_free(&w->vhost);
+    bytes_free(&w->name);
+    free(w);
+}
+
 /* The member stops before it caught up: what peers forwarded to a held
  * queue is nacked (their publishers send it again, to whoever holds the
  * queue then: the map never let us confirm it), and the queue is a plain
  * local one for the rest of the stop. */
 void mirror_release_held(struct member *member)
 {
+    while (!list_empty(&member->heard_waits))
+        heard_wait_free(CONTAINER_OF(member->heard_waits.next, struct heard_wait, link));
     struct queue_walk walk;
     queue_walk_begin(&walk, member->broker);
     for (struct queue *q; (q = queue_walk_next(&walk)) != NULL;) {
@@ -342,6 +362,40 @@ static void on_handed_off(void *ctx, int status, const struct map_change *change
     free(h);
 }
 
+static void wait_for_heard(struct member *member, struct queue *q, const struct map_queue *mq)
+{
+    q->held_until_synced = true; /* (still held) */
+    list_for_each(n, &member->heard_waits) {
+        struct heard_wait *w = CONTAINER_OF(n, struct heard_wait, link);
+        if (bytes_equal(w->vhost, mq->vhost->name) && bytes_equal(w->name, mq->name))
+            return; /* (a change of the queue decided it again meanwhile) */
+    }
+    LOG_INFO("cluster: queue '%.*s': we restarted, and have not heard its in-sync backup yet: "
+             "held until we do (up to %d ms)", (int)mq->name.len, (const char *)mq->name.ptr,
+             CONTROLLER_HEARD_WAIT_MS);
+    struct heard_wait *w = calloc(1, sizeof *w);
+    ASSERT(w != NULL);
+    w->vhost = bytes_dup(mq->vhost->name);
+    w->name = bytes_dup(mq->name);
+    list_push_back(&member->heard_waits, &w->link);
+}
+
+void mirror_tick(struct member *member)
+{
+    struct list_node due;
+    list_move_all(&due, &member->heard_waits); /* (what is decided again may wait again) */
+    while (!list_empty(&due)) {
+        struct heard_wait *w = CONTAINER_OF(due.next, struct heard_wait, link);
+        struct vhost *vhost = broker_vhost(member->broker, w->vhost);
+        struct queue *q = vhost != NULL ? vhost_queue(vhost, w->name) : NULL;
+        const struct map_queue *mq = cluster_map_queue(member_map(member), w->vhost, w->name);
+        heard_wait_free(w);
+        if (q != NULL && !queue_is_remote(q) && q->held_until_synced && mq != NULL &&
+            mq->primary_id == member->self_id)
+            follow_queue(member, q, mq);
+    }
+}
+
 /* We restarted, and the present map (we just caught up) still names us
  * the primary of q, which our journal recovered: it lacks what only our
  * memory held (transient messages), which an in-sync backup holds, with
@@ -361,7 +415,15 @@ static bool hand_off_after_restart(struct member *member, struct queue *q,
         heard[i] = (struct controller_heard){
             .broker_id = mq->backup_ids[i],
             .incarnation = cluster_node_peer_incarnation(member->node, mq->backup_ids[i])};
-    uint32_t next = controller_restart_successor(map, mq, heard, mq->backups_count);
+    bool unheard;
+    uint32_t next = controller_restart_successor(map, mq, heard, mq->backups_count,
+                                                 cluster_node_known_since(member->node),
+                                                 &unheard);
+    if (next == BROKER_ID_NONE && unheard &&
+        uv_now(member->broker->loop) < member->synced_ms + CONTROLLER_HEARD_WAIT_MS) {
+        wait_for_heard(member, q, mq);
+        return true;
+    }
     if (next == BROKER_ID_NONE)
         return false;
     struct map_cmd cmd;
@@ -382,8 +444,10 @@ static bool hand_off_after_restart(struct member *member, struct queue *q,
 }
 
 /* Our queue stays ours: its backups, a move, may have changed. One held
- * since our start (mirror_hold_recovered) serves from now on, unless an
- * in-sync backup takes it (hand_off_after_restart). */
+ * since our start (mirror_hold_recovered, or made while we caught up:
+ * ensure_queue) serves from now on, unless an in-sync backup takes it
+ * (hand_off_after_restart) or it was a transient queue of the process
+ * before us (member__drop_restart_transient). */
 static void follow_queue(struct member *member, struct queue *q, const struct map_queue *mq)
 {
     bool waking = q->held_until_synced;
@@ -394,6 +458,10 @@ static void follow_queue(struct member *member, struct queue *q, const struct ma
     }
     if (waking && hand_off_after_restart(member, q, mq))
         return;
+    if (waking && member__drop_restart_transient(member, mq)) {
+        q->held_until_synced = true; /* (till the delete: nothing is confirmed into it) */
+        return;
+    }
     if (q->from_replica_log) {
         /* A backup's log a restart kept (durable_replica_log_open), ours
          * now: defined as the queue's from here on. */
@@ -460,6 +528,25 @@ static void new_stand_in(struct member *member, struct vhost *vhost, struct map_
     vhost_queue_insert(vhost, q);
     if (claim_exclusive(member, vhost, q, mq))
         rebind_queue(member, mq);
+}
+
+/* q, made real here (not to adopt a log), serves: its replication starts.
+ * Unless it was made while we catch up after a restart: the map's history
+ * made it (we are its primary in a past the present may have left), and
+ * we hold nothing of it, where its in-sync backups may hold everything.
+ * Then it is held like a queue our journal recovered
+ * (mirror_hold_recovered), decided at the sync with the present map
+ * (follow_queue): attached now, its replication would catch those backups
+ * up to our empty copy. True: it serves. */
+static bool start_made_real(struct member *member, struct queue *q, const struct map_queue *mq)
+{
+    if (!cluster_node_synced(member->node)) {
+        q->held_until_synced = true;
+        queue_pause(q);
+        return false;
+    }
+    replication_attach(member, q, mq, false);
+    return true;
 }
 
 /* The local object for a map queue: real here if we are its primary, a
@@ -529,8 +616,7 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
      * over queue has no backup whose seqs we could collide with.) */
     if (promoted_epoch && !adopting)
         q->next_seq += PROMOTION_SEQ_GAP;
-    if (!adopting)
-        replication_attach(member, q, mq, false);
+    bool serving = !adopting && start_made_real(member, q, mq);
     if (draining)
         queue_hold_publishes(q);
     route_held(q, held, held_count);
@@ -539,7 +625,7 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     free(moving);
     if (claim_exclusive(member, vhost, q, mq))
         queue_dispatch(q);
-    if (!adopting)
+    if (serving)
         handover_follow(member, q, mq);
 }
 

@@ -163,6 +163,16 @@ static void log_change(struct cluster_node *node, int rc, const struct map_chang
     }
 }
 
+/* Whether the map names our process now (known_since). */
+static void note_known(struct cluster_node *node)
+{
+    if (node->known_since != UINT64_MAX)
+        return;
+    const struct map_broker *self = cluster_map_broker(&node->map, node->id);
+    if (self != NULL && self->incarnation == node->peers[0].incarnation)
+        node->known_since = node->map.version;
+}
+
 static int on_apply(void *ctx, uint64_t index, const uint8_t *cmd, size_t size, void **result)
 {
     struct cluster_node *node = ctx;
@@ -184,6 +194,7 @@ static int on_apply(void *ctx, uint64_t index, const uint8_t *cmd, size_t size, 
                                (size_t)cmd_size, &change);
     if (index <= node->restart_index)
         node->restart_version = node->map.version;
+    note_known(node);
     if (change.op != MAP_OP_SYNC)
         log_change(node, rc, &change, &prior);
     if (rc == OK && change.op == MAP_OP_BROKER_LEAVE && change.changed &&
@@ -213,6 +224,7 @@ static int on_restore(void *ctx, const uint8_t *data, size_t size)
     if (rc == OK) {
         if (node->starting)
             node->restart_version = node->map.version; /* our own, from disk */
+        note_known(node); /* (at the latest: no earlier version is known) */
         char brokers[768];
         format_brokers(&node->map, brokers, sizeof brokers);
         LOG_INFO("cluster map epoch=%llu: restored from a snapshot; brokers: %s",
@@ -685,6 +697,11 @@ const struct controller_config *cluster_node_controller_config(const struct clus
     return &node->controller;
 }
 
+uint64_t cluster_node_known_since(const struct cluster_node *node)
+{
+    return node->known_since;
+}
+
 uint64_t cluster_node_restart_version(const struct cluster_node *node)
 {
     return node->restart_version;
@@ -911,6 +928,7 @@ static struct cluster_node *node_new(uv_loop_t *loop, const struct cluster_node_
         return NULL;
     }
     cluster_map_init(&node->map);
+    node->known_since = UINT64_MAX;
     list_init(&node->requests);
     uint32_t start = 0;
     RAND_bytes((uint8_t *)&start, sizeof start); /* ids of an earlier run may still be in the log */

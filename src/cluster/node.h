@@ -168,6 +168,12 @@ uint32_t cluster_node_peer_incarnation(struct cluster_node *node, uint32_t broke
  * rare case: entries a new leader writes over an uncommitted tail of our
  * log count as before. */
 uint64_t cluster_node_restart_version(const struct cluster_node *node);
+/* The map version at which the map first named this process (its
+ * broker.incarnation); UINT64_MAX until then. What this broker owns since
+ * then was given to this process (a queue declared on it once it was
+ * back), not to an earlier one of this broker that held more than this
+ * one recovered (controller_restart_successor). */
+uint64_t cluster_node_known_since(const struct cluster_node *node);
 /* The controller's settings (timeouts, default backups, placement), for
  * decisions taken outside the leader's rounds (member_forget). */
 struct controller_config;

@@ -91,6 +91,11 @@ struct cluster_node {
      * after restart_version, it got from this incarnation. */
     bool starting;
     uint64_t restart_index, restart_version;
+    /* The map version at which the map first named this process (our
+     * incarnation); UINT64_MAX until it does. What a map object's owner
+     * got from then on it got from this process; before, from an earlier
+     * one of ours that may have held more than we do. */
+    uint64_t known_since;
     bool nudge_in_flight; /* leader: a sync proposed to publish the commit index */
     uint32_t leaving[CLUSTER_BROKERS_MAX]; /* left the map: the leader removes them from Raft */
     uint32_t leaving_count;

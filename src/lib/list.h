@@ -72,6 +72,20 @@ static inline struct list_node *list_first(const struct list_node *head)
 #define list_for_each(pos, head) \
     for (struct list_node *pos = (head)->next; pos != (head); pos = pos->next)
 
+/* Every node of from moves, in order, to out (initialized here); from is
+ * left empty. */
+static inline void list_move_all(struct list_node *out, struct list_node *from)
+{
+    list_init(out);
+    if (list_empty(from))
+        return;
+    out->next = from->next;
+    out->prev = from->prev;
+    out->next->prev = out;
+    out->prev->next = out;
+    list_init(from);
+}
+
 /* The nodes on the list: O(n). */
 static inline uint32_t list_count(const struct list_node *head)
 {

@@ -203,20 +203,13 @@ def a_backup_restarted_at_once_is_caught_up_before_it_is_in_sync_again():
                detail=lambda: (queue_info(backup, name) or {}).get("replica_messages"))
 
 
-@test(timeout=120)
-def a_primary_restarted_at_once_hands_its_queue_to_its_in_sync_backup():
-    """The primary of a durable queue with one backup is killed and
-    restarted while the map could not mark it down (no quorum meanwhile:
-    it led, and the third broker is stopped). Its journal gives it back the
-    persistent messages; the transient ones were in its memory only, and in
-    its in-sync backup. Once caught up with the map, which still names it
-    the primary, it hands the queue to that backup (queue.set_owner) rather
-    than serve what it recovered: every confirmed message is there, the
-    transient ones too. Before, it served the queue and its first act was
-    to catch the backup up, resetting its copy to the persistent half (50
-    of 100). (Loaded, the map may see it down first: then a failover
-    promotes the backup, and the test shows only that nothing is lost; it
-    says which way it went.)"""
+def restarted_primary_hands_over(prefix, durable):
+    """A queue with one backup whose primary is the Raft leader gets 100
+    confirmed messages, half of them transient; the primary is killed and
+    restarted while the map cannot mark it down (restart_without_quorum).
+    Every message must then be read from the queue's new primary, its
+    backup: the transient ones were in the dead process's memory only, and
+    in the backup."""
     small = state["small"]
     trio = {m.name: m for m in small.members}
     leader = trio["x"]  # (the first one leads)
@@ -224,8 +217,8 @@ def a_primary_restarted_at_once_hands_its_queue_to_its_in_sync_backup():
     ch = c.channel()
     name = None
     for k in range(64):
-        n = "handed-%d" % k
-        ch.queue_declare(n, durable=True, arguments={"x-quay-backups": 1})
+        n = "%s-%d" % (prefix, k)
+        ch.queue_declare(n, durable=durable, arguments={"x-quay-backups": 1})
         if queue_info(leader, n)["primary"] == leader.name:
             name = n
             break
@@ -253,6 +246,28 @@ def a_primary_restarted_at_once_hands_its_queue_to_its_in_sync_backup():
                     "failed over: the map saw the primary down first"))
     got = read_all(other, name)
     assert got == want, (len(got), got[:4])
+
+
+@test(timeout=120)
+def a_primary_restarted_at_once_hands_its_queue_to_its_in_sync_backup():
+    """A durable queue: the restarted primary's journal gives it back the
+    persistent messages only. Once caught up with the map, which still
+    names it the primary, it hands the queue to its in-sync backup
+    (queue.set_owner) rather than serve what it recovered. Before, it
+    served the queue and its first act was to catch the backup up,
+    resetting its copy to the persistent half (50 of 100)."""
+    restarted_primary_hands_over("handed", durable=True)
+
+
+@test(timeout=120)
+def a_non_durable_queue_whose_primary_restarted_at_once_goes_to_its_backup():
+    """A non-durable queue: the restarted primary recovered nothing of it,
+    and the map's log it replays made it again, empty. It must not serve
+    that (whose first act was to catch its backup up, emptying it), nor
+    delete the queue as a transient queue that died with its broker (it
+    did not: its backup holds it): it hands the queue to its in-sync
+    backup, as a failover would have. Before, the queue was deleted."""
+    restarted_primary_hands_over("handed-transient", durable=False)
 
 
 def cleanup(failed):

@@ -83,6 +83,7 @@ static void add_server(struct sim *s, unsigned i)
     b->index = i;
     b->id = i + 1;
     b->incarnation = b->id;
+    b->known_since = UINT64_MAX;
     cluster_map_init(&b->map);
     sim_fsm_init(b);
     raft_fixture_grow(&s->f, &b->fsm);

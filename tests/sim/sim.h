@@ -81,6 +81,7 @@ struct sim_broker {
     /* Its process (node.c's peers[0].incarnation: a restart draws another)
      * and, per peer, the one its heartbeats last said. */
     uint32_t incarnation;
+    uint64_t known_since; /* node.c's: the map version that first named it */
     uint32_t heard_incarnation[SIM_SERVERS + 1];
     uint32_t heard_map_version[SIM_SERVERS + 1]; /* the map its heartbeats say it applied */
     /* What its peers' heartbeats count for its lease (node.c's peer->lease:
@@ -100,6 +101,7 @@ struct sim_broker {
     bool synced;
     uint64_t sync_id;               /* the request id of the sync in flight; 0: none */
     uint64_t sync_sent_ms, syncs;
+    uint64_t synced_ms; /* when (member.c's synced_ms) */
     /* What the last incarnation had applied, and so may have acted on
      * (served, answered): a restarted one serves from a map at least as new. */
     bool restarted;

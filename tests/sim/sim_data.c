@@ -319,30 +319,43 @@ static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
         return;
     bool mine = q != NULL && q->primary_id == b->id;
     if (!mine) {
+        c->waking = c->heard_wait = false; /* (demoted, or a stand-in) */
         c->stood_in |= q != NULL;
         if (c->primary || c->journal)
             detach(s, b->index, qi, c); /* (demote: replica_of_queue) */
         drop_unneeded(s, b, qi, c, q);
         return;
     }
-    bool fresh = !c->primary, recovered = c->recovered;
+    bool fresh = !c->primary, recovered = c->recovered, waking = c->waking;
+    c->waking = c->heard_wait = false;
     c->hand_off_to = BROKER_ID_NONE;
-    if (fresh && recovered) {
+    if (fresh && waking) {
         /* mirror.c's hand_off_after_restart: what its journal recovered
-         * lacks what only its memory held; an in-sync backup that is the
-         * process the map knows (as b heard it) takes it instead. */
+         * (or nothing, the map's history made it) lacks what only its
+         * memory held; an in-sync backup that is the process the map
+         * knows (as b heard it) takes it instead. */
         struct controller_heard heard[CLUSTER_BACKUPS_MAX];
         for (uint8_t i = 0; i < q->backups_count; i++) {
             uint32_t id = q->backup_ids[i];
             heard[i] = (struct controller_heard){
                 .broker_id = id, .incarnation = id <= SIM_SERVERS ? b->heard_incarnation[id] : 0};
         }
-        c->hand_off_to = controller_restart_successor(&b->map, q, heard, q->backups_count);
+        bool unheard;
+        c->hand_off_to = controller_restart_successor(&b->map, q, heard, q->backups_count,
+                                                      b->known_since, &unheard);
+        if (c->hand_off_to == BROKER_ID_NONE && unheard &&
+            now_ms(s) < b->synced_ms + CONTROLLER_HEARD_WAIT_MS) {
+            if (!c->heard_wait)
+                sim_data_watch(s, qi, "b%u restarted: waits to hear an in-sync backup", b->id);
+            c->waking = c->heard_wait = true;
+            return;
+        }
         if (c->hand_off_to != BROKER_ID_NONE) {
             c->epoch = q->epoch;
             sim_data_watch(s, qi, "b%u restarted: hands it to b%u (epoch %" PRIu64 ")", b->id,
                            c->hand_off_to, q->epoch);
-            return; /* (held, recovered: decided again at its next change) */
+            c->waking = true; /* (held: decided again at its next change) */
+            return;
         }
     }
     c->recovered = false;
@@ -603,6 +616,8 @@ void sim_data_restart(struct sim *s, unsigned i)
                 s->data->msgs[c->held[k].msg].restarted_away = true;
         }
         c->recovered = journal;
+        c->waking = true;
+        c->heard_wait = false;
         c->stream_version = 0;
         c->emptied = !journal && c->held_count > 0; /* (it lost something) */
         if (!journal || sim_data_transient(qi)) {
@@ -706,6 +721,8 @@ void sim_data_primaries_tick(struct sim *s, uint64_t now)
         for (unsigned qi = 0; qi < SIM_QUEUES; qi++) {
             if (d->copies[i][qi].primary)
                 tick_one(s, b, qi, &d->copies[i][qi], now);
+            else if (d->copies[i][qi].heard_wait) /* (mirror_tick) */
+                follow_queue(s, b, qi, map_queue_of(b, qi));
         }
     }
 }

@@ -94,10 +94,15 @@ struct sim_copy {
     bool journal;                  /* real here since it became so: its definition and log */
     bool recovered;                /* what a restart's journal gave back: not in step */
     bool emptied;                  /* a replica a restart emptied, not caught up since */
+    bool waking;                   /* since a restart, till the sync decides it: held, as
+                                    * what the journal recovered or the map's history made
+                                    * (mirror.c keep_for_now, ensure_queue) */
     bool quiescing;                /* a handover waits: publishes are refused */
     bool ask;                      /* an in-sync change to submit (ask_in_sync) */
-    uint32_t hand_off_to;          /* recovered, ours in the map: the in-sync backup it
-                                    * goes to instead (mirror.c hand_off_after_restart) */
+    bool heard_wait;               /* waking, waits to hear an in-sync backup (mirror.c
+                                    * wait_for_heard): decided again every tick */
+    uint32_t hand_off_to;          /* waking, ours in the map: the in-sync backup it goes
+                                    * to instead (mirror.c hand_off_after_restart) */
     uint64_t epoch, next_seq;      /* as primary */
     uint64_t last_seq, last_epoch; /* as a replica: replica_push's (fence_replica_push) */
     uint64_t stream_version;       /* as a replica: its last reset's (fence_replica_kept) */

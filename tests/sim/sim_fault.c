@@ -60,6 +60,7 @@ static void restart(struct sim *s, unsigned i)
     memset(b->heard_map_version, 0, sizeof b->heard_map_version);
     memset(b->lease_heard, 0, sizeof b->lease_heard);
     b->incarnation += SIM_SERVERS; /* a new process: another incarnation */
+    b->known_since = UINT64_MAX;
     b->leaving_count = b->departed_count = 0;
     memset(b->join_in_flight, 0, sizeof b->join_in_flight);
     b->change_waiting = false;

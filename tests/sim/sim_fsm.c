@@ -37,6 +37,7 @@ static uint64_t get_u64(const uint8_t *p)
 static void synced(struct sim *s, struct sim_broker *b)
 {
     b->synced = true;
+    b->synced_ms = raft_fixture_time(&s->f);
     b->sync_id = 0;
     if (!b->restarted)
         return;
@@ -50,6 +51,14 @@ static void synced(struct sim *s, struct sim_broker *b)
             sim_fail(s, "b%u serves %s at epoch %" PRIu64 " after a restart, older than the %"
                      PRIu64 " it had", b->id, sim_queue_names[qi], now->epoch, was->epoch);
     }
+}
+
+/* node.c's note_known. */
+static void note_known(struct sim_broker *b)
+{
+    const struct map_broker *self = cluster_map_broker(&b->map, b->id);
+    if (b->known_since == UINT64_MAX && self != NULL && self->incarnation == b->incarnation)
+        b->known_since = b->map.version;
 }
 
 /* A log entry: cmd (consumed) in its envelope. */
@@ -75,6 +84,7 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
     if (size > buf->len - SIM_ENVELOPE)
         sim_fail(s, "broker %u: an entry without its envelope", b->id);
     int rc = cluster_map_apply(&b->map, entry + SIM_ENVELOPE, (size_t)size, &change);
+    note_known(b);
     if (request_id != 0 && request_id == b->sync_id)
         synced(s, b);
     if (rc == OK && change.op == MAP_OP_BROKER_LEAVE && change.changed &&
@@ -148,6 +158,7 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
         return RAFT_CORRUPT; /* (libraft keeps the buffer) */
     }
     raft_free(buf->base);
+    note_known(b);
     /* A restore jumps: nothing to compare with; what it holds is known now. */
     memset(b->shadows, 0, sizeof b->shadows);
     sim_check_queues(b->sim, b);
