@@ -5,7 +5,9 @@ Brokers: BROKERS (3-5) quayd processes, each a host in its own network
 namespace (tests/cluster/netlab.py); the test process reaches every host
 through the lab's bridge, the faults are between hosts. Queues: QUEUES
 durable queues, x-quay-backups from BACKUPS (a list, cycled: "2" or "1,2");
-odd-numbered queues get persistent messages, even ones transient. Each queue
+odd-numbered queues get persistent messages, even ones transient (with
+NON_DURABLE=1 the even queues are not durable either: only their backups
+keep them through a broker's death, or a primary's fast restart). Each queue
 has a confirming publisher (window WINDOW, PUB_RATE msg/s) and an acking
 consumer, spread over the brokers; a client whose connection dies, or whose
 oldest unconfirmed publish waited CONFIRM_TIMEOUT s, or (a consumer) that got
@@ -69,7 +71,7 @@ Usage: /usr/bin/python3 tests/crash/cluster_soak.py [SECONDS] [options]  (defaul
        /usr/bin/python3 tests/crash/cluster_soak.py --selftest   (the checker on made-up data)
 Environment (each also an option, --brokers etc.; see --help):
   QUAYD=build/quayd BROKERS=3 QUEUES=4 BACKUPS=2 SEED=random FAULT_EVERY=20
-  FAULT_DOWN=0 FAULTS=kill,cut,partition,move,drain RESTORE_TIMEOUT=15 PUB_RATE=200
+  FAULT_DOWN=0 FAULTS=kill,cut,partition,move,drain RESTORE_TIMEOUT=15 PUB_RATE=200 NON_DURABLE=0
   WINDOW=50 CONFIRM_TIMEOUT=5 CONSUMER_IDLE=10 POLL_MS=200 NETNS=1
 NETNS=0 runs the brokers on loopback (no root needed) with kill/restart only.
 Needs root for the namespaces (exit 77, "skipped", without it when
@@ -125,6 +127,8 @@ def parse_args(argv):
     p.add_argument("--trace-dups", type=int, default=int(env("TRACE_DUPS", "0")),
                    help="print this many unflagged duplicates in detail (who published "
                         "each, when, and every delivery of it) and keep the brokers' logs")
+    p.add_argument("--non-durable", type=int, default=int(env("NON_DURABLE", "0")),
+                   help="1: the transient (even) queues are declared non-durable")
     p.add_argument("--selftest", action="store_true", help="test the checker and exit")
     a = p.parse_args(argv)
     if not 3 <= a.brokers <= 5:
@@ -354,7 +358,8 @@ class Soak:
         for i in range(a.queues):
             b = a.backups[i % len(a.backups)]
             name = "soak-%d" % i
-            ch.queue_declare(name, durable=True, arguments={"x-quay-backups": b})
+            durable = bool(i % 2) or not a.non_durable
+            ch.queue_declare(name, durable=durable, arguments={"x-quay-backups": b})
             self.queues.append(QueueState(i, name, b, persistent=bool(i % 2)))
         c.close()
         self.log("%d brokers (%s), %d queues (backups %s), seed %d, dir %s" % (
@@ -955,7 +960,8 @@ class Soak:
         self.print_unflagged()
         for q in self.queues:
             print("QUEUE %s backups=%d %s confirmed=%d received=%d dup=%d nacked=%d lost=%d" % (
-                q.name, q.backups, "persistent" if q.persistent else "transient",
+                q.name, q.backups, "persistent" if q.persistent else
+                "transient, non-durable" if self.a.non_durable else "transient",
                 len(q.confirmed), len(q.received), sum(q.dup.values()), q.nacked,
                 len(lost[q.name])))
         path = os.path.join(self.cluster.dir, "confirms.json")
