@@ -193,6 +193,12 @@ uint32_t controller_restart_successor(const struct cluster_map *map, const struc
     return BROKER_ID_NONE;
 }
 
+bool controller_restart_drops(const struct map_queue *q, uint32_t self_id,
+                              uint64_t restart_version)
+{
+    return !q->durable && q->primary_id == self_id && q->owned_since <= restart_version;
+}
+
 bool controller_takes_over_with_replica(const struct cluster_map *map, const struct map_queue *q,
                                         uint32_t backup)
 {

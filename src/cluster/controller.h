@@ -107,6 +107,18 @@ uint32_t controller_restart_successor(const struct cluster_map *map, const struc
                                       bool *unheard);
 
 /*
+ * (b0') Such a queue that no backup takes (controller_restart_successor:
+ * none), on broker self_id once it caught up: true if it is not durable
+ * and was self_id's before its restart (owned since at most
+ * restart_version: cluster_node_restart_version). What it held went with
+ * the process that held it, as RabbitMQ's transient queue goes with its
+ * node, and the map deletes it. False: it serves (durable: what its
+ * journal recovered; or given to self_id since it was back). Pure.
+ */
+bool controller_restart_drops(const struct map_queue *q, uint32_t self_id,
+                              uint64_t restart_version);
+
+/*
  * (b') Takeover from shared storage, part of (b): a durable queue whose
  * primary is down with no in-sync backup to promote goes, when the dead
  * broker announced a shared storage (broker.storage), to a broker that is

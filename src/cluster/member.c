@@ -272,8 +272,7 @@ static void drop_transient_exchanges(struct member *member)
 
 bool member__drop_restart_transient(struct member *member, const struct map_queue *mq)
 {
-    if (mq->durable || mq->primary_id != member->self_id ||
-        mq->owned_since > cluster_node_restart_version(member->node))
+    if (!controller_restart_drops(mq, member->self_id, cluster_node_restart_version(member->node)))
         return false;
     struct map_cmd cmd;
     int rc = map_cmd_queue_delete(&cmd, mq->vhost->name, mq->name, mq->epoch);

@@ -237,10 +237,12 @@ int sim_run_seed(uint64_t seed, uint64_t seconds, bool verbose, uint64_t *trace_
         printf("ok seed %" PRIu64 ": %" PRIu64 " faults, %" PRIu64 " commands proposed, %" PRIu64
                " applied, converged %" PRIu64 " ms after healing; %u publishes, %" PRIu64
                " confirmed (%" PRIu64 " by primaries), %" PRIu64 " consumed, %" PRIu64
-               " frames; known: %" PRIu64 " loss(es)\n", seed, s->faults,
-               s->proposed, s->applied, (uint64_t)raft_fixture_time(&s->f) - healed,
+               " frames; known: %" PRIu64 " loss(es); %" PRIu64 " non-durable queue(s) deleted "
+               "by their restarted primary (%" PRIu64 " confirmed message(s) with them)\n", seed,
+               s->faults, s->proposed, s->applied, (uint64_t)raft_fixture_time(&s->f) - healed,
                s->data->msgs_count, s->data->client_confirms, s->data->confirms,
-               s->data->consumed, s->data->frames, s->data->known_losses);
+               s->data->consumed, s->data->frames, s->data->known_losses, s->data->deletions,
+               s->data->deleted_msgs);
     *trace_out = s->trace;
     sim_close(s);
     free(s);

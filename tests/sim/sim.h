@@ -82,6 +82,10 @@ struct sim_broker {
      * and, per peer, the one its heartbeats last said. */
     uint32_t incarnation;
     uint64_t known_since; /* node.c's: the map version that first named it */
+    /* node.c's restart_index, restart_version: the last entry of its log
+     * when this process started, and the map version once it is applied */
+    uint64_t restart_index, restart_version;
+    bool starting;        /* inside raft_start (a snapshot restored is our own) */
     uint32_t heard_incarnation[SIM_SERVERS + 1];
     uint32_t heard_map_version[SIM_SERVERS + 1]; /* the map its heartbeats say it applied */
     /* What its peers' heartbeats count for its lease (node.c's peer->lease:

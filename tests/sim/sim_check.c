@@ -110,6 +110,12 @@ void sim_check_queues(struct sim *s, struct sim_broker *b)
                 sh->in_sync[sh->in_sync_count++] = q->backup_ids[k];
         }
     }
+    /* A queue deleted (a non-durable one: sim_data_nondurable): one
+     * declared again is a new line, its epochs above. */
+    for (unsigned qi = 0; qi < SIM_QUEUES; qi++) {
+        if (b->shadows[qi].known && cluster_map_queue(map, B("/"), B(sim_queue_names[qi])) == NULL)
+            b->shadows[qi].known = false;
+    }
 }
 
 /* Whether the membership is what the faults left: every broker not

@@ -329,6 +329,7 @@ static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
     bool fresh = !c->primary, recovered = c->recovered, waking = c->waking;
     c->waking = c->heard_wait = false;
     c->hand_off_to = BROKER_ID_NONE;
+    c->drop_epoch = 0;
     if (fresh && waking) {
         /* mirror.c's hand_off_after_restart: what its journal recovered
          * (or nothing, the map's history made it) lacks what only its
@@ -355,6 +356,14 @@ static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
             sim_data_watch(s, qi, "b%u restarted: hands it to b%u (epoch %" PRIu64 ")", b->id,
                            c->hand_off_to, q->epoch);
             c->waking = true; /* (held: decided again at its next change) */
+            return;
+        }
+        if (controller_restart_drops(q, b->id, b->restart_version)) {
+            c->drop_epoch = q->epoch;
+            sim_data_watch(s, qi, "b%u restarted, and no backup takes it: deletes it (epoch %"
+                           PRIu64 ")", b->id, q->epoch);
+            sim_data_check_drop(s, b, qi, q);
+            c->waking = true; /* (held till the delete) */
             return;
         }
     }
@@ -400,17 +409,38 @@ static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
     drain(s, b->index, qi, c);
 }
 
+/* qi is not in b's map (deleted, or not declared yet): b's copy, if
+ * any, goes (vhost_queue_delete), and what waited for its confirms is
+ * nacked (sent again, to the queue declared anew). */
+static void forget_copy(struct sim *s, struct sim_broker *b, unsigned qi)
+{
+    struct sim_copy *c = &s->data->copies[b->index][qi];
+    if (c->epoch == 0 && c->last_epoch == 0 && c->held_count == 0 && c->pending_count == 0 &&
+        c->next_seq == 0 && c->stream_version == 0 && !c->journal)
+        return;
+    sim_data_watch(s, qi, "b%u: not in its map: its copy goes (holds %u)", b->id, c->held_count);
+    for (uint32_t i = 0; i < c->pending_count; i++)
+        answer(s, b->index, &c->pending[i], false);
+    memset(c, 0, sizeof *c);
+    c->hand_off_to = BROKER_ID_NONE;
+}
+
 /* After every apply on b (and its sync): each queue as its map says. */
 void sim_data_follow(struct sim *s, struct sim_broker *b)
 {
     if (s->data == NULL)
         return;
-    /* (The simulator never deletes a queue: those not in the map yet
-     * have nothing to follow.) */
+    bool in_map[SIM_QUEUES] = {false};
     for (uint32_t k = 0; k < b->map.queues_count; k++) {
         int qi = sim_queue_index(b->map.queues[k]->name);
-        if (qi >= 0)
+        if (qi >= 0) {
+            in_map[qi] = true;
             follow_queue(s, b, (unsigned)qi, b->map.queues[k]);
+        }
+    }
+    for (unsigned qi = 0; qi < SIM_QUEUES && b->synced; qi++) {
+        if (!in_map[qi])
+            forget_copy(s, b, qi);
     }
 }
 
@@ -580,6 +610,12 @@ void sim_data_link_down(struct sim *s, unsigned i, unsigned j)
     }
 }
 
+uint64_t sim_data_drop(struct sim *s, unsigned p, unsigned qi)
+{
+    const struct sim_copy *c = &s->data->copies[p][qi];
+    return c->primary ? 0 : c->drop_epoch;
+}
+
 uint32_t sim_data_hand_off(struct sim *s, unsigned p, unsigned qi, uint64_t *epoch)
 {
     const struct sim_copy *c = &s->data->copies[p][qi];
@@ -603,15 +639,16 @@ void sim_data_restart(struct sim *s, unsigned i)
             c->next_seq = (c->last_seq > top ? c->last_seq : top) + 1; /* (its log's last) */
             c->journal = true;
         }
-        bool journal = c->journal;
+        bool journal = c->journal && !sim_data_nondurable(qi); /* (nothing on disk) */
         sim_data_watch(s, qi, "b%u restarts (primary %d, holds %u%s)", i + 1, journal && !replica_log,
                        c->held_count, replica_log ? " in its replica log" : "");
         c->primary = c->quiescing = c->ask = false;
         c->hand_off_to = BROKER_ID_NONE;
+        c->drop_epoch = 0;
         c->pending_count = 0;
         c->streams_count = 0;
         c->from_seq = 0;
-        if (journal && sim_data_transient(qi)) {
+        if (c->journal && sim_data_transient(qi)) { /* (a primary's, durable or not) */
             for (uint32_t k = 0; k < c->held_count; k++)
                 s->data->msgs[c->held[k].msg].restarted_away = true;
         }

@@ -101,6 +101,8 @@ struct sim_copy {
     bool ask;                      /* an in-sync change to submit (ask_in_sync) */
     bool heard_wait;               /* waking, waits to hear an in-sync backup (mirror.c
                                     * wait_for_heard): decided again every tick */
+    uint64_t drop_epoch;           /* waking, ours in the map, no backup takes it: a
+                                    * non-durable queue to delete at that epoch (0: no) */
     uint32_t hand_off_to;          /* waking, ours in the map: the in-sync backup it goes
                                     * to instead (mirror.c hand_off_after_restart) */
     uint64_t epoch, next_seq;      /* as primary */
@@ -129,6 +131,8 @@ struct sim_msg {
     bool consumed;                 /* a consumer acked it at a primary: it may be gone */
     bool restarted_away;           /* transient, on a primary that restarted: gone, as promised */
     bool copies_died;              /* transient, every copy died with its process (known loss) */
+    bool deleted;                  /* its queue was deleted (a non-durable one, by its
+                                    * restarted primary): gone with it, as promised */
     uint32_t attempt;
     uint64_t retry_ms, confirmed_ms;
 };
@@ -160,6 +164,8 @@ struct sim_data {
     uint32_t confirm_by[SIM_QUEUES];
     uint64_t given_up_ms[SIM_QUEUES];
     uint64_t confirms, client_confirms, consumed, frames, known_losses;
+    uint64_t deleted_version[SIM_QUEUES]; /* the map version of its last queue.delete */
+    uint64_t deletions, deleted_msgs;
 };
 
 /* Every fourth queue's publishers send transient messages (delivery mode
@@ -170,6 +176,16 @@ struct sim_data {
 static inline bool sim_data_transient(unsigned qi)
 {
     return qi % 4 == 3;
+}
+
+/* Every eighth queue (transient messages too) is not durable: nothing of
+ * it survives its primary's restart but what its backups hold, and a
+ * restarted primary that no backup relieves deletes it (member.c's
+ * member__drop_restart_transient, controller_restart_drops); the
+ * requests declare it again. */
+static inline bool sim_data_nondurable(unsigned qi)
+{
+    return qi % 8 == 7;
 }
 
 /* With --watch Q: what happens to queue qi's copies, printed. */
@@ -204,6 +220,9 @@ bool sim_data_quiet(struct sim *s, unsigned p, unsigned qi, uint32_t target_id);
 /* The in-sync backup p's restarted copy of qi is handed to (queue.set_owner
  * at epoch), or BROKER_ID_NONE. */
 uint32_t sim_data_hand_off(struct sim *s, unsigned p, unsigned qi, uint64_t *epoch);
+/* The epoch at which p's restarted copy of the non-durable qi asks the
+ * map to delete it, or 0. */
+uint64_t sim_data_drop(struct sim *s, unsigned p, unsigned qi);
 
 /* sim_client.c: publishers, proxies, consumers. */
 void sim_client_tick(struct sim *s, uint64_t now);
@@ -216,6 +235,14 @@ void sim_client_link_down(struct sim *s, unsigned i, unsigned j);
 /* sim_data_check.c */
 void sim_data_confirmed(struct sim *s, unsigned p, unsigned qi, uint64_t epoch, uint32_t msg);
 void sim_data_given_up(struct sim *s, unsigned qi);
+/* A queue.delete of qi applied (at map version): its confirmed messages
+ * went with it. */
+void sim_data_deleted(struct sim *s, unsigned qi, uint64_t version);
+/* b, restarted, deletes q (controller_restart_drops): --strict fails if
+ * a backup alive that b's map has in sync holds a confirmed message of
+ * it (that backup could have taken the queue instead). */
+void sim_data_check_drop(struct sim *s, const struct sim_broker *b, unsigned qi,
+                         const struct map_queue *q);
 /* A known loss (docs/ARCHITECTURE.md, the simulator): broker id serves qi
  * from the replica a restart emptied, promoted by a decision the map took
  * before it knew of the restart (sim_check.c fails a promotion after it

@@ -116,6 +116,48 @@ void sim_data_known_loss(struct sim *s, uint32_t id, unsigned qi)
         d->given_up_ms[qi] = raft_fixture_time(&s->f);
 }
 
+void sim_data_deleted(struct sim *s, unsigned qi, uint64_t version)
+{
+    struct sim_data *d = s->data;
+    if (d == NULL || version <= d->deleted_version[qi])
+        return; /* (another broker applied it first) */
+    d->deleted_version[qi] = version;
+    d->deletions++;
+    uint32_t gone = 0;
+    for (uint32_t k = 0; k < d->msgs_count; k++) {
+        struct sim_msg *m = &d->msgs[k];
+        if (m->queue != qi || m->state != SIM_MSG_CONFIRMED || m->consumed || m->deleted)
+            continue;
+        m->deleted = true;
+        gone++;
+    }
+    d->deleted_msgs += gone;
+    sim_data_watch(s, qi, "deleted at map v%" PRIu64 ": %u confirmed message(s) went with it",
+                   version, gone);
+}
+
+void sim_data_check_drop(struct sim *s, const struct sim_broker *b, unsigned qi,
+                         const struct map_queue *q)
+{
+    struct sim_data *d = s->data;
+    for (uint8_t i = 0; i < q->backups_count && sim_data_strict; i++) {
+        unsigned k = q->backup_ids[i] - 1;
+        if (!map_queue_backup_in_sync(q, q->backup_ids[i]) || k >= s->f.n ||
+            !s->f.servers[k].alive)
+            continue;
+        for (uint32_t n = 0; n < d->msgs_count; n++) {
+            const struct sim_msg *m = &d->msgs[n];
+            if (m->queue == qi && m->state == SIM_MSG_CONFIRMED && !m->consumed && !m->deleted &&
+                held_at(&d->copies[k][qi], n)) {
+                sim_fail(s, "%s: b%u deletes it as a transient queue of its last process, while "
+                         "its in-sync backup b%u holds confirmed message %u", sim_queue_names[qi],
+                         b->id, k + 1, n);
+                return;
+            }
+        }
+    }
+}
+
 bool sim_data_check_settled(struct sim *s, char *why, size_t why_size)
 {
     for (unsigned i = 0; i < s->f.n; i++) {
@@ -148,11 +190,14 @@ void sim_data_check_messages(struct sim *s)
     for (uint32_t k = 0; k < d->msgs_count && !sim_failed(s); k++) {
         const struct sim_msg *m = &d->msgs[k];
         if (m->state != SIM_MSG_CONFIRMED || m->consumed || m->restarted_away || m->copies_died ||
-            m->confirmed_ms < d->given_up_ms[m->queue])
+            m->deleted || m->confirmed_ms < d->given_up_ms[m->queue])
             continue;
         const struct map_queue *q = cluster_map_queue(map, B("/"), B(sim_queue_names[m->queue]));
-        unsigned p = q->primary_id - 1;
-        if (!held_at(&d->copies[p][m->queue], k))
+        unsigned p = q != NULL ? q->primary_id - 1 : 0;
+        if (q == NULL)
+            sim_fail(s, "%s: message %u, confirmed at t=%" PRIu64 ", has no queue: lost",
+                     sim_queue_names[m->queue], k, m->confirmed_ms);
+        else if (!held_at(&d->copies[p][m->queue], k))
             sim_fail(s, "%s: message %u, confirmed at t=%" PRIu64 ", is not at its primary b%u "
                      "(epoch %" PRIu64 "): a confirmed message lost", sim_queue_names[m->queue],
                      k, m->confirmed_ms, q->primary_id, q->epoch);

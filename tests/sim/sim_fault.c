@@ -72,8 +72,12 @@ static void restart(struct sim *s, unsigned i)
         sim_fail(s, "b%u: raft_init at a restart", b->id);
     srv->raft.tracer = &srv->tracer;
     sim_tune(&srv->raft);
+    b->restart_version = 0;
+    b->starting = true;
     if (raft_start(&srv->raft) != 0)
         sim_fail(s, "b%u: raft_start at a restart", b->id);
+    b->starting = false;
+    b->restart_index = raft_last_index(&srv->raft);
 }
 
 /* A killed broker back: a restart (it lost its memory), or, when

@@ -47,7 +47,8 @@ static void synced(struct sim *s, struct sim_broker *b)
     for (int qi = 0; qi < SIM_QUEUES; qi++) {
         const struct shadow *was = &b->shadows_before[qi];
         const struct shadow *now = &b->shadows[qi];
-        if (was->known && (!now->known || now->epoch < was->epoch))
+        /* (A queue its map lacks, as new as the last one's: deleted.) */
+        if (was->known && now->known && now->epoch < was->epoch)
             sim_fail(s, "b%u serves %s at epoch %" PRIu64 " after a restart, older than the %"
                      PRIu64 " it had", b->id, sim_queue_names[qi], now->epoch, was->epoch);
     }
@@ -84,12 +85,17 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
     if (size > buf->len - SIM_ENVELOPE)
         sim_fail(s, "broker %u: an entry without its envelope", b->id);
     int rc = cluster_map_apply(&b->map, entry + SIM_ENVELOPE, (size_t)size, &change);
+    if (raft_last_applied(raft_fixture_get(&s->f, b->index)) + 1 <= b->restart_index)
+        b->restart_version = b->map.version; /* (node.c's on_apply) */
     note_known(b);
     if (request_id != 0 && request_id == b->sync_id)
         synced(s, b);
     if (rc == OK && change.op == MAP_OP_BROKER_LEAVE && change.changed &&
         b->leaving_count < SIM_SERVERS)
         b->leaving[b->leaving_count++] = change.broker_id; /* (node.c's on_apply) */
+    if (rc == OK && change.op == MAP_OP_QUEUE_DELETE && change.changed &&
+        sim_queue_index(change.name) >= 0)
+        sim_data_deleted(s, (unsigned)sim_queue_index(change.name), b->map.version);
     *result = rc == OK ? NULL : (void *)1; /* (node.c: CONSENSUS_E_APPLY when refused) */
     s->applied++;
     sim_trace(s, b->id * 131 + (uint64_t)change.op * 7 + (uint64_t)(rc == OK));
@@ -158,6 +164,8 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
         return RAFT_CORRUPT; /* (libraft keeps the buffer) */
     }
     raft_free(buf->base);
+    if (b->starting)
+        b->restart_version = b->map.version; /* our own, from disk (node.c's on_restore) */
     note_known(b);
     /* A restore jumps: nothing to compare with; what it holds is known now. */
     memset(b->shadows, 0, sizeof b->shadows);

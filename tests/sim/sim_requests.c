@@ -42,7 +42,8 @@ static void place_queues(struct sim *s, struct sim_broker *leader)
         struct table_writer w;
         table_writer_init(&w, args, sizeof args);
         table_put_int(&w, "x-quay-backups", factor - 1);
-        struct map_queue_decl d = {.vhost = B("/"), .name = B(sim_queue_names[i]), .durable = true,
+        struct map_queue_decl d = {.vhost = B("/"), .name = B(sim_queue_names[i]),
+                                   .durable = !sim_data_nondurable((unsigned)i),
                                    .arguments = table_writer_table(&w),
                                    .primary_id = r.primary_id, .backups_count = r.backups_count,
                                    .replication_factor = factor};
@@ -75,6 +76,12 @@ static void data_path(struct sim *s, struct sim_broker *leader)
             continue;
         struct map_cmd c;
         uint64_t epoch;
+        if (sim_data_drop(s, p, (unsigned)qi) == q->epoch) {
+            /* member__drop_restart_transient's */
+            sim_propose_one(leader, map_cmd_queue_delete(&c, q->vhost->name, q->name, q->epoch),
+                            &c);
+            continue;
+        }
         uint32_t to = sim_data_hand_off(s, p, (unsigned)qi, &epoch);
         if (to != BROKER_ID_NONE && epoch == q->epoch) {
             /* mirror.c hand_off_after_restart's */

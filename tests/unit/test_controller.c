@@ -1585,6 +1585,16 @@ static void test_restart_successor(void **state)
     q = cluster_map_queue(&map, B("/"), B("three"));
     assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &unheard), BROKER_ID_NONE);
     assert_false(unheard); /* (a suspect one is not waited for) */
+    /* None takes it: a durable queue serves what its journal recovered. */
+    assert_false(controller_restart_drops(q, 1, q->owned_since));
+    cluster_map_free(&map);
+    small_map(&map, 2);
+    declare_at(&map, "gone", false, 1, BROKER_ID_NONE, 1); /* non-durable, on 1 */
+    q = cluster_map_queue(&map, B("/"), B("gone"));
+    assert_false(q->durable);
+    assert_true(controller_restart_drops(q, 1, q->owned_since)); /* ours before the restart */
+    assert_false(controller_restart_drops(q, 1, q->owned_since - 1)); /* given us since */
+    assert_false(controller_restart_drops(q, 2, q->owned_since)); /* not ours */
     cluster_map_free(&map);
 }
 
