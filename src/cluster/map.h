@@ -134,7 +134,7 @@ struct map_exchange {
     uint32_t owner_id;      /* the broker that owns the definition */
     /* The map version at which owner_id got it (declare or set_owner); 0
      * in a snapshot written before this was kept. A restarted broker tells
-     * by it what it owned before its restart (member__drop_restart_transient). */
+     * by it what it owned before its restart (member.c's drop_transient_exchanges). */
     uint64_t owned_since;
     struct list_node bindings_out; /* struct map_binding.source_node, in bind order */
     struct list_node bindings_in;  /* struct map_binding.destination_node */

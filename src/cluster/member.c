@@ -226,22 +226,32 @@ static void on_applied(void *ctx, int rc, const struct map_change *change)
 }
 
 /* Clients held back until we caught up with the map may open once the
- * transient queues and exchanges this restart lost are gone from it too. */
-static void on_transient_gone(void *ctx, int status, const struct map_change *change)
+ * transient queues and exchanges this restart lost are gone from it too:
+ * each deletion in flight holds them (member__hold_clients). */
+void member__hold_clients(struct member *member)
 {
-    struct member *member = ctx;
-    (void)status;
-    (void)change;
+    member->transients_pending++;
+}
+
+void member__release_clients(struct member *member)
+{
     ASSERT(member->transients_pending > 0);
     if (--member->transients_pending == 0 && !member->stopping)
         connection_cluster_synced(member->broker);
+}
+
+static void on_transient_gone(void *ctx, int status, const struct map_change *change)
+{
+    (void)status;
+    (void)change;
+    member__release_clients(ctx);
 }
 
 static void submit_transient_delete(struct member *member, struct map_cmd *cmd, int rc)
 {
     if (rc != OK)
         return;
-    member->transients_pending++;
+    member__hold_clients(member);
     cluster_node_submit(member->node, cmd, on_transient_gone, member);
 }
 
@@ -253,7 +263,7 @@ static void submit_transient_delete(struct member *member, struct map_cmd *cmd, 
  * So the map forgets them too. What the cluster gave us since we are back
  * (declared elsewhere once we were up again) is ours to keep. Our
  * non-durable queues are decided one by one when they wake at the sync
- * (member__drop_restart_transient), as they may have survived in a backup. */
+ * (mirror.c drop_after_restart), as they may have survived in a backup. */
 static void drop_transient_exchanges(struct member *member)
 {
     const struct cluster_map *map = member_map(member);
@@ -268,20 +278,6 @@ static void drop_transient_exchanges(struct member *member)
         submit_transient_delete(member, &cmd,
                                 map_cmd_exchange_delete(&cmd, x->vhost->name, x->name, false));
     }
-}
-
-bool member__drop_restart_transient(struct member *member, const struct map_queue *mq)
-{
-    if (!controller_restart_drops(mq, member->self_id, cluster_node_restart_version(member->node)))
-        return false;
-    struct map_cmd cmd;
-    int rc = map_cmd_queue_delete(&cmd, mq->vhost->name, mq->name, mq->epoch);
-    if (rc != OK)
-        return false;
-    LOG_INFO("cluster: transient queue '%.*s' did not survive our restart, and no backup of it "
-             "can take it: deleted", (int)mq->name.len, (const char *)mq->name.ptr);
-    submit_transient_delete(member, &cmd, rc);
-    return true;
 }
 
 static void on_storage_done(void *ctx, int status, const struct map_change *change)

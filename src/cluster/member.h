@@ -322,11 +322,9 @@ void member__sync_peers(struct member *member);
 void member__announce_storage(struct member *member);
 void member__publish_vhost(struct member *member, struct bytes vhost);
 void member__route_parked(struct member *member, bool give_up);
-/* mq, ours and non-durable, woke at the sync (we restarted) and no
- * in-sync backup can take it: if we owned it before our restart, what it
- * held went with the process, as RabbitMQ's transient queue goes with its
- * node, and the map deletes it (true: asked; the queue stays held till
- * then). False: ours since we are back, or durable: it serves. */
-bool member__drop_restart_transient(struct member *member, const struct map_queue *mq);
+/* Clients held back until our sync stay held while what our restart lost
+ * is deleted from the map: one hold per deletion in flight. */
+void member__hold_clients(struct member *member);
+void member__release_clients(struct member *member);
 
 #endif

@@ -337,29 +337,48 @@ static struct replica *replica_of(struct queue *stand_in, const struct map_queue
     return r;
 }
 
-/* A hand-off asked (hand_off_after_restart) did not commit: the map moved on
- * meanwhile, and the queue is decided again with the map as it is now. */
-struct hand_off {
+/* What a restarted primary asked of the map for a queue it holds (a
+ * hand-off, hand_off_after_restart, or a deletion, drop_after_restart).
+ * Refused (the map moved on meanwhile, or could not be reached), the queue
+ * is decided again with the map as it is now. */
+struct restart_ask {
     struct member *member;
     struct bytes vhost, name; /* owned */
+    bool holds_clients;       /* a deletion: member__hold_clients */
 };
 
 static void follow_queue(struct member *member, struct queue *q, const struct map_queue *mq);
 
-static void on_handed_off(void *ctx, int status, const struct map_change *change)
+static void on_asked(void *ctx, int status, const struct map_change *change)
 {
-    struct hand_off *h = ctx;
-    struct member *member = h->member;
+    struct restart_ask *a = ctx;
+    struct member *member = a->member;
     bool refused = status != OK || change->reply_code != 200;
-    struct vhost *vhost = refused ? broker_vhost(member->broker, h->vhost) : NULL;
-    struct queue *q = vhost != NULL ? vhost_queue(vhost, h->name) : NULL;
-    const struct map_queue *mq = cluster_map_queue(member_map(member), h->vhost, h->name);
+    struct vhost *vhost = refused ? broker_vhost(member->broker, a->vhost) : NULL;
+    struct queue *q = vhost != NULL ? vhost_queue(vhost, a->name) : NULL;
+    const struct map_queue *mq = cluster_map_queue(member_map(member), a->vhost, a->name);
     if (!member->stopping && q != NULL && !queue_is_remote(q) && q->held_until_synced &&
         mq != NULL && mq->primary_id == member->self_id)
         follow_queue(member, q, mq);
-    bytes_free(&h->vhost);
-    bytes_free(&h->name);
-    free(h);
+    if (a->holds_clients)
+        member__release_clients(member);
+    bytes_free(&a->vhost);
+    bytes_free(&a->name);
+    free(a);
+}
+
+/* Submits cmd for q (of mq), which stays held meanwhile. */
+static void ask_after_restart(struct member *member, struct queue *q, const struct map_queue *mq,
+                              struct map_cmd *cmd, bool holds_clients)
+{
+    struct restart_ask *a = calloc(1, sizeof *a);
+    ASSERT(a != NULL);
+    *a = (struct restart_ask){.member = member, .vhost = bytes_dup(mq->vhost->name),
+                              .name = bytes_dup(mq->name), .holds_clients = holds_clients};
+    if (holds_clients)
+        member__hold_clients(member);
+    q->held_until_synced = true; /* (still held: decided again at its next change) */
+    cluster_node_submit(member->node, cmd, on_asked, a);
 }
 
 static void wait_for_heard(struct member *member, struct queue *q, const struct map_queue *mq)
@@ -434,12 +453,27 @@ static bool hand_off_after_restart(struct member *member, struct queue *q,
              "journal could not (transient messages): handing it over there",
              (int)mq->name.len, (const char *)mq->name.ptr, (int)b->name.len,
              (const char *)b->name.ptr);
-    struct hand_off *h = calloc(1, sizeof *h);
-    ASSERT(h != NULL);
-    *h = (struct hand_off){.member = member, .vhost = bytes_dup(mq->vhost->name),
-                           .name = bytes_dup(mq->name)};
-    q->held_until_synced = true; /* (still held: decided again at its next change) */
-    cluster_node_submit(member->node, &cmd, on_handed_off, h);
+    ask_after_restart(member, q, mq, &cmd, false);
+    return true;
+}
+
+/* We restarted, no backup takes mq (hand_off_after_restart), and it is a
+ * non-durable queue we owned before our restart (controller_restart_drops):
+ * what it held went with that process, as RabbitMQ's transient queue goes
+ * with its node, and the map deletes it; q stays held till then. True
+ * while so; false: it serves (durable: what our journal recovered; or
+ * given to us since we are back). */
+static bool drop_after_restart(struct member *member, struct queue *q, const struct map_queue *mq)
+{
+    if (!controller_restart_drops(mq, member->self_id,
+                                  cluster_node_restart_version(member->node)))
+        return false;
+    struct map_cmd cmd;
+    if (map_cmd_queue_delete(&cmd, mq->vhost->name, mq->name, mq->epoch) != OK)
+        return false;
+    LOG_INFO("cluster: transient queue '%.*s' did not survive our restart, and no backup of it "
+             "can take it: deleted", (int)mq->name.len, (const char *)mq->name.ptr);
+    ask_after_restart(member, q, mq, &cmd, true);
     return true;
 }
 
@@ -447,7 +481,7 @@ static bool hand_off_after_restart(struct member *member, struct queue *q,
  * since our start (mirror_hold_recovered, or made while we caught up:
  * ensure_queue) serves from now on, unless an in-sync backup takes it
  * (hand_off_after_restart) or it was a transient queue of the process
- * before us (member__drop_restart_transient). */
+ * before us (drop_after_restart). */
 static void follow_queue(struct member *member, struct queue *q, const struct map_queue *mq)
 {
     bool waking = q->held_until_synced;
@@ -458,10 +492,8 @@ static void follow_queue(struct member *member, struct queue *q, const struct ma
     }
     if (waking && hand_off_after_restart(member, q, mq))
         return;
-    if (waking && member__drop_restart_transient(member, mq)) {
-        q->held_until_synced = true; /* (till the delete: nothing is confirmed into it) */
+    if (waking && drop_after_restart(member, q, mq))
         return;
-    }
     if (q->from_replica_log) {
         /* A backup's log a restart kept (durable_replica_log_open), ours
          * now: defined as the queue's from here on. */

@@ -270,6 +270,45 @@ def a_non_durable_queue_whose_primary_restarted_at_once_goes_to_its_backup():
     restarted_primary_hands_over("handed-transient", durable=False)
 
 
+@test(timeout=120)
+def a_non_durable_queue_without_backups_goes_with_its_restarted_primary():
+    """A non-durable queue with no backup, on the broker that restarts
+    (killed and restarted while the map cannot mark it down): nothing of
+    it survived, and it goes, as RabbitMQ's transient queue goes with its
+    node. The restarted broker deletes it from the map once it caught up;
+    a client of another broker then gets 404 for it."""
+    small = state["small"]
+    trio = {m.name: m for m in small.members}
+    leader = trio["x"]  # (the first one leads)
+    c = connect(leader)
+    ch = c.channel()
+    name = None
+    for k in range(64):
+        n = "alone-transient-%d" % k
+        ch.queue_declare(n, durable=False, arguments={"x-quay-backups": 0})
+        if queue_info(leader, n)["primary"] == leader.name:
+            name = n
+            break
+    assert name, "no queue placed on the leader"
+    ch.confirm_delivery()
+    for i in range(10):
+        ch.basic_publish("", name, b"%d" % i)
+    c.close()
+    others = [m for m in trio.values() if m is not leader]
+    restart_without_quorum(leader, others[0])
+    wait_until(lambda: queue_info(others[1], name) is None, 30,
+               what="the queue deleted from the map", detail=lambda: queue_info(others[1], name))
+    assert "transient queue '%s' did not survive our restart" % name in leader.log_text()
+    c = connect(others[1])
+    try:
+        c.channel().queue_declare(name, passive=True)
+        raise AssertionError("the queue is still there for a client")
+    except pika.exceptions.ChannelClosedByBroker as e:
+        assert e.reply_code == 404, e
+    finally:
+        c.close()
+
+
 def cleanup(failed):
     frozen = state.get("frozen")
     if frozen is not None and frozen.alive():

@@ -181,7 +181,7 @@ static inline bool sim_data_transient(unsigned qi)
 /* Every eighth queue (transient messages too) is not durable: nothing of
  * it survives its primary's restart but what its backups hold, and a
  * restarted primary that no backup relieves deletes it (member.c's
- * member__drop_restart_transient, controller_restart_drops); the
+ * mirror.c drop_after_restart, controller_restart_drops); the
  * requests declare it again. */
 static inline bool sim_data_nondurable(unsigned qi)
 {

@@ -77,7 +77,7 @@ static void data_path(struct sim *s, struct sim_broker *leader)
         struct map_cmd c;
         uint64_t epoch;
         if (sim_data_drop(s, p, (unsigned)qi) == q->epoch) {
-            /* member__drop_restart_transient's */
+            /* mirror.c drop_after_restart's */
             sim_propose_one(leader, map_cmd_queue_delete(&c, q->vhost->name, q->name, q->epoch),
                             &c);
             continue;
