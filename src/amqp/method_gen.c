@@ -766,6 +766,7 @@ static int decode_queue_quay_counts_ok(struct method *out, struct wire_reader *r
     m->consumers = wire_read_u32(r);
     bits = wire_read_u8(r);
     m->primary = (bits & 0x01) != 0;
+    m->down = (bits & 0x02) != 0;
     return r->failed ? E_SYNTAX : OK;
 }
 
@@ -778,6 +779,7 @@ static void encode_queue_quay_counts_ok(const struct method *in, struct wire_wri
     wire_write_u32(w, m->consumers);
     bits = 0;
     bits = (uint8_t)(bits | (m->primary ? 0x01 : 0));
+    bits = (uint8_t)(bits | (m->down ? 0x02 : 0));
     wire_write_u8(w, bits);
 }
 
@@ -1728,6 +1730,7 @@ static const struct method_field FIELDS_QUEUE_QUAY_COUNTS_OK[] = {
      offsetof(struct method, queue_quay_counts_ok.messages_unacknowledged)},
     {"consumers", METHOD_FIELD_LONG, offsetof(struct method, queue_quay_counts_ok.consumers)},
     {"primary", METHOD_FIELD_BIT, offsetof(struct method, queue_quay_counts_ok.primary)},
+    {"down", METHOD_FIELD_BIT, offsetof(struct method, queue_quay_counts_ok.down)},
 };
 static const struct method_field FIELDS_BASIC_QOS[] = {
     {"prefetch-size", METHOD_FIELD_LONG, offsetof(struct method, basic_qos.prefetch_size)},
@@ -1941,7 +1944,7 @@ const struct method_info METHOD_INFOS[METHOD_COUNT] = {
     {METHOD_QUEUE_QUAY_COUNTS, "queue.quay-counts",
      true, false, 1, FIELDS_QUEUE_QUAY_COUNTS},
     {METHOD_QUEUE_QUAY_COUNTS_OK, "queue.quay-counts-ok",
-     false, false, 4, FIELDS_QUEUE_QUAY_COUNTS_OK},
+     false, false, 5, FIELDS_QUEUE_QUAY_COUNTS_OK},
     {METHOD_BASIC_QOS, "basic.qos",
      true, false, 3, FIELDS_BASIC_QOS},
     {METHOD_BASIC_QOS_OK, "basic.qos-ok",

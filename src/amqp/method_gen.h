@@ -338,6 +338,7 @@ struct method_queue_quay_counts_ok {
     uint32_t messages_unacknowledged;
     uint32_t consumers;
     bool primary;
+    bool down;
 };
 
 struct method_basic_qos {

@@ -826,16 +826,13 @@ void channel__handle_settle(struct channel *ch, const struct method *m)
 void channel__answer_counts(struct channel *ch, const struct queue *queue,
                             const struct queue_remote_counts *primary)
 {
+    struct queue_remote_counts here = {queue_ready_count(queue), queue->consumers_count,
+                                       queue->unacked_count, !queue_is_remote(queue),
+                                       queue->unreadable};
+    const struct queue_remote_counts *n = primary != NULL ? primary : &here;
     struct method ok = {.id = METHOD_QUEUE_QUAY_COUNTS_OK};
-    struct method_queue_quay_counts_ok *c = &ok.queue_quay_counts_ok;
-    if (primary != NULL) {
-        *c = (struct method_queue_quay_counts_ok){primary->messages, primary->unacked,
-                                                  primary->consumers, primary->primary};
-    } else {
-        *c = (struct method_queue_quay_counts_ok){queue_ready_count(queue), queue->unacked_count,
-                                                  queue->consumers_count,
-                                                  !queue_is_remote(queue)};
-    }
+    ok.queue_quay_counts_ok = (struct method_queue_quay_counts_ok){
+        n->messages, n->unacked, n->consumers, n->primary, n->down};
     channel__send(ch, &ok);
 }
 

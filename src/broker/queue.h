@@ -120,6 +120,7 @@ struct queue_remote_counts {
     uint32_t consumers;
     uint32_t unacked;    /* queue.quay-counts only */
     bool primary;        /* queue.quay-counts: the broker asked is the queue's primary */
+    bool down;           /* queue.quay-counts: which cannot serve it (queue->unreadable) */
 };
 /* queue.declare (passive), queue.purge or queue.quay-counts at the
  * primary: reply_code 200 with its counts, the primary's refusal (code and

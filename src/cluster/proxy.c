@@ -823,7 +823,8 @@ static void on_query_reply(void *ctx, const struct method *m)
     } else if (m->id == METHOD_QUEUE_QUAY_COUNTS_OK) {
         const struct method_queue_quay_counts_ok *ok = &m->queue_quay_counts_ok;
         counts = (struct queue_remote_counts){ok->messages_ready, ok->consumers,
-                                              ok->messages_unacknowledged, ok->primary};
+                                              ok->messages_unacknowledged, ok->primary,
+                                              ok->down};
     } else {
         return; /* basic.qos-ok and the like */
     }

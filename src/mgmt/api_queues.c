@@ -69,6 +69,7 @@ struct counts {
     uint32_t consumers;
     uint32_t unacked;
     bool from_primary;
+    bool down; /* the primary cannot serve it (its queue->unreadable) */
 };
 
 static void write_broker_name(struct json *out, const struct cluster_map *map, uint32_t id)
@@ -219,8 +220,8 @@ static void write_queue(struct json *out, struct broker *broker, const struct qu
     json_kv_uint(out, "message_bytes_ready", queue->ready_bytes);
     /* What the queue holds here: its record and its ready bodies. */
     json_kv_uint(out, "memory", sizeof *queue + queue->ready_bytes);
-    json_kv_string(out, "state",
-                   queue_available(broker, queue) && !queue->unreadable ? "running" : "down");
+    bool down = !queue_available(broker, queue) || queue->unreadable || c->down;
+    json_kv_string(out, "state", down ? "down" : "running");
     json_kv_string(out, "type", "classic");
     write_node(out, broker, queue);
     write_policy_name(out, broker, queue);
@@ -321,7 +322,7 @@ static struct queue *gather_current(const struct gather *g, const struct gather_
         return NULL;
     if (!queue_is_remote(now))
         *counts = (struct counts){queue_ready_count(now), now->consumers_count,
-                                  now->unacked_count, true};
+                                  now->unacked_count, true, now->unreadable};
     return now;
 }
 
@@ -412,7 +413,8 @@ static void on_counts(void *ctx, struct queue *queue, uint16_t reply_code,
     /* Counts that are not the primary's (the broker asked could not reach
      * it: channel_declare.c's queue_quay_counts) are not better than ours. */
     if (reply_code == REPLY_SUCCESS && counts->primary)
-        it->counts = (struct counts){counts->messages, counts->consumers, counts->unacked, true};
+        it->counts = (struct counts){counts->messages, counts->consumers, counts->unacked, true,
+                                     counts->down};
     else if (reply_code == REPLY_NOT_FOUND)
         it->gone = true;
     if (it->opened_getter)
