@@ -319,6 +319,8 @@ static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
         return;
     bool mine = q != NULL && q->primary_id == b->id;
     if (!mine) {
+        if (c->waking)
+            sim_data_restart_settled(s, b, qi, q, false);
         c->waking = c->heard_wait = false; /* (demoted, or a stand-in) */
         c->stood_in |= q != NULL;
         if (c->primary || c->journal)
@@ -367,6 +369,8 @@ static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
             return;
         }
     }
+    if (waking)
+        sim_data_restart_settled(s, b, qi, q, true);
     c->recovered = false;
     if (fresh) {
         /* Adopted: what it held as a replica (or, back after a restart, its
@@ -414,15 +418,14 @@ static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
  * nacked (sent again, to the queue declared anew). */
 static void forget_copy(struct sim *s, struct sim_broker *b, unsigned qi)
 {
+    static const struct sim_copy fresh = {.hand_off_to = BROKER_ID_NONE};
     struct sim_copy *c = &s->data->copies[b->index][qi];
-    if (c->epoch == 0 && c->last_epoch == 0 && c->held_count == 0 && c->pending_count == 0 &&
-        c->next_seq == 0 && c->stream_version == 0 && !c->journal)
-        return;
+    if (memcmp(c, &fresh, sizeof fresh) == 0)
+        return; /* (what a restart emptied too: a new queue starts anew) */
     sim_data_watch(s, qi, "b%u: not in its map: its copy goes (holds %u)", b->id, c->held_count);
     for (uint32_t i = 0; i < c->pending_count; i++)
         answer(s, b->index, &c->pending[i], false);
-    memset(c, 0, sizeof *c);
-    c->hand_off_to = BROKER_ID_NONE;
+    *c = fresh;
 }
 
 /* After every apply on b (and its sync): each queue as its map says. */
@@ -650,7 +653,7 @@ void sim_data_restart(struct sim *s, unsigned i)
         c->from_seq = 0;
         if (c->journal && sim_data_transient(qi)) { /* (a primary's, durable or not) */
             for (uint32_t k = 0; k < c->held_count; k++)
-                s->data->msgs[c->held[k].msg].restarted_away = true;
+                s->data->msgs[c->held[k].msg].restart_pending |= 1u << i;
         }
         c->recovered = journal;
         c->waking = true;

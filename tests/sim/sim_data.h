@@ -121,6 +121,8 @@ struct sim_copy {
     uint8_t asked_count;
 };
 
+_Static_assert(SIM_SERVERS <= 32, "sim_msg.restart_pending has a bit per broker");
+
 enum sim_msg_state { SIM_MSG_WAITING, SIM_MSG_INFLIGHT, SIM_MSG_CONFIRMED };
 
 /* A publisher's message, until a confirm comes back; then what the
@@ -129,7 +131,11 @@ struct sim_msg {
     uint8_t queue, state;
     uint8_t via, to;               /* INFLIGHT: the broker it went through, and its target */
     bool consumed;                 /* a consumer acked it at a primary: it may be gone */
-    bool restarted_away;           /* transient, on a primary that restarted: gone, as promised */
+    uint32_t restart_pending;      /* transient, in the memory of these primaries (bit
+                                    * index) that restarted: gone if one serves the queue
+                                    * again (sim_data_restart_settled), kept by a backup
+                                    * that takes it instead */
+    bool restarted_away;           /* ... it did: gone, as promised */
     bool copies_died;              /* transient, every copy died with its process (known loss) */
     bool deleted;                  /* its queue was deleted (a non-durable one, by its
                                     * restarted primary): gone with it, as promised */
@@ -235,6 +241,13 @@ void sim_client_link_down(struct sim *s, unsigned i, unsigned j);
 /* sim_data_check.c */
 void sim_data_confirmed(struct sim *s, unsigned p, unsigned qi, uint64_t epoch, uint32_t msg);
 void sim_data_given_up(struct sim *s, unsigned qi);
+/* Broker b, restarted, decided its copy of qi at its sync: it serves it
+ * again (serves: what only its last process held is gone, as promised;
+ * --strict fails if an in-sync backup alive of q, b's map's, holds one
+ * of those messages), or the queue is another's (q NULL or not b's: a
+ * backup took it, which holds them). */
+void sim_data_restart_settled(struct sim *s, const struct sim_broker *b, unsigned qi,
+                              const struct map_queue *q, bool serves);
 /* A queue.delete of qi applied (at map version): its confirmed messages
  * went with it. */
 void sim_data_deleted(struct sim *s, unsigned qi, uint64_t version);

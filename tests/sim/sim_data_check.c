@@ -136,6 +136,30 @@ void sim_data_deleted(struct sim *s, unsigned qi, uint64_t version)
                    version, gone);
 }
 
+void sim_data_restart_settled(struct sim *s, const struct sim_broker *b, unsigned qi,
+                              const struct map_queue *q, bool serves)
+{
+    struct sim_data *d = s->data;
+    for (uint32_t n = 0; n < d->msgs_count; n++) {
+        struct sim_msg *m = &d->msgs[n];
+        if (m->queue != qi || !(m->restart_pending & (1u << b->index)))
+            continue;
+        m->restart_pending &= ~(1u << b->index);
+        if (!serves)
+            continue; /* (the backup that took the queue holds it) */
+        m->restarted_away = true;
+        for (uint8_t i = 0; i < q->backups_count && sim_data_strict && !m->consumed; i++) {
+            unsigned k = q->backup_ids[i] - 1;
+            if (map_queue_backup_in_sync(q, q->backup_ids[i]) && k < s->f.n &&
+                s->f.servers[k].alive && held_at(&d->copies[k][qi], n)) {
+                sim_fail(s, "%s: b%u serves it again without message %u, which its in-sync "
+                         "backup b%u holds", sim_queue_names[qi], b->id, n, k + 1);
+                return;
+            }
+        }
+    }
+}
+
 void sim_data_check_drop(struct sim *s, const struct sim_broker *b, unsigned qi,
                          const struct map_queue *q)
 {
