@@ -605,10 +605,11 @@ def publish_persistent(member, queue, n, size=1024):
     c.close()
 
 
-def read_all(member, queue, redelivered=False):
+def read_all(member, queue, redelivered=False, connect_with=None):
     """Every message left in queue, in order (basic.get with auto-ack via
-    member): the bodies, or (body, redelivered flag) pairs."""
-    c = connect(member)
+    member, connected by connect_with(member) if given): the bodies, or
+    (body, redelivered flag) pairs."""
+    c = (connect_with or connect)(member)
     ch = c.channel()
     got = []
     while True:

@@ -64,8 +64,13 @@ class Lab:
             _run("ip", "netns", "exec", ns, "nft", "-f", "-", input_text="""
 table inet quaylab {
   set cut { type ipv4_addr; }
+  set mute { type ipv4_addr; }
   chain out { type filter hook output priority 0; policy accept; ip daddr @cut drop; }
-  chain in { type filter hook input priority 0; policy accept; ip saddr @cut drop; }
+  chain in {
+    type filter hook input priority 0; policy accept;
+    ip saddr @cut drop;
+    meta l4proto udp ip saddr @mute drop;
+  }
 }
 """)
             self.hosts.append(i)
@@ -87,6 +92,12 @@ table inet quaylab {
         except RuntimeError:
             if on:
                 raise  # deleting what is not there is fine
+
+    def mute_udp(self, i, j, on):
+        """Host i hears no UDP from host j (the brokers' heartbeats; their
+        TCP, Raft and AMQP links, still flows), or again."""
+        verb = "add" if on else "delete"
+        self.exec(i, "nft", verb, "element", "inet", "quaylab", "mute", "{ %s }" % self.ip(j))
 
     def partition(self, *groups):
         """partition([1, 2], [3]): hosts in different groups cannot talk."""
