@@ -621,17 +621,18 @@ def read_all(member, queue, redelivered=False, connect_with=None):
     return got
 
 
-def declare_until(prefix, via, want, **args):
-    """Declares durable queues prefix-0, prefix-1, ... (arguments args)
-    through member via until want(queue_info) holds for one; returns its
-    name. The misses stay: placement spreads queues evenly, so the others
-    must get theirs for a broker to get more."""
-    conn = connect(via)
+def declare_until(prefix, via, want, durable=True, connect_with=None, **args):
+    """Declares queues prefix-0, prefix-1, ... (durable or not, arguments
+    args) through member via (connected by connect_with(via) if given)
+    until want(queue_info) holds for one; returns its name. The misses
+    stay: placement spreads queues evenly, so the others must get theirs
+    for a broker to get more."""
+    conn = (connect_with or connect)(via)
     ch = conn.channel()
     try:
         for i in range(64):
             name = "%s-%d" % (prefix, i)
-            ch.queue_declare(name, durable=True, arguments=args)
+            ch.queue_declare(name, durable=durable, arguments=args)
             if want(queue_info(via, name)):
                 return name
         raise AssertionError("no %s placed as wanted" % prefix)

@@ -24,7 +24,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, queue_info, read_all, run, test, wait_until  # noqa: E402
+from clustertest import (Cluster, declare_until, queue_info, read_all, run, test,  # noqa: E402
+                         wait_until)
 
 import pika  # noqa: E402
 
@@ -213,16 +214,10 @@ def restarted_primary_hands_over(prefix, durable):
     small = state["small"]
     trio = {m.name: m for m in small.members}
     leader = trio["x"]  # (the first one leads)
+    name = declare_until(prefix, leader, lambda q: q["primary"] == leader.name, durable=durable,
+                         **{"x-quay-backups": 1})
     c = connect(leader)
     ch = c.channel()
-    name = None
-    for k in range(64):
-        n = "%s-%d" % (prefix, k)
-        ch.queue_declare(n, durable=durable, arguments={"x-quay-backups": 1})
-        if queue_info(leader, n)["primary"] == leader.name:
-            name = n
-            break
-    assert name, "no queue placed on the leader"
     wait_until(lambda: len((queue_info(leader, name) or {}).get("in_sync", [])) == 1, 10,
                what="its backup in sync")
     backup = trio[queue_info(leader, name)["backups"][0]]
@@ -280,16 +275,10 @@ def a_non_durable_queue_without_backups_goes_with_its_restarted_primary():
     small = state["small"]
     trio = {m.name: m for m in small.members}
     leader = trio["x"]  # (the first one leads)
+    name = declare_until("alone-transient", leader, lambda q: q["primary"] == leader.name,
+                         durable=False, **{"x-quay-backups": 0})
     c = connect(leader)
     ch = c.channel()
-    name = None
-    for k in range(64):
-        n = "alone-transient-%d" % k
-        ch.queue_declare(n, durable=False, arguments={"x-quay-backups": 0})
-        if queue_info(leader, n)["primary"] == leader.name:
-            name = n
-            break
-    assert name, "no queue placed on the leader"
     ch.confirm_delivery()
     for i in range(10):
         ch.basic_publish("", name, b"%d" % i)

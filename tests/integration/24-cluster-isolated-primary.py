@@ -22,8 +22,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import (Cluster, closer, connect_as, lab_trio, queue_info, read_all,  # noqa: E402
-                         run, test, wait_until)
+from clustertest import (Cluster, closer, connect_as, declare_until, lab_trio,  # noqa: E402
+                         queue_info, read_all, run, test, wait_until)
 from netlab import Lab  # noqa: E402
 
 import pika  # noqa: E402
@@ -168,16 +168,10 @@ def a_restarted_primary_waits_to_hear_its_backup_before_it_serves():
     # its new process would fail the old one over at once).
     wait_until(lambda: len(cluster.leaders(list(members.values()))) == 1, 30, what="a leader")
     primary = cluster.leaders(list(members.values()))[0]
+    name = declare_until("heard", primary, lambda q: q["primary"] == primary.name,
+                         connect_with=connect, **{"x-quay-backups": 1})
     conn = connect(primary)
     ch = conn.channel()
-    name = None
-    for k in range(64):
-        n = "heard-%d" % k
-        ch.queue_declare(n, durable=True, arguments={"x-quay-backups": 1})
-        if queue_info(primary, n)["primary"] == primary.name:
-            name = n
-            break
-    assert name, "no queue placed on the leader"
     wait_until(lambda: len((queue_info(primary, name) or {}).get("in_sync", [])) == 1,
                10, what="its backup in sync")
     backup = members[queue_info(primary, name)["backups"][0]]

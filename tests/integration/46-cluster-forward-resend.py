@@ -21,7 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
 from clustertest import (Cluster, broker_states as states, closer, connect_as,  # noqa: E402
-                         lab_trio, metric, queue_info, run, test, wait_until)
+                         declare_until, lab_trio, metric, queue_info, run, test,
+                         wait_until)
 from netlab import Lab  # noqa: E402
 
 import pika  # noqa: E402
@@ -50,19 +51,9 @@ def duplicates(member):
 
 
 def placed(prefix, want):
-    """Declares durable queues with one backup through c until one is
-    placed as wanted (clustertest.declare_until, as our user)."""
-    conn = connect(C)
-    ch = conn.channel()
-    try:
-        for i in range(64):
-            name = "%s-%d" % (prefix, i)
-            ch.queue_declare(name, durable=True, arguments={"x-quay-backups": 1})
-            if want(queue_info(C, name)):
-                return name
-        raise AssertionError("no %s placed as wanted" % prefix)
-    finally:
-        conn.close()
+    """A durable queue with one backup declared through c (as our user)
+    until one is placed as wanted."""
+    return declare_until(prefix, C, want, connect_with=connect, **{"x-quay-backups": 1})
 
 
 def cut_one_way(to_host, from_host):
