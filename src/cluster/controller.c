@@ -171,9 +171,9 @@ static uint32_t heard_incarnation(const struct controller_heard *heard, uint32_t
 uint32_t controller_restart_successor(const struct cluster_map *map, const struct map_queue *q,
                                       const struct controller_heard *heard,
                                       uint32_t heard_count, uint64_t known_since,
-                                      bool *unheard)
+                                      bool *wait)
 {
-    *unheard = false;
+    *wait = false;
     if (q->owned_since >= known_since || q->exclusive || !q->available ||
         q->taken_from != BROKER_ID_NONE || map_queue_replicates_transient_only(map, q))
         return BROKER_ID_NONE; /* (a takeover not said adopted: adoption_resume_leftovers) */
@@ -187,8 +187,12 @@ uint32_t controller_restart_successor(const struct cluster_map *map, const struc
             uint32_t incarnation = heard_incarnation(heard, heard_count, b->id);
             if (incarnation == b->incarnation)
                 return b->id;
-            *unheard |= incarnation == 0;
+            *wait |= incarnation == 0;
         }
+    }
+    for (uint8_t i = 0; i < q->backups_count; i++) {
+        const struct map_broker *b = cluster_map_broker(map, q->backup_ids[i]);
+        *wait |= (q->in_sync_mask & (1u << i)) && b != NULL && b->state == BROKER_STATE_SUSPECT;
     }
     return BROKER_ID_NONE;
 }

@@ -93,18 +93,19 @@ int controller_fail_over(const struct cluster_map *map, const struct controller_
  * had; or it is exclusive, or a takeover from shared storage not said
  * adopted yet (which resumes); or its backups hold only its transient
  * messages (x-quay-replicate "transient": the persistent ones are in the
- * restarted broker's own log). *unheard, with none: an in-sync backup
- * that is up or draining has not been heard at all yet (incarnation 0, or
- * not in heard[]): it may well be the process the map knows, its first
- * heartbeat after the restart still to come; the caller waits for it a
- * little before serving (CONTROLLER_HEARD_WAIT_MS after its sync: twenty
- * heartbeats). Pure.
+ * restarted broker's own log). *wait, with none: an in-sync backup may
+ * yet take it, one that is up or draining but not heard at all yet
+ * (incarnation 0, or not in heard[]: its first heartbeat after the restart
+ * may still be to come) or one the map suspects (it is up or down within
+ * the controller's down_after_ms); the caller waits for that, up to
+ * CONTROLLER_RESTART_WAIT_MS after its sync, before serving (or dropping:
+ * controller_restart_drops) without it. Pure.
  */
-#define CONTROLLER_HEARD_WAIT_MS 1000
+#define CONTROLLER_RESTART_WAIT_MS 3000
 uint32_t controller_restart_successor(const struct cluster_map *map, const struct map_queue *q,
                                       const struct controller_heard *heard,
                                       uint32_t heard_count, uint64_t known_since,
-                                      bool *unheard);
+                                      bool *wait);
 
 /*
  * (b0') Such a queue that no backup takes (controller_restart_successor:

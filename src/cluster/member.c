@@ -1013,7 +1013,7 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
     list_init(&member->adopted_unsaid);
     list_init(&member->adoptions_unreadable);
     list_init(&member->staged_kept);
-    list_init(&member->heard_waits);
+    list_init(&member->restart_waits);
     list_init(&member->replications);
     list_init(&member->releasing);
     list_init(&member->sync_waits);

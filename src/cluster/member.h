@@ -113,7 +113,7 @@ struct member {
     struct list_node adoptions_unreadable; /* struct adoption: a log not read whole, tried
                                             * again later (adoption.c) */
     struct list_node staged_kept;    /* struct staged_kept: what the sweep left (adoption.c) */
-    struct list_node heard_waits;    /* struct heard_wait: held queues deciding again (mirror.c) */
+    struct list_node restart_waits;  /* struct restart_wait: held queues decided again (mirror.c) */
     uint64_t synced_ms;              /* loop time of our sync (0 before) */
     uint64_t staged_kept_version;    /* the map version they were last judged at */
     /* Flow control of our publishers: the bytes of messages sent to other

@@ -146,17 +146,17 @@ void mirror_hold_recovered(struct member *member)
     queue_walk_end(&walk);
 }
 
-/* A queue held at the sync whose in-sync backup this process has not
- * heard yet: its first heartbeat after our restart may come after our
- * sync (hand_off_after_restart). Decided again at every tick
- * (mirror_tick), for up to CONTROLLER_HEARD_WAIT_MS after the sync. In
- * member->heard_waits. */
-struct heard_wait {
+/* A queue held at the sync that an in-sync backup may yet take: one this
+ * process has not heard yet (its first heartbeat after our restart may
+ * come after our sync), or one the map suspects (hand_off_after_restart).
+ * Decided again at every tick (mirror_tick), for up to
+ * CONTROLLER_RESTART_WAIT_MS after the sync. In member->restart_waits. */
+struct restart_wait {
     struct list_node link;
     struct bytes vhost, name; /* owned */
 };
 
-static void heard_wait_free(struct heard_wait *w)
+static void restart_wait_free(struct restart_wait *w)
 {
     list_remove(&w->link);
     bytes_free(&w->vhost);
@@ -170,8 +170,8 @@ static void heard_wait_free(struct heard_wait *w)
  * local one for the rest of the stop. */
 void mirror_release_held(struct member *member)
 {
-    while (!list_empty(&member->heard_waits))
-        heard_wait_free(CONTAINER_OF(member->heard_waits.next, struct heard_wait, link));
+    while (!list_empty(&member->restart_waits))
+        restart_wait_free(CONTAINER_OF(member->restart_waits.next, struct restart_wait, link));
     struct queue_walk walk;
     queue_walk_begin(&walk, member->broker);
     for (struct queue *q; (q = queue_walk_next(&walk)) != NULL;) {
@@ -381,34 +381,34 @@ static void ask_after_restart(struct member *member, struct queue *q, const stru
     cluster_node_submit(member->node, cmd, on_asked, a);
 }
 
-static void wait_for_heard(struct member *member, struct queue *q, const struct map_queue *mq)
+static void wait_for_backup(struct member *member, struct queue *q, const struct map_queue *mq)
 {
     q->held_until_synced = true; /* (still held) */
-    list_for_each(n, &member->heard_waits) {
-        struct heard_wait *w = CONTAINER_OF(n, struct heard_wait, link);
+    list_for_each(n, &member->restart_waits) {
+        struct restart_wait *w = CONTAINER_OF(n, struct restart_wait, link);
         if (bytes_equal(w->vhost, mq->vhost->name) && bytes_equal(w->name, mq->name))
             return; /* (a change of the queue decided it again meanwhile) */
     }
-    LOG_INFO("cluster: queue '%.*s': we restarted, and have not heard its in-sync backup yet: "
-             "held until we do (up to %d ms)", (int)mq->name.len, (const char *)mq->name.ptr,
-             CONTROLLER_HEARD_WAIT_MS);
-    struct heard_wait *w = calloc(1, sizeof *w);
+    LOG_INFO("cluster: queue '%.*s': we restarted, and an in-sync backup may yet take it (not "
+             "heard yet, or suspect): held (up to %d ms)", (int)mq->name.len,
+             (const char *)mq->name.ptr, CONTROLLER_RESTART_WAIT_MS);
+    struct restart_wait *w = calloc(1, sizeof *w);
     ASSERT(w != NULL);
     w->vhost = bytes_dup(mq->vhost->name);
     w->name = bytes_dup(mq->name);
-    list_push_back(&member->heard_waits, &w->link);
+    list_push_back(&member->restart_waits, &w->link);
 }
 
 void mirror_tick(struct member *member)
 {
     struct list_node due;
-    list_move_all(&due, &member->heard_waits); /* (what is decided again may wait again) */
+    list_move_all(&due, &member->restart_waits); /* (what is decided again may wait again) */
     while (!list_empty(&due)) {
-        struct heard_wait *w = CONTAINER_OF(due.next, struct heard_wait, link);
+        struct restart_wait *w = CONTAINER_OF(due.next, struct restart_wait, link);
         struct vhost *vhost = broker_vhost(member->broker, w->vhost);
         struct queue *q = vhost != NULL ? vhost_queue(vhost, w->name) : NULL;
         const struct map_queue *mq = cluster_map_queue(member_map(member), w->vhost, w->name);
-        heard_wait_free(w);
+        restart_wait_free(w);
         if (q != NULL && !queue_is_remote(q) && q->held_until_synced && mq != NULL &&
             mq->primary_id == member->self_id)
             follow_queue(member, q, mq);
@@ -434,13 +434,13 @@ static bool hand_off_after_restart(struct member *member, struct queue *q,
         heard[i] = (struct controller_heard){
             .broker_id = mq->backup_ids[i],
             .incarnation = cluster_node_peer_incarnation(member->node, mq->backup_ids[i])};
-    bool unheard;
+    bool wait;
     uint32_t next = controller_restart_successor(map, mq, heard, mq->backups_count,
                                                  cluster_node_known_since(member->node),
-                                                 &unheard);
-    if (next == BROKER_ID_NONE && unheard &&
-        uv_now(member->broker->loop) < member->synced_ms + CONTROLLER_HEARD_WAIT_MS) {
-        wait_for_heard(member, q, mq);
+                                                 &wait);
+    if (next == BROKER_ID_NONE && wait &&
+        uv_now(member->broker->loop) < member->synced_ms + CONTROLLER_RESTART_WAIT_MS) {
+        wait_for_backup(member, q, mq);
         return true;
     }
     if (next == BROKER_ID_NONE)

@@ -29,8 +29,8 @@ void mirror_all(struct member *member, bool drop_strays);
 void mirror_hold_recovered(struct member *member);
 /* The member stops before that: what they hold is answered (nacked). */
 void mirror_release_held(struct member *member);
-/* Every member tick: the queues held at the sync that wait to hear an
- * in-sync backup (CONTROLLER_HEARD_WAIT_MS) are decided again. */
+/* Every member tick: the queues held at the sync that an in-sync backup
+ * may yet take (CONTROLLER_RESTART_WAIT_MS) are decided again. */
 void mirror_tick(struct member *member);
 /* The broker's users table becomes the map's, once the map has users
  * (mirror_users.c); before that, mirror_users_bootstrap proposes ours. */

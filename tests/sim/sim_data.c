@@ -321,7 +321,7 @@ static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
     if (!mine) {
         if (c->waking)
             sim_data_restart_settled(s, b, qi, q, false);
-        c->waking = c->heard_wait = false; /* (demoted, or a stand-in) */
+        c->waking = c->restart_wait = false; /* (demoted, or a stand-in) */
         c->stood_in |= q != NULL;
         if (c->primary || c->journal)
             detach(s, b->index, qi, c); /* (demote: replica_of_queue) */
@@ -329,7 +329,7 @@ static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
         return;
     }
     bool fresh = !c->primary, recovered = c->recovered, waking = c->waking;
-    c->waking = c->heard_wait = false;
+    c->waking = c->restart_wait = false;
     c->hand_off_to = BROKER_ID_NONE;
     c->drop_epoch = 0;
     if (fresh && waking) {
@@ -343,14 +343,14 @@ static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
             heard[i] = (struct controller_heard){
                 .broker_id = id, .incarnation = id <= SIM_SERVERS ? b->heard_incarnation[id] : 0};
         }
-        bool unheard;
+        bool wait;
         c->hand_off_to = controller_restart_successor(&b->map, q, heard, q->backups_count,
-                                                      b->known_since, &unheard);
-        if (c->hand_off_to == BROKER_ID_NONE && unheard &&
-            now_ms(s) < b->synced_ms + CONTROLLER_HEARD_WAIT_MS) {
-            if (!c->heard_wait)
-                sim_data_watch(s, qi, "b%u restarted: waits to hear an in-sync backup", b->id);
-            c->waking = c->heard_wait = true;
+                                                      b->known_since, &wait);
+        if (c->hand_off_to == BROKER_ID_NONE && wait &&
+            now_ms(s) < b->synced_ms + CONTROLLER_RESTART_WAIT_MS) {
+            if (!c->restart_wait)
+                sim_data_watch(s, qi, "b%u restarted: waits for an in-sync backup", b->id);
+            c->waking = c->restart_wait = true;
             return;
         }
         if (c->hand_off_to != BROKER_ID_NONE) {
@@ -657,7 +657,7 @@ void sim_data_restart(struct sim *s, unsigned i)
         }
         c->recovered = journal;
         c->waking = true;
-        c->heard_wait = false;
+        c->restart_wait = false;
         c->stream_version = 0;
         c->emptied = !journal && c->held_count > 0; /* (it lost something) */
         if (!journal || sim_data_transient(qi)) {
@@ -761,7 +761,7 @@ void sim_data_primaries_tick(struct sim *s, uint64_t now)
         for (unsigned qi = 0; qi < SIM_QUEUES; qi++) {
             if (d->copies[i][qi].primary)
                 tick_one(s, b, qi, &d->copies[i][qi], now);
-            else if (d->copies[i][qi].heard_wait) /* (mirror_tick) */
+            else if (d->copies[i][qi].restart_wait) /* (mirror_tick) */
                 follow_queue(s, b, qi, map_queue_of(b, qi));
         }
     }

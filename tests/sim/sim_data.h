@@ -99,8 +99,8 @@ struct sim_copy {
                                     * (mirror.c keep_for_now, ensure_queue) */
     bool quiescing;                /* a handover waits: publishes are refused */
     bool ask;                      /* an in-sync change to submit (ask_in_sync) */
-    bool heard_wait;               /* waking, waits to hear an in-sync backup (mirror.c
-                                    * wait_for_heard): decided again every tick */
+    bool restart_wait;             /* waking, an in-sync backup may yet take it (mirror.c
+                                    * wait_for_backup): decided again every tick */
     uint64_t drop_epoch;           /* waking, ours in the map, no backup takes it: a
                                     * non-durable queue to delete at that epoch (0: no) */
     uint32_t hand_off_to;          /* waking, ours in the map: the in-sync backup it goes

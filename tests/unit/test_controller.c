@@ -1547,44 +1547,50 @@ static void test_restart_successor(void **state)
                &c);
     q = cluster_map_queue(&map, B("/"), B("three"));
     assert_int_equal(q->in_sync_mask, 0);
-    bool unheard;
-    assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &unheard), BROKER_ID_NONE);
-    assert_false(unheard); /* (nobody to wait for) */
+    bool wait;
+    assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &wait), BROKER_ID_NONE);
+    assert_false(wait); /* (nobody to wait for) */
     uint32_t both[] = {2, 3};
     must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("three"), q->epoch, both, NULL, 2),
                &c);
     q = cluster_map_queue(&map, B("/"), B("three"));
-    assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &unheard), 2);
+    assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &wait), 2);
     /* 2 heard as a new process (its replica gone): 3. */
     heard[0].incarnation = 202;
-    assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &unheard), 3);
+    assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &wait), 3);
     /* 3 not heard at all: none yet, and 3 is worth waiting for; 2, a new
      * process, is not. */
-    assert_int_equal(controller_restart_successor(&map, q, heard, 1, UINT64_MAX, &unheard), BROKER_ID_NONE);
-    assert_true(unheard);
+    assert_int_equal(controller_restart_successor(&map, q, heard, 1, UINT64_MAX, &wait), BROKER_ID_NONE);
+    assert_true(wait);
     heard[1].incarnation = 0; /* (heard of, no heartbeat with an incarnation yet) */
-    assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &unheard), BROKER_ID_NONE);
-    assert_true(unheard);
+    assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &wait), BROKER_ID_NONE);
+    assert_true(wait);
     heard[1].incarnation = 203;
-    assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &unheard), BROKER_ID_NONE);
-    assert_false(unheard); /* (both new processes: serve) */
+    assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &wait), BROKER_ID_NONE);
+    assert_false(wait); /* (both new processes: serve) */
     heard[1].incarnation = 103;
     /* Given to the present process (the map named it before the queue was
      * ours): it holds all of it. */
-    assert_int_equal(controller_restart_successor(&map, q, heard, 2, q->owned_since, &unheard),
+    assert_int_equal(controller_restart_successor(&map, q, heard, 2, q->owned_since, &wait),
                      BROKER_ID_NONE);
-    assert_false(unheard);
-    assert_int_equal(controller_restart_successor(&map, q, heard, 2, q->owned_since + 1, &unheard),
+    assert_false(wait);
+    assert_int_equal(controller_restart_successor(&map, q, heard, 2, q->owned_since + 1, &wait),
                      3);
     /* 2 the process the map knows, but suspect: 3. */
     heard[0].incarnation = 102;
     must_apply(&map, map_cmd_broker_state(&c, 2, BROKER_STATE_SUSPECT), &c);
     q = cluster_map_queue(&map, B("/"), B("three"));
-    assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &unheard), 3);
+    assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &wait), 3);
     must_apply(&map, map_cmd_broker_state(&c, 3, BROKER_STATE_SUSPECT), &c);
     q = cluster_map_queue(&map, B("/"), B("three"));
-    assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &unheard), BROKER_ID_NONE);
-    assert_false(unheard); /* (a suspect one is not waited for) */
+    assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &wait), BROKER_ID_NONE);
+    assert_true(wait); /* (a suspect one is up or down soon) */
+    must_apply(&map, map_cmd_broker_state(&c, 2, BROKER_STATE_DOWN), &c);
+    must_apply(&map, map_cmd_broker_state(&c, 3, BROKER_STATE_DOWN), &c);
+    q = cluster_map_queue(&map, B("/"), B("three"));
+    assert_int_equal(controller_restart_successor(&map, q, heard, 2, UINT64_MAX, &wait),
+                     BROKER_ID_NONE);
+    assert_false(wait); /* (down: nothing to wait for) */
     /* None takes it: a durable queue serves what its journal recovered. */
     assert_false(controller_restart_drops(q, 1, q->owned_since));
     cluster_map_free(&map);
