@@ -411,13 +411,15 @@ def queues_come_and_go_while_a_scrape_is_written():
     # The scrapes were written while the churn went on: operations were
     # answered between a scrape's request and its first byte. Written in
     # one loop turn, only those around it were (four clients, ASan build:
-    # 0-9, median 6-7, against the build before slices; sliced, 37-57). In
-    # a cluster each change waits for Raft and every broker, too slow to
-    # tell (0-5 either way): the single broker shows the overlap, the
-    # cluster that the answer stays right.
+    # 0-9, median 6-7, against the build before slices; sliced, 37-57,
+    # and a median of 16 once in CI beside another test's brokers: the bar
+    # is above what one turn ever gave, not near what slices give on a
+    # quiet machine). In a cluster each change waits for Raft and every
+    # broker, too slow to tell (0-5 either way): the single broker shows
+    # the overlap, the cluster that the answer stays right.
     print("churn operations answered during each scrape's build: %r" % overlapped)
     if not CLUSTERED:
-        assert sorted(overlapped)[len(overlapped) // 2] >= 20, overlapped
+        assert sorted(overlapped)[len(overlapped) // 2] >= 12, overlapped
     after = scrape(port)  # whole and well formed after the clients that went
     shown = {dict(k[1]).get("queue") for k in after}
     eq([q for q in stable if q not in shown], [], "every queue that stayed, after")
