@@ -136,6 +136,20 @@ void sim_data_deleted(struct sim *s, unsigned qi, uint64_t version)
                    version, gone);
 }
 
+/* An in-sync backup of q (as a map has it) alive that holds message msg
+ * of qi: its id, or 0. */
+static uint32_t in_sync_holder(const struct sim *s, const struct map_queue *q, unsigned qi,
+                               uint32_t msg)
+{
+    for (uint8_t i = 0; i < q->backups_count; i++) {
+        unsigned k = q->backup_ids[i] - 1;
+        if (map_queue_backup_in_sync(q, q->backup_ids[i]) && k < s->f.n &&
+            s->f.servers[k].alive && held_at(&s->data->copies[k][qi], msg))
+            return k + 1;
+    }
+    return 0;
+}
+
 void sim_data_restart_settled(struct sim *s, const struct sim_broker *b, unsigned qi,
                               const struct map_queue *q, bool serves)
 {
@@ -148,14 +162,11 @@ void sim_data_restart_settled(struct sim *s, const struct sim_broker *b, unsigne
         if (!serves)
             continue; /* (the backup that took the queue holds it) */
         m->restarted_away = true;
-        for (uint8_t i = 0; i < q->backups_count && sim_data_strict && !m->consumed; i++) {
-            unsigned k = q->backup_ids[i] - 1;
-            if (map_queue_backup_in_sync(q, q->backup_ids[i]) && k < s->f.n &&
-                s->f.servers[k].alive && held_at(&d->copies[k][qi], n)) {
-                sim_fail(s, "%s: b%u serves it again without message %u, which its in-sync "
-                         "backup b%u holds", sim_queue_names[qi], b->id, n, k + 1);
-                return;
-            }
+        uint32_t holder = sim_data_strict && !m->consumed ? in_sync_holder(s, q, qi, n) : 0;
+        if (holder != 0) {
+            sim_fail(s, "%s: b%u serves it again without message %u, which its in-sync "
+                     "backup b%u holds", sim_queue_names[qi], b->id, n, holder);
+            return;
         }
     }
 }
@@ -164,20 +175,16 @@ void sim_data_check_drop(struct sim *s, const struct sim_broker *b, unsigned qi,
                          const struct map_queue *q)
 {
     struct sim_data *d = s->data;
-    for (uint8_t i = 0; i < q->backups_count && sim_data_strict; i++) {
-        unsigned k = q->backup_ids[i] - 1;
-        if (!map_queue_backup_in_sync(q, q->backup_ids[i]) || k >= s->f.n ||
-            !s->f.servers[k].alive)
+    for (uint32_t n = 0; n < d->msgs_count && sim_data_strict; n++) {
+        const struct sim_msg *m = &d->msgs[n];
+        if (m->queue != qi || m->state != SIM_MSG_CONFIRMED || m->consumed || m->deleted)
             continue;
-        for (uint32_t n = 0; n < d->msgs_count; n++) {
-            const struct sim_msg *m = &d->msgs[n];
-            if (m->queue == qi && m->state == SIM_MSG_CONFIRMED && !m->consumed && !m->deleted &&
-                held_at(&d->copies[k][qi], n)) {
-                sim_fail(s, "%s: b%u deletes it as a transient queue of its last process, while "
-                         "its in-sync backup b%u holds confirmed message %u", sim_queue_names[qi],
-                         b->id, k + 1, n);
-                return;
-            }
+        uint32_t holder = in_sync_holder(s, q, qi, n);
+        if (holder != 0) {
+            sim_fail(s, "%s: b%u deletes it as a transient queue of its last process, while "
+                     "its in-sync backup b%u holds confirmed message %u", sim_queue_names[qi],
+                     b->id, holder, n);
+            return;
         }
     }
 }
