@@ -591,6 +591,30 @@ def kill_at(member, function):
     return gdb
 
 
+def restart_without_quorum(member, other):
+    """kill -9 and restart of member while other is stopped (SIGSTOP): of
+    three brokers, no quorum while member is dead (if it leads Raft), so
+    the map cannot mark it down."""
+    os.kill(other.proc.pid, signal.SIGSTOP)
+    try:
+        member.kill()
+        member.restart()
+        time.sleep(0.5)
+    finally:
+        os.kill(other.proc.pid, signal.SIGCONT)
+
+
+def publish_half_transient(ch, queue, n):
+    """n messages "0", "1", ... to queue on channel ch (in confirm mode:
+    each confirmed), the even ones transient, the odd ones persistent.
+    Returns their bodies in order."""
+    import pika
+    bodies = [b"%d" % i for i in range(n)]
+    for i, body in enumerate(bodies):
+        ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=1 + i % 2))
+    return bodies
+
+
 def publish_persistent(member, queue, n, size=1024):
     """n persistent messages of size bytes to queue through member, each
     confirmed."""

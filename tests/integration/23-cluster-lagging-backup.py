@@ -24,8 +24,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import (Cluster, declare_until, queue_info, read_all, run, test,  # noqa: E402
-                         wait_until)
+from clustertest import (Cluster, declare_until, publish_half_transient, queue_info,  # noqa: E402
+                         read_all, restart_without_quorum, run, test, wait_until)
 
 import pika  # noqa: E402
 
@@ -141,21 +141,6 @@ def thawed_and_restarted_the_factor_is_restored():
                    what="%s to hold every message" % name)
 
 
-def restart_without_quorum(member, other):
-    """kill -9 and restart of member while other is stopped (SIGSTOP): of
-    three brokers, no quorum while member is dead, so the map cannot mark
-    it down."""
-    os.kill(other.proc.pid, signal.SIGSTOP)
-    state["stopped"] = other
-    try:
-        member.kill()
-        member.restart()
-        time.sleep(0.5)
-    finally:
-        os.kill(other.proc.pid, signal.SIGCONT)
-        state["stopped"] = None
-
-
 @test(timeout=120)
 def a_backup_restarted_at_once_is_caught_up_before_it_is_in_sync_again():
     """A backup killed and restarted while the map could not mark it down
@@ -223,10 +208,7 @@ def restarted_primary_hands_over(prefix, durable):
     backup = trio[queue_info(leader, name)["backups"][0]]
     other = next(m for m in trio.values() if m not in (leader, backup))
     ch.confirm_delivery()
-    want = []
-    for i in range(100):
-        ch.basic_publish("", name, b"%d" % i, pika.BasicProperties(delivery_mode=1 + i % 2))
-        want.append(b"%d" % i)
+    want = publish_half_transient(ch, name, 100)
     c.close()
     restart_without_quorum(leader, other)
     wait_until(lambda: (queue_info(other, name) or {}).get("primary") == backup.name, 30,

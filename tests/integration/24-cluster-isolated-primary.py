@@ -14,7 +14,6 @@ the answer). /api/queues gives each primary's confirms per epoch: the
 deposed one's last confirm precedes the new one's first.
 """
 import os
-import signal
 import sys
 import threading
 import time
@@ -23,7 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
 from clustertest import (Cluster, closer, connect_as, declare_until, lab_trio,  # noqa: E402
-                         queue_info, read_all, run, test, wait_until)
+                         publish_half_transient, queue_info, read_all, restart_without_quorum,
+                         run, test, wait_until)
 from netlab import Lab  # noqa: E402
 
 import pika  # noqa: E402
@@ -177,21 +177,12 @@ def a_restarted_primary_waits_to_hear_its_backup_before_it_serves():
     backup = members[queue_info(primary, name)["backups"][0]]
     other = next(m for m in members.values() if m not in (primary, backup))
     ch.confirm_delivery()
-    want = []
-    for i in range(100):
-        ch.basic_publish("", name, b"%d" % i, pika.BasicProperties(delivery_mode=1 + i % 2))
-        want.append(b"%d" % i)
+    want = publish_half_transient(ch, name, 100)
     conn.close()
     waiting = ("queue '%s': we restarted, and an in-sync backup may yet take it" %
                name).encode()
     lab.mute_udp(hosts[primary.name], hosts[backup.name], True)
-    os.kill(other.proc.pid, signal.SIGSTOP)
-    try:
-        primary.kill()
-        primary.restart()
-        time.sleep(0.5)
-    finally:
-        os.kill(other.proc.pid, signal.SIGCONT)
+    restart_without_quorum(primary, other)
     deadline = time.monotonic() + 20
     try:
         while (waiting not in primary.log_text_bytes()[seen[primary.name]:] and
