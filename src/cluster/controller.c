@@ -175,7 +175,7 @@ uint32_t controller_restart_successor(const struct cluster_map *map, const struc
 {
     *wait = false;
     if (q->owned_since >= known_since || q->exclusive || !q->available ||
-        q->taken_from != BROKER_ID_NONE || map_queue_replicates_transient_only(map, q))
+        q->taken_from != BROKER_ID_NONE)
         return BROKER_ID_NONE; /* (a takeover not said adopted: adoption_resume_leftovers) */
     static const enum broker_state preferred[] = {BROKER_STATE_UP, BROKER_STATE_DRAINING};
     for (size_t k = 0; k < sizeof preferred / sizeof preferred[0]; k++) {
@@ -203,13 +203,29 @@ bool controller_restart_drops(const struct map_queue *q, uint32_t self_id,
     return !q->durable && q->primary_id == self_id && q->owned_since <= restart_version;
 }
 
+/* backup, in sync, holds the transient messages of q only, and can read
+ * the persistent ones in its primary's log (they share storage). */
+static bool backup_reads_the_log(const struct cluster_map *map, const struct map_queue *q,
+                                 uint32_t backup)
+{
+    const struct map_broker *primary = cluster_map_broker(map, q->primary_id);
+    return q->durable && !q->exclusive && primary != NULL &&
+           map_queue_replicates_transient_only(map, q) &&
+           map_brokers_share_storage(primary, cluster_map_broker(map, backup));
+}
+
 bool controller_takes_over_with_replica(const struct cluster_map *map, const struct map_queue *q,
                                         uint32_t backup)
 {
     const struct map_broker *dead = cluster_map_broker(map, q->primary_id);
-    return q->durable && !q->exclusive && dead != NULL && dead->state == BROKER_STATE_DOWN &&
-           map_queue_replicates_transient_only(map, q) &&
-           map_brokers_share_storage(dead, cluster_map_broker(map, backup));
+    return dead != NULL && dead->state == BROKER_STATE_DOWN &&
+           backup_reads_the_log(map, q, backup);
+}
+
+bool controller_restart_with_log(const struct cluster_map *map, const struct map_queue *q,
+                                 uint32_t successor)
+{
+    return backup_reads_the_log(map, q, successor);
 }
 
 uint32_t controller_takeover_target(struct placement *p, const struct map_queue *q)

@@ -91,9 +91,10 @@ int controller_fail_over(const struct cluster_map *map, const struct controller_
  * present process (owned since known_since, the map version at which the
  * map first named it: cluster_node_known_since), which holds all it ever
  * had; or it is exclusive, or a takeover from shared storage not said
- * adopted yet (which resumes); or its backups hold only its transient
- * messages (x-quay-replicate "transient": the persistent ones are in the
- * restarted broker's own log). *wait, with none: an in-sync backup may
+ * adopted yet (which resumes). A queue whose backups hold only its
+ * transient messages (x-quay-replicate "transient") goes to such a backup
+ * as a takeover that reads the restarted broker's log too
+ * (controller_restart_with_log). *wait, with none: an in-sync backup may
  * yet take it, one that is up or draining but not heard at all yet
  * (incarnation 0, or not in heard[]: its first heartbeat after the restart
  * may still be to come) or one the map suspects (it is up or down within
@@ -106,6 +107,20 @@ uint32_t controller_restart_successor(const struct cluster_map *map, const struc
                                       const struct controller_heard *heard,
                                       uint32_t heard_count, uint64_t known_since,
                                       bool *wait);
+
+/*
+ * (b0'') The hand-off of (b0) to successor, when successor holds the
+ * transient messages only (x-quay-replicate "transient") and shares the
+ * restarted primary's storage: the persistent ones are in the restarted
+ * broker's log, which it closes without a write (durable_abandon_log) as
+ * successor takes the queue over with its replica (queue.take_over,
+ * replica and restarted): successor reads that log and merges, as after
+ * its primary's death ((b''), controller_takes_over_with_replica). False:
+ * a plain hand-off (successor holds everything: the primary replicates
+ * all of it to a backup that does not share its storage). Pure.
+ */
+bool controller_restart_with_log(const struct cluster_map *map, const struct map_queue *q,
+                                 uint32_t successor);
 
 /*
  * (b0') Such a queue that no backup takes (controller_restart_successor:

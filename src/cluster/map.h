@@ -670,6 +670,13 @@ int map_cmd_queue_take_over(struct map_cmd *out, struct bytes vhost, struct byte
 int map_cmd_queue_take_over_with_replica(struct map_cmd *out, struct bytes vhost,
                                          struct bytes name, uint64_t expected_epoch,
                                          uint32_t primary_id, uint32_t from);
+/* The same, asked by the queue's primary self_id, restarted before the
+ * map saw it down (controller_restart_with_log): its log has the
+ * persistent messages, primary_id's replica the transient ones; self_id
+ * need not be down ("restarted"). */
+int map_cmd_queue_hand_to_backup_with_log(struct map_cmd *out, struct bytes vhost,
+                                          struct bytes name, uint64_t expected_epoch,
+                                          uint32_t primary_id, uint32_t self_id);
 /* queue.adopted: primary_id, which took the queue over, has adopted what
  * it took (while primary_id is still its primary; otherwise nothing
  * changes): a later take-over from it reads its log only. No epoch:

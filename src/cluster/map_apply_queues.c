@@ -794,12 +794,16 @@ static void take_chain_push(struct map_queue *q)
 /* The dead primary's log is adopted from shared storage by the new one
  * (queue.take_over): only a durable queue, from a broker that is down, to
  * one that is up, shares its storage and is not a backup (its replica
- * would hold a second copy of what the log gives back). */
+ * would hold a second copy of what the log gives back). Or, with the
+ * replica, to an in-sync backup; then also from a primary that restarted
+ * before the map saw it down and asks it itself ("restarted": it closes
+ * its log without a write as the change reaches it). */
 int map__op_queue_take_over(struct apply_ctx *ctx)
 {
     uint32_t primary = map__read_broker_id(&ctx->reader, "primary");
     uint32_t from = map__read_broker_id(&ctx->reader, "from");
     bool with_replica = map__read_bool(&ctx->reader, "replica", true);
+    bool restarted = map__read_bool(&ctx->reader, "restarted", true);
     int rc;
     struct map_queue *q = find_queue_cas(ctx, true, &rc);
     if (q == NULL)
@@ -808,7 +812,8 @@ int map__op_queue_take_over(struct apply_ctx *ctx)
     if (rc != OK)
         return rc;
     const struct map_broker *dead = cluster_map_broker(ctx->map, from);
-    if (q->primary_id != from || dead->state != BROKER_STATE_DOWN)
+    if (q->primary_id != from ||
+        (dead->state != BROKER_STATE_DOWN && !(restarted && with_replica)))
         return map__refuse(ctx, REPLY_PRECONDITION_FAILED, true,
                            "queue '%.*s' is not owned by broker %u, down", BYTES_ARG(q->name),
                            from);

@@ -144,6 +144,7 @@ struct simple_cmd {
     struct bytes str_value;
     const char *bool_key; /* an extra bool */
     bool bool_value;
+    const char *bool2_key; /* and another (true) */
     const char *ids_key; /* an extra id array */
     const uint32_t *ids;
     uint8_t ids_count;
@@ -171,6 +172,8 @@ static void encode_simple(struct table_writer *w, const void *arg)
         table_put_longstr(w, s->str_key, s->str_value);
     if (s->bool_key)
         table_put_bool(w, s->bool_key, s->bool_value);
+    if (s->bool2_key)
+        table_put_bool(w, s->bool2_key, true);
     if (s->ids_key)
         put_ids(w, s->ids_key, s->ids, s->ids_count);
     if (s->ids2_key)
@@ -735,17 +738,32 @@ int map_cmd_queue_take_over(struct map_cmd *out, struct bytes vhost, struct byte
     return build(out, encode_simple, &s);
 }
 
-int map_cmd_queue_take_over_with_replica(struct map_cmd *out, struct bytes vhost,
-                                         struct bytes name, uint64_t expected_epoch,
-                                         uint32_t primary_id, uint32_t from)
+static int take_over_with_replica(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                                  uint64_t expected_epoch, uint32_t primary_id, uint32_t from,
+                                  bool restarted)
 {
     ASSERT(expected_epoch != 0);
     ASSERT(primary_id != BROKER_ID_NONE && from != BROKER_ID_NONE);
     struct simple_cmd s = {.op = MAP_OP_QUEUE_TAKE_OVER, .vhost = vhost, .name = name,
                            .epoch = expected_epoch, .int_key = "primary",
                            .int_value = primary_id, .int2_key = "from", .int2_value = from,
-                           .bool_key = "replica", .bool_value = true};
+                           .bool_key = "replica", .bool_value = true,
+                           .bool2_key = restarted ? "restarted" : NULL};
     return build(out, encode_simple, &s);
+}
+
+int map_cmd_queue_take_over_with_replica(struct map_cmd *out, struct bytes vhost,
+                                         struct bytes name, uint64_t expected_epoch,
+                                         uint32_t primary_id, uint32_t from)
+{
+    return take_over_with_replica(out, vhost, name, expected_epoch, primary_id, from, false);
+}
+
+int map_cmd_queue_hand_to_backup_with_log(struct map_cmd *out, struct bytes vhost,
+                                          struct bytes name, uint64_t expected_epoch,
+                                          uint32_t primary_id, uint32_t self_id)
+{
+    return take_over_with_replica(out, vhost, name, expected_epoch, primary_id, self_id, true);
 }
 
 int map_cmd_queue_adopted(struct map_cmd *out, struct bytes vhost, struct bytes name,

@@ -418,9 +418,11 @@ void mirror_tick(struct member *member)
 /* We restarted, and the present map (we just caught up) still names us
  * the primary of q, which our journal recovered: it lacks what only our
  * memory held (transient messages), which an in-sync backup holds, with
- * everything we ever confirmed. So that backup takes the queue
- * (map_cmd_queue_hand_to_backup: a set_owner, as a failover's, that only
- * an in-sync backup may take; controller_restart_successor picks it),
+ * everything we ever confirmed (or, x-quay-replicate "transient", with
+ * the transient ones only: it then reads our log for the others). So that
+ * backup takes the queue (map_cmd_queue_hand_to_backup: a set_owner, as a
+ * failover's, that only an in-sync backup may take, or a takeover with
+ * its replica; controller_restart_successor picks it),
  * and q stays held meanwhile (its peers' forwards wait, and go to the new
  * primary when the change demotes it); served from what we recovered, its
  * first act was to catch that backup up, resetting its copy to ours. True
@@ -445,14 +447,21 @@ static bool hand_off_after_restart(struct member *member, struct queue *q,
     }
     if (next == BROKER_ID_NONE)
         return false;
+    /* Its backup holds the transient messages only: it reads our log too
+     * (a takeover with its replica; we close the log as it reaches us). */
+    bool with_log = controller_restart_with_log(map, mq, next);
     struct map_cmd cmd;
-    if (map_cmd_queue_hand_to_backup(&cmd, mq->vhost->name, mq->name, mq->epoch, next) != OK)
+    int rc = with_log ? map_cmd_queue_hand_to_backup_with_log(&cmd, mq->vhost->name, mq->name,
+                                                              mq->epoch, next, member->self_id)
+                      : map_cmd_queue_hand_to_backup(&cmd, mq->vhost->name, mq->name,
+                                                     mq->epoch, next);
+    if (rc != OK)
         return false;
     const struct map_broker *b = cluster_map_broker(map, next);
     LOG_INFO("cluster: queue '%.*s': we restarted, and its in-sync backup %.*s holds what our "
-             "journal could not (transient messages): handing it over there",
+             "journal could not (transient messages): handing it over there%s",
              (int)mq->name.len, (const char *)mq->name.ptr, (int)b->name.len,
-             (const char *)b->name.ptr);
+             (const char *)b->name.ptr, with_log ? ", with our log to read" : "");
     ask_after_restart(member, q, mq, &cmd, false);
     return true;
 }

@@ -34,8 +34,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import (Cluster, closer, connect, metric, queue_info, read_all,  # noqa: E402
-                         run, test, wait_until)
+from clustertest import (Cluster, closer, connect, metric, publish_half_transient,  # noqa: E402
+                         queue_info, read_all, restart_without_quorum, run, test, wait_until)
 
 import pika  # noqa: E402
 
@@ -999,6 +999,52 @@ def a_transient_only_queue_moved_then_killed_keeps_every_message():
                                                     if b not in bodies][:5])
     print("# moved, then killed: all %d served; the backup held %d of 180 before the kill"
           % (len(bodies), held))
+
+
+@test(timeout=240)
+@noting_failure
+def a_transient_only_queue_whose_primary_restarted_at_once_loses_nothing():
+    """x-quay-replicate "transient": the primary (the Raft leader) is
+    killed and restarted while the map cannot mark it down
+    (restart_without_quorum). Its log gives it back the persistent
+    messages, its in-sync backup holds the transient ones: neither alone
+    is the queue. The restarted primary hands it to that backup as a
+    takeover with the replica (the backup reads its log and merges), never
+    serving its half. Every confirmed message is then read, in order.
+    (Before, it served what its log held and caught the backup up to
+    that: the transient half was lost.)"""
+    p, q, r = own_cluster(["p", "q", "r"])
+    name = "trestart"
+    place_replicated(p, name, "p", "q", {"x-quay-replicate": "transient"})
+    wait_until(lambda: queue_info(p, name).get("replicating") == "transient", 10,
+               what="p replicating the transient messages only")
+    conn = connect(p)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    want = publish_half_transient(ch, name, 100)
+    conn.close()
+    wait_until(lambda: queue_info(q, name).get("replica_messages") == 50, 10,
+               what="q holding the transient messages only",
+               detail=lambda: queue_info(q, name))
+    time.sleep(0.3)  # group commit: the persistent half is in p's log
+    restart_without_quorum(p, r)
+    wait_until(lambda: (queue_info(r, name) or {}).get("primary") == "q", 30,
+               what="the queue handed to q", detail=lambda: queue_info(r, name))
+    wait_until(lambda: metric(q, "quay_cluster_adoptions_pending") == 0, 20,
+               what="q's adoption done")
+    # Usually the restarted primary hands it over; the map may see it down
+    # first (its new links reset as it comes back): then the failover's
+    # takeover with the replica reads the log. Either way nothing is lost.
+    handed = "its in-sync backup q holds what our journal could not (transient messages): " \
+        "handing it over there, with our log to read" in p.log_text()
+    print("# %s" % ("handed over by the restarted primary" if handed else
+                    "failed over: the map saw the primary down first"))
+    assert "from p's log" in q.log_text(), "q did not read p's log"
+    # p left its log to q without a write: its journal goes on.
+    assert "was taken over from our log on the shared storage" in p.log_text()
+    assert "taken over by another broker" not in p.log_text(), "p's journal was fenced"
+    got = read_all(r, name)
+    assert got == want, "served %d of %d: %s" % (len(got), len(want), got[:6])
 
 
 def sharing_cluster(sharing):

@@ -1248,6 +1248,86 @@ static void test_transient_only_queue_taken_over_by_its_backup(void **state)
     cluster_map_free(&map);
 }
 
+static void must_refuse(struct cluster_map *map, int build_rc, struct map_cmd *cmd)
+{
+    assert_int_equal(build_rc, OK);
+    struct map_change change;
+    assert_int_equal(cluster_map_apply(map, cmd->bytes, cmd->size, &change), E_MAP_REFUSED);
+    assert_int_equal(change.reply_code, 406);
+    map_cmd_free(cmd);
+}
+
+/* A primary restarted before the map saw it down, of a queue that
+ * replicates only its transient messages: its in-sync backup that shares
+ * its storage takes the queue over with its replica and the restarted
+ * broker's log (controller_restart_with_log; queue.take_over with
+ * "restarted", the only way the map lets a take-over come from a broker
+ * that is not down); one that does not share the storage holds everything
+ * and gets a plain hand-off, as a queue without the argument does. */
+static void test_restarted_transient_only_queue_handed_with_its_log(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    small_map(&map, 4);
+    storage(&map, 1, "s");
+    storage(&map, 2, "s");
+    storage(&map, 3, "s");
+    storage(&map, 4, "t");
+    struct map_cmd c;
+    for (uint32_t id = 1; id <= 4; id++)
+        must_apply(&map, map_cmd_broker_incarnation(&c, id, 100 + id), &c);
+    uint8_t buf[64];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_longstr(&w, "x-quay-replicate", B("transient"));
+    struct table transient_only = table_writer_table(&w);
+    const char *names[] = {"tonly", "tonly-elsewhere", "all"};
+    const uint32_t backups[] = {2, 4, 2};
+    const bool with_log[] = {true, false, false};
+    struct controller_heard heard[4];
+    for (uint32_t id = 1; id <= 4; id++)
+        heard[id - 1] = (struct controller_heard){.broker_id = id, .incarnation = 100 + id};
+    for (int i = 0; i < 3; i++) {
+        struct map_queue_decl d = {.vhost = B("/"), .name = B(names[i]), .durable = true,
+                                   .primary_id = 1, .replication_factor = 2,
+                                   .arguments = i < 2 ? transient_only : (struct table){0}};
+        d.backup_ids[d.backups_count++] = backups[i];
+        must_apply(&map, map_cmd_queue_declare(&c, &d, 1), &c);
+        const struct map_queue *q = cluster_map_queue(&map, B("/"), B(names[i]));
+        /* Out of sync: nobody takes it (the map refuses the take-over). */
+        must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B(names[i]), q->epoch, NULL,
+                                                   NULL, 0), &c);
+        must_refuse(&map, map_cmd_queue_hand_to_backup_with_log(&c, B("/"), B(names[i]),
+                                                                q->epoch, backups[i], 1), &c);
+        must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B(names[i]), q->epoch,
+                                                   q->backup_ids, NULL, 1), &c);
+        bool wait;
+        assert_int_equal(controller_restart_successor(&map, q, heard, 4, UINT64_MAX, &wait),
+                         backups[i]);
+        assert_int_equal(controller_restart_with_log(&map, q, backups[i]), with_log[i]);
+    }
+    /* The controller's take-over with the replica needs 1 down; asked by
+     * the restarted 1 itself, it applies while 1 is up. */
+    const struct map_queue *q = cluster_map_queue(&map, B("/"), B("tonly"));
+    must_refuse(&map, map_cmd_queue_take_over_with_replica(&c, B("/"), B("tonly"), q->epoch, 2, 1),
+                &c);
+    must_apply(&map, map_cmd_queue_hand_to_backup_with_log(&c, B("/"), B("tonly"), q->epoch, 2, 1),
+               &c);
+    assert_consistent(&map);
+    q = cluster_map_queue(&map, B("/"), B("tonly"));
+    assert_int_equal(q->primary_id, 2);
+    assert_int_equal(q->taken_from, 1);
+    assert_false(q->adopted);
+    assert_int_equal(q->backups_count, 0); /* (refilled by the repair) */
+    /* Another hand-off of the same epoch is refused: it moved on. */
+    struct map_change change;
+    assert_int_equal(map_cmd_queue_hand_to_backup_with_log(&c, B("/"), B("tonly"), q->epoch - 1,
+                                                           2, 1), OK);
+    assert_int_equal(cluster_map_apply(&map, c.bytes, c.size, &change), E_MAP_REFUSED);
+    map_cmd_free(&c);
+    cluster_map_free(&map);
+}
+
 /* A taker says queue.adopted once its copy is synced, never if its
  * journal failed or the queue is no longer its own (a takeover from it
  * then reads the log it took the queue from as well). */
@@ -1525,9 +1605,8 @@ static void test_restart_leaves_in_sync_before_any_failover(void **state)
 /* A primary restarted before the map saw it down hands each queue to an
  * in-sync backup that is up and is the process the map knows (its heard
  * incarnation the map's), the first in the queue's order; none (not in
- * sync, suspect, not heard, heard as a new process, a queue that
- * replicates only its transient messages, an exclusive one): it serves
- * the queue itself. */
+ * sync, suspect, not heard, heard as a new process, an exclusive
+ * queue): it serves the queue itself. */
 static void test_restart_successor(void **state)
 {
     (void)state;
@@ -1710,6 +1789,7 @@ int main(void)
         cmocka_unit_test(test_restart_leaves_in_sync_before_any_failover),
         cmocka_unit_test(test_promotion_waits_for_a_suspect_backup),
         cmocka_unit_test(test_restart_successor),
+        cmocka_unit_test(test_restarted_transient_only_queue_handed_with_its_log),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
