@@ -14,12 +14,12 @@
 #include <string.h>
 
 #include "amqp/table.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 
 static char *str_dup_n(const void *s, size_t n)
 {
-    char *copy = malloc(n + 1);
-    ASSERT(copy != NULL);
+    char *copy = xmalloc(n + 1);
     if (n)
         memcpy(copy, s, n);
     copy[n] = '\0';
@@ -134,8 +134,7 @@ int auth_permission_put(struct auth_user *user, struct bytes vhost,
         return 0;
     }
     struct auth_permission *grown =
-        realloc(user->permissions, sizeof *grown * (user->permissions_count + 1));
-    ASSERT(grown != NULL);
+        xrealloc(user->permissions, sizeof *grown * (user->permissions_count + 1));
     user->permissions = grown;
     grown[user->permissions_count++] = p;
     return 1;
@@ -218,11 +217,9 @@ struct auth_user *auth_user_put(struct auth *auth, struct bytes name,
     struct auth_user *u = find_user(auth, name);
     *created = u == NULL;
     if (u == NULL) {
-        struct auth_user **users = realloc(auth->users, sizeof *users * (auth->users_count + 1));
-        ASSERT(users != NULL);
+        struct auth_user **users = xrealloc(auth->users, sizeof *users * (auth->users_count + 1));
         auth->users = users;
-        u = calloc(1, sizeof *u);
-        ASSERT(u != NULL);
+        u = xcalloc(1, sizeof *u);
         u->name = str_dup_n(name.ptr, name.len);
         u->refs = 1; /* the table's */
         users[auth->users_count++] = u;
@@ -322,8 +319,7 @@ static bool seen_before(struct seen_lines *seen, const char *user, const char *v
         if (strcmp(seen->keys[i], key) == 0)
             return true;
     }
-    char **grown = realloc(seen->keys, sizeof *grown * (seen->count + 1));
-    ASSERT(grown != NULL);
+    char **grown = xrealloc(seen->keys, sizeof *grown * (seen->count + 1));
     seen->keys = grown;
     grown[seen->count++] = str_dup(key);
     return false;
@@ -555,8 +551,7 @@ static enum auth_verdict admit(const struct auth_user *found, bool peer_loopback
 static struct auth_job *job_new(struct bytes user, struct bytes password, bool peer_loopback,
                                 const struct password_hash *hash, bool known)
 {
-    struct auth_job *job = calloc(1, sizeof *job + password.len + 1);
-    ASSERT(job != NULL);
+    struct auth_job *job = xcalloc(1, sizeof *job + password.len + 1);
     job->name_size = user.len < sizeof job->name ? user.len : (uint32_t)sizeof job->name - 1;
     if (job->name_size)
         memcpy(job->name, user.ptr, job->name_size);

@@ -22,6 +22,7 @@
 #include "broker/users.h"
 #include "broker/vhost.h"
 #include "broker/cluster_ops.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/log.h"
 
@@ -324,9 +325,8 @@ void broker_retire_vhost(struct broker *broker, struct vhost *vhost)
         }
     }
     durable_vhost_deleted(broker, vhost->name);
-    struct vhost **grown = realloc(broker->retired_vhosts,
-                                   sizeof *grown * (broker->retired_vhosts_count + 1));
-    ASSERT(grown != NULL);
+    struct vhost **grown = xrealloc(broker->retired_vhosts,
+                                    sizeof *grown * (broker->retired_vhosts_count + 1));
     broker->retired_vhosts = grown;
     grown[broker->retired_vhosts_count++] = vhost;
 }

@@ -24,6 +24,7 @@
 #include "broker/message.h"
 #include "broker/usage.h"
 #include "broker/vhost.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/ring.h"
 #include "lib/errors.h"
@@ -39,16 +40,14 @@ static struct channel *channel_new(struct connection *connection, uint16_t id)
         uint32_t cap = connection->channels_cap ? connection->channels_cap : 4;
         while (cap <= id)
             cap *= 2;
-        struct channel **grown = realloc(connection->channels, sizeof *grown * cap);
-        ASSERT(grown != NULL);
+        struct channel **grown = xrealloc(connection->channels, sizeof *grown * cap);
         memset(grown + connection->channels_cap, 0,
                sizeof *grown * (cap - connection->channels_cap));
         connection->channels = grown;
         connection->channels_cap = cap;
     }
     ASSERT(connection->channels[id] == NULL);
-    struct channel *ch = calloc(1, sizeof *ch);
-    ASSERT(ch != NULL);
+    struct channel *ch = xcalloc(1, sizeof *ch);
     ch->connection = connection;
     ch->vhost = connection->vhost;
     ch->id = id;
@@ -150,9 +149,8 @@ void channel__check_auto_delete_on_close(struct channel *ch, struct queue *queue
     if (ch->auto_delete_checks_count == ch->auto_delete_checks_cap) {
         ch->auto_delete_checks_cap = ch->auto_delete_checks_cap ? 2 * ch->auto_delete_checks_cap
                                                                 : 4;
-        ch->auto_delete_checks = realloc(ch->auto_delete_checks,
-                                         ch->auto_delete_checks_cap * sizeof(struct queue *));
-        ASSERT(ch->auto_delete_checks != NULL);
+        ch->auto_delete_checks = xrealloc(ch->auto_delete_checks,
+                                          ch->auto_delete_checks_cap * sizeof(struct queue *));
     }
     queue_ref(queue);
     ch->auto_delete_checks[ch->auto_delete_checks_count++] = queue;
@@ -302,8 +300,7 @@ static bool publish_permitted(struct channel *ch, struct bytes exchange, uint32_
     if (!channel__permitted(ch, AUTH_PERMISSION_WRITE, "exchange", exchange, method_id))
         return false;
     if (p == NULL) {
-        p = ch->permitted = calloc(1, sizeof *p);
-        ASSERT(p != NULL);
+        p = ch->permitted = xcalloc(1, sizeof *p);
     }
     if (p->generation != generation)
         *p = (struct permitted_exchanges){.generation = generation};
@@ -351,8 +348,7 @@ static void remember_crossed(struct connection *connection, uint16_t id)
 {
     if (connection->crossed_closes_count == connection->crossed_closes_cap) {
         uint32_t cap = connection->crossed_closes_cap ? connection->crossed_closes_cap * 2 : 4;
-        uint16_t *grown = realloc(connection->crossed_closes, sizeof *grown * cap);
-        ASSERT(grown != NULL);
+        uint16_t *grown = xrealloc(connection->crossed_closes, sizeof *grown * cap);
         connection->crossed_closes = grown;
         connection->crossed_closes_cap = cap;
     }
@@ -787,8 +783,7 @@ void channel__begin_publish(struct channel *ch, const struct method *m)
         return;
     }
     if (!ch->publish_names) {
-        ch->publish_names = malloc(512);
-        ASSERT(ch->publish_names != NULL);
+        ch->publish_names = xmalloc(512);
     }
     memcpy(ch->publish_names, p->exchange.ptr, p->exchange.len);
     memcpy(ch->publish_names + 256, p->routing_key.ptr, p->routing_key.len);
@@ -857,8 +852,7 @@ void channel__handle_handover(struct channel *ch, const struct method *m)
 static void keep_names(struct channel *ch, struct bytes exchange, struct bytes routing_key)
 {
     if (!ch->publish_names) {
-        ch->publish_names = malloc(512);
-        ASSERT(ch->publish_names != NULL);
+        ch->publish_names = xmalloc(512);
     }
     memcpy(ch->publish_names, exchange.ptr, exchange.len);
     memcpy(ch->publish_names + 256, routing_key.ptr, routing_key.len);
@@ -886,8 +880,7 @@ void channel__begin_forward(struct channel *ch, const struct method *m)
         const struct method_basic_quay_replicate *r = &m->basic_quay_replicate;
         keep_names(ch, r->exchange, r->routing_key);
         if (!ch->forward_target) {
-            ch->forward_target = malloc(256);
-            ASSERT(ch->forward_target != NULL);
+            ch->forward_target = xmalloc(256);
         }
         memcpy(ch->forward_target, r->queue.ptr, r->queue.len);
         ch->forward_target_size = (uint8_t)r->queue.len;
@@ -906,8 +899,7 @@ void channel__begin_forward(struct channel *ch, const struct method *m)
         if (!f->same_targets) {
             if (f->targets.len > ch->forward_targets_cap) {
                 free(ch->forward_targets);
-                ch->forward_targets = malloc(f->targets.len);
-                ASSERT(ch->forward_targets != NULL);
+                ch->forward_targets = xmalloc(f->targets.len);
                 ch->forward_targets_cap = f->targets.len;
             }
             if (f->targets.len > 0)
@@ -926,8 +918,7 @@ static void send_return(struct channel *ch, struct message *message, uint16_t co
 void channel__route_publish(struct channel *ch, struct message *message, bool mandatory)
 {
     if (ch->tx_mode) {
-        struct tx_op *op = calloc(1, sizeof *op);
-        ASSERT(op != NULL);
+        struct tx_op *op = xcalloc(1, sizeof *op);
         op->method_id = METHOD_BASIC_PUBLISH;
         op->message = message;
         op->mandatory = mandatory;
@@ -1255,8 +1246,7 @@ static void confirm_publish(struct channel *ch, uint64_t ticket, uint32_t remote
 static struct confirm_sink *channel_sink(struct channel *ch)
 {
     if (!ch->sink) {
-        ch->sink = calloc(1, sizeof *ch->sink);
-        ASSERT(ch->sink != NULL);
+        ch->sink = xcalloc(1, sizeof *ch->sink);
         ch->sink->refs = 1;
         ch->sink->channel = ch;
     }

@@ -19,6 +19,7 @@
 #include "broker/message.h"
 #include "broker/queue_args.h"
 #include "broker/vhost.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/ring.h"
 
@@ -634,10 +635,8 @@ static void handle_consume(struct channel *ch, const struct method *m)
                       (const char *)queue->name.ptr, VHOST_ARG(ch));
         return;
     }
-    struct consumer *consumer = calloc(1, sizeof *consumer);
-    ASSERT(consumer != NULL);
-    uint8_t *tag_copy = malloc(tag.len ? tag.len : 1);
-    ASSERT(tag_copy != NULL);
+    struct consumer *consumer = xcalloc(1, sizeof *consumer);
+    uint8_t *tag_copy = xmalloc(tag.len ? tag.len : 1);
     memcpy(tag_copy, tag.ptr, tag.len);
     consumer->ops = &channel_consumer_ops;
     consumer->owner = ch;
@@ -819,8 +818,7 @@ static void settle_or_fail(struct channel *ch, uint32_t method_id, uint64_t tag,
 static void hold_for_tx(struct channel *ch, const struct method *m, uint64_t tag, bool multiple,
                         bool requeue)
 {
-    struct tx_op *op = calloc(1, sizeof *op);
-    ASSERT(op != NULL);
+    struct tx_op *op = xcalloc(1, sizeof *op);
     op->method_id = m->id;
     op->delivery_tag = tag;
     op->multiple = multiple;

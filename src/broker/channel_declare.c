@@ -17,6 +17,7 @@
 #include "broker/exchange.h"
 #include "broker/queue_args.h"
 #include "broker/vhost.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 
@@ -303,8 +304,7 @@ bool channel__resolve_queue_name(struct channel *ch, struct bytes *name, uint32_
 void channel__remember_queue(struct channel *ch, struct bytes name)
 {
     if (!ch->last_queue) {
-        ch->last_queue = malloc(256);
-        ASSERT(ch->last_queue != NULL);
+        ch->last_queue = xmalloc(256);
     }
     ASSERT(name.len <= 255);
     memmove(ch->last_queue, name.ptr, name.len);

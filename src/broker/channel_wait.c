@@ -22,6 +22,7 @@
 #include "broker/cluster_ops.h"
 #include "broker/connection.h"
 #include "broker/vhost.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
@@ -149,8 +150,7 @@ void channel__cluster_submit(struct channel *ch, uint32_t method_id, bool no_wai
                              const struct cluster_ops_change *change, uint32_t message_count)
 {
     ASSERT(ch->cluster_wait == NULL); /* the connection is held while one waits */
-    struct channel_cluster_wait *w = calloc(1, sizeof *w);
-    ASSERT(w != NULL);
+    struct channel_cluster_wait *w = xcalloc(1, sizeof *w);
     w->ch = ch;
     w->method_id = method_id;
     w->no_wait = no_wait;
@@ -204,8 +204,7 @@ static void on_synced_through(void *ctx, const struct cluster_ops_answer *answer
 void channel__cluster_sync(struct channel *ch, uint64_t version, bool answer)
 {
     ASSERT(ch->cluster_wait == NULL); /* the connection is held while one waits */
-    struct channel_cluster_wait *w = calloc(1, sizeof *w);
-    ASSERT(w != NULL);
+    struct channel_cluster_wait *w = xcalloc(1, sizeof *w);
     w->ch = ch;
     w->method_id = METHOD_BASIC_QUAY_SYNC;
     w->answer = answer;

@@ -26,6 +26,7 @@
 #include "broker/queue.h"
 #include "broker/usage.h"
 #include "broker/vhost.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -97,8 +98,7 @@ static bool over_handshaking_limit(struct broker *broker, uint64_t now_ms)
 struct conn *connection_accept(struct net *net, void *ctx)
 {
     struct broker *broker = ctx;
-    struct connection *connection = calloc(1, sizeof *connection);
-    ASSERT(connection != NULL);
+    struct connection *connection = xcalloc(1, sizeof *connection);
     if (conn_init(&connection->conn, net, &connection_conn_ops) != 0) {
         free(connection);
         return NULL;

@@ -21,6 +21,7 @@
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -167,8 +168,7 @@ void dead_letter(struct queue *queue, struct message *message, enum dead_letter_
     const char *reason_name = reason_names[reason];
     size_t headers_cap = (props.flags & BASIC_FLAG_HEADERS ? props.headers.len : 0) + 1024 +
                          2u * queue->name.len + 2u * 256;
-    uint8_t *headers_buf = malloc(headers_cap);
-    ASSERT(headers_buf != NULL);
+    uint8_t *headers_buf = xmalloc(headers_cap);
     struct table_writer w;
     table_writer_init(&w, headers_buf, headers_cap);
     build_headers(&w, queue, message, reason_name, &props);
@@ -177,8 +177,7 @@ void dead_letter(struct queue *queue, struct message *message, enum dead_letter_
     props.flags |= BASIC_FLAG_HEADERS;
     props.flags &= (uint16_t)~BASIC_FLAG_EXPIRATION; /* kept as original-expiration */
     size_t props_cap = message->properties_size + headers_cap + 16;
-    uint8_t *props_buf = malloc(props_cap);
-    ASSERT(props_buf != NULL);
+    uint8_t *props_buf = xmalloc(props_cap);
     size_t props_size = basic_properties_encode(&props, props_buf, props_cap);
     ASSERT(props_size > 0);
     struct bytes routing_key = queue->args.has_dead_letter_routing_key

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/ring.h"
 
@@ -85,8 +86,7 @@ bool dedup_record(struct dedup *dedup, struct bytes id, uint64_t now_ms, uint64_
     if (dedup->count == dedup->cap)
         dedup->items = ring_grow(dedup->items, sizeof *dedup->items, &dedup->head, dedup->count,
                                  &dedup->cap, 16);
-    struct dedup_id *copy = malloc(sizeof *copy + id.len);
-    ASSERT(copy != NULL);
+    struct dedup_id *copy = xmalloc(sizeof *copy + id.len);
     copy->ticket = ticket;
     copy->len = (uint8_t)id.len;
     memcpy(copy->bytes, id.ptr, id.len);

@@ -30,6 +30,7 @@
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -468,10 +469,8 @@ struct replay {
 
 static void undefine_later(struct replay *r, struct bytes key)
 {
-    r->undefine = realloc(r->undefine, (r->undefine_count + 1) * sizeof(*r->undefine));
-    ASSERT(r->undefine != NULL);
-    uint8_t *copy = malloc(key.len);
-    ASSERT(copy != NULL);
+    r->undefine = xrealloc(r->undefine, (r->undefine_count + 1) * sizeof(*r->undefine));
+    uint8_t *copy = xmalloc(key.len);
     memcpy(copy, key.ptr, key.len);
     r->undefine[r->undefine_count++] = (struct bytes){copy, key.len};
 }

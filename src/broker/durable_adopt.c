@@ -25,6 +25,7 @@
 #include "broker/message.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -171,8 +172,7 @@ static int end_log(struct broker *broker, struct durable_adopt_plan *p, int stat
     struct durable *d = &broker->durable;
     struct queue *queue = p->queue;
     const struct adoption *a = &p->adoption;
-    struct journal_adoption *out = malloc(sizeof *out);
-    ASSERT(out != NULL);
+    struct journal_adoption *out = xmalloc(sizeof *out);
     int rc = journal_adopt_read_finish(p->reading, out);
     p->reading = NULL;
     if (a->ticket > p->ticket)
@@ -193,8 +193,7 @@ static int end_log(struct broker *broker, struct durable_adopt_plan *p, int stat
     if (a->ticket == 0) {
         journal_adopt_finish(d->journal, out->staged); /* nothing to copy */
     } else {
-        struct durable_adopted *staged = calloc(1, sizeof *staged);
-        ASSERT(staged != NULL);
+        struct durable_adopted *staged = xcalloc(1, sizeof *staged);
         staged->ticket = a->ticket;
         snprintf(staged->staged, sizeof staged->staged, "%s", out->staged);
         staged->next = d->adopted;
@@ -264,8 +263,7 @@ static bool in_chain(const struct durable_adopt_plan *p, const char *name)
 static int claim_older(struct broker *broker, struct durable_adopt_plan *p, const char *taker)
 {
     enum { SOURCES_MAX = 32 };
-    char (*sources)[JOURNAL_SOURCE_SIZE] = malloc(sizeof *sources * SOURCES_MAX);
-    ASSERT(sources != NULL);
+    char (*sources)[JOURNAL_SOURCE_SIZE] = xmalloc(sizeof *sources * SOURCES_MAX);
     char taker_dir[1024];
     if (taker != NULL)
         snprintf(taker_dir, sizeof taker_dir, "%s/%s", broker->config.shared_storage_dir,
@@ -325,8 +323,7 @@ struct durable_adopt_plan *durable_adopt_stage(struct broker *broker, struct que
 {
     struct durable *d = &broker->durable;
     ASSERT(earlier_count <= DURABLE_ADOPT_CHAIN_MAX);
-    struct durable_adopt_plan *p = calloc(1, sizeof *p);
-    ASSERT(p != NULL);
+    struct durable_adopt_plan *p = xcalloc(1, sizeof *p);
     p->queue = queue;
     p->resume = resume;
     p->active = d->journal != NULL && broker->config.shared_storage_dir != NULL &&

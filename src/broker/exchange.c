@@ -47,6 +47,7 @@
 #include <string.h>
 
 #include "amqp/table.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 
 /* Routing and binding keys are AMQP shortstrs. */
@@ -253,8 +254,7 @@ bool topic_match(struct bytes pattern, struct bytes routing_key)
 static struct topic_node *topic_node_new(struct exchange_index *index, struct topic_node *parent,
                                          struct bytes word)
 {
-    struct topic_node *node = calloc(1, sizeof(*node) + word.len);
-    ASSERT(node != NULL);
+    struct topic_node *node = xcalloc(1, sizeof(*node) + word.len);
     node->parent = parent;
     node->kind = parent == NULL ? TOPIC_WORD_LITERAL : topic_word_kind(word);
     if (word.len > 0)
@@ -356,8 +356,7 @@ static void direct_index_add(struct exchange_index *index, struct binding *bindi
 {
     struct direct_bucket *bucket = hmap_get(&index->direct, binding->routing_key);
     if (bucket == NULL) {
-        bucket = calloc(1, sizeof(*bucket));
-        ASSERT(bucket != NULL);
+        bucket = xcalloc(1, sizeof(*bucket));
         list_init(&bucket->bindings);
         /* The map borrows the key from the bucket's first binding. */
         hmap_put(&index->direct, binding->routing_key, bucket);
@@ -526,8 +525,7 @@ struct binding *exchange_bind(struct exchange *source, struct bind_dest *dest,
         return existing;
 
     struct binding_alloc *alloc =
-        calloc(1, sizeof(*alloc) + (size_t)routing_key.len + (size_t)arguments.len);
-    ASSERT(alloc != NULL);
+        xcalloc(1, sizeof(*alloc) + (size_t)routing_key.len + (size_t)arguments.len);
     struct binding *binding = &alloc->binding;
     binding->source = source;
     binding->dest = dest;
@@ -630,8 +628,7 @@ struct exchange *exchange_new(struct bytes name, enum exchange_type type, bool d
     ASSERT((size_t)type < ARRAY_SIZE(exchange_type_names));
     ASSERT(name.len <= ROUTING_KEY_SIZE_MAX);
     struct exchange_alloc *alloc =
-        calloc(1, sizeof(*alloc) + (size_t)name.len + (size_t)arguments.len);
-    ASSERT(alloc != NULL);
+        xcalloc(1, sizeof(*alloc) + (size_t)name.len + (size_t)arguments.len);
     struct exchange *exchange = &alloc->exchange;
     bind_dest_init(&exchange->as_dest, BIND_DEST_EXCHANGE);
     uint8_t *name_copy = alloc->bytes;

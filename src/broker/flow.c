@@ -11,6 +11,7 @@
 #include "broker/connection.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/log.h"
 
@@ -118,8 +119,7 @@ void flow_wait(struct connection *connection, uint16_t channel, struct queue *qu
         if (t->queue == queue && (!connection->cluster_peer || t->channel == channel))
             return; /* waits already (or was told already) */
     }
-    struct flow_tie *tie = calloc(1, sizeof *tie);
-    ASSERT(tie != NULL);
+    struct flow_tie *tie = xcalloc(1, sizeof *tie);
     tie->queue = queue;
     tie->connection = connection;
     tie->channel = channel;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 
 static const char *const kind_names[LIMIT_KIND_COUNT] = {
@@ -30,8 +31,7 @@ void limit_set_free(struct limit_set *set)
 static struct bytes copy_name(struct bytes name)
 {
     ASSERT(name.len >= 1 && name.len <= LIMIT_NAME_SIZE_MAX);
-    uint8_t *p = malloc(name.len);
-    ASSERT(p != NULL);
+    uint8_t *p = xmalloc(name.len);
     memcpy(p, name.ptr, name.len);
     return (struct bytes){p, name.len};
 }
@@ -42,8 +42,7 @@ void limit_set_copy(struct limit_set *dst, const struct limit_set *src)
     limit_set_free(dst);
     if (src->count == 0)
         return;
-    dst->items = calloc(src->count, sizeof *dst->items);
-    ASSERT(dst->items != NULL);
+    dst->items = xcalloc(src->count, sizeof *dst->items);
     dst->cap = src->count;
     for (uint32_t i = 0; i < src->count; i++) {
         dst->items[i] = src->items[i];
@@ -160,8 +159,7 @@ bool limit_set_put(struct limit_set *set, enum limit_scope scope, struct bytes n
     ASSERT(set->count < LIMIT_COUNT_MAX);
     if (set->count == set->cap) {
         set->cap = set->cap ? 2 * set->cap : 8;
-        set->items = realloc(set->items, set->cap * sizeof *set->items);
-        ASSERT(set->items != NULL);
+        set->items = xrealloc(set->items, set->cap * sizeof *set->items);
     }
     memmove(&set->items[i + 1], &set->items[i], (set->count - i) * sizeof *set->items);
     set->items[i] = (struct limit){scope, copy_name(name), kind, value};

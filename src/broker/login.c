@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "broker/broker.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/list.h"
 
@@ -140,8 +141,7 @@ struct login *login_start(struct broker *broker, struct bytes user, struct bytes
     *verdict = auth_login_begin(&broker->auth, user, password, peer_loopback, out, &job);
     if (*verdict != AUTH_VERDICT_SLOW)
         return NULL;
-    struct login *l = calloc(1, sizeof *l);
-    ASSERT(l != NULL);
+    struct login *l = xcalloc(1, sizeof *l);
     *l = (struct login){.broker = broker, .job = job, .done = done, .ctx = ctx};
     list_init(&l->followers);
     pending_count++;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "amqp/table.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
@@ -148,8 +149,7 @@ bool policy_set_same(const struct policy_set *set, const struct policy_decl *d)
 
 void policy_set_put(struct policy_set *set, const struct policy_decl *d)
 {
-    struct policy *p = calloc(1, sizeof *p);
-    ASSERT(p != NULL);
+    struct policy *p = xcalloc(1, sizeof *p);
     char err[POLICY_ERROR_SIZE];
     int rc = compile(d->pattern, &p->regex, err, sizeof err);
     ASSERT(rc == OK); /* the caller checked the declaration */
@@ -168,8 +168,7 @@ void policy_set_put(struct policy_set *set, const struct policy_decl *d)
     }
     if (set->count == set->cap) {
         set->cap = set->cap ? set->cap * 2 : 8;
-        set->items = realloc(set->items, (size_t)set->cap * sizeof *set->items);
-        ASSERT(set->items != NULL);
+        set->items = xrealloc(set->items, (size_t)set->cap * sizeof *set->items);
     }
     memmove(&set->items[i + 1], &set->items[i], (size_t)(set->count - i) * sizeof *set->items);
     set->items[i] = p;

@@ -24,6 +24,7 @@
 #include "broker/origin.h"
 #include "broker/message.h"
 #include "broker/vhost.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/ring.h"
 #include "lib/bytes.h"
@@ -157,8 +158,7 @@ static struct message *page_in(struct queue *queue, uint64_t seq)
     struct journal_location where;
     if (!queue->journal || journal_locate(queue->journal, seq, &where) != OK)
         return NULL;
-    uint8_t *blob = malloc(where.blob_size ? where.blob_size : 1);
-    ASSERT(blob != NULL);
+    uint8_t *blob = xmalloc(where.blob_size ? where.blob_size : 1);
     struct message *message = NULL;
     if (journal_read(queue->journal, seq, blob, where.blob_size) == OK)
         message = message_from_blob(blob, where.blob_size);
@@ -259,8 +259,7 @@ uint64_t queue_page_out(struct queue *queue, uint64_t wanted)
 struct queue *queue_new(struct vhost *vhost, struct bytes name, bool durable, bool exclusive,
                         bool auto_delete, struct bytes arguments)
 {
-    struct queue *queue = calloc(1, sizeof *queue);
-    ASSERT(queue != NULL);
+    struct queue *queue = xcalloc(1, sizeof *queue);
     bind_dest_init(&queue->as_dest, BIND_DEST_QUEUE);
     queue->vhost = vhost;
     queue->name = bytes_dup(name);
@@ -275,8 +274,7 @@ struct queue *queue_new(struct vhost *vhost, struct bytes name, bool durable, bo
                                queue->name, vhost->name, &queue->args, &code, text, sizeof text);
     ASSERT(ok); /* the channel validated the same bytes before declaring */
     if (queue->args.max_priority > 0) {
-        queue->priority_rings = calloc(queue->args.max_priority, sizeof *queue->priority_rings);
-        ASSERT(queue->priority_rings != NULL);
+        queue->priority_rings = xcalloc(queue->args.max_priority, sizeof *queue->priority_rings);
     }
     list_init(&queue->consumers);
     flow_queue_init(queue);
@@ -454,8 +452,7 @@ static void schedule_timer(struct queue *queue)
         return;
     }
     if (!queue->timer) {
-        queue->timer = malloc(sizeof *queue->timer);
-        ASSERT(queue->timer != NULL);
+        queue->timer = xmalloc(sizeof *queue->timer);
         uv_timer_init(queue->vhost->broker->loop, queue->timer);
         /* While serving, the listeners keep the loop alive; a pending TTL
          * alone must not keep a stopping broker from exiting. */
@@ -536,8 +533,7 @@ static void remember_id(struct queue *queue, struct bytes id, uint64_t ticket)
     if (id.len == 0)
         return; /* no id (or no window): do not even allocate a table */
     if (queue->dedup == NULL) {
-        queue->dedup = malloc(sizeof *queue->dedup);
-        ASSERT(queue->dedup != NULL);
+        queue->dedup = xmalloc(sizeof *queue->dedup);
         dedup_init(queue->dedup, (uint64_t)queue->args.quay_dedup_window_ms);
     }
     dedup_record(queue->dedup, id, now_ms(queue), ticket);
@@ -576,8 +572,7 @@ void queue_origin_record(struct queue *queue, uint64_t stream, uint64_t seq, uin
     if (stream == 0)
         return;
     if (queue->origins == NULL) {
-        queue->origins = calloc(1, sizeof *queue->origins);
-        ASSERT(queue->origins != NULL);
+        queue->origins = xcalloc(1, sizeof *queue->origins);
     }
     origin_record(queue->origins, stream, seq, now_ms(queue), ticket);
 }
@@ -680,8 +675,7 @@ static void hold_publish(struct queue *queue, struct message *message, struct pu
     struct queue_pause *p = queue->pause;
     if (p->count == p->cap) {
         p->cap = p->cap ? p->cap * 2 : 64;
-        p->held = realloc(p->held, sizeof *p->held * p->cap);
-        ASSERT(p->held != NULL);
+        p->held = xrealloc(p->held, sizeof *p->held * p->cap);
     }
     struct confirm_sink *sink = wait ? wait->sink : NULL;
     message_ref(message);
@@ -766,8 +760,7 @@ static bool hold_settle(struct queue *queue, enum queue_settle_kind kind,
         return false;
     if (p->settles_count == p->settles_cap) {
         p->settles_cap = p->settles_cap ? p->settles_cap * 2 : 64;
-        p->settles = realloc(p->settles, sizeof *p->settles * p->settles_cap);
-        ASSERT(p->settles != NULL);
+        p->settles = xrealloc(p->settles, sizeof *p->settles * p->settles_cap);
     }
     p->settles[p->settles_count++] = (struct queue_held_settle){kind, entry};
     return true;
@@ -849,8 +842,7 @@ void queue_surrender(struct queue *queue, struct queue_surrender *out)
     ASSERT(!queue->deleted && !queue->remote_ops);
     *out = (struct queue_surrender){0};
     uint32_t n = queue->ready_count;
-    out->entries = malloc(sizeof *out->entries * (n ? n : 1));
-    ASSERT(out->entries != NULL);
+    out->entries = xmalloc(sizeof *out->entries * (n ? n : 1));
     for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
         struct queue_ring *ring = level_ring(queue, level);
         for (uint32_t i = 0; i < ring->count; i++)
@@ -1043,8 +1035,7 @@ uint32_t queue_redelivered_seqs(struct queue *queue, uint64_t **out)
                 continue;
             if (n == cap) {
                 cap = cap ? cap * 2 : 64;
-                *out = realloc(*out, sizeof **out * cap);
-                ASSERT(*out != NULL);
+                *out = xrealloc(*out, sizeof **out * cap);
             }
             (*out)[n++] = ring_slot(ring, i)->seq;
         }
@@ -1146,8 +1137,7 @@ void queue_hold_publishes(struct queue *queue)
 {
     ASSERT(queue->remote_ops == NULL && !queue->deleted);
     if (queue->pause == NULL) {
-        queue->pause = calloc(1, sizeof *queue->pause);
-        ASSERT(queue->pause != NULL);
+        queue->pause = xcalloc(1, sizeof *queue->pause);
         list_init(&queue->pause->gets);
     }
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 
 void rates_clock_tick(struct rates_clock *clock, uint64_t now_ms)
@@ -43,8 +44,7 @@ void rates_sample(struct rates *r, const struct rates_clock *clock, const uint32
     bool moved = r->held > 0 && memcmp(r->newest, values, n * sizeof *values) != 0;
     if (moved && r->ring == NULL) {
         /* The values stood still at newest for every tick held until now. */
-        r->ring = calloc(RATES_SLOTS * RATES_VALUES_MAX, sizeof *r->ring);
-        ASSERT(r->ring != NULL);
+        r->ring = xcalloc(RATES_SLOTS * RATES_VALUES_MAX, sizeof *r->ring);
         for (uint64_t k = 1; k <= r->held && k < RATES_SLOTS; k++)
             memcpy(slot(r->ring, tick - k), r->newest, n * sizeof *values);
     }

@@ -14,6 +14,7 @@
 #include "broker/cluster_ops.h"
 #include "broker/connection.h"
 #include "broker/vhost.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/log.h"
@@ -223,8 +224,7 @@ bool usage_heard(struct broker *broker, uint64_t connection_id, struct bytes pee
     }
     struct usage_report *r = report_of(broker, peer);
     if (r == NULL) {
-        r = calloc(1, sizeof *r);
-        ASSERT(r != NULL);
+        r = xcalloc(1, sizeof *r);
         memcpy(r->peer, peer.ptr, peer.len);
         r->peer_size = (uint8_t)peer.len;
         limit_set_init(&r->counts);
@@ -252,8 +252,7 @@ static void share(struct net_flush_hook *hook)
     struct broker *broker = CONTAINER_OF(hook, struct broker, usage.hook);
     if (broker->cluster_ops == NULL || broker->stopping)
         return;
-    uint8_t *buf = malloc(USAGE_REPORT_MAX);
-    ASSERT(buf != NULL);
+    uint8_t *buf = xmalloc(USAGE_REPORT_MAX);
     struct table_writer w;
     table_writer_init(&w, buf, USAGE_REPORT_MAX);
     usage_write(broker, &w);

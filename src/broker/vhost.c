@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "broker/durable.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 
@@ -38,8 +39,7 @@ bool vhost_predeclared(struct bytes name)
 
 struct vhost *vhost_new(struct broker *broker, struct bytes name)
 {
-    struct vhost *vhost = calloc(1, sizeof *vhost);
-    ASSERT(vhost != NULL);
+    struct vhost *vhost = xcalloc(1, sizeof *vhost);
     vhost->name = bytes_dup(name);
     vhost->broker = broker;
     hmap_init(&vhost->exchanges);
@@ -56,8 +56,7 @@ struct vhost *vhost_new(struct broker *broker, struct bytes name)
 void vhost_free(struct vhost *vhost)
 {
     /* Queues first: deleting them unbinds them from the exchanges. */
-    struct queue **queues = malloc(sizeof *queues * (vhost->queues.count + 1));
-    ASSERT(queues != NULL);
+    struct queue **queues = xmalloc(sizeof *queues * (vhost->queues.count + 1));
     uint32_t count = 0;
     struct hmap_entry *e;
     for (uint32_t i = 0; hmap_next(&vhost->queues, &i, &e);)
@@ -65,8 +64,7 @@ void vhost_free(struct vhost *vhost)
     for (uint32_t i = 0; i < count; i++)
         vhost_queue_delete(vhost, queues[i]);
     free(queues);
-    struct exchange **exchanges = malloc(sizeof *exchanges * (vhost->exchanges.count + 1));
-    ASSERT(exchanges != NULL);
+    struct exchange **exchanges = xmalloc(sizeof *exchanges * (vhost->exchanges.count + 1));
     count = 0;
     for (uint32_t i = 0; hmap_next(&vhost->exchanges, &i, &e);)
         exchanges[count++] = e->value;

@@ -17,6 +17,7 @@
 #include "cluster/member.h"
 #include "cluster/node.h"
 #include "cluster/replication.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
@@ -102,8 +103,7 @@ static void start(struct member *member, struct queue *queue, const struct map_q
         merge_free(&merge);
         return;
     }
-    struct adoption *a = calloc(1, sizeof *a);
-    ASSERT(a != NULL);
+    struct adoption *a = xcalloc(1, sizeof *a);
     a->queue = queue;
     a->merge = merge;
     queue_ref(queue);
@@ -123,8 +123,7 @@ static void start(struct member *member, struct queue *queue, const struct map_q
     queue_pause(queue);
     list_push_back(&member->adoptions, &a->link);
     if (member->adoption_idle == NULL) {
-        member->adoption_idle = calloc(1, sizeof *member->adoption_idle);
-        ASSERT(member->adoption_idle != NULL);
+        member->adoption_idle = xcalloc(1, sizeof *member->adoption_idle);
         uv_idle_init(member->broker->loop, member->adoption_idle);
         member->adoption_idle->data = member;
     }
@@ -204,8 +203,7 @@ static bool staged_unneeded(void *ctx, struct bytes vhost, struct bytes name,
         return true;
     }
     size_t size = strlen(staged) + 1;
-    struct staged_kept *k = malloc(sizeof *k + size);
-    ASSERT(k != NULL);
+    struct staged_kept *k = xmalloc(sizeof *k + size);
     k->vhost = bytes_dup(vhost);
     k->name = bytes_dup(name);
     memcpy(k->staged, staged, size);

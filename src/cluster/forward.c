@@ -24,6 +24,7 @@
 #include "cluster/link.h"
 #include "cluster/member.h"
 #include "cluster/proxy_int.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/ring.h"
 #include "lib/bytes.h"
@@ -309,8 +310,7 @@ static struct proxy_forwarder *forwarder_for(struct member_peer *peer, struct by
             break;
         }
     }
-    struct proxy_forwarder *f = calloc(1, sizeof *f);
-    ASSERT(f != NULL);
+    struct proxy_forwarder *f = xcalloc(1, sizeof *f);
     f->peer = peer;
     f->vhost = bytes_dup(vhost);
     f->kind = kind;
@@ -397,8 +397,7 @@ static bool send_forward(struct member_peer *peer, struct queue *const *stubs, u
                                 .targets_count = count, .dead_lettered = dead_lettered,
                                 .bytes = message->body_size, .origin = origin};
     if (count > 1) {
-        wait.many = malloc(sizeof *wait.many * count);
-        ASSERT(wait.many != NULL);
+        wait.many = xmalloc(sizeof *wait.many * count);
     }
     struct forward_target *targets = wait_targets(&wait);
     for (uint32_t i = 0; i < count; i++) {
@@ -422,8 +421,7 @@ static bool send_forward(struct member_peer *peer, struct queue *const *stubs, u
     } else {
         if (w.len > f->last_targets_cap) {
             free(f->last_targets);
-            f->last_targets = malloc(w.len);
-            ASSERT(f->last_targets != NULL);
+            f->last_targets = xmalloc(w.len);
             f->last_targets_cap = (uint32_t)w.len;
         }
         memcpy(f->last_targets, buf, w.len);
@@ -578,8 +576,7 @@ uint32_t proxy_stub_take_held(struct queue *queue, struct queue_held_publish **o
     *out = NULL;
     if (n == 0)
         return 0;
-    *out = malloc(sizeof **out * n);
-    ASSERT(*out != NULL);
+    *out = xmalloc(sizeof **out * n);
     for (uint32_t i = 0; i < n; i++) {
         struct held_forward h = stub->held[(stub->held_head + i) & (stub->held_cap - 1)];
         (*out)[i] = (struct queue_held_publish){h.message, h.sink, h.seq, h.dead_lettered,

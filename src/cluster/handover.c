@@ -16,6 +16,7 @@
 #include "cluster/node.h"
 #include "cluster/replica.h"
 #include "cluster/replication.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -188,8 +189,7 @@ static void add_seq(void *ctx, uint64_t seq, struct message *message)
     (void)message;
     if (v->count == v->cap) {
         v->cap = v->cap ? v->cap * 2 : 256;
-        v->items = realloc(v->items, sizeof *v->items * v->cap);
-        ASSERT(v->items != NULL);
+        v->items = xrealloc(v->items, sizeof *v->items * v->cap);
     }
     v->items[v->count++] = seq;
 }
@@ -230,8 +230,7 @@ static bool notify(struct handover *h)
     struct link_channel_ops ops = {.ctx = h, .closed = on_relay_closed};
     h->relay = link_channel_open(peer->link, queue->vhost->name, false, &ops);
     if (h->relay != NULL) {
-        uint8_t *buf = malloc(2 * 8 * NOTICE_CHUNK);
-        ASSERT(buf != NULL);
+        uint8_t *buf = xmalloc(2 * 8 * NOTICE_CHUNK);
         uint32_t d = 0, r = 0;
         do { /* at least one frame, empty lists and all */
             uint32_t dn = delivered.count - d < NOTICE_CHUNK ? delivered.count - d : NOTICE_CHUNK;
@@ -278,8 +277,7 @@ void handover_quiet(struct member *member, struct queue *queue)
 
 static void start(struct member *member, struct queue *queue, const struct map_queue *mq)
 {
-    struct handover *h = calloc(1, sizeof *h);
-    ASSERT(h != NULL);
+    struct handover *h = xcalloc(1, sizeof *h);
     h->member = member;
     h->queue = queue;
     queue_ref(queue);
@@ -348,9 +346,8 @@ void handover_adopt(struct member *member, struct queue *queue, struct replica_h
                              : NULL;
     if (ch != NULL) {
         uint32_t n = note->delivered_count;
-        struct queue_entry *entries = malloc(sizeof *entries * (n ? n : 1));
-        bool *found = malloc(sizeof *found * (n ? n : 1));
-        ASSERT(entries != NULL && found != NULL);
+        struct queue_entry *entries = xmalloc(sizeof *entries * (n ? n : 1));
+        bool *found = xmalloc(sizeof *found * (n ? n : 1));
         queue_take_delivered(queue, note->delivered, n, entries, found);
         for (uint32_t k = 0; k < n; k++)
             channel_adopt_delivery(ch, queue, found[k] ? &entries[k] : NULL);

@@ -28,6 +28,7 @@
 #include "amqp/table.h"
 #include "broker/auth.h"
 #include "broker/frame_out.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
@@ -68,8 +69,7 @@ static struct link_conn *from_conn(struct conn *conn)
 
 static char *str_dup(const char *s, size_t n)
 {
-    char *copy = malloc(n + 1);
-    ASSERT(copy != NULL);
+    char *copy = xmalloc(n + 1);
     memcpy(copy, s, n);
     copy[n] = '\0';
     return copy;
@@ -117,8 +117,7 @@ int link_new(struct link **out, struct net *net, const struct link_config *confi
         name_size > AUTH_CLUSTER_NAME_SIZE_MAX || config->vhost.len > 255 ||
         (plain && (strlen(config->user) > 255 || config->password.len > LINK_PASSWORD_SIZE_MAX)))
         return UV_EINVAL;
-    struct link *link = calloc(1, sizeof *link);
-    ASSERT(link != NULL);
+    struct link *link = xcalloc(1, sizeof *link);
     if (split_address(link, config->address) != 0) {
         free(link);
         return UV_EINVAL;
@@ -398,8 +397,7 @@ static void on_connected(struct conn *conn, int status)
 
 static void connect_to(struct link *link, const struct sockaddr *addr)
 {
-    struct link_conn *lc = calloc(1, sizeof *lc);
-    ASSERT(lc != NULL);
+    struct link_conn *lc = xcalloc(1, sizeof *lc);
     lc->link = link;
     int rc = conn_connect(&lc->conn, link->net, &link_conn_ops, addr, on_connected);
     lc->conn.peer_reads_always = true; /* the other end is a broker: see conn.h */
@@ -461,8 +459,7 @@ static void start_attempt(struct link *link)
         connect_to(link, (const struct sockaddr *)&ss);
         return;
     }
-    struct link_resolve *resolve = calloc(1, sizeof *resolve);
-    ASSERT(resolve != NULL);
+    struct link_resolve *resolve = xcalloc(1, sizeof *resolve);
     resolve->link = link;
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     int rc = uv_getaddrinfo(link->net->loop, &resolve->req, on_resolved, link->host, link->port,

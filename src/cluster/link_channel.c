@@ -18,6 +18,7 @@
 #include "broker/frame_out.h"
 #include "broker/message.h"
 #include "cluster/link_int.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 
@@ -37,8 +38,7 @@ static uint16_t free_id(struct link *link)
         if (cap > (uint32_t)link->channel_max + 1)
             cap = (uint32_t)link->channel_max + 1;
         ASSERT(cap > id);
-        struct link_channel **grown = realloc(link->channels, sizeof *grown * cap);
-        ASSERT(grown != NULL);
+        struct link_channel **grown = xrealloc(link->channels, sizeof *grown * cap);
         memset(grown + link->channels_cap, 0, sizeof *grown * (cap - link->channels_cap));
         link->channels = grown;
         link->channels_cap = cap;
@@ -57,8 +57,7 @@ struct link_channel *link_channel_open(struct link *link, struct bytes vhost, bo
     uint16_t id = free_id(link);
     if (id == 0)
         return NULL;
-    struct link_channel *ch = calloc(1, sizeof *ch);
-    ASSERT(ch != NULL);
+    struct link_channel *ch = xcalloc(1, sizeof *ch);
     ch->link = link;
     ch->ops = *ops;
     ch->id = id;

@@ -807,9 +807,8 @@ static int permission_put(struct apply_ctx *ctx, struct cmd_reader *r)
     while (j < u->vhosts_count && !bytes_equal(u->vhosts[j], vhost))
         j++;
     if (j == u->vhosts_count) {
-        u->vhosts = realloc(u->vhosts, sizeof(u->vhosts[0]) * (j + 1));
-        u->permissions = realloc(u->permissions, sizeof(u->permissions[0]) * 3 * (j + 1));
-        ASSERT(u->vhosts != NULL && u->permissions != NULL);
+        u->vhosts = xrealloc(u->vhosts, sizeof(u->vhosts[0]) * (j + 1));
+        u->permissions = xrealloc(u->permissions, sizeof(u->permissions[0]) * 3 * (j + 1));
         u->vhosts[j] = bytes_dup(vhost);
         for (int k = 0; k < 3; k++)
             u->permissions[3 * j + (uint32_t)k] = bytes_dup(texts[k]);

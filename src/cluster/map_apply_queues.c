@@ -245,8 +245,7 @@ int map__op_bind(struct apply_ctx *ctx, bool bind)
         return rc;
     struct cluster_map *map = ctx->map;
     size_t key_size = binding_key(&d, NULL, 0);
-    uint8_t *key = malloc(key_size);
-    ASSERT(key != NULL);
+    uint8_t *key = xmalloc(key_size);
     binding_key(&d, key, key_size);
     struct bytes kb = {key, (uint32_t)key_size};
     struct map_binding *b = hmap_get(&source->vhost->bindings, kb);

@@ -44,8 +44,7 @@ void map_cmd_list_push(struct map_cmd_list *list, struct map_cmd *cmd)
     ASSERT(cmd->bytes != NULL);
     if (list->count == list->cap) {
         list->cap = list->cap ? list->cap * 2 : 16;
-        list->items = realloc(list->items, (size_t)list->cap * sizeof(list->items[0]));
-        ASSERT(list->items != NULL);
+        list->items = xrealloc(list->items, (size_t)list->cap * sizeof(list->items[0]));
     }
     list->items[list->count++] = *cmd;
     cmd->bytes = NULL;
@@ -60,8 +59,7 @@ static int build(struct map_cmd *out, encode_fn *encode, const void *arg)
     out->bytes = NULL;
     out->size = 0;
     for (size_t cap = 256; cap <= CLUSTER_CMD_SIZE_MAX; cap *= 2) {
-        uint8_t *buf = malloc(cap);
-        ASSERT(buf != NULL);
+        uint8_t *buf = xmalloc(cap);
         struct table_writer w;
         table_writer_init(&w, buf, cap);
         encode(&w, arg);
@@ -86,8 +84,7 @@ int map_cmd_set_reason(struct map_cmd *cmd, enum map_reason reason)
     if (cmd->size + w.len > CLUSTER_CMD_SIZE_MAX)
         return E_LIMIT;
     /* A command is a table's fields, end to end: one more is appended. */
-    uint8_t *grown = realloc(cmd->bytes, cmd->size + w.len);
-    ASSERT(grown != NULL);
+    uint8_t *grown = xrealloc(cmd->bytes, cmd->size + w.len);
     memcpy(grown + cmd->size, field, w.len);
     cmd->bytes = grown;
     cmd->size += w.len;

@@ -176,8 +176,7 @@ int cluster_map_snapshot_alloc(const struct cluster_map *map, uint8_t **buf_out,
                  (size_t)map->bindings_count * 160 + (size_t)map->users_count * 256 +
                  (size_t)map->policies.count * 640;
     for (;;) {
-        uint8_t *buf = malloc(cap);
-        ASSERT(buf != NULL);
+        uint8_t *buf = xmalloc(cap);
         int rc = cluster_map_snapshot_write(map, buf, cap, size_out);
         if (rc == OK) {
             *buf_out = buf;

@@ -78,8 +78,7 @@ static void peer_free(struct member_peer *peer)
 
 static struct member_peer *peer_new(struct member *member, const struct map_broker *b)
 {
-    struct member_peer *peer = calloc(1, sizeof *peer);
-    ASSERT(peer != NULL);
+    struct member_peer *peer = xcalloc(1, sizeof *peer);
     peer->id = b->id;
     peer->map_state = b->state;
     peer->member = member;
@@ -402,8 +401,7 @@ void member_park_forward(struct member *member, struct vhost *vhost, struct byte
                          uint64_t epoch, struct message *message, struct confirm_sink *sink,
                          uint64_t seq, bool dead_lettered)
 {
-    struct parked_forward *p = calloc(1, sizeof *p);
-    ASSERT(p != NULL);
+    struct parked_forward *p = xcalloc(1, sizeof *p);
     p->vhost = bytes_dup(vhost->name);
     p->queue = bytes_dup(queue);
     p->epoch = epoch;
@@ -997,8 +995,7 @@ const struct cluster_map *member_map(const struct member *member)
 struct member *member_new(struct broker *broker, struct cluster_node *node,
                           uint8_t default_backups)
 {
-    struct member *member = calloc(1, sizeof *member);
-    ASSERT(member != NULL);
+    struct member *member = xcalloc(1, sizeof *member);
     member->broker = broker;
     member->node = node;
     member->self_id = cluster_node_id(node);
@@ -1018,8 +1015,7 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
     list_init(&member->releasing);
     list_init(&member->sync_waits);
     net_flush_hook_add(&broker->net, &member->release_hook, proxy_send_releases);
-    member->timer = calloc(1, sizeof *member->timer);
-    ASSERT(member->timer != NULL);
+    member->timer = xcalloc(1, sizeof *member->timer);
     uv_timer_init(broker->loop, member->timer);
     member->timer->data = member;
     uv_timer_start(member->timer, on_tick, MEMBER_TICK_MS, MEMBER_TICK_MS);

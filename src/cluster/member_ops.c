@@ -27,6 +27,7 @@
 #include "cluster/member.h"
 #include "cluster/node.h"
 #include "cluster/visible.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
@@ -58,8 +59,7 @@ struct cluster_ops_wait {
 static struct cluster_ops_wait *wait_new(struct member *member, enum wait_kind kind,
                                          cluster_ops_done_fn done, void *ctx)
 {
-    struct cluster_ops_wait *w = calloc(1, sizeof *w);
-    ASSERT(w != NULL);
+    struct cluster_ops_wait *w = xcalloc(1, sizeof *w);
     w->kind = kind;
     w->member = member;
     w->done = done;

@@ -27,6 +27,7 @@
 #include "cluster/proxy.h"
 #include "cluster/replica.h"
 #include "cluster/replication.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
@@ -203,8 +204,7 @@ static void drop_queue(struct member *member, struct bytes vhost_name, struct by
 static uint32_t take_consumers(struct queue *stub, struct consumer ***out)
 {
     uint32_t n = stub->consumers_count, i = 0;
-    *out = n ? malloc(sizeof **out * n) : NULL;
-    ASSERT(n == 0 || *out != NULL);
+    *out = n ? xmalloc(sizeof **out * n) : NULL;
     while (!list_empty(&stub->consumers)) {
         struct consumer *c = CONTAINER_OF(stub->consumers.next, struct consumer, queue_link);
         queue_consumer_remove(stub, c);
@@ -371,8 +371,7 @@ static void on_asked(void *ctx, int status, const struct map_change *change)
 static void ask_after_restart(struct member *member, struct queue *q, const struct map_queue *mq,
                               struct map_cmd *cmd, bool holds_clients)
 {
-    struct restart_ask *a = calloc(1, sizeof *a);
-    ASSERT(a != NULL);
+    struct restart_ask *a = xcalloc(1, sizeof *a);
     *a = (struct restart_ask){.member = member, .vhost = bytes_dup(mq->vhost->name),
                               .name = bytes_dup(mq->name), .holds_clients = holds_clients};
     if (holds_clients)
@@ -392,8 +391,7 @@ static void wait_for_backup(struct member *member, struct queue *q, const struct
     LOG_INFO("cluster: queue '%.*s': we restarted, and an in-sync backup may yet take it (not "
              "heard yet, or suspect): held (up to %d ms)", (int)mq->name.len,
              (const char *)mq->name.ptr, CONTROLLER_RESTART_WAIT_MS);
-    struct restart_wait *w = calloc(1, sizeof *w);
-    ASSERT(w != NULL);
+    struct restart_wait *w = xcalloc(1, sizeof *w);
     w->vhost = bytes_dup(mq->vhost->name);
     w->name = bytes_dup(mq->name);
     list_push_back(&member->restart_waits, &w->link);
@@ -852,8 +850,7 @@ static void drop_strays(struct member *member, struct vhost *vhost)
     const struct cluster_map *map = member_map(member);
     struct hmap_entry *e;
     uint32_t count = 0;
-    void **doomed = malloc(sizeof *doomed * (vhost->queues.count + vhost->exchanges.count + 1));
-    ASSERT(doomed != NULL);
+    void **doomed = xmalloc(sizeof *doomed * (vhost->queues.count + vhost->exchanges.count + 1));
     for (uint32_t i = 0; hmap_next(&vhost->queues, &i, &e);) {
         struct queue *q = e->value;
         if (!cluster_map_queue(map, vhost->name, q->name))

@@ -24,6 +24,7 @@
 #include "cluster/member.h"
 #include "cluster/mirror.h"
 #include "cluster/node.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -124,14 +125,12 @@ static void on_bootstrap_done(void *ctx, int status, const struct map_change *ch
 static struct map_user *as_map_users(const struct auth *auth, struct bytes **strings,
                                      char **hashes_out)
 {
-    struct map_user *out = calloc(auth->users_count + 1, sizeof *out);
+    struct map_user *out = xcalloc(auth->users_count + 1, sizeof *out);
     size_t n = 0;
     for (size_t i = 0; i < auth->users_count; i++)
         n += 2 + 4 + 4 * auth->users[i]->permissions_count;
-    struct bytes *s = calloc(n + 1, sizeof *s);
-    ASSERT(out != NULL && s != NULL);
-    char *hashes = calloc(auth->users_count + 1, PASSWORD_TEXT_MAX + 1);
-    ASSERT(hashes != NULL);
+    struct bytes *s = xcalloc(n + 1, sizeof *s);
+    char *hashes = xcalloc(auth->users_count + 1, PASSWORD_TEXT_MAX + 1);
     *strings = s;
     *hashes_out = hashes;
     for (size_t i = 0; i < auth->users_count; i++) {
@@ -170,8 +169,7 @@ void mirror_users_bootstrap(struct member *member)
     struct bytes *strings;
     char *hashes;
     struct map_user *users = as_map_users(auth, &strings, &hashes);
-    const struct map_user **list = calloc(auth->users_count, sizeof *list);
-    ASSERT(list != NULL);
+    const struct map_user **list = xcalloc(auth->users_count, sizeof *list);
     for (size_t i = 0; i < auth->users_count; i++)
         list[i] = &users[i];
     struct map_cmd cmd;

@@ -17,6 +17,7 @@
 #include "cluster/node.h"
 #include "cluster/placement.h"
 #include "cluster/replication.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -380,8 +381,7 @@ int moves_offload_post(void *ctx, const char *request, size_t request_size, stru
     memset(&re, 0, sizeof re);
     if (r.has_pattern && regcomp(&re, r.pattern, REG_EXTENDED | REG_NOSUB) != 0)
         return member_api_error(body, 400, "queues: not a valid regular expression");
-    bool *picked = calloc(map->queues_count + 1u, sizeof(bool));
-    ASSERT(picked != NULL);
+    bool *picked = xcalloc(map->queues_count + 1u, sizeof(bool));
     uint32_t skipped = 0;
     uint32_t count = offload_pick(map, &r, &re, from, to, picked, &skipped);
     if (r.has_pattern)

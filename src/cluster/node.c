@@ -43,6 +43,7 @@
 #include "cluster/controller.h"
 #include "cluster/heartbeat.h"
 #include "cluster/outbox.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -360,8 +361,7 @@ uint8_t *node__entry_new(const struct map_cmd *cmd, uint64_t request_id, size_t 
 {
     ASSERT(cmd->size > 0 && cmd->size <= CLUSTER_CMD_SIZE_MAX);
     size_t size = ENVELOPE_HEADER_SIZE + (cmd->size + 7) / 8 * 8;
-    uint8_t *entry = calloc(1, size);
-    ASSERT(entry != NULL);
+    uint8_t *entry = xcalloc(1, size);
     wire_put_u64(entry, cmd->size);
     wire_put_u64(entry + 8, request_id);
     memcpy(entry + ENVELOPE_HEADER_SIZE, cmd->bytes, cmd->size);
@@ -378,8 +378,7 @@ static int propose(struct cluster_node *node, struct map_cmd *cmd, enum proposal
     size_t size;
     uint8_t *entry = node__entry_new(cmd, 0, &size);
     map_cmd_free(cmd);
-    struct proposal *p = calloc(1, sizeof *p);
-    ASSERT(p != NULL);
+    struct proposal *p = xcalloc(1, sizeof *p);
     *p = (struct proposal){.node = node, .kind = kind, .broker_id = broker_id};
     int rc = consensus_propose(node->consensus, entry, size, on_proposal_done, p);
     free(entry);
@@ -419,8 +418,7 @@ static uint32_t propose_batch(struct cluster_node *node, struct map_cmd *cmds, u
         entries[i].size = size;
         map_cmd_free(&cmds[i]);
     }
-    struct proposal *p = calloc(1, sizeof *p);
-    ASSERT(p != NULL);
+    struct proposal *p = xcalloc(1, sizeof *p);
     *p = (struct proposal){.node = node, .kind = PROPOSAL_OTHER, .broker_id = broker_id};
     int rc = consensus_propose_many(node->consensus, entries, n, on_proposal_done, p);
     for (uint32_t i = 0; i < n; i++)
@@ -457,8 +455,7 @@ static int propose_requests(void *ctx, const struct consensus_cmd *cmds, uint32_
     struct cluster_node *node = ctx;
     if (node->stopping || !node->leader)
         return CONSENSUS_E_NOT_LEADER;
-    struct proposal *p = calloc(1, sizeof *p);
-    ASSERT(p != NULL);
+    struct proposal *p = xcalloc(1, sizeof *p);
     *p = (struct proposal){.node = node, .kind = PROPOSAL_REQUEST, .broker_id = node->id};
     int rc = consensus_propose_many(node->consensus, cmds, n, on_proposal_done, p);
     if (rc != OK) {
@@ -918,8 +915,7 @@ static void init_self(struct cluster_node *node, const struct cluster_node_confi
 static struct cluster_node *node_new(uv_loop_t *loop, const struct cluster_node_config *config,
                                      char *err, size_t err_size)
 {
-    struct cluster_node *node = calloc(1, sizeof *node);
-    ASSERT(node != NULL);
+    struct cluster_node *node = xcalloc(1, sizeof *node);
     node->loop = loop;
     if (node__read_secret(config->secret_file, node->secret, &node->secret_size, err, err_size) ||
         node__load_or_create_id(config->data_dir, &node->id, err, err_size)) {

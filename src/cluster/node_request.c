@@ -20,6 +20,7 @@
 
 #include "cluster/consensus.h"
 #include "cluster/outbox.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -97,8 +98,7 @@ struct cluster_request *cluster_node_submit(struct cluster_node *node, struct ma
                                             cluster_submit_fn done, void *ctx)
 {
     ASSERT(node != NULL && !node->stopping && done != NULL);
-    struct cluster_request *r = calloc(1, sizeof *r);
-    ASSERT(r != NULL);
+    struct cluster_request *r = xcalloc(1, sizeof *r);
     r->node = node;
     r->id = (uint64_t)node->id << 32 | (uint32_t)node->next_request++;
     r->entry = node__entry_new(cmd, r->id, &r->entry_size);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/list.h" /* CONTAINER_OF */
@@ -49,13 +50,11 @@ void outbox_add(struct outbox *box, const uint8_t *entry, size_t size)
     ASSERT(entry != NULL && size > 0);
     if (box->count == box->capacity) {
         uint32_t capacity = box->capacity ? box->capacity * 2 : 64;
-        struct consensus_cmd *items = realloc(box->items, capacity * sizeof *items);
-        ASSERT(items != NULL);
+        struct consensus_cmd *items = xrealloc(box->items, capacity * sizeof *items);
         box->items = items;
         box->capacity = capacity;
     }
-    uint8_t *copy = malloc(size);
-    ASSERT(copy != NULL);
+    uint8_t *copy = xmalloc(size);
     memcpy(copy, entry, size);
     box->items[box->count++] = (struct consensus_cmd){copy, size};
     if (box->count == 1)

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 
@@ -96,8 +97,7 @@ static void build_ring(struct placement *p, const struct cluster_map *map)
     free(p->ring);
     uint32_t vnodes = p->config.virtual_nodes_count;
     p->ring_count = p->brokers_count * vnodes;
-    p->ring = calloc(p->ring_count ? p->ring_count : 1, sizeof(p->ring[0]));
-    ASSERT(p->ring != NULL);
+    p->ring = xcalloc(p->ring_count ? p->ring_count : 1, sizeof(p->ring[0]));
     for (uint32_t s = 0; s < p->brokers_count; s++) {
         for (uint32_t v = 0; v < vnodes; v++)
             p->ring[s * vnodes + v] =
@@ -298,8 +298,7 @@ static void plan_add(struct placement_plan *plan, enum placement_move_kind kind,
     ASSERT(from != to);
     if (plan->count == plan->cap) {
         plan->cap = plan->cap ? plan->cap * 2 : 64;
-        plan->moves = realloc(plan->moves, (size_t)plan->cap * sizeof(plan->moves[0]));
-        ASSERT(plan->moves != NULL);
+        plan->moves = xrealloc(plan->moves, (size_t)plan->cap * sizeof(plan->moves[0]));
     }
     plan->moves[plan->count++] = (struct placement_move){kind, q, from, to, mandatory};
     if (kind == PLACEMENT_MOVE_PRIMARY)
@@ -548,9 +547,8 @@ int placement_rebalance_plan(const struct cluster_map *map, const struct placeme
         placement_free(&pl.p);
         return OK;
     }
-    pl.pref = malloc((size_t)map->queues_count * pl.n);
-    pl.touched = calloc(map->queues_count, sizeof(bool));
-    ASSERT(pl.pref != NULL && pl.touched != NULL);
+    pl.pref = xmalloc((size_t)map->queues_count * pl.n);
+    pl.touched = xcalloc(map->queues_count, sizeof(bool));
     for (uint32_t i = 0; i < map->queues_count; i++) {
         const struct map_queue *q = map->queues[i];
         placement_preference(&pl.p, placement_queue_hash(q->vhost->name, q->name),

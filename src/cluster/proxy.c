@@ -26,6 +26,7 @@
 #include "cluster/map.h"
 #include "cluster/member.h"
 #include "cluster/replica.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/ring.h"
 #include "lib/bytes.h"
@@ -179,8 +180,7 @@ static void release_later(struct uplink *u, uint64_t tag)
         return; /* the upstream channel is gone: the primary requeued it already */
     if (u->releasing_count == u->releasing_cap) {
         u->releasing_cap = u->releasing_cap ? u->releasing_cap * 2 : 16;
-        u->releasing = realloc(u->releasing, sizeof *u->releasing * u->releasing_cap);
-        ASSERT(u->releasing != NULL);
+        u->releasing = xrealloc(u->releasing, sizeof *u->releasing * u->releasing_cap);
     }
     u->releasing[u->releasing_count++] = tag;
     u->outstanding++; /* until sent: the uplink must outlive it */
@@ -394,8 +394,7 @@ static struct uplink *uplink_open(struct proxy_stub *stub)
     struct member_peer *peer = member_peer(stub->member, stub->primary_id);
     if (peer == NULL || !peer->up || !stub->available || stub->queue->deleted)
         return NULL;
-    struct uplink *u = calloc(1, sizeof *u);
-    ASSERT(u != NULL);
+    struct uplink *u = xcalloc(1, sizeof *u);
     u->stub = stub;
     list_init(&u->ops);
     u->id = ++stub->next_uplink_id;
@@ -521,8 +520,7 @@ static void stub_consumer_added(struct queue *queue, struct consumer *consumer)
     if (stub->adopting && channel_consumer_of_peer(consumer)) {
         if (stub->parked_count == stub->parked_cap) {
             stub->parked_cap = stub->parked_cap ? stub->parked_cap * 2 : 4;
-            stub->parked = realloc(stub->parked, sizeof *stub->parked * stub->parked_cap);
-            ASSERT(stub->parked != NULL);
+            stub->parked = xrealloc(stub->parked, sizeof *stub->parked * stub->parked_cap);
         }
         stub->parked[stub->parked_count++] = consumer;
         return;
@@ -565,8 +563,7 @@ void proxy_stub_relay(struct queue *queue, struct queue *old, struct handover_re
                       struct queue_held_settle *settles, uint32_t settles_count)
 {
     struct proxy_stub *stub = stub_of(queue);
-    struct uplink *u = calloc(1, sizeof *u);
-    ASSERT(u != NULL);
+    struct uplink *u = xcalloc(1, sizeof *u);
     u->stub = stub;
     u->id = ++stub->next_uplink_id;
     list_init(&u->ops);
@@ -941,8 +938,7 @@ static struct queue_remote_op *op_start(struct queue *queue, enum proxy_op_kind 
     struct uplink *u = stub->getter;
     if (u == NULL && !may_wait(stub))
         return NULL;
-    struct queue_remote_op *op = calloc(1, sizeof *op);
-    ASSERT(op != NULL);
+    struct queue_remote_op *op = xcalloc(1, sizeof *op);
     op->kind = kind;
     op->method_id = method_id;
     op->ctx = ctx;
@@ -1055,8 +1051,7 @@ struct queue *proxy_stub_new(struct member *member, struct vhost *vhost,
 {
     struct queue *queue = queue_new(vhost, mq->name, mq->durable, mq->exclusive,
                                     mq->auto_delete, mq->arguments);
-    struct proxy_stub *stub = calloc(1, sizeof *stub);
-    ASSERT(stub != NULL);
+    struct proxy_stub *stub = xcalloc(1, sizeof *stub);
     stub->queue = queue;
     stub->member = member;
     stub->primary_id = mq->primary_id;
@@ -1299,8 +1294,7 @@ void proxy_peer_down(struct member_peer *peer)
     }
     if (count == 0)
         return;
-    struct queue **queues = malloc(count * sizeof *queues);
-    ASSERT(queues != NULL);
+    struct queue **queues = xmalloc(count * sizeof *queues);
     uint32_t i = 0;
     list_for_each(n, &member->stubs) {
         struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);

@@ -10,6 +10,7 @@
 
 #include <raft.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/log.h"
 #include "net/conn.h"
@@ -146,8 +147,7 @@ static long conn_input(struct conn *conn, const uint8_t *data, size_t size)
     }
     if (done < size) {
         size_t rest = size - done;
-        struct tunnel_write *w = malloc(sizeof *w + rest);
-        ASSERT(w != NULL);
+        struct tunnel_write *w = xmalloc(sizeof *w + rest);
         w->tunnel = t;
         w->size = rest;
         memcpy(w->data, data + done, rest);
@@ -211,8 +211,7 @@ static int make_ends(struct tunnel *t, uv_loop_t *loop, uv_stream_t **stream)
 
 static struct tunnel *tunnel_alloc(void)
 {
-    struct tunnel *t = calloc(1, sizeof *t);
-    ASSERT(t != NULL);
+    struct tunnel *t = xcalloc(1, sizeof *t);
     return t;
 }
 

@@ -14,6 +14,7 @@
 #include "broker/queue.h"
 #include "broker/vhost.h"
 #include "cluster/fence.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/ring.h"
 #include "lib/log.h"
@@ -53,13 +54,11 @@ struct replica {
 
 struct replica *replica_new(int64_t dedup_window_ms, struct journal_queue *log)
 {
-    struct replica *r = calloc(1, sizeof *r);
-    ASSERT(r != NULL);
+    struct replica *r = xcalloc(1, sizeof *r);
     /* Nothing of another life of this name belongs in it. */
     r->log = log && journal_queue_seq_last(log) > 0 ? journal_queue_recreate(log) : log;
     if (dedup_window_ms > 0) {
-        r->dedup = malloc(sizeof *r->dedup);
-        ASSERT(r->dedup != NULL);
+        r->dedup = xmalloc(sizeof *r->dedup);
         dedup_init(r->dedup, (uint64_t)dedup_window_ms);
     }
     return r;
@@ -111,8 +110,7 @@ void replica_record_origin(struct replica *r, uint64_t stream, uint64_t seq, uin
     if (stream == 0)
         return;
     if (r->origins == NULL) {
-        r->origins = calloc(1, sizeof *r->origins);
-        ASSERT(r->origins != NULL);
+        r->origins = xcalloc(1, sizeof *r->origins);
     }
     /* The newest ticket covers this message's write (the log is unsynced
      * until then: a promoted queue's duplicate waits for it). */
@@ -295,8 +293,7 @@ static void compact(struct replica *r)
 {
     struct queue_ring *ring = &r->ring;
     bool wrapped = ring->head + ring->count > ring->cap;
-    struct queue_entry *to = wrapped ? malloc(sizeof *to * ring->cap) : ring->entries;
-    ASSERT(to != NULL);
+    struct queue_entry *to = wrapped ? xmalloc(sizeof *to * ring->cap) : ring->entries;
     uint32_t out = 0;
     if (!wrapped && r->live == ring->count) {
         memmove(to, slot(r, 0), sizeof *to * ring->count);
@@ -357,8 +354,7 @@ static void add_delivered(void *ctx, uint64_t seq, struct message *message)
     struct entries *e = ctx;
     if (e->count == e->cap) {
         e->cap = e->cap ? e->cap * 2 : 64;
-        e->items = realloc(e->items, sizeof *e->items * e->cap);
-        ASSERT(e->items != NULL);
+        e->items = xrealloc(e->items, sizeof *e->items * e->cap);
     }
     message_ref(message); /* the channel keeps its own */
     e->items[e->count++] = (struct queue_entry){.message = message, .seq = seq};
@@ -411,8 +407,7 @@ struct replica *replica_of_queue(struct queue *queue, const struct queue_held_se
     channels_each_unacked(queue->vhost->broker, queue, add_delivered, &delivered);
     add_settled(&delivered, &s, settles, settles_count);
     uint32_t n = s.count + delivered.count;
-    struct replica *r = calloc(1, sizeof *r);
-    ASSERT(r != NULL);
+    struct replica *r = xcalloc(1, sizeof *r);
     r->log = s.log;
     r->dedup = s.dedup;
     r->origins = s.origins;
@@ -420,8 +415,7 @@ struct replica *replica_of_queue(struct queue *queue, const struct queue_held_se
     uint32_t cap = 64;
     while (cap < n)
         cap *= 2;
-    r->ring.entries = realloc(s.entries, sizeof *r->ring.entries * cap);
-    ASSERT(r->ring.entries != NULL);
+    r->ring.entries = xrealloc(s.entries, sizeof *r->ring.entries * cap);
     r->ring.cap = cap;
     if (delivered.count > 0) {
         memcpy(r->ring.entries + s.count, delivered.items,
@@ -463,8 +457,7 @@ uint32_t replica_take_for_merge(struct queue *queue, struct replica *r,
             n++;
     }
     if (n > 0) {
-        *out = malloc(sizeof **out * n);
-        ASSERT(*out != NULL);
+        *out = xmalloc(sizeof **out * n);
     }
     uint32_t k = 0;
     for (uint32_t i = 0; i < r->ring.count; i++) {
@@ -502,8 +495,7 @@ static bool append_seqs(uint64_t **seqs, uint32_t *count, uint32_t *cap, struct 
         uint32_t want = *cap ? *cap : 256;
         while (want < *count + n)
             want *= 2;
-        *seqs = realloc(*seqs, sizeof **seqs * want);
-        ASSERT(*seqs != NULL);
+        *seqs = xrealloc(*seqs, sizeof **seqs * want);
         *cap = want;
     }
     for (uint32_t i = 0; i < n; i++) {
@@ -524,8 +516,7 @@ bool replica_note_handover(struct replica *r, uint64_t connection_id, uint16_t c
     if (h == NULL || h->connection_id != connection_id || h->channel_id != channel_id ||
         h->epoch != epoch) {
         replica_handover_free(h);
-        h = r->handover = calloc(1, sizeof *h);
-        ASSERT(h != NULL);
+        h = r->handover = xcalloc(1, sizeof *h);
         h->connection_id = connection_id;
         h->channel_id = channel_id;
         h->epoch = epoch;

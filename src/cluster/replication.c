@@ -23,6 +23,7 @@
 #include "cluster/node.h"
 #include "cluster/proxy.h"
 #include "cluster/replica.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -389,8 +390,7 @@ static void backlog_add(void *ctx, uint64_t seq, struct message *message)
     struct backlog *b = ctx;
     if (b->count == b->cap) {
         b->cap = b->cap ? b->cap * 2 : 256;
-        b->items = realloc(b->items, sizeof *b->items * b->cap);
-        ASSERT(b->items != NULL);
+        b->items = xrealloc(b->items, sizeof *b->items * b->cap);
     }
     if (message)
         message_ref(message);
@@ -479,8 +479,7 @@ static void each_held(struct queue *queue, void (*each)(void *, uint64_t, struct
 
 static struct backlog *backlog_take(struct queue *queue, bool transient_only)
 {
-    struct backlog *b = calloc(1, sizeof *b);
-    ASSERT(b != NULL);
+    struct backlog *b = xcalloc(1, sizeof *b);
     each_held(queue, transient_only ? backlog_add_transient : backlog_add, b);
     if (b->count > 1)
         qsort(b->items, b->count, sizeof *b->items, by_seq);
@@ -859,8 +858,7 @@ static void streams_follow(struct replication *rep, const struct map_queue *mq, 
     for (uint8_t i = 0; i < mq->backups_count; i++) {
         struct replica_stream *s = stream_take(rep, mq->backup_ids[i]);
         if (s == NULL) {
-            s = calloc(1, sizeof *s);
-            ASSERT(s != NULL);
+            s = xcalloc(1, sizeof *s);
             *s = (struct replica_stream){.rep = rep, .backup_id = mq->backup_ids[i]};
         }
         bool in_sync = (mq->in_sync_mask & (1u << i)) != 0;
@@ -953,8 +951,7 @@ void replication_attach(struct member *member, struct queue *queue, const struct
     }
     bool fresh = rep == NULL;
     if (rep == NULL) {
-        rep = calloc(1, sizeof *rep);
-        ASSERT(rep != NULL);
+        rep = xcalloc(1, sizeof *rep);
         rep->member = member;
         rep->queue = queue;
         list_push_back(&member->replications, &rep->member_link);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 
@@ -147,8 +148,7 @@ static void grow(struct hmap *map)
     uint32_t old_count = map->slots_count;
     struct hmap_entry *old = map->slots;
     map->slots_count = old_count ? old_count * 2 : 8;
-    map->slots = calloc(map->slots_count, sizeof *map->slots);
-    ASSERT(map->slots != NULL);
+    map->slots = xcalloc(map->slots_count, sizeof *map->slots);
     for (uint32_t i = 0; i < old_count; i++) {
         if (old[i].hash != 0)
             insert_fresh(map, old[i]);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/utf8.h"
 
@@ -64,8 +65,7 @@ static void reserve(struct json *json, size_t n)
         ASSERT(cap <= SIZE_MAX / 2);
         cap *= 2;
     }
-    char *grown = realloc(json->data, cap);
-    ASSERT(grown != NULL);
+    char *grown = xrealloc(json->data, cap);
     json->data = grown;
     json->cap = cap;
 }
@@ -106,8 +106,7 @@ void json_reserve(struct json *json, size_t size)
         return;
     ASSERT(size <= SIZE_MAX - json->size);
     size_t cap = json->size + size; /* exactly: the caller's estimate has its margin */
-    char *grown = realloc(json->data, cap);
-    ASSERT(grown != NULL);
+    char *grown = xrealloc(json->data, cap);
     json->data = grown;
     json->cap = cap;
 }

@@ -6,6 +6,7 @@
 
 #include <stdlib.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 
 struct slab {
@@ -50,8 +51,7 @@ void pool_destroy(struct pool *pool)
 #if defined(__SANITIZE_ADDRESS__)
 void *pool_get(struct pool *pool)
 {
-    void *object = malloc(pool->object_size);
-    ASSERT(object != NULL);
+    void *object = xmalloc(pool->object_size);
     pool->in_use++;
     pool->allocated++;
     return object;
@@ -67,8 +67,7 @@ void pool_put(struct pool *pool, void *object)
 #else
 static void refill(struct pool *pool)
 {
-    struct slab *slab = malloc(SLAB_HEADER_SIZE + pool->object_size * pool->slab_objects);
-    ASSERT(slab != NULL);
+    struct slab *slab = xmalloc(SLAB_HEADER_SIZE + pool->object_size * pool->slab_objects);
     slab->next = pool->slabs;
     pool->slabs = slab;
     char *objects = (char *)slab + SLAB_HEADER_SIZE;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 
 void *ring_grow(void *items, size_t elem_size, uint32_t *head, uint32_t count, uint32_t *cap,
@@ -15,8 +16,7 @@ void *ring_grow(void *items, size_t elem_size, uint32_t *head, uint32_t count, u
     ASSERT(count <= *cap);
     uint32_t new_cap = *cap ? *cap * 2 : first_cap;
     ASSERT(new_cap > *cap);
-    uint8_t *grown = malloc(elem_size * new_cap);
-    ASSERT(grown != NULL);
+    uint8_t *grown = xmalloc(elem_size * new_cap);
     /* The elements from head to the end of the array, then the wrapped
      * ones from slot 0: two copies. */
     uint32_t first = *cap ? (count < *cap - *head ? count : *cap - *head) : 0;

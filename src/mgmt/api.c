@@ -28,6 +28,7 @@
 #include "broker/login.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -344,8 +345,7 @@ int mgmt_api_start(struct broker *broker, const char *address)
     ASSERT(broker != NULL);
     ASSERT(address != NULL);
     ASSERT(broker->http.ctx == NULL);
-    struct mgmt_api *api = calloc(1, sizeof *api);
-    ASSERT(api != NULL);
+    struct mgmt_api *api = xcalloc(1, sizeof *api);
     api->broker = broker;
     api->started_ms = uv_now(broker->loop);
     /* Owned by the broker from here on (a service it stops and frees in

@@ -20,6 +20,7 @@
 #include "broker/broker.h"
 #include "broker/message.h"
 #include "cluster/link.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/log.h"
@@ -342,8 +343,7 @@ static struct api_op *op_new(struct http_call *call, struct bytes vhost, bool co
                              const struct api_op_type *type, void *data)
 {
     ASSERT(type != NULL && type->started != NULL);
-    struct api_op *op = calloc(1, sizeof *op);
-    ASSERT(op != NULL);
+    struct api_op *op = xcalloc(1, sizeof *op);
     *op = (struct api_op){.call = call, .type = type, .data = data, .confirm = confirm,
                           .vhost = bytes_dup(vhost)};
     return op;

@@ -13,6 +13,7 @@
 #include "broker/queue.h"
 #include "broker/vhost.h"
 #include "cluster/link.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "mgmt/api.h"
@@ -123,8 +124,7 @@ static struct listed *listing_add(struct listing *l)
 {
     if (l->count == l->cap_items) {
         l->cap_items = 2 * l->cap_items + 64;
-        l->items = realloc(l->items, l->cap_items * sizeof *l->items);
-        ASSERT(l->items != NULL);
+        l->items = xrealloc(l->items, l->cap_items * sizeof *l->items);
     }
     struct listed *it = &l->items[l->count++];
     *it = (struct listed){.vhost = l->vhost, .vhost_len = l->vhost_len};
@@ -193,8 +193,7 @@ static void listing_done(void *ctx)
 
 static struct listing *listing_new(void)
 {
-    struct listing *l = calloc(1, sizeof *l);
-    ASSERT(l != NULL);
+    struct listing *l = xcalloc(1, sizeof *l);
     l->began_ns = uv_hrtime();
     return l;
 }
@@ -355,8 +354,7 @@ static void bind_one(struct broker *broker, struct http_call *call,
         return;
     const struct json_node *root = json_tree_root(&tree);
     const struct json_node *rk = json_tree_get(&tree, root, "routing_key");
-    struct change *c = calloc(1, sizeof *c);
-    ASSERT(c != NULL);
+    struct change *c = xcalloc(1, sizeof *c);
     char err[200] = "";
     struct table args;
     if (rk != NULL && (rk->kind != JSON_KIND_STRING || rk->string_size > 255))
@@ -389,8 +387,7 @@ static void unbind_one(struct broker *broker, struct http_call *call,
         properties_key(bd->routing_key, bd->arguments, pk, sizeof pk);
         if (bd->dest != b->dest || strlen(pk) != key.len || memcmp(pk, key.ptr, key.len) != 0)
             continue;
-        struct change *c = calloc(1, sizeof *c);
-        ASSERT(c != NULL);
+        struct change *c = xcalloc(1, sizeof *c);
         ASSERT(bd->arguments.len <= sizeof c->arguments);
         memcpy(c->arguments, bd->arguments.ptr, bd->arguments.len);
         set_method(c, b, false, bd->routing_key,

@@ -15,6 +15,7 @@
 #include "broker/flow.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "mgmt/api.h"
 #include "mgmt/api_list.h"
@@ -125,8 +126,7 @@ static void *room_for_one(void *items, size_t *cap, size_t count, size_t size)
     if (count < *cap)
         return items;
     *cap = 2 * *cap + 64;
-    items = realloc(items, *cap * size);
-    ASSERT(items != NULL);
+    items = xrealloc(items, *cap * size);
     return items;
 }
 
@@ -149,8 +149,7 @@ static struct bytes kept(const struct listing *l, struct kept k)
 
 static struct listing *listing_new(struct broker *broker)
 {
-    struct listing *l = calloc(1, sizeof *l);
-    ASSERT(l != NULL);
+    struct listing *l = xcalloc(1, sizeof *l);
     l->began_ns = uv_hrtime();
     l->node = keep_cstr(l, api_node_name(broker));
     return l;
@@ -466,8 +465,7 @@ static void handle_channels(void *ctx, struct http_call *call,
         api_answer_not_found(call);
         return;
     }
-    struct channel_info *infos = malloc(CHANNELS_SHOWN_MAX * sizeof *infos);
-    ASSERT(infos != NULL);
+    struct channel_info *infos = xmalloc(CHANNELS_SHOWN_MAX * sizeof *infos);
     struct listing *l = listing_new(broker);
     list_for_each(node, &broker->connections) {
         const struct connection *c = CONTAINER_OF(node, struct connection, broker_link);

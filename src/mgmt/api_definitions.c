@@ -21,6 +21,7 @@
 #include "broker/queue.h"
 #include "broker/vhost.h"
 #include "cluster/link.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -86,8 +87,7 @@ static struct step *add_step(struct import *im, struct bytes vhost, uint32_t met
 {
     if (im->count == im->cap) {
         im->cap = im->cap ? im->cap * 2 : 64;
-        im->steps = realloc(im->steps, im->cap * sizeof *im->steps);
-        ASSERT(im->steps != NULL);
+        im->steps = xrealloc(im->steps, im->cap * sizeof *im->steps);
     }
     struct step *s = &im->steps[im->count++];
     *s = (struct step){.vhost = vhost, .method = {.id = method_id}, .ok_id = ok_id};
@@ -140,8 +140,7 @@ static bool item_vhost(struct import *im, const struct json_node *item, const ch
 static bool encode_arguments(struct import *im, const struct json_node *item, struct step *s,
                              struct table *out, char *err)
 {
-    s->arguments = malloc(STEP_ARGUMENTS_SIZE_MAX);
-    ASSERT(s->arguments != NULL);
+    s->arguments = xmalloc(STEP_ARGUMENTS_SIZE_MAX);
     return api_table_from_json(&im->tree, json_tree_get(&im->tree, item, "arguments"),
                                s->arguments, STEP_ARGUMENTS_SIZE_MAX, out, err, ERR_SIZE) == OK;
 }
@@ -482,8 +481,7 @@ static void import_start(struct import *im)
 static void import_definitions(struct broker *broker, struct http_call *call,
                                const struct http_call_request *req, const struct bytes *only)
 {
-    struct import *im = calloc(1, sizeof *im);
-    ASSERT(im != NULL);
+    struct import *im = xcalloc(1, sizeof *im);
     *im = (struct import){.broker = broker, .call = call, .req = *req};
     if (only != NULL) {
         memcpy(im->only_text, only->ptr, only->len);
@@ -531,8 +529,7 @@ int api_definitions_load(struct broker *broker, const char *source, const char *
                          size_t size, char *err, size_t err_size)
 {
     ASSERT(err_size >= ERR_SIZE);
-    struct import *im = calloc(1, sizeof *im);
-    ASSERT(im != NULL);
+    struct import *im = xcalloc(1, sizeof *im);
     *im = (struct import){.broker = broker, .source = source};
     if (json_tree_parse(&im->tree, text, size, err, err_size) != OK) {
         free(im);

@@ -19,6 +19,7 @@
 #include "broker/exchange.h"
 #include "broker/queue.h"
 #include "broker/vhost.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/json.h"
 #include "mgmt/api_bindings.h"
@@ -104,8 +105,7 @@ static struct exported *add(struct export *e, struct kept vhost, struct kept nam
 {
     if (e->count == e->cap) {
         e->cap = 2 * e->cap + 256;
-        e->items = realloc(e->items, e->cap * sizeof *e->items);
-        ASSERT(e->items != NULL);
+        e->items = xrealloc(e->items, e->cap * sizeof *e->items);
     }
     struct exported *it = &e->items[e->count++];
     *it = (struct exported){.vhost = vhost, .name = name};
@@ -245,8 +245,7 @@ static void export_done(void *ctx)
 void api_definitions_export(struct broker *broker, struct http_call *call,
                             const struct vhost *only)
 {
-    struct export *e = calloc(1, sizeof *e);
-    ASSERT(e != NULL);
+    struct export *e = xcalloc(1, sizeof *e);
     e->began_ns = uv_hrtime();
     e->alone = only != NULL;
     struct json body;

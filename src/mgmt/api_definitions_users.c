@@ -191,8 +191,7 @@ static bool check_user(struct broker *broker, const struct json_tree *tree,
                  "policymaker, management (an array, or one comma-separated string)", name);
         return false;
     }
-    out->users = realloc(out->users, (out->users_count + 1) * sizeof *out->users);
-    ASSERT(out->users != NULL);
+    out->users = xrealloc(out->users, (out->users_count + 1) * sizeof *out->users);
     out->users[out->users_count++] = u;
     return true;
 }
@@ -207,8 +206,7 @@ static bool check_vhost(struct broker *broker, const struct json_tree *tree,
         snprintf(err, err_size, "no name (1 to 255 bytes, no NUL)");
         return false;
     }
-    out->vhosts = realloc(out->vhosts, (out->vhosts_count + 1) * sizeof *out->vhosts);
-    ASSERT(out->vhosts != NULL);
+    out->vhosts = xrealloc(out->vhosts, (out->vhosts_count + 1) * sizeof *out->vhosts);
     out->vhosts[out->vhosts_count++] = name;
     return true;
 }
@@ -278,9 +276,8 @@ static bool check_permission(struct broker *broker, const struct json_tree *tree
             return false;
         }
     }
-    out->permissions = realloc(out->permissions,
-                               (out->permissions_count + 1) * sizeof *out->permissions);
-    ASSERT(out->permissions != NULL);
+    out->permissions = xrealloc(out->permissions,
+                                (out->permissions_count + 1) * sizeof *out->permissions);
     out->permissions[out->permissions_count++] = p;
     return true;
 }

@@ -12,6 +12,7 @@
 #include "broker/exchange.h"
 #include "broker/vhost.h"
 #include "cluster/link.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "mgmt/api.h"
@@ -142,10 +143,8 @@ static void list_exchanges(struct broker *broker, struct http_call *call,
     struct hmap_entry *v;
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);)
         room += ((const struct vhost *)v->value)->exchanges.count;
-    struct listing *l = calloc(1, sizeof *l);
-    ASSERT(l != NULL);
-    l->items = malloc((room + 1) * sizeof *l->items);
-    ASSERT(l->items != NULL);
+    struct listing *l = xcalloc(1, sizeof *l);
+    l->items = xmalloc((room + 1) * sizeof *l->items);
     if (one != NULL) {
         add_vhost(l, one);
     } else {
@@ -199,8 +198,7 @@ static void declare_exchange(struct broker *broker, struct http_call *call,
     struct json_tree tree;
     if (!api_body_parse(call, req, &tree))
         return;
-    struct change *c = calloc(1, sizeof *c);
-    ASSERT(c != NULL);
+    struct change *c = xcalloc(1, sizeof *c);
     struct method_exchange_declare *d = &c->head.method.exchange_declare;
     char err[200];
     bool ok = declare_parse(&tree, c, d, err, sizeof err);
@@ -230,8 +228,7 @@ static void delete_exchange(struct broker *broker, struct http_call *call,
                             const struct http_call_request *req, struct vhost *vhost,
                             struct bytes name)
 {
-    struct change *c = calloc(1, sizeof *c);
-    ASSERT(c != NULL);
+    struct change *c = xcalloc(1, sizeof *c);
     memcpy(c->name, name.ptr, name.len);
     c->head.method.id = METHOD_EXCHANGE_DELETE;
     c->head.method.exchange_delete.exchange = (struct bytes){c->name, name.len};

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/json.h"
@@ -249,8 +250,7 @@ static void sort_items(const struct sort_ctx *s, const struct json_node **items,
         sizes[keys++] = k;
         p += comma ? k + 1 : k;
     }
-    struct sort_row *rows = malloc((n + 1) * sizeof *rows);
-    ASSERT(rows != NULL);
+    struct sort_row *rows = xmalloc((n + 1) * sizeof *rows);
     for (size_t i = 0; i < n; i++) {
         rows[i].item = items[i];
         for (uint32_t k = 0; k < keys; k++)
@@ -400,8 +400,7 @@ void api_list_answer(struct http_call *call, const struct http_call_request *req
     const struct json_node *root = json_tree_root(&tree);
     ASSERT(root->kind == JSON_KIND_ARRAY);
     size_t total = root->children_count, filtered = 0;
-    const struct json_node **items = malloc((total + 1) * sizeof *items);
-    ASSERT(items != NULL);
+    const struct json_node **items = xmalloc((total + 1) * sizeof *items);
     char name[QUERY_VALUE_SIZE_MAX] = "";
     if (paged)
         api_query_get(req, "name", name, sizeof name);
@@ -506,8 +505,7 @@ void api_list_answer_cut(struct http_call *call, const struct http_call_request 
     const struct json_node *root = json_tree_root(&tree);
     ASSERT(root->kind == JSON_KIND_ARRAY);
     size_t count = root->children_count;
-    const struct json_node **items = malloc((count + 1) * sizeof *items);
-    ASSERT(items != NULL);
+    const struct json_node **items = xmalloc((count + 1) * sizeof *items);
     size_t n = 0;
     for (const struct json_node *c = json_tree_first(&tree, root); c; c = json_tree_next(&tree, c))
         items[n++] = c;

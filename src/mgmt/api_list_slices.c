@@ -43,6 +43,7 @@
 #include <string.h>
 #include <uv.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/json.h"
@@ -76,9 +77,8 @@ struct merge_sort {
 static void merge_begin(struct merge_sort *m, size_t n)
 {
     *m = (struct merge_sort){.n = n, .width = 1};
-    m->order = malloc((n + 1) * sizeof *m->order);
-    m->spare = malloc((n + 1) * sizeof *m->spare);
-    ASSERT(m->order != NULL && m->spare != NULL);
+    m->order = xmalloc((n + 1) * sizeof *m->order);
+    m->spare = xmalloc((n + 1) * sizeof *m->spare);
     for (size_t i = 0; i < n; i++)
         m->order[i] = i;
 }
@@ -225,9 +225,8 @@ static void add_row(struct slices *s, const char *text, size_t size,
 {
     if (s->rows_count == s->rows_cap) {
         s->rows_cap = 2 * s->rows_cap + 256;
-        s->rows = realloc(s->rows, s->rows_cap * sizeof *s->rows);
-        s->keys = realloc(s->keys, (s->rows_cap * s->keys_count + 1) * sizeof *s->keys);
-        ASSERT(s->rows != NULL && s->keys != NULL);
+        s->rows = xrealloc(s->rows, s->rows_cap * sizeof *s->rows);
+        s->keys = xrealloc(s->keys, (s->rows_cap * s->keys_count + 1) * sizeof *s->keys);
     }
     struct row *r = &s->rows[s->rows_count++];
     *r = (struct row){.at = s->store.size, .size = size, .keys_at = (r - s->rows) * s->keys_count};
@@ -475,8 +474,7 @@ void api_list_answer_slices(struct uv_loop_s *loop, struct http_call *call,
                             const struct http_call_request *req, const char *default_sort,
                             const struct api_list_source *source)
 {
-    struct slices *s = calloc(1, sizeof *s);
-    ASSERT(s != NULL);
+    struct slices *s = xcalloc(1, sizeof *s);
     s->call = call;
     s->req = *req;
     s->began_ns = uv_hrtime();
@@ -517,8 +515,7 @@ void api_list_answer_slices(struct uv_loop_s *loop, struct http_call *call,
 void api_answer_slices(struct uv_loop_s *loop, struct http_call *call, struct json *body,
                        const struct api_list_source *source)
 {
-    struct slices *s = calloc(1, sizeof *s);
-    ASSERT(s != NULL);
+    struct slices *s = xcalloc(1, sizeof *s);
     s->call = call;
     s->began_ns = uv_hrtime();
     s->source = *source;
@@ -536,8 +533,7 @@ size_t api_list_keep(struct api_list_text *t, struct bytes b)
     if (t->size + b.len > t->cap) {
         while (t->size + b.len > t->cap)
             t->cap = 2 * t->cap + 4096;
-        t->data = realloc(t->data, t->cap);
-        ASSERT(t->data != NULL);
+        t->data = xrealloc(t->data, t->cap);
     }
     size_t at = t->size;
     if (b.len > 0)

@@ -12,6 +12,7 @@
 #include "broker/message.h"
 #include "broker/vhost.h"
 #include "cluster/link.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/base64.h"
 #include "lib/errors.h"
@@ -161,8 +162,7 @@ static bool decode_payload(const struct json_tree *tree, const struct json_node 
         snprintf(err, err_size, "payload and payload_encoding (strings) are required");
         return false;
     }
-    *out = malloc(payload->string_size + 1);
-    ASSERT(*out != NULL);
+    *out = xmalloc(payload->string_size + 1);
     if (strcmp(enc->string, "string") == 0) {
         memcpy(*out, payload->string, payload->string_size);
         *out_size = payload->string_size;
@@ -189,8 +189,7 @@ static struct message *message_of(const struct json_tree *tree, const struct jso
         return NULL;
     }
     struct basic_properties props = {0};
-    uint8_t *buf = malloc(2 * PROPERTIES_SIZE_MAX);
-    ASSERT(buf != NULL);
+    uint8_t *buf = xmalloc(2 * PROPERTIES_SIZE_MAX);
     const struct json_node *pn = json_tree_get(tree, root, "properties");
     bool ok = pn == NULL || pn->kind == JSON_KIND_OBJECT ||
               (pn->kind == JSON_KIND_ARRAY && pn->children_count == 0);
@@ -236,8 +235,7 @@ void api_message_publish(struct broker *broker, struct http_call *call,
         api_answer_bad_request(call, err);
         return;
     }
-    struct publish *p = calloc(1, sizeof *p);
-    ASSERT(p != NULL);
+    struct publish *p = xcalloc(1, sizeof *p);
     p->message = m;
     memcpy(p->exchange, exchange.ptr, exchange.len);
     p->exchange_size = (uint8_t)exchange.len;
@@ -352,8 +350,7 @@ static void write_payload(struct json *out, const struct get *g, const struct me
     if (text) {
         json_string_n(out, m->body, size);
     } else {
-        char *b64 = malloc(base64_encoded_size(size) + 1);
-        ASSERT(b64 != NULL);
+        char *b64 = xmalloc(base64_encoded_size(size) + 1);
         base64_encode(m->body, size, b64);
         json_string(out, b64);
         free(b64);
@@ -473,8 +470,7 @@ void api_message_get(struct broker *broker, struct http_call *call,
     struct json_tree tree;
     if (!api_body_parse(call, req, &tree))
         return;
-    struct get *g = calloc(1, sizeof *g);
-    ASSERT(g != NULL);
+    struct get *g = xcalloc(1, sizeof *g);
     char err[300];
     bool ok = get_parse(&tree, g, err, sizeof err);
     json_tree_free(&tree);

@@ -10,6 +10,7 @@
 #include "cluster/map.h"
 #include "cluster/node.h"
 #include "cluster/member.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "mgmt/api.h"
 #include "lib/json.h"
@@ -66,10 +67,8 @@ static void write_pairs(struct json *out, const struct cluster_map *map)
 {
     uint32_t n = map->brokers_count;
     ASSERT(n <= CLUSTER_BROKERS_MAX);
-    struct pair_count *pairs = calloc((size_t)n * n + 1, sizeof *pairs);
-    uint32_t *alone = calloc((size_t)n + 1, sizeof *alone);
-    ASSERT(pairs != NULL);
-    ASSERT(alone != NULL);
+    struct pair_count *pairs = xcalloc((size_t)n * n + 1, sizeof *pairs);
+    uint32_t *alone = xcalloc((size_t)n + 1, sizeof *alone);
     uint32_t unavailable = count_pairs(map, pairs, alone);
     json_kv_uint(out, "unavailable", unavailable);
     json_key(out, "pairs");

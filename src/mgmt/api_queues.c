@@ -27,6 +27,7 @@
 #include "cluster/replica.h"
 #include "cluster/replication.h"
 #include "cluster/member.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/bytes.h"
 #include "lib/errors.h"
@@ -432,8 +433,7 @@ static void gather_add(struct gather *g, struct queue *queue)
     ASSERT(g->vhosts_count > 0);
     if (g->count == g->cap) {
         g->cap = g->cap ? g->cap * 2 : 16;
-        g->items = realloc(g->items, g->cap * sizeof *g->items);
-        ASSERT(g->items != NULL);
+        g->items = xrealloc(g->items, g->cap * sizeof *g->items);
     }
     queue_ref(queue);
     g->items[g->count++] = (struct gather_item){
@@ -506,8 +506,7 @@ static void gather_start(struct gather *g)
 static struct gather *gather_new(struct broker *broker, struct http_call *call,
                                  const struct http_call_request *req, bool single)
 {
-    struct gather *g = calloc(1, sizeof *g);
-    ASSERT(g != NULL);
+    struct gather *g = xcalloc(1, sizeof *g);
     *g = (struct gather){.broker = broker, .call = call, .req = *req, .single = single};
     return g;
 }
@@ -515,8 +514,7 @@ static struct gather *gather_new(struct broker *broker, struct http_call *call,
 /* The vhost of the items added next. */
 static void gather_vhost(struct gather *g, const struct vhost *vhost)
 {
-    g->vhost_names = realloc(g->vhost_names, (g->vhosts_count + 1) * sizeof *g->vhost_names);
-    ASSERT(g->vhost_names != NULL);
+    g->vhost_names = xrealloc(g->vhost_names, (g->vhosts_count + 1) * sizeof *g->vhost_names);
     g->vhost_names[g->vhosts_count++] = bytes_dup(vhost->name);
 }
 
@@ -570,8 +568,7 @@ static void list_page(struct broker *broker, struct http_call *call,
     struct hmap_entry *v;
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &v);)
         room += ((const struct vhost *)v->value)->queues.count;
-    struct listed *list = malloc((room + 1) * sizeof *list);
-    ASSERT(list != NULL);
+    struct listed *list = xmalloc((room + 1) * sizeof *list);
     size_t count = 0;
     if (only != NULL)
         cut_vhost(only, cut, list, &count);
@@ -599,8 +596,7 @@ static void list_page(struct broker *broker, struct http_call *call,
 static void list_queues(struct broker *broker, struct http_call *call,
                         const struct http_call_request *req, const struct bytes *vhost_name)
 {
-    struct api_list_cut *cut = malloc(sizeof *cut);
-    ASSERT(cut != NULL);
+    struct api_list_cut *cut = xmalloc(sizeof *cut);
     if (api_list_cut_parse(req, cut)) {
         struct vhost *vhost = vhost_name ? broker_vhost(broker, *vhost_name) : NULL;
         if (vhost_name != NULL && vhost == NULL) {
@@ -652,8 +648,7 @@ struct change {
 
 static struct change *change_new(struct bytes name, uint32_t method_id, uint32_t ok_id)
 {
-    struct change *c = calloc(1, sizeof *c);
-    ASSERT(c != NULL);
+    struct change *c = xcalloc(1, sizeof *c);
     ASSERT(name.len <= sizeof c->name);
     memcpy(c->name, name.ptr, name.len);
     c->head.method.id = method_id;

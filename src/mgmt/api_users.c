@@ -168,8 +168,7 @@ static int compare_vhosts(const void *a, const void *b)
 static void handle_vhosts(void *ctx, const struct auth_user *user, struct json *out)
 {
     struct broker *broker = ctx;
-    struct vhost **sorted = calloc(broker->vhosts.count + 1, sizeof *sorted);
-    ASSERT(sorted != NULL);
+    struct vhost **sorted = xcalloc(broker->vhosts.count + 1, sizeof *sorted);
     uint32_t n = 0;
     struct hmap_entry *e;
     for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &e);)
@@ -408,8 +407,7 @@ static int parse_user_body(struct http_call *call, const struct http_call_reques
 static void put_user(struct broker *broker, struct http_call *call,
                      const struct http_call_request *req, const struct segment *name)
 {
-    struct user_body *b = malloc(sizeof *b);
-    ASSERT(b != NULL);
+    struct user_body *b = xmalloc(sizeof *b);
     unsigned tags;
     struct password_hash raw;
     const struct auth_user *existing = auth_find_user(&broker->auth, name->b);
@@ -699,8 +697,7 @@ static int parse_permission_body(struct http_call *call, const struct http_call_
 static void put_permission(struct broker *broker, struct http_call *call,
                            const struct http_call_request *req, const struct segment *path)
 {
-    struct permission_body *b = malloc(sizeof *b);
-    ASSERT(b != NULL);
+    struct permission_body *b = xmalloc(sizeof *b);
     if (parse_permission_body(call, req, b) != 0) {
         free(b);
         return;

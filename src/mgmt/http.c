@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -577,8 +578,7 @@ static void stash_input(struct http_conn *hc, const uint8_t *data, size_t size)
 {
     if (size == 0)
         return;
-    uint8_t *grown = realloc(hc->stash, hc->stash_size + size);
-    ASSERT(grown != NULL);
+    uint8_t *grown = xrealloc(hc->stash, hc->stash_size + size);
     memcpy(grown + hc->stash_size, data, size);
     hc->stash = grown;
     hc->stash_size += size;
@@ -599,16 +599,14 @@ static void collect_big(struct http_conn *hc, const uint8_t *data, size_t size)
 {
     if (hc->big == NULL) {
         hc->big_cap = 2u * HTTP_REQUEST_SIZE_MAX;
-        hc->big = malloc(hc->big_cap);
-        ASSERT(hc->big != NULL);
+        hc->big = xmalloc(hc->big_cap);
         memcpy(hc->big, hc->request, hc->request_size);
         hc->big_size = hc->request_size;
     }
     if (hc->big_size + size > hc->big_cap) {
         while (hc->big_size + size > hc->big_cap)
             hc->big_cap *= 2;
-        hc->big = realloc(hc->big, hc->big_cap);
-        ASSERT(hc->big != NULL);
+        hc->big = xrealloc(hc->big, hc->big_cap);
     }
     memcpy(hc->big + hc->big_size, data, size);
     hc->big_size += size;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/json_read.h"
@@ -54,8 +55,7 @@ static uint32_t new_node(struct parser *ps, enum json_kind kind)
     struct json_tree *t = ps->tree;
     if (t->count == t->cap) {
         t->cap = t->cap ? t->cap * 2 : 64;
-        t->nodes = realloc(t->nodes, t->cap * sizeof *t->nodes);
-        ASSERT(t->nodes != NULL);
+        t->nodes = xrealloc(t->nodes, t->cap * sizeof *t->nodes);
     }
     uint32_t i = t->count++;
     t->nodes[i] = (struct json_node){.kind = kind, .first_child = JSON_TREE_NONE,
@@ -267,8 +267,7 @@ int json_tree_parse(struct json_tree *tree, const char *text, size_t size, char 
 {
     ASSERT(tree != NULL);
     memset(tree, 0, sizeof *tree);
-    tree->strings = malloc(size + 1);
-    ASSERT(tree->strings != NULL);
+    tree->strings = xmalloc(size + 1);
     struct parser ps = {tree, text, text, text + size, err, err_size, false};
     skip_space(&ps);
     uint32_t root;

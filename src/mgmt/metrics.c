@@ -32,6 +32,7 @@
 #include "cluster/node.h"
 #include "cluster/replication.h"
 #include "cluster/member.h"
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/list.h"
 #include "lib/log.h"
@@ -433,8 +434,7 @@ static void read_row(struct scrape *s, struct metrics_cluster_view *view, struct
         return; /* a stand-in outside the map: nothing to show */
     if (s->rows_count == s->rows_cap) {
         s->rows_cap = 2 * s->rows_cap + 64;
-        s->rows = realloc(s->rows, sizeof *s->rows * s->rows_cap);
-        ASSERT(s->rows != NULL);
+        s->rows = xrealloc(s->rows, sizeof *s->rows * s->rows_cap);
     }
     struct queue_row *row = &s->rows[s->rows_count++];
     row->labels_at = s->labels.size;
@@ -571,8 +571,7 @@ static void scrape_start(struct scrape *s)
     for (uint32_t i = 0; hmap_next(&s->broker->vhosts, &i, &v);)
         queues += ((const struct vhost *)v->value)->queues.count;
     s->rows_cap = queues + 1;
-    s->rows = malloc(sizeof *s->rows * s->rows_cap);
-    ASSERT(s->rows != NULL);
+    s->rows = xmalloc(sizeof *s->rows * s->rows_cap);
     /* ~48 bytes of labels a queue, so that they seldom grow (a copy). */
     json_raw_space(&s->labels, 48 * s->rows_cap);
     queue_walk_begin(&s->walk, s->broker);
@@ -645,8 +644,7 @@ static void handle_metrics(void *ctx, struct http_call *call, const struct auth_
 {
     struct broker *broker = ctx;
     (void)user; /* the route needs the monitoring tag: everything is shown */
-    struct scrape *s = calloc(1, sizeof *s);
-    ASSERT(s != NULL);
+    struct scrape *s = xcalloc(1, sizeof *s);
     s->broker = broker;
     s->call = call;
     s->phase = SCRAPE_WAITING;

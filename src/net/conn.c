@@ -17,6 +17,7 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/log.h"
 
@@ -45,8 +46,7 @@ void net_init(struct net *net, uv_loop_t *loop)
     list_init(&net->resume_list);
     list_init(&net->conns);
     net->scratch_size = SCRATCH_SIZE;
-    net->scratch = malloc(SCRATCH_SIZE);
-    ASSERT(net->scratch != NULL);
+    net->scratch = xmalloc(SCRATCH_SIZE);
     net->next_conn_id = 1;
     pool_init(&net->data_chunks, "output chunk", sizeof(struct out_chunk) + CHUNK_DATA_SIZE, 16);
     pool_init(&net->ref_chunks, "output reference", sizeof(struct out_chunk), 256);
@@ -214,8 +214,7 @@ int conn_connect(struct conn *conn, struct net *net, const struct conn_ops *ops,
     int rc = conn_init(conn, net, ops);
     if (rc != 0)
         return rc;
-    struct connect_req *cr = calloc(1, sizeof *cr);
-    ASSERT(cr != NULL);
+    struct connect_req *cr = xcalloc(1, sizeof *cr);
     cr->conn = conn;
     cr->connected = connected;
     conn->connect_req = cr;
@@ -271,8 +270,7 @@ static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
             want = conn->in_need;
     }
     if (conn->in_cap < want) {
-        uint8_t *grown = realloc(conn->in, want);
-        ASSERT(grown != NULL);
+        uint8_t *grown = xrealloc(conn->in, want);
         conn->in = grown;
         conn->in_cap = want;
     }
@@ -290,8 +288,7 @@ static void keep_leftover(struct conn *conn, const uint8_t *data, size_t size)
     if (data != conn->in) {
         if (conn->in_cap < size) {
             size_t cap = size < 4096 ? 4096 : size;
-            uint8_t *grown = realloc(conn->in, cap);
-            ASSERT(grown != NULL);
+            uint8_t *grown = xrealloc(conn->in, cap);
             conn->in = grown;
             conn->in_cap = cap;
         }
@@ -626,8 +623,7 @@ static struct out_chunk *tail_copy_chunk(struct conn *conn, size_t n)
      * (a huge method frame) is its own allocation. */
     size_t cap = n > CHUNK_DATA_SIZE ? n : CHUNK_DATA_SIZE;
     struct out_chunk *chunk =
-        cap == CHUNK_DATA_SIZE ? pool_get(&conn->net->data_chunks) : malloc(sizeof *chunk + cap);
-    ASSERT(chunk != NULL);
+        cap == CHUNK_DATA_SIZE ? pool_get(&conn->net->data_chunks) : xmalloc(sizeof *chunk + cap);
     chunk->ref = NULL;
     chunk->release = NULL;
     chunk->owner = NULL;

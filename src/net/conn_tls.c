@@ -30,6 +30,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/log.h"
 #include "net/conn_int.h"
@@ -85,8 +86,7 @@ static int decrypt(struct conn *conn, uint8_t **data, size_t *size)
     for (;;) {
         if (used == cap) {
             size_t grown = cap * 2;
-            uint8_t *moved = realloc(conn->in, grown);
-            ASSERT(moved != NULL);
+            uint8_t *moved = xrealloc(conn->in, grown);
             if (in_scratch)
                 memcpy(moved, buf, used);
             in_scratch = false;
@@ -255,8 +255,7 @@ static bool write_out(struct conn *conn)
         /* The kernel is full: the rest waits in memory of its own. */
         size_t rest = (size_t)(n - written);
         size_t more = BIO_ctrl_pending(session->out);
-        session->writing = malloc(rest + more);
-        ASSERT(session->writing != NULL);
+        session->writing = xmalloc(rest + more);
         memcpy(session->writing, buf + written, rest);
         if (more > 0) {
             int got = BIO_read(session->out, session->writing + rest, (int)more);

@@ -143,8 +143,7 @@ static int fault_open(void *ctx, const char *path, int flags, int *fd_out)
         else if (!parent_exists(d, path))
             rc = -ENOENT;
         else {
-            f = calloc(1, sizeof(*f));
-            ASSERT(f != NULL);
+            f = xcalloc(1, sizeof(*f));
             f->path = xstrdup(path);
             if (d->files_count == d->files_cap) {
                 d->files_cap = d->files_cap ? 2 * d->files_cap : 64;
@@ -298,8 +297,7 @@ static bool has_prefix_dir(const char *path, const char *dir, size_t dir_len)
 static char *replace_prefix(const char *path, size_t old_len, const char *new_prefix)
 {
     size_t n = strlen(new_prefix) + strlen(path + old_len) + 1;
-    char *p = malloc(n);
-    ASSERT(p != NULL);
+    char *p = xmalloc(n);
     size_t a = strlen(new_prefix);
     memcpy(p, new_prefix, a);
     memcpy(p + a, path + old_len, n - a);
@@ -461,8 +459,7 @@ static int fault_fsync_dir(void *ctx, const char *path)
 
 struct disk_fault *disk_fault_new(uint64_t seed)
 {
-    struct disk_fault *d = calloc(1, sizeof(*d));
-    ASSERT(d != NULL);
+    struct disk_fault *d = xcalloc(1, sizeof(*d));
     pthread_mutex_init(&d->mutex, NULL);
     d->rng = seed;
     d->ops = (struct disk_ops){
@@ -567,8 +564,7 @@ uint8_t *disk_fault_read_file(struct disk_fault *d, const char *path, size_t *si
     struct fault_file *f = file_find(d, path);
     uint8_t *copy = NULL;
     if (f != NULL) {
-        copy = malloc(f->size + 1);
-        ASSERT(copy != NULL);
+        copy = xmalloc(f->size + 1);
         if (f->size > 0)
             memcpy(copy, f->data, f->size);
         *size_out = f->size;

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -42,8 +43,7 @@ static void parent_path(char *out, const char *path)
 
 struct jfile *journal__file_new(const char *path)
 {
-    struct jfile *f = calloc(1, sizeof(*f));
-    ASSERT(f != NULL);
+    struct jfile *f = xcalloc(1, sizeof(*f));
     ASSERT(strlen(path) < sizeof(f->path));
     memcpy(f->path, path, strlen(path) + 1);
     f->fd = -1;
@@ -52,8 +52,7 @@ struct jfile *journal__file_new(const char *path)
 
 struct op *journal__op_new(enum op_kind kind, uint64_t capacity)
 {
-    struct op *op = malloc(sizeof(*op) + capacity);
-    ASSERT(op != NULL);
+    struct op *op = xmalloc(sizeof(*op) + capacity);
     memset(op, 0, sizeof(*op));
     op->kind = kind;
     op->capacity = capacity;
@@ -193,8 +192,7 @@ static void dirty_dir_add(struct journal *j, const char *path)
     }
     if (j->dirty_dirs_count == j->dirty_dirs_cap) {
         j->dirty_dirs_cap = j->dirty_dirs_cap ? 2 * j->dirty_dirs_cap : 16;
-        j->dirty_dirs = realloc(j->dirty_dirs, j->dirty_dirs_cap * sizeof(*j->dirty_dirs));
-        ASSERT(j->dirty_dirs != NULL);
+        j->dirty_dirs = xrealloc(j->dirty_dirs, j->dirty_dirs_cap * sizeof(*j->dirty_dirs));
     }
     memcpy(j->dirty_dirs[j->dirty_dirs_count++], path, strlen(path) + 1);
 }
@@ -205,8 +203,7 @@ static void dirty_file_add(struct journal *j, struct jfile *f)
         return;
     if (j->dirty_files_count == j->dirty_files_cap) {
         j->dirty_files_cap = j->dirty_files_cap ? 2 * j->dirty_files_cap : 64;
-        j->dirty_files = realloc(j->dirty_files, j->dirty_files_cap * sizeof(*j->dirty_files));
-        ASSERT(j->dirty_files != NULL);
+        j->dirty_files = xrealloc(j->dirty_files, j->dirty_files_cap * sizeof(*j->dirty_files));
     }
     j->dirty_files[j->dirty_files_count++] = f;
     f->dirty = true;
@@ -320,8 +317,7 @@ static void exec_copy(struct journal *j, struct op *op)
 {
     ASSERT(op->source != NULL);
     ASSERT(op->size >= FORMAT_RECORD_HEADER_SIZE);
-    uint8_t *buf = malloc(op->size);
-    ASSERT(buf != NULL);
+    uint8_t *buf = xmalloc(op->size);
     int src = file_fd(j, op->source);
     size_t done = 0;
     int rc = src < 0 ? -EIO : j->disk->pread(j->disk->ctx, src, buf, op->size, op->source_offset,
@@ -649,8 +645,7 @@ static struct journal *journal_new(uv_loop_t *loop, const char *dir,
 {
     ASSERT(loop != NULL);
     ASSERT(dir != NULL && strlen(dir) < JOURNAL_PATH_SIZE - 64);
-    struct journal *j = calloc(1, sizeof(*j));
-    ASSERT(j != NULL);
+    struct journal *j = xcalloc(1, sizeof(*j));
     if (opts != NULL)
         j->opts = *opts;
     options_default(&j->opts);

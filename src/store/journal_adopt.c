@@ -61,6 +61,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -163,8 +164,7 @@ static int index_entry(void *ctx, const char *leaf)
     uint32_t key_size = read_header(sc->j->disk, dir, key, sizeof key);
     if (key_size == 0)
         return 0;
-    struct adopt_entry *e = malloc(sizeof *e + key_size);
-    ASSERT(e != NULL);
+    struct adopt_entry *e = xmalloc(sizeof *e + key_size);
     snprintf(e->leaf, sizeof e->leaf, "%s", leaf);
     e->key_size = key_size;
     memcpy(e->key, key, key_size);
@@ -257,9 +257,8 @@ static void note_unsynced(struct journal *j, const char *dir)
     }
     if (j->adopt_unsynced_count == j->adopt_unsynced_cap) {
         j->adopt_unsynced_cap = j->adopt_unsynced_cap ? 2 * j->adopt_unsynced_cap : 16;
-        j->adopt_unsynced = realloc(j->adopt_unsynced,
-                                    j->adopt_unsynced_cap * sizeof *j->adopt_unsynced);
-        ASSERT(j->adopt_unsynced != NULL);
+        j->adopt_unsynced = xrealloc(j->adopt_unsynced,
+                                     j->adopt_unsynced_cap * sizeof *j->adopt_unsynced);
     }
     ASSERT(strlen(dir) < JOURNAL_PATH_SIZE);
     memcpy(j->adopt_unsynced[j->adopt_unsynced_count++], dir, strlen(dir) + 1);
@@ -369,8 +368,7 @@ static void index_staged(struct journal *j, const char *staged, const uint8_t *k
         struct adopt_index *x = &j->adopt_indexes[i];
         if (strcmp(x->scanned, name) != 0)
             continue;
-        struct adopt_entry *e = malloc(sizeof *e + key_size);
-        ASSERT(e != NULL);
+        struct adopt_entry *e = xmalloc(sizeof *e + key_size);
         snprintf(e->leaf, sizeof e->leaf, "%s", leaf);
         e->key_size = key_size;
         memcpy(e->key, key, key_size);
@@ -421,8 +419,7 @@ struct journal_reading *journal_adopt_read_start(struct journal *j, const char *
                                                  journal_recover_fn fn, void *ctx)
 {
     ASSERT(j->adopt_unsynced_count == 0); /* the fence: only a durable rename is read */
-    struct journal_reading *rd = calloc(1, sizeof *rd);
-    ASSERT(rd != NULL);
+    struct journal_reading *rd = xcalloc(1, sizeof *rd);
     snprintf(rd->out.staged, sizeof rd->out.staged, "%s", staged);
     int opened = journal_open_reader(&rd->tmp, j->loop, rd->out.staged);
     ASSERT(opened == OK);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -36,10 +37,8 @@ static void def_put(struct journal *j, const uint8_t *key, uint32_t key_size,
     ASSERT(key_size >= 1 && key[0] >= JOURNAL_DEF_VHOST && key[0] <= JOURNAL_DEF_KIND_MAX);
     struct def_entry *d = hmap_get(&j->definitions, (struct bytes){key, key_size});
     if (d == NULL) {
-        d = calloc(1, sizeof(*d));
-        ASSERT(d != NULL);
-        d->key = malloc(key_size);
-        ASSERT(d->key != NULL);
+        d = xcalloc(1, sizeof(*d));
+        d->key = xmalloc(key_size);
         memcpy(d->key, key, key_size);
         d->key_size = key_size;
         ASSERT(hmap_put(&j->definitions, (struct bytes){d->key, d->key_size}, d) == NULL);
@@ -47,8 +46,7 @@ static void def_put(struct journal *j, const uint8_t *key, uint32_t key_size,
         j->definitions_live_size -= put_record_size(d->key_size - 1, d->value_size);
         free(d->value);
     }
-    d->value = malloc(value_size > 0 ? value_size : 1);
-    ASSERT(d->value != NULL);
+    d->value = xmalloc(value_size > 0 ? value_size : 1);
     if (value_size > 0)
         memcpy(d->value, value, value_size);
     d->value_size = value_size;
@@ -81,8 +79,7 @@ static int apply_record(struct journal *j, const struct format_record_header *h,
         return E_JOURNAL_CORRUPT;
     if (h->type == RECORD_DEF_DELETE && key_size != h->payload_size - 8)
         return E_JOURNAL_CORRUPT;
-    uint8_t *key = malloc(key_size + 1);
-    ASSERT(key != NULL);
+    uint8_t *key = xmalloc(key_size + 1);
     key[0] = (uint8_t)kind;
     memcpy(key + 1, payload + 8, key_size);
     if (h->type == RECORD_DEF_PUT)
@@ -122,8 +119,7 @@ static int read_all(struct journal *j, const char *path, uint8_t **buf, uint64_t
     if (rc < 0)
         return rc;
     rc = j->disk->fsize(j->disk->ctx, fd, size);
-    *buf = malloc(*size + 1);
-    ASSERT(*buf != NULL);
+    *buf = xmalloc(*size + 1);
     size_t done = 0;
     if (rc == 0)
         rc = j->disk->pread(j->disk->ctx, fd, *buf, (size_t)*size, 0, &done);
@@ -237,8 +233,7 @@ static int compare_defs(const void *a, const void *b)
 
 static struct def_entry **sorted_defs(struct journal *j, size_t *count)
 {
-    struct def_entry **all = malloc((j->definitions.count + 1) * sizeof(*all));
-    ASSERT(all != NULL);
+    struct def_entry **all = xmalloc((j->definitions.count + 1) * sizeof(*all));
     size_t n = 0;
     uint32_t cursor = 0;
     struct hmap_entry *e;

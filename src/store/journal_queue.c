@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -39,14 +40,12 @@ struct journal_queue *journal__queue_new(struct journal *j, uint64_t id, struct 
                                          struct bytes name)
 {
     ASSERT(vhost.len <= 255 && name.len <= 255);
-    struct journal_queue *q = calloc(1, sizeof(*q));
-    ASSERT(q != NULL);
+    struct journal_queue *q = xcalloc(1, sizeof(*q));
     q->journal = j;
     q->id = id;
     format_put_u64(q->id_key, id);
     q->key_size = 4 + vhost.len + name.len;
-    q->key = malloc(q->key_size);
-    ASSERT(q->key != NULL);
+    q->key = xmalloc(q->key_size);
     format_put_u32(q->key, vhost.len);
     if (vhost.len > 0)
         memcpy(q->key + 4, vhost.ptr, vhost.len);
@@ -101,8 +100,7 @@ struct segment *journal__segment_push(struct journal_queue *q, uint64_t number)
     ASSERT(number < UINT32_MAX); /* the index keeps segment numbers in 32 bits */
     if (q->segments_count == q->segments_cap) {
         q->segments_cap = q->segments_cap ? 2 * q->segments_cap : 8;
-        q->segments = realloc(q->segments, q->segments_cap * sizeof(*q->segments));
-        ASSERT(q->segments != NULL);
+        q->segments = xrealloc(q->segments, q->segments_cap * sizeof(*q->segments));
     }
     struct segment *s = &q->segments[q->segments_count++];
     memset(s, 0, sizeof(*s));
@@ -258,8 +256,7 @@ static void entry_push(struct journal_queue *q, struct entry e)
     }
     if (q->entries_count == q->entries_cap) {
         q->entries_cap = q->entries_cap ? 2 * q->entries_cap : 64;
-        q->entries = realloc(q->entries, q->entries_cap * sizeof(*q->entries));
-        ASSERT(q->entries != NULL);
+        q->entries = xrealloc(q->entries, q->entries_cap * sizeof(*q->entries));
     }
     q->entries[q->entries_count++] = e;
     q->live_count++;
@@ -332,8 +329,7 @@ static void compaction_start(struct journal_queue *q, uint64_t number)
     ASSERT(!q->compacting);
     if (j->compacting_count == j->compacting_cap) {
         j->compacting_cap = j->compacting_cap ? 2 * j->compacting_cap : 8;
-        j->compacting = realloc(j->compacting, j->compacting_cap * sizeof(*j->compacting));
-        ASSERT(j->compacting != NULL);
+        j->compacting = xrealloc(j->compacting, j->compacting_cap * sizeof(*j->compacting));
     }
     j->compacting[j->compacting_count++] = q;
     q->compacting = true;
@@ -413,8 +409,7 @@ static bool segment_compact_slice(struct journal_queue *q, size_t index)
         if (e->flags & ENTRY_DELIVERED) {
             if (delivered_count == delivered_cap) {
                 delivered_cap = delivered_cap ? 2 * delivered_cap : 64;
-                delivered = realloc(delivered, delivered_cap * sizeof(*delivered));
-                ASSERT(delivered != NULL);
+                delivered = xrealloc(delivered, delivered_cap * sizeof(*delivered));
             }
             delivered[delivered_count++] = e->seq;
         }
@@ -696,8 +691,7 @@ void journal_queue_delete_unopened(struct journal *j)
         struct journal_queue *q = e->value;
         if (q->opened)
             continue;
-        doomed = realloc(doomed, (count + 1) * sizeof(*doomed));
-        ASSERT(doomed != NULL);
+        doomed = xrealloc(doomed, (count + 1) * sizeof(*doomed));
         doomed[count++] = q;
     }
     for (size_t i = 0; i < count; i++) {
@@ -738,8 +732,7 @@ int journal_read(struct journal_queue *q, uint64_t seq, void *buf, uint32_t size
         return E_IO;
     }
     uint64_t record_size = publish_record_size(e->blob_size);
-    uint8_t *record = malloc(record_size);
-    ASSERT(record != NULL);
+    uint8_t *record = xmalloc(record_size);
     size_t done = 0;
     int rc = j->disk->pread(j->disk->ctx, s->read_fd, record, record_size, e->offset, &done);
     struct format_record_header h;

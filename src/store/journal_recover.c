@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/alloc.h"
 #include "lib/assert.h"
 #include "lib/errors.h"
 #include "lib/log.h"
@@ -63,9 +64,8 @@ static void seq_map_put(struct seq_map *m, uint64_t seq, uint32_t value)
     if ((m->count + 1) * 2 > m->cap) {
         struct seq_map bigger = {0};
         bigger.cap = m->cap ? 2 * m->cap : 1024;
-        bigger.keys = calloc(bigger.cap, sizeof(*bigger.keys));
-        bigger.values = malloc(bigger.cap * sizeof(*bigger.values));
-        ASSERT(bigger.keys != NULL && bigger.values != NULL);
+        bigger.keys = xcalloc(bigger.cap, sizeof(*bigger.keys));
+        bigger.values = xmalloc(bigger.cap * sizeof(*bigger.values));
         for (size_t i = 0; i < m->cap; i++) {
             if (m->keys[i] != 0)
                 seq_map_put(&bigger, m->keys[i], m->values[i]);
@@ -150,8 +150,7 @@ static int read_whole(struct recovery *r, const char *path, uint64_t *size_out)
     if (rc == 0 && size > r->buf_cap) {
         free(r->buf);
         r->buf_cap = (size_t)size;
-        r->buf = malloc(r->buf_cap);
-        ASSERT(r->buf != NULL);
+        r->buf = xmalloc(r->buf_cap);
     }
     size_t done = 0;
     if (rc == 0 && size > 0)
@@ -267,8 +266,7 @@ static int apply_queue_record(struct recovery *r, const struct format_record_hea
         }
         if (r->v_count == r->v_cap) {
             r->v_cap = r->v_cap ? 2 * r->v_cap : 1024;
-            r->v = realloc(r->v, r->v_cap * sizeof(*r->v));
-            ASSERT(r->v != NULL);
+            r->v = xrealloc(r->v, r->v_cap * sizeof(*r->v));
         }
         ASSERT(r->v_count < UINT32_MAX);
         seq_map_put(&r->map, seq, (uint32_t)r->v_count);
@@ -301,8 +299,7 @@ static int collect_name(void *ctx, const char *name)
     struct name_list *l = ctx;
     if (strlen(name) >= 64)
         return 0;
-    l->names = realloc(l->names, (l->count + 1) * sizeof(*l->names));
-    ASSERT(l->names != NULL);
+    l->names = xrealloc(l->names, (l->count + 1) * sizeof(*l->names));
     memcpy(l->names[l->count++], name, strlen(name) + 1);
     return 0;
 }
@@ -343,8 +340,7 @@ static int list_segments(struct recovery *r, const char *dir, uint64_t **numbers
     for (size_t i = 0; rc == 0 && i < names.count; i++) {
         uint64_t number;
         if (parse_hex_name(names.names[i], ".seg", &number)) {
-            *numbers = realloc(*numbers, (*count + 1) * sizeof(**numbers));
-            ASSERT(*numbers != NULL);
+            *numbers = xrealloc(*numbers, (*count + 1) * sizeof(**numbers));
             (*numbers)[(*count)++] = number;
         } else if (strcmp(names.names[i], "queue.tmp") == 0) {
             char path[JOURNAL_PATH_SIZE];
@@ -402,8 +398,7 @@ static int read_queue_header(struct recovery *r, const char *dir, uint64_t id, u
     if (vhost_size > h.payload_size - 4 || vhost_size > 255 ||
         h.payload_size - 4 - vhost_size > 255)
         return corrupt(r, path, FORMAT_FILE_HEADER_SIZE, "bad queue name");
-    *key = malloc(h.payload_size);
-    ASSERT(*key != NULL);
+    *key = xmalloc(h.payload_size);
     memcpy(*key, payload, h.payload_size);
     *key_size = h.payload_size;
     return OK;
@@ -463,8 +458,7 @@ static void build_index(struct recovery *r)
     struct journal_queue *q = r->q;
     size_t live = 0;
     bool sorted = true;
-    struct entry *entries = malloc((r->v_count + 1) * sizeof(*entries));
-    ASSERT(entries != NULL);
+    struct entry *entries = xmalloc((r->v_count + 1) * sizeof(*entries));
     for (size_t i = 0; i < r->v_count; i++) {
         struct entry e = r->v[i].e;
         if (e.seq < q->purge_below || (e.flags & ENTRY_ACKED))
@@ -472,8 +466,7 @@ static void build_index(struct recovery *r)
         if ((e.flags & ENTRY_DELIVERED) && r->v[i].first_segment != e.segment_number) {
             /* A crash between a compaction's copies and its unlink: the old
              * segment, maybe holding the only DELIVERED, will be reclaimed. */
-            r->remark = realloc(r->remark, (r->remark_count + 1) * sizeof(*r->remark));
-            ASSERT(r->remark != NULL);
+            r->remark = xrealloc(r->remark, (r->remark_count + 1) * sizeof(*r->remark));
             r->remark[r->remark_count++] = e.seq;
         }
         sorted = sorted && (live == 0 || entries[live - 1].seq < e.seq);
@@ -528,8 +521,7 @@ static int deliver_one(struct recovery *r, size_t i)
         /* (none when the file shrank since pass 1: checked below) */
         avail = e->offset <= r->buf_size ? r->buf_size - e->offset : 0;
     } else {
-        single = malloc(record_size);
-        ASSERT(single != NULL);
+        single = xmalloc(record_size);
         size_t done = 0;
         int fd;
         int rc = r->j->disk->open(r->j->disk->ctx, s->file->path, DISK_OPEN_READ, &fd);
@@ -693,8 +685,7 @@ struct recovery *journal__recovery_start(struct journal *j, journal_recover_fn f
                                         struct journal_recovery_stats *stats)
 {
     memset(stats, 0, sizeof(*stats));
-    struct recovery *r = calloc(1, sizeof *r);
-    ASSERT(r != NULL);
+    struct recovery *r = xcalloc(1, sizeof *r);
     *r = (struct recovery){.j = j, .stats = stats, .fn = fn, .fn_ctx = ctx,
                            .buf_segment = NO_SEGMENT, .phase = PHASE_QUEUE};
     struct name_list names = {0};
@@ -707,8 +698,7 @@ struct recovery *journal__recovery_start(struct journal *j, journal_recover_fn f
             rc = remove_tree_now(j, path); /* a deletion the crash interrupted */
             stats->deleted_queue_count++;
         } else if (parse_hex_name(names.names[i], "", &id)) {
-            r->ids = realloc(r->ids, (r->ids_count + 1) * sizeof(*r->ids));
-            ASSERT(r->ids != NULL);
+            r->ids = xrealloc(r->ids, (r->ids_count + 1) * sizeof(*r->ids));
             r->ids[r->ids_count++] = id;
         } else {
             LOG_WARN("journal: ignoring %s", path);
