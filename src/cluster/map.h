@@ -648,6 +648,15 @@ int map_cmd_queue_set_backups(struct map_cmd *out, struct bytes vhost, struct by
 int map_cmd_queue_set_in_sync(struct map_cmd *out, struct bytes vhost, struct bytes name,
                               uint64_t expected_epoch, const uint32_t *in_sync_ids,
                               const uint32_t *incarnations, uint8_t in_sync_count);
+/* The same, for a set with a backup whose stream sends it the transient
+ * messages only (x-quay-replicate "transient"): refused once the queue
+ * replicates everything (a policy changed since the primary asked): such
+ * a backup cannot be in sync then, and a promotion would lose the
+ * persistent messages it lacks. */
+int map_cmd_queue_set_in_sync_partial(struct map_cmd *out, struct bytes vhost,
+                                      struct bytes name, uint64_t expected_epoch,
+                                      const uint32_t *in_sync_ids, const uint32_t *incarnations,
+                                      uint8_t in_sync_count);
 /* queue.set_backups that also sets the replication factor (1..4): a policy
  * changed what the queue wants. backups_count < factor. */
 int map_cmd_queue_set_factor(struct map_cmd *out, struct bytes vhost, struct bytes name,

@@ -728,10 +728,20 @@ int map__op_queue_set_in_sync(struct apply_ctx *ctx)
     uint8_t known = map__read_incarnations(&ctx->reader, "in_sync_incarnations", incarnations);
     if (known != 0 && known != n)
         map__reader_fail(&ctx->reader, "in_sync_incarnations");
+    bool partial = map__read_bool(&ctx->reader, "partial", true);
     int rc;
     struct map_queue *q = find_queue_cas(ctx, true, &rc);
     if (q == NULL)
         return rc;
+    /* Asked before a policy change made the queue replicate everything
+     * (which dropped such backups from the set: map_apply.c partial_drop),
+     * and applied after it: a backup with the transient messages only
+     * would be in sync again. The primary asks anew, its streams caught up
+     * in full first. */
+    if (partial && n > 0 && !map_queue_replicates_transient_only(ctx->map, q))
+        return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false,
+                           "queue '%.*s' replicates everything now: a backup holding its "
+                           "transient messages only cannot be in sync", BYTES_ARG(q->name));
     uint8_t mask = 0;
     for (uint8_t i = 0; i < n; i++) {
         int slot = map__backup_slot(q, ids[i]);

@@ -637,20 +637,37 @@ int map_cmd_queue_set_backups(struct map_cmd *out, struct bytes vhost, struct by
     return build(out, encode_simple, &s);
 }
 
-int map_cmd_queue_set_in_sync(struct map_cmd *out, struct bytes vhost, struct bytes name,
-                              uint64_t expected_epoch, const uint32_t *in_sync_ids,
-                              const uint32_t *incarnations, uint8_t in_sync_count)
+static int set_in_sync(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                       uint64_t expected_epoch, const uint32_t *in_sync_ids,
+                       const uint32_t *incarnations, uint8_t in_sync_count, bool partial)
 {
     ASSERT(expected_epoch != 0);
     ASSERT(in_sync_count <= CLUSTER_BACKUPS_MAX);
     struct simple_cmd s = {.op = MAP_OP_QUEUE_SET_IN_SYNC, .vhost = vhost, .name = name,
                            .epoch = expected_epoch, .ids_key = "in_sync", .ids = in_sync_ids,
-                           .ids_count = in_sync_count};
+                           .ids_count = in_sync_count, .bool2_key = partial ? "partial" : NULL};
     if (incarnations != NULL && in_sync_count > 0) {
         s.ids2_key = "in_sync_incarnations";
         s.ids2 = incarnations;
     }
     return build(out, encode_simple, &s);
+}
+
+int map_cmd_queue_set_in_sync(struct map_cmd *out, struct bytes vhost, struct bytes name,
+                              uint64_t expected_epoch, const uint32_t *in_sync_ids,
+                              const uint32_t *incarnations, uint8_t in_sync_count)
+{
+    return set_in_sync(out, vhost, name, expected_epoch, in_sync_ids, incarnations,
+                       in_sync_count, false);
+}
+
+int map_cmd_queue_set_in_sync_partial(struct map_cmd *out, struct bytes vhost,
+                                      struct bytes name, uint64_t expected_epoch,
+                                      const uint32_t *in_sync_ids, const uint32_t *incarnations,
+                                      uint8_t in_sync_count)
+{
+    return set_in_sync(out, vhost, name, expected_epoch, in_sync_ids, incarnations,
+                       in_sync_count, true);
 }
 
 int map_cmd_queue_set_factor(struct map_cmd *out, struct bytes vhost, struct bytes name,

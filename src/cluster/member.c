@@ -525,7 +525,8 @@ static void on_in_sync_done(void *ctx, int status, const struct map_change *chan
 }
 
 bool member_set_in_sync(struct member *member, struct queue *queue, uint64_t epoch,
-                        const uint32_t *ids, const uint32_t *incarnations, uint8_t n)
+                        const uint32_t *ids, const uint32_t *incarnations, uint8_t n,
+                        bool partial)
 {
     if (member->stopping)
         return false;
@@ -543,8 +544,11 @@ bool member_set_in_sync(struct member *member, struct queue *queue, uint64_t epo
     if (mask == q->in_sync_mask)
         return false;
     struct map_cmd cmd;
-    if (map_cmd_queue_set_in_sync(&cmd, queue->vhost->name, queue->name, epoch, ids,
-                                  incarnations, n) != OK)
+    int rc = partial ? map_cmd_queue_set_in_sync_partial(&cmd, queue->vhost->name, queue->name,
+                                                         epoch, ids, incarnations, n)
+                     : map_cmd_queue_set_in_sync(&cmd, queue->vhost->name, queue->name, epoch,
+                                                 ids, incarnations, n);
+    if (rc != OK)
         return false;
     (void)map_cmd_set_reason(&cmd, MAP_REASON_SYNC);
     cluster_node_submit(member->node, &cmd, on_in_sync_done, member);

@@ -298,9 +298,12 @@ uint64_t member_connection_key(const struct member *member, uint64_t connection_
 /* The in-sync set the primary of queue (ours, at epoch) wants: the map is
  * asked for it (compare-and-set on the epoch) unless it already says so;
  * incarnations[i]: ids[i]'s process as the stream to it knew it (one the
- * map has replaced since is not put in sync). True: a change was submitted. */
+ * map has replaced since is not put in sync); partial: one of them holds
+ * the queue's transient messages only (map_cmd_queue_set_in_sync_partial).
+ * True: a change was submitted. */
 bool member_set_in_sync(struct member *member, struct queue *queue, uint64_t epoch,
-                        const uint32_t *ids, const uint32_t *incarnations, uint8_t n);
+                        const uint32_t *ids, const uint32_t *incarnations, uint8_t n,
+                        bool partial);
 
 /* A primary's replication stream (replica.h), received here as a backup:
  * push answers false when we are not a backup of it at that epoch, or

@@ -216,12 +216,14 @@ static void ask_in_sync(struct replication *rep)
                                                    rep->queue->vhost->name, rep->queue->name);
     uint32_t ids[CLUSTER_BACKUPS_MAX], incarnations[CLUSTER_BACKUPS_MAX];
     uint8_t n = 0;
+    bool partial = false; /* (a backup with the transient messages only) */
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         const struct replica_stream *s = rep->streams[i];
         bool in_sync = mq != NULL && map_queue_backup_in_sync(mq, s->backup_id);
         if (fence_stream_wanted(in_sync, s->join_asked, s->state == STREAM_LIVE)) {
             incarnations[n] = s->incarnation;
             ids[n++] = s->backup_id;
+            partial |= s->transient_only;
         }
     }
     /* The same set while that request may still be on its way: wait. */
@@ -229,7 +231,7 @@ static void ask_in_sync(struct replication *rep)
     if (n == rep->asked_count && memcmp(ids, rep->asked, n * sizeof ids[0]) == 0 &&
         now - rep->asked_ms < REPLICATION_RETRY_MS)
         return;
-    if (member_set_in_sync(rep->member, rep->queue, rep->epoch, ids, incarnations, n)) {
+    if (member_set_in_sync(rep->member, rep->queue, rep->epoch, ids, incarnations, n, partial)) {
         rep->asked_ms = now;
         memcpy(rep->asked, ids, n * sizeof ids[0]);
         rep->asked_count = n;
@@ -977,10 +979,15 @@ void replication_attach(struct member *member, struct queue *queue, const struct
                                 "not shared, or a policy): caught up again in full");
             /* A policy change dropped it from the in-sync set already
              * (map_apply.c partial_before): no map change will come to
-             * end its gating, so it ends here and the catch-up starts
-             * (unless its join was asked: that lands first). */
-            if ((mq->in_sync_mask & (1u << i)) == 0 && !s->join_asked)
+             * end its gating, so it ends here and the catch-up starts.
+             * Its join, if asked, said it holds transient messages only:
+             * refused once the queue replicates everything
+             * (map_cmd_queue_set_in_sync_partial), else it lands first. */
+            bool join_refused = !map_queue_replicates_transient_only(member_map(member), mq);
+            if ((mq->in_sync_mask & (1u << i)) == 0 && (!s->join_asked || join_refused)) {
+                s->join_asked = false;
                 s->gating = false;
+            }
         } else if (!s->transient_only && rep->transient_wanted && s->state == STREAM_LIVE) {
             s->transient_only = true; /* it has everything so far: the new ones suffice */
             s->full_until = queue->next_seq - 1;

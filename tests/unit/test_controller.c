@@ -1328,6 +1328,45 @@ static void test_restarted_transient_only_queue_handed_with_its_log(void **state
     cluster_map_free(&map);
 }
 
+/* A set_in_sync naming a backup that holds the transient messages only
+ * ("partial"), asked before a policy change made the queue replicate
+ * everything and applied after it, is refused: that backup would be in
+ * sync again without the persistent messages. Asked while the queue
+ * replicates transient messages only, it applies; a full set applies
+ * either way. */
+static void test_partial_in_sync_refused_once_everything_replicates(void **state)
+{
+    (void)state;
+    struct cluster_map map;
+    small_map(&map, 3);
+    struct map_cmd c;
+    struct policy_decl p = {.vhost = B("/"), .name = B("tonly"), .pattern = B("^t"),
+                            .backups = 1, .replicate = POLICY_REPLICATE_TRANSIENT};
+    must_apply(&map, map_cmd_policy_put(&c, &p), &c);
+    declare_at(&map, "tq", true, 1, 2, 2);
+    const struct map_queue *q = cluster_map_queue(&map, B("/"), B("tq"));
+    assert_true(map_queue_replicates_transient_only(&map, q));
+    uint32_t two[] = {2};
+    must_apply(&map, map_cmd_queue_set_in_sync_partial(&c, B("/"), B("tq"), q->epoch, two, NULL,
+                                                       1), &c);
+    assert_int_equal(q->in_sync_mask, 1);
+    /* The policy goes: 2 leaves the set at once (partial_drop). */
+    must_apply(&map, map_cmd_policy_delete(&c, B("/"), B("tonly")), &c);
+    assert_false(map_queue_replicates_transient_only(&map, q));
+    assert_int_equal(q->in_sync_mask, 0);
+    struct map_change change;
+    assert_int_equal(map_cmd_queue_set_in_sync_partial(&c, B("/"), B("tq"), q->epoch, two, NULL,
+                                                       1), OK);
+    assert_int_equal(cluster_map_apply(&map, c.bytes, c.size, &change), E_MAP_REFUSED);
+    assert_int_equal(change.reply_code, 406);
+    map_cmd_free(&c);
+    assert_int_equal(q->in_sync_mask, 0);
+    /* Caught up in full, the primary asks again without "partial". */
+    must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B("tq"), q->epoch, two, NULL, 1), &c);
+    assert_int_equal(q->in_sync_mask, 1);
+    cluster_map_free(&map);
+}
+
 /* A taker says queue.adopted once its copy is synced, never if its
  * journal failed or the queue is no longer its own (a takeover from it
  * then reads the log it took the queue from as well). */
@@ -1790,6 +1829,7 @@ int main(void)
         cmocka_unit_test(test_promotion_waits_for_a_suspect_backup),
         cmocka_unit_test(test_restart_successor),
         cmocka_unit_test(test_restarted_transient_only_queue_handed_with_its_log),
+        cmocka_unit_test(test_partial_in_sync_refused_once_everything_replicates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
