@@ -141,6 +141,18 @@ bool adoption_leftover(const struct map_queue *mq, uint32_t self)
     return mq->primary_id == self && mq->taken_from != BROKER_ID_NONE && !mq->adopted;
 }
 
+bool adoption_resume_leftover(struct member *member, struct queue *queue,
+                              const struct map_queue *mq)
+{
+    ASSERT(adoption_leftover(mq, member->self_id));
+    if (queue->deleted || find(member, queue) != NULL)
+        return find(member, queue) != NULL;
+    LOG_INFO("queue '%.*s': our takeover of it was cut short by a restart before the map "
+             "learnt queue.adopted: resuming it", (int)mq->name.len, (const char *)mq->name.ptr);
+    start(member, queue, mq, true, (struct durable_merge){0});
+    return find(member, queue) != NULL;
+}
+
 void adoption_resume_leftovers(struct member *member)
 {
     const struct cluster_map *map = member_map(member);
@@ -150,13 +162,8 @@ void adoption_resume_leftovers(struct member *member)
             continue;
         struct vhost *vhost = broker_vhost(member->broker, mq->vhost->name);
         struct queue *queue = vhost != NULL ? vhost_queue(vhost, mq->name) : NULL;
-        if (queue != NULL && !queue_is_remote(queue) && !queue->deleted &&
-            find(member, queue) == NULL) {
-            LOG_INFO("queue '%.*s': our takeover of it was cut short by a restart before the "
-                     "map learnt queue.adopted: resuming it", (int)mq->name.len,
-                     (const char *)mq->name.ptr);
-            start(member, queue, mq, true, (struct durable_merge){0});
-        }
+        if (queue != NULL && !queue_is_remote(queue))
+            (void)adoption_resume_leftover(member, queue, mq);
     }
 }
 
@@ -451,7 +458,9 @@ static void adopt(struct member *member, struct adoption *a, int status, bool fo
         const struct map_queue *mq =
             cluster_map_queue(member_map(member), queue->vhost->name, queue->name);
         if (follow && mq != NULL && mq->primary_id == member->self_id) {
-            replication_attach(member, queue, mq, false);
+            /* (Resumed: our restart recovered the queue, which no stream
+             * has attached yet: its backups are not in step with it.) */
+            replication_attach(member, queue, mq, a->resume);
             handover_follow(member, queue, mq);
         }
         queue_dispatch(queue);

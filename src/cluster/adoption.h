@@ -77,6 +77,14 @@ bool adoption_leftover(const struct map_queue *mq, uint32_t self);
  * not real here yet is adopted by its queue.take_over, with our staged
  * copies too (durable_adopt_step). */
 void adoption_resume_leftovers(struct member *member);
+/* The same for one such queue, held since our start (mirror.c
+ * follow_queue, at the sync): it stays paused into its adoption, so that
+ * nothing that waited for it (our peers' forwards) takes a seq above our
+ * log's last before the adoption has added what lies there. True: its
+ * adoption is pending (it resumes the queue when done); false: nothing to
+ * adopt (the broker it was taken from was forgotten), serve it. */
+bool adoption_resume_leftover(struct member *member, struct queue *queue,
+                              const struct map_queue *mq);
 /* Whether a log we staged for a takeover and did not finish (a crash or
  * a restart came first) may still be read (pure): mq (NULL: no longer in
  * the map) still waits for a queue.adopted, and we are its primary

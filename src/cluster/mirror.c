@@ -497,6 +497,11 @@ static void follow_queue(struct member *member, struct queue *q, const struct ma
         ASSERT(!waking); /* (adoption starts only once synced) */
         return; /* its adoption starts these, with the map as it is then */
     }
+    /* Our takeover, cut short by our restart: it goes on first, the queue
+     * paused into it (what waited must not take the seqs it adds). */
+    if (waking && adoption_leftover(mq, member->self_id) &&
+        adoption_resume_leftover(member, q, mq))
+        return;
     if (waking && hand_off_after_restart(member, q, mq))
         return;
     if (waking && drop_after_restart(member, q, mq))

@@ -602,20 +602,50 @@ def a_taker_restarted_before_its_copy_was_synced_loses_nothing():
     finally:
         kill_frozen(t, tid)
     assert os.listdir(os.path.join(shared, "t", "adopted")), "nothing staged"
-    t.start()
-    wait_until(lambda: "caught up with the map" in t.log_text_bytes()[t.log_offset:].decode(
-        "utf-8", "replace"), 30, what="t caught up")
-    wait_until(lambda: all((queue_info(x, n) or {}).get("primary") == "t" and
-                           queue_info(x, n).get("available", True) for n in names), 30,
-               what="t serving o's queues again")
-    wait_until(lambda: metric(t, "quay_cluster_adoptions_pending") == 0, 20,
-               what="t's adoptions done")
+    # While t comes back, x's clients publish to the queues: forwarded to
+    # t once the map has it up, they wait in the held queues until t has
+    # caught up, and must not take the seqs of what it resumes adopting.
+    later = {name: [] for name in names}
+    stop = threading.Event()
+
+    def publisher():
+        c = connect(x)
+        ch = c.channel()
+        ch.confirm_delivery()
+        i = 0
+        while not stop.is_set():
+            for name in names:
+                body = b"%s-later-%d" % (name.encode(), i)
+                try:
+                    ch.basic_publish("", name, body, PERSISTENT)
+                    later[name].append(body)
+                except (pika.exceptions.NackError, pika.exceptions.UnroutableError):
+                    pass  # (unavailable until t is back)
+            i += 1
+            time.sleep(0.01)
+        c.close()
+    thread = threading.Thread(target=publisher)
+    thread.start()
+    try:
+        t.start()
+        wait_until(lambda: "caught up with the map" in t.log_text_bytes()[t.log_offset:]
+                   .decode("utf-8", "replace"), 30, what="t caught up")
+        wait_until(lambda: all((queue_info(x, n) or {}).get("primary") == "t" and
+                               queue_info(x, n).get("available", True) for n in names), 30,
+                   what="t serving o's queues again")
+        wait_until(lambda: metric(t, "quay_cluster_adoptions_pending") == 0, 20,
+                   what="t's adoptions done")
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join(30)
     bad = {}
     for name in names:
         got = read_all(x, name)
-        if got != [b"%s-%d" % (name.encode(), i) for i in range(100)]:
-            bad[name] = len(got)
-    assert not bad, "messages served, of 100: %s" % bad
+        if got != [b"%s-%d" % (name.encode(), i) for i in range(100)] + later[name]:
+            bad[name] = (len(got), len(later[name]))
+    assert not bad, "messages served, of 100 and those published later: %s" % bad
+    print("# %d published while t came back" % sum(len(v) for v in later.values()))
     text = t.log_text_bytes()[t.log_offset:].decode("utf-8", "replace")
     print("# t restarted: %d of the %d queues resumed (recovered from its own log), the "
           "others adopted anew" % (text.count("resuming it"), len(names)))
