@@ -349,6 +349,17 @@ struct restart_ask {
 
 static void follow_queue(struct member *member, struct queue *q, const struct map_queue *mq);
 
+/* The wait of mq's queue, if it waits (wait_for_backup), or NULL. */
+static struct restart_wait *restart_wait_of(struct member *member, const struct map_queue *mq)
+{
+    list_for_each(n, &member->restart_waits) {
+        struct restart_wait *w = CONTAINER_OF(n, struct restart_wait, link);
+        if (bytes_equal(w->vhost, mq->vhost->name) && bytes_equal(w->name, mq->name))
+            return w;
+    }
+    return NULL;
+}
+
 static void on_asked(void *ctx, int status, const struct map_change *change)
 {
     struct restart_ask *a = ctx;
@@ -377,17 +388,19 @@ static void ask_after_restart(struct member *member, struct queue *q, const stru
     if (holds_clients)
         member__hold_clients(member);
     q->held_until_synced = true; /* (still held: decided again at its next change) */
+    /* Waiting for a backup, and decided by a map change meanwhile: the
+     * answer decides it now, not the next tick too (it would ask again). */
+    struct restart_wait *w = restart_wait_of(member, mq);
+    if (w != NULL)
+        restart_wait_free(w);
     cluster_node_submit(member->node, cmd, on_asked, a);
 }
 
 static void wait_for_backup(struct member *member, struct queue *q, const struct map_queue *mq)
 {
     q->held_until_synced = true; /* (still held) */
-    list_for_each(n, &member->restart_waits) {
-        struct restart_wait *w = CONTAINER_OF(n, struct restart_wait, link);
-        if (bytes_equal(w->vhost, mq->vhost->name) && bytes_equal(w->name, mq->name))
-            return; /* (a change of the queue decided it again meanwhile) */
-    }
+    if (restart_wait_of(member, mq) != NULL)
+        return; /* (a change of the queue decided it again meanwhile) */
     LOG_INFO("cluster: queue '%.*s': we restarted, and an in-sync backup may yet take it (not "
              "heard yet, or suspect): held (up to %d ms)", (int)mq->name.len,
              (const char *)mq->name.ptr, CONTROLLER_RESTART_WAIT_MS);
