@@ -222,7 +222,13 @@ void durable_queue_deleted(struct broker *broker, struct vhost *vhost, struct qu
         return;
     undefine_bindings_in(vhost, &queue->as_dest);
     uint8_t key[KEY_MAX];
-    journal_undefine(d->journal, JOURNAL_DEF_QUEUE, name_key(key, vhost->name, queue->name));
+    /* A log left to a taker (durable_abandon_log) keeps its queue defined
+     * here: a restart before the taker renamed it away must reopen it, not
+     * delete it as a deleted queue's (journal_queue_delete_unopened). That
+     * restart holds it, and its sync gives it up again, or undefines it
+     * once nobody reads it (the taker renamed it: we reopen an empty one). */
+    if (!queue->log_left)
+        journal_undefine(d->journal, JOURNAL_DEF_QUEUE, name_key(key, vhost->name, queue->name));
     if (queue->journal) {
         journal_queue_delete(queue->journal);
         queue->journal = NULL;

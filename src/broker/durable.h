@@ -177,8 +177,11 @@ void durable_adopt_discard(struct broker *broker, struct durable_adopt_plan *pla
 /* The queue, ours until now, was taken over from our log (queue.take_over
  * names us): its log is closed without a write, neither the DELETE nor
  * the removal its deletion would make, so a taker that has not read it
- * yet finds it whole. A log with nothing ever written (one our restart
- * just opened) is left to the queue's deletion. */
+ * yet finds it whole. Nor is the queue undefined when it is deleted
+ * (queue->log_left): our restart before the taker renamed the log away
+ * reopens it (held, given up again at the sync), where an undefined one
+ * was deleted at the start. A log with nothing ever written (one our
+ * restart just opened) is left to the queue's deletion. */
 void durable_abandon_log(struct broker *broker, struct queue *queue);
 /* The journal synced up to ticket: staged copies it covers go. */
 void durable__adopted_synced(struct broker *broker, uint64_t ticket);

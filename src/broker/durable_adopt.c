@@ -484,6 +484,7 @@ void durable_abandon_log(struct broker *broker, struct queue *queue)
              "that log to its new owner", (int)queue->name.len, (const char *)queue->name.ptr);
     journal_queue_abandon(queue->journal);
     queue->journal = NULL;
+    queue->log_left = true;
 }
 
 void durable__adopted_synced(struct broker *broker, uint64_t ticket)

@@ -362,6 +362,8 @@ struct queue {
     bool unreadable;
     bool from_replica_log;            /* recovered from a backup's log (durable.h
                                        * durable_replica_log_open) */
+    bool log_left;                    /* its log left to a taker (durable_abandon_log):
+                                       * its definition stays in our journal */
     struct queue_flow flow;           /* its publishers' flow control (flow.h) */
     uint32_t refs;                    /* the vhost's table + deliveries + consumers */
     uint64_t next_seq;

@@ -658,6 +658,62 @@ def a_taker_restarted_before_its_copy_was_synced_loses_nothing():
 
 
 
+@test(timeout=240)
+@noting_failure
+def an_old_owner_restarted_before_its_logs_were_renamed_keeps_them():
+    """o is cut off (SIGSTOP), then t frozen too, 1 s later: when the map
+    marks o down it gives o's queues to t, up still, which renames
+    nothing. o resumed learns that its queues were taken and leaves their
+    logs to t (closed without a write); killed and restarted before t
+    renamed them, it must not delete them as the logs of queues it no
+    longer defines. Then t resumes (or, marked down meanwhile, whoever
+    the map gives them to) and every confirmed message is served.
+    (Before, o's leaving the logs undefined the queues in its journal, and
+    its next start deleted the logs: "not declared".)"""
+    x = sharing_cluster(["o", "t"])
+    o, t = members["o"], members["t"]
+    names = place(x, "leftlog", "o", 2)
+    for name in names:
+        publish(x, name, [b"%s-%d" % (name.encode(), i) for i in range(100)])
+    time.sleep(0.3)  # group commit: every confirm's record is in o's logs
+    os.kill(o.proc.pid, signal.SIGSTOP)
+    time.sleep(1.0)
+    os.kill(t.proc.pid, signal.SIGSTOP)
+    try:
+        frozen_at = time.time()
+        wait_until(lambda: all((queue_info(x, n) or {}).get("primary") == "t" for n in names),
+                   10, what="o's queues given to t", interval=0.02)
+        os.kill(o.proc.pid, signal.SIGCONT)
+        wait_until(lambda: all("queue '%s' was taken over from our log" % n in o.log_text()
+                               for n in names), 10, what="o leaving its logs to t",
+                   interval=0.02)
+        time.sleep(0.05)  # (what o's journal wrote then is synced)
+        o.kill()
+        print("# o resumed and killed %.2f s after t froze" % (time.time() - frozen_at))
+        o.start()
+        wait_until(lambda: "caught up with the map" in o.log_text_bytes()[o.log_offset:]
+                   .decode("utf-8", "replace"), 30, what="o caught up")
+    finally:
+        for m in (o, t):
+            if m.alive():
+                os.kill(m.proc.pid, signal.SIGCONT)
+    text = o.log_text()
+    deleted = [n for n in names if "deleting queue vhost=/ queue=%s: not declared" % n in text]
+    assert not deleted, "o deleted the logs of %s at its start" % deleted
+    wait_until(lambda: all((queue_info(x, n) or {}).get("available", True) and
+                           (queue_info(x, n) or {}).get("primary") in ("o", "t") for n in names),
+               30, what="the queues served again")
+    for m in (o, t):
+        wait_until(lambda: metric(m, "quay_cluster_adoptions_pending") == 0, 20,
+                   what="%s's adoptions done" % m.name)
+    bad = {}
+    for name in names:
+        got = read_all(x, name)
+        if got != [b"%s-%d" % (name.encode(), i) for i in range(100)]:
+            bad[name] = len(got)
+    assert not bad, "messages served, of 100: %s" % bad
+
+
 def log_dir_of(broker, name):
     """The directory of name's log in broker's queues/ on the shared
     storage (its header file holds the queue's name), or None."""
