@@ -138,6 +138,8 @@ static struct pending_confirm *pending_at(const struct replication *rep, uint32_
 
 static void pending_push(struct replication *rep, uint64_t seq, const struct publish_wait *wait)
 {
+    /* Confirms leave in seq order (drain): they wait in it. */
+    ASSERT(rep->count == 0 || pending_at(rep, rep->count - 1)->seq < seq);
     if (rep->count == rep->cap)
         rep->pending = ring_grow(rep->pending, sizeof *rep->pending, &rep->head, rep->count,
                                  &rep->cap, 64);
@@ -317,6 +319,7 @@ static void on_stream_answer(void *ctx, uint64_t tag, bool ack)
         stream_fail(rep, s, "lost or refused a message: leaving the in-sync set");
     } else if (s->state != STREAM_FAILED) {
         s->progress_ms = loop_ms(rep); /* any answer: it is working through its input */
+        ASSERT(tag <= s->last_sent); /* (an answer to what we sent: the link's tag) */
         if (tag > s->acked_seq)
             s->acked_seq = tag;
         if (s->acked_seq >= s->last_sent && s->skipped_to > s->acked_seq)
@@ -960,6 +963,7 @@ void replication_attach(struct member *member, struct queue *queue, const struct
         queue->replication = rep;
         queue->replication_ops = &replication_ops;
     }
+    ASSERT(fresh || mq->epoch >= rep->epoch); /* a queue's epoch never falls */
     rep->epoch = mq->epoch;
     rep->transient_wanted = transient_only_wanted(member, queue, mq);
     streams_follow(rep, mq, fresh, recovered);
