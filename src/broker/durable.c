@@ -441,7 +441,8 @@ static void on_synced(void *ctx, uint64_t ticket, int status)
     struct durable *d = &broker->durable;
     if (status < 0 && d->status == 0) {
         d->status = status;
-        LOG_ERROR("journal failed (%d): publishes waiting for the disk are nacked", status);
+        LOG_ERROR("journal failed (%s, %d): publishes waiting for the disk are nacked",
+                  error_name(status), status);
     }
     if (ticket > d->synced_ticket)
         d->synced_ticket = ticket;
@@ -814,7 +815,7 @@ int durable_open(struct broker *broker, char *err, size_t err_size)
             snprintf(err, err_size, "journal corrupt at %s offset %llu: refusing to start",
                      stats.corrupt_path, (unsigned long long)stats.corrupt_offset);
         else
-            snprintf(err, err_size, "journal recovery failed (%d)", rc);
+            snprintf(err, err_size, "journal recovery failed (%s, %d)", error_name(rc), rc);
         return -1;
     }
     /* Every durable queue gets its log now (the recovered one, or a new

@@ -178,9 +178,10 @@ static int end_log(struct broker *broker, struct durable_adopt_plan *p, int stat
     if (a->ticket > p->ticket)
         p->ticket = a->ticket; /* (what went in before a failure is copied too) */
     if (rc != OK || status != OK) {
-        LOG_ERROR("queue '%.*s': cannot read %s's log, staged in %s (%d), after %lld of its "
+        int code = rc != OK ? rc : status;
+        LOG_ERROR("queue '%.*s': cannot read %s's log, staged in %s (%s, %d), after %lld of its "
                   "messages", (int)queue->name.len, (const char *)queue->name.ptr,
-                  p->current_source, p->current.staged, rc != OK ? rc : status,
+                  p->current_source, p->current.staged, error_name(code), code,
                   (long long)a->count);
         free(out);
         return -1;

@@ -196,8 +196,8 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
     *result = NULL;
     int rv = c->cb.apply(c->cb.ctx, index, buf->base, buf->len, result);
     if (rv != 0)
-        LOG_DEBUG("consensus id=%llu: apply of entry %llu failed (%d)",
-                  (unsigned long long)c->id, (unsigned long long)index, rv);
+        LOG_DEBUG("consensus id=%llu: apply of entry %llu failed (%s, %d)",
+                  (unsigned long long)c->id, (unsigned long long)index, error_name(rv), rv);
     c->apply_status_index = index;
     c->apply_status = rv;
     c->stats.applied_count++;
@@ -242,8 +242,8 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
     ASSERT(buf != NULL);
     int rv = c->cb.restore(c->cb.ctx, buf->base, buf->len);
     if (rv != 0) {
-        LOG_ERROR("consensus id=%llu: restoring a snapshot failed (%d)",
-                  (unsigned long long)c->id, rv);
+        LOG_ERROR("consensus id=%llu: restoring a snapshot failed (%s, %d)",
+                  (unsigned long long)c->id, error_name(rv), rv);
         return RAFT_CORRUPT; /* libraft keeps ownership of buf on failure */
     }
     raft_free(buf->base);

@@ -24,7 +24,7 @@
  * member) receives the snapshot and the restore callback loads it.
  *
  * Return values follow lib/errors.h: 0 (OK) or a negative code; the
- * consensus-specific codes are below.
+ * consensus-specific codes (CONSENSUS_E_*) are registered there too.
  */
 #ifndef QUAY_CLUSTER_CONSENSUS_H
 #define QUAY_CLUSTER_CONSENSUS_H
@@ -34,6 +34,8 @@
 #include <stdint.h>
 
 #include <uv.h>
+
+#include "lib/errors.h"
 
 #define CONSENSUS_VOTERS_MAX 5
 /* A snapshot not acknowledged within this is sent again (libraft: 30 s).
@@ -49,18 +51,7 @@
 #define CONSENSUS_SNAPSHOT_SLOW_MS 2000
 #define CONSENSUS_ADDRESS_SIZE_MAX 255
 
-enum {
-    CONSENSUS_E_NOT_LEADER = -20,       /* only the leader may do that; ask consensus_leader() */
-    CONSENSUS_E_LEADERSHIP_LOST = -21,  /* lost leadership before the entry was committed:
-                                           it may or may not commit later */
-    CONSENSUS_E_SHUTDOWN = -22,         /* consensus_stop() was called */
-    CONSENSUS_E_BUSY = -23,             /* too many requests in flight */
-    CONSENSUS_E_CONFLICT = -24,         /* member id or address already in use */
-    CONSENSUS_E_INVALID = -25,          /* bad argument or configuration */
-    CONSENSUS_E_IO = -26,               /* disk or network failure in the engine */
-    CONSENSUS_E_APPLY = -27,            /* the apply callback returned an error */
-    CONSENSUS_E_NOT_FOUND = -28,        /* no such member */
-};
+/* Its errors (CONSENSUS_E_*, -20..-31) are in lib/errors.h. */
 
 /* Owned by the caller of consensus_start(); read during that call only
  * (strings and the secret are copied). */

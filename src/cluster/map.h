@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "amqp/table.h"
+#include "lib/errors.h"
 #include "lib/types.h"
 #include "broker/limits.h"
 #include "broker/policy.h"
@@ -59,9 +60,7 @@
 /* Broker id 0 means "none" everywhere (no owner, no backup). */
 #define BROKER_ID_NONE 0u
 
-/* Returned by cluster_map_apply for a well-formed command that was refused;
- * the reply code and text are in the struct map_change. */
-#define E_MAP_REFUSED (-32)
+/* cluster_map_apply's refusal (E_MAP_REFUSED) is in lib/errors.h. */
 
 /* ---- the objects ----------------------------------------------------------- */
 

@@ -351,7 +351,7 @@ void member_propose_entry(struct member *member, const uint8_t *entry, uint64_t 
 {
     int rc = cluster_node_propose_entry(member->node, entry, (size_t)size);
     if (rc != OK)
-        LOG_DEBUG("cluster: forwarded map entry not proposed: %d", rc);
+        LOG_DEBUG("cluster: forwarded map entry not proposed (%s, %d)", error_name(rc), rc);
 }
 
 bool member_forward_fresh(struct member *member, struct bytes vhost, struct bytes queue,

@@ -48,6 +48,7 @@
 #include <uv.h>
 
 #include "cluster/map.h"
+#include "lib/errors.h"
 
 #define CLUSTER_NODE_PEERS_MAX 16 /* addresses in --join */
 #define NODE_HEARTBEAT_MS 50
@@ -77,7 +78,7 @@
  * controller.h's CONTROLLER_*_EVERY_MS. */
 
 #define CLUSTER_SUBMIT_TIMEOUT_MS 5000
-#define CLUSTER_E_UNAVAILABLE (-40) /* no commit in time: no leader, no quorum */
+/* CLUSTER_E_UNAVAILABLE (no commit in time) is in lib/errors.h. */
 
 struct raft_tls; /* raft_tls.h */
 

@@ -33,15 +33,11 @@
 
 #include <uv.h>
 
+#include "lib/errors.h"
 #include "lib/types.h"
 #include "store/disk.h"
 
-/* Errors beyond lib/errors.h (E_IO for system errors, E_LIMIT, E_NOMEM). */
-enum {
-    E_JOURNAL_CORRUPT = -1000,  /* a bad record that is not a torn tail; see recovery */
-    E_JOURNAL_NOT_FOUND = -1001, /* journal_read of a seq the journal does not hold */
-    E_JOURNAL_FENCED = -1002,    /* another broker took over a log we write (fenced) */
-};
+/* Its errors (E_JOURNAL_*, besides E_IO, E_LIMIT, E_NOMEM) are in lib/errors.h. */
 
 struct journal;
 struct journal_queue; /* one durable queue's log; owned by its journal */
