@@ -923,12 +923,18 @@ def definitions_round_trip_with_rabbitmq():
             http_call("PUT", "/api/permissions/rt-v/rt-user", json.dumps(
                 {"configure": "^rt-", "write": ".*", "read": ".*"}))[0]], [201, 201, 201],
            "rt-user on quay")
+        eq(http_call("PUT", "/api/policies/%2F/rt-pol", json.dumps(
+            {"pattern": "^rt-", "definition": {"ha-mode": "exactly", "ha-params": 2},
+             "priority": 1, "apply-to": "queues"}))[0], 201, "a policy on quay")
         rmq.wait()
         st, defs = http_call("GET", "/api/definitions")
         eq(st, 200, "quay export")
         not_guest(defs)   # RabbitMQ's guest stays as it is
         eq(rmq.call("POST", "/api/definitions", json.dumps(defs))[0], 204,
            "RabbitMQ imports quay's export")
+        st, pol = rmq.call("GET", "/api/policies/%2F/rt-pol")
+        eq((st, pol["definition"], pol["priority"]),
+           (200, {"ha-mode": "exactly", "ha-params": 2}, 1), "quay's policy in RabbitMQ")
         rabbit_user = rmq.call("GET", "/api/users/rt-user")[1]
         eq((rabbit_user["hashing_algorithm"], rabbit_user["tags"]),
            ("rabbit_password_hashing_sha256", ["management"]), "quay's user in RabbitMQ")
@@ -987,11 +993,19 @@ def definitions_round_trip_with_rabbitmq():
                                                            "tags": "monitoring"}))
         rmq.call("PUT", "/api/permissions/rt-rv/rt-ruser", json.dumps(
             {"configure": "^rt-", "write": ".*", "read": ".*"}))
+        # A classic mirroring policy made on RabbitMQ (all: as many backups as
+        # a quay queue may have).
+        eq(rmq.call("PUT", "/api/policies/%2F/rt-rpol", json.dumps(
+            {"pattern": "^rt-from", "definition": {"ha-mode": "all", "ha-sync-mode": "automatic"},
+             "priority": 2, "apply-to": "queues"}))[0], 201, "a policy on RabbitMQ")
         st, theirs = rmq.call("GET", "/api/definitions")
         eq(st, 200, "RabbitMQ export")
         not_guest(theirs)     # their guest is an administrator from anywhere
         st, body = http_call("POST", "/api/definitions", json.dumps(theirs))
         eq(st, 204, "quay imports RabbitMQ's export: %r" % (body,))
+        st, pol = http_call("GET", "/api/policies/%2F/rt-rpol")
+        eq((st, pol["pattern"], pol["priority"], pol["backups"]), (200, "^rt-from", 2, 3),
+           "RabbitMQ's policy in quay")
         st, ruser = http_call("GET", "/api/users/rt-ruser")
         eq((st, ruser["tags"]), (200, ["monitoring"]), "RabbitMQ's user in quay")
         amqp_login(qbroker().port, "rt-ruser", "rr-pw", "rt-rv", "rt-ok")
@@ -1008,7 +1022,7 @@ def definitions_round_trip_with_rabbitmq():
     finally:
         rmq.stop()
         for path in ("/api/users/rt-user", "/api/users/rt-ruser", "/api/vhosts/rt-v",
-                     "/api/vhosts/rt-rv"):
+                     "/api/vhosts/rt-rv", "/api/policies/%2F/rt-pol", "/api/policies/%2F/rt-rpol"):
             http_call("DELETE", path)
         for q in ("rt-q", "rt-from-rabbit"):
             admin("delete", "queue", "name=" + q, check=False)
