@@ -1,9 +1,10 @@
 /*
  * api_definitions.c: see api_definitions.h. An import is checked whole
- * (check_*), turned into steps (one AMQP method each, with its vhost),
- * then run one vhost's batch at a time: each batch is one AMQP session
+ * (check_*), turned into settings (policies, limits) and steps (one AMQP
+ * method each, with its vhost), then applied: users, settings, then the
+ * steps one vhost's batch at a time: each batch is one AMQP session
  * (api_amqp.h) that sends its methods pipelined and ends when every one
- * was answered.
+ * was answered. A refusal part way runs the undo steps and settings.
  */
 #include "mgmt/api_definitions.h"
 #include "mgmt/api_definitions_export.h"
