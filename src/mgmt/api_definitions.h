@@ -20,24 +20,25 @@
  * any broker exports the whole cluster's. Copied out in the request's
  * turn and written in slices (api_definitions_export.c).
  *
- * Import, all or nothing as far as quay can tell before it starts: the
- * whole body is parsed (a malformed one is refused with where it went
- * wrong) and checked first: every field's type, every vhost exists, every
- * binding's ends exist or are in the file, every vhost exists or is in
- * the file, an existing queue or exchange is declared the same way
- * (durable, auto_delete, type), the importing user may open every vhost
- * it fills (now or by the file's grant), the users, vhosts and
- * permissions are well formed (api_definitions_users.h), and the
- * policies and parameters sections hold nothing quay would have to
- * create; any refusal is a 400 naming the item ("queues[3]: ..."), and
- * nothing is applied. Then the users, vhosts and permissions are applied
- * (whole: one map command in a cluster), then the exchanges, queues and
- * bindings are declared over AMQP as the user (api_amqp.h), one vhost at
- * a time: the same checks a client's declare gets. The only failures left
- * once applying has started are those (an x-argument the broker
- * refuses), or the map unavailable for the users part (503, nothing
- * applied): a declaration's is answered 400 with the broker's reason, and
- * what came before it stays.
+ * Import, all or nothing: the whole body is parsed (a malformed one is
+ * refused with where it went wrong) and checked first with the checks
+ * the API's own paths make: every field's type, every vhost exists or
+ * is in the file, every binding's ends exist or are in the file, a new
+ * queue's or exchange's arguments as queue.declare and exchange.declare
+ * check them, an existing one declared equivalently (as a redeclare is
+ * judged: queue_args.h), the importing user may open every vhost it
+ * fills (now or by the file's grant), the users, vhosts and permissions
+ * well formed (api_definitions_users.h), the policies as PUT
+ * /api/policies reads them and the vhost and user limits as the limits
+ * endpoints do (api_definitions_settings.h); any refusal is a 400 naming
+ * the item ("queues[3]: ..."), and nothing is applied. Then the users,
+ * vhosts and permissions are applied (whole: one map command in a
+ * cluster), then the policies and limits, then the exchanges, queues and
+ * bindings are declared over AMQP with the request's credentials
+ * (api_amqp.h), one vhost at a time. Each change applied records what
+ * takes it back; a refusal once applying started (an AMQP refusal the
+ * check could not foresee, a map command refused, no quorum) undoes
+ * them, the latest first, before it is answered, naming the item.
  */
 #ifndef QUAY_MGMT_API_DEFINITIONS_H
 #define QUAY_MGMT_API_DEFINITIONS_H

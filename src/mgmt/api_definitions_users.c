@@ -428,10 +428,3 @@ void api_definitions_apply_users(struct broker *broker, const struct definitions
     }
     a->request = cluster_node_submit(node, &cmd, on_imported, a);
 }
-
-void api_definitions_apply_users_cancel(struct definitions_users_apply *a)
-{
-    if (a->request != NULL)
-        cluster_request_cancel(a->request);
-    a->request = NULL;
-}

@@ -80,8 +80,5 @@ struct definitions_users_apply {
  * command was applied here in one (the broker's tables then have it). */
 void api_definitions_apply_users(struct broker *broker, const struct definitions_users *d,
                                  struct definitions_users_apply *a);
-/* The caller goes away first: done will not run (the change may still
- * commit, whole). */
-void api_definitions_apply_users_cancel(struct definitions_users_apply *a);
 
 #endif

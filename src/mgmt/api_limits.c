@@ -144,49 +144,6 @@ bool api_limits_vhost_has(const struct broker *broker, struct bytes vhost)
     return false;
 }
 
-bool api_limits_check_parameter(const struct broker *broker, const struct json_tree *tree,
-                                const struct json_node *item, struct bytes only, char *err,
-                                size_t err_size)
-{
-    const struct json_node *component = json_tree_get(tree, item, "component");
-    const struct json_node *vhost = json_tree_get(tree, item, "vhost");
-    const struct json_node *value = json_tree_get(tree, item, "value");
-    if (component == NULL || component->kind != JSON_KIND_STRING ||
-        strcmp(component->string, "vhost-limits") != 0) {
-        snprintf(err, err_size, "parameters: quay has only vhost-limits and cannot import "
-                 "other components");
-        return false;
-    }
-    struct bytes name = only;
-    if (only.len == 0 && vhost != NULL && vhost->kind == JSON_KIND_STRING)
-        name = (struct bytes){(const uint8_t *)vhost->string, vhost->string_size};
-    if (name.len == 0 || name.len > LIMIT_NAME_SIZE_MAX || value == NULL ||
-        value->kind != JSON_KIND_OBJECT) {
-        snprintf(err, err_size, "parameters: a vhost-limits item needs a vhost and a value");
-        return false;
-    }
-    const struct limit_set *set = api_limits_of(broker);
-    uint32_t count = 0;
-    for (int k = 0; k < LIMIT_KIND_COUNT; k++)
-        count += limit_set_find(set, LIMIT_SCOPE_VHOST, name, k) != NULL;
-    bool same = value->children_count == count;
-    for (const struct json_node *m = json_tree_first(tree, value); same && m != NULL;
-         m = json_tree_next(tree, m)) {
-        int kind = limit_kind_parse(LIMIT_SCOPE_VHOST, bytes_of_cstr(m->key));
-        const struct limit *l =
-            kind < 0 ? NULL : limit_set_find(set, LIMIT_SCOPE_VHOST, name, kind);
-        same = l != NULL && m->kind == JSON_KIND_NUMBER && m->is_integer &&
-               m->integer == l->value;
-    }
-    if (!same) {
-        snprintf(err, err_size, "parameters: vhost-limits of vhost '%.*s' differ from the "
-                 "vhost's (set them with PUT /api/vhost-limits)", (int)name.len,
-                 (const char *)name.ptr);
-        return false;
-    }
-    return true;
-}
-
 /* ---- the path and the body ---------------------------------------------- */
 
 /* %-decodes a path segment into out (1..LIMIT_NAME_SIZE_MAX bytes). */

@@ -54,11 +54,5 @@ void api_limits_write_parameters_seen(struct json *out, const struct broker *bro
 /* Whether vhost has limits (then GET /api/parameters/vhost-limits/VHOST/limits
  * is that one item). */
 bool api_limits_vhost_has(const struct broker *broker, struct bytes vhost);
-/* An import's "parameters" item: true only for a vhost-limits one that says
- * exactly what the vhost has (limits are set with PUT /api/vhost-limits,
- * as users and policies with their own paths); else false with why in err. */
-bool api_limits_check_parameter(const struct broker *broker, const struct json_tree *tree,
-                                const struct json_node *item, struct bytes only, char *err,
-                                size_t err_size);
 
 #endif

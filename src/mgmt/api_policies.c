@@ -187,9 +187,9 @@ static int64_t definition_backups(const struct json_tree *t, const struct json_n
 /* The members of a PUT's body: false with why in err. RabbitMQ's shape
  * ("pattern", "definition", "priority", "apply-to"; rabbitmqadmin adds
  * "name" and "vhost", which the path says) or quay's ("backups"). */
-static bool read_members(const struct json_tree *t, struct body *b, char *err, size_t err_size)
+static bool read_members(const struct json_tree *t, const struct json_node *root, struct body *b,
+                         char *err, size_t err_size)
 {
-    const struct json_node *root = json_tree_root(t);
     if (root->kind != JSON_KIND_OBJECT) {
         snprintf(err, err_size, "an object expected");
         return false;
@@ -238,17 +238,13 @@ static bool read_members(const struct json_tree *t, struct body *b, char *err, s
     return true;
 }
 
-/* The body of a PUT as a declaration: OK, or E_SYNTAX with why in err. */
-static int parse_body(const struct http_call_request *req, const struct policy_path *path,
-                      struct body *b, struct policy_decl *d, char *err, size_t err_size)
+/* The members read as a declaration of vhost/name: OK, or E_SYNTAX. */
+static int body_decl(const struct json_tree *t, const struct json_node *obj, struct body *b,
+                     struct bytes vhost, struct bytes name, struct policy_decl *d, char *err,
+                     size_t err_size)
 {
     memset(b, 0, sizeof *b);
-    struct json_tree t;
-    if (json_tree_parse(&t, req->body, req->body_size, err, err_size) != OK)
-        return E_SYNTAX;
-    bool ok = read_members(&t, b, err, err_size);
-    json_tree_free(&t);
-    if (!ok)
+    if (!read_members(t, obj, b, err, err_size))
         return E_SYNTAX;
     if (b->pattern_size == 0 || b->backups < 0) {
         snprintf(err, err_size, "\"pattern\" and \"definition\" (or \"backups\") are required");
@@ -259,10 +255,42 @@ static int parse_body(const struct http_call_request *req, const struct policy_p
                  POLICY_BACKUPS_MAX);
         return E_SYNTAX;
     }
-    *d = (struct policy_decl){path->vhost_b, path->name_b,
+    *d = (struct policy_decl){vhost, name,
                               {(const uint8_t *)b->pattern, (uint32_t)b->pattern_size},
                               (uint32_t)b->priority, (uint8_t)b->backups, b->replicate};
     return policy_decl_check(d, err, err_size);
+}
+
+/* The body of a PUT as a declaration: OK, or E_SYNTAX with why in err. */
+static int parse_body(const struct http_call_request *req, const struct policy_path *path,
+                      struct body *b, struct policy_decl *d, char *err, size_t err_size)
+{
+    struct json_tree t;
+    if (json_tree_parse(&t, req->body, req->body_size, err, err_size) != OK)
+        return E_SYNTAX;
+    int rc = body_decl(&t, json_tree_root(&t), b, path->vhost_b, path->name_b, d, err,
+                       err_size);
+    json_tree_free(&t);
+    return rc;
+}
+
+int api_policy_read(const struct json_tree *t, const struct json_node *obj, struct bytes vhost,
+                    struct bytes name, struct api_policy *out, char *err, size_t err_size)
+{
+    struct body *b = xmalloc(sizeof *b);
+    struct policy_decl d;
+    int rc = body_decl(t, obj, b, vhost, name, &d, err, err_size);
+    if (rc == OK) {
+        memset(out, 0, sizeof *out);
+        memcpy(out->vhost, vhost.ptr, vhost.len);
+        memcpy(out->name, name.ptr, name.len);
+        memcpy(out->pattern, b->pattern, b->pattern_size);
+        out->decl = (struct policy_decl){{out->vhost, vhost.len}, {out->name, name.len},
+                                         {out->pattern, (uint32_t)b->pattern_size},
+                                         d.priority, d.backups, d.replicate};
+    }
+    free(b);
+    return rc;
 }
 
 /* ---- answers ---------------------------------------------------------------- */
@@ -342,6 +370,24 @@ static bool vhost_exists(struct broker *broker, struct bytes vhost)
     return broker_vhost(broker, vhost) != NULL;
 }
 
+void api_policy_put_here(struct broker *broker, const struct policy_decl *d)
+{
+    policy_set_put(&broker->policies, d);
+    durable_policy_put(broker, policy_set_find(&broker->policies, d->vhost, d->name));
+    LOG_INFO("policy '%.*s' in vhost '%.*s': pattern '%.*s', priority %u, backups %u",
+             (int)d->name.len, (const char *)d->name.ptr, (int)d->vhost.len,
+             (const char *)d->vhost.ptr, (int)d->pattern.len, (const char *)d->pattern.ptr,
+             d->priority, d->backups);
+}
+
+bool api_policy_delete_here(struct broker *broker, struct bytes vhost, struct bytes name)
+{
+    if (!policy_set_delete(&broker->policies, vhost, name))
+        return false;
+    durable_policy_deleted(broker, vhost, name);
+    return true;
+}
+
 static void put_policy(struct broker *broker, struct http_call *call,
                        const struct http_call_request *req, const struct policy_path *path)
 {
@@ -368,14 +414,8 @@ static void put_policy(struct broker *broker, struct http_call *call,
         api_answer_bad_request(call, "too many policies");
         return;
     }
-    policy_set_put(&broker->policies, &d);
-    const struct policy *p = policy_set_find(&broker->policies, d.vhost, d.name);
-    durable_policy_put(broker, p);
-    LOG_INFO("policy '%.*s' in vhost '%.*s': pattern '%.*s', priority %u, backups %u",
-             (int)d.name.len, (const char *)d.name.ptr, (int)d.vhost.len,
-             (const char *)d.vhost.ptr, (int)d.pattern.len, (const char *)d.pattern.ptr,
-             d.priority, d.backups);
-    answer_policy(call, created ? 201 : 200, p);
+    api_policy_put_here(broker, &d);
+    answer_policy(call, created ? 201 : 200, policy_set_find(&broker->policies, d.vhost, d.name));
 }
 
 static void delete_policy(struct broker *broker, struct http_call *call,
@@ -391,11 +431,10 @@ static void delete_policy(struct broker *broker, struct http_call *call,
         submit(broker, call, &cmd, path, false);
         return;
     }
-    if (!policy_set_delete(&broker->policies, path->vhost_b, path->name_b)) {
+    if (!api_policy_delete_here(broker, path->vhost_b, path->name_b)) {
         api_answer_not_found(call);
         return;
     }
-    durable_policy_deleted(broker, path->vhost_b, path->name_b);
     answer_deleted(call, path);
 }
 

@@ -20,12 +20,14 @@
 #ifndef QUAY_MGMT_API_POLICIES_H
 #define QUAY_MGMT_API_POLICIES_H
 
+#include "broker/policy.h"
+#include "lib/json_read.h"
 #include "mgmt/http.h"
 
 struct broker;
 struct json;
-struct policy;
-struct policy_set;
+struct json_node;
+struct json_tree;
 
 /* Adds the routes; broker is borrowed and outlives the server. */
 void api_policies_register(struct http_server *http, struct broker *broker);
@@ -38,5 +40,22 @@ const struct policy_set *api_policies_of(const struct broker *broker);
  * refuses a key it does not know): GET /api/policies and the definitions
  * export write the same. */
 void api_policy_definition_write(struct json *out, const struct policy *p);
+
+/* A policy declaration that owns its strings (decl's slices point here). */
+struct api_policy {
+    struct policy_decl decl;
+    uint8_t vhost[POLICY_NAME_SIZE_MAX], name[POLICY_NAME_SIZE_MAX];
+    uint8_t pattern[JSON_READ_STRING_SIZE];
+};
+/* A policy in RabbitMQ's shape (PUT's body, or a definitions "policies"
+ * item: its "vhost" and "name" are ignored here) as the declaration of
+ * vhost/name (each 1..POLICY_NAME_SIZE_MAX bytes): OK, or E_SYNTAX with
+ * the text PUT answers 400 with in err. */
+int api_policy_read(const struct json_tree *t, const struct json_node *obj, struct bytes vhost,
+                    struct bytes name, struct api_policy *out, char *err, size_t err_size);
+/* Outside a cluster: puts d (checked; room for it) or deletes one,
+ * journaled, as PUT and DELETE do (false: there was none). */
+void api_policy_put_here(struct broker *broker, const struct policy_decl *d);
+bool api_policy_delete_here(struct broker *broker, struct bytes vhost, struct bytes name);
 
 #endif
