@@ -372,6 +372,40 @@ def policies_in_rabbitmqs_words():
     assert not [p for p in admin_json("list", "policies") if p["name"] == "adm-ha"], "deleted"
 
 
+@test(timeout=60)
+def policy_changes_answer_without_a_body_as_rabbitmq():
+    # RabbitMQ 3.10.8's answers to the same requests: PUT 201 (new) or 204
+    # (replaced), DELETE 204, none with a body; a vhost's policies are
+    # listed at /api/policies/{vhost}, by priority, sort= and columns= as
+    # any list (not paged: RabbitMQ ignores page= there).
+    p = {"pattern": "^adm-pp", "definition": {"ha-mode": "exactly", "ha-params": 2}}
+    try:
+        eq(http_call("PUT", "/api/policies/%2F/adm-pp", json.dumps(dict(p, priority=7))),
+           (201, None), "PUT of a new policy")
+        eq(http_call("PUT", "/api/policies/%2F/adm-pp", json.dumps(dict(p, priority=3))),
+           (204, None), "PUT of the same")
+        eq(http_call("PUT", "/api/policies/%2F/adm-pq", json.dumps(dict(p, priority=9))),
+           (201, None), "PUT of another")
+        wait_until(lambda: http_call("GET", "/api/policies/%2F/adm-pp")[1]["priority"] == 3, 10,
+                   what="the replaced policy")
+        mine = lambda items: [x for x in items if x["name"].startswith("adm-p")]  # noqa: E731
+        eq(mine(http_call("GET", "/api/policies/%2F?columns=name,priority")[1]),
+           [{"name": "adm-pp", "priority": 3}, {"name": "adm-pq", "priority": 9}],
+           "by priority, its columns")
+        eq(mine(http_call("GET", "/api/policies?sort=priority&sort_reverse=true"
+                                 "&columns=name,priority&page=1&page_size=1")[1]),
+           [{"name": "adm-pq", "priority": 9}, {"name": "adm-pp", "priority": 3}],
+           "sort_reverse, no page")
+        eq(http_call("GET", "/api/policies/adm-nowhere")[0], 404, "an unknown vhost")
+        out = admin("list", "policies", "name", "priority", "--sort=name", "--sort-reverse")[1]
+        assert out.index("adm-pq") < out.index("adm-pp"), out
+        eq(http_call("DELETE", "/api/policies/%2F/adm-pp"), (204, None), "DELETE")
+        eq(http_call("DELETE", "/api/policies/%2F/adm-pp")[0], 404, "DELETE again")
+    finally:
+        for name in ("adm-pp", "adm-pq"):
+            http_call("DELETE", "/api/policies/%2F/" + name)
+
+
 def names_in(out, prefix):
     """The rows of rabbitmqadmin's table output whose first cell starts with prefix."""
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.split("\n")
