@@ -386,12 +386,13 @@ static void parse_own(struct json *raw, struct json_tree *tree)
     ASSERT(rc == OK);
 }
 
-void api_list_answer(struct http_call *call, const struct http_call_request *req,
-                     struct json *raw, const char *default_sort)
+/* pages: whether page=, page_size= and name= count (else ignored). */
+static void answer_list(struct http_call *call, const struct http_call_request *req,
+                        struct json *raw, const char *default_sort, bool pages)
 {
-    bool paged;
-    long page, page_size;
-    if (!api_list__page_parse(call, req, &paged, &page, &page_size)) {
+    bool paged = false;
+    long page = 1, page_size = PAGE_SIZE_DEFAULT;
+    if (pages && !api_list__page_parse(call, req, &paged, &page, &page_size)) {
         json_free(raw);
         return;
     }
@@ -434,6 +435,18 @@ void api_list_answer(struct http_call *call, const struct http_call_request *req
     free(items);
     json_tree_free(&tree);
     http_call_answer(call, 200, &body);
+}
+
+void api_list_answer(struct http_call *call, const struct http_call_request *req,
+                     struct json *raw, const char *default_sort)
+{
+    answer_list(call, req, raw, default_sort, true);
+}
+
+void api_list_answer_whole(struct http_call *call, const struct http_call_request *req,
+                           struct json *raw, const char *default_sort)
+{
+    answer_list(call, req, raw, default_sort, false);
 }
 
 /* ---- pages cut by the endpoint ------------------------------------------------ */

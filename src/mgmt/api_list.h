@@ -64,6 +64,11 @@ bool api_query_get(const struct http_call_request *req, const char *key, char *o
  * otherwise), columns and pagination as above. Takes raw. */
 void api_list_answer(struct http_call *call, const struct http_call_request *req,
                      struct json *raw, const char *default_sort);
+/* The same for the lists RabbitMQ 3.10 sorts and cuts into columns but
+ * answers whole (users, permissions, policies: its reply_list without
+ * pagination): page=, page_size= and name= are ignored there, so here. */
+void api_list_answer_whole(struct http_call *call, const struct http_call_request *req,
+                           struct json *raw, const char *default_sort);
 /* A long list's items, for api_list_answer_slices: write(ctx, i, out)
  * writes item i (i < count) as one JSON object into out and returns true,
  * or writes nothing and returns false (the item is gone); compare(ctx, a,

@@ -63,16 +63,25 @@ void api_policy_definition_write(struct json *out, const struct policy *p)
     json_object_end(out);
 }
 
-/* GET /api/policies: in (vhost, name) order, of the vhosts the user sees. */
-static void handle_list(void *ctx, const struct auth_user *user, struct json *out)
+/* GET /api/policies[/{vhost}]: those of the vhosts the user sees (of the
+ * one vhost), as RabbitMQ 3.10 lists them: by priority (then vhost, name)
+ * unless sort= says otherwise, columns= applied, not paged (page= is
+ * ignored there). */
+static void answer_list(struct broker *broker, struct http_call *call,
+                        const struct http_call_request *req, const struct bytes *vhost)
 {
-    const struct policy_set *set = api_policies_of(ctx);
-    json_array_begin(out);
+    const struct policy_set *set = api_policies_of(broker);
+    struct json body;
+    http_body_init(&body);
+    json_array_begin(&body);
     for (uint32_t i = 0; i < set->count; i++) {
-        if (mgmt_user_sees_vhost(user, set->items[i]->vhost))
-            write_policy(out, set->items[i]);
+        const struct policy *p = set->items[i];
+        if (mgmt_user_sees_vhost(req->user, p->vhost) &&
+            (vhost == NULL || bytes_equal(*vhost, p->vhost)))
+            write_policy(&body, p);
     }
-    json_array_end(out);
+    json_array_end(&body);
+    api_list_answer_whole(call, req, &body, "priority,vhost,name");
 }
 
 /* ---- the path and the body ---------------------------------------------- */
@@ -303,18 +312,11 @@ static void answer_policy(struct http_call *call, int status, const struct polic
     http_call_answer(call, status, &body);
 }
 
-static void answer_deleted(struct http_call *call, const struct policy_path *path)
+/* RabbitMQ's answers to a change, without a body: a PUT 201 (created) or
+ * 204 (replaced), a DELETE 204. */
+static int put_status(bool created)
 {
-    struct json body;
-    http_body_init(&body);
-    json_object_begin(&body);
-    json_key(&body, "vhost");
-    json_string_n(&body, path->vhost_b.ptr, path->vhost_b.len);
-    json_key(&body, "name");
-    json_string_n(&body, path->name_b.ptr, path->name_b.len);
-    json_kv_bool(&body, "deleted", true);
-    json_object_end(&body);
-    http_call_answer(call, 200, &body);
+    return created ? 201 : 204;
 }
 
 /* ---- in a cluster: through the map ------------------------------------------- */
@@ -334,15 +336,9 @@ static void on_applied(struct api_change *c, const struct map_change *change)
         api_answer_not_found(c->call);
     } else if (change->reply_code != REPLY_SUCCESS) {
         api_answer_bad_request(c->call, change->reply_text);
-    } else if (change->op == MAP_OP_POLICY_DELETE) {
-        answer_deleted(c->call, &p->path);
     } else {
-        const struct policy *policy = policy_set_find(api_policies_of(p->broker),
-                                                      p->path.vhost_b, p->path.name_b);
-        if (policy != NULL)
-            answer_policy(c->call, p->created ? 201 : 200, policy);
-        else /* deleted again right after: what we put did commit */
-            answer_deleted(c->call, &p->path);
+        http_call_answer_empty(c->call, change->op == MAP_OP_POLICY_DELETE
+                                            ? 204 : put_status(p->created));
     }
     free(p);
 }
@@ -415,7 +411,7 @@ static void put_policy(struct broker *broker, struct http_call *call,
         return;
     }
     api_policy_put_here(broker, &d);
-    answer_policy(call, created ? 201 : 200, policy_set_find(&broker->policies, d.vhost, d.name));
+    http_call_answer_empty(call, put_status(created));
 }
 
 static void delete_policy(struct broker *broker, struct http_call *call,
@@ -435,14 +431,42 @@ static void delete_policy(struct broker *broker, struct http_call *call,
         api_answer_not_found(call);
         return;
     }
-    answer_deleted(call, path);
+    http_call_answer_empty(call, 204);
 }
 
-/* /api/policies/{vhost}/{name} */
+/* GET /api/policies or /api/policies/{vhost}: answered. */
+static void handle_lists(struct broker *broker, struct http_call *call,
+                         const struct http_call_request *req)
+{
+    if (req->method != HTTP_METHOD_GET && req->method != HTTP_METHOD_HEAD) {
+        http_call_answer_error(call, 405, "only GET and HEAD here");
+        return;
+    }
+    if (req->rest_size == 0) {
+        answer_list(broker, call, req, NULL);
+        return;
+    }
+    uint8_t vhost[POLICY_NAME_SIZE_MAX];
+    uint32_t size;
+    if (!decode_segment(req->rest, req->rest_size, vhost, &size) ||
+        !vhost_exists(broker, (struct bytes){vhost, size})) {
+        api_answer_not_found(call);
+        return;
+    }
+    struct bytes b = {vhost, size};
+    if (mgmt_user_sees_vhost_or_401(call, req->user, b))
+        answer_list(broker, call, req, &b);
+}
+
+/* /api/policies[/{vhost}[/{name}]] */
 static void handle_policy(void *ctx, struct http_call *call, const struct http_call_request *req)
 {
     struct broker *broker = ctx;
     struct policy_path path;
+    if (memchr(req->rest, '/', req->rest_size) == NULL) {
+        handle_lists(broker, call, req);
+        return;
+    }
     if (!parse_path(req->rest, req->rest_size, &path)) {
         api_answer_not_found(call);
         return;
@@ -478,7 +502,5 @@ static void handle_policy(void *ctx, struct http_call *call, const struct http_c
 
 void api_policies_register(struct http_server *http, struct broker *broker)
 {
-    http_server_route_view(http, "/api/policies", handle_list, broker, MGMT_ACCESS_POLICIES);
-    http_server_route_prefix(http, "/api/policies/", handle_policy, broker,
-                             MGMT_ACCESS_POLICIES);
+    http_server_route_tree(http, "/api/policies/", handle_policy, broker, MGMT_ACCESS_POLICIES);
 }

@@ -2,11 +2,13 @@
  * api_policies.h: the replication policy endpoints of the management API
  * (RabbitMQ's /api/policies, with quay's one setting: backups).
  *
- *   GET    /api/policies                   every policy, every vhost
+ *   GET    /api/policies[/{vhost}]         every policy of the vhosts the user sees (of
+ *                                          one), by priority; sort=, columns= (not paged,
+ *                                          as RabbitMQ 3.10: api_list_answer_whole)
  *   GET    /api/policies/{vhost}/{name}    one (404 if none)
  *   PUT    /api/policies/{vhost}/{name}    {"pattern": "^ha\\.", "priority": 0, "backups": 2}
- *                                          201 created, 200 replaced
- *   DELETE /api/policies/{vhost}/{name}    200, 404 if none
+ *                                          201 created, 204 replaced, without a body
+ *   DELETE /api/policies/{vhost}/{name}    204 without a body, 404 if none
  * vhost and name are %-encoded ("/" is %2F). Errors: 400 bad body or
  * pattern, 404 unknown vhost or policy, 503 when the cluster map cannot
  * commit (no leader, no quorum, or this broker has not caught up).

@@ -90,7 +90,27 @@ static void write_permission(struct json *out, const struct auth_user *u,
     json_object_end(out);
 }
 
-static void write_vhost(struct json *out, struct bytes name)
+static bool only_vhost(const struct vhost *vhost, const void *ctx)
+{
+    return vhost == ctx;
+}
+
+/* RabbitMQ's sums of the vhost's queues' counts, as /api/overview's
+ * queue_totals counts them (broker_queue_totals: in a cluster, what this
+ * broker holds, its queues and stand-ins). Their rates are not kept per
+ * vhost: no *_details. */
+static void write_vhost_counts(struct json *out, struct broker *broker, struct bytes name)
+{
+    struct broker_queue_totals t = {0};
+    struct vhost *vhost = broker_vhost(broker, name);
+    if (vhost != NULL)
+        broker_queue_totals(broker, only_vhost, vhost, &t);
+    json_kv_uint(out, "messages", t.ready + t.unacked);
+    json_kv_uint(out, "messages_ready", t.ready);
+    json_kv_uint(out, "messages_unacknowledged", t.unacked);
+}
+
+static void write_vhost(struct json *out, struct broker *broker, struct bytes name)
 {
     json_object_begin(out);
     json_key(out, "name");
@@ -108,6 +128,7 @@ static void write_vhost(struct json *out, struct bytes name)
     json_array_end(out);
     json_object_end(out);
     json_kv_bool(out, "tracing", false);
+    write_vhost_counts(out, broker, name);
     json_object_end(out);
 }
 
@@ -130,57 +151,65 @@ static void handle_whoami(void *ctx, const struct auth_user *user, struct json *
     json_object_end(out);
 }
 
-static void handle_users(void *ctx, const struct auth_user *user, struct json *out)
+/* The lists, as RabbitMQ 3.10 answers them: sorted (sort=, sort_reverse=)
+ * and cut into columns=; only /api/vhosts is paged (its users,
+ * permissions and policies lists ignore page=). RabbitMQ's default order
+ * is (vhost, name): users by name, permissions by vhost (then user). */
+#define PERMISSIONS_SORT "vhost,user"
+
+/* A GET (or HEAD) of a list's bare path: false once answered 405. */
+static bool list_read(struct http_call *call, const struct http_call_request *req)
 {
-    const struct broker *broker = ctx;
-    (void)user;
-    json_array_begin(out);
-    for (size_t i = 0; i < broker->auth.users_count; i++) {
-        if (!broker->auth.users[i]->internal) /* the broker's own login is nobody's */
-            write_user(out, broker->auth.users[i]);
-    }
-    json_array_end(out);
+    if (req->method == HTTP_METHOD_GET || req->method == HTTP_METHOD_HEAD)
+        return true;
+    http_call_answer_error(call, 405, "only GET and HEAD here");
+    return false;
 }
 
-static void handle_permissions(void *ctx, const struct auth_user *user, struct json *out)
+static void list_users(struct broker *broker, struct http_call *call,
+                       const struct http_call_request *req)
 {
-    const struct broker *broker = ctx;
-    (void)user;
-    json_array_begin(out);
+    struct json body;
+    http_body_init(&body);
+    json_array_begin(&body);
+    for (size_t i = 0; i < broker->auth.users_count; i++) {
+        if (!broker->auth.users[i]->internal) /* the broker's own login is nobody's */
+            write_user(&body, broker->auth.users[i]);
+    }
+    json_array_end(&body);
+    api_list_answer_whole(call, req, &body, "name");
+}
+
+static void list_permissions(struct broker *broker, struct http_call *call,
+                             const struct http_call_request *req)
+{
+    struct json body;
+    http_body_init(&body);
+    json_array_begin(&body);
     for (size_t i = 0; i < broker->auth.users_count; i++) {
         const struct auth_user *u = broker->auth.users[i];
         for (size_t j = 0; j < u->permissions_count; j++)
-            write_permission(out, u, &u->permissions[j]);
+            write_permission(&body, u, &u->permissions[j]);
     }
-    json_array_end(out);
+    json_array_end(&body);
+    api_list_answer_whole(call, req, &body, PERMISSIONS_SORT);
 }
 
-static int compare_vhosts(const void *a, const void *b)
+/* Those the user sees (every one for an administrator). */
+static void list_vhosts(struct broker *broker, struct http_call *call,
+                        const struct http_call_request *req)
 {
-    const struct vhost *x = *(const struct vhost *const *)a;
-    const struct vhost *y = *(const struct vhost *const *)b;
-    size_t n = x->name.len < y->name.len ? x->name.len : y->name.len;
-    int c = n ? memcmp(x->name.ptr, y->name.ptr, n) : 0;
-    return c != 0 ? c : (x->name.len > y->name.len) - (x->name.len < y->name.len);
-}
-
-/* In name order, those the user sees (every one for an administrator). */
-static void handle_vhosts(void *ctx, const struct auth_user *user, struct json *out)
-{
-    struct broker *broker = ctx;
-    struct vhost **sorted = xcalloc(broker->vhosts.count + 1, sizeof *sorted);
-    uint32_t n = 0;
+    struct json body;
+    http_body_init(&body);
+    json_array_begin(&body);
     struct hmap_entry *e;
-    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &e);)
-        sorted[n++] = e->value;
-    qsort(sorted, n, sizeof *sorted, compare_vhosts);
-    json_array_begin(out);
-    for (uint32_t i = 0; i < n; i++) {
-        if (mgmt_user_sees_vhost(user, sorted[i]->name))
-            write_vhost(out, sorted[i]->name);
+    for (uint32_t i = 0; hmap_next(&broker->vhosts, &i, &e);) {
+        const struct vhost *vhost = e->value;
+        if (mgmt_user_sees_vhost(req->user, vhost->name))
+            write_vhost(&body, broker, vhost->name);
     }
-    json_array_end(out);
-    free(sorted);
+    json_array_end(&body);
+    api_list_answer(call, req, &body, "name");
 }
 
 /* ---- paths ------------------------------------------------------------------------ */
@@ -462,7 +491,8 @@ static void delete_user(struct broker *broker, struct http_call *call,
     http_call_answer_empty(call, 204);
 }
 
-static void answer_user_permissions(struct http_call *call, const struct auth_user *u)
+static void answer_user_permissions(struct http_call *call, const struct http_call_request *req,
+                                    const struct auth_user *u)
 {
     struct json body;
     http_body_init(&body);
@@ -470,13 +500,18 @@ static void answer_user_permissions(struct http_call *call, const struct auth_us
     for (size_t j = 0; j < u->permissions_count; j++)
         write_permission(&body, u, &u->permissions[j]);
     json_array_end(&body);
-    http_call_answer(call, 200, &body);
+    api_list_answer_whole(call, req, &body, PERMISSIONS_SORT);
 }
 
-/* /api/users/{name} and /api/users/{name}/permissions */
+/* /api/users, /api/users/{name} and /api/users/{name}/permissions */
 static void handle_user(void *ctx, struct http_call *call, const struct http_call_request *req)
 {
     struct broker *broker = ctx;
+    if (req->rest_size == 0) {
+        if (list_read(call, req))
+            list_users(broker, call, req);
+        return;
+    }
     struct segment path[2];
     int n = split_path(req->rest, req->rest_size, path, 2);
     bool read = req->method == HTTP_METHOD_GET || req->method == HTTP_METHOD_HEAD;
@@ -491,7 +526,7 @@ static void handle_user(void *ctx, struct http_call *call, const struct http_cal
         if (u == NULL)
             api_answer_not_found(call);
         else if (n == 2)
-            answer_user_permissions(call, u);
+            answer_user_permissions(call, req, u);
         else
             answer_json_user(call, u);
         return;
@@ -576,7 +611,7 @@ static void delete_vhost(struct broker *broker, struct http_call *call,
 
 /* GET /api/vhosts/{name}/permissions: every user's there. */
 static void answer_vhost_permissions(struct broker *broker, struct http_call *call,
-                                     struct bytes vhost)
+                                     const struct http_call_request *req, struct bytes vhost)
 {
     struct json body;
     http_body_init(&body);
@@ -588,12 +623,17 @@ static void answer_vhost_permissions(struct broker *broker, struct http_call *ca
             write_permission(&body, u, p);
     }
     json_array_end(&body);
-    http_call_answer(call, 200, &body);
+    api_list_answer_whole(call, req, &body, PERMISSIONS_SORT);
 }
 
 static void handle_vhost(void *ctx, struct http_call *call, const struct http_call_request *req)
 {
     struct broker *broker = ctx;
+    if (req->rest_size == 0) {
+        if (list_read(call, req))
+            list_vhosts(broker, call, req);
+        return;
+    }
     struct segment path[2]; /* name[, "permissions"] */
     int n = split_path(req->rest, req->rest_size, path, 2);
     const struct segment *name = &path[0];
@@ -609,7 +649,7 @@ static void handle_vhost(void *ctx, struct http_call *call, const struct http_ca
         else if (!vhost_exists(broker, name->b))
             api_answer_not_found(call);
         else
-            answer_vhost_permissions(broker, call, name->b);
+            answer_vhost_permissions(broker, call, req, name->b);
         return;
     }
     switch (req->method) {
@@ -620,8 +660,8 @@ static void handle_vhost(void *ctx, struct http_call *call, const struct http_ca
         } else {
             struct json body;
             http_body_init(&body);
-            write_vhost(&body, name->b);
-            http_call_answer(call, 200, &body);
+            write_vhost(&body, broker, name->b);
+            api_object_answer(call, req, &body);
         }
         return;
     case HTTP_METHOD_PUT:
@@ -755,6 +795,11 @@ static void handle_permission(void *ctx, struct http_call *call,
                               const struct http_call_request *req)
 {
     struct broker *broker = ctx;
+    if (req->rest_size == 0) {
+        if (list_read(call, req))
+            list_permissions(broker, call, req);
+        return;
+    }
     struct segment path[2]; /* vhost, user */
     if (split_path(req->rest, req->rest_size, path, 2) != 2) {
         api_answer_not_found(call);
@@ -785,12 +830,9 @@ static void handle_permission(void *ctx, struct http_call *call,
 void api_users_register(struct http_server *http, struct broker *broker)
 {
     http_server_route_view(http, "/api/whoami", handle_whoami, broker, MGMT_ACCESS_MANAGEMENT);
-    http_server_route_view(http, "/api/users", handle_users, broker, MGMT_ACCESS_ADMINISTRATOR);
-    http_server_route_prefix(http, "/api/users/", handle_user, broker, MGMT_ACCESS_ADMINISTRATOR);
-    http_server_route_view(http, "/api/vhosts", handle_vhosts, broker, MGMT_ACCESS_MANAGEMENT);
-    http_server_route_prefix(http, "/api/vhosts/", handle_vhost, broker, MGMT_ACCESS_MANAGEMENT);
-    http_server_route_view(http, "/api/permissions", handle_permissions, broker,
+    /* Trees: each bare path is its list (api_list.h's query parameters). */
+    http_server_route_tree(http, "/api/users/", handle_user, broker, MGMT_ACCESS_ADMINISTRATOR);
+    http_server_route_tree(http, "/api/vhosts/", handle_vhost, broker, MGMT_ACCESS_MANAGEMENT);
+    http_server_route_tree(http, "/api/permissions/", handle_permission, broker,
                            MGMT_ACCESS_ADMINISTRATOR);
-    http_server_route_prefix(http, "/api/permissions/", handle_permission, broker,
-                             MGMT_ACCESS_ADMINISTRATOR);
 }

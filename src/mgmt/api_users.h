@@ -13,7 +13,8 @@
  *                                             201 created, 204 changed (permissions stay)
  *   DELETE /api/users/{name}                 204; its connections are closed (320)
  *   GET    /api/users/{name}/permissions     its permissions
- *   GET    /api/vhosts                       [{"name", ...}]             management (its own)
+ *   GET    /api/vhosts                       [{"name", ..., "messages", "messages_ready",
+ *                                             "messages_unacknowledged"}] management (its own)
  *   GET    /api/vhosts/{name}                                            management (its own)
  *   GET    /api/vhosts/{name}/permissions    every user's there          administrator
  *   PUT    /api/vhosts/{name}                201 (the creator gets ".*" three times, as in
@@ -24,6 +25,12 @@
  *   GET    /api/permissions/{vhost}/{user}                               administrator
  *   PUT    /api/permissions/{vhost}/{user}   {"configure", "write", "read"}: 201 / 204
  *   DELETE /api/permissions/{vhost}/{user}   204
+ *
+ * The lists take api_list.h's sort=, sort_reverse= and columns=;
+ * /api/vhosts is paged too (page=, page_size=, name=), the others are not,
+ * as in RabbitMQ 3.10 (which ignores page= on them). A vhost's counts are
+ * its queues' as /api/overview counts them (in a cluster: this broker's
+ * queues and stand-ins, broker_queue_totals).
  *
  * Names in paths are %-encoded ("/" is %2F). Errors are RabbitMQ's: 404
  * {"error": "Object Not Found", "reason": "Not Found"}; 400 {"error":

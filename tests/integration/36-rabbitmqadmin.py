@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from quaytest import *  # noqa: E402,F403
@@ -369,6 +370,169 @@ def policies_in_rabbitmqs_words():
     finally:
         admin("delete", "policy", "name=adm-ha", check=False)
     assert not [p for p in admin_json("list", "policies") if p["name"] == "adm-ha"], "deleted"
+
+
+@test(timeout=60)
+def policy_changes_answer_without_a_body_as_rabbitmq():
+    # RabbitMQ 3.10.8's answers to the same requests: PUT 201 (new) or 204
+    # (replaced), DELETE 204, none with a body; a vhost's policies are
+    # listed at /api/policies/{vhost}, by priority, sort= and columns= as
+    # any list (not paged: RabbitMQ ignores page= there).
+    p = {"pattern": "^adm-pp", "definition": {"ha-mode": "exactly", "ha-params": 2}}
+    try:
+        eq(http_call("PUT", "/api/policies/%2F/adm-pp", json.dumps(dict(p, priority=7))),
+           (201, None), "PUT of a new policy")
+        eq(http_call("PUT", "/api/policies/%2F/adm-pp", json.dumps(dict(p, priority=3))),
+           (204, None), "PUT of the same")
+        eq(http_call("PUT", "/api/policies/%2F/adm-pq", json.dumps(dict(p, priority=9))),
+           (201, None), "PUT of another")
+        wait_until(lambda: http_call("GET", "/api/policies/%2F/adm-pp")[1]["priority"] == 3, 10,
+                   what="the replaced policy")
+        mine = lambda items: [x for x in items if x["name"].startswith("adm-p")]  # noqa: E731
+        eq(mine(http_call("GET", "/api/policies/%2F?columns=name,priority")[1]),
+           [{"name": "adm-pp", "priority": 3}, {"name": "adm-pq", "priority": 9}],
+           "by priority, its columns")
+        eq(mine(http_call("GET", "/api/policies?sort=priority&sort_reverse=true"
+                                 "&columns=name,priority&page=1&page_size=1")[1]),
+           [{"name": "adm-pq", "priority": 9}, {"name": "adm-pp", "priority": 3}],
+           "sort_reverse, no page")
+        eq(http_call("GET", "/api/policies/adm-nowhere")[0], 404, "an unknown vhost")
+        out = admin("list", "policies", "name", "priority", "--sort=name", "--sort-reverse")[1]
+        assert out.index("adm-pq") < out.index("adm-pp"), out
+        eq(http_call("DELETE", "/api/policies/%2F/adm-pp"), (204, None), "DELETE")
+        eq(http_call("DELETE", "/api/policies/%2F/adm-pp")[0], 404, "DELETE again")
+    finally:
+        for name in ("adm-pp", "adm-pq"):
+            http_call("DELETE", "/api/policies/%2F/" + name)
+
+
+def names_in(out, prefix):
+    """The rows of rabbitmqadmin's table output whose first cell starts with prefix."""
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.split("\n")
+            if line.startswith("|")]
+    return [r for r in rows if r and r[0].startswith(prefix)]
+
+
+@test(timeout=120)
+def users_vhosts_and_permissions_with_rabbitmqadmin():
+    # rabbitmqadmin's declare, list and delete of users, vhosts and
+    # permissions; lists sorted (sort=, sort_reverse=) and cut into columns
+    # (columns=) by the API, as RabbitMQ 3.10.8 does it.
+    try:
+        for name, tags in (("adm-u1", "management"), ("adm-zu", "monitoring"),
+                           ("adm-u2", "")):
+            admin("declare", "user", "name=" + name, "password=pw-" + name, "tags=" + tags)
+        admin("declare", "vhost", "name=adm-v2")
+        admin("declare", "permission", "vhost=adm-v2", "user=adm-u1", "configure=^adm-",
+              "write=.*", "read=.*")
+        out = admin("list", "users", "name", "--sort=name", "--sort-reverse")[1]
+        eq([r[0] for r in names_in(out, "adm-")], ["adm-zu", "adm-u2", "adm-u1"],
+           "users sorted by name, descending")
+        users = [u for u in admin_json("list", "users", "name", "tags")
+                 if u["name"].startswith("adm-")]
+        eq(users, [{"name": "adm-u1", "tags": ["management"]}, {"name": "adm-u2", "tags": []},
+                   {"name": "adm-zu", "tags": ["monitoring"]}], "the columns asked, by name")
+        eq(http_call("GET", "/api/users?page=1&page_size=1&columns=name")[1][:1],
+           [{"name": "adm-u1"}], "users are not paged (as in RabbitMQ)")
+        vhosts = admin_json("list", "vhosts", "name", "messages")
+        eq([v for v in vhosts if v["name"] == "adm-v2"], [{"name": "adm-v2", "messages": 0}],
+           "the vhost, its columns")
+        eq([v["name"] for v in vhosts], sorted(v["name"] for v in vhosts), "vhosts by name")
+        st, page = http_call("GET", "/api/vhosts?page=1&page_size=1&name=adm-v&columns=name")
+        eq((st, page["items"], page["filtered_count"], page["page_count"]),
+           (200, [{"name": "adm-v2"}], 1, 1), "a page of vhosts, filtered by name")
+        eq(http_call("GET", "/api/vhosts?page=x")[1]["reason"],
+           "Pagination parameters are invalid", "RabbitMQ's refusal")
+        perms = [p for p in admin_json("list", "permissions", "user", "vhost", "configure")
+                 if p["vhost"] == "adm-v2"]
+        eq(sorted(perms, key=lambda p: p["user"]),
+           [{"user": "adm-u1", "vhost": "adm-v2", "configure": "^adm-"},
+            {"user": "guest", "vhost": "adm-v2", "configure": ".*"}],  # the creator's
+           "permissions, their columns")
+        eq([p["user"] for p in http_call("GET", "/api/vhosts/adm-v2/permissions?sort=user"
+                                                "&sort_reverse=true&columns=user")[1]],
+           ["guest", "adm-u1"], "a vhost's permissions sorted")
+        eq(http_call("GET", "/api/users/adm-u1/permissions?columns=vhost,read")[1],
+           [{"vhost": "adm-v2", "read": ".*"}], "a user's permissions, columns")
+        amqp_login(qbroker().port, "adm-u1", "pw-adm-u1", "adm-v2", "adm-ok")
+        admin("delete", "permission", "vhost=adm-v2", "user=adm-u1")
+        eq(http_call("GET", "/api/permissions/adm-v2/adm-u1")[0], 404, "permission deleted")
+        refused_vhost(qbroker().port, "adm-u1", "pw-adm-u1", "adm-v2")
+        admin("delete", "user", "name=adm-zu")
+        eq(http_call("GET", "/api/users/adm-zu")[0], 404, "user deleted")
+        admin("delete", "vhost", "name=adm-v2")
+        eq(names_in(admin("list", "vhosts")[1], "adm-v2"), [], "vhost deleted")
+    finally:
+        for path in ("/api/users/adm-u1", "/api/users/adm-u2", "/api/users/adm-zu",
+                     "/api/vhosts/adm-v2"):
+            http_call("DELETE", path)
+
+
+def vhost_counts(name):
+    """{API port: (messages, ready, unacknowledged)} of /api/vhosts/{name} on
+    every broker, each the same in the list as alone."""
+    b = qbroker()
+    counts = {}
+    for port in [m.http_port for m in b.members] if b.cluster is not None else [b.http_port]:
+        st, v = http_call("GET", "/api/vhosts/" + urllib.parse.quote(name, safe=""), port=port)
+        eq(st, 200, "vhost %s on port %d" % (name, port))
+        keys = ("messages", "messages_ready", "messages_unacknowledged")
+        listed_v = [x for x in http_call("GET", "/api/vhosts?columns=name," + ",".join(keys),
+                                         port=port)[1] if x["name"] == name]
+        eq(listed_v, [dict({k: v[k] for k in keys}, name=name)], "listed the same")
+        counts[port] = tuple(v[k] for k in keys)
+    return counts
+
+
+def vhost_counts_are(name, primaries, client):
+    """One broker: its counts are primaries. A cluster, as its /api/overview
+    counts (each broker what it holds): the brokers that are the queues'
+    primaries (all but the client's, --queue-locator others) hold
+    primaries between them; the client's broker holds client, what its
+    stand-ins delivered to its clients and are not acknowledged yet."""
+    b = qbroker()
+    counts = vhost_counts(name)
+    if b.cluster is None:
+        return counts[b.http_port] == primaries
+    held = tuple(sum(c[i] for port, c in counts.items() if port != b.http_port)
+                 for i in range(3))
+    return held == primaries and counts[b.http_port] == client
+
+
+@test(timeout=120)
+def vhost_message_counts_agree_with_amqp():
+    eq(http_call("PUT", "/api/vhosts/adm-mv", "{}")[0], 201, "a vhost (guest may open it)")
+    c = None
+    try:
+        assert vhost_counts_are("adm-mv", (0, 0, 0), (0, 0, 0)), vhost_counts("adm-mv")
+        c = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", qbroker().port, "adm-mv", heartbeat=0))
+        ch = c.channel()
+        ch.confirm_delivery()
+        for q in ("adm-m1", "adm-m2"):
+            ch.queue_declare(q)
+        for i in range(5):
+            ch.basic_publish("", "adm-m1", b"m%d" % i)
+        for i in range(3):
+            ch.basic_publish("", "adm-m2", b"n%d" % i)
+        got = [ch.basic_get("adm-m1", auto_ack=False) for _ in range(2)]
+        assert all(g[0] is not None for g in got), got
+        ready = sum(ch.queue_declare(q, passive=True).method.message_count
+                    for q in ("adm-m1", "adm-m2"))
+        eq(ready, 6, "AMQP: 6 ready (2 of 8 taken, not acknowledged)")
+        wait_until(lambda: vhost_counts_are("adm-mv", (8, 6, 2), (2, 0, 2)), 15,
+                   what="/api/vhosts' counts to agree with AMQP",
+                   detail=lambda: vhost_counts("adm-mv"))
+        ch.basic_ack(got[-1][0].delivery_tag, multiple=True)
+        wait_until(lambda: vhost_counts_are("adm-mv", (6, 6, 0), (0, 0, 0)), 15,
+                   what="acknowledged", detail=lambda: vhost_counts("adm-mv"))
+        if qbroker().cluster is None:
+            eq(vhost_counts("/")[qbroker().http_port][0], sum(q["messages"] for q in http_call(
+                "GET", "/api/queues/%2F?columns=messages")[1]), "/: its queues' sum")
+    finally:
+        if c is not None and c.is_open:
+            c.close()
+        http_call("DELETE", "/api/vhosts/adm-mv")
 
 
 @test(timeout=60)

@@ -1035,7 +1035,7 @@ def put_policy(member, name, pattern, replicate):
     status, body = member.api_call("PUT", "/api/policies/%2F/" + name, json.dumps(
         {"pattern": pattern, "priority": 0, "backups": 1, "quay-replicate": replicate})
         .encode(), timeout=10)
-    assert status in (200, 201), (status, body)
+    assert status in (201, 204), (status, body)
 
 
 @test(timeout=240)
