@@ -292,13 +292,73 @@ static bool parse_positive(const char *text, long *out)
     return true;
 }
 
-/* Items whose name contains text (RabbitMQ's name= filter, plain). */
+bool api_name_filter_parse(const struct http_call_request *req, struct api_name_filter *f)
+{
+    char flag[8];
+    memset(f, 0, sizeof *f);
+    if (!api_query_get(req, "name", f->text, sizeof f->text))
+        f->text[0] = '\0';
+    f->regex = f->text[0] != '\0' && api_query_get(req, "use_regex", flag, sizeof flag) &&
+               strcmp(flag, "true") == 0;
+    if (f->regex && regcomp(&f->compiled, f->text, REG_EXTENDED | REG_ICASE | REG_NOSUB) != 0) {
+        f->regex = false;
+        return false;
+    }
+    return true;
+}
+
+void api_name_filter_free(struct api_name_filter *f)
+{
+    if (f->regex)
+        regfree(&f->compiled);
+    f->regex = false;
+}
+
+static unsigned char lower(unsigned char c)
+{
+    return c >= 'A' && c <= 'Z' ? (unsigned char)(c - 'A' + 'a') : c;
+}
+
+bool api_name_filter_matches(const struct api_name_filter *f, struct bytes name)
+{
+    if (f->text[0] == '\0')
+        return true;
+    if (f->regex) {
+        char text[1024]; /* (a name is at most 255 bytes; a NUL in one ends it here) */
+        size_t n = name.len < sizeof text - 1 ? name.len : sizeof text - 1;
+        memcpy(text, name.ptr, n);
+        text[n] = '\0';
+        return regexec(&f->compiled, text, 0, NULL, 0) == 0;
+    }
+    size_t want = strlen(f->text);
+    for (size_t at = 0; at + want <= name.len; at++) {
+        size_t k = 0;
+        while (k < want && lower(name.ptr[at + k]) == lower((unsigned char)f->text[k]))
+            k++;
+        if (k == want)
+            return true;
+    }
+    return false;
+}
+
+/* Items whose name f keeps (RabbitMQ's name= filter). */
 bool api_list__name_matches(const struct json_tree *tree, const struct json_node *n,
-                         const char *text)
+                            const struct api_name_filter *f)
 {
     const struct json_node *name = json_tree_get(tree, n, "name");
-    return text[0] == '\0' ||
-           (name != NULL && name->kind == JSON_KIND_STRING && strstr(name->string, text));
+    if (f->text[0] == '\0')
+        return true;
+    return name != NULL && name->kind == JSON_KIND_STRING &&
+           api_name_filter_matches(f, bytes_of_cstr(name->string));
+}
+
+bool api_list__name_parse(struct http_call *call, const struct http_call_request *req,
+                          struct api_name_filter *f)
+{
+    if (api_name_filter_parse(req, f))
+        return true;
+    api_answer_bad_request(call, "Pagination parameters are invalid");
+    return false;
 }
 
 /* A query number: 1 valid, 0 absent, -1 not a number. */
@@ -392,7 +452,9 @@ static void answer_list(struct http_call *call, const struct http_call_request *
 {
     bool paged = false;
     long page = 1, page_size = PAGE_SIZE_DEFAULT;
-    if (pages && !api_list__page_parse(call, req, &paged, &page, &page_size)) {
+    struct api_name_filter name = {.text = ""}; /* (only a page is filtered) */
+    if (pages && (!api_list__page_parse(call, req, &paged, &page, &page_size) ||
+                  (paged && !api_list__name_parse(call, req, &name)))) {
         json_free(raw);
         return;
     }
@@ -402,12 +464,10 @@ static void answer_list(struct http_call *call, const struct http_call_request *
     ASSERT(root->kind == JSON_KIND_ARRAY);
     size_t total = root->children_count, filtered = 0;
     const struct json_node **items = xmalloc((total + 1) * sizeof *items);
-    char name[QUERY_VALUE_SIZE_MAX] = "";
-    if (paged)
-        api_query_get(req, "name", name, sizeof name);
     for (const struct json_node *c = json_tree_first(&tree, root); c; c = json_tree_next(&tree, c))
-        if (api_list__name_matches(&tree, c, name))
+        if (api_list__name_matches(&tree, c, &name))
             items[filtered++] = c;
+    api_name_filter_free(&name);
     struct sort_ctx s = {.tree = &tree};
     api_list__sort_keys(req, default_sort, s.keys, &s.reverse);
     sort_items(&s, items, filtered);
@@ -469,15 +529,17 @@ bool api_list_cut_parse(const struct http_call_request *req, struct api_list_cut
         return false;
     cut->reverse = api_query_get(req, "sort_reverse", text, sizeof text) &&
                    strcmp(text, "true") == 0;
-    if (!api_query_get(req, "name", cut->name, sizeof cut->name))
-        cut->name[0] = '\0';
-    return true;
+    return api_name_filter_parse(req, &cut->name);
+}
+
+void api_list_cut_free(struct api_list_cut *cut)
+{
+    api_name_filter_free(&cut->name);
 }
 
 bool api_list_cut_matches(const struct api_list_cut *cut, struct bytes name)
 {
-    size_t n = strlen(cut->name);
-    return n == 0 || (name.len >= n && memmem(name.ptr, name.len, cut->name, n) != NULL);
+    return api_name_filter_matches(&cut->name, name);
 }
 
 /* As compare_values for two strings. */

@@ -26,6 +26,7 @@
 #ifndef QUAY_MGMT_API_LIST_H
 #define QUAY_MGMT_API_LIST_H
 
+#include <regex.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -122,16 +123,34 @@ static inline struct bytes api_list_kept(const struct api_list_text *t, size_t a
  * answer as api_list_answer would give for all of them written, but for
  * the order of names that differ only in bytes the JSON text replaces
  * (invalid UTF-8). */
+/* RabbitMQ's name= filter of a page: the items whose name contains the
+ * text, ignoring case (ASCII), or, with use_regex=true, that a caseless
+ * extended regular expression matches (RabbitMQ's is a PCRE: the common
+ * subset is the same). */
+struct api_name_filter {
+    char text[1024];      /* "": every item */
+    bool regex;
+    regex_t compiled;     /* regex: owned */
+};
+/* From the request's name= and use_regex=. False: the expression does not
+ * compile (RabbitMQ answers 400 "Pagination parameters are invalid");
+ * nothing to free then. */
+bool api_name_filter_parse(const struct http_call_request *req, struct api_name_filter *f);
+bool api_name_filter_matches(const struct api_name_filter *f, struct bytes name);
+void api_name_filter_free(struct api_name_filter *f);
+
 struct api_list_cut {
     long page, page_size;
-    char name[1024];      /* name=: the names that contain it ("": all) */
+    struct api_name_filter name; /* name=, use_regex= (api_list_cut_free) */
     bool name_first;      /* sorted by name, then vhost (else vhost, then name) */
     bool reverse;
     size_t total;         /* the endpoint's objects */
     size_t filtered;      /* of them, the matching ones */
 };
-/* False: not such a request (api_list_answer answers it, or refuses it). */
+/* False: not such a request (api_list_answer answers it, or refuses it);
+ * nothing to free then. */
 bool api_list_cut_parse(const struct http_call_request *req, struct api_list_cut *cut);
+void api_list_cut_free(struct api_list_cut *cut);
 bool api_list_cut_matches(const struct api_list_cut *cut, struct bytes name);
 int api_list_cut_compare(const struct api_list_cut *cut, struct bytes vhost_a,
                          struct bytes name_a, struct bytes vhost_b, struct bytes name_b);

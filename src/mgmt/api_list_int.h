@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mgmt/api_list.h"
 #include "mgmt/http.h"
 
 struct json;
@@ -38,9 +39,13 @@ const struct json_node *api_list__field_at(const struct json_tree *tree,
  * and sort_reverse=; true if sort= asked for one. */
 bool api_list__sort_keys(const struct http_call_request *req, const char *default_sort,
                          char keys[QUERY_VALUE_SIZE_MAX], bool *reverse);
-/* Items whose "name" contains text (RabbitMQ's name= filter, plain). */
+/* Items whose "name" f keeps (RabbitMQ's name= filter). */
 bool api_list__name_matches(const struct json_tree *tree, const struct json_node *n,
-                            const char *text);
+                            const struct api_name_filter *f);
+/* name= and use_regex= of a page: false once answered 400 (a regular
+ * expression that does not compile, in RabbitMQ's words). */
+bool api_list__name_parse(struct http_call *call, const struct http_call_request *req,
+                          struct api_name_filter *f);
 /* page= and page_size=: false once answered 400. */
 bool api_list__page_parse(struct http_call *call, const struct http_call_request *req,
                           bool *paged, long *page, long *page_size);

@@ -155,7 +155,7 @@ struct slices {
     bool backwards;                /* the default order reversed */
     bool paged;
     long page, page_size;
-    char name[QUERY_VALUE_SIZE_MAX];
+    struct api_name_filter name;   /* paged: name=, use_regex= (owned) */
     struct columns cols;
     char sort_text[QUERY_VALUE_SIZE_MAX];
     bool reverse;
@@ -193,6 +193,7 @@ static void slices_finish(struct slices *s)
     free(s->rows);
     free(s->keys);
     merge_free(&s->merge);
+    api_name_filter_free(&s->name);
     s->rows = NULL;
     s->keys = NULL;
     uv_timer_stop(&s->timer);
@@ -257,7 +258,7 @@ static void read_item(struct slices *s, size_t i)
     ASSERT(rc == OK); /* our own writer's */
     json_free(&one);
     const struct json_node *root = json_tree_root(&tree);
-    if (!s->paged || api_list__name_matches(&tree, root, s->name)) {
+    if (!s->paged || api_list__name_matches(&tree, root, &s->name)) {
         json_init(&one);
         api_list__write_item(&one, &tree, root, &s->cols);
         add_row(s, one.data, one.size, &tree);
@@ -479,13 +480,12 @@ void api_list_answer_slices(struct uv_loop_s *loop, struct http_call *call,
     s->req = *req;
     s->began_ns = uv_hrtime();
     s->source = *source;
-    if (!api_list__page_parse(call, req, &s->paged, &s->page, &s->page_size)) {
+    if (!api_list__page_parse(call, req, &s->paged, &s->page, &s->page_size) ||
+        (s->paged && !api_list__name_parse(call, req, &s->name))) {
         source->done(source->ctx);
         free(s);
         return;
     }
-    if (s->paged)
-        api_query_get(req, "name", s->name, sizeof s->name);
     api_list__columns_parse(req, &s->cols);
     bool asked = api_list__sort_keys(req, default_sort, s->sort_text, &s->reverse);
     s->sorting = asked;
@@ -494,7 +494,7 @@ void api_list_answer_slices(struct uv_loop_s *loop, struct http_call *call,
     s->backwards = !s->sorting && s->reverse && default_sort[0] != '\0';
     if (s->sorting)
         split_keys(s);
-    s->needs_tree = s->cols.count > 0 || s->sorting || s->name[0] != '\0';
+    s->needs_tree = s->cols.count > 0 || s->sorting || s->name.text[0] != '\0';
     s->direct = !s->needs_tree && !s->paged && !s->backwards;
     json_init(&s->store);
     json_init(&s->key_text);

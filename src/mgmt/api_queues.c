@@ -290,6 +290,8 @@ static void gather_free(struct gather *g)
     free(g->vhost_names);
     g->vhost_names = NULL;
     g->vhosts_count = 0;
+    if (g->cut != NULL)
+        api_list_cut_free(g->cut);
     free(g->cut);
     g->cut = NULL;
     if (!g->deadline_started) {
@@ -600,6 +602,7 @@ static void list_queues(struct broker *broker, struct http_call *call,
     if (api_list_cut_parse(req, cut)) {
         struct vhost *vhost = vhost_name ? broker_vhost(broker, *vhost_name) : NULL;
         if (vhost_name != NULL && vhost == NULL) {
+            api_list_cut_free(cut);
             free(cut);
             api_answer_not_found(call);
             return;
