@@ -21,8 +21,14 @@ password first, refused), then filters and sorts the queue list. Then,
 with the cluster map open in a browser that keeps running (read
 through the DevTools protocol over --remote-debugging-pipe, not reloaded),
 c3 is killed with -9: the page's own refresh must draw it down within 10 s
-(c1's map marks it down in about 1.5 s); a page loaded afresh draws it down
-too. Screenshots of the cluster map before and after the kill are
+(c1's map marks it down in about 1.5 s), and list the failovers as they
+happen (GET /api/cluster/events: each queue of c3's moved, reason failover;
+c3 down with its reason; red arrows from c3 on the ring); a page loaded
+afresh draws it down too. Before that, with --catch-up-rate slowing the
+catch-up of new backups (~12 s for MOVE_BYTES), open pages must draw a
+planned move while it runs (its arrow, its row, "move started"), a backup a
+policy added drawn catching up until it is in sync, and the overview's
+publish rate above 0 under a publisher. Screenshots of the cluster map before and after the kill are
 kept in the artefact directory ($QUAY_ARTIFACT_DIR, by default
 test-artifacts/40-console beside $QUAYD, e.g. build-asan/test-artifacts/),
 whose path is printed: the cluster's own directory, with the brokers' logs,
