@@ -12,6 +12,8 @@
 'use strict';
 
 const REFRESH_MS = 1500;      // the live views (overview, cluster)
+const RECENT_MS = 30000;      // an event this young is highlighted on the ring
+const EVENTS_SHOWN = 40;      // of the broker's last 100 (GET /api/cluster/events)
 const LIST_REFRESH_MS = 5000; // lists: each refresh asks the page's primaries for counts
 const AUTH_KEY = 'quay.console.auth';
 
@@ -318,20 +320,41 @@ function arc(a, b, bend) {
     ly: (sy + 2 * cy + ey) / 4};
 }
 
-function drawRing(cluster, placement, queue) {
+// The failovers of the last RECENT_MS: {from, to, queues} per pair of
+// brokers, and the brokers that went down, from the recent events.
+function recentFailovers(events) {
+  const pairs = new Map(), down = new Set();
+  const now = events ? events.now_ms : 0;
+  for (const e of (events && events.events) || []) {
+    if (now - e.time_ms > RECENT_MS) continue;
+    if (e.event === 'broker_state' && e.to === 'down') down.add(e.broker);
+    if (e.event !== 'primary_moved' || !isFailover(e) || !e.from || !e.to) continue;
+    const key = `${e.from}\u0000${e.to}`;
+    const p = pairs.get(key) || {from: e.from, to: e.to, queues: 0};
+    p.queues++;
+    pairs.set(key, p);
+  }
+  return {pairs: [...pairs.values()], down};
+}
+
+function isFailover(e) { return e.reason === 'failover' || e.reason === 'forget'; }
+
+function drawRing(cluster, placement, queue, events) {
   const ring = $('ring');
   const brokers = cluster.brokers || [];
   const at = place(brokers);
   const parts = [svg('circle', {class: 'ring-line', cx: CENTER, cy: CENTER, r: RADIUS})];
   const defs = svg('defs');
   for (const [id, color] of [['in-sync', '#2e9d4c'], ['catching-up', '#e08a00'],
-    ['move', '#1a5fb4'], ['pick', '#1a5fb4']]) {
+    ['move', '#1a5fb4'], ['pick', '#1a5fb4'], ['failover', '#b3261e']]) {
     const m = svg('marker', {id: 'arrow-' + id, viewBox: '0 0 10 10', refX: 5, refY: 5,
       markerWidth: 5, markerHeight: 5, orient: 'auto-start-reverse'});
     m.append(svg('path', {d: 'M0,0 L10,5 L0,10 z', fill: color}));
     defs.append(m);
   }
   parts.push(defs);
+  const recent = recentFailovers(events);
+  const promoted = new Set(recent.pairs.map((f) => f.to));
   const counted = queue ? [] : placement.pairs || [];
   const most = Math.max(1, ...counted.map((p) => p.queues));
   for (const p of counted) {
@@ -340,7 +363,9 @@ function drawRing(cluster, placement, queue) {
     const kind = p.in_sync === p.queues ? 'in-sync' : 'catching-up';
     const c = arc(a, b, 40);
     const width = 1.5 + 6 * Math.sqrt(p.queues / most);
-    const g = svg('g', {class: 'pair-group', 'data-primary': p.primary,
+    // A pair whose primary took queues over in a recent failover: marked.
+    const g = svg('g', {class: 'pair-group' + (promoted.has(p.primary) ? ' failed-over' : ''),
+      'data-primary': p.primary,
       'data-backup': p.backup, 'data-queues': p.queues, 'data-in-sync': p.in_sync});
     g.append(svg('path', {class: `pair ${kind}`, d: c.d, 'stroke-width': width,
       'marker-end': `url(#arrow-${kind})`}));
@@ -353,10 +378,25 @@ function drawRing(cluster, placement, queue) {
     if (a && b) parts.push(svg('path', {class: 'move', d: arc(a, b, -60).d,
       'marker-end': 'url(#arrow-move)', 'data-queue': m.queue}));
   }
+  // Failovers as they happen: from the broker that failed to the one that
+  // took its queues, for RECENT_MS.
+  for (const f of (queue ? [] : recent.pairs)) {
+    const a = at.get(f.from), b = at.get(f.to);
+    if (!a || !b) continue;
+    const g = svg('g', {class: 'failover-group', 'data-from': f.from, 'data-to': f.to,
+      'data-queues': f.queues});
+    const c = arc(a, b, -25);
+    g.append(svg('path', {class: 'failover', d: c.d, 'marker-end': 'url(#arrow-failover)'}));
+    g.append(svg('text', {class: 'failover-label', x: c.lx, y: c.ly, 'text-anchor': 'middle'},
+      `failover ${fmt(f.queues)}`));
+    parts.push(g);
+  }
   if (queue) parts.push(...drawQueue(queue, at));
   for (const b of brokers) {
     const p = at.get(b.name);
-    const g = svg('g', {class: 'broker' + (b.name === cluster.leader ? ' leader' : ''),
+    const marks = (b.name === cluster.leader ? ' leader' : '') +
+      (recent.down.has(b.name) ? ' failed' : '') + (promoted.has(b.name) ? ' promoted' : '');
+    const g = svg('g', {class: 'broker' + marks,
       'data-name': b.name, 'data-state': b.state, 'data-primaries': b.primaries,
       'data-backups': b.backups});
     g.append(svg('title', {}, `${b.name}: ${b.state}, AMQP ${b.amqp}`));
@@ -423,11 +463,47 @@ async function findQueues() {
   return items.find((i) => pick && i.vhost === pick.vhost && i.name === pick.name) || items[0];
 }
 
+// One line of the recent events, in words.
+function eventText(e) {
+  const q = e.queue !== undefined ? `${e.queue} (${e.vhost})` : '';
+  switch (e.event) {
+    case 'primary_moved':
+      return `${q}: primary ${e.from || '?'} \u2192 ${e.to || '?'}` +
+        (isFailover(e) ? ' (FAILOVER)' : '');
+    case 'move_started': return `${q}: move ${e.from || '?'} \u2192 ${e.to} started`;
+    case 'move_ended': return `${q}: move to ${e.to} ended`;
+    case 'available': return `${q}: available again`;
+    case 'unavailable': return `${q}: UNAVAILABLE`;
+    case 'broker_state':
+      return `broker ${e.broker}: ${e.from} \u2192 ${e.to}` +
+        (e.silence_ms ? ` (silent ${fmt(e.silence_ms)} ms)` : '');
+    default: return `broker ${e.broker}: ${e.event.replace('broker_', '')}`;
+  }
+}
+
+function drawEvents(events) {
+  const all = (events && events.events) || [];
+  const now = events ? events.now_ms : 0;
+  const shown = all.slice(-EVENTS_SHOWN).reverse(); // newest first
+  $('cl-events-count').textContent = all.length ? `(last ${shown.length} of ${all.length})` : '';
+  $('cl-events').replaceChildren(...shown.map((e) => {
+    const attrs = {'data-seq': e.seq, 'data-event': e.event, 'data-reason': e.reason,
+      class: e.event + (isFailover(e) && e.event === 'primary_moved' ? ' failover' : '') +
+        (e.event === 'broker_state' ? ' state-' + e.to : '') +
+        (now - e.time_ms <= RECENT_MS ? ' recent' : '')};
+    for (const k of ['broker', 'vhost', 'queue', 'from', 'to'])
+      if (e[k] !== undefined) attrs['data-' + k] = e[k];
+    const at = new Date(e.time_ms).toISOString().slice(11, 19);
+    return el('li', attrs, el('span', {class: 'when'}, at), ' ', eventText(e), ' ',
+      el('span', {class: 'why'}, e.reason));
+  }));
+}
+
 async function refreshCluster() {
-  let cluster, placement;
+  let cluster, placement, events;
   try {
-    [cluster, placement] = await Promise.all([api('/api/cluster'),
-      api('/api/cluster/placement')]);
+    [cluster, placement, events] = await Promise.all([api('/api/cluster'),
+      api('/api/cluster/placement'), api('/api/cluster/events')]);
   } catch (e) {
     if (e.message.includes('404')) { // one broker alone: /api/cluster is not served
       $('cl-summary').textContent = '(not clustered)';
@@ -445,7 +521,8 @@ async function refreshCluster() {
     `${(queue.backups || []).join(', ') || 'none'}; in sync ` +
     `${(queue.in_sync || []).join(', ') || 'none'}` +
     (queue.available === false ? '; UNAVAILABLE' : '')) : '');
-  drawRing(cluster, placement, queue);
+  drawRing(cluster, placement, queue, events);
+  drawEvents(events);
   fillTable('cl-brokers', (cluster.brokers || []).map((b) =>
     [b.name, b.state, b.primaries, b.backups, b.unavailable]));
   fillTable('cl-pairs', (placement.pairs || []).map((p) =>

@@ -61,6 +61,7 @@ static void route_cluster(struct mgmt_api *api, struct member *member)
 {
     mgmt_api_route(api, "/api/cluster", member_cluster_json, member);
     mgmt_api_route(api, "/api/cluster/links", member_write_links_json, member);
+    mgmt_api_route(api, "/api/cluster/events", member_events_json, member);
     mgmt_api_route_post(api, "/api/cluster/leave", member_leave, member);
     mgmt_api_route_post(api, "/api/cluster/forget", member_forget, member);
     mgmt_api_route_tree(api, "/api/cluster/move/", api_moves_move, member);

@@ -46,6 +46,17 @@ static enum broker_state next_state(enum broker_state state, uint64_t silence_ms
     return state;
 }
 
+/* Why next_state went to s: the log's and the events' reason. */
+static enum map_reason state_reason(const struct controller_heard *heard, enum broker_state s,
+                                    uint64_t silence_ms, const struct controller_config *config)
+{
+    if (s == BROKER_STATE_UP)
+        return MAP_REASON_HEARD;
+    if (s == BROKER_STATE_DOWN && silence_ms < config->down_after_ms && heard->connection_reset)
+        return heard->stopping ? MAP_REASON_STOPPED : MAP_REASON_RESET;
+    return MAP_REASON_SILENCE;
+}
+
 int controller_check_liveness(const struct cluster_map *map, const struct controller_config *config,
                               const struct controller_heard *heard, uint32_t heard_count,
                               uint64_t now_ms, struct map_cmd_list *out)
@@ -63,7 +74,9 @@ int controller_check_liveness(const struct cluster_map *map, const struct contro
         if (s == b->state)
             continue;
         struct map_cmd cmd;
-        push(out, map_cmd_broker_state(&cmd, b->id, s), &cmd);
+        push(out, map_cmd_broker_state_why(&cmd, b->id, s, state_reason(&heard[i], s, silence,
+                                                                          config), silence),
+             &cmd);
     }
     return OK;
 }
@@ -78,7 +91,8 @@ int controller_check_incarnations(const struct cluster_map *map,
         if (b == NULL || heard[i].incarnation == 0 || heard[i].incarnation == b->incarnation)
             continue;
         struct map_cmd cmd;
-        push(out, map_cmd_broker_incarnation(&cmd, b->id, heard[i].incarnation), &cmd);
+        int rc = map_cmd_broker_incarnation(&cmd, b->id, heard[i].incarnation);
+        push(out, rc == OK ? map_cmd_set_reason(&cmd, MAP_REASON_RESTART) : rc, &cmd);
     }
     return OK;
 }
@@ -898,7 +912,8 @@ int controller_drain(const struct cluster_map *map, const struct controller_conf
         return OK;
     if (b->state != BROKER_STATE_DRAINING) {
         struct map_cmd cmd;
-        push(out, map_cmd_broker_state(&cmd, broker_id, BROKER_STATE_DRAINING), &cmd);
+        push(out, map_cmd_broker_state_why(&cmd, broker_id, BROKER_STATE_DRAINING,
+                                           MAP_REASON_DRAIN, 0), &cmd);
         return OK;
     }
     move_steps(map, config, moves_max, true, NULL, out);

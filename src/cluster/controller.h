@@ -40,6 +40,7 @@ struct controller_heard {
     /* The map version it has applied, as its heartbeats say (their low 32
      * bits; the leader's own: its map's), 0 if not heard. */
     uint32_t map_version;
+    bool stopping;           /* it said it is stopping (connection_reset is set too) */
 };
 
 /*

@@ -399,9 +399,10 @@ enum map_op {
 /* The wire name of an op ("queue.declare"), NULL for an unknown one. */
 const char *map_op_name(enum map_op op);
 
-/* Why a queue's placement changed: a command's optional "reason", set by
- * whoever proposed it (map_cmd_set_reason), read back into map_change for
- * the log of every map change (map_log.c). Old commands have none. */
+/* Why a queue's placement (or a broker's state) changed: a command's
+ * optional "reason", set by whoever proposed it (map_cmd_set_reason), read
+ * back into map_change for the log of every map change (map_log.c,
+ * node.c) and the recent events (map_events.h). Old commands have none. */
 enum map_reason {
     MAP_REASON_NONE = 0,
     MAP_REASON_FAILOVER,  /* the primary (or a backup) went down */
@@ -413,6 +414,14 @@ enum map_reason {
     MAP_REASON_POLICY,    /* a replication policy changed the factor */
     MAP_REASON_FORGET,    /* a dead broker was forgotten */
     MAP_REASON_SYNC,      /* the primary reports its backups' sync */
+    /* A broker's state (broker.*), as the controller or a request decides it: */
+    MAP_REASON_SILENCE,   /* heartbeats_missed: silent for silence_ms */
+    MAP_REASON_RESET,     /* connection_reset: its links dropped, its heartbeats stopped */
+    MAP_REASON_STOPPED,   /* stopped: it said it is stopping */
+    MAP_REASON_HEARD,     /* heard_again: its heartbeats are back */
+    MAP_REASON_RESTART,   /* restarted: heard with a new incarnation (a new process) */
+    MAP_REASON_REVIVE,    /* revive: a drain undone (POST /api/cluster/revive) */
+    MAP_REASON_LEAVE,     /* leave: it asked to leave (POST /api/cluster/leave) */
     MAP_REASON_COUNT
 };
 const char *map_reason_name(enum map_reason reason);
@@ -452,6 +461,7 @@ struct map_change {
                    * over, nothing pending), not a failover */
     bool with_replica; /* queue.take_over: by an in-sync backup keeping its replica */
     enum map_reason reason; /* the command's "reason", if any */
+    uint64_t silence_ms;    /* broker.state: how long it had been silent (0: not said) */
     /* A queue.* command on an existing queue: its placement before (logs). */
     bool has_before;
     struct {
@@ -543,6 +553,10 @@ int map_cmd_broker_join(struct map_cmd *out, uint32_t id, struct bytes name,
                         struct bytes amqp_address, struct bytes cluster_address, bool voter);
 int map_cmd_broker_leave(struct map_cmd *out, uint32_t id);
 int map_cmd_broker_state(struct map_cmd *out, uint32_t id, enum broker_state state);
+/* The same with why (MAP_REASON_NONE: not said) and, if not 0, how long the
+ * broker had been silent. */
+int map_cmd_broker_state_why(struct map_cmd *out, uint32_t id, enum broker_state state,
+                             enum map_reason reason, uint64_t silence_ms);
 /* broker.incarnation: the broker's process is `incarnation` (not 0). A
  * change (a restart) takes it out of every queue's in-sync set: its
  * replicas did not survive the restart, so it may be promoted only once

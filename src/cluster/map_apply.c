@@ -118,6 +118,10 @@ static const char *const reason_names[MAP_REASON_COUNT] = {
     [MAP_REASON_MOVE] = "move",         [MAP_REASON_REBALANCE] = "rebalance",
     [MAP_REASON_DRAIN] = "drain",       [MAP_REASON_POLICY] = "policy",
     [MAP_REASON_FORGET] = "forget",     [MAP_REASON_SYNC] = "sync",
+    [MAP_REASON_SILENCE] = "heartbeats_missed", [MAP_REASON_RESET] = "connection_reset",
+    [MAP_REASON_STOPPED] = "stopped",   [MAP_REASON_HEARD] = "heard_again",
+    [MAP_REASON_RESTART] = "restarted", [MAP_REASON_REVIVE] = "revive",
+    [MAP_REASON_LEAVE] = "leave",
 };
 
 const char *map_reason_name(enum map_reason reason)
@@ -457,6 +461,7 @@ static int op_broker_state(struct apply_ctx *ctx)
     enum broker_state state = BROKER_STATE_UP;
     if (!broker_state_parse(map__read_name(&ctx->reader, "state"), &state))
         map__reader_fail(&ctx->reader, "state");
+    ctx->change->silence_ms = map__read_uint(&ctx->reader, "silence_ms", UINT32_MAX, true, 0);
     int rc;
     struct map_broker *b = named_broker(ctx, id, &rc);
     if (b == NULL)

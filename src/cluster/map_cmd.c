@@ -218,6 +218,22 @@ int map_cmd_broker_state(struct map_cmd *out, uint32_t id, enum broker_state sta
     return build(out, encode_simple, &s);
 }
 
+int map_cmd_broker_state_why(struct map_cmd *out, uint32_t id, enum broker_state state,
+                             enum map_reason reason, uint64_t silence_ms)
+{
+    ASSERT(id != BROKER_ID_NONE);
+    struct simple_cmd s = {.op = MAP_OP_BROKER_STATE, .id = id, .str_key = "state",
+                           .str_value = bytes_of_cstr(broker_state_name(state))};
+    if (silence_ms > 0) {
+        s.int_key = "silence_ms";
+        s.int_value = silence_ms < UINT32_MAX ? silence_ms : UINT32_MAX;
+    }
+    int rc = build(out, encode_simple, &s);
+    if (rc == OK && reason != MAP_REASON_NONE)
+        rc = map_cmd_set_reason(out, reason); /* small: fits */
+    return rc;
+}
+
 int map_cmd_broker_incarnation(struct map_cmd *out, uint32_t id, uint32_t incarnation)
 {
     ASSERT(id != BROKER_ID_NONE);

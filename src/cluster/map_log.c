@@ -8,11 +8,11 @@
 #include <string.h>
 
 #include "cluster/map.h"
+#include "cluster/map_events.h"
 #include "lib/log.h"
 
-/* A name as one word of a key=value field: '%', ' ' and controls become
- * %XX (as in the API's paths), so that a JSON log keeps it whole. */
-static void word_of(struct bytes name, char *out, size_t size)
+/* (as in the API's paths, so that a JSON log keeps it whole) */
+void map_log_word(struct bytes name, char *out, size_t size)
 {
     size_t n = 0;
     for (uint32_t i = 0; i < name.len && n + 4 < size; i++) {
@@ -29,7 +29,7 @@ static void broker_word(const struct cluster_map *map, uint32_t id, char *out, s
 {
     const struct map_broker *b = id != BROKER_ID_NONE ? cluster_map_broker(map, id) : NULL;
     if (b != NULL)
-        word_of(b->name, out, size);
+        map_log_word(b->name, out, size);
     else if (id == BROKER_ID_NONE)
         snprintf(out, size, "none");
     else
@@ -72,7 +72,27 @@ struct line {
     char vhost[CLUSTER_NAME_SIZE_MAX * 3 + 1];
     char name[CLUSTER_NAME_SIZE_MAX * 3 + 1];
     const char *reason;
+    struct map_events *events; /* or NULL */
 };
+
+static void set_broker(const struct cluster_map *map, struct map_event_name *out, uint32_t id)
+{
+    const struct map_broker *b = id != BROKER_ID_NONE ? cluster_map_broker(map, id) : NULL;
+    if (b != NULL)
+        map_event_name_set(out, b->name);
+}
+
+/* The event also in the recent events (map_events.h), as the line says it. */
+static void record(const struct line *l, const char *event, uint32_t from, uint32_t to)
+{
+    if (l->events == NULL)
+        return;
+    struct map_event *e = map_events_push(l->events, event, l->reason, l->change->version);
+    map_event_name_set(&e->vhost, l->q->vhost->name);
+    map_event_name_set(&e->queue, l->q->name);
+    set_broker(l->map, &e->from, from);
+    set_broker(l->map, &e->to, to);
+}
 
 /* One event: the fields every line has, then the event's own. */
 static void emit(const struct line *l, const char *event, const char *fields)
@@ -134,14 +154,16 @@ static const char *primary_reason(const struct map_change *c)
     return map_reason_name(MAP_REASON_FAILOVER);
 }
 
-void map_log_change(const struct cluster_map *map, const struct map_change *c)
+void map_log_change(const struct cluster_map *map, const struct map_change *c,
+                    struct map_events *events)
 {
     const struct map_queue *q = c->queue;
     if (q == NULL || !c->changed || !c->has_before || c->op == MAP_OP_QUEUE_DECLARE)
         return; /* declares and deletes: map.h's debug line */
-    struct line l = {.map = map, .change = c, .q = q, .reason = map_reason_name(c->reason)};
-    word_of(q->vhost->name, l.vhost, sizeof l.vhost);
-    word_of(q->name, l.name, sizeof l.name);
+    struct line l = {.map = map, .change = c, .q = q, .reason = map_reason_name(c->reason),
+                     .events = events};
+    map_log_word(q->vhost->name, l.vhost, sizeof l.vhost);
+    map_log_word(q->name, l.name, sizeof l.name);
     char from[CLUSTER_NAME_SIZE_MAX * 3 + 1], to[CLUSTER_NAME_SIZE_MAX * 3 + 1];
     char fields[sizeof from + sizeof to + 16];
     if (q->primary_id != c->before.primary_id) {
@@ -151,6 +173,7 @@ void map_log_change(const struct cluster_map *map, const struct map_change *c)
         broker_word(map, q->primary_id, to, sizeof to);
         snprintf(fields, sizeof fields, "from=%s to=%s", from, to);
         emit(&p, "primary_moved", fields);
+        record(&p, "primary_moved", c->before.primary_id, q->primary_id);
         if (c->before.move_to != BROKER_ID_NONE && c->before.move_to != q->primary_id)
             l.reason = p.reason; /* a failover overtook a move: the backups' changes too */
         else if (c->reason == MAP_REASON_NONE)
@@ -160,14 +183,18 @@ void map_log_change(const struct cluster_map *map, const struct map_change *c)
         struct line m = l;
         m.reason = map_reason_name((enum map_reason)q->move_reason);
         emit_broker(&m, "move_started", "to", q->move_to);
+        record(&m, "move_started", q->primary_id, q->move_to);
         l.reason = m.reason;
     } else if (q->move_to == BROKER_ID_NONE && c->before.move_to != BROKER_ID_NONE &&
                q->primary_id == c->before.primary_id) {
         struct line m = l;
         m.reason = map_reason_name((enum map_reason)c->before.move_reason);
         emit_broker(&m, "move_ended", "to", c->before.move_to);
+        record(&m, "move_ended", q->primary_id, c->before.move_to);
     }
     backup_events(&l);
-    if (q->available != c->before.available)
+    if (q->available != c->before.available) {
         emit(&l, q->available ? "available" : "unavailable", "");
+        record(&l, q->available ? "available" : "unavailable", BROKER_ID_NONE, BROKER_ID_NONE);
+    }
 }

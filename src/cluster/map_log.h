@@ -25,10 +25,22 @@
 #ifndef QUAY_CLUSTER_MAP_LOG_H
 #define QUAY_CLUSTER_MAP_LOG_H
 
+#include <stddef.h>
+
+#include "lib/types.h"
+
 struct cluster_map;
 struct map_change;
+struct map_events;
 
-/* After change was applied to map (OK): its lines, if it moved anything. */
-void map_log_change(const struct cluster_map *map, const struct map_change *change);
+/* A name as one word of a key=value field: '%', ' ' and control bytes
+ * become %XX. out holds size bytes (3 * the name's + 1 is enough). */
+void map_log_word(struct bytes name, char *out, size_t size);
+
+/* After change was applied to map (OK): its lines, if it moved anything;
+ * and into events (if not NULL) those of map_events.h (primary_moved,
+ * move_started, move_ended, available, unavailable), with the same reasons. */
+void map_log_change(const struct cluster_map *map, const struct map_change *change,
+                    struct map_events *events);
 
 #endif

@@ -758,8 +758,10 @@ int member_leave(void *ctx, const char *request, size_t request_size, struct jso
             cluster_node_submit(member->node, &cmd, on_leave_done, member);
     }
     struct map_cmd cmd;
-    if (map_cmd_broker_leave(&cmd, member->self_id) == OK)
+    if (map_cmd_broker_leave(&cmd, member->self_id) == OK) {
+        (void)map_cmd_set_reason(&cmd, MAP_REASON_LEAVE); /* small: fits */
         cluster_node_submit(member->node, &cmd, on_leave_done, member);
+    }
     LOG_INFO("cluster: leaving the cluster (asked through the management API)");
     json_kv_string(body, "leaving", cluster_node_name(member->node));
     json_object_end(body);
@@ -821,6 +823,14 @@ void member_cluster_json(void *ctx, struct json *body)
     json_object_begin(body);
     cluster_node_write_fields(member->node, body);
     moves_write_json(member, body);
+    json_object_end(body);
+}
+
+void member_events_json(void *ctx, struct json *body)
+{
+    struct member *member = ctx;
+    json_object_begin(body);
+    cluster_node_write_events(member->node, body);
     json_object_end(body);
 }
 

@@ -228,6 +228,9 @@ int member_leave(void *ctx, const char *request, size_t request_size, struct jso
 /* GET /api/cluster (an http_handler_fn; ctx: the member): the node's view
  * (cluster_node_write_fields) and the moves (moves_write_json). */
 void member_cluster_json(void *ctx, struct json *body);
+/* GET /api/cluster/events (an http_handler_fn; ctx: the member): the recent
+ * cluster events (cluster_node_write_events). */
+void member_events_json(void *ctx, struct json *body);
 /* Every cluster action of the management API begins so: the answer's
  * object begun, and 503 (written, returned) if this broker does not serve
  * the cluster yet or is stopping; else 0. */

@@ -238,7 +238,7 @@ int moves_drain_post(void *ctx, const char *request, size_t request_size, struct
     if (b->state == BROKER_STATE_DRAINING)
         return 202; /* going on already */
     struct map_cmd cmd;
-    if (map_cmd_broker_state(&cmd, b->id, BROKER_STATE_DRAINING) == OK)
+    if (map_cmd_broker_state_why(&cmd, b->id, BROKER_STATE_DRAINING, MAP_REASON_DRAIN, 0) == OK)
         cluster_node_submit(member->node, &cmd, on_draining, member);
     LOG_INFO("cluster: draining broker '%.*s' (asked through the management API): %u primaries, "
              "%u backups", name_len, name, b->queues_owned_count, b->backups_held_count);
@@ -270,7 +270,7 @@ int moves_revive_post(void *ctx, const char *request, size_t request_size, struc
     json_kv_uint(body, "backups", b->backups_held_count);
     json_object_end(body);
     struct map_cmd cmd;
-    if (map_cmd_broker_state(&cmd, b->id, BROKER_STATE_UP) == OK)
+    if (map_cmd_broker_state_why(&cmd, b->id, BROKER_STATE_UP, MAP_REASON_REVIVE, 0) == OK)
         cluster_node_submit(member->node, &cmd, on_draining, member);
     LOG_INFO("cluster: broker '%.*s' revived: it no longer drains (asked through the management "
              "API)", name_len, name);

@@ -25,6 +25,7 @@
 #include "cluster/node.h"
 #include "cluster/node_int.h"
 #include "cluster/map_log.h"
+#include "cluster/map_events.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -97,6 +98,7 @@ struct prior_states {
     uint32_t count;
     uint32_t ids[CLUSTER_BROKERS_MAX];
     enum broker_state states[CLUSTER_BROKERS_MAX];
+    struct map_event_name names[CLUSTER_BROKERS_MAX]; /* (a leaver's is gone after) */
 };
 
 static void format_brokers(const struct cluster_map *map, char *out, size_t size)
@@ -113,16 +115,91 @@ static void format_brokers(const struct cluster_map *map, char *out, size_t size
     }
 }
 
+static uint32_t prior_slot(const struct prior_states *prior, uint32_t id)
+{
+    uint32_t i = 0;
+    while (i < prior->count && prior->ids[i] != id)
+        i++;
+    return i;
+}
+
 static enum broker_state prior_state(const struct prior_states *prior, uint32_t id, bool *found)
 {
-    for (uint32_t i = 0; i < prior->count; i++) {
-        if (prior->ids[i] == id) {
-            *found = true;
-            return prior->states[i];
-        }
+    uint32_t i = prior_slot(prior, id);
+    *found = i < prior->count;
+    return *found ? prior->states[i] : BROKER_STATE_UP;
+}
+
+/* A broker's event in the recent events (map_events.h). */
+static struct map_event *record_broker(struct cluster_node *node, const char *event,
+                                       const struct map_change *change,
+                                       const struct map_broker *b)
+{
+    struct map_event *e = map_events_push(&node->events, event, map_reason_name(change->reason),
+                                          change->version);
+    map_event_name_set(&e->broker, b->name);
+    return e;
+}
+
+/* broker.state: "up -> down" with why, the key=value words first (the
+ * JSON log's members, as map_log.h's lines). */
+static void log_broker_state(struct cluster_node *node, const struct map_change *change,
+                             const struct map_broker *b, enum broker_state before,
+                             const char *brokers)
+{
+    char who[CLUSTER_NAME_SIZE_MAX * 3 + 1], silence[40] = "";
+    map_log_word(b->name, who, sizeof who);
+    if (change->silence_ms > 0)
+        snprintf(silence, sizeof silence, " silence_ms=%llu",
+                 (unsigned long long)change->silence_ms);
+    unsigned long long epoch = (unsigned long long)node->map.version;
+    LOG_INFO("map_epoch=%llu event=broker_state broker=%s from=%s to=%s reason=%s%s "
+             "cluster map epoch=%llu: broker %.*s (id %" PRIu32 ") %s -> %s; brokers: %s",
+             epoch, who, broker_state_name(before), broker_state_name(b->state),
+             map_reason_name(change->reason), silence, epoch, (int)b->name.len,
+             (const char *)b->name.ptr, b->id, broker_state_name(before),
+             broker_state_name(b->state), brokers);
+    struct map_event *e = record_broker(node, "broker_state", change, b);
+    map_event_name_set_cstr(&e->from, broker_state_name(before));
+    map_event_name_set_cstr(&e->to, broker_state_name(b->state));
+    e->silence_ms = change->silence_ms;
+}
+
+/* broker.join, broker.state, broker.leave, broker.incarnation and the rest. */
+static void log_broker_change(struct cluster_node *node, const struct map_change *change,
+                              const struct prior_states *prior, const char *brokers)
+{
+    unsigned long long epoch = (unsigned long long)node->map.version;
+    const char *op = map_op_name(change->op) ? map_op_name(change->op) : "?";
+    const struct map_broker *b = cluster_map_broker(&node->map, change->broker_id);
+    bool known = false;
+    enum broker_state before = prior_state(prior, change->broker_id, &known);
+    if (change->op == MAP_OP_BROKER_JOIN && b != NULL) {
+        LOG_INFO("cluster map epoch=%llu: broker %.*s (id %" PRIu32 ") %s: amqp=%.*s "
+                 "cluster=%.*s voter=%s; brokers: %s", epoch, (int)b->name.len,
+                 (const char *)b->name.ptr, b->id, known ? "rejoined" : "joined",
+                 (int)b->amqp_address.len, (const char *)b->amqp_address.ptr,
+                 (int)b->cluster_address.len, (const char *)b->cluster_address.ptr,
+                 b->voter ? "yes" : "no", brokers);
+        if (change->changed)
+            record_broker(node, known ? "broker_rejoined" : "broker_joined", change, b);
+        return;
     }
-    *found = false;
-    return BROKER_STATE_UP;
+    if (change->op == MAP_OP_BROKER_STATE && b != NULL && change->changed) {
+        log_broker_state(node, change, b, before, brokers);
+        return;
+    }
+    const char *reason = map_reason_name(change->reason);
+    LOG_INFO("cluster map epoch=%llu: %s%s%s%s; brokers: %s", epoch, op,
+             change->changed ? "" : " (no change)", change->reason ? " reason=" : "",
+             change->reason ? reason : "", brokers);
+    if (change->op == MAP_OP_BROKER_INCARNATION && b != NULL && change->changed)
+        record_broker(node, "broker_restarted", change, b);
+    if (change->op == MAP_OP_BROKER_LEAVE && change->changed && known) {
+        struct map_event *e = map_events_push(&node->events, "broker_left", reason,
+                                              change->version);
+        e->broker = prior->names[prior_slot(prior, change->broker_id)];
+    }
 }
 
 static void log_change(struct cluster_node *node, int rc, const struct map_change *change,
@@ -134,7 +211,8 @@ static void log_change(struct cluster_node *node, int rc, const struct map_chang
                      change->op == MAP_OP_BIND || change->op == MAP_OP_UNBIND)) {
         LOG_DEBUG("cluster map epoch=%llu: %s %.*s%s", epoch, op, (int)change->name.len,
                   (const char *)change->name.ptr, change->changed ? "" : " (no change)");
-        map_log_change(&node->map, change); /* a line per placement event, with why */
+        /* a line per placement event, with why; and the recent events */
+        map_log_change(&node->map, change, &node->events);
         return;
     }
     char brokers[768];
@@ -144,24 +222,7 @@ static void log_change(struct cluster_node *node, int rc, const struct map_chang
                  change->reply_code, change->reply_text, brokers);
         return;
     }
-    const struct map_broker *b = cluster_map_broker(&node->map, change->broker_id);
-    bool known = false;
-    enum broker_state before = prior_state(prior, change->broker_id, &known);
-    if (change->op == MAP_OP_BROKER_JOIN && b != NULL) {
-        LOG_INFO("cluster map epoch=%llu: broker %.*s (id %" PRIu32 ") %s: amqp=%.*s "
-                 "cluster=%.*s voter=%s; brokers: %s", epoch, (int)b->name.len,
-                 (const char *)b->name.ptr, b->id, known ? "rejoined" : "joined",
-                 (int)b->amqp_address.len, (const char *)b->amqp_address.ptr,
-                 (int)b->cluster_address.len, (const char *)b->cluster_address.ptr,
-                 b->voter ? "yes" : "no", brokers);
-    } else if (change->op == MAP_OP_BROKER_STATE && b != NULL) {
-        LOG_INFO("cluster map epoch=%llu: broker %.*s (id %" PRIu32 ") %s -> %s; brokers: %s",
-                 epoch, (int)b->name.len, (const char *)b->name.ptr, b->id,
-                 broker_state_name(before), broker_state_name(b->state), brokers);
-    } else {
-        LOG_INFO("cluster map epoch=%llu: %s%s; brokers: %s", epoch, op,
-                 change->changed ? "" : " (no change)", brokers);
-    }
+    log_broker_change(node, change, prior, brokers);
 }
 
 /* Whether the map names our process now (known_since). */
@@ -183,6 +244,7 @@ static int on_apply(void *ctx, uint64_t index, const uint8_t *cmd, size_t size, 
     for (uint32_t i = 0; i < prior.count; i++) {
         prior.ids[i] = node->map.brokers[i]->id;
         prior.states[i] = node->map.brokers[i]->state;
+        map_event_name_set(&prior.names[i], node->map.brokers[i]->name);
     }
     /* The envelope: a malformed one is applied as an empty command, which
      * the map refuses (and counts) like any malformed command. */
@@ -556,7 +618,8 @@ static uint32_t observe_heard(struct cluster_node *node, uint64_t now,
         heard[n++] = (struct controller_heard){
             .broker_id = b->id, .last_heard_ms = last,
             .connection_reset = (peer != NULL && peer->stopping) || reset,
-            .incarnation = peer != NULL ? peer->incarnation : 0, .map_version = version};
+            .incarnation = peer != NULL ? peer->incarnation : 0, .map_version = version,
+            .stopping = peer != NULL && peer->stopping};
     }
     return n;
 }
@@ -692,6 +755,11 @@ void cluster_node_set_hooks(struct cluster_node *node, const struct cluster_node
 const struct controller_config *cluster_node_controller_config(const struct cluster_node *node)
 {
     return &node->controller;
+}
+
+void cluster_node_write_events(const struct cluster_node *node, struct json *body)
+{
+    map_events_write_json(&node->events, body);
 }
 
 uint64_t cluster_node_known_since(const struct cluster_node *node)

@@ -220,6 +220,9 @@ void cluster_node_set_auto_rebalance(struct cluster_node *node, bool on);
  * probe, pipeline or snapshot (consensus_followers). */
 struct json;
 void cluster_node_write_fields(struct cluster_node *node, struct json *body);
+/* GET /api/cluster/events: the recent cluster events this broker applied
+ * (map_events.h), members of an object the caller began. */
+void cluster_node_write_events(const struct cluster_node *node, struct json *body);
 /* Queues of the map with a move in progress (map_queue.move_to), counted
  * once per map version. */
 uint32_t cluster_node_moves_count(struct cluster_node *node);

@@ -16,6 +16,7 @@
 #include "cluster/fence.h"
 #include "cluster/heartbeat.h"
 #include "cluster/map.h"
+#include "cluster/map_events.h"
 #include "cluster/node.h"
 #include "cluster/outbox.h"
 #include "lib/list.h"
@@ -105,6 +106,7 @@ struct cluster_node {
     bool sync_pending;
     struct consensus *consensus;
     struct cluster_map map;
+    struct map_events events; /* the recent ones, for the console (map_events.h) */
     struct controller_config controller;
     uint32_t id;
     uint8_t secret[SECRET_SIZE_MAX];

@@ -941,7 +941,10 @@ def the_logs_say_each_map_change_and_why():
     reason, one line per event (map_log.h), in text and in JSON (a fourth
     broker d with --log-format json): a planned move (move_started,
     backup_added, backup_in_sync, primary_moved, reason move) and a kill -9
-    failover (primary_moved reason failover), read from a text log and d's."""
+    failover (primary_moved reason failover), read from a text log and d's;
+    and the victim's own state changes with theirs (event=broker_state
+    to=down reason=connection_reset or heartbeats_missed, silence_ms; back up:
+    heard_again)."""
     a, b = members["a"], members["b"]
     d = cluster.add("d", join=[a], extra_args=["--log-format", "json"])
     members["d"] = d
@@ -995,9 +998,30 @@ def the_logs_say_each_map_change_and_why():
                 if '"event":"primary_moved"' in x and '"queue":"%s"' % f in x)
     assert json.loads(line)["message"] == "cluster map change", line
     assert json.loads(line)["from"] == victim.name, line
+    # The broker's own changes say why too: down (its links reset with its
+    # heartbeats, or silent too long), and up again when heard.
+    def state_lines(m, to):
+        out = []
+        for line in m.log_text().splitlines():
+            d = json.loads(line) if line.startswith("{") else dict(
+                w.split("=", 1) for w in line.split(" ")[2:] if "=" in w)
+            if d.get("event") == "broker_state" and d.get("broker") == victim.name and \
+                    d.get("to") == to:
+                out.append((d, line))
+        return out
+    for m in (survivor, d):
+        downs = wait_until(lambda: state_lines(m, "down"), 10, what="%s's down line" % m.name)
+        for fields, line in downs:
+            assert fields["reason"] in ("connection_reset", "heartbeats_missed"), line
+            assert int(fields["silence_ms"]) >= 0 and "map_epoch" in fields, line
+            assert fields["from"] in ("up", "suspect"), line
+    assert any(" -> down; brokers: " in line for _, line in state_lines(survivor, "down"))
     victim.start()
     wait_until(lambda: survivor.view() and survivor.view().brokers.get(victim.name) == "up", 30,
                what="%s back" % victim.name)
+    for m in (survivor, d):
+        ups = wait_until(lambda: state_lines(m, "up"), 10, what="%s's up line" % m.name)
+        assert [f["reason"] for f, _ in ups][-1] == "heard_again", ups
 
 
 if __name__ == "__main__":

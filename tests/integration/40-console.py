@@ -21,14 +21,21 @@ password first, refused), then filters and sorts the queue list. Then,
 with the cluster map open in a browser that keeps running (read
 through the DevTools protocol over --remote-debugging-pipe, not reloaded),
 c3 is killed with -9: the page's own refresh must draw it down within 10 s
-(c1's map marks it down in about 1.5 s); a page loaded afresh draws it down
-too. Screenshots of the cluster map before and after the kill are
+(c1's map marks it down in about 1.5 s), and list the failovers as they
+happen (GET /api/cluster/events: each queue of c3's moved, reason failover;
+c3 down with its reason; red arrows from c3 on the ring); a page loaded
+afresh draws it down too. Before that, with --catch-up-rate slowing the
+catch-up of new backups (~12 s for MOVE_BYTES), open pages must draw a
+planned move while it runs (its arrow, its row, "move started"), a backup a
+policy added drawn catching up until it is in sync, and the overview's
+publish rate above 0 under a publisher. Screenshots of the cluster map before and after the kill are
 kept in the artefact directory ($QUAY_ARTIFACT_DIR, by default
 test-artifacts/40-console beside $QUAYD, e.g. build-asan/test-artifacts/),
 whose path is printed: the cluster's own directory, with the brokers' logs,
 is removed when the test passes. Skipped (77) without chromium
 (scripts/setup.sh installs it).
 """
+import base64
 import html
 import json
 import os
@@ -43,10 +50,15 @@ import http.client
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from clustertest import Cluster, closer, connect, run, test, wait_until  # noqa: E402
+from clustertest import (Cluster, closer, connect, declare_until, queue_info, run,  # noqa: E402
+                         test, wait_until)
+import pika  # noqa: E402
+import threading  # noqa: E402
 from chromium import CHROMIUM, CHROMIUM_FLAGS, LivePage  # noqa: E402
 
 QUEUES = ["console-q-%d" % i for i in range(10)]
+CATCH_UP_RATE = 256 * 1024  # bytes a second each broker sends to catch backups up
+MOVE_BYTES = 3 * 1024 * 1024  # a queue this full takes ~12 s to catch up
 ARTIFACTS = os.environ.get("QUAY_ARTIFACT_DIR") or os.path.join(
     os.path.dirname(os.path.abspath(os.environ.get("QUAYD", "."))), "test-artifacts",
     "40-console")
@@ -90,6 +102,20 @@ class ConsolePage(LivePage):
         return dict(self.evaluate(
             "[...document.querySelectorAll('#ring g.broker')]"
             ".map((g) => [g.dataset.name, g.dataset.state])") or [])
+
+    def data(self, selector):
+        """The data- attributes (and class) of each element selector finds."""
+        return self.evaluate(
+            "[...document.querySelectorAll(%s)].map((e) => Object.assign("
+            "{class: e.getAttribute('class') || ''}, e.dataset))" % json.dumps(selector)) or []
+
+    def events(self, **want):
+        """The recent events the page lists (#cl-events), those with want."""
+        return [e for e in self.data("#cl-events li")
+                if all(e.get(k) == v for k, v in want.items())]
+
+    def text(self, element_id):
+        return self.evaluate("document.getElementById(%s)?.textContent" % json.dumps(element_id))
 
 
 def page_url(member, fragment):
@@ -136,7 +162,11 @@ def refreshes(page):
 def cluster_with_queues():
     global cluster, c1, c2, c3
     cluster = Cluster()
-    c1, c2, c3 = cluster.form(["c1", "c2", "c3"])
+    # New backups are caught up at CATCH_UP_RATE: a move of MOVE_BYTES, or a
+    # backup added to a queue as full, stays in progress long enough to be
+    # seen drawn (a_move_is_drawn_while_it_runs, a_backup_catching_up_...).
+    c1, c2, c3 = cluster.form(["c1", "c2", "c3"],
+                              extra_args=["--catch-up-rate", str(CATCH_UP_RATE)])
     conn = connect(c1)
     ch = conn.channel()
     for q in QUEUES:
@@ -364,8 +394,167 @@ def one_queues_placement():
     assert "backups %s" % ", ".join(q["backups"]) in shown, (shown, q)
 
 
+def fill(member, queue, total, size=4096):
+    conn = connect(member)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    pad = b"x" * size
+    for i in range(total // size):
+        ch.basic_publish("", queue, pad, pika.BasicProperties(delivery_mode=2))
+    conn.close()
+
+
+@test(timeout=180)
+def a_move_is_drawn_while_it_runs():
+    """POST /api/cluster/move of a queue of MOVE_BYTES to the broker that is
+    not its backup: the target is caught up at CATCH_UP_RATE (~12 s), and
+    while it is, the open page draws the move (its arrow on the ring, its row
+    in the moves table, "move started" in the recent events); when the
+    handover is done, the events list it (primary moved, reason move) and
+    the arrow is gone."""
+    q = declare_until("console-mv", c1, lambda i: i is not None and len(i["backups"]) == 1,
+                      **{"x-quay-backups": 1})
+    fill(c1, q, MOVE_BYTES)
+    wait_until(lambda: queue_info(c1, q)["in_sync"] == queue_info(c1, q)["backups"], 60,
+               what="its backup in sync")
+    info = queue_info(c1, q)
+    source, target = info["primary"], next(
+        n for n in ("c1", "c2", "c3") if n not in (info["primary"], info["backups"][0]))
+    page = ConsolePage(page_url(c1, "cluster"))
+    try:
+        wait_until(lambda: len(page.brokers()) == 3, 20, interval=0.2, what="the ring")
+        status, body = c1.api_call("POST", "/api/cluster/move", json.dumps(
+            {"vhost": "/", "queue": q, "to": target}).encode(), timeout=5)
+        assert status == 202, (status, body)
+        t0 = time.monotonic()
+        arrow = "#ring path.move[data-queue='%s']" % q
+        wait_until(lambda: page.data(arrow), 10, interval=0.1, what="the move's arrow",
+                   detail=lambda: (page.data("#ring path.move"), queue_info(c1, q)))
+        rows = ("[...document.querySelectorAll('#cl-moves tbody tr')]"
+                ".map((tr) => [...tr.children].map((td) => td.textContent))")
+        row = [r for r in page.evaluate(rows) if r[0] == "%s (/)" % q]
+        assert row and row[0][2:4] == [source, target], page.evaluate(rows)
+        wait_until(lambda: page.events(event="move_started", queue=q, to=target, reason="move"),
+                   5, interval=0.1, what="move started listed", detail=lambda: page.events())
+        # Still in progress when the page drew it (not a move done already).
+        assert queue_info(c1, q)["primary"] == source, queue_info(c1, q)
+        print("# the move's arrow and row drawn %.1f s after the POST, while in progress"
+              % (time.monotonic() - t0))
+        screenshot_live(page, "cluster-move.png")
+        wait_until(lambda: queue_info(c1, q)["primary"] == target, 60, what="the move done")
+        wait_until(lambda: page.events(event="primary_moved", queue=q, reason="move",
+                                       to=target), 10, interval=0.2,
+                   what="the handover listed", detail=lambda: page.events())
+        wait_until(lambda: not page.data(arrow), 10, interval=0.2, what="the arrow gone")
+    finally:
+        page.close()
+
+
+@test(timeout=180)
+def a_backup_catching_up_is_drawn_so():
+    """A backup held back: a policy gives a full queue a second backup, caught
+    up at CATCH_UP_RATE; until it is in sync, the ring's arrow from the
+    queue's primary to it says so (fewer in sync than queues, orange
+    "catching-up"), and green again once it is."""
+    # (No x-quay-backups: the argument would win over the policy.)
+    q = declare_until("console-lag", c1, lambda i: i is not None and len(i["backups"]) == 1)
+    fill(c1, q, MOVE_BYTES)
+    wait_until(lambda: queue_info(c1, q)["in_sync"] == queue_info(c1, q)["backups"], 60,
+               what="its backup in sync")
+    info = queue_info(c1, q)
+    primary = info["primary"]
+    added = next(n for n in ("c1", "c2", "c3") if n not in (primary, info["backups"][0]))
+    page = ConsolePage(page_url(c1, "cluster"))
+    pair = "#ring g.pair-group[data-primary=%s][data-backup=%s]" % (primary, added)
+    try:
+        wait_until(lambda: len(page.brokers()) == 3, 20, interval=0.2, what="the ring")
+        status, body = c1.api_call("PUT", "/api/policies/%2F/console-lag",
+                                   {"pattern": "^%s$" % q, "priority": 5, "backups": 2})
+        assert status in (201, 204), (status, body)
+
+        def behind():
+            drawn = page.data(pair)
+            return drawn if drawn and int(drawn[0]["inSync"]) < int(drawn[0]["queues"]) else None
+        drawn = wait_until(behind, 15, interval=0.1, what="the new backup drawn catching up",
+                           detail=lambda: (page.data("#ring g.pair-group"), queue_info(c1, q)))
+        assert added in queue_info(c1, q)["backups"], queue_info(c1, q)
+        kinds = page.evaluate("[...document.querySelectorAll(%s)].map((p) => p.getAttribute("
+                              "'class'))" % json.dumps(pair + " path"))
+        assert kinds and all("catching-up" in k for k in kinds), kinds
+        print("# drawn catching up: %s" % drawn)
+        screenshot_live(page, "cluster-catching-up.png")
+        wait_until(lambda: added in queue_info(c1, q)["in_sync"], 60, what="in sync at last")
+        wait_until(lambda: (page.data(pair) or [{}])[0].get("inSync") ==
+                   (page.data(pair) or [{}])[0].get("queues"), 10, interval=0.2,
+                   what="the pair drawn in sync", detail=lambda: page.data(pair))
+    finally:
+        page.close()
+        c1.api_call("DELETE", "/api/policies/%2F/console-lag")
+
+
 @test(timeout=120)
+def overview_rates_under_load():
+    """A publisher on c1 for a few seconds: the open overview shows a
+    publish rate above 0 (from successive totals of /api/overview)."""
+    conn = connect(c1)
+    ch = conn.channel()
+    ch.queue_declare("console-rate")
+    conn.close()
+    page = ConsolePage(page_url(c1, "overview"))
+    stop = threading.Event()
+
+    def publish():
+        c = connect(c1)
+        pch = c.channel()
+        while not stop.is_set():
+            pch.basic_publish("", "console-rate", b"r" * 100)
+            time.sleep(0.002)
+        c.close()
+    worker = threading.Thread(target=publish)
+    try:
+        wait_until(lambda: page.text("ov-queues") not in (None, "", "-"), 20, interval=0.2,
+                   what="the overview")
+        worker.start()
+
+        def rate():
+            text = page.text("ov-rate-publish")
+            return text if text not in (None, "", "-") and float(text.replace(",", "")) > 0 else None
+        got = wait_until(rate, 15, interval=0.2, what="a publish rate above 0",
+                         detail=lambda: page.text("ov-rate-publish"))
+        print("# overview publish rate under load: %s/s" % got)
+    finally:
+        stop.set()
+        if worker.is_alive():
+            worker.join(10)
+        page.close()
+        conn = connect(c1)
+        conn.channel().queue_delete("console-rate")
+        conn.close()
+
+
+def screenshot_live(page, name):
+    """A screenshot of the open page (DevTools' Page.captureScreenshot)."""
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    shot = page.call("Page.captureScreenshot", {"format": "png"}, page.session)
+    path = os.path.join(ARTIFACTS, name)
+    with open(path, "wb") as f:
+        f.write(base64.b64decode(shot["data"]))
+    print("# screenshot: %s" % path)
+
+
+@test(timeout=240)
 def a_killed_broker_is_drawn_down_live():
+    """c3 killed with -9 while the cluster map is open: the page draws it
+    down, and lists the failover as it happens: c3 down with its reason,
+    and each queue whose primary was c3 moved to the broker that took it
+    (reason failover), drawn as a red arrow from c3 for 30 s."""
+    # A queue c3 is the primary of, with an in-sync backup to fail over to.
+    declare_until("console-fo", c1, lambda i: i is not None and i["primary"] == "c3" and
+                  len(i["backups"]) == 1, **{"x-quay-backups": 1})
+    on_c3 = wait_until(lambda: (lambda qs: qs if all(q["in_sync"] == q["backups"] for q in qs)
+                                else None)([q for q in c1.api_get("/api/queues")
+                                            if q["primary"] == "c3" and q["backups"]]),
+                       90, interval=0.2, what="c3's queues' backups in sync")
     page = ConsolePage(page_url(c1, "cluster"))
     try:
         wait_until(lambda: page.brokers() == {"c1": "up", "c2": "up", "c3": "up"}, 20,
@@ -379,6 +568,34 @@ def a_killed_broker_is_drawn_down_live():
         assert page.brokers() == {"c1": "up", "c2": "up", "c3": "down"}, page.brokers()
         api = {b["name"]: b["state"] for b in c1.api_get("/api/cluster")["brokers"]}
         assert api["c3"] == "down", api
+        # The failovers, listed as they happened (the page still not reloaded).
+        names = sorted(q["name"] for q in on_c3)
+        def failed_over():
+            got = sorted(e["queue"] for e in page.events(event="primary_moved", reason="failover",
+                                                          **{"from": "c3"}))
+            return got if got == names else None
+        wait_until(failed_over, 10, interval=0.2, what="the page to list c3's failovers",
+                   detail=lambda: page.events())
+        print("# the open page listed %d failover(s) from c3 %.1f s after kill -9"
+              % (len(names), time.monotonic() - t0))
+        now = {q["name"]: q["primary"] for q in c1.api_get("/api/queues")}
+        for e in page.events(event="primary_moved", reason="failover", **{"from": "c3"}):
+            assert e["to"] == now[e["queue"]] and "failover" in e["class"].split(), (e, now)
+            assert "recent" in e["class"].split(), e
+        down = page.events(event="broker_state", broker="c3", to="down")
+        assert len(down) == 1 and down[0]["reason"] in ("connection_reset",
+                                                        "heartbeats_missed"), down
+        # On the ring: a red arrow from c3 to each broker that took queues,
+        # c3 marked as the broker that failed.
+        arrows = {a["to"]: int(a["queues"]) for a in page.data("#ring g.failover-group")
+                  if a["from"] == "c3"}
+        want = {}
+        for q in on_c3:
+            want[now[q["name"]]] = want.get(now[q["name"]], 0) + 1
+        assert arrows == want, (arrows, want)
+        c3_drawn = page.data("#ring g.broker[data-name=c3]")
+        assert "failed" in c3_drawn[0]["class"].split(), c3_drawn
+        screenshot_live(page, "cluster-c3-failover-live.png")
     finally:
         page.close()
 

@@ -169,18 +169,30 @@ static void test_liveness(void **state)
     controller_config_default(&config);
     uint64_t now = 100000;
     struct controller_heard heard[] = {
-        {1, now - 10, false, 0, 0},   /* up, fine */
-        {2, now - 1500, false, 0, 0}, /* up -> suspect */
-        {3, now - 100, true, 0, 0},   /* reset -> down at once */
-        {4, now - 50, false, 0, 0},   /* suspect -> up */
-        {5, now - 20, false, 0, 0},   /* down -> up (restarted) */
-        {9, now - 99999, false, 0, 0} /* unknown broker: ignored */
+        {1, now - 10, false, 0, 0, false},   /* up, fine */
+        {2, now - 1500, false, 0, 0, false}, /* up -> suspect */
+        {3, now - 100, true, 0, 0, false},   /* reset -> down at once */
+        {4, now - 50, false, 0, 0, false},   /* suspect -> up */
+        {5, now - 20, false, 0, 0, false},   /* down -> up (restarted) */
+        {9, now - 99999, false, 0, 0, false} /* unknown broker: ignored */
     };
     struct map_cmd_list out;
     map_cmd_list_init(&out);
     assert_int_equal(controller_check_liveness(&map, &config, heard, 6, now, &out), OK);
     assert_int_equal(out.count, 4);
-    assert_int_equal(apply_all(&map, &out), 0);
+    /* Each says why (the log's and the console's reason). */
+    static const enum map_reason why[] = {MAP_REASON_SILENCE, MAP_REASON_RESET,
+                                          MAP_REASON_HEARD, MAP_REASON_HEARD};
+    static const uint64_t silent[] = {1500, 100, 50, 20};
+    for (uint32_t i = 0; i < out.count; i++) {
+        struct map_change change;
+        assert_int_equal(cluster_map_apply(&map, out.items[i].bytes, out.items[i].size, &change),
+                         OK);
+        assert_int_equal(change.reason, why[i]);
+        assert_int_equal(change.silence_ms, silent[i]);
+    }
+    map_cmd_list_free(&out);
+    map_cmd_list_init(&out);
     assert_int_equal(cluster_map_broker(&map, 1)->state, BROKER_STATE_UP);
     assert_int_equal(cluster_map_broker(&map, 2)->state, BROKER_STATE_SUSPECT);
     assert_int_equal(cluster_map_broker(&map, 3)->state, BROKER_STATE_DOWN);
@@ -189,8 +201,9 @@ static void test_liveness(void **state)
     /* Time passes without news from 2: suspect -> down at 2 s. Draining
      * brokers stay draining while heard. A clock step back is "just heard". */
     must_apply(&map, map_cmd_broker_state(&c, 1, BROKER_STATE_DRAINING), &c);
-    struct controller_heard later[] = {{1, now + 1900, false, 0, 0}, {2, now - 1500, false, 0, 0},
-                                       {4, now + 5000, false, 0, 0}};
+    struct controller_heard later[] = {{1, now + 1900, false, 0, 0, false},
+                                       {2, now - 1500, false, 0, 0, false},
+                                       {4, now + 5000, false, 0, 0, false}};
     assert_int_equal(controller_check_liveness(&map, &config, later, 3, now + 2000, &out), OK);
     assert_int_equal(out.count, 1);
     apply_all(&map, &out);
