@@ -110,6 +110,7 @@
 #include "sim.h"
 
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +124,36 @@ struct run_options {
     unsigned jobs;
     bool verbose;
 };
+
+/* The seed being run, for a crash's report (on_crash). */
+static volatile sig_atomic_t crashed_seed_set;
+static volatile uint64_t crashed_seed;
+
+/* A seed that crashes the process (a SIGSEGV inside libraft's fixture, an
+ * assertion) prints itself too, as a failing one does: what stdout holds
+ * is lost with the process, so the seed goes to stderr, written as the
+ * signal arrives, and the signal is raised again. */
+static void on_crash(int sig)
+{
+    char text[96] = "sim_control: FAIL seed ";
+    size_t n = strlen(text);
+    char digits[24];
+    size_t d = 0;
+    uint64_t seed = crashed_seed;
+    do {
+        digits[d++] = (char)('0' + seed % 10);
+        seed /= 10;
+    } while (seed > 0 && d < sizeof digits);
+    while (d > 0)
+        text[n++] = digits[--d];
+    static const char tail[] = ": crashed (replay: --seed N)\n";
+    memcpy(text + n, tail, sizeof tail - 1);
+    n += sizeof tail - 1;
+    if (crashed_seed_set)
+        (void)!write(STDERR_FILENO, text, n);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
 
 /* Seeds first, first + stride, ... (count of them in all, or until
  * wall_s); *ran counts those that passed. 0, or 1 on the first failure. */
@@ -140,6 +171,8 @@ static int run_range(const struct run_options *o, uint64_t first, uint64_t strid
                 break;
         }
         uint64_t t1, t2;
+        crashed_seed = seed;
+        crashed_seed_set = 1;
         if (sim_run_seed(seed, o->seconds, o->verbose, &t1) != 0)
             return 1;
         if (seed == o->first) {
@@ -227,6 +260,9 @@ int main(int argc, char **argv)
     }
     if (o.jobs < 1 || o.jobs > 64)
         o.jobs = 1;
+    signal(SIGSEGV, on_crash);
+    signal(SIGBUS, on_crash);
+    signal(SIGABRT, on_crash);
     for (int i = 0; i < SIM_QUEUES; i++)
         snprintf(sim_queue_names[i], sizeof sim_queue_names[i], "q%d", i);
     if (o.wall_s > 0)
