@@ -502,8 +502,14 @@ def vhost_counts_are(name, primaries, client):
 @test(timeout=120)
 def vhost_message_counts_agree_with_amqp():
     eq(http_call("PUT", "/api/vhosts/adm-mv", "{}")[0], 201, "a vhost (guest may open it)")
+    b = qbroker()
+    ports = [m.http_port for m in b.members] if b.cluster is not None else [b.http_port]
     c = None
     try:
+        # (In a cluster the other brokers learn the vhost from the map a
+        # moment after the PUT's answer.)
+        wait_until(lambda: all(http_call("GET", "/api/vhosts/adm-mv", port=p)[0] == 200
+                               for p in ports), 10, what="every broker knowing the vhost")
         assert vhost_counts_are("adm-mv", (0, 0, 0), (0, 0, 0)), vhost_counts("adm-mv")
         c = pika.BlockingConnection(pika.ConnectionParameters(
             "127.0.0.1", qbroker().port, "adm-mv", heartbeat=0))
