@@ -173,7 +173,8 @@ uint64_t cluster_node_restart_version(const struct cluster_node *node);
  * broker.incarnation); UINT64_MAX until then. What this broker owns since
  * then was given to this process (a queue declared on it once it was
  * back), not to an earlier one of this broker that held more than this
- * one recovered (controller_restart_successor). */
+ * one recovered (controller_restart_successor). 0 on a first start
+ * (cluster_node_restart_version 0): everything was given to this process. */
 uint64_t cluster_node_known_since(const struct cluster_node *node);
 /* The controller's settings (timeouts, default backups, placement), for
  * decisions taken outside the leader's rounds (member_forget). */

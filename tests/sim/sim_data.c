@@ -345,7 +345,8 @@ static void follow_queue(struct sim *s, struct sim_broker *b, unsigned qi,
         }
         bool wait;
         c->hand_off_to = controller_restart_successor(&b->map, q, heard, q->backups_count,
-                                                      b->known_since, &wait);
+                                                      b->restart_version == 0 ? 0 : b->known_since,
+                                                      &wait);
         if (c->hand_off_to == BROKER_ID_NONE && wait &&
             now_ms(s) < b->synced_ms + CONTROLLER_RESTART_WAIT_MS) {
             if (!c->restart_wait)
