@@ -605,27 +605,7 @@ def a_taker_restarted_before_its_copy_was_synced_loses_nothing():
     # While t comes back, x's clients publish to the queues: forwarded to
     # t once the map has it up, they wait in the held queues until t has
     # caught up, and must not take the seqs of what it resumes adopting.
-    later = {name: [] for name in names}
-    stop = threading.Event()
-
-    def publisher():
-        c = connect(x)
-        ch = c.channel()
-        ch.confirm_delivery()
-        i = 0
-        while not stop.is_set():
-            for name in names:
-                body = b"%s-later-%d" % (name.encode(), i)
-                try:
-                    ch.basic_publish("", name, body, PERSISTENT)
-                    later[name].append(body)
-                except (pika.exceptions.NackError, pika.exceptions.UnroutableError):
-                    pass  # (unavailable until t is back)
-            i += 1
-            time.sleep(0.01)
-        c.close()
-    thread = threading.Thread(target=publisher)
-    thread.start()
+    publisher = RoundRobinPublisher(x, names, b"later-", pause=0.01)
     try:
         t.start()
         wait_until(lambda: "caught up with the map" in t.log_text_bytes()[t.log_offset:]
@@ -637,8 +617,9 @@ def a_taker_restarted_before_its_copy_was_synced_loses_nothing():
                    what="t's adoptions done")
         time.sleep(0.5)
     finally:
-        stop.set()
-        thread.join(30)
+        publisher.stop()
+    assert not publisher.errors, publisher.errors
+    later = publisher.confirmed
     bad = {}
     for name in names:
         got = read_all(x, name)
@@ -788,6 +769,48 @@ def staged_copies_a_restart_kept_go_once_unneeded_while_running():
     assert read_all(x, adopted) == [b"%s-%d" % (adopted.encode(), i) for i in range(10)]
     text = t.log_text_bytes()[t.log_offset:].decode("utf-8", "replace")
     assert text.count("a copy we had staged for its takeover is no longer needed") == 2, text
+
+
+class RoundRobinPublisher:
+    """A thread that publishes persistent messages to names in turn
+    (b"NAME-TAG-I") through via with confirms, pausing pause s a round,
+    until stop(). confirmed: {name: [bodies confirmed, in order]}; a nacked
+    or unroutable one (the queue unavailable for a moment) is not. Any
+    other error ends the thread and is kept in errors."""
+
+    def __init__(self, via, names, tag, pause=0.0):
+        self.confirmed = {n: [] for n in names}
+        self.errors = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(via, names, tag, pause))
+        self._thread.start()
+
+    def _run(self, via, names, tag, pause):
+        c = connect(via)
+        ch = c.channel()
+        ch.confirm_delivery()
+        i = 0
+        try:
+            while not self._stop.is_set():
+                for n in names:
+                    body = b"%s-%s%d" % (n.encode(), tag, i)
+                    try:
+                        ch.basic_publish("", n, body, PERSISTENT)
+                        self.confirmed[n].append(body)
+                    except (pika.exceptions.NackError, pika.exceptions.UnroutableError):
+                        pass
+                i += 1
+                time.sleep(pause)
+        except Exception as e:
+            self.errors.append(repr(e))
+        try:
+            c.close()
+        except Exception:
+            pass
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(30)
 
 
 def fresh_cluster():
@@ -970,33 +993,8 @@ def kill_9_under_confirmed_load_loses_no_confirmed_message():
     answered; r may have logged it), flagged redelivered or not."""
     p, q, r = own_cluster(["p", "q", "r"])
     names = place(p, "load", "r", 2)
-    confirmed = {n: [] for n in names}
-    stop = threading.Event()
-    errors = []
-
-    def publisher():
-        c = connect(p)
-        ch = c.channel()
-        ch.confirm_delivery()
-        i = 0
-        try:
-            while not stop.is_set():
-                for n in names:
-                    body = b"%s-%d" % (n.encode(), i)
-                    try:
-                        ch.basic_publish("", n, body, PERSISTENT)
-                        confirmed[n].append(body)
-                    except (pika.exceptions.NackError, pika.exceptions.UnroutableError):
-                        pass  # (unavailable for a moment: not confirmed)
-                i += 1
-        except Exception as e:
-            errors.append(repr(e))
-        try:
-            c.close()
-        except Exception:
-            pass
-    thread = threading.Thread(target=publisher)
-    thread.start()
+    publisher = RoundRobinPublisher(p, names, b"")
+    confirmed = publisher.confirmed
     try:
         wait_until(lambda: min(len(v) for v in confirmed.values()) >= 300, 20,
                    what="300 confirmed per queue")
@@ -1007,9 +1005,8 @@ def kill_9_under_confirmed_load_loses_no_confirmed_message():
         wait_until(lambda: all(len(confirmed[n]) >= before[n] + 300 for n in names), 30,
                    what="300 more confirmed per queue after the kill")
     finally:
-        stop.set()
-        thread.join(30)
-    assert not errors, errors
+        publisher.stop()
+    assert not publisher.errors, publisher.errors
     for m in (p, q):
         wait_until(lambda: metric(m, "quay_cluster_adoptions_pending") == 0, 20,
                    what="%s's adoptions done" % m.name)
