@@ -1203,6 +1203,37 @@ static void test_takeover_from_shared_storage(void **state)
     cluster_map_free(&map);
 }
 
+/* Four brokers, 1-3 on storage "s", 4 on "t"; on primary 1, each with one
+ * backup in sync: "tonly" (x-quay-replicate "transient", backup 2),
+ * "tonly-elsewhere" (the same, backup 4) and "all" (backup 2). */
+static const char *const three_names[] = {"tonly", "tonly-elsewhere", "all"};
+static const uint32_t three_backups[] = {2, 4, 2};
+
+static void three_transient_only_queues(struct cluster_map *map)
+{
+    small_map(map, 4);
+    storage(map, 1, "s");
+    storage(map, 2, "s");
+    storage(map, 3, "s");
+    storage(map, 4, "t");
+    uint8_t buf[64];
+    struct table_writer w;
+    table_writer_init(&w, buf, sizeof buf);
+    table_put_longstr(&w, "x-quay-replicate", B("transient"));
+    struct table transient_only = table_writer_table(&w);
+    struct map_cmd c;
+    for (int i = 0; i < 3; i++) {
+        struct map_queue_decl d = {.vhost = B("/"), .name = B(three_names[i]), .durable = true,
+                                   .primary_id = 1, .replication_factor = 2,
+                                   .arguments = i < 2 ? transient_only : (struct table){0}};
+        d.backup_ids[d.backups_count++] = three_backups[i];
+        must_apply(map, map_cmd_queue_declare(&c, &d, 1), &c);
+        const struct map_queue *q = cluster_map_queue(map, B("/"), B(three_names[i]));
+        must_apply(map, map_cmd_queue_set_in_sync(&c, B("/"), B(three_names[i]), q->epoch,
+                                                  q->backup_ids, NULL, 1), &c);
+    }
+}
+
 /* x-quay-replicate "transient" (controller_takes_over_with_replica): the
  * dead primary's in-sync backup takes the queue over keeping its replica
  * (queue.take_over with replica: it merges its transient messages with
@@ -1213,29 +1244,8 @@ static void test_transient_only_queue_taken_over_by_its_backup(void **state)
 {
     (void)state;
     struct cluster_map map;
-    small_map(&map, 4);
-    storage(&map, 1, "s");
-    storage(&map, 2, "s");
-    storage(&map, 3, "s");
-    storage(&map, 4, "t");
-    uint8_t buf[64];
-    struct table_writer w;
-    table_writer_init(&w, buf, sizeof buf);
-    table_put_longstr(&w, "x-quay-replicate", B("transient"));
-    struct table transient_only = table_writer_table(&w);
-    const char *names[] = {"tonly", "tonly-elsewhere", "all"};
-    const uint32_t backups[] = {2, 4, 2};
+    three_transient_only_queues(&map);
     struct map_cmd c;
-    for (int i = 0; i < 3; i++) {
-        struct map_queue_decl d = {.vhost = B("/"), .name = B(names[i]), .durable = true,
-                                   .primary_id = 1, .replication_factor = 2,
-                                   .arguments = i < 2 ? transient_only : (struct table){0}};
-        d.backup_ids[d.backups_count++] = backups[i];
-        must_apply(&map, map_cmd_queue_declare(&c, &d, 1), &c);
-        const struct map_queue *q = cluster_map_queue(&map, B("/"), B(names[i]));
-        must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B(names[i]), q->epoch,
-                                                   q->backup_ids, NULL, 1), &c);
-    }
     const struct map_queue *tonly = cluster_map_queue(&map, B("/"), B("tonly"));
     assert_false(controller_takes_over_with_replica(&map, tonly, 2)); /* 1 is up */
     must_apply(&map, map_cmd_broker_state(&c, 1, BROKER_STATE_DOWN), &c);
@@ -1281,31 +1291,17 @@ static void test_restarted_transient_only_queue_handed_with_its_log(void **state
 {
     (void)state;
     struct cluster_map map;
-    small_map(&map, 4);
-    storage(&map, 1, "s");
-    storage(&map, 2, "s");
-    storage(&map, 3, "s");
-    storage(&map, 4, "t");
+    three_transient_only_queues(&map);
     struct map_cmd c;
     for (uint32_t id = 1; id <= 4; id++)
         must_apply(&map, map_cmd_broker_incarnation(&c, id, 100 + id), &c);
-    uint8_t buf[64];
-    struct table_writer w;
-    table_writer_init(&w, buf, sizeof buf);
-    table_put_longstr(&w, "x-quay-replicate", B("transient"));
-    struct table transient_only = table_writer_table(&w);
-    const char *names[] = {"tonly", "tonly-elsewhere", "all"};
-    const uint32_t backups[] = {2, 4, 2};
+    const char *const *names = three_names;
+    const uint32_t *backups = three_backups;
     const bool with_log[] = {true, false, false};
     struct controller_heard heard[4];
     for (uint32_t id = 1; id <= 4; id++)
         heard[id - 1] = (struct controller_heard){.broker_id = id, .incarnation = 100 + id};
     for (int i = 0; i < 3; i++) {
-        struct map_queue_decl d = {.vhost = B("/"), .name = B(names[i]), .durable = true,
-                                   .primary_id = 1, .replication_factor = 2,
-                                   .arguments = i < 2 ? transient_only : (struct table){0}};
-        d.backup_ids[d.backups_count++] = backups[i];
-        must_apply(&map, map_cmd_queue_declare(&c, &d, 1), &c);
         const struct map_queue *q = cluster_map_queue(&map, B("/"), B(names[i]));
         /* Out of sync: nobody takes it (the map refuses the take-over). */
         must_apply(&map, map_cmd_queue_set_in_sync(&c, B("/"), B(names[i]), q->epoch, NULL,
