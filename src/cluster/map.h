@@ -549,8 +549,12 @@ struct map_exchange_decl {
 /* Each builder returns OK, or E_LIMIT if the command would exceed
  * CLUSTER_CMD_SIZE_MAX (out is then empty). Builders do not validate
  * beyond asserting their own preconditions: apply decides. */
+/* broker.join: incarnation is the joining process's (its heartbeats'; 0:
+ * not known), so the map knows a broker's process from its first entry and
+ * any later one is a restart (as broker.incarnation's). */
 int map_cmd_broker_join(struct map_cmd *out, uint32_t id, struct bytes name,
-                        struct bytes amqp_address, struct bytes cluster_address, bool voter);
+                        struct bytes amqp_address, struct bytes cluster_address, bool voter,
+                        uint32_t incarnation);
 int map_cmd_broker_leave(struct map_cmd *out, uint32_t id);
 int map_cmd_broker_state(struct map_cmd *out, uint32_t id, enum broker_state state);
 /* The same with why (MAP_REASON_NONE: not said) and, if not 0, how long the
@@ -560,8 +564,8 @@ int map_cmd_broker_state_why(struct map_cmd *out, uint32_t id, enum broker_state
 /* broker.incarnation: the broker's process is `incarnation` (not 0). A
  * change (a restart) takes it out of every queue's in-sync set: its
  * replicas did not survive the restart, so it may be promoted only once
- * its primary caught it up again. The first one reported is only
- * recorded. */
+ * its primary caught it up again. The first one the map hears (a broker
+ * that joined without one: an upgrade) is only recorded. */
 int map_cmd_broker_incarnation(struct map_cmd *out, uint32_t id, uint32_t incarnation);
 /* broker.storage: the broker's shared-storage id (1..64 bytes; empty: none). */
 int map_cmd_broker_storage(struct map_cmd *out, uint32_t id, struct bytes storage_id);

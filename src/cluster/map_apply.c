@@ -347,6 +347,29 @@ struct map_vhost *map__need_vhost(struct apply_ctx *ctx, struct bytes name, int 
 
 /* ---- brokers -------------------------------------------------------------- */
 
+/* Broker b's process is incarnation (0: not said). Another one than the
+ * map knew restarted it: whatever it held as a replica was in the memory or
+ * the replica logs of the process before (a restart recreates them), so it
+ * is no longer in sync anywhere, and its primaries catch it up and ask for
+ * it again. Without this a restart the map never saw as down (no leader
+ * while it was dead) left it in sync, and a failover promoted it empty. The
+ * first one the map hears of a broker that joined without one (an upgrade)
+ * is only recorded: the queues placed on it meanwhile would all lose their
+ * in-sync backups at once. */
+static void note_process(struct cluster_map *map, struct map_broker *b, uint32_t incarnation)
+{
+    if (incarnation == 0 || b->incarnation == incarnation)
+        return;
+    bool restarted = b->incarnation != 0;
+    b->incarnation = incarnation;
+    for (uint32_t i = 0; restarted && i < map->queues_count; i++) {
+        struct map_queue *q = map->queues[i];
+        int slot = map__backup_slot(q, b->id);
+        if (slot >= 0)
+            q->in_sync_mask &= (uint8_t)~(1u << slot);
+    }
+}
+
 static int op_broker_join(struct apply_ctx *ctx)
 {
     struct cmd_reader *r = &ctx->reader;
@@ -361,9 +384,7 @@ static int op_broker_join(struct apply_ctx *ctx)
     struct bytes storage_id = {(const uint8_t *)"", 0};
     if (ctx->restoring && table_get(r->table, "storage", &(struct field_value){0}))
         storage_id = map__read_str(r, "storage", 1, MAP_STORAGE_ID_SIZE_MAX);
-    uint32_t incarnation = 0;
-    if (ctx->restoring)
-        incarnation = (uint32_t)map__read_uint(r, "incarnation", UINT32_MAX, true, 0);
+    uint32_t incarnation = (uint32_t)map__read_uint(r, "incarnation", UINT32_MAX, true, 0);
     if (r->bad_key)
         return map__malformed(ctx);
     struct cluster_map *map = ctx->map;
@@ -385,10 +406,12 @@ static int op_broker_join(struct apply_ctx *ctx)
         return map__refuse(ctx, REPLY_PRECONDITION_FAILED, false, "cluster is full (%u brokers)",
                            map->brokers_count);
     if (b) {
-        /* A rejoin (restart, new address): the state stays the controller's. */
+        /* A rejoin (restart, new address): the state stays the controller's;
+         * a new process is a restart (broker.incarnation's). */
         bytes_free(&b->name);
         bytes_free(&b->amqp_address);
         bytes_free(&b->cluster_address);
+        note_process(map, b, incarnation);
     } else {
         b = xcalloc(1, sizeof(*b));
         b->id = id;
@@ -475,11 +498,7 @@ static int op_broker_state(struct apply_ctx *ctx)
 }
 
 /* The controller heard a new process of the broker (its heartbeats'
- * incarnation): whatever it held as a replica was in the memory or the
- * replica logs of the process before (a restart recreates them), so it is
- * no longer in sync anywhere. Its primaries catch it up and ask for it
- * again. Without this a restart the map never saw as down (no leader while
- * it was dead) left it in sync, and a failover promoted it empty. */
+ * incarnation): note_process. */
 static int op_broker_incarnation(struct apply_ctx *ctx)
 {
     uint32_t id = map__read_broker_id(&ctx->reader, "id");
@@ -492,17 +511,7 @@ static int op_broker_incarnation(struct apply_ctx *ctx)
         return rc;
     if (b->incarnation == incarnation)
         return OK;
-    /* A first report (a new cluster, an upgrade) is recorded only: the
-     * queues placed on a broker before the leader heard it would all lose
-     * their in-sync backups at once. */
-    bool restarted = b->incarnation != 0;
-    b->incarnation = (uint32_t)incarnation;
-    for (uint32_t i = 0; restarted && i < ctx->map->queues_count; i++) {
-        struct map_queue *q = ctx->map->queues[i];
-        int slot = map__backup_slot(q, id);
-        if (slot >= 0)
-            q->in_sync_mask &= (uint8_t)~(1u << slot);
-    }
+    note_process(ctx->map, b, (uint32_t)incarnation);
     ctx->map->brokers_version++;
     ctx->change->changed = true;
     return OK;

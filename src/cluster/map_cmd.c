@@ -191,15 +191,17 @@ void map__encode_join(struct table_writer *w, const void *arg)
         table_put_longstr(w, "state", bytes_of_cstr(broker_state_name(a->broker->state)));
     if (a->broker && a->broker->storage_id.len > 0)
         table_put_longstr(w, "storage", a->broker->storage_id);
-    if (a->broker && a->broker->incarnation != 0)
-        table_put_int(w, "incarnation", a->broker->incarnation);
+    uint32_t incarnation = a->broker ? a->broker->incarnation : a->incarnation;
+    if (incarnation != 0)
+        table_put_int(w, "incarnation", incarnation);
 }
 
 int map_cmd_broker_join(struct map_cmd *out, uint32_t id, struct bytes name,
-                        struct bytes amqp_address, struct bytes cluster_address, bool voter)
+                        struct bytes amqp_address, struct bytes cluster_address, bool voter,
+                        uint32_t incarnation)
 {
     ASSERT(id != BROKER_ID_NONE);
-    struct join_args a = {id, name, amqp_address, cluster_address, voter, NULL};
+    struct join_args a = {id, name, amqp_address, cluster_address, voter, incarnation, NULL};
     return build(out, map__encode_join, &a);
 }
 

@@ -141,6 +141,7 @@ struct join_args {
     uint32_t id;
     struct bytes name, amqp_address, cluster_address;
     bool voter;
+    uint32_t incarnation;
     const struct map_broker *broker; /* snapshot: also the state */
 };
 

@@ -73,7 +73,7 @@ static void encode_snapshot_objects(struct table_writer *w, const struct cluster
     size_t a = table_put_array_begin(w, "brokers");
     for (uint32_t i = 0; i < map->brokers_count; i++) {
         const struct map_broker *b = map->brokers[i];
-        struct join_args j = {b->id, b->name, b->amqp_address, b->cluster_address, b->voter, b};
+        struct join_args j = {b->id, b->name, b->amqp_address, b->cluster_address, b->voter, 0, b};
         size_t t = table_array_put_table_begin(w);
         map__encode_join(w, &j);
         table_put_table_end(w, t);

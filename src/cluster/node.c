@@ -458,7 +458,8 @@ static int propose_join(struct cluster_node *node, struct peer *peer, bool voter
     struct map_cmd cmd;
     int rc = map_cmd_broker_join(&cmd, peer->id, bytes_of_cstr(peer->name),
                                  bytes_of_cstr(peer->amqp_address),
-                                 bytes_of_cstr(peer->cluster_address), voter);
+                                 bytes_of_cstr(peer->cluster_address), voter,
+                                 peer->incarnation);
     ASSERT(rc == OK); /* three short strings */
     rc = propose(node, &cmd, kind, peer->id);
     if (rc == OK)

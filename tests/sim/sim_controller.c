@@ -88,7 +88,8 @@ static void broker_tick(struct sim *s, struct sim_broker *b, uint64_t now)
         snprintf(name, sizeof name, "b%u", b->id);
         struct map_cmd c;
         if (!b->barrier_in_flight &&
-            map_cmd_broker_join(&c, b->id, B(name), B("h:5672"), B(name), true) == OK &&
+            map_cmd_broker_join(&c, b->id, B(name), B("h:5672"), B(name), true,
+                                b->incarnation) == OK &&
             sim_propose_cmd(b, &c, SIM_BARRIER, b->id))
             b->barrier_in_flight = true;
         return;

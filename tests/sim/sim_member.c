@@ -108,7 +108,8 @@ void sim_member_announce(struct sim *s, struct sim_broker *b)
         char name[8];
         snprintf(name, sizeof name, "b%u", id);
         struct map_cmd c;
-        if (map_cmd_broker_join(&c, id, B(name), B("h:5672"), B(name), voter) == OK &&
+        if (map_cmd_broker_join(&c, id, B(name), B("h:5672"), B(name), voter,
+                                b->heard_incarnation[id]) == OK &&
             sim_propose_cmd(b, &c, SIM_JOIN, id))
             b->join_in_flight[id] = true;
     }

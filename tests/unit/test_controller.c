@@ -99,7 +99,7 @@ static void join(struct cluster_map *map, uint32_t id)
     char name[16];
     snprintf(name, sizeof name, "b%u", id);
     struct map_cmd c;
-    must_apply(map, map_cmd_broker_join(&c, id, B(name), B("h:5672"), B("h:4369"), id <= 5), &c);
+    must_apply(map, map_cmd_broker_join(&c, id, B(name), B("h:5672"), B("h:4369"), id <= 5, 0), &c);
 }
 
 /* Brokers 1..brokers, all up, and the vhost "/": no queues yet. */

@@ -167,7 +167,7 @@ static void test_same_map_through_elections_and_partitions(void **state)
     for (uint32_t id = 1; id <= N; id++) {
         char name[8];
         snprintf(name, sizeof name, "b%u", id);
-        assert_int_equal(map_cmd_broker_join(&cmd, id, B(name), B(name), B(name), true), OK);
+        assert_int_equal(map_cmd_broker_join(&cmd, id, B(name), B(name), B(name), true, 0), OK);
         assert_int_equal(propose(leader, &cmd), 0);
     }
     assert_int_equal(map_cmd_vhost_put(&cmd, B("/")), OK);
