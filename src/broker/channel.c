@@ -1338,38 +1338,19 @@ static void confirm_publish(struct channel *ch, uint64_t ticket, uint32_t remote
 }
 
 /* One target of a peer's forward (ours, or relayed by our stand-in):
- * false if refused. A resend of what the queue already took (its origin
- * at or below its stream's mark) is not enqueued again, only confirmed
- * when what the queue holds is safe (broker/origin.h). */
+ * false if refused (queue_publish_forward). */
 static bool forward_to(struct channel *ch, struct queue *queue, struct message *message,
                        struct publish_wait *wait)
 {
-    bool local = !queue_is_remote(queue);
-    uint64_t stream = ch->forward_origin_stream, seq = ch->forward_origin_seq;
-    if (local && stream != 0 && queue_origin_duplicate(queue, stream, seq, wait)) {
-        ch->connection->broker->counters.forward_duplicates++;
-        return true;
-    }
-    /* (Not what a paused queue holds: it may refuse it when it resumes.) */
-    bool records = local && !ch->forward_origin_resent && !ch->origin_frozen &&
-                   !queue_paused(queue);
-    if (records) { /* the backups record it too (replication.c) */
-        wait->origin_stream = stream;
-        wait->origin_seq = seq;
-    }
-    wait->maybe_delivered = ch->forward_origin_resent;
-    enum queue_publish_result r =
-        ch->forward_dead_lettered ? queue_publish_dead_lettered(queue, message, wait)
-                                  : queue_publish(queue, message, wait);
-    wait->origin_stream = wait->origin_seq = 0;
-    wait->maybe_delivered = false;
+    struct queue_forwarded f = {.origin_stream = ch->forward_origin_stream,
+                              .origin_seq = ch->forward_origin_seq,
+                              .resent = ch->forward_origin_resent,
+                              .record = !ch->origin_frozen,
+                              .dead_lettered = ch->forward_dead_lettered};
+    enum queue_publish_result r = queue_publish_forward(queue, message, &f, wait);
     if (queue->flow.congested)
         flow_wait(ch->connection, ch->id, queue); /* the sender is told */
-    if (r == QUEUE_PUBLISH_REJECTED || r == QUEUE_PUBLISH_UNAVAILABLE)
-        return false;
-    if (records)
-        queue_origin_record(queue, stream, seq, wait->ticket); /* (covers this one's) */
-    return true;
+    return r != QUEUE_PUBLISH_REJECTED && r != QUEUE_PUBLISH_UNAVAILABLE;
 }
 
 /* A peer's forward: straight into each target queue, which must be ours
@@ -1415,8 +1396,12 @@ void channel__route_forward(struct channel *ch, struct message *message)
              * moved to us): route it once we have applied that far. */
             if (wait.sink)
                 wait.remote++;
+            struct queue_forwarded f = {.origin_stream = ch->forward_origin_stream,
+                                      .origin_seq = ch->forward_origin_seq,
+                                      .resent = ch->forward_origin_resent,
+                                      .dead_lettered = ch->forward_dead_lettered};
             cluster->park_forward(ctx, ch->vhost, name, (uint64_t)epoch, message, wait.sink,
-                                  seq, ch->forward_dead_lettered);
+                                  seq, &f);
             continue;
         }
         /* The sender's map is behind ours and the queue moved on (a

@@ -26,6 +26,7 @@
 
 struct confirm_sink;
 struct message;
+struct queue_forwarded;
 struct vhost;
 
 /* The reserved queue name a follower forwards map entries to (a peer's
@@ -144,7 +145,7 @@ struct cluster_ops {
     bool (*map_behind)(void *cluster, struct bytes vhost, struct bytes queue, uint64_t epoch);
     void (*park_forward)(void *cluster, struct vhost *vhost, struct bytes queue, uint64_t epoch,
                          struct message *message, struct confirm_sink *sink, uint64_t seq,
-                         bool dead_lettered);
+                         const struct queue_forwarded *f);
     bool (*forward_relays)(void *cluster, struct bytes vhost, struct bytes queue,
                            uint64_t epoch);
     bool (*forward_gone)(void *cluster, struct bytes vhost, struct bytes queue, uint64_t epoch);

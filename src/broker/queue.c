@@ -577,6 +577,35 @@ void queue_origin_record(struct queue *queue, uint64_t stream, uint64_t seq, uin
     origin_record(queue->origins, stream, seq, now_ms(queue), ticket);
 }
 
+enum queue_publish_result queue_publish_forward(struct queue *queue, struct message *message,
+                                                const struct queue_forwarded *f,
+                                                struct publish_wait *wait)
+{
+    ASSERT(wait != NULL);
+    bool local = !queue_is_remote(queue);
+    if (local && f->origin_stream != 0 &&
+        queue_origin_duplicate(queue, f->origin_stream, f->origin_seq, wait)) {
+        queue->vhost->broker->counters.forward_duplicates++;
+        return QUEUE_PUBLISH_DUPLICATE;
+    }
+    /* (Not what a paused queue holds: it may refuse it when it resumes.) */
+    bool records = local && f->record && !f->resent && f->origin_stream != 0 &&
+                   !queue_paused(queue);
+    if (records) { /* the backups record it too (replication.c) */
+        wait->origin_stream = f->origin_stream;
+        wait->origin_seq = f->origin_seq;
+    }
+    wait->maybe_delivered = f->resent;
+    enum queue_publish_result r = f->dead_lettered
+                                      ? queue_publish_dead_lettered(queue, message, wait)
+                                      : queue_publish(queue, message, wait);
+    wait->origin_stream = wait->origin_seq = 0;
+    wait->maybe_delivered = false;
+    if (records && r != QUEUE_PUBLISH_REJECTED && r != QUEUE_PUBLISH_UNAVAILABLE)
+        queue_origin_record(queue, f->origin_stream, f->origin_seq, wait->ticket);
+    return r;
+}
+
 void queue_adopt_origins(struct queue *queue, struct origin_marks *marks)
 {
     if (marks == NULL)

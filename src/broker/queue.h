@@ -404,6 +404,32 @@ enum queue_publish_result queue_publish_dead_lettered(struct queue *queue,
                                                       struct message *message,
                                                       struct publish_wait *wait);
 
+/* A peer's forward (cluster/forward.c) into a queue: its origin (stream,
+ * seq; stream 0: none, broker/origin.h), whether it was sent before (a
+ * resend: the primary it went to, gone or cut off before answering, may
+ * have delivered it), whether the queue may record its origin as taken
+ * (only where a stream's forwards arrive in order with none refused:
+ * channel.c's origin_frozen), and whether it is a dead-lettering. */
+struct queue_forwarded {
+    uint64_t origin_stream, origin_seq;
+    bool resent;
+    bool record;
+    bool dead_lettered;
+};
+
+/* The one way a peer's forward enters a queue, whether it comes from a link
+ * channel, waited for our map to catch up (cluster/member.c), or was held
+ * by the stand-in a promotion replaced (cluster/mirror.c). Into a queue of
+ * ours, a forward the queue took already (its origin at or below its
+ * stream's mark) is not enqueued again (QUEUE_PUBLISH_DUPLICATE: its
+ * confirm waits until what the queue holds is safe), and a resend that is
+ * enqueued is flagged redelivered (as a promoted backup's replica is); the
+ * origin is recorded if f->record and it is no resend. A stand-in sends it
+ * on (queue_publish). */
+enum queue_publish_result queue_publish_forward(struct queue *queue, struct message *message,
+                                                const struct queue_forwarded *f,
+                                                struct publish_wait *wait);
+
 /* A message routed to several queues at once (a publish, a dead-lettering):
  * each local queue enqueues it (queue_publish, or queue_publish_dead_lettered),
  * and the stand-ins among them forward it together, one copy per primary

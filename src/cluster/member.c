@@ -385,7 +385,10 @@ struct parked_forward {
     struct message *message;     /* one reference */
     struct confirm_sink *sink;   /* one reference, or NULL */
     uint64_t seq;
-    bool dead_lettered;          /* queue_publish_dead_lettered, not queue_publish */
+    /* Its origin, kept so that a resend meets the queue's marks and is
+     * flagged as any resend (queue_publish_forward); never recorded: the
+     * stream's later forwards may have been taken before it. */
+    struct queue_forwarded forward;
 };
 
 bool member_map_behind(const struct member *member, struct bytes vhost, struct bytes queue,
@@ -399,7 +402,7 @@ bool member_map_behind(const struct member *member, struct bytes vhost, struct b
 
 void member_park_forward(struct member *member, struct vhost *vhost, struct bytes queue,
                          uint64_t epoch, struct message *message, struct confirm_sink *sink,
-                         uint64_t seq, bool dead_lettered)
+                         uint64_t seq, const struct queue_forwarded *f)
 {
     struct parked_forward *p = xcalloc(1, sizeof *p);
     p->vhost = bytes_dup(vhost->name);
@@ -411,7 +414,8 @@ void member_park_forward(struct member *member, struct vhost *vhost, struct byte
     if (sink)
         confirm_sink_ref(sink);
     p->seq = seq;
-    p->dead_lettered = dead_lettered;
+    p->forward = *f;
+    p->forward.record = false;
     list_push_back(&member->parked, &p->link);
 }
 
@@ -444,9 +448,8 @@ void member__route_parked(struct member *member, bool give_up)
                                                             p->epoch));
         struct publish_wait wait = {.sink = p->sink, .seq = p->seq, .from_peer = true};
         if (fresh) {
-            enum queue_publish_result r =
-                p->dead_lettered ? queue_publish_dead_lettered(queue, p->message, &wait)
-                                 : queue_publish(queue, p->message, &wait);
+            enum queue_publish_result r = queue_publish_forward(queue, p->message, &p->forward,
+                                                                &wait);
             ok = r != QUEUE_PUBLISH_REJECTED && r != QUEUE_PUBLISH_UNAVAILABLE;
         }
         if (p->sink)

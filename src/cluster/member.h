@@ -259,11 +259,12 @@ void member_write_links_json(void *ctx, struct json *out);
  * routed once we have applied that far. */
 struct confirm_sink;
 struct message;
+struct queue_forwarded;
 bool member_map_behind(const struct member *member, struct bytes vhost, struct bytes queue,
                        uint64_t epoch);
 void member_park_forward(struct member *member, struct vhost *vhost, struct bytes queue,
                          uint64_t epoch, struct message *message, struct confirm_sink *sink,
-                         uint64_t seq, bool dead_lettered);
+                         uint64_t seq, const struct queue_forwarded *f);
 
 /* Places a new queue (decl's vhost, name, exclusive set): its primary,
  * backups and replication factor. pinned: an exclusive, auto-delete or

@@ -319,9 +319,10 @@ static bool ops_map_behind(void *cluster, struct bytes vhost, struct bytes queue
 
 static void ops_park_forward(void *cluster, struct vhost *vhost, struct bytes queue,
                              uint64_t epoch, struct message *message,
-                             struct confirm_sink *sink, uint64_t seq, bool dead_lettered)
+                             struct confirm_sink *sink, uint64_t seq,
+                             const struct queue_forwarded *f)
 {
-    member_park_forward(cluster, vhost, queue, epoch, message, sink, seq, dead_lettered);
+    member_park_forward(cluster, vhost, queue, epoch, message, sink, seq, f);
 }
 
 static bool ops_forward_relays(void *cluster, struct bytes vhost, struct bytes queue,

@@ -221,21 +221,17 @@ static void route_held(struct queue *queue, struct queue_held_publish *held, uin
 {
     for (uint32_t i = 0; i < count; i++) {
         struct publish_wait wait = {.sink = held[i].sink, .seq = held[i].seq};
-        /* A forward our stand-in had sent to the old primary, which took it
-         * (its origin is under the mark our replica brought along), then
-         * died or was cut off before answering: ours now, it is not
-         * enqueued a second time (what the peers' resends meet, channel.c
-         * forward_to). Not recorded: the held ones of a stream may have
-         * gaps (origin.h). */
-        bool taken = held[i].origin_stream != 0 && !queue_is_remote(queue) &&
-                     queue_origin_duplicate(queue, held[i].origin_stream, held[i].origin_seq,
-                                            &wait);
-        if (taken)
-            queue->vhost->broker->counters.forward_duplicates++;
-        enum queue_publish_result r =
-            taken                  ? QUEUE_PUBLISH_DUPLICATE
-            : held[i].dead_lettered ? queue_publish_dead_lettered(queue, held[i].message, &wait)
-                                    : queue_publish(queue, held[i].message, &wait);
+        /* One with an origin is a forward our stand-in had sent to the old
+         * primary, which may have taken it (then its origin is under the
+         * mark our replica brought along) and delivered it, then died or
+         * was cut off before answering: a resend (queue_publish_forward),
+         * ours now or sent on. Not recorded: the held ones of a stream may
+         * have gaps (origin.h). */
+        struct queue_forwarded f = {.origin_stream = held[i].origin_stream,
+                                  .origin_seq = held[i].origin_seq,
+                                  .resent = held[i].origin_stream != 0,
+                                  .dead_lettered = held[i].dead_lettered};
+        enum queue_publish_result r = queue_publish_forward(queue, held[i].message, &f, &wait);
         bool rejected = r == QUEUE_PUBLISH_REJECTED;
         if (held[i].sink) {
             confirm_sink_routed(held[i].sink, held[i].seq, &wait, rejected);

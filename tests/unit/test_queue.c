@@ -564,6 +564,51 @@ static void origin_marks_move_with_a_promotion(void **state)
     vhost_queue_delete(vhost, q);
 }
 
+/* A peer's forward, whichever way it reaches the queue (a link channel, a
+ * park until our map caught up, a stand-in's held ones at a promotion):
+ * one at or below its stream's mark is held back; a resend enqueued is
+ * flagged redelivered (the primary it first went to may have delivered it:
+ * the fault soak's one unflagged duplicate was a resend parked at the new
+ * primary and enqueued as new); only a first send the caller lets record
+ * moves the mark. */
+static void forwards_meet_the_marks_and_resends_are_flagged(void **state)
+{
+    (void)state;
+    struct queue *q = declare("forwarded", NULL, 0, NULL);
+    struct message *m = make_id(1, NULL);
+    struct publish_wait wait = {0};
+    struct queue_forwarded first = {.origin_stream = 5, .origin_seq = 10, .record = true};
+    assert_int_equal(queue_publish_forward(q, m, &first, &wait), QUEUE_PUBLISH_OK);
+    assert_true(queue_origin_duplicate(q, 5, 10, NULL));
+    struct queue_forwarded again = {.origin_stream = 5, .origin_seq = 10, .resent = true};
+    assert_int_equal(queue_publish_forward(q, m, &again, &wait), QUEUE_PUBLISH_DUPLICATE);
+    assert_int_equal(queue_ready_count(q), 1);
+    /* Not recorded (parked, or held): the mark stays where it was. */
+    struct queue_forwarded parked = {.origin_stream = 5, .origin_seq = 11};
+    assert_int_equal(queue_publish_forward(q, m, &parked, &wait), QUEUE_PUBLISH_OK);
+    assert_false(queue_origin_duplicate(q, 5, 11, NULL));
+    /* A resend the queue never took: enqueued, flagged, not recorded. */
+    struct queue_forwarded resent = {.origin_stream = 6, .origin_seq = 3, .resent = true,
+                                     .record = true};
+    assert_int_equal(queue_publish_forward(q, m, &resent, &wait), QUEUE_PUBLISH_OK);
+    assert_false(queue_origin_duplicate(q, 6, 3, NULL));
+    assert_false(wait.maybe_delivered); /* the wait is the caller's again */
+    assert_int_equal(queue_ready_count(q), 3);
+    bool flags[3];
+    for (int i = 0; i < 3; i++) {
+        struct queue_entry e;
+        assert_true(queue_take(q, &e));
+        flags[i] = e.redelivered;
+        queue_settle(q, e.seq, e.message);
+        message_unref(e.message);
+    }
+    assert_false(flags[0]);
+    assert_false(flags[1]);
+    assert_true(flags[2]);
+    message_unref(m);
+    vhost_queue_delete(vhost, q);
+}
+
 /* A promoted replica's messages: in seq order whatever holes acks left
  * and wherever its ring wrapped, redelivered, counted with their bytes,
  * and the queue's own seqs go on after them. With priorities each goes to
@@ -751,6 +796,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(dedup_table_moves_with_a_promotion, setup, teardown),
         cmocka_unit_test_setup_teardown(origin_marks_move_with_a_promotion, setup, teardown),
+        cmocka_unit_test_setup_teardown(forwards_meet_the_marks_and_resends_are_flagged, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(promotion_adopts_the_replica_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(flow_bounds_what_publishers_add_beyond_what_consumers_take,
                                         setup, teardown),
