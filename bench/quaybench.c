@@ -366,8 +366,11 @@ typedef struct {
     uint64_t mask, low, next; /* low = lowest unsettled tag, next = tag of the next publish */
 } confirm_ring;
 
-/* The longest publish -> confirm wait since the last -v progress line, us. */
+/* The longest publish -> confirm wait since the last -v progress line, us,
+ * and those waits' histogram (its p99 goes on the line too). */
 static _Atomic uint64_t g_conf_max_window_us;
+static _Atomic uint64_t g_conf_window_hist[H_BUCKETS];
+static void hist_pcts(const uint64_t *hist, uint64_t pct[5]);
 
 static void settle_one(producer_t *p, confirm_ring *cr, uint64_t tag, bool ack)
 {
@@ -377,6 +380,9 @@ static void settle_one(producer_t *p, confirm_ring *cr, uint64_t tag, bool ack)
     uint64_t now = qb_now_ns(), sent = cr->sent_ns[tag & cr->mask];
     uint64_t waited_us = now > sent ? (now - sent) / 1000 : 0;
     p->conf_hist[h_index(waited_us)]++;
+    if (cfg.verbose)
+        atomic_fetch_add_explicit(&g_conf_window_hist[h_index(waited_us)], 1,
+                                  memory_order_relaxed);
     uint64_t seen = atomic_load_explicit(&g_conf_max_window_us, memory_order_relaxed);
     while (waited_us > seen &&
            !atomic_compare_exchange_weak_explicit(&g_conf_max_window_us, &seen, waited_us,
@@ -832,9 +838,14 @@ static void *monitor_main(void *arg)
             for (int i = 0; i < cfg.consumers; i++)
                 cons += atomic_load(&g_cons[i].consumed);
             uint64_t conf_max = atomic_exchange(&g_conf_max_window_us, 0);
-            fprintf(stderr, "[%5.1fs] published %8.0f/s  consumed %8.0f/s  backlog %ld  confirm max %.1f ms\n",
+            uint64_t window[H_BUCKETS], wpct[5];
+            for (unsigned k = 0; k < H_BUCKETS; k++)
+                window[k] = atomic_exchange(&g_conf_window_hist[k], 0);
+            hist_pcts(window, wpct);
+            fprintf(stderr, "[%5.1fs] published %8.0f/s  consumed %8.0f/s  backlog %ld  confirm max %.1f ms  p99 %.1f ms\n",
                     t - (double)g_t0_ns / 1e9, (double)(pub - last_pub) / (t - last_t),
-                    (double)(cons - last_cons) / (t - last_t), pub - cons, (double)conf_max / 1000);
+                    (double)(cons - last_cons) / (t - last_t), pub - cons, (double)conf_max / 1000,
+                    (double)wpct[2] / 1000);
             last_pub = pub;
             last_cons = cons;
             last_t = t;
