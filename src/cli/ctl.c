@@ -118,7 +118,12 @@ static const char usage_rabbit[] =
     "  list-bindings [COLUMN...]     default: source destination_type destination\n"
     "                                routing_key\n"
     "  list-connections [COLUMN...]  default: name user vhost channels state\n"
-    "                (COLUMN: any field of the API's objects; --vhost V: one vhost)\n"
+    "  list-channels [COLUMN...]     default: name user consumer_count\n"
+    "                                messages_unacknowledged\n"
+    "  list-consumers [COLUMN...]    default: queue.name channel_details.name\n"
+    "                                consumer_tag ack_required prefetch_count active\n"
+    "                (COLUMN: any field of the API's objects, a nested one by its\n"
+    "                 dotted path; --vhost V: one vhost)\n"
     "  cluster-status                every broker: name, running, state (GET /api/nodes)\n"
     "  export-definitions FILE       RabbitMQ's definitions JSON to FILE (- = stdout)\n"
     "  import-definitions FILE       apply a definitions file (all or nothing)\n"
@@ -244,7 +249,7 @@ static int print_table(const struct jvalue *array, const struct column *cols, si
     size_t r = 0;
     for (const struct jvalue *e = array->child; e; e = e->next, r++) {
         for (size_t c = 0; c < ncols; c++)
-            cells[r * ncols + c] = ctl__cell_text(jget(e, cols[c].key));
+            cells[r * ncols + c] = ctl__cell_text(jget_path(e, cols[c].key));
     }
     qsort(cells, nrows, ncols * sizeof *cells, compare_rows);
     for (size_t c = 0; c < ncols; c++) {
@@ -415,6 +420,8 @@ static const struct command commands[] = {
     {"list-exchanges", "GET", "/api/exchanges", NULL, 0, 0, LIST_COLUMNS_MAX},
     {"list-bindings", "GET", "/api/bindings", NULL, 0, 0, LIST_COLUMNS_MAX},
     {"list-connections", "GET", "/api/connections", NULL, 0, 0, LIST_COLUMNS_MAX},
+    {"list-channels", "GET", "/api/channels", NULL, 0, 0, LIST_COLUMNS_MAX},
+    {"list-consumers", "GET", "/api/consumers", NULL, 0, 0, LIST_COLUMNS_MAX},
     {"cluster-status", "GET", "/api/nodes", node_columns,
      sizeof node_columns / sizeof node_columns[0], 0, 0},
     {"export-definitions", "GET", "/api/definitions", NULL, 0, 1, 1},

@@ -273,6 +273,22 @@ struct jvalue *json_parse(const char *text, size_t size, const char **error)
     return v;
 }
 
+const struct jvalue *jget_path(const struct jvalue *object, const char *path)
+{
+    const char *dot;
+    while (object != NULL && (dot = strchr(path, '.')) != NULL) {
+        const struct jvalue *m = NULL;
+        for (m = object->type == J_OBJECT ? object->child : NULL; m; m = m->next) {
+            if (strncmp(m->key, path, (size_t)(dot - path)) == 0 &&
+                m->key[dot - path] == '\0')
+                break;
+        }
+        object = m;
+        path = dot + 1;
+    }
+    return jget(object, path);
+}
+
 const struct jvalue *jget(const struct jvalue *object, const char *key)
 {
     if (!object || object->type != J_OBJECT)

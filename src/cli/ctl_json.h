@@ -27,5 +27,8 @@ struct jvalue *json_parse(const char *text, size_t size, const char **error);
 void jfree(struct jvalue *v);
 /* An object's member, or NULL. */
 const struct jvalue *jget(const struct jvalue *object, const char *key);
+/* A member by a dotted path ("queue.name": the member "name" of the member
+ * "queue"), as the API's columns= names nested fields; NULL if absent. */
+const struct jvalue *jget_path(const struct jvalue *object, const char *path);
 
 #endif

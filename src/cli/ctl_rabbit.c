@@ -1,7 +1,8 @@
 /*
  * ctl_rabbit.c: quayctl's verbs as rabbitmqctl and rabbitmq-diagnostics
  * name them, over RabbitMQ's API paths: list-queues, list-exchanges,
- * list-bindings and list-connections with their columns,
+ * list-bindings, list-connections, list-channels and list-consumers with
+ * their columns (a nested field by its dotted path: queue.name),
  * export-definitions and import-definitions, ping and await-startup.
  */
 #include "cli/ctl_int.h"
@@ -27,9 +28,18 @@ static const char *const *default_columns(const char *name)
                                            "routing_key", NULL};
     static const char *const connections[] = {"name", "user", "vhost", "channels", "state",
                                               NULL};
+    /* rabbitmqctl's defaults, as the API names them (a channel's pid is
+     * its name here, a consumer's channel_pid its channel's name). */
+    static const char *const channels[] = {"name", "user", "consumer_count",
+                                           "messages_unacknowledged", NULL};
+    static const char *const consumers[] = {"queue.name", "channel_details.name",
+                                            "consumer_tag", "ack_required", "prefetch_count",
+                                            "active", NULL};
     return strcmp(name, "list-queues") == 0      ? queues
            : strcmp(name, "list-exchanges") == 0 ? exchanges
            : strcmp(name, "list-bindings") == 0  ? bindings
+           : strcmp(name, "list-channels") == 0  ? channels
+           : strcmp(name, "list-consumers") == 0 ? consumers
                                                  : connections;
 }
 
@@ -70,7 +80,7 @@ static void align_numbers(const struct jvalue *doc, struct column *cols, size_t 
     for (size_t c = 0; c < ncols; c++) {
         bool numbers = doc && doc->child;
         for (const struct jvalue *e = doc ? doc->child : NULL; e; e = e->next) {
-            const struct jvalue *v = jget(e, cols[c].key);
+            const struct jvalue *v = jget_path(e, cols[c].key);
             numbers = numbers && v && v->type == J_NUMBER;
         }
         cols[c].right = numbers;

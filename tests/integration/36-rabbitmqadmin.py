@@ -836,6 +836,42 @@ def quayctl_lists_definitions_and_probes():
     admin("delete", "queue", "name=ctl-q")
 
 
+@test(timeout=120)
+def quayctl_lists_channels_and_consumers():
+    """list-channels and list-consumers as rabbitmqctl's: their default
+    columns, a consumer's queue and channel by the nested fields' dotted
+    paths, and the rows agree with what the client set up."""
+    c = amqp()
+    try:
+        ch = c.channel()
+        ch.queue_declare("ctl-cq")
+        ch.basic_qos(prefetch_count=3)
+        ch.basic_consume("ctl-cq", lambda *a: None, consumer_tag="ctl-tag")
+        rc, out, err = quayctl("list-consumers")
+        eq(rc, 0, err)
+        lines = out.split("\n")
+        eq(lines[0].split(), ["queue.name", "channel_details.name", "consumer_tag",
+                              "ack_required", "prefetch_count", "active"], "columns")
+        row = [line.split() for line in lines if line.startswith("ctl-cq ")]
+        eq(len(row), 1, out)
+        eq((row[0][0], row[0][-4:]), ("ctl-cq", ["ctl-tag", "yes", "3", "yes"]), out)
+        channel = " ".join(row[0][1:-4])  # "host:port -> host:port (1)"
+        rc, out, err = quayctl("list-channels")
+        eq(rc, 0, err)
+        eq(out.split("\n")[0].split(), ["name", "user", "consumer_count",
+                                        "messages_unacknowledged"], "columns")
+        mine = [line for line in out.split("\n") if line.startswith(channel + " ")]
+        eq(len(mine), 1, "the consumer's channel %r in %r" % (channel, out))
+        eq(mine[0][len(channel):].split(), ["guest", "1", "0"], out)
+        rc, out, err = quayctl("--json", "list-consumers", "consumer_tag", "queue.name")
+        eq(rc, 0, err)
+        eq([x for x in json.loads(out) if x["consumer_tag"] == "ctl-tag"],
+           [{"consumer_tag": "ctl-tag", "queue": {"name": "ctl-cq"}}], "--json")
+        ch.queue_delete("ctl-cq")
+    finally:
+        c.close()
+
+
 # ---- quayd --definitions ---------------------------------------------------------
 
 @test(timeout=120)
