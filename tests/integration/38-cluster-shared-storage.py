@@ -623,8 +623,17 @@ def a_taker_restarted_before_its_copy_was_synced_loses_nothing():
     bad = {}
     for name in names:
         got = read_all(x, name)
-        if got != [b"%s-%d" % (name.encode(), i) for i in range(100)] + later[name]:
-            bad[name] = (len(got), len(later[name]))
+        want = [b"%s-%d" % (name.encode(), i) for i in range(100)] + later[name]
+        if got != want:
+            # What a failure needs to be traced: which went missing, which
+            # came twice or unasked, and where the order first differs.
+            first = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w),
+                         min(len(got), len(want)))
+            bad[name] = {"served": len(got), "later": len(later[name]),
+                         "missing": sorted(set(want) - set(got)),
+                         "extra": sorted(set(got) - set(want)),
+                         "twice": sorted(b for b in set(got) if got.count(b) > 1),
+                         "first_difference_at": first}
     assert not bad, "messages served, of 100 and those published later: %s" % bad
     print("# %d published while t came back" % sum(len(v) for v in later.values()))
     text = t.log_text_bytes()[t.log_offset:].decode("utf-8", "replace")
