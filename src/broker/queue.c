@@ -712,9 +712,9 @@ static void hold_publish(struct queue *queue, struct message *message, struct pu
         confirm_sink_ref(sink);
         wait->remote++;
     }
-    p->held[p->count++] = (struct queue_held_publish){.message = message, .sink = sink,
-                                                      .seq = wait ? wait->seq : 0,
-                                                      .dead_lettered = dead_lettered};
+    p->held[p->count++] = (struct queue_held_publish){
+        .message = message, .sink = sink, .seq = wait ? wait->seq : 0,
+        .dead_lettered = dead_lettered, .maybe_delivered = wait && wait->maybe_delivered};
 }
 
 static enum queue_publish_result publish_one(struct queue *queue, struct message *message,
@@ -1275,7 +1275,8 @@ static void end_pause(struct queue *queue, bool refuse)
     for (uint32_t i = 0; i < n; i++) {
         /* (Deleted meanwhile: routed to a queue that then went, as on
          * RabbitMQ: confirmed, and gone.) */
-        struct publish_wait wait = {.sink = held[i].sink, .seq = held[i].seq};
+        struct publish_wait wait = {.sink = held[i].sink, .seq = held[i].seq,
+                                    .maybe_delivered = held[i].maybe_delivered};
         bool rejected = refuse || (!queue->deleted &&
                                    enqueue(queue, held[i].message, &wait,
                                            !held[i].dead_lettered) == QUEUE_PUBLISH_REJECTED);

@@ -241,6 +241,9 @@ struct queue_held_publish {
     /* A forward a stand-in held (proxy_stub_take_held): its origin
      * (origin.h; stream 0: none, or not known) */
     uint64_t origin_stream, origin_seq;
+    /* A resend a paused queue held (publish_wait.maybe_delivered): flagged
+     * redelivered wherever it goes in. */
+    bool maybe_delivered;
 };
 
 /* A settle of one of a paused queue's deliveries, held (queue_pause). */

@@ -579,8 +579,10 @@ uint32_t proxy_stub_take_held(struct queue *queue, struct queue_held_publish **o
     *out = xmalloc(sizeof **out * n);
     for (uint32_t i = 0; i < n; i++) {
         struct held_forward h = stub->held[(stub->held_head + i) & (stub->held_cap - 1)];
-        (*out)[i] = (struct queue_held_publish){h.message, h.sink, h.seq, h.dead_lettered,
-                                                h.origin.stream, h.origin.seq};
+        (*out)[i] = (struct queue_held_publish){.message = h.message, .sink = h.sink,
+                                                .seq = h.seq, .dead_lettered = h.dead_lettered,
+                                                .origin_stream = h.origin.stream,
+                                                .origin_seq = h.origin.seq};
     }
     stub->held_count = 0;
     stub->held_head = 0;

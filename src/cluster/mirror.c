@@ -225,11 +225,12 @@ static void route_held(struct queue *queue, struct queue_held_publish *held, uin
          * primary, which may have taken it (then its origin is under the
          * mark our replica brought along) and delivered it, then died or
          * was cut off before answering: a resend (queue_publish_forward),
-         * ours now or sent on. Not recorded: the held ones of a stream may
-         * have gaps (origin.h). */
+         * ours now or sent on; so is one a paused queue held as a resend.
+         * Not recorded: the held ones of a stream may have gaps (origin.h). */
         struct queue_forwarded f = {.origin_stream = held[i].origin_stream,
                                   .origin_seq = held[i].origin_seq,
-                                  .resent = held[i].origin_stream != 0,
+                                  .resent = held[i].origin_stream != 0 ||
+                                            held[i].maybe_delivered,
                                   .dead_lettered = held[i].dead_lettered};
         enum queue_publish_result r = queue_publish_forward(queue, held[i].message, &f, &wait);
         bool rejected = r == QUEUE_PUBLISH_REJECTED;
@@ -563,13 +564,22 @@ static void start_adoption(struct member *member, struct queue *q, const struct 
 /* A backup's log a restart kept (durable_replica_log_open) is not the
  * content of a queue taken over from shared storage (the dead primary's
  * log is: replica_of), nor our takeover cut short (adoption_resume_leftovers):
- * it goes (NULL: the takeover adopts the log as from a stand-in). Else q. */
+ * it goes (NULL: the takeover adopts the log as from a stand-in). Else q.
+ * What it held meanwhile (held since our start, it took the forwards our
+ * map let in while we caught up) is not a deleted queue's to answer: it is
+ * the queue's, *held and *gets, for the object that replaces it. (Before,
+ * the deletion confirmed those forwards and dropped them: CI's 38 saw one
+ * confirmed message of 142 missing.) */
 static struct queue *unless_stale_replica_log(struct vhost *vhost, struct queue *q,
-                                              const struct map_queue *mq, bool primary)
+                                              const struct map_queue *mq, bool primary,
+                                              struct queue_held_publish **held,
+                                              uint32_t *held_count, struct list_node *gets)
 {
     if (q == NULL || queue_is_remote(q) || !q->from_replica_log || !primary ||
         mq->taken_from == BROKER_ID_NONE)
         return q;
+    *held_count = queue_take_held(q, held);
+    queue_take_held_gets(q, gets);
     vhost_queue_delete(vhost, q);
     return NULL;
 }
@@ -614,7 +624,11 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     bool primary = mq->primary_id == member->self_id;
     if (keep_for_now(member, q))
         return;
-    q = unless_stale_replica_log(vhost, q, mq, primary);
+    struct queue_held_publish *held = NULL;
+    uint32_t held_count = 0;
+    struct list_node gets;
+    list_init(&gets);
+    q = unless_stale_replica_log(vhost, q, mq, primary, &held, &held_count, &gets);
     if (q && queue_is_remote(q) == !primary) {
         if (primary)
             follow_queue(member, q, mq);
@@ -632,13 +646,13 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
      * replica, if any, becomes the queue's content. */
     struct replica *promoted = replica_of(q, mq, with_replica);
     bool promoted_epoch = q != NULL;
-    struct queue_held_publish *held = NULL;
     /* In flight to the old primary: ours now; after a planned handover it
      * answers them itself, and newer publishes wait for that. */
     bool draining = q && planned && proxy_stub_drain(q);
     if (q && !planned)
         proxy_stub_recall_forwards(q);
-    uint32_t held_count = q ? proxy_stub_take_held(q, &held) : 0;
+    if (q)
+        held_count = proxy_stub_take_held(q, &held);
     struct consumer **moving = NULL;
     uint32_t moving_count = q ? take_consumers(q, &moving) : 0;
     if (q)
@@ -673,6 +687,7 @@ static void ensure_queue(struct member *member, struct map_queue *mq, bool plann
     if (draining)
         queue_hold_publishes(q);
     route_held(q, held, held_count);
+    queue_retry_gets(&gets); /* a replaced log's (after what it held) */
     for (uint32_t i = 0; i < moving_count; i++)
         queue_consumer_add(q, moving[i]); /* our clients go on, on the real queue */
     free(moving);
