@@ -1337,16 +1337,22 @@ static void confirm_publish(struct channel *ch, uint64_t ticket, uint32_t remote
         owe_confirm(ch);
 }
 
+/* The forward this channel is routing, as a queue takes it. */
+static struct queue_forwarded forwarded(const struct channel *ch)
+{
+    return (struct queue_forwarded){.origin_stream = ch->forward_origin_stream,
+                                    .origin_seq = ch->forward_origin_seq,
+                                    .resent = ch->forward_origin_resent,
+                                    .record = !ch->origin_frozen,
+                                    .dead_lettered = ch->forward_dead_lettered};
+}
+
 /* One target of a peer's forward (ours, or relayed by our stand-in):
  * false if refused (queue_publish_forward). */
 static bool forward_to(struct channel *ch, struct queue *queue, struct message *message,
                        struct publish_wait *wait)
 {
-    struct queue_forwarded f = {.origin_stream = ch->forward_origin_stream,
-                              .origin_seq = ch->forward_origin_seq,
-                              .resent = ch->forward_origin_resent,
-                              .record = !ch->origin_frozen,
-                              .dead_lettered = ch->forward_dead_lettered};
+    struct queue_forwarded f = forwarded(ch);
     enum queue_publish_result r = queue_publish_forward(queue, message, &f, wait);
     if (queue->flow.congested)
         flow_wait(ch->connection, ch->id, queue); /* the sender is told */
@@ -1396,10 +1402,7 @@ void channel__route_forward(struct channel *ch, struct message *message)
              * moved to us): route it once we have applied that far. */
             if (wait.sink)
                 wait.remote++;
-            struct queue_forwarded f = {.origin_stream = ch->forward_origin_stream,
-                                      .origin_seq = ch->forward_origin_seq,
-                                      .resent = ch->forward_origin_resent,
-                                      .dead_lettered = ch->forward_dead_lettered};
+            struct queue_forwarded f = forwarded(ch); /* (never recorded: member.c) */
             cluster->park_forward(ctx, ch->vhost, name, (uint64_t)epoch, message, wait.sink,
                                   seq, &f);
             continue;

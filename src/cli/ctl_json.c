@@ -273,17 +273,23 @@ struct jvalue *json_parse(const char *text, size_t size, const char **error)
     return v;
 }
 
+/* An object's member by a key of len bytes (not terminated), or NULL. */
+static const struct jvalue *member(const struct jvalue *object, const char *key, size_t len)
+{
+    if (!object || object->type != J_OBJECT)
+        return NULL;
+    for (const struct jvalue *m = object->child; m; m = m->next) {
+        if (strncmp(m->key, key, len) == 0 && m->key[len] == '\0')
+            return m;
+    }
+    return NULL;
+}
+
 const struct jvalue *jget_path(const struct jvalue *object, const char *path)
 {
     const char *dot;
     while (object != NULL && (dot = strchr(path, '.')) != NULL) {
-        const struct jvalue *m = NULL;
-        for (m = object->type == J_OBJECT ? object->child : NULL; m; m = m->next) {
-            if (strncmp(m->key, path, (size_t)(dot - path)) == 0 &&
-                m->key[dot - path] == '\0')
-                break;
-        }
-        object = m;
+        object = member(object, path, (size_t)(dot - path));
         path = dot + 1;
     }
     return jget(object, path);
@@ -291,12 +297,6 @@ const struct jvalue *jget_path(const struct jvalue *object, const char *path)
 
 const struct jvalue *jget(const struct jvalue *object, const char *key)
 {
-    if (!object || object->type != J_OBJECT)
-        return NULL;
-    for (const struct jvalue *m = object->child; m; m = m->next) {
-        if (strcmp(m->key, key) == 0)
-            return m;
-    }
-    return NULL;
+    return member(object, key, strlen(key));
 }
 
