@@ -177,6 +177,9 @@ struct journal {
     char (*dirty_dirs)[JOURNAL_PATH_SIZE];
     size_t dirty_dirs_count;
     size_t dirty_dirs_cap;
+    /* A deleted log's files still to remove, a step a round (journal.c). */
+    struct journal_gc *gc_head;
+    struct journal_gc *gc_tail;
 
     /* Loop thread only. */
     uint64_t ticket_last;

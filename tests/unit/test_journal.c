@@ -382,6 +382,63 @@ static void test_drained_queue_reclaims_its_segment(void **state)
     h_free(h);
 }
 
+/* The fault disk, its ftruncate calls counted (the journal thread's). */
+static struct {
+    struct disk_ops ops;
+    const struct disk_ops *real;
+    _Atomic int truncates;
+} stepped;
+
+static int stepped_ftruncate(void *ctx, int fd, uint64_t size)
+{
+    stepped.truncates++;
+    return stepped.real->ftruncate(ctx, fd, size);
+}
+
+static void wait_no_segments(struct harness *h)
+{
+    for (int i = 0; i < 5000 && count_files(h, ".seg") > 0; i++)
+        usleep(1000);
+}
+
+/* A deleted log over 8 MiB is not unlinked whole (its blocks freed by one
+ * commit stalled every fsync on the device): the journal thread shrinks
+ * it 8 MiB at a time, then unlinks it; a stop removes what is left at
+ * once. Neither comes back in recovery. */
+static void test_deleted_log_goes_in_steps(void **state)
+{
+    (void)state;
+    struct harness *h = h_new(0); /* 64 MiB segments: 20 MiB is one file */
+    h_close(h);
+    stepped.real = disk_fault_ops(h->disk);
+    stepped.ops = *stepped.real;
+    stepped.ops.ftruncate = stepped_ftruncate;
+    h->opts.disk = &stepped.ops;
+    assert_int_equal(h_open(h), OK);
+    struct journal_queue *q = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("deep"));
+    uint64_t t = 0;
+    for (uint64_t seq = 1; seq <= 320; seq++)
+        t = publish(q, seq, 64 * 1024);
+    h_wait(h, t);
+    assert_int_equal(count_files(h, ".seg"), 1);
+    stepped.truncates = 0;
+    h_wait(h, journal_queue_delete(q));
+    wait_no_segments(h);
+    assert_int_equal(count_files(h, ".seg"), 0);
+    assert_int_equal(stepped.truncates, 2); /* 20 -> 12 -> 4 MiB, then the unlink */
+    /* Deleted as the journal stops: all of it goes with the stop. */
+    q = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("deep2"));
+    for (uint64_t seq = 1; seq <= 320; seq++)
+        t = publish(q, seq, 64 * 1024);
+    h_wait(h, t);
+    journal_queue_delete(q);
+    h_close(h);
+    assert_int_equal(count_files(h, ".seg"), 0);
+    assert_int_equal(h_open(h), OK);
+    assert_int_equal(h->stats.message_count, 0);
+    h_free(h);
+}
+
 static void test_compaction(void **state)
 {
     struct harness *h = h_new(4096);
@@ -1478,6 +1535,7 @@ int main(void)
         cmocka_unit_test(test_wait_backlog),
         cmocka_unit_test(test_roll_and_reclaim),
         cmocka_unit_test(test_drained_queue_reclaims_its_segment),
+        cmocka_unit_test(test_deleted_log_goes_in_steps),
         cmocka_unit_test(test_compaction),
         cmocka_unit_test(test_compaction_in_slices),
         cmocka_unit_test(test_stuck_message),
