@@ -48,7 +48,8 @@
 #           MOVE_CONSUMERS=0: no consumer, so the confirm waits show what the catch-up
 #           alone costs the publisher (lost then counts the messages nobody consumed).
 #           MOVE_TO=b2: the move goes to the queue's backup instead (the old primary stays
-#           its backup, in sync: no catch-up at all).
+#           its backup, in sync: no catch-up at all). MOVE_BACKUP_OF=b2: b3 takes b2's
+#           place as the queue's backup (it catches up; the primary stays on b1).
 #   drain   3 brokers, DRAIN_QUEUES queues (one backup each) declared through b1 (b3 is
 #           primary of a third); quaybench publishes DRAIN_RATE msg/s with confirms to 4 more
 #           queues via b1 and consumes them via b2; 2 s in, POST /api/cluster/drain b3.
@@ -496,7 +497,8 @@ EOF
       > "$TMP/move.out" &  # QB_VERBOSE=1: progress and the longest confirm wait each second
   local bench=$!
   sleep "$MOVE_AT"
-  [ "${MOVE:-1}" = 0 ] || /usr/bin/python3 - "$(http_port 1)" "$prefix-0" "${MOVE_TO:-b3}" <<'EOF'
+  [ "${MOVE:-1}" = 0 ] || /usr/bin/python3 - "$(http_port 1)" "$prefix-0" "${MOVE_TO:-b3}" \
+      "${MOVE_BACKUP_OF:-}" <<'EOF'
 import json, sys, time, urllib.request
 # The management API needs a login: quayd's default guest (an administrator, from loopback).
 _login = urllib.request.build_opener()
@@ -507,8 +509,11 @@ def get(path):
     with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=30) as r:
         return json.load(r)
 t0 = time.time()
+move = {"queue": queue, "to": sys.argv[3]}
+if sys.argv[4]:
+    move["backup_of"] = sys.argv[4]  # the backup moves; the primary stays
 req = urllib.request.Request("http://127.0.0.1:%d/api/cluster/move" % port, method="POST",
-                             data=json.dumps({"queue": queue, "to": sys.argv[3]}).encode(),
+                             data=json.dumps(move).encode(),
                              headers={"Content-Type": "application/json"})
 urllib.request.urlopen(req, timeout=30).close()
 synced = None

@@ -20,6 +20,7 @@
 #include "broker/usage.h"
 #include "broker/policy.h"
 #include "broker/rates.h"
+#include "broker/reclaim.h"
 #include "lib/hash.h"
 #include "lib/list.h"
 #include "net/conn.h"
@@ -88,7 +89,7 @@ struct broker_config {
     enum queue_locator queue_locator; /* cluster: where declared queues live */
     bool auto_rebalance;              /* cluster: the map's rebalance mode if unset */
     bool pause_minority;              /* cluster: --partition-handling pause-minority */
-    uint64_t catch_up_rate;           /* cluster: catch-up bytes/s (0: unbounded) */
+    uint64_t catch_up_rate;           /* cluster: catch-up bytes/s (0: unbounded; 300 MB) */
     struct broker_limits limits;
 };
 
@@ -248,6 +249,8 @@ struct broker {
      * a walk that pauses between loop turns follows (queue_walk.h). */
     struct list_node queues_all;
     uint64_t queues_all_serial;     /* the last queue's all_serial */
+    /* Copies and queues let go of in bulk, emptied a slice a loop turn. */
+    struct reclaim reclaim;
     bool stopping;
 };
 

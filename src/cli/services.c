@@ -50,7 +50,7 @@ int services_start_cluster(struct broker *broker, const struct cluster_node_conf
     cluster_node_set_default_backups(node, broker->config.default_backups);
     cluster_node_set_auto_rebalance(node, broker->config.auto_rebalance);
     struct member *member = member_new(broker, node, broker->config.default_backups);
-    member->catch_up_rate = broker->config.catch_up_rate;
+    pace_init(&member->catch_up_pace, broker->config.catch_up_rate);
     broker->cluster_ops = &member_cluster_ops;
     broker->cluster_ctx = member;
     return 0;

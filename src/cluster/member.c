@@ -968,16 +968,7 @@ static void on_tick(uv_timer_t *timer)
     struct member *member = timer->data;
     if (member->stopping)
         return;
-    if (member->catch_up_rate > 0) { /* a tick's worth, less what was overspent */
-        int64_t refill = (int64_t)(member->catch_up_rate * MEMBER_TICK_MS / 1000);
-        member->catch_up_budget = (member->catch_up_budget < 0 ? member->catch_up_budget : 0) +
-                                  refill;
-    }
     pause_minority(member);
-    if (member->replicas_dropped_bytes >= MEMBER_TRIM_BYTES) {
-        member->replicas_dropped_bytes = 0;
-        alloc_release_free_pages();
-    }
     replication_tick(member);
     handover_tick(member);
     proxy_tick(member);
@@ -1036,6 +1027,9 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
     uv_timer_init(broker->loop, member->timer);
     member->timer->data = member;
     uv_timer_start(member->timer, on_tick, MEMBER_TICK_MS, MEMBER_TICK_MS);
+    member->pace_timer = xcalloc(1, sizeof *member->pace_timer);
+    uv_timer_init(broker->loop, member->pace_timer);
+    member->pace_timer->data = member;
     struct placement_config pc;
     placement_config_default(&pc);
     placement_init(&member->placement, &pc);
@@ -1056,6 +1050,8 @@ void member_stop(struct member *member)
     visible_stop(member);
     uv_close((uv_handle_t *)member->timer, on_timer_closed);
     member->timer = NULL;
+    uv_close((uv_handle_t *)member->pace_timer, on_timer_closed);
+    member->pace_timer = NULL;
     struct cluster_node_hooks none = {0};
     cluster_node_set_hooks(member->node, &none);
     handover_stop_all(member);

@@ -34,6 +34,7 @@
 #include "lib/types.h"
 #include "broker/cluster_ops.h"
 #include "lib/list.h"
+#include "lib/pace.h"
 #include "cluster/fence.h"
 #include "cluster/map.h"
 #include "cluster/placement.h"
@@ -92,10 +93,11 @@ struct member {
     uint32_t incarnation;            /* random per process: see member_connection_key */
     struct list_node parked;         /* struct parked_forward: forwards ahead of our map */
     struct list_node replications;   /* struct replication: our queues with backups */
-    /* The catch-ups' byte budget (--catch-up-rate, bytes/s; 0: none): what
-     * they may still send until the next tick refills it (replication.c). */
-    uint64_t catch_up_rate;
-    int64_t catch_up_budget;
+    /* The catch-ups' byte rate (--catch-up-rate; 0: unbounded), all
+     * queues together, and the timer that resumes those that waited for
+     * it (replication.c). */
+    struct pace catch_up_pace;
+    uv_timer_t *pace_timer;          /* owned (closed by member_stop) */
     struct list_node releasing;      /* uplinks with upstream requeues to send (proxy.c) */
     struct list_node sync_waits;     /* struct member_sync_wait: peers waiting for our map */
     struct list_node visible_waits;  /* struct visible_wait: our changes, for the peers' maps */
@@ -134,10 +136,6 @@ struct member {
     /* Catch-ups of a backup this broker started as a primary (a reset,
      * then the queue's whole content: replication.c). GET /metrics. */
     uint64_t catch_ups_count;
-    /* The bytes of the copies this broker let go of (not a backup any
-     * more: proxy_stub_update) since the allocator last gave free pages
-     * back to the system (the tick does past MEMBER_TRIM_BYTES). */
-    uint64_t replicas_dropped_bytes;
     struct net_flush_hook release_hook; /* sends them at the end of the loop iteration */
     uv_timer_t *timer;               /* owned: MEMBER_TICK_MS (closed by member_stop) */
     /* --partition-handling pause-minority (fence_pause_step): cut off from
@@ -148,10 +146,6 @@ struct member {
 };
 
 #define MEMBER_TICK_MS 100
-/* Copies let go of (replicas_dropped_bytes) past which the tick gives the
- * allocator's free pages back: glibc keeps those below its heap's top,
- * and a deep queue's old primary kept its whole size after a move. */
-#define MEMBER_TRIM_BYTES (16u << 20)
 /* How long a serving broker is cut off from the majority before it pauses
  * (pause-minority): past the 1.5 s in which the majority marks it down,
  * so its clients go once their queues can have moved, not on a blip. */

@@ -695,8 +695,7 @@ static void drop_replica(struct proxy_stub *stub)
     struct queue *queue = stub->queue;
     if (replica_logged(stub->replica))
         durable_replica_log_deleted(queue->vhost->broker, queue);
-    stub->member->replicas_dropped_bytes += replica_bytes(stub->replica);
-    replica_free(stub->replica);
+    replica_free(stub->replica); /* (in slices: broker/reclaim.h) */
     stub->replica = NULL;
 }
 
@@ -1074,7 +1073,8 @@ struct replica *proxy_stub_replica(struct queue *queue, bool create)
     struct proxy_stub *stub = stub_of(queue);
     if (stub->replica == NULL && create)
         stub->replica = replica_new(queue->args.quay_dedup_window_ms,
-                                    durable_replica_log_open(queue->vhost->broker, queue));
+                                    durable_replica_log_open(queue->vhost->broker, queue),
+                                    &queue->vhost->broker->reclaim);
     return stub->replica;
 }
 

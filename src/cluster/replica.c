@@ -12,6 +12,7 @@
 #include "broker/message.h"
 #include "broker/origin.h"
 #include "broker/queue.h"
+#include "broker/reclaim.h"
 #include "broker/vhost.h"
 #include "cluster/fence.h"
 #include "lib/alloc.h"
@@ -50,11 +51,14 @@ struct replica {
     struct origin_marks *origins;
     uint64_t last_ticket;        /* of the newest message written to log */
     struct replica_handover *handover; /* owned, or NULL: see replica_note_handover */
+    struct reclaim *reclaim;     /* borrowed, or NULL */
 };
 
-struct replica *replica_new(int64_t dedup_window_ms, struct journal_queue *log)
+struct replica *replica_new(int64_t dedup_window_ms, struct journal_queue *log,
+                            struct reclaim *reclaim)
 {
     struct replica *r = xcalloc(1, sizeof *r);
+    r->reclaim = reclaim;
     /* Nothing of another life of this name belongs in it. */
     r->log = log && journal_queue_seq_last(log) > 0 ? journal_queue_recreate(log) : log;
     if (dedup_window_ms > 0) {
@@ -210,11 +214,8 @@ bool replica_push(struct replica *r, uint64_t epoch, uint64_t seq, struct messag
 void replica_remove(struct replica *r, uint64_t seq)
 {
     if (seq == 0) {
-        for (uint32_t i = 0; i < r->ring.count; i++) {
-            if (!slot(r, i)->paged && slot(r, i)->message)
-                message_unref(slot(r, i)->message);
-        }
-        r->ring.head = r->ring.count = r->live = r->persistent = r->paged = 0;
+        reclaim_ring(r->reclaim, &r->ring); /* (its array too: regrown as it fills) */
+        r->live = r->persistent = r->paged = 0;
         r->live_bytes = 0;
         r->last_seq = 0; /* a catch-up starts over from the primary's oldest */
         /* ... so the log's seqs must be able to as well. */

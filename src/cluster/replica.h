@@ -47,14 +47,19 @@ struct journal_queue;
 struct message;
 struct queue;
 struct queue_entry;
+struct reclaim;
 
 /* ---- the backup's side ---- */
 
 struct replica;
 /* dedup_window_ms: the queue's x-quay-dedup-window (<= 0: none). log: the
  * journal's log of the queue's name (a durable queue), or NULL; the
- * replica owns it (one with records from before is started over). */
-struct replica *replica_new(int64_t dedup_window_ms, struct journal_queue *log);
+ * replica owns it (one with records from before is started over).
+ * reclaim: the broker's (borrowed, or NULL: at once), where everything the
+ * replica holds goes when it all goes at once (replica_remove 0, the
+ * free): a deep copy is let go of in slices, not in one loop turn. */
+struct replica *replica_new(int64_t dedup_window_ms, struct journal_queue *log,
+                            struct reclaim *reclaim);
 void replica_free(struct replica *replica); /* NULL is fine */
 /* Messages arrive in seq order; a seq at or below the last one is a resend
  * and ignored (true: stored or already there) when it comes under the same

@@ -598,15 +598,22 @@ static void send_end_probe(struct replication *rep, struct replica_stream *s)
         s->catch_up_left = s->inflight; /* (what was sent before the reset included) */
 }
 
-/* Sends from the backlog while the window and the byte budget allow (the
- * tick resumes a throttled one); at its end, the probe. */
+static void on_pace(uv_timer_t *timer);
+
+/* Sends from the backlog while the window and the byte rate allow (the
+ * pace timer resumes a throttled one); at its end, the probe. */
 static void catch_up_pump(struct replication *rep, struct replica_stream *s)
 {
     struct backlog *b = s->backlog;
     struct member *member = rep->member;
     while (b->next < b->count && s->inflight < CATCH_UP_WINDOW) {
-        if (member->catch_up_rate > 0 && member->catch_up_budget <= 0) {
+        if (member->catch_up_pace.rate > 0 && !pace_ready(&member->catch_up_pace, uv_hrtime())) {
             s->throttled = true;
+            if (member->pace_timer != NULL && /* (NULL: stopping) */
+                !uv_is_active((uv_handle_t *)member->pace_timer)) {
+                uint64_t ms = pace_wait_ns(&member->catch_up_pace) / 1000000u;
+                uv_timer_start(member->pace_timer, on_pace, ms > 0 ? ms : 1, 0);
+            }
             return;
         }
         struct backlog_item *it = &b->items[b->next++];
@@ -619,7 +626,7 @@ static void catch_up_pump(struct replication *rep, struct replica_stream *s)
             continue; /* lost from the journal: the queue cannot deliver it either */
         struct method m = replicate_method(rep->queue, rep->epoch, it->seq, message);
         uint64_t size = message->body_size + message->properties_size;
-        member->catch_up_budget -= (int64_t)size;
+        pace_spend(&member->catch_up_pace, size);
         s->catch_up_bytes += size;
         bool sent = stream_send(rep, s, &m, message, it->seq);
         message_unref(message);
@@ -1084,6 +1091,21 @@ static void catch_up_resume(struct replication *rep, struct replica_stream *s, u
         s->progress_ms = now;
     if (s->backlog != NULL)
         catch_up_pump(rep, s);
+}
+
+/* The byte rate allows more: every catch-up that waited for it goes on. */
+static void on_pace(uv_timer_t *timer)
+{
+    struct member *member = timer->data;
+    uint64_t now = uv_now(member->broker->loop);
+    list_for_each_safe(n, &member->replications) {
+        struct replication *rep = CONTAINER_OF(n, struct replication, member_link);
+        for (uint8_t i = 0; i < rep->streams_count; i++) {
+            struct replica_stream *s = rep->streams[i];
+            if (s->state == STREAM_CATCHING_UP && s->throttled)
+                catch_up_resume(rep, s, now);
+        }
+    }
 }
 
 static void tick_one(struct replication *rep, uint64_t now)

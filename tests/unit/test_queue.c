@@ -504,7 +504,7 @@ static void dedup_duplicate_of_a_full_queue_is_still_confirmed(void **state)
 static void dedup_table_moves_with_a_promotion(void **state)
 {
     (void)state;
-    struct replica *r = replica_new(60000, NULL);
+    struct replica *r = replica_new(60000, NULL, NULL);
     uint64_t now = uv_now(broker.loop);
     for (uint32_t i = 1; i <= 3; i++) {
         char id[8];
@@ -543,7 +543,7 @@ static void dedup_table_moves_with_a_promotion(void **state)
 static void origin_marks_move_with_a_promotion(void **state)
 {
     (void)state;
-    struct replica *r = replica_new(-1, NULL);
+    struct replica *r = replica_new(-1, NULL, NULL);
     uint64_t now = uv_now(broker.loop);
     for (uint32_t i = 1; i <= 3; i++) {
         struct message *m = make_id(i, NULL);
@@ -616,7 +616,7 @@ static void forwards_meet_the_marks_and_resends_are_flagged(void **state)
 static void adopt_replica(const char *name, const char *key, int64_t value)
 {
     uint64_t live_before = message_live_count;
-    struct replica *r = replica_new(-1, NULL);
+    struct replica *r = replica_new(-1, NULL, NULL);
     uint64_t now = uv_now(broker.loop);
     for (uint32_t seq = 1; seq <= 100; seq++) {
         struct message *m = make(seq, (uint8_t)(seq % 3), NULL);

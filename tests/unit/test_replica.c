@@ -74,7 +74,7 @@ static bool push_verify(struct replica *r, const struct replica_digest *d)
 static void test_a_verify_is_taken_only_by_the_same_content(void **state)
 {
     (void)state;
-    struct replica *r = replica_new(0, NULL);
+    struct replica *r = replica_new(0, NULL, NULL);
     push_range(r, 1, 5);
     replica_remove(r, 3);
     struct replica_digest want = {0, 0};
@@ -101,7 +101,7 @@ static void test_a_verify_is_taken_only_by_the_same_content(void **state)
     assert_int_equal(replica_count(r), 4); /* a verify is not a message */
     replica_free(r);
     /* An empty replica (a backup of a queue that holds nothing). */
-    struct replica *e = replica_new(0, NULL);
+    struct replica *e = replica_new(0, NULL, NULL);
     struct replica_digest empty = {0, 0};
     assert_true(push_verify(e, &empty));
     assert_false(push_verify(e, &want));
@@ -112,7 +112,7 @@ static void test_push_remove_in_any_order(void **state)
 {
     (void)state;
     uint64_t live_before = message_live_count;
-    struct replica *r = replica_new(-1, NULL);
+    struct replica *r = replica_new(-1, NULL, NULL);
     push_range(r, 1, 1000);
     assert_int_equal(replica_count(r), 1000);
     assert_int_equal(message_live_count - live_before, 1000);
@@ -141,7 +141,7 @@ static void test_resends_are_ignored(void **state)
 {
     (void)state;
     uint64_t live_before = message_live_count;
-    struct replica *r = replica_new(-1, NULL);
+    struct replica *r = replica_new(-1, NULL, NULL);
     push_range(r, 1, 10);
     /* After a reconnect the primary may send some again. */
     push_range(r, 5, 12);
@@ -162,7 +162,7 @@ static void test_a_colliding_seq_from_another_epoch_is_refused(void **state)
 {
     (void)state;
     uint64_t live_before = message_live_count;
-    struct replica *r = replica_new(-1, NULL);
+    struct replica *r = replica_new(-1, NULL, NULL);
     push_range(r, 1, 10); /* (epoch 1) */
     struct message *m = make(99);
     assert_false(replica_push(r, 2, 5, m, 0, false));
@@ -184,7 +184,7 @@ static void test_purge(void **state)
 {
     (void)state;
     uint64_t live_before = message_live_count;
-    struct replica *r = replica_new(-1, NULL);
+    struct replica *r = replica_new(-1, NULL, NULL);
     push_range(r, 1, 100);
     replica_remove(r, 0); /* purge */
     assert_int_equal(replica_count(r), 0);
@@ -205,7 +205,7 @@ static void test_a_reset_remembers_the_streams_map_version(void **state)
     uint64_t live_before = message_live_count;
     assert_int_equal(replica_stream_version(NULL), 0);
     assert_int_equal(replica_bytes(NULL), 0);
-    struct replica *r = replica_new(-1, NULL);
+    struct replica *r = replica_new(-1, NULL, NULL);
     assert_int_equal(replica_stream_version(r), 0); /* (none yet: a primary from before) */
     push_range(r, 1, 10);
     assert_int_equal(replica_bytes(r), 10 * sizeof(uint32_t));
@@ -285,7 +285,7 @@ static void test_a_durable_replica_logs_its_persistent_messages(void **state)
     /* A log left from another life of the name is started over. */
     struct journal_queue *old = journal_queue_open(j, BYTES_LIT("/"), BYTES_LIT("q"));
     journal_publish(old, 100, "old", 3);
-    struct replica *r = replica_new(-1, old);
+    struct replica *r = replica_new(-1, old, NULL);
     push_mode(r, 1, true);
     push_mode(r, 2, false); /* transient: memory only */
     push_mode(r, 3, true);
@@ -313,7 +313,7 @@ static void test_a_durable_replica_logs_its_persistent_messages(void **state)
     assert_int_equal(got.seqs[2], 8);
     assert_int_equal(got.seqs[3], 11);
     /* Freed (the queue deleted, or no longer ours to back up): gone. */
-    r = replica_new(-1, journal_queue_open(j, BYTES_LIT("/"), BYTES_LIT("q")));
+    r = replica_new(-1, journal_queue_open(j, BYTES_LIT("/"), BYTES_LIT("q")), NULL);
     push_mode(r, 1, true);
     replica_free(r);
     journal_done(&loop, j);
