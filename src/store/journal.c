@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <time.h>
 
 #include "lib/alloc.h"
 #include "lib/assert.h"
@@ -402,9 +403,21 @@ static void exec_write_atomic(struct journal *j, struct op *op)
  * and the unlink held this thread ~40 ms (bench/RESULTS.md). So a file
  * over JOURNAL_GC_STEP is shrunk a step at a time, ftruncate and then
  * fdatasync (the step's blocks freed by a commit of their own), one step
- * per round of the thread, between its batches; unlinked once small; the
- * directory goes after its files. */
+ * per round of the thread, between its batches, at most one every
+ * JOURNAL_GC_EVERY_NS; unlinked once small; the directory goes after its
+ * files. */
 #define JOURNAL_GC_STEP (8u << 20)
+/* Steps at most this often: a step's commit keeps the device busy for a
+ * millisecond or two, and back to back they would do so for as long as
+ * the whole unlink did (so: at most 800 MB/s of garbage). */
+#define JOURNAL_GC_EVERY_NS (10u * 1000 * 1000)
+
+static uint64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 struct journal_gc {
     struct journal_gc *next;
@@ -481,8 +494,26 @@ static void gc_round(struct journal *j, bool stop)
     } else if (stop) {
         while (j->gc_head != NULL)
             gc_step(j, true);
-    } else if (j->gc_head != NULL) {
+    } else if (j->gc_head != NULL && monotonic_ns() >= j->gc_due_ns) {
         gc_step(j, false);
+        j->gc_due_ns = monotonic_ns() + JOURNAL_GC_EVERY_NS;
+    }
+}
+
+/* Under the mutex: until ops come, or (garbage waiting) its next step is due. */
+static void wait_for_work(struct journal *j)
+{
+    while (j->ops_head == NULL) {
+        if (j->gc_head == NULL) {
+            pthread_cond_wait(&j->work_cond, &j->mutex);
+            continue;
+        }
+        uint64_t now = monotonic_ns();
+        if (now >= j->gc_due_ns)
+            return;
+        struct timespec due = {(time_t)(j->gc_due_ns / 1000000000u),
+                               (long)(j->gc_due_ns % 1000000000u)};
+        pthread_cond_timedwait(&j->work_cond, &j->mutex, &due); /* (a monotonic clock's) */
     }
 }
 
@@ -619,8 +650,7 @@ static void *journal_thread_main(void *arg)
     bool stop = false;
     while (!stop) {
         pthread_mutex_lock(&j->mutex);
-        while (j->ops_head == NULL && j->gc_head == NULL)
-            pthread_cond_wait(&j->work_cond, &j->mutex);
+        wait_for_work(j);
         struct op *batch = j->ops_head;
         j->ops_head = NULL;
         j->ops_tail = NULL;
@@ -770,7 +800,11 @@ static struct journal *journal_new(uv_loop_t *loop, const char *dir,
     hmap_init(&j->queue_ids);
     hmap_init(&j->definitions);
     pthread_mutex_init(&j->mutex, NULL);
-    pthread_cond_init(&j->work_cond, NULL);
+    pthread_condattr_t monotonic;
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC); /* wait_for_work's deadlines */
+    pthread_cond_init(&j->work_cond, &monotonic);
+    pthread_condattr_destroy(&monotonic);
     pthread_cond_init(&j->executed_cond, NULL);
     atomic_init(&j->synced_ticket, 0);
     atomic_init(&j->failed, OK);
