@@ -421,14 +421,17 @@ static uint64_t monotonic_ns(void)
 
 struct journal_gc {
     struct journal_gc *next;
-    int fd;     /* a file's, open for writing; -1 for the directory */
+    bool dir;   /* the directory, after its files */
+    int fd;     /* a file's, open for writing once it is the oldest; else -1
+                 * (deleting a thousand deep queues holds one descriptor) */
     char path[JOURNAL_PATH_SIZE];
 };
 
-static void gc_push(struct journal *j, const char *path, int fd)
+static void gc_push(struct journal *j, const char *path, bool dir)
 {
     struct journal_gc *g = xcalloc(1, sizeof *g);
-    g->fd = fd;
+    g->dir = dir;
+    g->fd = -1;
     memcpy(g->path, path, strlen(path) + 1);
     if (j->gc_tail != NULL)
         j->gc_tail->next = g;
@@ -459,24 +462,39 @@ static int remove_dir(struct journal *j, const char *path)
     return 0;
 }
 
+/* Shrinks g's file by a step: 1 if it did (more to go), 0 once it is
+ * small enough to unlink (or gone), or a negative errno. */
+static int gc_shrink(struct journal *j, struct journal_gc *g)
+{
+    int rc = g->fd >= 0 ? 0 : j->disk->open(j->disk->ctx, g->path, DISK_OPEN_WRITE, &g->fd);
+    uint64_t size = 0;
+    if (rc == 0)
+        rc = j->disk->fsize(j->disk->ctx, g->fd, &size);
+    if (rc < 0)
+        return rc == -ENOENT ? 0 : rc;
+    if (size <= JOURNAL_GC_STEP)
+        return 0;
+    rc = j->disk->ftruncate(j->disk->ctx, g->fd, size - JOURNAL_GC_STEP);
+    if (rc == 0)
+        rc = j->disk->fdatasync(j->disk->ctx, g->fd);
+    return rc < 0 ? rc : 1;
+}
+
 /* One step of the oldest removal; all of it when whole (a stop). */
 static void gc_step(struct journal *j, bool whole)
 {
     struct journal_gc *g = j->gc_head;
     int rc = 0;
-    uint64_t size = 0;
-    if (g->fd < 0) {
+    if (g->dir) {
         rc = remove_dir(j, g->path);
-    } else if (!whole && (rc = j->disk->fsize(j->disk->ctx, g->fd, &size)) == 0 &&
-               size > JOURNAL_GC_STEP) {
-        rc = j->disk->ftruncate(j->disk->ctx, g->fd, size - JOURNAL_GC_STEP);
-        if (rc == 0)
-            rc = j->disk->fdatasync(j->disk->ctx, g->fd);
-        if (rc == 0)
+    } else {
+        rc = whole ? 0 : gc_shrink(j, g);
+        if (rc == 1)
             return; /* more steps */
-    } else if (rc == 0) {
-        rc = j->disk->unlink(j->disk->ctx, g->path);
-        rc = rc == -ENOENT ? 0 : rc;
+        if (rc == 0) {
+            rc = j->disk->unlink(j->disk->ctx, g->path);
+            rc = rc == -ENOENT ? 0 : rc;
+        }
     }
     if (rc < 0)
         fail(j, rc, "remove", g->path);
@@ -532,14 +550,15 @@ static int remove_entry(void *ctx, const char *name)
     journal__path(path, rc->dir, name);
     int fd = -1;
     uint64_t size = 0;
-    if (j->disk->open(j->disk->ctx, path, DISK_OPEN_WRITE, &fd) == 0 &&
-        j->disk->fsize(j->disk->ctx, fd, &size) == 0 && size > JOURNAL_GC_STEP) {
-        gc_push(j, path, fd); /* (it keeps the descriptor) */
+    bool big = j->disk->open(j->disk->ctx, path, DISK_OPEN_READ, &fd) == 0 &&
+               j->disk->fsize(j->disk->ctx, fd, &size) == 0 && size > JOURNAL_GC_STEP;
+    if (fd >= 0)
+        j->disk->close(j->disk->ctx, fd);
+    if (big) {
+        gc_push(j, path, false);
         rc->deferred++;
         return 0;
     }
-    if (fd >= 0)
-        j->disk->close(j->disk->ctx, fd);
     int err = j->disk->unlink(j->disk->ctx, path);
     if (err < 0 && err != -ENOENT)
         rc->rc = err;
@@ -553,7 +572,7 @@ static void exec_remove_tree(struct journal *j, struct op *op)
     if (rc == 0)
         rc = ctx.rc;
     if (rc == 0 && ctx.deferred > 0)
-        gc_push(j, op->path, -1); /* after its files */
+        gc_push(j, op->path, true); /* after its files */
     else if (rc == 0)
         rc = remove_dir(j, op->path);
     if (rc < 0 && rc != -ENOENT)

@@ -415,17 +415,22 @@ static void test_deleted_log_goes_in_steps(void **state)
     stepped.ops.ftruncate = stepped_ftruncate;
     h->opts.disk = &stepped.ops;
     assert_int_equal(h_open(h), OK);
+    /* Two deleted together: one after the other (one descriptor open). */
     struct journal_queue *q = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("deep"));
+    struct journal_queue *q1 = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("deep1"));
     uint64_t t = 0;
-    for (uint64_t seq = 1; seq <= 320; seq++)
-        t = publish(q, seq, 64 * 1024);
+    for (uint64_t seq = 1; seq <= 320; seq++) {
+        publish(q, seq, 64 * 1024);
+        t = publish(q1, seq, 64 * 1024);
+    }
     h_wait(h, t);
-    assert_int_equal(count_files(h, ".seg"), 1);
+    assert_int_equal(count_files(h, ".seg"), 2);
     stepped.truncates = 0;
-    h_wait(h, journal_queue_delete(q));
+    journal_queue_delete(q);
+    h_wait(h, journal_queue_delete(q1));
     wait_no_segments(h);
     assert_int_equal(count_files(h, ".seg"), 0);
-    assert_int_equal(stepped.truncates, 2); /* 20 -> 12 -> 4 MiB, then the unlink */
+    assert_int_equal(stepped.truncates, 4); /* each 20 -> 12 -> 4 MiB, then the unlink */
     /* Deleted as the journal stops: all of it goes with the stop. */
     q = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("deep2"));
     for (uint64_t seq = 1; seq <= 320; seq++)
