@@ -70,61 +70,74 @@ static void one_turn(uv_loop_t *loop)
     uv_run(loop, UV_RUN_NOWAIT);
 }
 
+/* A loop and the reclaim on it; the end stops it (if the test did not),
+ * empties it and closes the loop. */
+struct fixture {
+    uv_loop_t loop;
+    struct reclaim rc;
+};
+
+static void begin(struct fixture *f)
+{
+    uv_loop_init(&f->loop);
+    reclaim_init(&f->rc, &f->loop);
+}
+
+static void end(struct fixture *f)
+{
+    reclaim_stop(&f->rc);
+    reclaim_free(&f->rc);
+    uv_run(&f->loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&f->loop), 0);
+}
+
 static void a_deep_ring_goes_a_slice_a_turn(void **state)
 {
     (void)state;
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    struct reclaim rc;
-    reclaim_init(&rc, &loop);
+    struct fixture f;
+    begin(&f);
     uint64_t before = message_live_count;
     uint32_t n = 3 * RECLAIM_SLICE_MESSAGES + 100; /* 4 slices */
     struct queue_ring a = ring_of(n), b = ring_of(100);
     uint64_t held = message_live_count - before;
     assert_int_equal(held, held_by(n) + held_by(100));
-    reclaim_ring(&rc, &a);
+    reclaim_ring(&f.rc, &a);
     assert_null(a.entries);
     assert_int_equal(a.count, 0);
     assert_int_equal(message_live_count - before, held); /* nothing yet */
-    reclaim_ring(&rc, &b); /* small: at once */
+    reclaim_ring(&f.rc, &b); /* small: at once */
     assert_int_equal(message_live_count - before, held - 80);
     uint32_t turns = 0;
     while (message_live_count > before) {
         uint64_t live = message_live_count;
-        one_turn(&loop);
+        one_turn(&f.loop);
         assert_true(live - message_live_count <= RECLAIM_SLICE_MESSAGES);
         assert_true(++turns <= 4);
     }
     assert_int_equal(turns, 4);
-    assert_int_equal(rc.messages, 0);
-    one_turn(&loop);
-    assert_false(uv_is_active((uv_handle_t *)rc.idle)); /* nothing left: the loop may sleep */
-    reclaim_stop(&rc);
-    reclaim_free(&rc);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    assert_int_equal(uv_loop_close(&loop), 0);
+    assert_int_equal(f.rc.messages, 0);
+    one_turn(&f.loop);
+    assert_false(uv_is_active((uv_handle_t *)f.rc.idle)); /* nothing left: the loop may sleep */
+    end(&f);
 }
 
 static void stopped_it_lets_go_at_once(void **state)
 {
     (void)state;
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    struct reclaim rc;
-    reclaim_init(&rc, &loop);
+    struct fixture f;
+    begin(&f);
     uint64_t before = message_live_count;
     struct queue_ring a = ring_of(2 * RECLAIM_SLICE_MESSAGES);
-    reclaim_ring(&rc, &a); /* waits for the loop */
+    reclaim_ring(&f.rc, &a); /* waits for the loop */
     assert_true(message_live_count > before);
-    reclaim_stop(&rc);
+    reclaim_stop(&f.rc);
     struct queue_ring b = ring_of(2 * RECLAIM_SLICE_MESSAGES);
     uint64_t waiting = message_live_count;
-    reclaim_ring(&rc, &b); /* stopped: at once */
+    reclaim_ring(&f.rc, &b); /* stopped: at once */
     assert_true(message_live_count < waiting);
-    reclaim_free(&rc); /* what waited */
+    reclaim_free(&f.rc); /* what waited */
     assert_int_equal(message_live_count, before);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    assert_int_equal(uv_loop_close(&loop), 0);
+    end(&f);
 }
 
 /* A replica's reset (a catch-up starting over) and its free hand their
@@ -132,12 +145,10 @@ static void stopped_it_lets_go_at_once(void **state)
 static void a_replica_lets_go_through_it(void **state)
 {
     (void)state;
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    struct reclaim rc;
-    reclaim_init(&rc, &loop);
+    struct fixture f;
+    begin(&f);
     uint64_t before = message_live_count;
-    struct replica *r = replica_new(-1, NULL, &rc);
+    struct replica *r = replica_new(-1, NULL, &f.rc);
     uint32_t n = 2 * RECLAIM_SLICE_MESSAGES + 1;
     for (uint64_t seq = 1; seq <= n; seq++) {
         struct message *m = make();
@@ -154,11 +165,8 @@ static void a_replica_lets_go_through_it(void **state)
     replica_free(r); /* one message: at once */
     assert_int_equal(message_live_count - before, n);
     while (message_live_count > before)
-        one_turn(&loop);
-    reclaim_stop(&rc);
-    reclaim_free(&rc);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    assert_int_equal(uv_loop_close(&loop), 0);
+        one_turn(&f.loop);
+    end(&f);
 }
 
 int main(void)
