@@ -40,12 +40,11 @@ static void trim_maybe(struct reclaim *rc, bool done)
     }
 }
 
-static void ring_done(struct reclaim *rc, struct reclaim_ring *r)
+static void ring_done(struct reclaim_ring *r)
 {
     list_remove(&r->link);
     free(r->ring.entries);
     free(r);
-    (void)rc;
 }
 
 static void on_idle(uv_idle_t *idle)
@@ -58,9 +57,8 @@ static void on_idle(uv_idle_t *idle)
     rc->freed_bytes += drop(&r->ring, r->next, r->next + n);
     r->next += n;
     rc->messages -= n;
-    rc->slices++;
     if (r->next == r->ring.count)
-        ring_done(rc, r);
+        ring_done(r);
     bool done = list_empty(&rc->rings);
     trim_maybe(rc, done);
     if (done)
@@ -95,7 +93,7 @@ void reclaim_free(struct reclaim *rc)
     while (!list_empty(&rc->rings)) {
         struct reclaim_ring *r = CONTAINER_OF(list_first(&rc->rings), struct reclaim_ring, link);
         drop(&r->ring, r->next, r->ring.count);
-        ring_done(rc, r);
+        ring_done(r);
     }
     rc->messages = 0;
 }
@@ -119,10 +117,4 @@ void reclaim_ring(struct reclaim *rc, struct queue_ring *ring)
         uv_idle_start(rc->idle, on_idle);
     }
     *ring = (struct queue_ring){0};
-}
-
-void reclaim_note_freed(struct reclaim *rc, uint64_t bytes)
-{
-    rc->freed_bytes += bytes;
-    trim_maybe(rc, false);
 }

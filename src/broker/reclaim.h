@@ -39,7 +39,6 @@ struct reclaim {
     struct list_node rings;   /* struct reclaim_ring, oldest first */
     uint64_t messages;        /* references still to drop, all rings */
     uint64_t freed_bytes;     /* body bytes unreferenced since the last trim */
-    uint64_t slices;          /* loop turns that dropped some (ever) */
 };
 
 void reclaim_init(struct reclaim *rc, uv_loop_t *loop);
@@ -54,7 +53,5 @@ void reclaim_free(struct reclaim *rc);
  * most RECLAIM_SLICE_MESSAGES entries goes at once. rc may be NULL (unit
  * tests): at once too. */
 void reclaim_ring(struct reclaim *rc, struct queue_ring *ring);
-/* Bytes someone else freed in bulk: they count toward the next trim. */
-void reclaim_note_freed(struct reclaim *rc, uint64_t bytes);
 
 #endif
