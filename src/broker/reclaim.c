@@ -56,7 +56,6 @@ static void on_idle(uv_idle_t *idle)
     uint32_t n = left < RECLAIM_SLICE_MESSAGES ? left : RECLAIM_SLICE_MESSAGES;
     rc->freed_bytes += drop(&r->ring, r->next, r->next + n);
     r->next += n;
-    rc->messages -= n;
     if (r->next == r->ring.count)
         ring_done(r);
     bool done = list_empty(&rc->rings);
@@ -95,7 +94,6 @@ void reclaim_free(struct reclaim *rc)
         drop(&r->ring, r->next, r->ring.count);
         ring_done(r);
     }
-    rc->messages = 0;
 }
 
 void reclaim_ring(struct reclaim *rc, struct queue_ring *ring)
@@ -113,7 +111,6 @@ void reclaim_ring(struct reclaim *rc, struct queue_ring *ring)
         struct reclaim_ring *r = xcalloc(1, sizeof *r);
         r->ring = *ring;
         list_push_back(&rc->rings, &r->link);
-        rc->messages += ring->count;
         uv_idle_start(rc->idle, on_idle);
     }
     *ring = (struct queue_ring){0};

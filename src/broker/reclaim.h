@@ -37,7 +37,6 @@ struct queue_ring;
 struct reclaim {
     uv_idle_t *idle;          /* owned: active while rings wait; NULL once stopped */
     struct list_node rings;   /* struct reclaim_ring, oldest first */
-    uint64_t messages;        /* references still to drop, all rings */
     uint64_t freed_bytes;     /* body bytes unreferenced since the last trim */
 };
 

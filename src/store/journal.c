@@ -412,13 +412,6 @@ static void exec_write_atomic(struct journal *j, struct op *op)
  * the whole unlink did (so: at most 800 MB/s of garbage). */
 #define JOURNAL_GC_EVERY_NS (10u * 1000 * 1000)
 
-static uint64_t monotonic_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 struct journal_gc {
     struct journal_gc *next;
     bool dir;   /* the directory, after its files */
@@ -512,9 +505,9 @@ static void gc_round(struct journal *j, bool stop)
     } else if (stop) {
         while (j->gc_head != NULL)
             gc_step(j, true);
-    } else if (j->gc_head != NULL && monotonic_ns() >= j->gc_due_ns) {
+    } else if (j->gc_head != NULL && uv_hrtime() >= j->gc_due_ns) {
         gc_step(j, false);
-        j->gc_due_ns = monotonic_ns() + JOURNAL_GC_EVERY_NS;
+        j->gc_due_ns = uv_hrtime() + JOURNAL_GC_EVERY_NS;
     }
 }
 
@@ -526,12 +519,13 @@ static void wait_for_work(struct journal *j)
             pthread_cond_wait(&j->work_cond, &j->mutex);
             continue;
         }
-        uint64_t now = monotonic_ns();
+        uint64_t now = uv_hrtime();
         if (now >= j->gc_due_ns)
             return;
         struct timespec due = {(time_t)(j->gc_due_ns / 1000000000u),
                                (long)(j->gc_due_ns % 1000000000u)};
-        pthread_cond_timedwait(&j->work_cond, &j->mutex, &due); /* (a monotonic clock's) */
+        /* (uv_hrtime reads CLOCK_MONOTONIC, the condition's clock) */
+        pthread_cond_timedwait(&j->work_cond, &j->mutex, &due);
     }
 }
 

@@ -180,7 +180,7 @@ struct journal {
     /* A deleted log's files still to remove, a step a round (journal.c). */
     struct journal_gc *gc_head;
     struct journal_gc *gc_tail;
-    uint64_t gc_due_ns;  /* CLOCK_MONOTONIC: the next step not before */
+    uint64_t gc_due_ns;  /* uv_hrtime(): the next step not before */
 
     /* Loop thread only. */
     uint64_t ticket_last;
