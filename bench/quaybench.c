@@ -195,6 +195,7 @@ typedef struct {
     atomic_long blocked, unblocked;   /* connection.blocked / connection.unblocked received */
     _Atomic uint64_t stall_ns, stall_max_ns; /* gaps > 100 ms between two publishes: total, longest */
     uint64_t *conf_hist; /* publish -> confirm (ack or nack) latency, us */
+    FILE *conf_log; /* QB_CONFIRM_LOG: a line per confirm (sent at, CLOCK_MONOTONIC ns; waited, us) */
 } producer_t;
 
 typedef struct {
@@ -380,6 +381,8 @@ static void settle_one(producer_t *p, confirm_ring *cr, uint64_t tag, bool ack)
     uint64_t now = qb_now_ns(), sent = cr->sent_ns[tag & cr->mask];
     uint64_t waited_us = now > sent ? (now - sent) / 1000 : 0;
     p->conf_hist[h_index(waited_us)]++;
+    if (p->conf_log != NULL)
+        fprintf(p->conf_log, "%" PRIu64 " %" PRIu64 "\n", sent, waited_us);
     if (cfg.verbose)
         atomic_fetch_add_explicit(&g_conf_window_hist[h_index(waited_us)], 1,
                                   memory_order_relaxed);
@@ -898,7 +901,9 @@ static void usage(int code)
             "      --confirm-timeout S  longest wait for a publisher confirm (default 60)\n"
             "  -C 0                     publish only: no consumers, no loss checks (lost=dup=reorder=-1);\n"
             "                           with -d, blocked publishers stop at the deadline (memory-alarm floods)\n"
-            "                           and the run ends at most --confirm-timeout + 5 s later\n");
+            "                           and the run ends at most --confirm-timeout + 5 s later\n"
+            "Environment: QB_CONFIRM_LOG=PATH writes PATH.<producer>, a line per confirm: when the\n"
+            "message was published (CLOCK_MONOTONIC ns, as quayd's uv_hrtime) and its wait in us\n");
     exit(code);
 }
 
@@ -1098,6 +1103,13 @@ int main(int argc, char **argv)
         g_prod[i].conf_hist = calloc(H_BUCKETS, sizeof(uint64_t));
         if (!g_seen[i] || !g_prod[i].nacks || !g_prod[i].conf_hist)
             die_now("out of memory");
+        const char *log = getenv("QB_CONFIRM_LOG");
+        if (log != NULL && *log != '\0') {
+            char path[4096];
+            snprintf(path, sizeof path, "%s.%d", log, i);
+            if ((g_prod[i].conf_log = fopen(path, "w")) == NULL)
+                die_now("QB_CONFIRM_LOG: cannot open");
+        }
     }
     for (int i = 0; i < cfg.consumers; i++) {
         g_cons[i].id = i;
@@ -1171,6 +1183,9 @@ int main(int argc, char **argv)
      * are done (counters final), so do not join them: exit() ends them */
     for (int i = 0; !publish_only && i < cfg.producers; i++)
         pthread_join(g_prod[i].th, NULL);
+    for (int i = 0; i < cfg.producers; i++)
+        if (g_prod[i].conf_log != NULL)
+            fflush(g_prod[i].conf_log); /* (its thread may still be in a close) */
     for (int i = 0; i < cfg.consumers; i++)
         pthread_join(g_cons[i].th, NULL);
     double t_end = qb_now_s();
