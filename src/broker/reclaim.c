@@ -1,8 +1,8 @@
 /*
  * reclaim.c: see reclaim.h. Each ring handed over keeps its own array and
- * a cursor; the idle handle (which keeps the loop from sleeping while it
- * is active) drops one slice a turn from the oldest ring, and is stopped
- * when none is left.
+ * a cursor; the timer, repeating while some wait, drops one slice from the
+ * oldest ring at each expiry (libuv runs a repeating timer at most once a
+ * loop turn), and is stopped when none is left.
  */
 #include "broker/reclaim.h"
 
@@ -47,9 +47,9 @@ static void ring_done(struct reclaim_ring *r)
     free(r);
 }
 
-static void on_idle(uv_idle_t *idle)
+static void on_timer(uv_timer_t *timer)
 {
-    struct reclaim *rc = idle->data;
+    struct reclaim *rc = timer->data;
     ASSERT(!list_empty(&rc->rings));
     struct reclaim_ring *r = CONTAINER_OF(list_first(&rc->rings), struct reclaim_ring, link);
     uint32_t left = r->ring.count - r->next;
@@ -61,34 +61,34 @@ static void on_idle(uv_idle_t *idle)
     bool done = list_empty(&rc->rings);
     trim_maybe(rc, done);
     if (done)
-        uv_idle_stop(idle);
+        uv_timer_stop(timer);
 }
 
 void reclaim_init(struct reclaim *rc, uv_loop_t *loop)
 {
     *rc = (struct reclaim){0};
     list_init(&rc->rings);
-    rc->idle = xcalloc(1, sizeof *rc->idle);
-    uv_idle_init(loop, rc->idle);
-    rc->idle->data = rc;
+    rc->timer = xcalloc(1, sizeof *rc->timer);
+    uv_timer_init(loop, rc->timer);
+    rc->timer->data = rc;
 }
 
-static void on_idle_closed(uv_handle_t *handle)
+static void on_timer_closed(uv_handle_t *handle)
 {
     free(handle);
 }
 
 void reclaim_stop(struct reclaim *rc)
 {
-    if (rc->idle == NULL)
+    if (rc->timer == NULL)
         return;
-    uv_close((uv_handle_t *)rc->idle, on_idle_closed);
-    rc->idle = NULL;
+    uv_close((uv_handle_t *)rc->timer, on_timer_closed);
+    rc->timer = NULL;
 }
 
 void reclaim_free(struct reclaim *rc)
 {
-    ASSERT(rc->idle == NULL);
+    ASSERT(rc->timer == NULL);
     while (!list_empty(&rc->rings)) {
         struct reclaim_ring *r = CONTAINER_OF(list_first(&rc->rings), struct reclaim_ring, link);
         drop(&r->ring, r->next, r->ring.count);
@@ -100,7 +100,7 @@ void reclaim_ring(struct reclaim *rc, struct queue_ring *ring)
 {
     if (ring->count == 0) {
         free(ring->entries);
-    } else if (rc == NULL || rc->idle == NULL || ring->count <= RECLAIM_SLICE_MESSAGES) {
+    } else if (rc == NULL || rc->timer == NULL || ring->count <= RECLAIM_SLICE_MESSAGES) {
         uint64_t bytes = drop(ring, 0, ring->count);
         free(ring->entries);
         if (rc != NULL) {
@@ -111,7 +111,8 @@ void reclaim_ring(struct reclaim *rc, struct queue_ring *ring)
         struct reclaim_ring *r = xcalloc(1, sizeof *r);
         r->ring = *ring;
         list_push_back(&rc->rings, &r->link);
-        uv_idle_start(rc->idle, on_idle);
+        if (!uv_is_active((uv_handle_t *)rc->timer))
+            uv_timer_start(rc->timer, on_timer, RECLAIM_EVERY_MS, RECLAIM_EVERY_MS);
     }
     *ring = (struct queue_ring){0};
 }
