@@ -27,6 +27,7 @@ struct alarm {
     uint64_t memory_high_watermark;  /* bytes; 0 = no memory alarm */
     uint64_t disk_free_limit;        /* bytes; 0 = no disk alarm */
     int64_t heap_other_bytes;        /* heap in use that is not message bytes */
+    uint64_t heap_next_sample_ms;    /* loop time of the next heap_other_bytes sample */
     uint64_t disk_free_bytes;        /* last sample: the least of the data and journal dirs' */
     uint64_t disk_next_sample_ms;    /* loop time of the next statvfs */
     bool memory_on;
