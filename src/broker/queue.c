@@ -244,6 +244,8 @@ uint64_t queue_page_out(struct queue *queue, uint64_t wanted)
             if (entry->paged || !logged(queue, entry->message))
                 continue;
             uint64_t size = entry->message->body_size;
+            if (queue->replication_ops)
+                queue->replication_ops->paged(queue, entry->seq);
             message_unref(entry->message);
             entry->paged_body_size = size;
             entry->paged = 1;

@@ -209,6 +209,9 @@ struct queue_replication_ops {
     /* Message seq left the queue for good (ack, reject, expiry, overflow,
      * purge); persistent: it was a persistent one. */
     void (*removed)(struct queue *queue, uint64_t seq, bool persistent);
+    /* Message seq, still in the queue, is about to be kept on disk only
+     * (its memory goes): nothing may hold on to the pointer unreferenced. */
+    void (*paged)(struct queue *queue, uint64_t seq);
     /* The queue is deleted: answer what waits, stop streaming, free the
      * state (queue->replication and replication_ops become NULL). */
     void (*detach)(struct queue *queue);
