@@ -77,6 +77,7 @@ struct replica_stream {
     uint64_t catch_up_bytes;  /* sent by the catch-up going on */
     uint64_t progress_ms;     /* its last ack, or when it started gating */
     struct backlog *backlog;  /* owned while a catch-up has some left to send, else NULL */
+    struct backlog *room;     /* owned: a deep backlog's array readied before its catch-up */
     /* A handover's probes (replication_quiesce): frames sent to it so far,
      * and how many had been sent when the last answered probe went. */
     uint64_t sent, clean_at;
@@ -396,7 +397,14 @@ struct backlog_item {
 struct backlog {
     struct backlog_item *items; /* owned */
     uint32_t next, count, cap;  /* items[next..count) are still to send */
+    uint32_t touched;           /* room readied: items[0..touched) written once */
 };
+
+/* A deep queue's backlog array is written once, a slice at a time, before
+ * its catch-up begins (catch_up, room_ready): fresh memory costs its first
+ * touch, 2-20 ms for the 4.8 MB of 200,000 items on this machine
+ * (bench/RESULTS.md), and backlog_take fills the array in one loop turn. */
+#define BACKLOG_ROOM_SLICE_BYTES (256u << 10)
 
 static void backlog_push(struct backlog *b, struct backlog_item item)
 {
@@ -558,17 +566,19 @@ static void backlog_sort(struct backlog *b)
 }
 
 /* The queue's messages as the catch-up begins, in one turn of the loop,
- * in every publisher's way: sized at once, sorted only where out of order,
- * borrowed (200,000 messages: 34 ms when grown by doubling, sorted whole
- * and referenced; ~6 ms referenced; ~1 ms now). What is published
- * meanwhile grows it, referenced. */
-static struct backlog *backlog_take(struct queue *queue, bool transient_only)
+ * in every publisher's way: sized at once, into room readied beforehand
+ * if it is deep (room: NULL, or taken), sorted only where out of order,
+ * borrowed. 200,000 messages: 34 ms when grown by doubling, sorted whole
+ * and referenced; ~6 ms referenced; now a walk of ~0.5 ms. What is
+ * published meanwhile grows it, referenced. */
+static struct backlog *backlog_take(struct queue *queue, bool transient_only,
+                                    struct backlog *room)
 {
-    struct backlog *b = xcalloc(1, sizeof *b);
+    struct backlog *b = room != NULL ? room : xcalloc(1, sizeof *b);
     uint32_t held = queue->ready_count + queue->unacked_count;
-    if (held > 0) {
+    if (held > b->cap) { /* (more came while the room was readied) */
         b->cap = held;
-        b->items = xmalloc(sizeof *b->items * b->cap);
+        b->items = xrealloc(b->items, sizeof *b->items * b->cap);
     }
     each_held(queue, transient_only ? backlog_borrow_transient : backlog_borrow, b);
     backlog_sort(b);
@@ -699,12 +709,41 @@ static void catch_up_answered(struct replication *rep, struct replica_stream *s)
         stream_caught_up(rep, s);
 }
 
+/* Readies the room for the backlog of what the queue holds, and an eighth
+ * more, a slice a call: true once it is ready (at once if it fits in one
+ * slice: backlog_take sizes it). */
+static bool room_ready(struct replica_stream *s, const struct queue *queue)
+{
+    uint64_t held = (uint64_t)queue->ready_count + queue->unacked_count;
+    if (s->room == NULL && held * sizeof(struct backlog_item) <= BACKLOG_ROOM_SLICE_BYTES)
+        return true;
+    struct backlog *b = s->room;
+    if (b == NULL) {
+        b = s->room = xcalloc(1, sizeof *b);
+        b->cap = (uint32_t)(held + held / 8);
+        b->items = xmalloc(sizeof *b->items * b->cap);
+    }
+    uint32_t slice = BACKLOG_ROOM_SLICE_BYTES / sizeof *b->items;
+    uint32_t n = b->cap - b->touched < slice ? b->cap - b->touched : slice;
+    memset(b->items + b->touched, 0, sizeof *b->items * n);
+    b->touched += n;
+    return b->touched == b->cap;
+}
+
 static void catch_up(struct replication *rep, struct replica_stream *s)
 {
     struct queue *queue = rep->queue;
-    struct member_peer *peer = member_peer(rep->member, s->backup_id);
+    struct member *member = rep->member;
+    struct member_peer *peer = member_peer(member, s->backup_id);
     if (peer == NULL || !peer->up) {
         s->state = STREAM_IDLE;
+        return;
+    }
+    if (!room_ready(s, queue)) {
+        /* The next slice at the pace timer (on_pace); nothing is sent to
+         * the backup until the catch-up begins. */
+        if (member->pace_timer != NULL && !uv_is_active((uv_handle_t *)member->pace_timer))
+            uv_timer_start(member->pace_timer, on_pace, 1, 0);
         return;
     }
     /* A purge's seq names our map's version: the backup keeps what this
@@ -727,8 +766,9 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
         return;
     LOG_DEBUG("queue %.*s: catching up backup %u", (int)queue->name.len,
               (const char *)queue->name.ptr, s->backup_id);
-    rep->member->catch_ups_count++;
-    s->backlog = backlog_take(queue, s->transient_only);
+    member->catch_ups_count++;
+    s->backlog = backlog_take(queue, s->transient_only, s->room);
+    s->room = NULL;
     catch_up_pump(rep, s);
 }
 
@@ -878,6 +918,8 @@ static void stream_release(struct replica_stream *s)
 {
     backlog_free(s->backlog);
     s->backlog = NULL;
+    backlog_free(s->room);
+    s->room = NULL;
     s->rep = NULL;
     if (s->inflight == 0)
         free(s);
@@ -1147,7 +1189,8 @@ static void catch_up_resume(struct replication *rep, struct replica_stream *s, u
         catch_up_pump(rep, s);
 }
 
-/* The byte rate allows more: every catch-up that waited for it goes on. */
+/* The byte rate allows more: every catch-up that waited for it goes on;
+ * one readying its room (catch_up) takes its next slice. */
 static void on_pace(uv_timer_t *timer)
 {
     struct member *member = timer->data;
@@ -1158,6 +1201,9 @@ static void on_pace(uv_timer_t *timer)
             struct replica_stream *s = rep->streams[i];
             if (s->state == STREAM_CATCHING_UP && s->throttled)
                 catch_up_resume(rep, s, now);
+            else if (s->room != NULL && !s->gating &&
+                     (s->state == STREAM_IDLE || s->state == STREAM_FAILED))
+                catch_up(rep, s);
         }
     }
 }

@@ -339,7 +339,9 @@ def a_catch_up_sends_what_its_primary_paged_out_meanwhile():
     still to send. They are read back from its log when their turn comes:
     the queue, moved to the broker caught up, serves every message once,
     in order. (Sent after their memory went, they would be garbage, or a
-    use after free under ASan.)"""
+    use after free under ASan.) The queue is deep enough (16,384 messages)
+    for the catch-up to ready its backlog's room over several turns
+    before it begins (replication.c room_ready)."""
     own = Cluster()
     try:
         a, b, c = own.form(["pa", "pb", "pc"], extra_args=[
@@ -355,13 +357,14 @@ def a_catch_up_sends_what_its_primary_paged_out_meanwhile():
         primary = byname[info["primary"]]
         target = next(m for m in (a, b, c)
                       if m.name != info["primary"] and m.name not in info["backups"])
-        bodies = [b"%05d " % i + b"p" * 4096 for i in range(4096)]  # 16 MiB
+        bodies = [b"%05d " % i + b"p" * 1024 for i in range(16384)]  # 16 MiB
         conn = connect(primary)
         ch = conn.channel()
-        ch.confirm_delivery()
         for body in bodies:
             ch.basic_publish("", name, body, pika.BasicProperties(delivery_mode=2))
         conn.close()
+        wait_until(lambda: queue_info(primary, name)["messages"] == len(bodies), 30,
+                   what="every message in the queue")
         wait_until(lambda: queue_info(a, name)["in_sync"] == info["backups"], 30,
                    what="its backup in sync")
         assert queue_info(primary, name)["paged"] == 0
@@ -384,9 +387,9 @@ def a_catch_up_sends_what_its_primary_paged_out_meanwhile():
                    what="the queue paged out")
         moves = primary.api_cluster()["moves"]
         left = [m for m in moves if m.get("phase") == "catching-up"]
-        assert left and left[0]["caught_up_bytes"] < len(bodies) * 4096, moves
+        assert left and left[0]["caught_up_bytes"] < len(bodies) * 1024, moves
         print("# paged out with %d of %d bytes caught up; estimate %d bytes" % (
-            left[0]["caught_up_bytes"], len(bodies) * 4102,
+            left[0]["caught_up_bytes"], len(bodies) * 1030,
             metric(primary, "quay_memory_estimate_bytes")))
         conn = connect(primary)
         conn.channel().queue_delete(filler)
