@@ -1,20 +1,21 @@
 /*
  * reclaim.h: letting go of many messages without stalling the loop.
  *
- * A copy of a queue that goes all at once (a backup let go after a move,
- * a replica reset for a new catch-up), or a queue's ready messages (a
- * purge, a delete: the old primary of a planned move lets go of its queue
- * that way), may be hundreds of thousands of messages. Unreferencing
- * them and giving their pages back to the system took 10 ms and 25 ms of
- * one loop turn for 200,000 x 1 KiB (bench/RESULTS.md), and no confirm on
- * this broker went out meanwhile: the p99 of a queue whose publisher came
- * through this broker tripled in that second. A ring handed here is emptied RECLAIM_SLICE_MESSAGES at a time,
- * one slice every RECLAIM_EVERY_MS (a timer: the loop sleeps or serves
- * its clients in between; slices in every turn, back to back, made every
- * turn ~1 ms longer for as long as it lasted, and every confirm passing
- * through that much later), and the allocator's free pages are given back
- * (alloc_release_free_pages) after every RECLAIM_TRIM_BYTES freed. At 1 KiB
- * a message that is a million messages a second, a third of the loop.
+ * A copy of a queue that goes all at once (a backup let go after a move, a
+ * replica reset for a new catch-up), or a queue's ready messages (a purge,
+ * a delete: the old primary of a planned move lets go of its queue that
+ * way), may be hundreds of thousands of messages. Unreferencing them and
+ * giving their pages back to the system took 10 ms and 25 ms of one loop
+ * turn for 200,000 x 1 KiB (bench/RESULTS.md), and no confirm on this
+ * broker went out meanwhile: the p99 of a queue whose publisher came
+ * through this broker tripled in that second. A ring handed here is
+ * emptied RECLAIM_SLICE_MESSAGES at a time, one slice every
+ * RECLAIM_EVERY_MS (a timer: the loop sleeps or serves its clients in
+ * between; slices in every turn, back to back, made every turn ~1 ms
+ * longer for as long as it lasted, and every confirm passing through that
+ * much later), and the allocator's free pages are given back
+ * (alloc_release_free_pages) after every RECLAIM_TRIM_BYTES freed. For
+ * 1 KiB messages that is a million a second, a third of the loop.
  *
  * Owned by the broker. Once stopped (the loop is closing its handles), a
  * ring handed here is emptied at once, and reclaim_free empties what was
