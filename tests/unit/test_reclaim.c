@@ -3,11 +3,11 @@
  *
  * Goal: a deep ring handed over is emptied RECLAIM_SLICE_MESSAGES a timer
  * expiry (at most one a loop turn), oldest ring first, not in the turn
- * that hands it over; paged
- * entries and holes are skipped (they hold no reference); a small ring
- * goes at once; once stopped, rings go at once and reclaim_free empties
- * what was waiting; a replica reset and a replica free go this way. Method:
- * messages counted by message_live_count, the loop run one turn at a time.
+ * that hands it over; paged entries and holes are skipped (they hold no
+ * reference); a small ring goes at once; once stopped, rings go at once
+ * and reclaim_free empties what was waiting; a replica reset and a
+ * replica free go this way. Method: messages counted by
+ * message_live_count, the loop run one turn at a time.
  */
 #include <setjmp.h>
 #include <stdarg.h>
