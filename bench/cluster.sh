@@ -50,6 +50,7 @@
 #           MOVE_TO=b2: the move goes to the queue's backup instead (the old primary stays
 #           its backup, in sync: no catch-up at all). MOVE_BACKUP_OF=b2: b3 takes b2's
 #           place as the queue's backup (it catches up; the primary stays on b1).
+#           MOVE_IDLE_QUEUES=N: N idle queues with a backup beside it (quayscale).
 #   drain   3 brokers, DRAIN_QUEUES queues (one backup each) declared through b1 (b3 is
 #           primary of a third); quaybench publishes DRAIN_RATE msg/s with confirms to 4 more
 #           queues via b1 and consumes them via b2; 2 s in, POST /api/cluster/drain b3.
@@ -453,6 +454,11 @@ row_heal() {
 
 row_move() {
   form 3
+  # MOVE_IDLE_QUEUES: that many more queues with a backup, idle, beside the moved one.
+  if [ "${MOVE_IDLE_QUEUES:-0}" -gt 0 ]; then
+    "$BENCH_OUT/quayscale" queues -H 127.0.0.1 -p "$(amqp_port 1)" -n "$MOVE_IDLE_QUEUES" \
+        --keep --prefix idle > /dev/null
+  fi
   # A queue whose primary is b1 and whose backup is b2 (names are tried in turn).
   local prefix
   prefix=$(/usr/bin/python3 - "$(amqp_port 2)" "$(http_port 1)" <<'EOF'

@@ -963,15 +963,31 @@ static void pause_minority(struct member *member)
     }
 }
 
+/* A slice of each of the tick's walks: true once both are done. */
+static bool tick_walk_step(struct member *member)
+{
+    bool replications = replication_tick_step(member, MEMBER_TICK_SLICE);
+    return proxy_tick_step(member, MEMBER_TICK_SLICE) && replications;
+}
+
+static void on_tick_walk(uv_idle_t *idle)
+{
+    struct member *member = idle->data;
+    if (member->stopping || tick_walk_step(member))
+        uv_idle_stop(idle);
+}
+
 static void on_tick(uv_timer_t *timer)
 {
     struct member *member = timer->data;
     if (member->stopping)
         return;
     pause_minority(member);
-    replication_tick(member);
+    replication_tick_begin(member);
+    proxy_tick_begin(member);
+    if (!tick_walk_step(member))
+        uv_idle_start(member->tick_walk, on_tick_walk);
     handover_tick(member);
-    proxy_tick(member);
     adoption_tick(member);
     mirror_tick(member);
     /* Alarms are cluster-wide: ours to the others (heartbeats), theirs here. */
@@ -985,7 +1001,7 @@ static void on_tick(uv_timer_t *timer)
     visible_tick(member);
 }
 
-static void on_timer_closed(uv_handle_t *handle)
+static void on_handle_closed(uv_handle_t *handle)
 {
     free(handle);
 }
@@ -1027,6 +1043,9 @@ struct member *member_new(struct broker *broker, struct cluster_node *node,
     uv_timer_init(broker->loop, member->timer);
     member->timer->data = member;
     uv_timer_start(member->timer, on_tick, MEMBER_TICK_MS, MEMBER_TICK_MS);
+    member->tick_walk = xcalloc(1, sizeof *member->tick_walk);
+    uv_idle_init(broker->loop, member->tick_walk);
+    member->tick_walk->data = member;
     member->pace_timer = xcalloc(1, sizeof *member->pace_timer);
     uv_timer_init(broker->loop, member->pace_timer);
     member->pace_timer->data = member;
@@ -1048,9 +1067,11 @@ void member_stop(struct member *member)
     net_flush_hook_remove(&member->release_hook);
     end_sync_waits(member, true);
     visible_stop(member);
-    uv_close((uv_handle_t *)member->timer, on_timer_closed);
+    uv_close((uv_handle_t *)member->timer, on_handle_closed);
     member->timer = NULL;
-    uv_close((uv_handle_t *)member->pace_timer, on_timer_closed);
+    uv_close((uv_handle_t *)member->tick_walk, on_handle_closed);
+    member->tick_walk = NULL;
+    uv_close((uv_handle_t *)member->pace_timer, on_handle_closed);
     member->pace_timer = NULL;
     struct cluster_node_hooks none = {0};
     cluster_node_set_hooks(member->node, &none);

@@ -89,10 +89,16 @@ struct member {
     uint32_t peers_count;
     struct placement placement;
     struct list_node stubs;          /* struct proxy_stub.member_link: every stand-in */
+    uint32_t stubs_count;
     uint8_t default_backups;         /* --default-backups */
     uint32_t incarnation;            /* random per process: see member_connection_key */
     struct list_node parked;         /* struct parked_forward: forwards ahead of our map */
     struct list_node replications;   /* struct replication: our queues with backups */
+    uint32_t replications_count;
+    /* The tick's walks of both (replication_tick_step, proxy_tick_step):
+     * what is left to visit this tick, a slice a loop turn (tick_walk). */
+    uint32_t replications_tick_left, stubs_tick_left;
+    uv_idle_t *tick_walk;            /* owned: active while a walk has some left */
     /* The catch-ups' byte rate (--catch-up-rate; 0: unbounded), all
      * queues together, and the timer that resumes those that waited for
      * it (replication.c). */
@@ -146,6 +152,9 @@ struct member {
 };
 
 #define MEMBER_TICK_MS 100
+/* Queues (replicated ones, stand-ins) a tick visits in one loop turn: with
+ * 10,000 queues a whole walk held each broker's loop ~2 ms every tick. */
+#define MEMBER_TICK_SLICE 512
 /* How long a serving broker is cut off from the majority before it pauses
  * (pause-minority): past the 1.5 s in which the majority marks it down,
  * so its clients go once their queues can have moved, not on a blip. */

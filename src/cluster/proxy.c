@@ -727,6 +727,8 @@ static void stub_free(struct queue *queue)
     free(stub->held);
     free(stub->parked);
     list_remove(&stub->member_link);
+    ASSERT(stub->member->stubs_count > 0);
+    stub->member->stubs_count--;
     drop_replica(stub);
     free(stub);
     queue->remote = NULL;
@@ -1005,15 +1007,30 @@ struct queue_remote_op *proxy_query(struct queue *queue, uint32_t method_id,
     return op;
 }
 
-void proxy_tick(struct member *member)
+void proxy_tick_begin(struct member *member)
+{
+    member->stubs_tick_left = member->stubs_count;
+}
+
+/* As replication_tick_step: each visited goes to the back first. */
+bool proxy_tick_step(struct member *member, uint32_t budget)
 {
     uint64_t now = uv_now(member->broker->loop);
-    list_for_each_safe(n, &member->stubs) {
+    for (; member->stubs_tick_left > 0 && budget > 0; budget--) {
+        member->stubs_tick_left--;
+        struct list_node *n = list_first(&member->stubs);
+        if (n == NULL)
+            break;
+        list_remove(n);
+        list_push_back(&member->stubs, n);
         struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);
         if (stub->getter != NULL && now - stub->getter_used_ms >= PROXY_GETTER_IDLE_MS)
             proxy_stub_release_getter(stub->queue); /* (not if a request is out) */
         resume_waiting_ops(stub, false); /* (last: it may free a deleted stub) */
     }
+    if (list_empty(&member->stubs))
+        member->stubs_tick_left = 0;
+    return member->stubs_tick_left == 0;
 }
 
 bool proxy_stub_has_getter(const struct queue *queue)
@@ -1060,6 +1077,7 @@ struct queue *proxy_stub_new(struct member *member, struct vhost *vhost,
     list_init(&stub->uplinks);
     list_init(&stub->waiting_ops);
     list_push_back(&member->stubs, &stub->member_link);
+    member->stubs_count++;
     queue->remote_ops = &stub_ops;
     queue->remote = stub;
     return queue;

@@ -118,8 +118,11 @@ bool proxy_stub_drain(struct queue *queue);
 struct net_flush_hook;
 void proxy_send_releases(struct net_flush_hook *hook);
 
-/* Every MEMBER_TICK_MS: requests waiting for a primary's link time out. */
-void proxy_tick(struct member *member);
+/* Every MEMBER_TICK_MS: requests waiting for a primary's link time out;
+ * idle getters go. Up to `budget` stand-ins a call, each once a tick (as
+ * replication_tick_step): true once every one was visited. */
+void proxy_tick_begin(struct member *member);
+bool proxy_tick_step(struct member *member, uint32_t budget);
 
 void proxy_peer_up(struct member_peer *peer);
 /* The link is down or going away: nack its forwards, drop its uplinks. */

@@ -1100,6 +1100,7 @@ void replication_attach(struct member *member, struct queue *queue, const struct
         rep->member = member;
         rep->queue = queue;
         list_push_back(&member->replications, &rep->member_link);
+        member->replications_count++;
         queue->replication = rep;
         queue->replication_ops = &replication_ops;
     }
@@ -1156,6 +1157,8 @@ void replication_detach(struct queue *queue, bool ack)
     for (uint8_t i = 0; i < rep->streams_count; i++)
         stream_release(rep->streams[i]);
     list_remove(&rep->member_link);
+    ASSERT(rep->member->replications_count > 0);
+    rep->member->replications_count--;
     free(rep->pending);
     free(rep);
 }
@@ -1229,13 +1232,29 @@ static void tick_one(struct replication *rep, uint64_t now)
     quiet_maybe(rep);
 }
 
-void replication_tick(struct member *member)
+void replication_tick_begin(struct member *member)
+{
+    member->replications_tick_left = member->replications_count;
+}
+
+/* Each visited goes to the back of the list first (tick_one may detach
+ * it): the ones still to visit this tick are at the front. One detached
+ * meanwhile leaves the count high: a few are visited twice, harmlessly. */
+bool replication_tick_step(struct member *member, uint32_t budget)
 {
     uint64_t now = uv_now(member->broker->loop);
-    list_for_each_safe(n, &member->replications) {
-        struct replication *rep = CONTAINER_OF(n, struct replication, member_link);
-        tick_one(rep, now);
+    for (; member->replications_tick_left > 0 && budget > 0; budget--) {
+        member->replications_tick_left--;
+        struct list_node *n = list_first(&member->replications);
+        if (n == NULL)
+            break;
+        list_remove(n);
+        list_push_back(&member->replications, n);
+        tick_one(CONTAINER_OF(n, struct replication, member_link), now);
     }
+    if (list_empty(&member->replications))
+        member->replications_tick_left = 0;
+    return member->replications_tick_left == 0;
 }
 
 uint32_t replication_confirms_waiting(const struct queue *queue)

@@ -98,8 +98,11 @@ bool replication_holds_everything(const struct queue *queue, uint32_t backup_id)
 void replication_stop_all(struct member *member);
 
 /* Every member tick: confirms that waited for the lease; backups that lag;
- * in-sync changes the map did not take yet (asked again). */
-void replication_tick(struct member *member);
+ * in-sync changes the map did not take yet (asked again). The tick visits
+ * up to `budget` of our replicated queues a call (member.c: a slice a loop
+ * turn), each once a tick: true once every one was visited. */
+void replication_tick_begin(struct member *member);
+bool replication_tick_step(struct member *member, uint32_t budget);
 
 /* /api/queues: whether this primary may confirm now, and the confirms it
  * gave in its current epoch. Nothing for a queue without backups. */
