@@ -1012,24 +1012,18 @@ void proxy_tick_begin(struct member *member)
     member->stubs_tick_left = member->stubs_count;
 }
 
-/* As replication_tick_step: each visited goes to the back first. */
 bool proxy_tick_step(struct member *member, uint32_t budget)
 {
     uint64_t now = uv_now(member->broker->loop);
-    for (; member->stubs_tick_left > 0 && budget > 0; budget--) {
-        member->stubs_tick_left--;
-        struct list_node *n = list_first(&member->stubs);
-        if (n == NULL)
+    struct list_node *n;
+    for (; budget > 0; budget--) {
+        if ((n = list_walk_next(&member->stubs, &member->stubs_tick_left)) == NULL)
             break;
-        list_remove(n);
-        list_push_back(&member->stubs, n);
         struct proxy_stub *stub = CONTAINER_OF(n, struct proxy_stub, member_link);
         if (stub->getter != NULL && now - stub->getter_used_ms >= PROXY_GETTER_IDLE_MS)
             proxy_stub_release_getter(stub->queue); /* (not if a request is out) */
         resume_waiting_ops(stub, false); /* (last: it may free a deleted stub) */
     }
-    if (list_empty(&member->stubs))
-        member->stubs_tick_left = 0;
     return member->stubs_tick_left == 0;
 }
 

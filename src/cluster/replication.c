@@ -643,6 +643,14 @@ static void send_end_probe(struct replication *rep, struct replica_stream *s)
 
 static void on_pace(uv_timer_t *timer);
 
+/* The pace timer (on_pace) in ms, unless it is set already (it serves
+ * every catch-up of the broker) or the member is stopping. */
+static void pace_timer_arm(struct member *member, uint64_t ms)
+{
+    if (member->pace_timer != NULL && !uv_is_active((uv_handle_t *)member->pace_timer))
+        uv_timer_start(member->pace_timer, on_pace, ms, 0);
+}
+
 /* Sends from the backlog while the window and the byte rate allow (the
  * pace timer resumes a throttled one); at its end, the probe. */
 static void catch_up_pump(struct replication *rep, struct replica_stream *s)
@@ -652,11 +660,8 @@ static void catch_up_pump(struct replication *rep, struct replica_stream *s)
     while (b->next < b->count && s->inflight < CATCH_UP_WINDOW) {
         if (member->catch_up_pace.rate > 0 && !pace_ready(&member->catch_up_pace, uv_hrtime())) {
             s->throttled = true;
-            if (member->pace_timer != NULL && /* (NULL: stopping) */
-                !uv_is_active((uv_handle_t *)member->pace_timer)) {
-                uint64_t ms = pace_wait_ns(&member->catch_up_pace) / 1000000u;
-                uv_timer_start(member->pace_timer, on_pace, ms > 0 ? ms : 1, 0);
-            }
+            uint64_t ms = pace_wait_ns(&member->catch_up_pace) / 1000000u;
+            pace_timer_arm(member, ms > 0 ? ms : 1);
             return;
         }
         struct backlog_item *it = &b->items[b->next++];
@@ -733,10 +738,9 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
         return;
     }
     if (!room_ready(s, queue)) {
-        /* The next slice at the pace timer (on_pace); nothing is sent to
-         * the backup until the catch-up begins. */
-        if (member->pace_timer != NULL && !uv_is_active((uv_handle_t *)member->pace_timer))
-            uv_timer_start(member->pace_timer, on_pace, 1, 0);
+        /* The next slice at the pace timer; nothing is sent to the backup
+         * until the catch-up begins. */
+        pace_timer_arm(member, 1);
         return;
     }
     /* A purge's seq names our map's version: the backup keeps what this
@@ -1237,23 +1241,16 @@ void replication_tick_begin(struct member *member)
     member->replications_tick_left = member->replications_count;
 }
 
-/* Each visited goes to the back of the list first (tick_one may detach
- * it): the ones still to visit this tick are at the front. One detached
- * meanwhile leaves the count high: a few are visited twice, harmlessly. */
+/* (list_walk_next: tick_one may detach the one it visits.) */
 bool replication_tick_step(struct member *member, uint32_t budget)
 {
     uint64_t now = uv_now(member->broker->loop);
-    for (; member->replications_tick_left > 0 && budget > 0; budget--) {
-        member->replications_tick_left--;
-        struct list_node *n = list_first(&member->replications);
-        if (n == NULL)
+    struct list_node *n;
+    for (; budget > 0; budget--) {
+        if ((n = list_walk_next(&member->replications, &member->replications_tick_left)) == NULL)
             break;
-        list_remove(n);
-        list_push_back(&member->replications, n);
         tick_one(CONTAINER_OF(n, struct replication, member_link), now);
     }
-    if (list_empty(&member->replications))
-        member->replications_tick_left = 0;
     return member->replications_tick_left == 0;
 }
 

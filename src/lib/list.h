@@ -86,6 +86,25 @@ static inline void list_move_all(struct list_node *out, struct list_node *from)
     list_init(from);
 }
 
+/* A walk that visits each node of head once, in any number of calls:
+ * *left is the list's count when the walk begins, and each call gives the
+ * next node, moved to the back first (so a visit may remove it, and nodes
+ * added meanwhile wait behind those left), or NULL once *left is spent or
+ * the list is empty (*left is then 0). A node removed before its visit
+ * leaves *left high: a few are visited twice. */
+static inline struct list_node *list_walk_next(struct list_node *head, uint32_t *left)
+{
+    if (*left == 0 || list_empty(head)) {
+        *left = 0;
+        return NULL;
+    }
+    (*left)--;
+    struct list_node *node = head->next;
+    list_remove(node);
+    list_push_back(head, node);
+    return node;
+}
+
 /* The nodes on the list: O(n). */
 static inline uint32_t list_count(const struct list_node *head)
 {
