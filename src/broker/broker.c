@@ -52,6 +52,7 @@ void broker_config_defaults(struct broker_config *config)
         .consumers_per_channel_max = 0,
         .queues_max = 0,
         .read_batch_us = READ_BATCH_WAIT_US_DEFAULT,
+        .read_share = NET_READ_SHARE_DEFAULT,
     };
 }
 
@@ -454,6 +455,7 @@ int broker_start(struct broker *broker, uv_loop_t *loop, const struct broker_con
     list_init(&broker->flow_congested);
     net_flush_hook_add(&broker->net, &broker->confirms_hook, channels_flush_confirms);
     read_batch_enable(&broker->net.read_batch, config->limits.read_batch_us);
+    broker->net.read_share = config->limits.read_share;
     char err[1024];
     if (durable_open(broker, err, sizeof err) != 0) {
         LOG_ERROR("%s", err);

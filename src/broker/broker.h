@@ -43,6 +43,7 @@ struct broker_limits {
     uint32_t consumers_per_channel_max;
     uint32_t queues_max;
     uint32_t read_batch_us;         /* longest a streaming client waits for a batch; 0 = off */
+    uint32_t read_share;            /* a client's input a loop turn; 0 = no limit */
 };
 
 /* Where a queue declared through this broker gets its primary, in a

@@ -51,6 +51,7 @@ static const struct conn_ops connection_conn_ops = {
     .on_drain = on_drain,
     .on_sink = connection__on_sink,
     .batch_input = true,
+    .share_turns = true,
 };
 
 static struct connection *from_conn(struct conn *conn)

@@ -126,6 +126,9 @@ static void usage(FILE *out)
             "  --read-batch-us US      a publisher streaming faster than we read is read in\n"
             "                          batches that wait at most US microseconds\n"
             "                          (default 500, 0 = read whatever arrived at once)\n"
+            "  --read-share BYTES      read at most this much of one client's connection\n"
+            "                          in a loop turn, so one that never waits cannot\n"
+            "                          starve the others (default 131072, 0 = no limit)\n"
             "  --memory-high-watermark M  block publishers above this much memory: a\n"
             "                          fraction of RAM (0.4, the default) or a size (512MiB)\n"
             "  --disk-free-limit SIZE  block publishers when the disk of the data directory or\n"
@@ -157,7 +160,7 @@ enum option_id {
     OPT_MAX_MESSAGE_SIZE, OPT_HASH_PASSWORD, OPT_HELP, OPT_MEMORY_HIGH_WATERMARK,
     OPT_DISK_FREE_LIMIT, OPT_HTTP,
     OPT_CONFIG, OPT_NAME, OPT_CLUSTER_LISTEN, OPT_JOIN, OPT_CLUSTER_SECRET_FILE,
-    OPT_DEFAULT_BACKUPS, OPT_READ_BATCH_US, OPT_QUEUE_LOCATOR, OPT_AUTO_REBALANCE,
+    OPT_DEFAULT_BACKUPS, OPT_READ_BATCH_US, OPT_READ_SHARE, OPT_QUEUE_LOCATOR, OPT_AUTO_REBALANCE,
     OPT_PARTITION_HANDLING,
     OPT_CATCH_UP_RATE, OPT_HTTP_ALLOW_PLAINTEXT,
     OPT_HTTP_ALLOWED_HOSTS, OPT_MAX_HANDSHAKING, OPT_HANDSHAKE_TIMEOUT,
@@ -204,6 +207,7 @@ static const struct option long_options[] = {
     {"cluster-secret-file", required_argument, NULL, OPT_CLUSTER_SECRET_FILE},
     {"default-backups", required_argument, NULL, OPT_DEFAULT_BACKUPS},
     {"read-batch-us", required_argument, NULL, OPT_READ_BATCH_US},
+    {"read-share", required_argument, NULL, OPT_READ_SHARE},
     {"queue-locator", required_argument, NULL, OPT_QUEUE_LOCATOR},
     {"auto-rebalance", required_argument, NULL, OPT_AUTO_REBALANCE},
     {"partition-handling", required_argument, NULL, OPT_PARTITION_HANDLING},
@@ -262,6 +266,7 @@ static const struct {
     LIMIT(OPT_MAX_CONSUMERS, "max-consumers", 0, UINT32_MAX, consumers_per_channel_max),
     LIMIT(OPT_MAX_MESSAGE_SIZE, "max-message-size", 0, 512u << 20, message_size_max),
     LIMIT(OPT_READ_BATCH_US, "read-batch-us", 0, 100000, read_batch_us),
+    LIMIT(OPT_READ_SHARE, "read-share", 0, 1u << 30, read_share),
 #undef LIMIT
 };
 

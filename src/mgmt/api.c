@@ -213,7 +213,9 @@ static int admit(void *ctx, const struct http_admission *a, const struct auth_us
  *  "network": {"bytes_in": N, "bytes_out": N, "reads": N (every socket: AMQP,
  *   links, HTTP), "read_batch_us": N (0 = off), "read_batches_started": N (times a
  *   streaming publisher's socket got a batch mark), "read_batches_timed_out": N
- *   (marks dropped because the stream paused: see net/read_batch.h)},
+ *   (marks dropped because the stream paused: see net/read_batch.h), "read_share":
+ *   N (bytes of a client read a loop turn, 0 = no limit), "reads_deferred": N (reads
+ *   left to the next turn because a client had its share: net/conn.c)},
  *  "cluster": {the same as GET /api/cluster} (clustered only)}
  * For a user without the monitoring tag the totals count its own
  * connections and its vhosts' queues only, and journal, network and
@@ -266,6 +268,8 @@ static void write_node(struct json *out, struct broker *broker)
     json_kv_uint(out, "read_batch_us", net->read_batch.wait_ns / 1000u);
     json_kv_uint(out, "read_batches_started", net->read_batch.raised_count);
     json_kv_uint(out, "read_batches_timed_out", net->read_batch.timeout_count);
+    json_kv_uint(out, "read_share", net->read_share);
+    json_kv_uint(out, "reads_deferred", net->reads_deferred);
     json_object_end(out);
     if (member_node_of(broker)) {
         /* The cluster in brief (GET /api/cluster has it all). */

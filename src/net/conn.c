@@ -46,6 +46,7 @@ void net_init(struct net *net, uv_loop_t *loop)
     list_init(&net->resume_list);
     list_init(&net->conns);
     net->scratch_size = SCRATCH_SIZE;
+    net->read_share = NET_READ_SHARE_DEFAULT;
     net->scratch = xmalloc(SCRATCH_SIZE);
     net->next_conn_id = 1;
     pool_init(&net->data_chunks, "output chunk", sizeof(struct out_chunk) + CHUNK_DATA_SIZE, 16);
@@ -231,10 +232,39 @@ int conn_connect(struct conn *conn, struct net *net, const struct conn_ops *ops,
 
 /* ---- input ---------------------------------------------------------- */
 
+/*
+ * The turn's share. libuv reads a readable socket until it runs dry, up to
+ * 32 reads (8 MiB of our scratch buffer) in one callback, so a publisher
+ * that never waits (a flood into a queue nobody consumes) could be read
+ * for tens of milliseconds each loop turn while every other connection,
+ * and the output queued to them, waits behind it: a publisher that waits
+ * for its confirms, or a consumer for its deliveries, then gets a turn
+ * every few dozen milliseconds. Once a client's connection has been read
+ * net.read_share bytes in a turn, the allocator gives it no buffer: libuv
+ * passes UV_ENOBUFS and goes on with the turn, and the socket, readable
+ * still (epoll is level-triggered), is read again in the next turn, after
+ * everyone else's input and after the output flush. No system call, no
+ * state beyond a counter: a share costs nothing until it is spent.
+ */
+bool conn__turn_spent(struct conn *conn)
+{
+    struct net *net = conn->net;
+    if (net->read_share == 0 || !conn->ops->share_turns || conn->turn_at != net->turn ||
+        conn->turn_bytes < net->read_share)
+        return false;
+    net->reads_deferred++;
+    return true;
+}
+
 static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
 {
     struct conn *conn = handle->data;
     (void)suggested;
+    if (conn__turn_spent(conn)) {
+        conn->sink_read = false;
+        *buf = uv_buf_init(NULL, 0);
+        return;
+    }
     conn->sink_read = conn->sink_size > 0;
     if (conn->sink_read) {
         ASSERT(conn->in_size == 0); /* the protocol took all before it set the sink */
@@ -317,6 +347,8 @@ void conn__after_input(struct conn *conn, size_t nread)
 
 bool conn__read_arrived(struct conn *conn, ssize_t nread)
 {
+    if (nread == UV_ENOBUFS)
+        return false; /* conn__turn_spent: the socket is read next turn */
     if (nread < 0) {
         if (nread != UV_EOF)
             LOG_DEBUG("conn=%llu peer=%s read error: %s", (unsigned long long)conn->id,
@@ -329,6 +361,11 @@ bool conn__read_arrived(struct conn *conn, ssize_t nread)
     conn->net->bytes_in += (uint64_t)nread;
     conn->bytes_in += (uint64_t)nread;
     conn->net->reads++;
+    if (conn->turn_at != conn->net->turn) {
+        conn->turn_at = conn->net->turn;
+        conn->turn_bytes = 0;
+    }
+    conn->turn_bytes += (size_t)nread;
     conn->last_read_ms = uv_now(conn->net->loop);
     return true;
 }
@@ -853,6 +890,7 @@ static void run_flush_hooks(struct net *net)
 static void on_flush_check(uv_check_t *check)
 {
     struct net *net = check->data;
+    net->turn++; /* the shares (conn__turn_spent) start again */
     loop_lag_sample(&net->loop_lag);
     run_flush_hooks(net);
     while (!list_empty(&net->flush_list)) {

@@ -51,6 +51,10 @@ struct conn_ops {
     /* Read a streaming peer in batches (read_batch.h): for clients, not
      * for links whose timing the cluster's protocols depend on. */
     bool batch_input;
+    /* Read at most net.read_share bytes of it a loop turn: for clients,
+     * whose input competes for the loop; not for links, each of which
+     * carries many queues and clients (net/conn.c, "the turn's share"). */
+    bool share_turns;
 };
 
 /* Called with the output reference when its bytes have been written. */
@@ -118,7 +122,17 @@ struct conn {
     uint64_t in_units;            /* frames the protocol took (it counts them) */
     uint64_t batch_units_seen;    /* in_units at the last read */
     struct list_node batch_link;  /* in read_batch.marked while batch_mark > 0 */
+
+    /* The turn's share (share_turns): bytes read in loop turn turn_at. */
+    uint64_t turn_at;
+    size_t turn_bytes;
 };
+
+/* Default of --read-share: a client's input a loop turn. 128 KiB is ~0.3 ms of
+ * 1 KiB publishes; 64 KiB cost the confirm row a fifth of its rate (more
+ * turns, smaller writes), and 256 KiB kept less beside a flooder
+ * (bench/RESULTS.md, "A flooder's turn"). */
+#define NET_READ_SHARE_DEFAULT (128u << 10)
 
 /* Output beyond this makes conn_out_full() true: producers of output (queue
  * delivery) should hold back until on_drain. */
@@ -267,6 +281,9 @@ struct net {
     uint64_t reads;
     struct read_batch read_batch;
     struct loop_lag loop_lag;      /* sampled by flush_check, every iteration */
+    uint64_t turn;                 /* loop turns, counted by flush_check */
+    size_t read_share;             /* a client's input a turn (0 = no limit) */
+    uint64_t reads_deferred;       /* reads a share left to the next turn */
 };
 
 void net_init(struct net *net, uv_loop_t *loop);

@@ -32,6 +32,9 @@ void conn__schedule_flush(struct conn *conn);
 /* A read callback's start, plain or TLS: an error or EOF closes conn, and
  * bytes are counted. True if there are bytes to handle. */
 bool conn__read_arrived(struct conn *conn, ssize_t nread);
+/* Whether conn has read its share of this loop turn: the allocators then
+ * give no buffer, and the read waits for the next turn (counted). */
+bool conn__turn_spent(struct conn *conn);
 /* After the protocol handled a read: the output pause and read batching. */
 void conn__after_input(struct conn *conn, size_t nread);
 

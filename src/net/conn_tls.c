@@ -67,6 +67,10 @@ void conn__tls_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
 {
     struct conn *conn = handle->data;
     (void)suggested;
+    if (conn__turn_spent(conn)) {
+        *buf = uv_buf_init(NULL, 0);
+        return;
+    }
     /* Ciphertext is copied into the input BIO at once: always the scratch. */
     *buf = uv_buf_init((char *)conn->net->scratch, (unsigned)conn->net->scratch_size);
 }

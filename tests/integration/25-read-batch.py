@@ -10,6 +10,10 @@ publisher that waits for our answers (confirms) is never batched, and
 --read-batch-us 0 turns batching off, and a stream of few frames a second
 (large messages at a moderate rate) is not batched.
 
+A client that never waits is read at most its share (--read-share, 128
+KiB) a loop turn, the rest in the turns after (net/conn.c, "the turn's
+share"): every byte of it is still read, in order, large bodies included.
+
 Method: each test starts its own quayd with --http (quaytest.Broker) and
 publishes over a raw socket (one sendall of the whole stream, so the
 broker is the slower side and batching starts); the broker's counters come
@@ -170,6 +174,53 @@ def read_batch_us_0_turns_it_off():
         net = _network(b)
         eq(net["read_batch_us"], 0, "wait reported")
         eq(net["read_batches_started"], 0, "marks raised with batching off")
+
+
+def share_stream(queue):
+    """3,000 messages: 1 KiB bodies numbered, every 100th a 1 MiB body that
+    a sink reads across turns. Returns (bytes to send, bodies)."""
+    bodies = [bytes([i % 251]) * (1 << 20) if i % 100 == 50 else b"%06d" % i * 170
+              for i in range(3000)]
+    return b"".join(gen_publish(1, "", queue, body) for body in bodies), bodies
+
+
+def read_back(s, queue, bodies):
+    s.sendall(gen_basic_consume(1, queue, tag="back", no_ack=True))
+    expect_method(s, *BASIC_CONSUME_OK, channel=1)
+    for i, body in enumerate(bodies):
+        d = read_delivery(s, timeout=30)
+        if d["body"] != body:
+            raise AssertionError("message %d: %d bytes, %r... (expected %d bytes, %r...)"
+                                 % (i, len(d["body"]), d["body"][:12], len(body), body[:12]))
+
+
+@test
+def a_client_that_never_waits_is_read_a_share_a_turn():
+    with publisher("rb-share") as (b, s, q):
+        before = _network(b)
+        eq(before["read_share"], 128 << 10, "the default share")
+        data, bodies = share_stream(q)
+        s.sendall(data + gen_queue_declare(1, q, passive=True))
+        m = expect_method(s, *QUEUE_DECLARE_OK, channel=1, timeout=30)
+        m.args.shortstr()
+        eq(m.args.long(), len(bodies), "messages in the queue when the request was answered")
+        after = _network(b)
+        assert after["reads_deferred"] > before["reads_deferred"], (before, after)
+        read_back(s, q, bodies)
+
+
+@test
+def read_share_0_reads_all_there_is():
+    with publisher("rb-share-off", ["--read-share", "0"]) as (b, s, q):
+        data, bodies = share_stream(q)
+        s.sendall(data + gen_queue_declare(1, q, passive=True))
+        m = expect_method(s, *QUEUE_DECLARE_OK, channel=1, timeout=30)
+        m.args.shortstr()
+        eq(m.args.long(), len(bodies), "messages in the queue")
+        net = _network(b)
+        eq(net["read_share"], 0, "share reported")
+        eq(net["reads_deferred"], 0, "reads deferred without a share")
+        read_back(s, q, bodies)
 
 
 if __name__ == "__main__":
