@@ -240,7 +240,8 @@ int conn_connect(struct conn *conn, struct net *net, const struct conn_ops *ops,
  * and the output queued to them, waits behind it: a publisher that waits
  * for its confirms, or a consumer for its deliveries, then gets a turn
  * every few dozen milliseconds. Once a client's connection has been read
- * net.read_share bytes in a turn, the allocator gives it no buffer: libuv
+ * net.read_share bytes in a turn, while others read too (in this turn or
+ * the last), the allocator gives it no buffer: libuv
  * passes UV_ENOBUFS and goes on with the turn, and the socket, readable
  * still (epoll is level-triggered), is read again in the next turn, after
  * everyone else's input and after the output flush. No system call, no
@@ -251,6 +252,10 @@ bool conn__turn_spent(struct conn *conn)
     struct net *net = conn->net;
     if (net->read_share == 0 || !conn->ops->share_turns || conn->turn_at != net->turn ||
         conn->turn_bytes < net->read_share)
+        return false;
+    /* Alone (no other connection read in this turn or the last), it may
+     * have the loop: more turns would only cost it writes. */
+    if (net->turn_readers < 2 && net->last_turn_readers < 2)
         return false;
     net->reads_deferred++;
     return true;
@@ -364,6 +369,7 @@ bool conn__read_arrived(struct conn *conn, ssize_t nread)
     if (conn->turn_at != conn->net->turn) {
         conn->turn_at = conn->net->turn;
         conn->turn_bytes = 0;
+        conn->net->turn_readers++;
     }
     conn->turn_bytes += (size_t)nread;
     conn->last_read_ms = uv_now(conn->net->loop);
@@ -891,6 +897,8 @@ static void on_flush_check(uv_check_t *check)
 {
     struct net *net = check->data;
     net->turn++; /* the shares (conn__turn_spent) start again */
+    net->last_turn_readers = net->turn_readers;
+    net->turn_readers = 0;
     loop_lag_sample(&net->loop_lag);
     run_flush_hooks(net);
     while (!list_empty(&net->flush_list)) {

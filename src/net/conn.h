@@ -282,6 +282,8 @@ struct net {
     struct read_batch read_batch;
     struct loop_lag loop_lag;      /* sampled by flush_check, every iteration */
     uint64_t turn;                 /* loop turns, counted by flush_check */
+    uint32_t turn_readers;         /* connections read in this turn */
+    uint32_t last_turn_readers;    /* ... and in the last one */
     size_t read_share;             /* a client's input a turn (0 = no limit) */
     uint64_t reads_deferred;       /* reads a share left to the next turn */
 };

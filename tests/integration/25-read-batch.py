@@ -11,8 +11,9 @@ publisher that waits for our answers (confirms) is never batched, and
 (large messages at a moderate rate) is not batched.
 
 A client that never waits is read at most its share (--read-share, 128
-KiB) a loop turn, the rest in the turns after (net/conn.c, "the turn's
-share"): every byte of it is still read, in order, large bodies included.
+KiB) a loop turn while others are read too, the rest in the turns after
+(net/conn.c, "the turn's share"): every byte of it is still read, in
+order, large bodies included.
 
 Method: each test starts its own quayd with --http (quaytest.Broker) and
 publishes over a raw socket (one sendall of the whole stream, so the
@@ -24,6 +25,7 @@ import contextlib
 import os
 import socket
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -195,18 +197,35 @@ def read_back(s, queue, bodies):
 
 
 @test
-def a_client_that_never_waits_is_read_a_share_a_turn():
-    with publisher("rb-share") as (b, s, q):
+def clients_that_never_wait_are_read_a_share_a_turn():
+    # Two streams at once: each is read at most 128 KiB a turn while the
+    # other is read too (alone, one may have the loop).
+    b = start()
+    try:
         before = _network(b)
         eq(before["read_share"], 128 << 10, "the default share")
-        data, bodies = share_stream(q)
-        s.sendall(data + gen_queue_declare(1, q, passive=True))
-        m = expect_method(s, *QUEUE_DECLARE_OK, channel=1, timeout=30)
-        m.args.shortstr()
-        eq(m.args.long(), len(bodies), "messages in the queue when the request was answered")
+        sessions = [session(b), session(b)]
+        queues = [uniq("rb-share") for _ in sessions]
+        streams = []
+        for s, q in zip(sessions, queues):
+            declare_queue(s, 1, q, exclusive=False)
+            streams.append(share_stream(q))
+        senders = [threading.Thread(target=s.sendall, args=(data,))
+                   for s, (data, _) in zip(sessions, streams)]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join()
+        for s, q, (_, bodies) in zip(sessions, queues, streams):
+            eq(passive_count(s, q, timeout=30), len(bodies), "messages in " + q)
         after = _network(b)
         assert after["reads_deferred"] > before["reads_deferred"], (before, after)
-        read_back(s, q, bodies)
+        for s, q, (_, bodies) in zip(sessions, queues, streams):
+            read_back(s, q, bodies)
+            s.close()
+    finally:
+        problems = b.stop()
+        assert not problems, problems
 
 
 @test
