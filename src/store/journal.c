@@ -32,6 +32,12 @@ void journal__path(char *out, const char *a, const char *b)
     ASSERT(n > 0 && n < JOURNAL_PATH_SIZE);
 }
 
+bool journal__ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), m = strlen(tail);
+    return n >= m && strcmp(s + n - m, tail) == 0;
+}
+
 static void parent_path(char *out, const char *path)
 {
     const char *slash = strrchr(path, '/');
@@ -396,7 +402,9 @@ static void exec_write_atomic(struct journal *j, struct op *op)
 /* ---- A deleted log, removed a step at a time ------------------------------
  *
  * A deleted queue's log is garbage once its rename to <dir>.deleted-N is
- * durable (journal_queue_delete; a restart removes what is left of it).
+ * durable (journal_queue_delete; a restart removes what is left of it), and
+ * so is a live queue's dead segment once its rename to <name>.dead is
+ * (OP_UNLINK; recovery lists *.seg only and removes *.dead).
  * Unlinked whole, a deep log's blocks were all freed by one filesystem
  * commit: on a filesystem mounted with discard, every other fdatasync on
  * the device (other brokers' confirms) waited ~20 ms behind a 200 MB log,
@@ -415,15 +423,20 @@ static void exec_write_atomic(struct journal *j, struct op *op)
 struct journal_gc {
     struct journal_gc *next;
     bool dir;   /* the directory, after its files */
+    /* a renamed file whose directory is not synced yet: that comes first
+     * (a crash must find the old name whole or the new one, never a
+     * shrunk file under its old name) */
+    bool sync_parent;
     int fd;     /* a file's, open for writing once it is the oldest; else -1
                  * (deleting a thousand deep queues holds one descriptor) */
     char path[JOURNAL_PATH_SIZE];
 };
 
-static void gc_push(struct journal *j, const char *path, bool dir)
+static void gc_push(struct journal *j, const char *path, bool dir, bool sync_parent)
 {
     struct journal_gc *g = xcalloc(1, sizeof *g);
     g->dir = dir;
+    g->sync_parent = sync_parent;
     g->fd = -1;
     memcpy(g->path, path, strlen(path) + 1);
     if (j->gc_tail != NULL)
@@ -459,6 +472,13 @@ static int remove_dir(struct journal *j, const char *path)
  * small enough to unlink (or gone), or a negative errno. */
 static int gc_shrink(struct journal *j, struct journal_gc *g)
 {
+    if (g->sync_parent) {
+        char parent[JOURNAL_PATH_SIZE];
+        parent_path(parent, g->path);
+        g->sync_parent = false;
+        int rc = j->disk->fsync_dir(j->disk->ctx, parent);
+        return rc < 0 ? rc : 1;
+    }
     int rc = g->fd >= 0 ? 0 : j->disk->open(j->disk->ctx, g->path, DISK_OPEN_WRITE, &g->fd);
     uint64_t size = 0;
     if (rc == 0)
@@ -529,6 +549,43 @@ static void wait_for_work(struct journal *j)
     }
 }
 
+/* Whether path is large enough to be removed in steps. */
+static bool gc_worth_steps(struct journal *j, const char *path)
+{
+    int fd = -1;
+    uint64_t size = 0;
+    bool big = j->disk->open(j->disk->ctx, path, DISK_OPEN_READ, &fd) == 0 &&
+               j->disk->fsize(j->disk->ctx, fd, &size) == 0 && size > JOURNAL_GC_STEP;
+    if (fd >= 0)
+        j->disk->close(j->disk->ctx, fd);
+    return big;
+}
+
+/* A live queue's dead segment (64 MiB by default), after the sync that
+ * made its last acks durable: renamed out of the log's sight and removed
+ * in steps when large, as a deleted log is (a 64 MiB unlink held other
+ * brokers' fdatasyncs on a discard-mounted disk, section above). */
+static void unlink_segment(struct journal *j, const char *path)
+{
+    char parent[JOURNAL_PATH_SIZE];
+    parent_path(parent, path);
+    char doomed[JOURNAL_PATH_SIZE];
+    int n = snprintf(doomed, sizeof doomed, "%s%s", path, JOURNAL_DEAD_SUFFIX);
+    int rc;
+    if (n > 0 && n < (int)sizeof doomed && gc_worth_steps(j, path)) {
+        rc = j->disk->rename(j->disk->ctx, path, doomed);
+        if (rc == 0) {
+            gc_push(j, doomed, false, true);
+            return;
+        }
+    } else {
+        rc = j->disk->unlink(j->disk->ctx, path);
+        dirty_dir_add(j, parent);
+    }
+    if (rc < 0 && rc != -ENOENT)
+        fail(j, rc, "unlink", path);
+}
+
 struct remove_ctx {
     struct journal *j;
     const char *dir;
@@ -542,14 +599,8 @@ static int remove_entry(void *ctx, const char *name)
     struct journal *j = rc->j;
     char path[JOURNAL_PATH_SIZE];
     journal__path(path, rc->dir, name);
-    int fd = -1;
-    uint64_t size = 0;
-    bool big = j->disk->open(j->disk->ctx, path, DISK_OPEN_READ, &fd) == 0 &&
-               j->disk->fsize(j->disk->ctx, fd, &size) == 0 && size > JOURNAL_GC_STEP;
-    if (fd >= 0)
-        j->disk->close(j->disk->ctx, fd);
-    if (big) {
-        gc_push(j, path, false);
+    if (gc_worth_steps(j, path)) {
+        gc_push(j, path, false, false);
         rc->deferred++;
         return 0;
     }
@@ -566,7 +617,7 @@ static void exec_remove_tree(struct journal *j, struct op *op)
     if (rc == 0)
         rc = ctx.rc;
     if (rc == 0 && ctx.deferred > 0)
-        gc_push(j, op->path, true); /* after its files */
+        gc_push(j, op->path, true, false); /* after its files */
     else if (rc == 0)
         rc = remove_dir(j, op->path);
     if (rc < 0 && rc != -ENOENT)
@@ -632,21 +683,14 @@ static void exec_op(struct journal *j, struct op *op)
         file_close(j, op->file);
         free(op->file);
         return;
-    case OP_UNLINK: {
-        char parent[JOURNAL_PATH_SIZE];
+    case OP_UNLINK:
         if (!failed(j))
             sync_all(j);
         file_close(j, op->file);
-        if (!failed(j)) {
-            int rc = j->disk->unlink(j->disk->ctx, op->file->path);
-            if (rc < 0 && rc != -ENOENT)
-                fail(j, rc, "unlink", op->file->path);
-            parent_path(parent, op->file->path);
-            dirty_dir_add(j, parent);
-        }
+        if (!failed(j))
+            unlink_segment(j, op->file->path);
         free(op->file);
         return;
-    }
     case OP_STOP: return;
     default:
         if (!failed(j))

@@ -566,18 +566,12 @@ void journal_adopt_finish(struct journal *j, const char *staged)
     journal__op_push(j, op);
 }
 
-static bool ends_with(const char *s, const char *tail)
-{
-    size_t n = strlen(s), m = strlen(tail);
-    return n >= m && strcmp(s + n - m, tail) == 0;
-}
-
 /* Before it is removed a staged copy is renamed to <it>.gone: a taker
  * claiming it meanwhile (a rename too) gets all of it or nothing, never
  * a log half unlinked. On the journal thread. */
 int journal__remove_staged(const struct disk_ops *d, const char *staged)
 {
-    if (ends_with(staged, ".gone"))
+    if (journal__ends_with(staged, ".gone"))
         return journal__remove_path(d, staged); /* a removal a crash cut short */
     char gone[JOURNAL_PATH_SIZE];
     int n = snprintf(gone, sizeof gone, "%s.gone", staged);
@@ -592,7 +586,7 @@ int journal__remove_staged(const struct disk_ops *d, const char *staged)
 static int report_entry(void *ctx, const char *name)
 {
     const char *adopted = ctx;
-    if (!ends_with(name, ".gone"))
+    if (!journal__ends_with(name, ".gone"))
         LOG_WARN("journal: %s/%s is a takeover that a crash or a restart interrupted: once "
                  "caught up with the map we adopt it again, leave it to the queue's new "
                  "taker, or remove it (docs/ARCHITECTURE.md section 11)", adopted, name);
@@ -618,7 +612,7 @@ static int sweep_entry(void *ctx, const char *leaf)
     struct sweep *sw = ctx;
     char path[JOURNAL_PATH_SIZE];
     journal__path(path, sw->adopted, leaf);
-    if (ends_with(leaf, ".gone")) { /* a removal a crash cut short */
+    if (journal__ends_with(leaf, ".gone")) { /* a removal a crash cut short */
         journal_adopt_finish(sw->j, path);
         return 0;
     }

@@ -30,6 +30,9 @@
 #include "store/journal.h"
 
 #define JOURNAL_PATH_SIZE 512
+/* A dead segment's name while it is removed in steps (journal.c);
+ * recovery removes what a crash left of it. */
+#define JOURNAL_DEAD_SUFFIX ".dead"
 /* journal_adopt.c: an adopted/ entry, <source broker>.<16 hex digits>. */
 #define ADOPT_LEAF_SIZE 220
 #define JOURNAL_ADOPT_INDEXES 5
@@ -243,6 +246,7 @@ uint64_t journal__append_bytes(struct journal *j, struct jfile *file, uint64_t o
 struct jfile *journal__file_new(const char *path);
 void journal__wait_executed(struct journal *j, uint64_t ticket);
 void journal__path(char *out, const char *a, const char *b);
+bool journal__ends_with(const char *s, const char *tail);
 
 /* journal_queue.c */
 struct journal_queue *journal__queue_new(struct journal *j, uint64_t id, struct bytes vhost,

@@ -329,7 +329,7 @@ static bool parse_hex_name(const char *name, const char *suffix, uint64_t *out)
 }
 
 /* Lists the segment numbers of a queue directory, sorted; removes a stale
- * header temp file. */
+ * header temp file and what a crash left of dead segments. */
 static int list_segments(struct recovery *r, const char *dir, uint64_t **numbers,
                          size_t *count)
 {
@@ -342,7 +342,8 @@ static int list_segments(struct recovery *r, const char *dir, uint64_t **numbers
         if (parse_hex_name(names.names[i], ".seg", &number)) {
             *numbers = xrealloc(*numbers, (*count + 1) * sizeof(**numbers));
             (*numbers)[(*count)++] = number;
-        } else if (strcmp(names.names[i], "queue.tmp") == 0) {
+        } else if (strcmp(names.names[i], "queue.tmp") == 0 ||
+                   journal__ends_with(names.names[i], JOURNAL_DEAD_SUFFIX)) {
             char path[JOURNAL_PATH_SIZE];
             journal__path(path, dir, names.names[i]);
             r->j->disk->unlink(r->j->disk->ctx, path);
