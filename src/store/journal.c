@@ -477,6 +477,8 @@ static int gc_shrink(struct journal *j, struct journal_gc *g)
         parent_path(parent, g->path);
         g->sync_parent = false;
         int rc = j->disk->fsync_dir(j->disk->ctx, parent);
+        if (rc == -ENOENT)
+            return 0; /* its queue was deleted meanwhile: its tree's removal has it */
         return rc < 0 ? rc : 1;
     }
     int rc = g->fd >= 0 ? 0 : j->disk->open(j->disk->ctx, g->path, DISK_OPEN_WRITE, &g->fd);

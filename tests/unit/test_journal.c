@@ -494,8 +494,25 @@ static void test_dead_segment_goes_in_steps(void **state)
     assert_int_equal(count_files(h, ".seg"), 1);
     assert_int_equal(stepped.truncates, 1); /* 16 -> 8 MiB, then the unlink */
 
+    /* A queue deleted right after its segment died: the directory the
+     * removal would sync is gone, its tree's removal takes the file. */
+    struct journal_queue *q2 = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("gone"));
+    for (uint64_t seq = 1; seq <= 300; seq++)
+        t = publish(q2, seq, 64 * 1024);
+    h_wait(h, t);
+    for (uint64_t seq = 1; seq <= 280; seq++)
+        journal_ack(q2, seq);
+    journal_queue_delete(q2);
+    h_wait(h, publish(q, 302, 64 * 1024)); /* a ticket after the deletion's */
+    wait_no_files(h, ".dead");
+    for (int i = 0; i < 5000 && count_files(h, ".seg") > 1; i++)
+        usleep(1000);
+    assert_int_equal(count_files(h, ".dead"), 0);
+    assert_int_equal(count_files(h, ".seg"), 1);
+    assert_int_equal(h->status, OK);
+
     /* Another, and a crash while it waits for its directory's sync. */
-    for (uint64_t seq = 302; seq <= 600; seq++)
+    for (uint64_t seq = 303; seq <= 600; seq++)
         t = publish(q, seq, 64 * 1024);
     h_wait(h, t);
     hold_dir_syncs = true;
