@@ -16,6 +16,9 @@
 #   RMQ_TLS_PORT=5793 QUAY_TLS_PORT=5794 (AMQPS listeners, opened only for the tls row)
 #   RMQ_HOME=/usr/lib/rabbitmq/lib/rabbitmq_server-*  BENCH_OUT=build/bench  KEEP_TMP=0
 #   FSYNC_ROUNDS=1000
+#   PRETOUCH_GIB=0 (touch this much memory once before the rows: on a fresh VM the host backs
+#     guest memory on first touch, ~5x slower than memory touched before, and rows whose broker
+#     heap grows, neighbour and memory-flood, then measure that; bench/RESULTS.md, "A flooder's turn")
 #   RECOVERY_MESSAGES=1000000 RECOVERY_PUBLISHERS=4 RECOVERY_RABBIT=1 RECOVERY_TIMEOUT=900
 #   MEMFLOOD_MARK=200MiB MEMFLOOD_DURATION=20 MEMFLOOD_PUBLISHERS=4 MEMFLOOD_RABBIT=1
 # ROWS: space/comma separated names, or "default", "all", "throughput", "scale":
@@ -770,6 +773,11 @@ run_memflood_row() {
 # ------------------------------------------------------------------------------ main
 echo "quay bench: rows [$ROWS], $REPS x ${DURATION}s, $(nproc) cores, $(uname -r), RabbitMQ ${RMQ_HOME##*-}, quayd $QUAYD"
 echo "raw results: $RESULTS"
+if [ "${PRETOUCH_GIB:-0}" -gt 0 ]; then
+  log "touching ${PRETOUCH_GIB} GiB once (PRETOUCH_GIB)"
+  python3 -c 'import sys; n = int(sys.argv[1]) << 30; b = bytearray(n); b[::4096] = b"\x01" * (n // 4096)' \
+    "$PRETOUCH_GIB"
+fi
 NEED_BROKERS=0
 for r in $ROWS; do case "$r" in recovery|memory-flood) ;; *) NEED_BROKERS=1 ;; esac; done
 for r in $ROWS; do [ "$r" = tls ] && { tls_setup || exit 1; }; done
