@@ -569,8 +569,6 @@ static bool gc_worth_steps(struct journal *j, const char *path)
  * brokers' fdatasyncs on a discard-mounted disk, section above). */
 static void unlink_segment(struct journal *j, const char *path)
 {
-    char parent[JOURNAL_PATH_SIZE];
-    parent_path(parent, path);
     char doomed[JOURNAL_PATH_SIZE];
     int n = snprintf(doomed, sizeof doomed, "%s%s", path, JOURNAL_DEAD_SUFFIX);
     int rc;
@@ -581,6 +579,8 @@ static void unlink_segment(struct journal *j, const char *path)
             return;
         }
     } else {
+        char parent[JOURNAL_PATH_SIZE];
+        parent_path(parent, path);
         rc = j->disk->unlink(j->disk->ctx, path);
         dirty_dir_add(j, parent);
     }

@@ -421,9 +421,11 @@ static void stepped_disk(struct harness *h)
     assert_int_equal(h_open(h), OK);
 }
 
-static void wait_no_segments(struct harness *h)
+/* Waits (up to 5 s) until count files end with suffix: the journal
+ * thread's removals run on their own time. */
+static void wait_files(struct harness *h, const char *suffix, size_t count)
 {
-    for (int i = 0; i < 5000 && count_files(h, ".seg") > 0; i++)
+    for (int i = 0; i < 5000 && count_files(h, suffix) != count; i++)
         usleep(1000);
 }
 
@@ -449,7 +451,7 @@ static void test_deleted_log_goes_in_steps(void **state)
     stepped.truncates = 0;
     journal_queue_delete(q);
     h_wait(h, journal_queue_delete(q1));
-    wait_no_segments(h);
+    wait_files(h, ".seg", 0);
     assert_int_equal(count_files(h, ".seg"), 0);
     assert_int_equal(stepped.truncates, 4); /* each 20 -> 12 -> 4 MiB, then the unlink */
     /* Deleted as the journal stops: all of it goes with the stop. */
@@ -463,12 +465,6 @@ static void test_deleted_log_goes_in_steps(void **state)
     assert_int_equal(h_open(h), OK);
     assert_int_equal(h->stats.message_count, 0);
     h_free(h);
-}
-
-static void wait_no_files(struct harness *h, const char *suffix)
-{
-    for (int i = 0; i < 5000 && count_files(h, suffix) > 0; i++)
-        usleep(1000);
 }
 
 /* A live queue's dead segment over 8 MiB goes the same way: renamed to
@@ -489,7 +485,7 @@ static void test_dead_segment_goes_in_steps(void **state)
     for (uint64_t seq = 1; seq <= 280; seq++)
         journal_ack(q, seq);
     h_wait(h, publish(q, 301, 64 * 1024)); /* the unlink comes after the acks */
-    wait_no_files(h, ".dead");
+    wait_files(h, ".dead", 0);
     assert_int_equal(count_files(h, ".dead"), 0);
     assert_int_equal(count_files(h, ".seg"), 1);
     assert_int_equal(stepped.truncates, 1); /* 16 -> 8 MiB, then the unlink */
@@ -504,9 +500,8 @@ static void test_dead_segment_goes_in_steps(void **state)
         journal_ack(q2, seq);
     journal_queue_delete(q2);
     h_wait(h, publish(q, 302, 64 * 1024)); /* a ticket after the deletion's */
-    wait_no_files(h, ".dead");
-    for (int i = 0; i < 5000 && count_files(h, ".seg") > 1; i++)
-        usleep(1000);
+    wait_files(h, ".dead", 0);
+    wait_files(h, ".seg", 1);
     assert_int_equal(count_files(h, ".dead"), 0);
     assert_int_equal(count_files(h, ".seg"), 1);
     assert_int_equal(h->status, OK);
@@ -520,8 +515,7 @@ static void test_dead_segment_goes_in_steps(void **state)
     for (uint64_t seq = 281; seq <= 580; seq++)
         journal_ack(q, seq);
     publish(q, 601, 64 * 1024);
-    for (int i = 0; i < 5000 && count_files(h, ".dead") == 0; i++)
-        usleep(1000);
+    wait_files(h, ".dead", 1);
     assert_int_equal(count_files(h, ".dead"), 1);
     for (int i = 0; i < 5000 && dir_syncs_held == 0; i++)
         usleep(1000);
