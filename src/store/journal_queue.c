@@ -262,6 +262,21 @@ static void entry_push(struct journal_queue *q, struct entry e)
     q->live_count++;
 }
 
+/* The oldest segment that may hold a copy of e's publish, which a record
+ * naming e (an ACK, a DELIVERED) must not outlive: e's own, or the one
+ * being compacted, which keeps the original of what it copied out until
+ * the compaction ends and it is unlinked (one compaction at a time, so
+ * no other older copy is left). Referring to e's own only, the segment of
+ * an ACK written next to a copy could die first, and recovery brought the
+ * acked message back from the original. */
+static uint64_t entry_ref(const struct journal_queue *q, const struct entry *e)
+{
+    uint64_t ref = e->segment_number;
+    if (q->compacting && q->compact_number < ref)
+        ref = q->compact_number;
+    return ref;
+}
+
 static void entry_ack(struct journal_queue *q, struct entry *e)
 {
     ASSERT(!(e->flags & ENTRY_ACKED));
@@ -419,7 +434,7 @@ static bool segment_compact_slice(struct journal_queue *q, size_t index)
     for (size_t k = 0; k < delivered_count; k++) {
         struct entry *e = entry_find(q, delivered[k]);
         ASSERT(e != NULL);
-        append_seq_record(q, RECORD_DELIVERED, e->seq, e->segment_number);
+        append_seq_record(q, RECORD_DELIVERED, e->seq, entry_ref(q, e));
     }
     free(delivered);
     if (!done) {
@@ -596,7 +611,7 @@ uint64_t journal_delivered(struct journal_queue *q, uint64_t seq)
     if (e->flags & ENTRY_DELIVERED)
         return q->journal->ticket_last;
     e->flags |= ENTRY_DELIVERED;
-    uint64_t ticket = append_seq_record(q, RECORD_DELIVERED, seq, e->segment_number);
+    uint64_t ticket = append_seq_record(q, RECORD_DELIVERED, seq, entry_ref(q, e));
     maintain_if_pending(q);
     return ticket;
 }
@@ -606,9 +621,9 @@ uint64_t journal_ack(struct journal_queue *q, uint64_t seq)
     struct entry *e = entry_find(q, seq);
     if (e == NULL || (e->flags & ENTRY_ACKED))
         return q->journal->ticket_last;
-    uint64_t number = e->segment_number;
+    uint64_t number = e->segment_number, ref = entry_ref(q, e);
     entry_ack(q, e);
-    uint64_t ticket = append_seq_record(q, RECORD_ACK, seq, number);
+    uint64_t ticket = append_seq_record(q, RECORD_ACK, seq, ref);
     roll_if_dead(q);
     struct segment *s = journal__segment_find(q, number);
     if (s != NULL && needs_maintenance(q, s))

@@ -410,6 +410,16 @@ static int held_fsync_dir(void *ctx, const char *path)
     return stepped.real->fsync_dir(ctx, path);
 }
 
+/* A data sync that waits while hold_data_syncs is set. */
+static _Atomic bool hold_data_syncs;
+
+static int held_fdatasync(void *ctx, int fd)
+{
+    while (hold_data_syncs)
+        usleep(1000);
+    return stepped.real->fdatasync(ctx, fd);
+}
+
 static void stepped_disk(struct harness *h)
 {
     h_close(h);
@@ -417,6 +427,7 @@ static void stepped_disk(struct harness *h)
     stepped.ops = *stepped.real;
     stepped.ops.ftruncate = stepped_ftruncate;
     stepped.ops.fsync_dir = held_fsync_dir;
+    stepped.ops.fdatasync = held_fdatasync;
     h->opts.disk = &stepped.ops;
     assert_int_equal(h_open(h), OK);
 }
@@ -634,6 +645,55 @@ static void test_compaction_in_slices(void **state)
         assert_int_equal(h->recovered[i].delivered, seq <= 60 && seq % 3 == 1);
         check_blob(&h->recovered[i]);
     }
+    h_free(h);
+}
+
+/* An ack's record lives as long as any copy of what it acks: a message
+ * copied forward by a compaction still in slices is also in the segment
+ * being compacted, and a segment holding its ACK that died first took the
+ * ACK with it (recovery brought the acked message back). */
+static void test_an_ack_outlives_the_original_of_a_copy(void **state)
+{
+    (void)state;
+    struct harness *h = h_new(16 * 1024);
+    h_close(h);
+    h->opts.compact_slice_bytes = 1000; /* a message a slice */
+    assert_int_equal(h_open(h), OK);
+    stepped_disk(h);
+    struct journal_queue *q = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("copied"));
+    /* 1,000-byte bodies, 15 to a segment: 1..15 are segment 0, and their
+     * acks too. */
+    uint64_t t = 0;
+    for (uint64_t seq = 1; seq <= 15; seq++)
+        publish(q, seq, 1000);
+    for (uint64_t seq = 1; seq <= 12; seq++)
+        t = journal_ack(q, seq);
+    h_wait(h, t);
+    struct journal_location loc;
+    assert_int_equal(journal_locate(q, 13, &loc), OK);
+    assert_int_equal(loc.segment_number, 0);
+    /* Nothing is synced from here: the compaction's next slices wait. */
+    hold_data_syncs = true;
+    publish(q, 16, 1000); /* segment 1; segment 0 is sparse: 13 is copied */
+    assert_int_equal(journal_locate(q, 13, &loc), OK);
+    assert_int_equal(loc.segment_number, 1);
+    assert_int_equal(journal_locate(q, 14, &loc), OK);
+    assert_int_equal(loc.segment_number, 0);
+    journal_ack(q, 13); /* its ACK in segment 1, with the copy */
+    for (uint64_t seq = 17; seq <= 30; seq++)
+        publish(q, seq, 1000); /* segment 1 fills, segment 2 starts */
+    assert_int_equal(journal_locate(q, 30, &loc), OK);
+    assert_true(loc.segment_number >= 2);
+    for (uint64_t seq = 16; seq <= 29; seq++)
+        journal_ack(q, seq); /* segment 1 holds nothing live now */
+    hold_data_syncs = false;
+    h_close(h);
+
+    assert_int_equal(h_open(h), OK);
+    assert_int_equal(h->stats.message_count, 3);
+    assert_int_equal(h->recovered[0].seq, 14);
+    assert_int_equal(h->recovered[1].seq, 15);
+    assert_int_equal(h->recovered[2].seq, 30);
     h_free(h);
 }
 
@@ -1641,6 +1701,7 @@ int main(void)
         cmocka_unit_test(test_compaction),
         cmocka_unit_test(test_compaction_in_slices),
         cmocka_unit_test(test_stuck_message),
+        cmocka_unit_test(test_an_ack_outlives_the_original_of_a_copy),
         cmocka_unit_test(test_paging),
         cmocka_unit_test(test_torn_tail_and_corruption),
         cmocka_unit_test(test_recovery_matches_the_logs),
