@@ -1230,6 +1230,7 @@ static int decode_basic_quay_settle(struct method *out, struct wire_reader *r)
     m->queue = wire_read_shortstr(r);
     m->epoch = wire_read_u64(r);
     m->seq = wire_read_u64(r);
+    m->seq_last = wire_read_u64(r);
     bits = wire_read_u8(r);
     m->purge = (bits & 0x01) != 0;
     return r->failed ? E_SYNTAX : OK;
@@ -1243,6 +1244,7 @@ static void encode_basic_quay_settle(const struct method *in, struct wire_writer
     wire_write_shortstr(w, m->queue);
     wire_write_u64(w, m->epoch);
     wire_write_u64(w, m->seq);
+    wire_write_u64(w, m->seq_last);
     bits = 0;
     bits = (uint8_t)(bits | (m->purge ? 0x01 : 0));
     wire_write_u8(w, bits);
@@ -1837,6 +1839,7 @@ static const struct method_field FIELDS_BASIC_QUAY_SETTLE[] = {
     {"queue", METHOD_FIELD_SHORTSTR, offsetof(struct method, basic_quay_settle.queue)},
     {"epoch", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_settle.epoch)},
     {"seq", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_settle.seq)},
+    {"seq-last", METHOD_FIELD_LONGLONG, offsetof(struct method, basic_quay_settle.seq_last)},
     {"purge", METHOD_FIELD_BIT, offsetof(struct method, basic_quay_settle.purge)},
 };
 static const struct method_field FIELDS_BASIC_QUAY_SYNC[] = {
@@ -1986,7 +1989,7 @@ const struct method_info METHOD_INFOS[METHOD_COUNT] = {
     {METHOD_BASIC_QUAY_REPLICATE, "basic.quay-replicate",
      false, true, 7, FIELDS_BASIC_QUAY_REPLICATE},
     {METHOD_BASIC_QUAY_SETTLE, "basic.quay-settle",
-     false, false, 4, FIELDS_BASIC_QUAY_SETTLE},
+     false, false, 5, FIELDS_BASIC_QUAY_SETTLE},
     {METHOD_BASIC_QUAY_SYNC, "basic.quay-sync",
      false, false, 2, FIELDS_BASIC_QUAY_SYNC},
     {METHOD_BASIC_QUAY_SYNCED, "basic.quay-synced",

@@ -469,6 +469,7 @@ struct method_basic_quay_settle {
     struct bytes queue;
     uint64_t epoch;
     uint64_t seq;
+    uint64_t seq_last;
     bool purge;
 };
 

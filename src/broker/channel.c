@@ -815,7 +815,7 @@ void channel__handle_settle(struct channel *ch, const struct method *m)
                                            s->seq);
     else
         broker->cluster_ops->replica_settle(broker->cluster_ctx, ch->vhost, s->queue, s->epoch,
-                                            s->seq);
+                                            s->seq, s->seq_last);
 }
 
 void channel__answer_counts(struct channel *ch, const struct queue *queue,

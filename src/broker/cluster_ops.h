@@ -154,11 +154,12 @@ struct cluster_ops {
     bool (*replica_push)(void *cluster, struct vhost *vhost, struct bytes name, uint64_t epoch,
                          uint64_t seq, struct message *message, uint64_t origin_stream,
                          uint64_t origin_seq);
-    /* basic.quay-settle: one message left the queue, or (purge) a
+    /* basic.quay-settle: one message left the queue (seq), or each of
+     * seq..seq_last (a purge's run; seq_last 0: seq alone), or (purge) a
      * catch-up starts over, its seq the map version its primary started
      * it under (0 from a primary from before). And basic.quay-handover. */
     void (*replica_settle)(void *cluster, struct vhost *vhost, struct bytes name,
-                           uint64_t epoch, uint64_t seq);
+                           uint64_t epoch, uint64_t seq, uint64_t seq_last);
     void (*replica_reset)(void *cluster, struct vhost *vhost, struct bytes name,
                           uint64_t epoch, uint64_t stream_version);
     void (*handover_notice)(void *cluster, struct vhost *vhost, uint64_t connection_id,

@@ -1101,30 +1101,40 @@ bool queue_holds_ready(struct queue *queue, uint64_t seq)
     return false;
 }
 
+/* The ready messages of seqs first..last, all of them, leave the queue
+ * (a purge's run): the backups and the log are told in one record each. */
+static void forget_run(struct queue *queue, uint64_t first, uint64_t last)
+{
+    if (queue->journal)
+        journal_ack_range(queue->journal, first, last); /* (transient ones are not in it) */
+    if (queue->replication_ops)
+        queue->replication_ops->removed_run(queue, first, last);
+}
+
 uint32_t queue_purge(struct queue *queue)
 {
     uint32_t count = queue->ready_count;
-    /* The backups drop exactly the ready ones: the unacked ones survive a
-     * purge (RabbitMQ), and a promoted backup must still have them. */
-    for (uint32_t level = 0; queue->replication_ops && level <= queue->args.max_priority;
-         level++) {
-        struct queue_ring *ring = level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
+    /* The unacked messages survive a purge (RabbitMQ), so what goes is told
+     * as runs of consecutive seqs, every one of them ready: no other
+     * message can be inside one. A queue nobody consumes is one run, and
+     * one consumed is usually one behind its unacked ones. A message at a
+     * time, a million took the log and the backups 0.2-0.35 s of the
+     * primary's loop and as long of each backup's. */
+    for (uint32_t level = 0; count > 0 && level <= queue->args.max_priority; level++) {
+        struct queue_ring *ring = level_ring(queue, level);
+        uint64_t first = 0, last = 0;
         for (uint32_t i = 0; i < ring->count; i++) {
-            const struct queue_entry *e = ring_slot(ring, i);
-            replicate_removal(queue, e->seq, e->paged || e->message->persistent);
-        }
-    }
-    if (queue->journal && count > 0) {
-        /* Unacked messages survive a purge (RabbitMQ); ack the ready ones. */
-        for (uint32_t level = 0; level <= queue->args.max_priority; level++) {
-            struct queue_ring *ring =
-                level == 0 ? &queue->ready : &queue->priority_rings[level - 1];
-            for (uint32_t i = 0; i < ring->count; i++) {
-                struct queue_entry *entry = ring_slot(ring, i);
-                if (entry->paged || entry->message->persistent)
-                    journal_ack(queue->journal, entry->seq); /* (the backups were told) */
+            uint64_t seq = ring_slot(ring, i)->seq;
+            if (first != 0 && seq == last + 1) {
+                last = seq;
+                continue;
             }
+            if (first != 0)
+                forget_run(queue, first, last);
+            first = last = seq;
         }
+        if (first != 0)
+            forget_run(queue, first, last);
     }
     /* The messages go to the broker's reclaim, a slice at a time: a deep
      * queue let go of in one loop turn held the loop ~10 ms for 200,000

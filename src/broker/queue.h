@@ -209,6 +209,9 @@ struct queue_replication_ops {
     /* Message seq left the queue for good (ack, reject, expiry, overflow,
      * purge); persistent: it was a persistent one. */
     void (*removed)(struct queue *queue, uint64_t seq, bool persistent);
+    /* Every message of seqs first..last left the queue for good (a purge:
+     * each of those seqs is a ready message, of either delivery mode). */
+    void (*removed_run)(struct queue *queue, uint64_t first, uint64_t last);
     /* Message seq, still in the queue, is about to be kept on disk only
      * (its memory goes): nothing may hold on to the pointer unreferenced. */
     void (*paged)(struct queue *queue, uint64_t seq);

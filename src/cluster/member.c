@@ -604,12 +604,14 @@ bool member_replica_push(struct member *member, struct vhost *vhost, struct byte
 }
 
 void member_replica_settle(struct member *member, struct vhost *vhost, struct bytes name,
-                           uint64_t epoch, uint64_t seq)
+                           uint64_t epoch, uint64_t seq, uint64_t seq_last)
 {
+    if (seq == 0)
+        return; /* no message has seq 0 (a reset is the purge flag's) */
     struct queue *queue = replica_target(member, vhost, name, epoch, NULL);
     struct replica *r = queue ? proxy_stub_replica(queue, false) : NULL;
     if (r)
-        replica_remove(r, seq);
+        replica_remove_run(r, seq, seq_last > seq ? seq_last : seq);
 }
 
 void member_replica_reset(struct member *member, struct vhost *vhost, struct bytes name,

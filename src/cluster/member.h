@@ -321,7 +321,7 @@ bool member_replica_push(struct member *member, struct vhost *vhost, struct byte
                          uint64_t epoch, uint64_t seq, struct message *message,
                          uint64_t origin_stream, uint64_t origin_seq);
 void member_replica_settle(struct member *member, struct vhost *vhost, struct bytes name,
-                           uint64_t epoch, uint64_t seq);
+                           uint64_t epoch, uint64_t seq, uint64_t seq_last);
 void member_replica_reset(struct member *member, struct vhost *vhost, struct bytes name,
                           uint64_t epoch, uint64_t stream_version);
 

@@ -346,9 +346,9 @@ static bool ops_replica_push(void *cluster, struct vhost *vhost, struct bytes na
 }
 
 static void ops_replica_settle(void *cluster, struct vhost *vhost, struct bytes name,
-                               uint64_t epoch, uint64_t seq)
+                               uint64_t epoch, uint64_t seq, uint64_t seq_last)
 {
-    member_replica_settle(cluster, vhost, name, epoch, seq);
+    member_replica_settle(cluster, vhost, name, epoch, seq, seq_last);
 }
 
 static void ops_replica_reset(void *cluster, struct vhost *vhost, struct bytes name,

@@ -223,29 +223,55 @@ void replica_remove(struct replica *r, uint64_t seq)
             r->log = journal_queue_recreate(r->log);
         return;
     }
+    replica_remove_run(r, seq, seq);
+}
+
+void replica_remove_run(struct replica *r, uint64_t first, uint64_t last)
+{
+    ASSERT(first > 0 && first <= last);
     /* Binary search: entries are in seq order (holes keep their seq). */
     uint32_t lo = 0, hi = r->ring.count;
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
-        if (slot(r, mid)->seq < seq)
+        if (slot(r, mid)->seq < first)
             lo = mid + 1;
         else
             hi = mid;
     }
-    struct queue_entry *e = lo < r->ring.count ? slot(r, lo) : NULL;
-    if (e == NULL || e->seq != seq || hole(e))
-        return;
-    bool persistent = e->paged || e->message->persistent; /* only persistent ones page */
-    r->live--;
-    r->live_bytes -= body_size(e);
-    r->persistent -= persistent;
-    r->paged -= e->paged;
-    if (r->log && persistent)
-        journal_ack(r->log, seq);
-    if (!e->paged)
-        message_unref(e->message);
-    *e = (struct queue_entry){.seq = e->seq}; /* a hole */
+    /* A run's messages go to the reclaim (a purge's may be a million:
+     * unreferenced here, they held this loop as long as the primary's). */
+    struct queue_ring gone = {0};
+    bool logged = false;
+    for (uint32_t i = lo; i < r->ring.count && slot(r, i)->seq <= last; i++) {
+        struct queue_entry *e = slot(r, i);
+        if (hole(e))
+            continue;
+        bool persistent = e->paged || e->message->persistent; /* only persistent ones page */
+        r->live--;
+        r->live_bytes -= body_size(e);
+        r->persistent -= persistent;
+        r->paged -= e->paged;
+        logged |= persistent;
+        if (first == last && !e->paged) {
+            message_unref(e->message);
+        } else if (!e->paged) {
+            if (gone.count == gone.cap)
+                gone.entries = ring_grow(gone.entries, sizeof *gone.entries, &gone.head,
+                                         gone.count, &gone.cap, 64);
+            gone.entries[gone.count++] = *e;
+        }
+        *e = (struct queue_entry){.seq = e->seq}; /* a hole */
+    }
+    if (r->log && logged) {
+        if (first == last)
+            journal_ack(r->log, first);
+        else
+            journal_ack_range(r->log, first, last);
+    }
+    reclaim_ring(r->reclaim, &gone); /* (empty: frees nothing) */
     trim(r);
+    while (r->ring.count > 0 && hole(slot(r, r->ring.count - 1)))
+        r->ring.count--; /* (a run at the tail: no slot kept for it) */
 }
 
 void replica_reset(struct replica *r, uint64_t stream_version)

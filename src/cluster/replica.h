@@ -77,6 +77,9 @@ bool replica_push(struct replica *replica, uint64_t epoch, uint64_t seq,
 void replica_record_origin(struct replica *replica, uint64_t stream, uint64_t seq,
                            uint64_t now_ms);
 void replica_remove(struct replica *replica, uint64_t seq); /* seq 0: all */
+/* Every message of seqs first..last it holds goes (a purge's run; seqs it
+ * does not hold are no business of it). */
+void replica_remove_run(struct replica *replica, uint64_t first, uint64_t last);
 /* A catch-up starts (its reset): everything goes (replica_remove 0), the
  * log starts over, and the copy remembers the map version its primary
  * started the stream under (0: unknown), which says whether this broker

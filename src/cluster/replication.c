@@ -469,6 +469,29 @@ static bool backlog_remove(struct backlog *b, uint64_t seq)
     return true;
 }
 
+/* Seqs first..last left the queue: how many of them were still to send. */
+static uint32_t backlog_remove_run(struct backlog *b, uint64_t first, uint64_t last)
+{
+    uint32_t lo = b->next, hi = b->count, removed = 0;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (b->items[mid].seq < first)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (uint32_t i = lo; i < b->count && b->items[i].seq <= last; i++) {
+        struct backlog_item *it = &b->items[i];
+        if (it->removed)
+            continue;
+        if (it->owned)
+            message_unref(it->message);
+        *it = (struct backlog_item){.seq = it->seq, .removed = true};
+        removed++;
+    }
+    return removed;
+}
+
 /* Seq's message went to disk only: a borrowed one is read back when sent
  * (an owned one stays as it is, in memory). */
 static void backlog_paged(struct backlog *b, uint64_t seq)
@@ -836,6 +859,25 @@ static void removed(struct queue *queue, uint64_t seq, bool persistent)
     }
 }
 
+/* One settle for the run (a backup drops what it holds of it), where the
+ * backlog did not hold all of it still unsent. */
+static void removed_run(struct queue *queue, uint64_t first, uint64_t last)
+{
+    struct replication *rep = queue->replication;
+    struct method m = {.id = METHOD_BASIC_QUAY_SETTLE};
+    m.basic_quay_settle.queue = queue->name;
+    m.basic_quay_settle.epoch = rep->epoch;
+    m.basic_quay_settle.seq = first;
+    m.basic_quay_settle.seq_last = last;
+    for (uint8_t i = 0; i < rep->streams_count; i++) {
+        struct replica_stream *s = rep->streams[i];
+        if (s->backlog && backlog_remove_run(s->backlog, first, last) == last - first + 1)
+            continue; /* never sent any of it */
+        if (s->state == STREAM_LIVE || s->state == STREAM_CATCHING_UP)
+            stream_send(rep, s, &m, NULL, 0);
+    }
+}
+
 static void paged(struct queue *queue, uint64_t seq)
 {
     struct replication *rep = queue->replication;
@@ -853,6 +895,7 @@ static void detach_hook(struct queue *queue)
 static const struct queue_replication_ops replication_ops = {
     .published = published,
     .removed = removed,
+    .removed_run = removed_run,
     .paged = paged,
     .detach = detach_hook,
     .wait_for = wait_for,

@@ -62,6 +62,8 @@
  *   RECORD_DELIVERED  0  8  seq (recovery sets redelivered = true)
  *   RECORD_ACK        0  8  seq (the message is gone)
  *   RECORD_PURGE      0  8  seq_below (every seq < seq_below is gone)
+ *   RECORD_ACK_RANGE  0  8  first   8  8  last (every seq in [first, last]
+ *                     is gone; first <= last)
  *   RECORD_DELETE     (empty) the queue is deleted; recovery finishes removing it
  *
  * PAYLOAD, queue header file (one record after the file header)
@@ -79,7 +81,8 @@
  *     field), so compaction copies records between segments byte for byte.
  *   - A PUBLISH may appear more than once for one seq (original and compacted
  *     copies); the last one in (segment number, offset) order wins. An ACK,
- *     DELIVERED or PURGE always follows every copy of what it names.
+ *     ACK_RANGE, DELIVERED or PURGE always follows every copy of what it
+ *     names.
  *   - A torn record can only be at the tail of a queue's last segment or of
  *     the definitions file: a segment is fdatasync'ed before the next one is
  *     written, and snapshots are renamed into place after their fdatasync.
@@ -110,6 +113,7 @@ enum record_type {
     RECORD_ACK = 3,
     RECORD_PURGE = 4,
     RECORD_DELETE = 5,
+    RECORD_ACK_RANGE = 6,
     RECORD_QUEUE_NAME = 16,
     RECORD_DEF_PUT = 32,
     RECORD_DEF_DELETE = 33,
@@ -185,7 +189,7 @@ static inline uint64_t format_record_size(uint64_t payload_size)
 
 static inline bool format_record_type_valid(uint8_t type)
 {
-    return (type >= RECORD_PUBLISH && type <= RECORD_DELETE) || type == RECORD_QUEUE_NAME ||
+    return (type >= RECORD_PUBLISH && type <= RECORD_ACK_RANGE) || type == RECORD_QUEUE_NAME ||
            type == RECORD_DEF_PUT || type == RECORD_DEF_DELETE;
 }
 

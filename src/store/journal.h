@@ -148,6 +148,10 @@ uint64_t journal_queue_live_count(const struct journal_queue *q);
 uint64_t journal_publish(struct journal_queue *q, uint64_t seq, const void *blob, uint32_t size);
 uint64_t journal_delivered(struct journal_queue *q, uint64_t seq);
 uint64_t journal_ack(struct journal_queue *q, uint64_t seq);
+/* journal_ack of every seq in [first, last] the log holds unacked (a
+ * purge's run of ready messages, a backup told of it): one record, and
+ * seqs it does not hold (transient messages) are no business of it. */
+uint64_t journal_ack_range(struct journal_queue *q, uint64_t first, uint64_t last);
 uint64_t journal_purge(struct journal_queue *q, uint64_t seq_below);
 /* Appends DELETE, then removes the queue's files; q is freed at once. */
 uint64_t journal_queue_delete(struct journal_queue *q);

@@ -632,6 +632,45 @@ uint64_t journal_ack(struct journal_queue *q, uint64_t seq)
     return ticket;
 }
 
+uint64_t journal_ack_range(struct journal_queue *q, uint64_t first, uint64_t last)
+{
+    ASSERT(first > 0 && first <= last);
+    uint64_t ref = REF_NONE, only = 0;
+    size_t acked = 0;
+    for (size_t i = entry_lower_bound(q, first); i < q->entries_count; i++) {
+        struct entry *e = &q->entries[i];
+        if (e->seq > last)
+            break;
+        if (e->flags & ENTRY_ACKED)
+            continue;
+        if (entry_ref(q, e) < ref)
+            ref = entry_ref(q, e);
+        only = e->seq;
+        acked++;
+        entry_ack(q, e); /* (moves entries_head past acked ones; never i's entry) */
+    }
+    if (acked == 0)
+        return q->ticket_last;
+    uint64_t ticket;
+    if (acked == 1) {
+        ticket = append_seq_record(q, RECORD_ACK, only, ref);
+    } else {
+        uint8_t payload[16];
+        format_put_u64(payload, first);
+        format_put_u64(payload + 8, last);
+        uint64_t offset;
+        struct segment *s = reserve(q, format_record_size(sizeof payload), &offset);
+        if (ref < s->number && ref < s->ref_min)
+            s->ref_min = ref;
+        ticket = q->ticket_last = journal__append_record(q->journal, s->file, offset,
+                                                         RECORD_ACK_RANGE, payload,
+                                                         sizeof payload, NULL, 0);
+    }
+    roll_if_dead(q);
+    journal__queue_maintain(q);
+    return ticket;
+}
+
 uint64_t journal_purge(struct journal_queue *q, uint64_t seq_below)
 {
     uint64_t ref = q->segments_count > 0 ? q->segments[0].number : REF_NONE;

@@ -238,6 +238,39 @@ static void reference(struct recovery *r, uint64_t publish_segment)
         s->ref_min = publish_segment;
 }
 
+static void ack_recovered(struct recovery *r, uint32_t index)
+{
+    r->v[index].e.flags |= ENTRY_ACKED;
+    reference(r, r->v[index].first_segment);
+}
+
+/* ACK_RANGE: every seq in [first, last] recovered so far is gone. A range
+ * wider than what was recovered is applied by a walk of that instead, so
+ * a record can cost no more than the queue's size. */
+static int apply_ack_range(struct recovery *r, const uint8_t *payload, uint32_t size)
+{
+    if (size != 16)
+        return E_JOURNAL_CORRUPT;
+    uint64_t first = format_get_u64(payload), last = format_get_u64(payload + 8);
+    if (first == 0 || last < first)
+        return E_JOURNAL_CORRUPT;
+    if (last - first < r->v_count) {
+        for (uint64_t seq = first;; seq++) {
+            uint32_t *index = seq_map_find(&r->map, seq);
+            if (index != NULL)
+                ack_recovered(r, *index);
+            if (seq == last)
+                break;
+        }
+        return OK;
+    }
+    for (size_t i = 0; i < r->v_count; i++) {
+        if (r->v[i].e.seq >= first && r->v[i].e.seq <= last)
+            ack_recovered(r, (uint32_t)i);
+    }
+    return OK;
+}
+
 static int apply_queue_record(struct recovery *r, const struct format_record_header *h,
                               const uint8_t *payload, uint64_t offset)
 {
@@ -247,6 +280,8 @@ static int apply_queue_record(struct recovery *r, const struct format_record_hea
         r->deleted = !r->j->adopting;
         return OK;
     }
+    if (h->type == RECORD_ACK_RANGE)
+        return apply_ack_range(r, payload, h->payload_size);
     if (h->payload_size < 8 || (h->type != RECORD_PUBLISH && h->payload_size != 8))
         return E_JOURNAL_CORRUPT;
     uint64_t seq = format_get_u64(payload);

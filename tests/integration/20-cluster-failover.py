@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
 from clustertest import (Cluster, connect, declare_until, kill_at, queue_info,  # noqa: E402
                          read_all, run, test, wait_until)
+from quaytest import eq  # noqa: E402
 
 import pika  # noqa: E402
 
@@ -228,6 +229,47 @@ def the_factor_is_restored_and_a_second_failover_keeps_everything():
     got = set(int(body) for body in read_all(survivor, "twice"))
     assert got == set(range(300)), "%d of 300 after two failovers" % len(got)
     start_again(new_primary, "the second primary back")
+
+
+@test(timeout=120)
+def a_purge_holds_on_the_backup_and_across_a_failover():
+    # A purge is told to the backups (and the log) as runs of consecutive
+    # ready seqs: those handed out and not acked stay, on both copies. A
+    # priority queue's ready messages of one level are no run at all.
+    for name, args in (("purged", {}), ("purged-prio", {"x-max-priority": 3})):
+        c = connect(members["a"])
+        ch = c.channel()
+        ch.queue_declare(name, durable=True, arguments=dict(args, **{"x-quay-backups": 1}))
+        c.close()
+        info = queue_info(members["a"], name)
+        primary = members[info["primary"]]
+        backup = members[info["backups"][0]]
+        client = [m for m in members.values() if m not in (primary, backup)][0]
+        c = connect(client)
+        ch = c.channel()
+        ch.confirm_delivery()
+        for i in range(600):  # every third transient: they are in no log
+            ch.basic_publish("", name, b"%d" % i, pika.BasicProperties(
+                delivery_mode=1 if i % 3 == 0 else 2, priority=i % 3))
+        holder = connect(client)
+        hch = holder.channel()
+        held = [hch.basic_get(name, auto_ack=False) for _ in range(5)]
+        hch.basic_nack(held[2][0].delivery_tag, requeue=True)  # back among the ready
+        kept = sorted(int(h[2]) for k, h in enumerate(held) if k != 2)
+        eq(ch.queue_purge(name).method.message_count, 600 - 4)
+        ch.basic_publish("", name, b"after", pika.BasicProperties(delivery_mode=2))
+        wait_until(lambda: queue_info(backup, name)["replica_messages"] == 4 + 1, 5,
+                   what="the backup to hold the 4 unacked and the one after, of %s" % name)
+        primary.kill()
+        holder.close()  # (its connection's broker returns them: now to the new primary)
+        wait_until(lambda: queue_info(client, name)["primary"] == backup.name, 10,
+                   what="the backup promoted")
+        got = read_all(client, name, redelivered=True)
+        c.close()
+        eq(sorted(int(b) for b, _ in got if b != b"after"), kept,
+           "only the unacked ones and the one after came back, of %s" % name)
+        eq(sum(1 for b, _ in got if b == b"after"), 1)
+        start_again(primary, "the old primary back")
 
 
 @test(timeout=120)

@@ -334,6 +334,53 @@ static void test_roll_and_reclaim(void **state)
     h_free(h);
 }
 
+/* journal_ack_range: one record acks every seq of a run the log holds (a
+ * purge's), skipping what it does not hold or was acked already; segments
+ * it empties go, and recovery applies it, a range wider than the queue too. */
+static void test_ack_range(void **state)
+{
+    (void)state;
+    struct harness *h = h_new(4096);
+    struct journal_queue *q = journal_queue_open(h->j, BYTES_LIT("v"), BYTES_LIT("runs"));
+    for (uint64_t seq = 1; seq <= 200; seq++) {
+        if (seq % 7 != 0) /* (a transient one: never in the log) */
+            publish(q, seq, 200);
+    }
+    journal_delivered(q, 150);
+    h_wait(h, journal_ack(q, 101));
+    size_t segments = count_files(h, ".seg");
+    assert_true(segments >= 10);
+    uint64_t before = journal_ack(q, 102);
+    assert_int_equal(journal_queue_live_count(q), 200 - 28 - 2);
+    /* Nothing of it held: no record, the last ticket. */
+    assert_int_equal(journal_ack_range(q, 101, 102), before);
+    assert_int_equal(journal_ack_range(q, 7, 7), before);
+    /* A run across the old segments, with holes in it. */
+    uint64_t t = journal_ack_range(q, 1, 99);
+    assert_true(t > before);
+    assert_int_equal(journal_queue_live_count(q), 200 - 28 - 2 - (99 - 14));
+    /* One held: a plain ack. Overlapping what went already. */
+    journal_ack_range(q, 98, 100);
+    journal_ack_range(q, 120, 160);
+    t = journal_ack_range(q, 190, UINT64_MAX - 1); /* past the newest */
+    assert_int_equal(journal_queue_live_count(q), 14 + 24); /* 103..119, 161..189 */
+    h_wait(h, t);
+    assert_true(count_files(h, ".seg") < segments);
+    h_close(h);
+
+    assert_int_equal(h_open(h), OK);
+    assert_int_equal(h->stats.message_count, 14 + 24);
+    size_t k = 0;
+    for (uint64_t seq = 103; seq <= 189; seq++) {
+        if (seq % 7 == 0 || (seq >= 120 && seq <= 160))
+            continue;
+        assert_int_equal(h->recovered[k].seq, seq);
+        check_blob(&h->recovered[k++]);
+    }
+    assert_int_equal(k, 14 + 24);
+    h_free(h);
+}
+
 /* Bytes in the files whose name ends with suffix. */
 static size_t bytes_of_files(struct harness *h, const char *suffix)
 {
@@ -1695,6 +1742,7 @@ int main(void)
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_wait_backlog),
         cmocka_unit_test(test_roll_and_reclaim),
+        cmocka_unit_test(test_ack_range),
         cmocka_unit_test(test_drained_queue_reclaims_its_segment),
         cmocka_unit_test(test_deleted_log_goes_in_steps),
         cmocka_unit_test(test_dead_segment_goes_in_steps),

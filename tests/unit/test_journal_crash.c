@@ -16,7 +16,7 @@
  * the next life's, reset to 0 by then, and held the journal to nothing but
  * what an earlier life had recovered).
  * Method: per round, a seed drives random publishes, deliveries, acks,
- * purges and definition changes on a few queues with tiny segments (so
+ * acks of runs (journal_ack_range), purges and definition changes on a few queues with tiny segments (so
  * rolls, reclamation and compaction happen), crashes the disk at a random
  * point (dropping unsynced bytes, optionally tearing them), optionally flips
  * a bit, recovers, checks, and goes on living on the same disk for a few
@@ -319,6 +319,17 @@ static void do_ops(struct world *w, int count)
             for (size_t i = 0; i < mq->count; i++) {
                 if (mq->msgs[i].seq < below_seq && mq->msgs[i].ack_ticket == 0)
                     mq->msgs[i].ack_ticket = t;
+            }
+        } else if (r < 93 && mq->count > 0) {
+            /* A purge's run: every message of it not acked yet goes. */
+            uint64_t a = mq->msgs[below(w, mq->count)].seq;
+            uint64_t b = mq->msgs[below(w, mq->count)].seq;
+            uint64_t first = a < b ? a : b, last = a < b ? b : a;
+            uint64_t t = journal_ack_range(mq->q, first, last);
+            for (size_t i = 0; i < mq->count; i++) {
+                struct msg *m = &mq->msgs[i];
+                if (m->seq >= first && m->seq <= last && m->ack_ticket == 0)
+                    m->ack_ticket = t;
             }
         } else if (r < 97) {
             int k = (int)below(w, DEF_KEYS);

@@ -196,6 +196,41 @@ static void test_purge(void **state)
     assert_int_equal(message_live_count, live_before);
 }
 
+/* A purge's run: every seq of it the copy holds goes (holes, seqs never
+ * pushed and ones removed before are skipped), the rest stays in order;
+ * a run at the tail leaves no slot behind, so pushes go on after it. */
+static void test_remove_runs(void **state)
+{
+    (void)state;
+    uint64_t live_before = message_live_count;
+    struct replica *r = replica_new(-1, NULL, NULL);
+    push_range(r, 1, 100);
+    replica_remove(r, 50);
+    replica_remove_run(r, 40, 60); /* (50 went already) */
+    assert_int_equal(replica_count(r), 79);
+    replica_remove_run(r, 95, 1000); /* past the newest */
+    assert_int_equal(replica_count(r), 73);
+    replica_remove_run(r, 7, 7);
+    replica_remove_run(r, 200, 300); /* none of it held */
+    assert_int_equal(replica_count(r), 72);
+    assert_int_equal(message_live_count - live_before, 72);
+    push_range(r, 101, 110);
+    struct replica_digest want = {0, 0};
+    for (uint64_t seq = 1; seq <= 110; seq++) {
+        if (seq != 7 && !(seq >= 40 && seq <= 60) && !(seq >= 95 && seq <= 100))
+            replica_digest_add(&want, seq);
+    }
+    assert_true(push_verify(r, &want));
+    replica_remove_run(r, 1, 110); /* all of it, holes and all */
+    assert_int_equal(replica_count(r), 0);
+    assert_int_equal(replica_bytes(r), 0);
+    assert_int_equal(message_live_count, live_before);
+    push_range(r, 111, 112);
+    assert_int_equal(replica_count(r), 2);
+    replica_free(r);
+    assert_int_equal(message_live_count, live_before);
+}
+
 /* A catch-up's reset empties the copy, as a purge, and the copy keeps
  * the map version its primary named (fence_replica_kept reads it) until
  * the next reset; pushes do not change it. */
@@ -298,20 +333,26 @@ static void test_a_durable_replica_logs_its_persistent_messages(void **state)
     push_paged(r, 10);
     push_paged(r, 11);
     replica_remove(r, 10);
+    push_mode(r, 12, true);
+    push_mode(r, 13, false);
+    push_paged(r, 14);
+    push_mode(r, 15, true);
+    replica_remove_run(r, 12, 14); /* a purge's run: its log entries go too */
     struct journal_queue *log = journal_queue_open(j, BYTES_LIT("/"), BYTES_LIT("q"));
-    assert_int_equal(journal_queue_live_count(log), 4); /* 2, 6, 8, 11 */
-    assert_int_equal(replica_count(r), 7);
+    assert_int_equal(journal_queue_live_count(log), 5); /* 2, 6, 8, 11, 15 */
+    assert_int_equal(replica_count(r), 8);
     /* A shutdown: the log stays on disk as it is. */
     replica_forget_log(r);
     journal_done(&loop, j);
     replica_free(r);
     struct recovered got = {0};
     j = journal_at(&loop, dir, &got);
-    assert_int_equal(got.count, 4);
+    assert_int_equal(got.count, 5);
     assert_int_equal(got.seqs[0], 2);
     assert_int_equal(got.seqs[1], 6);
     assert_int_equal(got.seqs[2], 8);
     assert_int_equal(got.seqs[3], 11);
+    assert_int_equal(got.seqs[4], 15);
     /* Freed (the queue deleted, or no longer ours to back up): gone. */
     r = replica_new(-1, journal_queue_open(j, BYTES_LIT("/"), BYTES_LIT("q")), NULL);
     push_mode(r, 1, true);
@@ -335,6 +376,7 @@ int main(void)
         cmocka_unit_test(test_resends_are_ignored),
         cmocka_unit_test(test_a_colliding_seq_from_another_epoch_is_refused),
         cmocka_unit_test(test_purge),
+        cmocka_unit_test(test_remove_runs),
         cmocka_unit_test(test_a_reset_remembers_the_streams_map_version),
         cmocka_unit_test(test_a_durable_replica_logs_its_persistent_messages),
     };
