@@ -108,7 +108,7 @@ def a_purge_stays_purged_after_kill9():
     ch.confirm_delivery()
     for name, args in (("pq", {}), ("pq-prio", {"x-max-priority": 3})):
         ch.queue_declare(name, durable=True, arguments=args)
-        for i in range(400):
+        for i in range(2000):
             ch.basic_publish("", name, b"%d" % i, pika.BasicProperties(
                 delivery_mode=1 if i % 4 == 0 else 2, priority=i % 3))
     c2, ch2 = server.channel()
@@ -118,7 +118,7 @@ def a_purge_stays_purged_after_kill9():
         ch2.basic_nack(held[1][0].delivery_tag, requeue=True)  # ready again
         kept[name] = sorted(int(h[2]) for k, h in enumerate(held)
                             if k != 1 and h[1].delivery_mode == 2)
-        eq(ch.queue_purge(name).method.message_count, 400 - 3)
+        eq(ch.queue_purge(name).method.message_count, 2000 - 3)
         # Confirmed once on disk, after the purge's records in the same log.
         ch.basic_publish("", name, b"after", pika.BasicProperties(delivery_mode=2))
     server.stop(signal.SIGKILL)

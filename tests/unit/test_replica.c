@@ -227,6 +227,21 @@ static void test_remove_runs(void **state)
     assert_int_equal(message_live_count, live_before);
     push_range(r, 111, 112);
     assert_int_equal(replica_count(r), 2);
+    /* A long run to the tail: the ring goes whole, what is before it stays
+     * (its counts are what stays: nothing of the run is read). */
+    push_range(r, 113, 5000);
+    replica_remove(r, 115);
+    replica_remove_run(r, 120, 6000);
+    assert_int_equal(replica_count(r), 8); /* 111..119 but 115 */
+    assert_int_equal(replica_bytes(r), 8 * sizeof(uint32_t));
+    assert_int_equal(message_live_count - live_before, 8);
+    push_range(r, 5001, 5002);
+    want = (struct replica_digest){0, 0};
+    for (uint64_t seq = 111; seq <= 5002; seq++) {
+        if ((seq <= 119 && seq != 115) || seq > 5000)
+            replica_digest_add(&want, seq);
+    }
+    assert_true(push_verify(r, &want));
     replica_free(r);
     assert_int_equal(message_live_count, live_before);
 }
@@ -338,6 +353,9 @@ static void test_a_durable_replica_logs_its_persistent_messages(void **state)
     push_paged(r, 14);
     push_mode(r, 15, true);
     replica_remove_run(r, 12, 14); /* a purge's run: its log entries go too */
+    for (uint64_t seq = 16; seq <= 2100; seq++)
+        push_mode(r, seq, seq % 3 != 0);
+    replica_remove_run(r, 16, 2100); /* one to the tail: the ring goes whole */
     struct journal_queue *log = journal_queue_open(j, BYTES_LIT("/"), BYTES_LIT("q"));
     assert_int_equal(journal_queue_live_count(log), 5); /* 2, 6, 8, 11, 15 */
     assert_int_equal(replica_count(r), 8);
