@@ -635,6 +635,8 @@ uint64_t journal_ack(struct journal_queue *q, uint64_t seq)
 uint64_t journal_ack_range(struct journal_queue *q, uint64_t first, uint64_t last)
 {
     ASSERT(first > 0 && first <= last);
+    if (first == last)
+        return journal_ack(q, first); /* (its maintenance looks at one segment) */
     uint64_t ref = REF_NONE, only = 0;
     size_t acked = 0;
     for (size_t i = entry_lower_bound(q, first); i < q->entries_count; i++) {
