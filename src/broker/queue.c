@@ -1134,6 +1134,22 @@ static uint64_t next_ready_seq(struct queue *queue, uint32_t *at)
     return best;
 }
 
+/* A purge's run being found: seqs first..last so far (first 0: none). */
+struct purge_run {
+    uint64_t first, last;
+};
+
+static void purge_run_add(struct queue *queue, struct purge_run *run, uint64_t seq)
+{
+    if (run->first != 0 && seq == run->last + 1) {
+        run->last = seq;
+        return;
+    }
+    if (run->first != 0)
+        forget_run(queue, run->first, run->last);
+    run->first = run->last = seq;
+}
+
 uint32_t queue_purge(struct queue *queue)
 {
     uint32_t count = queue->ready_count;
@@ -1143,20 +1159,19 @@ uint32_t queue_purge(struct queue *queue)
      * one consumed is usually one behind its unacked ones; a priority
      * queue's levels are merged first, or its runs would be single
      * messages. A message at a time, a million took the log and the
-     * backups 0.2-0.35 s of the primary's loop and as long of each
+     * backups 0.1-0.35 s of the primary's loop and as long of each
      * backup's. */
-    if (count > 0) {
+    struct purge_run run = {0, 0};
+    if (queue->args.max_priority == 0) {
+        for (uint32_t i = 0; i < queue->ready.count; i++)
+            purge_run_add(queue, &run, ring_slot(&queue->ready, i)->seq);
+    } else {
         uint32_t at[256] = {0}; /* (max_priority <= 255) */
-        uint64_t first = next_ready_seq(queue, at), last = first, seq;
-        while ((seq = next_ready_seq(queue, at)) != 0) {
-            if (seq != last + 1) {
-                forget_run(queue, first, last);
-                first = seq;
-            }
-            last = seq;
-        }
-        forget_run(queue, first, last);
+        for (uint64_t seq; (seq = next_ready_seq(queue, at)) != 0;)
+            purge_run_add(queue, &run, seq);
     }
+    if (run.first != 0)
+        forget_run(queue, run.first, run.last);
     /* The messages go to the broker's reclaim, a slice at a time: a deep
      * queue let go of in one loop turn held the loop ~10 ms for 200,000
      * (the old primary of a planned move, a purge, a delete). Every

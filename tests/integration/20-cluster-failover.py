@@ -235,7 +235,8 @@ def the_factor_is_restored_and_a_second_failover_keeps_everything():
 def a_purge_holds_on_the_backup_and_across_a_failover():
     # A purge is told to the backups (and the log) as runs of consecutive
     # ready seqs: those handed out and not acked stay, on both copies. A
-    # priority queue's ready messages of one level are no run at all.
+    # priority queue's levels interleave (its runs are found across them),
+    # and basic.get takes its highest first: the unacked are scattered.
     for name, args in (("purged", {}), ("purged-prio", {"x-max-priority": 3})):
         c = connect(members["a"])
         ch = c.channel()
