@@ -337,6 +337,18 @@ static void on_stream_answer(void *ctx, uint64_t tag, bool ack)
     quiet_maybe(rep);
 }
 
+/* basic.quay-settle of seqs seq..seq_last (0: seq alone) of rep's queue. */
+static struct method settle_method(const struct replication *rep, uint64_t seq,
+                                   uint64_t seq_last)
+{
+    struct method m = {.id = METHOD_BASIC_QUAY_SETTLE};
+    m.basic_quay_settle.queue = rep->queue->name;
+    m.basic_quay_settle.epoch = rep->epoch;
+    m.basic_quay_settle.seq = seq;
+    m.basic_quay_settle.seq_last = seq_last;
+    return m;
+}
+
 /* Sends m (and message, tagged: its ack means everything up to tag is
  * there). False: the link is down (the stream failed). */
 static bool stream_send(struct replication *rep, struct replica_stream *s, const struct method *m,
@@ -443,8 +455,8 @@ static void backlog_free(struct backlog *b)
     free(b);
 }
 
-/* The item of seq still to send, or NULL. */
-static struct backlog_item *backlog_find(struct backlog *b, uint64_t seq)
+/* The index of the first item still to send whose seq is >= seq. */
+static uint32_t backlog_lower_bound(const struct backlog *b, uint64_t seq)
 {
     uint32_t lo = b->next, hi = b->count;
     while (lo < hi) {
@@ -454,7 +466,14 @@ static struct backlog_item *backlog_find(struct backlog *b, uint64_t seq)
         else
             hi = mid;
     }
-    return lo < b->count && b->items[lo].seq == seq ? &b->items[lo] : NULL;
+    return lo;
+}
+
+/* The item of seq still to send, or NULL. */
+static struct backlog_item *backlog_find(struct backlog *b, uint64_t seq)
+{
+    uint32_t i = backlog_lower_bound(b, seq);
+    return i < b->count && b->items[i].seq == seq ? &b->items[i] : NULL;
 }
 
 /* Seq left the queue: true if it was still to send (it will not be). */
@@ -472,15 +491,9 @@ static bool backlog_remove(struct backlog *b, uint64_t seq)
 /* Seqs first..last left the queue: how many of them were still to send. */
 static uint32_t backlog_remove_run(struct backlog *b, uint64_t first, uint64_t last)
 {
-    uint32_t lo = b->next, hi = b->count, removed = 0;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (b->items[mid].seq < first)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    for (uint32_t i = lo; i < b->count && b->items[i].seq <= last; i++) {
+    uint32_t removed = 0;
+    for (uint32_t i = backlog_lower_bound(b, first); i < b->count && b->items[i].seq <= last;
+         i++) {
         struct backlog_item *it = &b->items[i];
         if (it->removed)
             continue;
@@ -769,10 +782,7 @@ static void catch_up(struct replication *rep, struct replica_stream *s)
     /* A purge's seq names our map's version: the backup keeps what this
      * stream sends it while its own map, behind ours, does not name it a
      * backup yet (fence_replica_kept). */
-    struct method reset = {.id = METHOD_BASIC_QUAY_SETTLE};
-    reset.basic_quay_settle.queue = queue->name;
-    reset.basic_quay_settle.epoch = rep->epoch;
-    reset.basic_quay_settle.seq = member_map(rep->member)->version;
+    struct method reset = settle_method(rep, member_map(rep->member)->version, 0);
     reset.basic_quay_settle.purge = true;
     s->state = STREAM_CATCHING_UP;
     s->progress_ms = loop_ms(rep);
@@ -844,10 +854,7 @@ static void wait_for(struct queue *queue, uint64_t seq, struct publish_wait *wai
 static void removed(struct queue *queue, uint64_t seq, bool persistent)
 {
     struct replication *rep = queue->replication;
-    struct method m = {.id = METHOD_BASIC_QUAY_SETTLE};
-    m.basic_quay_settle.queue = queue->name;
-    m.basic_quay_settle.epoch = rep->epoch;
-    m.basic_quay_settle.seq = seq;
+    struct method m = settle_method(rep, seq, 0);
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         struct replica_stream *s = rep->streams[i];
         if (s->transient_only && persistent && seq > s->full_until)
@@ -864,11 +871,7 @@ static void removed(struct queue *queue, uint64_t seq, bool persistent)
 static void removed_run(struct queue *queue, uint64_t first, uint64_t last)
 {
     struct replication *rep = queue->replication;
-    struct method m = {.id = METHOD_BASIC_QUAY_SETTLE};
-    m.basic_quay_settle.queue = queue->name;
-    m.basic_quay_settle.epoch = rep->epoch;
-    m.basic_quay_settle.seq = first;
-    m.basic_quay_settle.seq_last = last;
+    struct method m = settle_method(rep, first, last);
     for (uint8_t i = 0; i < rep->streams_count; i++) {
         struct replica_stream *s = rep->streams[i];
         if (s->backlog && backlog_remove_run(s->backlog, first, last) == last - first + 1)

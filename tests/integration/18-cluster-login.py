@@ -146,7 +146,8 @@ def a_peers_bad_or_stale_frames_are_refused_not_fatal():
         gen_forward(1, table({})),                              # no target: nack
         gen_forward(1, long_(0), same=True),                    # nothing before: nack
         gen_forward(1, table({"amq.quay.map": 0}), body=b"\xff" * 40),  # a junk entry
-        gen_method(1, 60, 202, shortstr("q") + longlong(3) + longlong(9) + bits(False)),
+        gen_method(1, 60, 202, shortstr("q") + longlong(3) + longlong(9) + longlong(12) +
+                   bits(False)),                                # settle (a run): not a backup
         gen_method(1, 60, 201, shortstr("q") + shortstr("") + shortstr("") + longlong(1) +
                    longlong(1) + longlong(0) + longlong(0)) + gen_content(1, b"r"),          # replicate: not a backup
     ]
