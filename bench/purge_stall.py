@@ -10,6 +10,9 @@ trip and each broker's slowest answer during it:
 
     ROW purge brokers=3 messages=1000000 purge_ms=31.2 a=32.0 b=1.1 c=2.3
 
+With PRIORITY=P the queue has x-max-priority P and pika fills it (slower:
+use N=200000), priorities 0..P in turn.
+
     QUAYD=build/quayd N=1000000 /usr/bin/python3 bench/purge_stall.py
 """
 import os
@@ -24,6 +27,7 @@ from clustertest import Cluster, connect, queue_info  # noqa: E402
 N = int(os.environ.get("N", "1000000"))
 SIZE = int(os.environ.get("SIZE", "100"))
 BROKERS = int(os.environ.get("BROKERS", "3"))
+PRIORITY = int(os.environ.get("PRIORITY", "0"))  # > 0: an x-max-priority queue, pika fills it
 QB = os.environ.get("QB", os.path.join(HERE, "..", "build", "bench", "quaybench"))
 
 
@@ -46,6 +50,22 @@ print("%.1f" % (worst * 1000), flush=True)
 """
 
 
+def fill_with_priorities(member, name):
+    """N persistent messages of priorities 0..PRIORITY in turn (pika: its
+    levels interleave, as a priority queue's usually do), confirmed at the
+    end."""
+    import pika
+    c = connect(member)
+    ch = c.channel()
+    body = b"x" * SIZE
+    props = [pika.BasicProperties(delivery_mode=2, priority=p) for p in range(PRIORITY + 1)]
+    for i in range(N - 1):
+        ch.basic_publish("", name, body, props[i % (PRIORITY + 1)])
+    ch.confirm_delivery()
+    ch.basic_publish("", name, body, props[0])
+    c.close()
+
+
 def main():
     cluster = Cluster()
     try:
@@ -59,15 +79,19 @@ def main():
         for i in range(64):  # quaybench fills <prefix>-0: one placed on a
             prefix = "purged%d" % i
             name = prefix + "-0"
-            ch.queue_declare(name, durable=True)
+            ch.queue_declare(name, durable=True, arguments=(
+                {"x-max-priority": PRIORITY} if PRIORITY else {}))
             if queue_info(a, name)["primary"] == "a":
                 break
         c.close()
-        fill = subprocess.run([QB, "-p", str(via.amqp_port), "-C", "0", "-n", str(N), "-s",
-                               str(SIZE), "--confirm", "--persistent", "--durable", "--keep",
-                               "--no-setup", "--prefix", prefix],
-                              capture_output=True, text=True)
-        assert "status=ok" in fill.stdout, fill.stdout + fill.stderr
+        if PRIORITY:
+            fill_with_priorities(via, name)
+        else:
+            fill = subprocess.run([QB, "-p", str(via.amqp_port), "-C", "0", "-n", str(N), "-s",
+                                   str(SIZE), "--confirm", "--persistent", "--durable",
+                                   "--keep", "--no-setup", "--prefix", prefix],
+                                  capture_output=True, text=True)
+            assert "status=ok" in fill.stdout, fill.stdout + fill.stderr
         assert queue_info(a, name)["messages"] == N, queue_info(a, name)
         time.sleep(2)  # the fill's syncs and catch-ups settle
         probers = {n: subprocess.Popen([sys.executable, "-c", PROBER, str(m.amqp_port), "1.5"],
@@ -87,8 +111,8 @@ def main():
         worst = {n: float(p.communicate()[0].strip()) for n, p in probers.items()}
         c.close()
         assert purged == N, purged
-        print("ROW purge brokers=%d messages=%d purge_ms=%.1f %s" % (
-            BROKERS, N, took * 1000,
+        print("ROW purge brokers=%d messages=%d priority=%d purge_ms=%.1f %s" % (
+            BROKERS, N, PRIORITY, took * 1000,
             " ".join("%s=%.1f" % (n, worst[n]) for n in names)), flush=True)
     finally:
         cluster.close()
