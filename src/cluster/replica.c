@@ -299,12 +299,8 @@ void replica_remove_run(struct replica *r, uint64_t first, uint64_t last)
         }
         *e = (struct queue_entry){.seq = e->seq}; /* a hole */
     }
-    if (r->log && logged) {
-        if (first == last)
-            journal_ack(r->log, first);
-        else
-            journal_ack_range(r->log, first, last);
-    }
+    if (r->log && logged)
+        journal_ack_range(r->log, first, last); /* (one seq: journal_ack) */
     reclaim_ring(r->reclaim, &gone); /* (empty: frees nothing) */
     trim(r);
     while (r->ring.count > 0 && hole(slot(r, r->ring.count - 1)))

@@ -476,15 +476,21 @@ static struct backlog_item *backlog_find(struct backlog *b, uint64_t seq)
     return i < b->count && b->items[i].seq == seq ? &b->items[i] : NULL;
 }
 
+/* The item's message left the queue before it was sent: it never will be. */
+static void backlog_item_remove(struct backlog_item *it)
+{
+    if (it->owned)
+        message_unref(it->message);
+    *it = (struct backlog_item){.seq = it->seq, .removed = true};
+}
+
 /* Seq left the queue: true if it was still to send (it will not be). */
 static bool backlog_remove(struct backlog *b, uint64_t seq)
 {
     struct backlog_item *it = backlog_find(b, seq);
     if (it == NULL)
         return false;
-    if (it->owned)
-        message_unref(it->message);
-    *it = (struct backlog_item){.seq = seq, .removed = true};
+    backlog_item_remove(it);
     return true;
 }
 
@@ -494,12 +500,9 @@ static uint32_t backlog_remove_run(struct backlog *b, uint64_t first, uint64_t l
     uint32_t removed = 0;
     for (uint32_t i = backlog_lower_bound(b, first); i < b->count && b->items[i].seq <= last;
          i++) {
-        struct backlog_item *it = &b->items[i];
-        if (it->removed)
+        if (b->items[i].removed)
             continue;
-        if (it->owned)
-            message_unref(it->message);
-        *it = (struct backlog_item){.seq = it->seq, .removed = true};
+        backlog_item_remove(&b->items[i]);
         removed++;
     }
     return removed;

@@ -180,18 +180,27 @@ static struct segment *reserve(struct journal_queue *q, uint64_t record_size, ui
     return cur;
 }
 
+/* Appends a record naming seqs of messages whose publishes are in
+ * ref_segment or later (REF_NONE: none), which the record's segment must
+ * not outlive (its ref_min). */
+static uint64_t append_ref_record(struct journal_queue *q, enum record_type type,
+                                  const uint8_t *payload, uint32_t size, uint64_t ref_segment)
+{
+    uint64_t offset;
+    struct segment *s = reserve(q, format_record_size(size), &offset);
+    if (ref_segment != REF_NONE && ref_segment < s->number && ref_segment < s->ref_min)
+        s->ref_min = ref_segment;
+    q->ticket_last =
+        journal__append_record(q->journal, s->file, offset, type, payload, size, NULL, 0);
+    return q->ticket_last;
+}
+
 static uint64_t append_seq_record(struct journal_queue *q, enum record_type type, uint64_t seq,
                                   uint64_t ref_segment)
 {
     uint8_t payload[8];
     format_put_u64(payload, seq);
-    uint64_t offset;
-    struct segment *s = reserve(q, format_record_size(8), &offset);
-    if (ref_segment != REF_NONE && ref_segment < s->number && ref_segment < s->ref_min)
-        s->ref_min = ref_segment;
-    q->ticket_last =
-        journal__append_record(q->journal, s->file, offset, type, payload, 8, NULL, 0);
-    return q->ticket_last;
+    return append_ref_record(q, type, payload, sizeof payload, ref_segment);
 }
 
 void journal__queue_remark_delivered(struct journal_queue *q, uint64_t seq,
@@ -645,14 +654,15 @@ uint64_t journal_ack_range(struct journal_queue *q, uint64_t first, uint64_t las
             break;
         if (e->flags & ENTRY_ACKED)
             continue;
-        if (entry_ref(q, e) < ref)
-            ref = entry_ref(q, e);
+        uint64_t e_ref = entry_ref(q, e);
+        if (e_ref < ref)
+            ref = e_ref;
         only = e->seq;
         acked++;
         entry_ack(q, e); /* (moves entries_head past acked ones; never i's entry) */
     }
     if (acked == 0)
-        return q->ticket_last;
+        return q->journal->ticket_last; /* (as journal_ack: durable with what precedes) */
     uint64_t ticket;
     if (acked == 1) {
         ticket = append_seq_record(q, RECORD_ACK, only, ref);
@@ -660,13 +670,7 @@ uint64_t journal_ack_range(struct journal_queue *q, uint64_t first, uint64_t las
         uint8_t payload[16];
         format_put_u64(payload, first);
         format_put_u64(payload + 8, last);
-        uint64_t offset;
-        struct segment *s = reserve(q, format_record_size(sizeof payload), &offset);
-        if (ref < s->number && ref < s->ref_min)
-            s->ref_min = ref;
-        ticket = q->ticket_last = journal__append_record(q->journal, s->file, offset,
-                                                         RECORD_ACK_RANGE, payload,
-                                                         sizeof payload, NULL, 0);
+        ticket = append_ref_record(q, RECORD_ACK_RANGE, payload, sizeof payload, ref);
     }
     roll_if_dead(q);
     journal__queue_maintain(q);
